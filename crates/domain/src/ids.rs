@@ -1,0 +1,253 @@
+//! Validated identifiers: package, publisher, implementation, runner and operation names, and digests.
+//!
+//! Every identifier that reaches the host from a manifest or a plugin becomes one of these types
+//! first, so that later code never has to ask whether a name is empty, too long or contains a byte
+//! that would be dangerous in a path or a log line.
+
+use std::fmt;
+
+/// Longest identifier accepted anywhere, in bytes.
+pub const MAX_ID_LEN: usize = 128;
+
+/// Why a string is not a valid identifier.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdError {
+    #[error("{what} is empty")]
+    Empty { what: &'static str },
+    #[error("{what} {value:?} is longer than {MAX_ID_LEN} bytes")]
+    TooLong { what: &'static str, value: String },
+    #[error("{what} {value:?} contains {found:?} at byte {at}; allowed are a-z, 0-9, '_', '-' and '.' between segments")]
+    BadChar { what: &'static str, value: String, found: char, at: usize },
+    #[error("{what} {value:?} has an empty dot-separated segment")]
+    EmptySegment { what: &'static str, value: String },
+    #[error("{what} {value:?} must start with a lowercase letter")]
+    BadStart { what: &'static str, value: String },
+}
+
+/// Checks the shared identifier grammar: dot-separated segments of `[a-z0-9_-]`, starting with a
+/// lowercase letter, at most [`MAX_ID_LEN`] bytes. Namespaced names such as
+/// `example.sequence.prefix_sum` and reverse-DNS publisher ids such as `org.example` both fit.
+fn check_id(what: &'static str, value: &str) -> Result<(), IdError> {
+    if value.is_empty() {
+        return Err(IdError::Empty { what });
+    }
+    if value.len() > MAX_ID_LEN {
+        return Err(IdError::TooLong { what, value: value.to_owned() });
+    }
+    if !value.as_bytes()[0].is_ascii_lowercase() {
+        return Err(IdError::BadStart { what, value: value.to_owned() });
+    }
+    for (at, c) in value.char_indices() {
+        let ok = c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '-' | '.');
+        if !ok {
+            return Err(IdError::BadChar { what, value: value.to_owned(), found: c, at });
+        }
+    }
+    if value.split('.').any(str::is_empty) {
+        return Err(IdError::EmptySegment { what, value: value.to_owned() });
+    }
+    Ok(())
+}
+
+macro_rules! id_type {
+    ($(#[$doc:meta])* $name:ident, $what:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(String);
+
+        impl $name {
+            /// Validates `value` and wraps it.
+            pub fn new(value: impl Into<String>) -> Result<Self, IdError> {
+                let value = value.into();
+                check_id($what, &value)?;
+                Ok(Self(value))
+            }
+
+            /// The identifier as text.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = IdError;
+            fn from_str(s: &str) -> Result<Self, IdError> {
+                Self::new(s)
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+    };
+}
+
+id_type!(
+    /// A package id, such as `example.scan`. Shared by kernels (`.gkernel`) and modules (`.gkmodule`).
+    PackageId,
+    "package id"
+);
+id_type!(
+    /// A publisher id, such as `org.example`. Trust is granted per publisher.
+    PublisherId,
+    "publisher id"
+);
+id_type!(
+    /// A globally unique implementation id, such as `example.scan.inclusive.cpu`.
+    ImplId,
+    "implementation id"
+);
+id_type!(
+    /// A runner id, as registered by a runner descriptor.
+    RunnerId,
+    "runner id"
+);
+id_type!(
+    /// A namespaced operation name, such as `example.sequence.prefix_sum`.
+    OpName,
+    "operation name"
+);
+
+/// The two kinds of package, which share one archive format and one registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PackageKind {
+    /// A kernel plugin (`.gkernel`).
+    Kernel,
+    /// A runtime operation module (`.gkmodule`).
+    Module,
+}
+
+impl PackageKind {
+    /// The manifest spelling: `gkernel` or `gkmodule`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PackageKind::Kernel => "gkernel",
+            PackageKind::Module => "gkmodule",
+        }
+    }
+
+    /// Parses the manifest spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "gkernel" => Some(PackageKind::Kernel),
+            "gkmodule" => Some(PackageKind::Module),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for PackageKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A SHA-256 digest. Displayed and parsed as 64 lowercase hex digits.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Sha256Digest(pub [u8; 32]);
+
+/// Why a string is not a SHA-256 hex digest.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{value:?} is not a SHA-256 digest: expected 64 lowercase hex digits")]
+pub struct DigestParseError {
+    pub value: String,
+}
+
+impl Sha256Digest {
+    /// Hashes `bytes`.
+    pub fn of(bytes: &[u8]) -> Self {
+        use sha2::Digest;
+        Sha256Digest(sha2::Sha256::digest(bytes).into())
+    }
+
+    /// Parses 64 lowercase hex digits. Uppercase is refused so that a digest has one spelling.
+    pub fn parse_hex(value: &str) -> Result<Self, DigestParseError> {
+        let err = || DigestParseError { value: value.chars().take(80).collect() };
+        let bytes = value.as_bytes();
+        if bytes.len() != 64 {
+            return Err(err());
+        }
+        let mut out = [0u8; 32];
+        for (i, pair) in bytes.chunks_exact(2).enumerate() {
+            let hi = hex_val(pair[0]).ok_or_else(err)?;
+            let lo = hex_val(pair[1]).ok_or_else(err)?;
+            out[i] = (hi << 4) | lo;
+        }
+        Ok(Sha256Digest(out))
+    }
+
+    /// The 64-digit lowercase hex form.
+    pub fn to_hex(&self) -> String {
+        self.to_string()
+    }
+}
+
+fn hex_val(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        _ => None,
+    }
+}
+
+impl fmt::Display for Sha256Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Sha256Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Sha256Digest({self})")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_accept_namespaced_names() {
+        for ok in ["example.sequence.prefix_sum", "org.example", "a", "a1_b-c.d"] {
+            OpName::new(ok).unwrap();
+        }
+    }
+
+    #[test]
+    fn ids_reject_each_bad_shape() {
+        assert_eq!(PackageId::new(""), Err(IdError::Empty { what: "package id" }));
+        assert!(matches!(PackageId::new("a".repeat(129)), Err(IdError::TooLong { .. })));
+        assert!(matches!(PackageId::new("Example"), Err(IdError::BadStart { .. })));
+        assert!(matches!(PackageId::new("1abc"), Err(IdError::BadStart { .. })));
+        assert!(matches!(
+            PackageId::new("a/b"),
+            Err(IdError::BadChar { found: '/', at: 1, .. })
+        ));
+        assert!(matches!(PackageId::new("a..b"), Err(IdError::EmptySegment { .. })));
+        assert!(matches!(PackageId::new("a."), Err(IdError::EmptySegment { .. })));
+        assert!(matches!(PackageId::new("a\0b"), Err(IdError::BadChar { found: '\0', .. })));
+    }
+
+    #[test]
+    fn digest_round_trips_and_refuses_uppercase() {
+        let d = Sha256Digest::of(b"abc");
+        assert_eq!(
+            d.to_hex(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(Sha256Digest::parse_hex(&d.to_hex()), Ok(d));
+        assert!(Sha256Digest::parse_hex(&d.to_hex().to_uppercase()).is_err());
+        assert!(Sha256Digest::parse_hex("abc").is_err());
+    }
+}

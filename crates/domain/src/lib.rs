@@ -1,0 +1,20 @@
+//! The pure rules of the Guild kernel host.
+//!
+//! Everything here is a decision over plain data: parsing and canonicalising manifests, comparing
+//! versions, validating the dependency graph, ranking operation providers and counting leases.
+//! Adapters collect facts (bytes from disk, signatures, loaded descriptors) and the app carries out
+//! what this crate decides. Nothing in this crate performs IO, spawns threads or uses `unsafe`,
+//! which is what lets it be property-tested and fuzzed in isolation.
+
+#![forbid(unsafe_code)]
+
+pub mod canonical;
+pub mod dependency;
+pub mod graph;
+pub mod ids;
+pub mod json;
+pub mod lease;
+pub mod lifecycle;
+pub mod manifest;
+pub mod operation;
+pub mod version;
