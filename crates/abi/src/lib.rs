@@ -1,7 +1,30 @@
 //! `#[repr(C)]` mirror of the Guild Kernel ABI v1 / SDK 1.5 headers in `abi-headers/`.
 //!
-//! Nothing but layouts, constants and function-pointer types lives here. A test compiles a C
-//! program against the headers and compares every struct's size, alignment and field offsets with
-//! this crate, so any drift between the two fails the build's tests.
+//! Nothing but layouts, constants and function-pointer types lives here; names are the C names so
+//! that the mirror can be read side by side with the headers. A test compiles a C program against
+//! the headers and compares every struct's size, alignment and field offsets, and every constant,
+//! with this crate, so any drift between the two fails the tests.
+//!
+//! Function pointers are `Option<unsafe extern "C" fn(..)>` so that a NULL from C is representable;
+//! whoever calls one must check it and uphold the contract written in the header.
 
 #![no_std]
+#![allow(non_camel_case_types, non_snake_case)]
+
+mod cpu_backend;
+mod cpu_expert;
+mod cuda_attn;
+mod cuda_dense;
+mod cuda_moe;
+mod kernel;
+mod module;
+mod runner;
+
+pub use cpu_backend::*;
+pub use cpu_expert::*;
+pub use cuda_attn::*;
+pub use cuda_dense::*;
+pub use cuda_moe::*;
+pub use kernel::*;
+pub use module::*;
+pub use runner::*;
