@@ -1,6 +1,97 @@
-//! Project automation: `cargo xtask <task>`.
+//! Project automation: `cargo xtask <task>`. Everything CI runs is reachable from here, so that a
+//! green `cargo xtask ci` on a developer's machine means a green CI.
 
-fn main() {
-    eprintln!("xtask: tasks are being written");
-    std::process::exit(2);
+mod sdk;
+mod tidy;
+mod util;
+
+use std::process::ExitCode;
+
+const USAGE: &str = "\
+usage: cargo xtask <task>
+
+tasks:
+  sdk       configure, install and package the standalone SDK into target/guild-sdk
+  plugins   build the C test plugins against the installed SDK into target/test-plugins
+  tidy      check the crate dependency rules and source hygiene
+  test      everything CI runs: fmt, clippy, tidy, SDK, plugins, all tests
+  ci        the same as test, for CI
+  demo      the end-to-end demo (not built yet)
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let task = args.first().map(String::as_str).unwrap_or("help");
+    let result = match task {
+        "sdk" => sdk::sdk().map(|_| ()),
+        "plugins" => sdk::plugins().map(|_| ()),
+        "tidy" => tidy::run(),
+        "test" | "ci" => test(),
+        "demo" => Err(
+            "the demo is not built yet: it arrives with the demo issue (G9); \
+                       `cargo xtask test` runs everything that exists"
+                .to_string(),
+        ),
+        "help" | "-h" | "--help" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        other => Err(format!("unknown task {other:?}\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask {task}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs every check CI runs, in order from cheapest to slowest so that a failure shows early.
+fn test() -> Result<(), String> {
+    use util::{cargo, step};
+    step("cargo fmt --check", || {
+        cargo(&["fmt", "--all", "--", "--check"])
+    })?;
+    step("tidy", tidy::run)?;
+    step("cargo clippy", || {
+        cargo(&[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ])
+    })?;
+    let plugins = step("SDK and test plugins", sdk::plugins)?;
+    let env = [("GUILD_TEST_PLUGIN_DIR", plugins.as_os_str())];
+    step("cargo test", || {
+        util::cargo_env(
+            &[
+                "test",
+                "--workspace",
+                "--all-targets",
+                "--exclude",
+                "guild-abi",
+            ],
+            &env,
+        )
+    })?;
+    // The ABI tests print what they covered (structs, fields, constants, compilations), which
+    // is worth seeing in every CI log.
+    step("cargo test -p guild-abi", || {
+        util::cargo_env(
+            &[
+                "test",
+                "-p",
+                "guild-abi",
+                "--all-targets",
+                "--",
+                "--nocapture",
+            ],
+            &env,
+        )
+    })?;
+    Ok(())
 }

@@ -1,0 +1,94 @@
+//! Finding, loading and reading the C test plugins.
+
+use std::path::PathBuf;
+
+use guild_abi::{
+    guild_plugin_descriptor_v1_t, guild_plugin_entry_fn, GUILD_PLUGIN_ENTRY_SYMBOL_V1,
+};
+use libloading::{Library, Symbol};
+
+/// The variable through which `cargo xtask test` names the directory of built plugins.
+const PLUGIN_DIR_VAR: &str = "GUILD_TEST_PLUGIN_DIR";
+
+/// The directory that holds the built test plugins.
+fn plugin_dir() -> PathBuf {
+    match std::env::var_os(PLUGIN_DIR_VAR) {
+        Some(dir) => PathBuf::from(dir),
+        // This crate lives at crates/adapters-posix, two levels below the workspace root.
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/test-plugins/lib"),
+    }
+}
+
+/// The path of the test plugin built from `test-plugins/<name>`. A missing library fails the
+/// test: passing without having loaded anything would prove nothing.
+pub fn plugin_path(name: &str) -> PathBuf {
+    // CMake names MODULE libraries lib<name>.so on Linux and macOS alike.
+    let path = plugin_dir().join(format!("lib{name}.so"));
+    assert!(
+        path.is_file(),
+        "test plugin {} is missing; build the C test plugins with `cargo xtask plugins` \
+         (or run everything with `cargo xtask test`), or point {PLUGIN_DIR_VAR} at their directory",
+        path.display()
+    );
+    path
+}
+
+/// A loaded test plugin and the descriptor its entry point returned.
+pub struct LoadedPlugin {
+    descriptor: *const guild_plugin_descriptor_v1_t,
+    // Declared last so that it is dropped last: the descriptor points into the library.
+    _library: Library,
+}
+
+impl LoadedPlugin {
+    /// Loads `test-plugins/<name>`, calls its entry point and checks that the descriptor is large
+    /// enough to be read as a `guild_plugin_descriptor_v1_t`.
+    pub fn load(name: &str) -> LoadedPlugin {
+        let path = plugin_path(name);
+        // SAFETY: loading a library runs its initialisers. The test plugins are C99 sources in
+        // this repository (test-plugins/) with no constructors, built by `cargo xtask plugins`;
+        // loading them is the trust decision this test exists to make.
+        let library = unsafe { Library::new(&path) }
+            .unwrap_or_else(|e| panic!("cannot load {}: {e}", path.display()));
+        let entry = {
+            // SAFETY: every Guild plugin exports this symbol with the type the mirror gives it
+            // (`guild_plugin_entry_fn`, the header's `guild_plugin_entry_fn` with NULL as None);
+            // the Symbol borrows `library`, which stays loaded for the whole block.
+            let symbol: Symbol<'_, guild_plugin_entry_fn> =
+                unsafe { library.get(GUILD_PLUGIN_ENTRY_SYMBOL_V1.to_bytes_with_nul()) }
+                    .unwrap_or_else(|e| panic!("{} has no entry symbol: {e}", path.display()));
+            (*symbol)
+                .unwrap_or_else(|| panic!("{}: the entry symbol's address is NULL", path.display()))
+        };
+        // SAFETY: the entry point takes no arguments and, per the header, only returns a pointer
+        // to the plugin's static descriptor (or NULL); the library is still loaded.
+        let descriptor = unsafe { entry() };
+        assert!(
+            !descriptor.is_null(),
+            "{}: the entry point returned NULL",
+            path.display()
+        );
+        // SAFETY: `descriptor` is non-NULL and points at static storage in the loaded library.
+        // `struct_size` is the first field of every version of the descriptor, so reading it
+        // alone is valid before anything else is known about the plugin's layout.
+        let struct_size = unsafe { std::ptr::addr_of!((*descriptor).struct_size).read() };
+        let needed = std::mem::size_of::<guild_plugin_descriptor_v1_t>();
+        assert!(
+            usize::try_from(struct_size).is_ok_and(|size| size >= needed),
+            "{}: descriptor struct_size {struct_size} is smaller than the {needed} bytes of v1",
+            path.display()
+        );
+        LoadedPlugin {
+            descriptor,
+            _library: library,
+        }
+    }
+
+    /// The plugin's descriptor, valid while `self` keeps the library loaded.
+    pub fn descriptor(&self) -> &guild_plugin_descriptor_v1_t {
+        // SAFETY: `load` checked that the pointer is non-NULL and that the plugin says the
+        // descriptor spans at least a whole v1 struct; it has static storage in the library,
+        // which `self` keeps loaded for as long as the returned borrow lives.
+        unsafe { &*self.descriptor }
+    }
+}

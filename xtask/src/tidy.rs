@@ -1,0 +1,480 @@
+//! `cargo xtask tidy`: the dependency direction of the hexagon as a test, plus source hygiene.
+//!
+//! The rules (see ARCHITECTURE.md):
+//! - `guild-domain` depends only on an allowlist of pure crates, and its sources never name IO,
+//!   threads, processes or `unsafe`.
+//! - `guild-ports` depends only on the domain (and its small helpers).
+//! - `guild-abi` depends on nothing.
+//! - Adapters never depend on one another, and nothing but `guild-host` depends on an adapter.
+//! - The crates that touch the outside world are confined to the adapter that owns that world:
+//!   libloading to the POSIX adapter, cudarc to the CUDA adapter, tar to the file-system adapter,
+//!   p256 to the crypto adapter.
+//!
+//! Manifests are read with a tiny line parser (xtask keeps no dependencies); it understands the
+//! table headers and `name = ...` / `name.workspace = true` keys that this workspace uses.
+
+use std::fmt;
+use std::path::Path;
+
+use crate::util::root;
+
+/// A dependency table kind, as in the manifest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum DepKind {
+    Normal,
+    Dev,
+    Build,
+}
+
+/// One crate's manifest, reduced to what the rules need.
+#[derive(Debug, Clone)]
+pub struct CrateDeps {
+    pub package: String,
+    /// Where it was read from, for messages.
+    pub manifest: String,
+    pub deps: Vec<(DepKind, String)>,
+}
+
+/// A broken rule, naming the crate, the dependency and the rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub package: String,
+    pub dependency: String,
+    pub rule: &'static str,
+    pub manifest: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} -> {}: {} ({})",
+            self.package, self.dependency, self.rule, self.manifest
+        )
+    }
+}
+
+const ADAPTERS: &[&str] = &[
+    "guild-adapters-posix",
+    "guild-adapters-fs",
+    "guild-adapters-crypto",
+    "guild-adapters-cuda",
+];
+
+/// What `guild-domain` may use. thiserror is a derive macro that generates `Display` and `Error`
+/// impls and nothing else, so it keeps the domain pure.
+const DOMAIN_ALLOWED: &[&str] = &["serde", "serde_json", "semver", "sha2", "thiserror"];
+const DOMAIN_DEV_ALLOWED: &[&str] = &["proptest", "criterion"];
+const PORTS_ALLOWED: &[&str] = &["guild-domain", "thiserror", "mockall"];
+
+/// Crates that reach the outside world, each confined to the one adapter that owns it.
+const CONFINED: &[(&str, &str)] = &[
+    ("libloading", "guild-adapters-posix"),
+    ("cudarc", "guild-adapters-cuda"),
+    ("tar", "guild-adapters-fs"),
+    ("p256", "guild-adapters-crypto"),
+];
+
+/// Checks the dependency rules over a set of crates.
+pub fn check_deps(crates: &[CrateDeps]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let mut flag = |c: &CrateDeps, dep: &str, rule: &'static str| {
+        out.push(Violation {
+            package: c.package.clone(),
+            dependency: dep.to_owned(),
+            rule,
+            manifest: c.manifest.clone(),
+        })
+    };
+    for c in crates {
+        let is_adapter = ADAPTERS.contains(&c.package.as_str());
+        for (kind, dep) in &c.deps {
+            let dep = dep.as_str();
+            match c.package.as_str() {
+                "guild-domain" => {
+                    let allowed = DOMAIN_ALLOWED.contains(&dep)
+                        || (*kind == DepKind::Dev && DOMAIN_DEV_ALLOWED.contains(&dep));
+                    if !allowed {
+                        flag(c, dep, "the domain may depend only on its pure allowlist");
+                    }
+                }
+                "guild-ports" if *kind != DepKind::Dev && !PORTS_ALLOWED.contains(&dep) => {
+                    flag(c, dep, "ports may depend only on the domain");
+                }
+                "guild-abi" if *kind != DepKind::Dev => {
+                    flag(c, dep, "the ABI mirror depends on nothing");
+                }
+                _ => {}
+            }
+            if ADAPTERS.contains(&dep) {
+                if is_adapter {
+                    flag(c, dep, "adapters never depend on one another");
+                } else if c.package != "guild-host" && c.package != "xtask" {
+                    flag(
+                        c,
+                        dep,
+                        "only guild-host (the composition root) may depend on an adapter",
+                    );
+                }
+            }
+            if dep == "guild-host" && c.package != "xtask" {
+                flag(
+                    c,
+                    dep,
+                    "nothing inside the hexagon depends on the composition root",
+                );
+            }
+            if let Some((_, owner)) = CONFINED.iter().find(|(name, _)| *name == dep) {
+                if c.package != *owner {
+                    flag(
+                        c,
+                        dep,
+                        "this crate reaches the outside world and belongs to one adapter",
+                    );
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Words that must not appear in the domain's sources: IO, threads, processes and unsafe code.
+const DOMAIN_FORBIDDEN_WORDS: &[&str] = &[
+    "std::fs",
+    "std::net",
+    "std::thread",
+    "std::process",
+    "std::env",
+    "std::io",
+    "std::sync",
+    "unsafe",
+];
+
+/// Checks the domain's sources for forbidden words; returns one message per hit.
+pub fn check_domain_sources(files: &[(String, String)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (path, text) in files {
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for word in DOMAIN_FORBIDDEN_WORDS {
+                if contains_word(code, word) {
+                    out.push(format!(
+                        "{path}:{}: the domain must not use `{word}`",
+                        n + 1
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Whether `word` occurs in `code` with no identifier character on either side, so that
+/// `#![forbid(unsafe_code)]` is not mistaken for `unsafe`.
+fn contains_word(code: &str, word: &str) -> bool {
+    let is_ident = |c: char| c.is_alphanumeric() || c == '_';
+    code.match_indices(word).any(|(at, _)| {
+        let before = code[..at].chars().next_back();
+        let after = code[at + word.len()..].chars().next();
+        !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
+    })
+}
+
+/// Reads `[dependencies]`-style tables from a manifest.
+pub fn parse_manifest(manifest: &str, text: &str) -> Result<CrateDeps, String> {
+    let mut package = None;
+    let mut section = String::new();
+    let mut deps = Vec::new();
+    for line in text.lines() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        if line.starts_with('[') {
+            section = line
+                .trim_matches(|c| c == '[' || c == ']')
+                .trim()
+                .to_owned();
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        let key = key.trim();
+        if section == "package" && key == "name" {
+            package = Some(value.trim().trim_matches('"').to_owned());
+            continue;
+        }
+        let kind = if section == "dependencies" || section.ends_with(".dependencies") {
+            DepKind::Normal
+        } else if section == "dev-dependencies" || section.ends_with(".dev-dependencies") {
+            DepKind::Dev
+        } else if section == "build-dependencies" || section.ends_with(".build-dependencies") {
+            DepKind::Build
+        } else {
+            continue;
+        };
+        let name = key
+            .split('.')
+            .next()
+            .unwrap_or(key)
+            .trim()
+            .trim_matches('"');
+        // A renamed dependency names its real package in `package = "..."`.
+        let real = value
+            .split("package")
+            .nth(1)
+            .and_then(|rest| rest.split('"').nth(1))
+            .unwrap_or(name);
+        deps.push((kind, real.to_owned()));
+    }
+    let package = package.ok_or_else(|| format!("{manifest}: no [package] name"))?;
+    Ok(CrateDeps {
+        package,
+        manifest: manifest.to_owned(),
+        deps,
+    })
+}
+
+/// Reads every member manifest under `root` (crates/* and xtask).
+pub fn read_workspace(root: &Path) -> Result<Vec<CrateDeps>, String> {
+    let mut manifests = Vec::new();
+    let crates = root.join("crates");
+    let entries = std::fs::read_dir(&crates).map_err(|e| format!("{}: {e}", crates.display()))?;
+    for entry in entries {
+        let path = entry.map_err(|e| e.to_string())?.path().join("Cargo.toml");
+        if path.exists() {
+            manifests.push(path);
+        }
+    }
+    manifests.push(root.join("xtask/Cargo.toml"));
+    manifests.sort();
+    manifests
+        .iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            parse_manifest(&p.display().to_string(), &text)
+        })
+        .collect()
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<(String, String)>) -> Result<(), String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for entry in entries {
+        let path = entry.map_err(|e| e.to_string())?.path();
+        if path.is_dir() {
+            rust_files(&path, out)?;
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let text =
+                std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            out.push((path.display().to_string(), text));
+        }
+    }
+    Ok(())
+}
+
+/// Runs every tidy rule over the workspace at `root`.
+pub fn check_workspace(root: &Path) -> Result<(), String> {
+    let crates = read_workspace(root)?;
+    let mut problems: Vec<String> = check_deps(&crates).iter().map(|v| v.to_string()).collect();
+    let mut files = Vec::new();
+    rust_files(&root.join("crates/domain/src"), &mut files)?;
+    problems.extend(check_domain_sources(&files));
+    if problems.is_empty() {
+        let edges: usize = crates.iter().map(|c| c.deps.len()).sum();
+        eprintln!(
+            "tidy: {} crates, {edges} dependency edges, {} domain files: ok",
+            crates.len(),
+            files.len()
+        );
+        Ok(())
+    } else {
+        Err(format!(
+            "{} problem(s):\n  {}",
+            problems.len(),
+            problems.join("\n  ")
+        ))
+    }
+}
+
+pub fn run() -> Result<(), String> {
+    check_workspace(&root())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn krate(package: &str, deps: &[(DepKind, &str)]) -> CrateDeps {
+        CrateDeps {
+            package: package.into(),
+            manifest: format!("{package}/Cargo.toml"),
+            deps: deps.iter().map(|(k, d)| (*k, d.to_string())).collect(),
+        }
+    }
+
+    fn rules(c: CrateDeps) -> Vec<&'static str> {
+        check_deps(&[c]).into_iter().map(|v| v.rule).collect()
+    }
+
+    #[test]
+    fn this_workspace_is_tidy() {
+        check_workspace(&root()).unwrap();
+    }
+
+    #[test]
+    fn each_forbidden_edge_is_named() {
+        use DepKind::*;
+        let cases: &[(&str, DepKind, &str, &str)] = &[
+            (
+                "guild-domain",
+                Normal,
+                "libloading",
+                "the domain may depend only on its pure allowlist",
+            ),
+            (
+                "guild-domain",
+                Normal,
+                "tar",
+                "the domain may depend only on its pure allowlist",
+            ),
+            (
+                "guild-domain",
+                Normal,
+                "guild-adapters-fs",
+                "the domain may depend only on its pure allowlist",
+            ),
+            (
+                "guild-domain",
+                Dev,
+                "tempfile",
+                "the domain may depend only on its pure allowlist",
+            ),
+            (
+                "guild-ports",
+                Normal,
+                "tokio",
+                "ports may depend only on the domain",
+            ),
+            (
+                "guild-abi",
+                Normal,
+                "libc",
+                "the ABI mirror depends on nothing",
+            ),
+            (
+                "guild-adapters-fs",
+                Normal,
+                "guild-adapters-crypto",
+                "adapters never depend on one another",
+            ),
+            (
+                "guild-adapters-fs",
+                Dev,
+                "guild-adapters-crypto",
+                "adapters never depend on one another",
+            ),
+            (
+                "guild-ports",
+                Dev,
+                "guild-adapters-posix",
+                "only guild-host (the composition root) may depend on an adapter",
+            ),
+            (
+                "guild-adapters-fs",
+                Normal,
+                "libloading",
+                "this crate reaches the outside world and belongs to one adapter",
+            ),
+            (
+                "guild-host",
+                Normal,
+                "cudarc",
+                "this crate reaches the outside world and belongs to one adapter",
+            ),
+        ];
+        for (package, kind, dep, rule) in cases {
+            let got = rules(krate(package, &[(*kind, dep)]));
+            assert!(
+                got.contains(rule),
+                "{package} -> {dep}: expected {rule:?}, got {got:?}"
+            );
+        }
+        // And the allowed shapes stay allowed.
+        assert!(rules(krate(
+            "guild-domain",
+            &[(Normal, "sha2"), (Dev, "proptest")]
+        ))
+        .is_empty());
+        assert!(rules(krate(
+            "guild-adapters-posix",
+            &[(Normal, "libloading"), (Normal, "guild-ports")]
+        ))
+        .is_empty());
+        assert!(rules(krate("guild-host", &[(Normal, "guild-adapters-fs")])).is_empty());
+    }
+
+    #[test]
+    fn domain_sources_may_not_do_io_or_unsafe() {
+        let files = vec![(
+            "lib.rs".to_string(),
+            "#![forbid(unsafe_code)]\nuse std::fs::File;\n// std::fs in a comment is fine\nfn f() { unsafe { } }\n"
+                .to_string(),
+        )];
+        let hits = check_domain_sources(&files);
+        assert_eq!(hits.len(), 2, "{hits:?}");
+        assert!(hits[0].starts_with("lib.rs:2:") && hits[0].contains("std::fs"));
+        assert!(hits[1].starts_with("lib.rs:4:") && hits[1].contains("unsafe"));
+    }
+
+    #[test]
+    fn manifest_parser_reads_workspace_and_renamed_deps() {
+        let text = "[package]\nname = \"guild-x\"\n\n[dependencies]\nserde.workspace = true\n\
+                    io = { package = \"tokio\", version = \"1\" }\n\n[dev-dependencies]\nproptest = \"1\"\n\
+                    [target.'cfg(unix)'.dependencies]\nlibc = \"0.2\"\n[features]\nmocks = []\n";
+        let c = parse_manifest("x", text).unwrap();
+        assert_eq!(c.package, "guild-x");
+        assert_eq!(
+            c.deps,
+            vec![
+                (DepKind::Normal, "serde".to_string()),
+                (DepKind::Normal, "tokio".to_string()),
+                (DepKind::Dev, "proptest".to_string()),
+                (DepKind::Normal, "libc".to_string()),
+            ]
+        );
+    }
+
+    /// The end-to-end proof: a copy of this workspace's manifests with one forbidden edge added
+    /// fails `check_workspace`, naming the edge.
+    #[test]
+    fn adding_a_forbidden_edge_to_a_copy_of_the_workspace_fails() {
+        let src = root();
+        let tmp = std::env::temp_dir().join(format!("guild-tidy-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        for c in read_workspace(&src).unwrap() {
+            let rel = Path::new(&c.manifest)
+                .strip_prefix(&src)
+                .unwrap()
+                .to_path_buf();
+            let dst = tmp.join(&rel);
+            std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+            std::fs::copy(&c.manifest, &dst).unwrap();
+        }
+        std::fs::create_dir_all(tmp.join("crates/domain/src")).unwrap();
+        std::fs::write(tmp.join("crates/domain/src/lib.rs"), "//! clean\n").unwrap();
+        check_workspace(&tmp).unwrap();
+
+        let domain = tmp.join("crates/domain/Cargo.toml");
+        let text = std::fs::read_to_string(&domain).unwrap();
+        let text = text.replacen(
+            "[dependencies]\n",
+            "[dependencies]\nlibloading.workspace = true\n",
+            1,
+        );
+        std::fs::write(&domain, text).unwrap();
+        let err = check_workspace(&tmp).unwrap_err();
+        assert!(err.contains("guild-domain -> libloading"), "{err}");
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
+}
