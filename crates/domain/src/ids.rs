@@ -17,7 +17,12 @@ pub enum IdError {
     #[error("{what} {value:?} is longer than {MAX_ID_LEN} bytes")]
     TooLong { what: &'static str, value: String },
     #[error("{what} {value:?} contains {found:?} at byte {at}; allowed are a-z, 0-9, '_', '-' and '.' between segments")]
-    BadChar { what: &'static str, value: String, found: char, at: usize },
+    BadChar {
+        what: &'static str,
+        value: String,
+        found: char,
+        at: usize,
+    },
     #[error("{what} {value:?} has an empty dot-separated segment")]
     EmptySegment { what: &'static str, value: String },
     #[error("{what} {value:?} must start with a lowercase letter")]
@@ -32,19 +37,33 @@ fn check_id(what: &'static str, value: &str) -> Result<(), IdError> {
         return Err(IdError::Empty { what });
     }
     if value.len() > MAX_ID_LEN {
-        return Err(IdError::TooLong { what, value: value.to_owned() });
+        return Err(IdError::TooLong {
+            what,
+            value: value.to_owned(),
+        });
     }
     if !value.as_bytes()[0].is_ascii_lowercase() {
-        return Err(IdError::BadStart { what, value: value.to_owned() });
+        return Err(IdError::BadStart {
+            what,
+            value: value.to_owned(),
+        });
     }
     for (at, c) in value.char_indices() {
         let ok = c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '-' | '.');
         if !ok {
-            return Err(IdError::BadChar { what, value: value.to_owned(), found: c, at });
+            return Err(IdError::BadChar {
+                what,
+                value: value.to_owned(),
+                found: c,
+                at,
+            });
         }
     }
     if value.split('.').any(str::is_empty) {
-        return Err(IdError::EmptySegment { what, value: value.to_owned() });
+        return Err(IdError::EmptySegment {
+            what,
+            value: value.to_owned(),
+        });
     }
     Ok(())
 }
@@ -170,7 +189,9 @@ impl Sha256Digest {
 
     /// Parses 64 lowercase hex digits. Uppercase is refused so that a digest has one spelling.
     pub fn parse_hex(value: &str) -> Result<Self, DigestParseError> {
-        let err = || DigestParseError { value: value.chars().take(80).collect() };
+        let err = || DigestParseError {
+            value: value.chars().take(80).collect(),
+        };
         let bytes = value.as_bytes();
         if bytes.len() != 64 {
             return Err(err());
@@ -219,24 +240,54 @@ mod tests {
 
     #[test]
     fn ids_accept_namespaced_names() {
-        for ok in ["example.sequence.prefix_sum", "org.example", "a", "a1_b-c.d"] {
+        for ok in [
+            "example.sequence.prefix_sum",
+            "org.example",
+            "a",
+            "a1_b-c.d",
+        ] {
             OpName::new(ok).unwrap();
         }
     }
 
     #[test]
     fn ids_reject_each_bad_shape() {
-        assert_eq!(PackageId::new(""), Err(IdError::Empty { what: "package id" }));
-        assert!(matches!(PackageId::new("a".repeat(129)), Err(IdError::TooLong { .. })));
-        assert!(matches!(PackageId::new("Example"), Err(IdError::BadStart { .. })));
-        assert!(matches!(PackageId::new("1abc"), Err(IdError::BadStart { .. })));
+        assert_eq!(
+            PackageId::new(""),
+            Err(IdError::Empty { what: "package id" })
+        );
+        assert!(matches!(
+            PackageId::new("a".repeat(129)),
+            Err(IdError::TooLong { .. })
+        ));
+        assert!(matches!(
+            PackageId::new("Example"),
+            Err(IdError::BadStart { .. })
+        ));
+        assert!(matches!(
+            PackageId::new("1abc"),
+            Err(IdError::BadStart { .. })
+        ));
         assert!(matches!(
             PackageId::new("a/b"),
-            Err(IdError::BadChar { found: '/', at: 1, .. })
+            Err(IdError::BadChar {
+                found: '/',
+                at: 1,
+                ..
+            })
         ));
-        assert!(matches!(PackageId::new("a..b"), Err(IdError::EmptySegment { .. })));
-        assert!(matches!(PackageId::new("a."), Err(IdError::EmptySegment { .. })));
-        assert!(matches!(PackageId::new("a\0b"), Err(IdError::BadChar { found: '\0', .. })));
+        assert!(matches!(
+            PackageId::new("a..b"),
+            Err(IdError::EmptySegment { .. })
+        ));
+        assert!(matches!(
+            PackageId::new("a."),
+            Err(IdError::EmptySegment { .. })
+        ));
+        assert!(matches!(
+            PackageId::new("a\0b"),
+            Err(IdError::BadChar { found: '\0', .. })
+        ));
     }
 
     #[test]

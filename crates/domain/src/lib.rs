@@ -17,4 +17,5 @@ pub mod lease;
 pub mod lifecycle;
 pub mod manifest;
 pub mod operation;
+pub mod path;
 pub mod version;

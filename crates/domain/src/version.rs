@@ -18,13 +18,21 @@ pub struct PackedVersion(u32);
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum VersionError {
     #[error("{part} {value} does not fit in {bits} bits (largest is {max})")]
-    ComponentTooLarge { part: &'static str, value: u64, bits: u32, max: u32 },
+    ComponentTooLarge {
+        part: &'static str,
+        value: u64,
+        bits: u32,
+        max: u32,
+    },
     #[error("{text:?} is not a MAJOR.MINOR.PATCH version")]
     Malformed { text: String },
     #[error("range {min}..={max} is empty: its lower bound is above its upper bound")]
     EmptyRange { min: String, max: String },
     #[error("interval {min}..={max} crosses a major version; operation intervals must stay within one major")]
-    CrossesMajor { min: PackedVersion, max: PackedVersion },
+    CrossesMajor {
+        min: PackedVersion,
+        max: PackedVersion,
+    },
 }
 
 impl PackedVersion {
@@ -39,7 +47,12 @@ impl PackedVersion {
     pub fn new(major: u32, minor: u32, patch: u32) -> Result<Self, VersionError> {
         fn check(part: &'static str, value: u32, bits: u32, max: u32) -> Result<(), VersionError> {
             if value > max {
-                return Err(VersionError::ComponentTooLarge { part, value: value.into(), bits, max });
+                return Err(VersionError::ComponentTooLarge {
+                    part,
+                    value: value.into(),
+                    bits,
+                    max,
+                });
             }
             Ok(())
         }
@@ -74,7 +87,9 @@ impl PackedVersion {
     /// Parses `MAJOR.MINOR.PATCH` with plain decimal components (no sign, no leading `+`, at most
     /// one leading zero only for the value 0).
     pub fn parse(text: &str) -> Result<Self, VersionError> {
-        let malformed = || VersionError::Malformed { text: text.chars().take(40).collect() };
+        let malformed = || VersionError::Malformed {
+            text: text.chars().take(40).collect(),
+        };
         let mut parts = text.split('.');
         let mut next = || -> Result<u32, VersionError> {
             let p = parts.next().ok_or_else(malformed)?;
@@ -118,7 +133,10 @@ impl AbiRange {
     /// Builds `min..=max`, refusing an empty range.
     pub fn new(min: PackedVersion, max: PackedVersion) -> Result<Self, VersionError> {
         if min > max {
-            return Err(VersionError::EmptyRange { min: min.to_string(), max: max.to_string() });
+            return Err(VersionError::EmptyRange {
+                min: min.to_string(),
+                max: max.to_string(),
+            });
         }
         Ok(AbiRange { min, max })
     }
@@ -155,7 +173,10 @@ impl OpVersionInterval {
     /// Builds `min..=max`, refusing an empty interval or one that spans two majors.
     pub fn new(min: PackedVersion, max: PackedVersion) -> Result<Self, VersionError> {
         if min > max {
-            return Err(VersionError::EmptyRange { min: min.to_string(), max: max.to_string() });
+            return Err(VersionError::EmptyRange {
+                min: min.to_string(),
+                max: max.to_string(),
+            });
         }
         if min.major() != max.major() {
             return Err(VersionError::CrossesMajor { min, max });
@@ -195,8 +216,12 @@ impl VersionRange {
     /// Builds `min..=max` (or `min..` without an upper bound), refusing an empty range.
     pub fn new(min: Version, max: Option<Version>) -> Result<Self, VersionError> {
         if let Some(max) = &max {
-            if &min > max {
-                return Err(VersionError::EmptyRange { min: min.to_string(), max: max.to_string() });
+            // Precedence, as `contains` uses, so that build metadata never makes a range empty.
+            if min.cmp_precedence(max) == std::cmp::Ordering::Greater {
+                return Err(VersionError::EmptyRange {
+                    min: min.to_string(),
+                    max: max.to_string(),
+                });
             }
         }
         Ok(VersionRange { min, max })
@@ -215,7 +240,10 @@ impl VersionRange {
     pub fn contains(&self, v: &Version) -> bool {
         use std::cmp::Ordering;
         let above_min = v.cmp_precedence(&self.min) != Ordering::Less;
-        let below_max = self.max.as_ref().is_none_or(|m| v.cmp_precedence(m) != Ordering::Greater);
+        let below_max = self
+            .max
+            .as_ref()
+            .is_none_or(|m| v.cmp_precedence(m) != Ordering::Greater);
         above_min && below_max
     }
 }
@@ -260,11 +288,31 @@ mod tests {
 
     #[test]
     fn parse_accepts_plain_triples_only() {
-        assert_eq!(PackedVersion::parse("1.2.3").unwrap(), PackedVersion::new(1, 2, 3).unwrap());
-        for bad in ["", "1", "1.2", "1.2.3.4", "01.2.3", "+1.2.3", "1.-2.3", "1.2.x", "1..3", "999999.0.0"] {
-            assert!(PackedVersion::parse(bad).is_err(), "{bad:?} should not parse");
+        assert_eq!(
+            PackedVersion::parse("1.2.3").unwrap(),
+            PackedVersion::new(1, 2, 3).unwrap()
+        );
+        for bad in [
+            "",
+            "1",
+            "1.2",
+            "1.2.3.4",
+            "01.2.3",
+            "+1.2.3",
+            "1.-2.3",
+            "1.2.x",
+            "1..3",
+            "999999.0.0",
+        ] {
+            assert!(
+                PackedVersion::parse(bad).is_err(),
+                "{bad:?} should not parse"
+            );
         }
-        assert!(matches!(PackedVersion::parse("256.0.0"), Err(VersionError::ComponentTooLarge { .. })));
+        assert!(matches!(
+            PackedVersion::parse("256.0.0"),
+            Err(VersionError::ComponentTooLarge { .. })
+        ));
     }
 
     #[test]
@@ -273,7 +321,10 @@ mod tests {
         let r = AbiRange::new(v("1.0.0"), v("1.2.0")).unwrap();
         assert!(r.contains(v("1.0.0")) && r.contains(v("1.2.0")) && r.contains(v("1.1.7")));
         assert!(!r.contains(v("1.2.1")) && !r.contains(v("0.9.9")));
-        assert!(matches!(AbiRange::new(v("2.0.0"), v("1.0.0")), Err(VersionError::EmptyRange { .. })));
+        assert!(matches!(
+            AbiRange::new(v("2.0.0"), v("1.0.0")),
+            Err(VersionError::EmptyRange { .. })
+        ));
         assert!(matches!(
             OpVersionInterval::new(v("1.0.0"), v("2.0.0")),
             Err(VersionError::CrossesMajor { .. })
@@ -291,5 +342,8 @@ mod tests {
         let open = VersionRange::new(v("1.0.0"), None).unwrap();
         assert!(open.contains(&v("7.0.0")));
         assert!(VersionRange::new(v("2.0.0"), Some(v("1.0.0"))).is_err());
+        // Build metadata does not take part in precedence, so this range holds exactly 1.0.0.
+        let r = VersionRange::new(v("1.0.0+b"), Some(v("1.0.0"))).unwrap();
+        assert!(r.contains(&v("1.0.0")));
     }
 }

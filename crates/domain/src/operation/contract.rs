@@ -1,0 +1,355 @@
+//! The two sides of a GOP1 negotiation in domain form: what a provider declares
+//! ([`OpCandidate`]) and what a caller asks for ([`OpQuery`]), each with its own validation.
+
+use std::fmt;
+
+use super::tensor::{TensorDesc, TensorError, TensorInfo, TensorRef, TensorRole};
+use super::values::{
+    Backend, BackendSet, Budget, Capabilities, CpuIsa, DType, LayoutSet, MemorySpace,
+    MemorySpaceSet, Numerics, SyncMode, SyncModeSet, MAX_TENSOR_RANK,
+};
+use crate::ids::{ImplId, OpName};
+use crate::version::{OpVersionInterval, PackedVersion, VersionError};
+
+/// An inclusive bound on how many input or output tensors a provider takes.
+///
+/// There is no "0 means unbounded" sentinel here, unlike the descriptor's dimension bounds: an
+/// operation with no inputs (a generator) is legitimate, so 0 must mean 0. Use `u32::MAX` for no
+/// upper bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Arity {
+    /// Fewest tensors accepted.
+    pub min: u32,
+    /// Most tensors accepted.
+    pub max: u32,
+}
+
+impl Arity {
+    /// `min..=max` tensors.
+    pub const fn new(min: u32, max: u32) -> Self {
+        Arity { min, max }
+    }
+
+    /// Exactly `n` tensors.
+    pub const fn exactly(n: u32) -> Self {
+        Arity { min: n, max: n }
+    }
+
+    /// Whether `count` tensors are accepted.
+    pub fn admits(self, count: usize) -> bool {
+        // A count beyond `u32::MAX` cannot come from the C ABI, and no bound admits it.
+        u32::try_from(count).is_ok_and(|c| self.min <= c && c <= self.max)
+    }
+}
+
+impl fmt::Display for Arity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.min == self.max {
+            write!(f, "exactly {}", self.min)
+        } else if self.max == u32::MAX {
+            write!(f, "at least {}", self.min)
+        } else {
+            write!(f, "{}..={}", self.min, self.max)
+        }
+    }
+}
+
+/// A provider's side of the negotiation: one registered implementation of a namespaced
+/// operation, as its kernel descriptor and GOP1 extension declare it.
+///
+/// The app builds these from the C structs at registration, where it should also call
+/// [`OpCandidate::check`] and refuse a malformed descriptor; [`resolve`](super::resolve) repeats
+/// that check so that a malformed candidate can never be chosen.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct OpCandidate {
+    /// Globally unique implementation id; the final tie-break of the ranking.
+    pub impl_id: ImplId,
+    /// The namespaced operation this implements.
+    pub op_name: OpName,
+    /// The one backend it runs on.
+    pub backend: Backend,
+    /// Higher is preferred.
+    pub priority: i32,
+    /// Semantic version of the operation contract (not of the package).
+    pub op_version: PackedVersion,
+    /// Capability bits offered.
+    pub capabilities: Capabilities,
+    /// Numerical guarantees offered.
+    pub numerics: Numerics,
+    /// Dtype every input tensor must have; [`DType::ANY`] leaves it to the provider's validate.
+    pub input_dtype: DType,
+    /// Dtype every output tensor must have; [`DType::ANY`] leaves it to the provider's validate.
+    pub output_dtype: DType,
+    /// How many inputs it takes.
+    pub inputs: Arity,
+    /// How many outputs it takes.
+    pub outputs: Arity,
+    /// Layouts accepted (see [`LayoutSet::admits`]).
+    pub layouts: LayoutSet,
+    /// Memory spaces accepted.
+    pub memory_spaces: MemorySpaceSet,
+    /// Required alignment of every tensor's data address in bytes, a power of two; 0 and 1 both
+    /// mean none.
+    pub min_alignment: u64,
+    /// Smallest rank accepted for every tensor.
+    pub min_rank: u32,
+    /// Largest rank accepted for every tensor.
+    pub max_rank: u32,
+    /// Largest extent of any axis of any tensor; 0 is unbounded.
+    pub max_dim: u64,
+    /// Largest product of the outer extents of any tensor; 0 is unbounded.
+    pub max_batch: u64,
+    /// Sync modes supported.
+    pub sync_modes: SyncModeSet,
+    /// Lowest CUDA compute capability times ten (86 for 8.6); 0 is unbounded. CUDA only.
+    pub min_sm: u32,
+    /// Highest CUDA compute capability times ten; 0 is unbounded. CUDA only.
+    pub max_sm: u32,
+    /// CPU features the host must have. Checked for every backend, because a GPU provider's
+    /// host-side code runs on the CPU too.
+    pub cpu_isa: CpuIsa,
+}
+
+impl OpCandidate {
+    /// Checks that the declaration is coherent on its own: every bound pair can be met, the
+    /// alignment is a power of two, and each declared set names something.
+    pub fn check(&self) -> Result<(), CandidateError> {
+        let ranks_possible = self.max_rank != 0
+            && self.min_rank <= self.max_rank
+            && usize::try_from(self.min_rank).is_ok_and(|r| r <= MAX_TENSOR_RANK);
+        if !ranks_possible {
+            return Err(CandidateError::RankBounds {
+                min: self.min_rank,
+                max: self.max_rank,
+            });
+        }
+        for (role, arity) in [
+            (TensorRole::Input, self.inputs),
+            (TensorRole::Output, self.outputs),
+        ] {
+            if arity.min > arity.max {
+                return Err(CandidateError::ArityBounds {
+                    role,
+                    min: arity.min,
+                    max: arity.max,
+                });
+            }
+        }
+        if self.min_alignment > 1 && !self.min_alignment.is_power_of_two() {
+            return Err(CandidateError::Alignment {
+                alignment: self.min_alignment,
+            });
+        }
+        if self.min_sm != 0 && self.max_sm != 0 && self.min_sm > self.max_sm {
+            return Err(CandidateError::SmBounds {
+                min: self.min_sm,
+                max: self.max_sm,
+            });
+        }
+        if self.layouts.is_empty() {
+            return Err(CandidateError::EmptySet { what: "layout" });
+        }
+        if self.memory_spaces.is_empty() {
+            return Err(CandidateError::EmptySet {
+                what: "memory space",
+            });
+        }
+        if self.sync_modes.is_empty() {
+            return Err(CandidateError::EmptySet { what: "sync mode" });
+        }
+        Ok(())
+    }
+}
+
+/// Why a provider's declaration is malformed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum CandidateError {
+    /// No rank from 1 to 8 satisfies `min_rank..=max_rank`.
+    #[error("rank bounds {min}..={max} admit no rank in 1..=8")]
+    RankBounds { min: u32, max: u32 },
+    /// An arity has `min > max`.
+    #[error("{role} arity bounds {min}..={max} are empty")]
+    ArityBounds {
+        role: TensorRole,
+        min: u32,
+        max: u32,
+    },
+    /// The alignment is not a power of two.
+    #[error("minimum alignment {alignment} is not a power of two")]
+    Alignment { alignment: u64 },
+    /// Both SM bounds are set and `min_sm > max_sm`.
+    #[error("cuda sm bounds {min}..={max} are empty")]
+    SmBounds { min: u32, max: u32 },
+    /// A required set (layouts, memory spaces, sync modes) is empty.
+    #[error("declares no {what}")]
+    EmptySet { what: &'static str },
+}
+
+/// What the caller knows about the device the operation will run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeviceCaps {
+    /// The device selected for the call; device-memory tensors must live on it.
+    pub device_id: i32,
+    /// The CUDA compute capability times ten, or `None` when there is no CUDA device. CUDA
+    /// candidates are refused when this is `None`, so the app must fill it whenever one exists.
+    pub cuda_sm: Option<u32>,
+    /// CPU features the host has.
+    pub cpu_isa: CpuIsa,
+}
+
+/// The caller's side of the negotiation, as plain fields; [`OpQuery::new`] validates it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct QuerySpec {
+    /// The namespaced operation wanted.
+    pub op_name: OpName,
+    /// Lowest acceptable operation version, inclusive.
+    pub min_version: PackedVersion,
+    /// Highest acceptable operation version, inclusive; same major as `min_version`.
+    pub max_version: PackedVersion,
+    /// Backends the caller can run.
+    pub backends: BackendSet,
+    /// Capability bits every acceptable provider must offer.
+    pub capabilities: Capabilities,
+    /// Numerical guarantees every acceptable provider must offer.
+    pub numerics: Numerics,
+    /// How the call will be synchronised.
+    pub sync_mode: SyncMode,
+    /// The actual input tensors.
+    pub inputs: Vec<TensorDesc>,
+    /// The actual output tensors.
+    pub outputs: Vec<TensorDesc>,
+    /// Bound on host scratch.
+    pub ram_budget: Budget,
+    /// Bound on device scratch.
+    pub vram_budget: Budget,
+    /// When set, only this implementation may be chosen, with no fallback.
+    pub exact_impl: Option<ImplId>,
+    /// The device the call will run on.
+    pub device: DeviceCaps,
+}
+
+/// A validated operation query: every tensor checked, the version interval built, and the facts
+/// the ranking needs computed once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpQuery {
+    spec: QuerySpec,
+    versions: OpVersionInterval,
+    input_infos: Vec<TensorInfo>,
+    output_infos: Vec<TensorInfo>,
+}
+
+impl OpQuery {
+    /// Validates `spec`: a non-empty set of known backends, a same-major version interval, every
+    /// tensor valid on its own, and every device-memory tensor on the query's device.
+    ///
+    /// The device check lives here rather than among candidate rejections because it does not
+    /// depend on any provider: such a query is wrong whoever answers it.
+    pub fn new(spec: QuerySpec) -> Result<Self, QueryError> {
+        let unknown = spec.backends.unknown();
+        if !unknown.is_empty() {
+            return Err(QueryError::UnknownBackendBits {
+                bits: unknown.bits(),
+            });
+        }
+        if spec.backends.is_empty() {
+            return Err(QueryError::NoBackends);
+        }
+        let versions = OpVersionInterval::new(spec.min_version, spec.max_version)
+            .map_err(QueryError::VersionInterval)?;
+        let input_infos = check_tensors(TensorRole::Input, &spec.inputs, &spec.device)?;
+        let output_infos = check_tensors(TensorRole::Output, &spec.outputs, &spec.device)?;
+        Ok(OpQuery {
+            spec,
+            versions,
+            input_infos,
+            output_infos,
+        })
+    }
+
+    /// The query as given.
+    pub fn spec(&self) -> &QuerySpec {
+        &self.spec
+    }
+
+    /// The operation name wanted.
+    pub fn op_name(&self) -> &OpName {
+        &self.spec.op_name
+    }
+
+    /// The accepted operation versions.
+    pub fn versions(&self) -> OpVersionInterval {
+        self.versions
+    }
+
+    /// The facts computed for each input, in order.
+    pub fn input_infos(&self) -> &[TensorInfo] {
+        &self.input_infos
+    }
+
+    /// The facts computed for each output, in order.
+    pub fn output_infos(&self) -> &[TensorInfo] {
+        &self.output_infos
+    }
+
+    /// Gives the spec back, for a caller that wants to change it and validate again.
+    pub fn into_spec(self) -> QuerySpec {
+        self.spec
+    }
+}
+
+fn check_tensors(
+    role: TensorRole,
+    tensors: &[TensorDesc],
+    device: &DeviceCaps,
+) -> Result<Vec<TensorInfo>, QueryError> {
+    tensors
+        .iter()
+        .enumerate()
+        .map(|(index, t)| {
+            let tensor = TensorRef { role, index };
+            let info = t
+                .check()
+                .map_err(|error| QueryError::Tensor { tensor, error })?;
+            if t.memory_space == MemorySpace::Device && t.device_id != device.device_id {
+                return Err(QueryError::DeviceMismatch {
+                    tensor,
+                    tensor_device: t.device_id,
+                    query_device: device.device_id,
+                });
+            }
+            Ok(info)
+        })
+        .collect()
+}
+
+/// Why a query is invalid, whatever providers exist.
+///
+/// Each message carries its cause inline (no `source` chain) so that one `Display` fills a C
+/// error buffer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueryError {
+    /// The backend set is empty.
+    #[error("the query permits no backend")]
+    NoBackends,
+    /// The backend set has bits this host does not know.
+    #[error("the query's backend set has unknown bits {bits:#x}")]
+    UnknownBackendBits { bits: u32 },
+    /// The version interval is empty or spans two majors.
+    #[error("the query's version interval is invalid: {0}")]
+    VersionInterval(VersionError),
+    /// A tensor is invalid on its own.
+    #[error("{tensor} is invalid: {error}")]
+    Tensor {
+        tensor: TensorRef,
+        error: TensorError,
+    },
+    /// A device-memory tensor lives on another device than the query's.
+    #[error(
+        "{tensor} lives on device {tensor_device} but the query runs on device {query_device}"
+    )]
+    DeviceMismatch {
+        tensor: TensorRef,
+        tensor_device: i32,
+        query_device: i32,
+    },
+}

@@ -1,0 +1,5 @@
+//! Integration tests of `guild-domain`, one module per feature.
+
+mod graph;
+mod manifest;
+mod operation;
