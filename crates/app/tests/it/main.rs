@@ -1,0 +1,3 @@
+//! Integration tests of `guild-host`.
+
+mod numbering;
