@@ -18,4 +18,5 @@ pub mod lifecycle;
 pub mod manifest;
 pub mod operation;
 pub mod path;
+pub mod trust;
 pub mod version;

@@ -347,3 +347,33 @@ mod tests {
         assert!(r.contains(&v("1.0.0")));
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Packing and unpacking are inverse for every in-range triple, the text form reads back,
+        /// and the packed order is the (major, minor, patch) order.
+        #[test]
+        fn packed_versions_round_trip_and_order(
+            a in (0u32..=255, 0u32..=4095, 0u32..=4095),
+            b in (0u32..=255, 0u32..=4095, 0u32..=4095),
+        ) {
+            let va = PackedVersion::new(a.0, a.1, a.2).unwrap();
+            let vb = PackedVersion::new(b.0, b.1, b.2).unwrap();
+            prop_assert_eq!((va.major(), va.minor(), va.patch()), a);
+            prop_assert_eq!(PackedVersion::from_raw(va.raw()), va);
+            prop_assert_eq!(PackedVersion::parse(&va.to_string()).unwrap(), va);
+            prop_assert_eq!(va.cmp(&vb), a.cmp(&b));
+        }
+
+        /// Every raw value unpacks to components that pack back to the same raw value.
+        #[test]
+        fn every_raw_value_repacks(raw in any::<u32>()) {
+            let v = PackedVersion::from_raw(raw);
+            prop_assert_eq!(PackedVersion::new(v.major(), v.minor(), v.patch()).unwrap().raw(), raw);
+        }
+    }
+}

@@ -3,3 +3,4 @@
 mod graph;
 mod manifest;
 mod operation;
+mod trust;

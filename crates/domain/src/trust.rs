@@ -1,0 +1,469 @@
+//! Trust decisions: which publishers' keys the operator trusts, what has been revoked, and
+//! whether a package's signatures authenticate it.
+//!
+//! The key material itself is opaque here (SPKI DER bytes); checking a signature is the crypto
+//! adapter's job, reached through [`SignatureCheck`] so that the decision stays pure. The trust
+//! file is read strictly and fails closed: a file that cannot be read completely is an error,
+//! never an empty trust store.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::ids::{IdError, PublisherId, Sha256Digest};
+use crate::json::{self, Integer, Value};
+use crate::manifest::{Metadata, SignatureAlgorithm};
+
+/// The format number written into and required of trust files.
+pub const TRUST_FORMAT_V1: u64 = 1;
+
+/// A public key the operator trusts for one publisher.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrustedKey {
+    /// SHA-256 of `spki_der`.
+    pub key_id: Sha256Digest,
+    /// The public key, DER-encoded SubjectPublicKeyInfo.
+    pub spki_der: Vec<u8>,
+}
+
+/// Trusted publishers and their keys, revoked keys and revoked package digests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrustStore {
+    publishers: BTreeMap<PublisherId, BTreeMap<Sha256Digest, TrustedKey>>,
+    revoked_keys: BTreeMap<Sha256Digest, String>,
+    revoked_digests: BTreeMap<Sha256Digest, String>,
+}
+
+/// Why a change to the trust store was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TrustChangeError {
+    #[error("key {key_id} is revoked and cannot be trusted again")]
+    KeyRevoked { key_id: Sha256Digest },
+    #[error("key {key_id} is already trusted for publisher {owner}; one key serves one publisher")]
+    KeyOfAnotherPublisher {
+        key_id: Sha256Digest,
+        owner: PublisherId,
+    },
+    #[error("the public key is empty")]
+    EmptyKey,
+}
+
+/// Why a trust file could not be read. Every variant fails closed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TrustFileError {
+    #[error("trust file is not valid JSON: {0}")]
+    Json(#[from] json::JsonError),
+    #[error("trust file: {path}: {problem}")]
+    Field { path: String, problem: String },
+    #[error("trust file has format {found}; this host reads format {TRUST_FORMAT_V1}")]
+    UnknownFormat { found: String },
+}
+
+fn field(path: impl Into<String>, problem: impl Into<String>) -> TrustFileError {
+    TrustFileError::Field {
+        path: path.into(),
+        problem: problem.into(),
+    }
+}
+
+impl TrustStore {
+    /// An empty trust store: nothing is trusted.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Trusts `spki_der` for `publisher` and returns its key id. Trusting a key again for the
+    /// same publisher is a no-op.
+    pub fn add_key(
+        &mut self,
+        publisher: PublisherId,
+        spki_der: Vec<u8>,
+    ) -> Result<Sha256Digest, TrustChangeError> {
+        if spki_der.is_empty() {
+            return Err(TrustChangeError::EmptyKey);
+        }
+        let key_id = Sha256Digest::of(&spki_der);
+        if self.revoked_keys.contains_key(&key_id) {
+            return Err(TrustChangeError::KeyRevoked { key_id });
+        }
+        if let Some(owner) = self.owner_of(&key_id) {
+            if owner != &publisher {
+                return Err(TrustChangeError::KeyOfAnotherPublisher {
+                    key_id,
+                    owner: owner.clone(),
+                });
+            }
+        }
+        self.publishers
+            .entry(publisher)
+            .or_default()
+            .insert(key_id, TrustedKey { key_id, spki_der });
+        Ok(key_id)
+    }
+
+    /// Revokes a key: no signature by it authenticates anything from now on, even while it is
+    /// still listed for its publisher. Returns whether it was newly revoked.
+    pub fn revoke_key(&mut self, key_id: Sha256Digest, reason: impl Into<String>) -> bool {
+        self.revoked_keys.insert(key_id, reason.into()).is_none()
+    }
+
+    /// Revokes one package payload (by the digest of its canonical payload). Returns whether it
+    /// was newly revoked.
+    pub fn revoke_digest(&mut self, digest: Sha256Digest, reason: impl Into<String>) -> bool {
+        self.revoked_digests.insert(digest, reason.into()).is_none()
+    }
+
+    /// The publisher a key is trusted for, if any.
+    pub fn owner_of(&self, key_id: &Sha256Digest) -> Option<&PublisherId> {
+        self.publishers
+            .iter()
+            .find(|(_, keys)| keys.contains_key(key_id))
+            .map(|(p, _)| p)
+    }
+
+    /// The keys trusted for `publisher`.
+    pub fn keys_of(&self, publisher: &PublisherId) -> impl Iterator<Item = &TrustedKey> {
+        self.publishers
+            .get(publisher)
+            .into_iter()
+            .flat_map(|keys| keys.values())
+    }
+
+    /// Every trusted publisher with its keys, in id order.
+    pub fn publishers(
+        &self,
+    ) -> impl Iterator<Item = (&PublisherId, impl Iterator<Item = &TrustedKey>)> {
+        self.publishers.iter().map(|(p, keys)| (p, keys.values()))
+    }
+
+    /// Revoked keys with the reason recorded.
+    pub fn revoked_keys(&self) -> impl Iterator<Item = (&Sha256Digest, &str)> {
+        self.revoked_keys.iter().map(|(k, r)| (k, r.as_str()))
+    }
+
+    /// Revoked payload digests with the reason recorded.
+    pub fn revoked_digests(&self) -> impl Iterator<Item = (&Sha256Digest, &str)> {
+        self.revoked_digests.iter().map(|(k, r)| (k, r.as_str()))
+    }
+
+    /// Whether `key_id` is revoked.
+    pub fn is_key_revoked(&self, key_id: &Sha256Digest) -> bool {
+        self.revoked_keys.contains_key(key_id)
+    }
+
+    /// Whether the payload digest is revoked.
+    pub fn is_digest_revoked(&self, digest: &Sha256Digest) -> bool {
+        self.revoked_digests.contains_key(digest)
+    }
+
+    /// Encodes the trust file (indented JSON, stable order).
+    pub fn to_json(&self) -> String {
+        let publishers = self
+            .publishers
+            .iter()
+            .map(|(p, keys)| {
+                let keys = keys
+                    .values()
+                    .map(|k| {
+                        Value::Object(vec![
+                            ("key_id".into(), k.key_id.to_hex().into()),
+                            ("public_key_der".into(), hex(&k.spki_der).into()),
+                        ])
+                    })
+                    .collect();
+                (p.to_string(), Value::Array(keys))
+            })
+            .collect();
+        let revoked = |m: &BTreeMap<Sha256Digest, String>, name: &str| {
+            Value::Array(
+                m.iter()
+                    .map(|(d, r)| {
+                        Value::Object(vec![
+                            (name.into(), d.to_hex().into()),
+                            ("reason".into(), r.clone().into()),
+                        ])
+                    })
+                    .collect(),
+            )
+        };
+        Value::Object(vec![
+            ("trust_format".into(), TRUST_FORMAT_V1.into()),
+            ("publishers".into(), Value::Object(publishers)),
+            ("revoked_keys".into(), revoked(&self.revoked_keys, "key_id")),
+            (
+                "revoked_digests".into(),
+                revoked(&self.revoked_digests, "sha256"),
+            ),
+        ])
+        .to_pretty_string()
+    }
+
+    /// Reads a trust file strictly: unknown fields, duplicate keys, or a key whose id does not
+    /// match its bytes are errors. A key may be both listed and revoked (it was revoked after
+    /// being trusted); revocation wins when deciding.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, TrustFileError> {
+        let doc = json::parse(bytes)?;
+        let top = expect_object(
+            &doc,
+            "$",
+            &[
+                "trust_format",
+                "publishers",
+                "revoked_keys",
+                "revoked_digests",
+            ],
+        )?;
+        let format = top
+            .get("trust_format")
+            .ok_or_else(|| field("$.trust_format", "missing"))?;
+        if format.as_integer() != Integer::new(TRUST_FORMAT_V1.into()) {
+            let found = match format {
+                Value::Integer(i) => i.get().to_string(),
+                other => other.type_name().to_string(),
+            };
+            return Err(TrustFileError::UnknownFormat { found });
+        }
+        let mut store = TrustStore::new();
+        let publishers = top
+            .get("publishers")
+            .ok_or_else(|| field("$.publishers", "missing"))?;
+        let publishers = publishers
+            .as_object()
+            .ok_or_else(|| field("$.publishers", "expected an object"))?;
+        for (name, keys) in publishers {
+            let path = format!("$.publishers.{name}");
+            let publisher = PublisherId::new(name.as_str())
+                .map_err(|e: IdError| field(&path, e.to_string()))?;
+            let keys = keys
+                .as_array()
+                .ok_or_else(|| field(&path, "expected an array of keys"))?;
+            for (i, key) in keys.iter().enumerate() {
+                let path = format!("{path}[{i}]");
+                let key = expect_object(key, &path, &["key_id", "public_key_der"])?;
+                let key_id = digest_field(&key, &path, "key_id")?;
+                let der = string_field(&key, &path, "public_key_der")?;
+                let der = unhex(der).ok_or_else(|| {
+                    field(format!("{path}.public_key_der"), "expected lowercase hex")
+                })?;
+                if Sha256Digest::of(&der) != key_id {
+                    return Err(field(&path, "key_id is not the SHA-256 of public_key_der"));
+                }
+                store
+                    .add_key(publisher.clone(), der)
+                    .map_err(|e| field(&path, e.to_string()))?;
+            }
+        }
+        for (list, name) in [("revoked_keys", "key_id"), ("revoked_digests", "sha256")] {
+            let path = format!("$.{list}");
+            let items = top.get(list).ok_or_else(|| field(&path, "missing"))?;
+            let items = items
+                .as_array()
+                .ok_or_else(|| field(&path, "expected an array"))?;
+            for (i, item) in items.iter().enumerate() {
+                let path = format!("{path}[{i}]");
+                let item = expect_object(item, &path, &[name, "reason"])?;
+                let digest = digest_field(&item, &path, name)?;
+                let reason = string_field(&item, &path, "reason")?.to_owned();
+                let target = if list == "revoked_keys" {
+                    &mut store.revoked_keys
+                } else {
+                    &mut store.revoked_digests
+                };
+                if target.insert(digest, reason).is_some() {
+                    return Err(field(&path, format!("{digest} is listed twice")));
+                }
+            }
+        }
+        Ok(store)
+    }
+}
+
+/// A JSON object's members, refusing any member not in `allowed`.
+fn expect_object<'v>(
+    v: &'v Value,
+    path: &str,
+    allowed: &[&str],
+) -> Result<BTreeMap<&'v str, &'v Value>, TrustFileError> {
+    let members = v
+        .as_object()
+        .ok_or_else(|| field(path, format!("expected an object, found {}", v.type_name())))?;
+    let mut out = BTreeMap::new();
+    for (k, value) in members {
+        if !allowed.contains(&k.as_str()) {
+            return Err(field(format!("{path}.{k}"), "unknown field"));
+        }
+        out.insert(k.as_str(), value);
+    }
+    Ok(out)
+}
+
+fn string_field<'v>(
+    obj: &BTreeMap<&str, &'v Value>,
+    path: &str,
+    name: &str,
+) -> Result<&'v str, TrustFileError> {
+    obj.get(name)
+        .ok_or_else(|| field(format!("{path}.{name}"), "missing"))?
+        .as_str()
+        .ok_or_else(|| field(format!("{path}.{name}"), "expected a string"))
+}
+
+fn digest_field(
+    obj: &BTreeMap<&str, &Value>,
+    path: &str,
+    name: &str,
+) -> Result<Sha256Digest, TrustFileError> {
+    let s = string_field(obj, path, name)?;
+    Sha256Digest::parse_hex(s).map_err(|e| field(format!("{path}.{name}"), e.to_string()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 || s.is_empty() {
+        return None;
+    }
+    let digit = |b: u8| match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        _ => None,
+    };
+    s.as_bytes()
+        .chunks_exact(2)
+        .map(|p| Some((digit(p[0])? << 4) | digit(p[1])?))
+        .collect()
+}
+
+/// Checks one signature. The crypto adapter implements it; tests use fakes.
+pub trait SignatureCheck {
+    /// Whether `signature` (DER) by the key `spki_der` is valid over `message`. The error text
+    /// says why not (malformed, high-S, invalid, ...).
+    fn verify(&self, spki_der: &[u8], message: &[u8], signature: &[u8]) -> Result<(), String>;
+}
+
+/// Who authenticated a package.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authenticated {
+    pub publisher: PublisherId,
+    pub key_id: Sha256Digest,
+    pub payload_digest: Sha256Digest,
+}
+
+/// What happened to one signature of a refused package.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SignatureOutcome {
+    /// No trusted publisher has this key.
+    UnknownKey,
+    /// The key is trusted, but for another publisher than the manifest names.
+    KeyOfAnotherPublisher { owner: PublisherId },
+    /// The key has been revoked.
+    KeyRevoked { reason: String },
+    /// The key is right but the signature does not verify.
+    Invalid { reason: String },
+}
+
+impl fmt::Display for SignatureOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SignatureOutcome::UnknownKey => f.write_str("the key is not trusted for any publisher"),
+            SignatureOutcome::KeyOfAnotherPublisher { owner } => {
+                write!(
+                    f,
+                    "the key is trusted for publisher {owner}, not for the package's publisher"
+                )
+            }
+            SignatureOutcome::KeyRevoked { reason } => write!(f, "the key is revoked ({reason})"),
+            SignatureOutcome::Invalid { reason } => {
+                write!(f, "the signature does not verify: {reason}")
+            }
+        }
+    }
+}
+
+/// Why a package is not authenticated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("package payload {digest} is revoked ({reason})")]
+    DigestRevoked {
+        digest: Sha256Digest,
+        reason: String,
+    },
+    #[error("the package carries no signature")]
+    NoSignatures,
+    #[error("publisher {publisher} is not trusted: no key of it is in the trust store")]
+    PublisherNotTrusted { publisher: PublisherId },
+    #[error("no valid signature by a trusted key of publisher {publisher}:{}", list_attempts(.attempts))]
+    NoValidSignature {
+        publisher: PublisherId,
+        attempts: Vec<(Sha256Digest, SignatureOutcome)>,
+    },
+}
+
+fn list_attempts(attempts: &[(Sha256Digest, SignatureOutcome)]) -> String {
+    attempts
+        .iter()
+        .map(|(k, o)| format!("\n  key {k}: {o}"))
+        .collect()
+}
+
+/// Decides whether `metadata` is authenticated by `trust`: its payload digest is not revoked and
+/// at least one signature is a valid signature, over the canonical payload bytes as received, by
+/// an unrevoked key trusted for the publisher the manifest names.
+pub fn authenticate(
+    metadata: &Metadata,
+    trust: &TrustStore,
+    check: &dyn SignatureCheck,
+) -> Result<Authenticated, AuthError> {
+    let digest = metadata.payload_digest();
+    if let Some(reason) = trust.revoked_digests.get(&digest) {
+        return Err(AuthError::DigestRevoked {
+            digest,
+            reason: reason.clone(),
+        });
+    }
+    let publisher = &metadata.manifest().publisher_id;
+    if metadata.signatures().is_empty() {
+        return Err(AuthError::NoSignatures);
+    }
+    let keys = trust.publishers.get(publisher);
+    if keys.is_none_or(|k| k.is_empty()) {
+        return Err(AuthError::PublisherNotTrusted {
+            publisher: publisher.clone(),
+        });
+    }
+    let mut attempts = Vec::new();
+    for sig in metadata.signatures() {
+        // One algorithm exists today; the match makes adding another a compile error here.
+        match sig.algorithm {
+            SignatureAlgorithm::EcdsaP256Sha256 => {}
+        }
+        let outcome = if let Some(reason) = trust.revoked_keys.get(&sig.key_id) {
+            SignatureOutcome::KeyRevoked {
+                reason: reason.clone(),
+            }
+        } else if let Some(key) = keys.and_then(|k| k.get(&sig.key_id)) {
+            match check.verify(&key.spki_der, metadata.canonical_payload(), &sig.signature) {
+                Ok(()) => {
+                    return Ok(Authenticated {
+                        publisher: publisher.clone(),
+                        key_id: sig.key_id,
+                        payload_digest: digest,
+                    })
+                }
+                Err(reason) => SignatureOutcome::Invalid { reason },
+            }
+        } else if let Some(owner) = trust.owner_of(&sig.key_id) {
+            SignatureOutcome::KeyOfAnotherPublisher {
+                owner: owner.clone(),
+            }
+        } else {
+            SignatureOutcome::UnknownKey
+        };
+        attempts.push((sig.key_id, outcome));
+    }
+    Err(AuthError::NoValidSignature {
+        publisher: publisher.clone(),
+        attempts,
+    })
+}

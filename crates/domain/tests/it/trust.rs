@@ -1,0 +1,284 @@
+//! Trust decisions: every refusal reason of `authenticate`, trust-store changes, and the strict,
+//! fail-closed trust file.
+
+use guild_domain::ids::{PublisherId, Sha256Digest};
+use guild_domain::manifest::Metadata;
+use guild_domain::trust::{
+    authenticate, AuthError, SignatureCheck, SignatureOutcome, TrustChangeError, TrustFileError,
+    TrustStore,
+};
+use serde_json::json;
+use std::cell::RefCell;
+
+/// A stand-in for ECDSA: a "signature" is valid when it equals SHA-256(key || message). It
+/// records the messages it was asked about, so tests can see which bytes were checked.
+#[derive(Default)]
+struct FakeCheck {
+    seen: RefCell<Vec<Vec<u8>>>,
+}
+
+fn fake_sign(key: &[u8], message: &[u8]) -> Vec<u8> {
+    Sha256Digest::of(&[key, message].concat()).0.to_vec()
+}
+
+impl SignatureCheck for FakeCheck {
+    fn verify(&self, spki_der: &[u8], message: &[u8], signature: &[u8]) -> Result<(), String> {
+        self.seen.borrow_mut().push(message.to_vec());
+        if fake_sign(spki_der, message) == signature {
+            Ok(())
+        } else {
+            Err("signature mismatch".into())
+        }
+    }
+}
+
+fn publisher(s: &str) -> PublisherId {
+    PublisherId::new(s).unwrap()
+}
+
+const KEY_A: &[u8] = b"spki-of-key-a";
+const KEY_B: &[u8] = b"spki-of-key-b";
+
+fn payload() -> serde_json::Value {
+    json!({
+        "package_id": "example.scan",
+        "kind": "gkmodule",
+        "version": "1.0.0",
+        "publisher_id": "org.example",
+        "kernel_abi": {"min": "1.0.0", "max": "1.0.0"},
+        "module_abi": 1,
+        "os": "linux",
+        "arch": "x86_64",
+        "backends": ["cpu"],
+        "entry": "libscan.so",
+        "artifacts": [{"path": "libscan.so", "size": 3, "sha256": "a".repeat(64)}],
+        "provided_ops": ["example.scan.inclusive.cpu"]
+    })
+}
+
+/// Metadata signed by the given (key, valid?) pairs.
+fn metadata(signers: &[(&[u8], bool)]) -> Metadata {
+    let unsigned = json!({"gkmetadata": 1, "payload": payload(), "signatures": []});
+    let canonical = Metadata::parse(&serde_json::to_vec(&unsigned).unwrap())
+        .unwrap()
+        .canonical_payload()
+        .to_vec();
+    let sigs: Vec<_> = signers
+        .iter()
+        .map(|(key, valid)| {
+            let mut sig = fake_sign(key, &canonical);
+            if !valid {
+                sig[0] ^= 1;
+            }
+            json!({
+                "key_id": Sha256Digest::of(key).to_hex(),
+                "algorithm": "ecdsa-p256-sha256",
+                "signature": sig.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+            })
+        })
+        .collect();
+    let doc = json!({"gkmetadata": 1, "payload": payload(), "signatures": sigs});
+    Metadata::parse(&serde_json::to_vec_pretty(&doc).unwrap()).unwrap()
+}
+
+fn trust_a() -> TrustStore {
+    let mut t = TrustStore::new();
+    t.add_key(publisher("org.example"), KEY_A.to_vec()).unwrap();
+    t
+}
+
+#[test]
+fn a_valid_signature_by_a_trusted_key_authenticates_over_the_canonical_bytes() {
+    let m = metadata(&[(KEY_A, true)]);
+    let check = FakeCheck::default();
+    let auth = authenticate(&m, &trust_a(), &check).unwrap();
+    assert_eq!(auth.publisher, publisher("org.example"));
+    assert_eq!(auth.key_id, Sha256Digest::of(KEY_A));
+    assert_eq!(auth.payload_digest, m.payload_digest());
+    assert_eq!(*check.seen.borrow(), vec![m.canonical_payload().to_vec()]);
+}
+
+#[test]
+fn a_later_valid_signature_is_enough() {
+    let mut t = trust_a();
+    t.add_key(publisher("org.example"), KEY_B.to_vec()).unwrap();
+    let m = metadata(&[(KEY_A, false), (KEY_B, true)]);
+    assert_eq!(
+        authenticate(&m, &t, &FakeCheck::default()).unwrap().key_id,
+        Sha256Digest::of(KEY_B)
+    );
+}
+
+#[test]
+fn each_refusal_is_named() {
+    let check = FakeCheck::default();
+    let m = metadata(&[(KEY_A, true)]);
+
+    // Revoked payload digest, checked before any signature.
+    let mut t = trust_a();
+    t.revoke_digest(m.payload_digest(), "withdrawn by publisher");
+    assert_eq!(
+        authenticate(&m, &t, &check),
+        Err(AuthError::DigestRevoked {
+            digest: m.payload_digest(),
+            reason: "withdrawn by publisher".into()
+        })
+    );
+
+    // No signatures at all.
+    assert_eq!(
+        authenticate(&metadata(&[]), &trust_a(), &check),
+        Err(AuthError::NoSignatures)
+    );
+
+    // The publisher has no trusted key.
+        .add_key(publisher("org.other"), KEY_B.to_vec())
+        .unwrap();
+    assert_eq!(
+        authenticate(&m, &TrustStore::new(), &check),
+        Err(AuthError::PublisherNotTrusted {
+            publisher: publisher("org.example")
+        })
+    );
+
+    // Unknown key, key of another publisher, revoked key, invalid signature.
+    let mut t = trust_a();
+    t.add_key(publisher("org.other"), KEY_B.to_vec()).unwrap();
+    let attempts = |m: &Metadata, t: &TrustStore| match authenticate(m, t, &FakeCheck::default()) {
+        Err(AuthError::NoValidSignature {
+            publisher: p,
+            attempts,
+        }) => {
+            assert_eq!(p, publisher("org.example"));
+            attempts.into_iter().map(|(_, o)| o).collect::<Vec<_>>()
+        }
+        other => panic!("expected NoValidSignature, got {other:?}"),
+    };
+    assert_eq!(
+        attempts(&metadata(&[(b"unknown", true)]), &t),
+        vec![SignatureOutcome::UnknownKey]
+    );
+    assert_eq!(
+        attempts(&metadata(&[(KEY_B, true)]), &t),
+        vec![SignatureOutcome::KeyOfAnotherPublisher {
+            owner: publisher("org.other")
+        }]
+    );
+    assert_eq!(
+        attempts(&metadata(&[(KEY_A, false)]), &t),
+        vec![SignatureOutcome::Invalid {
+            reason: "signature mismatch".into()
+        }]
+    );
+    let mut revoked = t.clone();
+    assert!(revoked.revoke_key(Sha256Digest::of(KEY_A), "leaked"));
+    assert_eq!(
+        attempts(&metadata(&[(KEY_A, true)]), &revoked),
+        vec![SignatureOutcome::KeyRevoked {
+            reason: "leaked".into()
+        }]
+    );
+    // The message lists every attempt.
+    let msg = authenticate(&metadata(&[(b"unknown", true), (KEY_A, false)]), &t, &check)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("not trusted for any publisher") && msg.contains("does not verify"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn trust_changes_keep_keys_unambiguous() {
+    let mut t = trust_a();
+    // Idempotent for the same publisher.
+    assert_eq!(
+        t.add_key(publisher("org.example"), KEY_A.to_vec()),
+        Ok(Sha256Digest::of(KEY_A))
+    );
+    assert_eq!(
+        t.add_key(publisher("org.other"), KEY_A.to_vec()),
+        Err(TrustChangeError::KeyOfAnotherPublisher {
+            key_id: Sha256Digest::of(KEY_A),
+            owner: publisher("org.example")
+        })
+    );
+    t.revoke_key(Sha256Digest::of(KEY_B), "compromised");
+    assert_eq!(
+        t.add_key(publisher("org.example"), KEY_B.to_vec()),
+        Err(TrustChangeError::KeyRevoked {
+            key_id: Sha256Digest::of(KEY_B)
+        })
+    );
+    assert_eq!(
+        t.add_key(publisher("org.example"), vec![]),
+        Err(TrustChangeError::EmptyKey)
+    );
+}
+
+#[test]
+fn trust_file_round_trips() {
+    let mut t = trust_a();
+    t.add_key(publisher("org.other"), KEY_B.to_vec()).unwrap();
+    t.revoke_key(Sha256Digest::of(KEY_A), "leaked");
+    t.revoke_digest(Sha256Digest::of(b"payload"), "bad build");
+    let text = t.to_json();
+    assert_eq!(TrustStore::from_json(text.as_bytes()).unwrap(), t);
+    assert_eq!(
+        TrustStore::from_json(TrustStore::new().to_json().as_bytes()).unwrap(),
+        TrustStore::new()
+    );
+}
+
+#[test]
+fn trust_file_fails_closed() {
+    let good = trust_a().to_json();
+    let key_id = Sha256Digest::of(KEY_A).to_hex();
+    let field = |bytes: &str| match TrustStore::from_json(bytes.as_bytes()) {
+        Err(TrustFileError::Field { path, .. }) => path,
+        other => panic!("expected a field error for {bytes}, got {other:?}"),
+    };
+    assert!(matches!(
+        TrustStore::from_json(b""),
+        Err(TrustFileError::Json(_))
+    ));
+    assert!(matches!(
+        TrustStore::from_json(&good.as_bytes()[..good.len() / 2]),
+        Err(TrustFileError::Json(_))
+    ));
+    assert!(matches!(
+        TrustStore::from_json(good.replace("\"trust_format\": 1", "\"trust_format\": 2").as_bytes()),
+        Err(TrustFileError::UnknownFormat { found }) if found == "2"
+    ));
+    // Duplicate keys are a JSON error, not "last one wins".
+    assert!(matches!(
+        TrustStore::from_json(
+            good.replace(
+                "\"revoked_keys\": []",
+                "\"revoked_keys\": [], \"revoked_keys\": []"
+            )
+            .as_bytes()
+        ),
+        Err(TrustFileError::Json(_))
+    ));
+    assert_eq!(
+        field(&good.replace("\"revoked_keys\": []", "\"revoked_keys\": [], \"extra\": 1")),
+        "$.extra"
+    );
+    assert_eq!(
+        field(&good.replace(&key_id, &Sha256Digest::of(b"x").to_hex())),
+        "$.publishers.org.example[0]"
+    );
+    assert_eq!(
+        field(&good.replace("\"publishers\"", "\"publishers_\"")),
+        "$.publishers_"
+    );
+    let no_revoked = r#"{"trust_format": 1, "publishers": {}, "revoked_digests": []}"#;
+    assert_eq!(field(no_revoked), "$.revoked_keys");
+    let bad_publisher = r#"{"trust_format": 1, "publishers": {"Org": []}, "revoked_keys": [], "revoked_digests": []}"#;
+    assert_eq!(field(bad_publisher), "$.publishers.Org");
+    let twice = format!(
+        r#"{{"trust_format": 1, "publishers": {{}}, "revoked_keys": [{{"key_id": "{key_id}", "reason": "a"}}, {{"key_id": "{key_id}", "reason": "b"}}], "revoked_digests": []}}"#
+    );
+    assert_eq!(field(&twice), "$.revoked_keys[1]");
+}
