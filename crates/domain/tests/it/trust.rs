@@ -131,11 +131,13 @@ fn each_refusal_is_named() {
         Err(AuthError::NoSignatures)
     );
 
-    // The publisher has no trusted key.
+    // The publisher has no trusted key, though another publisher does.
+    let mut other = TrustStore::new();
+    other
         .add_key(publisher("org.other"), KEY_B.to_vec())
         .unwrap();
     assert_eq!(
-        authenticate(&m, &TrustStore::new(), &check),
+        authenticate(&m, &other, &check),
         Err(AuthError::PublisherNotTrusted {
             publisher: publisher("org.example")
         })
