@@ -2,3 +2,6 @@
 //! package store (journal, atomic writes, fsync, recovery).
 
 #![forbid(unsafe_code)]
+
+pub mod archive;
+pub mod store;

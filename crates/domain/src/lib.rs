@@ -18,5 +18,6 @@ pub mod lifecycle;
 pub mod manifest;
 pub mod operation;
 pub mod path;
+pub mod registry;
 pub mod trust;
 pub mod version;

@@ -1,6 +1,11 @@
 //! Port traits of the Guild kernel host, named by role, each with its own error type.
 //!
-//! The traits (package source, signature verifier, package store, plugin loader, device runtime)
-//! arrive with the issues that need them; in-memory fakes live beside them.
+//! Adapters implement these traits; the app composes them. A port never names an adapter's
+//! types: each error is a `#[non_exhaustive]` kind plus a boxed source, so that a file-system or
+//! crypto library error never leaks into the signatures the app sees.
 
 #![forbid(unsafe_code)]
+
+pub mod signature;
+pub mod source;
+pub mod store;

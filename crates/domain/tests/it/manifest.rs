@@ -1317,7 +1317,7 @@ fn write_noisy_string(s: &str, out: &mut String, n: &mut Noise) {
             c if (c as u32) < 0x20 || choice == 1 => {
                 let mut units = [0u16; 2];
                 for unit in c.encode_utf16(&mut units) {
-                    unicode(out, *unit, n.next() % 2 == 0);
+                    unicode(out, *unit, n.next().is_multiple_of(2));
                 }
             }
             c => out.push(c),

@@ -1,0 +1,624 @@
+//! The one extraction path: every member of every source is admitted here, or refused, before a
+//! byte of it is written.
+//!
+//! Admission, in order: the entry count; a second `.gkmetadata`; the name as an
+//! [`ArtifactPath`]; the member kind (regular files and directories only); the tree (no
+//! duplicate, no case collision, no file where a directory is needed or the reverse); and for a
+//! file, the per-file and total caps on its declared size. Extraction then requires the file to
+//! be a manifest artifact of the declared size, writes it with `create_new` under directories it
+//! created itself inside the staging directory it created itself, hashes exactly the bytes it
+//! writes, and compares the digest with the manifest. A guard removes the staging directory on
+//! any failure.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use guild_domain::ids::Sha256Digest;
+use guild_domain::manifest::{Artifact, Manifest};
+use guild_domain::path::{ArtifactPath, RESERVED_METADATA_NAME};
+use guild_ports::source::{
+    Durability, ExtractLimits, ExtractOptions, ExtractedPackage, SourceError, SourceErrorKind,
+};
+use sha2::{Digest, Sha256};
+
+use super::entry::{read_full, Ctx, Member, MemberKind, MemberStream};
+
+/// The copy buffer. Large reads keep the per-call overhead of reading, hashing and writing well
+/// below the cost of the hash itself.
+pub(crate) const COPY_BUFFER: usize = 1 << 20;
+/// Mode of every extracted file: readable by all, writable by none.
+const FILE_MODE: u32 = 0o444;
+/// Mode of a file while it is being written, before it becomes read-only.
+const FILE_MODE_WRITING: u32 = 0o600;
+/// Mode of every extracted directory.
+const DIR_MODE: u32 = 0o755;
+
+/// A member that passed admission.
+#[derive(Debug)]
+pub(crate) struct Admitted {
+    pub(crate) path: ArtifactPath,
+    /// Directories that must be created before the member, parents first (and the member
+    /// itself, if it is a directory not seen before).
+    pub(crate) new_dirs: Vec<String>,
+}
+
+/// One path known to the tree, keyed by its case-folded spelling.
+#[derive(Debug)]
+struct Node {
+    exact: String,
+    dir: bool,
+    /// Whether a member named it (rather than being implied as some member's parent).
+    explicit: bool,
+}
+
+/// The admission rules that do not depend on a manifest, shared by extraction and scanning.
+#[derive(Debug)]
+pub(crate) struct Checker {
+    ctx: Ctx,
+    limits: ExtractLimits,
+    entries: u64,
+    total: u64,
+    tree: HashMap<String, Node>,
+}
+
+impl Checker {
+    pub(crate) fn new(ctx: Ctx, limits: ExtractLimits) -> Self {
+        Checker {
+            ctx,
+            limits,
+            // `.gkmetadata` is the first entry.
+            entries: 1,
+            total: 0,
+            tree: HashMap::new(),
+        }
+    }
+
+    pub(crate) fn admit(&mut self, member: &Member) -> Result<Admitted, SourceError> {
+        let at = |kind| self.ctx.member(kind, &member.name);
+        self.entries += 1;
+        if self.entries > self.limits.max_entries {
+            return Err(at(SourceErrorKind::TooManyEntries {
+                limit: self.limits.max_entries,
+            }));
+        }
+        if member
+            .name
+            .eq_ignore_ascii_case(RESERVED_METADATA_NAME.as_bytes())
+        {
+            return Err(at(SourceErrorKind::MetadataDuplicated));
+        }
+        // A name that is not UTF-8 gets replacement characters, which the path grammar refuses.
+        let text = String::from_utf8_lossy(&member.name).into_owned();
+        let path = ArtifactPath::new(text)
+            .map_err(|e| at(SourceErrorKind::UnsafePath { rule: e.rule }))?;
+        if let Some(kind) = member.kind.refusal() {
+            return Err(at(kind));
+        }
+        let is_dir = member.kind == MemberKind::Dir;
+        let new_dirs = place(&mut self.tree, &path, is_dir).map_err(at)?;
+        if !is_dir {
+            let limits = self.limits;
+            if member.size > limits.max_file_bytes {
+                return Err(at(SourceErrorKind::FileTooLarge {
+                    size: member.size,
+                    limit: limits.max_file_bytes,
+                }));
+            }
+            self.total = self.total.saturating_add(member.size);
+            if self.total > limits.max_total_bytes {
+                return Err(at(SourceErrorKind::TotalTooLarge {
+                    total: self.total,
+                    limit: limits.max_total_bytes,
+                }));
+            }
+        }
+        Ok(Admitted { path, new_dirs })
+    }
+}
+
+/// Records `path` in the tree and returns the directories it needs created.
+fn place(
+    tree: &mut HashMap<String, Node>,
+    path: &ArtifactPath,
+    is_dir: bool,
+) -> Result<Vec<String>, SourceErrorKind> {
+    let components: Vec<&str> = path.components().collect();
+    let mut new_dirs = Vec::new();
+    let mut prefix = String::new();
+    for (i, component) in components.iter().enumerate() {
+        if i > 0 {
+            prefix.push('/');
+        }
+        prefix.push_str(component);
+        let last = i + 1 == components.len();
+        let key = prefix.to_ascii_lowercase();
+        match tree.get_mut(&key) {
+            None => {
+                let dir = !last || is_dir;
+                if dir {
+                    new_dirs.push(prefix.clone());
+                }
+                let exact = prefix.clone();
+                let explicit = last;
+                tree.insert(
+                    key,
+                    Node {
+                        exact,
+                        dir,
+                        explicit,
+                    },
+                );
+            }
+            Some(node) if node.exact != prefix => {
+                return Err(SourceErrorKind::CaseCollision {
+                    other: node.exact.clone(),
+                })
+            }
+            Some(node) if !last => {
+                if !node.dir {
+                    return Err(SourceErrorKind::PathConflict {
+                        other: node.exact.clone(),
+                    });
+                }
+            }
+            Some(node) => match (node.dir, is_dir) {
+                (true, true) if !node.explicit => node.explicit = true,
+                (true, true) | (false, false) => return Err(SourceErrorKind::DuplicateEntry),
+                _ => {
+                    return Err(SourceErrorKind::PathConflict {
+                        other: node.exact.clone(),
+                    })
+                }
+            },
+        }
+    }
+    Ok(new_dirs)
+}
+
+/// Why copying a member's data stopped.
+#[derive(Debug)]
+enum CopyError {
+    /// The data ended before the declared size.
+    Short,
+    /// More data than the declared size (directory sources only).
+    Grown,
+    Read(io::Error),
+    Write(io::Error),
+}
+
+/// Copies exactly `size` bytes from `data` into `sink` (if any), hashing the bytes handed to the
+/// sink, and checks that the data ends there.
+fn copy_hashed(
+    data: &mut dyn Read,
+    size: u64,
+    buf: &mut [u8],
+    mut sink: Option<&mut File>,
+) -> Result<Sha256Digest, CopyError> {
+    let mut hasher = Sha256::new();
+    let mut left = size;
+    while left > 0 {
+        let want = usize::try_from(left).map_or(buf.len(), |left| left.min(buf.len()));
+        let chunk = &mut buf[..want];
+        let n = match data.read(chunk) {
+            Ok(0) => return Err(CopyError::Short),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(CopyError::Short),
+            Err(e) => return Err(CopyError::Read(e)),
+        };
+        let bytes = &chunk[..n];
+        if let Some(file) = sink.as_deref_mut() {
+            file.write_all(bytes).map_err(CopyError::Write)?;
+        }
+        hasher.update(bytes);
+        left -= n as u64;
+    }
+    let mut probe = [0u8; 1];
+    match read_full(data, &mut probe) {
+        Ok(0) => {}
+        Ok(_) => return Err(CopyError::Grown),
+        Err(e) => return Err(CopyError::Read(e)),
+    }
+    Ok(Sha256Digest(hasher.finalize().into()))
+}
+
+/// The error for a copy of the member `rel` that stopped; `short` is the source's kind for
+/// data that ended early.
+fn copy_error(ctx: &Ctx, rel: &str, short: SourceErrorKind, e: CopyError) -> SourceError {
+    match e {
+        CopyError::Short => ctx.err(short).with_member(rel),
+        CopyError::Grown => ctx
+            .err(SourceErrorKind::ChangedWhileReading)
+            .with_member(rel),
+        CopyError::Read(e) => ctx.io("read the package", e).with_member(rel),
+        CopyError::Write(e) => ctx.io("write a file", e).with_member(rel),
+    }
+}
+
+/// The staging directory being filled. Dropping it before [`Staging::finish`] succeeds removes
+/// it and everything under it.
+#[derive(Debug)]
+struct Staging {
+    root: PathBuf,
+    ctx: Ctx,
+    durability: Durability,
+    /// Directories created under the root, parents before children.
+    dirs: Vec<PathBuf>,
+    buf: Vec<u8>,
+    armed: bool,
+}
+
+impl Staging {
+    /// Creates `root`, which must not exist.
+    fn create(root: &Path, ctx: &Ctx, durability: Durability) -> Result<Self, SourceError> {
+        if let Err(e) = dir_builder().create(root) {
+            let kind = if e.kind() == io::ErrorKind::AlreadyExists {
+                SourceErrorKind::StagingExists {
+                    path: root.to_path_buf(),
+                }
+            } else {
+                SourceErrorKind::Io {
+                    action: "create the staging directory",
+                }
+            };
+            return Err(ctx.err(kind).with_source(e));
+        }
+        let staging = Staging {
+            root: root.to_path_buf(),
+            ctx: ctx.clone(),
+            durability,
+            dirs: Vec::new(),
+            buf: vec![0; COPY_BUFFER],
+            armed: true,
+        };
+        set_dir_mode(root).map_err(|e| ctx.io("set the staging directory's mode", e))?;
+        Ok(staging)
+    }
+
+    /// The on-disk path of a validated relative path.
+    fn join(&self, rel: &str) -> PathBuf {
+        let mut path = self.root.clone();
+        path.extend(rel.split('/'));
+        path
+    }
+
+    fn mkdir(&mut self, rel: &str) -> Result<(), SourceError> {
+        let path = self.join(rel);
+        let at = |action, e| self.ctx.io(action, e).with_member(rel);
+        dir_builder()
+            .create(&path)
+            .map_err(|e| at("create a directory", e))?;
+        set_dir_mode(&path).map_err(|e| at("set a directory's mode", e))?;
+        self.dirs.push(path);
+        Ok(())
+    }
+
+    /// Writes a file of `size` bytes from `data` and returns the digest of what was written.
+    fn write_file(
+        &mut self,
+        rel: &str,
+        data: &mut dyn Read,
+        size: u64,
+        short: SourceErrorKind,
+    ) -> Result<Sha256Digest, SourceError> {
+        let path = self.join(rel);
+        let ctx = &self.ctx;
+        let at = |action, e| ctx.io(action, e).with_member(rel);
+        let mut file = create_new(&path).map_err(|e| at("create a file", e))?;
+        let digest = copy_hashed(data, size, &mut self.buf, Some(&mut file))
+            .map_err(|e| copy_error(ctx, rel, short, e))?;
+        set_file_mode(&file).map_err(|e| at("set a file's mode", e))?;
+        if self.durability == Durability::Fsync {
+            file.sync_all().map_err(|e| at("fsync a file", e))?;
+        }
+        Ok(digest)
+    }
+
+    /// Flushes the directories (when asked to) and keeps the tree.
+    fn finish(mut self) -> Result<PathBuf, SourceError> {
+        if self.durability == Durability::Fsync {
+            // The parent records the staging directory's own entry; a relative staging path
+            // without one lives in the current directory.
+            let parent = match self.root.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            let dirs = self.dirs.iter().rev().chain([&self.root, &parent]);
+            for dir in dirs {
+                sync_dir(dir).map_err(|e| self.ctx.io("fsync a directory", e))?;
+            }
+        }
+        self.armed = false;
+        Ok(std::mem::take(&mut self.root))
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if self.armed {
+            // Best effort: the error being returned matters more than a failed cleanup, and
+            // the tree holds nothing that was not checked or is still unverified.
+            let _ = fs::remove_dir_all(&self.root);
+        }
+    }
+}
+
+/// Extracts the members of `stream` into `staging` and checks them against `manifest`.
+pub(crate) fn extract(
+    stream: &mut dyn MemberStream,
+    metadata: &[u8],
+    manifest: &Manifest,
+    staging: &Path,
+    options: &ExtractOptions,
+) -> Result<ExtractedPackage, SourceError> {
+    let ctx = Ctx::new(stream.location());
+    let mut out = Staging::create(staging, &ctx, options.durability)?;
+    out.write_file(
+        RESERVED_METADATA_NAME,
+        &mut &metadata[..],
+        metadata.len() as u64,
+        SourceErrorKind::Truncated,
+    )?;
+    let files = check_against(
+        stream,
+        manifest,
+        &mut Target::Staging(&mut out),
+        &ctx,
+        options.limits,
+    )?;
+    let root = out.finish()?;
+    Ok(ExtractedPackage { root, files })
+}
+
+/// Checks the members of `stream` against `manifest` exactly as extraction does, writing
+/// nothing.
+pub(crate) fn verify(
+    stream: &mut dyn MemberStream,
+    manifest: &Manifest,
+    limits: ExtractLimits,
+) -> Result<Vec<Artifact>, SourceError> {
+    let ctx = Ctx::new(stream.location());
+    let mut target = Target::Hash(vec![0; COPY_BUFFER]);
+    check_against(stream, manifest, &mut target, &ctx, limits)
+}
+
+/// What happens to admitted members: written into a staging directory, or only hashed.
+enum Target<'a> {
+    Staging(&'a mut Staging),
+    Hash(Vec<u8>),
+}
+
+fn check_against(
+    stream: &mut dyn MemberStream,
+    manifest: &Manifest,
+    target: &mut Target<'_>,
+    ctx: &Ctx,
+    limits: ExtractLimits,
+) -> Result<Vec<Artifact>, SourceError> {
+    let listed: BTreeMap<&ArtifactPath, &Artifact> =
+        manifest.artifacts.iter().map(|a| (&a.path, a)).collect();
+    let mut written: BTreeMap<ArtifactPath, Artifact> = BTreeMap::new();
+    let mut checker = Checker::new(ctx.clone(), limits);
+    while let Some(member) = stream.next_member()? {
+        let admitted = checker.admit(&member)?;
+        let at = |kind| ctx.member(kind, &member.name);
+        let artifact = match member.kind {
+            MemberKind::File => {
+                let artifact = *listed
+                    .get(&admitted.path)
+                    .ok_or_else(|| at(SourceErrorKind::UnlistedFile))?;
+                if member.size != artifact.size {
+                    return Err(at(SourceErrorKind::SizeMismatch {
+                        expected: artifact.size,
+                        actual: member.size,
+                    }));
+                }
+                Some(artifact)
+            }
+            _ => None,
+        };
+        if let Target::Staging(out) = target {
+            for dir in &admitted.new_dirs {
+                out.mkdir(dir)?;
+            }
+        }
+        let Some(artifact) = artifact else {
+            continue;
+        };
+        let rel = admitted.path.as_str();
+        let short = stream.short_data();
+        let data = stream.data()?;
+        let digest = match target {
+            Target::Staging(out) => out.write_file(rel, data, member.size, short)?,
+            Target::Hash(buf) => copy_hashed(data, member.size, buf, None)
+                .map_err(|e| copy_error(ctx, rel, short, e))?,
+        };
+        if digest != artifact.sha256 {
+            return Err(at(SourceErrorKind::DigestMismatch {
+                expected: Box::new(artifact.sha256),
+                actual: Box::new(digest),
+            }));
+        }
+        written.insert(admitted.path, artifact.clone());
+    }
+    if let Some(missing) = manifest
+        .artifacts
+        .iter()
+        .find(|a| !written.contains_key(&a.path))
+    {
+        return Err(ctx
+            .err(SourceErrorKind::MissingArtifact)
+            .with_member(missing.path.as_str()));
+    }
+    Ok(written.into_values().collect())
+}
+
+/// Lists the files of `stream` with their sizes and digests, under the same admission rules as
+/// extraction, writing nothing.
+pub(crate) fn scan(
+    stream: &mut dyn MemberStream,
+    limits: ExtractLimits,
+) -> Result<Vec<Artifact>, SourceError> {
+    let ctx = Ctx::new(stream.location());
+    let mut checker = Checker::new(ctx.clone(), limits);
+    let mut buf = vec![0; COPY_BUFFER];
+    let mut found = Vec::new();
+    while let Some(member) = stream.next_member()? {
+        let admitted = checker.admit(&member)?;
+        if member.kind != MemberKind::File {
+            continue;
+        }
+        let rel = admitted.path.as_str();
+        let short = stream.short_data();
+        let data = stream.data()?;
+        let sha256 = copy_hashed(data, member.size, &mut buf, None)
+            .map_err(|e| copy_error(&ctx, rel, short, e))?;
+        found.push(Artifact {
+            path: admitted.path,
+            size: member.size,
+            sha256,
+        });
+    }
+    found.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(found)
+}
+
+fn dir_builder() -> fs::DirBuilder {
+    #[allow(unused_mut)]
+    let mut builder = fs::DirBuilder::new();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(DIR_MODE);
+    }
+    builder
+}
+
+/// Creates a file that must not exist, through no link.
+fn create_new(path: &Path) -> io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(FILE_MODE_WRITING);
+    }
+    options.open(path)
+}
+
+/// Sets a directory's mode exactly, whatever the umask took away when it was created.
+fn set_dir_mode(path: &Path) -> io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        File::open(path)?.set_permissions(fs::Permissions::from_mode(DIR_MODE))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        Ok(())
+    }
+}
+
+/// Makes an extracted file read-only, through its open handle.
+fn set_file_mode(file: &File) -> io::Result<()> {
+    #[cfg(unix)]
+    let permissions = {
+        use std::os::unix::fs::PermissionsExt;
+        fs::Permissions::from_mode(FILE_MODE)
+    };
+    #[cfg(not(unix))]
+    let permissions = {
+        let mut p = file.metadata()?.permissions();
+        p.set_readonly(true);
+        p
+    };
+    file.set_permissions(permissions)
+}
+
+fn sync_dir(path: &Path) -> io::Result<()> {
+    #[cfg(unix)]
+    {
+        File::open(path)?.sync_all()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::dir::DirStream;
+    use super::*;
+
+    /// A directory stream positioned on its only file, `a`, of 4 bytes.
+    fn one_file(dir: &Path) -> (DirStream, Member) {
+        fs::write(dir.join("a"), b"abcd").unwrap();
+        let mut stream = DirStream::new(dir, dir, 10);
+        let member = stream.next_member().unwrap().unwrap();
+        assert_eq!((member.name.as_slice(), member.size), (&b"a"[..], 4));
+        (stream, member)
+    }
+
+    fn copy(stream: &mut DirStream, member: &Member) -> Result<Sha256Digest, CopyError> {
+        let mut buf = vec![0; 3];
+        let data = stream
+            .data()
+            .map_err(|e| CopyError::Read(io::Error::other(e)))?;
+        copy_hashed(data, member.size, &mut buf, None)
+    }
+
+    #[test]
+    fn a_directory_file_read_as_examined_hashes_its_bytes() {
+        let temp = tempfile::tempdir().unwrap();
+        let (mut stream, member) = one_file(temp.path());
+        assert_eq!(
+            copy(&mut stream, &member).unwrap(),
+            Sha256Digest::of(b"abcd")
+        );
+    }
+
+    #[test]
+    fn a_directory_file_that_grows_is_refused() {
+        let temp = tempfile::tempdir().unwrap();
+        let (mut stream, member) = one_file(temp.path());
+        fs::write(temp.path().join("a"), b"abcde").unwrap();
+        assert!(matches!(copy(&mut stream, &member), Err(CopyError::Grown)));
+    }
+
+    #[test]
+    fn a_directory_file_that_shrinks_is_refused() {
+        let temp = tempfile::tempdir().unwrap();
+        let (mut stream, member) = one_file(temp.path());
+        fs::write(temp.path().join("a"), b"ab").unwrap();
+        assert!(matches!(copy(&mut stream, &member), Err(CopyError::Short)));
+        assert_eq!(stream.short_data(), SourceErrorKind::ChangedWhileReading);
+    }
+
+    #[test]
+    fn a_directory_file_swapped_after_examination_is_refused() {
+        let temp = tempfile::tempdir().unwrap();
+        let (mut stream, _) = one_file(temp.path());
+        fs::write(temp.path().join("b"), b"evil").unwrap();
+        fs::rename(temp.path().join("b"), temp.path().join("a")).unwrap();
+        let err = stream.data().map(|_| ()).unwrap_err();
+        assert_eq!(err.kind, SourceErrorKind::ChangedWhileReading);
+        assert_eq!(err.member.as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn a_directory_file_swapped_for_a_symlink_is_refused() {
+        let temp = tempfile::tempdir().unwrap();
+        let (mut stream, _) = one_file(temp.path());
+        fs::write(temp.path().join("target"), b"abcd").unwrap();
+        fs::remove_file(temp.path().join("a")).unwrap();
+        #[cfg(unix)]
+        std::os::unix::fs::symlink("target", temp.path().join("a")).unwrap();
+        let err = stream.data().map(|_| ()).unwrap_err();
+        assert_eq!(err.kind, SourceErrorKind::ChangedWhileReading);
+    }
+}

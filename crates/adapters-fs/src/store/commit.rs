@@ -1,0 +1,365 @@
+//! The commit: one transaction, made durable in a fixed order of numbered steps.
+//!
+//! 1. The journal record: written to a temporary file, fsynced, renamed into `journal/`, and the
+//!    journal directory fsynced.
+//! 2. With an install: the staged tree is sealed read-only (all but its top directory) and fsynced
+//!    bottom-up; `packages/<id>/` is created if needed (and `packages/` fsynced); the tree is
+//!    renamed to `packages/<id>/<version>/`; its top directory is sealed and fsynced; then
+//!    `packages/<id>/` and `staging/` are fsynced so that the move is durable.
+//! 3. The new registry: written to `registry.json.tmp` and fsynced, then renamed over
+//!    `registry.json`. That rename is the commit point. The store directory is fsynced.
+//! 4. After the commit point: the trees the new registry no longer installs are deleted, then the
+//!    journal record. Neither needs an fsync, because recovery deletes unreferenced trees and
+//!    stale records anyway.
+//!
+//! A failure before the commit point undoes steps 1 and 2 and answers the error with the store
+//! unchanged. A failure of the fsync right after the commit point puts the previous registry back
+//! (the new one may or may not be durable, and the caller is told it failed), so the answer is
+//! still "unchanged"; if putting it back fails too, the store is poisoned. A failure after that
+//! leaves the commit standing and lists what could not be cleaned up.
+
+use std::fs;
+use std::io;
+use std::path::{Component, Path, PathBuf};
+
+use guild_domain::graph::NodeRef;
+use guild_domain::registry::RegistryState;
+use guild_ports::store::{Committed, StoreError, StoreErrorKind, Transaction};
+
+use super::durable::{
+    io_error, remove_file_if_present, remove_tree, seal_tree, set_dir_read_only, Run,
+};
+use super::journal::Intent;
+use super::StoreLayout;
+
+/// A validated transaction, with every path and byte string it needs.
+pub(crate) struct Plan {
+    pub(crate) intent: Intent,
+    pub(crate) new_state: RegistryState,
+    pub(crate) new_bytes: Vec<u8>,
+    pub(crate) old_bytes: Vec<u8>,
+    pub(crate) install: Option<InstallPlan>,
+    pub(crate) delete: Vec<(NodeRef, PathBuf)>,
+}
+
+pub(crate) struct InstallPlan {
+    pub(crate) staged: PathBuf,
+    pub(crate) id_dir: PathBuf,
+    pub(crate) dest: PathBuf,
+}
+
+/// How a commit ended, when it did not succeed.
+pub(crate) enum Failure {
+    /// The store is unchanged on disk.
+    Failed(StoreError),
+    /// The store may be in an intermediate state; only reopening (recovery) settles it.
+    Poisoned(StoreError),
+    /// An injected crash stopped the commit.
+    Crashed(StoreError),
+}
+
+/// Whether `path` is a plain entry directly inside `staging`.
+pub(crate) fn is_staging_entry(staging: &Path, path: &Path) -> bool {
+    path.parent() == Some(staging)
+        && matches!(path.components().next_back(), Some(Component::Normal(_)))
+}
+
+/// Checks `tx` against the current registry and works out what the commit must do.
+pub(crate) fn plan(
+    layout: &StoreLayout,
+    current: &RegistryState,
+    current_bytes: &[u8],
+    tx: Transaction,
+) -> Result<Plan, StoreError> {
+    let invalid = |what: String| StoreError::new(StoreErrorKind::InvalidTransaction, what);
+    let from = current.generation();
+    if tx.expected_generation != from {
+        return Err(StoreError::new(
+            StoreErrorKind::GenerationConflict,
+            format!(
+                "the transaction was computed from generation {} but the registry is at {from}",
+                tx.expected_generation
+            ),
+        )
+        .at(layout.registry.clone()));
+    }
+    let new = tx.new_state;
+    if from.checked_add(1) != Some(new.generation()) {
+        return Err(invalid(format!(
+            "the new registry has generation {}, not {from} + 1",
+            new.generation()
+        )));
+    }
+    new.validate()
+        .map_err(|e| invalid("the new registry breaks an invariant".to_owned()).caused_by(e))?;
+    for (id, package) in current.packages() {
+        for (version, old) in package.versions() {
+            match new.record(id, version) {
+                None => {
+                    return Err(invalid(format!(
+                        "the new registry drops the record of {id}@{version}"
+                    )))
+                }
+                Some(r)
+                    if r.payload_digest != old.payload_digest
+                        || r.kind != old.kind
+                        || r.publisher != old.publisher =>
+                {
+                    return Err(invalid(format!(
+                        "the new registry changes the recorded payload of {id}@{version}"
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    let added: Vec<NodeRef> = new
+        .installed()
+        .filter(|(id, v, _)| !current.is_installed(id, v))
+        .map(|(id, v, _)| NodeRef {
+            id: id.clone(),
+            version: v.clone(),
+        })
+        .collect();
+    let delete: Vec<(NodeRef, PathBuf)> = current
+        .installed()
+        .filter(|(id, v, _)| !new.is_installed(id, v))
+        .map(|(id, v, _)| {
+            let node = NodeRef {
+                id: id.clone(),
+                version: v.clone(),
+            };
+            let path = layout.package_dir(id, v);
+            (node, path)
+        })
+        .collect();
+    let install = match (added.as_slice(), tx.install) {
+        ([], None) => None,
+        ([node], Some(ins)) if node.id == ins.id && node.version == ins.version => {
+            if !is_staging_entry(&layout.staging, &ins.staged) {
+                return Err(invalid(format!(
+                    "the staged tree of {node} is not an entry of the staging area"
+                ))
+                .at(ins.staged));
+            }
+            let is_dir = fs::symlink_metadata(&ins.staged)
+                .map_err(|e| io_error("inspect staged tree", &ins.staged, e))?
+                .is_dir();
+            if !is_dir {
+                return Err(
+                    invalid(format!("the staged tree of {node} is not a directory")).at(ins.staged),
+                );
+            }
+            Some((node.clone(), ins.staged))
+        }
+        (added, install) => {
+            let added: Vec<String> = added.iter().map(ToString::to_string).collect();
+            let staged = install.map(|i| format!("{}@{}", i.id, i.version));
+            return Err(invalid(format!(
+                "the new registry installs [{}] but the transaction stages {}",
+                added.join(", "),
+                staged.as_deref().unwrap_or("nothing")
+            )));
+        }
+    };
+    let intent = Intent {
+        from_generation: from,
+        to_generation: new.generation(),
+        install: install.as_ref().map(|(node, staged)| {
+            let name = staged
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            (node.clone(), name)
+        }),
+        delete: delete.iter().map(|(n, _)| n.clone()).collect(),
+    };
+    let install = install.map(|(node, staged)| InstallPlan {
+        staged,
+        id_dir: layout.packages.join(node.id.as_str()),
+        dest: layout.package_dir(&node.id, &node.version),
+    });
+    Ok(Plan {
+        intent,
+        new_bytes: new.to_json(),
+        new_state: new,
+        old_bytes: current_bytes.to_vec(),
+        install,
+        delete,
+    })
+}
+
+/// What has been done so far, for undoing it.
+#[derive(Default)]
+struct Progress {
+    tree_moved: bool,
+    id_dir_created: bool,
+}
+
+/// Carries out `plan`.
+pub(crate) fn apply(
+    layout: &StoreLayout,
+    run: &mut Run,
+    plan: &Plan,
+) -> Result<Committed, Failure> {
+    let mut progress = Progress::default();
+    let before_commit_point = prepare(layout, run, plan, &mut progress).and_then(|()| {
+        run.rename(
+            "rename registry (commit point)",
+            &layout.registry_tmp,
+            &layout.registry,
+        )
+    });
+    if let Err(e) = before_commit_point {
+        return Err(undo_or_poison(layout, plan, &progress, e));
+    }
+    if let Err(e) = run.fsync("fsync store directory", &layout.root) {
+        if is_crash(&e) {
+            return Err(Failure::Crashed(e));
+        }
+        // The new registry is visible but perhaps not durable. Put the old one back, durably,
+        // so that the answer "failed" is true; if that fails too, only recovery can tell.
+        return Err(match restore_registry(layout, run, plan) {
+            Ok(()) => undo_or_poison(layout, plan, &progress, e),
+            Err(_) => Failure::Poisoned(e),
+        });
+    }
+
+    let mut committed = Committed {
+        generation: plan.new_state.generation(),
+        ..Committed::default()
+    };
+    for (node, path) in &plan.delete {
+        let removed = run
+            .step("delete old tree")
+            .and_then(|()| remove_tree(path).map_err(|e| io_error("delete old tree", path, e)));
+        match removed {
+            Ok(_) => {
+                committed.deleted.push(node.clone());
+                // Drop the id's directory once its last version is gone; failing is harmless.
+                if let Some(id_dir) = path.parent() {
+                    let _ = fs::remove_dir(id_dir);
+                }
+            }
+            Err(e) if is_crash(&e) => return Err(Failure::Crashed(e)),
+            Err(_) => committed.leftovers.push(path.clone()),
+        }
+    }
+    let record = plan.intent.path_in(&layout.journal);
+    let removed = run.step("remove journal record").and_then(|()| {
+        remove_file_if_present(&record)
+            .map(|_| ())
+            .map_err(|e| io_error("remove journal record", &record, e))
+    });
+    match removed {
+        Ok(()) => {}
+        Err(e) if is_crash(&e) => return Err(Failure::Crashed(e)),
+        Err(_) => committed.leftovers.push(record),
+    }
+    Ok(committed)
+}
+
+/// Every step before the commit point.
+fn prepare(
+    layout: &StoreLayout,
+    run: &mut Run,
+    plan: &Plan,
+    progress: &mut Progress,
+) -> Result<(), StoreError> {
+    run.atomic_write(
+        [
+            "write journal record",
+            "fsync journal record",
+            "rename journal record",
+            "fsync journal directory",
+        ],
+        &plan.intent.tmp_path_in(&layout.journal),
+        &plan.intent.path_in(&layout.journal),
+        &plan.intent.to_json(),
+    )?;
+    if let Some(ins) = &plan.install {
+        run.step("seal staged tree")?;
+        seal_tree(&ins.staged)?;
+        run.fsync_tree("fsync staged tree", &ins.staged)?;
+        if !exists(&ins.id_dir)? {
+            run.step("create package directory")?;
+            fs::create_dir(&ins.id_dir)
+                .map_err(|e| io_error("create package directory", &ins.id_dir, e))?;
+            progress.id_dir_created = true;
+            run.fsync("fsync packages directory", &layout.packages)?;
+        }
+        // A tree left at the destination is garbage from an earlier failure (the current
+        // registry does not install this version, as planning checked); clear it so the
+        // rename can land.
+        remove_tree(&ins.dest).map_err(|e| io_error("clear stale tree", &ins.dest, e))?;
+        run.rename("move tree into place", &ins.staged, &ins.dest)?;
+        progress.tree_moved = true;
+        run.step("seal installed tree")?;
+        set_dir_read_only(&ins.dest).map_err(|e| io_error("seal installed tree", &ins.dest, e))?;
+        run.fsync("fsync installed tree", &ins.dest)?;
+        run.fsync("fsync package directory", &ins.id_dir)?;
+        run.fsync("fsync staging directory", &layout.staging)?;
+    }
+    run.write_file("write registry", &layout.registry_tmp, &plan.new_bytes)?;
+    run.fsync("fsync registry", &layout.registry_tmp)
+}
+
+fn undo_or_poison(
+    layout: &StoreLayout,
+    plan: &Plan,
+    progress: &Progress,
+    error: StoreError,
+) -> Failure {
+    if is_crash(&error) {
+        return Failure::Crashed(error);
+    }
+    match undo(layout, plan, progress) {
+        Ok(()) => Failure::Failed(error),
+        Err(_) => Failure::Poisoned(error),
+    }
+}
+
+/// Removes everything the commit wrote before the commit point. No fsync is needed: if a power
+/// loss brings something back, recovery finds it unreferenced and removes it again.
+fn undo(layout: &StoreLayout, plan: &Plan, progress: &Progress) -> io::Result<()> {
+    if let Some(ins) = &plan.install {
+        if progress.tree_moved {
+            remove_tree(&ins.dest)?;
+        } else {
+            remove_tree(&ins.staged)?;
+        }
+        if progress.id_dir_created {
+            match fs::remove_dir(&ins.id_dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    remove_file_if_present(&layout.registry_tmp)?;
+    remove_file_if_present(&plan.intent.tmp_path_in(&layout.journal))?;
+    remove_file_if_present(&plan.intent.path_in(&layout.journal))?;
+    Ok(())
+}
+
+/// Writes the previous registry back atomically and durably. These are not numbered steps: they
+/// only run after a fault, and the matrix counts the steps of an undisturbed commit.
+fn restore_registry(layout: &StoreLayout, run: &mut Run, plan: &Plan) -> Result<(), StoreError> {
+    let tmp = &layout.registry_tmp;
+    fs::write(tmp, &plan.old_bytes).map_err(|e| io_error("restore registry", tmp, e))?;
+    run.sync_path("restore registry", tmp)?;
+    fs::rename(tmp, &layout.registry).map_err(|e| io_error("restore registry", tmp, e))?;
+    run.sync_path("restore registry", &layout.root)
+}
+
+fn exists(path: &Path) -> Result<bool, StoreError> {
+    match fs::symlink_metadata(path) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io_error("inspect package directory", path, e)),
+    }
+}
+
+pub(crate) fn is_crash(e: &StoreError) -> bool {
+    e.kind == StoreErrorKind::SimulatedCrash
+}

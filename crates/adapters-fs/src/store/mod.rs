@@ -1,0 +1,397 @@
+//! The durable package store on a local file system: [`FsStore`], the adapter behind the
+//! [`PackageStore`] port.
+//!
+//! Layout of a store directory (see [`StoreLayout`]):
+//!
+//! ```text
+//! lock                     advisory lock; held for as long as a store handle is open
+//! registry.json            the registry (RegistryState), replaced atomically; the commit point
+//! trust                    the trust bytes, opaque to the store, replaced atomically
+//! journal/<gen>.intent     the record of a transaction in flight
+//! staging/<n>/             trees being extracted; cleared by recovery
+//! packages/<id>/<version>/ installed trees, read-only
+//! ```
+//!
+//! Opening a store takes the lock (or fails with `Locked`) and recovers before anything else;
+//! the `recovery` module says what that means and the `commit` module lists the durable steps
+//! in order. A
+//! [`Fault`] in [`StoreOptions`] makes one numbered step fail or "crash", which is how the crash
+//! matrix proves that every interruption leaves the before-state or the after-state.
+
+mod commit;
+mod durable;
+mod journal;
+mod recovery;
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use guild_domain::ids::PackageId;
+use guild_domain::registry::RegistryState;
+use guild_domain::version::Version;
+use guild_ports::store::{
+    Committed, PackageStore, RecoveryReport, StoreError, StoreErrorKind, Transaction,
+};
+
+pub use durable::{Fault, FaultMode, OpStats};
+pub use journal::{JournalDecodeError, JOURNAL_FORMAT_V1};
+
+use commit::{is_crash, is_staging_entry, Failure};
+use durable::{io_error, remove_tree, Run};
+
+/// Where each part of a store lives under its root directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreLayout {
+    pub root: PathBuf,
+    pub lock: PathBuf,
+    pub registry: PathBuf,
+    pub registry_tmp: PathBuf,
+    pub trust: PathBuf,
+    pub trust_tmp: PathBuf,
+    pub journal: PathBuf,
+    pub staging: PathBuf,
+    pub packages: PathBuf,
+}
+
+impl StoreLayout {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        let root = root.into();
+        StoreLayout {
+            lock: root.join("lock"),
+            registry: root.join("registry.json"),
+            registry_tmp: root.join("registry.json.tmp"),
+            trust: root.join("trust"),
+            trust_tmp: root.join("trust.tmp"),
+            journal: root.join("journal"),
+            staging: root.join("staging"),
+            packages: root.join("packages"),
+            root,
+        }
+    }
+
+    /// The installed tree of `id@version`: `packages/<id>/<version>`. Both names are safe as
+    /// path components: the id grammar allows only `[a-z0-9_.-]` with no empty segment, and a
+    /// semantic version only `[0-9A-Za-z.+-]`.
+    pub fn package_dir(&self, id: &PackageId, version: &Version) -> PathBuf {
+        self.packages.join(id.as_str()).join(version.to_string())
+    }
+}
+
+/// How to open a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoreOptions {
+    /// A fault to inject at one step of the next durable operation that reaches it (a commit or
+    /// a trust write; recovery's own steps are never faulted). It fires once.
+    pub fault: Option<Fault>,
+}
+
+/// The file-system package store. One handle per store directory at a time, across processes:
+/// the handle holds an advisory lock until it is dropped.
+#[derive(Debug)]
+pub struct FsStore {
+    layout: StoreLayout,
+    /// Holding the open file holds the lock; dropping the handle releases it.
+    _lock: File,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    registry: RegistryState,
+    /// The registry's bytes exactly as on disk, to put back if a commit fails after its rename.
+    registry_bytes: Vec<u8>,
+    poisoned: bool,
+    fault: Option<Fault>,
+    /// Staging entries handed out and not yet committed or discarded; a runtime recovery keeps
+    /// them.
+    issued: BTreeSet<OsString>,
+    next_staging: u64,
+    last_op: OpStats,
+    total_fsyncs: u64,
+}
+
+impl FsStore {
+    /// Opens (creating if needed) the store at `root`, takes its lock and recovers it.
+    pub fn open(root: impl Into<PathBuf>) -> Result<(FsStore, RecoveryReport), StoreError> {
+        Self::open_with(root, StoreOptions::default())
+    }
+
+    /// [`FsStore::open`] with options.
+    pub fn open_with(
+        root: impl Into<PathBuf>,
+        options: StoreOptions,
+    ) -> Result<(FsStore, RecoveryReport), StoreError> {
+        let layout = StoreLayout::new(root);
+        let mut run = Run::new(None);
+        create_root(&layout.root, &mut run)?;
+        let lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&layout.lock)
+            .map_err(|e| io_error("open lock file", &layout.lock, e))?;
+        try_lock(&lock, &layout.lock)?;
+        let recovered = recovery::recover(&layout, &BTreeSet::new(), &mut run)?;
+        let store = FsStore {
+            layout,
+            _lock: lock,
+            inner: Mutex::new(Inner {
+                registry: recovered.registry,
+                registry_bytes: recovered.bytes,
+                poisoned: false,
+                fault: options.fault,
+                issued: BTreeSet::new(),
+                next_staging: 0,
+                total_fsyncs: u64::from(run.stats.fsyncs),
+                last_op: run.stats,
+            }),
+        };
+        Ok((store, recovered.report))
+    }
+
+    pub fn layout(&self) -> &StoreLayout {
+        &self.layout
+    }
+
+    /// The steps and fsyncs of the last durable operation (commit, trust write or recovery).
+    pub fn last_op(&self) -> OpStats {
+        self.lock_inner()
+            .map(|inner| inner.last_op.clone())
+            .unwrap_or_default()
+    }
+
+    /// Every fsync this handle has made.
+    pub fn total_fsyncs(&self) -> u64 {
+        self.lock_inner()
+            .map(|inner| inner.total_fsyncs)
+            .unwrap_or_default()
+    }
+
+    /// The inner state, refusing if an earlier failure poisoned the handle.
+    fn usable(&self) -> Result<MutexGuard<'_, Inner>, StoreError> {
+        let inner = self.lock_inner()?;
+        if inner.poisoned {
+            return Err(StoreError::new(
+                StoreErrorKind::Poisoned,
+                "an earlier failure left this handle unsure of the disk; open the store again",
+            )
+            .at(self.layout.root.clone()));
+        }
+        Ok(inner)
+    }
+
+    fn lock_inner(&self) -> Result<MutexGuard<'_, Inner>, StoreError> {
+        self.inner.lock().map_err(|_| {
+            StoreError::new(
+                StoreErrorKind::Poisoned,
+                "a thread panicked while using the store",
+            )
+            .at(self.layout.root.clone())
+        })
+    }
+}
+
+/// Runs one durable operation with the armed fault, records its statistics, and poisons the
+/// handle if the operation says it must.
+fn with_run<T>(
+    inner: &mut Inner,
+    op: impl FnOnce(&mut Run) -> Result<T, Failure>,
+) -> Result<T, StoreError> {
+    let mut run = Run::new(inner.fault.take());
+    let result = op(&mut run);
+    inner.fault = run.unfired();
+    inner.total_fsyncs += u64::from(run.stats.fsyncs);
+    inner.last_op = run.stats;
+    result.map_err(|failure| match failure {
+        Failure::Failed(e) => e,
+        Failure::Poisoned(e) | Failure::Crashed(e) => {
+            inner.poisoned = true;
+            e
+        }
+    })
+}
+
+impl PackageStore for FsStore {
+    fn registry(&self) -> Result<RegistryState, StoreError> {
+        Ok(self.usable()?.registry.clone())
+    }
+
+    fn new_staging_dir(&self) -> Result<PathBuf, StoreError> {
+        let mut inner = self.usable()?;
+        loop {
+            let name = OsString::from(format!("{:016x}", inner.next_staging));
+            inner.next_staging = inner.next_staging.wrapping_add(1);
+            let path = self.layout.staging.join(&name);
+            match fs::symlink_metadata(&path) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    inner.issued.insert(name);
+                    return Ok(path);
+                }
+                Err(e) => return Err(io_error("inspect staging entry", &path, e)),
+                Ok(_) => continue,
+            }
+        }
+    }
+
+    fn discard_staging(&self, staged: &Path) -> Result<(), StoreError> {
+        let mut inner = self.usable()?;
+        if !is_staging_entry(&self.layout.staging, staged) {
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidTransaction,
+                "only an entry of the staging area can be discarded",
+            )
+            .at(staged.to_path_buf()));
+        }
+        remove_tree(staged).map_err(|e| io_error("discard staged tree", staged, e))?;
+        if let Some(name) = staged.file_name() {
+            inner.issued.remove(name);
+        }
+        Ok(())
+    }
+
+    fn commit(&self, tx: Transaction) -> Result<Committed, StoreError> {
+        let mut inner = self.usable()?;
+        let staged = tx
+            .install
+            .as_ref()
+            .map(|i| i.staged.clone())
+            .filter(|p| is_staging_entry(&self.layout.staging, p));
+        if let Some(name) = staged.as_deref().and_then(Path::file_name) {
+            // Whatever happens next, the commit consumes the staged tree.
+            inner.issued.remove(name);
+        }
+        let plan = match commit::plan(&self.layout, &inner.registry, &inner.registry_bytes, tx) {
+            Ok(plan) => plan,
+            Err(e) => {
+                if let Some(staged) = &staged {
+                    // The transaction never started; the staged tree is all there is to tidy,
+                    // and recovery removes it if this fails.
+                    let _ = remove_tree(staged);
+                }
+                return Err(e);
+            }
+        };
+        let committed = with_run(&mut inner, |run| commit::apply(&self.layout, run, &plan))?;
+        inner.registry = plan.new_state;
+        inner.registry_bytes = plan.new_bytes;
+        Ok(committed)
+    }
+
+    fn package_dir(&self, id: &PackageId, version: &Version) -> PathBuf {
+        self.layout.package_dir(id, version)
+    }
+
+    fn read_trust(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        let _inner = self.usable()?;
+        read_optional(&self.layout.trust)
+    }
+
+    fn write_trust(&self, bytes: &[u8]) -> Result<(), StoreError> {
+        let mut inner = self.usable()?;
+        let layout = &self.layout;
+        let previous = read_optional(&layout.trust)?;
+        with_run(&mut inner, |run| {
+            let (tmp, target) = (&layout.trust_tmp, &layout.trust);
+            let before_rename = run
+                .write_file("write trust file", tmp, bytes)
+                .and_then(|()| run.fsync("fsync trust file", tmp))
+                .and_then(|()| run.rename("rename trust file", tmp, target));
+            if let Err(e) = before_rename {
+                if is_crash(&e) {
+                    return Err(Failure::Crashed(e));
+                }
+                return Err(match durable::remove_file_if_present(tmp) {
+                    Ok(_) => Failure::Failed(e),
+                    Err(_) => Failure::Poisoned(e),
+                });
+            }
+            match run.fsync("fsync store directory", &layout.root) {
+                Ok(()) => Ok(()),
+                Err(e) if is_crash(&e) => Err(Failure::Crashed(e)),
+                // The new bytes are visible but perhaps not durable: put the old ones back so
+                // that the answer "failed" is true.
+                Err(e) => Err(match restore_file(run, layout, tmp, target, &previous) {
+                    Ok(()) => Failure::Failed(e),
+                    Err(_) => Failure::Poisoned(e),
+                }),
+            }
+        })
+    }
+
+    fn recover(&self) -> Result<RecoveryReport, StoreError> {
+        let mut inner = self.usable()?;
+        let issued = inner.issued.clone();
+        let mut run = Run::new(None);
+        let recovered = recovery::recover(&self.layout, &issued, &mut run);
+        inner.total_fsyncs += u64::from(run.stats.fsyncs);
+        inner.last_op = run.stats;
+        let recovered = recovered?;
+        inner.registry = recovered.registry;
+        inner.registry_bytes = recovered.bytes;
+        Ok(recovered.report)
+    }
+}
+
+/// The contents of `path`, or `None` if it does not exist.
+fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, StoreError> {
+    match fs::read(path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_error("read store file", path, e)),
+    }
+}
+
+/// Puts `previous` back at `target` (or removes `target` if there was nothing), durably. Not
+/// numbered steps: this only runs after a fault.
+fn restore_file(
+    run: &mut Run,
+    layout: &StoreLayout,
+    tmp: &Path,
+    target: &Path,
+    previous: &Option<Vec<u8>>,
+) -> Result<(), StoreError> {
+    match previous {
+        Some(bytes) => {
+            fs::write(tmp, bytes).map_err(|e| io_error("restore file", tmp, e))?;
+            run.sync_path("restore file", tmp)?;
+            fs::rename(tmp, target).map_err(|e| io_error("restore file", target, e))?;
+        }
+        None => {
+            durable::remove_file_if_present(target)
+                .map_err(|e| io_error("restore file", target, e))?;
+        }
+    }
+    run.sync_path("restore file", &layout.root)
+}
+
+/// Creates the store's root directory if it is absent, and makes its entry durable.
+fn create_root(root: &Path, run: &mut Run) -> Result<(), StoreError> {
+    match fs::create_dir(root) {
+        Ok(()) => {
+            if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
+                run.sync_path("fsync parent of store directory", parent)?;
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(io_error("create store directory", root, e)),
+    }
+}
+
+/// Takes the store's advisory lock without waiting (`flock`, so not reliable on NFS).
+fn try_lock(file: &File, path: &Path) -> Result<(), StoreError> {
+    match file.try_lock() {
+        Ok(()) => Ok(()),
+        Err(TryLockError::WouldBlock) => Err(StoreError::new(
+            StoreErrorKind::Locked,
+            "another process or handle has the store open",
+        )
+        .at(path.to_path_buf())),
+        Err(TryLockError::Error(e)) => Err(io_error("lock store", path, e)),
+    }
+}

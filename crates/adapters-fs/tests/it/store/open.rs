@@ -1,0 +1,455 @@
+//! Opening a store: creation, the lock, fail-closed reading of damaged files, what recovery
+//! reports, and the transactions a commit refuses.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use guild_adapters_fs::store::{Fault, FaultMode, FsStore, StoreLayout, StoreOptions};
+use guild_domain::graph::NodeRef;
+use guild_domain::registry::RegistryState;
+use guild_ports::store::{PackageStore, StoreError, StoreErrorKind, Transaction};
+
+use super::{
+    assert_no_leftovers, change, id, new_version, publish, snapshot, stage_tree, v, ENABLED,
+};
+
+fn open_err(root: &Path) -> StoreError {
+    FsStore::open(root).map(|_| ()).unwrap_err()
+}
+
+/// A store holding a@1.0.0 enabled, closed again.
+fn store_with_one_package() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let (store, _) = FsStore::open(&root).unwrap();
+    publish(&store, "a", "1.0.0", ENABLED).unwrap();
+    (dir, root)
+}
+
+/// A store whose next publish crashed after its journal record became durable, closed again;
+/// answers the record's path.
+fn store_with_journal_record() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let (dir, root) = store_with_one_package();
+    let fault = Some(Fault {
+        step: 5,
+        mode: FaultMode::Crash,
+    });
+    let (store, _) = FsStore::open_with(&root, StoreOptions { fault }).unwrap();
+    let err = publish(&store, "b", "1.0.0", ENABLED).unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::SimulatedCrash);
+    drop(store);
+    let record = StoreLayout::new(&root)
+        .journal
+        .join("00000000000000000002.intent");
+    assert!(record.is_file());
+    (dir, root, record)
+}
+
+#[test]
+fn store_open_creates_the_layout_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("new");
+    let (store, report) = FsStore::open(&root).unwrap();
+    assert!(report.created);
+    assert_eq!(report.generation, 0);
+    assert_eq!(store.registry().unwrap(), RegistryState::new());
+    assert_eq!(store.read_trust().unwrap(), None);
+    drop(store);
+    assert_no_leftovers(&root);
+    let (_store, report) = FsStore::open(&root).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}
+
+#[test]
+fn store_second_open_is_locked_until_the_first_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (first, _) = FsStore::open(dir.path()).unwrap();
+    let err = open_err(dir.path());
+    assert_eq!(err.kind, StoreErrorKind::Locked);
+    assert_eq!(err.path, Some(dir.path().join("lock")));
+    drop(first);
+    FsStore::open(dir.path()).unwrap();
+}
+
+#[test]
+fn store_corrupt_registry_fails_closed_naming_the_file() {
+    let (_dir, root) = store_with_one_package();
+    let layout = StoreLayout::new(&root);
+    let good = fs::read(&layout.registry).unwrap();
+    // Leave debris that recovery would otherwise clear, to prove nothing is touched.
+    fs::create_dir(layout.staging.join("debris")).unwrap();
+    let before = snapshot(&root);
+
+    fs::write(&layout.registry, &good[..good.len() / 2]).unwrap();
+    let err = open_err(&root);
+    assert_eq!(err.kind, StoreErrorKind::Corrupt);
+    assert_eq!(err.path.as_deref(), Some(layout.registry.as_path()));
+    assert!(
+        err.to_string().starts_with(&format!(
+            "store file is corrupt: decode registry ({}): not strict JSON:",
+            layout.registry.display()
+        )),
+        "{err}"
+    );
+    fs::write(&layout.registry, b"").unwrap();
+    assert_eq!(open_err(&root).kind, StoreErrorKind::Corrupt);
+    let extra = String::from_utf8(good.clone()).unwrap().replacen(
+        "\"generation\"",
+        "\"owner\": \"me\",\n  \"generation\"",
+        1,
+    );
+    fs::write(&layout.registry, extra).unwrap();
+    let err = open_err(&root);
+    assert_eq!(err.kind, StoreErrorKind::Corrupt);
+    assert!(
+        err.to_string().ends_with("unknown field at $.owner"),
+        "{err}"
+    );
+
+    // Failing closed left the packages and the debris alone.
+    fs::write(&layout.registry, &good).unwrap();
+    assert_eq!(snapshot(&root), before);
+    assert!(layout.staging.join("debris").is_dir());
+}
+
+#[test]
+fn store_unknown_registry_format_fails_closed() {
+    let (_dir, root) = store_with_one_package();
+    let layout = StoreLayout::new(&root);
+    let text = fs::read_to_string(&layout.registry).unwrap();
+    fs::write(
+        &layout.registry,
+        text.replace("\"guild_registry\": 1", "\"guild_registry\": 2"),
+    )
+    .unwrap();
+    let err = open_err(&root);
+    assert_eq!(err.kind, StoreErrorKind::UnsupportedFormat);
+    assert_eq!(err.path.as_deref(), Some(layout.registry.as_path()));
+    assert!(
+        err.to_string()
+            .ends_with("registry format 2 is not supported; this build reads format 1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn store_missing_registry_with_packages_fails_closed() {
+    let (_dir, root) = store_with_one_package();
+    let layout = StoreLayout::new(&root);
+    fs::remove_file(&layout.registry).unwrap();
+    let err = open_err(&root);
+    assert_eq!(err.kind, StoreErrorKind::Corrupt);
+    assert_eq!(
+        err.what,
+        "registry file is missing but the store holds package trees"
+    );
+    assert!(layout.packages.join("a/1.0.0/.gkmetadata").is_file());
+}
+
+#[test]
+fn store_truncated_journal_record_fails_closed_naming_the_file() {
+    let (_dir, root, record) = store_with_journal_record();
+    let bytes = fs::read(&record).unwrap();
+    fs::write(&record, &bytes[..bytes.len() / 2]).unwrap();
+    let err = open_err(&root);
+    assert_eq!(err.kind, StoreErrorKind::Corrupt);
+    assert_eq!(err.path.as_deref(), Some(record.as_path()));
+    assert_eq!(err.what, "decode journal record");
+    // Nothing was cleaned up: the record is evidence.
+    assert_eq!(fs::read(&record).unwrap(), &bytes[..bytes.len() / 2]);
+}
+
+#[test]
+fn store_unknown_journal_format_fails_closed() {
+    let (_dir, root, record) = store_with_journal_record();
+    let text = fs::read_to_string(&record).unwrap();
+    fs::write(
+        &record,
+        text.replace("\"guild_journal\": 1", "\"guild_journal\": 3"),
+    )
+    .unwrap();
+    let err = open_err(&root);
+    assert_eq!(err.kind, StoreErrorKind::UnsupportedFormat);
+    assert_eq!(err.path.as_deref(), Some(record.as_path()));
+}
+
+#[test]
+fn store_journal_ahead_of_the_registry_fails_closed() {
+    let (_dir, root, record) = store_with_journal_record();
+    let text = fs::read_to_string(&record).unwrap();
+    fs::write(
+        &record,
+        text.replace("\"from_generation\": 1", "\"from_generation\": 7")
+            .replace("\"to_generation\": 2", "\"to_generation\": 8"),
+    )
+    .unwrap();
+    let err = open_err(&root);
+    assert_eq!(err.kind, StoreErrorKind::Corrupt);
+    assert_eq!(
+        err.what,
+        "journal record moves generation 7 to 8, but the registry is at 1"
+    );
+    let stray = StoreLayout::new(&root).journal.join("notes.txt");
+    fs::write(&record, text).unwrap();
+    fs::write(&stray, b"hello").unwrap();
+    let err = open_err(&root);
+    assert_eq!(
+        (err.kind, err.path),
+        (StoreErrorKind::Corrupt, Some(stray.clone()))
+    );
+}
+
+#[test]
+fn store_recovery_reports_what_it_did_and_is_idempotent() {
+    let (_dir, root, _record) = store_with_journal_record();
+    let layout = StoreLayout::new(&root);
+    // Debris of other kinds: an unreferenced tree, a stale temporary file.
+    fs::create_dir_all(layout.packages.join("zombie/9.9.9")).unwrap();
+    fs::write(&layout.registry_tmp, b"half a regis").unwrap();
+
+    let (store, report) = FsStore::open(&root).unwrap();
+    assert_eq!(report.generation, 1);
+    assert!(report.rolled_forward.is_empty());
+    assert_eq!(report.rolled_back.len(), 1);
+    let interrupted = &report.rolled_back[0];
+    assert_eq!(
+        (interrupted.from_generation, interrupted.to_generation),
+        (1, 2)
+    );
+    assert_eq!(
+        interrupted.install,
+        Some(NodeRef {
+            id: id("b"),
+            version: v("1.0.0")
+        })
+    );
+    assert_eq!(report.removed_trees, [layout.packages.join("zombie")]);
+    assert_eq!(report.removed_staging.len(), 1, "the staged tree of b");
+    assert_eq!(report.removed_temp_files, vec![layout.registry_tmp.clone()]);
+    assert!(report.missing_trees.is_empty());
+    assert_no_leftovers(&root);
+
+    let again = store.recover().unwrap();
+    assert!(again.is_clean(), "{again:?}");
+    assert!(store.recover().unwrap().is_clean());
+    drop(store);
+    let (_store, reopened) = FsStore::open(&root).unwrap();
+    assert!(reopened.is_clean(), "{reopened:?}");
+}
+
+#[test]
+fn store_recovery_rolls_forward_after_the_commit_point() {
+    let (_dir, root) = store_with_one_package();
+    let layout = StoreLayout::new(&root);
+    {
+        let (store, _) = FsStore::open(&root).unwrap();
+        publish(&store, "a", "2.0.0", ENABLED).unwrap();
+    }
+    // Crash at "delete old tree": the registry no longer installs a@1.0.0, its tree is still there.
+    let fault = Some(Fault {
+        step: 9,
+        mode: FaultMode::Crash,
+    });
+    let (store, _) = FsStore::open_with(&root, StoreOptions { fault }).unwrap();
+    let err = change(&store, |r| r.remove(&id("a"), &v("1.0.0"))).unwrap_err();
+    assert_eq!(store.last_op().steps.last(), Some(&"delete old tree"));
+    assert_eq!(err.kind, StoreErrorKind::SimulatedCrash);
+    drop(store);
+    assert!(layout.packages.join("a/1.0.0").is_dir());
+
+    let (store, report) = FsStore::open(&root).unwrap();
+    assert_eq!(report.generation, 3);
+    assert_eq!(report.rolled_forward.len(), 1);
+    assert_eq!(
+        report.rolled_forward[0].delete,
+        [NodeRef {
+            id: id("a"),
+            version: v("1.0.0")
+        }]
+    );
+    assert_eq!(report.removed_trees, [layout.packages.join("a/1.0.0")]);
+    assert!(!store
+        .registry()
+        .unwrap()
+        .is_installed(&id("a"), &v("1.0.0")));
+    assert_no_leftovers(&root);
+}
+
+#[test]
+fn store_recovery_reports_a_missing_tree() {
+    let (_dir, root) = store_with_one_package();
+    let layout = StoreLayout::new(&root);
+    let tree = layout.packages.join("a");
+    fs::rename(&tree, root.join("elsewhere")).unwrap();
+    let (_store, report) = FsStore::open(&root).unwrap();
+    assert_eq!(
+        report.missing_trees,
+        [NodeRef {
+            id: id("a"),
+            version: v("1.0.0")
+        }]
+    );
+}
+
+#[test]
+fn store_runtime_recovery_keeps_staging_it_handed_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = FsStore::open(dir.path()).unwrap();
+    let staged = stage_tree(&store, "a", "1.0.0");
+    let report = store.recover().unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    assert!(staged.join(".gkmetadata").is_file());
+    store.discard_staging(&staged).unwrap();
+    assert!(!staged.exists());
+    store.discard_staging(&staged).unwrap();
+    let outside = dir.path().join("packages");
+    let err = store.discard_staging(&outside).unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::InvalidTransaction);
+    assert!(outside.is_dir(), "a path outside staging is never deleted");
+}
+
+#[test]
+fn store_is_a_shareable_port_and_seals_a_read_only_staged_root() {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<FsStore>();
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = FsStore::open(dir.path()).unwrap();
+    let store: Box<dyn PackageStore> = Box::new(store);
+    // An extractor that seals the staged root itself must not break the move into place.
+    let before = store.registry().unwrap();
+    let mut next = before.successor();
+    next.publish(&id("a"), &v("1.0.0"), new_version("a", "1.0.0"), ENABLED)
+        .unwrap();
+    let staged = store.new_staging_dir().unwrap();
+    fs::create_dir(&staged).unwrap();
+    fs::write(staged.join(".gkmetadata"), b"{}").unwrap();
+    let mut perms = fs::metadata(&staged).unwrap().permissions();
+    perms.set_readonly(true);
+    fs::set_permissions(&staged, perms).unwrap();
+    let tx = Transaction::new(0, next).with_install(id("a"), v("1.0.0"), staged);
+    assert_eq!(store.commit(tx).unwrap().generation, 1);
+    let installed = store.package_dir(&id("a"), &v("1.0.0"));
+    assert!(fs::metadata(&installed).unwrap().permissions().readonly());
+    assert_eq!(fs::read(installed.join(".gkmetadata")).unwrap(), b"{}");
+}
+
+#[test]
+fn store_trust_bytes_round_trip_atomically() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = FsStore::open(dir.path()).unwrap();
+    store.write_trust(b"first").unwrap();
+    store.write_trust(b"second").unwrap();
+    assert_eq!(store.read_trust().unwrap(), Some(b"second".to_vec()));
+    assert_eq!(store.last_op().fsyncs, 2);
+    drop(store);
+    let (store, _) = FsStore::open(dir.path()).unwrap();
+    assert_eq!(store.read_trust().unwrap(), Some(b"second".to_vec()));
+}
+
+/// Commits `tx` and expects it refused with `kind`, leaving the store as it was and the staged
+/// tree (if any) gone.
+fn refused(store: &FsStore, root: &Path, tx: Transaction, kind: StoreErrorKind) -> StoreError {
+    let before = snapshot(root);
+    let staged = tx.install.as_ref().map(|i| i.staged.clone());
+    let err = store.commit(tx).unwrap_err();
+    assert_eq!(err.kind, kind, "{err}");
+    assert_eq!(snapshot(root), before);
+    if let Some(staged) = staged.filter(|s| s.starts_with(root.join("staging"))) {
+        assert!(
+            !staged.exists(),
+            "the refused commit consumed its staged tree"
+        );
+    }
+    assert_eq!(store.registry().unwrap().generation(), 1);
+    err
+}
+
+#[test]
+fn store_refuses_inconsistent_transactions() {
+    let (_dir, root) = store_with_one_package();
+    let (store, _) = FsStore::open(&root).unwrap();
+    let current = store.registry().unwrap();
+
+    let stale = Transaction::new(0, current.successor());
+    let err = refused(&store, &root, stale, StoreErrorKind::GenerationConflict);
+    assert_eq!(
+        err.what,
+        "the transaction was computed from generation 0 but the registry is at 1"
+    );
+
+    let no_step = Transaction::new(1, current.clone());
+    let err = refused(&store, &root, no_step, StoreErrorKind::InvalidTransaction);
+    assert_eq!(err.what, "the new registry has generation 1, not 1 + 1");
+
+    let dropped = Transaction::new(1, RegistryState::new().successor().successor());
+    let err = refused(&store, &root, dropped, StoreErrorKind::InvalidTransaction);
+    assert_eq!(err.what, "the new registry drops the record of a@1.0.0");
+
+    // A new version in the registry without its tree, and a tree without its version.
+    let mut next = current.successor();
+    next.publish(&id("b"), &v("1.0.0"), new_version("b", "1.0.0"), ENABLED)
+        .unwrap();
+    let err = refused(
+        &store,
+        &root,
+        Transaction::new(1, next.clone()),
+        StoreErrorKind::InvalidTransaction,
+    );
+    assert_eq!(
+        err.what,
+        "the new registry installs [b@1.0.0] but the transaction stages nothing"
+    );
+    let staged = stage_tree(&store, "c", "1.0.0");
+    let wrong = Transaction::new(1, next.clone()).with_install(id("c"), v("1.0.0"), staged);
+    let err = refused(&store, &root, wrong, StoreErrorKind::InvalidTransaction);
+    assert_eq!(
+        err.what,
+        "the new registry installs [b@1.0.0] but the transaction stages c@1.0.0"
+    );
+
+    // A staged tree outside the staging area is refused and left alone.
+    let outside = root.join("outside");
+    fs::create_dir(&outside).unwrap();
+    let tx = Transaction::new(1, next.clone()).with_install(id("b"), v("1.0.0"), outside.clone());
+    refused(&store, &root, tx, StoreErrorKind::InvalidTransaction);
+    assert!(outside.is_dir());
+    fs::remove_dir(&outside).unwrap();
+
+    // A staged tree holding a symbolic link is refused during sealing, and rolled back.
+    let staged = stage_tree(&store, "b", "1.0.0");
+    #[cfg(unix)]
+    std::os::unix::fs::symlink("/etc/passwd", staged.join("lib/evil")).unwrap();
+    let tx = Transaction::new(1, next).with_install(id("b"), v("1.0.0"), staged);
+    let err = refused(&store, &root, tx, StoreErrorKind::InvalidTransaction);
+    assert_eq!(
+        err.what,
+        "staged tree holds something other than a regular file or directory"
+    );
+    assert_no_leftovers(&root);
+
+    // And the handle still works.
+    publish(&store, "b", "1.0.0", ENABLED).unwrap();
+    assert_eq!(store.registry().unwrap().generation(), 2);
+}
+
+#[test]
+fn store_refuses_a_changed_digest_even_for_a_removed_version() {
+    let (_dir, root) = store_with_one_package();
+    let (store, _) = FsStore::open(&root).unwrap();
+    change(&store, |r| r.remove(&id("a"), &v("1.0.0"))).unwrap();
+    // Build a registry that forgets the tombstone and records other content for a@1.0.0; the
+    // domain refuses to do this, so the test edits a hand-written file instead.
+    let current = store.registry().unwrap();
+    let text = String::from_utf8(current.successor().to_json()).unwrap();
+    let other = new_version("a", "other").payload_digest.to_hex();
+    let recorded = new_version("a", "1.0.0").payload_digest.to_hex();
+    let forged = RegistryState::from_json(text.replace(&recorded, &other).as_bytes()).unwrap();
+    let before = snapshot(&root);
+    let err = store.commit(Transaction::new(2, forged)).unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::InvalidTransaction);
+    assert_eq!(
+        err.what,
+        "the new registry changes the recorded payload of a@1.0.0"
+    );
+    assert_eq!(snapshot(&root), before);
+}

@@ -1,0 +1,1476 @@
+//! The package manager's durable truth: which package versions are recorded, the lifecycle state
+//! of each, which one is current, which one a rollback returns to, and the generation number that
+//! orders committed changes.
+//!
+//! The store persists a [`RegistryState`] as one file and replaces it atomically, so every rule
+//! that must survive a crash lives here, as pure data and pure decisions:
+//!
+//! - Each package id has at most one *current* version (lifecycle state `enabled` or `disabled`);
+//!   older published versions stay installed as `superseded` rollback candidates, and one of them
+//!   may be named the `previous` version that [`RegistryState::rollback`] restores.
+//! - Versions are immutable. A removed version keeps a tombstone record (state `removed`, its
+//!   payload digest, no tree on disk), so that the same version can never come back with other
+//!   content, even after removal. Two versions that differ only in build metadata (`1.0.0+a`,
+//!   `1.0.0+b`) count as the same version for this rule, since semantic versioning gives them
+//!   equal precedence.
+//! - A record holds what the package manager needs without opening any archive: the SHA-256 of
+//!   the canonical signed payload, the kind and the publisher. Everything else about a version
+//!   (dependencies, artifacts, module ABI) is read back from the `.gkmetadata` file inside its
+//!   installed tree, whose payload digest must equal the recorded one. Keeping the signed manifest
+//!   as the only copy of those facts means the registry can never disagree with what was signed,
+//!   and the digest comparison catches a tree that was altered after installation.
+//!
+//! The transition methods ([`RegistryState::publish`], [`RegistryState::enable`], ...) change a
+//! draft that the app then hands to the store in a single transaction; none of them touches the
+//! generation, which belongs to the commit (see [`RegistryState::successor`]). Each refuses with a
+//! typed [`RegistryError`] and leaves the state unchanged when it refuses.
+//!
+//! The file format is strict JSON read with [`crate::json`] (duplicate keys, unknown fields and
+//! `null` are refused), marked `"guild_registry": 1`. A file that cannot be read is an error with
+//! its reason, never an empty registry.
+
+use std::cmp::Ordering;
+use std::collections::btree_map::Entry;
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::ids::{IdError, PackageId, PackageKind, PublisherId, Sha256Digest};
+use crate::json::{self, Integer, JsonError, JsonPath, Value};
+use crate::lifecycle::{transition, Event, IllegalTransition, State};
+use crate::version::Version;
+
+/// The registry file format this build reads and writes (`"guild_registry": 1`).
+pub const REGISTRY_FORMAT_V1: u64 = 1;
+
+const TOP_FIELDS: &[&str] = &["guild_registry", "generation", "packages"];
+const PACKAGE_FIELDS: &[&str] = &["id", "previous", "versions"];
+const VERSION_FIELDS: &[&str] = &["version", "state", "kind", "publisher", "payload_sha256"];
+
+/// What the registry knows about one recorded package version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VersionRecord {
+    /// SHA-256 of the canonical signed payload: the version's identity for the immutability rule
+    /// and what dependents' digest pins compare with.
+    pub payload_digest: Sha256Digest,
+    /// `gkernel` or `gkmodule`.
+    pub kind: PackageKind,
+    /// The publisher the version was signed as; revoking that publisher's key affects it.
+    pub publisher: PublisherId,
+    /// Where the version stands. Only `enabled`, `disabled`, `superseded` and `removed` are ever
+    /// recorded: `staged` and `discarded` versions were never published.
+    pub state: State,
+}
+
+/// The facts about a version being published, as verification established them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewVersion {
+    pub payload_digest: Sha256Digest,
+    pub kind: PackageKind,
+    pub publisher: PublisherId,
+}
+
+/// Every recorded version of one package id, and its rollback target.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PackageRecord {
+    versions: BTreeMap<Version, VersionRecord>,
+    previous: Option<Version>,
+}
+
+impl PackageRecord {
+    /// Every recorded version, removed ones included, in ascending version order.
+    pub fn versions(&self) -> impl Iterator<Item = (&Version, &VersionRecord)> + '_ {
+        self.versions.iter()
+    }
+
+    /// The record of `version`, if there is one.
+    pub fn get(&self, version: &Version) -> Option<&VersionRecord> {
+        self.versions.get(version)
+    }
+
+    /// The versions whose trees are on disk (enabled, disabled or superseded), ascending.
+    pub fn installed(&self) -> impl Iterator<Item = (&Version, &VersionRecord)> + '_ {
+        self.versions.iter().filter(|(_, r)| r.state.is_installed())
+    }
+
+    /// The current version (enabled or disabled), if any.
+    pub fn current(&self) -> Option<(&Version, &VersionRecord)> {
+        self.versions.iter().find(|(_, r)| r.state.is_current())
+    }
+
+    /// The enabled version, if any.
+    pub fn enabled(&self) -> Option<&Version> {
+        self.current()
+            .filter(|(_, r)| r.state.is_enabled())
+            .map(|(v, _)| v)
+    }
+
+    /// The version a rollback restores, if any. It is always an installed, superseded version.
+    pub fn previous(&self) -> Option<&Version> {
+        self.previous.as_ref()
+    }
+}
+
+/// What publishing a given payload as `id@version` would mean.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PublishKind {
+    /// The version is not installed: stage it and commit. This is also the answer for a version
+    /// that was removed earlier and is offered again with the very same payload.
+    New,
+    /// This exact payload is already installed as this version: nothing to do, and no
+    /// transaction should be committed.
+    IdenticalNoOp,
+}
+
+/// A version was offered with a payload other than the one already recorded for it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "cannot publish {id}@{version}: version {recorded_version} is already recorded with payload \
+     digest {recorded}, and the offered payload has digest {offered}; published versions are \
+     immutable"
+)]
+pub struct ImmutableVersionConflict {
+    pub id: PackageId,
+    /// The version as offered.
+    pub version: Version,
+    /// The recorded version of equal precedence; it differs from `version` only in build
+    /// metadata, if at all.
+    pub recorded_version: Version,
+    pub recorded: Sha256Digest,
+    pub offered: Sha256Digest,
+}
+
+/// How a publication should be applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PublishOptions {
+    /// Whether the new version starts enabled.
+    pub enable: bool,
+    /// Whether a version older than the current one may be published. Rollback is the normal way
+    /// back; this is the explicit escape hatch.
+    pub allow_downgrade: bool,
+}
+
+/// What a successful [`RegistryState::publish`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    pub kind: PublishKind,
+    /// The version that was current and is now superseded (and the new rollback target).
+    pub superseded: Option<Version>,
+}
+
+/// What a successful [`RegistryState::rollback`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RolledBack {
+    /// The version that was current before, now superseded; `None` when none was current.
+    pub from: Option<Version>,
+    /// The restored version, now enabled.
+    pub to: Version,
+}
+
+/// Why a registry change was refused. The state is unchanged after any of these.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    #[error(transparent)]
+    ImmutableVersion(#[from] Box<ImmutableVersionConflict>),
+    #[error(
+        "cannot publish {id}@{offered}: it is older than the current version {current}; use \
+         rollback, or ask for a downgrade explicitly"
+    )]
+    Downgrade {
+        id: PackageId,
+        current: Version,
+        offered: Version,
+    },
+    #[error("cannot publish {id}@{version} as a {offered}: installed versions of {id} are {recorded} packages")]
+    KindChanged {
+        id: PackageId,
+        version: Version,
+        recorded: PackageKind,
+        offered: PackageKind,
+    },
+    #[error("cannot publish {id}@{version} as publisher {offered}: installed versions of {id} belong to {recorded}")]
+    PublisherChanged {
+        id: PackageId,
+        version: Version,
+        recorded: PublisherId,
+        offered: PublisherId,
+    },
+    #[error("package {id} is not recorded")]
+    UnknownPackage { id: PackageId },
+    #[error("{id}@{version} is not installed")]
+    NotInstalled { id: PackageId, version: Version },
+    #[error("{id} has no current version")]
+    NoCurrentVersion { id: PackageId },
+    #[error("{id} has no previous version to roll back to")]
+    NoPreviousVersion { id: PackageId },
+    #[error("{id}@{version}: {source}")]
+    Illegal {
+        id: PackageId,
+        version: Version,
+        #[source]
+        source: IllegalTransition,
+    },
+}
+
+/// A registry that breaks one of its invariants.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryInvariantError {
+    #[error("{id} has no recorded versions")]
+    EmptyPackage { id: PackageId },
+    #[error("{id} has two current versions, {first} and {second}; at most one may be enabled or disabled")]
+    SeveralCurrent {
+        id: PackageId,
+        first: Version,
+        second: Version,
+    },
+    #[error("{id}@{version} is recorded as {state}, which is never persisted")]
+    UnpersistedState {
+        id: PackageId,
+        version: Version,
+        state: State,
+    },
+    #[error("{id} names {version} as its previous version, but that version is {}", .state.map_or("not recorded", State::as_str))]
+    PreviousNotRollbackTarget {
+        id: PackageId,
+        version: Version,
+        state: Option<State>,
+    },
+    #[error("{id} records {first} and {second}, which differ only in build metadata")]
+    SamePrecedence {
+        id: PackageId,
+        first: Version,
+        second: Version,
+    },
+}
+
+/// Why a registry value could not be read from a JSON document.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FieldProblem {
+    #[error("required field is missing")]
+    Missing,
+    #[error("unknown field")]
+    Unknown,
+    #[error("expected {expected}, found {found}")]
+    WrongType {
+        expected: &'static str,
+        found: &'static str,
+    },
+    #[error("{detail}")]
+    Invalid { detail: String },
+    #[error("{what} {value} appears more than once")]
+    Duplicate { what: &'static str, value: String },
+}
+
+/// Why bytes are not a registry this build can use. The store reports it with the file's path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryDecodeError {
+    #[error("not strict JSON: {0}")]
+    Json(#[from] JsonError),
+    #[error(
+        "not a registry: the top level is not an object with a \"guild_registry\" format marker"
+    )]
+    NotARegistry,
+    #[error(
+        "registry format {found} is not supported; this build reads format {REGISTRY_FORMAT_V1}"
+    )]
+    UnsupportedFormat { found: String },
+    #[error("{problem} at {path}")]
+    Field {
+        path: JsonPath,
+        problem: FieldProblem,
+    },
+    #[error("registry breaks an invariant: {0}")]
+    Invariant(#[from] RegistryInvariantError),
+}
+
+/// The whole registry: every recorded package and the generation of the last committed change.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RegistryState {
+    generation: u64,
+    packages: BTreeMap<PackageId, PackageRecord>,
+}
+
+impl RegistryState {
+    /// An empty registry at generation 0, as a new store starts.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The number of committed transactions that led here.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// A copy with the generation advanced by one: the draft of the next transaction. At
+    /// `u64::MAX` the generation stays put, and the store refuses the transaction because its
+    /// generation does not advance.
+    pub fn successor(&self) -> Self {
+        RegistryState {
+            generation: self.generation.saturating_add(1),
+            packages: self.packages.clone(),
+        }
+    }
+
+    /// Every recorded package, by id.
+    pub fn packages(&self) -> impl Iterator<Item = (&PackageId, &PackageRecord)> + '_ {
+        self.packages.iter()
+    }
+
+    /// The record of package `id`, if any.
+    pub fn package(&self, id: &PackageId) -> Option<&PackageRecord> {
+        self.packages.get(id)
+    }
+
+    /// The record of `id@version`, if any.
+    pub fn record(&self, id: &PackageId, version: &Version) -> Option<&VersionRecord> {
+        self.packages.get(id)?.versions.get(version)
+    }
+
+    /// Whether `id@version` is installed (its tree must be on disk).
+    pub fn is_installed(&self, id: &PackageId, version: &Version) -> bool {
+        self.record(id, version)
+            .is_some_and(|r| r.state.is_installed())
+    }
+
+    /// Every installed version (enabled, disabled or superseded), by id then version: exactly the
+    /// package trees the store must hold.
+    pub fn installed(&self) -> impl Iterator<Item = (&PackageId, &Version, &VersionRecord)> + '_ {
+        self.packages
+            .iter()
+            .flat_map(|(id, p)| p.installed().map(move |(v, r)| (id, v, r)))
+    }
+
+    /// Whether a payload with digest `digest` may be published as `id@version`, and whether it
+    /// would change anything. Only the payload digest counts; signature bytes play no part, so
+    /// re-signing the same payload is a no-op and changing any signed field is a conflict. (The
+    /// conflict is boxed because it carries two versions and two digests.)
+    pub fn check_publish(
+        &self,
+        id: &PackageId,
+        version: &Version,
+        digest: &Sha256Digest,
+    ) -> Result<PublishKind, Box<ImmutableVersionConflict>> {
+        let Some(package) = self.packages.get(id) else {
+            return Ok(PublishKind::New);
+        };
+        let same = package
+            .versions
+            .iter()
+            .find(|(v, _)| v.cmp_precedence(version) == Ordering::Equal);
+        match same {
+            None => Ok(PublishKind::New),
+            Some((v, r)) if v == version && r.payload_digest == *digest => {
+                if r.state.is_installed() {
+                    Ok(PublishKind::IdenticalNoOp)
+                } else {
+                    Ok(PublishKind::New)
+                }
+            }
+            Some((v, r)) => Err(Box::new(ImmutableVersionConflict {
+                id: id.clone(),
+                version: version.clone(),
+                recorded_version: v.clone(),
+                recorded: r.payload_digest,
+                offered: *digest,
+            })),
+        }
+    }
+
+    /// Records the publication of `id@version`: the new version becomes current (enabled or
+    /// disabled as `options` say), and the version that was current is superseded and becomes the
+    /// rollback target.
+    ///
+    /// Refused when the version conflicts with a recorded one ([`Self::check_publish`]), when it
+    /// is older than the current version without `allow_downgrade`, or when its kind or
+    /// publisher differs from the installed versions of the same id (a package id belongs to one
+    /// publisher while any of its versions is installed). Publishing an identical payload that is
+    /// already installed changes nothing and answers [`PublishKind::IdenticalNoOp`].
+    pub fn publish(
+        &mut self,
+        id: &PackageId,
+        version: &Version,
+        new: NewVersion,
+        options: PublishOptions,
+    ) -> Result<Published, RegistryError> {
+        if self.check_publish(id, version, &new.payload_digest)? == PublishKind::IdenticalNoOp {
+            return Ok(Published {
+                kind: PublishKind::IdenticalNoOp,
+                superseded: None,
+            });
+        }
+        let package = self.packages.get(id);
+        for (_, r) in package.iter().flat_map(|p| p.installed()) {
+            if r.kind != new.kind {
+                return Err(RegistryError::KindChanged {
+                    id: id.clone(),
+                    version: version.clone(),
+                    recorded: r.kind,
+                    offered: new.kind,
+                });
+            }
+            if r.publisher != new.publisher {
+                return Err(RegistryError::PublisherChanged {
+                    id: id.clone(),
+                    version: version.clone(),
+                    recorded: r.publisher.clone(),
+                    offered: new.publisher.clone(),
+                });
+            }
+        }
+        let current = package
+            .and_then(PackageRecord::current)
+            .map(|(v, r)| (v.clone(), r.state));
+        let mut superseded_state = None;
+        if let Some((cur, cur_state)) = &current {
+            if version.cmp_precedence(cur) == Ordering::Less && !options.allow_downgrade {
+                return Err(RegistryError::Downgrade {
+                    id: id.clone(),
+                    current: cur.clone(),
+                    offered: version.clone(),
+                });
+            }
+            superseded_state = Some(illegal(id, cur, transition(*cur_state, Event::Supersede))?);
+        }
+        let state = illegal(
+            id,
+            version,
+            transition(
+                State::Staged,
+                Event::Commit {
+                    enable: options.enable,
+                },
+            ),
+        )?;
+
+        // Every check passed: apply.
+        let package = self.packages.entry(id.clone()).or_default();
+        if let (Some((cur, _)), Some(to)) = (&current, superseded_state) {
+            if let Some(r) = package.versions.get_mut(cur) {
+                r.state = to;
+            }
+            package.previous = Some(cur.clone());
+        }
+        package.versions.insert(
+            version.clone(),
+            VersionRecord {
+                payload_digest: new.payload_digest,
+                kind: new.kind,
+                publisher: new.publisher,
+                state,
+            },
+        );
+        Ok(Published {
+            kind: PublishKind::New,
+            superseded: current.map(|(v, _)| v),
+        })
+    }
+
+    /// Enables the current version of `id`, which must be disabled. Answers that version.
+    pub fn enable(&mut self, id: &PackageId) -> Result<Version, RegistryError> {
+        self.change_current(id, Event::Enable)
+    }
+
+    /// Disables the current version of `id`, which must be enabled. Answers that version. Whether
+    /// dependents allow it is the graph's question (`DependencyGraph::check_disable`).
+    pub fn disable(&mut self, id: &PackageId) -> Result<Version, RegistryError> {
+        self.change_current(id, Event::Disable)
+    }
+
+    fn change_current(&mut self, id: &PackageId, event: Event) -> Result<Version, RegistryError> {
+        let package = self.packages.get_mut(id).ok_or_else(|| unknown(id))?;
+        let (version, record) = package
+            .versions
+            .iter_mut()
+            .find(|(_, r)| r.state.is_current())
+            .ok_or_else(|| RegistryError::NoCurrentVersion { id: id.clone() })?;
+        record.state = illegal(id, version, transition(record.state, event))?;
+        Ok(version.clone())
+    }
+
+    /// Removes installed version `id@version`: its record becomes a `removed` tombstone (the
+    /// digest stays, so the version can never return with other content) and the store deletes
+    /// its tree. If it was the rollback target, there is none afterwards. Whether dependents and
+    /// leases allow it is decided elsewhere (`DependencyGraph::check_remove`, the lease ledger).
+    pub fn remove(&mut self, id: &PackageId, version: &Version) -> Result<(), RegistryError> {
+        let package = self.packages.get_mut(id).ok_or_else(|| unknown(id))?;
+        let record = package
+            .versions
+            .get_mut(version)
+            .filter(|r| r.state.is_installed())
+            .ok_or_else(|| RegistryError::NotInstalled {
+                id: id.clone(),
+                version: version.clone(),
+            })?;
+        record.state = illegal(id, version, transition(record.state, Event::Remove))?;
+        if package.previous.as_ref() == Some(version) {
+            package.previous = None;
+        }
+        Ok(())
+    }
+
+    /// Rolls `id` back to its previous version: that version is restored (enabled) and the
+    /// current one, if any, is superseded. Afterwards there is no previous version, so a second
+    /// rollback is refused rather than bouncing between two versions. Whether dependents accept
+    /// the restored version is the graph's question (`DependencyGraph::check_rollback`).
+    pub fn rollback(&mut self, id: &PackageId) -> Result<RolledBack, RegistryError> {
+        let package = self.packages.get(id).ok_or_else(|| unknown(id))?;
+        let to = package
+            .previous
+            .clone()
+            .ok_or_else(|| RegistryError::NoPreviousVersion { id: id.clone() })?;
+        let to_state = package.versions.get(&to).map(|r| r.state).ok_or_else(|| {
+            RegistryError::NotInstalled {
+                id: id.clone(),
+                version: to.clone(),
+            }
+        })?;
+        let restored = illegal(id, &to, transition(to_state, Event::Restore))?;
+        let from = match package.current() {
+            Some((v, r)) => Some((
+                v.clone(),
+                illegal(id, v, transition(r.state, Event::Supersede))?,
+            )),
+            None => None,
+        };
+
+        let package = self.packages.get_mut(id).ok_or_else(|| unknown(id))?;
+        if let Some((v, state)) = &from {
+            if let Some(r) = package.versions.get_mut(v) {
+                r.state = *state;
+            }
+        }
+        if let Some(r) = package.versions.get_mut(&to) {
+            r.state = restored;
+        }
+        package.previous = None;
+        Ok(RolledBack {
+            from: from.map(|(v, _)| v),
+            to,
+        })
+    }
+
+    /// Checks every invariant; answers the first violation found, in id and version order.
+    pub fn validate(&self) -> Result<(), RegistryInvariantError> {
+        for (id, package) in &self.packages {
+            if package.versions.is_empty() {
+                return Err(RegistryInvariantError::EmptyPackage { id: id.clone() });
+            }
+            let mut current: Option<&Version> = None;
+            let mut last: Option<&Version> = None;
+            for (version, record) in &package.versions {
+                if matches!(record.state, State::Staged | State::Discarded) {
+                    return Err(RegistryInvariantError::UnpersistedState {
+                        id: id.clone(),
+                        version: version.clone(),
+                        state: record.state,
+                    });
+                }
+                if record.state.is_current() {
+                    if let Some(first) = current {
+                        return Err(RegistryInvariantError::SeveralCurrent {
+                            id: id.clone(),
+                            first: first.clone(),
+                            second: version.clone(),
+                        });
+                    }
+                    current = Some(version);
+                }
+                // Versions are sorted, so equal precedence means neighbours.
+                if let Some(prev) = last {
+                    if prev.cmp_precedence(version) == Ordering::Equal {
+                        return Err(RegistryInvariantError::SamePrecedence {
+                            id: id.clone(),
+                            first: prev.clone(),
+                            second: version.clone(),
+                        });
+                    }
+                }
+                last = Some(version);
+            }
+            if let Some(previous) = &package.previous {
+                let state = package.versions.get(previous).map(|r| r.state);
+                if state != Some(State::Superseded) {
+                    return Err(RegistryInvariantError::PreviousNotRollbackTarget {
+                        id: id.clone(),
+                        version: previous.clone(),
+                        state,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The registry as indented JSON, packages by id and versions ascending, so that equal states
+    /// always give equal bytes.
+    pub fn to_json(&self) -> Vec<u8> {
+        let packages = self
+            .packages
+            .iter()
+            .map(|(id, p)| {
+                let mut members = vec![("id".to_owned(), Value::from(id.as_str()))];
+                if let Some(prev) = &p.previous {
+                    members.push(("previous".to_owned(), Value::from(prev.to_string())));
+                }
+                let versions = p
+                    .versions
+                    .iter()
+                    .map(|(v, r)| {
+                        Value::Object(vec![
+                            ("version".to_owned(), Value::from(v.to_string())),
+                            ("state".to_owned(), Value::from(r.state.as_str())),
+                            ("kind".to_owned(), Value::from(r.kind.as_str())),
+                            ("publisher".to_owned(), Value::from(r.publisher.as_str())),
+                            (
+                                "payload_sha256".to_owned(),
+                                Value::from(r.payload_digest.to_hex()),
+                            ),
+                        ])
+                    })
+                    .collect();
+                members.push(("versions".to_owned(), Value::Array(versions)));
+                Value::Object(members)
+            })
+            .collect();
+        Value::Object(vec![
+            ("guild_registry".to_owned(), Value::from(REGISTRY_FORMAT_V1)),
+            ("generation".to_owned(), Value::from(self.generation)),
+            ("packages".to_owned(), Value::Array(packages)),
+        ])
+        .to_pretty_string()
+        .into_bytes()
+    }
+
+    /// Reads a registry written by [`Self::to_json`], strictly, and checks its invariants.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, RegistryDecodeError> {
+        let value = json::parse(bytes)?;
+        let Some(members) = value.as_object() else {
+            return Err(RegistryDecodeError::NotARegistry);
+        };
+        match value.get("guild_registry") {
+            None => return Err(RegistryDecodeError::NotARegistry),
+            Some(Value::Integer(i)) if i.as_u64() == Some(REGISTRY_FORMAT_V1) => {}
+            Some(Value::Integer(i)) => {
+                return Err(RegistryDecodeError::UnsupportedFormat {
+                    found: i.to_string(),
+                })
+            }
+            Some(other) => {
+                return Err(RegistryDecodeError::UnsupportedFormat {
+                    found: format!("of type {}", other.type_name()),
+                })
+            }
+        }
+        let root = JsonPath::root();
+        let fields = Fields::new(members, &root, TOP_FIELDS)?;
+        let generation = fields.u64("generation")?;
+        let mut packages = BTreeMap::new();
+        let list = fields.array("packages")?;
+        for (i, item) in list.iter().enumerate() {
+            let path = root.key("packages").index(i);
+            let (id, record) = decode_package(item, &path)?;
+            match packages.entry(id) {
+                Entry::Occupied(e) => {
+                    return Err(field(
+                        path.key("id"),
+                        FieldProblem::Duplicate {
+                            what: "package",
+                            value: e.key().to_string(),
+                        },
+                    ))
+                }
+                Entry::Vacant(e) => {
+                    e.insert(record);
+                }
+            }
+        }
+        let state = RegistryState {
+            generation,
+            packages,
+        };
+        state.validate()?;
+        Ok(state)
+    }
+}
+
+fn decode_package(
+    item: &Value,
+    path: &JsonPath,
+) -> Result<(PackageId, PackageRecord), RegistryDecodeError> {
+    let fields = Fields::of(item, path, PACKAGE_FIELDS)?;
+    let id = fields.parsed("id", |s| PackageId::new(s).map_err(id_detail))?;
+    let previous = fields
+        .optional_str("previous")?
+        .map(|s| parse_version(s, &path.key("previous")))
+        .transpose()?;
+    let mut versions = BTreeMap::new();
+    for (j, item) in fields.array("versions")?.iter().enumerate() {
+        let vpath = path.key("versions").index(j);
+        let f = Fields::of(item, &vpath, VERSION_FIELDS)?;
+        let version = parse_version(f.str("version")?, &vpath.key("version"))?;
+        let state = f.parsed("state", |s| {
+            State::ALL
+                .into_iter()
+                .find(|st| st.as_str() == s)
+                .ok_or_else(|| format!("unknown lifecycle state {:?}", clip(s)))
+        })?;
+        let kind = f.parsed("kind", |s| {
+            PackageKind::parse(s).ok_or_else(|| format!("unknown package kind {:?}", clip(s)))
+        })?;
+        let publisher = f.parsed("publisher", |s| PublisherId::new(s).map_err(id_detail))?;
+        let payload_digest = f.parsed("payload_sha256", |s| {
+            Sha256Digest::parse_hex(s).map_err(|e| e.to_string())
+        })?;
+        let record = VersionRecord {
+            payload_digest,
+            kind,
+            publisher,
+            state,
+        };
+        if versions.insert(version.clone(), record).is_some() {
+            return Err(field(
+                vpath.key("version"),
+                FieldProblem::Duplicate {
+                    what: "version",
+                    value: version.to_string(),
+                },
+            ));
+        }
+    }
+    Ok((id, PackageRecord { versions, previous }))
+}
+
+/// The members of one JSON object, checked against the fields it may hold.
+struct Fields<'a> {
+    members: &'a [(String, Value)],
+    path: &'a JsonPath,
+}
+
+impl<'a> Fields<'a> {
+    fn of(
+        value: &'a Value,
+        path: &'a JsonPath,
+        allowed: &[&str],
+    ) -> Result<Self, RegistryDecodeError> {
+        let members = value
+            .as_object()
+            .ok_or_else(|| wrong_type(path.clone(), "object", value))?;
+        Self::new(members, path, allowed)
+    }
+
+    fn new(
+        members: &'a [(String, Value)],
+        path: &'a JsonPath,
+        allowed: &[&str],
+    ) -> Result<Self, RegistryDecodeError> {
+        if let Some((key, _)) = members.iter().find(|(k, _)| !allowed.contains(&k.as_str())) {
+            return Err(field(path.key(key), FieldProblem::Unknown));
+        }
+        Ok(Fields { members, path })
+    }
+
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.members.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    fn required(&self, key: &str) -> Result<&'a Value, RegistryDecodeError> {
+        self.get(key)
+            .ok_or_else(|| field(self.path.key(key), FieldProblem::Missing))
+    }
+
+    fn str(&self, key: &str) -> Result<&'a str, RegistryDecodeError> {
+        let v = self.required(key)?;
+        v.as_str()
+            .ok_or_else(|| wrong_type(self.path.key(key), "string", v))
+    }
+
+    fn optional_str(&self, key: &str) -> Result<Option<&'a str>, RegistryDecodeError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| wrong_type(self.path.key(key), "string", v)),
+        }
+    }
+
+    fn u64(&self, key: &str) -> Result<u64, RegistryDecodeError> {
+        let v = self.required(key)?;
+        let i: Integer = v
+            .as_integer()
+            .ok_or_else(|| wrong_type(self.path.key(key), "integer", v))?;
+        i.as_u64().ok_or_else(|| {
+            field(
+                self.path.key(key),
+                FieldProblem::Invalid {
+                    detail: format!("{i} is negative"),
+                },
+            )
+        })
+    }
+
+    fn array(&self, key: &str) -> Result<&'a [Value], RegistryDecodeError> {
+        let v = self.required(key)?;
+        v.as_array()
+            .ok_or_else(|| wrong_type(self.path.key(key), "array", v))
+    }
+
+    fn parsed<T>(
+        &self,
+        key: &str,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Result<T, RegistryDecodeError> {
+        let s = self.str(key)?;
+        parse(s).map_err(|detail| field(self.path.key(key), FieldProblem::Invalid { detail }))
+    }
+}
+
+fn parse_version(s: &str, path: &JsonPath) -> Result<Version, RegistryDecodeError> {
+    Version::parse(s).map_err(|e| {
+        field(
+            path.clone(),
+            FieldProblem::Invalid {
+                detail: format!("{:?} is not a semantic version: {e}", clip(s)),
+            },
+        )
+    })
+}
+
+fn field(path: JsonPath, problem: FieldProblem) -> RegistryDecodeError {
+    RegistryDecodeError::Field { path, problem }
+}
+
+fn wrong_type(path: JsonPath, expected: &'static str, found: &Value) -> RegistryDecodeError {
+    field(
+        path,
+        FieldProblem::WrongType {
+            expected,
+            found: found.type_name(),
+        },
+    )
+}
+
+fn id_detail(e: IdError) -> String {
+    e.to_string()
+}
+
+/// At most 80 characters of `s`, so that a damaged file cannot make its own error huge.
+fn clip(s: &str) -> String {
+    s.chars().take(80).collect()
+}
+
+fn unknown(id: &PackageId) -> RegistryError {
+    RegistryError::UnknownPackage { id: id.clone() }
+}
+
+fn illegal(
+    id: &PackageId,
+    version: &Version,
+    r: Result<State, IllegalTransition>,
+) -> Result<State, RegistryError> {
+    r.map_err(|source| RegistryError::Illegal {
+        id: id.clone(),
+        version: version.clone(),
+        source,
+    })
+}
+
+impl fmt::Display for PublishKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PublishKind::New => "new",
+            PublishKind::IdenticalNoOp => "identical (no-op)",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::json::PathSegment;
+    use proptest::prelude::*;
+
+    fn id(s: &str) -> PackageId {
+        PackageId::new(s).unwrap()
+    }
+
+    fn v(s: &str) -> Version {
+        Version::parse(s).unwrap()
+    }
+
+    fn new_version(tag: &str) -> NewVersion {
+        NewVersion {
+            payload_digest: Sha256Digest::of(tag.as_bytes()),
+            kind: PackageKind::Module,
+            publisher: PublisherId::new("org.example").unwrap(),
+        }
+    }
+
+    const ENABLE: PublishOptions = PublishOptions {
+        enable: true,
+        allow_downgrade: false,
+    };
+
+    fn state_of(r: &RegistryState, pkg: &str, ver: &str) -> Option<State> {
+        r.record(&id(pkg), &v(ver)).map(|r| r.state)
+    }
+
+    /// a@1.0.0 published, then a@2.0.0 published over it: 2 enabled, 1 superseded and previous.
+    fn two_versions() -> RegistryState {
+        let mut r = RegistryState::new();
+        r.publish(&id("a"), &v("1.0.0"), new_version("a1"), ENABLE)
+            .unwrap();
+        r.publish(&id("a"), &v("2.0.0"), new_version("a2"), ENABLE)
+            .unwrap();
+        r
+    }
+
+    #[test]
+    fn registry_publish_supersedes_the_current_version_and_records_previous() {
+        let r = two_versions();
+        assert_eq!(state_of(&r, "a", "1.0.0"), Some(State::Superseded));
+        assert_eq!(state_of(&r, "a", "2.0.0"), Some(State::Enabled));
+        let p = r.package(&id("a")).unwrap();
+        assert_eq!(p.previous(), Some(&v("1.0.0")));
+        assert_eq!(p.enabled(), Some(&v("2.0.0")));
+        assert_eq!(r.generation(), 0, "transitions never touch the generation");
+        assert_eq!(r.validate(), Ok(()));
+        let installed: Vec<String> = r
+            .installed()
+            .map(|(i, ver, _)| format!("{i}@{ver}"))
+            .collect();
+        assert_eq!(installed, ["a@1.0.0", "a@2.0.0"]);
+    }
+
+    #[test]
+    fn registry_publish_reports_what_it_superseded() {
+        let mut r = RegistryState::new();
+        let first = r
+            .publish(&id("a"), &v("1.0.0"), new_version("a1"), ENABLE)
+            .unwrap();
+        assert_eq!(
+            first,
+            Published {
+                kind: PublishKind::New,
+                superseded: None
+            }
+        );
+        let second = r
+            .publish(
+                &id("a"),
+                &v("1.1.0"),
+                new_version("a11"),
+                PublishOptions::default(),
+            )
+            .unwrap();
+        assert_eq!(
+            second,
+            Published {
+                kind: PublishKind::New,
+                superseded: Some(v("1.0.0"))
+            }
+        );
+        assert_eq!(state_of(&r, "a", "1.1.0"), Some(State::Disabled));
+    }
+
+    #[test]
+    fn registry_check_publish_decides_by_payload_digest_only() {
+        let r = two_versions();
+        let a = id("a");
+        let d1 = new_version("a1").payload_digest;
+        assert_eq!(
+            r.check_publish(&a, &v("1.0.0"), &d1),
+            Ok(PublishKind::IdenticalNoOp)
+        );
+        assert_eq!(r.check_publish(&a, &v("3.0.0"), &d1), Ok(PublishKind::New));
+        assert_eq!(
+            r.check_publish(&id("b"), &v("1.0.0"), &d1),
+            Ok(PublishKind::New)
+        );
+        let other = Sha256Digest::of(b"tampered");
+        assert_eq!(
+            r.check_publish(&a, &v("1.0.0"), &other),
+            Err(Box::new(ImmutableVersionConflict {
+                id: a.clone(),
+                version: v("1.0.0"),
+                recorded_version: v("1.0.0"),
+                recorded: d1,
+                offered: other,
+            }))
+        );
+    }
+
+    #[test]
+    fn registry_build_metadata_does_not_make_a_new_version() {
+        let r = two_versions();
+        let d1 = new_version("a1").payload_digest;
+        let err = r
+            .check_publish(&id("a"), &v("1.0.0+rebuild"), &d1)
+            .unwrap_err();
+        assert_eq!(err.recorded_version, v("1.0.0"));
+        assert_eq!(err.version, v("1.0.0+rebuild"));
+    }
+
+    #[test]
+    fn registry_removed_versions_stay_immutable() {
+        let mut r = two_versions();
+        r.remove(&id("a"), &v("1.0.0")).unwrap();
+        assert_eq!(state_of(&r, "a", "1.0.0"), Some(State::Removed));
+        assert_eq!(r.package(&id("a")).unwrap().previous(), None);
+        let d1 = new_version("a1").payload_digest;
+        // The same payload may come back (it must be installed again) ...
+        assert_eq!(
+            r.check_publish(&id("a"), &v("1.0.0"), &d1),
+            Ok(PublishKind::New)
+        );
+        // ... but different content under that version may not.
+        let err = r
+            .publish(
+                &id("a"),
+                &v("1.0.0"),
+                new_version("evil"),
+                PublishOptions {
+                    enable: true,
+                    allow_downgrade: true,
+                },
+            )
+            .unwrap_err();
+        assert!(matches!(err, RegistryError::ImmutableVersion(_)), "{err}");
+        // Reinstalling the identical payload replaces the tombstone.
+        let out = r
+            .publish(
+                &id("a"),
+                &v("1.0.0"),
+                new_version("a1"),
+                PublishOptions {
+                    enable: false,
+                    allow_downgrade: true,
+                },
+            )
+            .unwrap();
+        assert_eq!(out.kind, PublishKind::New);
+        assert_eq!(state_of(&r, "a", "1.0.0"), Some(State::Disabled));
+        assert_eq!(state_of(&r, "a", "2.0.0"), Some(State::Superseded));
+        assert_eq!(r.validate(), Ok(()));
+    }
+
+    #[test]
+    fn registry_identical_publish_changes_nothing() {
+        let mut r = two_versions();
+        let before = r.clone();
+        let out = r
+            .publish(&id("a"), &v("1.0.0"), new_version("a1"), ENABLE)
+            .unwrap();
+        assert_eq!(out.kind, PublishKind::IdenticalNoOp);
+        assert_eq!(r, before);
+    }
+
+    #[test]
+    fn registry_downgrade_needs_explicit_permission() {
+        let mut r = two_versions();
+        let before = r.clone();
+        let err = r
+            .publish(&id("a"), &v("1.5.0"), new_version("a15"), ENABLE)
+            .unwrap_err();
+        assert_eq!(
+            err,
+            RegistryError::Downgrade {
+                id: id("a"),
+                current: v("2.0.0"),
+                offered: v("1.5.0")
+            }
+        );
+        assert_eq!(r, before);
+        let allowed = PublishOptions {
+            enable: true,
+            allow_downgrade: true,
+        };
+        r.publish(&id("a"), &v("1.5.0"), new_version("a15"), allowed)
+            .unwrap();
+        assert_eq!(state_of(&r, "a", "1.5.0"), Some(State::Enabled));
+        assert_eq!(r.package(&id("a")).unwrap().previous(), Some(&v("2.0.0")));
+    }
+
+    #[test]
+    fn registry_kind_and_publisher_stay_with_the_installed_package() {
+        let mut r = two_versions();
+        let mut other_kind = new_version("k");
+        other_kind.kind = PackageKind::Kernel;
+        assert_eq!(
+            r.publish(&id("a"), &v("3.0.0"), other_kind, ENABLE),
+            Err(RegistryError::KindChanged {
+                id: id("a"),
+                version: v("3.0.0"),
+                recorded: PackageKind::Module,
+                offered: PackageKind::Kernel
+            })
+        );
+        let mut other_publisher = new_version("p");
+        other_publisher.publisher = PublisherId::new("org.mallory").unwrap();
+        let err = r
+            .publish(&id("a"), &v("3.0.0"), other_publisher, ENABLE)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "cannot publish a@3.0.0 as publisher org.mallory: installed versions of a belong to org.example"
+        );
+    }
+
+    #[test]
+    fn registry_enable_disable_follow_the_lifecycle() {
+        let mut r = two_versions();
+        assert_eq!(r.disable(&id("a")), Ok(v("2.0.0")));
+        assert_eq!(state_of(&r, "a", "2.0.0"), Some(State::Disabled));
+        assert_eq!(r.package(&id("a")).unwrap().enabled(), None);
+        let err = r.disable(&id("a")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "a@2.0.0: cannot disable a package version that is disabled"
+        );
+        assert_eq!(r.enable(&id("a")), Ok(v("2.0.0")));
+        assert!(matches!(
+            r.enable(&id("a")),
+            Err(RegistryError::Illegal {
+                source: IllegalTransition {
+                    from: State::Enabled,
+                    event: Event::Enable
+                },
+                ..
+            })
+        ));
+        assert_eq!(
+            r.enable(&id("zzz")),
+            Err(RegistryError::UnknownPackage { id: id("zzz") })
+        );
+        r.remove(&id("a"), &v("2.0.0")).unwrap();
+        assert_eq!(
+            r.enable(&id("a")),
+            Err(RegistryError::NoCurrentVersion { id: id("a") })
+        );
+    }
+
+    #[test]
+    fn registry_rollback_restores_previous_once() {
+        let mut r = two_versions();
+        r.disable(&id("a")).unwrap();
+        assert_eq!(
+            r.rollback(&id("a")),
+            Ok(RolledBack {
+                from: Some(v("2.0.0")),
+                to: v("1.0.0")
+            })
+        );
+        assert_eq!(state_of(&r, "a", "1.0.0"), Some(State::Enabled));
+        assert_eq!(state_of(&r, "a", "2.0.0"), Some(State::Superseded));
+        assert_eq!(
+            r.rollback(&id("a")),
+            Err(RegistryError::NoPreviousVersion { id: id("a") })
+        );
+        assert_eq!(r.validate(), Ok(()));
+    }
+
+    #[test]
+    fn registry_rollback_after_removing_current_restores_previous() {
+        let mut r = two_versions();
+        r.remove(&id("a"), &v("2.0.0")).unwrap();
+        assert_eq!(
+            r.rollback(&id("a")),
+            Ok(RolledBack {
+                from: None,
+                to: v("1.0.0")
+            })
+        );
+        assert_eq!(r.package(&id("a")).unwrap().enabled(), Some(&v("1.0.0")));
+    }
+
+    #[test]
+    fn registry_remove_refuses_what_is_not_installed() {
+        let mut r = two_versions();
+        r.remove(&id("a"), &v("1.0.0")).unwrap();
+        assert_eq!(
+            r.remove(&id("a"), &v("1.0.0")),
+            Err(RegistryError::NotInstalled {
+                id: id("a"),
+                version: v("1.0.0")
+            })
+        );
+        assert_eq!(
+            r.remove(&id("a"), &v("9.0.0")),
+            Err(RegistryError::NotInstalled {
+                id: id("a"),
+                version: v("9.0.0")
+            })
+        );
+    }
+
+    #[test]
+    fn registry_successor_advances_only_the_generation() {
+        let r = two_versions();
+        let next = r.successor();
+        assert_eq!(next.generation(), 1);
+        assert_eq!(next.successor().generation(), 2);
+        assert_eq!(next.packages, r.packages);
+    }
+
+    #[test]
+    fn registry_round_trips_through_json() {
+        let mut r = two_versions().successor().successor();
+        r.publish(&id("b.kernel"), &v("0.1.0-rc.1"), new_version("b"), ENABLE)
+            .unwrap();
+        r.remove(&id("a"), &v("1.0.0")).unwrap();
+        let bytes = r.to_json();
+        let back = RegistryState::from_json(&bytes).unwrap();
+        assert_eq!(back, r);
+        assert_eq!(back.to_json(), bytes, "encoding is deterministic");
+        let text = String::from_utf8(bytes).unwrap();
+        assert!(text.starts_with("{\n  \"guild_registry\": 1,\n  \"generation\": 2,"));
+    }
+
+    fn decode(text: &str) -> Result<RegistryState, RegistryDecodeError> {
+        RegistryState::from_json(text.as_bytes())
+    }
+
+    fn field_error(text: &str) -> (String, FieldProblem) {
+        match decode(text) {
+            Err(RegistryDecodeError::Field { path, problem }) => (path.to_string(), problem),
+            other => panic!("expected a field error, got {other:?}"),
+        }
+    }
+
+    const DIGEST: &str = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+
+    fn doc(version_extra: &str, package_extra: &str, top_extra: &str) -> String {
+        format!(
+            r#"{{"guild_registry": 1, "generation": 4{top_extra}, "packages": [{{"id": "a"{package_extra}, "versions": [{{"version": "1.0.0", "state": "enabled", "kind": "gkmodule", "publisher": "org.example", "payload_sha256": "{DIGEST}"{version_extra}}}]}}]}}"#
+        )
+    }
+
+    #[test]
+    fn registry_decode_accepts_a_hand_written_file() {
+        let r = decode(&doc("", "", "")).unwrap();
+        assert_eq!(r.generation(), 4);
+        assert_eq!(r.package(&id("a")).unwrap().enabled(), Some(&v("1.0.0")));
+    }
+
+    #[test]
+    fn registry_decode_refuses_every_damage_with_its_reason() {
+        assert!(matches!(
+            decode(""),
+            Err(RegistryDecodeError::Json(JsonError { .. }))
+        ));
+        let full = doc("", "", "");
+        assert!(matches!(
+            decode(&full[..full.len() / 2]),
+            Err(RegistryDecodeError::Json(_))
+        ));
+        assert_eq!(decode("[]"), Err(RegistryDecodeError::NotARegistry));
+        assert_eq!(
+            decode(r#"{"generation": 1}"#),
+            Err(RegistryDecodeError::NotARegistry)
+        );
+        assert_eq!(
+            decode(r#"{"guild_registry": 2, "whatever": true}"#),
+            Err(RegistryDecodeError::UnsupportedFormat {
+                found: "2".to_owned()
+            })
+        );
+        assert_eq!(
+            decode(r#"{"guild_registry": "1"}"#),
+            Err(RegistryDecodeError::UnsupportedFormat {
+                found: "of type string".to_owned()
+            })
+        );
+        assert_eq!(
+            field_error(&doc("", "", r#", "extra": 1"#)),
+            ("$.extra".to_owned(), FieldProblem::Unknown)
+        );
+        assert_eq!(
+            field_error(&doc(r#", "signature": "x""#, "", "")),
+            (
+                "$.packages[0].versions[0].signature".to_owned(),
+                FieldProblem::Unknown
+            )
+        );
+        assert_eq!(
+            field_error(r#"{"guild_registry": 1, "packages": []}"#),
+            ("$.generation".to_owned(), FieldProblem::Missing)
+        );
+        assert_eq!(
+            field_error(r#"{"guild_registry": 1, "generation": -1, "packages": []}"#).0,
+            "$.generation"
+        );
+        assert_eq!(
+            field_error(r#"{"guild_registry": 1, "generation": 1, "packages": {}}"#),
+            (
+                "$.packages".to_owned(),
+                FieldProblem::WrongType {
+                    expected: "array",
+                    found: "object"
+                }
+            )
+        );
+        let (path, problem) = field_error(&doc("", "", "").replace("enabled", "loaded"));
+        assert_eq!(path, "$.packages[0].versions[0].state");
+        assert_eq!(
+            problem,
+            FieldProblem::Invalid {
+                detail: "unknown lifecycle state \"loaded\"".to_owned()
+            }
+        );
+        let (path, _) = field_error(&doc("", "", "").replace(DIGEST, "ABC"));
+        assert_eq!(path, "$.packages[0].versions[0].payload_sha256");
+        let (path, _) = field_error(&doc("", "", "").replace("\"1.0.0\"", "\"1.0\""));
+        assert_eq!(path, "$.packages[0].versions[0].version");
+        let (path, _) = field_error(&doc("", "", "").replace("\"id\": \"a\"", "\"id\": \"A\""));
+        assert_eq!(path, "$.packages[0].id");
+    }
+
+    #[test]
+    fn registry_decode_refuses_duplicates_and_broken_invariants() {
+        // A duplicate key is refused by the strict reader itself.
+        assert!(matches!(
+            decode(&doc("", "", r#", "generation": 5"#)),
+            Err(RegistryDecodeError::Json(JsonError {
+                kind: json::JsonErrorKind::DuplicateKey { .. },
+                ..
+            }))
+        ));
+        let entry = format!(
+            r#"{{"version": "1.0.0", "state": "disabled", "kind": "gkmodule", "publisher": "org.example", "payload_sha256": "{DIGEST}"}}"#
+        );
+        let twice = doc("", "", "").replace("}]}]}", &format!("}}, {entry}]}}]}}"));
+        let (path, problem) = field_error(&twice);
+        assert_eq!(path, "$.packages[0].versions[1].version");
+        assert_eq!(
+            problem,
+            FieldProblem::Duplicate {
+                what: "version",
+                value: "1.0.0".to_owned()
+            }
+        );
+        let two_current = twice.replace(
+            "\"version\": \"1.0.0\", \"state\": \"disabled\"",
+            "\"version\": \"1.1.0\", \"state\": \"disabled\"",
+        );
+        assert_eq!(
+            decode(&two_current),
+            Err(RegistryDecodeError::Invariant(
+                RegistryInvariantError::SeveralCurrent {
+                    id: id("a"),
+                    first: v("1.0.0"),
+                    second: v("1.1.0")
+                }
+            ))
+        );
+        let bad_previous = doc("", r#", "previous": "1.0.0""#, "");
+        assert_eq!(
+            decode(&bad_previous),
+            Err(RegistryDecodeError::Invariant(
+                RegistryInvariantError::PreviousNotRollbackTarget {
+                    id: id("a"),
+                    version: v("1.0.0"),
+                    state: Some(State::Enabled)
+                }
+            ))
+        );
+        let staged = doc("", "", "").replace("enabled", "staged");
+        assert!(matches!(
+            decode(&staged),
+            Err(RegistryDecodeError::Invariant(
+                RegistryInvariantError::UnpersistedState {
+                    state: State::Staged,
+                    ..
+                }
+            ))
+        ));
+        let build_twin = twice.replace(
+            "\"version\": \"1.0.0\", \"state\": \"disabled\"",
+            "\"version\": \"1.0.0+b\", \"state\": \"removed\"",
+        );
+        assert!(matches!(
+            decode(&build_twin),
+            Err(RegistryDecodeError::Invariant(
+                RegistryInvariantError::SamePrecedence { .. }
+            ))
+        ));
+        let empty =
+            r#"{"guild_registry": 1, "generation": 1, "packages": [{"id": "a", "versions": []}]}"#;
+        assert_eq!(
+            decode(empty),
+            Err(RegistryDecodeError::Invariant(
+                RegistryInvariantError::EmptyPackage { id: id("a") }
+            ))
+        );
+        let dup_pkg = r#"{"guild_registry": 1, "generation": 1, "packages": [{"id": "a", "versions": []}, {"id": "a", "versions": []}]}"#;
+        let (path, _) = field_error(dup_pkg);
+        assert_eq!(path, "$.packages[1].id");
+    }
+
+    #[test]
+    fn registry_decode_errors_read_well() {
+        let err = decode(&doc("", "", r#", "extra": 1"#)).unwrap_err();
+        assert_eq!(err.to_string(), "unknown field at $.extra");
+        let err = decode(r#"{"guild_registry": 7}"#).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "registry format 7 is not supported; this build reads format 1"
+        );
+        let path: JsonPath = [PathSegment::Key("packages".to_owned())]
+            .into_iter()
+            .collect();
+        assert_eq!(path.to_string(), "$.packages");
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Publish { pkg: u8, major: u8, enable: bool },
+        Enable(u8),
+        Disable(u8),
+        Remove { pkg: u8, major: u8 },
+        Rollback(u8),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u8..3, 0u8..4, any::<bool>()).prop_map(|(pkg, major, enable)| Op::Publish {
+                pkg,
+                major,
+                enable
+            }),
+            (0u8..3).prop_map(Op::Enable),
+            (0u8..3).prop_map(Op::Disable),
+            (0u8..3, 0u8..4).prop_map(|(pkg, major)| Op::Remove { pkg, major }),
+            (0u8..3).prop_map(Op::Rollback),
+        ]
+    }
+
+    proptest! {
+        /// Whatever sequence of operations the package manager applies, accepted or refused, the
+        /// registry keeps its invariants, a refusal changes nothing, and the file round-trips.
+        #[test]
+        fn registry_any_operation_sequence_keeps_the_invariants(ops in prop::collection::vec(op(), 0..40)) {
+            let mut r = RegistryState::new();
+            for op in ops {
+                let before = r.clone();
+                let pkg = |p: u8| id(&format!("p{p}"));
+                let ver = |m: u8| Version::new(u64::from(m), 0, 0);
+                let result = match op {
+                    Op::Publish { pkg: p, major, enable } => r
+                        .publish(&pkg(p), &ver(major), new_version(&format!("p{p}-{major}")),
+                            PublishOptions { enable, allow_downgrade: major % 2 == 0 })
+                        .map(|_| ()),
+                    Op::Enable(p) => r.enable(&pkg(p)).map(|_| ()),
+                    Op::Disable(p) => r.disable(&pkg(p)).map(|_| ()),
+                    Op::Remove { pkg: p, major } => r.remove(&pkg(p), &ver(major)),
+                    Op::Rollback(p) => r.rollback(&pkg(p)).map(|_| ()),
+                };
+                if result.is_err() {
+                    prop_assert_eq!(&r, &before);
+                }
+                prop_assert_eq!(r.validate(), Ok(()));
+                r = r.successor();
+            }
+            let back = RegistryState::from_json(&r.to_json());
+            prop_assert_eq!(back, Ok(r));
+        }
+    }
+}

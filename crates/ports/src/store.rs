@@ -1,0 +1,327 @@
+//! The package store port: where installed package versions, the registry and the trust bytes
+//! live, and the one durable transaction through which all of them change.
+//!
+//! Every change to the package set (publish, enable, disable, remove, rollback, and the disabling
+//! that recovery's re-verification decides on) is a single [`Transaction`] carrying the complete
+//! next [`RegistryState`] and at most one staged tree to install. The store derives which trees
+//! to delete from the difference between the current and the next state. Because there is only
+//! one kind of change, there is only one crash behaviour to prove: after a crash at any instant
+//! and the recovery that follows, the store holds exactly the state before the transaction or
+//! exactly the state after it.
+//!
+//! Durability contract shared by every method that writes: when it returns `Ok`, the change is on
+//! stable storage (every file and directory involved was fsynced), so it survives a power loss;
+//! when it returns an error of any kind other than [`StoreErrorKind::Poisoned`] and
+//! [`StoreErrorKind::SimulatedCrash`], nothing changed. A poisoned store refuses every call until
+//! it is opened again, and opening recovers to one of the two states.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use guild_domain::graph::NodeRef;
+use guild_domain::ids::PackageId;
+use guild_domain::registry::RegistryState;
+use guild_domain::version::Version;
+
+/// A staged package tree to move into the store as `id@version`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StagedInstall {
+    pub id: PackageId,
+    pub version: Version,
+    /// A directory returned by [`PackageStore::new_staging_dir`] and filled since (by the
+    /// hardened extractor). The commit consumes it: on success it becomes the installed tree, on
+    /// failure it is deleted.
+    pub staged: PathBuf,
+}
+
+/// One atomic change to the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transaction {
+    /// The generation of the registry the change was computed from. The commit is refused with
+    /// [`StoreErrorKind::GenerationConflict`] if the store has moved on since.
+    pub expected_generation: u64,
+    /// The complete registry after the change. Its generation must be
+    /// `expected_generation + 1` (build it with `RegistryState::successor`), it must pass
+    /// `validate`, and it must keep every record of the current registry with its payload digest
+    /// unchanged (versions are immutable, removed ones included).
+    pub new_state: RegistryState,
+    /// The tree of the one version that `new_state` installs and the current registry does not.
+    /// Required exactly when there is such a version.
+    pub install: Option<StagedInstall>,
+}
+
+impl Transaction {
+    /// A state-only change from the registry at `expected_generation` to `new_state`.
+    pub fn new(expected_generation: u64, new_state: RegistryState) -> Self {
+        Transaction {
+            expected_generation,
+            new_state,
+            install: None,
+        }
+    }
+
+    /// The same change, also installing `staged` as `id@version`.
+    pub fn with_install(mut self, id: PackageId, version: Version, staged: PathBuf) -> Self {
+        self.install = Some(StagedInstall {
+            id,
+            version,
+            staged,
+        });
+        self
+    }
+}
+
+/// What a successful commit did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Committed {
+    /// The generation of the registry now on disk.
+    pub generation: u64,
+    /// The versions whose trees were deleted because the new state no longer installs them.
+    pub deleted: Vec<NodeRef>,
+    /// Paths that could not be cleaned up after the commit point (a deleted tree, a journal
+    /// record). The commit stands; the next recovery removes them.
+    pub leftovers: Vec<PathBuf>,
+}
+
+/// A journal record that recovery found, summarised.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InterruptedCommit {
+    pub from_generation: u64,
+    pub to_generation: u64,
+    /// The version the transaction was installing, if any.
+    pub install: Option<NodeRef>,
+    /// The versions whose trees the transaction was deleting.
+    pub delete: Vec<NodeRef>,
+}
+
+/// What recovery found and did. An empty report (see [`RecoveryReport::is_clean`]) means the
+/// store was already consistent.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RecoveryReport {
+    /// The generation of the registry after recovery.
+    pub generation: u64,
+    /// Whether the store did not exist (or had never completed its first write) and was created.
+    pub created: bool,
+    /// Transactions whose registry write had happened: finished (trees deleted, record removed).
+    pub rolled_forward: Vec<InterruptedCommit>,
+    /// Transactions whose registry write had not happened: undone (installed tree removed).
+    pub rolled_back: Vec<InterruptedCommit>,
+    /// Package trees that the registry does not reference, removed.
+    pub removed_trees: Vec<PathBuf>,
+    /// Entries of the staging area, removed.
+    pub removed_staging: Vec<PathBuf>,
+    /// Temporary files of interrupted atomic writes, removed.
+    pub removed_temp_files: Vec<PathBuf>,
+    /// Installed versions whose tree is missing. The store cannot repair this; the package
+    /// manager must treat those versions as failed verification (disable or remove them).
+    pub missing_trees: Vec<NodeRef>,
+}
+
+impl RecoveryReport {
+    /// Whether recovery had nothing to do.
+    pub fn is_clean(&self) -> bool {
+        !self.created
+            && self.rolled_forward.is_empty()
+            && self.rolled_back.is_empty()
+            && self.removed_trees.is_empty()
+            && self.removed_staging.is_empty()
+            && self.removed_temp_files.is_empty()
+            && self.missing_trees.is_empty()
+    }
+}
+
+/// The durable package store.
+///
+/// Implementations serialise their own calls, but the app must still hold its lifecycle
+/// transaction from `registry` through `commit`, so that the state it validated is the state it
+/// replaces; `expected_generation` catches a caller that does not.
+pub trait PackageStore: Send + Sync {
+    /// The committed registry. Never an empty stand-in for a file that could not be read: opening
+    /// the store fails instead.
+    fn registry(&self) -> Result<RegistryState, StoreError>;
+
+    /// A fresh path inside the store's staging area that does not exist yet. The caller creates
+    /// the directory there exclusively (the extractor does) and either commits it with
+    /// [`Transaction::with_install`] or gives it back with [`PackageStore::discard_staging`].
+    /// Staging is not durable: recovery clears it.
+    fn new_staging_dir(&self) -> Result<PathBuf, StoreError>;
+
+    /// Deletes a staging directory that will not be committed. A path that does not exist is
+    /// fine; a path outside the staging area is refused.
+    fn discard_staging(&self, staged: &Path) -> Result<(), StoreError>;
+
+    /// Applies `tx` atomically and durably: installs the staged tree read-only, replaces the
+    /// registry, and deletes the trees the new state no longer installs. See the module
+    /// documentation for what each outcome guarantees.
+    fn commit(&self, tx: Transaction) -> Result<Committed, StoreError>;
+
+    /// Where the installed tree of `id@version` lives (whether or not it is installed).
+    fn package_dir(&self, id: &PackageId, version: &Version) -> PathBuf;
+
+    /// The trust bytes last written, or `None` if none ever were. The store does not interpret
+    /// them; the app decodes them and fails closed on anything it cannot read.
+    fn read_trust(&self) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Replaces the trust bytes atomically and durably.
+    fn write_trust(&self, bytes: &[u8]) -> Result<(), StoreError>;
+
+    /// Brings the disk back in line with the registry: finishes or undoes interrupted
+    /// transactions, removes unreferenced trees, stale temporary files and staging entries that
+    /// this handle did not hand out. Opening a store runs it first; running it again on a
+    /// consistent store changes nothing and answers a clean report.
+    fn recover(&self) -> Result<RecoveryReport, StoreError>;
+}
+
+/// What kind of store failure happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// A file-system operation failed (including any fsync).
+    Io,
+    /// A store file (registry, journal record) exists but cannot be decoded, or the files
+    /// contradict each other. The store refuses to open rather than guess.
+    Corrupt,
+    /// A store file is written in a format version this build does not read.
+    UnsupportedFormat,
+    /// Another process (or another handle in this one) holds the store's lock.
+    Locked,
+    /// The transaction's expected generation is not the registry's.
+    GenerationConflict,
+    /// The transaction contradicts itself or the current registry (wrong generation step, a
+    /// changed digest, a missing or unexpected staged tree, a staging path outside the store).
+    InvalidTransaction,
+    /// An earlier failure left the store in a state this handle cannot vouch for. Open the store
+    /// again; recovery decides.
+    Poisoned,
+    /// A fault plan stopped the store as if the process had died. Only tests see this.
+    SimulatedCrash,
+}
+
+impl StoreErrorKind {
+    fn describe(self) -> &'static str {
+        match self {
+            StoreErrorKind::Io => "store i/o failed",
+            StoreErrorKind::Corrupt => "store file is corrupt",
+            StoreErrorKind::UnsupportedFormat => "store file has an unsupported format",
+            StoreErrorKind::Locked => "store is locked by another user",
+            StoreErrorKind::GenerationConflict => "store registry changed since it was read",
+            StoreErrorKind::InvalidTransaction => "store transaction is invalid",
+            StoreErrorKind::Poisoned => "store is unusable after an earlier failure",
+            StoreErrorKind::SimulatedCrash => "store stopped by an injected crash",
+        }
+    }
+}
+
+impl fmt::Display for StoreErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.describe())
+    }
+}
+
+/// A store failure: its kind, what was being done, the path involved, and the underlying cause.
+#[derive(Debug)]
+pub struct StoreError {
+    pub kind: StoreErrorKind,
+    /// What the store was doing, in a few words ("fsync registry", "decode journal record").
+    pub what: String,
+    /// The file or directory involved, if one was.
+    pub path: Option<PathBuf>,
+    pub source: Option<Box<dyn StdError + Send + Sync>>,
+}
+
+impl StoreError {
+    pub fn new(kind: StoreErrorKind, what: impl Into<String>) -> Self {
+        StoreError {
+            kind,
+            what: what.into(),
+            path: None,
+            source: None,
+        }
+    }
+
+    /// The same error, naming `path`.
+    pub fn at(mut self, path: impl Into<PathBuf>) -> Self {
+        self.path = Some(path.into());
+        self
+    }
+
+    /// The same error, caused by `source`.
+    pub fn caused_by(mut self, source: impl Into<Box<dyn StdError + Send + Sync>>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind, self.what)?;
+        if let Some(path) = &self.path {
+            write!(f, " ({})", path.display())?;
+        }
+        if let Some(source) = &self.source {
+            write!(f, ": {source}")?;
+        }
+        Ok(())
+    }
+}
+
+impl StdError for StoreError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn StdError + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_error_names_kind_action_path_and_cause() {
+        let err = StoreError::new(StoreErrorKind::Corrupt, "decode registry")
+            .at("/s/registry.json")
+            .caused_by("unknown field at $.extra");
+        assert_eq!(
+            err.to_string(),
+            "store file is corrupt: decode registry (/s/registry.json): unknown field at $.extra"
+        );
+        assert_eq!(
+            StdError::source(&err).map(|s| s.to_string()),
+            Some("unknown field at $.extra".to_owned())
+        );
+    }
+
+    #[test]
+    fn store_port_is_object_safe_and_reports_clean_recovery() {
+        fn takes(_: Option<&dyn PackageStore>) {}
+        takes(None);
+        assert!(RecoveryReport::default().is_clean());
+        let report = RecoveryReport {
+            removed_staging: vec![PathBuf::from("staging/x")],
+            ..RecoveryReport::default()
+        };
+        assert!(!report.is_clean());
+    }
+
+    #[test]
+    fn store_transaction_builder_sets_the_install() {
+        let id = PackageId::new("a").unwrap();
+        let v = Version::new(1, 0, 0);
+        let tx = Transaction::new(3, RegistryState::new()).with_install(
+            id.clone(),
+            v.clone(),
+            PathBuf::from("/s/staging/0"),
+        );
+        assert_eq!(tx.expected_generation, 3);
+        assert_eq!(
+            tx.install,
+            Some(StagedInstall {
+                id,
+                version: v,
+                staged: PathBuf::from("/s/staging/0")
+            })
+        );
+    }
+}
