@@ -1,3 +1,4 @@
 //! Integration tests of `guild-host`.
 
 mod numbering;
+mod smoke;

@@ -1,0 +1,720 @@
+//! The package manager: authenticates packages, validates the dependency graph with the change in
+//! place, publishes into the durable store, and carries out enable, disable, remove and rollback.
+//!
+//! Every change runs under one lifecycle transaction (a mutex held from reading the registry to
+//! the end of the durable commit), so the state a change was validated against is the state it
+//! replaces, and a failed commit never exposes anything: the in-memory view is updated only after
+//! the store reports success.
+//!
+//! The order of an installation is fixed and is the security argument of the host:
+//! 1. read `.gkmetadata` only, parse it strictly, and authenticate it against the trust store;
+//! 2. check the platform, the immutable-version rule and the dependency graph;
+//! 3. only then extract the artifacts (each hashed from the bytes written) into staging;
+//! 4. commit durably. No library is opened by any of this.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use guild_domain::graph::{DependencyGraph, GraphProblem, PackageNode};
+use guild_domain::ids::{PackageId, PackageKind, PublisherId, Sha256Digest};
+use guild_domain::lease::{ActiveLeases, LeaseKind, LeaseLedger, QuiescentAction};
+use guild_domain::manifest::Metadata;
+use guild_domain::path::RESERVED_METADATA_NAME;
+use guild_domain::registry::{NewVersion, PublishKind, PublishOptions, RegistryState};
+use guild_domain::trust::{authenticate, Authenticated, SignatureCheck, TrustStore};
+use guild_domain::version::Version;
+use guild_ports::signature::SignatureVerifier;
+use guild_ports::source::PackageSource;
+use guild_ports::store::{PackageStore, RecoveryReport, Transaction};
+
+use crate::error::HostError;
+use crate::platform::HostPlatform;
+
+/// How to install a package.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InstallOptions {
+    /// Whether the new version starts enabled (the default) or disabled.
+    pub enable: bool,
+    /// Whether a version older than the current one may be installed. Rollback is the normal
+    /// way back to an older version; this is the explicit escape hatch.
+    pub allow_downgrade: bool,
+}
+
+impl Default for InstallOptions {
+    fn default() -> Self {
+        InstallOptions {
+            enable: true,
+            allow_downgrade: false,
+        }
+    }
+}
+
+/// What an installation did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Installed {
+    pub id: PackageId,
+    pub version: Version,
+    pub kind: PackageKind,
+    pub payload_digest: Sha256Digest,
+    /// Who authenticated it.
+    pub publisher: PublisherId,
+    pub key_id: Sha256Digest,
+    /// False when this exact payload was already installed and nothing changed.
+    pub changed: bool,
+    pub enabled: bool,
+    /// The version that was current before and is now the rollback target.
+    pub superseded: Option<Version>,
+}
+
+/// A package that failed re-verification when the store was opened, and what was done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quarantined {
+    pub id: PackageId,
+    pub version: Version,
+    /// Why it can no longer be trusted, or which failed dependency it needs.
+    pub reason: String,
+}
+
+/// What opening the package manager found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OpenReport {
+    /// What the store's recovery did before anything else.
+    pub recovery: RecoveryReport,
+    /// Enabled packages that failed re-verification (revoked key or digest, damaged tree) or
+    /// that depend on one, and were therefore disabled.
+    pub disabled: Vec<Quarantined>,
+    /// How many enabled versions were re-verified.
+    pub verified: usize,
+}
+
+/// An enabled package the loader should open, in dependency order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedPackage {
+    pub id: PackageId,
+    pub version: Version,
+    /// Its installed tree.
+    pub dir: PathBuf,
+}
+
+/// The enabled packages in load order, and those that cannot load with the reason.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LoadOrder {
+    pub order: Vec<PlannedPackage>,
+    pub blocked: Vec<Quarantined>,
+}
+
+/// One installed version, as `list` and `status` show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VersionSummary {
+    pub version: Version,
+    pub state: guild_domain::lifecycle::State,
+    pub payload_digest: Sha256Digest,
+}
+
+/// One package id with all its recorded versions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackageSummary {
+    pub id: PackageId,
+    pub kind: PackageKind,
+    pub publisher: PublisherId,
+    pub versions: Vec<VersionSummary>,
+    pub enabled: Option<Version>,
+    pub previous: Option<Version>,
+    pub leases: ActiveLeases,
+}
+
+/// An explicit session lease on a package: while it lives, the package cannot be removed or
+/// rolled back. Dropping it releases the lease.
+#[derive(Debug)]
+pub struct PackageLease {
+    id: PackageId,
+    ledger: Arc<Mutex<LeaseLedger>>,
+}
+
+impl PackageLease {
+    /// The leased package.
+    pub fn package(&self) -> &PackageId {
+        &self.id
+    }
+}
+
+impl Drop for PackageLease {
+    fn drop(&mut self) {
+        // A lease is only created by a successful acquire, so the release cannot underflow; a
+        // poisoned ledger still holds valid counts (every update is a single assignment).
+        let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = ledger.release(&self.id, LeaseKind::Lease);
+    }
+}
+
+/// Bridges the crypto port to the domain's signature check.
+struct PortCheck<'a>(&'a dyn SignatureVerifier);
+
+impl SignatureCheck for PortCheck<'_> {
+    fn verify(&self, spki_der: &[u8], message: &[u8], signature: &[u8]) -> Result<(), String> {
+        self.0
+            .verify(spki_der, message, signature)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// State that only the lifecycle transaction touches.
+struct Lifecycle {
+    /// The signed metadata of every installed version, read from its tree.
+    metadata: HashMap<(PackageId, Version), Arc<Metadata>>,
+}
+
+/// The package manager. See the module documentation.
+pub struct PackageManager {
+    store: Box<dyn PackageStore>,
+    source: Box<dyn PackageSource>,
+    verifier: Box<dyn SignatureVerifier>,
+    platform: HostPlatform,
+    lifecycle: Mutex<Lifecycle>,
+    leases: Arc<Mutex<LeaseLedger>>,
+}
+
+impl std::fmt::Debug for PackageManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackageManager")
+            .field("platform", &self.platform)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PackageManager {
+    /// Opens the package manager over a store that has already run its recovery (its report is
+    /// passed in so that it can be returned with the rest). Every installed version's metadata is
+    /// read back and must match its recorded digest; every enabled version is re-verified against
+    /// the current trust store and its artifacts are re-hashed. Enabled packages that fail, and
+    /// the enabled packages that depend on them, are disabled in one durable transaction and
+    /// reported. A trust file that cannot be read fails the open.
+    pub fn open(
+        store: Box<dyn PackageStore>,
+        recovery: RecoveryReport,
+        source: Box<dyn PackageSource>,
+        verifier: Box<dyn SignatureVerifier>,
+        platform: HostPlatform,
+    ) -> Result<(Self, OpenReport), HostError> {
+        let pm = PackageManager {
+            store,
+            source,
+            verifier,
+            platform,
+            lifecycle: Mutex::new(Lifecycle {
+                metadata: HashMap::new(),
+            }),
+            leases: Arc::new(Mutex::new(LeaseLedger::new())),
+        };
+        let mut report = OpenReport {
+            recovery,
+            ..OpenReport::default()
+        };
+        {
+            let mut life = pm.lock();
+            let registry = pm.store.registry()?;
+            let trust = pm.read_trust()?;
+            for (id, version, record) in registry.installed() {
+                let dir = pm.store.package_dir(id, version);
+                let metadata = read_installed_metadata(&dir, id, version)?;
+                if metadata.payload_digest() != record.payload_digest {
+                    return Err(HostError::InstalledTree {
+                        package: format!("{id}@{version}"),
+                        path: dir,
+                        problem: format!(
+                            "its .gkmetadata has payload digest {}, the registry records {}",
+                            metadata.payload_digest(),
+                            record.payload_digest
+                        ),
+                    });
+                }
+                life.metadata
+                    .insert((id.clone(), version.clone()), Arc::new(metadata));
+            }
+
+            // Re-verify what is enabled: authentication against today's trust store, and the
+            // bytes on disk against the signed manifest.
+            let mut failed: BTreeMap<PackageId, String> = BTreeMap::new();
+            for (id, version, record) in registry.installed() {
+                if !record.state.is_enabled() {
+                    continue;
+                }
+                report.verified += 1;
+                let metadata = &life.metadata[&(id.clone(), version.clone())];
+                let dir = pm.store.package_dir(id, version);
+                if let Err(e) = authenticate(metadata, &trust, &PortCheck(&*pm.verifier)) {
+                    failed.insert(id.clone(), format!("no longer authenticated: {e}"));
+                    continue;
+                }
+                let verified = pm
+                    .source
+                    .open(&dir)
+                    .and_then(|opened| opened.verify_in_place(metadata.manifest()));
+                if let Err(e) = verified {
+                    failed.insert(
+                        id.clone(),
+                        format!("installed files do not match the signed manifest: {e}"),
+                    );
+                }
+            }
+            if !failed.is_empty() {
+                let (next, disabled) = pm.quarantine(&life, &registry, failed)?;
+                pm.store
+                    .commit(Transaction::new(registry.generation(), next))?;
+                report.disabled = disabled;
+            }
+        }
+        Ok((pm, report))
+    }
+
+    /// Opens the store at `dir` (creating it when absent) with the production adapters: the
+    /// file-system store, the hardened GKPK source and the P-256 verifier, for this platform.
+    pub fn open_dir(dir: &Path) -> Result<(Self, OpenReport), HostError> {
+        let platform = HostPlatform::current().ok_or(HostError::UnsupportedPlatform {
+            os: std::env::consts::OS,
+            arch: std::env::consts::ARCH,
+        })?;
+        let (store, recovery) = guild_adapters_fs::store::FsStore::open(dir)?;
+        Self::open(
+            Box::new(store),
+            recovery,
+            Box::new(guild_adapters_fs::archive::GkpkSource::default()),
+            Box::new(guild_adapters_crypto::P256Verifier::new()),
+            platform,
+        )
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Lifecycle> {
+        // The lifecycle state is rebuilt from the store on every change, and an in-memory update
+        // happens only after a successful commit, so a poisoned lock holds no torn state.
+        self.lifecycle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_leases(&self) -> MutexGuard<'_, LeaseLedger> {
+        self.leases.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The current trust store. A store without a trust file trusts nothing; a trust file that
+    /// cannot be decoded is an error.
+    pub fn trust(&self) -> Result<TrustStore, HostError> {
+        let _life = self.lock();
+        self.read_trust()
+    }
+
+    fn read_trust(&self) -> Result<TrustStore, HostError> {
+        match self.store.read_trust()? {
+            None => Ok(TrustStore::new()),
+            Some(bytes) => Ok(TrustStore::from_json(&bytes)?),
+        }
+    }
+
+    /// Applies `change` to the trust store and writes it durably. Revocations take effect for
+    /// enabled packages the next time the store is opened (or at once through
+    /// [`PackageManager::reverify`]).
+    pub fn update_trust<T>(
+        &self,
+        change: impl FnOnce(&mut TrustStore) -> Result<T, HostError>,
+    ) -> Result<T, HostError> {
+        let _life = self.lock();
+        let mut trust = self.read_trust()?;
+        let out = change(&mut trust)?;
+        self.store.write_trust(trust.to_json().as_bytes())?;
+        Ok(out)
+    }
+
+    /// The graph of installed versions as `registry` records them.
+    fn graph(
+        &self,
+        life: &Lifecycle,
+        registry: &RegistryState,
+    ) -> Result<DependencyGraph, HostError> {
+        let mut nodes = Vec::new();
+        for (id, version, record) in registry.installed() {
+            let metadata = life
+                .metadata
+                .get(&(id.clone(), version.clone()))
+                .ok_or_else(|| HostError::InstalledTree {
+                    package: format!("{id}@{version}"),
+                    path: self.store.package_dir(id, version),
+                    problem: "its metadata was not loaded".into(),
+                })?;
+            nodes.push(PackageNode::from_metadata(
+                metadata,
+                record.state.is_enabled(),
+            ));
+        }
+        Ok(DependencyGraph::new(nodes)?)
+    }
+
+    /// Problems that `after` has and `before` did not: a change is refused for what it breaks,
+    /// not for problems that were already there.
+    fn new_problems(before: &DependencyGraph, after: &DependencyGraph) -> Vec<GraphProblem> {
+        let old = before.validate();
+        after
+            .validate()
+            .into_iter()
+            .filter(|p| !old.contains(p))
+            .collect()
+    }
+
+    /// Authenticates, validates, extracts and publishes the package at `location`.
+    pub fn install(
+        &self,
+        location: &Path,
+        options: InstallOptions,
+    ) -> Result<Installed, HostError> {
+        let mut life = self.lock();
+        let trust = self.read_trust()?;
+
+        let opened = self.source.open(location)?;
+        let metadata = Arc::new(Metadata::parse(opened.metadata_bytes()).map_err(|errors| {
+            HostError::Manifest {
+                location: location.to_path_buf(),
+                errors,
+            }
+        })?);
+        let manifest = metadata.manifest();
+        let package = format!("{}@{}", manifest.package_id, manifest.version);
+        let auth: Authenticated = authenticate(&metadata, &trust, &PortCheck(&*self.verifier))
+            .map_err(|source| HostError::Unauthenticated {
+                location: location.to_path_buf(),
+                package: package.clone(),
+                source,
+            })?;
+        self.platform
+            .check(manifest)
+            .map_err(|source| HostError::Platform { package, source })?;
+
+        let registry = self.store.registry()?;
+        let (id, version) = (&manifest.package_id, &manifest.version);
+        let mut next = registry.successor();
+        let published = next.publish(
+            id,
+            version,
+            NewVersion {
+                payload_digest: auth.payload_digest,
+                kind: manifest.kind,
+                publisher: manifest.publisher_id.clone(),
+            },
+            PublishOptions {
+                enable: options.enable,
+                allow_downgrade: options.allow_downgrade,
+            },
+        )?;
+        let mut installed = Installed {
+            id: id.clone(),
+            version: version.clone(),
+            kind: manifest.kind,
+            payload_digest: auth.payload_digest,
+            publisher: auth.publisher.clone(),
+            key_id: auth.key_id,
+            changed: false,
+            enabled: registry.package(id).and_then(|p| p.enabled()) == Some(version),
+            superseded: None,
+        };
+        if published.kind == PublishKind::IdenticalNoOp {
+            return Ok(installed);
+        }
+
+        // Validate the graph with the new version in place, before anything is written.
+        let before = self.graph(&life, &registry)?;
+        let key = (id.clone(), version.clone());
+        life.metadata.insert(key.clone(), metadata.clone());
+        let after = self.graph(&life, &next);
+        life.metadata.remove(&key);
+        let problems = Self::new_problems(&before, &after?);
+        if !problems.is_empty() {
+            return Err(HostError::Dependencies {
+                action: format!("installing {id}@{version}"),
+                problems,
+            });
+        }
+
+        let staging = self.store.new_staging_dir()?;
+        // The extractor writes the signed `.gkmetadata` into the tree exactly as received, so that
+        // the store can be re-verified later without the archive.
+        if let Err(e) = opened.extract_to(metadata.manifest(), &staging) {
+            let _ = self.store.discard_staging(&staging);
+            return Err(e.into());
+        }
+        let tx = Transaction::new(registry.generation(), next).with_install(
+            id.clone(),
+            version.clone(),
+            staging,
+        );
+        self.store.commit(tx)?;
+
+        life.metadata.insert(key, metadata);
+        installed.changed = true;
+        installed.enabled = options.enable;
+        installed.superseded = published.superseded;
+        Ok(installed)
+    }
+
+    /// Enables the current version of `id`, refused if that would break a dependency.
+    pub fn enable(&self, id: &PackageId) -> Result<Version, HostError> {
+        let life = self.lock();
+        let registry = self.store.registry()?;
+        let mut next = registry.successor();
+        let version = next.enable(id)?;
+        let problems =
+            Self::new_problems(&self.graph(&life, &registry)?, &self.graph(&life, &next)?);
+        if !problems.is_empty() {
+            return Err(HostError::Dependencies {
+                action: format!("enabling {id}@{version}"),
+                problems,
+            });
+        }
+        self.store
+            .commit(Transaction::new(registry.generation(), next))?;
+        Ok(version)
+    }
+
+    /// Disables the enabled version of `id`, refused while an enabled package depends on it.
+    pub fn disable(&self, id: &PackageId) -> Result<Version, HostError> {
+        let life = self.lock();
+        let registry = self.store.registry()?;
+        self.graph(&life, &registry)?.check_disable(id)?;
+        let mut next = registry.successor();
+        let version = next.disable(id)?;
+        self.store
+            .commit(Transaction::new(registry.generation(), next))?;
+        Ok(version)
+    }
+
+    /// Removes `id@version` (the current version when `version` is `None`), refused while an
+    /// enabled package depends on it or while it is leased. Its tree is deleted; its record stays,
+    /// so the same version can never return with other content.
+    pub fn remove(&self, id: &PackageId, version: Option<&Version>) -> Result<Version, HostError> {
+        let mut life = self.lock();
+        let registry = self.store.registry()?;
+        let version = match version {
+            Some(v) => v.clone(),
+            None => registry
+                .package(id)
+                .and_then(|p| p.current().map(|(v, _)| v.clone()))
+                .ok_or_else(|| guild_domain::registry::RegistryError::NoCurrentVersion {
+                    id: id.clone(),
+                })?,
+        };
+        self.graph(&life, &registry)?.check_remove(id, &version)?;
+        // Leases pin the current version (the one a loader opens); older, superseded trees are
+        // not in use and may go while the package is leased.
+        let leases = self.lock_leases();
+        let is_current = registry
+            .package(id)
+            .and_then(|p| p.current())
+            .is_some_and(|(v, _)| *v == version);
+        if is_current {
+            leases.check_quiescent(id, QuiescentAction::Remove)?;
+        }
+        let mut next = registry.successor();
+        next.remove(id, &version)?;
+        self.store
+            .commit(Transaction::new(registry.generation(), next))?;
+        drop(leases);
+        life.metadata.remove(&(id.clone(), version.clone()));
+        Ok(version)
+    }
+
+    /// Rolls `id` back to its previous version, refused while leased or when any enabled
+    /// dependent's range or pins reject that version.
+    pub fn rollback(
+        &self,
+        id: &PackageId,
+    ) -> Result<guild_domain::registry::RolledBack, HostError> {
+        let life = self.lock();
+        let registry = self.store.registry()?;
+        let mut next = registry.successor();
+        let rolled = next.rollback(id)?;
+        self.graph(&life, &registry)?
+            .check_rollback(id, &rolled.to)?;
+        let leases = self.lock_leases();
+        leases.check_quiescent(id, QuiescentAction::Rollback)?;
+        self.store
+            .commit(Transaction::new(registry.generation(), next))?;
+        Ok(rolled)
+    }
+
+    /// Takes an explicit session lease on `id`.
+    pub fn lease(&self, id: &PackageId) -> Result<PackageLease, HostError> {
+        let registry = self.store.registry()?;
+        if registry.package(id).and_then(|p| p.enabled()).is_none() {
+            return Err(
+                guild_domain::registry::RegistryError::NoCurrentVersion { id: id.clone() }.into(),
+            );
+        }
+        self.lock_leases()
+            .acquire(id, LeaseKind::Lease)
+            .map_err(|e| HostError::InstalledTree {
+                package: id.to_string(),
+                path: PathBuf::new(),
+                problem: e.to_string(),
+            })?;
+        Ok(PackageLease {
+            id: id.clone(),
+            ledger: self.leases.clone(),
+        })
+    }
+
+    /// How many leases and bindings keep `id` in use.
+    pub fn active_package_leases(&self, id: &PackageId) -> ActiveLeases {
+        self.lock_leases().active(id)
+    }
+
+    /// Every recorded package with its versions.
+    pub fn list(&self) -> Result<Vec<PackageSummary>, HostError> {
+        let registry = self.store.registry()?;
+        let leases = self.lock_leases();
+        let mut out = Vec::new();
+        for (id, record) in registry.packages() {
+            let Some((_, first)) = record.versions().next() else {
+                continue;
+            };
+            out.push(PackageSummary {
+                id: id.clone(),
+                kind: first.kind,
+                publisher: first.publisher.clone(),
+                versions: record
+                    .versions()
+                    .map(|(v, r)| VersionSummary {
+                        version: v.clone(),
+                        state: r.state,
+                        payload_digest: r.payload_digest,
+                    })
+                    .collect(),
+                enabled: record.enabled().cloned(),
+                previous: record.previous().cloned(),
+                leases: leases.active(id),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The signed metadata of an installed version.
+    pub fn metadata(&self, id: &PackageId, version: &Version) -> Option<Arc<Metadata>> {
+        self.lock()
+            .metadata
+            .get(&(id.clone(), version.clone()))
+            .cloned()
+    }
+
+    /// The enabled packages in dependency order (dependencies first), with the ones that cannot
+    /// load and why. This is the order in which a loader opens libraries.
+    pub fn load_plan(&self) -> Result<LoadOrder, HostError> {
+        let life = self.lock();
+        let registry = self.store.registry()?;
+        let graph = self.graph(&life, &registry)?;
+        let plan = graph.plan();
+        let order = plan
+            .order
+            .iter()
+            .map(|n| PlannedPackage {
+                id: n.id.clone(),
+                version: n.version.clone(),
+                dir: self.store.package_dir(&n.id, &n.version),
+            })
+            .collect();
+        let blocked = plan
+            .blocked
+            .iter()
+            .map(|b| Quarantined {
+                id: b.node.id.clone(),
+                version: b.node.version.clone(),
+                reason: b.to_string(),
+            })
+            .collect();
+        Ok(LoadOrder { order, blocked })
+    }
+
+    /// Re-verifies every enabled package now, as opening does, and disables what fails.
+    pub fn reverify(&self) -> Result<Vec<Quarantined>, HostError> {
+        let life = self.lock();
+        let registry = self.store.registry()?;
+        let trust = self.read_trust()?;
+        let mut failed = BTreeMap::new();
+        for (id, version, record) in registry.installed() {
+            if !record.state.is_enabled() {
+                continue;
+            }
+            let Some(metadata) = life.metadata.get(&(id.clone(), version.clone())) else {
+                continue;
+            };
+            if let Err(e) = authenticate(metadata, &trust, &PortCheck(&*self.verifier)) {
+                failed.insert(id.clone(), format!("no longer authenticated: {e}"));
+            }
+        }
+        if failed.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (next, disabled) = self.quarantine(&life, &registry, failed)?;
+        self.store
+            .commit(Transaction::new(registry.generation(), next))?;
+        Ok(disabled)
+    }
+
+    /// Disables the `failed` packages and every enabled package that (transitively) depends on
+    /// one of them, returning the new registry and one report line per disabled package.
+    fn quarantine(
+        &self,
+        life: &Lifecycle,
+        registry: &RegistryState,
+        failed: BTreeMap<PackageId, String>,
+    ) -> Result<(RegistryState, Vec<Quarantined>), HostError> {
+        let mut next = registry.successor();
+        let mut out = Vec::new();
+        let mut disabled: BTreeSet<PackageId> = BTreeSet::new();
+        for (id, reason) in failed {
+            let version = next.disable(&id)?;
+            disabled.insert(id.clone());
+            out.push(Quarantined {
+                id,
+                version,
+                reason,
+            });
+        }
+        // Dependents of a disabled package cannot load either; disable them too, until nothing
+        // enabled is left blocked.
+        loop {
+            let graph = self.graph(life, &next)?;
+            let plan = graph.plan();
+            let newly: Vec<(PackageId, String)> = plan
+                .blocked
+                .iter()
+                .filter(|b| !disabled.contains(&b.node.id))
+                .map(|b| (b.node.id.clone(), b.to_string()))
+                .collect();
+            if newly.is_empty() {
+                break;
+            }
+            for (id, reason) in newly {
+                let version = next.disable(&id)?;
+                disabled.insert(id.clone());
+                out.push(Quarantined {
+                    id,
+                    version,
+                    reason,
+                });
+            }
+        }
+        Ok((next, out))
+    }
+}
+
+/// Reads and parses the `.gkmetadata` an installed tree keeps.
+fn read_installed_metadata(
+    dir: &Path,
+    id: &PackageId,
+    version: &Version,
+) -> Result<Metadata, HostError> {
+    let path = dir.join(RESERVED_METADATA_NAME);
+    let damaged = |problem: String| HostError::InstalledTree {
+        package: format!("{id}@{version}"),
+        path: path.clone(),
+        problem,
+    };
+    let bytes =
+        std::fs::read(&path).map_err(|e| damaged(format!("cannot read its .gkmetadata: {e}")))?;
+    Metadata::parse(&bytes).map_err(|e| damaged(format!("its .gkmetadata does not parse: {e}")))
+}

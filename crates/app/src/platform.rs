@@ -1,0 +1,75 @@
+//! The platform this host runs on, and whether a package was built for it.
+
+use guild_domain::manifest::{Arch, Manifest, Os};
+use guild_domain::version::PackedVersion;
+
+/// What a package must match to be installed here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostPlatform {
+    pub os: Os,
+    pub arch: Arch,
+    /// The Kernel ABI this host implements; a package's `kernel_abi` range must contain it.
+    pub kernel_abi: PackedVersion,
+}
+
+/// Why a package does not fit this host.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlatformMismatch {
+    #[error("it is built for {found}, and this host runs {host}")]
+    Os {
+        host: &'static str,
+        found: &'static str,
+    },
+    #[error("it is built for {found}, and this host is {host}")]
+    Arch {
+        host: &'static str,
+        found: &'static str,
+    },
+    #[error("it supports Kernel ABI {range}, and this host implements {host}")]
+    KernelAbi { host: PackedVersion, range: String },
+}
+
+impl HostPlatform {
+    /// The platform this binary was built for, or `None` on one that has no manifest spelling.
+    pub fn current() -> Option<Self> {
+        let os = match std::env::consts::OS {
+            "linux" => Os::Linux,
+            "windows" => Os::Windows,
+            "macos" => Os::Macos,
+            _ => return None,
+        };
+        let arch = match std::env::consts::ARCH {
+            "x86_64" => Arch::X86_64,
+            "aarch64" => Arch::Aarch64,
+            _ => return None,
+        };
+        Some(HostPlatform {
+            os,
+            arch,
+            kernel_abi: PackedVersion::KERNEL_ABI_V1,
+        })
+    }
+
+    /// Checks a manifest's OS, architecture and Kernel ABI range against this host.
+    pub fn check(&self, manifest: &Manifest) -> Result<(), PlatformMismatch> {
+        if manifest.os != self.os {
+            return Err(PlatformMismatch::Os {
+                host: self.os.as_str(),
+                found: manifest.os.as_str(),
+            });
+        }
+        if manifest.arch != self.arch {
+            return Err(PlatformMismatch::Arch {
+                host: self.arch.as_str(),
+                found: manifest.arch.as_str(),
+            });
+        }
+        if !manifest.kernel_abi.contains(self.kernel_abi) {
+            return Err(PlatformMismatch::KernelAbi {
+                host: self.kernel_abi,
+                range: manifest.kernel_abi.to_string(),
+            });
+        }
+        Ok(())
+    }
+}
