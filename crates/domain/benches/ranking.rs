@@ -86,7 +86,7 @@ fn candidate(i: usize) -> OpCandidate {
         min_alignment: 64,
         min_rank: 1,
         max_rank: 4,
-        max_dim: 1 << 20,
+        max_dim: [1 << 20; 8],
         max_batch: 1 << 16,
         sync_modes: SyncModeSet::HOST_BLOCKING | SyncModeSet::STREAM_ORDERED,
         min_sm: 0,

@@ -95,8 +95,9 @@ pub struct OpCandidate {
     pub min_rank: u32,
     /// Largest rank accepted for every tensor.
     pub max_rank: u32,
-    /// Largest extent of any axis of any tensor; 0 is unbounded.
-    pub max_dim: u64,
+    /// Largest extent of each axis (`max_dim[i]` bounds `dims[i]` of every tensor, as the kernel
+    /// descriptor's `max_dim` array does); 0 leaves that axis unbounded.
+    pub max_dim: [u64; MAX_TENSOR_RANK],
     /// Largest product of the outer extents of any tensor; 0 is unbounded.
     pub max_batch: u64,
     /// Sync modes supported.

@@ -613,20 +613,19 @@ pub fn check_tensor(
             max: c.max_rank,
         });
     }
-    if c.max_dim != 0 {
-        if let Some((axis, &dim)) = desc
-            .shape()
-            .iter()
-            .enumerate()
-            .find(|(_, &d)| d > c.max_dim)
-        {
-            return Err(Rejection::DimensionTooLarge {
-                tensor,
-                axis,
-                dim,
-                max: c.max_dim,
-            });
-        }
+    if let Some((axis, (&dim, &max))) = desc
+        .shape()
+        .iter()
+        .zip(c.max_dim.iter())
+        .enumerate()
+        .find(|(_, (&d, &max))| max != 0 && d > max)
+    {
+        return Err(Rejection::DimensionTooLarge {
+            tensor,
+            axis,
+            dim,
+            max,
+        });
     }
     if c.max_batch != 0 && info.batch > c.max_batch {
         return Err(Rejection::BatchTooLarge {

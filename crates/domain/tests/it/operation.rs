@@ -39,7 +39,7 @@ fn candidate(impl_id: &str) -> OpCandidate {
         min_alignment: 16,
         min_rank: 1,
         max_rank: 4,
-        max_dim: 0,
+        max_dim: [0; 8],
         max_batch: 0,
         sync_modes: SyncModeSet::HOST_BLOCKING,
         min_sm: 0,
@@ -252,7 +252,7 @@ fn rank_outside_bounds_names_the_tensor() {
 #[test]
 fn dimension_bound_applies_to_every_axis() {
     let mut c = candidate("a.cpu");
-    c.max_dim = 32;
+    c.max_dim = [32; 8];
     assert_eq!(
         rejection(c.clone(), spec()),
         Rejection::DimensionTooLarge {
@@ -267,12 +267,25 @@ fn dimension_bound_applies_to_every_axis() {
     s.inputs = vec![host_f32(&[16, 3], 0x1000)];
     s.outputs = vec![host_f32(&[16, 40], 0x2000)];
     assert_eq!(
-        rejection(c, s),
+        rejection(c, s.clone()),
         Rejection::DimensionTooLarge {
             tensor: TensorRef::output(0),
             axis: 1,
             dim: 40,
             max: 32
+        }
+    );
+
+    // Bounds are per axis: only axis 1 is bounded here, so the same shapes fail on axis 1 alone.
+    let mut c = candidate("a.cpu");
+    c.max_dim = [0, 39, 0, 0, 0, 0, 0, 0];
+    assert_eq!(
+        rejection(c, s),
+        Rejection::DimensionTooLarge {
+            tensor: TensorRef::output(0),
+            axis: 1,
+            dim: 40,
+            max: 39
         }
     );
 }
