@@ -26,7 +26,23 @@ const ENTRY_SYMBOL: &str = "guild_plugin_entry_v1";
 const TOOLCHAIN_SYMBOLS: &[&str] = &["_init", "_fini", "_edata", "_end", "__bss_start"];
 
 /// The plugins `plugins()` must produce; a missing one means the CMake project lost it.
-const EXPECTED_PLUGINS: &[&str] = &["minimal_kernel"];
+const EXPECTED_PLUGINS: &[&str] = &[
+    "minimal_kernel",
+    "good_kernel",
+    "init_fails",
+    "duplicate_impl",
+    "wrong_ids",
+    "other_thread",
+    "keeps_host",
+    "wrong_abi",
+    "no_entry",
+    "legacy_provenance",
+    "bad_descriptor",
+];
+
+/// Test libraries that deliberately lack the entry point (to test the loader's refusal of a
+/// library that is not a Guild plugin). They must export nothing at all instead.
+const EXPORTS_NOTHING: &[&str] = &["no_entry"];
 
 /// Where every build product of this module goes.
 struct Layout {
@@ -166,14 +182,24 @@ pub fn plugins() -> Result<PathBuf, String> {
     for file in files_under(&layout.plugins_out)? {
         let path = layout.plugins_out.join(&file);
         if path.extension().is_some_and(|ext| ext == "so") {
-            check_exports(&path)?;
+            let expected = if EXPORTS_NOTHING
+                .iter()
+                .any(|name| file == Path::new(&plugin_file_name(name)))
+            {
+                Exports::Nothing
+            } else {
+                Exports::EntryOnly
+            };
+            check_exports(&path, expected)?;
             built.push(layout.show(&path));
         }
     }
     println!(
-        "plugins: built {} against {} only; each exports only {ENTRY_SYMBOL} ({:.1}s)",
+        "plugins: built {} against {} only; each exports only {ENTRY_SYMBOL} ({} nothing at \
+         all) ({:.1}s)",
         built.join(", "),
         layout.show(&prefix),
+        EXPORTS_NOTHING.join(", "),
         start.elapsed().as_secs_f64()
     );
     Ok(layout.plugins_out)
@@ -492,22 +518,44 @@ fn check_compile_commands(layout: &Layout, prefix: &Path) -> Result<(), String> 
     Ok(())
 }
 
-/// Fails unless the library's dynamic symbol table defines the entry point and nothing else of
-/// its own.
-fn check_exports(library: &Path) -> Result<(), String> {
+/// What a test library's dynamic symbol table must define of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Exports {
+    /// The entry point and nothing else: every real plugin.
+    EntryOnly,
+    /// Nothing at all: the libraries in [`EXPORTS_NOTHING`].
+    Nothing,
+}
+
+/// Fails unless the library's dynamic symbol table defines what `expected` says and nothing
+/// else of its own.
+fn check_exports(library: &Path, expected: Exports) -> Result<(), String> {
     let out = run_captured(
         Command::new("nm")
             .args(["-D", "--defined-only"])
             .arg(library),
     )?;
-    export_problem(&out).map_or(Ok(()), |problem| {
+    export_problem(&out, expected).map_or(Ok(()), |problem| {
         Err(format!("{}: {problem}", library.display()))
     })
 }
 
 /// What is wrong with a plugin's exports, given `nm -D --defined-only` output, if anything.
-fn export_problem(nm_output: &str) -> Option<String> {
+fn export_problem(nm_output: &str, expected: Exports) -> Option<String> {
     let exported = exported_symbols(nm_output);
+    if expected == Exports::Nothing {
+        let own: Vec<&str> = exported
+            .iter()
+            .map(String::as_str)
+            .filter(|s| !TOOLCHAIN_SYMBOLS.contains(s))
+            .collect();
+        return (!own.is_empty()).then(|| {
+            format!(
+                "exports {}, but this test library must export nothing",
+                own.join(", ")
+            )
+        });
+    }
     if !exported.iter().any(|s| s == ENTRY_SYMBOL) {
         return Some(format!(
             "{ENTRY_SYMBOL} is not exported; nm -D said:\n{nm_output}"
@@ -563,12 +611,12 @@ mod tests {
     fn only_the_entry_point_and_toolchain_symbols_may_be_exported() {
         let clean = "0000000000001108 T guild_plugin_entry_v1\n0000000000004020 B __bss_start\n\
                      0000000000001000 T _init\n0000000000001120 T _fini\n";
-        assert_eq!(export_problem(clean), None);
+        assert_eq!(export_problem(clean, Exports::EntryOnly), None);
 
         let leaked = "0000000000001108 T guild_plugin_entry_v1\n00000000000010f9 T leaked_helper\n\
                       0000000000004010 D leaked_table\n";
         assert_eq!(
-            export_problem(leaked).as_deref(),
+            export_problem(leaked, Exports::EntryOnly).as_deref(),
             Some(
                 "exports leaked_helper, leaked_table besides guild_plugin_entry_v1; plugins must be \
                  built with hidden visibility (guild_configure_gkernel_plugin does this)"
@@ -577,8 +625,22 @@ mod tests {
 
         let missing = "00000000000010f9 T guild_plugin_entry_v2\n";
         assert_eq!(
-            export_problem(missing).as_deref(),
+            export_problem(missing, Exports::EntryOnly).as_deref(),
             Some("guild_plugin_entry_v1 is not exported; nm -D said:\n00000000000010f9 T guild_plugin_entry_v2\n")
+        );
+    }
+
+    #[test]
+    fn a_library_that_must_export_nothing_may_carry_only_toolchain_symbols() {
+        let empty = "0000000000004020 B __bss_start\n0000000000001000 T _init\n";
+        assert_eq!(export_problem(empty, Exports::Nothing), None);
+        assert_eq!(export_problem("", Exports::Nothing), None);
+
+        let with_entry =
+            "0000000000001108 T guild_plugin_entry_v1\n0000000000004020 B __bss_start\n";
+        assert_eq!(
+            export_problem(with_entry, Exports::Nothing).as_deref(),
+            Some("exports guild_plugin_entry_v1, but this test library must export nothing")
         );
     }
 

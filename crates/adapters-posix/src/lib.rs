@@ -1,3 +1,31 @@
-//! The POSIX plugin loader: dlopen through libloading, the plugin entry symbol, init and shutdown.
+//! The POSIX plugin loader: dlopen through libloading, the plugin entry point, the temporary
+//! registration host that `init` registers through, and the host's owned copies of what it
+//! registers.
 //!
-//! The loader port lands with the plugin-loading issue; this crate holds its dlopen adapter.
+//! - [`DlopenLoader`] implements the [`PluginLoader`](guild_ports::loader::PluginLoader) port.
+//! - [`DlopenLibrary`] is its [`LoadedLibrary`](guild_ports::loader::LoadedLibrary): dropping
+//!   the last `Arc` runs the plugin's `shutdown` and closes the library.
+//! - [`OwnedKernel`] and [`OwnedRunner`] are the concrete types behind `RegisteredKernel::raw`
+//!   and `RegisteredRunner::raw`: the copied C descriptors, with the callbacks the app calls.
+//! - [`StagingHost`] is the registration host itself, usable on its own to drive registrations
+//!   without a library (the tests do).
+//!
+//! Safety in one paragraph: a plugin's code is trusted once the app asks for it to be loaded
+//! (the package is authenticated); what the host still guarantees is its own side of the ABI.
+//! It reads plugin structs only within their declared sizes, strings only within a bound, chains
+//! only with a cycle check and a length bound; it copies everything it keeps before the
+//! registration call returns; its `host_context` is a session number, never a pointer, so a
+//! stale call finds no session instead of freed memory; no panic leaves a callback; and the
+//! library stays mapped until `shutdown` has returned.
+
+mod library;
+mod loader;
+mod owned;
+mod staging;
+mod text;
+
+pub use library::DlopenLibrary;
+pub use loader::{DlopenLoader, LoaderLogSink};
+pub use owned::{OwnedKernel, OwnedRunner, MAX_CHAIN_LENGTH};
+pub use staging::{LogSink, PluginLog, Staged, StagingConfig, StagingHost};
+pub use text::{status_name, MAX_DESCRIPTOR_STRING};

@@ -6,6 +6,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod fakes;
+pub mod loader;
 pub mod signature;
 pub mod source;
 pub mod store;

@@ -1,10 +1,16 @@
-//! Finding, loading and reading the C test plugins.
+//! Finding, loading and reading the C test plugins, building load requests for them, and
+//! reading the marker lines some of them write.
 
-use std::path::PathBuf;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use guild_abi::{
     guild_plugin_descriptor_v1_t, guild_plugin_entry_fn, GUILD_PLUGIN_ENTRY_SYMBOL_V1,
 };
+use guild_domain::ids::{ImplId, PackageId, RunnerId};
+use guild_domain::version::{PackedVersion, Version};
+use guild_ports::loader::LoadRequest;
 use libloading::{Library, Symbol};
 
 /// The variable through which `cargo xtask test` names the directory of built plugins.
@@ -19,9 +25,62 @@ fn plugin_dir() -> PathBuf {
     }
 }
 
+/// The variable that tells the C test plugins where to write marker lines
+/// (test-plugins/common/guild_test_marker.h).
+const MARKER_DIR_VAR: &str = "GUILD_TEST_MARKER_DIR";
+
+/// This test process's marker directory, created empty and announced to the plugins through the
+/// environment the first time any test asks for a plugin.
+///
+/// The variable is set exactly once, before any plugin can run: every path that loads a plugin
+/// goes through [`plugin_path`], which calls this first, and `OnceLock` makes every later caller
+/// wait for the first. So no C code reads the environment while it is being written.
+pub fn marker_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("adapters-posix-markers-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        std::env::set_var(MARKER_DIR_VAR, &dir);
+        dir
+    })
+}
+
+/// The marker lines `plugin` has written in this process, oldest first.
+pub fn marker_lines(plugin: &str) -> Vec<String> {
+    let path = marker_dir().join(format!("{plugin}.log"));
+    match fs::read_to_string(&path) {
+        Ok(text) => text.lines().map(str::to_owned).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => panic!("cannot read {}: {e}", path.display()),
+    }
+}
+
+/// A load request for `test-plugins/<name>` as package `test.<name>` 1.0.0 under Kernel ABI
+/// 1.0.0, declaring `ops` and `runners`, with no operation service.
+pub fn request(name: &str, ops: &[&str], runners: &[&str]) -> LoadRequest {
+    LoadRequest {
+        package: PackageId::new(format!("test.{name}")).expect("a valid package id"),
+        version: Version::new(1, 0, 0),
+        library: plugin_path(name),
+        provided_ops: ops
+            .iter()
+            .map(|id| ImplId::new(*id).expect("a valid impl id"))
+            .collect(),
+        provided_runners: runners
+            .iter()
+            .map(|id| RunnerId::new(*id).expect("a valid runner id"))
+            .collect(),
+        host_abi: PackedVersion::KERNEL_ABI_V1,
+        operations: None,
+    }
+}
+
 /// The path of the test plugin built from `test-plugins/<name>`. A missing library fails the
 /// test: passing without having loaded anything would prove nothing.
 pub fn plugin_path(name: &str) -> PathBuf {
+    marker_dir();
     // CMake names MODULE libraries lib<name>.so on Linux and macOS alike.
     let path = plugin_dir().join(format!("lib{name}.so"));
     assert!(
@@ -91,4 +150,14 @@ impl LoadedPlugin {
         // which `self` keeps loaded for as long as the returned borrow lives.
         unsafe { &*self.descriptor }
     }
+}
+
+/// The text of a fixed error-record buffer.
+pub fn guild_text(buffer: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = buffer
+        .iter()
+        .map(|&c| c as u8)
+        .take_while(|&b| b != 0)
+        .collect();
+    String::from_utf8(bytes).expect("UTF-8")
 }

@@ -1,0 +1,431 @@
+//! In-memory fakes of the ports, so that the app's tests run without opening a single library.
+//!
+//! [`FakeLoader`] "loads" plugins described in Rust: a map from library path to a
+//! [`FakePlugin`] (what it registers, or the error its load ends in). It keeps the real loader's
+//! contract where a test can tell the difference: registrations are checked against the
+//! request's `provided_ops` and `provided_runners` and for duplicates with the same error kinds,
+//! a failure after `init` counts a shutdown, and the library stays "loaded" exactly as long as an
+//! `Arc` of its [`LoadedLibrary`] lives. Counters per path show what happened: how many
+//! libraries are live, how many shutdowns ran, and which paths were opened in which order.
+//!
+//! The `raw` payload of what the helpers build ([`fake_kernel`], [`fake_operation`],
+//! [`fake_runner`]) is an `Arc<()>`: there is no C descriptor behind a fake. A test that needs
+//! another payload (say, a negotiator the app's resolver can call) builds the
+//! [`RegisteredKernel`] itself; its fields are public.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use guild_domain::ids::{ImplId, PackageId, RunnerId};
+use guild_domain::operation::{Backend, OpCandidate};
+use guild_domain::version::Version;
+
+use crate::loader::{
+    LoadError, LoadErrorKind, LoadRequest, LoadedLibrary, LoadedPlugin, PluginLoader,
+    RegisteredKernel, RegisteredRunner,
+};
+
+/// `GUILD_OP_CUSTOM`, the op kind of every namespaced operation (the ports do not depend on the
+/// ABI mirror, so the value is restated here).
+pub const OP_KIND_CUSTOM: u32 = 0x0001_0000;
+
+/// What a fake library registers when it is loaded, or how its load fails.
+#[derive(Debug, Clone, Default)]
+pub struct FakePlugin {
+    /// Registered kernels, in registration order.
+    pub kernels: Vec<RegisteredKernel>,
+    /// Registered runners, in registration order.
+    pub runners: Vec<RegisteredRunner>,
+    /// When set, every load of this plugin fails with this kind. For the kinds that a real
+    /// loader only reaches after calling `init` (`InitFailed`, `RegistrationRefused`,
+    /// `RegistrationMismatch`), the fake counts a shutdown, as the real plugin would see one.
+    pub init_error: Option<LoadErrorKind>,
+}
+
+impl FakePlugin {
+    /// A plugin that registers nothing.
+    pub fn new() -> Self {
+        FakePlugin::default()
+    }
+
+    /// The same plugin, also registering `kernel`.
+    pub fn with_kernel(mut self, kernel: RegisteredKernel) -> Self {
+        self.kernels.push(kernel);
+        self
+    }
+
+    /// The same plugin, also registering `runner`.
+    pub fn with_runner(mut self, runner: RegisteredRunner) -> Self {
+        self.runners.push(runner);
+        self
+    }
+
+    /// A plugin whose every load fails with `kind`.
+    pub fn failing(kind: LoadErrorKind) -> Self {
+        FakePlugin {
+            init_error: Some(kind),
+            ..FakePlugin::default()
+        }
+    }
+}
+
+/// A registered legacy (non-GOP1) kernel of `op_kind` on `backend`, priority 0, with an
+/// `Arc<()>` payload.
+pub fn fake_kernel(impl_id: ImplId, op_kind: u32, backend: Backend) -> RegisteredKernel {
+    RegisteredKernel {
+        impl_id,
+        op_kind,
+        op_name: None,
+        backend,
+        priority: 0,
+        operation: None,
+        raw: Arc::new(()),
+    }
+}
+
+/// A registered `GUILD_OP_CUSTOM` kernel with `candidate` as its GOP1 contract; id, name,
+/// backend and priority are the candidate's. The payload is an `Arc<()>`.
+pub fn fake_operation(candidate: OpCandidate) -> RegisteredKernel {
+    RegisteredKernel {
+        impl_id: candidate.impl_id.clone(),
+        op_kind: OP_KIND_CUSTOM,
+        op_name: Some(candidate.op_name.clone()),
+        backend: candidate.backend,
+        priority: candidate.priority,
+        operation: Some(candidate),
+        raw: Arc::new(()),
+    }
+}
+
+/// A registered runner with an `Arc<()>` payload.
+pub fn fake_runner(runner_id: RunnerId, priority: i32) -> RegisteredRunner {
+    RegisteredRunner {
+        runner_id,
+        priority,
+        raw: Arc::new(()),
+    }
+}
+
+/// What the fake loader has seen, shared with the libraries it hands out.
+#[derive(Debug, Default)]
+struct Tally {
+    live: BTreeMap<PathBuf, usize>,
+    shutdowns: BTreeMap<PathBuf, usize>,
+    opened: Vec<PathBuf>,
+}
+
+/// A [`PluginLoader`] over plugins described in Rust; see the module documentation.
+#[derive(Default)]
+pub struct FakeLoader {
+    plugins: Mutex<BTreeMap<PathBuf, FakePlugin>>,
+    tally: Arc<Mutex<Tally>>,
+}
+
+/// Locks a mutex, ignoring poisoning: a test that panicked elsewhere must not hide the counts.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl FakeLoader {
+    /// A loader with no plugins.
+    pub fn new() -> Self {
+        FakeLoader::default()
+    }
+
+    /// Makes `library` load as `plugin` from now on, replacing what was there.
+    pub fn insert(&self, library: impl Into<PathBuf>, plugin: FakePlugin) {
+        lock(&self.plugins).insert(library.into(), plugin);
+    }
+
+    /// Forgets the plugin at `library`; later loads of it fail to open. Libraries already
+    /// loaded stay loaded.
+    pub fn remove(&self, library: &Path) -> Option<FakePlugin> {
+        lock(&self.plugins).remove(library)
+    }
+
+    /// Libraries loaded and not yet dropped, over all paths.
+    pub fn live_libraries(&self) -> usize {
+        lock(&self.tally).live.values().sum()
+    }
+
+    /// Libraries loaded from `library` and not yet dropped.
+    pub fn live_libraries_of(&self, library: &Path) -> usize {
+        lock(&self.tally).live.get(library).copied().unwrap_or(0)
+    }
+
+    /// Shutdowns run, over all paths: one per dropped library and one per load that failed
+    /// after `init`.
+    pub fn shutdowns(&self) -> usize {
+        lock(&self.tally).shutdowns.values().sum()
+    }
+
+    /// Shutdowns run for `library`.
+    pub fn shutdowns_of(&self, library: &Path) -> usize {
+        lock(&self.tally)
+            .shutdowns
+            .get(library)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Every path `load` was asked to open, in order, successful or not.
+    pub fn opened(&self) -> Vec<PathBuf> {
+        lock(&self.tally).opened.clone()
+    }
+
+    fn count_shutdown(&self, library: &Path) {
+        *lock(&self.tally)
+            .shutdowns
+            .entry(library.to_path_buf())
+            .or_default() += 1;
+    }
+}
+
+impl fmt::Debug for FakeLoader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FakeLoader")
+            .field("plugins", &lock(&self.plugins).keys().collect::<Vec<_>>())
+            .field("tally", &*lock(&self.tally))
+            .finish()
+    }
+}
+
+impl PluginLoader for FakeLoader {
+    fn load(&self, request: &LoadRequest) -> Result<LoadedPlugin, LoadError> {
+        let path = request.library.clone();
+        lock(&self.tally).opened.push(path.clone());
+        let Some(plugin) = lock(&self.plugins).get(&path).cloned() else {
+            return Err(LoadError::new(
+                LoadErrorKind::Open {
+                    reason: format!("no fake plugin is registered at {}", path.display()),
+                },
+                request,
+            ));
+        };
+        if let Some(kind) = plugin.init_error {
+            let after_init = matches!(
+                kind,
+                LoadErrorKind::InitFailed { .. }
+                    | LoadErrorKind::RegistrationRefused { .. }
+                    | LoadErrorKind::RegistrationMismatch { .. }
+            );
+            if after_init {
+                self.count_shutdown(&path);
+            }
+            return Err(LoadError::new(kind, request));
+        }
+        if let Some(kind) = check_registrations(request, &plugin) {
+            self.count_shutdown(&path);
+            return Err(LoadError::new(kind, request));
+        }
+        *lock(&self.tally).live.entry(path.clone()).or_default() += 1;
+        Ok(LoadedPlugin {
+            library: Arc::new(FakeLibrary {
+                package: request.package.clone(),
+                version: request.version.clone(),
+                path,
+                tally: Arc::clone(&self.tally),
+            }),
+            kernels: plugin.kernels,
+            runners: plugin.runners,
+        })
+    }
+}
+
+/// The real loader's registration rules: no id twice, and exactly the declared ids.
+fn check_registrations(request: &LoadRequest, plugin: &FakePlugin) -> Option<LoadErrorKind> {
+    let kernels: Vec<&str> = plugin.kernels.iter().map(|k| k.impl_id.as_str()).collect();
+    let runners: Vec<&str> = plugin
+        .runners
+        .iter()
+        .map(|r| r.runner_id.as_str())
+        .collect();
+    for (what, ids) in [("impl id", &kernels), ("runner id", &runners)] {
+        let mut seen = BTreeSet::new();
+        if let Some(twice) = ids.iter().find(|id| !seen.insert(**id)) {
+            return Some(LoadErrorKind::RegistrationRefused {
+                reason: format!("{what} {twice} is registered twice"),
+            });
+        }
+    }
+    let declared_ops: Vec<&str> = request.provided_ops.iter().map(|id| id.as_str()).collect();
+    let declared_runners: Vec<&str> = request
+        .provided_runners
+        .iter()
+        .map(|id| id.as_str())
+        .collect();
+    mismatch(&kernels, &declared_ops).or_else(|| mismatch(&runners, &declared_runners))
+}
+
+fn mismatch(registered: &[&str], declared: &[&str]) -> Option<LoadErrorKind> {
+    let registered: BTreeSet<&str> = registered.iter().copied().collect();
+    let declared: BTreeSet<&str> = declared.iter().copied().collect();
+    (registered != declared).then(|| LoadErrorKind::RegistrationMismatch {
+        registered: registered.into_iter().map(str::to_owned).collect(),
+        declared: declared.into_iter().map(str::to_owned).collect(),
+    })
+}
+
+/// A fake loaded library. Dropping it counts a shutdown and one live library fewer.
+struct FakeLibrary {
+    package: PackageId,
+    version: Version,
+    path: PathBuf,
+    tally: Arc<Mutex<Tally>>,
+}
+
+impl LoadedLibrary for FakeLibrary {
+    fn package(&self) -> &PackageId {
+        &self.package
+    }
+
+    fn version(&self) -> &Version {
+        &self.version
+    }
+}
+
+impl fmt::Debug for FakeLibrary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FakeLibrary")
+            .field("package", &self.package)
+            .field("version", &self.version)
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl Drop for FakeLibrary {
+    fn drop(&mut self) {
+        let mut tally = lock(&self.tally);
+        *tally.shutdowns.entry(self.path.clone()).or_default() += 1;
+        if let Some(live) = tally.live.get_mut(&self.path) {
+            *live = live.saturating_sub(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use guild_domain::version::PackedVersion;
+
+    fn id(text: &str) -> ImplId {
+        ImplId::new(text).expect("a valid impl id")
+    }
+
+    fn request(path: &str, ops: &[&str], runners: &[&str]) -> LoadRequest {
+        LoadRequest {
+            package: PackageId::new("test.fake").expect("a valid package id"),
+            version: Version::new(1, 2, 3),
+            library: PathBuf::from(path),
+            provided_ops: ops.iter().map(|op| id(op)).collect(),
+            provided_runners: runners
+                .iter()
+                .map(|r| RunnerId::new(*r).expect("a valid runner id"))
+                .collect(),
+            host_abi: PackedVersion::KERNEL_ABI_V1,
+            operations: None,
+        }
+    }
+
+    fn kind_of(result: Result<LoadedPlugin, LoadError>) -> LoadErrorKind {
+        match result {
+            Ok(plugin) => panic!("loaded {:?}", plugin.kernels),
+            Err(e) => *e.kind,
+        }
+    }
+
+    #[test]
+    fn a_loaded_fake_lives_until_its_last_arc_drops() {
+        let loader = FakeLoader::new();
+        loader.insert(
+            "/p/liba.so",
+            FakePlugin::new()
+                .with_kernel(fake_kernel(id("test.a.add"), 16, Backend::Cpu))
+                .with_runner(fake_runner(RunnerId::new("test.a.run").expect("valid"), 3)),
+        );
+        let plugin = loader
+            .load(&request("/p/liba.so", &["test.a.add"], &["test.a.run"]))
+            .expect("loads");
+        assert_eq!(plugin.library.package().as_str(), "test.fake");
+        assert_eq!(plugin.library.version(), &Version::new(1, 2, 3));
+        assert_eq!(plugin.kernels[0].impl_id.as_str(), "test.a.add");
+        assert_eq!(plugin.runners[0].priority, 3);
+        let library = Arc::clone(&plugin.library);
+        drop(plugin);
+        assert_eq!(loader.live_libraries_of(Path::new("/p/liba.so")), 1);
+        assert_eq!(loader.shutdowns(), 0);
+        drop(library);
+        assert_eq!(loader.live_libraries(), 0);
+        assert_eq!(loader.shutdowns_of(Path::new("/p/liba.so")), 1);
+        assert_eq!(loader.opened(), [PathBuf::from("/p/liba.so")]);
+    }
+
+    #[test]
+    fn registrations_follow_the_real_loaders_rules() {
+        let loader = FakeLoader::new();
+        let add = || fake_kernel(id("test.a.add"), 16, Backend::Cpu);
+        loader.insert(
+            "/p/dup.so",
+            FakePlugin::new().with_kernel(add()).with_kernel(add()),
+        );
+        loader.insert("/p/one.so", FakePlugin::new().with_kernel(add()));
+
+        assert_eq!(
+            kind_of(loader.load(&request("/p/dup.so", &["test.a.add"], &[]))),
+            LoadErrorKind::RegistrationRefused {
+                reason: "impl id test.a.add is registered twice".into()
+            }
+        );
+        assert_eq!(
+            kind_of(loader.load(&request("/p/one.so", &["test.a.add", "test.a.mul"], &[]))),
+            LoadErrorKind::RegistrationMismatch {
+                registered: vec!["test.a.add".into()],
+                declared: vec!["test.a.add".into(), "test.a.mul".into()],
+            }
+        );
+        assert_eq!(
+            kind_of(loader.load(&request("/p/none.so", &[], &[]))),
+            LoadErrorKind::Open {
+                reason: "no fake plugin is registered at /p/none.so".into()
+            }
+        );
+        assert_eq!(loader.live_libraries(), 0);
+        assert_eq!(
+            loader.shutdowns(),
+            2,
+            "both refused registrations ran shutdown"
+        );
+    }
+
+    #[test]
+    fn a_configured_failure_counts_a_shutdown_only_after_init() {
+        let loader = FakeLoader::new();
+        let init_failed = LoadErrorKind::InitFailed {
+            status: -9,
+            status_name: "GUILD_STATUS_ERR_DEVICE",
+            component: "test.fake".into(),
+            message: "no device".into(),
+        };
+        loader.insert("/p/init.so", FakePlugin::failing(init_failed.clone()));
+        loader.insert(
+            "/p/entry.so",
+            FakePlugin::failing(LoadErrorKind::MissingEntry {
+                symbol: "guild_plugin_entry_v1",
+            }),
+        );
+        assert_eq!(
+            kind_of(loader.load(&request("/p/init.so", &[], &[]))),
+            init_failed
+        );
+        assert_eq!(loader.shutdowns_of(Path::new("/p/init.so")), 1);
+        assert!(matches!(
+            kind_of(loader.load(&request("/p/entry.so", &[], &[]))),
+            LoadErrorKind::MissingEntry { .. }
+        ));
+        assert_eq!(loader.shutdowns_of(Path::new("/p/entry.so")), 0);
+    }
+}
