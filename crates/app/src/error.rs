@@ -89,6 +89,10 @@ pub enum HostError {
     },
     #[error(transparent)]
     Publish(#[from] crate::publish::PublishError),
+    #[error(transparent)]
+    Load(#[from] guild_ports::loader::LoadError),
+    #[error(transparent)]
+    RegistryChange(#[from] crate::registry::RegistryChangeError),
 }
 
 fn list(problems: &[GraphProblem]) -> String {
@@ -125,7 +129,11 @@ impl HostError {
             | HostError::InstalledTree { .. }
             | HostError::Graph(_)
             | HostError::UnsupportedPlatform { .. } => ErrorCategory::Store,
-            HostError::Publish(_) => ErrorCategory::PackageRejected,
+            HostError::Publish(_) | HostError::Load(_) => ErrorCategory::PackageRejected,
+            HostError::RegistryChange(crate::registry::RegistryChangeError::NotLoaded {
+                ..
+            }) => ErrorCategory::NotFound,
+            HostError::RegistryChange(_) => ErrorCategory::Refused,
         }
     }
 }

@@ -9,10 +9,13 @@
 #![forbid(unsafe_code)]
 
 pub mod error;
+pub mod host;
 pub mod package_manager;
 pub mod platform;
 pub mod publish;
+pub mod registry;
 
 pub use error::{ErrorCategory, HostError};
+pub use host::{Host, LoadReport};
 pub use package_manager::{InstallOptions, Installed, OpenReport, PackageManager};
 pub use platform::HostPlatform;

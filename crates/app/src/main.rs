@@ -1,10 +1,12 @@
-//! The `guild` command line for operators.
+//! The `guild` command line for operators and publishers; see docs/cli.md.
+//!
+//! The command-line code lives in the binary's own module tree (`cli`), so that the
+//! `guild_host` library that runners embed carries none of it.
 
-use std::process::ExitCode;
+#![forbid(unsafe_code)]
 
-fn main() -> ExitCode {
-    eprintln!(
-        "guild: no subcommands are available yet; the package commands arrive with the store"
-    );
-    ExitCode::from(2)
+mod cli;
+
+fn main() -> std::process::ExitCode {
+    cli::main()
 }

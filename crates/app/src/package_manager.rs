@@ -148,6 +148,72 @@ impl Drop for PackageLease {
     }
 }
 
+/// A change the package manager is about to commit, as a [`LifecycleHook`] sees it.
+#[derive(Debug)]
+pub enum Change<'a> {
+    /// A new version was verified and extracted into `dir` (its staging tree).
+    Install {
+        id: &'a PackageId,
+        version: &'a Version,
+        dir: &'a Path,
+        metadata: &'a Metadata,
+        enabled: bool,
+    },
+    /// The current version, installed in `dir`, becomes enabled.
+    Enable {
+        id: &'a PackageId,
+        version: &'a Version,
+        dir: PathBuf,
+        metadata: Arc<Metadata>,
+    },
+    /// The enabled version becomes disabled.
+    Disable {
+        id: &'a PackageId,
+        version: &'a Version,
+    },
+    /// A version is removed; `current` says whether it was the current version.
+    Remove {
+        id: &'a PackageId,
+        version: &'a Version,
+        current: bool,
+    },
+    /// The package returns to `to`, installed in `dir`.
+    Rollback {
+        id: &'a PackageId,
+        from: Option<&'a Version>,
+        to: &'a Version,
+        dir: PathBuf,
+        metadata: Arc<Metadata>,
+    },
+}
+
+/// Lets the layer above (the kernel registry) take part in the lifecycle transaction: it can
+/// refuse a change before the durable commit, and it applies its own part only after the commit
+/// succeeded, still under the same lock, so that a failed commit never exposes anything.
+///
+/// A hook runs while the package manager holds its lifecycle lock (and, for remove and rollback,
+/// its lease ledger), so it must not call back into the package manager.
+pub trait LifecycleHook {
+    /// Called after every check passed and before the durable commit. An error aborts the
+    /// change; nothing has been written.
+    fn prepare(&mut self, change: &Change<'_>) -> Result<(), HostError>;
+    /// Called once the commit is durable.
+    fn committed(&mut self);
+    /// Called when the commit failed after `prepare` succeeded.
+    fn aborted(&mut self);
+}
+
+/// The hook of a package manager used on its own.
+struct NoHook;
+
+impl LifecycleHook for NoHook {
+    fn prepare(&mut self, _: &Change<'_>) -> Result<(), HostError> {
+        Ok(())
+    }
+    fn committed(&mut self) {}
+    fn aborted(&mut self) {}
+}
+
 /// Bridges the crypto port to the domain's signature check.
 struct PortCheck<'a>(&'a dyn SignatureVerifier);
 
@@ -291,8 +357,27 @@ impl PackageManager {
         self.lifecycle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Commits `tx` and tells `hook` how it went.
+    fn commit(&self, tx: Transaction, hook: &mut dyn LifecycleHook) -> Result<(), HostError> {
+        match self.store.commit(tx) {
+            Ok(_) => {
+                hook.committed();
+                Ok(())
+            }
+            Err(e) => {
+                hook.aborted();
+                Err(e.into())
+            }
+        }
+    }
+
     fn lock_leases(&self) -> MutexGuard<'_, LeaseLedger> {
         self.leases.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The platform packages are checked against.
+    pub fn platform(&self) -> &HostPlatform {
+        &self.platform
     }
 
     /// The current trust store. A store without a trust file trusts nothing; a trust file that
@@ -321,6 +406,43 @@ impl PackageManager {
         let out = change(&mut trust)?;
         self.store.write_trust(trust.to_json().as_bytes())?;
         Ok(out)
+    }
+
+    /// The signed metadata of an installed version, from the lifecycle state.
+    fn loaded_metadata(
+        &self,
+        life: &Lifecycle,
+        id: &PackageId,
+        version: &Version,
+    ) -> Result<Arc<Metadata>, HostError> {
+        life.metadata
+            .get(&(id.clone(), version.clone()))
+            .cloned()
+            .ok_or_else(|| HostError::InstalledTree {
+                package: format!("{id}@{version}"),
+                path: self.store.package_dir(id, version),
+                problem: "its metadata was not loaded".into(),
+            })
+    }
+
+    /// Refuses to make `id@version` loadable again unless today's trust store still
+    /// authenticates it. A version that was installed under a key or payload digest revoked
+    /// since must not come back through enable or rollback; without this check it would reach
+    /// the load plan until the next open quarantined it again.
+    fn check_still_trusted(
+        &self,
+        metadata: &Metadata,
+        id: &PackageId,
+        version: &Version,
+    ) -> Result<(), HostError> {
+        let trust = self.read_trust()?;
+        authenticate(metadata, &trust, &PortCheck(&*self.verifier))
+            .map(|_| ())
+            .map_err(|source| HostError::Unauthenticated {
+                location: self.store.package_dir(id, version),
+                package: format!("{id}@{version}"),
+                source,
+            })
     }
 
     /// The graph of installed versions as `registry` records them.
@@ -363,6 +485,16 @@ impl PackageManager {
         &self,
         location: &Path,
         options: InstallOptions,
+    ) -> Result<Installed, HostError> {
+        self.install_with(location, options, &mut NoHook)
+    }
+
+    /// [`PackageManager::install`] with a hook that takes part in the transaction.
+    pub fn install_with(
+        &self,
+        location: &Path,
+        options: InstallOptions,
+        hook: &mut dyn LifecycleHook,
     ) -> Result<Installed, HostError> {
         let mut life = self.lock();
         let trust = self.read_trust()?;
@@ -438,12 +570,23 @@ impl PackageManager {
             let _ = self.store.discard_staging(&staging);
             return Err(e.into());
         }
+        let change = Change::Install {
+            id,
+            version,
+            dir: &staging,
+            metadata: &metadata,
+            enabled: options.enable,
+        };
+        if let Err(e) = hook.prepare(&change) {
+            let _ = self.store.discard_staging(&staging);
+            return Err(e);
+        }
         let tx = Transaction::new(registry.generation(), next).with_install(
             id.clone(),
             version.clone(),
             staging,
         );
-        self.store.commit(tx)?;
+        self.commit(tx, hook)?;
 
         life.metadata.insert(key, metadata);
         installed.changed = true;
@@ -454,6 +597,15 @@ impl PackageManager {
 
     /// Enables the current version of `id`, refused if that would break a dependency.
     pub fn enable(&self, id: &PackageId) -> Result<Version, HostError> {
+        self.enable_with(id, &mut NoHook)
+    }
+
+    /// [`PackageManager::enable`] with a hook that takes part in the transaction.
+    pub fn enable_with(
+        &self,
+        id: &PackageId,
+        hook: &mut dyn LifecycleHook,
+    ) -> Result<Version, HostError> {
         let life = self.lock();
         let registry = self.store.registry()?;
         let mut next = registry.successor();
@@ -466,20 +618,40 @@ impl PackageManager {
                 problems,
             });
         }
-        self.store
-            .commit(Transaction::new(registry.generation(), next))?;
+        let metadata = self.loaded_metadata(&life, id, &version)?;
+        self.check_still_trusted(&metadata, id, &version)?;
+        let dir = self.store.package_dir(id, &version);
+        hook.prepare(&Change::Enable {
+            id,
+            version: &version,
+            dir,
+            metadata,
+        })?;
+        self.commit(Transaction::new(registry.generation(), next), hook)?;
         Ok(version)
     }
 
     /// Disables the enabled version of `id`, refused while an enabled package depends on it.
     pub fn disable(&self, id: &PackageId) -> Result<Version, HostError> {
+        self.disable_with(id, &mut NoHook)
+    }
+
+    /// [`PackageManager::disable`] with a hook that takes part in the transaction.
+    pub fn disable_with(
+        &self,
+        id: &PackageId,
+        hook: &mut dyn LifecycleHook,
+    ) -> Result<Version, HostError> {
         let life = self.lock();
         let registry = self.store.registry()?;
         self.graph(&life, &registry)?.check_disable(id)?;
         let mut next = registry.successor();
         let version = next.disable(id)?;
-        self.store
-            .commit(Transaction::new(registry.generation(), next))?;
+        hook.prepare(&Change::Disable {
+            id,
+            version: &version,
+        })?;
+        self.commit(Transaction::new(registry.generation(), next), hook)?;
         Ok(version)
     }
 
@@ -487,6 +659,16 @@ impl PackageManager {
     /// enabled package depends on it or while it is leased. Its tree is deleted; its record stays,
     /// so the same version can never return with other content.
     pub fn remove(&self, id: &PackageId, version: Option<&Version>) -> Result<Version, HostError> {
+        self.remove_with(id, version, &mut NoHook)
+    }
+
+    /// [`PackageManager::remove`] with a hook that takes part in the transaction.
+    pub fn remove_with(
+        &self,
+        id: &PackageId,
+        version: Option<&Version>,
+        hook: &mut dyn LifecycleHook,
+    ) -> Result<Version, HostError> {
         let mut life = self.lock();
         let registry = self.store.registry()?;
         let version = match version {
@@ -511,8 +693,12 @@ impl PackageManager {
         }
         let mut next = registry.successor();
         next.remove(id, &version)?;
-        self.store
-            .commit(Transaction::new(registry.generation(), next))?;
+        hook.prepare(&Change::Remove {
+            id,
+            version: &version,
+            current: is_current,
+        })?;
+        self.commit(Transaction::new(registry.generation(), next), hook)?;
         drop(leases);
         life.metadata.remove(&(id.clone(), version.clone()));
         Ok(version)
@@ -524,6 +710,15 @@ impl PackageManager {
         &self,
         id: &PackageId,
     ) -> Result<guild_domain::registry::RolledBack, HostError> {
+        self.rollback_with(id, &mut NoHook)
+    }
+
+    /// [`PackageManager::rollback`] with a hook that takes part in the transaction.
+    pub fn rollback_with(
+        &self,
+        id: &PackageId,
+        hook: &mut dyn LifecycleHook,
+    ) -> Result<guild_domain::registry::RolledBack, HostError> {
         let life = self.lock();
         let registry = self.store.registry()?;
         let mut next = registry.successor();
@@ -532,8 +727,16 @@ impl PackageManager {
             .check_rollback(id, &rolled.to)?;
         let leases = self.lock_leases();
         leases.check_quiescent(id, QuiescentAction::Rollback)?;
-        self.store
-            .commit(Transaction::new(registry.generation(), next))?;
+        let metadata = self.loaded_metadata(&life, id, &rolled.to)?;
+        self.check_still_trusted(&metadata, id, &rolled.to)?;
+        hook.prepare(&Change::Rollback {
+            id,
+            from: rolled.from.as_ref(),
+            to: &rolled.to,
+            dir: self.store.package_dir(id, &rolled.to),
+            metadata,
+        })?;
+        self.commit(Transaction::new(registry.generation(), next), hook)?;
         Ok(rolled)
     }
 
@@ -590,6 +793,11 @@ impl PackageManager {
             });
         }
         Ok(out)
+    }
+
+    /// The generation of the committed registry (it grows by one with every change).
+    pub fn generation(&self) -> Result<u64, HostError> {
+        Ok(self.store.registry()?.generation())
     }
 
     /// The signed metadata of an installed version.

@@ -1,4 +1,12 @@
 //! Integration tests of `guild-host`.
 
+mod cli;
+mod crash;
+mod host;
+mod kill;
 mod numbering;
+mod refusals;
+mod registry;
+mod signatures;
 mod smoke;
+mod support;

@@ -1,0 +1,157 @@
+//! Kernel-registry lookups against a `Mutex<HashMap>` baseline, in the same run: `find_by_id`
+//! latency on one thread, and lookup throughput on one and two threads.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use guild_domain::ids::{ImplId, OpName, PackageId};
+use guild_domain::operation::Backend;
+use guild_domain::version::Version;
+use guild_host::registry::KernelRegistry;
+use guild_ports::loader::{LoadedLibrary, LoadedPlugin, RegisteredKernel};
+
+#[derive(Debug)]
+struct NoLibrary(PackageId, Version);
+
+impl LoadedLibrary for NoLibrary {
+    fn package(&self) -> &PackageId {
+        &self.0
+    }
+    fn version(&self) -> &Version {
+        &self.1
+    }
+}
+
+const PACKAGES: usize = 64;
+const KERNELS_PER_PACKAGE: usize = 8;
+
+fn impl_id(p: usize, k: usize) -> ImplId {
+    ImplId::new(format!("bench.pkg{p}.kernel{k}")).unwrap()
+}
+
+fn registry() -> KernelRegistry {
+    let reg = KernelRegistry::new();
+    for p in 0..PACKAGES {
+        let id = PackageId::new(format!("bench.pkg{p}")).unwrap();
+        let version = Version::new(1, 0, 0);
+        let kernels = (0..KERNELS_PER_PACKAGE)
+            .map(|k| RegisteredKernel {
+                impl_id: impl_id(p, k),
+                op_kind: 0x10000,
+                op_name: Some(OpName::new(format!("bench.op{k}")).unwrap()),
+                backend: Backend::Cpu,
+                priority: p as i32,
+                operation: None,
+                raw: Arc::new(()),
+            })
+            .collect();
+        let library = Arc::new(NoLibrary(id.clone(), version.clone()));
+        let plugin = LoadedPlugin {
+            library,
+            kernels,
+            runners: vec![],
+        };
+        reg.commit(reg.prepare(&id, &version, plugin, true).unwrap());
+    }
+    reg
+}
+
+/// The baseline: the same lookup through a mutex-protected map of shared entries.
+fn baseline() -> Mutex<HashMap<ImplId, Arc<(ImplId, i32)>>> {
+    let mut map = HashMap::new();
+    for p in 0..PACKAGES {
+        for k in 0..KERNELS_PER_PACKAGE {
+            map.insert(impl_id(p, k), Arc::new((impl_id(p, k), p as i32)));
+        }
+    }
+    Mutex::new(map)
+}
+
+fn latency(c: &mut Criterion) {
+    let reg = registry();
+    let base = baseline();
+    let probe = impl_id(PACKAGES / 2, 3);
+    let mut g = c.benchmark_group("find_by_id");
+    g.bench_function("registry (arc-swap snapshot, binding taken)", |b| {
+        b.iter(|| black_box(reg.find_by_id(black_box(&probe))).is_some())
+    });
+    g.bench_function("baseline Mutex<HashMap> (Arc clone)", |b| {
+        b.iter(|| black_box(base.lock().unwrap().get(black_box(&probe)).cloned()).is_some())
+    });
+    g.finish();
+}
+
+/// Lookups per second for `threads` threads over a fixed duration.
+fn throughput(
+    threads: usize,
+    lookup: Arc<dyn Fn(&ImplId) -> bool + Send + Sync>,
+    dur: Duration,
+) -> f64 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (stop, lookup) = (stop.clone(), lookup.clone());
+            std::thread::spawn(move || {
+                let ids: Vec<_> = (0..PACKAGES)
+                    .map(|p| impl_id(p, (p + t) % KERNELS_PER_PACKAGE))
+                    .collect();
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for id in &ids {
+                        if lookup(id) {
+                            n += 1;
+                        }
+                    }
+                }
+                n
+            })
+        })
+        .collect();
+    std::thread::sleep(dur);
+    stop.store(true, Ordering::Relaxed);
+    let total: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    total as f64 / dur.as_secs_f64()
+}
+
+fn throughput_table(_: &mut Criterion) {
+    let benchmarking = std::env::args().any(|a| a == "--bench");
+    let dur = if benchmarking {
+        Duration::from_secs(2)
+    } else {
+        Duration::from_millis(50)
+    };
+    let reg = Arc::new(registry());
+    let base = Arc::new(baseline());
+    println!(
+        "\nlookup throughput ({} ms per cell, {} kernels registered)",
+        dur.as_millis(),
+        PACKAGES * KERNELS_PER_PACKAGE
+    );
+    println!(
+        "{:<10}{:>22}{:>22}{:>10}",
+        "threads", "registry (M/s)", "Mutex<HashMap> (M/s)", "ratio"
+    );
+    for threads in [1, 2] {
+        let r = reg.clone();
+        let registry_rate =
+            throughput(threads, Arc::new(move |id| r.find_by_id(id).is_some()), dur);
+        let b = base.clone();
+        let base_rate = throughput(
+            threads,
+            Arc::new(move |id| b.lock().unwrap().get(id).cloned().is_some()),
+            dur,
+        );
+        println!(
+            "{threads:<10}{:>22.2}{:>22.2}{:>10.2}",
+            registry_rate / 1e6,
+            base_rate / 1e6,
+            registry_rate / base_rate
+        );
+    }
+}
+
+criterion_group!(benches, latency, throughput_table);
+criterion_main!(benches);

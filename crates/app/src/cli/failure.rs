@@ -1,0 +1,431 @@
+//! How a failed command is classified: its documented exit code, its cause chain and a hint.
+//!
+//! Commands return `anyhow::Error`s that wrap the library's typed errors. The classification
+//! walks the chain from the outside in and lets the first typed error it recognises decide, so
+//! that a context message added on top never hides what actually failed.
+
+use std::io;
+use std::process::ExitCode;
+
+use guild_adapters_crypto::KeyFileError;
+use guild_adapters_fs::archive::PackError;
+use guild_domain::graph::{DisableRefusal, GraphProblem, RemoveRefusal, RollbackRefusal};
+use guild_domain::registry::RegistryError;
+use guild_domain::trust::{AuthError, SignatureOutcome, TrustChangeError};
+use guild_host::publish::PublishError;
+use guild_host::{ErrorCategory, HostError};
+use guild_ports::source::{SourceError, SourceErrorKind};
+use guild_ports::store::{StoreError, StoreErrorKind};
+
+/// The documented exit codes (see docs/cli.md and `guild --help`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Failure = 1,
+    Usage = 2,
+    Rejected = 3,
+    Refused = 4,
+    Store = 5,
+    NotFound = 6,
+}
+
+impl Exit {
+    /// The category name used in `--json` errors.
+    pub fn category(self) -> &'static str {
+        match self {
+            Exit::Failure => "failure",
+            Exit::Usage => "usage",
+            Exit::Rejected => "rejected",
+            Exit::Refused => "refused",
+            Exit::Store => "store",
+            Exit::NotFound => "not_found",
+        }
+    }
+
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+}
+
+impl From<Exit> for ExitCode {
+    fn from(exit: Exit) -> Self {
+        ExitCode::from(exit.code())
+    }
+}
+
+impl From<ErrorCategory> for Exit {
+    fn from(category: ErrorCategory) -> Self {
+        match category {
+            ErrorCategory::PackageRejected => Exit::Rejected,
+            ErrorCategory::Refused => Exit::Refused,
+            ErrorCategory::NotFound => Exit::NotFound,
+            ErrorCategory::Store => Exit::Store,
+        }
+    }
+}
+
+/// An error the CLI itself raises, with the exit code it deserves.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct CliError {
+    pub exit: Exit,
+    pub message: String,
+    pub hint: Option<String>,
+}
+
+impl CliError {
+    pub fn new(exit: Exit, message: impl Into<String>) -> Self {
+        CliError {
+            exit,
+            message: message.into(),
+            hint: None,
+        }
+    }
+
+    pub fn with_hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
+    }
+}
+
+/// A failed command, ready to print.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub exit: Exit,
+    /// What failed and where (the outermost error).
+    pub message: String,
+    /// The causes below it, outermost first, each said once.
+    pub causes: Vec<String>,
+    pub hint: Option<String>,
+}
+
+impl Failure {
+    pub fn from_error(err: &anyhow::Error) -> Self {
+        let mut links = err.chain();
+        let message = links.next().map(|e| e.to_string()).unwrap_or_default();
+        // Many errors repeat their source's text in their own message; print each text once.
+        let mut causes: Vec<String> = Vec::new();
+        let mut previous = message.clone();
+        for link in links {
+            let text = link.to_string();
+            if !text.is_empty() && !previous.contains(&text) {
+                causes.push(text.clone());
+            }
+            previous = text;
+        }
+        let (exit, hint) = classify(err);
+        Failure {
+            exit,
+            message,
+            causes,
+            hint,
+        }
+    }
+}
+
+/// The exit code and hint of the first error in the chain that says what went wrong.
+fn classify(err: &anyhow::Error) -> (Exit, Option<String>) {
+    for link in err.chain() {
+        if let Some(e) = link.downcast_ref::<CliError>() {
+            return (e.exit, e.hint.clone());
+        }
+        if let Some(e) = link.downcast_ref::<HostError>() {
+            return (e.category().into(), host_hint(e));
+        }
+        if let Some(e) = link.downcast_ref::<PublishError>() {
+            return publish(e);
+        }
+        if let Some(e) = link.downcast_ref::<KeyFileError>() {
+            return key_file(e);
+        }
+        if let Some(e) = link.downcast_ref::<SourceError>() {
+            return (source_exit(e), source_hint(e));
+        }
+        if let Some(e) = link.downcast_ref::<StoreError>() {
+            return (Exit::Store, store_hint(e));
+        }
+        if let Some(e) = link.downcast_ref::<io::Error>() {
+            if e.kind() == io::ErrorKind::NotFound {
+                return (Exit::NotFound, None);
+            }
+        }
+    }
+    (Exit::Failure, None)
+}
+
+fn source_exit(e: &SourceError) -> Exit {
+    if e.kind == SourceErrorKind::NotFound {
+        Exit::NotFound
+    } else {
+        Exit::Rejected
+    }
+}
+
+fn source_hint(e: &SourceError) -> Option<String> {
+    match e.kind {
+        SourceErrorKind::NotFound | SourceErrorKind::Io { .. } => None,
+        SourceErrorKind::SizeMismatch { .. }
+        | SourceErrorKind::DigestMismatch { .. }
+        | SourceErrorKind::MissingArtifact
+        | SourceErrorKind::UnlistedFile => Some(
+            "the package's files do not match its signed manifest: it was altered or damaged \
+             after packing; do not install it, get it again from its publisher"
+                .into(),
+        ),
+        _ => Some(
+            "the archive is malformed or unsafe to unpack; get it again from its publisher".into(),
+        ),
+    }
+}
+
+fn publish(e: &PublishError) -> (Exit, Option<String>) {
+    match e {
+        PublishError::Read { source, .. } if source.kind() == io::ErrorKind::NotFound => {
+            (Exit::NotFound, None)
+        }
+        PublishError::Read { .. } | PublishError::Pack(PackError::Io { .. }) => {
+            (Exit::Failure, None)
+        }
+        PublishError::TemplateJson { .. }
+        | PublishError::Template { .. }
+        | PublishError::Manifest { .. } => (
+            Exit::Rejected,
+            Some("fix the template fields named above and pack again".into()),
+        ),
+        PublishError::Source(s) => (source_exit(s), source_hint(s)),
+        PublishError::AlreadySigned { .. } => (
+            Exit::Refused,
+            Some("nothing to do: the package already carries this key's signature".into()),
+        ),
+        PublishError::Sign(_) => (Exit::Failure, None),
+        _ => (Exit::Rejected, None),
+    }
+}
+
+fn key_file(e: &KeyFileError) -> (Exit, Option<String>) {
+    match e {
+        KeyFileError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound => {
+            (Exit::NotFound, None)
+        }
+        KeyFileError::AlreadyExists { .. } => (
+            Exit::Refused,
+            Some("pass --force to replace it (the old private key is then lost)".into()),
+        ),
+        KeyFileError::Io { .. } => (Exit::Failure, None),
+        _ => (
+            Exit::Rejected,
+            Some(
+                "keys are PEM: a PKCS#8 or SEC1 P-256 private key, or an SPKI public key \
+                 (guild keygen and openssl write both)"
+                    .into(),
+            ),
+        ),
+    }
+}
+
+fn store_hint(e: &StoreError) -> Option<String> {
+    let where_ = e
+        .path
+        .as_ref()
+        .map(|p| format!(" ({})", p.display()))
+        .unwrap_or_default();
+    match e.kind {
+        StoreErrorKind::Locked => Some(
+            "another guild command or a runner has this store open; retry when it has finished"
+                .into(),
+        ),
+        StoreErrorKind::Corrupt | StoreErrorKind::UnsupportedFormat => Some(format!(
+            "the store refuses to guess: restore the damaged file{where_} from a backup, then \
+             run `guild recover`"
+        )),
+        StoreErrorKind::Io => Some(format!(
+            "check the file system{where_}: does it exist, is it writable, is there space? \
+             Then run `guild recover`"
+        )),
+        _ => Some(
+            "run `guild recover`; if it fails the same way, restore the store from a backup".into(),
+        ),
+    }
+}
+
+fn host_hint(e: &HostError) -> Option<String> {
+    match e {
+        HostError::Source(s) => source_hint(s),
+        HostError::Unauthenticated { source, .. } => auth_hint(source),
+        HostError::Platform { .. } => {
+            Some("get the build of this package made for this host's platform".into())
+        }
+        HostError::Manifest { .. } => Some(
+            "the package's .gkmetadata is malformed; ask its publisher for a good package".into(),
+        ),
+        HostError::Registry(r) => registry_hint(r),
+        HostError::Dependencies { action, problems } => Some(dependencies_hint(action, problems)),
+        HostError::Disable(DisableRefusal::EnabledDependents { dependents, .. })
+        | HostError::Remove(RemoveRefusal::EnabledDependents { dependents, .. }) => {
+            let names: Vec<String> = dependents.iter().map(|d| d.node.id.to_string()).collect();
+            Some(format!(
+                "disable the dependents first: guild disable {}",
+                names.join(" && guild disable ")
+            ))
+        }
+        HostError::Rollback(RollbackRefusal::Incompatible { problems, .. }) => Some(format!(
+            "{} would not accept that version; update or disable them first",
+            dependents_of(problems).join(", ")
+        )),
+        HostError::Disable(_) | HostError::Remove(_) | HostError::Rollback(_) => {
+            Some("see what is installed with `guild list`".into())
+        }
+        HostError::Leased(_) => {
+            Some("a session is using the package; retry when it has been released".into())
+        }
+        HostError::TrustChange(TrustChangeError::KeyRevoked { .. }) => {
+            Some("a revoked key is never trusted again; ask the publisher for a new key".into())
+        }
+        HostError::TrustChange(_) => None,
+        HostError::Store(s) => store_hint(s),
+        HostError::TrustFile(_) => Some(
+            "the trust file cannot be read, so nothing is trusted: restore it from a backup, \
+             then run `guild recover`"
+                .into(),
+        ),
+        HostError::InstalledTree { .. } | HostError::Graph(_) => Some(
+            "run `guild recover`; if it fails the same way, restore the store from a backup".into(),
+        ),
+        HostError::Publish(p) => publish(p).1,
+        _ => None,
+    }
+}
+
+fn auth_hint(e: &AuthError) -> Option<String> {
+    match e {
+        AuthError::PublisherNotTrusted { publisher } => Some(format!(
+            "if you trust this publisher, add its public key: guild trust add {publisher} PUBKEY.pem"
+        )),
+        AuthError::NoSignatures => {
+            Some("the package must be signed first: guild sign PACKAGE --key KEY.pem".into())
+        }
+        AuthError::DigestRevoked { .. } => {
+            Some("this exact package was revoked; install another version".into())
+        }
+        AuthError::NoValidSignature {
+            publisher,
+            attempts,
+        } => {
+            if attempts
+                .iter()
+                .any(|(_, o)| matches!(o, SignatureOutcome::UnknownKey))
+            {
+                Some(format!(
+                    "if the signing key belongs to {publisher}, trust it: guild trust add \
+                     {publisher} PUBKEY.pem"
+                ))
+            } else if attempts
+                .iter()
+                .all(|(_, o)| matches!(o, SignatureOutcome::KeyRevoked { .. }))
+            {
+                Some("its keys are revoked; ask the publisher for a package signed with a current key".into())
+            } else {
+                Some("the package was altered after signing or signed for another publisher; do not install it".into())
+            }
+        }
+    }
+}
+
+fn registry_hint(e: &RegistryError) -> Option<String> {
+    match e {
+        RegistryError::Downgrade { id, .. } => Some(format!(
+            "to return to the previous version run `guild rollback {id}`; to install this older \
+             version anyway, pass --allow-downgrade"
+        )),
+        RegistryError::ImmutableVersion(_) => Some(
+            "published versions never change; publish the new content under a new version".into(),
+        ),
+        RegistryError::UnknownPackage { .. }
+        | RegistryError::NotInstalled { .. }
+        | RegistryError::NoCurrentVersion { .. } => {
+            Some("see what is installed with `guild list`".into())
+        }
+        RegistryError::NoPreviousVersion { .. } => Some(
+            "rollback needs a superseded version; see `guild status ID` for its versions".into(),
+        ),
+        _ => None,
+    }
+}
+
+/// A hint for a change refused because of the dependency graph. The change's own package (named
+/// at the end of `action`, "installing a@1.0.0") may be the one whose requirements fail, or
+/// other packages may depend on it; the hint differs.
+fn dependencies_hint(action: &str, problems: &[GraphProblem]) -> String {
+    let subject = action.rsplit(' ').next().unwrap_or("");
+    let mut needed: Vec<String> = Vec::new();
+    let mut others: Vec<String> = Vec::new();
+    for p in problems {
+        let (list, name) = match (p.dependent(), p.target_id()) {
+            (Some(dependent), Some(target)) if dependent.to_string() == subject => {
+                (&mut needed, target.to_string())
+            }
+            (Some(dependent), _) => (&mut others, dependent.to_string()),
+            _ => continue,
+        };
+        if !list.contains(&name) {
+            list.push(name);
+        }
+    }
+    let mut parts = Vec::new();
+    if !needed.is_empty() {
+        parts.push(format!(
+            "install and enable a version of {} that {subject} accepts first",
+            needed.join(", ")
+        ));
+    }
+    if !others.is_empty() {
+        parts.push(format!(
+            "{} would break; disable {} first (guild disable ID)",
+            others.join(", "),
+            if others.len() == 1 { "it" } else { "them" }
+        ));
+    }
+    if parts.is_empty() {
+        "see `guild list` and `guild status ID` for the packages involved".into()
+    } else {
+        parts.join("; ")
+    }
+}
+
+/// The packages named as dependents in graph problems, each once, in order.
+fn dependents_of(problems: &[GraphProblem]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for p in problems {
+        let name = p
+            .dependent()
+            .map_or_else(|| p.to_string(), ToString::to_string);
+        if !out.contains(&name) {
+            out.push(name);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causes_are_listed_once_each() {
+        let inner = io::Error::other("disk on fire");
+        let err = anyhow::Error::new(inner).context("cannot write x: disk on fire");
+        let f = Failure::from_error(&err);
+        assert_eq!(f.message, "cannot write x: disk on fire");
+        assert!(f.causes.is_empty());
+        assert_eq!(f.exit, Exit::Failure);
+    }
+
+    #[test]
+    fn cli_errors_keep_their_exit_code_under_context() {
+        let err = anyhow::Error::new(CliError::new(Exit::NotFound, "no such thing").with_hint("h"))
+            .context("while doing y");
+        let f = Failure::from_error(&err);
+        assert_eq!(f.exit, Exit::NotFound);
+        assert_eq!(f.causes, vec!["no such thing".to_string()]);
+        assert_eq!(f.hint.as_deref(), Some("h"));
+    }
+}

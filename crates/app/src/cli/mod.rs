@@ -1,0 +1,144 @@
+//! The `guild` command line: parses the arguments, runs one command against the library, and
+//! prints its result or its error (with the documented exit code).
+//!
+//! The library stays free of CLI code: this module tree belongs to the binary only. Nothing here
+//! adds a way around verification; every package goes through the same `PackageManager` calls
+//! that an embedding runner uses.
+
+mod args;
+mod failure;
+mod output;
+mod publisher;
+mod render;
+mod store;
+mod trust;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::error::ErrorKind;
+use clap::Parser;
+
+use args::{Cli, Command};
+use failure::{CliError, Exit, Failure};
+use output::{Output, Report};
+
+/// Runs `guild` with the process's arguments.
+pub fn main() -> ExitCode {
+    let raw: Vec<OsString> = std::env::args_os().collect();
+    let cli = match Cli::try_parse_from(&raw) {
+        Ok(cli) => cli,
+        Err(e) => return usage(e, asks_for_json(&raw)),
+    };
+    let out = Output {
+        json: cli.json,
+        quiet: cli.quiet,
+    };
+    match run(&cli) {
+        Ok(report) => {
+            out.success(report);
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            let failure = Failure::from_error(&err);
+            out.failure(&failure);
+            failure.exit.into()
+        }
+    }
+}
+
+/// Help and version requests succeed; everything else clap refuses is a usage error (exit 2),
+/// printed as JSON when the command line asked for JSON.
+fn usage(e: clap::Error, json: bool) -> ExitCode {
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        let _ = e.print();
+        return ExitCode::SUCCESS;
+    }
+    if json {
+        // clap's rendered first line is "error: <what>"; keep only the message.
+        let rendered = e.to_string();
+        let first = rendered.lines().next().unwrap_or("");
+        let text = first.strip_prefix("error: ").unwrap_or(first);
+        output::print_json(&mut std::io::stderr(), &output::usage_json(text));
+    } else {
+        let _ = e.print();
+    }
+    Exit::Usage.into()
+}
+
+/// Whether `--json` appears among the options (before a `--` separator), for errors raised
+/// before the command line is understood.
+fn asks_for_json(raw: &[OsString]) -> bool {
+    raw.iter()
+        .skip(1)
+        .take_while(|a| a.as_os_str() != "--")
+        .any(|a| a.as_os_str() == "--json")
+}
+
+fn run(cli: &Cli) -> anyhow::Result<Report> {
+    match &cli.command {
+        Command::Keygen { out, force } => publisher::keygen(out, *force),
+        Command::Pack {
+            source,
+            manifest,
+            out,
+            key,
+        } => publisher::pack(source, manifest, out, key.as_deref()),
+        Command::Sign { package, key, out } => publisher::sign(package, key, out.as_deref()),
+        Command::Verify { package } => publisher::verify(&store_dir(cli, false)?, package),
+        Command::Inspect { package } => publisher::inspect(package),
+        Command::Trust(t) => trust::run(&store_dir(cli, true)?, t),
+        Command::Install {
+            package,
+            disabled,
+            allow_downgrade,
+        } => store::install(
+            &store_dir(cli, true)?,
+            package,
+            !*disabled,
+            *allow_downgrade,
+        ),
+        Command::Enable { id } => store::enable(&store_dir(cli, true)?, id),
+        Command::Disable { id } => store::disable(&store_dir(cli, true)?, id),
+        Command::Remove { id, version } => {
+            store::remove(&store_dir(cli, true)?, id, version.as_ref())
+        }
+        Command::Rollback { id } => store::rollback(&store_dir(cli, true)?, id),
+        Command::List => store::list(&store_dir(cli, true)?),
+        Command::Status { id } => store::status(&store_dir(cli, true)?, id.as_ref()),
+        Command::Recover => store::recover(&store_dir(cli, true)?),
+    }
+}
+
+/// The store directory: `--store`, else `$GUILD_STORE`, else `$XDG_DATA_HOME/guild`, else
+/// `$HOME/.local/share/guild`. Empty variables count as unset. With `prepare`, a missing data
+/// directory above the default store is created (commands that only read pass `false`).
+fn store_dir(cli: &Cli, prepare: bool) -> anyhow::Result<PathBuf> {
+    if let Some(dir) = &cli.store {
+        return Ok(dir.clone());
+    }
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(dir) = var("GUILD_STORE") {
+        return Ok(PathBuf::from(dir));
+    }
+    let data = var("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| var("HOME").map(|home| PathBuf::from(home).join(".local/share")));
+    if let Some(data) = data {
+        // The data directory itself may not exist yet on a fresh account; the store creates
+        // only its own directory, so that a mistyped explicit --store is an error, not a tree.
+        if prepare {
+            std::fs::create_dir_all(&data)
+                .with_context(|| format!("cannot create the data directory {}", data.display()))?;
+        }
+        return Ok(data.join("guild"));
+    }
+    Err(CliError::new(
+        Exit::Usage,
+        "no store directory: neither --store, GUILD_STORE, XDG_DATA_HOME nor HOME is set",
+    )
+    .with_hint("pass --store DIR")
+    .into())
+}

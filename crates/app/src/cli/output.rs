@@ -1,0 +1,136 @@
+//! Where a command's result goes: a few lines for people, one JSON document for programs, and
+//! errors in the same two forms on stderr. Colour is used only on a terminal.
+
+use std::io::{IsTerminal, Write};
+
+use serde_json::{json, Map, Value};
+
+use super::failure::{Exit, Failure};
+
+/// What a successful command produced.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// The `--json` document: an object whose keys the command documents.
+    pub json: Map<String, Value>,
+    /// Lines for people, printed on stdout unless `--quiet`.
+    pub lines: Vec<String>,
+    /// Things worth knowing that did not stop the command (what the store's recovery did, a
+    /// package disabled by re-verification). stderr for people; `"warnings"` in JSON.
+    pub warnings: Vec<String>,
+}
+
+impl Report {
+    pub fn new(command: &str) -> Self {
+        let mut json = Map::new();
+        json.insert("command".into(), command.into());
+        Report {
+            json,
+            ..Report::default()
+        }
+    }
+
+    /// Sets one JSON field.
+    pub fn field(&mut self, key: &str, value: impl Into<Value>) -> &mut Self {
+        self.json.insert(key.into(), value.into());
+        self
+    }
+
+    pub fn line(&mut self, line: impl Into<String>) -> &mut Self {
+        self.lines.push(line.into());
+        self
+    }
+}
+
+/// How to print, from the global options.
+#[derive(Debug, Clone, Copy)]
+pub struct Output {
+    pub json: bool,
+    pub quiet: bool,
+}
+
+impl Output {
+    pub fn success(&self, mut report: Report) {
+        if self.json {
+            report
+                .json
+                .insert("warnings".into(), json!(report.warnings));
+            print_json(&mut std::io::stdout(), &Value::Object(report.json));
+            return;
+        }
+        if self.quiet {
+            return;
+        }
+        let stderr = std::io::stderr();
+        let colour = use_colour(stderr.is_terminal());
+        let mut err = stderr.lock();
+        for w in &report.warnings {
+            let _ = writeln!(err, "{} {w}", paint(colour, "1;33", "warning:"));
+        }
+        let mut out = std::io::stdout().lock();
+        for line in &report.lines {
+            let _ = writeln!(out, "{line}");
+        }
+    }
+
+    pub fn failure(&self, failure: &Failure) {
+        let stderr = std::io::stderr();
+        if self.json {
+            print_json(&mut stderr.lock(), &failure_json(failure));
+            return;
+        }
+        let colour = use_colour(stderr.is_terminal());
+        let mut err = stderr.lock();
+        let _ = writeln!(
+            err,
+            "{} {}",
+            paint(colour, "1;31", "error:"),
+            failure.message
+        );
+        for cause in &failure.causes {
+            let _ = writeln!(err, "  caused by: {cause}");
+        }
+        if let Some(hint) = &failure.hint {
+            let _ = writeln!(err, "{} {hint}", paint(colour, "1;36", "hint:"));
+        }
+    }
+}
+
+/// The JSON form of an error: the same fields a person sees.
+pub fn failure_json(failure: &Failure) -> Value {
+    json!({
+        "category": failure.exit.category(),
+        "exit_code": failure.exit.code(),
+        "message": failure.message,
+        "causes": failure.causes,
+        "hint": failure.hint,
+    })
+}
+
+/// A usage error in JSON, for a command line that asked for `--json` but did not parse.
+pub fn usage_json(message: &str) -> Value {
+    failure_json(&Failure {
+        exit: Exit::Usage,
+        message: message.to_owned(),
+        causes: Vec::new(),
+        hint: Some("see `guild --help`".into()),
+    })
+}
+
+pub fn print_json(out: &mut dyn Write, value: &Value) {
+    // Serialising a `Value` cannot fail; a closed pipe is not worth a second error.
+    let text = serde_json::to_string_pretty(value).unwrap_or_default();
+    let _ = writeln!(out, "{text}");
+}
+
+/// Colour only on a terminal, and never when `NO_COLOR` is set (https://no-color.org).
+fn use_colour(is_terminal: bool) -> bool {
+    is_terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+fn paint(colour: bool, sgr: &str, text: &str) -> String {
+    if colour {
+        format!("\x1b[{sgr}m{text}\x1b[0m")
+    } else {
+        text.to_owned()
+    }
+}

@@ -1,0 +1,152 @@
+//! Turning library values into the CLI's JSON documents and short human phrases, in one place so
+//! that every command spells a package, a digest or a report the same way.
+
+use guild_domain::ids::Sha256Digest;
+use guild_domain::manifest::Metadata;
+use guild_host::package_manager::{OpenReport, PackageSummary, Quarantined};
+use guild_ports::store::{InterruptedCommit, RecoveryReport};
+use serde_json::{json, Value};
+
+/// A key id or digest shortened for people (the JSON always carries the full 64 digits).
+pub fn short(digest: &Sha256Digest) -> String {
+    let hex = digest.to_hex();
+    format!("{}…", hex.get(..12).unwrap_or(&hex))
+}
+
+/// The signed payload as JSON, exactly the fields the publisher signed.
+pub fn payload_json(metadata: &Metadata) -> Value {
+    // The canonical payload is strict JSON by construction, so this parse does not fail; a
+    // `null` stands in if it ever did rather than aborting the command.
+    serde_json::from_slice(metadata.canonical_payload()).unwrap_or(Value::Null)
+}
+
+pub fn signatures_json(metadata: &Metadata) -> Value {
+    metadata
+        .signatures()
+        .iter()
+        .map(|s| json!({"key_id": s.key_id.to_hex(), "algorithm": s.algorithm.as_str()}))
+        .collect()
+}
+
+pub fn package_json(p: &PackageSummary) -> Value {
+    json!({
+        "id": p.id.as_str(),
+        "kind": p.kind.as_str(),
+        "publisher": p.publisher.as_str(),
+        "enabled": p.enabled.as_ref().map(ToString::to_string),
+        "current": p.versions.iter().find(|v| v.state.is_current()).map(|v| v.version.to_string()),
+        "previous": p.previous.as_ref().map(ToString::to_string),
+        "versions": p.versions.iter().map(|v| json!({
+            "version": v.version.to_string(),
+            "state": v.state.as_str(),
+            "payload_sha256": v.payload_digest.to_hex(),
+        })).collect::<Vec<_>>(),
+        "leases": {"leases": p.leases.leases, "bindings": p.leases.bindings},
+    })
+}
+
+fn interrupted_json(c: &InterruptedCommit) -> Value {
+    json!({
+        "from_generation": c.from_generation,
+        "to_generation": c.to_generation,
+        "install": c.install.as_ref().map(ToString::to_string),
+        "delete": c.delete.iter().map(ToString::to_string).collect::<Vec<_>>(),
+    })
+}
+
+fn quarantined_json(q: &Quarantined) -> Value {
+    json!({"id": q.id.as_str(), "version": q.version.to_string(), "reason": q.reason})
+}
+
+pub fn quarantined_list(list: &[Quarantined]) -> Value {
+    list.iter().map(quarantined_json).collect()
+}
+
+pub fn recovery_json(r: &RecoveryReport) -> Value {
+    let paths = |ps: &[std::path::PathBuf]| {
+        ps.iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+    };
+    json!({
+        "clean": r.is_clean(),
+        "generation": r.generation,
+        "created": r.created,
+        "rolled_forward": r.rolled_forward.iter().map(interrupted_json).collect::<Vec<_>>(),
+        "rolled_back": r.rolled_back.iter().map(interrupted_json).collect::<Vec<_>>(),
+        "removed_trees": paths(&r.removed_trees),
+        "removed_staging": paths(&r.removed_staging),
+        "removed_temp_files": paths(&r.removed_temp_files),
+        "missing_trees": r.missing_trees.iter().map(ToString::to_string).collect::<Vec<_>>(),
+    })
+}
+
+pub fn open_report_json(r: &OpenReport) -> Value {
+    json!({
+        "recovery": recovery_json(&r.recovery),
+        "verified": r.verified,
+        "disabled": quarantined_list(&r.disabled),
+    })
+}
+
+/// What opening the store did, one line each, for people; empty when there was nothing to do.
+/// Creating a new store is not news and is left out.
+pub fn open_report_lines(r: &OpenReport) -> Vec<String> {
+    let mut out = Vec::new();
+    let rec = &r.recovery;
+    for c in &rec.rolled_forward {
+        out.push(format!(
+            "recovery finished an interrupted change (generation {} -> {}{})",
+            c.from_generation,
+            c.to_generation,
+            c.install
+                .as_ref()
+                .map(|n| format!(", installing {n}"))
+                .unwrap_or_default()
+        ));
+    }
+    for c in &rec.rolled_back {
+        out.push(format!(
+            "recovery undid an interrupted change (generation {} stays{})",
+            c.from_generation,
+            c.install
+                .as_ref()
+                .map(|n| format!("; {n} was not installed"))
+                .unwrap_or_default()
+        ));
+    }
+    let counted = [
+        (rec.removed_staging.len(), "staging entr", "y", "ies"),
+        (rec.removed_temp_files.len(), "temporary file", "", "s"),
+        (
+            rec.removed_trees.len(),
+            "unreferenced package tree",
+            "",
+            "s",
+        ),
+    ];
+    for (n, what, one, many) in counted {
+        if n > 0 {
+            out.push(format!(
+                "recovery removed {n} {what}{}",
+                if n == 1 { one } else { many }
+            ));
+        }
+    }
+    for m in &rec.missing_trees {
+        out.push(format!("installed package {m} has no files in the store"));
+    }
+    for q in &r.disabled {
+        out.push(format!(
+            "disabled {}@{} because it failed re-verification: {}",
+            q.id,
+            q.version,
+            q.reason
+                .lines()
+                .map(str::trim)
+                .collect::<Vec<_>>()
+                .join(" ")
+        ));
+    }
+    out
+}

@@ -1,0 +1,339 @@
+//! The operator's store commands: `install`, `enable`, `disable`, `remove`, `rollback`, `list`,
+//! `status` and `recover`.
+//!
+//! Each command opens the store through `PackageManager::open_dir`, which takes the store's lock,
+//! recovers interrupted transactions and re-verifies enabled packages before anything else. What
+//! that did is reported as warnings, so that an operator learns of it from whichever command
+//! happened to run first.
+
+use std::path::Path;
+
+use guild_domain::ids::PackageId;
+use guild_domain::registry::RegistryError;
+use guild_domain::version::Version;
+use guild_host::package_manager::{OpenReport, PackageSummary};
+use guild_host::{HostError, InstallOptions, PackageManager};
+use serde_json::json;
+
+use super::output::Report;
+use super::render::{open_report_json, open_report_lines, package_json, short};
+
+/// Opens the store and starts a report whose warnings say what the opening did.
+pub fn open(store: &Path, command: &str) -> anyhow::Result<(PackageManager, Report)> {
+    let (pm, report) = open_with_report(store)?;
+    let mut out = Report::new(command);
+    out.warnings = open_report_lines(&report);
+    Ok((pm, out))
+}
+
+fn open_with_report(store: &Path) -> Result<(PackageManager, OpenReport), HostError> {
+    PackageManager::open_dir(store)
+}
+
+pub fn install(
+    store: &Path,
+    package: &Path,
+    enable: bool,
+    allow_downgrade: bool,
+) -> anyhow::Result<Report> {
+    let (pm, mut report) = open(store, "install")?;
+    let done = pm.install(
+        package,
+        InstallOptions {
+            enable,
+            allow_downgrade,
+        },
+    )?;
+    report
+        .field("package_id", done.id.as_str())
+        .field("version", done.version.to_string())
+        .field("kind", done.kind.as_str())
+        .field("publisher", done.publisher.as_str())
+        .field("key_id", done.key_id.to_hex())
+        .field("payload_sha256", done.payload_digest.to_hex())
+        .field("changed", done.changed)
+        .field("enabled", done.enabled)
+        .field(
+            "superseded",
+            done.superseded.as_ref().map(ToString::to_string),
+        );
+    let state = if done.enabled { "enabled" } else { "disabled" };
+    if done.changed {
+        report.line(format!(
+            "installed {} {} ({}) signed by {} key {}; {state}",
+            done.id,
+            done.version,
+            done.kind,
+            done.publisher,
+            short(&done.key_id)
+        ));
+        if let Some(old) = &done.superseded {
+            report.line(format!(
+                "superseded {} {old}; `guild rollback {}` returns to it",
+                done.id, done.id
+            ));
+        }
+    } else {
+        report.line(format!(
+            "{} {} is already installed with this exact content; nothing changed ({state})",
+            done.id, done.version
+        ));
+    }
+    Ok(report)
+}
+
+pub fn enable(store: &Path, id: &PackageId) -> anyhow::Result<Report> {
+    let (pm, mut report) = open(store, "enable")?;
+    let version = pm.enable(id)?;
+    report
+        .field("package_id", id.as_str())
+        .field("version", version.to_string())
+        .field("enabled", true)
+        .line(format!("enabled {id} {version}"));
+    Ok(report)
+}
+
+pub fn disable(store: &Path, id: &PackageId) -> anyhow::Result<Report> {
+    let (pm, mut report) = open(store, "disable")?;
+    let version = pm.disable(id)?;
+    report
+        .field("package_id", id.as_str())
+        .field("version", version.to_string())
+        .field("enabled", false)
+        .line(format!("disabled {id} {version}"));
+    Ok(report)
+}
+
+pub fn remove(store: &Path, id: &PackageId, version: Option<&Version>) -> anyhow::Result<Report> {
+    let (pm, mut report) = open(store, "remove")?;
+    let removed = pm.remove(id, version)?;
+    report
+        .field("package_id", id.as_str())
+        .field("version", removed.to_string())
+        .line(format!(
+            "removed {id} {removed} (its record stays: this version can never return with other content)"
+        ));
+    Ok(report)
+}
+
+pub fn rollback(store: &Path, id: &PackageId) -> anyhow::Result<Report> {
+    let (pm, mut report) = open(store, "rollback")?;
+    let rolled = pm.rollback(id)?;
+    report
+        .field("package_id", id.as_str())
+        .field("from", rolled.from.as_ref().map(ToString::to_string))
+        .field("to", rolled.to.to_string())
+        .line(match &rolled.from {
+            Some(from) => format!("rolled {id} back from {from} to {}; enabled", rolled.to),
+            None => format!("rolled {id} back to {}; enabled", rolled.to),
+        });
+    Ok(report)
+}
+
+pub fn list(store: &Path) -> anyhow::Result<Report> {
+    let (pm, mut report) = open(store, "list")?;
+    let packages = pm.list()?;
+    report.field(
+        "packages",
+        packages.iter().map(package_json).collect::<Vec<_>>(),
+    );
+    if packages.is_empty() {
+        report.line("no packages installed");
+        return Ok(report);
+    }
+    let rows: Vec<[String; 5]> = packages.iter().map(row).collect();
+    let header = [
+        "ID".to_owned(),
+        "CURRENT".into(),
+        "STATE".into(),
+        "KIND".into(),
+        "PUBLISHER".into(),
+    ];
+    let mut widths = header.clone().map(|h| h.chars().count());
+    for r in &rows {
+        for (w, cell) in widths.iter_mut().zip(r) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    for r in std::iter::once(&header).chain(&rows) {
+        let cells: Vec<String> = r
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        report.line(cells.join("  ").trim_end().to_owned());
+    }
+    Ok(report)
+}
+
+fn row(p: &PackageSummary) -> [String; 5] {
+    let current = p.versions.iter().find(|v| v.state.is_current());
+    let mut version = current.map_or_else(|| "-".to_owned(), |v| v.version.to_string());
+    if let Some(prev) = &p.previous {
+        version.push_str(&format!(" (previous {prev})"));
+    }
+    [
+        p.id.to_string(),
+        version,
+        current.map_or("none", |v| v.state.as_str()).to_owned(),
+        p.kind.to_string(),
+        p.publisher.to_string(),
+    ]
+}
+
+pub fn status(store: &Path, id: Option<&PackageId>) -> anyhow::Result<Report> {
+    let (pm, report) = open_with_report(store)?;
+    let mut out = Report::new("status");
+    out.warnings = open_report_lines(&report);
+    match id {
+        Some(id) => package_status(store, &pm, id, out),
+        None => store_status(store, &pm, &report, out),
+    }
+}
+
+fn package_status(
+    store: &Path,
+    pm: &PackageManager,
+    id: &PackageId,
+    mut out: Report,
+) -> anyhow::Result<Report> {
+    let Some(p) = pm.list()?.into_iter().find(|p| &p.id == id) else {
+        return Err(HostError::from(RegistryError::UnknownPackage { id: id.clone() }).into());
+    };
+    let mut package = package_json(&p);
+    // The installed tree of each version, for operators who need to look at the files.
+    if let Some(versions) = package.get_mut("versions").and_then(|v| v.as_array_mut()) {
+        for (v, summary) in versions.iter_mut().zip(&p.versions) {
+            let dir = summary
+                .state
+                .is_installed()
+                .then(|| store_tree(store, id, &summary.version));
+            if let Some(obj) = v.as_object_mut() {
+                obj.insert("path".into(), json!(dir));
+            }
+        }
+    }
+    out.field("package", package);
+    out.line(format!("{} ({}, publisher {})", p.id, p.kind, p.publisher));
+    for v in &p.versions {
+        out.line(format!(
+            "  {:<12} {:<10} payload sha256 {}",
+            v.version.to_string(),
+            v.state.as_str(),
+            v.payload_digest
+        ));
+    }
+    out.line(format!(
+        "  previous version: {}",
+        p.previous
+            .as_ref()
+            .map_or_else(|| "none".to_owned(), ToString::to_string)
+    ));
+    out.line(format!(
+        "  leases: {} session lease(s), {} binding(s) held by this process",
+        p.leases.leases, p.leases.bindings
+    ));
+    Ok(out)
+}
+
+fn store_tree(store: &Path, id: &PackageId, version: &Version) -> String {
+    guild_adapters_fs::store::StoreLayout::new(store)
+        .package_dir(id, version)
+        .display()
+        .to_string()
+}
+
+fn store_status(
+    store: &Path,
+    pm: &PackageManager,
+    open: &OpenReport,
+    mut out: Report,
+) -> anyhow::Result<Report> {
+    let packages = pm.list()?;
+    let trust = pm.trust()?;
+    let generation = pm.generation()?;
+    let installed: usize = packages
+        .iter()
+        .map(|p| p.versions.iter().filter(|v| v.state.is_installed()).count())
+        .sum();
+    let enabled = packages.iter().filter(|p| p.enabled.is_some()).count();
+    let disabled = packages
+        .iter()
+        .filter(|p| {
+            p.versions
+                .iter()
+                .any(|v| v.state == guild_domain::lifecycle::State::Disabled)
+        })
+        .count();
+    let publishers = trust.publishers().count();
+    let keys: usize = trust.publishers().map(|(_, k)| k.count()).sum();
+    let revoked_keys = trust.revoked_keys().count();
+    let revoked_packages = trust.revoked_digests().count();
+    out.field("store", store.display().to_string())
+        .field("generation", generation)
+        .field(
+            "counts",
+            json!({
+                "packages": packages.len(),
+                "installed_versions": installed,
+                "enabled": enabled,
+                "disabled": disabled,
+                "trusted_publishers": publishers,
+                "trusted_keys": keys,
+                "revoked_keys": revoked_keys,
+                "revoked_packages": revoked_packages,
+            }),
+        )
+        .field("open", open_report_json(open));
+    out.line(format!("store {} (generation {generation})", store.display()))
+        .line(format!(
+            "packages: {} ({enabled} enabled, {disabled} disabled), {installed} installed version{}",
+            packages.len(),
+            if installed == 1 { "" } else { "s" }
+        ))
+        .line(format!(
+            "trust: {publishers} publisher(s), {keys} key(s); {revoked_keys} revoked key(s), {revoked_packages} revoked package(s)"
+        ))
+        .line(open_summary(open));
+    Ok(out)
+}
+
+/// One line on what opening the store did.
+fn open_summary(open: &OpenReport) -> String {
+    let recovery = if open.recovery.created {
+        "store created"
+    } else if open.recovery.is_clean() {
+        "recovery: nothing to do"
+    } else {
+        "recovery: repaired an interrupted operation (see warnings)"
+    };
+    format!(
+        "{recovery}; re-verified {} enabled package(s), disabled {}",
+        open.verified,
+        open.disabled.len()
+    )
+}
+
+pub fn recover(store: &Path) -> anyhow::Result<Report> {
+    let (_pm, open) = open_with_report(store)?;
+    let mut out = Report::new("recover");
+    out.field("store", store.display().to_string())
+        .field("open", open_report_json(&open));
+    out.line(format!("opened store {}", store.display()));
+    let lines = open_report_lines(&open);
+    if lines.is_empty() {
+        out.line(if open.recovery.created {
+            "the store was created; there was nothing to recover".to_owned()
+        } else {
+            "the store was consistent: nothing to recover".to_owned()
+        });
+    }
+    // For `recover` what was repaired is the answer, not a side note.
+    out.lines.extend(lines);
+    out.line(format!(
+        "re-verified {} enabled package(s); {} disabled",
+        open.verified,
+        open.disabled.len()
+    ));
+    Ok(out)
+}

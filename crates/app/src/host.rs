@@ -1,0 +1,357 @@
+//! The host: the package manager, the plugin loader and the kernel registry, composed so that
+//! every lifecycle change is one transaction across all three.
+//!
+//! Loading a package's library happens only after the package manager has authenticated and
+//! verified it, and (for a new version) before the durable commit, from the verified staging
+//! tree; what the plugin registered becomes visible to lookups only after the commit succeeded.
+//! A failed load or a conflicting registration aborts the change with nothing written.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+
+use guild_domain::ids::PackageId;
+use guild_domain::lease::{Leased, QuiescentAction};
+use guild_domain::manifest::Metadata;
+use guild_domain::registry::RolledBack;
+use guild_domain::version::Version;
+use guild_ports::loader::{LoadRequest, LoadedPlugin, PluginLoader, ServiceTable};
+
+use crate::error::HostError;
+use crate::package_manager::{
+    Change, InstallOptions, Installed, LifecycleHook, OpenReport, PackageManager, Quarantined,
+};
+use crate::registry::{KernelRegistry, PreparedPublication};
+
+/// One package the host loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadedSummary {
+    pub id: PackageId,
+    pub version: Version,
+    pub kernels: usize,
+    pub runners: usize,
+}
+
+/// What loading the enabled packages did.
+#[derive(Debug, Default)]
+pub struct LoadReport {
+    /// Loaded, in load order.
+    pub loaded: Vec<LoadedSummary>,
+    /// Packages whose library failed to load or register, with the error.
+    pub failed: Vec<(PackageId, Version, HostError)>,
+    /// Packages that were not even opened: their dependencies are missing, disabled, failed to
+    /// load, or they sit on a cycle.
+    pub skipped: Vec<Quarantined>,
+}
+
+/// The host that runners embed. See the module documentation.
+pub struct Host {
+    packages: PackageManager,
+    kernels: KernelRegistry,
+    loader: Box<dyn PluginLoader>,
+    operations: Option<ServiceTable>,
+    /// The provider lifecycle lock: loading, publication, enable, disable, remove and rollback
+    /// are serialised by it. Lookups never take it.
+    lifecycle: Mutex<()>,
+}
+
+impl std::fmt::Debug for Host {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Host")
+            .field("packages", &self.packages)
+            .field("kernels", &self.kernels)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Host {
+    /// Composes a host from a package manager and a loader. Nothing is loaded yet: call
+    /// [`Host::load_enabled`].
+    pub fn new(packages: PackageManager, loader: Box<dyn PluginLoader>) -> Self {
+        Host {
+            packages,
+            kernels: KernelRegistry::new(),
+            loader,
+            operations: None,
+            lifecycle: Mutex::new(()),
+        }
+    }
+
+    /// Opens the store at `dir` with the production adapters (including the dlopen loader) and
+    /// loads every enabled package in dependency order.
+    pub fn open_dir(dir: &Path) -> Result<(Host, OpenReport, LoadReport), HostError> {
+        let (packages, report) = PackageManager::open_dir(dir)?;
+        let host = Host::new(
+            packages,
+            Box::new(guild_adapters_posix::DlopenLoader::new()),
+        );
+        let loaded = host.load_enabled()?;
+        Ok((host, report, loaded))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        self.lifecycle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The package manager.
+    pub fn packages(&self) -> &PackageManager {
+        &self.packages
+    }
+
+    /// The kernel registry: lookups and bindings.
+    pub fn kernels(&self) -> &KernelRegistry {
+        &self.kernels
+    }
+
+    /// Explicit session leases plus live bindings into any loaded version of `id`.
+    pub fn active_package_leases(&self, id: &PackageId) -> u64 {
+        self.packages.active_package_leases(id).total() + self.kernels.live_bindings(id)
+    }
+
+    /// Loads every enabled package that is not loaded yet, dependencies first. A package whose
+    /// dependency failed is not opened at all.
+    pub fn load_enabled(&self) -> Result<LoadReport, HostError> {
+        let _lifecycle = self.lock();
+        let plan = self.packages.load_plan()?;
+        let mut report = LoadReport {
+            skipped: plan.blocked,
+            ..LoadReport::default()
+        };
+        let mut unusable: BTreeSet<PackageId> =
+            report.skipped.iter().map(|q| q.id.clone()).collect();
+        for planned in plan.order {
+            if self.kernels.loaded_version(&planned.id).as_ref() == Some(&planned.version) {
+                continue;
+            }
+            let Some(metadata) = self.packages.metadata(&planned.id, &planned.version) else {
+                continue;
+            };
+            let m = metadata.manifest();
+            let needs: Vec<&PackageId> = m
+                .dependencies
+                .iter()
+                .map(|d| &d.package_id)
+                .chain(
+                    m.module_dependencies
+                        .iter()
+                        .filter(|d| d.is_runtime_edge())
+                        .map(|d| &d.module_id),
+                )
+                .collect();
+            if let Some(dep) = needs.into_iter().find(|d| unusable.contains(*d)) {
+                report.skipped.push(Quarantined {
+                    id: planned.id.clone(),
+                    version: planned.version.clone(),
+                    reason: format!("its dependency {dep} could not be loaded"),
+                });
+                unusable.insert(planned.id.clone());
+                continue;
+            }
+            let outcome = self
+                .load(&planned.id, &planned.version, &planned.dir, &metadata)
+                .and_then(|plugin| {
+                    let (kernels, runners) = (plugin.kernels.len(), plugin.runners.len());
+                    let prepared =
+                        self.kernels
+                            .prepare(&planned.id, &planned.version, plugin, true)?;
+                    self.kernels.commit(prepared);
+                    Ok((kernels, runners))
+                });
+            match outcome {
+                Ok((kernels, runners)) => report.loaded.push(LoadedSummary {
+                    id: planned.id,
+                    version: planned.version,
+                    kernels,
+                    runners,
+                }),
+                Err(e) => {
+                    unusable.insert(planned.id.clone());
+                    report.failed.push((planned.id, planned.version, e));
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Opens a verified tree's entry library through the loader.
+    fn load(
+        &self,
+        id: &PackageId,
+        version: &Version,
+        dir: &Path,
+        metadata: &Metadata,
+    ) -> Result<LoadedPlugin, HostError> {
+        let m = metadata.manifest();
+        let request = LoadRequest {
+            package: id.clone(),
+            version: version.clone(),
+            library: dir.join(m.entry.as_str()),
+            provided_ops: m.provided_ops.clone(),
+            provided_runners: m.provided_runners.clone(),
+            host_abi: self.packages.platform().kernel_abi,
+            operations: self.operations,
+        };
+        Ok(self.loader.load(&request)?)
+    }
+
+    /// Installs a package; when it is enabled, its library is loaded from the verified staging
+    /// tree before the commit and its registrations become visible after it.
+    pub fn install(
+        &self,
+        location: &Path,
+        options: InstallOptions,
+    ) -> Result<Installed, HostError> {
+        let _lifecycle = self.lock();
+        self.packages
+            .install_with(location, options, &mut RegistryHook::new(self))
+    }
+
+    /// Enables the current version of `id` and loads it.
+    pub fn enable(&self, id: &PackageId) -> Result<Version, HostError> {
+        let _lifecycle = self.lock();
+        self.packages.enable_with(id, &mut RegistryHook::new(self))
+    }
+
+    /// Disables `id` and unloads it; its library closes when the last binding goes.
+    pub fn disable(&self, id: &PackageId) -> Result<Version, HostError> {
+        let _lifecycle = self.lock();
+        self.packages.disable_with(id, &mut RegistryHook::new(self))
+    }
+
+    /// Removes a version; the current version is refused while bindings or leases hold it.
+    pub fn remove(&self, id: &PackageId, version: Option<&Version>) -> Result<Version, HostError> {
+        let _lifecycle = self.lock();
+        self.packages
+            .remove_with(id, version, &mut RegistryHook::new(self))
+    }
+
+    /// Rolls `id` back to its previous version, refused while bindings or leases hold it.
+    pub fn rollback(&self, id: &PackageId) -> Result<RolledBack, HostError> {
+        let _lifecycle = self.lock();
+        self.packages
+            .rollback_with(id, &mut RegistryHook::new(self))
+    }
+}
+
+/// What the registry does once the store commit is durable.
+enum After {
+    Nothing,
+    Publish(PreparedPublication),
+    Unload(PackageId),
+}
+
+/// The kernel registry's part of a lifecycle transaction.
+struct RegistryHook<'h> {
+    host: &'h Host,
+    after: After,
+}
+
+impl<'h> RegistryHook<'h> {
+    fn new(host: &'h Host) -> Self {
+        RegistryHook {
+            host,
+            after: After::Nothing,
+        }
+    }
+
+    fn refuse_if_bound(&self, id: &PackageId, action: QuiescentAction) -> Result<(), HostError> {
+        let bindings = self.host.kernels.live_bindings(id);
+        if bindings > 0 {
+            // The package manager has already refused any explicit session lease, and it holds
+            // the lease ledger while this runs, so only bindings can remain.
+            return Err(Leased {
+                id: id.clone(),
+                action,
+                leases: 0,
+                bindings,
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    fn publish(
+        &mut self,
+        id: &PackageId,
+        version: &Version,
+        dir: &Path,
+        metadata: &Metadata,
+    ) -> Result<(), HostError> {
+        let plugin = self.host.load(id, version, dir, metadata)?;
+        self.after = After::Publish(self.host.kernels.prepare(id, version, plugin, true)?);
+        Ok(())
+    }
+}
+
+impl LifecycleHook for RegistryHook<'_> {
+    fn prepare(&mut self, change: &Change<'_>) -> Result<(), HostError> {
+        let loaded = |id: &PackageId| self.host.kernels.loaded_version(id).is_some();
+        match change {
+            Change::Install {
+                id,
+                version,
+                dir,
+                metadata,
+                enabled: true,
+            } => self.publish(id, version, dir, metadata),
+            Change::Install {
+                id, enabled: false, ..
+            } => {
+                // The new version is installed disabled: the version it supersedes is no longer
+                // current, so it leaves the registry too (deferred while bound).
+                if loaded(id) {
+                    self.after = After::Unload((*id).clone());
+                }
+                Ok(())
+            }
+            Change::Enable {
+                id,
+                version,
+                dir,
+                metadata,
+            } => self.publish(id, version, dir, metadata),
+            Change::Disable { id, .. } => {
+                if loaded(id) {
+                    self.after = After::Unload((*id).clone());
+                }
+                Ok(())
+            }
+            Change::Remove {
+                id, current: true, ..
+            } => {
+                self.refuse_if_bound(id, QuiescentAction::Remove)?;
+                if loaded(id) {
+                    self.after = After::Unload((*id).clone());
+                }
+                Ok(())
+            }
+            Change::Remove { current: false, .. } => Ok(()),
+            Change::Rollback {
+                id,
+                to,
+                dir,
+                metadata,
+                ..
+            } => {
+                self.refuse_if_bound(id, QuiescentAction::Rollback)?;
+                self.publish(id, to, dir, metadata)
+            }
+        }
+    }
+
+    fn committed(&mut self) {
+        match std::mem::replace(&mut self.after, After::Nothing) {
+            After::Nothing => {}
+            After::Publish(prepared) => self.host.kernels.commit(prepared),
+            After::Unload(id) => {
+                // Not loaded is fine here: there is nothing to take out.
+                let _ = self.host.kernels.unload(&id);
+            }
+        }
+    }
+
+    fn aborted(&mut self) {
+        // Dropping a prepared publication shuts the plugin down and closes its library.
+        self.after = After::Nothing;
+    }
+}

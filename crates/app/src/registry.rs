@@ -1,0 +1,504 @@
+//! The kernel registry and the model-runner registry: what loaded plugins registered, readable
+//! without taking a lock, with bindings that keep the provider's code loaded.
+//!
+//! Readers load an immutable [`Snapshot`] through arc-swap; writers (publication, enable,
+//! disable, unload) build a new snapshot and swap it in while holding the registry's lifecycle
+//! lock, so that they are serialised with each other and never block a reader.
+//!
+//! A [`KernelBinding`] is the spec's aliasing shared pointer: one `Arc` that keeps both the stored
+//! operation and the library it points into alive. The library of a package that was unloaded or
+//! replaced closes when its last binding is dropped, never earlier.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use arc_swap::ArcSwap;
+use guild_domain::ids::{ImplId, OpName, PackageId, RunnerId};
+use guild_domain::operation::Backend;
+use guild_domain::version::Version;
+use guild_ports::loader::{LoadedLibrary, LoadedPlugin, RegisteredKernel, RegisteredRunner};
+
+/// One loaded package version: its library and the count of live bindings into it.
+pub struct LoadedPackage {
+    pub id: PackageId,
+    pub version: Version,
+    library: Arc<dyn LoadedLibrary>,
+    bindings: AtomicU64,
+}
+
+impl fmt::Debug for LoadedPackage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoadedPackage")
+            .field("id", &self.id)
+            .field("version", &self.version)
+            .field("bindings", &self.bindings.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl LoadedPackage {
+    /// How many bindings and runner references point into this package right now.
+    pub fn live_bindings(&self) -> u64 {
+        self.bindings.load(Ordering::Acquire)
+    }
+
+    /// The library, for callers that must keep it loaded alongside a pointer into it.
+    pub fn library(&self) -> &Arc<dyn LoadedLibrary> {
+        &self.library
+    }
+}
+
+/// A registered kernel as the registry stores it: the copy the loader made, and the package that
+/// keeps its code loaded.
+#[derive(Debug)]
+pub struct StoredOp {
+    pub kernel: RegisteredKernel,
+    pub package: Arc<LoadedPackage>,
+}
+
+/// A live reference to a registered kernel. While it exists, the kernel's library stays loaded
+/// and counts as a lease on its package.
+pub struct KernelBinding {
+    op: Arc<StoredOp>,
+}
+
+impl KernelBinding {
+    fn new(op: Arc<StoredOp>) -> Self {
+        op.package.bindings.fetch_add(1, Ordering::AcqRel);
+        KernelBinding { op }
+    }
+
+    /// The registered kernel.
+    pub fn kernel(&self) -> &RegisteredKernel {
+        &self.op.kernel
+    }
+
+    /// The package that provides it.
+    pub fn package(&self) -> &PackageId {
+        &self.op.package.id
+    }
+
+    /// The version of that package.
+    pub fn version(&self) -> &Version {
+        &self.op.package.version
+    }
+
+    /// The library the kernel's code lives in (kept loaded by this binding).
+    pub fn library(&self) -> &Arc<dyn LoadedLibrary> {
+        &self.op.package.library
+    }
+}
+
+impl Clone for KernelBinding {
+    fn clone(&self) -> Self {
+        KernelBinding::new(self.op.clone())
+    }
+}
+
+impl Drop for KernelBinding {
+    fn drop(&mut self) {
+        self.op.package.bindings.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl fmt::Debug for KernelBinding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KernelBinding")
+            .field("impl_id", &self.op.kernel.impl_id)
+            .field("package", &self.op.package.id)
+            .finish()
+    }
+}
+
+impl std::ops::Deref for KernelBinding {
+    type Target = RegisteredKernel;
+    fn deref(&self) -> &RegisteredKernel {
+        &self.op.kernel
+    }
+}
+
+/// A registered runner as stored.
+#[derive(Debug)]
+pub struct StoredRunner {
+    pub runner: RegisteredRunner,
+    pub package: Arc<LoadedPackage>,
+}
+
+/// A shared reference to a registered runner, keeping its library loaded like a binding.
+pub struct RunnerBinding {
+    runner: Arc<StoredRunner>,
+}
+
+impl RunnerBinding {
+    fn new(runner: Arc<StoredRunner>) -> Self {
+        runner.package.bindings.fetch_add(1, Ordering::AcqRel);
+        RunnerBinding { runner }
+    }
+
+    pub fn runner(&self) -> &RegisteredRunner {
+        &self.runner.runner
+    }
+
+    pub fn package(&self) -> &PackageId {
+        &self.runner.package.id
+    }
+}
+
+impl Drop for RunnerBinding {
+    fn drop(&mut self) {
+        self.runner.package.bindings.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl fmt::Debug for RunnerBinding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunnerBinding")
+            .field("runner_id", &self.runner.runner.runner_id)
+            .finish()
+    }
+}
+
+/// What a lookup by operation asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selector {
+    /// The descriptor's `op_kind` (`GUILD_OP_*`).
+    pub op_kind: u32,
+    /// The namespaced name; required for `GUILD_OP_CUSTOM`, `None` matches unnamed legacy kernels.
+    pub op_name: Option<OpName>,
+    /// Restricts the backend, or any backend when `None`.
+    pub backend: Option<Backend>,
+}
+
+/// An immutable view of everything registered and enabled.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    by_id: HashMap<ImplId, Arc<StoredOp>>,
+    /// Per (op_kind, op_name): candidates sorted by descending priority, then ascending impl id.
+    by_op: HashMap<(u32, Option<OpName>), Vec<Arc<StoredOp>>>,
+    runners: Vec<Arc<StoredRunner>>,
+    packages: HashMap<PackageId, Arc<LoadedPackage>>,
+}
+
+impl Snapshot {
+    fn rebuild(packages: &HashMap<PackageId, PackageEntry>) -> Snapshot {
+        let mut snap = Snapshot::default();
+        for (id, entry) in packages {
+            snap.packages.insert(id.clone(), entry.package.clone());
+            if !entry.enabled {
+                continue;
+            }
+            for op in &entry.ops {
+                snap.by_id.insert(op.kernel.impl_id.clone(), op.clone());
+                snap.by_op
+                    .entry((op.kernel.op_kind, op.kernel.op_name.clone()))
+                    .or_default()
+                    .push(op.clone());
+            }
+            snap.runners.extend(entry.runners.iter().cloned());
+        }
+        for list in snap.by_op.values_mut() {
+            list.sort_by(|a, b| {
+                b.kernel
+                    .priority
+                    .cmp(&a.kernel.priority)
+                    .then_with(|| a.kernel.impl_id.cmp(&b.kernel.impl_id))
+            });
+        }
+        snap.runners.sort_by(|a, b| {
+            b.runner
+                .priority
+                .cmp(&a.runner.priority)
+                .then_with(|| a.runner.runner_id.cmp(&b.runner.runner_id))
+        });
+        snap
+    }
+
+    /// Every enabled candidate for an operation, best first.
+    pub fn candidates(&self, op_kind: u32, op_name: Option<&OpName>) -> &[Arc<StoredOp>] {
+        self.by_op
+            .get(&(op_kind, op_name.cloned()))
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+}
+
+/// A package as the writer side keeps it.
+#[derive(Debug, Clone)]
+struct PackageEntry {
+    package: Arc<LoadedPackage>,
+    ops: Vec<Arc<StoredOp>>,
+    runners: Vec<Arc<StoredRunner>>,
+    enabled: bool,
+}
+
+/// Why the kernel registry refused a change. The registry is unchanged after any of these.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryChangeError {
+    /// `package` and `owner` are `id@version`.
+    #[error("{package} registers {impl_id}, which {owner} already provides")]
+    DuplicateImplId {
+        package: String,
+        impl_id: ImplId,
+        owner: String,
+    },
+    #[error("{package} registers runner {runner_id}, which {owner} already provides")]
+    DuplicateRunnerId {
+        package: String,
+        runner_id: RunnerId,
+        owner: String,
+    },
+    #[error("package {package} is not loaded")]
+    NotLoaded { package: PackageId },
+}
+
+/// What unloading did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unloaded {
+    pub package: PackageId,
+    pub version: Version,
+    /// Bindings still alive: the library closes when the last of them is dropped.
+    pub deferred_bindings: u64,
+}
+
+/// The kernel registry (with the runner registry beside it). See the module documentation.
+pub struct KernelRegistry {
+    snapshot: ArcSwap<Snapshot>,
+    /// The writer side: the packages the registry holds. Locking it is the registry's share of
+    /// the lifecycle transaction.
+    writer: Mutex<HashMap<PackageId, PackageEntry>>,
+    /// Packages that left the registry while bindings still pointed into them; kept weakly to
+    /// count their leases until the last binding goes.
+    retired: Mutex<Vec<Weak<LoadedPackage>>>,
+}
+
+impl fmt::Debug for KernelRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KernelRegistry")
+            .field("snapshot", &self.snapshot.load())
+            .finish()
+    }
+}
+
+impl Default for KernelRegistry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A prepared publication: validated against the registry and ready to be swapped in. Dropping
+/// it without [`KernelRegistry::commit`] discards the loaded plugin (its library closes).
+#[derive(Debug)]
+pub struct PreparedPublication {
+    entry: PackageEntry,
+}
+
+impl KernelRegistry {
+    pub fn new() -> Self {
+        KernelRegistry {
+            snapshot: ArcSwap::from_pointee(Snapshot::default()),
+            writer: Mutex::new(HashMap::new()),
+            retired: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<PackageId, PackageEntry>> {
+        // The writer map is only replaced wholesale after validation, so a poisoned lock still
+        // holds a consistent map.
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The current snapshot, without a lock.
+    pub fn snapshot(&self) -> arc_swap::Guard<Arc<Snapshot>> {
+        self.snapshot.load()
+    }
+
+    /// Checks that `plugin` can join the registry as `id@version` (no impl id or runner id that
+    /// another package provides) and prepares its entry. Nothing is visible until
+    /// [`KernelRegistry::commit`].
+    pub fn prepare(
+        &self,
+        id: &PackageId,
+        version: &Version,
+        plugin: LoadedPlugin,
+        enabled: bool,
+    ) -> Result<PreparedPublication, RegistryChangeError> {
+        let writer = self.lock();
+        for (other_id, other) in writer.iter() {
+            if other_id == id {
+                continue; // The package's own previous version is being replaced.
+            }
+            for op in &other.ops {
+                if let Some(k) = plugin
+                    .kernels
+                    .iter()
+                    .find(|k| k.impl_id == op.kernel.impl_id)
+                {
+                    return Err(RegistryChangeError::DuplicateImplId {
+                        package: format!("{id}@{version}"),
+                        impl_id: k.impl_id.clone(),
+                        owner: format!("{other_id}@{}", other.package.version),
+                    });
+                }
+            }
+            for r in &other.runners {
+                if let Some(mine) = plugin
+                    .runners
+                    .iter()
+                    .find(|m| m.runner_id == r.runner.runner_id)
+                {
+                    return Err(RegistryChangeError::DuplicateRunnerId {
+                        package: format!("{id}@{version}"),
+                        runner_id: mine.runner_id.clone(),
+                        owner: format!("{other_id}@{}", other.package.version),
+                    });
+                }
+            }
+        }
+        let package = Arc::new(LoadedPackage {
+            id: id.clone(),
+            version: version.clone(),
+            library: plugin.library,
+            bindings: AtomicU64::new(0),
+        });
+        let ops = plugin
+            .kernels
+            .into_iter()
+            .map(|kernel| {
+                Arc::new(StoredOp {
+                    kernel,
+                    package: package.clone(),
+                })
+            })
+            .collect();
+        let runners = plugin
+            .runners
+            .into_iter()
+            .map(|runner| {
+                Arc::new(StoredRunner {
+                    runner,
+                    package: package.clone(),
+                })
+            })
+            .collect();
+        Ok(PreparedPublication {
+            entry: PackageEntry {
+                package,
+                ops,
+                runners,
+                enabled,
+            },
+        })
+    }
+
+    /// Makes a prepared publication visible, replacing the package's previous version if one was
+    /// loaded (that version's library closes when its last binding goes).
+    pub fn commit(&self, prepared: PreparedPublication) {
+        let mut writer = self.lock();
+        let id = prepared.entry.package.id.clone();
+        if let Some(old) = writer.insert(id, prepared.entry) {
+            self.retire(old.package);
+        }
+        self.snapshot.store(Arc::new(Snapshot::rebuild(&writer)));
+    }
+
+    /// Enables or disables a loaded package's kernels and runners for lookups.
+    pub fn set_enabled(&self, id: &PackageId, enabled: bool) -> Result<(), RegistryChangeError> {
+        let mut writer = self.lock();
+        let entry = writer
+            .get_mut(id)
+            .ok_or_else(|| RegistryChangeError::NotLoaded {
+                package: id.clone(),
+            })?;
+        entry.enabled = enabled;
+        self.snapshot.store(Arc::new(Snapshot::rebuild(&writer)));
+        Ok(())
+    }
+
+    /// Removes a package from the registry. New lookups no longer find it; its library closes
+    /// when the last binding into it is dropped (at once if there is none).
+    pub fn unload(&self, id: &PackageId) -> Result<Unloaded, RegistryChangeError> {
+        let mut writer = self.lock();
+        let entry = writer
+            .remove(id)
+            .ok_or_else(|| RegistryChangeError::NotLoaded {
+                package: id.clone(),
+            })?;
+        self.snapshot.store(Arc::new(Snapshot::rebuild(&writer)));
+        let unloaded = Unloaded {
+            package: id.clone(),
+            version: entry.package.version.clone(),
+            deferred_bindings: entry.package.live_bindings(),
+        };
+        self.retire(entry.package);
+        Ok(unloaded)
+    }
+
+    fn retire(&self, package: Arc<LoadedPackage>) {
+        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        retired.retain(|w| w.strong_count() > 0);
+        retired.push(Arc::downgrade(&package));
+    }
+
+    /// Whether `id` is loaded, and at which version.
+    pub fn loaded_version(&self, id: &PackageId) -> Option<Version> {
+        self.snapshot
+            .load()
+            .packages
+            .get(id)
+            .map(|p| p.version.clone())
+    }
+
+    /// The best enabled kernel for `selector`: highest priority, then lowest impl id.
+    pub fn select(&self, selector: &Selector) -> Option<KernelBinding> {
+        let snap = self.snapshot.load();
+        snap.candidates(selector.op_kind, selector.op_name.as_ref())
+            .iter()
+            .find(|op| selector.backend.is_none_or(|b| op.kernel.backend == b))
+            .map(|op| KernelBinding::new(op.clone()))
+    }
+
+    /// The enabled kernel with this impl id.
+    pub fn find_by_id(&self, impl_id: &ImplId) -> Option<KernelBinding> {
+        self.snapshot
+            .load()
+            .by_id
+            .get(impl_id)
+            .map(|op| KernelBinding::new(op.clone()))
+    }
+
+    /// The enabled runners, best first (descending priority, then runner id).
+    pub fn runners(&self) -> Vec<RunnerBinding> {
+        self.snapshot
+            .load()
+            .runners
+            .iter()
+            .map(|r| RunnerBinding::new(r.clone()))
+            .collect()
+    }
+
+    /// The runner with this id, if enabled.
+    pub fn find_runner(&self, runner_id: &RunnerId) -> Option<RunnerBinding> {
+        self.snapshot
+            .load()
+            .runners
+            .iter()
+            .find(|r| &r.runner.runner_id == runner_id)
+            .map(|r| RunnerBinding::new(r.clone()))
+    }
+
+    /// Live bindings and runner references into any loaded or retired version of `id`.
+    pub fn live_bindings(&self, id: &PackageId) -> u64 {
+        let snap = self.snapshot.load();
+        let current = snap.packages.get(id).map_or(0, |p| p.live_bindings());
+        let retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        let old: u64 = retired
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|p| &p.id == id)
+            .map(|p| p.live_bindings())
+            .sum();
+        current + old
+    }
+}

@@ -1,0 +1,767 @@
+//! The `guild` binary, run as an operator would: the whole publish-and-install flow, every
+//! documented exit code, the `--json` documents, hints, and `verify` leaving nothing behind.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// A temporary directory that is removed even though the store seals installed trees read-only.
+#[derive(Debug)]
+pub struct TestDir(tempfile::TempDir);
+
+impl TestDir {
+    pub fn new() -> Self {
+        TestDir(tempfile::tempdir().unwrap())
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        make_writable(self.0.path());
+    }
+}
+
+fn make_writable(path: &Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(meta) = fs::symlink_metadata(path) {
+            if meta.is_dir() {
+                let _ = fs::set_permissions(path, fs::Permissions::from_mode(0o755));
+                if let Ok(entries) = fs::read_dir(path) {
+                    for e in entries.flatten() {
+                        make_writable(&e.path());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What one run of `guild` did.
+#[derive(Debug)]
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", self.stdout))
+    }
+
+    pub fn error_json(&self) -> Value {
+        serde_json::from_str(&self.stderr)
+            .unwrap_or_else(|e| panic!("stderr is not JSON ({e}):\n{}", self.stderr))
+    }
+
+    #[track_caller]
+    fn expect(&self, code: i32) -> &Self {
+        assert_eq!(
+            self.code, code,
+            "exit code\nstdout:\n{}\nstderr:\n{}",
+            self.stdout, self.stderr
+        );
+        self
+    }
+
+    #[track_caller]
+    fn stdout_has(&self, text: &str) -> &Self {
+        assert!(
+            self.stdout.contains(text),
+            "stdout lacks {text:?}:\n{}\nstderr:\n{}",
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+
+    #[track_caller]
+    fn stderr_has(&self, text: &str) -> &Self {
+        assert!(
+            self.stderr.contains(text),
+            "stderr lacks {text:?}:\n{}",
+            self.stderr
+        );
+        self
+    }
+}
+
+/// A command for the `guild` binary with a predictable environment: no inherited store, no
+/// colour, scratch files under `tmp` (when given).
+pub fn guild_command(cwd: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_guild"));
+    cmd.args(args)
+        .current_dir(cwd)
+        .env_remove("GUILD_STORE")
+        .env_remove("XDG_DATA_HOME")
+        .env("NO_COLOR", "1");
+    cmd
+}
+
+fn finish(out: Output) -> Run {
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Runs `guild ARGS` in `cwd`.
+pub fn guild(cwd: &Path, args: &[&str]) -> Run {
+    finish(guild_command(cwd, args).output().unwrap())
+}
+
+/// A workspace: a temporary directory with a store, a key pair `k.key`/`k.pub`, and packages.
+pub struct Bench {
+    pub dir: TestDir,
+}
+
+impl Bench {
+    pub fn new() -> Self {
+        let bench = Bench {
+            dir: TestDir::new(),
+        };
+        bench.run(&["keygen", "--out", "k"]).expect(0);
+        bench
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn store(&self) -> PathBuf {
+        self.path().join("store")
+    }
+
+    /// Runs `guild --store STORE ARGS`.
+    pub fn run(&self, args: &[&str]) -> Run {
+        let store = self.store();
+        let mut all = vec!["--store", store.to_str().unwrap()];
+        all.extend_from_slice(args);
+        guild(self.path(), &all)
+    }
+
+    /// Writes a source directory and template for `id@version` (its library holds `content`;
+    /// `extra` is spliced into the template, e.g. a dependencies field) and returns the source
+    /// directory and the template.
+    pub fn source(
+        &self,
+        id: &str,
+        version: &str,
+        content: &[u8],
+        extra: &str,
+    ) -> (PathBuf, PathBuf) {
+        let name = format!("{id}-{version}");
+        let src = self.path().join("src").join(&name);
+        fs::create_dir_all(&src).unwrap();
+        fs::write(src.join("libplugin.so"), content).unwrap();
+        let template = self.path().join(format!("{name}.json"));
+        fs::write(&template, template_json(id, version, extra)).unwrap();
+        (src, template)
+    }
+
+    /// Packs and signs `id@version` with `k.key` through the CLI; returns the archive's name.
+    pub fn package(&self, id: &str, version: &str, content: &[u8], extra: &str) -> String {
+        let (src, template) = self.source(id, version, content, extra);
+        let archive = format!("{id}-{version}.gkmodule");
+        self.run(&[
+            "pack",
+            src.to_str().unwrap(),
+            "--manifest",
+            template.to_str().unwrap(),
+            "--out",
+            &archive,
+            "--key",
+            "k.key",
+        ])
+        .expect(0);
+        archive
+    }
+
+    pub fn trust(&self) {
+        self.run(&["trust", "add", "org.example", "k.pub"])
+            .expect(0);
+    }
+}
+
+/// A module template for this platform, without `artifacts`.
+pub fn template_json(id: &str, version: &str, extra: &str) -> String {
+    format!(
+        r#"{{"package_id": "{id}", "kind": "gkmodule", "version": "{version}",
+            "publisher_id": "org.example", "kernel_abi": {{"min": "1.0.0", "max": "1.0.0"}},
+            "module_abi": 1, "os": "{os}", "arch": "{arch}", "backends": ["cpu"],
+            "entry": "libplugin.so", "provided_ops": ["{id}.op.cpu"]{extra}}}"#,
+        os = std::env::consts::OS,
+        arch = std::env::consts::ARCH,
+    )
+}
+
+/// Each line with its runs of spaces collapsed, for tables whose column widths vary.
+fn words(text: &str) -> Vec<String> {
+    text.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect()
+}
+
+fn key_id(bench: &Bench) -> String {
+    let out = bench.run(&["--json", "trust", "list"]);
+    out.expect(0);
+    out.json()["publishers"][0]["keys"][0]["key_id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[test]
+fn cli_publish_trust_install_and_manage_a_package() {
+    let b = Bench::new();
+    let key = b.path().join("k.key");
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&fs::metadata(&key).unwrap().permissions()) & 0o777,
+        0o600
+    );
+    let pem = fs::read_to_string(&key).unwrap();
+    assert!(pem.starts_with("-----BEGIN PRIVATE KEY-----"), "{pem}");
+    assert!(fs::read_to_string(b.path().join("k.pub"))
+        .unwrap()
+        .starts_with("-----BEGIN PUBLIC KEY-----"));
+
+    // pack (unsigned), then sign in place.
+    let (src, template) = b.source("example.scan", "1.0.0", b"scan v1", "");
+    b.run(&[
+        "pack",
+        src.to_str().unwrap(),
+        "--manifest",
+        template.to_str().unwrap(),
+        "--out",
+        "scan.gkmodule",
+    ])
+    .expect(0)
+    .stdout_has("packed example.scan 1.0.0 (gkmodule) into scan.gkmodule: 1 artifact")
+    .stdout_has("unsigned");
+    let signed = b.run(&["--json", "sign", "scan.gkmodule", "--key", "k.key"]);
+    signed.expect(0);
+    let sign_json = signed.json();
+    let kid = sign_json["key_id"].as_str().unwrap().to_owned();
+    assert_eq!(sign_json["signatures"][0]["key_id"], kid.as_str());
+    let digest = sign_json["payload_sha256"].as_str().unwrap().to_owned();
+
+    // inspect: the manifest, labelled unverified.
+    b.run(&["inspect", "scan.gkmodule"])
+        .expect(0)
+        .stdout_has("UNVERIFIED")
+        .stdout_has("example.scan 1.0.0 (gkmodule)")
+        .stdout_has(&format!("key {kid} ecdsa-p256-sha256 (not checked)"))
+        .stdout_has("libplugin.so  7 bytes");
+    let inspected = b.run(&["--json", "inspect", "scan.gkmodule"]);
+    let inspected = inspected.json();
+    assert_eq!(inspected["verified"], false);
+    assert_eq!(inspected["manifest"]["package_id"], "example.scan");
+    assert_eq!(inspected["manifest"]["artifacts"][0]["size"], 7);
+    assert_eq!(inspected["payload_sha256"], digest.as_str());
+
+    // Before trust: verify and install are both refused, with the hint; the store stays empty.
+    for args in [
+        &["verify", "scan.gkmodule"][..],
+        &["install", "scan.gkmodule"],
+    ] {
+        b.run(args)
+            .expect(3)
+            .stderr_has("error: package example.scan@1.0.0 (scan.gkmodule) is not authenticated")
+            .stderr_has("hint: if you trust this publisher, add its public key: guild trust add org.example PUBKEY.pem");
+    }
+    b.run(&["list"])
+        .expect(0)
+        .stdout_has("no packages installed");
+
+    b.run(&["trust", "add", "org.example", "k.pub"])
+        .expect(0)
+        .stdout_has(&format!("trusted key {kid} for publisher org.example"));
+    b.run(&["trust", "add", "org.example", "k.pub"])
+        .expect(0)
+        .stdout_has("already trusted");
+    b.run(&["verify", "scan.gkmodule"])
+        .expect(0)
+        .stdout_has(&format!(
+            "verified example.scan 1.0.0 (gkmodule): signed by org.example key {kid}"
+        ))
+        .stdout_has(&format!("payload sha256 {digest}"))
+        .stdout_has("1 artifact (7 bytes) match the signed manifest");
+
+    b.run(&["install", "scan.gkmodule"])
+        .expect(0)
+        .stdout_has(&format!(
+            "installed example.scan 1.0.0 (gkmodule) signed by org.example key {}…; enabled",
+            &kid[..12]
+        ));
+    b.run(&["install", "scan.gkmodule"])
+        .expect(0)
+        .stdout_has("already installed with this exact content");
+
+    // A second version supersedes the first.
+    let v2 = b.package("example.scan", "1.1.0", b"scan v2", "");
+    b.run(&["install", &v2])
+        .expect(0)
+        .stdout_has("installed example.scan 1.1.0")
+        .stdout_has("superseded example.scan 1.0.0; `guild rollback example.scan` returns to it");
+    let list = b.run(&["list"]);
+    list.expect(0);
+    assert_eq!(
+        words(&list.stdout),
+        [
+            "ID CURRENT STATE KIND PUBLISHER",
+            "example.scan 1.1.0 (previous 1.0.0) enabled gkmodule org.example"
+        ]
+    );
+    b.run(&["status", "example.scan"])
+        .expect(0)
+        .stdout_has("example.scan (gkmodule, publisher org.example)")
+        .stdout_has("1.0.0        superseded")
+        .stdout_has("1.1.0        enabled")
+        .stdout_has("previous version: 1.0.0");
+    b.run(&["status"])
+        .expect(0)
+        .stdout_has("packages: 1 (1 enabled, 0 disabled), 2 installed versions")
+        .stdout_has("trust: 1 publisher(s), 1 key(s)");
+
+    b.run(&["disable", "example.scan"])
+        .expect(0)
+        .stdout_has("disabled example.scan 1.1.0");
+    b.run(&["enable", "example.scan"])
+        .expect(0)
+        .stdout_has("enabled example.scan 1.1.0");
+    b.run(&["rollback", "example.scan"])
+        .expect(0)
+        .stdout_has("rolled example.scan back from 1.1.0 to 1.0.0; enabled");
+    b.run(&["remove", "example.scan", "--version", "1.1.0"])
+        .expect(0)
+        .stdout_has("removed example.scan 1.1.0");
+    b.run(&["rollback", "example.scan"])
+        .expect(4)
+        .stderr_has("example.scan has no previous version to roll back to");
+
+    let list = b.run(&["--json", "list"]);
+    list.expect(0);
+    let list = list.json();
+    assert_eq!(list["command"], "list");
+    let p = &list["packages"][0];
+    assert_eq!(p["id"], "example.scan");
+    assert_eq!(p["enabled"], "1.0.0");
+    assert_eq!(p["previous"], Value::Null);
+    let states: Vec<(&str, &str)> = p["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| (v["version"].as_str().unwrap(), v["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(states, [("1.0.0", "enabled"), ("1.1.0", "removed")]);
+    assert_eq!(p["versions"][0]["payload_sha256"], digest.as_str());
+}
+
+#[test]
+fn cli_every_documented_exit_code() {
+    let b = Bench::new();
+    b.trust();
+    let a = b.package("example.base", "1.0.0", b"base", "");
+    let dep = r#", "dependencies": [{"package_id": "example.base", "min_version": "1.0.0"}]"#;
+    let user = b.package("example.user", "1.0.0", b"user", dep);
+    let newer = b.package("example.base", "2.0.0", b"base 2", "");
+    // 4 first: a dependency that is not installed.
+    b.run(&["install", &user])
+        .expect(4)
+        .stderr_has("example.user@1.0.0 requires example.base 1.0.0.., but example.base is not installed")
+        .stderr_has("hint: install and enable a version of example.base that example.user@1.0.0 accepts first");
+    // 0: success.
+    b.run(&["install", &a]).expect(0);
+    b.run(&["install", &user]).expect(0);
+    // 1: an unexpected failure (the key prefix's directory is a regular file).
+    fs::write(b.path().join("plain"), b"").unwrap();
+    b.run(&["keygen", "--out", "plain/k"])
+        .expect(1)
+        .stderr_has("error: cannot create");
+    // 2: usage errors, from clap and from the id grammar.
+    b.run(&["install"]).expect(2);
+    b.run(&["enable", "Not..An.Id"]).expect(2);
+    b.run(&["trust", "revoke-key", "abc"]).expect(2);
+    // 3: a tampered package.
+    let tampered = tamper(&b, &newer, b"base 2", b"BASE 2");
+    b.run(&["install", &tampered])
+        .expect(3)
+        .stderr_has("SHA-256 is")
+        .stderr_has("hint: the package's files do not match its signed manifest");
+    // 4: refused by policy: a dependency, a downgrade, an existing key file.
+    b.run(&["disable", "example.base"])
+        .expect(4)
+        .stderr_has(
+            "error: cannot disable example.base: enabled packages depend on it: example.user@1.0.0",
+        )
+        .stderr_has("hint: disable the dependents first: guild disable example.user");
+    b.run(&["install", &newer]).expect(0);
+    let older = b.package("example.base", "0.9.0", b"base 0", "");
+    b.run(&["install", &older])
+        .expect(4)
+        .stderr_has("older than the current version 2.0.0")
+        .stderr_has("hint: to return to the previous version run `guild rollback example.base`");
+    b.run(&["keygen", "--out", "k"])
+        .expect(4)
+        .stderr_has("hint: pass --force");
+    // 5: the store is unusable (a corrupt registry).
+    let registry = b.store().join("registry.json");
+    let good = fs::read(&registry).unwrap();
+    fs::write(&registry, b"{not json").unwrap();
+    b.run(&["list"])
+        .expect(5)
+        .stderr_has("error: store file is corrupt")
+        .stderr_has("registry.json")
+        .stderr_has("hint: the store refuses to guess: restore the damaged file");
+    fs::write(&registry, good).unwrap();
+    // 6: not found: a package id, a package file, a key file.
+    b.run(&["enable", "example.nothing"])
+        .expect(6)
+        .stderr_has("hint: see what is installed with `guild list`");
+    b.run(&["install", "missing.gkmodule"]).expect(6);
+    b.run(&["sign", &a, "--key", "missing.key"]).expect(6);
+    b.run(&["status", "example.nothing"]).expect(6);
+
+    // The codes are documented in the help.
+    let help = b.run(&["--help"]);
+    help.expect(0).stdout_has("Exit codes:");
+    for code in 0..=6 {
+        help.stdout_has(&format!("\n  {code}  "));
+    }
+}
+
+/// Copies `archive` with `from` replaced by `to` (same length) in its bytes.
+fn tamper(b: &Bench, archive: &str, from: &[u8], to: &[u8]) -> String {
+    assert_eq!(from.len(), to.len());
+    let mut bytes = fs::read(b.path().join(archive)).unwrap();
+    let at = bytes
+        .windows(from.len())
+        .rposition(|w| w == from)
+        .expect("content in the archive");
+    bytes[at..at + to.len()].copy_from_slice(to);
+    let out = format!("tampered-{archive}");
+    fs::write(b.path().join(&out), bytes).unwrap();
+    out
+}
+
+#[test]
+fn cli_locked_store_exits_5_with_a_hint() {
+    let b = Bench::new();
+    b.run(&["list"]).expect(0);
+    // Holding the package manager open holds the store's lock, as a runner would.
+    let (pm, _) = guild_host::PackageManager::open_dir(&b.store()).unwrap();
+    b.run(&["list"])
+        .expect(5)
+        .stderr_has("store is locked")
+        .stderr_has("hint: another guild command or a runner has this store open");
+    drop(pm);
+    b.run(&["list"]).expect(0);
+}
+
+#[test]
+fn cli_json_documents_and_json_errors() {
+    let b = Bench::new();
+    let pkg = b.package("example.scan", "1.0.0", b"scan", "");
+
+    // Errors on stderr as JSON, stdout empty.
+    let refused = b.run(&["--json", "install", &pkg]);
+    refused.expect(3);
+    assert!(refused.stdout.is_empty());
+    let e = refused.error_json();
+    assert_eq!(e["category"], "rejected");
+    assert_eq!(e["exit_code"], 3);
+    assert!(e["message"]
+        .as_str()
+        .unwrap()
+        .contains("is not authenticated"));
+    assert!(e["causes"].is_array());
+    assert!(e["hint"]
+        .as_str()
+        .unwrap()
+        .contains("guild trust add org.example"));
+    let usage = b.run(&["--json", "enable", "Bad"]);
+    usage.expect(2);
+    assert_eq!(usage.error_json()["category"], "usage");
+    let missing = b.run(&["--json", "enable", "example.none"]);
+    missing.expect(6);
+    assert_eq!(missing.error_json()["category"], "not_found");
+    assert_eq!(
+        missing.error_json()["hint"],
+        "see what is installed with `guild list`"
+    );
+
+    let trusted = b.run(&["--json", "trust", "add", "org.example", "k.pub"]);
+    trusted.expect(0);
+    let t = trusted.json();
+    assert_eq!(t["command"], "trust add");
+    assert_eq!(t["added"], true);
+    assert_eq!(t["warnings"], serde_json::json!([]));
+    let kid = key_id(&b);
+    assert_eq!(t["key_id"], kid.as_str());
+
+    let verified = b.run(&["--json", "verify", &pkg]);
+    verified.expect(0);
+    let v = verified.json();
+    for field in [
+        "package_id",
+        "version",
+        "kind",
+        "publisher",
+        "key_id",
+        "payload_sha256",
+        "artifacts",
+        "platform",
+    ] {
+        assert!(!v[field].is_null(), "verify lacks {field}: {v}");
+    }
+    assert_eq!(v["platform"]["installable"], true);
+    assert_eq!(v["artifacts"][0]["path"], "libplugin.so");
+    assert_eq!(v["artifacts"][0]["size"], 4);
+
+    let installed = b.run(&["--json", "install", &pkg]);
+    installed.expect(0);
+    let i = installed.json();
+    assert_eq!(i["package_id"], "example.scan");
+    assert_eq!(i["version"], "1.0.0");
+    assert_eq!(i["changed"], true);
+    assert_eq!(i["enabled"], true);
+    assert_eq!(i["key_id"], kid.as_str());
+    assert_eq!(i["payload_sha256"], v["payload_sha256"]);
+    assert_eq!(i["superseded"], Value::Null);
+
+    let status = b.run(&["--json", "status"]);
+    status.expect(0);
+    let s = status.json();
+    assert_eq!(s["generation"], 1);
+    assert_eq!(s["counts"]["packages"], 1);
+    assert_eq!(s["counts"]["enabled"], 1);
+    assert_eq!(s["counts"]["trusted_keys"], 1);
+    assert_eq!(s["open"]["recovery"]["clean"], true);
+    assert_eq!(s["open"]["verified"], 1);
+
+    let one = b.run(&["--json", "status", "example.scan"]);
+    one.expect(0);
+    let path = one.json()["package"]["versions"][0]["path"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(Path::new(&path).join(".gkmetadata").is_file(), "{path}");
+
+    let recovered = b.run(&["--json", "recover"]);
+    recovered.expect(0);
+    assert_eq!(
+        recovered.json()["open"]["recovery"]["rolled_back"],
+        serde_json::json!([])
+    );
+
+    for args in [
+        &["--json", "disable", "example.scan"][..],
+        &["--json", "enable", "example.scan"],
+        &["--json", "trust", "list"],
+        &["--json", "list"],
+    ] {
+        let r = b.run(args);
+        r.expect(0);
+        let doc = r.json();
+        assert!(doc["command"].is_string(), "{doc}");
+        assert!(doc["warnings"].is_array(), "{doc}");
+    }
+
+    // --quiet prints nothing on success.
+    let quiet = b.run(&["--quiet", "list"]);
+    quiet.expect(0);
+    assert!(quiet.stdout.is_empty() && quiet.stderr.is_empty());
+}
+
+#[test]
+fn cli_verify_leaves_no_temporary_files() {
+    let b = Bench::new();
+    b.trust();
+    let pkg = b.package("example.scan", "1.0.0", b"genuine bytes", "");
+    let bad = tamper(&b, &pkg, b"genuine", b"forged!");
+    let tmp = b.path().join("tmp");
+    fs::create_dir(&tmp).unwrap();
+    let store_before = tree(&b.store());
+
+    let verify = |archive: &str| {
+        let store = b.store();
+        let mut cmd = guild_command(
+            b.path(),
+            &["--store", store.to_str().unwrap(), "verify", archive],
+        );
+        cmd.env("TMPDIR", &tmp);
+        finish(cmd.output().unwrap())
+    };
+    verify(&bad)
+        .expect(3)
+        .stderr_has("member \"libplugin.so\": SHA-256 is");
+    assert_eq!(fs::read_dir(&tmp).unwrap().count(), 0, "verify left files");
+    verify(&pkg).expect(0);
+    assert_eq!(fs::read_dir(&tmp).unwrap().count(), 0, "verify left files");
+    // Nothing in the store changed.
+    assert_eq!(tree(&b.store()), store_before);
+}
+
+/// Every path under `dir` with its size, to compare a directory before and after.
+fn tree(dir: &Path) -> Vec<(PathBuf, u64)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap().flatten() {
+            let meta = e.metadata().unwrap();
+            if meta.is_dir() {
+                stack.push(e.path());
+            }
+            out.push((e.path(), meta.len()));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn cli_revoking_a_key_disables_what_it_signed() {
+    let b = Bench::new();
+    b.trust();
+    let pkg = b.package("example.scan", "1.0.0", b"scan", "");
+    b.run(&["install", &pkg]).expect(0);
+    let extra = b.package("example.extra", "1.0.0", b"extra", "");
+    let extra_digest = b.run(&["--json", "install", &extra]).json()["payload_sha256"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // Revoking one payload disables exactly that package.
+    let revoked = b.run(&["--json", "trust", "revoke-package", &extra_digest]);
+    revoked.expect(0);
+    let r = revoked.json();
+    assert_eq!(r["sha256"], extra_digest.as_str());
+    assert_eq!(r["reason"], "revoked by the operator");
+    assert_eq!(r["disabled"].as_array().unwrap().len(), 1);
+    assert_eq!(r["disabled"][0]["id"], "example.extra");
+    assert_eq!(r["warnings"], serde_json::json!([]));
+    b.run(&["install", &extra])
+        .expect(3)
+        .stderr_has("is revoked (revoked by the operator)")
+        .stderr_has("hint: this exact package was revoked");
+    let unknown = "ab".repeat(32);
+    let ahead = b.run(&["--json", "trust", "revoke-package", &unknown]);
+    ahead.expect(0);
+    assert!(ahead.json()["warnings"][0]
+        .as_str()
+        .unwrap()
+        .starts_with("no recorded package has payload abababababab"));
+
+    let kid = key_id(&b);
+    let revoked = b.run(&["--json", "trust", "revoke-key", &kid, "--reason", "leaked"]);
+    revoked.expect(0);
+    let r = revoked.json();
+    assert_eq!(r["newly_revoked"], true);
+    assert_eq!(r["disabled"][0]["id"], "example.scan");
+    b.run(&["trust", "list"])
+        .expect(0)
+        .stdout_has(&format!("key {kid} (revoked)"))
+        .stdout_has(&format!("revoked key {kid} (leaked)"));
+    b.run(&["list"]).expect(0).stdout_has("disabled");
+    // It cannot come back while its key is revoked.
+    b.run(&["enable", "example.scan"])
+        .expect(3)
+        .stderr_has("the key is revoked (leaked)");
+    let other = b.package("example.other", "1.0.0", b"other", "");
+    b.run(&["install", &other])
+        .expect(3)
+        .stderr_has("the key is revoked (leaked)")
+        .stderr_has("hint: its keys are revoked");
+    b.run(&["trust", "add", "org.example", "k.pub"])
+        .expect(4)
+        .stderr_has("hint: a revoked key is never trusted again");
+}
+
+#[test]
+fn cli_keygen_force_replaces_the_pair() {
+    let b = Bench::new();
+    let before = fs::read(b.path().join("k.pub")).unwrap();
+    b.run(&["keygen", "--out", "k"]).expect(4);
+    assert_eq!(fs::read(b.path().join("k.pub")).unwrap(), before);
+    let out = b.run(&["--json", "keygen", "--out", "k", "--force"]);
+    out.expect(0);
+    assert_ne!(fs::read(b.path().join("k.pub")).unwrap(), before);
+    let id = out.json()["key_id"].as_str().unwrap().to_owned();
+    assert_eq!(id.len(), 64);
+}
+
+#[test]
+fn cli_open_reports_a_damaged_package_it_disabled() {
+    let b = Bench::new();
+    b.trust();
+    let pkg = b.package("example.scan", "1.0.0", b"scan", "");
+    b.run(&["install", &pkg]).expect(0);
+    // Damage the installed library behind the store's back.
+    let lib = b.store().join("packages/example.scan/1.0.0/libplugin.so");
+    make_writable(&b.store());
+    let mut perms = fs::metadata(&lib).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perms.set_readonly(false);
+    fs::set_permissions(&lib, perms).unwrap();
+    fs::write(&lib, b"SCAN").unwrap();
+
+    let listed = b.run(&["list"]);
+    listed
+        .expect(0)
+        .stderr_has("warning: disabled example.scan@1.0.0 because it failed re-verification")
+        .stderr_has("installed files do not match the signed manifest");
+    assert_eq!(
+        words(&listed.stdout)[1],
+        "example.scan 1.0.0 disabled gkmodule org.example"
+    );
+    let recovered = b.run(&["--json", "recover"]);
+    recovered.expect(0);
+    // The package was disabled by the earlier open, so this one has nothing to re-verify.
+    assert_eq!(recovered.json()["open"]["verified"], 0);
+}
+
+#[test]
+fn cli_store_location_from_the_environment() {
+    let dir = TestDir::new();
+    let status = |envs: &[(&str, &Path)]| {
+        let mut cmd = guild_command(dir.path(), &["--json", "status"]);
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let run = finish(cmd.output().unwrap());
+        run.expect(0);
+        PathBuf::from(run.json()["store"].as_str().unwrap())
+    };
+    let home = dir.path().join("home");
+    fs::create_dir(&home).unwrap();
+    let explicit = dir.path().join("explicit");
+    let xdg = dir.path().join("xdg");
+    assert_eq!(
+        status(&[("GUILD_STORE", &explicit), ("HOME", &home)]),
+        explicit
+    );
+    assert_eq!(
+        status(&[("XDG_DATA_HOME", &xdg), ("HOME", &home)]),
+        xdg.join("guild")
+    );
+    // A fresh account has no ~/.local/share yet; it is created for the default store.
+    let default = home.join(".local/share/guild");
+    assert_eq!(status(&[("HOME", &home)]), default);
+    assert!(default.is_dir());
+    // --store wins over everything.
+    let run = guild(
+        dir.path(),
+        &["--store", explicit.to_str().unwrap(), "--json", "status"],
+    );
+    assert_eq!(run.json()["store"], explicit.to_str().unwrap());
+}

@@ -1,0 +1,254 @@
+//! The host: load order with failing dependencies (fake loader), and a real dlopen'ed plugin whose
+//! library stays loaded while a binding holds it through unload, replacement and rollback.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use guild_adapters_posix::DlopenLoader;
+use guild_domain::ids::ImplId;
+use guild_domain::lease::{Leased, QuiescentAction};
+use guild_host::{Host, HostError, InstallOptions};
+use guild_ports::fakes::{fake_kernel, FakeLoader, FakePlugin};
+use guild_ports::loader::{LoadError, LoadErrorKind, LoadRequest, LoadedPlugin, PluginLoader};
+
+use crate::support::{id, key, open_dir, trust, ModDep, Spec, Workshop, PUBLISHER};
+
+/// Shares one fake loader between the host and the test that watches it.
+struct Shared(Arc<FakeLoader>);
+
+impl PluginLoader for Shared {
+    fn load(&self, request: &LoadRequest) -> Result<LoadedPlugin, LoadError> {
+        self.0.load(request)
+    }
+}
+
+#[test]
+fn a_failed_dependency_stops_its_dependents_before_they_are_opened() {
+    let shop = Workshop::new();
+    let k = key();
+    let store = shop.fresh("store");
+    let (pm, _) = open_dir(&store).unwrap();
+    trust(&pm, PUBLISHER, &k);
+    let base = shop.build(&Spec::module("ex.base", "1.0.0"), &k);
+    let dep = shop.build(
+        &Spec::module("ex.dep", "1.0.0").module_dep(ModDep::on("ex.base", "1.0.0")),
+        &k,
+    );
+    let solo = shop.build(&Spec::module("ex.solo", "1.0.0"), &k);
+    for b in [&base, &dep, &solo] {
+        pm.install(&b.archive, InstallOptions::default()).unwrap();
+    }
+
+    let fake = Arc::new(FakeLoader::new());
+    let plan = pm.load_plan().unwrap();
+    let library = |name: &str| -> PathBuf {
+        let p = plan.order.iter().find(|p| p.id.as_str() == name).unwrap();
+        p.dir.join(
+            pm.metadata(&p.id, &p.version)
+                .unwrap()
+                .manifest()
+                .entry
+                .as_str(),
+        )
+    };
+    let (base_lib, dep_lib, solo_lib) = (library("ex.base"), library("ex.dep"), library("ex.solo"));
+    fake.insert(
+        &base_lib,
+        FakePlugin::failing(LoadErrorKind::InitFailed {
+            status: -9,
+            status_name: "GUILD_STATUS_ERR_DEVICE",
+            component: "ex.base".into(),
+            message: "no device".into(),
+        }),
+    );
+    let cpu = guild_domain::operation::Backend::Cpu;
+    fake.insert(
+        &dep_lib,
+        FakePlugin::new().with_kernel(fake_kernel(ImplId::new("ex.dep.op.cpu").unwrap(), 1, cpu)),
+    );
+    fake.insert(
+        &solo_lib,
+        FakePlugin::new().with_kernel(fake_kernel(ImplId::new("ex.solo.op.cpu").unwrap(), 1, cpu)),
+    );
+
+    let host = Host::new(pm, Box::new(Shared(fake.clone())));
+    let report = host.load_enabled().unwrap();
+    assert_eq!(
+        report
+            .loaded
+            .iter()
+            .map(|l| l.id.as_str())
+            .collect::<Vec<_>>(),
+        ["ex.solo"]
+    );
+    assert_eq!(report.failed.len(), 1);
+    let (failed_id, _, error) = &report.failed[0];
+    assert_eq!(failed_id.as_str(), "ex.base");
+    assert!(
+        matches!(error, HostError::Load(e) if matches!(*e.kind, LoadErrorKind::InitFailed { status: -9, .. })),
+        "{error}"
+    );
+    assert!(error.to_string().contains("no device"), "{error}");
+    assert_eq!(report.skipped.len(), 1);
+    assert_eq!(report.skipped[0].id.as_str(), "ex.dep");
+    assert!(
+        report.skipped[0].reason.contains("ex.base"),
+        "{}",
+        report.skipped[0].reason
+    );
+    // The dependent's library was never opened; the failed base was shut down after init.
+    assert!(!fake.opened().contains(&dep_lib));
+    assert_eq!(fake.shutdowns_of(&base_lib), 1);
+    assert!(host
+        .kernels()
+        .find_by_id(&ImplId::new("ex.solo.op.cpu").unwrap())
+        .is_some());
+    assert!(host
+        .kernels()
+        .find_by_id(&ImplId::new("ex.dep.op.cpu").unwrap())
+        .is_none());
+}
+
+fn good_kernel_library() -> Vec<u8> {
+    let dir = std::env::var_os("GUILD_TEST_PLUGIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/test-plugins/lib")
+        });
+    let path = dir.join("libgood_kernel.so");
+    std::fs::read(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; build the C test plugins first with `cargo xtask plugins`",
+            path.display()
+        )
+    })
+}
+
+fn good_kernel(version: &str, library: &[u8]) -> Spec {
+    let mut spec = Spec::kernel("test.good", version)
+        .library(library)
+        .runner("test.good_kernel.runner");
+    spec.provided_ops = vec![
+        "test.good_kernel.rms_norm_f32".into(),
+        "test.good_kernel.prefix_sum_f32".into(),
+    ];
+    spec
+}
+
+#[test]
+fn a_binding_holds_a_real_library_through_rollback_remove_replacement_and_disable() {
+    let library = good_kernel_library();
+    let shop = Workshop::new();
+    let k = key();
+    let store = shop.fresh("store");
+    let (pm, _) = open_dir(&store).unwrap();
+    trust(&pm, PUBLISHER, &k);
+    let loader = DlopenLoader::new();
+    let host = Host::new(pm, Box::new(loader.clone()));
+    let pkg = id("test.good");
+    let v = |s: &str| shop.build(&good_kernel(s, &library), &k);
+    let (v1, v2, v3) = (v("1.0.0"), v("1.1.0"), v("1.2.0"));
+
+    host.install(&v1.archive, InstallOptions::default())
+        .unwrap();
+    assert_eq!(loader.open_libraries(), 1);
+    host.install(&v2.archive, InstallOptions::default())
+        .unwrap();
+    assert_eq!(
+        loader.open_libraries(),
+        1,
+        "nothing held 1.0.0, so replacing it closed it"
+    );
+
+    let binding = host
+        .kernels()
+        .find_by_id(&ImplId::new("test.good_kernel.prefix_sum_f32").unwrap())
+        .unwrap();
+    assert_eq!(binding.version().to_string(), "1.1.0");
+    assert_eq!(host.active_package_leases(&pkg), 1);
+
+    let leased = |e: HostError, action| match e {
+        HostError::Leased(Leased {
+            id,
+            action: a,
+            bindings,
+            ..
+        }) => {
+            assert_eq!((id, a, bindings), (pkg.clone(), action, 1));
+        }
+        other => panic!("expected a lease refusal, got {other}"),
+    };
+    leased(host.rollback(&pkg).unwrap_err(), QuiescentAction::Rollback);
+    leased(
+        host.remove(&pkg, None).unwrap_err(),
+        QuiescentAction::Remove,
+    );
+    assert_eq!(
+        loader.open_libraries(),
+        1,
+        "refusals load nothing and close nothing"
+    );
+
+    // Replacement is deferred: 1.2.0 serves lookups, 1.1.0 stays mapped for the binding.
+    host.install(&v3.archive, InstallOptions::default())
+        .unwrap();
+    assert_eq!(loader.open_libraries(), 2);
+    let fresh = host
+        .kernels()
+        .find_by_id(&ImplId::new("test.good_kernel.prefix_sum_f32").unwrap())
+        .unwrap();
+    assert_eq!(fresh.version().to_string(), "1.2.0");
+    drop(fresh);
+
+    // Disabling unloads 1.2.0 at once (no binding) while 1.1.0 still waits for its binding.
+    host.disable(&pkg).unwrap();
+    assert_eq!(loader.open_libraries(), 1);
+    assert!(host
+        .kernels()
+        .find_by_id(&ImplId::new("test.good_kernel.prefix_sum_f32").unwrap())
+        .is_none());
+
+    drop(binding);
+    assert_eq!(
+        loader.open_libraries(),
+        0,
+        "the last binding closed the library"
+    );
+    assert_eq!(host.active_package_leases(&pkg), 0);
+
+    // With nothing held, rollback goes through and loads the restored version once enabled.
+    host.enable(&pkg).unwrap();
+    assert_eq!(loader.open_libraries(), 1);
+    let rolled = host.rollback(&pkg).unwrap();
+    assert_eq!(rolled.to.to_string(), "1.1.0");
+    assert_eq!(loader.open_libraries(), 1);
+    assert_eq!(
+        host.kernels().loaded_version(&pkg).unwrap().to_string(),
+        "1.1.0"
+    );
+}
+
+#[test]
+fn a_plugin_whose_registrations_differ_from_its_manifest_is_not_installed() {
+    let library = good_kernel_library();
+    let shop = Workshop::new();
+    let k = key();
+    let store = shop.fresh("store");
+    let (pm, _) = open_dir(&store).unwrap();
+    trust(&pm, PUBLISHER, &k);
+    let loader = DlopenLoader::new();
+    let host = Host::new(pm, Box::new(loader.clone()));
+    let mut spec = good_kernel("1.0.0", &library);
+    spec.provided_ops.pop();
+    let built = shop.build(&spec, &k);
+    let err = host
+        .install(&built.archive, InstallOptions::default())
+        .unwrap_err();
+    assert!(
+        matches!(&err, HostError::Load(e) if matches!(*e.kind, LoadErrorKind::RegistrationMismatch { .. })),
+        "{err}"
+    );
+    // Publication was aborted before the commit: nothing recorded, nothing left open.
+    assert!(host.packages().list().unwrap().is_empty());
+    assert_eq!(loader.open_libraries(), 0);
+}
