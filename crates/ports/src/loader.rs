@@ -113,6 +113,7 @@ pub struct LoadedPlugin {
 
 /// Opens plugin libraries. Implementations: the dlopen loader (`adapters-posix`) and in-memory
 /// fakes for tests.
+#[cfg_attr(feature = "mocks", mockall::automock)]
 pub trait PluginLoader: Send + Sync {
     /// Loads the plugin that `request` names. See the module documentation for what success and
     /// failure guarantee.

@@ -30,6 +30,7 @@ pub fn key_id(public_key_spki_der: &[u8]) -> KeyId {
 
 /// Verifies detached signatures. Implementations are stateless checkers and may be shared
 /// between threads.
+#[cfg_attr(feature = "mocks", mockall::automock)]
 pub trait SignatureVerifier: Send + Sync {
     /// Checks that `signature_der` is a valid signature over `message` by the key whose
     /// SubjectPublicKeyInfo DER encoding is `public_key_spki_der`.

@@ -16,6 +16,7 @@ use guild_domain::manifest::{Artifact, Manifest, MAX_METADATA_BYTES};
 use guild_domain::path::PathRule;
 
 /// Opens packages (archives or directories) and reads their manifest bytes.
+#[cfg_attr(feature = "mocks", mockall::automock)]
 pub trait PackageSource: Send + Sync {
     /// Opens the package at `location` and reads its `.gkmetadata` bytes, which must be the first
     /// member of an archive or sit at the root of a directory. Nothing is written.

@@ -136,6 +136,7 @@ impl RecoveryReport {
 /// Implementations serialise their own calls, but the app must still hold its lifecycle
 /// transaction from `registry` through `commit`, so that the state it validated is the state it
 /// replaces; `expected_generation` catches a caller that does not.
+#[cfg_attr(feature = "mocks", mockall::automock)]
 pub trait PackageStore: Send + Sync {
     /// The committed registry. Never an empty stand-in for a file that could not be read: opening
     /// the store fails instead.

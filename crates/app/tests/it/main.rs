@@ -4,6 +4,7 @@ mod cli;
 mod crash;
 mod host;
 mod kill;
+mod mocks;
 mod numbering;
 mod refusals;
 mod registry;
