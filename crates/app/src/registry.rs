@@ -20,12 +20,11 @@ use guild_domain::operation::Backend;
 use guild_domain::version::Version;
 use guild_ports::loader::{LoadedLibrary, LoadedPlugin, RegisteredKernel, RegisteredRunner};
 
-/// One loaded package version: its library and the count of live bindings into it.
+/// One loaded package version and its library.
 pub struct LoadedPackage {
     pub id: PackageId,
     pub version: Version,
     library: Arc<dyn LoadedLibrary>,
-    bindings: AtomicU64,
 }
 
 impl fmt::Debug for LoadedPackage {
@@ -33,29 +32,26 @@ impl fmt::Debug for LoadedPackage {
         f.debug_struct("LoadedPackage")
             .field("id", &self.id)
             .field("version", &self.version)
-            .field("bindings", &self.bindings.load(Ordering::Relaxed))
             .finish()
     }
 }
 
 impl LoadedPackage {
-    /// How many bindings and runner references point into this package right now.
-    pub fn live_bindings(&self) -> u64 {
-        self.bindings.load(Ordering::Acquire)
-    }
-
     /// The library, for callers that must keep it loaded alongside a pointer into it.
     pub fn library(&self) -> &Arc<dyn LoadedLibrary> {
         &self.library
     }
 }
 
-/// A registered kernel as the registry stores it: the copy the loader made, and the package that
-/// keeps its code loaded.
+/// A registered kernel as the registry stores it: the copy the loader made, the package that
+/// keeps its code loaded, and the count of live bindings to it. The count sits beside the `Arc`'s
+/// own reference count, so taking a binding touches one cache line per kernel, and threads that
+/// bind different kernels of one package do not contend.
 #[derive(Debug)]
 pub struct StoredOp {
     pub kernel: RegisteredKernel,
     pub package: Arc<LoadedPackage>,
+    bindings: AtomicU64,
 }
 
 /// A live reference to a registered kernel. While it exists, the kernel's library stays loaded
@@ -66,7 +62,9 @@ pub struct KernelBinding {
 
 impl KernelBinding {
     fn new(op: Arc<StoredOp>) -> Self {
-        op.package.bindings.fetch_add(1, Ordering::AcqRel);
+        // Relaxed is enough: the count informs lease decisions, while the library's lifetime is
+        // guaranteed by the `Arc` the binding holds, not by the count.
+        op.bindings.fetch_add(1, Ordering::Relaxed);
         KernelBinding { op }
     }
 
@@ -99,7 +97,7 @@ impl Clone for KernelBinding {
 
 impl Drop for KernelBinding {
     fn drop(&mut self) {
-        self.op.package.bindings.fetch_sub(1, Ordering::AcqRel);
+        self.op.bindings.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -119,11 +117,12 @@ impl std::ops::Deref for KernelBinding {
     }
 }
 
-/// A registered runner as stored.
+/// A registered runner as stored, with its count of live references.
 #[derive(Debug)]
 pub struct StoredRunner {
     pub runner: RegisteredRunner,
     pub package: Arc<LoadedPackage>,
+    bindings: AtomicU64,
 }
 
 /// A shared reference to a registered runner, keeping its library loaded like a binding.
@@ -133,7 +132,7 @@ pub struct RunnerBinding {
 
 impl RunnerBinding {
     fn new(runner: Arc<StoredRunner>) -> Self {
-        runner.package.bindings.fetch_add(1, Ordering::AcqRel);
+        runner.bindings.fetch_add(1, Ordering::Relaxed);
         RunnerBinding { runner }
     }
 
@@ -148,7 +147,7 @@ impl RunnerBinding {
 
 impl Drop for RunnerBinding {
     fn drop(&mut self) {
-        self.runner.package.bindings.fetch_sub(1, Ordering::AcqRel);
+        self.runner.bindings.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -233,6 +232,54 @@ struct PackageEntry {
     enabled: bool,
 }
 
+impl PackageEntry {
+    fn live_bindings(&self) -> u64 {
+        let ops: u64 = self
+            .ops
+            .iter()
+            .map(|o| o.bindings.load(Ordering::Relaxed))
+            .sum();
+        let runners: u64 = self
+            .runners
+            .iter()
+            .map(|r| r.bindings.load(Ordering::Relaxed))
+            .sum();
+        ops + runners
+    }
+}
+
+/// A package version that left the registry, remembered weakly so that the bindings still
+/// pointing into it count as leases until they are gone.
+#[derive(Debug)]
+struct Retired {
+    id: PackageId,
+    ops: Vec<Weak<StoredOp>>,
+    runners: Vec<Weak<StoredRunner>>,
+}
+
+impl Retired {
+    fn live_bindings(&self) -> u64 {
+        let ops: u64 = self
+            .ops
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|o| o.bindings.load(Ordering::Relaxed))
+            .sum();
+        let runners: u64 = self
+            .runners
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|r| r.bindings.load(Ordering::Relaxed))
+            .sum();
+        ops + runners
+    }
+
+    fn is_gone(&self) -> bool {
+        self.ops.iter().all(|w| w.strong_count() == 0)
+            && self.runners.iter().all(|w| w.strong_count() == 0)
+    }
+}
+
 /// Why the kernel registry refused a change. The registry is unchanged after any of these.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RegistryChangeError {
@@ -270,7 +317,7 @@ pub struct KernelRegistry {
     writer: Mutex<HashMap<PackageId, PackageEntry>>,
     /// Packages that left the registry while bindings still pointed into them; kept weakly to
     /// count their leases until the last binding goes.
-    retired: Mutex<Vec<Weak<LoadedPackage>>>,
+    retired: Mutex<Vec<Retired>>,
 }
 
 impl fmt::Debug for KernelRegistry {
@@ -360,7 +407,6 @@ impl KernelRegistry {
             id: id.clone(),
             version: version.clone(),
             library: plugin.library,
-            bindings: AtomicU64::new(0),
         });
         let ops = plugin
             .kernels
@@ -369,6 +415,7 @@ impl KernelRegistry {
                 Arc::new(StoredOp {
                     kernel,
                     package: package.clone(),
+                    bindings: AtomicU64::new(0),
                 })
             })
             .collect();
@@ -379,6 +426,7 @@ impl KernelRegistry {
                 Arc::new(StoredRunner {
                     runner,
                     package: package.clone(),
+                    bindings: AtomicU64::new(0),
                 })
             })
             .collect();
@@ -398,7 +446,7 @@ impl KernelRegistry {
         let mut writer = self.lock();
         let id = prepared.entry.package.id.clone();
         if let Some(old) = writer.insert(id, prepared.entry) {
-            self.retire(old.package);
+            self.retire(&old);
         }
         self.snapshot.store(Arc::new(Snapshot::rebuild(&writer)));
     }
@@ -429,16 +477,20 @@ impl KernelRegistry {
         let unloaded = Unloaded {
             package: id.clone(),
             version: entry.package.version.clone(),
-            deferred_bindings: entry.package.live_bindings(),
+            deferred_bindings: entry.live_bindings(),
         };
-        self.retire(entry.package);
+        self.retire(&entry);
         Ok(unloaded)
     }
 
-    fn retire(&self, package: Arc<LoadedPackage>) {
+    fn retire(&self, entry: &PackageEntry) {
         let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
-        retired.retain(|w| w.strong_count() > 0);
-        retired.push(Arc::downgrade(&package));
+        retired.retain(|r| !r.is_gone());
+        retired.push(Retired {
+            id: entry.package.id.clone(),
+            ops: entry.ops.iter().map(Arc::downgrade).collect(),
+            runners: entry.runners.iter().map(Arc::downgrade).collect(),
+        });
     }
 
     /// Whether `id` is loaded, and at which version.
@@ -490,14 +542,12 @@ impl KernelRegistry {
 
     /// Live bindings and runner references into any loaded or retired version of `id`.
     pub fn live_bindings(&self, id: &PackageId) -> u64 {
-        let snap = self.snapshot.load();
-        let current = snap.packages.get(id).map_or(0, |p| p.live_bindings());
+        let current = self.lock().get(id).map_or(0, PackageEntry::live_bindings);
         let retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
         let old: u64 = retired
             .iter()
-            .filter_map(Weak::upgrade)
-            .filter(|p| &p.id == id)
-            .map(|p| p.live_bindings())
+            .filter(|r| &r.id == id)
+            .map(Retired::live_bindings)
             .sum();
         current + old
     }
