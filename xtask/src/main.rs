@@ -4,6 +4,7 @@
 mod sdk;
 mod tidy;
 mod util;
+mod valgrind;
 
 use std::process::ExitCode;
 
@@ -92,6 +93,9 @@ fn test() -> Result<(), String> {
             ],
             &env,
         )
+    })?;
+    step("valgrind: loader and registry tests", || {
+        valgrind::run(&plugins)
     })?;
     Ok(())
 }

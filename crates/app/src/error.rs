@@ -69,6 +69,8 @@ pub enum HostError {
     #[error(transparent)]
     Leased(#[from] Leased),
     #[error(transparent)]
+    Lease(#[from] guild_domain::lease::LeaseError),
+    #[error(transparent)]
     TrustChange(#[from] TrustChangeError),
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -123,6 +125,7 @@ impl HostError {
             | HostError::Remove(_)
             | HostError::Rollback(_)
             | HostError::Leased(_)
+            | HostError::Lease(_)
             | HostError::TrustChange(_) => ErrorCategory::Refused,
             HostError::Store(_)
             | HostError::TrustFile(_)

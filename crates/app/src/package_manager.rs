@@ -748,13 +748,7 @@ impl PackageManager {
                 guild_domain::registry::RegistryError::NoCurrentVersion { id: id.clone() }.into(),
             );
         }
-        self.lock_leases()
-            .acquire(id, LeaseKind::Lease)
-            .map_err(|e| HostError::InstalledTree {
-                package: id.to_string(),
-                path: PathBuf::new(),
-                problem: e.to_string(),
-            })?;
+        self.lock_leases().acquire(id, LeaseKind::Lease)?;
         Ok(PackageLease {
             id: id.clone(),
             ledger: self.leases.clone(),

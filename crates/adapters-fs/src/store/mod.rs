@@ -29,6 +29,7 @@ use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use guild_domain::ids::PackageId;
 use guild_domain::registry::RegistryState;
@@ -82,11 +83,40 @@ impl StoreLayout {
 }
 
 /// How to open a store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreOptions {
     /// A fault to inject at one step of the next durable operation that reaches it (a commit or
     /// a trust write; recovery's own steps are never faulted). It fires once.
     pub fault: Option<Fault>,
+    /// How long to wait for the store's lock before failing with `Locked`. A short wait rides
+    /// out a lock that is only held by a forked child between `fork` and `exec` (the lock lives
+    /// on the open file, which a child inherits until it execs); a real second user still fails.
+    pub lock_wait: Duration,
+}
+
+impl StoreOptions {
+    /// The default lock wait.
+    pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(2);
+
+    /// No fault, the default lock wait.
+    pub fn new() -> Self {
+        StoreOptions {
+            fault: None,
+            lock_wait: Self::DEFAULT_LOCK_WAIT,
+        }
+    }
+
+    /// With a fault plan.
+    pub fn with_fault(mut self, fault: Option<Fault>) -> Self {
+        self.fault = fault;
+        self
+    }
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// The file-system package store. One handle per store directory at a time, across processes:
@@ -135,7 +165,7 @@ impl FsStore {
             .truncate(false)
             .open(&layout.lock)
             .map_err(|e| io_error("open lock file", &layout.lock, e))?;
-        try_lock(&lock, &layout.lock)?;
+        lock_with_wait(&lock, &layout.lock, options.lock_wait)?;
         let recovered = recovery::recover(&layout, &BTreeSet::new(), &mut run)?;
         let store = FsStore {
             layout,
@@ -380,6 +410,19 @@ fn create_root(root: &Path, run: &mut Run) -> Result<(), StoreError> {
         }
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(io_error("create store directory", root, e)),
+    }
+}
+
+/// Takes the store's advisory lock, retrying for up to `wait` while it is held elsewhere.
+fn lock_with_wait(file: &File, path: &Path, wait: Duration) -> Result<(), StoreError> {
+    let deadline = Instant::now() + wait;
+    loop {
+        match try_lock(file, path) {
+            Err(e) if e.kind == StoreErrorKind::Locked && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other,
+        }
     }
 }
 

@@ -558,7 +558,12 @@ pub fn open_dir(root: &Path) -> Result<(PackageManager, OpenReport), HostError> 
 /// Opens the store at `root` (creating it when absent) with the production source and verifier
 /// and an optional fault plan for the store's next durable operation.
 pub fn open_host(root: &Path, fault: Option<Fault>) -> Result<Host, HostError> {
-    let (store, recovery) = retry_locked(|| Ok(FsStore::open_with(root, StoreOptions { fault })?))?;
+    let (store, recovery) = retry_locked(|| {
+        Ok(FsStore::open_with(
+            root,
+            StoreOptions::new().with_fault(fault),
+        )?)
+    })?;
     let store = Arc::new(store);
     let spy = Spy {
         store: store.clone(),

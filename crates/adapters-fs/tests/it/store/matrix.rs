@@ -163,7 +163,8 @@ fn store_crash_matrix_every_shape_every_step_both_modes() {
                 let (_dir, root, before_again) = prepared(&shape);
                 assert_eq!(before_again, before, "{label}: setup is not deterministic");
                 let fault = Some(Fault { step, mode });
-                let (store, report) = FsStore::open_with(&root, StoreOptions { fault }).unwrap();
+                let (store, report) =
+                    FsStore::open_with(&root, StoreOptions::new().with_fault(fault)).unwrap();
                 assert!(report.is_clean(), "{label}: {report:?}");
                 let outcome = (shape.op)(&store);
                 match (&outcome, mode) {

@@ -34,7 +34,7 @@ fn store_with_journal_record() -> (tempfile::TempDir, PathBuf, PathBuf) {
         step: 5,
         mode: FaultMode::Crash,
     });
-    let (store, _) = FsStore::open_with(&root, StoreOptions { fault }).unwrap();
+    let (store, _) = FsStore::open_with(&root, StoreOptions::new().with_fault(fault)).unwrap();
     let err = publish(&store, "b", "1.0.0", ENABLED).unwrap_err();
     assert_eq!(err.kind, StoreErrorKind::SimulatedCrash);
     drop(store);
@@ -250,7 +250,7 @@ fn store_recovery_rolls_forward_after_the_commit_point() {
         step: 9,
         mode: FaultMode::Crash,
     });
-    let (store, _) = FsStore::open_with(&root, StoreOptions { fault }).unwrap();
+    let (store, _) = FsStore::open_with(&root, StoreOptions::new().with_fault(fault)).unwrap();
     let err = change(&store, |r| r.remove(&id("a"), &v("1.0.0"))).unwrap_err();
     assert_eq!(store.last_op().steps.last(), Some(&"delete old tree"));
     assert_eq!(err.kind, StoreErrorKind::SimulatedCrash);
