@@ -44,6 +44,8 @@ fn valgrind(exe: &Path, plugins: &Path, filters: &[&str]) -> Result<(), String> 
     cmd.current_dir(root())
         .args([
             "--quiet",
+            // Round-robin scheduling, so the stress tests' threads really interleave.
+            "--fair-sched=yes",
             "--error-exitcode=99",
             "--leak-check=full",
             "--errors-for-leak-kinds=definite,indirect",

@@ -96,7 +96,9 @@ pub unsafe fn write_error_record(
     component: &str,
     message: &str,
 ) {
-    if record.is_null() {
+    // A misaligned record cannot be borrowed as a Rust reference; such a caller gets no text
+    // rather than undefined behaviour.
+    if record.is_null() || !record.is_aligned() {
         return;
     }
     // SAFETY: `record` is non-NULL and, per the contract, points at a record whose first field
@@ -105,8 +107,8 @@ pub unsafe fn write_error_record(
     if usize::try_from(size).map_or(true, |s| s < size_of::<guild_error_info_t>()) {
         return;
     }
-    // SAFETY: the record is non-NULL, writable, and at least as large as the struct this host
-    // knows, so the whole struct may be borrowed mutably for the rest of this call.
+    // SAFETY: the record is non-NULL, aligned, writable, and at least as large as the struct
+    // this host knows, so the whole struct may be borrowed mutably for the rest of this call.
     let record = unsafe { &mut *record };
     record.status = status;
     copy_truncated(&mut record.component, component);

@@ -148,7 +148,9 @@ impl Host {
                 continue;
             }
             let outcome = self
-                .load(&planned.id, &planned.version, &planned.dir, &metadata)
+                .packages
+                .check_loadable(&planned.id, &planned.version)
+                .and_then(|()| self.load(&planned.id, &planned.version, &planned.dir, &metadata))
                 .and_then(|plugin| {
                     let (kernels, runners) = (plugin.kernels.len(), plugin.runners.len());
                     let prepared =
@@ -171,6 +173,19 @@ impl Host {
             }
         }
         Ok(report)
+    }
+
+    /// Re-verifies every enabled package against today's trust store and its signed files, as
+    /// opening does; what fails (and what depends on it) is disabled in the store and taken out
+    /// of the kernel registry (its libraries close with their last bindings).
+    pub fn reverify(&self) -> Result<Vec<Quarantined>, HostError> {
+        let _lifecycle = self.lock();
+        let disabled = self.packages.reverify()?;
+        for q in &disabled {
+            // A package that was never loaded has nothing to unload.
+            let _ = self.kernels.unload(&q.id);
+        }
+        Ok(disabled)
     }
 
     /// Opens a verified tree's entry library through the loader.

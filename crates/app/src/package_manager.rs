@@ -445,6 +445,30 @@ impl PackageManager {
             })
     }
 
+    /// Checks the installed files of `id@version` against its signed manifest, through the same
+    /// hardened path that extraction uses, before its library can be opened again.
+    fn check_files(
+        &self,
+        metadata: &Metadata,
+        id: &PackageId,
+        version: &Version,
+    ) -> Result<(), HostError> {
+        let dir = self.store.package_dir(id, version);
+        self.source
+            .open(&dir)?
+            .verify_in_place(metadata.manifest())?;
+        Ok(())
+    }
+
+    /// Whether `id@version` may be loaded now: still authenticated by today's trust store. The
+    /// host asks before opening each planned library, so a revocation since the store was
+    /// opened takes effect at the next load.
+    pub fn check_loadable(&self, id: &PackageId, version: &Version) -> Result<(), HostError> {
+        let life = self.lock();
+        let metadata = self.loaded_metadata(&life, id, version)?;
+        self.check_still_trusted(&metadata, id, version)
+    }
+
     /// The graph of installed versions as `registry` records them.
     fn graph(
         &self,
@@ -620,6 +644,7 @@ impl PackageManager {
         }
         let metadata = self.loaded_metadata(&life, id, &version)?;
         self.check_still_trusted(&metadata, id, &version)?;
+        self.check_files(&metadata, id, &version)?;
         let dir = self.store.package_dir(id, &version);
         hook.prepare(&Change::Enable {
             id,
@@ -729,6 +754,7 @@ impl PackageManager {
         leases.check_quiescent(id, QuiescentAction::Rollback)?;
         let metadata = self.loaded_metadata(&life, id, &rolled.to)?;
         self.check_still_trusted(&metadata, id, &rolled.to)?;
+        self.check_files(&metadata, id, &rolled.to)?;
         hook.prepare(&Change::Rollback {
             id,
             from: rolled.from.as_ref(),
@@ -845,6 +871,11 @@ impl PackageManager {
             };
             if let Err(e) = authenticate(metadata, &trust, &PortCheck(&*self.verifier)) {
                 failed.insert(id.clone(), format!("no longer authenticated: {e}"));
+            } else if let Err(e) = self.check_files(metadata, id, version) {
+                failed.insert(
+                    id.clone(),
+                    format!("installed files do not match the signed manifest: {e}"),
+                );
             }
         }
         if failed.is_empty() {

@@ -445,10 +445,17 @@ impl KernelRegistry {
     pub fn commit(&self, prepared: PreparedPublication) {
         let mut writer = self.lock();
         let id = prepared.entry.package.id.clone();
-        if let Some(old) = writer.insert(id, prepared.entry) {
-            self.retire(&old);
+        let old = writer.insert(id, prepared.entry);
+        if let Some(old) = &old {
+            self.retire(old);
         }
-        self.snapshot.store(Arc::new(Snapshot::rebuild(&writer)));
+        let old_snapshot = self.snapshot.swap(Arc::new(Snapshot::rebuild(&writer)));
+        drop(writer);
+        // Dropping the replaced entry and snapshot may close a library and run the plugin's
+        // shutdown; that happens after the writer lock is released, so a shutdown that calls
+        // back into the host cannot deadlock on it.
+        drop(old);
+        drop(old_snapshot);
     }
 
     /// Enables or disables a loaded package's kernels and runners for lookups.
@@ -460,7 +467,9 @@ impl KernelRegistry {
                 package: id.clone(),
             })?;
         entry.enabled = enabled;
-        self.snapshot.store(Arc::new(Snapshot::rebuild(&writer)));
+        let old_snapshot = self.snapshot.swap(Arc::new(Snapshot::rebuild(&writer)));
+        drop(writer);
+        drop(old_snapshot);
         Ok(())
     }
 
@@ -473,13 +482,17 @@ impl KernelRegistry {
             .ok_or_else(|| RegistryChangeError::NotLoaded {
                 package: id.clone(),
             })?;
-        self.snapshot.store(Arc::new(Snapshot::rebuild(&writer)));
+        let old_snapshot = self.snapshot.swap(Arc::new(Snapshot::rebuild(&writer)));
+        drop(writer);
         let unloaded = Unloaded {
             package: id.clone(),
             version: entry.package.version.clone(),
             deferred_bindings: entry.live_bindings(),
         };
         self.retire(&entry);
+        // As in `commit`: the library may close here, outside the writer lock.
+        drop(entry);
+        drop(old_snapshot);
         Ok(unloaded)
     }
 

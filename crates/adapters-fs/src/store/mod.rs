@@ -139,7 +139,6 @@ struct Inner {
     /// Staging entries handed out and not yet committed or discarded; a runtime recovery keeps
     /// them.
     issued: BTreeSet<OsString>,
-    next_staging: u64,
     last_op: OpStats,
     total_fsyncs: u64,
 }
@@ -176,7 +175,6 @@ impl FsStore {
                 poisoned: false,
                 fault: options.fault,
                 issued: BTreeSet::new(),
-                next_staging: 0,
                 total_fsyncs: u64::from(run.stats.fsyncs),
                 last_op: run.stats,
             }),
@@ -254,8 +252,18 @@ impl PackageStore for FsStore {
     fn new_staging_dir(&self) -> Result<PathBuf, StoreError> {
         let mut inner = self.usable()?;
         loop {
-            let name = OsString::from(format!("{:016x}", inner.next_staging));
-            inner.next_staging = inner.next_staging.wrapping_add(1);
+            // Names are never reused within a process (pid, a process-wide counter, the time):
+            // a loader may open a library from a staging tree, and the dynamic linker recognises
+            // an already-loaded library by its path, so a reused path could hand back the code of
+            // an earlier package instead of the bytes that were just verified.
+            let name = OsString::from(format!(
+                "{}-{:x}-{:x}",
+                std::process::id(),
+                STAGING_COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos())
+            ));
             let path = self.layout.staging.join(&name);
             match fs::symlink_metadata(&path) {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -412,6 +420,9 @@ fn create_root(root: &Path, run: &mut Run) -> Result<(), StoreError> {
         Err(e) => Err(io_error("create store directory", root, e)),
     }
 }
+
+/// Staging names handed out by any store in this process.
+static STAGING_COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Takes the store's advisory lock, retrying for up to `wait` while it is held elsewhere.
 fn lock_with_wait(file: &File, path: &Path, wait: Duration) -> Result<(), StoreError> {

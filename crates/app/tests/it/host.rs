@@ -252,3 +252,100 @@ fn a_plugin_whose_registrations_differ_from_its_manifest_is_not_installed() {
     assert!(host.packages().list().unwrap().is_empty());
     assert_eq!(loader.open_libraries(), 0);
 }
+
+/// A host over a fresh store with one enabled module whose library the fake loader serves.
+fn fake_host(
+    shop: &Workshop,
+    k: &guild_adapters_crypto::SigningKey,
+) -> (Host, Arc<FakeLoader>, PathBuf) {
+    let store = shop.fresh("store");
+    let (pm, _) = open_dir(&store).unwrap();
+    trust(&pm, PUBLISHER, k);
+    let built = shop.build(&Spec::module("ex.fake", "1.0.0"), k);
+    pm.install(&built.archive, InstallOptions::default())
+        .unwrap();
+    let plan = pm.load_plan().unwrap();
+    let p = &plan.order[0];
+    let lib = p.dir.join(
+        pm.metadata(&p.id, &p.version)
+            .unwrap()
+            .manifest()
+            .entry
+            .as_str(),
+    );
+    let fake = Arc::new(FakeLoader::new());
+    let cpu = guild_domain::operation::Backend::Cpu;
+    fake.insert(
+        &lib,
+        FakePlugin::new().with_kernel(fake_kernel(ImplId::new("ex.fake.op.cpu").unwrap(), 1, cpu)),
+    );
+    (Host::new(pm, Box::new(Shared(fake.clone()))), fake, lib)
+}
+
+fn revoke(host: &Host, k: &guild_adapters_crypto::SigningKey) {
+    host.packages()
+        .update_trust(|t| {
+            t.revoke_key(k.key_id(), "test");
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn a_key_revoked_while_running_stops_loading_and_reverify_unloads() {
+    let shop = Workshop::new();
+    let k = key();
+
+    // Revoked after the store was opened but before loading: the library is never opened.
+    let (host, fake, lib) = fake_host(&shop, &k);
+    revoke(&host, &k);
+    let report = host.load_enabled().unwrap();
+    assert!(report.loaded.is_empty());
+    assert!(
+        matches!(report.failed[0].2, HostError::Unauthenticated { .. }),
+        "{}",
+        report.failed[0].2
+    );
+    assert!(!fake.opened().contains(&lib));
+
+    // Revoked after loading: reverify disables it in the store and takes it out of the registry.
+    let (host, fake, _) = fake_host(&shop, &k);
+    assert_eq!(host.load_enabled().unwrap().loaded.len(), 1);
+    revoke(&host, &k);
+    let disabled = host.reverify().unwrap();
+    assert_eq!(
+        disabled.iter().map(|q| q.id.as_str()).collect::<Vec<_>>(),
+        ["ex.fake"]
+    );
+    assert!(host
+        .kernels()
+        .find_by_id(&ImplId::new("ex.fake.op.cpu").unwrap())
+        .is_none());
+    assert_eq!(fake.live_libraries(), 0);
+}
+
+#[test]
+fn rollback_and_enable_recheck_the_installed_files_before_loading() {
+    let shop = Workshop::new();
+    let k = key();
+    let store = shop.fresh("store");
+    let (pm, _) = open_dir(&store).unwrap();
+    trust(&pm, PUBLISHER, &k);
+    let v1 = shop.build(&Spec::module("ex.files", "1.0.0"), &k);
+    let v2 = shop.build(&Spec::module("ex.files", "2.0.0"), &k);
+    pm.install(&v1.archive, InstallOptions::default()).unwrap();
+    pm.install(&v2.archive, InstallOptions::default()).unwrap();
+    // Damage the superseded version's library on disk.
+    let plan_dir = store.join("packages/ex.files/1.0.0");
+    let entry = v1.metadata.manifest().entry.as_str().to_owned();
+    crate::support::make_writable(&plan_dir);
+    std::fs::write(plan_dir.join(&entry), b"tampered").unwrap();
+    let err = pm.rollback(&id("ex.files")).unwrap_err();
+    assert!(matches!(err, HostError::Source(_)), "{err}");
+    assert!(err.to_string().contains(&entry), "{err}");
+    // Nothing changed: 2.0.0 is still the enabled version.
+    assert_eq!(
+        pm.list().unwrap()[0].enabled.as_ref().unwrap().to_string(),
+        "2.0.0"
+    );
+}

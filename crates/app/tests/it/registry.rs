@@ -228,6 +228,9 @@ fn stress_lookups_against_publication_and_unload() {
                 ];
                 let mut held = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
+                    // Hand the processor on each pass, so the writer keeps running even where
+                    // threads are scheduled one at a time.
+                    std::thread::yield_now();
                     let found = reg
                         .select(&scan())
                         .into_iter()
@@ -253,8 +256,19 @@ fn stress_lookups_against_publication_and_unload() {
         })
         .collect();
     let mut rounds = 0u64;
-    // At least 20 rounds, so that a slow run (valgrind) still exercises every path.
-    while rounds < 20 || Instant::now() < deadline {
+    // At least 20 rounds and 200 checked bindings, so that a slow or serialised run (valgrind
+    // runs one thread at a time) still exercises every path; a hard cap keeps it bounded.
+    let hard_stop = Instant::now() + Duration::from_secs(30);
+    while (rounds < 20 || seen.load(Ordering::Relaxed) < 200 || Instant::now() < deadline)
+        && Instant::now() < hard_stop
+    {
+        // Let the readers make progress between writer rounds, so the two interleave even
+        // when the threads are run one at a time.
+        let before = seen.load(Ordering::Relaxed);
+        let wait_until = Instant::now() + Duration::from_millis(50);
+        while seen.load(Ordering::Relaxed) == before && Instant::now() < wait_until {
+            std::thread::yield_now();
+        }
         let v = format!("1.0.{rounds}");
         publish(
             &reg,
