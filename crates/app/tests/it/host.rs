@@ -166,6 +166,14 @@ fn a_binding_holds_a_real_library_through_rollback_remove_replacement_and_disabl
         .unwrap();
     assert_eq!(binding.version().to_string(), "1.1.0");
     assert_eq!(host.active_package_leases(&pkg), 1);
+    // Runners are shared the same way: a runner reference counts as a lease while it lives.
+    let runner_id = guild_domain::ids::RunnerId::new("test.good_kernel.runner").unwrap();
+    let runner = host.kernels().find_runner(&runner_id).unwrap();
+    assert_eq!(runner.package(), &pkg);
+    assert_eq!(host.kernels().runners().len(), 1);
+    assert_eq!(host.active_package_leases(&pkg), 2);
+    drop(runner);
+    assert_eq!(host.active_package_leases(&pkg), 1);
 
     let leased = |e: HostError, action| match e {
         HostError::Leased(Leased {
