@@ -38,6 +38,9 @@ const EXPECTED_PLUGINS: &[&str] = &[
     "no_entry",
     "legacy_provenance",
     "bad_descriptor",
+    "scan_module",
+    "scan_module_alt",
+    "scan_dependent",
 ];
 
 /// Test libraries that deliberately lack the entry point (to test the loader's refusal of a

@@ -10,4 +10,5 @@ mod good_kernel;
 mod minimal_kernel;
 mod outcomes;
 mod registration;
+mod scan_module;
 mod support;
