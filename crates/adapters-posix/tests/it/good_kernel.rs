@@ -2,7 +2,7 @@
 //! copies the host kept (and where their pointers lead), its callbacks working after init's stack
 //! is gone, its view of the host table, and the library's lifetime.
 
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::c_void;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -402,26 +402,5 @@ fn query(
     inputs: &[guild_tensor_desc_v1_t],
     outputs: &[guild_tensor_desc_v1_t],
 ) -> guild_operation_query_v1_t {
-    const OP: &CStr = c"test.sequence.prefix_sum";
-    guild_operation_query_v1_t {
-        struct_size: size_of::<guild_operation_query_v1_t>() as u32,
-        version: 1,
-        op_name: OP.as_ptr().cast::<c_char>(),
-        min_op_version: 0x0100_0000,
-        max_op_version: 0x01ff_ffff,
-        backends: 1,
-        sync_mode: GUILD_SYNC_HOST_BLOCKING,
-        required_capabilities: 0,
-        required_numerics: 0,
-        inputs: inputs.as_ptr(),
-        input_count: inputs.len(),
-        outputs: outputs.as_ptr(),
-        output_count: outputs.len(),
-        ram_budget: u64::MAX,
-        vram_budget: u64::MAX,
-        exact_impl_id: std::ptr::null(),
-        device_caps: std::ptr::null(),
-        params: std::ptr::null(),
-        params_size: 0,
-    }
+    crate::support::host_query(c"test.sequence.prefix_sum", inputs, outputs)
 }

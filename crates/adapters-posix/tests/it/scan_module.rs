@@ -304,27 +304,7 @@ fn query(
     inputs: &[guild_tensor_desc_v1_t],
     outputs: &[guild_tensor_desc_v1_t],
 ) -> guild_operation_query_v1_t {
-    guild_operation_query_v1_t {
-        struct_size: size_of::<guild_operation_query_v1_t>() as u32,
-        version: 1,
-        op_name: c"example.sequence.inclusive_scan".as_ptr(),
-        min_op_version: 0x0100_0000,
-        max_op_version: 0x01ff_ffff,
-        backends: 1,
-        sync_mode: GUILD_SYNC_HOST_BLOCKING,
-        required_capabilities: 0,
-        required_numerics: 0,
-        inputs: inputs.as_ptr(),
-        input_count: inputs.len(),
-        outputs: outputs.as_ptr(),
-        output_count: outputs.len(),
-        ram_budget: u64::MAX,
-        vram_budget: u64::MAX,
-        exact_impl_id: std::ptr::null(),
-        device_caps: std::ptr::null(),
-        params: std::ptr::null(),
-        params_size: 0,
-    }
+    crate::support::host_query(c"example.sequence.inclusive_scan", inputs, outputs)
 }
 
 /// Effective element strides (axis 0 = 1) by the header's rule: 0 means the stride of the axis

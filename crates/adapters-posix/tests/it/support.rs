@@ -161,3 +161,33 @@ pub fn guild_text(buffer: &[std::ffi::c_char]) -> String {
         .collect();
     String::from_utf8(bytes).expect("UTF-8")
 }
+
+/// A host-blocking CPU query for `op` over the given tensors: same-major version 1, no required
+/// capabilities or numerics, unlimited budgets, no exact impl id, no device capabilities.
+pub fn host_query(
+    op: &'static std::ffi::CStr,
+    inputs: &[guild_abi::guild_tensor_desc_v1_t],
+    outputs: &[guild_abi::guild_tensor_desc_v1_t],
+) -> guild_abi::guild_operation_query_v1_t {
+    guild_abi::guild_operation_query_v1_t {
+        struct_size: size_of::<guild_abi::guild_operation_query_v1_t>() as u32,
+        version: 1,
+        op_name: op.as_ptr(),
+        min_op_version: 0x0100_0000,
+        max_op_version: 0x01ff_ffff,
+        backends: guild_abi::GUILD_BACKEND_CPU,
+        sync_mode: guild_abi::GUILD_SYNC_HOST_BLOCKING,
+        required_capabilities: 0,
+        required_numerics: 0,
+        inputs: inputs.as_ptr(),
+        input_count: inputs.len(),
+        outputs: outputs.as_ptr(),
+        output_count: outputs.len(),
+        ram_budget: guild_abi::GUILD_BUDGET_UNLIMITED,
+        vram_budget: guild_abi::GUILD_BUDGET_UNLIMITED,
+        exact_impl_id: std::ptr::null(),
+        device_caps: std::ptr::null(),
+        params: std::ptr::null(),
+        params_size: 0,
+    }
+}
