@@ -6,10 +6,12 @@
 //! enable/disable/remove/rollback, recovery) and the `guild` command line; the kernel registry
 //! and the operation service arrive with the issues that build them.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod error;
 pub mod host;
+#[allow(unsafe_code)] // The C service boundary: calls into providers' GOP1 callbacks.
+pub mod operations;
 pub mod package_manager;
 pub mod platform;
 pub mod publish;
@@ -17,5 +19,6 @@ pub mod registry;
 
 pub use error::{ErrorCategory, HostError};
 pub use host::{Host, LoadReport};
+pub use operations::{OpHandle, OperationRequest, OperationService};
 pub use package_manager::{InstallOptions, Installed, OpenReport, PackageManager};
 pub use platform::HostPlatform;

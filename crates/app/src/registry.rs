@@ -61,7 +61,9 @@ pub struct KernelBinding {
 }
 
 impl KernelBinding {
-    fn new(op: Arc<StoredOp>) -> Self {
+    /// Binds a stored op. Within the crate only: the operation service binds the very op it
+    /// negotiated with, which may already have been replaced in the snapshot.
+    pub(crate) fn new(op: Arc<StoredOp>) -> Self {
         // Relaxed is enough: the count informs lease decisions, while the library's lifetime is
         // guaranteed by the `Arc` the binding holds, not by the count.
         op.bindings.fetch_add(1, Ordering::Relaxed);

@@ -6,6 +6,7 @@ mod host;
 mod kill;
 mod mocks;
 mod numbering;
+mod operations;
 mod refusals;
 mod registry;
 mod signatures;

@@ -1,0 +1,553 @@
+//! The operation service's safe Rust face over the real C scan modules (test-plugins
+//! scan_module and scan_module_alt), installed as signed gkmodules and loaded with dlopen:
+//! ranking, exact ids, rejection reports, execution against a Rust reference, argument checks
+//! before the provider runs, leases held by handles, and concurrent execution.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use guild_adapters_posix::DlopenLoader;
+use guild_domain::ids::{ImplId, OpName};
+use guild_domain::lease::QuiescentAction;
+use guild_domain::operation::{
+    Backend, DType, FailureKind, MemorySpace, ProviderRefusal, Rejection, TensorDesc,
+};
+use guild_domain::version::PackedVersion;
+use guild_host::operations::{ExecuteError, ResolveError, TensorArg, TensorArgMut};
+use guild_host::{Host, HostError, InstallOptions, OpHandle, OperationRequest, OperationService};
+
+use crate::support::{id, key, open_dir, trust, Spec, Workshop, PUBLISHER};
+
+const INCLUSIVE_OP: &str = "example.sequence.inclusive_scan";
+const EXCLUSIVE_OP: &str = "example.sequence.exclusive_scan";
+const INCLUSIVE: &str = "example.scan.inclusive.cpu";
+const EXCLUSIVE: &str = "example.scan.exclusive.cpu";
+const ALT_INCLUSIVE: &str = "example.scan_alt.inclusive.cpu";
+const ALT_EXCLUSIVE: &str = "example.scan_alt.exclusive.cpu";
+
+fn plugin_library(name: &str) -> Vec<u8> {
+    let dir = std::env::var_os("GUILD_TEST_PLUGIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/test-plugins/lib")
+        });
+    let path = dir.join(format!("lib{name}.so"));
+    std::fs::read(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; build the C test plugins first with `cargo xtask plugins`",
+            path.display()
+        )
+    })
+}
+
+fn scan_spec(version: &str) -> Spec {
+    let mut spec = Spec::module("example.scan", version).library(&plugin_library("scan_module"));
+    spec.provided_ops = vec![INCLUSIVE.into(), EXCLUSIVE.into()];
+    spec
+}
+
+fn alt_spec(version: &str) -> Spec {
+    let mut spec =
+        Spec::module("example.scan_alt", version).library(&plugin_library("scan_module_alt"));
+    spec.provided_ops = vec![ALT_INCLUSIVE.into(), ALT_EXCLUSIVE.into()];
+    spec
+}
+
+/// A host over a fresh store with both scan modules installed, signed, and loaded by dlopen.
+struct Fixture {
+    shop: Workshop,
+    key: guild_adapters_crypto::SigningKey,
+    host: Host,
+    loader: DlopenLoader,
+}
+
+fn fixture() -> Fixture {
+    let shop = Workshop::new();
+    let k = key();
+    let store = shop.fresh("store");
+    let (pm, _) = open_dir(&store).unwrap();
+    trust(&pm, PUBLISHER, &k);
+    let loader = DlopenLoader::new();
+    let host = Host::new(pm, Box::new(loader.clone()));
+    for spec in [scan_spec("1.0.0"), alt_spec("1.0.0")] {
+        let built = shop.build(&spec, &k);
+        host.install(&built.archive, InstallOptions::default())
+            .unwrap();
+    }
+    assert_eq!(loader.open_libraries(), 2);
+    Fixture {
+        shop,
+        key: k,
+        host,
+        loader,
+    }
+}
+
+fn op(name: &str) -> OpName {
+    OpName::new(name).unwrap()
+}
+
+fn impl_id(name: &str) -> ImplId {
+    ImplId::new(name).unwrap()
+}
+
+fn desc(dtype: DType, dims: &[u64], strides: &[u64]) -> TensorDesc {
+    TensorDesc::new(dtype, dims, MemorySpace::Host).with_strides(strides)
+}
+
+fn request(name: &str, dtype: DType, dims: &[u64]) -> OperationRequest {
+    OperationRequest::cpu(
+        op(name),
+        vec![desc(dtype, dims, &[])],
+        vec![desc(dtype, dims, &[])],
+    )
+}
+
+#[test]
+fn f32_resolves_to_the_priority_10_provider() {
+    let f = fixture();
+    let service = OperationService::new(f.host.kernels());
+    let handle = service
+        .resolve(&request(INCLUSIVE_OP, DType::F32, &[4, 2]))
+        .unwrap();
+    let d = handle.describe();
+    assert_eq!(d.impl_id.as_str(), INCLUSIVE);
+    assert_eq!(d.package.as_str(), "example.scan");
+    assert_eq!(d.package_version.to_string(), "1.0.0");
+    assert_eq!(d.op_name.as_str(), INCLUSIVE_OP);
+    assert_eq!(d.op_version, PackedVersion::new(1, 0, 0).unwrap());
+    assert_eq!(d.backend, Backend::Cpu);
+    assert_eq!(d.priority, 10);
+    assert_eq!((d.scratch.host_bytes, d.scratch.device_bytes), (0, 0));
+    assert_eq!(handle.scratch(), d.scratch);
+    // The alternative was not asked: it ranks below the choice.
+    assert_eq!(handle.passed_over().len(), 1);
+    assert_eq!(handle.passed_over()[0].0.as_str(), ALT_INCLUSIVE);
+    assert!(
+        handle.passed_over()[0].1.contains("outranked by"),
+        "{:?}",
+        handle.passed_over()
+    );
+}
+
+#[test]
+fn an_exact_impl_id_chooses_the_alternative() {
+    let f = fixture();
+    let service = OperationService::new(f.host.kernels());
+    let handle = service
+        .resolve(&request(INCLUSIVE_OP, DType::F32, &[4, 2]).exact(impl_id(ALT_INCLUSIVE)))
+        .unwrap();
+    assert_eq!(handle.describe().impl_id.as_str(), ALT_INCLUSIVE);
+    assert_eq!(handle.describe().package.as_str(), "example.scan_alt");
+    assert_eq!(handle.describe().priority, 5);
+    assert!(handle.passed_over()[0].1.contains("not the implementation"));
+}
+
+#[test]
+fn i32_chooses_the_main_provider_and_an_exact_alt_fails_with_its_reason() {
+    let f = fixture();
+    let service = OperationService::new(f.host.kernels());
+    let handle = service
+        .resolve(&request(INCLUSIVE_OP, DType::I32, &[4, 2]))
+        .unwrap();
+    assert_eq!(handle.describe().impl_id.as_str(), INCLUSIVE);
+
+    // The alternative refuses integers in its validate callback; an exact request for it
+    // does not fall back, and the report says why for every candidate.
+    let err = service
+        .resolve(&request(INCLUSIVE_OP, DType::I32, &[4, 2]).exact(impl_id(ALT_INCLUSIVE)))
+        .unwrap_err();
+    let failure = err.failure().expect("a resolution report");
+    assert_eq!(
+        failure.kind,
+        FailureKind::ExactImplRejected {
+            impl_id: impl_id(ALT_INCLUSIVE)
+        }
+    );
+    let alt = failure
+        .rejections
+        .iter()
+        .find(|r| r.impl_id.as_str() == ALT_INCLUSIVE)
+        .unwrap();
+    assert_eq!(
+        alt.reason,
+        Rejection::ValidateRefused(ProviderRefusal::new(
+            -2,
+            "input dtype 26 (i32) is not supported by this scan"
+        ))
+    );
+    let main = failure
+        .rejections
+        .iter()
+        .find(|r| r.impl_id.as_str() == INCLUSIVE)
+        .unwrap();
+    assert_eq!(main.reason, Rejection::NotExactImpl);
+    let text = err.to_string();
+    assert!(
+        text.contains("input dtype 26 (i32) is not supported by this scan"),
+        "{text}"
+    );
+    assert!(text.contains(INCLUSIVE), "{text}");
+
+    // A strided query is refused by the alternative's static contract (layout).
+    let strided = OperationRequest::cpu(
+        op(INCLUSIVE_OP),
+        vec![desc(DType::F32, &[4, 2], &[0, 6])],
+        vec![desc(DType::F32, &[4, 2], &[])],
+    )
+    .exact(impl_id(ALT_INCLUSIVE));
+    let err = service.resolve(&strided).unwrap_err();
+    let alt = err
+        .failure()
+        .unwrap()
+        .rejections
+        .iter()
+        .find(|r| r.impl_id.as_str() == ALT_INCLUSIVE);
+    assert!(
+        matches!(alt.unwrap().reason, Rejection::LayoutUnsupported { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("outer-strided"), "{err}");
+
+    // An exact id nobody registered.
+    let err = service
+        .resolve(&request(INCLUSIVE_OP, DType::F32, &[4]).exact(impl_id("example.none.cpu")))
+        .unwrap_err();
+    assert!(matches!(
+        err.failure().unwrap().kind,
+        FailureKind::ExactImplAbsent { .. }
+    ));
+    // An exact id registered for the other operation says so.
+    let err = service
+        .resolve(&request(INCLUSIVE_OP, DType::F32, &[4]).exact(impl_id(EXCLUSIVE)))
+        .unwrap_err();
+    assert_eq!(
+        err.failure().unwrap().kind,
+        FailureKind::ExactImplAbsent {
+            impl_id: impl_id(EXCLUSIVE),
+            registered_for: Some(op(EXCLUSIVE_OP)),
+        }
+    );
+    // An invalid request is refused before any provider is asked.
+    let err = service
+        .resolve(&request(INCLUSIVE_OP, DType::F32, &[0]))
+        .unwrap_err();
+    assert!(matches!(err, ResolveError::Query(_)), "{err}");
+}
+
+/// Row starts (element offsets) of a tensor, outer axes with axis 1 fastest.
+fn row_offsets(dims: &[u64], strides: &[u64]) -> Vec<usize> {
+    let mut eff = vec![1u64; dims.len()];
+    for i in 1..dims.len() {
+        let packed = eff[i - 1] * dims[i - 1];
+        eff[i] = match strides.get(i) {
+            Some(&s) if s != 0 => s,
+            _ => packed,
+        };
+    }
+    let mut offsets = vec![0u64];
+    for axis in 1..dims.len() {
+        let (inner, step) = (offsets, eff[axis]);
+        offsets = (0..dims[axis])
+            .flat_map(|i| inner.iter().map(move |&o| o + i * step))
+            .collect();
+    }
+    offsets.into_iter().map(|o| o as usize).collect()
+}
+
+fn reference<T: Copy + std::ops::Add<Output = T> + Default>(
+    input: &[T],
+    output: &mut [T],
+    dims: &[u64],
+    in_strides: &[u64],
+    out_strides: &[u64],
+    exclusive: bool,
+) {
+    for (ri, ro) in row_offsets(dims, in_strides)
+        .into_iter()
+        .zip(row_offsets(dims, out_strides))
+    {
+        let mut acc = T::default();
+        for k in 0..dims[0] as usize {
+            if exclusive {
+                output[ro + k] = acc;
+                acc = acc + input[ri + k];
+            } else {
+                acc = acc + input[ri + k];
+                output[ro + k] = acc;
+            }
+        }
+    }
+}
+
+/// Resolves and executes one strided case (3 x 2 x 2, input rows 5 apart, output rows 4 apart)
+/// and compares with the reference; padding keeps its sentinel.
+fn run_case<T>(service: &OperationService<'_>, dtype: DType, exclusive: bool, values: Vec<T>)
+where
+    T: guild_host::operations::Element
+        + std::ops::Add<Output = T>
+        + Default
+        + PartialEq
+        + std::fmt::Debug,
+{
+    let dims = [3u64, 2, 2];
+    let (in_strides, out_strides) = ([0u64, 5, 10], [0u64, 4, 8]);
+    let name = if exclusive {
+        EXCLUSIVE_OP
+    } else {
+        INCLUSIVE_OP
+    };
+    let input_desc = desc(dtype, &dims, &in_strides);
+    let output_desc = desc(dtype, &dims, &out_strides);
+    let handle = service
+        .resolve(&OperationRequest::cpu(
+            op(name),
+            vec![input_desc],
+            vec![output_desc],
+        ))
+        .unwrap();
+    let expected_impl = if exclusive { EXCLUSIVE } else { INCLUSIVE };
+    assert_eq!(handle.describe().impl_id.as_str(), expected_impl);
+    assert_eq!(values.len(), 20);
+    let sentinel = values[4];
+    let mut output = vec![sentinel; 16];
+    let mut want = output.clone();
+    reference(
+        &values,
+        &mut want,
+        &dims,
+        &in_strides,
+        &out_strides,
+        exclusive,
+    );
+    handle
+        .execute(
+            &[TensorArg::new(input_desc, &values)],
+            &mut [TensorArgMut::new(output_desc, &mut output)],
+            None,
+        )
+        .unwrap();
+    assert_eq!(output, want, "{name} over {dtype:?}");
+}
+
+#[test]
+fn both_scans_execute_strided_f32_and_i64_like_the_reference() {
+    let f = fixture();
+    let service = OperationService::new(f.host.kernels());
+    for exclusive in [false, true] {
+        run_case::<f32>(
+            &service,
+            DType::F32,
+            exclusive,
+            (0..20).map(|i| (i as f32) * 0.5 - 3.0).collect(),
+        );
+        run_case::<i64>(
+            &service,
+            DType::I64,
+            exclusive,
+            (0..20).map(|i| (i as i64 - 7) << 33).collect(),
+        );
+    }
+}
+
+#[test]
+fn bad_arguments_are_refused_before_the_provider_runs() {
+    let f = fixture();
+    let service = OperationService::new(f.host.kernels());
+    let d = desc(DType::F32, &[4, 2], &[]);
+    let handle = service
+        .resolve(&OperationRequest::cpu(op(INCLUSIVE_OP), vec![d], vec![d]))
+        .unwrap();
+    let input = [1.0f32; 8];
+
+    // Too small an output buffer: nothing is written.
+    let mut small = [9.0f32; 7];
+    let err = handle
+        .execute(
+            &[TensorArg::new(d, &input)],
+            &mut [TensorArgMut::new(d, &mut small)],
+            None,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ExecuteError::BufferTooSmall {
+                needed: 32,
+                got: 28,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(small, [9.0; 7]);
+
+    // Elements of the wrong type.
+    let mut ints = [9i32; 8];
+    let err = handle
+        .execute(
+            &[TensorArg::new(d, &input)],
+            &mut [TensorArgMut::new(d, &mut ints)],
+            None,
+        )
+        .unwrap_err();
+    assert!(matches!(err, ExecuteError::ElementType { .. }), "{err}");
+    assert_eq!(ints, [9; 8]);
+
+    // Another shape or dtype than negotiated.
+    let mut out = [9.0f32; 8];
+    let other = desc(DType::F32, &[2, 4], &[]);
+    let err = handle
+        .execute(
+            &[TensorArg::new(d, &input)],
+            &mut [TensorArgMut::new(other, &mut out)],
+            None,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, ExecuteError::DescriptorMismatch { .. }),
+        "{err}"
+    );
+    let err = handle
+        .execute(
+            &[TensorArg::new(desc(DType::I32, &[4, 2], &[]), &[1i32; 8])],
+            &mut [TensorArgMut::new(d, &mut out)],
+            None,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, ExecuteError::DescriptorMismatch { .. }),
+        "{err}"
+    );
+    // Missing arguments.
+    let err = handle
+        .execute(&[], &mut [TensorArgMut::new(d, &mut out)], None)
+        .unwrap_err();
+    assert!(matches!(err, ExecuteError::Arity { .. }), "{err}");
+    // Misaligned data (the contract asks for 4 bytes): raw bytes one past an aligned start.
+    let bytes = [0u8; 40];
+    let start = bytes.as_ptr().align_offset(4) + 1;
+    let err = handle
+        .execute(
+            &[TensorArg::new(d, &bytes[start..start + 32])],
+            &mut [TensorArgMut::new(d, &mut out)],
+            None,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ExecuteError::Contract {
+                rejection: Rejection::Misaligned { .. }
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(out, [9.0; 8]);
+
+    // And the correct call works.
+    handle
+        .execute(
+            &[TensorArg::new(d, &input)],
+            &mut [TensorArgMut::new(d, &mut out)],
+            None,
+        )
+        .unwrap();
+    assert_eq!(out, [1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0]);
+}
+
+#[test]
+fn a_handle_holds_its_package_until_dropped() {
+    let f = fixture();
+    let pkg = id("example.scan");
+    let v11 = f.shop.build(&scan_spec("1.1.0"), &f.key);
+    f.host
+        .install(&v11.archive, InstallOptions::default())
+        .unwrap();
+    assert_eq!(
+        f.loader.open_libraries(),
+        2,
+        "1.0.0 closed, nothing held it"
+    );
+    let service = OperationService::new(f.host.kernels());
+    let d = desc(DType::I64, &[3], &[]);
+    let handle = service
+        .resolve(&OperationRequest::cpu(op(INCLUSIVE_OP), vec![d], vec![d]))
+        .unwrap();
+    assert_eq!(handle.describe().package_version.to_string(), "1.1.0");
+    assert!(f.host.active_package_leases(&pkg) > 0);
+    match f.host.rollback(&pkg).unwrap_err() {
+        HostError::Leased(l) => {
+            assert_eq!(l.action, QuiescentAction::Rollback);
+            assert!(l.bindings > 0);
+        }
+        other => panic!("expected a lease refusal, got {other}"),
+    }
+
+    // A replacement serves new resolutions while the handle keeps its library loaded.
+    let v12 = f.shop.build(&scan_spec("1.2.0"), &f.key);
+    f.host
+        .install(&v12.archive, InstallOptions::default())
+        .unwrap();
+    assert_eq!(f.loader.open_libraries(), 3);
+    let mut out = [0i64; 3];
+    handle
+        .execute(
+            &[TensorArg::new(d, &[1i64, 2, 3])],
+            &mut [TensorArgMut::new(d, &mut out)],
+            None,
+        )
+        .unwrap();
+    assert_eq!(out, [1, 3, 6]);
+
+    drop(handle);
+    assert_eq!(f.host.active_package_leases(&pkg), 0);
+    assert_eq!(f.loader.open_libraries(), 2, "the handle's library closed");
+    let rolled = f.host.rollback(&pkg).unwrap();
+    assert_eq!(rolled.to.to_string(), "1.1.0");
+}
+
+/// Executes `handle` `rounds` times on rows of `seed`, checking each result.
+fn hammer(handle: &OpHandle<'_>, exclusive: bool, seed: i64, rounds: usize) {
+    let d = desc(DType::I64, &[16, 4], &[]);
+    for round in 0..rounds {
+        let input: Vec<i64> = (0..64).map(|i| seed * 1000 + i + round as i64).collect();
+        let mut output = vec![0i64; 64];
+        let mut want = vec![0i64; 64];
+        reference(&input, &mut want, &[16, 4], &[], &[], exclusive);
+        handle
+            .execute(
+                &[TensorArg::new(d, &input)],
+                &mut [TensorArgMut::new(d, &mut output)],
+                None,
+            )
+            .unwrap();
+        assert_eq!(output, want);
+    }
+}
+
+#[test]
+fn independent_and_shared_handles_execute_concurrently() {
+    let f = fixture();
+    let service = OperationService::new(f.host.kernels());
+    let d = desc(DType::I64, &[16, 4], &[]);
+    let resolve = |name: &str| {
+        service
+            .resolve(&OperationRequest::cpu(op(name), vec![d], vec![d]))
+            .unwrap()
+    };
+    let inclusive = resolve(INCLUSIVE_OP);
+    let exclusive = resolve(EXCLUSIVE_OP);
+    let shared = Arc::new(resolve(INCLUSIVE_OP));
+    std::thread::scope(|s| {
+        s.spawn(|| hammer(&inclusive, false, 1, 200));
+        s.spawn(|| hammer(&exclusive, true, 2, 200));
+        for t in 0..4 {
+            let shared = Arc::clone(&shared);
+            s.spawn(move || hammer(&shared, false, 10 + t, 200));
+        }
+    });
+    assert!(f.host.active_package_leases(&id("example.scan")) >= 3);
+    drop((inclusive, exclusive, shared));
+    assert_eq!(f.host.active_package_leases(&id("example.scan")), 0);
+}
