@@ -280,7 +280,6 @@ impl PackageManager {
         {
             let mut life = pm.lock();
             let registry = pm.store.registry()?;
-            let trust = pm.read_trust()?;
             for (id, version, record) in registry.installed() {
                 let dir = pm.store.package_dir(id, version);
                 let metadata = read_installed_metadata(&dir, id, version)?;
@@ -299,37 +298,9 @@ impl PackageManager {
                     .insert((id.clone(), version.clone()), Arc::new(metadata));
             }
 
-            // Re-verify what is enabled: authentication against today's trust store, and the
-            // bytes on disk against the signed manifest.
-            let mut failed: BTreeMap<PackageId, String> = BTreeMap::new();
-            for (id, version, record) in registry.installed() {
-                if !record.state.is_enabled() {
-                    continue;
-                }
-                report.verified += 1;
-                let metadata = &life.metadata[&(id.clone(), version.clone())];
-                let dir = pm.store.package_dir(id, version);
-                if let Err(e) = authenticate(metadata, &trust, &PortCheck(&*pm.verifier)) {
-                    failed.insert(id.clone(), format!("no longer authenticated: {e}"));
-                    continue;
-                }
-                let verified = pm
-                    .source
-                    .open(&dir)
-                    .and_then(|opened| opened.verify_in_place(metadata.manifest()));
-                if let Err(e) = verified {
-                    failed.insert(
-                        id.clone(),
-                        format!("installed files do not match the signed manifest: {e}"),
-                    );
-                }
-            }
-            if !failed.is_empty() {
-                let (next, disabled) = pm.quarantine(&life, &registry, failed)?;
-                pm.store
-                    .commit(Transaction::new(registry.generation(), next))?;
-                report.disabled = disabled;
-            }
+            let (verified, disabled) = pm.verify_enabled(&life, &registry)?;
+            report.verified = verified;
+            report.disabled = disabled;
         }
         Ok((pm, report))
     }
@@ -860,18 +831,29 @@ impl PackageManager {
     pub fn reverify(&self) -> Result<Vec<Quarantined>, HostError> {
         let life = self.lock();
         let registry = self.store.registry()?;
+        Ok(self.verify_enabled(&life, &registry)?.1)
+    }
+
+    /// Checks every enabled version against today's trust store and its installed files against
+    /// the signed manifest, then disables what fails (and what depends on it) in one durable
+    /// transaction. Answers how many versions were checked and what was disabled.
+    fn verify_enabled(
+        &self,
+        life: &Lifecycle,
+        registry: &RegistryState,
+    ) -> Result<(usize, Vec<Quarantined>), HostError> {
         let trust = self.read_trust()?;
+        let mut verified = 0;
         let mut failed = BTreeMap::new();
         for (id, version, record) in registry.installed() {
             if !record.state.is_enabled() {
                 continue;
             }
-            let Some(metadata) = life.metadata.get(&(id.clone(), version.clone())) else {
-                continue;
-            };
-            if let Err(e) = authenticate(metadata, &trust, &PortCheck(&*self.verifier)) {
+            verified += 1;
+            let metadata = self.loaded_metadata(life, id, version)?;
+            if let Err(e) = authenticate(&metadata, &trust, &PortCheck(&*self.verifier)) {
                 failed.insert(id.clone(), format!("no longer authenticated: {e}"));
-            } else if let Err(e) = self.check_files(metadata, id, version) {
+            } else if let Err(e) = self.check_files(&metadata, id, version) {
                 failed.insert(
                     id.clone(),
                     format!("installed files do not match the signed manifest: {e}"),
@@ -879,12 +861,12 @@ impl PackageManager {
             }
         }
         if failed.is_empty() {
-            return Ok(Vec::new());
+            return Ok((verified, Vec::new()));
         }
-        let (next, disabled) = self.quarantine(&life, &registry, failed)?;
+        let (next, disabled) = self.quarantine(life, registry, failed)?;
         self.store
             .commit(Transaction::new(registry.generation(), next))?;
-        Ok(disabled)
+        Ok((verified, disabled))
     }
 
     /// Disables the `failed` packages and every enabled package that (transitively) depends on
