@@ -4,11 +4,7 @@
 use guild_adapters_crypto::{KeyError, P256Verifier, PublicKey, SigningKey};
 use guild_ports::signature::{key_id, SignatureErrorKind, SignatureVerifier};
 
-use crate::support::{openssl_ok, read, read_text, shell_ok, to_hex};
-
-fn tempdir() -> tempfile::TempDir {
-    tempfile::tempdir().expect("a temporary directory")
-}
+use crate::support::{openssl_ok, openssl_p256_key, read, read_text, shell_ok, tempdir, to_hex};
 
 fn key() -> SigningKey {
     SigningKey::generate().expect("the system generator works")
@@ -66,18 +62,7 @@ fn the_key_id_equals_openssls_hash_of_the_public_key() {
     let dir = tempdir();
     let d = dir.path();
     // One key made by OpenSSL, one by us: both ids must match `openssl ... | sha256sum`.
-    openssl_ok(
-        d,
-        &[
-            "genpkey",
-            "-algorithm",
-            "EC",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-out",
-            "theirs.pem",
-        ],
-    );
+    openssl_p256_key(d, "theirs.pem");
     openssl_ok(
         d,
         &["pkey", "-in", "theirs.pem", "-pubout", "-out", "theirs.pub"],

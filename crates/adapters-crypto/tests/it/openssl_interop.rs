@@ -8,13 +8,9 @@ use guild_adapters_crypto::{P256Verifier, PublicKey, SigningKey};
 use guild_ports::signature::{SignatureErrorKind, SignatureVerifier};
 
 use crate::support::{
-    canonical_payload, der_signature, openssl, openssl_ok, parse_strict, read, read_text, sub,
-    HALF_N, N,
+    canonical_payload, der_signature, openssl, openssl_ok, openssl_p256_key, parse_strict, read,
+    read_text, sub, tempdir, HALF_N, N,
 };
-
-fn tempdir() -> tempfile::TempDir {
-    tempfile::tempdir().expect("a temporary directory")
-}
 
 /// Whether `openssl dgst -sha256 -verify` accepts `sig` over `msg` with the public key `pub_pem`
 /// (all file names in `d`). It must answer one way or the other; anything else fails the test.
@@ -72,18 +68,7 @@ fn sign_with_openssl_key(d: &Path, key_file: &str) {
 fn a_pkcs8_key_made_by_openssl_genpkey_signs_and_we_verify() {
     let dir = tempdir();
     let d = dir.path();
-    openssl_ok(
-        d,
-        &[
-            "genpkey",
-            "-algorithm",
-            "EC",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-out",
-            "key.pem",
-        ],
-    );
+    openssl_p256_key(d, "key.pem");
     assert!(read_text(d, "key.pem").starts_with("-----BEGIN PRIVATE KEY-----"));
     sign_with_openssl_key(d, "key.pem");
 }
@@ -192,18 +177,7 @@ fn openssl_reads_the_keys_we_write() {
 fn openssl_signatures_are_accepted_when_low_s_and_refused_when_high_s() {
     let dir = tempdir();
     let d = dir.path();
-    openssl_ok(
-        d,
-        &[
-            "genpkey",
-            "-algorithm",
-            "EC",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-out",
-            "key.pem",
-        ],
-    );
+    openssl_p256_key(d, "key.pem");
     let public = PublicKey::from_spki_pem(
         &String::from_utf8(openssl_ok(d, &["pkey", "-in", "key.pem", "-pubout"])).unwrap(),
     )

@@ -275,3 +275,24 @@ pub fn read(dir: &Path, name: &str) -> Vec<u8> {
 pub fn read_text(dir: &Path, name: &str) -> String {
     String::from_utf8(read(dir, name)).expect("tool output is UTF-8")
 }
+
+/// A fresh temporary directory for one test.
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("a temporary directory")
+}
+
+/// Makes a P-256 private key in PKCS#8 PEM with `openssl genpkey`, written to `dir/name`.
+pub fn openssl_p256_key(dir: &Path, name: &str) {
+    openssl_ok(
+        dir,
+        &[
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-out",
+            name,
+        ],
+    );
+}
