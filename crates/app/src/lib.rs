@@ -1,10 +1,12 @@
 //! `guild-host`: the host that inference runners embed to load signed native kernel plugins and
 //! operation modules.
 //!
-//! This crate is the composition root: it is the only place that names concrete adapters. Today
-//! it holds the package manager (authentication, dependency validation, durable publication,
-//! enable/disable/remove/rollback, recovery) and the `guild` command line; the kernel registry
-//! and the operation service arrive with the issues that build them.
+//! This crate is the composition root: it is the only place that names concrete adapters. It
+//! holds the package manager (authentication, dependency validation, durable publication,
+//! enable/disable/remove/rollback, recovery), the kernel registry, the [`Host`] that composes
+//! them with a plugin loader, the operation service's Rust face (CPU so far), the publisher
+//! tools and, in the binary, the `guild` command line. `unsafe` is denied everywhere but in
+//! `operations`, which calls the providers' C callbacks.
 
 #![deny(unsafe_code)]
 
