@@ -229,6 +229,13 @@ impl SignatureCheck for PortCheck<'_> {
 struct Lifecycle {
     /// The signed metadata of every installed version, read from its tree.
     metadata: HashMap<(PackageId, Version), Arc<Metadata>>,
+    /// Bumped by every trust change this handle writes. The store's lock keeps other processes
+    /// from changing the trust file while this handle is open, so an authentication made at the
+    /// current epoch still holds.
+    trust_epoch: u64,
+    /// The trust epoch at which each version was last authenticated, so that loading right after
+    /// opening does not verify every signature a second time.
+    authenticated_at: HashMap<(PackageId, Version), u64>,
 }
 
 /// The package manager. See the module documentation.
@@ -270,6 +277,8 @@ impl PackageManager {
             platform,
             lifecycle: Mutex::new(Lifecycle {
                 metadata: HashMap::new(),
+                trust_epoch: 0,
+                authenticated_at: HashMap::new(),
             }),
             leases: Arc::new(Mutex::new(LeaseLedger::new())),
         };
@@ -298,7 +307,7 @@ impl PackageManager {
                     .insert((id.clone(), version.clone()), Arc::new(metadata));
             }
 
-            let (verified, disabled) = pm.verify_enabled(&life, &registry)?;
+            let (verified, disabled) = pm.verify_enabled(&mut life, &registry)?;
             report.verified = verified;
             report.disabled = disabled;
         }
@@ -372,10 +381,11 @@ impl PackageManager {
         &self,
         change: impl FnOnce(&mut TrustStore) -> Result<T, HostError>,
     ) -> Result<T, HostError> {
-        let _life = self.lock();
+        let mut life = self.lock();
         let mut trust = self.read_trust()?;
         let out = change(&mut trust)?;
         self.store.write_trust(trust.to_json().as_bytes())?;
+        life.trust_epoch += 1;
         Ok(out)
     }
 
@@ -435,9 +445,16 @@ impl PackageManager {
     /// host asks before opening each planned library, so a revocation since the store was
     /// opened takes effect at the next load.
     pub fn check_loadable(&self, id: &PackageId, version: &Version) -> Result<(), HostError> {
-        let life = self.lock();
+        let mut life = self.lock();
+        let key = (id.clone(), version.clone());
+        if life.authenticated_at.get(&key) == Some(&life.trust_epoch) {
+            return Ok(());
+        }
         let metadata = self.loaded_metadata(&life, id, version)?;
-        self.check_still_trusted(&metadata, id, version)
+        self.check_still_trusted(&metadata, id, version)?;
+        let epoch = life.trust_epoch;
+        life.authenticated_at.insert(key, epoch);
+        Ok(())
     }
 
     /// The graph of installed versions as `registry` records them.
@@ -829,9 +846,9 @@ impl PackageManager {
 
     /// Re-verifies every enabled package now, as opening does, and disables what fails.
     pub fn reverify(&self) -> Result<Vec<Quarantined>, HostError> {
-        let life = self.lock();
+        let mut life = self.lock();
         let registry = self.store.registry()?;
-        Ok(self.verify_enabled(&life, &registry)?.1)
+        Ok(self.verify_enabled(&mut life, &registry)?.1)
     }
 
     /// Checks every enabled version against today's trust store and its installed files against
@@ -839,7 +856,7 @@ impl PackageManager {
     /// transaction. Answers how many versions were checked and what was disabled.
     fn verify_enabled(
         &self,
-        life: &Lifecycle,
+        life: &mut Lifecycle,
         registry: &RegistryState,
     ) -> Result<(usize, Vec<Quarantined>), HostError> {
         let trust = self.read_trust()?;
@@ -853,7 +870,12 @@ impl PackageManager {
             let metadata = self.loaded_metadata(life, id, version)?;
             if let Err(e) = authenticate(&metadata, &trust, &PortCheck(&*self.verifier)) {
                 failed.insert(id.clone(), format!("no longer authenticated: {e}"));
-            } else if let Err(e) = self.check_files(&metadata, id, version) {
+                continue;
+            }
+            let epoch = life.trust_epoch;
+            life.authenticated_at
+                .insert((id.clone(), version.clone()), epoch);
+            if let Err(e) = self.check_files(&metadata, id, version) {
                 failed.insert(
                     id.clone(),
                     format!("installed files do not match the signed manifest: {e}"),

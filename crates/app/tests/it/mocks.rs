@@ -96,3 +96,38 @@ fn a_package_refused_before_extraction_never_reaches_the_loader() {
     )
     .unwrap();
 }
+
+#[test]
+fn loading_right_after_opening_does_not_verify_signatures_twice() {
+    use guild_ports::loader::{LoadError, LoadErrorKind};
+    let shop = Workshop::new();
+    let k = key();
+    let store = shop.fresh("store");
+    let pm = manager(&store, Box::new(P256Verifier::new()));
+    trust(&pm, PUBLISHER, &k);
+    let built = shop.build(&Spec::module("ex.once", "1.0.0"), &k);
+    pm.install(&built.archive, InstallOptions::default())
+        .unwrap();
+    drop(pm);
+
+    // Opening authenticates the enabled package once; loading it reuses that answer, because
+    // the trust store has not changed since.
+    let mut once = MockSignatureVerifier::new();
+    once.expect_verify()
+        .times(1)
+        .returning(|key, message, signature| P256Verifier::new().verify(key, message, signature));
+    let pm = manager(&store, Box::new(once));
+    let mut loader = MockPluginLoader::new();
+    loader.expect_load().times(1).returning(|request| {
+        Err(LoadError::new(
+            LoadErrorKind::Open {
+                reason: "not a real library".into(),
+            },
+            request,
+        ))
+    });
+    let host = Host::new(pm, Box::new(loader));
+    let report = host.load_enabled().unwrap();
+    assert_eq!(report.failed.len(), 1);
+    drop(host);
+}
