@@ -22,6 +22,7 @@ use guild_domain::ids::{ImplId, PackageId, RunnerId};
 use guild_domain::operation::{Backend, OpCandidate};
 use guild_domain::version::Version;
 
+use crate::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
 use crate::loader::{
     LoadError, LoadErrorKind, LoadRequest, LoadedLibrary, LoadedPlugin, PluginLoader,
     RegisteredKernel, RegisteredRunner,
@@ -303,6 +304,127 @@ impl Drop for FakeLibrary {
         if let Some(live) = tally.live.get_mut(&self.path) {
             *live = live.saturating_sub(1);
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streams
+// ---------------------------------------------------------------------------------------------
+
+/// One thing a [`FakeStreams`] saw, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamEvent {
+    /// A mark was recorded on `stream` of `device_id`; `mark` numbers marks from 1.
+    Recorded {
+        device_id: i32,
+        stream: StreamRef,
+        mark: u64,
+    },
+    /// Mark number `mark` was waited for.
+    Waited { mark: u64 },
+    /// Mark number `mark` was dropped (waited for or not).
+    Dropped { mark: u64 },
+}
+
+/// A device adapter without a device: it hands out numbered marks and logs every record, wait
+/// and drop, so that a test can check what the host's bookkeeping did. Waits return at once,
+/// with an error for streams set up to fail.
+#[derive(Debug, Clone, Default)]
+pub struct FakeStreams {
+    inner: Arc<Mutex<FakeStreamsState>>,
+}
+
+#[derive(Debug, Default)]
+struct FakeStreamsState {
+    next: u64,
+    events: Vec<StreamEvent>,
+    failing: BTreeSet<StreamRef>,
+    capturing: BTreeSet<StreamRef>,
+}
+
+impl FakeStreams {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, FakeStreamsState> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits for marks on `stream` report a device error from now on.
+    pub fn fail_waits_on(&self, stream: StreamRef) {
+        self.state().failing.insert(stream);
+    }
+
+    /// `stream` behaves as if it were being captured into a graph: recording gives no mark.
+    pub fn capture(&self, stream: StreamRef) {
+        self.state().capturing.insert(stream);
+    }
+
+    /// Everything seen so far, in order.
+    pub fn events(&self) -> Vec<StreamEvent> {
+        self.state().events.clone()
+    }
+}
+
+impl StreamEvents for FakeStreams {
+    fn record(
+        &self,
+        device_id: i32,
+        stream: StreamRef,
+    ) -> Result<Option<Box<dyn WorkMark>>, DeviceError> {
+        let mut state = self.state();
+        if state.capturing.contains(&stream) {
+            return Ok(None);
+        }
+        state.next += 1;
+        let mark = state.next;
+        state.events.push(StreamEvent::Recorded {
+            device_id,
+            stream,
+            mark,
+        });
+        Ok(Some(Box::new(FakeMark {
+            streams: self.clone(),
+            device_id,
+            stream,
+            mark,
+        })))
+    }
+}
+
+#[derive(Debug)]
+struct FakeMark {
+    streams: FakeStreams,
+    device_id: i32,
+    stream: StreamRef,
+    mark: u64,
+}
+
+impl WorkMark for FakeMark {
+    fn stream(&self) -> StreamRef {
+        self.stream
+    }
+
+    fn wait(&self) -> Result<(), DeviceError> {
+        let mut state = self.streams.state();
+        state.events.push(StreamEvent::Waited { mark: self.mark });
+        if state.failing.contains(&self.stream) {
+            return Err(DeviceError {
+                device_id: self.device_id,
+                message: format!("fake failure on stream {:#x}", self.stream.0),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for FakeMark {
+    fn drop(&mut self) {
+        self.streams
+            .state()
+            .events
+            .push(StreamEvent::Dropped { mark: self.mark });
     }
 }
 

@@ -6,6 +6,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod device;
 pub mod fakes;
 pub mod loader;
 pub mod signature;
