@@ -40,7 +40,11 @@ const EXPECTED_PLUGINS: &[&str] = &[
     "bad_descriptor",
     "scan_module",
     "scan_module_alt",
+    "scan_module_tie",
     "scan_dependent",
+    "service_probe",
+    "op_probe",
+    "op_many",
 ];
 
 /// Test libraries that deliberately lack the entry point (to test the loader's refusal of a

@@ -28,4 +28,6 @@ pub use library::DlopenLibrary;
 pub use loader::{DlopenLoader, LoaderLogSink};
 pub use owned::{OwnedKernel, OwnedRunner, MAX_CHAIN_LENGTH};
 pub use staging::{LogSink, PluginLog, Staged, StagingConfig, StagingHost};
-pub use text::{status_name, MAX_DESCRIPTOR_STRING};
+pub use text::{
+    bounded_str, fixed_buffer_text, status_name, write_error_record, MAX_DESCRIPTOR_STRING,
+};

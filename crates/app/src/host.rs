@@ -18,6 +18,7 @@ use guild_domain::version::Version;
 use guild_ports::loader::{LoadRequest, LoadedPlugin, PluginLoader, ServiceTable};
 
 use crate::error::HostError;
+use crate::operations::DeviceSupport;
 use crate::package_manager::{
     Change, InstallOptions, Installed, LifecycleHook, OpenReport, PackageManager, Quarantined,
 };
@@ -49,7 +50,6 @@ pub struct Host {
     packages: PackageManager,
     kernels: KernelRegistry,
     loader: Box<dyn PluginLoader>,
-    operations: Option<ServiceTable>,
     /// The provider lifecycle lock: loading, publication, enable, disable, remove and rollback
     /// are serialised by it. Lookups never take it.
     lifecycle: Mutex<()>,
@@ -68,11 +68,20 @@ impl Host {
     /// Composes a host from a package manager and a loader. Nothing is loaded yet: call
     /// [`Host::load_enabled`].
     pub fn new(packages: PackageManager, loader: Box<dyn PluginLoader>) -> Self {
+        Self::with_devices(packages, loader, DeviceSupport::host())
+    }
+
+    /// As [`Host::new`], with the operation service resolving against `devices` (the device
+    /// adapter that records stream work, and what the GPUs offer).
+    pub fn with_devices(
+        packages: PackageManager,
+        loader: Box<dyn PluginLoader>,
+        devices: DeviceSupport,
+    ) -> Self {
         Host {
             packages,
-            kernels: KernelRegistry::new(),
+            kernels: KernelRegistry::with_devices(devices),
             loader,
-            operations: None,
             lifecycle: Mutex::new(()),
         }
     }
@@ -204,7 +213,12 @@ impl Host {
             provided_ops: m.provided_ops.clone(),
             provided_runners: m.provided_runners.clone(),
             host_abi: self.packages.platform().kernel_abi,
-            operations: self.operations,
+            // Every plugin gets the service through its host table's tail. The table lives in
+            // the registry, which outlives every library it holds (the registry drops its
+            // packages before its service).
+            operations: Some(ServiceTable(
+                std::ptr::from_ref(self.kernels.operation_api()).expose_provenance(),
+            )),
         };
         Ok(self.loader.load(&request)?)
     }

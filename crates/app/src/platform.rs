@@ -1,6 +1,7 @@
 //! The platform this host runs on, and whether a package was built for it.
 
 use guild_domain::manifest::{Arch, Manifest, Os};
+use guild_domain::operation::CpuIsa;
 use guild_domain::version::PackedVersion;
 
 /// What a package must match to be installed here.
@@ -72,4 +73,45 @@ impl HostPlatform {
         }
         Ok(())
     }
+}
+
+/// The `GUILD_CPU_ISA_*` bits of the CPU this process runs on, detected at run time.
+pub fn cpu_isa() -> CpuIsa {
+    let mut bits = 0u64;
+    #[cfg(target_arch = "x86_64")]
+    {
+        let features = [
+            (std::arch::is_x86_feature_detected!("sse4.2"), 0),
+            (std::arch::is_x86_feature_detected!("avx"), 1),
+            (std::arch::is_x86_feature_detected!("avx2"), 2),
+            (std::arch::is_x86_feature_detected!("fma"), 3),
+            (std::arch::is_x86_feature_detected!("f16c"), 4),
+            (std::arch::is_x86_feature_detected!("avx512f"), 5),
+            (std::arch::is_x86_feature_detected!("avx512bw"), 6),
+            (std::arch::is_x86_feature_detected!("avx512vnni"), 7),
+            (std::arch::is_x86_feature_detected!("avx512bf16"), 8),
+            (std::arch::is_x86_feature_detected!("avxvnni"), 9),
+        ];
+        for (present, bit) in features {
+            if present {
+                bits |= 1 << bit;
+            }
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        let features = [
+            (std::arch::is_aarch64_feature_detected!("neon"), 32),
+            (std::arch::is_aarch64_feature_detected!("dotprod"), 33),
+            (std::arch::is_aarch64_feature_detected!("i8mm"), 34),
+            (std::arch::is_aarch64_feature_detected!("sve"), 35),
+            (std::arch::is_aarch64_feature_detected!("sve2"), 36),
+        ];
+        for (present, bit) in features {
+            if present {
+                bits |= 1 << bit;
+            }
+        }
+    }
+    CpuIsa::from_bits(bits)
 }

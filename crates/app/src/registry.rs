@@ -15,10 +15,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use arc_swap::ArcSwap;
+use guild_abi::guild_operation_service_v1_t;
 use guild_domain::ids::{ImplId, OpName, PackageId, RunnerId};
-use guild_domain::operation::Backend;
+use guild_domain::operation::{Backend, OpCandidate};
 use guild_domain::version::Version;
 use guild_ports::loader::{LoadedLibrary, LoadedPlugin, RegisteredKernel, RegisteredRunner};
+
+use crate::operations::core::ServiceCore;
+use crate::operations::DeviceSupport;
 
 /// One loaded package version and its library.
 pub struct LoadedPackage {
@@ -180,6 +184,17 @@ pub struct Snapshot {
     by_op: HashMap<(u32, Option<OpName>), Vec<Arc<StoredOp>>>,
     runners: Vec<Arc<StoredRunner>>,
     packages: HashMap<PackageId, Arc<LoadedPackage>>,
+    /// Per namespaced operation: its kernels that carry a GOP1 contract, best first, beside
+    /// their contracts, so that resolution ranks them without copying anything.
+    operations: HashMap<OpName, OperationCandidates>,
+}
+
+/// The GOP1 kernels of one namespaced operation, best first, and their contracts in the same
+/// order.
+#[derive(Debug, Default)]
+pub struct OperationCandidates {
+    pub stored: Vec<Arc<StoredOp>>,
+    pub contracts: Vec<OpCandidate>,
 }
 
 impl Snapshot {
@@ -207,6 +222,18 @@ impl Snapshot {
                     .then_with(|| a.kernel.impl_id.cmp(&b.kernel.impl_id))
             });
         }
+        for ((kind, name), list) in &snap.by_op {
+            let (Some(name), true) = (name, *kind == guild_abi::GUILD_OP_CUSTOM) else {
+                continue;
+            };
+            let entry = snap.operations.entry(name.clone()).or_default();
+            for op in list {
+                if let Some(contract) = &op.kernel.operation {
+                    entry.stored.push(Arc::clone(op));
+                    entry.contracts.push(contract.clone());
+                }
+            }
+        }
         snap.runners.sort_by(|a, b| {
             b.runner
                 .priority
@@ -214,6 +241,16 @@ impl Snapshot {
                 .then_with(|| a.runner.runner_id.cmp(&b.runner.runner_id))
         });
         snap
+    }
+
+    /// The enabled GOP1 kernels of a namespaced operation, best first.
+    pub fn operation(&self, name: &OpName) -> Option<&OperationCandidates> {
+        self.operations.get(name)
+    }
+
+    /// The enabled kernel with this impl id.
+    pub fn by_id(&self, impl_id: &ImplId) -> Option<&Arc<StoredOp>> {
+        self.by_id.get(impl_id)
     }
 
     /// Every enabled candidate for an operation, best first.
@@ -313,13 +350,16 @@ pub struct Unloaded {
 
 /// The kernel registry (with the runner registry beside it). See the module documentation.
 pub struct KernelRegistry {
-    snapshot: ArcSwap<Snapshot>,
+    snapshot: Arc<ArcSwap<Snapshot>>,
     /// The writer side: the packages the registry holds. Locking it is the registry's share of
     /// the lifecycle transaction.
     writer: Mutex<HashMap<PackageId, PackageEntry>>,
     /// Packages that left the registry while bindings still pointed into them; kept weakly to
     /// count their leases until the last binding goes.
     retired: Mutex<Vec<Retired>>,
+    /// The operation service over this registry; its C table's address is stable while the
+    /// registry lives. `None` only while the registry is being dropped.
+    service: Option<Box<ServiceCore>>,
 }
 
 impl fmt::Debug for KernelRegistry {
@@ -344,12 +384,40 @@ pub struct PreparedPublication {
 }
 
 impl KernelRegistry {
+    /// An empty registry whose operation service knows the host CPU and no GPU.
     pub fn new() -> Self {
+        Self::with_devices(DeviceSupport::host())
+    }
+
+    /// An empty registry whose operation service resolves against `devices`.
+    pub fn with_devices(devices: DeviceSupport) -> Self {
+        let snapshot = Arc::new(ArcSwap::from_pointee(Snapshot::default()));
         KernelRegistry {
-            snapshot: ArcSwap::from_pointee(Snapshot::default()),
+            service: Some(ServiceCore::new(Arc::clone(&snapshot), devices)),
+            snapshot,
             writer: Mutex::new(HashMap::new()),
             retired: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The C operation service over this registry, for in-process runners (plugins receive the
+    /// same table through their host table). The table and its `user` stay valid until the
+    /// registry is dropped; handles resolved through it must be released before that.
+    pub fn operation_api(&self) -> &guild_operation_service_v1_t {
+        &self.service().table
+    }
+
+    pub(crate) fn service(&self) -> &ServiceCore {
+        match &self.service {
+            Some(core) => core,
+            // Only `Drop` takes the core, and nothing can borrow the registry then.
+            None => unreachable!("the operation service is only taken while the registry drops"),
+        }
+    }
+
+    /// C handles resolved through [`KernelRegistry::operation_api`] and not yet released.
+    pub fn live_c_handles(&self) -> usize {
+        self.service().live_c_handles.load(Ordering::Acquire)
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<PackageId, PackageEntry>> {
@@ -565,5 +633,26 @@ impl KernelRegistry {
             .map(Retired::live_bindings)
             .sum();
         current + old
+    }
+}
+
+impl Drop for KernelRegistry {
+    fn drop(&mut self) {
+        // Empty the registry first, so that plugins whose last reference is here shut down
+        // while the operation service they may have copied is still there.
+        let old = self.snapshot.swap(Arc::new(Snapshot::default()));
+        let packages = std::mem::take(&mut *self.lock());
+        drop(old);
+        drop(packages);
+        let Some(core) = self.service.take() else {
+            return;
+        };
+        crate::operations::c_service::unregister_core(&core);
+        if core.live_c_handles.load(Ordering::Acquire) > 0 {
+            // C handles outlive their registry, against the service's contract. Their release
+            // still reads the core, so it is kept (a small, deliberate leak) instead of being
+            // freed under them; their libraries stay loaded through their bindings.
+            std::mem::forget(core);
+        }
     }
 }

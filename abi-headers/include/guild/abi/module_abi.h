@@ -116,7 +116,8 @@ typedef struct guild_tensor_desc_v1_t {
     uint32_t memory_space;
     /* Device that owns data for GUILD_MEMORY_DEVICE/MANAGED; 0 for host memory. */
     int32_t device_id;
-    /* First element. Owned by the caller; ignored (may be NULL) in a resolve query. */
+    /* First element. Owned by the caller. May be NULL in a resolve query; when set there, only
+     * its address is used (against the contract's min_alignment), never the data. */
     void* data;
 } guild_tensor_desc_v1_t;
 
@@ -317,8 +318,10 @@ typedef struct guild_op_description_v1_t {
  * the first argument of every call.
  *
  * One handle serialises its own scratch and execute calls; different handles may be used from
- * different threads at once. Never release a handle while another call is using it, and release
- * every handle before shutdown returns.
+ * different threads at once. Never release a handle while another call is using it (the host
+ * refuses with GUILD_STATUS_ERR_BUSY when it sees one), and release every handle before shutdown
+ * returns. An execute callback may resolve and execute other operations through the service; a
+ * call back into the handle that is executing is refused with GUILD_STATUS_ERR_BUSY.
  */
 typedef struct guild_operation_service_v1_t {
     /* sizeof(guild_operation_service_v1_t) as the host knows it. */
@@ -347,8 +350,10 @@ typedef struct guild_operation_service_v1_t {
                               guild_error_info_t* error);
     /*
      * Waits for stream work recorded on the handle, then drops it. The handle is gone after the
-     * call whatever the status (a non-OK status reports a device error seen while waiting).
-     * NULL is a no-op returning OK.
+     * call whatever the status (a non-OK status reports a device error seen while waiting),
+     * except GUILD_STATUS_ERR_BUSY: another call was still using the handle (for instance the
+     * provider's own execute calling back), and nothing was released. NULL is a no-op
+     * returning OK.
      */
     guild_status_t (*release)(void* user, guild_op_handle_t* handle, guild_error_info_t* error);
 } guild_operation_service_v1_t;

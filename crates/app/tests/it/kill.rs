@@ -28,18 +28,18 @@ use guild_ports::source::PackageSource;
 use crate::cli::{guild, guild_command, template_json, Bench};
 
 /// SIGKILL's number on every Unix this project builds for.
-const SIGKILL: i32 = 9;
+pub(crate) const SIGKILL: i32 = 9;
 
 /// xorshift64*: small, fast, and the same sequence for the same seed on every machine.
-struct XorShift(u64);
+pub(crate) struct XorShift(u64);
 
 impl XorShift {
-    fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         // Zero is the one state xorshift cannot leave.
         XorShift(seed.max(1))
     }
 
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
         x ^= x << 25;
@@ -49,17 +49,17 @@ impl XorShift {
     }
 
     /// Uniform enough in `0..n` for n far below 2^64.
-    fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
 }
 
 /// One package archive the test installs.
-struct Target {
-    id: PackageId,
-    version: Version,
-    archive: PathBuf,
-    digest: Sha256Digest,
+pub(crate) struct Target {
+    pub(crate) id: PackageId,
+    pub(crate) version: Version,
+    pub(crate) archive: PathBuf,
+    pub(crate) digest: Sha256Digest,
 }
 
 /// How one killed (or finished) install ended, inferred from the store afterwards.
@@ -88,7 +88,7 @@ impl Tally {
     }
 }
 
-fn env_u64(name: &str) -> Option<u64> {
+pub(crate) fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
@@ -329,7 +329,7 @@ fn prepare(store: &Path, layout: &StoreLayout, t: &Target) -> RegistryState {
 }
 
 /// The registry a successful install would leave, or `None` if the registry refuses it.
-fn expected_after(
+pub(crate) fn expected_after(
     before: &RegistryState,
     t: &Target,
     enable: bool,
@@ -360,13 +360,13 @@ fn expected_after(
     Some(next)
 }
 
-fn read_registry(layout: &StoreLayout) -> RegistryState {
+pub(crate) fn read_registry(layout: &StoreLayout) -> RegistryState {
     let bytes = fs::read(&layout.registry).unwrap();
     RegistryState::from_json(&bytes).unwrap()
 }
 
 /// The names in a directory (none if it does not exist).
-fn entries(dir: &Path) -> Vec<String> {
+pub(crate) fn entries(dir: &Path) -> Vec<String> {
     match fs::read_dir(dir) {
         Ok(rd) => rd
             .flatten()
@@ -377,10 +377,12 @@ fn entries(dir: &Path) -> Vec<String> {
 }
 
 /// Reopens the store and checks everything on disk against its registry; returns the registry.
-fn check_store(store: &Path, layout: &StoreLayout, context: &str) -> RegistryState {
+pub(crate) fn check_store(store: &Path, layout: &StoreLayout, context: &str) -> RegistryState {
     // `guild list` already recovered the store, so opening again finds nothing to do: recovery
-    // is complete the first time and idempotent.
-    let (pm, report) = PackageManager::open_dir(store)
+    // is complete the first time and idempotent. (Opened through the support helper, which
+    // waits out a lock that a process forked by another test holds for a moment, since a caller
+    // may have closed its own handle on this store just before.)
+    let (pm, report) = crate::support::open_dir(store)
         .unwrap_or_else(|e| panic!("{context}: reopening the store failed: {e}"));
     assert!(
         report.recovery.is_clean(),

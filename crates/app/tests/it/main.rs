@@ -1,14 +1,19 @@
 //! Integration tests of `guild-host`.
 
+mod c_face;
 mod cli;
 mod crash;
+mod gkmodule;
 mod host;
 mod kill;
+mod kill_modules;
 mod mocks;
+mod module_deps;
 mod numbering;
 mod operations;
 mod refusals;
 mod registry;
+mod rejections;
 mod signatures;
 mod smoke;
 mod support;

@@ -13,19 +13,21 @@ use guild_domain::operation::{
     Backend, DType, FailureKind, MemorySpace, ProviderRefusal, Rejection, TensorDesc,
 };
 use guild_domain::version::PackedVersion;
-use guild_host::operations::{ExecuteError, ResolveError, TensorArg, TensorArgMut};
+use guild_host::operations::{
+    DeviceSupport, ExecuteError, PassReason, PassedOver, ResolveError, TensorArg, TensorArgMut,
+};
 use guild_host::{Host, HostError, InstallOptions, OpHandle, OperationRequest, OperationService};
 
 use crate::support::{id, key, open_dir, trust, Spec, Workshop, PUBLISHER};
 
-const INCLUSIVE_OP: &str = "example.sequence.inclusive_scan";
-const EXCLUSIVE_OP: &str = "example.sequence.exclusive_scan";
+pub(crate) const INCLUSIVE_OP: &str = "example.sequence.inclusive_scan";
+pub(crate) const EXCLUSIVE_OP: &str = "example.sequence.exclusive_scan";
 const INCLUSIVE: &str = "example.scan.inclusive.cpu";
 const EXCLUSIVE: &str = "example.scan.exclusive.cpu";
 const ALT_INCLUSIVE: &str = "example.scan_alt.inclusive.cpu";
 const ALT_EXCLUSIVE: &str = "example.scan_alt.exclusive.cpu";
 
-fn plugin_library(name: &str) -> Vec<u8> {
+pub(crate) fn plugin_library(name: &str) -> Vec<u8> {
     let dir = std::env::var_os("GUILD_TEST_PLUGIN_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -40,41 +42,43 @@ fn plugin_library(name: &str) -> Vec<u8> {
     })
 }
 
-fn scan_spec(version: &str) -> Spec {
+pub(crate) fn scan_spec(version: &str) -> Spec {
     let mut spec = Spec::module("example.scan", version).library(&plugin_library("scan_module"));
     spec.provided_ops = vec![INCLUSIVE.into(), EXCLUSIVE.into()];
     spec
 }
 
-fn alt_spec(version: &str) -> Spec {
+pub(crate) fn alt_spec(version: &str) -> Spec {
     let mut spec =
         Spec::module("example.scan_alt", version).library(&plugin_library("scan_module_alt"));
     spec.provided_ops = vec![ALT_INCLUSIVE.into(), ALT_EXCLUSIVE.into()];
     spec
 }
 
-/// A host over a fresh store with both scan modules installed, signed, and loaded by dlopen.
-struct Fixture {
-    shop: Workshop,
-    key: guild_adapters_crypto::SigningKey,
-    host: Host,
-    loader: DlopenLoader,
+/// A host over a fresh store with packages built, signed, installed and loaded by dlopen.
+pub(crate) struct Fixture {
+    pub(crate) shop: Workshop,
+    pub(crate) key: guild_adapters_crypto::SigningKey,
+    pub(crate) host: Host,
+    pub(crate) loader: DlopenLoader,
 }
 
-fn fixture() -> Fixture {
+/// A [`Fixture`] with `specs` installed in that order (each loads at once), the operation
+/// service resolving against `devices`.
+pub(crate) fn fixture_with(specs: &[Spec], devices: DeviceSupport) -> Fixture {
     let shop = Workshop::new();
     let k = key();
     let store = shop.fresh("store");
     let (pm, _) = open_dir(&store).unwrap();
     trust(&pm, PUBLISHER, &k);
     let loader = DlopenLoader::new();
-    let host = Host::new(pm, Box::new(loader.clone()));
-    for spec in [scan_spec("1.0.0"), alt_spec("1.0.0")] {
-        let built = shop.build(&spec, &k);
+    let host = Host::with_devices(pm, Box::new(loader.clone()), devices);
+    for spec in specs {
+        let built = shop.build(spec, &k);
         host.install(&built.archive, InstallOptions::default())
-            .unwrap();
+            .unwrap_or_else(|e| panic!("installing {}: {e}", spec.id));
     }
-    assert_eq!(loader.open_libraries(), 2);
+    assert_eq!(loader.open_libraries(), specs.len());
     Fixture {
         shop,
         key: k,
@@ -83,7 +87,15 @@ fn fixture() -> Fixture {
     }
 }
 
-fn op(name: &str) -> OpName {
+/// Both scan modules.
+fn fixture() -> Fixture {
+    fixture_with(
+        &[scan_spec("1.0.0"), alt_spec("1.0.0")],
+        DeviceSupport::host(),
+    )
+}
+
+pub(crate) fn op(name: &str) -> OpName {
     OpName::new(name).unwrap()
 }
 
@@ -91,7 +103,7 @@ fn impl_id(name: &str) -> ImplId {
     ImplId::new(name).unwrap()
 }
 
-fn desc(dtype: DType, dims: &[u64], strides: &[u64]) -> TensorDesc {
+pub(crate) fn desc(dtype: DType, dims: &[u64], strides: &[u64]) -> TensorDesc {
     TensorDesc::new(dtype, dims, MemorySpace::Host).with_strides(strides)
 }
 
@@ -121,12 +133,12 @@ fn f32_resolves_to_the_priority_10_provider() {
     assert_eq!((d.scratch.host_bytes, d.scratch.device_bytes), (0, 0));
     assert_eq!(handle.scratch(), d.scratch);
     // The alternative was not asked: it ranks below the choice.
-    assert_eq!(handle.passed_over().len(), 1);
-    assert_eq!(handle.passed_over()[0].0.as_str(), ALT_INCLUSIVE);
-    assert!(
-        handle.passed_over()[0].1.contains("outranked by"),
-        "{:?}",
-        handle.passed_over()
+    assert_eq!(
+        handle.passed_over(),
+        [PassedOver {
+            impl_id: impl_id(ALT_INCLUSIVE),
+            reason: PassReason::Outranked,
+        }]
     );
 }
 
@@ -140,7 +152,13 @@ fn an_exact_impl_id_chooses_the_alternative() {
     assert_eq!(handle.describe().impl_id.as_str(), ALT_INCLUSIVE);
     assert_eq!(handle.describe().package.as_str(), "example.scan_alt");
     assert_eq!(handle.describe().priority, 5);
-    assert!(handle.passed_over()[0].1.contains("not the implementation"));
+    assert_eq!(
+        handle.passed_over(),
+        [PassedOver {
+            impl_id: impl_id(INCLUSIVE),
+            reason: PassReason::Rejected(Rejection::NotExactImpl),
+        }]
+    );
 }
 
 #[test]
@@ -236,7 +254,7 @@ fn i32_chooses_the_main_provider_and_an_exact_alt_fails_with_its_reason() {
 }
 
 /// Row starts (element offsets) of a tensor, outer axes with axis 1 fastest.
-fn row_offsets(dims: &[u64], strides: &[u64]) -> Vec<usize> {
+pub(crate) fn row_offsets(dims: &[u64], strides: &[u64]) -> Vec<usize> {
     let mut eff = vec![1u64; dims.len()];
     for i in 1..dims.len() {
         let packed = eff[i - 1] * dims[i - 1];
@@ -255,7 +273,7 @@ fn row_offsets(dims: &[u64], strides: &[u64]) -> Vec<usize> {
     offsets.into_iter().map(|o| o as usize).collect()
 }
 
-fn reference<T: Copy + std::ops::Add<Output = T> + Default>(
+pub(crate) fn reference<T: Copy + std::ops::Add<Output = T> + Default>(
     input: &[T],
     output: &mut [T],
     dims: &[u64],

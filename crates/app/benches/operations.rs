@@ -1,0 +1,578 @@
+//! The operation service's costs over a real module (test-plugins/op_many: 64 GOP1 candidates of
+//! `example.bench.tiny`, y[i] = x[i] + 1 over f32), installed as a signed gkmodule and loaded
+//! with dlopen, all measured in one run:
+//! - execute overhead on a one-element tensor: the provider's own `execute` pointer called
+//!   directly, `execute` through the C service table, and `OpHandle::execute` (Rust face), with
+//!   the same arguments and a caller-owned error record;
+//! - resolve among 64 candidates through the C service: (a) every candidate accepts and the best
+//!   is taken after one validate, (b) every candidate passes the static checks but all except the
+//!   lowest-ranked refuse in validate (driven by the query's params), so all 64 validate
+//!   callbacks run; and release on its own;
+//! - execute throughput on independent C handles, one per thread, on 1 and 2 threads.
+//!
+//! The summary at the end is computed from the samples criterion took in this run (the median
+//! per-iteration time, as criterion reports it). `cargo bench --bench operations` runs the full
+//! measurement; with `-- --test` (or under `cargo test --benches`) each benchmark runs once.
+//! Build the C plugins first: `cargo xtask plugins`.
+
+#[path = "../tests/it/support.rs"]
+mod support;
+
+use std::cell::RefCell;
+use std::ffi::{c_void, CString};
+use std::path::PathBuf;
+use std::ptr;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use criterion::{black_box, Bencher, Criterion};
+use guild_abi::{
+    guild_error_info_t, guild_execute_args_v1_t, guild_op_description_v1_t, guild_op_handle_t,
+    guild_operation_query_v1_t, guild_operation_service_v1_t, guild_tensor_desc_v1_t,
+    GUILD_BACKEND_CPU, GUILD_BUDGET_UNLIMITED, GUILD_DTYPE_F32, GUILD_MEMORY_HOST,
+    GUILD_OPERATION_QUERY_VERSION, GUILD_STATUS_OK, GUILD_SYNC_HOST_BLOCKING,
+};
+use guild_adapters_posix::DlopenLoader;
+use guild_domain::ids::OpName;
+use guild_domain::operation::{DType, MemorySpace, TensorDesc};
+use guild_host::operations::{TensorArg, TensorArgMut};
+use guild_host::{Host, InstallOptions, OperationRequest, OperationService};
+
+use support::{key, open_dir, trust, Spec, Workshop, PUBLISHER};
+
+const OP: &str = "example.bench.tiny";
+const CANDIDATES: usize = 64;
+/// Elements of the tiny operation's input and output.
+const ELEMENTS: usize = 1;
+/// Handles resolved per timed batch in the resolve and release benchmarks.
+const BATCH: u64 = 256;
+
+fn impl_id(i: usize) -> String {
+    format!("example.many.c{i:02}.cpu")
+}
+
+fn plugin_library(name: &str) -> Vec<u8> {
+    let dir = std::env::var_os("GUILD_TEST_PLUGIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/test-plugins/lib")
+        });
+    let path = dir.join(format!("lib{name}.so"));
+    std::fs::read(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; build the C test plugins first with `cargo xtask plugins`",
+            path.display()
+        )
+    })
+}
+
+/// A host over a fresh store with op_many installed, signed and loaded by dlopen.
+fn fixture(shop: &Workshop) -> Host {
+    let k = key();
+    let (pm, _) = open_dir(&shop.fresh("store")).expect("open store");
+    trust(&pm, PUBLISHER, &k);
+    let host = Host::new(pm, Box::new(DlopenLoader::new()));
+    let mut spec = Spec::module("example.many", "1.0.0").library(&plugin_library("op_many"));
+    spec.provided_ops = (0..CANDIDATES).map(impl_id).collect();
+    host.install(&shop.build(&spec, &k).archive, InstallOptions::default())
+        .expect("install op_many");
+    host
+}
+
+/// The operation's parameter record (`many_params_t` in op_many.c): only the `accepting`
+/// lowest-ranked candidates accept in validate.
+#[repr(C)]
+struct ManyParams {
+    struct_size: u32,
+    accepting: u32,
+}
+
+fn c_tensor(data: *const f32) -> guild_tensor_desc_v1_t {
+    let mut dims = [0; 8];
+    dims[0] = ELEMENTS as u64;
+    guild_tensor_desc_v1_t {
+        dtype: GUILD_DTYPE_F32,
+        rank: 1,
+        dims,
+        strides: [0; 8],
+        memory_space: GUILD_MEMORY_HOST,
+        device_id: 0,
+        data: data.cast_mut().cast(),
+    }
+}
+
+/// The C query for the tiny operation over the tensors in `io`, with optional params.
+fn c_query(
+    op: &CString,
+    io: &[guild_tensor_desc_v1_t; 2],
+    params: Option<&ManyParams>,
+) -> guild_operation_query_v1_t {
+    guild_operation_query_v1_t {
+        struct_size: size_of::<guild_operation_query_v1_t>() as u32,
+        version: GUILD_OPERATION_QUERY_VERSION,
+        op_name: op.as_ptr(),
+        min_op_version: 0x0100_0000,
+        max_op_version: 0x01ff_ffff,
+        backends: GUILD_BACKEND_CPU,
+        sync_mode: GUILD_SYNC_HOST_BLOCKING,
+        required_capabilities: 0,
+        required_numerics: 0,
+        inputs: &io[0],
+        input_count: 1,
+        outputs: &io[1],
+        output_count: 1,
+        ram_budget: GUILD_BUDGET_UNLIMITED,
+        vram_budget: GUILD_BUDGET_UNLIMITED,
+        exact_impl_id: ptr::null(),
+        device_caps: ptr::null(),
+        params: params.map_or(ptr::null(), |p| ptr::from_ref(p).cast()),
+        params_size: params.map_or(0, size_of_val),
+    }
+}
+
+fn c_args(io: &[guild_tensor_desc_v1_t; 2]) -> guild_execute_args_v1_t {
+    guild_execute_args_v1_t {
+        struct_size: size_of::<guild_execute_args_v1_t>() as u32,
+        reserved: 0,
+        inputs: &io[0],
+        input_count: 1,
+        outputs: &io[1],
+        output_count: 1,
+        scratch_host: ptr::null_mut(),
+        scratch_host_size: 0,
+        scratch_device: ptr::null_mut(),
+        scratch_device_size: 0,
+        stream: ptr::null_mut(),
+        device_id: 0,
+        sync_mode: GUILD_SYNC_HOST_BLOCKING,
+        params: ptr::null(),
+        params_size: 0,
+    }
+}
+
+/// A C handle, movable to another thread (the service allows calls from any thread).
+#[derive(Clone, Copy)]
+struct Raw(*mut guild_op_handle_t);
+// SAFETY: a handle is an opaque token the service accepts from any thread; each thread here
+// uses its own handle, and release happens after the threads are joined.
+unsafe impl Send for Raw {}
+// SAFETY: as above.
+unsafe impl Sync for Raw {}
+
+/// The registry's C service table, as a C runner copies it.
+#[derive(Clone, Copy)]
+struct Service(guild_operation_service_v1_t);
+// SAFETY: the table's `user` is the registry's service core, which is Sync; its function
+// pointers may be called from any thread while the registry lives (the bench keeps the host
+// alive until every handle is released).
+unsafe impl Send for Service {}
+// SAFETY: as above.
+unsafe impl Sync for Service {}
+
+impl Service {
+    fn resolve(&self, query: &guild_operation_query_v1_t, error: &mut guild_error_info_t) -> Raw {
+        let mut out = ptr::null_mut();
+        // SAFETY: the query and its tensors and params are live for the call; `out` and
+        // `error` are live records.
+        let status = unsafe { self.0.resolve.unwrap()(self.0.user, query, &mut out, error) };
+        assert_eq!(status, GUILD_STATUS_OK, "resolve: {}", message(error));
+        Raw(out)
+    }
+
+    fn execute(
+        &self,
+        h: Raw,
+        args: &guild_execute_args_v1_t,
+        error: &mut guild_error_info_t,
+    ) -> i32 {
+        // SAFETY: a live handle of this service; the args' tensors point at live buffers of
+        // the resolved shape.
+        unsafe { self.0.execute.unwrap()(self.0.user, h.0, args, error) }
+    }
+
+    fn release(&self, h: Raw, error: &mut guild_error_info_t) {
+        // SAFETY: a live handle of this service that no other call is using.
+        let status = unsafe { self.0.release.unwrap()(self.0.user, h.0, error) };
+        assert_eq!(status, GUILD_STATUS_OK, "release: {}", message(error));
+    }
+
+    fn describe(&self, h: Raw) -> guild_op_description_v1_t {
+        let mut error = guild_error_info_t::new();
+        // SAFETY: a zeroed description is a valid bit pattern (NULL pointers, zero numbers).
+        let mut d: guild_op_description_v1_t = unsafe { std::mem::zeroed() };
+        d.struct_size = size_of::<guild_op_description_v1_t>() as u32;
+        // SAFETY: a live handle of this service; `d` and `error` are live records.
+        let status = unsafe { self.0.describe.unwrap()(self.0.user, h.0, &mut d, &mut error) };
+        assert_eq!(status, GUILD_STATUS_OK, "describe: {}", message(&error));
+        d
+    }
+
+    /// The impl id a handle resolved to.
+    fn chosen(&self, h: Raw) -> String {
+        // SAFETY: describe's strings are borrowed from the live handle.
+        unsafe { std::ffi::CStr::from_ptr(self.describe(h).impl_id) }
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+fn message(error: &guild_error_info_t) -> String {
+    let bytes: Vec<u8> = error
+        .message
+        .iter()
+        .map(|&c| c as u8)
+        .take_while(|&b| b != 0)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Nanoseconds per iteration of every sample criterion asked for, in order: its warm-up runs
+/// first, then the `sample_size` measured samples (or the one run of test mode).
+type Samples = RefCell<Vec<f64>>;
+
+/// Runs `timed(iters)` (which returns the time to count) for criterion, keeping each sample.
+fn recorded(b: &mut Bencher<'_>, samples: &Samples, mut timed: impl FnMut(u64) -> Duration) {
+    b.iter_custom(|iters| {
+        let elapsed = timed(iters);
+        samples
+            .borrow_mut()
+            .push(elapsed.as_nanos() as f64 / iters.max(1) as f64);
+        elapsed
+    });
+}
+
+/// The median of the last `n` samples (the measured ones), computed as criterion computes its
+/// median point estimate; None when the benchmark did not run (filtered out).
+fn median(samples: &Samples, n: usize) -> Option<f64> {
+    let all = samples.borrow();
+    let mut last: Vec<f64> = all[all.len().saturating_sub(n)..].to_vec();
+    if last.is_empty() {
+        return None;
+    }
+    last.sort_by(f64::total_cmp);
+    let mid = last.len() / 2;
+    Some(if last.len().is_multiple_of(2) {
+        (last[mid - 1] + last[mid]) / 2.0
+    } else {
+        last[mid]
+    })
+}
+
+fn show(ns: Option<f64>) -> String {
+    match ns {
+        None => "not run".into(),
+        Some(ns) if ns >= 1e4 => format!("{:.2} us", ns / 1e3),
+        Some(ns) if ns >= 100.0 => format!("{ns:.1} ns"),
+        Some(ns) => format!("{ns:.2} ns"),
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let full = args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--test");
+    let samples = if full { 30 } else { 10 };
+    let mut c = Criterion::default()
+        .configure_from_args()
+        .sample_size(samples)
+        .warm_up_time(Duration::from_millis(if full { 1000 } else { 100 }))
+        .measurement_time(Duration::from_secs(if full { 4 } else { 1 }));
+
+    let shop = Workshop::new();
+    let host = fixture(&shop);
+    let service = Service(*host.kernels().operation_api());
+    let op = CString::new(OP).unwrap();
+    let x = [41.0f32; ELEMENTS];
+    let mut y = [0.0f32; ELEMENTS];
+    let io = [c_tensor(x.as_ptr()), c_tensor(y.as_mut_ptr())];
+    let all_accept = c_query(&op, &io, None);
+    let last_only = ManyParams {
+        struct_size: size_of::<ManyParams>() as u32,
+        accepting: 1,
+    };
+    let one_accepts = c_query(&op, &io, Some(&last_only));
+    let args = c_args(&io);
+    let mut error = guild_error_info_t::new();
+
+    // The scenarios are what they claim: (a) takes the best candidate; in (b) all 63 better
+    // ones refused in validate (the Rust face's handle lists why each was passed over).
+    let h = service.resolve(&all_accept, &mut error);
+    assert_eq!(service.chosen(h), impl_id(CANDIDATES - 1));
+    service.release(h, &mut error);
+    let h = service.resolve(&one_accepts, &mut error);
+    assert_eq!(service.chosen(h), impl_id(0));
+    service.release(h, &mut error);
+    let desc = TensorDesc::new(DType::F32, &[ELEMENTS as u64], MemorySpace::Host);
+    let request = OperationRequest::cpu(OpName::new(OP).unwrap(), vec![desc], vec![desc]);
+    let rust = OperationService::new(host.kernels());
+    // The same record as bytes, for the Rust face.
+    let param_bytes = [last_only.struct_size, last_only.accepting]
+        .map(u32::to_ne_bytes)
+        .concat();
+    let refused = rust
+        .resolve_with_params(&request, &param_bytes)
+        .expect("resolve through the Rust face")
+        .passed_over()
+        .iter()
+        .filter(|p| {
+            p.to_string()
+                .contains("params ask this candidate to refuse")
+        })
+        .count();
+    assert_eq!(
+        refused,
+        CANDIDATES - 1,
+        "every better candidate ran validate"
+    );
+
+    // Execute overhead: the same args and error record on the same provider (c63).
+    let handle = service.resolve(&all_accept, &mut error);
+    let description = service.describe(handle);
+    // SAFETY: describe's `operation` is the host's copy of the provider's GOP1 extension,
+    // valid while the handle lives.
+    let gop = unsafe { &*description.operation };
+    let direct = gop.execute.expect("the provider's execute");
+    let user_data: *mut c_void = gop.user_data;
+    let rust_handle = rust
+        .resolve(&request)
+        .expect("resolve through the Rust face");
+    assert_eq!(
+        rust_handle.describe().impl_id.as_str(),
+        impl_id(CANDIDATES - 1)
+    );
+
+    let direct_t = Samples::default();
+    let c_service_t = Samples::default();
+    let rust_t = Samples::default();
+    let mut g = c.benchmark_group("execute_tiny");
+    g.bench_function("direct provider execute", |b| {
+        recorded(b, &direct_t, |iters| {
+            let mut ok = true;
+            let start = Instant::now();
+            for _ in 0..iters {
+                // SAFETY: the provider's own pointer and user_data, with args the service
+                // accepted for this provider; its library stays loaded while `handle` lives.
+                ok &= unsafe { direct(black_box(user_data), black_box(&args), &mut error) }
+                    == GUILD_STATUS_OK;
+            }
+            let elapsed = start.elapsed();
+            assert!(ok, "direct execute failed: {}", message(&error));
+            elapsed
+        })
+    });
+    g.bench_function("C service execute", |b| {
+        recorded(b, &c_service_t, |iters| {
+            let mut ok = true;
+            let start = Instant::now();
+            for _ in 0..iters {
+                ok &= service.execute(black_box(handle), black_box(&args), &mut error)
+                    == GUILD_STATUS_OK;
+            }
+            let elapsed = start.elapsed();
+            assert!(ok, "C service execute failed: {}", message(&error));
+            elapsed
+        })
+    });
+    let mut out = [0.0f32; ELEMENTS];
+    g.bench_function("Rust OpHandle::execute", |b| {
+        recorded(b, &rust_t, |iters| {
+            let start = Instant::now();
+            for _ in 0..iters {
+                rust_handle
+                    .execute(
+                        &[TensorArg::new(desc, black_box(&x))],
+                        &mut [TensorArgMut::new(desc, &mut out)],
+                        None,
+                    )
+                    .expect("Rust execute");
+            }
+            let elapsed = start.elapsed();
+            assert_eq!(out[0], x[0] + 1.0);
+            elapsed
+        })
+    });
+    g.finish();
+    drop(rust_handle);
+    service.release(handle, &mut error);
+
+    // Resolve among 64 candidates, in batches so that release is not timed with it; release
+    // on its own, with resolve untimed.
+    let resolve_a = Samples::default();
+    let resolve_b = Samples::default();
+    let release_t = Samples::default();
+    let mut held = Vec::with_capacity(BATCH as usize);
+    let mut g = c.benchmark_group("resolve_64_candidates");
+    for (name, query, samples) in [
+        ("(a) all accept, best taken", &all_accept, &resolve_a),
+        ("(b) 63 refuse in validate", &one_accepts, &resolve_b),
+    ] {
+        g.bench_function(name, |b| {
+            recorded(b, samples, |iters| {
+                let mut total = Duration::ZERO;
+                let mut left = iters;
+                while left > 0 {
+                    let n = left.min(BATCH);
+                    left -= n;
+                    let start = Instant::now();
+                    for _ in 0..n {
+                        held.push(service.resolve(black_box(query), &mut error));
+                    }
+                    total += start.elapsed();
+                    for h in held.drain(..) {
+                        service.release(h, &mut error);
+                    }
+                }
+                total
+            })
+        });
+    }
+    g.bench_function("release", |b| {
+        recorded(b, &release_t, |iters| {
+            let mut total = Duration::ZERO;
+            let mut left = iters;
+            while left > 0 {
+                let n = left.min(BATCH);
+                left -= n;
+                held.extend((0..n).map(|_| service.resolve(&all_accept, &mut error)));
+                let start = Instant::now();
+                for h in held.drain(..) {
+                    service.release(black_box(h), &mut error);
+                }
+                total += start.elapsed();
+            }
+            total
+        })
+    });
+    g.finish();
+
+    // Throughput: each thread executes on its own handle; a sample is the slowest thread's
+    // time for `iters` executes, so the per-iteration figure is the time per execute on each
+    // thread.
+    let threads_t = [Samples::default(), Samples::default()];
+    let mut g = c.benchmark_group("execute_throughput");
+    for (threads, samples) in [1usize, 2].into_iter().zip(&threads_t) {
+        let handles: Vec<Raw> = (0..threads)
+            .map(|_| service.resolve(&all_accept, &mut error))
+            .collect();
+        g.bench_function(format!("{threads} thread(s), own handle each"), |b| {
+            recorded(b, samples, |iters| {
+                let start = Barrier::new(threads);
+                std::thread::scope(|s| {
+                    let workers: Vec<_> = handles
+                        .iter()
+                        .map(|&h| {
+                            let start = &start;
+                            s.spawn(move || {
+                                let x = [1.0f32; ELEMENTS];
+                                let mut y = [0.0f32; ELEMENTS];
+                                let io = [c_tensor(x.as_ptr()), c_tensor(y.as_mut_ptr())];
+                                let args = c_args(&io);
+                                let mut error = guild_error_info_t::new();
+                                let mut ok = true;
+                                start.wait();
+                                let begin = Instant::now();
+                                for _ in 0..iters {
+                                    ok &= service.execute(h, black_box(&args), &mut error)
+                                        == GUILD_STATUS_OK;
+                                }
+                                let elapsed = begin.elapsed();
+                                assert!(ok, "execute failed: {}", message(&error));
+                                elapsed
+                            })
+                        })
+                        .collect();
+                    workers
+                        .into_iter()
+                        .map(|w| w.join().expect("worker"))
+                        .max()
+                        .unwrap_or_default()
+                })
+            })
+        });
+        for h in handles {
+            service.release(h, &mut error);
+        }
+    }
+    g.finish();
+
+    let m = |s: &Samples| median(s, samples);
+    let (direct_ns, c_ns, rust_ns) = (m(&direct_t), m(&c_service_t), m(&rust_t));
+    // Whether a median meets its goal, as "; goal under X: met" (nothing in test mode).
+    let goal = |ns: Option<f64>, limit: f64| match ns {
+        Some(ns) if full => {
+            let verdict = if ns < limit { "met" } else { "missed" };
+            format!("; goal under {}: {verdict}", show(Some(limit)))
+        }
+        _ => String::new(),
+    };
+    let over = |face: Option<f64>| match (face, direct_ns) {
+        (Some(f), Some(d)) => format!("{:+.1} ns over direct ({:.2}x)", f - d, f / d),
+        _ => String::new(),
+    };
+    if full {
+        println!(
+            "\noperation service: medians of the {samples} samples each benchmark took in this \
+             run (timings on a shared machine are noisy)"
+        );
+    } else {
+        println!("\noperation service: test mode, one run each; the figures are not measurements");
+    }
+    println!("execute, tiny op ({ELEMENTS} f32 element), same args and error record:");
+    println!(
+        "  {:<34}{:>12}",
+        "provider's execute, direct",
+        show(direct_ns)
+    );
+    println!(
+        "  {:<34}{:>12}  {}{}",
+        "C service execute",
+        show(c_ns),
+        over(c_ns),
+        goal(c_ns.zip(direct_ns).map(|(c, d)| c - d), 50.0)
+    );
+    println!(
+        "  {:<34}{:>12}  {}",
+        "Rust OpHandle::execute",
+        show(rust_ns),
+        over(rust_ns)
+    );
+    println!("resolve among {CANDIDATES} candidates through the C service:");
+    let (ra, rb) = (m(&resolve_a), m(&resolve_b));
+    println!(
+        "  {:<34}{:>12}{}",
+        "(a) all accept, 1 validate",
+        show(ra),
+        goal(ra, 20e3).replacen(";", " ", 1)
+    );
+    println!(
+        "  {:<34}{:>12}  {}",
+        "(b) 63 refuse, 64 validates",
+        show(rb),
+        match (ra, rb) {
+            (Some(a), Some(b)) => format!(
+                "{:.2}x (a), {:.0} ns per extra validate{}",
+                b / a,
+                (b - a) / (CANDIDATES - 1) as f64,
+                goal(rb, 20e3)
+            ),
+            _ => String::new(),
+        }
+    );
+    println!("  {:<34}{:>12}", "release", show(m(&release_t)));
+    println!("execute throughput through the C service, one handle per thread:");
+    println!(
+        "  {:<10}{:>16}{:>18}{:>16}{:>14}",
+        "threads", "per execute", "per thread (M/s)", "total (M/s)", "vs 1 thread"
+    );
+    let one = m(&threads_t[0]).map(|ns| 1e3 / ns);
+    for (threads, s) in [1usize, 2].into_iter().zip(&threads_t) {
+        let Some(ns) = m(s) else { continue };
+        let per_thread = 1e3 / ns;
+        let total = per_thread * threads as f64;
+        println!(
+            "  {threads:<10}{:>16}{per_thread:>18.2}{total:>16.2}{:>14}",
+            show(Some(ns)),
+            one.map_or(String::new(), |o| format!("{:.2}x", total / o))
+        );
+    }
+    c.final_summary();
+}

@@ -1,0 +1,893 @@
+//! The one implementation behind both faces of the operation service: resolution against the
+//! registry's snapshot, negotiation through the providers' C callbacks, and the checked call
+//! into a provider's `execute`, with the per-handle serialisation and stream bookkeeping.
+//!
+//! Nothing here holds a registry lock while a provider runs. Resolution reads the lock-free
+//! snapshot and binds what it negotiated with; execution holds only the handle's own mutex. So an
+//! `execute` callback may resolve and execute other operations through the service, and a
+//! `validate` or `query_scratch` callback that (wrongly) calls back in finds no lock to deadlock
+//! on either.
+
+use std::borrow::Cow;
+use std::cell::{Cell, RefCell};
+use std::ffi::{c_void, CString};
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+
+use arc_swap::ArcSwap;
+use guild_abi::{
+    guild_device_caps_v1_t, guild_error_info_t, guild_execute_args_v1_t, guild_operation_ext_v1_t,
+    guild_operation_query_v1_t, guild_operation_service_v1_t, guild_scratch_request_v1_t,
+    guild_stream_t, guild_tensor_desc_v1_t, GUILD_OPERATION_QUERY_VERSION,
+    GUILD_STATUS_ERR_INTERNAL, GUILD_STATUS_ERR_INVALID_ARGUMENT, GUILD_STATUS_ERR_UNSUPPORTED,
+    GUILD_STATUS_OK,
+};
+use guild_adapters_posix::OwnedKernel;
+use guild_domain::ids::ImplId;
+use guild_domain::operation::{
+    resolve, Backend, CpuIsa, DType, MemorySpace, Negotiator, OpCandidate, OpQuery,
+    ProviderRefusal, Reason, Rejection, ScratchRequest, SyncMode, TensorDesc, TensorInfo,
+    TensorRef, TensorRole, MAX_TENSOR_RANK,
+};
+use guild_ports::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
+
+use super::{ExecuteError, ResolveError, Scratch};
+use crate::registry::{KernelBinding, OperationCandidates, Snapshot, StoredOp};
+
+// ---------------------------------------------------------------------------------------------
+// Devices
+// ---------------------------------------------------------------------------------------------
+
+/// What the host knows about the devices operations run on, and the adapter that keeps
+/// stream-ordered calls safe.
+#[derive(Clone)]
+pub struct DeviceSupport {
+    /// The host CPU's ISA bits, offered to CPU candidates.
+    pub cpu_isa: CpuIsa,
+    /// The compute capability (times ten) of CUDA device 0, when there is one.
+    pub cuda_sm: Option<u32>,
+    /// Records and waits for stream work; without it, only host-blocking calls resolve.
+    pub streams: Option<Arc<dyn StreamEvents>>,
+}
+
+impl fmt::Debug for DeviceSupport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceSupport")
+            .field("cpu_isa", &self.cpu_isa)
+            .field("cuda_sm", &self.cuda_sm)
+            .field("streams", &self.streams.is_some())
+            .finish()
+    }
+}
+
+impl DeviceSupport {
+    /// The host CPU as detected at run time, no GPU and no stream adapter.
+    pub fn host() -> Self {
+        DeviceSupport {
+            cpu_isa: crate::platform::cpu_isa(),
+            cuda_sm: None,
+            streams: None,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The service core
+// ---------------------------------------------------------------------------------------------
+
+/// The state the operation service works from, owned by the kernel registry. The C table lives
+/// inside it and its `user` points at it, so the core is boxed and never moves.
+pub(crate) struct ServiceCore {
+    snapshot: Arc<ArcSwap<Snapshot>>,
+    pub(crate) devices: DeviceSupport,
+    pub(crate) table: guild_operation_service_v1_t,
+    /// C handles resolved and not yet released.
+    pub(crate) live_c_handles: AtomicUsize,
+}
+
+// SAFETY: the table is written once, in `ServiceCore::new`, before the core is shared; its
+// pointers are the core's own address and `extern "C"` functions, which any thread may use.
+// Everything else in the core is Send + Sync.
+unsafe impl Send for ServiceCore {}
+// SAFETY: as above.
+unsafe impl Sync for ServiceCore {}
+
+impl fmt::Debug for ServiceCore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServiceCore")
+            .field("devices", &self.devices)
+            .field(
+                "live_c_handles",
+                &self.live_c_handles.load(Ordering::Relaxed),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServiceCore {
+    pub(crate) fn new(snapshot: Arc<ArcSwap<Snapshot>>, devices: DeviceSupport) -> Box<Self> {
+        let mut core = Box::new(ServiceCore {
+            snapshot,
+            devices,
+            table: super::c_service::table(),
+            live_c_handles: AtomicUsize::new(0),
+        });
+        let user: *mut ServiceCore = &mut *core;
+        core.table.user = user.cast();
+        super::c_service::register_core(&core);
+        core
+    }
+
+    /// The device record a query without one resolves against: device 0.
+    pub(crate) fn default_device(&self) -> guild_domain::operation::DeviceCaps {
+        guild_domain::operation::DeviceCaps {
+            device_id: 0,
+            cuda_sm: self.devices.cuda_sm,
+            cpu_isa: self.devices.cpu_isa,
+        }
+    }
+
+    /// Resolves a validated query against the current snapshot. `params` is the caller's
+    /// operation parameters, passed to the negotiation callbacks for this call only. With
+    /// `report`, the handle keeps why every other candidate was passed over (the Rust face
+    /// offers it; the C face has no use for it and skips the cost).
+    pub(crate) fn resolve(
+        &self,
+        query: &OpQuery,
+        params: &[u8],
+        report: bool,
+    ) -> Result<Resolved, ResolveError> {
+        let spec = query.spec();
+        let needs_streams = spec.sync_mode != SyncMode::HostBlocking;
+        if needs_streams && self.devices.streams.is_none() && spec.backends != Backend::Cpu.into() {
+            return Err(no_device_adapter());
+        }
+        // Held (one reference count) while the providers negotiate, so that nothing is copied
+        // per candidate; only the chosen one is bound.
+        let snapshot = self.snapshot.load_full();
+        let empty = OperationCandidates::default();
+        let entry = snapshot.operation(query.op_name()).unwrap_or(&empty);
+        let mut candidates = Cow::Borrowed(entry.contracts.as_slice());
+        // An exact id registered for another operation takes part as a declaration only (the
+        // domain skips other operations' candidates without calling them), so that the report
+        // says what it implements instead.
+        if let Some(exact) = &spec.exact_impl {
+            if !candidates.iter().any(|c| &c.impl_id == exact) {
+                if let Some(c) = snapshot
+                    .by_id(exact)
+                    .and_then(|s| s.kernel.operation.as_ref())
+                {
+                    if c.op_name != *query.op_name() {
+                        candidates.to_mut().push(c.clone());
+                    }
+                }
+            }
+        }
+        let negotiator = CNegotiator::new(&entry.stored, query, params);
+        let resolution = resolve(query, &candidates, &negotiator);
+        let passed_over: Vec<PassedOver> = if report {
+            resolution
+                .verdicts()
+                .iter()
+                .map(|v| PassedOver {
+                    impl_id: v.impl_id.clone(),
+                    reason: match &v.reason {
+                        Reason::Rejected(r) => PassReason::Rejected(r.clone()),
+                        Reason::Outranked { .. } => PassReason::Outranked,
+                    },
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let choice = resolution.into_result().map_err(ResolveError::Unresolved)?;
+        let alignment = negotiator.alignment(choice.index);
+        drop(negotiator);
+        // The domain only chooses among the candidates it was given, in the same order, and an
+        // appended declaration is never chosen (it names another operation).
+        let (Some(stored), Some(candidate)) = (
+            entry.stored.get(choice.index),
+            candidates.get(choice.index).cloned(),
+        ) else {
+            return Err(ResolveError::Internal(
+                "the chosen candidate has no provider",
+            ));
+        };
+        let kernel = Arc::clone(&stored.kernel.raw)
+            .downcast::<OwnedKernel>()
+            .map_err(|_| ResolveError::Internal("the chosen candidate has no C provider"))?;
+        // Work on a device stream is tracked until release; a CPU provider has returned when
+        // its execute does, whatever the mode.
+        let streams = match candidate.backend {
+            Backend::Cpu => None,
+            _ if needs_streams => Some(self.devices.streams.clone().ok_or_else(no_device_adapter)?),
+            _ => None,
+        };
+        // Bind the very stored op that was negotiated with. If a replacement was published in
+        // between, this handle keeps the version it negotiated (and its library) alive, which is
+        // exactly what was validated.
+        let binding = KernelBinding::new(Arc::clone(stored));
+        Ok(Resolved {
+            kernel,
+            binding,
+            data_alignment: candidate.min_alignment.max(1),
+            candidate,
+            scratch: Scratch {
+                host_bytes: choice.scratch.host_bytes,
+                device_bytes: choice.scratch.device_bytes,
+                alignment,
+            },
+            input_shapes: spec.inputs.iter().map(Shape::of).collect(),
+            output_shapes: spec.outputs.iter().map(Shape::of).collect(),
+            inputs: spec.inputs.clone(),
+            outputs: spec.outputs.clone(),
+            input_infos: query.input_infos().to_vec(),
+            output_infos: query.output_infos().to_vec(),
+            sync_mode: spec.sync_mode,
+            device_id: spec.device.device_id,
+            passed_over,
+            streams,
+            calls: Mutex::new(Calls::default()),
+            owner: AtomicUsize::new(0),
+        })
+    }
+}
+
+/// A candidate the resolution did not choose, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PassedOver {
+    pub impl_id: ImplId,
+    pub reason: PassReason,
+}
+
+/// Why a candidate was not chosen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PassReason {
+    /// It cannot serve the query.
+    Rejected(Rejection),
+    /// It ranked below the chosen one, so its callbacks were not called.
+    Outranked,
+}
+
+impl fmt::Display for PassedOver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.reason {
+            PassReason::Rejected(r) => write!(f, "{}: {r}", self.impl_id),
+            PassReason::Outranked => write!(f, "{}: outranked by the chosen one", self.impl_id),
+        }
+    }
+}
+
+fn no_device_adapter() -> ResolveError {
+    ResolveError::Unsupported(
+        "stream-ordered execution on a device needs a device adapter, and this host has none",
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Negotiation through the C callbacks
+// ---------------------------------------------------------------------------------------------
+
+/// The C form of one tensor.
+pub(crate) fn c_tensor(desc: &TensorDesc, data: *mut c_void) -> guild_tensor_desc_v1_t {
+    guild_tensor_desc_v1_t {
+        dtype: desc.dtype.raw(),
+        rank: desc.rank,
+        dims: desc.dims,
+        strides: desc.strides,
+        memory_space: desc.memory_space.bit(),
+        device_id: desc.device_id,
+        data,
+    }
+}
+
+/// The domain form of a caller's C tensor, or why it cannot be one.
+pub(crate) fn tensor_from_c(t: &guild_tensor_desc_v1_t) -> Result<TensorDesc, String> {
+    let memory_space = MemorySpace::from_bit(t.memory_space).ok_or_else(|| {
+        format!(
+            "memory_space {:#x} is not exactly one GUILD_MEMORY_* bit",
+            t.memory_space
+        )
+    })?;
+    Ok(TensorDesc {
+        dtype: DType::from_raw(t.dtype),
+        rank: t.rank,
+        dims: t.dims,
+        strides: t.strides,
+        memory_space,
+        device_id: t.device_id,
+        data_addr: (!t.data.is_null()).then_some(t.data as usize as u64),
+    })
+}
+
+/// The pointer a descriptor's known address stands for (NULL when unknown). It is only ever
+/// passed to negotiation callbacks, which may inspect the address but not the data.
+fn address_ptr(desc: &TensorDesc) -> *mut c_void {
+    desc.data_addr
+        .and_then(|a| usize::try_from(a).ok())
+        .map_or(std::ptr::null_mut(), |a| a as *mut c_void)
+}
+
+/// The GOP1 callbacks, called with C structs built from the query's actual tensors; the
+/// pointers inside them are valid for each call only.
+struct CNegotiator<'p> {
+    /// The operation's stored kernels, aligned with the contracts being ranked.
+    stored: &'p [Arc<StoredOp>],
+    op_name: CString,
+    exact: Option<CString>,
+    inputs: Vec<guild_tensor_desc_v1_t>,
+    outputs: Vec<guild_tensor_desc_v1_t>,
+    params: &'p [u8],
+    /// The scratch alignment each provider asked for, by candidate index.
+    alignments: RefCell<Vec<u32>>,
+    /// One error record for every callback, cleared before each.
+    error: RefCell<guild_error_info_t>,
+}
+
+impl<'p> CNegotiator<'p> {
+    fn new(stored: &'p [Arc<StoredOp>], query: &OpQuery, params: &'p [u8]) -> Self {
+        let spec = query.spec();
+        let c = |d: &TensorDesc| c_tensor(d, address_ptr(d));
+        CNegotiator {
+            stored,
+            // Ids and names are validated text without NUL bytes; an empty string is the
+            // harmless fallback should that ever change.
+            op_name: CString::new(spec.op_name.as_str()).unwrap_or_default(),
+            exact: spec
+                .exact_impl
+                .as_ref()
+                .map(|id| CString::new(id.as_str()).unwrap_or_default()),
+            inputs: spec.inputs.iter().map(c).collect(),
+            outputs: spec.outputs.iter().map(c).collect(),
+            params,
+            alignments: RefCell::new(vec![0; stored.len()]),
+            error: RefCell::new(guild_error_info_t::new()),
+        }
+    }
+
+    /// The error record, cleared for the next callback.
+    fn fresh_error(&self) -> std::cell::RefMut<'_, guild_error_info_t> {
+        let mut error = self.error.borrow_mut();
+        error.status = GUILD_STATUS_OK;
+        error.component[0] = 0;
+        error.message[0] = 0;
+        error
+    }
+
+    fn alignment(&self, index: usize) -> u32 {
+        self.alignments.borrow().get(index).copied().unwrap_or(0)
+    }
+
+    /// The callbacks of candidate `index`: the GOP1 copy of a kernel the dlopen loader
+    /// registered. Anything else (a fake loader's payload) cannot be negotiated with.
+    fn op(&self, index: usize) -> Result<&'p guild_operation_ext_v1_t, ProviderRefusal> {
+        let stored = self.stored.get(index).ok_or_else(|| {
+            ProviderRefusal::new(
+                GUILD_STATUS_ERR_INTERNAL,
+                "the host lost track of this provider",
+            )
+        })?;
+        stored
+            .kernel
+            .raw
+            .downcast_ref::<OwnedKernel>()
+            .and_then(OwnedKernel::operation)
+            .ok_or_else(|| {
+                ProviderRefusal::new(
+                    GUILD_STATUS_ERR_UNSUPPORTED,
+                    "the provider has no C operation callbacks to negotiate with",
+                )
+            })
+    }
+
+    /// Runs `call` with a C query built from `query` for candidate `candidate`; every pointer
+    /// in it lives until `call` returns.
+    fn with_query<T>(
+        &self,
+        candidate: &OpCandidate,
+        query: &OpQuery,
+        call: impl FnOnce(&guild_operation_query_v1_t) -> T,
+    ) -> T {
+        let spec = query.spec();
+        let caps = guild_device_caps_v1_t {
+            struct_size: size_of::<guild_device_caps_v1_t>() as u32,
+            backend: candidate.backend.bit(),
+            device_id: spec.device.device_id,
+            cuda_sm: match candidate.backend {
+                Backend::Cuda => spec.device.cuda_sm.unwrap_or(0),
+                _ => 0,
+            },
+            cpu_isa: match candidate.backend {
+                Backend::Cpu => spec.device.cpu_isa.bits(),
+                _ => 0,
+            },
+            total_memory_bytes: 0,
+            free_memory_bytes: 0,
+            next_ext: std::ptr::null(),
+        };
+        let c_query = guild_operation_query_v1_t {
+            struct_size: size_of::<guild_operation_query_v1_t>() as u32,
+            version: GUILD_OPERATION_QUERY_VERSION,
+            op_name: self.op_name.as_ptr(),
+            min_op_version: query.versions().min().raw(),
+            max_op_version: query.versions().max().raw(),
+            backends: spec.backends.bits(),
+            sync_mode: spec.sync_mode.raw(),
+            required_capabilities: spec.capabilities.bits(),
+            required_numerics: spec.numerics.bits(),
+            inputs: self.inputs.as_ptr(),
+            input_count: self.inputs.len(),
+            outputs: self.outputs.as_ptr(),
+            output_count: self.outputs.len(),
+            ram_budget: spec.ram_budget.get(),
+            vram_budget: spec.vram_budget.get(),
+            exact_impl_id: self.exact.as_ref().map_or(std::ptr::null(), |e| e.as_ptr()),
+            device_caps: &caps,
+            params: if self.params.is_empty() {
+                std::ptr::null()
+            } else {
+                self.params.as_ptr().cast()
+            },
+            params_size: self.params.len(),
+        };
+        call(&c_query)
+    }
+}
+
+impl Negotiator for CNegotiator<'_> {
+    fn validate(
+        &self,
+        index: usize,
+        candidate: &OpCandidate,
+        query: &OpQuery,
+    ) -> Result<(), ProviderRefusal> {
+        let op = self.op(index)?;
+        let Some(validate) = op.validate else {
+            return Err(ProviderRefusal::new(
+                GUILD_STATUS_ERR_UNSUPPORTED,
+                "the provider has no validate callback",
+            ));
+        };
+        let mut error = self.fresh_error();
+        let status = self.with_query(candidate, query, |q| {
+            // SAFETY: `op` is the owned copy of a GOP1 extension whose library stays loaded
+            // while the snapshot that `self.stored` borrows from lives; `validate` gets the user_data it
+            // registered, a query whose pointers (name, tensors, caps, params) live for this
+            // call, and a fresh, correctly sized error record. It is a negotiation callback: it
+            // must not retain the query or reenter the registry, which is not locked here.
+            unsafe { validate(op.user_data, q, &mut *error) }
+        });
+        if status == GUILD_STATUS_OK {
+            Ok(())
+        } else {
+            Err(ProviderRefusal::new(status, error_text(&error)))
+        }
+    }
+
+    fn query_scratch(
+        &self,
+        index: usize,
+        candidate: &OpCandidate,
+        query: &OpQuery,
+    ) -> Result<ScratchRequest, ProviderRefusal> {
+        let op = self.op(index)?;
+        let Some(query_scratch) = op.query_scratch else {
+            return Err(ProviderRefusal::new(
+                GUILD_STATUS_ERR_UNSUPPORTED,
+                "the provider has no query_scratch callback",
+            ));
+        };
+        let mut error = self.fresh_error();
+        let mut scratch = guild_scratch_request_v1_t {
+            struct_size: size_of::<guild_scratch_request_v1_t>() as u32,
+            alignment: 0,
+            host_bytes: 0,
+            device_bytes: 0,
+        };
+        let status = self.with_query(candidate, query, |q| {
+            // SAFETY: as in `validate`; `scratch` is a live record of the declared size.
+            unsafe { query_scratch(op.user_data, q, &mut scratch, &mut *error) }
+        });
+        if status != GUILD_STATUS_OK {
+            return Err(ProviderRefusal::new(status, error_text(&error)));
+        }
+        if scratch.alignment > 1 && !scratch.alignment.is_power_of_two() {
+            return Err(ProviderRefusal::new(
+                GUILD_STATUS_ERR_INVALID_ARGUMENT,
+                format!(
+                    "the provider asked for a scratch alignment of {}, not a power of two",
+                    scratch.alignment
+                ),
+            ));
+        }
+        if let Some(slot) = self.alignments.borrow_mut().get_mut(index) {
+            *slot = scratch.alignment;
+        }
+        Ok(ScratchRequest {
+            host_bytes: scratch.host_bytes,
+            device_bytes: scratch.device_bytes,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A resolved operation
+// ---------------------------------------------------------------------------------------------
+
+/// What a handle's calls share: the newest work mark per stream, for release to wait on.
+#[derive(Default)]
+struct Calls {
+    marks: Vec<Box<dyn WorkMark>>,
+}
+
+/// One negotiated contract with one provider: what both faces' handles hold.
+pub(crate) struct Resolved {
+    pub(crate) binding: KernelBinding,
+    pub(crate) kernel: Arc<OwnedKernel>,
+    pub(crate) candidate: OpCandidate,
+    pub(crate) scratch: Scratch,
+    pub(crate) inputs: Vec<TensorDesc>,
+    pub(crate) outputs: Vec<TensorDesc>,
+    pub(crate) input_infos: Vec<TensorInfo>,
+    pub(crate) output_infos: Vec<TensorInfo>,
+    /// The negotiated tensors in the form calls are compared with.
+    input_shapes: Vec<Shape>,
+    output_shapes: Vec<Shape>,
+    /// The provider's required data alignment in bytes (at least 1).
+    data_alignment: u64,
+    pub(crate) sync_mode: SyncMode,
+    pub(crate) device_id: i32,
+    /// Every other candidate of the operation and why it was not chosen (Rust face only).
+    pub(crate) passed_over: Vec<PassedOver>,
+    streams: Option<Arc<dyn StreamEvents>>,
+    /// Serialises this handle's calls and holds its stream marks.
+    calls: Mutex<Calls>,
+    /// The thread inside a call on this handle (see [`thread_token`]); 0 when none.
+    owner: AtomicUsize,
+}
+
+/// One call's arguments in C form; the pointers are the caller's and are checked by
+/// [`Resolved::execute`] before the provider sees them.
+pub(crate) struct Call<'a> {
+    pub(crate) inputs: &'a [guild_tensor_desc_v1_t],
+    pub(crate) outputs: &'a [guild_tensor_desc_v1_t],
+    pub(crate) scratch_host: *mut c_void,
+    pub(crate) scratch_host_size: u64,
+    pub(crate) scratch_device: *mut c_void,
+    pub(crate) scratch_device_size: u64,
+    pub(crate) stream: guild_stream_t,
+    pub(crate) device_id: i32,
+    pub(crate) sync_mode: u32,
+    pub(crate) params: *const c_void,
+    pub(crate) params_size: usize,
+}
+
+thread_local! {
+    static TOKEN: Cell<u8> = const { Cell::new(0) };
+}
+
+/// A number that identifies the calling thread while it lives: the address of a thread-local.
+fn thread_token() -> usize {
+    TOKEN.with(|t| t as *const Cell<u8> as usize)
+}
+
+/// The handle's call lock, marked with the thread that holds it.
+struct CallGuard<'h> {
+    guard: MutexGuard<'h, Calls>,
+    owner: &'h AtomicUsize,
+}
+
+impl Drop for CallGuard<'_> {
+    fn drop(&mut self) {
+        self.owner.store(0, Ordering::Relaxed);
+    }
+}
+
+impl Resolved {
+    /// Takes the handle's call lock. A thread that already holds it (a provider calling back
+    /// into its own handle) is refused instead of deadlocking.
+    fn lock_calls(&self) -> Result<CallGuard<'_>, ExecuteError> {
+        let me = thread_token();
+        let guard = match self.calls.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                if self.owner.load(Ordering::Relaxed) == me {
+                    return Err(ExecuteError::Reentrant);
+                }
+                self.calls.lock().unwrap_or_else(|e| e.into_inner())
+            }
+        };
+        self.owner.store(me, Ordering::Relaxed);
+        Ok(CallGuard {
+            guard,
+            owner: &self.owner,
+        })
+    }
+
+    /// Checks one call against the negotiated contract and runs the provider. `error` receives
+    /// the provider's own report when it fails.
+    pub(crate) fn execute(
+        &self,
+        call: &Call<'_>,
+        error: &mut guild_error_info_t,
+    ) -> Result<(), ExecuteError> {
+        self.check_tensors(TensorRole::Input, &self.input_shapes, call.inputs)?;
+        self.check_tensors(TensorRole::Output, &self.output_shapes, call.outputs)?;
+        let got = SyncMode::from_raw(call.sync_mode);
+        if got != Some(self.sync_mode) {
+            return Err(ExecuteError::SyncMode {
+                resolved: self.sync_mode,
+                got: call.sync_mode,
+            });
+        }
+        if call.device_id != self.device_id {
+            return Err(ExecuteError::Device {
+                resolved: self.device_id,
+                got: call.device_id,
+            });
+        }
+        if self.candidate.backend == Backend::Cpu && !call.stream.is_null() {
+            return Err(ExecuteError::StreamOnCpu);
+        }
+        check_scratch(
+            "host",
+            self.scratch.host_bytes,
+            self.scratch.alignment,
+            call.scratch_host,
+            call.scratch_host_size,
+        )?;
+        check_scratch(
+            "device",
+            self.scratch.device_bytes,
+            self.scratch.alignment,
+            call.scratch_device,
+            call.scratch_device_size,
+        )?;
+        let Some(op) = self.kernel.operation() else {
+            return Err(ExecuteError::Provider(ProviderRefusal::new(
+                GUILD_STATUS_ERR_INTERNAL,
+                "the provider has no GOP1 extension",
+            )));
+        };
+        let Some(execute) = op.execute else {
+            return Err(ExecuteError::Provider(ProviderRefusal::new(
+                GUILD_STATUS_ERR_UNSUPPORTED,
+                "the provider has no execute callback",
+            )));
+        };
+        let args = guild_execute_args_v1_t {
+            struct_size: size_of::<guild_execute_args_v1_t>() as u32,
+            reserved: 0,
+            inputs: call.inputs.as_ptr(),
+            input_count: call.inputs.len(),
+            outputs: call.outputs.as_ptr(),
+            output_count: call.outputs.len(),
+            scratch_host: call.scratch_host,
+            scratch_host_size: call.scratch_host_size,
+            scratch_device: call.scratch_device,
+            scratch_device_size: call.scratch_device_size,
+            stream: call.stream,
+            device_id: call.device_id,
+            sync_mode: call.sync_mode,
+            params: call.params,
+            params_size: call.params_size,
+        };
+        let mut calls = self.lock_calls()?;
+        // SAFETY: the provider's library stays loaded while `self.binding` lives, and `op` is
+        // its owned GOP1 copy with the user_data it registered. Every tensor was checked against
+        // the negotiated contract above (shape, strides, dtype, memory space, device, non-NULL
+        // and aligned data); the caller of this function guarantees that each data pointer and
+        // the scratch buffers address live memory of the checked extents for the call (the Rust
+        // face through its borrows, the C face by the service's contract). The handle's lock
+        // serialises calls on it.
+        let status = unsafe { execute(op.user_data, &args, error) };
+        if let Some(streams) = &self.streams {
+            // Record even after a failure: part of the work may already be enqueued.
+            let stream = StreamRef(call.stream as usize);
+            match streams.record(call.device_id, stream) {
+                Ok(Some(mark)) => {
+                    calls.guard.marks.retain(|m| m.stream() != stream);
+                    calls.guard.marks.push(mark);
+                }
+                Ok(None) => {}
+                Err(e) if status == GUILD_STATUS_OK => return Err(ExecuteError::Stream(e)),
+                Err(_) => {}
+            }
+        }
+        drop(calls);
+        if status == GUILD_STATUS_OK {
+            Ok(())
+        } else {
+            Err(ExecuteError::Provider(ProviderRefusal::new(
+                status,
+                error_text(error),
+            )))
+        }
+    }
+
+    /// Checks the caller's tensors against the negotiated ones: the same shape, strides,
+    /// dtype, memory space and device, and data present and aligned as the contract requires.
+    /// Everything else the contract says was checked once, at resolution, against these very
+    /// shapes; only the data pointers are new.
+    fn check_tensors(
+        &self,
+        role: TensorRole,
+        negotiated: &[Shape],
+        given: &[guild_tensor_desc_v1_t],
+    ) -> Result<(), ExecuteError> {
+        if given.len() != negotiated.len() {
+            return Err(ExecuteError::Arity {
+                role,
+                expected: negotiated.len(),
+                got: given.len(),
+            });
+        }
+        for (index, (t, expected)) in given.iter().zip(negotiated).enumerate() {
+            let tensor = TensorRef { role, index };
+            if !expected.matches(t) {
+                return Err(self.mismatch(tensor, t));
+            }
+            let address = t.data as usize as u64;
+            if address == 0 {
+                return Err(ExecuteError::NullData { tensor });
+            }
+            if !address.is_multiple_of(self.data_alignment) {
+                return Err(ExecuteError::Contract {
+                    rejection: Rejection::Misaligned {
+                        tensor,
+                        address,
+                        required: self.data_alignment,
+                    },
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The error for a caller's tensor that is not the negotiated one.
+    #[cold]
+    fn mismatch(&self, tensor: TensorRef, t: &guild_tensor_desc_v1_t) -> ExecuteError {
+        let list = match tensor.role {
+            TensorRole::Input => &self.inputs,
+            TensorRole::Output => &self.outputs,
+        };
+        let Some(expected) = list.get(tensor.index) else {
+            return ExecuteError::Arity {
+                role: tensor.role,
+                expected: list.len(),
+                got: tensor.index,
+            };
+        };
+        let actual = tensor_from_c(t).unwrap_or(TensorDesc {
+            memory_space: expected.memory_space,
+            ..*expected
+        });
+        ExecuteError::DescriptorMismatch {
+            tensor,
+            expected: Box::new(*expected),
+            actual: Box::new(TensorDesc {
+                data_addr: None,
+                ..actual
+            }),
+        }
+    }
+
+    /// Waits for the stream work this handle recorded; afterwards nothing recorded is pending.
+    /// The first device error is reported, after every mark has been waited for.
+    pub(crate) fn finish(&self) -> Result<(), DeviceError> {
+        let marks = {
+            let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+            std::mem::take(&mut calls.marks)
+        };
+        let mut first = Ok(());
+        for mark in marks {
+            if let Err(e) = mark.wait() {
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
+    }
+}
+
+impl Drop for Resolved {
+    fn drop(&mut self) {
+        // The binding (and with it possibly the provider's code) goes after the fields drop, so
+        // recorded work must be over first. Errors were the caller's to collect by releasing.
+        let _ = self.finish();
+    }
+}
+
+/// A negotiated tensor as calls must repeat it: every field of the C descriptor but the data
+/// pointer, with dims and strides at and above the rank zeroed (callers' entries there are
+/// ignored).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Shape {
+    dtype: u32,
+    rank: u32,
+    memory_space: u32,
+    device_id: i32,
+    dims: [u64; MAX_TENSOR_RANK],
+    strides: [u64; MAX_TENSOR_RANK],
+}
+
+impl Shape {
+    fn of(d: &TensorDesc) -> Shape {
+        let rank = d.shape().len();
+        let mut dims = [0; MAX_TENSOR_RANK];
+        let mut strides = [0; MAX_TENSOR_RANK];
+        dims[..rank].copy_from_slice(&d.dims[..rank]);
+        strides[..rank].copy_from_slice(&d.strides[..rank]);
+        Shape {
+            dtype: d.dtype.raw(),
+            rank: d.rank,
+            memory_space: d.memory_space.bit(),
+            device_id: d.device_id,
+            dims,
+            strides,
+        }
+    }
+
+    /// Whether `t` is this tensor apart from its data pointer.
+    fn matches(&self, t: &guild_tensor_desc_v1_t) -> bool {
+        if t.dtype != self.dtype
+            || t.rank != self.rank
+            || t.memory_space != self.memory_space
+            || t.device_id != self.device_id
+        {
+            return false;
+        }
+        // The rank was validated at resolution (1..=8) and `t.rank` equals it.
+        let rank = (self.rank as usize).min(MAX_TENSOR_RANK);
+        let mut same = true;
+        for i in 0..rank {
+            same &= t.dims[i] == self.dims[i] && t.strides[i] == self.strides[i];
+        }
+        same
+    }
+}
+
+/// The text a callback left in an error record, up to its first NUL.
+fn error_text(error: &guild_error_info_t) -> String {
+    let len = error
+        .message
+        .iter()
+        .position(|&c| c == 0)
+        .unwrap_or(error.message.len());
+    let bytes: Vec<u8> = error.message[..len].iter().map(|&c| c as u8).collect();
+    match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    }
+}
+
+fn check_scratch(
+    kind: &'static str,
+    needed: u64,
+    alignment: u32,
+    ptr: *mut c_void,
+    size: u64,
+) -> Result<(), ExecuteError> {
+    if needed == 0 {
+        return Ok(());
+    }
+    if ptr.is_null() || size < needed {
+        return Err(ExecuteError::ScratchTooSmall {
+            kind,
+            needed,
+            got: if ptr.is_null() { 0 } else { size },
+        });
+    }
+    let align = usize::try_from(alignment).unwrap_or(usize::MAX);
+    if align > 1 && !(ptr as usize).is_multiple_of(align) {
+        return Err(ExecuteError::ScratchMisaligned {
+            kind,
+            address: ptr as usize,
+            alignment,
+        });
+    }
+    Ok(())
+}
