@@ -94,7 +94,7 @@ fn test() -> Result<(), String> {
             &env,
         )
     })?;
-    step("valgrind: loader and registry tests", || {
+    step("valgrind: the tests that cross the C boundary", || {
         valgrind::run(&plugins)
     })?;
     Ok(())

@@ -1,6 +1,7 @@
 //! Runs the tests that cross the C boundary under valgrind: the dlopen loader's tests (every
-//! C test plugin) and the host's real-plugin and registry-stress tests. Any memory error, or a
-//! definite or indirect leak, fails the run.
+//! C test plugin) and the host's real-plugin, registry-stress and operation-service tests (both
+//! faces, the dependent module calling back through the C service, the concurrency tests). Any
+//! memory error, or a definite or indirect leak, fails the run.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -55,7 +56,9 @@ fn valgrind(exe: &Path, plugins: &Path, filters: &[&str]) -> Result<(), String> 
         .arg(exe)
         .args(filters)
         .args(["--test-threads=2"])
-        .env("GUILD_TEST_PLUGIN_DIR", plugins);
+        .env("GUILD_TEST_PLUGIN_DIR", plugins)
+        // The generated scan cases cost the same code paths each; fewer keep the step short.
+        .env("GUILD_PROPTEST_CASES", "24");
     util::run(&mut cmd)
 }
 
@@ -63,7 +66,17 @@ pub fn run_all(plugins: &Path) -> Result<(), String> {
     let posix = test_executable("guild-adapters-posix")?;
     valgrind(&posix, plugins, &[])?;
     let host = test_executable("guild-host")?;
-    valgrind(&host, plugins, &["host::", "registry::"])
+    valgrind(
+        &host,
+        plugins,
+        &[
+            "host::",
+            "registry::",
+            "operations::",
+            "gkmodule::",
+            "rejections::",
+        ],
+    )
 }
 
 pub fn run(plugins: &Path) -> Result<(), String> {
