@@ -60,6 +60,34 @@ pub enum HostError {
         action: String,
         problems: Vec<GraphProblem>,
     },
+    /// The store's graph is satisfied, but the dependency's library is not loaded in this host
+    /// (its load failed, or it was skipped), so the package that builds on it is not opened.
+    #[error(
+        "{package} was not loaded: its dependency {dependency} {}",
+        match .loaded {
+            Some(v) => format!("is loaded at {v}, outside the range {range} it asks for"),
+            None => format!("({range}) is not loaded in this host; load or repair it first"),
+        }
+    )]
+    DependencyNotLoaded {
+        /// `id@version` of the package that was not loaded.
+        package: String,
+        dependency: guild_domain::ids::PackageId,
+        range: String,
+        loaded: Option<guild_domain::version::Version>,
+    },
+    /// A plugin registered a kernel for a backend its signed manifest does not declare.
+    #[error(
+        "{package} registered {impl_id} for the {backend} backend, which its manifest does not \
+         declare (backends: {declared})"
+    )]
+    UndeclaredBackend {
+        /// `id@version`.
+        package: String,
+        impl_id: guild_domain::ids::ImplId,
+        backend: guild_domain::operation::Backend,
+        declared: String,
+    },
     #[error(transparent)]
     Disable(#[from] DisableRefusal),
     #[error(transparent)]
@@ -121,6 +149,7 @@ impl HostError {
             | HostError::Rollback(RollbackRefusal::NotInstalled { .. }) => ErrorCategory::NotFound,
             HostError::Registry(_)
             | HostError::Dependencies { .. }
+            | HostError::DependencyNotLoaded { .. }
             | HostError::Disable(_)
             | HostError::Remove(_)
             | HostError::Rollback(_)
@@ -132,7 +161,9 @@ impl HostError {
             | HostError::InstalledTree { .. }
             | HostError::Graph(_)
             | HostError::UnsupportedPlatform { .. } => ErrorCategory::Store,
-            HostError::Publish(_) | HostError::Load(_) => ErrorCategory::PackageRejected,
+            HostError::Publish(_) | HostError::Load(_) | HostError::UndeclaredBackend { .. } => {
+                ErrorCategory::PackageRejected
+            }
             HostError::RegistryChange(crate::registry::RegistryChangeError::NotLoaded {
                 ..
             }) => ErrorCategory::NotFound,

@@ -197,6 +197,41 @@ impl Host {
         Ok(disabled)
     }
 
+    /// Checks that every dependency of `id@version` (package dependencies and runtime module
+    /// edges) is loaded in this host at a version in range, so that a package is never opened
+    /// while what it builds on is missing from the registry (the store's graph can be satisfied
+    /// by a dependency whose own load failed).
+    fn check_dependencies_loaded(
+        &self,
+        id: &PackageId,
+        version: &Version,
+        metadata: &Metadata,
+    ) -> Result<(), HostError> {
+        let m = metadata.manifest();
+        let needs = m
+            .dependencies
+            .iter()
+            .map(|d| (&d.package_id, &d.range))
+            .chain(
+                m.module_dependencies
+                    .iter()
+                    .filter(|d| d.is_runtime_edge())
+                    .map(|d| (&d.module_id, &d.range)),
+            );
+        for (dependency, range) in needs {
+            let loaded = self.kernels.loaded_version(dependency);
+            if !loaded.as_ref().is_some_and(|v| range.contains(v)) {
+                return Err(HostError::DependencyNotLoaded {
+                    package: format!("{id}@{version}"),
+                    dependency: dependency.clone(),
+                    range: range.to_string(),
+                    loaded,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Opens a verified tree's entry library through the loader.
     fn load(
         &self,
@@ -220,7 +255,24 @@ impl Host {
                 std::ptr::from_ref(self.kernels.operation_api()).expose_provenance(),
             )),
         };
-        Ok(self.loader.load(&request)?)
+        let plugin = self.loader.load(&request)?;
+        // The manifest's backends are what operators read to know what hardware a package
+        // needs; a kernel for another backend is refused (dropping the plugin shuts it down).
+        let declared = |bit: u32| m.backends.iter().any(|b| b.bit() == bit);
+        if let Some(k) = plugin.kernels.iter().find(|k| !declared(k.backend.bit())) {
+            return Err(HostError::UndeclaredBackend {
+                package: format!("{id}@{version}"),
+                impl_id: k.impl_id.clone(),
+                backend: k.backend,
+                declared: m
+                    .backends
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+        Ok(plugin)
     }
 
     /// Installs a package; when it is enabled, its library is loaded from the verified staging
@@ -306,6 +358,7 @@ impl<'h> RegistryHook<'h> {
         dir: &Path,
         metadata: &Metadata,
     ) -> Result<(), HostError> {
+        self.host.check_dependencies_loaded(id, version, metadata)?;
         let plugin = self.host.load(id, version, dir, metadata)?;
         self.after = After::Publish(self.host.kernels.prepare(id, version, plugin, true)?);
         Ok(())

@@ -1007,3 +1007,30 @@ fn stream_ordered_calls_are_recorded_and_release_waits_for_them() {
     assert!(err.message.contains("fake failure on stream 0xd0"), "{err}");
     assert_eq!(f.host.kernels().live_c_handles(), 0);
 }
+
+#[test]
+fn a_kernel_for_a_backend_the_manifest_does_not_declare_is_refused() {
+    let f = fixture_with(&[], DeviceSupport::host());
+    let mut spec = probe_spec();
+    spec.backends = vec!["cpu".into()];
+    let built = f.shop.build(&spec, &f.key);
+    match f
+        .host
+        .install(&built.archive, InstallOptions::default())
+        .unwrap_err()
+    {
+        HostError::UndeclaredBackend {
+            package,
+            impl_id,
+            declared,
+            ..
+        } => {
+            assert_eq!(package, "example.service_probe@1.0.0");
+            assert_eq!(impl_id.as_str(), "example.service_probe.stream_copy.cuda");
+            assert_eq!(declared, "cpu");
+        }
+        other => panic!("expected UndeclaredBackend, got {other}"),
+    }
+    assert_eq!(f.loader.open_libraries(), 0, "the plugin was shut down");
+    assert!(f.host.packages().list().unwrap().is_empty());
+}

@@ -574,3 +574,60 @@ fn assert_resolves(host: &Host) {
     assert_eq!(d.package.as_str(), DEPENDENT);
     assert_eq!(d.scratch.host_bytes, 32);
 }
+
+/// `Host::load_enabled` never opens a package whose dependency failed to load; install and
+/// enable must not either. The store's graph is satisfied here (the dependency is enabled there),
+/// but its library is not loaded (its key was revoked after the store was opened), so both are
+/// refused with `DependencyNotLoaded` before the dependent's library is opened.
+#[test]
+fn a_dependent_is_not_opened_while_its_dependency_failed_to_load() {
+    let (b, base_key, base) = bench_with_base_key();
+    b.install(&base, true);
+    let (b, _) = b.reopen();
+    revoke(&b.host, &base_key);
+    let loaded = b.host.load_enabled().unwrap();
+    assert_eq!(loaded.failed.len(), 1, "{loaded:?}");
+    assert_eq!(b.host.kernels().loaded_version(&id(BASE)), None);
+
+    // Installing the dependent now: whatever the answer, its library must not be opened.
+    let dependent = b.dependent(ModDep::on(BASE, "1.0.0"));
+    let installed = b
+        .host
+        .install(&dependent.archive, InstallOptions::default());
+    let install_opened = b.loader.asked().contains(&DEPENDENT.to_owned());
+    let registered_by_install = b.dependent_registered();
+
+    // The same through enable, from a dependent installed disabled.
+    let (b2, base_key2, base2) = bench_with_base_key();
+    b2.install(&base2, true);
+    b2.install(&b2.dependent(ModDep::on(BASE, "1.0.0")), false);
+    let (b2, _) = b2.reopen();
+    revoke(&b2.host, &base_key2);
+    assert_eq!(b2.host.load_enabled().unwrap().failed.len(), 1);
+    let enabled = b2.host.enable(&id(DEPENDENT));
+    let enable_opened = b2.loader.asked().contains(&DEPENDENT.to_owned());
+
+    for (what, outcome) in [
+        ("install", installed.as_ref().map(|_| ())),
+        ("enable", enabled.as_ref().map(|_| ())),
+    ] {
+        match outcome {
+            Err(HostError::DependencyNotLoaded {
+                package,
+                dependency,
+                loaded: None,
+                ..
+            }) => {
+                assert_eq!(*package, format!("{DEPENDENT}@1.0.0"), "{what}");
+                assert_eq!(*dependency, id(BASE), "{what}");
+            }
+            other => panic!("{what}: expected DependencyNotLoaded, got {other:?}"),
+        }
+    }
+    assert!(
+        !install_opened && !registered_by_install && !enable_opened,
+        "the dependent was opened although example.scan is not loaded: install answered \
+         {installed:?} (opened {install_opened}, kernels published {registered_by_install}); \
+         enable answered {enabled:?} (opened {enable_opened})"
+    );
+}
