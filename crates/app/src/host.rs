@@ -276,7 +276,8 @@ impl Host {
     }
 
     /// Installs a package; when it is enabled, its library is loaded from the verified staging
-    /// tree before the commit and its registrations become visible after it.
+    /// tree before the commit and its registrations become visible after it. Replacing a
+    /// loaded version is refused while bindings hold it.
     pub fn install(
         &self,
         location: &Path,
@@ -293,10 +294,35 @@ impl Host {
         self.packages.enable_with(id, &mut RegistryHook::new(self))
     }
 
-    /// Disables `id` and unloads it; its library closes when the last binding goes.
+    /// Disables `id` and unloads it. Refused with [`HostError::Leased`] while a binding (an
+    /// operation handle, a bound kernel or runner) holds the package; see
+    /// [`Host::disable_waiting`].
     pub fn disable(&self, id: &PackageId) -> Result<Version, HostError> {
         let _lifecycle = self.lock();
         self.packages.disable_with(id, &mut RegistryHook::new(self))
+    }
+
+    /// Disables `id` once nothing holds it: while bindings refuse the change, waits for them
+    /// to be released (new lookups still find the package meanwhile), for at most `timeout`.
+    /// On timeout the last refusal is returned and nothing has changed.
+    pub fn disable_waiting(
+        &self,
+        id: &PackageId,
+        timeout: std::time::Duration,
+    ) -> Result<Version, HostError> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut pause = std::time::Duration::from_micros(200);
+        loop {
+            match self.disable(id) {
+                Err(HostError::Leased(refusal)) if std::time::Instant::now() < deadline => {
+                    // Handles are released by other threads; poll with a growing pause.
+                    drop(refusal);
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(20));
+                }
+                outcome => return outcome,
+            }
+        }
     }
 
     /// Removes a version; the current version is refused while bindings or leases hold it.
@@ -368,6 +394,11 @@ impl<'h> RegistryHook<'h> {
 impl LifecycleHook for RegistryHook<'_> {
     fn prepare(&mut self, change: &Change<'_>) -> Result<(), HostError> {
         let loaded = |id: &PackageId| self.host.kernels.loaded_version(id).is_some();
+        // A live binding (an operation handle, a bound kernel or runner) prevents its package's
+        // code from being unloaded or replaced by a lifecycle change: the change is refused,
+        // and `Host::disable_waiting` drains first. Only re-verification (a revoked key, a
+        // tampered file) takes a bound package out at once; its library then closes with its
+        // last binding.
         match change {
             Change::Install {
                 id,
@@ -375,13 +406,19 @@ impl LifecycleHook for RegistryHook<'_> {
                 dir,
                 metadata,
                 enabled: true,
-            } => self.publish(id, version, dir, metadata),
+            } => {
+                if loaded(id) {
+                    self.refuse_if_bound(id, QuiescentAction::Replace)?;
+                }
+                self.publish(id, version, dir, metadata)
+            }
             Change::Install {
                 id, enabled: false, ..
             } => {
                 // The new version is installed disabled: the version it supersedes is no longer
-                // current, so it leaves the registry too (deferred while bound).
+                // current, so it leaves the registry too.
                 if loaded(id) {
+                    self.refuse_if_bound(id, QuiescentAction::Replace)?;
                     self.after = After::Unload((*id).clone());
                 }
                 Ok(())
@@ -394,6 +431,7 @@ impl LifecycleHook for RegistryHook<'_> {
             } => self.publish(id, version, dir, metadata),
             Change::Disable { id, .. } => {
                 if loaded(id) {
+                    self.refuse_if_bound(id, QuiescentAction::Unload)?;
                     self.after = After::Unload((*id).clone());
                 }
                 Ok(())

@@ -575,6 +575,12 @@ impl PackageManager {
             });
         }
 
+        // A new version supersedes the enabled one: a session lease on the package pins it.
+        let leases = self.lock_leases();
+        if registry.package(id).and_then(|p| p.enabled()).is_some() {
+            leases.check_quiescent(id, QuiescentAction::Replace)?;
+        }
+
         let staging = self.store.new_staging_dir()?;
         // The extractor writes the signed `.gkmetadata` into the tree exactly as received, so that
         // the store can be re-verified later without the archive.
@@ -599,6 +605,7 @@ impl PackageManager {
             staging,
         );
         self.commit(tx, hook)?;
+        drop(leases);
 
         life.metadata.insert(key, metadata);
         installed.changed = true;
@@ -644,7 +651,8 @@ impl PackageManager {
         Ok(version)
     }
 
-    /// Disables the enabled version of `id`, refused while an enabled package depends on it.
+    /// Disables the enabled version of `id`, refused while an enabled package depends on it or
+    /// while it is leased.
     pub fn disable(&self, id: &PackageId) -> Result<Version, HostError> {
         self.disable_with(id, &mut NoHook)
     }
@@ -658,6 +666,8 @@ impl PackageManager {
         let life = self.lock();
         let registry = self.store.registry()?;
         self.graph(&life, &registry)?.check_disable(id)?;
+        let leases = self.lock_leases();
+        leases.check_quiescent(id, QuiescentAction::Unload)?;
         let mut next = registry.successor();
         let version = next.disable(id)?;
         hook.prepare(&Change::Disable {
@@ -665,6 +675,7 @@ impl PackageManager {
             version: &version,
         })?;
         self.commit(Transaction::new(registry.generation(), next), hook)?;
+        drop(leases);
         Ok(version)
     }
 

@@ -463,13 +463,14 @@ fn the_dependent_module_resolves_and_runs_the_base_scan_through_the_service() {
 // ---------------------------------------------------------------------------------------------
 
 #[test]
-fn a_c_handle_keeps_its_library_through_disable_and_blocks_rollback_and_remove() {
+fn a_c_handle_blocks_unload_replacement_and_rollback_and_disable_waits_for_it() {
     let f = fixture_with(
         &[scan_spec("1.0.0"), alt_spec("1.0.0")],
         DeviceSupport::host(),
     );
-    // A second version, so that rollback has somewhere to go.
+    // A second version, so that rollback has somewhere to go, and a third to replace it with.
     let v11 = f.shop.build(&scan_spec("1.1.0"), &f.key);
+    let v12 = f.shop.build(&scan_spec("1.2.0"), &f.key);
     f.host
         .install(&v11.archive, InstallOptions::default())
         .unwrap();
@@ -486,38 +487,71 @@ fn a_c_handle_keeps_its_library_through_disable_and_blocks_rollback_and_remove()
             f.host.remove(&pkg, None).map(|_| ()),
             QuiescentAction::Remove,
         ),
+        (
+            f.host
+                .install(&v12.archive, InstallOptions::default())
+                .map(|_| ()),
+            QuiescentAction::Replace,
+        ),
+        (f.host.disable(&pkg).map(|_| ()), QuiescentAction::Unload),
     ] {
         match outcome.unwrap_err() {
             HostError::Leased(l) => {
                 assert_eq!(l.action, action);
-                assert_eq!(l.bindings, 1);
+                assert_eq!((l.leases, l.bindings), (0, 1));
             }
             other => panic!("expected a lease refusal, got {other}"),
         }
     }
+    assert_eq!(f.loader.open_libraries(), 2, "nothing was loaded or closed");
 
-    // Disabling takes the package out of lookups at once; its code waits for the handle.
-    f.host.disable(&pkg).unwrap();
-    assert_eq!(f.loader.open_libraries(), 2, "scan 1.1.0 is still loaded");
-    let err = service.resolve(&query).unwrap_err();
-    assert_eq!(err.status, GUILD_STATUS_ERR_NOT_FOUND, "{err}");
-    let input = [1i64, 2, 3, 4];
-    let mut out = [0i64; 4];
-    handle
-        .execute(
-            &[with_data(query.inputs[0], input.as_ptr())],
-            &[with_data(query.outputs[0], out.as_mut_ptr())],
-            None,
-        )
-        .unwrap();
-    assert_eq!(out, [1, 3, 6, 10]);
-    handle.release().unwrap();
+    // Unloading waits for the handle: a disable that waits returns only after the release,
+    // while the handle keeps working meanwhile.
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| {
+            f.host
+                .disable_waiting(&pkg, std::time::Duration::from_secs(30))
+        });
+        let input = [1i64, 2, 3, 4];
+        let mut out = [0i64; 4];
+        handle
+            .execute(
+                &[with_data(query.inputs[0], input.as_ptr())],
+                &[with_data(query.outputs[0], out.as_mut_ptr())],
+                None,
+            )
+            .unwrap();
+        assert_eq!(out, [1, 3, 6, 10]);
+        assert!(
+            !waiting.is_finished(),
+            "disable went through while the handle lived"
+        );
+        assert_eq!(f.loader.open_libraries(), 2);
+        handle.release().unwrap();
+        assert_eq!(waiting.join().unwrap().unwrap().to_string(), "1.1.0");
+    });
     assert_eq!(
         f.loader.open_libraries(),
         1,
-        "released: scan's library closed"
+        "released and disabled: scan's library closed"
     );
     assert_eq!(f.host.active_package_leases(&pkg), 0);
+    let err = service.resolve(&query).unwrap_err();
+    assert_eq!(err.status, GUILD_STATUS_ERR_NOT_FOUND, "{err}");
+
+    // A waiting disable gives up after its timeout with the refusal, changing nothing.
+    f.host.enable(&pkg).unwrap();
+    let held = service.resolve(&query).unwrap();
+    match f
+        .host
+        .disable_waiting(&pkg, std::time::Duration::from_millis(30))
+        .unwrap_err()
+    {
+        HostError::Leased(l) => assert_eq!(l.action, QuiescentAction::Unload),
+        other => panic!("expected a lease refusal, got {other}"),
+    }
+    assert_eq!(f.loader.open_libraries(), 2);
+    held.release().unwrap();
 }
 
 #[test]

@@ -186,47 +186,58 @@ fn a_binding_holds_a_real_library_through_rollback_remove_replacement_and_disabl
         }
         other => panic!("expected a lease refusal, got {other}"),
     };
+    // Nothing that would unload or replace the bound code goes through while it is held.
     leased(host.rollback(&pkg).unwrap_err(), QuiescentAction::Rollback);
     leased(
         host.remove(&pkg, None).unwrap_err(),
         QuiescentAction::Remove,
     );
+    leased(
+        host.install(&v3.archive, InstallOptions::default())
+            .unwrap_err(),
+        QuiescentAction::Replace,
+    );
+    leased(host.disable(&pkg).unwrap_err(), QuiescentAction::Unload);
     assert_eq!(
         loader.open_libraries(),
         1,
         "refusals load nothing and close nothing"
     );
+    assert_eq!(
+        host.kernels().loaded_version(&pkg).unwrap().to_string(),
+        "1.1.0"
+    );
 
-    // Replacement is deferred: 1.2.0 serves lookups, 1.1.0 stays mapped for the binding.
-    host.install(&v3.archive, InstallOptions::default())
-        .unwrap();
-    assert_eq!(loader.open_libraries(), 2);
-    let fresh = host
-        .kernels()
-        .find_by_id(&ImplId::new("test.good_kernel.prefix_sum_f32").unwrap())
-        .unwrap();
-    assert_eq!(fresh.version().to_string(), "1.2.0");
-    drop(fresh);
-
-    // Disabling unloads 1.2.0 at once (no binding) while 1.1.0 still waits for its binding.
-    host.disable(&pkg).unwrap();
-    assert_eq!(loader.open_libraries(), 1);
-    assert!(host
-        .kernels()
-        .find_by_id(&ImplId::new("test.good_kernel.prefix_sum_f32").unwrap())
-        .is_none());
-
-    drop(binding);
+    // Disabling while bound waits for the binding when asked to.
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| host.disable_waiting(&pkg, std::time::Duration::from_secs(30)));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!waiting.is_finished(), "disable went through while bound");
+        drop(binding);
+        assert_eq!(waiting.join().unwrap().unwrap().to_string(), "1.1.0");
+    });
     assert_eq!(
         loader.open_libraries(),
         0,
-        "the last binding closed the library"
+        "the last binding gone, the library closed"
     );
     assert_eq!(host.active_package_leases(&pkg), 0);
 
-    // With nothing held, rollback goes through and loads the restored version once enabled.
+    // Unbound, a replacement goes through.
     host.enable(&pkg).unwrap();
-    assert_eq!(loader.open_libraries(), 1);
+    host.install(&v3.archive, InstallOptions::default())
+        .unwrap();
+    assert_eq!(
+        loader.open_libraries(),
+        1,
+        "1.1.0 closed as it was replaced"
+    );
+    assert_eq!(
+        host.kernels().loaded_version(&pkg).unwrap().to_string(),
+        "1.2.0"
+    );
+
+    // With nothing held, rollback goes through and loads the restored version.
     let rolled = host.rollback(&pkg).unwrap();
     assert_eq!(rolled.to.to_string(), "1.1.0");
     assert_eq!(loader.open_libraries(), 1);

@@ -502,12 +502,19 @@ fn a_handle_holds_its_package_until_dropped() {
         other => panic!("expected a lease refusal, got {other}"),
     }
 
-    // A replacement serves new resolutions while the handle keeps its library loaded.
+    // A replacement is refused while the handle holds the package, and changes nothing.
     let v12 = f.shop.build(&scan_spec("1.2.0"), &f.key);
-    f.host
+    match f
+        .host
         .install(&v12.archive, InstallOptions::default())
-        .unwrap();
-    assert_eq!(f.loader.open_libraries(), 3);
+        .unwrap_err()
+    {
+        HostError::Leased(l) => {
+            assert_eq!((l.action, l.bindings), (QuiescentAction::Replace, 1));
+        }
+        other => panic!("expected a lease refusal, got {other}"),
+    }
+    assert_eq!(f.loader.open_libraries(), 2);
     let mut out = [0i64; 3];
     handle
         .execute(
@@ -520,7 +527,14 @@ fn a_handle_holds_its_package_until_dropped() {
 
     drop(handle);
     assert_eq!(f.host.active_package_leases(&pkg), 0);
-    assert_eq!(f.loader.open_libraries(), 2, "the handle's library closed");
+    f.host
+        .install(&v12.archive, InstallOptions::default())
+        .unwrap();
+    assert_eq!(
+        f.loader.open_libraries(),
+        2,
+        "1.1.0 closed as it was replaced"
+    );
     let rolled = f.host.rollback(&pkg).unwrap();
     assert_eq!(rolled.to.to_string(), "1.1.0");
 }

@@ -312,6 +312,17 @@ fn refusals_while_leased_then_allowed_after_release() {
         HostError::Leased(e) => assert_eq!(e, leased(QuiescentAction::Rollback)),
         other => panic!("{other}"),
     }
+    match b.refused("disable while leased", |pm| pm.disable(&core)) {
+        HostError::Leased(e) => assert_eq!(e, leased(QuiescentAction::Unload)),
+        other => panic!("{other}"),
+    }
+    let core3 = b.build(&Spec::module("example.core", "3.0.0"));
+    match b.refused("replace while leased", |pm| {
+        pm.install(&core3.archive, InstallOptions::default())
+    }) {
+        HostError::Leased(e) => assert_eq!(e, leased(QuiescentAction::Replace)),
+        other => panic!("{other}"),
+    }
     // A second lease counts too.
     let second = b.host.pm.lease(&core).unwrap();
     match b.refused("roll back while leased twice", |pm| pm.rollback(&core)) {
