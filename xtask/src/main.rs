@@ -1,6 +1,7 @@
 //! Project automation: `cargo xtask <task>`. Everything CI runs is reachable from here, so that a
 //! green `cargo xtask ci` on a developer's machine means a green CI.
 
+mod gpu;
 mod sdk;
 mod tidy;
 mod util;
@@ -17,6 +18,8 @@ tasks:
   tidy      check the crate dependency rules and source hygiene
   test      everything CI runs: fmt, clippy, tidy, SDK, plugins, all tests
   ci        the same as test, for CI
+  gpu-check every GPU test with REQUIRE_GPU=1, with a summary (fails without a GPU);
+            --bundle builds target/gpu-check/ to run them on a GPU machine without cargo
   demo      the end-to-end demo (not built yet)
 ";
 
@@ -28,6 +31,7 @@ fn main() -> ExitCode {
         "plugins" => sdk::plugins().map(|_| ()),
         "tidy" => tidy::run(),
         "test" | "ci" => test(),
+        "gpu-check" => gpu::run(&args[1..]),
         "demo" => Err(
             "the demo is not built yet: it arrives with the demo issue (G9); \
                        `cargo xtask test` runs everything that exists"

@@ -43,6 +43,7 @@ const EXPECTED_PLUGINS: &[&str] = &[
     "scan_module_tie",
     "scan_dependent",
     "service_probe",
+    "cuda_scan",
     "op_probe",
     "op_many",
 ];

@@ -86,13 +86,19 @@ impl Host {
         }
     }
 
-    /// Opens the store at `dir` with the production adapters (including the dlopen loader) and
-    /// loads every enabled package in dependency order.
+    /// Opens the store at `dir` with the production adapters (including the dlopen loader and,
+    /// when the CUDA driver reports a device, CUDA device 0 with its stream adapter) and loads
+    /// every enabled package in dependency order.
     pub fn open_dir(dir: &Path) -> Result<(Host, OpenReport, LoadReport), HostError> {
         let (packages, report) = PackageManager::open_dir(dir)?;
-        let host = Host::new(
+        // Without a usable GPU, CUDA queries are refused (host-blocking ones with the domain's
+        // "no CUDA device", stream-ordered ones for want of a stream adapter); the driver's
+        // reason is not kept.
+        let (devices, _no_cuda) = DeviceSupport::detect();
+        let host = Host::with_devices(
             packages,
             Box::new(guild_adapters_posix::DlopenLoader::new()),
+            devices,
         );
         let loaded = host.load_enabled()?;
         Ok((host, report, loaded))

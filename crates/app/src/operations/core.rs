@@ -70,6 +70,25 @@ impl DeviceSupport {
             streams: None,
         }
     }
+
+    /// The host CPU, and CUDA device 0 with the CUDA stream adapter when the driver reports a
+    /// usable device; otherwise [`DeviceSupport::host`] and why there is no CUDA device (no
+    /// driver, a driver without a device, ...), in words a caller may show.
+    pub fn detect() -> (Self, Option<String>) {
+        let cuda = guild_adapters_cuda::Driver::load()
+            .and_then(|driver| driver.device(0).map(|device| (driver, device)));
+        match cuda {
+            Ok((driver, device)) => (
+                DeviceSupport {
+                    cpu_isa: crate::platform::cpu_isa(),
+                    cuda_sm: Some(device.sm),
+                    streams: Some(Arc::new(guild_adapters_cuda::CudaStreams::new(driver))),
+                },
+                None,
+            ),
+            Err(e) => (Self::host(), Some(e.to_string())),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

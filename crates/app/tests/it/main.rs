@@ -4,6 +4,7 @@ mod c_face;
 mod cli;
 mod crash;
 mod gkmodule;
+mod gpu;
 mod host;
 mod kill;
 mod kill_modules;
