@@ -25,7 +25,7 @@ use guild_domain::registry::{NewVersion, PublishKind, PublishOptions, RegistrySt
 use guild_domain::trust::{authenticate, Authenticated, SignatureCheck, TrustStore};
 use guild_domain::version::Version;
 use guild_ports::signature::SignatureVerifier;
-use guild_ports::source::PackageSource;
+use guild_ports::source::{OpenedPackage, PackageSource, Progress};
 use guild_ports::store::{PackageStore, RecoveryReport, Transaction};
 
 use crate::error::HostError;
@@ -53,24 +53,34 @@ impl Default for InstallOptions {
 /// What an installation did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Installed {
+    /// The package.
     pub id: PackageId,
+    /// The version installed.
     pub version: Version,
+    /// Kernel plugin or runtime module.
     pub kind: PackageKind,
+    /// SHA-256 of the canonical unsigned payload: what `trust revoke-package` and dependency
+    /// pins name.
     pub payload_digest: Sha256Digest,
-    /// Who authenticated it.
+    /// The publisher whose trusted key authenticated it.
     pub publisher: PublisherId,
+    /// The id of the key whose signature verified.
     pub key_id: Sha256Digest,
     /// False when this exact payload was already installed and nothing changed.
     pub changed: bool,
+    /// Whether this version is now the enabled one.
     pub enabled: bool,
     /// The version that was current before and is now the rollback target.
     pub superseded: Option<Version>,
 }
 
-/// A package that failed re-verification when the store was opened, and what was done.
+/// A package version that was disabled (it failed re-verification, or depends on one that did)
+/// or left out of a load, with the reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Quarantined {
+    /// The package.
     pub id: PackageId,
+    /// The version that was disabled or not loaded.
     pub version: Version,
     /// Why it can no longer be trusted, or which failed dependency it needs.
     pub reason: String,
@@ -91,7 +101,9 @@ pub struct OpenReport {
 /// An enabled package the loader should open, in dependency order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannedPackage {
+    /// The package.
     pub id: PackageId,
+    /// Its enabled version.
     pub version: Version,
     /// Its installed tree.
     pub dir: PathBuf,
@@ -100,32 +112,46 @@ pub struct PlannedPackage {
 /// The enabled packages in load order, and those that cannot load with the reason.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LoadOrder {
+    /// What can load, dependencies first.
     pub order: Vec<PlannedPackage>,
+    /// Enabled packages whose dependencies are not met (or that sit on a cycle), with why.
     pub blocked: Vec<Quarantined>,
 }
 
 /// One installed version, as `list` and `status` show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VersionSummary {
+    /// The version.
     pub version: Version,
+    /// Enabled, disabled, superseded or removed.
     pub state: guild_domain::lifecycle::State,
+    /// SHA-256 of its canonical unsigned payload.
     pub payload_digest: Sha256Digest,
 }
 
 /// One package id with all its recorded versions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PackageSummary {
+    /// The package.
     pub id: PackageId,
+    /// Kernel plugin or runtime module (the same for every version).
     pub kind: PackageKind,
+    /// Its publisher (the same for every version).
     pub publisher: PublisherId,
+    /// Every recorded version, removed ones included, in ascending order.
     pub versions: Vec<VersionSummary>,
+    /// The enabled version, if any.
     pub enabled: Option<Version>,
+    /// The version `rollback` returns to, if any.
     pub previous: Option<Version>,
+    /// Session leases on the package. Bindings into loaded code are counted by the kernel
+    /// registry; [`crate::Host::active_package_leases`] adds both.
     pub leases: ActiveLeases,
 }
 
-/// An explicit session lease on a package: while it lives, the package cannot be removed or
-/// rolled back. Dropping it releases the lease.
+/// An explicit session lease on a package: while it lives, the changes that would unload or
+/// replace the package's code (disable, installing a new version, rollback, removal of the
+/// current version) are refused with [`HostError::Leased`]. Dropping it releases the lease.
 #[derive(Debug)]
 pub struct PackageLease {
     id: PackageId,
@@ -153,36 +179,55 @@ impl Drop for PackageLease {
 pub enum Change<'a> {
     /// A new version was verified and extracted into `dir` (its staging tree).
     Install {
+        /// The package.
         id: &'a PackageId,
+        /// The new version.
         version: &'a Version,
+        /// Its verified staging tree (the library is loaded from here before the commit).
         dir: &'a Path,
+        /// Its authenticated metadata.
         metadata: &'a Metadata,
+        /// Whether it will be enabled.
         enabled: bool,
     },
     /// The current version, installed in `dir`, becomes enabled.
     Enable {
+        /// The package.
         id: &'a PackageId,
+        /// Its current version.
         version: &'a Version,
+        /// The installed tree.
         dir: PathBuf,
+        /// Its authenticated metadata.
         metadata: Arc<Metadata>,
     },
     /// The enabled version becomes disabled.
     Disable {
+        /// The package.
         id: &'a PackageId,
+        /// The version being disabled.
         version: &'a Version,
     },
     /// A version is removed; `current` says whether it was the current version.
     Remove {
+        /// The package.
         id: &'a PackageId,
+        /// The version whose files go.
         version: &'a Version,
+        /// Whether it is the current version.
         current: bool,
     },
     /// The package returns to `to`, installed in `dir`.
     Rollback {
+        /// The package.
         id: &'a PackageId,
+        /// The version that was current, if any.
         from: Option<&'a Version>,
+        /// The previous version, which becomes current and enabled.
         to: &'a Version,
+        /// The installed tree of `to`.
         dir: PathBuf,
+        /// The authenticated metadata of `to`.
         metadata: Arc<Metadata>,
     },
 }
@@ -214,6 +259,17 @@ impl LifecycleHook for NoHook {
     fn aborted(&mut self) {}
 }
 
+/// Ends a watched piece of work when dropped, whether it finished or failed.
+struct Watch(Option<Arc<dyn Progress>>);
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if let Some(p) = &self.0 {
+            p.finish();
+        }
+    }
+}
+
 /// Bridges the crypto port to the domain's signature check.
 struct PortCheck<'a>(&'a dyn SignatureVerifier);
 
@@ -238,7 +294,42 @@ struct Lifecycle {
     authenticated_at: HashMap<(PackageId, Version), u64>,
 }
 
-/// The package manager. See the module documentation.
+/// The package manager over one store. See the module documentation for the order of an
+/// installation.
+///
+/// Used on its own it changes the store only: nothing is loaded. A runner that also wants the
+/// libraries loaded makes its changes through [`Host`](crate::Host), which owns a package
+/// manager and lets the kernel registry take part in each change.
+///
+/// # Examples
+///
+/// Trust a publisher's key and install a package, as `guild trust add` and `guild install` do:
+///
+/// ```no_run
+/// use std::path::Path;
+///
+/// use guild_domain::ids::PublisherId;
+/// use guild_host::{InstallOptions, PackageManager};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let (pm, opened) = PackageManager::open_dir(Path::new("/var/lib/guild"))?;
+/// assert!(opened.disabled.is_empty(), "opening disabled packages: {:?}", opened.disabled);
+///
+/// // The publisher's public key, DER-encoded SubjectPublicKeyInfo (`guild keygen` writes it as
+/// // PEM; `openssl pkey -pubin -outform DER` converts it).
+/// let spki_der = std::fs::read("org-example.pub.der")?;
+/// let publisher = PublisherId::new("org.example")?;
+/// let key_id = pm.update_trust(|trust| Ok(trust.add_key(publisher, spki_der)?))?;
+/// println!("trusted key {key_id}");
+///
+/// let installed = pm.install(Path::new("scan.gkmodule"), InstallOptions::default())?;
+/// println!(
+///     "installed {} {} signed by {} (payload {})",
+///     installed.id, installed.version, installed.publisher, installed.payload_digest
+/// );
+/// # Ok(())
+/// # }
+/// ```
 pub struct PackageManager {
     store: Box<dyn PackageStore>,
     source: Box<dyn PackageSource>,
@@ -246,6 +337,8 @@ pub struct PackageManager {
     platform: HostPlatform,
     lifecycle: Mutex<Lifecycle>,
     leases: Arc<Mutex<LeaseLedger>>,
+    /// Told how far an installation's reading of artifacts has come, when someone watches.
+    progress: Mutex<Option<Arc<dyn Progress>>>,
 }
 
 impl std::fmt::Debug for PackageManager {
@@ -281,6 +374,7 @@ impl PackageManager {
                 authenticated_at: HashMap::new(),
             }),
             leases: Arc::new(Mutex::new(LeaseLedger::new())),
+            progress: Mutex::new(None),
         };
         let mut report = OpenReport {
             recovery,
@@ -353,6 +447,33 @@ impl PackageManager {
 
     fn lock_leases(&self) -> MutexGuard<'_, LeaseLedger> {
         self.leases.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The platform packages are checked against.
+    /// Reports the artifact bytes each installation reads to `progress` (a command line's
+    /// progress bar); `None` stops reporting.
+    pub fn set_progress(&self, progress: Option<Arc<dyn Progress>>) {
+        *self.progress.lock().unwrap_or_else(|e| e.into_inner()) = progress;
+    }
+
+    /// The watcher set with [`PackageManager::set_progress`], told that work on `label` begins.
+    fn watch(
+        &self,
+        opened: &mut dyn OpenedPackage,
+        label: &str,
+        manifest: &guild_domain::manifest::Manifest,
+    ) -> Watch {
+        let progress = self
+            .progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(p) = &progress {
+            let total = manifest.artifacts.iter().map(|a| a.size).sum();
+            p.begin(label, total);
+            opened.watch(Arc::clone(p));
+        }
+        Watch(progress)
     }
 
     /// The platform packages are checked against.
@@ -511,7 +632,7 @@ impl PackageManager {
         let mut life = self.lock();
         let trust = self.read_trust()?;
 
-        let opened = self.source.open(location)?;
+        let mut opened = self.source.open(location)?;
         let metadata = Arc::new(Metadata::parse(opened.metadata_bytes()).map_err(|errors| {
             HostError::Manifest {
                 location: location.to_path_buf(),
@@ -528,7 +649,10 @@ impl PackageManager {
             })?;
         self.platform
             .check(manifest)
-            .map_err(|source| HostError::Platform { package, source })?;
+            .map_err(|source| HostError::Platform {
+                package: package.clone(),
+                source,
+            })?;
 
         let registry = self.store.registry()?;
         let (id, version) = (&manifest.package_id, &manifest.version);
@@ -558,6 +682,10 @@ impl PackageManager {
             superseded: None,
         };
         if published.kind == PublishKind::IdenticalNoOp {
+            // Nothing will be written, but the operator offered this file expecting it to be
+            // checked: a damaged or tampered copy of an installed version is still an error.
+            let _watch = self.watch(&mut *opened, &package, metadata.manifest());
+            opened.verify_in_place(metadata.manifest())?;
             return Ok(installed);
         }
 
@@ -584,7 +712,10 @@ impl PackageManager {
         let staging = self.store.new_staging_dir()?;
         // The extractor writes the signed `.gkmetadata` into the tree exactly as received, so that
         // the store can be re-verified later without the archive.
-        if let Err(e) = opened.extract_to(metadata.manifest(), &staging) {
+        let watch = self.watch(&mut *opened, &package, metadata.manifest());
+        let extracted = opened.extract_to(metadata.manifest(), &staging);
+        drop(watch);
+        if let Err(e) = extracted {
             let _ = self.store.discard_staging(&staging);
             return Err(e.into());
         }

@@ -10,6 +10,7 @@
 use std::error::Error;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use guild_domain::ids::Sha256Digest;
 use guild_domain::manifest::{Artifact, Manifest, MAX_METADATA_BYTES};
@@ -49,6 +50,24 @@ pub trait OpenedPackage: Send + fmt::Debug {
     /// path). This is how an installed tree, which holds its own `.gkmetadata`, is verified
     /// again later.
     fn verify_in_place(self: Box<Self>, manifest: &Manifest) -> Result<Vec<Artifact>, SourceError>;
+
+    /// Reports the artifact bytes that the following [`OpenedPackage::extract_to`] or
+    /// [`OpenedPackage::verify_in_place`] reads to `progress`. A source that cannot report
+    /// ignores it; nothing else changes.
+    fn watch(&mut self, progress: Arc<dyn Progress>) {
+        drop(progress);
+    }
+}
+
+/// Receives how far a long package operation has come, for a progress display. Calls come from
+/// the thread doing the work and must return quickly.
+pub trait Progress: Send + Sync + fmt::Debug {
+    /// Work on `label` begins; `total_bytes` of artifact data are to be read.
+    fn begin(&self, label: &str, total_bytes: u64);
+    /// Another `bytes` of artifact data were read and hashed.
+    fn advance(&self, bytes: u64);
+    /// The work ended (finished or failed).
+    fn finish(&self);
 }
 
 /// What [`OpenedPackage::extract_to`] wrote.
@@ -185,20 +204,34 @@ pub enum SourceErrorKind {
     NotAPackage,
     /// Reading or writing failed; `action` says what was being done.
     #[error("could not {action}")]
-    Io { action: &'static str },
+    Io {
+        /// What was being done ("read", "create", ...).
+        action: &'static str,
+    },
     /// The archive ends in the middle of a header, a member's data, or before its end marker.
     #[error("archive is truncated")]
     Truncated,
     /// A header that is not a well-formed ustar header, or bytes where none may be.
     #[error("malformed archive header: {reason}")]
-    MalformedHeader { reason: String },
+    MalformedHeader {
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A header whose checksum does not match its bytes.
     #[error("header checksum is {stored} but the header sums to {computed}")]
-    HeaderChecksum { stored: u64, computed: u64 },
+    HeaderChecksum {
+        /// The checksum the header records.
+        stored: u64,
+        /// The sum of its bytes.
+        computed: u64,
+    },
     /// A tar extension this reader does not honour (GNU long names, PAX global headers, PAX
     /// records other than the path and ignored timestamps and owners).
     #[error("unsupported archive extension: {what}")]
-    UnsupportedExtension { what: String },
+    UnsupportedExtension {
+        /// Which extension.
+        what: String,
+    },
     /// No `.gkmetadata` in the package.
     #[error("has no .gkmetadata")]
     MetadataMissing,
@@ -213,10 +246,18 @@ pub enum SourceErrorKind {
     MetadataNotAFile,
     /// `.gkmetadata` is larger than the limit.
     #[error(".gkmetadata is {size} bytes; the limit is {limit}")]
-    MetadataTooLarge { size: u64, limit: u64 },
+    MetadataTooLarge {
+        /// Its size in bytes.
+        size: u64,
+        /// The limit in bytes.
+        limit: u64,
+    },
     /// A member name that is not a valid artifact path.
     #[error("unsafe path: {rule}")]
-    UnsafePath { rule: PathRule },
+    UnsafePath {
+        /// The path rule it breaks.
+        rule: PathRule,
+    },
     /// A symbolic link.
     #[error("symbolic links are not allowed")]
     Symlink,
@@ -237,25 +278,47 @@ pub enum SourceErrorKind {
     Sparse,
     /// A tar entry type other than a regular file or directory, not covered above.
     #[error("entry type {type_flag:?} is not allowed")]
-    UnsupportedEntryType { type_flag: char },
+    UnsupportedEntryType {
+        /// The tar header's type flag.
+        type_flag: char,
+    },
     /// The same path twice.
     #[error("duplicate entry")]
     DuplicateEntry,
     /// A path equal to an earlier one once ASCII case is folded.
     #[error("collides with {other:?} on a case-insensitive file system")]
-    CaseCollision { other: String },
+    CaseCollision {
+        /// The earlier path it collides with.
+        other: String,
+    },
     /// A path that needs a directory where a file is, or a file where a directory is.
     #[error("conflicts with {other:?}: one is a file and the other a directory")]
-    PathConflict { other: String },
+    PathConflict {
+        /// The path it conflicts with.
+        other: String,
+    },
     /// More members than the limit.
     #[error("more than {limit} entries")]
-    TooManyEntries { limit: u64 },
+    TooManyEntries {
+        /// The most entries allowed.
+        limit: u64,
+    },
     /// A file larger than the per-file limit, as declared before any byte is read.
     #[error("file is {size} bytes; the limit is {limit}")]
-    FileTooLarge { size: u64, limit: u64 },
+    FileTooLarge {
+        /// Its declared size in bytes.
+        size: u64,
+        /// The per-file limit in bytes.
+        limit: u64,
+    },
     /// The declared sizes add up to more than the total limit.
     #[error("files add up to at least {total} bytes; the limit is {limit}")]
-    TotalTooLarge { total: u64, limit: u64 },
+    TotalTooLarge {
+        /// The declared bytes so far.
+        total: u64,
+        /// The total limit in bytes.
+        limit: u64,
+    },
     /// A file the manifest does not list.
     #[error("file is not listed in the manifest")]
     UnlistedFile,
@@ -264,12 +327,19 @@ pub enum SourceErrorKind {
     MissingArtifact,
     /// A file whose size differs from the manifest's.
     #[error("size is {actual} bytes but the manifest says {expected}")]
-    SizeMismatch { expected: u64, actual: u64 },
+    SizeMismatch {
+        /// The manifest's size.
+        expected: u64,
+        /// The size found.
+        actual: u64,
+    },
     /// A file whose SHA-256 differs from the manifest's. The digests are boxed to keep every
     /// `Result<_, SourceError>` small.
     #[error("SHA-256 is {actual} but the manifest says {expected}")]
     DigestMismatch {
+        /// The manifest's digest.
         expected: Box<Sha256Digest>,
+        /// The digest of the bytes found.
         actual: Box<Sha256Digest>,
     },
     /// A file of a directory source changed while it was being read.
@@ -277,10 +347,16 @@ pub enum SourceErrorKind {
     ChangedWhileReading,
     /// The staging directory already exists.
     #[error("staging directory {} already exists", path.display())]
-    StagingExists { path: PathBuf },
+    StagingExists {
+        /// The staging directory.
+        path: PathBuf,
+    },
     /// The staging directory would be inside the directory being read.
     #[error("staging directory {} is inside the package directory", path.display())]
-    StagingInsideSource { path: PathBuf },
+    StagingInsideSource {
+        /// The staging directory.
+        path: PathBuf,
+    },
 }
 
 #[cfg(test)]

@@ -19,7 +19,8 @@ use guild_domain::ids::Sha256Digest;
 use guild_domain::manifest::{Artifact, Manifest};
 use guild_domain::path::{ArtifactPath, RESERVED_METADATA_NAME};
 use guild_ports::source::{
-    Durability, ExtractLimits, ExtractOptions, ExtractedPackage, SourceError, SourceErrorKind,
+    Durability, ExtractLimits, ExtractOptions, ExtractedPackage, Progress, SourceError,
+    SourceErrorKind,
 };
 use sha2::{Digest, Sha256};
 
@@ -352,6 +353,7 @@ pub(crate) fn extract(
     manifest: &Manifest,
     staging: &Path,
     options: &ExtractOptions,
+    progress: Option<&dyn Progress>,
 ) -> Result<ExtractedPackage, SourceError> {
     let ctx = Ctx::new(stream.location());
     let mut out = Staging::create(staging, &ctx, options.durability)?;
@@ -367,6 +369,7 @@ pub(crate) fn extract(
         &mut Target::Staging(&mut out),
         &ctx,
         options.limits,
+        progress,
     )?;
     let root = out.finish()?;
     Ok(ExtractedPackage { root, files })
@@ -378,10 +381,25 @@ pub(crate) fn verify(
     stream: &mut dyn MemberStream,
     manifest: &Manifest,
     limits: ExtractLimits,
+    progress: Option<&dyn Progress>,
 ) -> Result<Vec<Artifact>, SourceError> {
     let ctx = Ctx::new(stream.location());
     let mut target = Target::Hash(vec![0; COPY_BUFFER]);
-    check_against(stream, manifest, &mut target, &ctx, limits)
+    check_against(stream, manifest, &mut target, &ctx, limits, progress)
+}
+
+/// A reader that tells a progress display how many bytes went through it.
+struct Counted<'a> {
+    inner: &'a mut dyn Read,
+    progress: &'a dyn Progress,
+}
+
+impl Read for Counted<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.progress.advance(n as u64);
+        Ok(n)
+    }
 }
 
 /// What happens to admitted members: written into a staging directory, or only hashed.
@@ -396,6 +414,7 @@ fn check_against(
     target: &mut Target<'_>,
     ctx: &Ctx,
     limits: ExtractLimits,
+    progress: Option<&dyn Progress>,
 ) -> Result<Vec<Artifact>, SourceError> {
     let listed: BTreeMap<&ArtifactPath, &Artifact> =
         manifest.artifacts.iter().map(|a| (&a.path, a)).collect();
@@ -430,6 +449,17 @@ fn check_against(
         let rel = admitted.path.as_str();
         let short = stream.short_data();
         let data = stream.data()?;
+        let mut counted;
+        let data: &mut dyn Read = match progress {
+            Some(progress) => {
+                counted = Counted {
+                    inner: data,
+                    progress,
+                };
+                &mut counted
+            }
+            None => data,
+        };
         let digest = match target {
             Target::Staging(out) => out.write_file(rel, data, member.size, short)?,
             Target::Hash(buf) => copy_hashed(data, member.size, buf, None)

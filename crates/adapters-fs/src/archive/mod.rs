@@ -39,10 +39,12 @@ use std::fmt;
 use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use guild_domain::manifest::{Artifact, Manifest};
 use guild_ports::source::{
-    ExtractOptions, ExtractedPackage, OpenedPackage, PackageSource, SourceError, SourceErrorKind,
+    ExtractOptions, ExtractedPackage, OpenedPackage, PackageSource, Progress, SourceError,
+    SourceErrorKind,
 };
 
 pub use write::{scan_artifacts, write_gkpk, PackError, MAX_MEMBER_BYTES};
@@ -83,6 +85,7 @@ impl PackageSource for GkpkSource {
                 stream: Box::new(stream),
                 options: self.options,
                 source_dir: Some(location.to_path_buf()),
+                progress: None,
             }));
         }
         if !metadata.is_file() {
@@ -97,6 +100,7 @@ impl PackageSource for GkpkSource {
             stream: Box::new(stream),
             options: self.options,
             source_dir: None,
+            progress: None,
         }))
     }
 }
@@ -108,6 +112,8 @@ struct Opened {
     options: ExtractOptions,
     /// The directory being read, for a directory source.
     source_dir: Option<PathBuf>,
+    /// Where the artifact bytes read are reported, when someone watches.
+    progress: Option<Arc<dyn Progress>>,
 }
 
 impl fmt::Debug for Opened {
@@ -139,6 +145,7 @@ impl OpenedPackage for Opened {
             manifest,
             staging,
             &self.options,
+            self.progress.as_deref(),
         )
     }
 
@@ -146,7 +153,16 @@ impl OpenedPackage for Opened {
         mut self: Box<Self>,
         manifest: &Manifest,
     ) -> Result<Vec<Artifact>, SourceError> {
-        extract::verify(&mut *self.stream, manifest, self.options.limits)
+        extract::verify(
+            &mut *self.stream,
+            manifest,
+            self.options.limits,
+            self.progress.as_deref(),
+        )
+    }
+
+    fn watch(&mut self, progress: Arc<dyn Progress>) {
+        self.progress = Some(progress);
     }
 }
 

@@ -12,6 +12,7 @@ mod mocks;
 mod module_deps;
 mod numbering;
 mod operations;
+mod progress;
 mod refusals;
 mod registry;
 mod rejections;
