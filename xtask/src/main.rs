@@ -69,6 +69,12 @@ fn test() -> Result<(), String> {
             "warnings",
         ])
     })?;
+    step("cargo doc (warnings are errors)", || {
+        util::cargo_env(
+            &["doc", "--workspace", "--no-deps"],
+            &[("RUSTDOCFLAGS", std::ffi::OsStr::new("-D warnings"))],
+        )
+    })?;
     let plugins = step("SDK and test plugins", sdk::plugins)?;
     let env = [("GUILD_TEST_PLUGIN_DIR", plugins.as_os_str())];
     step("cargo test", || {
@@ -82,6 +88,10 @@ fn test() -> Result<(), String> {
             ],
             &env,
         )
+    })?;
+    // `--all-targets` leaves doctests out; the library's examples must compile too.
+    step("cargo test --doc -p guild-host", || {
+        util::cargo_env(&["test", "--doc", "-p", "guild-host"], &env)
     })?;
     // The ABI tests print what they covered (structs, fields, constants, compilations), which
     // is worth seeing in every CI log.

@@ -153,8 +153,8 @@ pub struct guild_cpu_q2_rows_args_v1_t {
     pub dst_row_stride_bytes: u64,
 }
 
-/// Arguments of `router_bf16`: logits[t][e] = dot(input[t], router[e]) with a BF16 router matrix,
-/// accumulated in F32; then, when `top_k` > 0, gating and top-k selection.
+/// Arguments of `router_bf16`: `logits[t][e] = dot(input[t], router[e])` with a BF16 router
+/// matrix, accumulated in F32; then, when `top_k` > 0, gating and top-k selection.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct guild_cpu_router_args_v1_t {

@@ -181,8 +181,8 @@ pub struct guild_cuda_kv_host_pools_v1_t {
     pub v_pool: *mut c_void,
 }
 
-/// Which blocks one `kv_stream` call moves: entry i copies host block `host_blocks`[i] to device
-/// block `device_blocks`[i] (or back, by direction), keys and values both.
+/// Which blocks one `kv_stream` call moves: entry i copies host block `host_blocks[i]` to device
+/// block `device_blocks[i]` (or back, by direction), keys and values both.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct guild_cuda_kv_stream_map_v1_t {

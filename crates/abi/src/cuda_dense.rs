@@ -72,7 +72,7 @@ pub struct guild_cuda_row_selection_v1_t {
     pub reserved: u32,
 }
 
-/// Arguments of project: output[t][i] = dot(W[row(i)], input[t]) (+ bias[row(i)]) with F32
+/// Arguments of project: `output[t][i] = dot(W[row(i)], input[t]) (+ bias[row(i)])` with F32
 /// accumulation, for BF16 or F32 weights and F32 or BF16 activations.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -113,8 +113,8 @@ pub struct guild_cuda_dense_quantize_q8_1_args_v1_t {
     pub reserved: u32,
 }
 
-/// Arguments of mmvq: output[t][i] = dot(W[row(i)], x[t]) (+ bias[row(i)]) in F32, for weights in a
-/// GGUF block-quantized dtype listed in the table's `mmvq_dtypes` and activations quantized to
+/// Arguments of mmvq: `output[t][i] = dot(W[row(i)], x[t]) (+ bias[row(i)])` in F32, for weights
+/// in a GGUF block-quantized dtype listed in the table's `mmvq_dtypes` and activations quantized to
 /// `Q8_1` by `quantize_q8_1`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]

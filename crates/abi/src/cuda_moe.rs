@@ -248,8 +248,8 @@ pub struct guild_cuda_s_format_v1_t {
     pub reserved: u32,
 }
 
-/// Arguments of `s_gemv`: output[t][i] = dot(W[row(i)], x[t]) in F32 for S-family weights, a few
-/// tokens at a time.
+/// Arguments of `s_gemv`: `output[t][i] = dot(W[row(i)], x[t])` in F32 for S-family weights, a
+/// few tokens at a time.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct guild_cuda_s_gemv_args_v1_t {
@@ -316,7 +316,7 @@ pub struct guild_cuda_moe_quantize_args_v1_t {
     pub reserved: u32,
 }
 
-/// Arguments of `elementwise`: out[r][c] = op(a[r][c], b[r][c]) over rows x cols elements.
+/// Arguments of `elementwise`: `out[r][c] = op(a[r][c], b[r][c])` over rows x cols elements.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct guild_cuda_elementwise_args_v1_t {
@@ -435,9 +435,9 @@ pub struct guild_cuda_qwen_gr_args_v1_t {
     pub reserved1: u32,
 }
 
-/// Arguments of `fused_gr`: residual[r] += delta[r], then output[r] = gr(residual[r], gate[r]) as
-/// in gr (plain RMS normalisation when gate is NULL), and, when `output_q8_1` is non-NULL, the same
-/// row also quantized to `Q8_1` with zeros from cols to `padded_cols`.
+/// Arguments of `fused_gr`: `residual[r] += delta[r]`, then `output[r] = gr(residual[r], gate[r])`
+/// as in gr (plain RMS normalisation when gate is NULL), and, when `output_q8_1` is non-NULL, the
+/// same row also quantized to `Q8_1` with zeros from cols to `padded_cols`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct guild_cuda_qwen_fused_gr_args_v1_t {
@@ -492,8 +492,8 @@ pub struct guild_cuda_qwen_ple_args_v1_t {
     pub reserved: u32,
 }
 
-/// Arguments of `cvec`, a control vector: hidden[t] += strength * vector for every token, applied by
-/// the host after the layers it chooses.
+/// Arguments of `cvec`, a control vector: `hidden[t] += strength * vector` for every token,
+/// applied by the host after the layers it chooses.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct guild_cuda_qwen_cvec_args_v1_t {

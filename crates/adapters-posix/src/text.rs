@@ -65,7 +65,9 @@ pub unsafe fn bounded_cstr<'a>(ptr: *const c_char, max: usize) -> Result<&'a CSt
 /// Reads a bounded NUL-terminated UTF-8 string.
 ///
 /// # Safety
-/// As for [`bounded_cstr`].
+/// As for `bounded_cstr`: `ptr` must be NULL or point at readable memory that holds a
+/// NUL-terminated string, or at least `max + 1` readable bytes, and that memory must not change
+/// while the borrow lives.
 pub unsafe fn bounded_str<'a>(ptr: *const c_char, max: usize) -> Result<&'a str, StringError> {
     // SAFETY: the caller upholds bounded_cstr's contract.
     let text = unsafe { bounded_cstr(ptr, max) }?;

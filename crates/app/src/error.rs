@@ -16,6 +16,10 @@ use guild_ports::store::StoreError;
 use crate::platform::PlatformMismatch;
 
 /// The broad class of a failure, which decides the CLI's exit code.
+///
+/// The `guild` command line prints these as `rejected` (exit code 3), `refused` (4),
+/// `not_found` (6) and `store` (5); its own usage errors (2) and unexpected failures (1) have no
+/// variant here because the library never reports them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorCategory {
     /// The package itself is unacceptable: unreadable, hostile, malformed, unauthenticated or for
@@ -31,33 +35,55 @@ pub enum ErrorCategory {
 }
 
 /// Anything the host refuses or fails to do.
+///
+/// Each variant names the step that failed and carries what a person needs to act on it; the
+/// `Display` text is one line (or a short list) meant to be shown as it is. [`HostError::category`]
+/// sorts the variants into the classes the `guild` command line turns into exit codes.
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
+    /// The package could not be read or extracted: missing file, malformed or hostile archive,
+    /// or artifacts that do not match the manifest.
     #[error(transparent)]
     Source(#[from] SourceError),
+    /// The package's `.gkmetadata` is not a valid v1 manifest.
     #[error("package {location}: {errors}")]
     Manifest {
+        /// The archive or directory that was read.
         location: PathBuf,
+        /// Every problem found, each with its JSON path.
         errors: ManifestErrors,
     },
+    /// No signature authenticates the package under the store's trust store.
     #[error("package {package} ({location}) is not authenticated: {source}")]
     Unauthenticated {
+        /// The archive, directory or installed tree that was checked.
         location: PathBuf,
+        /// `id@version` as the manifest names it.
         package: String,
+        /// Why authentication failed (untrusted publisher, revoked key or payload, bad
+        /// signature).
         #[source]
         source: AuthError,
     },
+    /// The package was built for another OS, architecture or Kernel ABI.
     #[error("package {package} cannot be installed on this host: {source}")]
     Platform {
+        /// `id@version`.
         package: String,
+        /// What does not match.
         #[source]
         source: PlatformMismatch,
     },
+    /// The registry's rules refuse the change: an immutable version offered with other
+    /// content, a downgrade, a change of kind or publisher, an unknown package or version.
     #[error(transparent)]
     Registry(#[from] RegistryError),
+    /// The change would leave an enabled package with an unmet dependency.
     #[error("{action} refused: it would break dependencies:{}", list(.problems))]
     Dependencies {
+        /// What was attempted, such as `installing example.dependent@1.0.0`.
         action: String,
+        /// Each dependency the change would break.
         problems: Vec<GraphProblem>,
     },
     /// The store's graph is satisfied, but the dependency's library is not loaded in this host
@@ -72,8 +98,11 @@ pub enum HostError {
     DependencyNotLoaded {
         /// `id@version` of the package that was not loaded.
         package: String,
+        /// The dependency that is missing from the kernel registry.
         dependency: guild_domain::ids::PackageId,
+        /// The version range the package asks of it.
         range: String,
+        /// The version that is loaded instead, if any.
         loaded: Option<guild_domain::version::Version>,
     },
     /// A plugin registered a kernel for a backend its signed manifest does not declare.
@@ -84,43 +113,71 @@ pub enum HostError {
     UndeclaredBackend {
         /// `id@version`.
         package: String,
+        /// The implementation that was registered.
         impl_id: guild_domain::ids::ImplId,
+        /// The backend it registered for.
         backend: guild_domain::operation::Backend,
+        /// The manifest's backends, comma-separated.
         declared: String,
     },
+    /// Disabling would strand enabled dependents, or the package is not installed.
     #[error(transparent)]
     Disable(#[from] DisableRefusal),
+    /// Removing would strand enabled dependents, or the version is not installed.
     #[error(transparent)]
     Remove(#[from] RemoveRefusal),
+    /// The previous version would break a dependent's range or pin, or it is not installed.
     #[error(transparent)]
     Rollback(#[from] RollbackRefusal),
+    /// A session lease or a live binding (an operation handle, a bound kernel or runner) holds
+    /// the package, so a change that would unload or replace its code is refused. See
+    /// [`Host::disable_waiting`](crate::Host::disable_waiting).
     #[error(transparent)]
     Leased(#[from] Leased),
+    /// The lease ledger refused to take or release a lease.
     #[error(transparent)]
     Lease(#[from] guild_domain::lease::LeaseError),
+    /// The trust store refused the change (a revoked key, a key of another publisher).
     #[error(transparent)]
     TrustChange(#[from] TrustChangeError),
+    /// The store failed: locked by another process, unreadable or corrupt files, an IO error.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The store's trust file cannot be decoded (it fails closed: nothing is trusted instead).
     #[error("trust file of the store: {0}")]
     TrustFile(#[from] TrustFileError),
+    /// An installed tree no longer matches what the registry recorded for it.
     #[error("installed package {package} at {} is damaged: {problem}", .path.display())]
     InstalledTree {
+        /// `id@version`.
         package: String,
+        /// The installed tree or the file in it that is damaged.
         path: PathBuf,
+        /// What is wrong with it.
         problem: String,
     },
+    /// The recorded packages break a rule every graph must keep (a version listed twice, two
+    /// enabled versions of one package); the store's registry is damaged.
     #[error("the store's installed packages do not form a graph: {0}")]
     Graph(#[from] GraphBuildError),
+    /// The host runs on an OS or architecture that manifests have no spelling for.
     #[error("this host runs on {os}/{arch}, which packages cannot name")]
     UnsupportedPlatform {
+        /// `std::env::consts::OS`.
         os: &'static str,
+        /// `std::env::consts::ARCH`.
         arch: &'static str,
     },
+    /// Packing or signing failed.
     #[error(transparent)]
     Publish(#[from] crate::publish::PublishError),
+    /// The plugin's library could not be loaded: it does not open, exports no entry point,
+    /// supports another Kernel ABI, its `init` failed, or what it registered differs from its
+    /// manifest.
     #[error(transparent)]
     Load(#[from] guild_ports::loader::LoadError),
+    /// The kernel registry refused what the plugin registered (an implementation or runner id
+    /// another package already provides), or the package is not loaded.
     #[error(transparent)]
     RegistryChange(#[from] crate::registry::RegistryChangeError),
 }

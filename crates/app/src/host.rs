@@ -27,9 +27,13 @@ use crate::registry::{KernelRegistry, PreparedPublication};
 /// One package the host loaded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadedSummary {
+    /// The package.
     pub id: PackageId,
+    /// The version that was loaded (the enabled one).
     pub version: Version,
+    /// How many kernels (operation implementations included) its `init` registered.
     pub kernels: usize,
+    /// How many model runners its `init` registered.
     pub runners: usize,
 }
 
@@ -45,7 +49,41 @@ pub struct LoadReport {
     pub skipped: Vec<Quarantined>,
 }
 
-/// The host that runners embed. See the module documentation.
+/// The host that runners embed: a store of signed packages, the libraries of the enabled ones
+/// loaded, and the kernel registry that the operation service resolves against.
+///
+/// Every lifecycle change made through a `Host` ([`install`](Host::install),
+/// [`enable`](Host::enable), [`disable`](Host::disable), [`remove`](Host::remove),
+/// [`rollback`](Host::rollback)) is one transaction across the store, the loader and the
+/// registry, serialised by the host's lifecycle lock. Lookups and operation calls never take that
+/// lock. A `Host` holds its store's lock while it lives, so the `guild` command line reports the
+/// store as locked until the host is dropped.
+///
+/// # Examples
+///
+/// Open a store that `guild install` filled, load what is enabled and report it:
+///
+/// ```no_run
+/// use std::path::Path;
+///
+/// use guild_host::Host;
+///
+/// # fn main() -> Result<(), guild_host::HostError> {
+/// let (host, opened, loaded) = Host::open_dir(Path::new("/var/lib/guild"))?;
+/// for q in &opened.disabled {
+///     eprintln!("{} {} was disabled while opening: {}", q.id, q.version, q.reason);
+/// }
+/// for p in &loaded.loaded {
+///     println!("loaded {} {} ({} kernels)", p.id, p.version, p.kernels);
+/// }
+/// for (id, version, error) in &loaded.failed {
+///     eprintln!("{id} {version} did not load: {error}");
+/// }
+/// // Resolve operations through `guild_host::OperationService::new(host.kernels())`.
+/// # drop(host);
+/// # Ok(())
+/// # }
+/// ```
 pub struct Host {
     packages: PackageManager,
     kernels: KernelRegistry,
@@ -108,12 +146,15 @@ impl Host {
         self.lifecycle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The package manager.
+    /// The package manager, for queries (`list`, `metadata`, `trust`, leases). Make lifecycle
+    /// changes through the host instead, so that the registry takes part in them.
     pub fn packages(&self) -> &PackageManager {
         &self.packages
     }
 
-    /// The kernel registry: lookups and bindings.
+    /// The kernel registry: lookups, bindings, and the operation service
+    /// ([`OperationService::new`](crate::OperationService::new) and
+    /// [`KernelRegistry::operation_api`]).
     pub fn kernels(&self) -> &KernelRegistry {
         &self.kernels
     }

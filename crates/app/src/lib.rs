@@ -1,6 +1,25 @@
 //! `guild-host`: the host that inference runners embed to load signed native kernel plugins and
 //! operation modules.
 //!
+//! A runner opens a store of installed packages, which authenticates and loads every enabled
+//! package, then asks the operation service for namespaced operations with its actual tensors
+//! and executes the handles it gets back. Where to start:
+//!
+//! - [`Host::open_dir`]: open a store and load what is enabled ([`Host`] has an example).
+//! - [`OperationService::resolve`] and [`OpHandle::execute`]: resolve an operation for concrete
+//!   tensors and run it (the [`operations`] module has an example).
+//! - [`registry::KernelRegistry::operation_api`]: the same service as the C table that plugins
+//!   receive, for native code.
+//! - [`PackageManager`]: install, enable, disable, remove and roll back packages, and manage the
+//!   trust store, without loading anything.
+//! - [`HostError`] and [`ErrorCategory`]: what can go wrong, sorted the way the `guild` command
+//!   line turns it into exit codes.
+//!
+//! The request and tensor types ([`OpName`](guild_domain::ids::OpName),
+//! [`TensorDesc`](guild_domain::operation::TensorDesc), ...) come from the `guild-domain` crate.
+//! The guides in the repository's `docs/` directory (`runner-authors.md`, `operators.md`,
+//! `plugin-authors.md`, `package-format.md`) explain the concepts behind this API.
+//!
 //! This crate is the composition root: it is the only place that names concrete adapters. It
 //! holds the package manager (authentication, dependency validation, durable publication,
 //! enable/disable/remove/rollback, recovery), the kernel registry, the [`Host`] that composes
@@ -9,6 +28,7 @@
 //! but in `operations`, which calls the providers' C callbacks and implements the C table.
 
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod error;
 pub mod host;

@@ -7,7 +7,9 @@ use guild_domain::version::PackedVersion;
 /// What a package must match to be installed here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostPlatform {
+    /// The operating system a package's `os` must name.
     pub os: Os,
+    /// The CPU architecture a package's `arch` must name.
     pub arch: Arch,
     /// The Kernel ABI this host implements; a package's `kernel_abi` range must contain it.
     pub kernel_abi: PackedVersion,
@@ -16,18 +18,30 @@ pub struct HostPlatform {
 /// Why a package does not fit this host.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlatformMismatch {
+    /// The manifest names another operating system.
     #[error("it is built for {found}, and this host runs {host}")]
     Os {
+        /// This host's OS, as a manifest spells it.
         host: &'static str,
+        /// The manifest's `os`.
         found: &'static str,
     },
+    /// The manifest names another CPU architecture.
     #[error("it is built for {found}, and this host is {host}")]
     Arch {
+        /// This host's architecture, as a manifest spells it.
         host: &'static str,
+        /// The manifest's `arch`.
         found: &'static str,
     },
+    /// The manifest's `kernel_abi` range does not contain the host's Kernel ABI.
     #[error("it supports Kernel ABI {range}, and this host implements {host}")]
-    KernelAbi { host: PackedVersion, range: String },
+    KernelAbi {
+        /// The Kernel ABI this host implements.
+        host: PackedVersion,
+        /// The manifest's range, as text.
+        range: String,
+    },
 }
 
 impl HostPlatform {

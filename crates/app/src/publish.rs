@@ -19,39 +19,66 @@ use guild_ports::source::{Durability, ExtractOptions, PackageSource, SourceError
 /// Why packing or signing failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
+    /// The manifest template is not strict JSON.
     #[error("manifest template {}: {source}", .path.display())]
     TemplateJson {
+        /// The template file.
         path: PathBuf,
+        /// Where and how the JSON is malformed.
         #[source]
         source: json::JsonError,
     },
+    /// The template is JSON but not a payload template (not an object, or it lists
+    /// `artifacts`, which packing computes).
     #[error("manifest template {}: {problem}", .path.display())]
-    Template { path: PathBuf, problem: String },
+    Template {
+        /// The template file.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The manifest made from the template and the files breaks the manifest rules.
     #[error("manifest template {}: {errors}", .path.display())]
     Manifest {
+        /// The template file.
         path: PathBuf,
+        /// Every problem, each with its JSON path.
         errors: ManifestErrors,
     },
+    /// A file could not be read.
     #[error("cannot read {}: {source}", .path.display())]
     Read {
+        /// The file.
         path: PathBuf,
+        /// The IO error.
         #[source]
         source: std::io::Error,
     },
+    /// The source directory or the package to sign could not be read as a package.
     #[error(transparent)]
     Source(#[from] SourceError),
+    /// Writing the archive failed.
     #[error(transparent)]
     Pack(#[from] PackError),
+    /// The key could not sign.
     #[error("signing failed: {0}")]
     Sign(#[from] guild_adapters_crypto::KeyError),
+    /// The package already carries a signature by this key; nothing was written.
     #[error("{}: already signed by key {key_id}", .path.display())]
-    AlreadySigned { path: PathBuf, key_id: Sha256Digest },
+    AlreadySigned {
+        /// The package.
+        path: PathBuf,
+        /// The signing key's id.
+        key_id: Sha256Digest,
+    },
 }
 
 /// What `pack` or `sign` wrote.
 #[derive(Debug, Clone)]
 pub struct Packed {
+    /// The archive written.
     pub archive: PathBuf,
+    /// Its `.gkmetadata`: the manifest and every signature it now carries.
     pub metadata: Metadata,
 }
 

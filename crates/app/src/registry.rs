@@ -26,7 +26,9 @@ use crate::operations::DeviceSupport;
 
 /// One loaded package version and its library.
 pub struct LoadedPackage {
+    /// The package.
     pub id: PackageId,
+    /// The version whose library this is.
     pub version: Version,
     library: Arc<dyn LoadedLibrary>,
 }
@@ -53,7 +55,9 @@ impl LoadedPackage {
 /// bind different kernels of one package do not contend.
 #[derive(Debug)]
 pub struct StoredOp {
+    /// The host's copy of what the plugin registered.
     pub kernel: RegisteredKernel,
+    /// The package whose library holds the kernel's code.
     pub package: Arc<LoadedPackage>,
     bindings: AtomicU64,
 }
@@ -126,7 +130,9 @@ impl std::ops::Deref for KernelBinding {
 /// A registered runner as stored, with its count of live references.
 #[derive(Debug)]
 pub struct StoredRunner {
+    /// The host's copy of what the plugin registered.
     pub runner: RegisteredRunner,
+    /// The package whose library holds the runner's code.
     pub package: Arc<LoadedPackage>,
     bindings: AtomicU64,
 }
@@ -142,10 +148,12 @@ impl RunnerBinding {
         RunnerBinding { runner }
     }
 
+    /// The registered runner.
     pub fn runner(&self) -> &RegisteredRunner {
         &self.runner.runner
     }
 
+    /// The package that provides it.
     pub fn package(&self) -> &PackageId {
         &self.runner.package.id
     }
@@ -193,7 +201,9 @@ pub struct Snapshot {
 /// order.
 #[derive(Debug, Default)]
 pub struct OperationCandidates {
+    /// The stored kernels, best first (descending priority, then ascending impl id).
     pub stored: Vec<Arc<StoredOp>>,
+    /// Their GOP1 contracts in the domain's form, in the same order.
     pub contracts: Vec<OpCandidate>,
 }
 
@@ -322,27 +332,41 @@ impl Retired {
 /// Why the kernel registry refused a change. The registry is unchanged after any of these.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RegistryChangeError {
-    /// `package` and `owner` are `id@version`.
+    /// Another loaded package already provides this implementation id (ids are unique across
+    /// the registry).
     #[error("{package} registers {impl_id}, which {owner} already provides")]
     DuplicateImplId {
+        /// `id@version` of the package being published.
         package: String,
+        /// The contested implementation id.
         impl_id: ImplId,
+        /// `id@version` of the package that provides it.
         owner: String,
     },
+    /// Another loaded package already provides this runner id.
     #[error("{package} registers runner {runner_id}, which {owner} already provides")]
     DuplicateRunnerId {
+        /// `id@version` of the package being published.
         package: String,
+        /// The contested runner id.
         runner_id: RunnerId,
+        /// `id@version` of the package that provides it.
         owner: String,
     },
+    /// The package is not in the registry.
     #[error("package {package} is not loaded")]
-    NotLoaded { package: PackageId },
+    NotLoaded {
+        /// The package asked for.
+        package: PackageId,
+    },
 }
 
 /// What unloading did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unloaded {
+    /// The package taken out.
     pub package: PackageId,
+    /// The version that was loaded.
     pub version: Version,
     /// Bindings still alive: the library closes when the last of them is dropped.
     pub deferred_bindings: u64,
@@ -403,6 +427,95 @@ impl KernelRegistry {
     /// The C operation service over this registry, for in-process runners (plugins receive the
     /// same table through their host table). The table and its `user` stay valid until the
     /// registry is dropped; handles resolved through it must be released before that.
+    ///
+    /// Rust code normally uses [`OperationService`](crate::OperationService) instead; this
+    /// table is for native code that the runner hands it to, or for calling the service exactly
+    /// as a plugin does. Every entry takes the table's `user` as its first argument.
+    ///
+    /// # Examples
+    ///
+    /// Resolve an operation through the C table, ask its scratch and release the handle:
+    ///
+    /// ```no_run
+    /// use std::ffi::CStr;
+    /// use std::ptr;
+    ///
+    /// use guild_abi::{
+    ///     guild_error_info_t, guild_op_handle_t, guild_operation_query_v1_t,
+    ///     guild_scratch_request_v1_t, guild_tensor_desc_v1_t, GUILD_BACKEND_CPU,
+    ///     GUILD_BUDGET_UNLIMITED, GUILD_DTYPE_F32, GUILD_MAX_TENSOR_RANK, GUILD_MEMORY_HOST,
+    ///     GUILD_OPERATION_QUERY_VERSION, GUILD_STATUS_OK, GUILD_SYNC_HOST_BLOCKING,
+    /// };
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (host, _, _) = guild_host::Host::open_dir(std::path::Path::new("/var/lib/guild"))?;
+    /// let service = host.kernels().operation_api();
+    ///
+    /// // Eight packed f32 values in host memory, in and out. Resolution needs the shapes only.
+    /// let mut dims = [0; GUILD_MAX_TENSOR_RANK];
+    /// dims[0] = 8;
+    /// let tensor = guild_tensor_desc_v1_t {
+    ///     dtype: GUILD_DTYPE_F32,
+    ///     rank: 1,
+    ///     dims,
+    ///     strides: [0; GUILD_MAX_TENSOR_RANK],
+    ///     memory_space: GUILD_MEMORY_HOST,
+    ///     device_id: 0,
+    ///     data: ptr::null_mut(),
+    /// };
+    /// let query = guild_operation_query_v1_t {
+    ///     struct_size: size_of::<guild_operation_query_v1_t>() as u32,
+    ///     version: GUILD_OPERATION_QUERY_VERSION,
+    ///     op_name: c"example.sequence.inclusive_scan".as_ptr(),
+    ///     min_op_version: 0x0100_0000, // 1.0.0
+    ///     max_op_version: 0x01ff_ffff, // any 1.x
+    ///     backends: GUILD_BACKEND_CPU,
+    ///     sync_mode: GUILD_SYNC_HOST_BLOCKING,
+    ///     required_capabilities: 0,
+    ///     required_numerics: 0,
+    ///     inputs: &tensor,
+    ///     input_count: 1,
+    ///     outputs: &tensor,
+    ///     output_count: 1,
+    ///     ram_budget: GUILD_BUDGET_UNLIMITED,
+    ///     vram_budget: GUILD_BUDGET_UNLIMITED,
+    ///     exact_impl_id: ptr::null(),
+    ///     device_caps: ptr::null(), // the host's own record of device 0
+    ///     params: ptr::null(),
+    ///     params_size: 0,
+    /// };
+    ///
+    /// let mut error = guild_error_info_t::new();
+    /// let mut handle: *mut guild_op_handle_t = ptr::null_mut();
+    /// let resolve = service.resolve.expect("the host fills every entry");
+    /// // SAFETY: `user` comes with the table; the query and what it points at live for the call.
+    /// let status = unsafe { resolve(service.user, &query, &mut handle, &mut error) };
+    /// if status != GUILD_STATUS_OK {
+    ///     // SAFETY: the service leaves a NUL-terminated message in the record it was given.
+    ///     let why = unsafe { CStr::from_ptr(error.message.as_ptr()) };
+    ///     return Err(format!("resolve failed ({status}): {}", why.to_string_lossy()).into());
+    /// }
+    ///
+    /// let mut scratch = guild_scratch_request_v1_t {
+    ///     struct_size: size_of::<guild_scratch_request_v1_t>() as u32,
+    ///     alignment: 0,
+    ///     host_bytes: 0,
+    ///     device_bytes: 0,
+    /// };
+    /// let ask = service.scratch.expect("the host fills every entry");
+    /// // SAFETY: a live handle from this service and a record of the declared size.
+    /// if unsafe { ask(service.user, handle, &mut scratch, &mut error) } == GUILD_STATUS_OK {
+    ///     println!("each execute needs {} bytes of host scratch", scratch.host_bytes);
+    /// }
+    ///
+    /// // Execute with `service.execute` and a `guild_execute_args_v1_t` naming the same tensors
+    /// // with their data. Then release exactly once, before the host is dropped.
+    /// let release = service.release.expect("the host fills every entry");
+    /// // SAFETY: a live handle that no other call is using.
+    /// unsafe { release(service.user, handle, &mut error) };
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn operation_api(&self) -> &guild_operation_service_v1_t {
         &self.service().table
     }

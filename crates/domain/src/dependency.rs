@@ -13,7 +13,9 @@ pub const MODULE_ABI_V1: u32 = 1;
 /// must be installed and enabled at a version inside `range`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Dependency {
+    /// The package depended on.
     pub package_id: PackageId,
+    /// The versions it accepts, inclusive.
     pub range: VersionRange,
 }
 
@@ -24,10 +26,13 @@ pub struct Dependency {
 /// must use `guild.module.v1` on every record.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ModuleDependency {
+    /// The module depended on.
     pub module_id: PackageId,
+    /// The versions it accepts, inclusive.
     pub range: VersionRange,
     /// Kept as the manifest wrote it: provenance tags are free-form text.
     pub abi_tag: String,
+    /// The publisher the module must come from, when pinned.
     pub publisher_id: Option<PublisherId>,
     /// SHA-256 of the target's canonical unsigned payload.
     pub sha256: Option<Sha256Digest>,

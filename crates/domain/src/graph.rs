@@ -22,7 +22,9 @@ use crate::version::{Version, VersionRange};
 /// One installed package version, with the facts the graph needs to judge it and its edges.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PackageNode {
+    /// The package.
     pub id: PackageId,
+    /// The version.
     pub version: Version,
     /// `gkernel` or `gkmodule`: only modules can be the target of a runtime module edge.
     pub kind: PackageKind,
@@ -101,7 +103,9 @@ impl PackageNode {
 /// A package version's name, displayed as `id@version`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NodeRef {
+    /// The package.
     pub id: PackageId,
+    /// The version.
     pub version: Version,
 }
 
@@ -150,14 +154,24 @@ impl fmt::Display for Requirement {
 /// Why the node list could not become a graph at all.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GraphBuildError {
+    /// The same package version appears twice.
     #[error("{id}@{version} is listed more than once")]
-    DuplicateVersion { id: PackageId, version: Version },
+    DuplicateVersion {
+        /// The package.
+        id: PackageId,
+        /// The version.
+        version: Version,
+    },
+    /// Two versions of one package are enabled.
     #[error(
         "{id} has two enabled versions, {first} and {second}; at most one version may be enabled"
     )]
     SeveralEnabled {
+        /// The package.
         id: PackageId,
+        /// One enabled version.
         first: Version,
+        /// The other.
         second: Version,
     },
 }
@@ -166,7 +180,9 @@ pub enum GraphBuildError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{id}@{version} is not installed")]
 pub struct VersionNotInstalled {
+    /// The package.
     pub id: PackageId,
+    /// The version.
     pub version: Version,
 }
 
@@ -174,77 +190,116 @@ pub struct VersionNotInstalled {
 /// target and the requirement that failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GraphProblem {
+    /// No version of the target is installed.
     #[error("{dependent} requires {requirement}, but {target} is not installed")]
     Missing {
+        /// The package version whose requirement failed.
         dependent: NodeRef,
+        /// The package it requires.
         target: PackageId,
+        /// The requirement as its manifest declares it.
         requirement: Requirement,
     },
+    /// The target is installed but no version of it is enabled.
     #[error(
         "{dependent} requires {requirement}, but no version of {target} is enabled (installed: {})",
         join(.installed)
     )]
     Disabled {
+        /// The package version whose requirement failed.
         dependent: NodeRef,
+        /// The package it requires.
         target: PackageId,
+        /// The requirement as its manifest declares it.
         requirement: Requirement,
         /// The installed, disabled versions of the target.
         installed: Vec<Version>,
     },
+    /// A runtime module edge points at a kernel package.
     #[error(
         "{dependent} requires {requirement}, but {target} is a {kind} package, not a gkmodule"
     )]
     NotAModule {
+        /// The package version whose requirement failed.
         dependent: NodeRef,
+        /// The package version the requirement was checked against.
         target: NodeRef,
+        /// The requirement as its manifest declares it.
         requirement: Requirement,
+        /// The target's kind.
         kind: PackageKind,
     },
+    /// A runtime module edge points at a module of another module ABI.
     #[error(
         "{dependent} requires {requirement}, but {target} {}; runtime module edges need module ABI {MODULE_ABI_V1}",
         describe_module_abi(*.found)
     )]
     WrongModuleAbi {
+        /// The package version whose requirement failed.
         dependent: NodeRef,
+        /// The package version the requirement was checked against.
         target: NodeRef,
+        /// The requirement as its manifest declares it.
         requirement: Requirement,
+        /// The module ABI the target declares, if any.
         found: Option<u32>,
     },
+    /// The enabled version of the target is outside the required range.
     #[error("{dependent} requires {requirement}, but the enabled version is {target}")]
     VersionOutOfRange {
+        /// The package version whose requirement failed.
         dependent: NodeRef,
+        /// The package version the requirement was checked against.
         target: NodeRef,
+        /// The requirement as its manifest declares it.
         requirement: Requirement,
     },
+    /// The target is published by another publisher than the requirement pins.
     #[error(
         "{dependent} requires {requirement} from publisher {expected}, but {target} is published by {found}"
     )]
     PublisherMismatch {
+        /// The package version whose requirement failed.
         dependent: NodeRef,
+        /// The package version the requirement was checked against.
         target: NodeRef,
+        /// The requirement as its manifest declares it.
         requirement: Requirement,
+        /// The publisher pinned.
         expected: PublisherId,
+        /// The target's publisher.
         found: PublisherId,
     },
+    /// The target's payload digest differs from the one the requirement pins.
     #[error(
         "{dependent} requires {requirement} with payload sha256 {expected}, but {target} has payload sha256 {found}"
     )]
     DigestMismatch {
+        /// The package version whose requirement failed.
         dependent: NodeRef,
+        /// The package version the requirement was checked against.
         target: NodeRef,
+        /// The requirement as its manifest declares it.
         requirement: Requirement,
+        /// The digest pinned.
         expected: Sha256Digest,
+        /// The target's payload digest.
         found: Sha256Digest,
     },
+    /// A gkmodule declares a module dependency with another tag than guild.module.v1.
     #[error(
         "{dependent} is a gkmodule, so its module dependency on {target} must use abi_tag {MODULE_ABI_TAG_V1:?}, not {:?}",
         abi_tag_of(.requirement)
     )]
     NonModuleAbiTag {
+        /// The package version whose requirement failed.
         dependent: NodeRef,
+        /// The package it names.
         target: PackageId,
+        /// The requirement as its manifest declares it.
         requirement: Requirement,
     },
+    /// Enabled packages depend on each other in a cycle.
     #[error("dependency cycle: {}", join_path(.path))]
     Cycle {
         /// The cycle, starting and ending at the same package version (`a -> b -> a`; a package
@@ -301,13 +356,20 @@ pub enum BlockReason {
     Problems(Vec<GraphProblem>),
     /// It depends, directly or through others, on a package that cannot load. `via` is the direct
     /// dependency that is blocked; `root` is a package whose own problems started the failure.
-    DependencyBlocked { via: NodeRef, root: NodeRef },
+    DependencyBlocked {
+        /// The direct dependency that cannot load.
+        via: NodeRef,
+        /// The package whose own problems started the failure.
+        root: NodeRef,
+    },
 }
 
 /// An enabled package version that will not be loaded, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Blocked {
+    /// The package version left out.
     pub node: NodeRef,
+    /// Why.
     pub reason: BlockReason,
 }
 
@@ -367,7 +429,9 @@ impl LoadPlan<'_> {
 /// queries report it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dependent {
+    /// The dependent package version.
     pub node: NodeRef,
+    /// Its requirement on the package in question.
     pub requirement: Requirement,
 }
 
@@ -380,11 +444,18 @@ impl fmt::Display for Dependent {
 /// Why a package may not be disabled.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DisableRefusal {
+    /// The package is not installed.
     #[error("cannot disable {id}: it is not installed")]
-    NotInstalled { id: PackageId },
+    NotInstalled {
+        /// The package.
+        id: PackageId,
+    },
+    /// Enabled packages depend on the package.
     #[error("cannot disable {id}: enabled packages depend on it: {}", join(.dependents))]
     EnabledDependents {
+        /// The package.
         id: PackageId,
+        /// Each enabled dependent and its requirement.
         dependents: Vec<Dependent>,
     },
 }
@@ -392,11 +463,20 @@ pub enum DisableRefusal {
 /// Why a package version may not be removed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RemoveRefusal {
+    /// The version is not installed.
     #[error("cannot remove {id}@{version}: it is not installed")]
-    NotInstalled { id: PackageId, version: Version },
+    NotInstalled {
+        /// The package.
+        id: PackageId,
+        /// The version.
+        version: Version,
+    },
+    /// The version is enabled and enabled packages depend on it.
     #[error("cannot remove {target}: it is enabled and enabled packages depend on it: {}", join(.dependents))]
     EnabledDependents {
+        /// The version.
         target: NodeRef,
+        /// Each enabled dependent and its requirement.
         dependents: Vec<Dependent>,
     },
 }
@@ -404,12 +484,22 @@ pub enum RemoveRefusal {
 /// Why a package may not roll back to a version.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RollbackRefusal {
+    /// The previous version is not installed.
     #[error("cannot roll {id} back to {version}: that version is not installed")]
-    NotInstalled { id: PackageId, version: Version },
+    NotInstalled {
+        /// The package.
+        id: PackageId,
+        /// The version.
+        version: Version,
+    },
+    /// Enabled dependents would reject the previous version.
     #[error("cannot roll {id} back to {version}: {}", join_problems(.problems))]
     Incompatible {
+        /// The package.
         id: PackageId,
+        /// The previous version.
         version: Version,
+        /// What would break.
         problems: Vec<GraphProblem>,
     },
 }

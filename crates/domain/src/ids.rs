@@ -12,21 +12,48 @@ pub const MAX_ID_LEN: usize = 128;
 /// Why a string is not a valid identifier.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdError {
+    /// The text is empty.
     #[error("{what} is empty")]
-    Empty { what: &'static str },
+    Empty {
+        /// What kind of identifier (package id, impl id, ...).
+        what: &'static str,
+    },
+    /// The text is longer than the limit.
     #[error("{what} {value:?} is longer than {MAX_ID_LEN} bytes")]
-    TooLong { what: &'static str, value: String },
+    TooLong {
+        /// What kind of identifier (package id, impl id, ...).
+        what: &'static str,
+        /// The text that was offered.
+        value: String,
+    },
+    /// A byte outside the grammar.
     #[error("{what} {value:?} contains {found:?} at byte {at}; allowed are a-z, 0-9, '_', '-' and '.' between segments")]
     BadChar {
+        /// What kind of identifier (package id, impl id, ...).
         what: &'static str,
+        /// The text that was offered.
         value: String,
+        /// The offending character.
         found: char,
+        /// Its byte offset.
         at: usize,
     },
+    /// Two dots in a row, or a dot at either end.
     #[error("{what} {value:?} has an empty dot-separated segment")]
-    EmptySegment { what: &'static str, value: String },
+    EmptySegment {
+        /// What kind of identifier (package id, impl id, ...).
+        what: &'static str,
+        /// The text that was offered.
+        value: String,
+    },
+    /// The first character is not a lowercase letter.
     #[error("{what} {value:?} must start with a lowercase letter")]
-    BadStart { what: &'static str, value: String },
+    BadStart {
+        /// What kind of identifier (package id, impl id, ...).
+        what: &'static str,
+        /// The text that was offered.
+        value: String,
+    },
 }
 
 /// Checks the shared identifier grammar: dot-separated segments of `[a-z0-9_-]`, starting with a
@@ -177,6 +204,7 @@ pub struct Sha256Digest(pub [u8; 32]);
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{value:?} is not a SHA-256 digest: expected 64 lowercase hex digits")]
 pub struct DigestParseError {
+    /// The text that was offered.
     pub value: String,
 }
 

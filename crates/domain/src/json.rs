@@ -262,7 +262,12 @@ pub enum JsonErrorKind {
     UnexpectedEnd,
     /// A character that the grammar does not allow at this point.
     #[error("found {found:?} where {expected} was expected")]
-    UnexpectedCharacter { found: char, expected: &'static str },
+    UnexpectedCharacter {
+        /// The character found.
+        found: char,
+        /// What the grammar expects there.
+        expected: &'static str,
+    },
     /// Something that starts like `true`, `false` or `null` but is not.
     #[error("misspelt literal; expected true or false")]
     InvalidLiteral,
@@ -286,22 +291,37 @@ pub enum JsonErrorKind {
     IntegerOutOfRange,
     /// A raw control character inside a string.
     #[error("string contains unescaped control character {found:#04x}")]
-    ControlCharacter { found: u8 },
+    ControlCharacter {
+        /// The byte found.
+        found: u8,
+    },
     /// A backslash escape that JSON does not define.
     #[error("unknown escape sequence \\{found}")]
-    InvalidEscape { found: char },
+    InvalidEscape {
+        /// The character after the backslash.
+        found: char,
+    },
     /// A `\\u` escape without four hex digits.
     #[error("\\u must be followed by four hex digits")]
     InvalidUnicodeEscape,
     /// A `\\u` escape naming half of a UTF-16 surrogate pair without the other half.
     #[error("escape \\u{code:04x} is a lone UTF-16 surrogate")]
-    LoneSurrogate { code: u16 },
+    LoneSurrogate {
+        /// The surrogate's code unit.
+        code: u16,
+    },
     /// An object key that appeared before in the same object.
     #[error("duplicate object key {key:?}")]
-    DuplicateKey { key: String },
+    DuplicateKey {
+        /// The repeated key.
+        key: String,
+    },
     /// Arrays and objects nested deeper than [`MAX_DEPTH`].
     #[error("nesting is deeper than {limit} levels")]
-    TooDeep { limit: usize },
+    TooDeep {
+        /// The deepest nesting allowed.
+        limit: usize,
+    },
     /// Non-whitespace after the document.
     #[error("unexpected data after the end of the value")]
     TrailingData,

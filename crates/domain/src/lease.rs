@@ -31,9 +31,13 @@ impl fmt::Display for LeaseKind {
 /// An action that needs the package quiescent: no leases and no bindings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QuiescentAction {
+    /// Taking the package's code out of the registry (disable).
     Unload,
+    /// Replacing the loaded version with another (installing a new version).
     Replace,
+    /// Returning to the previous version.
     Rollback,
+    /// Deleting the current version's files.
     Remove,
 }
 
@@ -51,7 +55,9 @@ impl fmt::Display for QuiescentAction {
 /// The counts held on one package.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct ActiveLeases {
+    /// Explicit session leases.
     pub leases: u64,
+    /// Live bindings into the package's code.
     pub bindings: u64,
 }
 
@@ -73,10 +79,22 @@ impl ActiveLeases {
 /// A ledger update that would make a count invalid. The ledger is unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LeaseError {
+    /// A release without a matching acquire.
     #[error("cannot release a {kind} on {id}: none is held")]
-    ReleaseWithoutAcquire { id: PackageId, kind: LeaseKind },
+    ReleaseWithoutAcquire {
+        /// The package.
+        id: PackageId,
+        /// Lease or binding.
+        kind: LeaseKind,
+    },
+    /// An acquire that would overflow the count.
     #[error("cannot acquire another {kind} on {id}: the count would overflow")]
-    CountOverflow { id: PackageId, kind: LeaseKind },
+    CountOverflow {
+        /// The package.
+        id: PackageId,
+        /// Lease or binding.
+        kind: LeaseKind,
+    },
 }
 
 /// A package is still in use, so `action` must wait.
@@ -85,9 +103,13 @@ pub enum LeaseError {
     "cannot {action} {id}: {leases} session lease(s) and {bindings} binding(s) are still active"
 )]
 pub struct Leased {
+    /// The package in use.
     pub id: PackageId,
+    /// What was refused.
     pub action: QuiescentAction,
+    /// Session leases held.
     pub leases: u64,
+    /// Live bindings held.
     pub bindings: u64,
 }
 

@@ -79,7 +79,10 @@ impl fmt::Display for State {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Event {
     /// Publication of a staged version committed; `enable` says whether it starts enabled.
-    Commit { enable: bool },
+    Commit {
+        /// Whether the version starts enabled.
+        enable: bool,
+    },
     /// The operator enabled the current version.
     Enable,
     /// The operator disabled the current version.
@@ -127,7 +130,9 @@ impl fmt::Display for Event {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("cannot {event} a package version that is {from}")]
 pub struct IllegalTransition {
+    /// The version's state.
     pub from: State,
+    /// The event that is not legal in it.
     pub event: Event,
 }
 

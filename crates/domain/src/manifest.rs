@@ -222,10 +222,20 @@ pub struct SignatureEntry {
 pub enum FieldErrorKind {
     /// The input exceeds [`MAX_METADATA_BYTES`].
     #[error("input is {size} bytes; the limit is {limit}")]
-    TooLarge { size: usize, limit: usize },
+    TooLarge {
+        /// The input's size in bytes.
+        size: usize,
+        /// The limit in bytes.
+        limit: usize,
+    },
     /// The input is not strict JSON (see [`JsonErrorKind`]).
     #[error("{kind} (byte {offset})")]
-    Json { kind: JsonErrorKind, offset: usize },
+    Json {
+        /// What is wrong.
+        kind: JsonErrorKind,
+        /// The byte offset where reading stopped.
+        offset: usize,
+    },
     /// A required field is absent.
     #[error("required field is missing")]
     Missing,
@@ -235,35 +245,59 @@ pub enum FieldErrorKind {
     /// A value of the wrong JSON type.
     #[error("expected {expected}, found {found}")]
     WrongType {
+        /// The JSON type the field needs.
         expected: &'static str,
+        /// The JSON type found.
         found: &'static str,
     },
     /// A `gkmetadata` format version other than [`METADATA_FORMAT_V1`].
     #[error(
         "format version {found} is not supported; this host reads version {METADATA_FORMAT_V1}"
     )]
-    UnsupportedFormatVersion { found: Integer },
+    UnsupportedFormatVersion {
+        /// The version found.
+        found: Integer,
+    },
     /// A package, publisher, implementation or runner id that breaks the id grammar.
     #[error(transparent)]
     InvalidId(IdError),
     /// A string outside a fixed set of spellings (kind, OS, arch, backend, algorithm).
     #[error("{found:?} is not one of {expected:?}")]
     UnknownValue {
+        /// The text found.
         found: String,
+        /// The spellings allowed.
         expected: &'static [&'static str],
     },
     /// A semantic version that does not parse, or is not in the form it is written back in.
     #[error("{text:?} is not a semantic version: {reason}")]
-    InvalidVersion { text: String, reason: String },
+    InvalidVersion {
+        /// The text found.
+        text: String,
+        /// Why it is not a version.
+        reason: String,
+    },
     /// A Kernel ABI version that is not `MAJOR.MINOR.PATCH` within the 8/12/12 packing.
     #[error(transparent)]
     InvalidAbiVersion(VersionError),
     /// A version range whose lower bound is above its upper bound.
     #[error("range {min}..={max} is empty: its lower bound is above its upper bound")]
-    EmptyRange { min: String, max: String },
+    EmptyRange {
+        /// The lower bound.
+        min: String,
+        /// The upper bound.
+        max: String,
+    },
     /// An integer outside the range its field allows.
     #[error("integer {found} is outside {min}..={max}")]
-    IntegerOutOfRange { found: Integer, min: u64, max: u64 },
+    IntegerOutOfRange {
+        /// The integer found.
+        found: Integer,
+        /// The smallest allowed.
+        min: u64,
+        /// The largest allowed.
+        max: u64,
+    },
     /// An artifact or entry path that is not a valid [`ArtifactPath`].
     #[error("artifact path {0}")]
     InvalidPath(PathRule),
@@ -281,13 +315,24 @@ pub enum FieldErrorKind {
     EmptyString,
     /// An element equal to an earlier one in a list that must be unique.
     #[error("duplicates element {first_index}")]
-    Duplicate { first_index: usize },
+    Duplicate {
+        /// The index of the earlier, equal element.
+        first_index: usize,
+    },
     /// An artifact path equal to an earlier one once ASCII case is folded.
     #[error("collides with {other:?} (element {first_index}) on a case-insensitive file system")]
-    PathCollision { first_index: usize, other: String },
+    PathCollision {
+        /// The index of the earlier path.
+        first_index: usize,
+        /// The earlier path.
+        other: String,
+    },
     /// The entry library is not one of the artifacts.
     #[error("entry {entry:?} is not one of the artifacts")]
-    EntryNotAnArtifact { entry: String },
+    EntryNotAnArtifact {
+        /// The entry path.
+        entry: String,
+    },
     /// A `gkmodule` without `module_abi`.
     #[error("module_abi is required for a gkmodule")]
     ModuleAbiRequired,
@@ -298,7 +343,10 @@ pub enum FieldErrorKind {
     #[error(
         "a gkmodule's module dependencies must use abi_tag {MODULE_ABI_TAG_V1:?}, found {found:?}"
     )]
-    NonRuntimeModuleDependency { found: String },
+    NonRuntimeModuleDependency {
+        /// The tag found.
+        found: String,
+    },
 }
 
 /// One problem, located by JSON path.

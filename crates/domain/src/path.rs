@@ -39,10 +39,16 @@ pub enum PathRule {
     Absolute,
     /// The path is longer than [`MAX_PATH_LEN`] bytes.
     #[error("is {len} bytes long; the limit is {MAX_PATH_LEN}")]
-    TooLong { len: usize },
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+    },
     /// The path has more than [`MAX_COMPONENTS`] components.
     #[error("has {count} components; the limit is {MAX_COMPONENTS}")]
-    TooManyComponents { count: usize },
+    TooManyComponents {
+        /// How many components it has.
+        count: usize,
+    },
     /// Two separators in a row, or a trailing separator.
     #[error("has an empty component")]
     EmptyComponent,
@@ -54,12 +60,22 @@ pub enum PathRule {
     DotDotComponent,
     /// A component longer than [`MAX_COMPONENT_LEN`] bytes.
     #[error("has component {component:?} of {len} bytes; the limit is {MAX_COMPONENT_LEN}")]
-    ComponentTooLong { component: String, len: usize },
+    ComponentTooLong {
+        /// The component.
+        component: String,
+        /// Its length in bytes.
+        len: usize,
+    },
     /// A character outside `[A-Za-z0-9._+-]` and `/`.
     #[error(
         "contains {found:?} at byte {at}; allowed are A-Z, a-z, 0-9, '.', '_', '+', '-' and '/'"
     )]
-    BadCharacter { found: char, at: usize },
+    BadCharacter {
+        /// The character.
+        found: char,
+        /// Its byte offset.
+        at: usize,
+    },
     /// The path is the manifest's own name, [`RESERVED_METADATA_NAME`], in any case.
     #[error("is the reserved name {RESERVED_METADATA_NAME:?}")]
     Reserved,

@@ -64,8 +64,11 @@ pub struct VersionRecord {
 /// The facts about a version being published, as verification established them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewVersion {
+    /// SHA-256 of its canonical payload.
     pub payload_digest: Sha256Digest,
+    /// Kernel plugin or runtime module.
     pub kind: PackageKind,
+    /// Its publisher.
     pub publisher: PublisherId,
 }
 
@@ -129,13 +132,16 @@ pub enum PublishKind {
      immutable"
 )]
 pub struct ImmutableVersionConflict {
+    /// The package.
     pub id: PackageId,
     /// The version as offered.
     pub version: Version,
     /// The recorded version of equal precedence; it differs from `version` only in build
     /// metadata, if at all.
     pub recorded_version: Version,
+    /// The payload digest recorded for that version.
     pub recorded: Sha256Digest,
+    /// The digest of the payload offered.
     pub offered: Sha256Digest,
 }
 
@@ -152,6 +158,7 @@ pub struct PublishOptions {
 /// What a successful [`RegistryState::publish`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Published {
+    /// New, or identical to an installed one (nothing changed).
     pub kind: PublishKind,
     /// The version that was current and is now superseded (and the new rollback target).
     pub superseded: Option<Version>,
@@ -169,44 +176,81 @@ pub struct RolledBack {
 /// Why a registry change was refused. The state is unchanged after any of these.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RegistryError {
+    /// The version is recorded with another payload.
     #[error(transparent)]
     ImmutableVersion(#[from] Box<ImmutableVersionConflict>),
+    /// The version is older than the current one and no downgrade was asked for.
     #[error(
         "cannot publish {id}@{offered}: it is older than the current version {current}; use \
          rollback, or ask for a downgrade explicitly"
     )]
     Downgrade {
+        /// The package.
         id: PackageId,
+        /// The current version.
         current: Version,
+        /// The version offered.
         offered: Version,
     },
+    /// The package's installed versions are of another kind.
     #[error("cannot publish {id}@{version} as a {offered}: installed versions of {id} are {recorded} packages")]
     KindChanged {
+        /// The package.
         id: PackageId,
+        /// The version offered.
         version: Version,
+        /// The kind of the installed versions.
         recorded: PackageKind,
+        /// The kind offered.
         offered: PackageKind,
     },
+    /// The package's installed versions belong to another publisher.
     #[error("cannot publish {id}@{version} as publisher {offered}: installed versions of {id} belong to {recorded}")]
     PublisherChanged {
+        /// The package.
         id: PackageId,
+        /// The version offered.
         version: Version,
+        /// The publisher of the installed versions.
         recorded: PublisherId,
+        /// The publisher offered.
         offered: PublisherId,
     },
+    /// No version of the package is recorded.
     #[error("package {id} is not recorded")]
-    UnknownPackage { id: PackageId },
+    UnknownPackage {
+        /// The package.
+        id: PackageId,
+    },
+    /// The version is not installed.
     #[error("{id}@{version} is not installed")]
-    NotInstalled { id: PackageId, version: Version },
+    NotInstalled {
+        /// The package.
+        id: PackageId,
+        /// The version.
+        version: Version,
+    },
+    /// The package has no enabled or disabled version.
     #[error("{id} has no current version")]
-    NoCurrentVersion { id: PackageId },
+    NoCurrentVersion {
+        /// The package.
+        id: PackageId,
+    },
+    /// The package has no rollback target.
     #[error("{id} has no previous version to roll back to")]
-    NoPreviousVersion { id: PackageId },
+    NoPreviousVersion {
+        /// The package.
+        id: PackageId,
+    },
+    /// The lifecycle does not allow the change from the version's state.
     #[error("{id}@{version}: {source}")]
     Illegal {
+        /// The package.
         id: PackageId,
+        /// The version.
         version: Version,
         #[source]
+        /// The refused transition.
         source: IllegalTransition,
     },
 }
@@ -214,30 +258,50 @@ pub enum RegistryError {
 /// A registry that breaks one of its invariants.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RegistryInvariantError {
+    /// A package without versions.
     #[error("{id} has no recorded versions")]
-    EmptyPackage { id: PackageId },
+    EmptyPackage {
+        /// The package.
+        id: PackageId,
+    },
+    /// Two current versions of one package.
     #[error("{id} has two current versions, {first} and {second}; at most one may be enabled or disabled")]
     SeveralCurrent {
+        /// The package.
         id: PackageId,
+        /// One current version.
         first: Version,
+        /// The other.
         second: Version,
     },
+    /// A state that only exists during a transaction was written.
     #[error("{id}@{version} is recorded as {state}, which is never persisted")]
     UnpersistedState {
+        /// The package.
         id: PackageId,
+        /// The version.
         version: Version,
+        /// Its state.
         state: State,
     },
+    /// The rollback target is not an installed, superseded version.
     #[error("{id} names {version} as its previous version, but that version is {}", .state.map_or("not recorded", State::as_str))]
     PreviousNotRollbackTarget {
+        /// The package.
         id: PackageId,
+        /// The version named as previous.
         version: Version,
+        /// Its recorded state, if any.
         state: Option<State>,
     },
+    /// Two recorded versions that differ only in build metadata.
     #[error("{id} records {first} and {second}, which differ only in build metadata")]
     SamePrecedence {
+        /// The package.
         id: PackageId,
+        /// One version.
         first: Version,
+        /// The other.
         second: Version,
     },
 }
@@ -245,39 +309,64 @@ pub enum RegistryInvariantError {
 /// Why a registry value could not be read from a JSON document.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FieldProblem {
+    /// A required field is absent.
     #[error("required field is missing")]
     Missing,
+    /// A field the format does not define.
     #[error("unknown field")]
     Unknown,
+    /// A value of the wrong JSON type.
     #[error("expected {expected}, found {found}")]
     WrongType {
+        /// The JSON type the field needs.
         expected: &'static str,
+        /// The JSON type found.
         found: &'static str,
     },
+    /// A value that breaks the field's rules.
     #[error("{detail}")]
-    Invalid { detail: String },
+    Invalid {
+        /// What is wrong.
+        detail: String,
+    },
+    /// A value repeated where values must be unique.
     #[error("{what} {value} appears more than once")]
-    Duplicate { what: &'static str, value: String },
+    Duplicate {
+        /// What kind of value.
+        what: &'static str,
+        /// The repeated value.
+        value: String,
+    },
 }
 
 /// Why bytes are not a registry this build can use. The store reports it with the file's path.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RegistryDecodeError {
+    /// The bytes are not strict JSON.
     #[error("not strict JSON: {0}")]
     Json(#[from] JsonError),
+    /// The document has no registry format marker.
     #[error(
         "not a registry: the top level is not an object with a \"guild_registry\" format marker"
     )]
     NotARegistry,
+    /// A registry format this build cannot read.
     #[error(
         "registry format {found} is not supported; this build reads format {REGISTRY_FORMAT_V1}"
     )]
-    UnsupportedFormat { found: String },
+    UnsupportedFormat {
+        /// The format found.
+        found: String,
+    },
+    /// A field is missing or malformed.
     #[error("{problem} at {path}")]
     Field {
+        /// Where.
         path: JsonPath,
+        /// What is wrong.
         problem: FieldProblem,
     },
+    /// The registry decodes but breaks an invariant.
     #[error("registry breaks an invariant: {0}")]
     Invariant(#[from] RegistryInvariantError),
 }

@@ -36,13 +36,21 @@ pub struct TrustStore {
 /// Why a change to the trust store was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TrustChangeError {
+    /// The key was revoked; revocation is permanent.
     #[error("key {key_id} is revoked and cannot be trusted again")]
-    KeyRevoked { key_id: Sha256Digest },
+    KeyRevoked {
+        /// The key.
+        key_id: Sha256Digest,
+    },
+    /// The key is already trusted for another publisher.
     #[error("key {key_id} is already trusted for publisher {owner}; one key serves one publisher")]
     KeyOfAnotherPublisher {
+        /// The key.
         key_id: Sha256Digest,
+        /// The publisher it is trusted for.
         owner: PublisherId,
     },
+    /// The key has no bytes.
     #[error("the public key is empty")]
     EmptyKey,
 }
@@ -50,12 +58,23 @@ pub enum TrustChangeError {
 /// Why a trust file could not be read. Every variant fails closed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TrustFileError {
+    /// The file is not strict JSON.
     #[error("trust file is not valid JSON: {0}")]
     Json(#[from] json::JsonError),
+    /// A field is missing or malformed.
     #[error("trust file: {path}: {problem}")]
-    Field { path: String, problem: String },
+    Field {
+        /// The JSON path of the field.
+        path: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The file's format number is not one this host reads.
     #[error("trust file has format {found}; this host reads format {TRUST_FORMAT_V1}")]
-    UnknownFormat { found: String },
+    UnknownFormat {
+        /// The format found.
+        found: String,
+    },
 }
 
 fn field(path: impl Into<String>, problem: impl Into<String>) -> TrustFileError {
@@ -345,8 +364,11 @@ pub trait SignatureCheck {
 /// Who authenticated a package.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Authenticated {
+    /// The publisher the manifest names.
     pub publisher: PublisherId,
+    /// The trusted key whose signature verified.
     pub key_id: Sha256Digest,
+    /// SHA-256 of the canonical payload.
     pub payload_digest: Sha256Digest,
 }
 
@@ -356,11 +378,20 @@ pub enum SignatureOutcome {
     /// No trusted publisher has this key.
     UnknownKey,
     /// The key is trusted, but for another publisher than the manifest names.
-    KeyOfAnotherPublisher { owner: PublisherId },
+    KeyOfAnotherPublisher {
+        /// The publisher the key is trusted for.
+        owner: PublisherId,
+    },
     /// The key has been revoked.
-    KeyRevoked { reason: String },
+    KeyRevoked {
+        /// The reason recorded when it was revoked.
+        reason: String,
+    },
     /// The key is right but the signature does not verify.
-    Invalid { reason: String },
+    Invalid {
+        /// What the verifier said.
+        reason: String,
+    },
 }
 
 impl fmt::Display for SignatureOutcome {
@@ -384,18 +415,29 @@ impl fmt::Display for SignatureOutcome {
 /// Why a package is not authenticated.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
+    /// The payload's digest is revoked.
     #[error("package payload {digest} is revoked ({reason})")]
     DigestRevoked {
+        /// The payload digest.
         digest: Sha256Digest,
+        /// The reason recorded when it was revoked.
         reason: String,
     },
+    /// The package carries no signature at all.
     #[error("the package carries no signature")]
     NoSignatures,
+    /// The trust store holds no key for the publisher.
     #[error("publisher {publisher} is not trusted: no key of it is in the trust store")]
-    PublisherNotTrusted { publisher: PublisherId },
+    PublisherNotTrusted {
+        /// The publisher the manifest names.
+        publisher: PublisherId,
+    },
+    /// No signature verified under a trusted, unrevoked key of the publisher.
     #[error("no valid signature by a trusted key of publisher {publisher}:{}", list_attempts(.attempts))]
     NoValidSignature {
+        /// The publisher the manifest names.
         publisher: PublisherId,
+        /// Every signature's key and what happened to it.
         attempts: Vec<(Sha256Digest, SignatureOutcome)>,
     },
 }

@@ -17,27 +17,48 @@ pub struct PackedVersion(u32);
 /// Why a version could not be packed or parsed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum VersionError {
+    /// A component does not fit its bits in the packing.
     #[error("{part} {value} does not fit in {bits} bits (largest is {max})")]
     ComponentTooLarge {
+        /// Which component (major, minor, patch).
         part: &'static str,
+        /// The value given.
         value: u64,
+        /// The bits it has.
         bits: u32,
+        /// The largest value that fits.
         max: u32,
     },
+    /// Not three dot-separated decimal numbers.
     #[error("{text:?} is not a MAJOR.MINOR.PATCH version")]
-    Malformed { text: String },
+    Malformed {
+        /// The text given.
+        text: String,
+    },
+    /// The lower bound is above the upper bound.
     #[error("range {min}..={max} is empty: its lower bound is above its upper bound")]
-    EmptyRange { min: String, max: String },
+    EmptyRange {
+        /// The lower bound.
+        min: String,
+        /// The upper bound.
+        max: String,
+    },
+    /// An operation-version interval whose bounds have different majors.
     #[error("interval {min}..={max} crosses a major version; operation intervals must stay within one major")]
     CrossesMajor {
+        /// The lower bound.
         min: PackedVersion,
+        /// The upper bound.
         max: PackedVersion,
     },
 }
 
 impl PackedVersion {
+    /// The largest major version (8 bits).
     pub const MAX_MAJOR: u32 = 0xff;
+    /// The largest minor version (12 bits).
     pub const MAX_MINOR: u32 = 0xfff;
+    /// The largest patch version (12 bits).
     pub const MAX_PATCH: u32 = 0xfff;
 
     /// Kernel ABI 1.0.0, the only major this host implements.
@@ -72,14 +93,17 @@ impl PackedVersion {
         self.0
     }
 
+    /// The major version (bits 24 to 31).
     pub const fn major(self) -> u32 {
         self.0 >> 24
     }
 
+    /// The minor version (bits 12 to 23).
     pub const fn minor(self) -> u32 {
         (self.0 >> 12) & 0xfff
     }
 
+    /// The patch version (bits 0 to 11).
     pub const fn patch(self) -> u32 {
         self.0 & 0xfff
     }
@@ -141,10 +165,12 @@ impl AbiRange {
         Ok(AbiRange { min, max })
     }
 
+    /// The lower bound.
     pub fn min(&self) -> PackedVersion {
         self.min
     }
 
+    /// The upper bound.
     pub fn max(&self) -> PackedVersion {
         self.max
     }
@@ -184,10 +210,12 @@ impl OpVersionInterval {
         Ok(OpVersionInterval { min, max })
     }
 
+    /// The lower bound.
     pub fn min(&self) -> PackedVersion {
         self.min
     }
 
+    /// The upper bound.
     pub fn max(&self) -> PackedVersion {
         self.max
     }
@@ -227,10 +255,12 @@ impl VersionRange {
         Ok(VersionRange { min, max })
     }
 
+    /// The lower bound.
     pub fn min(&self) -> &Version {
         &self.min
     }
 
+    /// The upper bound, if there is one.
     pub fn max(&self) -> Option<&Version> {
         self.max.as_ref()
     }

@@ -316,14 +316,23 @@ impl Drop for FakeLibrary {
 pub enum StreamEvent {
     /// A mark was recorded on `stream` of `device_id`; `mark` numbers marks from 1.
     Recorded {
+        /// The device.
         device_id: i32,
+        /// The stream.
         stream: StreamRef,
+        /// The mark's number.
         mark: u64,
     },
     /// Mark number `mark` was waited for.
-    Waited { mark: u64 },
+    Waited {
+        /// The mark's number.
+        mark: u64,
+    },
     /// Mark number `mark` was dropped (waited for or not).
-    Dropped { mark: u64 },
+    Dropped {
+        /// The mark's number.
+        mark: u64,
+    },
 }
 
 /// A device adapter without a device: it hands out numbered marks and logs every record, wait
@@ -343,6 +352,7 @@ struct FakeStreamsState {
 }
 
 impl FakeStreams {
+    /// A fake with no marks, no failing streams and no captures.
     pub fn new() -> Self {
         Self::default()
     }

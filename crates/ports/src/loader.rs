@@ -32,7 +32,9 @@ pub struct ServiceTable(pub usize);
 /// What to load.
 #[derive(Debug, Clone)]
 pub struct LoadRequest {
+    /// The package being loaded.
     pub package: PackageId,
+    /// Its version.
     pub version: Version,
     /// The entry library inside the installed, verified tree.
     pub library: PathBuf,
@@ -49,19 +51,24 @@ pub struct LoadRequest {
 /// A loaded plugin library. Dropping the last `Arc` runs the plugin's `shutdown` and closes the
 /// library; see the module documentation.
 pub trait LoadedLibrary: Send + Sync + fmt::Debug {
+    /// The package the library belongs to.
     fn package(&self) -> &PackageId;
+    /// The version of that package.
     fn version(&self) -> &Version;
 }
 
 /// One kernel the plugin registered, copied out of `init`.
 #[derive(Clone)]
 pub struct RegisteredKernel {
+    /// The implementation id, unique across the registry.
     pub impl_id: ImplId,
     /// The kernel descriptor's `op_kind` (`GUILD_OP_*`).
     pub op_kind: u32,
     /// The namespaced operation name, when the descriptor has one (always for `GUILD_OP_CUSTOM`).
     pub op_name: Option<OpName>,
+    /// The one backend the kernel runs on.
     pub backend: Backend,
+    /// Selection priority: higher wins, ties go to the smaller impl id.
     pub priority: i32,
     /// The GOP1 contract in domain form, when the descriptor carries a GOP1 extension.
     pub operation: Option<OpCandidate>,
@@ -87,7 +94,9 @@ impl fmt::Debug for RegisteredKernel {
 /// One runner the plugin registered, copied out of `init`.
 #[derive(Clone)]
 pub struct RegisteredRunner {
+    /// The runner id, unique across the registry.
     pub runner_id: RunnerId,
+    /// Selection priority: higher wins, ties go to the smaller runner id.
     pub priority: i32,
     /// The loader's owned copy of the C runner descriptor and its extensions (see
     /// [`RegisteredKernel::raw`]).
@@ -106,8 +115,11 @@ impl fmt::Debug for RegisteredRunner {
 /// A successfully loaded plugin: its library and everything it registered.
 #[derive(Debug, Clone)]
 pub struct LoadedPlugin {
+    /// The open library; the registrations' code lives in it.
     pub library: Arc<dyn LoadedLibrary>,
+    /// The kernels `init` registered, in registration order.
     pub kernels: Vec<RegisteredKernel>,
+    /// The runners `init` registered, in registration order.
     pub runners: Vec<RegisteredRunner>,
 }
 
@@ -126,32 +138,51 @@ pub trait PluginLoader: Send + Sync {
 pub enum LoadErrorKind {
     /// The library could not be opened (missing file, unresolved symbol, wrong architecture).
     #[error("cannot open the library: {reason}")]
-    Open { reason: String },
+    Open {
+        /// What the dynamic loader said.
+        reason: String,
+    },
     /// The library has no `guild_plugin_entry_v1`: it is not a Guild plugin.
     #[error("it does not export {symbol}; it is not a Guild plugin")]
-    MissingEntry { symbol: &'static str },
+    MissingEntry {
+        /// The symbol looked for.
+        symbol: &'static str,
+    },
     /// The entry point returned NULL or a descriptor the host cannot read.
     #[error("its plugin descriptor is unusable: {reason}")]
-    BadDescriptor { reason: String },
+    BadDescriptor {
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The plugin's Kernel ABI range does not contain the host's.
     #[error("it supports Kernel ABI {min}..={max}, and this host implements {host}")]
     AbiMismatch {
+        /// The lowest Kernel ABI the plugin runs under.
         min: PackedVersion,
+        /// The highest Kernel ABI the plugin runs under.
         max: PackedVersion,
+        /// The Kernel ABI the host implements.
         host: PackedVersion,
     },
     /// `init` returned an error status.
     #[error("init failed with status {status} ({status_name}){}", describe_error(.component, .message))]
     InitFailed {
+        /// The `guild_status_t` it returned.
         status: i32,
+        /// That status's `GUILD_STATUS_*` name.
         status_name: &'static str,
+        /// The component its error record named (may be empty).
         component: String,
+        /// The message its error record held (may be empty).
         message: String,
     },
     /// A registration was refused during `init` (a malformed descriptor or extension, a
     /// duplicate impl id, a call from another thread).
     #[error("registration refused: {reason}")]
-    RegistrationRefused { reason: String },
+    RegistrationRefused {
+        /// Why the host refused it.
+        reason: String,
+    },
     /// What `init` registered differs from what the manifest declares.
     #[error(
         "it registered {}, but its manifest declares {}",
@@ -159,7 +190,9 @@ pub enum LoadErrorKind {
         list_or_none(.declared)
     )]
     RegistrationMismatch {
+        /// The ids `init` registered.
         registered: Vec<String>,
+        /// The ids the manifest lists.
         declared: Vec<String>,
     },
 }
@@ -186,9 +219,13 @@ fn list_or_none(items: &[String]) -> String {
 pub struct LoadError {
     /// Boxed to keep `Result<_, LoadError>` small on the success path.
     pub kind: Box<LoadErrorKind>,
+    /// The package that failed to load.
     pub package: PackageId,
+    /// Its version.
     pub version: Version,
+    /// The library that was opened (or not).
     pub library: PathBuf,
+    /// The underlying error, when there is one.
     pub source: Option<Box<dyn StdError + Send + Sync>>,
 }
 
@@ -204,6 +241,7 @@ impl LoadError {
         }
     }
 
+    /// Attaches the underlying error.
     pub fn with_source(mut self, source: impl Into<Box<dyn StdError + Send + Sync>>) -> Self {
         self.source = Some(source.into());
         self

@@ -27,7 +27,9 @@ use guild_domain::version::Version;
 /// A staged package tree to move into the store as `id@version`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StagedInstall {
+    /// The package.
     pub id: PackageId,
+    /// The version being installed.
     pub version: Version,
     /// A directory returned by [`PackageStore::new_staging_dir`] and filled since (by the
     /// hardened extractor). The commit consumes it: on success it becomes the installed tree, on
@@ -87,7 +89,9 @@ pub struct Committed {
 /// A journal record that recovery found, summarised.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InterruptedCommit {
+    /// The registry generation the transaction started from.
     pub from_generation: u64,
+    /// The generation it was writing.
     pub to_generation: u64,
     /// The version the transaction was installing, if any.
     pub install: Option<NodeRef>,
@@ -223,15 +227,18 @@ impl fmt::Display for StoreErrorKind {
 /// A store failure: its kind, what was being done, the path involved, and the underlying cause.
 #[derive(Debug)]
 pub struct StoreError {
+    /// What kind of failure, which decides what an operator can do about it.
     pub kind: StoreErrorKind,
     /// What the store was doing, in a few words ("fsync registry", "decode journal record").
     pub what: String,
     /// The file or directory involved, if one was.
     pub path: Option<PathBuf>,
+    /// The underlying error, when there is one.
     pub source: Option<Box<dyn StdError + Send + Sync>>,
 }
 
 impl StoreError {
+    /// An error of `kind` while doing `what`, with no path or cause yet.
     pub fn new(kind: StoreErrorKind, what: impl Into<String>) -> Self {
         StoreError {
             kind,

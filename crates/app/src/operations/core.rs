@@ -256,7 +256,9 @@ impl ServiceCore {
 /// A candidate the resolution did not choose, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PassedOver {
+    /// The candidate's implementation id.
     pub impl_id: ImplId,
+    /// Why it was not chosen.
     pub reason: PassReason,
 }
 

@@ -2,7 +2,7 @@
 //! namespaced operation with their actual tensors and get a handle that runs one negotiated
 //! contract.
 //!
-//! There is one implementation ([`core`]) with two faces:
+//! There is one implementation (the private `core` module) with two faces:
 //! - the C table `guild_operation_service_v1_t` ([`c_service`]), which every plugin receives
 //!   through the optional tail of its host table and in-process runners get from
 //!   [`KernelRegistry::operation_api`];
@@ -13,8 +13,8 @@
 //! ranks them with [`guild_domain::operation::resolve`] and negotiates through each candidate's C
 //! `validate` and `query_scratch` callbacks with the actual tensors. A handle owns a
 //! [`KernelBinding`], so the provider's library stays loaded (and its package can be neither
-//! rolled back nor removed) until the handle is released; a failed resolution carries the
-//! domain's report of every candidate and why it lost.
+//! disabled, replaced, rolled back nor removed) until the handle is released; a failed
+//! resolution carries the domain's report of every candidate and why it lost.
 //!
 //! `execute` checks every argument against the negotiated contract (shape, strides, dtype,
 //! memory space, device, data alignment, scratch, sync mode) before it calls the provider, and
@@ -25,6 +25,49 @@
 //!
 //! Unsafe code in the app is confined to this module: the calls into the providers' C callbacks
 //! and the `extern "C"` entry points of the C face, none of which lets a Rust panic cross into C.
+//!
+//! # Examples
+//!
+//! Resolve the inclusive scan for eight `f32` values on the CPU and run it:
+//!
+//! ```no_run
+//! use guild_domain::ids::OpName;
+//! use guild_domain::operation::{DType, MemorySpace, TensorDesc};
+//! use guild_host::operations::{TensorArg, TensorArgMut};
+//! use guild_host::{Host, OperationRequest, OperationService};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let (host, _opened, _loaded) = Host::open_dir(std::path::Path::new("/var/lib/guild"))?;
+//! let service = OperationService::new(host.kernels());
+//!
+//! // Describe the tensors exactly as they will be passed: dtype, shape (innermost axis first),
+//! // memory space. The providers negotiate against these.
+//! let desc = TensorDesc::new(DType::F32, &[8], MemorySpace::Host);
+//! let request = OperationRequest::cpu(
+//!     OpName::new("example.sequence.inclusive_scan")?,
+//!     vec![desc],
+//!     vec![desc],
+//! );
+//! let handle = service.resolve(&request)?;
+//! let chosen = handle.describe();
+//! println!("{} from {} {}", chosen.impl_id, chosen.package, chosen.package_version);
+//!
+//! // The caller owns scratch; this provider asks for none.
+//! assert_eq!(handle.scratch().host_bytes, 0);
+//! let input = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+//! let mut output = [0.0f32; 8];
+//! handle.execute(
+//!     &[TensorArg::new(desc, &input)],
+//!     &mut [TensorArgMut::new(desc, &mut output)],
+//!     None,
+//! )?;
+//! assert_eq!(output[7], 36.0);
+//!
+//! // Releasing lets the provider's package be disabled or replaced again.
+//! handle.release()?;
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod c_service;
 pub(crate) mod core;
@@ -66,7 +109,8 @@ pub struct OperationRequest {
     pub capabilities: Capabilities,
     /// Numerical guarantees the provider must offer.
     pub numerics: Numerics,
-    /// How the call is synchronised. This slice executes host-blocking only.
+    /// How the call is synchronised. The Rust face executes host-blocking calls only (other
+    /// modes are refused at resolution); the C table takes every mode.
     pub sync_mode: SyncMode,
     /// The actual input tensors (a known data address lets the provider check alignment).
     pub inputs: Vec<TensorDesc>,
@@ -201,13 +245,22 @@ impl<'r> OperationService<'r> {
         OperationService { registry }
     }
 
-    /// Resolves `request` to a handle. See the module documentation.
+    /// Resolves `request` to a handle: the best provider (highest priority, then smallest impl
+    /// id) whose GOP1 contract admits the request and whose `validate` and `query_scratch`
+    /// accept its tensors within the budgets. The handle binds that provider until it is
+    /// dropped or released.
+    ///
+    /// The Rust face executes host-blocking calls only; a request for another sync mode is
+    /// [`ResolveError::Unsupported`]. See the [module documentation](self) for an example.
     pub fn resolve(&self, request: &OperationRequest) -> Result<OpHandle<'r>, ResolveError> {
         self.resolve_with_params(request, &[])
     }
 
     /// Resolves `request`, passing `params` (the operation's parameter record, laid out as its
     /// contract defines) to the providers' negotiation callbacks.
+    ///
+    /// The parameters are used for negotiation only; each execute carries its own, through
+    /// [`OpHandle::execute_with_params`].
     pub fn resolve_with_params(
         &self,
         request: &OperationRequest,
@@ -248,14 +301,23 @@ pub struct Scratch {
 /// What a handle resolved to, borrowed for the handle's lifetime.
 #[derive(Debug, Clone, Copy)]
 pub struct OpDescription<'h> {
+    /// The chosen implementation.
     pub impl_id: &'h ImplId,
+    /// The package that provides it.
     pub package: &'h PackageId,
+    /// That package's version.
     pub package_version: &'h Version,
+    /// The operation.
     pub op_name: &'h OpName,
+    /// The operation version the implementation declares (within the requested interval).
     pub op_version: PackedVersion,
+    /// The backend it runs on.
     pub backend: Backend,
+    /// Its registered priority.
     pub priority: i32,
+    /// The sync mode every call on the handle uses.
     pub sync_mode: SyncMode,
+    /// The scratch each execute needs.
     pub scratch: Scratch,
 }
 
@@ -334,11 +396,29 @@ impl OpHandle<'_> {
     /// until the provider returns. Every argument is checked against the negotiated contract
     /// first; a mismatch is an error and the provider is not called. Calls on one handle are
     /// serialised; calls on different handles may run at once.
+    ///
+    /// The descriptors must be the ones the handle was resolved with (the data address aside);
+    /// `scratch` must hold at least [`Scratch::host_bytes`] at [`Scratch::alignment`], or be
+    /// `None` when none is needed. A provider that calls back into the handle it is running on
+    /// gets [`ExecuteError::Reentrant`] rather than a deadlock. See the
+    /// [module documentation](self) for an example.
     pub fn execute(
         &self,
         inputs: &[TensorArg<'_>],
         outputs: &mut [TensorArgMut<'_>],
         scratch: Option<&mut [u8]>,
+    ) -> Result<(), ExecuteError> {
+        self.execute_with_params(inputs, outputs, scratch, &[])
+    }
+
+    /// As [`OpHandle::execute`], passing `params` (the operation's parameter record, laid out
+    /// as its contract defines for the negotiated version) to the provider for this call.
+    pub fn execute_with_params(
+        &self,
+        inputs: &[TensorArg<'_>],
+        outputs: &mut [TensorArgMut<'_>],
+        scratch: Option<&mut [u8]>,
+        params: &[u8],
     ) -> Result<(), ExecuteError> {
         let r = &self.resolved;
         let c_inputs = check_buffers(
@@ -372,8 +452,12 @@ impl OpHandle<'_> {
             stream: std::ptr::null_mut(),
             device_id: r.device_id,
             sync_mode: r.sync_mode.raw(),
-            params: std::ptr::null(),
-            params_size: 0,
+            params: if params.is_empty() {
+                std::ptr::null()
+            } else {
+                params.as_ptr().cast()
+            },
+            params_size: params.len(),
         };
         let mut error = guild_error_info_t::new();
         // Every data pointer in `call` addresses a live Rust buffer of at least the tensor's
@@ -447,62 +531,117 @@ fn same_tensor(a: &TensorDesc, b: &TensorDesc) -> bool {
 /// called.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ExecuteError {
+    /// The call passes another number of inputs or outputs than was negotiated.
     #[error("{got} {role}s given, the negotiated contract has {expected}")]
     Arity {
+        /// Inputs or outputs.
         role: TensorRole,
+        /// How many the handle was resolved with.
         expected: usize,
+        /// How many the call passed.
         got: usize,
     },
+    /// A tensor's descriptor differs from the negotiated one (only the data address may change
+    /// between resolution and execution).
     #[error(
         "{tensor} does not match the negotiated descriptor (expected {expected:?}, got {actual:?})"
     )]
     DescriptorMismatch {
+        /// Which tensor.
         tensor: TensorRef,
+        /// The descriptor the handle was resolved with.
         expected: Box<TensorDesc>,
+        /// The one the call passed.
         actual: Box<TensorDesc>,
     },
+    /// A typed buffer's element type is not the tensor's dtype.
     #[error("{tensor} is {dtype} but its buffer holds {element} elements")]
     ElementType {
+        /// Which tensor.
         tensor: TensorRef,
+        /// The descriptor's dtype.
         dtype: DType,
+        /// The buffer's element type.
         element: DType,
     },
+    /// A buffer is shorter than the tensor's extent in bytes.
     #[error("{tensor} spans {needed} bytes but its buffer has {got}")]
     BufferTooSmall {
+        /// Which tensor.
         tensor: TensorRef,
+        /// The tensor's byte extent (strides included).
         needed: u64,
+        /// The buffer's length in bytes.
         got: usize,
     },
+    /// A tensor has no data (the C face only; a Rust buffer always has an address).
     #[error("{tensor} has a NULL data pointer")]
-    NullData { tensor: TensorRef },
+    NullData {
+        /// Which tensor.
+        tensor: TensorRef,
+    },
+    /// A buffer breaks the contract in a way only its address shows (its alignment).
     #[error("the buffer breaks the negotiated contract: {rejection}")]
-    Contract { rejection: Rejection },
+    Contract {
+        /// What the contract requires.
+        rejection: Rejection,
+    },
+    /// The call names another sync mode than the handle was resolved for.
     #[error("the handle was resolved for sync mode {resolved}, the call asks for {got}")]
-    SyncMode { resolved: SyncMode, got: u32 },
+    SyncMode {
+        /// The handle's mode.
+        resolved: SyncMode,
+        /// The raw `GUILD_SYNC_*` value of the call.
+        got: u32,
+    },
+    /// The call names another device than the handle was resolved for.
     #[error("the handle was resolved for device {resolved}, the call runs on device {got}")]
-    Device { resolved: i32, got: i32 },
+    Device {
+        /// The handle's device.
+        resolved: i32,
+        /// The call's device.
+        got: i32,
+    },
+    /// A stream was passed to a CPU provider.
     #[error("a CPU provider runs host-blocking on the calling thread and takes no stream")]
     StreamOnCpu,
+    /// Scratch is missing or shorter than the provider asked for.
     #[error("the provider needs {needed} bytes of {kind} scratch, {got} given")]
     ScratchTooSmall {
+        /// `host` or `device`.
         kind: &'static str,
+        /// The bytes negotiated.
         needed: u64,
+        /// The bytes passed (0 when none).
         got: u64,
     },
+    /// Scratch is not aligned as the provider asked.
     #[error("the {kind} scratch at {address:#x} is not aligned to {alignment} bytes")]
     ScratchMisaligned {
+        /// `host` or `device`.
         kind: &'static str,
+        /// The scratch's address.
         address: usize,
+        /// The alignment negotiated.
         alignment: u32,
     },
+    /// The provider needs device scratch, which the Rust face cannot pass yet (use the C
+    /// table).
     #[error(
         "the provider needs {needed} bytes of device scratch, which the Rust face cannot pass yet"
     )]
-    DeviceScratch { needed: u64 },
+    DeviceScratch {
+        /// The bytes negotiated.
+        needed: u64,
+    },
+    /// The thread is already inside a call on this handle (a provider calling back into the
+    /// handle that is running it); the C face reports it as `GUILD_STATUS_ERR_BUSY`.
     #[error("a call on this handle is already running on this thread; calling it again from inside would deadlock")]
     Reentrant,
+    /// The provider's `execute` returned an error status, with its own message.
     #[error("the provider failed: {0}")]
     Provider(ProviderRefusal),
+    /// The device adapter could not record the end of the stream work the call enqueued.
     #[error("the work was enqueued but its completion could not be recorded: {0}")]
     Stream(DeviceError),
 }

@@ -1068,3 +1068,52 @@ fn a_kernel_for_a_backend_the_manifest_does_not_declare_is_refused() {
     assert_eq!(f.loader.open_libraries(), 0, "the plugin was shut down");
     assert!(f.host.packages().list().unwrap().is_empty());
 }
+
+#[test]
+fn the_rust_face_passes_execute_params_to_the_provider() {
+    let f = fixture_with(&[probe_spec()], DeviceSupport::host());
+    let rust = OperationService::new(f.host.kernels());
+    let (din, dout) = (desc(DType::I32, &[4], &[]), desc(DType::I32, &[2], &[]));
+    let handle = rust
+        .resolve(&OperationRequest::cpu(
+            op(REENTER_OP),
+            vec![din],
+            vec![dout],
+        ))
+        .unwrap();
+    let input = [0i32; 4];
+    let mut statuses = [7i32; 2];
+    handle
+        .execute(
+            &[TensorArg::new(din, &input)],
+            &mut [TensorArgMut::new(dout, &mut statuses)],
+            None,
+        )
+        .unwrap();
+    assert_eq!(statuses, [0, 0], "no params: the probe calls nothing");
+
+    // With params naming the C service and no handle, the probe's release(NULL) is OK and its
+    // execute(NULL) is refused: proof that the record reached the provider's execute.
+    let params = ProbeParams {
+        struct_size: size_of::<ProbeParams>() as u32,
+        reserved: 0,
+        service: f.host.kernels().operation_api(),
+        handle: ptr::null_mut(),
+    };
+    // SAFETY: viewing a live repr(C) struct as its bytes for the duration of the call.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            (&params as *const ProbeParams).cast::<u8>(),
+            size_of::<ProbeParams>(),
+        )
+    };
+    handle
+        .execute_with_params(
+            &[TensorArg::new(din, &input)],
+            &mut [TensorArgMut::new(dout, &mut statuses)],
+            None,
+            bytes,
+        )
+        .unwrap();
+    assert_eq!(statuses, [0, GUILD_STATUS_ERR_INVALID_ARGUMENT]);
+}

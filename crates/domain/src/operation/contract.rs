@@ -167,23 +167,42 @@ impl OpCandidate {
 pub enum CandidateError {
     /// No rank from 1 to 8 satisfies `min_rank..=max_rank`.
     #[error("rank bounds {min}..={max} admit no rank in 1..=8")]
-    RankBounds { min: u32, max: u32 },
+    RankBounds {
+        /// The declared lower bound.
+        min: u32,
+        /// The declared upper bound.
+        max: u32,
+    },
     /// An arity has `min > max`.
     #[error("{role} arity bounds {min}..={max} are empty")]
     ArityBounds {
+        /// Inputs or outputs.
         role: TensorRole,
+        /// The declared lower bound.
         min: u32,
+        /// The declared upper bound.
         max: u32,
     },
     /// The alignment is not a power of two.
     #[error("minimum alignment {alignment} is not a power of two")]
-    Alignment { alignment: u64 },
+    Alignment {
+        /// The declared alignment in bytes.
+        alignment: u64,
+    },
     /// Both SM bounds are set and `min_sm > max_sm`.
     #[error("cuda sm bounds {min}..={max} are empty")]
-    SmBounds { min: u32, max: u32 },
+    SmBounds {
+        /// The declared lowest compute capability.
+        min: u32,
+        /// The declared highest.
+        max: u32,
+    },
     /// A required set (layouts, memory spaces, sync modes) is empty.
     #[error("declares no {what}")]
-    EmptySet { what: &'static str },
+    EmptySet {
+        /// Which set.
+        what: &'static str,
+    },
 }
 
 /// What the caller knows about the device the operation will run on.
@@ -334,14 +353,19 @@ pub enum QueryError {
     NoBackends,
     /// The backend set has bits this host does not know.
     #[error("the query's backend set has unknown bits {bits:#x}")]
-    UnknownBackendBits { bits: u32 },
+    UnknownBackendBits {
+        /// The unknown bits.
+        bits: u32,
+    },
     /// The version interval is empty or spans two majors.
     #[error("the query's version interval is invalid: {0}")]
     VersionInterval(VersionError),
     /// A tensor is invalid on its own.
     #[error("{tensor} is invalid: {error}")]
     Tensor {
+        /// Which tensor.
         tensor: TensorRef,
+        /// What is wrong with it.
         error: TensorError,
     },
     /// A device-memory tensor lives on another device than the query's.
@@ -349,8 +373,11 @@ pub enum QueryError {
         "{tensor} lives on device {tensor_device} but the query runs on device {query_device}"
     )]
     DeviceMismatch {
+        /// Which tensor.
         tensor: TensorRef,
+        /// The device the tensor names.
         tensor_device: i32,
+        /// The device the query runs on.
         query_device: i32,
     },
 }

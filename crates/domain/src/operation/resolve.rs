@@ -121,83 +121,121 @@ pub enum Rejection {
     /// The operation version is outside the query's interval.
     #[error("operation version {version} is outside the requested {wanted}")]
     VersionOutOfInterval {
+        /// The candidate's operation version.
         version: PackedVersion,
+        /// The interval the query asks for.
         wanted: OpVersionInterval,
     },
     /// The candidate runs on a backend the query does not permit.
     #[error("backend {backend} is not among the permitted {permitted}")]
     BackendNotPermitted {
+        /// The candidate's backend.
         backend: Backend,
+        /// The backends the query permits.
         permitted: BackendSet,
     },
     /// Required capability bits are not offered; `missing` names them.
     #[error("lacks required capability bits {missing}")]
-    MissingCapabilities { missing: Capabilities },
+    MissingCapabilities {
+        /// The required bits the candidate lacks.
+        missing: Capabilities,
+    },
     /// Required numerics bits are not offered; `missing` names them.
     #[error("lacks required numerics bits {missing}")]
-    MissingNumerics { missing: Numerics },
+    MissingNumerics {
+        /// The required bits the candidate lacks.
+        missing: Numerics,
+    },
     /// The query's sync mode is not among the candidate's.
     #[error("sync mode {requested} is not among its {offered}")]
     SyncModeUnsupported {
+        /// The query's mode.
         requested: SyncMode,
+        /// The modes the candidate supports.
         offered: SyncModeSet,
     },
     /// The query has too few or too many inputs or outputs.
     #[error("takes {accepted} {role}s, the query has {count}")]
     ArityOutOfRange {
+        /// Inputs or outputs.
         role: TensorRole,
+        /// How many the query has.
         count: usize,
+        /// How many the candidate takes.
         accepted: Arity,
     },
     /// A tensor's rank is outside the candidate's bounds.
     #[error("{tensor} has rank {rank}, outside {min}..={max}")]
     RankOutOfRange {
+        /// Which tensor.
         tensor: TensorRef,
+        /// Its rank.
         rank: u32,
+        /// The candidate's lowest rank.
         min: u32,
+        /// The candidate's highest rank.
         max: u32,
     },
     /// A tensor axis exceeds the descriptor's dimension bound.
     #[error("{tensor} axis {axis} has extent {dim}, above the bound {max}")]
     DimensionTooLarge {
+        /// Which tensor.
         tensor: TensorRef,
+        /// The axis.
         axis: usize,
+        /// Its extent.
         dim: u64,
+        /// The descriptor's bound for that axis.
         max: u64,
     },
     /// A tensor's batch (product of outer extents) exceeds the descriptor's bound.
     #[error("{tensor} has batch {batch} (product of its outer extents), above the bound {max}")]
     BatchTooLarge {
+        /// Which tensor.
         tensor: TensorRef,
+        /// The product of its outer extents.
         batch: u64,
+        /// The descriptor's bound.
         max: u64,
     },
     /// A tensor's dtype differs from the one the descriptor fixes for its role.
     #[error("{tensor} is {actual}, the provider takes {expected}")]
     DtypeMismatch {
+        /// Which tensor.
         tensor: TensorRef,
+        /// The dtype the candidate fixes.
         expected: DType,
+        /// The tensor's dtype.
         actual: DType,
     },
     /// A tensor's layout is not accepted.
     #[error("{tensor} is {layout}, the provider accepts {accepted}")]
     LayoutUnsupported {
+        /// Which tensor.
         tensor: TensorRef,
+        /// The tensor's layout.
         layout: Layout,
+        /// The layouts the candidate accepts.
         accepted: LayoutSet,
     },
     /// A tensor's data address is not aligned as required.
     #[error("{tensor} data at {address:#x} is not aligned to {required} bytes")]
     Misaligned {
+        /// Which tensor.
         tensor: TensorRef,
+        /// The data address.
         address: u64,
+        /// The alignment the candidate requires, in bytes.
         required: u64,
     },
     /// A tensor's memory space is not accepted.
     #[error("{tensor} is in {space} memory, the provider accepts {accepted}")]
     MemorySpaceNotPermitted {
+        /// Which tensor.
         tensor: TensorRef,
+        /// The tensor's memory space.
         space: MemorySpace,
+        /// The memory spaces the candidate accepts.
         accepted: MemorySpaceSet,
     },
     /// A CUDA candidate, and the query reports no CUDA device.
@@ -205,10 +243,20 @@ pub enum Rejection {
     NoCudaDevice,
     /// The device's CUDA compute capability is outside the candidate's bounds.
     #[error("cuda compute capability {sm} is outside {}", SmBounds(*min, *max))]
-    SmOutOfRange { sm: u32, min: u32, max: u32 },
+    SmOutOfRange {
+        /// The device's compute capability times ten.
+        sm: u32,
+        /// The candidate's lowest (0: none).
+        min: u32,
+        /// The candidate's highest (0: none).
+        max: u32,
+    },
     /// The host CPU lacks required ISA features; `missing` names them.
     #[error("the cpu lacks required isa bits {missing}")]
-    MissingIsa { missing: CpuIsa },
+    MissingIsa {
+        /// The required bits the CPU lacks.
+        missing: CpuIsa,
+    },
     /// Two compatible candidates tie on impl id and priority.
     #[error(
         "another compatible candidate has the same impl id and priority, so neither ranks first"
@@ -223,8 +271,11 @@ pub enum Rejection {
     /// The scratch asked for exceeds the RAM or VRAM budget.
     #[error("needs {needed} bytes of {} scratch, over the {budget} budget of {allowed}", budget.scratch())]
     OverBudget {
+        /// RAM (host scratch) or VRAM (device scratch).
         budget: BudgetKind,
+        /// The bytes the provider asked for.
         needed: u64,
+        /// The query's budget.
         allowed: Budget,
     },
 }

@@ -198,32 +198,57 @@ pub struct TensorInfo {
 pub enum TensorError {
     /// Rank 0 or above 8.
     #[error("rank {rank} is outside 1..=8 (a scalar is rank 1 with one element)")]
-    BadRank { rank: u32 },
+    BadRank {
+        /// The rank given.
+        rank: u32,
+    },
     /// The tensor names [`DType::ANY`].
     #[error("dtype any belongs in a provider's descriptor; a tensor must name its dtype")]
     AnyDtype,
     /// The dtype id is not known to this host, so its size is unknown.
     #[error("dtype id {dtype} is not known to this host")]
-    UnknownDtype { dtype: u32 },
+    UnknownDtype {
+        /// The raw dtype id.
+        dtype: u32,
+    },
     /// An axis has extent 0.
     #[error("axis {axis} has extent 0; empty tensors are refused")]
-    ZeroExtent { axis: usize },
+    ZeroExtent {
+        /// The empty axis.
+        axis: usize,
+    },
     /// `strides[0]` is not 0.
     #[error("strides[0] is {stride}; the innermost axis is contiguous and its stride must be 0")]
-    InnerStride { stride: u64 },
+    InnerStride {
+        /// The stride given.
+        stride: u64,
+    },
     /// The innermost extent of a quantized tensor is not a whole number of blocks.
     #[error("innermost extent {dim} is not a multiple of the {dtype} block of {block} elements")]
-    NotBlockMultiple { dtype: DType, dim: u64, block: u32 },
+    NotBlockMultiple {
+        /// The quantized dtype.
+        dtype: DType,
+        /// The innermost extent.
+        dim: u64,
+        /// Its block size in elements.
+        block: u32,
+    },
     /// An explicit outer stride is smaller than the extent of the axes inside it.
     #[error("stride {stride} of axis {axis} overlaps the {packed} units of the axes inside it")]
     StrideOverlap {
+        /// The axis.
         axis: usize,
+        /// Its explicit stride.
         stride: u64,
+        /// The extent of the axes inside it, in the same units.
         packed: u64,
     },
     /// A size does not fit in 64 bits.
     #[error("the tensor's {what} does not fit in 64 bits")]
-    TooLarge { what: &'static str },
+    TooLarge {
+        /// Which size.
+        what: &'static str,
+    },
 }
 
 /// Whether a tensor is one of a query's inputs or one of its outputs.
