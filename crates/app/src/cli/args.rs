@@ -6,7 +6,8 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use guild_domain::ids::{PackageId, PublisherId, Sha256Digest};
+use guild_domain::ids::{ImplId, OpName, PackageId, PublisherId, Sha256Digest};
+use guild_domain::operation::{DType, MemorySpace, TensorDesc};
 use guild_domain::version::Version;
 
 /// The exit codes, printed under `guild --help` and documented in docs/cli.md.
@@ -208,6 +209,63 @@ pub enum Command {
         only reports.\n\nExample:\n  guild recover"
     )]
     Recover,
+
+    /// Show which implementation the enabled packages would run for an operation, and why the
+    /// others would not.
+    #[command(
+        after_help = "The enabled packages are loaded (their native code runs, as in a \
+        runner) and the query is resolved; nothing is executed. A tensor is \
+        DTYPE:DIMS[@STRIDES], innermost axis first: f32:8x2 is 2 rows of 8, and \
+        f32:8x2@0,10 puts the rows 10 elements apart.\n\nExamples:\n  \
+        guild resolve example.sequence.inclusive_scan --input f32:8x2 --output f32:8x2\n  \
+        guild resolve example.sequence.inclusive_scan --input i64:4 --output i64:4 \
+        --exact example.scan.inclusive.cpu\n  \
+        guild --json resolve example.sequence.scan_then_total --input f64:5x3 --output f64:1x3"
+    )]
+    Resolve {
+        /// The namespaced operation.
+        #[arg(value_name = "OPERATION", value_parser = parse_op_name)]
+        op: OpName,
+        #[arg(
+            long = "input",
+            value_name = "TENSOR",
+            value_parser = parse_tensor,
+            help = "An input tensor, DTYPE:DIMS[@STRIDES] (repeat for each input, in order)"
+        )]
+        inputs: Vec<TensorDesc>,
+        #[arg(
+            long = "output",
+            value_name = "TENSOR",
+            value_parser = parse_tensor,
+            help = "An output tensor, DTYPE:DIMS[@STRIDES] (repeat for each output, in order)"
+        )]
+        outputs: Vec<TensorDesc>,
+        /// Accept only this implementation (no fallback).
+        #[arg(long, value_name = "IMPL_ID", value_parser = parse_impl_id)]
+        exact: Option<ImplId>,
+        /// Bound on host scratch, in bytes.
+        #[arg(long, value_name = "BYTES")]
+        ram_budget: Option<u64>,
+    },
+
+    /// Check this machine and the store: platform, store health, trust store, GPUs and the SDK.
+    #[command(
+        after_help = "Each check prints ok, warn or fail with what to do about it. The \
+        exit code is 0 unless a check failed (5 when the store is unusable).\n\nExamples:\n  \
+        guild doctor\n  guild --json doctor"
+    )]
+    Doctor,
+
+    /// Print a completion script for a shell.
+    #[command(after_help = "Examples:\n  \
+        guild completions bash > ~/.local/share/bash-completion/completions/guild\n  \
+        guild completions zsh > ~/.zfunc/_guild\n  \
+        guild completions fish > ~/.config/fish/completions/guild.fish")]
+    Completions {
+        /// The shell.
+        #[arg(value_name = "SHELL")]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -272,6 +330,44 @@ fn parse_digest(s: &str) -> Result<Sha256Digest, String> {
     Sha256Digest::parse_hex(s).map_err(|e| e.to_string())
 }
 
+fn parse_op_name(s: &str) -> Result<OpName, String> {
+    OpName::new(s).map_err(|e| e.to_string())
+}
+
+fn parse_impl_id(s: &str) -> Result<ImplId, String> {
+    ImplId::new(s).map_err(|e| e.to_string())
+}
+
+/// `DTYPE:DIMS[@STRIDES]`, innermost axis first: `f32:8x2`, `i64:4x3x2@0,6,24`.
+pub fn parse_tensor(s: &str) -> Result<TensorDesc, String> {
+    let (dtype, rest) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?} is not DTYPE:DIMS[@STRIDES] (for example f32:8x2)"))?;
+    let dtype = (0..=u32::from(u8::MAX))
+        .map(DType::from_raw)
+        .find(|d| d.name() == Some(dtype))
+        .ok_or_else(|| format!("{dtype:?} is not a dtype this host knows (f32, f64, i32, ...)"))?;
+    let (dims, strides) = match rest.split_once('@') {
+        Some((d, st)) => (d, Some(st)),
+        None => (rest, None),
+    };
+    let number = |n: &str| {
+        n.parse::<u64>()
+            .map_err(|_| format!("{n:?} in {s:?} is not a whole number"))
+    };
+    let dims: Vec<u64> = dims.split('x').map(number).collect::<Result<_, _>>()?;
+    let strides: Vec<u64> = match strides {
+        Some(st) => st.split(',').map(number).collect::<Result<_, _>>()?,
+        None => Vec::new(),
+    };
+    if strides.len() > dims.len() {
+        return Err(format!("{s:?} has more strides than axes"));
+    }
+    let desc = TensorDesc::new(dtype, &dims, MemorySpace::Host).with_strides(&strides);
+    desc.check().map_err(|e| format!("{s:?}: {e}"))?;
+    Ok(desc)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,5 +376,26 @@ mod tests {
     #[test]
     fn grammar_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn tensors_parse_innermost_first_with_optional_strides() {
+        let t = parse_tensor("f32:8x2@0,10").unwrap();
+        assert_eq!(
+            (t.dtype, t.shape(), &t.strides[..2]),
+            (DType::F32, &[8, 2][..], &[0, 10][..])
+        );
+        assert_eq!(parse_tensor("i64:4").unwrap().shape(), &[4]);
+        for (bad, says) in [
+            ("f32", "is not DTYPE:DIMS"),
+            ("float:4", "not a dtype"),
+            ("f32:4xz", "not a whole number"),
+            ("f32:4@0,1", "more strides than axes"),
+            ("f32:0", "extent"),
+            ("f32:4x2@1", "stride"),
+        ] {
+            let err = parse_tensor(bad).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
     }
 }

@@ -6,10 +6,13 @@
 //! that an embedding runner uses.
 
 mod args;
+mod doctor;
 mod failure;
 mod output;
+mod progress;
 mod publisher;
 mod render;
+mod resolve;
 mod store;
 mod trust;
 
@@ -38,8 +41,9 @@ pub fn main() -> ExitCode {
     };
     match run(&cli) {
         Ok(report) => {
+            let exit = report.exit;
             out.success(report);
-            ExitCode::SUCCESS
+            exit.map_or(ExitCode::SUCCESS, Into::into)
         }
         Err(err) => {
             let failure = Failure::from_error(&err);
@@ -87,7 +91,11 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
             key,
         } => publisher::pack(source, manifest, out, key.as_deref()),
         Command::Sign { package, key, out } => publisher::sign(package, key, out.as_deref()),
-        Command::Verify { package } => publisher::verify(&store_dir(cli, false)?, package),
+        Command::Verify { package } => publisher::verify(
+            &store_dir(cli, false)?,
+            package,
+            progress::for_stderr(cli.json, cli.quiet),
+        ),
         Command::Inspect { package } => publisher::inspect(package),
         Command::Trust(t) => trust::run(&store_dir(cli, true)?, t),
         Command::Install {
@@ -99,6 +107,7 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
             package,
             !*disabled,
             *allow_downgrade,
+            progress::for_stderr(cli.json, cli.quiet),
         ),
         Command::Enable { id } => store::enable(&store_dir(cli, true)?, id),
         Command::Disable { id } => store::disable(&store_dir(cli, true)?, id),
@@ -109,6 +118,27 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
         Command::List => store::list(&store_dir(cli, true)?),
         Command::Status { id } => store::status(&store_dir(cli, true)?, id.as_ref()),
         Command::Recover => store::recover(&store_dir(cli, true)?),
+        Command::Resolve {
+            op,
+            inputs,
+            outputs,
+            exact,
+            ram_budget,
+        } => resolve::run(
+            &store_dir(cli, true)?,
+            op,
+            inputs,
+            outputs,
+            exact.as_ref(),
+            *ram_budget,
+        ),
+        Command::Doctor => doctor::run(&store_dir(cli, true)?),
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(*shell, &mut command, "guild", &mut std::io::stdout());
+            // The script is the output; there is nothing else to report.
+            Ok(Report::new("completions").silent())
+        }
     }
 }
 

@@ -17,6 +17,11 @@ pub struct Report {
     /// Things worth knowing that did not stop the command (what the store's recovery did, a
     /// package disabled by re-verification). stderr for people; `"warnings"` in JSON.
     pub warnings: Vec<String>,
+    /// A command whose whole report is its answer even when something failed (`doctor`) sets
+    /// the exit code here instead of returning an error.
+    pub exit: Option<Exit>,
+    /// The command wrote its own output (a completion script); print nothing more.
+    pub silent: bool,
 }
 
 impl Report {
@@ -39,6 +44,12 @@ impl Report {
         self.lines.push(line.into());
         self
     }
+
+    /// A report that prints nothing, for a command that wrote its own output.
+    pub fn silent(mut self) -> Self {
+        self.silent = true;
+        self
+    }
 }
 
 /// How to print, from the global options.
@@ -50,6 +61,9 @@ pub struct Output {
 
 impl Output {
     pub fn success(&self, mut report: Report) {
+        if report.silent {
+            return;
+        }
         if self.json {
             report
                 .json
@@ -122,7 +136,7 @@ pub fn print_json(out: &mut dyn Write, value: &Value) {
     let _ = writeln!(out, "{text}");
 }
 
-/// Colour only on a terminal, and never when `NO_COLOR` is set (https://no-color.org).
+/// Colour only on a terminal, and never when `NO_COLOR` is set (<https://no-color.org>).
 fn use_colour(is_terminal: bool) -> bool {
     is_terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }

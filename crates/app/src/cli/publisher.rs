@@ -5,6 +5,9 @@ use std::ffi::OsString;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
 
 use guild_adapters_crypto::files::{self, KeyFileOptions};
 use guild_adapters_crypto::{P256Verifier, SigningKey};
@@ -15,7 +18,7 @@ use guild_domain::trust::{authenticate, SignatureCheck, TrustStore};
 use guild_host::publish;
 use guild_host::{HostError, HostPlatform};
 use guild_ports::signature::SignatureVerifier;
-use guild_ports::source::{Durability, ExtractOptions, PackageSource};
+use guild_ports::source::{Durability, ExtractOptions, PackageSource, Progress};
 use guild_ports::store::{StoreError, StoreErrorKind};
 use serde_json::json;
 
@@ -36,6 +39,17 @@ pub fn keygen(prefix: &Path, force: bool) -> anyhow::Result<Report> {
                 }
                 .into());
             }
+        }
+    }
+    // A fresh key directory is made here, readable by its owner only, rather than refused.
+    if let Some(dir) = private.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.exists() {
+            use std::os::unix::fs::DirBuilderExt;
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .with_context(|| format!("cannot create the key directory {}", dir.display()))?;
         }
     }
     let key = SigningKey::generate()?;
@@ -158,13 +172,17 @@ fn read_store_trust(store: &Path) -> Result<TrustStore, HostError> {
 }
 
 /// `guild verify PACKAGE`: the checks of an installation, in its order, without the store.
-pub fn verify(store: &Path, package: &Path) -> anyhow::Result<Report> {
+pub fn verify(
+    store: &Path,
+    package: &Path,
+    progress: Option<Arc<dyn Progress>>,
+) -> anyhow::Result<Report> {
     let trust = read_store_trust(store)?;
     let source = GkpkSource::new(ExtractOptions {
         durability: Durability::NoFsync,
         ..ExtractOptions::default()
     });
-    let opened = source.open(package).map_err(HostError::from)?;
+    let mut opened = source.open(package).map_err(HostError::from)?;
     let metadata = parse_metadata(package, opened.metadata_bytes())?;
     let manifest = metadata.manifest();
     let auth = authenticate(&metadata, &trust, &Check(P256Verifier::new())).map_err(|source| {
@@ -177,9 +195,18 @@ pub fn verify(store: &Path, package: &Path) -> anyhow::Result<Report> {
 
     // Only an authenticated manifest decides what may be written, as in an installation.
     let scratch = ScratchDir::create()?;
-    let extracted = opened
-        .extract_to(manifest, &scratch.path().join("package"))
-        .map_err(HostError::from)?;
+    if let Some(p) = &progress {
+        p.begin(
+            &format!("{}@{}", manifest.package_id, manifest.version),
+            manifest.artifacts.iter().map(|a| a.size).sum(),
+        );
+        opened.watch(Arc::clone(p));
+    }
+    let extracted = opened.extract_to(manifest, &scratch.path().join("package"));
+    if let Some(p) = &progress {
+        p.finish();
+    }
+    let extracted = extracted.map_err(HostError::from)?;
     drop(scratch);
 
     let platform = HostPlatform::current().map(|p| p.check(manifest));

@@ -7,12 +7,14 @@
 //! happened to run first.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use guild_domain::ids::PackageId;
 use guild_domain::registry::RegistryError;
 use guild_domain::version::Version;
 use guild_host::package_manager::{OpenReport, PackageSummary};
 use guild_host::{HostError, InstallOptions, PackageManager};
+use guild_ports::source::Progress;
 use serde_json::json;
 
 use super::output::Report;
@@ -35,8 +37,10 @@ pub fn install(
     package: &Path,
     enable: bool,
     allow_downgrade: bool,
+    progress: Option<Arc<dyn Progress>>,
 ) -> anyhow::Result<Report> {
     let (pm, mut report) = open(store, "install")?;
+    pm.set_progress(progress);
     let done = pm.install(
         package,
         InstallOptions {

@@ -441,7 +441,7 @@ fn cli_every_documented_exit_code() {
 }
 
 /// Copies `archive` with `from` replaced by `to` (same length) in its bytes.
-fn tamper(b: &Bench, archive: &str, from: &[u8], to: &[u8]) -> String {
+pub fn tamper(b: &Bench, archive: &str, from: &[u8], to: &[u8]) -> String {
     assert_eq!(from.len(), to.len());
     let mut bytes = fs::read(b.path().join(archive)).unwrap();
     let at = bytes

@@ -2,6 +2,7 @@
 
 mod c_face;
 mod cli;
+mod cli_snapshots;
 mod crash;
 mod gkmodule;
 mod gpu;

@@ -1,0 +1,276 @@
+//! `guild doctor`: what this machine and the store look like to the host, each check with a
+//! verdict and, when it is not ok, what to do about it.
+
+use std::path::{Path, PathBuf};
+
+use guild_host::package_manager::PackageManager;
+use guild_host::platform::{cpu_isa, HostPlatform};
+use serde_json::{json, Value};
+
+use super::failure::Exit;
+use super::output::Report;
+use super::render::open_report_lines;
+
+/// How a check came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Ok,
+    Warn,
+    Fail,
+}
+
+impl Verdict {
+    fn word(self) -> &'static str {
+        match self {
+            Verdict::Ok => "ok",
+            Verdict::Warn => "warn",
+            Verdict::Fail => "fail",
+        }
+    }
+}
+
+/// One check: its name, verdict, what was found, and a hint when it is not ok.
+#[derive(Debug)]
+struct Check {
+    name: &'static str,
+    verdict: Verdict,
+    detail: String,
+    hint: Option<String>,
+}
+
+impl Check {
+    fn new(name: &'static str, verdict: Verdict, detail: impl Into<String>) -> Self {
+        Check {
+            name,
+            verdict,
+            detail: detail.into(),
+            hint: None,
+        }
+    }
+
+    fn hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
+    }
+}
+
+pub fn run(store: &Path) -> anyhow::Result<Report> {
+    let mut checks = vec![platform()];
+    let store_unusable = match PackageManager::open_dir(store) {
+        Ok((pm, opened)) => {
+            checks.push(store_check(store, &pm, &opened));
+            checks.push(trust_check(&pm));
+            false
+        }
+        Err(e) => {
+            checks.push(
+                Check::new(
+                    "store",
+                    Verdict::Fail,
+                    format!("{} cannot be opened: {e}", store.display()),
+                )
+                .hint("`guild recover` says more; another process may hold the store's lock"),
+            );
+            true
+        }
+    };
+    checks.push(cuda_check());
+    checks.push(sdk_check());
+
+    let mut report = Report::new("doctor");
+    report.field(
+        "checks",
+        Value::Array(
+            checks
+                .iter()
+                .map(|c| {
+                    json!({
+                        "name": c.name,
+                        "verdict": c.verdict.word(),
+                        "detail": c.detail,
+                        "hint": c.hint,
+                    })
+                })
+                .collect(),
+        ),
+    );
+    for c in &checks {
+        report.line(format!(
+            "{:<5} {:<9} {}",
+            c.verdict.word(),
+            c.name,
+            c.detail
+        ));
+        if let Some(hint) = &c.hint {
+            report.line(format!("{:<15} hint: {hint}", ""));
+        }
+    }
+    let failed: Vec<&str> = checks
+        .iter()
+        .filter(|c| c.verdict == Verdict::Fail)
+        .map(|c| c.name)
+        .collect();
+    report.field("failed", json!(failed));
+    if !failed.is_empty() {
+        // The checks are the useful part of a failure: they are printed as on success, and
+        // the exit code says that something failed.
+        report.exit = Some(if store_unusable {
+            Exit::Store
+        } else {
+            Exit::Failure
+        });
+        report
+            .warnings
+            .push(format!("failed checks: {}", failed.join(", ")));
+    }
+    Ok(report)
+}
+
+fn platform() -> Check {
+    match HostPlatform::current() {
+        Some(p) => Check::new(
+            "platform",
+            Verdict::Ok,
+            format!(
+                "{} {}, Kernel ABI {}, CPU features: {}",
+                p.os.as_str(),
+                p.arch.as_str(),
+                p.kernel_abi,
+                cpu_isa()
+            ),
+        ),
+        None => Check::new(
+            "platform",
+            Verdict::Fail,
+            format!(
+                "{} {} has no manifest spelling: no package can be installed here",
+                std::env::consts::OS,
+                std::env::consts::ARCH
+            ),
+        ),
+    }
+}
+
+fn store_check(
+    store: &Path,
+    pm: &PackageManager,
+    opened: &guild_host::package_manager::OpenReport,
+) -> Check {
+    let packages = match pm.list() {
+        Ok(list) => list,
+        Err(e) => {
+            return Check::new(
+                "store",
+                Verdict::Fail,
+                format!("{}: cannot list: {e}", store.display()),
+            )
+        }
+    };
+    let enabled = packages.iter().filter(|p| p.enabled.is_some()).count();
+    let detail = format!(
+        "{}: {} package(s), {enabled} enabled, {} re-verified on opening",
+        store.display(),
+        packages.len(),
+        opened.verified
+    );
+    let notes = open_report_lines(opened);
+    if notes.is_empty() {
+        Check::new("store", Verdict::Ok, detail)
+    } else {
+        Check::new(
+            "store",
+            Verdict::Warn,
+            format!("{detail}; {}", notes.join("; ")),
+        )
+        .hint("`guild status` shows each package; disabled ones can be reinstalled or re-enabled")
+    }
+}
+
+fn trust_check(pm: &PackageManager) -> Check {
+    let trust = match pm.trust() {
+        Ok(t) => t,
+        Err(e) => {
+            return Check::new("trust", Verdict::Fail, format!("unreadable: {e}"))
+                .hint("the trust store is trust.json in the store; restore it from a backup")
+        }
+    };
+    let publishers = trust.publishers().count();
+    let keys: usize = trust.publishers().map(|(_, keys)| keys.count()).sum();
+    let detail = format!(
+        "{publishers} publisher(s), {keys} key(s), {} revoked key(s), {} revoked payload(s)",
+        trust.revoked_keys().count(),
+        trust.revoked_digests().count()
+    );
+    if keys == 0 {
+        Check::new("trust", Verdict::Warn, detail).hint(
+            "nothing can be installed until a publisher's key is trusted: \
+             `guild trust add PUBLISHER KEY.pub`",
+        )
+    } else {
+        Check::new("trust", Verdict::Ok, detail)
+    }
+}
+
+fn cuda_check() -> Check {
+    match guild_adapters_cuda::probe() {
+        Ok(devices) if devices.is_empty() => Check::new(
+            "cuda",
+            Verdict::Warn,
+            "the CUDA driver is loaded but reports no device",
+        )
+        .hint("CPU operations work; CUDA ones are rejected with \"no cuda device\""),
+        Ok(devices) => Check::new(
+            "cuda",
+            Verdict::Ok,
+            devices
+                .iter()
+                .map(|d| format!("device {}: {} (sm {})", d.ordinal, d.name, d.sm))
+                .collect::<Vec<_>>()
+                .join("; "),
+        ),
+        Err(e) => Check::new("cuda", Verdict::Warn, e.to_string())
+            .hint("CPU operations work; CUDA ones are rejected with \"no cuda device\""),
+    }
+}
+
+/// Where an installed SDK can be found: `GuildKernelSDK_DIR`, then each `CMAKE_PREFIX_PATH`
+/// entry, then the usual prefixes, then this checkout's `target/guild-sdk`.
+fn sdk_check() -> Check {
+    let config = "GuildKernelSDKConfig.cmake";
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(dir) = std::env::var_os("GuildKernelSDK_DIR") {
+        candidates.push(PathBuf::from(dir));
+    }
+    let prefixes = std::env::var_os("CMAKE_PREFIX_PATH")
+        .map(|v| std::env::split_paths(&v).collect::<Vec<_>>())
+        .unwrap_or_default();
+    for prefix in prefixes
+        .into_iter()
+        .chain(["/usr/local", "/usr", "/opt/guild-sdk"].map(PathBuf::from))
+        .chain(
+            std::env::current_dir()
+                .ok()
+                .map(|d| d.join("target/guild-sdk")),
+        )
+    {
+        candidates.push(prefix.join("lib/cmake/GuildKernelSDK"));
+        candidates.push(prefix.join("share/cmake/GuildKernelSDK"));
+    }
+    match candidates.iter().find(|dir| dir.join(config).is_file()) {
+        Some(dir) => Check::new(
+            "sdk",
+            Verdict::Ok,
+            format!("GuildKernelSDK found at {}", dir.display()),
+        ),
+        None => Check::new(
+            "sdk",
+            Verdict::Warn,
+            "no installed GuildKernelSDK found (looked in GuildKernelSDK_DIR, CMAKE_PREFIX_PATH, \
+             /usr/local, /usr, /opt/guild-sdk and ./target/guild-sdk)",
+        )
+        .hint(
+            "only publishers need it: `cargo xtask sdk` installs it into target/guild-sdk; \
+             point CMAKE_PREFIX_PATH at the prefix",
+        ),
+    }
+}

@@ -1,0 +1,107 @@
+//! `guild resolve`: what a runner asking for an operation would get from this store, and why
+//! every other implementation would not be chosen. Nothing is executed.
+
+use std::path::Path;
+
+use guild_domain::ids::{ImplId, OpName};
+use guild_domain::operation::{Budget, TensorDesc};
+use guild_host::operations::{PassReason, ResolveError};
+use guild_host::{Host, OperationRequest, OperationService};
+use serde_json::json;
+
+use super::failure::{CliError, Exit};
+use super::output::Report;
+use super::render::open_report_lines;
+
+pub fn run(
+    store: &Path,
+    op: &OpName,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    exact: Option<&ImplId>,
+    ram_budget: Option<u64>,
+) -> anyhow::Result<Report> {
+    let (host, opened, loaded) = Host::open_dir(store)?;
+    let mut report = Report::new("resolve");
+    report.warnings = open_report_lines(&opened);
+    for (id, version, error) in &loaded.failed {
+        report
+            .warnings
+            .push(format!("{id} {version} did not load: {error}"));
+    }
+    for skipped in &loaded.skipped {
+        report.warnings.push(format!(
+            "{} {} was not loaded: {}",
+            skipped.id, skipped.version, skipped.reason
+        ));
+    }
+
+    let mut request = OperationRequest::cpu(op.clone(), inputs.to_vec(), outputs.to_vec());
+    if let Some(id) = exact {
+        request = request.exact(id.clone());
+    }
+    if let Some(bytes) = ram_budget {
+        request = request.ram_budget(Budget::bytes(bytes));
+    }
+    let service = OperationService::new(host.kernels());
+    let handle = match service.resolve(&request) {
+        Ok(handle) => handle,
+        Err(ResolveError::Unresolved(failure)) => {
+            let mut lines = failure.to_string();
+            if failure.rejections.is_empty() {
+                lines.push_str("\n(no enabled package provides it)");
+            }
+            return Err(CliError::new(Exit::NotFound, lines)
+                .with_hint("`guild list` shows what is installed and enabled")
+                .into());
+        }
+        Err(e) => return Err(CliError::new(Exit::Usage, e.to_string()).into()),
+    };
+    let d = handle.describe();
+    report
+        .field("operation", op.as_str())
+        .field("impl_id", d.impl_id.as_str())
+        .field("package_id", d.package.as_str())
+        .field("package_version", d.package_version.to_string())
+        .field("op_version", d.op_version.to_string())
+        .field("backend", d.backend.name())
+        .field("priority", d.priority)
+        .field(
+            "scratch",
+            json!({
+                "host_bytes": d.scratch.host_bytes,
+                "device_bytes": d.scratch.device_bytes,
+                "alignment": d.scratch.alignment,
+            }),
+        )
+        .field(
+            "passed_over",
+            handle
+                .passed_over()
+                .iter()
+                .map(|p| {
+                    json!({
+                        "impl_id": p.impl_id.as_str(),
+                        "reason": match &p.reason {
+                            PassReason::Outranked => "outranked".to_owned(),
+                            PassReason::Rejected(r) => r.to_string(),
+                        },
+                    })
+                })
+                .collect::<Vec<_>>(),
+        );
+    report.line(format!(
+        "{op} -> {} from {} {} (op version {}, {}, priority {}; scratch: {} host bytes)",
+        d.impl_id,
+        d.package,
+        d.package_version,
+        d.op_version,
+        d.backend,
+        d.priority,
+        d.scratch.host_bytes
+    ));
+    for p in handle.passed_over() {
+        report.line(format!("  not chosen: {p}"));
+    }
+    Ok(report)
+}

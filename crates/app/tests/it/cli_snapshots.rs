@@ -1,0 +1,281 @@
+//! Snapshot tests of what people read from `guild`: the top-level help, one subcommand's help,
+//! `guild --json list`, and one error message; plus the newer commands (`doctor`, `resolve`,
+//! `completions`).
+//!
+//! A snapshot lives in `tests/it/snapshots/NAME.txt`. Paths and hex digests that differ per run
+//! are replaced with placeholders first. To accept a deliberate change, run the tests with
+//! `GUILD_UPDATE_SNAPSHOTS=1` and review the diff of the snapshot files like any other change.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::cli::{guild, template_json, Bench};
+use crate::operations::plugin_library;
+
+fn snapshot_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/it/snapshots")
+}
+
+/// Replaces what changes from run to run: the bench directory and 64-digit hex strings.
+fn normalize(text: &str, bench: Option<&Path>) -> String {
+    let mut out = match bench {
+        Some(dir) => text.replace(dir.to_str().unwrap(), "<BENCH>"),
+        None => text.to_owned(),
+    };
+    let bytes: Vec<char> = out.chars().collect();
+    let mut result = String::with_capacity(out.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let run = bytes[i..]
+            .iter()
+            .take_while(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+            .count();
+        if run == 64 {
+            result.push_str("<SHA256>");
+            i += run;
+        } else if run > 0 {
+            result.extend(&bytes[i..i + run]);
+            i += run;
+        } else {
+            result.push(bytes[i]);
+            i += 1;
+        }
+    }
+    out = result;
+    out
+}
+
+#[track_caller]
+fn assert_snapshot(name: &str, actual: &str) {
+    let path = snapshot_dir().join(format!("{name}.txt"));
+    if std::env::var_os("GUILD_UPDATE_SNAPSHOTS").is_some_and(|v| v == "1") {
+        fs::create_dir_all(snapshot_dir()).unwrap();
+        fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; run with GUILD_UPDATE_SNAPSHOTS=1 to create it",
+            path.display()
+        )
+    });
+    if expected != actual {
+        let first = expected
+            .lines()
+            .zip(actual.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or_else(|| expected.lines().count().min(actual.lines().count()));
+        panic!(
+            "snapshot {name} differs from {} at line {}:\n--- expected\n{}\n--- actual\n{}\n\
+             (GUILD_UPDATE_SNAPSHOTS=1 accepts the new output)",
+            path.display(),
+            first + 1,
+            expected.lines().nth(first).unwrap_or("<end>"),
+            actual.lines().nth(first).unwrap_or("<end>"),
+        );
+    }
+}
+
+#[test]
+fn snapshot_top_level_help() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = guild(dir.path(), &["--help"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_snapshot("help", &run.stdout);
+}
+
+#[test]
+fn snapshot_install_help() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = guild(dir.path(), &["install", "--help"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_snapshot("install-help", &run.stdout);
+}
+
+#[test]
+fn snapshot_list_json_and_an_untrusted_install() {
+    let b = Bench::new();
+    let archive = b.package("example.snap", "1.0.0", b"snapshot library\n", "");
+    let refused = b.run(&["install", &archive]);
+    assert_eq!(refused.code, 3, "{}", refused.stderr);
+    assert_snapshot(
+        "error-untrusted",
+        &normalize(&refused.stderr, Some(b.path())),
+    );
+
+    b.trust();
+    assert_eq!(b.run(&["install", "--disabled", &archive]).code, 0);
+    let listed = b.run(&["--json", "list"]);
+    assert_eq!(listed.code, 0, "{}", listed.stderr);
+    assert_snapshot("list-json", &normalize(&listed.stdout, Some(b.path())));
+}
+
+#[test]
+fn completions_are_generated_for_each_shell() {
+    let dir = tempfile::tempdir().unwrap();
+    for (shell, marker) in [
+        ("bash", "_guild()"),
+        ("zsh", "#compdef guild"),
+        ("fish", "complete -c guild"),
+    ] {
+        let run = guild(dir.path(), &["completions", shell]);
+        assert_eq!(run.code, 0, "{shell}: {}", run.stderr);
+        assert!(run.stdout.contains(marker), "{shell}: {}", run.stdout);
+        for sub in ["install", "rollback", "doctor", "resolve"] {
+            assert!(run.stdout.contains(sub), "{shell} lacks {sub}");
+        }
+    }
+    let bad = guild(dir.path(), &["completions", "cmd.exe"]);
+    assert_eq!(bad.code, 2);
+}
+
+#[test]
+fn doctor_reports_each_check_and_fails_on_an_unusable_store() {
+    let b = Bench::new();
+    let run = b.run(&["--json", "doctor"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let doc = run.json();
+    let checks = doc["checks"].as_array().unwrap();
+    let names: Vec<&str> = checks.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["platform", "store", "trust", "cuda", "sdk"]);
+    let trust = &checks[2];
+    assert_eq!(trust["verdict"], "warn", "no key is trusted yet");
+    assert!(trust["hint"].as_str().unwrap().contains("guild trust add"));
+    assert_eq!(doc["failed"], serde_json::json!([]));
+
+    b.trust();
+    let run = b.run(&["doctor"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stdout
+            .contains("ok    trust     1 publisher(s), 1 key(s)"),
+        "{}",
+        run.stdout
+    );
+
+    // A store whose registry is garbage cannot be opened: the check fails, exit 5.
+    let run = b.run(&["trust", "list"]);
+    assert_eq!(run.code, 0);
+    let registry = b.store().join("registry.json");
+    assert!(
+        registry.exists(),
+        "the store keeps its registry in registry.json"
+    );
+    fs::write(&registry, b"{ not json").unwrap();
+    let run = b.run(&["doctor"]);
+    assert_eq!(run.code, 5, "{}\n{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("fail  store"), "{}", run.stdout);
+    assert!(
+        run.stderr.contains("failed checks: store"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn resolve_explains_the_choice_and_the_refusals() {
+    let b = Bench::new();
+    b.trust();
+    let library = plugin_library("scan_module");
+    let (src, _) = b.source("example.scan", "1.0.0", &library, "");
+    let template = b.path().join("scan.json");
+    let json = template_json("example.scan", "1.0.0", "").replacen(
+        r#""provided_ops": ["example.scan.op.cpu"]"#,
+        r#""provided_ops": ["example.scan.inclusive.cpu", "example.scan.exclusive.cpu"]"#,
+        1,
+    );
+    assert!(json.contains("example.scan.exclusive.cpu"), "{json}");
+    fs::write(&template, json).unwrap();
+    let pack = b.run(&[
+        "pack",
+        src.to_str().unwrap(),
+        "--manifest",
+        template.to_str().unwrap(),
+        "--out",
+        "scan.gkmodule",
+        "--key",
+        "k.key",
+    ]);
+    assert_eq!(pack.code, 0, "{}", pack.stderr);
+    assert_eq!(b.run(&["install", "scan.gkmodule"]).code, 0);
+
+    let op = "example.sequence.inclusive_scan";
+    let run = b.run(&[
+        "resolve",
+        op,
+        "--input",
+        "f32:8x2",
+        "--output",
+        "f32:8x2@0,10",
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stdout.starts_with(&format!(
+            "{op} -> example.scan.inclusive.cpu from example.scan 1.0.0 (op version 1.0.0, cpu, \
+             priority 10; scratch: 0 host bytes)"
+        )),
+        "{}",
+        run.stdout
+    );
+    let doc = b
+        .run(&[
+            "--json", "resolve", op, "--input", "i64:4", "--output", "i64:4",
+        ])
+        .json();
+    assert_eq!(doc["impl_id"], "example.scan.inclusive.cpu");
+    assert_eq!(doc["package_version"], "1.0.0");
+
+    // Refusals name every candidate and why; the exit code says nothing was found.
+    let run = b.run(&["resolve", op, "--input", "f32:8", "--output", "f32:4"]);
+    assert_eq!(run.code, 6, "{}", run.stdout);
+    assert!(
+        run.stderr
+            .contains("example.scan.inclusive.cpu: validate refused"),
+        "{}",
+        run.stderr
+    );
+    let run = b.run(&["resolve", "example.nothing.here", "--input", "f32:8"]);
+    assert_eq!(run.code, 6);
+    assert!(
+        run.stderr.contains("no enabled package provides it"),
+        "{}",
+        run.stderr
+    );
+    let run = b.run(&["resolve", op, "--input", "f33:8"]);
+    assert_eq!(run.code, 2);
+    assert!(
+        run.stderr.contains("not a dtype this host knows"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn a_tampered_copy_of_an_installed_version_is_still_refused() {
+    let b = Bench::new();
+    b.trust();
+    let archive = b.package("example.same", "1.0.0", b"the real library\n", "");
+    assert_eq!(b.run(&["install", &archive]).code, 0);
+    // Reinstalling the very same file is a no-op that says so.
+    let again = b.run(&["install", &archive]);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert!(again.stdout.contains("nothing changed"), "{}", again.stdout);
+    // A copy whose library differs (its metadata, and so its payload, is the same) is an error,
+    // although nothing would be written either way.
+    let tampered = crate::cli::tamper(&b, &archive, b"the real library", b"the fake library");
+    let run = b.run(&["install", &tampered]);
+    assert_eq!(run.code, 3, "{}\n{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains("libplugin.so"), "{}", run.stderr);
+}
+
+#[test]
+fn keygen_makes_a_private_key_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = guild(dir.path(), &["keygen", "--out", "keys/deep/org.example"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let keys = dir.path().join("keys/deep");
+    assert!(keys.join("org.example.key").is_file() && keys.join("org.example.pub").is_file());
+    use std::os::unix::fs::PermissionsExt;
+    let mode = fs::metadata(&keys).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+}
