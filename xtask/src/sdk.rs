@@ -46,6 +46,8 @@ const EXPECTED_PLUGINS: &[&str] = &[
     "cuda_scan",
     "op_probe",
     "op_many",
+    // examples/c-runner, built as part of test-plugins.
+    "example_c_runner",
 ];
 
 /// Test libraries that deliberately lack the entry point (to test the loader's refusal of a

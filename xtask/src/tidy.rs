@@ -9,6 +9,9 @@
 //! - The crates that touch the outside world are confined to the adapter that owns that world:
 //!   libloading to the POSIX adapter, cudarc to the CUDA adapter, tar to the file-system adapter,
 //!   p256 to the crypto adapter.
+//! - The example crates under `examples/` stand where a runner stands, outside the hexagon: they
+//!   may embed `guild-host` (and use the domain's plain types), like any runner, but never an
+//!   adapter, and nothing depends on them.
 //!
 //! Manifests are read with a tiny line parser (xtask keeps no dependencies); it understands the
 //! table headers and `name = ...` / `name.workspace = true` keys that this workspace uses.
@@ -86,6 +89,11 @@ pub fn check_deps(crates: &[CrateDeps]) -> Vec<Violation> {
             manifest: c.manifest.clone(),
         })
     };
+    let examples: Vec<&str> = crates
+        .iter()
+        .filter(|c| is_example(&c.manifest))
+        .map(|c| c.package.as_str())
+        .collect();
     for c in crates {
         let is_adapter = ADAPTERS.contains(&c.package.as_str());
         for (kind, dep) in &c.deps {
@@ -117,12 +125,15 @@ pub fn check_deps(crates: &[CrateDeps]) -> Vec<Violation> {
                     );
                 }
             }
-            if dep == "guild-host" && c.package != "xtask" {
+            if dep == "guild-host" && c.package != "xtask" && !is_example(&c.manifest) {
                 flag(
                     c,
                     dep,
                     "nothing inside the hexagon depends on the composition root",
                 );
+            }
+            if examples.contains(&dep) {
+                flag(c, dep, "nothing depends on an example crate");
             }
             if let Some((_, owner)) = CONFINED.iter().find(|(name, _)| *name == dep) {
                 if c.package != *owner {
@@ -136,6 +147,14 @@ pub fn check_deps(crates: &[CrateDeps]) -> Vec<Violation> {
         }
     }
     out
+}
+
+/// Whether the manifest at this path is one of the example crates (`examples/<name>/Cargo.toml`).
+fn is_example(manifest: &str) -> bool {
+    let parts: Vec<&str> = manifest.split(['/', '\\']).collect();
+    parts.len() >= 3
+        && parts[parts.len() - 3] == "examples"
+        && parts[parts.len() - 1] == "Cargo.toml"
 }
 
 /// Words that must not appear in the domain's sources: IO, threads, processes and unsafe code.
@@ -236,15 +255,21 @@ pub fn parse_manifest(manifest: &str, text: &str) -> Result<CrateDeps, String> {
     })
 }
 
-/// Reads every member manifest under `root` (crates/* and xtask).
+/// Reads every member manifest under `root` (crates/*, examples/* and xtask).
 pub fn read_workspace(root: &Path) -> Result<Vec<CrateDeps>, String> {
     let mut manifests = Vec::new();
-    let crates = root.join("crates");
-    let entries = std::fs::read_dir(&crates).map_err(|e| format!("{}: {e}", crates.display()))?;
-    for entry in entries {
-        let path = entry.map_err(|e| e.to_string())?.path().join("Cargo.toml");
-        if path.exists() {
-            manifests.push(path);
+    for dir in ["crates", "examples"] {
+        let parent = root.join(dir);
+        if dir == "examples" && !parent.exists() {
+            continue;
+        }
+        let entries =
+            std::fs::read_dir(&parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        for entry in entries {
+            let path = entry.map_err(|e| e.to_string())?.path().join("Cargo.toml");
+            if path.exists() {
+                manifests.push(path);
+            }
         }
     }
     manifests.push(root.join("xtask/Cargo.toml"));
@@ -412,6 +437,41 @@ mod tests {
         ))
         .is_empty());
         assert!(rules(krate("guild-host", &[(Normal, "guild-adapters-fs")])).is_empty());
+    }
+
+    #[test]
+    fn examples_embed_the_host_but_no_adapter_and_nothing_depends_on_them() {
+        use DepKind::*;
+        let example = |deps: &[(DepKind, &str)]| CrateDeps {
+            manifest: "/w/examples/rust-runner/Cargo.toml".into(),
+            ..krate("guild-example-runner", deps)
+        };
+        assert!(
+            check_deps(&[example(&[(Normal, "guild-host"), (Normal, "guild-domain")])]).is_empty()
+        );
+        let rules_of = |crates: &[CrateDeps]| -> Vec<&'static str> {
+            check_deps(crates).into_iter().map(|v| v.rule).collect()
+        };
+        assert_eq!(
+            rules_of(&[example(&[(Normal, "guild-adapters-posix")])]),
+            ["only guild-host (the composition root) may depend on an adapter"]
+        );
+        assert_eq!(
+            rules_of(&[example(&[(Normal, "libloading")])]),
+            ["this crate reaches the outside world and belongs to one adapter"]
+        );
+        assert_eq!(
+            rules_of(&[
+                example(&[]),
+                krate("guild-host", &[(Dev, "guild-example-runner")])
+            ]),
+            ["nothing depends on an example crate"]
+        );
+        // The exception follows the manifest's place, not the crate's name.
+        assert_eq!(
+            rules(krate("guild-example-runner", &[(Normal, "guild-host")])),
+            ["nothing inside the hexagon depends on the composition root"]
+        );
     }
 
     #[test]

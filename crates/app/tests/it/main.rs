@@ -4,6 +4,7 @@ mod c_face;
 mod cli;
 mod cli_snapshots;
 mod crash;
+mod examples;
 mod gkmodule;
 mod gpu;
 mod host;
