@@ -9,6 +9,7 @@
 pub mod device;
 pub mod fakes;
 pub mod loader;
+pub mod model;
 pub mod signature;
 pub mod source;
 pub mod store;
