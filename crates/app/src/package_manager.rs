@@ -91,11 +91,14 @@ pub struct Quarantined {
 pub struct OpenReport {
     /// What the store's recovery did before anything else.
     pub recovery: RecoveryReport,
-    /// Enabled packages that failed re-verification (revoked key or digest, damaged tree) or
-    /// that depend on one, and were therefore disabled.
+    /// Enabled packages that failed re-verification (revoked key or digest, damaged tree), that
+    /// depend on one, or whose dependencies are otherwise not met, and were therefore disabled.
     pub disabled: Vec<Quarantined>,
     /// How many enabled versions were re-verified.
     pub verified: usize,
+    /// Installed versions whose tree was missing or unreadable: each was marked removed (its
+    /// dependents, if any, are among [`OpenReport::disabled`]).
+    pub removed: Vec<Quarantined>,
 }
 
 /// An enabled package the loader should open, in dependency order.
@@ -382,23 +385,56 @@ impl PackageManager {
         };
         {
             let mut life = pm.lock();
-            let registry = pm.store.registry()?;
+            let mut registry = pm.store.registry()?;
+            let mut damaged: Vec<(PackageId, Version, String)> = Vec::new();
             for (id, version, record) in registry.installed() {
                 let dir = pm.store.package_dir(id, version);
-                let metadata = read_installed_metadata(&dir, id, version)?;
+                let metadata = match read_installed_metadata(&dir, id, version) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        damaged.push((id.clone(), version.clone(), e.to_string()));
+                        continue;
+                    }
+                };
                 if metadata.payload_digest() != record.payload_digest {
-                    return Err(HostError::InstalledTree {
-                        package: format!("{id}@{version}"),
-                        path: dir,
-                        problem: format!(
+                    damaged.push((
+                        id.clone(),
+                        version.clone(),
+                        format!(
                             "its .gkmetadata has payload digest {}, the registry records {}",
                             metadata.payload_digest(),
                             record.payload_digest
                         ),
-                    });
+                    ));
+                    continue;
                 }
                 life.metadata
                     .insert((id.clone(), version.clone()), Arc::new(metadata));
+            }
+            if !damaged.is_empty() {
+                // A version whose tree is gone or unreadable cannot be verified, loaded or
+                // rolled back to; it is recorded as removed (so the same version can only come
+                // back with the same content, by installing it again) instead of making the
+                // whole store unusable, and whatever depended on it is disabled below.
+                let mut next = registry.successor();
+                for (id, version, problem) in damaged {
+                    let enabled = next.package(&id).and_then(|p| p.enabled()) == Some(&version);
+                    if enabled {
+                        next.disable(&id)?;
+                    }
+                    next.remove(&id, &version)?;
+                    report.removed.push(Quarantined {
+                        id,
+                        version,
+                        reason: format!(
+                            "its installed tree is damaged ({problem}); it was marked removed: \
+                             install the package again to restore it"
+                        ),
+                    });
+                }
+                pm.store
+                    .commit(Transaction::new(registry.generation(), next))?;
+                registry = pm.store.registry()?;
             }
 
             let (verified, disabled) = pm.verify_enabled(&mut life, &registry)?;
@@ -449,7 +485,6 @@ impl PackageManager {
         self.leases.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The platform packages are checked against.
     /// Reports the artifact bytes each installation reads to `progress` (a command line's
     /// progress bar); `None` stops reporting.
     pub fn set_progress(&self, progress: Option<Arc<dyn Progress>>) {
@@ -1024,10 +1059,12 @@ impl PackageManager {
                 );
             }
         }
-        if failed.is_empty() {
+        // Also when nothing failed here: a version marked removed while opening may have left
+        // enabled dependents behind.
+        let (next, disabled) = self.quarantine(life, registry, failed)?;
+        if disabled.is_empty() {
             return Ok((verified, Vec::new()));
         }
-        let (next, disabled) = self.quarantine(life, registry, failed)?;
         self.store
             .commit(Transaction::new(registry.generation(), next))?;
         Ok((verified, disabled))

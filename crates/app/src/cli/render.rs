@@ -86,6 +86,7 @@ pub fn open_report_json(r: &OpenReport) -> Value {
         "recovery": recovery_json(&r.recovery),
         "verified": r.verified,
         "disabled": quarantined_list(&r.disabled),
+        "removed": quarantined_list(&r.removed),
     })
 }
 
@@ -135,6 +136,9 @@ pub fn open_report_lines(r: &OpenReport) -> Vec<String> {
     }
     for m in &rec.missing_trees {
         out.push(format!("installed package {m} has no files in the store"));
+    }
+    for q in &r.removed {
+        out.push(format!("{}@{}: {}", q.id, q.version, q.reason));
     }
     for q in &r.disabled {
         out.push(format!(

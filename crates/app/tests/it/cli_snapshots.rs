@@ -279,3 +279,50 @@ fn keygen_makes_a_private_key_directory() {
     let mode = fs::metadata(&keys).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o700);
 }
+
+#[test]
+fn a_store_with_a_missing_package_tree_still_opens_and_can_be_repaired() {
+    let b = Bench::new();
+    b.trust();
+    let base = b.package("example.base", "1.0.0", b"base library\n", "");
+    let dep = b.package(
+        "example.user",
+        "1.0.0",
+        b"user library\n",
+        r#", "dependencies": [{"package_id": "example.base", "min_version": "1.0.0"}]"#,
+    );
+    assert_eq!(b.run(&["install", &base]).code, 0);
+    assert_eq!(b.run(&["install", &dep]).code, 0);
+    let status = b.run(&["--json", "status", "example.base"]).json();
+    let tree = b
+        .path()
+        .join(status["package"]["versions"][0]["path"].as_str().unwrap());
+    assert!(tree.is_dir(), "{status}");
+    crate::support::make_writable(&tree);
+    fs::remove_dir_all(&tree).unwrap();
+
+    // Every command still works: opening marks the version removed and disables its dependent.
+    let run = b.run(&["--json", "list"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let doc = run.json();
+    let warnings = doc["warnings"].to_string();
+    assert!(
+        warnings.contains("example.base@1.0.0: its installed tree is damaged"),
+        "{warnings}"
+    );
+    assert!(
+        warnings.contains("disabled example.user@1.0.0"),
+        "{warnings}"
+    );
+    let packages = doc["packages"].as_array().unwrap();
+    let state =
+        |id: &str| packages.iter().find(|p| p["id"] == id).unwrap()["versions"][0]["state"].clone();
+    assert_eq!(state("example.base"), "removed");
+    assert_eq!(state("example.user"), "disabled");
+
+    // Installing the same package again restores it; the dependent can be enabled again.
+    let run = b.run(&["install", &base]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let run = b.run(&["enable", "example.user"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+}
