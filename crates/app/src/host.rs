@@ -493,6 +493,16 @@ impl LifecycleHook for RegistryHook<'_> {
                 Ok(())
             }
             Change::Remove { current: false, .. } => Ok(()),
+            Change::Reactivate {
+                id,
+                to,
+                dir,
+                metadata,
+                ..
+            } => {
+                self.refuse_if_bound(id, QuiescentAction::Replace)?;
+                self.publish(id, to, dir, metadata)
+            }
             Change::Rollback {
                 id,
                 to,

@@ -72,6 +72,9 @@ pub struct Installed {
     pub enabled: bool,
     /// The version that was current before and is now the rollback target.
     pub superseded: Option<Version>,
+    /// True when this version was already installed (superseded, after a rollback say) and was
+    /// made current and enabled again instead of being extracted anew.
+    pub reactivated: bool,
 }
 
 /// A package version that was disabled (it failed re-verification, or depends on one that did)
@@ -219,6 +222,20 @@ pub enum Change<'a> {
         version: &'a Version,
         /// Whether it is the current version.
         current: bool,
+    },
+    /// An installed, superseded version offered again becomes current and enabled (the one
+    /// that was current becomes the rollback target); its tree is already in `dir`.
+    Reactivate {
+        /// The package.
+        id: &'a PackageId,
+        /// The version that was current, if any.
+        from: Option<&'a Version>,
+        /// The version that becomes current and enabled.
+        to: &'a Version,
+        /// Its installed tree.
+        dir: PathBuf,
+        /// Its authenticated metadata.
+        metadata: Arc<Metadata>,
     },
     /// The package returns to `to`, installed in `dir`.
     Rollback {
@@ -715,13 +732,18 @@ impl PackageManager {
             changed: false,
             enabled: registry.package(id).and_then(|p| p.enabled()) == Some(version),
             superseded: None,
+            reactivated: false,
         };
-        if published.kind == PublishKind::IdenticalNoOp {
-            // Nothing will be written, but the operator offered this file expecting it to be
+        if published.kind != PublishKind::New {
+            // Nothing will be extracted, but the operator offered this file expecting it to be
             // checked: a damaged or tampered copy of an installed version is still an error.
-            let _watch = self.watch(&mut *opened, &package, metadata.manifest());
+            let watch = self.watch(&mut *opened, &package, metadata.manifest());
             opened.verify_in_place(metadata.manifest())?;
-            return Ok(installed);
+            drop(watch);
+            if published.kind == PublishKind::IdenticalNoOp {
+                return Ok(installed);
+            }
+            return self.reactivate(&mut life, &registry, next, installed, published, hook);
         }
 
         // Validate the graph with the new version in place, before anything is written.
@@ -776,6 +798,49 @@ impl PackageManager {
         life.metadata.insert(key, metadata);
         installed.changed = true;
         installed.enabled = options.enable;
+        installed.superseded = published.superseded;
+        Ok(installed)
+    }
+
+    /// Makes an installed, superseded version current and enabled again (the second half of
+    /// [`PackageManager::install`] when the offered package is such a version): its installed
+    /// tree is checked and re-authenticated like a rollback target's, the graph must accept it,
+    /// and a session lease on the package refuses the change.
+    fn reactivate(
+        &self,
+        life: &mut Lifecycle,
+        registry: &RegistryState,
+        next: RegistryState,
+        mut installed: Installed,
+        published: guild_domain::registry::Published,
+        hook: &mut dyn LifecycleHook,
+    ) -> Result<Installed, HostError> {
+        let (id, version) = (&installed.id, &installed.version);
+        let before = self.graph(life, registry)?;
+        let problems = Self::new_problems(&before, &self.graph(life, &next)?);
+        if !problems.is_empty() {
+            return Err(HostError::Dependencies {
+                action: format!("making {id}@{version} current again"),
+                problems,
+            });
+        }
+        let leases = self.lock_leases();
+        leases.check_quiescent(id, QuiescentAction::Replace)?;
+        let metadata = self.loaded_metadata(life, id, version)?;
+        self.check_still_trusted(&metadata, id, version)?;
+        self.check_files(&metadata, id, version)?;
+        hook.prepare(&Change::Reactivate {
+            id,
+            from: published.superseded.as_ref(),
+            to: version,
+            dir: self.store.package_dir(id, version),
+            metadata,
+        })?;
+        self.commit(Transaction::new(registry.generation(), next), hook)?;
+        drop(leases);
+        installed.changed = true;
+        installed.enabled = true;
+        installed.reactivated = true;
         installed.superseded = published.superseded;
         Ok(installed)
     }

@@ -142,7 +142,8 @@ pub struct IllegalTransition {
 /// - `Staged`: `Commit` publishes it as `Enabled` or `Disabled`; `Discard` abandons it.
 /// - `Enabled` ⇄ `Disabled` by `Disable` / `Enable`.
 /// - `Enabled` or `Disabled`: `Supersede` when a newer version becomes current.
-/// - `Superseded`: `Restore` makes it current and enabled again (rollback).
+/// - `Superseded`: `Restore` makes it current and enabled again (rollback, or installing the
+///   same version again).
 /// - `Enabled`, `Disabled` or `Superseded`: `Remove`. Whether dependents or leases allow it is
 ///   decided elsewhere (the graph's `check_remove`, the lease ledger).
 ///

@@ -122,6 +122,10 @@ pub enum PublishKind {
     /// This exact payload is already installed as this version: nothing to do, and no
     /// transaction should be committed.
     IdenticalNoOp,
+    /// This exact payload is installed as this version, but another version is current (after a
+    /// rollback, say): the installed version becomes current and enabled again, and the one
+    /// that was current becomes the rollback target. Nothing is staged: its tree is in place.
+    Reactivated,
 }
 
 /// A version was offered with a payload other than the one already recorded for it.
@@ -481,10 +485,26 @@ impl RegistryState {
         options: PublishOptions,
     ) -> Result<Published, RegistryError> {
         if self.check_publish(id, version, &new.payload_digest)? == PublishKind::IdenticalNoOp {
-            return Ok(Published {
-                kind: PublishKind::IdenticalNoOp,
-                superseded: None,
-            });
+            let is_current = self
+                .packages
+                .get(id)
+                .and_then(PackageRecord::current)
+                .is_some_and(|(v, _)| v == version);
+            // A version that is not current comes back when the operator offers it again
+            // enabled: forward (newer than the current one), or back with `allow_downgrade`.
+            // Anything else stays a no-op, as offering the same bytes twice always was.
+            let older = self
+                .packages
+                .get(id)
+                .and_then(PackageRecord::current)
+                .is_some_and(|(cur, _)| version.cmp_precedence(cur) == Ordering::Less);
+            if is_current || !options.enable || (older && !options.allow_downgrade) {
+                return Ok(Published {
+                    kind: PublishKind::IdenticalNoOp,
+                    superseded: None,
+                });
+            }
+            return self.reactivate(id, version, options);
         }
         let package = self.packages.get(id);
         for (_, r) in package.iter().flat_map(|p| p.installed()) {
@@ -549,6 +569,57 @@ impl RegistryState {
         );
         Ok(Published {
             kind: PublishKind::New,
+            superseded: current.map(|(v, _)| v),
+        })
+    }
+
+    /// Makes the installed, superseded `version` of `id` current and enabled again; the version
+    /// that was current is superseded and becomes the rollback target. An older version than the
+    /// current one needs `allow_downgrade`, as in a publication.
+    fn reactivate(
+        &mut self,
+        id: &PackageId,
+        version: &Version,
+        options: PublishOptions,
+    ) -> Result<Published, RegistryError> {
+        let package = self.packages.get(id).ok_or_else(|| unknown(id))?;
+        let state = package
+            .versions
+            .get(version)
+            .map(|r| r.state)
+            .ok_or_else(|| RegistryError::NotInstalled {
+                id: id.clone(),
+                version: version.clone(),
+            })?;
+        let restored = illegal(id, version, transition(state, Event::Restore))?;
+        let current = package.current().map(|(v, r)| (v.clone(), r.state));
+        let mut superseded_state = None;
+        if let Some((cur, cur_state)) = &current {
+            if version.cmp_precedence(cur) == Ordering::Less && !options.allow_downgrade {
+                return Err(RegistryError::Downgrade {
+                    id: id.clone(),
+                    current: cur.clone(),
+                    offered: version.clone(),
+                });
+            }
+            superseded_state = Some(illegal(id, cur, transition(*cur_state, Event::Supersede))?);
+        }
+
+        let package = self.packages.get_mut(id).ok_or_else(|| unknown(id))?;
+        if package.previous.as_ref() == Some(version) {
+            package.previous = None;
+        }
+        if let (Some((cur, _)), Some(to)) = (&current, superseded_state) {
+            if let Some(r) = package.versions.get_mut(cur) {
+                r.state = to;
+            }
+            package.previous = Some(cur.clone());
+        }
+        if let Some(r) = package.versions.get_mut(version) {
+            r.state = restored;
+        }
+        Ok(Published {
+            kind: PublishKind::Reactivated,
             superseded: current.map(|(v, _)| v),
         })
     }
@@ -968,6 +1039,7 @@ impl fmt::Display for PublishKind {
         f.write_str(match self {
             PublishKind::New => "new",
             PublishKind::IdenticalNoOp => "identical (no-op)",
+            PublishKind::Reactivated => "reactivated",
         })
     }
 }
@@ -1059,6 +1131,62 @@ mod tests {
             }
         );
         assert_eq!(state_of(&r, "a", "1.1.0"), Some(State::Disabled));
+    }
+
+    #[test]
+    fn registry_publishing_a_superseded_version_again_makes_it_current() {
+        let mut r = two_versions();
+        r.rollback(&id("a")).unwrap();
+        assert_eq!(state_of(&r, "a", "2.0.0"), Some(State::Superseded));
+        assert_eq!(r.package(&id("a")).unwrap().previous(), None);
+
+        // Disabled publication of the same payload changes nothing.
+        let quiet = PublishOptions {
+            enable: false,
+            allow_downgrade: false,
+        };
+        let same = r
+            .publish(&id("a"), &v("2.0.0"), new_version("a2"), quiet)
+            .unwrap();
+        assert_eq!(same.kind, PublishKind::IdenticalNoOp);
+
+        // Enabled, it rolls forward: 2.0.0 current, 1.0.0 the rollback target again.
+        let forward = r
+            .publish(&id("a"), &v("2.0.0"), new_version("a2"), ENABLE)
+            .unwrap();
+        assert_eq!(
+            forward,
+            Published {
+                kind: PublishKind::Reactivated,
+                superseded: Some(v("1.0.0"))
+            }
+        );
+        assert_eq!(state_of(&r, "a", "2.0.0"), Some(State::Enabled));
+        assert_eq!(state_of(&r, "a", "1.0.0"), Some(State::Superseded));
+        assert_eq!(r.package(&id("a")).unwrap().previous(), Some(&v("1.0.0")));
+        assert_eq!(r.validate(), Ok(()));
+
+        // The current version offered again is still a no-op, and so is an older one unless a
+        // downgrade is allowed.
+        for older in ["2.0.0", "1.0.0"] {
+            let tag = if older == "2.0.0" { "a2" } else { "a1" };
+            let before = r.clone();
+            let again = r
+                .publish(&id("a"), &v(older), new_version(tag), ENABLE)
+                .unwrap();
+            assert_eq!(again.kind, PublishKind::IdenticalNoOp, "{older}");
+            assert_eq!(r, before);
+        }
+        let down = PublishOptions {
+            enable: true,
+            allow_downgrade: true,
+        };
+        let back = r
+            .publish(&id("a"), &v("1.0.0"), new_version("a1"), down)
+            .unwrap();
+        assert_eq!(back.kind, PublishKind::Reactivated);
+        assert_eq!(r.package(&id("a")).unwrap().enabled(), Some(&v("1.0.0")));
+        assert_eq!(r.validate(), Ok(()));
     }
 
     #[test]

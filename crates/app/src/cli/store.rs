@@ -56,13 +56,25 @@ pub fn install(
         .field("key_id", done.key_id.to_hex())
         .field("payload_sha256", done.payload_digest.to_hex())
         .field("changed", done.changed)
+        .field("reactivated", done.reactivated)
         .field("enabled", done.enabled)
         .field(
             "superseded",
             done.superseded.as_ref().map(ToString::to_string),
         );
     let state = if done.enabled { "enabled" } else { "disabled" };
-    if done.changed {
+    if done.reactivated {
+        report.line(format!(
+            "{} {} was already installed (its files are checked): it is current and {state} again",
+            done.id, done.version
+        ));
+        if let Some(old) = &done.superseded {
+            report.line(format!(
+                "superseded {} {old}; `guild rollback {}` returns to it",
+                done.id, done.id
+            ));
+        }
+    } else if done.changed {
         report.line(format!(
             "installed {} {} ({}) signed by {} key {}; {state}",
             done.id,

@@ -326,3 +326,38 @@ fn a_store_with_a_missing_package_tree_still_opens_and_can_be_repaired() {
     let run = b.run(&["enable", "example.user"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
 }
+
+#[test]
+fn installing_a_version_again_after_a_rollback_makes_it_current() {
+    let b = Bench::new();
+    b.trust();
+    let v1 = b.package("example.fwd", "1.0.0", b"one\n", "");
+    let v2 = b.package("example.fwd", "2.0.0", b"two\n", "");
+    assert_eq!(b.run(&["install", &v1]).code, 0);
+    assert_eq!(b.run(&["install", &v2]).code, 0);
+    assert_eq!(b.run(&["rollback", "example.fwd"]).code, 0);
+
+    let run = b.run(&["install", &v2]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stdout.starts_with(
+            "example.fwd 2.0.0 was already installed (its files are checked): it is current and \
+             enabled again\nsuperseded example.fwd 1.0.0; `guild rollback example.fwd` returns to it"
+        ),
+        "{}",
+        run.stdout
+    );
+    let status = b.run(&["--json", "status", "example.fwd"]).json();
+    assert_eq!(status["package"]["enabled"], "2.0.0");
+    assert_eq!(status["package"]["previous"], "1.0.0");
+    // And back again, as after any installation.
+    assert_eq!(b.run(&["rollback", "example.fwd"]).code, 0);
+    // Offering the older, superseded version again without --allow-downgrade changes nothing.
+    let again = b.run(&["--json", "install", &v2]).json();
+    assert_eq!(again["reactivated"], true);
+    let old = b.run(&["--json", "install", &v1]).json();
+    assert_eq!(
+        (old["changed"].clone(), old["reactivated"].clone()),
+        (false.into(), false.into())
+    );
+}

@@ -1117,3 +1117,48 @@ fn the_rust_face_passes_execute_params_to_the_provider() {
         .unwrap();
     assert_eq!(statuses, [0, GUILD_STATUS_ERR_INVALID_ARGUMENT]);
 }
+
+#[test]
+fn reinstalling_a_superseded_version_rolls_forward_unless_a_handle_holds_the_package() {
+    let f = fixture_with(&[scan_spec("1.0.0")], DeviceSupport::host());
+    let pkg = id("example.scan");
+    let v11 = f.shop.build(&scan_spec("1.1.0"), &f.key);
+    f.host
+        .install(&v11.archive, InstallOptions::default())
+        .unwrap();
+    f.host.rollback(&pkg).unwrap();
+    assert_eq!(
+        f.host.kernels().loaded_version(&pkg).unwrap().to_string(),
+        "1.0.0"
+    );
+
+    let service = Service::of(f.host.kernels());
+    let handle = service
+        .resolve(&same_shape(INCLUSIVE_OP, GUILD_DTYPE_I64, &[4]))
+        .unwrap();
+    match f
+        .host
+        .install(&v11.archive, InstallOptions::default())
+        .unwrap_err()
+    {
+        HostError::Leased(l) => assert_eq!(l.action, QuiescentAction::Replace),
+        other => panic!("expected a lease refusal, got {other}"),
+    }
+    handle.release().unwrap();
+
+    let done = f
+        .host
+        .install(&v11.archive, InstallOptions::default())
+        .unwrap();
+    assert!(done.reactivated && done.changed && done.enabled, "{done:?}");
+    assert_eq!(done.superseded.unwrap().to_string(), "1.0.0");
+    assert_eq!(
+        f.host.kernels().loaded_version(&pkg).unwrap().to_string(),
+        "1.1.0"
+    );
+    assert_eq!(
+        f.loader.open_libraries(),
+        1,
+        "1.0.0 closed as it was replaced"
+    );
+}
