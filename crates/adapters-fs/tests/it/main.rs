@@ -1,4 +1,6 @@
-//! Integration tests of `guild-adapters-fs`: hostile archives and the durable store.
+//! Integration tests of `guild-adapters-fs`: hostile archives, the durable store and GGUF
+//! model files.
 
 mod archive;
+mod gguf;
 mod store;
