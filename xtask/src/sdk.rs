@@ -46,6 +46,7 @@ const EXPECTED_PLUGINS: &[&str] = &[
     "cuda_scan",
     "op_probe",
     "op_many",
+    "ext_probe",
     // examples/c-runner, built as part of test-plugins.
     "example_c_runner",
 ];

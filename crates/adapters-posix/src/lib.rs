@@ -7,6 +7,8 @@
 //!   the last `Arc` runs the plugin's `shutdown` and closes the library.
 //! - [`OwnedKernel`] and [`OwnedRunner`] are the concrete types behind `RegisteredKernel::raw`
 //!   and `RegisteredRunner::raw`: the copied C descriptors, with the callbacks the app calls.
+//! - [`extensions`] describes every extension the host consumes in one table and negotiates
+//!   each with one mechanism; [`ExtensionCopy`] is a negotiated table.
 //! - [`StagingHost`] is the registration host itself, usable on its own to drive registrations
 //!   without a library (the tests do).
 //!
@@ -18,12 +20,15 @@
 //! stale call finds no session instead of freed memory; no panic leaves a callback; and the
 //! library stays mapped until `shutdown` has returned.
 
+pub mod extensions;
+mod heap;
 mod library;
 mod loader;
 mod owned;
 mod staging;
 mod text;
 
+pub use extensions::{ExtensionContract, ExtensionCopy, CONSUMED_EXTENSIONS};
 pub use library::DlopenLibrary;
 pub use loader::{DlopenLoader, LoaderLogSink};
 pub use owned::{OwnedKernel, OwnedRunner, MAX_CHAIN_LENGTH};

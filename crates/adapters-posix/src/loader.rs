@@ -226,10 +226,10 @@ unsafe fn check_descriptor(
     })
 }
 
-/// Decides a finished init. A refused registration comes first, because it is the host's
-/// finding and most likely the reason init then failed; next, registrations outside the
-/// manifest; then init's own status; and last, with init successful, whether it registered
-/// exactly what the manifest declares.
+/// Decides a finished init. A refused registration comes first (typed when an extension caused
+/// it), because it is the host's finding and most likely the reason init then failed; next,
+/// registrations outside the manifest; then init's own status; and last, with init successful,
+/// whether it registered exactly what the manifest declares.
 fn judge(
     request: &LoadRequest,
     status: guild_status_t,
@@ -237,6 +237,12 @@ fn judge(
     staged: &Staged,
 ) -> Result<(), LoadErrorKind> {
     if let Some(first) = staged.refusals.first() {
+        if let Some(Some(refusal)) = staged.extension_refusals.first() {
+            return Err(LoadErrorKind::ExtensionRefused {
+                refusal: refusal.clone(),
+                more: staged.refusals.len() - 1,
+            });
+        }
         let reason = match staged.refusals.len() {
             1 => first.clone(),
             n => format!("{first} (and {} more)", n - 1),

@@ -3,36 +3,47 @@
 //! `register_runner` so that nothing the host keeps points into `init`'s stack.
 //!
 //! A copied descriptor is a `#[repr(C)]` struct like the plugin's, with every pointer the host
-//! copied (strings, extensions, a PFKE table) rewritten to point into memory the copy owns. The
-//! app can therefore hand [`OwnedKernel::descriptor`] and [`OwnedKernel::operation`] to C code
-//! (the operation service's `describe` does) exactly as if they were the plugin's originals.
+//! copied (strings, extensions, a PFKE table, a CDM1 Qwen group) rewritten to point into memory
+//! the copy owns. The app can therefore hand [`OwnedKernel::descriptor`] and
+//! [`OwnedKernel::operation`] to C code (the operation service's `describe` does) exactly as if
+//! they were the plugin's originals.
 //!
 //! What is copied and what is refused:
 //! - The descriptor's `struct_size` must cover the whole v1 struct and its `abi_version` must be
 //!   of this host's major; fields appended by a newer minor are not read.
 //! - Ids must be valid domain ids; every string is read with a bound and checked as UTF-8.
 //! - The chain is walked with a length bound and a cycle check. Each extension must be at least
-//!   as large as an extension header, and the PFKE tag (whose header is not a chain header) is
-//!   refused. Extensions this host consumes are copied after their own size and version checks:
-//!   GOP1 on kernels, RMD1 on runners. Any other tag is skipped, as the ABI's growth rules ask,
-//!   and left out of the copied chain (it is never read, so it cannot be left dangling); the
-//!   skipped tags are kept for diagnostics.
-//! - A `GUILD_OP_CUSTOM` kernel must name a valid operation and carry exactly one GOP1 whose
-//!   three callbacks are present and whose contract passes the domain's own check; GOP1 on any
-//!   other kind, RMD1 on a kernel and GOP1 on a runner are refused as misplaced.
+//!   as large as an extension header; PFKE and CDMQ, which are never chain extensions, are
+//!   refused there.
+//! - Every extension this host consumes is negotiated by the one mechanism of
+//!   [`extensions`](crate::extensions): placement first (GOP1 on `GUILD_OP_CUSTOM` kernels, CPE1
+//!   on `GUILD_OP_BATCHED_EXPERT_EXEC` CPU kernels, CDD1/CDA1/CDM1 on CUDA kernels, RMD1 on
+//!   runners), at most one of each tag, then version, size and callbacks. Any other tag is
+//!   skipped, as the ABI's growth rules ask, and left out of the copied chain (it is never read,
+//!   so it cannot be left dangling); the skipped tags are kept for diagnostics.
+//! - A `GUILD_OP_CUSTOM` kernel must name a valid operation and carry a GOP1 whose contract
+//!   passes the domain's own check; a `GUILD_OP_PREFILL_KERNELS` kernel must carry a PFKE table
+//!   in `kernel_fns`, negotiated like the others behind its own 12-byte header.
+//! - A refusal caused by an extension carries a typed [`ExtensionRefusal`] naming the kernel or
+//!   runner, where the extension was, its tag and what was wrong.
+//!
+//! Registration of a descriptor is not a promise of execution: the copies say what a plugin
+//! offers and that it is well formed, nothing more.
 
-use std::ffi::{c_char, CStr, CString};
+use std::ffi::{CStr, CString};
 use std::fmt;
-use std::ptr::{self, NonNull};
+use std::ptr;
 use std::sync::Arc;
 
 use guild_abi::{
-    guild_abi_version_major, guild_ext_header_t, guild_kernel_op_desc_v1_t,
-    guild_operation_ext_v1_t, guild_prefill_kernel_ext_v1_t, guild_runner_desc_v1_t,
-    guild_runner_model_ext_v1_t, guild_status_t, GUILD_GOP1_TAG, GUILD_GOP1_VERSION,
+    guild_abi_version_major, guild_cpu_backend_ext_v2_t, guild_cuda_attn_ext_v1_t,
+    guild_cuda_dense_ext_v1_t, guild_cuda_moe_ext_v1_t, guild_cuda_qwen_group_v1_t,
+    guild_ext_header_t, guild_kernel_op_desc_v1_t, guild_operation_ext_v1_t,
+    guild_prefill_ext_header_t, guild_prefill_kernel_ext_v1_t, guild_runner_desc_v1_t,
+    guild_runner_model_ext_v1_t, guild_status_t, GUILD_CPU_EXPERT_TAG, GUILD_CUDA_ATTN_TAG,
+    GUILD_CUDA_DENSE_TAG, GUILD_CUDA_MOE_TAG, GUILD_CUDA_QWEN_TAG, GUILD_GOP1_TAG,
     GUILD_KERNEL_ABI_VERSION, GUILD_OP_CUSTOM, GUILD_OP_PREFILL_KERNELS, GUILD_PFKE_TAG,
-    GUILD_PFKE_VERSION, GUILD_RMD1_TAG, GUILD_RMD1_VERSION, GUILD_STATUS_ERR_ABI_MISMATCH,
-    GUILD_STATUS_ERR_INVALID_ARGUMENT,
+    GUILD_RMD1_TAG, GUILD_STATUS_ERR_ABI_MISMATCH, GUILD_STATUS_ERR_INVALID_ARGUMENT,
 };
 use guild_domain::ids::{ImplId, OpName, RunnerId};
 use guild_domain::operation::{
@@ -40,94 +51,63 @@ use guild_domain::operation::{
     SyncModeSet,
 };
 use guild_domain::version::PackedVersion;
-use guild_ports::loader::{RegisteredKernel, RegisteredRunner};
+use guild_ports::loader::{
+    ExtensionProblem, ExtensionRefusal, ExtensionSite, ExtensionTag, RegisteredKernel,
+    RegisteredRunner, Registrant,
+};
 
+use crate::extensions::{
+    check_and_copy, contract_for, AbiTable, ExtensionCopy, Holder, PFKE_CONTRACT,
+};
+use crate::heap::HeapCStr;
 use crate::text::{bounded_str, tag_text, MAX_DESCRIPTOR_STRING};
 
 /// The most extensions a `next_ext` chain may hold. Real chains hold one or two; the bound turns
 /// a corrupt chain that never ends into a refusal.
 pub const MAX_CHAIN_LENGTH: usize = 64;
 
-/// A registration the host refused: the status returned to the plugin and the reason the load
-/// reports.
+/// A registration the host refused: the status returned to the plugin, the reason the load
+/// reports, and its typed form when an extension was at fault.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Refusal {
     pub status: guild_status_t,
     pub reason: String,
+    pub extension: Option<Box<ExtensionRefusal>>,
 }
 
 impl Refusal {
+    pub(crate) fn new(status: guild_status_t, reason: impl Into<String>) -> Self {
+        Refusal {
+            status,
+            reason: reason.into(),
+            extension: None,
+        }
+    }
+
     fn invalid(reason: impl Into<String>) -> Self {
+        Refusal::new(GUILD_STATUS_ERR_INVALID_ARGUMENT, reason)
+    }
+
+    fn extension(refusal: ExtensionRefusal) -> Self {
         Refusal {
             status: GUILD_STATUS_ERR_INVALID_ARGUMENT,
-            reason: reason.into(),
+            reason: refusal.to_string(),
+            extension: Some(Box::new(refusal)),
         }
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Owned heap memory that C may point into
-// ---------------------------------------------------------------------------------------------
+/// An extension problem before the registrant is attached: where, which tag, what.
+type Fault = (ExtensionSite, Option<u32>, ExtensionProblem);
 
-/// A heap value that copied descriptors point into.
-///
-/// It is held as a raw pointer from `Box::into_raw` rather than as a `Box`, because a `Box`
-/// asserts unique access whenever it moves, which would invalidate the pointers the copied
-/// descriptor holds into it. The value is never mutated after construction.
-struct Heap<T>(NonNull<T>);
-
-impl<T> Heap<T> {
-    fn new(value: T) -> Self {
-        Heap(NonNull::from(Box::leak(Box::new(value))))
-    }
-
-    fn as_ptr(&self) -> *const T {
-        self.0.as_ptr()
-    }
-
-    fn get(&self) -> &T {
-        // SAFETY: the pointer came from Box::leak in `new`, is freed only in Drop, and the value
-        // is never mutated, so a shared borrow tied to `self` is valid.
-        unsafe { self.0.as_ref() }
-    }
-}
-
-impl<T> Drop for Heap<T> {
-    fn drop(&mut self) {
-        // SAFETY: the pointer came from Box::leak in `new` and is freed exactly once, here; any
-        // pointer a copied descriptor holds into it dies with the OwnedKernel/OwnedRunner that
-        // owns both.
-        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
-    }
-}
-
-/// A NUL-terminated string that copied descriptors point into, held as the raw pointer of
-/// `CString::into_raw` for the same reason as [`Heap`].
-struct HeapCStr(NonNull<c_char>);
-
-impl HeapCStr {
-    fn new(text: CString) -> Self {
-        let raw = text.into_raw();
-        // SAFETY: CString::into_raw returns the pointer of a live allocation, never NULL.
-        HeapCStr(unsafe { NonNull::new_unchecked(raw) })
-    }
-
-    fn as_ptr(&self) -> *const c_char {
-        self.0.as_ptr()
-    }
-
-    fn as_cstr(&self) -> &CStr {
-        // SAFETY: the pointer came from CString::into_raw (a valid NUL-terminated string that is
-        // never mutated) and lives until Drop.
-        unsafe { CStr::from_ptr(self.0.as_ptr()) }
-    }
-}
-
-impl Drop for HeapCStr {
-    fn drop(&mut self) {
-        // SAFETY: the pointer came from CString::into_raw in `new` and is freed exactly once.
-        drop(unsafe { CString::from_raw(self.0.as_ptr()) });
-    }
+/// Turns a [`Fault`] of `registrant` into a refusal.
+fn fault_refusal(registrant: &Registrant, (site, tag, problem): Fault) -> Refusal {
+    Refusal::extension(ExtensionRefusal {
+        registrant: registrant.clone(),
+        site,
+        tag: tag.map(ExtensionTag),
+        problem,
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -140,15 +120,23 @@ impl Drop for HeapCStr {
 /// This is the concrete type behind [`RegisteredKernel::raw`] for kernels loaded by
 /// [`DlopenLoader`](crate::DlopenLoader); the app downcasts `raw` to it to reach the callbacks.
 ///
+/// Registration of a descriptor is not a promise of execution. An `OwnedKernel` says that the
+/// descriptor and every extension it carries passed the negotiation and what each offers (see
+/// [`ExtensionCopy::absent_callbacks`]); whether the app ever calls them is its own choice.
+///
 /// Invariants, which hold from construction until drop:
 /// - `descriptor().impl_id` and `op_name` point at [`impl_id_cstr`](Self::impl_id_cstr) and
-///   [`op_name_cstr`](Self::op_name_cstr); `next_ext` points at the copied GOP1 header (its
-///   `next` is NULL) or is NULL; for `GUILD_OP_PREFILL_KERNELS`, `kernel_fns` points at the
-///   copied PFKE table. None of them points into the plugin's memory, and none changes.
-/// - `struct_size` fields of the copies equal this host's struct sizes.
+///   [`op_name_cstr`](Self::op_name_cstr); `next_ext` is NULL or the first of the copied chain
+///   extensions (GOP1, CPE1, CDD1, CDA1, CDM1), linked in the plugin's chain order through their
+///   `next`, the last one's `next` NULL; for `GUILD_OP_PREFILL_KERNELS`, `kernel_fns` points at
+///   the copied PFKE table; a copied CDM1's `qwen` is NULL or the copied Qwen group. None of
+///   them points into the plugin's memory, and none changes.
+/// - The `struct_size` of each extension copy is the number of bytes copied (see
+///   [`ExtensionCopy::copied_size`]); the descriptor copy's is this host's struct size.
 /// - When [`operation`](Self::operation) is `Some`, its `validate`, `query_scratch` and
 ///   `execute` are non-NULL, and [`candidate`](Self::candidate) is the same contract in domain
-///   form, already checked with [`OpCandidate::check`].
+///   form, already checked with [`OpCandidate::check`]. Every extension's required callbacks
+///   are non-NULL.
 /// - Function pointers, `user_data` and (for legacy kinds) `kernel_fns` still point into the
 ///   plugin. They are valid only while the library that registered the kernel is loaded, that
 ///   is while an `Arc` of its [`LoadedLibrary`](guild_ports::loader::LoadedLibrary) lives;
@@ -157,13 +145,26 @@ pub struct OwnedKernel {
     descriptor: guild_kernel_op_desc_v1_t,
     impl_id_c: HeapCStr,
     op_name_c: Option<HeapCStr>,
-    operation: Option<Heap<guild_operation_ext_v1_t>>,
-    prefill: Option<Heap<guild_prefill_kernel_ext_v1_t>>,
+    extensions: KernelExtensions,
+    prefill: Option<ExtensionCopy<guild_prefill_kernel_ext_v1_t>>,
     skipped_tags: Vec<u32>,
     impl_id: ImplId,
     op_name: Option<OpName>,
     backend: Backend,
     candidate: Option<OpCandidate>,
+}
+
+/// The chain extensions a kernel may carry, one of each at most.
+#[derive(Default)]
+struct KernelExtensions {
+    operation: Option<ExtensionCopy<guild_operation_ext_v1_t>>,
+    cpu_backend: Option<ExtensionCopy<guild_cpu_backend_ext_v2_t>>,
+    cuda_dense: Option<ExtensionCopy<guild_cuda_dense_ext_v1_t>>,
+    cuda_attn: Option<ExtensionCopy<guild_cuda_attn_ext_v1_t>>,
+    cuda_moe: Option<ExtensionCopy<guild_cuda_moe_ext_v1_t>>,
+    cuda_qwen: Option<ExtensionCopy<guild_cuda_qwen_group_v1_t>>,
+    /// The copies' headers in the plugin's chain order, for linking the copied chain.
+    order: Vec<*mut guild_ext_header_t>,
 }
 
 // SAFETY: an OwnedKernel is immutable after construction. Its own pointers lead into heap memory
@@ -209,6 +210,8 @@ impl OwnedKernel {
         let impl_id = ImplId::new(id_text)
             .map_err(|e| Refusal::invalid(format!("kernel descriptor: impl_id: {e}")))?;
         let refuse = |reason: String| Refusal::invalid(format!("kernel {impl_id}: {reason}"));
+        let registrant = Registrant::Kernel(impl_id.clone());
+        let fault = |f: Fault| fault_refusal(&registrant, f);
 
         let backend = Backend::from_bit(raw.backend).ok_or_else(|| {
             refuse(format!(
@@ -240,47 +243,64 @@ impl OwnedKernel {
         };
 
         // SAFETY: per the contract, next_ext is NULL or a valid chain.
-        let links = unsafe { walk_chain(raw.next_ext) }.map_err(refuse)?;
-        let mut operation = None;
+        let links = unsafe { walk_chain(raw.next_ext) }.map_err(fault)?;
+        let holder = Holder::Kernel {
+            op_kind: raw.op_kind,
+            backend: raw.backend,
+        };
+        let mut extensions = KernelExtensions::default();
         let mut skipped_tags = Vec::new();
         for link in &links {
-            match link.header.tag {
-                GUILD_GOP1_TAG => {
-                    if !custom {
-                        return Err(refuse(format!(
-                            "extension {} is GOP1, but op_kind {:#x} is not GUILD_OP_CUSTOM",
-                            link.index, raw.op_kind
-                        )));
-                    }
-                    if operation.is_some() {
-                        return Err(refuse(format!(
-                            "extension {} is a second GOP1 extension",
-                            link.index
-                        )));
-                    }
-                    // SAFETY: the walk read this header from a live extension of at least the
-                    // header's size; copy_gop1 checks the declared size before reading more.
-                    operation = Some(unsafe { copy_gop1(link) }.map_err(refuse)?);
+            let tag = link.header.tag;
+            let Some(contract) = contract_for(tag) else {
+                skipped_tags.push(tag);
+                continue;
+            };
+            let at = |problem| (ExtensionSite::Chain(link.index), Some(tag), problem);
+            if let Some(problem) = contract.placement.misplaced_on(holder) {
+                return Err(fault(at(problem)));
+            }
+            // SAFETY: the walk read this header from a live extension that declares
+            // `struct_size` readable bytes; the copy reads no more than that.
+            let copied = unsafe {
+                match tag {
+                    GUILD_GOP1_TAG => adopt(&mut extensions.operation, link),
+                    GUILD_CPU_EXPERT_TAG => adopt(&mut extensions.cpu_backend, link),
+                    GUILD_CUDA_DENSE_TAG => adopt(&mut extensions.cuda_dense, link),
+                    GUILD_CUDA_ATTN_TAG => adopt(&mut extensions.cuda_attn, link),
+                    GUILD_CUDA_MOE_TAG => adopt(&mut extensions.cuda_moe, link),
+                    // Unreachable: the walk refuses PFKE and CDMQ, and placement refuses RMD1
+                    // on a kernel. Refused rather than panicking should the table grow.
+                    _ => Err(ExtensionProblem::Misplaced {
+                        belongs_on: "a runner descriptor".into(),
+                        conflict: None,
+                    }),
                 }
-                GUILD_RMD1_TAG => {
-                    return Err(refuse(format!(
-                        "extension {} is RMD1, which belongs on a runner descriptor",
-                        link.index
-                    )));
-                }
-                tag => skipped_tags.push(tag),
+            };
+            let header = copied.map_err(|problem| fault(at(problem)))?;
+            extensions.order.push(header);
+            if tag == GUILD_CUDA_MOE_TAG {
+                // SAFETY: the CDM1 copy's qwen pointer came from the plugin, which the contract
+                // makes NULL or a live group for this call.
+                unsafe { extensions.adopt_qwen(link.index) }.map_err(fault)?;
             }
         }
 
         let prefill = if raw.op_kind == GUILD_OP_PREFILL_KERNELS {
-            // SAFETY: for this kind the header makes kernel_fns a PFKE table or NULL.
-            Some(unsafe { copy_pfke(raw.kernel_fns.cast()) }.map_err(refuse)?)
+            if raw.kernel_fns.is_null() {
+                return Err(refuse(
+                    "GUILD_OP_PREFILL_KERNELS needs a PFKE table in kernel_fns".into(),
+                ));
+            }
+            // SAFETY: for this kind the header makes kernel_fns a PFKE table, readable for its
+            // declared size during this call.
+            Some(unsafe { copy_pfke(raw.kernel_fns.cast()) }.map_err(fault)?)
         } else {
             None
         };
 
         let candidate = if custom {
-            let Some(op) = &operation else {
+            let Some(op) = &extensions.operation else {
                 let found = if skipped_tags.is_empty() {
                     "an empty chain".to_string()
                 } else {
@@ -302,7 +322,7 @@ impl OwnedKernel {
             let name = op_name
                 .clone()
                 .ok_or_else(|| refuse("op_name is missing".into()))?;
-            let candidate = op_candidate(&raw, &impl_id, &name, backend, op.get());
+            let candidate = op_candidate(&raw, &impl_id, &name, backend, op.table());
             candidate
                 .check()
                 .map_err(|e| refuse(format!("its GOP1 contract is malformed: {e}")))?;
@@ -318,9 +338,7 @@ impl OwnedKernel {
         descriptor.struct_size = size_u32::<guild_kernel_op_desc_v1_t>();
         descriptor.impl_id = impl_id_c.as_ptr();
         descriptor.op_name = op_name_c.as_ref().map_or(ptr::null(), HeapCStr::as_ptr);
-        descriptor.next_ext = operation
-            .as_ref()
-            .map_or(ptr::null(), |op| op.as_ptr().cast::<guild_ext_header_t>());
+        descriptor.next_ext = extensions.link();
         if let Some(table) = &prefill {
             descriptor.kernel_fns = table.as_ptr().cast();
         }
@@ -328,7 +346,7 @@ impl OwnedKernel {
             descriptor,
             impl_id_c,
             op_name_c,
-            operation,
+            extensions,
             prefill,
             skipped_tags,
             impl_id,
@@ -343,14 +361,52 @@ impl OwnedKernel {
         &self.descriptor
     }
 
-    /// The copied GOP1 extension of a `GUILD_OP_CUSTOM` kernel (its `next` is NULL).
+    /// The copied GOP1 extension of a `GUILD_OP_CUSTOM` kernel.
     pub fn operation(&self) -> Option<&guild_operation_ext_v1_t> {
-        self.operation.as_ref().map(Heap::get)
+        self.extensions.operation.as_ref().map(ExtensionCopy::table)
+    }
+
+    /// The GOP1 negotiation: the copy with its sizes and which callbacks it offers.
+    pub fn operation_copy(&self) -> Option<&ExtensionCopy<guild_operation_ext_v1_t>> {
+        self.extensions.operation.as_ref()
     }
 
     /// The copied PFKE table of a `GUILD_OP_PREFILL_KERNELS` kernel.
     pub fn prefill(&self) -> Option<&guild_prefill_kernel_ext_v1_t> {
-        self.prefill.as_ref().map(Heap::get)
+        self.prefill.as_ref().map(ExtensionCopy::table)
+    }
+
+    /// The PFKE negotiation: the copy with its sizes and which callbacks it offers.
+    pub fn prefill_copy(&self) -> Option<&ExtensionCopy<guild_prefill_kernel_ext_v1_t>> {
+        self.prefill.as_ref()
+    }
+
+    /// The copied CPE1 / CPU backend table of a `GUILD_OP_BATCHED_EXPERT_EXEC` CPU kernel, in
+    /// the v2 layout whatever the plugin's version: a version 1 table has every appended
+    /// callback NULL, and [`has_v2_ops`](ExtensionCopy::has_v2_ops) says whether any is offered.
+    pub fn cpu_backend(&self) -> Option<&ExtensionCopy<guild_cpu_backend_ext_v2_t>> {
+        self.extensions.cpu_backend.as_ref()
+    }
+
+    /// The copied CDD1 (CUDA dense projections) table of a CUDA kernel.
+    pub fn cuda_dense(&self) -> Option<&ExtensionCopy<guild_cuda_dense_ext_v1_t>> {
+        self.extensions.cuda_dense.as_ref()
+    }
+
+    /// The copied CDA1 (CUDA attention) table of a CUDA kernel.
+    pub fn cuda_attn(&self) -> Option<&ExtensionCopy<guild_cuda_attn_ext_v1_t>> {
+        self.extensions.cuda_attn.as_ref()
+    }
+
+    /// The copied CDM1 (CUDA mixture-of-experts) table of a CUDA kernel. Its `qwen` points at
+    /// [`cuda_qwen`](Self::cuda_qwen)'s copy, or is NULL.
+    pub fn cuda_moe(&self) -> Option<&ExtensionCopy<guild_cuda_moe_ext_v1_t>> {
+        self.extensions.cuda_moe.as_ref()
+    }
+
+    /// The copied Qwen specialization group of the CDM1 table, when it has one.
+    pub fn cuda_qwen(&self) -> Option<&ExtensionCopy<guild_cuda_qwen_group_v1_t>> {
+        self.extensions.cuda_qwen.as_ref()
     }
 
     /// The implementation id.
@@ -405,17 +461,86 @@ impl OwnedKernel {
     }
 }
 
+impl KernelExtensions {
+    /// Copies the Qwen group the just-copied CDM1 table (chain position `index`) points at, and
+    /// points the CDM1 copy at the group's copy.
+    ///
+    /// # Safety
+    /// The CDM1 copy's `qwen` must still be the plugin's pointer: NULL or a group readable for
+    /// its declared `struct_size` during this call.
+    unsafe fn adopt_qwen(&mut self, index: usize) -> Result<(), Fault> {
+        let Some(moe) = self.cuda_moe.as_mut() else {
+            return Ok(());
+        };
+        let table = moe.as_mut_ptr();
+        // SAFETY: `table` is the live CDM1 copy, owned by `moe`, with no borrow outstanding.
+        let group = unsafe { (*table).qwen };
+        if group.is_null() {
+            return Ok(());
+        }
+        let site = ExtensionSite::QwenGroup(index);
+        // SAFETY: per this function's contract the group is readable; its header comes first.
+        let header = unsafe { read_ext_header(group.cast()) }.map_err(|p| (site, None, p))?;
+        if header.tag != GUILD_CUDA_QWEN_TAG {
+            return Err((
+                site,
+                Some(header.tag),
+                ExtensionProblem::WrongTag {
+                    expected: ExtensionTag(GUILD_CUDA_QWEN_TAG),
+                },
+            ));
+        }
+        // SAFETY: the group declares `struct_size` readable bytes (at least a header).
+        let copy = unsafe {
+            check_and_copy::<guild_cuda_qwen_group_v1_t>(
+                group.cast(),
+                header.struct_size,
+                header.version,
+            )
+        }
+        .map_err(|p| (site, Some(header.tag), p))?;
+        // SAFETY: as above: the live CDM1 copy, nothing borrowed from it.
+        unsafe { (*table).qwen = copy.as_ptr() };
+        self.cuda_qwen = Some(copy);
+        Ok(())
+    }
+
+    /// Links the copied chain extensions in chain order and returns the first, or NULL.
+    fn link(&mut self) -> *const guild_ext_header_t {
+        for pair in self.order.windows(2) {
+            // SAFETY: both are headers of live copies this value owns, with no borrow of them
+            // outstanding; every chain extension starts with its guild_ext_header_t.
+            unsafe { (*pair[0]).next = pair[1] };
+        }
+        self.order.first().map_or(ptr::null(), |&h| h.cast_const())
+    }
+}
+
 impl fmt::Debug for OwnedKernel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let skipped: Vec<String> = self.skipped_tags.iter().map(|&t| tag_text(t)).collect();
+        let ext = &self.extensions;
+        let mut copied = Vec::new();
+        for (name, present) in [
+            ("GOP1", ext.operation.is_some()),
+            ("CPE1", ext.cpu_backend.is_some()),
+            ("CDD1", ext.cuda_dense.is_some()),
+            ("CDA1", ext.cuda_attn.is_some()),
+            ("CDM1", ext.cuda_moe.is_some()),
+            ("CDMQ", ext.cuda_qwen.is_some()),
+            ("PFKE", self.prefill.is_some()),
+        ] {
+            if present {
+                copied.push(name);
+            }
+        }
         f.debug_struct("OwnedKernel")
             .field("impl_id", &self.impl_id)
             .field("op_kind", &self.descriptor.op_kind)
             .field("op_name", &self.op_name_cstr())
             .field("backend", &self.backend)
             .field("priority", &self.descriptor.priority)
-            .field("gop1", &self.operation.is_some())
-            .field("pfke", &self.prefill.is_some())
+            .field("extensions", &copied)
             .field("skipped_tags", &skipped)
             .finish_non_exhaustive()
     }
@@ -468,11 +593,12 @@ fn op_candidate(
 /// `descriptor().runner_id` points at [`runner_id_cstr`](Self::runner_id_cstr), `next_ext` at
 /// the copied RMD1 header (whose `next` is NULL) or NULL; `create` and `destroy` are non-NULL,
 /// as are RMD1's three callbacks; every function pointer and `user_data` is valid only while the
-/// library that registered the runner is loaded.
+/// library that registered the runner is loaded. As for kernels, registration of a runner is not
+/// a promise that the host will ever select it.
 pub struct OwnedRunner {
     descriptor: guild_runner_desc_v1_t,
     runner_id_c: HeapCStr,
-    model: Option<Heap<guild_runner_model_ext_v1_t>>,
+    model: Option<ExtensionCopy<guild_runner_model_ext_v1_t>>,
     skipped_tags: Vec<u32>,
     runner_id: RunnerId,
 }
@@ -519,31 +645,27 @@ impl OwnedRunner {
             return Err(refuse("destroy is NULL".into()));
         }
 
+        let registrant = Registrant::Runner(runner_id.clone());
+        let fault = |f: Fault| fault_refusal(&registrant, f);
         // SAFETY: per the contract, next_ext is NULL or a valid chain.
-        let links = unsafe { walk_chain(raw.next_ext) }.map_err(refuse)?;
-        let mut model = None;
+        let links = unsafe { walk_chain(raw.next_ext) }.map_err(fault)?;
+        let mut model: Option<ExtensionCopy<guild_runner_model_ext_v1_t>> = None;
         let mut skipped_tags = Vec::new();
         for link in &links {
-            match link.header.tag {
-                GUILD_RMD1_TAG => {
-                    if model.is_some() {
-                        return Err(refuse(format!(
-                            "extension {} is a second RMD1 extension",
-                            link.index
-                        )));
-                    }
-                    // SAFETY: the walk read this header from a live extension; copy_rmd1 checks
-                    // the declared size before reading more.
-                    model = Some(unsafe { copy_rmd1(link) }.map_err(refuse)?);
-                }
-                GUILD_GOP1_TAG => {
-                    return Err(refuse(format!(
-                        "extension {} is GOP1, which belongs on a GUILD_OP_CUSTOM kernel",
-                        link.index
-                    )));
-                }
-                tag => skipped_tags.push(tag),
+            let tag = link.header.tag;
+            let Some(contract) = contract_for(tag) else {
+                skipped_tags.push(tag);
+                continue;
+            };
+            let at = |problem| (ExtensionSite::Chain(link.index), Some(tag), problem);
+            if let Some(problem) = contract.placement.misplaced_on(Holder::Runner) {
+                return Err(fault(at(problem)));
             }
+            // Placement admits only RMD1 on a runner.
+            debug_assert_eq!(tag, GUILD_RMD1_TAG);
+            // SAFETY: the walk read this header from a live extension that declares
+            // `struct_size` readable bytes; the copy reads no more than that.
+            unsafe { adopt(&mut model, link) }.map_err(|problem| fault(at(problem)))?;
         }
 
         let copy =
@@ -571,7 +693,12 @@ impl OwnedRunner {
 
     /// The copied RMD1 extension, when the runner has one (its `next` is NULL).
     pub fn model(&self) -> Option<&guild_runner_model_ext_v1_t> {
-        self.model.as_ref().map(Heap::get)
+        self.model.as_ref().map(ExtensionCopy::table)
+    }
+
+    /// The RMD1 negotiation: the copy with its sizes and which callbacks it offers.
+    pub fn model_copy(&self) -> Option<&ExtensionCopy<guild_runner_model_ext_v1_t>> {
+        self.model.as_ref()
     }
 
     /// The runner id.
@@ -633,45 +760,70 @@ struct ChainLink {
     at: *const guild_ext_header_t,
 }
 
+/// Reads an extension header after checking that its declared size covers one.
+///
+/// # Safety
+/// `at` must be non-NULL and readable for its declared `struct_size` bytes during this call.
+unsafe fn read_ext_header(
+    at: *const guild_ext_header_t,
+) -> Result<guild_ext_header_t, ExtensionProblem> {
+    // SAFETY: `at` is non-NULL and readable; its first field is struct_size, which may be read
+    // before the size is known.
+    let size = unsafe { at.cast::<u32>().read_unaligned() };
+    let header_size = size_of::<guild_ext_header_t>();
+    if usize::try_from(size).map_or(true, |s| s < header_size) {
+        return Err(ExtensionProblem::HeaderTooSmall {
+            struct_size: size,
+            header_size: size_u32::<guild_ext_header_t>(),
+        });
+    }
+    // SAFETY: the extension declares at least a whole header's worth of readable bytes.
+    Ok(unsafe { at.read_unaligned() })
+}
+
 /// Walks a `next_ext` chain, checking each header's size, refusing a cycle, an overlong chain
-/// and the PFKE tag (whose 12-byte header has no `next` to follow).
+/// and the tags that are never chain extensions (PFKE, whose 12-byte header has no `next` to
+/// follow, and CDM1's Qwen group).
 ///
 /// # Safety
 /// `first` must be NULL or the start of a chain whose every extension is readable for at least
 /// its declared `struct_size` bytes during this call.
-unsafe fn walk_chain(first: *const guild_ext_header_t) -> Result<Vec<ChainLink>, String> {
+unsafe fn walk_chain(first: *const guild_ext_header_t) -> Result<Vec<ChainLink>, Fault> {
     let mut links: Vec<ChainLink> = Vec::new();
     let mut at = first;
     while !at.is_null() {
         let index = links.len();
         if let Some(earlier) = links.iter().find(|l| ptr::eq(l.at, at)) {
-            return Err(format!(
-                "the next_ext chain has a cycle: extension {} links back to extension {}",
-                index.saturating_sub(1),
-                earlier.index
+            let from = index.saturating_sub(1);
+            return Err((
+                ExtensionSite::Chain(from),
+                links.get(from).map(|l| l.header.tag),
+                ExtensionProblem::Cycle {
+                    links_back_to: earlier.index,
+                },
             ));
         }
         if index == MAX_CHAIN_LENGTH {
-            return Err(format!(
-                "the next_ext chain is longer than {MAX_CHAIN_LENGTH} extensions"
+            return Err((
+                ExtensionSite::Chain(index),
+                None,
+                ExtensionProblem::ChainTooLong {
+                    limit: MAX_CHAIN_LENGTH,
+                },
             ));
         }
-        // SAFETY: `at` is non-NULL and, per the contract, a readable extension; its first field
-        // is struct_size, which may be read before the size is known.
-        let size = unsafe { at.cast::<u32>().read_unaligned() };
-        let header_size = size_of::<guild_ext_header_t>();
-        if usize::try_from(size).map_or(true, |s| s < header_size) {
-            return Err(format!(
-                "extension {index} declares struct_size {size}, smaller than the \
-                 {header_size}-byte extension header"
-            ));
-        }
-        // SAFETY: the extension declares at least a whole header's worth of readable bytes.
-        let header = unsafe { at.read_unaligned() };
-        if header.tag == GUILD_PFKE_TAG {
-            return Err(format!(
-                "extension {index} has the PFKE tag, but PFKE is reached through kernel_fns \
-                 and is not a next_ext extension"
+        // SAFETY: `at` is non-NULL and, per the contract, a readable extension.
+        let header =
+            unsafe { read_ext_header(at) }.map_err(|p| (ExtensionSite::Chain(index), None, p))?;
+        if let Some(reached_through) =
+            contract_for(header.tag).and_then(|c| c.placement.outside_chains())
+        {
+            return Err((
+                ExtensionSite::Chain(index),
+                Some(header.tag),
+                ExtensionProblem::NotAChainExtension {
+                    reached_through: reached_through.into(),
+                },
             ));
         }
         let next = header.next;
@@ -681,131 +833,50 @@ unsafe fn walk_chain(first: *const guild_ext_header_t) -> Result<Vec<ChainLink>,
     Ok(links)
 }
 
-/// Refuses an extension whose size or version this host cannot read as `T`.
-fn check_extension<T>(link: &ChainLink, name: &str, version: u32) -> Result<(), String> {
-    let tag = tag_text(link.header.tag);
-    let needed = size_of::<T>();
-    let size = link.header.struct_size;
-    if usize::try_from(size).map_or(true, |s| s < needed) {
-        return Err(format!(
-            "extension {} ({tag}) declares struct_size {size}, smaller than the {needed} bytes \
-             of {name}",
-            link.index
-        ));
-    }
-    if link.header.version != version {
-        return Err(format!(
-            "extension {} ({tag}) has version {}; this host reads version {version}",
-            link.index, link.header.version
-        ));
-    }
-    Ok(())
-}
-
-/// Copies a GOP1 extension whose header the walk found, after its size, version and callback
-/// checks.
+/// Negotiates one chain extension into `slot`, refusing a second one of the same tag, and
+/// returns the copy's header for linking.
 ///
 /// # Safety
 /// `link.at` must be readable for `link.header.struct_size` bytes during this call.
-unsafe fn copy_gop1(link: &ChainLink) -> Result<Heap<guild_operation_ext_v1_t>, String> {
-    check_extension::<guild_operation_ext_v1_t>(
-        link,
-        "guild_operation_ext_v1_t",
-        GUILD_GOP1_VERSION,
-    )?;
-    // SAFETY: the extension declares at least size_of::<guild_operation_ext_v1_t>() readable
-    // bytes (checked just above).
-    let mut op = unsafe { link.at.cast::<guild_operation_ext_v1_t>().read_unaligned() };
-    for (name, present) in [
-        ("validate", op.validate.is_some()),
-        ("query_scratch", op.query_scratch.is_some()),
-        ("execute", op.execute.is_some()),
-    ] {
-        if !present {
-            return Err(format!(
-                "extension {} (GOP1) has a NULL {name} callback, which GOP1 requires",
-                link.index
-            ));
-        }
+unsafe fn adopt<T: AbiTable>(
+    slot: &mut Option<ExtensionCopy<T>>,
+    link: &ChainLink,
+) -> Result<*mut guild_ext_header_t, ExtensionProblem> {
+    if slot.is_some() {
+        return Err(ExtensionProblem::Duplicate);
     }
-    op.header.struct_size = size_u32::<guild_operation_ext_v1_t>();
-    op.header.next = ptr::null();
-    Ok(Heap::new(op))
-}
-
-/// Copies an RMD1 extension whose header the walk found, after its size, version and callback
-/// checks.
-///
-/// # Safety
-/// `link.at` must be readable for `link.header.struct_size` bytes during this call.
-unsafe fn copy_rmd1(link: &ChainLink) -> Result<Heap<guild_runner_model_ext_v1_t>, String> {
-    check_extension::<guild_runner_model_ext_v1_t>(
-        link,
-        "guild_runner_model_ext_v1_t",
-        GUILD_RMD1_VERSION,
-    )?;
-    // SAFETY: the extension declares at least size_of::<guild_runner_model_ext_v1_t>()
-    // readable bytes (checked just above).
-    let mut model = unsafe {
-        link.at
-            .cast::<guild_runner_model_ext_v1_t>()
-            .read_unaligned()
-    };
-    for (name, present) in [
-        ("recognize", model.recognize.is_some()),
-        ("describe", model.describe.is_some()),
-        ("validate_numerics", model.validate_numerics.is_some()),
-    ] {
-        if !present {
-            return Err(format!(
-                "extension {} (RMD1) has a NULL {name} callback",
-                link.index
-            ));
-        }
-    }
-    model.header.struct_size = size_u32::<guild_runner_model_ext_v1_t>();
-    model.header.next = ptr::null();
-    Ok(Heap::new(model))
+    // SAFETY: per this function's contract.
+    let copy = unsafe {
+        check_and_copy::<T>(link.at.cast(), link.header.struct_size, link.header.version)
+    }?;
+    Ok(slot.insert(copy).as_mut_ptr().cast())
 }
 
 /// Copies the PFKE table of a `GUILD_OP_PREFILL_KERNELS` kernel after checking its own 12-byte
 /// header.
 ///
 /// # Safety
-/// `table` must be NULL or readable for its declared `struct_size` bytes during this call.
+/// `table` must be non-NULL and readable for its declared `struct_size` bytes during this call.
 unsafe fn copy_pfke(
     table: *const guild_prefill_kernel_ext_v1_t,
-) -> Result<Heap<guild_prefill_kernel_ext_v1_t>, String> {
-    if table.is_null() {
-        return Err("GUILD_OP_PREFILL_KERNELS needs a PFKE table in kernel_fns".into());
-    }
+) -> Result<ExtensionCopy<guild_prefill_kernel_ext_v1_t>, Fault> {
     // SAFETY: non-NULL and readable per the contract; PFKE's header is its first 12 bytes and
     // every PFKE table has at least that.
-    let header = unsafe { ptr::addr_of!((*table).header).read_unaligned() };
-    let needed = size_of::<guild_prefill_kernel_ext_v1_t>();
-    if header.tag != GUILD_PFKE_TAG {
-        return Err(format!(
-            "kernel_fns of a GUILD_OP_PREFILL_KERNELS kernel has tag {}, not PFKE",
-            tag_text(header.tag)
+    let header: guild_prefill_ext_header_t =
+        unsafe { ptr::addr_of!((*table).header).read_unaligned() };
+    let site = ExtensionSite::KernelFns;
+    if header.tag != PFKE_CONTRACT.tag {
+        return Err((
+            site,
+            Some(header.tag),
+            ExtensionProblem::WrongTag {
+                expected: ExtensionTag(GUILD_PFKE_TAG),
+            },
         ));
     }
-    if usize::try_from(header.struct_size).map_or(true, |s| s < needed) {
-        return Err(format!(
-            "its PFKE table declares struct_size {}, smaller than the {needed} bytes of \
-             guild_prefill_kernel_ext_v1_t",
-            header.struct_size
-        ));
-    }
-    if header.version != GUILD_PFKE_VERSION {
-        return Err(format!(
-            "its PFKE table has version {}; this host reads version {GUILD_PFKE_VERSION}",
-            header.version
-        ));
-    }
-    // SAFETY: the table declares at least `needed` readable bytes (checked just above).
-    let mut copy = unsafe { table.read_unaligned() };
-    copy.header.struct_size = size_u32::<guild_prefill_kernel_ext_v1_t>();
-    Ok(Heap::new(copy))
+    // SAFETY: the table declares `struct_size` readable bytes.
+    unsafe { check_and_copy(table.cast(), header.struct_size, header.version) }
+        .map_err(|p| (site, Some(header.tag), p))
 }
 
 /// Refuses a descriptor built against another Kernel ABI major, whose layout this host cannot
@@ -814,15 +885,15 @@ fn check_abi_version(what: &str, abi_version: u32) -> Result<(), Refusal> {
     if guild_abi_version_major(abi_version) == guild_abi_version_major(GUILD_KERNEL_ABI_VERSION) {
         return Ok(());
     }
-    Err(Refusal {
-        status: GUILD_STATUS_ERR_ABI_MISMATCH,
-        reason: format!(
+    Err(Refusal::new(
+        GUILD_STATUS_ERR_ABI_MISMATCH,
+        format!(
             "{what}: built against Kernel ABI {}, whose layout this Kernel ABI {} host cannot \
              read",
             PackedVersion::from_raw(abi_version),
             PackedVersion::from_raw(GUILD_KERNEL_ABI_VERSION)
         ),
-    })
+    ))
 }
 
 /// `size_of::<T>()` as the `u32` that `struct_size` fields hold; every ABI struct is far below

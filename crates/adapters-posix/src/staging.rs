@@ -36,7 +36,7 @@ use guild_abi::{
 };
 use guild_domain::ids::{ImplId, RunnerId};
 use guild_domain::version::PackedVersion;
-use guild_ports::loader::ServiceTable;
+use guild_ports::loader::{ExtensionRefusal, ServiceTable};
 
 use crate::owned::{OwnedKernel, OwnedRunner, Refusal};
 use crate::text::{fixed_buffer_text, write_error_record};
@@ -109,6 +109,9 @@ pub struct Staged {
     /// Every refused registration (malformed, duplicate, wrong thread), in order. Any one of
     /// them fails the load.
     pub refusals: Vec<String>,
+    /// The typed form of each refusal, index for index with `refusals`: `Some` for those caused
+    /// by an extension (which kernel or runner, where, which tag, what was wrong).
+    pub extension_refusals: Vec<Option<ExtensionRefusal>>,
     /// Well-formed kernels whose impl id the manifest does not declare; each was answered
     /// `GUILD_STATUS_ERR_PERMISSION`.
     pub undeclared_kernels: Vec<String>,
@@ -186,10 +189,15 @@ impl StagingHost {
         lock(&SESSIONS).remove(&self.id);
         let mut collected = lock(&self.session.collected);
         collected.closed = true;
+        let (refusals, extension_refusals) = std::mem::take(&mut collected.refusals)
+            .into_iter()
+            .map(|r| (r.reason, r.extension.map(|e| *e)))
+            .unzip();
         Staged {
             kernels: std::mem::take(&mut collected.kernels),
             runners: std::mem::take(&mut collected.runners),
-            refusals: std::mem::take(&mut collected.refusals),
+            refusals,
+            extension_refusals,
             undeclared_kernels: std::mem::take(&mut collected.undeclared_kernels),
             undeclared_runners: std::mem::take(&mut collected.undeclared_runners),
         }
@@ -245,7 +253,7 @@ struct Collected {
     closed: bool,
     kernels: Vec<OwnedKernel>,
     runners: Vec<OwnedRunner>,
-    refusals: Vec<String>,
+    refusals: Vec<Refusal>,
     undeclared_kernels: Vec<String>,
     undeclared_runners: Vec<String>,
 }
@@ -255,7 +263,7 @@ impl Session {
     fn refuse(&self, refusal: Refusal) -> Refusal {
         let mut collected = lock(&self.collected);
         if !collected.closed {
-            collected.refusals.push(refusal.reason.clone());
+            collected.refusals.push(refusal.clone());
         }
         refusal
     }
@@ -273,13 +281,13 @@ fn lookup(context: *mut c_void) -> Option<Arc<Session>> {
 }
 
 fn closed(callback: &str) -> Refusal {
-    Refusal {
-        status: GUILD_STATUS_ERR_STATE,
-        reason: format!(
+    Refusal::new(
+        GUILD_STATUS_ERR_STATE,
+        format!(
             "{callback} was called through a staging host whose init has returned; the host \
              table is only valid during init"
         ),
-    }
+    )
 }
 
 /// The live session for a registration callback, refusing a closed one and a call from another
@@ -287,13 +295,13 @@ fn closed(callback: &str) -> Refusal {
 fn session_for(context: *mut c_void, callback: &str) -> Result<Arc<Session>, Refusal> {
     let session = lookup(context).ok_or_else(|| closed(callback))?;
     if thread::current().id() != session.thread {
-        return Err(session.refuse(Refusal {
-            status: GUILD_STATUS_ERR_STATE,
-            reason: format!(
+        return Err(session.refuse(Refusal::new(
+            GUILD_STATUS_ERR_STATE,
+            format!(
                 "{callback} was called from a thread other than the one running init; \
                  registration must happen synchronously on the init thread"
             ),
-        }));
+        )));
     }
     Ok(session)
 }
@@ -310,10 +318,10 @@ fn finish(
         Ok(Ok(())) => return GUILD_STATUS_OK,
         Ok(Err(refusal)) => refusal,
         Err(_) => {
-            let refusal = Refusal {
-                status: GUILD_STATUS_ERR_INTERNAL,
-                reason: "the host failed internally while registering".into(),
-            };
+            let refusal = Refusal::new(
+                GUILD_STATUS_ERR_INTERNAL,
+                "the host failed internally while registering",
+            );
             // Recording may itself fail in a broken process; the status still goes back.
             let _ = panic::catch_unwind(AssertUnwindSafe(|| {
                 if let Some(session) = lookup(context) {
@@ -351,20 +359,20 @@ unsafe extern "C" fn register_kernel(
         let seen = collected.kernels.iter().any(|k| k.impl_id().as_str() == id)
             || collected.undeclared_kernels.contains(&id);
         if seen {
-            let refusal = Refusal {
-                status: GUILD_STATUS_ERR_ALREADY_EXISTS,
-                reason: format!("impl id {id} is registered twice"),
-            };
-            collected.refusals.push(refusal.reason.clone());
+            let refusal = Refusal::new(
+                GUILD_STATUS_ERR_ALREADY_EXISTS,
+                format!("impl id {id} is registered twice"),
+            );
+            collected.refusals.push(refusal.clone());
             return Err(refusal);
         }
         if !session.provided_ops.contains(&id) {
             // Not a refusal: the load reports it as a mismatch with the manifest.
             collected.undeclared_kernels.push(id.clone());
-            return Err(Refusal {
-                status: GUILD_STATUS_ERR_PERMISSION,
-                reason: format!("impl id {id} is not in the manifest's provided_ops"),
-            });
+            return Err(Refusal::new(
+                GUILD_STATUS_ERR_PERMISSION,
+                format!("impl id {id} is not in the manifest's provided_ops"),
+            ));
         }
         collected.kernels.push(kernel);
         Ok(())
@@ -392,19 +400,19 @@ unsafe extern "C" fn register_runner(
             .any(|r| r.runner_id().as_str() == id)
             || collected.undeclared_runners.contains(&id);
         if seen {
-            let refusal = Refusal {
-                status: GUILD_STATUS_ERR_ALREADY_EXISTS,
-                reason: format!("runner id {id} is registered twice"),
-            };
-            collected.refusals.push(refusal.reason.clone());
+            let refusal = Refusal::new(
+                GUILD_STATUS_ERR_ALREADY_EXISTS,
+                format!("runner id {id} is registered twice"),
+            );
+            collected.refusals.push(refusal.clone());
             return Err(refusal);
         }
         if !session.provided_runners.contains(&id) {
             collected.undeclared_runners.push(id.clone());
-            return Err(Refusal {
-                status: GUILD_STATUS_ERR_PERMISSION,
-                reason: format!("runner id {id} is not in the manifest's provided_runners"),
-            });
+            return Err(Refusal::new(
+                GUILD_STATUS_ERR_PERMISSION,
+                format!("runner id {id} is not in the manifest's provided_runners"),
+            ));
         }
         collected.runners.push(runner);
         Ok(())

@@ -210,6 +210,7 @@ impl PluginLoader for FakeLoader {
                 kind,
                 LoadErrorKind::InitFailed { .. }
                     | LoadErrorKind::RegistrationRefused { .. }
+                    | LoadErrorKind::ExtensionRefused { .. }
                     | LoadErrorKind::RegistrationMismatch { .. }
             );
             if after_init {

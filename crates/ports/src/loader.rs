@@ -58,6 +58,10 @@ pub trait LoadedLibrary: Send + Sync + fmt::Debug {
 }
 
 /// One kernel the plugin registered, copied out of `init`.
+///
+/// Registration of a descriptor is not a promise of execution: a registered kernel and the
+/// extension tables it carries have passed the loader's checks, but the app still chooses among
+/// providers, may decline a table it cannot schedule, and binds callbacks only when it uses them.
 #[derive(Clone)]
 pub struct RegisteredKernel {
     /// The implementation id, unique across the registry.
@@ -176,12 +180,22 @@ pub enum LoadErrorKind {
         /// The message its error record held (may be empty).
         message: String,
     },
-    /// A registration was refused during `init` (a malformed descriptor or extension, a
-    /// duplicate impl id, a call from another thread).
+    /// A registration was refused during `init` (a malformed descriptor, a duplicate impl id, a
+    /// call from another thread). A refusal caused by one of a descriptor's extensions is
+    /// reported as [`ExtensionRefused`](Self::ExtensionRefused) instead.
     #[error("registration refused: {reason}")]
     RegistrationRefused {
         /// Why the host refused it.
         reason: String,
+    },
+    /// A registration was refused during `init` because of one of its extensions (a size, tag,
+    /// version, placement or callback the host cannot accept, or a malformed `next_ext` chain).
+    #[error("registration refused: {refusal}{}", and_more(*.more))]
+    ExtensionRefused {
+        /// The first refusal of the load, in typed form.
+        refusal: ExtensionRefusal,
+        /// How many further registrations were refused in the same `init`.
+        more: usize,
     },
     /// What `init` registered differs from what the manifest declares.
     #[error(
@@ -195,6 +209,14 @@ pub enum LoadErrorKind {
         /// The ids the manifest lists.
         declared: Vec<String>,
     },
+}
+
+fn and_more(more: usize) -> String {
+    if more == 0 {
+        String::new()
+    } else {
+        format!(" (and {more} more)")
+    }
 }
 
 fn describe_error(component: &str, message: &str) -> String {
@@ -266,5 +288,274 @@ impl StdError for LoadError {
         self.source
             .as_deref()
             .map(|e| e as &(dyn StdError + 'static))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Extension refusals
+// ---------------------------------------------------------------------------------------------
+
+/// The registration an extension refusal concerns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Registrant {
+    /// A kernel descriptor, by implementation id.
+    Kernel(ImplId),
+    /// A runner descriptor, by runner id.
+    Runner(RunnerId),
+}
+
+impl fmt::Display for Registrant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Registrant::Kernel(id) => write!(f, "kernel {id}"),
+            Registrant::Runner(id) => write!(f, "runner {id}"),
+        }
+    }
+}
+
+/// An extension tag: four ASCII characters packed with the first one in the most significant
+/// byte, as `GUILD_MAKE_TAG` packs them.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ExtensionTag(pub u32);
+
+impl ExtensionTag {
+    /// The tag spelled by four characters, e.g. `ExtensionTag::from_chars(*b"CPE1")`.
+    pub const fn from_chars(chars: [u8; 4]) -> Self {
+        ExtensionTag(u32::from_be_bytes(chars))
+    }
+}
+
+impl fmt::Display for ExtensionTag {
+    /// The four characters when they are printable ASCII (`GOP1`), else the value in hex.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let bytes = self.0.to_be_bytes();
+        if bytes.iter().all(u8::is_ascii_graphic) {
+            bytes
+                .iter()
+                .try_for_each(|&b| write!(f, "{}", char::from(b)))
+        } else {
+            write!(f, "{:#010x}", self.0)
+        }
+    }
+}
+
+impl fmt::Debug for ExtensionTag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ExtensionTag({self})")
+    }
+}
+
+/// Where a refused extension was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExtensionSite {
+    /// The extension at this position of the descriptor's `next_ext` chain, counted from 0.
+    Chain(usize),
+    /// The table `kernel_fns` points at (PFKE, for `GUILD_OP_PREFILL_KERNELS`).
+    KernelFns,
+    /// The Qwen group that the CDM1 extension at this chain position points at.
+    QwenGroup(usize),
+}
+
+/// What was wrong with an extension.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ExtensionProblem {
+    /// `struct_size` does not even cover the extension header.
+    HeaderTooSmall {
+        /// The declared `struct_size`.
+        struct_size: u32,
+        /// The header's size.
+        header_size: u32,
+    },
+    /// `struct_size` is smaller than the first published layout of the extension's version.
+    TooSmall {
+        /// The layout version the extension declares.
+        version: u32,
+        /// The declared `struct_size`.
+        struct_size: u32,
+        /// The smallest `struct_size` of that version.
+        minimum: u32,
+        /// The C type whose size that minimum is.
+        layout: String,
+    },
+    /// A consumed tag with a layout version this host does not know.
+    UnknownVersion {
+        /// The declared version.
+        version: u32,
+        /// The versions this host reads, ascending.
+        known: Vec<u32>,
+    },
+    /// The table found where one particular extension must be has another tag.
+    WrongTag {
+        /// The tag that belongs there.
+        expected: ExtensionTag,
+    },
+    /// A tag that is never part of a `next_ext` chain was found in one.
+    NotAChainExtension {
+        /// Where that extension is reached instead.
+        reached_through: String,
+    },
+    /// A consumed extension on a descriptor it does not belong to.
+    Misplaced {
+        /// The kind of descriptor it belongs on.
+        belongs_on: String,
+        /// What about this descriptor rules it out, when it is the right kind of descriptor
+        /// but the wrong op kind or backend.
+        conflict: Option<String>,
+    },
+    /// A second extension with the same consumed tag.
+    Duplicate,
+    /// A callback the extension requires is NULL (or lies past its `struct_size`).
+    NullCallback {
+        /// The callback's field name.
+        callback: String,
+    },
+    /// An extension whose callbacks are each optional offers none of them.
+    NoCallbacks {
+        /// The callbacks' field names.
+        callbacks: Vec<String>,
+    },
+    /// The chain links back to an earlier extension.
+    Cycle {
+        /// The position of the extension it links back to.
+        links_back_to: usize,
+    },
+    /// The chain is longer than the host's bound.
+    ChainTooLong {
+        /// The bound.
+        limit: usize,
+    },
+}
+
+/// A registration refused because of one of its extensions: whose, where, which tag, and what
+/// was wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtensionRefusal {
+    /// The kernel or runner that carried the extension.
+    pub registrant: Registrant,
+    /// Where the extension was found.
+    pub site: ExtensionSite,
+    /// Its tag; `None` when its header was too short to hold one, or when the chain as a whole
+    /// is at fault.
+    pub tag: Option<ExtensionTag>,
+    /// What was wrong.
+    pub problem: ExtensionProblem,
+}
+
+impl ExtensionRefusal {
+    /// How the text names the extension: `extension 2 (CPE1)`, `its PFKE table`, ...
+    fn subject(&self) -> String {
+        let tag = self.tag.map(|t| t.to_string());
+        match (self.site, tag) {
+            (ExtensionSite::Chain(i), Some(tag)) => format!("extension {i} ({tag})"),
+            (ExtensionSite::Chain(i), None) => format!("extension {i}"),
+            (ExtensionSite::KernelFns, Some(tag)) => format!("its {tag} table"),
+            (ExtensionSite::KernelFns, None) => "its kernel_fns table".into(),
+            (ExtensionSite::QwenGroup(i), Some(tag)) => {
+                format!("the qwen group ({tag}) of extension {i} (CDM1)")
+            }
+            (ExtensionSite::QwenGroup(i), None) => {
+                format!("the qwen group of extension {i} (CDM1)")
+            }
+        }
+    }
+
+    /// The position in the chain, for the texts that are about the chain itself.
+    fn index(&self) -> usize {
+        match self.site {
+            ExtensionSite::Chain(i) | ExtensionSite::QwenGroup(i) => i,
+            ExtensionSite::KernelFns => 0,
+        }
+    }
+}
+
+impl fmt::Display for ExtensionRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let tag = self
+            .tag
+            .map_or_else(|| "an unknown tag".to_string(), |t| t.to_string());
+        let subject = self.subject();
+        let index = self.index();
+        write!(f, "{}: ", self.registrant)?;
+        match &self.problem {
+            ExtensionProblem::HeaderTooSmall {
+                struct_size,
+                header_size,
+            } => write!(
+                f,
+                "{subject} declares struct_size {struct_size}, smaller than the \
+                 {header_size}-byte extension header"
+            ),
+            ExtensionProblem::TooSmall {
+                struct_size,
+                minimum,
+                layout,
+                ..
+            } => write!(
+                f,
+                "{subject} declares struct_size {struct_size}, smaller than the {minimum} bytes \
+                 of {layout}"
+            ),
+            ExtensionProblem::UnknownVersion { version, known } => {
+                let list: Vec<String> = known.iter().map(u32::to_string).collect();
+                let known = match list.split_last() {
+                    Some((last, [])) => format!("version {last}"),
+                    Some((last, rest)) => format!("versions {} and {last}", rest.join(", ")),
+                    None => "no version".into(),
+                };
+                write!(
+                    f,
+                    "{subject} has version {version}; this host reads {known}"
+                )
+            }
+            ExtensionProblem::WrongTag { expected } => match self.site {
+                ExtensionSite::KernelFns => write!(
+                    f,
+                    "kernel_fns of a GUILD_OP_PREFILL_KERNELS kernel has tag {tag}, not {expected}"
+                ),
+                ExtensionSite::QwenGroup(i) => write!(
+                    f,
+                    "the qwen group of extension {i} (CDM1) has tag {tag}, not {expected}"
+                ),
+                ExtensionSite::Chain(i) => {
+                    write!(f, "extension {i} has tag {tag}, not {expected}")
+                }
+            },
+            ExtensionProblem::NotAChainExtension { reached_through } => write!(
+                f,
+                "extension {index} has the {tag} tag, but {tag} is reached through \
+                 {reached_through} and is not a next_ext extension"
+            ),
+            ExtensionProblem::Misplaced {
+                belongs_on,
+                conflict,
+            } => match conflict {
+                Some(conflict) => write!(f, "extension {index} is {tag}, but {conflict}"),
+                None => write!(
+                    f,
+                    "extension {index} is {tag}, which belongs on {belongs_on}"
+                ),
+            },
+            ExtensionProblem::Duplicate => {
+                write!(f, "extension {index} is a second {tag} extension")
+            }
+            ExtensionProblem::NullCallback { callback } => write!(
+                f,
+                "{subject} has a NULL {callback} callback, which {tag} requires"
+            ),
+            ExtensionProblem::NoCallbacks { callbacks } => write!(
+                f,
+                "{subject} offers none of its callbacks ({}); {tag} needs at least one",
+                callbacks.join(", ")
+            ),
+            ExtensionProblem::Cycle { links_back_to } => write!(
+                f,
+                "the next_ext chain has a cycle: {subject} links back to extension \
+                 {links_back_to}"
+            ),
+            ExtensionProblem::ChainTooLong { limit } => {
+                write!(f, "the next_ext chain is longer than {limit} extensions")
+            }
+        }
     }
 }

@@ -6,6 +6,7 @@
 //! `cargo xtask test` says where through `GUILD_TEST_PLUGIN_DIR`; a plain `cargo test` looks in
 //! `target/test-plugins/lib` and fails, naming the command to run, when the plugins are not there.
 
+mod extensions;
 mod good_kernel;
 mod minimal_kernel;
 mod outcomes;

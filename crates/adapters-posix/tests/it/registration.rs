@@ -372,7 +372,9 @@ fn malformed_extension_chains_are_refused_with_a_reason() {
         case(
             "a GOP1 extension that links to itself",
             GUILD_STATUS_ERR_INVALID_ARGUMENT,
-            kernel_reason("the next_ext chain has a cycle: extension 0 links back to extension 0"),
+            kernel_reason(
+                "the next_ext chain has a cycle: extension 0 (GOP1) links back to extension 0",
+            ),
             |t| {
                 let mut op = gop1();
                 let op_ptr = &raw mut op;
@@ -384,7 +386,9 @@ fn malformed_extension_chains_are_refused_with_a_reason() {
         case(
             "a two-extension cycle",
             GUILD_STATUS_ERR_INVALID_ARGUMENT,
-            kernel_reason("the next_ext chain has a cycle: extension 1 links back to extension 0"),
+            kernel_reason(
+                "the next_ext chain has a cycle: extension 1 (GOP1) links back to extension 0",
+            ),
             |t| {
                 let mut vendor = unknown_ext();
                 let mut op = gop1();
@@ -785,7 +789,7 @@ fn malformed_runner_descriptors_are_refused_with_a_reason() {
         case(
             "RMD1 without describe",
             GUILD_STATUS_ERR_INVALID_ARGUMENT,
-            runner_reason("extension 0 (RMD1) has a NULL describe callback"),
+            runner_reason("extension 0 (RMD1) has a NULL describe callback, which RMD1 requires"),
             |t| {
                 let mut model = rmd1();
                 model.describe = None;
