@@ -47,6 +47,11 @@ const EXPECTED_PLUGINS: &[&str] = &[
     "op_probe",
     "op_many",
     "ext_probe",
+    "runner_llama",
+    "runner_llama_low",
+    "runner_llama_broken",
+    "runner_hybrid",
+    "runner_hybrid_bad",
     // examples/c-runner, built as part of test-plugins.
     "example_c_runner",
 ];

@@ -75,6 +75,8 @@ pub fn run_all(plugins: &Path) -> Result<(), String> {
             "operations::",
             "gkmodule::",
             "rejections::",
+            // Runner selection: the RMD1 callbacks and the C model reader.
+            "runners::",
             // The C runner example: a module calling the scans through the C service.
             "examples::c_runner_",
         ],

@@ -18,6 +18,7 @@ use guild_domain::version::Version;
 use guild_ports::loader::{LoadRequest, LoadedPlugin, PluginLoader, ServiceTable};
 
 use crate::error::HostError;
+use crate::models::ModelRunnerRegistry;
 use crate::operations::DeviceSupport;
 use crate::package_manager::{
     Change, InstallOptions, Installed, LifecycleHook, OpenReport, PackageManager, Quarantined,
@@ -157,6 +158,13 @@ impl Host {
     /// [`KernelRegistry::operation_api`]).
     pub fn kernels(&self) -> &KernelRegistry {
         &self.kernels
+    }
+
+    /// The model-runner registry over this host's runners: [`ModelRunnerRegistry::select`]
+    /// chooses the runner for an opened model and binds it, and the bound model holds the
+    /// runner's package like any binding (see [`crate::models`]).
+    pub fn models(&self) -> ModelRunnerRegistry<'_> {
+        ModelRunnerRegistry::new(&self.kernels)
     }
 
     /// Explicit session leases plus live bindings into any loaded version of `id`.

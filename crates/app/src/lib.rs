@@ -10,6 +10,8 @@
 //!   tensors and run it (the [`operations`] module has an example).
 //! - [`registry::KernelRegistry::operation_api`]: the same service as the C table that plugins
 //!   receive, for native code.
+//! - [`Host::models`] and [`ModelRunnerRegistry::select`]: choose the runner for an opened model
+//!   through the runners' RMD1 extensions and bind it (the [`models`] module explains the steps).
 //! - [`PackageManager`]: install, enable, disable, remove and roll back packages, and manage the
 //!   trust store, without loading anything.
 //! - [`HostError`] and [`ErrorCategory`]: what can go wrong, sorted the way the `guild` command
@@ -25,13 +27,16 @@
 //! enable/disable/remove/rollback, recovery), the kernel registry, the [`Host`] that composes
 //! them with a plugin loader, the operation service (its C table and its Rust face), the
 //! publisher tools and, in the binary, the `guild` command line. `unsafe` is denied everywhere
-//! but in `operations`, which calls the providers' C callbacks and implements the C table.
+//! but in `operations`, which calls the providers' C callbacks and implements the C table, and
+//! in `models`, which calls the runners' RMD1 callbacks and implements the C model reader.
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod error;
 pub mod host;
+#[allow(unsafe_code)] // The runner boundary: RMD1 callbacks and the C model reader's entry points.
+pub mod models;
 #[allow(unsafe_code)] // The C service boundary: GOP1 callbacks and the service's C table.
 pub mod operations;
 pub mod package_manager;
@@ -41,6 +46,7 @@ pub mod registry;
 
 pub use error::{ErrorCategory, HostError};
 pub use host::{Host, LoadReport};
+pub use models::{BoundModel, ModelRunnerRegistry, SelectError};
 pub use operations::{OpHandle, OperationRequest, OperationService};
 pub use package_manager::{InstallOptions, Installed, OpenReport, PackageManager};
 pub use platform::HostPlatform;

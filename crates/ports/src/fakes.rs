@@ -8,6 +8,9 @@
 //! `Arc` of its [`LoadedLibrary`] lives. Counters per path show what happened: how many
 //! libraries are live, how many shutdowns ran, and which paths were opened in which order.
 //!
+//! [`FakeModel`] is a model file built in memory (metadata and tensors), for the runner registry's
+//! tests.
+//!
 //! The `raw` payload of what the helpers build ([`fake_kernel`], [`fake_operation`],
 //! [`fake_runner`]) is an `Arc<()>`: there is no C descriptor behind a fake. A test that needs
 //! another payload (say, a negotiator the app's resolver can call) builds the
@@ -27,6 +30,7 @@ use crate::loader::{
     LoadError, LoadErrorKind, LoadRequest, LoadedLibrary, LoadedPlugin, PluginLoader,
     RegisteredKernel, RegisteredRunner,
 };
+use crate::model::{MetaValue, ModelError, ModelErrorKind, ModelFile, ModelTensor};
 
 /// `GUILD_OP_CUSTOM`, the op kind of every namespaced operation (the ports do not depend on the
 /// ABI mirror, so the value is restated here).
@@ -436,6 +440,138 @@ impl Drop for FakeMark {
             .state()
             .events
             .push(StreamEvent::Dropped { mark: self.mark });
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Models
+// ---------------------------------------------------------------------------------------------
+
+/// A model file built in memory: metadata in insertion order and tensors whose bytes are held
+/// in a buffer, laid out one after another from offset 0. Nothing is read from disk, so a test
+/// describes exactly the model a runner should see.
+///
+/// Tensor sizes are computed from the dtype for the unquantised types (`F32`, `F16`, `BF16`,
+/// the integer types); other dtypes take one byte per element unless the bytes are given with
+/// [`FakeModel::with_tensor_data`].
+#[derive(Debug, Clone)]
+pub struct FakeModel {
+    location: PathBuf,
+    metadata: Vec<(String, MetaValue)>,
+    tensors: Vec<ModelTensor>,
+    data: Vec<Vec<u8>>,
+}
+
+impl FakeModel {
+    /// An empty model that says it was read from `location`.
+    pub fn new(location: impl Into<PathBuf>) -> Self {
+        FakeModel {
+            location: location.into(),
+            metadata: Vec::new(),
+            tensors: Vec::new(),
+            data: Vec::new(),
+        }
+    }
+
+    /// The same model with `key` set to `value` (replacing an earlier value of `key` in place).
+    pub fn with_meta(mut self, key: &str, value: MetaValue) -> Self {
+        match self.metadata.iter_mut().find(|(k, _)| k == key) {
+            Some(slot) => slot.1 = value,
+            None => self.metadata.push((key.to_owned(), value)),
+        }
+        self
+    }
+
+    /// The same model without `key`.
+    pub fn without_meta(mut self, key: &str) -> Self {
+        self.metadata.retain(|(k, _)| k != key);
+        self
+    }
+
+    /// The same model with a zero-filled tensor `name` of `dtype` (a `GUILD_DTYPE_*` id) and
+    /// `dims` (innermost first).
+    pub fn with_tensor(self, name: &str, dtype: u32, dims: &[u64]) -> Self {
+        let elements = dims.iter().product::<u64>();
+        let size = elements.saturating_mul(fake_element_bytes(dtype));
+        let bytes = vec![0; usize::try_from(size).unwrap_or(usize::MAX)];
+        self.with_tensor_data(name, dtype, dims, bytes)
+    }
+
+    /// The same model with a tensor whose stored bytes are `bytes`.
+    pub fn with_tensor_data(
+        mut self,
+        name: &str,
+        dtype: u32,
+        dims: &[u64],
+        bytes: Vec<u8>,
+    ) -> Self {
+        let offset = self.tensors.last().map_or(0, |t| t.offset + t.size_bytes);
+        self.tensors.push(ModelTensor {
+            name: name.to_owned(),
+            dtype,
+            dims: dims.to_vec(),
+            size_bytes: bytes.len() as u64,
+            offset,
+        });
+        self.data.push(bytes);
+        self
+    }
+
+    /// The same model without tensor `name` (later tensors keep their offsets).
+    pub fn without_tensor(mut self, name: &str) -> Self {
+        if let Some(index) = self.tensors.iter().position(|t| t.name == name) {
+            self.tensors.remove(index);
+            self.data.remove(index);
+        }
+        self
+    }
+
+    /// The model behind the port, ready to hand to a runner registry.
+    pub fn into_arc(self) -> Arc<dyn ModelFile> {
+        Arc::new(self)
+    }
+}
+
+/// Bytes per element of the dtypes a fake sizes itself: GGML's F32 (0), F16 (1), I8 (24),
+/// I16 (25), I32 (26), I64 (27), F64 (28) and BF16 (30); one byte for anything else.
+fn fake_element_bytes(dtype: u32) -> u64 {
+    match dtype {
+        0 | 26 => 4,
+        1 | 25 | 30 => 2,
+        27 | 28 => 8,
+        _ => 1,
+    }
+}
+
+impl ModelFile for FakeModel {
+    fn location(&self) -> &Path {
+        &self.location
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.metadata.iter().map(|(k, _)| k.as_str()).collect()
+    }
+
+    fn metadata(&self, key: &str) -> Option<&MetaValue> {
+        self.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    fn tensors(&self) -> &[ModelTensor] {
+        &self.tensors
+    }
+
+    fn tensor_data(&self, index: usize) -> Result<&[u8], ModelError> {
+        self.data
+            .get(index)
+            .map(Vec::as_slice)
+            .ok_or_else(|| ModelError {
+                kind: ModelErrorKind::NoSuchTensor(format!(
+                    "tensor {index} of {}",
+                    self.tensors.len()
+                )),
+                location: self.location.clone(),
+                at: None,
+            })
     }
 }
 

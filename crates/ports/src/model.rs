@@ -55,7 +55,10 @@ impl MetaValue {
 #[derive(Debug, Clone, PartialEq)]
 pub enum MetaArray {
     /// Integer or bool elements, with the `GUILD_META_TYPE_*` they were stored as.
-    Ints { element_type: u32, values: Vec<i128> },
+    Ints {
+        element_type: u32,
+        values: Vec<i128>,
+    },
     /// Float elements, with their stored type (`FLOAT32` or `FLOAT64`).
     Floats { element_type: u32, values: Vec<f64> },
     /// String elements.

@@ -18,6 +18,7 @@ mod progress;
 mod refusals;
 mod registry;
 mod rejections;
+mod runners;
 mod signatures;
 mod smoke;
 mod support;
