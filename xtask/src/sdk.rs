@@ -47,6 +47,7 @@ const EXPECTED_PLUGINS: &[&str] = &[
     "op_probe",
     "op_many",
     "ext_probe",
+    "expert_ref",
     "runner_llama",
     "runner_llama_low",
     "runner_llama_broken",

@@ -77,6 +77,8 @@ pub fn run_all(plugins: &Path) -> Result<(), String> {
             "rejections::",
             // Runner selection: the RMD1 callbacks and the C model reader.
             "runners::",
+            // Bound CPE1 tables and the expert worker pool calling them across threads.
+            "experts::",
             // The C runner example: a module calling the scans through the C service.
             "examples::c_runner_",
         ],

@@ -12,6 +12,10 @@
 //!   receive, for native code.
 //! - [`Host::models`] and [`ModelRunnerRegistry::select`]: choose the runner for an opened model
 //!   through the runners' RMD1 extensions and bind it (the [`models`] module explains the steps).
+//! - [`experts::BoundExpertTable`] and [`experts::ExpertPool`]: bind a kernel's CPE1 (CPU backend
+//!   v2) table once and run batched expert work through it on the host's worker pool;
+//!   [`cuda_tables::BoundCudaTables`] binds a CUDA kernel's CDD1, CDA1 and CDM1 tables the same
+//!   way.
 //! - [`PackageManager`]: install, enable, disable, remove and roll back packages, and manage the
 //!   trust store, without loading anything.
 //! - [`HostError`] and [`ErrorCategory`]: what can go wrong, sorted the way the `guild` command
@@ -27,13 +31,19 @@
 //! enable/disable/remove/rollback, recovery), the kernel registry, the [`Host`] that composes
 //! them with a plugin loader, the operation service (its C table and its Rust face), the
 //! publisher tools and, in the binary, the `guild` command line. `unsafe` is denied everywhere
-//! but in `operations`, which calls the providers' C callbacks and implements the C table, and
-//! in `models`, which calls the runners' RMD1 callbacks and implements the C model reader.
+//! but in `operations`, which calls the providers' C callbacks and implements the C table, in
+//! `models`, which calls the runners' RMD1 callbacks and implements the C model reader, in
+//! `experts`, which calls bound CPE1 tables, and in `cuda_tables`, which calls the host-side
+//! queries of bound CDA1 and CDM1 tables.
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+#[allow(unsafe_code)] // The CDD1/CDA1/CDM1 boundary: the host-side queries of bound CUDA tables.
+pub mod cuda_tables;
 pub mod error;
+#[allow(unsafe_code)] // The CPE1 boundary: expert callbacks and the host-owned aligned buffers.
+pub mod experts;
 pub mod host;
 #[allow(unsafe_code)] // The runner boundary: RMD1 callbacks and the C model reader's entry points.
 pub mod models;

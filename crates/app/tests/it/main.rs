@@ -5,6 +5,7 @@ mod cli;
 mod cli_snapshots;
 mod crash;
 mod examples;
+mod experts;
 mod gkmodule;
 mod gpu;
 mod host;

@@ -1,0 +1,1090 @@
+//! Native CPU expert arithmetic: a kernel's CPE1 (or CPU backend v2) table bound once, with a
+//! lease on its package, and the host's worker pool that runs batched expert work through it.
+//!
+//! A CPU kernel whose op kind is `GUILD_OP_BATCHED_EXPERT_EXEC` may carry the CPE1 table
+//! (cpu_expert_abi.h), or its version 2, the CPU backend table (cpu_backend_abi.h), which
+//! appends optional operations. The loader has already checked and copied the table at
+//! registration. [`BoundExpertTable::bind`] turns a [`KernelBinding`] to such a kernel into a
+//! plain struct of function pointers and `user_data`, copied once, so that a model's decode loop
+//! never looks anything up in the registry again; the struct holds the binding, so the
+//! provider's library stays loaded, and its package refuses to be disabled, replaced or rolled
+//! back ([`Leased`](guild_domain::lease::Leased)), until the table is dropped.
+//!
+//! The host keeps scheduling, threading and memory: [`ExpertPool`] decides which worker runs
+//! which [`ExpertTask`], every buffer a task names is allocated and owned by the caller (use
+//! [`AlignedBuffer`] for the aligned ones), and each worker's scratch is the pool's. The plugin
+//! only does arithmetic on what it is handed, for the duration of one call.
+//!
+//! Every safe wrapper checks the buffers it hands over against the layer's
+//! [`guild_cpu_expert_format_v1_t`] (lengths, row ranges, the format's alignment) before calling,
+//! so that a callback that stays inside the ranges its arguments describe cannot reach memory the
+//! host did not give it. Operations version 2 appends are available only when the plugin's
+//! table carries them; asking for one it does not carry is [`ExpertError::NotOffered`].
+
+use std::alloc::{self, Layout};
+use std::ffi::c_void;
+use std::fmt;
+use std::mem::{align_of, size_of};
+use std::ops::Range;
+use std::ptr::{self, NonNull};
+
+use guild_abi::{
+    guild_cpu_activation_image_v1_t, guild_cpu_backend_ext_v2_t, guild_cpu_combine_ordered_fn,
+    guild_cpu_describe_format_args_v1_t, guild_cpu_describe_format_fn,
+    guild_cpu_expert_down_args_v1_t, guild_cpu_expert_down_rows_fn, guild_cpu_expert_format_v1_t,
+    guild_cpu_expert_gate_up_args_v1_t, guild_cpu_expert_gate_up_rows_fn,
+    guild_cpu_expert_quantize_activation_args_v1_t, guild_cpu_expert_quantize_activation_fn,
+    guild_cpu_expert_quantize_hidden_args_v1_t, guild_cpu_expert_quantize_hidden_fn,
+    guild_cpu_planar_q2_dequantize_fn, guild_cpu_planar_q2_quantize_fn,
+    guild_cpu_q2_rows_args_v1_t, guild_cpu_q2_rows_fn, guild_cpu_router_args_v1_t,
+    guild_cpu_router_bf16_fn, guild_error_info_t, guild_status_t, GUILD_BACKEND_CPU,
+    GUILD_CPU_ACTIVATION_IMAGE_ALIGN, GUILD_CPU_ACTIVATION_IMAGE_BYTES,
+    GUILD_CPU_ACTIVATION_IMAGE_MAX_ELEMENTS, GUILD_CPU_PLANAR_Q2_BLOCK_BYTES, GUILD_DTYPE_F32,
+    GUILD_OP_BATCHED_EXPERT_EXEC, GUILD_STATUS_OK,
+};
+use guild_adapters_posix::{fixed_buffer_text, OwnedKernel};
+use guild_domain::ids::{ImplId, PackageId};
+use thiserror::Error;
+
+use crate::models::PluginReason;
+use crate::registry::{KernelBinding, KernelRegistry};
+
+// The canonical activation image, checked on the host's side as the C header checks it on the
+// plugin's: the record the host allocates is exactly 3584 bytes with 64-byte alignment.
+const _: () = {
+    assert!(size_of::<guild_cpu_activation_image_v1_t>() == GUILD_CPU_ACTIVATION_IMAGE_BYTES);
+    assert!(align_of::<guild_cpu_activation_image_v1_t>() == GUILD_CPU_ACTIVATION_IMAGE_ALIGN);
+};
+
+/// Why a kernel binding could not become a [`BoundExpertTable`].
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum BindError {
+    /// No kernel with this implementation id is registered (or its package is disabled).
+    #[error("no kernel {0} is registered")]
+    NoSuchKernel(ImplId),
+    /// The kernel is not a CPU `GUILD_OP_BATCHED_EXPERT_EXEC` kernel carrying a CPE1 table.
+    #[error("kernel {impl_id} carries no CPE1 table (op kind {op_kind}, backend {backend})")]
+    NoExpertTable {
+        /// The kernel.
+        impl_id: ImplId,
+        /// Its `op_kind`.
+        op_kind: u32,
+        /// Its backend, as the descriptor states it.
+        backend: u32,
+    },
+}
+
+/// Why a call through a bound table did not happen or failed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ExpertError {
+    /// The plugin's table does not carry this (version 2) operation.
+    #[error("{callback} is not offered by provider {impl_id}")]
+    NotOffered {
+        /// The provider.
+        impl_id: ImplId,
+        /// The callback's field name.
+        callback: &'static str,
+    },
+    /// The host's arguments do not fit the layer's format; nothing was called.
+    #[error("{callback}: {problem}")]
+    Arguments {
+        /// The callback that was not called.
+        callback: &'static str,
+        /// What does not fit.
+        problem: String,
+    },
+    /// The provider's callback returned an error.
+    #[error("{callback} failed: {reason}")]
+    Provider {
+        /// The callback.
+        callback: &'static str,
+        /// Its status and error record.
+        reason: PluginReason,
+    },
+}
+
+fn arguments(callback: &'static str, problem: impl Into<String>) -> ExpertError {
+    ExpertError::Arguments {
+        callback,
+        problem: problem.into(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host-owned aligned memory
+// ---------------------------------------------------------------------------------------------
+
+/// A zeroed, host-owned byte buffer with a chosen alignment, for expert images, quantized rows
+/// and scratch, whose alignment the format prescribes.
+pub struct AlignedBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+    align: usize,
+}
+
+// SAFETY: the buffer owns its allocation exclusively, like a Vec<u8>.
+unsafe impl Send for AlignedBuffer {}
+// SAFETY: shared access only reads.
+unsafe impl Sync for AlignedBuffer {}
+
+impl AlignedBuffer {
+    /// `len` zero bytes aligned to `align`; `None` when `align` is not a power of two or the
+    /// size overflows.
+    pub fn zeroed(len: usize, align: usize) -> Option<Self> {
+        let layout = Layout::from_size_align(len.max(1), align.max(1)).ok()?;
+        // SAFETY: the layout's size is non-zero.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
+        Some(AlignedBuffer {
+            ptr,
+            len,
+            align: layout.align(),
+        })
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is a live, initialised (zeroed) allocation of at least `len` bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The alignment the buffer was allocated with.
+    pub fn alignment(&self) -> usize {
+        self.align
+    }
+}
+
+impl Drop for AlignedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with exactly this layout (checked there).
+        unsafe {
+            alloc::dealloc(
+                self.ptr.as_ptr(),
+                Layout::from_size_align_unchecked(self.len.max(1), self.align),
+            );
+        }
+    }
+}
+
+impl fmt::Debug for AlignedBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AlignedBuffer")
+            .field("len", &self.len)
+            .field("align", &self.align)
+            .finish()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Calls
+// ---------------------------------------------------------------------------------------------
+
+/// One `gate_up_rows` call: intermediate rows `rows` of one expert for `token_count` tokens.
+#[derive(Debug)]
+pub struct GateUpCall<'a> {
+    /// `GUILD_CPU_EXPERT_GLU_*`.
+    pub glu: u32,
+    /// Which expert of the layer.
+    pub expert_index: u32,
+    /// Tokens routed to it.
+    pub token_count: u32,
+    /// Intermediate rows to compute (within `format.intermediate_size`).
+    pub rows: Range<u64>,
+    /// This expert's image (at least `format.expert_stride_bytes` bytes, aligned to the format).
+    pub expert_image: &'a [u8],
+    /// `token_count` quantized activation rows of `format.activation_row_bytes`, back to back.
+    pub activations: &'a [u8],
+    /// `token_count` F32 rows of `format.intermediate_size`; columns `rows` are written.
+    pub hidden: &'a mut [f32],
+}
+
+/// One `down_rows` call: output rows `rows` of one expert for `token_count` tokens.
+#[derive(Debug)]
+pub struct DownCall<'a> {
+    /// `GUILD_CPU_EXPERT_DOWN_*` bits.
+    pub flags: u32,
+    /// Which expert of the layer.
+    pub expert_index: u32,
+    /// Tokens routed to it.
+    pub token_count: u32,
+    /// Output rows to compute (within `format.hidden_size`).
+    pub rows: Range<u64>,
+    /// This expert's image (at least `format.expert_stride_bytes` bytes, aligned to the format).
+    pub expert_image: &'a [u8],
+    /// `token_count` quantized hidden rows of `format.hidden_row_bytes`, back to back.
+    pub hidden: &'a [u8],
+    /// `token_count` router weights, or `None` for 1 each.
+    pub token_weights: Option<&'a [f32]>,
+    /// `token_count` F32 rows of `format.hidden_size`; columns `rows` are written.
+    pub dst: &'a mut [f32],
+}
+
+/// One `router_bf16` call (CPU backend v2), over contiguous rows.
+#[derive(Debug)]
+pub struct RouterCall<'a> {
+    /// `GUILD_CPU_ROUTER_GATING_*`.
+    pub gating: u32,
+    /// `GUILD_CPU_ROUTER_*` bits.
+    pub flags: u32,
+    /// Experts to select per token (0: logits only).
+    pub top_k: u32,
+    /// Factor applied to the selected weights.
+    pub weight_scale: f32,
+    /// Model width.
+    pub hidden_size: u64,
+    /// `token_count` F32 rows of `hidden_size`.
+    pub input: &'a [f32],
+    /// `expert_count` BF16 rows of `hidden_size`.
+    pub router_weights: &'a [u16],
+    /// Per-expert selection bias, or none.
+    pub selection_bias: Option<&'a [f32]>,
+    /// `token_count * expert_count` logits, or none.
+    pub logits: Option<&'a mut [f32]>,
+    /// `token_count * top_k` selected experts.
+    pub expert_ids: &'a mut [i32],
+    /// `token_count * top_k` their weights.
+    pub expert_weights: &'a mut [f32],
+}
+
+/// One `q2_rows` call (CPU backend v2): planar-Q2 rows against canonical activation images.
+#[derive(Debug)]
+pub struct Q2RowsCall<'a> {
+    /// `GUILD_CPU_Q2_ROWS_*` bits.
+    pub flags: u32,
+    /// Tokens.
+    pub token_count: u32,
+    /// Images per token.
+    pub images_per_token: u32,
+    /// Elements per weight row.
+    pub row_elements: u64,
+    /// Rows to compute.
+    pub rows: Range<u64>,
+    /// The weight rows, back to back at `weight_row_stride_bytes`.
+    pub weights: &'a [u8],
+    /// Bytes between weight rows.
+    pub weight_row_stride_bytes: u64,
+    /// `token_count * images_per_token` images.
+    pub images: &'a [guild_cpu_activation_image_v1_t],
+    /// `token_count` F32 rows of `rows.end` elements at least.
+    pub dst: &'a mut [f32],
+}
+
+/// One piece of batched expert work for [`ExpertPool::run`].
+#[derive(Debug)]
+pub enum ExpertTask<'a> {
+    /// A `gate_up_rows` call.
+    GateUp(GateUpCall<'a>),
+    /// A `down_rows` call.
+    Down(DownCall<'a>),
+}
+
+impl ExpertTask<'_> {
+    /// The expert the task works on.
+    pub fn expert_index(&self) -> u32 {
+        match self {
+            ExpertTask::GateUp(c) => c.expert_index,
+            ExpertTask::Down(c) => c.expert_index,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The bound table
+// ---------------------------------------------------------------------------------------------
+
+/// The CPU backend v2 operations a table carries; `None` where its size or pointer does not.
+#[derive(Clone, Copy)]
+struct V2Ops {
+    describe_format: guild_cpu_describe_format_fn,
+    quantize_planar_q2: guild_cpu_planar_q2_quantize_fn,
+    dequantize_planar_q2: guild_cpu_planar_q2_dequantize_fn,
+    q2_rows: guild_cpu_q2_rows_fn,
+    router_bf16: guild_cpu_router_bf16_fn,
+    combine_ordered: guild_cpu_combine_ordered_fn,
+}
+
+/// A kernel's CPE1 table (and the CPU backend v2 operations it carries), copied once out of the
+/// registry and bound with a lease: while it lives, the provider's library stays loaded and its
+/// package counts one binding.
+pub struct BoundExpertTable {
+    quantize_activation: guild_cpu_expert_quantize_activation_fn,
+    quantize_hidden: guild_cpu_expert_quantize_hidden_fn,
+    gate_up_rows: guild_cpu_expert_gate_up_rows_fn,
+    down_rows: guild_cpu_expert_down_rows_fn,
+    user_data: *mut c_void,
+    v2: V2Ops,
+    version: u32,
+    absent: Vec<&'static str>,
+    // Last, so that the code the pointers above reach is released after everything else.
+    binding: KernelBinding,
+}
+
+// SAFETY: the pointers are the plugin's code and user_data, which stay valid while `binding`
+// lives; cpu_expert_abi.h requires every callback to be reentrant and callable from several host
+// threads at once with the same user_data, and the table is immutable once bound.
+unsafe impl Send for BoundExpertTable {}
+// SAFETY: as for Send: shared use only calls the reentrant callbacks.
+unsafe impl Sync for BoundExpertTable {}
+
+impl fmt::Debug for BoundExpertTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BoundExpertTable")
+            .field("impl_id", self.impl_id())
+            .field("package", self.package())
+            .field("version", &self.version)
+            .field("absent", &self.absent)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BoundExpertTable {
+    /// Binds the CPE1 table of the kernel `binding` refers to, copying its callbacks and
+    /// `user_data` once. The binding moves into the table and keeps the package leased.
+    pub fn bind(binding: KernelBinding) -> Result<Self, BindError> {
+        let kernel = binding.kernel().raw.downcast_ref::<OwnedKernel>();
+        let copy = kernel.and_then(OwnedKernel::cpu_backend);
+        let (Some(kernel), Some(copy)) = (kernel, copy) else {
+            return Err(BindError::NoExpertTable {
+                impl_id: binding.kernel().impl_id.clone(),
+                op_kind: binding.kernel().op_kind,
+                backend: kernel.map_or(u32::MAX, |k| k.descriptor().backend),
+            });
+        };
+        let descriptor = kernel.descriptor();
+        if descriptor.op_kind != GUILD_OP_BATCHED_EXPERT_EXEC
+            || descriptor.backend != GUILD_BACKEND_CPU
+        {
+            return Err(BindError::NoExpertTable {
+                impl_id: binding.kernel().impl_id.clone(),
+                op_kind: descriptor.op_kind,
+                backend: descriptor.backend,
+            });
+        }
+        let t: &guild_cpu_backend_ext_v2_t = copy.table();
+        // The negotiation left every field the plugin's size does not carry zero (None), so a
+        // version 1 table, or a short version 2 one, has no appended operations here.
+        let v2 = V2Ops {
+            describe_format: t.describe_format,
+            quantize_planar_q2: t.quantize_planar_q2,
+            dequantize_planar_q2: t.dequantize_planar_q2,
+            q2_rows: t.q2_rows,
+            router_bf16: t.router_bf16,
+            combine_ordered: t.combine_ordered,
+        };
+        Ok(BoundExpertTable {
+            quantize_activation: t.quantize_activation,
+            quantize_hidden: t.quantize_hidden,
+            gate_up_rows: t.gate_up_rows,
+            down_rows: t.down_rows,
+            user_data: t.user_data,
+            v2,
+            version: copy.version(),
+            absent: copy.absent_callbacks(),
+            binding,
+        })
+    }
+
+    /// Binds the table of the registered kernel `impl_id` (one registry lookup, now).
+    pub fn bind_id(registry: &KernelRegistry, impl_id: &ImplId) -> Result<Self, BindError> {
+        let binding = registry
+            .find_by_id(impl_id)
+            .ok_or_else(|| BindError::NoSuchKernel(impl_id.clone()))?;
+        Self::bind(binding)
+    }
+
+    /// The provider kernel.
+    pub fn impl_id(&self) -> &ImplId {
+        &self.binding.kernel().impl_id
+    }
+
+    /// The package whose library holds the callbacks.
+    pub fn package(&self) -> &PackageId {
+        self.binding.package()
+    }
+
+    /// The table's layout version: 1 for CPE1, 2 for the CPU backend table.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// The optional (version 2) callbacks the plugin's table does not carry, in field order.
+    pub fn absent_callbacks(&self) -> &[&'static str] {
+        &self.absent
+    }
+
+    /// Whether the table carries the callback named `name` (a field name of the v2 table).
+    pub fn offers(&self, name: &str) -> bool {
+        let v2 = &self.v2;
+        match name {
+            "quantize_activation" | "quantize_hidden" | "gate_up_rows" | "down_rows" => true,
+            "describe_format" => v2.describe_format.is_some(),
+            "quantize_planar_q2" => v2.quantize_planar_q2.is_some(),
+            "dequantize_planar_q2" => v2.dequantize_planar_q2.is_some(),
+            "q2_rows" => v2.q2_rows.is_some(),
+            "router_bf16" => v2.router_bf16.is_some(),
+            "combine_ordered" => v2.combine_ordered.is_some(),
+            _ => false,
+        }
+    }
+
+    fn not_offered(&self, callback: &'static str) -> ExpertError {
+        ExpertError::NotOffered {
+            impl_id: self.impl_id().clone(),
+            callback,
+        }
+    }
+
+    /// Quantizes `row_count` F32 rows of `format.hidden_size` (`src`, back to back) into `dst`,
+    /// `row_count` rows of `format.activation_row_bytes` aligned to the format.
+    pub fn quantize_activation(
+        &self,
+        format: &guild_cpu_expert_format_v1_t,
+        row_count: u64,
+        src: &[f32],
+        dst: &mut [u8],
+    ) -> Result<(), ExpertError> {
+        const NAME: &str = "quantize_activation";
+        check_format(NAME, format)?;
+        check_len(NAME, "src", src.len(), row_count, format.hidden_size)?;
+        check_len(
+            NAME,
+            "dst",
+            dst.len(),
+            row_count,
+            format.activation_row_bytes,
+        )?;
+        check_aligned(NAME, "dst", dst.as_ptr(), format.alignment)?;
+        let args = guild_cpu_expert_quantize_activation_args_v1_t {
+            struct_size: size_u32::<guild_cpu_expert_quantize_activation_args_v1_t>(),
+            src_dtype: GUILD_DTYPE_F32,
+            row_count,
+            format,
+            src: src.as_ptr().cast(),
+            src_row_stride_bytes: format.hidden_size * 4,
+            dst: dst.as_mut_ptr().cast(),
+            dst_row_stride_bytes: format.activation_row_bytes,
+        };
+        let f = self
+            .quantize_activation
+            .ok_or_else(|| self.not_offered(NAME))?;
+        // SAFETY: the callback is the plugin's, loaded while `self.binding` lives; the args
+        // describe host buffers whose lengths were checked against the format just above and
+        // that outlive the call.
+        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+    }
+
+    /// Quantizes `row_count` F32 hidden rows of `format.intermediate_size` into `dst`,
+    /// `row_count` rows of `format.hidden_row_bytes` aligned to the format.
+    pub fn quantize_hidden(
+        &self,
+        format: &guild_cpu_expert_format_v1_t,
+        row_count: u64,
+        src: &[f32],
+        dst: &mut [u8],
+    ) -> Result<(), ExpertError> {
+        const NAME: &str = "quantize_hidden";
+        check_format(NAME, format)?;
+        check_len(NAME, "src", src.len(), row_count, format.intermediate_size)?;
+        check_len(NAME, "dst", dst.len(), row_count, format.hidden_row_bytes)?;
+        check_aligned(NAME, "dst", dst.as_ptr(), format.alignment)?;
+        let args = guild_cpu_expert_quantize_hidden_args_v1_t {
+            struct_size: size_u32::<guild_cpu_expert_quantize_hidden_args_v1_t>(),
+            src_dtype: GUILD_DTYPE_F32,
+            row_count,
+            format,
+            src: src.as_ptr().cast(),
+            src_row_stride_bytes: format.intermediate_size * 4,
+            dst: dst.as_mut_ptr().cast(),
+            dst_row_stride_bytes: format.hidden_row_bytes,
+        };
+        let f = self.quantize_hidden.ok_or_else(|| self.not_offered(NAME))?;
+        // SAFETY: as in quantize_activation.
+        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+    }
+
+    /// Runs one `gate_up_rows` call with `scratch` (at least `format.scratch_bytes`, aligned).
+    pub fn gate_up_rows(
+        &self,
+        format: &guild_cpu_expert_format_v1_t,
+        call_args: &mut GateUpCall<'_>,
+        scratch: &mut [u8],
+    ) -> Result<(), ExpertError> {
+        const NAME: &str = "gate_up_rows";
+        let c = call_args;
+        check_format(NAME, format)?;
+        check_expert(NAME, format, c.expert_index, c.expert_image)?;
+        check_rows(NAME, &c.rows, format.intermediate_size)?;
+        let tokens = u64::from(c.token_count);
+        check_len(
+            NAME,
+            "activations",
+            c.activations.len(),
+            tokens,
+            format.activation_row_bytes,
+        )?;
+        check_aligned(
+            NAME,
+            "activations",
+            c.activations.as_ptr(),
+            format.alignment,
+        )?;
+        check_len(
+            NAME,
+            "hidden",
+            c.hidden.len(),
+            tokens,
+            format.intermediate_size,
+        )?;
+        let scratch = check_scratch(NAME, format, scratch)?;
+        let args = guild_cpu_expert_gate_up_args_v1_t {
+            struct_size: size_u32::<guild_cpu_expert_gate_up_args_v1_t>(),
+            glu: c.glu,
+            expert_index: c.expert_index,
+            token_count: c.token_count,
+            row_begin: c.rows.start,
+            row_end: c.rows.end,
+            format,
+            expert_image: c.expert_image.as_ptr().cast(),
+            activations: c.activations.as_ptr().cast(),
+            activation_row_stride_bytes: format.activation_row_bytes,
+            hidden: c.hidden.as_mut_ptr(),
+            hidden_row_stride_bytes: format.intermediate_size * 4,
+            scratch: scratch.0,
+            scratch_bytes: scratch.1,
+        };
+        let f = self.gate_up_rows.ok_or_else(|| self.not_offered(NAME))?;
+        // SAFETY: as in quantize_activation; the expert image, rows and scratch were checked too.
+        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+    }
+
+    /// Runs one `down_rows` call with `scratch` (at least `format.scratch_bytes`, aligned).
+    pub fn down_rows(
+        &self,
+        format: &guild_cpu_expert_format_v1_t,
+        call_args: &mut DownCall<'_>,
+        scratch: &mut [u8],
+    ) -> Result<(), ExpertError> {
+        const NAME: &str = "down_rows";
+        let c = call_args;
+        check_format(NAME, format)?;
+        check_expert(NAME, format, c.expert_index, c.expert_image)?;
+        check_rows(NAME, &c.rows, format.hidden_size)?;
+        let tokens = u64::from(c.token_count);
+        check_len(
+            NAME,
+            "hidden",
+            c.hidden.len(),
+            tokens,
+            format.hidden_row_bytes,
+        )?;
+        check_aligned(NAME, "hidden", c.hidden.as_ptr(), format.alignment)?;
+        check_len(NAME, "dst", c.dst.len(), tokens, format.hidden_size)?;
+        if let Some(w) = c.token_weights {
+            check_len(NAME, "token_weights", w.len(), tokens, 1)?;
+        }
+        let scratch = check_scratch(NAME, format, scratch)?;
+        let args = guild_cpu_expert_down_args_v1_t {
+            struct_size: size_u32::<guild_cpu_expert_down_args_v1_t>(),
+            flags: c.flags,
+            expert_index: c.expert_index,
+            token_count: c.token_count,
+            row_begin: c.rows.start,
+            row_end: c.rows.end,
+            format,
+            expert_image: c.expert_image.as_ptr().cast(),
+            hidden: c.hidden.as_ptr().cast(),
+            hidden_row_stride_bytes: format.hidden_row_bytes,
+            token_weights: c.token_weights.map_or(ptr::null(), <[f32]>::as_ptr),
+            dst: c.dst.as_mut_ptr(),
+            dst_row_stride_bytes: format.hidden_size * 4,
+            scratch: scratch.0,
+            scratch_bytes: scratch.1,
+        };
+        let f = self.down_rows.ok_or_else(|| self.not_offered(NAME))?;
+        // SAFETY: as in gate_up_rows.
+        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+    }
+
+    /// Asks the provider (CPU backend v2 `describe_format`) for the format it wants for a layer.
+    pub fn describe_format(
+        &self,
+        weight_layout: u32,
+        gate_up_dtype: u32,
+        down_dtype: u32,
+        shape: [u64; 3],
+    ) -> Result<guild_cpu_expert_format_v1_t, ExpertError> {
+        const NAME: &str = "describe_format";
+        let f = self
+            .v2
+            .describe_format
+            .ok_or_else(|| self.not_offered(NAME))?;
+        // SAFETY: the format record is plain integers; all-zero is a valid value.
+        let mut out: guild_cpu_expert_format_v1_t = unsafe { std::mem::zeroed() };
+        out.struct_size = size_u32::<guild_cpu_expert_format_v1_t>();
+        let args = guild_cpu_describe_format_args_v1_t {
+            struct_size: size_u32::<guild_cpu_describe_format_args_v1_t>(),
+            weight_layout,
+            gate_up_dtype,
+            down_dtype,
+            hidden_size: shape[0],
+            intermediate_size: shape[1],
+            expert_count: shape[2],
+            format_out: &mut out,
+        };
+        // SAFETY: the callback is loaded while `self.binding` lives; format_out is a live local.
+        call(NAME, |e| unsafe { f(self.user_data, &args, e) })?;
+        Ok(out)
+    }
+
+    /// Runs the provider's router (CPU backend v2 `router_bf16`) over `input.len() / hidden_size`
+    /// tokens and `router_weights.len() / hidden_size` experts.
+    pub fn router_bf16(&self, c: &mut RouterCall<'_>) -> Result<(), ExpertError> {
+        const NAME: &str = "router_bf16";
+        let f = self.v2.router_bf16.ok_or_else(|| self.not_offered(NAME))?;
+        let width = usize::try_from(c.hidden_size)
+            .ok()
+            .filter(|w| *w > 0)
+            .ok_or_else(|| arguments(NAME, "hidden_size is 0"))?;
+        if !c.input.len().is_multiple_of(width) || !c.router_weights.len().is_multiple_of(width) {
+            return Err(arguments(
+                NAME,
+                "input and router rows must be whole rows of hidden_size",
+            ));
+        }
+        let tokens = c.input.len() / width;
+        let experts = c.router_weights.len() / width;
+        let k = c.top_k as usize;
+        if k > experts {
+            return Err(arguments(
+                NAME,
+                format!("top_k {k} exceeds {experts} experts"),
+            ));
+        }
+        if c.expert_ids.len() < tokens * k || c.expert_weights.len() < tokens * k {
+            return Err(arguments(
+                NAME,
+                format!("expert_ids and expert_weights need {} entries", tokens * k),
+            ));
+        }
+        if c.logits
+            .as_ref()
+            .is_some_and(|l| l.len() < tokens * experts)
+        {
+            return Err(arguments(
+                NAME,
+                format!("logits need {} entries", tokens * experts),
+            ));
+        }
+        if c.selection_bias.is_some_and(|b| b.len() < experts) {
+            return Err(arguments(
+                NAME,
+                format!("selection_bias needs {experts} entries"),
+            ));
+        }
+        let (Ok(token_count), Ok(expert_count)) = (u32::try_from(tokens), u32::try_from(experts))
+        else {
+            return Err(arguments(NAME, "too many tokens or experts"));
+        };
+        let args = guild_cpu_router_args_v1_t {
+            struct_size: size_u32::<guild_cpu_router_args_v1_t>(),
+            input_dtype: GUILD_DTYPE_F32,
+            gating: c.gating,
+            flags: c.flags,
+            token_count,
+            expert_count,
+            top_k: c.top_k,
+            weight_scale: c.weight_scale,
+            hidden_size: c.hidden_size,
+            input: c.input.as_ptr().cast(),
+            input_row_stride_bytes: c.hidden_size * 4,
+            router_weights: c.router_weights.as_ptr(),
+            router_row_stride_bytes: c.hidden_size * 2,
+            selection_bias: c.selection_bias.map_or(ptr::null(), <[f32]>::as_ptr),
+            logits: c
+                .logits
+                .as_mut()
+                .map_or(ptr::null_mut(), |l| l.as_mut_ptr()),
+            expert_ids: c.expert_ids.as_mut_ptr(),
+            expert_weights: c.expert_weights.as_mut_ptr(),
+        };
+        // SAFETY: the callback is loaded while `self.binding` lives; every buffer's length was
+        // checked against the counts the args state.
+        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+    }
+
+    /// Runs the provider's planar-Q2 rows (CPU backend v2 `q2_rows`) against canonical
+    /// activation images, whose 3584-byte, 64-byte-aligned layout is checked again at run time.
+    pub fn q2_rows(&self, c: &mut Q2RowsCall<'_>) -> Result<(), ExpertError> {
+        const NAME: &str = "q2_rows";
+        let f = self.v2.q2_rows.ok_or_else(|| self.not_offered(NAME))?;
+        check_aligned(
+            NAME,
+            "images",
+            c.images.as_ptr().cast(),
+            GUILD_CPU_ACTIVATION_IMAGE_ALIGN as u32,
+        )?;
+        let images = u64::from(c.token_count) * u64::from(c.images_per_token);
+        if (c.images.len() as u64) < images {
+            return Err(arguments(
+                NAME,
+                format!("images: {images} needed, {} given", c.images.len()),
+            ));
+        }
+        if c.rows.start > c.rows.end {
+            return Err(arguments(NAME, "rows run backwards"));
+        }
+        let block = u64::from(GUILD_CPU_PLANAR_Q2_BLOCK_BYTES);
+        let elements = GUILD_CPU_ACTIVATION_IMAGE_MAX_ELEMENTS as u64;
+        if c.row_elements.div_ceil(256) * block > c.weight_row_stride_bytes
+            || u64::from(c.images_per_token) * elements < c.row_elements
+        {
+            return Err(arguments(
+                NAME,
+                format!(
+                    "{} elements per row need {} bytes per weight row and {} images per token",
+                    c.row_elements,
+                    c.row_elements.div_ceil(256) * block,
+                    c.row_elements.div_ceil(elements)
+                ),
+            ));
+        }
+        check_len(
+            NAME,
+            "weights",
+            c.weights.len(),
+            c.rows.end,
+            c.weight_row_stride_bytes,
+        )?;
+        check_len(
+            NAME,
+            "dst",
+            c.dst.len(),
+            u64::from(c.token_count),
+            c.rows.end,
+        )?;
+        let args = guild_cpu_q2_rows_args_v1_t {
+            struct_size: size_u32::<guild_cpu_q2_rows_args_v1_t>(),
+            flags: c.flags,
+            token_count: c.token_count,
+            images_per_token: c.images_per_token,
+            row_elements: c.row_elements,
+            row_begin: c.rows.start,
+            row_end: c.rows.end,
+            weights: c.weights.as_ptr().cast(),
+            weight_row_stride_bytes: c.weight_row_stride_bytes,
+            images: c.images.as_ptr(),
+            dst: c.dst.as_mut_ptr(),
+            dst_row_stride_bytes: c.rows.end * 4,
+        };
+        // SAFETY: the callback is loaded while `self.binding` lives; images are typed records
+        // (3584 bytes, 64-aligned by their type and checked above) and the other buffers' lengths
+        // were checked against the args.
+        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+    }
+
+    /// Runs one task through the matching callback.
+    pub fn run_task(
+        &self,
+        format: &guild_cpu_expert_format_v1_t,
+        task: &mut ExpertTask<'_>,
+        scratch: &mut [u8],
+    ) -> Result<(), ExpertError> {
+        match task {
+            ExpertTask::GateUp(c) => self.gate_up_rows(format, c, scratch),
+            ExpertTask::Down(c) => self.down_rows(format, c, scratch),
+        }
+    }
+}
+
+fn size_u32<T>() -> u32 {
+    u32::try_from(size_of::<T>()).unwrap_or(u32::MAX)
+}
+
+/// Calls `f` with a fresh error record and turns a failure into [`ExpertError::Provider`].
+fn call(
+    callback: &'static str,
+    f: impl FnOnce(*mut guild_error_info_t) -> guild_status_t,
+) -> Result<(), ExpertError> {
+    let mut error = guild_error_info_t::new();
+    let status = f(&mut error);
+    if status == GUILD_STATUS_OK {
+        return Ok(());
+    }
+    Err(ExpertError::Provider {
+        callback,
+        reason: PluginReason {
+            status,
+            component: fixed_buffer_text(&error.component),
+            message: fixed_buffer_text(&error.message),
+        },
+    })
+}
+
+fn check_format(
+    callback: &'static str,
+    format: &guild_cpu_expert_format_v1_t,
+) -> Result<(), ExpertError> {
+    if (format.struct_size as usize) < size_of::<guild_cpu_expert_format_v1_t>() {
+        return Err(arguments(
+            callback,
+            format!("format.struct_size {} is short", format.struct_size),
+        ));
+    }
+    // Every matrix must lie inside one expert's image, so that a provider that stays inside
+    // the format's description stays inside the image the host hands over.
+    let end = |offset: u64, rows: u64, stride: u64| {
+        rows.checked_mul(stride).and_then(|b| b.checked_add(offset))
+    };
+    for (matrix, last) in [
+        (
+            "gate",
+            end(
+                format.gate_offset_bytes,
+                format.intermediate_size,
+                format.gate_up_row_stride_bytes,
+            ),
+        ),
+        (
+            "up",
+            end(
+                format.up_offset_bytes,
+                format.intermediate_size,
+                format.gate_up_row_stride_bytes,
+            ),
+        ),
+        (
+            "down",
+            end(
+                format.down_offset_bytes,
+                format.hidden_size,
+                format.down_row_stride_bytes,
+            ),
+        ),
+    ] {
+        if last.is_none_or(|last| last > format.expert_stride_bytes) {
+            return Err(arguments(
+                callback,
+                format!(
+                    "the {matrix} matrix ends past expert_stride_bytes {}",
+                    format.expert_stride_bytes
+                ),
+            ));
+        }
+    }
+    if !format.alignment.is_power_of_two() || format.alignment < 16 {
+        return Err(arguments(
+            callback,
+            format!(
+                "format.alignment {} is not a power of two of at least 16",
+                format.alignment
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `len` elements hold `rows` rows of `per_row` elements.
+fn check_len(
+    callback: &'static str,
+    what: &str,
+    len: usize,
+    rows: u64,
+    per_row: u64,
+) -> Result<(), ExpertError> {
+    match rows.checked_mul(per_row) {
+        Some(needed) if (len as u64) >= needed => Ok(()),
+        needed => Err(arguments(
+            callback,
+            format!(
+                "{what}: {} needed for {rows} rows of {per_row}, {len} given",
+                needed.map_or_else(|| "more than 2^64".to_owned(), |n| n.to_string())
+            ),
+        )),
+    }
+}
+
+fn check_aligned(
+    callback: &'static str,
+    what: &str,
+    at: *const u8,
+    alignment: u32,
+) -> Result<(), ExpertError> {
+    if (at as usize).is_multiple_of(alignment.max(1) as usize) {
+        Ok(())
+    } else {
+        Err(arguments(
+            callback,
+            format!("{what} is not aligned to {alignment} bytes"),
+        ))
+    }
+}
+
+fn check_rows(callback: &'static str, rows: &Range<u64>, limit: u64) -> Result<(), ExpertError> {
+    if rows.start <= rows.end && rows.end <= limit {
+        Ok(())
+    } else {
+        Err(arguments(
+            callback,
+            format!("rows {rows:?} are not within 0..{limit}"),
+        ))
+    }
+}
+
+fn check_expert(
+    callback: &'static str,
+    format: &guild_cpu_expert_format_v1_t,
+    expert_index: u32,
+    image: &[u8],
+) -> Result<(), ExpertError> {
+    if u64::from(expert_index) >= format.expert_count {
+        return Err(arguments(
+            callback,
+            format!(
+                "expert {expert_index} is not below expert_count {}",
+                format.expert_count
+            ),
+        ));
+    }
+    check_len(
+        callback,
+        "expert_image",
+        image.len(),
+        1,
+        format.expert_stride_bytes,
+    )?;
+    check_aligned(callback, "expert_image", image.as_ptr(), format.alignment)
+}
+
+/// The scratch pointer and size to hand over: NULL when the format needs none.
+fn check_scratch(
+    callback: &'static str,
+    format: &guild_cpu_expert_format_v1_t,
+    scratch: &mut [u8],
+) -> Result<(*mut c_void, u64), ExpertError> {
+    if format.scratch_bytes == 0 {
+        return Ok((ptr::null_mut(), 0));
+    }
+    check_len(callback, "scratch", scratch.len(), 1, format.scratch_bytes)?;
+    check_aligned(callback, "scratch", scratch.as_ptr(), format.alignment)?;
+    Ok((scratch.as_mut_ptr().cast(), scratch.len() as u64))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The worker pool
+// ---------------------------------------------------------------------------------------------
+
+/// A task of a batch that failed: which one, for which expert, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("expert {expert_index} (task {task}): {error}")]
+pub struct PoolError {
+    /// The task's position in the batch.
+    pub task: usize,
+    /// The expert it worked on.
+    pub expert_index: u32,
+    /// What went wrong.
+    pub error: ExpertError,
+}
+
+/// The host's expert worker pool: runs a batch of [`ExpertTask`]s across up to `threads`
+/// workers through a bound table and returns when all are done.
+///
+/// Workers are scoped to one batch: they start when [`ExpertPool::run`] is called and are
+/// joined before it returns, so no thread outlives the call or the buffers it borrowed. Tasks
+/// are handed out through a channel in batch order; each writes only its own output slice, so
+/// the results do not depend on the number of threads or on which worker ran which task. Each
+/// worker owns one scratch buffer of `format.scratch_bytes`, aligned to the format.
+#[derive(Debug, Clone)]
+pub struct ExpertPool {
+    threads: usize,
+}
+
+impl ExpertPool {
+    /// A pool of `threads` workers (at least one).
+    pub fn new(threads: usize) -> Self {
+        ExpertPool {
+            threads: threads.max(1),
+        }
+    }
+
+    /// The number of workers.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Runs every task of `tasks` through `table`, and waits for all. Every task runs, even
+    /// after another failed; the failure reported is the first in batch order. A format that
+    /// does not pass the checks of the bound table's wrappers is refused before any task runs,
+    /// reported against the first task.
+    pub fn run(
+        &self,
+        table: &BoundExpertTable,
+        format: &guild_cpu_expert_format_v1_t,
+        tasks: Vec<ExpertTask<'_>>,
+    ) -> Result<(), PoolError> {
+        check_format("pool", format).map_err(|error| PoolError {
+            task: 0,
+            expert_index: tasks.first().map_or(0, ExpertTask::expert_index),
+            error,
+        })?;
+        let count = tasks.len();
+        let workers = self.threads.min(count);
+        if workers == 0 {
+            return Ok(());
+        }
+        let scratch_len = usize::try_from(format.scratch_bytes)
+            .ok()
+            .filter(|len| Layout::from_size_align(*len, format.alignment as usize).is_ok())
+            .ok_or_else(|| PoolError {
+                task: 0,
+                expert_index: tasks.first().map_or(0, ExpertTask::expert_index),
+                error: arguments("pool", "format.scratch_bytes cannot be allocated"),
+            })?;
+        let (work_tx, work_rx) = crossbeam::channel::bounded(count);
+        for item in tasks.into_iter().enumerate() {
+            // The channel holds every task, so this never blocks or fails.
+            let _ = work_tx.send(item);
+        }
+        drop(work_tx);
+        let (done_tx, done_rx) = crossbeam::channel::unbounded();
+        let joined = crossbeam::scope(|s| {
+            for _ in 0..workers {
+                let work_rx = work_rx.clone();
+                let done_tx = done_tx.clone();
+                s.spawn(move |_| {
+                    let mut scratch = AlignedBuffer::zeroed(scratch_len, format.alignment as usize)
+                        .unwrap_or_else(|| unreachable!("the scratch layout was checked"));
+                    for (index, mut task) in work_rx.iter() {
+                        let expert = task.expert_index();
+                        let result = table.run_task(format, &mut task, scratch.as_mut_slice());
+                        let _ = done_tx.send((index, expert, result));
+                    }
+                });
+            }
+        });
+        drop(done_tx);
+        if let Err(panic) = joined {
+            std::panic::resume_unwind(panic);
+        }
+        let mut failures: Vec<PoolError> = done_rx
+            .iter()
+            .filter_map(|(task, expert_index, result)| {
+                result.err().map(|error| PoolError {
+                    task,
+                    expert_index,
+                    error,
+                })
+            })
+            .collect();
+        failures.sort_by_key(|f| f.task);
+        match failures.into_iter().next() {
+            Some(first) => Err(first),
+            None => Ok(()),
+        }
+    }
+}
