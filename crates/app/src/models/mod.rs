@@ -135,6 +135,7 @@ impl<'r> ModelRunnerRegistry<'r> {
                         c_description: bound.c_description,
                         model,
                         passed_over: verdicts,
+                        expert_tables: Vec::new(),
                         binding,
                     });
                 }
@@ -265,6 +266,9 @@ pub struct BoundModel {
     c_description: CDescription,
     model: Arc<dyn ModelFile>,
     passed_over: Vec<RunnerVerdict>,
+    /// Extension tables bound for this model: dropped after the instance is destroyed (it may
+    /// have been using them), before the runner's binding.
+    expert_tables: Vec<crate::experts::BoundExpertTable>,
     /// Declared last, so that it is dropped after `Drop::drop` has destroyed the instance: the
     /// runner's library stays loaded until then.
     binding: RunnerBinding,
@@ -278,6 +282,28 @@ unsafe impl Send for BoundModel {}
 unsafe impl Sync for BoundModel {}
 
 impl BoundModel {
+    /// Binds the expert table of kernel `impl_id` for this model, once: the table (and the
+    /// lease on its package) lives as long as the model, so its package can be neither
+    /// unloaded nor replaced while the model is bound, and is released when the model is
+    /// dropped, after the runner's instance is destroyed.
+    pub fn bind_expert_table(
+        &mut self,
+        registry: &crate::registry::KernelRegistry,
+        impl_id: &guild_domain::ids::ImplId,
+    ) -> Result<&crate::experts::BoundExpertTable, crate::experts::BindError> {
+        let table = crate::experts::BoundExpertTable::bind_id(registry, impl_id)?;
+        self.expert_tables.push(table);
+        Ok(self
+            .expert_tables
+            .last()
+            .expect("the table was pushed just above"))
+    }
+
+    /// The expert tables bound for this model, in binding order.
+    pub fn expert_tables(&self) -> &[crate::experts::BoundExpertTable] {
+        &self.expert_tables
+    }
+
     /// The chosen runner's id.
     pub fn runner_id(&self) -> &RunnerId {
         &self.binding.runner().runner_id

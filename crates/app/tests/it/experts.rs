@@ -47,7 +47,7 @@ fn probe_case_spec(ext: &str, case: &str, package: &str) -> Spec {
     spec
 }
 
-fn expert_ref_spec() -> Spec {
+pub(crate) fn expert_ref_spec() -> Spec {
     let mut spec = Spec::kernel("test.expert_ref", "1.0.0").library(&plugin_library("expert_ref"));
     spec.provided_ops = vec!["test.expert_ref.cpu".into()];
     spec

@@ -600,3 +600,37 @@ fn a_periodic_hybrid_is_bound_and_a_mapping_that_breaks_its_topology_is_rejected
         [HYBRID_BAD.verdict(missing()), HYBRID.verdict(missing())]
     );
 }
+
+#[test]
+fn tables_bound_for_a_model_keep_their_package_loaded_until_the_model_is_dropped() {
+    let f = fixture_with(
+        &[LLAMA.spec(), crate::experts::expert_ref_spec()],
+        DeviceSupport::host(),
+    );
+    let log = marker(&f, "llama");
+    let mut bound = select(&f, llama_model(&log, 1, 8, 2)).unwrap();
+    let experts = PackageId::new("test.expert_ref").unwrap();
+    let table = guild_domain::ids::ImplId::new("test.expert_ref.cpu").unwrap();
+    bound.bind_expert_table(f.host.kernels(), &table).unwrap();
+    assert_eq!(bound.expert_tables().len(), 1);
+    assert_eq!(f.host.active_package_leases(&experts), 1);
+    match f.host.disable(&experts).unwrap_err() {
+        HostError::Leased(l) => assert_eq!((l.action, l.bindings), (QuiescentAction::Unload, 1)),
+        other => panic!("expected a lease refusal, got {other}"),
+    }
+    let open = f.loader.open_libraries();
+
+    // Dropping the model destroys the runner's instance, then releases the table and the runner.
+    drop(bound);
+    assert_eq!(
+        events(&log),
+        ["create test.runner.llama", "destroy test.runner.llama"]
+    );
+    assert_eq!(f.host.active_package_leases(&experts), 0);
+    f.host.disable(&experts).unwrap();
+    assert_eq!(
+        f.loader.open_libraries(),
+        open - 1,
+        "the expert package closed"
+    );
+}
