@@ -634,3 +634,92 @@ fn tables_bound_for_a_model_keep_their_package_loaded_until_the_model_is_dropped
         "the expert package closed"
     );
 }
+
+/// Writes `model` as a GGUF v3 file: the same keys, values and tensors, tensor data aligned to
+/// 32 bytes. Small and separate from the reader under test (whose own tests read files written
+/// by the gguf Python package).
+fn write_gguf(model: &FakeModel, path: &Path) {
+    use guild_ports::model::ModelFile;
+    fn string(out: &mut Vec<u8>, s: &str) {
+        out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        out.extend_from_slice(s.as_bytes());
+    }
+    fn value(out: &mut Vec<u8>, v: &MetaValue) {
+        out.extend_from_slice(&v.type_code().to_le_bytes());
+        match v {
+            MetaValue::U8(x) => out.push(*x),
+            MetaValue::I8(x) => out.push(*x as u8),
+            MetaValue::U16(x) => out.extend_from_slice(&x.to_le_bytes()),
+            MetaValue::I16(x) => out.extend_from_slice(&x.to_le_bytes()),
+            MetaValue::U32(x) => out.extend_from_slice(&x.to_le_bytes()),
+            MetaValue::I32(x) => out.extend_from_slice(&x.to_le_bytes()),
+            MetaValue::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
+            MetaValue::Bool(x) => out.push(u8::from(*x)),
+            MetaValue::Str(s) => string(out, s),
+            MetaValue::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
+            MetaValue::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
+            MetaValue::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
+            MetaValue::Array(MetaArray::Strings(items)) => {
+                out.extend_from_slice(&8u32.to_le_bytes());
+                out.extend_from_slice(&(items.len() as u64).to_le_bytes());
+                for s in items {
+                    string(out, s);
+                }
+            }
+            MetaValue::Array(other) => panic!("the test writer has no case for {other:?}"),
+        }
+    }
+    let align = 32u64;
+    let mut out = b"GGUF".to_vec();
+    out.extend_from_slice(&3u32.to_le_bytes());
+    out.extend_from_slice(&(model.tensors().len() as u64).to_le_bytes());
+    out.extend_from_slice(&(model.keys().len() as u64).to_le_bytes());
+    for key in model.keys() {
+        string(&mut out, key);
+        value(&mut out, model.metadata(key).unwrap());
+    }
+    let mut offset = 0u64;
+    let mut offsets = Vec::new();
+    for t in model.tensors() {
+        string(&mut out, &t.name);
+        out.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
+        for d in &t.dims {
+            out.extend_from_slice(&d.to_le_bytes());
+        }
+        out.extend_from_slice(&t.dtype.to_le_bytes());
+        out.extend_from_slice(&offset.to_le_bytes());
+        offsets.push(offset);
+        offset = (offset + t.size_bytes).div_ceil(align) * align;
+    }
+    out.resize(
+        (out.len() as u64).div_ceil(align) as usize * align as usize,
+        0,
+    );
+    let data_start = out.len() as u64;
+    for (i, offset) in offsets.iter().enumerate() {
+        out.resize((data_start + offset) as usize, 0);
+        out.extend_from_slice(model.tensor_data(i).unwrap());
+    }
+    std::fs::write(path, out).unwrap();
+}
+
+#[test]
+fn a_gguf_file_on_disk_selects_and_binds_its_runner() {
+    let f = fixture(&[LLAMA, LLAMA_LOW]);
+    let log = marker(&f, "gguf");
+    let path = f.shop.fresh("tiny-llama.gguf");
+    write_gguf(&llama_model(&log, 2, 8, 2), &path);
+
+    let source = guild_adapters_fs::GgufSource::default();
+    let model = guild_ports::model::ModelSource::open(&source, &path).unwrap();
+    assert_eq!(model.tensors().len(), 3 + 2 * 9);
+    let bound = f.host.models().select(model).unwrap();
+    assert_eq!(bound.runner_id().as_str(), LLAMA.id);
+    assert_eq!(bound.description().n_layers, 2);
+    assert_eq!(events(&log), ["create test.runner.llama"]);
+    drop(bound);
+    assert_eq!(
+        events(&log),
+        ["create test.runner.llama", "destroy test.runner.llama"]
+    );
+}
