@@ -44,6 +44,12 @@
  *                             the F32 d followed by the int8 quants
  *   v2 router_bf16            logits = input . router (BF16), top-k with ties to the lower
  *                             index, softmax over the k (GUILD_CPU_ROUTER_GATING_TOP_K_SOFTMAX)
+ *   v2 quantize_planar_q2     F32 rows to planar Q2: per 16-element group the range
+ *                             [min(0, lo), max(0, hi)] in three steps, d and dmin the block's
+ *                             largest step and minimum over 15 (stored as binary16)
+ *   v2 dequantize_planar_q2   planar Q2 rows to F32: d * scale * q - dmin * min
+ *   v2 combine_ordered        dst[t] (+)= sum over k of weight * expert_outputs[slot] in slot
+ *                             order, skipping negative slots, then + shared_output[t]
  *   GOP1 query_scratch        host_bytes = 64 * inputs + 8 * outputs, alignment 16
  *   RMD1 recognize            refuses a NULL model with a message naming itself
  *   CDD1 project              F32 rows: output[t][i] = W[i] . x[t] + bias[i] (on the host)
@@ -284,15 +290,170 @@ static guild_status_t cpu_describe_format(void* user_data, const guild_cpu_descr
     return declared_only(user_data, args, error, "describe_format is a declaration only");
 }
 
+/* IEEE binary16 (little-endian in planar Q2) to F32; every class. */
+static float f16_to_f32(uint16_t half) {
+    uint32_t exponent = (uint32_t)(half >> 10) & 0x1fu;
+    uint32_t mantissa = (uint32_t)half & 0x3ffu;
+    float magnitude;
+    if (exponent == 0u) {
+        magnitude = ldexpf((float)mantissa, -24);
+    } else if (exponent == 31u) {
+        magnitude = mantissa == 0u ? INFINITY : NAN;
+    } else {
+        magnitude = ldexpf((float)(mantissa | 0x400u), (int)exponent - 25);
+    }
+    return (half & 0x8000u) != 0u ? -magnitude : magnitude;
+}
+
+/* A non-negative finite F32 to binary16, rounded to nearest even; below the normal range it is
+ * 0, above it the largest finite value (the reference only stores d and dmin this way). */
+static uint16_t f32_to_f16(float value) {
+    uint32_t bits;
+    int32_t exponent;
+    uint32_t mantissa;
+    uint32_t half;
+    memcpy(&bits, &value, sizeof bits);
+    exponent = (int32_t)((bits >> 23) & 0xffu) - 127 + 15;
+    mantissa = bits & 0x7fffffu;
+    if ((bits & 0x80000000u) != 0u || exponent <= 0) {
+        return 0u;
+    }
+    if (exponent >= 31) {
+        return 0x7bffu;
+    }
+    half = ((uint32_t)exponent << 10) | (mantissa >> 13);
+    if ((mantissa & 0x1fffu) > 0x1000u || ((mantissa & 0x1fffu) == 0x1000u && (half & 1u) != 0u)) {
+        half += 1u;
+    }
+    return half > 0x7bffu ? (uint16_t)0x7bffu : (uint16_t)half;
+}
+
+static uint32_t round_clamp(float value, uint32_t top) {
+    float rounded = floorf(value + 0.5f);
+    if (!(rounded > 0.0f)) {
+        return 0u;
+    }
+    return rounded > (float)top ? top : (uint32_t)rounded;
+}
+
+#define Q2_GROUPS (GUILD_CPU_PLANAR_Q2_BLOCK_ELEMENTS / GUILD_CPU_PLANAR_Q2_GROUP_ELEMENTS)
+
+/* d and dmin are copied as native uint16_t: the reference assumes a little-endian host, as the
+ * planar Q2 planes are little-endian. */
+
+/* Quantizes one 256-element block into its places in the four planes of a row of n blocks:
+ * per group, the range [min(0, lo), max(0, hi)] in three steps; the block's d and dmin are the
+ * largest group step and minimum over 15. */
+static void q2_quantize_block(const float* x, unsigned char* row, uint64_t n, uint64_t b) {
+    float step[Q2_GROUPS];
+    float low[Q2_GROUPS];
+    float max_step = 0.0f;
+    float max_low = 0.0f;
+    float d;
+    float dmin;
+    uint16_t d_bits;
+    uint16_t dmin_bits;
+    uint32_t g;
+    uint32_t i;
+    for (g = 0; g < Q2_GROUPS; ++g) {
+        float lo = 0.0f;
+        float hi = 0.0f;
+        for (i = 0; i < GUILD_CPU_PLANAR_Q2_GROUP_ELEMENTS; ++i) {
+            float v = x[g * GUILD_CPU_PLANAR_Q2_GROUP_ELEMENTS + i];
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+        }
+        step[g] = (hi - lo) / 3.0f;
+        low[g] = -lo;
+        max_step = step[g] > max_step ? step[g] : max_step;
+        max_low = low[g] > max_low ? low[g] : max_low;
+    }
+    d_bits = f32_to_f16(max_step / 15.0f);
+    dmin_bits = f32_to_f16(max_low / 15.0f);
+    d = f16_to_f32(d_bits);
+    dmin = f16_to_f32(dmin_bits);
+    memcpy(row + n * 80u + b * 2u, &d_bits, 2);
+    memcpy(row + n * 82u + b * 2u, &dmin_bits, 2);
+    memset(row + b * GUILD_CPU_PLANAR_Q2_QUANT_BYTES, 0, GUILD_CPU_PLANAR_Q2_QUANT_BYTES);
+    for (g = 0; g < Q2_GROUPS; ++g) {
+        uint32_t scale = d > 0.0f ? round_clamp(step[g] / d, 15u) : 0u;
+        uint32_t minimum = dmin > 0.0f ? round_clamp(low[g] / dmin, 15u) : 0u;
+        row[n * 64u + b * 16u + g] = (unsigned char)(scale | (minimum << 4));
+        for (i = 0; i < GUILD_CPU_PLANAR_Q2_GROUP_ELEMENTS; ++i) {
+            uint32_t e = g * GUILD_CPU_PLANAR_Q2_GROUP_ELEMENTS + i;
+            uint32_t q = scale == 0u ? 0u : round_clamp((x[e] + dmin * (float)minimum) / (d * (float)scale), 3u);
+            row[b * 64u + e % 64u] |= (unsigned char)(q << (2u * (e / 64u)));
+        }
+    }
+}
+
+/* Planar Q2 arguments the reference handles: F32 on the other side, whole blocks, strides that
+ * hold a row. */
+static int q2_shape_ok(uint32_t dtype, const void* src, const void* dst, uint64_t row_elements, uint64_t q2_stride,
+                       uint64_t f32_stride) {
+    return dtype == GUILD_DTYPE_F32 && src != NULL && dst != NULL && row_elements != 0u &&
+           row_elements % GUILD_CPU_PLANAR_Q2_BLOCK_ELEMENTS == 0u &&
+           q2_stride >= row_elements / GUILD_CPU_PLANAR_Q2_BLOCK_ELEMENTS * GUILD_CPU_PLANAR_Q2_BLOCK_BYTES &&
+           f32_stride >= row_elements * sizeof(float);
+}
+
 static guild_status_t cpu_quantize_planar_q2(void* user_data, const guild_cpu_planar_q2_quantize_args_v1_t* args,
                                              guild_error_info_t* error) {
-    return declared_only(user_data, args, error, "quantize_planar_q2 is a declaration only");
+    uint64_t row;
+    uint64_t b;
+    uint64_t n;
+    guild_status_t status = prologue(user_data, args, error);
+    if (status != GUILD_STATUS_OK) {
+        return status;
+    }
+    if (!q2_shape_ok(args->src_dtype, args->src, args->dst, args->row_elements, args->dst_row_stride_bytes,
+                     args->src_row_stride_bytes)) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, COMPONENT,
+                                    "quantize_planar_q2 handles F32 rows of whole blocks");
+    }
+    n = args->row_elements / GUILD_CPU_PLANAR_Q2_BLOCK_ELEMENTS;
+    for (row = 0; row < args->row_count; ++row) {
+        const float* src = (const float*)((const unsigned char*)args->src + row * args->src_row_stride_bytes);
+        unsigned char* dst = (unsigned char*)args->dst + row * args->dst_row_stride_bytes;
+        for (b = 0; b < n; ++b) {
+            q2_quantize_block(src + b * GUILD_CPU_PLANAR_Q2_BLOCK_ELEMENTS, dst, n, b);
+        }
+    }
+    return GUILD_STATUS_OK;
 }
 
 static guild_status_t cpu_dequantize_planar_q2(void* user_data,
                                                const guild_cpu_planar_q2_dequantize_args_v1_t* args,
                                                guild_error_info_t* error) {
-    return declared_only(user_data, args, error, "dequantize_planar_q2 is a declaration only");
+    uint64_t row;
+    uint64_t n;
+    uint64_t e;
+    guild_status_t status = prologue(user_data, args, error);
+    if (status != GUILD_STATUS_OK) {
+        return status;
+    }
+    if (!q2_shape_ok(args->dst_dtype, args->src, args->dst, args->row_elements, args->src_row_stride_bytes,
+                     args->dst_row_stride_bytes)) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, COMPONENT,
+                                    "dequantize_planar_q2 handles F32 rows of whole blocks");
+    }
+    n = args->row_elements / GUILD_CPU_PLANAR_Q2_BLOCK_ELEMENTS;
+    for (row = 0; row < args->row_count; ++row) {
+        const unsigned char* src = (const unsigned char*)args->src + row * args->src_row_stride_bytes;
+        float* dst = (float*)((unsigned char*)args->dst + row * args->dst_row_stride_bytes);
+        for (e = 0; e < args->row_elements; ++e) {
+            uint64_t b = e / GUILD_CPU_PLANAR_Q2_BLOCK_ELEMENTS;
+            uint64_t i = e % GUILD_CPU_PLANAR_Q2_BLOCK_ELEMENTS;
+            uint16_t d_bits;
+            uint16_t dmin_bits;
+            unsigned char sm = src[n * 64u + b * 16u + i / GUILD_CPU_PLANAR_Q2_GROUP_ELEMENTS];
+            uint32_t q = ((uint32_t)src[b * 64u + i % 64u] >> (2u * (i / 64u))) & 3u;
+            memcpy(&d_bits, src + n * 80u + b * 2u, 2);
+            memcpy(&dmin_bits, src + n * 82u + b * 2u, 2);
+            dst[e] = f16_to_f32(d_bits) * (float)(sm & 0xfu) * (float)q - f16_to_f32(dmin_bits) * (float)(sm >> 4);
+        }
+    }
+    return GUILD_STATUS_OK;
 }
 
 static guild_status_t cpu_q2_rows(void* user_data, const guild_cpu_q2_rows_args_v1_t* args,
@@ -370,7 +531,39 @@ static guild_status_t cpu_router_bf16(void* user_data, const guild_cpu_router_ar
 
 static guild_status_t cpu_combine_ordered(void* user_data, const guild_cpu_combine_args_v1_t* args,
                                           guild_error_info_t* error) {
-    return declared_only(user_data, args, error, "combine_ordered is a declaration only");
+    uint32_t t;
+    uint32_t k;
+    uint64_t i;
+    guild_status_t status = prologue(user_data, args, error);
+    if (status != GUILD_STATUS_OK) {
+        return status;
+    }
+    if (args->expert_outputs == NULL || args->slots == NULL || args->dst == NULL) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, COMPONENT,
+                                    "combine_ordered needs expert_outputs, slots and dst");
+    }
+    for (t = 0; t < args->token_count; ++t) {
+        float* dst = (float*)((unsigned char*)args->dst + t * args->dst_row_stride_bytes);
+        for (i = 0; i < args->hidden_size; ++i) {
+            float acc = 0.0f;
+            for (k = 0; k < args->top_k; ++k) {
+                uint64_t slot = (uint64_t)t * args->top_k + k;
+                const float* row;
+                if (args->slots[slot] < 0) {
+                    continue;
+                }
+                row = (const float*)((const unsigned char*)args->expert_outputs +
+                                     (uint64_t)args->slots[slot] * args->expert_output_row_stride_bytes);
+                acc += (args->weights == NULL ? 1.0f : args->weights[slot]) * row[i];
+            }
+            if (args->shared_output != NULL) {
+                acc += ((const float*)((const unsigned char*)args->shared_output +
+                                       t * args->shared_output_row_stride_bytes))[i];
+            }
+            dst[i] = (args->flags & GUILD_CPU_COMBINE_ACCUMULATE) != 0u ? dst[i] + acc : acc;
+        }
+    }
+    return GUILD_STATUS_OK;
 }
 
 /* A whole v2 table, version 2. */

@@ -29,18 +29,20 @@ use std::ops::Range;
 use std::ptr::{self, NonNull};
 
 use guild_abi::{
-    guild_cpu_activation_image_v1_t, guild_cpu_backend_ext_v2_t, guild_cpu_combine_ordered_fn,
-    guild_cpu_describe_format_args_v1_t, guild_cpu_describe_format_fn,
-    guild_cpu_expert_down_args_v1_t, guild_cpu_expert_down_rows_fn, guild_cpu_expert_format_v1_t,
-    guild_cpu_expert_gate_up_args_v1_t, guild_cpu_expert_gate_up_rows_fn,
-    guild_cpu_expert_quantize_activation_args_v1_t, guild_cpu_expert_quantize_activation_fn,
-    guild_cpu_expert_quantize_hidden_args_v1_t, guild_cpu_expert_quantize_hidden_fn,
-    guild_cpu_planar_q2_dequantize_fn, guild_cpu_planar_q2_quantize_fn,
-    guild_cpu_q2_rows_args_v1_t, guild_cpu_q2_rows_fn, guild_cpu_router_args_v1_t,
-    guild_cpu_router_bf16_fn, guild_error_info_t, guild_status_t, GUILD_BACKEND_CPU,
-    GUILD_CPU_ACTIVATION_IMAGE_ALIGN, GUILD_CPU_ACTIVATION_IMAGE_BYTES,
-    GUILD_CPU_ACTIVATION_IMAGE_MAX_ELEMENTS, GUILD_CPU_PLANAR_Q2_BLOCK_BYTES, GUILD_DTYPE_F32,
-    GUILD_OP_BATCHED_EXPERT_EXEC, GUILD_STATUS_OK,
+    guild_cpu_activation_image_v1_t, guild_cpu_backend_ext_v2_t, guild_cpu_combine_args_v1_t,
+    guild_cpu_combine_ordered_fn, guild_cpu_describe_format_args_v1_t,
+    guild_cpu_describe_format_fn, guild_cpu_expert_down_args_v1_t, guild_cpu_expert_down_rows_fn,
+    guild_cpu_expert_format_v1_t, guild_cpu_expert_gate_up_args_v1_t,
+    guild_cpu_expert_gate_up_rows_fn, guild_cpu_expert_quantize_activation_args_v1_t,
+    guild_cpu_expert_quantize_activation_fn, guild_cpu_expert_quantize_hidden_args_v1_t,
+    guild_cpu_expert_quantize_hidden_fn, guild_cpu_planar_q2_dequantize_args_v1_t,
+    guild_cpu_planar_q2_dequantize_fn, guild_cpu_planar_q2_quantize_args_v1_t,
+    guild_cpu_planar_q2_quantize_fn, guild_cpu_q2_rows_args_v1_t, guild_cpu_q2_rows_fn,
+    guild_cpu_router_args_v1_t, guild_cpu_router_bf16_fn, guild_error_info_t, guild_status_t,
+    GUILD_BACKEND_CPU, GUILD_CPU_ACTIVATION_IMAGE_ALIGN, GUILD_CPU_ACTIVATION_IMAGE_BYTES,
+    GUILD_CPU_ACTIVATION_IMAGE_MAX_ELEMENTS, GUILD_CPU_PLANAR_Q2_BLOCK_BYTES,
+    GUILD_CPU_PLANAR_Q2_BLOCK_ELEMENTS, GUILD_DTYPE_F32, GUILD_OP_BATCHED_EXPERT_EXEC,
+    GUILD_STATUS_OK,
 };
 use guild_adapters_posix::{fixed_buffer_text, OwnedKernel};
 use guild_domain::ids::{ImplId, PackageId};
@@ -272,6 +274,58 @@ pub struct Q2RowsCall<'a> {
     /// `token_count * images_per_token` images.
     pub images: &'a [guild_cpu_activation_image_v1_t],
     /// `token_count` F32 rows of `rows.end` elements at least.
+    pub dst: &'a mut [f32],
+}
+
+/// One `quantize_planar_q2` call (CPU backend v2): F32 rows to canonical planar Q2.
+#[derive(Debug)]
+pub struct PlanarQ2QuantizeCall<'a> {
+    /// Rows to convert.
+    pub row_count: u64,
+    /// Elements per row: a non-zero multiple of 256.
+    pub row_elements: u64,
+    /// `row_count` F32 rows of `row_elements`, back to back.
+    pub src: &'a [f32],
+    /// `row_elements` per-column importance weights, or `None` for uniform weighting.
+    pub importance: Option<&'a [f32]>,
+    /// `row_count` planar Q2 rows of `row_elements / 256 * 84` bytes, back to back.
+    pub dst: &'a mut [u8],
+}
+
+/// One `dequantize_planar_q2` call (CPU backend v2): canonical planar Q2 rows to F32.
+#[derive(Debug)]
+pub struct PlanarQ2DequantizeCall<'a> {
+    /// Rows to convert.
+    pub row_count: u64,
+    /// Elements per row: a non-zero multiple of 256.
+    pub row_elements: u64,
+    /// `row_count` planar Q2 rows of `row_elements / 256 * 84` bytes, back to back.
+    pub src: &'a [u8],
+    /// `row_count` F32 rows of `row_elements`, back to back.
+    pub dst: &'a mut [f32],
+}
+
+/// One `combine_ordered` call (CPU backend v2): per token, the weighted sum of the expert rows
+/// its slots name, in slot order, plus an optional shared row.
+#[derive(Debug)]
+pub struct CombineCall<'a> {
+    /// `GUILD_CPU_COMBINE_*` bits.
+    pub flags: u32,
+    /// Tokens to combine.
+    pub token_count: u32,
+    /// Expert slots per token.
+    pub top_k: u32,
+    /// Elements per row.
+    pub hidden_size: u64,
+    /// F32 expert output rows of `hidden_size`, back to back, indexed by `slots`.
+    pub expert_outputs: &'a [f32],
+    /// `token_count * top_k` row indices into `expert_outputs`; a negative one skips its slot.
+    pub slots: &'a [i32],
+    /// `token_count * top_k` weights, or `None` when the expert rows are already weighted.
+    pub weights: Option<&'a [f32]>,
+    /// `token_count` F32 rows of `hidden_size` added after the experts, or none.
+    pub shared_output: Option<&'a [f32]>,
+    /// `token_count` F32 rows of `hidden_size`.
     pub dst: &'a mut [f32],
 }
 
@@ -788,6 +842,125 @@ impl BoundExpertTable {
         call(NAME, |e| unsafe { f(self.user_data, &args, e) })
     }
 
+    /// Converts F32 rows to canonical planar Q2 (CPU backend v2 `quantize_planar_q2`).
+    pub fn quantize_planar_q2(&self, c: &mut PlanarQ2QuantizeCall<'_>) -> Result<(), ExpertError> {
+        const NAME: &str = "quantize_planar_q2";
+        let f = self
+            .v2
+            .quantize_planar_q2
+            .ok_or_else(|| self.not_offered(NAME))?;
+        let row_bytes = planar_q2_row_bytes(NAME, c.row_elements)?;
+        check_len(NAME, "src", c.src.len(), c.row_count, c.row_elements)?;
+        if let Some(importance) = c.importance {
+            check_len(NAME, "importance", importance.len(), 1, c.row_elements)?;
+        }
+        check_len(NAME, "dst", c.dst.len(), c.row_count, row_bytes)?;
+        let args = guild_cpu_planar_q2_quantize_args_v1_t {
+            struct_size: size_u32::<guild_cpu_planar_q2_quantize_args_v1_t>(),
+            src_dtype: GUILD_DTYPE_F32,
+            row_count: c.row_count,
+            row_elements: c.row_elements,
+            src: c.src.as_ptr().cast(),
+            src_row_stride_bytes: c.row_elements * 4,
+            importance: c.importance.map_or(ptr::null(), <[f32]>::as_ptr),
+            dst: c.dst.as_mut_ptr().cast(),
+            dst_row_stride_bytes: row_bytes,
+        };
+        // SAFETY: the callback is loaded while `self.binding` lives; the F32 buffers are aligned
+        // by their type, planar Q2 rows are bytes, and every length was checked against the
+        // counts and strides the args state.
+        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+    }
+
+    /// Expands canonical planar Q2 rows to F32 (CPU backend v2 `dequantize_planar_q2`).
+    pub fn dequantize_planar_q2(
+        &self,
+        c: &mut PlanarQ2DequantizeCall<'_>,
+    ) -> Result<(), ExpertError> {
+        const NAME: &str = "dequantize_planar_q2";
+        let f = self
+            .v2
+            .dequantize_planar_q2
+            .ok_or_else(|| self.not_offered(NAME))?;
+        let row_bytes = planar_q2_row_bytes(NAME, c.row_elements)?;
+        check_len(NAME, "src", c.src.len(), c.row_count, row_bytes)?;
+        check_len(NAME, "dst", c.dst.len(), c.row_count, c.row_elements)?;
+        let args = guild_cpu_planar_q2_dequantize_args_v1_t {
+            struct_size: size_u32::<guild_cpu_planar_q2_dequantize_args_v1_t>(),
+            dst_dtype: GUILD_DTYPE_F32,
+            row_count: c.row_count,
+            row_elements: c.row_elements,
+            src: c.src.as_ptr().cast(),
+            src_row_stride_bytes: row_bytes,
+            dst: c.dst.as_mut_ptr().cast(),
+            dst_row_stride_bytes: c.row_elements * 4,
+        };
+        // SAFETY: as in quantize_planar_q2.
+        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+    }
+
+    /// Combines expert rows per token in slot order (CPU backend v2 `combine_ordered`). Every
+    /// non-negative slot must name a whole row of `expert_outputs`.
+    pub fn combine_ordered(&self, c: &mut CombineCall<'_>) -> Result<(), ExpertError> {
+        const NAME: &str = "combine_ordered";
+        let f = self
+            .v2
+            .combine_ordered
+            .ok_or_else(|| self.not_offered(NAME))?;
+        let width = usize::try_from(c.hidden_size)
+            .ok()
+            .filter(|w| *w > 0)
+            .ok_or_else(|| arguments(NAME, "hidden_size is 0"))?;
+        if !c.expert_outputs.len().is_multiple_of(width) {
+            return Err(arguments(
+                NAME,
+                "expert_outputs must be whole rows of hidden_size",
+            ));
+        }
+        let expert_rows = c.expert_outputs.len() / width;
+        let tokens = u64::from(c.token_count);
+        let slot_count = tokens * u64::from(c.top_k);
+        check_len(NAME, "slots", c.slots.len(), tokens, u64::from(c.top_k))?;
+        if let Some(weights) = c.weights {
+            check_len(NAME, "weights", weights.len(), tokens, u64::from(c.top_k))?;
+        }
+        if let Some(shared) = c.shared_output {
+            check_len(NAME, "shared_output", shared.len(), tokens, c.hidden_size)?;
+        }
+        check_len(NAME, "dst", c.dst.len(), tokens, c.hidden_size)?;
+        // The provider reads expert_outputs at every slot it is given, so each must be in range.
+        if let Some((at, slot)) = c
+            .slots
+            .iter()
+            .take(slot_count as usize)
+            .enumerate()
+            .find(|(_, s)| usize::try_from(**s).is_ok_and(|row| row >= expert_rows))
+        {
+            return Err(arguments(
+                NAME,
+                format!("slot {at} names row {slot} of {expert_rows} expert rows"),
+            ));
+        }
+        let args = guild_cpu_combine_args_v1_t {
+            struct_size: size_u32::<guild_cpu_combine_args_v1_t>(),
+            flags: c.flags,
+            token_count: c.token_count,
+            top_k: c.top_k,
+            hidden_size: c.hidden_size,
+            expert_outputs: c.expert_outputs.as_ptr(),
+            expert_output_row_stride_bytes: c.hidden_size * 4,
+            slots: c.slots.as_ptr(),
+            weights: c.weights.map_or(ptr::null(), <[f32]>::as_ptr),
+            shared_output: c.shared_output.map_or(ptr::null(), <[f32]>::as_ptr),
+            shared_output_row_stride_bytes: c.hidden_size * 4,
+            dst: c.dst.as_mut_ptr(),
+            dst_row_stride_bytes: c.hidden_size * 4,
+        };
+        // SAFETY: the callback is loaded while `self.binding` lives; every buffer's length was
+        // checked against the counts the args state, and every slot names a whole expert row.
+        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+    }
+
     /// Runs one task through the matching callback.
     pub fn run_task(
         &self,
@@ -800,6 +973,18 @@ impl BoundExpertTable {
             ExpertTask::Down(c) => self.down_rows(format, c, scratch),
         }
     }
+}
+
+/// The bytes of one planar Q2 row of `row_elements` (a non-zero multiple of 256).
+fn planar_q2_row_bytes(callback: &'static str, row_elements: u64) -> Result<u64, ExpertError> {
+    let block = u64::from(GUILD_CPU_PLANAR_Q2_BLOCK_ELEMENTS);
+    if row_elements == 0 || !row_elements.is_multiple_of(block) {
+        return Err(arguments(
+            callback,
+            format!("row_elements {row_elements} is not a non-zero multiple of {block}"),
+        ));
+    }
+    Ok(row_elements / block * u64::from(GUILD_CPU_PLANAR_Q2_BLOCK_BYTES))
 }
 
 fn size_u32<T>() -> u32 {

@@ -6,7 +6,7 @@
 //! bound CDD1, CDA1 and CDM1 tables.
 
 use guild_abi::{
-    guild_cpu_activation_image_v1_t, guild_cpu_expert_format_v1_t,
+    guild_cpu_activation_image_v1_t, guild_cpu_expert_format_v1_t, GUILD_CPU_COMBINE_ACCUMULATE,
     GUILD_CPU_EXPERT_DOWN_ACCUMULATE, GUILD_CPU_EXPERT_GLU_SWIGLU,
     GUILD_CPU_ROUTER_GATING_TOP_K_SOFTMAX, GUILD_CUDA_ATTN_CONFIG_MAX_SPLITS, GUILD_DTYPE_F32,
     GUILD_STATUS_ERR_INVALID_ARGUMENT, GUILD_STATUS_ERR_UNSUPPORTED,
@@ -15,8 +15,9 @@ use guild_domain::ids::{ImplId, PackageId};
 use guild_domain::lease::{Leased, QuiescentAction};
 use guild_host::cuda_tables::{BoundCudaTables, CudaBindError};
 use guild_host::experts::{
-    AlignedBuffer, BindError, BoundExpertTable, DownCall, ExpertError, ExpertPool, ExpertTask,
-    GateUpCall, PoolError, Q2RowsCall, RouterCall,
+    AlignedBuffer, BindError, BoundExpertTable, CombineCall, DownCall, ExpertError, ExpertPool,
+    ExpertTask, GateUpCall, PlanarQ2DequantizeCall, PlanarQ2QuantizeCall, PoolError, Q2RowsCall,
+    RouterCall,
 };
 use guild_host::models::PluginReason;
 use guild_host::operations::DeviceSupport;
@@ -803,4 +804,409 @@ fn bound_cuda_tables_keep_their_package_loaded_until_dropped() {
         1,
         "the provider's library closed"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Planar Q2 conversion and the ordered combine (CPU backend v2)
+// ---------------------------------------------------------------------------------------------
+
+/// An IEEE binary16 bit pattern as F32 (normal and zero values: the probe stores no others).
+fn f16(bits: u16) -> f32 {
+    let exponent = i32::from((bits >> 10) & 0x1f);
+    let mantissa = f32::from(bits & 0x3ff);
+    let magnitude = if exponent == 0 {
+        mantissa * 2f32.powi(-24)
+    } else {
+        (1024.0 + mantissa) * 2f32.powi(exponent - 25)
+    };
+    if bits & 0x8000 != 0 {
+        -magnitude
+    } else {
+        magnitude
+    }
+}
+
+/// Decodes one planar Q2 row of `elements` as cpu_backend_abi.h lays it out: quants, scales,
+/// d and dmin planes; element = d * scale * q - dmin * min.
+fn decode_planar_q2(row: &[u8], elements: usize) -> Vec<f32> {
+    let n = elements / 256;
+    assert_eq!(row.len(), n * 84);
+    (0..elements)
+        .map(|e| {
+            let (b, i) = (e / 256, e % 256);
+            let q = f32::from((row[b * 64 + i % 64] >> (2 * (i / 64))) & 3);
+            let sm = row[n * 64 + b * 16 + i / 16];
+            let d = f16(u16::from_le_bytes([
+                row[n * 80 + 2 * b],
+                row[n * 80 + 2 * b + 1],
+            ]));
+            let dmin = f16(u16::from_le_bytes([
+                row[n * 82 + 2 * b],
+                row[n * 82 + 2 * b + 1],
+            ]));
+            d * f32::from(sm & 0xf) * q - dmin * f32::from(sm >> 4)
+        })
+        .collect()
+}
+
+const Q2_ELEMENTS: usize = 512;
+const Q2_ROW_BYTES: usize = 2 * 84;
+
+/// Two rows of two blocks: the first holds only the four levels -1, 0, 1, 2 of every group's
+/// grid; the second a spread of values in [-1.125, 2.375] that fall between levels.
+fn q2_source() -> Vec<f32> {
+    let on_grid = (0..Q2_ELEMENTS).map(|i| (i % 4) as f32 - 1.0);
+    let between = (0..Q2_ELEMENTS).map(|i| ((i * 37) % 29) as f32 / 8.0 - 1.125);
+    on_grid.chain(between).collect()
+}
+
+#[test]
+fn planar_q2_rows_round_trip_through_the_plugins_reference() {
+    let f = fixture(&[probe_spec("cpu2")]);
+    let table = bind(&f, "test.ext_probe.cpu2");
+    let src = q2_source();
+    let mut q2 = vec![0u8; 2 * Q2_ROW_BYTES];
+    table
+        .quantize_planar_q2(&mut PlanarQ2QuantizeCall {
+            row_count: 2,
+            row_elements: Q2_ELEMENTS as u64,
+            src: &src,
+            importance: None,
+            dst: &mut q2,
+        })
+        .unwrap();
+    // Every group of the first row spans [-1, 2] in steps of 1: d = dmin = 1/15 as binary16
+    // (0x2C44), scale = min = 15 in every group.
+    let n = Q2_ELEMENTS / 256;
+    let first = &q2[..Q2_ROW_BYTES];
+    assert_eq!(
+        &first[n * 80..n * 84],
+        &[0x44, 0x2C, 0x44, 0x2C, 0x44, 0x2C, 0x44, 0x2C]
+    );
+    assert!(
+        first[n * 64..n * 80].iter().all(|sm| *sm == 0xFF),
+        "{first:?}"
+    );
+
+    let mut back = vec![0f32; 2 * Q2_ELEMENTS];
+    table
+        .dequantize_planar_q2(&mut PlanarQ2DequantizeCall {
+            row_count: 2,
+            row_elements: Q2_ELEMENTS as u64,
+            src: &q2,
+            dst: &mut back,
+        })
+        .unwrap();
+    // The provider's expansion is the header's formula over the planes it wrote, row by row.
+    for (row, got) in q2
+        .chunks_exact(Q2_ROW_BYTES)
+        .zip(back.chunks_exact(Q2_ELEMENTS))
+    {
+        assert_eq!(got, decode_planar_q2(row, Q2_ELEMENTS));
+    }
+    // Values on the grid come back up to the binary16 rounding of d and dmin.
+    for (i, (x, y)) in src[..Q2_ELEMENTS].iter().zip(&back).enumerate() {
+        assert!((x - y).abs() <= 2e-3, "element {i}: {x} became {y}");
+    }
+    // Values between levels come back within half a step (1/2 of 3.5 / 3) and the rounding of
+    // the group's scale and minimum to 4 bits.
+    for (i, (x, y)) in src[Q2_ELEMENTS..]
+        .iter()
+        .zip(&back[Q2_ELEMENTS..])
+        .enumerate()
+    {
+        assert!((x - y).abs() <= 0.7, "element {i}: {x} became {y}");
+    }
+    let mean_error = src[Q2_ELEMENTS..]
+        .iter()
+        .zip(&back[Q2_ELEMENTS..])
+        .map(|(x, y)| (x - y).abs())
+        .sum::<f32>()
+        / Q2_ELEMENTS as f32;
+    assert!(mean_error < 0.35, "mean error {mean_error}");
+}
+
+#[test]
+fn planar_q2_arguments_that_do_not_fit_are_refused_before_the_call() {
+    let f = fixture(&[probe_spec("cpu2")]);
+    let table = bind(&f, "test.ext_probe.cpu2");
+    let src = q2_source();
+    let refusal = |result: Result<(), ExpertError>| match result {
+        Err(ExpertError::Arguments { callback, problem }) => (callback, problem),
+        other => panic!("expected an argument refusal, got {other:?}"),
+    };
+
+    let mut q2 = vec![0u8; 2 * Q2_ROW_BYTES - 1];
+    let mut call = PlanarQ2QuantizeCall {
+        row_count: 2,
+        row_elements: Q2_ELEMENTS as u64,
+        src: &src,
+        importance: None,
+        dst: &mut q2,
+    };
+    assert_eq!(
+        refusal(table.quantize_planar_q2(&mut call)),
+        (
+            "quantize_planar_q2",
+            "dst: 336 needed for 2 rows of 168, 335 given".to_owned()
+        )
+    );
+    call.row_elements = 100;
+    assert_eq!(
+        refusal(table.quantize_planar_q2(&mut call)).1,
+        "row_elements 100 is not a non-zero multiple of 256"
+    );
+    call.row_elements = 256;
+    call.importance = Some(&src[..255]);
+    assert_eq!(
+        refusal(table.quantize_planar_q2(&mut call)).1,
+        "importance: 256 needed for 1 rows of 256, 255 given"
+    );
+    assert!(q2.iter().all(|b| *b == 0), "nothing was written");
+
+    let q2 = vec![0u8; 2 * Q2_ROW_BYTES];
+    let mut back = vec![0f32; 2 * Q2_ELEMENTS - 1];
+    assert_eq!(
+        refusal(table.dequantize_planar_q2(&mut PlanarQ2DequantizeCall {
+            row_count: 2,
+            row_elements: Q2_ELEMENTS as u64,
+            src: &q2,
+            dst: &mut back,
+        })),
+        (
+            "dequantize_planar_q2",
+            "dst: 1024 needed for 2 rows of 512, 1023 given".to_owned()
+        )
+    );
+    assert_eq!(
+        refusal(table.dequantize_planar_q2(&mut PlanarQ2DequantizeCall {
+            row_count: 3,
+            row_elements: Q2_ELEMENTS as u64,
+            src: &q2,
+            dst: &mut back,
+        }))
+        .1,
+        "src: 504 needed for 3 rows of 168, 336 given"
+    );
+}
+
+/// Four expert rows of width 3: row r is `[r + 1, -(r + 1) / 2, 4]`.
+fn expert_rows() -> Vec<f32> {
+    (0..4)
+        .flat_map(|r| {
+            let r = r as f32 + 1.0;
+            [r, -r / 2.0, 4.0]
+        })
+        .collect()
+}
+
+#[test]
+fn combine_ordered_sums_the_slots_rows_in_order_through_the_plugin() {
+    let f = fixture(&[probe_spec("cpu2")]);
+    let table = bind(&f, "test.ext_probe.cpu2");
+    let rows = expert_rows();
+    let row = |r: usize| &rows[r * 3..r * 3 + 3];
+    // Token 0 takes rows 2 and 0 (its middle slot is skipped); token 1 takes 3, 1 and 1 again.
+    let slots = [2, -1, 0, 3, 1, 1];
+    let weights = [0.5, 9.0, 0.25, 1.0, -0.5, 2.0];
+    let shared = [1.0, 1.0, 1.0, 0.0, 0.5, 0.0];
+    let mut dst = [7.0f32; 6];
+    table
+        .combine_ordered(&mut CombineCall {
+            flags: 0,
+            token_count: 2,
+            top_k: 3,
+            hidden_size: 3,
+            expert_outputs: &rows,
+            slots: &slots,
+            weights: Some(&weights),
+            shared_output: Some(&shared),
+            dst: &mut dst,
+        })
+        .unwrap();
+    let mut expected = [0f32; 6];
+    for t in 0..2 {
+        for i in 0..3 {
+            let mut acc = 0f32;
+            for k in 0..3 {
+                if let Ok(r) = usize::try_from(slots[t * 3 + k]) {
+                    acc += weights[t * 3 + k] * row(r)[i];
+                }
+            }
+            expected[t * 3 + i] = acc + shared[t * 3 + i];
+        }
+    }
+    assert_eq!(dst, expected);
+    assert_eq!(dst, [2.75, 0.125, 4.0, 7.0, -3.0, 10.0]);
+
+    // Unweighted, no shared row, added to what dst holds: each token adds its rows' sum.
+    table
+        .combine_ordered(&mut CombineCall {
+            flags: GUILD_CPU_COMBINE_ACCUMULATE,
+            token_count: 2,
+            top_k: 3,
+            hidden_size: 3,
+            expert_outputs: &rows,
+            slots: &slots,
+            weights: None,
+            shared_output: None,
+            dst: &mut dst,
+        })
+        .unwrap();
+    assert_eq!(
+        dst,
+        [2.75 + 4.0, 0.125 - 2.0, 12.0, 7.0 + 8.0, -3.0 - 4.0, 22.0]
+    );
+}
+
+#[test]
+fn combine_arguments_that_do_not_fit_are_refused_before_the_call() {
+    let f = fixture(&[probe_spec("cpu2")]);
+    let table = bind(&f, "test.ext_probe.cpu2");
+    let rows = expert_rows();
+    let mut dst = [7.0f32; 6];
+    let mut call = CombineCall {
+        flags: 0,
+        token_count: 2,
+        top_k: 3,
+        hidden_size: 3,
+        expert_outputs: &rows,
+        slots: &[2, -1, 0, 3, 4, 1],
+        weights: None,
+        shared_output: None,
+        dst: &mut dst,
+    };
+    let refusal = |result: Result<(), ExpertError>| match result {
+        Err(ExpertError::Arguments { callback, problem }) => (callback, problem),
+        other => panic!("expected an argument refusal, got {other:?}"),
+    };
+    assert_eq!(
+        refusal(table.combine_ordered(&mut call)),
+        (
+            "combine_ordered",
+            "slot 4 names row 4 of 4 expert rows".to_owned()
+        )
+    );
+    call.slots = &[0, 1, 2, 3, 0];
+    assert_eq!(
+        refusal(table.combine_ordered(&mut call)).1,
+        "slots: 6 needed for 2 rows of 3, 5 given"
+    );
+    call.slots = &[0; 6];
+    call.weights = Some(&[1.0; 5]);
+    assert_eq!(
+        refusal(table.combine_ordered(&mut call)).1,
+        "weights: 6 needed for 2 rows of 3, 5 given"
+    );
+    call.weights = None;
+    call.shared_output = Some(&[1.0; 3]);
+    assert_eq!(
+        refusal(table.combine_ordered(&mut call)).1,
+        "shared_output: 6 needed for 2 rows of 3, 3 given"
+    );
+    call.shared_output = None;
+    call.expert_outputs = &rows[..11];
+    assert_eq!(
+        refusal(table.combine_ordered(&mut call)).1,
+        "expert_outputs must be whole rows of hidden_size"
+    );
+    assert_eq!(dst, [7.0; 6], "nothing was written");
+}
+
+#[test]
+fn a_table_without_the_conversions_or_the_combine_answers_not_offered() {
+    // Version 2 whose size stops after quantize_planar_q2: that one is offered and reached, the
+    // two after it are not.
+    let f = fixture(&[probe_case_spec("cpu2", "older", "test.ext_probe_older")]);
+    let table = bind(&f, "test.ext_probe.cpu2");
+    let not_offered = |callback| ExpertError::NotOffered {
+        impl_id: impl_id("test.ext_probe.cpu2"),
+        callback,
+    };
+    let src = q2_source();
+    let mut q2 = vec![0u8; 2 * Q2_ROW_BYTES];
+    table
+        .quantize_planar_q2(&mut PlanarQ2QuantizeCall {
+            row_count: 2,
+            row_elements: Q2_ELEMENTS as u64,
+            src: &src,
+            importance: None,
+            dst: &mut q2,
+        })
+        .unwrap();
+    assert!(q2.iter().any(|b| *b != 0), "the provider wrote the rows");
+    let mut back = vec![0f32; 2 * Q2_ELEMENTS];
+    assert_eq!(
+        table.dequantize_planar_q2(&mut PlanarQ2DequantizeCall {
+            row_count: 2,
+            row_elements: Q2_ELEMENTS as u64,
+            src: &q2,
+            dst: &mut back,
+        }),
+        Err(not_offered("dequantize_planar_q2"))
+    );
+    assert!(back.iter().all(|v| *v == 0.0), "nothing was called");
+    let rows = expert_rows();
+    let mut dst = [7.0f32; 3];
+    assert_eq!(
+        table.combine_ordered(&mut CombineCall {
+            flags: 0,
+            token_count: 1,
+            top_k: 1,
+            hidden_size: 3,
+            expert_outputs: &rows,
+            slots: &[0],
+            weights: None,
+            shared_output: None,
+            dst: &mut dst,
+        }),
+        Err(not_offered("combine_ordered"))
+    );
+    assert_eq!(dst, [7.0; 3], "nothing was called");
+    drop(table);
+    drop(f);
+
+    // A CPE1 version 1 table carries none of the three.
+    let f = fixture(&[probe_spec("cpe1")]);
+    let table = bind(&f, "test.ext_probe.cpe1");
+    let not_offered = |callback| ExpertError::NotOffered {
+        impl_id: impl_id("test.ext_probe.cpe1"),
+        callback,
+    };
+    let mut q2 = vec![0u8; 2 * Q2_ROW_BYTES];
+    assert_eq!(
+        table.quantize_planar_q2(&mut PlanarQ2QuantizeCall {
+            row_count: 2,
+            row_elements: Q2_ELEMENTS as u64,
+            src: &src,
+            importance: None,
+            dst: &mut q2,
+        }),
+        Err(not_offered("quantize_planar_q2"))
+    );
+    assert!(q2.iter().all(|b| *b == 0), "nothing was called");
+    assert_eq!(
+        table.dequantize_planar_q2(&mut PlanarQ2DequantizeCall {
+            row_count: 2,
+            row_elements: Q2_ELEMENTS as u64,
+            src: &q2,
+            dst: &mut back,
+        }),
+        Err(not_offered("dequantize_planar_q2"))
+    );
+    assert_eq!(
+        table.combine_ordered(&mut CombineCall {
+            flags: 0,
+            token_count: 1,
+            top_k: 1,
+            hidden_size: 3,
+            expert_outputs: &rows,
+            slots: &[0],
+            weights: None,
+            shared_output: None,
+            dst: &mut dst,
+        }),
+        Err(not_offered("combine_ordered"))
+    );
+    assert_eq!(dst, [7.0; 3], "nothing was called");
 }
