@@ -525,20 +525,7 @@ impl RegistryState {
                 });
             }
         }
-        let current = package
-            .and_then(PackageRecord::current)
-            .map(|(v, r)| (v.clone(), r.state));
-        let mut superseded_state = None;
-        if let Some((cur, cur_state)) = &current {
-            if version.cmp_precedence(cur) == Ordering::Less && !options.allow_downgrade {
-                return Err(RegistryError::Downgrade {
-                    id: id.clone(),
-                    current: cur.clone(),
-                    offered: version.clone(),
-                });
-            }
-            superseded_state = Some(illegal(id, cur, transition(*cur_state, Event::Supersede))?);
-        }
+        let supersede = Supersede::plan(package, id, version, options)?;
         let state = illegal(
             id,
             version,
@@ -552,12 +539,7 @@ impl RegistryState {
 
         // Every check passed: apply.
         let package = self.packages.entry(id.clone()).or_default();
-        if let (Some((cur, _)), Some(to)) = (&current, superseded_state) {
-            if let Some(r) = package.versions.get_mut(cur) {
-                r.state = to;
-            }
-            package.previous = Some(cur.clone());
-        }
+        let superseded = supersede.apply(package);
         package.versions.insert(
             version.clone(),
             VersionRecord {
@@ -569,7 +551,7 @@ impl RegistryState {
         );
         Ok(Published {
             kind: PublishKind::New,
-            superseded: current.map(|(v, _)| v),
+            superseded,
         })
     }
 
@@ -592,35 +574,19 @@ impl RegistryState {
                 version: version.clone(),
             })?;
         let restored = illegal(id, version, transition(state, Event::Restore))?;
-        let current = package.current().map(|(v, r)| (v.clone(), r.state));
-        let mut superseded_state = None;
-        if let Some((cur, cur_state)) = &current {
-            if version.cmp_precedence(cur) == Ordering::Less && !options.allow_downgrade {
-                return Err(RegistryError::Downgrade {
-                    id: id.clone(),
-                    current: cur.clone(),
-                    offered: version.clone(),
-                });
-            }
-            superseded_state = Some(illegal(id, cur, transition(*cur_state, Event::Supersede))?);
-        }
+        let supersede = Supersede::plan(Some(package), id, version, options)?;
 
         let package = self.packages.get_mut(id).ok_or_else(|| unknown(id))?;
         if package.previous.as_ref() == Some(version) {
             package.previous = None;
         }
-        if let (Some((cur, _)), Some(to)) = (&current, superseded_state) {
-            if let Some(r) = package.versions.get_mut(cur) {
-                r.state = to;
-            }
-            package.previous = Some(cur.clone());
-        }
+        let superseded = supersede.apply(package);
         if let Some(r) = package.versions.get_mut(version) {
             r.state = restored;
         }
         Ok(Published {
             kind: PublishKind::Reactivated,
-            superseded: current.map(|(v, _)| v),
+            superseded,
         })
     }
 
@@ -1032,6 +998,47 @@ fn illegal(
         version: version.clone(),
         source,
     })
+}
+
+/// What making `version` current does to the version that is current now: checked first (a
+/// downgrade needs permission, the transition must be legal), applied once every other check
+/// of the change has passed.
+struct Supersede {
+    current: Option<(Version, State)>,
+}
+
+impl Supersede {
+    fn plan(
+        package: Option<&PackageRecord>,
+        id: &PackageId,
+        version: &Version,
+        options: PublishOptions,
+    ) -> Result<Self, RegistryError> {
+        let Some((cur, cur_state)) = package.and_then(PackageRecord::current) else {
+            return Ok(Supersede { current: None });
+        };
+        if version.cmp_precedence(cur) == Ordering::Less && !options.allow_downgrade {
+            return Err(RegistryError::Downgrade {
+                id: id.clone(),
+                current: cur.clone(),
+                offered: version.clone(),
+            });
+        }
+        let to = illegal(id, cur, transition(cur_state.state, Event::Supersede))?;
+        Ok(Supersede {
+            current: Some((cur.clone(), to)),
+        })
+    }
+
+    /// Supersedes the current version, which becomes the rollback target; answers it.
+    fn apply(self, package: &mut PackageRecord) -> Option<Version> {
+        let (cur, to) = self.current?;
+        if let Some(r) = package.versions.get_mut(&cur) {
+            r.state = to;
+        }
+        package.previous = Some(cur.clone());
+        Some(cur)
+    }
 }
 
 impl fmt::Display for PublishKind {

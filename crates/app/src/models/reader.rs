@@ -352,20 +352,36 @@ unsafe fn info_size(out: *mut guild_model_tensor_info_v1_t) -> Result<u32, Faile
 // namely that `ctx` comes from the table it was given during the callback, strings are
 // NUL-terminated, and output pointers are NULL or writable for what the call writes.
 
+/// One scalar getter: checks `ctx`, reads the caller's key, converts its value with `convert`
+/// and writes the result to `out` only when every step succeeded.
+///
+/// # Safety
+/// `ctx` must be NULL or the ctx of a live reader table, `key` NULL or NUL-terminated, and
+/// `out` NULL or writable for a `T`.
+unsafe fn scalar<T>(
+    ctx: *mut c_void,
+    key: *const c_char,
+    out: *mut T,
+    convert: impl FnOnce(&MetaValue) -> Result<T, Failed>,
+) -> guild_status_t {
+    guarded(|| {
+        // SAFETY: the caller passes the ctx of a live table and a NUL-terminated key.
+        let (state, key) = unsafe { (state(ctx)?, caller_str(key)?) };
+        let out = non_null(out)?;
+        let v = convert(value(state, key)?)?;
+        // SAFETY: non-NULL and writable per the header.
+        unsafe { out.write_unaligned(v) };
+        Ok(())
+    })
+}
+
 unsafe extern "C" fn reader_find_key(
     ctx: *mut c_void,
     key: *const c_char,
     out_type: *mut u32,
 ) -> guild_status_t {
-    guarded(|| {
-        // SAFETY: the caller passes the ctx of a live table and a NUL-terminated key.
-        let (state, key) = unsafe { (state(ctx)?, caller_str(key)?) };
-        let out = non_null(out_type)?;
-        let code = value(state, key)?.type_code();
-        // SAFETY: non-NULL and writable per the header.
-        unsafe { out.write_unaligned(code) };
-        Ok(())
-    })
+    // SAFETY: the caller upholds the header's contract, which is scalar's.
+    unsafe { scalar(ctx, key, out_type, |v| Ok(v.type_code())) }
 }
 
 unsafe extern "C" fn reader_get_int(
@@ -373,16 +389,13 @@ unsafe extern "C" fn reader_get_int(
     key: *const c_char,
     out_value: *mut i64,
 ) -> guild_status_t {
-    guarded(|| {
-        // SAFETY: as in reader_find_key.
-        let (state, key) = unsafe { (state(ctx)?, caller_str(key)?) };
-        let out = non_null(out_value)?;
-        let wide = integer(value(state, key)?).ok_or(GUILD_STATUS_ERR_UNSUPPORTED)?;
-        let v = i64::try_from(wide).map_err(|_| GUILD_STATUS_ERR_UNSUPPORTED)?;
-        // SAFETY: non-NULL and writable per the header.
-        unsafe { out.write_unaligned(v) };
-        Ok(())
-    })
+    // SAFETY: as in reader_find_key.
+    unsafe {
+        scalar(ctx, key, out_value, |v| {
+            let wide = integer(v).ok_or(GUILD_STATUS_ERR_UNSUPPORTED)?;
+            i64::try_from(wide).map_err(|_| GUILD_STATUS_ERR_UNSUPPORTED)
+        })
+    }
 }
 
 unsafe extern "C" fn reader_get_uint(
@@ -390,16 +403,13 @@ unsafe extern "C" fn reader_get_uint(
     key: *const c_char,
     out_value: *mut u64,
 ) -> guild_status_t {
-    guarded(|| {
-        // SAFETY: as in reader_find_key.
-        let (state, key) = unsafe { (state(ctx)?, caller_str(key)?) };
-        let out = non_null(out_value)?;
-        let wide = integer(value(state, key)?).ok_or(GUILD_STATUS_ERR_UNSUPPORTED)?;
-        let v = u64::try_from(wide).map_err(|_| GUILD_STATUS_ERR_UNSUPPORTED)?;
-        // SAFETY: non-NULL and writable per the header.
-        unsafe { out.write_unaligned(v) };
-        Ok(())
-    })
+    // SAFETY: as in reader_find_key.
+    unsafe {
+        scalar(ctx, key, out_value, |v| {
+            let wide = integer(v).ok_or(GUILD_STATUS_ERR_UNSUPPORTED)?;
+            u64::try_from(wide).map_err(|_| GUILD_STATUS_ERR_UNSUPPORTED)
+        })
+    }
 }
 
 unsafe extern "C" fn reader_get_float(
@@ -407,19 +417,14 @@ unsafe extern "C" fn reader_get_float(
     key: *const c_char,
     out_value: *mut f64,
 ) -> guild_status_t {
-    guarded(|| {
-        // SAFETY: as in reader_find_key.
-        let (state, key) = unsafe { (state(ctx)?, caller_str(key)?) };
-        let out = non_null(out_value)?;
-        let v = match value(state, key)? {
-            MetaValue::F32(v) => f64::from(*v),
-            MetaValue::F64(v) => *v,
-            _ => return Err(GUILD_STATUS_ERR_UNSUPPORTED),
-        };
-        // SAFETY: non-NULL and writable per the header.
-        unsafe { out.write_unaligned(v) };
-        Ok(())
-    })
+    // SAFETY: as in reader_find_key.
+    unsafe {
+        scalar(ctx, key, out_value, |v| match v {
+            MetaValue::F32(v) => Ok(f64::from(*v)),
+            MetaValue::F64(v) => Ok(*v),
+            _ => Err(GUILD_STATUS_ERR_UNSUPPORTED),
+        })
+    }
 }
 
 unsafe extern "C" fn reader_get_string(
