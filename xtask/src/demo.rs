@@ -230,6 +230,22 @@ pub fn run() -> Result<(), String> {
         ],
     )?;
 
+    demo.title("Ask the store which implementation a runner would get, and why");
+    demo.guild(
+        &[
+            "--store",
+            &store,
+            "resolve",
+            INCLUSIVE_OP,
+            "--input",
+            "i64:4x2",
+            "--output",
+            "i64:4x2",
+        ],
+        OK,
+        &["example.scan.inclusive.cpu", "example.scan 1.0.0"],
+    )?;
+
     demo.title("Refused: disabling a module that enabled modules depend on");
     demo.guild(
         &["--store", &store, "disable", SCAN.id],
