@@ -7,7 +7,9 @@
 //!   through the optional tail of its host table and in-process runners get from
 //!   [`KernelRegistry::operation_api`];
 //! - the safe Rust API here: an [`OperationRequest`] resolved by an [`OperationService`] into an
-//!   [`OpHandle`], with `describe`, `scratch`, `execute`, and release on drop.
+//!   [`OpHandle`], with `describe`, `scratch`, `execute` (host-blocking, on borrowed slices),
+//!   `execute_on_stream` (any sync mode, on [`DeviceTensor`]s the caller vouches for), and
+//!   release on drop.
 //!
 //! Resolution takes the GOP1 candidates of the operation from the kernel registry's snapshot,
 //! ranks them with [`guild_domain::operation::resolve`] and negotiates through each candidate's C
@@ -76,7 +78,7 @@ use std::ffi::c_void;
 use std::fmt;
 use std::marker::PhantomData;
 
-use guild_abi::guild_error_info_t;
+use guild_abi::{guild_error_info_t, guild_stream_t};
 use guild_domain::ids::{ImplId, OpName, PackageId};
 use guild_domain::operation::{
     Backend, BackendSet, Budget, Capabilities, DType, DeviceCaps, Numerics, OpQuery,
@@ -84,7 +86,7 @@ use guild_domain::operation::{
     TensorRef, TensorRole,
 };
 use guild_domain::version::{PackedVersion, Version};
-use guild_ports::device::DeviceError;
+use guild_ports::device::{DeviceError, StreamRef};
 
 use self::core::{c_tensor, Call, Resolved};
 pub use self::core::{DeviceSupport, PassReason, PassedOver};
@@ -109,8 +111,10 @@ pub struct OperationRequest {
     pub capabilities: Capabilities,
     /// Numerical guarantees the provider must offer.
     pub numerics: Numerics,
-    /// How the call is synchronised. The Rust face executes host-blocking calls only (other
-    /// modes are refused at resolution); the C table takes every mode.
+    /// How the call is synchronised. Host-blocking handles run on borrowed slices through
+    /// [`OpHandle::execute`]; stream-ordered and graph-capturable ones run on device buffers
+    /// through [`OpHandle::execute_on_stream`], and need a device adapter
+    /// ([`DeviceSupport::streams`]) unless a CPU provider is chosen.
     pub sync_mode: SyncMode,
     /// The actual input tensors (a known data address lets the provider check alignment).
     pub inputs: Vec<TensorDesc>,
@@ -211,7 +215,8 @@ pub enum ResolveError {
     /// No candidate was chosen; the report lists every candidate and why it was rejected.
     #[error("{0}")]
     Unresolved(ResolveFailure),
-    /// The request asks for something this slice of the service does not do yet.
+    /// The request needs something this host cannot do, such as stream-ordered work on a
+    /// device without a device adapter to track it.
     #[error("unsupported operation request: {0}")]
     Unsupported(&'static str),
     /// A broken invariant of the resolver; never expected.
@@ -250,8 +255,9 @@ impl<'r> OperationService<'r> {
     /// accept its tensors within the budgets. The handle binds that provider until it is
     /// dropped or released.
     ///
-    /// The Rust face executes host-blocking calls only; a request for another sync mode is
-    /// [`ResolveError::Unsupported`]. See the [module documentation](self) for an example.
+    /// A stream-ordered or graph-capturable request that may run on a device is
+    /// [`ResolveError::Unsupported`] when the host has no device adapter to track the work
+    /// (exactly as through the C table). See the [module documentation](self) for an example.
     pub fn resolve(&self, request: &OperationRequest) -> Result<OpHandle<'r>, ResolveError> {
         self.resolve_with_params(request, &[])
     }
@@ -266,13 +272,7 @@ impl<'r> OperationService<'r> {
         request: &OperationRequest,
         params: &[u8],
     ) -> Result<OpHandle<'r>, ResolveError> {
-        if request.sync_mode != SyncMode::HostBlocking {
-            // Stream-ordered calls need device buffers and a stream, which this face does not
-            // take yet; the C face does.
-            return Err(ResolveError::Unsupported(
-                "the Rust face of the service executes host-blocking calls only",
-            ));
-        }
+        // The core refuses stream work it could not track (no device adapter), for both faces.
         let query = OpQuery::new(request.to_spec()).map_err(ResolveError::Query)?;
         let resolved = self.registry.service().resolve(&query, params, true)?;
         Ok(OpHandle {
@@ -337,8 +337,8 @@ fn describe(r: &Resolved) -> OpDescription<'_> {
 }
 
 /// A resolved operation: one negotiated contract with one provider, kept loaded by the
-/// [`KernelBinding`] the handle owns. Dropping it releases the binding (on CPU there is no
-/// outstanding work to wait for: every execute has returned).
+/// [`KernelBinding`] the handle owns. Dropping it waits for the stream work its calls recorded
+/// (on the CPU there is none: every execute has returned), then releases the binding.
 pub struct OpHandle<'r> {
     resolved: Resolved,
     _registry: PhantomData<&'r KernelRegistry>,
@@ -402,6 +402,10 @@ impl OpHandle<'_> {
     /// `None` when none is needed. A provider that calls back into the handle it is running on
     /// gets [`ExecuteError::Reentrant`] rather than a deadlock. See the
     /// [module documentation](self) for an example.
+    ///
+    /// A handle resolved stream-ordered or graph-capturable on a device provider is refused
+    /// with [`ExecuteError::SyncMode`]: its work may still run after the slices' borrows end.
+    /// Use [`OpHandle::execute_on_stream`] for it.
     pub fn execute(
         &self,
         inputs: &[TensorArg<'_>],
@@ -421,6 +425,14 @@ impl OpHandle<'_> {
         params: &[u8],
     ) -> Result<(), ExecuteError> {
         let r = &self.resolved;
+        if r.sync_mode != SyncMode::HostBlocking && r.candidate.backend != Backend::Cpu {
+            // The work could outlive the borrows of these slices; such handles run through
+            // `execute_on_stream`, whose caller vouches for the buffers' lifetime.
+            return Err(ExecuteError::SyncMode {
+                resolved: r.sync_mode,
+                got: SyncMode::HostBlocking.raw(),
+            });
+        }
         let c_inputs = check_buffers(
             TensorRole::Input,
             &r.inputs,
@@ -462,6 +474,90 @@ impl OpHandle<'_> {
         let mut error = guild_error_info_t::new();
         // Every data pointer in `call` addresses a live Rust buffer of at least the tensor's
         // byte extent (checked above), borrowed for this call by the arguments.
+        r.execute(&call, &mut error)
+    }
+
+    /// Enqueues the negotiated contract on `stream` (the address its `guild_stream_t` holds;
+    /// `StreamRef(0)` is the device's default stream) over device buffers, in the sync mode the
+    /// handle was resolved for, and returns once the provider has returned: for a
+    /// stream-ordered or graph-capturable handle, that is when the work is enqueued, not done.
+    ///
+    /// Every tensor is checked against the negotiated descriptor and its byte extent (as
+    /// [`OpHandle::execute`] checks slices), then the core checks data presence and alignment,
+    /// sync mode, device, scratch and that a CPU provider is given no stream; a mismatch is an
+    /// error and the provider is not called. After the provider returns, the end of the
+    /// stream's work is recorded through the host's device adapter, and
+    /// [`OpHandle::release`] (or dropping the handle) waits for it. `scratch_host` must hold at
+    /// least [`Scratch::host_bytes`] and `scratch_device` [`Scratch::device_bytes`], at
+    /// [`Scratch::alignment`], or be `None` when none is needed; `params` is the operation's
+    /// parameter record for this call (empty: none).
+    ///
+    /// Host-blocking handles on borrowed host buffers are better served by
+    /// [`OpHandle::execute`], which needs no `unsafe`.
+    ///
+    /// # Safety
+    ///
+    /// Every tensor's and the device scratch's memory must be valid for the provider's accesses
+    /// (inputs read, outputs written, in the tensor's memory space and device) from this call
+    /// until the work completes: until the handle is released or dropped, or the caller has
+    /// synchronised `stream`. Outputs must not overlap other tensors unless the operation's
+    /// contract allows it, and nothing else may access them while the work runs. `stream` must
+    /// be a stream of the handle's device that stays valid until the work completes, and
+    /// `scratch_host`, borrowed for this call only, must not be read by the work after the
+    /// provider returns (host scratch is for the provider's own call).
+    pub unsafe fn execute_on_stream(
+        &self,
+        stream: StreamRef,
+        inputs: &[DeviceTensor],
+        outputs: &[DeviceTensor],
+        scratch_host: Option<&mut [u8]>,
+        scratch_device: Option<DeviceScratch>,
+        params: &[u8],
+    ) -> Result<(), ExecuteError> {
+        let r = &self.resolved;
+        let extent = |t: &DeviceTensor| usize::try_from(t.bytes).unwrap_or(usize::MAX);
+        let c_inputs = check_buffers(
+            TensorRole::Input,
+            &r.inputs,
+            &r.input_infos,
+            inputs.iter().map(|t| (t.desc, None, t.ptr, extent(t))),
+        )?;
+        let c_outputs = check_buffers(
+            TensorRole::Output,
+            &r.outputs,
+            &r.output_infos,
+            outputs.iter().map(|t| (t.desc, None, t.ptr, extent(t))),
+        )?;
+        let (scratch_ptr, scratch_len) = match scratch_host {
+            Some(s) if !s.is_empty() => (s.as_mut_ptr().cast::<c_void>(), s.len()),
+            _ => (std::ptr::null_mut(), 0),
+        };
+        let (device_ptr, device_len) = match scratch_device {
+            Some(d) => (d.ptr, d.bytes),
+            None => (std::ptr::null_mut(), 0),
+        };
+        let call = Call {
+            inputs: &c_inputs,
+            outputs: &c_outputs,
+            scratch_host: scratch_ptr,
+            scratch_host_size: u64::try_from(scratch_len).unwrap_or(u64::MAX),
+            scratch_device: device_ptr,
+            scratch_device_size: device_len,
+            stream: stream.0 as guild_stream_t,
+            device_id: r.device_id,
+            sync_mode: r.sync_mode.raw(),
+            params: if params.is_empty() {
+                std::ptr::null()
+            } else {
+                params.as_ptr().cast()
+            },
+            params_size: params.len(),
+        };
+        let mut error = guild_error_info_t::new();
+        // The data pointers were checked against the negotiated descriptors and byte extents
+        // above; that they address live memory of those extents until the work completes, and
+        // that the stream is valid, is this function's safety contract. The host scratch is
+        // borrowed for the call.
         r.execute(&call, &mut error)
     }
 }
@@ -574,7 +670,8 @@ pub enum ExecuteError {
         /// The buffer's length in bytes.
         got: usize,
     },
-    /// A tensor has no data (the C face only; a Rust buffer always has an address).
+    /// A tensor has no data (the C face, or a [`DeviceTensor`]; a borrowed slice always has an
+    /// address).
     #[error("{tensor} has a NULL data pointer")]
     NullData {
         /// Which tensor.
@@ -625,10 +722,10 @@ pub enum ExecuteError {
         /// The alignment negotiated.
         alignment: u32,
     },
-    /// The provider needs device scratch, which the Rust face cannot pass yet (use the C
-    /// table).
+    /// The provider needs device scratch, which [`OpHandle::execute`] cannot pass (use
+    /// [`OpHandle::execute_on_stream`] with a [`DeviceScratch`]).
     #[error(
-        "the provider needs {needed} bytes of device scratch, which the Rust face cannot pass yet"
+        "the provider needs {needed} bytes of device scratch, which execute on slices cannot pass"
     )]
     DeviceScratch {
         /// The bytes negotiated.
@@ -727,6 +824,81 @@ impl<'a> TensorArgMut<'a> {
         }
     }
 }
+
+/// A tensor in memory the borrow checker cannot see (device, managed or pinned memory, or any
+/// buffer whose lifetime the caller manages): its descriptor, data address and byte extent,
+/// for [`OpHandle::execute_on_stream`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceTensor {
+    desc: TensorDesc,
+    ptr: *mut c_void,
+    bytes: u64,
+}
+
+impl DeviceTensor {
+    /// The tensor described by `desc` at `ptr`, whose allocation holds `bytes` bytes from
+    /// `ptr` on. The descriptor's own data address is ignored; the execute checks `desc`
+    /// against the negotiated one, `bytes` against the tensor's byte extent and `ptr` for NULL
+    /// and alignment.
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr + bytes` must be memory of `desc`'s memory space and device that stays valid
+    /// (allocated, and not used by anything else in a conflicting way) until the work of every
+    /// execute it is passed to has completed: until the handle is released or dropped, or the
+    /// stream the work was enqueued on has been synchronised.
+    pub unsafe fn new(desc: TensorDesc, ptr: *mut c_void, bytes: u64) -> Self {
+        DeviceTensor { desc, ptr, bytes }
+    }
+
+    /// The descriptor.
+    pub fn desc(&self) -> &TensorDesc {
+        &self.desc
+    }
+
+    /// The data address.
+    pub fn ptr(&self) -> *mut c_void {
+        self.ptr
+    }
+
+    /// The bytes the allocation holds from the data address on.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+/// Device scratch for [`OpHandle::execute_on_stream`]: an address on the handle's device and
+/// its size in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceScratch {
+    ptr: *mut c_void,
+    bytes: u64,
+}
+
+impl DeviceScratch {
+    /// `bytes` bytes of device memory at `ptr`; the execute checks size and alignment against
+    /// [`Scratch`].
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr + bytes` must be device memory of the handle's device that stays valid, and is
+    /// used by nothing else, until the work of every execute it is passed to has completed
+    /// (the handle released or dropped, or the stream synchronised).
+    pub unsafe fn new(ptr: *mut c_void, bytes: u64) -> Self {
+        DeviceScratch { ptr, bytes }
+    }
+}
+
+// SAFETY: a `DeviceTensor` or `DeviceScratch` is an address and a size; it gives no access by
+// itself (only the unsafe `execute_on_stream` uses it, under its caller's contract), so moving
+// or sharing it between threads cannot cause a data race.
+unsafe impl Send for DeviceTensor {}
+// SAFETY: as above.
+unsafe impl Sync for DeviceTensor {}
+// SAFETY: as above.
+unsafe impl Send for DeviceScratch {}
+// SAFETY: as above.
+unsafe impl Sync for DeviceScratch {}
 
 // SAFETY: the raw pointers in the argument types stand for the borrows in their PhantomData
 // (`&[u8]` / `&mut [u8]`), which are Send and Sync; nothing else is shared.

@@ -62,7 +62,7 @@ fn dependent_spec() -> Spec {
     spec
 }
 
-fn probe_spec() -> Spec {
+pub(crate) fn probe_spec() -> Spec {
     let mut spec = Spec::module("example.service_probe", "1.0.0")
         .library(&plugin_library("service_probe"))
         .backend("cuda");

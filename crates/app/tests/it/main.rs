@@ -22,4 +22,5 @@ mod rejections;
 mod runners;
 mod signatures;
 mod smoke;
+mod streams;
 mod support;
