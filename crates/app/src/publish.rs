@@ -166,8 +166,12 @@ pub fn sign(archive: &Path, key: &SigningKey, out: &Path) -> Result<Packed, Publ
             path: archive.to_path_buf(),
             errors,
         })?;
-    let scratch = tempfile_dir(out)?;
-    let tree = scratch.join("tree");
+    // Refused before anything is extracted; the signature itself is made after the check of
+    // every artifact.
+    check_not_signed_by(&metadata, key, archive)?;
+    // Removed on every path out, failures included.
+    let scratch = Scratch(tempfile_dir(out)?);
+    let tree = scratch.0.join("tree");
     opened.extract_to(metadata.manifest(), &tree)?;
     let metadata = add_signature(metadata, key, archive)?;
     let files: Vec<_> = metadata
@@ -176,20 +180,29 @@ pub fn sign(archive: &Path, key: &SigningKey, out: &Path) -> Result<Packed, Publ
         .iter()
         .map(|a| (a.path.clone(), tree.join(a.path.as_str())))
         .collect();
-    let written = write_gkpk(out, metadata.to_pretty_json().as_bytes(), &files);
-    remove_scratch(&scratch);
-    written?;
+    write_gkpk(out, metadata.to_pretty_json().as_bytes(), &files)?;
+    drop(scratch);
     Ok(Packed {
         archive: out.to_path_buf(),
         metadata,
     })
 }
 
-fn add_signature(
-    metadata: Metadata,
+/// A scratch directory that is removed when it goes out of scope.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        remove_scratch(&self.0);
+    }
+}
+
+/// Refuses a package that `key` has already signed.
+fn check_not_signed_by(
+    metadata: &Metadata,
     key: &SigningKey,
     path: &Path,
-) -> Result<Metadata, PublishError> {
+) -> Result<(), PublishError> {
     let key_id = key.key_id();
     if metadata.signatures().iter().any(|s| s.key_id == key_id) {
         return Err(PublishError::AlreadySigned {
@@ -197,6 +210,16 @@ fn add_signature(
             key_id,
         });
     }
+    Ok(())
+}
+
+fn add_signature(
+    metadata: Metadata,
+    key: &SigningKey,
+    path: &Path,
+) -> Result<Metadata, PublishError> {
+    check_not_signed_by(&metadata, key, path)?;
+    let key_id = key.key_id();
     let signature = key.sign(metadata.canonical_payload())?;
     let mut signatures = metadata.signatures().to_vec();
     signatures.push(SignatureEntry {

@@ -361,3 +361,27 @@ fn installing_a_version_again_after_a_rollback_makes_it_current() {
         (false.into(), false.into())
     );
 }
+
+#[test]
+fn signing_leaves_no_scratch_behind_when_it_is_refused() {
+    let b = Bench::new();
+    let archive = b.package("example.signed", "1.0.0", b"signed library\n", "");
+    let scratch_dirs = || {
+        fs::read_dir(b.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".guild-sign-"))
+            .count()
+    };
+    // Already signed by this key (pack signed it).
+    let run = b.run(&["sign", &archive, "--key", "k.key"]);
+    assert_ne!(run.code, 0, "{}", run.stdout);
+    assert!(run.stderr.contains("already"), "{}", run.stderr);
+    assert_eq!(scratch_dirs(), 0);
+    // A damaged archive fails extraction.
+    let damaged = crate::cli::tamper(&b, &archive, b"signed library", b"signed librarz");
+    guild(b.path(), &["keygen", "--out", "other"]);
+    let run = b.run(&["sign", &damaged, "--key", "other.key"]);
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    assert_eq!(scratch_dirs(), 0);
+}
