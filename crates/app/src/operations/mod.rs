@@ -81,9 +81,8 @@ use std::marker::PhantomData;
 use guild_abi::{guild_error_info_t, guild_stream_t};
 use guild_domain::ids::{ImplId, OpName, PackageId};
 use guild_domain::operation::{
-    Backend, BackendSet, Budget, Capabilities, DType, DeviceCaps, Numerics, OpQuery,
-    ProviderRefusal, QueryError, QuerySpec, Rejection, ResolveFailure, SyncMode, TensorDesc,
-    TensorRef, TensorRole,
+    Backend, Budget, Capabilities, DType, DeviceCaps, Numerics, OpQuery, ProviderRefusal,
+    QueryError, QuerySpec, Rejection, ResolveFailure, SyncMode, TensorDesc, TensorRef, TensorRole,
 };
 use guild_domain::version::{PackedVersion, Version};
 use guild_ports::device::{DeviceError, StreamRef};
@@ -96,45 +95,41 @@ use crate::registry::{KernelBinding, KernelRegistry};
 // The request
 // ---------------------------------------------------------------------------------------------
 
-/// What a runner asks the service for: a safe description of a GOP1 query.
+/// What a runner asks the service for: the domain's [`QuerySpec`] (the operation and its
+/// version interval, backends, required capabilities and numerics, sync mode, the actual
+/// tensors, budgets, an exact impl id, the device), whose fields it reads and writes through
+/// `Deref`, with the constructor and builder methods below.
+///
+/// Host-blocking requests run on borrowed slices through [`OpHandle::execute`]; stream-ordered
+/// and graph-capturable ones run on device buffers through [`OpHandle::execute_on_stream`], and
+/// need a device adapter ([`DeviceSupport::streams`]) unless a CPU provider is chosen.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OperationRequest {
-    /// The namespaced operation wanted.
-    pub op_name: OpName,
-    /// Lowest acceptable operation version, inclusive.
-    pub min_version: PackedVersion,
-    /// Highest acceptable operation version, inclusive (same major as `min_version`).
-    pub max_version: PackedVersion,
-    /// Backends the caller can run.
-    pub backends: BackendSet,
-    /// Capability bits the provider must offer.
-    pub capabilities: Capabilities,
-    /// Numerical guarantees the provider must offer.
-    pub numerics: Numerics,
-    /// How the call is synchronised. Host-blocking handles run on borrowed slices through
-    /// [`OpHandle::execute`]; stream-ordered and graph-capturable ones run on device buffers
-    /// through [`OpHandle::execute_on_stream`], and need a device adapter
-    /// ([`DeviceSupport::streams`]) unless a CPU provider is chosen.
-    pub sync_mode: SyncMode,
-    /// The actual input tensors (a known data address lets the provider check alignment).
-    pub inputs: Vec<TensorDesc>,
-    /// The actual output tensors.
-    pub outputs: Vec<TensorDesc>,
-    /// Bound on host scratch.
-    pub ram_budget: Budget,
-    /// Bound on device scratch.
-    pub vram_budget: Budget,
-    /// When set, only this implementation may be chosen, with no fallback.
-    pub exact_impl: Option<ImplId>,
-    /// The device the call runs on.
-    pub device: DeviceCaps,
+pub struct OperationRequest(QuerySpec);
+
+impl std::ops::Deref for OperationRequest {
+    type Target = QuerySpec;
+    fn deref(&self) -> &QuerySpec {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for OperationRequest {
+    fn deref_mut(&mut self) -> &mut QuerySpec {
+        &mut self.0
+    }
+}
+
+impl From<QuerySpec> for OperationRequest {
+    fn from(spec: QuerySpec) -> Self {
+        OperationRequest(spec)
+    }
 }
 
 impl OperationRequest {
     /// A host-blocking CPU request for any 1.x version of `op_name`, with no required
     /// capabilities or numerics, unlimited budgets, on this host's CPU (its ISA detected).
     pub fn cpu(op_name: OpName, inputs: Vec<TensorDesc>, outputs: Vec<TensorDesc>) -> Self {
-        OperationRequest {
+        OperationRequest(QuerySpec {
             op_name,
             min_version: PackedVersion::from_raw(0x0100_0000),
             max_version: PackedVersion::from_raw(0x01ff_ffff),
@@ -152,7 +147,7 @@ impl OperationRequest {
                 cuda_sm: None,
                 cpu_isa: crate::platform::cpu_isa(),
             },
-        }
+        })
     }
 
     /// Restricts the operation versions to `min..=max`.
@@ -188,21 +183,7 @@ impl OperationRequest {
 
     /// The domain form.
     pub fn to_spec(&self) -> QuerySpec {
-        QuerySpec {
-            op_name: self.op_name.clone(),
-            min_version: self.min_version,
-            max_version: self.max_version,
-            backends: self.backends,
-            capabilities: self.capabilities,
-            numerics: self.numerics,
-            sync_mode: self.sync_mode,
-            inputs: self.inputs.clone(),
-            outputs: self.outputs.clone(),
-            ram_budget: self.ram_budget,
-            vram_budget: self.vram_budget,
-            exact_impl: self.exact_impl.clone(),
-            device: self.device,
-        }
+        self.0.clone()
     }
 }
 
@@ -433,48 +414,16 @@ impl OpHandle<'_> {
                 got: SyncMode::HostBlocking.raw(),
             });
         }
-        let c_inputs = check_buffers(
-            TensorRole::Input,
-            &r.inputs,
-            &r.input_infos,
+        // Every data pointer addresses a live Rust buffer of at least the tensor's byte extent
+        // (checked in `run`), borrowed for this call by the arguments.
+        self.run(
             inputs.iter().map(|a| (a.desc, a.dtype, a.ptr, a.len)),
-        )?;
-        let c_outputs = check_buffers(
-            TensorRole::Output,
-            &r.outputs,
-            &r.output_infos,
             outputs.iter().map(|a| (a.desc, a.dtype, a.ptr, a.len)),
-        )?;
-        if r.scratch.device_bytes > 0 {
-            return Err(ExecuteError::DeviceScratch {
-                needed: r.scratch.device_bytes,
-            });
-        }
-        let (scratch_ptr, scratch_len) = match scratch {
-            Some(s) if !s.is_empty() => (s.as_mut_ptr().cast::<c_void>(), s.len()),
-            _ => (std::ptr::null_mut(), 0),
-        };
-        let call = Call {
-            inputs: &c_inputs,
-            outputs: &c_outputs,
-            scratch_host: scratch_ptr,
-            scratch_host_size: u64::try_from(scratch_len).unwrap_or(u64::MAX),
-            scratch_device: std::ptr::null_mut(),
-            scratch_device_size: 0,
-            stream: std::ptr::null_mut(),
-            device_id: r.device_id,
-            sync_mode: r.sync_mode.raw(),
-            params: if params.is_empty() {
-                std::ptr::null()
-            } else {
-                params.as_ptr().cast()
-            },
-            params_size: params.len(),
-        };
-        let mut error = guild_error_info_t::new();
-        // Every data pointer in `call` addresses a live Rust buffer of at least the tensor's
-        // byte extent (checked above), borrowed for this call by the arguments.
-        r.execute(&call, &mut error)
+            scratch,
+            None,
+            std::ptr::null_mut(),
+            params,
+        )
     }
 
     /// Enqueues the negotiated contract on `stream` (the address its `guild_stream_t` holds;
@@ -514,36 +463,62 @@ impl OpHandle<'_> {
         scratch_device: Option<DeviceScratch>,
         params: &[u8],
     ) -> Result<(), ExecuteError> {
-        let r = &self.resolved;
         let extent = |t: &DeviceTensor| usize::try_from(t.bytes).unwrap_or(usize::MAX);
-        let c_inputs = check_buffers(
-            TensorRole::Input,
-            &r.inputs,
-            &r.input_infos,
-            inputs.iter().map(|t| (t.desc, None, t.ptr, extent(t))),
-        )?;
-        let c_outputs = check_buffers(
-            TensorRole::Output,
-            &r.outputs,
-            &r.output_infos,
-            outputs.iter().map(|t| (t.desc, None, t.ptr, extent(t))),
-        )?;
-        let (scratch_ptr, scratch_len) = match scratch_host {
-            Some(s) if !s.is_empty() => (s.as_mut_ptr().cast::<c_void>(), s.len()),
-            _ => (std::ptr::null_mut(), 0),
-        };
-        let (device_ptr, device_len) = match scratch_device {
+        let device_scratch = Some(match scratch_device {
             Some(d) => (d.ptr, d.bytes),
             None => (std::ptr::null_mut(), 0),
+        });
+        // The data pointers are checked against the negotiated descriptors and byte extents in
+        // `run`; that they address live memory of those extents until the work completes, and
+        // that the stream is valid, is this function's safety contract. The host scratch is
+        // borrowed for the call.
+        self.run(
+            inputs.iter().map(|t| (t.desc, None, t.ptr, extent(t))),
+            outputs.iter().map(|t| (t.desc, None, t.ptr, extent(t))),
+            scratch_host,
+            device_scratch,
+            stream.0 as guild_stream_t,
+            params,
+        )
+    }
+
+    /// What both execute paths share: each buffer checked against its negotiated descriptor
+    /// and byte extent, the call built, and the core's checks and call. `scratch_device` is
+    /// `None` on the path that cannot pass device scratch, which a provider needing some
+    /// refuses. The caller vouches that the pointers address the memory they describe.
+    fn run(
+        &self,
+        inputs: impl ExactSizeIterator<Item = BufferArg>,
+        outputs: impl ExactSizeIterator<Item = BufferArg>,
+        scratch_host: Option<&mut [u8]>,
+        scratch_device: Option<(*mut c_void, u64)>,
+        stream: guild_stream_t,
+        params: &[u8],
+    ) -> Result<(), ExecuteError> {
+        let r = &self.resolved;
+        let c_inputs = check_buffers(TensorRole::Input, &r.inputs, &r.input_infos, inputs)?;
+        let c_outputs = check_buffers(TensorRole::Output, &r.outputs, &r.output_infos, outputs)?;
+        let (scratch_device, scratch_device_size) = match scratch_device {
+            Some(device) => device,
+            None if r.scratch.device_bytes > 0 => {
+                return Err(ExecuteError::DeviceScratch {
+                    needed: r.scratch.device_bytes,
+                })
+            }
+            None => (std::ptr::null_mut(), 0),
+        };
+        let (scratch_host, scratch_len) = match scratch_host {
+            Some(s) if !s.is_empty() => (s.as_mut_ptr().cast::<c_void>(), s.len()),
+            _ => (std::ptr::null_mut(), 0),
         };
         let call = Call {
             inputs: &c_inputs,
             outputs: &c_outputs,
-            scratch_host: scratch_ptr,
+            scratch_host,
             scratch_host_size: u64::try_from(scratch_len).unwrap_or(u64::MAX),
-            scratch_device: device_ptr,
-            scratch_device_size: device_len,
-            stream: stream.0 as guild_stream_t,
+            scratch_device,
+            scratch_device_size,
+            stream,
             device_id: r.device_id,
             sync_mode: r.sync_mode.raw(),
             params: if params.is_empty() {
@@ -553,14 +528,13 @@ impl OpHandle<'_> {
             },
             params_size: params.len(),
         };
-        let mut error = guild_error_info_t::new();
-        // The data pointers were checked against the negotiated descriptors and byte extents
-        // above; that they address live memory of those extents until the work completes, and
-        // that the stream is valid, is this function's safety contract. The host scratch is
-        // borrowed for the call.
-        r.execute(&call, &mut error)
+        r.execute(&call, &mut guild_error_info_t::new())
     }
 }
+
+/// One buffer as `check_buffers` takes it: its descriptor, the element type its Rust slice
+/// holds (`None` for raw bytes or device memory), its address and its length in bytes.
+type BufferArg = (TensorDesc, Option<DType>, *mut c_void, usize);
 
 /// Checks each Rust buffer against its negotiated descriptor (descriptor, element type, byte
 /// extent) and builds the C tensors; the contract checks follow in the core.
@@ -568,7 +542,7 @@ fn check_buffers(
     role: TensorRole,
     negotiated: &[TensorDesc],
     infos: &[guild_domain::operation::TensorInfo],
-    args: impl ExactSizeIterator<Item = (TensorDesc, Option<DType>, *mut c_void, usize)>,
+    args: impl ExactSizeIterator<Item = BufferArg>,
 ) -> Result<Vec<guild_abi::guild_tensor_desc_v1_t>, ExecuteError> {
     if args.len() != negotiated.len() {
         return Err(ExecuteError::Arity {
