@@ -654,15 +654,42 @@ impl PackageManager {
         Ok(DependencyGraph::new(nodes)?)
     }
 
-    /// Problems that `after` has and `before` did not: a change is refused for what it breaks,
-    /// not for problems that were already there.
-    fn new_problems(before: &DependencyGraph, after: &DependencyGraph) -> Vec<GraphProblem> {
+    /// Refuses a change for the problems that `after` has and `before` did not: a change is
+    /// refused for what it breaks, not for problems that were already there. `action` names
+    /// the change in the refusal.
+    fn refuse_breakage(
+        before: &DependencyGraph,
+        after: &DependencyGraph,
+        action: impl FnOnce() -> String,
+    ) -> Result<(), HostError> {
         let old = before.validate();
-        after
+        let problems: Vec<GraphProblem> = after
             .validate()
             .into_iter()
             .filter(|p| !old.contains(p))
-            .collect()
+            .collect();
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(HostError::Dependencies {
+            action: action(),
+            problems,
+        })
+    }
+
+    /// The metadata of an installed version that is about to become loadable again (enable,
+    /// rollback, reactivation): still authenticated by today's trust store, and its installed
+    /// files still those the metadata signs.
+    fn verified_installed(
+        &self,
+        life: &Lifecycle,
+        id: &PackageId,
+        version: &Version,
+    ) -> Result<Arc<Metadata>, HostError> {
+        let metadata = self.loaded_metadata(life, id, version)?;
+        self.check_still_trusted(&metadata, id, version)?;
+        self.check_files(&metadata, id, version)?;
+        Ok(metadata)
     }
 
     /// Authenticates, validates, extracts and publishes the package at `location`.
@@ -752,13 +779,7 @@ impl PackageManager {
         life.metadata.insert(key.clone(), metadata.clone());
         let after = self.graph(&life, &next);
         life.metadata.remove(&key);
-        let problems = Self::new_problems(&before, &after?);
-        if !problems.is_empty() {
-            return Err(HostError::Dependencies {
-                action: format!("installing {id}@{version}"),
-                problems,
-            });
-        }
+        Self::refuse_breakage(&before, &after?, || format!("installing {id}@{version}"))?;
 
         // A new version supersedes the enabled one: a session lease on the package pins it.
         let leases = self.lock_leases();
@@ -816,19 +837,14 @@ impl PackageManager {
         hook: &mut dyn LifecycleHook,
     ) -> Result<Installed, HostError> {
         let (id, version) = (&installed.id, &installed.version);
-        let before = self.graph(life, registry)?;
-        let problems = Self::new_problems(&before, &self.graph(life, &next)?);
-        if !problems.is_empty() {
-            return Err(HostError::Dependencies {
-                action: format!("making {id}@{version} current again"),
-                problems,
-            });
-        }
+        Self::refuse_breakage(
+            &self.graph(life, registry)?,
+            &self.graph(life, &next)?,
+            || format!("making {id}@{version} current again"),
+        )?;
         let leases = self.lock_leases();
         leases.check_quiescent(id, QuiescentAction::Replace)?;
-        let metadata = self.loaded_metadata(life, id, version)?;
-        self.check_still_trusted(&metadata, id, version)?;
-        self.check_files(&metadata, id, version)?;
+        let metadata = self.verified_installed(life, id, version)?;
         hook.prepare(&Change::Reactivate {
             id,
             from: published.superseded.as_ref(),
@@ -860,17 +876,12 @@ impl PackageManager {
         let registry = self.store.registry()?;
         let mut next = registry.successor();
         let version = next.enable(id)?;
-        let problems =
-            Self::new_problems(&self.graph(&life, &registry)?, &self.graph(&life, &next)?);
-        if !problems.is_empty() {
-            return Err(HostError::Dependencies {
-                action: format!("enabling {id}@{version}"),
-                problems,
-            });
-        }
-        let metadata = self.loaded_metadata(&life, id, &version)?;
-        self.check_still_trusted(&metadata, id, &version)?;
-        self.check_files(&metadata, id, &version)?;
+        Self::refuse_breakage(
+            &self.graph(&life, &registry)?,
+            &self.graph(&life, &next)?,
+            || format!("enabling {id}@{version}"),
+        )?;
+        let metadata = self.verified_installed(&life, id, &version)?;
         let dir = self.store.package_dir(id, &version);
         hook.prepare(&Change::Enable {
             id,
@@ -982,9 +993,7 @@ impl PackageManager {
             .check_rollback(id, &rolled.to)?;
         let leases = self.lock_leases();
         leases.check_quiescent(id, QuiescentAction::Rollback)?;
-        let metadata = self.loaded_metadata(&life, id, &rolled.to)?;
-        self.check_still_trusted(&metadata, id, &rolled.to)?;
-        self.check_files(&metadata, id, &rolled.to)?;
+        let metadata = self.verified_installed(&life, id, &rolled.to)?;
         hook.prepare(&Change::Rollback {
             id,
             from: rolled.from.as_ref(),
