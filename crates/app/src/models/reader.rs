@@ -468,14 +468,34 @@ unsafe extern "C" fn reader_get_array_info(
     })
 }
 
-/// The converted integer elements `first..first + count` of an integer (or bool) array.
-fn array_ints<T: TryFrom<i128>>(
-    state: &ReaderState,
-    key: &str,
-    first: u64,
+/// One array getter: checks `ctx` and the output, reads the key's array with `read` (which
+/// refuses another element type before it refuses a range: the header's order of errors) and
+/// writes the elements only when every step succeeded.
+///
+/// # Safety
+/// `ctx` must be NULL or the ctx of a live reader table, `key` NULL or NUL-terminated, and
+/// `out` NULL (with `count` 0) or writable for `count` elements.
+unsafe fn elements<T: Copy>(
+    ctx: *mut c_void,
+    key: *const c_char,
+    out: *mut T,
     count: usize,
-) -> Result<Vec<T>, Failed> {
-    let MetaArray::Ints { values, .. } = array(value(state, key)?)? else {
+    read: impl FnOnce(&MetaArray) -> Result<Vec<T>, Failed>,
+) -> guild_status_t {
+    guarded(|| {
+        // SAFETY: the caller passes the ctx of a live table and a NUL-terminated key.
+        let (state, key) = unsafe { (state(ctx)?, caller_str(key)?) };
+        buffer_or_empty(out, count)?;
+        let values = read(array(value(state, key)?)?)?;
+        // SAFETY: writable for `count` elements per the header, and values.len() == count.
+        unsafe { write_all(out, &values) };
+        Ok(())
+    })
+}
+
+/// The converted integer elements `first..first + count` of an integer (or bool) array.
+fn ints<T: TryFrom<i128>>(array: &MetaArray, first: u64, count: usize) -> Result<Vec<T>, Failed> {
+    let MetaArray::Ints { values, .. } = array else {
         return Err(GUILD_STATUS_ERR_UNSUPPORTED);
     };
     values[range(values.len(), first, count)?]
@@ -491,15 +511,12 @@ unsafe extern "C" fn reader_get_array_ints(
     out_values: *mut i64,
     count: usize,
 ) -> guild_status_t {
-    guarded(|| {
-        // SAFETY: as in reader_find_key.
-        let (state, key) = unsafe { (state(ctx)?, caller_str(key)?) };
-        buffer_or_empty(out_values, count)?;
-        let values = array_ints::<i64>(state, key, first, count)?;
-        // SAFETY: writable for `count` elements per the header, and values.len() == count.
-        unsafe { write_all(out_values, &values) };
-        Ok(())
-    })
+    // SAFETY: the caller upholds the header's contract, which is elements'.
+    unsafe {
+        elements(ctx, key, out_values, count, |a| {
+            ints::<i64>(a, first, count)
+        })
+    }
 }
 
 unsafe extern "C" fn reader_get_array_uints(
@@ -509,15 +526,12 @@ unsafe extern "C" fn reader_get_array_uints(
     out_values: *mut u64,
     count: usize,
 ) -> guild_status_t {
-    guarded(|| {
-        // SAFETY: as in reader_find_key.
-        let (state, key) = unsafe { (state(ctx)?, caller_str(key)?) };
-        buffer_or_empty(out_values, count)?;
-        let values = array_ints::<u64>(state, key, first, count)?;
-        // SAFETY: writable for `count` elements per the header, and values.len() == count.
-        unsafe { write_all(out_values, &values) };
-        Ok(())
-    })
+    // SAFETY: as in reader_get_array_ints.
+    unsafe {
+        elements(ctx, key, out_values, count, |a| {
+            ints::<u64>(a, first, count)
+        })
+    }
 }
 
 unsafe extern "C" fn reader_get_array_floats(
@@ -527,18 +541,15 @@ unsafe extern "C" fn reader_get_array_floats(
     out_values: *mut f64,
     count: usize,
 ) -> guild_status_t {
-    guarded(|| {
-        // SAFETY: as in reader_find_key.
-        let (state, key) = unsafe { (state(ctx)?, caller_str(key)?) };
-        buffer_or_empty(out_values, count)?;
-        let MetaArray::Floats { values, .. } = array(value(state, key)?)? else {
-            return Err(GUILD_STATUS_ERR_UNSUPPORTED);
-        };
-        let values = &values[range(values.len(), first, count)?];
-        // SAFETY: writable for `count` elements per the header, and values.len() == count.
-        unsafe { write_all(out_values, values) };
-        Ok(())
-    })
+    // SAFETY: as in reader_get_array_ints.
+    unsafe {
+        elements(ctx, key, out_values, count, |array| match array {
+            MetaArray::Floats { values, .. } => {
+                Ok(values[range(values.len(), first, count)?].to_vec())
+            }
+            _ => Err(GUILD_STATUS_ERR_UNSUPPORTED),
+        })
+    }
 }
 
 unsafe extern "C" fn reader_get_array_string(

@@ -440,6 +440,9 @@ fn arrays_give_their_type_length_and_converted_ranges() {
     assert_eq!(r.uints("tokens", 0, 1), (UNSUPPORTED, vec![SENTINEL_U]));
     assert_eq!(r.ints("u32", 0, 1), (UNSUPPORTED, vec![SENTINEL_I]));
     assert_eq!(r.ints("missing", 0, 1), (NOT_FOUND, vec![SENTINEL_I]));
+    // Another element type is refused before a range that does not fit.
+    assert_eq!(r.ints("floats", 9, 1), (UNSUPPORTED, vec![SENTINEL_I]));
+    assert_eq!(r.floats("ints", 9, 1), (UNSUPPORTED, vec![SENTINEL_F]));
 
     assert_eq!(r.floats("floats", 0, 2), (OK, vec![0.25, -2.0]));
     assert_eq!(r.floats("floats", 1, 1), (OK, vec![-2.0]));
