@@ -175,6 +175,39 @@ unsafe impl Send for OwnedKernel {}
 // SAFETY: as for Send: no interior mutability, and shared access only reads.
 unsafe impl Sync for OwnedKernel {}
 
+/// Reads a plugin's descriptor after checking that it is there and that its leading
+/// `struct_size` (the first field of every descriptor version) covers this host's whole struct.
+/// `register` names the host callback, `kind` the descriptor and `type_name` its C type, for
+/// the refusals.
+///
+/// # Safety
+/// `desc` must be NULL or point at a readable descriptor of at least its declared
+/// `struct_size` bytes, whose first field is a `uint32_t struct_size`.
+unsafe fn read_descriptor<T: Copy>(
+    desc: *const T,
+    register: &str,
+    kind: &str,
+    type_name: &str,
+) -> Result<T, Refusal> {
+    if desc.is_null() {
+        return Err(Refusal::invalid(format!(
+            "{register} was given a NULL descriptor"
+        )));
+    }
+    // SAFETY: non-NULL and, per the contract, readable; struct_size is the first field of every
+    // version, so it may be read before the size is known.
+    let size = unsafe { desc.cast::<u32>().read_unaligned() };
+    let needed = size_of::<T>();
+    if usize::try_from(size).map_or(true, |s| s < needed) {
+        return Err(Refusal::invalid(format!(
+            "{kind} descriptor: struct_size {size} is smaller than the {needed} bytes of \
+             {type_name}"
+        )));
+    }
+    // SAFETY: the plugin declares at least `needed` readable bytes.
+    Ok(unsafe { desc.read_unaligned() })
+}
+
 impl OwnedKernel {
     /// Checks and copies a kernel descriptor, its strings and its extension chain.
     ///
@@ -185,23 +218,15 @@ impl OwnedKernel {
     /// declared `struct_size` long. This is the plugin's side of the ABI, which the host cannot
     /// check; everything it can check (sizes, tags, versions, bounds, cycles) it does.
     pub(crate) unsafe fn copy(desc: *const guild_kernel_op_desc_v1_t) -> Result<Self, Refusal> {
-        if desc.is_null() {
-            return Err(Refusal::invalid(
-                "register_kernel was given a NULL descriptor",
-            ));
-        }
-        // SAFETY: non-NULL and, per the contract, readable; struct_size is the first field of
-        // every version, so it may be read before the size is known.
-        let size = unsafe { ptr::addr_of!((*desc).struct_size).read_unaligned() };
-        let needed = size_of::<guild_kernel_op_desc_v1_t>();
-        if usize::try_from(size).map_or(true, |s| s < needed) {
-            return Err(Refusal::invalid(format!(
-                "kernel descriptor: struct_size {size} is smaller than the {needed} bytes of \
-                 guild_kernel_op_desc_v1_t"
-            )));
-        }
-        // SAFETY: the plugin declares at least `needed` readable bytes.
-        let raw = unsafe { desc.read_unaligned() };
+        // SAFETY: the caller upholds read_descriptor's contract, which is this function's.
+        let raw = unsafe {
+            read_descriptor(
+                desc,
+                "register_kernel",
+                "kernel",
+                "guild_kernel_op_desc_v1_t",
+            )
+        }?;
         check_abi_version("kernel descriptor", raw.abi_version)?;
 
         // SAFETY: per the contract, impl_id is NULL or a NUL-terminated string.
@@ -615,22 +640,10 @@ impl OwnedRunner {
     /// # Safety
     /// As for [`OwnedKernel::copy`], for a `guild_runner_desc_v1_t`.
     pub(crate) unsafe fn copy(desc: *const guild_runner_desc_v1_t) -> Result<Self, Refusal> {
-        if desc.is_null() {
-            return Err(Refusal::invalid(
-                "register_runner was given a NULL descriptor",
-            ));
-        }
-        // SAFETY: non-NULL and readable per the contract; struct_size comes first.
-        let size = unsafe { ptr::addr_of!((*desc).struct_size).read_unaligned() };
-        let needed = size_of::<guild_runner_desc_v1_t>();
-        if usize::try_from(size).map_or(true, |s| s < needed) {
-            return Err(Refusal::invalid(format!(
-                "runner descriptor: struct_size {size} is smaller than the {needed} bytes of \
-                 guild_runner_desc_v1_t"
-            )));
-        }
-        // SAFETY: the plugin declares at least `needed` readable bytes.
-        let raw = unsafe { desc.read_unaligned() };
+        // SAFETY: the caller upholds read_descriptor's contract, which is this function's.
+        let raw = unsafe {
+            read_descriptor(desc, "register_runner", "runner", "guild_runner_desc_v1_t")
+        }?;
         check_abi_version("runner descriptor", raw.abi_version)?;
         // SAFETY: per the contract, runner_id is NULL or a NUL-terminated string.
         let id_text = unsafe { bounded_str(raw.runner_id, MAX_DESCRIPTOR_STRING) }
