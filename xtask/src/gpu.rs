@@ -264,35 +264,6 @@ fn cargo_output(args: &[&str]) -> Result<Output, String> {
 // The bundle
 // ---------------------------------------------------------------------------------------------
 
-/// The test executable that `cargo test --no-run` builds for `package`'s `it` target.
-fn test_executable(package: &str) -> Result<PathBuf, String> {
-    let out = cargo_output(&[
-        "test",
-        "-p",
-        package,
-        "--test",
-        "it",
-        "--no-run",
-        "--message-format=json",
-    ])?;
-    if out.code != 0 {
-        return Err(format!(
-            "building the tests of {package} failed:\n{}",
-            out.stderr
-        ));
-    }
-    // One JSON message per line; xtask keeps no JSON dependency, so the field is read by hand.
-    out.stdout
-        .lines()
-        .filter(|l| l.contains("\"name\":\"it\"") && l.contains("\"executable\":\""))
-        .find_map(|l| {
-            let start = l.find("\"executable\":\"")? + "\"executable\":\"".len();
-            let end = l[start..].find('"')? + start;
-            Some(PathBuf::from(&l[start..end]))
-        })
-        .ok_or_else(|| format!("cargo did not report the `it` test executable of {package}"))
-}
-
 /// Copies `from` to `to`, without debug information when `strip` is there.
 fn copy_stripped(from: &Path, to: &Path) -> Result<(), String> {
     fs::copy(from, to)
@@ -376,10 +347,10 @@ fn bundle() -> Result<PathBuf, String> {
     })?;
     util::step("the test executables", || {
         copy_stripped(
-            &test_executable("guild-adapters-cuda")?,
+            &util::test_executable("guild-adapters-cuda")?,
             &dir.join("adapters-cuda-it"),
         )?;
-        copy_stripped(&test_executable("guild-host")?, &dir.join("host-it"))
+        copy_stripped(&util::test_executable("guild-host")?, &dir.join("host-it"))
     })?;
     let script = RUN_SH
         .replace("__ADAPTER_FILTER__", ADAPTER_FILTER)

@@ -3,42 +3,10 @@
 //! faces, the dependent module calling back through the C service, the concurrency tests). Any
 //! memory error, or a definite or indirect leak, fails the run.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use crate::util::{self, root};
-
-/// The test executable that `cargo test --no-run` builds for `package`'s `it` target.
-fn test_executable(package: &str) -> Result<PathBuf, String> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
-        .current_dir(root())
-        .args([
-            "test",
-            "-p",
-            package,
-            "--test",
-            "it",
-            "--no-run",
-            "--message-format=json",
-        ])
-        .output()
-        .map_err(|e| format!("cannot run cargo: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("building the tests of {package} failed"));
-    }
-    // Each line is one JSON message; the one for the `it` test target carries its executable.
-    // xtask keeps no JSON dependency, so read the one field by hand.
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .filter(|l| l.contains("\"name\":\"it\"") && l.contains("\"executable\":\""))
-        .find_map(|l| {
-            let start = l.find("\"executable\":\"")? + "\"executable\":\"".len();
-            let end = l[start..].find('"')? + start;
-            Some(PathBuf::from(&l[start..end]))
-        })
-        .ok_or_else(|| format!("cargo did not report the `it` test executable of {package}"))
-}
+use crate::util::{self, root, test_executable};
 
 fn valgrind(exe: &Path, plugins: &Path, filters: &[&str]) -> Result<(), String> {
     let mut cmd = Command::new("valgrind");

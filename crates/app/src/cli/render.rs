@@ -58,6 +58,11 @@ fn quarantined_json(q: &Quarantined) -> Value {
     json!({"id": q.id.as_str(), "version": q.version.to_string(), "reason": q.reason})
 }
 
+/// A reason that may span lines (a graph report), on one line.
+pub fn one_line(reason: &str) -> String {
+    reason.lines().map(str::trim).collect::<Vec<_>>().join(" ")
+}
+
 pub fn quarantined_list(list: &[Quarantined]) -> Value {
     list.iter().map(quarantined_json).collect()
 }
@@ -145,11 +150,7 @@ pub fn open_report_lines(r: &OpenReport) -> Vec<String> {
             "disabled {}@{} because it failed re-verification: {}",
             q.id,
             q.version,
-            q.reason
-                .lines()
-                .map(str::trim)
-                .collect::<Vec<_>>()
-                .join(" ")
+            one_line(&q.reason)
         ));
     }
     out

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::args::{TrustAdd, TrustCommand};
 use super::output::Report;
-use super::render::{quarantined_list, short};
+use super::render::{one_line, quarantined_list, short};
 use super::store::open;
 
 pub fn run(store: &Path, command: &TrustCommand) -> anyhow::Result<Report> {
@@ -113,11 +113,7 @@ fn revoke(store: &Path, target: Target, reason: &str) -> anyhow::Result<Report> 
             "disabled {}@{}: {}",
             q.id,
             q.version,
-            q.reason
-                .lines()
-                .map(str::trim)
-                .collect::<Vec<_>>()
-                .join(" ")
+            one_line(&q.reason)
         ));
     }
     Ok(report)
