@@ -199,4 +199,47 @@ static inline void guild_test_log_event(const char* path, const char* event, con
     (void)fclose(file);
 }
 
+/* The callbacks of one test runner: its RMD1 extension and its descriptor's create/destroy. */
+typedef struct guild_test_runner_callbacks_t {
+    guild_status_t (*recognize)(void*, const guild_model_reader_v1_t*, guild_error_info_t*);
+    guild_status_t (*describe)(void*, const guild_model_reader_v1_t*, guild_runner_model_v1_t*, guild_error_info_t*);
+    guild_status_t (*validate_numerics)(void*, const guild_model_reader_v1_t*, const guild_runner_model_v1_t*,
+                                        guild_error_info_t*);
+    guild_status_t (*create)(void*, const struct guild_model_reader_v1_t*, void**, guild_error_info_t*);
+    void (*destroy)(void*, void*);
+} guild_test_runner_callbacks_t;
+
+/*
+ * Registers a runner `runner_id` whose RMD1 extension has `rmd1_priority` and whose descriptor
+ * has `descriptor_priority`, with `state` as every callback's user_data. Both records live on
+ * this frame: the host copies them.
+ */
+static inline guild_status_t guild_test_register_runner(const guild_host_api_v1_t* host, const char* runner_id,
+                                                        int32_t rmd1_priority, int32_t descriptor_priority,
+                                                        const guild_test_runner_callbacks_t* callbacks, void* state,
+                                                        guild_error_info_t* error) {
+    guild_runner_model_ext_v1_t ext;
+    guild_runner_desc_v1_t desc;
+    memset(&ext, 0, sizeof ext);
+    ext.header.struct_size = (uint32_t)sizeof ext;
+    ext.header.tag = GUILD_RMD1_TAG;
+    ext.header.version = GUILD_RMD1_VERSION;
+    ext.priority = rmd1_priority;
+    ext.recognize = callbacks->recognize;
+    ext.describe = callbacks->describe;
+    ext.validate_numerics = callbacks->validate_numerics;
+    ext.user_data = state;
+
+    memset(&desc, 0, sizeof desc);
+    desc.struct_size = (uint32_t)sizeof desc;
+    desc.abi_version = GUILD_KERNEL_ABI_VERSION;
+    desc.runner_id = runner_id;
+    desc.priority = descriptor_priority;
+    desc.user_data = state;
+    desc.create = callbacks->create;
+    desc.destroy = callbacks->destroy;
+    desc.next_ext = &ext.header;
+    return host->register_runner(host->host_context, &desc, error);
+}
+
 #endif /* GUILD_TEST_RUNNER_H */

@@ -257,8 +257,9 @@ static void hybrid_destroy(void* user_data, void* instance) {
 }
 
 static guild_status_t hybrid_init(const guild_host_api_v1_t* host, void** plugin_state, guild_error_info_t* error) {
-    guild_runner_model_ext_v1_t ext;
-    guild_runner_desc_v1_t desc;
+    static const guild_test_runner_callbacks_t callbacks = {
+        hybrid_recognize, hybrid_describe, hybrid_validate_numerics, hybrid_create, hybrid_destroy,
+    };
     hybrid_state_t* state;
     if (host == NULL || plugin_state == NULL || host->struct_size < (uint32_t)GUILD_HOST_API_V1_BASE_SIZE) {
         return guild_error_info_set(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, RUNNER_ID, "init needs a host table");
@@ -270,26 +271,7 @@ static guild_status_t hybrid_init(const guild_host_api_v1_t* host, void** plugin
     state->magic = HYBRID_MAGIC;
     *plugin_state = state;
 
-    memset(&ext, 0, sizeof ext);
-    ext.header.struct_size = (uint32_t)sizeof ext;
-    ext.header.tag = GUILD_RMD1_TAG;
-    ext.header.version = GUILD_RMD1_VERSION;
-    ext.priority = RUNNER_PRIORITY;
-    ext.recognize = hybrid_recognize;
-    ext.describe = hybrid_describe;
-    ext.validate_numerics = hybrid_validate_numerics;
-    ext.user_data = state;
-
-    memset(&desc, 0, sizeof desc);
-    desc.struct_size = (uint32_t)sizeof desc;
-    desc.abi_version = GUILD_KERNEL_ABI_VERSION;
-    desc.runner_id = RUNNER_ID;
-    desc.priority = RUNNER_PRIORITY;
-    desc.user_data = state;
-    desc.create = hybrid_create;
-    desc.destroy = hybrid_destroy;
-    desc.next_ext = &ext.header;
-    return host->register_runner(host->host_context, &desc, error);
+    return guild_test_register_runner(host, RUNNER_ID, RUNNER_PRIORITY, RUNNER_PRIORITY, &callbacks, state, error);
 }
 
 static void hybrid_shutdown(void* plugin_state) {
