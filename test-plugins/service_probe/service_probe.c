@@ -1,5 +1,5 @@
 /*
- * service_probe: a runtime module whose two operations let tests drive the operation service's
+ * service_probe: a runtime module whose three operations let tests drive the operation service's
  * guards from inside a provider call, deterministically.
  *
  *   example.probe.reenter      (impl example.service_probe.reenter.cpu, CPU, host-blocking)
@@ -16,17 +16,37 @@
  *     the rank-1 input to the output on the host at once (there is no device); what the tests
  *     observe is the host's bookkeeping of the streams it was given.
  *
- * Both operations are op version 1.0.0, priority 1, no scratch.
+ *   example.probe.cross        (impl example.service_probe.cross.cpu, CPU, host-blocking)
+ *     The reenter probe's tensors. execute reads a probe_cross_t from args->params: another
+ *     handle, the args to execute it with, and a counter shared with the call that runs that
+ *     other handle. It counts itself in, waits (up to five seconds) until both calls are in, then
+ *     executes the other handle through the service table from this module's own host table,
+ *     and writes that status to output[0] and 1 to output[1]. Two such calls on two threads,
+ *     each naming the other's handle, are the classic lock-order deadlock: a correct service
+ *     answers at least one of them GUILD_STATUS_ERR_BUSY. Without params it writes two zeros.
+ *
+ *   example.probe.device_copy  (impl example.service_probe.device_copy.cuda, CUDA backend)
+ *     Declared for host-blocking calls on device memory only. execute copies the rank-1 input
+ *     to the output with memcpy, as a provider that trusted the memory space would hand the
+ *     pointers to the device; tests use it to show that host memory never reaches it labelled
+ *     as device memory through the safe Rust face.
+ *
+ * All operations are op version 1.0.0, priority 1, no scratch.
  */
+#define _POSIX_C_SOURCE 200809L
+
 #include <guild/abi/module_abi.h>
 
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #define PROBE_COMPONENT "example.service_probe"
 #define PROBE_REENTER_ID "example.service_probe.reenter.cpu"
 #define PROBE_STREAM_ID "example.service_probe.stream_copy.cuda"
+#define PROBE_CROSS_ID "example.service_probe.cross.cpu"
+#define PROBE_DEVICE_ID "example.service_probe.device_copy.cuda"
 
 /* What example.probe.reenter reads from args->params. */
 typedef struct probe_params_t {
@@ -36,7 +56,19 @@ typedef struct probe_params_t {
     guild_op_handle_t* handle;
 } probe_params_t;
 
+/* What example.probe.cross reads from args->params. */
+typedef struct probe_cross_t {
+    uint32_t struct_size;
+    uint32_t reserved;
+    guild_op_handle_t* other;
+    const guild_execute_args_v1_t* other_args;
+    int* arrived;
+} probe_cross_t;
+
 static int probe_user_data;
+
+/* The service from this module's own host table, copied at init (zeroed when absent). */
+static guild_operation_service_v1_t probe_service;
 
 static guild_status_t probe_one_in_one_out(const guild_operation_query_v1_t* query, guild_error_info_t* error) {
     if (query == NULL || query->input_count != 1u || query->output_count != 1u || query->inputs == NULL ||
@@ -98,6 +130,38 @@ static guild_status_t reenter_execute(void* user_data, const guild_execute_args_
     return GUILD_STATUS_OK;
 }
 
+static guild_status_t cross_execute(void* user_data, const guild_execute_args_v1_t* args, guild_error_info_t* error) {
+    const probe_cross_t* params;
+    guild_error_info_t inner = GUILD_ERROR_INFO_INITIALIZER();
+    struct timespec pause;
+    int32_t* out;
+    int waited;
+    (void)user_data;
+    if (args == NULL || args->output_count != 1u || args->outputs == NULL || args->outputs[0].data == NULL) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, PROBE_COMPONENT, "no output");
+    }
+    out = (int32_t*)args->outputs[0].data;
+    out[0] = 0;
+    out[1] = 0;
+    if (args->params == NULL || args->params_size < sizeof(probe_cross_t)) {
+        return GUILD_STATUS_OK;
+    }
+    params = (const probe_cross_t*)args->params;
+    if (probe_service.execute == NULL || params->arrived == NULL) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, PROBE_COMPONENT,
+                                    "the host table carried no operation service");
+    }
+    __atomic_add_fetch(params->arrived, 1, __ATOMIC_SEQ_CST);
+    pause.tv_sec = 0;
+    pause.tv_nsec = 1000000L;
+    for (waited = 0; waited < 5000 && __atomic_load_n(params->arrived, __ATOMIC_SEQ_CST) < 2; ++waited) {
+        nanosleep(&pause, NULL);
+    }
+    out[0] = probe_service.execute(probe_service.user, params->other, params->other_args, &inner);
+    out[1] = 1;
+    return GUILD_STATUS_OK;
+}
+
 static guild_status_t stream_validate(void* user_data, const guild_operation_query_v1_t* query,
                                       guild_error_info_t* error) {
     guild_status_t status = probe_one_in_one_out(query, error);
@@ -124,6 +188,19 @@ static guild_status_t stream_execute(void* user_data, const guild_execute_args_v
                                     "stream_copy runs stream-ordered only");
     }
     /* The host checked the dtype against the contract; 4-byte elements are all tests use. */
+    bytes = (size_t)args->inputs[0].dims[0] * 4u;
+    memcpy(args->outputs[0].data, args->inputs[0].data, bytes);
+    return GUILD_STATUS_OK;
+}
+
+static guild_status_t device_copy_execute(void* user_data, const guild_execute_args_v1_t* args,
+                                          guild_error_info_t* error) {
+    size_t bytes;
+    (void)user_data;
+    if (args == NULL || args->input_count != 1u || args->output_count != 1u || args->inputs[0].data == NULL ||
+        args->outputs[0].data == NULL) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, PROBE_COMPONENT, "no tensors");
+    }
     bytes = (size_t)args->inputs[0].dims[0] * 4u;
     memcpy(args->outputs[0].data, args->inputs[0].data, bytes);
     return GUILD_STATUS_OK;
@@ -180,16 +257,33 @@ static guild_status_t probe_init(const guild_host_api_v1_t* host, void** plugin_
         return guild_error_info_set(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, PROBE_COMPONENT, "no host table");
     }
     *plugin_state = NULL;
+    memset(&probe_service, 0, sizeof probe_service);
+    if (host->struct_size >= sizeof(guild_host_api_v1_t) && host->operations != NULL &&
+        host->operations->struct_size >= sizeof(guild_operation_service_v1_t)) {
+        probe_service = *host->operations;
+    }
+    status = probe_register(host, PROBE_CROSS_ID, "example.probe.cross", GUILD_BACKEND_CPU, GUILD_DTYPE_I32,
+                            GUILD_MEMORY_HOST, GUILD_SYNC_BIT(GUILD_SYNC_HOST_BLOCKING),
+                            (uint32_t)GUILD_MAX_TENSOR_RANK, reenter_validate, cross_execute, error);
+    if (status != GUILD_STATUS_OK) {
+        return status;
+    }
     status = probe_register(host, PROBE_REENTER_ID, "example.probe.reenter", GUILD_BACKEND_CPU, GUILD_DTYPE_I32,
                             GUILD_MEMORY_HOST, GUILD_SYNC_BIT(GUILD_SYNC_HOST_BLOCKING),
                             (uint32_t)GUILD_MAX_TENSOR_RANK, reenter_validate, reenter_execute, error);
     if (status != GUILD_STATUS_OK) {
         return status;
     }
-    return probe_register(host, PROBE_STREAM_ID, "example.probe.stream_copy", GUILD_BACKEND_CUDA, GUILD_DTYPE_ANY,
-                          GUILD_MEMORY_HOST | GUILD_MEMORY_HOST_PINNED | GUILD_MEMORY_MANAGED,
-                          GUILD_SYNC_BIT(GUILD_SYNC_STREAM_ORDERED) | GUILD_SYNC_BIT(GUILD_SYNC_GRAPH_CAPTURABLE), 1u,
-                          stream_validate, stream_execute, error);
+    status = probe_register(host, PROBE_STREAM_ID, "example.probe.stream_copy", GUILD_BACKEND_CUDA,
+                            GUILD_DTYPE_ANY, GUILD_MEMORY_HOST | GUILD_MEMORY_HOST_PINNED | GUILD_MEMORY_MANAGED,
+                            GUILD_SYNC_BIT(GUILD_SYNC_STREAM_ORDERED) | GUILD_SYNC_BIT(GUILD_SYNC_GRAPH_CAPTURABLE),
+                            1u, stream_validate, stream_execute, error);
+    if (status != GUILD_STATUS_OK) {
+        return status;
+    }
+    return probe_register(host, PROBE_DEVICE_ID, "example.probe.device_copy", GUILD_BACKEND_CUDA, GUILD_DTYPE_ANY,
+                          GUILD_MEMORY_DEVICE, GUILD_SYNC_BIT(GUILD_SYNC_HOST_BLOCKING), 1u, stream_validate,
+                          device_copy_execute, error);
 }
 
 static void probe_shutdown(void* plugin_state) {

@@ -87,6 +87,9 @@ pub struct DlopenLibrary {
     pub(crate) shutdown: ShutdownFn,
     // Dropped after `Drop::drop` has run shutdown, so the code shutdown runs is still mapped.
     pub(crate) library: OpenLibrary,
+    /// The owner of the operation service table the plugin was given: dropped after the library
+    /// is closed (fields drop in order), so no code of the plugin can run without it.
+    pub(crate) _service: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 // SAFETY: the plugin state is opaque to Rust: it is never dereferenced, only passed back to the

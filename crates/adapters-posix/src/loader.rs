@@ -111,7 +111,7 @@ impl PluginLoader for DlopenLoader {
         let mut config = StagingConfig::new(request.host_abi);
         config.provided_ops = request.provided_ops.clone();
         config.provided_runners = request.provided_runners.clone();
-        config.operations = request.operations;
+        config.operations = request.operations.as_ref().map(|t| t.address);
         if let Some(sink) = &self.log {
             let sink = Arc::clone(sink);
             let package = request.package.clone();
@@ -135,6 +135,10 @@ impl PluginLoader for DlopenLoader {
             plugin_state,
             shutdown: plugin.shutdown,
             library,
+            _service: request
+                .operations
+                .as_ref()
+                .map(|t| Arc::clone(&t.keep_alive)),
         };
         let staged = staging.close();
         judge(request, status, &error, &staged).map_err(fail)?;

@@ -36,7 +36,7 @@ use guild_abi::{
 };
 use guild_domain::ids::{ImplId, RunnerId};
 use guild_domain::version::PackedVersion;
-use guild_ports::loader::{ExtensionRefusal, ServiceTable};
+use guild_ports::loader::ExtensionRefusal;
 
 use crate::owned::{OwnedKernel, OwnedRunner, Refusal};
 use crate::text::{fixed_buffer_text, write_error_record};
@@ -67,9 +67,10 @@ pub struct StagingConfig {
     pub provided_runners: Vec<RunnerId>,
     /// The Kernel ABI written into the table's `abi_version`.
     pub host_abi: PackedVersion,
-    /// The operation service for the table's optional tail. With `None` the table is an
+    /// The address of the operation service table for the host table's optional tail (its
+    /// owner is kept by the loaded library, not by the session). With `None` the table is an
     /// old-style one: `struct_size` stops before the tail.
-    pub operations: Option<ServiceTable>,
+    pub operations: Option<usize>,
     /// Where log records go; `None` drops them.
     pub log: Option<LogSink>,
 }
@@ -151,7 +152,7 @@ impl StagingHost {
             collected: Mutex::new(Collected::default()),
         });
         let (struct_size, operations) = match config.operations {
-            Some(ServiceTable(address)) => (
+            Some(address) => (
                 size_of::<guild_host_api_v1_t>(),
                 ptr::with_exposed_provenance::<guild_operation_service_v1_t>(address),
             ),

@@ -15,7 +15,7 @@ use guild_domain::lease::{Leased, QuiescentAction};
 use guild_domain::manifest::Metadata;
 use guild_domain::registry::RolledBack;
 use guild_domain::version::Version;
-use guild_ports::loader::{LoadRequest, LoadedPlugin, PluginLoader, ServiceTable};
+use guild_ports::loader::{LoadRequest, LoadedPlugin, PluginLoader};
 
 use crate::error::HostError;
 use crate::models::ModelRunnerRegistry;
@@ -303,12 +303,9 @@ impl Host {
             provided_ops: m.provided_ops.clone(),
             provided_runners: m.provided_runners.clone(),
             host_abi: self.packages.platform().kernel_abi,
-            // Every plugin gets the service through its host table's tail. The table lives in
-            // the registry, which outlives every library it holds (the registry drops its
-            // packages before its service).
-            operations: Some(ServiceTable(
-                std::ptr::from_ref(self.kernels.operation_api()).expose_provenance(),
-            )),
+            // Every plugin gets the service through its host table's tail; the library keeps
+            // the service's core alive until it is closed.
+            operations: Some(self.kernels.plugin_service()),
         };
         let plugin = self.loader.load(&request)?;
         // The manifest's backends are what operators read to know what hardware a package

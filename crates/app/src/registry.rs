@@ -381,9 +381,9 @@ pub struct KernelRegistry {
     /// Packages that left the registry while bindings still pointed into them; kept weakly to
     /// count their leases until the last binding goes.
     retired: Mutex<Vec<Retired>>,
-    /// The operation service over this registry; its C table's address is stable while the
-    /// registry lives. `None` only while the registry is being dropped.
-    service: Option<Box<ServiceCore>>,
+    /// The operation service over this registry. Every library loaded with its table keeps the
+    /// core alive too, so a plugin's late call finds it closed, never freed.
+    service: Arc<ServiceCore>,
 }
 
 impl fmt::Debug for KernelRegistry {
@@ -417,7 +417,7 @@ impl KernelRegistry {
     pub fn with_devices(devices: DeviceSupport) -> Self {
         let snapshot = Arc::new(ArcSwap::from_pointee(Snapshot::default()));
         KernelRegistry {
-            service: Some(ServiceCore::new(Arc::clone(&snapshot), devices)),
+            service: ServiceCore::new(Arc::clone(&snapshot), devices),
             snapshot,
             writer: Mutex::new(HashMap::new()),
             retired: Mutex::new(Vec::new()),
@@ -517,20 +517,26 @@ impl KernelRegistry {
     /// # }
     /// ```
     pub fn operation_api(&self) -> &guild_operation_service_v1_t {
-        &self.service().table
+        &self.service.runner_table
     }
 
     pub(crate) fn service(&self) -> &ServiceCore {
-        match &self.service {
-            Some(core) => core,
-            // Only `Drop` takes the core, and nothing can borrow the registry then.
-            None => unreachable!("the operation service is only taken while the registry drops"),
+        &self.service
+    }
+
+    /// The table a plugin loaded into this registry finds in its host table, with the owner the
+    /// loader keeps for as long as the library is loaded. Its calls never wait for a busy
+    /// handle: they are refused with `GUILD_STATUS_ERR_BUSY` instead.
+    pub(crate) fn plugin_service(&self) -> guild_ports::loader::ServiceTable {
+        guild_ports::loader::ServiceTable {
+            address: std::ptr::from_ref(&self.service.plugin_table).expose_provenance(),
+            keep_alive: Arc::clone(&self.service) as Arc<dyn std::any::Any + Send + Sync>,
         }
     }
 
-    /// C handles resolved through [`KernelRegistry::operation_api`] and not yet released.
+    /// C handles resolved through either C table and not yet released.
     pub fn live_c_handles(&self) -> usize {
-        self.service().live_c_handles.load(Ordering::Acquire)
+        self.service.handles.live()
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<PackageId, PackageEntry>> {
@@ -751,21 +757,15 @@ impl KernelRegistry {
 
 impl Drop for KernelRegistry {
     fn drop(&mut self) {
-        // Empty the registry first, so that plugins whose last reference is here shut down
-        // while the operation service they may have copied is still there.
+        // Close the service first: from now on either table answers GUILD_STATUS_ERR_STATE, also
+        // to a library that an escaped binding keeps loaded. C handles no call is using are
+        // released here (against the service's contract, they outlived the registry); one in
+        // use is released by its caller or with the core.
+        let orphans = self.service.close();
         let old = self.snapshot.swap(Arc::new(Snapshot::default()));
         let packages = std::mem::take(&mut *self.lock());
+        drop(orphans);
         drop(old);
         drop(packages);
-        let Some(core) = self.service.take() else {
-            return;
-        };
-        crate::operations::c_service::unregister_core(&core);
-        if core.live_c_handles.load(Ordering::Acquire) > 0 {
-            // C handles outlive their registry, against the service's contract. Their release
-            // still reads the core, so it is kept (a small, deliberate leak) instead of being
-            // freed under them; their libraries stay loaded through their bindings.
-            std::mem::forget(core);
-        }
     }
 }

@@ -23,11 +23,27 @@ use guild_domain::ids::{ImplId, OpName, PackageId, RunnerId};
 use guild_domain::operation::{Backend, OpCandidate};
 use guild_domain::version::{PackedVersion, Version};
 
-/// The address of the host's C operation service table (`guild_operation_service_v1_t`), which
-/// the loader puts into the optional tail of the host table it passes to `init`. The loader never
-/// dereferences it; the app guarantees that the table outlives every plugin loaded with it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ServiceTable(pub usize);
+/// The host's C operation service table (`guild_operation_service_v1_t`) for one plugin: its
+/// address, which the loader puts into the optional tail of the host table it passes to `init`,
+/// and the owner that keeps the table (and everything its entries reach) alive. The loader never
+/// dereferences the address; it keeps `keep_alive` for as long as the library stays loaded and
+/// drops it only after the library is closed, so that a plugin can call the table it copied
+/// from any of its threads, at any time, shutdown included.
+#[derive(Clone)]
+pub struct ServiceTable {
+    /// The table's address.
+    pub address: usize,
+    /// Keeps the table alive; held by the loaded library until after it is closed.
+    pub keep_alive: Arc<dyn Any + Send + Sync>,
+}
+
+impl fmt::Debug for ServiceTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServiceTable")
+            .field("address", &format_args!("{:#x}", self.address))
+            .finish_non_exhaustive()
+    }
+}
 
 /// What to load.
 #[derive(Debug, Clone)]

@@ -314,14 +314,20 @@ typedef struct guild_op_description_v1_t {
 /*
  * The operation service. Reached through guild_host_api_v1_t.operations (check the host table's
  * struct_size first, then this table's struct_size and version) and copied during init; the
- * copy stays usable, and `user` valid, until the host's registry is destroyed. Pass `user` as
- * the first argument of every call.
+ * copy stays callable, and `user` valid, for as long as the plugin's library is loaded: once the
+ * host's registry is destroyed every call answers GUILD_STATUS_ERR_STATE. Pass `user` as the
+ * first argument of every call.
  *
- * One handle serialises its own scratch and execute calls; different handles may be used from
- * different threads at once. Never release a handle while another call is using it (the host
- * refuses with GUILD_STATUS_ERR_BUSY when it sees one), and release every handle before shutdown
- * returns. An execute callback may resolve and execute other operations through the service; a
- * call back into the handle that is executing is refused with GUILD_STATUS_ERR_BUSY.
+ * A handle is an opaque number, not a pointer: a released, foreign or made-up handle is refused
+ * with GUILD_STATUS_ERR_INVALID_ARGUMENT. One handle serialises its own execute calls; different
+ * handles may be used from different threads at once. Through the table a plugin finds in its
+ * host table, an execute on a handle that another call is executing never waits: it is refused
+ * with GUILD_STATUS_ERR_BUSY (retry, or serialise your own threads), so that providers calling
+ * each other's handles cannot deadlock. A runner's own table waits its turn instead. A release
+ * while another call is using the handle is refused with GUILD_STATUS_ERR_BUSY and releases
+ * nothing. Release every handle before shutdown returns. An execute callback may resolve and
+ * execute other operations through the service; a call back into the handle that is executing
+ * is refused with GUILD_STATUS_ERR_BUSY.
  */
 typedef struct guild_operation_service_v1_t {
     /* sizeof(guild_operation_service_v1_t) as the host knows it. */
@@ -352,8 +358,9 @@ typedef struct guild_operation_service_v1_t {
      * Waits for stream work recorded on the handle, then drops it. The handle is gone after the
      * call whatever the status (a non-OK status reports a device error seen while waiting),
      * except GUILD_STATUS_ERR_BUSY: another call was still using the handle (for instance the
-     * provider's own execute calling back), and nothing was released. NULL is a no-op
-     * returning OK.
+     * provider's own execute calling back), and nothing was released, and
+     * GUILD_STATUS_ERR_INVALID_ARGUMENT: the handle was not live (already released, or never
+     * issued by this service), and nothing was touched. NULL is a no-op returning OK.
      */
     guild_status_t (*release)(void* user, guild_op_handle_t* handle, guild_error_info_t* error);
 } guild_operation_service_v1_t;

@@ -276,15 +276,31 @@ fn init_sees_the_operations_tail_only_when_the_host_offers_it() {
 
     let plain = request("good_kernel", &[RMS_NORM, PREFIX_SUM], &[RUNNER]);
     let mut with_service = plain.clone();
-    with_service.operations = Some(ServiceTable(
-        std::ptr::from_ref(&service).expose_provenance(),
-    ));
+    let owner: Arc<dyn std::any::Any + Send + Sync> = Arc::new(());
+    with_service.operations = Some(ServiceTable {
+        address: std::ptr::from_ref(&service).expose_provenance(),
+        keep_alive: Arc::clone(&owner),
+    });
     for request in [&plain, &with_service] {
         let plugin = loader
             .load(request)
             .unwrap_or_else(|e| panic!("good_kernel failed to load: {e}"));
+        if request.operations.is_some() {
+            // The request's copy, the test's, and the loaded library's.
+            assert_eq!(
+                Arc::strong_count(&owner),
+                3,
+                "a loaded library keeps the owner of the service table it was given"
+            );
+        }
         drop(plugin);
     }
+    drop(with_service);
+    assert_eq!(
+        Arc::strong_count(&owner),
+        1,
+        "the library lets go of the table's owner once it is closed"
+    );
 
     let expected = |size: usize, service: &str| {
         (

@@ -32,7 +32,6 @@ use guild_domain::operation::{
     SyncModeSet,
 };
 use guild_domain::version::PackedVersion;
-use guild_ports::loader::ServiceTable;
 
 use crate::support::guild_text;
 
@@ -1176,7 +1175,7 @@ fn a_panicking_log_sink_does_not_unwind_into_the_plugin() {
 fn the_table_has_the_operations_tail_only_when_a_service_is_offered() {
     let mut config = StagingConfig::new(PackedVersion::KERNEL_ABI_V1);
     let old = StagingHost::open(config.clone());
-    config.operations = Some(ServiceTable(0x1000));
+    config.operations = Some(0x1000);
     let new = StagingHost::open(config);
     // SAFETY: staging host tables stay valid for the life of the process.
     let (old_table, new_table) = unsafe { (&*old.table(), &*new.table()) };

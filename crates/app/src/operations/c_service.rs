@@ -10,16 +10,20 @@
 //! as the message buffer holds. No panic crosses back into C: each entry point catches one and
 //! reports `GUILD_STATUS_ERR_INTERNAL`.
 //!
-//! A handle is a heap record the caller owns until `release`. Each handle counts the calls in
-//! progress on it, so that `release` during a call is refused with `GUILD_STATUS_ERR_BUSY`
-//! (nothing is released) instead of freeing memory another thread is using.
+//! A handle is a number that names a slot of the core's handle table (see `handles`), never a
+//! pointer: a stale, doubly released or foreign handle is refused with
+//! `GUILD_STATUS_ERR_INVALID_ARGUMENT` without reading anything that is not live. The calls in
+//! progress on a handle are counted in the slot's gate, so that `release` during a call is
+//! refused with `GUILD_STATUS_ERR_BUSY` and releases nothing, decided by one atomic operation.
+//!
+//! The core has two tables. The one in-process runners get waits its turn when another thread's
+//! `execute` holds a handle; the one plugins find in their host table never waits: a call on a
+//! busy handle is refused with `GUILD_STATUS_ERR_BUSY`, so providers that call each other's
+//! handles from several threads cannot deadlock.
 
-use std::collections::HashSet;
 use std::ffi::{c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, PoisonError};
 
 use guild_abi::{
     guild_device_caps_v1_t, guild_error_info_t, guild_execute_args_v1_t, guild_op_description_v1_t,
@@ -40,6 +44,7 @@ use guild_domain::operation::{
 use guild_domain::version::PackedVersion;
 
 use super::core::{tensor_from_c, Call, Resolved, ServiceCore};
+use super::handles::{HandleName, Refused};
 use super::{ExecuteError, ResolveError};
 
 /// The component named in the error records the service itself writes.
@@ -52,10 +57,7 @@ pub const MAX_QUERY_TENSORS: usize = 1024;
 /// The most parameter bytes one query may carry.
 pub const MAX_PARAMS_BYTES: usize = 1 << 20;
 
-const HANDLE_TAG: u64 = u64::from_be_bytes(*b"guild.op");
-const RELEASED: u32 = 1 << 31;
-
-/// The table every registry's core starts from; the core fills in `user`.
+/// The table every core starts from; the core fills in `user`.
 pub(crate) fn table() -> guild_operation_service_v1_t {
     guild_operation_service_v1_t {
         struct_size: size_of::<guild_operation_service_v1_t>() as u32,
@@ -69,41 +71,106 @@ pub(crate) fn table() -> guild_operation_service_v1_t {
     }
 }
 
-/// The cores alive in this process, by address, so that `resolve` can refuse a `user` that no
-/// longer (or never did) name one instead of reading freed memory.
-static LIVE_CORES: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
-
-pub(crate) fn register_core(core: &ServiceCore) {
-    let mut live = LIVE_CORES.lock().unwrap_or_else(PoisonError::into_inner);
-    live.get_or_insert_with(HashSet::new)
-        .insert(core as *const ServiceCore as usize);
-}
-
-pub(crate) fn unregister_core(core: &ServiceCore) {
-    let mut live = LIVE_CORES.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(set) = live.as_mut() {
-        set.remove(&(core as *const ServiceCore as usize));
-    }
-}
-
-fn is_live_core(user: *mut c_void) -> bool {
-    let live = LIVE_CORES.lock().unwrap_or_else(PoisonError::into_inner);
-    live.as_ref()
-        .is_some_and(|set| set.contains(&(user as usize)))
-}
-
-/// What a C handle points at. `repr(C)` with the tag first, so that checking a caller's
-/// pointer reads only its first eight bytes.
-#[repr(C)]
-struct CHandle {
-    tag: u64,
-    core: *const ServiceCore,
-    /// Calls in progress, plus [`RELEASED`] once release has begun.
-    state: AtomicU32,
-    resolved: Resolved,
+/// A C handle's data, in its slot of the core's handle table.
+pub(crate) struct CHandle {
+    pub(crate) resolved: Resolved,
     impl_id: CString,
     package_id: CString,
     op_name: CString,
+}
+
+/// Which of the core's tables a call came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Face {
+    /// An in-process runner's: a busy handle is waited for.
+    Runner,
+    /// A plugin's, from its host table: a busy handle is refused.
+    Plugin,
+}
+
+/// The core and the face a table's `user` names.
+///
+/// # Safety
+/// `user` must be the `user` of a table of a core that is still alive. Every caller that can
+/// legally hold such a table keeps the core alive: the registry (and the runners that borrow
+/// its table from it), and every loaded library, whose loader keeps a reference to the core
+/// until the library is closed.
+unsafe fn core_of<'c>(user: *mut c_void) -> (&'c ServiceCore, Face) {
+    let face = if user as usize & 1 == 0 {
+        Face::Runner
+    } else {
+        Face::Plugin
+    };
+    let core = user.cast::<u8>().wrapping_sub(user as usize & 1);
+    // SAFETY: by the contract, the core's address (the low bit is the plugin table's mark).
+    (unsafe { &*core.cast::<ServiceCore>() }, face)
+}
+
+/// The core, refused with `GUILD_STATUS_ERR_STATE` once its registry is gone.
+///
+/// # Safety
+/// As for [`core_of`].
+unsafe fn open_core<'c>(
+    user: *mut c_void,
+    entry: &str,
+) -> Result<(&'c ServiceCore, Face), Failure> {
+    // SAFETY: the caller's contract.
+    let (core, face) = unsafe { core_of(user) };
+    if core.is_closed() {
+        return Err(Failure::new(
+            GUILD_STATUS_ERR_STATE,
+            format!("{entry}: the registry of this operation service was destroyed"),
+        ));
+    }
+    Ok((core, face))
+}
+
+/// The slot a caller's handle names, or why it names none of this core's.
+fn name_of(
+    core: &ServiceCore,
+    handle: *mut guild_op_handle_t,
+    entry: &str,
+) -> Result<HandleName, Failure> {
+    if handle.is_null() {
+        return Err(Failure::invalid(format!("{entry}: the handle is NULL")));
+    }
+    core.handles.decode(handle as usize as u64).ok_or_else(|| {
+        Failure::invalid(format!(
+            "{entry}: the handle was not issued by this operation service"
+        ))
+    })
+}
+
+/// The status and message of a handle the gate refused. Once the registry is gone, a handle that
+/// is no longer live may have been released with it, so that is what the caller is told.
+fn refused(core: &ServiceCore, entry: &str, why: Refused) -> Failure {
+    match why {
+        Refused::Stale if core.is_closed() => Failure::new(
+            GUILD_STATUS_ERR_STATE,
+            format!(
+                "{entry}: the registry of this operation service was destroyed, and its idle \
+                 handles were released with it"
+            ),
+        ),
+        Refused::Stale => Failure::invalid(format!(
+            "{entry}: the handle is not live (it was released, or never issued by this service)"
+        )),
+        Refused::Busy => Failure::new(
+            GUILD_STATUS_ERR_BUSY,
+            format!(
+                "{entry}: another call is using the handle (calls through a plugin's service \
+                 table never wait for one)"
+            ),
+        ),
+        Refused::Reentrant => Failure::new(
+            GUILD_STATUS_ERR_BUSY,
+            format!("{entry}: this thread is already inside a call on the handle"),
+        ),
+        Refused::InUse(calls) => Failure::new(
+            GUILD_STATUS_ERR_BUSY,
+            format!("{entry}: {calls} call(s) are using the handle; nothing was released"),
+        ),
+    }
 }
 
 /// A failure to report through the caller's error record.
@@ -145,63 +212,6 @@ fn guarded(
     failure.status
 }
 
-/// The handle behind a caller's pointer, after checking that it is one of `user`'s handles.
-///
-/// # Safety
-/// `handle` must be NULL or a pointer this service returned and that was not released.
-unsafe fn handle_ref<'h>(
-    user: *mut c_void,
-    handle: *mut guild_op_handle_t,
-    entry: &str,
-) -> Result<&'h CHandle, Failure> {
-    let h = handle.cast::<CHandle>();
-    if h.is_null() || !h.is_aligned() {
-        return Err(Failure::invalid(format!(
-            "{entry}: the handle is NULL or not one this service returned"
-        )));
-    }
-    // SAFETY: by the contract a non-NULL handle points at memory this service allocated; the
-    // tag is read on its own (the first field), before the rest is trusted.
-    let tag = unsafe { ptr::addr_of!((*h).tag).read() };
-    if tag != HANDLE_TAG {
-        return Err(Failure::invalid(format!(
-            "{entry}: the handle is not one this service returned (or it was released)"
-        )));
-    }
-    // SAFETY: the tag marks a live CHandle this service made (released ones have it cleared).
-    let h = unsafe { &*h };
-    if h.core != user.cast_const().cast() {
-        return Err(Failure::new(
-            GUILD_STATUS_ERR_STATE,
-            format!("{entry}: the handle belongs to another registry's service than `user`"),
-        ));
-    }
-    Ok(h)
-}
-
-/// Counts a call on `h` for its duration, refusing one on a handle being released.
-struct InCall<'h>(&'h CHandle);
-
-impl<'h> InCall<'h> {
-    fn enter(h: &'h CHandle, entry: &str) -> Result<Self, Failure> {
-        let previous = h.state.fetch_add(1, Ordering::Acquire);
-        if previous & RELEASED != 0 {
-            h.state.fetch_sub(1, Ordering::Release);
-            return Err(Failure::new(
-                GUILD_STATUS_ERR_STATE,
-                format!("{entry}: the handle is being released"),
-            ));
-        }
-        Ok(InCall(h))
-    }
-}
-
-impl Drop for InCall<'_> {
-    fn drop(&mut self) {
-        self.0.state.fetch_sub(1, Ordering::Release);
-    }
-}
-
 /// Checks a caller-provided output record's `struct_size`.
 ///
 /// # Safety
@@ -239,34 +249,38 @@ unsafe extern "C" fn service_resolve(
         }
         // SAFETY: checked non-NULL and aligned; the caller provides the slot for this call.
         unsafe { out_handle.write(ptr::null_mut()) };
-        if !is_live_core(user) {
-            return Err(Failure::new(
-                GUILD_STATUS_ERR_STATE,
-                "resolve: `user` is not a live operation service (was its registry destroyed?)",
-            ));
-        }
-        // SAFETY: `user` is the address of a registered core, and a core unregisters before it
-        // is freed; the registry outlives calls into its service by the service's contract.
-        let core = unsafe { &*user.cast::<ServiceCore>() };
+        // SAFETY: a table's `user`, whose core its holder keeps alive (the service's contract).
+        let (core, _) = unsafe { open_core(user, "resolve") }?;
         // SAFETY: the caller's query and everything it points at are valid for this call.
         let (spec, params) = unsafe { read_query(core, query) }?;
         let query = OpQuery::new(spec).map_err(|e| Failure::invalid(e.to_string()))?;
-        let resolved = core
-            .resolve(&query, params, false)
-            .map_err(resolve_failure)?;
+        let resolved = core.resolve(&query, params, false).map_err(|e| {
+            // A registry being destroyed empties its snapshot; say so rather than "not found".
+            if core.is_closed() {
+                Failure::new(
+                    GUILD_STATUS_ERR_STATE,
+                    "resolve: the registry of this operation service was destroyed",
+                )
+            } else {
+                resolve_failure(e)
+            }
+        })?;
         let c_string = |s: &str| CString::new(s).unwrap_or_default();
         let handle = Box::new(CHandle {
-            tag: HANDLE_TAG,
-            core,
-            state: AtomicU32::new(0),
             impl_id: c_string(resolved.candidate.impl_id.as_str()),
             package_id: c_string(resolved.binding.package().as_str()),
             op_name: c_string(resolved.candidate.op_name.as_str()),
             resolved,
         });
-        core.live_c_handles.fetch_add(1, Ordering::AcqRel);
-        // SAFETY: checked above; ownership of the box passes to the caller until release.
-        unsafe { out_handle.write(Box::into_raw(handle).cast()) };
+        let number = core.handles.insert(handle).map_err(|_| {
+            Failure::new(
+                GUILD_STATUS_ERR_OUT_OF_MEMORY,
+                "resolve: this service already holds the most live handles it can name",
+            )
+        })?;
+        // SAFETY: checked above; the handle is the caller's until it releases it. Its value is
+        // a number, not an address: nothing but this service ever reads through it.
+        unsafe { out_handle.write(ptr::without_provenance_mut(number as usize)) };
         Ok(())
     })
 }
@@ -515,32 +529,36 @@ unsafe extern "C" fn service_describe(
     error: *mut guild_error_info_t,
 ) -> guild_status_t {
     guarded(error, "describe", || {
-        // SAFETY: NULL or a live handle by the contract; checked inside.
-        let h = unsafe { handle_ref(user, handle, "describe") }?;
-        let _call = InCall::enter(h, "describe")?;
+        // SAFETY: a table's `user`, whose core its holder keeps alive (the service's contract).
+        let (core, _) = unsafe { open_core(user, "describe") }?;
+        let name = name_of(core, handle, "describe")?;
         // SAFETY: NULL or the caller's record with its size set; checked inside.
         unsafe { check_out_record(out_description, "describe: out_description") }?;
-        let r = &h.resolved;
-        let d = super::describe(r);
-        let operation = r
-            .kernel
-            .operation()
-            .map_or(ptr::null(), |op| op as *const _);
-        // SAFETY: checked non-NULL, aligned and large enough; only this version's fields are
-        // written, so a larger record from a newer caller keeps its tail.
-        unsafe {
-            let out = &mut *out_description;
-            out.op_version = d.op_version.raw();
-            out.impl_id = h.impl_id.as_ptr();
-            out.package_id = h.package_id.as_ptr();
-            out.op_name = h.op_name.as_ptr();
-            out.backend = d.backend.bit();
-            out.sync_mode = d.sync_mode.raw();
-            out.scratch = scratch_record(r);
-            out.kernel_desc = r.kernel.descriptor();
-            out.operation = operation;
-        }
-        Ok(())
+        core.handles
+            .with_shared(name, |h| {
+                let r = &h.resolved;
+                let d = super::describe(r);
+                let operation = r
+                    .kernel
+                    .operation()
+                    .map_or(ptr::null(), |op| op as *const _);
+                // SAFETY: checked non-NULL, aligned and large enough; only this version's
+                // fields are written, so a larger record from a newer caller keeps its tail.
+                // The strings live in the handle until it is released.
+                unsafe {
+                    let out = &mut *out_description;
+                    out.op_version = d.op_version.raw();
+                    out.impl_id = h.impl_id.as_ptr();
+                    out.package_id = h.package_id.as_ptr();
+                    out.op_name = h.op_name.as_ptr();
+                    out.backend = d.backend.bit();
+                    out.sync_mode = d.sync_mode.raw();
+                    out.scratch = scratch_record(r);
+                    out.kernel_desc = r.kernel.descriptor();
+                    out.operation = operation;
+                }
+            })
+            .map_err(|why| refused(core, "describe", why))
     })
 }
 
@@ -560,12 +578,15 @@ unsafe extern "C" fn service_scratch(
     error: *mut guild_error_info_t,
 ) -> guild_status_t {
     guarded(error, "scratch", || {
-        // SAFETY: NULL or a live handle by the contract; checked inside.
-        let h = unsafe { handle_ref(user, handle, "scratch") }?;
-        let _call = InCall::enter(h, "scratch")?;
+        // SAFETY: a table's `user`, whose core its holder keeps alive (the service's contract).
+        let (core, _) = unsafe { open_core(user, "scratch") }?;
+        let name = name_of(core, handle, "scratch")?;
         // SAFETY: NULL or the caller's record with its size set; checked inside.
         unsafe { check_out_record(out_scratch, "scratch: out_scratch") }?;
-        let record = scratch_record(&h.resolved);
+        let record = core
+            .handles
+            .with_shared(name, |h| scratch_record(&h.resolved))
+            .map_err(|why| refused(core, "scratch", why))?;
         // SAFETY: checked non-NULL, aligned and large enough; the caller keeps its own size.
         unsafe {
             let out = &mut *out_scratch;
@@ -595,9 +616,9 @@ unsafe extern "C" fn service_execute(
     let mut local: Option<guild_error_info_t> = None;
     let mut provider_status = None;
     let status = guarded(error, "execute", || {
-        // SAFETY: NULL or a live handle by the contract; checked inside.
-        let h = unsafe { handle_ref(user, handle, "execute") }?;
-        let _call = InCall::enter(h, "execute")?;
+        // SAFETY: a table's `user`, whose core its holder keeps alive (the service's contract).
+        let (core, face) = unsafe { open_core(user, "execute") }?;
+        let name = name_of(core, handle, "execute")?;
         if args.is_null() || !args.is_aligned() {
             return Err(Failure::invalid("execute: args is NULL or misaligned"));
         }
@@ -636,27 +657,33 @@ unsafe extern "C" fn service_execute(
             Some(record) => unsafe { &mut *record },
             None => local.insert(guild_error_info_t::new()),
         };
-        match h.resolved.execute(&call, record) {
-            Ok(()) => Ok(()),
-            Err(ExecuteError::Provider(refusal)) => {
-                provider_status = Some(refusal.status);
-                // The provider reported into the record itself; make sure it says who failed
-                // and with which status, as a provider may leave it empty.
-                if record.message[0] == 0 {
-                    return Err(Failure::new(
-                        refusal.status,
-                        format!(
-                            "{} failed with {} and no message",
-                            h.resolved.candidate.impl_id,
-                            status_name(refusal.status)
-                        ),
-                    ));
+        core.handles
+            .with_running(name, face == Face::Runner, |h, running| {
+                // SAFETY: `running` is the exclusivity of this very handle's gate; the record is
+                // the caller's (or a local), not one of the handle's cells.
+                match unsafe { h.resolved.execute(running, &call, false, record) } {
+                    Ok(()) => Ok(()),
+                    Err(ExecuteError::Provider(refusal)) => {
+                        provider_status = Some(refusal.status);
+                        // The provider reported into the record itself; make sure it says who
+                        // failed and with which status, as a provider may leave it empty.
+                        if record.message[0] == 0 {
+                            return Err(Failure::new(
+                                refusal.status,
+                                format!(
+                                    "{} failed with {} and no message",
+                                    h.resolved.candidate.impl_id,
+                                    status_name(refusal.status)
+                                ),
+                            ));
+                        }
+                        record.status = refusal.status;
+                        Ok(())
+                    }
+                    Err(e) => Err(execute_failure(e)),
                 }
-                record.status = refusal.status;
-                Ok(())
-            }
-            Err(e) => Err(execute_failure(e)),
-        }
+            })
+            .map_err(|why| refused(core, "execute", why))?
     });
     match provider_status {
         Some(s) if status == GUILD_STATUS_OK => s,
@@ -726,32 +753,16 @@ unsafe extern "C" fn service_release(
         if handle.is_null() {
             return Ok(());
         }
-        // SAFETY: a live handle by the contract; checked inside.
-        let h = unsafe { handle_ref(user, handle, "release") }?;
-        if let Err(busy) =
-            h.state
-                .compare_exchange(0, RELEASED, Ordering::AcqRel, Ordering::Acquire)
-        {
-            return Err(Failure::new(
-                GUILD_STATUS_ERR_BUSY,
-                format!(
-                    "release: {} call(s) are using the handle; nothing was released",
-                    busy & !RELEASED
-                ),
-            ));
-        }
-        let waited = h.resolved.finish();
-        // SAFETY: the handle is marked released with no call in progress, so this thread owns
-        // it; it was made by Box::into_raw in resolve. The tag is cleared so that a second
-        // release of the same pointer is likelier to be caught than to free twice.
-        let mut boxed = unsafe { Box::from_raw(handle.cast::<CHandle>()) };
-        // SAFETY: a plain write to a field of the box this thread owns; volatile so that it is
-        // not elided as a dead store before the free.
-        unsafe { ptr::write_volatile(&mut boxed.tag, 0) };
-        // SAFETY: `h.core` is the live core that made the handle (checked against `user`).
-        let core = unsafe { &*boxed.core };
+        // SAFETY: a table's `user`, whose core its holder keeps alive (the service's contract).
+        // A closed core still lets go of what it is given.
+        let (core, _) = unsafe { core_of(user) };
+        let name = name_of(core, handle, "release")?;
+        let mut boxed = core
+            .handles
+            .remove(name)
+            .map_err(|why| refused(core, "release", why))?;
+        let waited = boxed.resolved.finish();
         drop(boxed);
-        core.live_c_handles.fetch_sub(1, Ordering::AcqRel);
         waited.map_err(|e| {
             Failure::new(
                 GUILD_STATUS_ERR_DEVICE,

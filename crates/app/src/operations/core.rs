@@ -9,11 +9,11 @@
 //! on either.
 
 use std::borrow::Cow;
-use std::cell::{Cell, RefCell};
+use std::cell::{RefCell, UnsafeCell};
 use std::ffi::{c_void, CString};
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use guild_abi::{
@@ -32,6 +32,7 @@ use guild_domain::operation::{
 };
 use guild_ports::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
 
+use super::handles::{HandleTable, Running};
 use super::{ExecuteError, ResolveError, Scratch};
 use crate::registry::{KernelBinding, OperationCandidates, Snapshot, StoredOp};
 
@@ -95,17 +96,32 @@ impl DeviceSupport {
 // The service core
 // ---------------------------------------------------------------------------------------------
 
-/// The state the operation service works from, owned by the kernel registry. The C table lives
-/// inside it and its `user` points at it, so the core is boxed and never moves.
+/// The state the operation service works from. The kernel registry owns one reference; every
+/// library loaded with its table owns another (the loader keeps it until the library is
+/// closed), so the core, and the two C tables inside it, outlive every caller that can reach
+/// them. A registry that is gone leaves its core [closed](ServiceCore::close): every entry then
+/// answers `GUILD_STATUS_ERR_STATE`.
 pub(crate) struct ServiceCore {
+    /// Never reused within the process; its low bits are part of every C handle's number.
+    pub(crate) id: u64,
     snapshot: Arc<ArcSwap<Snapshot>>,
     pub(crate) devices: DeviceSupport,
-    pub(crate) table: guild_operation_service_v1_t,
-    /// C handles resolved and not yet released.
-    pub(crate) live_c_handles: AtomicUsize,
+    /// The table in-process runners use: a call on a handle that another call holds waits its
+    /// turn. `user` is the core's address.
+    pub(crate) runner_table: guild_operation_service_v1_t,
+    /// The table plugins get through their host table: a call on a busy handle is refused with
+    /// `GUILD_STATUS_ERR_BUSY`, on any thread, so that providers calling each other's handles
+    /// can never deadlock. `user` is the core's address with its lowest bit set.
+    pub(crate) plugin_table: guild_operation_service_v1_t,
+    closed: AtomicBool,
+    /// The C handles resolved and not yet released.
+    pub(crate) handles: HandleTable<super::c_service::CHandle>,
 }
 
-// SAFETY: the table is written once, in `ServiceCore::new`, before the core is shared; its
+/// The next core's id.
+static NEXT_CORE_ID: AtomicU64 = AtomicU64::new(1);
+
+// SAFETY: the tables are written once, in `ServiceCore::new`, before the core is shared; their
 // pointers are the core's own address and `extern "C"` functions, which any thread may use.
 // Everything else in the core is Send + Sync.
 unsafe impl Send for ServiceCore {}
@@ -115,27 +131,47 @@ unsafe impl Sync for ServiceCore {}
 impl fmt::Debug for ServiceCore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ServiceCore")
+            .field("id", &self.id)
             .field("devices", &self.devices)
-            .field(
-                "live_c_handles",
-                &self.live_c_handles.load(Ordering::Relaxed),
-            )
+            .field("closed", &self.is_closed())
+            .field("handles", &self.handles)
             .finish_non_exhaustive()
     }
 }
 
 impl ServiceCore {
-    pub(crate) fn new(snapshot: Arc<ArcSwap<Snapshot>>, devices: DeviceSupport) -> Box<Self> {
-        let mut core = Box::new(ServiceCore {
-            snapshot,
-            devices,
-            table: super::c_service::table(),
-            live_c_handles: AtomicUsize::new(0),
-        });
-        let user: *mut ServiceCore = &mut *core;
-        core.table.user = user.cast();
-        super::c_service::register_core(&core);
-        core
+    pub(crate) fn new(snapshot: Arc<ArcSwap<Snapshot>>, devices: DeviceSupport) -> Arc<Self> {
+        let id = NEXT_CORE_ID.fetch_add(1, Ordering::Relaxed);
+        Arc::new_cyclic(|core: &std::sync::Weak<ServiceCore>| {
+            let user: *mut c_void = core.as_ptr().cast_mut().cast();
+            let mut runner_table = super::c_service::table();
+            runner_table.user = user;
+            let mut plugin_table = super::c_service::table();
+            plugin_table.user = user.cast::<u8>().wrapping_add(1).cast();
+            ServiceCore {
+                id,
+                snapshot,
+                devices,
+                runner_table,
+                plugin_table,
+                closed: AtomicBool::new(false),
+                handles: HandleTable::new(id),
+            }
+        })
+    }
+
+    /// Marks the core's registry as gone: from now on every entry of either table answers
+    /// `GUILD_STATUS_ERR_STATE` (release still lets go of what it is given). Returns the C
+    /// handles that no call is using, for the registry to drop; the rest are dropped by the
+    /// core itself when its last owner lets go of it.
+    #[allow(clippy::vec_box)] // Each handle was boxed into its slot; they are dropped as they are.
+    pub(crate) fn close(&self) -> Vec<Box<super::c_service::CHandle>> {
+        self.closed.store(true, Ordering::Release);
+        self.handles.drain_idle()
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 
     /// The device record a query without one resolves against: device 0.
@@ -227,10 +263,18 @@ impl ServiceCore {
         // between, this handle keeps the version it negotiated (and its library) alive, which is
         // exactly what was validated.
         let binding = KernelBinding::new(Arc::clone(stored));
+        let data_alignment = candidate.min_alignment.max(1);
+        let host_only = spec
+            .inputs
+            .iter()
+            .chain(&spec.outputs)
+            .all(|t| t.memory_space == MemorySpace::Host);
         Ok(Resolved {
             kernel,
             binding,
-            data_alignment: candidate.min_alignment.max(1),
+            data_alignment,
+            alignment_mask: data_alignment.is_power_of_two().then(|| data_alignment - 1),
+            host_only,
             candidate,
             scratch: Scratch {
                 host_bytes: choice.scratch.host_bytes,
@@ -247,8 +291,8 @@ impl ServiceCore {
             device_id: spec.device.device_id,
             passed_over,
             streams,
-            calls: Mutex::new(Calls::default()),
-            owner: AtomicUsize::new(0),
+            marks: UnsafeCell::new(Vec::new()),
+            error: UnsafeCell::new(guild_error_info_t::new()),
         })
     }
 }
@@ -536,12 +580,6 @@ impl Negotiator for CNegotiator<'_> {
 // A resolved operation
 // ---------------------------------------------------------------------------------------------
 
-/// What a handle's calls share: the newest work mark per stream, for release to wait on.
-#[derive(Default)]
-struct Calls {
-    marks: Vec<Box<dyn WorkMark>>,
-}
-
 /// One negotiated contract with one provider: what both faces' handles hold.
 pub(crate) struct Resolved {
     pub(crate) binding: KernelBinding,
@@ -557,16 +595,28 @@ pub(crate) struct Resolved {
     output_shapes: Vec<Shape>,
     /// The provider's required data alignment in bytes (at least 1).
     data_alignment: u64,
+    /// `data_alignment - 1` when it is a power of two, which it nearly always is.
+    alignment_mask: Option<u64>,
+    /// Whether every negotiated tensor is in pageable host memory, the only memory a Rust
+    /// slice can vouch for.
+    pub(crate) host_only: bool,
     pub(crate) sync_mode: SyncMode,
     pub(crate) device_id: i32,
     /// Every other candidate of the operation and why it was not chosen (Rust face only).
     pub(crate) passed_over: Vec<PassedOver>,
     streams: Option<Arc<dyn StreamEvents>>,
-    /// Serialises this handle's calls and holds its stream marks.
-    calls: Mutex<Calls>,
-    /// The thread inside a call on this handle (see [`thread_token`]); 0 when none.
-    owner: AtomicUsize,
+    /// The newest work mark per stream, for release to wait on. Touched only by the call that
+    /// holds the handle's execute exclusivity, or through `&mut self`.
+    marks: UnsafeCell<Vec<Box<dyn WorkMark>>>,
+    /// The error record the Rust face lends providers, reused call after call. Touched only
+    /// under the same exclusivity.
+    pub(crate) error: UnsafeCell<guild_error_info_t>,
 }
+
+// SAFETY: the cells are only touched by the one thread holding the handle's execute
+// exclusivity (a `Running` of the handle's gate, see `Resolved::execute`) or through `&mut
+// self`; everything else is immutable after resolution or Send + Sync itself.
+unsafe impl Sync for Resolved {}
 
 /// One call's arguments in C form; the pointers are the caller's and are checked by
 /// [`Resolved::execute`] before the provider sees them.
@@ -584,58 +634,36 @@ pub(crate) struct Call<'a> {
     pub(crate) params_size: usize,
 }
 
-thread_local! {
-    static TOKEN: Cell<u8> = const { Cell::new(0) };
-}
-
-/// A number that identifies the calling thread while it lives: the address of a thread-local.
-fn thread_token() -> usize {
-    TOKEN.with(|t| t as *const Cell<u8> as usize)
-}
-
-/// The handle's call lock, marked with the thread that holds it.
-struct CallGuard<'h> {
-    guard: MutexGuard<'h, Calls>,
-    owner: &'h AtomicUsize,
-}
-
-impl Drop for CallGuard<'_> {
-    fn drop(&mut self) {
-        self.owner.store(0, Ordering::Relaxed);
-    }
-}
-
 impl Resolved {
-    /// Takes the handle's call lock. A thread that already holds it (a provider calling back
-    /// into its own handle) is refused instead of deadlocking.
-    fn lock_calls(&self) -> Result<CallGuard<'_>, ExecuteError> {
-        let me = thread_token();
-        let guard = match self.calls.try_lock() {
-            Ok(guard) => guard,
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => {
-                if self.owner.load(Ordering::Relaxed) == me {
-                    return Err(ExecuteError::Reentrant);
-                }
-                self.calls.lock().unwrap_or_else(|e| e.into_inner())
-            }
-        };
-        self.owner.store(me, Ordering::Relaxed);
-        Ok(CallGuard {
-            guard,
-            owner: &self.owner,
-        })
-    }
-
-    /// Checks one call against the negotiated contract and runs the provider. `error` receives
-    /// the provider's own report when it fails.
-    pub(crate) fn execute(
+    /// Checks one call against the negotiated contract and runs the provider. `error`
+    /// receives the provider's own report when it fails. `shapes_checked` says that the
+    /// caller built the tensors from the negotiated descriptors (the Rust face), so only their
+    /// data addresses are new.
+    ///
+    /// # Safety
+    /// `running` must be the execute exclusivity of the gate of the handle that owns `self`
+    /// (the C slot's, or the Rust handle's own), so that no other call touches the handle's
+    /// cells; `error` must not be one of those cells unless the caller holds `running` for it.
+    pub(crate) unsafe fn execute(
         &self,
+        running: &Running<'_>,
         call: &Call<'_>,
+        shapes_checked: bool,
         error: &mut guild_error_info_t,
     ) -> Result<(), ExecuteError> {
-        self.check_tensors(TensorRole::Input, &self.input_shapes, call.inputs)?;
-        self.check_tensors(TensorRole::Output, &self.output_shapes, call.outputs)?;
+        let _ = running;
+        self.check_tensors(
+            TensorRole::Input,
+            &self.input_shapes,
+            call.inputs,
+            shapes_checked,
+        )?;
+        self.check_tensors(
+            TensorRole::Output,
+            &self.output_shapes,
+            call.outputs,
+            shapes_checked,
+        )?;
         let got = SyncMode::from_raw(call.sync_mode);
         if got != Some(self.sync_mode) {
             return Err(ExecuteError::SyncMode {
@@ -695,29 +723,29 @@ impl Resolved {
             params: call.params,
             params_size: call.params_size,
         };
-        let mut calls = self.lock_calls()?;
         // SAFETY: the provider's library stays loaded while `self.binding` lives, and `op` is
         // its owned GOP1 copy with the user_data it registered. Every tensor was checked against
         // the negotiated contract above (shape, strides, dtype, memory space, device, non-NULL
         // and aligned data); the caller of this function guarantees that each data pointer and
         // the scratch buffers address live memory of the checked extents for the call (the Rust
-        // face through its borrows, the C face by the service's contract). The handle's lock
-        // serialises calls on it.
+        // face through its borrows, the C face by the service's contract). `running` makes this
+        // the handle's only call in progress.
         let status = unsafe { execute(op.user_data, &args, error) };
         if let Some(streams) = &self.streams {
+            // SAFETY: `running` gives this call the handle's cells to itself (the contract).
+            let marks = unsafe { &mut *self.marks.get() };
             // Record even after a failure: part of the work may already be enqueued.
             let stream = StreamRef(call.stream as usize);
             match streams.record(call.device_id, stream) {
                 Ok(Some(mark)) => {
-                    calls.guard.marks.retain(|m| m.stream() != stream);
-                    calls.guard.marks.push(mark);
+                    marks.retain(|m| m.stream() != stream);
+                    marks.push(mark);
                 }
                 Ok(None) => {}
                 Err(e) if status == GUILD_STATUS_OK => return Err(ExecuteError::Stream(e)),
                 Err(_) => {}
             }
         }
-        drop(calls);
         if status == GUILD_STATUS_OK {
             Ok(())
         } else {
@@ -729,14 +757,16 @@ impl Resolved {
     }
 
     /// Checks the caller's tensors against the negotiated ones: the same shape, strides,
-    /// dtype, memory space and device, and data present and aligned as the contract requires.
-    /// Everything else the contract says was checked once, at resolution, against these very
-    /// shapes; only the data pointers are new.
+    /// dtype, memory space and device (unless `shapes_checked`), and data present and aligned
+    /// as the contract requires. Everything else the contract says was checked once, at
+    /// resolution, against these very shapes; only the data pointers are new.
+    #[inline]
     fn check_tensors(
         &self,
         role: TensorRole,
         negotiated: &[Shape],
         given: &[guild_tensor_desc_v1_t],
+        shapes_checked: bool,
     ) -> Result<(), ExecuteError> {
         if given.len() != negotiated.len() {
             return Err(ExecuteError::Arity {
@@ -746,25 +776,34 @@ impl Resolved {
             });
         }
         for (index, (t, expected)) in given.iter().zip(negotiated).enumerate() {
-            let tensor = TensorRef { role, index };
-            if !expected.matches(t) {
-                return Err(self.mismatch(tensor, t));
+            if !shapes_checked && !expected.matches(t) {
+                return Err(self.mismatch(TensorRef { role, index }, t));
             }
             let address = t.data as usize as u64;
-            if address == 0 {
-                return Err(ExecuteError::NullData { tensor });
-            }
-            if !address.is_multiple_of(self.data_alignment) {
-                return Err(ExecuteError::Contract {
-                    rejection: Rejection::Misaligned {
-                        tensor,
-                        address,
-                        required: self.data_alignment,
-                    },
-                });
+            let aligned = match self.alignment_mask {
+                Some(mask) => address & mask == 0,
+                None => address.is_multiple_of(self.data_alignment),
+            };
+            if address == 0 || !aligned {
+                return Err(self.bad_address(TensorRef { role, index }, address));
             }
         }
         Ok(())
+    }
+
+    /// The error for a NULL or misaligned data address.
+    #[cold]
+    fn bad_address(&self, tensor: TensorRef, address: u64) -> ExecuteError {
+        if address == 0 {
+            return ExecuteError::NullData { tensor };
+        }
+        ExecuteError::Contract {
+            rejection: Rejection::Misaligned {
+                tensor,
+                address,
+                required: self.data_alignment,
+            },
+        }
     }
 
     /// The error for a caller's tensor that is not the negotiated one.
@@ -797,11 +836,8 @@ impl Resolved {
 
     /// Waits for the stream work this handle recorded; afterwards nothing recorded is pending.
     /// The first device error is reported, after every mark has been waited for.
-    pub(crate) fn finish(&self) -> Result<(), DeviceError> {
-        let marks = {
-            let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
-            std::mem::take(&mut calls.marks)
-        };
+    pub(crate) fn finish(&mut self) -> Result<(), DeviceError> {
+        let marks = std::mem::take(self.marks.get_mut());
         let mut first = Ok(());
         for mark in marks {
             if let Err(e) = mark.wait() {

@@ -73,22 +73,26 @@
 
 pub mod c_service;
 pub(crate) mod core;
+mod handles;
 
 use std::ffi::c_void;
 use std::fmt;
 use std::marker::PhantomData;
+use std::mem::MaybeUninit;
 
-use guild_abi::{guild_error_info_t, guild_stream_t};
+use guild_abi::guild_stream_t;
 use guild_domain::ids::{ImplId, OpName, PackageId};
 use guild_domain::operation::{
-    Backend, Budget, Capabilities, DType, DeviceCaps, Numerics, OpQuery, ProviderRefusal,
-    QueryError, QuerySpec, Rejection, ResolveFailure, SyncMode, TensorDesc, TensorRef, TensorRole,
+    Backend, Budget, Capabilities, DType, DeviceCaps, MemorySpace, Numerics, OpQuery,
+    ProviderRefusal, QueryError, QuerySpec, Rejection, ResolveFailure, SyncMode, TensorDesc,
+    TensorRef, TensorRole,
 };
 use guild_domain::version::{PackedVersion, Version};
 use guild_ports::device::{DeviceError, StreamRef};
 
 use self::core::{c_tensor, Call, Resolved};
 pub use self::core::{DeviceSupport, PassReason, PassedOver};
+use self::handles::{Gate, Refused};
 use crate::registry::{KernelBinding, KernelRegistry};
 
 // ---------------------------------------------------------------------------------------------
@@ -258,6 +262,7 @@ impl<'r> OperationService<'r> {
         let resolved = self.registry.service().resolve(&query, params, true)?;
         Ok(OpHandle {
             resolved,
+            gate: Gate::live(),
             _registry: PhantomData,
         })
     }
@@ -322,6 +327,8 @@ fn describe(r: &Resolved) -> OpDescription<'_> {
 /// (on the CPU there is none: every execute has returned), then releases the binding.
 pub struct OpHandle<'r> {
     resolved: Resolved,
+    /// Serialises the handle's calls (the C face keeps the same gate in the handle's slot).
+    gate: Gate,
     _registry: PhantomData<&'r KernelRegistry>,
 }
 
@@ -369,7 +376,7 @@ impl OpHandle<'_> {
 
     /// Releases the handle, reporting a device error seen while waiting for its recorded
     /// stream work (dropping it waits the same way but cannot report).
-    pub fn release(self) -> Result<(), DeviceError> {
+    pub fn release(mut self) -> Result<(), DeviceError> {
         self.resolved.finish()
     }
 
@@ -413,6 +420,10 @@ impl OpHandle<'_> {
                 resolved: r.sync_mode,
                 got: SyncMode::HostBlocking.raw(),
             });
+        }
+        if !r.host_only {
+            // A slice is host memory; a provider told otherwise would hand it to a device.
+            return Err(not_host_memory(r));
         }
         // Every data pointer addresses a live Rust buffer of at least the tensor's byte extent
         // (checked in `run`), borrowed for this call by the arguments.
@@ -512,8 +523,8 @@ impl OpHandle<'_> {
             _ => (std::ptr::null_mut(), 0),
         };
         let call = Call {
-            inputs: &c_inputs,
-            outputs: &c_outputs,
+            inputs: c_inputs.as_slice(),
+            outputs: c_outputs.as_slice(),
             scratch_host,
             scratch_host_size: u64::try_from(scratch_len).unwrap_or(u64::MAX),
             scratch_device,
@@ -528,7 +539,90 @@ impl OpHandle<'_> {
             },
             params_size: params.len(),
         };
-        r.execute(&call, &mut guild_error_info_t::new())
+        let running = self.gate.enter_run(0, true).map_err(|why| match why {
+            Refused::Reentrant => ExecuteError::Reentrant,
+            // A Rust handle is live for as long as it exists and its callers wait their turn.
+            Refused::Stale | Refused::Busy | Refused::InUse(_) => ExecuteError::Reentrant,
+        })?;
+        // SAFETY: `running` gives this call the handle's cells, the error record among them.
+        let error = unsafe { &mut *r.error.get() };
+        error.status = guild_abi::GUILD_STATUS_OK;
+        error.component[0] = 0;
+        error.message[0] = 0;
+        // SAFETY: `running` is this handle's own gate's exclusivity, and `error` is the cell it
+        // grants; the tensors were built from the negotiated descriptors by `check_buffers`.
+        unsafe { r.execute(&running, &call, true, error) }
+    }
+}
+
+/// The error for slices passed to a handle negotiated for memory a slice cannot stand for.
+#[cold]
+fn not_host_memory(r: &Resolved) -> ExecuteError {
+    let roles = [
+        (TensorRole::Input, &r.inputs),
+        (TensorRole::Output, &r.outputs),
+    ];
+    for (role, tensors) in roles {
+        if let Some((index, t)) = tensors
+            .iter()
+            .enumerate()
+            .find(|(_, t)| t.memory_space != MemorySpace::Host)
+        {
+            return ExecuteError::NotHostMemory {
+                tensor: TensorRef { role, index },
+                space: t.memory_space,
+            };
+        }
+    }
+    ExecuteError::NotHostMemory {
+        tensor: TensorRef {
+            role: TensorRole::Input,
+            index: 0,
+        },
+        space: MemorySpace::Device,
+    }
+}
+
+/// The C tensors of one call: on the stack for up to [`INLINE_TENSORS`] of them, so that the
+/// common call allocates nothing.
+struct CTensors {
+    len: usize,
+    inline: [MaybeUninit<guild_abi::guild_tensor_desc_v1_t>; INLINE_TENSORS],
+    spilled: Vec<guild_abi::guild_tensor_desc_v1_t>,
+}
+
+/// How many tensors per side a call passes without allocating.
+const INLINE_TENSORS: usize = 8;
+
+impl CTensors {
+    fn new(len: usize) -> Self {
+        CTensors {
+            len: 0,
+            inline: [const { MaybeUninit::uninit() }; INLINE_TENSORS],
+            spilled: if len > INLINE_TENSORS {
+                Vec::with_capacity(len)
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    fn push(&mut self, t: guild_abi::guild_tensor_desc_v1_t) {
+        if self.spilled.capacity() > 0 {
+            self.spilled.push(t);
+        } else if let Some(slot) = self.inline.get_mut(self.len) {
+            slot.write(t);
+            self.len += 1;
+        }
+    }
+
+    fn as_slice(&self) -> &[guild_abi::guild_tensor_desc_v1_t] {
+        if self.spilled.capacity() > 0 {
+            return &self.spilled;
+        }
+        // SAFETY: the first `len` inline entries were written by `push` (and the descriptor is
+        // plain data with no drop glue, so never dropping them is fine).
+        unsafe { std::slice::from_raw_parts(self.inline.as_ptr().cast(), self.len) }
     }
 }
 
@@ -543,7 +637,7 @@ fn check_buffers(
     negotiated: &[TensorDesc],
     infos: &[guild_domain::operation::TensorInfo],
     args: impl ExactSizeIterator<Item = BufferArg>,
-) -> Result<Vec<guild_abi::guild_tensor_desc_v1_t>, ExecuteError> {
+) -> Result<CTensors, ExecuteError> {
     if args.len() != negotiated.len() {
         return Err(ExecuteError::Arity {
             role,
@@ -551,7 +645,7 @@ fn check_buffers(
             got: args.len(),
         });
     }
-    let mut out = Vec::with_capacity(negotiated.len());
+    let mut out = CTensors::new(negotiated.len());
     for (index, (arg, (expected, info))) in args.zip(negotiated.iter().zip(infos)).enumerate() {
         let tensor = TensorRef { role, index };
         let (desc, element, ptr, len) = arg;
@@ -656,6 +750,19 @@ pub enum ExecuteError {
     Contract {
         /// What the contract requires.
         rejection: Rejection,
+    },
+    /// A borrowed slice was passed for a tensor negotiated in memory other than pageable host
+    /// memory (device, managed or pinned), which the host cannot check a slice against. Such
+    /// handles run through [`OpHandle::execute_on_stream`] on [`DeviceTensor`]s.
+    #[error(
+        "{tensor} was negotiated in {space} memory, and a borrowed slice can only stand for \
+         pageable host memory; use execute_on_stream with a DeviceTensor"
+    )]
+    NotHostMemory {
+        /// The first such tensor.
+        tensor: TensorRef,
+        /// Its negotiated memory space.
+        space: MemorySpace,
     },
     /// The call names another sync mode than the handle was resolved for.
     #[error("the handle was resolved for sync mode {resolved}, the call asks for {got}")]

@@ -69,6 +69,8 @@ pub(crate) fn probe_spec() -> Spec {
     spec.provided_ops = vec![
         "example.service_probe.reenter.cpu".into(),
         "example.service_probe.stream_copy.cuda".into(),
+        "example.service_probe.cross.cpu".into(),
+        "example.service_probe.device_copy.cuda".into(),
     ];
     spec
 }
@@ -833,7 +835,7 @@ fn bad_execute_calls_are_refused_before_the_provider_runs() {
     let status = unsafe { execute(service.table.user, ptr::null_mut(), &base, &mut err) };
     assert_eq!(status, GUILD_STATUS_ERR_INVALID_ARGUMENT);
     let fake = [0u64; 16];
-    // SAFETY: a readable, aligned block that does not carry the handle tag.
+    // SAFETY: a number that names no handle of this service; nothing is read through it.
     let status = unsafe {
         execute(
             service.table.user,
@@ -847,7 +849,10 @@ fn bad_execute_calls_are_refused_before_the_provider_runs() {
     let other_user = other.operation_api().user;
     // SAFETY: a live handle, passed with another live service's `user`.
     let status = unsafe { execute(other_user, handle.raw(), &base, &mut err) };
-    assert_eq!(status, GUILD_STATUS_ERR_STATE);
+    assert_eq!(
+        status, GUILD_STATUS_ERR_INVALID_ARGUMENT,
+        "another service's handle is not one of this service's"
+    );
     // Releasing NULL is a no-op.
     release_raw(&service, ptr::null_mut()).unwrap();
 

@@ -20,6 +20,7 @@ mod refusals;
 mod registry;
 mod rejections;
 mod runners;
+mod service_safety;
 mod signatures;
 mod smoke;
 mod streams;

@@ -1,0 +1,585 @@
+//! How the service names and guards its handles.
+//!
+//! A [`Gate`] is one handle's call state in one atomic word: how many `describe`/`scratch` calls
+//! are in progress, whether an `execute` holds the handle, whether callers wait for it, whether
+//! the handle is live, and (for C handles) its generation. Every transition is a single
+//! compare-and-swap on that word, so a release either finds no call in progress and retires the
+//! handle, or is refused with "busy" and changes nothing: there is no window between the check
+//! and the release.
+//!
+//! A C handle is not a pointer: it is the number [`HandleTable::insert`] returns, made of the
+//! core's tag, the slot's generation and the slot's index. The slots live in segments that are
+//! allocated once and freed only with the table, so decoding any number, stale, doubly released,
+//! forged or foreign, reads only memory the table owns, and a generation that does not match the
+//! slot's is refused before anything the handle owned is touched. A slot whose generation is
+//! exhausted is retired instead of reused, so a stale number can never name a newer handle.
+
+use std::cell::Cell;
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+
+// The handle number is a 64-bit value carried in a pointer.
+const _: () = assert!(size_of::<usize>() == 8, "C handles need 64-bit pointers");
+
+/// `describe`/`scratch` calls in progress.
+const SHARED: u64 = (1 << 24) - 1;
+/// An `execute` holds the handle.
+const RUNNING: u64 = 1 << 24;
+/// Callers wait (on the gate's condition variable) for the running `execute` to finish.
+const WAITERS: u64 = 1 << 25;
+/// The handle is live: resolved and not released.
+const LIVE: u64 = 1 << 26;
+const GEN_SHIFT: u32 = 32;
+/// Generations are 24 bits, as they are in a handle number.
+const GEN_BITS: u32 = 24;
+const GEN_MAX: u64 = (1 << GEN_BITS) - 1;
+
+/// Why a gate refused a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The handle is not live at this generation: released, never issued, or from another
+    /// service.
+    Stale,
+    /// Another call holds the handle and this caller may not wait for it.
+    Busy,
+    /// This thread already holds the handle (a provider calling back into its own handle).
+    Reentrant,
+    /// The handle is released while calls are in progress or waiting: `n` of them.
+    InUse(u64),
+}
+
+thread_local! {
+    static TOKEN: Cell<u8> = const { Cell::new(0) };
+}
+
+/// A number that identifies the calling thread while it lives: the address of a thread-local.
+fn thread_token() -> usize {
+    TOKEN.with(|t| ptr::from_ref(t) as usize)
+}
+
+/// One handle's call state; see the module documentation.
+#[derive(Debug)]
+pub(crate) struct Gate {
+    state: AtomicU64,
+    /// The thread whose `execute` holds the handle (0 when none), to refuse reentry.
+    owner: AtomicUsize,
+    /// How many callers wait for the running `execute`; guards the condition variable.
+    waiting: Mutex<usize>,
+    wake: Condvar,
+}
+
+/// Proof that this thread holds a gate's `execute` exclusivity; dropping it lets the next call
+/// in.
+#[derive(Debug)]
+pub(crate) struct Running<'g>(&'g Gate);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.owner.store(0, Ordering::Relaxed);
+        let previous = self.0.state.fetch_and(!RUNNING, Ordering::Release);
+        if previous & WAITERS != 0 {
+            // Taking the lock orders this wake-up after a waiter's last look at the state.
+            let _waiting = self.0.waiting.lock().unwrap_or_else(|e| e.into_inner());
+            self.0.wake.notify_one();
+        }
+    }
+}
+
+/// Proof that this thread has a `describe`/`scratch` call counted on a gate.
+#[derive(Debug)]
+pub(crate) struct Shared<'g>(&'g Gate);
+
+impl Drop for Shared<'_> {
+    fn drop(&mut self) {
+        self.0.state.fetch_sub(1, Ordering::Release);
+    }
+}
+
+impl Gate {
+    /// A gate that is not live, at generation 0 (a C slot before its first handle).
+    const fn vacant() -> Self {
+        Gate {
+            state: AtomicU64::new(0),
+            owner: AtomicUsize::new(0),
+            waiting: Mutex::new(0),
+            wake: Condvar::new(),
+        }
+    }
+
+    /// A live gate at generation 0: a Rust handle's, which is never released through it.
+    pub(crate) const fn live() -> Self {
+        Gate {
+            state: AtomicU64::new(LIVE),
+            ..Gate::vacant()
+        }
+    }
+
+    fn generation(state: u64) -> u64 {
+        (state >> GEN_SHIFT) & GEN_MAX
+    }
+
+    fn is_live_at(state: u64, generation: u64) -> bool {
+        state & LIVE != 0 && Self::generation(state) == generation
+    }
+
+    /// Counts a `describe` or `scratch` call (which reads only what resolution fixed, so it
+    /// may run beside an `execute`).
+    pub(crate) fn enter_shared(&self, generation: u64) -> Result<Shared<'_>, Refused> {
+        let mut state = self.state.load(Ordering::Acquire);
+        loop {
+            if !Self::is_live_at(state, generation) {
+                return Err(Refused::Stale);
+            }
+            if state & SHARED == SHARED {
+                return Err(Refused::Busy);
+            }
+            match self.state.compare_exchange_weak(
+                state,
+                state + 1,
+                Ordering::Acquire,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Ok(Shared(self)),
+                Err(now) => state = now,
+            }
+        }
+    }
+
+    /// Takes the handle for an `execute`. When another call holds it, a caller that may
+    /// `wait` (a runner, through its own table or the Rust face) waits its turn, unless it is
+    /// the thread that holds it; one that may not (a plugin, through the table in its host
+    /// table, on any of its threads) is refused with [`Refused::Busy`].
+    pub(crate) fn enter_run(&self, generation: u64, wait: bool) -> Result<Running<'_>, Refused> {
+        let me = thread_token();
+        let mut state = self.state.load(Ordering::Acquire);
+        loop {
+            if !Self::is_live_at(state, generation) {
+                return Err(Refused::Stale);
+            }
+            if state & RUNNING != 0 {
+                break;
+            }
+            match self.state.compare_exchange_weak(
+                state,
+                state | RUNNING,
+                Ordering::Acquire,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    self.owner.store(me, Ordering::Relaxed);
+                    return Ok(Running(self));
+                }
+                Err(now) => state = now,
+            }
+        }
+        if self.owner.load(Ordering::Relaxed) == me {
+            return Err(Refused::Reentrant);
+        }
+        if !wait {
+            return Err(Refused::Busy);
+        }
+        self.wait_to_run(generation, me)
+    }
+
+    #[cold]
+    fn wait_to_run(&self, generation: u64, me: usize) -> Result<Running<'_>, Refused> {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        // Announce the wait (a release is refused while anyone waits), then take the handle
+        // when it is free. Every change of WAITERS happens under this lock.
+        let mut state = self.state.load(Ordering::Acquire);
+        loop {
+            if !Self::is_live_at(state, generation) {
+                return Err(Refused::Stale);
+            }
+            match self.state.compare_exchange_weak(
+                state,
+                state | WAITERS,
+                Ordering::Acquire,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(now) => state = now,
+            }
+        }
+        *waiting += 1;
+        loop {
+            let state = self.state.load(Ordering::Acquire);
+            if state & RUNNING == 0 {
+                let mut next = state | RUNNING;
+                if *waiting == 1 {
+                    next &= !WAITERS;
+                }
+                if self
+                    .state
+                    .compare_exchange(state, next, Ordering::Acquire, Ordering::Acquire)
+                    .is_ok()
+                {
+                    *waiting -= 1;
+                    self.owner.store(me, Ordering::Relaxed);
+                    return Ok(Running(self));
+                }
+                continue;
+            }
+            waiting = self.wake.wait(waiting).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Retires the handle at `generation` when no call is in progress or waiting; otherwise
+    /// nothing changes. One compare-and-swap decides.
+    fn retire(&self, generation: u64) -> Result<(), Refused> {
+        let idle = (generation << GEN_SHIFT) | LIVE;
+        let next = ((generation + 1) & GEN_MAX) << GEN_SHIFT;
+        match self
+            .state
+            .compare_exchange(idle, next, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => Ok(()),
+            Err(now) if Self::is_live_at(now, generation) => {
+                let calls = (now & SHARED) + u64::from(now & (RUNNING | WAITERS) != 0);
+                Err(Refused::InUse(calls))
+            }
+            Err(_) => Err(Refused::Stale),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The table of C handles
+// ---------------------------------------------------------------------------------------------
+
+/// The first segment's slots; segment `k` holds `BASE << k`.
+const BASE: usize = 64;
+const BASE_LOG2: u32 = BASE.trailing_zeros();
+/// Enough segments for every index a handle number can carry.
+const SEGMENTS: usize = 19;
+const INDEX_BITS: u32 = 24;
+/// The largest index a handle number carries (`index + 1` must fit in 24 bits).
+const MAX_INDEX: usize = (1 << INDEX_BITS) - 2;
+
+const _: () = assert!(((BASE << SEGMENTS) - BASE) > MAX_INDEX);
+
+struct Slot<T> {
+    gate: Gate,
+    /// The live handle's data, set before the gate goes live and taken after it is retired.
+    data: AtomicPtr<T>,
+}
+
+/// Where slot `index` lives: its segment and its offset there.
+fn locate(index: usize) -> (usize, usize) {
+    let j = index + BASE;
+    let segment = (usize::BITS - 1 - j.leading_zeros() - BASE_LOG2) as usize;
+    (segment, j - (BASE << segment))
+}
+
+#[derive(Debug, Default)]
+struct FreeList {
+    free: Vec<usize>,
+    /// Slots ever handed out (the next fresh index).
+    used: usize,
+}
+
+/// The live C handles of one service core.
+pub(crate) struct HandleTable<T> {
+    /// The low 16 bits of the core's id, carried in every handle number.
+    tag: u64,
+    segments: [AtomicPtr<Slot<T>>; SEGMENTS],
+    free: Mutex<FreeList>,
+    live: AtomicUsize,
+}
+
+impl<T> std::fmt::Debug for HandleTable<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandleTable")
+            .field("tag", &self.tag)
+            .field("live", &self.live.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// A decoded handle number: which slot, at which generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HandleName {
+    index: usize,
+    generation: u64,
+}
+
+/// The table is full (16 million live handles).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TableFull;
+
+impl<T> HandleTable<T> {
+    pub(crate) fn new(core_id: u64) -> Self {
+        HandleTable {
+            tag: core_id & 0xffff,
+            segments: [const { AtomicPtr::new(ptr::null_mut()) }; SEGMENTS],
+            free: Mutex::new(FreeList::default()),
+            live: AtomicUsize::new(0),
+        }
+    }
+
+    /// Handles inserted and not yet released.
+    pub(crate) fn live(&self) -> usize {
+        self.live.load(Ordering::Acquire)
+    }
+
+    fn slot(&self, index: usize) -> Option<&Slot<T>> {
+        if index > MAX_INDEX {
+            return None;
+        }
+        let (segment, offset) = locate(index);
+        let base = self.segments[segment].load(Ordering::Acquire);
+        if base.is_null() {
+            return None;
+        }
+        // SAFETY: a non-NULL segment pointer is a live allocation of `BASE << segment` slots,
+        // made in `insert` and freed only in `Drop`, which cannot run while `&self` lives.
+        Some(unsafe { &*base.add(offset) })
+    }
+
+    /// Makes `data` a live handle and returns its number (never 0).
+    pub(crate) fn insert(&self, data: Box<T>) -> Result<u64, TableFull> {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let index = match free.free.pop() {
+            Some(index) => index,
+            None => {
+                let index = free.used;
+                if index > MAX_INDEX {
+                    return Err(TableFull);
+                }
+                let (segment, _) = locate(index);
+                if self.segments[segment].load(Ordering::Acquire).is_null() {
+                    let slots: Box<[Slot<T>]> = (0..BASE << segment)
+                        .map(|_| Slot {
+                            gate: Gate::vacant(),
+                            data: AtomicPtr::new(ptr::null_mut()),
+                        })
+                        .collect();
+                    let base = Box::into_raw(slots).cast::<Slot<T>>();
+                    self.segments[segment].store(base, Ordering::Release);
+                }
+                free.used += 1;
+                index
+            }
+        };
+        let Some(slot) = self.slot(index) else {
+            return Err(TableFull);
+        };
+        let generation = Gate::generation(slot.gate.state.load(Ordering::Acquire));
+        slot.data.store(Box::into_raw(data), Ordering::Relaxed);
+        // Release: a caller whose acquire sees LIVE at this generation sees the data too.
+        slot.gate
+            .state
+            .store((generation << GEN_SHIFT) | LIVE, Ordering::Release);
+        self.live.fetch_add(1, Ordering::AcqRel);
+        drop(free);
+        Ok((self.tag << 48) | (generation << INDEX_BITS) | (index as u64 + 1))
+    }
+
+    /// The slot a handle number names, if it is one of this table's and the slot exists. The
+    /// generation is checked by the gate, atomically with the call's entry.
+    pub(crate) fn decode(&self, number: u64) -> Option<HandleName> {
+        if number >> 48 != self.tag {
+            return None;
+        }
+        let index = usize::try_from(number & ((1 << INDEX_BITS) - 1)).ok()?;
+        let index = index.checked_sub(1)?;
+        Some(HandleName {
+            index,
+            generation: (number >> INDEX_BITS) & GEN_MAX,
+        })
+    }
+
+    /// Runs `body` with the handle's data while a `describe`/`scratch` call is counted on it.
+    pub(crate) fn with_shared<R>(
+        &self,
+        name: HandleName,
+        body: impl FnOnce(&T) -> R,
+    ) -> Result<R, Refused> {
+        let slot = self.slot(name.index).ok_or(Refused::Stale)?;
+        let _call = slot.gate.enter_shared(name.generation)?;
+        // SAFETY: the gate is live at this generation and counts this call, so the handle
+        // cannot be retired (and its data freed) until `_call` drops after `body` returns; the
+        // data was stored before the gate went live (release/acquire on the gate's word).
+        let data = unsafe { &*slot.data.load(Ordering::Acquire) };
+        Ok(body(data))
+    }
+
+    /// Runs `body` with the handle's data and its execute exclusivity.
+    pub(crate) fn with_running<R>(
+        &self,
+        name: HandleName,
+        wait: bool,
+        body: impl FnOnce(&T, &Running<'_>) -> R,
+    ) -> Result<R, Refused> {
+        let slot = self.slot(name.index).ok_or(Refused::Stale)?;
+        let running = slot.gate.enter_run(name.generation, wait)?;
+        // SAFETY: as in `with_shared`: the running call keeps the handle from being retired.
+        let data = unsafe { &*slot.data.load(Ordering::Acquire) };
+        Ok(body(data, &running))
+    }
+
+    /// Takes the handle out: refused (and nothing changes) while a call uses it or waits for
+    /// it, or when the number is stale.
+    pub(crate) fn remove(&self, name: HandleName) -> Result<Box<T>, Refused> {
+        let slot = self.slot(name.index).ok_or(Refused::Stale)?;
+        slot.gate.retire(name.generation)?;
+        let data = slot.data.swap(ptr::null_mut(), Ordering::Acquire);
+        self.live.fetch_sub(1, Ordering::AcqRel);
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        // A slot whose generation wrapped is never handed out again: a stale number must never
+        // name a newer handle.
+        if name.generation + 1 < GEN_MAX {
+            free.free.push(name.index);
+        }
+        drop(free);
+        // SAFETY: the pointer was made by Box::into_raw in `insert` for this generation, and the
+        // successful retire made this thread the only one that can take it.
+        Ok(unsafe { Box::from_raw(data) })
+    }
+
+    /// Takes out every live handle no call uses (the registry's end), for the caller to drop.
+    pub(crate) fn drain_idle(&self) -> Vec<Box<T>> {
+        let used = self.free.lock().unwrap_or_else(|e| e.into_inner()).used;
+        let mut out = Vec::new();
+        for index in 0..used {
+            let Some(slot) = self.slot(index) else {
+                continue;
+            };
+            let state = slot.gate.state.load(Ordering::Acquire);
+            if state & LIVE == 0 {
+                continue;
+            }
+            let name = HandleName {
+                index,
+                generation: Gate::generation(state),
+            };
+            if let Ok(data) = self.remove(name) {
+                out.push(data);
+            }
+        }
+        out
+    }
+}
+
+impl<T> Drop for HandleTable<T> {
+    fn drop(&mut self) {
+        for (segment, base) in self.segments.iter_mut().enumerate() {
+            let base = *base.get_mut();
+            if base.is_null() {
+                continue;
+            }
+            let len = BASE << segment;
+            // SAFETY: made by Box::into_raw of a boxed slice of exactly `len` slots in `insert`;
+            // `&mut self` means no call can be using any of them.
+            let slots = unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(base, len)) };
+            for slot in slots.iter() {
+                let data = slot.data.load(Ordering::Acquire);
+                if !data.is_null() {
+                    // SAFETY: a live handle's data, made by Box::into_raw and never taken.
+                    drop(unsafe { Box::from_raw(data) });
+                }
+            }
+        }
+    }
+}
+
+// SAFETY: the table hands out shared references to `T` to any thread (`with_shared`,
+// `with_running`) and moves boxed `T`s between threads (`insert`, `remove`), so it is Send and
+// Sync exactly when `T` is.
+unsafe impl<T: Send + Sync> Send for HandleTable<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send + Sync> Sync for HandleTable<T> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_located_without_overlap() {
+        assert_eq!(locate(0), (0, 0));
+        assert_eq!(locate(63), (0, 63));
+        assert_eq!(locate(64), (1, 0));
+        assert_eq!(locate(191), (1, 127));
+        assert_eq!(locate(192), (2, 0));
+        let (segment, offset) = locate(MAX_INDEX);
+        assert!(segment < SEGMENTS && offset < BASE << segment);
+    }
+
+    #[test]
+    fn a_released_number_is_stale_even_when_its_slot_is_reused() {
+        let table = HandleTable::new(7);
+        let first = table.insert(Box::new(1u32)).unwrap();
+        let name = table.decode(first).unwrap();
+        assert_eq!(*table.remove(name).unwrap(), 1);
+        let second = table.insert(Box::new(2u32)).unwrap();
+        assert_ne!(first, second, "the reused slot has a new generation");
+        assert_eq!(table.remove(name).unwrap_err(), Refused::Stale);
+        let again = table.decode(second).unwrap();
+        assert_eq!(table.with_shared(again, |v| *v), Ok(2));
+        assert_eq!(table.live(), 1);
+    }
+
+    #[test]
+    fn foreign_and_forged_numbers_are_refused() {
+        let table = HandleTable::<u32>::new(1);
+        let other = HandleTable::<u32>::new(2);
+        let number = other.insert(Box::new(5)).unwrap();
+        assert!(table.decode(number).is_none());
+        assert!(table.decode(0).is_none());
+        let forged = table.decode((1 << 48) | 12345).unwrap();
+        assert_eq!(table.with_shared(forged, |_| ()), Err(Refused::Stale));
+    }
+
+    #[test]
+    fn a_release_during_a_call_is_refused_and_changes_nothing() {
+        let table = HandleTable::new(3);
+        let name = table.decode(table.insert(Box::new(9u32)).unwrap()).unwrap();
+        let refused = table
+            .with_running(name, false, |_, _| table.remove(name).map(|_| ()))
+            .unwrap();
+        assert_eq!(refused, Err(Refused::InUse(1)));
+        let refused = table
+            .with_shared(name, |_| table.remove(name).map(|_| ()))
+            .unwrap();
+        assert_eq!(refused, Err(Refused::InUse(1)));
+        assert_eq!(*table.remove(name).unwrap(), 9);
+    }
+
+    #[test]
+    fn execute_is_exclusive_busy_for_plugins_and_reentrant_for_its_thread() {
+        let gate = Gate::live();
+        let running = gate.enter_run(0, true).unwrap();
+        assert_eq!(gate.enter_run(0, true).unwrap_err(), Refused::Reentrant);
+        std::thread::scope(|s| {
+            s.spawn(|| assert_eq!(gate.enter_run(0, false).unwrap_err(), Refused::Busy));
+        });
+        // A waiting runner gets its turn when the running call ends.
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| gate.enter_run(0, true).map(|_| ()));
+            while gate.state.load(Ordering::Acquire) & WAITERS == 0 {
+                std::thread::yield_now();
+            }
+            drop(running);
+            assert_eq!(waiter.join().unwrap(), Ok(()));
+        });
+        assert_eq!(gate.state.load(Ordering::Acquire), LIVE);
+    }
+
+    #[test]
+    fn an_exhausted_slot_is_retired() {
+        let table = HandleTable::new(4);
+        let first = table.decode(table.insert(Box::new(0u8)).unwrap()).unwrap();
+        let slot = table.slot(first.index).unwrap();
+        slot.gate
+            .state
+            .store(((GEN_MAX - 1) << GEN_SHIFT) | LIVE, Ordering::Release);
+        let old = HandleName {
+            index: first.index,
+            generation: GEN_MAX - 1,
+        };
+        table.remove(old).unwrap();
+        let next = table.decode(table.insert(Box::new(1u8)).unwrap()).unwrap();
+        assert_ne!(next.index, first.index, "the exhausted slot is not reused");
+    }
+}
