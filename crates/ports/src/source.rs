@@ -322,6 +322,10 @@ pub enum SourceErrorKind {
     /// A file the manifest does not list.
     #[error("file is not listed in the manifest")]
     UnlistedFile,
+    /// A directory that no listed artifact's path goes through. Only signed paths may land in
+    /// an installed tree, so a directory member is admitted only where an artifact implies it.
+    #[error("directory is not on the path of any artifact listed in the manifest")]
+    UnlistedDirectory,
     /// An artifact the manifest lists that the package lacks.
     #[error("artifact listed in the manifest is missing")]
     MissingArtifact,
