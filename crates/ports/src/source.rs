@@ -232,11 +232,14 @@ pub enum SourceErrorKind {
         /// Which extension.
         what: String,
     },
-    /// No `.gkmetadata` in the package.
+    /// No `.gkmetadata` in the package: a directory without one at its root, or an archive
+    /// with no member at all.
     #[error("has no .gkmetadata")]
     MetadataMissing,
-    /// The archive has a `.gkmetadata`, but not as its first member.
-    #[error(".gkmetadata is not the first member")]
+    /// The first member of the archive (the one the error names) is not `.gkmetadata`. The
+    /// reader looks no further, so whether a `.gkmetadata` follows is not known: nothing past
+    /// the first member is read before the package is authenticated.
+    #[error("the first member must be .gkmetadata")]
     MetadataNotFirst,
     /// A second member named `.gkmetadata` (in any case) at the package root.
     #[error("a second .gkmetadata")]

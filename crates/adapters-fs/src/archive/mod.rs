@@ -93,8 +93,7 @@ impl PackageSource for GkpkSource {
         }
         let file = File::open(location).map_err(|e| ctx.io("open the archive", e))?;
         let mut stream = ustar::TarStream::new(file, location);
-        let bytes =
-            ustar::read_metadata(&mut stream, limits.max_metadata_bytes, limits.max_entries)?;
+        let bytes = ustar::read_metadata(&mut stream, limits.max_metadata_bytes)?;
         Ok(Box::new(Opened {
             metadata: bytes,
             stream: Box::new(stream),

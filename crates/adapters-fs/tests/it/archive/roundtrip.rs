@@ -375,7 +375,8 @@ fn archives_from_gnu_tar_are_read() {
         assert_eq!(out.files, artifacts, "{format}");
         assert_read_only(&snapshot(&staging));
     }
-    // The tar command's own `./` prefixes are refused, not silently stripped.
+    // The tar command's own `./` prefixes are refused, not silently stripped: its first member
+    // is `./`, not `.gkmetadata`.
     let archive = temp.path().join("dot.gkernel");
     let status = Command::new("tar")
         .arg("--format=ustar")
@@ -388,7 +389,8 @@ fn archives_from_gnu_tar_are_read() {
         .unwrap();
     assert!(status.success());
     let err = GkpkSource::default().open(&archive).unwrap_err();
-    assert_eq!(err.kind, SourceErrorKind::MetadataMissing);
+    assert_eq!(err.kind, SourceErrorKind::MetadataNotFirst);
+    assert_eq!(err.member.as_deref(), Some("."));
 }
 
 #[test]
