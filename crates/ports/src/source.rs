@@ -84,7 +84,9 @@ pub struct ExtractedPackage {
 /// and stop an archive from filling the disk or exhausting memory before it is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExtractLimits {
-    /// Most members (files, directories, and `.gkmetadata`) a package may have.
+    /// Most entries a package may have: every path of its tree counts once (`.gkmetadata`,
+    /// each file, each directory, whether an archive member names it or a file's path only
+    /// implies it), in an archive and in a directory alike.
     pub max_entries: u64,
     /// Largest single file, in bytes.
     pub max_file_bytes: u64,

@@ -166,7 +166,8 @@ fn source_hint(e: &SourceError) -> Option<String> {
         SourceErrorKind::SizeMismatch { .. }
         | SourceErrorKind::DigestMismatch { .. }
         | SourceErrorKind::MissingArtifact
-        | SourceErrorKind::UnlistedFile => Some(
+        | SourceErrorKind::UnlistedFile
+        | SourceErrorKind::UnlistedDirectory => Some(
             "the package's files do not match its signed manifest: it was altered or damaged \
              after packing; do not install it, get it again from its publisher"
                 .into(),
