@@ -917,6 +917,26 @@ fn invalid_artifact_paths() {
             FieldErrorKind::InvalidPath(PathRule::Reserved),
         )],
     );
+    // The name is reserved at any depth and in any letter case, as a file or a directory.
+    for nested in ["lib/.gkmetadata", "lib/.GKMetadata", ".gkmetadata/lib.so"] {
+        check(
+            kernel_doc,
+            |d| {
+                set(d, "/payload/artifacts/0/path", json!(nested));
+                set(d, "/payload/entry", json!(nested));
+            },
+            &[
+                (
+                    "$.payload.entry",
+                    FieldErrorKind::InvalidPath(PathRule::Reserved),
+                ),
+                (
+                    "$.payload.artifacts[0].path",
+                    FieldErrorKind::InvalidPath(PathRule::Reserved),
+                ),
+            ],
+        );
+    }
 }
 
 #[test]
