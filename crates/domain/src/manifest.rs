@@ -6,7 +6,9 @@
 //! holds if nothing is dropped on the way, hence the policy here: unknown fields are refused at
 //! every level (a host that cannot honour a signed field must not ignore it), `null` is refused,
 //! and so are duplicate keys. Reading reports every problem it finds, each with its JSON path, so
-//! that a publisher can fix a manifest in one pass.
+//! that a publisher can fix a manifest in one pass; past [`MAX_REPORTED_PROBLEMS`] it only counts
+//! them, so that a hostile manifest cannot make the report (built before any signature is
+//! checked) large.
 //!
 //! Writing goes the other way for the packer: [`Manifest::to_payload_value`] leaves out opt-in
 //! fields that are absent or empty, so a manifest that uses none of the newer fields has the same
@@ -29,6 +31,12 @@ pub const MAX_METADATA_BYTES: usize = 1 << 20;
 
 /// The envelope format version this host reads and writes (`"gkmetadata": 1`).
 pub const METADATA_FORMAT_V1: u32 = 1;
+
+/// How many problems a [`ManifestErrors`] keeps; the rest are only counted. A hostile manifest
+/// can hold about a million (1 MiB of empty objects, three missing fields each), and listing
+/// them all would cost hundreds of megabytes before any signature is looked at; the first ones
+/// already say what is wrong.
+pub const MAX_REPORTED_PROBLEMS: usize = 50;
 
 /// How many characters of a rejected string an error keeps, so that a hostile manifest cannot
 /// make its own error report huge.
@@ -359,17 +367,27 @@ pub struct FieldError {
     pub kind: FieldErrorKind,
 }
 
-/// Every problem found in a manifest, in a stable order (envelope, then payload fields in schema
-/// order). Never empty.
+/// The problems found in a manifest, in a stable order (envelope, then payload fields in schema
+/// order): the first [`MAX_REPORTED_PROBLEMS`] of them, and how many more there were. Never
+/// empty.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ManifestErrors {
-    /// The problems, at least one.
+    /// The first problems found: at least one, at most [`MAX_REPORTED_PROBLEMS`].
     pub errors: Vec<FieldError>,
+    /// How many problems were found beyond those in `errors`.
+    pub omitted: usize,
+}
+
+impl ManifestErrors {
+    /// Every problem found, kept or not.
+    pub fn total(&self) -> usize {
+        self.errors.len().saturating_add(self.omitted)
+    }
 }
 
 impl fmt::Display for ManifestErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let n = self.errors.len();
+        let n = self.total();
         write!(
             f,
             "invalid manifest ({n} problem{}):",
@@ -377,6 +395,9 @@ impl fmt::Display for ManifestErrors {
         )?;
         for e in &self.errors {
             write!(f, "\n  {e}")?;
+        }
+        if self.omitted > 0 {
+            write!(f, "\n  and {} more", self.omitted)?;
         }
         Ok(())
     }
@@ -388,6 +409,7 @@ impl ManifestErrors {
     fn single(path: JsonPath, kind: FieldErrorKind) -> Self {
         ManifestErrors {
             errors: vec![FieldError { path, kind }],
+            omitted: 0,
         }
     }
 }
@@ -426,7 +448,7 @@ impl Metadata {
         let manifest = required(members, &at, "payload", &mut p, read_payload);
         let signatures = required(members, &at, "signatures", &mut p, signature_list);
         let (Some(()), Some(manifest), Some(signatures), true) =
-            (format, manifest, signatures, p.0.is_empty())
+            (format, manifest, signatures, p.is_empty())
         else {
             return Err(p.into_errors());
         };
@@ -549,7 +571,7 @@ impl Manifest {
     pub fn from_payload_value(value: &Value) -> Result<Self, ManifestErrors> {
         let mut p = Problems::default();
         match read_payload(value, &At::ROOT, &mut p) {
-            Some(m) if p.0.is_empty() => Ok(m),
+            Some(m) if p.is_empty() => Ok(m),
             _ => Err(p.into_errors()),
         }
     }
@@ -804,25 +826,45 @@ impl<'a> At<'a> {
     }
 }
 
-/// Problems found so far. A reader that returns `None` has always recorded at least one, which
-/// is what keeps [`ManifestErrors`] non-empty.
+/// Problems found so far: the first [`MAX_REPORTED_PROBLEMS`], with their paths, and a count of
+/// the rest, whose paths are never built. A reader that returns `None` has always recorded at
+/// least one, which is what keeps [`ManifestErrors`] non-empty.
 #[derive(Default)]
-struct Problems(Vec<FieldError>);
+struct Problems {
+    kept: Vec<FieldError>,
+    omitted: usize,
+}
 
 impl Problems {
     fn push(&mut self, at: &At<'_>, kind: FieldErrorKind) {
-        self.0.push(FieldError {
-            path: at.path(),
-            kind,
-        });
+        if self.kept.len() < MAX_REPORTED_PROBLEMS {
+            self.kept.push(FieldError {
+                path: at.path(),
+                kind,
+            });
+        } else {
+            self.omitted = self.omitted.saturating_add(1);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.kept.is_empty()
+    }
+
+    /// Every problem recorded, kept or only counted.
+    fn count(&self) -> usize {
+        self.kept.len().saturating_add(self.omitted)
     }
 
     fn into_errors(self) -> ManifestErrors {
-        ManifestErrors { errors: self.0 }
+        ManifestErrors {
+            errors: self.kept,
+            omitted: self.omitted,
+        }
     }
 
     fn into_result(self) -> Result<(), ManifestErrors> {
-        if self.0.is_empty() {
+        if self.is_empty() {
             Ok(())
         } else {
             Err(self.into_errors())
@@ -1290,9 +1332,9 @@ fn module_dependency(
     let range = version_range(m, at, p);
     let abi_tag = required(m, at, "abi_tag", p, |v, at, p| {
         let tag = string(v, at, p)?;
-        let before = p.0.len();
+        let before = p.count();
         check_abi_tag(kind, tag, at, p);
-        (p.0.len() == before).then(|| tag.to_owned())
+        (p.count() == before).then(|| tag.to_owned())
     });
     let publisher_id = optional(m, at, "publisher_id", p, publisher_id);
     let sha256 = optional(m, at, "sha256", p, digest);

@@ -76,8 +76,9 @@ pub enum PathRule {
         /// Its byte offset.
         at: usize,
     },
-    /// The path is the manifest's own name, [`RESERVED_METADATA_NAME`], in any case.
-    #[error("is the reserved name {RESERVED_METADATA_NAME:?}")]
+    /// A component is the manifest's own name, [`RESERVED_METADATA_NAME`], in any case and at
+    /// any depth.
+    #[error("uses the reserved name {RESERVED_METADATA_NAME:?}")]
     Reserved,
 }
 
@@ -94,7 +95,8 @@ pub struct ArtifactPathError {
 
 /// A relative, `/`-separated path of one to [`MAX_COMPONENTS`] components, each made of
 /// `[A-Za-z0-9._+-]` and at most [`MAX_COMPONENT_LEN`] bytes, at most [`MAX_PATH_LEN`] bytes in
-/// total, with no empty, `.` or `..` component, and not the reserved manifest name.
+/// total, with no empty, `.` or `..` component, and no component that is the reserved manifest
+/// name.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ArtifactPath(String);
 
@@ -166,9 +168,13 @@ fn check(path: &str) -> Result<(), PathRule> {
     if let Some((at, found)) = path.char_indices().find(|&(_, c)| !allowed(c)) {
         return Err(PathRule::BadCharacter { found, at });
     }
-    // Refused in any case spelling: on a case-insensitive file system `.GKMetadata` would
-    // overwrite the manifest.
-    if path.eq_ignore_ascii_case(RESERVED_METADATA_NAME) {
+    // Refused in any case spelling, since on a case-insensitive file system `.GKMetadata` would
+    // overwrite the manifest, and at any depth, so that no tool that looks for a manifest in a
+    // subdirectory of an installed tree (or a tree copied somewhere) finds an unsigned one.
+    if path
+        .split('/')
+        .any(|c| c.eq_ignore_ascii_case(RESERVED_METADATA_NAME))
+    {
         return Err(PathRule::Reserved);
     }
     Ok(())
@@ -216,7 +222,8 @@ mod tests {
             "x86_64/libfoo+cuda-1.2.so",
             "...",
             "a/.hidden",
-            "sub/.gkmetadata",
+            "sub/.gkmetadata2",
+            "sub/x.gkmetadata",
         ] {
             assert_eq!(ArtifactPath::new(ok).unwrap().as_str(), ok);
         }
@@ -260,6 +267,9 @@ mod tests {
         assert_eq!(rule("C:x"), PathRule::BadCharacter { found: ':', at: 1 });
         assert_eq!(rule(".gkmetadata"), PathRule::Reserved);
         assert_eq!(rule(".GKMetadata"), PathRule::Reserved);
+        assert_eq!(rule("sub/.gkmetadata"), PathRule::Reserved);
+        assert_eq!(rule("lib/.GKMETADATA"), PathRule::Reserved);
+        assert_eq!(rule(".gkmetadata/lib.so"), PathRule::Reserved);
     }
 
     #[test]

@@ -84,7 +84,9 @@ pub struct ExtractedPackage {
 /// and stop an archive from filling the disk or exhausting memory before it is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExtractLimits {
-    /// Most members (files, directories, and `.gkmetadata`) a package may have.
+    /// Most entries a package may have: every path of its tree counts once (`.gkmetadata`,
+    /// each file, each directory, whether an archive member names it or a file's path only
+    /// implies it), in an archive and in a directory alike.
     pub max_entries: u64,
     /// Largest single file, in bytes.
     pub max_file_bytes: u64,
@@ -232,11 +234,14 @@ pub enum SourceErrorKind {
         /// Which extension.
         what: String,
     },
-    /// No `.gkmetadata` in the package.
+    /// No `.gkmetadata` in the package: a directory without one at its root, or an archive
+    /// with no member at all.
     #[error("has no .gkmetadata")]
     MetadataMissing,
-    /// The archive has a `.gkmetadata`, but not as its first member.
-    #[error(".gkmetadata is not the first member")]
+    /// The first member of the archive (the one the error names) is not `.gkmetadata`. The
+    /// reader looks no further, so whether a `.gkmetadata` follows is not known: nothing past
+    /// the first member is read before the package is authenticated.
+    #[error("the first member must be .gkmetadata")]
     MetadataNotFirst,
     /// A second member named `.gkmetadata` (in any case) at the package root.
     #[error("a second .gkmetadata")]
@@ -322,6 +327,10 @@ pub enum SourceErrorKind {
     /// A file the manifest does not list.
     #[error("file is not listed in the manifest")]
     UnlistedFile,
+    /// A directory that no listed artifact's path goes through. Only signed paths may land in
+    /// an installed tree, so a directory member is admitted only where an artifact implies it.
+    #[error("directory is not on the path of any artifact listed in the manifest")]
+    UnlistedDirectory,
     /// An artifact the manifest lists that the package lacks.
     #[error("artifact listed in the manifest is missing")]
     MissingArtifact,

@@ -209,7 +209,7 @@ impl StoreErrorKind {
             StoreErrorKind::Io => "store i/o failed",
             StoreErrorKind::Corrupt => "store file is corrupt",
             StoreErrorKind::UnsupportedFormat => "store file has an unsupported format",
-            StoreErrorKind::Locked => "store is locked by another user",
+            StoreErrorKind::Locked => "store is locked",
             StoreErrorKind::GenerationConflict => "store registry changed since it was read",
             StoreErrorKind::InvalidTransaction => "store transaction is invalid",
             StoreErrorKind::Poisoned => "store is unusable after an earlier failure",

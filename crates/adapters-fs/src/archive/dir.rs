@@ -3,8 +3,8 @@
 //! Every entry is examined with `symlink_metadata`, so a link is reported as a link and never
 //! followed. A subdirectory is listed only after extraction has accepted its own name, which
 //! bounds the depth of the walk by the path rules; listings are sorted so that a directory yields
-//! its members in the same order every time, and counted so that a huge directory is refused
-//! before it is held in memory. A file is opened only when its data is wanted, and the opened
+//! its members in the same order every time, and counted (under the one rule extraction counts
+//! archives by) so that a huge directory is refused before it is held in memory. A file is opened only when its data is wanted, and the opened
 //! file must be the one that was examined (same device and inode, still a regular file); one that
 //! was swapped, grew or shrank meanwhile is refused.
 
@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use guild_ports::source::{SourceError, SourceErrorKind};
 
-use super::entry::{Ctx, Member, MemberKind, MemberStream};
+use super::entry::{Ctx, EntryCount, Member, MemberKind, MemberStream};
 
 /// The manifest's name; at the root of a directory source it is read by `open`, not walked.
 const METADATA_NAME: &str = ".gkmetadata";
@@ -44,9 +44,9 @@ struct Pending {
 pub(crate) struct DirStream {
     ctx: Ctx,
     root: PathBuf,
-    max_entries: u64,
-    /// Directory entries listed so far, across all directories.
-    listed: u64,
+    /// Directory entries listed so far, across all directories, under the rule extraction
+    /// counts by (the root's `.gkmetadata` is in it from the start).
+    listed: EntryCount,
     started: bool,
     stack: Vec<Level>,
     /// A directory yielded last, to be listed once its name has been accepted.
@@ -63,8 +63,7 @@ impl DirStream {
         DirStream {
             ctx: Ctx::new(location),
             root: root.to_path_buf(),
-            max_entries,
-            listed: 0,
+            listed: EntryCount::new(max_entries),
             started: false,
             stack: Vec::new(),
             descend: None,
@@ -87,13 +86,12 @@ impl DirStream {
                     .io("list a directory", e)
                     .with_member(display(&prefix))
             })?;
-            self.listed += 1;
-            if self.listed > self.max_entries {
-                return Err(self.ctx.err(SourceErrorKind::TooManyEntries {
-                    limit: self.max_entries,
-                }));
+            let name = entry.file_name();
+            // The root's `.gkmetadata` is counted already; every other entry is one more path.
+            if !(prefix.is_empty() && name == METADATA_NAME) {
+                self.listed.add(1).map_err(|kind| self.ctx.err(kind))?;
             }
-            names.push(entry.file_name());
+            names.push(name);
         }
         names.sort();
         self.stack.push(Level {

@@ -74,6 +74,35 @@ pub(crate) trait MemberStream: Send {
     fn location(&self) -> &Path;
 }
 
+/// The one rule by which every source counts a package's entries against
+/// [`ExtractLimits::max_entries`](guild_ports::source::ExtractLimits): each distinct path of the
+/// package tree counts once. That is `.gkmetadata`, every file, and every directory, whether a
+/// member names it or only lies on the path of a file. An extracted (installed) tree holds
+/// exactly those paths, so the archive reader and the directory walk that verifies the tree
+/// later always arrive at the same count, and a package accepted once is never refused for its
+/// size when it is checked again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EntryCount {
+    counted: u64,
+    limit: u64,
+}
+
+impl EntryCount {
+    /// A count under `limit` that already holds `.gkmetadata`.
+    pub(crate) fn new(limit: u64) -> Self {
+        EntryCount { counted: 1, limit }
+    }
+
+    /// Counts `paths` more paths of the tree, refusing once the total passes the limit.
+    pub(crate) fn add(&mut self, paths: u64) -> Result<(), SourceErrorKind> {
+        self.counted = self.counted.saturating_add(paths);
+        if self.counted > self.limit {
+            return Err(SourceErrorKind::TooManyEntries { limit: self.limit });
+        }
+        Ok(())
+    }
+}
+
 /// Builds errors about one package.
 #[derive(Debug, Clone)]
 pub(crate) struct Ctx {

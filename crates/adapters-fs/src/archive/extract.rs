@@ -1,16 +1,17 @@
 //! The one extraction path: every member of every source is admitted here, or refused, before a
 //! byte of it is written.
 //!
-//! Admission, in order: the entry count; a second `.gkmetadata`; the name as an
-//! [`ArtifactPath`]; the member kind (regular files and directories only); the tree (no
-//! duplicate, no case collision, no file where a directory is needed or the reverse); and for a
-//! file, the per-file and total caps on its declared size. Extraction then requires the file to
-//! be a manifest artifact of the declared size, writes it with `create_new` under directories it
-//! created itself inside the staging directory it created itself, hashes exactly the bytes it
-//! writes, and compares the digest with the manifest. A guard removes the staging directory on
-//! any failure.
+//! Admission, in order: a second `.gkmetadata`; the name as an [`ArtifactPath`]; the member
+//! kind (regular files and directories only); the tree (no duplicate, no case collision, no file
+//! where a directory is needed or the reverse); the entry count, by the one rule of
+//! [`EntryCount`]; and for a file, the per-file and total caps on its declared size. Extraction
+//! then requires a file to be a manifest artifact of the declared size, and a directory to lie
+//! on the path of one (so that nothing unsigned is created, not even an empty directory); it
+//! writes the file with `create_new` under directories it created itself inside the staging
+//! directory it created itself, hashes exactly the bytes it writes, and compares the digest with
+//! the manifest. A guard removes the staging directory on any failure.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
@@ -24,7 +25,7 @@ use guild_ports::source::{
 };
 use sha2::{Digest, Sha256};
 
-use super::entry::{read_full, Ctx, Member, MemberKind, MemberStream};
+use super::entry::{read_full, Ctx, EntryCount, Member, MemberKind, MemberStream};
 
 /// The copy buffer. Large reads keep the per-call overhead of reading, hashing and writing well
 /// below the cost of the hash itself.
@@ -59,7 +60,7 @@ struct Node {
 pub(crate) struct Checker {
     ctx: Ctx,
     limits: ExtractLimits,
-    entries: u64,
+    entries: EntryCount,
     total: u64,
     tree: HashMap<String, Node>,
 }
@@ -69,8 +70,7 @@ impl Checker {
         Checker {
             ctx,
             limits,
-            // `.gkmetadata` is the first entry.
-            entries: 1,
+            entries: EntryCount::new(limits.max_entries),
             total: 0,
             tree: HashMap::new(),
         }
@@ -78,12 +78,6 @@ impl Checker {
 
     pub(crate) fn admit(&mut self, member: &Member) -> Result<Admitted, SourceError> {
         let at = |kind| self.ctx.member(kind, &member.name);
-        self.entries += 1;
-        if self.entries > self.limits.max_entries {
-            return Err(at(SourceErrorKind::TooManyEntries {
-                limit: self.limits.max_entries,
-            }));
-        }
         if member
             .name
             .eq_ignore_ascii_case(RESERVED_METADATA_NAME.as_bytes())
@@ -99,6 +93,10 @@ impl Checker {
         }
         let is_dir = member.kind == MemberKind::Dir;
         let new_dirs = place(&mut self.tree, &path, is_dir).map_err(at)?;
+        // The paths this member adds to the tree: the directories it implies (itself, for a
+        // directory not seen before) and, for a file, the file.
+        let new_paths = new_dirs.len() as u64 + u64::from(!is_dir);
+        self.entries.add(new_paths).map_err(at)?;
         if !is_dir {
             let limits = self.limits;
             if member.size > limits.max_file_bytes {
@@ -418,6 +416,7 @@ fn check_against(
 ) -> Result<Vec<Artifact>, SourceError> {
     let listed: BTreeMap<&ArtifactPath, &Artifact> =
         manifest.artifacts.iter().map(|a| (&a.path, a)).collect();
+    let implied = implied_dirs(manifest);
     let mut written: BTreeMap<ArtifactPath, Artifact> = BTreeMap::new();
     let mut checker = Checker::new(ctx.clone(), limits);
     while let Some(member) = stream.next_member()? {
@@ -435,6 +434,12 @@ fn check_against(
                     }));
                 }
                 Some(artifact)
+            }
+            MemberKind::Dir => {
+                if !implied.contains(admitted.path.as_str()) {
+                    return Err(at(SourceErrorKind::UnlistedDirectory));
+                }
+                None
             }
             _ => None,
         };
@@ -483,6 +488,19 @@ fn check_against(
             .with_member(missing.path.as_str()));
     }
     Ok(written.into_values().collect())
+}
+
+/// The directories the manifest's artifacts lie in: every proper prefix of every artifact
+/// path, spelled exactly as the manifest spells it.
+fn implied_dirs(manifest: &Manifest) -> BTreeSet<&str> {
+    manifest
+        .artifacts
+        .iter()
+        .flat_map(|a| {
+            let path = a.path.as_str();
+            path.match_indices('/').map(move |(i, _)| &path[..i])
+        })
+        .collect()
 }
 
 /// Lists the files of `stream` with their sizes and digests, under the same admission rules as

@@ -12,13 +12,21 @@
 //!   through the same validation as any other name.
 //! - Every name becomes an [`ArtifactPath`](guild_domain::path::ArtifactPath) before anything
 //!   else, and a name that is not one is refused, never skipped or re-rooted.
+//! - `.gkmetadata` is the first member of an archive, and [`PackageSource::open`] reads nothing
+//!   past it: before authentication, every byte read is bounded by that member's header (at
+//!   most one PAX header, then at most `max_metadata_bytes`), whatever other members declare.
 //! - No duplicate or case-colliding entries, and no file where a directory is needed or the
 //!   reverse.
+//! - Directory members only where a listed artifact's path implies them; any other is refused,
+//!   so nothing unsigned, not even an empty directory, lands in an installed tree.
 //! - Caps on entries, per-file and total sizes, counted from declared sizes before any data is
-//!   read; reads are bounded by the declared size as well.
+//!   read; reads are bounded by the declared size as well. Archives and directories count
+//!   entries by one rule (every path of the tree, implied directories included), so a tree
+//!   extracted from an accepted archive is accepted again when it is verified in place.
 //! - Files are created with `create_new` under directories this code created inside a staging
 //!   directory it created; modes from the package are ignored: files end `0o444`, directories
-//!   `0o755` (so setuid, setgid and sticky bits are normalised away, not refused).
+//!   `0o755` (so setuid, setgid and sticky bits are normalised away, not refused; the store then
+//!   seals an installed tree's directories `0o555`).
 //! - Each artifact is hashed from the bytes written and checked against the manifest's size and
 //!   SHA-256; every listed artifact must be present, and an unlisted file is refused.
 //! - The staging root also receives `.gkmetadata`, so an extracted tree is itself a directory
@@ -93,8 +101,7 @@ impl PackageSource for GkpkSource {
         }
         let file = File::open(location).map_err(|e| ctx.io("open the archive", e))?;
         let mut stream = ustar::TarStream::new(file, location);
-        let bytes =
-            ustar::read_metadata(&mut stream, limits.max_metadata_bytes, limits.max_entries)?;
+        let bytes = ustar::read_metadata(&mut stream, limits.max_metadata_bytes)?;
         Ok(Box::new(Opened {
             metadata: bytes,
             stream: Box::new(stream),

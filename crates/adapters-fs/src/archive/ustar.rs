@@ -14,6 +14,7 @@ use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::path::Path;
 
+use guild_domain::path::RESERVED_METADATA_NAME;
 use guild_ports::source::{SourceError, SourceErrorKind};
 
 use super::entry::{read_full, Ctx, Member, MemberKind, MemberStream};
@@ -425,29 +426,25 @@ fn parse_pax(mut data: &[u8]) -> Result<Option<Vec<u8>>, SourceErrorKind> {
     Ok(path)
 }
 
-/// Reads the first member of the archive behind `stream` and checks that it is `.gkmetadata`;
-/// if it is not, looks further to tell a misplaced manifest from a missing one.
+/// Reads the first member of the archive behind `stream`, which must be `.gkmetadata`.
+///
+/// This runs before the package is authenticated, so nothing after that member is looked at:
+/// what it reads is bounded by the member's own header (at most one PAX header of
+/// [`MAX_PAX_BYTES`], the header block, and at most `max_bytes` of data), never by sizes that
+/// other members declare. An archive whose first member is anything else is refused at once,
+/// whatever follows it.
 pub(crate) fn read_metadata(
     stream: &mut TarStream,
     max_bytes: u64,
-    max_entries: u64,
 ) -> Result<Vec<u8>, SourceError> {
-    let first = stream.next_member()?;
-    let Some(first) = first.filter(|m| m.name == b".gkmetadata") else {
-        // Only the names matter while looking; an archive that breaks down before a later
-        // `.gkmetadata` turns up is reported as lacking one.
-        let mut seen = 0;
-        while let Ok(Some(member)) = stream.next_member() {
-            if member.name == b".gkmetadata" {
-                return Err(stream.ctx.err(SourceErrorKind::MetadataNotFirst));
-            }
-            seen += 1;
-            if seen >= max_entries {
-                break;
-            }
-        }
+    let Some(first) = stream.next_member()? else {
         return Err(stream.ctx.err(SourceErrorKind::MetadataMissing));
     };
+    if first.name != RESERVED_METADATA_NAME.as_bytes() {
+        return Err(stream
+            .ctx
+            .member(SourceErrorKind::MetadataNotFirst, &first.name));
+    }
     let at = |kind| stream.ctx.member(kind, &first.name);
     match first.kind {
         MemberKind::File => {}

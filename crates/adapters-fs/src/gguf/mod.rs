@@ -44,8 +44,9 @@
 //!   may appear twice.
 //! - **A bool is 0 or 1**; another byte is refused.
 //! - **`general.alignment` must be a `u32` power of two** (llama.cpp reads it as a `u32` too).
-//! - **Tensors have 1 to 4 axes** (GGML's `GGML_MAX_DIMS`), their element count fits in an
-//!   `i64`, and the innermost extent of a quantized type is a whole number of blocks. A tensor's
+//! - **Tensors have 1 to 4 axes** (GGML's `GGML_MAX_DIMS`), each axis and their element count
+//!   fit in an `i64` (each axis on its own, so that a zero axis cannot hide a huge one), and the
+//!   innermost extent of a quantized type is a whole number of blocks. A tensor's
 //!   byte size is its block count times its block's bytes.
 //! - **Tensor data must lie inside the file and not overlap** other tensors' data (zero-sized
 //!   tensors excepted). Gaps between tensors are allowed; the format does not forbid them.

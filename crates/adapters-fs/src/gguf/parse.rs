@@ -451,6 +451,19 @@ impl<'a> Reader<'a> {
         let offset_at = self.pos;
         let offset = self.u64(&format_args!("the data offset of tensor '{name}'"))?;
 
+        // GGML holds each axis in an int64_t. An axis that does not fit is refused on its own,
+        // as llama.cpp does: the product below is zero whenever some other axis is, and must not
+        // hide it.
+        if let Some((axis, &extent)) = dims.iter().enumerate().find(|(_, &d)| d > i64::MAX as u64) {
+            let axis_at = dims_at + 4 + 8 * axis as u64;
+            return Err(self.err(
+                ModelErrorKind::TooLarge(format!(
+                    "tensor '{name}' has axis {axis} of {extent} (at byte {axis_at}), above \
+                     i64::MAX: its element count overflows"
+                )),
+                axis_at,
+            ));
+        }
         // GGML counts elements in an int64_t; a tensor whose element count does not fit is refused.
         let elements = dims
             .iter()

@@ -157,13 +157,7 @@ impl FsStore {
         let layout = StoreLayout::new(root);
         let mut run = Run::new(None);
         create_root(&layout.root, &mut run)?;
-        let lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&layout.lock)
-            .map_err(|e| io_error("open lock file", &layout.lock, e))?;
+        let lock = open_lock(&layout.lock)?;
         lock_with_wait(&lock, &layout.lock, options.lock_wait)?;
         let recovered = recovery::recover(&layout, &BTreeSet::new(), &mut run)?;
         let store = FsStore {
@@ -437,15 +431,91 @@ fn lock_with_wait(file: &File, path: &Path, wait: Duration) -> Result<(), StoreE
     }
 }
 
+/// Opens (creating if needed) the lock file, which must be a regular file inside the store.
+///
+/// The last component is opened without following a link (`O_NOFOLLOW`), so that a link planted
+/// at `STORE/lock` cannot make the store create, or take a lock on, a file elsewhere; whatever
+/// was found there instead (a link, a directory, a FIFO) is refused and left as it was.
+fn open_lock(path: &Path) -> Result<File, StoreError> {
+    let mut options = OpenOptions::new();
+    options.read(true).write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        // Non-blocking too, so that a FIFO in its place cannot stall the open.
+        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    let not_regular = || {
+        StoreError::new(
+            StoreErrorKind::Corrupt,
+            "lock file is not a regular file (a link or something else is in its place); \
+             remove it",
+        )
+        .at(path.to_path_buf())
+    };
+    let file = match options.open(path) {
+        Ok(file) => file,
+        // Whatever stopped the open, something that is not a regular file is the clearer
+        // reason to give.
+        Err(e) => {
+            return Err(match fs::symlink_metadata(path) {
+                Ok(found) if !found.is_file() => not_regular(),
+                _ => io_error("open lock file", path, e),
+            })
+        }
+    };
+    let opened = file
+        .metadata()
+        .map_err(|e| io_error("inspect lock file", path, e))?;
+    if !opened.is_file() {
+        return Err(not_regular());
+    }
+    Ok(file)
+}
+
 /// Takes the store's advisory lock without waiting (`flock`, so not reliable on NFS).
 fn try_lock(file: &File, path: &Path) -> Result<(), StoreError> {
     match file.try_lock() {
         Ok(()) => Ok(()),
-        Err(TryLockError::WouldBlock) => Err(StoreError::new(
-            StoreErrorKind::Locked,
-            "another process or handle has the store open",
-        )
-        .at(path.to_path_buf())),
+        Err(TryLockError::WouldBlock) => {
+            let what = match lock_holder(file) {
+                Some(pid) if pid == std::process::id() => {
+                    format!("another handle in this process (pid {pid}) has the store open")
+                }
+                Some(pid) => format!("another process (pid {pid}) has the store open"),
+                None => "another process, or another handle in this process, has the store open"
+                    .to_owned(),
+            };
+            Err(StoreError::new(StoreErrorKind::Locked, what).at(path.to_path_buf()))
+        }
         Err(TryLockError::Error(e)) => Err(io_error("lock store", path, e)),
     }
+}
+
+/// The process holding the `flock` on `file`, when the system says: Linux lists every lock in
+/// `/proc/locks` with the pid that took it and the device and inode of its file. This is for the
+/// message only; a lock taken before a `fork` is listed under the parent's pid.
+#[cfg(target_os = "linux")]
+fn lock_holder(file: &File) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt as _;
+    let md = file.metadata().ok()?;
+    let dev = md.dev();
+    // glibc's encoding of a device number (`gnu_dev_major`, `gnu_dev_minor`).
+    let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0x0fff);
+    let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0x00ff);
+    let wanted = format!("{major:02x}:{minor:02x}:{}", md.ino());
+    let locks = fs::read_to_string("/proc/locks").ok()?;
+    locks.lines().find_map(|line| {
+        // `1: FLOCK  ADVISORY  WRITE 1234 fe:00:5490962 0 EOF`; waiters are marked `->`.
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields.as_slice() {
+            [_, "FLOCK", _, _, pid, file, ..] if *file == wanted => pid.parse().ok(),
+            _ => None,
+        }
+    })
+}
+
+#[cfg(not(target_os = "linux"))]
+fn lock_holder(_file: &File) -> Option<u32> {
+    None
 }

@@ -1,7 +1,11 @@
 //! `guild doctor`: what this machine and the store look like to the host, each check with a
 //! verdict and, when it is not ok, what to do about it.
 
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
+
+use guild_adapters_fs::store::StoreLayout;
 
 use guild_host::package_manager::PackageManager;
 use guild_host::platform::{cpu_isa, HostPlatform};
@@ -56,23 +60,29 @@ impl Check {
 
 pub fn run(store: &Path) -> anyhow::Result<Report> {
     let mut checks = vec![platform()];
-    let store_unusable = match PackageManager::open_dir(store) {
-        Ok((pm, opened)) => {
-            checks.push(store_check(store, &pm, &opened));
-            checks.push(trust_check(&pm));
-            false
-        }
-        Err(e) => {
-            checks.push(
-                Check::new(
-                    "store",
-                    Verdict::Fail,
-                    format!("{} cannot be opened: {e}", store.display()),
-                )
-                .hint("`guild recover` says more; another process may hold the store's lock"),
-            );
+    let store_unusable = match existing_store(store) {
+        Err(missing) => {
+            checks.push(missing);
             true
         }
+        Ok(()) => match PackageManager::open_dir(store) {
+            Ok((pm, opened)) => {
+                checks.push(store_check(store, &pm, &opened));
+                checks.push(trust_check(&pm));
+                false
+            }
+            Err(e) => {
+                checks.push(
+                    Check::new(
+                        "store",
+                        Verdict::Fail,
+                        format!("{} cannot be opened: {e}", store.display()),
+                    )
+                    .hint("`guild recover` says more; another process may hold the store's lock"),
+                );
+                true
+            }
+        },
     };
     checks.push(cuda_check());
     checks.push(sdk_check());
@@ -149,6 +159,33 @@ fn platform() -> Check {
             ),
         ),
     }
+}
+
+/// `doctor` examines a store and never makes one: opening creates a store where there is none,
+/// so a mistyped `--store` would otherwise be answered with a new, empty and healthy store. A
+/// path without a registry file is a failed check instead, and nothing is written there.
+fn existing_store(store: &Path) -> Result<(), Check> {
+    let registry = StoreLayout::new(store).registry;
+    let detail = match fs::metadata(store) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            format!("{} does not exist", store.display())
+        }
+        Err(e) => format!("{} cannot be examined: {e}", store.display()),
+        Ok(found) if !found.is_dir() => format!("{} is not a directory", store.display()),
+        Ok(_) => match fs::symlink_metadata(&registry) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => format!(
+                "{} holds no store (there is no {})",
+                store.display(),
+                registry.display()
+            ),
+            Err(e) => format!("{} cannot be examined: {e}", registry.display()),
+        },
+    };
+    Err(Check::new("store", Verdict::Fail, detail).hint(
+        "check --store and GUILD_STORE for a typo; doctor creates nothing, any other command \
+         creates the store on first use",
+    ))
 }
 
 fn store_check(

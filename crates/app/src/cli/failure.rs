@@ -5,6 +5,7 @@
 //! that a context message added on top never hides what actually failed.
 
 use std::io;
+use std::path::Path;
 use std::process::ExitCode;
 
 use guild_adapters_crypto::KeyFileError;
@@ -166,7 +167,8 @@ fn source_hint(e: &SourceError) -> Option<String> {
         SourceErrorKind::SizeMismatch { .. }
         | SourceErrorKind::DigestMismatch { .. }
         | SourceErrorKind::MissingArtifact
-        | SourceErrorKind::UnlistedFile => Some(
+        | SourceErrorKind::UnlistedFile
+        | SourceErrorKind::UnlistedDirectory => Some(
             "the package's files do not match its signed manifest: it was altered or damaged \
              after packing; do not install it, get it again from its publisher"
                 .into(),
@@ -233,6 +235,17 @@ fn store_hint(e: &StoreError) -> Option<String> {
             "another guild command or a runner has this store open; retry when it has finished"
                 .into(),
         ),
+        // The store makes its lock file itself and never damages it; something else in its
+        // place was put there, and a backup would not help.
+        StoreErrorKind::Corrupt
+            if e.path.as_ref().and_then(|p| p.file_name()) == Some("lock".as_ref()) =>
+        {
+            let path = e.path.as_deref().unwrap_or(Path::new("lock"));
+            Some(format!(
+                "remove {} (the store creates a fresh lock file) and find out who put it there",
+                path.display()
+            ))
+        }
         StoreErrorKind::Corrupt | StoreErrorKind::UnsupportedFormat => Some(format!(
             "the store refuses to guess: restore the damaged file{where_} from a backup, then \
              run `guild recover`"

@@ -132,6 +132,8 @@ fn completions_are_generated_for_each_shell() {
 #[test]
 fn doctor_reports_each_check_and_fails_on_an_unusable_store() {
     let b = Bench::new();
+    // doctor creates no store (publication_bounds tests that); any other command does.
+    assert_eq!(b.run(&["list"]).code, 0);
     let run = b.run(&["--json", "doctor"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     let doc = run.json();

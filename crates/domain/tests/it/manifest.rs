@@ -9,7 +9,7 @@ use guild_domain::ids::{
 use guild_domain::json::{self, Integer, JsonErrorKind, Value};
 use guild_domain::manifest::{
     Arch, Artifact, Backend, FieldErrorKind, Manifest, ManifestErrors, Metadata, Os,
-    SignatureAlgorithm, SignatureEntry, MAX_METADATA_BYTES,
+    SignatureAlgorithm, SignatureEntry, MAX_METADATA_BYTES, MAX_REPORTED_PROBLEMS,
 };
 use guild_domain::path::{ArtifactPath, PathRule};
 use guild_domain::version::{AbiRange, PackedVersion, Version, VersionError, VersionRange};
@@ -917,6 +917,67 @@ fn invalid_artifact_paths() {
             FieldErrorKind::InvalidPath(PathRule::Reserved),
         )],
     );
+    // The name is reserved at any depth and in any letter case, as a file or a directory.
+    for nested in ["lib/.gkmetadata", "lib/.GKMetadata", ".gkmetadata/lib.so"] {
+        check(
+            kernel_doc,
+            |d| {
+                set(d, "/payload/artifacts/0/path", json!(nested));
+                set(d, "/payload/entry", json!(nested));
+            },
+            &[
+                (
+                    "$.payload.entry",
+                    FieldErrorKind::InvalidPath(PathRule::Reserved),
+                ),
+                (
+                    "$.payload.artifacts[0].path",
+                    FieldErrorKind::InvalidPath(PathRule::Reserved),
+                ),
+            ],
+        );
+    }
+}
+
+#[test]
+fn a_manifest_with_a_million_problems_reports_the_first_fifty_and_a_count() {
+    // About 1 MiB of empty artifact objects: three missing fields each.
+    let objects = (MAX_METADATA_BYTES - 1000) / 3;
+    let mut doc = bytes(&kernel_doc());
+    let text = String::from_utf8(doc.clone()).unwrap();
+    let artifacts = format!("[{}]", vec!["{}"; objects].join(","));
+    let start = text.find("\"artifacts\"").unwrap();
+    let end = start + text[start..].find(']').unwrap() + 1;
+    doc = format!(
+        "{}\"artifacts\": {artifacts}{}",
+        &text[..start],
+        &text[end..]
+    )
+    .into_bytes();
+    let doc: Vec<u8> = doc
+        .into_iter()
+        .filter(|b| !b.is_ascii_whitespace())
+        .collect();
+    assert!(doc.len() <= MAX_METADATA_BYTES, "{} bytes", doc.len());
+
+    let e = Metadata::parse(&doc).unwrap_err();
+    let total = 3 * objects;
+    assert_eq!(e.errors.len(), MAX_REPORTED_PROBLEMS);
+    assert_eq!(e.errors.len() + e.omitted, total);
+    assert_eq!(e.errors[0].path.to_string(), "$.payload.artifacts[0].path");
+    assert_eq!(e.errors[0].kind, FieldErrorKind::Missing);
+    let shown = e.to_string();
+    assert!(
+        shown.starts_with(&format!("invalid manifest ({total} problems):\n")),
+        "{}",
+        &shown[..200]
+    );
+    assert!(
+        shown.ends_with(&format!("\n  and {} more", total - MAX_REPORTED_PROBLEMS)),
+        "{}",
+        &shown[shown.len() - 200..]
+    );
+    assert_eq!(shown.lines().count(), 1 + MAX_REPORTED_PROBLEMS + 1);
 }
 
 #[test]

@@ -233,24 +233,32 @@ fn cases(escape: &str, root: &Path) -> Vec<Case> {
     ));
 
     // The manifest member.
-    v.push(tar(
-        ".gkmetadata missing",
-        Tar::new().file("lib/a.so", LIB).end(),
-        K::MetadataMissing,
-    ));
+    // The reader looks no further than the first member: whether a `.gkmetadata` comes later
+    // is not known, and not worth reading a hostile archive to find out.
+    v.push(
+        tar(
+            ".gkmetadata missing",
+            Tar::new().file("lib/a.so", LIB).end(),
+            K::MetadataNotFirst,
+        )
+        .member("lib/a.so"),
+    );
     v.push(tar(
         "an empty archive",
         Tar::new().end(),
         K::MetadataMissing,
     ));
-    v.push(tar(
-        ".gkmetadata not first",
-        Tar::new()
-            .file("lib/a.so", LIB)
-            .file(".gkmetadata", json)
-            .end(),
-        K::MetadataNotFirst,
-    ));
+    v.push(
+        tar(
+            ".gkmetadata not first",
+            Tar::new()
+                .file("lib/a.so", LIB)
+                .file(".gkmetadata", json)
+                .end(),
+            K::MetadataNotFirst,
+        )
+        .member("lib/a.so"),
+    );
     v.push(
         tar(
             ".gkmetadata twice",
@@ -371,23 +379,45 @@ fn cases(escape: &str, root: &Path) -> Vec<Case> {
     });
     total.member = Some("lib/y.bin".to_owned());
     v.push(total);
+    // Entries are the paths of the tree: `.gkmetadata`, `lib` (implied), then the files.
+    let three = metadata_json(&[("lib/a.so", LIB), ("lib/b.so", LIB), ("lib/c.so", LIB)]);
     v.push(
-        tar(
+        Case::new(
             "more entries than the cap",
-            start()
-                .dir("d1/")
-                .dir("d2/")
-                .dir("d3/")
-                .dir("d4/")
-                .file("lib/a.so", LIB)
-                .end(),
+            Source::Tar(
+                Tar::with_metadata(&three)
+                    .file("lib/a.so", LIB)
+                    .file("lib/b.so", LIB)
+                    .file("lib/c.so", LIB)
+                    .end(),
+            ),
+            &three,
             K::TooManyEntries { limit: 4 },
         )
-        .member("d4")
+        .member("lib/c.so")
         .limits(ExtractLimits {
             max_entries: 4,
             ..ExtractLimits::default()
         }),
+    );
+    v.push(
+        tar(
+            "an unlisted directory member",
+            start().dir("d1/").file("lib/a.so", LIB).end(),
+            K::UnlistedDirectory,
+        )
+        .member("d1"),
+    );
+    v.push(
+        tar(
+            "a nested .gkmetadata",
+            start()
+                .file("lib/a.so", LIB)
+                .file("lib/.GKMetadata", json)
+                .end(),
+            unsafe_path(PathRule::Reserved),
+        )
+        .member("lib/.GKMetadata"),
     );
 
     // Member kinds.

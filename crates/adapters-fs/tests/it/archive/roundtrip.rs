@@ -130,6 +130,16 @@ fn archive_and_directory_extract_to_identical_read_only_trees() {
         &temp.path().join("a"),
         ExtractOptions::default(),
     );
+    // The directory source's empty directory lies on no artifact's path, so it is refused
+    // rather than carried into the tree; without it the source extracts.
+    let err = GkpkSource::default()
+        .open(&src)
+        .and_then(|o| o.extract_to(&manifest(&json), &temp.path().join("d")))
+        .unwrap_err();
+    assert_eq!(err.kind, SourceErrorKind::UnlistedDirectory);
+    assert_eq!(err.member.as_deref(), Some("empty-dir"));
+    assert!(!temp.path().join("d").exists());
+    fs::remove_dir(src.join("empty-dir")).unwrap();
     let from_dir = extract(
         &src,
         &json,
@@ -141,14 +151,9 @@ fn archive_and_directory_extract_to_identical_read_only_trees() {
     assert_eq!(from_archive.root, temp.path().join("a"));
 
     let tree_a = snapshot(&from_archive.root);
-    let mut tree_d = snapshot(&from_dir.root);
+    let tree_d = snapshot(&from_dir.root);
     assert_read_only(&tree_a);
     assert_read_only(&tree_d);
-    // The archive writer leaves directories without files out; the directory source keeps them.
-    assert_eq!(
-        tree_d.remove(Path::new("empty-dir")),
-        Some(Node::Dir { mode: 0o755 })
-    );
     assert_eq!(tree_a, tree_d);
     assert_eq!(
         fs::read(from_archive.root.join(".gkmetadata")).unwrap(),
@@ -375,7 +380,8 @@ fn archives_from_gnu_tar_are_read() {
         assert_eq!(out.files, artifacts, "{format}");
         assert_read_only(&snapshot(&staging));
     }
-    // The tar command's own `./` prefixes are refused, not silently stripped.
+    // The tar command's own `./` prefixes are refused, not silently stripped: its first member
+    // is `./`, not `.gkmetadata`.
     let archive = temp.path().join("dot.gkernel");
     let status = Command::new("tar")
         .arg("--format=ustar")
@@ -388,7 +394,8 @@ fn archives_from_gnu_tar_are_read() {
         .unwrap();
     assert!(status.success());
     let err = GkpkSource::default().open(&archive).unwrap_err();
-    assert_eq!(err.kind, SourceErrorKind::MetadataMissing);
+    assert_eq!(err.kind, SourceErrorKind::MetadataNotFirst);
+    assert_eq!(err.member.as_deref(), Some("."));
 }
 
 #[test]

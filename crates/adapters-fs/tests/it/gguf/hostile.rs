@@ -402,6 +402,22 @@ fn cases() -> Vec<Case> {
         at,
         &["tensor 'a'", "overflows"],
     ));
+    // A zero axis makes the product zero, which must not hide an axis no int64_t holds
+    // (llama.cpp refuses every axis above INT64_MAX on its own).
+    let g = with(|g| {
+        let t = g.tensor_mut("a");
+        t.dims = vec![0, u64::MAX];
+        t.data = Some(vec![0; 32]);
+    });
+    let b = g.build();
+    let at = b.at("tensor:a:ne") + 8;
+    cases.push(case(
+        "a zero axis beside an axis beyond i64",
+        b.bytes,
+        Kind::TooLarge,
+        at,
+        &["tensor 'a'", "axis 1", "18446744073709551615", "i64"],
+    ));
     let at = valid.at("tensor:b:type");
     cases.push(case(
         "unknown ggml type",

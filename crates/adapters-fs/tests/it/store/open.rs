@@ -72,6 +72,58 @@ fn store_second_open_is_locked_until_the_first_closes() {
 }
 
 #[test]
+fn store_lock_message_names_the_holder_not_another_user() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_first, _) = FsStore::open(dir.path()).unwrap();
+    let err = FsStore::open_with(
+        dir.path(),
+        StoreOptions {
+            lock_wait: std::time::Duration::ZERO,
+            ..StoreOptions::new()
+        },
+    )
+    .map(|_| ())
+    .unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::Locked);
+    let text = err.to_string();
+    assert!(!text.contains("another user"), "{text}");
+    // Both handles are this process's, and the message says so, with its pid.
+    assert!(
+        text.contains(&format!("pid {}", std::process::id())),
+        "{text}"
+    );
+    assert!(text.contains("this process"), "{text}");
+}
+
+#[test]
+fn store_lock_planted_as_a_symlink_is_refused_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let outside = dir.path().join("outside");
+    FsStore::open(&root).unwrap();
+    fs::remove_file(root.join("lock")).unwrap();
+    let victim = outside.join("victim");
+    fs::create_dir(&outside).unwrap();
+    std::os::unix::fs::symlink(&victim, root.join("lock")).unwrap();
+    let err = open_err(&root);
+    assert_eq!(err.path, Some(root.join("lock")), "{err}");
+    assert!(err.to_string().contains("not a regular file"), "{err}");
+    assert!(!victim.exists(), "the lock was opened through the link");
+
+    // A link to an existing file is refused as well, and the file is left alone.
+    fs::write(&victim, b"precious").unwrap();
+    let err = open_err(&root);
+    assert_eq!(err.path, Some(root.join("lock")), "{err}");
+    assert_eq!(fs::read(&victim).unwrap(), b"precious");
+
+    // So is a directory in its place.
+    fs::remove_file(root.join("lock")).unwrap();
+    fs::create_dir(root.join("lock")).unwrap();
+    let err = open_err(&root);
+    assert_eq!(err.path, Some(root.join("lock")), "{err}");
+}
+
+#[test]
 fn store_corrupt_registry_fails_closed_naming_the_file() {
     let (_dir, root) = store_with_one_package();
     let layout = StoreLayout::new(&root);
