@@ -24,3 +24,4 @@ mod signatures;
 mod smoke;
 mod streams;
 mod support;
+mod trust_quarantine;
