@@ -9,7 +9,7 @@ use guild_domain::graph::{
 use guild_domain::lease::Leased;
 use guild_domain::manifest::ManifestErrors;
 use guild_domain::registry::RegistryError;
-use guild_domain::trust::{AuthError, TrustChangeError, TrustFileError};
+use guild_domain::trust::{AuthError, TrustChangeError, TrustFileError, TrustFileMismatch};
 use guild_ports::source::SourceError;
 use guild_ports::store::StoreError;
 
@@ -146,6 +146,17 @@ pub enum HostError {
     /// The store's trust file cannot be decoded (it fails closed: nothing is trusted instead).
     #[error("trust file of the store: {0}")]
     TrustFile(#[from] TrustFileError),
+    /// The trust file is not the one the registry recorded: missing, an older copy, another
+    /// store's, or changed outside guild. The store does not open (revocations would be
+    /// forgotten); `guild trust reset` rebuilds it ([`crate::TrustReset`]).
+    #[error("trust file {} is not this store's current trust file: {problem}", .path.display())]
+    TrustBinding {
+        /// The trust file.
+        path: PathBuf,
+        /// How it differs from what the registry recorded.
+        #[source]
+        problem: TrustFileMismatch,
+    },
     /// An installed tree no longer matches what the registry recorded for it.
     #[error("installed package {package} at {} is damaged: {problem}", .path.display())]
     InstalledTree {
@@ -215,6 +226,7 @@ impl HostError {
             | HostError::TrustChange(_) => ErrorCategory::Refused,
             HostError::Store(_)
             | HostError::TrustFile(_)
+            | HostError::TrustBinding { .. }
             | HostError::InstalledTree { .. }
             | HostError::Graph(_)
             | HostError::UnsupportedPlatform { .. } => ErrorCategory::Store,

@@ -58,5 +58,5 @@ pub use error::{ErrorCategory, HostError};
 pub use host::{Host, LoadReport};
 pub use models::{BoundModel, ModelRunnerRegistry, SelectError};
 pub use operations::{OpHandle, OperationRequest, OperationService};
-pub use package_manager::{InstallOptions, Installed, OpenReport, PackageManager};
+pub use package_manager::{InstallOptions, Installed, OpenReport, PackageManager, TrustReset};
 pub use platform::HostPlatform;

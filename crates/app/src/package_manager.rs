@@ -11,6 +11,14 @@
 //! 2. check the platform, the immutable-version rule and the dependency graph;
 //! 3. only then extract the artifacts (each hashed from the bytes written) into staging;
 //! 4. commit durably. No library is opened by any of this.
+//!
+//! Two more promises are kept here. The trust file is bound to the store: every trust change is
+//! committed with the registry, which records the file's generation, digest and every revocation,
+//! and opening refuses a trust file that is missing, older, foreign or altered
+//! ([`HostError::TrustBinding`]) until the operator rebuilds it ([`TrustReset`]), which keeps every
+//! recorded revocation. And a version that fails re-verification is quarantined in the registry,
+//! with the reason and the file, whatever the command that found it does next; installing a
+//! genuine copy of it replaces its files and lifts the quarantine.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -21,8 +29,10 @@ use guild_domain::ids::{PackageId, PackageKind, PublisherId, Sha256Digest};
 use guild_domain::lease::{ActiveLeases, LeaseKind, LeaseLedger, QuiescentAction};
 use guild_domain::manifest::Metadata;
 use guild_domain::path::RESERVED_METADATA_NAME;
-use guild_domain::registry::{NewVersion, PublishKind, PublishOptions, RegistryState};
-use guild_domain::trust::{authenticate, Authenticated, SignatureCheck, TrustStore};
+use guild_domain::registry::{NewVersion, PublishKind, PublishOptions, Quarantine, RegistryState};
+use guild_domain::trust::{
+    authenticate, check_trust_file, Authenticated, SignatureCheck, TrustFileMismatch, TrustStore,
+};
 use guild_domain::version::Version;
 use guild_ports::signature::SignatureVerifier;
 use guild_ports::source::{OpenedPackage, PackageSource, Progress};
@@ -75,6 +85,10 @@ pub struct Installed {
     /// True when this version was already installed (superseded, after a rollback say) and was
     /// made current and enabled again instead of being extracted anew.
     pub reactivated: bool,
+    /// True when this version was installed but quarantined or damaged, and its files were
+    /// replaced by the offered package's (verified as they were written); its quarantine is
+    /// lifted.
+    pub repaired: bool,
 }
 
 /// A package version that was disabled (it failed re-verification, or depends on one that did)
@@ -102,6 +116,44 @@ pub struct OpenReport {
     /// Installed versions whose tree was missing or unreadable: each was marked removed (its
     /// dependents, if any, are among [`OpenReport::disabled`]).
     pub removed: Vec<Quarantined>,
+    /// What opening did to the trust file, if anything: bound a store's unbound trust file, or
+    /// rebuilt it as [`PackageManager::open_resetting_trust`] asked.
+    pub trust: Option<TrustOpened>,
+}
+
+/// How to rebuild a trust file that the registry does not recognise (missing, an older copy,
+/// another store's, changed by hand, unreadable): the `guild trust reset` command.
+///
+/// The new trust file keeps every revocation the registry recorded and every revocation of the
+/// file found (when it can be read). It trusts no key unless `keep_keys` asks to keep the keys of
+/// the file found, except revoked ones; the operator can then `trust add` what is missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TrustReset {
+    /// Keep the keys that the trust file found trusts (it must be readable).
+    pub keep_keys: bool,
+}
+
+/// What opening did to the trust file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TrustOpened {
+    /// The store predates trust binding: its trust file was bound to it at `generation`.
+    Bound {
+        /// The trust file's generation now.
+        generation: u64,
+    },
+    /// The trust file was rebuilt ([`TrustReset`]).
+    Rebuilt {
+        /// What was wrong with the file found, or `None` when it was the right one.
+        found: Option<String>,
+        /// The new trust file's generation.
+        generation: u64,
+        /// Keys trusted in the new file.
+        keys: usize,
+        /// Revoked keys in the new file.
+        revoked_keys: usize,
+        /// Revoked payloads in the new file.
+        revoked_payloads: usize,
+    },
 }
 
 /// An enabled package the loader should open, in dependency order.
@@ -133,6 +185,8 @@ pub struct VersionSummary {
     pub state: guild_domain::lifecycle::State,
     /// SHA-256 of its canonical unsigned payload.
     pub payload_digest: Sha256Digest,
+    /// Why it is quarantined, while it is.
+    pub quarantine: Option<Quarantine>,
 }
 
 /// One package id with all its recorded versions.
@@ -375,13 +429,43 @@ impl PackageManager {
     /// read back and must match its recorded digest; every enabled version is re-verified against
     /// the current trust store and its artifacts are re-hashed. Enabled packages that fail, and
     /// the enabled packages that depend on them, are disabled in one durable transaction and
-    /// reported. A trust file that cannot be read fails the open.
+    /// reported; a version that failed itself is recorded as quarantined.
+    ///
+    /// A trust file that cannot be read fails the open, and so does one that is not the file the
+    /// registry recorded ([`HostError::TrustBinding`]): missing, older, another store's, or
+    /// changed outside guild. Nothing is written before either check.
     pub fn open(
         store: Box<dyn PackageStore>,
         recovery: RecoveryReport,
         source: Box<dyn PackageSource>,
         verifier: Box<dyn SignatureVerifier>,
         platform: HostPlatform,
+    ) -> Result<(Self, OpenReport), HostError> {
+        Self::open_with(store, recovery, source, verifier, platform, None)
+    }
+
+    /// [`PackageManager::open`], but first rebuilding the trust file as `reset` says, whatever
+    /// is wrong with the one found (or if nothing is): the way out of a
+    /// [`HostError::TrustBinding`] or [`HostError::TrustFile`] refusal. Every revocation the
+    /// registry recorded is kept. The rebuilt file and its record are one transaction.
+    pub fn open_resetting_trust(
+        store: Box<dyn PackageStore>,
+        recovery: RecoveryReport,
+        source: Box<dyn PackageSource>,
+        verifier: Box<dyn SignatureVerifier>,
+        platform: HostPlatform,
+        reset: TrustReset,
+    ) -> Result<(Self, OpenReport), HostError> {
+        Self::open_with(store, recovery, source, verifier, platform, Some(reset))
+    }
+
+    fn open_with(
+        store: Box<dyn PackageStore>,
+        recovery: RecoveryReport,
+        source: Box<dyn PackageSource>,
+        verifier: Box<dyn SignatureVerifier>,
+        platform: HostPlatform,
+        reset: Option<TrustReset>,
     ) -> Result<(Self, OpenReport), HostError> {
         let pm = PackageManager {
             store,
@@ -402,6 +486,10 @@ impl PackageManager {
         };
         {
             let mut life = pm.lock();
+            report.trust = match reset {
+                None => pm.check_trust_binding()?,
+                Some(reset) => Some(pm.rebuild_trust(reset)?),
+            };
             let mut registry = pm.store.registry()?;
             let mut damaged: Vec<(PackageId, Version, String)> = Vec::new();
             for (id, version, record) in registry.installed() {
@@ -464,18 +552,160 @@ impl PackageManager {
     /// Opens the store at `dir` (creating it when absent) with the production adapters: the
     /// file-system store, the hardened GKPK source and the P-256 verifier, for this platform.
     pub fn open_dir(dir: &Path) -> Result<(Self, OpenReport), HostError> {
+        Self::open_dir_with(dir, None)
+    }
+
+    /// [`PackageManager::open_dir`] with the trust file rebuilt first
+    /// ([`PackageManager::open_resetting_trust`]).
+    pub fn open_dir_resetting_trust(
+        dir: &Path,
+        reset: TrustReset,
+    ) -> Result<(Self, OpenReport), HostError> {
+        Self::open_dir_with(dir, Some(reset))
+    }
+
+    fn open_dir_with(
+        dir: &Path,
+        reset: Option<TrustReset>,
+    ) -> Result<(Self, OpenReport), HostError> {
         let platform = HostPlatform::current().ok_or(HostError::UnsupportedPlatform {
             os: std::env::consts::OS,
             arch: std::env::consts::ARCH,
         })?;
         let (store, recovery) = guild_adapters_fs::store::FsStore::open(dir)?;
-        Self::open(
+        Self::open_with(
             Box::new(store),
             recovery,
             Box::new(guild_adapters_fs::archive::GkpkSource::default()),
             Box::new(guild_adapters_crypto::P256Verifier::new()),
             platform,
+            reset,
         )
+    }
+
+    /// The trust file as committed, its bytes decoded; `None` when there is none.
+    fn trust_file(&self) -> Result<Option<(Vec<u8>, TrustStore)>, HostError> {
+        match self.store.read_trust()? {
+            None => Ok(None),
+            Some(bytes) => {
+                let trust = TrustStore::from_json(&bytes)?;
+                Ok(Some((bytes, trust)))
+            }
+        }
+    }
+
+    /// Refuses a trust file that is not the one the registry recorded, before anything trusts
+    /// it. A store that predates trust binding has its readable trust file bound now, so that
+    /// from this open on it is guarded like any other.
+    fn check_trust_binding(&self) -> Result<Option<TrustOpened>, HostError> {
+        let registry = self.store.registry()?;
+        let file = self.trust_file()?;
+        check_trust_file(
+            registry.trust_anchor(),
+            file.as_ref().map(|(b, t)| (b.as_slice(), t)),
+            registry.packages().next().is_some(),
+        )
+        .map_err(|problem| self.binding_error(problem))?;
+        match (registry.trust_anchor(), file) {
+            (None, Some((_, trust))) => {
+                let generation = self.commit_trust(&registry, trust)?;
+                Ok(Some(TrustOpened::Bound { generation }))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn binding_error(&self, problem: TrustFileMismatch) -> HostError {
+        HostError::TrustBinding {
+            path: self.store.trust_path(),
+            problem,
+        }
+    }
+
+    /// Rebuilds the trust file as `reset` says and commits it with its record.
+    fn rebuild_trust(&self, reset: TrustReset) -> Result<TrustOpened, HostError> {
+        let registry = self.store.registry()?;
+        let (found, problem) = match self.store.read_trust()? {
+            None => (
+                None,
+                check_trust_file(
+                    registry.trust_anchor(),
+                    None,
+                    registry.packages().next().is_some(),
+                )
+                .err()
+                .map(|p| p.to_string()),
+            ),
+            Some(bytes) => match TrustStore::from_json(&bytes) {
+                Ok(trust) => {
+                    let problem = check_trust_file(
+                        registry.trust_anchor(),
+                        Some((&bytes, &trust)),
+                        registry.packages().next().is_some(),
+                    )
+                    .err()
+                    .map(|p| p.to_string());
+                    (Some(trust), problem)
+                }
+                // Its keys cannot be kept, but the registry's revocations still are.
+                Err(e) if !reset.keep_keys => (None, Some(format!("it cannot be read: {e}"))),
+                Err(e) => return Err(e.into()),
+            },
+        };
+        let trust = TrustStore::rebuilt(registry.trust_anchor(), found.as_ref(), reset.keep_keys);
+        let (keys, revoked_keys, revoked_payloads) = (
+            trust.publishers().map(|(_, k)| k.count()).sum(),
+            trust.revoked_keys().count(),
+            trust.revoked_digests().count(),
+        );
+        let generation = self.commit_trust(&registry, trust)?;
+        Ok(TrustOpened::Rebuilt {
+            found: problem,
+            generation,
+            keys,
+            revoked_keys,
+            revoked_payloads,
+        })
+    }
+
+    /// Binds `trust` to the store at the next generation and commits it with its record in one
+    /// transaction from `registry`. Answers the new generation.
+    fn commit_trust(
+        &self,
+        registry: &RegistryState,
+        mut trust: TrustStore,
+    ) -> Result<u64, HostError> {
+        let (store_id, generation) = match registry.trust_anchor() {
+            Some(a) => (
+                a.binding.store_id.clone(),
+                a.binding.generation.saturating_add(1),
+            ),
+            None => (self.new_store_id(), 1),
+        };
+        let (bytes, anchor) = trust.seal(&store_id, generation);
+        let mut next = registry.successor();
+        next.set_trust_anchor(anchor);
+        self.store
+            .commit(Transaction::new(registry.generation(), next).with_trust(bytes))?;
+        Ok(generation)
+    }
+
+    /// A fresh store id. It tells this store's trust file from another store's, so it must
+    /// differ between stores; it is no secret (whoever can write the trust file can read the
+    /// registry), so the time, the process and the store's path suffice.
+    fn new_store_id(&self) -> String {
+        static MINTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let seed = format!(
+            "{nanos}:{}:{}:{}",
+            std::process::id(),
+            MINTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            self.store.trust_path().display()
+        );
+        let hex = Sha256Digest::of(seed.as_bytes()).to_hex();
+        hex.get(..32).unwrap_or(&hex).to_owned()
     }
 
     fn lock(&self) -> MutexGuard<'_, Lifecycle> {
@@ -541,24 +771,27 @@ impl PackageManager {
     }
 
     fn read_trust(&self) -> Result<TrustStore, HostError> {
-        match self.store.read_trust()? {
-            None => Ok(TrustStore::new()),
-            Some(bytes) => Ok(TrustStore::from_json(&bytes)?),
-        }
+        Ok(self.trust_file()?.map(|(_, t)| t).unwrap_or_default())
     }
 
-    /// Applies `change` to the trust store and writes it durably. Revocations take effect for
-    /// enabled packages the next time the store is opened (or at once through
+    /// Applies `change` to the trust store and commits it durably, together with the registry's
+    /// record of the new trust file (its generation, digest and revocations), in one transaction.
+    /// A change that changes nothing commits nothing. Revocations take effect for enabled
+    /// packages the next time the store is opened (or at once through
     /// [`PackageManager::reverify`]).
     pub fn update_trust<T>(
         &self,
         change: impl FnOnce(&mut TrustStore) -> Result<T, HostError>,
     ) -> Result<T, HostError> {
         let mut life = self.lock();
+        let registry = self.store.registry()?;
         let mut trust = self.read_trust()?;
+        let before = trust.clone();
         let out = change(&mut trust)?;
-        self.store.write_trust(trust.to_json().as_bytes())?;
-        life.trust_epoch += 1;
+        if trust != before {
+            self.commit_trust(&registry, trust)?;
+            life.trust_epoch += 1;
+        }
         Ok(out)
     }
 
@@ -736,6 +969,17 @@ impl PackageManager {
         let registry = self.store.registry()?;
         let (id, version) = (&manifest.package_id, &manifest.version);
         let mut next = registry.successor();
+        // A genuine copy of a quarantined version repairs it: the quarantine is lifted in the
+        // draft, so that the publication decides as for any installed version, and the files
+        // are replaced below.
+        let quarantined = registry.record(id, version).is_some_and(|r| {
+            r.payload_digest == auth.payload_digest
+                && r.state.is_installed()
+                && r.quarantine.is_some()
+        });
+        if quarantined {
+            next.clear_quarantine(id, version);
+        }
         let published = next.publish(
             id,
             version,
@@ -760,7 +1004,21 @@ impl PackageManager {
             enabled: registry.package(id).and_then(|p| p.enabled()) == Some(version),
             superseded: None,
             reactivated: false,
+            repaired: false,
         };
+        if published.kind != PublishKind::New
+            && (quarantined || self.installed_copy_fails(&life, id, version))
+        {
+            let offered = Offered {
+                opened,
+                metadata,
+                package,
+                enable: options.enable,
+            };
+            return self.repair(
+                &mut life, &registry, next, installed, published, offered, hook,
+            );
+        }
         if published.kind != PublishKind::New {
             // Nothing will be extracted, but the operator offered this file expecting it to be
             // checked: a damaged or tampered copy of an installed version is still an error.
@@ -819,6 +1077,101 @@ impl PackageManager {
         life.metadata.insert(key, metadata);
         installed.changed = true;
         installed.enabled = options.enable;
+        installed.superseded = published.superseded;
+        Ok(installed)
+    }
+
+    /// Whether the installed tree of `id@version` no longer holds what its signed manifest says,
+    /// or its signature no longer authenticates it: a copy worth replacing when the operator
+    /// offers a genuine one.
+    fn installed_copy_fails(&self, life: &Lifecycle, id: &PackageId, version: &Version) -> bool {
+        match self.loaded_metadata(life, id, version) {
+            Ok(metadata) => {
+                self.check_still_trusted(&metadata, id, version).is_err()
+                    || self.check_files(&metadata, id, version).is_err()
+            }
+            Err(_) => true,
+        }
+    }
+
+    /// Replaces the installed tree of a quarantined or damaged version with the offered,
+    /// authenticated package (the second half of [`PackageManager::install`] in that case): its
+    /// files are extracted and hashed into staging, the store swaps the trees in one
+    /// transaction, and the quarantine is lifted. The version ends as the operator asked: current
+    /// and enabled unless `--disabled` (or, if it is not current, as a reinstall of it decides).
+    #[allow(clippy::too_many_arguments)]
+    fn repair(
+        &self,
+        life: &mut Lifecycle,
+        registry: &RegistryState,
+        mut next: RegistryState,
+        mut installed: Installed,
+        published: guild_domain::registry::Published,
+        offered: Offered,
+        hook: &mut dyn LifecycleHook,
+    ) -> Result<Installed, HostError> {
+        let Offered {
+            mut opened,
+            metadata,
+            package,
+            enable,
+        } = offered;
+        let (id, version) = (installed.id.clone(), installed.version.clone());
+        let record = next.package(&id).and_then(|p| p.current());
+        let current_disabled = record.is_some_and(|(v, r)| *v == version && !r.state.is_enabled());
+        if current_disabled && enable {
+            next.enable(&id)?;
+        }
+        Self::refuse_breakage(
+            &self.graph(life, registry)?,
+            &self.graph(life, &next)?,
+            || format!("repairing {id}@{version}"),
+        )?;
+        let enabled_after = next.package(&id).and_then(|p| p.enabled()) == Some(&version);
+        // Putting the version in place of what is loaded replaces code: a lease pins it.
+        let leases = self.lock_leases();
+        if enabled_after && registry.package(&id).and_then(|p| p.enabled()).is_some() {
+            leases.check_quiescent(&id, QuiescentAction::Replace)?;
+        }
+        let staging = self.store.new_staging_dir()?;
+        let watch = self.watch(&mut *opened, &package, metadata.manifest());
+        let extracted = opened.extract_to(metadata.manifest(), &staging);
+        drop(watch);
+        if let Err(e) = extracted {
+            let _ = self.store.discard_staging(&staging);
+            return Err(e.into());
+        }
+        let tx = Transaction::new(registry.generation(), next).with_replacement(
+            id.clone(),
+            version.clone(),
+            staging.clone(),
+        );
+        if enabled_after {
+            let change = Change::Install {
+                id: &id,
+                version: &version,
+                dir: &staging,
+                metadata: &metadata,
+                enabled: true,
+            };
+            if let Err(e) = hook.prepare(&change) {
+                let _ = self.store.discard_staging(&staging);
+                return Err(e);
+            }
+            self.commit(tx, hook)?;
+        } else {
+            // Nothing that is loaded changes: the hook has no part in it.
+            self.store.commit(tx)?;
+        }
+        drop(leases);
+        let key = (id, version);
+        let epoch = life.trust_epoch;
+        life.authenticated_at.insert(key.clone(), epoch);
+        life.metadata.insert(key, metadata);
+        installed.changed = true;
+        installed.repaired = true;
+        installed.enabled = enabled_after;
+        installed.reactivated = published.kind == PublishKind::Reactivated;
         installed.superseded = published.superseded;
         Ok(installed)
     }
@@ -1044,6 +1397,7 @@ impl PackageManager {
                         version: v.clone(),
                         state: r.state,
                         payload_digest: r.payload_digest,
+                        quarantine: r.quarantine.clone(),
                     })
                     .collect(),
                 enabled: record.enabled().cloned(),
@@ -1120,17 +1474,31 @@ impl PackageManager {
             verified += 1;
             let metadata = self.loaded_metadata(life, id, version)?;
             if let Err(e) = authenticate(&metadata, &trust, &PortCheck(&*self.verifier)) {
-                failed.insert(id.clone(), format!("no longer authenticated: {e}"));
+                // A revocation explains itself for as long as the trust store records it (and
+                // the registry keeps every revocation), so only a signature that was altered or
+                // stripped is tamper evidence worth a quarantine.
+                let failure = Failed {
+                    reason: format!("no longer authenticated: {e}"),
+                    tampered: is_tampered(&e),
+                    file: Some(RESERVED_METADATA_NAME.to_owned()),
+                };
+                failed.insert(id.clone(), failure);
                 continue;
             }
             let epoch = life.trust_epoch;
             life.authenticated_at
                 .insert((id.clone(), version.clone()), epoch);
             if let Err(e) = self.check_files(&metadata, id, version) {
-                failed.insert(
-                    id.clone(),
-                    format!("installed files do not match the signed manifest: {e}"),
-                );
+                let file = match &e {
+                    HostError::Source(s) => s.member.clone(),
+                    _ => None,
+                };
+                let failure = Failed {
+                    reason: format!("installed files do not match the signed manifest: {e}"),
+                    tampered: true,
+                    file,
+                };
+                failed.insert(id.clone(), failure);
             }
         }
         // Also when nothing failed here: a version marked removed while opening may have left
@@ -1144,19 +1512,42 @@ impl PackageManager {
         Ok((verified, disabled))
     }
 
-    /// Disables the `failed` packages and every enabled package that (transitively) depends on
-    /// one of them, returning the new registry and one report line per disabled package.
+    /// Quarantines the `failed` packages' enabled versions (which disables them) with the
+    /// reason and file, and disables every enabled package that (transitively) depends on one of
+    /// them, returning the new registry and one report line per disabled package.
     fn quarantine(
         &self,
         life: &Lifecycle,
         registry: &RegistryState,
-        failed: BTreeMap<PackageId, String>,
+        failed: BTreeMap<PackageId, Failed>,
     ) -> Result<(RegistryState, Vec<Quarantined>), HostError> {
         let mut next = registry.successor();
         let mut out = Vec::new();
         let mut disabled: BTreeSet<PackageId> = BTreeSet::new();
-        for (id, reason) in failed {
-            let version = next.disable(&id)?;
+        for (id, failure) in failed {
+            let Failed {
+                reason,
+                tampered,
+                file,
+            } = failure;
+            let version = if tampered {
+                let version = next
+                    .package(&id)
+                    .and_then(|p| p.enabled())
+                    .cloned()
+                    .ok_or_else(|| guild_domain::registry::RegistryError::NoCurrentVersion {
+                        id: id.clone(),
+                    })?;
+                let quarantine = Quarantine {
+                    // The registry keeps one line; an error chain may span several.
+                    reason: reason.lines().map(str::trim).collect::<Vec<_>>().join(" "),
+                    file,
+                };
+                next.quarantine(&id, &version, quarantine)?;
+                version
+            } else {
+                next.disable(&id)?
+            };
             disabled.insert(id.clone());
             out.push(Quarantined {
                 id,
@@ -1190,6 +1581,41 @@ impl PackageManager {
         }
         Ok((next, out))
     }
+}
+
+/// Why an enabled version failed re-verification.
+struct Failed {
+    /// What was found.
+    reason: String,
+    /// Whether it is tamper evidence (a file or a signature changed), which quarantines the
+    /// version, rather than a trust decision (a revocation), which explains itself.
+    tampered: bool,
+    /// The file concerned, relative to the installed tree, when one is known.
+    file: Option<String>,
+}
+
+/// Whether an installed version's failed authentication shows that it was altered (a signature
+/// that no longer verifies, or none at all) rather than that trust changed (a revoked key or
+/// payload, a publisher or key no longer trusted).
+fn is_tampered(e: &guild_domain::trust::AuthError) -> bool {
+    use guild_domain::trust::{AuthError, SignatureOutcome};
+    match e {
+        AuthError::NoSignatures => true,
+        AuthError::NoValidSignature { attempts, .. } => attempts
+            .iter()
+            .any(|(_, o)| matches!(o, SignatureOutcome::Invalid { .. })),
+        _ => false,
+    }
+}
+
+/// The package an installation was offered, authenticated and not yet extracted.
+struct Offered {
+    opened: Box<dyn OpenedPackage>,
+    metadata: Arc<Metadata>,
+    /// `id@version`, for progress.
+    package: String,
+    /// Whether the operator asked for the version enabled (no `--disabled`).
+    enable: bool,
 }
 
 /// Reads and parses the `.gkmetadata` an installed tree keeps.

@@ -25,9 +25,17 @@
 //! generation, which belongs to the commit (see [`RegistryState::successor`]). Each refuses with a
 //! typed [`RegistryError`] and leaves the state unchanged when it refuses.
 //!
+//! Two more facts ride on the same commit point. A version that failed re-verification carries a
+//! [`Quarantine`] (why, and which file) until a genuine copy replaces its files or it is removed;
+//! it can be neither enabled nor rolled back to meanwhile. And the registry records the trust
+//! file's [`TrustAnchor`] (its binding, its digest and every revocation), so that the trust file
+//! cannot be swapped, lost or rolled back without the store noticing.
+//!
 //! The file format is strict JSON read with [`crate::json`] (duplicate keys, unknown fields and
-//! `null` are refused), marked `"guild_registry": 1`. A file that cannot be read is an error with
-//! its reason, never an empty registry.
+//! `null` are refused), marked `"guild_registry": 1`. The `trust` and `quarantine` members are
+//! optional, so registries written before they existed still read; a build that predates them
+//! refuses a registry that has them (an unknown field) instead of ignoring them. A file that
+//! cannot be read is an error with its reason, never an empty registry.
 
 use std::cmp::Ordering;
 use std::collections::btree_map::Entry;
@@ -37,14 +45,44 @@ use std::fmt;
 use crate::ids::{IdError, PackageId, PackageKind, PublisherId, Sha256Digest};
 use crate::json::{self, Integer, JsonError, JsonPath, Value};
 use crate::lifecycle::{transition, Event, IllegalTransition, State};
+use crate::trust::{is_store_id, TrustAnchor, TrustBinding};
 use crate::version::Version;
 
 /// The registry file format this build reads and writes (`"guild_registry": 1`).
 pub const REGISTRY_FORMAT_V1: u64 = 1;
 
-const TOP_FIELDS: &[&str] = &["guild_registry", "generation", "packages"];
+const TOP_FIELDS: &[&str] = &["guild_registry", "generation", "trust", "packages"];
 const PACKAGE_FIELDS: &[&str] = &["id", "previous", "versions"];
-const VERSION_FIELDS: &[&str] = &["version", "state", "kind", "publisher", "payload_sha256"];
+const VERSION_FIELDS: &[&str] = &[
+    "version",
+    "state",
+    "kind",
+    "publisher",
+    "payload_sha256",
+    "quarantine",
+];
+const QUARANTINE_FIELDS: &[&str] = &["reason", "file"];
+const TRUST_FIELDS: &[&str] = &[
+    "store_id",
+    "generation",
+    "sha256",
+    "revoked_keys",
+    "revoked_digests",
+];
+const REVOKED_KEY_FIELDS: &[&str] = &["key_id", "reason"];
+const REVOKED_DIGEST_FIELDS: &[&str] = &["sha256", "reason"];
+
+/// Why an installed version is quarantined: it failed re-verification (its files no longer match
+/// its signed manifest, or its signature no longer authenticates it). It stays disabled, and
+/// cannot be enabled or rolled back to, until a genuine copy is installed over it or it is
+/// removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quarantine {
+    /// What the re-verification found, in one line.
+    pub reason: String,
+    /// The file concerned, relative to the version's installed tree, when one is known.
+    pub file: Option<String>,
+}
 
 /// What the registry knows about one recorded package version.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +97,8 @@ pub struct VersionRecord {
     /// Where the version stands. Only `enabled`, `disabled`, `superseded` and `removed` are ever
     /// recorded: `staged` and `discarded` versions were never published.
     pub state: State,
+    /// Set while the version is quarantined; never on an enabled or removed version.
+    pub quarantine: Option<Quarantine>,
 }
 
 /// The facts about a version being published, as verification established them.
@@ -246,6 +286,20 @@ pub enum RegistryError {
         /// The package.
         id: PackageId,
     },
+    /// The version is quarantined: it failed re-verification and must be repaired first.
+    #[error(
+        "{id}@{version} is quarantined: {}{}",
+        .quarantine.reason,
+        .quarantine.file.as_ref().map(|f| format!(" (file {f})")).unwrap_or_default()
+    )]
+    Quarantined {
+        /// The package.
+        id: PackageId,
+        /// The version.
+        version: Version,
+        /// Why.
+        quarantine: Quarantine,
+    },
     /// The lifecycle does not allow the change from the version's state.
     #[error("{id}@{version}: {source}")]
     Illegal {
@@ -297,6 +351,16 @@ pub enum RegistryInvariantError {
         version: Version,
         /// Its recorded state, if any.
         state: Option<State>,
+    },
+    /// A quarantine on a version that is enabled or not installed.
+    #[error("{id}@{version} is quarantined but {}", .state.as_str())]
+    QuarantineOnState {
+        /// The package.
+        id: PackageId,
+        /// The version.
+        version: Version,
+        /// Its state, which a quarantined version cannot have.
+        state: State,
     },
     /// Two recorded versions that differ only in build metadata.
     #[error("{id} records {first} and {second}, which differ only in build metadata")]
@@ -379,6 +443,7 @@ pub enum RegistryDecodeError {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RegistryState {
     generation: u64,
+    trust: Option<TrustAnchor>,
     packages: BTreeMap<PackageId, PackageRecord>,
 }
 
@@ -399,7 +464,78 @@ impl RegistryState {
     pub fn successor(&self) -> Self {
         RegistryState {
             generation: self.generation.saturating_add(1),
+            trust: self.trust.clone(),
             packages: self.packages.clone(),
+        }
+    }
+
+    /// What the registry records about the trust file, if it records one (a new store, or one
+    /// written before trust files were bound, does not).
+    pub fn trust_anchor(&self) -> Option<&TrustAnchor> {
+        self.trust.as_ref()
+    }
+
+    /// Records `anchor` for the trust file written in the same transaction.
+    pub fn set_trust_anchor(&mut self, anchor: TrustAnchor) {
+        self.trust = Some(anchor);
+    }
+
+    /// Every quarantined version, by id then version.
+    pub fn quarantined(&self) -> impl Iterator<Item = (&PackageId, &Version, &Quarantine)> + '_ {
+        self.packages.iter().flat_map(|(id, p)| {
+            p.versions
+                .iter()
+                .filter_map(move |(v, r)| r.quarantine.as_ref().map(|q| (id, v, q)))
+        })
+    }
+
+    /// Quarantines installed version `id@version`, disabling it first if it is enabled.
+    pub fn quarantine(
+        &mut self,
+        id: &PackageId,
+        version: &Version,
+        quarantine: Quarantine,
+    ) -> Result<(), RegistryError> {
+        let state = self
+            .record(id, version)
+            .filter(|r| r.state.is_installed())
+            .map(|r| r.state)
+            .ok_or_else(|| RegistryError::NotInstalled {
+                id: id.clone(),
+                version: version.clone(),
+            })?;
+        if state.is_enabled() {
+            self.disable(id)?;
+        }
+        if let Some(r) = self
+            .packages
+            .get_mut(id)
+            .and_then(|p| p.versions.get_mut(version))
+        {
+            r.quarantine = Some(quarantine);
+        }
+        Ok(())
+    }
+
+    /// Lifts the quarantine of `id@version`, once its files were replaced by a verified copy.
+    /// Answers whether there was one.
+    pub fn clear_quarantine(&mut self, id: &PackageId, version: &Version) -> bool {
+        self.packages
+            .get_mut(id)
+            .and_then(|p| p.versions.get_mut(version))
+            .and_then(|r| r.quarantine.take())
+            .is_some()
+    }
+
+    /// Refuses a change that would load `id@version` while it is quarantined.
+    fn refuse_quarantined(&self, id: &PackageId, version: &Version) -> Result<(), RegistryError> {
+        match self.record(id, version).and_then(|r| r.quarantine.as_ref()) {
+            Some(q) => Err(RegistryError::Quarantined {
+                id: id.clone(),
+                version: version.clone(),
+                quarantine: q.clone(),
+            }),
+            None => Ok(()),
         }
     }
 
@@ -547,6 +683,7 @@ impl RegistryState {
                 kind: new.kind,
                 publisher: new.publisher,
                 state,
+                quarantine: None,
             },
         );
         Ok(Published {
@@ -574,6 +711,7 @@ impl RegistryState {
                 version: version.clone(),
             })?;
         let restored = illegal(id, version, transition(state, Event::Restore))?;
+        self.refuse_quarantined(id, version)?;
         let supersede = Supersede::plan(Some(package), id, version, options)?;
 
         let package = self.packages.get_mut(id).ok_or_else(|| unknown(id))?;
@@ -592,6 +730,9 @@ impl RegistryState {
 
     /// Enables the current version of `id`, which must be disabled. Answers that version.
     pub fn enable(&mut self, id: &PackageId) -> Result<Version, RegistryError> {
+        if let Some((v, _)) = self.packages.get(id).and_then(PackageRecord::current) {
+            self.refuse_quarantined(id, &v.clone())?;
+        }
         self.change_current(id, Event::Enable)
     }
 
@@ -627,6 +768,8 @@ impl RegistryState {
                 version: version.clone(),
             })?;
         record.state = illegal(id, version, transition(record.state, Event::Remove))?;
+        // Its files are gone, and with them what the quarantine was about.
+        record.quarantine = None;
         if package.previous.as_ref() == Some(version) {
             package.previous = None;
         }
@@ -650,6 +793,7 @@ impl RegistryState {
             }
         })?;
         let restored = illegal(id, &to, transition(to_state, Event::Restore))?;
+        self.refuse_quarantined(id, &to)?;
         let from = match package.current() {
             Some((v, r)) => Some((
                 v.clone(),
@@ -685,6 +829,15 @@ impl RegistryState {
             for (version, record) in &package.versions {
                 if matches!(record.state, State::Staged | State::Discarded) {
                     return Err(RegistryInvariantError::UnpersistedState {
+                        id: id.clone(),
+                        version: version.clone(),
+                        state: record.state,
+                    });
+                }
+                if record.quarantine.is_some()
+                    && (record.state.is_enabled() || !record.state.is_installed())
+                {
+                    return Err(RegistryInvariantError::QuarantineOnState {
                         id: id.clone(),
                         version: version.clone(),
                         state: record.state,
@@ -741,7 +894,7 @@ impl RegistryState {
                     .versions
                     .iter()
                     .map(|(v, r)| {
-                        Value::Object(vec![
+                        let mut members = vec![
                             ("version".to_owned(), Value::from(v.to_string())),
                             ("state".to_owned(), Value::from(r.state.as_str())),
                             ("kind".to_owned(), Value::from(r.kind.as_str())),
@@ -750,20 +903,61 @@ impl RegistryState {
                                 "payload_sha256".to_owned(),
                                 Value::from(r.payload_digest.to_hex()),
                             ),
-                        ])
+                        ];
+                        if let Some(q) = &r.quarantine {
+                            let mut qm =
+                                vec![("reason".to_owned(), Value::from(q.reason.as_str()))];
+                            if let Some(f) = &q.file {
+                                qm.push(("file".to_owned(), Value::from(f.as_str())));
+                            }
+                            members.push(("quarantine".to_owned(), Value::Object(qm)));
+                        }
+                        Value::Object(members)
                     })
                     .collect();
                 members.push(("versions".to_owned(), Value::Array(versions)));
                 Value::Object(members)
             })
             .collect();
-        Value::Object(vec![
+        let mut top = vec![
             ("guild_registry".to_owned(), Value::from(REGISTRY_FORMAT_V1)),
             ("generation".to_owned(), Value::from(self.generation)),
-            ("packages".to_owned(), Value::Array(packages)),
-        ])
-        .to_pretty_string()
-        .into_bytes()
+        ];
+        if let Some(t) = &self.trust {
+            let revoked = |m: &BTreeMap<Sha256Digest, String>, name: &str| {
+                Value::Array(
+                    m.iter()
+                        .map(|(d, r)| {
+                            Value::Object(vec![
+                                (name.to_owned(), Value::from(d.to_hex())),
+                                ("reason".to_owned(), Value::from(r.as_str())),
+                            ])
+                        })
+                        .collect(),
+                )
+            };
+            top.push((
+                "trust".to_owned(),
+                Value::Object(vec![
+                    (
+                        "store_id".to_owned(),
+                        Value::from(t.binding.store_id.as_str()),
+                    ),
+                    ("generation".to_owned(), Value::from(t.binding.generation)),
+                    ("sha256".to_owned(), Value::from(t.file_digest.to_hex())),
+                    (
+                        "revoked_keys".to_owned(),
+                        revoked(&t.revoked_keys, "key_id"),
+                    ),
+                    (
+                        "revoked_digests".to_owned(),
+                        revoked(&t.revoked_digests, "sha256"),
+                    ),
+                ]),
+            ));
+        }
+        top.push(("packages".to_owned(), Value::Array(packages)));
+        Value::Object(top).to_pretty_string().into_bytes()
     }
 
     /// Reads a registry written by [`Self::to_json`], strictly, and checks its invariants.
@@ -789,6 +983,10 @@ impl RegistryState {
         let root = JsonPath::root();
         let fields = Fields::new(members, &root, TOP_FIELDS)?;
         let generation = fields.u64("generation")?;
+        let trust = match fields.get("trust") {
+            None => None,
+            Some(t) => Some(decode_trust(t, &root.key("trust"))?),
+        };
         let mut packages = BTreeMap::new();
         let list = fields.array("packages")?;
         for (i, item) in list.iter().enumerate() {
@@ -811,6 +1009,7 @@ impl RegistryState {
         }
         let state = RegistryState {
             generation,
+            trust,
             packages,
         };
         state.validate()?;
@@ -846,11 +1045,23 @@ fn decode_package(
         let payload_digest = f.parsed("payload_sha256", |s| {
             Sha256Digest::parse_hex(s).map_err(|e| e.to_string())
         })?;
+        let quarantine = match f.get("quarantine") {
+            None => None,
+            Some(q) => {
+                let qpath = vpath.key("quarantine");
+                let qf = Fields::of(q, &qpath, QUARANTINE_FIELDS)?;
+                Some(Quarantine {
+                    reason: qf.str("reason")?.to_owned(),
+                    file: qf.optional_str("file")?.map(str::to_owned),
+                })
+            }
+        };
         let record = VersionRecord {
             payload_digest,
             kind,
             publisher,
             state,
+            quarantine,
         };
         if versions.insert(version.clone(), record).is_some() {
             return Err(field(
@@ -863,6 +1074,63 @@ fn decode_package(
         }
     }
     Ok((id, PackageRecord { versions, previous }))
+}
+
+fn decode_trust(item: &Value, path: &JsonPath) -> Result<TrustAnchor, RegistryDecodeError> {
+    let f = Fields::of(item, path, TRUST_FIELDS)?;
+    let store_id = f.parsed("store_id", |s| {
+        if is_store_id(s) {
+            Ok(s.to_owned())
+        } else {
+            Err(format!("{:?} is not 32 lowercase hex digits", clip(s)))
+        }
+    })?;
+    let generation = f.u64("generation")?;
+    let file_digest = f.parsed("sha256", |s| {
+        Sha256Digest::parse_hex(s).map_err(|e| e.to_string())
+    })?;
+    let revoked_keys = decode_revocations(&f, path, "revoked_keys", "key_id", REVOKED_KEY_FIELDS)?;
+    let revoked_digests =
+        decode_revocations(&f, path, "revoked_digests", "sha256", REVOKED_DIGEST_FIELDS)?;
+    Ok(TrustAnchor {
+        binding: TrustBinding {
+            store_id,
+            generation,
+        },
+        file_digest,
+        revoked_keys,
+        revoked_digests,
+    })
+}
+
+/// One list of revocations of the trust record: `{NAME: digest, "reason": text}` objects, each
+/// digest once.
+fn decode_revocations(
+    f: &Fields<'_>,
+    path: &JsonPath,
+    list: &str,
+    name: &str,
+    allowed: &[&str],
+) -> Result<BTreeMap<Sha256Digest, String>, RegistryDecodeError> {
+    let mut out = BTreeMap::new();
+    for (i, item) in f.array(list)?.iter().enumerate() {
+        let ipath = path.key(list).index(i);
+        let itf = Fields::of(item, &ipath, allowed)?;
+        let digest = itf.parsed(name, |s| {
+            Sha256Digest::parse_hex(s).map_err(|e| e.to_string())
+        })?;
+        let reason = itf.str("reason")?.to_owned();
+        if out.insert(digest, reason).is_some() {
+            return Err(field(
+                ipath.key(name),
+                FieldProblem::Duplicate {
+                    what: "revocation",
+                    value: digest.to_hex(),
+                },
+            ));
+        }
+    }
+    Ok(out)
 }
 
 /// The members of one JSON object, checked against the fields it may hold.
@@ -1447,6 +1715,92 @@ mod tests {
         assert_eq!(back.to_json(), bytes, "encoding is deterministic");
         let text = String::from_utf8(bytes).unwrap();
         assert!(text.starts_with("{\n  \"guild_registry\": 1,\n  \"generation\": 2,"));
+    }
+
+    #[test]
+    fn registry_quarantine_and_trust_record_round_trip_and_older_files_still_read() {
+        let mut r = two_versions().successor();
+        let q = Quarantine {
+            reason: "installed files do not match the signed manifest".into(),
+            file: Some("lib/liba.so".into()),
+        };
+        r.quarantine(&id("a"), &v("2.0.0"), q.clone()).unwrap();
+        assert_eq!(state_of(&r, "a", "2.0.0"), Some(State::Disabled));
+        let mut trust = crate::trust::TrustStore::new();
+        trust.revoke_key(Sha256Digest::of(b"k"), "leaked");
+        let (_, anchor) = trust.seal("0123456789abcdef0123456789abcdef", 3);
+        r.set_trust_anchor(anchor.clone());
+        let bytes = r.to_json();
+        let back = RegistryState::from_json(&bytes).unwrap();
+        assert_eq!(back, r);
+        assert_eq!(back.trust_anchor(), Some(&anchor));
+        let listed: Vec<_> = back.quarantined().collect();
+        assert_eq!(listed, [(&id("a"), &v("2.0.0"), &q)]);
+        // A registry written before either existed reads as having neither.
+        let old = decode(&doc("", "", "")).unwrap();
+        assert_eq!(old.trust_anchor(), None);
+        assert_eq!(old.quarantined().count(), 0);
+    }
+
+    #[test]
+    fn registry_a_quarantined_version_is_neither_enabled_nor_rolled_back_to_until_cleared() {
+        let mut r = two_versions();
+        let q = Quarantine {
+            reason: "tampered".into(),
+            file: None,
+        };
+        r.quarantine(&id("a"), &v("2.0.0"), q.clone()).unwrap();
+        let refused = RegistryError::Quarantined {
+            id: id("a"),
+            version: v("2.0.0"),
+            quarantine: q.clone(),
+        };
+        assert_eq!(r.enable(&id("a")), Err(refused));
+        assert_eq!(
+            r.enable(&id("a")).unwrap_err().to_string(),
+            "a@2.0.0 is quarantined: tampered"
+        );
+        // Quarantining the rollback target keeps rollback from restoring it.
+        let mut s = two_versions();
+        s.quarantine(&id("a"), &v("1.0.0"), q.clone()).unwrap();
+        assert!(matches!(
+            s.rollback(&id("a")),
+            Err(RegistryError::Quarantined { .. })
+        ));
+        assert!(r.clear_quarantine(&id("a"), &v("2.0.0")));
+        assert!(!r.clear_quarantine(&id("a"), &v("2.0.0")));
+        assert_eq!(r.enable(&id("a")), Ok(v("2.0.0")));
+        // Removing a version takes its quarantine with its files.
+        s.remove(&id("a"), &v("1.0.0")).unwrap();
+        assert_eq!(s.quarantined().count(), 0);
+        assert!(s.validate().is_ok());
+    }
+
+    #[test]
+    fn registry_decode_refuses_a_quarantine_on_an_enabled_version_and_a_bad_trust_record() {
+        let quarantined = doc(r#", "quarantine": {"reason": "x"}"#, "", "");
+        assert!(matches!(
+            decode(&quarantined),
+            Err(RegistryDecodeError::Invariant(
+                RegistryInvariantError::QuarantineOnState { .. }
+            ))
+        ));
+        let bad_id = doc(
+            "",
+            "",
+            &format!(
+                r#", "trust": {{"store_id": "XYZ", "generation": 1, "sha256": "{DIGEST}", "revoked_keys": [], "revoked_digests": []}}"#
+            ),
+        );
+        assert_eq!(field_error(&bad_id).0, "$.trust.store_id");
+        let twice = doc(
+            "",
+            "",
+            &format!(
+                r#", "trust": {{"store_id": "0123456789abcdef0123456789abcdef", "generation": 1, "sha256": "{DIGEST}", "revoked_keys": [{{"key_id": "{DIGEST}", "reason": "a"}}, {{"key_id": "{DIGEST}", "reason": "b"}}], "revoked_digests": []}}"#
+            ),
+        );
+        assert_eq!(field_error(&twice).0, "$.trust.revoked_keys[1].key_id");
     }
 
     fn decode(text: &str) -> Result<RegistryState, RegistryDecodeError> {

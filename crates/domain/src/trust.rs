@@ -5,6 +5,14 @@
 //! adapter's job, reached through [`SignatureCheck`] so that the decision stays pure. The trust
 //! file is read strictly and fails closed: a file that cannot be read completely is an error,
 //! never an empty trust store.
+//!
+//! A trust file is also bound to its store. It carries a [`TrustBinding`] (the store's id and a
+//! generation that grows with every change), and the registry records a [`TrustAnchor`] for it
+//! in the same commit: the binding, the SHA-256 of the file's exact bytes, and a copy of every
+//! revocation. [`check_trust_file`] compares the two, so that a missing, older, foreign or
+//! hand-edited trust file stops the store instead of silently forgetting a revocation, and
+//! [`TrustStore::rebuilt`] makes the file an operator recovers with, which keeps every
+//! revocation the registry remembers.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -31,6 +39,220 @@ pub struct TrustStore {
     publishers: BTreeMap<PublisherId, BTreeMap<Sha256Digest, TrustedKey>>,
     revoked_keys: BTreeMap<Sha256Digest, String>,
     revoked_digests: BTreeMap<Sha256Digest, String>,
+    binding: Option<TrustBinding>,
+}
+
+/// Which store a trust file belongs to, and where it stands in that store's history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrustBinding {
+    /// The store's id ([`is_store_id`]): minted once, when the store first records a trust file.
+    pub store_id: String,
+    /// Grows by one with every change of the trust file.
+    pub generation: u64,
+}
+
+/// What the registry records about the trust file in the commit that wrote it: enough to tell
+/// the right file from any other, and every revocation, so that no file operation on the trust
+/// file alone can make the store forget one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrustAnchor {
+    /// The binding the file carries.
+    pub binding: TrustBinding,
+    /// SHA-256 of the trust file's exact bytes.
+    pub file_digest: Sha256Digest,
+    /// Every revoked key, with its reason.
+    pub revoked_keys: BTreeMap<Sha256Digest, String>,
+    /// Every revoked payload digest, with its reason.
+    pub revoked_digests: BTreeMap<Sha256Digest, String>,
+}
+
+/// Whether `s` is a store id: 32 lowercase hex digits.
+pub fn is_store_id(s: &str) -> bool {
+    s.len() == 32 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// Why the trust file on disk is not the one the registry recorded. Every variant stops the
+/// store from opening; [`TrustStore::rebuilt`] is the way out.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TrustFileMismatch {
+    /// No trust file, although the registry recorded one.
+    #[error(
+        "the trust file is missing, but the registry records trust file generation {generation}; \
+         opening without it would forget every trusted key and revocation"
+    )]
+    Missing {
+        /// The generation the registry records.
+        generation: u64,
+    },
+    /// No trust file in a store made before trust files were bound, which records packages: they
+    /// were installed through a trust file, so one existed and is gone.
+    #[error(
+        "the trust file is missing, but the registry records installed packages, which were \
+         authenticated through it; opening without it would forget its revocations"
+    )]
+    MissingWithPackages,
+    /// A trust file without a binding where the registry records one: a copy from before the
+    /// store bound its trust file, or a hand-written file.
+    #[error(
+        "the trust file carries no store binding, but the registry records trust file \
+         generation {generation}: it is an old copy or was written by hand"
+    )]
+    Unbound {
+        /// The generation the registry records.
+        generation: u64,
+    },
+    /// A trust file of another store.
+    #[error("the trust file belongs to store {found}, not to this store ({expected})")]
+    Foreign {
+        /// The store id the file carries.
+        found: String,
+        /// This store's id, as the registry records it.
+        expected: String,
+    },
+    /// An older trust file of this store (a backup put back, say).
+    #[error(
+        "the trust file is generation {found}, older than generation {recorded} that the registry \
+         records: it is an old copy, and revocations made since would be forgotten"
+    )]
+    Older {
+        /// The generation the file carries.
+        found: u64,
+        /// The generation the registry records.
+        recorded: u64,
+    },
+    /// A trust file newer than the registry knows: the registry itself was put back from an
+    /// older copy, or the file was edited.
+    #[error(
+        "the trust file is generation {found}, newer than generation {recorded} that the registry \
+         records: the registry or the trust file was replaced by another copy"
+    )]
+    Newer {
+        /// The generation the file carries.
+        found: u64,
+        /// The generation the registry records.
+        recorded: u64,
+    },
+    /// The right generation of this store's trust file, with other contents.
+    #[error(
+        "the trust file was changed outside guild: its bytes are not those the registry recorded \
+         for generation {generation}"
+    )]
+    Altered {
+        /// The generation of the file and of the record.
+        generation: u64,
+    },
+    /// A bound trust file in a store whose registry records none.
+    #[error(
+        "the trust file is bound to store {found} at generation {generation}, but this store's \
+         registry records no trust file: it comes from another store or the registry was replaced"
+    )]
+    NotRecorded {
+        /// The store id the file carries.
+        found: String,
+        /// The generation the file carries.
+        generation: u64,
+    },
+}
+
+/// Checks the trust file on disk (its exact bytes and what they decode to; `None` when there is
+/// no file) against what the registry recorded for it (`None` in a store that never recorded a
+/// trust file). `packages_recorded` says whether the registry records any package version.
+///
+/// A store that never recorded a trust file (it is new, or it was made before trust files were
+/// bound) accepts an unbound file, which is bound at the next trust commit, and no file while it
+/// records no package.
+pub fn check_trust_file(
+    anchor: Option<&TrustAnchor>,
+    file: Option<(&[u8], &TrustStore)>,
+    packages_recorded: bool,
+) -> Result<(), TrustFileMismatch> {
+    let Some(anchor) = anchor else {
+        return match file {
+            None if packages_recorded => Err(TrustFileMismatch::MissingWithPackages),
+            None => Ok(()),
+            Some((_, store)) => match &store.binding {
+                None => Ok(()),
+                Some(b) => Err(TrustFileMismatch::NotRecorded {
+                    found: b.store_id.clone(),
+                    generation: b.generation,
+                }),
+            },
+        };
+    };
+    let recorded = &anchor.binding;
+    let Some((bytes, store)) = file else {
+        return Err(TrustFileMismatch::Missing {
+            generation: recorded.generation,
+        });
+    };
+    let Some(found) = &store.binding else {
+        return Err(TrustFileMismatch::Unbound {
+            generation: recorded.generation,
+        });
+    };
+    if found.store_id != recorded.store_id {
+        return Err(TrustFileMismatch::Foreign {
+            found: found.store_id.clone(),
+            expected: recorded.store_id.clone(),
+        });
+    }
+    if found.generation < recorded.generation {
+        return Err(TrustFileMismatch::Older {
+            found: found.generation,
+            recorded: recorded.generation,
+        });
+    }
+    if found.generation > recorded.generation {
+        return Err(TrustFileMismatch::Newer {
+            found: found.generation,
+            recorded: recorded.generation,
+        });
+    }
+    if Sha256Digest::of(bytes) != anchor.file_digest {
+        return Err(TrustFileMismatch::Altered {
+            generation: recorded.generation,
+        });
+    }
+    Ok(())
+}
+
+/// Whether `next` may replace `current` as the registry's trust record: once recorded it stays,
+/// for the same store, its generation grows when it changes, and it keeps every revocation.
+/// Answers the problem, if any.
+pub fn anchor_succession_problem(
+    current: Option<&TrustAnchor>,
+    next: Option<&TrustAnchor>,
+) -> Option<String> {
+    let current = current?;
+    let Some(next) = next else {
+        return Some("the new registry drops the record of the trust file".into());
+    };
+    if next == current {
+        return None;
+    }
+    if next.binding.store_id != current.binding.store_id {
+        return Some(format!(
+            "the new registry binds the trust file to store {}, not {}",
+            next.binding.store_id, current.binding.store_id
+        ));
+    }
+    if next.binding.generation <= current.binding.generation {
+        return Some(format!(
+            "the trust file generation goes from {} to {}, not forward",
+            current.binding.generation, next.binding.generation
+        ));
+    }
+    let forgotten = current
+        .revoked_keys
+        .keys()
+        .find(|k| !next.revoked_keys.contains_key(k))
+        .or_else(|| {
+            current
+                .revoked_digests
+                .keys()
+                .find(|d| !next.revoked_digests.contains_key(d))
+        });
+    forgotten.map(|d| format!("the new registry forgets the revocation of {d}"))
 }
 
 /// Why a change to the trust store was refused.
@@ -174,6 +396,65 @@ impl TrustStore {
         self.revoked_digests.contains_key(digest)
     }
 
+    /// The store binding the file carries, if any.
+    pub fn binding(&self) -> Option<&TrustBinding> {
+        self.binding.as_ref()
+    }
+
+    /// Binds the trust store to `store_id` at `generation` and encodes it, answering the file's
+    /// bytes and the anchor the registry records for them in the same commit.
+    pub fn seal(&mut self, store_id: &str, generation: u64) -> (Vec<u8>, TrustAnchor) {
+        self.binding = Some(TrustBinding {
+            store_id: store_id.to_owned(),
+            generation,
+        });
+        let bytes = self.to_json().into_bytes();
+        let anchor = TrustAnchor {
+            binding: TrustBinding {
+                store_id: store_id.to_owned(),
+                generation,
+            },
+            file_digest: Sha256Digest::of(&bytes),
+            revoked_keys: self.revoked_keys.clone(),
+            revoked_digests: self.revoked_digests.clone(),
+        };
+        (bytes, anchor)
+    }
+
+    /// The trust store an operator recovers with when the trust file is missing, old, foreign or
+    /// damaged: every revocation the registry recorded (`anchor`) and every revocation of the
+    /// file found (`found`, when it could be read), and, only when `keep_keys`, the keys that
+    /// file trusts, except revoked ones. Unbound; [`TrustStore::seal`] binds it.
+    pub fn rebuilt(
+        anchor: Option<&TrustAnchor>,
+        found: Option<&TrustStore>,
+        keep_keys: bool,
+    ) -> Self {
+        let mut out = TrustStore::new();
+        for source in anchor
+            .map(|a| (&a.revoked_keys, &a.revoked_digests))
+            .into_iter()
+            .chain(found.map(|f| (&f.revoked_keys, &f.revoked_digests)))
+        {
+            for (k, r) in source.0 {
+                out.revoked_keys.entry(*k).or_insert_with(|| r.clone());
+            }
+            for (d, r) in source.1 {
+                out.revoked_digests.entry(*d).or_insert_with(|| r.clone());
+            }
+        }
+        if keep_keys {
+            for (publisher, keys) in found.iter().flat_map(|f| f.publishers.iter()) {
+                for key in keys.values() {
+                    // A revoked key is left out, and a key the file lists twice (for two
+                    // publishers) could not be read in the first place.
+                    let _ = out.add_key(publisher.clone(), key.spki_der.clone());
+                }
+            }
+        }
+        out
+    }
+
     /// Encodes the trust file (indented JSON, stable order).
     pub fn to_json(&self) -> String {
         let publishers = self
@@ -204,21 +485,26 @@ impl TrustStore {
                     .collect(),
             )
         };
-        Value::Object(vec![
-            ("trust_format".into(), TRUST_FORMAT_V1.into()),
+        let mut members = vec![("trust_format".into(), TRUST_FORMAT_V1.into())];
+        if let Some(b) = &self.binding {
+            members.push(("store_id".into(), b.store_id.clone().into()));
+            members.push(("generation".into(), b.generation.into()));
+        }
+        members.extend([
             ("publishers".into(), Value::Object(publishers)),
             ("revoked_keys".into(), revoked(&self.revoked_keys, "key_id")),
             (
                 "revoked_digests".into(),
                 revoked(&self.revoked_digests, "sha256"),
             ),
-        ])
-        .to_pretty_string()
+        ]);
+        Value::Object(members).to_pretty_string()
     }
 
     /// Reads a trust file strictly: unknown fields, duplicate keys, or a key whose id does not
     /// match its bytes are errors. A key may be both listed and revoked (it was revoked after
-    /// being trusted); revocation wins when deciding.
+    /// being trusted); revocation wins when deciding. `store_id` and `generation` (the binding)
+    /// come together or not at all: files written before trust files were bound have neither.
     pub fn from_json(bytes: &[u8]) -> Result<Self, TrustFileError> {
         let doc = json::parse(bytes)?;
         let top = expect_object(
@@ -226,6 +512,8 @@ impl TrustStore {
             "$",
             &[
                 "trust_format",
+                "store_id",
+                "generation",
                 "publishers",
                 "revoked_keys",
                 "revoked_digests",
@@ -242,6 +530,25 @@ impl TrustStore {
             return Err(TrustFileError::UnknownFormat { found });
         }
         let mut store = TrustStore::new();
+        store.binding = match (top.get("store_id"), top.get("generation")) {
+            (None, None) => None,
+            (Some(id), Some(generation)) => {
+                let store_id = id
+                    .as_str()
+                    .filter(|s| is_store_id(s))
+                    .ok_or_else(|| field("$.store_id", "expected 32 lowercase hex digits"))?;
+                let generation = generation
+                    .as_integer()
+                    .and_then(|i| i.as_u64())
+                    .ok_or_else(|| field("$.generation", "expected a non-negative integer"))?;
+                Some(TrustBinding {
+                    store_id: store_id.to_owned(),
+                    generation,
+                })
+            }
+            (None, Some(_)) => return Err(field("$.store_id", "missing (generation is present)")),
+            (Some(_), None) => return Err(field("$.generation", "missing (store_id is present)")),
+        };
         let publishers = top
             .get("publishers")
             .ok_or_else(|| field("$.publishers", "missing"))?;

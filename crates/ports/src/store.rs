@@ -1,9 +1,12 @@
 //! The package store port: where installed package versions, the registry and the trust bytes
 //! live, and the one durable transaction through which all of them change.
 //!
-//! Every change to the package set (publish, enable, disable, remove, rollback, and the disabling
-//! that recovery's re-verification decides on) is a single [`Transaction`] carrying the complete
-//! next [`RegistryState`] and at most one staged tree to install. The store derives which trees
+//! Every change to the package set (publish, enable, disable, remove, rollback, the quarantine
+//! that recovery's re-verification decides on, and every change of the trust file) is a single
+//! [`Transaction`] carrying the complete next [`RegistryState`], at most one staged tree to
+//! install (or to put in place of an installed tree that failed re-verification), and the new
+//! trust bytes when they change. The registry records a digest of the trust bytes, so the
+//! registry's commit point decides which trust file is the store's. The store derives which trees
 //! to delete from the difference between the current and the next state. Because there is only
 //! one kind of change, there is only one crash behaviour to prove: after a crash at any instant
 //! and the recovery that follows, the store holds exactly the state before the transaction or
@@ -35,6 +38,10 @@ pub struct StagedInstall {
     /// hardened extractor). The commit consumes it: on success it becomes the installed tree, on
     /// failure it is deleted.
     pub staged: PathBuf,
+    /// Whether the version is installed already (in the current registry and in the new one) and
+    /// the staged tree replaces its tree: the repair of a version whose files failed
+    /// re-verification. A crash leaves the old tree or the new one, never neither.
+    pub replace: bool,
 }
 
 /// One atomic change to the store.
@@ -48,9 +55,14 @@ pub struct Transaction {
     /// `validate`, and it must keep every record of the current registry with its payload digest
     /// unchanged (versions are immutable, removed ones included).
     pub new_state: RegistryState,
-    /// The tree of the one version that `new_state` installs and the current registry does not.
-    /// Required exactly when there is such a version.
+    /// The tree of the one version that `new_state` installs and the current registry does not
+    /// (required exactly when there is such a version), or of an installed version whose tree it
+    /// replaces ([`StagedInstall::replace`]).
     pub install: Option<StagedInstall>,
+    /// The new trust bytes, when the transaction changes the trust file. Required exactly when
+    /// `new_state`'s trust anchor differs from the current registry's, and its digest must be
+    /// the one that anchor records.
+    pub trust: Option<Vec<u8>>,
 }
 
 impl Transaction {
@@ -60,6 +72,7 @@ impl Transaction {
             expected_generation,
             new_state,
             install: None,
+            trust: None,
         }
     }
 
@@ -69,7 +82,25 @@ impl Transaction {
             id,
             version,
             staged,
+            replace: false,
         });
+        self
+    }
+
+    /// The same change, also putting `staged` in place of the installed tree of `id@version`.
+    pub fn with_replacement(mut self, id: PackageId, version: Version, staged: PathBuf) -> Self {
+        self.install = Some(StagedInstall {
+            id,
+            version,
+            staged,
+            replace: true,
+        });
+        self
+    }
+
+    /// The same change, also replacing the trust bytes with `bytes`.
+    pub fn with_trust(mut self, bytes: Vec<u8>) -> Self {
+        self.trust = Some(bytes);
         self
     }
 }
@@ -164,11 +195,18 @@ pub trait PackageStore: Send + Sync {
     /// Where the installed tree of `id@version` lives (whether or not it is installed).
     fn package_dir(&self, id: &PackageId, version: &Version) -> PathBuf;
 
-    /// The trust bytes last written, or `None` if none ever were. The store does not interpret
-    /// them; the app decodes them and fails closed on anything it cannot read.
+    /// The trust bytes last committed, or `None` if there are none. The store does not interpret
+    /// them; the app decodes them, checks them against the registry's trust anchor and fails
+    /// closed on anything it cannot read.
     fn read_trust(&self) -> Result<Option<Vec<u8>>, StoreError>;
 
-    /// Replaces the trust bytes atomically and durably.
+    /// Where the trust bytes live, for messages that tell an operator which file is wrong.
+    fn trust_path(&self) -> PathBuf;
+
+    /// Replaces the trust bytes atomically and durably, outside any transaction: the registry's
+    /// trust anchor is not updated, so a store that records one refuses to open afterwards. The
+    /// package manager changes trust only through [`Transaction::with_trust`]; this is for
+    /// stores used without it.
     fn write_trust(&self, bytes: &[u8]) -> Result<(), StoreError>;
 
     /// Brings the disk back in line with the registry: finishes or undoes interrupted
@@ -328,7 +366,8 @@ mod tests {
             Some(StagedInstall {
                 id,
                 version: v,
-                staged: PathBuf::from("/s/staging/0")
+                staged: PathBuf::from("/s/staging/0"),
+                replace: false,
             })
         );
     }

@@ -2,15 +2,21 @@
 //!
 //! 1. The journal record: written to a temporary file, fsynced, renamed into `journal/`, and the
 //!    journal directory fsynced.
-//! 2. With an install: the staged tree is sealed read-only (all but its top directory) and fsynced
-//!    bottom-up; `packages/<id>/` is created if needed (and `packages/` fsynced); the tree is
+//! 2. With new trust bytes: they are written to `trust.next` and fsynced. The registry about to
+//!    be committed records their digest, which is how recovery tells a `trust.next` to finish
+//!    from one to throw away.
+//! 3. With an install: the staged tree is sealed read-only (all but its top directory) and fsynced
+//!    bottom-up; `packages/<id>/` is created if needed (and `packages/` fsynced); a replacement
+//!    first renames the installed tree aside to `packages/<id>/<version>~replaced`; the tree is
 //!    renamed to `packages/<id>/<version>/`; its top directory is sealed and fsynced; then
 //!    `packages/<id>/` and `staging/` are fsynced so that the move is durable.
-//! 3. The new registry: written to `registry.json.tmp` and fsynced, then renamed over
-//!    `registry.json`. That rename is the commit point. The store directory is fsynced.
-//! 4. After the commit point: the trees the new registry no longer installs are deleted, then the
-//!    journal record. Neither needs an fsync, because recovery deletes unreferenced trees and
-//!    stale records anyway.
+//! 4. The new registry: written to `registry.json.tmp` and fsynced, then renamed over
+//!    `registry.json`. That rename is the commit point. The store directory is fsynced, which also
+//!    makes `trust.next` durable under its name.
+//! 5. After the commit point: `trust.next` is renamed over `trust`, the trees the new registry no
+//!    longer installs (and a replaced tree) are deleted, then the journal record. None needs an
+//!    fsync, because recovery finishes the rename and deletes unreferenced trees and stale
+//!    records anyway.
 //!
 //! A failure before the commit point undoes steps 1 and 2 and answers the error with the store
 //! unchanged. A failure of the fsync right after the commit point puts the previous registry back
@@ -23,7 +29,9 @@ use std::io;
 use std::path::{Component, Path, PathBuf};
 
 use guild_domain::graph::NodeRef;
+use guild_domain::ids::Sha256Digest;
 use guild_domain::registry::RegistryState;
+use guild_domain::trust::anchor_succession_problem;
 use guild_ports::store::{Committed, StoreError, StoreErrorKind, Transaction};
 
 use super::durable::{
@@ -40,12 +48,16 @@ pub(crate) struct Plan {
     pub(crate) old_bytes: Vec<u8>,
     pub(crate) install: Option<InstallPlan>,
     pub(crate) delete: Vec<(NodeRef, PathBuf)>,
+    /// The new trust bytes, when the trust file changes.
+    pub(crate) trust: Option<Vec<u8>>,
 }
 
 pub(crate) struct InstallPlan {
     pub(crate) staged: PathBuf,
     pub(crate) id_dir: PathBuf,
     pub(crate) dest: PathBuf,
+    /// Where the installed tree waits while a replacement is in flight; `None` for a new install.
+    pub(crate) aside: Option<PathBuf>,
 }
 
 /// How a commit ended, when it did not succeed.
@@ -113,6 +125,33 @@ pub(crate) fn plan(
             }
         }
     }
+    if let Some(problem) = anchor_succession_problem(current.trust_anchor(), new.trust_anchor()) {
+        return Err(invalid(problem).at(layout.registry.clone()));
+    }
+    let trust_changes = current.trust_anchor() != new.trust_anchor();
+    match (&tx.trust, new.trust_anchor()) {
+        (Some(bytes), Some(anchor)) if trust_changes => {
+            if Sha256Digest::of(bytes) != anchor.file_digest {
+                return Err(invalid(
+                    "the trust bytes are not those the new registry records".to_owned(),
+                ));
+            }
+        }
+        (None, _) if !trust_changes => {}
+        (Some(_), _) => {
+            return Err(invalid(
+                "the transaction writes trust bytes but the registry records no new trust file"
+                    .to_owned(),
+            ))
+        }
+        (None, _) => {
+            return Err(invalid(
+                "the new registry records a new trust file but the transaction carries no bytes"
+                    .to_owned(),
+            ))
+        }
+    }
+    let replacing = tx.install.as_ref().is_some_and(|i| i.replace);
     let added: Vec<NodeRef> = new
         .installed()
         .filter(|(id, v, _)| !current.is_installed(id, v))
@@ -135,21 +174,24 @@ pub(crate) fn plan(
         .collect();
     let install = match (added.as_slice(), tx.install) {
         ([], None) => None,
-        ([node], Some(ins)) if node.id == ins.id && node.version == ins.version => {
-            if !is_staging_entry(&layout.staging, &ins.staged) {
+        ([], Some(ins)) if replacing => {
+            let node = NodeRef {
+                id: ins.id.clone(),
+                version: ins.version.clone(),
+            };
+            if !current.is_installed(&ins.id, &ins.version)
+                || !new.is_installed(&ins.id, &ins.version)
+            {
                 return Err(invalid(format!(
-                    "the staged tree of {node} is not an entry of the staging area"
-                ))
-                .at(ins.staged));
+                    "the transaction replaces the tree of {node}, which is not installed before \
+                     and after it"
+                )));
             }
-            let is_dir = fs::symlink_metadata(&ins.staged)
-                .map_err(|e| io_error("inspect staged tree", &ins.staged, e))?
-                .is_dir();
-            if !is_dir {
-                return Err(
-                    invalid(format!("the staged tree of {node} is not a directory")).at(ins.staged),
-                );
-            }
+            staged_dir(layout, &node, &ins.staged)?;
+            Some((node, ins.staged))
+        }
+        ([node], Some(ins)) if node.id == ins.id && node.version == ins.version && !ins.replace => {
+            staged_dir(layout, node, &ins.staged)?;
             Some((node.clone(), ins.staged))
         }
         (added, install) => {
@@ -172,12 +214,14 @@ pub(crate) fn plan(
                 .unwrap_or_default();
             (node.clone(), name)
         }),
+        replace: replacing,
         delete: delete.iter().map(|(n, _)| n.clone()).collect(),
     };
     let install = install.map(|(node, staged)| InstallPlan {
         staged,
         id_dir: layout.packages.join(node.id.as_str()),
         dest: layout.package_dir(&node.id, &node.version),
+        aside: replacing.then(|| layout.replaced_dir(&node.id, &node.version)),
     });
     Ok(Plan {
         intent,
@@ -186,7 +230,29 @@ pub(crate) fn plan(
         old_bytes: current_bytes.to_vec(),
         install,
         delete,
+        trust: if trust_changes { tx.trust } else { None },
     })
+}
+
+/// Checks that `staged`, the tree of `node`, is a directory directly in the staging area.
+fn staged_dir(layout: &StoreLayout, node: &NodeRef, staged: &Path) -> Result<(), StoreError> {
+    let invalid = |what: String| {
+        StoreError::new(StoreErrorKind::InvalidTransaction, what).at(staged.to_path_buf())
+    };
+    if !is_staging_entry(&layout.staging, staged) {
+        return Err(invalid(format!(
+            "the staged tree of {node} is not an entry of the staging area"
+        )));
+    }
+    let is_dir = fs::symlink_metadata(staged)
+        .map_err(|e| io_error("inspect staged tree", staged, e))?
+        .is_dir();
+    if !is_dir {
+        return Err(invalid(format!(
+            "the staged tree of {node} is not a directory"
+        )));
+    }
+    Ok(())
 }
 
 /// What has been done so far, for undoing it.
@@ -194,6 +260,8 @@ pub(crate) fn plan(
 struct Progress {
     tree_moved: bool,
     id_dir_created: bool,
+    /// A replacement moved the installed tree aside.
+    moved_aside: bool,
 }
 
 /// Carries out `plan`.
@@ -229,6 +297,25 @@ pub(crate) fn apply(
         generation: plan.new_state.generation(),
         ..Committed::default()
     };
+    if plan.trust.is_some() {
+        match run.rename("rename trust file", &layout.trust_next, &layout.trust) {
+            Ok(()) => {}
+            Err(e) if is_crash(&e) => return Err(Failure::Crashed(e)),
+            // The registry records the new bytes and `trust.next` holds them durably: the next
+            // recovery finishes the rename, and this handle answers the committed bytes.
+            Err(_) => committed.leftovers.push(layout.trust_next.clone()),
+        }
+    }
+    if let Some(aside) = plan.install.as_ref().and_then(|i| i.aside.as_ref()) {
+        let removed = run.step("delete replaced tree").and_then(|()| {
+            remove_tree(aside).map_err(|e| io_error("delete replaced tree", aside, e))
+        });
+        match removed {
+            Ok(_) => {}
+            Err(e) if is_crash(&e) => return Err(Failure::Crashed(e)),
+            Err(_) => committed.leftovers.push(aside.clone()),
+        }
+    }
     for (node, path) in &plan.delete {
         let removed = run
             .step("delete old tree")
@@ -277,6 +364,10 @@ fn prepare(
         &plan.intent.path_in(&layout.journal),
         &plan.intent.to_json(),
     )?;
+    if let Some(bytes) = &plan.trust {
+        run.write_file("write trust file", &layout.trust_next, bytes)?;
+        run.fsync("fsync trust file", &layout.trust_next)?;
+    }
     if let Some(ins) = &plan.install {
         run.step("seal staged tree")?;
         seal_tree(&ins.staged)?;
@@ -288,10 +379,18 @@ fn prepare(
             progress.id_dir_created = true;
             run.fsync("fsync packages directory", &layout.packages)?;
         }
-        // A tree left at the destination is garbage from an earlier failure (the current
-        // registry does not install this version, as planning checked); clear it so the
-        // rename can land.
-        remove_tree(&ins.dest).map_err(|e| io_error("clear stale tree", &ins.dest, e))?;
+        if let Some(aside) = &ins.aside {
+            // The installed tree is kept until the commit point, so that an interruption before
+            // it can put it back. A leftover of an earlier failure is garbage.
+            remove_tree(aside).map_err(|e| io_error("clear stale tree", aside, e))?;
+            run.rename("move installed tree aside", &ins.dest, aside)?;
+            progress.moved_aside = true;
+        } else {
+            // A tree left at the destination is garbage from an earlier failure (the current
+            // registry does not install this version, as planning checked); clear it so the
+            // rename can land.
+            remove_tree(&ins.dest).map_err(|e| io_error("clear stale tree", &ins.dest, e))?;
+        }
         run.rename("move tree into place", &ins.staged, &ins.dest)?;
         progress.tree_moved = true;
         run.step("seal installed tree")?;
@@ -328,6 +427,9 @@ fn undo(layout: &StoreLayout, plan: &Plan, progress: &Progress) -> io::Result<()
         } else {
             remove_tree(&ins.staged)?;
         }
+        if let (Some(aside), true) = (&ins.aside, progress.moved_aside) {
+            fs::rename(aside, &ins.dest)?;
+        }
         if progress.id_dir_created {
             match fs::remove_dir(&ins.id_dir) {
                 Ok(()) => {}
@@ -337,6 +439,9 @@ fn undo(layout: &StoreLayout, plan: &Plan, progress: &Progress) -> io::Result<()
         }
     }
     remove_file_if_present(&layout.registry_tmp)?;
+    if plan.trust.is_some() {
+        remove_file_if_present(&layout.trust_next)?;
+    }
     remove_file_if_present(&plan.intent.tmp_path_in(&layout.journal))?;
     remove_file_if_present(&plan.intent.path_in(&layout.journal))?;
     Ok(())

@@ -28,7 +28,7 @@ const TOP_FIELDS: &[&str] = &[
     "install",
     "delete",
 ];
-const INSTALL_FIELDS: &[&str] = &["id", "version", "staged"];
+const INSTALL_FIELDS: &[&str] = &["id", "version", "staged", "replace"];
 const REF_FIELDS: &[&str] = &["id", "version"];
 
 /// A transaction about to change the store.
@@ -38,6 +38,10 @@ pub(crate) struct Intent {
     pub(crate) to_generation: u64,
     /// The version being installed and the name of its directory in the staging area.
     pub(crate) install: Option<(NodeRef, String)>,
+    /// Whether the install replaces the version's installed tree (moved aside to
+    /// [`StoreLayout::replaced_dir`](super::StoreLayout::replaced_dir) until the commit point).
+    /// Written only when true, so records of plain installs read as before.
+    pub(crate) replace: bool,
     /// The versions whose trees will be deleted after the commit point.
     pub(crate) delete: Vec<NodeRef>,
 }
@@ -87,6 +91,9 @@ impl Intent {
         if let Some((n, staged)) = &self.install {
             let mut m = node(n);
             m.push(("staged".to_owned(), Value::from(staged.as_str())));
+            if self.replace {
+                m.push(("replace".to_owned(), Value::Bool(true)));
+            }
             members.push(("install".to_owned(), Value::Object(m)));
         }
         members.push((
@@ -115,6 +122,7 @@ impl Intent {
                 "generation {from_generation} is not followed by {to_generation}"
             )));
         }
+        let mut replace = false;
         let install = match get(top, "install") {
             None => None,
             Some(v) => {
@@ -127,6 +135,11 @@ impl Intent {
                         "staged name {staged:?} is not a plain name"
                     )));
                 }
+                replace = match get(m, "replace") {
+                    None => false,
+                    Some(Value::Bool(b)) => *b,
+                    Some(_) => return Err(malformed("\"replace\" must be a boolean")),
+                };
                 Some((node_ref(m)?, staged.to_owned()))
             }
         };
@@ -141,6 +154,7 @@ impl Intent {
             from_generation,
             to_generation,
             install,
+            replace,
             delete,
         })
     }
@@ -207,6 +221,7 @@ mod tests {
                 },
                 "0000000000000003".to_owned(),
             )),
+            replace: false,
             delete: vec![NodeRef {
                 id: PackageId::new("c").unwrap(),
                 version: Version::new(0, 1, 0),
@@ -225,6 +240,14 @@ mod tests {
             ..i
         };
         assert_eq!(Intent::from_json(&state_only.to_json()), Ok(state_only));
+        let replacing = Intent {
+            replace: true,
+            ..sample()
+        };
+        assert!(String::from_utf8(replacing.to_json())
+            .unwrap()
+            .contains("\"replace\": true"));
+        assert_eq!(Intent::from_json(&replacing.to_json()), Ok(replacing));
     }
 
     #[test]

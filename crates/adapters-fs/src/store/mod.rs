@@ -7,6 +7,7 @@
 //! lock                     advisory lock; held for as long as a store handle is open
 //! registry.json            the registry (RegistryState), replaced atomically; the commit point
 //! trust                    the trust bytes, opaque to the store, replaced atomically
+//! trust.next               new trust bytes of a commit in flight (finished or dropped by recovery)
 //! journal/<gen>.intent     the record of a transaction in flight
 //! staging/<n>/             trees being extracted; cleared by recovery
 //! packages/<id>/<version>/ installed trees, read-only
@@ -53,6 +54,8 @@ pub struct StoreLayout {
     pub registry_tmp: PathBuf,
     pub trust: PathBuf,
     pub trust_tmp: PathBuf,
+    /// The new trust bytes of a transaction, renamed over `trust` after its commit point.
+    pub trust_next: PathBuf,
     pub journal: PathBuf,
     pub staging: PathBuf,
     pub packages: PathBuf,
@@ -67,6 +70,7 @@ impl StoreLayout {
             registry_tmp: root.join("registry.json.tmp"),
             trust: root.join("trust"),
             trust_tmp: root.join("trust.tmp"),
+            trust_next: root.join("trust.next"),
             journal: root.join("journal"),
             staging: root.join("staging"),
             packages: root.join("packages"),
@@ -79,6 +83,15 @@ impl StoreLayout {
     /// semantic version only `[0-9A-Za-z.+-]`.
     pub fn package_dir(&self, id: &PackageId, version: &Version) -> PathBuf {
         self.packages.join(id.as_str()).join(version.to_string())
+    }
+
+    /// Where the installed tree of `id@version` waits while a replacement of it is in flight:
+    /// `packages/<id>/<version>~replaced`. A semantic version never contains `~`, so the name
+    /// cannot be another version's.
+    pub fn replaced_dir(&self, id: &PackageId, version: &Version) -> PathBuf {
+        self.packages
+            .join(id.as_str())
+            .join(format!("{version}~replaced"))
     }
 }
 
@@ -134,6 +147,9 @@ struct Inner {
     registry: RegistryState,
     /// The registry's bytes exactly as on disk, to put back if a commit fails after its rename.
     registry_bytes: Vec<u8>,
+    /// The committed trust bytes. Kept here, like the registry, so that a commit whose rename of
+    /// `trust.next` failed after the commit point still answers the bytes it committed.
+    trust: Option<Vec<u8>>,
     poisoned: bool,
     fault: Option<Fault>,
     /// Staging entries handed out and not yet committed or discarded; a runtime recovery keeps
@@ -166,6 +182,7 @@ impl FsStore {
             inner: Mutex::new(Inner {
                 registry: recovered.registry,
                 registry_bytes: recovered.bytes,
+                trust: recovered.trust,
                 poisoned: false,
                 fault: options.fault,
                 issued: BTreeSet::new(),
@@ -311,6 +328,9 @@ impl PackageStore for FsStore {
         let committed = with_run(&mut inner, |run| commit::apply(&self.layout, run, &plan))?;
         inner.registry = plan.new_state;
         inner.registry_bytes = plan.new_bytes;
+        if let Some(trust) = plan.trust {
+            inner.trust = Some(trust);
+        }
         Ok(committed)
     }
 
@@ -319,15 +339,18 @@ impl PackageStore for FsStore {
     }
 
     fn read_trust(&self) -> Result<Option<Vec<u8>>, StoreError> {
-        let _inner = self.usable()?;
-        read_optional(&self.layout.trust)
+        Ok(self.usable()?.trust.clone())
+    }
+
+    fn trust_path(&self) -> PathBuf {
+        self.layout.trust.clone()
     }
 
     fn write_trust(&self, bytes: &[u8]) -> Result<(), StoreError> {
         let mut inner = self.usable()?;
         let layout = &self.layout;
         let previous = read_optional(&layout.trust)?;
-        with_run(&mut inner, |run| {
+        let written = with_run(&mut inner, |run| {
             let (tmp, target) = (&layout.trust_tmp, &layout.trust);
             let before_rename = run
                 .write_file("write trust file", tmp, bytes)
@@ -352,7 +375,11 @@ impl PackageStore for FsStore {
                     Err(_) => Failure::Poisoned(e),
                 }),
             }
-        })
+        });
+        if written.is_ok() {
+            inner.trust = Some(bytes.to_vec());
+        }
+        written
     }
 
     fn recover(&self) -> Result<RecoveryReport, StoreError> {
@@ -365,6 +392,7 @@ impl PackageStore for FsStore {
         let recovered = recovered?;
         inner.registry = recovered.registry;
         inner.registry_bytes = recovered.bytes;
+        inner.trust = recovered.trust;
         Ok(recovered.report)
     }
 }

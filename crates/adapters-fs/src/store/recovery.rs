@@ -9,6 +9,12 @@
 //! expects a generation newer than the registry's means the registry went backwards) and say in
 //! the report which transactions were finished and which were undone.
 //!
+//! Two kinds of change finish or undo by more than deleting. New trust bytes wait in
+//! `trust.next` until after the commit point; the registry records their digest, so a
+//! `trust.next` whose digest the registry records is renamed over `trust` and any other is
+//! deleted. A replacement keeps the installed tree at `<version>~replaced` until the commit point;
+//! when the registry did not move on, that tree is put back in place of the new one.
+//!
 //! Everything that could make recovery guess is checked before anything is deleted: an
 //! unreadable registry or journal record fails with the file's name and leaves the disk as it
 //! was. None of the deletions needs an fsync: if a power loss undoes one, the next recovery
@@ -21,6 +27,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use guild_domain::graph::NodeRef;
+use guild_domain::ids::Sha256Digest;
 use guild_domain::registry::{RegistryDecodeError, RegistryState};
 use guild_ports::store::{InterruptedCommit, RecoveryReport, StoreError, StoreErrorKind};
 
@@ -32,6 +39,8 @@ use super::StoreLayout;
 pub(crate) struct Recovered {
     pub(crate) registry: RegistryState,
     pub(crate) bytes: Vec<u8>,
+    /// The trust bytes after recovery, if there is a trust file.
+    pub(crate) trust: Option<Vec<u8>>,
     pub(crate) report: RecoveryReport,
 }
 
@@ -82,6 +91,7 @@ pub(crate) fn recover(
         }
     };
     let generation = registry.generation();
+    let mut undo_replacements = Vec::new();
     for (path, intent) in &records {
         let summary = InterruptedCommit {
             from_generation: intent.from_generation,
@@ -92,6 +102,9 @@ pub(crate) fn recover(
         if intent.to_generation <= generation {
             report.rolled_forward.push(summary);
         } else if intent.from_generation == generation {
+            if let (true, Some((node, _))) = (intent.replace, &intent.install) {
+                undo_replacements.push(node.clone());
+            }
             report.rolled_back.push(summary);
         } else {
             return Err(StoreError::new(
@@ -106,6 +119,17 @@ pub(crate) fn recover(
     }
 
     // Now make the disk match the registry.
+    settle_trust(layout, &registry, run, &mut report)?;
+    for node in &undo_replacements {
+        let aside = layout.replaced_dir(&node.id, &node.version);
+        if fs::symlink_metadata(&aside).is_ok() {
+            // The replacement did not reach its commit point: its old tree goes back.
+            let dest = layout.package_dir(&node.id, &node.version);
+            remove_tree(&dest).map_err(|e| io_error("remove replacing tree", &dest, e))?;
+            fs::rename(&aside, &dest).map_err(|e| io_error("restore replaced tree", &aside, e))?;
+            run.sync_path("fsync package directory", super::durable::parent(&dest)?)?;
+        }
+    }
     for tmp in [&layout.registry_tmp, &layout.trust_tmp] {
         if remove_file_if_present(tmp).map_err(|e| io_error("remove temporary file", tmp, e))? {
             report.removed_temp_files.push(tmp.clone());
@@ -135,11 +159,44 @@ pub(crate) fn recover(
         remove_file_if_present(path).map_err(|e| io_error("remove journal record", path, e))?;
     }
     report.generation = generation;
+    let trust = match fs::read(&layout.trust) {
+        Ok(b) => Some(b),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(io_error("read trust file", &layout.trust, e)),
+    };
     Ok(Recovered {
         registry,
         bytes,
+        trust,
         report,
     })
+}
+
+/// Finishes or drops new trust bytes left in `trust.next`: the registry's trust anchor says
+/// whether their commit point was reached.
+fn settle_trust(
+    layout: &StoreLayout,
+    registry: &RegistryState,
+    run: &mut Run,
+    report: &mut RecoveryReport,
+) -> Result<(), StoreError> {
+    let next = &layout.trust_next;
+    let bytes = match fs::read(next) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_error("read new trust file", next, e)),
+    };
+    let committed = registry
+        .trust_anchor()
+        .is_some_and(|a| a.file_digest == Sha256Digest::of(&bytes));
+    if committed {
+        fs::rename(next, &layout.trust).map_err(|e| io_error("finish trust file", next, e))?;
+        run.sync_path("fsync store directory", &layout.root)?;
+    } else {
+        remove_file_if_present(next).map_err(|e| io_error("remove new trust file", next, e))?;
+        report.removed_temp_files.push(next.clone());
+    }
+    Ok(())
 }
 
 /// Creates the journal, staging and packages directories if absent, durably.

@@ -302,6 +302,23 @@ pub enum TrustCommand {
     /// List trusted publishers and keys, and revocations.
     #[command(after_help = "Example:\n  guild trust list")]
     List,
+
+    /// Rebuild the store's trust file when it is missing, an older copy, another store's,
+    /// changed by hand or unreadable. Every revocation the store recorded is kept.
+    #[command(
+        after_help = "The store refuses to open while its trust file is not the one its registry \
+        recorded (exit code 5, naming the file). This writes a new trust file bound to the store, \
+        with every revocation the registry recorded and every revocation of the file found. It \
+        trusts no key unless --keep-keys keeps the keys of the file found (revoked keys \
+        excepted); add the others again with `guild trust add`.\n\nExamples:\n  \
+        guild trust reset                # trust nothing; add keys again\n  \
+        guild trust reset --keep-keys    # keep the keys of the trust file found"
+    )]
+    Reset {
+        /// Keep the keys trusted by the trust file found (it must be readable).
+        #[arg(long)]
+        keep_keys: bool,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -11,9 +11,9 @@ use guild_host::package_manager::PackageManager;
 use guild_host::platform::{cpu_isa, HostPlatform};
 use serde_json::{json, Value};
 
-use super::failure::Exit;
+use super::failure::{Exit, Failure};
 use super::output::Report;
-use super::render::open_report_lines;
+use super::render::{open_report_lines, quarantine_lines};
 
 /// How a check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,13 +72,19 @@ pub fn run(store: &Path) -> anyhow::Result<Report> {
                 false
             }
             Err(e) => {
+                // The hint the failing command would print (the trust file's recovery command,
+                // say) is the useful one; the generic one is for failures without their own.
+                let e = anyhow::Error::new(e);
+                let hint = Failure::from_error(&e).hint.unwrap_or_else(|| {
+                    "`guild recover` says more; another process may hold the store's lock".into()
+                });
                 checks.push(
                     Check::new(
                         "store",
                         Verdict::Fail,
                         format!("{} cannot be opened: {e}", store.display()),
                     )
-                    .hint("`guild recover` says more; another process may hold the store's lock"),
+                    .hint(hint),
                 );
                 true
             }
@@ -211,7 +217,21 @@ fn store_check(
         opened.verified
     );
     let notes = open_report_lines(opened);
-    if notes.is_empty() {
+    let quarantined = quarantine_lines(&packages);
+    if !quarantined.is_empty() {
+        // A quarantine outlives the command that found it: it is news until it is repaired.
+        let mut lines = quarantined;
+        lines.extend(notes);
+        Check::new(
+            "store",
+            Verdict::Warn,
+            format!("{detail}; {}", lines.join("; ")),
+        )
+        .hint(
+            "a quarantined version failed re-verification (a file changed, or its signature no \
+             longer authenticates it): reinstall the genuine package to repair it, or remove it",
+        )
+    } else if notes.is_empty() {
         Check::new("store", Verdict::Ok, detail)
     } else {
         Check::new(
@@ -227,8 +247,10 @@ fn trust_check(pm: &PackageManager) -> Check {
     let trust = match pm.trust() {
         Ok(t) => t,
         Err(e) => {
-            return Check::new("trust", Verdict::Fail, format!("unreadable: {e}"))
-                .hint("the trust store is trust.json in the store; restore it from a backup")
+            return Check::new("trust", Verdict::Fail, format!("unreadable: {e}")).hint(
+                "the trust file is STORE/trust: put back this store's latest copy, or \
+                     rebuild it with `guild trust reset` (recorded revocations are kept)",
+            )
         }
     };
     let publishers = trust.publishers().count();

@@ -12,7 +12,7 @@ use guild_adapters_crypto::KeyFileError;
 use guild_adapters_fs::archive::PackError;
 use guild_domain::graph::{DisableRefusal, GraphProblem, RemoveRefusal, RollbackRefusal};
 use guild_domain::registry::RegistryError;
-use guild_domain::trust::{AuthError, SignatureOutcome, TrustChangeError};
+use guild_domain::trust::{AuthError, SignatureOutcome, TrustChangeError, TrustFileMismatch};
 use guild_host::publish::PublishError;
 use guild_host::{ErrorCategory, HostError};
 use guild_ports::source::{SourceError, SourceErrorKind};
@@ -296,15 +296,43 @@ fn host_hint(e: &HostError) -> Option<String> {
         HostError::TrustChange(_) => None,
         HostError::Store(s) => store_hint(s),
         HostError::TrustFile(_) => Some(
-            "the trust file cannot be read, so nothing is trusted: restore it from a backup, \
-             then run `guild recover`"
+            "the trust file cannot be read, so nothing is trusted: put back this store's latest \
+             copy of it, or rebuild it with `guild trust reset` (every revocation the store \
+             recorded is kept; trust publishers' keys again with `guild trust add`)"
                 .into(),
         ),
+        HostError::TrustBinding { problem, .. } => Some(trust_binding_hint(problem)),
         HostError::InstalledTree { .. } | HostError::Graph(_) => Some(
             "run `guild recover`; if it fails the same way, restore the store from a backup".into(),
         ),
         HostError::Publish(p) => publish(p).1,
         _ => None,
+    }
+}
+
+/// What to do about a trust file the registry does not recognise. Each way out keeps every
+/// revocation the registry recorded.
+fn trust_binding_hint(problem: &TrustFileMismatch) -> String {
+    let keep = "`guild trust reset --keep-keys` keeps the keys of the file that is there and adds \
+                back every revocation the store recorded";
+    match problem {
+        TrustFileMismatch::Missing { .. } | TrustFileMismatch::MissingWithPackages => {
+            "put back this store's latest trust file, or run `guild trust reset`: it writes a new \
+             one with every revocation the store recorded and no trusted key; then trust \
+             publishers' keys again with `guild trust add`"
+                .into()
+        }
+        TrustFileMismatch::Foreign { .. } | TrustFileMismatch::NotRecorded { .. } => format!(
+            "put back this store's own trust file, or run `guild trust reset` (it trusts no key; \
+             {keep} if you mean to trust that file's keys here)"
+        ),
+        TrustFileMismatch::Unbound { .. }
+        | TrustFileMismatch::Older { .. }
+        | TrustFileMismatch::Newer { .. }
+        | TrustFileMismatch::Altered { .. } => format!(
+            "put back this store's latest trust file, or {keep}; `guild trust reset` alone \
+             trusts no key"
+        ),
     }
 }
 
@@ -360,6 +388,10 @@ fn registry_hint(e: &RegistryError) -> Option<String> {
         RegistryError::NoPreviousVersion { .. } => Some(
             "rollback needs a superseded version; see `guild status ID` for its versions".into(),
         ),
+        RegistryError::Quarantined { id, version, .. } => Some(format!(
+            "it failed re-verification: install a genuine copy of {id} {version} to repair it \
+             (guild install PACKAGE), or remove it (guild remove {id} --version {version})"
+        )),
         _ => None,
     }
 }

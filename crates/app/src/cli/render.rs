@@ -1,9 +1,11 @@
 //! Turning library values into the CLI's JSON documents and short human phrases, in one place so
 //! that every command spells a package, a digest or a report the same way.
 
-use guild_domain::ids::Sha256Digest;
+use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::manifest::Metadata;
-use guild_host::package_manager::{OpenReport, PackageSummary, Quarantined};
+use guild_domain::registry::Quarantine;
+use guild_domain::version::Version;
+use guild_host::package_manager::{OpenReport, PackageSummary, Quarantined, TrustOpened};
 use guild_ports::store::{InterruptedCommit, RecoveryReport};
 use serde_json::{json, Value};
 
@@ -40,9 +42,45 @@ pub fn package_json(p: &PackageSummary) -> Value {
             "version": v.version.to_string(),
             "state": v.state.as_str(),
             "payload_sha256": v.payload_digest.to_hex(),
+            "quarantine": v.quarantine.as_ref().map(quarantine_json),
         })).collect::<Vec<_>>(),
         "leases": {"leases": p.leases.leases, "bindings": p.leases.bindings},
     })
+}
+
+fn quarantine_json(q: &Quarantine) -> Value {
+    json!({"reason": q.reason, "file": q.file})
+}
+
+/// What repairs a quarantined version.
+pub fn repair_hint(id: &PackageId, version: &Version) -> String {
+    format!(
+        "install a genuine copy of it to repair it (guild install PACKAGE), or remove it \
+         (guild remove {id} --version {version})"
+    )
+}
+
+/// Every quarantined version of `packages`, one line each, with what to do about it.
+pub fn quarantine_lines(packages: &[PackageSummary]) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in packages {
+        for v in &p.versions {
+            if let Some(q) = &v.quarantine {
+                out.push(format!(
+                    "{}@{} is quarantined{}: {}; {}",
+                    p.id,
+                    v.version,
+                    q.file
+                        .as_ref()
+                        .map(|f| format!(" (file {f})"))
+                        .unwrap_or_default(),
+                    q.reason,
+                    repair_hint(&p.id, &v.version)
+                ));
+            }
+        }
+    }
+    out
 }
 
 fn interrupted_json(c: &InterruptedCommit) -> Value {
@@ -92,6 +130,7 @@ pub fn open_report_json(r: &OpenReport) -> Value {
         "verified": r.verified,
         "disabled": quarantined_list(&r.disabled),
         "removed": quarantined_list(&r.removed),
+        "trust_bound": matches!(r.trust, Some(TrustOpened::Bound { .. })),
     })
 }
 
@@ -99,6 +138,12 @@ pub fn open_report_json(r: &OpenReport) -> Value {
 /// Creating a new store is not news and is left out.
 pub fn open_report_lines(r: &OpenReport) -> Vec<String> {
     let mut out = Vec::new();
+    if let Some(TrustOpened::Bound { generation }) = &r.trust {
+        out.push(format!(
+            "the trust file is now bound to this store (generation {generation}): from now on a \
+             missing, older or foreign trust file stops the store"
+        ));
+    }
     let rec = &r.recovery;
     for c in &rec.rolled_forward {
         out.push(format!(

@@ -18,7 +18,9 @@ use guild_ports::source::Progress;
 use serde_json::json;
 
 use super::output::Report;
-use super::render::{open_report_json, open_report_lines, package_json, short};
+use super::render::{
+    open_report_json, open_report_lines, package_json, quarantine_lines, repair_hint, short,
+};
 
 /// Opens the store and starts a report whose warnings say what the opening did.
 pub fn open(store: &Path, command: &str) -> anyhow::Result<(PackageManager, Report)> {
@@ -57,13 +59,26 @@ pub fn install(
         .field("payload_sha256", done.payload_digest.to_hex())
         .field("changed", done.changed)
         .field("reactivated", done.reactivated)
+        .field("repaired", done.repaired)
         .field("enabled", done.enabled)
         .field(
             "superseded",
             done.superseded.as_ref().map(ToString::to_string),
         );
     let state = if done.enabled { "enabled" } else { "disabled" };
-    if done.reactivated {
+    if done.repaired {
+        report.line(format!(
+            "repaired {} {}: its installed files were replaced by this package's, each checked \
+             against the signed manifest; {state}",
+            done.id, done.version
+        ));
+        if let Some(old) = &done.superseded {
+            report.line(format!(
+                "superseded {} {old}; `guild rollback {}` returns to it",
+                done.id, done.id
+            ));
+        }
+    } else if done.reactivated {
         report.line(format!(
             "{} {} was already installed (its files are checked): it is current and {state} again",
             done.id, done.version
@@ -157,6 +172,7 @@ pub fn list(store: &Path) -> anyhow::Result<Report> {
         report.line("no packages installed");
         return Ok(report);
     }
+    let quarantined = quarantine_lines(&packages);
     let rows: Vec<[String; 5]> = packages.iter().map(row).collect();
     let header = [
         "ID".to_owned(),
@@ -179,6 +195,9 @@ pub fn list(store: &Path) -> anyhow::Result<Report> {
             .collect();
         report.line(cells.join("  ").trim_end().to_owned());
     }
+    // Quarantined versions stay visible until they are repaired or removed, whichever command
+    // first found them.
+    report.lines.extend(quarantined);
     Ok(report)
 }
 
@@ -188,10 +207,15 @@ fn row(p: &PackageSummary) -> [String; 5] {
     if let Some(prev) = &p.previous {
         version.push_str(&format!(" (previous {prev})"));
     }
+    let state = match current {
+        Some(v) if v.quarantine.is_some() => format!("{} (quarantined)", v.state.as_str()),
+        Some(v) => v.state.as_str().to_owned(),
+        None => "none".to_owned(),
+    };
     [
         p.id.to_string(),
         version,
-        current.map_or("none", |v| v.state.as_str()).to_owned(),
+        state,
         p.kind.to_string(),
         p.publisher.to_string(),
     ]
@@ -238,6 +262,18 @@ fn package_status(
             v.state.as_str(),
             v.payload_digest
         ));
+        if let Some(q) = &v.quarantine {
+            out.line(format!(
+                "  {:<12} quarantined: {}{}",
+                "",
+                q.reason,
+                q.file
+                    .as_ref()
+                    .map(|f| format!(" (file {f})"))
+                    .unwrap_or_default()
+            ));
+            out.line(format!("  {:<12} {}", "", repair_hint(&p.id, &v.version)));
+        }
     }
     out.line(format!(
         "  previous version: {}",
@@ -285,6 +321,7 @@ fn store_status(
     let keys: usize = trust.publishers().map(|(_, k)| k.count()).sum();
     let revoked_keys = trust.revoked_keys().count();
     let revoked_packages = trust.revoked_digests().count();
+    let quarantined = quarantine_lines(&packages);
     out.field("store", store.display().to_string())
         .field("generation", generation)
         .field(
@@ -298,6 +335,7 @@ fn store_status(
                 "trusted_keys": keys,
                 "revoked_keys": revoked_keys,
                 "revoked_packages": revoked_packages,
+                "quarantined": quarantined.len(),
             }),
         )
         .field("open", open_report_json(open));
@@ -311,6 +349,10 @@ fn store_status(
             "trust: {publishers} publisher(s), {keys} key(s); {revoked_keys} revoked key(s), {revoked_packages} revoked package(s)"
         ))
         .line(open_summary(open));
+    if !quarantined.is_empty() {
+        out.line(format!("quarantined: {} version(s)", quarantined.len()));
+        out.lines.extend(quarantined);
+    }
     Ok(out)
 }
 

@@ -1,4 +1,4 @@
-//! `guild trust add / revoke-key / revoke-package / list`: the store's trust store.
+//! `guild trust add / revoke-key / revoke-package / list / reset`: the store's trust store.
 //!
 //! A revocation is applied to installed packages at once: after writing it, the command
 //! re-verifies every enabled package and disables those that no longer authenticate (and their
@@ -8,12 +8,13 @@ use std::path::Path;
 
 use guild_adapters_crypto::files;
 use guild_domain::ids::Sha256Digest;
-use guild_host::HostError;
+use guild_host::package_manager::TrustOpened;
+use guild_host::{HostError, PackageManager, TrustReset};
 use serde_json::json;
 
 use super::args::{TrustAdd, TrustCommand};
 use super::output::Report;
-use super::render::{one_line, quarantined_list, short};
+use super::render::{one_line, open_report_json, open_report_lines, quarantined_list, short};
 use super::store::open;
 
 pub fn run(store: &Path, command: &TrustCommand) -> anyhow::Result<Report> {
@@ -24,7 +25,48 @@ pub fn run(store: &Path, command: &TrustCommand) -> anyhow::Result<Report> {
             revoke(store, Target::Package(*sha256), reason)
         }
         TrustCommand::List => list(store),
+        TrustCommand::Reset { keep_keys } => reset(store, *keep_keys),
     }
+}
+
+/// Rebuilds the trust file (see [`TrustReset`]), then opens the store as every command does.
+fn reset(store: &Path, keep_keys: bool) -> anyhow::Result<Report> {
+    let (_pm, opened): (PackageManager, _) =
+        PackageManager::open_dir_resetting_trust(store, TrustReset { keep_keys })?;
+    let mut report = Report::new("trust reset");
+    report.field("open", open_report_json(&opened));
+    if let Some(TrustOpened::Rebuilt {
+        found,
+        generation,
+        keys,
+        revoked_keys,
+        revoked_payloads,
+    }) = &opened.trust
+    {
+        report
+            .field("found", found.as_deref())
+            .field("generation", *generation)
+            .field("trusted_keys", *keys)
+            .field("revoked_keys", *revoked_keys)
+            .field("revoked_packages", *revoked_payloads);
+        report.line(match found {
+            Some(problem) => format!("the trust file found was refused: {problem}"),
+            None => "the trust file found was this store's current one".to_owned(),
+        });
+        report.line(format!(
+            "rebuilt the trust file (generation {generation}): {keys} trusted key(s), \
+             {revoked_keys} revoked key(s) and {revoked_payloads} revoked package(s) kept"
+        ));
+        if *keys == 0 {
+            report.line(
+                "no key is trusted: add each publisher's key again with `guild trust add`; \
+                 revoked keys stay refused",
+            );
+        }
+    }
+    // What re-verification did under the new trust file is part of the answer.
+    report.lines.extend(open_report_lines(&opened));
+    Ok(report)
 }
 
 fn add(store: &Path, add: &TrustAdd) -> anyhow::Result<Report> {

@@ -542,7 +542,8 @@ fn cli_json_documents_and_json_errors() {
     let status = b.run(&["--json", "status"]);
     status.expect(0);
     let s = status.json();
-    assert_eq!(s["generation"], 1);
+    // Two commits: the trust file (recorded in the registry) and the install.
+    assert_eq!(s["generation"], 2);
     assert_eq!(s["counts"]["packages"], 1);
     assert_eq!(s["counts"]["enabled"], 1);
     assert_eq!(s["counts"]["trusted_keys"], 1);
@@ -722,7 +723,7 @@ fn cli_open_reports_a_damaged_package_it_disabled() {
         .stderr_has("installed files do not match the signed manifest");
     assert_eq!(
         words(&listed.stdout)[1],
-        "example.scan 1.0.0 disabled gkmodule org.example"
+        "example.scan 1.0.0 disabled (quarantined) gkmodule org.example"
     );
     let recovered = b.run(&["--json", "recover"]);
     recovered.expect(0);

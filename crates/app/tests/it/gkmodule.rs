@@ -54,7 +54,7 @@ fn tie_spec() -> Spec {
     spec
 }
 
-fn dependent_spec() -> Spec {
+pub(crate) fn dependent_spec() -> Spec {
     let mut spec = Spec::module("example.dependent", "1.0.0")
         .library(&plugin_library("scan_dependent"))
         .module_dep(ModDep::on("example.scan", "1.0.0").max("1.99.0"));

@@ -26,3 +26,4 @@ mod signatures;
 mod smoke;
 mod streams;
 mod support;
+mod trust_quarantine;

@@ -23,12 +23,12 @@ use guild_host::registry::{KernelBinding, KernelRegistry};
 use guild_host::OperationService;
 
 use crate::c_face::{args, release_raw, tensor, with_data, Query, Service};
-use crate::gkmodule::probe_spec;
-use crate::operations::{fixture_with, plugin_library, scan_spec, INCLUSIVE_OP};
-use crate::support::{ModDep, Spec};
+use crate::gkmodule::{dependent_spec, probe_spec};
+use crate::operations::{fixture_with, scan_spec, INCLUSIVE_OP};
 
 const TOTAL_OP: &str = "example.sequence.scan_then_total";
 const TOTAL: &str = "example.dependent.total.cpu";
+
 const CROSS_OP: &str = "example.probe.cross";
 
 /// Fewer rounds under valgrind (which the xtask step tells by setting the proptest case count).
@@ -38,14 +38,6 @@ fn rounds(normal: usize, slow: usize) -> usize {
     } else {
         normal
     }
-}
-
-fn dependent_spec() -> Spec {
-    let mut spec = Spec::module("example.dependent", "1.0.0")
-        .library(&plugin_library("scan_dependent"))
-        .module_dep(ModDep::on("example.scan", "1.0.0").max("1.99.0"));
-    spec.provided_ops = vec![TOTAL.into()];
-    spec
 }
 
 fn scan_query() -> Query {

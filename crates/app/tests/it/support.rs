@@ -491,7 +491,14 @@ impl PackageStore for Spy {
     }
 
     fn commit(&self, tx: Transaction) -> Result<Committed, StoreError> {
-        self.counters.commits.fetch_add(1, Ordering::SeqCst);
+        // A trust change is a transaction of its own (the registry records the trust file); it
+        // is counted as a trust write, so that `commits` keeps counting package changes.
+        let counter = if tx.trust.is_some() {
+            &self.counters.trust_writes
+        } else {
+            &self.counters.commits
+        };
+        counter.fetch_add(1, Ordering::SeqCst);
         self.store.commit(tx)
     }
 
@@ -501,6 +508,10 @@ impl PackageStore for Spy {
 
     fn read_trust(&self) -> Result<Option<Vec<u8>>, StoreError> {
         self.store.read_trust()
+    }
+
+    fn trust_path(&self) -> PathBuf {
+        self.store.trust_path()
     }
 
     fn write_trust(&self, bytes: &[u8]) -> Result<(), StoreError> {

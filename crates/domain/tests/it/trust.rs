@@ -284,3 +284,203 @@ fn trust_file_fails_closed() {
     );
     assert_eq!(field(&twice), "$.revoked_keys[1]");
 }
+
+const STORE: &str = "0123456789abcdef0123456789abcdef";
+const OTHER_STORE: &str = "fedcba9876543210fedcba9876543210";
+
+/// A trust store with key A trusted and revoked, sealed for `store` at `generation`.
+fn sealed(store: &str, generation: u64) -> (Vec<u8>, TrustStore, guild_domain::trust::TrustAnchor) {
+    let mut t = TrustStore::new();
+    t.add_key(publisher("org.example"), KEY_A.to_vec()).unwrap();
+    t.add_key(publisher("org.example"), KEY_B.to_vec()).unwrap();
+    t.revoke_key(Sha256Digest::of(KEY_A), "leaked");
+    let (bytes, anchor) = t.seal(store, generation);
+    let read = TrustStore::from_json(&bytes).unwrap();
+    assert_eq!(read, t, "a sealed trust file reads back with its binding");
+    (bytes, read, anchor)
+}
+
+#[test]
+fn trust_file_binding_refuses_every_file_but_the_recorded_one() {
+    use guild_domain::trust::{check_trust_file, TrustFileMismatch as M};
+    let (bytes, file, anchor) = sealed(STORE, 2);
+    assert_eq!(
+        check_trust_file(Some(&anchor), Some((&bytes, &file)), true),
+        Ok(())
+    );
+
+    let (old_bytes, old, _) = sealed(STORE, 1);
+    let (foreign_bytes, foreign, _) = sealed(OTHER_STORE, 2);
+    let (newer_bytes, newer, _) = sealed(STORE, 3);
+    let edited = String::from_utf8(bytes.clone())
+        .unwrap()
+        .replace("leaked", "fine");
+    let edited_file = TrustStore::from_json(edited.as_bytes()).unwrap();
+    let unbound = TrustStore::from_json(
+        String::from_utf8(bytes.clone())
+            .unwrap()
+            .replace(
+                &format!("\"store_id\": \"{STORE}\",\n  \"generation\": 2,\n  "),
+                "",
+            )
+            .as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(unbound.binding(), None);
+    let unbound_bytes = unbound.to_json().into_bytes();
+    /// A file as found on disk: its bytes and what they decode to.
+    type Found<'a> = Option<(&'a [u8], &'a TrustStore)>;
+    let cases: Vec<(&str, Found<'_>, M)> = vec![
+        ("missing", None, M::Missing { generation: 2 }),
+        (
+            "older",
+            Some((&old_bytes, &old)),
+            M::Older {
+                found: 1,
+                recorded: 2,
+            },
+        ),
+        (
+            "newer",
+            Some((&newer_bytes, &newer)),
+            M::Newer {
+                found: 3,
+                recorded: 2,
+            },
+        ),
+        (
+            "foreign",
+            Some((&foreign_bytes, &foreign)),
+            M::Foreign {
+                found: OTHER_STORE.into(),
+                expected: STORE.into(),
+            },
+        ),
+        (
+            "edited",
+            Some((edited.as_bytes(), &edited_file)),
+            M::Altered { generation: 2 },
+        ),
+        (
+            "unbound",
+            Some((&unbound_bytes, &unbound)),
+            M::Unbound { generation: 2 },
+        ),
+    ];
+    for (label, found, expected) in cases {
+        assert_eq!(
+            check_trust_file(Some(&anchor), found, true),
+            Err(expected),
+            "{label}"
+        );
+    }
+    // A store that never recorded a trust file: an unbound file is fine (it gets bound), no file
+    // is fine only while no package is recorded, and a bound file is another store's.
+    assert_eq!(
+        check_trust_file(None, Some((&unbound_bytes, &unbound)), true),
+        Ok(())
+    );
+    assert_eq!(check_trust_file(None, None, false), Ok(()));
+    assert_eq!(
+        check_trust_file(None, None, true),
+        Err(M::MissingWithPackages)
+    );
+    assert_eq!(
+        check_trust_file(None, Some((&bytes, &file)), false),
+        Err(M::NotRecorded {
+            found: STORE.into(),
+            generation: 2
+        })
+    );
+    let text = M::Older {
+        found: 1,
+        recorded: 2,
+    }
+    .to_string();
+    assert!(
+        text.starts_with("the trust file is generation 1, older than generation 2"),
+        "{text}"
+    );
+}
+
+#[test]
+fn trust_rebuilt_keeps_every_revocation_and_only_unrevoked_keys_on_request() {
+    let (_, file, anchor) = sealed(STORE, 2);
+    let mut anchor_only = anchor.clone();
+    anchor_only
+        .revoked_digests
+        .insert(Sha256Digest::of(b"payload"), "recalled".into());
+    for keep in [false, true] {
+        let t = TrustStore::rebuilt(Some(&anchor_only), Some(&file), keep);
+        assert!(t.is_key_revoked(&Sha256Digest::of(KEY_A)), "keep {keep}");
+        assert!(
+            t.is_digest_revoked(&Sha256Digest::of(b"payload")),
+            "keep {keep}"
+        );
+        let keys: Vec<_> = t
+            .keys_of(&publisher("org.example"))
+            .map(|k| k.key_id)
+            .collect();
+        let expected = if keep {
+            vec![Sha256Digest::of(KEY_B)]
+        } else {
+            Vec::new()
+        };
+        assert_eq!(keys, expected, "keep {keep}");
+        assert_eq!(t.binding(), None, "rebuilt trust is bound when sealed");
+    }
+    // With no trust file at all, the registry's revocations are still there.
+    let t = TrustStore::rebuilt(Some(&anchor), None, true);
+    assert!(t.is_key_revoked(&Sha256Digest::of(KEY_A)));
+}
+
+#[test]
+fn trust_anchor_succession_keeps_the_store_the_order_and_every_revocation() {
+    use guild_domain::trust::anchor_succession_problem as problem;
+    let (_, _, two) = sealed(STORE, 2);
+    let (_, _, three) = sealed(STORE, 3);
+    let (_, _, foreign) = sealed(OTHER_STORE, 3);
+    assert_eq!(problem(None, Some(&two)), None);
+    assert_eq!(problem(Some(&two), Some(&two)), None);
+    assert_eq!(problem(Some(&two), Some(&three)), None);
+    assert!(problem(Some(&two), None).is_some());
+    assert!(problem(Some(&three), Some(&two)).is_some());
+    assert!(problem(Some(&two), Some(&foreign)).is_some());
+    let mut forgetful = three.clone();
+    forgetful.revoked_keys.clear();
+    assert_eq!(
+        problem(Some(&two), Some(&forgetful)),
+        Some(format!(
+            "the new registry forgets the revocation of {}",
+            Sha256Digest::of(KEY_A)
+        ))
+    );
+}
+
+#[test]
+fn trust_file_binding_fields_come_together_and_are_checked() {
+    let base = r#""publishers": {}, "revoked_keys": [], "revoked_digests": []"#;
+    let read = |extra: &str| {
+        TrustStore::from_json(format!("{{\"trust_format\": 1{extra}, {base}}}").as_bytes())
+    };
+    assert!(read("").unwrap().binding().is_none());
+    let ok = read(&format!(r#", "store_id": "{STORE}", "generation": 7"#)).unwrap();
+    assert_eq!(ok.binding().unwrap().generation, 7);
+    for (extra, path) in [
+        (r#", "generation": 7"#.to_owned(), "$.store_id"),
+        (format!(r#", "store_id": "{STORE}""#), "$.generation"),
+        (
+            r#", "store_id": "ABC", "generation": 7"#.to_owned(),
+            "$.store_id",
+        ),
+        (
+            format!(r#", "store_id": "{STORE}", "generation": -1"#),
+            "$.generation",
+        ),
+    ] {
+        match read(&extra) {
+            Err(TrustFileError::Field { path: p, .. }) => assert_eq!(p, path, "{extra}"),
+            other => panic!("{extra}: {other:?}"),
+        }
+    }
+}

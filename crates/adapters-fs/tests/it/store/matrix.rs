@@ -6,10 +6,13 @@
 use std::path::{Path, PathBuf};
 
 use guild_adapters_fs::store::{Fault, FaultMode, FsStore, StoreOptions};
-use guild_domain::registry::{PublishOptions, RegistryState};
-use guild_ports::store::{PackageStore, StoreErrorKind};
+use guild_domain::registry::{PublishOptions, Quarantine, RegistryState};
+use guild_ports::store::{PackageStore, StoreErrorKind, Transaction};
 
-use super::{assert_no_leftovers, change, id, publish, snapshot, v, Snapshot, ENABLED};
+use super::{
+    assert_no_leftovers, change, commit_trust, id, publish, snapshot, stage_tree, tamper, v,
+    Snapshot, ENABLED,
+};
 
 /// What an operation under test answered: the paths it could not clean up, or its error.
 type Outcome = Result<Vec<PathBuf>, guild_ports::store::StoreError>;
@@ -95,6 +98,46 @@ fn shapes() -> Vec<Shape> {
             name: "write trust",
             setup: |s| s.write_trust(b"trust v1").unwrap(),
             op: |s| s.write_trust(b"trust v2").map(|()| Vec::new()),
+        },
+        Shape {
+            name: "commit trust with the registry",
+            setup: |s| {
+                one_enabled(s);
+                commit_trust(s, "first").unwrap();
+            },
+            op: |s| leftovers(commit_trust(s, "second")),
+        },
+        Shape {
+            name: "replace a quarantined tree",
+            setup: |s| {
+                one_enabled(s);
+                tamper(s, "a", "1.0.0");
+                change(s, |r| {
+                    r.quarantine(
+                        &id("a"),
+                        &v("1.0.0"),
+                        Quarantine {
+                            reason: "tampered".into(),
+                            file: Some("lib/liba.so".into()),
+                        },
+                    )
+                })
+                .unwrap();
+            },
+            op: |s| {
+                let before = s.registry().unwrap();
+                let mut next = before.successor();
+                next.clear_quarantine(&id("a"), &v("1.0.0"));
+                next.enable(&id("a")).unwrap();
+                let staged = stage_tree(s, "a", "1.0.0");
+                leftovers(s.commit(
+                    Transaction::new(before.generation(), next).with_replacement(
+                        id("a"),
+                        v("1.0.0"),
+                        staged,
+                    ),
+                ))
+            },
         },
     ]
 }

@@ -87,6 +87,41 @@ pub(crate) fn change(
     store.commit(Transaction::new(before.generation(), next))
 }
 
+/// Commits a trust file naming `note` with its record in the registry, as the package manager
+/// does for every trust change.
+pub(crate) fn commit_trust(store: &FsStore, note: &str) -> Result<Committed, StoreError> {
+    let before = store.registry()?;
+    let generation = before
+        .trust_anchor()
+        .map_or(1, |a| a.binding.generation + 1);
+    let mut trust = guild_domain::trust::TrustStore::new();
+    trust.revoke_digest(Sha256Digest::of(note.as_bytes()), note);
+    if let Some(anchor) = before.trust_anchor() {
+        for (d, r) in &anchor.revoked_digests {
+            trust.revoke_digest(*d, r.clone());
+        }
+    }
+    let (bytes, anchor) = trust.seal(STORE_ID, generation);
+    let mut next = before.successor();
+    next.set_trust_anchor(anchor);
+    store.commit(Transaction::new(before.generation(), next).with_trust(bytes))
+}
+
+/// The store id the tests bind trust files to.
+pub(crate) const STORE_ID: &str = "0123456789abcdef0123456789abcdef";
+
+/// Changes the library of the installed `pkg@ver` behind the store's back.
+pub(crate) fn tamper(store: &FsStore, pkg: &str, ver: &str) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let lib = store
+        .package_dir(&id(pkg), &v(ver))
+        .join("lib")
+        .join(format!("lib{pkg}.so"));
+    fs::set_permissions(&lib, fs::Permissions::from_mode(0o644)).unwrap();
+    fs::write(&lib, b"tampered").unwrap();
+    fs::set_permissions(&lib, fs::Permissions::from_mode(0o444)).unwrap();
+}
+
 /// One entry under `packages/`.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) enum Node {
