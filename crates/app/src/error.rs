@@ -191,6 +191,37 @@ pub enum HostError {
     /// another package already provides), or the package is not loaded.
     #[error(transparent)]
     RegistryChange(#[from] crate::registry::RegistryChangeError),
+    /// The package provides impl ids that another recorded package already provides: an
+    /// implementation id belongs to one package.
+    #[error(transparent)]
+    ImplIdConflict(#[from] Box<guild_domain::claims::ImplIdConflict>),
+    /// What a plugin registered differs from its signed manifest: an id missing, an id it does
+    /// not declare, or an id registered twice.
+    #[error(
+        "{package} registered {what} [{}] but its manifest declares [{}]",
+        .registered.join(", "),
+        .declared.join(", ")
+    )]
+    RegistrationMismatch {
+        /// `id@version`.
+        package: String,
+        /// `impl ids` or `runner ids`.
+        what: &'static str,
+        /// What `init` registered, in registration order.
+        registered: Vec<String>,
+        /// What the manifest declares, sorted.
+        declared: Vec<String>,
+    },
+    /// The publication check that ran the package's library in a child process refused it: the
+    /// library failed the check, crashed, or hung past the timeout.
+    #[error("{package} was refused: {failure}")]
+    LibraryCheck {
+        /// `id@version`.
+        package: String,
+        /// What happened in the child.
+        #[source]
+        failure: crate::publication::LibraryCheckFailure,
+    },
 }
 
 fn list(problems: &[GraphProblem]) -> String {
@@ -223,16 +254,19 @@ impl HostError {
             | HostError::Rollback(_)
             | HostError::Leased(_)
             | HostError::Lease(_)
-            | HostError::TrustChange(_) => ErrorCategory::Refused,
+            | HostError::TrustChange(_)
+            | HostError::ImplIdConflict(_) => ErrorCategory::Refused,
             HostError::Store(_)
             | HostError::TrustFile(_)
             | HostError::TrustBinding { .. }
             | HostError::InstalledTree { .. }
             | HostError::Graph(_)
             | HostError::UnsupportedPlatform { .. } => ErrorCategory::Store,
-            HostError::Publish(_) | HostError::Load(_) | HostError::UndeclaredBackend { .. } => {
-                ErrorCategory::PackageRejected
-            }
+            HostError::Publish(_)
+            | HostError::Load(_)
+            | HostError::UndeclaredBackend { .. }
+            | HostError::RegistrationMismatch { .. }
+            | HostError::LibraryCheck { .. } => ErrorCategory::PackageRejected,
             HostError::RegistryChange(crate::registry::RegistryChangeError::NotLoaded {
                 ..
             }) => ErrorCategory::NotFound,

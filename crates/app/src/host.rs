@@ -15,7 +15,7 @@ use guild_domain::lease::{Leased, QuiescentAction};
 use guild_domain::manifest::Metadata;
 use guild_domain::registry::RolledBack;
 use guild_domain::version::Version;
-use guild_ports::loader::{LoadRequest, LoadedPlugin, PluginLoader};
+use guild_ports::loader::{LoadedPlugin, PluginLoader};
 
 use crate::error::HostError;
 use crate::models::ModelRunnerRegistry;
@@ -287,7 +287,9 @@ impl Host {
         Ok(())
     }
 
-    /// Opens a verified tree's entry library through the loader.
+    /// Opens a verified tree's entry library through the loader and checks what it registered,
+    /// with the same code the command line's child-process check runs
+    /// ([`crate::publication::load_checked`]).
     fn load(
         &self,
         id: &PackageId,
@@ -295,36 +297,17 @@ impl Host {
         dir: &Path,
         metadata: &Metadata,
     ) -> Result<LoadedPlugin, HostError> {
-        let m = metadata.manifest();
-        let request = LoadRequest {
-            package: id.clone(),
-            version: version.clone(),
-            library: dir.join(m.entry.as_str()),
-            provided_ops: m.provided_ops.clone(),
-            provided_runners: m.provided_runners.clone(),
-            host_abi: self.packages.platform().kernel_abi,
+        crate::publication::load_checked(
+            &*self.loader,
+            id,
+            version,
+            dir,
+            metadata,
+            self.packages.platform().kernel_abi,
             // Every plugin gets the service through its host table's tail; the library keeps
             // the service's core alive until it is closed.
-            operations: Some(self.kernels.plugin_service()),
-        };
-        let plugin = self.loader.load(&request)?;
-        // The manifest's backends are what operators read to know what hardware a package
-        // needs; a kernel for another backend is refused (dropping the plugin shuts it down).
-        let declared = |bit: u32| m.backends.iter().any(|b| b.bit() == bit);
-        if let Some(k) = plugin.kernels.iter().find(|k| !declared(k.backend.bit())) {
-            return Err(HostError::UndeclaredBackend {
-                package: format!("{id}@{version}"),
-                impl_id: k.impl_id.clone(),
-                backend: k.backend,
-                declared: m
-                    .backends
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            });
-        }
-        Ok(plugin)
+            Some(self.kernels.plugin_service()),
+        )
     }
 
     /// Installs a package; when it is enabled, its library is loaded from the verified staging

@@ -51,6 +51,7 @@ pub mod models;
 pub mod operations;
 pub mod package_manager;
 pub mod platform;
+pub mod publication;
 pub mod publish;
 pub mod registry;
 

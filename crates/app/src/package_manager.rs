@@ -24,7 +24,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use guild_domain::graph::{DependencyGraph, GraphProblem, PackageNode};
+use guild_domain::claims::{check_claim, claiming_versions, conflicts, Claim, ImplIdConflict};
+use guild_domain::graph::{DependencyGraph, GraphProblem, NodeRef, PackageNode};
 use guild_domain::ids::{PackageId, PackageKind, PublisherId, Sha256Digest};
 use guild_domain::lease::{ActiveLeases, LeaseKind, LeaseLedger, QuiescentAction};
 use guild_domain::manifest::Metadata;
@@ -345,7 +346,7 @@ impl Drop for Watch {
 }
 
 /// Bridges the crypto port to the domain's signature check.
-struct PortCheck<'a>(&'a dyn SignatureVerifier);
+pub(crate) struct PortCheck<'a>(pub(crate) &'a dyn SignatureVerifier);
 
 impl SignatureCheck for PortCheck<'_> {
     fn verify(&self, spki_der: &[u8], message: &[u8], signature: &[u8]) -> Result<(), String> {
@@ -887,6 +888,50 @@ impl PackageManager {
         Ok(DependencyGraph::new(nodes)?)
     }
 
+    /// The claims on impl ids that `registry` records: the provided ops of every version that
+    /// holds them (see [`guild_domain::claims::claiming_versions`]).
+    fn claims(&self, life: &Lifecycle, registry: &RegistryState) -> Result<Vec<Claim>, HostError> {
+        claiming_versions(registry)
+            .into_iter()
+            .map(|node| {
+                let metadata = self.loaded_metadata(life, &node.id, &node.version)?;
+                Ok(Claim::new(
+                    node,
+                    metadata.manifest().provided_ops.iter().cloned(),
+                ))
+            })
+            .collect()
+    }
+
+    /// Refuses to make the version `metadata` describes installed, current or loadable while
+    /// another package holds one of its impl ids: an id belongs to one package, and load order
+    /// must never decide which.
+    fn refuse_taken_ids(
+        &self,
+        life: &Lifecycle,
+        registry: &RegistryState,
+        metadata: &Metadata,
+    ) -> Result<(), HostError> {
+        let m = metadata.manifest();
+        let candidate = Claim::new(
+            NodeRef {
+                id: m.package_id.clone(),
+                version: m.version.clone(),
+            },
+            m.provided_ops.iter().cloned(),
+        );
+        Ok(check_claim(&candidate, &self.claims(life, registry)?)?)
+    }
+
+    /// The impl ids that two recorded packages both hold: a store written before installation
+    /// checked them. Neither side of a conflict is loaded ([`PackageManager::load_plan`]) until
+    /// one of them is removed.
+    pub fn impl_id_conflicts(&self) -> Result<Vec<ImplIdConflict>, HostError> {
+        let life = self.lock();
+        let registry = self.store.registry()?;
+        Ok(conflicts(&self.claims(&life, &registry)?))
+    }
+
     /// Refuses a change for the problems that `after` has and `before` did not: a change is
     /// refused for what it breaks, not for problems that were already there. `action` names
     /// the change in the refusal.
@@ -1038,6 +1083,8 @@ impl PackageManager {
         let after = self.graph(&life, &next);
         life.metadata.remove(&key);
         Self::refuse_breakage(&before, &after?, || format!("installing {id}@{version}"))?;
+        // Its impl ids must be free before anything of it is written or opened.
+        self.refuse_taken_ids(&life, &registry, &metadata)?;
 
         // A new version supersedes the enabled one: a session lease on the package pins it.
         let leases = self.lock_leases();
@@ -1195,6 +1242,7 @@ impl PackageManager {
             &self.graph(life, &next)?,
             || format!("making {id}@{version} current again"),
         )?;
+        self.refuse_taken_ids(life, registry, &*self.loaded_metadata(life, id, version)?)?;
         let leases = self.lock_leases();
         leases.check_quiescent(id, QuiescentAction::Replace)?;
         let metadata = self.verified_installed(life, id, version)?;
@@ -1233,6 +1281,11 @@ impl PackageManager {
             &self.graph(&life, &registry)?,
             &self.graph(&life, &next)?,
             || format!("enabling {id}@{version}"),
+        )?;
+        self.refuse_taken_ids(
+            &life,
+            &registry,
+            &*self.loaded_metadata(&life, id, &version)?,
         )?;
         let metadata = self.verified_installed(&life, id, &version)?;
         let dir = self.store.package_dir(id, &version);
@@ -1344,6 +1397,11 @@ impl PackageManager {
         let rolled = next.rollback(id)?;
         self.graph(&life, &registry)?
             .check_rollback(id, &rolled.to)?;
+        self.refuse_taken_ids(
+            &life,
+            &registry,
+            &*self.loaded_metadata(&life, id, &rolled.to)?,
+        )?;
         let leases = self.lock_leases();
         leases.check_quiescent(id, QuiescentAction::Rollback)?;
         let metadata = self.verified_installed(&life, id, &rolled.to)?;
@@ -1428,9 +1486,30 @@ impl PackageManager {
         let registry = self.store.registry()?;
         let graph = self.graph(&life, &registry)?;
         let plan = graph.plan();
+        // Both sides of an impl-id conflict stay unloaded: which one loaded first would
+        // otherwise decide who serves the ids.
+        let contested = conflicts(&self.claims(&life, &registry)?);
+        let conflict_of = |node: &PackageNode| {
+            contested.iter().find(|c| {
+                [&c.claimant, &c.owner]
+                    .iter()
+                    .any(|side| side.id == node.id && side.version == node.version)
+            })
+        };
+        let mut blocked_by_conflict = Vec::new();
+        for node in &plan.order {
+            if let Some(c) = conflict_of(node) {
+                blocked_by_conflict.push(Quarantined {
+                    id: node.id.clone(),
+                    version: node.version.clone(),
+                    reason: contested_reason(c),
+                });
+            }
+        }
         let order = plan
             .order
             .iter()
+            .filter(|n| conflict_of(n).is_none())
             .map(|n| PlannedPackage {
                 id: n.id.clone(),
                 version: n.version.clone(),
@@ -1445,6 +1524,7 @@ impl PackageManager {
                 version: b.node.version.clone(),
                 reason: b.to_string(),
             })
+            .chain(blocked_by_conflict)
             .collect();
         Ok(LoadOrder { order, blocked })
     }
@@ -1581,6 +1661,17 @@ impl PackageManager {
         }
         Ok((next, out))
     }
+}
+
+/// Why the sides of `conflict`, already recorded in a store, are not loaded.
+pub fn contested_reason(conflict: &ImplIdConflict) -> String {
+    let ids: Vec<&str> = conflict.impl_ids.iter().map(|i| i.as_str()).collect();
+    format!(
+        "{} and {} both provide {}: neither is loaded until one of them is removed",
+        conflict.owner,
+        conflict.claimant,
+        ids.join(", "),
+    )
 }
 
 /// Why an enabled version failed re-verification.

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod canonical;
+pub mod claims;
 pub mod dependency;
 pub mod graph;
 pub mod ids;

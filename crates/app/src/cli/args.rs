@@ -17,9 +17,10 @@ Exit codes:
   1  unexpected failure (an I/O error outside the store, a bug)
   2  usage error (unknown option, malformed id, version or digest)
   3  rejected: a package, manifest template or key file is malformed, tampered,
-     unauthenticated (untrusted publisher, revoked key or digest) or for another platform
-  4  refused by policy: dependencies, leases, immutable versions, downgrades, trust rules,
-     an existing key file
+     unauthenticated (untrusted publisher, revoked key or digest) or for another platform,
+     or its library fails the publication check (registers other ids, crashes, hangs)
+  4  refused by policy: dependencies, impl ids another package provides, leases, immutable
+     versions, downgrades, trust rules, an existing key file
   5  store unusable: locked by another process, corrupt, unreadable, or an I/O failure in it
   6  not found: the package file, package id, version or key file does not exist
 
@@ -255,6 +256,18 @@ pub enum Command {
         guild doctor\n  guild --json doctor"
     )]
     Doctor,
+
+    /// Internal: check the library of a verified package tree in this process and print one
+    /// JSON result line. `guild install`, `enable` and `rollback` run it as a child process.
+    #[command(name = "__check-library", hide = true)]
+    CheckLibrary {
+        /// The verified tree (a staging or installed package directory).
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+        /// The payload digest its `.gkmetadata` must have.
+        #[arg(long = "payload-sha256", value_name = "SHA256", value_parser = parse_digest)]
+        payload: Sha256Digest,
+    },
 
     /// Print a completion script for a shell.
     #[command(after_help = "Examples:\n  \

@@ -217,6 +217,25 @@ fn store_check(
         opened.verified
     );
     let notes = open_report_lines(opened);
+    let conflicts = match pm.impl_id_conflicts() {
+        Ok(c) => c,
+        Err(e) => {
+            return Check::new(
+                "store",
+                Verdict::Fail,
+                format!("{}: cannot check impl ids: {e}", store.display()),
+            )
+        }
+    };
+    if !conflicts.is_empty() {
+        let mut all = notes;
+        all.extend(super::store::conflict_lines(&conflicts));
+        return Check::new("store", Verdict::Warn, format!("{detail}; {}", all.join("; "))).hint(
+            "an implementation id belongs to one package: remove the package that should not \
+             provide it (`guild remove ID`, and `guild remove ID --version V` for a rollback \
+             target that provides it too); see docs/operators.md",
+        );
+    }
     let quarantined = quarantine_lines(&packages);
     if !quarantined.is_empty() {
         // A quarantine outlives the command that found it: it is news until it is repaired.

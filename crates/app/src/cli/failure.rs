@@ -13,6 +13,7 @@ use guild_adapters_fs::archive::PackError;
 use guild_domain::graph::{DisableRefusal, GraphProblem, RemoveRefusal, RollbackRefusal};
 use guild_domain::registry::RegistryError;
 use guild_domain::trust::{AuthError, SignatureOutcome, TrustChangeError, TrustFileMismatch};
+use guild_host::publication::LibraryCheckFailure;
 use guild_host::publish::PublishError;
 use guild_host::{ErrorCategory, HostError};
 use guild_ports::source::{SourceError, SourceErrorKind};
@@ -130,6 +131,14 @@ fn classify(err: &anyhow::Error) -> (Exit, Option<String>) {
             return (e.exit, e.hint.clone());
         }
         if let Some(e) = link.downcast_ref::<HostError>() {
+            if let HostError::LibraryCheck {
+                failure: LibraryCheckFailure::Spawn { .. },
+                ..
+            } = e
+            {
+                // The package was not judged: this host could not run its own check.
+                return (Exit::Failure, host_hint(e));
+            }
             return (e.category().into(), host_hint(e));
         }
         if let Some(e) = link.downcast_ref::<PublishError>() {
@@ -306,6 +315,31 @@ fn host_hint(e: &HostError) -> Option<String> {
             "run `guild recover`; if it fails the same way, restore the store from a backup".into(),
         ),
         HostError::Publish(p) => publish(p).1,
+        HostError::ImplIdConflict(c) => Some(format!(
+            "if {} should provide these ids, remove {} first (guild remove {}); otherwise ask \
+             the publisher of {} to rename its ids",
+            c.claimant.id, c.owner.id, c.owner.id, c.claimant.id
+        )),
+        HostError::RegistrationMismatch { .. } | HostError::UndeclaredBackend { .. } => Some(
+            "the library does not register what its signed manifest declares; ask its \
+             publisher for a corrected package"
+                .into(),
+        ),
+        HostError::LibraryCheck { failure, .. } => Some(match failure {
+            LibraryCheckFailure::TimedOut { .. } => format!(
+                "the library hangs while loading or in init; a slow but working one may need \
+                 a longer {}",
+                guild_host::publication::TIMEOUT_VARIABLE
+            ),
+            LibraryCheckFailure::Spawn { .. } => {
+                "guild runs a copy of itself to check libraries; check that its executable is \
+                 still in place"
+                    .into()
+            }
+            _ => "the library cannot be published as it is; nothing was changed. Ask its \
+                  publisher for a corrected package"
+                .into(),
+        }),
         _ => None,
     }
 }

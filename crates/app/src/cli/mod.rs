@@ -133,6 +133,7 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
             *ram_budget,
         ),
         Command::Doctor => doctor::run(&store_dir(cli, true)?),
+        Command::CheckLibrary { dir, payload } => store::check_library(dir, payload),
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(*shell, &mut command, "guild", &mut std::io::stdout());

@@ -6,17 +6,24 @@
 //! that did is reported as warnings, so that an operator learns of it from whichever command
 //! happened to run first.
 
-use std::path::Path;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
-use guild_domain::ids::PackageId;
+use anyhow::Context;
+
+use guild_domain::claims::ImplIdConflict;
+use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::registry::RegistryError;
 use guild_domain::version::Version;
-use guild_host::package_manager::{OpenReport, PackageSummary};
+use guild_host::package_manager::{contested_reason, OpenReport, PackageSummary};
+use guild_host::publication::{self, ChildCheck};
 use guild_host::{HostError, InstallOptions, PackageManager};
 use guild_ports::source::Progress;
 use serde_json::json;
 
+use super::failure::{CliError, Exit};
 use super::output::Report;
 use super::render::{
     open_report_json, open_report_lines, package_json, quarantine_lines, repair_hint, short,
@@ -34,6 +41,89 @@ fn open_with_report(store: &Path) -> Result<(PackageManager, OpenReport), HostEr
     PackageManager::open_dir(store)
 }
 
+/// How long the publication check may take: `GUILD_LIBRARY_CHECK_TIMEOUT` seconds, else the
+/// default. A value that is not a positive number is a usage error, never a silent default.
+fn check_timeout() -> anyhow::Result<Duration> {
+    let Some(raw) = std::env::var_os(publication::TIMEOUT_VARIABLE).filter(|v| !v.is_empty())
+    else {
+        return Ok(publication::DEFAULT_TIMEOUT);
+    };
+    let text = raw.to_string_lossy();
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s > 0.0 && *s <= 86_400.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| {
+            CliError::new(
+                Exit::Usage,
+                format!(
+                    "{} is {text:?}, not a number of seconds above zero",
+                    publication::TIMEOUT_VARIABLE
+                ),
+            )
+            .with_hint(format!(
+                "unset it for the default of {} s, or set it to e.g. 60",
+                publication::DEFAULT_TIMEOUT.as_secs()
+            ))
+            .into()
+        })
+}
+
+/// The publication check for changes that make a version loadable: this very `guild` binary,
+/// run as a child with the hidden check subcommand and the store's trust file on its stdin.
+fn library_check(pm: &PackageManager, timeout: Duration) -> anyhow::Result<ChildCheck> {
+    let program = std::env::current_exe()
+        .context("cannot find the guild executable to run the publication check")?;
+    let trust = pm.trust()?.to_json().into_bytes();
+    Ok(ChildCheck::new(program, trust).with_timeout(timeout))
+}
+
+/// The hidden child of the publication check: checks the tree and prints the result line. The
+/// exit status is 0 whenever a result was printed; a crash or hang is the parent's finding.
+pub fn check_library(dir: &Path, payload: &Sha256Digest) -> anyhow::Result<Report> {
+    let mut trust = Vec::new();
+    std::io::stdin()
+        .lock()
+        .take(publication::MAX_TRUST_BYTES)
+        .read_to_end(&mut trust)
+        .context("cannot read the trust store from stdin")?;
+    let outcome = publication::check_tree(&PathBuf::from(dir), payload, &trust);
+    println!("{}", publication::result_line(&outcome));
+    Ok(Report::new("check-library").silent())
+}
+
+/// One line per impl-id conflict a store recorded before installation checked them.
+pub fn conflict_lines(conflicts: &[ImplIdConflict]) -> Vec<String> {
+    conflicts
+        .iter()
+        .map(|c| {
+            format!(
+                "{}; `guild remove {}` or `guild remove {}` repairs it",
+                contested_reason(c),
+                c.claimant.id,
+                c.owner.id
+            )
+        })
+        .collect()
+}
+
+fn conflicts_json(conflicts: &[ImplIdConflict]) -> serde_json::Value {
+    serde_json::Value::Array(
+        conflicts
+            .iter()
+            .map(|c| {
+                json!({
+                    "owner": c.owner.to_string(),
+                    "claimant": c.claimant.to_string(),
+                    "impl_ids": c.impl_ids.iter().map(|i| i.as_str()).collect::<Vec<_>>(),
+                    "reason": contested_reason(c),
+                })
+            })
+            .collect(),
+    )
+}
+
 pub fn install(
     store: &Path,
     package: &Path,
@@ -41,14 +131,17 @@ pub fn install(
     allow_downgrade: bool,
     progress: Option<Arc<dyn Progress>>,
 ) -> anyhow::Result<Report> {
+    let timeout = check_timeout()?;
     let (pm, mut report) = open(store, "install")?;
     pm.set_progress(progress);
-    let done = pm.install(
+    let mut check = library_check(&pm, timeout)?;
+    let done = pm.install_with(
         package,
         InstallOptions {
             enable,
             allow_downgrade,
         },
+        &mut check,
     )?;
     report
         .field("package_id", done.id.as_str())
@@ -114,8 +207,9 @@ pub fn install(
 }
 
 pub fn enable(store: &Path, id: &PackageId) -> anyhow::Result<Report> {
+    let timeout = check_timeout()?;
     let (pm, mut report) = open(store, "enable")?;
-    let version = pm.enable(id)?;
+    let version = pm.enable_with(id, &mut library_check(&pm, timeout)?)?;
     report
         .field("package_id", id.as_str())
         .field("version", version.to_string())
@@ -148,8 +242,9 @@ pub fn remove(store: &Path, id: &PackageId, version: Option<&Version>) -> anyhow
 }
 
 pub fn rollback(store: &Path, id: &PackageId) -> anyhow::Result<Report> {
+    let timeout = check_timeout()?;
     let (pm, mut report) = open(store, "rollback")?;
-    let rolled = pm.rollback(id)?;
+    let rolled = pm.rollback_with(id, &mut library_check(&pm, timeout)?)?;
     report
         .field("package_id", id.as_str())
         .field("from", rolled.from.as_ref().map(ToString::to_string))
@@ -225,6 +320,11 @@ pub fn status(store: &Path, id: Option<&PackageId>) -> anyhow::Result<Report> {
     let (pm, report) = open_with_report(store)?;
     let mut out = Report::new("status");
     out.warnings = open_report_lines(&report);
+    // Conflicts recorded before installation checked impl ids keep both sides unloaded; they
+    // are shown until one side is removed.
+    let conflicts = pm.impl_id_conflicts()?;
+    out.warnings.extend(conflict_lines(&conflicts));
+    out.field("conflicts", conflicts_json(&conflicts));
     match id {
         Some(id) => package_status(store, &pm, id, out),
         None => store_status(store, &pm, &report, out),

@@ -163,7 +163,7 @@ impl Bench {
         let name = format!("{id}-{version}");
         let src = self.path().join("src").join(&name);
         fs::create_dir_all(&src).unwrap();
-        fs::write(src.join("libplugin.so"), content).unwrap();
+        fs::write(src.join("libplugin.so"), library(content)).unwrap();
         let template = self.path().join(format!("{name}.json"));
         fs::write(&template, template_json(id, version, extra)).unwrap();
         (src, template)
@@ -191,6 +191,20 @@ impl Bench {
         self.run(&["trust", "add", "org.example", "k.pub"])
             .expect(0);
     }
+}
+
+/// The library of a test package whose library holds `content`: `content` itself when it is a
+/// shared object, else the `manifest_echo` test plugin (which registers whatever its manifest
+/// declares, so that `guild install` can load it) with `content` appended. The dynamic loader
+/// ignores bytes after the ELF image, and `content` still makes each payload distinct and gives
+/// [`tamper`] something to change.
+pub fn library(content: &[u8]) -> Vec<u8> {
+    if content.starts_with(b"\x7fELF") {
+        return content.to_vec();
+    }
+    let mut bytes = crate::operations::plugin_library("manifest_echo");
+    bytes.extend_from_slice(content);
+    bytes
 }
 
 /// A module template for this platform, without `artifacts`.
@@ -261,12 +275,18 @@ fn cli_publish_trust_install_and_manage_a_package() {
         .stdout_has("UNVERIFIED")
         .stdout_has("example.scan 1.0.0 (gkmodule)")
         .stdout_has(&format!("key {kid} ecdsa-p256-sha256 (not checked)"))
-        .stdout_has("libplugin.so  7 bytes");
+        .stdout_has(&format!(
+            "libplugin.so  {} bytes",
+            library(b"scan v1").len()
+        ));
     let inspected = b.run(&["--json", "inspect", "scan.gkmodule"]);
     let inspected = inspected.json();
     assert_eq!(inspected["verified"], false);
     assert_eq!(inspected["manifest"]["package_id"], "example.scan");
-    assert_eq!(inspected["manifest"]["artifacts"][0]["size"], 7);
+    assert_eq!(
+        inspected["manifest"]["artifacts"][0]["size"],
+        library(b"scan v1").len()
+    );
     assert_eq!(inspected["payload_sha256"], digest.as_str());
 
     // Before trust: verify and install are both refused, with the hint; the store stays empty.
@@ -295,7 +315,10 @@ fn cli_publish_trust_install_and_manage_a_package() {
             "verified example.scan 1.0.0 (gkmodule): signed by org.example key {kid}"
         ))
         .stdout_has(&format!("payload sha256 {digest}"))
-        .stdout_has("1 artifact (7 bytes) match the signed manifest");
+        .stdout_has(&format!(
+            "1 artifact ({} bytes) match the signed manifest",
+            library(b"scan v1").len()
+        ));
 
     b.run(&["install", "scan.gkmodule"])
         .expect(0)
@@ -526,7 +549,7 @@ fn cli_json_documents_and_json_errors() {
     }
     assert_eq!(v["platform"]["installable"], true);
     assert_eq!(v["artifacts"][0]["path"], "libplugin.so");
-    assert_eq!(v["artifacts"][0]["size"], 4);
+    assert_eq!(v["artifacts"][0]["size"], library(b"scan").len());
 
     let installed = b.run(&["--json", "install", &pkg]);
     installed.expect(0);

@@ -281,7 +281,8 @@ fn make_targets(bench: &Bench, rng: &mut XorShift) -> Vec<Target> {
                 let word = rng.next().to_le_bytes();
                 chunk.copy_from_slice(&word[..chunk.len()]);
             }
-            fs::write(src.join("libplugin.so"), &bytes).unwrap();
+            // A library that loads (guild install checks it), padded with the random bytes.
+            fs::write(src.join("libplugin.so"), crate::cli::library(&bytes)).unwrap();
             for i in 0..8 {
                 fs::write(
                     src.join("data").join(format!("table{i}.bin")),

@@ -16,6 +16,7 @@ mod module_deps;
 mod numbering;
 mod operations;
 mod progress;
+mod publication;
 mod publication_bounds;
 mod refusals;
 mod registry;

@@ -1,0 +1,273 @@
+//! Implementation ids belong to one package: which recorded versions hold their `provided_ops`,
+//! whether a version that is about to be installed, enabled or rolled back to may take its ids,
+//! and which claims a store recorded before this rule holds twice.
+//!
+//! Without the rule, two packages that register the same impl id are both accepted, and the one
+//! that happens to load first (package-id order) serves the id while the other fails to load: a
+//! later package could take over an id another package provides. Deciding at install time, before
+//! anything is opened, means load order never decides who owns an id.
+
+use std::collections::BTreeSet;
+
+use crate::graph::NodeRef;
+use crate::ids::{ImplId, PackageId};
+use crate::registry::RegistryState;
+
+/// The impl ids one package version provides (its manifest's `provided_ops`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// The version that provides them.
+    pub node: NodeRef,
+    /// The ids it provides.
+    pub impl_ids: BTreeSet<ImplId>,
+}
+
+impl Claim {
+    /// The claim of `node` on `impl_ids`.
+    pub fn new(node: NodeRef, impl_ids: impl IntoIterator<Item = ImplId>) -> Self {
+        Claim {
+            node,
+            impl_ids: impl_ids.into_iter().collect(),
+        }
+    }
+
+    /// The ids both claims name, in order.
+    fn shared_with(&self, other: &Claim) -> Vec<ImplId> {
+        self.impl_ids
+            .intersection(&other.impl_ids)
+            .cloned()
+            .collect()
+    }
+}
+
+/// A package version that provides impl ids another package already provides.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{claimant} provides {}, which {owner} already provides: an implementation id belongs to \
+     one package",
+    list(.impl_ids)
+)]
+pub struct ImplIdConflict {
+    /// The version that asks for the ids (the one being installed, enabled or rolled back to;
+    /// for a conflict already in a store, the one with the larger package id).
+    pub claimant: NodeRef,
+    /// The version of the other package that holds them.
+    pub owner: NodeRef,
+    /// The ids both provide, in order.
+    pub impl_ids: Vec<ImplId>,
+}
+
+impl ImplIdConflict {
+    /// Whether package `id` is one of the two sides.
+    pub fn involves(&self, id: &PackageId) -> bool {
+        &self.claimant.id == id || &self.owner.id == id
+    }
+
+    /// The other side of the conflict, seen from package `id`.
+    pub fn other_side(&self, id: &PackageId) -> &NodeRef {
+        if &self.claimant.id == id {
+            &self.owner
+        } else {
+            &self.claimant
+        }
+    }
+}
+
+fn list(ids: &[ImplId]) -> String {
+    ids.iter()
+        .map(ImplId::as_str)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The recorded versions whose ids are taken: every package's current version (enabled, or
+/// disabled and one `enable` away from loading) and its rollback target. A superseded version
+/// that is not the rollback target holds nothing; it can only become current again by being
+/// installed again, which checks its claim then. Removed versions hold nothing.
+pub fn claiming_versions(registry: &RegistryState) -> Vec<NodeRef> {
+    let mut out = Vec::new();
+    for (id, record) in registry.packages() {
+        let current = record.current().map(|(v, _)| v);
+        for version in current.into_iter().chain(record.previous()) {
+            out.push(NodeRef {
+                id: id.clone(),
+                version: version.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// Refuses `candidate` when a claim of another package in `held` shares an id with it; the
+/// refusal names the first such claim (in the order given) and every id the two share. Claims
+/// of the candidate's own package do not count: the versions of one package provide the same
+/// ids as a matter of course. (The refusal is boxed because it carries two names and a list.)
+pub fn check_claim(candidate: &Claim, held: &[Claim]) -> Result<(), Box<ImplIdConflict>> {
+    for other in held.iter().filter(|c| c.node.id != candidate.node.id) {
+        let shared = candidate.shared_with(other);
+        if !shared.is_empty() {
+            return Err(Box::new(ImplIdConflict {
+                claimant: candidate.node.clone(),
+                owner: other.node.clone(),
+                impl_ids: shared,
+            }));
+        }
+    }
+    Ok(())
+}
+
+/// Every pair of claims of different packages in `held` that share ids: conflicts a store
+/// recorded before [`check_claim`] guarded installation. Each pair appears once, with the
+/// smaller package id as the owner, sorted by (owner, claimant).
+pub fn conflicts(held: &[Claim]) -> Vec<ImplIdConflict> {
+    let mut out = Vec::new();
+    for (i, a) in held.iter().enumerate() {
+        for b in held.iter().skip(i + 1).filter(|b| b.node.id != a.node.id) {
+            let shared = a.shared_with(b);
+            if shared.is_empty() {
+                continue;
+            }
+            let (owner, claimant) = if a.node <= b.node { (a, b) } else { (b, a) };
+            out.push(ImplIdConflict {
+                claimant: claimant.node.clone(),
+                owner: owner.node.clone(),
+                impl_ids: shared,
+            });
+        }
+    }
+    out.sort_by(|x, y| {
+        (&x.owner, &x.claimant)
+            .cmp(&(&y.owner, &y.claimant))
+            .then_with(|| x.impl_ids.cmp(&y.impl_ids))
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::ids::{PackageKind, PublisherId, Sha256Digest};
+    use crate::registry::{NewVersion, PublishOptions};
+    use crate::version::Version;
+
+    fn node(id: &str, version: &str) -> NodeRef {
+        NodeRef {
+            id: PackageId::new(id).unwrap(),
+            version: Version::parse(version).unwrap(),
+        }
+    }
+
+    fn claim(id: &str, version: &str, ids: &[&str]) -> Claim {
+        Claim::new(
+            node(id, version),
+            ids.iter().map(|s| ImplId::new(*s).unwrap()),
+        )
+    }
+
+    fn publish(registry: &mut RegistryState, id: &str, version: &str, enable: bool) {
+        let n = node(id, version);
+        registry
+            .publish(
+                &n.id,
+                &n.version,
+                NewVersion {
+                    payload_digest: Sha256Digest::of(format!("{id}@{version}").as_bytes()),
+                    kind: PackageKind::Module,
+                    publisher: PublisherId::new("org.example").unwrap(),
+                },
+                PublishOptions {
+                    enable,
+                    allow_downgrade: false,
+                },
+            )
+            .unwrap();
+    }
+
+    #[test]
+    fn current_and_rollback_target_hold_claims_older_and_removed_do_not() {
+        let mut r = RegistryState::new();
+        for v in ["1.0.0", "2.0.0", "3.0.0"] {
+            publish(&mut r, "ex.a", v, true);
+        }
+        publish(&mut r, "ex.b", "1.0.0", false);
+        publish(&mut r, "ex.c", "1.0.0", true);
+        r.remove(&node("ex.c", "1.0.0").id, &node("ex.c", "1.0.0").version)
+            .unwrap();
+        assert_eq!(
+            claiming_versions(&r),
+            vec![
+                node("ex.a", "3.0.0"),
+                node("ex.a", "2.0.0"),
+                node("ex.b", "1.0.0")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_claim_is_refused_for_ids_of_another_package_only() {
+        let held = [
+            claim(
+                "ex.scan",
+                "1.0.0",
+                &["ex.scan.inclusive.cpu", "ex.scan.exclusive.cpu"],
+            ),
+            claim("ex.other", "1.0.0", &["ex.other.op"]),
+        ];
+        // Another version of the same package provides the same ids freely.
+        assert_eq!(
+            check_claim(
+                &claim("ex.scan", "2.0.0", &["ex.scan.inclusive.cpu"]),
+                &held
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            check_claim(&claim("aaa.hijack", "1.0.0", &["ex.new"]), &held),
+            Ok(())
+        );
+        let err = check_claim(
+            &claim(
+                "aaa.hijack",
+                "1.0.0",
+                &["ex.scan.inclusive.cpu", "ex.scan.exclusive.cpu", "ex.new"],
+            ),
+            &held,
+        )
+        .unwrap_err();
+        assert_eq!(err.owner, node("ex.scan", "1.0.0"));
+        assert_eq!(
+            err.to_string(),
+            "aaa.hijack@1.0.0 provides ex.scan.exclusive.cpu, ex.scan.inclusive.cpu, which \
+             ex.scan@1.0.0 already provides: an implementation id belongs to one package"
+        );
+        assert!(err.involves(&node("ex.scan", "1.0.0").id));
+        assert_eq!(
+            err.other_side(&node("ex.scan", "1.0.0").id),
+            &node("aaa.hijack", "1.0.0")
+        );
+    }
+
+    #[test]
+    fn conflicts_already_held_are_listed_once_per_pair() {
+        let held = [
+            claim("ex.scan", "2.0.0", &["ex.scan.inclusive.cpu"]),
+            claim("ex.scan", "1.0.0", &["ex.scan.inclusive.cpu"]),
+            claim("aaa.hijack", "1.0.0", &["ex.scan.inclusive.cpu", "x"]),
+            claim("ex.free", "1.0.0", &["x.free"]),
+        ];
+        let found = conflicts(&held);
+        let pairs: Vec<(String, String)> = found
+            .iter()
+            .map(|c| (c.owner.to_string(), c.claimant.to_string()))
+            .collect();
+        assert_eq!(
+            pairs,
+            vec![
+                ("aaa.hijack@1.0.0".to_owned(), "ex.scan@1.0.0".to_owned()),
+                ("aaa.hijack@1.0.0".to_owned(), "ex.scan@2.0.0".to_owned()),
+            ]
+        );
+        assert!(conflicts(&held[..2]).is_empty());
+    }
+}
