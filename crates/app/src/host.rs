@@ -419,8 +419,9 @@ impl<'h> RegistryHook<'h> {
     fn refuse_if_bound(&self, id: &PackageId, action: QuiescentAction) -> Result<(), HostError> {
         let bindings = self.host.kernels.live_bindings(id);
         if bindings > 0 {
-            // The package manager has already refused any explicit session lease, and it holds
-            // the lease ledger while this runs, so only bindings can remain.
+            // The package manager has already refused any explicit session lease, and it has
+            // marked the change pending so that no new one is granted, so only bindings can
+            // remain.
             return Err(Leased {
                 id: id.clone(),
                 action,
