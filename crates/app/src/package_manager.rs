@@ -15,6 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
 
 use guild_domain::graph::{DependencyGraph, GraphProblem, PackageNode};
 use guild_domain::ids::{PackageId, PackageKind, PublisherId, Sha256Digest};
@@ -552,6 +553,25 @@ impl PackageManager {
             ledger: &self.leases,
             id: id.clone(),
         })
+    }
+
+    /// Waits until no session lease holds `id`, or until `deadline`; answers whether none does.
+    /// Woken by the release of the last lease, not by polling.
+    pub(crate) fn wait_unleased(&self, id: &PackageId, deadline: Instant) -> bool {
+        let mut ledger = self.lock_leases();
+        loop {
+            if ledger.active(id).leases == 0 {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            ledger = match self.leases.released.wait_timeout(ledger, deadline - now) {
+                Ok((guard, _)) => guard,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
     }
 
     /// Reports the artifact bytes each installation reads to `progress` (a command line's
