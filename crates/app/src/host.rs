@@ -9,6 +9,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use guild_domain::ids::PackageId;
 use guild_domain::lease::{Leased, QuiescentAction};
@@ -23,7 +24,7 @@ use crate::operations::DeviceSupport;
 use crate::package_manager::{
     Change, InstallOptions, Installed, LifecycleHook, OpenReport, PackageManager, Quarantined,
 };
-use crate::registry::{KernelRegistry, PreparedPublication};
+use crate::registry::{Drain, KernelRegistry, PreparedPublication, RegistryChangeError};
 
 /// One package the host loaded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -337,23 +338,26 @@ impl Host {
         self.packages.disable_with(id, &mut RegistryHook::new(self))
     }
 
-    /// Disables `id` once nothing holds it: while bindings refuse the change, waits for them
-    /// to be released (new lookups still find the package meanwhile), for at most `timeout`.
-    /// On timeout the last refusal is returned and nothing has changed.
-    pub fn disable_waiting(
-        &self,
-        id: &PackageId,
-        timeout: std::time::Duration,
-    ) -> Result<Version, HostError> {
-        let deadline = std::time::Instant::now() + timeout;
-        let mut pause = std::time::Duration::from_micros(200);
+    /// Disables `id` once nothing holds it: while bindings or session leases refuse the
+    /// change, waits for them to be released (new lookups still find the package meanwhile),
+    /// for at most `timeout`, and tries again. The wait is woken by the release of the last
+    /// binding or lease (no polling) and holds no lifecycle lock. On timeout the last refusal
+    /// is returned and nothing has changed.
+    pub fn disable_waiting(&self, id: &PackageId, timeout: Duration) -> Result<Version, HostError> {
+        let deadline = Instant::now() + timeout;
         loop {
             match self.disable(id) {
-                Err(HostError::Leased(refusal)) if std::time::Instant::now() < deadline => {
-                    // Handles are released by other threads; poll with a growing pause.
-                    drop(refusal);
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(std::time::Duration::from_millis(20));
+                Err(HostError::Leased(refusal)) => {
+                    // The package manager refuses session leases before the registry counts
+                    // bindings, so a refusal names one kind or the other.
+                    let released = if refusal.leases > 0 {
+                        self.packages.wait_unleased(id, deadline)
+                    } else {
+                        self.kernels.wait_unbound(id, deadline)
+                    };
+                    if !released {
+                        return Err(HostError::Leased(refusal));
+                    }
                 }
                 outcome => return outcome,
             }
@@ -386,6 +390,22 @@ enum After {
 struct RegistryHook<'h> {
     host: &'h Host,
     after: After,
+    /// The package this change drains, held until the change is decided: finished once the
+    /// commit and the registry change are done, dropped (clearing the mark) otherwise.
+    drain: Option<Drain>,
+}
+
+/// The refusal of `action` on `id` because `bindings` bindings hold it. The package manager
+/// has already refused session leases (and marked the change pending against new ones), so
+/// only bindings can remain.
+fn bound(id: &PackageId, action: QuiescentAction, bindings: u64) -> HostError {
+    Leased {
+        id: id.clone(),
+        action,
+        leases: 0,
+        bindings,
+    }
+    .into()
 }
 
 impl<'h> RegistryHook<'h> {
@@ -393,23 +413,31 @@ impl<'h> RegistryHook<'h> {
         RegistryHook {
             host,
             after: After::Nothing,
+            drain: None,
         }
     }
 
+    /// A cheap early refusal, before a new version is loaded for nothing. Not the decision:
+    /// a binding may still be taken after it, until [`RegistryHook::drain`].
     fn refuse_if_bound(&self, id: &PackageId, action: QuiescentAction) -> Result<(), HostError> {
-        let bindings = self.host.kernels.live_bindings(id);
-        if bindings > 0 {
-            // The package manager has already refused any explicit session lease, and it holds
-            // the lease ledger while this runs, so only bindings can remain.
-            return Err(Leased {
-                id: id.clone(),
-                action,
-                leases: 0,
-                bindings,
-            }
-            .into());
+        match self.host.kernels.live_bindings(id) {
+            0 => Ok(()),
+            bindings => Err(bound(id, action, bindings)),
         }
-        Ok(())
+    }
+
+    /// The decision: drains `id` (no binding into it can be taken from here until the change
+    /// is decided) or refuses `action` because bindings live. The last step of `prepare`, so
+    /// that nothing after it can fail and leave the package drained for nothing.
+    fn drain(&mut self, id: &PackageId, action: QuiescentAction) -> Result<(), HostError> {
+        match self.host.kernels.drain(id) {
+            Ok(drain) => {
+                self.drain = Some(drain);
+                Ok(())
+            }
+            Err(RegistryChangeError::Bound { bindings, .. }) => Err(bound(id, action, bindings)),
+            Err(other) => Err(other.into()),
+        }
     }
 
     fn publish(
@@ -430,8 +458,11 @@ impl LifecycleHook for RegistryHook<'_> {
     fn prepare(&mut self, change: &Change<'_>) -> Result<(), HostError> {
         let loaded = |id: &PackageId| self.host.kernels.loaded_version(id).is_some();
         // A live binding (an operation handle, a bound kernel or runner) prevents its package's
-        // code from being unloaded or replaced by a lifecycle change: the change is refused,
-        // and `Host::disable_waiting` drains first. Only re-verification (a revoked key, a
+        // code from being unloaded or replaced by a lifecycle change: the change drains the
+        // package (from then on no binding into it can be taken) and is refused if a binding
+        // was alive at that instant; `Host::disable_waiting` waits for the last one first. A
+        // replacement loads the new version before it drains the old one, so the old one stays
+        // bindable while the new one initialises. Only re-verification (a revoked key, a
         // tampered file) takes a bound package out at once; its library then closes with its
         // last binding.
         match change {
@@ -442,10 +473,15 @@ impl LifecycleHook for RegistryHook<'_> {
                 metadata,
                 enabled: true,
             } => {
-                if loaded(id) {
+                let replaces = loaded(id);
+                if replaces {
                     self.refuse_if_bound(id, QuiescentAction::Replace)?;
                 }
-                self.publish(id, version, dir, metadata)
+                self.publish(id, version, dir, metadata)?;
+                if replaces {
+                    self.drain(id, QuiescentAction::Replace)?;
+                }
+                Ok(())
             }
             Change::Install {
                 id, enabled: false, ..
@@ -453,7 +489,7 @@ impl LifecycleHook for RegistryHook<'_> {
                 // The new version is installed disabled: the version it supersedes is no longer
                 // current, so it leaves the registry too.
                 if loaded(id) {
-                    self.refuse_if_bound(id, QuiescentAction::Replace)?;
+                    self.drain(id, QuiescentAction::Replace)?;
                     self.after = After::Unload((*id).clone());
                 }
                 Ok(())
@@ -466,7 +502,7 @@ impl LifecycleHook for RegistryHook<'_> {
             } => self.publish(id, version, dir, metadata),
             Change::Disable { id, .. } => {
                 if loaded(id) {
-                    self.refuse_if_bound(id, QuiescentAction::Unload)?;
+                    self.drain(id, QuiescentAction::Unload)?;
                     self.after = After::Unload((*id).clone());
                 }
                 Ok(())
@@ -474,7 +510,7 @@ impl LifecycleHook for RegistryHook<'_> {
             Change::Remove {
                 id, current: true, ..
             } => {
-                self.refuse_if_bound(id, QuiescentAction::Remove)?;
+                self.drain(id, QuiescentAction::Remove)?;
                 if loaded(id) {
                     self.after = After::Unload((*id).clone());
                 }
@@ -489,7 +525,8 @@ impl LifecycleHook for RegistryHook<'_> {
                 ..
             } => {
                 self.refuse_if_bound(id, QuiescentAction::Replace)?;
-                self.publish(id, to, dir, metadata)
+                self.publish(id, to, dir, metadata)?;
+                self.drain(id, QuiescentAction::Replace)
             }
             Change::Rollback {
                 id,
@@ -499,7 +536,8 @@ impl LifecycleHook for RegistryHook<'_> {
                 ..
             } => {
                 self.refuse_if_bound(id, QuiescentAction::Rollback)?;
-                self.publish(id, to, dir, metadata)
+                self.publish(id, to, dir, metadata)?;
+                self.drain(id, QuiescentAction::Rollback)
             }
         }
     }
@@ -513,10 +551,16 @@ impl LifecycleHook for RegistryHook<'_> {
                 let _ = self.host.kernels.unload(&id);
             }
         }
+        // The drained version has left the registry, which keeps it marked for good.
+        if let Some(drain) = self.drain.take() {
+            drain.finish();
+        }
     }
 
     fn aborted(&mut self) {
-        // Dropping a prepared publication shuts the plugin down and closes its library.
+        // Dropping a prepared publication shuts the plugin down and closes its library;
+        // dropping the drain makes the package bindable again.
         self.after = After::Nothing;
+        self.drain = None;
     }
 }

@@ -22,7 +22,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
 
 use guild_domain::claims::{check_claim, claiming_versions, conflicts, Claim, ImplIdConflict};
 use guild_domain::graph::{DependencyGraph, GraphProblem, NodeRef, PackageNode};
@@ -212,11 +213,12 @@ pub struct PackageSummary {
 
 /// An explicit session lease on a package: while it lives, the changes that would unload or
 /// replace the package's code (disable, installing a new version, rollback, removal of the
-/// current version) are refused with [`HostError::Leased`]. Dropping it releases the lease.
+/// current version) are refused with [`HostError::Leased`]. Dropping it releases the lease; that
+/// never waits for a change in progress (the ledger is not held across one).
 #[derive(Debug)]
 pub struct PackageLease {
     id: PackageId,
-    ledger: Arc<Mutex<LeaseLedger>>,
+    ledger: Arc<Ledger>,
 }
 
 impl PackageLease {
@@ -228,10 +230,45 @@ impl PackageLease {
 
 impl Drop for PackageLease {
     fn drop(&mut self) {
-        // A lease is only created by a successful acquire, so the release cannot underflow; a
-        // poisoned ledger still holds valid counts (every update is a single assignment).
-        let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = ledger.release(&self.id, LeaseKind::Lease);
+        // A lease is only created by a successful acquire, so the release cannot underflow.
+        let mut ledger = self.ledger.lock();
+        let left = ledger.release(&self.id, LeaseKind::Lease);
+        drop(ledger);
+        if left.is_ok_and(|a| a.leases == 0) {
+            self.ledger.released.notify_all();
+        }
+    }
+}
+
+/// The lease ledger behind its lock, and the condition its last lease on a package signals.
+///
+/// The lock is a leaf, held for one update at a time: a change takes it to check quiescence and
+/// mark itself pending ([`LeaseLedger::begin_change`]) and again to end, never across
+/// extraction, loading, a hook or the durable commit. So a lease drop or a ledger query never
+/// waits for an installation, and a plugin callback that queries the package manager's leases
+/// while its package loads finds the lock free.
+#[derive(Debug, Default)]
+struct Ledger {
+    state: Mutex<LeaseLedger>,
+    released: Condvar,
+}
+
+impl Ledger {
+    fn lock(&self) -> MutexGuard<'_, LeaseLedger> {
+        // A poisoned ledger still holds valid counts: every update is a single assignment.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A change marked pending in the ledger; dropping it ends the change, committed or not.
+struct PendingChange<'a> {
+    ledger: &'a Ledger,
+    id: PackageId,
+}
+
+impl Drop for PendingChange<'_> {
+    fn drop(&mut self) {
+        self.ledger.lock().end_change(&self.id);
     }
 }
 
@@ -311,8 +348,9 @@ pub enum Change<'a> {
 /// refuse a change before the durable commit, and it applies its own part only after the commit
 /// succeeded, still under the same lock, so that a failed commit never exposes anything.
 ///
-/// A hook runs while the package manager holds its lifecycle lock (and, for remove and rollback,
-/// its lease ledger), so it must not call back into the package manager.
+/// A hook runs while the package manager holds its lifecycle lock, so it must not make a
+/// lifecycle change through the package manager. The lease ledger is not held (the change is
+/// marked pending in it instead), so queries of leases answer.
 pub trait LifecycleHook {
     /// Called after every check passed and before the durable commit. An error aborts the
     /// change; nothing has been written.
@@ -411,7 +449,7 @@ pub struct PackageManager {
     verifier: Box<dyn SignatureVerifier>,
     platform: HostPlatform,
     lifecycle: Mutex<Lifecycle>,
-    leases: Arc<Mutex<LeaseLedger>>,
+    leases: Arc<Ledger>,
     /// Told how far an installation's reading of artifacts has come, when someone watches.
     progress: Mutex<Option<Arc<dyn Progress>>>,
 }
@@ -478,7 +516,7 @@ impl PackageManager {
                 trust_epoch: 0,
                 authenticated_at: HashMap::new(),
             }),
-            leases: Arc::new(Mutex::new(LeaseLedger::new())),
+            leases: Arc::new(Ledger::default()),
             progress: Mutex::new(None),
         };
         let mut report = OpenReport {
@@ -730,7 +768,41 @@ impl PackageManager {
     }
 
     fn lock_leases(&self) -> MutexGuard<'_, LeaseLedger> {
-        self.leases.lock().unwrap_or_else(|e| e.into_inner())
+        self.leases.lock()
+    }
+
+    /// Checks that no session lease holds `id` and marks `action` pending on it, in one short
+    /// critical section; until the returned guard is dropped, new leases on `id` are refused
+    /// with [`LeaseError::ChangePending`](guild_domain::lease::LeaseError::ChangePending).
+    fn begin_change(
+        &self,
+        id: &PackageId,
+        action: QuiescentAction,
+    ) -> Result<PendingChange<'_>, HostError> {
+        self.lock_leases().begin_change(id, action)?;
+        Ok(PendingChange {
+            ledger: &self.leases,
+            id: id.clone(),
+        })
+    }
+
+    /// Waits until no session lease holds `id`, or until `deadline`; answers whether none does.
+    /// Woken by the release of the last lease, not by polling.
+    pub(crate) fn wait_unleased(&self, id: &PackageId, deadline: Instant) -> bool {
+        let mut ledger = self.lock_leases();
+        loop {
+            if ledger.active(id).leases == 0 {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            ledger = match self.leases.released.wait_timeout(ledger, deadline - now) {
+                Ok((guard, _)) => guard,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
     }
 
     /// Reports the artifact bytes each installation reads to `progress` (a command line's
@@ -1086,11 +1158,12 @@ impl PackageManager {
         // Its impl ids must be free before anything of it is written or opened.
         self.refuse_taken_ids(&life, &registry, &metadata)?;
 
-        // A new version supersedes the enabled one: a session lease on the package pins it.
-        let leases = self.lock_leases();
-        if registry.package(id).and_then(|p| p.enabled()).is_some() {
-            leases.check_quiescent(id, QuiescentAction::Replace)?;
-        }
+        // A new version supersedes the enabled one: a session lease on the package pins it, and
+        // none may be taken while the change is in progress.
+        let _pending = match registry.package(id).and_then(|p| p.enabled()) {
+            Some(_) => Some(self.begin_change(id, QuiescentAction::Replace)?),
+            None => None,
+        };
 
         let staging = self.store.new_staging_dir()?;
         // The extractor writes the signed `.gkmetadata` into the tree exactly as received, so that
@@ -1119,7 +1192,6 @@ impl PackageManager {
             staging,
         );
         self.commit(tx, hook)?;
-        drop(leases);
 
         life.metadata.insert(key, metadata);
         installed.changed = true;
@@ -1175,11 +1247,14 @@ impl PackageManager {
             || format!("repairing {id}@{version}"),
         )?;
         let enabled_after = next.package(&id).and_then(|p| p.enabled()) == Some(&version);
-        // Putting the version in place of what is loaded replaces code: a lease pins it.
-        let leases = self.lock_leases();
-        if enabled_after && registry.package(&id).and_then(|p| p.enabled()).is_some() {
-            leases.check_quiescent(&id, QuiescentAction::Replace)?;
-        }
+        // Putting the version in place of what is loaded replaces code: a lease pins it, and
+        // none may be taken while the repair is in progress.
+        let _pending = if enabled_after && registry.package(&id).and_then(|p| p.enabled()).is_some()
+        {
+            Some(self.begin_change(&id, QuiescentAction::Replace)?)
+        } else {
+            None
+        };
         let staging = self.store.new_staging_dir()?;
         let watch = self.watch(&mut *opened, &package, metadata.manifest());
         let extracted = opened.extract_to(metadata.manifest(), &staging);
@@ -1210,7 +1285,6 @@ impl PackageManager {
             // Nothing that is loaded changes: the hook has no part in it.
             self.store.commit(tx)?;
         }
-        drop(leases);
         let key = (id, version);
         let epoch = life.trust_epoch;
         life.authenticated_at.insert(key.clone(), epoch);
@@ -1243,8 +1317,7 @@ impl PackageManager {
             || format!("making {id}@{version} current again"),
         )?;
         self.refuse_taken_ids(life, registry, &*self.loaded_metadata(life, id, version)?)?;
-        let leases = self.lock_leases();
-        leases.check_quiescent(id, QuiescentAction::Replace)?;
+        let _pending = self.begin_change(id, QuiescentAction::Replace)?;
         let metadata = self.verified_installed(life, id, version)?;
         hook.prepare(&Change::Reactivate {
             id,
@@ -1254,7 +1327,6 @@ impl PackageManager {
             metadata,
         })?;
         self.commit(Transaction::new(registry.generation(), next), hook)?;
-        drop(leases);
         installed.changed = true;
         installed.enabled = true;
         installed.reactivated = true;
@@ -1314,8 +1386,7 @@ impl PackageManager {
         let life = self.lock();
         let registry = self.store.registry()?;
         self.graph(&life, &registry)?.check_disable(id)?;
-        let leases = self.lock_leases();
-        leases.check_quiescent(id, QuiescentAction::Unload)?;
+        let _pending = self.begin_change(id, QuiescentAction::Unload)?;
         let mut next = registry.successor();
         let version = next.disable(id)?;
         hook.prepare(&Change::Disable {
@@ -1323,7 +1394,6 @@ impl PackageManager {
             version: &version,
         })?;
         self.commit(Transaction::new(registry.generation(), next), hook)?;
-        drop(leases);
         Ok(version)
     }
 
@@ -1355,14 +1425,15 @@ impl PackageManager {
         self.graph(&life, &registry)?.check_remove(id, &version)?;
         // Leases pin the current version (the one a loader opens); older, superseded trees are
         // not in use and may go while the package is leased.
-        let leases = self.lock_leases();
         let is_current = registry
             .package(id)
             .and_then(|p| p.current())
             .is_some_and(|(v, _)| *v == version);
-        if is_current {
-            leases.check_quiescent(id, QuiescentAction::Remove)?;
-        }
+        let _pending = if is_current {
+            Some(self.begin_change(id, QuiescentAction::Remove)?)
+        } else {
+            None
+        };
         let mut next = registry.successor();
         next.remove(id, &version)?;
         hook.prepare(&Change::Remove {
@@ -1371,7 +1442,6 @@ impl PackageManager {
             current: is_current,
         })?;
         self.commit(Transaction::new(registry.generation(), next), hook)?;
-        drop(leases);
         life.metadata.remove(&(id.clone(), version.clone()));
         Ok(version)
     }
@@ -1402,8 +1472,7 @@ impl PackageManager {
             &registry,
             &*self.loaded_metadata(&life, id, &rolled.to)?,
         )?;
-        let leases = self.lock_leases();
-        leases.check_quiescent(id, QuiescentAction::Rollback)?;
+        let _pending = self.begin_change(id, QuiescentAction::Rollback)?;
         let metadata = self.verified_installed(&life, id, &rolled.to)?;
         hook.prepare(&Change::Rollback {
             id,
@@ -1416,19 +1485,26 @@ impl PackageManager {
         Ok(rolled)
     }
 
-    /// Takes an explicit session lease on `id`.
+    /// Takes an explicit session lease on the enabled version of `id`. Refused with
+    /// [`LeaseError::ChangePending`](guild_domain::lease::LeaseError::ChangePending) while a
+    /// change that needs `id` quiescent (disable, a new version, rollback, removal) is in
+    /// progress, instead of waiting for it: retry once it is over.
     pub fn lease(&self, id: &PackageId) -> Result<PackageLease, HostError> {
+        // Acquired first and checked after: a change that began before the acquire is refused
+        // by its pending mark; one that ended before it has committed, so the registry read
+        // below sees its outcome; one that begins after it sees the lease.
+        self.lock_leases().acquire(id, LeaseKind::Lease)?;
+        let lease = PackageLease {
+            id: id.clone(),
+            ledger: self.leases.clone(),
+        };
         let registry = self.store.registry()?;
         if registry.package(id).and_then(|p| p.enabled()).is_none() {
             return Err(
                 guild_domain::registry::RegistryError::NoCurrentVersion { id: id.clone() }.into(),
             );
         }
-        self.lock_leases().acquire(id, LeaseKind::Lease)?;
-        Ok(PackageLease {
-            id: id.clone(),
-            ledger: self.leases.clone(),
-        })
+        Ok(lease)
     }
 
     /// How many leases and bindings keep `id` in use.

@@ -8,11 +8,31 @@
 //! A [`KernelBinding`] is the spec's aliasing shared pointer: one `Arc` that keeps both the stored
 //! operation and the library it points into alive. The library of a package that was unloaded or
 //! replaced closes when its last binding is dropped, never earlier.
+//!
+//! # Draining
+//!
+//! Each loaded package has one atomic state word: a `DRAINING` bit, a sticky `WAITED` bit and
+//! the count of live bindings (kernel bindings and runner references together). Taking a binding
+//! is one compare-and-swap that either sees `DRAINING` and takes nothing, or is counted. A
+//! lifecycle change that must not run while the package is bound ([`KernelRegistry::drain`])
+//! sets `DRAINING` with one `fetch_or` and reads the count from the same operation: all of these
+//! are read-modify-writes of one location, so they are totally ordered, and every bind either
+//! precedes the mark (and is in the count the drainer reads, so the change is refused) or follows
+//! it (and fails). A refused or aborted change clears the mark; a committed one keeps it for
+//! good (a package that left the registry is never bound again, whatever snapshot a late
+//! resolver still holds).
+//!
+//! A lookup that meets a draining package treats it as already gone: resolution passes over its
+//! candidates, [`KernelRegistry::select`] takes the next best, [`KernelRegistry::find_by_id`] and
+//! [`KernelRegistry::find_runner`] answer `None` and [`KernelRegistry::runners`] leaves it out.
+//! A change that is refused marks the package for the instant of its check only.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use guild_abi::guild_operation_service_v1_t;
@@ -24,6 +44,30 @@ use guild_ports::loader::{LoadedLibrary, LoadedPlugin, RegisteredKernel, Registe
 use crate::operations::core::ServiceCore;
 use crate::operations::DeviceSupport;
 
+/// Set in a package's state word while a lifecycle change drains it, and for good once it has
+/// left the registry: no new binding may be taken.
+const DRAINING: u64 = 1 << 63;
+/// Set (and never cleared) once someone has waited for the package's bindings to end: the drop
+/// of its last binding then wakes the waiters.
+const WAITED: u64 = 1 << 62;
+/// The live binding count, in the low bits. It cannot reach `WAITED`: each binding is a live
+/// object of at least a pointer's size, and 2^62 of them do not fit in an address space.
+const COUNT: u64 = WAITED - 1;
+
+/// Where waiters for a package's bindings to end sleep ([`KernelRegistry::wait_unbound`]).
+#[derive(Debug, Default)]
+struct Quiet {
+    lock: Mutex<()>,
+    released: Condvar,
+}
+
+impl Quiet {
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        // The mutex guards no data, so poisoning means nothing here.
+        self.lock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// One loaded package version and its library.
 pub struct LoadedPackage {
     /// The package.
@@ -31,6 +75,9 @@ pub struct LoadedPackage {
     /// The version whose library this is.
     pub version: Version,
     library: Arc<dyn LoadedLibrary>,
+    /// `DRAINING | WAITED | live bindings`; see the module documentation.
+    state: AtomicU64,
+    quiet: Arc<Quiet>,
 }
 
 impl fmt::Debug for LoadedPackage {
@@ -47,19 +94,99 @@ impl LoadedPackage {
     pub fn library(&self) -> &Arc<dyn LoadedLibrary> {
         &self.library
     }
+
+    /// Whether a lifecycle change is draining the package (or it has left the registry).
+    pub fn is_draining(&self) -> bool {
+        self.state.load(Ordering::Relaxed) & DRAINING != 0
+    }
+
+    /// Live bindings into the package.
+    pub fn live_bindings(&self) -> u64 {
+        self.state.load(Ordering::Acquire) & COUNT
+    }
+
+    /// Counts one more binding unless the package is draining; one compare-and-swap on the
+    /// state word (see the module documentation for why that cannot miss a drain).
+    fn try_bind(&self) -> bool {
+        let mut now = self.state.load(Ordering::Relaxed);
+        loop {
+            if now & DRAINING != 0 {
+                return false;
+            }
+            // Relaxed suffices: the exclusion with a drain rests on the word's own modification
+            // order (a successful CAS reads the value just before it, so it cannot succeed after
+            // a `fetch_or` of `DRAINING`), and the provider's memory is kept by the `Arc`, not
+            // the count. `now + 1` stays below `WAITED` (see `COUNT`).
+            match self.state.compare_exchange_weak(
+                now,
+                now + 1,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(seen) => now = seen,
+            }
+        }
+    }
+
+    /// Counts a copy of a live binding. Needs no check: while that binding lives the count is
+    /// at least one, so no drain can have succeeded (a drain succeeds only on a count of zero).
+    fn bind_again(&self) {
+        self.state.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Ends one binding, waking the waiters when it was the last and someone waits.
+    fn unbind(&self) {
+        // Release: everything the binding was used for happens before a drainer's Acquire
+        // read of a count of zero, so before the unload or replacement it allows.
+        let before = self.state.fetch_sub(1, Ordering::Release);
+        if before & COUNT == 1 && before & WAITED != 0 {
+            // Taking the lock orders this notification after a waiter that saw a non-zero
+            // count has gone to sleep (it holds the lock from its read until it waits).
+            let _held = self.quiet.lock();
+            self.quiet.released.notify_all();
+        }
+    }
+
+    /// Marks the package draining and answers the live bindings at that instant. On zero the
+    /// mark stays and no binding can be taken; otherwise it is cleared again.
+    fn begin_drain(&self) -> Result<(), u64> {
+        let before = self.state.fetch_or(DRAINING, Ordering::AcqRel);
+        let live = before & COUNT;
+        if live == 0 {
+            return Ok(());
+        }
+        if before & DRAINING == 0 {
+            self.state.fetch_and(!DRAINING, Ordering::Release);
+        }
+        Err(live)
+    }
+
+    /// Clears the mark of a drain whose change did not commit.
+    fn end_drain(&self) {
+        self.state.fetch_and(!DRAINING, Ordering::Release);
+    }
+
+    /// Marks a package that leaves the registry, for good.
+    fn retire(&self) {
+        self.state.fetch_or(DRAINING, Ordering::Release);
+    }
+
+    /// Asks to be woken when the count reaches zero and answers the count. Called with the
+    /// quiet lock held.
+    fn watch(&self) -> u64 {
+        self.state.fetch_or(WAITED, Ordering::AcqRel) & COUNT
+    }
 }
 
-/// A registered kernel as the registry stores it: the copy the loader made, the package that
-/// keeps its code loaded, and the count of live bindings to it. The count sits beside the `Arc`'s
-/// own reference count, so taking a binding touches one cache line per kernel, and threads that
-/// bind different kernels of one package do not contend.
+/// A registered kernel as the registry stores it: the copy the loader made and the package that
+/// keeps its code loaded (whose state word counts the bindings to it).
 #[derive(Debug)]
 pub struct StoredOp {
     /// The host's copy of what the plugin registered.
     pub kernel: RegisteredKernel,
     /// The package whose library holds the kernel's code.
     pub package: Arc<LoadedPackage>,
-    bindings: AtomicU64,
 }
 
 /// A live reference to a registered kernel. While it exists, the kernel's library stays loaded
@@ -69,13 +196,13 @@ pub struct KernelBinding {
 }
 
 impl KernelBinding {
-    /// Binds a stored op. Within the crate only: the operation service binds the very op it
-    /// negotiated with, which may already have been replaced in the snapshot.
-    pub(crate) fn new(op: Arc<StoredOp>) -> Self {
-        // Relaxed is enough: the count informs lease decisions, while the library's lifetime is
-        // guaranteed by the `Arc` the binding holds, not by the count.
-        op.bindings.fetch_add(1, Ordering::Relaxed);
-        KernelBinding { op }
+    /// Binds a stored op, or answers `None` when its package is draining or has left the
+    /// registry (see the module documentation). Within the crate only: the operation service
+    /// binds the very op it negotiated with.
+    pub(crate) fn try_new(op: &Arc<StoredOp>) -> Option<Self> {
+        op.package
+            .try_bind()
+            .then(|| KernelBinding { op: Arc::clone(op) })
     }
 
     /// The registered kernel.
@@ -101,13 +228,16 @@ impl KernelBinding {
 
 impl Clone for KernelBinding {
     fn clone(&self) -> Self {
-        KernelBinding::new(self.op.clone())
+        self.op.package.bind_again();
+        KernelBinding {
+            op: Arc::clone(&self.op),
+        }
     }
 }
 
 impl Drop for KernelBinding {
     fn drop(&mut self) {
-        self.op.bindings.fetch_sub(1, Ordering::Relaxed);
+        self.op.package.unbind();
     }
 }
 
@@ -127,14 +257,13 @@ impl std::ops::Deref for KernelBinding {
     }
 }
 
-/// A registered runner as stored, with its count of live references.
+/// A registered runner as stored; its package's state word counts the references to it.
 #[derive(Debug)]
 pub struct StoredRunner {
     /// The host's copy of what the plugin registered.
     pub runner: RegisteredRunner,
     /// The package whose library holds the runner's code.
     pub package: Arc<LoadedPackage>,
-    bindings: AtomicU64,
 }
 
 /// A shared reference to a registered runner, keeping its library loaded like a binding.
@@ -143,9 +272,11 @@ pub struct RunnerBinding {
 }
 
 impl RunnerBinding {
-    fn new(runner: Arc<StoredRunner>) -> Self {
-        runner.bindings.fetch_add(1, Ordering::Relaxed);
-        RunnerBinding { runner }
+    /// As [`KernelBinding::try_new`]: `None` while the runner's package drains.
+    fn try_new(runner: &Arc<StoredRunner>) -> Option<Self> {
+        runner.package.try_bind().then(|| RunnerBinding {
+            runner: Arc::clone(runner),
+        })
     }
 
     /// The registered runner.
@@ -161,7 +292,7 @@ impl RunnerBinding {
 
 impl Drop for RunnerBinding {
     fn drop(&mut self) {
-        self.runner.bindings.fetch_sub(1, Ordering::Relaxed);
+        self.runner.package.unbind();
     }
 }
 
@@ -199,12 +330,30 @@ pub struct Snapshot {
 
 /// The GOP1 kernels of one namespaced operation, best first, and their contracts in the same
 /// order.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct OperationCandidates {
     /// The stored kernels, best first (descending priority, then ascending impl id).
     pub stored: Vec<Arc<StoredOp>>,
     /// Their GOP1 contracts in the domain's form, in the same order.
     pub contracts: Vec<OpCandidate>,
+}
+
+impl OperationCandidates {
+    /// The candidates whose package is not draining, in the same order: what resolution may
+    /// choose from. Borrowed (no copy) unless a package drains.
+    pub fn bindable(&self) -> Cow<'_, OperationCandidates> {
+        if !self.stored.iter().any(|op| op.package.is_draining()) {
+            return Cow::Borrowed(self);
+        }
+        let (stored, contracts) = self
+            .stored
+            .iter()
+            .zip(&self.contracts)
+            .filter(|(op, _)| !op.package.is_draining())
+            .map(|(op, c)| (Arc::clone(op), c.clone()))
+            .unzip();
+        Cow::Owned(OperationCandidates { stored, contracts })
+    }
 }
 
 impl Snapshot {
@@ -283,49 +432,50 @@ struct PackageEntry {
 
 impl PackageEntry {
     fn live_bindings(&self) -> u64 {
-        let ops: u64 = self
-            .ops
-            .iter()
-            .map(|o| o.bindings.load(Ordering::Relaxed))
-            .sum();
-        let runners: u64 = self
-            .runners
-            .iter()
-            .map(|r| r.bindings.load(Ordering::Relaxed))
-            .sum();
-        ops + runners
+        self.package.live_bindings()
     }
 }
 
 /// A package version that left the registry, remembered weakly so that the bindings still
-/// pointing into it count as leases until they are gone.
+/// pointing into it count as leases until they are gone. Its state word is marked for good, so
+/// its count only falls.
 #[derive(Debug)]
 struct Retired {
-    id: PackageId,
-    ops: Vec<Weak<StoredOp>>,
-    runners: Vec<Weak<StoredRunner>>,
+    package: Weak<LoadedPackage>,
 }
 
 impl Retired {
-    fn live_bindings(&self) -> u64 {
-        let ops: u64 = self
-            .ops
-            .iter()
-            .filter_map(Weak::upgrade)
-            .map(|o| o.bindings.load(Ordering::Relaxed))
-            .sum();
-        let runners: u64 = self
-            .runners
-            .iter()
-            .filter_map(Weak::upgrade)
-            .map(|r| r.bindings.load(Ordering::Relaxed))
-            .sum();
-        ops + runners
+    fn is(&self, id: &PackageId, version: Option<&Version>) -> Option<Arc<LoadedPackage>> {
+        self.package
+            .upgrade()
+            .filter(|p| &p.id == id && version.is_none_or(|v| &p.version == v))
     }
 
     fn is_gone(&self) -> bool {
-        self.ops.iter().all(|w| w.strong_count() == 0)
-            && self.runners.iter().all(|w| w.strong_count() == 0)
+        self.package.strong_count() == 0
+    }
+}
+
+/// A lifecycle change's hold on a package it is about to unload or replace: while it lives, no
+/// new binding into the package can be taken. [`Drain::finish`] once the change committed (the
+/// registry change that follows keeps the mark for good); dropping it otherwise clears the mark.
+#[derive(Debug)]
+pub struct Drain {
+    package: Option<Arc<LoadedPackage>>,
+}
+
+impl Drain {
+    /// The change committed and the registry took the package out or replaced it.
+    pub fn finish(mut self) {
+        self.package = None;
+    }
+}
+
+impl Drop for Drain {
+    fn drop(&mut self) {
+        if let Some(package) = self.package.take() {
+            package.end_drain();
+        }
     }
 }
 
@@ -359,6 +509,15 @@ pub enum RegistryChangeError {
         /// The package asked for.
         package: PackageId,
     },
+    /// Bindings into the package (any loaded or retired version) are alive, so it cannot be
+    /// drained; the host reports this as a lease refusal naming the change.
+    #[error("package {package} is held by {bindings} binding(s)")]
+    Bound {
+        /// The package asked for.
+        package: PackageId,
+        /// Live bindings at the instant of the check.
+        bindings: u64,
+    },
 }
 
 /// What unloading did.
@@ -381,6 +540,8 @@ pub struct KernelRegistry {
     /// Packages that left the registry while bindings still pointed into them; kept weakly to
     /// count their leases until the last binding goes.
     retired: Mutex<Vec<Retired>>,
+    /// Shared by every package of this registry: the last binding's drop wakes waiters here.
+    quiet: Arc<Quiet>,
     /// The operation service over this registry. Every library loaded with its table keeps the
     /// core alive too, so a plugin's late call finds it closed, never freed.
     service: Arc<ServiceCore>,
@@ -421,6 +582,7 @@ impl KernelRegistry {
             snapshot,
             writer: Mutex::new(HashMap::new()),
             retired: Mutex::new(Vec::new()),
+            quiet: Arc::new(Quiet::default()),
         }
     }
 
@@ -596,6 +758,8 @@ impl KernelRegistry {
             id: id.clone(),
             version: version.clone(),
             library: plugin.library,
+            state: AtomicU64::new(0),
+            quiet: Arc::clone(&self.quiet),
         });
         let ops = plugin
             .kernels
@@ -604,7 +768,6 @@ impl KernelRegistry {
                 Arc::new(StoredOp {
                     kernel,
                     package: package.clone(),
-                    bindings: AtomicU64::new(0),
                 })
             })
             .collect();
@@ -615,7 +778,6 @@ impl KernelRegistry {
                 Arc::new(StoredRunner {
                     runner,
                     package: package.clone(),
-                    bindings: AtomicU64::new(0),
                 })
             })
             .collect();
@@ -630,7 +792,9 @@ impl KernelRegistry {
     }
 
     /// Makes a prepared publication visible, replacing the package's previous version if one was
-    /// loaded (that version's library closes when its last binding goes).
+    /// loaded (that version is never bound again; its library closes when its last binding
+    /// goes). Drain the previous version first ([`KernelRegistry::drain`]) where a live binding
+    /// must refuse the replacement.
     pub fn commit(&self, prepared: PreparedPublication) {
         let mut writer = self.lock();
         let id = prepared.entry.package.id.clone();
@@ -662,8 +826,10 @@ impl KernelRegistry {
         Ok(())
     }
 
-    /// Removes a package from the registry. New lookups no longer find it; its library closes
-    /// when the last binding into it is dropped (at once if there is none).
+    /// Removes a package from the registry. New lookups no longer find it, and no binding into
+    /// it can be taken any more (also not from a snapshot read before); its library closes when
+    /// the last binding into it is dropped (at once if there is none). Drain it first
+    /// ([`KernelRegistry::drain`]) where a live binding must refuse the unload.
     pub fn unload(&self, id: &PackageId) -> Result<Unloaded, RegistryChangeError> {
         let mut writer = self.lock();
         let entry = writer
@@ -671,6 +837,7 @@ impl KernelRegistry {
             .ok_or_else(|| RegistryChangeError::NotLoaded {
                 package: id.clone(),
             })?;
+        self.retire(&entry);
         let old_snapshot = self.snapshot.swap(Arc::new(Snapshot::rebuild(&writer)));
         drop(writer);
         let unloaded = Unloaded {
@@ -678,7 +845,6 @@ impl KernelRegistry {
             version: entry.package.version.clone(),
             deferred_bindings: entry.live_bindings(),
         };
-        self.retire(&entry);
         // As in `commit`: the library may close here, outside the writer lock.
         drop(entry);
         drop(old_snapshot);
@@ -686,13 +852,92 @@ impl KernelRegistry {
     }
 
     fn retire(&self, entry: &PackageEntry) {
+        entry.package.retire();
         let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
         retired.retain(|r| !r.is_gone());
         retired.push(Retired {
-            id: entry.package.id.clone(),
-            ops: entry.ops.iter().map(Arc::downgrade).collect(),
-            runners: entry.runners.iter().map(Arc::downgrade).collect(),
+            package: Arc::downgrade(&entry.package),
         });
+    }
+
+    /// Starts draining `id` for a lifecycle change that must not run while anything is bound
+    /// into the package: marks the loaded version draining (no new binding into it can be
+    /// taken from here on) and checks that no binding into it, or into a retired version, is
+    /// alive. When some are, the mark is cleared and the change is refused with
+    /// [`RegistryChangeError::Bound`]. A package that is not loaded drains at once when no
+    /// retired version is bound.
+    ///
+    /// Keep the returned [`Drain`] until the change is decided: [`Drain::finish`] it after the
+    /// commit and the unload or replacement that follows; drop it to abort.
+    pub fn drain(&self, id: &PackageId) -> Result<Drain, RegistryChangeError> {
+        let current = self.lock().get(id).map(|e| Arc::clone(&e.package));
+        let bound = |bindings| RegistryChangeError::Bound {
+            package: id.clone(),
+            bindings,
+        };
+        let drain = match current {
+            Some(package) => match package.begin_drain() {
+                Ok(()) => Drain {
+                    package: Some(package),
+                },
+                Err(bindings) => return Err(bound(bindings)),
+            },
+            None => Drain { package: None },
+        };
+        // Retired versions are marked for good, so their counts only fall: a zero read here
+        // stays zero. Dropping `drain` on refusal clears the mark.
+        let retired = self.retired_bindings(id, None);
+        if retired > 0 {
+            return Err(bound(retired));
+        }
+        Ok(drain)
+    }
+
+    /// Live bindings into retired versions of `id` (at `version` only, when given).
+    fn retired_bindings(&self, id: &PackageId, version: Option<&Version>) -> u64 {
+        let retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        retired
+            .iter()
+            .filter_map(|r| r.is(id, version))
+            .map(|p| p.live_bindings())
+            .sum()
+    }
+
+    /// Waits until no binding into any loaded or retired version of `id` is alive, or until
+    /// `deadline`; answers whether none is. Woken by the drop of the last binding, not by
+    /// polling. New bindings may be taken meanwhile (the package is not drained), so a change
+    /// that follows must still drain.
+    pub fn wait_unbound(&self, id: &PackageId, deadline: Instant) -> bool {
+        let mut packages: Vec<Arc<LoadedPackage>> = self
+            .lock()
+            .get(id)
+            .map(|e| Arc::clone(&e.package))
+            .into_iter()
+            .collect();
+        packages.extend(
+            self.retired
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .filter_map(|r| r.is(id, None)),
+        );
+        let mut held = self.quiet.lock();
+        loop {
+            // Under the quiet lock: an unbind that takes a count to zero after this read sees
+            // `WAITED` and needs the lock to notify, which it gets only once this thread waits.
+            let live: u64 = packages.iter().map(|p| p.watch()).sum();
+            if live == 0 {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            held = match self.quiet.released.wait_timeout(held, deadline - now) {
+                Ok((guard, _)) => guard,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
     }
 
     /// Whether `id` is loaded, and at which version.
@@ -704,54 +949,61 @@ impl KernelRegistry {
             .map(|p| p.version.clone())
     }
 
-    /// The best enabled kernel for `selector`: highest priority, then lowest impl id.
+    /// The best enabled kernel for `selector`: highest priority, then lowest impl id. A
+    /// candidate whose package is draining counts as gone (the next best is chosen).
     pub fn select(&self, selector: &Selector) -> Option<KernelBinding> {
         let snap = self.snapshot.load();
         snap.candidates(selector.op_kind, selector.op_name.as_ref())
             .iter()
-            .find(|op| selector.backend.is_none_or(|b| op.kernel.backend == b))
-            .map(|op| KernelBinding::new(op.clone()))
+            .filter(|op| selector.backend.is_none_or(|b| op.kernel.backend == b))
+            .find_map(KernelBinding::try_new)
     }
 
-    /// The enabled kernel with this impl id.
+    /// The enabled kernel with this impl id; `None` also while its package is draining.
     pub fn find_by_id(&self, impl_id: &ImplId) -> Option<KernelBinding> {
         self.snapshot
             .load()
             .by_id
             .get(impl_id)
-            .map(|op| KernelBinding::new(op.clone()))
+            .and_then(KernelBinding::try_new)
     }
 
-    /// The enabled runners, best first (descending priority, then runner id).
+    /// The enabled runners, best first (descending priority, then runner id), without those
+    /// whose package is draining.
     pub fn runners(&self) -> Vec<RunnerBinding> {
         self.snapshot
             .load()
             .runners
             .iter()
-            .map(|r| RunnerBinding::new(r.clone()))
+            .filter_map(RunnerBinding::try_new)
             .collect()
     }
 
-    /// The runner with this id, if enabled.
+    /// The runner with this id, if enabled; `None` also while its package is draining.
     pub fn find_runner(&self, runner_id: &RunnerId) -> Option<RunnerBinding> {
         self.snapshot
             .load()
             .runners
             .iter()
             .find(|r| &r.runner.runner_id == runner_id)
-            .map(|r| RunnerBinding::new(r.clone()))
+            .and_then(RunnerBinding::try_new)
     }
 
     /// Live bindings and runner references into any loaded or retired version of `id`.
     pub fn live_bindings(&self, id: &PackageId) -> u64 {
         let current = self.lock().get(id).map_or(0, PackageEntry::live_bindings);
-        let retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
-        let old: u64 = retired
-            .iter()
-            .filter(|r| &r.id == id)
-            .map(Retired::live_bindings)
-            .sum();
-        current + old
+        current + self.retired_bindings(id, None)
+    }
+
+    /// Live bindings and runner references into `id@version` alone, loaded or retired: what
+    /// still holds a version that a lifecycle change replaced.
+    pub fn live_bindings_of(&self, id: &PackageId, version: &Version) -> u64 {
+        let current = self
+            .lock()
+            .get(id)
+            .filter(|e| &e.package.version == version)
+            .map_or(0, PackageEntry::live_bindings);
+        current + self.retired_bindings(id, Some(version))
     }
 }
 

@@ -2,8 +2,12 @@
 //! keep its code in use, and the rule that unloading, replacing, rolling back or removing a
 //! package waits until both counts are zero.
 //!
-//! The ledger is plain data. The app keeps it behind its own lock, together with the registry it
-//! protects, so that a check and the action it allows happen in one critical section.
+//! The ledger is plain data. The app keeps it behind its own lock and takes it only for short
+//! updates: a change that needs the package quiescent checks the counts and marks the change
+//! pending in one update ([`LeaseLedger::begin_change`]), does its slow work (extraction,
+//! loading, the durable commit) without the lock, and clears the mark at the end. While the mark
+//! is set, a new lease on the package is refused, so nothing can slip in between the check and
+//! the change.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -87,6 +91,17 @@ pub enum LeaseError {
         /// Lease or binding.
         kind: LeaseKind,
     },
+    /// A change that needs the package quiescent is in progress; the lease would pin code that
+    /// is about to be unloaded or replaced. Retry once the change is over.
+    #[error("cannot acquire a {kind} on {id}: a change to {action} it is in progress")]
+    ChangePending {
+        /// The package.
+        id: PackageId,
+        /// Lease or binding.
+        kind: LeaseKind,
+        /// The change in progress.
+        action: QuiescentAction,
+    },
     /// An acquire that would overflow the count.
     #[error("cannot acquire another {kind} on {id}: the count would overflow")]
     CountOverflow {
@@ -113,11 +128,13 @@ pub struct Leased {
     pub bindings: u64,
 }
 
-/// Lease and binding counts per package id. Packages with nothing held have no entry, so the
-/// ledger's size follows the packages in use, not all packages ever seen.
+/// Lease and binding counts per package id, and the changes in progress that need a package
+/// quiescent. Packages with nothing held have no entry, so the ledger's size follows the
+/// packages in use, not all packages ever seen.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LeaseLedger {
     held: HashMap<PackageId, ActiveLeases>,
+    pending: HashMap<PackageId, QuiescentAction>,
 }
 
 impl LeaseLedger {
@@ -126,8 +143,16 @@ impl LeaseLedger {
         Self::default()
     }
 
-    /// Records one more `kind` on `id` and returns the new counts.
+    /// Records one more `kind` on `id` and returns the new counts; refused while a change to
+    /// `id` is pending.
     pub fn acquire(&mut self, id: &PackageId, kind: LeaseKind) -> Result<ActiveLeases, LeaseError> {
+        if let Some(action) = self.pending.get(id) {
+            return Err(LeaseError::ChangePending {
+                id: id.clone(),
+                kind,
+                action: *action,
+            });
+        }
         let current = self.active(id);
         if current
             .leases
@@ -188,6 +213,26 @@ impl LeaseLedger {
                 bindings: a.bindings,
             })
         }
+    }
+
+    /// Starts `action` on `id`: allowed only when nothing is held on it (as
+    /// [`LeaseLedger::check_quiescent`]), and then marked pending, so that every acquisition on
+    /// `id` is refused until [`LeaseLedger::end_change`]. The caller serialises changes; a
+    /// second change on the same package replaces the first one's mark.
+    pub fn begin_change(&mut self, id: &PackageId, action: QuiescentAction) -> Result<(), Leased> {
+        self.check_quiescent(id, action)?;
+        self.pending.insert(id.clone(), action);
+        Ok(())
+    }
+
+    /// Ends the change pending on `id` (committed or not); acquisitions are allowed again.
+    pub fn end_change(&mut self, id: &PackageId) {
+        self.pending.remove(id);
+    }
+
+    /// The change pending on `id`, if any.
+    pub fn pending(&self, id: &PackageId) -> Option<QuiescentAction> {
+        self.pending.get(id).copied()
     }
 
     /// The packages held by anything, with their counts, sorted by package id.
@@ -307,6 +352,54 @@ mod tests {
         );
         assert_eq!(ledger.active(&scan), full);
         assert_eq!(full.total(), u64::MAX);
+    }
+
+    #[test]
+    fn a_pending_change_refuses_acquisitions_until_it_ends() {
+        let mut ledger = LeaseLedger::new();
+        let (scan, other) = (id("example.scan"), id("example.other"));
+        ledger.acquire(&scan, LeaseKind::Lease).unwrap();
+        assert_eq!(
+            ledger.begin_change(&scan, QuiescentAction::Replace),
+            Err(Leased {
+                id: scan.clone(),
+                action: QuiescentAction::Replace,
+                leases: 1,
+                bindings: 0
+            })
+        );
+        assert_eq!(
+            ledger.pending(&scan),
+            None,
+            "a refused change marks nothing"
+        );
+        ledger.release(&scan, LeaseKind::Lease).unwrap();
+        ledger
+            .begin_change(&scan, QuiescentAction::Replace)
+            .unwrap();
+        assert_eq!(ledger.pending(&scan), Some(QuiescentAction::Replace));
+        for kind in [LeaseKind::Lease, LeaseKind::Binding] {
+            assert_eq!(
+                ledger.acquire(&scan, kind),
+                Err(LeaseError::ChangePending {
+                    id: scan.clone(),
+                    kind,
+                    action: QuiescentAction::Replace
+                })
+            );
+        }
+        assert!(ledger.acquire(&other, LeaseKind::Lease).is_ok());
+        ledger.end_change(&scan);
+        assert!(ledger.acquire(&scan, LeaseKind::Lease).is_ok());
+        assert_eq!(
+            LeaseError::ChangePending {
+                id: scan.clone(),
+                kind: LeaseKind::Lease,
+                action: QuiescentAction::Unload
+            }
+            .to_string(),
+            "cannot acquire a session lease on example.scan: a change to unload it is in progress"
+        );
     }
 
     #[test]

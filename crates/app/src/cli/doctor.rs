@@ -230,7 +230,12 @@ fn store_check(
     if !conflicts.is_empty() {
         let mut all = notes;
         all.extend(super::store::conflict_lines(&conflicts));
-        return Check::new("store", Verdict::Warn, format!("{detail}; {}", all.join("; "))).hint(
+        return Check::new(
+            "store",
+            Verdict::Warn,
+            format!("{detail}; {}", all.join("; ")),
+        )
+        .hint(
             "an implementation id belongs to one package: remove the package that should not \
              provide it (`guild remove ID`, and `guild remove ID --version V` for a rollback \
              target that provides it too); see docs/operators.md",

@@ -202,7 +202,10 @@ impl ServiceCore {
         // per candidate; only the chosen one is bound.
         let snapshot = self.snapshot.load_full();
         let empty = OperationCandidates::default();
-        let entry = snapshot.operation(query.op_name()).unwrap_or(&empty);
+        // A candidate whose package a lifecycle change is draining counts as already gone.
+        let entry = snapshot
+            .operation(query.op_name())
+            .map_or(Cow::Borrowed(&empty), OperationCandidates::bindable);
         let mut candidates = Cow::Borrowed(entry.contracts.as_slice());
         // An exact id registered for another operation takes part as a declaration only (the
         // domain skips other operations' candidates without calling them), so that the report
@@ -259,10 +262,14 @@ impl ServiceCore {
             _ if needs_streams => Some(self.devices.streams.clone().ok_or_else(no_device_adapter)?),
             _ => None,
         };
-        // Bind the very stored op that was negotiated with. If a replacement was published in
-        // between, this handle keeps the version it negotiated (and its library) alive, which is
-        // exactly what was validated.
-        let binding = KernelBinding::new(Arc::clone(stored));
+        // Bind the very stored op that was negotiated with. If its package began draining since
+        // the snapshot was read, nothing is bound and resolution starts again from a fresh
+        // snapshot, where that package is passed over (or, if the change was refused or
+        // aborted meanwhile, can be bound again): each retry follows a drain that began during
+        // this call, and lifecycle changes are serialised, so the retries end.
+        let Some(binding) = KernelBinding::try_new(stored) else {
+            return self.resolve(query, params, report);
+        };
         let data_alignment = candidate.min_alignment.max(1);
         let host_only = spec
             .inputs

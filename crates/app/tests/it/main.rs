@@ -4,6 +4,7 @@ mod c_face;
 mod cli;
 mod cli_snapshots;
 mod crash;
+mod draining;
 mod examples;
 mod experts;
 mod gkmodule;

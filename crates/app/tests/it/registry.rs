@@ -38,12 +38,17 @@ impl Drop for TestLibrary {
     }
 }
 
-struct Plugin {
+pub(crate) struct Plugin {
     plugin: LoadedPlugin,
     closed: Arc<AtomicBool>,
 }
 
-fn plugin(id: &str, version: &str, kernels: &[(&str, i32)], open: &Arc<AtomicU64>) -> Plugin {
+pub(crate) fn plugin(
+    id: &str,
+    version: &str,
+    kernels: &[(&str, i32)],
+    open: &Arc<AtomicU64>,
+) -> Plugin {
     let closed = Arc::new(AtomicBool::new(false));
     open.fetch_add(1, Ordering::SeqCst);
     let library = Arc::new(TestLibrary {
@@ -76,14 +81,14 @@ fn plugin(id: &str, version: &str, kernels: &[(&str, i32)], open: &Arc<AtomicU64
     }
 }
 
-fn publish(reg: &KernelRegistry, p: Plugin) -> Arc<AtomicBool> {
+pub(crate) fn publish(reg: &KernelRegistry, p: Plugin) -> Arc<AtomicBool> {
     let id = p.plugin.library.package().clone();
     let version = p.plugin.library.version().clone();
     reg.commit(reg.prepare(&id, &version, p.plugin, true).unwrap());
     p.closed
 }
 
-fn scan() -> Selector {
+pub(crate) fn scan() -> Selector {
     Selector {
         op_kind: GUILD_OP_CUSTOM,
         op_name: Some(OpName::new("example.sequence.inclusive_scan").unwrap()),
