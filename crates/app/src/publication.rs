@@ -3,7 +3,7 @@
 //! ([`Host`](crate::Host)) or in a child process that the `guild` command line spawns for the
 //! purpose ([`ChildCheck`]).
 //!
-//! [`load_checked`] opens a verified tree's entry library through a loader and holds what the
+//! `load_checked` opens a verified tree's entry library through a loader and holds what the
 //! plugin registered against its signed manifest with [`check_registration`]: exactly the
 //! declared impl ids and runner ids, each once, and kernels only for declared backends. That ids
 //! belong to no other package is decided before anything is opened, by the package manager
