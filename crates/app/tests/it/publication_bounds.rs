@@ -158,7 +158,11 @@ fn signed_metadata(bench: &Bench, payload: &str) -> Vec<u8> {
 fn package_with_a_directory(bench: &Bench) -> PathBuf {
     let src = bench.path().join("src").join("dirs");
     fs::create_dir_all(src.join("lib")).unwrap();
-    fs::write(src.join("lib/libplugin.so"), b"dirs v1").unwrap();
+    fs::write(
+        src.join("lib/libplugin.so"),
+        crate::cli::library(b"dirs v1"),
+    )
+    .unwrap();
     let template = bench.path().join("dirs.json");
     let json = template_json("example.dirs", "1.0.0", "").replace(
         r#""entry": "libplugin.so""#,

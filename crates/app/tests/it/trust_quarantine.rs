@@ -315,7 +315,10 @@ fn assert_repaired_by_reinstall(b: &Bench, archive: &str) {
         &expect(&b.run(&["install", archive]), 0).stdout,
         "already installed with this exact content",
     );
-    assert_eq!(fs::read(installed_library(b)).unwrap(), b"scan v1");
+    assert_eq!(
+        fs::read(installed_library(b)).unwrap(),
+        crate::cli::library(b"scan v1")
+    );
     let listed = b.run(&["--json", "list"]);
     let p = &listed.json()["packages"][0];
     assert_eq!(p["enabled"], "1.0.0", "{p}");
