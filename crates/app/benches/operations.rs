@@ -11,17 +11,20 @@
 //! - execute throughput on independent C handles, one per thread, on 1 and 2 threads.
 //!
 //! The summary at the end is computed from the samples criterion took in this run (the median
-//! per-iteration time, as criterion reports it). `cargo bench --bench operations` runs the full
+//! per-iteration time, as criterion reports it), with the heap allocations each execute path
+//! makes, counted by the benchmark's own global allocator over 1000 calls. `cargo bench --bench operations` runs the full
 //! measurement; with `-- --test` (or under `cargo test --benches`) each benchmark runs once.
 //! Build the C plugins first: `cargo xtask plugins`.
 
 #[path = "../tests/it/support.rs"]
 mod support;
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::RefCell;
 use std::ffi::{c_void, CString};
 use std::path::PathBuf;
 use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
@@ -39,6 +42,44 @@ use guild_host::operations::{TensorArg, TensorArgMut};
 use guild_host::{Host, InstallOptions, OperationRequest, OperationService};
 
 use support::{key, open_dir, trust, Spec, Workshop, PUBLISHER};
+
+/// Counts heap allocations, so that the summary can say what each execute path allocates.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is forwarded to the system allocator with the caller's arguments; the
+// counter is a side effect that allocates nothing.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract for `alloc` is the system allocator's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `alloc` above, that is from the system allocator.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as for `dealloc` and `alloc`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Heap allocations per call of `call`, over 1000 calls.
+fn allocations_per_call(mut call: impl FnMut()) -> f64 {
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for _ in 0..1000 {
+        call();
+    }
+    (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / 1000.0
+}
 
 const OP: &str = "example.bench.tiny";
 const CANDIDATES: usize = 64;
@@ -391,6 +432,18 @@ fn main() {
         })
     });
     g.finish();
+    let c_allocs = allocations_per_call(|| {
+        assert_eq!(service.execute(handle, &args, &mut error), GUILD_STATUS_OK);
+    });
+    let rust_allocs = allocations_per_call(|| {
+        rust_handle
+            .execute(
+                &[TensorArg::new(desc, &x)],
+                &mut [TensorArgMut::new(desc, &mut out)],
+                None,
+            )
+            .expect("Rust execute");
+    });
     drop(rust_handle);
     service.release(handle, &mut error);
 
@@ -523,17 +576,18 @@ fn main() {
         show(direct_ns)
     );
     println!(
-        "  {:<34}{:>12}  {}{}",
+        "  {:<34}{:>12}  {}{}; {c_allocs} allocations per call",
         "C service execute",
         show(c_ns),
         over(c_ns),
-        goal(c_ns.zip(direct_ns).map(|(c, d)| c - d), 50.0)
+        goal(c_ns.zip(direct_ns).map(|(c, d)| c - d), 25.0)
     );
     println!(
-        "  {:<34}{:>12}  {}",
+        "  {:<34}{:>12}  {}{}; {rust_allocs} allocations per call",
         "Rust OpHandle::execute",
         show(rust_ns),
-        over(rust_ns)
+        over(rust_ns),
+        goal(rust_ns.zip(direct_ns).map(|(r, d)| r - d), 25.0)
     );
     println!("resolve among {CANDIDATES} candidates through the C service:");
     let (ra, rb) = (m(&resolve_a), m(&resolve_b));

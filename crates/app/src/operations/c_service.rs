@@ -88,22 +88,26 @@ enum Face {
     Plugin,
 }
 
-/// The core and the face a table's `user` names.
+/// The core and the face a table's `user` names; `None` when it is a runner's table whose
+/// registry is gone.
 ///
 /// # Safety
-/// `user` must be the `user` of a table of a core that is still alive. Every caller that can
-/// legally hold such a table keeps the core alive: the registry (and the runners that borrow
-/// its table from it), and every loaded library, whose loader keeps a reference to the core
-/// until the library is closed.
-unsafe fn core_of<'c>(user: *mut c_void) -> (&'c ServiceCore, Face) {
-    let face = if user as usize & 1 == 0 {
-        Face::Runner
-    } else {
-        Face::Plugin
-    };
-    let core = user.cast::<u8>().wrapping_sub(user as usize & 1);
-    // SAFETY: by the contract, the core's address (the low bit is the plugin table's mark).
-    (unsafe { &*core.cast::<ServiceCore>() }, face)
+/// `user` must be the `user` of one of a core's two tables. A plugin's (the core's address with
+/// its lowest bit set) is only callable from the plugin's own code, and the loader keeps the
+/// core alive until that library is closed. A runner's is the address of the core's
+/// [`RunnerCell`](super::core::RunnerCell), which is never freed and names the core until its
+/// registry drops; the runner keeps the registry alive while it calls.
+unsafe fn core_of<'c>(user: *mut c_void) -> Option<(&'c ServiceCore, Face)> {
+    if user as usize & 1 == 1 {
+        let core = user.cast::<u8>().wrapping_sub(1);
+        // SAFETY: by the contract, a live core's address with the plugin table's mark.
+        return Some((unsafe { &*core.cast::<ServiceCore>() }, Face::Plugin));
+    }
+    // SAFETY: by the contract, a runner cell, which lives for the rest of the process.
+    let cell = unsafe { &*user.cast::<super::core::RunnerCell>() };
+    // SAFETY: a non-NULL pointer in the cell is its live core (the registry clears the cell
+    // before it lets go of the core, and the runner keeps the registry alive while it calls).
+    cell.core().map(|core| (unsafe { &*core }, Face::Runner))
 }
 
 /// The core, refused with `GUILD_STATUS_ERR_STATE` once its registry is gone.
@@ -115,14 +119,17 @@ unsafe fn open_core<'c>(
     entry: &str,
 ) -> Result<(&'c ServiceCore, Face), Failure> {
     // SAFETY: the caller's contract.
-    let (core, face) = unsafe { core_of(user) };
-    if core.is_closed() {
-        return Err(Failure::new(
-            GUILD_STATUS_ERR_STATE,
-            format!("{entry}: the registry of this operation service was destroyed"),
-        ));
+    match unsafe { core_of(user) } {
+        Some((core, face)) if !core.is_closed() => Ok((core, face)),
+        _ => Err(destroyed(entry)),
     }
-    Ok((core, face))
+}
+
+fn destroyed(entry: &str) -> Failure {
+    Failure::new(
+        GUILD_STATUS_ERR_STATE,
+        format!("{entry}: the registry of this operation service was destroyed"),
+    )
 }
 
 /// The slot a caller's handle names, or why it names none of this core's.
@@ -755,7 +762,7 @@ unsafe extern "C" fn service_release(
         }
         // SAFETY: a table's `user`, whose core its holder keeps alive (the service's contract).
         // A closed core still lets go of what it is given.
-        let (core, _) = unsafe { core_of(user) };
+        let (core, _) = unsafe { core_of(user) }.ok_or_else(|| destroyed("release"))?;
         let name = name_of(core, handle, "release")?;
         let mut boxed = core
             .handles

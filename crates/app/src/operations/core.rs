@@ -12,8 +12,8 @@ use std::borrow::Cow;
 use std::cell::{RefCell, UnsafeCell};
 use std::ffi::{c_void, CString};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use guild_abi::{
@@ -107,7 +107,7 @@ pub(crate) struct ServiceCore {
     snapshot: Arc<ArcSwap<Snapshot>>,
     pub(crate) devices: DeviceSupport,
     /// The table in-process runners use: a call on a handle that another call holds waits its
-    /// turn. `user` is the core's address.
+    /// turn. `user` is the address of the core's [`RunnerCell`].
     pub(crate) runner_table: guild_operation_service_v1_t,
     /// The table plugins get through their host table: a call on a busy handle is refused with
     /// `GUILD_STATUS_ERR_BUSY`, on any thread, so that providers calling each other's handles
@@ -116,10 +116,32 @@ pub(crate) struct ServiceCore {
     closed: AtomicBool,
     /// The C handles resolved and not yet released.
     pub(crate) handles: HandleTable<super::c_service::CHandle>,
+    /// Where the runner's table leads while the registry lives.
+    cell: &'static RunnerCell,
 }
 
 /// The next core's id.
 static NEXT_CORE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// What a runner's table's `user` points at: the core while its registry lives, NULL after.
+/// Cells are never freed (each is one pointer, kept reachable from [`RUNNER_CELLS`]), so a
+/// runner's copy of the table answers `GUILD_STATUS_ERR_STATE` after its registry is gone,
+/// whatever has been allocated since where the core was.
+#[derive(Debug)]
+pub(crate) struct RunnerCell {
+    core: AtomicPtr<ServiceCore>,
+}
+
+impl RunnerCell {
+    /// The core, while its registry lives.
+    pub(crate) fn core(&self) -> Option<*const ServiceCore> {
+        let core = self.core.load(Ordering::Acquire);
+        (!core.is_null()).then_some(core.cast_const())
+    }
+}
+
+/// Every runner cell made, so that leak checkers see them as deliberately kept.
+static RUNNER_CELLS: Mutex<Vec<&'static RunnerCell>> = Mutex::new(Vec::new());
 
 // SAFETY: the tables are written once, in `ServiceCore::new`, before the core is shared; their
 // pointers are the core's own address and `extern "C"` functions, which any thread may use.
@@ -142,10 +164,17 @@ impl fmt::Debug for ServiceCore {
 impl ServiceCore {
     pub(crate) fn new(snapshot: Arc<ArcSwap<Snapshot>>, devices: DeviceSupport) -> Arc<Self> {
         let id = NEXT_CORE_ID.fetch_add(1, Ordering::Relaxed);
-        Arc::new_cyclic(|core: &std::sync::Weak<ServiceCore>| {
+        let cell: &'static RunnerCell = Box::leak(Box::new(RunnerCell {
+            core: AtomicPtr::new(std::ptr::null_mut()),
+        }));
+        RUNNER_CELLS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(cell);
+        let core = Arc::new_cyclic(|core: &std::sync::Weak<ServiceCore>| {
             let user: *mut c_void = core.as_ptr().cast_mut().cast();
             let mut runner_table = super::c_service::table();
-            runner_table.user = user;
+            runner_table.user = std::ptr::from_ref(cell).cast_mut().cast();
             let mut plugin_table = super::c_service::table();
             plugin_table.user = user.cast::<u8>().wrapping_add(1).cast();
             ServiceCore {
@@ -156,8 +185,12 @@ impl ServiceCore {
                 plugin_table,
                 closed: AtomicBool::new(false),
                 handles: HandleTable::new(id),
+                cell,
             }
-        })
+        });
+        cell.core
+            .store(Arc::as_ptr(&core).cast_mut(), Ordering::Release);
+        core
     }
 
     /// Marks the core's registry as gone: from now on every entry of either table answers
@@ -167,6 +200,9 @@ impl ServiceCore {
     #[allow(clippy::vec_box)] // Each handle was boxed into its slot; they are dropped as they are.
     pub(crate) fn close(&self) -> Vec<Box<super::c_service::CHandle>> {
         self.closed.store(true, Ordering::Release);
+        self.cell
+            .core
+            .store(std::ptr::null_mut(), Ordering::Release);
         self.handles.drain_idle()
     }
 
