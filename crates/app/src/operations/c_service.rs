@@ -646,18 +646,11 @@ unsafe extern "C" fn service_execute(
         let inputs = unsafe { tensor_slice(a.inputs, a.input_count, "input") }?;
         // SAFETY: as above.
         let outputs = unsafe { tensor_slice(a.outputs, a.output_count, "output") }?;
+        // The provider receives the caller's own record, once the core has checked it.
         let call = Call {
+            args: a,
             inputs,
             outputs,
-            scratch_host: a.scratch_host,
-            scratch_host_size: a.scratch_host_size,
-            scratch_device: a.scratch_device,
-            scratch_device_size: a.scratch_device_size,
-            stream: a.stream,
-            device_id: a.device_id,
-            sync_mode: a.sync_mode,
-            params: a.params,
-            params_size: a.params_size,
         };
         let record = match caller_record {
             // SAFETY: usable_record checked the caller's record; nothing else borrows it now.

@@ -19,9 +19,8 @@ use arc_swap::ArcSwap;
 use guild_abi::{
     guild_device_caps_v1_t, guild_error_info_t, guild_execute_args_v1_t, guild_operation_ext_v1_t,
     guild_operation_query_v1_t, guild_operation_service_v1_t, guild_scratch_request_v1_t,
-    guild_stream_t, guild_tensor_desc_v1_t, GUILD_OPERATION_QUERY_VERSION,
-    GUILD_STATUS_ERR_INTERNAL, GUILD_STATUS_ERR_INVALID_ARGUMENT, GUILD_STATUS_ERR_UNSUPPORTED,
-    GUILD_STATUS_OK,
+    guild_tensor_desc_v1_t, GUILD_OPERATION_QUERY_VERSION, GUILD_STATUS_ERR_INTERNAL,
+    GUILD_STATUS_ERR_INVALID_ARGUMENT, GUILD_STATUS_ERR_UNSUPPORTED, GUILD_STATUS_OK,
 };
 use guild_adapters_posix::OwnedKernel;
 use guild_domain::ids::ImplId;
@@ -661,20 +660,13 @@ pub(crate) struct Resolved {
 // self`; everything else is immutable after resolution or Send + Sync itself.
 unsafe impl Sync for Resolved {}
 
-/// One call's arguments in C form; the pointers are the caller's and are checked by
-/// [`Resolved::execute`] before the provider sees them.
+/// One call's arguments in C form: the record the provider receives as it is (the C face passes
+/// its caller's, the Rust face builds one), and its tensor arrays as slices. The pointers are the
+/// caller's and are checked by [`Resolved::execute`] before the provider sees them.
 pub(crate) struct Call<'a> {
+    pub(crate) args: &'a guild_execute_args_v1_t,
     pub(crate) inputs: &'a [guild_tensor_desc_v1_t],
     pub(crate) outputs: &'a [guild_tensor_desc_v1_t],
-    pub(crate) scratch_host: *mut c_void,
-    pub(crate) scratch_host_size: u64,
-    pub(crate) scratch_device: *mut c_void,
-    pub(crate) scratch_device_size: u64,
-    pub(crate) stream: guild_stream_t,
-    pub(crate) device_id: i32,
-    pub(crate) sync_mode: u32,
-    pub(crate) params: *const c_void,
-    pub(crate) params_size: usize,
 }
 
 impl Resolved {
@@ -707,35 +699,35 @@ impl Resolved {
             call.outputs,
             shapes_checked,
         )?;
-        let got = SyncMode::from_raw(call.sync_mode);
+        let got = SyncMode::from_raw(call.args.sync_mode);
         if got != Some(self.sync_mode) {
             return Err(ExecuteError::SyncMode {
                 resolved: self.sync_mode,
-                got: call.sync_mode,
+                got: call.args.sync_mode,
             });
         }
-        if call.device_id != self.device_id {
+        if call.args.device_id != self.device_id {
             return Err(ExecuteError::Device {
                 resolved: self.device_id,
-                got: call.device_id,
+                got: call.args.device_id,
             });
         }
-        if self.candidate.backend == Backend::Cpu && !call.stream.is_null() {
+        if self.candidate.backend == Backend::Cpu && !call.args.stream.is_null() {
             return Err(ExecuteError::StreamOnCpu);
         }
         check_scratch(
             "host",
             self.scratch.host_bytes,
             self.scratch.alignment,
-            call.scratch_host,
-            call.scratch_host_size,
+            call.args.scratch_host,
+            call.args.scratch_host_size,
         )?;
         check_scratch(
             "device",
             self.scratch.device_bytes,
             self.scratch.alignment,
-            call.scratch_device,
-            call.scratch_device_size,
+            call.args.scratch_device,
+            call.args.scratch_device_size,
         )?;
         let Some(op) = self.kernel.operation() else {
             return Err(ExecuteError::Provider(ProviderRefusal::new(
@@ -749,37 +741,21 @@ impl Resolved {
                 "the provider has no execute callback",
             )));
         };
-        let args = guild_execute_args_v1_t {
-            struct_size: size_of::<guild_execute_args_v1_t>() as u32,
-            reserved: 0,
-            inputs: call.inputs.as_ptr(),
-            input_count: call.inputs.len(),
-            outputs: call.outputs.as_ptr(),
-            output_count: call.outputs.len(),
-            scratch_host: call.scratch_host,
-            scratch_host_size: call.scratch_host_size,
-            scratch_device: call.scratch_device,
-            scratch_device_size: call.scratch_device_size,
-            stream: call.stream,
-            device_id: call.device_id,
-            sync_mode: call.sync_mode,
-            params: call.params,
-            params_size: call.params_size,
-        };
         // SAFETY: the provider's library stays loaded while `self.binding` lives, and `op` is
         // its owned GOP1 copy with the user_data it registered. Every tensor was checked against
         // the negotiated contract above (shape, strides, dtype, memory space, device, non-NULL
         // and aligned data); the caller of this function guarantees that each data pointer and
         // the scratch buffers address live memory of the checked extents for the call (the Rust
-        // face through its borrows, the C face by the service's contract). `running` makes this
-        // the handle's only call in progress.
-        let status = unsafe { execute(op.user_data, &args, error) };
+        // face through its borrows, the C face by the service's contract); `call.args` is the
+        // record those checks read, and its arrays are `call.inputs` and `call.outputs`.
+        // `running` makes this the handle's only call in progress.
+        let status = unsafe { execute(op.user_data, call.args, error) };
         if let Some(streams) = &self.streams {
             // SAFETY: `running` gives this call the handle's cells to itself (the contract).
             let marks = unsafe { &mut *self.marks.get() };
             // Record even after a failure: part of the work may already be enqueued.
-            let stream = StreamRef(call.stream as usize);
-            match streams.record(call.device_id, stream) {
+            let stream = StreamRef(call.args.stream as usize);
+            match streams.record(call.args.device_id, stream) {
                 Ok(Some(mark)) => {
                     marks.retain(|m| m.stream() != stream);
                     marks.push(mark);

@@ -428,8 +428,8 @@ impl OpHandle<'_> {
         // Every data pointer addresses a live Rust buffer of at least the tensor's byte extent
         // (checked in `run`), borrowed for this call by the arguments.
         self.run(
-            inputs.iter().map(|a| (a.desc, a.dtype, a.ptr, a.len)),
-            outputs.iter().map(|a| (a.desc, a.dtype, a.ptr, a.len)),
+            inputs.iter().map(|a| (&a.desc, a.dtype, a.ptr, a.len)),
+            outputs.iter().map(|a| (&a.desc, a.dtype, a.ptr, a.len)),
             scratch,
             None,
             std::ptr::null_mut(),
@@ -484,8 +484,8 @@ impl OpHandle<'_> {
         // that the stream is valid, is this function's safety contract. The host scratch is
         // borrowed for the call.
         self.run(
-            inputs.iter().map(|t| (t.desc, None, t.ptr, extent(t))),
-            outputs.iter().map(|t| (t.desc, None, t.ptr, extent(t))),
+            inputs.iter().map(|t| (&t.desc, None, t.ptr, extent(t))),
+            outputs.iter().map(|t| (&t.desc, None, t.ptr, extent(t))),
             scratch_host,
             device_scratch,
             stream.0 as guild_stream_t,
@@ -497,18 +497,34 @@ impl OpHandle<'_> {
     /// and byte extent, the call built, and the core's checks and call. `scratch_device` is
     /// `None` on the path that cannot pass device scratch, which a provider needing some
     /// refuses. The caller vouches that the pointers address the memory they describe.
-    fn run(
+    fn run<'a>(
         &self,
-        inputs: impl ExactSizeIterator<Item = BufferArg>,
-        outputs: impl ExactSizeIterator<Item = BufferArg>,
+        inputs: impl ExactSizeIterator<Item = BufferArg<'a>>,
+        outputs: impl ExactSizeIterator<Item = BufferArg<'a>>,
         scratch_host: Option<&mut [u8]>,
         scratch_device: Option<(*mut c_void, u64)>,
         stream: guild_stream_t,
         params: &[u8],
     ) -> Result<(), ExecuteError> {
         let r = &self.resolved;
-        let c_inputs = check_buffers(TensorRole::Input, &r.inputs, &r.input_infos, inputs)?;
-        let c_outputs = check_buffers(TensorRole::Output, &r.outputs, &r.output_infos, outputs)?;
+        // Built in place: the inline arrays are large enough that moving them would cost more
+        // than the checks.
+        let mut c_inputs = CTensors::new(r.inputs.len());
+        let mut c_outputs = CTensors::new(r.outputs.len());
+        check_buffers(
+            TensorRole::Input,
+            &r.inputs,
+            &r.input_infos,
+            inputs,
+            &mut c_inputs,
+        )?;
+        check_buffers(
+            TensorRole::Output,
+            &r.outputs,
+            &r.output_infos,
+            outputs,
+            &mut c_outputs,
+        )?;
         let (scratch_device, scratch_device_size) = match scratch_device {
             Some(device) => device,
             None if r.scratch.device_bytes > 0 => {
@@ -522,9 +538,14 @@ impl OpHandle<'_> {
             Some(s) if !s.is_empty() => (s.as_mut_ptr().cast::<c_void>(), s.len()),
             _ => (std::ptr::null_mut(), 0),
         };
-        let call = Call {
-            inputs: c_inputs.as_slice(),
-            outputs: c_outputs.as_slice(),
+        let (inputs, outputs) = (c_inputs.as_slice(), c_outputs.as_slice());
+        let args = guild_abi::guild_execute_args_v1_t {
+            struct_size: size_of::<guild_abi::guild_execute_args_v1_t>() as u32,
+            reserved: 0,
+            inputs: inputs.as_ptr(),
+            input_count: inputs.len(),
+            outputs: outputs.as_ptr(),
+            output_count: outputs.len(),
             scratch_host,
             scratch_host_size: u64::try_from(scratch_len).unwrap_or(u64::MAX),
             scratch_device,
@@ -538,6 +559,11 @@ impl OpHandle<'_> {
                 params.as_ptr().cast()
             },
             params_size: params.len(),
+        };
+        let call = Call {
+            args: &args,
+            inputs,
+            outputs,
         };
         let running = self.gate.enter_run(0, true).map_err(|why| match why {
             Refused::Reentrant => ExecuteError::Reentrant,
@@ -628,16 +654,17 @@ impl CTensors {
 
 /// One buffer as `check_buffers` takes it: its descriptor, the element type its Rust slice
 /// holds (`None` for raw bytes or device memory), its address and its length in bytes.
-type BufferArg = (TensorDesc, Option<DType>, *mut c_void, usize);
+type BufferArg<'a> = (&'a TensorDesc, Option<DType>, *mut c_void, usize);
 
 /// Checks each Rust buffer against its negotiated descriptor (descriptor, element type, byte
 /// extent) and builds the C tensors; the contract checks follow in the core.
-fn check_buffers(
+fn check_buffers<'a>(
     role: TensorRole,
     negotiated: &[TensorDesc],
     infos: &[guild_domain::operation::TensorInfo],
-    args: impl ExactSizeIterator<Item = BufferArg>,
-) -> Result<CTensors, ExecuteError> {
+    args: impl ExactSizeIterator<Item = BufferArg<'a>>,
+    out: &mut CTensors,
+) -> Result<(), ExecuteError> {
     if args.len() != negotiated.len() {
         return Err(ExecuteError::Arity {
             role,
@@ -645,15 +672,14 @@ fn check_buffers(
             got: args.len(),
         });
     }
-    let mut out = CTensors::new(negotiated.len());
     for (index, (arg, (expected, info))) in args.zip(negotiated.iter().zip(infos)).enumerate() {
         let tensor = TensorRef { role, index };
         let (desc, element, ptr, len) = arg;
-        if !same_tensor(&desc, expected) {
+        if !same_tensor(desc, expected) {
             return Err(ExecuteError::DescriptorMismatch {
                 tensor,
                 expected: Box::new(*expected),
-                actual: Box::new(desc),
+                actual: Box::new(*desc),
             });
         }
         if let Some(element) = element {
@@ -675,19 +701,28 @@ fn check_buffers(
         }
         out.push(c_tensor(expected, ptr));
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Whether two descriptors name the same tensor shape apart from the data address (unused
 /// dims and strides ignored; a 0 stride equals its explicit packed value only if spelled the
 /// same way, which the negotiation saw).
+#[inline]
 fn same_tensor(a: &TensorDesc, b: &TensorDesc) -> bool {
-    a.dtype == b.dtype
-        && a.rank == b.rank
-        && a.shape() == b.shape()
-        && a.strides.get(..a.shape().len()) == b.strides.get(..b.shape().len())
-        && a.memory_space == b.memory_space
-        && a.device_id == b.device_id
+    if a.dtype != b.dtype
+        || a.rank != b.rank
+        || a.memory_space != b.memory_space
+        || a.device_id != b.device_id
+    {
+        return false;
+    }
+    // Element by element: the ranks are small, and a slice comparison costs a memcmp call.
+    let rank = a.shape().len();
+    let mut same = true;
+    for i in 0..rank {
+        same &= a.dims[i] == b.dims[i] && a.strides[i] == b.strides[i];
+    }
+    same
 }
 
 /// Why an execute did not run or the provider failed. Every variant but
