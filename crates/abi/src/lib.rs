@@ -7,9 +7,15 @@
 //!
 //! Function pointers are `Option<unsafe extern "C" fn(..)>` so that a NULL from C is representable;
 //! whoever calls one must check it and uphold the contract written in the header.
+//!
+//! Beside the mirror, [`text`] holds what both sides of the host's C boundary share (bounded
+//! strings, error records, status and tag names), so that the loader adapter and the app use one
+//! copy without depending on each other.
 
 #![no_std]
 #![allow(non_camel_case_types, non_snake_case)]
+
+extern crate alloc;
 
 mod cpu_backend;
 mod cpu_expert;
@@ -19,6 +25,7 @@ mod cuda_moe;
 mod kernel;
 mod module;
 mod runner;
+pub mod text;
 
 pub use cpu_backend::*;
 pub use cpu_expert::*;

@@ -26,13 +26,9 @@ mod library;
 mod loader;
 mod owned;
 mod staging;
-mod text;
 
 pub use extensions::{ExtensionContract, ExtensionCopy, CONSUMED_EXTENSIONS};
 pub use library::DlopenLibrary;
 pub use loader::{DlopenLoader, LoaderLogSink};
 pub use owned::{OwnedKernel, OwnedRunner, MAX_CHAIN_LENGTH};
 pub use staging::{LogSink, PluginLog, Staged, StagingConfig, StagingHost};
-pub use text::{
-    bounded_str, fixed_buffer_text, status_name, write_error_record, MAX_DESCRIPTOR_STRING,
-};

@@ -60,7 +60,7 @@ use crate::extensions::{
     check_and_copy, contract_for, AbiTable, ExtensionCopy, Holder, PFKE_CONTRACT,
 };
 use crate::heap::HeapCStr;
-use crate::text::{bounded_str, tag_text, MAX_DESCRIPTOR_STRING};
+use guild_abi::text::{bounded_str, tag_text, MAX_DESCRIPTOR_STRING};
 
 /// The most extensions a `next_ext` chain may hold. Real chains hold one or two; the bound turns
 /// a corrupt chain that never ends into a refusal.

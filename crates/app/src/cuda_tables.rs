@@ -18,6 +18,7 @@ use std::fmt;
 use std::mem::size_of;
 use std::ptr;
 
+use guild_abi::text::fixed_buffer_text;
 use guild_abi::{
     guild_cuda_attn_config_args_v1_t, guild_cuda_attn_ext_v1_t, guild_cuda_dense_ext_v1_t,
     guild_cuda_moe_ext_v1_t, guild_cuda_moe_route_args_v1_t,
@@ -25,7 +26,7 @@ use guild_abi::{
     guild_status_t, GUILD_BACKEND_CUDA, GUILD_CUDA_CONFIG_VALUE_INT, GUILD_CUDA_MOE_OP_ROUTE,
     GUILD_STATUS_OK,
 };
-use guild_adapters_posix::{fixed_buffer_text, ExtensionCopy, OwnedKernel};
+use guild_adapters_posix::{ExtensionCopy, OwnedKernel};
 use guild_domain::ids::{ImplId, PackageId};
 use thiserror::Error;
 

@@ -28,6 +28,7 @@ use std::mem::{align_of, size_of};
 use std::ops::Range;
 use std::ptr::{self, NonNull};
 
+use guild_abi::text::fixed_buffer_text;
 use guild_abi::{
     guild_cpu_activation_image_v1_t, guild_cpu_backend_ext_v2_t, guild_cpu_combine_args_v1_t,
     guild_cpu_combine_ordered_fn, guild_cpu_describe_format_args_v1_t,
@@ -44,7 +45,7 @@ use guild_abi::{
     GUILD_CPU_PLANAR_Q2_BLOCK_ELEMENTS, GUILD_DTYPE_F32, GUILD_OP_BATCHED_EXPERT_EXEC,
     GUILD_STATUS_OK,
 };
-use guild_adapters_posix::{fixed_buffer_text, OwnedKernel};
+use guild_adapters_posix::OwnedKernel;
 use guild_domain::ids::{ImplId, PackageId};
 use thiserror::Error;
 

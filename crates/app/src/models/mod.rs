@@ -64,12 +64,13 @@ use std::path::PathBuf;
 use std::ptr;
 use std::sync::Arc;
 
+use guild_abi::text::{fixed_buffer_text, status_name};
 use guild_abi::{
     guild_error_info_t, guild_runner_desc_v1_t, guild_runner_model_ext_v1_t,
     guild_runner_model_v1_t, guild_status_t, GUILD_RUNNER_MODEL_VERSION,
     GUILD_STATUS_ERR_UNSUPPORTED, GUILD_STATUS_OK,
 };
-use guild_adapters_posix::{fixed_buffer_text, status_name, OwnedRunner};
+use guild_adapters_posix::OwnedRunner;
 use guild_domain::ids::{PackageId, RunnerId};
 use guild_ports::model::ModelFile;
 

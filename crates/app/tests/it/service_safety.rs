@@ -190,10 +190,7 @@ fn call_dependent(binding: &KernelBinding, scratch_bytes: usize) -> (i32, String
     if status == GUILD_STATUS_OK {
         assert_eq!(output, [10], "the scan's last element");
     }
-    (
-        status,
-        guild_adapters_posix::fixed_buffer_text(&error.message),
-    )
+    (status, guild_abi::text::fixed_buffer_text(&error.message))
 }
 
 /// A host with the base scan and the dependent, and a binding of the dependent that outlives
