@@ -554,7 +554,7 @@ unsafe extern "C" fn service_describe(
                     out.backend = d.backend.bit();
                     out.sync_mode = d.sync_mode.raw();
                     out.scratch = scratch_record(r);
-                    out.kernel_desc = r.kernel.descriptor();
+                    out.kernel_desc = r.kernel.descriptor().map_or(ptr::null(), |k| k as *const _);
                     out.operation = operation;
                 }
             })
