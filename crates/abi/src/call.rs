@@ -158,3 +158,68 @@ impl fmt::Debug for ExecuteCall<'_> {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use core::ptr;
+
+    use super::*;
+    use crate::{GUILD_MEMORY_HOST, GUILD_SYNC_HOST_BLOCKING};
+
+    fn tensor(n: u64) -> guild_tensor_desc_v1_t {
+        let mut dims = [0; 8];
+        dims[0] = n;
+        guild_tensor_desc_v1_t {
+            dtype: 0,
+            rank: 1,
+            dims,
+            strides: [0; 8],
+            memory_space: GUILD_MEMORY_HOST,
+            device_id: 0,
+            data: ptr::null_mut(),
+        }
+    }
+
+    fn args(
+        inputs: &[guild_tensor_desc_v1_t],
+        outputs: &[guild_tensor_desc_v1_t],
+        params: &[u8],
+    ) -> guild_execute_args_v1_t {
+        guild_execute_args_v1_t {
+            struct_size: size_of::<guild_execute_args_v1_t>() as u32,
+            reserved: 0,
+            inputs: if inputs.is_empty() { ptr::null() } else { inputs.as_ptr() },
+            input_count: inputs.len(),
+            outputs: outputs.as_ptr(),
+            output_count: outputs.len(),
+            scratch_host: ptr::null_mut(),
+            scratch_host_size: 0,
+            scratch_device: ptr::null_mut(),
+            scratch_device_size: 0,
+            stream: ptr::null_mut(),
+            device_id: 0,
+            sync_mode: GUILD_SYNC_HOST_BLOCKING,
+            params: if params.is_empty() { ptr::null() } else { params.as_ptr().cast() },
+            params_size: params.len(),
+        }
+    }
+
+    #[test]
+    fn an_execute_call_reads_the_callers_arrays_in_place() {
+        let (inputs, outputs, params) = ([tensor(3), tensor(4)], [tensor(5)], [7u8, 8]);
+        let a = args(&inputs, &outputs, &params);
+        // SAFETY: every pointer in `a` leads into the locals above, which outlive the call.
+        let call = unsafe { ExecuteCall::new(&a) };
+        assert!(ptr::eq(call.raw(), &a));
+        assert!(ptr::eq(call.inputs().as_ptr(), inputs.as_ptr()), "no copy");
+        assert_eq!(call.inputs()[1].dims[0], 4);
+        assert_eq!(call.outputs()[0].dims[0], 5);
+        assert_eq!(call.params(), &[7, 8]);
+
+        // NULL arrays with a count of zero read as empty.
+        let a = args(&[], &outputs, &[]);
+        // SAFETY: as above; the NULL pointers come with counts of zero.
+        let call = unsafe { ExecuteCall::new(&a) };
+        assert!(call.inputs().is_empty() && call.params().is_empty());
+    }
+}
