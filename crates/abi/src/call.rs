@@ -188,7 +188,11 @@ mod tests {
         guild_execute_args_v1_t {
             struct_size: size_of::<guild_execute_args_v1_t>() as u32,
             reserved: 0,
-            inputs: if inputs.is_empty() { ptr::null() } else { inputs.as_ptr() },
+            inputs: if inputs.is_empty() {
+                ptr::null()
+            } else {
+                inputs.as_ptr()
+            },
             input_count: inputs.len(),
             outputs: outputs.as_ptr(),
             output_count: outputs.len(),
@@ -199,7 +203,11 @@ mod tests {
             stream: ptr::null_mut(),
             device_id: 0,
             sync_mode: GUILD_SYNC_HOST_BLOCKING,
-            params: if params.is_empty() { ptr::null() } else { params.as_ptr().cast() },
+            params: if params.is_empty() {
+                ptr::null()
+            } else {
+                params.as_ptr().cast()
+            },
             params_size: params.len(),
         }
     }
