@@ -3,7 +3,9 @@
 //! The rules (see ARCHITECTURE.md):
 //! - `guild-domain` depends only on an allowlist of pure crates, and its sources never name IO,
 //!   threads, processes or `unsafe`.
-//! - `guild-ports` depends only on the domain (and its small helpers).
+//! - `guild-ports` depends only on the domain and the ABI mirror (and small helpers): the
+//!   provider interface that loaders hand the app speaks the Kernel ABI's `#[repr(C)]` structs,
+//!   so that an execute crosses it without a conversion.
 //! - `guild-abi` depends on nothing.
 //! - Adapters never depend on one another, and nothing but `guild-host` depends on an adapter.
 //! - The crates that touch the outside world are confined to the adapter that owns that world:
@@ -68,7 +70,9 @@ const ADAPTERS: &[&str] = &[
 /// impls and nothing else, so it keeps the domain pure.
 const DOMAIN_ALLOWED: &[&str] = &["serde", "serde_json", "semver", "sha2", "thiserror"];
 const DOMAIN_DEV_ALLOWED: &[&str] = &["proptest", "criterion"];
-const PORTS_ALLOWED: &[&str] = &["guild-domain", "thiserror", "mockall"];
+/// What `guild-ports` may use. `guild-abi` is layouts, constants and the shared C text helpers,
+/// with no dependency of its own: the provider interface passes its structs through unchanged.
+const PORTS_ALLOWED: &[&str] = &["guild-domain", "guild-abi", "thiserror", "mockall"];
 
 /// Crates that reach the outside world, each confined to the one adapter that owns it.
 const CONFINED: &[(&str, &str)] = &[
@@ -107,7 +111,11 @@ pub fn check_deps(crates: &[CrateDeps]) -> Vec<Violation> {
                     }
                 }
                 "guild-ports" if *kind != DepKind::Dev && !PORTS_ALLOWED.contains(&dep) => {
-                    flag(c, dep, "ports may depend only on the domain");
+                    flag(
+                        c,
+                        dep,
+                        "ports may depend only on the domain and the ABI mirror",
+                    );
                 }
                 "guild-abi" if *kind != DepKind::Dev => {
                     flag(c, dep, "the ABI mirror depends on nothing");
@@ -379,7 +387,7 @@ mod tests {
                 "guild-ports",
                 Normal,
                 "tokio",
-                "ports may depend only on the domain",
+                "ports may depend only on the domain and the ABI mirror",
             ),
             (
                 "guild-abi",
@@ -437,6 +445,11 @@ mod tests {
         ))
         .is_empty());
         assert!(rules(krate("guild-host", &[(Normal, "guild-adapters-fs")])).is_empty());
+        assert!(rules(krate(
+            "guild-ports",
+            &[(Normal, "guild-domain"), (Normal, "guild-abi")]
+        ))
+        .is_empty());
     }
 
     #[test]

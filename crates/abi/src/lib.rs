@@ -7,10 +7,18 @@
 //!
 //! Function pointers are `Option<unsafe extern "C" fn(..)>` so that a NULL from C is representable;
 //! whoever calls one must check it and uphold the contract written in the header.
+//!
+//! Beside the mirror, two small modules hold what both sides of the host's C boundary share, so
+//! that the loader adapter, the port's provider interface and the app use one copy without
+//! depending on each other: [`text`] (bounded strings, error records, status and tag names) and
+//! [`call`] (the checked forms of a GOP1 query and execute call, passed on unchanged).
 
 #![no_std]
 #![allow(non_camel_case_types, non_snake_case)]
 
+extern crate alloc;
+
+pub mod call;
 mod cpu_backend;
 mod cpu_expert;
 mod cuda_attn;
@@ -19,6 +27,7 @@ mod cuda_moe;
 mod kernel;
 mod module;
 mod runner;
+pub mod text;
 
 pub use cpu_backend::*;
 pub use cpu_expert::*;

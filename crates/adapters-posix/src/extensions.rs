@@ -785,7 +785,7 @@ pub(crate) unsafe fn check_and_copy<T: AbiTable>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::text::tag_text;
+    use guild_abi::text::tag_text;
 
     /// Every contract is internally consistent: known sizes within the host struct, minimums
     /// within the known sizes, every required callback inside every version's minimum (so an

@@ -5,8 +5,9 @@
 //! - [`DlopenLoader`] implements the [`PluginLoader`](guild_ports::loader::PluginLoader) port.
 //! - [`DlopenLibrary`] is its [`LoadedLibrary`](guild_ports::loader::LoadedLibrary): dropping
 //!   the last `Arc` runs the plugin's `shutdown` and closes the library.
-//! - [`OwnedKernel`] and [`OwnedRunner`] are the concrete types behind `RegisteredKernel::raw`
-//!   and `RegisteredRunner::raw`: the copied C descriptors, with the callbacks the app calls.
+//! - [`OwnedKernel`] and [`OwnedRunner`] are the providers behind `RegisteredKernel::provider`
+//!   and `RegisteredRunner::provider`: the copied C descriptors, implementing the port's
+//!   provider interface by forwarding to the plugin's callbacks.
 //! - [`extensions`] describes every extension the host consumes in one table and negotiates
 //!   each with one mechanism; [`ExtensionCopy`] is a negotiated table.
 //! - [`StagingHost`] is the registration host itself, usable on its own to drive registrations
@@ -26,13 +27,9 @@ mod library;
 mod loader;
 mod owned;
 mod staging;
-mod text;
 
 pub use extensions::{ExtensionContract, ExtensionCopy, CONSUMED_EXTENSIONS};
 pub use library::DlopenLibrary;
 pub use loader::{DlopenLoader, LoaderLogSink};
 pub use owned::{OwnedKernel, OwnedRunner, MAX_CHAIN_LENGTH};
 pub use staging::{LogSink, PluginLog, Staged, StagingConfig, StagingHost};
-pub use text::{
-    bounded_str, fixed_buffer_text, status_name, write_error_record, MAX_DESCRIPTOR_STRING,
-};

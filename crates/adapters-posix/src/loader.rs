@@ -21,7 +21,7 @@ use guild_ports::loader::{LoadError, LoadErrorKind, LoadRequest, LoadedPlugin, P
 use crate::library::{DlopenLibrary, OpenLibrary, ShutdownFn};
 use crate::owned::{OwnedKernel, OwnedRunner};
 use crate::staging::{PluginLog, Staged, StagingConfig, StagingHost};
-use crate::text::{bounded_str, fixed_buffer_text, status_name, MAX_DESCRIPTOR_STRING};
+use guild_abi::text::{bounded_str, fixed_buffer_text, status_name, MAX_DESCRIPTOR_STRING};
 
 /// The C name of the entry point, as the port's error names it.
 const ENTRY_SYMBOL: &str = "guild_plugin_entry_v1";

@@ -8,6 +8,11 @@
 //! [`OwnedKernel::operation`] to C code (the operation service's `describe` does) exactly as if
 //! they were the plugin's originals.
 //!
+//! The app reaches both types only through the port's provider interface
+//! ([`KernelProvider`], [`RunnerProvider`]), which they implement here: the GOP1 calls are
+//! forwarded to the plugin's callbacks, with the C structs the host vouched for passed on as they
+//! are, and the extension tables are lent as the negotiation left them.
+//!
 //! What is copied and what is refused:
 //! - The descriptor's `struct_size` must cover the whole v1 struct and its `abi_version` must be
 //!   of this host's major; fields appended by a newer minor are not read.
@@ -30,7 +35,7 @@
 //! Registration of a descriptor is not a promise of execution: the copies say what a plugin
 //! offers and that it is well formed, nothing more.
 
-use std::ffi::{CStr, CString};
+use std::ffi::{c_void, CStr, CString};
 use std::fmt;
 use std::ptr;
 use std::sync::Arc;
@@ -38,9 +43,10 @@ use std::sync::Arc;
 use guild_abi::{
     guild_abi_version_major, guild_cpu_backend_ext_v2_t, guild_cuda_attn_ext_v1_t,
     guild_cuda_dense_ext_v1_t, guild_cuda_moe_ext_v1_t, guild_cuda_qwen_group_v1_t,
-    guild_ext_header_t, guild_kernel_op_desc_v1_t, guild_operation_ext_v1_t,
-    guild_prefill_ext_header_t, guild_prefill_kernel_ext_v1_t, guild_runner_desc_v1_t,
-    guild_runner_model_ext_v1_t, guild_status_t, GUILD_CPU_EXPERT_TAG, GUILD_CUDA_ATTN_TAG,
+    guild_error_info_t, guild_execute_args_v1_t, guild_ext_header_t, guild_kernel_op_desc_v1_t,
+    guild_operation_ext_v1_t, guild_operation_query_v1_t, guild_prefill_ext_header_t,
+    guild_prefill_kernel_ext_v1_t, guild_runner_desc_v1_t, guild_runner_model_ext_v1_t,
+    guild_scratch_request_v1_t, guild_status_t, GUILD_CPU_EXPERT_TAG, GUILD_CUDA_ATTN_TAG,
     GUILD_CUDA_DENSE_TAG, GUILD_CUDA_MOE_TAG, GUILD_CUDA_QWEN_TAG, GUILD_GOP1_TAG,
     GUILD_KERNEL_ABI_VERSION, GUILD_OP_CUSTOM, GUILD_OP_PREFILL_KERNELS, GUILD_PFKE_TAG,
     GUILD_RMD1_TAG, GUILD_STATUS_ERR_ABI_MISMATCH, GUILD_STATUS_ERR_INVALID_ARGUMENT,
@@ -55,12 +61,16 @@ use guild_ports::loader::{
     ExtensionProblem, ExtensionRefusal, ExtensionSite, ExtensionTag, RegisteredKernel,
     RegisteredRunner, Registrant,
 };
+use guild_ports::provider::{
+    no_operation, ExecuteCall, ExtensionTable, KernelProvider, QueryCall, RunnerProvider,
+};
 
 use crate::extensions::{
     check_and_copy, contract_for, AbiTable, ExtensionCopy, Holder, PFKE_CONTRACT,
 };
+
 use crate::heap::HeapCStr;
-use crate::text::{bounded_str, tag_text, MAX_DESCRIPTOR_STRING};
+use guild_abi::text::{bounded_str, tag_text, MAX_DESCRIPTOR_STRING};
 
 /// The most extensions a `next_ext` chain may hold. Real chains hold one or two; the bound turns
 /// a corrupt chain that never ends into a refusal.
@@ -117,8 +127,8 @@ fn fault_refusal(registrant: &Registrant, (site, tag, problem): Fault) -> Refusa
 /// The host's copy of one registered kernel: the C descriptor with its pointers rewritten into
 /// this value, the extensions the host consumes, and the facts the domain needs.
 ///
-/// This is the concrete type behind [`RegisteredKernel::raw`] for kernels loaded by
-/// [`DlopenLoader`](crate::DlopenLoader); the app downcasts `raw` to it to reach the callbacks.
+/// This is the [`KernelProvider`] behind [`RegisteredKernel::provider`] for kernels loaded by
+/// [`DlopenLoader`](crate::DlopenLoader); the app reaches it only through that interface.
 ///
 /// Registration of a descriptor is not a promise of execution. An `OwnedKernel` says that the
 /// descriptor and every extension it carries passed the negotiation and what each offers (see
@@ -152,6 +162,44 @@ pub struct OwnedKernel {
     op_name: Option<OpName>,
     backend: Backend,
     candidate: Option<OpCandidate>,
+    /// The GOP1 callbacks and user_data, read once out of the copy so that a forwarded call
+    /// goes straight to the plugin.
+    gop1: Option<Gop1>,
+}
+
+/// The three GOP1 callbacks of a copied extension, each non-NULL, and their user_data.
+#[derive(Clone, Copy)]
+struct Gop1 {
+    validate: unsafe extern "C" fn(
+        *mut c_void,
+        *const guild_operation_query_v1_t,
+        *mut guild_error_info_t,
+    ) -> guild_status_t,
+    query_scratch: unsafe extern "C" fn(
+        *mut c_void,
+        *const guild_operation_query_v1_t,
+        *mut guild_scratch_request_v1_t,
+        *mut guild_error_info_t,
+    ) -> guild_status_t,
+    execute: unsafe extern "C" fn(
+        *mut c_void,
+        *const guild_execute_args_v1_t,
+        *mut guild_error_info_t,
+    ) -> guild_status_t,
+    user_data: *mut c_void,
+}
+
+impl Gop1 {
+    /// The callbacks of `op`, when all three are there (the negotiation refuses a GOP1 whose
+    /// required callbacks are NULL, so they always are for a copied one).
+    fn of(op: &guild_operation_ext_v1_t) -> Option<Gop1> {
+        Some(Gop1 {
+            validate: op.validate?,
+            query_scratch: op.query_scratch?,
+            execute: op.execute?,
+            user_data: op.user_data,
+        })
+    }
 }
 
 /// The chain extensions a kernel may carry, one of each at most.
@@ -169,8 +217,9 @@ struct KernelExtensions {
 
 // SAFETY: an OwnedKernel is immutable after construction. Its own pointers lead into heap memory
 // it owns and never mutates. The pointers into the plugin (callbacks, user_data, kernel_fns) are
-// only carried, never dereferenced by this type; the ABI makes the plugin responsible for its
-// callbacks being callable from any thread (independent handles may execute concurrently).
+// never dereferenced by this type, only called (the GOP1 ones, when the host forwards a call);
+// the ABI makes the plugin responsible for its callbacks being callable from any thread
+// (independent handles may execute concurrently).
 unsafe impl Send for OwnedKernel {}
 // SAFETY: as for Send: no interior mutability, and shared access only reads.
 unsafe impl Sync for OwnedKernel {}
@@ -367,6 +416,10 @@ impl OwnedKernel {
         if let Some(table) = &prefill {
             descriptor.kernel_fns = table.as_ptr().cast();
         }
+        let gop1 = extensions
+            .operation
+            .as_ref()
+            .and_then(|op| Gop1::of(op.table()));
         Ok(OwnedKernel {
             descriptor,
             impl_id_c,
@@ -378,6 +431,7 @@ impl OwnedKernel {
             op_name,
             backend,
             candidate,
+            gop1,
         })
     }
 
@@ -471,7 +525,7 @@ impl OwnedKernel {
         &self.skipped_tags
     }
 
-    /// The port's view of this kernel, with `raw` holding `self`.
+    /// The port's view of this kernel, with `self` as its provider.
     pub(crate) fn into_registered(self) -> RegisteredKernel {
         let owned = Arc::new(self);
         RegisteredKernel {
@@ -481,8 +535,89 @@ impl OwnedKernel {
             backend: owned.backend,
             priority: owned.descriptor.priority,
             operation: owned.candidate.clone(),
-            raw: owned,
+            provider: owned,
         }
+    }
+}
+
+/// The port's view of a negotiated extension copy.
+fn lend<T: AbiTable>(copy: &ExtensionCopy<T>) -> ExtensionTable<'_, T> {
+    ExtensionTable {
+        table: copy.table(),
+        version: copy.version(),
+        absent_callbacks: copy.absent_callbacks(),
+    }
+}
+
+/// The host forwards GOP1 calls to the plugin's callbacks with the C structs it was given, and
+/// lends the copied descriptor and tables; nothing is converted or copied per call.
+///
+/// Every callback here may only run while the library that registered the kernel is loaded,
+/// which is the port's contract for [`RegisteredKernel::provider`]: whoever calls holds a
+/// binding (or the loaded library itself).
+impl KernelProvider for OwnedKernel {
+    fn validate(&self, query: QueryCall<'_>, error: &mut guild_error_info_t) -> guild_status_t {
+        let Some(op) = self.gop1 else {
+            return no_operation(error);
+        };
+        // SAFETY: the plugin's own validate with the user_data it registered, its library loaded
+        // per the port's contract; the query's pointers are valid for the call (QueryCall's
+        // contract, vouched for by its maker), and `error` is a live, sized record.
+        unsafe { (op.validate)(op.user_data, query.raw(), error) }
+    }
+
+    fn query_scratch(
+        &self,
+        query: QueryCall<'_>,
+        scratch: &mut guild_scratch_request_v1_t,
+        error: &mut guild_error_info_t,
+    ) -> guild_status_t {
+        let Some(op) = self.gop1 else {
+            return no_operation(error);
+        };
+        // SAFETY: as in validate; `scratch` is a live record the callback may write.
+        unsafe { (op.query_scratch)(op.user_data, query.raw(), scratch, error) }
+    }
+
+    #[inline]
+    fn execute(&self, call: ExecuteCall<'_>, error: &mut guild_error_info_t) -> guild_status_t {
+        let Some(op) = self.gop1 else {
+            return no_operation(error);
+        };
+        // SAFETY: the plugin's own execute with its user_data, its library loaded per the
+        // port's contract. The arguments are those the host checked against the contract the
+        // plugin negotiated and vouched for (ExecuteCall's contract: tensors, data, scratch,
+        // stream and params valid for the call), passed on unchanged; `error` is a live, sized
+        // record.
+        unsafe { (op.execute)(op.user_data, call.raw(), error) }
+    }
+
+    fn descriptor(&self) -> Option<&guild_kernel_op_desc_v1_t> {
+        Some(&self.descriptor)
+    }
+
+    fn operation(&self) -> Option<&guild_operation_ext_v1_t> {
+        OwnedKernel::operation(self)
+    }
+
+    fn cpu_backend(&self) -> Option<ExtensionTable<'_, guild_cpu_backend_ext_v2_t>> {
+        self.extensions.cpu_backend.as_ref().map(lend)
+    }
+
+    fn cuda_dense(&self) -> Option<ExtensionTable<'_, guild_cuda_dense_ext_v1_t>> {
+        self.extensions.cuda_dense.as_ref().map(lend)
+    }
+
+    fn cuda_attn(&self) -> Option<ExtensionTable<'_, guild_cuda_attn_ext_v1_t>> {
+        self.extensions.cuda_attn.as_ref().map(lend)
+    }
+
+    fn cuda_moe(&self) -> Option<ExtensionTable<'_, guild_cuda_moe_ext_v1_t>> {
+        self.extensions.cuda_moe.as_ref().map(lend)
+    }
+
+    fn cuda_qwen(&self) -> Option<ExtensionTable<'_, guild_cuda_qwen_group_v1_t>> {
+        self.extensions.cuda_qwen.as_ref().map(lend)
     }
 }
 
@@ -613,7 +748,7 @@ fn op_candidate(
 /// The host's copy of one registered runner: the C descriptor with its pointers rewritten into
 /// this value, and its RMD1 extension when it has one.
 ///
-/// This is the concrete type behind [`RegisteredRunner::raw`] for runners loaded by
+/// This is the [`RunnerProvider`] behind [`RegisteredRunner::provider`] for runners loaded by
 /// [`DlopenLoader`](crate::DlopenLoader). Its invariants are those of [`OwnedKernel`]:
 /// `descriptor().runner_id` points at [`runner_id_cstr`](Self::runner_id_cstr), `next_ext` at
 /// the copied RMD1 header (whose `next` is NULL) or NULL; `create` and `destroy` are non-NULL,
@@ -736,14 +871,25 @@ impl OwnedRunner {
             .map_or(self.descriptor.priority, |model| model.priority)
     }
 
-    /// The port's view of this runner, with `raw` holding `self`.
+    /// The port's view of this runner, with `self` as its provider.
     pub(crate) fn into_registered(self) -> RegisteredRunner {
         let owned = Arc::new(self);
         RegisteredRunner {
             runner_id: owned.runner_id.clone(),
             priority: owned.selection_priority(),
-            raw: owned,
+            provider: owned,
         }
+    }
+}
+
+/// The runner's copied descriptor and RMD1 table, lent as the negotiation left them.
+impl RunnerProvider for OwnedRunner {
+    fn descriptor(&self) -> Option<&guild_runner_desc_v1_t> {
+        Some(&self.descriptor)
+    }
+
+    fn model(&self) -> Option<ExtensionTable<'_, guild_runner_model_ext_v1_t>> {
+        self.model.as_ref().map(lend)
     }
 }
 

@@ -39,7 +39,7 @@ use guild_domain::version::PackedVersion;
 use guild_ports::loader::ExtensionRefusal;
 
 use crate::owned::{OwnedKernel, OwnedRunner, Refusal};
-use crate::text::{fixed_buffer_text, write_error_record};
+use guild_abi::text::{fixed_buffer_text, write_error_record};
 
 /// The component name the host writes into error records it fills.
 const HOST_COMPONENT: &str = "guild.host";

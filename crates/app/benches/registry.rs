@@ -12,6 +12,7 @@ use guild_domain::operation::Backend;
 use guild_domain::version::Version;
 use guild_host::registry::KernelRegistry;
 use guild_ports::loader::{LoadedLibrary, LoadedPlugin, RegisteredKernel};
+use guild_ports::provider::NoCallbacks;
 
 #[derive(Debug)]
 struct NoLibrary(PackageId, Version);
@@ -45,7 +46,7 @@ fn registry() -> KernelRegistry {
                 backend: Backend::Cpu,
                 priority: p as i32,
                 operation: None,
-                raw: Arc::new(()),
+                provider: Arc::new(NoCallbacks),
             })
             .collect();
         let library = Arc::new(NoLibrary(id.clone(), version.clone()));

@@ -18,6 +18,7 @@ use std::fmt;
 use std::mem::size_of;
 use std::ptr;
 
+use guild_abi::text::fixed_buffer_text;
 use guild_abi::{
     guild_cuda_attn_config_args_v1_t, guild_cuda_attn_ext_v1_t, guild_cuda_dense_ext_v1_t,
     guild_cuda_moe_ext_v1_t, guild_cuda_moe_route_args_v1_t,
@@ -25,8 +26,8 @@ use guild_abi::{
     guild_status_t, GUILD_BACKEND_CUDA, GUILD_CUDA_CONFIG_VALUE_INT, GUILD_CUDA_MOE_OP_ROUTE,
     GUILD_STATUS_OK,
 };
-use guild_adapters_posix::{fixed_buffer_text, ExtensionCopy, OwnedKernel};
 use guild_domain::ids::{ImplId, PackageId};
+use guild_ports::provider::ExtensionTable;
 use thiserror::Error;
 
 use crate::experts::ExpertError;
@@ -70,18 +71,18 @@ impl<T> BoundTable<T> {
     }
 }
 
-/// Copies a negotiated table out of the kernel, cutting its link to the next copy.
-fn bound<T: guild_adapters_posix::extensions::AbiTable + Copy>(
-    copy: Option<&ExtensionCopy<T>>,
+/// Copies a negotiated table out of the kernel's provider, cutting its link to the next copy.
+fn bound<T: Copy>(
+    lent: Option<ExtensionTable<'_, T>>,
     unlink: impl FnOnce(&mut T),
 ) -> Option<BoundTable<T>> {
-    copy.map(|c| {
-        let mut table = *c.table();
+    lent.map(|lent| {
+        let mut table = *lent.table;
         unlink(&mut table);
         BoundTable {
             table,
-            version: c.version(),
-            absent: c.absent_callbacks(),
+            version: lent.version,
+            absent: lent.absent_callbacks,
         }
     })
 }
@@ -120,12 +121,10 @@ impl BoundCudaTables {
     /// `binding` refers to. The binding moves in and keeps the package leased.
     pub fn bind(binding: KernelBinding) -> Result<Self, CudaBindError> {
         let refused = || CudaBindError::NoCudaTables(binding.kernel().impl_id.clone());
-        let kernel = binding
-            .kernel()
-            .raw
-            .downcast_ref::<OwnedKernel>()
-            .filter(|k| k.descriptor().backend == GUILD_BACKEND_CUDA)
-            .ok_or_else(refused)?;
+        if binding.kernel().backend.bit() != GUILD_BACKEND_CUDA {
+            return Err(refused());
+        }
+        let kernel = binding.kernel().provider.as_ref();
         let dense = bound(kernel.cuda_dense(), |t| t.header.next = ptr::null());
         let attn = bound(kernel.cuda_attn(), |t| t.header.next = ptr::null());
         // The Qwen group is bound beside CDM1; the CDM1 copy no longer points at it.

@@ -28,6 +28,7 @@ use std::mem::{align_of, size_of};
 use std::ops::Range;
 use std::ptr::{self, NonNull};
 
+use guild_abi::text::fixed_buffer_text;
 use guild_abi::{
     guild_cpu_activation_image_v1_t, guild_cpu_backend_ext_v2_t, guild_cpu_combine_args_v1_t,
     guild_cpu_combine_ordered_fn, guild_cpu_describe_format_args_v1_t,
@@ -44,7 +45,6 @@ use guild_abi::{
     GUILD_CPU_PLANAR_Q2_BLOCK_ELEMENTS, GUILD_DTYPE_F32, GUILD_OP_BATCHED_EXPERT_EXEC,
     GUILD_STATUS_OK,
 };
-use guild_adapters_posix::{fixed_buffer_text, OwnedKernel};
 use guild_domain::ids::{ImplId, PackageId};
 use thiserror::Error;
 
@@ -71,7 +71,7 @@ pub enum BindError {
         impl_id: ImplId,
         /// Its `op_kind`.
         op_kind: u32,
-        /// Its backend, as the descriptor states it.
+        /// Its backend's `GUILD_BACKEND_*` bit.
         backend: u32,
     },
 }
@@ -401,26 +401,19 @@ impl BoundExpertTable {
     /// Binds the CPE1 table of the kernel `binding` refers to, copying its callbacks and
     /// `user_data` once. The binding moves into the table and keeps the package leased.
     pub fn bind(binding: KernelBinding) -> Result<Self, BindError> {
-        let kernel = binding.kernel().raw.downcast_ref::<OwnedKernel>();
-        let copy = kernel.and_then(OwnedKernel::cpu_backend);
-        let (Some(kernel), Some(copy)) = (kernel, copy) else {
-            return Err(BindError::NoExpertTable {
-                impl_id: binding.kernel().impl_id.clone(),
-                op_kind: binding.kernel().op_kind,
-                backend: kernel.map_or(u32::MAX, |k| k.descriptor().backend),
-            });
+        let kernel = binding.kernel();
+        let refused = || BindError::NoExpertTable {
+            impl_id: kernel.impl_id.clone(),
+            op_kind: kernel.op_kind,
+            backend: kernel.backend.bit(),
         };
-        let descriptor = kernel.descriptor();
-        if descriptor.op_kind != GUILD_OP_BATCHED_EXPERT_EXEC
-            || descriptor.backend != GUILD_BACKEND_CPU
+        if kernel.op_kind != GUILD_OP_BATCHED_EXPERT_EXEC
+            || kernel.backend.bit() != GUILD_BACKEND_CPU
         {
-            return Err(BindError::NoExpertTable {
-                impl_id: binding.kernel().impl_id.clone(),
-                op_kind: descriptor.op_kind,
-                backend: descriptor.backend,
-            });
+            return Err(refused());
         }
-        let t: &guild_cpu_backend_ext_v2_t = copy.table();
+        let copy = kernel.provider.cpu_backend().ok_or_else(refused)?;
+        let t: &guild_cpu_backend_ext_v2_t = copy.table;
         // The negotiation left every field the plugin's size does not carry zero (None), so a
         // version 1 table, or a short version 2 one, has no appended operations here.
         let v2 = V2Ops {
@@ -438,8 +431,8 @@ impl BoundExpertTable {
             down_rows: t.down_rows,
             user_data: t.user_data,
             v2,
-            version: copy.version(),
-            absent: copy.absent_callbacks(),
+            version: copy.version,
+            absent: copy.absent_callbacks,
             binding,
         })
     }

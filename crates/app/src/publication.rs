@@ -3,11 +3,12 @@
 //! ([`Host`](crate::Host)) or in a child process that the `guild` command line spawns for the
 //! purpose ([`ChildCheck`]).
 //!
-//! `load_checked` opens a verified tree's entry library through a loader and holds what the
-//! plugin registered against its signed manifest with [`check_registration`]: exactly the
-//! declared impl ids and runner ids, each once, and kernels only for declared backends. That ids
-//! belong to no other package is decided before anything is opened, by the package manager
-//! (`guild_domain::claims`); the kernel registry refuses a duplicate again when it publishes.
+//! `load_checked` (crate-private) opens a verified tree's entry library through a loader and
+//! holds what the plugin registered against its signed manifest with [`check_registration`]:
+//! exactly the declared impl ids and runner ids, each once, and kernels only for declared
+//! backends. That ids belong to no other package is decided before anything is opened, by the
+//! package manager (`guild_domain::claims`); the kernel registry refuses a duplicate again when
+//! it publishes.
 //!
 //! A command-line process has no registry to keep the library in, and a plugin that crashes or
 //! hangs in `init` must not take the command down with it. [`ChildCheck`] therefore runs the check

@@ -11,18 +11,22 @@
 //! [`FakeModel`] is a model file built in memory (metadata and tensors), for the runner registry's
 //! tests.
 //!
-//! The `raw` payload of what the helpers build ([`fake_kernel`], [`fake_operation`],
-//! [`fake_runner`]) is an `Arc<()>`: there is no C descriptor behind a fake. A test that needs
-//! another payload (say, a negotiator the app's resolver can call) builds the
-//! [`RegisteredKernel`] itself; its fields are public.
+//! The provider behind what [`fake_kernel`], [`fake_operation`] and [`fake_runner`] build is
+//! [`NoCallbacks`]: there is no C descriptor behind a fake. [`FakeProvider`] is a GOP1 provider
+//! written in Rust (closures for validate, query_scratch and execute, and counts of the calls),
+//! which [`fake_operation_with`] registers, so that the app's operation service can resolve and
+//! execute over the fake loader exactly as over the dlopen one.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use guild_abi::text::set_error;
+use guild_abi::{guild_error_info_t, guild_scratch_request_v1_t, guild_status_t, GUILD_STATUS_OK};
 use guild_domain::ids::{ImplId, PackageId, RunnerId};
-use guild_domain::operation::{Backend, OpCandidate};
+use guild_domain::operation::{Backend, OpCandidate, ProviderRefusal};
 use guild_domain::version::Version;
 
 use crate::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
@@ -31,10 +35,10 @@ use crate::loader::{
     RegisteredKernel, RegisteredRunner,
 };
 use crate::model::{MetaValue, ModelError, ModelErrorKind, ModelFile, ModelTensor};
+use crate::provider::{ExecuteCall, KernelProvider, NoCallbacks, QueryCall};
 
-/// `GUILD_OP_CUSTOM`, the op kind of every namespaced operation (the ports do not depend on the
-/// ABI mirror, so the value is restated here).
-pub const OP_KIND_CUSTOM: u32 = 0x0001_0000;
+/// `GUILD_OP_CUSTOM`, the op kind of every namespaced operation.
+pub const OP_KIND_CUSTOM: u32 = guild_abi::GUILD_OP_CUSTOM;
 
 /// What a fake library registers when it is loaded, or how its load fails.
 #[derive(Debug, Clone, Default)]
@@ -76,8 +80,8 @@ impl FakePlugin {
     }
 }
 
-/// A registered legacy (non-GOP1) kernel of `op_kind` on `backend`, priority 0, with an
-/// `Arc<()>` payload.
+/// A registered legacy (non-GOP1) kernel of `op_kind` on `backend`, priority 0, providing
+/// nothing.
 pub fn fake_kernel(impl_id: ImplId, op_kind: u32, backend: Backend) -> RegisteredKernel {
     RegisteredKernel {
         impl_id,
@@ -86,12 +90,13 @@ pub fn fake_kernel(impl_id: ImplId, op_kind: u32, backend: Backend) -> Registere
         backend,
         priority: 0,
         operation: None,
-        raw: Arc::new(()),
+        provider: Arc::new(NoCallbacks),
     }
 }
 
 /// A registered `GUILD_OP_CUSTOM` kernel with `candidate` as its GOP1 contract; id, name,
-/// backend and priority are the candidate's. The payload is an `Arc<()>`.
+/// backend and priority are the candidate's. It provides no callbacks, so the operation service
+/// can rank it but not negotiate with it; see [`fake_operation_with`].
 pub fn fake_operation(candidate: OpCandidate) -> RegisteredKernel {
     RegisteredKernel {
         impl_id: candidate.impl_id.clone(),
@@ -100,16 +105,184 @@ pub fn fake_operation(candidate: OpCandidate) -> RegisteredKernel {
         backend: candidate.backend,
         priority: candidate.priority,
         operation: Some(candidate),
-        raw: Arc::new(()),
+        provider: Arc::new(NoCallbacks),
     }
 }
 
-/// A registered runner with an `Arc<()>` payload.
+/// A registered runner providing nothing.
 pub fn fake_runner(runner_id: RunnerId, priority: i32) -> RegisteredRunner {
     RegisteredRunner {
         runner_id,
         priority,
-        raw: Arc::new(()),
+        provider: Arc::new(NoCallbacks),
+    }
+}
+
+/// [`fake_operation`] with `provider` behind it: an operation the service can negotiate with
+/// and execute.
+pub fn fake_operation_with(
+    candidate: OpCandidate,
+    provider: Arc<dyn KernelProvider>,
+) -> RegisteredKernel {
+    RegisteredKernel {
+        provider,
+        ..fake_operation(candidate)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Providers written in Rust
+// ---------------------------------------------------------------------------------------------
+
+/// The component [`FakeProvider`] names in the error records it fills.
+pub const FAKE_PROVIDER_COMPONENT: &str = "fake.provider";
+
+/// The scratch a [`FakeProvider`] asks for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FakeScratch {
+    /// Bytes of host scratch.
+    pub host_bytes: u64,
+    /// Bytes of device scratch.
+    pub device_bytes: u64,
+    /// Their alignment (0 or 1 for none; otherwise a power of two).
+    pub alignment: u32,
+}
+
+type Validate = dyn Fn(QueryCall<'_>) -> Result<(), ProviderRefusal> + Send + Sync;
+type QueryScratch = dyn Fn(QueryCall<'_>) -> Result<FakeScratch, ProviderRefusal> + Send + Sync;
+type Execute = dyn Fn(ExecuteCall<'_>) -> Result<(), ProviderRefusal> + Send + Sync;
+
+/// How often each of a [`FakeProvider`]'s callbacks ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FakeCalls {
+    /// `validate` calls.
+    pub validate: usize,
+    /// `query_scratch` calls.
+    pub query_scratch: usize,
+    /// `execute` calls.
+    pub execute: usize,
+}
+
+/// A GOP1 provider written in Rust: closures stand for the three callbacks, and a refusal they
+/// return reaches the caller as a C provider's would (its status returned, its message in the
+/// error record). By default it accepts every query, needs no scratch and executes nothing.
+///
+/// The closures see the C structs through the safe accessors of [`QueryCall`] and
+/// [`ExecuteCall`]; reading tensor data through its `data` pointers is the closure's own
+/// `unsafe` step, under [`ExecuteCall::new`]'s contract.
+pub struct FakeProvider {
+    validate: Box<Validate>,
+    query_scratch: Box<QueryScratch>,
+    execute: Box<Execute>,
+    validate_calls: AtomicUsize,
+    scratch_calls: AtomicUsize,
+    execute_calls: AtomicUsize,
+}
+
+impl Default for FakeProvider {
+    fn default() -> Self {
+        FakeProvider {
+            validate: Box::new(|_| Ok(())),
+            query_scratch: Box::new(|_| Ok(FakeScratch::default())),
+            execute: Box::new(|_| Ok(())),
+            validate_calls: AtomicUsize::new(0),
+            scratch_calls: AtomicUsize::new(0),
+            execute_calls: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl FakeProvider {
+    /// A provider that accepts everything and does nothing.
+    pub fn new() -> Self {
+        FakeProvider::default()
+    }
+
+    /// The same provider, validating with `f`.
+    pub fn validating(
+        mut self,
+        f: impl Fn(QueryCall<'_>) -> Result<(), ProviderRefusal> + Send + Sync + 'static,
+    ) -> Self {
+        self.validate = Box::new(f);
+        self
+    }
+
+    /// The same provider, asking for scratch with `f`.
+    pub fn scratch(
+        mut self,
+        f: impl Fn(QueryCall<'_>) -> Result<FakeScratch, ProviderRefusal> + Send + Sync + 'static,
+    ) -> Self {
+        self.query_scratch = Box::new(f);
+        self
+    }
+
+    /// The same provider, executing with `f`.
+    pub fn executing(
+        mut self,
+        f: impl Fn(ExecuteCall<'_>) -> Result<(), ProviderRefusal> + Send + Sync + 'static,
+    ) -> Self {
+        self.execute = Box::new(f);
+        self
+    }
+
+    /// How often each callback has run so far.
+    pub fn calls(&self) -> FakeCalls {
+        FakeCalls {
+            validate: self.validate_calls.load(Ordering::SeqCst),
+            query_scratch: self.scratch_calls.load(Ordering::SeqCst),
+            execute: self.execute_calls.load(Ordering::SeqCst),
+        }
+    }
+}
+
+impl fmt::Debug for FakeProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FakeProvider")
+            .field("calls", &self.calls())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A callback's outcome as C reports it: the status, and on failure the error record filled.
+fn report(outcome: Result<(), ProviderRefusal>, error: &mut guild_error_info_t) -> guild_status_t {
+    match outcome {
+        Ok(()) => GUILD_STATUS_OK,
+        Err(refusal) => {
+            set_error(
+                error,
+                refusal.status,
+                FAKE_PROVIDER_COMPONENT,
+                &refusal.message,
+            );
+            refusal.status
+        }
+    }
+}
+
+impl KernelProvider for FakeProvider {
+    fn validate(&self, query: QueryCall<'_>, error: &mut guild_error_info_t) -> guild_status_t {
+        self.validate_calls.fetch_add(1, Ordering::SeqCst);
+        report((self.validate)(query), error)
+    }
+
+    fn query_scratch(
+        &self,
+        query: QueryCall<'_>,
+        scratch: &mut guild_scratch_request_v1_t,
+        error: &mut guild_error_info_t,
+    ) -> guild_status_t {
+        self.scratch_calls.fetch_add(1, Ordering::SeqCst);
+        let outcome = (self.query_scratch)(query).map(|s| {
+            scratch.host_bytes = s.host_bytes;
+            scratch.device_bytes = s.device_bytes;
+            scratch.alignment = s.alignment;
+        });
+        report(outcome, error)
+    }
+
+    fn execute(&self, call: ExecuteCall<'_>, error: &mut guild_error_info_t) -> guild_status_t {
+        self.execute_calls.fetch_add(1, Ordering::SeqCst);
+        report((self.execute)(call), error)
     }
 }
 

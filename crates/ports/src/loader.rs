@@ -23,6 +23,8 @@ use guild_domain::ids::{ImplId, OpName, PackageId, RunnerId};
 use guild_domain::operation::{Backend, OpCandidate};
 use guild_domain::version::{PackedVersion, Version};
 
+use crate::provider::{KernelProvider, RunnerProvider};
+
 /// The host's C operation service table (`guild_operation_service_v1_t`) for one plugin: its
 /// address, which the loader puts into the optional tail of the host table it passes to `init`,
 /// and the owner that keeps the table (and everything its entries reach) alive. The loader never
@@ -78,6 +80,7 @@ pub trait LoadedLibrary: Send + Sync + fmt::Debug {
 /// Registration of a descriptor is not a promise of execution: a registered kernel and the
 /// extension tables it carries have passed the loader's checks, but the app still chooses among
 /// providers, may decline a table it cannot schedule, and binds callbacks only when it uses them.
+/// It reaches them through [`provider`](Self::provider), never through a loader's own types.
 #[derive(Clone)]
 pub struct RegisteredKernel {
     /// The implementation id, unique across the registry.
@@ -92,10 +95,10 @@ pub struct RegisteredKernel {
     pub priority: i32,
     /// The GOP1 contract in domain form, when the descriptor carries a GOP1 extension.
     pub operation: Option<OpCandidate>,
-    /// The loader's owned copy of the C descriptor and its extensions. The app, which knows the
-    /// concrete type its loader uses, downcasts it to reach the callbacks. Its function pointers
-    /// are valid only while the library that registered it is loaded.
-    pub raw: Arc<dyn Any + Send + Sync>,
+    /// What the kernel provides: its GOP1 callbacks, descriptor and extension tables, behind
+    /// the port's interface whatever loader made it. Its callbacks may be called only while
+    /// the library that registered the kernel is loaded.
+    pub provider: Arc<dyn KernelProvider>,
 }
 
 impl fmt::Debug for RegisteredKernel {
@@ -118,9 +121,9 @@ pub struct RegisteredRunner {
     pub runner_id: RunnerId,
     /// Selection priority: higher wins, ties go to the smaller runner id.
     pub priority: i32,
-    /// The loader's owned copy of the C runner descriptor and its extensions (see
-    /// [`RegisteredKernel::raw`]).
-    pub raw: Arc<dyn Any + Send + Sync>,
+    /// What the runner provides: its descriptor and RMD1 table (see
+    /// [`RegisteredKernel::provider`]).
+    pub provider: Arc<dyn RunnerProvider>,
 }
 
 impl fmt::Debug for RegisteredRunner {

@@ -113,16 +113,16 @@ fn load(ext: &str, case: &str) -> Result<LoadedPlugin, LoadErrorKind> {
 
 fn kernel(plugin: &LoadedPlugin) -> &OwnedKernel {
     assert_eq!(plugin.kernels.len(), 1, "one kernel");
-    plugin.kernels[0]
-        .raw
+    let provider: &dyn std::any::Any = plugin.kernels[0].provider.as_ref();
+    provider
         .downcast_ref::<OwnedKernel>()
         .expect("the dlopen loader's kernel")
 }
 
 fn runner(plugin: &LoadedPlugin) -> &OwnedRunner {
     assert_eq!(plugin.runners.len(), 1, "one runner");
-    plugin.runners[0]
-        .raw
+    let provider: &dyn std::any::Any = plugin.runners[0].provider.as_ref();
+    provider
         .downcast_ref::<OwnedRunner>()
         .expect("the dlopen loader's runner")
 }

@@ -41,9 +41,10 @@ fn owned_kernel(plugin: &LoadedPlugin, id: &str) -> Arc<OwnedKernel> {
         .iter()
         .find(|k| k.impl_id.as_str() == id)
         .unwrap_or_else(|| panic!("{id} is not registered"));
-    Arc::clone(&kernel.raw)
+    let provider: Arc<dyn std::any::Any + Send + Sync> = kernel.provider.clone();
+    provider
         .downcast::<OwnedKernel>()
-        .expect("the loader's raw payload is an OwnedKernel")
+        .expect("the loader's provider is an OwnedKernel")
 }
 
 /// The CPU feature good_kernel.c requires on this architecture.
@@ -166,9 +167,10 @@ fn the_host_keeps_copies_that_point_into_its_own_memory() {
     );
     assert_eq!(norm.descriptor().max_dim[0], 8192);
 
-    let runner = Arc::clone(&plugin.runners[0].raw)
+    let provider: Arc<dyn std::any::Any + Send + Sync> = plugin.runners[0].provider.clone();
+    let runner = provider
         .downcast::<OwnedRunner>()
-        .expect("the loader's raw payload is an OwnedRunner");
+        .expect("the loader's provider is an OwnedRunner");
     assert_eq!(runner.runner_id().as_str(), RUNNER);
     assert_eq!(
         runner.descriptor().runner_id,

@@ -197,9 +197,10 @@ fn a_kept_staging_host_answers_err_state_after_init() {
         .iter()
         .find(|k| k.impl_id.as_str() == "test.keeps_host.probe")
         .expect("the probe kernel is registered");
-    let owned = Arc::clone(&probe.raw)
+    let provider: Arc<dyn std::any::Any + Send + Sync> = probe.provider.clone();
+    let owned = provider
         .downcast::<OwnedKernel>()
-        .expect("the loader's raw payload is an OwnedKernel");
+        .expect("the loader's provider is an OwnedKernel");
     let op = owned.operation().expect("the probe has a GOP1 contract");
     let execute = op.execute.expect("GOP1 execute is present");
     let args = empty_execute_args();

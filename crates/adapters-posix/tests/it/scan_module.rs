@@ -58,9 +58,10 @@ fn owned_kernel(plugin: &LoadedPlugin, id: &str) -> Arc<OwnedKernel> {
         .iter()
         .find(|k| k.impl_id.as_str() == id)
         .unwrap_or_else(|| panic!("{id} is not registered"));
-    Arc::clone(&kernel.raw)
+    let provider: Arc<dyn std::any::Any + Send + Sync> = kernel.provider.clone();
+    provider
         .downcast::<OwnedKernel>()
-        .expect("the loader's raw payload is an OwnedKernel")
+        .expect("the loader's provider is an OwnedKernel")
 }
 
 /// The contract both scan providers share; each test overrides what differs.

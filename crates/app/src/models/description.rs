@@ -43,11 +43,11 @@ use std::ffi::c_char;
 use std::fmt;
 use std::ptr;
 
+use guild_abi::text::bounded_str;
 use guild_abi::{
     guild_runner_model_v1_t, guild_tensor_role_v1_t, GUILD_PREFILL_CHUNKED,
     GUILD_RUNNER_ARCH_CAPACITY, GUILD_RUNNER_MODEL_VERSION, GUILD_TENSOR_ROLE_FLAG_OPTIONAL,
 };
-use guild_adapters_posix::bounded_str;
 use guild_ports::model::ModelFile;
 
 /// The most role records a description may carry. A large model maps a few thousand tensors;

@@ -64,14 +64,15 @@ use std::path::PathBuf;
 use std::ptr;
 use std::sync::Arc;
 
+use guild_abi::text::{fixed_buffer_text, status_name};
 use guild_abi::{
     guild_error_info_t, guild_runner_desc_v1_t, guild_runner_model_ext_v1_t,
     guild_runner_model_v1_t, guild_status_t, GUILD_RUNNER_MODEL_VERSION,
     GUILD_STATUS_ERR_UNSUPPORTED, GUILD_STATUS_OK,
 };
-use guild_adapters_posix::{fixed_buffer_text, status_name, OwnedRunner};
 use guild_domain::ids::{PackageId, RunnerId};
 use guild_ports::model::ModelFile;
+use guild_ports::provider::RunnerProvider;
 
 use crate::registry::{KernelRegistry, RunnerBinding};
 
@@ -113,18 +114,16 @@ impl<'r> ModelRunnerRegistry<'r> {
                 priority: binding.runner().priority,
                 refusal,
             };
-            let Some(owned) = binding.runner().raw.downcast_ref::<OwnedRunner>() else {
+            let provider = binding.runner().provider.as_ref();
+            let (Some(descriptor), Some(ext)) = (provider.descriptor(), provider.model()) else {
                 verdicts.push(verdict(RunnerRefusal::NoDescriptionExtension));
                 continue;
             };
-            let Some(ext) = owned.model() else {
-                verdicts.push(verdict(RunnerRefusal::NoDescriptionExtension));
-                continue;
-            };
-            let (descriptor, ext) = (*owned.descriptor(), *ext);
-            // SAFETY: the descriptor and extension are the loader's checked copies (every
-            // callback present), and `binding` keeps the library they point into loaded for
-            // the whole attempt.
+            let (descriptor, ext) = (*descriptor, *ext.table);
+            // SAFETY: the descriptor and extension are the provider's, which the port keeps
+            // callable while its library is loaded (the loader's checked copies, every callback
+            // present, for the dlopen loader), and `binding` keeps that library loaded for the
+            // whole attempt; `attempt` checks each callback for NULL before it calls one.
             match unsafe { attempt(&descriptor, &ext, &reader) } {
                 Ok(bound) => {
                     return Ok(BoundModel {
@@ -319,10 +318,10 @@ impl BoundModel {
         &self.binding
     }
 
-    /// The runner's copied descriptor and extensions (callbacks, `user_data`), valid while
-    /// this lives.
-    pub fn runner(&self) -> Option<&OwnedRunner> {
-        self.binding.runner().raw.downcast_ref::<OwnedRunner>()
+    /// What the runner provides (its descriptor and RMD1 table: callbacks, `user_data`),
+    /// valid while this lives.
+    pub fn runner(&self) -> &dyn RunnerProvider {
+        self.binding.runner().provider.as_ref()
     }
 
     /// The description, as the host copied and checked it.

@@ -32,13 +32,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::{self, NonNull};
 use std::sync::{Arc, OnceLock};
 
+use guild_abi::text::bounded_str;
 use guild_abi::{
     guild_model_reader_v1_t, guild_model_tensor_info_v1_t, guild_status_t, GUILD_MAX_TENSOR_RANK,
     GUILD_MODEL_READER_VERSION, GUILD_STATUS_ERR_BUFFER_TOO_SMALL, GUILD_STATUS_ERR_INTERNAL,
     GUILD_STATUS_ERR_INVALID_ARGUMENT, GUILD_STATUS_ERR_NOT_FOUND, GUILD_STATUS_ERR_UNSUPPORTED,
     GUILD_STATUS_OK,
 };
-use guild_adapters_posix::bounded_str;
 use guild_ports::model::{MetaArray, MetaValue, ModelFile, ModelTensor};
 
 /// The longest key or tensor name, in bytes without the terminator, that a getter reads from

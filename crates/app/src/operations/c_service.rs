@@ -25,6 +25,7 @@ use std::ffi::{c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
+use guild_abi::text::{bounded_str, status_name, write_error_record, MAX_DESCRIPTOR_STRING};
 use guild_abi::{
     guild_device_caps_v1_t, guild_error_info_t, guild_execute_args_v1_t, guild_op_description_v1_t,
     guild_op_handle_t, guild_operation_query_v1_t, guild_operation_service_v1_t,
@@ -35,7 +36,6 @@ use guild_abi::{
     GUILD_STATUS_ERR_OUT_OF_MEMORY, GUILD_STATUS_ERR_STATE, GUILD_STATUS_ERR_UNSUPPORTED,
     GUILD_STATUS_OK,
 };
-use guild_adapters_posix::{bounded_str, status_name, write_error_record, MAX_DESCRIPTOR_STRING};
 use guild_domain::ids::{ImplId, OpName};
 use guild_domain::operation::{
     Backend, BackendSet, Budget, Capabilities, DeviceCaps, FailureKind, Numerics, OpQuery,
@@ -561,7 +561,7 @@ unsafe extern "C" fn service_describe(
                     out.backend = d.backend.bit();
                     out.sync_mode = d.sync_mode.raw();
                     out.scratch = scratch_record(r);
-                    out.kernel_desc = r.kernel.descriptor();
+                    out.kernel_desc = r.kernel.descriptor().map_or(ptr::null(), |k| k as *const _);
                     out.operation = operation;
                 }
             })

@@ -1,6 +1,11 @@
 //! The one implementation behind both faces of the operation service: resolution against the
-//! registry's snapshot, negotiation through the providers' C callbacks, and the checked call
+//! registry's snapshot, negotiation through the providers' GOP1 callbacks, and the checked call
 //! into a provider's `execute`, with the per-handle serialisation and stream bookkeeping.
+//!
+//! Providers are reached through the loader port's [`KernelProvider`] interface, whatever loader
+//! registered them (the dlopen adapter's C plugins, or Rust providers of a fake loader). It
+//! speaks the Kernel ABI's structs, so the C query built here and the caller's execute arguments
+//! and error record reach the provider as they are.
 //!
 //! Nothing here holds a registry lock while a provider runs. Resolution reads the lock-free
 //! snapshot and binds what it negotiated with; execution holds only the handle's own mutex. So an
@@ -16,13 +21,13 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
+use guild_abi::text::fixed_buffer_text;
 use guild_abi::{
-    guild_device_caps_v1_t, guild_error_info_t, guild_execute_args_v1_t, guild_operation_ext_v1_t,
+    guild_device_caps_v1_t, guild_error_info_t, guild_execute_args_v1_t,
     guild_operation_query_v1_t, guild_operation_service_v1_t, guild_scratch_request_v1_t,
     guild_tensor_desc_v1_t, GUILD_OPERATION_QUERY_VERSION, GUILD_STATUS_ERR_INTERNAL,
-    GUILD_STATUS_ERR_INVALID_ARGUMENT, GUILD_STATUS_ERR_UNSUPPORTED, GUILD_STATUS_OK,
+    GUILD_STATUS_ERR_INVALID_ARGUMENT, GUILD_STATUS_OK,
 };
-use guild_adapters_posix::OwnedKernel;
 use guild_domain::ids::ImplId;
 use guild_domain::operation::{
     resolve, Backend, CpuIsa, DType, MemorySpace, Negotiator, OpCandidate, OpQuery,
@@ -30,6 +35,7 @@ use guild_domain::operation::{
     TensorRef, TensorRole, MAX_TENSOR_RANK,
 };
 use guild_ports::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
+use guild_ports::provider::{ExecuteCall, KernelProvider, QueryCall};
 
 use super::handles::{HandleTable, Running};
 use super::{ExecuteError, ResolveError, Scratch};
@@ -287,9 +293,7 @@ impl ServiceCore {
                 "the chosen candidate has no provider",
             ));
         };
-        let kernel = Arc::clone(&stored.kernel.raw)
-            .downcast::<OwnedKernel>()
-            .map_err(|_| ResolveError::Internal("the chosen candidate has no C provider"))?;
+        let kernel = Arc::clone(&stored.kernel.provider);
         // Work on a device stream is tracked until release; a CPU provider has returned when
         // its execute does, whatever the mode.
         let streams = match candidate.backend {
@@ -416,8 +420,8 @@ fn address_ptr(desc: &TensorDesc) -> *mut c_void {
         .map_or(std::ptr::null_mut(), |a| a as *mut c_void)
 }
 
-/// The GOP1 callbacks, called with C structs built from the query's actual tensors; the
-/// pointers inside them are valid for each call only.
+/// The providers' GOP1 negotiation, called with C structs built from the query's actual
+/// tensors; the pointers inside them are valid for each call only.
 struct CNegotiator<'p> {
     /// The operation's stored kernels, aligned with the contracts being ranked.
     stored: &'p [Arc<StoredOp>],
@@ -466,35 +470,25 @@ impl<'p> CNegotiator<'p> {
         self.alignments.borrow().get(index).copied().unwrap_or(0)
     }
 
-    /// The callbacks of candidate `index`: the GOP1 copy of a kernel the dlopen loader
-    /// registered. Anything else (a fake loader's payload) cannot be negotiated with.
-    fn op(&self, index: usize) -> Result<&'p guild_operation_ext_v1_t, ProviderRefusal> {
+    /// The provider of candidate `index`, whatever loader registered it. One without GOP1
+    /// callbacks refuses every query itself (`GUILD_STATUS_ERR_UNSUPPORTED`).
+    fn op(&self, index: usize) -> Result<&'p dyn KernelProvider, ProviderRefusal> {
         let stored = self.stored.get(index).ok_or_else(|| {
             ProviderRefusal::new(
                 GUILD_STATUS_ERR_INTERNAL,
                 "the host lost track of this provider",
             )
         })?;
-        stored
-            .kernel
-            .raw
-            .downcast_ref::<OwnedKernel>()
-            .and_then(OwnedKernel::operation)
-            .ok_or_else(|| {
-                ProviderRefusal::new(
-                    GUILD_STATUS_ERR_UNSUPPORTED,
-                    "the provider has no C operation callbacks to negotiate with",
-                )
-            })
+        Ok(stored.kernel.provider.as_ref())
     }
 
     /// Runs `call` with a C query built from `query` for candidate `candidate`; every pointer
-    /// in it lives until `call` returns.
+    /// in it lives until `call` returns, which is what [`QueryCall`] vouches for.
     fn with_query<T>(
         &self,
         candidate: &OpCandidate,
         query: &OpQuery,
-        call: impl FnOnce(&guild_operation_query_v1_t) -> T,
+        call: impl FnOnce(QueryCall<'_>) -> T,
     ) -> T {
         let spec = query.spec();
         let caps = guild_device_caps_v1_t {
@@ -538,7 +532,10 @@ impl<'p> CNegotiator<'p> {
             },
             params_size: self.params.len(),
         };
-        call(&c_query)
+        // SAFETY: every pointer in `c_query` leads into `self` (the name, the exact id, the
+        // tensor arrays), `caps` or the caller's params, all of which outlive `call`; the tensor
+        // data addresses are only the query's known addresses, for inspection.
+        call(unsafe { QueryCall::new(&c_query) })
     }
 }
 
@@ -549,22 +546,12 @@ impl Negotiator for CNegotiator<'_> {
         candidate: &OpCandidate,
         query: &OpQuery,
     ) -> Result<(), ProviderRefusal> {
-        let op = self.op(index)?;
-        let Some(validate) = op.validate else {
-            return Err(ProviderRefusal::new(
-                GUILD_STATUS_ERR_UNSUPPORTED,
-                "the provider has no validate callback",
-            ));
-        };
+        let provider = self.op(index)?;
         let mut error = self.fresh_error();
-        let status = self.with_query(candidate, query, |q| {
-            // SAFETY: `op` is the owned copy of a GOP1 extension whose library stays loaded
-            // while the snapshot that `self.stored` borrows from lives; `validate` gets the user_data it
-            // registered, a query whose pointers (name, tensors, caps, params) live for this
-            // call, and a fresh, correctly sized error record. It is a negotiation callback: it
-            // must not retain the query or reenter the registry, which is not locked here.
-            unsafe { validate(op.user_data, q, &mut *error) }
-        });
+        // The provider's library stays loaded while the snapshot that `self.stored` borrows
+        // from lives. It is a negotiation callback: it must not retain the query or reenter the
+        // registry, which is not locked here.
+        let status = self.with_query(candidate, query, |q| provider.validate(q, &mut error));
         if status == GUILD_STATUS_OK {
             Ok(())
         } else {
@@ -578,13 +565,7 @@ impl Negotiator for CNegotiator<'_> {
         candidate: &OpCandidate,
         query: &OpQuery,
     ) -> Result<ScratchRequest, ProviderRefusal> {
-        let op = self.op(index)?;
-        let Some(query_scratch) = op.query_scratch else {
-            return Err(ProviderRefusal::new(
-                GUILD_STATUS_ERR_UNSUPPORTED,
-                "the provider has no query_scratch callback",
-            ));
-        };
+        let provider = self.op(index)?;
         let mut error = self.fresh_error();
         let mut scratch = guild_scratch_request_v1_t {
             struct_size: size_of::<guild_scratch_request_v1_t>() as u32,
@@ -593,8 +574,7 @@ impl Negotiator for CNegotiator<'_> {
             device_bytes: 0,
         };
         let status = self.with_query(candidate, query, |q| {
-            // SAFETY: as in `validate`; `scratch` is a live record of the declared size.
-            unsafe { query_scratch(op.user_data, q, &mut scratch, &mut *error) }
+            provider.query_scratch(q, &mut scratch, &mut error)
         });
         if status != GUILD_STATUS_OK {
             return Err(ProviderRefusal::new(status, error_text(&error)));
@@ -625,7 +605,8 @@ impl Negotiator for CNegotiator<'_> {
 /// One negotiated contract with one provider: what both faces' handles hold.
 pub(crate) struct Resolved {
     pub(crate) binding: KernelBinding,
-    pub(crate) kernel: Arc<OwnedKernel>,
+    /// The chosen kernel's provider; its code stays loaded while `binding` lives.
+    pub(crate) kernel: Arc<dyn KernelProvider>,
     pub(crate) candidate: OpCandidate,
     pub(crate) scratch: Scratch,
     pub(crate) inputs: Vec<TensorDesc>,
@@ -729,27 +710,16 @@ impl Resolved {
             call.args.scratch_device,
             call.args.scratch_device_size,
         )?;
-        let Some(op) = self.kernel.operation() else {
-            return Err(ExecuteError::Provider(ProviderRefusal::new(
-                GUILD_STATUS_ERR_INTERNAL,
-                "the provider has no GOP1 extension",
-            )));
-        };
-        let Some(execute) = op.execute else {
-            return Err(ExecuteError::Provider(ProviderRefusal::new(
-                GUILD_STATUS_ERR_UNSUPPORTED,
-                "the provider has no execute callback",
-            )));
-        };
-        // SAFETY: the provider's library stays loaded while `self.binding` lives, and `op` is
-        // its owned GOP1 copy with the user_data it registered. Every tensor was checked against
-        // the negotiated contract above (shape, strides, dtype, memory space, device, non-NULL
-        // and aligned data); the caller of this function guarantees that each data pointer and
-        // the scratch buffers address live memory of the checked extents for the call (the Rust
-        // face through its borrows, the C face by the service's contract); `call.args` is the
-        // record those checks read, and its arrays are `call.inputs` and `call.outputs`.
-        // `running` makes this the handle's only call in progress.
-        let status = unsafe { execute(op.user_data, call.args, error) };
+        // SAFETY: `call.args` is the record the checks above read, and its arrays are
+        // `call.inputs` and `call.outputs`. Every tensor was checked against the negotiated
+        // contract (shape, strides, dtype, memory space, device, non-NULL and aligned data);
+        // the caller of this function guarantees that each data pointer and the scratch buffers
+        // address live memory of the checked extents for the call (the Rust face through its
+        // borrows, the C face by the service's contract). `running` makes this the handle's
+        // only call in progress.
+        let checked = unsafe { ExecuteCall::new(call.args) };
+        // The provider's library stays loaded while `self.binding` lives.
+        let status = self.kernel.execute(checked, error);
         if let Some(streams) = &self.streams {
             // SAFETY: `running` gives this call the handle's cells to itself (the contract).
             let marks = unsafe { &mut *self.marks.get() };
@@ -928,16 +898,7 @@ impl Shape {
 
 /// The text a callback left in an error record, up to its first NUL.
 fn error_text(error: &guild_error_info_t) -> String {
-    let len = error
-        .message
-        .iter()
-        .position(|&c| c == 0)
-        .unwrap_or(error.message.len());
-    let bytes: Vec<u8> = error.message[..len].iter().map(|&c| c as u8).collect();
-    match String::from_utf8(bytes) {
-        Ok(text) => text,
-        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-    }
+    fixed_buffer_text(&error.message)
 }
 
 fn check_scratch(

@@ -7,6 +7,7 @@ use std::ffi::{c_void, CStr, CString};
 use std::marker::PhantomData;
 use std::ptr;
 
+use guild_abi::text::fixed_buffer_text;
 use guild_abi::{
     guild_device_caps_v1_t, guild_error_info_t, guild_execute_args_v1_t, guild_op_description_v1_t,
     guild_op_handle_t, guild_operation_query_v1_t, guild_operation_service_v1_t,
@@ -14,7 +15,6 @@ use guild_abi::{
     GUILD_BUDGET_UNLIMITED, GUILD_MEMORY_HOST, GUILD_OPERATION_QUERY_VERSION,
     GUILD_OPERATION_SERVICE_VERSION, GUILD_STATUS_OK, GUILD_SYNC_HOST_BLOCKING,
 };
-use guild_adapters_posix::fixed_buffer_text;
 use guild_host::registry::KernelRegistry;
 
 /// What a failed call reported.

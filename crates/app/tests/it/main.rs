@@ -7,6 +7,7 @@ mod crash;
 mod draining;
 mod examples;
 mod experts;
+mod fake_providers;
 mod gkmodule;
 mod gpu;
 mod host;

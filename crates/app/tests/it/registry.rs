@@ -10,6 +10,7 @@ use guild_domain::operation::Backend;
 use guild_domain::version::Version;
 use guild_host::registry::{KernelRegistry, RegistryChangeError, Selector};
 use guild_ports::loader::{LoadedLibrary, LoadedPlugin, RegisteredKernel};
+use guild_ports::provider::KernelProvider;
 
 const GUILD_OP_CUSTOM: u32 = 0x10000;
 
@@ -36,6 +37,22 @@ impl Drop for TestLibrary {
         self.closed.store(true, Ordering::SeqCst);
         self.open.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// A provider that offers nothing but its library's closed flag, which the stress test reads
+/// through each binding.
+#[derive(Debug)]
+struct ClosedFlag(Arc<AtomicBool>);
+
+impl KernelProvider for ClosedFlag {}
+
+/// The closed flag of the library behind `kernel`.
+fn closed_flag(kernel: &RegisteredKernel) -> &AtomicBool {
+    let provider: &dyn std::any::Any = kernel.provider.as_ref();
+    &provider
+        .downcast_ref::<ClosedFlag>()
+        .expect("a test plugin's kernel")
+        .0
 }
 
 pub(crate) struct Plugin {
@@ -68,7 +85,7 @@ pub(crate) fn plugin(
             operation: None,
             // The library itself is what a binding must keep alive; carry a handle to it so the
             // stress test can check it through the binding.
-            raw: Arc::new(closed.clone()),
+            provider: Arc::new(ClosedFlag(closed.clone())),
         })
         .collect();
     Plugin {
@@ -241,7 +258,7 @@ fn stress_lookups_against_publication_and_unload() {
                         .into_iter()
                         .chain(ids.iter().filter_map(|i| reg.find_by_id(i)));
                     for b in found {
-                        let closed = b.raw.downcast_ref::<Arc<AtomicBool>>().unwrap();
+                        let closed = closed_flag(&b);
                         assert!(
                             !closed.load(Ordering::SeqCst),
                             "a binding saw a closed library"
@@ -252,7 +269,7 @@ fn stress_lookups_against_publication_and_unload() {
                     if held.len() > 16 {
                         // Keep some bindings across writer iterations, then let them go.
                         for b in held.drain(..8) {
-                            let closed = b.raw.downcast_ref::<Arc<AtomicBool>>().unwrap();
+                            let closed = closed_flag(&b);
                             assert!(!closed.load(Ordering::SeqCst));
                         }
                     }

@@ -277,9 +277,9 @@ fn the_higher_rmd1_priority_wins_and_its_description_is_copied() {
         bound.passed_over()
     );
     // The descriptors' own priorities are the reverse (-20 and -10): RMD1's priority decided.
-    let owned = bound.runner().expect("a dlopen'ed runner");
+    let descriptor = bound.runner().descriptor().expect("a dlopen'ed runner");
     assert_eq!(
-        (owned.descriptor().priority, owned.selection_priority()),
+        (descriptor.priority, bound.binding().runner().priority),
         (-20, 20)
     );
 

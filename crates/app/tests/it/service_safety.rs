@@ -15,7 +15,6 @@ use guild_abi::{
     GUILD_DTYPE_I32, GUILD_DTYPE_I64, GUILD_STATUS_ERR_BUSY, GUILD_STATUS_ERR_INVALID_ARGUMENT,
     GUILD_STATUS_ERR_STATE, GUILD_STATUS_OK,
 };
-use guild_adapters_posix::OwnedKernel;
 use guild_domain::ids::ImplId;
 use guild_domain::operation::{BackendSet, DType, MemorySpace, TensorDesc};
 use guild_host::operations::{DeviceSupport, ExecuteError, TensorArg, TensorArgMut};
@@ -163,12 +162,7 @@ fn execute_racing_release_is_either_counted_or_refused() {
 /// The dependent module's GOP1 execute, called directly as its own library would be (through a
 /// binding that keeps the library loaded), on four i64 values with the scratch it asks for.
 fn call_dependent(binding: &KernelBinding, scratch_bytes: usize) -> (i32, String) {
-    let kernel = binding
-        .kernel()
-        .raw
-        .downcast_ref::<OwnedKernel>()
-        .expect("a dlopen kernel");
-    let op = kernel.operation().expect("GOP1");
+    let op = binding.kernel().provider.operation().expect("GOP1");
     let input = [1i64, 2, 3, 4];
     let mut output = [0i64; 1];
     let mut scratch = vec![0u64; scratch_bytes.div_ceil(8).max(1)];
@@ -190,10 +184,7 @@ fn call_dependent(binding: &KernelBinding, scratch_bytes: usize) -> (i32, String
     if status == GUILD_STATUS_OK {
         assert_eq!(output, [10], "the scan's last element");
     }
-    (
-        status,
-        guild_adapters_posix::fixed_buffer_text(&error.message),
-    )
+    (status, guild_abi::text::fixed_buffer_text(&error.message))
 }
 
 /// A host with the base scan and the dependent, and a binding of the dependent that outlives

@@ -1,14 +1,19 @@
-//! Text crossing the C boundary: bounded reads of a plugin's NUL-terminated strings, reads of the
-//! fixed buffers in a `guild_error_info_t`, and writes into a caller's error record.
+//! Text crossing the C boundary, shared by every crate that stands at it (the dlopen loader and
+//! the host's C faces): bounded reads of a plugin's NUL-terminated strings, reads of the fixed
+//! buffers in a `guild_error_info_t`, writes into a caller's error record, and the C names of
+//! statuses and tags.
 //!
 //! Every string a plugin hands the host is read with an upper bound, so that a missing terminator
 //! costs a refusal instead of a walk through the plugin's memory, and is checked as UTF-8 before
 //! anything else looks at it.
 
-use std::ffi::{c_char, CStr};
-use std::fmt;
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::ffi::{c_char, CStr};
+use core::fmt;
 
-use guild_abi::{guild_error_info_t, guild_status_t};
+use crate::{guild_error_info_t, guild_status_t};
 
 /// The longest string, in bytes without its terminator, that the host reads from a descriptor.
 /// Ids are at most 128 bytes by the domain's grammar; names and versions for logs get the same
@@ -55,7 +60,7 @@ pub unsafe fn bounded_cstr<'a>(ptr: *const c_char, max: usize) -> Result<&'a CSt
         if byte == 0 {
             // SAFETY: `len + 1` bytes starting at `ptr` were just read and the last one is the
             // only NUL among them; the caller keeps them unchanged for 'a.
-            let bytes = unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len + 1) };
+            let bytes = unsafe { core::slice::from_raw_parts(ptr.cast::<u8>(), len + 1) };
             return CStr::from_bytes_with_nul(bytes).map_err(|_| StringError::TooLong { max });
         }
     }
@@ -82,7 +87,10 @@ pub fn fixed_buffer_text(buffer: &[c_char]) -> String {
         .map(|&c| c as u8)
         .take_while(|&b| b != 0)
         .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
+    match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    }
 }
 
 /// Fills a caller's error record, as `guild_error_info_set` does: only when the record is there
@@ -105,13 +113,25 @@ pub unsafe fn write_error_record(
     }
     // SAFETY: `record` is non-NULL and, per the contract, points at a record whose first field
     // is initialised; reading that field alone is valid before its size is known.
-    let size = unsafe { std::ptr::addr_of!((*record).struct_size).read_unaligned() };
+    let size = unsafe { core::ptr::addr_of!((*record).struct_size).read_unaligned() };
     if usize::try_from(size).map_or(true, |s| s < size_of::<guild_error_info_t>()) {
         return;
     }
     // SAFETY: the record is non-NULL, aligned, writable, and at least as large as the struct
     // this host knows, so the whole struct may be borrowed mutably for the rest of this call.
-    let record = unsafe { &mut *record };
+    set_error(unsafe { &mut *record }, status, component, message);
+}
+
+/// Fills an error record the caller holds as a Rust value (one a provider written in Rust was
+/// lent, say): the status, and both strings truncated on a character boundary so that each
+/// keeps its terminator. Unlike [`write_error_record`] it trusts the record's type, not its
+/// `struct_size`.
+pub fn set_error(
+    record: &mut guild_error_info_t,
+    status: guild_status_t,
+    component: &str,
+    message: &str,
+) {
     record.status = status;
     copy_truncated(&mut record.component, component);
     copy_truncated(&mut record.message, message);
@@ -186,7 +206,7 @@ mod tests {
         let short = unsafe { bounded_str(ok.as_ptr(), 8) };
         assert_eq!(short, Err(StringError::TooLong { max: 8 }));
         // SAFETY: NULL is allowed.
-        let null = unsafe { bounded_str(std::ptr::null(), 8) };
+        let null = unsafe { bounded_str(core::ptr::null(), 8) };
         assert_eq!(null, Err(StringError::Null));
         let latin1 = [0x74u8, 0xe9, 0];
         // SAFETY: a NUL-terminated local array.
@@ -219,12 +239,12 @@ mod tests {
         unsafe { write_error_record(&mut small, -8, "x", "y") };
         assert_eq!(small.status, 0);
         // SAFETY: NULL is allowed.
-        unsafe { write_error_record(std::ptr::null_mut(), -8, "x", "y") };
+        unsafe { write_error_record(core::ptr::null_mut(), -8, "x", "y") };
     }
 
     #[test]
     fn tags_print_as_text_when_they_are_text() {
-        assert_eq!(tag_text(guild_abi::GUILD_GOP1_TAG), "GOP1");
+        assert_eq!(tag_text(crate::GUILD_GOP1_TAG), "GOP1");
         assert_eq!(tag_text(0x0102_0304), "0x01020304");
         assert_eq!(status_name(-11), "GUILD_STATUS_ERR_STATE");
         assert_eq!(status_name(-99), "unknown status");

@@ -1,0 +1,405 @@
+//! The operation service over the fake loader, with providers written in Rust: the service
+//! reaches providers through the loader port's `KernelProvider`, so an alternative loader
+//! serves operations exactly as the dlopen one does. Ranking, a validate refusal, scratch,
+//! execute (Rust and C faces, the C face's arrays and error record reaching the provider as the
+//! caller passed them) and a lifecycle refusal while a handle lives.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use guild_abi::{
+    guild_tensor_desc_v1_t, GUILD_DTYPE_I64, GUILD_STATUS_ERR_INVALID_ARGUMENT,
+    GUILD_STATUS_ERR_UNSUPPORTED,
+};
+use guild_domain::ids::{ImplId, OpName};
+use guild_domain::lease::QuiescentAction;
+use guild_domain::operation::{
+    Arity, Backend, Capabilities, CpuIsa, DType, LayoutSet, MemorySpace, MemorySpaceSet, Numerics,
+    OpCandidate, ProviderRefusal, Rejection, SyncModeSet, TensorDesc,
+};
+use guild_domain::version::PackedVersion;
+use guild_host::operations::{ExecuteError, PassReason, TensorArg, TensorArgMut};
+use guild_host::{Host, HostError, InstallOptions, OperationRequest, OperationService};
+use guild_ports::fakes::{
+    fake_operation_with, FakeLoader, FakePlugin, FakeProvider, FakeScratch, FAKE_PROVIDER_COMPONENT,
+};
+use guild_ports::loader::{LoadError, LoadRequest, LoadedPlugin, PluginLoader};
+use guild_ports::provider::ExecuteCall;
+
+use crate::c_face::{args, tensor, with_data, Query, Service};
+use crate::support::{id, key, open_dir, trust, Spec, Workshop, PUBLISHER};
+
+const OP: &str = "ex.fake.double";
+const FAST: &str = "ex.fake.op.cpu";
+const SLOW: &str = "ex.fake.slow";
+const NEVER: &str = "ex.fake.never";
+/// The fast provider's scratch: 64 bytes at 16.
+const FAST_SCRATCH: FakeScratch = FakeScratch {
+    host_bytes: 64,
+    device_bytes: 0,
+    alignment: 16,
+};
+
+/// Shares one fake loader between the host and the test that watches it.
+struct Shared(Arc<FakeLoader>);
+
+impl PluginLoader for Shared {
+    fn load(&self, request: &LoadRequest) -> Result<LoadedPlugin, LoadError> {
+        self.0.load(request)
+    }
+}
+
+/// A one-input, one-output host-blocking CPU contract over contiguous tensors of any dtype.
+fn candidate(impl_id: &str, priority: i32) -> OpCandidate {
+    OpCandidate {
+        impl_id: ImplId::new(impl_id).unwrap(),
+        op_name: OpName::new(OP).unwrap(),
+        backend: Backend::Cpu,
+        priority,
+        op_version: PackedVersion::new(1, 0, 0).unwrap(),
+        capabilities: Capabilities::from_bits(0),
+        numerics: Numerics::DETERMINISTIC | Numerics::EXACT_INTEGER,
+        input_dtype: DType::ANY,
+        output_dtype: DType::ANY,
+        inputs: Arity::exactly(1),
+        outputs: Arity::exactly(1),
+        layouts: LayoutSet::CONTIGUOUS,
+        memory_spaces: MemorySpaceSet::HOST,
+        min_alignment: 8,
+        min_rank: 1,
+        max_rank: 1,
+        max_dim: [0; 8],
+        max_batch: 0,
+        sync_modes: SyncModeSet::HOST_BLOCKING,
+        min_sm: 0,
+        max_sm: 0,
+        cpu_isa: CpuIsa::EMPTY,
+    }
+}
+
+/// Doubles a rank-1 i64 tensor into another of the same length; refuses a negative input
+/// with `GUILD_STATUS_ERR_INVALID_ARGUMENT`, as a C provider would fill the error record.
+fn double(call: ExecuteCall<'_>) -> Result<(), ProviderRefusal> {
+    let (input, output) = (&call.inputs()[0], &call.outputs()[0]);
+    let n = input.dims[0] as usize;
+    // SAFETY: the service checked both tensors against the negotiated contract (rank 1, `n`
+    // contiguous i64, non-NULL and 8-byte aligned, host memory), and ExecuteCall vouches that
+    // their data is live for the call, the output writable and the provider's alone.
+    let (from, to) = unsafe {
+        (
+            std::slice::from_raw_parts(input.data.cast::<i64>(), n),
+            std::slice::from_raw_parts_mut(output.data.cast::<i64>(), n),
+        )
+    };
+    if let Some(bad) = from.iter().find(|&&v| v < 0) {
+        return Err(ProviderRefusal::new(
+            GUILD_STATUS_ERR_INVALID_ARGUMENT,
+            format!("cannot double {bad}: negative"),
+        ));
+    }
+    for (o, i) in to.iter_mut().zip(from) {
+        *o = 2 * i;
+    }
+    Ok(())
+}
+
+/// The three providers of the operation, and what they saw.
+struct Providers {
+    /// Priority 30: serves up to four values, with 64 bytes of scratch at 16, and records the
+    /// address of the input array and scratch each execute was given.
+    fast: Arc<FakeProvider>,
+    /// Priority 20: serves any length, no scratch.
+    slow: Arc<FakeProvider>,
+    /// Priority 10: always outranked, so never called.
+    never: Arc<FakeProvider>,
+    /// The `inputs` array address the fast provider's last execute saw.
+    fast_inputs: Arc<AtomicUsize>,
+}
+
+fn providers() -> Providers {
+    let fast_inputs = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&fast_inputs);
+    let fast = FakeProvider::new()
+        .validating(|q| match q.inputs().first() {
+            Some(t) if t.dims[0] <= 4 => Ok(()),
+            _ => Err(ProviderRefusal::new(
+                GUILD_STATUS_ERR_UNSUPPORTED,
+                "the fast path takes at most 4 values",
+            )),
+        })
+        .scratch(|_| Ok(FAST_SCRATCH))
+        .executing(move |call| {
+            let a = call.raw();
+            assert!(a.scratch_host_size >= 64 && (a.scratch_host as usize).is_multiple_of(16));
+            seen.store(a.inputs as usize, Ordering::SeqCst);
+            double(call)
+        });
+    Providers {
+        fast: Arc::new(fast),
+        slow: Arc::new(FakeProvider::new().executing(double)),
+        never: Arc::new(FakeProvider::new().executing(|_| panic!("an outranked provider ran"))),
+        fast_inputs,
+    }
+}
+
+/// A host over a fresh store with one enabled module whose library the fake loader serves
+/// with the three providers.
+struct Fixture {
+    host: Host,
+    fake: Arc<FakeLoader>,
+    library: PathBuf,
+    p: Providers,
+    _shop: Workshop,
+}
+
+fn fixture() -> Fixture {
+    let shop = Workshop::new();
+    let k = key();
+    let store = shop.fresh("store");
+    let (pm, _) = open_dir(&store).unwrap();
+    trust(&pm, PUBLISHER, &k);
+    let built = shop.build(&Spec::module("ex.fake", "1.0.0").op(SLOW).op(NEVER), &k);
+    pm.install(&built.archive, InstallOptions::default())
+        .unwrap();
+    let plan = pm.load_plan().unwrap();
+    let p = &plan.order[0];
+    let library = p.dir.join(
+        pm.metadata(&p.id, &p.version)
+            .unwrap()
+            .manifest()
+            .entry
+            .as_str(),
+    );
+    let providers = providers();
+    let fake = Arc::new(FakeLoader::new());
+    fake.insert(
+        &library,
+        FakePlugin::new()
+            .with_kernel(fake_operation_with(
+                candidate(FAST, 30),
+                providers.fast.clone(),
+            ))
+            .with_kernel(fake_operation_with(
+                candidate(SLOW, 20),
+                providers.slow.clone(),
+            ))
+            .with_kernel(fake_operation_with(
+                candidate(NEVER, 10),
+                providers.never.clone(),
+            )),
+    );
+    let host = Host::new(pm, Box::new(Shared(fake.clone())));
+    let report = host.load_enabled().unwrap();
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    Fixture {
+        host,
+        fake,
+        library,
+        p: providers,
+        _shop: shop,
+    }
+}
+
+fn i64s(n: u64) -> TensorDesc {
+    TensorDesc::new(DType::I64, &[n], MemorySpace::Host)
+}
+
+fn request(n: u64) -> OperationRequest {
+    OperationRequest::cpu(OpName::new(OP).unwrap(), vec![i64s(n)], vec![i64s(n)])
+}
+
+/// Scratch at the alignment the fast provider asks for.
+#[repr(C, align(16))]
+struct Aligned([u8; 64]);
+
+/// Who the handle passed over and why, by impl id.
+fn passed_over(handle: &guild_host::operations::OpHandle<'_>) -> Vec<(String, PassReason)> {
+    let mut all: Vec<_> = handle
+        .passed_over()
+        .iter()
+        .map(|p| (p.impl_id.to_string(), p.reason.clone()))
+        .collect();
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    all
+}
+
+#[test]
+fn rust_providers_are_ranked_negotiated_and_executed_by_the_service() {
+    let f = fixture();
+    let service = OperationService::new(f.host.kernels());
+
+    // Four values: the highest-ranked provider accepts, and the others are not even asked.
+    let handle = service.resolve(&request(4)).unwrap();
+    let d = handle.describe();
+    assert_eq!((d.impl_id.as_str(), d.priority), (FAST, 30));
+    assert_eq!(d.package.as_str(), "ex.fake");
+    let s = handle.scratch();
+    assert_eq!((s.host_bytes, s.device_bytes, s.alignment), (64, 0, 16));
+    assert_eq!(
+        passed_over(&handle),
+        [
+            (NEVER.to_string(), PassReason::Outranked),
+            (SLOW.to_string(), PassReason::Outranked),
+        ]
+    );
+    assert_eq!(f.p.slow.calls().validate, 0);
+    assert_eq!(f.p.never.calls().validate, 0);
+    assert_eq!(
+        (f.p.fast.calls().validate, f.p.fast.calls().query_scratch),
+        (1, 1)
+    );
+
+    // Execute through the Rust face: the output is the provider's.
+    let mut scratch = Aligned([0; 64]);
+    let mut out = [0i64; 4];
+    handle
+        .execute(
+            &[TensorArg::new(i64s(4), &[1i64, 2, 3, 4])],
+            &mut [TensorArgMut::new(i64s(4), &mut out)],
+            Some(&mut scratch.0),
+        )
+        .unwrap();
+    assert_eq!(out, [2, 4, 6, 8]);
+    assert_eq!(f.p.fast.calls().execute, 1);
+
+    // The service checks the call before the provider runs: no scratch, no call.
+    let err = handle
+        .execute(
+            &[TensorArg::new(i64s(4), &[1i64, 2, 3, 4])],
+            &mut [TensorArgMut::new(i64s(4), &mut out)],
+            None,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, ExecuteError::ScratchTooSmall { needed: 64, .. }),
+        "{err}"
+    );
+    assert_eq!(f.p.fast.calls().execute, 1, "the provider was not called");
+
+    // A provider's own refusal comes back with its status and message.
+    let err = handle
+        .execute(
+            &[TensorArg::new(i64s(4), &[1i64, -2, 3, 4])],
+            &mut [TensorArgMut::new(i64s(4), &mut out)],
+            Some(&mut scratch.0),
+        )
+        .unwrap_err();
+    match err {
+        ExecuteError::Provider(r) => {
+            assert_eq!(r.status, GUILD_STATUS_ERR_INVALID_ARGUMENT);
+            assert_eq!(r.message, "cannot double -2: negative");
+        }
+        other => panic!("expected the provider's refusal, got {other}"),
+    }
+    drop(handle);
+
+    // Six values: the fast provider's validate refuses, and the next one down is chosen.
+    let handle = service.resolve(&request(6)).unwrap();
+    assert_eq!(handle.describe().impl_id.as_str(), SLOW);
+    assert_eq!(handle.scratch().host_bytes, 0);
+    assert_eq!(
+        passed_over(&handle),
+        [
+            (NEVER.to_string(), PassReason::Outranked),
+            (
+                FAST.to_string(),
+                PassReason::Rejected(Rejection::ValidateRefused(ProviderRefusal::new(
+                    GUILD_STATUS_ERR_UNSUPPORTED,
+                    "the fast path takes at most 4 values",
+                )))
+            ),
+        ]
+    );
+    let mut out = [0i64; 6];
+    handle
+        .execute(
+            &[TensorArg::new(i64s(6), &[1i64, 2, 3, 4, 5, 6])],
+            &mut [TensorArgMut::new(i64s(6), &mut out)],
+            None,
+        )
+        .unwrap();
+    assert_eq!(out, [2, 4, 6, 8, 10, 12]);
+    assert_eq!(f.p.slow.calls().execute, 1);
+    assert_eq!(f.p.never.calls(), Default::default(), "never called at all");
+}
+
+#[test]
+fn the_c_face_hands_a_rust_provider_the_callers_arrays_and_error_record() {
+    let f = fixture();
+    let service = Service::of(f.host.kernels());
+    let t = tensor(GUILD_DTYPE_I64, &[4], &[]);
+    let handle = service.resolve(&Query::cpu(OP, vec![t], vec![t])).unwrap();
+    let d = handle.describe().unwrap();
+    assert_eq!(d.impl_id, FAST);
+    // A Rust provider has no C descriptor or GOP1 copy to show.
+    assert!(d.raw.kernel_desc.is_null() && d.raw.operation.is_null());
+    let s = handle.scratch().unwrap();
+    assert_eq!((s.host_bytes, s.alignment), (64, 16));
+
+    let input = [5i64, 6, 7, 8];
+    let mut output = [0i64; 4];
+    let inputs: [guild_tensor_desc_v1_t; 1] = [with_data(t, input.as_ptr())];
+    let outputs = [with_data(t, output.as_mut_ptr())];
+    let mut scratch = Aligned([0; 64]);
+    handle
+        .execute(&inputs, &outputs, Some(&mut scratch.0))
+        .unwrap();
+    assert_eq!(output, [10, 12, 14, 16]);
+    assert_eq!(
+        f.p.fast_inputs.load(Ordering::SeqCst),
+        inputs.as_ptr() as usize,
+        "the provider was handed the caller's own tensor array, not a copy"
+    );
+
+    // The provider fills the caller's record itself: its component, not the service's.
+    let bad = [-1i64, 0, 0, 0];
+    let inputs = [with_data(t, bad.as_ptr())];
+    let mut a = args(&inputs, &outputs);
+    a.scratch_host = scratch.0.as_mut_ptr().cast();
+    a.scratch_host_size = 64;
+    let err = handle.execute_args(&a).unwrap_err();
+    assert_eq!(err.status, GUILD_STATUS_ERR_INVALID_ARGUMENT);
+    assert_eq!(err.component, FAKE_PROVIDER_COMPONENT);
+    assert_eq!(err.message, "cannot double -1: negative");
+    handle.release().unwrap();
+}
+
+#[test]
+fn a_handle_on_a_rust_provider_refuses_disable_until_it_is_released() {
+    let f = fixture();
+    let pkg = id("ex.fake");
+    let service = OperationService::new(f.host.kernels());
+    let handle = service.resolve(&request(2)).unwrap();
+
+    match f.host.disable(&pkg).unwrap_err() {
+        HostError::Leased(l) => {
+            assert_eq!(l.action, QuiescentAction::Unload);
+            assert_eq!(l.bindings, 1, "the handle's binding");
+        }
+        other => panic!("expected a lease refusal, got {other}"),
+    }
+    // Refused means nothing changed: the library is loaded and the handle still runs.
+    assert_eq!(f.fake.live_libraries_of(&f.library), 1);
+    let mut scratch = Aligned([0; 64]);
+    let mut out = [0i64; 2];
+    handle
+        .execute(
+            &[TensorArg::new(i64s(2), &[20i64, 21])],
+            &mut [TensorArgMut::new(i64s(2), &mut out)],
+            Some(&mut scratch.0),
+        )
+        .unwrap();
+    assert_eq!(out, [40, 42]);
+
+    handle.release().unwrap();
+    f.host.disable(&pkg).unwrap();
+    assert_eq!(
+        f.fake.live_libraries_of(&f.library),
+        0,
+        "the library closed with its last binding"
+    );
+    assert_eq!(f.fake.shutdowns_of(&f.library), 1);
+    let err = service.resolve(&request(2)).unwrap_err();
+    assert!(err.failure().is_some(), "nothing left to resolve: {err}");
+}
