@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use crate::{sdk, util};
+use crate::{sdk, tools, util};
 
 /// The publisher the example manifests name.
 const PUBLISHER: &str = "org.example";
@@ -68,6 +68,7 @@ const REJECTED: i32 = 3;
 const REFUSED: i32 = 4;
 
 pub fn run() -> Result<(), String> {
+    tools::require(tools::Task::Demo)?;
     let start = Instant::now();
     let root = util::root();
     println!("Guild demo: build, sign, trust, install, run, refuse, roll back.");

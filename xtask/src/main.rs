@@ -5,6 +5,7 @@ mod demo;
 mod gpu;
 mod sdk;
 mod tidy;
+mod tools;
 mod util;
 mod valgrind;
 
@@ -53,6 +54,7 @@ fn main() -> ExitCode {
 /// Runs every check CI runs, in order from cheapest to slowest so that a failure shows early.
 fn test() -> Result<(), String> {
     use util::{cargo, step};
+    tools::require(tools::Task::Test)?;
     step("cargo fmt --check", || {
         cargo(&["fmt", "--all", "--", "--check"])
     })?;

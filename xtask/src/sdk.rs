@@ -244,7 +244,7 @@ fn require_tool(tool: &str, package: &str) -> Result<(), String> {
         Ok(out) => Err(format!("`{tool} --version` failed with {}; is {package} installed correctly?", out.status)),
         Err(e) => Err(format!(
             "`{tool}` is needed but cannot be run ({e}); install it, e.g. `apt-get install -y {package}` \
-             (.ci/run does this on CI machines)"
+             (`cargo xtask demo` and `cargo xtask test` do this when run as root on Debian)"
         )),
     }
 }
