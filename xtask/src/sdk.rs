@@ -3,7 +3,9 @@
 //! The SDK is configured, installed and packaged with CMake alone, exactly as a publisher would do
 //! it, and then checked from the outside: a compiler-free CMake project asks for it with several
 //! version requests, once at the install prefix and once in a copy unpacked from the CPack archive
-//! (which proves that the package is complete and relocatable). The test plugins are then built
+//! (which proves that the package is complete and relocatable). The example module the SDK ships
+//! under share/guild-sdk/example is copied out of the prefix and built against it, as its README
+//! tells an author to (this one check needs a C compiler). The test plugins are then built
 //! against the install prefix only, and every plugin's dynamic symbol table is checked so that a
 //! plugin exporting anything but its entry point fails the build.
 //!
@@ -101,7 +103,7 @@ impl Layout {
 }
 
 /// Configures, installs and packages the SDK into `target/guild-sdk`, checks the installed
-/// package's version rules, and returns the install prefix.
+/// package's version rules, builds the example module it ships, and returns the install prefix.
 pub fn sdk() -> Result<PathBuf, String> {
     let layout = Layout::new();
     let start = Instant::now();
@@ -143,6 +145,15 @@ pub fn sdk() -> Result<PathBuf, String> {
         "sdk: find_package(GuildKernelSDK 1.4) finds 1.5.0 and requests for 1.6, 2.0 and 0.9 are \
          refused, at the prefix and in the unpacked archive ({:.1}s)",
         start.elapsed().as_secs_f64()
+    );
+
+    let started = Instant::now();
+    let library = check_example(&layout, &generator, &installed)?;
+    println!(
+        "sdk: the shipped example ({EXAMPLE_DIR}) builds from a copy against the prefix alone into \
+         {}, exporting only {ENTRY_SYMBOL} ({:.1}s)",
+        layout.show(&library),
+        started.elapsed().as_secs_f64()
     );
     Ok(layout.sdk_prefix)
 }
@@ -512,6 +523,128 @@ fn check_find_package(
     run_captured(&mut configure).map(|_| ())
 }
 
+/// Where the SDK installs its example module, relative to the prefix.
+const EXAMPLE_DIR: &str = "share/guild-sdk/example";
+
+/// What a plugin author must find in the installed SDK besides headers and the CMake package.
+const AUTHOR_FILES: &[&str] = &[
+    "share/guild-sdk/README.md",
+    "share/guild-sdk/gkmetadata-v1.schema.json",
+    "share/guild-sdk/example/README.md",
+    "share/guild-sdk/example/CMakeLists.txt",
+    "share/guild-sdk/example/my_scan.c",
+    "share/guild-sdk/example/manifest.json",
+];
+
+/// Builds the example module the SDK ships the way its README tells an author to: copied out of
+/// the prefix into `target/guild-sdk-check/example/src`, configured against the prefix alone
+/// (no package registry, no source tree), built with warnings as errors. Checks that CMake found
+/// the SDK at the prefix, that the library the manifest template names was built and exports
+/// only the entry point, and that it registers the implementation id the template lists.
+/// Returns the built library.
+fn check_example(
+    layout: &Layout,
+    generator: &str,
+    installed: &BTreeSet<PathBuf>,
+) -> Result<PathBuf, String> {
+    for file in AUTHOR_FILES {
+        if !installed.contains(Path::new(file)) {
+            return Err(format!(
+                "the SDK does not install {file}, which a plugin author needs"
+            ));
+        }
+    }
+    require_tool("cc", "gcc")?;
+    require_tool("nm", "binutils")?;
+    let dir = layout.sdk_check.join("example");
+    if dir.exists() {
+        fs::remove_dir_all(&dir).map_err(|e| format!("cannot remove {}: {e}", dir.display()))?;
+    }
+    let source = dir.join("src");
+    let build = dir.join("build");
+    fs::create_dir_all(&source).map_err(|e| format!("cannot create {}: {e}", source.display()))?;
+    let shipped = layout.sdk_prefix.join(EXAMPLE_DIR);
+    for file in files_under(&shipped)? {
+        let (from, to) = (shipped.join(&file), source.join(&file));
+        if let Some(parent) = to.parent() {
+            fs::create_dir_all(parent)
+                .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+        }
+        fs::copy(&from, &to).map_err(|e| format!("cannot copy {}: {e}", from.display()))?;
+    }
+
+    let mut configure = Command::new("cmake");
+    configure
+        .arg("-S")
+        .arg(&source)
+        .arg("-B")
+        .arg(&build)
+        .args(["-G", generator])
+        .arg(define("CMAKE_PREFIX_PATH", &layout.sdk_prefix))
+        .arg("-DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON")
+        .arg("-DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF");
+    if !cfg!(windows) {
+        configure.arg("-DCMAKE_C_FLAGS=-Werror");
+    }
+    run_captured(&mut configure)?;
+    let cache_path = build.join("CMakeCache.txt");
+    let cache = fs::read_to_string(&cache_path)
+        .map_err(|e| format!("cannot read {}: {e}", cache_path.display()))?;
+    let expected = layout.sdk_prefix.join("lib/cmake/GuildKernelSDK");
+    match cache_value(&cache, "GuildKernelSDK_DIR") {
+        Some(found) if same_path(Path::new(found), &expected) => {}
+        found => {
+            return Err(format!(
+                "the example found GuildKernelSDK at {found:?}, not at {}",
+                expected.display()
+            ))
+        }
+    }
+    run_captured(Command::new("cmake").arg("--build").arg(&build))?;
+
+    let manifest_path = source.join("manifest.json");
+    let manifest = fs::read_to_string(&manifest_path)
+        .map_err(|e| format!("cannot read {}: {e}", manifest_path.display()))?;
+    let entry = json_string(&manifest, "entry")
+        .ok_or_else(|| format!("{} has no \"entry\"", manifest_path.display()))?;
+    let file_name = Path::new(entry)
+        .file_name()
+        .ok_or_else(|| format!("the example's entry {entry:?} names no file"))?;
+    let library = build.join(file_name);
+    if !library.is_file() {
+        return Err(format!(
+            "the example's manifest names {entry}, but its build did not produce {}",
+            library.display()
+        ));
+    }
+    check_exports(&library, Exports::EntryOnly)?;
+    let bytes =
+        fs::read(&library).map_err(|e| format!("cannot read {}: {e}", library.display()))?;
+    let provided = json_string(&manifest, "provided_ops")
+        .ok_or_else(|| format!("{} lists no provided_ops", manifest_path.display()))?;
+    if !bytes
+        .windows(provided.len())
+        .any(|w| w == provided.as_bytes())
+    {
+        return Err(format!(
+            "{} does not hold the implementation id {provided:?} that the example's manifest \
+             lists",
+            library.display()
+        ));
+    }
+    Ok(library)
+}
+
+/// The first string after `"key":` in JSON text (inside an array too: `"key": ["a", ...]` gives
+/// `a`); no escapes expected.
+fn json_string<'a>(json: &'a str, key: &str) -> Option<&'a str> {
+    let pattern = format!("\"{key}\":");
+    let rest = json[json.find(&pattern)? + pattern.len()..].trim_start();
+    let rest = rest.strip_prefix('[').map_or(rest, str::trim_start);
+    let value = rest.strip_prefix('"')?;
+    Some(&value[..value.find('"')?])
+}
+
 /// Checks that every compile command took the SDK's headers from the install prefix and none
 /// from the source tree's abi-headers.
 fn check_compile_commands(layout: &Layout, prefix: &Path) -> Result<(), String> {
@@ -659,6 +792,16 @@ mod tests {
             export_problem(with_entry, Exports::Nothing).as_deref(),
             Some("exports guild_plugin_entry_v1, but this test library must export nothing")
         );
+    }
+
+    #[test]
+    fn json_strings_are_read_alone_or_first_in_an_array() {
+        let manifest = "{\n  \"entry\": \"lib/libmy_scan.so\",\n  \"provided_ops\": [\"a.b.cpu\", \"c\"],\n  \"module_abi\": 1\n}";
+        assert_eq!(json_string(manifest, "entry"), Some("lib/libmy_scan.so"));
+        assert_eq!(json_string(manifest, "provided_ops"), Some("a.b.cpu"));
+        assert_eq!(json_string(manifest, "module_abi"), None);
+        assert_eq!(json_string(manifest, "os"), None);
+        assert_eq!(json_string(r#"{"provided_ops": []}"#, "provided_ops"), None);
     }
 
     #[test]
