@@ -1440,11 +1440,11 @@ impl ExpertPool {
         // `job` and everything it borrows outlive every use.
         let erased = unsafe { mem::transmute::<*const Job<'_>, *const Job<'static>>(job) };
         let mut state = self.shared.lock();
-        *state = State {
-            job: Some(JobRef(erased)),
-            count,
-            ..State::default()
-        };
+        // The previous batch left no failure or panic behind: its `dispatch` took them.
+        state.job = Some(JobRef(erased));
+        state.count = count;
+        state.next = 0;
+        state.finished = 0;
         drop(state);
         for _ in 0..count.min(self.workers.len()) {
             self.shared.work.notify_one();
