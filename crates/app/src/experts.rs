@@ -22,11 +22,15 @@
 //! table carries them; asking for one it does not carry is [`ExpertError::NotOffered`].
 
 use std::alloc::{self, Layout};
+use std::any::Any;
 use std::ffi::c_void;
 use std::fmt;
-use std::mem::{align_of, size_of};
+use std::mem::{self, align_of, size_of};
 use std::ops::Range;
+use std::panic::{self, AssertUnwindSafe};
 use std::ptr::{self, NonNull};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::{self, JoinHandle};
 
 use guild_abi::text::fixed_buffer_text;
 use guild_abi::{
@@ -1169,100 +1173,375 @@ pub struct PoolError {
     pub error: ExpertError,
 }
 
-/// The host's expert worker pool: runs a batch of [`ExpertTask`]s across up to `threads`
-/// workers through a bound table and returns when all are done.
+/// The host's expert worker pool: runs a batch of [`ExpertTask`]s across its workers through a
+/// bound table and returns when all are done.
 ///
-/// Workers are scoped to one batch: they start when [`ExpertPool::run`] is called and are
-/// joined before it returns, so no thread outlives the call or the buffers it borrowed. Tasks
-/// are handed out through a channel in batch order; each writes only its own output slice, so
-/// the results do not depend on the number of threads or on which worker ran which task. Each
-/// worker owns one scratch buffer of `format.scratch_bytes`, aligned to the format.
-#[derive(Debug, Clone)]
+/// The workers are started once, by [`ExpertPool::new`], and live as long as the pool: between
+/// batches they sleep on a condition variable, so that a batch (one per MoE layer per token)
+/// costs publishing it and waking the workers it needs, not spawning threads. Dropping the pool
+/// stops and joins them. Each worker keeps one scratch buffer for the pool's life, aligned to
+/// the format; it grows only when a batch's format needs more than any before (its contents
+/// are undefined on entry, as cpu_expert_abi.h says), so a steady decode loop allocates
+/// nothing in the pool.
+///
+/// Tasks are handed out one at a time in batch order; each writes only its own output slice,
+/// so the results do not depend on the number of workers or on which worker ran which task.
+/// [`ExpertPool::run`] borrows the table, the format and the tasks' buffers and does not return
+/// until every task of the batch has finished, so no worker touches them after the call; the
+/// borrow is also what keeps the table's lease, and so the provider's library, alive while
+/// workers call into it. Batches from several threads on one pool run one after another.
 pub struct ExpertPool {
-    threads: usize,
+    shared: Arc<Shared>,
+    /// Held for the whole of a batch, so that batches run one at a time.
+    batch: Mutex<()>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl fmt::Debug for ExpertPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExpertPool")
+            .field("threads", &self.threads())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a batch is to the workers: run task `index` with this worker's scratch.
+type Job<'a> = dyn Fn(usize, &mut Scratch) -> Result<(), PoolError> + Sync + 'a;
+
+/// The current batch's job, its lifetime erased (see [`ExpertPool::dispatch`]).
+#[derive(Clone, Copy)]
+struct JobRef(*const Job<'static>);
+
+// SAFETY: the pointer is only a way to reach a `Sync` closure from the workers; `dispatch`
+// keeps the closure alive for as long as a worker may dereference it.
+unsafe impl Send for JobRef {}
+
+/// The pool's state, shared with its workers.
+struct Shared {
+    state: Mutex<State>,
+    /// Workers wait here for a batch or for shutdown.
+    work: Condvar,
+    /// The caller of `run` waits here for the batch's last task.
+    done: Condvar,
+}
+
+impl Shared {
+    /// The state. No code holding the lock panics (jobs run outside it, inside `catch_unwind`),
+    /// so a poisoned lock can only mean a panic between two consistent updates: keep going.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// The batch being run; `Some` only while its `run` waits for it.
+    job: Option<JobRef>,
+    /// The batch's tasks, the next to hand out and how many have finished.
+    count: usize,
+    next: usize,
+    finished: usize,
+    /// The failure of the lowest-numbered failed task so far.
+    failure: Option<PoolError>,
+    /// The panic of the lowest-numbered task that panicked so far.
+    panic: Option<(usize, Box<dyn Any + Send>)>,
+    shutdown: bool,
+}
+
+/// A worker's scratch, kept across batches.
+#[derive(Default)]
+struct Scratch(Option<AlignedBuffer>);
+
+impl Scratch {
+    /// `len` bytes aligned to `align` (a layout the caller checked), reusing the buffer when it
+    /// is large and aligned enough and replacing it by one that covers both otherwise.
+    fn get(&mut self, len: usize, align: usize) -> &mut [u8] {
+        if len == 0 {
+            return &mut [];
+        }
+        let fits = |b: &AlignedBuffer| b.len >= len && b.align >= align;
+        if !self.0.as_ref().is_some_and(fits) {
+            let (old_len, old_align) = self.0.as_ref().map_or((0, 1), |b| (b.len, b.align));
+            self.0 = None;
+            let grown = AlignedBuffer::zeroed(len.max(old_len), align.max(old_align))
+                .or_else(|| AlignedBuffer::zeroed(len, align))
+                .unwrap_or_else(|| unreachable!("the scratch layout was checked"));
+            self.0 = Some(grown);
+        }
+        match &mut self.0 {
+            Some(buffer) => &mut buffer.as_mut_slice()[..len],
+            None => unreachable!("allocated above"),
+        }
+    }
+}
+
+/// A worker: waits for a batch, takes its tasks one at a time until none is left, and reports
+/// each outcome, until the pool shuts down.
+fn work(shared: &Shared) {
+    let mut scratch = Scratch::default();
+    let mut state = shared.lock();
+    loop {
+        match state.job {
+            Some(job) if state.next < state.count => {
+                let index = state.next;
+                state.next += 1;
+                drop(state);
+                // SAFETY: task `index` is handed out but not finished, and `dispatch` clears
+                // `job` and returns only once every task has finished, so the closure it
+                // published is alive until this worker reports the outcome below.
+                let job = unsafe { &*job.0 };
+                let outcome = panic::catch_unwind(AssertUnwindSafe(|| job(index, &mut scratch)));
+                state = shared.lock();
+                match outcome {
+                    Ok(Ok(())) => {}
+                    Ok(Err(failure)) => {
+                        if state.failure.as_ref().is_none_or(|f| f.task > failure.task) {
+                            state.failure = Some(failure);
+                        }
+                    }
+                    Err(payload) => {
+                        if state.panic.as_ref().is_none_or(|(at, _)| *at > index) {
+                            state.panic = Some((index, payload));
+                        }
+                    }
+                }
+                state.finished += 1;
+                if state.finished == state.count {
+                    shared.done.notify_one();
+                }
+            }
+            _ if state.shutdown => return,
+            _ => {
+                state = shared
+                    .work
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner)
+            }
+        }
+    }
+}
+
+/// The tasks of one batch, reached by index from the workers.
+struct TaskSlots<'a>(*mut ExpertTask<'a>);
+
+// SAFETY: the workers reach the slots only through `get`, with distinct indices (the pool hands
+// each out once), so no task is shared between threads, only sent; `ExpertTask` is `Send`.
+unsafe impl<'a> Sync for TaskSlots<'a> where ExpertTask<'a>: Send {}
+
+impl<'a> TaskSlots<'a> {
+    /// Task `index`.
+    ///
+    /// # Safety
+    ///
+    /// `index` is within the batch, no other reference to that task is live, and the tasks'
+    /// vector is neither moved nor touched until the batch is over.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn get(&self, index: usize) -> &mut ExpertTask<'a> {
+        // SAFETY: in bounds and exclusive, by the caller's contract.
+        unsafe { &mut *self.0.add(index) }
+    }
 }
 
 impl ExpertPool {
-    /// A pool of `threads` workers (at least one).
+    /// A pool of `threads` workers (at least one), started now.
+    ///
+    /// # Panics
+    ///
+    /// When the operating system refuses to start a thread, as [`std::thread::spawn`] does;
+    /// [`ExpertPool::try_new`] returns the error instead.
     pub fn new(threads: usize) -> Self {
-        ExpertPool {
-            threads: threads.max(1),
+        Self::try_new(threads).unwrap_or_else(|e| panic!("starting expert workers: {e}"))
+    }
+
+    /// A pool of `threads` workers (at least one), or the error that stopped a worker from
+    /// starting (the ones already started are stopped again).
+    pub fn try_new(threads: usize) -> std::io::Result<Self> {
+        let mut pool = ExpertPool {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State::default()),
+                work: Condvar::new(),
+                done: Condvar::new(),
+            }),
+            batch: Mutex::new(()),
+            workers: Vec::with_capacity(threads.max(1)),
+        };
+        for i in 0..threads.max(1) {
+            let shared = Arc::clone(&pool.shared);
+            let worker = thread::Builder::new()
+                .name(format!("guild-expert-{i}"))
+                .spawn(move || work(&shared))?;
+            pool.workers.push(worker);
         }
+        Ok(pool)
     }
 
     /// The number of workers.
     pub fn threads(&self) -> usize {
-        self.threads
+        self.workers.len()
     }
 
     /// Runs every task of `tasks` through `table`, and waits for all. Every task runs, even
     /// after another failed; the failure reported is the first in batch order. A format that
     /// does not pass the checks of the bound table's wrappers is refused before any task runs,
-    /// reported against the first task.
+    /// reported against the first task. A panic in a worker is raised again here, once every
+    /// task has finished; the pool stays usable.
     pub fn run(
         &self,
         table: &BoundExpertTable,
         format: &guild_cpu_expert_format_v1_t,
-        tasks: Vec<ExpertTask<'_>>,
+        mut tasks: Vec<ExpertTask<'_>>,
     ) -> Result<(), PoolError> {
-        check_format("pool", format).map_err(|error| PoolError {
+        let refused = |tasks: &[ExpertTask<'_>], error| PoolError {
             task: 0,
             expert_index: tasks.first().map_or(0, ExpertTask::expert_index),
             error,
-        })?;
-        let count = tasks.len();
-        let workers = self.threads.min(count);
-        if workers == 0 {
-            return Ok(());
-        }
+        };
+        check_format("pool", format).map_err(|error| refused(&tasks, error))?;
+        let align = format.alignment as usize;
         let scratch_len = usize::try_from(format.scratch_bytes)
             .ok()
-            .filter(|len| Layout::from_size_align(*len, format.alignment as usize).is_ok())
-            .ok_or_else(|| PoolError {
-                task: 0,
-                expert_index: tasks.first().map_or(0, ExpertTask::expert_index),
-                error: arguments("pool", "format.scratch_bytes cannot be allocated"),
+            .filter(|len| Layout::from_size_align(*len, align).is_ok())
+            .ok_or_else(|| {
+                refused(
+                    &tasks,
+                    arguments("pool", "format.scratch_bytes cannot be allocated"),
+                )
             })?;
-        let (work_tx, work_rx) = crossbeam::channel::bounded(count);
-        for item in tasks.into_iter().enumerate() {
-            // The channel holds every task, so this never blocks or fails.
-            let _ = work_tx.send(item);
-        }
-        drop(work_tx);
-        let (done_tx, done_rx) = crossbeam::channel::unbounded();
-        let joined = crossbeam::scope(|s| {
-            for _ in 0..workers {
-                let work_rx = work_rx.clone();
-                let done_tx = done_tx.clone();
-                s.spawn(move |_| {
-                    let mut scratch = AlignedBuffer::zeroed(scratch_len, format.alignment as usize)
-                        .unwrap_or_else(|| unreachable!("the scratch layout was checked"));
-                    for (index, mut task) in work_rx.iter() {
-                        let expert = task.expert_index();
-                        let result = table.run_task(format, &mut task, scratch.as_mut_slice());
-                        let _ = done_tx.send((index, expert, result));
-                    }
-                });
-            }
-        });
-        drop(done_tx);
-        if let Err(panic) = joined {
-            std::panic::resume_unwind(panic);
-        }
-        let mut failures: Vec<PoolError> = done_rx
-            .iter()
-            .filter_map(|(task, expert_index, result)| {
-                result.err().map(|error| PoolError {
-                    task,
+        let slots = TaskSlots(tasks.as_mut_ptr());
+        let job = |index: usize, scratch: &mut Scratch| {
+            // SAFETY: the pool hands out each index below `tasks.len()` once, and `tasks` is
+            // not touched until `dispatch` has returned, after the batch.
+            let task = unsafe { slots.get(index) };
+            let expert_index = task.expert_index();
+            table
+                .run_task(format, task, scratch.get(scratch_len, align))
+                .map_err(|error| PoolError {
+                    task: index,
                     expert_index,
                     error,
                 })
-            })
-            .collect();
-        failures.sort_by_key(|f| f.task);
-        match failures.into_iter().next() {
-            Some(first) => Err(first),
-            None => Ok(()),
+        };
+        let count = tasks.len();
+        self.dispatch(count, &job)
+    }
+
+    /// Runs `job` for every index below `count` on the workers and returns once all have
+    /// finished: the first failure in index order, or the panic of the first task that
+    /// panicked, raised again here.
+    fn dispatch(&self, count: usize, job: &Job<'_>) -> Result<(), PoolError> {
+        if count == 0 {
+            return Ok(());
+        }
+        let _batch = self.batch.lock().unwrap_or_else(PoisonError::into_inner);
+        // SAFETY: only the lifetime changes (the same fat pointer). The workers dereference the
+        // pointer only while a task is handed out and unfinished, and this function does not
+        // return (nothing below unwinds: the lock ignores poisoning and the condition variable
+        // calls do not panic) until every task has finished and `job` is cleared again, so
+        // `job` and everything it borrows outlive every use.
+        let erased = unsafe { mem::transmute::<*const Job<'_>, *const Job<'static>>(job) };
+        let mut state = self.shared.lock();
+        // The previous batch left no failure or panic behind: its `dispatch` took them.
+        state.job = Some(JobRef(erased));
+        state.count = count;
+        state.next = 0;
+        state.finished = 0;
+        drop(state);
+        for _ in 0..count.min(self.workers.len()) {
+            self.shared.work.notify_one();
+        }
+        state = self.shared.lock();
+        while state.finished < state.count {
+            state = self
+                .shared
+                .done
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        state.job = None;
+        let (failure, panicked) = (state.failure.take(), state.panic.take());
+        drop(state);
+        if let Some((_, payload)) = panicked {
+            panic::resume_unwind(payload);
+        }
+        failure.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for ExpertPool {
+    /// Stops the workers and joins them. They catch every panic of a task, so a join fails
+    /// only if the pool's own code panicked; there is nothing to report it to from a drop.
+    fn drop(&mut self) {
+        self.shared.lock().shutdown = true;
+        self.shared.work.notify_all();
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn a_panicking_task_is_raised_on_the_caller_after_the_batch_and_the_pool_goes_on() {
+        let pool = ExpertPool::new(3);
+        let ran = AtomicUsize::new(0);
+        let job = |index: usize, _: &mut Scratch| {
+            ran.fetch_add(1, Ordering::Relaxed);
+            if index == 2 || index == 5 {
+                panic!("task {index}");
+            }
+            Ok(())
+        };
+        let caught = panic::catch_unwind(AssertUnwindSafe(|| pool.dispatch(8, &job)));
+        let payload = caught.expect_err("the panic reaches the caller");
+        assert_eq!(payload.downcast_ref::<String>().unwrap(), "task 2");
+        assert_eq!(ran.load(Ordering::Relaxed), 8, "every task ran");
+        // The same workers take the next batch.
+        let job = |_: usize, _: &mut Scratch| Ok(());
+        assert_eq!(pool.dispatch(16, &job), Ok(()));
+        assert_eq!(pool.threads(), 3);
+    }
+
+    #[test]
+    fn scratch_is_kept_across_batches_and_grows_only_when_a_batch_needs_more() {
+        let pool = ExpertPool::new(1);
+        let seen = Mutex::new(Vec::new());
+        for (len, align) in [(64, 16), (32, 16), (64, 16), (256, 64), (64, 16)] {
+            let job = |_: usize, scratch: &mut Scratch| {
+                let bytes = scratch.get(len, align);
+                assert_eq!(bytes.len(), len);
+                assert!((bytes.as_ptr() as usize).is_multiple_of(align));
+                seen.lock().unwrap().push(bytes.as_ptr() as usize);
+                Ok(())
+            };
+            pool.dispatch(2, &job).unwrap();
+        }
+        let seen = seen.into_inner().unwrap();
+        // One buffer for the first three batches, a larger one from the fourth on.
+        assert!(seen[..6].iter().all(|p| *p == seen[0]), "{seen:?}");
+        assert!(seen[6..].iter().all(|p| *p == seen[6]), "{seen:?}");
+    }
+
+    #[test]
+    fn the_first_failure_in_batch_order_is_reported_whatever_the_timing() {
+        let pool = ExpertPool::new(4);
+        let job = |index: usize, _: &mut Scratch| {
+            if index % 3 == 2 {
+                Err(PoolError {
+                    task: index,
+                    expert_index: 0,
+                    error: arguments("test", "refused"),
+                })
+            } else {
+                Ok(())
+            }
+        };
+        for _ in 0..50 {
+            assert_eq!(pool.dispatch(12, &job).map_err(|e| e.task), Err(2));
         }
     }
 }
