@@ -193,6 +193,7 @@ impl OperationRequest {
 
 /// Why [`OperationService::resolve`] returned no handle.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ResolveError {
     /// The request is invalid whatever providers exist.
     #[error("invalid operation request: {0}")]
@@ -729,6 +730,7 @@ fn same_tensor(a: &TensorDesc, b: &TensorDesc) -> bool {
 /// [`ExecuteError::Provider`] and [`ExecuteError::Stream`] is found before the provider is
 /// called.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ExecuteError {
     /// The call passes another number of inputs or outputs than was negotiated.
     #[error("{got} {role}s given, the negotiated contract has {expected}")]
