@@ -105,3 +105,13 @@ pub mod prelude {
         StreamRef, SyncMode, TensorArg, TensorArgMut, TensorDesc, Version,
     };
 }
+
+/// The README's runner snippet, compiled as a doctest so that it keeps up with the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
+
+/// The runner guide's examples (`docs/runner-authors.md`), compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/runner-authors.md")]
+struct RunnerGuideDoctests;

@@ -421,8 +421,7 @@ struct Lifecycle {
 /// ```no_run
 /// use std::path::Path;
 ///
-/// use guild_domain::ids::PublisherId;
-/// use guild_host::{InstallOptions, PackageManager};
+/// use guild_host::{InstallOptions, PackageManager, PublisherId};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let (pm, opened) = PackageManager::open_dir(Path::new("/var/lib/guild"))?;

@@ -613,7 +613,7 @@ impl KernelRegistry {
     /// use std::ffi::CStr;
     /// use std::ptr;
     ///
-    /// use guild_abi::{
+    /// use guild_host::abi::{
     ///     guild_error_info_t, guild_op_handle_t, guild_operation_query_v1_t,
     ///     guild_scratch_request_v1_t, guild_tensor_desc_v1_t, GUILD_BACKEND_CPU,
     ///     GUILD_BUDGET_UNLIMITED, GUILD_DTYPE_F32, GUILD_MAX_TENSOR_RANK, GUILD_MEMORY_HOST,
@@ -621,7 +621,7 @@ impl KernelRegistry {
     /// };
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let (host, _, _) = guild_host::Host::open_dir(std::path::Path::new("/var/lib/guild"))?;
+    /// # let guild_host::OpenedHost { host, .. } = guild_host::Host::builder("/var/lib/guild").open()?;
     /// let service = host.kernels().operation_api();
     ///
     /// // Eight packed f32 values in host memory, in and out. Resolution needs the shapes only.
