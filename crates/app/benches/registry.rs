@@ -10,7 +10,7 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use guild_domain::ids::{ImplId, OpName, PackageId};
 use guild_domain::operation::Backend;
 use guild_domain::version::Version;
-use guild_host::registry::KernelRegistry;
+use guild_host::registry::StandaloneRegistry;
 use guild_ports::loader::{LoadedLibrary, LoadedPlugin, RegisteredKernel};
 use guild_ports::provider::NoCallbacks;
 
@@ -33,8 +33,8 @@ fn impl_id(p: usize, k: usize) -> ImplId {
     ImplId::new(format!("bench.pkg{p}.kernel{k}")).unwrap()
 }
 
-fn registry() -> KernelRegistry {
-    let reg = KernelRegistry::new();
+fn registry() -> StandaloneRegistry {
+    let reg = StandaloneRegistry::new();
     for p in 0..PACKAGES {
         let id = PackageId::new(format!("bench.pkg{p}")).unwrap();
         let version = Version::new(1, 0, 0);

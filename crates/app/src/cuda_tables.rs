@@ -36,6 +36,7 @@ use crate::registry::{KernelBinding, KernelRegistry};
 
 /// Why a kernel binding could not become [`BoundCudaTables`].
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum CudaBindError {
     /// No kernel with this implementation id is registered (or its package is disabled).
     #[error("no kernel {0} is registered")]

@@ -40,6 +40,7 @@ pub enum ErrorCategory {
 /// `Display` text is one line (or a short list) meant to be shown as it is. [`HostError::category`]
 /// sorts the variants into the classes the `guild` command line turns into exit codes.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum HostError {
     /// The package could not be read or extracted: missing file, malformed or hostile archive,
     /// or artifacts that do not match the manifest.

@@ -64,6 +64,7 @@ const _: () = {
 
 /// Why a kernel binding could not become a [`BoundExpertTable`].
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum BindError {
     /// No kernel with this implementation id is registered (or its package is disabled).
     #[error("no kernel {0} is registered")]
@@ -82,6 +83,7 @@ pub enum BindError {
 
 /// Why a call through a bound table did not happen or failed.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum ExpertError {
     /// The plugin's table does not carry this (version 2) operation.
     #[error("{callback} is not offered by provider {impl_id}")]

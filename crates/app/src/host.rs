@@ -7,22 +7,27 @@
 //! A failed load or a conflicting registration aborts the change with nothing written.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use guild_adapters_posix::{DlopenLoader, LoaderLogSink, PluginLog};
 use guild_domain::ids::PackageId;
 use guild_domain::lease::{Leased, QuiescentAction};
 use guild_domain::manifest::Metadata;
 use guild_domain::registry::RolledBack;
+use guild_domain::trust::TrustStore;
 use guild_domain::version::Version;
 use guild_ports::loader::{LoadedPlugin, PluginLoader};
 
 use crate::error::HostError;
-use crate::models::ModelRunnerRegistry;
+use crate::models::{BoundModel, ModelRunnerRegistry, SelectFileError};
 use crate::operations::DeviceSupport;
 use crate::package_manager::{
-    Change, InstallOptions, Installed, LifecycleHook, OpenReport, PackageManager, Quarantined,
+    Change, InstallOptions, Installed, LifecycleHook, OpenReport, PackageManager, PackageView,
+    Quarantined,
 };
 use crate::registry::{Drain, KernelRegistry, PreparedPublication, RegistryChangeError};
 
@@ -66,19 +71,17 @@ pub struct LoadReport {
 /// Open a store that `guild install` filled, load what is enabled and report it:
 ///
 /// ```no_run
-/// use std::path::Path;
-///
-/// use guild_host::Host;
+/// use guild_host::{Host, OpenedHost};
 ///
 /// # fn main() -> Result<(), guild_host::HostError> {
-/// let (host, opened, loaded) = Host::open_dir(Path::new("/var/lib/guild"))?;
-/// for q in &opened.disabled {
+/// let OpenedHost { host, report } = Host::builder("/var/lib/guild").open()?;
+/// for q in &report.store.disabled {
 ///     eprintln!("{} {} was disabled while opening: {}", q.id, q.version, q.reason);
 /// }
-/// for p in &loaded.loaded {
+/// for p in &report.loaded.loaded {
 ///     println!("loaded {} {} ({} kernels)", p.id, p.version, p.kernels);
 /// }
-/// for (id, version, error) in &loaded.failed {
+/// for (id, version, error) in &report.loaded.failed {
 ///     eprintln!("{id} {version} did not load: {error}");
 /// }
 /// // Resolve operations through `guild_host::OperationService::new(host.kernels())`.
@@ -126,32 +129,41 @@ impl Host {
         }
     }
 
-    /// Opens the store at `dir` with the production adapters (including the dlopen loader and,
-    /// when the CUDA driver reports a device, CUDA device 0 with its stream adapter) and loads
-    /// every enabled package in dependency order.
+    /// Starts a [`HostBuilder`] for the store at `dir`: it says what the host is wired with (the
+    /// plugin loader, the devices, where plugins' log records go) and
+    /// [`open`](HostBuilder::open)s it.
+    pub fn builder(dir: impl Into<PathBuf>) -> HostBuilder {
+        HostBuilder::new(dir.into())
+    }
+
+    /// The simple path: `Host::builder(dir).open()` with every default (the dlopen loader,
+    /// plugins' log records dropped, devices detected, every enabled package loaded), its
+    /// reports returned as a tuple and the reason there is no CUDA device dropped. Use
+    /// [`Host::builder`] to choose any of these or to keep that reason.
     pub fn open_dir(dir: &Path) -> Result<(Host, OpenReport, LoadReport), HostError> {
-        let (packages, report) = PackageManager::open_dir(dir)?;
-        // Without a usable GPU, CUDA queries are refused (host-blocking ones with the domain's
-        // "no CUDA device", stream-ordered ones for want of a stream adapter); the driver's
-        // reason is not kept.
-        let (devices, _no_cuda) = DeviceSupport::detect();
-        let host = Host::with_devices(
-            packages,
-            Box::new(guild_adapters_posix::DlopenLoader::new()),
-            devices,
-        );
-        let loaded = host.load_enabled()?;
-        Ok((host, report, loaded))
+        let OpenedHost { host, report } = Host::builder(dir).open()?;
+        Ok((host, report.store, report.loaded))
     }
 
     fn lock(&self) -> MutexGuard<'_, ()> {
         self.lifecycle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The package manager, for queries (`list`, `metadata`, `trust`, leases). Make lifecycle
-    /// changes through the host instead, so that the registry takes part in them.
-    pub fn packages(&self) -> &PackageManager {
-        &self.packages
+    /// The package manager's queries (`list`, `metadata`, `trust`, leases). Lifecycle changes
+    /// are the host's own methods, so that the registry takes part in each of them.
+    pub fn packages(&self) -> PackageView<'_> {
+        PackageView::new(&self.packages)
+    }
+
+    /// Applies `change` to the trust store and commits it durably
+    /// ([`PackageManager::update_trust`]). Revocations take effect for loaded packages at
+    /// [`Host::reverify`] (or the next open).
+    pub fn update_trust<T>(
+        &self,
+        change: impl FnOnce(&mut TrustStore) -> Result<T, HostError>,
+    ) -> Result<T, HostError> {
+        let _lifecycle = self.lock();
+        self.packages.update_trust(change)
     }
 
     /// The kernel registry: lookups, bindings, and the operation service
@@ -166,6 +178,12 @@ impl Host {
     /// runner's package like any binding (see [`crate::models`]).
     pub fn models(&self) -> ModelRunnerRegistry<'_> {
         ModelRunnerRegistry::new(&self.kernels)
+    }
+
+    /// Opens the model file at `path` with the host's GGUF reader and selects and binds its
+    /// runner: [`ModelRunnerRegistry::select_file`] on [`Host::models`].
+    pub fn open_model(&self, path: &Path) -> Result<BoundModel, SelectFileError> {
+        self.models().select_file(path)
     }
 
     /// Explicit session leases plus live bindings into any loaded version of `id`.
@@ -377,6 +395,170 @@ impl Host {
         self.packages
             .rollback_with(id, &mut RegistryHook::new(self))
     }
+}
+
+/// How a [`Host`] is wired, said before it is opened ([`Host::builder`]):
+///
+/// - [`loader`](HostBuilder::loader): the plugin loader. Default: the dlopen loader
+///   (`RTLD_NOW | RTLD_LOCAL`).
+/// - [`plugin_log`](HostBuilder::plugin_log): where the dlopen loader sends the records plugins
+///   write through their host table's `log`. Default: dropped.
+/// - [`devices`](HostBuilder::devices): what the operation service offers candidates (the CPU's
+///   ISA, a CUDA device, the stream adapter). Default: detected, with the reason there is no CUDA
+///   device kept in [`HostReport::no_cuda`].
+/// - [`load_enabled`](HostBuilder::load_enabled): whether opening loads every enabled package.
+///   Default: yes.
+///
+/// The store itself is opened with the production adapters (the file-system store, the hardened
+/// GKPK source, the P-256 verifier) for this platform; whatever is chosen here, no library is
+/// opened before its package is authenticated.
+///
+/// # Examples
+///
+/// ```no_run
+/// use guild_host::{Host, OpenedHost};
+///
+/// # fn main() -> Result<(), guild_host::HostError> {
+/// let OpenedHost { host, report } = Host::builder("/var/lib/guild")
+///     .plugin_log(|package, record| eprintln!("[{package}] {}", record.message))
+///     .open()?;
+/// if let Some(why) = &report.no_cuda {
+///     eprintln!("CPU only: {why}");
+/// }
+/// for p in &report.loaded.loaded {
+///     println!("loaded {} {}", p.id, p.version);
+/// }
+/// # drop(host);
+/// # Ok(())
+/// # }
+/// ```
+#[must_use = "a builder does nothing until it is opened"]
+pub struct HostBuilder {
+    dir: PathBuf,
+    loader: Option<Box<dyn PluginLoader>>,
+    plugin_log: Option<LoaderLogSink>,
+    devices: Option<DeviceSupport>,
+    load_enabled: bool,
+}
+
+impl fmt::Debug for HostBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostBuilder")
+            .field("dir", &self.dir)
+            .field("custom_loader", &self.loader.is_some())
+            .field("plugin_log", &self.plugin_log.is_some())
+            .field("devices", &self.devices)
+            .field("load_enabled", &self.load_enabled)
+            .finish()
+    }
+}
+
+impl HostBuilder {
+    fn new(dir: PathBuf) -> Self {
+        HostBuilder {
+            dir,
+            loader: None,
+            plugin_log: None,
+            devices: None,
+            load_enabled: true,
+        }
+    }
+
+    /// Loads plugins with `loader` instead of the dlopen loader. A
+    /// [`plugin_log`](HostBuilder::plugin_log) sink belongs to the dlopen loader and is not used
+    /// then: `loader` sends its plugins' records where it was built to.
+    pub fn loader(mut self, loader: Box<dyn PluginLoader>) -> Self {
+        self.loader = Some(loader);
+        self
+    }
+
+    /// Sends every record a plugin writes through its host table's `log` callback (during its
+    /// `init` and later) to `sink`, with the package that wrote it. Called synchronously on the
+    /// plugin's thread: keep it short, and do not call into the host from it.
+    pub fn plugin_log(
+        mut self,
+        sink: impl Fn(&PackageId, &PluginLog) + Send + Sync + 'static,
+    ) -> Self {
+        self.plugin_log = Some(Arc::new(sink));
+        self
+    }
+
+    /// Resolves operations against `devices` instead of detecting them ([`DeviceSupport::host`]
+    /// for CPU only, without probing the CUDA driver at all).
+    pub fn devices(mut self, devices: DeviceSupport) -> Self {
+        self.devices = Some(devices);
+        self
+    }
+
+    /// Whether [`open`](HostBuilder::open) loads every enabled package (the default), or leaves
+    /// that to a later [`Host::load_enabled`].
+    pub fn load_enabled(mut self, load: bool) -> Self {
+        self.load_enabled = load;
+        self
+    }
+
+    /// Opens the store (taking its lock, recovering an interrupted change, re-verifying every
+    /// enabled package), detects the devices unless they were given, composes the host and, by
+    /// default, loads every enabled package in dependency order. A package that fails to load
+    /// does not fail the open: it is in [`LoadReport::failed`].
+    pub fn open(self) -> Result<OpenedHost, HostError> {
+        let (packages, store) = PackageManager::open_dir(&self.dir)?;
+        let (devices, no_cuda) = match self.devices {
+            Some(devices) => (devices, None),
+            // Without a usable GPU, CUDA queries are refused (host-blocking ones with the
+            // domain's "no CUDA device", stream-ordered ones for want of a stream adapter).
+            None => DeviceSupport::detect(),
+        };
+        let loader = match self.loader {
+            Some(loader) => loader,
+            None => {
+                let dlopen = DlopenLoader::new();
+                Box::new(match self.plugin_log {
+                    Some(sink) => dlopen.with_log_sink(move |id, record| sink(id, record)),
+                    None => dlopen,
+                })
+            }
+        };
+        let host = Host::with_devices(packages, loader, devices);
+        let loaded = if self.load_enabled {
+            host.load_enabled()?
+        } else {
+            LoadReport::default()
+        };
+        Ok(OpenedHost {
+            host,
+            report: HostReport {
+                store,
+                loaded,
+                no_cuda,
+            },
+        })
+    }
+}
+
+/// An opened [`Host`] and what opening it did ([`HostBuilder::open`]).
+#[derive(Debug)]
+pub struct OpenedHost {
+    /// The host.
+    pub host: Host,
+    /// What opening found and did.
+    pub report: HostReport,
+}
+
+/// What opening a host did.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct HostReport {
+    /// The store: what recovery finished or undid, how many enabled versions re-verified, and
+    /// what was disabled or marked removed because it no longer verifies.
+    pub store: OpenReport,
+    /// What loading the enabled packages did (empty with
+    /// [`load_enabled(false)`](HostBuilder::load_enabled)).
+    pub loaded: LoadReport,
+    /// Why there is no CUDA device (no driver, a driver without a device, ...), in words to show,
+    /// when the devices were detected and none was usable; `None` when CUDA device 0 is in use or
+    /// the devices were given to the builder.
+    pub no_cuda: Option<String>,
 }
 
 /// What the registry does once the store commit is durable.

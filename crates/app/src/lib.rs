@@ -5,24 +5,31 @@
 //! package, then asks the operation service for namespaced operations with its actual tensors
 //! and executes the handles it gets back. Where to start:
 //!
-//! - [`Host::open_dir`]: open a store and load what is enabled ([`Host`] has an example).
+//! - [`Host::builder`]: say what the host is wired with and open a store, which loads what is
+//!   enabled ([`HostBuilder`] has an example; [`Host::open_dir`] is the same with every default).
 //! - [`OperationService::resolve`] and [`OpHandle::execute`]: resolve an operation for concrete
 //!   tensors and run it (the [`operations`] module has an example).
 //! - [`registry::KernelRegistry::operation_api`]: the same service as the C table that plugins
 //!   receive, for native code.
-//! - [`Host::models`] and [`ModelRunnerRegistry::select`]: choose the runner for an opened model
-//!   through the runners' RMD1 extensions and bind it (the [`models`] module explains the steps).
+//! - [`Host::open_model`] (a GGUF file) and [`ModelRunnerRegistry::select`] (any opened model):
+//!   choose the runner for a model through the runners' RMD1 extensions and bind it (the
+//!   [`models`] module explains the steps).
 //! - [`experts::BoundExpertTable`] and [`experts::ExpertPool`]: bind a kernel's CPE1 (CPU backend
 //!   v2) table once and run batched expert work through it on the host's worker pool;
 //!   [`cuda_tables::BoundCudaTables`] binds a CUDA kernel's CDD1, CDA1 and CDM1 tables the same
 //!   way.
-//! - [`PackageManager`]: install, enable, disable, remove and roll back packages, and manage the
-//!   trust store, without loading anything.
+//! - [`Host::install`], [`Host::disable`], ...: lifecycle changes, one transaction across the
+//!   store, the loader and the kernel registry; [`Host::packages`] shows what is installed.
+//!   [`PackageManager`] makes the same changes on a store without loading anything (the `guild`
+//!   command line).
 //! - [`HostError`] and [`ErrorCategory`]: what can go wrong, sorted the way the `guild` command
 //!   line turns it into exit codes.
 //!
-//! The request and tensor types ([`OpName`](guild_domain::ids::OpName),
-//! [`TensorDesc`](guild_domain::operation::TensorDesc), ...) come from the `guild-domain` crate.
+//! `guild-host` is the one crate a runner names. The plain types requests and reports are written
+//! in ([`OpName`], [`TensorDesc`], [`DType`], [`PackageId`], [`Version`], ...) are re-exported at
+//! the root, and [`prelude`] holds what a runner uses most; the crates they come from are
+//! re-exported whole as [`domain`], [`ports`] (the port traits, for a custom loader or model
+//! source) and [`abi`] (the `#[repr(C)]` mirror of the headers, for the C tables).
 //! The guides in the repository's `docs/` directory (`runner-authors.md`, `operators.md`,
 //! `plugin-authors.md`, `package-format.md`) explain the concepts behind this API.
 //!
@@ -56,8 +63,55 @@ pub mod publish;
 pub mod registry;
 
 pub use error::{ErrorCategory, HostError};
-pub use host::{Host, LoadReport};
-pub use models::{BoundModel, ModelRunnerRegistry, SelectError};
-pub use operations::{OpHandle, OperationRequest, OperationService};
-pub use package_manager::{InstallOptions, Installed, OpenReport, PackageManager, TrustReset};
+pub use host::{Host, HostBuilder, HostReport, LoadReport, OpenedHost};
+pub use models::{BoundModel, ModelRunnerRegistry, SelectError, SelectFileError};
+pub use operations::{
+    DeviceScratch, DeviceSupport, DeviceTensor, ExecuteError, OpHandle, OperationRequest,
+    OperationService, ResolveError, TensorArg, TensorArgMut,
+};
+pub use package_manager::{
+    InstallOptions, Installed, OpenReport, PackageManager, PackageView, TrustReset,
+};
 pub use platform::HostPlatform;
+
+// The plain values requests, handles and reports are written in, so that a runner names no
+// other guild crate.
+pub use guild_adapters_posix::PluginLog;
+pub use guild_domain::ids::{ImplId, OpName, PackageId, PublisherId, RunnerId};
+pub use guild_domain::operation::{
+    Backend, BackendSet, Budget, Capabilities, CpuIsa, DType, Layout, MemorySpace, Numerics,
+    ProviderRefusal, QueryError, Rejection, ResolveFailure, SyncMode, TensorDesc,
+};
+pub use guild_domain::version::{PackedVersion, Version};
+pub use guild_ports::device::StreamRef;
+
+/// The `#[repr(C)]` mirror of the Kernel ABI headers (`guild-abi`), for calling the C tables
+/// ([`registry::KernelRegistry::operation_api`]) from Rust.
+pub use guild_abi as abi;
+/// The pure domain (`guild-domain`): identifiers, versions, manifests, operation contracts and
+/// their diagnostics; the common ones are also re-exported at the crate root.
+pub use guild_domain as domain;
+/// The port traits (`guild-ports`): what a custom [`ports::loader::PluginLoader`] (for
+/// [`HostBuilder::loader`]) or [`ports::model::ModelSource`] implements.
+pub use guild_ports as ports;
+
+/// What a runner uses most, for `use guild_host::prelude::*;`: the host and its builder, the
+/// operation service and its arguments, and the values a request is written in.
+pub mod prelude {
+    pub use crate::{
+        Backend, BackendSet, BoundModel, Budget, Capabilities, DType, DeviceTensor, ExecuteError,
+        Host, HostError, ImplId, MemorySpace, Numerics, OpHandle, OpName, OpenedHost,
+        OperationRequest, OperationService, PackageId, PackedVersion, ResolveError, RunnerId,
+        StreamRef, SyncMode, TensorArg, TensorArgMut, TensorDesc, Version,
+    };
+}
+
+/// The README's runner snippet, compiled as a doctest so that it keeps up with the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
+
+/// The runner guide's examples (`docs/runner-authors.md`), compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/runner-authors.md")]
+struct RunnerGuideDoctests;

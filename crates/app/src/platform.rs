@@ -17,6 +17,7 @@ pub struct HostPlatform {
 
 /// Why a package does not fit this host.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PlatformMismatch {
     /// The manifest names another operating system.
     #[error("it is built for {found}, and this host runs {host}")]

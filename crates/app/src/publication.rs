@@ -61,6 +61,7 @@ pub const MAX_TRUST_BYTES: u64 = 16 << 20;
 
 /// Why the check of a package's library in a child process refused the package.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LibraryCheckFailure {
     /// The child loaded the library and refused what it registered (or could not load it).
     #[error("its library failed the publication check: {reason}")]

@@ -18,6 +18,7 @@ use guild_ports::source::{Durability, ExtractOptions, PackageSource, SourceError
 
 /// Why packing or signing failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PublishError {
     /// The manifest template is not strict JSON.
     #[error("manifest template {}: {source}", .path.display())]

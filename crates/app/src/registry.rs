@@ -14,7 +14,7 @@
 //! Each loaded package has one atomic state word: a `DRAINING` bit, a sticky `WAITED` bit and
 //! the count of live bindings (kernel bindings and runner references together). Taking a binding
 //! is one compare-and-swap that either sees `DRAINING` and takes nothing, or is counted. A
-//! lifecycle change that must not run while the package is bound ([`KernelRegistry::drain`])
+//! lifecycle change that must not run while the package is bound (`KernelRegistry::drain`)
 //! sets `DRAINING` with one `fetch_or` and reads the count from the same operation: all of these
 //! are read-modify-writes of one location, so they are totally ordered, and every bind either
 //! precedes the mark (and is in the count the drainer reads, so the change is refused) or follows
@@ -26,6 +26,16 @@
 //! candidates, [`KernelRegistry::select`] takes the next best, [`KernelRegistry::find_by_id`] and
 //! [`KernelRegistry::find_runner`] answer `None` and [`KernelRegistry::runners`] leaves it out.
 //! A change that is refused marks the package for the instant of its check only.
+//!
+//! # Who changes a registry
+//!
+//! A [`Host`](crate::Host)'s registry changes only as part of the host's lifecycle
+//! transactions (install, enable, disable, remove, rollback, re-verification), which keep it
+//! and the store in step: [`Host::kernels`](crate::Host::kernels) hands out `&KernelRegistry`,
+//! which has lookups, bindings and the operation service but no mutators. A
+//! [`StandaloneRegistry`] is a registry without a store, published into by whoever made it (tests,
+//! benchmarks, a host composed from other parts); it derefs to the same `KernelRegistry` for
+//! everything else.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -481,6 +491,7 @@ impl Drop for Drain {
 
 /// Why the kernel registry refused a change. The registry is unchanged after any of these.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RegistryChangeError {
     /// Another loaded package already provides this implementation id (ids are unique across
     /// the registry).
@@ -562,7 +573,7 @@ impl Default for KernelRegistry {
 }
 
 /// A prepared publication: validated against the registry and ready to be swapped in. Dropping
-/// it without [`KernelRegistry::commit`] discards the loaded plugin (its library closes).
+/// it without [`StandaloneRegistry::commit`] discards the loaded plugin (its library closes).
 #[derive(Debug)]
 pub struct PreparedPublication {
     entry: PackageEntry,
@@ -602,7 +613,7 @@ impl KernelRegistry {
     /// use std::ffi::CStr;
     /// use std::ptr;
     ///
-    /// use guild_abi::{
+    /// use guild_host::abi::{
     ///     guild_error_info_t, guild_op_handle_t, guild_operation_query_v1_t,
     ///     guild_scratch_request_v1_t, guild_tensor_desc_v1_t, GUILD_BACKEND_CPU,
     ///     GUILD_BUDGET_UNLIMITED, GUILD_DTYPE_F32, GUILD_MAX_TENSOR_RANK, GUILD_MEMORY_HOST,
@@ -610,7 +621,7 @@ impl KernelRegistry {
     /// };
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let (host, _, _) = guild_host::Host::open_dir(std::path::Path::new("/var/lib/guild"))?;
+    /// # let guild_host::OpenedHost { host, .. } = guild_host::Host::builder("/var/lib/guild").open()?;
     /// let service = host.kernels().operation_api();
     ///
     /// // Eight packed f32 values in host memory, in and out. Resolution needs the shapes only.
@@ -715,7 +726,7 @@ impl KernelRegistry {
     /// Checks that `plugin` can join the registry as `id@version` (no impl id or runner id that
     /// another package provides) and prepares its entry. Nothing is visible until
     /// [`KernelRegistry::commit`].
-    pub fn prepare(
+    pub(crate) fn prepare(
         &self,
         id: &PackageId,
         version: &Version,
@@ -795,7 +806,7 @@ impl KernelRegistry {
     /// loaded (that version is never bound again; its library closes when its last binding
     /// goes). Drain the previous version first ([`KernelRegistry::drain`]) where a live binding
     /// must refuse the replacement.
-    pub fn commit(&self, prepared: PreparedPublication) {
+    pub(crate) fn commit(&self, prepared: PreparedPublication) {
         let mut writer = self.lock();
         let id = prepared.entry.package.id.clone();
         let old = writer.insert(id, prepared.entry);
@@ -812,7 +823,11 @@ impl KernelRegistry {
     }
 
     /// Enables or disables a loaded package's kernels and runners for lookups.
-    pub fn set_enabled(&self, id: &PackageId, enabled: bool) -> Result<(), RegistryChangeError> {
+    pub(crate) fn set_enabled(
+        &self,
+        id: &PackageId,
+        enabled: bool,
+    ) -> Result<(), RegistryChangeError> {
         let mut writer = self.lock();
         let entry = writer
             .get_mut(id)
@@ -830,7 +845,7 @@ impl KernelRegistry {
     /// it can be taken any more (also not from a snapshot read before); its library closes when
     /// the last binding into it is dropped (at once if there is none). Drain it first
     /// ([`KernelRegistry::drain`]) where a live binding must refuse the unload.
-    pub fn unload(&self, id: &PackageId) -> Result<Unloaded, RegistryChangeError> {
+    pub(crate) fn unload(&self, id: &PackageId) -> Result<Unloaded, RegistryChangeError> {
         let mut writer = self.lock();
         let entry = writer
             .remove(id)
@@ -869,7 +884,7 @@ impl KernelRegistry {
     ///
     /// Keep the returned [`Drain`] until the change is decided: [`Drain::finish`] it after the
     /// commit and the unload or replacement that follows; drop it to abort.
-    pub fn drain(&self, id: &PackageId) -> Result<Drain, RegistryChangeError> {
+    pub(crate) fn drain(&self, id: &PackageId) -> Result<Drain, RegistryChangeError> {
         let current = self.lock().get(id).map(|e| Arc::clone(&e.package));
         let bound = |bindings| RegistryChangeError::Bound {
             package: id.clone(),
@@ -1004,6 +1019,80 @@ impl KernelRegistry {
             .filter(|e| &e.package.version == version)
             .map_or(0, PackageEntry::live_bindings);
         current + self.retired_bindings(id, Some(version))
+    }
+}
+
+/// A kernel registry that belongs to no [`Host`](crate::Host): no store, no package manager, so
+/// its owner publishes into it and takes packages out directly. Everything else (lookups,
+/// bindings, the operation service over it) is the [`KernelRegistry`] it derefs to.
+///
+/// A host's registry is never one of these: its changes are the host's lifecycle transactions.
+#[derive(Debug, Default)]
+pub struct StandaloneRegistry {
+    registry: KernelRegistry,
+}
+
+impl StandaloneRegistry {
+    /// An empty registry whose operation service knows the host CPU and no GPU.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An empty registry whose operation service resolves against `devices`.
+    pub fn with_devices(devices: DeviceSupport) -> Self {
+        StandaloneRegistry {
+            registry: KernelRegistry::with_devices(devices),
+        }
+    }
+
+    /// Checks that `plugin` can join the registry as `id@version` (no impl id or runner id that
+    /// another package provides) and prepares its entry. Nothing is visible until
+    /// [`StandaloneRegistry::commit`].
+    pub fn prepare(
+        &self,
+        id: &PackageId,
+        version: &Version,
+        plugin: LoadedPlugin,
+        enabled: bool,
+    ) -> Result<PreparedPublication, RegistryChangeError> {
+        self.registry.prepare(id, version, plugin, enabled)
+    }
+
+    /// Makes a prepared publication visible, replacing the package's previous version if one was
+    /// loaded (that version is never bound again; its library closes when its last binding
+    /// goes). Drain the previous version first ([`StandaloneRegistry::drain`]) where a live
+    /// binding must refuse the replacement.
+    pub fn commit(&self, prepared: PreparedPublication) {
+        self.registry.commit(prepared);
+    }
+
+    /// Enables or disables a loaded package's kernels and runners for lookups.
+    pub fn set_enabled(&self, id: &PackageId, enabled: bool) -> Result<(), RegistryChangeError> {
+        self.registry.set_enabled(id, enabled)
+    }
+
+    /// Removes a package from the registry. New lookups no longer find it, and no binding into
+    /// it can be taken any more (also not from a snapshot read before); its library closes when
+    /// the last binding into it is dropped (at once if there is none). Drain it first
+    /// ([`StandaloneRegistry::drain`]) where a live binding must refuse the unload.
+    pub fn unload(&self, id: &PackageId) -> Result<Unloaded, RegistryChangeError> {
+        self.registry.unload(id)
+    }
+
+    /// Starts draining `id` for a change that must not run while anything is bound into the
+    /// package: no new binding into it can be taken while the returned [`Drain`] lives, and the
+    /// drain is refused with [`RegistryChangeError::Bound`] while bindings are alive (see the
+    /// [module documentation](crate::registry)). [`Drain::finish`] it after the unload or replacement that
+    /// follows; drop it to abort.
+    pub fn drain(&self, id: &PackageId) -> Result<Drain, RegistryChangeError> {
+        self.registry.drain(id)
+    }
+}
+
+impl std::ops::Deref for StandaloneRegistry {
+    type Target = KernelRegistry;
+    fn deref(&self) -> &KernelRegistry {
+        &self.registry
     }
 }
 

@@ -19,10 +19,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use guild_domain::ids::OpName;
-use guild_domain::operation::{DType, MemorySpace, TensorDesc};
-use guild_host::operations::{TensorArg, TensorArgMut};
-use guild_host::{Host, OperationRequest, OperationService};
+use guild_host::prelude::*;
 
 const USAGE: &str = "usage: guild-example-runner STORE_DIR [OPERATION...]";
 
@@ -59,13 +56,20 @@ fn run(store: &Path, operations: &[String]) -> Result<(), String> {
     // Opening the store recovers any interrupted change, re-verifies every enabled package
     // against the trust store and its signed files, and loads them in dependency order. No
     // library is opened before its package has been authenticated.
-    let (host, opened, loaded) = Host::open_dir(store)
+    // Plugins' log records go to stderr; the devices are detected.
+    let OpenedHost { host, report } = Host::builder(store)
+        .plugin_log(|package, record| eprintln!("[{package}] {}", record.message))
+        .open()
         .map_err(|e| format!("cannot open the store {}: {e}", store.display()))?;
+    let (opened, loaded) = (&report.store, &report.loaded);
     println!(
         "opened {} ({} verified)",
         store.display(),
         plural(opened.verified, "enabled package")
     );
+    if let Some(why) = &report.no_cuda {
+        println!("no CUDA device, CPU operations only: {why}");
+    }
     for q in &opened.disabled {
         println!("warning: {} {} was disabled: {}", q.id, q.version, q.reason);
     }

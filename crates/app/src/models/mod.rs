@@ -38,29 +38,31 @@
 //!
 //! # Examples
 //!
+//! Open a GGUF file with the host's reader and bind its runner:
+//!
 //! ```no_run
 //! use std::path::Path;
 //!
-//! use guild_host::Host;
-//! use guild_ports::model::ModelSource;
+//! use guild_host::{Host, OpenedHost};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! # fn source() -> Box<dyn ModelSource> { unimplemented!() }
-//! let (host, _opened, _loaded) = Host::open_dir(Path::new("/var/lib/guild"))?;
-//! let model = source().open(Path::new("/models/llama.gguf"))?;
-//! let bound = host.models().select(model)?;
+//! let OpenedHost { host, .. } = Host::builder("/var/lib/guild").open()?;
+//! let bound = host.open_model(Path::new("/models/llama.gguf"))?;
 //! let d = bound.description();
 //! println!("{} runs {} ({} layers)", bound.runner_id(), d.architecture, d.n_layers);
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! A model read some other way (any [`ModelSource`]) is selected with
+//! [`ModelRunnerRegistry::select`].
 
 pub mod description;
 pub mod reader;
 
 use std::ffi::c_void;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::ptr;
 use std::sync::Arc;
 
@@ -71,12 +73,14 @@ use guild_abi::{
     GUILD_STATUS_ERR_UNSUPPORTED, GUILD_STATUS_OK,
 };
 use guild_domain::ids::{PackageId, RunnerId};
-use guild_ports::model::ModelFile;
 use guild_ports::provider::RunnerProvider;
 
 use crate::registry::{KernelRegistry, RunnerBinding};
 
 pub use description::{DescriptionError, LayerKind, ModelDescription, TensorRole, TensorRoleKind};
+pub use guild_ports::model::{
+    MetaArray, MetaValue, ModelError, ModelErrorKind, ModelFile, ModelSource, ModelTensor,
+};
 pub use reader::ModelReader;
 
 use description::{CDescription, CopiedRecord};
@@ -92,6 +96,13 @@ impl<'r> ModelRunnerRegistry<'r> {
     /// The view over `kernels`' runners.
     pub fn new(kernels: &'r KernelRegistry) -> Self {
         ModelRunnerRegistry { kernels }
+    }
+
+    /// Opens the GGUF file at `path` with the host's reader (GGUF v2 and v3, every count and
+    /// offset bounded before anything is allocated) and [`select`](Self::select)s its runner.
+    pub fn select_file(&self, path: &Path) -> Result<BoundModel, SelectFileError> {
+        let model = guild_adapters_fs::GgufSource::default().open(path)?;
+        Ok(self.select(model)?)
     }
 
     /// Selects, describes, checks, validates and creates the runner for `model`; see the module
@@ -504,6 +515,18 @@ pub enum SelectError {
         /// Every runner, in the order it was asked.
         verdicts: Vec<RunnerVerdict>,
     },
+}
+
+/// Why [`ModelRunnerRegistry::select_file`] bound no runner.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SelectFileError {
+    /// The file is not a GGUF model the reader accepts (or cannot be read); no runner was asked.
+    #[error(transparent)]
+    Read(#[from] ModelError),
+    /// The file was read, and no runner took it.
+    #[error(transparent)]
+    Select(#[from] SelectError),
 }
 
 impl SelectError {

@@ -33,13 +33,10 @@
 //! Resolve the inclusive scan for eight `f32` values on the CPU and run it:
 //!
 //! ```no_run
-//! use guild_domain::ids::OpName;
-//! use guild_domain::operation::{DType, MemorySpace, TensorDesc};
-//! use guild_host::operations::{TensorArg, TensorArgMut};
-//! use guild_host::{Host, OperationRequest, OperationService};
+//! use guild_host::prelude::*;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let (host, _opened, _loaded) = Host::open_dir(std::path::Path::new("/var/lib/guild"))?;
+//! let OpenedHost { host, .. } = Host::builder("/var/lib/guild").open()?;
 //! let service = OperationService::new(host.kernels());
 //!
 //! // Describe the tensors exactly as they will be passed: dtype, shape (innermost axis first),
@@ -193,6 +190,7 @@ impl OperationRequest {
 
 /// Why [`OperationService::resolve`] returned no handle.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ResolveError {
     /// The request is invalid whatever providers exist.
     #[error("invalid operation request: {0}")]
@@ -729,6 +727,7 @@ fn same_tensor(a: &TensorDesc, b: &TensorDesc) -> bool {
 /// [`ExecuteError::Provider`] and [`ExecuteError::Stream`] is found before the provider is
 /// called.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ExecuteError {
     /// The call passes another number of inputs or outputs than was negotiated.
     #[error("{got} {role}s given, the negotiated contract has {expected}")]

@@ -22,7 +22,7 @@ use guild_domain::lease::{LeaseError, LeaseKind, QuiescentAction};
 use guild_domain::operation::DType;
 use guild_domain::version::Version;
 use guild_host::operations::DeviceSupport;
-use guild_host::registry::{KernelRegistry, RegistryChangeError};
+use guild_host::registry::{KernelRegistry, RegistryChangeError, StandaloneRegistry};
 use guild_host::{Host, HostError, InstallOptions, OperationService};
 use guild_ports::loader::{LoadError, LoadRequest, LoadedPlugin, PluginLoader};
 
@@ -378,7 +378,7 @@ fn installing_new_versions_racing_resolution_never_returns_ok_with_a_handle_aliv
 #[test]
 fn a_draining_package_is_passed_over_and_bindable_again_once_the_drain_ends() {
     let open = Arc::new(AtomicU64::new(0));
-    let reg = KernelRegistry::new();
+    let reg = StandaloneRegistry::new();
     publish(&reg, plugin("a.pkg", "1.0.0", &[("a.k", 10)], &open));
     let b_closed = publish(&reg, plugin("b.pkg", "1.0.0", &[("b.k", 5)], &open));
     let (a, a_k) = (id("a.pkg"), ImplId::new("a.k").unwrap());

@@ -2,12 +2,12 @@
 //! library stays loaded while a binding holds it through unload, replacement and rollback.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use guild_adapters_posix::DlopenLoader;
 use guild_domain::ids::ImplId;
 use guild_domain::lease::{Leased, QuiescentAction};
-use guild_host::{Host, HostError, InstallOptions};
+use guild_host::{DeviceSupport, Host, HostError, InstallOptions, OpenedHost};
 use guild_ports::fakes::{fake_kernel, FakeLoader, FakePlugin};
 use guild_ports::loader::{LoadError, LoadErrorKind, LoadRequest, LoadedPlugin, PluginLoader};
 
@@ -133,6 +133,63 @@ fn good_kernel(version: &str, library: &[u8]) -> Spec {
         "test.good_kernel.prefix_sum_f32".into(),
     ];
     spec
+}
+
+#[test]
+fn the_builder_wires_the_plugin_log_and_the_devices_and_reports_what_opening_did() {
+    let library = good_kernel_library();
+    let shop = Workshop::new();
+    let k = key();
+    let store = shop.fresh("store");
+    {
+        let (pm, _) = open_dir(&store).unwrap();
+        trust(&pm, PUBLISHER, &k);
+        let built = shop.build(&good_kernel("1.0.0", &library), &k);
+        pm.install(&built.archive, InstallOptions::default())
+            .unwrap();
+    }
+
+    // Not loaded on open when asked not to; the log sink is the dlopen loader's.
+    let records: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let sink = Arc::clone(&records);
+    let OpenedHost { host, report } = Host::builder(&store)
+        .devices(DeviceSupport::host())
+        .plugin_log(move |package, record| {
+            sink.lock()
+                .unwrap()
+                .push((package.to_string(), record.message.clone()))
+        })
+        .load_enabled(false)
+        .open()
+        .unwrap();
+    assert_eq!(report.store.verified, 1);
+    assert!(report.loaded.loaded.is_empty());
+    assert_eq!(report.no_cuda, None, "the devices were given, not detected");
+    assert!(records.lock().unwrap().is_empty());
+
+    let loaded = host.load_enabled().unwrap();
+    assert_eq!(loaded.loaded.len(), 1, "{loaded:?}");
+    let records = records.lock().unwrap().clone();
+    assert!(
+        records
+            .iter()
+            .any(|(package, message)| package == "test.good"
+                && message.contains("registered 2 kernels")),
+        "the plugin's init record reached the sink: {records:?}"
+    );
+    drop(host);
+
+    // Detected devices: the reason there is no CUDA device is kept, not thrown away.
+    let OpenedHost { host, report } = Host::builder(&store).open().unwrap();
+    assert_eq!(report.loaded.loaded.len(), 1);
+    assert_eq!(
+        report.no_cuda.is_some(),
+        DeviceSupport::detect().1.is_some()
+    );
+    // The simple path is the same open.
+    drop(host);
+    let (_host, opened, loaded) = Host::open_dir(&store).unwrap();
+    assert_eq!((opened.verified, loaded.loaded.len()), (1, 1));
 }
 
 #[test]
@@ -302,12 +359,11 @@ fn fake_host(
 }
 
 fn revoke(host: &Host, k: &guild_adapters_crypto::SigningKey) {
-    host.packages()
-        .update_trust(|t| {
-            t.revoke_key(k.key_id(), "test");
-            Ok(())
-        })
-        .unwrap();
+    host.update_trust(|t| {
+        t.revoke_key(k.key_id(), "test");
+        Ok(())
+    })
+    .unwrap();
 }
 
 #[test]

@@ -430,18 +430,20 @@ fn an_unusable_dependency_refuses_enabling_the_dependent_and_blocks_it_at_open()
 fn bench_with_base_key() -> (Bench, SigningKey, Built) {
     let b = Bench::new();
     let base_key = key();
-    trust(b.host.packages(), PUBLISHER, &base_key);
+    let spki = base_key.public_key().spki_der().to_vec();
+    b.host
+        .update_trust(|t| t.add_key(publisher(PUBLISHER), spki).map_err(Into::into))
+        .unwrap();
     let base = b.shop.build(&scan_spec("1.0.0"), &base_key);
     (b, base_key, base)
 }
 
 fn revoke(host: &Host, k: &SigningKey) {
-    host.packages()
-        .update_trust(|t| {
-            assert!(t.revoke_key(k.key_id(), "test"));
-            Ok(())
-        })
-        .unwrap();
+    host.update_trust(|t| {
+        assert!(t.revoke_key(k.key_id(), "test"));
+        Ok(())
+    })
+    .unwrap();
 }
 
 #[test]

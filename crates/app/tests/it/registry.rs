@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use guild_domain::ids::{ImplId, OpName, PackageId};
 use guild_domain::operation::Backend;
 use guild_domain::version::Version;
-use guild_host::registry::{KernelRegistry, RegistryChangeError, Selector};
+use guild_host::registry::{RegistryChangeError, Selector, StandaloneRegistry};
 use guild_ports::loader::{LoadedLibrary, LoadedPlugin, RegisteredKernel};
 use guild_ports::provider::KernelProvider;
 
@@ -98,7 +98,7 @@ pub(crate) fn plugin(
     }
 }
 
-pub(crate) fn publish(reg: &KernelRegistry, p: Plugin) -> Arc<AtomicBool> {
+pub(crate) fn publish(reg: &StandaloneRegistry, p: Plugin) -> Arc<AtomicBool> {
     let id = p.plugin.library.package().clone();
     let version = p.plugin.library.version().clone();
     reg.commit(reg.prepare(&id, &version, p.plugin, true).unwrap());
@@ -121,7 +121,7 @@ fn pkg(s: &str) -> PackageId {
 fn select_prefers_priority_then_impl_id_whatever_the_publication_order() {
     let open = Arc::new(AtomicU64::new(0));
     for order in [[0, 1, 2], [2, 1, 0], [1, 0, 2]] {
-        let reg = KernelRegistry::new();
+        let reg = StandaloneRegistry::new();
         let plugins = [
             ("a.pkg", "a.scan.z", 5),
             ("b.pkg", "b.scan.b", 10),
@@ -147,7 +147,7 @@ fn select_prefers_priority_then_impl_id_whatever_the_publication_order() {
 #[test]
 fn a_duplicate_impl_id_across_packages_is_refused_and_changes_nothing() {
     let open = Arc::new(AtomicU64::new(0));
-    let reg = KernelRegistry::new();
+    let reg = StandaloneRegistry::new();
     publish(&reg, plugin("a.pkg", "1.0.0", &[("shared.scan", 1)], &open));
     let dup = plugin("b.pkg", "1.0.0", &[("b.own", 1), ("shared.scan", 9)], &open);
     let err = reg
@@ -171,7 +171,7 @@ fn a_duplicate_impl_id_across_packages_is_refused_and_changes_nothing() {
 #[test]
 fn a_binding_keeps_the_library_loaded_through_unload_and_replacement() {
     let open = Arc::new(AtomicU64::new(0));
-    let reg = KernelRegistry::new();
+    let reg = StandaloneRegistry::new();
     let closed_v1 = publish(&reg, plugin("a.pkg", "1.0.0", &[("a.scan", 1)], &open));
     let binding = reg.find_by_id(&ImplId::new("a.scan").unwrap()).unwrap();
     assert_eq!(reg.live_bindings(&pkg("a.pkg")), 1);
@@ -219,7 +219,7 @@ fn a_binding_keeps_the_library_loaded_through_unload_and_replacement() {
 #[test]
 fn disabled_packages_are_not_selected_but_stay_loaded() {
     let open = Arc::new(AtomicU64::new(0));
-    let reg = KernelRegistry::new();
+    let reg = StandaloneRegistry::new();
     publish(&reg, plugin("a.pkg", "1.0.0", &[("a.scan", 1)], &open));
     reg.set_enabled(&pkg("a.pkg"), false).unwrap();
     assert!(reg.select(&scan()).is_none());
@@ -236,7 +236,7 @@ fn disabled_packages_are_not_selected_but_stay_loaded() {
 #[test]
 fn stress_lookups_against_publication_and_unload() {
     let open = Arc::new(AtomicU64::new(0));
-    let reg = Arc::new(KernelRegistry::new());
+    let reg = Arc::new(StandaloneRegistry::new());
     let stop = Arc::new(AtomicBool::new(false));
     let deadline = Instant::now() + Duration::from_millis(1500);
     let seen = Arc::new(AtomicU64::new(0));

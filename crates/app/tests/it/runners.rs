@@ -19,7 +19,7 @@ use guild_host::models::{
     DescriptionError, LayerKind, PluginReason, RunnerRefusal, RunnerVerdict, TensorRoleKind,
 };
 use guild_host::operations::DeviceSupport;
-use guild_host::{BoundModel, HostError, SelectError};
+use guild_host::{BoundModel, HostError, SelectError, SelectFileError};
 use guild_ports::fakes::FakeModel;
 use guild_ports::model::{MetaArray, MetaValue};
 
@@ -704,16 +704,27 @@ fn write_gguf(model: &FakeModel, path: &Path) {
 }
 
 #[test]
+fn a_file_that_is_not_gguf_is_refused_before_any_runner_is_asked() {
+    let f = fixture(&[LLAMA]);
+    let path = f.shop.fresh("not-a-model.gguf");
+    std::fs::write(&path, b"GGML but not really").unwrap();
+    // A read error, not a selection error: no runner was asked.
+    match f.host.models().select_file(&path).unwrap_err() {
+        SelectFileError::Read(e) => assert_eq!(e.location, path),
+        other => panic!("expected a read error, got {other}"),
+    }
+}
+
+#[test]
 fn a_gguf_file_on_disk_selects_and_binds_its_runner() {
     let f = fixture(&[LLAMA, LLAMA_LOW]);
     let log = marker(&f, "gguf");
     let path = f.shop.fresh("tiny-llama.gguf");
     write_gguf(&llama_model(&log, 2, 8, 2), &path);
 
-    let source = guild_adapters_fs::GgufSource::default();
-    let model = guild_ports::model::ModelSource::open(&source, &path).unwrap();
-    assert_eq!(model.tensors().len(), 3 + 2 * 9);
-    let bound = f.host.models().select(model).unwrap();
+    // The host's own GGUF reader: the runner names no adapter.
+    let bound = f.host.open_model(&path).unwrap();
+    assert_eq!(bound.model().tensors().len(), 3 + 2 * 9);
     assert_eq!(bound.runner_id().as_str(), LLAMA.id);
     assert_eq!(bound.description().n_layers, 2);
     assert_eq!(events(&log), ["create test.runner.llama"]);
