@@ -749,7 +749,7 @@ impl Resolved {
     /// dtype, memory space and device (unless `shapes_checked`), and data present and aligned
     /// as the contract requires. Everything else the contract says was checked once, at
     /// resolution, against these very shapes; only the data pointers are new.
-    #[inline]
+    #[inline(always)]
     fn check_tensors(
         &self,
         role: TensorRole,
@@ -878,6 +878,7 @@ impl Shape {
     }
 
     /// Whether `t` is this tensor apart from its data pointer.
+    #[inline(always)]
     fn matches(&self, t: &guild_tensor_desc_v1_t) -> bool {
         if t.dtype != self.dtype
             || t.rank != self.rank
