@@ -485,7 +485,7 @@ fn build_binaries(root: &Path) -> Result<(PathBuf, PathBuf), String> {
     let args = [
         "build",
         "-p",
-        "guild-host",
+        "guild-cli",
         "--bin",
         "guild",
         "-p",
