@@ -151,11 +151,15 @@ pub enum CudaUnavailable {
     /// The driver could not be opened or queried (no driver, no device, an old driver...).
     #[error(transparent)]
     Driver(Box<dyn std::error::Error + Send + Sync>),
+    /// This host was built without the `cuda` feature: it has no CUDA adapter to ask.
+    #[error("built without CUDA support")]
+    NotBuilt,
 }
 
 /// The CUDA devices the driver reports (an empty list when it is loaded but sees none), for
 /// diagnostics such as `guild doctor`; the operation service itself uses
 /// [`DeviceSupport::detect`](crate::operations::DeviceSupport::detect).
+#[cfg(feature = "cuda")]
 pub fn cuda_devices() -> Result<Vec<CudaDevice>, CudaUnavailable> {
     let devices = guild_adapters_cuda::probe().map_err(|e| CudaUnavailable::Driver(Box::new(e)))?;
     Ok(devices
@@ -167,4 +171,10 @@ pub fn cuda_devices() -> Result<Vec<CudaDevice>, CudaUnavailable> {
             total_memory: d.total_memory,
         })
         .collect())
+}
+
+/// Without the `cuda` feature there is no driver to ask: always [`CudaUnavailable::NotBuilt`].
+#[cfg(not(feature = "cuda"))]
+pub fn cuda_devices() -> Result<Vec<CudaDevice>, CudaUnavailable> {
+    Err(CudaUnavailable::NotBuilt)
 }
