@@ -110,6 +110,11 @@ pub fn check_deps(crates: &[CrateDeps]) -> Vec<Violation> {
         let is_adapter = ADAPTERS.contains(&c.package.as_str());
         for (kind, dep) in &c.deps {
             let dep = dep.as_str();
+            // A dev-dependency on the crate itself turns on its test-only features (the CUDA
+            // adapter's `testing`); it is no edge.
+            if dep == c.package {
+                continue;
+            }
             match c.package.as_str() {
                 "guild-domain" => {
                     let allowed = DOMAIN_ALLOWED.contains(&dep)
