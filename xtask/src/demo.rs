@@ -484,6 +484,7 @@ impl Demo {
 fn build_binaries(root: &Path) -> Result<(PathBuf, PathBuf), String> {
     let args = [
         "build",
+        "--locked",
         "-p",
         "guild-cli",
         "--bin",
