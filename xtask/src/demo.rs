@@ -485,8 +485,9 @@ impl Demo {
 fn build_binaries(root: &Path) -> Result<(PathBuf, PathBuf), String> {
     let args = [
         "build",
+        "--locked",
         "-p",
-        "guild-host",
+        "guild-cli",
         "--bin",
         "guild",
         "-p",

@@ -239,7 +239,7 @@ fn summarise(steps: &[Step], device: Option<&str>) -> Result<(), String> {
 fn cargo_command(args: &[&str]) -> Command {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.current_dir(util::root()).args(args);
+    cmd.current_dir(util::root()).args(util::locked(args));
     cmd
 }
 

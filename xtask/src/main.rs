@@ -18,7 +18,8 @@ tasks:
   sdk       configure, install and package the standalone SDK into target/guild-sdk
   plugins   build the C test plugins against the installed SDK into target/test-plugins
   tidy      check the crate dependency rules and source hygiene
-  test      everything CI runs: fmt, clippy, tidy, SDK, plugins, all tests
+  test      everything CI runs: fmt, tidy, clippy (also a CPU-only host), docs, SDK,
+            plugins, all tests
   ci        the same as test, for CI
   gpu-check every GPU test with REQUIRE_GPU=1, with a summary (fails without a GPU);
             --bundle builds target/gpu-check/ to run them on a GPU machine without cargo
@@ -67,6 +68,33 @@ fn test() -> Result<(), String> {
             "--",
             "-D",
             "warnings",
+        ])
+    })?;
+    // A CPU-only runner turns the host's `cuda` feature off; that build must stay warning-free
+    // (clippy is a check that also sees the imports only the CUDA code used).
+    step("guild-host without default features (no CUDA)", || {
+        cargo(&[
+            "clippy",
+            "-p",
+            "guild-host",
+            "--no-default-features",
+            "--",
+            "-D",
+            "warnings",
+        ])
+    })?;
+    // Every crate must stay packageable (versions on internal dependencies, included files),
+    // though none is published yet. Without a verify build it takes a second. The internal
+    // crates are `publish = false`, so cargo's workspace overlay leaves them out and cannot
+    // resolve a lock file for the crates above them: the packages carry none (the workspace's
+    // Cargo.lock is what every build here uses).
+    step("cargo package --workspace", || {
+        cargo(&[
+            "package",
+            "--workspace",
+            "--no-verify",
+            "--allow-dirty",
+            "--exclude-lockfile",
         ])
     })?;
     step("cargo doc (warnings are errors)", || {

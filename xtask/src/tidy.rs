@@ -8,6 +8,10 @@
 //!   so that an execute crosses it without a conversion.
 //! - `guild-abi` depends on nothing.
 //! - Adapters never depend on one another, and nothing but `guild-host` depends on an adapter.
+//! - Nothing inside the hexagon depends on `guild-host`; the command line (`guild-cli`) stands on
+//!   top of it and reaches the adapters through its re-exports. The CLI's own crates (clap,
+//!   clap_complete, anyhow) belong to `guild-cli` alone, so that the library a runner embeds
+//!   carries none of them.
 //! - The crates that touch the outside world are confined to the adapter that owns that world:
 //!   libloading to the POSIX adapter, cudarc to the CUDA adapter, tar to the file-system adapter,
 //!   p256 to the crypto adapter.
@@ -82,6 +86,10 @@ const CONFINED: &[(&str, &str)] = &[
     ("p256", "guild-adapters-crypto"),
 ];
 
+/// The command line's crates: argument parsing, completions and error chains. Only `guild-cli`
+/// (and xtask, which uses none today) may name them.
+const CLI_ONLY: &[&str] = &["clap", "clap_complete", "anyhow"];
+
 /// Checks the dependency rules over a set of crates.
 pub fn check_deps(crates: &[CrateDeps]) -> Vec<Violation> {
     let mut out = Vec::new();
@@ -102,6 +110,11 @@ pub fn check_deps(crates: &[CrateDeps]) -> Vec<Violation> {
         let is_adapter = ADAPTERS.contains(&c.package.as_str());
         for (kind, dep) in &c.deps {
             let dep = dep.as_str();
+            // A dev-dependency on the crate itself turns on its test-only features (the CUDA
+            // adapter's `testing`); it is no edge.
+            if dep == c.package {
+                continue;
+            }
             match c.package.as_str() {
                 "guild-domain" => {
                     let allowed = DOMAIN_ALLOWED.contains(&dep)
@@ -133,7 +146,14 @@ pub fn check_deps(crates: &[CrateDeps]) -> Vec<Violation> {
                     );
                 }
             }
-            if dep == "guild-host" && c.package != "xtask" && !is_example(&c.manifest) {
+            if CLI_ONLY.contains(&dep) && c.package != "guild-cli" && c.package != "xtask" {
+                flag(c, dep, "the command line's crates belong to guild-cli");
+            }
+            if dep == "guild-host"
+                && c.package != "xtask"
+                && c.package != "guild-cli"
+                && !is_example(&c.manifest)
+            {
                 flag(
                     c,
                     dep,
@@ -425,6 +445,30 @@ mod tests {
                 "cudarc",
                 "this crate reaches the outside world and belongs to one adapter",
             ),
+            (
+                "guild-host",
+                Normal,
+                "clap",
+                "the command line's crates belong to guild-cli",
+            ),
+            (
+                "guild-host",
+                Normal,
+                "anyhow",
+                "the command line's crates belong to guild-cli",
+            ),
+            (
+                "guild-cli",
+                Normal,
+                "guild-adapters-crypto",
+                "only guild-host (the composition root) may depend on an adapter",
+            ),
+            (
+                "guild-ports",
+                Normal,
+                "guild-host",
+                "nothing inside the hexagon depends on the composition root",
+            ),
         ];
         for (package, kind, dep, rule) in cases {
             let got = rules(krate(package, &[(*kind, dep)]));
@@ -445,6 +489,11 @@ mod tests {
         ))
         .is_empty());
         assert!(rules(krate("guild-host", &[(Normal, "guild-adapters-fs")])).is_empty());
+        assert!(rules(krate(
+            "guild-cli",
+            &[(Normal, "guild-host"), (Normal, "clap"), (Normal, "anyhow")]
+        ))
+        .is_empty());
         assert!(rules(krate(
             "guild-ports",
             &[(Normal, "guild-domain"), (Normal, "guild-abi")]

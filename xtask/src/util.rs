@@ -34,6 +34,18 @@ pub fn run(cmd: &mut Command) -> Result<(), String> {
     Ok(())
 }
 
+/// `args` with `--locked` after the subcommand when it resolves dependencies (everything but
+/// `fmt`), so that a build never changes Cargo.lock: CI builds exactly what was committed.
+pub fn locked<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    let mut out = args.to_vec();
+    if let Some(sub) = args.first() {
+        if *sub != "fmt" {
+            out.insert(1, "--locked");
+        }
+    }
+    out
+}
+
 pub fn cargo(args: &[&str]) -> Result<(), String> {
     cargo_env(args, &[])
 }
@@ -41,7 +53,7 @@ pub fn cargo(args: &[&str]) -> Result<(), String> {
 pub fn cargo_env(args: &[&str], env: &[(&str, &OsStr)]) -> Result<(), String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.current_dir(root()).args(args);
+    cmd.current_dir(root()).args(locked(args));
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -55,6 +67,7 @@ pub fn test_executable(package: &str) -> Result<PathBuf, String> {
         .current_dir(root())
         .args([
             "test",
+            "--locked",
             "-p",
             package,
             "--test",

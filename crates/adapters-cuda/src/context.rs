@@ -52,11 +52,13 @@ impl Primary {
     }
 
     /// Makes this context current on the calling thread until the guard drops.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))] // Only the GPU test helpers use it.
     pub(crate) fn push(&self) -> Result<Pushed, CudaError> {
         Pushed::new(self.ctx)
     }
 
     /// Makes this context the calling thread's current one (replacing whatever was current).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))] // Only the GPU test helpers use it.
     pub(crate) fn make_current(&self) -> Result<(), CudaError> {
         // SAFETY: `ctx` is a retained, live primary context.
         call("cuCtxSetCurrent", unsafe {

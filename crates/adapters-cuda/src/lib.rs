@@ -6,12 +6,14 @@
 //!   [`NoDevice`] reason, never a panic.
 //! - [`CudaStreams`] implements the device port's [`StreamEvents`](guild_ports::device::StreamEvents)
 //!   with CUDA events on the caller's streams.
-//! - [`testing`] holds the helpers GPU tests use (memory, streams, PTX launches, graph capture)
-//!   and the skip-or-fail rule for machines without a GPU.
+//! - `testing` (feature `testing`, for tests only) holds the helpers GPU tests use (memory,
+//!   streams, PTX launches, graph capture), the skip-or-fail rule for machines without a GPU,
+//!   and a fake `libcuda.so.1`.
 
 mod context;
 mod driver;
 mod streams;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 pub use driver::{probe, CudaError, DeviceInfo, Driver, DriverFailure, NoDevice, DRIVER_LIBRARY};

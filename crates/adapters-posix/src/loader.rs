@@ -92,7 +92,7 @@ impl PluginLoader for DlopenLoader {
         // needs.
         let library = unsafe { OpenLibrary::open(&path, Arc::clone(&self.open)) }.map_err(|e| {
             fail(LoadErrorKind::Open {
-                reason: e.to_string(),
+                reason: open_failure(&e),
             })
             .with_source(e)
         })?;
@@ -300,6 +300,20 @@ fn mismatch<'a>(
         registered: registered.into_iter().map(str::to_owned).collect(),
         declared: declared.into_iter().map(str::to_owned).collect(),
     })
+}
+
+/// Why `dlopen` refused a library, in words: libloading's message says which call failed
+/// ("dlopen failed") and its source carries dlerror's text, which names the file and the cause.
+fn open_failure(e: &libloading::Error) -> String {
+    use std::error::Error as _;
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 #[cfg(test)]

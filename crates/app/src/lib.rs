@@ -37,11 +37,11 @@
 //! holds the package manager (authentication, dependency validation, durable publication,
 //! enable/disable/remove/rollback, recovery), the kernel registry, the [`Host`] that composes
 //! them with a plugin loader, the operation service (its C table and its Rust face), the
-//! publisher tools and, in the binary, the `guild` command line. `unsafe` is denied everywhere
-//! but in `operations`, which calls the providers' C callbacks and implements the C table, in
-//! `models`, which calls the runners' RMD1 callbacks and implements the C model reader, in
-//! `experts`, which calls bound CPE1 tables, and in `cuda_tables`, which calls the host-side
-//! queries of bound CDA1 and CDM1 tables.
+//! publisher tools (the `guild` command line is the `guild-cli` crate). `unsafe` is denied
+//! everywhere but in `operations`, which calls the providers' C callbacks and implements the C
+//! table, in `models`, which calls the runners' RMD1 callbacks and implements the C model
+//! reader, in `experts`, which calls bound CPE1 tables, and in `cuda_tables`, which calls the
+//! host-side queries of bound CDA1 and CDM1 tables.
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]

@@ -41,7 +41,11 @@ use guild_ports::source::{OpenedPackage, PackageSource, Progress};
 use guild_ports::store::{PackageStore, RecoveryReport, Transaction};
 
 use crate::error::HostError;
+
 use crate::platform::HostPlatform;
+/// Where a store keeps its files (the lock, the journal, installed trees), re-exported for tools
+/// that report on a store without naming the file-system adapter.
+pub use guild_adapters_fs::store::StoreLayout;
 
 /// How to install a package.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

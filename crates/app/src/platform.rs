@@ -130,3 +130,52 @@ pub fn cpu_isa() -> CpuIsa {
     }
     CpuIsa::from_bits(bits)
 }
+
+/// One CUDA device as the driver reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CudaDevice {
+    /// The device ordinal (what `guild_device_caps_v1_t.device_id` holds).
+    pub ordinal: i32,
+    /// The marketing name.
+    pub name: String,
+    /// Compute capability times ten (9.0 -> 90), as the operation service compares it.
+    pub sm: u32,
+    /// Device memory in bytes.
+    pub total_memory: u64,
+}
+
+/// Why the CUDA devices could not be listed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CudaUnavailable {
+    /// The driver could not be opened or queried (no driver, no device, an old driver...).
+    #[error(transparent)]
+    Driver(Box<dyn std::error::Error + Send + Sync>),
+    /// This host was built without the `cuda` feature: it has no CUDA adapter to ask.
+    #[error("built without CUDA support")]
+    NotBuilt,
+}
+
+/// The CUDA devices the driver reports (an empty list when it is loaded but sees none), for
+/// diagnostics such as `guild doctor`; the operation service itself uses
+/// [`DeviceSupport::detect`](crate::operations::DeviceSupport::detect).
+#[cfg(feature = "cuda")]
+pub fn cuda_devices() -> Result<Vec<CudaDevice>, CudaUnavailable> {
+    let devices = guild_adapters_cuda::probe().map_err(|e| CudaUnavailable::Driver(Box::new(e)))?;
+    Ok(devices
+        .into_iter()
+        .map(|d| CudaDevice {
+            ordinal: d.ordinal,
+            name: d.name,
+            sm: d.sm,
+            total_memory: d.total_memory,
+        })
+        .collect())
+}
+
+/// Without the `cuda` feature there is no driver to ask: always [`CudaUnavailable::NotBuilt`].
+#[cfg(not(feature = "cuda"))]
+pub fn cuda_devices() -> Result<Vec<CudaDevice>, CudaUnavailable> {
+    Err(CudaUnavailable::NotBuilt)
+}

@@ -7,14 +7,20 @@
 
 use std::path::{Path, PathBuf};
 
-use guild_adapters_crypto::SigningKey;
-use guild_adapters_fs::archive::{scan_artifacts, write_gkpk, GkpkSource, PackError};
+use guild_adapters_fs::archive::{scan_artifacts, write_gkpk};
 use guild_domain::ids::Sha256Digest;
 use guild_domain::json::{self, Value};
 use guild_domain::manifest::{
     Manifest, ManifestErrors, Metadata, SignatureAlgorithm, SignatureEntry,
 };
 use guild_ports::source::{Durability, ExtractOptions, PackageSource, SourceError};
+
+/// The publisher's key material and archives, re-exported so that tools built on the host (the
+/// `guild` command line) reach them without naming an adapter: P-256 keys and their PEM files,
+/// the verifier, and the GKPK reader.
+pub use guild_adapters_crypto::files as key_files;
+pub use guild_adapters_crypto::{KeyFileError, P256Verifier, PublicKey, SigningKey};
+pub use guild_adapters_fs::archive::{GkpkSource, PackError};
 
 /// Why packing or signing failed.
 #[derive(Debug, thiserror::Error)]

@@ -67,6 +67,10 @@ impl fmt::Debug for DeviceSupport {
     }
 }
 
+/// Why a host built without the `cuda` feature has no CUDA device.
+#[cfg(not(feature = "cuda"))]
+pub(crate) const NO_CUDA_SUPPORT: &str = "built without CUDA support";
+
 impl DeviceSupport {
     /// The host CPU as detected at run time, no GPU and no stream adapter.
     pub fn host() -> Self {
@@ -79,7 +83,9 @@ impl DeviceSupport {
 
     /// The host CPU, and CUDA device 0 with the CUDA stream adapter when the driver reports a
     /// usable device; otherwise [`DeviceSupport::host`] and why there is no CUDA device (no
-    /// driver, a driver without a device, ...), in words a caller may show.
+    /// driver, a driver without a device, a host built without the `cuda` feature, ...), in
+    /// words a caller may show.
+    #[cfg(feature = "cuda")]
     pub fn detect() -> (Self, Option<String>) {
         let cuda = guild_adapters_cuda::Driver::load()
             .and_then(|driver| driver.device(0).map(|device| (driver, device)));
@@ -94,6 +100,13 @@ impl DeviceSupport {
             ),
             Err(e) => (Self::host(), Some(e.to_string())),
         }
+    }
+
+    /// The host CPU alone: this host was built without the `cuda` feature, so there is no CUDA
+    /// adapter to ask. The reason says so.
+    #[cfg(not(feature = "cuda"))]
+    pub fn detect() -> (Self, Option<String>) {
+        (Self::host(), Some(NO_CUDA_SUPPORT.to_owned()))
     }
 }
 

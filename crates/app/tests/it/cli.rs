@@ -1,9 +1,15 @@
 //! The `guild` binary, run as an operator would: the whole publish-and-install flow, every
 //! documented exit code, the `--json` documents, hints, and `verify` leaving nothing behind.
+//!
+//! The binary is the `guild-cli` crate's. These tests stay with the library's because they share
+//! its store and plugin fixtures (`support`, `operations`) and read stores with its API; they
+//! build the binary with cargo once per run, as `examples` builds the Rust runner, so what they
+//! run is always the current source.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::OnceLock;
 
 use serde_json::Value;
 
@@ -95,10 +101,41 @@ impl Run {
     }
 }
 
+/// Builds `guild` with cargo (once per test run) and returns its executable, as cargo reports
+/// it (so a custom target directory works too).
+pub fn guild_binary() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let out = Command::new(env!("CARGO"))
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+            .args([
+                "build",
+                "-p",
+                "guild-cli",
+                "--bin",
+                "guild",
+                "--message-format=json-render-diagnostics",
+            ])
+            .output()
+            .expect("cargo runs");
+        assert!(
+            out.status.success(),
+            "building the guild binary failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .find(|m| m["target"]["name"] == "guild" && m["executable"].is_string())
+            .and_then(|m| m["executable"].as_str().map(PathBuf::from))
+            .expect("cargo reports the guild executable")
+    })
+}
+
 /// A command for the `guild` binary with a predictable environment: no inherited store, no
 /// colour, scratch files under `tmp` (when given).
 pub fn guild_command(cwd: &Path, args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_guild"));
+    let mut cmd = Command::new(guild_binary());
     cmd.args(args)
         .current_dir(cwd)
         .env_remove("GUILD_STORE")

@@ -9,13 +9,11 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use guild_adapters_crypto::files::{self, KeyFileOptions};
-use guild_adapters_crypto::{P256Verifier, SigningKey};
-use guild_adapters_fs::archive::GkpkSource;
-use guild_adapters_fs::store::StoreLayout;
 use guild_domain::manifest::{Manifest, Metadata};
 use guild_domain::trust::{authenticate, SignatureCheck, TrustStore};
-use guild_host::publish;
+use guild_host::package_manager::StoreLayout;
+use guild_host::publish::key_files::{self as files, KeyFileOptions};
+use guild_host::publish::{self, GkpkSource, P256Verifier, SigningKey};
 use guild_host::{HostError, HostPlatform};
 use guild_ports::signature::SignatureVerifier;
 use guild_ports::source::{Durability, ExtractOptions, PackageSource, Progress};
@@ -34,10 +32,7 @@ pub fn keygen(prefix: &Path, force: bool) -> anyhow::Result<Report> {
     if !force {
         for path in [&private, &public] {
             if fs::symlink_metadata(path).is_ok() {
-                return Err(guild_adapters_crypto::KeyFileError::AlreadyExists {
-                    path: path.clone(),
-                }
-                .into());
+                return Err(publish::KeyFileError::AlreadyExists { path: path.clone() }.into());
             }
         }
     }

@@ -5,10 +5,8 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use guild_adapters_fs::store::StoreLayout;
-
-use guild_host::package_manager::PackageManager;
-use guild_host::platform::{cpu_isa, HostPlatform};
+use guild_host::package_manager::{PackageManager, StoreLayout};
+use guild_host::platform::{cpu_isa, cuda_devices, HostPlatform};
 use serde_json::{json, Value};
 
 use super::failure::{Exit, Failure};
@@ -295,7 +293,7 @@ fn trust_check(pm: &PackageManager) -> Check {
 }
 
 fn cuda_check() -> Check {
-    match guild_adapters_cuda::probe() {
+    match cuda_devices() {
         Ok(devices) if devices.is_empty() => Check::new(
             "cuda",
             Verdict::Warn,

@@ -6,9 +6,9 @@
 
 use std::path::Path;
 
-use guild_adapters_crypto::files;
 use guild_domain::ids::Sha256Digest;
 use guild_host::package_manager::TrustOpened;
+use guild_host::publish::key_files as files;
 use guild_host::{HostError, PackageManager, TrustReset};
 use serde_json::json;
 

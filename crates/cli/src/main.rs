@@ -1,9 +1,14 @@
-//! The `guild` command line: parses the arguments, runs one command against the library, and
-//! prints its result or its error (with the documented exit code).
+//! `guild`: the operator's and publisher's command line over `guild-host` (see docs/cli.md).
+//! It parses the arguments, runs one command against the library, and prints its result or its
+//! error (with the documented exit code).
 //!
-//! The library stays free of CLI code: this module tree belongs to the binary only. Nothing here
-//! adds a way around verification; every package goes through the same `PackageManager` calls
-//! that an embedding runner uses.
+//! It lives in its own crate so that the `guild_host` library that runners embed carries none
+//! of its dependencies (clap, clap_complete, anyhow). Nothing here adds a way around
+//! verification; every package goes through the same `PackageManager` calls that an embedding
+//! runner uses, and the adapters it needs (key files, archives, the store's layout, the CUDA
+//! probe) are reached through `guild-host`'s re-exports, never named directly.
+
+#![forbid(unsafe_code)]
 
 mod args;
 mod doctor;
@@ -29,7 +34,7 @@ use failure::{CliError, Exit, Failure};
 use output::{Output, Report};
 
 /// Runs `guild` with the process's arguments.
-pub fn main() -> ExitCode {
+fn main() -> ExitCode {
     let raw: Vec<OsString> = std::env::args_os().collect();
     let cli = match Cli::try_parse_from(&raw) {
         Ok(cli) => cli,

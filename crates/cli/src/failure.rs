@@ -8,13 +8,11 @@ use std::io;
 use std::path::Path;
 use std::process::ExitCode;
 
-use guild_adapters_crypto::KeyFileError;
-use guild_adapters_fs::archive::PackError;
 use guild_domain::graph::{DisableRefusal, GraphProblem, RemoveRefusal, RollbackRefusal};
 use guild_domain::registry::RegistryError;
 use guild_domain::trust::{AuthError, SignatureOutcome, TrustChangeError, TrustFileMismatch};
 use guild_host::publication::LibraryCheckFailure;
-use guild_host::publish::PublishError;
+use guild_host::publish::{KeyFileError, PackError, PublishError};
 use guild_host::{ErrorCategory, HostError};
 use guild_ports::source::{SourceError, SourceErrorKind};
 use guild_ports::store::{StoreError, StoreErrorKind};

@@ -389,7 +389,7 @@ fn package_status(
 }
 
 fn store_tree(store: &Path, id: &PackageId, version: &Version) -> String {
-    guild_adapters_fs::store::StoreLayout::new(store)
+    guild_host::package_manager::StoreLayout::new(store)
         .package_dir(id, version)
         .display()
         .to_string()
