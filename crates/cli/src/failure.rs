@@ -12,7 +12,7 @@ use guild_domain::graph::{DisableRefusal, GraphProblem, RemoveRefusal, RollbackR
 use guild_domain::registry::RegistryError;
 use guild_domain::trust::{AuthError, SignatureOutcome, TrustChangeError, TrustFileMismatch};
 use guild_host::publication::LibraryCheckFailure;
-use guild_host::publish::{KeyFileError, PackError, PublishError};
+use guild_host::publish::{KeyError, KeyFileError, PackError, PublishError};
 use guild_host::{ErrorCategory, HostError};
 use guild_ports::source::{SourceError, SourceErrorKind};
 use guild_ports::store::{StoreError, StoreErrorKind};
@@ -220,11 +220,35 @@ fn key_file(e: &KeyFileError) -> (Exit, Option<String>) {
             Some("pass --force to replace it (the old private key is then lost)".into()),
         ),
         KeyFileError::Io { .. } => (Exit::Failure, None),
+        KeyFileError::Key {
+            source: KeyError::UnexpectedPemLabel { expected, .. },
+            ..
+        } if expected.contains("PUBLIC") => (
+            Exit::Rejected,
+            Some(
+                "`trust add` takes the publisher's public key (the .pub file `guild keygen` \
+                 writes, `-----BEGIN PUBLIC KEY-----`); a private key never belongs in a trust \
+                 store"
+                    .into(),
+            ),
+        ),
+        KeyFileError::Key {
+            source: KeyError::UnexpectedPemLabel { .. },
+            ..
+        } => (
+            Exit::Rejected,
+            Some(
+                "signing takes the publisher's private key (the .key file `guild keygen` \
+                 writes: PKCS#8 or SEC1 PEM); a public key cannot sign"
+                    .into(),
+            ),
+        ),
         _ => (
             Exit::Rejected,
             Some(
-                "keys are PEM: a PKCS#8 or SEC1 P-256 private key, or an SPKI public key \
-                 (guild keygen and openssl write both)"
+                "key files are P-256 PEM: `trust add` takes a public key (SPKI, the .pub file), \
+                 `pack --key` and `sign --key` a private key (PKCS#8 or SEC1, the .key file); \
+                 `guild keygen` and openssl write both"
                     .into(),
             ),
         ),

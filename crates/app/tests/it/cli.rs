@@ -515,6 +515,24 @@ pub fn tamper(b: &Bench, archive: &str, from: &[u8], to: &[u8]) -> String {
 }
 
 #[test]
+fn cli_a_key_of_the_wrong_kind_gets_a_hint_for_the_kind_the_command_takes() {
+    let b = Bench::new();
+    // A private key where a publisher's public key belongs: the hint must not say that a
+    // private key would do.
+    let run = b.run(&["trust", "add", "org.example", "k.key"]);
+    run.expect(3)
+        .stderr_has("expected PUBLIC KEY")
+        .stderr_has("hint: `trust add` takes the publisher's public key");
+    assert!(!run.stderr.contains("private key, or"), "{}", run.stderr);
+    // And a public key where signing needs the private one.
+    let archive = b.package("example.keys", "1.0.0", b"keys v1", "");
+    b.run(&["sign", &archive, "--key", "k.pub"])
+        .expect(3)
+        .stderr_has("expected PRIVATE KEY")
+        .stderr_has("hint: signing takes the publisher's private key");
+}
+
+#[test]
 fn cli_locked_store_exits_5_with_a_hint() {
     let b = Bench::new();
     b.run(&["list"]).expect(0);
