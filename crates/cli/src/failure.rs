@@ -441,9 +441,12 @@ fn registry_hint(e: &RegistryError) -> Option<String> {
         | RegistryError::NoCurrentVersion { .. } => {
             Some("see what is installed with `guild list`".into())
         }
-        RegistryError::NoPreviousVersion { .. } => Some(
-            "rollback needs a superseded version; see `guild status ID` for its versions".into(),
-        ),
+        RegistryError::NoPreviousVersion { id } => Some(format!(
+            "rollback returns to the version the last change superseded, and there is none now; \
+             to go forward to a superseded version, install its package again (`guild install \
+             PACKAGE`, with --allow-downgrade for an older one); `guild status {id}` lists the \
+             versions"
+        )),
         RegistryError::Quarantined { id, version, .. } => Some(format!(
             "it failed re-verification: install a genuine copy of {id} {version} to repair it \
              (guild install PACKAGE), or remove it (guild remove {id} --version {version})"

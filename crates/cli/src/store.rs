@@ -198,12 +198,48 @@ pub fn install(
             ));
         }
     } else {
-        report.line(format!(
-            "{} {} is already installed with this exact content; nothing changed ({state})",
-            done.id, done.version
-        ));
+        report.line(unchanged_line(&pm, &done.id, &done.version, state)?);
     }
     Ok(report)
+}
+
+/// What an install that changed nothing says: where the version stands, and for a superseded
+/// one, what would make it current again.
+fn unchanged_line(
+    pm: &PackageManager,
+    id: &PackageId,
+    version: &Version,
+    state: &str,
+) -> anyhow::Result<String> {
+    use guild_domain::lifecycle::State;
+    let packages = pm.list()?;
+    let Some(package) = packages.iter().find(|p| &p.id == id) else {
+        return Ok(format!(
+            "{id} {version} is already installed with this exact content; nothing changed ({state})"
+        ));
+    };
+    let this = package.versions.iter().find(|v| &v.version == version);
+    let current = package
+        .versions
+        .iter()
+        .find(|v| matches!(v.state, State::Enabled | State::Disabled))
+        .map(|v| &v.version);
+    Ok(match (this.map(|v| v.state), current) {
+        (Some(State::Superseded), Some(current)) => {
+            let how = if package.previous.as_ref() == Some(version) {
+                format!("`guild rollback {id}` returns to it")
+            } else {
+                "install it again with --allow-downgrade to make it current".to_owned()
+            };
+            format!(
+                "{id} {version} is already installed and superseded by {current}; nothing \
+                 changed ({how})"
+            )
+        }
+        _ => format!(
+            "{id} {version} is already installed with this exact content; nothing changed ({state})"
+        ),
+    })
 }
 
 pub fn enable(store: &Path, id: &PackageId) -> anyhow::Result<Report> {

@@ -533,6 +533,31 @@ fn cli_a_key_of_the_wrong_kind_gets_a_hint_for_the_kind_the_command_takes() {
 }
 
 #[test]
+fn cli_superseded_versions_say_where_they_stand_and_how_to_go_forward() {
+    let b = Bench::new();
+    b.trust();
+    let v1 = b.package("example.scan", "1.0.0", b"scan v1", "");
+    let v2 = b.package("example.scan", "1.1.0", b"scan v2", "");
+    b.run(&["install", &v1]).expect(0);
+    b.run(&["install", &v2]).expect(0);
+    // Offering the superseded 1.0.0 again changes nothing, and says it is superseded (not
+    // merely "disabled") and what would bring it back.
+    let again = b.run(&["install", &v1]);
+    again
+        .expect(0)
+        .stdout_has("superseded by 1.1.0")
+        .stdout_has("guild rollback example.scan");
+    assert!(!again.stdout.contains("(disabled)"), "{}", again.stdout);
+    // After a rollback, 1.1.0 is superseded; another rollback has nowhere to go back to, and
+    // says how to go forward again.
+    b.run(&["rollback", "example.scan"]).expect(0);
+    b.run(&["rollback", "example.scan"])
+        .expect(4)
+        .stderr_has("hint:")
+        .stderr_has("install its package again");
+}
+
+#[test]
 fn cli_locked_store_exits_5_with_a_hint() {
     let b = Bench::new();
     b.run(&["list"]).expect(0);
