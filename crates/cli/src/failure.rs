@@ -436,11 +436,14 @@ fn registry_hint(e: &RegistryError) -> Option<String> {
         RegistryError::ImmutableVersion(_) => Some(
             "published versions never change; publish the new content under a new version".into(),
         ),
-        RegistryError::UnknownPackage { .. }
-        | RegistryError::NotInstalled { .. }
-        | RegistryError::NoCurrentVersion { .. } => {
+        RegistryError::UnknownPackage { .. } | RegistryError::NotInstalled { .. } => {
             Some("see what is installed with `guild list`".into())
         }
+        RegistryError::NoCurrentVersion { id } => Some(format!(
+            "its current version was removed: `guild rollback {id}` makes the previous version \
+             current again, or install a package of {id} (`guild install PACKAGE`); `guild \
+             status {id}` lists its versions"
+        )),
         RegistryError::NoPreviousVersion { id } => Some(format!(
             "rollback returns to the version the last change superseded, and there is none now; \
              to go forward to a superseded version, install its package again (`guild install \

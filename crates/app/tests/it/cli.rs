@@ -558,6 +558,22 @@ fn cli_superseded_versions_say_where_they_stand_and_how_to_go_forward() {
 }
 
 #[test]
+fn cli_enable_after_removing_the_current_version_says_what_works() {
+    let b = Bench::new();
+    b.trust();
+    let v1 = b.package("example.scan", "1.0.0", b"scan v1", "");
+    let v2 = b.package("example.scan", "1.1.0", b"scan v2", "");
+    b.run(&["install", &v1]).expect(0);
+    b.run(&["install", &v2]).expect(0);
+    b.run(&["remove", "example.scan"]).expect(0);
+    let enable = b.run(&["enable", "example.scan"]);
+    assert_ne!(enable.code, 0, "{}", enable.stdout);
+    enable
+        .stderr_has("hint:")
+        .stderr_has("guild rollback example.scan");
+}
+
+#[test]
 fn cli_locked_store_exits_5_with_a_hint() {
     let b = Bench::new();
     b.run(&["list"]).expect(0);
