@@ -70,6 +70,9 @@ pub struct CliError {
     pub exit: Exit,
     pub message: String,
     pub hint: Option<String>,
+    /// Items the failure is about, each with why (a failed resolve's candidates), printed one a
+    /// line and given in JSON as `candidates`.
+    pub candidates: Vec<(String, String)>,
 }
 
 impl CliError {
@@ -78,11 +81,17 @@ impl CliError {
             exit,
             message: message.into(),
             hint: None,
+            candidates: Vec::new(),
         }
     }
 
     pub fn with_hint(mut self, hint: impl Into<String>) -> Self {
         self.hint = Some(hint.into());
+        self
+    }
+
+    pub fn with_candidates(mut self, candidates: Vec<(String, String)>) -> Self {
+        self.candidates = candidates;
         self
     }
 }
@@ -96,6 +105,8 @@ pub struct Failure {
     /// The causes below it, outermost first, each said once.
     pub causes: Vec<String>,
     pub hint: Option<String>,
+    /// What the failure is about, item by item (see [`CliError::candidates`]).
+    pub candidates: Vec<(String, String)>,
 }
 
 impl Failure {
@@ -113,11 +124,17 @@ impl Failure {
             previous = text;
         }
         let (exit, hint) = classify(err);
+        let candidates = err
+            .chain()
+            .find_map(|e| e.downcast_ref::<CliError>())
+            .map(|e| e.candidates.clone())
+            .unwrap_or_default();
         Failure {
             exit,
             message,
             causes,
             hint,
+            candidates,
         }
     }
 }

@@ -100,6 +100,9 @@ impl Output {
             paint(colour, "1;31", "error:"),
             failure.message
         );
+        for (item, why) in &failure.candidates {
+            let _ = writeln!(err, "  {item}: {why}");
+        }
         for cause in &failure.causes {
             let _ = writeln!(err, "  caused by: {cause}");
         }
@@ -111,13 +114,21 @@ impl Output {
 
 /// The JSON form of an error: the same fields a person sees.
 pub fn failure_json(failure: &Failure) -> Value {
-    json!({
+    let mut value = json!({
         "category": failure.exit.category(),
         "exit_code": failure.exit.code(),
         "message": failure.message,
         "causes": failure.causes,
         "hint": failure.hint,
-    })
+    });
+    if !failure.candidates.is_empty() {
+        value["candidates"] = failure
+            .candidates
+            .iter()
+            .map(|(impl_id, reason)| json!({ "impl_id": impl_id, "reason": reason }))
+            .collect();
+    }
+    value
 }
 
 /// A usage error in JSON, for a command line that asked for `--json` but did not parse.
@@ -127,6 +138,7 @@ pub fn usage_json(message: &str) -> Value {
         message: message.to_owned(),
         causes: Vec::new(),
         hint: Some("see `guild --help`".into()),
+        candidates: Vec::new(),
     })
 }
 

@@ -47,11 +47,20 @@ pub fn run(
     let handle = match service.resolve(&request) {
         Ok(handle) => handle,
         Err(ResolveError::Unresolved(failure)) => {
-            let mut lines = failure.to_string();
+            // The header alone; each candidate and its reason follow as items, so that JSON
+            // gives them one by one.
+            let text = failure.to_string();
+            let mut header = text.lines().next().unwrap_or_default().to_owned();
             if failure.rejections.is_empty() {
-                lines.push_str("\n(no enabled package provides it)");
+                header.push_str(" (no enabled package provides it)");
             }
-            return Err(CliError::new(Exit::NotFound, lines)
+            let candidates = failure
+                .rejections
+                .iter()
+                .map(|r| (r.impl_id.to_string(), r.reason.to_string()))
+                .collect();
+            return Err(CliError::new(Exit::NotFound, header)
+                .with_candidates(candidates)
                 .with_hint("`guild list` shows what is installed and enabled")
                 .into());
         }

@@ -236,6 +236,25 @@ fn resolve_explains_the_choice_and_the_refusals() {
         "{}",
         run.stderr
     );
+    // In JSON, each candidate comes as an item of its own, and the message is one line.
+    let refused = b.run(&[
+        "--json", "resolve", op, "--input", "f32:8", "--output", "f32:4",
+    ]);
+    assert_eq!(refused.code, 6, "{}", refused.stderr);
+    let e = refused.error_json();
+    assert!(!e["message"].as_str().unwrap().contains('\n'), "{e}");
+    let candidates = e["candidates"].as_array().expect("candidates");
+    assert!(
+        candidates
+            .iter()
+            .any(|c| c["impl_id"] == "example.scan.inclusive.cpu"
+                && c["reason"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("validate refused")),
+        "{e}"
+    );
+    assert_snapshot("resolve-refused-json", &refused.stderr);
     let run = b.run(&["resolve", "example.nothing.here", "--input", "f32:8"]);
     assert_eq!(run.code, 6);
     assert!(
