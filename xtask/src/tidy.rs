@@ -350,8 +350,108 @@ pub fn check_workspace(root: &Path) -> Result<(), String> {
     }
 }
 
+/// Crates whose whole normal dependency tree (direct and indirect, as `cargo tree` resolves it)
+/// must not reach these packages: the pure core never reaches native code, archives, crypto or
+/// the command line, and the embeddable library never reaches the command line's crates.
+const TRANSITIVE_FORBIDDEN: &[(&str, &[&str])] = &[
+    (
+        "guild-domain",
+        &[
+            "libloading",
+            "cudarc",
+            "tar",
+            "p256",
+            "clap",
+            "anyhow",
+            "libc",
+            "arc-swap",
+            "crossbeam",
+        ],
+    ),
+    (
+        "guild-ports",
+        &[
+            "libloading",
+            "cudarc",
+            "tar",
+            "p256",
+            "clap",
+            "anyhow",
+            "libc",
+        ],
+    ),
+    ("guild-host", &["clap", "clap_complete", "anyhow"]),
+];
+
+/// The packages in `tree` (the `{p}` lines `cargo tree --prefix none` prints) that `forbidden`
+/// names, each once.
+pub fn forbidden_in_tree(tree: &str, forbidden: &[&str]) -> Vec<String> {
+    let mut found: Vec<String> = tree
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|name| forbidden.contains(name))
+        .map(str::to_owned)
+        .collect();
+    found.sort();
+    found.dedup();
+    found
+}
+
+/// Checks [`TRANSITIVE_FORBIDDEN`] with `cargo tree`, so that an edge through a third crate is
+/// seen as well as a direct one.
+pub fn check_transitive(root: &Path) -> Result<(), String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut problems = Vec::new();
+    for (krate, forbidden) in TRANSITIVE_FORBIDDEN {
+        let output = std::process::Command::new(&cargo)
+            .current_dir(root)
+            .args([
+                "tree",
+                "--locked",
+                "--offline",
+                "-e",
+                "normal",
+                "--prefix",
+                "none",
+                "-p",
+                krate,
+                "--format",
+                "{p}",
+            ])
+            .output()
+            .map_err(|e| format!("cannot run cargo tree: {e}"))?;
+        if !output.status.success() {
+            return Err(format!(
+                "cargo tree -p {krate} failed: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            ));
+        }
+        let tree = String::from_utf8_lossy(&output.stdout);
+        for name in forbidden_in_tree(&tree, forbidden) {
+            problems.push(format!(
+                "{krate} reaches {name} through its dependencies (see `cargo tree -p {krate} -e \
+                 normal -i {name}`)"
+            ));
+        }
+    }
+    if problems.is_empty() {
+        eprintln!(
+            "tidy: the dependency trees of {} crates reach nothing they must not",
+            TRANSITIVE_FORBIDDEN.len()
+        );
+        Ok(())
+    } else {
+        Err(format!(
+            "{} problem(s):\n  {}",
+            problems.len(),
+            problems.join("\n  ")
+        ))
+    }
+}
+
 pub fn run() -> Result<(), String> {
-    check_workspace(&root())
+    check_workspace(&root())?;
+    check_transitive(&root())
 }
 
 #[cfg(test)]
@@ -373,6 +473,18 @@ mod tests {
     #[test]
     fn this_workspace_is_tidy() {
         check_workspace(&root()).unwrap();
+    }
+
+    #[test]
+    fn forbidden_packages_are_found_anywhere_in_a_tree() {
+        let tree = "guild-host v0.1.0 (/w/crates/app)\nguild-domain v0.0.0 (/w/crates/domain)\n\
+                    semver v1.0.0\nclap v4.5.0\nclap_builder v4.5.0\nclap v4.5.0\n";
+        assert_eq!(
+            forbidden_in_tree(tree, &["clap", "anyhow"]),
+            vec!["clap".to_string()],
+            "an indirect clap is found once; clap_builder is not clap"
+        );
+        assert!(forbidden_in_tree(tree, &["anyhow"]).is_empty());
     }
 
     #[test]
