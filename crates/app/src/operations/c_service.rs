@@ -285,6 +285,16 @@ unsafe extern "C" fn service_resolve(
                 "resolve: this service already holds the most live handles it can name",
             )
         })?;
+        // A registry that closed while this call resolved has already released its idle
+        // handles; one inserted after that must not outlive it (its binding would keep the
+        // core alive for ever). Closing happens before the release of idle handles, which
+        // takes the table's lock that `insert` took, so this load sees it.
+        if core.is_closed() {
+            if let Some(name) = core.handles.decode(number) {
+                drop(core.handles.remove(name));
+            }
+            return Err(destroyed("resolve"));
+        }
         // SAFETY: checked above; the handle is the caller's until it releases it. Its value is
         // a number, not an address: nothing but this service ever reads through it.
         unsafe { out_handle.write(ptr::without_provenance_mut(number as usize)) };
