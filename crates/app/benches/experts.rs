@@ -16,16 +16,14 @@
 //! the full measurement; with `-- --test` (or under `cargo test --benches`) each benchmark runs
 //! once. Build the C plugins first: `cargo xtask plugins`.
 
+#[path = "common/mod.rs"]
+mod common;
 #[path = "../tests/it/support.rs"]
 mod support;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::RefCell;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use criterion::{black_box, Bencher, Criterion};
+use criterion::{black_box, Criterion};
 use guild_abi::{guild_cpu_expert_format_v1_t, GUILD_DTYPE_F32};
 use guild_adapters_posix::DlopenLoader;
 use guild_domain::ids::ImplId;
@@ -34,43 +32,8 @@ use guild_host::experts::{
 };
 use guild_host::{Host, InstallOptions};
 
+use common::{median, plugin_library, recorded, show, Samples};
 use support::{key, open_dir, trust, Spec, Workshop, PUBLISHER};
-
-/// Counts heap allocations, so that the summary can say what each path allocates per batch.
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is forwarded to the system allocator with the caller's arguments; the
-// counter is a side effect that allocates nothing.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract for `alloc` is the system allocator's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: as for `alloc`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `alloc`, `alloc_zeroed` or `realloc` here, that is from the
-        // system allocator.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: as for `dealloc` and `alloc`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 const HIDDEN: usize = 8;
 const INTER: usize = 4;
@@ -78,22 +41,6 @@ const EXPERTS: usize = 8;
 /// Workers of the pools (and at most as many threads per batch for the baseline).
 const THREADS: usize = 4;
 
-fn plugin_library(name: &str) -> Vec<u8> {
-    let dir = std::env::var_os("GUILD_TEST_PLUGIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/test-plugins/lib")
-        });
-    let path = dir.join(format!("lib{name}.so"));
-    std::fs::read(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e}; build the C test plugins first with `cargo xtask plugins`",
-            path.display()
-        )
-    })
-}
-
-/// A host over a fresh store with expert_ref installed, signed and loaded by dlopen.
 fn fixture(shop: &Workshop) -> Host {
     let k = key();
     let (pm, _) = open_dir(&shop.fresh("store")).expect("open store");
@@ -259,51 +206,11 @@ fn allocations_per_batch<'a>(
     let mut total = 0;
     for _ in 0..1000 {
         let batch = tasks(inputs, outputs);
-        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        let before = common::allocations();
         run(batch);
-        total += ALLOCATIONS.load(Ordering::Relaxed) - before;
+        total += common::allocations() - before;
     }
     total as f64 / 1000.0
-}
-
-/// Nanoseconds per iteration of every sample criterion asked for, in order: its warm-up runs
-/// first, then the `sample_size` measured samples (or the one run of test mode).
-type Samples = RefCell<Vec<f64>>;
-
-/// Runs `timed(iters)` (which returns the time to count) for criterion, keeping each sample.
-fn recorded(b: &mut Bencher<'_>, samples: &Samples, mut timed: impl FnMut(u64) -> Duration) {
-    b.iter_custom(|iters| {
-        let elapsed = timed(iters);
-        samples
-            .borrow_mut()
-            .push(elapsed.as_nanos() as f64 / iters.max(1) as f64);
-        elapsed
-    });
-}
-
-/// The median of the last `n` samples (the measured ones), computed as criterion computes its
-/// median point estimate; None when the benchmark did not run (filtered out).
-fn median(samples: &Samples, n: usize) -> Option<f64> {
-    let all = samples.borrow();
-    let mut last: Vec<f64> = all[all.len().saturating_sub(n)..].to_vec();
-    if last.is_empty() {
-        return None;
-    }
-    last.sort_by(f64::total_cmp);
-    let mid = last.len() / 2;
-    Some(if last.len().is_multiple_of(2) {
-        (last[mid - 1] + last[mid]) / 2.0
-    } else {
-        last[mid]
-    })
-}
-
-fn show(ns: Option<f64>) -> String {
-    match ns {
-        None => "not run".into(),
-        Some(ns) if ns >= 1e4 => format!("{:.2} us", ns / 1e3),
-        Some(ns) => format!("{ns:.0} ns"),
-    }
 }
 
 /// The timings of one batch shape.

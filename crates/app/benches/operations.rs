@@ -16,19 +16,17 @@
 //! measurement; with `-- --test` (or under `cargo test --benches`) each benchmark runs once.
 //! Build the C plugins first: `cargo xtask plugins`.
 
+#[path = "common/mod.rs"]
+mod common;
 #[path = "../tests/it/support.rs"]
 mod support;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::RefCell;
 use std::ffi::{c_void, CString};
-use std::path::PathBuf;
 use std::ptr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use criterion::{black_box, Bencher, Criterion};
+use criterion::{black_box, Criterion};
 use guild_abi::{
     guild_error_info_t, guild_execute_args_v1_t, guild_op_description_v1_t, guild_op_handle_t,
     guild_operation_query_v1_t, guild_operation_service_v1_t, guild_tensor_desc_v1_t,
@@ -41,45 +39,8 @@ use guild_domain::operation::{DType, MemorySpace, TensorDesc};
 use guild_host::operations::{TensorArg, TensorArgMut};
 use guild_host::{Host, InstallOptions, OperationRequest, OperationService};
 
+use common::{allocations_per_call, median, plugin_library, recorded, show, Samples};
 use support::{key, open_dir, trust, Spec, Workshop, PUBLISHER};
-
-/// Counts heap allocations, so that the summary can say what each execute path allocates.
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is forwarded to the system allocator with the caller's arguments; the
-// counter is a side effect that allocates nothing.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract for `alloc` is the system allocator's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `alloc` above, that is from the system allocator.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: as for `dealloc` and `alloc`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-/// Heap allocations per call of `call`, over 1000 calls.
-fn allocations_per_call(mut call: impl FnMut()) -> f64 {
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
-    for _ in 0..1000 {
-        call();
-    }
-    (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / 1000.0
-}
 
 const OP: &str = "example.bench.tiny";
 const CANDIDATES: usize = 64;
@@ -90,21 +51,6 @@ const BATCH: u64 = 256;
 
 fn impl_id(i: usize) -> String {
     format!("example.many.c{i:02}.cpu")
-}
-
-fn plugin_library(name: &str) -> Vec<u8> {
-    let dir = std::env::var_os("GUILD_TEST_PLUGIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/test-plugins/lib")
-        });
-    let path = dir.join(format!("lib{name}.so"));
-    std::fs::read(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e}; build the C test plugins first with `cargo xtask plugins`",
-            path.display()
-        )
-    })
 }
 
 /// A host over a fresh store with op_many installed, signed and loaded by dlopen.
@@ -265,47 +211,6 @@ fn message(error: &guild_error_info_t) -> String {
         .take_while(|&b| b != 0)
         .collect();
     String::from_utf8_lossy(&bytes).into_owned()
-}
-
-/// Nanoseconds per iteration of every sample criterion asked for, in order: its warm-up runs
-/// first, then the `sample_size` measured samples (or the one run of test mode).
-type Samples = RefCell<Vec<f64>>;
-
-/// Runs `timed(iters)` (which returns the time to count) for criterion, keeping each sample.
-fn recorded(b: &mut Bencher<'_>, samples: &Samples, mut timed: impl FnMut(u64) -> Duration) {
-    b.iter_custom(|iters| {
-        let elapsed = timed(iters);
-        samples
-            .borrow_mut()
-            .push(elapsed.as_nanos() as f64 / iters.max(1) as f64);
-        elapsed
-    });
-}
-
-/// The median of the last `n` samples (the measured ones), computed as criterion computes its
-/// median point estimate; None when the benchmark did not run (filtered out).
-fn median(samples: &Samples, n: usize) -> Option<f64> {
-    let all = samples.borrow();
-    let mut last: Vec<f64> = all[all.len().saturating_sub(n)..].to_vec();
-    if last.is_empty() {
-        return None;
-    }
-    last.sort_by(f64::total_cmp);
-    let mid = last.len() / 2;
-    Some(if last.len().is_multiple_of(2) {
-        (last[mid - 1] + last[mid]) / 2.0
-    } else {
-        last[mid]
-    })
-}
-
-fn show(ns: Option<f64>) -> String {
-    match ns {
-        None => "not run".into(),
-        Some(ns) if ns >= 1e4 => format!("{:.2} us", ns / 1e3),
-        Some(ns) if ns >= 100.0 => format!("{ns:.1} ns"),
-        Some(ns) => format!("{ns:.2} ns"),
-    }
 }
 
 fn main() {

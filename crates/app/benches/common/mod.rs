@@ -1,0 +1,116 @@
+//! What the host's benchmarks share: a global allocator that counts heap allocations, the
+//! per-sample record of criterion's timings with the median the summaries print, and the C test
+//! plugins' bytes. Each benchmark binary includes it with `#[path = "common/mod.rs"] mod common;`.
+
+#![allow(dead_code)] // Each benchmark uses part of it.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::RefCell;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use criterion::Bencher;
+
+/// Counts heap allocations, so that a summary can say what a path allocates.
+pub struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is forwarded to the system allocator with the caller's arguments; the
+// counter is a side effect that allocates nothing. `alloc_zeroed` keeps its default, which calls
+// `alloc` (and so is counted).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract for `alloc` is the system allocator's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `alloc` or `realloc` here, that is from the system allocator.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as for `dealloc` and `alloc`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Heap allocations made so far, on every thread.
+pub fn allocations() -> u64 {
+    ALLOCATIONS.load(Ordering::Relaxed)
+}
+
+/// Heap allocations per call of `call`, over 1000 calls.
+pub fn allocations_per_call(mut call: impl FnMut()) -> f64 {
+    let before = allocations();
+    for _ in 0..1000 {
+        call();
+    }
+    (allocations() - before) as f64 / 1000.0
+}
+
+/// Nanoseconds per iteration of every sample criterion asked for, in order: its warm-up runs
+/// first, then the `sample_size` measured samples (or the one run of test mode).
+pub type Samples = RefCell<Vec<f64>>;
+
+/// Runs `timed(iters)` (which returns the time to count) for criterion, keeping each sample.
+pub fn recorded(b: &mut Bencher<'_>, samples: &Samples, mut timed: impl FnMut(u64) -> Duration) {
+    b.iter_custom(|iters| {
+        let elapsed = timed(iters);
+        samples
+            .borrow_mut()
+            .push(elapsed.as_nanos() as f64 / iters.max(1) as f64);
+        elapsed
+    });
+}
+
+/// The median of the last `n` samples (the measured ones), computed as criterion computes its
+/// median point estimate; None when the benchmark did not run (filtered out).
+pub fn median(samples: &Samples, n: usize) -> Option<f64> {
+    let all = samples.borrow();
+    let mut last: Vec<f64> = all[all.len().saturating_sub(n)..].to_vec();
+    if last.is_empty() {
+        return None;
+    }
+    last.sort_by(f64::total_cmp);
+    let mid = last.len() / 2;
+    Some(if last.len().is_multiple_of(2) {
+        (last[mid - 1] + last[mid]) / 2.0
+    } else {
+        last[mid]
+    })
+}
+
+/// A median for the summary: microseconds from 10 µs on, else nanoseconds.
+pub fn show(ns: Option<f64>) -> String {
+    match ns {
+        None => "not run".into(),
+        Some(ns) if ns >= 1e4 => format!("{:.2} us", ns / 1e3),
+        Some(ns) if ns >= 100.0 => format!("{ns:.1} ns"),
+        Some(ns) => format!("{ns:.2} ns"),
+    }
+}
+
+/// The bytes of a C test plugin (`lib<name>.so`) from `GUILD_TEST_PLUGIN_DIR` or
+/// `target/test-plugins/lib`.
+pub fn plugin_library(name: &str) -> Vec<u8> {
+    let dir = std::env::var_os("GUILD_TEST_PLUGIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/test-plugins/lib")
+        });
+    let path = dir.join(format!("lib{name}.so"));
+    std::fs::read(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; build the C test plugins first with `cargo xtask plugins`",
+            path.display()
+        )
+    })
+}
