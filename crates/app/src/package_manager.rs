@@ -815,6 +815,27 @@ impl PackageManager {
     }
 
     /// The watcher set with [`PackageManager::set_progress`], told that work on `label` begins.
+    /// Extracts an authenticated package into a new staging directory, hashing every file as it
+    /// is written; on failure the directory is discarded. The extractor writes the signed
+    /// `.gkmetadata` into the tree exactly as received, so that the store can be re-verified
+    /// later without the archive.
+    fn extract_to_staging(
+        &self,
+        mut opened: Box<dyn OpenedPackage>,
+        package: &str,
+        metadata: &Metadata,
+    ) -> Result<PathBuf, HostError> {
+        let staging = self.store.new_staging_dir()?;
+        let watch = self.watch(&mut *opened, package, metadata.manifest());
+        let extracted = opened.extract_to(metadata.manifest(), &staging);
+        drop(watch);
+        if let Err(e) = extracted {
+            let _ = self.store.discard_staging(&staging);
+            return Err(e.into());
+        }
+        Ok(staging)
+    }
+
     fn watch(
         &self,
         opened: &mut dyn OpenedPackage,
@@ -1168,16 +1189,7 @@ impl PackageManager {
             None => None,
         };
 
-        let staging = self.store.new_staging_dir()?;
-        // The extractor writes the signed `.gkmetadata` into the tree exactly as received, so that
-        // the store can be re-verified later without the archive.
-        let watch = self.watch(&mut *opened, &package, metadata.manifest());
-        let extracted = opened.extract_to(metadata.manifest(), &staging);
-        drop(watch);
-        if let Err(e) = extracted {
-            let _ = self.store.discard_staging(&staging);
-            return Err(e.into());
-        }
+        let staging = self.extract_to_staging(opened, &package, &metadata)?;
         let change = Change::Install {
             id,
             version,
@@ -1233,7 +1245,7 @@ impl PackageManager {
         hook: &mut dyn LifecycleHook,
     ) -> Result<Installed, HostError> {
         let Offered {
-            mut opened,
+            opened,
             metadata,
             package,
             enable,
@@ -1258,14 +1270,7 @@ impl PackageManager {
         } else {
             None
         };
-        let staging = self.store.new_staging_dir()?;
-        let watch = self.watch(&mut *opened, &package, metadata.manifest());
-        let extracted = opened.extract_to(metadata.manifest(), &staging);
-        drop(watch);
-        if let Err(e) = extracted {
-            let _ = self.store.discard_staging(&staging);
-            return Err(e.into());
-        }
+        let staging = self.extract_to_staging(opened, &package, &metadata)?;
         let tx = Transaction::new(registry.generation(), next).with_replacement(
             id.clone(),
             version.clone(),

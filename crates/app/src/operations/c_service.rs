@@ -3,7 +3,8 @@
 //! [`KernelRegistry::operation_api`](crate::registry::KernelRegistry::operation_api).
 //!
 //! Every entry point checks what it is given before it trusts it (NULL pointers, record sizes
-//! and versions, the handle's tag and owner, strings bounded and UTF-8), converts the caller's
+//! and versions, the handle's number against the core's table, strings bounded and UTF-8),
+//! converts the caller's
 //! records to the domain's types and then runs the same code as the Rust face. A failure fills
 //! the caller's `guild_error_info_t` with the status, a component and a one-line message that
 //! says what failed; a failed resolution lists every candidate and why it was rejected, as far

@@ -8,7 +8,7 @@
 //! and error record reach the provider as they are.
 //!
 //! Nothing here holds a registry lock while a provider runs. Resolution reads the lock-free
-//! snapshot and binds what it negotiated with; execution holds only the handle's own mutex. So an
+//! snapshot and binds what it negotiated with; execution holds only the handle's own gate. So an
 //! `execute` callback may resolve and execute other operations through the service, and a
 //! `validate` or `query_scratch` callback that (wrongly) calls back in finds no lock to deadlock
 //! on either.

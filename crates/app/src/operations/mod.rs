@@ -12,8 +12,8 @@
 //!   release on drop.
 //!
 //! Resolution takes the GOP1 candidates of the operation from the kernel registry's snapshot,
-//! ranks them with [`guild_domain::operation::resolve`] and negotiates through each candidate's C
-//! `validate` and `query_scratch` callbacks with the actual tensors. A handle owns a
+//! ranks them with [`guild_domain::operation::resolve`] and negotiates through each candidate's
+//! `validate` and `query_scratch` (the loader port's `KernelProvider`) with the actual tensors. A handle owns a
 //! [`KernelBinding`], so the provider's library stays loaded (and its package can be neither
 //! disabled, replaced, rolled back nor removed) until the handle is released; a failed
 //! resolution carries the domain's report of every candidate and why it lost.
@@ -25,8 +25,10 @@
 //! the registry (`OpHandle<'r>`), which makes "handles are released before their registry goes"
 //! a compile-time fact.
 //!
-//! Unsafe code in the app is confined to this module: the calls into the providers' C callbacks
-//! and the `extern "C"` entry points of the C face, none of which lets a Rust panic cross into C.
+//! The `unsafe` of this module is the C face's `extern "C"` entry points, the handle table and
+//! the records handed to providers (whose C calls the loader's adapter makes); no entry point
+//! lets a Rust panic cross into C. `models`, `experts` and `cuda_tables` are the app's other
+//! modules allowed `unsafe`.
 //!
 //! # Examples
 //!

@@ -532,14 +532,21 @@ fn cli_a_key_of_the_wrong_kind_gets_a_hint_for_the_kind_the_command_takes() {
         .stderr_has("hint: signing takes the publisher's private key");
 }
 
-#[test]
-fn cli_superseded_versions_say_where_they_stand_and_how_to_go_forward() {
+/// A trusted bench with `example.scan` 1.0.0 installed and then superseded by 1.1.0; the
+/// archive of 1.0.0.
+fn two_versions_installed() -> (Bench, String) {
     let b = Bench::new();
     b.trust();
     let v1 = b.package("example.scan", "1.0.0", b"scan v1", "");
     let v2 = b.package("example.scan", "1.1.0", b"scan v2", "");
     b.run(&["install", &v1]).expect(0);
     b.run(&["install", &v2]).expect(0);
+    (b, v1)
+}
+
+#[test]
+fn cli_superseded_versions_say_where_they_stand_and_how_to_go_forward() {
+    let (b, v1) = two_versions_installed();
     // Offering the superseded 1.0.0 again changes nothing, and says it is superseded (not
     // merely "disabled") and what would bring it back.
     let again = b.run(&["install", &v1]);
@@ -559,12 +566,7 @@ fn cli_superseded_versions_say_where_they_stand_and_how_to_go_forward() {
 
 #[test]
 fn cli_enable_after_removing_the_current_version_says_what_works() {
-    let b = Bench::new();
-    b.trust();
-    let v1 = b.package("example.scan", "1.0.0", b"scan v1", "");
-    let v2 = b.package("example.scan", "1.1.0", b"scan v2", "");
-    b.run(&["install", &v1]).expect(0);
-    b.run(&["install", &v2]).expect(0);
+    let (b, _) = two_versions_installed();
     b.run(&["remove", "example.scan"]).expect(0);
     let enable = b.run(&["enable", "example.scan"]);
     assert_ne!(enable.code, 0, "{}", enable.stdout);
