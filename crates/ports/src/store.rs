@@ -262,9 +262,8 @@ pub trait PackageStore: Send + Sync {
         Ok(StorePin::none())
     }
 
-    /// The live pins on the versions of `id` (of every package when `None`), each with the
-    /// processes that hold it.
-    fn pins(&self, _id: Option<&PackageId>) -> Result<Vec<VersionPins>, StoreError> {
+    /// The live pins on every version, each with the processes that hold it.
+    fn pins(&self) -> Result<Vec<VersionPins>, StoreError> {
         Ok(Vec::new())
     }
 

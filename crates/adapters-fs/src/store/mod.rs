@@ -30,6 +30,7 @@ mod durable;
 mod journal;
 mod pins;
 mod recovery;
+mod watch;
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -51,6 +52,7 @@ use guild_ports::store::{
 
 pub use durable::{Fault, FaultMode, OpStats};
 pub use journal::{JournalDecodeError, JOURNAL_FORMAT_V1};
+pub use watch::StoreWatcher;
 
 use commit::{is_crash, is_staging_entry, Failure};
 use durable::{io_error, remove_tree, Run};
@@ -443,8 +445,8 @@ impl PackageStore for FsStore {
         Ok(StorePin::holding(Box::new(file)))
     }
 
-    fn pins(&self, id: Option<&PackageId>) -> Result<Vec<VersionPins>, StoreError> {
-        pins::list(&self.layout, id)
+    fn pins(&self) -> Result<Vec<VersionPins>, StoreError> {
+        pins::list(&self.layout, None)
     }
 }
 

@@ -324,9 +324,10 @@ fn rust_runner_fails_with_the_reason_when_an_operation_cannot_run() {
     // No store named: the usage, as a usage error.
     let out = Command::new(runner_binary()).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert_eq!(
-        String::from_utf8_lossy(&out.stderr),
-        "usage: guild-example-runner STORE_DIR [OPERATION...]\n"
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("Usage: guild-example-runner <STORE_DIR> [OPERATION]..."),
+        "{stderr}"
     );
 
     // A store that cannot be opened (a file where the directory should be).
@@ -342,4 +343,38 @@ fn rust_runner_fails_with_the_reason_when_an_operation_cannot_run() {
         "{}",
         ran.stderr
     );
+}
+
+#[test]
+fn rust_runner_help_is_help_and_touches_no_store() {
+    // It used to take `--help` for a store path and create a directory of that name.
+    let shop = Workshop::new();
+    let cwd = shop.fresh("cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    for flag in ["--help", "-h"] {
+        let out = Command::new(runner_binary())
+            .arg(flag)
+            .current_dir(&cwd)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{stdout}");
+        assert!(stdout.contains("--serve"), "{stdout}");
+        assert!(stdout.contains("--interval-ms <N>"), "{stdout}");
+        let left: Vec<_> = std::fs::read_dir(&cwd).unwrap().collect();
+        assert!(left.is_empty(), "{flag} created {left:?}");
+    }
+    // An unknown option and an interval without --serve are usage errors, not store paths.
+    for args in [&["--bogus", "store"][..], &["--interval-ms", "5", "store"]] {
+        let out = Command::new(runner_binary())
+            .args(args)
+            .current_dir(&cwd)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            std::fs::read_dir(&cwd).unwrap().next().is_none(),
+            "{args:?}"
+        );
+    }
 }

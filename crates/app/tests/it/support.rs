@@ -685,7 +685,8 @@ pub fn assert_no_leftovers(root: &Path, label: &str) {
                 "trust",
                 "journal",
                 "staging",
-                "packages"
+                "packages",
+                "pins"
             ]
             .contains(&name.as_str()),
             "{label}: unexpected {name} in the store root"

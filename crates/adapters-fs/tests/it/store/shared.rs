@@ -134,7 +134,7 @@ fn store_removal_of_a_version_pinned_by_a_live_process_is_refused_naming_it() {
     publish(&writer, "a", "1.1.0", ENABLED).unwrap();
     std::fs::create_dir_all(StoreLayout::new(root).pins).unwrap();
     let mut holder = foreign_pin(&StoreLayout::new(root).pins.join("a@1.0.0"));
-    let pins = writer.pins(Some(&id("a"))).unwrap();
+    let pins = writer.pins().unwrap();
     assert_eq!(pins.len(), 1);
     assert_eq!(pins[0].node.version, v("1.0.0"));
     assert!(pins[0].holders.iter().any(|h| h.pid == holder.id()));
@@ -151,7 +151,7 @@ fn store_removal_of_a_version_pinned_by_a_live_process_is_refused_naming_it() {
     holder.kill().unwrap();
     holder.wait().unwrap();
     // The kernel dropped the dead process's lock: nothing blocks any more.
-    assert!(writer.pins(None).unwrap().is_empty());
+    assert!(writer.pins().unwrap().is_empty());
     change(&writer, |next| {
         next.remove(&id("a"), &v("1.0.0")).map(|_| ())
     })
@@ -178,7 +178,7 @@ fn store_pin_of_this_process_is_listed_and_refuses_nothing_here() {
     .unwrap();
     let r = reader(root);
     let pin = r.pin(&id("a"), &v("1.0.0")).unwrap();
-    let pins = writer.pins(None).unwrap();
+    let pins = writer.pins().unwrap();
     assert_eq!(pins.len(), 1);
     assert_eq!(pins[0].holders[0].pid, std::process::id());
     // Within one process the kernel registry's leases decide, not the pins.
@@ -187,5 +187,5 @@ fn store_pin_of_this_process_is_listed_and_refuses_nothing_here() {
     })
     .unwrap();
     drop(pin);
-    assert!(writer.pins(None).unwrap().is_empty());
+    assert!(writer.pins().unwrap().is_empty());
 }
