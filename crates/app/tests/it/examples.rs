@@ -24,16 +24,16 @@ const PIPELINE: &str = "example.c_runner.pipeline.cpu";
 const TOTAL_OP: &str = "example.sequence.scan_then_total";
 
 /// One example package: its manifest template in examples/ and the library it packs.
-struct Example {
+pub(crate) struct Example {
     template: &'static str,
     library: &'static str,
 }
 
-const SCAN: Example = Example {
+pub(crate) const SCAN: Example = Example {
     template: "examples/modules/scan/manifest.json",
     library: "scan_module",
 };
-const DEPENDENT: Example = Example {
+pub(crate) const DEPENDENT: Example = Example {
     template: "examples/modules/scan_dependent/manifest.json",
     library: "scan_dependent",
 };
@@ -49,6 +49,16 @@ fn workspace() -> PathBuf {
 /// Packs `example` as `guild pack` does: its library under lib/ and its template from
 /// examples/, with only the OS and architecture set to this machine's.
 fn pack_example(shop: &Workshop, key: &SigningKey, example: &Example) -> PathBuf {
+    pack_example_at(shop, key, example, None)
+}
+
+/// [`pack_example`] with the template's version replaced by `version`, when given.
+pub(crate) fn pack_example_at(
+    shop: &Workshop,
+    key: &SigningKey,
+    example: &Example,
+    version: Option<&str>,
+) -> PathBuf {
     let base = shop.fresh(example.library);
     let lib = base.join("src/lib");
     std::fs::create_dir_all(&lib).unwrap();
@@ -67,6 +77,11 @@ fn pack_example(shop: &Workshop, key: &SigningKey, example: &Example) -> PathBuf
         match name.as_str() {
             "os" => *value = here.os.as_str().into(),
             "arch" => *value = here.arch.as_str().into(),
+            "version" => {
+                if let Some(version) = version {
+                    *value = version.into();
+                }
+            }
             _ => {}
         }
     }
@@ -181,7 +196,7 @@ fn c_runner_contract_admits_i64_only_and_outputs_of_the_input_shape() {
 // ---------------------------------------------------------------------------------------------
 
 /// Builds the example runner with cargo (once per test run) and returns its executable.
-fn runner_binary() -> &'static Path {
+pub(crate) fn runner_binary() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
         let out = Command::new(env!("CARGO"))
