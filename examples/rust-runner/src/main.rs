@@ -54,6 +54,10 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 200, requires = "serve",
           value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     interval_ms: u64,
+    /// With --serve: instead of watching the store for commits, check for a new generation
+    /// before every round (one read of the registry file when nothing changed).
+    #[arg(long, requires = "serve")]
+    poll: bool,
     /// The store directory that `guild` filled.
     #[arg(value_name = "STORE_DIR")]
     store: PathBuf,
@@ -74,6 +78,7 @@ fn main() -> ExitCode {
             &args.store,
             &operations,
             Duration::from_millis(args.interval_ms),
+            args.poll,
         )
     } else {
         run(&args.store, &operations)
@@ -148,20 +153,32 @@ struct Served<'r> {
 
 /// `--serve`: executes every operation each `interval`, one line per execution, following the
 /// store until the process is stopped.
-fn serve(store: &Path, operations: &[String], interval: Duration) -> Result<(), String> {
+fn serve(
+    store: &Path,
+    operations: &[String],
+    interval: Duration,
+    poll: bool,
+) -> Result<(), String> {
     let OpenedHost { host, report } = open(store)?;
     let host = Arc::new(host);
     for (id, version, error) in &report.loaded.failed {
         eprintln!("warning: {id} {version} failed to load: {error}");
     }
+    let log = |outcome: &Result<RefreshReport, HostError>| match outcome {
+        Ok(r) if r.is_quiet() => {}
+        Ok(r) => eprintln!("{}", describe_refresh(r)),
+        Err(e) => eprintln!("warning: following the store failed: {e}"),
+    };
     // The watcher refreshes the host as soon as a generation is committed (and once a second in
     // case a notification was lost); what it did goes to stderr.
-    let _watcher = host
-        .watch(Duration::from_secs(1), |outcome| match outcome {
-            Ok(r) => eprintln!("{}", describe_refresh(r)),
-            Err(e) => eprintln!("warning: following the store failed: {e}"),
-        })
-        .map_err(|e| format!("cannot watch the store {}: {e}", store.display()))?;
+    let _watcher = if poll {
+        None
+    } else {
+        Some(
+            host.watch(Duration::from_secs(1), log)
+                .map_err(|e| format!("cannot watch the store {}: {e}", store.display()))?,
+        )
+    };
     let service = OperationService::new(host.kernels());
     let mut served: Vec<Served<'_>> = operations
         .iter()
@@ -181,11 +198,10 @@ fn serve(store: &Path, operations: &[String], interval: Duration) -> Result<(), 
                 dropped = true;
             }
         }
-        if dropped {
-            // A switch that waited for those handles can happen now.
-            if let Err(e) = host.refresh() {
-                eprintln!("warning: refreshing the host failed: {e}");
-            }
+        if dropped || poll {
+            // A switch that waited for those handles can happen now (and a polling runner
+            // looks for a new generation every round).
+            log(&host.refresh());
         }
         for s in &mut served {
             println!("{}", serve_once(&service, s));
