@@ -401,3 +401,91 @@ fn live_writers_killed_at_random_points_leave_readers_a_complete_generation() {
         );
     }
 }
+
+/// The scan's handle on the example input (I64, two rows of four).
+fn scan_handle<'r>(
+    service: &guild_host::OperationService<'r>,
+) -> Result<guild_host::OpHandle<'r>, guild_host::ResolveError> {
+    use guild_host::{DType, MemorySpace, OperationRequest, TensorDesc};
+    let d = TensorDesc::new(DType::I64, &[4, 2], MemorySpace::Host);
+    service.resolve(&OperationRequest::cpu(
+        guild_host::OpName::new(OP).unwrap(),
+        vec![d],
+        vec![d],
+    ))
+}
+
+#[test]
+fn live_refresh_reports_loads_deferred_switches_and_revoked_live_handles() {
+    use guild_domain::ids::PackageId;
+    use guild_host::{DeviceSupport, Host, OperationService};
+    let shop = Workshop::new();
+    let (store, k) = store_with_scan(&shop, false);
+    let scan_11 = pack_example_at(&shop, &k, &SCAN, Some("1.1.0"));
+    let id = PackageId::new("example.scan").unwrap();
+    let opened = Host::builder(&store)
+        .devices(DeviceSupport::host())
+        .open()
+        .unwrap();
+    let host = opened.host;
+    let service = OperationService::new(host.kernels());
+    let quiet = host.refresh().unwrap();
+    assert!(quiet.is_quiet(), "{quiet:?}");
+    assert_eq!(quiet.from_generation, quiet.generation);
+
+    let held = scan_handle(&service).unwrap();
+    assert!(held.is_current());
+    assert_eq!(held.describe().package_version.to_string(), "1.0.0");
+    // Another writer (in this process: the host holds no lock) installs 1.1.0.
+    let (pm, _) = open_dir(&store).unwrap();
+    pm.install(&scan_11, InstallOptions::default()).unwrap();
+    drop(pm);
+
+    let deferred = host.refresh().unwrap();
+    assert_eq!(deferred.generation, quiet.generation + 1, "{deferred:?}");
+    assert!(deferred.loaded.is_empty(), "{deferred:?}");
+    assert_eq!(deferred.deferred.len(), 1, "{deferred:?}");
+    let d = &deferred.deferred[0];
+    assert_eq!((&d.id, d.from.to_string()), (&id, "1.0.0".to_owned()));
+    assert_eq!(
+        d.to.as_ref().map(ToString::to_string).as_deref(),
+        Some("1.1.0")
+    );
+    assert_eq!(d.bindings, 1);
+    // The handle still runs 1.0.0, and says it is no longer current.
+    assert!(!held.is_current());
+    drop(held);
+
+    let switched = host.refresh().unwrap();
+    assert_eq!(switched.loaded.len(), 1, "{switched:?}");
+    assert_eq!(switched.loaded[0].version.to_string(), "1.1.0");
+    assert!(switched.deferred.is_empty(), "{switched:?}");
+    let held = scan_handle(&service).unwrap();
+    assert_eq!(held.describe().package_version.to_string(), "1.1.0");
+    assert!(held.is_current());
+    // This process pins the version it loaded, and no longer the one it switched away from.
+    let (pm, _) = open_dir(&store).unwrap();
+    let pins = pm.pins(Some(&id)).unwrap();
+    assert_eq!(pins.len(), 1, "{pins:?}");
+    assert_eq!(pins[0].node.version.to_string(), "1.1.0");
+    assert_eq!(pins[0].holders[0].pid, std::process::id());
+
+    // Revoking the key takes the package out at once, whatever holds it.
+    let key_id = Sha256Digest::of(k.public_key().spki_der());
+    pm.update_trust(|t| {
+        t.revoke_key(key_id, "leaked");
+        Ok(())
+    })
+    .unwrap();
+    drop(pm);
+    let revoked = host.refresh().unwrap();
+    assert_eq!(revoked.revoked_live.len(), 1, "{revoked:?}");
+    assert_eq!(revoked.revoked_live[0].id, id);
+    assert_eq!(revoked.revoked_live[0].bindings, 1);
+    assert!(!held.is_current());
+    assert!(
+        scan_handle(&service).is_err(),
+        "a new resolution reached revoked code"
+    );
+    drop(held);
+}
