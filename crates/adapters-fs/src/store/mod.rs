@@ -388,7 +388,16 @@ impl PackageStore for FsStore {
     }
 
     fn recover(&self) -> Result<RecoveryReport, StoreError> {
-        self.write(|inner| self.recover_locked(inner))
+        let mut inner = self.usable()?;
+        if !self.reader || inner.writing > 0 {
+            return self.recover_locked(&mut inner);
+        }
+        // A reader takes the lock for this one recovery (`begin_write` would recover first and
+        // leave this report empty).
+        lock_with_wait(&self.lock, &self.layout.lock, self.lock_wait)?;
+        let report = self.recover_locked(&mut inner);
+        let _ = self.lock.unlock();
+        report
     }
 
     fn is_reader(&self) -> bool {

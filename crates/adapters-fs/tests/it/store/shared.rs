@@ -102,6 +102,14 @@ fn store_reader_takes_the_lock_for_its_own_transaction_only() {
     // The lock was given back after the commit: a writer opens at once.
     let (writer, _) = FsStore::open(root).unwrap();
     assert_eq!(writer.registry().unwrap().generation(), 2);
+    drop(writer);
+    // A reader's own recovery reports what it did.
+    std::fs::write(StoreLayout::new(root).registry_tmp, b"half").unwrap();
+    let report = r.recover().unwrap();
+    assert_eq!(
+        report.removed_temp_files,
+        vec![StoreLayout::new(root).registry_tmp]
+    );
 }
 
 /// A process that holds a shared lock on `path` (the pin protocol) until it is killed.
