@@ -43,34 +43,12 @@ fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Builds `guild` and the example runner (one cargo call) and answers their executables.
+/// Builds `guild` and the example runner and answers their executables.
 fn binaries() -> (PathBuf, PathBuf) {
-    let out = Command::new(env!("CARGO"))
-        .current_dir(workspace())
-        .args([
-            "build",
-            "-p",
-            "guild-cli",
-            "-p",
-            "guild-example-runner",
-            "--message-format=json-render-diagnostics",
-        ])
-        .output()
-        .expect("cargo runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let find = |name: &str| {
-        text.lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .find(|m| m["target"]["name"] == name && m["executable"].is_string())
-            .and_then(|m| m["executable"].as_str().map(PathBuf::from))
-            .unwrap_or_else(|| panic!("cargo reports {name}"))
-    };
-    (find("guild"), find("guild-example-runner"))
+    (
+        support::cargo_binary("guild-cli", "guild"),
+        support::cargo_binary("guild-example-runner", "guild-example-runner"),
+    )
 }
 
 /// The scan example module packed at `version` and signed with `key`.

@@ -129,22 +129,38 @@ pub(crate) fn hold_for_delete(
     ensure_dir(layout).map_err(Err)?;
     let path = pin_path(layout, id, version);
     let file = open_pin(&path).map_err(|e| Err(io_error("open pin file", &path, e)))?;
-    match file.try_lock() {
-        Ok(()) => Ok(Some(DeleteHold {
-            path,
-            file: Some(file),
-        })),
-        Err(TryLockError::WouldBlock) => {
-            let holders = lock_holders(&file);
-            let me = std::process::id();
-            if !holders.is_empty() && holders.iter().all(|h| h.pid == me) {
-                return Ok(None);
+    let me = std::process::id();
+    let mut holders = Vec::new();
+    for attempt in 0..TRANSIENT_ATTEMPTS {
+        match file.try_lock() {
+            Ok(()) => {
+                return Ok(Some(DeleteHold {
+                    path,
+                    file: Some(file),
+                }))
             }
-            Err(Ok(holders.into_iter().filter(|h| h.pid != me).collect()))
+            Err(TryLockError::WouldBlock) => {}
+            Err(TryLockError::Error(e)) => return Err(Err(io_error("hold pin file", &path, e))),
         }
-        Err(TryLockError::Error(e)) => Err(Err(io_error("hold pin file", &path, e))),
+        holders = lock_holders(&file);
+        if holders.iter().any(|h| h.pid != me) {
+            break;
+        }
+        if !holders.is_empty() {
+            // Only this process pins it.
+            return Ok(None);
+        }
+        // Nobody is listed, yet the lock is held: a child forked by some thread of this
+        // process holds a copy of a pin's open file until it execs. That passes; try again.
+        if attempt + 1 < TRANSIENT_ATTEMPTS {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
     }
+    Err(Ok(holders.into_iter().filter(|h| h.pid != me).collect()))
 }
+
+/// How often a pin held by nobody listed is tried again (2 ms apart).
+const TRANSIENT_ATTEMPTS: usize = 100;
 
 /// Whether a live process (other than this one) pins the version named by the two path names.
 pub(crate) fn is_pinned(layout: &StoreLayout, id: &str, version: &str) -> bool {

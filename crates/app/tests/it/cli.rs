@@ -105,31 +105,7 @@ impl Run {
 /// it (so a custom target directory works too).
 pub fn guild_binary() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let out = Command::new(env!("CARGO"))
-            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
-            .args([
-                "build",
-                "-p",
-                "guild-cli",
-                "--bin",
-                "guild",
-                "--message-format=json-render-diagnostics",
-            ])
-            .output()
-            .expect("cargo runs");
-        assert!(
-            out.status.success(),
-            "building the guild binary failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-            .find(|m| m["target"]["name"] == "guild" && m["executable"].is_string())
-            .and_then(|m| m["executable"].as_str().map(PathBuf::from))
-            .expect("cargo reports the guild executable")
-    })
+    BUILT.get_or_init(|| crate::support::cargo_binary("guild-cli", "guild"))
 }
 
 /// A command for the `guild` binary with a predictable environment: no inherited store, no

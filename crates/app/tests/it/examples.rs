@@ -199,29 +199,7 @@ fn c_runner_contract_admits_i64_only_and_outputs_of_the_input_shape() {
 pub(crate) fn runner_binary() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let out = Command::new(env!("CARGO"))
-            .current_dir(workspace())
-            .args([
-                "build",
-                "-p",
-                "guild-example-runner",
-                "--bin",
-                "guild-example-runner",
-                "--message-format=json-render-diagnostics",
-            ])
-            .output()
-            .expect("cargo runs");
-        assert!(
-            out.status.success(),
-            "building the example runner failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-            .find(|m| m["target"]["name"] == "guild-example-runner" && m["executable"].is_string())
-            .and_then(|m| m["executable"].as_str().map(PathBuf::from))
-            .expect("cargo reports the runner's executable")
+        crate::support::cargo_binary("guild-example-runner", "guild-example-runner")
     })
 }
 
