@@ -273,5 +273,19 @@ impl HostError {
             }) => ErrorCategory::NotFound,
             HostError::RegistryChange(_) => ErrorCategory::Refused,
         }
+        .refined_for(self)
+    }
+}
+
+impl ErrorCategory {
+    /// A store error that refuses a change (a version a live process pins) is a refusal, not a
+    /// broken store.
+    fn refined_for(self, e: &HostError) -> ErrorCategory {
+        match e {
+            HostError::Store(s) if s.kind == guild_ports::store::StoreErrorKind::Pinned => {
+                ErrorCategory::Refused
+            }
+            _ => self,
+        }
     }
 }

@@ -63,7 +63,10 @@ pub mod publish;
 pub mod registry;
 
 pub use error::{ErrorCategory, HostError};
-pub use host::{Host, HostBuilder, HostReport, LoadReport, OpenedHost};
+pub use host::{
+    DeferredSwitch, Host, HostBuilder, HostReport, HostWatcher, LoadReport, OpenedHost,
+    RefreshReport, RevokedLive,
+};
 pub use models::{BoundModel, ModelRunnerRegistry, SelectError, SelectFileError};
 pub use operations::{
     DeviceScratch, DeviceSupport, DeviceTensor, ExecuteError, OpHandle, OperationRequest,
@@ -101,8 +104,8 @@ pub mod prelude {
     pub use crate::{
         Backend, BackendSet, BoundModel, Budget, Capabilities, DType, DeviceTensor, ExecuteError,
         Host, HostError, ImplId, MemorySpace, Numerics, OpHandle, OpName, OpenedHost,
-        OperationRequest, OperationService, PackageId, PackedVersion, ResolveError, RunnerId,
-        StreamRef, SyncMode, TensorArg, TensorArgMut, TensorDesc, Version,
+        OperationRequest, OperationService, PackageId, PackedVersion, RefreshReport, ResolveError,
+        RunnerId, StreamRef, SyncMode, TensorArg, TensorArgMut, TensorDesc, Version,
     };
 }
 

@@ -90,6 +90,9 @@ pub struct LoadedPackage {
     /// `DRAINING | WAITED | live bindings`; see the module documentation.
     state: AtomicU64,
     quiet: Arc<Quiet>,
+    /// Set while a newer committed generation wants this version out or replaced and live
+    /// bindings defer the switch ([`KernelBinding::is_current`] answers `false`).
+    superseded: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for LoadedPackage {
@@ -115,6 +118,12 @@ impl LoadedPackage {
     /// Live bindings into the package.
     pub fn live_bindings(&self) -> u64 {
         self.state.load(Ordering::Acquire) & COUNT
+    }
+
+    /// Whether this version is still the one the registry serves and no switch away from it is
+    /// waiting: not retired, not draining, not superseded by a newer committed generation.
+    pub fn is_current(&self) -> bool {
+        !self.is_draining() && !self.superseded.load(Ordering::Acquire)
     }
 
     /// Counts one more binding unless the package is draining; one compare-and-swap on the
@@ -264,6 +273,14 @@ impl KernelBinding {
     /// The kernel's names as C strings, valid while the binding lives.
     pub(crate) fn c_names(&self) -> &CNames {
         &self.op.c_names
+    }
+
+    /// Whether the binding's package version is still the current provider
+    /// ([`LoadedPackage::is_current`]): `false` once it was replaced, taken out (revoked,
+    /// disabled, rolled back) or is waiting for its bindings to end so that it can be. A runner
+    /// that sees `false` drops the binding and resolves again when it suits it.
+    pub fn is_current(&self) -> bool {
+        self.op.package.is_current()
     }
 }
 
@@ -818,6 +835,7 @@ impl KernelRegistry {
             library: plugin.library,
             state: AtomicU64::new(0),
             quiet: Arc::clone(&self.quiet),
+            superseded: std::sync::atomic::AtomicBool::new(false),
         });
         let ops = plugin
             .kernels
@@ -1001,6 +1019,30 @@ impl KernelRegistry {
                 Err(poisoned) => poisoned.into_inner().0,
             };
         }
+    }
+
+    /// Marks the loaded version of `id` superseded (or clears the mark): a newer committed
+    /// generation wants it out or replaced, and live bindings defer that.
+    pub(crate) fn set_superseded(&self, id: &PackageId, superseded: bool) {
+        if let Some(entry) = self.lock().get(id) {
+            entry
+                .package
+                .superseded
+                .store(superseded, Ordering::Release);
+        }
+    }
+
+    /// Every loaded package and its version.
+    pub fn loaded_packages(&self) -> Vec<(PackageId, Version)> {
+        let mut out: Vec<(PackageId, Version)> = self
+            .snapshot
+            .load()
+            .packages
+            .values()
+            .map(|p| (p.id.clone(), p.version.clone()))
+            .collect();
+        out.sort();
+        out
     }
 
     /// Whether `id` is loaded, and at which version.

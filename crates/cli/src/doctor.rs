@@ -63,7 +63,8 @@ pub fn run(store: &Path) -> anyhow::Result<Report> {
             checks.push(missing);
             true
         }
-        Ok(()) => match PackageManager::open_dir(store) {
+        // A reader: the doctor diagnoses while runners serve and changes nothing.
+        Ok(()) => match PackageManager::open_dir_reader(store) {
             Ok((pm, opened)) => {
                 checks.push(store_check(store, &pm, &opened));
                 checks.push(trust_check(&pm));

@@ -399,6 +399,13 @@ impl OpHandle<'_> {
         &self.resolved.binding
     }
 
+    /// Whether the provider is still the current one ([`KernelBinding::is_current`]): `false`
+    /// once a newer committed generation replaced or took out its package, or waits for this
+    /// handle (and the others into it) to be released to do so. Resolve again to follow.
+    pub fn is_current(&self) -> bool {
+        self.resolved.binding.is_current()
+    }
+
     /// Releases the handle, reporting a device error seen while waiting for its recorded
     /// stream work (dropping it waits the same way but cannot report).
     pub fn release(mut self) -> Result<(), DeviceError> {
