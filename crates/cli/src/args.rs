@@ -269,6 +269,42 @@ pub enum Command {
         payload: Sha256Digest,
     },
 
+    /// Check a build against the plugin contract before signing it: load it in a child process
+    /// and run every check (entry point, init, registration, each GOP1 operation's callbacks).
+    #[command(
+        after_help = "This RUNS THE CODE at PATH, unverified: it is for your own build. \
+        Nothing is installed and no store is touched. PATH is a package archive, an unpacked \
+        package, or a directory of built files with --manifest (the template `guild pack` \
+        takes). A crash, abort or hang in the plugin becomes a failed check; the exit code is 3 \
+        when any check failed.\n\nExamples:\n  \
+        guild check build/scan --manifest scan.json\n  \
+        guild check scan.gkmodule --timeout 2\n  \
+        guild --json check scan.gkmodule"
+    )]
+    Check {
+        /// The package archive, unpacked package, or directory of built files.
+        #[arg(value_name = "PATH")]
+        path: PathBuf,
+        /// The manifest template, when PATH is a directory of built files.
+        #[arg(long, value_name = "TEMPLATE.json")]
+        manifest: Option<PathBuf>,
+        /// Time limit of one call into the plugin, in seconds.
+        #[arg(long, value_name = "SECONDS", default_value_t = 10.0, value_parser = parse_seconds)]
+        timeout: f64,
+    },
+
+    /// Internal: the child process of `guild check`, which loads a staged tree and prints one
+    /// JSON line as each check starts and ends.
+    #[command(name = "__conformance", hide = true)]
+    Conformance {
+        /// The staged package tree.
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+        /// Run only the checks numbered above this one (after a crash or hang).
+        #[arg(long, value_name = "N")]
+        resume_after: Option<u64>,
+    },
+
     /// Print a completion script for a shell.
     #[command(after_help = "Examples:\n  \
         guild completions bash > ~/.local/share/bash-completion/completions/guild\n  \
@@ -342,6 +378,15 @@ pub struct TrustAdd {
     /// The public key (SPKI PEM, as `guild keygen` or `openssl pkey -pubout` write).
     #[arg(value_name = "PUBKEY.pem")]
     pub key: PathBuf,
+}
+
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x <= 3600.0 => Ok(x),
+        _ => Err(format!(
+            "{s:?} is not a number of seconds above 0 (at most 3600)"
+        )),
+    }
 }
 
 fn parse_package_id(s: &str) -> Result<PackageId, String> {

@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 mod args;
+mod check;
 mod doctor;
 mod failure;
 mod output;
@@ -138,6 +139,12 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
             *ram_budget,
         ),
         Command::Doctor => doctor::run(&store_dir(cli, true)?),
+        Command::Check {
+            path,
+            manifest,
+            timeout,
+        } => check::run(path, manifest.as_deref(), *timeout),
+        Command::Conformance { dir, resume_after } => check::child(dir, *resume_after),
         Command::CheckLibrary { dir, payload } => store::check_library(dir, payload),
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();
