@@ -269,8 +269,10 @@ pub enum Command {
         payload: Sha256Digest,
     },
 
-    /// Check a build against the plugin contract before signing it: load it in a child process
-    /// and run every check (entry point, init, registration, each GOP1 operation's callbacks).
+    /// Check a build against the plugin contract before signing it (runs its code).
+    ///
+    /// The build is loaded in a child process and held to every check: entry point, init,
+    /// registration, and each GOP1 operation's callbacks on generated tensors.
     #[command(
         after_help = "This RUNS THE CODE at PATH, unverified: it is for your own build. \
         Nothing is installed and no store is touched. PATH is a package archive, an unpacked \
@@ -303,6 +305,9 @@ pub enum Command {
         /// Run only the checks numbered above this one (after a crash or hang).
         #[arg(long, value_name = "N")]
         resume_after: Option<u64>,
+        /// An operation whose execute did not return in an earlier child (repeatable).
+        #[arg(long, value_name = "OPERATION")]
+        hung: Vec<String>,
     },
 
     /// Print a completion script for a shell.

@@ -81,9 +81,9 @@ pub fn run(path: &Path, template: Option<&Path>, timeout: f64) -> anyhow::Result
 }
 
 /// `guild __conformance DIR [--resume-after N]`: the child; its output is its lines.
-pub fn child(dir: &Path, resume_after: Option<u64>) -> anyhow::Result<Report> {
+pub fn child(dir: &Path, resume_after: Option<u64>, hung: &[String]) -> anyhow::Result<Report> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    conformance::child_main(dir, resume_after, &mut out)?;
+    conformance::child_main(dir, resume_after, hung, &mut out)?;
     Ok(Report::new("conformance").silent())
 }

@@ -144,7 +144,11 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
             manifest,
             timeout,
         } => check::run(path, manifest.as_deref(), *timeout),
-        Command::Conformance { dir, resume_after } => check::child(dir, *resume_after),
+        Command::Conformance {
+            dir,
+            resume_after,
+            hung,
+        } => check::child(dir, *resume_after, hung),
         Command::CheckLibrary { dir, payload } => store::check_library(dir, payload),
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();

@@ -165,9 +165,12 @@ pub fn check(
     let staged = stage::stage(target, template)?;
     let mut report = Report::default();
     let mut resume: Option<u64> = None;
+    // Operations whose execute hung: a resumed child skips their other executions rather than
+    // wait out the limit again for each.
+    let mut hung: Vec<String> = Vec::new();
     loop {
         report.processes += 1;
-        let run = run_child(options, &staged.dir, resume)?;
+        let run = run_child(options, &staged.dir, resume, &hung)?;
         report.findings.extend(run.findings);
         let Some(why) = run.died else { break };
         match run.in_progress {
@@ -180,6 +183,9 @@ pub fn check(
                 });
                 if started.resumable && report.processes <= MAX_RESTARTS {
                     resume = Some(started.index);
+                    if run.timed_out && started.check.starts_with("execute") {
+                        hung.extend(started.operation.clone());
+                    }
                     continue;
                 }
                 report.findings.push(Finding {
@@ -220,13 +226,23 @@ struct ChildRun {
     in_progress: Option<Started>,
     /// Why the child ended before it finished, if it did.
     died: Option<String>,
+    /// It was killed at the time limit.
+    timed_out: bool,
 }
 
-fn run_child(options: &Options, dir: &Path, resume: Option<u64>) -> Result<ChildRun, StageError> {
+fn run_child(
+    options: &Options,
+    dir: &Path,
+    resume: Option<u64>,
+    hung: &[String],
+) -> Result<ChildRun, StageError> {
     let mut command = Command::new(&options.program);
     command.arg(SUBCOMMAND).arg(dir);
     if let Some(n) = resume {
         command.arg("--resume-after").arg(n.to_string());
+    }
+    for op in hung {
+        command.arg("--hung").arg(op);
     }
     let mut child = command
         .stdin(Stdio::null())
@@ -254,6 +270,7 @@ fn run_child(options: &Options, dir: &Path, resume: Option<u64>) -> Result<Child
         findings: Vec::new(),
         in_progress: None,
         died: None,
+        timed_out: false,
     };
     let mut last = Instant::now();
     let mut done = false;
@@ -305,6 +322,7 @@ fn run_child(options: &Options, dir: &Path, resume: Option<u64>) -> Result<Child
                     ),
                 };
                 run.died = Some(limit);
+                run.timed_out = true;
                 return Ok(run);
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -396,6 +414,8 @@ pub(crate) struct Recorder<'w> {
     out: &'w mut dyn Write,
     next: u64,
     resume_after: Option<u64>,
+    /// Operations whose execute did not return in an earlier child.
+    hung: &'w [String],
 }
 
 impl Recorder<'_> {
@@ -449,6 +469,27 @@ impl Recorder<'_> {
             self.next += 1;
             return;
         }
+        if check.starts_with("execute") && op.is_some_and(|o| self.hung.iter().any(|h| h == o)) {
+            self.record(
+                check,
+                op,
+                Verdict::Skipped,
+                "an earlier execute of this operation did not return within the time limit",
+            );
+            return;
+        }
+        self.check_always(check, op, calls, f);
+    }
+
+    /// Runs one resumable check whose work later checks build on: a resumed child that has
+    /// passed it runs `f` again without reporting it.
+    pub(crate) fn check_always(
+        &mut self,
+        check: &str,
+        op: Option<&str>,
+        calls: u32,
+        f: impl FnOnce() -> (Verdict, String),
+    ) {
         let index = self.start(check, op, calls, true);
         let (v, reason) = f();
         self.finish(index, check, op, v, &reason);
@@ -469,10 +510,12 @@ const LOAD_CHECKS: [&str; 9] = [
 ];
 
 /// The child's side: loads the staged tree `dir` and runs every check, printing the lines the
-/// parent reads to `out`; after `resume_after`, only the checks numbered above it.
+/// parent reads to `out`; after `resume_after`, only the checks numbered above it, and none that
+/// executes an operation named in `hung`.
 pub fn child_main(
     dir: &Path,
     resume_after: Option<u64>,
+    hung: &[String],
     out: &mut dyn Write,
 ) -> Result<(), HostError> {
     let metadata = crate::publication::read_tree_metadata(dir)?;
@@ -486,6 +529,7 @@ pub fn child_main(
         out,
         next: 0,
         resume_after,
+        hung,
     };
     let loading = rec.start("init", None, 1, false);
     let registry = crate::registry::KernelRegistry::new();

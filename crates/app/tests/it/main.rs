@@ -3,6 +3,7 @@
 mod c_face;
 mod cli;
 mod cli_snapshots;
+mod conformance;
 mod crash;
 mod draining;
 mod examples;
