@@ -50,6 +50,7 @@
 #[allow(unsafe_code)]
 // The conformance check: GOP1 calls on generated queries, guard-paged buffers.
 pub mod conformance;
+pub mod crash_quarantine;
 #[allow(unsafe_code)] // The CDD1/CDA1/CDM1 boundary: the host-side queries of bound CUDA tables.
 pub mod cuda_tables;
 pub mod error;

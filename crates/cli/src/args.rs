@@ -132,6 +132,10 @@ pub enum Command {
         package: PathBuf,
     },
 
+    /// Lift the crash quarantine of builds whose init killed the process loading them.
+    #[command(subcommand)]
+    Quarantine(QuarantineCommand),
+
     /// Manage the store's trust store: trusted publisher keys and revocations.
     #[command(subcommand)]
     Trust(TrustCommand),
@@ -319,6 +323,21 @@ pub enum Command {
         /// The shell.
         #[arg(value_name = "SHELL")]
         shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum QuarantineCommand {
+    /// Lift the crash quarantine of every build of a package, so the next host loads it again.
+    #[command(
+        after_help = "A build is quarantined when a process died while running its init; \
+        `guild list` and `guild status` show it. Installing a new version lifts it too.\n\n\
+        Example:\n  guild quarantine clear example.scan"
+    )]
+    Clear {
+        /// The package id.
+        #[arg(value_name = "ID", value_parser = parse_package_id)]
+        id: PackageId,
     },
 }
 

@@ -17,6 +17,7 @@ mod failure;
 mod output;
 mod progress;
 mod publisher;
+mod quarantine;
 mod render;
 mod resolve;
 mod store;
@@ -30,7 +31,7 @@ use anyhow::Context;
 use clap::error::ErrorKind;
 use clap::Parser;
 
-use args::{Cli, Command};
+use args::{Cli, Command, QuarantineCommand};
 use failure::{CliError, Exit, Failure};
 use output::{Output, Report};
 
@@ -104,6 +105,9 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
         ),
         Command::Inspect { package } => publisher::inspect(package),
         Command::Trust(t) => trust::run(&store_dir(cli, true)?, t),
+        Command::Quarantine(QuarantineCommand::Clear { id }) => {
+            quarantine::clear(&store_dir(cli, true)?, id)
+        }
         Command::Install {
             package,
             disabled,

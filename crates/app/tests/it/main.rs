@@ -5,6 +5,7 @@ mod cli;
 mod cli_snapshots;
 mod conformance;
 mod crash;
+mod crash_quarantine;
 mod draining;
 mod examples;
 mod experts;
