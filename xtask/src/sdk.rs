@@ -63,6 +63,8 @@ const EXPECTED_PLUGINS: &[&str] = &[
     "faulty_nondeterministic",
     "faulty_crash_init",
     "faulty_hang_execute",
+    "compat_scan",
+    "compat_dependent",
     // examples/c-runner, built as part of test-plugins.
     "example_c_runner",
 ];

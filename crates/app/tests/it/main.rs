@@ -3,6 +3,7 @@
 mod c_face;
 mod cli;
 mod cli_snapshots;
+mod compat;
 mod conformance;
 mod crash;
 mod crash_quarantine;
