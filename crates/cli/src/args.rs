@@ -309,8 +309,9 @@ pub enum Command {
         /// Run only the checks numbered above this one (after a crash or hang).
         #[arg(long, value_name = "N")]
         resume_after: Option<u64>,
-        /// An operation whose execute did not return in an earlier child (repeatable).
-        #[arg(long, value_name = "OPERATION")]
+        /// An operation to leave alone: a call into it crashed or hung in an earlier child
+        /// (repeatable).
+        #[arg(long = "skip-operation", value_name = "OPERATION")]
         hung: Vec<String>,
     },
 

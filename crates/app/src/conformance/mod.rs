@@ -165,8 +165,9 @@ pub fn check(
     let staged = stage::stage(target, template)?;
     let mut report = Report::default();
     let mut resume: Option<u64> = None;
-    // Operations whose execute hung: a resumed child skips their other executions rather than
-    // wait out the limit again for each.
+    // Operations a resumed child leaves alone: one whose call did not return (rather than wait
+    // out the limit again for each later check), and one whose validate crashed (every later
+    // check starts from validate's answer, which a resumed child would have to ask again).
     let mut hung: Vec<String> = Vec::new();
     loop {
         report.processes += 1;
@@ -183,7 +184,7 @@ pub fn check(
                 });
                 if started.resumable && report.processes <= MAX_RESTARTS {
                     resume = Some(started.index);
-                    if run.timed_out && started.check.starts_with("execute") {
+                    if run.timed_out || started.check == "validate" {
                         hung.extend(started.operation.clone());
                     }
                     continue;
@@ -242,7 +243,7 @@ fn run_child(
         command.arg("--resume-after").arg(n.to_string());
     }
     for op in hung {
-        command.arg("--hung").arg(op);
+        command.arg("--skip-operation").arg(op);
     }
     let mut child = command
         .stdin(Stdio::null())
@@ -414,7 +415,7 @@ pub(crate) struct Recorder<'w> {
     out: &'w mut dyn Write,
     next: u64,
     resume_after: Option<u64>,
-    /// Operations whose execute did not return in an earlier child.
+    /// Operations to leave alone: a call into them hung, or their validate crashed, earlier.
     hung: &'w [String],
 }
 
@@ -469,15 +470,6 @@ impl Recorder<'_> {
             self.next += 1;
             return;
         }
-        if check.starts_with("execute") && op.is_some_and(|o| self.hung.iter().any(|h| h == o)) {
-            self.record(
-                check,
-                op,
-                Verdict::Skipped,
-                "an earlier execute of this operation did not return within the time limit",
-            );
-            return;
-        }
         self.check_always(check, op, calls, f);
     }
 
@@ -490,6 +482,16 @@ impl Recorder<'_> {
         calls: u32,
         f: impl FnOnce() -> (Verdict, String),
     ) {
+        if op.is_some_and(|o| self.hung.iter().any(|h| h == o)) {
+            self.record(
+                check,
+                op,
+                Verdict::Skipped,
+                "an earlier call into this operation did not return within the time limit, or \
+                 its validate crashed the check process",
+            );
+            return;
+        }
         let index = self.start(check, op, calls, true);
         let (v, reason) = f();
         self.finish(index, check, op, v, &reason);
@@ -511,7 +513,7 @@ const LOAD_CHECKS: [&str; 9] = [
 
 /// The child's side: loads the staged tree `dir` and runs every check, printing the lines the
 /// parent reads to `out`; after `resume_after`, only the checks numbered above it, and none that
-/// executes an operation named in `hung`.
+/// calls into an operation named in `hung`.
 pub fn child_main(
     dir: &Path,
     resume_after: Option<u64>,
