@@ -334,6 +334,20 @@ fn guild_check_reports_a_table_and_json_and_touches_no_store() {
         .unwrap()
         .starts_with("example.faulty.rank_accept"));
 
+    // An archive carries its own manifest: a template with it is a usage error, and without one
+    // the archive is checked as it is.
+    let archive = shop.build_with(&faulty("rank_accept"), None).archive;
+    let a = archive.to_str().unwrap();
+    let run = guild(shop.path(), &["check", a, "--manifest", t]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    let run = guild(shop.path(), &["--json", "check", a, "--timeout", "2"]);
+    assert_eq!(
+        (run.code, run.json()["failed"].as_u64()),
+        (3, Some(1)),
+        "{}",
+        run.stderr
+    );
+
     // The correct build passes with exit code 0.
     std::fs::write(
         dir.join("lib/libfaulty_rank_accept.so"),
