@@ -193,6 +193,11 @@ impl CrashLedger {
         }
     }
 
+    /// The directory of in-flight load records.
+    pub fn loading_dir(&self) -> &Path {
+        &self.loading
+    }
+
     /// Durably records that this process is about to load `digest` (`id@version`).
     pub fn begin(
         &self,

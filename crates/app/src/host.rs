@@ -329,7 +329,7 @@ impl Host {
                 }
                 Some(ledger.begin(id, version, &digest).map_err(|source| {
                     HostError::CrashRecord {
-                        path: crate::crash_quarantine::LOADING_DIR.into(),
+                        path: ledger.loading_dir().to_path_buf(),
                         source,
                     }
                 })?)
