@@ -70,6 +70,8 @@ pub(crate) struct Operation<'a> {
     pub max_batch: u64,
     /// The package declares module dependencies, which the check process does not load.
     pub has_dependencies: bool,
+    /// Told before every call into the provider (the parent's time limit is per call).
+    pub lines: super::Lines,
 }
 
 // SAFETY: the raw pointers in the copied GOP1 extension are only passed back to the provider,
@@ -211,6 +213,7 @@ impl Operation<'_> {
         let mut answers = Vec::new();
         for _ in 0..2 {
             let mut error = guild_error_info_t::new();
+            self.lines.call();
             // SAFETY: the query's pointers lead into `self.op_name` and `case`, which outlive
             // the call; data addresses are NULL or made-up addresses that are only inspected.
             let status = self
@@ -245,6 +248,7 @@ impl Operation<'_> {
             device_bytes: 0,
         };
         let mut error = guild_error_info_t::new();
+        self.lines.call();
         // SAFETY: as in validate_twice.
         let status =
             self.provider
@@ -711,6 +715,7 @@ fn execute(op: &Operation<'_>, case: &Case, flush: Flush) -> Result<Executed, St
         params_size: 0,
     };
     let mut error = guild_error_info_t::new();
+    op.lines.call();
     // SAFETY: every descriptor's data leads into a live guarded buffer of the tensor's byte
     // extent (inputs readable, outputs writable), the scratch is NULL or live and as large as
     // requested, the case passed validate, and the buffers outlive the call.
@@ -801,7 +806,7 @@ pub(crate) fn check(op: &Operation<'_>, rec: &mut Recorder<'_>) {
 
     // validate: an accepted base, every answer given twice and the query left alone.
     let mut base: Option<Case> = None;
-    rec.check_always("validate", label, 2 * candidates.len() as u32, || {
+    rec.check_always("validate", label, || {
         let mut last = String::new();
         for case in &candidates {
             match op.validate_twice(case) {
@@ -830,7 +835,7 @@ pub(crate) fn check(op: &Operation<'_>, rec: &mut Recorder<'_>) {
     });
     let no_base = "no generated query was accepted (see the validate check)";
 
-    rec.check("validate.inside_bounds", label, 16, || {
+    rec.check("validate.inside_bounds", label, || {
         let Some(base) = &base else {
             return (Verdict::Skipped, no_base.into());
         };
@@ -852,7 +857,7 @@ pub(crate) fn check(op: &Operation<'_>, rec: &mut Recorder<'_>) {
         )
     });
 
-    rec.check("validate.outside_bounds", label, 32, || {
+    rec.check("validate.outside_bounds", label, || {
         let Some(base) = &base else {
             return (Verdict::Skipped, no_base.into());
         };
@@ -900,7 +905,7 @@ pub(crate) fn check(op: &Operation<'_>, rec: &mut Recorder<'_>) {
         }
     });
 
-    rec.check("query_scratch", label, 2, || {
+    rec.check("query_scratch", label, || {
         let Some(base) = &base else {
             return (Verdict::Skipped, no_base.into());
         };
@@ -982,7 +987,7 @@ pub(crate) fn check(op: &Operation<'_>, rec: &mut Recorder<'_>) {
             "every buffer ends at a guard page: a read or write past a tensor faults",
         ),
     ] {
-        rec.check(name, label, 2, || {
+        rec.check(name, label, || {
             let case = match &runnable {
                 Ok(c) => c,
                 Err(why) => return (Verdict::Skipped, why.clone()),
@@ -999,7 +1004,7 @@ pub(crate) fn check(op: &Operation<'_>, rec: &mut Recorder<'_>) {
         });
     }
 
-    rec.check("execute.strides", label, 3, || {
+    rec.check("execute.strides", label, || {
         let case = match &runnable {
             Ok(c) => c,
             Err(why) => return (Verdict::Skipped, why.clone()),
@@ -1054,7 +1059,7 @@ pub(crate) fn check(op: &Operation<'_>, rec: &mut Recorder<'_>) {
         }
     });
 
-    rec.check("execute.deterministic", label, REPEATS as u32, || {
+    rec.check("execute.deterministic", label, || {
         let case = match &runnable {
             Ok(c) => c,
             Err(why) => return (Verdict::Skipped, why.clone()),
@@ -1091,59 +1096,54 @@ pub(crate) fn check(op: &Operation<'_>, rec: &mut Recorder<'_>) {
         )
     });
 
-    rec.check(
-        "execute.concurrent",
-        label,
-        (1 + RUNS_PER_THREAD) as u32,
-        || {
-            let case = match &runnable {
-                Ok(c) => c,
-                Err(why) => return (Verdict::Skipped, why.clone()),
-            };
-            let reference = match execute(op, case, Flush::Back) {
-                Ok(r) => r,
-                Err(e) => return refused(e),
-            };
-            let results: Vec<Result<Vec<Executed>, String>> = std::thread::scope(|s| {
-                let handles: Vec<_> = (0..THREADS)
-                    .map(|_| {
-                        s.spawn(|| {
-                            (0..RUNS_PER_THREAD)
-                                .map(|_| execute(op, case, Flush::Back))
-                                .collect::<Result<Vec<_>, _>>()
-                        })
+    rec.check("execute.concurrent", label, || {
+        let case = match &runnable {
+            Ok(c) => c,
+            Err(why) => return (Verdict::Skipped, why.clone()),
+        };
+        let reference = match execute(op, case, Flush::Back) {
+            Ok(r) => r,
+            Err(e) => return refused(e),
+        };
+        let results: Vec<Result<Vec<Executed>, String>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..RUNS_PER_THREAD)
+                            .map(|_| execute(op, case, Flush::Back))
+                            .collect::<Result<Vec<_>, _>>()
                     })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into())))
-                    .collect()
-            });
-            for (t, r) in results.into_iter().enumerate() {
-                let runs = match r {
-                    Ok(runs) => runs,
-                    Err(e) => return refused(format!("{e} (thread {t})")),
-                };
-                for run in &runs {
-                    if let Err(e) = same_outputs(case, &reference, run, op.deterministic()) {
-                        return (
-                            Verdict::Failed,
-                            format!(
-                                "{e} on thread {t} running at the same time as {} others: the \
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into())))
+                .collect()
+        });
+        for (t, r) in results.into_iter().enumerate() {
+            let runs = match r {
+                Ok(runs) => runs,
+                Err(e) => return refused(format!("{e} (thread {t})")),
+            };
+            for run in &runs {
+                if let Err(e) = same_outputs(case, &reference, run, op.deterministic()) {
+                    return (
+                        Verdict::Failed,
+                        format!(
+                            "{e} on thread {t} running at the same time as {} others: the \
                                  calls share state",
-                                THREADS - 1
-                            ),
-                        );
-                    }
+                            THREADS - 1
+                        ),
+                    );
                 }
             }
-            (
-                Verdict::Passed,
-                format!(
-                    "{THREADS} threads x {RUNS_PER_THREAD} calls on independent buffers at once \
+        }
+        (
+            Verdict::Passed,
+            format!(
+                "{THREADS} threads x {RUNS_PER_THREAD} calls on independent buffers at once \
                      gave the sequential outputs"
-                ),
-            )
-        },
-    );
+            ),
+        )
+    });
 }

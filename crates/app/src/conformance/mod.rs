@@ -9,9 +9,10 @@
 //!
 //! The child loads the library with the same dlopen loader and registration check a host uses,
 //! then checks every GOP1 operation ([`gop1`]). It prints one tagged JSON line when a check
-//! starts and one when it ends; the parent waits at most a time limit per callback call between
-//! the two. A check that crashes the child (a guard page hit, an abort) or outlives its limit
-//! becomes a failed finding of that check, and the parent starts a new child that resumes after
+//! starts, one before every call into the plugin, and one when the check ends; the parent waits
+//! at most the time limit of one call for the next line while a check runs. A check that crashes
+//! the child (a guard page hit, an abort) or whose call outlives the limit becomes a failed
+//! finding of that check, and the parent starts a new child that resumes after
 //! it, so that one fault does not hide the rest of the report. A crash or hang while loading
 //! ends the report there.
 
@@ -23,7 +24,7 @@ use std::ffi::CString;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use guild_ports::loader::{LoadErrorKind, LoadRequest, PluginLoader};
@@ -140,7 +141,7 @@ impl Report {
 pub struct Options {
     /// The `guild` binary to run with [`SUBCOMMAND`].
     pub program: PathBuf,
-    /// The time limit of one callback call (a check making several calls gets that many).
+    /// The time limit of one call into the plugin (`init`, a callback, `shutdown`).
     pub call_timeout: Duration,
 }
 
@@ -217,7 +218,6 @@ struct Started {
     index: u64,
     check: String,
     operation: Option<String>,
-    calls: u32,
     resumable: bool,
     at: Instant,
 }
@@ -277,21 +277,25 @@ fn run_child(
     let mut done = false;
     loop {
         let deadline = match &run.in_progress {
-            Some(s) => s.at + options.call_timeout * s.calls.max(1),
+            Some(s) => s.at + options.call_timeout,
             None => last + options.call_timeout,
         };
         match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(line) => {
                 last = Instant::now();
                 let Some(v) = tagged(&line) else { continue };
-                if v.get("done").is_some() {
+                if v.get("call").is_some() {
+                    // A callback call starts: the time limit runs from here.
+                    if let Some(s) = &mut run.in_progress {
+                        s.at = last;
+                    }
+                } else if v.get("done").is_some() {
                     done = true;
                 } else if let Some(index) = v["start"].as_u64() {
                     run.in_progress = Some(Started {
                         index,
                         check: v["check"].as_str().unwrap_or("?").to_owned(),
                         operation: v["operation"].as_str().map(str::to_owned),
-                        calls: v["calls"].as_u64().map_or(1, |c| c.min(10_000) as u32),
                         resumable: v["resumable"] == true,
                         at: last,
                     });
@@ -309,12 +313,9 @@ fn run_child(
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 kill(&mut child);
                 let limit = match &run.in_progress {
-                    Some(s) => format!(
-                        "did not return within {} ({} call{} of at most {} each); the check \
-                         process was killed",
-                        seconds(options.call_timeout * s.calls.max(1)),
-                        s.calls,
-                        if s.calls == 1 { "" } else { "s" },
+                    Some(_) => format!(
+                        "a call into the plugin did not return within {}; the check process was \
+                         killed",
                         seconds(options.call_timeout)
                     ),
                     None => format!(
@@ -409,10 +410,29 @@ fn finding(v: &Value) -> Option<Finding> {
 // The child
 // ---------------------------------------------------------------------------------------------
 
+/// Where the child's lines go, shared by the threads of a check.
+#[derive(Clone)]
+pub(crate) struct Lines(Arc<Mutex<Box<dyn Write + Send>>>);
+
+impl Lines {
+    fn emit(&self, v: &Value) {
+        let mut out = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        // A leading newline keeps the line whole after a plugin's unterminated output.
+        let _ = writeln!(out, "\n{v}");
+        let _ = out.flush();
+    }
+
+    /// Says that a call into the plugin starts, so that the parent's time limit, which is per
+    /// call, starts again.
+    pub(crate) fn call(&self) {
+        self.emit(&json!({ LINE_TAG: 1, "call": true }));
+    }
+}
+
 /// Numbers the checks and prints their start and result lines, leaving out those a resumed child
 /// has already reported.
 pub(crate) struct Recorder<'w> {
-    out: &'w mut dyn Write,
+    lines: Lines,
     next: u64,
     resume_after: Option<u64>,
     /// Operations to leave alone: a call into them hung, or their validate crashed, earlier.
@@ -425,18 +445,16 @@ impl Recorder<'_> {
     }
 
     fn emit(&mut self, v: Value) {
-        // A leading newline keeps the line whole after a plugin's unterminated output.
-        let _ = writeln!(self.out, "\n{v}");
-        let _ = self.out.flush();
+        self.lines.emit(&v);
     }
 
-    fn start(&mut self, check: &str, op: Option<&str>, calls: u32, resumable: bool) -> u64 {
+    fn start(&mut self, check: &str, op: Option<&str>, resumable: bool) -> u64 {
         let index = self.next;
         self.next += 1;
         if !self.quiet(index) {
             self.emit(json!({
                 LINE_TAG: 1, "start": index, "check": check, "operation": op,
-                "calls": calls, "resumable": resumable,
+                "resumable": resumable,
             }));
         }
         index
@@ -463,14 +481,13 @@ impl Recorder<'_> {
         &mut self,
         check: &str,
         op: Option<&str>,
-        calls: u32,
         f: impl FnOnce() -> (Verdict, String),
     ) {
         if self.quiet(self.next) {
             self.next += 1;
             return;
         }
-        self.check_always(check, op, calls, f);
+        self.check_always(check, op, f);
     }
 
     /// Runs one resumable check whose work later checks build on: a resumed child that has
@@ -479,7 +496,6 @@ impl Recorder<'_> {
         &mut self,
         check: &str,
         op: Option<&str>,
-        calls: u32,
         f: impl FnOnce() -> (Verdict, String),
     ) {
         if op.is_some_and(|o| self.hung.iter().any(|h| h == o)) {
@@ -492,7 +508,7 @@ impl Recorder<'_> {
             );
             return;
         }
-        let index = self.start(check, op, calls, true);
+        let index = self.start(check, op, true);
         let (v, reason) = f();
         self.finish(index, check, op, v, &reason);
     }
@@ -518,7 +534,7 @@ pub fn child_main(
     dir: &Path,
     resume_after: Option<u64>,
     hung: &[String],
-    out: &mut dyn Write,
+    out: Box<dyn Write + Send>,
 ) -> Result<(), HostError> {
     let metadata = crate::publication::read_tree_metadata(dir)?;
     let m = metadata.manifest();
@@ -527,13 +543,14 @@ pub fn child_main(
             os: std::env::consts::OS,
             arch: std::env::consts::ARCH,
         })?;
+    let lines = Lines(Arc::new(Mutex::new(out)));
     let mut rec = Recorder {
-        out,
+        lines: lines.clone(),
         next: 0,
         resume_after,
         hung,
     };
-    let loading = rec.start("init", None, 1, false);
+    let loading = rec.start("init", None, false);
     let registry = crate::registry::KernelRegistry::new();
     let loader = guild_adapters_posix::DlopenLoader::new();
     let request = LoadRequest {
@@ -635,6 +652,7 @@ pub fn child_main(
                 max_dim,
                 max_batch,
                 has_dependencies: !m.module_dependencies.is_empty(),
+                lines: lines.clone(),
             };
             gop1::check(&op, &mut rec);
         }
@@ -657,7 +675,7 @@ pub fn child_main(
             );
         }
     }
-    let closing = rec.start("shutdown", None, 1, false);
+    let closing = rec.start("shutdown", None, false);
     drop(plugin);
     drop(registry);
     rec.finish(

@@ -193,7 +193,7 @@ fn each_faulty_plugin_fails_the_check_it_breaks() {
         (
             "hang_execute",
             "execute.guard_front",
-            "did not return within 4 s",
+            "did not return within 2 s",
         ),
     ] {
         let report = check(&shop, &faulty(kind));
