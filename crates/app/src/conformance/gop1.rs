@@ -12,10 +12,10 @@
 //! Out of bounds, a query whose rank or tensor counts break the contract must be refused by
 //! `validate` itself: the callback indexes the tensors it is given, and one that accepts more
 //! axes or tensors than its declaration admits has a declaration that says something else than
-//! its code. Dtypes and extents just outside the declaration are asked too, and an acceptance is
-//! reported without failing: module_abi.h lets `validate` rely on the host's own check of those
-//! fields. Memory spaces, alignment, layouts and sync modes are probed inside the bounds only
-//! (the host refuses the others from the declaration before a callback is asked).
+//! its code. Dtypes, extents, alignment, memory spaces and layouts just outside the declaration
+//! are asked too, and an acceptance is reported without failing: module_abi.h lets `validate`
+//! rely on the host's own check of those fields, which refuses such a query before any callback
+//! is asked.
 
 use std::ffi::CString;
 use std::ptr;
