@@ -610,6 +610,14 @@ pub fn child_main(
                     Verdict::Passed,
                     "the host ran shutdown after the failed init and the process survived".into(),
                 ),
+                Some(f)
+                    if failed_index.is_some_and(|at| at < i) && LOAD_CHECKS[..i].contains(&f) =>
+                {
+                    (
+                        Verdict::Skipped,
+                        format!("init never ran: an earlier check failed ({f})"),
+                    )
+                }
                 _ => (
                     Verdict::Skipped,
                     "init did not fail, and the host calls shutdown after a failed init only"

@@ -257,6 +257,42 @@ fn a_failed_init_is_shut_down_and_reported() {
     );
 }
 
+/// Each broken loader outcome fails the package-wide check it breaks, and the later ones are
+/// skipped with the reason.
+#[test]
+fn the_package_wide_checks_name_what_failed() {
+    let shop = Workshop::new();
+    for (library, ops, failed, says) in [
+        ("no_entry", &[][..], "entry point", "guild_plugin_entry_v1"),
+        ("bad_descriptor", &[][..], "descriptor", "init is NULL"),
+        ("wrong_abi", &[][..], "abi range", "Kernel ABI 2.0.0"),
+        (
+            "duplicate_impl",
+            &["test.duplicate_impl.add"][..],
+            "duplicate ids",
+            "registered twice",
+        ),
+    ] {
+        let mut spec = module(&format!("test.{}", library.replace('_', "-")), library, ops);
+        spec.kind = guild_domain::ids::PackageKind::Kernel;
+        let report = check(&shop, &spec);
+        let f = report.find(failed, None).unwrap();
+        assert_eq!(f.verdict, Verdict::Failed, "{library}: {}", f.reason);
+        assert!(f.reason.contains(says), "{library}: {}", f.reason);
+        assert_eq!(report.count(Verdict::Failed), 1, "{library}: {report:#?}");
+        if failed != "duplicate ids" {
+            let init = report.find("init", None).unwrap();
+            assert_eq!(init.verdict, Verdict::Skipped, "{library}");
+            let after = report.find("shutdown after failed init", None).unwrap();
+            assert!(
+                after.reason.contains("init never ran"),
+                "{library}: {}",
+                after.reason
+            );
+        }
+    }
+}
+
 #[test]
 fn registration_is_held_to_the_manifest() {
     let shop = Workshop::new();
