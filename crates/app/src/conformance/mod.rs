@@ -702,21 +702,21 @@ fn load_detail(
     plugin: &Option<guild_ports::loader::LoadedPlugin>,
     m: &guild_domain::manifest::Manifest,
 ) -> String {
-    let Some(p) = plugin else {
-        return String::new();
-    };
     match name {
         "library" => format!("{} opened", m.entry.as_str()),
         "entry point" => "guild_plugin_entry_v1 found".into(),
         "descriptor" => "the plugin descriptor is readable".into(),
         "abi range" => "the plugin's Kernel ABI range contains this host's".into(),
-        "init" => format!(
-            "init returned OK having registered {} kernel{} and {} runner{}",
-            p.kernels.len(),
-            if p.kernels.len() == 1 { "" } else { "s" },
-            p.runners.len(),
-            if p.runners.len() == 1 { "" } else { "s" }
-        ),
+        "init" => match plugin {
+            Some(p) => format!(
+                "init returned OK having registered {} kernel{} and {} runner{}",
+                p.kernels.len(),
+                if p.kernels.len() == 1 { "" } else { "s" },
+                p.runners.len(),
+                if p.runners.len() == 1 { "" } else { "s" }
+            ),
+            None => "init returned OK".into(),
+        },
         "extensions" => {
             "every extension passed the host's size, tag and version negotiation".into()
         }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use guild_adapters_posix::DlopenLoader;
 use guild_domain::manifest::Metadata;
 use guild_domain::operation::{DType, MemorySpace, TensorDesc};
-use guild_host::conformance::{self, Options};
+use guild_host::conformance::{self, Options, Verdict};
 use guild_host::operations::{DeviceSupport, ExecuteError, TensorArg, TensorArgMut};
 use guild_host::{Host, InstallOptions, OpName, OperationRequest, OperationService};
 use guild_ports::loader::{LoadError, LoadRequest, LoadedPlugin, PluginLoader};
@@ -178,6 +178,65 @@ fn todays_builds_on_a_host_without_the_operation_service_degrade_as_the_size_rul
             text.contains("unsupported") && text.contains("no operation service"),
             "{dependent_lib}: {text}"
         );
+    }
+}
+
+/// Builds that carry extension tables from headers newer (or older) than this host's, as
+/// test-plugins/ext_probe lays them out: `guild check` reports the negotiation exactly as the
+/// host's size/tag/version rules decide it. A table larger than the layout this host knows is read
+/// up to that layout (degraded, accepted), an older one up to its size, an unknown version or a
+/// size below the layout is refused, and an unknown tag is skipped (so a GOP1 operation without
+/// a GOP1 it can read is refused at registration).
+#[test]
+fn extension_tables_from_other_headers_are_negotiated_by_the_size_tag_and_version_rules() {
+    let shop = Workshop::new();
+    let mut options = Options::new(guild_binary().to_path_buf());
+    options.call_timeout = std::time::Duration::from_secs(2);
+    for (ext, case, check, verdict, says) in [
+        ("gop1", "newer", "extensions", Verdict::Passed, ""),
+        ("cpu2", "newer", "extensions", Verdict::Passed, ""),
+        ("cpe1", "newer", "extensions", Verdict::Passed, ""),
+        ("cpu2", "older", "extensions", Verdict::Passed, ""),
+        (
+            "gop1",
+            "version",
+            "extensions",
+            Verdict::Failed,
+            "has version 2",
+        ),
+        (
+            "cpu2",
+            "version",
+            "extensions",
+            Verdict::Failed,
+            "has version 3",
+        ),
+        (
+            "gop1",
+            "too_small",
+            "extensions",
+            Verdict::Failed,
+            "smaller than",
+        ),
+        (
+            "gop1",
+            "wrong_tag",
+            "registration",
+            Verdict::Failed,
+            "need a GOP1",
+        ),
+    ] {
+        let mut spec = Spec::kernel(&format!("test.ext-probe-{ext}-{case}"), "1.0.0")
+            .library(&plugin_library("ext_probe"));
+        spec.files[0].0 = format!("lib/libext_probe__{ext}__{case}.so");
+        spec.provided_ops = vec![format!("test.ext_probe.{ext}")];
+        let built = shop.build_with(&spec, None);
+        let report = conformance::check(&built.archive, None, &options).unwrap();
+        let f = report
+            .find(check, None)
+            .unwrap_or_else(|| panic!("{ext}/{case}: no {check}: {report:#?}"));
+        assert_eq!(f.verdict, verdict, "{ext}/{case}: {check}: {}", f.reason);
+        assert!(f.reason.contains(says), "{ext}/{case}: {}", f.reason);
     }
 }
 
