@@ -8,7 +8,7 @@
 //! publisher wants of their own build and why an operator installs instead.
 //!
 //! The child loads the library with the same dlopen loader and registration check a host uses,
-//! then checks every GOP1 operation ([`gop1`]). It prints one tagged JSON line when a check
+//! then checks every GOP1 operation (its `gop1` module). It prints one tagged JSON line when a check
 //! starts, one before every call into the plugin, and one when the check ends; the parent waits
 //! at most the time limit of one call for the next line while a check runs. A check that crashes
 //! the child (a guard page hit, an abort) or whose call outlives the limit becomes a failed
