@@ -18,14 +18,16 @@ Exit codes:
   2  usage error (unknown option, malformed id, version or digest)
   3  rejected: a package, manifest template or key file is malformed, tampered,
      unauthenticated (untrusted publisher, revoked key or digest) or for another platform,
-     or its library fails the publication check (registers other ids, crashes, hangs)
+     or its library fails the publication check (registers other ids, crashes, hangs),
+     or a build fails `guild check`
   4  refused by policy: dependencies, impl ids another package provides, leases, immutable
      versions, downgrades, trust rules, an existing key file
   5  store unusable: locked by another process, corrupt, unreadable, or an I/O failure in it
   6  not found: the package file, package id, version or key file does not exist
 
 Store: --store DIR, else $GUILD_STORE, else $XDG_DATA_HOME/guild, else ~/.local/share/guild.
-No option or variable loads unsigned or untrusted code, or skips verification.";
+No option or variable makes a store load unsigned or untrusted code, or skips verification;
+`guild check` runs the build it is given, in child processes, and touches no store.";
 
 /// The `guild` command line.
 #[derive(Debug, Parser)]

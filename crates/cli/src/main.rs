@@ -4,8 +4,9 @@
 //!
 //! It lives in its own crate so that the `guild_host` library that runners embed carries none
 //! of its dependencies (clap, clap_complete, anyhow). Nothing here adds a way around
-//! verification; every package goes through the same `PackageManager` calls that an embedding
-//! runner uses, and the adapters it needs (key files, archives, the store's layout, the CUDA
+//! verification for a store: every package goes through the same `PackageManager` calls that an
+//! embedding runner uses (`guild check`, which runs a publisher's unsigned build in child
+//! processes, opens no store), and the adapters it needs (key files, archives, the store's layout, the CUDA
 //! probe) are reached through `guild-host`'s re-exports, never named directly.
 
 #![forbid(unsafe_code)]
