@@ -51,7 +51,10 @@ fn faulty(kind: &str) -> Spec {
     )
 }
 
-/// The test plugins that are meant to be correct, with the manifests their tests use.
+/// The test plugins that are meant to be correct, with the manifests their tests use. Left out:
+/// the loader outcomes that fail on purpose (init_fails, wrong_abi, ...), op_probe and ext_probe
+/// (one deliberately odd candidate or table per rejection case the host must report), the
+/// broken runners, and the faulty scans but the correct one.
 fn correct_plugins() -> Vec<Spec> {
     let runner = |id: &str, library: &str, runner: &str| {
         let mut s = module(id, library, &[]).runner(runner);
@@ -117,6 +120,13 @@ fn correct_plugins() -> Vec<Spec> {
         )
         .module_dep(crate::support::ModDep::on("example.scan", "1.0.0")),
         faulty("none"),
+        {
+            let mut many = module("example.many", "op_many", &[]);
+            many.provided_ops = (0..64)
+                .map(|n| format!("example.many.c{n:02}.cpu"))
+                .collect();
+            many
+        },
     ]
 }
 
