@@ -43,6 +43,11 @@ fn module(id: &str, library: &str, ops: &[&str]) -> Spec {
     spec
 }
 
+fn kernel(mut spec: Spec) -> Spec {
+    spec.kind = guild_domain::ids::PackageKind::Kernel;
+    spec
+}
+
 fn faulty(kind: &str) -> Spec {
     module(
         &format!("example.faulty-{}", kind.replace('_', "-")),
@@ -56,11 +61,8 @@ fn faulty(kind: &str) -> Spec {
 /// (one deliberately odd candidate or table per rejection case the host must report), the
 /// broken runners, and the faulty scans but the correct one.
 fn correct_plugins() -> Vec<Spec> {
-    let runner = |id: &str, library: &str, runner: &str| {
-        let mut s = module(id, library, &[]).runner(runner);
-        s.kind = guild_domain::ids::PackageKind::Kernel;
-        s
-    };
+    let runner =
+        |id: &str, library: &str, runner: &str| kernel(module(id, library, &[]).runner(runner));
     let mut cuda = module(
         "example.cuda_scan",
         "cuda_scan",
@@ -120,6 +122,17 @@ fn correct_plugins() -> Vec<Spec> {
         )
         .module_dep(crate::support::ModDep::on("example.scan", "1.0.0")),
         faulty("none"),
+        kernel(module("test.minimal", "minimal_kernel", &[])),
+        kernel(module(
+            "test.legacy",
+            "legacy_provenance",
+            &["test.legacy_provenance.matvec_q4_0"],
+        )),
+        module(
+            "test.echo",
+            "manifest_echo",
+            &["test.echo.one.cpu", "test.echo.two.cpu"],
+        ),
         {
             let mut many = module("example.many", "op_many", &[]);
             many.provided_ops = (0..64)
@@ -283,8 +296,11 @@ fn the_package_wide_checks_name_what_failed() {
             "registered twice",
         ),
     ] {
-        let mut spec = module(&format!("test.{}", library.replace('_', "-")), library, ops);
-        spec.kind = guild_domain::ids::PackageKind::Kernel;
+        let spec = kernel(module(
+            &format!("test.{}", library.replace('_', "-")),
+            library,
+            ops,
+        ));
         let report = check(&shop, &spec);
         let f = report.find(failed, None).unwrap();
         assert_eq!(f.verdict, Verdict::Failed, "{library}: {}", f.reason);
