@@ -39,6 +39,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::ffi::CString;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
@@ -50,6 +51,7 @@ use guild_domain::ids::{ImplId, OpName, PackageId, RunnerId};
 use guild_domain::operation::{Backend, OpCandidate};
 use guild_domain::version::Version;
 use guild_ports::loader::{LoadedLibrary, LoadedPlugin, RegisteredKernel, RegisteredRunner};
+use rustc_hash::FxHashMap;
 
 use crate::operations::core::ServiceCore;
 use crate::operations::DeviceSupport;
@@ -197,6 +199,30 @@ pub struct StoredOp {
     pub kernel: RegisteredKernel,
     /// The package whose library holds the kernel's code.
     pub package: Arc<LoadedPackage>,
+    /// The names a C caller reads from a handle's description, made once at registration.
+    pub(crate) c_names: CNames,
+}
+
+/// A kernel's names as C strings, which live as long as the stored kernel (and so as long as
+/// any binding to it).
+#[derive(Debug)]
+pub(crate) struct CNames {
+    pub(crate) impl_id: CString,
+    pub(crate) package_id: CString,
+    pub(crate) op_name: CString,
+}
+
+impl CNames {
+    fn of(kernel: &RegisteredKernel, package: &PackageId) -> Self {
+        // Ids and names are validated text without NUL bytes; an empty string is the harmless
+        // fallback should that ever change.
+        let c = |s: &str| CString::new(s).unwrap_or_default();
+        CNames {
+            impl_id: c(kernel.impl_id.as_str()),
+            package_id: c(package.as_str()),
+            op_name: c(kernel.op_name.as_ref().map_or("", OpName::as_str)),
+        }
+    }
 }
 
 /// A live reference to a registered kernel. While it exists, the kernel's library stays loaded
@@ -233,6 +259,11 @@ impl KernelBinding {
     /// The library the kernel's code lives in (kept loaded by this binding).
     pub fn library(&self) -> &Arc<dyn LoadedLibrary> {
         &self.op.package.library
+    }
+
+    /// The kernel's names as C strings, valid while the binding lives.
+    pub(crate) fn c_names(&self) -> &CNames {
+        &self.op.c_names
     }
 }
 
@@ -326,26 +357,32 @@ pub struct Selector {
 }
 
 /// An immutable view of everything registered and enabled.
+///
+/// Its maps hash with a fast unkeyed hash: every key in them is an id the host registered after
+/// checking it, and a lookup with an unknown key only misses.
 #[derive(Debug, Default)]
 pub struct Snapshot {
-    by_id: HashMap<ImplId, Arc<StoredOp>>,
+    by_id: FxHashMap<ImplId, Arc<StoredOp>>,
     /// Per (op_kind, op_name): candidates sorted by descending priority, then ascending impl id.
-    by_op: HashMap<(u32, Option<OpName>), Vec<Arc<StoredOp>>>,
+    by_op: FxHashMap<(u32, Option<OpName>), Vec<Arc<StoredOp>>>,
     runners: Vec<Arc<StoredRunner>>,
-    packages: HashMap<PackageId, Arc<LoadedPackage>>,
+    packages: FxHashMap<PackageId, Arc<LoadedPackage>>,
     /// Per namespaced operation: its kernels that carry a GOP1 contract, best first, beside
     /// their contracts, so that resolution ranks them without copying anything.
-    operations: HashMap<OpName, OperationCandidates>,
+    operations: FxHashMap<OpName, OperationCandidates>,
 }
 
 /// The GOP1 kernels of one namespaced operation, best first, and their contracts in the same
-/// order.
+/// order: the registry ranks them once, when it builds a snapshot, so that resolution only
+/// walks them.
 #[derive(Debug, Default, Clone)]
 pub struct OperationCandidates {
     /// The stored kernels, best first (descending priority, then ascending impl id).
     pub stored: Vec<Arc<StoredOp>>,
     /// Their GOP1 contracts in the domain's form, in the same order.
     pub contracts: Vec<OpCandidate>,
+    /// The operation's name as the C string every negotiation callback receives.
+    pub(crate) c_name: CString,
 }
 
 impl OperationCandidates {
@@ -362,7 +399,11 @@ impl OperationCandidates {
             .filter(|(op, _)| !op.package.is_draining())
             .map(|(op, c)| (Arc::clone(op), c.clone()))
             .unzip();
-        Cow::Owned(OperationCandidates { stored, contracts })
+        Cow::Owned(OperationCandidates {
+            stored,
+            contracts,
+            c_name: self.c_name.clone(),
+        })
     }
 }
 
@@ -395,7 +436,13 @@ impl Snapshot {
             let (Some(name), true) = (name, *kind == guild_abi::GUILD_OP_CUSTOM) else {
                 continue;
             };
-            let entry = snap.operations.entry(name.clone()).or_default();
+            let entry =
+                snap.operations
+                    .entry(name.clone())
+                    .or_insert_with(|| OperationCandidates {
+                        c_name: CString::new(name.as_str()).unwrap_or_default(),
+                        ..OperationCandidates::default()
+                    });
             for op in list {
                 if let Some(contract) = &op.kernel.operation {
                     entry.stored.push(Arc::clone(op));
@@ -777,6 +824,7 @@ impl KernelRegistry {
             .into_iter()
             .map(|kernel| {
                 Arc::new(StoredOp {
+                    c_names: CNames::of(&kernel, id),
                     kernel,
                     package: package.clone(),
                 })

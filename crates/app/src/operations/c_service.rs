@@ -22,7 +22,7 @@
 //! busy handle is refused with `GUILD_STATUS_ERR_BUSY`, so providers that call each other's
 //! handles from several threads cannot deadlock.
 
-use std::ffi::{c_void, CString};
+use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
@@ -44,7 +44,7 @@ use guild_domain::operation::{
 };
 use guild_domain::version::PackedVersion;
 
-use super::core::{tensor_from_c, Call, Resolved, ServiceCore};
+use super::core::{tensor_from_c, Call, Negotiation, Resolved, ServiceCore};
 use super::handles::{HandleName, Refused};
 use super::{ExecuteError, ResolveError};
 
@@ -72,12 +72,10 @@ pub(crate) fn table() -> guild_operation_service_v1_t {
     }
 }
 
-/// A C handle's data, in its slot of the core's handle table.
+/// A C handle's data, in its slot of the core's handle table. The names its description
+/// points at are the stored kernel's, which its binding keeps alive.
 pub(crate) struct CHandle {
     pub(crate) resolved: Resolved,
-    impl_id: CString,
-    package_id: CString,
-    op_name: CString,
 }
 
 /// Which of the core's tables a call came through.
@@ -260,9 +258,9 @@ unsafe extern "C" fn service_resolve(
         // SAFETY: a table's `user`, whose core its holder keeps alive (the service's contract).
         let (core, _) = unsafe { open_core(user, "resolve") }?;
         // SAFETY: the caller's query and everything it points at are valid for this call.
-        let (spec, params) = unsafe { read_query(core, query) }?;
+        let (spec, args) = unsafe { read_query(core, query) }?;
         let query = OpQuery::new(spec).map_err(|e| Failure::invalid(e.to_string()))?;
-        let resolved = core.resolve(&query, params, false).map_err(|e| {
+        let resolved = core.resolve(query, &args, false).map_err(|e| {
             // A registry being destroyed empties its snapshot; say so rather than "not found".
             if core.is_closed() {
                 Failure::new(
@@ -273,13 +271,7 @@ unsafe extern "C" fn service_resolve(
                 resolve_failure(e)
             }
         })?;
-        let c_string = |s: &str| CString::new(s).unwrap_or_default();
-        let handle = Box::new(CHandle {
-            impl_id: c_string(resolved.candidate.impl_id.as_str()),
-            package_id: c_string(resolved.binding.package().as_str()),
-            op_name: c_string(resolved.candidate.op_name.as_str()),
-            resolved,
-        });
+        let handle = Box::new(CHandle { resolved });
         let number = core.handles.insert(handle).map_err(|_| {
             Failure::new(
                 GUILD_STATUS_ERR_OUT_OF_MEMORY,
@@ -382,7 +374,7 @@ fn one_line_report(f: &guild_domain::operation::ResolveFailure) -> String {
 unsafe fn read_query<'q>(
     core: &ServiceCore,
     query: *const guild_operation_query_v1_t,
-) -> Result<(QuerySpec, &'q [u8]), Failure> {
+) -> Result<(QuerySpec, Negotiation<'q>), Failure> {
     if query.is_null() || !query.is_aligned() {
         return Err(Failure::invalid("the query is NULL or misaligned"));
     }
@@ -424,9 +416,9 @@ unsafe fn read_query<'q>(
         ))
     })?;
     // SAFETY: the arrays are the caller's and valid for this call.
-    let inputs = unsafe { read_tensors("input", q.inputs, q.input_count) }?;
+    let (inputs, c_inputs) = unsafe { read_tensors("input", q.inputs, q.input_count) }?;
     // SAFETY: as above.
-    let outputs = unsafe { read_tensors("output", q.outputs, q.output_count) }?;
+    let (outputs, c_outputs) = unsafe { read_tensors("output", q.outputs, q.output_count) }?;
     // SAFETY: NULL or the caller's caps record, valid for this call.
     let device = unsafe { read_device(core, q.device_caps) }?;
     let params: &[u8] = if q.params.is_null() || q.params_size == 0 {
@@ -455,20 +447,25 @@ unsafe fn read_query<'q>(
         exact_impl,
         device,
     };
-    Ok((spec, params))
+    let args = Negotiation {
+        params,
+        tensors: Some([c_inputs, c_outputs]),
+    };
+    Ok((spec, args))
 }
 
-/// Copies the caller's tensor array.
+/// Copies the caller's tensor array, and gives it back as a slice for the negotiation
+/// callbacks.
 ///
 /// # Safety
-/// `tensors` must be NULL or point at `count` readable descriptors.
-unsafe fn read_tensors(
+/// `tensors` must be NULL or point at `count` readable descriptors that stay valid for `'q`.
+unsafe fn read_tensors<'q>(
     role: &str,
     tensors: *const guild_tensor_desc_v1_t,
     count: usize,
-) -> Result<Vec<TensorDesc>, Failure> {
+) -> Result<(Vec<TensorDesc>, &'q [guild_tensor_desc_v1_t]), Failure> {
     if count == 0 {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), &[]));
     }
     if count > MAX_QUERY_TENSORS {
         return Err(Failure::invalid(format!(
@@ -482,11 +479,12 @@ unsafe fn read_tensors(
     }
     // SAFETY: non-NULL, aligned, and `count` descriptors long by the caller's contract.
     let slice = unsafe { std::slice::from_raw_parts(tensors, count) };
-    slice
+    let descs = slice
         .iter()
         .enumerate()
         .map(|(i, t)| tensor_from_c(t).map_err(|e| Failure::invalid(format!("{role} {i}: {e}"))))
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok((descs, slice))
 }
 
 /// The device a query resolves against: the caller's record, or the host's device 0.
@@ -566,9 +564,10 @@ unsafe extern "C" fn service_describe(
                 unsafe {
                     let out = &mut *out_description;
                     out.op_version = d.op_version.raw();
-                    out.impl_id = h.impl_id.as_ptr();
-                    out.package_id = h.package_id.as_ptr();
-                    out.op_name = h.op_name.as_ptr();
+                    let names = h.resolved.binding.c_names();
+                    out.impl_id = names.impl_id.as_ptr();
+                    out.package_id = names.package_id.as_ptr();
+                    out.op_name = names.op_name.as_ptr();
                     out.backend = d.backend.bit();
                     out.sync_mode = d.sync_mode.raw();
                     out.scratch = scratch_record(r);
