@@ -201,6 +201,8 @@ pub struct Host {
     /// Packages whose switch a refresh deferred, so that the next refresh tries again even when
     /// nothing new was committed.
     deferred: Mutex<BTreeSet<PackageId>>,
+    /// The store's crash records and quarantine, when the host was opened on a store directory.
+    crashes: Option<crate::crash_quarantine::CrashLedger>,
 }
 
 impl std::fmt::Debug for Host {
@@ -232,6 +234,7 @@ impl Host {
             loader,
             lifecycle: Mutex::new(()),
             deferred: Mutex::new(BTreeSet::new()),
+            crashes: None,
         }
     }
 
@@ -422,9 +425,26 @@ impl Host {
         dir: &Path,
         metadata: &Metadata,
     ) -> Result<LoadedPlugin, HostError> {
+        // A build whose init killed a process is refused; any other runs under a durable record
+        // that outlives this process only if init does not return (crate::crash_quarantine).
+        let digest = metadata.payload_digest();
+        let loading = match &self.crashes {
+            Some(ledger) => {
+                if let Some(record) = ledger.entry(&digest) {
+                    return Err(HostError::CrashQuarantined { record });
+                }
+                Some(ledger.begin(id, version, &digest).map_err(|source| {
+                    HostError::CrashRecord {
+                        path: ledger.loading_dir().to_path_buf(),
+                        source,
+                    }
+                })?)
+            }
+            None => None,
+        };
         // Pinned before the library opens, for as long as it is loaded.
         let pin = self.packages.pin(id, version)?;
-        let mut plugin = crate::publication::load_checked(
+        let loaded = crate::publication::load_checked(
             &*self.loader,
             id,
             version,
@@ -434,7 +454,13 @@ impl Host {
             // Every plugin gets the service through its host table's tail; the library keeps
             // the service's core alive until it is closed.
             Some(self.kernels.plugin_service()),
-        )?;
+        );
+        drop(loading);
+        if let (Ok(_), Some(ledger)) = (&loaded, &self.crashes) {
+            // Another build of the package loaded: the quarantine of its crashed ones is lifted.
+            let _ = ledger.clear(id.as_str(), Some(&digest));
+        }
+        let mut plugin = loaded?;
         plugin.library = Arc::new(PinnedLibrary {
             library: plugin.library,
             _pin: pin,
@@ -894,11 +920,23 @@ impl HostBuilder {
                 })
             }
         };
-        let host = Host::with_devices(packages, loader, devices);
+        let mut host = Host::with_devices(packages, loader, devices);
+        // A load record some dead process left is a crash in init: quarantine it before loading.
+        let ledger = crate::crash_quarantine::CrashLedger::new(&self.dir);
+        let crash_error = |source| HostError::CrashRecord {
+            path: self.dir.clone(),
+            source,
+        };
+        ledger.sweep().map_err(crash_error)?;
+        host.crashes = Some(ledger);
         let loaded = if self.load_enabled {
             host.load_enabled()?
         } else {
             LoadReport::default()
+        };
+        let quarantined = match &host.crashes {
+            Some(ledger) => ledger.quarantined().map_err(crash_error)?,
+            None => Vec::new(),
         };
         Ok(OpenedHost {
             host,
@@ -906,6 +944,7 @@ impl HostBuilder {
                 store,
                 loaded,
                 no_cuda,
+                quarantined,
             },
         })
     }
@@ -934,6 +973,9 @@ pub struct HostReport {
     /// when the devices were detected and none was usable; `None` when CUDA device 0 is in use or
     /// the devices were given to the builder.
     pub no_cuda: Option<String>,
+    /// The builds in crash quarantine ([`crate::crash_quarantine`]): a process died in their
+    /// `init`, and they are not loaded until a new version or `guild quarantine clear`.
+    pub quarantined: Vec<crate::crash_quarantine::CrashRecord>,
 }
 
 /// What the registry does once the store commit is durable.

@@ -304,6 +304,7 @@ pub fn rollback(store: &Path, id: &PackageId) -> anyhow::Result<Report> {
 
 pub fn list(store: &Path) -> anyhow::Result<Report> {
     let (pm, mut report) = open_reader(store, "list")?;
+    super::quarantine::annotate(store, &mut report)?;
     let packages = pm.list()?;
     report.field(
         "packages",
@@ -371,6 +372,7 @@ pub fn status(store: &Path, id: Option<&PackageId>) -> anyhow::Result<Report> {
     let conflicts = pm.impl_id_conflicts()?;
     out.warnings.extend(conflict_lines(&conflicts));
     out.field("conflicts", conflicts_json(&conflicts));
+    super::quarantine::annotate(store, &mut out)?;
     match id {
         Some(id) => package_status(store, &pm, id, out),
         None => store_status(store, &pm, &report, out),

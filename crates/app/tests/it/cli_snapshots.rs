@@ -139,7 +139,10 @@ fn doctor_reports_each_check_and_fails_on_an_unusable_store() {
     let doc = run.json();
     let checks = doc["checks"].as_array().unwrap();
     let names: Vec<&str> = checks.iter().map(|c| c["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["platform", "store", "trust", "cuda", "sdk"]);
+    assert_eq!(
+        names,
+        ["platform", "store", "trust", "quarantine", "cuda", "sdk"]
+    );
     let trust = &checks[2];
     assert_eq!(trust["verdict"], "warn", "no key is trusted yet");
     assert!(trust["hint"].as_str().unwrap().contains("guild trust add"));

@@ -3,7 +3,10 @@
 mod c_face;
 mod cli;
 mod cli_snapshots;
+mod compat;
+mod conformance;
 mod crash;
+mod crash_quarantine;
 mod draining;
 mod examples;
 mod experts;
