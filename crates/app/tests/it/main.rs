@@ -13,6 +13,7 @@ mod gpu;
 mod host;
 mod kill;
 mod kill_modules;
+mod llama;
 mod mocks;
 mod module_deps;
 mod numbering;

@@ -1,0 +1,256 @@
+//! G19: a tiny Llama decoded end to end through a signed module. The model and its reference
+//! come from `examples/llama-decode/make_tiny_llama.py` (the `gguf` package from PyPI writes the
+//! file, numpy computes the greedy tokens and their logits); the module is
+//! `test-plugins/llama_ops`, signed and installed like any other; the decode loop is the example
+//! runner's own (`examples/llama-decode/src/lib.rs`, included here by path), run through the
+//! operation service.
+//!
+//! Without `python3` or the `gguf` and `numpy` packages the decode tests print why and pass,
+//! unless `GUILD_REQUIRE_GGUF_PY=1` (CI sets it), which turns the skip into a failure. The
+//! module's contract tests need no Python.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use guild_domain::operation::{DType, MemorySpace, TensorDesc};
+use guild_host::operations::{DeviceSupport, ExecuteError, TensorArg, TensorArgMut};
+use guild_host::{OperationRequest, OperationService};
+
+use crate::operations::{fixture_with, op, plugin_library, Fixture};
+use crate::support::{Spec, Workshop};
+
+#[path = "../../../../examples/llama-decode/src/lib.rs"]
+#[allow(dead_code)]
+mod decode;
+
+use decode::{generate, Config, Decoder, Reference, Service, Weights, LOGIT_TOLERANCE};
+
+fn llama_spec(version: &str) -> Spec {
+    let mut spec = Spec::module("example.llama_ops", version).library(&plugin_library("llama_ops"));
+    spec.provided_ops = decode::MODULE_IMPLS.iter().map(|s| s.to_string()).collect();
+    spec
+}
+
+fn llama_fixture() -> Fixture {
+    fixture_with(&[llama_spec("1.0.0")], DeviceSupport::host())
+}
+
+/// Runs the model writer into `out`: `Some(dir)` with the model and its reference, or `None`
+/// after printing why the test is skipped.
+fn tiny_llama(shop: &Workshop) -> Option<PathBuf> {
+    let out = shop.fresh("model");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/llama-decode/make_tiny_llama.py");
+    let reason = match Command::new("python3").arg(&script).arg(&out).output() {
+        Err(e) => format!("python3 cannot be run: {e}"),
+        Ok(o) if o.status.success() => return Some(out),
+        Ok(o) if o.status.code() == Some(3) => format!(
+            "the gguf or numpy Python package is missing ({}); install them with \
+             `python3 -m pip install gguf numpy`",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Ok(o) => panic!(
+            "make_tiny_llama.py failed ({}):\n{}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    };
+    let required = std::env::var("GUILD_REQUIRE_GGUF_PY").is_ok_and(|v| v == "1");
+    assert!(!required, "GUILD_REQUIRE_GGUF_PY=1 but {reason}");
+    eprintln!("tiny llama: skipped because {reason}; set GUILD_REQUIRE_GGUF_PY=1 to fail instead");
+    None
+}
+
+#[test]
+fn tiny_llama_decodes_through_the_service_as_the_numpy_reference_does() {
+    let f = llama_fixture();
+    let Some(dir) = tiny_llama(&f.shop) else {
+        return;
+    };
+    let reference = Reference::read(&dir.join("tiny-llama.reference.json")).unwrap();
+    assert_eq!(reference.tokens.len(), 16);
+    // Equal tokens mean something only if no step was a near tie at this tolerance.
+    assert!(
+        reference.min_top2_margin > 100.0 * f64::from(LOGIT_TOLERANCE),
+        "the reference has a near tie ({}); pick another seed",
+        reference.min_top2_margin
+    );
+
+    // The host's own GGUF reader, through guild-host.
+    let model = f
+        .host
+        .models()
+        .read_file(&dir.join("tiny-llama.gguf"))
+        .unwrap();
+    let cfg = Config::from_model(model.as_ref()).unwrap();
+    assert_eq!(
+        (
+            cfg.n_layer,
+            cfg.n_embd,
+            cfg.n_head,
+            cfg.n_head_kv,
+            cfg.n_vocab
+        ),
+        (2, 64, 4, 2, 256)
+    );
+    let weights = Weights::from_model(&model, &cfg).unwrap();
+    let ops = Service::new(OperationService::new(f.host.kernels()));
+    let mut decoder = Decoder::new(cfg, weights, &ops).unwrap();
+    // Thirteen handles, all into the one module.
+    assert_eq!(
+        f.host
+            .kernels()
+            .live_bindings(&crate::support::id("example.llama_ops")),
+        13
+    );
+
+    let got = generate(&mut decoder, &reference.prompt, reference.tokens.len()).unwrap();
+    assert_eq!(got.tokens, reference.tokens);
+    let c = reference.compare(&got);
+    assert!(c.logits_shape_match);
+    assert!(
+        c.max_logit_error <= LOGIT_TOLERANCE,
+        "largest logit error {} over the tolerance {LOGIT_TOLERANCE}",
+        c.max_logit_error
+    );
+
+    // One forward pass per prompt token and per decoded token but the last; 15 calls per layer
+    // and 2 for the output per pass, plus one argmax per decoded token; the attention re-bound
+    // before every pass but the first.
+    let steps = (reference.prompt.len() + reference.tokens.len() - 1) as u64;
+    let counts = decoder.counts();
+    assert_eq!(counts.steps, steps);
+    assert_eq!(
+        counts.calls,
+        steps * (15 * 2 + 2) + reference.tokens.len() as u64
+    );
+    assert_eq!(counts.rebinds, steps - 1);
+    drop(decoder);
+    assert_eq!(
+        f.host
+            .kernels()
+            .live_bindings(&crate::support::id("example.llama_ops")),
+        0
+    );
+}
+
+#[test]
+fn a_decode_past_the_context_is_refused_before_any_call() {
+    let f = llama_fixture();
+    let Some(dir) = tiny_llama(&f.shop) else {
+        return;
+    };
+    let model = f
+        .host
+        .models()
+        .read_file(&dir.join("tiny-llama.gguf"))
+        .unwrap();
+    let cfg = Config::from_model(model.as_ref()).unwrap();
+    let weights = Weights::from_model(&model, &cfg).unwrap();
+    let ops = Service::new(OperationService::new(f.host.kernels()));
+    let mut decoder = Decoder::new(cfg, weights, &ops).unwrap();
+    assert!(matches!(
+        decoder.step(cfg.n_vocab as u32),
+        Err(decode::DecodeError::Input(_))
+    ));
+    assert_eq!(decoder.counts().calls, 0);
+    let err = generate(&mut decoder, &[1], cfg.n_ctx + 1).unwrap_err();
+    assert_eq!(
+        err,
+        decode::DecodeError::Input(format!("the context of {} positions is full", cfg.n_ctx))
+    );
+    assert_eq!(decoder.counts().steps, cfg.n_ctx as u64);
+}
+
+fn f32s(dims: &[u64]) -> TensorDesc {
+    TensorDesc::new(DType::F32, dims, MemorySpace::Host)
+}
+
+/// The reason the module's validate gave for the only candidate.
+fn refusal(
+    service: &OperationService<'_>,
+    name: &str,
+    i: &[TensorDesc],
+    o: &[TensorDesc],
+) -> String {
+    let err = service
+        .resolve(&OperationRequest::cpu(op(name), i.to_vec(), o.to_vec()))
+        .unwrap_err();
+    let failure = err.failure().expect("a resolution report");
+    assert_eq!(failure.rejections.len(), 1, "{err}");
+    failure.rejections[0].reason.to_string()
+}
+
+#[test]
+fn the_module_refuses_the_shapes_and_records_it_does_not_compute() {
+    let f = llama_fixture();
+    let service = OperationService::new(f.host.kernels());
+    let cases: [(&str, Vec<TensorDesc>, Vec<TensorDesc>, &str); 6] = [
+        (
+            "example.llama.matvec",
+            vec![f32s(&[64, 32]), f32s(&[63])],
+            vec![f32s(&[32])],
+            "matvec takes packed W [in, out], x [in] and y [out]",
+        ),
+        (
+            "example.llama.attention",
+            vec![f32s(&[16, 4]), f32s(&[16, 3, 5]), f32s(&[16, 3, 5])],
+            vec![f32s(&[16, 4])],
+            "with Hkv dividing H",
+        ),
+        (
+            "example.llama.attention",
+            vec![f32s(&[512, 2]), f32s(&[512, 1, 5]), f32s(&[512, 1, 5])],
+            vec![f32s(&[512, 2])],
+            "head size 512 is over this attention's 256",
+        ),
+        (
+            "example.llama.attention",
+            vec![f32s(&[16, 4]), f32s(&[16, 2, 5]), f32s(&[16, 2, 6])],
+            vec![f32s(&[16, 4])],
+            "k and v [d, Hkv, T]",
+        ),
+        (
+            "example.llama.rope",
+            vec![f32s(&[15, 4])],
+            vec![f32s(&[15, 4])],
+            "with d even",
+        ),
+        (
+            "example.llama.argmax",
+            vec![f32s(&[256])],
+            vec![TensorDesc::new(DType::I32, &[2], MemorySpace::Host)],
+            "writes one i32",
+        ),
+    ];
+    for (name, inputs, outputs, why) in &cases {
+        let reason = refusal(&service, name, inputs, outputs);
+        assert!(reason.contains(why), "{name}: {reason}");
+    }
+
+    // A parameter record of the wrong size is refused at resolve, and a call without the
+    // record the operation needs is refused by its execute.
+    let x = f32s(&[64]);
+    let request = OperationRequest::cpu(op("example.llama.rmsnorm"), vec![x, x], vec![x]);
+    let err = service
+        .resolve_with_params(&request, &[0u8; 4])
+        .unwrap_err();
+    assert!(err.to_string().contains("8-byte parameter record"), "{err}");
+    let handle = service.resolve(&request).unwrap();
+    let (a, w) = (vec![1.0f32; 64], vec![1.0f32; 64]);
+    let mut y = vec![0.0f32; 64];
+    let err = handle
+        .execute(
+            &[TensorArg::new(x, &a), TensorArg::new(x, &w)],
+            &mut [TensorArgMut::new(x, &mut y)],
+            None,
+        )
+        .unwrap_err();
+    assert!(matches!(err, ExecuteError::Provider(_)), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("rmsnorm needs its 8-byte parameter record"),
+        "{err}"
+    );
+    assert_eq!(y, vec![0.0f32; 64]);
+}
