@@ -14,10 +14,10 @@ use std::process::Command;
 
 use guild_domain::operation::{DType, MemorySpace, TensorDesc};
 use guild_host::operations::{DeviceSupport, ExecuteError, TensorArg, TensorArgMut};
-use guild_host::{OperationRequest, OperationService};
+use guild_host::{InstallOptions, OperationRequest, OperationService};
 
 use crate::operations::{fixture_with, op, plugin_library, Fixture};
-use crate::support::{Spec, Workshop};
+use crate::support::{key, open_dir, trust, Spec, Workshop, PUBLISHER};
 
 #[path = "../../../../examples/llama-decode/src/lib.rs"]
 #[allow(dead_code)]
@@ -107,6 +107,10 @@ fn tiny_llama_decodes_through_the_service_as_the_numpy_reference_does() {
     let got = generate(&mut decoder, &reference.prompt, reference.tokens.len()).unwrap();
     assert_eq!(got.tokens, reference.tokens);
     let c = reference.compare(&got);
+    eprintln!(
+        "tiny llama: tokens match; largest logit error {:.2e} (tolerance {LOGIT_TOLERANCE:.0e})",
+        c.max_logit_error
+    );
     assert!(c.logits_shape_match);
     assert!(
         c.max_logit_error <= LOGIT_TOLERANCE,
@@ -253,4 +257,118 @@ fn the_module_refuses_the_shapes_and_records_it_does_not_compute() {
         "{err}"
     );
     assert_eq!(y, vec![0.0f32; 64]);
+}
+
+/// Builds the runner binary with cargo (once per test run) and returns its executable.
+fn decode_binary() -> &'static Path {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let out = Command::new(env!("CARGO"))
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+            .args([
+                "build",
+                "-p",
+                "guild-llama-decode",
+                "--bin",
+                "guild-llama-decode",
+            ])
+            .arg("--message-format=json-render-diagnostics")
+            .output()
+            .expect("cargo runs");
+        assert!(
+            out.status.success(),
+            "building guild-llama-decode failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .find(|m| m["target"]["name"] == "guild-llama-decode" && m["executable"].is_string())
+            .and_then(|m| m["executable"].as_str().map(PathBuf::from))
+            .expect("cargo reports the runner's executable")
+    })
+}
+
+#[test]
+fn the_runner_binary_decodes_from_a_store_and_fails_on_a_reference_it_does_not_match() {
+    let shop = Workshop::new();
+    let Some(dir) = tiny_llama(&shop) else {
+        return;
+    };
+    // A store prepared as an operator prepares one, closed again before the runner opens it.
+    let k = key();
+    let store = shop.fresh("store");
+    let (pm, _) = open_dir(&store).unwrap();
+    trust(&pm, PUBLISHER, &k);
+    pm.install(
+        &shop.build(&llama_spec("1.0.0"), &k).archive,
+        InstallOptions::default(),
+    )
+    .unwrap();
+    drop(pm);
+
+    let model = dir.join("tiny-llama.gguf");
+    let reference_path = dir.join("tiny-llama.reference.json");
+    let reference = Reference::read(&reference_path).unwrap();
+    let run = |reference: &Path| {
+        let out = Command::new(decode_binary())
+            .arg(&store)
+            .arg(&model)
+            .arg("--reference")
+            .arg(reference)
+            .output()
+            .expect("the runner starts");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stdout, stderr) = run(&reference_path);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    let tokens: Vec<String> = reference.tokens.iter().map(u32::to_string).collect();
+    assert!(
+        stdout.contains(&format!("\ntokens: {}\n", tokens.join(" "))),
+        "{stdout}"
+    );
+    assert!(stdout.contains("reference: tokens match;"), "{stdout}");
+    assert!(
+        stdout.contains("21 forward passes in ")
+            && stdout.contains(" 33 operation calls per token"),
+        "{stdout}"
+    );
+
+    // The same run against a reference whose first token is another one fails.
+    let mut altered: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&reference_path).unwrap()).unwrap();
+    let first = altered["tokens"][0].as_u64().unwrap();
+    altered["tokens"][0] = ((first + 1) % 256).into();
+    let altered_path = dir.join("altered.reference.json");
+    std::fs::write(&altered_path, altered.to_string()).unwrap();
+    let (code, stdout, stderr) = run(&altered_path);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(stdout.contains("reference: tokens DIFFER;"), "{stdout}");
+    assert!(stderr.contains("does not match the reference"), "{stderr}");
+}
+
+#[test]
+fn the_manifest_template_lists_what_the_module_registers() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/modules/llama_ops/manifest.json");
+    let template: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let listed: Vec<&str> = template["provided_ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert_eq!(listed, decode::MODULE_IMPLS);
+    assert_eq!(template["entry"], "lib/libllama_ops.so");
+    // The library registers exactly those (publication checks it at install).
+    let f = llama_fixture();
+    for impl_id in decode::MODULE_IMPLS {
+        let id = guild_host::ImplId::new(impl_id).unwrap();
+        assert!(f.host.kernels().find_by_id(&id).is_some(), "{impl_id}");
+    }
 }
