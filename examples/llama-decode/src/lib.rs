@@ -9,8 +9,11 @@
 //!
 //! The loop is written against [`Ops`], so that a benchmark can run the very same loop on the
 //! module's C functions called directly; [`Service`] is the operation service's implementation.
-//! This file uses nothing but `guild-host` and std, and the host's tests and benchmarks include
-//! it by path.
+//! This file uses only `guild-host`, `serde_json` (for the reference, a dependency of
+//! `guild-host` too) and std, and no `unsafe`, so that the host's tests and benchmarks can
+//! include it by path (nothing may depend on an example crate).
+
+#![forbid(unsafe_code)]
 
 use std::fmt;
 use std::sync::Arc;
