@@ -35,12 +35,14 @@ fn llama_fixture() -> Fixture {
     fixture_with(&[llama_spec("1.0.0")], DeviceSupport::host())
 }
 
-/// Runs the model writer into `out`: `Some(dir)` with the model and its reference, or `None`
-/// after printing why the test is skipped.
-fn tiny_llama(shop: &Workshop) -> Option<PathBuf> {
+/// Runs the Python writer `script` (relative to the workspace) into a fresh directory:
+/// `Some(dir)` with what it wrote, or `None` after printing why the test is skipped.
+fn written(shop: &Workshop, script: &str) -> Option<PathBuf> {
     let out = shop.fresh("model");
+    std::fs::create_dir_all(&out).unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../examples/llama-decode/make_tiny_llama.py");
+        .join("../..")
+        .join(script);
     let reason = match Command::new("python3").arg(&script).arg(&out).output() {
         Err(e) => format!("python3 cannot be run: {e}"),
         Ok(o) if o.status.success() => return Some(out),
@@ -50,15 +52,56 @@ fn tiny_llama(shop: &Workshop) -> Option<PathBuf> {
             String::from_utf8_lossy(&o.stderr).trim()
         ),
         Ok(o) => panic!(
-            "make_tiny_llama.py failed ({}):\n{}",
+            "{} failed ({}):\n{}",
+            script.display(),
             o.status,
             String::from_utf8_lossy(&o.stderr)
         ),
     };
     let required = std::env::var("GUILD_REQUIRE_GGUF_PY").is_ok_and(|v| v == "1");
     assert!(!required, "GUILD_REQUIRE_GGUF_PY=1 but {reason}");
-    eprintln!("tiny llama: skipped because {reason}; set GUILD_REQUIRE_GGUF_PY=1 to fail instead");
+    eprintln!(
+        "{}: skipped because {reason}; set GUILD_REQUIRE_GGUF_PY=1 to fail instead",
+        script.display()
+    );
     None
+}
+
+/// The tiny Llama and its reference (`make_tiny_llama.py`).
+fn tiny_llama(shop: &Workshop) -> Option<PathBuf> {
+    written(shop, "examples/llama-decode/make_tiny_llama.py")
+}
+
+#[test]
+fn a_model_this_runner_cannot_run_is_refused_naming_the_key_or_tensor() {
+    let shop = Workshop::new();
+    // The GGUF reader's own fixtures: a llama whose projections are Q8_0 and Q4_0, and a file
+    // of another architecture.
+    let Some(dir) = written(&shop, "crates/adapters-fs/tests/fixtures/write_gguf.py") else {
+        return;
+    };
+    let f = llama_fixture();
+    let read = |name: &str| f.host.models().read_file(&dir.join(name)).unwrap();
+
+    let other = read("types.gguf");
+    assert_eq!(
+        Config::from_model(other.as_ref()).unwrap_err(),
+        decode::DecodeError::Model(
+            "general.architecture is Some(Str(\"guild-test\")), not \"llama\"".into()
+        )
+    );
+    let quantised = read("llama.gguf");
+    let cfg = Config::from_model(quantised.as_ref()).unwrap();
+    assert_eq!((cfg.n_layer, cfg.n_embd, cfg.n_vocab), (1, 32, 8));
+    let err = Weights::from_model(&quantised, &cfg).unwrap_err();
+    assert_eq!(
+        err,
+        decode::DecodeError::Model(
+            "tensor blk.0.attn_q.weight is dtype 8 with dims [32, 32]; this runner needs f32 \
+             [32, 32]"
+                .into()
+        )
+    );
 }
 
 #[test]
