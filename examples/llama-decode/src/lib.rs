@@ -324,8 +324,8 @@ impl<'r> Ops for Service<'r> {
 
     /// Until handles can be reshaped in place (G17's `OpHandle::reshape`), re-binding resolves
     /// the operation again for the new shapes and drops the old handle once the new one is
-    /// held. A new resolve also means that a module version installed or rolled back meanwhile
-    /// is picked up here, at the next token.
+    /// held (so the package never goes unbound in between). This is the one place to switch
+    /// to `handle.reshape(..)`.
     fn rebind(
         &self,
         handle: &mut OpHandle<'r>,
