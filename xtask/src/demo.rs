@@ -7,7 +7,9 @@
 //! with the example runner, show that the host refuses what it must refuse (an untrusted
 //! publisher, a tampered package, disabling a module others depend on), install a second
 //! version and roll back while a serving runner (`guild-example-runner --serve`) runs in the
-//! background and switches versions without a restart.
+//! background and switches versions without a restart. Last, it installs the Llama operations
+//! module and decodes a tiny Llama (written by `examples/llama-decode/make_tiny_llama.py`)
+//! through the service, checking the tokens and logits against the script's numpy reference.
 //!
 //! Every step prints what it does, the command, and the command's output. Each command's exit
 //! code and the facts its output must state (ids, versions, results) are checked; anything else
@@ -323,6 +325,8 @@ pub fn run() -> Result<(), String> {
             PIPELINE_RESULTS[1],
         ],
     )?;
+
+    llama_decode(&mut demo, &dir, &store, &plugins, &private_key)?;
 
     println!();
     println!(
@@ -691,6 +695,128 @@ fn remove_tree(dir: &Path) -> Result<(), String> {
     }
     unseal(dir);
     fs::remove_dir_all(dir).map_err(|e| format!("cannot remove {}: {e}", dir.display()))
+}
+
+const LLAMA_OPS: Package = Package {
+    id: "example.llama_ops",
+    library: "libllama_ops.so",
+    manifest: "examples/modules/llama_ops/manifest.json",
+};
+
+/// The G19 step: install the Llama operations module, write a tiny Llama with the `gguf`
+/// package (and its numpy reference), decode it through the service with
+/// examples/llama-decode, and check that the tokens and logits match the reference. Without
+/// python3 and the gguf and numpy packages (`cargo xtask test` installs them) the step says so
+/// and is skipped.
+fn llama_decode(
+    demo: &mut Demo,
+    dir: &Path,
+    store: &str,
+    plugins: &Path,
+    private_key: &str,
+) -> Result<(), String> {
+    demo.title("Decode a tiny Llama through the service with a signed operations module");
+    let python = Command::new("python3")
+        .args(["-c", "import gguf, numpy"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    if !python.is_ok_and(|s| s.success()) {
+        println!(
+            "   skipped: python3 with the gguf and numpy packages is not installed (`cargo xtask \
+             test` installs them)"
+        );
+        return Ok(());
+    }
+    let source = dir.join("src").join(LLAMA_OPS.id);
+    let lib = source.join("lib");
+    fs::create_dir_all(&lib).map_err(|e| format!("cannot create {}: {e}", lib.display()))?;
+    let from = plugins.join(LLAMA_OPS.library);
+    fs::copy(&from, lib.join(LLAMA_OPS.library))
+        .map_err(|e| format!("cannot copy {}: {e}", from.display()))?;
+    let template = demo.template(&LLAMA_OPS, "1.0.0", &dir.join("manifests"))?;
+    let archive = demo.show(
+        &dir.join("packages")
+            .join("example.llama_ops-1.0.0.gkmodule"),
+    );
+    demo.guild(
+        &[
+            "pack",
+            &demo.show(&source),
+            "--manifest",
+            &template,
+            "--out",
+            &archive,
+            "--key",
+            private_key,
+        ],
+        OK,
+        &[LLAMA_OPS.id, "1.0.0"],
+    )?;
+    demo.guild(
+        &["--store", store, "install", &archive],
+        OK,
+        &[LLAMA_OPS.id, "1.0.0"],
+    )?;
+
+    let model = dir.join("llama");
+    let script = "examples/llama-decode/make_tiny_llama.py";
+    println!("   $ python3 {script} {}", demo.show(&model));
+    let out = Command::new("python3")
+        .current_dir(&demo.root)
+        .arg(script)
+        .arg(&model)
+        .output()
+        .map_err(|e| format!("cannot run python3: {e}"))?;
+    print!("     {}", String::from_utf8_lossy(&out.stdout));
+    if !out.status.success() {
+        return Err(format!(
+            "{script} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+
+    let args = [
+        "build",
+        "--locked",
+        "-p",
+        "guild-llama-decode",
+        "--bin",
+        "guild-llama-decode",
+    ];
+    println!("   $ cargo {}", args.join(" "));
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let built = Command::new(cargo)
+        .current_dir(&demo.root)
+        .args(args)
+        .arg("--message-format=json-render-diagnostics")
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if !built.status.success() {
+        return Err(format!("cargo build failed with {}", built.status));
+    }
+    let text = String::from_utf8_lossy(&built.stdout);
+    let decoder = text
+        .lines()
+        .filter(|l| l.contains("\"name\":\"guild-llama-decode\""))
+        .find_map(|l| json_values(l, "executable").into_iter().next().flatten())
+        .map(PathBuf::from)
+        .ok_or("cargo did not report the executable of guild-llama-decode")?;
+    let (gguf, reference) = (
+        demo.show(&model.join("tiny-llama.gguf")),
+        demo.show(&model.join("tiny-llama.reference.json")),
+    );
+    let args = [store, gguf.as_str(), "--reference", reference.as_str()];
+    let shown = format!("{} {}", demo.show(&decoder), args.join(" "));
+    demo.command(
+        &decoder,
+        &shown,
+        &args,
+        OK,
+        &["tokens: ", "reference: tokens match"],
+    )?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -51,6 +51,9 @@ pub fn run_all(plugins: &Path) -> Result<(), String> {
             "experts::",
             // The C runner example: a module calling the scans through the C service.
             "examples::c_runner_",
+            // The Llama operations module: a whole decode, and the refusals of its contracts.
+            "llama::tiny_llama_",
+            "llama::the_module_refuses_",
         ],
     )
 }

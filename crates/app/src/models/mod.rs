@@ -101,8 +101,14 @@ impl<'r> ModelRunnerRegistry<'r> {
     /// Opens the GGUF file at `path` with the host's reader (GGUF v2 and v3, every count and
     /// offset bounded before anything is allocated) and [`select`](Self::select)s its runner.
     pub fn select_file(&self, path: &Path) -> Result<BoundModel, SelectFileError> {
-        let model = guild_adapters_fs::GgufSource::default().open(path)?;
-        Ok(self.select(model)?)
+        Ok(self.select(self.read_file(path)?)?)
+    }
+
+    /// Opens the GGUF file at `path` with the host's reader, as [`select_file`](Self::select_file)
+    /// does, without selecting a runner: for a runner that is the embedding program itself and
+    /// reads the model's metadata and tensors through [`ModelFile`].
+    pub fn read_file(&self, path: &Path) -> Result<Arc<dyn ModelFile>, ModelError> {
+        guild_adapters_fs::GgufSource::default().open(path)
     }
 
     /// Selects, describes, checks, validates and creates the runner for `model`; see the module

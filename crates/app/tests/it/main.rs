@@ -17,6 +17,7 @@ mod host;
 mod kill;
 mod kill_modules;
 mod live;
+mod llama;
 mod mocks;
 mod module_deps;
 mod numbering;

@@ -1,0 +1,417 @@
+//! G19: a tiny Llama decoded end to end through a signed module. The model and its reference
+//! come from `examples/llama-decode/make_tiny_llama.py` (the `gguf` package from PyPI writes the
+//! file, numpy computes the greedy tokens and their logits); the module is
+//! `test-plugins/llama_ops`, signed and installed like any other; the decode loop is the example
+//! runner's own (`examples/llama-decode/src/lib.rs`, included here by path), run through the
+//! operation service.
+//!
+//! Without `python3` or the `gguf` and `numpy` packages the decode tests print why and pass,
+//! unless `GUILD_REQUIRE_GGUF_PY=1` (CI sets it), which turns the skip into a failure. The
+//! module's contract tests need no Python.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use guild_domain::operation::{DType, MemorySpace, TensorDesc};
+use guild_host::operations::{DeviceSupport, ExecuteError, TensorArg, TensorArgMut};
+use guild_host::{InstallOptions, OperationRequest, OperationService};
+
+use crate::operations::{fixture_with, op, plugin_library, Fixture};
+use crate::support::{key, open_dir, trust, Spec, Workshop, PUBLISHER};
+
+#[path = "../../../../examples/llama-decode/src/lib.rs"]
+#[allow(dead_code)]
+mod decode;
+
+use decode::{generate, Config, Decoder, Reference, Service, Weights, LOGIT_TOLERANCE};
+
+fn llama_spec(version: &str) -> Spec {
+    let mut spec = Spec::module("example.llama_ops", version).library(&plugin_library("llama_ops"));
+    spec.provided_ops = decode::MODULE_IMPLS.iter().map(|s| s.to_string()).collect();
+    spec
+}
+
+fn llama_fixture() -> Fixture {
+    fixture_with(&[llama_spec("1.0.0")], DeviceSupport::host())
+}
+
+/// Runs the Python writer `script` (relative to the workspace) into a fresh directory:
+/// `Some(dir)` with what it wrote, or `None` after printing why the test is skipped.
+fn written(shop: &Workshop, script: &str) -> Option<PathBuf> {
+    let out = shop.fresh("model");
+    std::fs::create_dir_all(&out).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(script);
+    let reason = match Command::new("python3").arg(&script).arg(&out).output() {
+        Err(e) => format!("python3 cannot be run: {e}"),
+        Ok(o) if o.status.success() => return Some(out),
+        Ok(o) if o.status.code() == Some(3) => format!(
+            "the gguf or numpy Python package is missing ({}); install them with \
+             `python3 -m pip install gguf numpy`",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Ok(o) => panic!(
+            "{} failed ({}):\n{}",
+            script.display(),
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    };
+    let required = std::env::var("GUILD_REQUIRE_GGUF_PY").is_ok_and(|v| v == "1");
+    assert!(!required, "GUILD_REQUIRE_GGUF_PY=1 but {reason}");
+    eprintln!(
+        "{}: skipped because {reason}; set GUILD_REQUIRE_GGUF_PY=1 to fail instead",
+        script.display()
+    );
+    None
+}
+
+/// The tiny Llama and its reference (`make_tiny_llama.py`).
+fn tiny_llama(shop: &Workshop) -> Option<PathBuf> {
+    written(shop, "examples/llama-decode/make_tiny_llama.py")
+}
+
+#[test]
+fn a_model_this_runner_cannot_run_is_refused_naming_the_key_or_tensor() {
+    let shop = Workshop::new();
+    // The GGUF reader's own fixtures: a llama whose projections are Q8_0 and Q4_0, and a file
+    // of another architecture.
+    let Some(dir) = written(&shop, "crates/adapters-fs/tests/fixtures/write_gguf.py") else {
+        return;
+    };
+    let f = llama_fixture();
+    let read = |name: &str| f.host.models().read_file(&dir.join(name)).unwrap();
+
+    let other = read("types.gguf");
+    assert_eq!(
+        Config::from_model(other.as_ref()).unwrap_err(),
+        decode::DecodeError::Model(
+            "general.architecture is Some(Str(\"guild-test\")), not \"llama\"".into()
+        )
+    );
+    let quantised = read("llama.gguf");
+    let cfg = Config::from_model(quantised.as_ref()).unwrap();
+    assert_eq!((cfg.n_layer, cfg.n_embd, cfg.n_vocab), (1, 32, 8));
+    let err = Weights::from_model(&quantised, &cfg).unwrap_err();
+    assert_eq!(
+        err,
+        decode::DecodeError::Model(
+            "tensor blk.0.attn_q.weight is dtype 8 with dims [32, 32]; this runner needs f32 \
+             [32, 32]"
+                .into()
+        )
+    );
+}
+
+#[test]
+fn tiny_llama_decodes_through_the_service_as_the_numpy_reference_does() {
+    let f = llama_fixture();
+    let Some(dir) = tiny_llama(&f.shop) else {
+        return;
+    };
+    let reference = Reference::read(&dir.join("tiny-llama.reference.json")).unwrap();
+    assert_eq!(reference.tokens.len(), 16);
+    // Equal tokens mean something only if no step was a near tie at this tolerance.
+    assert!(
+        reference.min_top2_margin > 100.0 * f64::from(LOGIT_TOLERANCE),
+        "the reference has a near tie ({}); pick another seed",
+        reference.min_top2_margin
+    );
+
+    // The host's own GGUF reader, through guild-host.
+    let model = f
+        .host
+        .models()
+        .read_file(&dir.join("tiny-llama.gguf"))
+        .unwrap();
+    let cfg = Config::from_model(model.as_ref()).unwrap();
+    assert_eq!(
+        (
+            cfg.n_layer,
+            cfg.n_embd,
+            cfg.n_head,
+            cfg.n_head_kv,
+            cfg.n_vocab
+        ),
+        (2, 64, 4, 2, 256)
+    );
+    let weights = Weights::from_model(&model, &cfg).unwrap();
+    let ops = Service::new(OperationService::new(f.host.kernels()));
+    let mut decoder = Decoder::new(cfg, weights, &ops).unwrap();
+    // Thirteen handles, all into the one module.
+    assert_eq!(
+        f.host
+            .kernels()
+            .live_bindings(&crate::support::id("example.llama_ops")),
+        13
+    );
+
+    let got = generate(&mut decoder, &reference.prompt, reference.tokens.len()).unwrap();
+    assert_eq!(got.tokens, reference.tokens);
+    let c = reference.compare(&got);
+    eprintln!(
+        "tiny llama: tokens match; largest logit error {:.2e} (tolerance {LOGIT_TOLERANCE:.0e})",
+        c.max_logit_error
+    );
+    assert!(c.logits_shape_match);
+    assert!(
+        c.max_logit_error <= LOGIT_TOLERANCE,
+        "largest logit error {} over the tolerance {LOGIT_TOLERANCE}",
+        c.max_logit_error
+    );
+
+    // One forward pass per prompt token and per decoded token but the last; 15 calls per layer
+    // and 2 for the output per pass, plus one argmax per decoded token; the attention re-bound
+    // before every pass but the first.
+    let steps = (reference.prompt.len() + reference.tokens.len() - 1) as u64;
+    let counts = decoder.counts();
+    assert_eq!(counts.steps, steps);
+    assert_eq!(
+        counts.calls,
+        steps * (15 * 2 + 2) + reference.tokens.len() as u64
+    );
+    assert_eq!(counts.rebinds, steps - 1);
+    drop(decoder);
+    assert_eq!(
+        f.host
+            .kernels()
+            .live_bindings(&crate::support::id("example.llama_ops")),
+        0
+    );
+}
+
+#[test]
+fn a_decode_past_the_context_is_refused_before_any_call() {
+    let f = llama_fixture();
+    let Some(dir) = tiny_llama(&f.shop) else {
+        return;
+    };
+    let model = f
+        .host
+        .models()
+        .read_file(&dir.join("tiny-llama.gguf"))
+        .unwrap();
+    let cfg = Config::from_model(model.as_ref()).unwrap();
+    let weights = Weights::from_model(&model, &cfg).unwrap();
+    let ops = Service::new(OperationService::new(f.host.kernels()));
+    let mut decoder = Decoder::new(cfg, weights, &ops).unwrap();
+    assert!(matches!(
+        decoder.step(cfg.n_vocab as u32),
+        Err(decode::DecodeError::Input(_))
+    ));
+    assert_eq!(decoder.counts().calls, 0);
+    let err = generate(&mut decoder, &[1], cfg.n_ctx + 1).unwrap_err();
+    assert_eq!(
+        err,
+        decode::DecodeError::Input(format!("the context of {} positions is full", cfg.n_ctx))
+    );
+    assert_eq!(decoder.counts().steps, cfg.n_ctx as u64);
+}
+
+fn f32s(dims: &[u64]) -> TensorDesc {
+    TensorDesc::new(DType::F32, dims, MemorySpace::Host)
+}
+
+/// The reason the module's validate gave for the only candidate.
+fn refusal(
+    service: &OperationService<'_>,
+    name: &str,
+    i: &[TensorDesc],
+    o: &[TensorDesc],
+) -> String {
+    let err = service
+        .resolve(&OperationRequest::cpu(op(name), i.to_vec(), o.to_vec()))
+        .unwrap_err();
+    let failure = err.failure().expect("a resolution report");
+    assert_eq!(failure.rejections.len(), 1, "{err}");
+    failure.rejections[0].reason.to_string()
+}
+
+#[test]
+fn the_module_refuses_the_shapes_and_records_it_does_not_compute() {
+    let f = llama_fixture();
+    let service = OperationService::new(f.host.kernels());
+    let cases: [(&str, Vec<TensorDesc>, Vec<TensorDesc>, &str); 6] = [
+        (
+            "example.llama.matvec",
+            vec![f32s(&[64, 32]), f32s(&[63])],
+            vec![f32s(&[32])],
+            "matvec takes packed W [in, out], x [in] and y [out]",
+        ),
+        (
+            "example.llama.attention",
+            vec![f32s(&[16, 4]), f32s(&[16, 3, 5]), f32s(&[16, 3, 5])],
+            vec![f32s(&[16, 4])],
+            "with Hkv dividing H",
+        ),
+        (
+            "example.llama.attention",
+            vec![f32s(&[512, 2]), f32s(&[512, 1, 5]), f32s(&[512, 1, 5])],
+            vec![f32s(&[512, 2])],
+            "head size 512 is over this attention's 256",
+        ),
+        (
+            "example.llama.attention",
+            vec![f32s(&[16, 4]), f32s(&[16, 2, 5]), f32s(&[16, 2, 6])],
+            vec![f32s(&[16, 4])],
+            "k and v [d, Hkv, T]",
+        ),
+        (
+            "example.llama.rope",
+            vec![f32s(&[15, 4])],
+            vec![f32s(&[15, 4])],
+            "with d even",
+        ),
+        (
+            "example.llama.argmax",
+            vec![f32s(&[256])],
+            vec![TensorDesc::new(DType::I32, &[2], MemorySpace::Host)],
+            "writes one i32",
+        ),
+    ];
+    for (name, inputs, outputs, why) in &cases {
+        let reason = refusal(&service, name, inputs, outputs);
+        assert!(reason.contains(why), "{name}: {reason}");
+    }
+
+    // A parameter record of the wrong size is refused at resolve, and a call without the
+    // record the operation needs is refused by its execute.
+    let x = f32s(&[64]);
+    let request = OperationRequest::cpu(op("example.llama.rmsnorm"), vec![x, x], vec![x]);
+    let err = service
+        .resolve_with_params(&request, &[0u8; 4])
+        .unwrap_err();
+    assert!(err.to_string().contains("8-byte parameter record"), "{err}");
+    let handle = service.resolve(&request).unwrap();
+    let (a, w) = (vec![1.0f32; 64], vec![1.0f32; 64]);
+    let mut y = vec![0.0f32; 64];
+    let err = handle
+        .execute(
+            &[TensorArg::new(x, &a), TensorArg::new(x, &w)],
+            &mut [TensorArgMut::new(x, &mut y)],
+            None,
+        )
+        .unwrap_err();
+    assert!(matches!(err, ExecuteError::Provider(_)), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("rmsnorm needs its 8-byte parameter record"),
+        "{err}"
+    );
+    assert_eq!(y, vec![0.0f32; 64]);
+}
+
+/// Builds the runner binary with cargo (once per test run) and returns its executable.
+fn decode_binary() -> &'static Path {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let out = Command::new(env!("CARGO"))
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+            .args([
+                "build",
+                "-p",
+                "guild-llama-decode",
+                "--bin",
+                "guild-llama-decode",
+            ])
+            .arg("--message-format=json-render-diagnostics")
+            .output()
+            .expect("cargo runs");
+        assert!(
+            out.status.success(),
+            "building guild-llama-decode failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .find(|m| m["target"]["name"] == "guild-llama-decode" && m["executable"].is_string())
+            .and_then(|m| m["executable"].as_str().map(PathBuf::from))
+            .expect("cargo reports the runner's executable")
+    })
+}
+
+#[test]
+fn the_runner_binary_decodes_from_a_store_and_fails_on_a_reference_it_does_not_match() {
+    let shop = Workshop::new();
+    let Some(dir) = tiny_llama(&shop) else {
+        return;
+    };
+    // A store prepared as an operator prepares one, closed again before the runner opens it.
+    let k = key();
+    let store = shop.fresh("store");
+    let (pm, _) = open_dir(&store).unwrap();
+    trust(&pm, PUBLISHER, &k);
+    pm.install(
+        &shop.build(&llama_spec("1.0.0"), &k).archive,
+        InstallOptions::default(),
+    )
+    .unwrap();
+    drop(pm);
+
+    let model = dir.join("tiny-llama.gguf");
+    let reference_path = dir.join("tiny-llama.reference.json");
+    let reference = Reference::read(&reference_path).unwrap();
+    let run = |reference: &Path| {
+        let out = Command::new(decode_binary())
+            .arg(&store)
+            .arg(&model)
+            .arg("--reference")
+            .arg(reference)
+            .output()
+            .expect("the runner starts");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stdout, stderr) = run(&reference_path);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    let tokens: Vec<String> = reference.tokens.iter().map(u32::to_string).collect();
+    assert!(
+        stdout.contains(&format!("\ntokens: {}\n", tokens.join(" "))),
+        "{stdout}"
+    );
+    assert!(stdout.contains("reference: tokens match;"), "{stdout}");
+    assert!(
+        stdout.contains("21 forward passes in ")
+            && stdout.contains(" 33 operation calls per token"),
+        "{stdout}"
+    );
+
+    // The same run against a reference whose first token is another one fails.
+    let mut altered: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&reference_path).unwrap()).unwrap();
+    let first = altered["tokens"][0].as_u64().unwrap();
+    altered["tokens"][0] = ((first + 1) % 256).into();
+    let altered_path = dir.join("altered.reference.json");
+    std::fs::write(&altered_path, altered.to_string()).unwrap();
+    let (code, stdout, stderr) = run(&altered_path);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(stdout.contains("reference: tokens DIFFER;"), "{stdout}");
+    assert!(stderr.contains("does not match the reference"), "{stderr}");
+}
+
+#[test]
+fn the_manifest_template_lists_what_the_module_registers() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/modules/llama_ops/manifest.json");
+    let template: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let listed: Vec<&str> = template["provided_ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert_eq!(listed, decode::MODULE_IMPLS);
+    assert_eq!(template["entry"], "lib/libllama_ops.so");
+    // The library registers exactly those (publication checks it at install).
+    let f = llama_fixture();
+    for impl_id in decode::MODULE_IMPLS {
+        let id = guild_host::ImplId::new(impl_id).unwrap();
+        assert!(f.host.kernels().find_by_id(&id).is_some(), "{impl_id}");
+    }
+}

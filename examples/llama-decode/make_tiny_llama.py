@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""Writes a tiny Llama-architecture GGUF with random weights and the numpy reference of its decode.
+
+Usage: make_tiny_llama.py OUT_DIR
+
+Writes OUT_DIR/tiny-llama.gguf with the `gguf` package from PyPI (llama.cpp's own writer), so the
+host reads a file it did not write itself, and OUT_DIR/tiny-llama.reference.json: the prompt, the
+16 greedily decoded tokens and, for each of them, the 256 logits it was chosen from, computed here
+with numpy in float32.
+
+The model: 2 layers, hidden size 64, 4 query heads and 2 key/value heads of 16 (grouped-query
+attention), vocabulary 256, SwiGLU feed-forward of 128, RMSNorm (eps 1e-5), RoPE (base 10000,
+adjacent pairs rotated, as GGML's normal mode for the llama architecture), every tensor f32,
+weights drawn from a fixed seed. The tensor names and metadata keys are the standard llama ones.
+
+The arithmetic (what the C module example.llama.* must match):
+  x = token_embd[token]
+  per layer:  h = rmsnorm(x) * attn_norm;  q = Wq h, k = Wk h, v = Wv h;  rope(q), rope(k) at pos;
+              append k, v to the cache;  a = softmax(q.k / sqrt(16)) v per head (query head i
+              reads key/value head i / 2);  x += Wo a
+              h = rmsnorm(x) * ffn_norm;  x += Wdown (silu(Wgate h) * (Wup h))
+  logits = output (rmsnorm(x) * output_norm)
+The prompt's tokens are fed one at a time; the logits after its last token choose the first
+decoded token, and each decoded token is fed back to choose the next.
+
+Exit status 3 means the gguf or numpy package is missing (callers skip, unless told to fail).
+"""
+import json
+import os
+import sys
+
+try:
+    import numpy as np
+    import gguf
+except ImportError as e:
+    print(f"missing Python package: {e}", file=sys.stderr)
+    sys.exit(3)
+
+SEED = 19
+N_LAYER = 2
+N_EMBD = 64
+N_HEAD = 4
+N_HEAD_KV = 2
+HEAD_DIM = N_EMBD // N_HEAD
+N_FF = 128
+N_VOCAB = 256
+N_CTX = 64
+EPS = 1e-5
+ROPE_BASE = 10000.0
+PROMPT = [1, 72, 101, 108, 108, 111]
+N_DECODE = 16
+
+f32 = np.float32
+
+
+def make_weights():
+    rng = np.random.default_rng(SEED)
+
+    def mat(rows, cols):
+        # numpy (rows, cols) = (out, in); GGUF stores ne = [in, out], in innermost.
+        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(f32)
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(f32)
+
+    t = {"token_embd.weight": rng.standard_normal((N_VOCAB, N_EMBD)).astype(f32)}
+    for layer in range(N_LAYER):
+        p = f"blk.{layer}."
+        t[p + "attn_norm.weight"] = norm(N_EMBD)
+        t[p + "attn_q.weight"] = mat(N_HEAD * HEAD_DIM, N_EMBD)
+        t[p + "attn_k.weight"] = mat(N_HEAD_KV * HEAD_DIM, N_EMBD)
+        t[p + "attn_v.weight"] = mat(N_HEAD_KV * HEAD_DIM, N_EMBD)
+        t[p + "attn_output.weight"] = mat(N_EMBD, N_HEAD * HEAD_DIM)
+        t[p + "ffn_norm.weight"] = norm(N_EMBD)
+        t[p + "ffn_gate.weight"] = mat(N_FF, N_EMBD)
+        t[p + "ffn_up.weight"] = mat(N_FF, N_EMBD)
+        t[p + "ffn_down.weight"] = mat(N_EMBD, N_FF)
+    t["output_norm.weight"] = norm(N_EMBD)
+    t["output.weight"] = mat(N_VOCAB, N_EMBD)
+    return t
+
+
+def write_gguf(path, t):
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_name("guild tiny llama (random weights)")
+    w.add_context_length(N_CTX)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(N_LAYER)
+    w.add_feed_forward_length(N_FF)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD_KV)
+    w.add_rope_dimension_count(HEAD_DIM)
+    w.add_rope_freq_base(ROPE_BASE)
+    w.add_layer_norm_rms_eps(EPS)
+    w.add_vocab_size(N_VOCAB)
+    w.add_file_type(0)  # all f32
+    w.add_tokenizer_model("llama")
+    w.add_token_list([f"<0x{i:02X}>" for i in range(N_VOCAB)])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    for name, value in t.items():
+        w.add_tensor(name, value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def rmsnorm(x, weight):
+    return (x / np.sqrt(np.mean(x * x, dtype=f32) + f32(EPS))).astype(f32) * weight
+
+
+def rope(x, pos):
+    # x: (heads, HEAD_DIM); pairs (2i, 2i+1) rotate by pos * base^(-2i / HEAD_DIM).
+    i = np.arange(HEAD_DIM // 2, dtype=np.float64)
+    theta = pos * ROPE_BASE ** (-2.0 * i / HEAD_DIM)
+    cos, sin = np.cos(theta).astype(f32), np.sin(theta).astype(f32)
+    x0, x1 = x[:, 0::2], x[:, 1::2]
+    out = np.empty_like(x)
+    out[:, 0::2] = x0 * cos - x1 * sin
+    out[:, 1::2] = x0 * sin + x1 * cos
+    return out
+
+
+def decode(t):
+    k_cache = np.zeros((N_LAYER, N_CTX, N_HEAD_KV, HEAD_DIM), dtype=f32)
+    v_cache = np.zeros_like(k_cache)
+    group = N_HEAD // N_HEAD_KV
+    scale = f32(1.0 / np.sqrt(HEAD_DIM))
+
+    def step(token, pos):
+        x = t["token_embd.weight"][token].copy()
+        for layer in range(N_LAYER):
+            p = f"blk.{layer}."
+            h = rmsnorm(x, t[p + "attn_norm.weight"])
+            q = rope((t[p + "attn_q.weight"] @ h).reshape(N_HEAD, HEAD_DIM), pos)
+            k = rope((t[p + "attn_k.weight"] @ h).reshape(N_HEAD_KV, HEAD_DIM), pos)
+            v = (t[p + "attn_v.weight"] @ h).reshape(N_HEAD_KV, HEAD_DIM)
+            k_cache[layer, pos] = k
+            v_cache[layer, pos] = v
+            a = np.empty((N_HEAD, HEAD_DIM), dtype=f32)
+            for head in range(N_HEAD):
+                kv = head // group
+                s = (k_cache[layer, : pos + 1, kv] @ q[head]) * scale
+                e = np.exp(s - s.max())
+                a[head] = (e / e.sum()) @ v_cache[layer, : pos + 1, kv]
+            x = x + t[p + "attn_output.weight"] @ a.reshape(-1)
+            h = rmsnorm(x, t[p + "ffn_norm.weight"])
+            g = t[p + "ffn_gate.weight"] @ h
+            u = t[p + "ffn_up.weight"] @ h
+            x = x + t[p + "ffn_down.weight"] @ ((g / (f32(1.0) + np.exp(-g))) * u)
+        return t["output.weight"] @ rmsnorm(x, t["output_norm.weight"])
+
+    logits = None
+    for pos, token in enumerate(PROMPT):
+        logits = step(token, pos)
+    tokens, all_logits, margins = [], [], []
+    pos = len(PROMPT)
+    for n in range(N_DECODE):
+        token = int(np.argmax(logits))
+        top2 = np.sort(logits)[-2:]
+        tokens.append(token)
+        all_logits.append([float(v) for v in logits])
+        margins.append(float(top2[1] - top2[0]))
+        if n + 1 < N_DECODE:
+            logits = step(token, pos)
+            pos += 1
+    return tokens, all_logits, min(margins)
+
+
+def main():
+    if len(sys.argv) != 2:
+        print("usage: make_tiny_llama.py OUT_DIR", file=sys.stderr)
+        return 2
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    t = make_weights()
+    write_gguf(os.path.join(out, "tiny-llama.gguf"), t)
+    tokens, logits, margin = decode(t)
+    reference = {
+        "prompt": PROMPT,
+        "tokens": tokens,
+        "logits": logits,
+        # The smallest gap between the best and second-best logit over the decoded steps: a
+        # tolerance on the logits below it means equal tokens are not luck.
+        "min_top2_margin": margin,
+    }
+    with open(os.path.join(out, "tiny-llama.reference.json"), "w") as f:
+        json.dump(reference, f)
+    print(f"wrote {out}/tiny-llama.gguf and tiny-llama.reference.json: tokens {tokens}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

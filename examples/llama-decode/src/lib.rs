@@ -1,0 +1,844 @@
+//! A greedy decode of a Llama-architecture model through the operation service (G19).
+//!
+//! The runner reads the model through the host's GGUF reader ([`ModelFile`]), resolves every
+//! operation of a decode step once (the `example.llama.*` operations of `test-plugins/llama_ops`),
+//! and runs the loop: one forward pass per token, 15 operation calls per layer plus three for the
+//! output (33 for two layers). The attention's key/value length is part of its tensors' shapes,
+//! so its handle is re-bound to the grown cache before each token through [`Ops::rebind`], the
+//! one place that does so.
+//!
+//! The loop is written against [`Ops`], so that a benchmark can run the very same loop on the
+//! module's C functions called directly; [`Service`] is the operation service's implementation.
+//! This file uses only `guild-host`, `serde_json` (for the reference, a dependency of
+//! `guild-host` too) and std, and no `unsafe`, so that the host's tests and benchmarks can
+//! include it by path (nothing may depend on an example crate).
+
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::sync::Arc;
+
+use guild_host::ports::model::{MetaValue, ModelFile};
+use guild_host::{
+    DType, MemorySpace, OpHandle, OpName, OperationRequest, OperationService, TensorArg,
+    TensorArgMut, TensorDesc,
+};
+
+/// The implementation ids `test-plugins/llama_ops` registers (what its manifest lists).
+pub const MODULE_IMPLS: [&str; 7] = [
+    "example.llama.matvec.cpu",
+    "example.llama.rmsnorm.cpu",
+    "example.llama.rope.cpu",
+    "example.llama.attention.cpu",
+    "example.llama.swiglu.cpu",
+    "example.llama.add.cpu",
+    "example.llama.argmax.cpu",
+];
+
+/// The operations a decode step uses, by name.
+pub const MATVEC: &str = "example.llama.matvec";
+pub const RMSNORM: &str = "example.llama.rmsnorm";
+pub const ROPE: &str = "example.llama.rope";
+pub const ATTENTION: &str = "example.llama.attention";
+pub const SWIGLU: &str = "example.llama.swiglu";
+pub const ADD: &str = "example.llama.add";
+pub const ARGMAX: &str = "example.llama.argmax";
+
+/// GGML's f32 type id, as GGUF tensors carry it.
+const GGML_F32: u32 = 0;
+
+/// Why a decode could not run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecodeError {
+    /// The model lacks a key or tensor, or has one of another type or shape than a Llama of
+    /// its own metadata needs.
+    Model(String),
+    /// An operation could not be resolved (or re-bound) for the shapes it was asked for.
+    Resolve { op: String, message: String },
+    /// An operation refused a call or failed in it.
+    Execute { op: String, message: String },
+    /// The prompt is empty, a token is outside the vocabulary, or the context is full.
+    Input(String),
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DecodeError::Model(m) => write!(f, "model: {m}"),
+            DecodeError::Resolve { op, message } => write!(f, "resolving {op}: {message}"),
+            DecodeError::Execute { op, message } => write!(f, "executing {op}: {message}"),
+            DecodeError::Input(m) => write!(f, "input: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+/// The hyperparameters read from the model's `llama.*` keys.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Config {
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_ff: usize,
+    pub n_vocab: usize,
+    pub n_ctx: usize,
+    pub eps: f32,
+    pub rope_base: f32,
+}
+
+fn meta_uint(model: &dyn ModelFile, key: &str) -> Result<usize, DecodeError> {
+    let value = match model.metadata(key) {
+        Some(MetaValue::U32(v)) => u64::from(*v),
+        Some(MetaValue::U64(v)) => *v,
+        Some(MetaValue::I32(v)) if *v >= 0 => *v as u64,
+        Some(other) => {
+            return Err(DecodeError::Model(format!(
+                "{key} is not an unsigned integer ({other:?})"
+            )))
+        }
+        None => return Err(DecodeError::Model(format!("{key} is missing"))),
+    };
+    match usize::try_from(value) {
+        Ok(v) if v > 0 && v <= 1 << 20 => Ok(v),
+        _ => Err(DecodeError::Model(format!(
+            "{key} = {value} is out of range"
+        ))),
+    }
+}
+
+fn meta_float(model: &dyn ModelFile, key: &str) -> Result<f32, DecodeError> {
+    match model.metadata(key) {
+        Some(MetaValue::F32(v)) if v.is_finite() && *v > 0.0 => Ok(*v),
+        Some(other) => Err(DecodeError::Model(format!(
+            "{key} is not a positive f32 ({other:?})"
+        ))),
+        None => Err(DecodeError::Model(format!("{key} is missing"))),
+    }
+}
+
+impl Config {
+    /// Reads the hyperparameters of a `general.architecture = "llama"` model.
+    pub fn from_model(model: &dyn ModelFile) -> Result<Config, DecodeError> {
+        match model.metadata("general.architecture") {
+            Some(MetaValue::Str(a)) if a == "llama" => {}
+            other => {
+                return Err(DecodeError::Model(format!(
+                    "general.architecture is {other:?}, not \"llama\""
+                )))
+            }
+        }
+        let n_embd = meta_uint(model, "llama.embedding_length")?;
+        let n_head = meta_uint(model, "llama.attention.head_count")?;
+        let n_head_kv = meta_uint(model, "llama.attention.head_count_kv")?;
+        if n_embd % n_head != 0 || n_head % n_head_kv != 0 {
+            return Err(DecodeError::Model(format!(
+                "{n_embd} embedding values do not split into {n_head} heads sharing {n_head_kv} \
+                 key/value heads"
+            )));
+        }
+        let n_vocab = match model
+            .tensors()
+            .iter()
+            .find(|t| t.name == "token_embd.weight")
+        {
+            Some(t) if t.dims.len() == 2 => t.dims[1] as usize,
+            _ => return Err(DecodeError::Model("token_embd.weight is missing".into())),
+        };
+        Ok(Config {
+            n_layer: meta_uint(model, "llama.block_count")?,
+            n_embd,
+            n_head,
+            n_head_kv,
+            head_dim: n_embd / n_head,
+            n_ff: meta_uint(model, "llama.feed_forward_length")?,
+            n_vocab,
+            n_ctx: meta_uint(model, "llama.context_length")?,
+            eps: meta_float(model, "llama.attention.layer_norm_rms_epsilon")?,
+            rope_base: meta_float(model, "llama.rope.freq_base")?,
+        })
+    }
+
+    fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+}
+
+/// One layer's weights, the f32 bytes of the file.
+#[derive(Debug)]
+struct Layer<'m> {
+    attn_norm: &'m [u8],
+    wq: &'m [u8],
+    wk: &'m [u8],
+    wv: &'m [u8],
+    wo: &'m [u8],
+    ffn_norm: &'m [u8],
+    gate: &'m [u8],
+    up: &'m [u8],
+    down: &'m [u8],
+}
+
+/// The model's weights, borrowed from the file's mapping.
+#[derive(Debug)]
+pub struct Weights<'m> {
+    token_embd: &'m [u8],
+    layers: Vec<Layer<'m>>,
+    output_norm: &'m [u8],
+    output: &'m [u8],
+}
+
+impl<'m> Weights<'m> {
+    /// Finds every tensor a Llama of `cfg` needs, checking that each is f32 of the shape `cfg`
+    /// implies (GGUF dims, innermost first).
+    pub fn from_model(model: &'m Arc<dyn ModelFile>, cfg: &Config) -> Result<Self, DecodeError> {
+        let tensor = |name: &str, dims: &[usize]| -> Result<&'m [u8], DecodeError> {
+            let (index, t) = model
+                .tensors()
+                .iter()
+                .enumerate()
+                .find(|(_, t)| t.name == name)
+                .ok_or_else(|| DecodeError::Model(format!("tensor {name} is missing")))?;
+            let want: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
+            if t.dtype != GGML_F32 || t.dims != want {
+                return Err(DecodeError::Model(format!(
+                    "tensor {name} is dtype {} with dims {:?}; this runner needs f32 {want:?}",
+                    t.dtype, t.dims
+                )));
+            }
+            model
+                .tensor_data(index)
+                .map_err(|e| DecodeError::Model(e.to_string()))
+        };
+        let (e, q, kv, ff) = (
+            cfg.n_embd,
+            cfg.n_head * cfg.head_dim,
+            cfg.kv_dim(),
+            cfg.n_ff,
+        );
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for l in 0..cfg.n_layer {
+            let name = |part: &str| format!("blk.{l}.{part}.weight");
+            layers.push(Layer {
+                attn_norm: tensor(&name("attn_norm"), &[e])?,
+                wq: tensor(&name("attn_q"), &[e, q])?,
+                wk: tensor(&name("attn_k"), &[e, kv])?,
+                wv: tensor(&name("attn_v"), &[e, kv])?,
+                wo: tensor(&name("attn_output"), &[q, e])?,
+                ffn_norm: tensor(&name("ffn_norm"), &[e])?,
+                gate: tensor(&name("ffn_gate"), &[e, ff])?,
+                up: tensor(&name("ffn_up"), &[e, ff])?,
+                down: tensor(&name("ffn_down"), &[ff, e])?,
+            });
+        }
+        Ok(Weights {
+            token_embd: tensor("token_embd.weight", &[e, cfg.n_vocab])?,
+            layers,
+            output_norm: tensor("output_norm.weight", &[e])?,
+            output: tensor("output.weight", &[e, cfg.n_vocab])?,
+        })
+    }
+}
+
+/// An input buffer of a call.
+#[derive(Debug, Clone, Copy)]
+pub enum In<'a> {
+    F32(&'a [f32]),
+    /// f32 values as the file stores them (the weights).
+    Bytes(&'a [u8]),
+}
+
+/// An output buffer of a call.
+#[derive(Debug)]
+pub enum Out<'a> {
+    F32(&'a mut [f32]),
+    I32(&'a mut [i32]),
+}
+
+/// What the decode loop needs of whoever runs its operations.
+pub trait Ops {
+    /// A resolved operation.
+    type Handle;
+
+    /// Resolves `op` for these tensors, once.
+    fn resolve(
+        &self,
+        op: &str,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+    ) -> Result<Self::Handle, DecodeError>;
+
+    /// Re-binds `handle` (resolved for `op`) to tensors of new shapes: the attention, whose
+    /// key/value length grows by one each token. The decode calls nothing else when a shape
+    /// changes.
+    fn rebind(
+        &self,
+        handle: &mut Self::Handle,
+        op: &str,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+    ) -> Result<(), DecodeError>;
+
+    /// Runs `handle` on buffers of the tensors it was (re-)bound to.
+    fn execute(
+        &self,
+        handle: &Self::Handle,
+        inputs: &[In<'_>],
+        outputs: &mut [Out<'_>],
+        params: &[u8],
+    ) -> Result<(), DecodeError>;
+}
+
+/// [`Ops`] through the operation service's Rust face.
+#[derive(Debug, Clone, Copy)]
+pub struct Service<'r> {
+    service: OperationService<'r>,
+}
+
+impl<'r> Service<'r> {
+    pub fn new(service: OperationService<'r>) -> Self {
+        Service { service }
+    }
+}
+
+impl<'r> Ops for Service<'r> {
+    type Handle = OpHandle<'r>;
+
+    fn resolve(
+        &self,
+        op: &str,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+    ) -> Result<OpHandle<'r>, DecodeError> {
+        let fail = |message: String| DecodeError::Resolve {
+            op: op.to_owned(),
+            message,
+        };
+        let name = OpName::new(op).map_err(|e| fail(e.to_string()))?;
+        let request = OperationRequest::cpu(name, inputs.to_vec(), outputs.to_vec());
+        self.service
+            .resolve(&request)
+            .map_err(|e| fail(e.to_string()))
+    }
+
+    /// Until handles can be reshaped in place (G17's `OpHandle::reshape`), re-binding resolves
+    /// the operation again for the new shapes and drops the old handle once the new one is
+    /// held (so the package never goes unbound in between). This is the one place to switch
+    /// to `handle.reshape(..)`.
+    fn rebind(
+        &self,
+        handle: &mut OpHandle<'r>,
+        op: &str,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+    ) -> Result<(), DecodeError> {
+        *handle = self.resolve(op, inputs, outputs)?;
+        Ok(())
+    }
+
+    fn execute(
+        &self,
+        handle: &OpHandle<'r>,
+        inputs: &[In<'_>],
+        outputs: &mut [Out<'_>],
+        params: &[u8],
+    ) -> Result<(), DecodeError> {
+        let descs = handle.inputs();
+        let arg = |i: usize| match inputs[i] {
+            In::F32(d) => TensorArg::new(descs[i], d),
+            In::Bytes(d) => TensorArg::new(descs[i], d),
+        };
+        let out_desc = handle.outputs()[0];
+        let mut out = [match &mut outputs[0] {
+            Out::F32(d) => TensorArgMut::new(out_desc, d),
+            Out::I32(d) => TensorArgMut::new(out_desc, d),
+        }];
+        let result = match inputs.len() {
+            1 => handle.execute_with_params(&[arg(0)], &mut out, None, params),
+            2 => handle.execute_with_params(&[arg(0), arg(1)], &mut out, None, params),
+            _ => handle.execute_with_params(&[arg(0), arg(1), arg(2)], &mut out, None, params),
+        };
+        result.map_err(|e| DecodeError::Execute {
+            op: handle.describe().op_name.to_string(),
+            message: e.to_string(),
+        })
+    }
+}
+
+fn f32_desc(shape: &[usize]) -> TensorDesc {
+    let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+    TensorDesc::new(DType::F32, &dims, MemorySpace::Host)
+}
+
+/// The handles of one decode step.
+#[derive(Debug)]
+struct Handles<H> {
+    mv_q: H,
+    mv_kv: H,
+    mv_o: H,
+    mv_ff: H,
+    mv_down: H,
+    mv_out: H,
+    rmsnorm: H,
+    rope_q: H,
+    rope_k: H,
+    attention: H,
+    swiglu: H,
+    add: H,
+    argmax: H,
+}
+
+/// The scratch vectors of one step.
+#[derive(Debug)]
+struct Buffers {
+    x: Vec<f32>,
+    x2: Vec<f32>,
+    h: Vec<f32>,
+    q: Vec<f32>,
+    q_rot: Vec<f32>,
+    k: Vec<f32>,
+    att: Vec<f32>,
+    y: Vec<f32>,
+    g: Vec<f32>,
+    u: Vec<f32>,
+    s: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+/// Counts of what a decode did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Forward passes (tokens fed, prompt included).
+    pub steps: u64,
+    /// Operation calls.
+    pub calls: u64,
+    /// Re-binds of the attention to a grown cache.
+    pub rebinds: u64,
+}
+
+/// A decode in progress: the model, the handles and the key/value cache.
+pub struct Decoder<'m, 'o, O: Ops> {
+    cfg: Config,
+    weights: Weights<'m>,
+    ops: &'o O,
+    handles: Handles<O::Handle>,
+    /// Per layer: `n_ctx` positions of `kv_dim` values.
+    k_cache: Vec<Vec<f32>>,
+    v_cache: Vec<Vec<f32>>,
+    buffers: Buffers,
+    /// The next position, which is also the number of cached positions.
+    pos: usize,
+    /// The key/value length the attention handle is bound to.
+    bound_len: usize,
+    counts: Counts,
+}
+
+impl<O: Ops> fmt::Debug for Decoder<'_, '_, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Decoder")
+            .field("cfg", &self.cfg)
+            .field("pos", &self.pos)
+            .field("counts", &self.counts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'m, 'o, O: Ops> Decoder<'m, 'o, O> {
+    /// Resolves every operation of a step once (the attention for one cached position).
+    pub fn new(cfg: Config, weights: Weights<'m>, ops: &'o O) -> Result<Self, DecodeError> {
+        let (e, q, kv, ff, d) = (
+            cfg.n_embd,
+            cfg.n_head * cfg.head_dim,
+            cfg.kv_dim(),
+            cfg.n_ff,
+            cfg.head_dim,
+        );
+        let mv = |n_in: usize, n_out: usize| {
+            ops.resolve(
+                MATVEC,
+                &[f32_desc(&[n_in, n_out]), f32_desc(&[n_in])],
+                &[f32_desc(&[n_out])],
+            )
+        };
+        let vec2 = |op: &str, n: usize| {
+            ops.resolve(op, &[f32_desc(&[n]), f32_desc(&[n])], &[f32_desc(&[n])])
+        };
+        let rope =
+            |heads: usize| ops.resolve(ROPE, &[f32_desc(&[d, heads])], &[f32_desc(&[d, heads])]);
+        let (att_in, att_out) = attention_descs(&cfg, 1);
+        let handles = Handles {
+            mv_q: mv(e, q)?,
+            mv_kv: mv(e, kv)?,
+            mv_o: mv(q, e)?,
+            mv_ff: mv(e, ff)?,
+            mv_down: mv(ff, e)?,
+            mv_out: mv(e, cfg.n_vocab)?,
+            rmsnorm: vec2(RMSNORM, e)?,
+            rope_q: rope(cfg.n_head)?,
+            rope_k: rope(cfg.n_head_kv)?,
+            attention: ops.resolve(ATTENTION, &att_in, &att_out)?,
+            swiglu: vec2(SWIGLU, ff)?,
+            add: vec2(ADD, e)?,
+            argmax: ops.resolve(
+                ARGMAX,
+                &[f32_desc(&[cfg.n_vocab])],
+                &[TensorDesc::new(DType::I32, &[1], MemorySpace::Host)],
+            )?,
+        };
+        let cache = || vec![vec![0.0f32; cfg.n_ctx * kv]; cfg.n_layer];
+        Ok(Decoder {
+            cfg,
+            weights,
+            ops,
+            handles,
+            k_cache: cache(),
+            v_cache: cache(),
+            buffers: Buffers {
+                x: vec![0.0; e],
+                x2: vec![0.0; e],
+                h: vec![0.0; e],
+                q: vec![0.0; q],
+                q_rot: vec![0.0; q],
+                k: vec![0.0; kv],
+                att: vec![0.0; q],
+                y: vec![0.0; e],
+                g: vec![0.0; ff],
+                u: vec![0.0; ff],
+                s: vec![0.0; ff],
+                logits: vec![0.0; cfg.n_vocab],
+            },
+            pos: 0,
+            bound_len: 1,
+            counts: Counts::default(),
+        })
+    }
+
+    /// What the decode has done so far.
+    pub fn counts(&self) -> Counts {
+        self.counts
+    }
+
+    /// The hyperparameters.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// One call of the handle `which` picks, writing f32 values to `output`.
+    fn call(
+        &mut self,
+        which: fn(&Handles<O::Handle>) -> &O::Handle,
+        inputs: &[In<'_>],
+        output: &mut [f32],
+        params: &[u8],
+    ) -> Result<(), DecodeError> {
+        self.counts.calls += 1;
+        self.ops.execute(
+            which(&self.handles),
+            inputs,
+            &mut [Out::F32(output)],
+            params,
+        )
+    }
+
+    /// Feeds `token` at the next position and returns the logits of the token after it.
+    pub fn step(&mut self, token: u32) -> Result<&[f32], DecodeError> {
+        let cfg = self.cfg;
+        let token = token as usize;
+        if token >= cfg.n_vocab {
+            return Err(DecodeError::Input(format!(
+                "token {token} is outside the vocabulary of {}",
+                cfg.n_vocab
+            )));
+        }
+        if self.pos >= cfg.n_ctx {
+            return Err(DecodeError::Input(format!(
+                "the context of {} positions is full",
+                cfg.n_ctx
+            )));
+        }
+        let (pos, kv, e) = (self.pos, cfg.kv_dim(), cfg.n_embd);
+        let len = pos + 1;
+        if self.bound_len != len {
+            let (inputs, outputs) = attention_descs(&cfg, len);
+            self.ops
+                .rebind(&mut self.handles.attention, ATTENTION, &inputs, &outputs)?;
+            self.bound_len = len;
+            self.counts.rebinds += 1;
+        }
+        let norm = rmsnorm_params(cfg.eps);
+        let rope = rope_params(pos as u32, cfg.rope_base);
+        let mut b = std::mem::replace(&mut self.buffers, empty_buffers());
+        for (slot, bytes) in
+            b.x.iter_mut()
+                .zip(self.weights.token_embd[token * e * 4..(token + 1) * e * 4].chunks_exact(4))
+        {
+            *slot = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        }
+        let result = (|| {
+            for l in 0..cfg.n_layer {
+                let w = &self.weights.layers[l];
+                let (wq, wk, wv, wo) = (w.wq, w.wk, w.wv, w.wo);
+                let (attn_norm, ffn_norm, gate, up, down) =
+                    (w.attn_norm, w.ffn_norm, w.gate, w.up, w.down);
+                let mut k_cache = std::mem::take(&mut self.k_cache[l]);
+                let mut v_cache = std::mem::take(&mut self.v_cache[l]);
+                let slot = pos * kv..len * kv;
+                let r = (|| {
+                    let x = In::F32(&b.x);
+                    self.call(|h| &h.rmsnorm, &[x, In::Bytes(attn_norm)], &mut b.h, &norm)?;
+                    let h = In::F32(&b.h);
+                    self.call(|h| &h.mv_q, &[In::Bytes(wq), h], &mut b.q, &[])?;
+                    self.call(|h| &h.mv_kv, &[In::Bytes(wk), h], &mut b.k, &[])?;
+                    let v_slot = &mut v_cache[slot.clone()];
+                    self.call(|h| &h.mv_kv, &[In::Bytes(wv), h], v_slot, &[])?;
+                    self.call(|h| &h.rope_q, &[In::F32(&b.q)], &mut b.q_rot, &rope)?;
+                    let k_slot = &mut k_cache[slot.clone()];
+                    self.call(|h| &h.rope_k, &[In::F32(&b.k)], k_slot, &rope)?;
+                    let (k, v) = (In::F32(&k_cache[..len * kv]), In::F32(&v_cache[..len * kv]));
+                    let q = In::F32(&b.q_rot);
+                    self.call(|h| &h.attention, &[q, k, v], &mut b.att, &[])?;
+                    self.call(
+                        |h| &h.mv_o,
+                        &[In::Bytes(wo), In::F32(&b.att)],
+                        &mut b.y,
+                        &[],
+                    )?;
+                    self.call(|h| &h.add, &[In::F32(&b.x), In::F32(&b.y)], &mut b.x2, &[])?;
+                    std::mem::swap(&mut b.x, &mut b.x2);
+                    let x = In::F32(&b.x);
+                    self.call(|h| &h.rmsnorm, &[x, In::Bytes(ffn_norm)], &mut b.h, &norm)?;
+                    let h = In::F32(&b.h);
+                    self.call(|h| &h.mv_ff, &[In::Bytes(gate), h], &mut b.g, &[])?;
+                    self.call(|h| &h.mv_ff, &[In::Bytes(up), h], &mut b.u, &[])?;
+                    self.call(
+                        |h| &h.swiglu,
+                        &[In::F32(&b.g), In::F32(&b.u)],
+                        &mut b.s,
+                        &[],
+                    )?;
+                    self.call(
+                        |h| &h.mv_down,
+                        &[In::Bytes(down), In::F32(&b.s)],
+                        &mut b.y,
+                        &[],
+                    )?;
+                    self.call(|h| &h.add, &[In::F32(&b.x), In::F32(&b.y)], &mut b.x2, &[])?;
+                    std::mem::swap(&mut b.x, &mut b.x2);
+                    Ok(())
+                })();
+                self.k_cache[l] = k_cache;
+                self.v_cache[l] = v_cache;
+                r?;
+            }
+            let (output_norm, output) = (self.weights.output_norm, self.weights.output);
+            let x = In::F32(&b.x);
+            self.call(
+                |h| &h.rmsnorm,
+                &[x, In::Bytes(output_norm)],
+                &mut b.h,
+                &norm,
+            )?;
+            let h = In::F32(&b.h);
+            self.call(|h| &h.mv_out, &[In::Bytes(output), h], &mut b.logits, &[])
+        })();
+        self.buffers = b;
+        result?;
+        self.pos += 1;
+        self.counts.steps += 1;
+        Ok(&self.buffers.logits)
+    }
+
+    /// The greedy choice over the last step's logits, through the argmax operation.
+    pub fn argmax(&mut self) -> Result<u32, DecodeError> {
+        let logits = std::mem::take(&mut self.buffers.logits);
+        let mut best = [0i32];
+        self.counts.calls += 1;
+        let r = self.ops.execute(
+            &self.handles.argmax,
+            &[In::F32(&logits)],
+            &mut [Out::I32(&mut best)],
+            &[],
+        );
+        self.buffers.logits = logits;
+        r?;
+        u32::try_from(best[0])
+            .ok()
+            .filter(|&t| (t as usize) < self.cfg.n_vocab)
+            .ok_or_else(|| DecodeError::Execute {
+                op: ARGMAX.into(),
+                message: format!("returned index {} outside the vocabulary", best[0]),
+            })
+    }
+}
+
+fn empty_buffers() -> Buffers {
+    Buffers {
+        x: Vec::new(),
+        x2: Vec::new(),
+        h: Vec::new(),
+        q: Vec::new(),
+        q_rot: Vec::new(),
+        k: Vec::new(),
+        att: Vec::new(),
+        y: Vec::new(),
+        g: Vec::new(),
+        u: Vec::new(),
+        s: Vec::new(),
+        logits: Vec::new(),
+    }
+}
+
+/// The attention's tensors over `len` cached positions: q, k, v and the output.
+fn attention_descs(cfg: &Config, len: usize) -> ([TensorDesc; 3], [TensorDesc; 1]) {
+    let cache = f32_desc(&[cfg.head_dim, cfg.n_head_kv, len]);
+    let q = f32_desc(&[cfg.head_dim, cfg.n_head]);
+    ([q, cache, cache], [q])
+}
+
+/// example.llama.rmsnorm's parameter record: `{ u32 struct_size = 8; f32 eps; }`.
+fn rmsnorm_params(eps: f32) -> [u8; 8] {
+    let mut p = [0u8; 8];
+    p[..4].copy_from_slice(&8u32.to_ne_bytes());
+    p[4..].copy_from_slice(&eps.to_ne_bytes());
+    p
+}
+
+/// example.llama.rope's parameter record: `{ u32 struct_size = 12; u32 position; f32 base; }`.
+fn rope_params(position: u32, base: f32) -> [u8; 12] {
+    let mut p = [0u8; 12];
+    p[..4].copy_from_slice(&12u32.to_ne_bytes());
+    p[4..8].copy_from_slice(&position.to_ne_bytes());
+    p[8..].copy_from_slice(&base.to_ne_bytes());
+    p
+}
+
+/// What a greedy decode produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generation {
+    /// The decoded tokens.
+    pub tokens: Vec<u32>,
+    /// For each decoded token, the logits it was chosen from.
+    pub logits: Vec<Vec<f32>>,
+}
+
+/// Feeds `prompt` one token at a time, then decodes `n` tokens greedily.
+pub fn generate<O: Ops>(
+    decoder: &mut Decoder<'_, '_, O>,
+    prompt: &[u32],
+    n: usize,
+) -> Result<Generation, DecodeError> {
+    let Some((&last, head)) = prompt.split_last() else {
+        return Err(DecodeError::Input("the prompt is empty".into()));
+    };
+    for &token in head {
+        decoder.step(token)?;
+    }
+    let mut out = Generation {
+        tokens: Vec::with_capacity(n),
+        logits: Vec::with_capacity(n),
+    };
+    let mut next = last;
+    for _ in 0..n {
+        out.logits.push(decoder.step(next)?.to_vec());
+        next = decoder.argmax()?;
+        out.tokens.push(next);
+    }
+    Ok(out)
+}
+
+/// How far logits may be from the reference's: `|got - want| <= LOGIT_TOLERANCE * max(1, |want|)`
+/// (relative for logits of magnitude above 1, absolute below). The module computes in f32 with
+/// sequential sums, numpy in f32 with pairwise ones; their differences are around 1e-6.
+pub const LOGIT_TOLERANCE: f32 = 1e-4;
+
+/// The numpy reference `make_tiny_llama.py` writes beside the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reference {
+    pub prompt: Vec<u32>,
+    pub tokens: Vec<u32>,
+    pub logits: Vec<Vec<f32>>,
+    /// The smallest gap between the best and the second-best logit of a decoded step.
+    pub min_top2_margin: f64,
+}
+
+impl Reference {
+    /// Reads `tiny-llama.reference.json`.
+    pub fn read(path: &std::path::Path) -> Result<Reference, String> {
+        let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let field = |name: &str| {
+            v.get(name)
+                .ok_or_else(|| format!("{}: no {name}", path.display()))
+        };
+        let tokens = |name: &str| -> Result<Vec<u32>, String> {
+            field(name)?
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|t| t.as_u64())
+                        .map(|t| t as u32)
+                        .collect()
+                })
+                .ok_or_else(|| format!("{}: {name} is not an array", path.display()))
+        };
+        let logits = field("logits")?
+            .as_array()
+            .map(|rows| {
+                rows.iter()
+                    .map(|row| {
+                        row.as_array()
+                            .map(|r| {
+                                r.iter()
+                                    .filter_map(|x| x.as_f64())
+                                    .map(|x| x as f32)
+                                    .collect()
+                            })
+                            .unwrap_or_default()
+                    })
+                    .collect()
+            })
+            .ok_or_else(|| format!("{}: logits is not an array", path.display()))?;
+        Ok(Reference {
+            prompt: tokens("prompt")?,
+            tokens: tokens("tokens")?,
+            logits,
+            min_top2_margin: field("min_top2_margin")?.as_f64().unwrap_or(0.0),
+        })
+    }
+
+    /// Compares a generation with this reference.
+    pub fn compare(&self, got: &Generation) -> Comparison {
+        let mut worst = 0.0f32;
+        let mut shape_ok = got.logits.len() == self.logits.len();
+        for (g, w) in got.logits.iter().zip(&self.logits) {
+            shape_ok &= g.len() == w.len();
+            for (a, b) in g.iter().zip(w) {
+                worst = worst.max((a - b).abs() / b.abs().max(1.0));
+            }
+        }
+        Comparison {
+            tokens_match: got.tokens == self.tokens,
+            logits_shape_match: shape_ok,
+            max_logit_error: worst,
+        }
+    }
+}
+
+/// A generation against the reference.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Comparison {
+    pub tokens_match: bool,
+    /// As many steps as the reference, each with as many logits.
+    pub logits_shape_match: bool,
+    /// The largest `|got - want| / max(1, |want|)`.
+    pub max_logit_error: f32,
+}
+
+impl Comparison {
+    /// Equal tokens, and every logit within [`LOGIT_TOLERANCE`].
+    pub fn matches(&self) -> bool {
+        self.tokens_match && self.logits_shape_match && self.max_logit_error <= LOGIT_TOLERANCE
+    }
+}

@@ -1,0 +1,526 @@
+/*
+ * llama_ops: a runtime module (module ABI 1) with the CPU operations a Llama decode step needs,
+ * under the example.llama namespace, each with a GOP1 contract:
+ *
+ *   op name                    inputs (dims innermost first)            output        params
+ *   example.llama.matvec       W [in, out], x [in]                       y [out]       -
+ *                              y[o] = sum_i W[o*in + i] * x[i]
+ *   example.llama.rmsnorm      x [n], w [n]                              y [n]         rmsnorm
+ *                              y = x / sqrt(mean(x^2) + eps) * w
+ *   example.llama.rope         x [d, heads] (d even)                     y [d, heads]  rope
+ *                              pairs (2i, 2i+1) of each head rotated by pos * base^(-2i/d)
+ *   example.llama.attention    q [d, H], k [d, Hkv, T], v [d, Hkv, T]    o [d, H]      -
+ *                              per query head h (key/value head h / (H/Hkv)):
+ *                              o = softmax(q.k_t / sqrt(d)) over t < T, weighting v_t
+ *   example.llama.swiglu       g [n], u [n]                              y [n]         -
+ *                              y = g / (1 + exp(-g)) * u
+ *   example.llama.add          a [n], b [n]                              y [n]         -
+ *   example.llama.argmax       x [n]                                     i [1] (i32)   -
+ *                              the first index of the largest value
+ *
+ * Every tensor is f32 (argmax's output i32), packed (no explicit strides), host memory, aligned
+ * to 4 bytes; calls are host-blocking; op version 1.0.0, priority 10. The attention's key/value
+ * length T is part of its tensors' shapes, so a decode re-resolves (or reshapes) it as the cache
+ * grows. It keeps no scratch: the softmax is computed online, one pass over the cache, which
+ * bounds d to LLAMA_MAX_HEAD_DIM. Validate refuses every shape and record it does not compute.
+ *
+ * Parameter records (execute needs them; a query may carry them or not, and validate checks
+ * them when it does):
+ *   rmsnorm: { uint32_t struct_size = 8; float eps; }             eps > 0 and finite
+ *   rope:    { uint32_t struct_size = 12; uint32_t position; float freq_base; }  base > 0
+ *
+ * Numerics: deterministic, f32 arithmetic and accumulation, ordered reductions (index order).
+ * The module keeps no state: each operation's user_data is a static llama_op_t.
+ */
+#include <guild/abi/kernel_abi.h>
+#include <guild/abi/module_abi.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define LLAMA_OP_MAGIC 0x11a3a0f5u
+#define LLAMA_MAX_HEAD_DIM 256u
+
+typedef enum llama_kind {
+    LLAMA_MATVEC,
+    LLAMA_RMSNORM,
+    LLAMA_ROPE,
+    LLAMA_ATTENTION,
+    LLAMA_SWIGLU,
+    LLAMA_ADD,
+    LLAMA_ARGMAX
+} llama_kind;
+
+typedef struct llama_op_t {
+    uint32_t magic;
+    llama_kind kind;
+    const char* op_name;
+    const char* impl_id;
+    uint32_t inputs;
+    uint32_t output_dtype;
+} llama_op_t;
+
+typedef struct llama_rmsnorm_params_v1 {
+    uint32_t struct_size;
+    float eps;
+} llama_rmsnorm_params_v1;
+
+typedef struct llama_rope_params_v1 {
+    uint32_t struct_size;
+    uint32_t position;
+    float freq_base;
+} llama_rope_params_v1;
+
+static llama_op_t llama_ops[] = {
+    {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.cpu", 2u, GUILD_DTYPE_F32},
+    {LLAMA_OP_MAGIC, LLAMA_RMSNORM, "example.llama.rmsnorm", "example.llama.rmsnorm.cpu", 2u, GUILD_DTYPE_F32},
+    {LLAMA_OP_MAGIC, LLAMA_ROPE, "example.llama.rope", "example.llama.rope.cpu", 1u, GUILD_DTYPE_F32},
+    {LLAMA_OP_MAGIC, LLAMA_ATTENTION, "example.llama.attention", "example.llama.attention.cpu", 3u,
+     GUILD_DTYPE_F32},
+    {LLAMA_OP_MAGIC, LLAMA_SWIGLU, "example.llama.swiglu", "example.llama.swiglu.cpu", 2u, GUILD_DTYPE_F32},
+    {LLAMA_OP_MAGIC, LLAMA_ADD, "example.llama.add", "example.llama.add.cpu", 2u, GUILD_DTYPE_F32},
+    {LLAMA_OP_MAGIC, LLAMA_ARGMAX, "example.llama.argmax", "example.llama.argmax.cpu", 1u, GUILD_DTYPE_I32},
+};
+
+static const llama_op_t* llama_op(void* user_data) {
+    const llama_op_t* op = (const llama_op_t*)user_data;
+    return op != NULL && op->magic == LLAMA_OP_MAGIC ? op : NULL;
+}
+
+/* Whether t has rank `rank`, no explicit strides and no zero extent. */
+static int llama_packed(const guild_tensor_desc_v1_t* t, uint32_t rank) {
+    uint32_t i;
+    if (t->rank != rank) {
+        return 0;
+    }
+    for (i = 0; i < rank; ++i) {
+        if (t->strides[i] != 0u || t->dims[i] == 0u || t->dims[i] > 0x7fffffffu) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int llama_same_shape(const guild_tensor_desc_v1_t* a, const guild_tensor_desc_v1_t* b) {
+    uint32_t i;
+    if (a->rank != b->rank) {
+        return 0;
+    }
+    for (i = 0; i < a->rank; ++i) {
+        if (a->dims[i] != b->dims[i]) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Checks a parameter record; `required` when executing. Writes the reason and returns 0 when bad. */
+static int llama_check_params(const llama_op_t* op, const void* params, size_t size, int required, char* why,
+                              size_t why_size) {
+    if (op->kind == LLAMA_RMSNORM) {
+        llama_rmsnorm_params_v1 p;
+        if (params == NULL && size == 0u && !required) {
+            return 1;
+        }
+        if (params == NULL || size != sizeof p) {
+            (void)snprintf(why, why_size, "rmsnorm needs its %u-byte parameter record (eps)", (unsigned)sizeof p);
+            return 0;
+        }
+        memcpy(&p, params, sizeof p);
+        if (p.struct_size != (uint32_t)sizeof p || !(p.eps > 0.0f) || !isfinite(p.eps)) {
+            (void)snprintf(why, why_size, "rmsnorm's record needs struct_size %u and a finite eps > 0",
+                           (unsigned)sizeof p);
+            return 0;
+        }
+        return 1;
+    }
+    if (op->kind == LLAMA_ROPE) {
+        llama_rope_params_v1 p;
+        if (params == NULL && size == 0u && !required) {
+            return 1;
+        }
+        if (params == NULL || size != sizeof p) {
+            (void)snprintf(why, why_size, "rope needs its %u-byte parameter record (position, freq_base)",
+                           (unsigned)sizeof p);
+            return 0;
+        }
+        memcpy(&p, params, sizeof p);
+        if (p.struct_size != (uint32_t)sizeof p || !(p.freq_base > 0.0f) || !isfinite(p.freq_base)) {
+            (void)snprintf(why, why_size, "rope's record needs struct_size %u and a finite freq_base > 0",
+                           (unsigned)sizeof p);
+            return 0;
+        }
+        return 1;
+    }
+    if (params != NULL || size != 0u) {
+        (void)snprintf(why, why_size, "%s takes no parameter record", op->op_name);
+        return 0;
+    }
+    return 1;
+}
+
+/* The shape rules of each operation (the dtypes, counts and layouts are in the GOP1 contract). */
+static int llama_check_shapes(const llama_op_t* op, const guild_tensor_desc_v1_t* in, size_t n_in,
+                              const guild_tensor_desc_v1_t* out, size_t n_out, char* why, size_t why_size) {
+    size_t i;
+    if (n_in != op->inputs || n_out != 1u || in == NULL || out == NULL) {
+        (void)snprintf(why, why_size, "%s takes %u inputs and one output", op->op_name, (unsigned)op->inputs);
+        return 0;
+    }
+    for (i = 0; i < n_in; ++i) {
+        if (in[i].dtype != GUILD_DTYPE_F32) {
+            (void)snprintf(why, why_size, "input %u must be f32", (unsigned)i);
+            return 0;
+        }
+    }
+    if (out[0].dtype != op->output_dtype) {
+        (void)snprintf(why, why_size, "the output must be %s", op->output_dtype == GUILD_DTYPE_I32 ? "i32" : "f32");
+        return 0;
+    }
+    switch (op->kind) {
+        case LLAMA_MATVEC:
+            if (!llama_packed(&in[0], 2u) || !llama_packed(&in[1], 1u) || !llama_packed(&out[0], 1u) ||
+                in[1].dims[0] != in[0].dims[0] || out[0].dims[0] != in[0].dims[1]) {
+                (void)snprintf(why, why_size, "matvec takes packed W [in, out], x [in] and y [out]");
+                return 0;
+            }
+            return 1;
+        case LLAMA_RMSNORM:
+        case LLAMA_SWIGLU:
+        case LLAMA_ADD:
+            if (!llama_packed(&in[0], 1u) || !llama_same_shape(&in[0], &in[1]) || !llama_packed(&in[1], 1u) ||
+                !llama_same_shape(&in[0], &out[0]) || !llama_packed(&out[0], 1u)) {
+                (void)snprintf(why, why_size, "%s takes two packed vectors of one length and writes a third",
+                               op->op_name);
+                return 0;
+            }
+            return 1;
+        case LLAMA_ROPE:
+            if (!llama_packed(&in[0], 2u) || !llama_same_shape(&in[0], &out[0]) || !llama_packed(&out[0], 2u) ||
+                in[0].dims[0] % 2u != 0u) {
+                (void)snprintf(why, why_size, "rope takes packed x [d, heads] with d even and writes that shape");
+                return 0;
+            }
+            return 1;
+        case LLAMA_ATTENTION: {
+            const guild_tensor_desc_v1_t* q = &in[0];
+            const guild_tensor_desc_v1_t* k = &in[1];
+            const guild_tensor_desc_v1_t* v = &in[2];
+            if (!llama_packed(q, 2u) || !llama_packed(k, 3u) || !llama_same_shape(k, v) || !llama_packed(v, 3u) ||
+                !llama_same_shape(q, &out[0]) || !llama_packed(&out[0], 2u) || k->dims[0] != q->dims[0] ||
+                q->dims[1] % k->dims[1] != 0u) {
+                (void)snprintf(why, why_size,
+                               "attention takes packed q [d, H], k and v [d, Hkv, T] with Hkv dividing H, and "
+                               "writes [d, H]");
+                return 0;
+            }
+            if (q->dims[0] > LLAMA_MAX_HEAD_DIM) {
+                (void)snprintf(why, why_size, "head size %llu is over this attention's %u",
+                               (unsigned long long)q->dims[0], (unsigned)LLAMA_MAX_HEAD_DIM);
+                return 0;
+            }
+            return 1;
+        }
+        case LLAMA_ARGMAX:
+            if (!llama_packed(&in[0], 1u) || !llama_packed(&out[0], 1u) || out[0].dims[0] != 1u) {
+                (void)snprintf(why, why_size, "argmax takes a packed vector and writes one i32");
+                return 0;
+            }
+            return 1;
+    }
+    (void)snprintf(why, why_size, "unknown operation");
+    return 0;
+}
+
+static guild_status_t llama_validate(void* user_data, const guild_operation_query_v1_t* query,
+                                     guild_error_info_t* error) {
+    const llama_op_t* op = llama_op(user_data);
+    char why[GUILD_ERROR_MESSAGE_CAPACITY];
+    if (op == NULL || query == NULL) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, "example.llama",
+                                    "validate needs the operation's state and a query");
+    }
+    if (!llama_check_shapes(op, query->inputs, query->input_count, query->outputs, query->output_count, why,
+                            sizeof why) ||
+        !llama_check_params(op, query->params, query->params_size, 0, why, sizeof why)) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, op->impl_id, why);
+    }
+    return GUILD_STATUS_OK;
+}
+
+static guild_status_t llama_query_scratch(void* user_data, const guild_operation_query_v1_t* query,
+                                          guild_scratch_request_v1_t* out_scratch, guild_error_info_t* error) {
+    const llama_op_t* op = llama_op(user_data);
+    if (op == NULL || query == NULL || out_scratch == NULL) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, "example.llama",
+                                    "query_scratch needs the operation's state, a query and an output record");
+    }
+    out_scratch->alignment = 0u;
+    out_scratch->host_bytes = 0u;
+    out_scratch->device_bytes = 0u;
+    return GUILD_STATUS_OK;
+}
+
+static void llama_matvec(const float* w, const float* x, float* y, uint64_t n_in, uint64_t n_out) {
+    uint64_t o, i;
+    for (o = 0; o < n_out; ++o) {
+        const float* row = w + o * n_in;
+        float acc = 0.0f;
+        for (i = 0; i < n_in; ++i) {
+            acc += row[i] * x[i];
+        }
+        y[o] = acc;
+    }
+}
+
+static void llama_rmsnorm(const float* x, const float* w, float* y, uint64_t n, float eps) {
+    uint64_t i;
+    float sum = 0.0f;
+    float scale;
+    for (i = 0; i < n; ++i) {
+        sum += x[i] * x[i];
+    }
+    scale = 1.0f / sqrtf(sum / (float)n + eps);
+    for (i = 0; i < n; ++i) {
+        y[i] = x[i] * scale * w[i];
+    }
+}
+
+static void llama_rope(const float* x, float* y, uint64_t d, uint64_t heads, uint32_t pos, float base) {
+    uint64_t h, i;
+    for (i = 0; i < d / 2u; ++i) {
+        /* The angle in double, rounded once, as the reference computes it. */
+        double theta = (double)pos * pow((double)base, -2.0 * (double)i / (double)d);
+        float c = (float)cos(theta);
+        float s = (float)sin(theta);
+        for (h = 0; h < heads; ++h) {
+            float x0 = x[h * d + 2u * i];
+            float x1 = x[h * d + 2u * i + 1u];
+            y[h * d + 2u * i] = x0 * c - x1 * s;
+            y[h * d + 2u * i + 1u] = x0 * s + x1 * c;
+        }
+    }
+}
+
+static void llama_attention(const float* q, const float* k, const float* v, float* o, uint64_t d, uint64_t heads,
+                            uint64_t kv_heads, uint64_t len) {
+    uint64_t h, t, i;
+    const uint64_t group = heads / kv_heads;
+    const float scale = 1.0f / sqrtf((float)d);
+    for (h = 0; h < heads; ++h) {
+        const float* qh = q + h * d;
+        const uint64_t kv = h / group;
+        float acc[LLAMA_MAX_HEAD_DIM];
+        float max = -INFINITY;
+        float sum = 0.0f;
+        for (i = 0; i < d; ++i) {
+            acc[i] = 0.0f;
+        }
+        for (t = 0; t < len; ++t) {
+            const float* kt = k + (t * kv_heads + kv) * d;
+            const float* vt = v + (t * kv_heads + kv) * d;
+            float s = 0.0f;
+            float weight;
+            for (i = 0; i < d; ++i) {
+                s += qh[i] * kt[i];
+            }
+            s *= scale;
+            if (s > max) {
+                /* A new maximum: rescale what was accumulated against the old one. */
+                float shrink = expf(max - s);
+                sum *= shrink;
+                for (i = 0; i < d; ++i) {
+                    acc[i] *= shrink;
+                }
+                max = s;
+            }
+            weight = expf(s - max);
+            sum += weight;
+            for (i = 0; i < d; ++i) {
+                acc[i] += weight * vt[i];
+            }
+        }
+        for (i = 0; i < d; ++i) {
+            o[h * d + i] = acc[i] / sum;
+        }
+    }
+}
+
+static guild_status_t llama_execute(void* user_data, const guild_execute_args_v1_t* args, guild_error_info_t* error) {
+    const llama_op_t* op = llama_op(user_data);
+    char why[GUILD_ERROR_MESSAGE_CAPACITY];
+    const guild_tensor_desc_v1_t* in;
+    const guild_tensor_desc_v1_t* out;
+    size_t i;
+    if (op == NULL || args == NULL) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, "example.llama",
+                                    "execute needs the operation's state and arguments");
+    }
+    if (args->sync_mode != GUILD_SYNC_HOST_BLOCKING) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, op->impl_id,
+                                    "these CPU operations run host-blocking only");
+    }
+    in = args->inputs;
+    out = args->outputs;
+    if (!llama_check_shapes(op, in, args->input_count, out, args->output_count, why, sizeof why) ||
+        !llama_check_params(op, args->params, args->params_size, 1, why, sizeof why)) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, op->impl_id, why);
+    }
+    for (i = 0; i < args->input_count; ++i) {
+        if (in[i].data == NULL) {
+            return guild_error_info_set(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, op->impl_id,
+                                        "an input's data pointer is NULL");
+        }
+    }
+    if (out[0].data == NULL) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, op->impl_id,
+                                    "the output's data pointer is NULL");
+    }
+    switch (op->kind) {
+        case LLAMA_MATVEC:
+            llama_matvec((const float*)in[0].data, (const float*)in[1].data, (float*)out[0].data, in[0].dims[0],
+                         in[0].dims[1]);
+            break;
+        case LLAMA_RMSNORM: {
+            llama_rmsnorm_params_v1 p;
+            memcpy(&p, args->params, sizeof p);
+            llama_rmsnorm((const float*)in[0].data, (const float*)in[1].data, (float*)out[0].data, in[0].dims[0],
+                          p.eps);
+            break;
+        }
+        case LLAMA_ROPE: {
+            llama_rope_params_v1 p;
+            memcpy(&p, args->params, sizeof p);
+            llama_rope((const float*)in[0].data, (float*)out[0].data, in[0].dims[0], in[0].dims[1], p.position,
+                       p.freq_base);
+            break;
+        }
+        case LLAMA_ATTENTION:
+            llama_attention((const float*)in[0].data, (const float*)in[1].data, (const float*)in[2].data,
+                            (float*)out[0].data, in[0].dims[0], in[0].dims[1], in[1].dims[1], in[1].dims[2]);
+            break;
+        case LLAMA_SWIGLU: {
+            const float* g = (const float*)in[0].data;
+            const float* u = (const float*)in[1].data;
+            float* y = (float*)out[0].data;
+            uint64_t j;
+            for (j = 0; j < in[0].dims[0]; ++j) {
+                y[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+            }
+            break;
+        }
+        case LLAMA_ADD: {
+            const float* a = (const float*)in[0].data;
+            const float* b = (const float*)in[1].data;
+            float* y = (float*)out[0].data;
+            uint64_t j;
+            for (j = 0; j < in[0].dims[0]; ++j) {
+                y[j] = a[j] + b[j];
+            }
+            break;
+        }
+        case LLAMA_ARGMAX: {
+            const float* x = (const float*)in[0].data;
+            uint64_t j, best = 0u;
+            for (j = 1; j < in[0].dims[0]; ++j) {
+                if (x[j] > x[best]) {
+                    best = j;
+                }
+            }
+            *(int32_t*)out[0].data = (int32_t)best;
+            break;
+        }
+    }
+    return GUILD_STATUS_OK;
+}
+
+static guild_status_t llama_register(const guild_host_api_v1_t* host, llama_op_t* op, guild_error_info_t* error) {
+    guild_operation_ext_v1_t gop;
+    guild_kernel_op_desc_v1_t desc;
+
+    memset(&gop, 0, sizeof gop);
+    gop.header.struct_size = (uint32_t)sizeof gop;
+    gop.header.tag = GUILD_GOP1_TAG;
+    gop.header.version = GUILD_GOP1_VERSION;
+    gop.header.next = NULL;
+    gop.op_version = GUILD_KERNEL_ABI_MAKE_VERSION(1, 0, 0);
+    gop.capabilities = 0u;
+    gop.numerics = GUILD_NUMERICS_DETERMINISTIC | GUILD_NUMERICS_F32_ACCUMULATION | GUILD_NUMERICS_ORDERED_REDUCTION;
+    gop.input_dtype = GUILD_DTYPE_F32;
+    gop.output_dtype = op->output_dtype;
+    gop.min_inputs = op->inputs;
+    gop.max_inputs = op->inputs;
+    gop.min_outputs = 1u;
+    gop.max_outputs = 1u;
+    gop.layouts = GUILD_LAYOUT_CONTIGUOUS;
+    gop.memory_spaces = GUILD_MEMORY_HOST;
+    gop.min_alignment = 4u;
+    gop.min_rank = 1u;
+    gop.max_rank = 3u;
+    gop.sync_modes = GUILD_SYNC_BIT(GUILD_SYNC_HOST_BLOCKING);
+    gop.validate = llama_validate;
+    gop.query_scratch = llama_query_scratch;
+    gop.execute = llama_execute;
+    gop.user_data = op;
+
+    memset(&desc, 0, sizeof desc);
+    desc.struct_size = (uint32_t)sizeof desc;
+    desc.abi_version = GUILD_KERNEL_ABI_VERSION;
+    desc.op_kind = GUILD_OP_CUSTOM;
+    desc.backend = GUILD_BACKEND_CPU;
+    desc.impl_id = op->impl_id;
+    desc.op_name = op->op_name;
+    desc.priority = 10;
+    desc.user_data = op;
+    desc.next_ext = &gop.header;
+    return host->register_kernel(host->host_context, &desc, error);
+}
+
+static guild_status_t llama_ops_init(const guild_host_api_v1_t* host, void** plugin_state,
+                                     guild_error_info_t* error) {
+    size_t i;
+    if (host == NULL || plugin_state == NULL) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, "example.llama",
+                                    "init needs a host table and a plugin_state slot");
+    }
+    *plugin_state = NULL;
+    if (host->struct_size < (uint32_t)GUILD_HOST_API_V1_BASE_SIZE || host->register_kernel == NULL) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, "example.llama",
+                                    "host table is smaller than the Kernel ABI v1 base or lacks register_kernel");
+    }
+    if (GUILD_ABI_VERSION_MAJOR(host->abi_version) != GUILD_ABI_VERSION_MAJOR(GUILD_KERNEL_ABI_VERSION)) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_ABI_MISMATCH, "example.llama",
+                                    "host speaks another Kernel ABI major version");
+    }
+    for (i = 0; i < sizeof llama_ops / sizeof llama_ops[0]; ++i) {
+        guild_status_t status = llama_register(host, &llama_ops[i], error);
+        if (status != GUILD_STATUS_OK) {
+            return status;
+        }
+    }
+    return GUILD_STATUS_OK;
+}
+
+static void llama_ops_shutdown(void* plugin_state) {
+    (void)plugin_state;
+}
+
+#ifndef LLAMA_OPS_VERSION
+#define LLAMA_OPS_VERSION "1.0.0"
+#endif
+
+static const guild_plugin_descriptor_v1_t llama_ops_descriptor = {
+    (uint32_t)sizeof(guild_plugin_descriptor_v1_t),
+    GUILD_KERNEL_ABI_VERSION,
+    GUILD_KERNEL_ABI_VERSION_1_0_0,
+    GUILD_KERNEL_ABI_VERSION_1_0_0,
+    "llama_ops",
+    LLAMA_OPS_VERSION,
+    llama_ops_init,
+    llama_ops_shutdown,
+};
+
+const guild_plugin_descriptor_v1_t* guild_plugin_entry_v1(void) {
+    return &llama_ops_descriptor;
+}
