@@ -14,7 +14,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use guild_adapters_posix::{DlopenLoader, LoaderLogSink, PluginLog};
-use guild_domain::ids::PackageId;
+use guild_domain::distribution::{LockFile, LockRefusal};
+use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::lease::{Leased, QuiescentAction};
 use guild_domain::manifest::Metadata;
 use guild_domain::registry::RolledBack;
@@ -54,6 +55,23 @@ pub struct LoadReport {
     /// Packages that were not even opened: their dependencies are missing, disabled, failed to
     /// load, or they sit on a cycle.
     pub skipped: Vec<Quarantined>,
+    /// Enabled packages not opened because the host's lock ([`HostBuilder::lock`]) does not
+    /// admit them: it does not name them, or names another version or payload digest. What
+    /// depends on them is in `skipped`.
+    pub refused_by_lock: Vec<LockRefused>,
+}
+
+/// An enabled package the host's lock file does not admit, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockRefused {
+    /// The package.
+    pub id: PackageId,
+    /// Its enabled version.
+    pub version: Version,
+    /// The payload digest of that version.
+    pub payload_digest: Sha256Digest,
+    /// Why the lock refuses it.
+    pub reason: LockRefusal,
 }
 
 /// The host that runners embed: a store of signed packages, the libraries of the enabled ones
@@ -96,6 +114,8 @@ pub struct Host {
     /// The provider lifecycle lock: loading, publication, enable, disable, remove and rollback
     /// are serialised by it. Lookups never take it.
     lifecycle: Mutex<()>,
+    /// When set, [`Host::load_enabled`] opens only the enabled packages this lock admits.
+    lock: Option<Arc<LockFile>>,
 }
 
 impl std::fmt::Debug for Host {
@@ -126,7 +146,16 @@ impl Host {
             kernels: KernelRegistry::with_devices(devices),
             loader,
             lifecycle: Mutex::new(()),
+            lock: None,
         }
+    }
+
+    /// Loads only what `lock` admits from now on: [`Host::load_enabled`] leaves every enabled
+    /// package that the lock does not name, or names with another version or payload digest,
+    /// unopened, and reports it in [`LoadReport::refused_by_lock`].
+    pub fn under_lock(mut self, lock: LockFile) -> Self {
+        self.lock = Some(Arc::new(lock));
+        self
     }
 
     /// Starts a [`HostBuilder`] for the store at `dir`: it says what the host is wired with (the
@@ -221,6 +250,19 @@ impl Host {
                         .map(|d| &d.module_id),
                 )
                 .collect();
+            if let Some(lock) = &self.lock {
+                let payload_digest = metadata.payload_digest();
+                if let Err(reason) = lock.admits(&planned.id, &planned.version, &payload_digest) {
+                    unusable.insert(planned.id.clone());
+                    report.refused_by_lock.push(LockRefused {
+                        id: planned.id,
+                        version: planned.version,
+                        payload_digest,
+                        reason,
+                    });
+                    continue;
+                }
+            }
             if let Some(dep) = needs.into_iter().find(|d| unusable.contains(*d)) {
                 report.skipped.push(Quarantined {
                     id: planned.id.clone(),
@@ -439,6 +481,7 @@ pub struct HostBuilder {
     plugin_log: Option<LoaderLogSink>,
     devices: Option<DeviceSupport>,
     load_enabled: bool,
+    lock: Option<LockFile>,
 }
 
 impl fmt::Debug for HostBuilder {
@@ -449,6 +492,7 @@ impl fmt::Debug for HostBuilder {
             .field("plugin_log", &self.plugin_log.is_some())
             .field("devices", &self.devices)
             .field("load_enabled", &self.load_enabled)
+            .field("lock", &self.lock.as_ref().map(|l| l.packages().len()))
             .finish()
     }
 }
@@ -461,7 +505,17 @@ impl HostBuilder {
             plugin_log: None,
             devices: None,
             load_enabled: true,
+            lock: None,
         }
+    }
+
+    /// Opens the store under a lock file (`guild lock`): only enabled packages that `lock`
+    /// names, at its version and payload digest, are loaded; the others are reported in
+    /// [`LoadReport::refused_by_lock`] with the reason. The store itself is not changed (`guild
+    /// sync` makes it match).
+    pub fn lock(mut self, lock: LockFile) -> Self {
+        self.lock = Some(lock);
+        self
     }
 
     /// Loads plugins with `loader` instead of the dlopen loader. A
@@ -519,7 +573,10 @@ impl HostBuilder {
                 })
             }
         };
-        let host = Host::with_devices(packages, loader, devices);
+        let mut host = Host::with_devices(packages, loader, devices);
+        if let Some(lock) = self.lock {
+            host = host.under_lock(lock);
+        }
         let loaded = if self.load_enabled {
             host.load_enabled()?
         } else {

@@ -48,6 +48,8 @@
 
 #[allow(unsafe_code)] // The CDD1/CDA1/CDM1 boundary: the host-side queries of bound CUDA tables.
 pub mod cuda_tables;
+#[cfg(feature = "oci")]
+pub mod distribution;
 pub mod error;
 #[allow(unsafe_code)] // The CPE1 boundary: expert callbacks and the host-owned aligned buffers.
 pub mod experts;
@@ -63,7 +65,7 @@ pub mod publish;
 pub mod registry;
 
 pub use error::{ErrorCategory, HostError};
-pub use host::{Host, HostBuilder, HostReport, LoadReport, OpenedHost};
+pub use host::{Host, HostBuilder, HostReport, LoadReport, LockRefused, OpenedHost};
 pub use models::{BoundModel, ModelRunnerRegistry, SelectError, SelectFileError};
 pub use operations::{
     DeviceScratch, DeviceSupport, DeviceTensor, ExecuteError, OpHandle, OperationRequest,

@@ -16,6 +16,7 @@ mod kill_modules;
 mod mocks;
 mod module_deps;
 mod numbering;
+mod oci;
 mod operations;
 mod progress;
 mod publication;
