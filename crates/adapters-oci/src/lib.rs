@@ -66,14 +66,8 @@ impl OciRegistry {
     fn client(&self, reference: &OciReference) -> Result<Client, DistributionError> {
         // reqwest is built without a TLS provider of its own; ring is the process default.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let insecure = reference.is_loopback()
-            || self
-                .settings
-                .insecure
-                .iter()
-                .any(|h| h == reference.registry() || h == reference.host());
         let mut config = ClientConfig {
-            protocol: if insecure {
+            protocol: if self.plain_http(reference) {
                 ClientProtocol::Http
             } else {
                 ClientProtocol::Https
@@ -103,6 +97,17 @@ impl OciRegistry {
                 });
         }
         Ok(Client::new(config))
+    }
+
+    /// Whether `reference`'s registry is reached over plain HTTP: only a loopback host or one
+    /// listed in the settings' insecure hosts (as `HOST` or `HOST:PORT`).
+    fn plain_http(&self, reference: &OciReference) -> bool {
+        reference.is_loopback()
+            || self
+                .settings
+                .insecure
+                .iter()
+                .any(|h| h == reference.registry() || h == reference.host())
     }
 
     fn auth(&self, reference: &OciReference) -> RegistryAuth {
@@ -754,6 +759,29 @@ mod tests {
 
     fn layer(media: &str, size: u64) -> Value {
         serde_json::json!([{"mediaType": media, "digest": format!("sha256:{}", "b".repeat(64)), "size": size}])
+    }
+
+    #[test]
+    fn plain_http_only_for_loopback_and_listed_hosts() {
+        let r = |s: &str| OciReference::parse(s).unwrap();
+        let listed = OciRegistry::new(OciSettings {
+            insecure: vec!["lab.example:5000".into(), "cache.example".into()],
+            ..OciSettings::default()
+        });
+        for (reference, plain) in [
+            ("oci://127.0.0.1:5000/a:t", true),
+            ("oci://localhost/a:t", true),
+            ("oci://[::1]:5000/a:t", true),
+            ("oci://lab.example:5000/a:t", true),
+            ("oci://lab.example:5001/a:t", false),
+            ("oci://cache.example:443/a:t", true),
+            ("oci://registry.example.com/a:t", false),
+            ("oci://127.example.com/a:t", false),
+            ("oci://127.evil.example.com/a:t", false),
+        ] {
+            assert_eq!(listed.plain_http(&r(reference)), plain, "{reference}");
+        }
+        assert!(!OciRegistry::default().plain_http(&r("oci://lab.example:5000/a:t")));
     }
 
     #[test]

@@ -159,9 +159,10 @@ impl OciReference {
         let host = self.host();
         host == "localhost"
             || host == "::1"
-            || host
-                .strip_prefix("127.")
-                .is_some_and(|rest| rest.split('.').count() == 3)
+            || host.strip_prefix("127.").is_some_and(|rest| {
+                let parts: Vec<&str> = rest.split('.').collect();
+                parts.len() == 3 && parts.iter().all(|p| p.parse::<u8>().is_ok())
+            })
     }
 
     /// The reference as the distribution client spells it: `HOST/REPO:TAG` or
@@ -747,6 +748,13 @@ mod tests {
             OciReference::parse(&format!("oci://registry.example.com/a/b-c@sha256:{hex}")).unwrap();
         assert_eq!(d.target(), &OciTarget::Digest(digest(0xab)));
         assert!(!d.is_loopback());
+        for name in ["127.evil.example.com", "127.0.0.1.example", "127.0.0.256"] {
+            let r = OciReference::parse(&format!("oci://{name}/r:t")).unwrap();
+            assert!(!r.is_loopback(), "{name}");
+        }
+        assert!(OciReference::parse("oci://127.1.2.3/r:t")
+            .unwrap()
+            .is_loopback());
         assert_eq!(
             d.to_distribution_string(),
             format!("registry.example.com/a/b-c@sha256:{hex}")
