@@ -551,6 +551,17 @@ pub fn sync(
         ))
     })?;
     let scratch = ScratchDir::create_named("sync")?;
+    // Every package to install is fetched and checked against the lock first, so that a
+    // missing or altered one is refused before the store changes at all.
+    let mut pending = Vec::new();
+    for step in &steps {
+        let locked = match step {
+            SyncStep::Install(l) | SyncStep::Reactivate(l) => l,
+            SyncStep::Disable(_) => continue,
+        };
+        let file = fetch_locked(locked, from, scratch.path(), progress_ref(&progress))?;
+        pending.push((locked.clone(), file));
+    }
     let mut done = Vec::new();
     // Disables first; one that an enabled dependent still needs is retried after the others.
     let mut disables: Vec<_> = steps
@@ -582,17 +593,7 @@ pub fn sync(
             }
         }
     }
-    // Installs, fetched first (so that a bad package is refused before any install), then
-    // retried in rounds so that a dependency is installed before what depends on it.
-    let mut pending = Vec::new();
-    for step in &steps {
-        let locked = match step {
-            SyncStep::Install(l) | SyncStep::Reactivate(l) => l,
-            SyncStep::Disable(_) => continue,
-        };
-        let file = fetch_locked(locked, from, scratch.path(), progress_ref(&progress))?;
-        pending.push((locked.clone(), file));
-    }
+    // Then installs, in rounds, so that a dependency is installed before what depends on it.
     let mut check = store::library_check(&pm, timeout)?;
     while !pending.is_empty() {
         let before = pending.len();

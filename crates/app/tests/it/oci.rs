@@ -522,6 +522,9 @@ fn oci_an_edited_lock_is_refused_naming_the_package() {
     let edited_path = bench.path().join("edited.lock");
     fs::write(&edited_path, edited).unwrap();
     let fresh = trusting_store(&bench, "fresh");
+    // An unlocked package that a successful sync would disable stays as it is.
+    let extra = bench.package("example.extra", "1.0.0", b"extra", "");
+    ok(run(&bench, &fresh, None, &["install", &extra]));
     let before = crate::support::disk(&fresh);
     fails(
         run(
