@@ -506,11 +506,14 @@ impl ArtifactRegistry for OciRegistry {
                     reference,
                 ));
             }
-            let mut file = File::options()
-                .write(true)
-                .create_new(true)
-                .open(out)
-                .map_err(|e| io_error("create", out, reference, e))?;
+            let mut file = std::io::BufWriter::with_capacity(
+                CHUNK,
+                File::options()
+                    .write(true)
+                    .create_new(true)
+                    .open(out)
+                    .map_err(|e| io_error("create", out, reference, e))?,
+            );
             let written = fetch_blob(
                 &client,
                 &image,
@@ -522,7 +525,9 @@ impl ArtifactRegistry for OciRegistry {
             )
             .await
             .and_then(|d| {
-                file.sync_all()
+                // Flushed, not synced: a pull into scratch space is installed (durably) and
+                // removed; a caller that keeps the file syncs it (`guild pull` does).
+                file.flush()
                     .map_err(|e| io_error("write", out, reference, e))?;
                 Ok(d)
             });

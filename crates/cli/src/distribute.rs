@@ -181,7 +181,9 @@ pub fn pull(
     // Download beside the destination, then rename: a failed pull leaves no file at `out`.
     let tmp = sibling_tmp(out);
     let pulled = pull_to(reference, &tmp, progress_ref(&progress))?;
-    fs::rename(&tmp, out)
+    fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .and_then(|()| fs::rename(&tmp, out))
         .with_context(|| format!("cannot move the pulled package to {}", out.display()))?;
     let mut report = Report::new("pull");
     pulled_fields(&mut report, reference, &pulled);

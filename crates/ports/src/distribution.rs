@@ -60,7 +60,8 @@ pub trait ArtifactRegistry: Send + Sync + fmt::Debug {
     ) -> Result<Pushed, DistributionError>;
 
     /// Resolves `reference` to one manifest and writes its package layer to `out` (created;
-    /// removed again on failure), checking its size and digest against the manifest.
+    /// removed again on failure), checking its size and digest against the manifest. The file
+    /// is not synced to disk: a caller that keeps it does that.
     fn pull(
         &self,
         reference: &OciReference,
