@@ -5,7 +5,7 @@
 //! config ([`ArtifactConfig`]) and one layer, the archive itself. The registry is untrusted:
 //! every manifest is checked for its media types and sizes before any blob is fetched, blobs are
 //! counted and hashed as they stream to disk, and anything that disagrees is refused with a
-//! typed [`DistributionErrorKind`]. Authentication of the package is the caller's business, as
+//! typed `DistributionErrorKind`. Authentication of the package is the caller's business, as
 //! for any file.
 //!
 //! `oci-client` is async; the runtime is a current-thread tokio runtime made for each call and
