@@ -68,6 +68,7 @@ const ADAPTERS: &[&str] = &[
     "guild-adapters-fs",
     "guild-adapters-crypto",
     "guild-adapters-cuda",
+    "guild-adapters-oci",
 ];
 
 /// What `guild-domain` may use. thiserror is a derive macro that generates `Display` and `Error`
@@ -85,6 +86,9 @@ const CONFINED: &[(&str, &str)] = &[
     ("tar", "guild-adapters-fs"),
     ("notify", "guild-adapters-fs"),
     ("p256", "guild-adapters-crypto"),
+    ("oci-client", "guild-adapters-oci"),
+    ("reqwest", "guild-adapters-oci"),
+    ("tokio", "guild-adapters-oci"),
 ];
 
 /// The command line's crates: argument parsing, completions and error chains. Only `guild-cli`,
@@ -386,7 +390,19 @@ const TRANSITIVE_FORBIDDEN: &[(&str, &[&str])] = &[
             "libc",
         ],
     ),
-    ("guild-host", &["clap", "clap_complete", "anyhow"]),
+    // With its default features: the registry client (feature `oci`) and its async runtime
+    // are opt-in.
+    (
+        "guild-host",
+        &[
+            "clap",
+            "clap_complete",
+            "anyhow",
+            "tokio",
+            "reqwest",
+            "oci-client",
+        ],
+    ),
 ];
 
 /// The packages in `tree` (the `{p}` lines `cargo tree --prefix none` prints) that `forbidden`

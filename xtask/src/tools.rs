@@ -127,6 +127,20 @@ pub const TOOLS: &[Tool] = &[
         tests_only: true,
     },
     Tool {
+        name: "docker-registry",
+        probe: Probe::Runs(&[&["docker-registry", "--version"]]),
+        source: Source::Apt(&["docker-registry"]),
+        why: "the push, pull, lock and sync tests run against a real OCI registry",
+        tests_only: true,
+    },
+    Tool {
+        name: "htpasswd",
+        probe: Probe::Runs(&[&["htpasswd", "-nbB", "u", "p"]]),
+        source: Source::Apt(&["apache2-utils"]),
+        why: "writes the registry's bcrypt password file for the basic-auth tests",
+        tests_only: true,
+    },
+    Tool {
         name: "python3",
         probe: Probe::Runs(&[&["python3", "--version"]]),
         source: Source::Apt(&["python3"]),

@@ -14,7 +14,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use guild_adapters_posix::{DlopenLoader, LoaderLogSink, PluginLog};
-use guild_domain::ids::PackageId;
+use guild_domain::distribution::{LockFile, LockRefusal};
+use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::lease::{Leased, QuiescentAction};
 use guild_domain::manifest::Metadata;
 use guild_domain::registry::RolledBack;
@@ -56,6 +57,23 @@ pub struct LoadReport {
     /// Packages that were not even opened: their dependencies are missing, disabled, failed to
     /// load, or they sit on a cycle.
     pub skipped: Vec<Quarantined>,
+    /// Enabled packages not opened because the host's lock ([`HostBuilder::lock`]) does not
+    /// admit them: it does not name them, or names another version or payload digest. What
+    /// depends on them is in `skipped`.
+    pub refused_by_lock: Vec<LockRefused>,
+}
+
+/// An enabled package the host's lock file does not admit, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockRefused {
+    /// The package.
+    pub id: PackageId,
+    /// Its enabled version.
+    pub version: Version,
+    /// The payload digest of that version.
+    pub payload_digest: Sha256Digest,
+    /// Why the lock refuses it.
+    pub reason: LockRefusal,
 }
 
 /// What one [`Host::refresh`] did to follow the store.
@@ -84,12 +102,16 @@ pub struct RefreshReport {
     /// Enabled versions this host does not load because they fail verification here (or depend
     /// on one that does); a reader records nothing, the next writer does.
     pub unusable: Vec<Quarantined>,
+    /// Versions the store now enables that the host's lock does not admit: the host keeps what
+    /// it has loaded of those packages and does not switch to them.
+    pub refused_by_lock: Vec<LockRefused>,
 }
 
 impl RefreshReport {
     /// Whether the refresh changed nothing in the registry and nothing waits.
     pub fn is_quiet(&self) -> bool {
-        self.loaded.is_empty()
+        self.refused_by_lock.is_empty()
+            && self.loaded.is_empty()
             && self.taken_out.is_empty()
             && self.deferred.is_empty()
             && self.revoked_live.is_empty()
@@ -203,6 +225,8 @@ pub struct Host {
     deferred: Mutex<BTreeSet<PackageId>>,
     /// The store's crash records and quarantine, when the host was opened on a store directory.
     crashes: Option<crate::crash_quarantine::CrashLedger>,
+    /// When set, [`Host::load_enabled`] opens only the enabled packages this lock admits.
+    lock: Option<Arc<LockFile>>,
 }
 
 impl std::fmt::Debug for Host {
@@ -235,7 +259,16 @@ impl Host {
             lifecycle: Mutex::new(()),
             deferred: Mutex::new(BTreeSet::new()),
             crashes: None,
+            lock: None,
         }
+    }
+
+    /// Loads only what `lock` admits from now on: [`Host::load_enabled`] leaves every enabled
+    /// package that the lock does not name, or names with another version or payload digest,
+    /// unopened, and reports it in [`LoadReport::refused_by_lock`].
+    pub fn under_lock(mut self, lock: LockFile) -> Self {
+        self.lock = Some(Arc::new(lock));
+        self
     }
 
     /// Starts a [`HostBuilder`] for the store at `dir`: it says what the host is wired with (the
@@ -330,6 +363,19 @@ impl Host {
                         .map(|d| &d.module_id),
                 )
                 .collect();
+            if let Some(lock) = &self.lock {
+                let payload_digest = metadata.payload_digest();
+                if let Err(reason) = lock.admits(&planned.id, &planned.version, &payload_digest) {
+                    unusable.insert(planned.id.clone());
+                    report.refused_by_lock.push(LockRefused {
+                        id: planned.id,
+                        version: planned.version,
+                        payload_digest,
+                        reason,
+                    });
+                    continue;
+                }
+            }
             if let Some(dep) = needs.into_iter().find(|d| unusable.contains(*d)) {
                 report.skipped.push(Quarantined {
                     id: planned.id.clone(),
@@ -491,10 +537,33 @@ impl Host {
         }
         self.deferred().clear();
         let plan = self.packages.load_plan()?;
+        // A host under a lock follows the store only where the lock admits the new version;
+        // elsewhere it keeps what it has.
+        let mut held = BTreeSet::new();
+        if let Some(lock) = &self.lock {
+            for planned in &plan.order {
+                let Some(metadata) = self.packages.metadata(&planned.id, &planned.version) else {
+                    continue;
+                };
+                let payload_digest = metadata.payload_digest();
+                if let Err(reason) = lock.admits(&planned.id, &planned.version, &payload_digest) {
+                    held.insert(planned.id.clone());
+                    report.refused_by_lock.push(LockRefused {
+                        id: planned.id.clone(),
+                        version: planned.version.clone(),
+                        payload_digest,
+                        reason,
+                    });
+                }
+            }
+        }
         let wanted: std::collections::BTreeMap<&PackageId, &Version> =
             plan.order.iter().map(|p| (&p.id, &p.version)).collect();
         // What the new generation no longer wants loaded (or wants at another version).
         for (id, version) in self.kernels.loaded_packages() {
+            if held.contains(&id) {
+                continue;
+            }
             let to = wanted.get(&id).map(|v| (*v).clone());
             if to.as_ref() == Some(&version) {
                 self.kernels.set_superseded(&id, false);
@@ -543,7 +612,7 @@ impl Host {
         }
         for planned in &plan.order {
             let current = self.kernels.loaded_version(&planned.id);
-            if current.as_ref() == Some(&planned.version) {
+            if current.as_ref() == Some(&planned.version) || held.contains(&planned.id) {
                 continue;
             }
             let bindings = self.kernels.live_bindings(&planned.id);
@@ -839,6 +908,7 @@ pub struct HostBuilder {
     plugin_log: Option<LoaderLogSink>,
     devices: Option<DeviceSupport>,
     load_enabled: bool,
+    lock: Option<LockFile>,
 }
 
 impl fmt::Debug for HostBuilder {
@@ -849,6 +919,7 @@ impl fmt::Debug for HostBuilder {
             .field("plugin_log", &self.plugin_log.is_some())
             .field("devices", &self.devices)
             .field("load_enabled", &self.load_enabled)
+            .field("lock", &self.lock.as_ref().map(|l| l.packages().len()))
             .finish()
     }
 }
@@ -861,7 +932,17 @@ impl HostBuilder {
             plugin_log: None,
             devices: None,
             load_enabled: true,
+            lock: None,
         }
+    }
+
+    /// Opens the store under a lock file (`guild lock`): only enabled packages that `lock`
+    /// names, at its version and payload digest, are loaded; the others are reported in
+    /// [`LoadReport::refused_by_lock`] with the reason. The store itself is not changed (`guild
+    /// sync` makes it match).
+    pub fn lock(mut self, lock: LockFile) -> Self {
+        self.lock = Some(lock);
+        self
     }
 
     /// Loads plugins with `loader` instead of the dlopen loader. A
@@ -929,6 +1010,9 @@ impl HostBuilder {
         };
         ledger.sweep().map_err(crash_error)?;
         host.crashes = Some(ledger);
+        if let Some(lock) = self.lock {
+            host = host.under_lock(lock);
+        }
         let loaded = if self.load_enabled {
             host.load_enabled()?
         } else {

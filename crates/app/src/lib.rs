@@ -53,6 +53,8 @@ pub mod conformance;
 pub mod crash_quarantine;
 #[allow(unsafe_code)] // The CDD1/CDA1/CDM1 boundary: the host-side queries of bound CUDA tables.
 pub mod cuda_tables;
+#[cfg(feature = "oci")]
+pub mod distribution;
 pub mod error;
 #[allow(unsafe_code)] // The CPE1 boundary: expert callbacks and the host-owned aligned buffers.
 pub mod experts;
@@ -69,8 +71,8 @@ pub mod registry;
 
 pub use error::{ErrorCategory, HostError};
 pub use host::{
-    DeferredSwitch, Host, HostBuilder, HostReport, HostWatcher, LoadReport, OpenedHost,
-    RefreshReport, RevokedLive,
+    DeferredSwitch, Host, HostBuilder, HostReport, HostWatcher, LoadReport, LockRefused,
+    OpenedHost, RefreshReport, RevokedLive,
 };
 pub use models::{BoundModel, ModelRunnerRegistry, SelectError, SelectFileError};
 pub use operations::{

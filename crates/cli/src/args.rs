@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use guild_domain::ids::{ImplId, OpName, PackageId, PublisherId, Sha256Digest};
 use guild_domain::operation::{DType, MemorySpace, TensorDesc};
 use guild_domain::version::Version;
+use guild_host::distribution::OciReference;
 
 /// The exit codes, printed under `guild --help` and documented in docs/cli.md.
 pub const EXIT_CODES_HELP: &str = "\
@@ -147,7 +148,8 @@ pub enum Command {
         guild install scan-0.9.0.gkmodule --allow-downgrade\n  \
         guild install scan.gkmodule --disabled")]
     Install {
-        /// The package archive or directory.
+        /// The package archive or directory, or an oci://HOST/REPOSITORY(:TAG|@sha256:DIGEST)
+        /// reference to pull it from.
         package: PathBuf,
         /// Install without enabling it.
         #[arg(long)]
@@ -156,6 +158,68 @@ pub enum Command {
         /// back).
         #[arg(long)]
         allow_downgrade: bool,
+    },
+
+    /// Upload a package to an OCI registry as an artifact; prints the manifest digest.
+    #[command(
+        after_help = "REFERENCE is oci://HOST[:PORT]/REPOSITORY:TAG (or @sha256:DIGEST, \
+        which must then be the manifest's digest). HTTPS unless the host is loopback or listed in \
+        GUILD_INSECURE_REGISTRIES; credentials from docker/podman config.json.\n\nExamples:\n  \
+        guild push scan.gkmodule oci://registry.example.com/guild/scan:1.0.0\n  \
+        guild push scan.gkmodule oci://localhost:5000/scan:1.0.0 --annotation team=inference"
+    )]
+    Push {
+        /// The package archive.
+        package: PathBuf,
+        /// Where to push it.
+        #[arg(value_name = "REFERENCE", value_parser = crate::distribute::parse_reference)]
+        reference: OciReference,
+        /// A manifest annotation (repeatable).
+        #[arg(long = "annotation", value_name = "KEY=VALUE", value_parser = crate::distribute::parse_annotation)]
+        annotations: Vec<(String, String)>,
+    },
+
+    /// Download a package from an OCI registry (its layer digest is checked; the package is
+    /// verified when it is installed), or every package of a lock into a mirror directory.
+    #[command(after_help = "Examples:\n  \
+        guild pull oci://registry.example.com/guild/scan:1.0.0 --out scan.gkmodule\n  \
+        guild pull --lock guild.lock --to mirror/   # for `guild sync --from mirror/`")]
+    Pull {
+        /// The artifact to download.
+        #[arg(value_name = "REFERENCE", value_parser = crate::distribute::parse_reference,
+              required_unless_present = "lock", conflicts_with = "lock", requires = "out")]
+        reference: Option<OciReference>,
+        /// Where to write the package.
+        #[arg(long, value_name = "FILE", conflicts_with = "lock")]
+        out: Option<PathBuf>,
+        /// Download every package this lock names (by manifest digest).
+        #[arg(long, value_name = "LOCK", requires = "to")]
+        lock: Option<PathBuf>,
+        /// The mirror directory for --lock.
+        #[arg(long, value_name = "DIR", requires = "lock")]
+        to: Option<PathBuf>,
+    },
+
+    /// Write a lock file: every enabled package with its version, payload digest, publisher,
+    /// signing key and, where known, the registry reference it came from.
+    #[command(after_help = "Examples:\n  guild lock\n  guild lock --out fleet/guild.lock")]
+    Lock {
+        /// The lock file to write.
+        #[arg(long, value_name = "FILE", default_value = "guild.lock")]
+        out: PathBuf,
+    },
+
+    /// Make the store's enabled packages exactly those of a lock: fetch, install, enable and
+    /// disable; refuse any package whose payload digest differs from the lock.
+    #[command(after_help = "Examples:\n  guild sync guild.lock\n  \
+        guild sync guild.lock --from mirror/   # no network: archives from `guild pull --lock`")]
+    Sync {
+        /// The lock file.
+        #[arg(value_name = "LOCK")]
+        lock: PathBuf,
+        /// Take the archives from this directory instead of the registry.
+        #[arg(long, value_name = "DIR")]
+        from: Option<PathBuf>,
     },
 
     /// Enable the current version of a package.

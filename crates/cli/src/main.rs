@@ -13,6 +13,7 @@
 
 mod args;
 mod check;
+mod distribute;
 mod doctor;
 mod failure;
 mod output;
@@ -113,11 +114,58 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
             package,
             disabled,
             allow_downgrade,
+        } if distribute::is_reference(package) => distribute::install(
+            &store_dir(cli, true)?,
+            &distribute::parse_reference(&package.to_string_lossy())
+                .map_err(|e| CliError::new(Exit::Usage, e))?,
+            !*disabled,
+            *allow_downgrade,
+            progress::for_stderr(cli.json, cli.quiet),
+        ),
+        Command::Install {
+            package,
+            disabled,
+            allow_downgrade,
         } => store::install(
             &store_dir(cli, true)?,
             package,
             !*disabled,
             *allow_downgrade,
+            progress::for_stderr(cli.json, cli.quiet),
+        ),
+        Command::Push {
+            package,
+            reference,
+            annotations,
+        } => distribute::push(
+            package,
+            reference,
+            annotations,
+            progress::for_stderr(cli.json, cli.quiet),
+        ),
+        Command::Pull {
+            reference,
+            out,
+            lock,
+            to,
+        } => match (reference, out, lock, to) {
+            (Some(r), Some(out), _, _) => {
+                distribute::pull(r, out, progress::for_stderr(cli.json, cli.quiet))
+            }
+            (_, _, Some(lock), Some(to)) => {
+                distribute::mirror(lock, to, progress::for_stderr(cli.json, cli.quiet))
+            }
+            _ => Err(CliError::new(
+                Exit::Usage,
+                "give REFERENCE --out FILE, or --lock LOCK --to DIR",
+            )
+            .into()),
+        },
+        Command::Lock { out } => distribute::lock(&store_dir(cli, true)?, out),
+        Command::Sync { lock, from } => distribute::sync(
+            &store_dir(cli, true)?,
+            lock,
+            from.as_deref(),
             progress::for_stderr(cli.json, cli.quiet),
         ),
         Command::Enable { id } => store::enable(&store_dir(cli, true)?, id),

@@ -140,7 +140,7 @@ pub fn sign(package: &Path, key: &Path, out: Option<&Path>) -> anyhow::Result<Re
 }
 
 /// Bridges the crypto adapter to the domain's trust decision.
-struct Check(P256Verifier);
+pub(crate) struct Check(pub(crate) P256Verifier);
 
 impl SignatureCheck for Check {
     fn verify(&self, spki_der: &[u8], message: &[u8], signature: &[u8]) -> Result<(), String> {
@@ -154,7 +154,7 @@ impl SignatureCheck for Check {
 /// (opening would take its lock, recover it, or create it). The file is replaced atomically, so
 /// a read sees a whole version of it. An absent file trusts nothing; one that cannot be read or
 /// decoded is an error, never an empty trust store.
-fn read_store_trust(store: &Path) -> Result<TrustStore, HostError> {
+pub(crate) fn read_store_trust(store: &Path) -> Result<TrustStore, HostError> {
     let path = StoreLayout::new(store).trust;
     match fs::read(&path) {
         Ok(bytes) => Ok(TrustStore::from_json(&bytes)?),
@@ -356,7 +356,7 @@ fn inspect_lines(package: &Path, metadata: &Metadata, m: &Manifest) -> Vec<Strin
     lines
 }
 
-fn parse_metadata(package: &Path, bytes: &[u8]) -> Result<Metadata, HostError> {
+pub(crate) fn parse_metadata(package: &Path, bytes: &[u8]) -> Result<Metadata, HostError> {
     Metadata::parse(bytes).map_err(|errors| HostError::Manifest {
         location: package.to_path_buf(),
         errors,
@@ -373,13 +373,18 @@ fn plural(n: usize) -> &'static str {
 
 /// A private scratch directory under the system temporary directory (`$TMPDIR`), removed with
 /// everything in it when dropped, whether the command succeeded or not.
-struct ScratchDir(PathBuf);
+pub(crate) struct ScratchDir(PathBuf);
 
 impl ScratchDir {
     fn create() -> anyhow::Result<Self> {
+        Self::create_named("verify")
+    }
+
+    /// A scratch directory whose name says which command made it (`guild-NAME-PID-N`).
+    pub(crate) fn create_named(name: &str) -> anyhow::Result<Self> {
         let base = std::env::temp_dir();
         for attempt in 0..100u32 {
-            let dir = base.join(format!("guild-verify-{}-{attempt}", std::process::id()));
+            let dir = base.join(format!("guild-{name}-{}-{attempt}", std::process::id()));
             let mut builder = fs::DirBuilder::new();
             #[cfg(unix)]
             std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
@@ -404,7 +409,7 @@ impl ScratchDir {
         .into())
     }
 
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.0
     }
 }

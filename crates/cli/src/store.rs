@@ -53,7 +53,7 @@ pub fn open_reader(store: &Path, command: &str) -> anyhow::Result<(PackageManage
 
 /// How long the publication check may take: `GUILD_LIBRARY_CHECK_TIMEOUT` seconds, else the
 /// default. A value that is not a positive number is a usage error, never a silent default.
-fn check_timeout() -> anyhow::Result<Duration> {
+pub(crate) fn check_timeout() -> anyhow::Result<Duration> {
     let Some(raw) = std::env::var_os(publication::TIMEOUT_VARIABLE).filter(|v| !v.is_empty())
     else {
         return Ok(publication::DEFAULT_TIMEOUT);
@@ -82,7 +82,7 @@ fn check_timeout() -> anyhow::Result<Duration> {
 
 /// The publication check for changes that make a version loadable: this very `guild` binary,
 /// run as a child with the hidden check subcommand and the store's trust file on its stdin.
-fn library_check(pm: &PackageManager, timeout: Duration) -> anyhow::Result<ChildCheck> {
+pub(crate) fn library_check(pm: &PackageManager, timeout: Duration) -> anyhow::Result<ChildCheck> {
     let program = std::env::current_exe()
         .context("cannot find the guild executable to run the publication check")?;
     let trust = pm.trust()?.to_json().into_bytes();

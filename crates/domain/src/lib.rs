@@ -11,6 +11,7 @@
 pub mod canonical;
 pub mod claims;
 pub mod dependency;
+pub mod distribution;
 pub mod graph;
 pub mod ids;
 pub mod json;

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod device;
+pub mod distribution;
 #[cfg(feature = "fakes")]
 pub mod fakes;
 pub mod loader;

@@ -424,3 +424,72 @@ fn rollback_and_enable_recheck_the_installed_files_before_loading() {
         "2.0.0"
     );
 }
+
+#[test]
+fn a_host_under_a_lock_loads_only_what_the_lock_admits() {
+    use guild_domain::distribution::{LockFile, LockRefusal, LockedPackage};
+    let shop = Workshop::new();
+    let k = key();
+    let store = shop.fresh("store");
+    let (pm, _) = open_dir(&store).unwrap();
+    trust(&pm, PUBLISHER, &k);
+    let base = shop.build(&Spec::module("ex.base", "1.0.0"), &k);
+    let dep = shop.build(
+        &Spec::module("ex.dep", "1.0.0").module_dep(ModDep::on("ex.base", "1.0.0")),
+        &k,
+    );
+    let solo = shop.build(&Spec::module("ex.solo", "1.0.0"), &k);
+    let stray = shop.build(&Spec::module("ex.stray", "1.0.0"), &k);
+    for b in [&base, &dep, &solo, &stray] {
+        pm.install(&b.archive, InstallOptions::default()).unwrap();
+    }
+    let fake = Arc::new(FakeLoader::new());
+    let cpu = guild_domain::operation::Backend::Cpu;
+    for p in pm.load_plan().unwrap().order {
+        let m = pm.metadata(&p.id, &p.version).unwrap();
+        let impl_id = ImplId::new(format!("{}.op.cpu", p.id)).unwrap();
+        fake.insert(
+            p.dir.join(m.manifest().entry.as_str()),
+            FakePlugin::new().with_kernel(fake_kernel(impl_id, 1, cpu)),
+        );
+    }
+    let entry = |b: &crate::support::Built, digest| LockedPackage {
+        id: b.id(),
+        version: b.version(),
+        kind: guild_domain::ids::PackageKind::Module,
+        payload_sha256: digest,
+        publisher: crate::support::publisher(PUBLISHER),
+        key_id: k.key_id(),
+        source: None,
+    };
+    // ex.base is locked with another digest (so ex.dep, which needs it, is skipped), ex.solo
+    // as installed, ex.dep as installed, and ex.stray not at all.
+    let lock = LockFile::new([
+        entry(&base, guild_domain::ids::Sha256Digest([7; 32])),
+        entry(&dep, dep.digest()),
+        entry(&solo, solo.digest()),
+    ])
+    .unwrap();
+    let host = Host::new(pm, Box::new(Shared(fake.clone()))).under_lock(lock);
+    let report = host.load_enabled().unwrap();
+    let loaded: Vec<&str> = report.loaded.iter().map(|l| l.id.as_str()).collect();
+    assert_eq!(loaded, ["ex.solo"]);
+    let refused: Vec<(&str, &LockRefusal)> = report
+        .refused_by_lock
+        .iter()
+        .map(|r| (r.id.as_str(), &r.reason))
+        .collect();
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    assert!(matches!(
+        refused.iter().find(|r| r.0 == "ex.base").unwrap().1,
+        LockRefusal::DigestDiffers { .. }
+    ));
+    assert_eq!(
+        refused.iter().find(|r| r.0 == "ex.stray").unwrap().1,
+        &LockRefusal::NotLocked
+    );
+    assert_eq!(report.skipped.len(), 1);
+    assert_eq!(report.skipped[0].id.as_str(), "ex.dep");
+    // Nothing the lock refused was opened.
+    assert_eq!(fake.opened().len(), 1);
+}

@@ -489,3 +489,65 @@ fn live_refresh_reports_loads_deferred_switches_and_revoked_live_handles() {
     );
     drop(held);
 }
+
+#[test]
+fn a_host_under_a_lock_does_not_follow_the_store_past_it() {
+    use guild_domain::distribution::{LockFile, LockRefusal};
+    use guild_host::{DeviceSupport, Host, OperationService};
+    let shop = Workshop::new();
+    let (store, k) = store_with_scan(&shop, false);
+    let lock_path = shop.path().join("guild.lock");
+    cli(
+        &shop,
+        &store,
+        &["lock", "--out", lock_path.to_str().unwrap()],
+    );
+    let lock = LockFile::parse(&std::fs::read(&lock_path).unwrap()).unwrap();
+    let host = Host::builder(&store)
+        .devices(DeviceSupport::host())
+        .lock(lock)
+        .open()
+        .unwrap()
+        .host;
+    let service = OperationService::new(host.kernels());
+    assert_eq!(
+        scan_handle(&service)
+            .unwrap()
+            .describe()
+            .package_version
+            .to_string(),
+        "1.0.0"
+    );
+    // Another writer makes 1.1.0 current; the lock names 1.0.0.
+    let (pm, _) = open_dir(&store).unwrap();
+    pm.install(
+        &pack_example_at(&shop, &k, &SCAN, Some("1.1.0")),
+        InstallOptions::default(),
+    )
+    .unwrap();
+    drop(pm);
+    let report = host.refresh().unwrap();
+    assert!(!report.is_quiet(), "{report:?}");
+    assert!(report.loaded.is_empty(), "{report:?}");
+    assert!(report.taken_out.is_empty(), "{report:?}");
+    assert_eq!(report.refused_by_lock.len(), 1, "{report:?}");
+    let refused = &report.refused_by_lock[0];
+    assert_eq!(
+        (refused.id.as_str(), refused.version.to_string()),
+        ("example.scan", "1.1.0".to_owned())
+    );
+    assert!(
+        !matches!(refused.reason, LockRefusal::NotLocked),
+        "{:?}",
+        refused.reason
+    );
+    // The locked version keeps serving.
+    assert_eq!(
+        scan_handle(&service)
+            .unwrap()
+            .describe()
+            .package_version
+            .to_string(),
+        "1.0.0"
+    );
+}

@@ -21,6 +21,7 @@ mod llama;
 mod mocks;
 mod module_deps;
 mod numbering;
+mod oci;
 mod operations;
 mod progress;
 mod publication;

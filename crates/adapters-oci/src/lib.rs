@@ -1,0 +1,860 @@
+//! `OciRegistry`: the artifact registry port over an OCI distribution registry, through
+//! `oci-client` (oras-project).
+//!
+//! A package is one artifact: a manifest with `artifactType` [`ARTIFACT_TYPE`], a small JSON
+//! config ([`ArtifactConfig`]) and one layer, the archive itself. The registry is untrusted:
+//! every manifest is checked for its media types and sizes before any blob is fetched, blobs are
+//! counted and hashed as they stream to disk, and anything that disagrees is refused with a
+//! typed `DistributionErrorKind`. Authentication of the package is the caller's business, as
+//! for any file.
+//!
+//! `oci-client` is async; the runtime is a current-thread tokio runtime made for each call and
+//! dropped with it, so that nothing above this crate is async.
+
+#![forbid(unsafe_code)]
+
+mod auth;
+mod settings;
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use guild_domain::distribution::{
+    kind_of_layer, layer_media_type, ArtifactConfig, OciReference, ARTIFACT_TYPE,
+    CONFIG_MEDIA_TYPE, OCI_INDEX_MEDIA_TYPE, OCI_MANIFEST_MEDIA_TYPE,
+};
+use guild_domain::ids::Sha256Digest;
+use guild_ports::distribution::{
+    ArtifactRegistry, DistributionError, DistributionErrorKind as Kind, Part, Pulled, PushRequest,
+    Pushed,
+};
+use guild_ports::source::Progress;
+use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::errors::OciDistributionError;
+use oci_client::manifest::OciDescriptor;
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference, RegistryOperation};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+pub use settings::{Limits, OciSettings, CA_FILE_VARIABLE, INSECURE_VARIABLE};
+
+/// Bytes read from the archive per upload chunk and per progress step.
+const CHUNK: usize = 1 << 20;
+
+/// The registry adapter. Cheap to make; each call builds its client and runtime.
+#[derive(Debug, Clone, Default)]
+pub struct OciRegistry {
+    settings: OciSettings,
+}
+
+impl OciRegistry {
+    /// An adapter with these settings.
+    pub fn new(settings: OciSettings) -> Self {
+        OciRegistry { settings }
+    }
+
+    /// An adapter configured from the environment (see [`OciSettings::from_environment`]).
+    pub fn from_environment() -> Self {
+        OciRegistry::new(OciSettings::from_environment())
+    }
+
+    fn client(&self, reference: &OciReference) -> Result<Client, DistributionError> {
+        // reqwest is built without a TLS provider of its own; ring is the process default.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut config = ClientConfig {
+            protocol: if self.plain_http(reference) {
+                ClientProtocol::Http
+            } else {
+                ClientProtocol::Https
+            },
+            // An index is refused, never resolved to one of its manifests.
+            platform_resolver: None,
+            connect_timeout: Some(self.settings.limits.connect_timeout),
+            read_timeout: Some(self.settings.limits.read_timeout),
+            ..ClientConfig::default()
+        };
+        if let Some(ca) = &self.settings.ca_file {
+            let data = std::fs::read(ca).map_err(|e| {
+                DistributionError::new(
+                    Kind::Io {
+                        action: "read the CA file",
+                        path: ca.display().to_string(),
+                    },
+                    reference,
+                )
+                .with_source(e)
+            })?;
+            config
+                .extra_root_certificates
+                .push(oci_client::client::Certificate {
+                    encoding: oci_client::client::CertificateEncoding::Pem,
+                    data,
+                });
+        }
+        Ok(Client::new(config))
+    }
+
+    /// Whether `reference`'s registry is reached over plain HTTP: only a loopback host or one
+    /// listed in the settings' insecure hosts (as `HOST` or `HOST:PORT`).
+    fn plain_http(&self, reference: &OciReference) -> bool {
+        reference.is_loopback()
+            || self
+                .settings
+                .insecure
+                .iter()
+                .any(|h| h == reference.registry() || h == reference.host())
+    }
+
+    fn auth(&self, reference: &OciReference) -> RegistryAuth {
+        auth::lookup(&self.settings.auth_files, reference.registry())
+    }
+}
+
+fn runtime(reference: &OciReference) -> Result<tokio::runtime::Runtime, DistributionError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            DistributionError::new(
+                Kind::Transport {
+                    reason: "cannot start the I/O runtime".into(),
+                },
+                reference,
+            )
+            .with_source(e)
+        })
+}
+
+fn distribution_ref(reference: &OciReference) -> Result<Reference, DistributionError> {
+    reference
+        .to_distribution_string()
+        .parse::<Reference>()
+        .map_err(|e| {
+            DistributionError::new(
+                Kind::Malformed {
+                    part: Part::Manifest,
+                    reason: format!("the client cannot use this reference: {e}"),
+                },
+                reference,
+            )
+        })
+}
+
+/// Maps the client's error to a typed one, looking through to reqwest for redirects.
+fn transport_error(e: OciDistributionError, reference: &OciReference) -> DistributionError {
+    let kind = match &e {
+        OciDistributionError::UnauthorizedError { .. } => Kind::Unauthorized {
+            registry: reference.registry().to_owned(),
+            status: 401,
+        },
+        OciDistributionError::AuthenticationFailure(_) => Kind::Unauthorized {
+            registry: reference.registry().to_owned(),
+            status: 401,
+        },
+        OciDistributionError::ImageManifestNotFoundError(_) => Kind::NotFound,
+        OciDistributionError::RegistryError { envelope, .. } => {
+            let codes: Vec<String> = envelope
+                .errors
+                .iter()
+                .map(|e| format!("{:?}", e.code))
+                .collect();
+            if codes.iter().any(|c| c.contains("Unknown")) {
+                Kind::NotFound
+            } else if codes
+                .iter()
+                .any(|c| c.contains("Unauthorized") || c.contains("Denied"))
+            {
+                Kind::Unauthorized {
+                    registry: reference.registry().to_owned(),
+                    status: 401,
+                }
+            } else {
+                Kind::Registry {
+                    status: 400,
+                    message: envelope.to_string(),
+                }
+            }
+        }
+        OciDistributionError::ServerError { code, message, .. } => match code {
+            401 | 403 => Kind::Unauthorized {
+                registry: reference.registry().to_owned(),
+                status: *code,
+            },
+            404 => Kind::NotFound,
+            _ => Kind::Registry {
+                status: *code,
+                message: message.chars().take(200).collect(),
+            },
+        },
+        OciDistributionError::DigestError(d) => Kind::DigestMismatch {
+            part: Part::Manifest,
+            expected: String::new(),
+            actual: d.to_string(),
+        },
+        OciDistributionError::RequestError(r) if r.is_redirect() => Kind::RedirectLoop,
+        OciDistributionError::RequestError(r) if r.status().is_some() => {
+            match r.status().map(|s| s.as_u16()) {
+                Some(s @ (401 | 403)) => Kind::Unauthorized {
+                    registry: reference.registry().to_owned(),
+                    status: s,
+                },
+                Some(404) => Kind::NotFound,
+                Some(s) => Kind::Registry {
+                    status: s,
+                    message: "error status".into(),
+                },
+                None => Kind::Transport {
+                    reason: "the HTTP exchange failed".into(),
+                },
+            }
+        }
+        OciDistributionError::RequestError(r) => Kind::Transport {
+            reason: if r.is_connect() {
+                "cannot connect".into()
+            } else if r.is_timeout() {
+                "timed out".into()
+            } else {
+                "the HTTP exchange failed".into()
+            },
+        },
+        other => Kind::Transport {
+            reason: other.to_string().chars().take(200).collect(),
+        },
+    };
+    DistributionError::new(kind, reference).with_source(e)
+}
+
+fn io_error(
+    action: &'static str,
+    path: &Path,
+    reference: &OciReference,
+    e: std::io::Error,
+) -> DistributionError {
+    DistributionError::new(
+        Kind::Io {
+            action,
+            path: path.display().to_string(),
+        },
+        reference,
+    )
+    .with_source(e)
+}
+
+fn sha256_of(bytes: &[u8]) -> String {
+    Sha256Digest::of(bytes).to_hex()
+}
+
+fn oci_digest(d: &Sha256Digest) -> String {
+    format!("sha256:{}", d.to_hex())
+}
+
+/// A reference by digest names this manifest, or the manifest is refused.
+fn check_pinned(
+    reference: &OciReference,
+    manifest_digest: &Sha256Digest,
+) -> Result<(), DistributionError> {
+    match reference.target() {
+        guild_domain::distribution::OciTarget::Digest(d) if d != manifest_digest => {
+            Err(DistributionError::new(
+                Kind::DigestMismatch {
+                    part: Part::Manifest,
+                    expected: d.to_hex(),
+                    actual: manifest_digest.to_hex(),
+                },
+                reference,
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The archive's digest and size, in one read.
+fn hash_file(
+    path: &Path,
+    reference: &OciReference,
+) -> Result<(Sha256Digest, u64), DistributionError> {
+    let mut file = File::open(path).map_err(|e| io_error("open", path, reference, e))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; CHUNK];
+    let mut size = 0u64;
+    loop {
+        let n = file
+            .read(&mut buf)
+            .map_err(|e| io_error("read", path, reference, e))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        size += n as u64;
+    }
+    Ok((Sha256Digest(hasher.finalize().into()), size))
+}
+
+impl ArtifactRegistry for OciRegistry {
+    fn push(
+        &self,
+        reference: &OciReference,
+        request: PushRequest<'_>,
+        progress: Option<&dyn Progress>,
+    ) -> Result<Pushed, DistributionError> {
+        let (layer_digest, layer_size) = hash_file(request.archive, reference)?;
+        let config = request.config.to_json().into_bytes();
+        let config_digest = sha256_of(&config);
+        let layer_type = layer_media_type(request.config.kind);
+        let mut annotations = serde_json::Map::new();
+        for (k, v) in request.annotations {
+            annotations.insert(k.clone(), Value::String(v.clone()));
+        }
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST_MEDIA_TYPE,
+            "artifactType": ARTIFACT_TYPE,
+            "config": {
+                "mediaType": CONFIG_MEDIA_TYPE,
+                "digest": format!("sha256:{config_digest}"),
+                "size": config.len(),
+            },
+            "layers": [{
+                "mediaType": layer_type,
+                "digest": oci_digest(&layer_digest),
+                "size": layer_size,
+                "annotations": {
+                    "org.opencontainers.image.title": request
+                        .archive
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default(),
+                },
+            }],
+            "annotations": annotations,
+        });
+        let manifest = serde_json::to_vec(&manifest).map_err(|e| {
+            DistributionError::new(
+                Kind::Malformed {
+                    part: Part::Manifest,
+                    reason: e.to_string(),
+                },
+                reference,
+            )
+        })?;
+        let manifest_digest = Sha256Digest::of(&manifest);
+        check_pinned(reference, &manifest_digest)?;
+        let client = self.client(reference)?;
+        let image = distribution_ref(reference)?;
+        let auth = self.auth(reference);
+        let archive = request.archive.to_owned();
+        let rt = runtime(reference)?;
+        rt.block_on(async {
+            let err = |e| transport_error(e, reference);
+            client
+                .auth(&image, &auth, RegistryOperation::Push)
+                .await
+                .map_err(err)?;
+            if !client
+                .blob_exists(&image, &format!("sha256:{config_digest}"))
+                .await
+                .map_err(err)?
+            {
+                client
+                    .push_blob(&image, config.clone(), &format!("sha256:{config_digest}"))
+                    .await
+                    .map_err(err)?;
+            }
+            if !client
+                .blob_exists(&image, &oci_digest(&layer_digest))
+                .await
+                .map_err(err)?
+            {
+                if let Some(p) = progress {
+                    p.begin("uploading", layer_size);
+                }
+                let mut file =
+                    File::open(&archive).map_err(|e| io_error("open", &archive, reference, e))?;
+                // The upload reads the file in chunks as the client asks for them, counting
+                // them for the progress bar. A read error ends the stream with that error; a
+                // file that changed since it was hashed fails the registry's digest check.
+                let sent = Arc::new(AtomicU64::new(0));
+                let counter = Arc::clone(&sent);
+                let chunks = futures_util::stream::iter(std::iter::from_fn(move || {
+                    let mut buf = vec![0u8; CHUNK];
+                    match file.read(&mut buf) {
+                        Ok(0) => None,
+                        Ok(n) => {
+                            buf.truncate(n);
+                            counter.fetch_add(n as u64, Ordering::Relaxed);
+                            Some(Ok(bytes::Bytes::from(buf)))
+                        }
+                        Err(e) => Some(Err(OciDistributionError::IoError(e))),
+                    }
+                }));
+                let layer_name = oci_digest(&layer_digest);
+                let upload = std::pin::pin!(client.push_blob_stream(
+                    &image,
+                    chunks,
+                    &layer_name,
+                    Some(layer_size),
+                ));
+                let ticker = std::pin::pin!(async {
+                    let mut shown = 0;
+                    loop {
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        let now = sent.load(Ordering::Relaxed);
+                        if let Some(p) = progress {
+                            p.advance(now - shown);
+                        }
+                        shown = now;
+                    }
+                });
+                let pushed = match futures_util::future::select(upload, ticker).await {
+                    futures_util::future::Either::Left((pushed, _)) => pushed,
+                    futures_util::future::Either::Right((never, _)) => never,
+                };
+                if let Some(p) = progress {
+                    p.finish();
+                }
+                pushed.map_err(err)?;
+            }
+            client
+                .push_manifest_raw(
+                    &image,
+                    manifest.clone(),
+                    http::HeaderValue::from_static(OCI_MANIFEST_MEDIA_TYPE),
+                )
+                .await
+                .map_err(err)?;
+            Ok::<_, DistributionError>(())
+        })?;
+        Ok(Pushed {
+            manifest_digest,
+            layer_digest,
+            layer_size,
+        })
+    }
+
+    fn pull(
+        &self,
+        reference: &OciReference,
+        out: &Path,
+        progress: Option<&dyn Progress>,
+    ) -> Result<Pulled, DistributionError> {
+        let client = self.client(reference)?;
+        let image = distribution_ref(reference)?;
+        let auth = self.auth(reference);
+        let limits = self.settings.limits;
+        let rt = runtime(reference)?;
+        rt.block_on(async {
+            let err = |e| transport_error(e, reference);
+            client
+                .auth(&image, &auth, RegistryOperation::Pull)
+                .await
+                .map_err(err)?;
+            let (body, _) = client
+                .pull_manifest_raw(
+                    &image,
+                    &auth,
+                    &[OCI_MANIFEST_MEDIA_TYPE, OCI_INDEX_MEDIA_TYPE],
+                )
+                .await
+                .map_err(err)?;
+            if body.len() as u64 > limits.manifest_bytes {
+                return Err(DistributionError::new(
+                    Kind::TooLarge {
+                        part: Part::Manifest,
+                        size: body.len() as u64,
+                        limit: limits.manifest_bytes,
+                    },
+                    reference,
+                ));
+            }
+            // The client compares the body with a digest reference; this makes the check ours.
+            let manifest_digest = Sha256Digest::of(&body);
+            check_pinned(reference, &manifest_digest)?;
+            let (config_desc, layer_desc) = check_manifest(&body, &limits)
+                .map_err(|kind| DistributionError::new(kind, reference))?;
+            let mut config = Vec::new();
+            fetch_blob(
+                &client,
+                &image,
+                &config_desc,
+                Part::Config,
+                &mut config,
+                None,
+                reference,
+            )
+            .await?;
+            let config = ArtifactConfig::parse(&config).map_err(|e| {
+                DistributionError::new(
+                    Kind::Malformed {
+                        part: Part::Config,
+                        reason: e.to_string(),
+                    },
+                    reference,
+                )
+            })?;
+            if kind_of_layer(&layer_desc.media_type) != Some(config.kind) {
+                return Err(DistributionError::new(
+                    Kind::WrongMediaType {
+                        part: Part::Layer,
+                        found: layer_desc.media_type.clone(),
+                        expected: layer_media_type(config.kind).to_owned(),
+                    },
+                    reference,
+                ));
+            }
+            let mut file = std::io::BufWriter::with_capacity(
+                CHUNK,
+                File::options()
+                    .write(true)
+                    .create_new(true)
+                    .open(out)
+                    .map_err(|e| io_error("create", out, reference, e))?,
+            );
+            let written = fetch_blob(
+                &client,
+                &image,
+                &layer_desc,
+                Part::Layer,
+                &mut file,
+                progress,
+                reference,
+            )
+            .await
+            .and_then(|d| {
+                // Flushed, not synced: a pull into scratch space is installed (durably) and
+                // removed; a caller that keeps the file syncs it (`guild pull` does).
+                file.flush()
+                    .map_err(|e| io_error("write", out, reference, e))?;
+                Ok(d)
+            });
+            let layer_digest = match written {
+                Ok(d) => d,
+                Err(e) => {
+                    drop(file);
+                    let _ = std::fs::remove_file(out);
+                    return Err(e);
+                }
+            };
+            Ok(Pulled {
+                manifest_digest,
+                layer_digest,
+                layer_size: layer_desc.size as u64,
+                config,
+            })
+        })
+    }
+}
+
+/// Checks a manifest's shape: an OCI image manifest (not an index) with the package config
+/// and exactly one package layer, each within the limits. Returns their descriptors.
+fn check_manifest(body: &[u8], limits: &Limits) -> Result<(OciDescriptor, OciDescriptor), Kind> {
+    let malformed = |reason: &str| Kind::Malformed {
+        part: Part::Manifest,
+        reason: reason.to_owned(),
+    };
+    let value: Value = serde_json::from_slice(body).map_err(|_| malformed("not JSON"))?;
+    let media_type = value.get("mediaType").and_then(Value::as_str);
+    if media_type == Some(OCI_INDEX_MEDIA_TYPE)
+        || media_type == Some("application/vnd.docker.distribution.manifest.list.v2+json")
+        || value.get("manifests").is_some()
+    {
+        return Err(Kind::IndexNotManifest);
+    }
+    if media_type != Some(OCI_MANIFEST_MEDIA_TYPE) {
+        return Err(Kind::WrongMediaType {
+            part: Part::Manifest,
+            found: media_type.unwrap_or("(none)").to_owned(),
+            expected: OCI_MANIFEST_MEDIA_TYPE.to_owned(),
+        });
+    }
+    if value.get("schemaVersion").and_then(Value::as_u64) != Some(2) {
+        return Err(malformed("schemaVersion is not 2"));
+    }
+    let descriptor = |v: Option<&Value>, part: Part| -> Result<OciDescriptor, Kind> {
+        let v = v.ok_or_else(|| malformed(&format!("no {part} descriptor")))?;
+        let media_type = v
+            .get("mediaType")
+            .and_then(Value::as_str)
+            .ok_or_else(|| malformed(&format!("the {part} has no mediaType")))?;
+        let digest = v
+            .get("digest")
+            .and_then(Value::as_str)
+            .filter(|d| {
+                d.strip_prefix("sha256:")
+                    .is_some_and(|h| Sha256Digest::parse_hex(h).is_ok())
+            })
+            .ok_or_else(|| malformed(&format!("the {part}'s digest is not sha256:<64 hex>")))?;
+        let size = v
+            .get("size")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| malformed(&format!("the {part}'s size is not a whole number")))?;
+        Ok(OciDescriptor {
+            media_type: media_type.to_owned(),
+            digest: digest.to_owned(),
+            size: i64::try_from(size).map_err(|_| malformed("a size is too large"))?,
+            ..OciDescriptor::default()
+        })
+    };
+    let config = descriptor(value.get("config"), Part::Config)?;
+    if config.media_type != CONFIG_MEDIA_TYPE {
+        return Err(Kind::WrongMediaType {
+            part: Part::Config,
+            found: config.media_type,
+            expected: CONFIG_MEDIA_TYPE.to_owned(),
+        });
+    }
+    if config.size as u64 > limits.config_bytes {
+        return Err(Kind::TooLarge {
+            part: Part::Config,
+            size: config.size as u64,
+            limit: limits.config_bytes,
+        });
+    }
+    let layers = value
+        .get("layers")
+        .and_then(Value::as_array)
+        .ok_or_else(|| malformed("no layers"))?;
+    if layers.len() != 1 {
+        return Err(malformed(&format!(
+            "a package artifact has one layer, this one has {}",
+            layers.len()
+        )));
+    }
+    let layer = descriptor(layers.first(), Part::Layer)?;
+    if kind_of_layer(&layer.media_type).is_none() {
+        return Err(Kind::WrongMediaType {
+            part: Part::Layer,
+            found: layer.media_type,
+            expected: format!(
+                "{} or {}",
+                layer_media_type(guild_domain::ids::PackageKind::Kernel),
+                layer_media_type(guild_domain::ids::PackageKind::Module)
+            ),
+        });
+    }
+    if layer.size as u64 > limits.layer_bytes {
+        return Err(Kind::TooLarge {
+            part: Part::Layer,
+            size: layer.size as u64,
+            limit: limits.layer_bytes,
+        });
+    }
+    Ok((config, layer))
+}
+
+/// Streams one blob into `out`, never accepting more bytes than the descriptor names, and
+/// checks its size and digest. Returns the digest.
+async fn fetch_blob(
+    client: &Client,
+    image: &Reference,
+    desc: &OciDescriptor,
+    part: Part,
+    out: &mut dyn Write,
+    progress: Option<&dyn Progress>,
+    reference: &OciReference,
+) -> Result<Sha256Digest, DistributionError> {
+    let expected = desc.size as u64;
+    let fail = |kind| DistributionError::new(kind, reference);
+    let mut stream = client
+        .pull_blob_stream(image, desc)
+        .await
+        .map_err(|e| transport_error(e, reference))?;
+    if let Some(length) = stream.content_length {
+        if length > expected {
+            return Err(fail(Kind::TooLarge {
+                part,
+                size: length,
+                limit: expected,
+            }));
+        }
+    }
+    if let Some(p) = progress {
+        p.begin("downloading", expected);
+    }
+    let mut hasher = Sha256::new();
+    let mut received = 0u64;
+    let mut ended_with = None;
+    while let Some(chunk) = stream.next().await {
+        match chunk {
+            Ok(bytes) => {
+                received += bytes.len() as u64;
+                if received > expected {
+                    ended_with = Some(fail(Kind::TooLarge {
+                        part,
+                        size: received,
+                        limit: expected,
+                    }));
+                    break;
+                }
+                hasher.update(&bytes);
+                if let Err(e) = out.write_all(&bytes) {
+                    ended_with = Some(
+                        fail(Kind::Io {
+                            action: "write",
+                            path: "the output file".into(),
+                        })
+                        .with_source(e),
+                    );
+                    break;
+                }
+                if let Some(p) = progress {
+                    p.advance(bytes.len() as u64);
+                }
+            }
+            // The client's own digest check ends the stream with an error once every byte
+            // has arrived; the checks below say what was wrong.
+            Err(e) => {
+                if received >= expected {
+                    break;
+                }
+                ended_with = Some(
+                    fail(Kind::Truncated {
+                        part,
+                        received,
+                        expected,
+                    })
+                    .with_source(e),
+                );
+                break;
+            }
+        }
+    }
+    if let Some(p) = progress {
+        p.finish();
+    }
+    if let Some(e) = ended_with {
+        return Err(e);
+    }
+    if received < expected {
+        return Err(fail(Kind::Truncated {
+            part,
+            received,
+            expected,
+        }));
+    }
+    let actual = Sha256Digest(hasher.finalize().into());
+    let wanted = desc.digest.strip_prefix("sha256:").unwrap_or(&desc.digest);
+    if actual.to_hex() != wanted {
+        return Err(fail(Kind::DigestMismatch {
+            part,
+            expected: wanted.to_owned(),
+            actual: actual.to_hex(),
+        }));
+    }
+    Ok(actual)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(media: &str, config_media: &str, layers: Value) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": media,
+            "config": {"mediaType": config_media, "digest": format!("sha256:{}", "a".repeat(64)), "size": 10},
+            "layers": layers,
+        }))
+        .unwrap()
+    }
+
+    fn layer(media: &str, size: u64) -> Value {
+        serde_json::json!([{"mediaType": media, "digest": format!("sha256:{}", "b".repeat(64)), "size": size}])
+    }
+
+    #[test]
+    fn plain_http_only_for_loopback_and_listed_hosts() {
+        let r = |s: &str| OciReference::parse(s).unwrap();
+        let listed = OciRegistry::new(OciSettings {
+            insecure: vec!["lab.example:5000".into(), "cache.example".into()],
+            ..OciSettings::default()
+        });
+        for (reference, plain) in [
+            ("oci://127.0.0.1:5000/a:t", true),
+            ("oci://localhost/a:t", true),
+            ("oci://[::1]:5000/a:t", true),
+            ("oci://lab.example:5000/a:t", true),
+            ("oci://lab.example:5001/a:t", false),
+            ("oci://cache.example:443/a:t", true),
+            ("oci://registry.example.com/a:t", false),
+            ("oci://127.example.com/a:t", false),
+            ("oci://127.evil.example.com/a:t", false),
+        ] {
+            assert_eq!(listed.plain_http(&r(reference)), plain, "{reference}");
+        }
+        assert!(!OciRegistry::default().plain_http(&r("oci://lab.example:5000/a:t")));
+    }
+
+    #[test]
+    fn manifests_are_checked_before_any_blob_is_fetched() {
+        let limits = Limits::default();
+        let good = manifest(
+            OCI_MANIFEST_MEDIA_TYPE,
+            CONFIG_MEDIA_TYPE,
+            layer("application/vnd.guild.gkmodule.v1.tar", 100),
+        );
+        let (c, l) = check_manifest(&good, &limits).unwrap();
+        assert_eq!((c.size, l.size), (10, 100));
+        let index = serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2, "mediaType": OCI_INDEX_MEDIA_TYPE, "manifests": []
+        }))
+        .unwrap();
+        assert_eq!(
+            check_manifest(&index, &limits).unwrap_err(),
+            Kind::IndexNotManifest
+        );
+        let cases = [
+            (
+                manifest(
+                    OCI_MANIFEST_MEDIA_TYPE,
+                    "application/vnd.oci.image.config.v1+json",
+                    layer("application/vnd.guild.gkmodule.v1.tar", 1),
+                ),
+                "config has media type",
+            ),
+            (
+                manifest(
+                    OCI_MANIFEST_MEDIA_TYPE,
+                    CONFIG_MEDIA_TYPE,
+                    layer("application/vnd.oci.image.layer.v1.tar+gzip", 1),
+                ),
+                "package layer has media type",
+            ),
+            (
+                manifest(
+                    OCI_MANIFEST_MEDIA_TYPE,
+                    CONFIG_MEDIA_TYPE,
+                    layer(
+                        "application/vnd.guild.gkmodule.v1.tar",
+                        limits.layer_bytes + 1,
+                    ),
+                ),
+                "over the limit",
+            ),
+            (
+                manifest(
+                    OCI_MANIFEST_MEDIA_TYPE,
+                    CONFIG_MEDIA_TYPE,
+                    serde_json::json!([]),
+                ),
+                "one layer",
+            ),
+            (
+                manifest(
+                    "application/vnd.docker.distribution.manifest.v2+json",
+                    CONFIG_MEDIA_TYPE,
+                    layer("application/vnd.guild.gkmodule.v1.tar", 1),
+                ),
+                "manifest has media type",
+            ),
+        ];
+        for (body, says) in cases {
+            let err = check_manifest(&body, &limits).unwrap_err().to_string();
+            assert!(err.contains(says), "{says}: {err}");
+        }
+    }
+}

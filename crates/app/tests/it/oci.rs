@@ -1,0 +1,633 @@
+//! `guild push`, `pull`, `install oci://…`, `lock` and `sync` against a real registry: Debian's
+//! `docker-registry` (the CNCF distribution registry), started on 127.0.0.1 with a free port and
+//! a temporary storage directory for each test, and stopped after it.
+//!
+//! Without the binary the tests say that they skipped; `GUILD_REQUIRE_REGISTRY=1` (which CI
+//! sets, and `cargo xtask test` installs the package for) turns the skip into a failure.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::cli::{guild_command, Bench, Run, TestDir};
+
+const BINARY: &str = "docker-registry";
+
+/// A running registry; stopped (killed and reaped) when dropped.
+pub struct Registry {
+    child: Option<Child>,
+    pub port: u16,
+    pub storage: PathBuf,
+    _dir: TestDir,
+}
+
+/// Basic-auth credentials for a registry started with an htpasswd file.
+pub struct Credentials {
+    pub user: &'static str,
+    pub password: &'static str,
+}
+
+impl Registry {
+    /// Starts a registry, or returns `None` (having said why) when the binary is absent and
+    /// the environment does not require it.
+    pub fn start(test: &str, auth: Option<&Credentials>) -> Option<Registry> {
+        let found = Command::new(BINARY)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            let required = std::env::var("GUILD_REQUIRE_REGISTRY").is_ok_and(|v| v == "1");
+            assert!(
+                !required,
+                "GUILD_REQUIRE_REGISTRY=1 but {BINARY} is not installed (apt-get install docker-registry)"
+            );
+            eprintln!(
+                "{test}: skipped because {BINARY} is not installed (apt-get install \
+                 docker-registry); set GUILD_REQUIRE_REGISTRY=1 to fail instead"
+            );
+            return None;
+        }
+        let dir = TestDir::new();
+        let storage = dir.path().join("storage");
+        fs::create_dir_all(&storage).unwrap();
+        let port = free_port();
+        let mut config = format!(
+            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\n\
+             storage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n\
+             http:\n  addr: 127.0.0.1:{port}\n",
+            storage.display()
+        );
+        if let Some(c) = auth {
+            let htpasswd = dir.path().join("htpasswd");
+            let out = Command::new("htpasswd")
+                .args(["-Bbn", c.user, c.password])
+                .output()
+                .expect("htpasswd (apache2-utils) runs");
+            assert!(out.status.success(), "htpasswd failed");
+            fs::write(&htpasswd, out.stdout).unwrap();
+            config.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: guild-test\n    path: {}\n",
+                htpasswd.display()
+            ));
+        }
+        let config_path = dir.path().join("config.yml");
+        fs::write(&config_path, config).unwrap();
+        let child = Command::new(BINARY)
+            .arg("serve")
+            .arg(&config_path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("docker-registry starts");
+        let registry = Registry {
+            child: Some(child),
+            port,
+            storage,
+            _dir: dir,
+        };
+        registry.wait_ready();
+        Some(registry)
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
+                let _ = s.write_all(b"GET /v2/ HTTP/1.0\r\n\r\n");
+                let mut buf = [0u8; 12];
+                if s.read_exact(&mut buf).is_ok() && buf.starts_with(b"HTTP/1.") {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the registry did not answer on port {}", self.port);
+    }
+
+    /// `oci://127.0.0.1:PORT/REPO:TAG` (or any suffix).
+    pub fn reference(&self, path: &str) -> String {
+        format!("oci://127.0.0.1:{}/{path}", self.port)
+    }
+
+    /// Stops the registry now.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The file holding a blob in the registry's storage.
+    pub fn blob_file(&self, hex: &str) -> PathBuf {
+        self.storage
+            .join("docker/registry/v2/blobs/sha256")
+            .join(&hex[..2])
+            .join(hex)
+            .join("data")
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A registry without authentication and a bench, or `None` when the test skips.
+fn start(test: &str) -> Option<(Registry, Bench)> {
+    Some((Registry::start(test, None)?, Bench::new()))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Runs `guild --store STORE ARGS` with no credentials but `auth` (a config.json) and no
+/// inherited registry settings.
+fn run(bench: &Bench, store: &Path, auth: Option<&Path>, args: &[&str]) -> Run {
+    let mut all = vec!["--store", store.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let mut cmd = guild_command(bench.path(), &all);
+    cmd.env("HOME", bench.path())
+        .env_remove("DOCKER_CONFIG")
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("GUILD_INSECURE_REGISTRIES")
+        .env_remove("REGISTRY_AUTH_FILE");
+    if let Some(a) = auth {
+        cmd.env("REGISTRY_AUTH_FILE", a);
+    }
+    let out = cmd.output().unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+#[track_caller]
+fn ok(r: Run) -> Run {
+    assert_eq!(r.code, 0, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    r
+}
+
+#[track_caller]
+fn fails(r: Run, code: i32, says: &str) -> Run {
+    assert_eq!(r.code, code, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr.contains(says),
+        "stderr lacks {says:?}:\n{}",
+        r.stderr
+    );
+    r
+}
+
+/// A fresh store that trusts the bench's key.
+fn trusting_store(bench: &Bench, name: &str) -> PathBuf {
+    let store = bench.path().join(name);
+    ok(run(
+        bench,
+        &store,
+        None,
+        &["trust", "add", "org.example", "k.pub"],
+    ));
+    store
+}
+
+/// The enabled packages of a store: (id, version, payload digest).
+fn enabled(bench: &Bench, store: &Path) -> Vec<(String, String, String)> {
+    let out = ok(run(bench, store, None, &["--json", "list"])).json();
+    let mut rows = Vec::new();
+    for p in out["packages"].as_array().unwrap() {
+        let Some(v) = p["enabled"].as_str() else {
+            continue;
+        };
+        let digest = p["versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["version"] == v)
+            .unwrap()["payload_sha256"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        rows.push((p["id"].as_str().unwrap().to_owned(), v.to_owned(), digest));
+    }
+    rows
+}
+
+fn push(bench: &Bench, file: &str, reference: &str) -> String {
+    let out = ok(run(
+        bench,
+        &bench.store(),
+        None,
+        &["--json", "push", file, reference],
+    ))
+    .json();
+    out["manifest_digest"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn oci_push_then_install_by_tag_and_by_digest() {
+    let Some((registry, bench)) = start("oci_push_then_install_by_tag_and_by_digest") else {
+        return;
+    };
+    let archive = bench.package("example.scan", "1.0.0", b"scan one", "");
+    let tag = registry.reference("guild/scan:1.0.0");
+    let digest = push(&bench, &archive, &tag);
+    assert!(
+        digest.starts_with("sha256:") && digest.len() == 71,
+        "{digest}"
+    );
+    // The plain output prints the manifest digest.
+    let again = ok(run(&bench, &bench.store(), None, &["push", &archive, &tag]));
+    assert!(again.stdout.contains(&digest), "{}", again.stdout);
+
+    let by_tag = trusting_store(&bench, "by-tag");
+    let out = ok(run(&bench, &by_tag, None, &["--json", "install", &tag])).json();
+    assert_eq!(out["manifest_digest"], digest.as_str());
+    assert_eq!(out["enabled"], true);
+    let pinned = registry.reference(&format!("guild/scan@{digest}"));
+    let by_digest = trusting_store(&bench, "by-digest");
+    ok(run(&bench, &by_digest, None, &["install", &pinned]));
+    assert_eq!(enabled(&bench, &by_tag), enabled(&bench, &by_digest));
+    assert_eq!(enabled(&bench, &by_tag)[0].0, "example.scan");
+
+    // Pull writes the archive, byte for byte.
+    let out = bench.path().join("pulled.gkmodule");
+    ok(run(
+        &bench,
+        &by_tag,
+        None,
+        &["pull", &pinned, "--out", out.to_str().unwrap()],
+    ));
+    assert_eq!(
+        fs::read(&out).unwrap(),
+        fs::read(bench.path().join(&archive)).unwrap()
+    );
+    // A digest that names no manifest is not found.
+    let missing = registry.reference(&format!("guild/scan@sha256:{}", "0".repeat(64)));
+    fails(
+        run(&bench, &by_tag, None, &["install", &missing]),
+        6,
+        "not found",
+    );
+}
+
+#[test]
+fn oci_a_tag_moved_to_an_untrusted_package_is_refused_with_nothing_in_the_store() {
+    let Some((registry, bench)) = start("oci_tag_moved_to_untrusted") else {
+        return;
+    };
+    let archive = bench.package("example.scan", "1.0.0", b"genuine", "");
+    let tag = registry.reference("guild/scan:stable");
+    push(&bench, &archive, &tag);
+    // Someone with registry access but not the publisher's key moves the tag.
+    ok(run(
+        &bench,
+        &bench.store(),
+        None,
+        &["keygen", "--out", "evil"],
+    ));
+    let (src, template) = bench.source("example.scan", "1.0.1", b"evil", "");
+    ok(run(
+        &bench,
+        &bench.store(),
+        None,
+        &[
+            "pack",
+            src.to_str().unwrap(),
+            "--manifest",
+            template.to_str().unwrap(),
+            "--out",
+            "evil.gkmodule",
+            "--key",
+            "evil.key",
+        ],
+    ));
+    push(&bench, "evil.gkmodule", &tag);
+    let store = trusting_store(&bench, "fleet");
+    let before = crate::support::disk(&store);
+    fails(
+        run(&bench, &store, None, &["install", &tag]),
+        3,
+        "example.scan",
+    );
+    assert!(enabled(&bench, &store).is_empty());
+    assert_eq!(crate::support::disk(&store), before, "the store changed");
+}
+
+#[test]
+fn oci_a_layer_corrupted_in_the_registry_is_refused_on_pull() {
+    let Some((registry, bench)) = start("oci_corrupted_layer") else {
+        return;
+    };
+    let archive = bench.package("example.scan", "1.0.0", b"to be corrupted", "");
+    let tag = registry.reference("guild/scan:1.0.0");
+    let out = ok(run(
+        &bench,
+        &bench.store(),
+        None,
+        &["--json", "push", &archive, &tag],
+    ))
+    .json();
+    let layer = out["layer_sha256"].as_str().unwrap();
+    let blob = registry.blob_file(layer);
+    let mut bytes = fs::read(&blob).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0xff;
+    fs::write(&blob, bytes).unwrap();
+
+    let dest = bench.path().join("x.gkmodule");
+    fails(
+        run(
+            &bench,
+            &bench.store(),
+            None,
+            &["pull", &tag, "--out", dest.to_str().unwrap()],
+        ),
+        3,
+        "digest",
+    );
+    assert!(!dest.exists(), "a refused pull left a file");
+    let store = trusting_store(&bench, "fleet");
+    fails(run(&bench, &store, None, &["install", &tag]), 3, "digest");
+    assert!(enabled(&bench, &store).is_empty());
+}
+
+fn auth_file(bench: &Bench, registry: &Registry, user: &str, password: &str) -> PathBuf {
+    let path = bench.path().join(format!("auth-{user}-{password}.json"));
+    let body = serde_json::json!({"auths": {
+        format!("127.0.0.1:{}", registry.port): {"auth": base64_encode(&format!("{user}:{password}"))}
+    }});
+    fs::write(&path, body.to_string()).unwrap();
+    path
+}
+
+/// Standard base64, for the test's credential file.
+fn base64_encode(text: &str) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let bytes = text.as_bytes();
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn oci_basic_auth_with_good_and_bad_credentials() {
+    let creds = Credentials {
+        user: "fleet",
+        password: "s3cret",
+    };
+    let Some(registry) = Registry::start("oci_basic_auth", Some(&creds)) else {
+        return;
+    };
+    let bench = Bench::new();
+    let archive = bench.package("example.scan", "1.0.0", b"behind auth", "");
+    let tag = registry.reference("guild/scan:1.0.0");
+    let good = auth_file(&bench, &registry, creds.user, creds.password);
+    let bad = auth_file(&bench, &registry, creds.user, "wrong");
+    fails(
+        run(&bench, &bench.store(), None, &["push", &archive, &tag]),
+        4,
+        "credentials",
+    );
+    fails(
+        run(
+            &bench,
+            &bench.store(),
+            Some(&bad),
+            &["push", &archive, &tag],
+        ),
+        4,
+        "credentials",
+    );
+    ok(run(
+        &bench,
+        &bench.store(),
+        Some(&good),
+        &["push", &archive, &tag],
+    ));
+    let store = trusting_store(&bench, "fleet");
+    fails(
+        run(&bench, &store, Some(&bad), &["install", &tag]),
+        4,
+        "credentials",
+    );
+    assert!(enabled(&bench, &store).is_empty());
+    ok(run(&bench, &store, Some(&good), &["install", &tag]));
+    assert_eq!(enabled(&bench, &store).len(), 1);
+}
+
+/// A store with two packages installed from the registry, and its lock.
+fn locked_store(bench: &Bench, registry: &Registry) -> (PathBuf, PathBuf) {
+    let a = bench.package("example.scan", "1.0.0", b"scan", "");
+    let b = bench.package("example.norm", "2.1.0", b"norm", "");
+    push(bench, &a, &registry.reference("guild/scan:1.0.0"));
+    push(bench, &b, &registry.reference("guild/norm:2.1.0"));
+    let origin = trusting_store(bench, "origin");
+    ok(run(
+        bench,
+        &origin,
+        None,
+        &["install", &registry.reference("guild/scan:1.0.0")],
+    ));
+    ok(run(
+        bench,
+        &origin,
+        None,
+        &["install", &registry.reference("guild/norm:2.1.0")],
+    ));
+    let lock = bench.path().join("guild.lock");
+    ok(run(
+        bench,
+        &origin,
+        None,
+        &["lock", "--out", lock.to_str().unwrap()],
+    ));
+    (origin, lock)
+}
+
+#[test]
+fn oci_lock_then_sync_a_fresh_store_to_identical_digests() {
+    let Some((registry, bench)) = start("oci_lock_then_sync") else {
+        return;
+    };
+    let (origin, lock) = locked_store(&bench, &registry);
+    let text = fs::read_to_string(&lock).unwrap();
+    assert!(
+        text.contains("\"lock_format\": \"guild-lock-v1\""),
+        "{text}"
+    );
+    assert!(text.contains("manifest_digest"), "{text}");
+
+    let fresh = trusting_store(&bench, "fresh");
+    // Something the lock does not name is disabled by the sync.
+    let extra = bench.package("example.extra", "1.0.0", b"extra", "");
+    ok(run(&bench, &fresh, None, &["install", &extra]));
+    ok(run(&bench, &fresh, None, &["sync", lock.to_str().unwrap()]));
+    assert_eq!(enabled(&bench, &fresh), enabled(&bench, &origin));
+    // A second sync changes nothing, and the fresh store's lock is the same file.
+    let again = ok(run(
+        &bench,
+        &fresh,
+        None,
+        &["--json", "sync", lock.to_str().unwrap()],
+    ))
+    .json();
+    assert_eq!(again["changes"].as_array().unwrap().len(), 0);
+    let relock = bench.path().join("again.lock");
+    ok(run(
+        &bench,
+        &fresh,
+        None,
+        &["lock", "--out", relock.to_str().unwrap()],
+    ));
+    assert_eq!(fs::read_to_string(&relock).unwrap(), text);
+}
+
+#[test]
+fn oci_an_edited_lock_is_refused_naming_the_package() {
+    let Some((registry, bench)) = start("oci_edited_lock") else {
+        return;
+    };
+    let (origin, lock) = locked_store(&bench, &registry);
+    let rows = enabled(&bench, &origin);
+    let (id, _, digest) = rows.iter().find(|r| r.0 == "example.scan").unwrap();
+    let edited = fs::read_to_string(&lock)
+        .unwrap()
+        .replace(digest.as_str(), &"e".repeat(64));
+    let edited_path = bench.path().join("edited.lock");
+    fs::write(&edited_path, edited).unwrap();
+    let fresh = trusting_store(&bench, "fresh");
+    // An unlocked package that a successful sync would disable stays as it is.
+    let extra = bench.package("example.extra", "1.0.0", b"extra", "");
+    ok(run(&bench, &fresh, None, &["install", &extra]));
+    let before = crate::support::disk(&fresh);
+    fails(
+        run(
+            &bench,
+            &fresh,
+            None,
+            &["sync", edited_path.to_str().unwrap()],
+        ),
+        3,
+        id,
+    );
+    assert_eq!(crate::support::disk(&fresh), before, "the store changed");
+    // A lock that is not one at all names the member.
+    fs::write(&edited_path, "{\"lock_format\": \"guild-lock-v1\"}").unwrap();
+    fails(
+        run(
+            &bench,
+            &fresh,
+            None,
+            &["sync", edited_path.to_str().unwrap()],
+        ),
+        3,
+        "packages",
+    );
+}
+
+#[test]
+fn oci_sync_from_a_mirror_with_the_registry_stopped() {
+    let Some((mut registry, bench)) = start("oci_mirror") else {
+        return;
+    };
+    let (origin, lock) = locked_store(&bench, &registry);
+    let mirror = bench.path().join("mirror");
+    ok(run(
+        &bench,
+        &origin,
+        None,
+        &[
+            "pull",
+            "--lock",
+            lock.to_str().unwrap(),
+            "--to",
+            mirror.to_str().unwrap(),
+        ],
+    ));
+    registry.stop();
+    let fresh = trusting_store(&bench, "air-gapped");
+    // Without the mirror the sync needs the registry, which is gone.
+    let r = run(&bench, &fresh, None, &["sync", lock.to_str().unwrap()]);
+    assert_ne!(r.code, 0, "{}", r.stdout);
+    ok(run(
+        &bench,
+        &fresh,
+        None,
+        &[
+            "sync",
+            lock.to_str().unwrap(),
+            "--from",
+            mirror.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(enabled(&bench, &fresh), enabled(&bench, &origin));
+}
+
+#[test]
+fn oci_fleet_of_eight_stores_syncs_one_lock_concurrently() {
+    let Some((registry, bench)) = start("oci_fleet") else {
+        return;
+    };
+    let (origin, lock) = locked_store(&bench, &registry);
+    let stores: Vec<PathBuf> = (0..8)
+        .map(|i| trusting_store(&bench, &format!("node-{i}")))
+        .collect();
+    let children: Vec<_> = stores
+        .iter()
+        .map(|store| {
+            let mut cmd = guild_command(
+                bench.path(),
+                &[
+                    "--store",
+                    store.to_str().unwrap(),
+                    "sync",
+                    lock.to_str().unwrap(),
+                ],
+            );
+            cmd.env("HOME", bench.path())
+                .env_remove("REGISTRY_AUTH_FILE")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            cmd.spawn().unwrap()
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "a node's sync failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let want = enabled(&bench, &origin);
+    assert_eq!(want.len(), 2);
+    for store in &stores {
+        assert_eq!(enabled(&bench, store), want, "{}", store.display());
+    }
+}

@@ -1,0 +1,177 @@
+//! The artifact registry port: pushing a package archive to an OCI registry and pulling one
+//! back into a local file.
+//!
+//! The registry is an untrusted transport. An adapter checks what the transport can check (the
+//! layer's digest and size against the manifest, media types, size limits on what it buffers)
+//! and nothing more: the file it writes is then authenticated like any other package file.
+
+use std::error::Error;
+use std::fmt;
+use std::path::Path;
+
+use guild_domain::distribution::{ArtifactConfig, OciReference};
+use guild_domain::ids::Sha256Digest;
+use thiserror::Error;
+
+use crate::source::Progress;
+
+/// A package to push: the archive file and what its artifact says about it.
+#[derive(Debug, Clone, Copy)]
+pub struct PushRequest<'a> {
+    /// The `.gkernel` / `.gkmodule` archive.
+    pub archive: &'a Path,
+    /// The config blob's contents (and the layer's media type, from its kind).
+    pub config: &'a ArtifactConfig,
+    /// Manifest annotations, `org.opencontainers.image.*` and the like.
+    pub annotations: &'a [(String, String)],
+}
+
+/// What a push stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pushed {
+    /// The manifest's digest: `REPOSITORY@sha256:…` names this artifact for good.
+    pub manifest_digest: Sha256Digest,
+    /// The layer (archive) digest and size.
+    pub layer_digest: Sha256Digest,
+    pub layer_size: u64,
+}
+
+/// What a pull wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pulled {
+    /// The digest of the manifest the reference resolved to.
+    pub manifest_digest: Sha256Digest,
+    /// The layer's digest and size, checked against the manifest.
+    pub layer_digest: Sha256Digest,
+    pub layer_size: u64,
+    /// The artifact's config (unauthenticated: the package itself is the authority).
+    pub config: ArtifactConfig,
+}
+
+/// Pushes and pulls package artifacts.
+pub trait ArtifactRegistry: Send + Sync + fmt::Debug {
+    /// Uploads the archive and its config, then the manifest under `reference`'s tag (or
+    /// checks that it has `reference`'s digest).
+    fn push(
+        &self,
+        reference: &OciReference,
+        request: PushRequest<'_>,
+        progress: Option<&dyn Progress>,
+    ) -> Result<Pushed, DistributionError>;
+
+    /// Resolves `reference` to one manifest and writes its package layer to `out` (created;
+    /// removed again on failure), checking its size and digest against the manifest. The file
+    /// is not synced to disk: a caller that keeps it does that.
+    fn pull(
+        &self,
+        reference: &OciReference,
+        out: &Path,
+        progress: Option<&dyn Progress>,
+    ) -> Result<Pulled, DistributionError>;
+}
+
+/// A failed push or pull: what failed, and the reference it was for.
+#[derive(Debug, Error)]
+#[error("{reference}: {kind}")]
+pub struct DistributionError {
+    /// What went wrong.
+    pub kind: DistributionErrorKind,
+    /// The reference being pushed or pulled (`oci://…`).
+    pub reference: String,
+    /// The underlying error (HTTP, TLS, IO), when there is one.
+    #[source]
+    pub source: Option<Box<dyn Error + Send + Sync>>,
+}
+
+impl DistributionError {
+    /// An error of `kind` about `reference`.
+    pub fn new(kind: DistributionErrorKind, reference: &OciReference) -> Self {
+        DistributionError {
+            kind,
+            reference: reference.to_string(),
+            source: None,
+        }
+    }
+
+    /// Attaches the underlying error.
+    pub fn with_source(mut self, source: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+}
+
+/// What was being fetched when a limit or a check failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    Manifest,
+    Config,
+    Layer,
+}
+
+impl fmt::Display for Part {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Part::Manifest => "manifest",
+            Part::Config => "config",
+            Part::Layer => "package layer",
+        })
+    }
+}
+
+/// The kinds of [`DistributionError`].
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum DistributionErrorKind {
+    /// The registry is not loopback and not listed as insecure, and plain HTTP was asked for
+    /// (or TLS could not be set up).
+    #[error("{reason}")]
+    Insecure { reason: String },
+    /// The credentials were refused, or none were found and the registry wants some.
+    #[error("the registry refused the credentials for {registry} (HTTP {status})")]
+    Unauthorized { registry: String, status: u16 },
+    /// The repository, tag, digest or blob does not exist.
+    #[error("not found in the registry")]
+    NotFound,
+    /// The registry redirected too many times (a loop).
+    #[error("the registry redirected too many times (a redirect loop)")]
+    RedirectLoop,
+    /// The reference resolved to an image index, not a manifest.
+    #[error("the reference names an image index, not a package manifest")]
+    IndexNotManifest,
+    /// A media type is not the one a package artifact has.
+    #[error("the {part} has media type {found:?}, expected {expected}")]
+    WrongMediaType {
+        part: Part,
+        found: String,
+        expected: String,
+    },
+    /// A part is larger than this host accepts.
+    #[error("the {part} is {size} bytes, over the limit of {limit}")]
+    TooLarge { part: Part, size: u64, limit: u64 },
+    /// The bytes received do not have the digest the manifest (or reference) names.
+    #[error("the {part}'s digest is sha256:{actual}, the manifest names sha256:{expected}")]
+    DigestMismatch {
+        part: Part,
+        expected: String,
+        actual: String,
+    },
+    /// The stream ended before the size the manifest names.
+    #[error("the {part} stream ended after {received} of {expected} bytes")]
+    Truncated {
+        part: Part,
+        received: u64,
+        expected: u64,
+    },
+    /// The manifest or config is not what a package artifact has.
+    #[error("malformed {part}: {reason}")]
+    Malformed { part: Part, reason: String },
+    /// The registry answered with an error status.
+    #[error("the registry answered HTTP {status}: {message}")]
+    Registry { status: u16, message: String },
+    /// The connection or the HTTP exchange failed.
+    #[error("cannot reach the registry: {reason}")]
+    Transport { reason: String },
+    /// Reading the archive or writing the output failed.
+    #[error("could not {action} {path}")]
+    Io { action: &'static str, path: String },
+}
