@@ -213,6 +213,66 @@ fn message(error: &guild_error_info_t) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+type DirectExecute = unsafe extern "C" fn(
+    *mut c_void,
+    *const guild_execute_args_v1_t,
+    *mut guild_error_info_t,
+) -> i32;
+
+/// `n` direct calls of the provider's execute (callgrind's baseline).
+#[inline(never)]
+fn calls_direct(
+    n: u64,
+    direct: DirectExecute,
+    user_data: *mut c_void,
+    args: &guild_execute_args_v1_t,
+    error: &mut guild_error_info_t,
+) {
+    for _ in 0..n {
+        // SAFETY: the provider's own pointer and user_data with args the service accepted for
+        // it; its library stays loaded while the caller's handle lives.
+        let status = unsafe { direct(black_box(user_data), black_box(args), error) };
+        assert_eq!(status, GUILD_STATUS_OK);
+    }
+}
+
+/// `n` executes through the C service table.
+#[inline(never)]
+fn calls_c_service(
+    n: u64,
+    service: &Service,
+    handle: Raw,
+    args: &guild_execute_args_v1_t,
+    error: &mut guild_error_info_t,
+) {
+    for _ in 0..n {
+        assert_eq!(
+            service.execute(black_box(handle), black_box(args), error),
+            GUILD_STATUS_OK
+        );
+    }
+}
+
+/// `n` executes through the Rust face.
+#[inline(never)]
+fn calls_rust(
+    n: u64,
+    handle: &guild_host::operations::OpHandle<'_>,
+    desc: TensorDesc,
+    x: &[f32; ELEMENTS],
+    out: &mut [f32; ELEMENTS],
+) {
+    for _ in 0..n {
+        handle
+            .execute(
+                &[TensorArg::new(desc, black_box(x))],
+                &mut [TensorArgMut::new(desc, out)],
+                None,
+            )
+            .expect("Rust execute");
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let full = args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--test");
@@ -285,6 +345,28 @@ fn main() {
         rust_handle.describe().impl_id.as_str(),
         impl_id(CANDIDATES - 1)
     );
+
+    // Instruction counts: with GUILD_BENCH_CALLS=n, each execute path runs n times in its own
+    // never-inlined function and the benchmark exits, so that callgrind's inclusive count of
+    // `calls_direct`, `calls_c_service` and `calls_rust` divided by n is the instructions per
+    // call (see docs/benchmarks in the module docs).
+    if let Some(n) = std::env::var("GUILD_BENCH_CALLS")
+        .ok()
+        .and_then(|n| n.parse::<u64>().ok())
+    {
+        let mut out = [0.0f32; ELEMENTS];
+        // Warm every path once (lazy binding, first-touch) before the counted calls.
+        calls_direct(1, direct, user_data, &args, &mut error);
+        calls_c_service(1, &service, handle, &args, &mut error);
+        calls_rust(1, &rust_handle, desc, &x, &mut out);
+        calls_direct(n, direct, user_data, &args, &mut error);
+        calls_c_service(n, &service, handle, &args, &mut error);
+        calls_rust(n, &rust_handle, desc, &x, &mut out);
+        println!("ran {n} calls of each execute path");
+        drop(rust_handle);
+        service.release(handle, &mut error);
+        return;
+    }
 
     let direct_t = Samples::default();
     let c_service_t = Samples::default();

@@ -25,20 +25,20 @@ use guild_abi::text::fixed_buffer_text;
 use guild_abi::{
     guild_device_caps_v1_t, guild_error_info_t, guild_execute_args_v1_t,
     guild_operation_query_v1_t, guild_operation_service_v1_t, guild_scratch_request_v1_t,
-    guild_tensor_desc_v1_t, GUILD_OPERATION_QUERY_VERSION, GUILD_STATUS_ERR_INTERNAL,
-    GUILD_STATUS_ERR_INVALID_ARGUMENT, GUILD_STATUS_OK,
+    guild_status_t, guild_tensor_desc_v1_t, GUILD_OPERATION_QUERY_VERSION,
+    GUILD_STATUS_ERR_INTERNAL, GUILD_STATUS_ERR_INVALID_ARGUMENT, GUILD_STATUS_OK,
 };
 use guild_domain::ids::ImplId;
 use guild_domain::operation::{
-    resolve, Backend, CpuIsa, DType, MemorySpace, Negotiator, OpCandidate, OpQuery,
-    ProviderRefusal, Reason, Rejection, ScratchRequest, SyncMode, TensorDesc, TensorInfo,
-    TensorRef, TensorRole, MAX_TENSOR_RANK,
+    check_static, negotiate, resolve, Backend, CpuIsa, DType, MemorySpace, Negotiator, OpCandidate,
+    OpQuery, ProviderRefusal, QuerySpec, Reason, Rejection, ScratchRequest, SyncMode, TensorDesc,
+    TensorInfo, TensorRef, TensorRole, MAX_TENSOR_RANK,
 };
 use guild_ports::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
 use guild_ports::provider::{ExecuteCall, KernelProvider, QueryCall};
 
 use super::handles::{HandleTable, Running};
-use super::{ExecuteError, ResolveError, Scratch};
+use super::{ExecuteError, ReshapeError, ResolveError, Scratch};
 use crate::registry::{KernelBinding, OperationCandidates, Snapshot, StoredOp};
 
 // ---------------------------------------------------------------------------------------------
@@ -322,37 +322,19 @@ impl ServiceCore {
         let Some(binding) = KernelBinding::try_new(stored) else {
             return self.resolve(query, params, report);
         };
-        let data_alignment = candidate.min_alignment.max(1);
-        let host_only = spec
-            .inputs
-            .iter()
-            .chain(&spec.outputs)
-            .all(|t| t.memory_space == MemorySpace::Host);
-        Ok(Resolved {
-            kernel,
+        Ok(Resolved::new(
             binding,
-            data_alignment,
-            alignment_mask: data_alignment.is_power_of_two().then(|| data_alignment - 1),
-            host_only,
+            kernel,
             candidate,
-            scratch: Scratch {
+            query,
+            Scratch {
                 host_bytes: choice.scratch.host_bytes,
                 device_bytes: choice.scratch.device_bytes,
                 alignment,
             },
-            input_shapes: spec.inputs.iter().map(Shape::of).collect(),
-            output_shapes: spec.outputs.iter().map(Shape::of).collect(),
-            inputs: spec.inputs.clone(),
-            outputs: spec.outputs.clone(),
-            input_infos: query.input_infos().to_vec(),
-            output_infos: query.output_infos().to_vec(),
-            sync_mode: spec.sync_mode,
-            device_id: spec.device.device_id,
             passed_over,
             streams,
-            marks: UnsafeCell::new(Vec::new()),
-            error: UnsafeCell::new(guild_error_info_t::new()),
-        })
+        ))
     }
 }
 
@@ -616,186 +598,409 @@ impl Negotiator for CNegotiator<'_> {
 // ---------------------------------------------------------------------------------------------
 
 /// One negotiated contract with one provider: what both faces' handles hold.
+///
+/// What resolution fixed for good (the provider, the sync mode, the device, the alignment) sits
+/// in plain fields. What a reshape renegotiates (the tensors and the scratch) sits in the
+/// `contract` cell, and what one call writes (the Rust face's C tensors and error record, the
+/// stream marks) in the `call` cell; see the `Sync` impl below for who may touch them.
 pub(crate) struct Resolved {
     pub(crate) binding: KernelBinding,
     /// The chosen kernel's provider; its code stays loaded while `binding` lives.
     pub(crate) kernel: Arc<dyn KernelProvider>,
     pub(crate) candidate: OpCandidate,
-    pub(crate) scratch: Scratch,
-    pub(crate) inputs: Vec<TensorDesc>,
-    pub(crate) outputs: Vec<TensorDesc>,
-    pub(crate) input_infos: Vec<TensorInfo>,
-    pub(crate) output_infos: Vec<TensorInfo>,
-    /// The negotiated tensors in the form calls are compared with.
-    input_shapes: Vec<Shape>,
-    output_shapes: Vec<Shape>,
-    /// The provider's required data alignment in bytes (at least 1).
-    data_alignment: u64,
-    /// `data_alignment - 1` when it is a power of two, which it nearly always is.
-    alignment_mask: Option<u64>,
     /// Whether every negotiated tensor is in pageable host memory, the only memory a Rust
-    /// slice can vouch for.
+    /// slice can vouch for. A reshape keeps every memory space, so this never changes.
     pub(crate) host_only: bool,
     pub(crate) sync_mode: SyncMode,
     pub(crate) device_id: i32,
     /// Every other candidate of the operation and why it was not chosen (Rust face only).
     pub(crate) passed_over: Vec<PassedOver>,
+    /// The provider's data alignment less one: its `min_alignment` is a power of two (the
+    /// candidate passed `OpCandidate::check` at resolution), so one mask tests an address.
+    align_mask: u64,
+    /// The sync mode and device every call must name, as one word (see [`call_key`]).
+    call_key: u64,
+    /// Whether calls may pass a stream: a device provider's may, a CPU provider's may not.
+    pub(crate) takes_stream: bool,
     streams: Option<Arc<dyn StreamEvents>>,
-    /// The newest work mark per stream, for release to wait on. Touched only by the call that
-    /// holds the handle's execute exclusivity, or through `&mut self`.
-    marks: UnsafeCell<Vec<Box<dyn WorkMark>>>,
-    /// The error record the Rust face lends providers, reused call after call. Touched only
-    /// under the same exclusivity.
-    pub(crate) error: UnsafeCell<guild_error_info_t>,
+    /// The negotiated tensors and scratch.
+    contract: UnsafeCell<Contract>,
+    /// The contract's scratch for `describe` and `scratch` calls, which the C face lets run
+    /// beside an execute or a reshape (they never read `contract`).
+    published: Mutex<Scratch>,
+    /// What one call writes.
+    call: UnsafeCell<CallCells>,
 }
 
-// SAFETY: the cells are only touched by the one thread holding the handle's execute
-// exclusivity (a `Running` of the handle's gate, see `Resolved::execute`) or through `&mut
-// self`; everything else is immutable after resolution or Send + Sync itself.
+/// What a reshape renegotiates: the query as last accepted (the resolution's, or the last
+/// reshape's) and what calls are checked against.
+pub(crate) struct Contract {
+    query: OpQuery,
+    inputs: Vec<Shape>,
+    outputs: Vec<Shape>,
+    pub(crate) scratch: Scratch,
+    /// `scratch.alignment - 1`, or 0 when any address will do.
+    scratch_mask: u64,
+}
+
+impl Contract {
+    fn new(query: OpQuery, scratch: Scratch) -> Self {
+        let spec = query.spec();
+        Contract {
+            inputs: spec.inputs.iter().map(Shape::of).collect(),
+            outputs: spec.outputs.iter().map(Shape::of).collect(),
+            scratch_mask: u64::from(scratch.alignment.max(1)) - 1,
+            scratch,
+            query,
+        }
+    }
+
+    /// The negotiated input descriptors.
+    pub(crate) fn inputs(&self) -> &[TensorDesc] {
+        &self.query.spec().inputs
+    }
+
+    /// The negotiated output descriptors.
+    pub(crate) fn outputs(&self) -> &[TensorDesc] {
+        &self.query.spec().outputs
+    }
+
+    /// The byte extents and other facts of the negotiated tensors, by role.
+    fn infos(&self, role: TensorRole) -> &[TensorInfo] {
+        match role {
+            TensorRole::Input => self.query.input_infos(),
+            TensorRole::Output => self.query.output_infos(),
+        }
+    }
+
+    fn shapes(&self, role: TensorRole) -> &[Shape] {
+        match role {
+            TensorRole::Input => &self.inputs,
+            TensorRole::Output => &self.outputs,
+        }
+    }
+
+    /// Checks a call's scratch buffers against the negotiated sizes and alignment.
+    #[inline]
+    pub(crate) fn check_scratch(
+        &self,
+        host: *mut c_void,
+        host_size: u64,
+        device: *mut c_void,
+        device_size: u64,
+    ) -> Result<(), ExecuteError> {
+        let s = &self.scratch;
+        if s.host_bytes == 0 && s.device_bytes == 0 {
+            return Ok(());
+        }
+        check_scratch("host", s.host_bytes, self.scratch_mask, host, host_size)?;
+        check_scratch(
+            "device",
+            s.device_bytes,
+            self.scratch_mask,
+            device,
+            device_size,
+        )
+    }
+}
+
+/// What one call writes, touched only by the call that holds the handle's execute exclusivity
+/// (or through `&mut Resolved`).
+struct CallCells {
+    /// The Rust face's C tensors: the negotiated descriptors, whose data pointers each call
+    /// sets before the provider sees them (empty on C handles, whose callers pass their own).
+    inputs: Vec<guild_tensor_desc_v1_t>,
+    outputs: Vec<guild_tensor_desc_v1_t>,
+    /// The error record the Rust face lends providers, reused call after call.
+    error: guild_error_info_t,
+    /// The newest work mark per stream, for release to wait on.
+    marks: Vec<Box<dyn WorkMark>>,
+}
+
+/// The word a call's sync mode and device make, compared with the handle's in one step.
+#[inline(always)]
+fn call_key(sync_mode: u32, device_id: i32) -> u64 {
+    u64::from(sync_mode) | (u64::from(device_id as u32) << 32)
+}
+
+// SAFETY: the cells are only touched as their documentation says: `contract` is written only by
+// a reshape, which holds the handle's execute exclusivity (C handles) or `&mut` (Rust handles),
+// and read only by calls that exclude such a reshape; `call` only under the execute
+// exclusivity or `&mut`. Everything else is immutable after resolution or Send + Sync itself.
+// The raw data pointers in the call cell are the last call's addresses: every call overwrites
+// them all before a provider sees them, and the host never dereferences them.
 unsafe impl Sync for Resolved {}
+// SAFETY: as above; moving the handle moves its cells with it, and the stale data pointers are
+// never dereferenced.
+unsafe impl Send for Resolved {}
 
 /// One call's arguments in C form: the record the provider receives as it is (the C face passes
-/// its caller's, the Rust face builds one), and its tensor arrays as slices. The pointers are the
-/// caller's and are checked by [`Resolved::execute`] before the provider sees them.
+/// its caller's), and its tensor arrays as slices. The pointers are the caller's and are checked
+/// by [`Resolved::execute`] before the provider sees them.
 pub(crate) struct Call<'a> {
     pub(crate) args: &'a guild_execute_args_v1_t,
     pub(crate) inputs: &'a [guild_tensor_desc_v1_t],
     pub(crate) outputs: &'a [guild_tensor_desc_v1_t],
 }
 
+/// The Rust face's view of one call: the contract and the call cells, for the call that holds
+/// the handle's execute exclusivity.
+pub(crate) struct RustCall<'a> {
+    pub(crate) contract: &'a Contract,
+    pub(crate) inputs: &'a mut [guild_tensor_desc_v1_t],
+    pub(crate) outputs: &'a mut [guild_tensor_desc_v1_t],
+    pub(crate) error: &'a mut guild_error_info_t,
+}
+
 impl Resolved {
-    /// Checks one call against the negotiated contract and runs the provider. `error`
-    /// receives the provider's own report when it fails. `shapes_checked` says that the
-    /// caller built the tensors from the negotiated descriptors (the Rust face), so only their
-    /// data addresses are new.
+    /// The handle a resolution made: the chosen candidate, its negotiated scratch, the query.
+    #[allow(clippy::too_many_arguments)] // Every part is one the resolution computed.
+    fn new(
+        binding: KernelBinding,
+        kernel: Arc<dyn KernelProvider>,
+        candidate: OpCandidate,
+        query: &OpQuery,
+        scratch: Scratch,
+        passed_over: Vec<PassedOver>,
+        streams: Option<Arc<dyn StreamEvents>>,
+    ) -> Self {
+        let spec = query.spec();
+        let host_only = spec
+            .inputs
+            .iter()
+            .chain(&spec.outputs)
+            .all(|t| t.memory_space == MemorySpace::Host);
+        Resolved {
+            binding,
+            kernel,
+            align_mask: candidate.min_alignment.max(1) - 1,
+            call_key: call_key(spec.sync_mode.raw(), spec.device.device_id),
+            takes_stream: candidate.backend != Backend::Cpu,
+            host_only,
+            sync_mode: spec.sync_mode,
+            device_id: spec.device.device_id,
+            candidate,
+            passed_over,
+            streams,
+            published: Mutex::new(scratch),
+            contract: UnsafeCell::new(Contract::new(query.clone(), scratch)),
+            call: UnsafeCell::new(CallCells {
+                inputs: Vec::new(),
+                outputs: Vec::new(),
+                error: guild_error_info_t::new(),
+                marks: Vec::new(),
+            }),
+        }
+    }
+
+    /// The contract.
     ///
     /// # Safety
-    /// `running` must be the execute exclusivity of the gate of the handle that owns `self`
-    /// (the C slot's, or the Rust handle's own), so that no other call touches the handle's
-    /// cells; `error` must not be one of those cells unless the caller holds `running` for it.
+    /// No reshape of this handle may run while the reference lives: the caller holds the
+    /// handle's execute exclusivity, or the handle is a Rust handle (whose reshape takes `&mut`).
+    #[inline(always)]
+    pub(crate) unsafe fn contract(&self) -> &Contract {
+        // SAFETY: writers are excluded by the caller's contract.
+        unsafe { &*self.contract.get() }
+    }
+
+    /// The scratch as `describe` and `scratch` report it, whatever else runs on the handle.
+    pub(crate) fn published_scratch(&self) -> Scratch {
+        *self.published.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes the Rust face's C tensors: the negotiated descriptors, without data.
+    pub(crate) fn prepare_rust_calls(&mut self) {
+        let contract = self.contract.get_mut();
+        let call = self.call.get_mut();
+        let c = |d: &TensorDesc| c_tensor(d, std::ptr::null_mut());
+        call.inputs = contract.inputs().iter().map(c).collect();
+        call.outputs = contract.outputs().iter().map(c).collect();
+    }
+
+    /// The Rust face's view of a call.
+    ///
+    /// # Safety
+    /// `running` must be the execute exclusivity of the gate of the Rust handle that owns
+    /// `self`, and the returned view must not outlive it.
+    #[inline(always)]
+    pub(crate) unsafe fn rust_call<'a>(&'a self, running: &'a Running<'_>) -> RustCall<'a> {
+        let _ = running;
+        // SAFETY: a Rust handle's contract changes only through `&mut`, which `&self` excludes;
+        // `running` gives this call the call cells, of which the view takes disjoint fields.
+        unsafe {
+            let call = self.call.get();
+            RustCall {
+                contract: self.contract(),
+                inputs: &mut *std::ptr::addr_of_mut!((*call).inputs),
+                outputs: &mut *std::ptr::addr_of_mut!((*call).outputs),
+                error: &mut *std::ptr::addr_of_mut!((*call).error),
+            }
+        }
+    }
+
+    /// Checks one C call against the negotiated contract (tensors, sync mode, device, stream,
+    /// scratch) and runs the provider. `error` receives the provider's own report when it
+    /// fails.
+    ///
+    /// # Safety
+    /// `running` must be the execute exclusivity of the gate of the handle that owns `self`;
+    /// `error` must not be one of the handle's cells; the caller of the service vouches that
+    /// each data pointer and the scratch buffers address live memory of the checked extents for
+    /// the call (the service's contract).
+    #[inline]
     pub(crate) unsafe fn execute(
         &self,
         running: &Running<'_>,
         call: &Call<'_>,
-        shapes_checked: bool,
         error: &mut guild_error_info_t,
     ) -> Result<(), ExecuteError> {
         let _ = running;
-        self.check_tensors(
-            TensorRole::Input,
-            &self.input_shapes,
-            call.inputs,
-            shapes_checked,
-        )?;
-        self.check_tensors(
-            TensorRole::Output,
-            &self.output_shapes,
-            call.outputs,
-            shapes_checked,
-        )?;
-        let got = SyncMode::from_raw(call.args.sync_mode);
-        if got != Some(self.sync_mode) {
-            return Err(ExecuteError::SyncMode {
-                resolved: self.sync_mode,
-                got: call.args.sync_mode,
-            });
+        // SAFETY: `running` excludes a reshape of this handle.
+        let contract = unsafe { self.contract() };
+        self.check_c_tensors(contract, TensorRole::Input, call.inputs)?;
+        self.check_c_tensors(contract, TensorRole::Output, call.outputs)?;
+        let a = call.args;
+        if call_key(a.sync_mode, a.device_id) != self.call_key
+            || (!self.takes_stream && !a.stream.is_null())
+        {
+            return Err(self.call_mismatch(a));
         }
-        if call.args.device_id != self.device_id {
-            return Err(ExecuteError::Device {
-                resolved: self.device_id,
-                got: call.args.device_id,
-            });
-        }
-        if self.candidate.backend == Backend::Cpu && !call.args.stream.is_null() {
-            return Err(ExecuteError::StreamOnCpu);
-        }
-        check_scratch(
-            "host",
-            self.scratch.host_bytes,
-            self.scratch.alignment,
-            call.args.scratch_host,
-            call.args.scratch_host_size,
+        contract.check_scratch(
+            a.scratch_host,
+            a.scratch_host_size,
+            a.scratch_device,
+            a.scratch_device_size,
         )?;
-        check_scratch(
-            "device",
-            self.scratch.device_bytes,
-            self.scratch.alignment,
-            call.args.scratch_device,
-            call.args.scratch_device_size,
-        )?;
-        // SAFETY: `call.args` is the record the checks above read, and its arrays are
-        // `call.inputs` and `call.outputs`. Every tensor was checked against the negotiated
-        // contract (shape, strides, dtype, memory space, device, non-NULL and aligned data);
-        // the caller of this function guarantees that each data pointer and the scratch buffers
-        // address live memory of the checked extents for the call (the Rust face through its
-        // borrows, the C face by the service's contract). `running` makes this the handle's
-        // only call in progress.
-        let checked = unsafe { ExecuteCall::new(call.args) };
+        // SAFETY: every tensor was checked against the negotiated contract (shape, strides,
+        // dtype, memory space, device, non-NULL and aligned data), and so were the sync mode,
+        // device, stream and scratch; the caller vouches for the memory (this function's
+        // contract), and `running` makes this the handle's only call.
+        unsafe { self.call_provider(running, a, error) }
+    }
+
+    /// Runs the provider on a checked call and records its stream work.
+    ///
+    /// # Safety
+    /// `args` must be checked against the negotiated contract as [`Resolved::execute`] checks
+    /// it, with memory valid for the call; `running` must be the execute exclusivity of the
+    /// handle that owns `self`.
+    #[inline(always)]
+    pub(crate) unsafe fn call_provider(
+        &self,
+        running: &Running<'_>,
+        args: &guild_execute_args_v1_t,
+        error: &mut guild_error_info_t,
+    ) -> Result<(), ExecuteError> {
+        // SAFETY: the caller's contract is ExecuteCall's.
+        let checked = unsafe { ExecuteCall::new(args) };
         // The provider's library stays loaded while `self.binding` lives.
         let status = self.kernel.execute(checked, error);
-        if let Some(streams) = &self.streams {
-            // SAFETY: `running` gives this call the handle's cells to itself (the contract).
-            let marks = unsafe { &mut *self.marks.get() };
-            // Record even after a failure: part of the work may already be enqueued.
-            let stream = StreamRef(call.args.stream as usize);
-            match streams.record(call.args.device_id, stream) {
-                Ok(Some(mark)) => {
-                    marks.retain(|m| m.stream() != stream);
-                    marks.push(mark);
-                }
-                Ok(None) => {}
-                Err(e) if status == GUILD_STATUS_OK => return Err(ExecuteError::Stream(e)),
-                Err(_) => {}
-            }
+        if self.streams.is_some() {
+            // SAFETY: `running` is this handle's exclusivity (the caller's contract).
+            unsafe { self.record(running, args, status) }?;
         }
         if status == GUILD_STATUS_OK {
             Ok(())
         } else {
-            Err(ExecuteError::Provider(ProviderRefusal::new(
-                status,
-                error_text(error),
-            )))
+            Err(provider_failure(status, error))
         }
     }
 
-    /// Checks the caller's tensors against the negotiated ones: the same shape, strides,
-    /// dtype, memory space and device (unless `shapes_checked`), and data present and aligned
-    /// as the contract requires. Everything else the contract says was checked once, at
-    /// resolution, against these very shapes; only the data pointers are new.
-    #[inline(always)]
-    fn check_tensors(
+    /// Records the end of the stream work a call enqueued, even after a failure (part of the
+    /// work may already be enqueued).
+    ///
+    /// # Safety
+    /// `running` must be the execute exclusivity of the handle that owns `self`.
+    #[cold]
+    unsafe fn record(
         &self,
-        role: TensorRole,
-        negotiated: &[Shape],
-        given: &[guild_tensor_desc_v1_t],
-        shapes_checked: bool,
+        running: &Running<'_>,
+        args: &guild_execute_args_v1_t,
+        status: guild_status_t,
     ) -> Result<(), ExecuteError> {
+        let _ = running;
+        let Some(streams) = &self.streams else {
+            return Ok(());
+        };
+        // SAFETY: `running` gives this call the call cells; no other reference to the marks
+        // exists (the Rust face's view borrows other fields).
+        let marks = unsafe { &mut *std::ptr::addr_of_mut!((*self.call.get()).marks) };
+        let stream = StreamRef(args.stream as usize);
+        match streams.record(args.device_id, stream) {
+            Ok(Some(mark)) => {
+                marks.retain(|m| m.stream() != stream);
+                marks.push(mark);
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(e) if status == GUILD_STATUS_OK => Err(ExecuteError::Stream(e)),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// Checks a C caller's tensors against the negotiated ones: the same shape, strides, dtype,
+    /// memory space and device, and data present and aligned as the contract requires.
+    /// Everything else the contract says was checked at negotiation against these very shapes.
+    #[inline(always)]
+    fn check_c_tensors(
+        &self,
+        contract: &Contract,
+        role: TensorRole,
+        given: &[guild_tensor_desc_v1_t],
+    ) -> Result<(), ExecuteError> {
+        let negotiated = contract.shapes(role);
         if given.len() != negotiated.len() {
-            return Err(ExecuteError::Arity {
-                role,
-                expected: negotiated.len(),
-                got: given.len(),
-            });
+            return Err(arity(role, negotiated.len(), given.len()));
         }
         for (index, (t, expected)) in given.iter().zip(negotiated).enumerate() {
-            if !shapes_checked && !expected.matches(t) {
-                return Err(self.mismatch(TensorRef { role, index }, t));
-            }
             let address = t.data as usize as u64;
-            let aligned = match self.alignment_mask {
-                Some(mask) => address & mask == 0,
-                None => address.is_multiple_of(self.data_alignment),
-            };
-            if address == 0 || !aligned {
-                return Err(self.bad_address(TensorRef { role, index }, address));
+            if !expected.matches(t) || address == 0 || address & self.align_mask != 0 {
+                return Err(self.bad_tensor(contract, TensorRef { role, index }, t));
             }
         }
         Ok(())
     }
 
+    /// Why a C tensor failed [`Resolved::check_c_tensors`].
+    #[cold]
+    fn bad_tensor(
+        &self,
+        contract: &Contract,
+        tensor: TensorRef,
+        t: &guild_tensor_desc_v1_t,
+    ) -> ExecuteError {
+        let list = match tensor.role {
+            TensorRole::Input => contract.inputs(),
+            TensorRole::Output => contract.outputs(),
+        };
+        let Some(expected) = list.get(tensor.index) else {
+            return arity(tensor.role, list.len(), tensor.index);
+        };
+        let matches = contract
+            .shapes(tensor.role)
+            .get(tensor.index)
+            .is_some_and(|s| s.matches(t));
+        if !matches {
+            let actual = tensor_from_c(t).unwrap_or(TensorDesc {
+                memory_space: expected.memory_space,
+                ..*expected
+            });
+            return ExecuteError::DescriptorMismatch {
+                tensor,
+                expected: Box::new(*expected),
+                actual: Box::new(TensorDesc {
+                    data_addr: None,
+                    ..actual
+                }),
+            };
+        }
+        self.bad_address(tensor, t.data as usize as u64)
+    }
+
     /// The error for a NULL or misaligned data address.
     #[cold]
-    fn bad_address(&self, tensor: TensorRef, address: u64) -> ExecuteError {
+    pub(crate) fn bad_address(&self, tensor: TensorRef, address: u64) -> ExecuteError {
         if address == 0 {
             return ExecuteError::NullData { tensor };
         }
@@ -803,43 +1008,130 @@ impl Resolved {
             rejection: Rejection::Misaligned {
                 tensor,
                 address,
-                required: self.data_alignment,
+                required: self.align_mask + 1,
             },
         }
     }
 
-    /// The error for a caller's tensor that is not the negotiated one.
+    /// The error for a call whose sync mode, device or stream is not the handle's.
     #[cold]
-    fn mismatch(&self, tensor: TensorRef, t: &guild_tensor_desc_v1_t) -> ExecuteError {
-        let list = match tensor.role {
-            TensorRole::Input => &self.inputs,
-            TensorRole::Output => &self.outputs,
-        };
-        let Some(expected) = list.get(tensor.index) else {
-            return ExecuteError::Arity {
-                role: tensor.role,
-                expected: list.len(),
-                got: tensor.index,
+    fn call_mismatch(&self, a: &guild_execute_args_v1_t) -> ExecuteError {
+        if SyncMode::from_raw(a.sync_mode) != Some(self.sync_mode) {
+            return ExecuteError::SyncMode {
+                resolved: self.sync_mode,
+                got: a.sync_mode,
             };
-        };
-        let actual = tensor_from_c(t).unwrap_or(TensorDesc {
-            memory_space: expected.memory_space,
-            ..*expected
-        });
-        ExecuteError::DescriptorMismatch {
-            tensor,
-            expected: Box::new(*expected),
-            actual: Box::new(TensorDesc {
-                data_addr: None,
-                ..actual
-            }),
         }
+        if a.device_id != self.device_id {
+            return ExecuteError::Device {
+                resolved: self.device_id,
+                got: a.device_id,
+            };
+        }
+        ExecuteError::StreamOnCpu
+    }
+
+    /// Renegotiates the contract for new tensors with this handle's provider alone: the new
+    /// query (the resolution's, with these tensors and `params`) must pass the candidate's
+    /// static checks, its `validate` and `query_scratch`, and the budgets. The result is the
+    /// contract to install; nothing of the handle changes here, so a refusal leaves it as it
+    /// was. Only rank, dims and strides may change: the number of tensors, their dtypes, memory
+    /// spaces and devices are the resolution's.
+    pub(crate) fn renegotiate(
+        &self,
+        current: &Contract,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        params: &[u8],
+    ) -> Result<Contract, ReshapeError> {
+        for (role, now, new) in [
+            (TensorRole::Input, current.inputs(), inputs),
+            (TensorRole::Output, current.outputs(), outputs),
+        ] {
+            if now.len() != new.len() {
+                return Err(ReshapeError::Arity {
+                    role,
+                    expected: now.len(),
+                    got: new.len(),
+                });
+            }
+            for (index, (a, b)) in now.iter().zip(new).enumerate() {
+                let changed = if a.dtype != b.dtype {
+                    Some("dtype")
+                } else if a.memory_space != b.memory_space {
+                    Some("memory space")
+                } else if a.device_id != b.device_id {
+                    Some("device")
+                } else {
+                    None
+                };
+                if let Some(what) = changed {
+                    return Err(ReshapeError::Changed {
+                        tensor: TensorRef { role, index },
+                        what,
+                    });
+                }
+            }
+        }
+        let spec = current.query.spec();
+        let query = OpQuery::new(QuerySpec {
+            op_name: spec.op_name.clone(),
+            min_version: spec.min_version,
+            max_version: spec.max_version,
+            backends: spec.backends,
+            capabilities: spec.capabilities,
+            numerics: spec.numerics,
+            sync_mode: spec.sync_mode,
+            inputs: inputs.to_vec(),
+            outputs: outputs.to_vec(),
+            ram_budget: spec.ram_budget,
+            vram_budget: spec.vram_budget,
+            exact_impl: spec.exact_impl.clone(),
+            device: spec.device,
+        })
+        .map_err(ReshapeError::Query)?;
+        check_static(&query, &self.candidate).map_err(ReshapeError::Refused)?;
+        let negotiator =
+            CNegotiator::new(std::slice::from_ref(self.binding.stored()), &query, params);
+        let scratch =
+            negotiate(&query, 0, &self.candidate, &negotiator).map_err(ReshapeError::Refused)?;
+        let alignment = negotiator.alignment(0);
+        drop(negotiator);
+        Ok(Contract::new(
+            query,
+            Scratch {
+                host_bytes: scratch.host_bytes,
+                device_bytes: scratch.device_bytes,
+                alignment,
+            },
+        ))
+    }
+
+    /// Installs a renegotiated contract.
+    ///
+    /// # Safety
+    /// `running` must be the execute exclusivity of the gate of the C handle that owns `self`
+    /// (which excludes every other reader of the contract and the call cells).
+    pub(crate) unsafe fn install(&self, running: &Running<'_>, contract: Contract) {
+        let _ = running;
+        let scratch = contract.scratch;
+        // SAFETY: the caller's contract: no call reads the contract while `running` lives,
+        // and `describe`/`scratch` read only `published`.
+        unsafe { *self.contract.get() = contract };
+        *self.published.lock().unwrap_or_else(|e| e.into_inner()) = scratch;
+    }
+
+    /// Installs a renegotiated contract in a Rust handle.
+    pub(crate) fn install_mut(&mut self, contract: Contract) {
+        *self.published.get_mut().unwrap_or_else(|e| e.into_inner()) = contract.scratch;
+        *self.contract.get_mut() = contract;
+        self.prepare_rust_calls();
     }
 
     /// Waits for the stream work this handle recorded; afterwards nothing recorded is pending.
     /// The first device error is reported, after every mark has been waited for.
     pub(crate) fn finish(&mut self) -> Result<(), DeviceError> {
-        let marks = std::mem::take(self.marks.get_mut());
+        let marks = std::mem::take(&mut self.call.get_mut().marks);
         let mut first = Ok(());
         for mark in marks {
             if let Err(e) = mark.wait() {
@@ -860,15 +1152,34 @@ impl Drop for Resolved {
     }
 }
 
+/// The error for a call with another number of tensors than negotiated.
+#[cold]
+pub(crate) fn arity(role: TensorRole, expected: usize, got: usize) -> ExecuteError {
+    ExecuteError::Arity {
+        role,
+        expected,
+        got,
+    }
+}
+
+/// The provider's failure, with the text it left in the record.
+#[cold]
+fn provider_failure(status: guild_status_t, error: &guild_error_info_t) -> ExecuteError {
+    ExecuteError::Provider(ProviderRefusal::new(status, error_text(error)))
+}
+
 /// A negotiated tensor as calls must repeat it: every field of the C descriptor but the data
 /// pointer, with dims and strides at and above the rank zeroed (callers' entries there are
-/// ignored).
+/// ignored). The fixed fields are packed in two words, so that a call's tensor is compared with
+/// two comparisons and one pass over its rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Shape {
-    dtype: u32,
-    rank: u32,
-    memory_space: u32,
-    device_id: i32,
+pub(crate) struct Shape {
+    /// `dtype | rank << 32`.
+    head: u64,
+    /// `memory_space | device_id << 32`.
+    place: u64,
+    /// The rank, at most [`MAX_TENSOR_RANK`].
+    rank: usize,
     dims: [u64; MAX_TENSOR_RANK],
     strides: [u64; MAX_TENSOR_RANK],
 }
@@ -881,35 +1192,141 @@ impl Shape {
         dims[..rank].copy_from_slice(&d.dims[..rank]);
         strides[..rank].copy_from_slice(&d.strides[..rank]);
         Shape {
-            dtype: d.dtype.raw(),
-            rank: d.rank,
-            memory_space: d.memory_space.bit(),
-            device_id: d.device_id,
+            head: Self::head(d.dtype.raw(), d.rank),
+            place: call_key(d.memory_space.bit(), d.device_id),
+            rank,
             dims,
             strides,
         }
     }
 
-    /// Whether `t` is this tensor apart from its data pointer.
+    #[inline(always)]
+    fn head(dtype: u32, rank: u32) -> u64 {
+        u64::from(dtype) | (u64::from(rank) << 32)
+    }
+
+    /// Whether the extents and strides below the rank are `dims` and `strides`.
+    #[inline(always)]
+    fn same_extents(
+        &self,
+        dims: &[u64; MAX_TENSOR_RANK],
+        strides: &[u64; MAX_TENSOR_RANK],
+    ) -> bool {
+        let rank = self.rank.min(MAX_TENSOR_RANK);
+        let mut diff = 0;
+        for i in 0..rank {
+            diff |= (dims[i] ^ self.dims[i]) | (strides[i] ^ self.strides[i]);
+        }
+        diff == 0
+    }
+
+    /// Whether the C tensor `t` is this tensor apart from its data pointer.
     #[inline(always)]
     fn matches(&self, t: &guild_tensor_desc_v1_t) -> bool {
-        if t.dtype != self.dtype
-            || t.rank != self.rank
-            || t.memory_space != self.memory_space
-            || t.device_id != self.device_id
-        {
-            return false;
-        }
-        // The rank was validated at resolution (1..=8) and `t.rank` equals it.
-        let rank = (self.rank as usize).min(MAX_TENSOR_RANK);
-        let mut same = true;
-        for i in 0..rank {
-            same &= t.dims[i] == self.dims[i] && t.strides[i] == self.strides[i];
-        }
-        same
+        Self::head(t.dtype, t.rank) == self.head
+            && call_key(t.memory_space, t.device_id) == self.place
+            && self.same_extents(&t.dims, &t.strides)
+    }
+
+    /// Whether the descriptor `d` is this tensor apart from its data address.
+    #[inline(always)]
+    pub(crate) fn matches_desc(&self, d: &TensorDesc) -> bool {
+        Self::head(d.dtype.raw(), d.rank) == self.head
+            && call_key(d.memory_space.bit(), d.device_id) == self.place
+            && self.same_extents(&d.dims, &d.strides)
     }
 }
 
+impl RustCall<'_> {
+    /// Checks one side of a Rust call, buffer by buffer, against the negotiated tensors (the
+    /// descriptor, the element type, the byte extent, the data address against the mask) and
+    /// writes each data pointer into the call's C tensors. One pass; nothing is copied but the
+    /// pointers.
+    #[inline(always)]
+    pub(crate) fn fill<'b>(
+        &mut self,
+        r: &Resolved,
+        role: TensorRole,
+        args: impl ExactSizeIterator<Item = BufferArg<'b>>,
+    ) -> Result<(), ExecuteError> {
+        let shapes = self.contract.shapes(role);
+        let infos = self.contract.infos(role);
+        let out: &mut [guild_tensor_desc_v1_t] = match role {
+            TensorRole::Input => self.inputs,
+            TensorRole::Output => self.outputs,
+        };
+        if args.len() != shapes.len() || out.len() != shapes.len() {
+            return Err(arity(role, shapes.len(), args.len()));
+        }
+        for (index, ((arg, slot), (shape, info))) in args
+            .zip(out.iter_mut())
+            .zip(shapes.iter().zip(infos))
+            .enumerate()
+        {
+            let (desc, element, ptr, len) = arg;
+            let address = ptr as usize as u64;
+            let fits = u64::try_from(len).unwrap_or(u64::MAX) >= info.byte_extent;
+            let typed = element.is_none_or(|e| e == desc.dtype);
+            if !shape.matches_desc(desc)
+                || !typed
+                || !fits
+                || address == 0
+                || address & r.align_mask != 0
+            {
+                return Err(self.bad_buffer(r, TensorRef { role, index }, arg));
+            }
+            slot.data = ptr;
+        }
+        Ok(())
+    }
+
+    /// Why a buffer failed [`RustCall::fill`].
+    #[cold]
+    fn bad_buffer(&self, r: &Resolved, tensor: TensorRef, arg: BufferArg<'_>) -> ExecuteError {
+        let (desc, element, ptr, len) = arg;
+        let list = match tensor.role {
+            TensorRole::Input => self.contract.inputs(),
+            TensorRole::Output => self.contract.outputs(),
+        };
+        let (Some(expected), Some(info)) = (
+            list.get(tensor.index),
+            self.contract.infos(tensor.role).get(tensor.index),
+        ) else {
+            return arity(tensor.role, list.len(), tensor.index);
+        };
+        let same = self
+            .contract
+            .shapes(tensor.role)
+            .get(tensor.index)
+            .is_some_and(|s| s.matches_desc(desc));
+        if !same {
+            return ExecuteError::DescriptorMismatch {
+                tensor,
+                expected: Box::new(*expected),
+                actual: Box::new(*desc),
+            };
+        }
+        if let Some(element) = element.filter(|&e| e != desc.dtype) {
+            return ExecuteError::ElementType {
+                tensor,
+                dtype: desc.dtype,
+                element,
+            };
+        }
+        if u64::try_from(len).unwrap_or(u64::MAX) < info.byte_extent {
+            return ExecuteError::BufferTooSmall {
+                tensor,
+                needed: info.byte_extent,
+                got: len,
+            };
+        }
+        r.bad_address(tensor, ptr as usize as u64)
+    }
+}
+
+/// One buffer of a Rust call: its descriptor, the element type its Rust slice holds (`None` for
+/// raw bytes or device memory), its address and its length in bytes.
+pub(crate) type BufferArg<'a> = (&'a TensorDesc, Option<DType>, *mut c_void, usize);
 /// The text a callback left in an error record, up to its first NUL.
 fn error_text(error: &guild_error_info_t) -> String {
     fixed_buffer_text(&error.message)
@@ -918,7 +1335,7 @@ fn error_text(error: &guild_error_info_t) -> String {
 fn check_scratch(
     kind: &'static str,
     needed: u64,
-    alignment: u32,
+    mask: u64,
     ptr: *mut c_void,
     size: u64,
 ) -> Result<(), ExecuteError> {
@@ -932,12 +1349,11 @@ fn check_scratch(
             got: if ptr.is_null() { 0 } else { size },
         });
     }
-    let align = usize::try_from(alignment).unwrap_or(usize::MAX);
-    if align > 1 && !(ptr as usize).is_multiple_of(align) {
+    if ptr as usize as u64 & mask != 0 {
         return Err(ExecuteError::ScratchMisaligned {
             kind,
             address: ptr as usize,
-            alignment,
+            alignment: u32::try_from(mask + 1).unwrap_or(u32::MAX),
         });
     }
     Ok(())
