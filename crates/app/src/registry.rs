@@ -220,11 +220,6 @@ impl KernelBinding {
         &self.op.kernel
     }
 
-    /// The stored op this binding holds (a reshape negotiates with it again).
-    pub(crate) fn stored(&self) -> &Arc<StoredOp> {
-        &self.op
-    }
-
     /// The package that provides it.
     pub fn package(&self) -> &PackageId {
         &self.op.package.id

@@ -481,8 +481,25 @@ unsafe fn read_tensors(
     tensors: *const guild_tensor_desc_v1_t,
     count: usize,
 ) -> Result<Vec<TensorDesc>, Failure> {
+    let mut out = Vec::new();
+    // SAFETY: the caller's contract.
+    unsafe { read_tensors_into(role, tensors, count, &mut out) }?;
+    Ok(out)
+}
+
+/// Copies the caller's tensor array into `out` (cleared first), reusing its allocation.
+///
+/// # Safety
+/// As for [`read_tensors`].
+unsafe fn read_tensors_into(
+    role: &str,
+    tensors: *const guild_tensor_desc_v1_t,
+    count: usize,
+    out: &mut Vec<TensorDesc>,
+) -> Result<(), Failure> {
+    out.clear();
     if count == 0 {
-        return Ok(Vec::new());
+        return Ok(());
     }
     if count > MAX_QUERY_TENSORS {
         return Err(Failure::invalid(format!(
@@ -496,11 +513,10 @@ unsafe fn read_tensors(
     }
     // SAFETY: non-NULL, aligned, and `count` descriptors long by the caller's contract.
     let slice = unsafe { std::slice::from_raw_parts(tensors, count) };
-    slice
-        .iter()
-        .enumerate()
-        .map(|(i, t)| tensor_from_c(t).map_err(|e| Failure::invalid(format!("{role} {i}: {e}"))))
-        .collect()
+    for (i, t) in slice.iter().enumerate() {
+        out.push(tensor_from_c(t).map_err(|e| Failure::invalid(format!("{role} {i}: {e}")))?);
+    }
+    Ok(())
 }
 
 /// The device a query resolves against: the caller's record, or the host's device 0.
@@ -844,21 +860,23 @@ unsafe extern "C" fn service_reshape(
         if a.reserved != 0 {
             return Err(Failure::invalid("reshape: args.reserved must be zero"));
         }
-        // SAFETY: the caller's arrays, valid for this call.
-        let inputs = unsafe { read_tensors("input", a.inputs, a.input_count) }?;
-        // SAFETY: as above.
-        let outputs = unsafe { read_tensors("output", a.outputs, a.output_count) }?;
         // SAFETY: the caller's params record, valid for this call.
         let params = unsafe { read_params(a.params, a.params_size, "reshape: args") }?;
         core.handles
             .with_running(name, face == Face::Runner, |h, running| {
                 let r = &h.resolved;
                 // SAFETY: `running` is this handle's exclusivity: no execute or other reshape
-                // of it runs, so the contract is this call's to read and to replace.
-                let contract = unsafe { r.contract() };
-                let new = r
-                    .renegotiate(contract, &inputs, &outputs, params)
-                    .map_err(|e| reshape_failure(r, e))?;
+                // of it runs, so its reshape buffers and contract are this call's.
+                let (mut inputs, mut outputs) = unsafe { r.take_reshape_buffers() };
+                // SAFETY: the caller's arrays, valid for this call.
+                unsafe { read_tensors_into("input", a.inputs, a.input_count, &mut inputs) }?;
+                // SAFETY: as above.
+                unsafe { read_tensors_into("output", a.outputs, a.output_count, &mut outputs) }?;
+                // SAFETY: as above.
+                let renegotiated = unsafe { r.renegotiate(&inputs, &outputs, params) };
+                // SAFETY: as above.
+                unsafe { r.return_reshape_buffers(inputs, outputs) };
+                let new = renegotiated.map_err(|e| reshape_failure(r, e))?;
                 // SAFETY: as above.
                 unsafe { r.install(running, new) };
                 Ok(())

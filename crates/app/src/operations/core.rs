@@ -15,7 +15,7 @@
 
 use std::borrow::Cow;
 use std::cell::{RefCell, UnsafeCell};
-use std::ffi::{c_void, CString};
+use std::ffi::{c_void, CStr, CString};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -485,53 +485,102 @@ impl<'p> CNegotiator<'p> {
         query: &OpQuery,
         call: impl FnOnce(QueryCall<'_>) -> T,
     ) -> T {
-        let spec = query.spec();
-        let caps = guild_device_caps_v1_t {
-            struct_size: size_of::<guild_device_caps_v1_t>() as u32,
-            backend: candidate.backend.bit(),
-            device_id: spec.device.device_id,
-            cuda_sm: match candidate.backend {
-                Backend::Cuda => spec.device.cuda_sm.unwrap_or(0),
-                _ => 0,
-            },
-            cpu_isa: match candidate.backend {
-                Backend::Cpu => spec.device.cpu_isa.bits(),
-                _ => 0,
-            },
-            total_memory_bytes: 0,
-            free_memory_bytes: 0,
-            next_ext: std::ptr::null(),
+        let parts = QueryParts {
+            op_name: &self.op_name,
+            exact: self.exact.as_deref(),
+            inputs: &self.inputs,
+            outputs: &self.outputs,
+            params: self.params,
         };
-        let c_query = guild_operation_query_v1_t {
-            struct_size: size_of::<guild_operation_query_v1_t>() as u32,
-            version: GUILD_OPERATION_QUERY_VERSION,
-            op_name: self.op_name.as_ptr(),
-            min_op_version: query.versions().min().raw(),
-            max_op_version: query.versions().max().raw(),
-            backends: spec.backends.bits(),
-            sync_mode: spec.sync_mode.raw(),
-            required_capabilities: spec.capabilities.bits(),
-            required_numerics: spec.numerics.bits(),
-            inputs: self.inputs.as_ptr(),
-            input_count: self.inputs.len(),
-            outputs: self.outputs.as_ptr(),
-            output_count: self.outputs.len(),
-            ram_budget: spec.ram_budget.get(),
-            vram_budget: spec.vram_budget.get(),
-            exact_impl_id: self.exact.as_ref().map_or(std::ptr::null(), |e| e.as_ptr()),
-            device_caps: &caps,
-            params: if self.params.is_empty() {
-                std::ptr::null()
-            } else {
-                self.params.as_ptr().cast()
-            },
-            params_size: self.params.len(),
-        };
-        // SAFETY: every pointer in `c_query` leads into `self` (the name, the exact id, the
-        // tensor arrays), `caps` or the caller's params, all of which outlive `call`; the tensor
-        // data addresses are only the query's known addresses, for inspection.
-        call(unsafe { QueryCall::new(&c_query) })
+        with_c_query(&parts, candidate, query, call)
     }
+}
+
+/// What a C query points at besides the query's own numbers: the names and the tensor arrays
+/// in C form, and the caller's params.
+struct QueryParts<'a> {
+    op_name: &'a CStr,
+    exact: Option<&'a CStr>,
+    inputs: &'a [guild_tensor_desc_v1_t],
+    outputs: &'a [guild_tensor_desc_v1_t],
+    params: &'a [u8],
+}
+
+/// Runs `call` with the C query of `query` for `candidate`, its pointers leading into `parts`
+/// and a device record on this frame, all of which outlive `call` (what [`QueryCall`] vouches
+/// for).
+fn with_c_query<T>(
+    parts: &QueryParts<'_>,
+    candidate: &OpCandidate,
+    query: &OpQuery,
+    call: impl FnOnce(QueryCall<'_>) -> T,
+) -> T {
+    let spec = query.spec();
+    let caps = guild_device_caps_v1_t {
+        struct_size: size_of::<guild_device_caps_v1_t>() as u32,
+        backend: candidate.backend.bit(),
+        device_id: spec.device.device_id,
+        cuda_sm: match candidate.backend {
+            Backend::Cuda => spec.device.cuda_sm.unwrap_or(0),
+            _ => 0,
+        },
+        cpu_isa: match candidate.backend {
+            Backend::Cpu => spec.device.cpu_isa.bits(),
+            _ => 0,
+        },
+        total_memory_bytes: 0,
+        free_memory_bytes: 0,
+        next_ext: std::ptr::null(),
+    };
+    let c_query = guild_operation_query_v1_t {
+        struct_size: size_of::<guild_operation_query_v1_t>() as u32,
+        version: GUILD_OPERATION_QUERY_VERSION,
+        op_name: parts.op_name.as_ptr(),
+        min_op_version: query.versions().min().raw(),
+        max_op_version: query.versions().max().raw(),
+        backends: spec.backends.bits(),
+        sync_mode: spec.sync_mode.raw(),
+        required_capabilities: spec.capabilities.bits(),
+        required_numerics: spec.numerics.bits(),
+        inputs: parts.inputs.as_ptr(),
+        input_count: parts.inputs.len(),
+        outputs: parts.outputs.as_ptr(),
+        output_count: parts.outputs.len(),
+        ram_budget: spec.ram_budget.get(),
+        vram_budget: spec.vram_budget.get(),
+        exact_impl_id: parts.exact.map_or(std::ptr::null(), CStr::as_ptr),
+        device_caps: &caps,
+        params: if parts.params.is_empty() {
+            std::ptr::null()
+        } else {
+            parts.params.as_ptr().cast()
+        },
+        params_size: parts.params.len(),
+    };
+    // SAFETY: every pointer in `c_query` leads into `parts` (the names, the tensor arrays, the
+    // params) or `caps`, all of which outlive `call`; the tensor data addresses are only the
+    // query's known addresses, for inspection.
+    call(unsafe { QueryCall::new(&c_query) })
+}
+
+/// A provider's scratch answer as the domain takes it, or the refusal of an alignment that is
+/// not a power of two.
+fn scratch_request(
+    scratch: &guild_scratch_request_v1_t,
+) -> Result<ScratchRequest, ProviderRefusal> {
+    if scratch.alignment > 1 && !scratch.alignment.is_power_of_two() {
+        return Err(ProviderRefusal::new(
+            GUILD_STATUS_ERR_INVALID_ARGUMENT,
+            format!(
+                "the provider asked for a scratch alignment of {}, not a power of two",
+                scratch.alignment
+            ),
+        ));
+    }
+    Ok(ScratchRequest {
+        host_bytes: scratch.host_bytes,
+        device_bytes: scratch.device_bytes,
+    })
 }
 
 impl Negotiator for CNegotiator<'_> {
@@ -574,22 +623,11 @@ impl Negotiator for CNegotiator<'_> {
         if status != GUILD_STATUS_OK {
             return Err(ProviderRefusal::new(status, error_text(&error)));
         }
-        if scratch.alignment > 1 && !scratch.alignment.is_power_of_two() {
-            return Err(ProviderRefusal::new(
-                GUILD_STATUS_ERR_INVALID_ARGUMENT,
-                format!(
-                    "the provider asked for a scratch alignment of {}, not a power of two",
-                    scratch.alignment
-                ),
-            ));
-        }
+        let request = scratch_request(&scratch)?;
         if let Some(slot) = self.alignments.borrow_mut().get_mut(index) {
             *slot = scratch.alignment;
         }
-        Ok(ScratchRequest {
-            host_bytes: scratch.host_bytes,
-            device_bytes: scratch.device_bytes,
-        })
+        Ok(request)
     }
 }
 
@@ -630,6 +668,8 @@ pub(crate) struct Resolved {
     published: Mutex<Scratch>,
     /// What one call writes.
     call: UnsafeCell<CallCells>,
+    /// What a reshape reuses.
+    reshaping: UnsafeCell<ReshapeCells>,
 }
 
 /// What a reshape renegotiates: the query as last accepted (the resolution's, or the last
@@ -645,10 +685,20 @@ pub(crate) struct Contract {
 
 impl Contract {
     fn new(query: OpQuery, scratch: Scratch) -> Self {
+        Self::reusing(query, scratch, Default::default())
+    }
+
+    /// The contract of `query`, its shapes written into `shapes`' buffers.
+    fn reusing(query: OpQuery, scratch: Scratch, shapes: (Vec<Shape>, Vec<Shape>)) -> Self {
+        let (mut inputs, mut outputs) = shapes;
         let spec = query.spec();
+        inputs.clear();
+        inputs.extend(spec.inputs.iter().map(Shape::of));
+        outputs.clear();
+        outputs.extend(spec.outputs.iter().map(Shape::of));
         Contract {
-            inputs: spec.inputs.iter().map(Shape::of).collect(),
-            outputs: spec.outputs.iter().map(Shape::of).collect(),
+            inputs,
+            outputs,
             scratch_mask: u64::from(scratch.alignment.max(1)) - 1,
             scratch,
             query,
@@ -715,6 +765,96 @@ struct CallCells {
     error: guild_error_info_t,
     /// The newest work mark per stream, for release to wait on.
     marks: Vec<Box<dyn WorkMark>>,
+}
+
+/// What a reshape keeps from one to the next, so that a decode loop's reshapes reuse their
+/// buffers: touched only by a reshape (under the handle's execute exclusivity, or `&mut`).
+#[derive(Default)]
+struct ReshapeCells {
+    /// The C face's caller's tensors, read into these.
+    given: (Vec<TensorDesc>, Vec<TensorDesc>),
+    /// The operation name and exact id in C form, made at the first reshape.
+    names: Option<(CString, Option<CString>)>,
+    /// The new tensors in C form, for the provider's callbacks.
+    c_inputs: Vec<guild_tensor_desc_v1_t>,
+    c_outputs: Vec<guild_tensor_desc_v1_t>,
+    /// The spec and shapes of the contract the last reshape replaced (the spec's other fields
+    /// are the handle's own), to be refilled.
+    spare_spec: Option<QuerySpec>,
+    spare_shapes: (Vec<Shape>, Vec<Shape>),
+    /// The record the callbacks report into, made at the first reshape.
+    error: Option<Box<guild_error_info_t>>,
+}
+
+impl ReshapeCells {
+    /// Keeps a replaced contract's buffers for the next reshape.
+    fn keep(&mut self, old: Contract) {
+        self.spare_spec = Some(old.query.into_spec());
+        self.spare_shapes = (old.inputs, old.outputs);
+    }
+}
+
+/// A reshape's negotiation: the handle's one provider, asked through the C query of the new
+/// tensors, reporting into the handle's reused record. Nothing is allocated unless the
+/// provider refuses.
+struct Renegotiator<'a> {
+    provider: &'a dyn KernelProvider,
+    parts: QueryParts<'a>,
+    error: RefCell<&'a mut guild_error_info_t>,
+    alignment: std::cell::Cell<u32>,
+}
+
+impl<'a> Renegotiator<'a> {
+    fn fresh_error(&self) -> std::cell::RefMut<'_, &'a mut guild_error_info_t> {
+        let mut error = self.error.borrow_mut();
+        error.status = GUILD_STATUS_OK;
+        error.component[0] = 0;
+        error.message[0] = 0;
+        error
+    }
+}
+
+impl Negotiator for Renegotiator<'_> {
+    fn validate(
+        &self,
+        _index: usize,
+        candidate: &OpCandidate,
+        query: &OpQuery,
+    ) -> Result<(), ProviderRefusal> {
+        let mut error = self.fresh_error();
+        let status = with_c_query(&self.parts, candidate, query, |q| {
+            self.provider.validate(q, &mut error)
+        });
+        if status == GUILD_STATUS_OK {
+            Ok(())
+        } else {
+            Err(ProviderRefusal::new(status, error_text(&error)))
+        }
+    }
+
+    fn query_scratch(
+        &self,
+        _index: usize,
+        candidate: &OpCandidate,
+        query: &OpQuery,
+    ) -> Result<ScratchRequest, ProviderRefusal> {
+        let mut error = self.fresh_error();
+        let mut scratch = guild_scratch_request_v1_t {
+            struct_size: size_of::<guild_scratch_request_v1_t>() as u32,
+            alignment: 0,
+            host_bytes: 0,
+            device_bytes: 0,
+        };
+        let status = with_c_query(&self.parts, candidate, query, |q| {
+            self.provider.query_scratch(q, &mut scratch, &mut error)
+        });
+        if status != GUILD_STATUS_OK {
+            return Err(ProviderRefusal::new(status, error_text(&error)));
+        }
+        let request = scratch_request(&scratch)?;
+        self.alignment.set(scratch.alignment);
+        Ok(request)
+    }
 }
 
 /// The word a call's sync mode and device make, compared with the handle's in one step.
@@ -790,6 +930,7 @@ impl Resolved {
                 error: guild_error_info_t::new(),
                 marks: Vec::new(),
             }),
+            reshaping: UnsafeCell::new(ReshapeCells::default()),
         }
     }
 
@@ -814,8 +955,10 @@ impl Resolved {
         let contract = self.contract.get_mut();
         let call = self.call.get_mut();
         let c = |d: &TensorDesc| c_tensor(d, std::ptr::null_mut());
-        call.inputs = contract.inputs().iter().map(c).collect();
-        call.outputs = contract.outputs().iter().map(c).collect();
+        call.inputs.clear();
+        call.inputs.extend(contract.inputs().iter().map(c));
+        call.outputs.clear();
+        call.outputs.extend(contract.outputs().iter().map(c));
     }
 
     /// The Rust face's view of a call.
@@ -1031,19 +1174,46 @@ impl Resolved {
         ExecuteError::StreamOnCpu
     }
 
+    /// The buffers the C face reads a reshape's tensors into.
+    ///
+    /// # Safety
+    /// No other call of this handle may run (the caller holds its execute exclusivity).
+    pub(crate) unsafe fn take_reshape_buffers(&self) -> (Vec<TensorDesc>, Vec<TensorDesc>) {
+        // SAFETY: the caller's contract gives this reshape the reshape cells.
+        std::mem::take(unsafe { &mut (*self.reshaping.get()).given })
+    }
+
+    /// Gives the buffers of [`Resolved::take_reshape_buffers`] back for the next reshape.
+    ///
+    /// # Safety
+    /// As for [`Resolved::take_reshape_buffers`].
+    pub(crate) unsafe fn return_reshape_buffers(
+        &self,
+        inputs: Vec<TensorDesc>,
+        outputs: Vec<TensorDesc>,
+    ) {
+        // SAFETY: the caller's contract gives this reshape the reshape cells.
+        unsafe { (*self.reshaping.get()).given = (inputs, outputs) };
+    }
+
     /// Renegotiates the contract for new tensors with this handle's provider alone: the new
     /// query (the resolution's, with these tensors and `params`) must pass the candidate's
     /// static checks, its `validate` and `query_scratch`, and the budgets. The result is the
-    /// contract to install; nothing of the handle changes here, so a refusal leaves it as it
-    /// was. Only rank, dims and strides may change: the number of tensors, their dtypes, memory
-    /// spaces and devices are the resolution's.
-    pub(crate) fn renegotiate(
+    /// contract to install; nothing the handle's calls read changes here, so a refusal leaves
+    /// it as it was. Only rank, dims and strides may change: the number of tensors, their
+    /// dtypes, memory spaces and devices are the resolution's.
+    ///
+    /// # Safety
+    /// No other call of this handle may run: the caller holds its execute exclusivity (a C
+    /// handle) or `&mut` (a Rust handle).
+    pub(crate) unsafe fn renegotiate(
         &self,
-        current: &Contract,
         inputs: &[TensorDesc],
         outputs: &[TensorDesc],
         params: &[u8],
     ) -> Result<Contract, ReshapeError> {
+        // SAFETY: the caller's contract: no reshape runs but this one.
+        let current = unsafe { self.contract() };
         for (role, now, new) in [
             (TensorRole::Input, current.inputs(), inputs),
             (TensorRole::Output, current.outputs(), outputs),
@@ -1073,37 +1243,86 @@ impl Resolved {
                 }
             }
         }
-        let spec = current.query.spec();
-        let query = OpQuery::new(QuerySpec {
-            op_name: spec.op_name.clone(),
-            min_version: spec.min_version,
-            max_version: spec.max_version,
-            backends: spec.backends,
-            capabilities: spec.capabilities,
-            numerics: spec.numerics,
-            sync_mode: spec.sync_mode,
-            inputs: inputs.to_vec(),
-            outputs: outputs.to_vec(),
-            ram_budget: spec.ram_budget,
-            vram_budget: spec.vram_budget,
-            exact_impl: spec.exact_impl.clone(),
-            device: spec.device,
-        })
-        .map_err(ReshapeError::Query)?;
-        check_static(&query, &self.candidate).map_err(ReshapeError::Refused)?;
-        let negotiator =
-            CNegotiator::new(std::slice::from_ref(self.binding.stored()), &query, params);
-        let scratch =
-            negotiate(&query, 0, &self.candidate, &negotiator).map_err(ReshapeError::Refused)?;
-        let alignment = negotiator.alignment(0);
-        drop(negotiator);
-        Ok(Contract::new(
+        // SAFETY: the caller's contract gives this reshape the reshape cells, which no
+        // reference to `current` reaches.
+        let cells = unsafe { &mut *self.reshaping.get() };
+        // The spec of the contract the last reshape replaced differs from this one's only in
+        // its tensors: refill it rather than build another.
+        let mut spec = cells.spare_spec.take().unwrap_or_else(|| {
+            let s = current.query.spec();
+            QuerySpec {
+                op_name: s.op_name.clone(),
+                min_version: s.min_version,
+                max_version: s.max_version,
+                backends: s.backends,
+                capabilities: s.capabilities,
+                numerics: s.numerics,
+                sync_mode: s.sync_mode,
+                inputs: Vec::new(),
+                outputs: Vec::new(),
+                ram_budget: s.ram_budget,
+                vram_budget: s.vram_budget,
+                exact_impl: s.exact_impl.clone(),
+                device: s.device,
+            }
+        });
+        spec.inputs.clear();
+        spec.inputs.extend_from_slice(inputs);
+        spec.outputs.clear();
+        spec.outputs.extend_from_slice(outputs);
+        let query = OpQuery::new(spec).map_err(ReshapeError::Query)?;
+        if let Err(rejection) = check_static(&query, &self.candidate) {
+            cells.spare_spec = Some(query.into_spec());
+            return Err(ReshapeError::Refused(rejection));
+        }
+        let spec = query.spec();
+        let (op_name, exact) = cells.names.get_or_insert_with(|| {
+            // Ids and names are validated text without NUL bytes; an empty string is the
+            // harmless fallback should that ever change.
+            (
+                CString::new(spec.op_name.as_str()).unwrap_or_default(),
+                spec.exact_impl
+                    .as_ref()
+                    .map(|id| CString::new(id.as_str()).unwrap_or_default()),
+            )
+        });
+        let c = |d: &TensorDesc| c_tensor(d, address_ptr(d));
+        cells.c_inputs.clear();
+        cells.c_inputs.extend(spec.inputs.iter().map(c));
+        cells.c_outputs.clear();
+        cells.c_outputs.extend(spec.outputs.iter().map(c));
+        let error = cells
+            .error
+            .get_or_insert_with(|| Box::new(guild_error_info_t::new()));
+        let negotiator = Renegotiator {
+            provider: self.kernel.as_ref(),
+            parts: QueryParts {
+                op_name,
+                exact: exact.as_deref(),
+                inputs: &cells.c_inputs,
+                outputs: &cells.c_outputs,
+                params,
+            },
+            error: RefCell::new(error),
+            alignment: std::cell::Cell::new(0),
+        };
+        let negotiated = negotiate(&query, 0, &self.candidate, &negotiator);
+        let alignment = negotiator.alignment.get();
+        let scratch = match negotiated {
+            Ok(scratch) => scratch,
+            Err(rejection) => {
+                cells.spare_spec = Some(query.into_spec());
+                return Err(ReshapeError::Refused(rejection));
+            }
+        };
+        Ok(Contract::reusing(
             query,
             Scratch {
                 host_bytes: scratch.host_bytes,
                 device_bytes: scratch.device_bytes,
                 alignment,
             },
+            std::mem::take(&mut cells.spare_shapes),
         ))
     }
 
@@ -1115,16 +1334,19 @@ impl Resolved {
     pub(crate) unsafe fn install(&self, running: &Running<'_>, contract: Contract) {
         let _ = running;
         let scratch = contract.scratch;
-        // SAFETY: the caller's contract: no call reads the contract while `running` lives,
-        // and `describe`/`scratch` read only `published`.
-        unsafe { *self.contract.get() = contract };
+        // SAFETY: the caller's contract: no call reads the contract or the reshape cells
+        // while `running` lives, and `describe`/`scratch` read only `published`.
+        let old = unsafe { std::mem::replace(&mut *self.contract.get(), contract) };
+        // SAFETY: as above.
+        unsafe { (*self.reshaping.get()).keep(old) };
         *self.published.lock().unwrap_or_else(|e| e.into_inner()) = scratch;
     }
 
     /// Installs a renegotiated contract in a Rust handle.
     pub(crate) fn install_mut(&mut self, contract: Contract) {
         *self.published.get_mut().unwrap_or_else(|e| e.into_inner()) = contract.scratch;
-        *self.contract.get_mut() = contract;
+        let old = std::mem::replace(self.contract.get_mut(), contract);
+        self.reshaping.get_mut().keep(old);
         self.prepare_rust_calls();
     }
 
