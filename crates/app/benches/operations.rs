@@ -707,7 +707,8 @@ fn main() {
     drop(rust_reshaping);
 
     // A decode loop: one sequence grows from 1 to STEPS elements, one execute per step; the
-    // handle either reshaped every step or resolved anew (and released) every step.
+    // handle either reshaped every step or resolved anew (and released) every step. Only the
+    // change of shapes is timed (the executes, the same in both, run untimed between).
     let xs = vec![1.0f32; STEPS as usize];
     let mut ys = vec![0.0f32; STEPS as usize];
     let (xp, yp) = (xs.as_ptr(), ys.as_mut_ptr().cast_const());
@@ -719,35 +720,45 @@ fn main() {
     g.sample_size(10);
     g.bench_function("reshape every step (C service)", |b| {
         recorded(b, &decode_reshape_t, |iters| {
-            let start = Instant::now();
+            let mut timed = Duration::ZERO;
             for _ in 0..iters {
+                let start = Instant::now();
                 let h = service.resolve(&c_query(&op, &first, None), &mut error);
+                timed += start.elapsed();
                 for n in 1..=STEPS {
                     let io = step_io(n);
                     if n > 1 {
-                        service.reshape(h, &io, &mut error);
+                        let start = Instant::now();
+                        service.reshape(h, black_box(&io), &mut error);
+                        timed += start.elapsed();
                     }
                     let status = service.execute(h, &c_args(&io), &mut error);
                     assert_eq!(status, GUILD_STATUS_OK, "{}", message(&error));
                 }
+                let start = Instant::now();
                 service.release(h, &mut error);
+                timed += start.elapsed();
             }
-            start.elapsed()
+            timed
         })
     });
     g.bench_function("resolve every step (C service)", |b| {
         recorded(b, &decode_resolve_t, |iters| {
-            let start = Instant::now();
+            let mut timed = Duration::ZERO;
             for _ in 0..iters {
                 for n in 1..=STEPS {
                     let io = step_io(n);
-                    let h = service.resolve(&c_query(&op, &io, None), &mut error);
+                    let start = Instant::now();
+                    let h = service.resolve(black_box(&c_query(&op, &io, None)), &mut error);
+                    timed += start.elapsed();
                     let status = service.execute(h, &c_args(&io), &mut error);
                     assert_eq!(status, GUILD_STATUS_OK, "{}", message(&error));
+                    let start = Instant::now();
                     service.release(h, &mut error);
+                    timed += start.elapsed();
                 }
             }
-            start.elapsed()
+            timed
         })
     });
     g.finish();
@@ -846,7 +857,10 @@ fn main() {
     }
     // Decode-loop samples are per whole loop (one iteration is STEPS steps).
     let (dr, dn) = (median(&decode_reshape_t, 10), median(&decode_resolve_t, 10));
-    println!("decode loop, sequence 1 to {STEPS}, one execute per step (C service):");
+    println!(
+        "decode loop, sequence 1 to {STEPS}, one execute per step (untimed), the change of \
+         shapes timed (C service, {CANDIDATES} candidates):"
+    );
     for (name, total) in [("reshape every step", dr), ("resolve every step", dn)] {
         println!(
             "  {name:<34}{:>12} total{:>12} per step",
