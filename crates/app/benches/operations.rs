@@ -341,6 +341,29 @@ fn calls_reshape(
     }
 }
 
+/// `n` reshapes through the Rust face, alternating between one and two elements.
+#[inline(never)]
+fn calls_rust_reshape(n: u64, handle: &mut guild_host::operations::OpHandle<'_>) {
+    let descs = [1u64, 2].map(|n| TensorDesc::new(DType::F32, &[n], MemorySpace::Host));
+    for i in 0..n {
+        let d = descs[(i & 1) as usize];
+        handle.reshape(&[black_box(d)], &[d]).expect("Rust reshape");
+    }
+}
+
+/// `n` rounds of what the cheapest exclusive handle costs: one uncontended compare-and-swap
+/// taking a word and one store giving it back (the gate's own pair).
+#[inline(never)]
+fn calls_locked(n: u64, word: &std::sync::atomic::AtomicU64) {
+    use std::sync::atomic::Ordering;
+    for _ in 0..n {
+        let w = black_box(word);
+        let taken = w.compare_exchange(0, 1, Ordering::Acquire, Ordering::Acquire);
+        w.store(0, Ordering::Release);
+        assert!(taken.is_ok());
+    }
+}
+
 /// `n` executes through the C service table.
 #[inline(never)]
 fn calls_c_service(
@@ -482,12 +505,21 @@ fn main() {
         calls_callbacks(n, &callbacks, &queries, &mut error);
         calls_reshape(n, &service, reshaping, &shapes, &mut error);
         service.release(reshaping, &mut error);
+        let mut rust_reshaping = rust
+            .resolve(&request)
+            .expect("resolve through the Rust face");
+        calls_rust_reshape(1, &mut rust_reshaping);
+        calls_rust_reshape(n, &mut rust_reshaping);
+        let word = std::sync::atomic::AtomicU64::new(0);
+        calls_locked(1, &word);
+        calls_locked(n, &word);
         println!("ran {n} calls of each execute path, {n} reshapes and {n} callback pairs");
         drop(rust_handle);
         service.release(handle, &mut error);
         return;
     }
 
+    let locked_t = Samples::default();
     let direct_t = Samples::default();
     let c_service_t = Samples::default();
     let rust_t = Samples::default();
@@ -505,6 +537,14 @@ fn main() {
             let elapsed = start.elapsed();
             assert!(ok, "direct execute failed: {}", message(&error));
             elapsed
+        })
+    });
+    let word = std::sync::atomic::AtomicU64::new(0);
+    g.bench_function("one compare-and-swap and a store, alone", |b| {
+        recorded(b, &locked_t, |iters| {
+            let start = Instant::now();
+            calls_locked(iters, &word);
+            start.elapsed()
         })
     });
     g.bench_function("C service execute", |b| {
@@ -791,6 +831,11 @@ fn main() {
         println!("\noperation service: test mode, one run each; the figures are not measurements");
     }
     println!("execute, tiny op ({ELEMENTS} f32 element), same args and error record:");
+    println!(
+        "  {:<34}{:>12}  (the floor of one exclusive call: the gate's locked pair)",
+        "compare-and-swap + store, alone",
+        show(m(&locked_t))
+    );
     println!(
         "  {:<34}{:>12}",
         "provider's execute, direct",

@@ -17,7 +17,7 @@ use std::borrow::Cow;
 use std::cell::{RefCell, UnsafeCell};
 use std::ffi::{c_void, CStr, CString};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -665,7 +665,7 @@ pub(crate) struct Resolved {
     contract: UnsafeCell<Contract>,
     /// The contract's scratch for `describe` and `scratch` calls, which the C face lets run
     /// beside an execute or a reshape (they never read `contract`).
-    published: Mutex<Scratch>,
+    published: PublishedScratch,
     /// What one call writes.
     call: UnsafeCell<CallCells>,
     /// What a reshape reuses.
@@ -765,6 +765,60 @@ struct CallCells {
     error: guild_error_info_t,
     /// The newest work mark per stream, for release to wait on.
     marks: Vec<Box<dyn WorkMark>>,
+}
+
+/// The scratch as `describe` and `scratch` report it: a sequence lock, so that a reader beside
+/// a reshape sees the old scratch or the new one, never a mix, and neither side takes a lock.
+struct PublishedScratch {
+    /// Odd while a write is in progress.
+    sequence: AtomicU32,
+    host_bytes: AtomicU64,
+    device_bytes: AtomicU64,
+    alignment: AtomicU32,
+}
+
+impl PublishedScratch {
+    fn new(s: Scratch) -> Self {
+        PublishedScratch {
+            sequence: AtomicU32::new(0),
+            host_bytes: AtomicU64::new(s.host_bytes),
+            device_bytes: AtomicU64::new(s.device_bytes),
+            alignment: AtomicU32::new(s.alignment),
+        }
+    }
+
+    fn read(&self) -> Scratch {
+        loop {
+            let before = self.sequence.load(Ordering::Acquire);
+            let s = Scratch {
+                host_bytes: self.host_bytes.load(Ordering::Relaxed),
+                device_bytes: self.device_bytes.load(Ordering::Relaxed),
+                alignment: self.alignment.load(Ordering::Relaxed),
+            };
+            std::sync::atomic::fence(Ordering::Acquire);
+            if before & 1 == 0 && self.sequence.load(Ordering::Relaxed) == before {
+                return s;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Publishes `s`.
+    ///
+    /// # Safety
+    /// Writers must be serialised (the handle's execute exclusivity, or `&mut`); a concurrent
+    /// second writer could leave readers spinning.
+    unsafe fn write(&self, s: Scratch) {
+        let before = self.sequence.load(Ordering::Relaxed);
+        self.sequence
+            .store(before.wrapping_add(1), Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        self.host_bytes.store(s.host_bytes, Ordering::Relaxed);
+        self.device_bytes.store(s.device_bytes, Ordering::Relaxed);
+        self.alignment.store(s.alignment, Ordering::Relaxed);
+        self.sequence
+            .store(before.wrapping_add(2), Ordering::Release);
+    }
 }
 
 /// What a reshape keeps from one to the next, so that a decode loop's reshapes reuse their
@@ -922,7 +976,7 @@ impl Resolved {
             candidate,
             passed_over,
             streams,
-            published: Mutex::new(scratch),
+            published: PublishedScratch::new(scratch),
             contract: UnsafeCell::new(Contract::new(query.clone(), scratch)),
             call: UnsafeCell::new(CallCells {
                 inputs: Vec::new(),
@@ -947,7 +1001,7 @@ impl Resolved {
 
     /// The scratch as `describe` and `scratch` report it, whatever else runs on the handle.
     pub(crate) fn published_scratch(&self) -> Scratch {
-        *self.published.lock().unwrap_or_else(|e| e.into_inner())
+        self.published.read()
     }
 
     /// Makes the Rust face's C tensors: the negotiated descriptors, without data.
@@ -1339,12 +1393,14 @@ impl Resolved {
         let old = unsafe { std::mem::replace(&mut *self.contract.get(), contract) };
         // SAFETY: as above.
         unsafe { (*self.reshaping.get()).keep(old) };
-        *self.published.lock().unwrap_or_else(|e| e.into_inner()) = scratch;
+        // SAFETY: `running` makes this the only writer.
+        unsafe { self.published.write(scratch) };
     }
 
     /// Installs a renegotiated contract in a Rust handle.
     pub(crate) fn install_mut(&mut self, contract: Contract) {
-        *self.published.get_mut().unwrap_or_else(|e| e.into_inner()) = contract.scratch;
+        // SAFETY: `&mut self`: the only writer.
+        unsafe { self.published.write(contract.scratch) };
         let old = std::mem::replace(self.contract.get_mut(), contract);
         self.reshaping.get_mut().keep(old);
         self.prepare_rust_calls();
