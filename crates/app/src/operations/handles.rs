@@ -162,6 +162,11 @@ impl Gate {
     /// published scratch, so it may run beside an `execute`).
     pub(crate) fn enter_shared(&self, generation: u64) -> Result<Shared<'_>, Refused> {
         loop {
+            // A stale number is refused before it touches the count, so that it cannot make a
+            // release of the slot's newer handle look busy.
+            if !Self::is_live_at(self.state.load(Ordering::Acquire), generation) {
+                return Err(Refused::Stale);
+            }
             if self.shared.fetch_add(1, Ordering::SeqCst) == u32::MAX {
                 self.shared.fetch_sub(1, Ordering::SeqCst);
                 return Err(Refused::Busy);
