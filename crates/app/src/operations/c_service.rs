@@ -99,6 +99,7 @@ enum Face {
 /// core alive until that library is closed. A runner's is the address of the core's
 /// [`RunnerCell`](super::core::RunnerCell), which is never freed and names the core until its
 /// registry drops; the runner keeps the registry alive while it calls.
+#[inline(always)]
 unsafe fn core_of<'c>(user: *mut c_void) -> Option<(&'c ServiceCore, Face)> {
     if user as usize & 1 == 1 {
         let core = user.cast::<u8>().wrapping_sub(1);
@@ -116,6 +117,7 @@ unsafe fn core_of<'c>(user: *mut c_void) -> Option<(&'c ServiceCore, Face)> {
 ///
 /// # Safety
 /// As for [`core_of`].
+#[inline(always)]
 unsafe fn open_core<'c>(
     user: *mut c_void,
     entry: &str,
@@ -127,6 +129,7 @@ unsafe fn open_core<'c>(
     }
 }
 
+#[cold]
 fn destroyed(entry: &str) -> Failure {
     Failure::new(
         GUILD_STATUS_ERR_STATE,
@@ -135,23 +138,31 @@ fn destroyed(entry: &str) -> Failure {
 }
 
 /// The slot a caller's handle names, or why it names none of this core's.
+#[inline(always)]
 fn name_of(
     core: &ServiceCore,
     handle: *mut guild_op_handle_t,
     entry: &str,
 ) -> Result<HandleName, Failure> {
-    if handle.is_null() {
-        return Err(Failure::invalid(format!("{entry}: the handle is NULL")));
+    match core.handles.decode(handle as usize as u64) {
+        Some(name) if !handle.is_null() => Ok(name),
+        _ => Err(not_a_handle(handle, entry)),
     }
-    core.handles.decode(handle as usize as u64).ok_or_else(|| {
-        Failure::invalid(format!(
-            "{entry}: the handle was not issued by this operation service"
-        ))
-    })
+}
+
+#[cold]
+fn not_a_handle(handle: *mut guild_op_handle_t, entry: &str) -> Failure {
+    if handle.is_null() {
+        return Failure::invalid(format!("{entry}: the handle is NULL"));
+    }
+    Failure::invalid(format!(
+        "{entry}: the handle was not issued by this operation service"
+    ))
 }
 
 /// The status and message of a handle the gate refused. Once the registry is gone, a handle that
 /// is no longer live may have been released with it, so that is what the caller is told.
+#[cold]
 fn refused(core: &ServiceCore, entry: &str, why: Refused) -> Failure {
     match why {
         Refused::Stale if core.is_closed() => Failure::new(
@@ -699,17 +710,17 @@ unsafe fn execute_checked(
     let (core, face) = unsafe { open_core(user, "execute") }?;
     let name = name_of(core, handle, "execute")?;
     if args.is_null() || !args.is_aligned() {
-        return Err(Failure::invalid("execute: args is NULL or misaligned"));
+        return Err(bad_args(0, false));
     }
     // SAFETY: non-NULL and aligned; its first field is the caller's size.
     let size = unsafe { args.cast::<u32>().read() };
     if (size as usize) < size_of::<guild_execute_args_v1_t>() {
-        return Err(small_args(size));
+        return Err(bad_args(size, true));
     }
     // SAFETY: at least as large as the struct this host knows.
     let a = unsafe { &*args };
     if a.reserved != 0 {
-        return Err(Failure::invalid("execute: args.reserved must be zero"));
+        return Err(bad_args(size, false));
     }
     // SAFETY: the arrays are the caller's, valid for this call.
     let inputs = unsafe { tensor_slice(a.inputs, a.input_count, "input") }?;
@@ -746,12 +757,20 @@ unsafe fn execute_checked(
     }
 }
 
+/// Why execute's args record was refused: NULL or misaligned (`size` 0), too small, or with
+/// its reserved field set.
 #[cold]
-fn small_args(size: u32) -> Failure {
-    Failure::invalid(format!(
-        "execute: args.struct_size is {size}, smaller than the {} bytes of this version",
-        size_of::<guild_execute_args_v1_t>()
-    ))
+fn bad_args(size: u32, small: bool) -> Failure {
+    if small {
+        return Failure::invalid(format!(
+            "execute: args.struct_size is {size}, smaller than the {} bytes of this version",
+            size_of::<guild_execute_args_v1_t>()
+        ));
+    }
+    if size == 0 {
+        return Failure::invalid("execute: args is NULL or misaligned");
+    }
+    Failure::invalid("execute: args.reserved must be zero")
 }
 
 /// A failed execute: the provider's status when the provider failed (its report is in the
@@ -785,6 +804,7 @@ fn provider_or_failure(
 ///
 /// # Safety
 /// `error` must be NULL or a caller-initialised record valid for this call.
+#[inline(always)]
 unsafe fn usable_record(error: *mut guild_error_info_t) -> Option<*mut guild_error_info_t> {
     if error.is_null() || !error.is_aligned() {
         return None;
@@ -800,6 +820,7 @@ unsafe fn usable_record(error: *mut guild_error_info_t) -> Option<*mut guild_err
 ///
 /// # Safety
 /// `tensors` must be NULL or point at `count` readable descriptors valid for this call.
+#[inline(always)]
 unsafe fn tensor_slice<'a>(
     tensors: *const guild_tensor_desc_v1_t,
     count: usize,
@@ -809,14 +830,20 @@ unsafe fn tensor_slice<'a>(
         return Ok(&[]);
     }
     if tensors.is_null() || !tensors.is_aligned() || count > MAX_QUERY_TENSORS {
-        return Err(Failure::invalid(format!(
-            "execute: the {role} array is NULL, misaligned or too long ({count} entries)"
-        )));
+        return Err(bad_array(role, count));
     }
     // SAFETY: non-NULL, aligned, and `count` descriptors long by the caller's contract.
     Ok(unsafe { std::slice::from_raw_parts(tensors, count) })
 }
 
+#[cold]
+fn bad_array(role: &str, count: usize) -> Failure {
+    Failure::invalid(format!(
+        "execute: the {role} array is NULL, misaligned or too long ({count} entries)"
+    ))
+}
+
+#[cold]
 fn execute_failure(e: ExecuteError) -> Failure {
     let status = match &e {
         ExecuteError::Reentrant => GUILD_STATUS_ERR_BUSY,
