@@ -212,6 +212,12 @@ impl Service {
         assert_eq!(status, GUILD_STATUS_OK, "reshape: {}", message(error));
     }
 
+    /// Executes on the tensors in `io` (no scratch, stream or params), which must succeed.
+    fn execute_ok(&self, h: Raw, io: &[guild_tensor_desc_v1_t; 2], error: &mut guild_error_info_t) {
+        let status = self.execute(h, &c_args(io), error);
+        assert_eq!(status, GUILD_STATUS_OK, "execute: {}", message(error));
+    }
+
     fn release(&self, h: Raw, error: &mut guild_error_info_t) {
         // SAFETY: a live handle of this service that no other call is using.
         let status = unsafe { self.0.release.unwrap()(self.0.user, h.0, error) };
@@ -772,8 +778,7 @@ fn main() {
                         service.reshape(h, black_box(&io), &mut error);
                         timed += start.elapsed();
                     }
-                    let status = service.execute(h, &c_args(&io), &mut error);
-                    assert_eq!(status, GUILD_STATUS_OK, "{}", message(&error));
+                    service.execute_ok(h, &io, &mut error);
                 }
                 let start = Instant::now();
                 service.release(h, &mut error);
@@ -791,8 +796,7 @@ fn main() {
                     let start = Instant::now();
                     let h = service.resolve(black_box(&c_query(&op, &io, None)), &mut error);
                     timed += start.elapsed();
-                    let status = service.execute(h, &c_args(&io), &mut error);
-                    assert_eq!(status, GUILD_STATUS_OK, "{}", message(&error));
+                    service.execute_ok(h, &io, &mut error);
                     let start = Instant::now();
                     service.release(h, &mut error);
                     timed += start.elapsed();

@@ -477,22 +477,15 @@ impl<'p> CNegotiator<'p> {
         Ok(stored.kernel.provider.as_ref())
     }
 
-    /// Runs `call` with a C query built from `query` for candidate `candidate`; every pointer
-    /// in it lives until `call` returns, which is what [`QueryCall`] vouches for.
-    fn with_query<T>(
-        &self,
-        candidate: &OpCandidate,
-        query: &OpQuery,
-        call: impl FnOnce(QueryCall<'_>) -> T,
-    ) -> T {
-        let parts = QueryParts {
+    /// What the C queries of this negotiation point at.
+    fn parts(&self) -> QueryParts<'_> {
+        QueryParts {
             op_name: &self.op_name,
             exact: self.exact.as_deref(),
             inputs: &self.inputs,
             outputs: &self.outputs,
             params: self.params,
-        };
-        with_c_query(&parts, candidate, query, call)
+        }
     }
 }
 
@@ -563,6 +556,46 @@ fn with_c_query<T>(
     call(unsafe { QueryCall::new(&c_query) })
 }
 
+/// Asks `provider` to validate the C query of `query` for `candidate`.
+fn ask_validate(
+    provider: &dyn KernelProvider,
+    parts: &QueryParts<'_>,
+    candidate: &OpCandidate,
+    query: &OpQuery,
+    error: &mut guild_error_info_t,
+) -> Result<(), ProviderRefusal> {
+    let status = with_c_query(parts, candidate, query, |q| provider.validate(q, error));
+    if status == GUILD_STATUS_OK {
+        Ok(())
+    } else {
+        Err(ProviderRefusal::new(status, error_text(error)))
+    }
+}
+
+/// Asks `provider` for the scratch of the C query of `query` for `candidate`: the request and
+/// the alignment it asked for.
+fn ask_scratch(
+    provider: &dyn KernelProvider,
+    parts: &QueryParts<'_>,
+    candidate: &OpCandidate,
+    query: &OpQuery,
+    error: &mut guild_error_info_t,
+) -> Result<(ScratchRequest, u32), ProviderRefusal> {
+    let mut scratch = guild_scratch_request_v1_t {
+        struct_size: size_of::<guild_scratch_request_v1_t>() as u32,
+        alignment: 0,
+        host_bytes: 0,
+        device_bytes: 0,
+    };
+    let status = with_c_query(parts, candidate, query, |q| {
+        provider.query_scratch(q, &mut scratch, error)
+    });
+    if status != GUILD_STATUS_OK {
+        return Err(ProviderRefusal::new(status, error_text(error)));
+    }
+    Ok((scratch_request(&scratch)?, scratch.alignment))
+}
+
 /// A provider's scratch answer as the domain takes it, or the refusal of an alignment that is
 /// not a power of two.
 fn scratch_request(
@@ -595,12 +628,7 @@ impl Negotiator for CNegotiator<'_> {
         // The provider's library stays loaded while the snapshot that `self.stored` borrows
         // from lives. It is a negotiation callback: it must not retain the query or reenter the
         // registry, which is not locked here.
-        let status = self.with_query(candidate, query, |q| provider.validate(q, &mut error));
-        if status == GUILD_STATUS_OK {
-            Ok(())
-        } else {
-            Err(ProviderRefusal::new(status, error_text(&error)))
-        }
+        ask_validate(provider, &self.parts(), candidate, query, &mut error)
     }
 
     fn query_scratch(
@@ -611,21 +639,10 @@ impl Negotiator for CNegotiator<'_> {
     ) -> Result<ScratchRequest, ProviderRefusal> {
         let provider = self.op(index)?;
         let mut error = self.fresh_error();
-        let mut scratch = guild_scratch_request_v1_t {
-            struct_size: size_of::<guild_scratch_request_v1_t>() as u32,
-            alignment: 0,
-            host_bytes: 0,
-            device_bytes: 0,
-        };
-        let status = self.with_query(candidate, query, |q| {
-            provider.query_scratch(q, &mut scratch, &mut error)
-        });
-        if status != GUILD_STATUS_OK {
-            return Err(ProviderRefusal::new(status, error_text(&error)));
-        }
-        let request = scratch_request(&scratch)?;
+        let (request, alignment) =
+            ask_scratch(provider, &self.parts(), candidate, query, &mut error)?;
         if let Some(slot) = self.alignments.borrow_mut().get_mut(index) {
-            *slot = scratch.alignment;
+            *slot = alignment;
         }
         Ok(request)
     }
@@ -876,14 +893,7 @@ impl Negotiator for Renegotiator<'_> {
         query: &OpQuery,
     ) -> Result<(), ProviderRefusal> {
         let mut error = self.fresh_error();
-        let status = with_c_query(&self.parts, candidate, query, |q| {
-            self.provider.validate(q, &mut error)
-        });
-        if status == GUILD_STATUS_OK {
-            Ok(())
-        } else {
-            Err(ProviderRefusal::new(status, error_text(&error)))
-        }
+        ask_validate(self.provider, &self.parts, candidate, query, &mut error)
     }
 
     fn query_scratch(
@@ -893,20 +903,9 @@ impl Negotiator for Renegotiator<'_> {
         query: &OpQuery,
     ) -> Result<ScratchRequest, ProviderRefusal> {
         let mut error = self.fresh_error();
-        let mut scratch = guild_scratch_request_v1_t {
-            struct_size: size_of::<guild_scratch_request_v1_t>() as u32,
-            alignment: 0,
-            host_bytes: 0,
-            device_bytes: 0,
-        };
-        let status = with_c_query(&self.parts, candidate, query, |q| {
-            self.provider.query_scratch(q, &mut scratch, &mut error)
-        });
-        if status != GUILD_STATUS_OK {
-            return Err(ProviderRefusal::new(status, error_text(&error)));
-        }
-        let request = scratch_request(&scratch)?;
-        self.alignment.set(scratch.alignment);
+        let (request, alignment) =
+            ask_scratch(self.provider, &self.parts, candidate, query, &mut error)?;
+        self.alignment.set(alignment);
         Ok(request)
     }
 }
