@@ -71,6 +71,10 @@ static guild_status_t many_validate(void* user_data, const guild_operation_query
         return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, m->impl_id,
                                     "the output must have the input's extent");
     }
+    /* The contract declares rank 1, and only dims[0] is read: refuse what would be dropped. */
+    if (query->inputs[0].rank != 1u || query->outputs[0].rank != 1u) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, m->impl_id, "rank-1 tensors only");
+    }
     if (query->params == NULL || query->params_size == 0u) {
         return GUILD_STATUS_OK;
     }

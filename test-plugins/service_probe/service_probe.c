@@ -195,6 +195,11 @@ static guild_status_t stream_validate(void* user_data, const guild_operation_que
         return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, PROBE_COMPONENT,
                                     "input and output must have the same dtype and length");
     }
+    /* The contract declares rank 1; the copy reads dims[0] only, so refuse what it would drop. */
+    if (query->inputs[0].rank != 1u || query->outputs[0].rank != 1u) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, PROBE_COMPONENT,
+                                    "the stream copies take rank-1 tensors only");
+    }
     return GUILD_STATUS_OK;
 }
 

@@ -6,7 +6,8 @@
 //! examples/c-runner), trust the key, verify, install, run the operations through the service
 //! with the example runner, show that the host refuses what it must refuse (an untrusted
 //! publisher, a tampered package, disabling a module others depend on), install a second
-//! version and roll back.
+//! version and roll back while a serving runner (`guild-example-runner --serve`) runs in the
+//! background and switches versions without a restart.
 //!
 //! Every step prints what it does, the command, and the command's output. Each command's exit
 //! code and the facts its output must state (ids, versions, results) are checked; anything else
@@ -15,9 +16,11 @@
 //! times.
 
 use std::fs;
+use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
 
 use crate::{sdk, tools, util};
 
@@ -254,6 +257,10 @@ pub fn run() -> Result<(), String> {
         &[SCAN.id, DEPENDENT.id, C_RUNNER.id],
     )?;
 
+    demo.title("Start a serving runner in the background; it follows the store by itself");
+    let serving = demo.serve(&store, INCLUSIVE_OP)?;
+    serving.wait_for("example.scan@1.0.0 ok")?;
+
     demo.title("Install version 1.1.0 of the scan module (the same library, packed anew)");
     let template = demo.template(&SCAN, "1.1.0", &manifests)?;
     let scan_11 = demo.show(&packages.join("example.scan-1.1.0.gkmodule"));
@@ -276,6 +283,8 @@ pub fn run() -> Result<(), String> {
         OK,
         &[SCAN.id, "1.1.0", "1.0.0"],
     )?;
+    println!("   the serving runner, without a restart:");
+    serving.wait_for("example.scan@1.1.0 ok")?;
     demo.run_runner(
         &store,
         &[INCLUSIVE_OP],
@@ -292,6 +301,9 @@ pub fn run() -> Result<(), String> {
         OK,
         &[SCAN.id, "1.0.0"],
     )?;
+    println!("   the serving runner, without a restart:");
+    serving.wait_for("example.scan@1.0.0 ok")?;
+    drop(serving);
     demo.guild(&["--store", &store, "list"], OK, &[])?;
     demo.expect_listed(
         &store,
@@ -388,6 +400,44 @@ impl Demo {
         self.command(&self.guild, &shown, args, code, facts)
     }
 
+    /// Starts `runner --serve` on `store` for `op` in the background; its lines are shown as
+    /// they are awaited.
+    fn serve(&self, store: &str, op: &str) -> Result<Serving, String> {
+        let args = ["--serve", "--interval-ms", "100", store, op];
+        println!("   $ {} {} &", self.show(&self.runner), args.join(" "));
+        let mut child = Command::new(&self.runner)
+            .current_dir(&self.root)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", self.runner.display()))?;
+        let (tx, lines) = channel();
+        for stream in [
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        Ok(Serving { child, lines })
+    }
+
     fn run_runner(&self, store: &str, ops: &[&str], facts: &[&str]) -> Result<String, String> {
         let mut args = vec![store];
         args.extend_from_slice(ops);
@@ -477,6 +527,47 @@ impl Demo {
             ));
         }
         Ok(())
+    }
+}
+
+/// A runner serving in the background, stopped when dropped.
+struct Serving {
+    child: Child,
+    lines: Receiver<String>,
+}
+
+impl Serving {
+    /// Shows the runner's lines (its repeats folded) until one ends with `want`.
+    fn wait_for(&self, want: &str) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut last: Option<String> = None;
+        let mut repeats = 0;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self.lines.recv_timeout(left).map_err(|_| {
+                format!("the serving runner did not print `... {want}` within 20 s")
+            })?;
+            if last.as_deref() == Some(line.as_str()) {
+                repeats += 1;
+            } else {
+                if repeats > 0 {
+                    println!("     (the same line {repeats} more time(s))");
+                }
+                println!("     {line}");
+                repeats = 0;
+                last = Some(line.clone());
+            }
+            if line.ends_with(want) {
+                return Ok(());
+            }
+        }
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

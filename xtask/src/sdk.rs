@@ -55,6 +55,16 @@ const EXPECTED_PLUGINS: &[&str] = &[
     "runner_llama_broken",
     "runner_hybrid",
     "runner_hybrid_bad",
+    "faulty_none",
+    "faulty_write_past",
+    "faulty_read_before",
+    "faulty_ignores_strides",
+    "faulty_rank_accept",
+    "faulty_nondeterministic",
+    "faulty_crash_init",
+    "faulty_hang_execute",
+    "compat_scan",
+    "compat_dependent",
     // examples/c-runner, built as part of test-plugins.
     "example_c_runner",
 ];

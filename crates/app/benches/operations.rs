@@ -449,9 +449,11 @@ fn main() {
         .map(u32::to_ne_bytes)
         .concat();
     let refused = rust
+        .reporting()
         .resolve_with_params(&request, &param_bytes)
         .expect("resolve through the Rust face")
         .passed_over()
+        .expect("a reporting service keeps the report")
         .iter()
         .filter(|p| {
             p.to_string()

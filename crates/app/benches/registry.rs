@@ -1,6 +1,9 @@
 //! Kernel-registry lookups against a `Mutex<HashMap>` baseline, in the same run: `find_by_id`
 //! latency on one thread, and lookup throughput on one and two threads.
 
+#[path = "common/mod.rs"]
+mod common;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,20 +14,10 @@ use guild_domain::ids::{ImplId, OpName, PackageId};
 use guild_domain::operation::Backend;
 use guild_domain::version::Version;
 use guild_host::registry::StandaloneRegistry;
-use guild_ports::loader::{LoadedLibrary, LoadedPlugin, RegisteredKernel};
+use guild_ports::loader::{LoadedPlugin, RegisteredKernel};
 use guild_ports::provider::NoCallbacks;
 
-#[derive(Debug)]
-struct NoLibrary(PackageId, Version);
-
-impl LoadedLibrary for NoLibrary {
-    fn package(&self) -> &PackageId {
-        &self.0
-    }
-    fn version(&self) -> &Version {
-        &self.1
-    }
-}
+use common::NoLibrary;
 
 const PACKAGES: usize = 64;
 const KERNELS_PER_PACKAGE: usize = 8;

@@ -223,6 +223,22 @@ pub enum HostError {
         #[source]
         failure: crate::publication::LibraryCheckFailure,
     },
+    /// The build was not loaded: a process died while running its `init` (see
+    /// [`crate::crash_quarantine`]); a new version, or `guild quarantine clear`, lifts it.
+    #[error("{}", .record.describe())]
+    CrashQuarantined {
+        /// The load that crashed.
+        record: crate::crash_quarantine::CrashRecord,
+    },
+    /// The durable record of a load, or the quarantine it leaves, could not be written or read.
+    #[error("crash quarantine record {}: {source}", .path.display())]
+    CrashRecord {
+        /// The record's directory.
+        path: PathBuf,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 fn list(problems: &[GraphProblem]) -> String {
@@ -267,11 +283,27 @@ impl HostError {
             | HostError::Load(_)
             | HostError::UndeclaredBackend { .. }
             | HostError::RegistrationMismatch { .. }
-            | HostError::LibraryCheck { .. } => ErrorCategory::PackageRejected,
+            | HostError::LibraryCheck { .. }
+            | HostError::CrashQuarantined { .. } => ErrorCategory::PackageRejected,
+            HostError::CrashRecord { .. } => ErrorCategory::Store,
             HostError::RegistryChange(crate::registry::RegistryChangeError::NotLoaded {
                 ..
             }) => ErrorCategory::NotFound,
             HostError::RegistryChange(_) => ErrorCategory::Refused,
+        }
+        .refined_for(self)
+    }
+}
+
+impl ErrorCategory {
+    /// A store error that refuses a change (a version a live process pins) is a refusal, not a
+    /// broken store.
+    fn refined_for(self, e: &HostError) -> ErrorCategory {
+        match e {
+            HostError::Store(s) if s.kind == guild_ports::store::StoreErrorKind::Pinned => {
+                ErrorCategory::Refused
+            }
+            _ => self,
         }
     }
 }

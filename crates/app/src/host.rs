@@ -27,9 +27,11 @@ use crate::models::{BoundModel, ModelRunnerRegistry, SelectFileError};
 use crate::operations::DeviceSupport;
 use crate::package_manager::{
     Change, InstallOptions, Installed, LifecycleHook, OpenReport, PackageManager, PackageView,
-    Quarantined,
+    PlannedPackage, Quarantined,
 };
 use crate::registry::{Drain, KernelRegistry, PreparedPublication, RegistryChangeError};
+use guild_ports::loader::LoadedLibrary;
+use guild_ports::store::StorePin;
 
 /// One package the host loaded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +58,103 @@ pub struct LoadReport {
     pub skipped: Vec<Quarantined>,
 }
 
+/// What one [`Host::refresh`] did to follow the store.
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct RefreshReport {
+    /// The committed generation the host had caught up with before.
+    pub from_generation: u64,
+    /// The committed generation it follows now.
+    pub generation: u64,
+    /// New versions authenticated, loaded and published (a version that replaced another
+    /// included).
+    pub loaded: Vec<LoadedSummary>,
+    /// Package versions taken out of the registry: disabled, removed, rolled back from,
+    /// replaced, revoked, or failing verification. Their libraries close with their last
+    /// bindings.
+    pub taken_out: Vec<Quarantined>,
+    /// Switches that wait for live bindings to be released: the old version stays in service
+    /// (its bindings answer `is_current() == false`) until a later refresh finds them gone.
+    pub deferred: Vec<DeferredSwitch>,
+    /// Versions taken out because the trust store no longer authenticates them (a revoked key or
+    /// payload) while live bindings still run their code: drop those handles.
+    pub revoked_live: Vec<RevokedLive>,
+    /// New versions whose library failed to load or register, with the error.
+    pub failed: Vec<(PackageId, Version, HostError)>,
+    /// Enabled versions this host does not load because they fail verification here (or depend
+    /// on one that does); a reader records nothing, the next writer does.
+    pub unusable: Vec<Quarantined>,
+}
+
+impl RefreshReport {
+    /// Whether the refresh changed nothing in the registry and nothing waits.
+    pub fn is_quiet(&self) -> bool {
+        self.loaded.is_empty()
+            && self.taken_out.is_empty()
+            && self.deferred.is_empty()
+            && self.revoked_live.is_empty()
+            && self.failed.is_empty()
+    }
+}
+
+/// A switch of a package that live bindings hold, postponed until they are released.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeferredSwitch {
+    /// The package.
+    pub id: PackageId,
+    /// The version loaded and still serving.
+    pub from: Version,
+    /// The version the store now enables, or `None` when the package is to be taken out.
+    pub to: Option<Version>,
+    /// Live bindings (operation handles, bound kernels or runners) at the check.
+    pub bindings: u64,
+}
+
+impl fmt::Display for DeferredSwitch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let to = self
+            .to
+            .as_ref()
+            .map_or_else(|| "out".to_owned(), |v| format!("to {v}"));
+        write!(
+            f,
+            "{}@{} switches {to} once its {} live binding(s) are released",
+            self.id, self.from, self.bindings
+        )
+    }
+}
+
+/// A revoked version that live bindings still run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RevokedLive {
+    /// The package.
+    pub id: PackageId,
+    /// The revoked version.
+    pub version: Version,
+    /// Live bindings into it when it was taken out.
+    pub bindings: u64,
+    /// Why it no longer authenticates.
+    pub reason: String,
+}
+
+/// A loaded library together with the pin that keeps its files in the store: the pin goes
+/// when the library closes (after the last binding into it).
+#[derive(Debug)]
+struct PinnedLibrary {
+    library: Arc<dyn LoadedLibrary>,
+    _pin: StorePin,
+}
+
+impl LoadedLibrary for PinnedLibrary {
+    fn package(&self) -> &PackageId {
+        self.library.package()
+    }
+
+    fn version(&self) -> &Version {
+        self.library.version()
+    }
+}
+
 /// The host that runners embed: a store of signed packages, the libraries of the enabled ones
 /// loaded, and the kernel registry that the operation service resolves against.
 ///
@@ -63,8 +162,11 @@ pub struct LoadReport {
 /// [`enable`](Host::enable), [`disable`](Host::disable), [`remove`](Host::remove),
 /// [`rollback`](Host::rollback)) is one transaction across the store, the loader and the
 /// registry, serialised by the host's lifecycle lock. Lookups and operation calls never take that
-/// lock. A `Host` holds its store's lock while it lives, so the `guild` command line reports the
-/// store as locked until the host is dropped.
+/// lock. A `Host` reads its store without the store's lock (one committed generation at a time)
+/// and takes the lock only for the one transaction of a change it makes itself, so `guild`
+/// commands and other runners use the store while it serves. Each version it loads is pinned
+/// (its files stay while the library is loaded), and [`Host::refresh`] or a
+/// [`Host::watch`]er follows what others commit.
 ///
 /// # Examples
 ///
@@ -96,6 +198,11 @@ pub struct Host {
     /// The provider lifecycle lock: loading, publication, enable, disable, remove and rollback
     /// are serialised by it. Lookups never take it.
     lifecycle: Mutex<()>,
+    /// Packages whose switch a refresh deferred, so that the next refresh tries again even when
+    /// nothing new was committed.
+    deferred: Mutex<BTreeSet<PackageId>>,
+    /// The store's crash records and quarantine, when the host was opened on a store directory.
+    crashes: Option<crate::crash_quarantine::CrashLedger>,
 }
 
 impl std::fmt::Debug for Host {
@@ -126,6 +233,8 @@ impl Host {
             kernels: KernelRegistry::with_devices(devices),
             loader,
             lifecycle: Mutex::new(()),
+            deferred: Mutex::new(BTreeSet::new()),
+            crashes: None,
         }
     }
 
@@ -316,7 +425,26 @@ impl Host {
         dir: &Path,
         metadata: &Metadata,
     ) -> Result<LoadedPlugin, HostError> {
-        crate::publication::load_checked(
+        // A build whose init killed a process is refused; any other runs under a durable record
+        // that outlives this process only if init does not return (crate::crash_quarantine).
+        let digest = metadata.payload_digest();
+        let loading = match &self.crashes {
+            Some(ledger) => {
+                if let Some(record) = ledger.entry(&digest) {
+                    return Err(HostError::CrashQuarantined { record });
+                }
+                Some(ledger.begin(id, version, &digest).map_err(|source| {
+                    HostError::CrashRecord {
+                        path: ledger.loading_dir().to_path_buf(),
+                        source,
+                    }
+                })?)
+            }
+            None => None,
+        };
+        // Pinned before the library opens, for as long as it is loaded.
+        let pin = self.packages.pin(id, version)?;
+        let loaded = crate::publication::load_checked(
             &*self.loader,
             id,
             version,
@@ -326,7 +454,245 @@ impl Host {
             // Every plugin gets the service through its host table's tail; the library keeps
             // the service's core alive until it is closed.
             Some(self.kernels.plugin_service()),
-        )
+        );
+        drop(loading);
+        if let (Ok(_), Some(ledger)) = (&loaded, &self.crashes) {
+            // Another build of the package loaded: the quarantine of its crashed ones is lifted.
+            let _ = ledger.clear(id.as_str(), Some(&digest));
+        }
+        let mut plugin = loaded?;
+        plugin.library = Arc::new(PinnedLibrary {
+            library: plugin.library,
+            _pin: pin,
+        });
+        Ok(plugin)
+    }
+
+    /// Follows the store: moves to the newest committed generation (one read of the registry
+    /// file when nothing changed), authenticates and loads new versions, takes disabled,
+    /// removed, rolled-back and revoked versions out, and publishes the result. A package with
+    /// live bindings is switched only once they are released: it is reported in
+    /// [`RefreshReport::deferred`], its bindings answer `is_current() == false`, and the next
+    /// refresh tries again. A revoked version is taken out at once whatever holds it (new
+    /// resolutions no longer find it); the bindings that still run it are in
+    /// [`RefreshReport::revoked_live`].
+    pub fn refresh(&self) -> Result<RefreshReport, HostError> {
+        let _lifecycle = self.lock();
+        let refreshed = self.packages.refresh()?;
+        let mut report = RefreshReport {
+            from_generation: refreshed.from_generation,
+            generation: refreshed.generation,
+            unusable: refreshed.unusable,
+            ..RefreshReport::default()
+        };
+        let pending = !self.deferred().is_empty();
+        if refreshed.generation == refreshed.from_generation && !pending {
+            return Ok(report);
+        }
+        self.deferred().clear();
+        let plan = self.packages.load_plan()?;
+        let wanted: std::collections::BTreeMap<&PackageId, &Version> =
+            plan.order.iter().map(|p| (&p.id, &p.version)).collect();
+        // What the new generation no longer wants loaded (or wants at another version).
+        for (id, version) in self.kernels.loaded_packages() {
+            let to = wanted.get(&id).map(|v| (*v).clone());
+            if to.as_ref() == Some(&version) {
+                self.kernels.set_superseded(&id, false);
+                continue;
+            }
+            let distrusted = match self.packages.check_loadable(&id, &version) {
+                Err(e @ HostError::Unauthenticated { .. }) => Some(e.to_string()),
+                _ => None,
+            };
+            if let Some(reason) = distrusted {
+                if let Ok(unloaded) = self.kernels.unload(&id) {
+                    if unloaded.deferred_bindings > 0 {
+                        report.revoked_live.push(RevokedLive {
+                            id: id.clone(),
+                            version: version.clone(),
+                            bindings: unloaded.deferred_bindings,
+                            reason: reason.clone(),
+                        });
+                    }
+                }
+                report.taken_out.push(Quarantined {
+                    id,
+                    version,
+                    reason: format!("no longer authenticated: {reason}"),
+                });
+                continue;
+            }
+            if to.is_some() {
+                continue; // A switch: the loading pass below decides.
+            }
+            match self.kernels.drain(&id) {
+                Ok(drain) => {
+                    let _ = self.kernels.unload(&id);
+                    drain.finish();
+                    report.taken_out.push(Quarantined {
+                        id,
+                        version,
+                        reason: "the store no longer enables it".to_owned(),
+                    });
+                }
+                Err(RegistryChangeError::Bound { bindings, .. }) => {
+                    self.defer(&mut report, id, version, None, bindings);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        for planned in &plan.order {
+            let current = self.kernels.loaded_version(&planned.id);
+            if current.as_ref() == Some(&planned.version) {
+                continue;
+            }
+            let bindings = self.kernels.live_bindings(&planned.id);
+            if let (Some(from), true) = (&current, bindings > 0) {
+                let to = Some(planned.version.clone());
+                self.defer(&mut report, planned.id.clone(), from.clone(), to, bindings);
+                continue;
+            }
+            match self.switch_to(planned, current.is_some()) {
+                Ok(Switched::Loaded(summary)) => {
+                    if let Some(from) = current {
+                        report.taken_out.push(Quarantined {
+                            id: planned.id.clone(),
+                            version: from,
+                            reason: format!("replaced by {}", planned.version),
+                        });
+                    }
+                    report.loaded.push(summary);
+                }
+                Ok(Switched::Bound(bindings)) => {
+                    let (id, to) = (planned.id.clone(), Some(planned.version.clone()));
+                    let from = current.unwrap_or_else(|| planned.version.clone());
+                    self.defer(&mut report, id, from, to, bindings);
+                }
+                Err(e) => report
+                    .failed
+                    .push((planned.id.clone(), planned.version.clone(), e)),
+            }
+        }
+        Ok(report)
+    }
+
+    fn deferred(&self) -> MutexGuard<'_, BTreeSet<PackageId>> {
+        self.deferred.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn defer(
+        &self,
+        report: &mut RefreshReport,
+        id: PackageId,
+        from: Version,
+        to: Option<Version>,
+        bindings: u64,
+    ) {
+        self.kernels.set_superseded(&id, true);
+        self.deferred().insert(id.clone());
+        report.deferred.push(DeferredSwitch {
+            id,
+            from,
+            to,
+            bindings,
+        });
+    }
+
+    /// Loads `planned` and publishes it, replacing the loaded version when `replaces` (which
+    /// must then have no live binding at the drain).
+    fn switch_to(&self, planned: &PlannedPackage, replaces: bool) -> Result<Switched, HostError> {
+        let metadata = self
+            .packages
+            .metadata(&planned.id, &planned.version)
+            .ok_or_else(|| HostError::InstalledTree {
+                package: format!("{}@{}", planned.id, planned.version),
+                path: planned.dir.clone(),
+                problem: "its metadata was not loaded".into(),
+            })?;
+        self.packages
+            .check_loadable(&planned.id, &planned.version)?;
+        self.check_dependencies_loaded(&planned.id, &planned.version, &metadata)?;
+        let plugin = self.load(&planned.id, &planned.version, &planned.dir, &metadata)?;
+        let (kernels, runners) = (plugin.kernels.len(), plugin.runners.len());
+        let prepared = self
+            .kernels
+            .prepare(&planned.id, &planned.version, plugin, true)?;
+        let drain = if replaces {
+            match self.kernels.drain(&planned.id) {
+                Ok(drain) => Some(drain),
+                // Dropping the prepared publication closes the new library again.
+                Err(RegistryChangeError::Bound { bindings, .. }) => {
+                    return Ok(Switched::Bound(bindings))
+                }
+                Err(e) => return Err(e.into()),
+            }
+        } else {
+            None
+        };
+        self.kernels.commit(prepared);
+        if let Some(drain) = drain {
+            drain.finish();
+        }
+        Ok(Switched::Loaded(LoadedSummary {
+            id: planned.id.clone(),
+            version: planned.version.clone(),
+            kernels,
+            runners,
+        }))
+    }
+
+    /// Starts following the store in the background: a thread that calls [`Host::refresh`]
+    /// whenever a new generation is committed (an inotify watch on the registry file, through
+    /// the file-system adapter), and also every `fallback` in case a notification was lost.
+    /// `on_refresh` sees each report that did something (not quiet) or failed. The thread holds
+    /// the host weakly and ends when the watcher is dropped or the host is.
+    pub fn watch(
+        self: &Arc<Self>,
+        fallback: Duration,
+        on_refresh: impl Fn(&Result<RefreshReport, HostError>) + Send + 'static,
+    ) -> Result<HostWatcher, HostError> {
+        let (tx, rx) = std::sync::mpsc::channel::<bool>();
+        let notice = tx.clone();
+        let store_watch =
+            guild_adapters_fs::store::StoreWatcher::new(&self.packages.store_root(), move || {
+                let _ = notice.send(true);
+            })?;
+        let host = Arc::downgrade(self);
+        let thread = std::thread::Builder::new()
+            .name("guild-watch".into())
+            .spawn(move || loop {
+                match rx.recv_timeout(fallback) {
+                    Ok(false) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+                    Ok(true) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                }
+                // Several commits in a row are one refresh.
+                let mut stop = false;
+                while let Ok(more) = rx.try_recv() {
+                    stop |= !more;
+                }
+                if stop {
+                    return;
+                }
+                let Some(host) = host.upgrade() else { return };
+                let outcome = host.refresh();
+                if outcome.as_ref().map_or(true, |r| !r.is_quiet()) {
+                    on_refresh(&outcome);
+                }
+            })
+            .map_err(|e| {
+                HostError::Store(
+                    guild_ports::store::StoreError::new(
+                        guild_ports::store::StoreErrorKind::Io,
+                        "start the store watcher thread",
+                    )
+                    .caused_by(e),
+                )
+            })?;
+        Ok(HostWatcher {
+            stop: tx,
+            thread: Some(thread),
+            _store_watch: store_watch,
+        })
     }
 
     /// Installs a package; when it is enabled, its library is loaded from the verified staging
@@ -394,6 +760,40 @@ impl Host {
         let _lifecycle = self.lock();
         self.packages
             .rollback_with(id, &mut RegistryHook::new(self))
+    }
+}
+
+/// What a loading pass of [`Host::refresh`] did with one package.
+enum Switched {
+    Loaded(LoadedSummary),
+    /// The version it replaces was bound at the drain; nothing changed.
+    Bound(u64),
+}
+
+/// The background refresh started by [`Host::watch`]; dropping it stops the thread (after the
+/// refresh in progress, if any).
+pub struct HostWatcher {
+    stop: std::sync::mpsc::Sender<bool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    _store_watch: guild_adapters_fs::store::StoreWatcher,
+}
+
+impl fmt::Debug for HostWatcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostWatcher").finish_non_exhaustive()
+    }
+}
+
+impl Drop for HostWatcher {
+    fn drop(&mut self) {
+        let _ = self.stop.send(false);
+        if let Some(thread) = self.thread.take() {
+            // The thread may be the last owner of the host, dropping it from a refresh; never
+            // join from that very thread.
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
+        }
     }
 }
 
@@ -497,12 +897,13 @@ impl HostBuilder {
         self
     }
 
-    /// Opens the store (taking its lock, recovering an interrupted change, re-verifying every
-    /// enabled package), detects the devices unless they were given, composes the host and, by
+    /// Opens the store as a reader (no lock: the last committed generation, whatever a writer is
+    /// doing; every enabled package re-verified, what fails left out of this host and reported,
+    /// nothing written), detects the devices unless they were given, composes the host and, by
     /// default, loads every enabled package in dependency order. A package that fails to load
     /// does not fail the open: it is in [`LoadReport::failed`].
     pub fn open(self) -> Result<OpenedHost, HostError> {
-        let (packages, store) = PackageManager::open_dir(&self.dir)?;
+        let (packages, store) = PackageManager::open_dir_reader(&self.dir)?;
         let (devices, no_cuda) = match self.devices {
             Some(devices) => (devices, None),
             // Without a usable GPU, CUDA queries are refused (host-blocking ones with the
@@ -519,11 +920,23 @@ impl HostBuilder {
                 })
             }
         };
-        let host = Host::with_devices(packages, loader, devices);
+        let mut host = Host::with_devices(packages, loader, devices);
+        // A load record some dead process left is a crash in init: quarantine it before loading.
+        let ledger = crate::crash_quarantine::CrashLedger::new(&self.dir);
+        let crash_error = |source| HostError::CrashRecord {
+            path: self.dir.clone(),
+            source,
+        };
+        ledger.sweep().map_err(crash_error)?;
+        host.crashes = Some(ledger);
         let loaded = if self.load_enabled {
             host.load_enabled()?
         } else {
             LoadReport::default()
+        };
+        let quarantined = match &host.crashes {
+            Some(ledger) => ledger.quarantined().map_err(crash_error)?,
+            None => Vec::new(),
         };
         Ok(OpenedHost {
             host,
@@ -531,6 +944,7 @@ impl HostBuilder {
                 store,
                 loaded,
                 no_cuda,
+                quarantined,
             },
         })
     }
@@ -559,6 +973,9 @@ pub struct HostReport {
     /// when the devices were detected and none was usable; `None` when CUDA device 0 is in use or
     /// the devices were given to the builder.
     pub no_cuda: Option<String>,
+    /// The builds in crash quarantine ([`crate::crash_quarantine`]): a process died in their
+    /// `init`, and they are not loaded until a new version or `guild quarantine clear`.
+    pub quarantined: Vec<crate::crash_quarantine::CrashRecord>,
 }
 
 /// What the registry does once the store commit is durable.

@@ -40,12 +40,17 @@
 //! publisher tools (the `guild` command line is the `guild-cli` crate). `unsafe` is denied
 //! everywhere but in `operations`, which calls the providers' C callbacks and implements the C
 //! table, in `models`, which calls the runners' RMD1 callbacks and implements the C model
-//! reader, in `experts`, which calls bound CPE1 tables, and in `cuda_tables`, which calls the
-//! host-side queries of bound CDA1 and CDM1 tables.
+//! reader, in `experts`, which calls bound CPE1 tables, in `cuda_tables`, which calls the
+//! host-side queries of bound CDA1 and CDM1 tables, and in `conformance`, which calls a
+//! publisher's GOP1 callbacks on generated queries in guard-paged buffers.
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+#[allow(unsafe_code)]
+// The conformance check: GOP1 calls on generated queries, guard-paged buffers.
+pub mod conformance;
+pub mod crash_quarantine;
 #[allow(unsafe_code)] // The CDD1/CDA1/CDM1 boundary: the host-side queries of bound CUDA tables.
 pub mod cuda_tables;
 pub mod error;
@@ -63,7 +68,10 @@ pub mod publish;
 pub mod registry;
 
 pub use error::{ErrorCategory, HostError};
-pub use host::{Host, HostBuilder, HostReport, LoadReport, OpenedHost};
+pub use host::{
+    DeferredSwitch, Host, HostBuilder, HostReport, HostWatcher, LoadReport, OpenedHost,
+    RefreshReport, RevokedLive,
+};
 pub use models::{BoundModel, ModelRunnerRegistry, SelectError, SelectFileError};
 pub use operations::{
     DeviceScratch, DeviceSupport, DeviceTensor, ExecuteError, OpHandle, OperationRequest,
@@ -101,8 +109,8 @@ pub mod prelude {
     pub use crate::{
         Backend, BackendSet, BoundModel, Budget, Capabilities, DType, DeviceTensor, ExecuteError,
         Host, HostError, ImplId, MemorySpace, Numerics, OpHandle, OpName, OpenedHost,
-        OperationRequest, OperationService, PackageId, PackedVersion, ReshapeError, ResolveError,
-        RunnerId, StreamRef, SyncMode, TensorArg, TensorArgMut, TensorDesc, Version,
+        OperationRequest, OperationService, PackageId, PackedVersion, RefreshReport, ReshapeError,
+        ResolveError, RunnerId, StreamRef, SyncMode, TensorArg, TensorArgMut, TensorDesc, Version,
     };
 }
 

@@ -125,6 +125,10 @@ pub struct OpenReport {
     /// What opening did to the trust file, if anything: bound a store's unbound trust file, or
     /// rebuilt it as [`PackageManager::open_resetting_trust`] asked.
     pub trust: Option<TrustOpened>,
+    /// Opened as a reader ([`PackageManager::open_dir_reader`]): nothing was recovered or
+    /// written, and [`OpenReport::disabled`] lists what this process leaves out, not what the
+    /// store records (the next writer records it).
+    pub read_only: bool,
 }
 
 /// How to rebuild a trust file that the registry does not recognise (missing, an older copy,
@@ -409,6 +413,41 @@ struct Lifecycle {
     /// The trust epoch at which each version was last authenticated, so that loading right after
     /// opening does not verify every signature a second time.
     authenticated_at: HashMap<(PackageId, Version), u64>,
+    /// Versions whose installed files this handle has checked against their signed manifest
+    /// (trees are immutable, so a reader that catches up does not hash them again).
+    files_checked: BTreeSet<(PackageId, Version)>,
+    /// The registry generation this state was built from.
+    generation: u64,
+    /// The digest of the trust bytes this state was authenticated under.
+    trust_digest: Option<Sha256Digest>,
+    /// A reader's own view: the committed registry with what failed verification in this
+    /// process disabled. Never written; `None` when nothing failed (or for a writer, which
+    /// commits what fails instead).
+    local_view: Option<RegistryState>,
+}
+
+/// What [`PackageManager::refresh`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Refreshed {
+    /// The committed generation before and after.
+    pub from_generation: u64,
+    /// The committed generation now in view.
+    pub generation: u64,
+    /// Whether the trust file changed (so every loaded version is authenticated again).
+    pub trust_changed: bool,
+    /// Enabled versions that this process does not load because they failed verification (or
+    /// depend on one that did); a reader writes nothing, so they stay enabled in the store.
+    pub unusable: Vec<Quarantined>,
+}
+
+/// A reader's hold on the store's exclusive lock for one transaction; see
+/// [`PackageStore::begin_write`].
+struct WriteSession<'s>(&'s dyn PackageStore);
+
+impl Drop for WriteSession<'_> {
+    fn drop(&mut self) {
+        self.0.end_write();
+    }
 }
 
 /// The package manager over one store. See the module documentation for the order of an
@@ -518,6 +557,10 @@ impl PackageManager {
                 metadata: HashMap::new(),
                 trust_epoch: 0,
                 authenticated_at: HashMap::new(),
+                files_checked: BTreeSet::new(),
+                generation: 0,
+                trust_digest: None,
+                local_view: None,
             }),
             leases: Arc::new(Ledger::default()),
             progress: Mutex::new(None),
@@ -526,6 +569,22 @@ impl PackageManager {
             recovery,
             ..OpenReport::default()
         };
+        if pm.store.is_reader() {
+            let mut life = pm.lock();
+            if reset.is_some() {
+                return Err(HostError::Store(guild_ports::store::StoreError::new(
+                    guild_ports::store::StoreErrorKind::InvalidTransaction,
+                    "a reader cannot rebuild the trust file; open the store as a writer",
+                )));
+            }
+            pm.check_trust_binding()?;
+            let refreshed = pm.catch_up(&mut life)?;
+            report.verified = refreshed.0;
+            report.disabled = refreshed.1;
+            report.read_only = true;
+            drop(life);
+            return Ok((pm, report));
+        }
         {
             let mut life = pm.lock();
             report.trust = match reset {
@@ -587,8 +646,141 @@ impl PackageManager {
             let (verified, disabled) = pm.verify_enabled(&mut life, &registry)?;
             report.verified = verified;
             report.disabled = disabled;
+            life.generation = registry.generation();
+            life.trust_digest = pm.store.read_trust()?.map(|b| Sha256Digest::of(&b));
         }
         Ok((pm, report))
+    }
+
+    /// Brings the lifecycle state in line with the store's view (a reader's newest committed
+    /// generation): reads the metadata of versions it has not seen, forgets removed ones, starts
+    /// a new trust epoch when the trust file changed, and (for a reader) works out in memory
+    /// which enabled versions it cannot load. Answers how many enabled versions were checked
+    /// and which are unusable.
+    fn catch_up(&self, life: &mut Lifecycle) -> Result<(usize, Vec<Quarantined>), HostError> {
+        let registry = self.store.registry()?;
+        let mut damaged = Vec::new();
+        for (id, version, record) in registry.installed() {
+            let key = (id.clone(), version.clone());
+            if life.metadata.contains_key(&key) {
+                continue;
+            }
+            let dir = self.store.package_dir(id, version);
+            match read_installed_metadata(&dir, id, version) {
+                Ok(m) if m.payload_digest() == record.payload_digest => {
+                    life.metadata.insert(key, Arc::new(m));
+                }
+                Ok(m) => damaged.push(Quarantined {
+                    id: id.clone(),
+                    version: version.clone(),
+                    reason: format!(
+                        "its .gkmetadata has payload digest {}, the registry records {}",
+                        m.payload_digest(),
+                        record.payload_digest
+                    ),
+                }),
+                Err(e) => damaged.push(Quarantined {
+                    id: id.clone(),
+                    version: version.clone(),
+                    reason: format!("its installed tree is damaged ({e})"),
+                }),
+            }
+        }
+        life.metadata
+            .retain(|(id, version), _| registry.is_installed(id, version));
+        life.files_checked
+            .retain(|(id, version)| registry.is_installed(id, version));
+        let digest = self.store.read_trust()?.map(|b| Sha256Digest::of(&b));
+        if digest != life.trust_digest {
+            life.trust_epoch += 1;
+            life.trust_digest = digest;
+        }
+        life.generation = registry.generation();
+        if !self.store.is_reader() {
+            return Ok((0, Vec::new()));
+        }
+        // A reader takes what it cannot verify out of its own view only: the next writer that
+        // opens the store decides for the store.
+        let mut view = registry.successor();
+        for d in &damaged {
+            if view.package(&d.id).and_then(|p| p.enabled()) == Some(&d.version) {
+                view.disable(&d.id)?;
+            }
+            view.remove(&d.id, &d.version)?;
+        }
+        life.local_view = None;
+        let (verified, mut unusable) = self.verify_enabled(life, &view)?;
+        if life.local_view.is_none() && !damaged.is_empty() {
+            life.local_view = Some(view);
+        }
+        unusable.extend(damaged);
+        Ok((verified, unusable))
+    }
+
+    /// Moves a reader's view to the newest committed generation and catches up with it
+    /// ([`PackageStore::refresh`]); a writer's view is always current. Cheap when nothing was
+    /// committed since: one read of the registry file.
+    pub fn refresh(&self) -> Result<Refreshed, HostError> {
+        let mut life = self.lock();
+        let from = life.generation;
+        let generation = self.store.refresh()?;
+        if generation == from {
+            return Ok(Refreshed {
+                from_generation: from,
+                generation,
+                ..Refreshed::default()
+            });
+        }
+        let epoch = life.trust_epoch;
+        let (_, unusable) = self.catch_up(&mut life)?;
+        Ok(Refreshed {
+            from_generation: from,
+            generation,
+            trust_changed: life.trust_epoch != epoch,
+            unusable,
+        })
+    }
+
+    /// Takes the store's exclusive lock for one change when this handle is a reader, and
+    /// catches up with what other processes committed meanwhile.
+    fn write_session(&self, life: &mut Lifecycle) -> Result<WriteSession<'_>, HostError> {
+        self.store.begin_write()?;
+        let session = WriteSession(&*self.store);
+        if self.store.is_reader() {
+            self.catch_up(life)?;
+        }
+        Ok(session)
+    }
+
+    /// Pins `id@version` for this process ([`PackageStore::pin`]): while the pin lives no other
+    /// process deletes the version's files.
+    pub fn pin(
+        &self,
+        id: &PackageId,
+        version: &Version,
+    ) -> Result<guild_ports::store::StorePin, HostError> {
+        Ok(self.store.pin(id, version)?)
+    }
+
+    /// The live processes that pin versions of `id` (of every package when `None`).
+    pub fn pins(
+        &self,
+        id: Option<&PackageId>,
+    ) -> Result<Vec<guild_ports::store::VersionPins>, HostError> {
+        let mut pins = self.store.pins()?;
+        pins.retain(|p| id.is_none_or(|id| &p.node.id == id));
+        Ok(pins)
+    }
+
+    /// Whether this package manager is a reader ([`PackageStore::is_reader`]).
+    pub fn is_reader(&self) -> bool {
+        self.store.is_reader()
+    }
+
+    /// The store's root directory (the parent of its trust file).
+    pub(crate) fn store_root(&self) -> PathBuf {
+        let trust = self.store.trust_path();
+        trust.parent().map(Path::to_path_buf).unwrap_or(trust)
     }
 
     /// Opens the store at `dir` (creating it when absent) with the production adapters: the
@@ -606,15 +798,34 @@ impl PackageManager {
         Self::open_dir_with(dir, Some(reset))
     }
 
+    /// Opens the store at `dir` as a reader: no lock, nothing written, the last committed
+    /// generation (see [`PackageStore::is_reader`]). What fails verification is left out of this
+    /// process's load plan and reported, not recorded; a change made through this package
+    /// manager takes the store's lock for that one transaction. This is how a runner's
+    /// [`Host`](crate::Host) opens its store, and how `guild list`, `status` and `doctor` read.
+    pub fn open_dir_reader(dir: &Path) -> Result<(Self, OpenReport), HostError> {
+        Self::open_dir_as(dir, None, true)
+    }
+
     fn open_dir_with(
         dir: &Path,
         reset: Option<TrustReset>,
+    ) -> Result<(Self, OpenReport), HostError> {
+        Self::open_dir_as(dir, reset, false)
+    }
+
+    fn open_dir_as(
+        dir: &Path,
+        reset: Option<TrustReset>,
+        reader: bool,
     ) -> Result<(Self, OpenReport), HostError> {
         let platform = HostPlatform::current().ok_or(HostError::UnsupportedPlatform {
             os: std::env::consts::OS,
             arch: std::env::consts::ARCH,
         })?;
-        let (store, recovery) = guild_adapters_fs::store::FsStore::open(dir)?;
+        let mut options = guild_adapters_fs::store::StoreOptions::new();
+        options.reader = reader;
+        let (store, recovery) = guild_adapters_fs::store::FsStore::open_with(dir, options)?;
         Self::open_with(
             Box::new(store),
             recovery,
@@ -649,6 +860,8 @@ impl PackageManager {
         )
         .map_err(|problem| self.binding_error(problem))?;
         match (registry.trust_anchor(), file) {
+            // A reader leaves the binding to the next writer.
+            (None, Some(_)) if self.store.is_reader() => Ok(None),
             (None, Some((_, trust))) => {
                 let generation = self.commit_trust(&registry, trust)?;
                 Ok(Some(TrustOpened::Bound { generation }))
@@ -881,6 +1094,7 @@ impl PackageManager {
         change: impl FnOnce(&mut TrustStore) -> Result<T, HostError>,
     ) -> Result<T, HostError> {
         let mut life = self.lock();
+        let _write = self.write_session(&mut life)?;
         let registry = self.store.registry()?;
         let mut trust = self.read_trust()?;
         let before = trust.clone();
@@ -1083,6 +1297,7 @@ impl PackageManager {
         hook: &mut dyn LifecycleHook,
     ) -> Result<Installed, HostError> {
         let mut life = self.lock();
+        let _write = self.write_session(&mut life)?;
         let trust = self.read_trust()?;
 
         let mut opened = self.source.open(location)?;
@@ -1353,7 +1568,8 @@ impl PackageManager {
         id: &PackageId,
         hook: &mut dyn LifecycleHook,
     ) -> Result<Version, HostError> {
-        let life = self.lock();
+        let mut life = self.lock();
+        let _write = self.write_session(&mut life)?;
         let registry = self.store.registry()?;
         let mut next = registry.successor();
         let version = next.enable(id)?;
@@ -1391,7 +1607,8 @@ impl PackageManager {
         id: &PackageId,
         hook: &mut dyn LifecycleHook,
     ) -> Result<Version, HostError> {
-        let life = self.lock();
+        let mut life = self.lock();
+        let _write = self.write_session(&mut life)?;
         let registry = self.store.registry()?;
         self.graph(&life, &registry)?.check_disable(id)?;
         let _pending = self.begin_change(id, QuiescentAction::Unload)?;
@@ -1420,6 +1637,7 @@ impl PackageManager {
         hook: &mut dyn LifecycleHook,
     ) -> Result<Version, HostError> {
         let mut life = self.lock();
+        let _write = self.write_session(&mut life)?;
         let registry = self.store.registry()?;
         let version = match version {
             Some(v) => v.clone(),
@@ -1469,7 +1687,8 @@ impl PackageManager {
         id: &PackageId,
         hook: &mut dyn LifecycleHook,
     ) -> Result<guild_domain::registry::RolledBack, HostError> {
-        let life = self.lock();
+        let mut life = self.lock();
+        let _write = self.write_session(&mut life)?;
         let registry = self.store.registry()?;
         let mut next = registry.successor();
         let rolled = next.rollback(id)?;
@@ -1567,7 +1786,10 @@ impl PackageManager {
     /// load and why. This is the order in which a loader opens libraries.
     pub fn load_plan(&self) -> Result<LoadOrder, HostError> {
         let life = self.lock();
-        let registry = self.store.registry()?;
+        let registry = match &life.local_view {
+            Some(view) => view.clone(),
+            None => self.store.registry()?,
+        };
         let graph = self.graph(&life, &registry)?;
         let plan = graph.plan();
         // Both sides of an impl-id conflict stay unloaded: which one loaded first would
@@ -1650,8 +1872,11 @@ impl PackageManager {
                 continue;
             }
             let epoch = life.trust_epoch;
-            life.authenticated_at
-                .insert((id.clone(), version.clone()), epoch);
+            let key = (id.clone(), version.clone());
+            life.authenticated_at.insert(key.clone(), epoch);
+            if self.store.is_reader() && life.files_checked.contains(&key) {
+                continue;
+            }
             if let Err(e) = self.check_files(&metadata, id, version) {
                 let file = match &e {
                     HostError::Source(s) => s.member.clone(),
@@ -1663,6 +1888,8 @@ impl PackageManager {
                     file,
                 };
                 failed.insert(id.clone(), failure);
+            } else {
+                life.files_checked.insert(key);
             }
         }
         // Also when nothing failed here: a version marked removed while opening may have left
@@ -1670,6 +1897,10 @@ impl PackageManager {
         let (next, disabled) = self.quarantine(life, registry, failed)?;
         if disabled.is_empty() {
             return Ok((verified, Vec::new()));
+        }
+        if self.store.is_reader() {
+            life.local_view = Some(next);
+            return Ok((verified, disabled));
         }
         self.store
             .commit(Transaction::new(registry.generation(), next))?;

@@ -284,7 +284,7 @@ pub fn check_tree(
 }
 
 /// Reads and parses the `.gkmetadata` at the root of the tree `dir`.
-fn read_tree_metadata(dir: &Path) -> Result<Metadata, HostError> {
+pub(crate) fn read_tree_metadata(dir: &Path) -> Result<Metadata, HostError> {
     let path = dir.join(guild_domain::path::RESERVED_METADATA_NAME);
     let bytes = std::fs::read(&path).map_err(|e| HostError::InstalledTree {
         package: format!("the tree {}", dir.display()),
@@ -437,7 +437,7 @@ impl ChildCheck {
 
 /// Reads a pipe to its end on a thread, keeping the first [`KEEP_OUTPUT`] bytes (the rest is
 /// drained, so that the writer never blocks); the text arrives on the returned channel.
-fn collect(pipe: Option<impl Read + Send + 'static>) -> mpsc::Receiver<String> {
+pub(crate) fn collect(pipe: Option<impl Read + Send + 'static>) -> mpsc::Receiver<String> {
     let (tx, rx) = mpsc::channel();
     if let Some(mut pipe) = pipe {
         std::thread::spawn(move || {
@@ -459,7 +459,7 @@ fn collect(pipe: Option<impl Read + Send + 'static>) -> mpsc::Receiver<String> {
 }
 
 /// The signal that ended the child, with its name.
-fn signal_of(status: ExitStatus) -> Option<(i32, &'static str)> {
+pub(crate) fn signal_of(status: ExitStatus) -> Option<(i32, &'static str)> {
     use std::os::unix::process::ExitStatusExt;
     let signal = status.signal()?;
     Some((signal, signal_name(signal)))

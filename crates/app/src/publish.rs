@@ -177,8 +177,8 @@ pub fn sign(archive: &Path, key: &SigningKey, out: &Path) -> Result<Packed, Publ
     // every artifact.
     check_not_signed_by(&metadata, key, archive)?;
     // Removed on every path out, failures included.
-    let scratch = Scratch(tempfile_dir(out)?);
-    let tree = scratch.0.join("tree");
+    let scratch = Scratch::new(out)?;
+    let tree = scratch.path().join("tree");
     opened.extract_to(metadata.manifest(), &tree)?;
     let metadata = add_signature(metadata, key, archive)?;
     let files: Vec<_> = metadata
@@ -195,8 +195,21 @@ pub fn sign(archive: &Path, key: &SigningKey, out: &Path) -> Result<Packed, Publ
     })
 }
 
-/// A scratch directory that is removed when it goes out of scope.
-struct Scratch(PathBuf);
+/// A scratch directory that is removed when it goes out of scope (with the read-only files that
+/// extraction leaves in it).
+pub(crate) struct Scratch(PathBuf);
+
+impl Scratch {
+    /// A fresh directory beside `near`.
+    pub(crate) fn new(near: &Path) -> Result<Self, PublishError> {
+        Ok(Scratch(tempfile_dir(near)?))
+    }
+
+    /// The directory.
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+}
 
 impl Drop for Scratch {
     fn drop(&mut self) {

@@ -39,6 +39,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::ffi::CString;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
@@ -50,6 +51,7 @@ use guild_domain::ids::{ImplId, OpName, PackageId, RunnerId};
 use guild_domain::operation::{Backend, OpCandidate};
 use guild_domain::version::Version;
 use guild_ports::loader::{LoadedLibrary, LoadedPlugin, RegisteredKernel, RegisteredRunner};
+use rustc_hash::FxHashMap;
 
 use crate::operations::core::ServiceCore;
 use crate::operations::DeviceSupport;
@@ -88,6 +90,9 @@ pub struct LoadedPackage {
     /// `DRAINING | WAITED | live bindings`; see the module documentation.
     state: AtomicU64,
     quiet: Arc<Quiet>,
+    /// Set while a newer committed generation wants this version out or replaced and live
+    /// bindings defer the switch ([`KernelBinding::is_current`] answers `false`).
+    superseded: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for LoadedPackage {
@@ -113,6 +118,12 @@ impl LoadedPackage {
     /// Live bindings into the package.
     pub fn live_bindings(&self) -> u64 {
         self.state.load(Ordering::Acquire) & COUNT
+    }
+
+    /// Whether this version is still the one the registry serves and no switch away from it is
+    /// waiting: not retired, not draining, not superseded by a newer committed generation.
+    pub fn is_current(&self) -> bool {
+        !self.is_draining() && !self.superseded.load(Ordering::Acquire)
     }
 
     /// Counts one more binding unless the package is draining; one compare-and-swap on the
@@ -197,6 +208,30 @@ pub struct StoredOp {
     pub kernel: RegisteredKernel,
     /// The package whose library holds the kernel's code.
     pub package: Arc<LoadedPackage>,
+    /// The names a C caller reads from a handle's description, made once at registration.
+    pub(crate) c_names: CNames,
+}
+
+/// A kernel's names as C strings, which live as long as the stored kernel (and so as long as
+/// any binding to it).
+#[derive(Debug)]
+pub(crate) struct CNames {
+    pub(crate) impl_id: CString,
+    pub(crate) package_id: CString,
+    pub(crate) op_name: CString,
+}
+
+impl CNames {
+    fn of(kernel: &RegisteredKernel, package: &PackageId) -> Self {
+        // Ids and names are validated text without NUL bytes; an empty string is the harmless
+        // fallback should that ever change.
+        let c = |s: &str| CString::new(s).unwrap_or_default();
+        CNames {
+            impl_id: c(kernel.impl_id.as_str()),
+            package_id: c(package.as_str()),
+            op_name: c(kernel.op_name.as_ref().map_or("", OpName::as_str)),
+        }
+    }
 }
 
 /// A live reference to a registered kernel. While it exists, the kernel's library stays loaded
@@ -233,6 +268,19 @@ impl KernelBinding {
     /// The library the kernel's code lives in (kept loaded by this binding).
     pub fn library(&self) -> &Arc<dyn LoadedLibrary> {
         &self.op.package.library
+    }
+
+    /// The kernel's names as C strings, valid while the binding lives.
+    pub(crate) fn c_names(&self) -> &CNames {
+        &self.op.c_names
+    }
+
+    /// Whether the binding's package version is still the current provider
+    /// ([`LoadedPackage::is_current`]): `false` once it was replaced, taken out (revoked,
+    /// disabled, rolled back) or is waiting for its bindings to end so that it can be. A runner
+    /// that sees `false` drops the binding and resolves again when it suits it.
+    pub fn is_current(&self) -> bool {
+        self.op.package.is_current()
     }
 }
 
@@ -326,26 +374,32 @@ pub struct Selector {
 }
 
 /// An immutable view of everything registered and enabled.
+///
+/// Its maps hash with a fast unkeyed hash: every key in them is an id the host registered after
+/// checking it, and a lookup with an unknown key only misses.
 #[derive(Debug, Default)]
 pub struct Snapshot {
-    by_id: HashMap<ImplId, Arc<StoredOp>>,
+    by_id: FxHashMap<ImplId, Arc<StoredOp>>,
     /// Per (op_kind, op_name): candidates sorted by descending priority, then ascending impl id.
-    by_op: HashMap<(u32, Option<OpName>), Vec<Arc<StoredOp>>>,
+    by_op: FxHashMap<(u32, Option<OpName>), Vec<Arc<StoredOp>>>,
     runners: Vec<Arc<StoredRunner>>,
-    packages: HashMap<PackageId, Arc<LoadedPackage>>,
+    packages: FxHashMap<PackageId, Arc<LoadedPackage>>,
     /// Per namespaced operation: its kernels that carry a GOP1 contract, best first, beside
     /// their contracts, so that resolution ranks them without copying anything.
-    operations: HashMap<OpName, OperationCandidates>,
+    operations: FxHashMap<OpName, OperationCandidates>,
 }
 
 /// The GOP1 kernels of one namespaced operation, best first, and their contracts in the same
-/// order.
+/// order: the registry ranks them once, when it builds a snapshot, so that resolution only
+/// walks them.
 #[derive(Debug, Default, Clone)]
 pub struct OperationCandidates {
     /// The stored kernels, best first (descending priority, then ascending impl id).
     pub stored: Vec<Arc<StoredOp>>,
     /// Their GOP1 contracts in the domain's form, in the same order.
     pub contracts: Vec<OpCandidate>,
+    /// The operation's name as the C string every negotiation callback receives.
+    pub(crate) c_name: CString,
 }
 
 impl OperationCandidates {
@@ -362,7 +416,11 @@ impl OperationCandidates {
             .filter(|(op, _)| !op.package.is_draining())
             .map(|(op, c)| (Arc::clone(op), c.clone()))
             .unzip();
-        Cow::Owned(OperationCandidates { stored, contracts })
+        Cow::Owned(OperationCandidates {
+            stored,
+            contracts,
+            c_name: self.c_name.clone(),
+        })
     }
 }
 
@@ -395,7 +453,13 @@ impl Snapshot {
             let (Some(name), true) = (name, *kind == guild_abi::GUILD_OP_CUSTOM) else {
                 continue;
             };
-            let entry = snap.operations.entry(name.clone()).or_default();
+            let entry =
+                snap.operations
+                    .entry(name.clone())
+                    .or_insert_with(|| OperationCandidates {
+                        c_name: CString::new(name.as_str()).unwrap_or_default(),
+                        ..OperationCandidates::default()
+                    });
             for op in list {
                 if let Some(contract) = &op.kernel.operation {
                     entry.stored.push(Arc::clone(op));
@@ -771,12 +835,14 @@ impl KernelRegistry {
             library: plugin.library,
             state: AtomicU64::new(0),
             quiet: Arc::clone(&self.quiet),
+            superseded: std::sync::atomic::AtomicBool::new(false),
         });
         let ops = plugin
             .kernels
             .into_iter()
             .map(|kernel| {
                 Arc::new(StoredOp {
+                    c_names: CNames::of(&kernel, id),
                     kernel,
                     package: package.clone(),
                 })
@@ -953,6 +1019,30 @@ impl KernelRegistry {
                 Err(poisoned) => poisoned.into_inner().0,
             };
         }
+    }
+
+    /// Marks the loaded version of `id` superseded (or clears the mark): a newer committed
+    /// generation wants it out or replaced, and live bindings defer that.
+    pub(crate) fn set_superseded(&self, id: &PackageId, superseded: bool) {
+        if let Some(entry) = self.lock().get(id) {
+            entry
+                .package
+                .superseded
+                .store(superseded, Ordering::Release);
+        }
+    }
+
+    /// Every loaded package and its version.
+    pub fn loaded_packages(&self) -> Vec<(PackageId, Version)> {
+        let mut out: Vec<(PackageId, Version)> = self
+            .snapshot
+            .load()
+            .packages
+            .values()
+            .map(|p| (p.id.clone(), p.version.clone()))
+            .collect();
+        out.sort();
+        out
     }
 
     /// Whether `id` is loaded, and at which version.

@@ -18,14 +18,16 @@ Exit codes:
   2  usage error (unknown option, malformed id, version or digest)
   3  rejected: a package, manifest template or key file is malformed, tampered,
      unauthenticated (untrusted publisher, revoked key or digest) or for another platform,
-     or its library fails the publication check (registers other ids, crashes, hangs)
+     or its library fails the publication check (registers other ids, crashes, hangs),
+     or a build fails `guild check`
   4  refused by policy: dependencies, impl ids another package provides, leases, immutable
      versions, downgrades, trust rules, an existing key file
   5  store unusable: locked by another process, corrupt, unreadable, or an I/O failure in it
   6  not found: the package file, package id, version or key file does not exist
 
 Store: --store DIR, else $GUILD_STORE, else $XDG_DATA_HOME/guild, else ~/.local/share/guild.
-No option or variable loads unsigned or untrusted code, or skips verification.";
+No option or variable makes a store load unsigned or untrusted code, or skips verification;
+`guild check` runs the build it is given, in child processes, and touches no store.";
 
 /// The `guild` command line.
 #[derive(Debug, Parser)]
@@ -131,6 +133,10 @@ pub enum Command {
         /// The package archive or directory.
         package: PathBuf,
     },
+
+    /// Lift the crash quarantine of builds whose init killed the process loading them.
+    #[command(subcommand)]
+    Quarantine(QuarantineCommand),
 
     /// Manage the store's trust store: trusted publisher keys and revocations.
     #[command(subcommand)]
@@ -269,6 +275,48 @@ pub enum Command {
         payload: Sha256Digest,
     },
 
+    /// Check a build against the plugin contract before signing it (runs its code).
+    ///
+    /// The build is loaded in a child process and held to every check: entry point, init,
+    /// registration, and each GOP1 operation's callbacks on generated tensors.
+    #[command(
+        after_help = "This RUNS THE CODE at PATH, unverified: it is for your own build. \
+        Nothing is installed and no store is touched. PATH is a package archive, an unpacked \
+        package, or a directory of built files with --manifest (the template `guild pack` \
+        takes). A crash, abort or hang in the plugin becomes a failed check; the exit code is 3 \
+        when any check failed.\n\nExamples:\n  \
+        guild check build/scan --manifest scan.json\n  \
+        guild check scan.gkmodule --timeout 2\n  \
+        guild --json check scan.gkmodule"
+    )]
+    Check {
+        /// The package archive, unpacked package, or directory of built files.
+        #[arg(value_name = "PATH")]
+        path: PathBuf,
+        /// The manifest template, when PATH is a directory of built files.
+        #[arg(long, value_name = "TEMPLATE.json")]
+        manifest: Option<PathBuf>,
+        /// Time limit of one call into the plugin, in seconds.
+        #[arg(long, value_name = "SECONDS", default_value_t = 10.0, value_parser = parse_seconds)]
+        timeout: f64,
+    },
+
+    /// Internal: the child process of `guild check`, which loads a staged tree and prints one
+    /// JSON line as each check starts and ends.
+    #[command(name = "__conformance", hide = true)]
+    Conformance {
+        /// The staged package tree.
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+        /// Run only the checks numbered above this one (after a crash or hang).
+        #[arg(long, value_name = "N")]
+        resume_after: Option<u64>,
+        /// An operation to leave alone: a call into it crashed or hung in an earlier child
+        /// (repeatable).
+        #[arg(long = "skip-operation", value_name = "OPERATION")]
+        hung: Vec<String>,
+    },
+
     /// Print a completion script for a shell.
     #[command(after_help = "Examples:\n  \
         guild completions bash > ~/.local/share/bash-completion/completions/guild\n  \
@@ -278,6 +326,21 @@ pub enum Command {
         /// The shell.
         #[arg(value_name = "SHELL")]
         shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum QuarantineCommand {
+    /// Lift the crash quarantine of every build of a package, so the next host loads it again.
+    #[command(
+        after_help = "A build is quarantined when a process died while running its init; \
+        `guild list` and `guild status` show it. Installing a new version lifts it too.\n\n\
+        Example:\n  guild quarantine clear example.scan"
+    )]
+    Clear {
+        /// The package id.
+        #[arg(value_name = "ID", value_parser = parse_package_id)]
+        id: PackageId,
     },
 }
 
@@ -342,6 +405,15 @@ pub struct TrustAdd {
     /// The public key (SPKI PEM, as `guild keygen` or `openssl pkey -pubout` write).
     #[arg(value_name = "PUBKEY.pem")]
     pub key: PathBuf,
+}
+
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x <= 3600.0 => Ok(x),
+        _ => Err(format!(
+            "{s:?} is not a number of seconds above 0 (at most 3600)"
+        )),
+    }
 }
 
 fn parse_package_id(s: &str) -> Result<PackageId, String> {

@@ -63,10 +63,12 @@ pub fn run(store: &Path) -> anyhow::Result<Report> {
             checks.push(missing);
             true
         }
-        Ok(()) => match PackageManager::open_dir(store) {
+        // A reader: the doctor diagnoses while runners serve and changes nothing.
+        Ok(()) => match PackageManager::open_dir_reader(store) {
             Ok((pm, opened)) => {
                 checks.push(store_check(store, &pm, &opened));
                 checks.push(trust_check(&pm));
+                checks.push(quarantine_check(store));
                 false
             }
             Err(e) => {
@@ -190,6 +192,33 @@ fn existing_store(store: &Path) -> Result<(), Check> {
         "check --store and GUILD_STORE for a typo; doctor creates nothing, any other command \
          creates the store on first use",
     ))
+}
+
+/// The crash quarantine: a build whose init killed the process that loaded it.
+fn quarantine_check(store: &Path) -> Check {
+    match super::quarantine::entries(store) {
+        Ok(entries) if entries.is_empty() => {
+            Check::new("quarantine", Verdict::Ok, "no build is in crash quarantine")
+        }
+        Ok(entries) => Check::new(
+            "quarantine",
+            Verdict::Warn,
+            entries
+                .iter()
+                .map(|e| e.describe())
+                .collect::<Vec<_>>()
+                .join("; "),
+        )
+        .hint(format!(
+            "install a fixed version, or `guild quarantine clear {}` to try the same build again",
+            entries[0].package
+        )),
+        Err(e) => Check::new(
+            "quarantine",
+            Verdict::Fail,
+            format!("the crash quarantine cannot be read: {e}"),
+        ),
+    }
 }
 
 fn store_check(

@@ -166,6 +166,10 @@ fn classify(err: &anyhow::Error) -> (Exit, Option<String>) {
             return (source_exit(e), source_hint(e));
         }
         if let Some(e) = link.downcast_ref::<StoreError>() {
+            // A version in use by a live process is a refusal of the change, not a broken store.
+            if e.kind == StoreErrorKind::Pinned {
+                return (Exit::Refused, store_hint(e));
+            }
             return (Exit::Store, store_hint(e));
         }
         if let Some(e) = link.downcast_ref::<io::Error>() {
@@ -279,8 +283,12 @@ fn store_hint(e: &StoreError) -> Option<String> {
         .map(|p| format!(" ({})", p.display()))
         .unwrap_or_default();
     match e.kind {
-        StoreErrorKind::Locked => Some(
-            "another guild command or a runner has this store open; retry when it has finished"
+        StoreErrorKind::Locked => {
+            Some("another guild command is changing this store; retry when it has finished".into())
+        }
+        StoreErrorKind::Pinned => Some(
+            "a running process has this version loaded: stop it, or let it switch away (disable \
+             or roll back the package first), then retry; `guild status ID` shows who uses what"
                 .into(),
         ),
         // The store makes its lock file itself and never damages it; something else in its

@@ -4,18 +4,21 @@
 //!
 //! It lives in its own crate so that the `guild_host` library that runners embed carries none
 //! of its dependencies (clap, clap_complete, anyhow). Nothing here adds a way around
-//! verification; every package goes through the same `PackageManager` calls that an embedding
-//! runner uses, and the adapters it needs (key files, archives, the store's layout, the CUDA
+//! verification for a store: every package goes through the same `PackageManager` calls that an
+//! embedding runner uses (`guild check`, which runs a publisher's unsigned build in child
+//! processes, opens no store), and the adapters it needs (key files, archives, the store's layout, the CUDA
 //! probe) are reached through `guild-host`'s re-exports, never named directly.
 
 #![forbid(unsafe_code)]
 
 mod args;
+mod check;
 mod doctor;
 mod failure;
 mod output;
 mod progress;
 mod publisher;
+mod quarantine;
 mod render;
 mod resolve;
 mod store;
@@ -29,7 +32,7 @@ use anyhow::Context;
 use clap::error::ErrorKind;
 use clap::Parser;
 
-use args::{Cli, Command};
+use args::{Cli, Command, QuarantineCommand};
 use failure::{CliError, Exit, Failure};
 use output::{Output, Report};
 
@@ -103,6 +106,9 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
         ),
         Command::Inspect { package } => publisher::inspect(package),
         Command::Trust(t) => trust::run(&store_dir(cli, true)?, t),
+        Command::Quarantine(QuarantineCommand::Clear { id }) => {
+            quarantine::clear(&store_dir(cli, true)?, id)
+        }
         Command::Install {
             package,
             disabled,
@@ -138,6 +144,16 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
             *ram_budget,
         ),
         Command::Doctor => doctor::run(&store_dir(cli, true)?),
+        Command::Check {
+            path,
+            manifest,
+            timeout,
+        } => check::run(path, manifest.as_deref(), *timeout),
+        Command::Conformance {
+            dir,
+            resume_after,
+            hung,
+        } => check::child(dir, *resume_after, hung),
         Command::CheckLibrary { dir, payload } => store::check_library(dir, payload),
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();

@@ -131,6 +131,7 @@ pub fn open_report_json(r: &OpenReport) -> Value {
         "disabled": quarantined_list(&r.disabled),
         "removed": quarantined_list(&r.removed),
         "trust_bound": matches!(r.trust, Some(TrustOpened::Bound { .. })),
+        "read_only": r.read_only,
     })
 }
 
@@ -190,7 +191,16 @@ pub fn open_report_lines(r: &OpenReport) -> Vec<String> {
     for q in &r.removed {
         out.push(format!("{}@{}: {}", q.id, q.version, q.reason));
     }
-    for q in &r.disabled {
+    for q in r.disabled.iter().filter(|_| r.read_only) {
+        out.push(format!(
+            "{}@{} is not usable: {} (this command only reads; the next change to the store \
+             records it)",
+            q.id,
+            q.version,
+            one_line(&q.reason)
+        ));
+    }
+    for q in r.disabled.iter().filter(|_| !r.read_only) {
         out.push(format!(
             "disabled {}@{} because it failed re-verification: {}",
             q.id,

@@ -43,7 +43,7 @@ pub fn run(
     if let Some(bytes) = ram_budget {
         request = request.ram_budget(Budget::bytes(bytes));
     }
-    let service = OperationService::new(host.kernels());
+    let service = OperationService::new(host.kernels()).reporting();
     let handle = match service.resolve(&request) {
         Ok(handle) => handle,
         Err(ResolveError::Unresolved(failure)) => {
@@ -87,6 +87,7 @@ pub fn run(
             "passed_over",
             handle
                 .passed_over()
+                .unwrap_or_default()
                 .iter()
                 .map(|p| {
                     json!({
@@ -109,7 +110,7 @@ pub fn run(
         d.priority,
         d.scratch.host_bytes
     ));
-    for p in handle.passed_over() {
+    for p in handle.passed_over().unwrap_or_default() {
         report.line(format!("  not chosen: {p}"));
     }
     Ok(report)

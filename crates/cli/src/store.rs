@@ -1,10 +1,12 @@
 //! The operator's store commands: `install`, `enable`, `disable`, `remove`, `rollback`, `list`,
 //! `status` and `recover`.
 //!
-//! Each command opens the store through `PackageManager::open_dir`, which takes the store's lock,
-//! recovers interrupted transactions and re-verifies enabled packages before anything else. What
-//! that did is reported as warnings, so that an operator learns of it from whichever command
-//! happened to run first.
+//! Each command that changes the store opens it through `PackageManager::open_dir`, which takes
+//! the store's lock, recovers interrupted transactions and re-verifies enabled packages before
+//! anything else. `list` and `status` open it as readers (`PackageManager::open_dir_reader`): no
+//! lock, the last committed generation, nothing written, so they answer while runners serve and
+//! while another command changes the store. What opening did is reported as warnings, so that an
+//! operator learns of it from whichever command happened to run first.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -39,6 +41,14 @@ pub fn open(store: &Path, command: &str) -> anyhow::Result<(PackageManager, Repo
 
 fn open_with_report(store: &Path) -> Result<(PackageManager, OpenReport), HostError> {
     PackageManager::open_dir(store)
+}
+
+/// [`open`] as a reader, for the commands that only read.
+pub fn open_reader(store: &Path, command: &str) -> anyhow::Result<(PackageManager, Report)> {
+    let (pm, report) = PackageManager::open_dir_reader(store)?;
+    let mut out = Report::new(command);
+    out.warnings = open_report_lines(&report);
+    Ok((pm, out))
 }
 
 /// How long the publication check may take: `GUILD_LIBRARY_CHECK_TIMEOUT` seconds, else the
@@ -293,7 +303,8 @@ pub fn rollback(store: &Path, id: &PackageId) -> anyhow::Result<Report> {
 }
 
 pub fn list(store: &Path) -> anyhow::Result<Report> {
-    let (pm, mut report) = open(store, "list")?;
+    let (pm, mut report) = open_reader(store, "list")?;
+    super::quarantine::annotate(store, &mut report)?;
     let packages = pm.list()?;
     report.field(
         "packages",
@@ -353,7 +364,7 @@ fn row(p: &PackageSummary) -> [String; 5] {
 }
 
 pub fn status(store: &Path, id: Option<&PackageId>) -> anyhow::Result<Report> {
-    let (pm, report) = open_with_report(store)?;
+    let (pm, report) = PackageManager::open_dir_reader(store)?;
     let mut out = Report::new("status");
     out.warnings = open_report_lines(&report);
     // Conflicts recorded before installation checked impl ids keep both sides unloaded; they
@@ -361,6 +372,7 @@ pub fn status(store: &Path, id: Option<&PackageId>) -> anyhow::Result<Report> {
     let conflicts = pm.impl_id_conflicts()?;
     out.warnings.extend(conflict_lines(&conflicts));
     out.field("conflicts", conflicts_json(&conflicts));
+    super::quarantine::annotate(store, &mut out)?;
     match id {
         Some(id) => package_status(store, &pm, id, out),
         None => store_status(store, &pm, &report, out),
@@ -417,10 +429,33 @@ fn package_status(
             .as_ref()
             .map_or_else(|| "none".to_owned(), ToString::to_string)
     ));
-    out.line(format!(
-        "  leases: {} session lease(s), {} binding(s) held by this process",
-        p.leases.leases, p.leases.bindings
-    ));
+    // Which live processes have which version loaded (their pins keep its files).
+    let pins = pm.pins(Some(id))?;
+    out.field(
+        "pins",
+        pins.iter()
+            .flat_map(|pin| {
+                pin.holders.iter().map(move |h| {
+                    json!({
+                        "version": pin.node.version.to_string(),
+                        "pid": h.pid,
+                        "command": h.command,
+                    })
+                })
+            })
+            .collect::<Vec<_>>(),
+    );
+    if pins.is_empty() {
+        out.line("  in use by: no process");
+    }
+    for pin in &pins {
+        let holders: Vec<String> = pin.holders.iter().map(ToString::to_string).collect();
+        out.line(format!(
+            "  in use by: {} (version {})",
+            holders.join(", "),
+            pin.node.version
+        ));
+    }
     Ok(out)
 }
 

@@ -75,24 +75,45 @@ fn check_id(what: &'static str, value: &str) -> Result<(), IdError> {
             value: value.to_owned(),
         });
     }
-    for (at, c) in value.char_indices() {
-        let ok = c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '-' | '.');
-        if !ok {
-            return Err(IdError::BadChar {
-                what,
-                value: value.to_owned(),
-                found: c,
-                at,
-            });
+    // One pass over the bytes (ids are checked on every query that names one); the slower
+    // scan for the offending character runs only when there is one.
+    let mut doubled_dot = false;
+    let mut after_dot = false;
+    for &b in value.as_bytes() {
+        // A byte of a multi-byte character is never allowed, so this finds those too.
+        if !allowed(char::from(b)) {
+            return Err(bad_char(what, value));
         }
+        doubled_dot |= after_dot && b == b'.';
+        after_dot = b == b'.';
     }
-    if value.split('.').any(str::is_empty) {
+    // The first byte is a letter, so a segment is empty only after a dot.
+    if doubled_dot || after_dot {
         return Err(IdError::EmptySegment {
             what,
             value: value.to_owned(),
         });
     }
     Ok(())
+}
+
+/// Whether `c` may appear in an identifier.
+fn allowed(c: char) -> bool {
+    c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '-' | '.')
+}
+
+/// The error for the first character outside the grammar, which `value` has.
+fn bad_char(what: &'static str, value: &str) -> IdError {
+    let (at, found) = value
+        .char_indices()
+        .find(|&(_, c)| !allowed(c))
+        .unwrap_or((0, '\0'));
+    IdError::BadChar {
+        what,
+        value: value.to_owned(),
+        found,
+        at,
+    }
 }
 
 macro_rules! id_type {
@@ -315,6 +336,16 @@ mod tests {
         assert!(matches!(
             PackageId::new("a\0b"),
             Err(IdError::BadChar { found: '\0', .. })
+        ));
+        // A character outside ASCII is named whole, at its byte offset, even after a doubled
+        // dot (characters are checked before segments).
+        assert!(matches!(
+            PackageId::new("ab..\u{e9}t"),
+            Err(IdError::BadChar {
+                found: '\u{e9}',
+                at: 4,
+                ..
+            })
         ));
     }
 

@@ -151,6 +151,9 @@ pub struct RecoveryReport {
     /// Installed versions whose tree is missing. The store cannot repair this; the package
     /// manager must treat those versions as failed verification (disable or remove them).
     pub missing_trees: Vec<NodeRef>,
+    /// Trees the registry no longer references that were kept because a live process pins them
+    /// (it loaded them from an older generation); a later recovery deletes them.
+    pub pinned_trees: Vec<PathBuf>,
 }
 
 impl RecoveryReport {
@@ -166,13 +169,104 @@ impl RecoveryReport {
     }
 }
 
+/// A process that holds a pin on a package version: it has (or is about to have) the version's
+/// library loaded, so the version's files must stay.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PinHolder {
+    /// The process id.
+    pub pid: u32,
+    /// The process's command name, when the system says (`/proc/PID/comm` on Linux).
+    pub command: Option<String>,
+}
+
+impl fmt::Display for PinHolder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.command {
+            Some(command) => write!(f, "pid {} ({command})", self.pid),
+            None => write!(f, "pid {}", self.pid),
+        }
+    }
+}
+
+/// The live pins on one package version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VersionPins {
+    /// The pinned version.
+    pub node: NodeRef,
+    /// The processes that hold it, by pid.
+    pub holders: Vec<PinHolder>,
+}
+
+/// A process's hold on a package version's files ([`PackageStore::pin`]): while it lives, the
+/// store refuses to delete them. The kernel drops it when the process dies, so a dead process
+/// never blocks anything.
+pub struct StorePin(Option<Box<dyn Send + Sync>>);
+
+impl StorePin {
+    /// A pin that holds nothing: what a store without pins hands out.
+    pub fn none() -> Self {
+        StorePin(None)
+    }
+
+    /// A pin that holds `hold` (an open lock file, say) until it is dropped.
+    pub fn holding(hold: Box<dyn Send + Sync>) -> Self {
+        StorePin(Some(hold))
+    }
+}
+
+impl fmt::Debug for StorePin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("StorePin").field(&self.0.is_some()).finish()
+    }
+}
+
 /// The durable package store.
 ///
 /// Implementations serialise their own calls, but the app must still hold its lifecycle
 /// transaction from `registry` through `commit`, so that the state it validated is the state it
 /// replaces; `expected_generation` catches a caller that does not.
+///
+/// A store handle is a *writer* (it holds the store's exclusive lock while it lives, as the
+/// `guild` commands' handles do) or a *reader* ([`PackageStore::is_reader`]): it reads one
+/// committed generation without any lock, never writes on its own, and takes the exclusive lock
+/// only between [`PackageStore::begin_write`] and [`PackageStore::end_write`] (or for a single
+/// call that writes).
 #[cfg_attr(feature = "mocks", mockall::automock)]
 pub trait PackageStore: Send + Sync {
+    /// Whether this handle is a reader: opening it took no lock and recovered nothing, and it must
+    /// not write unless asked to ([`PackageStore::begin_write`]). A reader's view moves to a newer
+    /// generation only at [`PackageStore::refresh`].
+    fn is_reader(&self) -> bool {
+        false
+    }
+
+    /// Reads the newest committed generation (registry and trust bytes) into this handle's view
+    /// and answers its registry generation. A writer's view is always the newest already.
+    fn refresh(&self) -> Result<u64, StoreError> {
+        self.registry().map(|r| r.generation())
+    }
+
+    /// Takes the store's exclusive lock for one transaction (a no-op on a writer, which holds it
+    /// already), recovering an interrupted change first and moving the view to the newest
+    /// generation. Pair every `Ok` with [`PackageStore::end_write`].
+    fn begin_write(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Gives back what [`PackageStore::begin_write`] took.
+    fn end_write(&self) {}
+
+    /// Pins `id@version` for this process: until the pin is dropped (or the process dies), no
+    /// writer deletes the version's files. Take it before verifying and loading the files.
+    fn pin(&self, _id: &PackageId, _version: &Version) -> Result<StorePin, StoreError> {
+        Ok(StorePin::none())
+    }
+
+    /// The live pins on every version, each with the processes that hold it.
+    fn pins(&self) -> Result<Vec<VersionPins>, StoreError> {
+        Ok(Vec::new())
+    }
+
     /// The committed registry. Never an empty stand-in for a file that could not be read: opening
     /// the store fails instead.
     fn registry(&self) -> Result<RegistryState, StoreError>;
@@ -239,6 +333,12 @@ pub enum StoreErrorKind {
     Poisoned,
     /// A fault plan stopped the store as if the process had died. Only tests see this.
     SimulatedCrash,
+    /// The change would delete the files of a version that live processes have loaded (they
+    /// are named in [`StoreError::holders`]); it can be made once they have let go.
+    Pinned,
+    /// The version's files are being deleted by a writer (or are gone), so they cannot be
+    /// pinned; the next committed generation no longer holds them.
+    Removed,
 }
 
 impl StoreErrorKind {
@@ -252,6 +352,8 @@ impl StoreErrorKind {
             StoreErrorKind::InvalidTransaction => "store transaction is invalid",
             StoreErrorKind::Poisoned => "store is unusable after an earlier failure",
             StoreErrorKind::SimulatedCrash => "store stopped by an injected crash",
+            StoreErrorKind::Pinned => "store version is in use by another process",
+            StoreErrorKind::Removed => "store version is being removed",
         }
     }
 }
@@ -273,6 +375,8 @@ pub struct StoreError {
     pub path: Option<PathBuf>,
     /// The underlying error, when there is one.
     pub source: Option<Box<dyn StdError + Send + Sync>>,
+    /// The processes whose pins refused the change ([`StoreErrorKind::Pinned`]).
+    pub holders: Vec<PinHolder>,
 }
 
 impl StoreError {
@@ -283,7 +387,14 @@ impl StoreError {
             what: what.into(),
             path: None,
             source: None,
+            holders: Vec::new(),
         }
+    }
+
+    /// The same error, naming the processes whose pins refused the change.
+    pub fn held_by(mut self, holders: Vec<PinHolder>) -> Self {
+        self.holders = holders;
+        self
     }
 
     /// The same error, naming `path`.

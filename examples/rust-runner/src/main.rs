@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! guild-example-runner STORE_DIR [OPERATION...]
+//! guild-example-runner --serve [--interval-ms N] STORE_DIR [OPERATION...]
 //! ```
 //!
 //! It opens a store that the `guild` command line filled (`guild trust add`, `guild install`),
@@ -15,13 +16,22 @@
 //! 4. drops the handle, which lets the provider's package be disabled or replaced again.
 //!
 //! The input is always the same small `i64` tensor: two rows of four values.
+//!
+//! With `--serve` it runs until it is stopped: every `--interval-ms` (default 200) it executes
+//! each operation once and prints one line per execution, `OP IMPL_ID PACKAGE@VERSION ok` or
+//! `OP error: REASON`. It follows the store while it serves (what `guild install`, `rollback`,
+//! `disable` and `trust revoke-key` commit reaches it within moments, without a restart): a
+//! watcher refreshes the host when a new generation is committed, and before each execution the
+//! runner asks whether its handle still points at the current provider, resolving again when
+//! not. A handle into a revoked package is no longer current, so it is dropped at once.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use clap::Parser;
 use guild_host::prelude::*;
-
-const USAGE: &str = "usage: guild-example-runner STORE_DIR [OPERATION...]";
 
 const DEFAULT_OPERATIONS: &[&str] = &[
     "example.sequence.inclusive_scan",
@@ -33,17 +43,47 @@ const DEFAULT_OPERATIONS: &[&str] = &[
 const INPUT_SHAPE: [u64; 2] = [4, 2];
 const INPUT: [i64; 8] = [1, 2, 3, 4, 10, 20, 30, 40];
 
+/// Runs operations from a Guild store on a fixed example input.
+#[derive(Debug, Parser)]
+#[command(name = "guild-example-runner", version)]
+struct Args {
+    /// Keep running: execute every operation each interval and follow store changes live.
+    #[arg(long)]
+    serve: bool,
+    /// With --serve: milliseconds between rounds of executions.
+    #[arg(long, value_name = "N", default_value_t = 200, requires = "serve",
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    interval_ms: u64,
+    /// With --serve: instead of watching the store for commits, check for a new generation
+    /// before every round (one read of the registry file when nothing changed).
+    #[arg(long, requires = "serve")]
+    poll: bool,
+    /// The store directory that `guild` filled.
+    #[arg(value_name = "STORE_DIR")]
+    store: PathBuf,
+    /// Operations to run (default: example.sequence.inclusive_scan and
+    /// example.sequence.scan_then_total).
+    #[arg(value_name = "OPERATION")]
+    operations: Vec<String>,
+}
+
 fn main() -> ExitCode {
-    let mut args = std::env::args().skip(1);
-    let Some(store) = args.next().map(PathBuf::from) else {
-        eprintln!("{USAGE}");
-        return ExitCode::from(2);
-    };
-    let mut operations: Vec<String> = args.collect();
+    let args = Args::parse();
+    let mut operations = args.operations;
     if operations.is_empty() {
         operations = DEFAULT_OPERATIONS.iter().map(|s| s.to_string()).collect();
     }
-    match run(&store, &operations) {
+    let outcome = if args.serve {
+        serve(
+            &args.store,
+            &operations,
+            Duration::from_millis(args.interval_ms),
+            args.poll,
+        )
+    } else {
+        run(&args.store, &operations)
+    };
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("error: {message}");
@@ -52,15 +92,19 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(store: &Path, operations: &[String]) -> Result<(), String> {
-    // Opening the store recovers any interrupted change, re-verifies every enabled package
-    // against the trust store and its signed files, and loads them in dependency order. No
-    // library is opened before its package has been authenticated.
-    // Plugins' log records go to stderr; the devices are detected.
-    let OpenedHost { host, report } = Host::builder(store)
+/// Opens the store as a runner does: without the store's lock, reading its last committed
+/// generation; every enabled package is re-verified against the trust store and its signed
+/// files and loaded in dependency order. No library is opened before its package has been
+/// authenticated. Plugins' log records go to stderr; the devices are detected.
+fn open(store: &Path) -> Result<OpenedHost, String> {
+    Host::builder(store)
         .plugin_log(|package, record| eprintln!("[{package}] {}", record.message))
         .open()
-        .map_err(|e| format!("cannot open the store {}: {e}", store.display()))?;
+        .map_err(|e| format!("cannot open the store {}: {e}", store.display()))
+}
+
+fn run(store: &Path, operations: &[String]) -> Result<(), String> {
+    let OpenedHost { host, report } = open(store)?;
     let (opened, loaded) = (&report.store, &report.loaded);
     println!(
         "opened {} ({} verified)",
@@ -101,6 +145,135 @@ fn run(store: &Path, operations: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// One operation the serving runner keeps resolved.
+struct Served<'r> {
+    op: String,
+    handle: Option<OpHandle<'r>>,
+}
+
+/// `--serve`: executes every operation each `interval`, one line per execution, following the
+/// store until the process is stopped.
+fn serve(
+    store: &Path,
+    operations: &[String],
+    interval: Duration,
+    poll: bool,
+) -> Result<(), String> {
+    let OpenedHost { host, report } = open(store)?;
+    let host = Arc::new(host);
+    for (id, version, error) in &report.loaded.failed {
+        eprintln!("warning: {id} {version} failed to load: {error}");
+    }
+    let log = |outcome: &Result<RefreshReport, HostError>| match outcome {
+        Ok(r) if r.is_quiet() => {}
+        Ok(r) => eprintln!("{}", describe_refresh(r)),
+        Err(e) => eprintln!("warning: following the store failed: {e}"),
+    };
+    // The watcher refreshes the host as soon as a generation is committed (and once a second in
+    // case a notification was lost); what it did goes to stderr.
+    let _watcher = if poll {
+        None
+    } else {
+        Some(
+            host.watch(Duration::from_secs(1), log)
+                .map_err(|e| format!("cannot watch the store {}: {e}", store.display()))?,
+        )
+    };
+    let service = OperationService::new(host.kernels());
+    let mut served: Vec<Served<'_>> = operations
+        .iter()
+        .map(|op| Served {
+            op: op.clone(),
+            handle: None,
+        })
+        .collect();
+    let mut next = Instant::now();
+    loop {
+        let mut dropped = false;
+        for s in &mut served {
+            // A handle whose package was replaced, taken out or revoked since it was resolved
+            // is dropped here, before it runs again.
+            if s.handle.as_ref().is_some_and(|h| !h.is_current()) {
+                s.handle = None;
+                dropped = true;
+            }
+        }
+        if dropped || poll {
+            // A switch that waited for those handles can happen now (and a polling runner
+            // looks for a new generation every round).
+            log(&host.refresh());
+        }
+        for s in &mut served {
+            println!("{}", serve_once(&service, s));
+        }
+        next += interval;
+        let now = Instant::now();
+        match next.checked_duration_since(now) {
+            Some(wait) => std::thread::sleep(wait),
+            None => next = now,
+        }
+    }
+}
+
+/// One execution of `s.op` (resolving it first when it has no current handle), as its line.
+fn serve_once<'r>(service: &OperationService<'r>, s: &mut Served<'r>) -> String {
+    let op = s.op.clone();
+    if s.handle.is_none() {
+        match resolve(service, &op) {
+            Ok(handle) => s.handle = Some(handle),
+            Err(reason) => return format!("{op} error: {}", one_line(&reason)),
+        }
+    }
+    let Some(handle) = &s.handle else {
+        return format!("{op} error: no handle");
+    };
+    let chosen = handle.describe();
+    let who = format!(
+        "{} {}@{}",
+        chosen.impl_id, chosen.package, chosen.package_version
+    );
+    match execute(handle, &op) {
+        Ok(_) => format!("{op} {who} ok"),
+        Err(reason) => format!("{op} error: {}", one_line(&reason)),
+    }
+}
+
+/// What a refresh did, in one line for the log.
+fn describe_refresh(r: &RefreshReport) -> String {
+    let mut parts = vec![format!("store generation {}", r.generation)];
+    for l in &r.loaded {
+        parts.push(format!("loaded {} {}", l.id, l.version));
+    }
+    for q in &r.taken_out {
+        parts.push(format!(
+            "took out {} {} ({})",
+            q.id,
+            q.version,
+            one_line(&q.reason)
+        ));
+    }
+    for d in &r.deferred {
+        parts.push(format!("deferred: {d}"));
+    }
+    for v in &r.revoked_live {
+        parts.push(format!(
+            "{} live binding(s) still run revoked {} {}",
+            v.bindings, v.id, v.version
+        ));
+    }
+    for (id, version, e) in &r.failed {
+        parts.push(format!(
+            "{id} {version} failed to load: {}",
+            one_line(&e.to_string())
+        ));
+    }
+    format!("refresh: {}", parts.join("; "))
+}
+
+fn one_line(text: &str) -> String {
+    text.lines().map(str::trim).collect::<Vec<_>>().join(" ")
+}
+
 /// The shapes of the outputs an operation produces for [`INPUT_SHAPE`], from its contract. A
 /// runner has to know the contract of every operation it calls; this one knows four.
 fn output_shapes(op: &str) -> Option<Vec<Vec<u64>>> {
@@ -116,31 +289,37 @@ fn output_shapes(op: &str) -> Option<Vec<Vec<u64>>> {
     }
 }
 
-/// Resolves `op` for the example tensors, executes it and prints what went in and came out.
-fn run_operation(service: &OperationService<'_>, op: &str) -> Result<(), String> {
+/// The input tensor, the output shapes and the output tensors of one operation.
+type Tensors = (TensorDesc, Vec<Vec<u64>>, Vec<TensorDesc>);
+
+/// The example tensors for `op`: the input and the outputs its contract expects.
+fn tensors(op: &str) -> Result<Tensors, String> {
     let shapes = output_shapes(op)
         .ok_or_else(|| format!("this runner does not know the contract of {op}"))?;
-    let name = OpName::new(op).map_err(|e| format!("{op}: {e}"))?;
-
-    // 1. Describe the tensors: element type, shape, where the memory lives.
     let input = TensorDesc::new(DType::I64, &INPUT_SHAPE, MemorySpace::Host);
     let outputs: Vec<TensorDesc> = shapes
         .iter()
         .map(|shape| TensorDesc::new(DType::I64, shape, MemorySpace::Host))
         .collect();
+    Ok((input, shapes, outputs))
+}
 
-    // 2. Resolve: a host-blocking CPU request for any 1.x version of the operation. A failure
-    //    explains, for every candidate, why it was not chosen.
-    let request = OperationRequest::cpu(name, vec![input], outputs.clone());
-    let handle = service
+/// Resolves `op` for the example tensors: a host-blocking CPU request for any 1.x version of
+/// the operation. A failure explains, for every candidate, why it was not chosen.
+fn resolve<'r>(service: &OperationService<'r>, op: &str) -> Result<OpHandle<'r>, String> {
+    // 1. Describe the tensors: element type, shape, where the memory lives.
+    let (input, _, outputs) = tensors(op)?;
+    let name = OpName::new(op).map_err(|e| format!("{op}: {e}"))?;
+    // 2. Resolve.
+    let request = OperationRequest::cpu(name, vec![input], outputs);
+    service
         .resolve(&request)
-        .map_err(|e| format!("resolving {op}: {e}"))?;
-    let chosen = handle.describe();
-    println!(
-        "{op} -> {} from {} {}",
-        chosen.impl_id, chosen.package, chosen.package_version
-    );
+        .map_err(|e| format!("resolving {op}: {e}"))
+}
 
+/// Executes `handle` once on the example input and answers the outputs.
+fn execute(handle: &OpHandle<'_>, op: &str) -> Result<Vec<Vec<i64>>, String> {
+    let (input, shapes, outputs) = tensors(op)?;
     // 3. The caller owns scratch memory: allocate what the provider asked for, aligned.
     let need = handle.scratch();
     let align = usize::try_from(need.alignment.max(1)).map_err(|e| e.to_string())?;
@@ -149,7 +328,6 @@ fn run_operation(service: &OperationService<'_>, op: &str) -> Result<(), String>
     let scratch = if bytes == 0 {
         None
     } else {
-        println!("  scratch   {bytes} bytes, aligned to {align}");
         Some(aligned(&mut scratch_buffer, bytes, align)?)
     };
 
@@ -168,6 +346,27 @@ fn run_operation(service: &OperationService<'_>, op: &str) -> Result<(), String>
         .execute(&[TensorArg::new(input, &INPUT)], &mut output_args, scratch)
         .map_err(|e| format!("executing {op}: {e}"))?;
     drop(output_args);
+    Ok(results)
+}
+
+/// Resolves `op` for the example tensors, executes it and prints what went in and came out.
+fn run_operation(service: &OperationService<'_>, op: &str) -> Result<(), String> {
+    let (_, shapes, _) = tensors(op)?;
+    let handle = resolve(service, op)?;
+    let chosen = handle.describe();
+    println!(
+        "{op} -> {} from {} {}",
+        chosen.impl_id, chosen.package, chosen.package_version
+    );
+    let need = handle.scratch();
+    if need.host_bytes > 0 {
+        println!(
+            "  scratch   {} bytes, aligned to {}",
+            need.host_bytes,
+            need.alignment.max(1)
+        );
+    }
+    let results = execute(&handle, op)?;
 
     println!("  input     {}", rows(&INPUT, INPUT_SHAPE[0]));
     for (i, (result, shape)) in results.iter().zip(&shapes).enumerate() {

@@ -4,25 +4,33 @@
 //! Layout of a store directory (see [`StoreLayout`]):
 //!
 //! ```text
-//! lock                     advisory lock; held for as long as a store handle is open
+//! lock                     advisory lock; held by a writer (for its life, or one transaction)
 //! registry.json            the registry (RegistryState), replaced atomically; the commit point
 //! trust                    the trust bytes, opaque to the store, replaced atomically
 //! trust.next               new trust bytes of a commit in flight (finished or dropped by recovery)
 //! journal/<gen>.intent     the record of a transaction in flight
 //! staging/<n>/             trees being extracted; cleared by recovery
 //! packages/<id>/<version>/ installed trees, read-only
+//! pins/<id>@<version>      shared locks of the processes that have the version loaded
 //! ```
 //!
-//! Opening a store takes the lock (or fails with `Locked`) and recovers before anything else;
-//! the `recovery` module says what that means and the `commit` module lists the durable steps
-//! in order. A
+//! A *writer* handle ([`FsStore::open`]) takes the lock (or fails with `Locked`) and recovers
+//! before anything else; the `recovery` module says what that means and the `commit` module
+//! lists the durable steps in order. A *reader* handle ([`StoreOptions::reader`]) takes no lock
+//! and writes nothing: it reads the last committed generation (the registry file is replaced
+//! atomically, and the trust bytes of a commit whose rename of `trust.next` is still to come are
+//! found by the digest the registry records), so a pending transaction is invisible to it and
+//! its recovery is left to the next writer. A reader takes the lock only for the transactions it
+//! makes itself. The `pins` module says how loaded versions are kept from deletion. A
 //! [`Fault`] in [`StoreOptions`] makes one numbered step fail or "crash", which is how the crash
 //! matrix proves that every interruption leaves the before-state or the after-state.
 
 mod commit;
 mod durable;
 mod journal;
+mod pins;
 mod recovery;
+mod watch;
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -32,15 +40,19 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use guild_domain::graph::NodeRef;
 use guild_domain::ids::PackageId;
+use guild_domain::ids::Sha256Digest;
 use guild_domain::registry::RegistryState;
 use guild_domain::version::Version;
 use guild_ports::store::{
-    Committed, PackageStore, RecoveryReport, StoreError, StoreErrorKind, Transaction,
+    Committed, PackageStore, PinHolder, RecoveryReport, StoreError, StoreErrorKind, StorePin,
+    Transaction, VersionPins,
 };
 
 pub use durable::{Fault, FaultMode, OpStats};
 pub use journal::{JournalDecodeError, JOURNAL_FORMAT_V1};
+pub use watch::StoreWatcher;
 
 use commit::{is_crash, is_staging_entry, Failure};
 use durable::{io_error, remove_tree, Run};
@@ -59,6 +71,8 @@ pub struct StoreLayout {
     pub journal: PathBuf,
     pub staging: PathBuf,
     pub packages: PathBuf,
+    /// One lock file per pinned version ([`FsStore`]'s `pin`).
+    pub pins: PathBuf,
 }
 
 impl StoreLayout {
@@ -74,6 +88,7 @@ impl StoreLayout {
             journal: root.join("journal"),
             staging: root.join("staging"),
             packages: root.join("packages"),
+            pins: root.join("pins"),
             root,
         }
     }
@@ -105,6 +120,9 @@ pub struct StoreOptions {
     /// out a lock that is only held by a forked child between `fork` and `exec` (the lock lives
     /// on the open file, which a child inherits until it execs); a real second user still fails.
     pub lock_wait: Duration,
+    /// Open as a reader: no lock, no recovery, the last committed generation; the lock is taken
+    /// only for a transaction this handle makes.
+    pub reader: bool,
 }
 
 impl StoreOptions {
@@ -116,7 +134,14 @@ impl StoreOptions {
         StoreOptions {
             fault: None,
             lock_wait: Self::DEFAULT_LOCK_WAIT,
+            reader: false,
         }
+    }
+
+    /// As a reader (see [`StoreOptions::reader`]).
+    pub fn reader(mut self) -> Self {
+        self.reader = true;
+        self
     }
 
     /// With a fault plan.
@@ -132,13 +157,17 @@ impl Default for StoreOptions {
     }
 }
 
-/// The file-system package store. One handle per store directory at a time, across processes:
-/// the handle holds an advisory lock until it is dropped.
+/// The file-system package store. At most one writer handle per store directory at a time,
+/// across processes (it holds an advisory lock until it is dropped), and any number of reader
+/// handles beside it.
 #[derive(Debug)]
 pub struct FsStore {
     layout: StoreLayout,
-    /// Holding the open file holds the lock; dropping the handle releases it.
-    _lock: File,
+    /// A writer holds the lock on this open file for its life; a reader only while
+    /// `Inner::writing` is above zero. Dropping the handle releases it.
+    lock: File,
+    reader: bool,
+    lock_wait: Duration,
     inner: Mutex<Inner>,
 }
 
@@ -157,6 +186,8 @@ struct Inner {
     issued: BTreeSet<OsString>,
     last_op: OpStats,
     total_fsyncs: u64,
+    /// A reader's nesting of `begin_write`; it holds the lock while this is above zero.
+    writing: u32,
 }
 
 impl FsStore {
@@ -174,11 +205,32 @@ impl FsStore {
         let mut run = Run::new(None);
         create_root(&layout.root, &mut run)?;
         let lock = open_lock(&layout.lock)?;
-        lock_with_wait(&lock, &layout.lock, options.lock_wait)?;
-        let recovered = recovery::recover(&layout, &BTreeSet::new(), &mut run)?;
+        let recovered = if options.reader && layout.registry.exists() {
+            let snapshot = read_committed(&layout)?;
+            recovery::Recovered {
+                report: RecoveryReport {
+                    generation: snapshot.registry.generation(),
+                    ..RecoveryReport::default()
+                },
+                registry: snapshot.registry,
+                bytes: snapshot.bytes,
+                trust: snapshot.trust,
+            }
+        } else {
+            // A writer recovers; so does a reader of a store that was never written, once, to
+            // create it.
+            lock_with_wait(&lock, &layout.lock, options.lock_wait)?;
+            let recovered = recovery::recover(&layout, &BTreeSet::new(), &mut run);
+            if options.reader {
+                let _ = lock.unlock();
+            }
+            recovered?
+        };
         let store = FsStore {
             layout,
-            _lock: lock,
+            lock,
+            reader: options.reader,
+            lock_wait: options.lock_wait,
             inner: Mutex::new(Inner {
                 registry: recovered.registry,
                 registry_bytes: recovered.bytes,
@@ -188,9 +240,21 @@ impl FsStore {
                 issued: BTreeSet::new(),
                 total_fsyncs: u64::from(run.stats.fsyncs),
                 last_op: run.stats,
+                writing: 0,
             }),
         };
         Ok((store, recovered.report))
+    }
+
+    /// Runs `op` as one write: a reader takes the lock (and catches up with the disk) around it.
+    fn write<T>(
+        &self,
+        op: impl FnOnce(&mut MutexGuard<'_, Inner>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.begin_write()?;
+        let result = self.usable().and_then(|mut inner| op(&mut inner));
+        self.end_write();
+        result
     }
 
     pub fn layout(&self) -> &StoreLayout {
@@ -304,7 +368,99 @@ impl PackageStore for FsStore {
     }
 
     fn commit(&self, tx: Transaction) -> Result<Committed, StoreError> {
+        self.write(|inner| self.commit_locked(inner, tx))
+    }
+
+    fn package_dir(&self, id: &PackageId, version: &Version) -> PathBuf {
+        self.layout.package_dir(id, version)
+    }
+
+    fn read_trust(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.usable()?.trust.clone())
+    }
+
+    fn trust_path(&self) -> PathBuf {
+        self.layout.trust.clone()
+    }
+
+    fn write_trust(&self, bytes: &[u8]) -> Result<(), StoreError> {
+        self.write(|inner| self.write_trust_locked(inner, bytes))
+    }
+
+    fn recover(&self) -> Result<RecoveryReport, StoreError> {
         let mut inner = self.usable()?;
+        if !self.reader || inner.writing > 0 {
+            return self.recover_locked(&mut inner);
+        }
+        // A reader takes the lock for this one recovery (`begin_write` would recover first and
+        // leave this report empty).
+        lock_with_wait(&self.lock, &self.layout.lock, self.lock_wait)?;
+        let report = self.recover_locked(&mut inner);
+        let _ = self.lock.unlock();
+        report
+    }
+
+    fn is_reader(&self) -> bool {
+        self.reader
+    }
+
+    fn refresh(&self) -> Result<u64, StoreError> {
+        let mut inner = self.usable()?;
+        if self.reader && inner.writing == 0 {
+            let snapshot = read_committed(&self.layout)?;
+            inner.registry = snapshot.registry;
+            inner.registry_bytes = snapshot.bytes;
+            inner.trust = snapshot.trust;
+        }
+        Ok(inner.registry.generation())
+    }
+
+    fn begin_write(&self) -> Result<(), StoreError> {
+        if !self.reader {
+            return Ok(());
+        }
+        let mut inner = self.usable()?;
+        if inner.writing == 0 {
+            lock_with_wait(&self.lock, &self.layout.lock, self.lock_wait)?;
+            // Whatever a writer that died left is finished or undone before this one starts,
+            // and the view moves to what is now committed.
+            if let Err(e) = self.recover_locked(&mut inner) {
+                let _ = self.lock.unlock();
+                return Err(e);
+            }
+        }
+        inner.writing += 1;
+        Ok(())
+    }
+
+    fn end_write(&self) {
+        if !self.reader {
+            return;
+        }
+        let mut inner = match self.inner.lock() {
+            Ok(inner) => inner,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if inner.writing > 0 {
+            inner.writing -= 1;
+            if inner.writing == 0 {
+                let _ = self.lock.unlock();
+            }
+        }
+    }
+
+    fn pin(&self, id: &PackageId, version: &Version) -> Result<StorePin, StoreError> {
+        let file = pins::take_shared(&self.layout, id, version)?;
+        Ok(StorePin::holding(Box::new(file)))
+    }
+
+    fn pins(&self) -> Result<Vec<VersionPins>, StoreError> {
+        pins::list(&self.layout, None)
+    }
+}
+
+impl FsStore {
+    fn commit_locked(&self, inner: &mut Inner, tx: Transaction) -> Result<Committed, StoreError> {
         let staged = tx
             .install
             .as_ref()
@@ -325,7 +481,27 @@ impl PackageStore for FsStore {
                 return Err(e);
             }
         };
-        let committed = with_run(&mut inner, |run| commit::apply(&self.layout, run, &plan))?;
+        // The versions whose files go are held against new pins from here to their deletion;
+        // a version that a live process pins refuses the whole transaction.
+        let mut holds = Vec::new();
+        for (node, _) in &plan.delete {
+            match pins::hold_for_delete(&self.layout, node.id.as_str(), &node.version.to_string()) {
+                Ok(hold) => holds.extend(hold),
+                Err(refusal) => {
+                    if let Some(staged) = &staged {
+                        let _ = remove_tree(staged);
+                    }
+                    return Err(match refusal {
+                        Ok(holders) => pinned_error(&self.layout, node, holders),
+                        Err(e) => e,
+                    });
+                }
+            }
+        }
+        let committed = with_run(inner, |run| commit::apply(&self.layout, run, &plan))?;
+        for hold in holds {
+            hold.release_and_unlink();
+        }
         inner.registry = plan.new_state;
         inner.registry_bytes = plan.new_bytes;
         if let Some(trust) = plan.trust {
@@ -334,23 +510,10 @@ impl PackageStore for FsStore {
         Ok(committed)
     }
 
-    fn package_dir(&self, id: &PackageId, version: &Version) -> PathBuf {
-        self.layout.package_dir(id, version)
-    }
-
-    fn read_trust(&self) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.usable()?.trust.clone())
-    }
-
-    fn trust_path(&self) -> PathBuf {
-        self.layout.trust.clone()
-    }
-
-    fn write_trust(&self, bytes: &[u8]) -> Result<(), StoreError> {
-        let mut inner = self.usable()?;
+    fn write_trust_locked(&self, inner: &mut Inner, bytes: &[u8]) -> Result<(), StoreError> {
         let layout = &self.layout;
         let previous = read_optional(&layout.trust)?;
-        let written = with_run(&mut inner, |run| {
+        let written = with_run(inner, |run| {
             let (tmp, target) = (&layout.trust_tmp, &layout.trust);
             let before_rename = run
                 .write_file("write trust file", tmp, bytes)
@@ -382,8 +545,7 @@ impl PackageStore for FsStore {
         written
     }
 
-    fn recover(&self) -> Result<RecoveryReport, StoreError> {
-        let mut inner = self.usable()?;
+    fn recover_locked(&self, inner: &mut Inner) -> Result<RecoveryReport, StoreError> {
         let issued = inner.issued.clone();
         let mut run = Run::new(None);
         let recovered = recovery::recover(&self.layout, &issued, &mut run);
@@ -395,6 +557,78 @@ impl PackageStore for FsStore {
         inner.trust = recovered.trust;
         Ok(recovered.report)
     }
+}
+
+/// The refusal of a transaction that would delete `node`'s files while `holders` pin them.
+fn pinned_error(layout: &StoreLayout, node: &NodeRef, holders: Vec<PinHolder>) -> StoreError {
+    let names: Vec<String> = holders.iter().map(ToString::to_string).collect();
+    let by = if names.is_empty() {
+        "another process".to_owned()
+    } else {
+        names.join(", ")
+    };
+    StoreError::new(
+        StoreErrorKind::Pinned,
+        format!("{node} is loaded by {by}; its files cannot be deleted until it lets go"),
+    )
+    .at(pins::pin_path(
+        layout,
+        node.id.as_str(),
+        &node.version.to_string(),
+    ))
+    .held_by(holders)
+}
+
+/// One committed generation as a reader sees it.
+struct Snapshot {
+    registry: RegistryState,
+    bytes: Vec<u8>,
+    trust: Option<Vec<u8>>,
+}
+
+/// How often a reader reads again when a writer committed while it was reading.
+const SNAPSHOT_ATTEMPTS: usize = 64;
+
+/// Reads the last committed generation without the lock: the registry file, then the trust bytes
+/// it records (from `trust.next` while a commit's rename of it is still to come), then the
+/// registry again; if that moved on meanwhile, everything is read again.
+fn read_committed(layout: &StoreLayout) -> Result<Snapshot, StoreError> {
+    let missing = || {
+        StoreError::new(StoreErrorKind::Corrupt, "registry file is missing")
+            .at(layout.registry.clone())
+    };
+    for _ in 0..SNAPSHOT_ATTEMPTS {
+        let (registry, bytes) = recovery::read_registry(layout)?.ok_or_else(missing)?;
+        let mut trust = read_optional(&layout.trust)?;
+        if let Some(anchor) = registry.trust_anchor() {
+            let matches = |b: &Option<Vec<u8>>| {
+                b.as_ref()
+                    .is_some_and(|b| Sha256Digest::of(b) == anchor.file_digest)
+            };
+            if !matches(&trust) {
+                let next = read_optional(&layout.trust_next)?;
+                if matches(&next) {
+                    trust = next;
+                } else {
+                    // The rename may have happened between the two reads.
+                    trust = read_optional(&layout.trust)?;
+                }
+            }
+        }
+        let again = read_optional(&layout.registry)?.ok_or_else(missing)?;
+        if again == bytes {
+            return Ok(Snapshot {
+                registry,
+                bytes,
+                trust,
+            });
+        }
+    }
+    Err(StoreError::new(
+        StoreErrorKind::Io,
+        "the registry kept changing while it was read",
+    )
+    .at(layout.registry.clone()))
 }
 
 /// The contents of `path`, or `None` if it does not exist.
@@ -525,13 +759,7 @@ fn try_lock(file: &File, path: &Path) -> Result<(), StoreError> {
 /// message only; a lock taken before a `fork` is listed under the parent's pid.
 #[cfg(target_os = "linux")]
 fn lock_holder(file: &File) -> Option<u32> {
-    use std::os::unix::fs::MetadataExt as _;
-    let md = file.metadata().ok()?;
-    let dev = md.dev();
-    // glibc's encoding of a device number (`gnu_dev_major`, `gnu_dev_minor`).
-    let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0x0fff);
-    let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0x00ff);
-    let wanted = format!("{major:02x}:{minor:02x}:{}", md.ino());
+    let wanted = proc_lock_key(file)?;
     let locks = fs::read_to_string("/proc/locks").ok()?;
     locks.lines().find_map(|line| {
         // `1: FLOCK  ADVISORY  WRITE 1234 fe:00:5490962 0 EOF`; waiters are marked `->`.
@@ -546,4 +774,16 @@ fn lock_holder(file: &File) -> Option<u32> {
 #[cfg(not(target_os = "linux"))]
 fn lock_holder(_file: &File) -> Option<u32> {
     None
+}
+
+/// How `/proc/locks` names `file`: `major:minor:inode`, the device in hex.
+#[cfg(target_os = "linux")]
+fn proc_lock_key(file: &File) -> Option<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let md = file.metadata().ok()?;
+    let dev = md.dev();
+    // glibc's encoding of a device number (`gnu_dev_major`, `gnu_dev_minor`).
+    let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0x0fff);
+    let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0x00ff);
+    Some(format!("{major:02x}:{minor:02x}:{}", md.ino()))
 }

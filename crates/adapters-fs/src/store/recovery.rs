@@ -227,7 +227,9 @@ fn ensure_dirs(layout: &StoreLayout, run: &mut Run) -> Result<(), StoreError> {
 }
 
 /// The registry and its bytes, or `None` when the file does not exist.
-fn read_registry(layout: &StoreLayout) -> Result<Option<(RegistryState, Vec<u8>)>, StoreError> {
+pub(crate) fn read_registry(
+    layout: &StoreLayout,
+) -> Result<Option<(RegistryState, Vec<u8>)>, StoreError> {
     let path = &layout.registry;
     let bytes = match fs::read(path) {
         Ok(b) => b,
@@ -307,8 +309,11 @@ fn sweep_packages(
     let mut removed = Vec::new();
     for (id_name, id_is_dir) in list_typed(&layout.packages)? {
         let id_dir = layout.packages.join(&id_name);
+        let mut none_expected = BTreeMap::new();
         let versions = match expected.get_mut(&id_name) {
             Some(v) if id_is_dir => v,
+            // Every version of the id goes, except those a live process pins.
+            None if id_is_dir && any_pinned(layout, &id_name, &id_dir)? => &mut none_expected,
             _ => {
                 remove_tree(&id_dir)
                     .map_err(|e| io_error("remove unreferenced tree", &id_dir, e))?;
@@ -323,6 +328,17 @@ fn sweep_packages(
                 continue;
             }
             let tree = id_dir.join(&version_name);
+            if super::pins::is_pinned(
+                layout,
+                &id_name.to_string_lossy(),
+                &version_name.to_string_lossy(),
+            ) {
+                // A live process that read an older generation has this version loaded: its
+                // files stay until it lets go, and a later recovery deletes them.
+                kept += 1;
+                report.pinned_trees.push(tree);
+                continue;
+            }
             remove_tree(&tree).map_err(|e| io_error("remove unreferenced tree", &tree, e))?;
             removed.push(tree);
         }
@@ -339,6 +355,14 @@ fn sweep_packages(
         .flat_map(BTreeMap::into_values)
         .collect();
     Ok(())
+}
+
+/// Whether a live process pins any version tree under `id_dir`.
+fn any_pinned(layout: &StoreLayout, id_name: &OsString, id_dir: &Path) -> Result<bool, StoreError> {
+    let id = id_name.to_string_lossy();
+    Ok(list_typed(id_dir)?
+        .iter()
+        .any(|(version, _)| super::pins::is_pinned(layout, &id, &version.to_string_lossy())))
 }
 
 /// The names in directory `dir`, each with whether it is a directory (not a link to one).

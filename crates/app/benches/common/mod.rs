@@ -1,6 +1,6 @@
 //! What the host's benchmarks share: a global allocator that counts heap allocations, the
-//! per-sample record of criterion's timings with the median the summaries print, and the C test
-//! plugins' bytes. Each benchmark binary includes it with `#[path = "common/mod.rs"] mod common;`.
+//! per-sample record of criterion's timings with the median the summaries print, the C test
+//! plugins' bytes, and a library stand-in for registries filled by hand. Each benchmark binary includes it with `#[path = "common/mod.rs"] mod common;`.
 
 #![allow(dead_code)] // Each benchmark uses part of it.
 
@@ -11,6 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use criterion::Bencher;
+use guild_domain::ids::PackageId;
+use guild_domain::version::Version;
+use guild_ports::loader::LoadedLibrary;
 
 /// Counts heap allocations, so that a summary can say what a path allocates.
 pub struct Counting;
@@ -113,4 +116,18 @@ pub fn plugin_library(name: &str) -> Vec<u8> {
             path.display()
         )
     })
+}
+
+/// A package's library for a registry filled by hand: nothing is loaded, so its providers are
+/// the benchmark's own.
+#[derive(Debug)]
+pub struct NoLibrary(pub PackageId, pub Version);
+
+impl LoadedLibrary for NoLibrary {
+    fn package(&self) -> &PackageId {
+        &self.0
+    }
+    fn version(&self) -> &Version {
+        &self.1
+    }
 }

@@ -22,7 +22,7 @@
 //! busy handle is refused with `GUILD_STATUS_ERR_BUSY`, so providers that call each other's
 //! handles from several threads cannot deadlock.
 
-use std::ffi::{c_void, CString};
+use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
@@ -44,7 +44,7 @@ use guild_domain::operation::{
 };
 use guild_domain::version::PackedVersion;
 
-use super::core::{tensor_from_c, Call, Resolved, ServiceCore};
+use super::core::{tensor_from_c, Call, Negotiation, Resolved, ServiceCore};
 use super::handles::{HandleName, Refused};
 use super::{ExecuteError, ReshapeError, ResolveError};
 
@@ -73,12 +73,10 @@ pub(crate) fn table() -> guild_operation_service_v1_t {
     }
 }
 
-/// A C handle's data, in its slot of the core's handle table.
+/// A C handle's data, in its slot of the core's handle table. The names its description
+/// points at are the stored kernel's, which its binding keeps alive.
 pub(crate) struct CHandle {
     pub(crate) resolved: Resolved,
-    impl_id: CString,
-    package_id: CString,
-    op_name: CString,
 }
 
 /// Which of the core's tables a call came through.
@@ -272,9 +270,9 @@ unsafe extern "C" fn service_resolve(
         // SAFETY: a table's `user`, whose core its holder keeps alive (the service's contract).
         let (core, _) = unsafe { open_core(user, "resolve") }?;
         // SAFETY: the caller's query and everything it points at are valid for this call.
-        let (spec, params) = unsafe { read_query(core, query) }?;
+        let (spec, args) = unsafe { read_query(core, query) }?;
         let query = OpQuery::new(spec).map_err(|e| Failure::invalid(e.to_string()))?;
-        let resolved = core.resolve(&query, params, false).map_err(|e| {
+        let resolved = core.resolve(query, &args, false).map_err(|e| {
             // A registry being destroyed empties its snapshot; say so rather than "not found".
             if core.is_closed() {
                 Failure::new(
@@ -285,13 +283,7 @@ unsafe extern "C" fn service_resolve(
                 resolve_failure(e)
             }
         })?;
-        let c_string = |s: &str| CString::new(s).unwrap_or_default();
-        let handle = Box::new(CHandle {
-            impl_id: c_string(resolved.candidate.impl_id.as_str()),
-            package_id: c_string(resolved.binding.package().as_str()),
-            op_name: c_string(resolved.candidate.op_name.as_str()),
-            resolved,
-        });
+        let handle = Box::new(CHandle { resolved });
         let number = core.handles.insert(handle).map_err(|_| {
             Failure::new(
                 GUILD_STATUS_ERR_OUT_OF_MEMORY,
@@ -394,7 +386,7 @@ fn one_line_report(f: &guild_domain::operation::ResolveFailure) -> String {
 unsafe fn read_query<'q>(
     core: &ServiceCore,
     query: *const guild_operation_query_v1_t,
-) -> Result<(QuerySpec, &'q [u8]), Failure> {
+) -> Result<(QuerySpec, Negotiation<'q>), Failure> {
     if query.is_null() || !query.is_aligned() {
         return Err(Failure::invalid("the query is NULL or misaligned"));
     }
@@ -436,9 +428,9 @@ unsafe fn read_query<'q>(
         ))
     })?;
     // SAFETY: the arrays are the caller's and valid for this call.
-    let inputs = unsafe { read_tensors("input", q.inputs, q.input_count) }?;
+    let (inputs, c_inputs) = unsafe { read_tensors("input", q.inputs, q.input_count) }?;
     // SAFETY: as above.
-    let outputs = unsafe { read_tensors("output", q.outputs, q.output_count) }?;
+    let (outputs, c_outputs) = unsafe { read_tensors("output", q.outputs, q.output_count) }?;
     // SAFETY: NULL or the caller's caps record, valid for this call.
     let device = unsafe { read_device(core, q.device_caps) }?;
     // SAFETY: the caller's params record, valid for this call.
@@ -458,7 +450,11 @@ unsafe fn read_query<'q>(
         exact_impl,
         device,
     };
-    Ok((spec, params))
+    let args = Negotiation {
+        params,
+        tensors: Some([c_inputs, c_outputs]),
+    };
+    Ok((spec, args))
 }
 
 /// The caller's parameter record as bytes (empty when NULL or of size 0).
@@ -483,34 +479,36 @@ unsafe fn read_params<'a>(
     Ok(unsafe { std::slice::from_raw_parts(params.cast::<u8>(), size) })
 }
 
-/// Copies the caller's tensor array.
+/// Copies the caller's tensor array, and gives it back as a slice for the negotiation
+/// callbacks.
 ///
 /// # Safety
-/// `tensors` must be NULL or point at `count` readable descriptors.
-unsafe fn read_tensors(
+/// `tensors` must be NULL or point at `count` readable descriptors that stay valid for `'q`.
+unsafe fn read_tensors<'q>(
     role: &str,
     tensors: *const guild_tensor_desc_v1_t,
     count: usize,
-) -> Result<Vec<TensorDesc>, Failure> {
+) -> Result<(Vec<TensorDesc>, &'q [guild_tensor_desc_v1_t]), Failure> {
     let mut out = Vec::new();
     // SAFETY: the caller's contract.
-    unsafe { read_tensors_into(role, tensors, count, &mut out) }?;
-    Ok(out)
+    let slice = unsafe { read_tensors_into(role, tensors, count, &mut out) }?;
+    Ok((out, slice))
 }
 
-/// Copies the caller's tensor array into `out` (cleared first), reusing its allocation.
+/// Copies the caller's tensor array into `out` (cleared first), reusing its allocation, and
+/// gives it back as a slice.
 ///
 /// # Safety
 /// As for [`read_tensors`].
-unsafe fn read_tensors_into(
+unsafe fn read_tensors_into<'q>(
     role: &str,
     tensors: *const guild_tensor_desc_v1_t,
     count: usize,
     out: &mut Vec<TensorDesc>,
-) -> Result<(), Failure> {
+) -> Result<&'q [guild_tensor_desc_v1_t], Failure> {
     out.clear();
     if count == 0 {
-        return Ok(());
+        return Ok(&[]);
     }
     if count > MAX_QUERY_TENSORS {
         return Err(Failure::invalid(format!(
@@ -527,7 +525,7 @@ unsafe fn read_tensors_into(
     for (i, t) in slice.iter().enumerate() {
         out.push(tensor_from_c(t).map_err(|e| Failure::invalid(format!("{role} {i}: {e}")))?);
     }
-    Ok(())
+    Ok(slice)
 }
 
 /// The device a query resolves against: the caller's record, or the host's device 0.
@@ -607,9 +605,10 @@ unsafe extern "C" fn service_describe(
                 unsafe {
                     let out = &mut *out_description;
                     out.op_version = d.op_version.raw();
-                    out.impl_id = h.impl_id.as_ptr();
-                    out.package_id = h.package_id.as_ptr();
-                    out.op_name = h.op_name.as_ptr();
+                    let names = h.resolved.binding.c_names();
+                    out.impl_id = names.impl_id.as_ptr();
+                    out.package_id = names.package_id.as_ptr();
+                    out.op_name = names.op_name.as_ptr();
                     out.backend = d.backend.bit();
                     out.sync_mode = d.sync_mode.raw();
                     out.scratch = scratch_record(d.scratch);

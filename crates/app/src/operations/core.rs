@@ -14,11 +14,11 @@
 //! on either.
 
 use std::borrow::Cow;
-use std::cell::{RefCell, UnsafeCell};
+use std::cell::{Cell, RefCell, UnsafeCell};
 use std::ffi::{c_void, CStr, CString};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use arc_swap::ArcSwap;
 use guild_abi::text::fixed_buffer_text;
@@ -30,9 +30,9 @@ use guild_abi::{
 };
 use guild_domain::ids::ImplId;
 use guild_domain::operation::{
-    check_static, negotiate, resolve, Backend, CpuIsa, DType, MemorySpace, Negotiator, OpCandidate,
-    OpQuery, ProviderRefusal, QuerySpec, Reason, Rejection, ScratchRequest, SyncMode, TensorDesc,
-    TensorInfo, TensorRef, TensorRole, MAX_TENSOR_RANK,
+    check_static, choose, negotiate, resolve, Backend, CpuIsa, DType, MemorySpace, Negotiator,
+    OpCandidate, OpQuery, ProviderRefusal, QuerySpec, Reason, Rejection, ScratchRequest, SyncMode,
+    TensorDesc, TensorInfo, TensorRef, TensorRole, MAX_TENSOR_RANK,
 };
 use guild_ports::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
 use guild_ports::provider::{ExecuteCall, KernelProvider, QueryCall};
@@ -237,14 +237,16 @@ impl ServiceCore {
         }
     }
 
-    /// Resolves a validated query against the current snapshot. `params` is the caller's
-    /// operation parameters, passed to the negotiation callbacks for this call only. With
-    /// `report`, the handle keeps why every other candidate was passed over (the Rust face
-    /// offers it; the C face has no use for it and skips the cost).
+    /// Resolves a validated query against the current snapshot, negotiating with `args`.
+    ///
+    /// With `report`, the handle keeps why every other candidate was passed over (the Rust
+    /// face offers it on request). Without it, resolution only walks the operation's candidates
+    /// best first until one accepts, and keeps no text of the refusals on the way; should
+    /// nothing be chosen, the walk is made again with the full report, which is then the error.
     pub(crate) fn resolve(
         &self,
-        query: &OpQuery,
-        params: &[u8],
+        query: OpQuery,
+        args: &Negotiation<'_>,
         report: bool,
     ) -> Result<Resolved, ResolveError> {
         let spec = query.spec();
@@ -255,11 +257,11 @@ impl ServiceCore {
         // Held (one reference count) while the providers negotiate, so that nothing is copied
         // per candidate; only the chosen one is bound.
         let snapshot = self.snapshot.load_full();
-        let empty = OperationCandidates::default();
+        static NONE: LazyLock<OperationCandidates> = LazyLock::new(OperationCandidates::default);
         // A candidate whose package a lifecycle change is draining counts as already gone.
         let entry = snapshot
             .operation(query.op_name())
-            .map_or(Cow::Borrowed(&empty), OperationCandidates::bindable);
+            .map_or(Cow::Borrowed(&*NONE), OperationCandidates::bindable);
         let mut candidates = Cow::Borrowed(entry.contracts.as_slice());
         // An exact id registered for another operation takes part as a declaration only (the
         // domain skips other operations' candidates without calling them), so that the report
@@ -276,31 +278,31 @@ impl ServiceCore {
                 }
             }
         }
-        let negotiator = CNegotiator::new(&entry.stored, query, params);
-        let resolution = resolve(query, &candidates, &negotiator);
-        let passed_over: Vec<PassedOver> = if report {
-            resolution
-                .verdicts()
-                .iter()
-                .map(|v| PassedOver {
-                    impl_id: v.impl_id.clone(),
-                    reason: match &v.reason {
-                        Reason::Rejected(r) => PassReason::Rejected(r.clone()),
-                        Reason::Outranked { .. } => PassReason::Outranked,
-                    },
-                })
-                .collect()
+        let chosen = if report {
+            negotiate_reported(&entry, &query, args, &candidates)?
         } else {
-            Vec::new()
+            let negotiator = CNegotiator::new(&entry, &query, args, false);
+            match choose(&query, &candidates, &negotiator) {
+                Ok((index, scratch)) => Chosen {
+                    index,
+                    scratch,
+                    alignment: negotiator.last_alignment.get(),
+                    passed_over: None,
+                },
+                // The callbacks are negotiation only, so asking them again gives the same
+                // answers, now with their messages kept for the report. (Should a provider
+                // accept this time after all, its acceptance is as good as any.)
+                Err(_) => Chosen {
+                    passed_over: None,
+                    ..negotiate_reported(&entry, &query, args, &candidates)?
+                },
+            }
         };
-        let choice = resolution.into_result().map_err(ResolveError::Unresolved)?;
-        let alignment = negotiator.alignment(choice.index);
-        drop(negotiator);
         // The domain only chooses among the candidates it was given, in the same order, and an
         // appended declaration is never chosen (it names another operation).
         let (Some(stored), Some(candidate)) = (
-            entry.stored.get(choice.index),
-            candidates.get(choice.index).cloned(),
+            entry.stored.get(chosen.index),
+            candidates.get(chosen.index).cloned(),
         ) else {
             return Err(ResolveError::Internal(
                 "the chosen candidate has no provider",
@@ -320,7 +322,7 @@ impl ServiceCore {
         // aborted meanwhile, can be bound again): each retry follows a drain that began during
         // this call, and lifecycle changes are serialised, so the retries end.
         let Some(binding) = KernelBinding::try_new(stored) else {
-            return self.resolve(query, params, report);
+            return self.resolve(query, args, report);
         };
         Ok(Resolved::new(
             binding,
@@ -328,14 +330,61 @@ impl ServiceCore {
             candidate,
             query,
             Scratch {
-                host_bytes: choice.scratch.host_bytes,
-                device_bytes: choice.scratch.device_bytes,
-                alignment,
+                host_bytes: chosen.scratch.host_bytes,
+                device_bytes: chosen.scratch.device_bytes,
+                alignment: chosen.alignment,
             },
-            passed_over,
+            chosen.passed_over,
             streams,
         ))
     }
+}
+
+/// What a resolution passes to the negotiation callbacks besides the query: the caller's
+/// operation parameters and, from a C caller, its own tensor arrays (which describe the same
+/// tensors as the query, and are handed on as they are rather than rebuilt).
+pub(crate) struct Negotiation<'a> {
+    pub(crate) params: &'a [u8],
+    pub(crate) tensors: Option<[&'a [guild_tensor_desc_v1_t]; 2]>,
+}
+
+/// What negotiation chose: the candidate's index, its scratch and scratch alignment, and, when
+/// asked for, why each other candidate was passed over.
+struct Chosen {
+    index: usize,
+    scratch: ScratchRequest,
+    alignment: u32,
+    passed_over: Option<Vec<PassedOver>>,
+}
+
+/// Negotiates with the full report kept: every candidate's verdict, and the text of every
+/// refusal, for the Rust face's `passed_over` or for the error when nothing is chosen.
+fn negotiate_reported(
+    entry: &OperationCandidates,
+    query: &OpQuery,
+    args: &Negotiation<'_>,
+    candidates: &[OpCandidate],
+) -> Result<Chosen, ResolveError> {
+    let negotiator = CNegotiator::new(entry, query, args, true);
+    let resolution = resolve(query, candidates, &negotiator);
+    let passed_over = resolution
+        .verdicts()
+        .iter()
+        .map(|v| PassedOver {
+            impl_id: v.impl_id.clone(),
+            reason: match &v.reason {
+                Reason::Rejected(r) => PassReason::Rejected(r.clone()),
+                Reason::Outranked { .. } => PassReason::Outranked,
+            },
+        })
+        .collect();
+    let choice = resolution.into_result().map_err(ResolveError::Unresolved)?;
+    Ok(Chosen {
+        index: choice.index,
+        scratch: choice.scratch,
+        alignment: negotiator.last_alignment.get(),
+        passed_over: Some(passed_over),
+    })
 }
 
 /// A candidate the resolution did not choose, and why.
@@ -420,34 +469,50 @@ fn address_ptr(desc: &TensorDesc) -> *mut c_void {
 struct CNegotiator<'p> {
     /// The operation's stored kernels, aligned with the contracts being ranked.
     stored: &'p [Arc<StoredOp>],
-    op_name: CString,
+    op_name: &'p CStr,
     exact: Option<CString>,
-    inputs: Vec<guild_tensor_desc_v1_t>,
-    outputs: Vec<guild_tensor_desc_v1_t>,
+    inputs: Cow<'p, [guild_tensor_desc_v1_t]>,
+    outputs: Cow<'p, [guild_tensor_desc_v1_t]>,
     params: &'p [u8],
-    /// The scratch alignment each provider asked for, by candidate index.
-    alignments: RefCell<Vec<u32>>,
+    /// Whether a refusal's message is kept (as text, for a report) or only its status.
+    report: bool,
+    /// The scratch alignment of the last scratch query that succeeded: the chosen candidate's,
+    /// once negotiation has chosen (nothing is asked after the choice).
+    last_alignment: Cell<u32>,
     /// One error record for every callback, cleared before each.
     error: RefCell<guild_error_info_t>,
 }
 
 impl<'p> CNegotiator<'p> {
-    fn new(stored: &'p [Arc<StoredOp>], query: &OpQuery, params: &'p [u8]) -> Self {
+    fn new(
+        entry: &'p OperationCandidates,
+        query: &OpQuery,
+        args: &Negotiation<'p>,
+        report: bool,
+    ) -> Self {
         let spec = query.spec();
         let c = |d: &TensorDesc| c_tensor(d, address_ptr(d));
+        let (inputs, outputs) = match args.tensors {
+            Some([inputs, outputs]) => (Cow::Borrowed(inputs), Cow::Borrowed(outputs)),
+            None => (
+                Cow::Owned(spec.inputs.iter().map(c).collect()),
+                Cow::Owned(spec.outputs.iter().map(c).collect()),
+            ),
+        };
         CNegotiator {
-            stored,
-            // Ids and names are validated text without NUL bytes; an empty string is the
-            // harmless fallback should that ever change.
-            op_name: CString::new(spec.op_name.as_str()).unwrap_or_default(),
+            stored: &entry.stored,
+            op_name: &entry.c_name,
+            // Ids are validated text without NUL bytes; an empty string is the harmless
+            // fallback should that ever change.
             exact: spec
                 .exact_impl
                 .as_ref()
                 .map(|id| CString::new(id.as_str()).unwrap_or_default()),
-            inputs: spec.inputs.iter().map(c).collect(),
-            outputs: spec.outputs.iter().map(c).collect(),
-            params,
-            alignments: RefCell::new(vec![0; stored.len()]),
+            inputs,
+            outputs,
+            params: args.params,
+            report,
+            last_alignment: Cell::new(0),
             error: RefCell::new(guild_error_info_t::new()),
         }
     }
@@ -461,8 +526,14 @@ impl<'p> CNegotiator<'p> {
         error
     }
 
-    fn alignment(&self, index: usize) -> u32 {
-        self.alignments.borrow().get(index).copied().unwrap_or(0)
+    /// A callback's refusal, with its message only when a report will show it.
+    fn refusal(&self, status: guild_status_t, error: &guild_error_info_t) -> ProviderRefusal {
+        let message = if self.report {
+            error_text(error)
+        } else {
+            String::new()
+        };
+        ProviderRefusal::new(status, message)
     }
 
     /// The provider of candidate `index`, whatever loader registered it. One without GOP1
@@ -477,10 +548,11 @@ impl<'p> CNegotiator<'p> {
         Ok(stored.kernel.provider.as_ref())
     }
 
-    /// What the C queries of this negotiation point at.
+    /// What the C queries of this negotiation point at (the name is borrowed from the snapshot
+    /// entry `self` borrows).
     fn parts(&self) -> QueryParts<'_> {
         QueryParts {
-            op_name: &self.op_name,
+            op_name: self.op_name,
             exact: self.exact.as_deref(),
             inputs: &self.inputs,
             outputs: &self.outputs,
@@ -563,23 +635,25 @@ fn ask_validate(
     candidate: &OpCandidate,
     query: &OpQuery,
     error: &mut guild_error_info_t,
+    refusal: impl FnOnce(guild_status_t, &guild_error_info_t) -> ProviderRefusal,
 ) -> Result<(), ProviderRefusal> {
     let status = with_c_query(parts, candidate, query, |q| provider.validate(q, error));
     if status == GUILD_STATUS_OK {
         Ok(())
     } else {
-        Err(ProviderRefusal::new(status, error_text(error)))
+        Err(refusal(status, error))
     }
 }
 
 /// Asks `provider` for the scratch of the C query of `query` for `candidate`: the request and
-/// the alignment it asked for.
+/// the alignment it asked for. `refusal` makes the provider's own refusal.
 fn ask_scratch(
     provider: &dyn KernelProvider,
     parts: &QueryParts<'_>,
     candidate: &OpCandidate,
     query: &OpQuery,
     error: &mut guild_error_info_t,
+    refusal: impl FnOnce(guild_status_t, &guild_error_info_t) -> ProviderRefusal,
 ) -> Result<(ScratchRequest, u32), ProviderRefusal> {
     let mut scratch = guild_scratch_request_v1_t {
         struct_size: size_of::<guild_scratch_request_v1_t>() as u32,
@@ -591,9 +665,14 @@ fn ask_scratch(
         provider.query_scratch(q, &mut scratch, error)
     });
     if status != GUILD_STATUS_OK {
-        return Err(ProviderRefusal::new(status, error_text(error)));
+        return Err(refusal(status, error));
     }
     Ok((scratch_request(&scratch)?, scratch.alignment))
+}
+
+/// A provider's refusal with the text it left in the record (a reshape always reports why).
+fn full_refusal(status: guild_status_t, error: &guild_error_info_t) -> ProviderRefusal {
+    ProviderRefusal::new(status, error_text(error))
 }
 
 /// A provider's scratch answer as the domain takes it, or the refusal of an alignment that is
@@ -628,7 +707,14 @@ impl Negotiator for CNegotiator<'_> {
         // The provider's library stays loaded while the snapshot that `self.stored` borrows
         // from lives. It is a negotiation callback: it must not retain the query or reenter the
         // registry, which is not locked here.
-        ask_validate(provider, &self.parts(), candidate, query, &mut error)
+        ask_validate(
+            provider,
+            &self.parts(),
+            candidate,
+            query,
+            &mut error,
+            |s, e| self.refusal(s, e),
+        )
     }
 
     fn query_scratch(
@@ -639,11 +725,15 @@ impl Negotiator for CNegotiator<'_> {
     ) -> Result<ScratchRequest, ProviderRefusal> {
         let provider = self.op(index)?;
         let mut error = self.fresh_error();
-        let (request, alignment) =
-            ask_scratch(provider, &self.parts(), candidate, query, &mut error)?;
-        if let Some(slot) = self.alignments.borrow_mut().get_mut(index) {
-            *slot = alignment;
-        }
+        let (request, alignment) = ask_scratch(
+            provider,
+            &self.parts(),
+            candidate,
+            query,
+            &mut error,
+            |s, e| self.refusal(s, e),
+        )?;
+        self.last_alignment.set(alignment);
         Ok(request)
     }
 }
@@ -668,8 +758,9 @@ pub(crate) struct Resolved {
     pub(crate) host_only: bool,
     pub(crate) sync_mode: SyncMode,
     pub(crate) device_id: i32,
-    /// Every other candidate of the operation and why it was not chosen (Rust face only).
-    pub(crate) passed_over: Vec<PassedOver>,
+    /// Every other candidate of the operation and why it was not chosen, when the resolution
+    /// was asked for that report.
+    pub(crate) passed_over: Option<Vec<PassedOver>>,
     /// The provider's data alignment less one: its `min_alignment` is a power of two (the
     /// candidate passed `OpCandidate::check` at resolution), so one mask tests an address.
     align_mask: u64,
@@ -893,7 +984,14 @@ impl Negotiator for Renegotiator<'_> {
         query: &OpQuery,
     ) -> Result<(), ProviderRefusal> {
         let mut error = self.fresh_error();
-        ask_validate(self.provider, &self.parts, candidate, query, &mut error)
+        ask_validate(
+            self.provider,
+            &self.parts,
+            candidate,
+            query,
+            &mut error,
+            full_refusal,
+        )
     }
 
     fn query_scratch(
@@ -903,8 +1001,14 @@ impl Negotiator for Renegotiator<'_> {
         query: &OpQuery,
     ) -> Result<ScratchRequest, ProviderRefusal> {
         let mut error = self.fresh_error();
-        let (request, alignment) =
-            ask_scratch(self.provider, &self.parts, candidate, query, &mut error)?;
+        let (request, alignment) = ask_scratch(
+            self.provider,
+            &self.parts,
+            candidate,
+            query,
+            &mut error,
+            full_refusal,
+        )?;
         self.alignment.set(alignment);
         Ok(request)
     }
@@ -952,9 +1056,9 @@ impl Resolved {
         binding: KernelBinding,
         kernel: Arc<dyn KernelProvider>,
         candidate: OpCandidate,
-        query: &OpQuery,
+        query: OpQuery,
         scratch: Scratch,
-        passed_over: Vec<PassedOver>,
+        passed_over: Option<Vec<PassedOver>>,
         streams: Option<Arc<dyn StreamEvents>>,
     ) -> Self {
         let spec = query.spec();
@@ -963,20 +1067,25 @@ impl Resolved {
             .iter()
             .chain(&spec.outputs)
             .all(|t| t.memory_space == MemorySpace::Host);
+        let (call_key, sync_mode, device_id) = (
+            call_key(spec.sync_mode.raw(), spec.device.device_id),
+            spec.sync_mode,
+            spec.device.device_id,
+        );
         Resolved {
             binding,
             kernel,
             align_mask: candidate.min_alignment.max(1) - 1,
-            call_key: call_key(spec.sync_mode.raw(), spec.device.device_id),
+            call_key,
             takes_stream: candidate.backend != Backend::Cpu,
             host_only,
-            sync_mode: spec.sync_mode,
-            device_id: spec.device.device_id,
+            sync_mode,
+            device_id,
             candidate,
             passed_over,
             streams,
             published: PublishedScratch::new(scratch),
-            contract: UnsafeCell::new(Contract::new(query.clone(), scratch)),
+            contract: UnsafeCell::new(Contract::new(query, scratch)),
             call: UnsafeCell::new(CallCells {
                 inputs: Vec::new(),
                 outputs: Vec::new(),

@@ -12,11 +12,16 @@
 //!   release on drop.
 //!
 //! Resolution takes the GOP1 candidates of the operation from the kernel registry's snapshot,
-//! ranks them with [`guild_domain::operation::resolve`] and negotiates through each candidate's
-//! `validate` and `query_scratch` (the loader port's `KernelProvider`) with the actual tensors. A handle owns a
-//! [`KernelBinding`], so the provider's library stays loaded (and its package can be neither
-//! disabled, replaced, rolled back nor removed) until the handle is released; a failed
-//! resolution carries the domain's report of every candidate and why it lost.
+//! where they are already in rank order, and walks them best first with
+//! [`guild_domain::operation::choose`], negotiating through each statically compatible
+//! candidate's `validate` and `query_scratch` (the loader port's `KernelProvider`) with the
+//! actual tensors until one accepts; nothing is allocated for a candidate that refuses, and no
+//! refusal's text is kept. A [reporting](OperationService::reporting) service ranks with
+//! [`guild_domain::operation::resolve`] instead, which keeps every candidate's verdict, and a
+//! failed resolution is walked again that way, so that it carries the domain's report of every
+//! candidate and why it lost. A handle owns a [`KernelBinding`], so the provider's library
+//! stays loaded (and its package can be neither disabled, replaced, rolled back nor removed)
+//! until the handle is released.
 //!
 //! `execute` checks every argument against the negotiated contract (shape, strides, dtype,
 //! memory space, device, data alignment, scratch, sync mode) before it calls the provider, and
@@ -88,7 +93,7 @@ use guild_domain::operation::{
 use guild_domain::version::{PackedVersion, Version};
 use guild_ports::device::{DeviceError, StreamRef};
 
-use self::core::{BufferArg, Resolved};
+use self::core::{BufferArg, Negotiation, Resolved};
 pub use self::core::{DeviceSupport, PassReason, PassedOver};
 use self::handles::{Gate, Refused};
 use crate::registry::{KernelBinding, KernelRegistry};
@@ -226,12 +231,27 @@ impl ResolveError {
 #[derive(Debug, Clone, Copy)]
 pub struct OperationService<'r> {
     registry: &'r KernelRegistry,
+    report: bool,
 }
 
 impl<'r> OperationService<'r> {
     /// The service over `registry`; handles it returns borrow the registry.
     pub fn new(registry: &'r KernelRegistry) -> Self {
-        OperationService { registry }
+        OperationService {
+            registry,
+            report: false,
+        }
+    }
+
+    /// The same service, with handles that keep why every other candidate was passed over
+    /// ([`OpHandle::passed_over`]): for tools that explain a choice. A runner that only
+    /// executes leaves it off, since the report costs an entry per candidate and the text of
+    /// each provider's refusal. A failed resolution explains itself either way.
+    pub fn reporting(self) -> Self {
+        OperationService {
+            report: true,
+            ..self
+        }
     }
 
     /// Resolves `request` to a handle: the best provider (highest priority, then smallest impl
@@ -258,7 +278,11 @@ impl<'r> OperationService<'r> {
     ) -> Result<OpHandle<'r>, ResolveError> {
         // The core refuses stream work it could not track (no device adapter), for both faces.
         let query = OpQuery::new(request.to_spec()).map_err(ResolveError::Query)?;
-        let mut resolved = self.registry.service().resolve(&query, params, true)?;
+        let args = Negotiation {
+            params,
+            tensors: None,
+        };
+        let mut resolved = self.registry.service().resolve(query, &args, self.report)?;
         resolved.prepare_rust_calls();
         Ok(OpHandle {
             resolved,
@@ -422,14 +446,22 @@ impl OpHandle<'_> {
     }
 
     /// Every other candidate of the operation and why it was not chosen (rejected, or
-    /// outranked by this one, in which case its callbacks were not called).
-    pub fn passed_over(&self) -> &[PassedOver] {
-        &self.resolved.passed_over
+    /// outranked by this one, in which case its callbacks were not called); `None` unless the
+    /// handle came from a [reporting](OperationService::reporting) service.
+    pub fn passed_over(&self) -> Option<&[PassedOver]> {
+        self.resolved.passed_over.as_deref()
     }
 
     /// The binding that keeps the provider loaded.
     pub fn binding(&self) -> &KernelBinding {
         &self.resolved.binding
+    }
+
+    /// Whether the provider is still the current one ([`KernelBinding::is_current`]): `false`
+    /// once a newer committed generation replaced or took out its package, or waits for this
+    /// handle (and the others into it) to be released to do so. Resolve again to follow.
+    pub fn is_current(&self) -> bool {
+        self.resolved.binding.is_current()
     }
 
     /// Releases the handle, reporting a device error seen while waiting for its recorded

@@ -105,31 +105,7 @@ impl Run {
 /// it (so a custom target directory works too).
 pub fn guild_binary() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let out = Command::new(env!("CARGO"))
-            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
-            .args([
-                "build",
-                "-p",
-                "guild-cli",
-                "--bin",
-                "guild",
-                "--message-format=json-render-diagnostics",
-            ])
-            .output()
-            .expect("cargo runs");
-        assert!(
-            out.status.success(),
-            "building the guild binary failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-            .find(|m| m["target"]["name"] == "guild" && m["executable"].is_string())
-            .and_then(|m| m["executable"].as_str().map(PathBuf::from))
-            .expect("cargo reports the guild executable")
-    })
+    BUILT.get_or_init(|| crate::support::cargo_binary("guild-cli", "guild"))
 }
 
 /// A command for the `guild` binary with a predictable environment: no inherited store, no
@@ -578,15 +554,39 @@ fn cli_enable_after_removing_the_current_version_says_what_works() {
 #[test]
 fn cli_locked_store_exits_5_with_a_hint() {
     let b = Bench::new();
+    b.trust();
+    let pkg = b.package("example.scan", "1.0.0", b"scan", "");
     b.run(&["list"]).expect(0);
-    // Holding the package manager open holds the store's lock, as a runner would.
+    // A writer's package manager holds the store's lock for its life, as a `guild` command
+    // that changes the store does: another writer waits, then gives up.
     let (pm, _) = guild_host::PackageManager::open_dir(&b.store()).unwrap();
-    b.run(&["list"])
+    b.run(&["install", &pkg])
         .expect(5)
         .stderr_has("store is locked")
-        .stderr_has("hint: another guild command or a runner has this store open");
-    drop(pm);
+        .stderr_has("hint: another guild command");
+    // Reading needs no lock.
     b.run(&["list"]).expect(0);
+    drop(pm);
+    b.run(&["install", &pkg]).expect(0);
+}
+
+#[test]
+fn cli_reads_and_changes_a_store_that_a_runner_has_open() {
+    let b = Bench::new();
+    b.trust();
+    let pkg = b.package("example.scan", "1.0.0", b"scan", "");
+    b.run(&["list"]).expect(0);
+    // A runner's host, open for as long as the runner serves.
+    let opened = guild_host::Host::builder(b.store())
+        .devices(guild_host::DeviceSupport::host())
+        .open()
+        .unwrap();
+    b.run(&["list"]).expect(0);
+    b.run(&["status"]).expect(0);
+    b.run(&["install", &pkg]).expect(0);
+    b.run(&["disable", "example.scan"]).expect(0);
+    b.run(&["list"]).expect(0).stdout_has("example.scan");
+    drop(opened);
 }
 
 #[test]
@@ -837,11 +837,22 @@ fn cli_open_reports_a_damaged_package_it_disabled() {
     fs::set_permissions(&lib, perms).unwrap();
     fs::write(&lib, b"SCAN").unwrap();
 
+    // `list` only reads: it says what it found and records nothing.
     let listed = b.run(&["list"]);
     listed
         .expect(0)
-        .stderr_has("warning: disabled example.scan@1.0.0 because it failed re-verification")
-        .stderr_has("installed files do not match the signed manifest");
+        .stderr_has("warning: example.scan@1.0.0 is not usable")
+        .stderr_has("installed files do not match the signed manifest")
+        .stderr_has("the next change to the store records it");
+    assert_eq!(
+        words(&listed.stdout)[1],
+        "example.scan 1.0.0 enabled gkmodule org.example"
+    );
+    // The next writer records it.
+    b.run(&["recover"])
+        .expect(0)
+        .stdout_has("disabled example.scan@1.0.0 because it failed re-verification");
+    let listed = b.run(&["list"]);
     assert_eq!(
         words(&listed.stdout)[1],
         "example.scan 1.0.0 disabled (quarantined) gkmodule org.example"

@@ -139,7 +139,10 @@ fn doctor_reports_each_check_and_fails_on_an_unusable_store() {
     let doc = run.json();
     let checks = doc["checks"].as_array().unwrap();
     let names: Vec<&str> = checks.iter().map(|c| c["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["platform", "store", "trust", "cuda", "sdk"]);
+    assert_eq!(
+        names,
+        ["platform", "store", "trust", "quarantine", "cuda", "sdk"]
+    );
     let trust = &checks[2];
     assert_eq!(trust["verdict"], "warn", "no key is trusted yet");
     assert!(trust["hint"].as_str().unwrap().contains("guild trust add"));
@@ -322,11 +325,25 @@ fn a_store_with_a_missing_package_tree_still_opens_and_can_be_repaired() {
     crate::support::make_writable(&tree);
     fs::remove_dir_all(&tree).unwrap();
 
-    // Every command still works: opening marks the version removed and disables its dependent.
+    // Every command still works. A reader (`list`) leaves both out and records nothing...
+    let run = b.run(&["--json", "list"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let warnings = run.json()["warnings"].to_string();
+    assert!(
+        warnings.contains("example.base@1.0.0 is not usable: its installed tree is damaged"),
+        "{warnings}"
+    );
+    assert!(
+        warnings.contains("example.user@1.0.0 is not usable"),
+        "{warnings}"
+    );
+    // ...and the next writer marks the version removed and disables its dependent.
+    let run = b.run(&["recover"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let warnings = run.stdout.clone();
     let run = b.run(&["--json", "list"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     let doc = run.json();
-    let warnings = doc["warnings"].to_string();
     assert!(
         warnings.contains("example.base@1.0.0: its installed tree is damaged"),
         "{warnings}"

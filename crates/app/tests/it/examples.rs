@@ -24,16 +24,16 @@ const PIPELINE: &str = "example.c_runner.pipeline.cpu";
 const TOTAL_OP: &str = "example.sequence.scan_then_total";
 
 /// One example package: its manifest template in examples/ and the library it packs.
-struct Example {
+pub(crate) struct Example {
     template: &'static str,
     library: &'static str,
 }
 
-const SCAN: Example = Example {
+pub(crate) const SCAN: Example = Example {
     template: "examples/modules/scan/manifest.json",
     library: "scan_module",
 };
-const DEPENDENT: Example = Example {
+pub(crate) const DEPENDENT: Example = Example {
     template: "examples/modules/scan_dependent/manifest.json",
     library: "scan_dependent",
 };
@@ -49,6 +49,16 @@ fn workspace() -> PathBuf {
 /// Packs `example` as `guild pack` does: its library under lib/ and its template from
 /// examples/, with only the OS and architecture set to this machine's.
 fn pack_example(shop: &Workshop, key: &SigningKey, example: &Example) -> PathBuf {
+    pack_example_at(shop, key, example, None)
+}
+
+/// [`pack_example`] with the template's version replaced by `version`, when given.
+pub(crate) fn pack_example_at(
+    shop: &Workshop,
+    key: &SigningKey,
+    example: &Example,
+    version: Option<&str>,
+) -> PathBuf {
     let base = shop.fresh(example.library);
     let lib = base.join("src/lib");
     std::fs::create_dir_all(&lib).unwrap();
@@ -67,6 +77,11 @@ fn pack_example(shop: &Workshop, key: &SigningKey, example: &Example) -> PathBuf
         match name.as_str() {
             "os" => *value = here.os.as_str().into(),
             "arch" => *value = here.arch.as_str().into(),
+            "version" => {
+                if let Some(version) = version {
+                    *value = version.into();
+                }
+            }
             _ => {}
         }
     }
@@ -181,32 +196,10 @@ fn c_runner_contract_admits_i64_only_and_outputs_of_the_input_shape() {
 // ---------------------------------------------------------------------------------------------
 
 /// Builds the example runner with cargo (once per test run) and returns its executable.
-fn runner_binary() -> &'static Path {
+pub(crate) fn runner_binary() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let out = Command::new(env!("CARGO"))
-            .current_dir(workspace())
-            .args([
-                "build",
-                "-p",
-                "guild-example-runner",
-                "--bin",
-                "guild-example-runner",
-                "--message-format=json-render-diagnostics",
-            ])
-            .output()
-            .expect("cargo runs");
-        assert!(
-            out.status.success(),
-            "building the example runner failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-            .find(|m| m["target"]["name"] == "guild-example-runner" && m["executable"].is_string())
-            .and_then(|m| m["executable"].as_str().map(PathBuf::from))
-            .expect("cargo reports the runner's executable")
+        crate::support::cargo_binary("guild-example-runner", "guild-example-runner")
     })
 }
 
@@ -324,9 +317,10 @@ fn rust_runner_fails_with_the_reason_when_an_operation_cannot_run() {
     // No store named: the usage, as a usage error.
     let out = Command::new(runner_binary()).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert_eq!(
-        String::from_utf8_lossy(&out.stderr),
-        "usage: guild-example-runner STORE_DIR [OPERATION...]\n"
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("Usage: guild-example-runner <STORE_DIR> [OPERATION]..."),
+        "{stderr}"
     );
 
     // A store that cannot be opened (a file where the directory should be).
@@ -342,4 +336,38 @@ fn rust_runner_fails_with_the_reason_when_an_operation_cannot_run() {
         "{}",
         ran.stderr
     );
+}
+
+#[test]
+fn rust_runner_help_is_help_and_touches_no_store() {
+    // It used to take `--help` for a store path and create a directory of that name.
+    let shop = Workshop::new();
+    let cwd = shop.fresh("cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    for flag in ["--help", "-h"] {
+        let out = Command::new(runner_binary())
+            .arg(flag)
+            .current_dir(&cwd)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{stdout}");
+        assert!(stdout.contains("--serve"), "{stdout}");
+        assert!(stdout.contains("--interval-ms <N>"), "{stdout}");
+        let left: Vec<_> = std::fs::read_dir(&cwd).unwrap().collect();
+        assert!(left.is_empty(), "{flag} created {left:?}");
+    }
+    // An unknown option and an interval without --serve are usage errors, not store paths.
+    for args in [&["--bogus", "store"][..], &["--interval-ms", "5", "store"]] {
+        let out = Command::new(runner_binary())
+            .args(args)
+            .current_dir(&cwd)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            std::fs::read_dir(&cwd).unwrap().next().is_none(),
+            "{args:?}"
+        );
+    }
 }

@@ -230,6 +230,7 @@ pub(crate) struct Aligned(pub(crate) [u8; 64]);
 fn passed_over(handle: &guild_host::operations::OpHandle<'_>) -> Vec<(String, PassReason)> {
     let mut all: Vec<_> = handle
         .passed_over()
+        .expect("a reporting service keeps the report")
         .iter()
         .map(|p| (p.impl_id.to_string(), p.reason.clone()))
         .collect();
@@ -240,7 +241,7 @@ fn passed_over(handle: &guild_host::operations::OpHandle<'_>) -> Vec<(String, Pa
 #[test]
 fn rust_providers_are_ranked_negotiated_and_executed_by_the_service() {
     let f = fixture();
-    let service = OperationService::new(f.host.kernels());
+    let service = OperationService::new(f.host.kernels()).reporting();
 
     // Four values: the highest-ranked provider accepts, and the others are not even asked.
     let handle = service.resolve(&request(4)).unwrap();

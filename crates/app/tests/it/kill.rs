@@ -195,6 +195,16 @@ fn kill_install_at_random_moments_and_check_the_store() {
             list.stderr
         );
         let listed = list.json();
+        // `guild list` only read the last committed generation; the next writer recovers.
+        let recover = guild(
+            bench.path(),
+            &["--store", store.to_str().unwrap(), "recover"],
+        );
+        assert_eq!(
+            recover.code, 0,
+            "{context}: guild recover failed:\n{}",
+            recover.stderr
+        );
 
         let after = check_store(&store, &layout, &context);
         check_list_matches(&listed, &after, &context);
@@ -379,8 +389,8 @@ pub(crate) fn entries(dir: &Path) -> Vec<String> {
 
 /// Reopens the store and checks everything on disk against its registry; returns the registry.
 pub(crate) fn check_store(store: &Path, layout: &StoreLayout, context: &str) -> RegistryState {
-    // `guild list` already recovered the store, so opening again finds nothing to do: recovery
-    // is complete the first time and idempotent. (Opened through the support helper, which
+    // `guild recover` already recovered the store, so opening again finds nothing to do:
+    // recovery is complete the first time and idempotent. (Opened through the support helper, which
     // waits out a lock that a process forked by another test holds for a moment, since a caller
     // may have closed its own handle on this store just before.)
     let (pm, report) = crate::support::open_dir(store)

@@ -3,7 +3,10 @@
 mod c_face;
 mod cli;
 mod cli_snapshots;
+mod compat;
+mod conformance;
 mod crash;
+mod crash_quarantine;
 mod draining;
 mod examples;
 mod experts;
@@ -13,6 +16,7 @@ mod gpu;
 mod host;
 mod kill;
 mod kill_modules;
+mod live;
 mod mocks;
 mod module_deps;
 mod numbering;

@@ -118,7 +118,7 @@ fn request(name: &str, dtype: DType, dims: &[u64]) -> OperationRequest {
 #[test]
 fn f32_resolves_to_the_priority_10_provider() {
     let f = fixture();
-    let service = OperationService::new(f.host.kernels());
+    let service = OperationService::new(f.host.kernels()).reporting();
     let handle = service
         .resolve(&request(INCLUSIVE_OP, DType::F32, &[4, 2]))
         .unwrap();
@@ -135,17 +135,25 @@ fn f32_resolves_to_the_priority_10_provider() {
     // The alternative was not asked: it ranks below the choice.
     assert_eq!(
         handle.passed_over(),
-        [PassedOver {
-            impl_id: impl_id(ALT_INCLUSIVE),
-            reason: PassReason::Outranked,
-        }]
+        Some(
+            &[PassedOver {
+                impl_id: impl_id(ALT_INCLUSIVE),
+                reason: PassReason::Outranked,
+            }][..]
+        )
     );
+    // A service that is not asked for the report keeps none, and chooses the same.
+    let quiet = OperationService::new(f.host.kernels())
+        .resolve(&request(INCLUSIVE_OP, DType::F32, &[4, 2]))
+        .unwrap();
+    assert_eq!(quiet.describe().impl_id.as_str(), INCLUSIVE);
+    assert_eq!(quiet.passed_over(), None);
 }
 
 #[test]
 fn an_exact_impl_id_chooses_the_alternative() {
     let f = fixture();
-    let service = OperationService::new(f.host.kernels());
+    let service = OperationService::new(f.host.kernels()).reporting();
     let handle = service
         .resolve(&request(INCLUSIVE_OP, DType::F32, &[4, 2]).exact(impl_id(ALT_INCLUSIVE)))
         .unwrap();
@@ -154,10 +162,12 @@ fn an_exact_impl_id_chooses_the_alternative() {
     assert_eq!(handle.describe().priority, 5);
     assert_eq!(
         handle.passed_over(),
-        [PassedOver {
-            impl_id: impl_id(INCLUSIVE),
-            reason: PassReason::Rejected(Rejection::NotExactImpl),
-        }]
+        Some(
+            &[PassedOver {
+                impl_id: impl_id(INCLUSIVE),
+                reason: PassReason::Rejected(Rejection::NotExactImpl),
+            }][..]
+        )
     );
 }
 

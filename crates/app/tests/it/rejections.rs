@@ -585,7 +585,7 @@ fn a_query_nobody_accepts_lists_every_candidate_with_its_own_reason() {
 #[test]
 fn the_reference_takes_the_baseline_after_every_other_candidate_is_rejected() {
     let f = probe_fixture();
-    let service = OperationService::new(f.host.kernels());
+    let service = OperationService::new(f.host.kernels()).reporting();
     let handle = service.resolve(&baseline()).unwrap();
     let d = handle.describe();
     assert_eq!(d.impl_id.as_str(), REFERENCE);
@@ -596,7 +596,9 @@ fn the_reference_takes_the_baseline_after_every_other_candidate_is_rejected() {
 
     // The reference ranks last, so every other candidate was rejected rather than outranked,
     // each with the reason the table gives it.
-    let passed_over = handle.passed_over();
+    let passed_over = handle
+        .passed_over()
+        .expect("a reporting service keeps the report");
     let expected = baseline_rejections();
     assert_eq!(passed_over.len(), expected.len(), "{passed_over:#?}");
     for (id, rejection) in expected {

@@ -51,6 +51,34 @@ pub fn key() -> SigningKey {
     SigningKey::generate().unwrap()
 }
 
+/// Builds `bin` of workspace package `package` with cargo and answers its executable, as cargo
+/// reports it (so a custom target directory works too).
+pub fn cargo_binary(package: &str, bin: &str) -> PathBuf {
+    let out = std::process::Command::new(env!("CARGO"))
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+        .args([
+            "build",
+            "-p",
+            package,
+            "--bin",
+            bin,
+            "--message-format=json-render-diagnostics",
+        ])
+        .output()
+        .expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "building {bin} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|m| m["target"]["name"] == bin && m["executable"].is_string())
+        .and_then(|m| m["executable"].as_str().map(PathBuf::from))
+        .unwrap_or_else(|| panic!("cargo reports the executable of {bin}"))
+}
+
 /// The platform of this test run: packages are built for it, so only the fields a test changes
 /// on purpose can make one fail the platform check.
 pub fn platform() -> HostPlatform {
@@ -685,7 +713,8 @@ pub fn assert_no_leftovers(root: &Path, label: &str) {
                 "trust",
                 "journal",
                 "staging",
-                "packages"
+                "packages",
+                "pins"
             ]
             .contains(&name.as_str()),
             "{label}: unexpected {name} in the store root"

@@ -215,9 +215,15 @@ fn trust_a_store_from_before_binding_is_bound_on_open_and_refuses_a_missing_file
     }
     let (b, _, _) = installed_bench();
     unbind(&b);
+    // A reader leaves the binding to the next writer.
     let listed = b.run(&["list"]);
     expect(&listed, 0);
-    has(&listed.stderr, "the trust file is now bound to this store");
+    assert!(!fs::read_to_string(b.store().join("registry.json"))
+        .unwrap()
+        .contains("\"trust\""));
+    let listed = b.run(&["recover"]);
+    expect(&listed, 0);
+    has(&listed.stdout, "the trust file is now bound to this store");
     let registry = fs::read_to_string(b.store().join("registry.json")).unwrap();
     has(&registry, "\"trust\"");
     // From now on it is guarded: an older (unbound) copy is refused.
@@ -353,15 +359,23 @@ fn quarantine_survives_a_failing_enable_and_reinstall_repairs_it() {
 fn quarantine_survives_a_failing_resolve_and_reinstall_repairs_it() {
     let (b, archive, _) = installed_bench();
     tamper(&installed_library(&b));
-    let resolve = b.run(&[
-        "resolve",
-        "example.scan.op",
-        "--input",
-        "f32:4",
-        "--output",
-        "f32:4",
-    ]);
-    assert_ne!(resolve.code, 0, "{}", resolve.stdout);
+    let resolve = || {
+        let run = b.run(&[
+            "resolve",
+            "example.scan.op",
+            "--input",
+            "f32:4",
+            "--output",
+            "f32:4",
+        ]);
+        assert_ne!(run.code, 0, "{}", run.stdout);
+    };
+    resolve();
+    // `resolve` only reads, like a runner: the next writer records the quarantine.
+    expect(&b.run(&["recover"]), 0);
+    assert_quarantine_shown(&b);
+    // A failing resolve does not clear it.
+    resolve();
     assert_quarantine_shown(&b);
     // A command that succeeds does not clear it either.
     expect(&b.run(&["trust", "list"]), 0);

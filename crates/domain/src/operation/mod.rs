@@ -18,7 +18,7 @@ pub use contract::{
     Arity, CandidateError, DeviceCaps, OpCandidate, OpQuery, QueryError, QuerySpec,
 };
 pub use resolve::{
-    check_static, check_tensor, negotiate, rank_order, resolve, Choice, FailedCandidate,
+    check_static, check_tensor, choose, negotiate, rank_order, resolve, Choice, FailedCandidate,
     FailureKind, Negotiator, ProviderRefusal, Reason, Rejection, Resolution, ResolveFailure,
     ScratchRequest, Verdict,
 };

@@ -863,17 +863,12 @@ pub fn resolve<'c>(
                 scratch,
             })
         }
-        None => Err(match exact {
-            Some(id) if !exact_present => FailureKind::ExactImplAbsent {
-                impl_id: id.clone(),
-                registered_for: exact_elsewhere.cloned(),
-            },
-            Some(id) => FailureKind::ExactImplRejected {
-                impl_id: id.clone(),
-            },
-            None if considered == 0 => FailureKind::NoCandidates,
-            None => FailureKind::NoneCompatible,
-        }),
+        None => Err(failure_kind(
+            exact,
+            exact_present,
+            exact_elsewhere,
+            considered,
+        )),
     };
     let verdicts = candidates
         .iter()
@@ -891,6 +886,89 @@ pub fn resolve<'c>(
         op_name: query.op_name().clone(),
         outcome,
         verdicts,
+    }
+}
+
+/// The choice [`resolve`] would make, found without recording why the others lost: for callers
+/// that only want the provider (a runner resolving on its hot path). On failure it says only
+/// what failed; a caller that wants the report runs [`resolve`] for it.
+///
+/// `candidates` must be in rank order ([`rank_order`]) apart from candidates of other operations,
+/// which may appear anywhere and are skipped, as in [`resolve`]. The registry keeps every
+/// operation's candidates in that order, so that no ranking work is done per query: candidates
+/// are visited best first, each statically checked just before its callbacks could run, and the
+/// walk stops at the first one that accepts. The callbacks called, and their order, are exactly
+/// those of [`resolve`] for the same input.
+pub fn choose(
+    query: &OpQuery,
+    candidates: &[OpCandidate],
+    negotiator: &dyn Negotiator,
+) -> Result<(usize, ScratchRequest), FailureKind> {
+    let exact = query.spec().exact_impl.as_ref();
+    let op_name = query.op_name();
+    let mut considered = 0usize;
+    let mut exact_present = false;
+    let mut exact_elsewhere: Option<&OpName> = None;
+    let mut index = 0;
+    while index < candidates.len() {
+        let c = &candidates[index];
+        if c.op_name != *op_name {
+            if exact == Some(&c.impl_id) && exact_elsewhere.is_none() {
+                exact_elsewhere = Some(&c.op_name);
+            }
+            index += 1;
+            continue;
+        }
+        // The run of candidates that tie with this one in the ranking (in practice only
+        // itself: the registry refuses duplicate impl ids). Ties among compatible candidates
+        // are all rejected, as `resolve` does, whatever their order.
+        let tied_end = candidates[index + 1..]
+            .iter()
+            .position(|next| next.op_name != *op_name || rank_order(c, next) != Ordering::Equal)
+            .map_or(candidates.len(), |p| index + 1 + p);
+        let mut compatible = None;
+        let mut ties = 0usize;
+        for (i, t) in candidates.iter().enumerate().take(tied_end).skip(index) {
+            considered += 1;
+            exact_present |= exact == Some(&t.impl_id);
+            if check_static(query, t).is_ok() {
+                compatible = Some(i);
+                ties += 1;
+            }
+        }
+        if let (Some(i), 1) = (compatible, ties) {
+            if let Ok(scratch) = negotiate(query, i, &candidates[i], negotiator) {
+                return Ok((i, scratch));
+            }
+        }
+        index = tied_end;
+    }
+    Err(failure_kind(
+        exact,
+        exact_present,
+        exact_elsewhere,
+        considered,
+    ))
+}
+
+/// What failed when nothing was chosen: `considered` candidates of the operation, the exact id
+/// asked for (if any), whether it was among them and which operation it implements otherwise.
+fn failure_kind(
+    exact: Option<&ImplId>,
+    exact_present: bool,
+    exact_elsewhere: Option<&OpName>,
+    considered: usize,
+) -> FailureKind {
+    match exact {
+        Some(id) if !exact_present => FailureKind::ExactImplAbsent {
+            impl_id: id.clone(),
+            registered_for: exact_elsewhere.cloned(),
+        },
+        Some(id) => FailureKind::ExactImplRejected {
+            impl_id: id.clone(),
+        },
+        None if considered == 0 => FailureKind::NoCandidates,
+        None => FailureKind::NoneCompatible,
     }
 }
 

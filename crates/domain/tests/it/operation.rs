@@ -1584,4 +1584,66 @@ proptest! {
             }
         }
     }
+    #[test]
+    fn choose_makes_the_choice_of_resolve_with_the_same_callbacks(
+        genes in genes(),
+        exact_pick in prop::option::weighted(0.2, any::<prop::sample::Index>()),
+    ) {
+        let exact = exact_pick.map(|i| genes[i.index(genes.len())].impl_id.clone());
+        let q = query(budget_spec(exact.as_deref()));
+        let (mut candidates, full) = build(&genes);
+        // The registry's order: best first.
+        candidates.sort_by(rank_order);
+        let (_, quiet) = build(&genes);
+        let r = resolve(&q, &candidates, &full);
+        let chosen = choose(&q, &candidates, &quiet);
+        match (r.choice(), r.failure(), &chosen) {
+            (Some(c), None, Ok((index, scratch))) => {
+                prop_assert_eq!(c.index, *index);
+                prop_assert_eq!(c.scratch, *scratch);
+            }
+            (None, Some(kind), Err(quiet_kind)) => prop_assert_eq!(kind, quiet_kind),
+            _ => prop_assert!(false, "resolve: {r}; choose: {chosen:?}"),
+        }
+        prop_assert_eq!(full.calls(), quiet.calls());
+    }
+}
+
+#[test]
+fn choose_rejects_tied_candidates_and_takes_the_next() {
+    // Two compatible candidates that tie on impl id and priority (which the registry forbids)
+    // are both passed over, as `resolve` does, and the next one is chosen.
+    let q = query(spec());
+    let mut low = candidate("ex.low");
+    low.priority = -1;
+    let candidates = [candidate("ex.tie"), candidate("ex.tie"), low];
+    let provider = Scripted::default();
+    assert_eq!(choose(&q, &candidates, &provider).map(|(i, _)| i), Ok(2));
+    assert_eq!(
+        provider.calls(),
+        vec![
+            ("ex.low".to_owned(), Callback::Validate),
+            ("ex.low".to_owned(), Callback::Scratch)
+        ]
+    );
+    let r = resolve(&q, &candidates, &Scripted::default());
+    assert_eq!(r.choice().map(|c| c.index), Some(2));
+}
+
+#[test]
+fn choose_names_the_operation_an_exact_id_implements() {
+    let mut other = candidate("ex.elsewhere");
+    other.op_name = OpName::new("ex.other.op").unwrap();
+    let mut s = spec();
+    s.exact_impl = Some(id("ex.elsewhere"));
+    let q = query(s);
+    let candidates = [candidate("ex.a"), other];
+    let kind = choose(&q, &candidates, &Scripted::default()).unwrap_err();
+    assert_eq!(
+        kind,
+        FailureKind::ExactImplAbsent {
+            impl_id: id("ex.elsewhere"),
+            registered_for: Some(OpName::new("ex.other.op").unwrap()),
+        }
+    );
 }

@@ -1,7 +1,8 @@
 //! The crash matrix: every transaction shape the package manager issues, interrupted at every
-//! durable step, by an error and by a crash, then reopened. The disk must hold exactly the state
-//! before or exactly the state after, with nothing left over, and the answer the caller got must
-//! agree with which one it is.
+//! durable step, by an error and by a crash, then read by a reader (no lock, no recovery) and
+//! reopened. The disk must hold exactly the state before or exactly the state after, with
+//! nothing left over; the reader must have seen that very generation and written nothing; and
+//! the answer the caller got must agree with which one it is.
 
 use std::path::{Path, PathBuf};
 
@@ -236,7 +237,21 @@ fn store_crash_matrix_every_shape_every_step_both_modes() {
                     (Ok(_), FaultMode::Crash) => panic!("{label}: the crash did not happen"),
                 }
                 drop(store);
+                // A reader opened now, before any recovery, sees one complete generation: the
+                // registry and trust bytes the recovery below settles on, and changes nothing.
+                let untouched = snapshot(&root);
+                let (reader, _) = FsStore::open_with(&root, StoreOptions::new().reader())
+                    .unwrap_or_else(|e| panic!("{label}: a reader could not open: {e}"));
+                let (seen, seen_trust) = (reader.registry().unwrap(), reader.read_trust().unwrap());
+                drop(reader);
+                assert_eq!(snapshot(&root), untouched, "{label}: the reader wrote");
                 let got = reopen(&root);
+                assert_eq!(
+                    seen,
+                    RegistryState::from_json(&got.registry).unwrap(),
+                    "{label}: the reader saw another generation than the one recovered"
+                );
+                assert_eq!(seen_trust, got.trust, "{label}: the reader's trust bytes");
                 if got == before {
                     saw_before += 1;
                     assert!(

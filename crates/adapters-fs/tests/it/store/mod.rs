@@ -3,6 +3,7 @@
 
 mod matrix;
 mod open;
+mod shared;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -217,7 +218,8 @@ pub(crate) fn assert_no_leftovers(root: &Path) {
                 "trust",
                 "journal",
                 "staging",
-                "packages"
+                "packages",
+                "pins"
             ]
             .contains(&name.as_str()),
             "unexpected {name} in the store root"

@@ -1,0 +1,313 @@
+//! Many processes on one store, measured in one run with real processes (the `guild` binary and
+//! `guild-example-runner`, built by cargo):
+//!
+//! 1. **Follow latency**: the time from `guild install` (or `rollback`) returning to the first
+//!    line a serving runner prints from the new version, with the runner's watcher (inotify) and,
+//!    as the baseline, with a runner that checks for a new generation before every round
+//!    (`--poll`). Both runners execute every 5 ms, so the round is not what is measured. A line
+//!    that arrived before the command returned counts as 0 (the runner had switched while the
+//!    command was still exiting); so that the figure says something then too, the time from the
+//!    commit itself (the replacement of `registry.json`, seen by the benchmark's own inotify
+//!    watch) to that line is reported beside it.
+//! 2. **Concurrent opens**: the wall time of one reader process (`guild-example-runner STORE
+//!    OP`: open the store without its lock, verify, load, execute once, exit) alone, against 8
+//!    started at once on the same store, and against 8 started at once on 8 private copies of
+//!    it (the same work with nothing shared: what the machine's cores allow). Sharing the store
+//!    serialises nothing when "8 on one store" matches "8 on private copies"; "8 at once / one
+//!    alone" is bounded below by the work per core on a machine with fewer than 8 cores.
+//!
+//! `cargo bench --bench live` takes 20 samples of each; without `--bench` (as under `cargo test
+//! --benches`) one of each. Build the C plugins first: `cargo xtask plugins`.
+
+#[path = "common/mod.rs"]
+mod common;
+#[path = "../tests/it/support.rs"]
+mod support;
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
+
+use guild_adapters_crypto::SigningKey;
+use guild_domain::json::{self, Value};
+use guild_host::publish::pack;
+use guild_host::InstallOptions;
+
+use support::{key, open_dir, platform, trust, Workshop, PUBLISHER};
+
+const OP: &str = "example.sequence.inclusive_scan";
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Builds `guild` and the example runner and answers their executables.
+fn binaries() -> (PathBuf, PathBuf) {
+    (
+        support::cargo_binary("guild-cli", "guild"),
+        support::cargo_binary("guild-example-runner", "guild-example-runner"),
+    )
+}
+
+/// The scan example module packed at `version` and signed with `key`.
+fn scan(shop: &Workshop, key: &SigningKey, version: &str) -> PathBuf {
+    let base = shop.fresh("scan");
+    std::fs::create_dir_all(base.join("src/lib")).unwrap();
+    std::fs::write(
+        base.join("src/lib/libscan_module.so"),
+        common::plugin_library("scan_module"),
+    )
+    .unwrap();
+    let text = std::fs::read(workspace().join("examples/modules/scan/manifest.json")).unwrap();
+    let Value::Object(mut members) = json::parse(&text).unwrap() else {
+        panic!("the scan template is not an object")
+    };
+    let here = platform();
+    for (name, value) in &mut members {
+        match name.as_str() {
+            "os" => *value = here.os.as_str().into(),
+            "arch" => *value = here.arch.as_str().into(),
+            "version" => *value = version.into(),
+            _ => {}
+        }
+    }
+    let template = base.join("manifest.json");
+    std::fs::write(&template, Value::Object(members).to_pretty_string()).unwrap();
+    let archive = base.join(format!("scan-{version}.gkmodule"));
+    pack(&base.join("src"), &template, &archive, Some(key)).unwrap();
+    archive
+}
+
+/// A store with the publisher trusted and scan 1.0.0 installed; the key.
+fn store(shop: &Workshop) -> (PathBuf, SigningKey) {
+    let k = key();
+    let root = shop.fresh("store");
+    let (pm, _) = open_dir(&root).unwrap();
+    trust(&pm, PUBLISHER, &k);
+    pm.install(&scan(shop, &k, "1.0.0"), InstallOptions::default())
+        .unwrap();
+    (root, k)
+}
+
+/// A serving runner whose lines arrive with the instant they were read.
+struct Serving {
+    child: Child,
+    lines: Receiver<(Instant, String)>,
+}
+
+impl Serving {
+    fn start(runner: &Path, store: &Path, poll: bool) -> Serving {
+        let mut cmd = Command::new(runner);
+        cmd.args(["--serve", "--interval-ms", "5"]);
+        if poll {
+            cmd.arg("--poll");
+        }
+        let mut child = cmd
+            .arg(store)
+            .arg(OP)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let (tx, lines) = channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send((Instant::now(), line)).is_err() {
+                    return;
+                }
+            }
+        });
+        Serving { child, lines }
+    }
+
+    /// The arrival of the first line from `version` (bounded by a deadlock guard).
+    fn first_of(&self, version: &str) -> Instant {
+        let want = format!("example.scan@{version} ok");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (at, line) = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("the runner never served {version}"));
+            if line.ends_with(&want) {
+                return at;
+            }
+        }
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn guild(bin: &Path, store: &Path, args: &[&str]) {
+    let out = Command::new(bin)
+        .arg("--store")
+        .arg(store)
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "guild {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Follow latencies of a runner (watching, or polling) over `samples` install/rollback pairs:
+/// from the command's return, and from its commit.
+fn follow(
+    shop: &Workshop,
+    bins: &(PathBuf, PathBuf),
+    poll: bool,
+    samples: usize,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let (root, k) = store(shop);
+    let v11 = scan(shop, &k, "1.1.0");
+    let (tx, commits) = channel();
+    let _watch = guild_adapters_fs::store::StoreWatcher::new(&root, move || {
+        let _ = tx.send(Instant::now());
+    })
+    .unwrap();
+    let serving = Serving::start(&bins.1, &root, poll);
+    serving.first_of("1.0.0");
+    let (mut from_return, mut from_commit) = (Vec::new(), Vec::new());
+    for _ in 0..samples {
+        for (args, version) in [
+            (vec!["install", v11.to_str().unwrap()], "1.1.0"),
+            (vec!["rollback", "example.scan"], "1.0.0"),
+        ] {
+            let _: Vec<Instant> = commits.try_iter().collect();
+            guild(&bins.0, &root, &args);
+            let returned = Instant::now();
+            let served = serving.first_of(version);
+            from_return.push(served.saturating_duration_since(returned));
+            let committed = commits
+                .try_iter()
+                .filter(|at| *at <= served)
+                .last()
+                .unwrap_or(returned);
+            from_commit.push(served.saturating_duration_since(committed));
+        }
+    }
+    (from_return, from_commit)
+}
+
+/// Wall time until `n` one-shot readers started at once (on `stores[i % len]`) have all exited.
+fn readers(runner: &Path, stores: &[PathBuf], n: usize) -> Duration {
+    let start = Instant::now();
+    let children: Vec<Child> = (0..n)
+        .map(|i| {
+            Command::new(runner)
+                .arg(&stores[i % stores.len()])
+                .arg(OP)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success(), "a reader failed");
+    }
+    start.elapsed()
+}
+
+/// A copy of the store at `from` (its files only; pins and locks are per copy).
+fn copy_store(from: &Path, to: &Path) {
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let samples: usize = if full { 20 } else { 1 };
+    let bins = binaries();
+    let shop = Workshop::new();
+
+    let (watched, watched_commit) = follow(&shop, &bins, false, samples.div_ceil(2));
+    let (polled, polled_commit) = follow(&shop, &bins, true, samples.div_ceil(2));
+    let early = |v: &[Duration]| v.iter().filter(|d| d.is_zero()).count();
+    println!(
+        "live/follow: first execute on the new version after install or rollback (median of {} \
+         changes, runner round 5 ms); from the command's return / from its commit",
+        watched.len()
+    );
+    println!(
+        "  watcher (inotify)      {} / {}  (max {} / {}; {} of {} served before the command \
+         returned); goal < 100 ms",
+        ms(median(watched.clone())),
+        ms(median(watched_commit.clone())),
+        ms(*watched.iter().max().unwrap()),
+        ms(*watched_commit.iter().max().unwrap()),
+        early(&watched),
+        watched.len()
+    );
+    println!(
+        "  baseline: poll a round {} / {}  (max {} / {}; {} of {} before the return)",
+        ms(median(polled.clone())),
+        ms(median(polled_commit.clone())),
+        ms(*polled.iter().max().unwrap()),
+        ms(*polled_commit.iter().max().unwrap()),
+        early(&polled),
+        polled.len()
+    );
+
+    let (root, _) = store(&shop);
+    let copies: Vec<PathBuf> = (0..8)
+        .map(|i| {
+            let to = shop.fresh(&format!("copy{i}"));
+            copy_store(&root, &to);
+            to
+        })
+        .collect();
+    // One warm-up of each, so that the first sample does not pay for cold caches.
+    readers(&bins.1, std::slice::from_ref(&root), 1);
+    readers(&bins.1, &copies, 8);
+    let (mut one, mut shared, mut private) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..samples {
+        one.push(readers(&bins.1, std::slice::from_ref(&root), 1));
+        shared.push(readers(&bins.1, std::slice::from_ref(&root), 8));
+        private.push(readers(&bins.1, &copies, 8));
+    }
+    let (one, shared, private) = (median(one), median(shared), median(private));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "live/open: reader processes (open without the lock, verify, load, execute once), \
+         median of {samples}, {cores} core(s)"
+    );
+    println!("  1 alone                  {}", ms(one));
+    println!(
+        "  8 at once, one store     {}  ({:.2}x one alone; goal < 1.5x)",
+        ms(shared),
+        shared.as_secs_f64() / one.as_secs_f64()
+    );
+    println!(
+        "  8 at once, private copies {} ({:.2}x one alone): sharing the store costs {:.2}x",
+        ms(private),
+        private.as_secs_f64() / one.as_secs_f64(),
+        shared.as_secs_f64() / private.as_secs_f64()
+    );
+}

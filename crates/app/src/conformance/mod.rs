@@ -1,0 +1,729 @@
+//! The conformance check a publisher runs on a build before signing it (`guild check`), and that
+//! the project's tests hold its own test plugins to.
+//!
+//! [`check`] stages the build (a package archive, an unpacked package, or a directory of built
+//! files with a manifest template, packed unsigned on the way) into a temporary directory and
+//! runs the checks in a child process (`guild __conformance DIR`, [`child_main`]). Nothing is
+//! authenticated and no store is touched: this runs the code it is pointed at, which is what a
+//! publisher wants of their own build and why an operator installs instead.
+//!
+//! The child loads the library with the same dlopen loader and registration check a host uses,
+//! then checks every GOP1 operation (its `gop1` module). It prints one tagged JSON line when a check
+//! starts, one before every call into the plugin, and one when the check ends; the parent waits
+//! at most the time limit of one call for the next line while a check runs. A check that crashes
+//! the child (a guard page hit, an abort) or whose call outlives the limit becomes a failed
+//! finding of that check, and the parent starts a new child that resumes after
+//! it, so that one fault does not hide the rest of the report. A crash or hang while loading
+//! ends the report there.
+
+mod gop1;
+mod guarded;
+mod stage;
+
+use std::ffi::CString;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use guild_ports::loader::{LoadErrorKind, LoadRequest, PluginLoader};
+use serde_json::{json, Value};
+
+use crate::error::HostError;
+pub use stage::StageError;
+
+/// The hidden `guild` subcommand that runs [`child_main`].
+pub const SUBCOMMAND: &str = "__conformance";
+
+/// The key that marks the child's lines on its stdout (a plugin may print there too).
+pub const LINE_TAG: &str = "guild_conformance";
+
+/// The time limit of one callback call by default.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How many times a crashed or hung child is replaced before the rest is given up.
+const MAX_RESTARTS: usize = 32;
+
+/// What became of one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The check held.
+    Passed,
+    /// The check found a violation; the reason says which.
+    Failed,
+    /// The check did not apply or could not run; the reason says why.
+    Skipped,
+}
+
+impl Verdict {
+    /// `passed`, `failed` or `skipped`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Passed => "passed",
+            Verdict::Failed => "failed",
+            Verdict::Skipped => "skipped",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "passed" => Verdict::Passed,
+            "failed" => Verdict::Failed,
+            "skipped" => Verdict::Skipped,
+            _ => return None,
+        })
+    }
+}
+
+/// One check's result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// The check, such as `init` or `execute.guard_back`.
+    pub check: String,
+    /// The operation it concerns (`impl_id (op_name)`), for the per-operation checks.
+    pub operation: Option<String>,
+    /// What became of it.
+    pub verdict: Verdict,
+    /// What was found, why it failed, or why it was skipped.
+    pub reason: String,
+}
+
+impl Finding {
+    /// The finding as a JSON object (`check`, `operation`, `result`, `reason`).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "check": self.check,
+            "operation": self.operation,
+            "result": self.verdict.as_str(),
+            "reason": self.reason,
+        })
+    }
+}
+
+/// Everything a check found, in the order the checks ran.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// The findings.
+    pub findings: Vec<Finding>,
+    /// How many child processes ran (one, plus one per crash or hang it resumed after).
+    pub processes: usize,
+}
+
+impl Report {
+    /// How many findings have `verdict`.
+    pub fn count(&self, verdict: Verdict) -> usize {
+        self.findings
+            .iter()
+            .filter(|f| f.verdict == verdict)
+            .count()
+    }
+
+    /// Whether no check failed.
+    pub fn passed(&self) -> bool {
+        self.count(Verdict::Failed) == 0
+    }
+
+    /// The finding of `check` on `operation` (`None` for the package-wide checks), if it ran.
+    pub fn find(&self, check: &str, operation: Option<&str>) -> Option<&Finding> {
+        self.findings.iter().find(|f| {
+            f.check == check
+                && match operation {
+                    None => f.operation.is_none(),
+                    Some(op) => f.operation.as_deref().is_some_and(|o| o.contains(op)),
+                }
+        })
+    }
+}
+
+/// How [`check`] runs the child.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The `guild` binary to run with [`SUBCOMMAND`].
+    pub program: PathBuf,
+    /// The time limit of one call into the plugin (`init`, a callback, `shutdown`).
+    pub call_timeout: Duration,
+}
+
+impl Options {
+    /// Runs `program` with the default time limit.
+    pub fn new(program: PathBuf) -> Self {
+        Options {
+            program,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+        }
+    }
+}
+
+/// Checks the build at `target` (with the manifest `template` for a directory of built files)
+/// in child processes; see the module documentation. An error means the build could not be
+/// staged or the child could not be started; everything the plugin does is a finding.
+pub fn check(
+    target: &Path,
+    template: Option<&Path>,
+    options: &Options,
+) -> Result<Report, StageError> {
+    let staged = stage::stage(target, template)?;
+    let mut report = Report::default();
+    let mut resume: Option<u64> = None;
+    // Operations a resumed child leaves alone: one whose call did not return (rather than wait
+    // out the limit again for each later check), and one whose validate crashed (every later
+    // check starts from validate's answer, which a resumed child would have to ask again).
+    let mut hung: Vec<String> = Vec::new();
+    loop {
+        report.processes += 1;
+        let run = run_child(options, &staged.dir, resume, &hung)?;
+        report.findings.extend(run.findings);
+        let Some(why) = run.died else { break };
+        match run.in_progress {
+            Some(started) => {
+                report.findings.push(Finding {
+                    check: started.check.clone(),
+                    operation: started.operation.clone(),
+                    verdict: Verdict::Failed,
+                    reason: why,
+                });
+                if started.resumable && report.processes <= MAX_RESTARTS {
+                    resume = Some(started.index);
+                    if run.timed_out || started.check == "validate" {
+                        hung.extend(started.operation.clone());
+                    }
+                    continue;
+                }
+                report.findings.push(Finding {
+                    check: "remaining checks".into(),
+                    operation: None,
+                    verdict: Verdict::Skipped,
+                    reason: format!(
+                        "they need the library loaded, and {} did not finish",
+                        started.check
+                    ),
+                });
+            }
+            None => report.findings.push(Finding {
+                check: "check process".into(),
+                operation: None,
+                verdict: Verdict::Failed,
+                reason: why,
+            }),
+        }
+        break;
+    }
+    Ok(report)
+}
+
+/// A check the child said it started.
+#[derive(Debug, Clone)]
+struct Started {
+    index: u64,
+    check: String,
+    operation: Option<String>,
+    resumable: bool,
+    at: Instant,
+}
+
+struct ChildRun {
+    findings: Vec<Finding>,
+    in_progress: Option<Started>,
+    /// Why the child ended before it finished, if it did.
+    died: Option<String>,
+    /// It was killed at the time limit.
+    timed_out: bool,
+}
+
+fn run_child(
+    options: &Options,
+    dir: &Path,
+    resume: Option<u64>,
+    hung: &[String],
+) -> Result<ChildRun, StageError> {
+    let mut command = Command::new(&options.program);
+    command.arg(SUBCOMMAND).arg(dir);
+    if let Some(n) = resume {
+        command.arg("--resume-after").arg(n.to_string());
+    }
+    for op in hung {
+        command.arg("--skip-operation").arg(op);
+    }
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| StageError::Spawn {
+            program: options.program.clone(),
+            reason: e.to_string(),
+        })?;
+    let (tx, lines) = mpsc::channel();
+    if let Some(out) = child.stdout.take() {
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    let stderr = crate::publication::collect(child.stderr.take());
+
+    let mut run = ChildRun {
+        findings: Vec::new(),
+        in_progress: None,
+        died: None,
+        timed_out: false,
+    };
+    let mut last = Instant::now();
+    let mut done = false;
+    loop {
+        let deadline = match &run.in_progress {
+            Some(s) => s.at + options.call_timeout,
+            None => last + options.call_timeout,
+        };
+        match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => {
+                last = Instant::now();
+                let Some(v) = tagged(&line) else { continue };
+                if v.get("call").is_some() {
+                    // A callback call starts: the time limit runs from here.
+                    if let Some(s) = &mut run.in_progress {
+                        s.at = last;
+                    }
+                } else if v.get("done").is_some() {
+                    done = true;
+                } else if let Some(index) = v["start"].as_u64() {
+                    run.in_progress = Some(Started {
+                        index,
+                        check: v["check"].as_str().unwrap_or("?").to_owned(),
+                        operation: v["operation"].as_str().map(str::to_owned),
+                        resumable: v["resumable"] == true,
+                        at: last,
+                    });
+                } else if let Some(f) = finding(&v) {
+                    if run
+                        .in_progress
+                        .as_ref()
+                        .is_some_and(|s| Some(s.index) == v["result"].as_u64())
+                    {
+                        run.in_progress = None;
+                    }
+                    run.findings.push(f);
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                kill(&mut child);
+                let limit = match &run.in_progress {
+                    Some(_) => format!(
+                        "a call into the plugin did not return within {}; the check process was \
+                         killed",
+                        seconds(options.call_timeout)
+                    ),
+                    None => format!(
+                        "the check process printed nothing for {} and was killed",
+                        seconds(options.call_timeout)
+                    ),
+                };
+                run.died = Some(limit);
+                run.timed_out = true;
+                return Ok(run);
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    // Stdout closed: the child ended (or closed it); wait a little for its status.
+    let status = wait_briefly(&mut child);
+    if done && status.as_ref().is_some_and(|s| s.success()) {
+        return Ok(run);
+    }
+    let err = stderr
+        .recv_timeout(Duration::from_secs(1))
+        .unwrap_or_default();
+    let tail = err.trim().lines().rev().take(3).collect::<Vec<_>>();
+    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    let mut why = match status {
+        Some(s) => match crate::publication::signal_of(s) {
+            Some((n, name)) => format!(
+                "the plugin killed the check process with signal {n} ({name}){}",
+                if name == "SIGSEGV" || name == "SIGBUS" {
+                    ": a read or write outside the memory it was lent (a guard page or unmapped \
+                     address)"
+                } else {
+                    ""
+                }
+            ),
+            None => format!("the check process exited with {s} before finishing"),
+        },
+        None => "the check process closed its output and did not exit".into(),
+    };
+    if !tail.is_empty() && !done {
+        why.push_str(&format!(" (stderr: {})", tail.join(" | ")));
+    }
+    run.died = Some(why);
+    Ok(run)
+}
+
+fn kill(child: &mut Child) {
+    // Killing a child that exited meanwhile is not an error.
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+fn wait_briefly(child: &mut Child) -> Option<std::process::ExitStatus> {
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        match child.try_wait() {
+            Ok(Some(s)) => return Some(s),
+            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(5)),
+            _ => {
+                kill(child);
+                return None;
+            }
+        }
+    }
+}
+
+fn seconds(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{} s", d.as_secs())
+    } else {
+        format!("{} ms", d.as_millis())
+    }
+}
+
+fn tagged(line: &str) -> Option<Value> {
+    let v: Value = serde_json::from_str(line.trim()).ok()?;
+    v.get(LINE_TAG)?;
+    Some(v)
+}
+
+fn finding(v: &Value) -> Option<Finding> {
+    v["result"].as_u64()?;
+    Some(Finding {
+        check: v["check"].as_str()?.to_owned(),
+        operation: v["operation"].as_str().map(str::to_owned),
+        verdict: Verdict::parse(v["verdict"].as_str()?)?,
+        reason: v["reason"].as_str().unwrap_or("").to_owned(),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The child
+// ---------------------------------------------------------------------------------------------
+
+/// Where the child's lines go, shared by the threads of a check.
+#[derive(Clone)]
+pub(crate) struct Lines(Arc<Mutex<Box<dyn Write + Send>>>);
+
+impl Lines {
+    fn emit(&self, v: &Value) {
+        let mut out = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        // A leading newline keeps the line whole after a plugin's unterminated output.
+        let _ = writeln!(out, "\n{v}");
+        let _ = out.flush();
+    }
+
+    /// Says that a call into the plugin starts, so that the parent's time limit, which is per
+    /// call, starts again.
+    pub(crate) fn call(&self) {
+        self.emit(&json!({ LINE_TAG: 1, "call": true }));
+    }
+}
+
+/// Numbers the checks and prints their start and result lines, leaving out those a resumed child
+/// has already reported.
+pub(crate) struct Recorder<'w> {
+    lines: Lines,
+    next: u64,
+    resume_after: Option<u64>,
+    /// Operations to leave alone: a call into them hung, or their validate crashed, earlier.
+    hung: &'w [String],
+}
+
+impl Recorder<'_> {
+    fn quiet(&self, index: u64) -> bool {
+        self.resume_after.is_some_and(|r| index <= r)
+    }
+
+    fn emit(&mut self, v: Value) {
+        self.lines.emit(&v);
+    }
+
+    fn start(&mut self, check: &str, op: Option<&str>, resumable: bool) -> u64 {
+        let index = self.next;
+        self.next += 1;
+        if !self.quiet(index) {
+            self.emit(json!({
+                LINE_TAG: 1, "start": index, "check": check, "operation": op,
+                "resumable": resumable,
+            }));
+        }
+        index
+    }
+
+    fn finish(&mut self, index: u64, check: &str, op: Option<&str>, v: Verdict, reason: &str) {
+        if !self.quiet(index) {
+            self.emit(json!({
+                LINE_TAG: 1, "result": index, "check": check, "operation": op,
+                "verdict": v.as_str(), "reason": reason,
+            }));
+        }
+    }
+
+    /// Records a finding that needed no call of its own.
+    fn record(&mut self, check: &str, op: Option<&str>, v: Verdict, reason: &str) {
+        let index = self.next;
+        self.next += 1;
+        self.finish(index, check, op, v, reason);
+    }
+
+    /// Runs one resumable check: `f` is not run at all when a resumed child has passed it.
+    pub(crate) fn check(
+        &mut self,
+        check: &str,
+        op: Option<&str>,
+        f: impl FnOnce() -> (Verdict, String),
+    ) {
+        if self.quiet(self.next) {
+            self.next += 1;
+            return;
+        }
+        self.check_always(check, op, f);
+    }
+
+    /// Runs one resumable check whose work later checks build on: a resumed child that has
+    /// passed it runs `f` again without reporting it.
+    pub(crate) fn check_always(
+        &mut self,
+        check: &str,
+        op: Option<&str>,
+        f: impl FnOnce() -> (Verdict, String),
+    ) {
+        if op.is_some_and(|o| self.hung.iter().any(|h| h == o)) {
+            self.record(
+                check,
+                op,
+                Verdict::Skipped,
+                "an earlier call into this operation did not return within the time limit, or \
+                 its validate crashed the check process",
+            );
+            return;
+        }
+        let index = self.start(check, op, true);
+        let (v, reason) = f();
+        self.finish(index, check, op, v, &reason);
+    }
+}
+
+/// The package-wide checks, in the order the loader makes them.
+const LOAD_CHECKS: [&str; 9] = [
+    "library",
+    "entry point",
+    "descriptor",
+    "abi range",
+    "init",
+    "shutdown after failed init",
+    "extensions",
+    "registration",
+    "duplicate ids",
+];
+
+/// The child's side: loads the staged tree `dir` and runs every check, printing the lines the
+/// parent reads to `out`; after `resume_after`, only the checks numbered above it, and none that
+/// calls into an operation named in `hung`.
+pub fn child_main(
+    dir: &Path,
+    resume_after: Option<u64>,
+    hung: &[String],
+    out: Box<dyn Write + Send>,
+) -> Result<(), HostError> {
+    let metadata = crate::publication::read_tree_metadata(dir)?;
+    let m = metadata.manifest();
+    let platform =
+        crate::platform::HostPlatform::current().ok_or(HostError::UnsupportedPlatform {
+            os: std::env::consts::OS,
+            arch: std::env::consts::ARCH,
+        })?;
+    let lines = Lines(Arc::new(Mutex::new(out)));
+    let mut rec = Recorder {
+        lines: lines.clone(),
+        next: 0,
+        resume_after,
+        hung,
+    };
+    let loading = rec.start("init", None, false);
+    let registry = crate::registry::KernelRegistry::new();
+    let loader = guild_adapters_posix::DlopenLoader::new();
+    let request = LoadRequest {
+        package: m.package_id.clone(),
+        version: m.version.clone(),
+        library: dir.join(m.entry.as_str()),
+        provided_ops: m.provided_ops.clone(),
+        provided_runners: m.provided_runners.clone(),
+        host_abi: platform.kernel_abi,
+        operations: Some(registry.plugin_service()),
+    };
+    let loaded = loader.load(&request);
+    let (failed_at, reason) = match &loaded {
+        Ok(_) => (None, String::new()),
+        Err(e) => {
+            let at = match &*e.kind {
+                LoadErrorKind::Open { .. } => "library",
+                LoadErrorKind::MissingEntry { .. } => "entry point",
+                LoadErrorKind::BadDescriptor { .. } => "descriptor",
+                LoadErrorKind::AbiMismatch { .. } => "abi range",
+                LoadErrorKind::InitFailed { .. } => "init",
+                LoadErrorKind::ExtensionRefused { .. } => "extensions",
+                LoadErrorKind::RegistrationRefused { reason } if reason.contains("duplicate") => {
+                    "duplicate ids"
+                }
+                _ => "registration",
+            };
+            (Some(at), e.kind.to_string())
+        }
+    };
+    let plugin = loaded.ok();
+    // What the loader accepted is held to the manifest as a host holds it.
+    let package = format!("{}@{}", m.package_id, m.version);
+    let (failed_at, reason) = match (&plugin, failed_at) {
+        (Some(p), None) => {
+            let mut ids: Vec<&str> = p.kernels.iter().map(|k| k.impl_id.as_str()).collect();
+            ids.extend(p.runners.iter().map(|r| r.runner_id.as_str()));
+            let mut sorted = ids.clone();
+            sorted.sort_unstable();
+            let duplicate = sorted.windows(2).find(|w| w[0] == w[1]).map(|w| w[0]);
+            match (
+                duplicate,
+                crate::publication::check_registration(&package, m, p),
+            ) {
+                (Some(id), _) => (Some("duplicate ids"), format!("{id} is registered twice")),
+                (None, Err(e)) => (Some("registration"), e.to_string()),
+                (None, Ok(())) => (None, String::new()),
+            }
+        }
+        (_, at) => (at, reason),
+    };
+    let failed_index = failed_at.and_then(|f| LOAD_CHECKS.iter().position(|c| *c == f));
+    for (i, name) in LOAD_CHECKS.iter().enumerate() {
+        let (v, why) = match failed_index {
+            _ if *name == "shutdown after failed init" => match failed_at {
+                Some("init") => (
+                    Verdict::Passed,
+                    "the host ran shutdown after the failed init and the process survived".into(),
+                ),
+                Some(f)
+                    if failed_index.is_some_and(|at| at < i) && LOAD_CHECKS[..i].contains(&f) =>
+                {
+                    (
+                        Verdict::Skipped,
+                        format!("init never ran: an earlier check failed ({f})"),
+                    )
+                }
+                _ => (
+                    Verdict::Skipped,
+                    "init did not fail, and the host calls shutdown after a failed init only"
+                        .to_owned(),
+                ),
+            },
+            Some(f) if i == f => (Verdict::Failed, reason.clone()),
+            Some(f) if i > f => (
+                Verdict::Skipped,
+                format!("an earlier check failed ({})", LOAD_CHECKS[f]),
+            ),
+            _ => (Verdict::Passed, load_detail(name, &plugin, m)),
+        };
+        if *name == "init" {
+            rec.finish(loading, name, None, v, &why);
+        } else {
+            rec.record(name, None, v, &why);
+        }
+    }
+    let Some(plugin) = plugin else {
+        rec.emit(json!({ LINE_TAG: 1, "done": true }));
+        return Ok(());
+    };
+    if failed_index.is_none() {
+        for kernel in &plugin.kernels {
+            let provider = &kernel.provider;
+            let Some(gop) = provider.operation().copied() else {
+                continue;
+            };
+            let (max_dim, max_batch) = provider
+                .descriptor()
+                .map_or(([0; 8], 0), |d| (d.max_dim, d.max_batch));
+            let op_name = kernel.op_name.as_ref().map_or("", |n| n.as_str());
+            let op = gop1::Operation {
+                label: format!("{} ({op_name})", kernel.impl_id),
+                op_name: CString::new(op_name).unwrap_or_default(),
+                provider,
+                gop,
+                backend: kernel.backend.bit(),
+                max_dim,
+                max_batch,
+                has_dependencies: !m.module_dependencies.is_empty(),
+                lines: lines.clone(),
+            };
+            gop1::check(&op, &mut rec);
+        }
+        let gop1 = plugin
+            .kernels
+            .iter()
+            .filter(|k| k.provider.operation().is_some())
+            .count();
+        if gop1 < plugin.kernels.len() {
+            rec.record(
+                "operations",
+                None,
+                Verdict::Skipped,
+                &format!(
+                    "{} of {} kernels carry no GOP1 contract; the per-operation checks cover \
+                     GOP1 operations only",
+                    plugin.kernels.len() - gop1,
+                    plugin.kernels.len()
+                ),
+            );
+        }
+    }
+    let closing = rec.start("shutdown", None, false);
+    drop(plugin);
+    drop(registry);
+    rec.finish(
+        closing,
+        "shutdown",
+        None,
+        Verdict::Passed,
+        "shutdown returned and the library was closed",
+    );
+    rec.emit(json!({ LINE_TAG: 1, "done": true }));
+    Ok(())
+}
+
+fn load_detail(
+    name: &str,
+    plugin: &Option<guild_ports::loader::LoadedPlugin>,
+    m: &guild_domain::manifest::Manifest,
+) -> String {
+    match name {
+        "library" => format!("{} opened", m.entry.as_str()),
+        "entry point" => "guild_plugin_entry_v1 found".into(),
+        "descriptor" => "the plugin descriptor is readable".into(),
+        "abi range" => "the plugin's Kernel ABI range contains this host's".into(),
+        "init" => match plugin {
+            Some(p) => format!(
+                "init returned OK having registered {} kernel{} and {} runner{}",
+                p.kernels.len(),
+                if p.kernels.len() == 1 { "" } else { "s" },
+                p.runners.len(),
+                if p.runners.len() == 1 { "" } else { "s" }
+            ),
+            None => "init returned OK".into(),
+        },
+        "extensions" => {
+            "every extension passed the host's size, tag and version negotiation".into()
+        }
+        "registration" => {
+            "exactly the manifest's provided_ops and provided_runners, on declared backends".into()
+        }
+        "duplicate ids" => "no id is registered twice".into(),
+        _ => String::new(),
+    }
+}

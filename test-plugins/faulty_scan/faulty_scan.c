@@ -1,0 +1,240 @@
+/*
+ * faulty_scan: one f32 inclusive scan (example.sequence.inclusive_scan, impl
+ * example.faulty.<variant>) built once correctly and once per contract violation that
+ * `guild check` must find, chosen by FAULTY_KIND at compile time:
+ *   0 FAULTY_NONE              correct: the control the check must pass
+ *   1 FAULTY_WRITE_PAST        writes one element past the end of its output
+ *   2 FAULTY_READ_BEFORE       reads one element before the start of its input
+ *   3 FAULTY_IGNORES_STRIDES   walks both tensors as packed, whatever their outer strides
+ *   4 FAULTY_RANK_ACCEPT       declares max_rank 2, and validate accepts any rank
+ *   5 FAULTY_NONDETERMINISTIC  adds a call counter to the output while declaring deterministic
+ *   6 FAULTY_CRASH_INIT        dies of SIGSEGV in init
+ *   7 FAULTY_HANG_EXECUTE      never returns from execute
+ * Contract: one f32 input, one f32 output of the same shape, rank 1..8 (1..2 for RANK_ACCEPT),
+ * contiguous or outer-strided, host memory, host-blocking, deterministic numerics.
+ */
+#define _POSIX_C_SOURCE 200809L /* nanosleep, for the hang */
+#define SCAN_CORE_HELPERS_ONLY 1
+#include "scan_core.h"
+
+#include <stdint.h>
+#include <time.h>
+
+#ifndef FAULTY_KIND
+#define FAULTY_KIND 0
+#endif
+#ifndef FAULTY_IMPL
+#define FAULTY_IMPL "example.faulty.none"
+#endif
+
+#define FAULTY_MAX_RANK (FAULTY_KIND == 4 ? 2u : (uint32_t)GUILD_MAX_TENSOR_RANK)
+
+static unsigned faulty_calls;
+
+static guild_status_t faulty_check(const guild_tensor_desc_v1_t* in, const guild_tensor_desc_v1_t* out,
+                                   guild_error_info_t* error) {
+    uint64_t in_eff[GUILD_MAX_TENSOR_RANK];
+    uint64_t out_eff[GUILD_MAX_TENSOR_RANK];
+    uint64_t count;
+    char reason[160];
+    uint32_t i;
+    /* The rank fault checks against the largest rank there is instead of its own bound. */
+    uint32_t max_rank = FAULTY_KIND == 4 ? (uint32_t)GUILD_MAX_TENSOR_RANK : FAULTY_MAX_RANK;
+    if (in->dtype != GUILD_DTYPE_F32 || out->dtype != GUILD_DTYPE_F32) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, FAULTY_IMPL, "f32 only");
+    }
+    if (in->rank != out->rank) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, FAULTY_IMPL, "ranks differ");
+    }
+    if (!scan_tensor_layout(in, 1u, max_rank, in_eff, &count, reason, sizeof reason) ||
+        !scan_tensor_layout(out, 1u, max_rank, out_eff, &count, reason, sizeof reason)) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, FAULTY_IMPL, reason);
+    }
+    for (i = 0; i < in->rank; ++i) {
+        if (in->dims[i] != out->dims[i]) {
+            return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, FAULTY_IMPL, "shapes differ");
+        }
+    }
+    return GUILD_STATUS_OK;
+}
+
+static guild_status_t faulty_validate(void* user_data, const guild_operation_query_v1_t* query,
+                                      guild_error_info_t* error) {
+    (void)user_data;
+    /* scan_core.h's helpers this plugin does not need. */
+    (void)scan_dtype_name;
+    (void)scan_dtype_bit;
+    (void)scan_dtype_size;
+    (void)scan_aligned;
+    if (query == NULL || query->input_count != 1u || query->output_count != 1u || query->inputs == NULL ||
+        query->outputs == NULL) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, FAULTY_IMPL, "one input, one output");
+    }
+    return faulty_check(&query->inputs[0], &query->outputs[0], error);
+}
+
+static guild_status_t faulty_query_scratch(void* user_data, const guild_operation_query_v1_t* query,
+                                           guild_scratch_request_v1_t* out_scratch, guild_error_info_t* error) {
+    (void)user_data;
+    (void)query;
+    (void)error;
+    out_scratch->alignment = 0u;
+    out_scratch->host_bytes = 0u;
+    out_scratch->device_bytes = 0u;
+    return GUILD_STATUS_OK;
+}
+
+static guild_status_t faulty_execute(void* user_data, const guild_execute_args_v1_t* args, guild_error_info_t* error) {
+    const guild_tensor_desc_v1_t* in;
+    const guild_tensor_desc_v1_t* out;
+    uint64_t in_eff[GUILD_MAX_TENSOR_RANK];
+    uint64_t out_eff[GUILD_MAX_TENSOR_RANK];
+    uint64_t index[GUILD_MAX_TENSOR_RANK];
+    uint64_t count;
+    uint64_t last_out = 0u;
+    char reason[160];
+    guild_status_t status;
+    uint32_t axis;
+    (void)user_data;
+    if (args == NULL || args->input_count != 1u || args->output_count != 1u) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, FAULTY_IMPL, "one input, one output");
+    }
+    in = &args->inputs[0];
+    out = &args->outputs[0];
+    status = faulty_check(in, out, error);
+    if (status != GUILD_STATUS_OK) {
+        return status;
+    }
+#if FAULTY_KIND == 7
+    for (;;) {
+        struct timespec pause = {0, 10000000};
+        (void)nanosleep(&pause, NULL);
+    }
+#endif
+    (void)scan_tensor_layout(in, 1u, (uint32_t)GUILD_MAX_TENSOR_RANK, in_eff, &count, reason, sizeof reason);
+    (void)scan_tensor_layout(out, 1u, (uint32_t)GUILD_MAX_TENSOR_RANK, out_eff, &count, reason, sizeof reason);
+#if FAULTY_KIND == 3
+    /* The fault: packed strides, whatever the descriptors say. */
+    for (axis = 1; axis < in->rank; ++axis) {
+        in_eff[axis] = in_eff[axis - 1u] * in->dims[axis - 1u];
+        out_eff[axis] = out_eff[axis - 1u] * out->dims[axis - 1u];
+    }
+#endif
+    memset(index, 0, sizeof index);
+    for (;;) {
+        uint64_t in_off = 0u;
+        uint64_t out_off = 0u;
+        uint64_t k;
+        float acc = 0.0f;
+        const float* src;
+        float* dst;
+        for (axis = 1; axis < in->rank; ++axis) {
+            in_off += index[axis] * in_eff[axis];
+            out_off += index[axis] * out_eff[axis];
+        }
+        src = (const float*)in->data + in_off;
+        dst = (float*)out->data + out_off;
+#if FAULTY_KIND == 2
+        if (in_off == 0u) {
+            /* The fault: one element before the input. */
+            volatile float before = ((const volatile float*)src)[-1];
+            acc += before * 0.0f;
+        }
+#endif
+        for (k = 0; k < in->dims[0]; ++k) {
+            acc += src[k];
+            dst[k] = acc;
+        }
+        if (out_off + in->dims[0] > last_out) {
+            last_out = out_off + in->dims[0];
+        }
+        for (axis = 1; axis < in->rank; ++axis) {
+            if (++index[axis] < in->dims[axis]) {
+                break;
+            }
+            index[axis] = 0u;
+        }
+        if (axis >= in->rank) {
+            break;
+        }
+    }
+#if FAULTY_KIND == 1
+    /* The fault: one element past the output's last. */
+    ((float*)out->data)[last_out] = 1.0f;
+#endif
+#if FAULTY_KIND == 5
+    /* The fault: every call comes out different. */
+    ((float*)out->data)[0] += (float)(++faulty_calls);
+#endif
+    (void)last_out;
+    (void)faulty_calls;
+    return GUILD_STATUS_OK;
+}
+
+static guild_status_t faulty_init(const guild_host_api_v1_t* host, void** plugin_state, guild_error_info_t* error) {
+    guild_operation_ext_v1_t gop;
+    guild_kernel_op_desc_v1_t desc;
+    guild_status_t status;
+#if FAULTY_KIND == 6
+    {
+        /* A real fault, not raise(): a handler that returns would let raise() continue. */
+        volatile int* nowhere = NULL;
+        *nowhere = 1;
+    }
+#endif
+    status = scan_check_host(host, plugin_state, FAULTY_IMPL, error);
+    if (status != GUILD_STATUS_OK) {
+        return status;
+    }
+    memset(&gop, 0, sizeof gop);
+    gop.header.struct_size = (uint32_t)sizeof gop;
+    gop.header.tag = GUILD_GOP1_TAG;
+    gop.header.version = GUILD_GOP1_VERSION;
+    gop.op_version = GUILD_KERNEL_ABI_MAKE_VERSION(1, 0, 0);
+    gop.numerics = GUILD_NUMERICS_DETERMINISTIC;
+    gop.input_dtype = GUILD_DTYPE_F32;
+    gop.output_dtype = GUILD_DTYPE_F32;
+    gop.min_inputs = 1u;
+    gop.max_inputs = 1u;
+    gop.min_outputs = 1u;
+    gop.max_outputs = 1u;
+    gop.layouts = GUILD_LAYOUT_CONTIGUOUS | GUILD_LAYOUT_OUTER_STRIDED;
+    gop.memory_spaces = GUILD_MEMORY_HOST;
+    gop.min_alignment = 4u;
+    gop.min_rank = 1u;
+    gop.max_rank = FAULTY_MAX_RANK;
+    gop.sync_modes = GUILD_SYNC_BIT(GUILD_SYNC_HOST_BLOCKING);
+    gop.validate = faulty_validate;
+    gop.query_scratch = faulty_query_scratch;
+    gop.execute = faulty_execute;
+
+    memset(&desc, 0, sizeof desc);
+    desc.struct_size = (uint32_t)sizeof desc;
+    desc.abi_version = GUILD_KERNEL_ABI_VERSION;
+    desc.op_kind = GUILD_OP_CUSTOM;
+    desc.backend = GUILD_BACKEND_CPU;
+    desc.impl_id = FAULTY_IMPL;
+    desc.op_name = "example.sequence.inclusive_scan";
+    desc.priority = 1;
+    desc.next_ext = &gop.header;
+    return host->register_kernel(host->host_context, &desc, error);
+}
+
+static void faulty_shutdown(void* plugin_state) {
+    (void)plugin_state;
+}
+
+static const guild_plugin_descriptor_v1_t faulty_descriptor = {
+    (uint32_t)sizeof(guild_plugin_descriptor_v1_t),
+    GUILD_KERNEL_ABI_VERSION,
+    GUILD_KERNEL_ABI_VERSION_1_0_0,
+    GUILD_KERNEL_ABI_VERSION_1_0_0,
+    "faulty_scan",
+    "1.0.0",
+    faulty_init,
+    faulty_shutdown,
+};
+
+const guild_plugin_descriptor_v1_t* guild_plugin_entry_v1(void) {
+    return &faulty_descriptor;
+}
