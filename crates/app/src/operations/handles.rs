@@ -15,6 +15,10 @@
 //! word (both sequentially consistent), so one of the two always sees the other: there is no
 //! window between the check and the release.
 //!
+//! A call that finds a release deciding waits for the decision (the release only reads the two
+//! counters before it stores it), so that a call racing a release finds the handle live or
+//! gone, never busy because of the release.
+//!
 //! A waiter announces itself in its counter and sleeps on the gate's condition variable. The
 //! call that gives the handle back wakes it when it sees the count; should it miss a waiter
 //! that announced itself at that very moment, the waiter's sleep ends after a millisecond and
@@ -211,11 +215,32 @@ impl Gate {
     #[cold]
     fn contended(
         &self,
-        now: u64,
+        mut now: u64,
         generation: u64,
         me: usize,
         wait: bool,
     ) -> Result<Running<'_>, Refused> {
+        let idle = LIVE | (generation << GEN_SHIFT);
+        // A release that is deciding never blocks while it does: wait for its decision, so that
+        // a call racing a release sees the handle either live or gone, never busy because of it.
+        while Self::is_live_at(now, generation) && now & RETIRING != 0 {
+            std::thread::yield_now();
+            now = self.state.load(Ordering::Acquire);
+            if now == idle {
+                match self.state.compare_exchange(
+                    idle,
+                    idle | RUNNING,
+                    Ordering::Acquire,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        self.owner.store(me, Ordering::Relaxed);
+                        return Ok(Running { gate: self, idle });
+                    }
+                    Err(again) => now = again,
+                }
+            }
+        }
         if !Self::is_live_at(now, generation) {
             return Err(Refused::Stale);
         }
