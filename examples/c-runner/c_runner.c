@@ -270,10 +270,14 @@ static guild_status_t runner_init(const guild_host_api_v1_t* host, void** plugin
     if ((size_t)host->struct_size >= GUILD_HOST_API_V1_BASE_SIZE + sizeof(void*)) {
         service = host->operations;
     }
-    if (service != NULL && service->struct_size >= (uint32_t)sizeof(guild_operation_service_v1_t) &&
+    if (service != NULL && service->struct_size >= (uint32_t)GUILD_OPERATION_SERVICE_V1_BASE_SIZE &&
         service->version == GUILD_OPERATION_SERVICE_VERSION && service->resolve != NULL &&
         service->execute != NULL && service->release != NULL) {
-        memcpy(&state->service, service, sizeof state->service);
+        /* A table from a newer or older host may be longer or shorter than this header's: copy
+         * what both know, and read the optional reshape tail only when struct_size covers it. */
+        memset(&state->service, 0, sizeof state->service);
+        memcpy(&state->service, service,
+               service->struct_size < sizeof state->service ? service->struct_size : sizeof state->service);
         state->has_service = 1;
     }
     return runner_register(host, state, error);

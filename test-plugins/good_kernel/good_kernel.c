@@ -347,9 +347,13 @@ static guild_status_t good_init(const guild_host_api_v1_t* host, void** plugin_s
 
     /* The optional tail: read only when the table is long enough, then check the service. */
     if ((size_t)host->struct_size >= GUILD_HOST_API_V1_BASE_SIZE + sizeof(void*) && host->operations != NULL &&
-        host->operations->struct_size >= (uint32_t)sizeof(guild_operation_service_v1_t) &&
+        host->operations->struct_size >= (uint32_t)GUILD_OPERATION_SERVICE_V1_BASE_SIZE &&
         host->operations->version == GUILD_OPERATION_SERVICE_VERSION) {
-        memcpy(&state->operations, host->operations, sizeof state->operations);
+        /* A newer header's table may be longer than this host's: copy what the host has. */
+        memset(&state->operations, 0, sizeof state->operations);
+        memcpy(&state->operations, host->operations,
+               host->operations->struct_size < sizeof state->operations ? host->operations->struct_size
+                                                                        : sizeof state->operations);
         state->has_operations = 1;
     }
 

@@ -365,10 +365,13 @@ static guild_status_t dep_init(const guild_host_api_v1_t* host, void** plugin_st
     /* The optional tail: read it only when the table is long enough, then check the service and
      * copy it. Never called here: the registry is busy loading this module. */
     service = (size_t)host->struct_size >= GUILD_HOST_API_V1_BASE_SIZE + sizeof(void*) ? host->operations : NULL;
-    if (service != NULL && service->struct_size >= (uint32_t)sizeof(guild_operation_service_v1_t) &&
+    if (service != NULL && service->struct_size >= (uint32_t)GUILD_OPERATION_SERVICE_V1_BASE_SIZE &&
         service->version == GUILD_OPERATION_SERVICE_VERSION && service->resolve != NULL &&
         service->scratch != NULL && service->execute != NULL && service->release != NULL) {
-        memcpy(&state->service, service, sizeof state->service);
+        /* A newer header's table may be longer than this host's: copy what the host has. */
+        memset(&state->service, 0, sizeof state->service);
+        memcpy(&state->service, service,
+               service->struct_size < sizeof state->service ? service->struct_size : sizeof state->service);
         state->has_service = 1;
     }
     return dep_register(host, state, error);

@@ -8,7 +8,10 @@
  *     is executing. It then calls, through that service, release(handle) and execute(handle,
  *     args) while its own call is still in progress, and writes the two statuses to output[0]
  *     and output[1]. A correct service refuses both (GUILD_STATUS_ERR_BUSY) and keeps the handle.
- *     Without params it writes two zeros.
+ *     With room for four statuses it also reshapes the handle (to its own shapes) through that
+ *     service and through this module's own host table, each after checking that the table's
+ *     struct_size covers reshape, and writes those statuses to output[2] and output[3]
+ *     (PROBE_NO_RESHAPE, -1000, when the table has none). Without params it writes zeros.
  *
  *   example.probe.stream_copy  (impl example.service_probe.stream_copy.cuda, CUDA backend)
  *     Declared for stream-ordered and graph-capturable calls on host, pinned or managed memory,
@@ -47,6 +50,8 @@
 #define PROBE_STREAM_ID "example.service_probe.stream_copy.cuda"
 #define PROBE_CROSS_ID "example.service_probe.cross.cpu"
 #define PROBE_DEVICE_ID "example.service_probe.device_copy.cuda"
+/* What the reenter probe writes for a reshape it could not call: the table has no reshape tail. */
+#define PROBE_NO_RESHAPE (-1000)
 
 /* What example.probe.reenter reads from args->params. */
 typedef struct probe_params_t {
@@ -127,6 +132,23 @@ static guild_status_t reenter_execute(void* user_data, const guild_execute_args_
     }
     out[0] = params->service->release(params->service->user, params->handle, &inner);
     out[1] = params->service->execute(params->service->user, params->handle, args, &inner);
+    if (args->outputs[0].dims[0] >= 4u) {
+        /* A reshape of the running handle (to the shapes it has), through the caller's table and
+         * through this module's own; each only when the table has the reshape tail. */
+        guild_reshape_args_v1_t same;
+        memset(&same, 0, sizeof same);
+        same.struct_size = (uint32_t)sizeof same;
+        same.inputs = args->inputs;
+        same.input_count = args->input_count;
+        same.outputs = args->outputs;
+        same.output_count = args->output_count;
+        out[2] = params->service->struct_size >= GUILD_OPERATION_SERVICE_V1_RESHAPE_SIZE && params->service->reshape
+                     ? params->service->reshape(params->service->user, params->handle, &same, &inner)
+                     : PROBE_NO_RESHAPE;
+        out[3] = probe_service.struct_size >= GUILD_OPERATION_SERVICE_V1_RESHAPE_SIZE && probe_service.reshape
+                     ? probe_service.reshape(probe_service.user, params->handle, &same, &inner)
+                     : PROBE_NO_RESHAPE;
+    }
     return GUILD_STATUS_OK;
 }
 
@@ -264,8 +286,11 @@ static guild_status_t probe_init(const guild_host_api_v1_t* host, void** plugin_
     *plugin_state = NULL;
     memset(&probe_service, 0, sizeof probe_service);
     if (host->struct_size >= sizeof(guild_host_api_v1_t) && host->operations != NULL &&
-        host->operations->struct_size >= sizeof(guild_operation_service_v1_t)) {
-        probe_service = *host->operations;
+        host->operations->struct_size >= GUILD_OPERATION_SERVICE_V1_BASE_SIZE) {
+        /* Copy what this host has: an older one has no reshape tail, which stays NULL. */
+        memcpy(&probe_service, host->operations,
+               host->operations->struct_size < sizeof probe_service ? host->operations->struct_size
+                                                                    : sizeof probe_service);
     }
     status = probe_register(host, PROBE_CROSS_ID, "example.probe.cross", GUILD_BACKEND_CPU, GUILD_DTYPE_I32,
                             GUILD_MEMORY_HOST, GUILD_SYNC_BIT(GUILD_SYNC_HOST_BLOCKING),

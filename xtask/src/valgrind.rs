@@ -45,6 +45,9 @@ pub fn run_all(plugins: &Path) -> Result<(), String> {
             "rejections::",
             // Stale, doubly released and racing handles; plugins outliving their registry.
             "service_safety::",
+            // Reshapes: refused, raced by executes, of released and stale handles, from inside
+            // the handle's own execute.
+            "reshape::",
             // Runner selection: the RMD1 callbacks and the C model reader.
             "runners::",
             // Bound CPE1 tables and the expert worker pool calling them across threads.

@@ -255,6 +255,39 @@ pub struct guild_operation_service_v1_t {
             error: *mut guild_error_info_t,
         ) -> guild_status_t,
     >,
+    /// Optional tail: present when `struct_size >= GUILD_OPERATION_SERVICE_V1_RESHAPE_SIZE`.
+    pub reshape: Option<
+        unsafe extern "C" fn(
+            user: *mut c_void,
+            handle: *mut guild_op_handle_t,
+            args: *const guild_reshape_args_v1_t,
+            error: *mut guild_error_info_t,
+        ) -> guild_status_t,
+    >,
+}
+
+/// `GUILD_OPERATION_SERVICE_V1_BASE_SIZE`: the table's size before the optional `reshape`
+/// tail, what hosts without reshape report.
+pub const GUILD_OPERATION_SERVICE_V1_BASE_SIZE: usize =
+    core::mem::offset_of!(guild_operation_service_v1_t, reshape);
+
+/// `GUILD_OPERATION_SERVICE_V1_RESHAPE_SIZE`: the smallest `struct_size` of a table whose
+/// `reshape` entry may be read.
+pub const GUILD_OPERATION_SERVICE_V1_RESHAPE_SIZE: usize =
+    GUILD_OPERATION_SERVICE_V1_BASE_SIZE + core::mem::size_of::<*const c_void>();
+
+/// New tensors for a resolved handle (the service's `reshape`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct guild_reshape_args_v1_t {
+    pub struct_size: u32,
+    pub reserved: u32,
+    pub inputs: *const guild_tensor_desc_v1_t,
+    pub input_count: usize,
+    pub outputs: *const guild_tensor_desc_v1_t,
+    pub output_count: usize,
+    pub params: *const c_void,
+    pub params_size: usize,
 }
 
 // ---------------------------------------------------------------------------------------------

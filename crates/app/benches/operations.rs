@@ -8,7 +8,17 @@
 //!   is taken after one validate, (b) every candidate passes the static checks but all except the
 //!   lowest-ranked refuse in validate (driven by the query's params), so all 64 validate
 //!   callbacks run; and release on its own;
-//! - execute throughput on independent C handles, one per thread, on 1 and 2 threads.
+//! - execute throughput on independent C handles, one per thread, on 1 and 2 threads;
+//! - reshape of one handle between one and two elements (C table and Rust face) against the
+//!   provider's `validate` + `query_scratch` called directly on the same shapes;
+//! - a decode loop: a sequence growing from 1 to 4096 elements with one execute per step, the
+//!   handle reshaped every step against resolved anew (and released) every step.
+//!
+//! With `GUILD_BENCH_CALLS=n` the benchmark instead runs each execute path, the reshape and the
+//! callback pair `n` times in its own never-inlined function (`calls_direct`, `calls_c_service`,
+//! `calls_rust`, `calls_reshape`, `calls_callbacks`) and exits, for instruction counts:
+//! `GUILD_BENCH_CALLS=10000 valgrind --tool=callgrind <bench binary> --bench`, then
+//! `callgrind_annotate --inclusive=yes` and divide each function's count by `n`.
 //!
 //! The summary at the end is computed from the samples criterion took in this run (the median
 //! per-iteration time, as criterion reports it), with the heap allocations each execute path
@@ -29,9 +39,10 @@ use std::time::{Duration, Instant};
 use criterion::{black_box, Criterion};
 use guild_abi::{
     guild_error_info_t, guild_execute_args_v1_t, guild_op_description_v1_t, guild_op_handle_t,
-    guild_operation_query_v1_t, guild_operation_service_v1_t, guild_tensor_desc_v1_t,
-    GUILD_BACKEND_CPU, GUILD_BUDGET_UNLIMITED, GUILD_DTYPE_F32, GUILD_MEMORY_HOST,
-    GUILD_OPERATION_QUERY_VERSION, GUILD_STATUS_OK, GUILD_SYNC_HOST_BLOCKING,
+    guild_operation_query_v1_t, guild_operation_service_v1_t, guild_reshape_args_v1_t,
+    guild_scratch_request_v1_t, guild_tensor_desc_v1_t, GUILD_BACKEND_CPU, GUILD_BUDGET_UNLIMITED,
+    GUILD_DTYPE_F32, GUILD_MEMORY_HOST, GUILD_OPERATION_QUERY_VERSION, GUILD_STATUS_OK,
+    GUILD_SYNC_HOST_BLOCKING,
 };
 use guild_adapters_posix::DlopenLoader;
 use guild_domain::ids::OpName;
@@ -48,6 +59,8 @@ const CANDIDATES: usize = 64;
 const ELEMENTS: usize = 1;
 /// Handles resolved per timed batch in the resolve and release benchmarks.
 const BATCH: u64 = 256;
+/// The decode loop's last sequence length.
+const STEPS: u64 = 4096;
 
 fn impl_id(i: usize) -> String {
     format!("example.many.c{i:02}.cpu")
@@ -75,8 +88,13 @@ struct ManyParams {
 }
 
 fn c_tensor(data: *const f32) -> guild_tensor_desc_v1_t {
+    c_tensor_n(ELEMENTS as u64, data)
+}
+
+/// The tiny operation's tensor over `n` elements at `data`.
+fn c_tensor_n(n: u64, data: *const f32) -> guild_tensor_desc_v1_t {
     let mut dims = [0; 8];
-    dims[0] = ELEMENTS as u64;
+    dims[0] = n;
     guild_tensor_desc_v1_t {
         dtype: GUILD_DTYPE_F32,
         rank: 1,
@@ -177,6 +195,29 @@ impl Service {
         unsafe { self.0.execute.unwrap()(self.0.user, h.0, args, error) }
     }
 
+    fn reshape(&self, h: Raw, io: &[guild_tensor_desc_v1_t; 2], error: &mut guild_error_info_t) {
+        let args = guild_reshape_args_v1_t {
+            struct_size: size_of::<guild_reshape_args_v1_t>() as u32,
+            reserved: 0,
+            inputs: &io[0],
+            input_count: 1,
+            outputs: &io[1],
+            output_count: 1,
+            params: ptr::null(),
+            params_size: 0,
+        };
+        // SAFETY: a live handle of this service that no other call is using; `args` and its
+        // tensors are live for the call.
+        let status = unsafe { self.0.reshape.unwrap()(self.0.user, h.0, &args, error) };
+        assert_eq!(status, GUILD_STATUS_OK, "reshape: {}", message(error));
+    }
+
+    /// Executes on the tensors in `io` (no scratch, stream or params), which must succeed.
+    fn execute_ok(&self, h: Raw, io: &[guild_tensor_desc_v1_t; 2], error: &mut guild_error_info_t) {
+        let status = self.execute(h, &c_args(io), error);
+        assert_eq!(status, GUILD_STATUS_OK, "execute: {}", message(error));
+    }
+
     fn release(&self, h: Raw, error: &mut guild_error_info_t) {
         // SAFETY: a live handle of this service that no other call is using.
         let status = unsafe { self.0.release.unwrap()(self.0.user, h.0, error) };
@@ -211,6 +252,159 @@ fn message(error: &guild_error_info_t) -> String {
         .take_while(|&b| b != 0)
         .collect();
     String::from_utf8_lossy(&bytes).into_owned()
+}
+
+type DirectExecute = unsafe extern "C" fn(
+    *mut c_void,
+    *const guild_execute_args_v1_t,
+    *mut guild_error_info_t,
+) -> i32;
+
+/// `n` direct calls of the provider's execute (callgrind's baseline).
+#[inline(never)]
+fn calls_direct(
+    n: u64,
+    direct: DirectExecute,
+    user_data: *mut c_void,
+    args: &guild_execute_args_v1_t,
+    error: &mut guild_error_info_t,
+) {
+    for _ in 0..n {
+        // SAFETY: the provider's own pointer and user_data with args the service accepted for
+        // it; its library stays loaded while the caller's handle lives.
+        let status = unsafe { direct(black_box(user_data), black_box(args), error) };
+        assert_eq!(status, GUILD_STATUS_OK);
+    }
+}
+
+/// The tiny operation's tensors over one and over two elements, without data (what a reshape
+/// and a negotiation see).
+fn two_shapes() -> [[guild_tensor_desc_v1_t; 2]; 2] {
+    [1, 2].map(|n| [c_tensor_n(n, ptr::null()), c_tensor_n(n, ptr::null())])
+}
+
+/// The provider's own negotiation callbacks, called directly (the baseline of a reshape).
+struct Callbacks {
+    validate: unsafe extern "C" fn(
+        *mut c_void,
+        *const guild_operation_query_v1_t,
+        *mut guild_error_info_t,
+    ) -> i32,
+    query_scratch: unsafe extern "C" fn(
+        *mut c_void,
+        *const guild_operation_query_v1_t,
+        *mut guild_scratch_request_v1_t,
+        *mut guild_error_info_t,
+    ) -> i32,
+    user_data: *mut c_void,
+}
+
+impl Callbacks {
+    /// validate then query_scratch on `query`, as a reshape calls them.
+    #[inline(always)]
+    fn negotiate(&self, query: &guild_operation_query_v1_t, error: &mut guild_error_info_t) {
+        let mut scratch = guild_scratch_request_v1_t {
+            struct_size: size_of::<guild_scratch_request_v1_t>() as u32,
+            alignment: 0,
+            host_bytes: 0,
+            device_bytes: 0,
+        };
+        // SAFETY: the provider's own callbacks and user_data, its library loaded while the
+        // bench's handles live; the query and records are live for the calls.
+        let ok = unsafe {
+            (self.validate)(black_box(self.user_data), black_box(query), error) == GUILD_STATUS_OK
+                && (self.query_scratch)(self.user_data, query, &mut scratch, error)
+                    == GUILD_STATUS_OK
+        };
+        assert!(ok, "negotiation failed: {}", message(error));
+    }
+}
+
+/// `n` validate + query_scratch pairs, alternating between the two queries.
+#[inline(never)]
+fn calls_callbacks(
+    n: u64,
+    callbacks: &Callbacks,
+    queries: &[guild_operation_query_v1_t; 2],
+    error: &mut guild_error_info_t,
+) {
+    for i in 0..n {
+        callbacks.negotiate(&queries[(i & 1) as usize], error);
+    }
+}
+
+/// `n` reshapes through the C service table, alternating between the two shapes.
+#[inline(never)]
+fn calls_reshape(
+    n: u64,
+    service: &Service,
+    handle: Raw,
+    shapes: &[[guild_tensor_desc_v1_t; 2]; 2],
+    error: &mut guild_error_info_t,
+) {
+    for i in 0..n {
+        service.reshape(handle, black_box(&shapes[(i & 1) as usize]), error);
+    }
+}
+
+/// `n` reshapes through the Rust face, alternating between one and two elements.
+#[inline(never)]
+fn calls_rust_reshape(n: u64, handle: &mut guild_host::operations::OpHandle<'_>) {
+    let descs = [1u64, 2].map(|n| TensorDesc::new(DType::F32, &[n], MemorySpace::Host));
+    for i in 0..n {
+        let d = descs[(i & 1) as usize];
+        handle.reshape(&[black_box(d)], &[d]).expect("Rust reshape");
+    }
+}
+
+/// `n` rounds of what the cheapest exclusive handle costs: one uncontended compare-and-swap
+/// taking a word and one store giving it back (the gate's own pair).
+#[inline(never)]
+fn calls_locked(n: u64, word: &std::sync::atomic::AtomicU64) {
+    use std::sync::atomic::Ordering;
+    for _ in 0..n {
+        let w = black_box(word);
+        let taken = w.compare_exchange(0, 1, Ordering::Acquire, Ordering::Acquire);
+        w.store(0, Ordering::Release);
+        assert!(taken.is_ok());
+    }
+}
+
+/// `n` executes through the C service table.
+#[inline(never)]
+fn calls_c_service(
+    n: u64,
+    service: &Service,
+    handle: Raw,
+    args: &guild_execute_args_v1_t,
+    error: &mut guild_error_info_t,
+) {
+    for _ in 0..n {
+        assert_eq!(
+            service.execute(black_box(handle), black_box(args), error),
+            GUILD_STATUS_OK
+        );
+    }
+}
+
+/// `n` executes through the Rust face.
+#[inline(never)]
+fn calls_rust(
+    n: u64,
+    handle: &guild_host::operations::OpHandle<'_>,
+    desc: TensorDesc,
+    x: &[f32; ELEMENTS],
+    out: &mut [f32; ELEMENTS],
+) {
+    for _ in 0..n {
+        handle
+            .execute(
+                &[TensorArg::new(desc, black_box(x))],
+                &mut [TensorArgMut::new(desc, out)],
+                None,
+            )
+            .expect("Rust execute");
+    }
 }
 
 fn main() {
@@ -280,6 +474,11 @@ fn main() {
     let gop = unsafe { &*description.operation };
     let direct = gop.execute.expect("the provider's execute");
     let user_data: *mut c_void = gop.user_data;
+    let callbacks = Callbacks {
+        validate: gop.validate.expect("the provider's validate"),
+        query_scratch: gop.query_scratch.expect("the provider's query_scratch"),
+        user_data,
+    };
     let rust_handle = rust
         .resolve(&request)
         .expect("resolve through the Rust face");
@@ -288,6 +487,47 @@ fn main() {
         impl_id(CANDIDATES - 1)
     );
 
+    // Instruction counts: with GUILD_BENCH_CALLS=n, each execute path runs n times in its own
+    // never-inlined function and the benchmark exits, so that callgrind's inclusive count of
+    // `calls_direct`, `calls_c_service` and `calls_rust` divided by n is the instructions per
+    // call (see docs/benchmarks in the module docs).
+    if let Some(n) = std::env::var("GUILD_BENCH_CALLS")
+        .ok()
+        .and_then(|n| n.parse::<u64>().ok())
+    {
+        let mut out = [0.0f32; ELEMENTS];
+        // Warm every path once (lazy binding, first-touch) before the counted calls.
+        calls_direct(1, direct, user_data, &args, &mut error);
+        calls_c_service(1, &service, handle, &args, &mut error);
+        calls_rust(1, &rust_handle, desc, &x, &mut out);
+        calls_direct(n, direct, user_data, &args, &mut error);
+        calls_c_service(n, &service, handle, &args, &mut error);
+        calls_rust(n, &rust_handle, desc, &x, &mut out);
+        // Reshape between one and two elements, against the provider's two callbacks on the
+        // same shapes.
+        let shapes = two_shapes();
+        let queries = shapes.each_ref().map(|io| c_query(&op, io, None));
+        let reshaping = service.resolve(&all_accept, &mut error);
+        calls_callbacks(1, &callbacks, &queries, &mut error);
+        calls_reshape(1, &service, reshaping, &shapes, &mut error);
+        calls_callbacks(n, &callbacks, &queries, &mut error);
+        calls_reshape(n, &service, reshaping, &shapes, &mut error);
+        service.release(reshaping, &mut error);
+        let mut rust_reshaping = rust
+            .resolve(&request)
+            .expect("resolve through the Rust face");
+        calls_rust_reshape(1, &mut rust_reshaping);
+        calls_rust_reshape(n, &mut rust_reshaping);
+        let word = std::sync::atomic::AtomicU64::new(0);
+        calls_locked(1, &word);
+        calls_locked(n, &word);
+        println!("ran {n} calls of each execute path, {n} reshapes and {n} callback pairs");
+        drop(rust_handle);
+        service.release(handle, &mut error);
+        return;
+    }
+
+    let locked_t = Samples::default();
     let direct_t = Samples::default();
     let c_service_t = Samples::default();
     let rust_t = Samples::default();
@@ -305,6 +545,14 @@ fn main() {
             let elapsed = start.elapsed();
             assert!(ok, "direct execute failed: {}", message(&error));
             elapsed
+        })
+    });
+    let word = std::sync::atomic::AtomicU64::new(0);
+    g.bench_function("one compare-and-swap and a store, alone", |b| {
+        recorded(b, &locked_t, |iters| {
+            let start = Instant::now();
+            calls_locked(iters, &word);
+            start.elapsed()
         })
     });
     g.bench_function("C service execute", |b| {
@@ -454,6 +702,118 @@ fn main() {
     }
     g.finish();
 
+    // Reshape: one handle between one and two elements, through the C table and the Rust
+    // face, against the provider's validate + query_scratch called directly on the same shapes.
+    let shapes = two_shapes();
+    let queries = shapes.each_ref().map(|io| c_query(&op, io, None));
+    let descs = [1u64, 2].map(|n| TensorDesc::new(DType::F32, &[n], MemorySpace::Host));
+    let reshaping = service.resolve(&all_accept, &mut error);
+    let mut rust_reshaping = rust
+        .resolve(&request)
+        .expect("resolve through the Rust face");
+    let callbacks_t = Samples::default();
+    let reshape_c_t = Samples::default();
+    let reshape_rust_t = Samples::default();
+    let mut g = c.benchmark_group("reshape");
+    g.bench_function("provider's validate + query_scratch, direct", |b| {
+        recorded(b, &callbacks_t, |iters| {
+            let start = Instant::now();
+            for i in 0..iters {
+                callbacks.negotiate(&queries[(i & 1) as usize], &mut error);
+            }
+            start.elapsed()
+        })
+    });
+    g.bench_function("C service reshape", |b| {
+        recorded(b, &reshape_c_t, |iters| {
+            let start = Instant::now();
+            for i in 0..iters {
+                service.reshape(reshaping, black_box(&shapes[(i & 1) as usize]), &mut error);
+            }
+            start.elapsed()
+        })
+    });
+    g.bench_function("Rust OpHandle::reshape", |b| {
+        recorded(b, &reshape_rust_t, |iters| {
+            let start = Instant::now();
+            for i in 0..iters {
+                let d = descs[(i & 1) as usize];
+                rust_reshaping
+                    .reshape(&[black_box(d)], &[d])
+                    .expect("Rust reshape");
+            }
+            start.elapsed()
+        })
+    });
+    g.finish();
+    let mut flip = 0usize;
+    let reshape_allocs = allocations_per_call(|| {
+        flip ^= 1;
+        service.reshape(reshaping, &shapes[flip], &mut error);
+    });
+    service.release(reshaping, &mut error);
+    drop(rust_reshaping);
+
+    // A decode loop: one sequence grows from 1 to STEPS elements, one execute per step; the
+    // handle either reshaped every step or resolved anew (and released) every step. Only the
+    // change of shapes is timed (the executes, the same in both, run untimed between).
+    let xs = vec![1.0f32; STEPS as usize];
+    let mut ys = vec![0.0f32; STEPS as usize];
+    let (xp, yp) = (xs.as_ptr(), ys.as_mut_ptr().cast_const());
+    let step_io = |n: u64| [c_tensor_n(n, xp), c_tensor_n(n, yp)];
+    let first = step_io(1);
+    let decode_reshape_t = Samples::default();
+    let decode_resolve_t = Samples::default();
+    let mut g = c.benchmark_group(format!("decode_loop_1_to_{STEPS}"));
+    g.sample_size(10);
+    g.bench_function("reshape every step (C service)", |b| {
+        recorded(b, &decode_reshape_t, |iters| {
+            let mut timed = Duration::ZERO;
+            for _ in 0..iters {
+                let start = Instant::now();
+                let h = service.resolve(&c_query(&op, &first, None), &mut error);
+                timed += start.elapsed();
+                for n in 1..=STEPS {
+                    let io = step_io(n);
+                    if n > 1 {
+                        let start = Instant::now();
+                        service.reshape(h, black_box(&io), &mut error);
+                        timed += start.elapsed();
+                    }
+                    service.execute_ok(h, &io, &mut error);
+                }
+                let start = Instant::now();
+                service.release(h, &mut error);
+                timed += start.elapsed();
+            }
+            timed
+        })
+    });
+    g.bench_function("resolve every step (C service)", |b| {
+        recorded(b, &decode_resolve_t, |iters| {
+            let mut timed = Duration::ZERO;
+            for _ in 0..iters {
+                for n in 1..=STEPS {
+                    let io = step_io(n);
+                    let start = Instant::now();
+                    let h = service.resolve(black_box(&c_query(&op, &io, None)), &mut error);
+                    timed += start.elapsed();
+                    service.execute_ok(h, &io, &mut error);
+                    let start = Instant::now();
+                    service.release(h, &mut error);
+                    timed += start.elapsed();
+                }
+            }
+            timed
+        })
+    });
+    g.finish();
+    assert_eq!(
+        ys[STEPS as usize - 1],
+        2.0,
+        "the last step ran over the whole sequence"
+    );
+
     let m = |s: &Samples| median(s, samples);
     let (direct_ns, c_ns, rust_ns) = (m(&direct_t), m(&c_service_t), m(&rust_t));
     // Whether a median meets its goal, as "; goal under X: met" (nothing in test mode).
@@ -478,6 +838,11 @@ fn main() {
     }
     println!("execute, tiny op ({ELEMENTS} f32 element), same args and error record:");
     println!(
+        "  {:<34}{:>12}  (the floor of one exclusive call: the gate's locked pair)",
+        "compare-and-swap + store, alone",
+        show(m(&locked_t))
+    );
+    println!(
         "  {:<34}{:>12}",
         "provider's execute, direct",
         show(direct_ns)
@@ -487,14 +852,14 @@ fn main() {
         "C service execute",
         show(c_ns),
         over(c_ns),
-        goal(c_ns.zip(direct_ns).map(|(c, d)| c - d), 25.0)
+        goal(c_ns.zip(direct_ns).map(|(c, d)| c - d), 15.0)
     );
     println!(
         "  {:<34}{:>12}  {}{}; {rust_allocs} allocations per call",
         "Rust OpHandle::execute",
         show(rust_ns),
         over(rust_ns),
-        goal(rust_ns.zip(direct_ns).map(|(r, d)| r - d), 25.0)
+        goal(rust_ns.zip(direct_ns).map(|(r, d)| r - d), 20.0)
     );
     println!("resolve among {CANDIDATES} candidates through the C service:");
     let (ra, rb) = (m(&resolve_a), m(&resolve_b));
@@ -519,6 +884,44 @@ fn main() {
         }
     );
     println!("  {:<34}{:>12}", "release", show(m(&release_t)));
+    println!("reshape between 1 and 2 elements ({reshape_allocs} allocations per C reshape):");
+    let callbacks_ns = m(&callbacks_t);
+    println!(
+        "  {:<34}{:>12}",
+        "validate + query_scratch, direct",
+        show(callbacks_ns)
+    );
+    for (name, t) in [
+        ("C service reshape", &reshape_c_t),
+        ("Rust OpHandle::reshape", &reshape_rust_t),
+    ] {
+        let ns = m(t);
+        println!(
+            "  {name:<34}{:>12}  {}{}",
+            show(ns),
+            match (ns, callbacks_ns) {
+                (Some(r), Some(cb)) => format!("{:+.1} ns over the callbacks", r - cb),
+                _ => String::new(),
+            },
+            goal(ns.zip(callbacks_ns).map(|(r, cb)| r - cb), 1e3)
+        );
+    }
+    // Decode-loop samples are per whole loop (one iteration is STEPS steps).
+    let (dr, dn) = (median(&decode_reshape_t, 10), median(&decode_resolve_t, 10));
+    println!(
+        "decode loop, sequence 1 to {STEPS}, one execute per step (untimed), the change of \
+         shapes timed (C service, {CANDIDATES} candidates):"
+    );
+    for (name, total) in [("reshape every step", dr), ("resolve every step", dn)] {
+        println!(
+            "  {name:<34}{:>12} total{:>12} per step",
+            show(total),
+            show(total.map(|t| t / STEPS as f64))
+        );
+    }
+    if let (Some(r), Some(n)) = (dr, dn) {
+        println!("  resolving anew costs {:.2}x reshaping", n / r);
+    }
     println!("execute throughput through the C service, one handle per thread:");
     println!(
         "  {:<10}{:>16}{:>18}{:>16}{:>14}",

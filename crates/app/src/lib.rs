@@ -77,7 +77,7 @@ pub use host::{
 pub use models::{BoundModel, ModelRunnerRegistry, SelectError, SelectFileError};
 pub use operations::{
     DeviceScratch, DeviceSupport, DeviceTensor, ExecuteError, OpHandle, OperationRequest,
-    OperationService, ResolveError, TensorArg, TensorArgMut,
+    OperationService, ReshapeError, ResolveError, TensorArg, TensorArgMut,
 };
 pub use package_manager::{
     InstallOptions, Installed, OpenReport, PackageManager, PackageView, TrustReset,
@@ -111,8 +111,8 @@ pub mod prelude {
     pub use crate::{
         Backend, BackendSet, BoundModel, Budget, Capabilities, DType, DeviceTensor, ExecuteError,
         Host, HostError, ImplId, MemorySpace, Numerics, OpHandle, OpName, OpenedHost,
-        OperationRequest, OperationService, PackageId, PackedVersion, RefreshReport, ResolveError,
-        RunnerId, StreamRef, SyncMode, TensorArg, TensorArgMut, TensorDesc, Version,
+        OperationRequest, OperationService, PackageId, PackedVersion, RefreshReport, ReshapeError,
+        ResolveError, RunnerId, StreamRef, SyncMode, TensorArg, TensorArgMut, TensorDesc, Version,
     };
 }
 

@@ -312,6 +312,26 @@ typedef struct guild_op_description_v1_t {
 } guild_op_description_v1_t;
 
 /*
+ * New tensors for a resolved handle, for the service's reshape. The arrays and params are
+ * borrowed for the call; each descriptor's data may be NULL (a known address is passed on to
+ * validate for inspection, as in a query).
+ */
+typedef struct guild_reshape_args_v1_t {
+    /* sizeof(guild_reshape_args_v1_t), set by the caller. */
+    uint32_t struct_size;
+    /* Zero. */
+    uint32_t reserved;
+    /* The handle's inputs and outputs with their new shapes, as many as the handle has. */
+    const guild_tensor_desc_v1_t* inputs;
+    size_t input_count;
+    const guild_tensor_desc_v1_t* outputs;
+    size_t output_count;
+    /* The operation's parameter record for validate and query_scratch, or NULL with size 0. */
+    const void* params;
+    size_t params_size;
+} guild_reshape_args_v1_t;
+
+/*
  * The operation service. Reached through guild_host_api_v1_t.operations (check the host table's
  * struct_size first, then this table's struct_size and version) and copied during init; the
  * copy stays callable, and `user` valid, for as long as the plugin's library is loaded: once the
@@ -363,7 +383,34 @@ typedef struct guild_operation_service_v1_t {
      * issued by this service), and nothing was touched. NULL is a no-op returning OK.
      */
     guild_status_t (*release)(void* user, guild_op_handle_t* handle, guild_error_info_t* error);
+    /*
+     * Optional tail: read it only when struct_size >= GUILD_OPERATION_SERVICE_V1_RESHAPE_SIZE
+     * (older hosts report GUILD_OPERATION_SERVICE_V1_BASE_SIZE and have no reshape).
+     *
+     * Negotiates new tensors for the handle with the implementation it already has: the
+     * candidate's declared contract, its validate and query_scratch (with args->params) and the
+     * resolution's budgets, exactly as resolve checks them, but no other implementation is asked
+     * or ranked. Only rank, dims and strides may change: the counts, dtypes, memory spaces and
+     * devices stay the resolution's (a change is GUILD_STATUS_ERR_INVALID_ARGUMENT). On OK every
+     * later execute must pass the new descriptors (the old ones are refused) and scratch reports
+     * what they need. On failure nothing changed and the handle still executes with its old
+     * shapes: GUILD_STATUS_ERR_UNSUPPORTED or the implementation's own status when it refuses,
+     * GUILD_STATUS_ERR_OUT_OF_MEMORY when the scratch exceeds a budget.
+     *
+     * A reshape excludes execute on the same handle, as two executes exclude each other: through
+     * a runner's table it waits for a running execute to finish; through a plugin's table it is
+     * refused with GUILD_STATUS_ERR_BUSY, as is a reshape from inside the handle's own execute.
+     * describe and scratch may run beside it and see the old or the new scratch, never a mix.
+     */
+    guild_status_t (*reshape)(void* user, guild_op_handle_t* handle, const guild_reshape_args_v1_t* args,
+                              guild_error_info_t* error);
 } guild_operation_service_v1_t;
+
+/* Size of the service table before the optional reshape tail: what hosts without reshape report. */
+#define GUILD_OPERATION_SERVICE_V1_BASE_SIZE offsetof(guild_operation_service_v1_t, reshape)
+
+/* The smallest struct_size of a table whose reshape entry may be read. */
+#define GUILD_OPERATION_SERVICE_V1_RESHAPE_SIZE (GUILD_OPERATION_SERVICE_V1_BASE_SIZE + sizeof(void*))
 
 /* ------------------------------------------------------------------------------------------ */
 /* Module dependencies                                                                         */

@@ -219,7 +219,18 @@ pub fn structs() -> Vec<StructLayout> {
             describe,
             scratch,
             execute,
-            release
+            release,
+            reshape
+        }),
+        layout!(guild_reshape_args_v1_t {
+            struct_size,
+            reserved,
+            inputs,
+            input_count,
+            outputs,
+            output_count,
+            params,
+            params_size
         }),
         layout!(guild_module_dependency_v1_t {
             module_id,
@@ -436,6 +447,8 @@ pub fn constants() -> Vec<(&'static str, ConstVal)> {
         GUILD_NUMERICS_EXACT_INTEGER,
         GUILD_OPERATION_QUERY_VERSION,
         GUILD_OPERATION_SERVICE_VERSION,
+        GUILD_OPERATION_SERVICE_V1_BASE_SIZE,
+        GUILD_OPERATION_SERVICE_V1_RESHAPE_SIZE,
         // runner_abi.h
         GUILD_RMD1_TAG,
         GUILD_RMD1_VERSION,

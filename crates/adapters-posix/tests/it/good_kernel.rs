@@ -274,6 +274,7 @@ fn init_sees_the_operations_tail_only_when_the_host_offers_it() {
         scratch: None,
         execute: None,
         release: None,
+        reshape: None,
     };
 
     let plain = request("good_kernel", &[RMS_NORM, PREFIX_SUM], &[RUNNER]);

@@ -30,7 +30,7 @@ use guild_abi::text::{bounded_str, status_name, write_error_record, MAX_DESCRIPT
 use guild_abi::{
     guild_device_caps_v1_t, guild_error_info_t, guild_execute_args_v1_t, guild_op_description_v1_t,
     guild_op_handle_t, guild_operation_query_v1_t, guild_operation_service_v1_t,
-    guild_scratch_request_v1_t, guild_status_t, guild_tensor_desc_v1_t,
+    guild_reshape_args_v1_t, guild_scratch_request_v1_t, guild_status_t, guild_tensor_desc_v1_t,
     GUILD_OPERATION_QUERY_VERSION, GUILD_OPERATION_SERVICE_VERSION,
     GUILD_STATUS_ERR_BUFFER_TOO_SMALL, GUILD_STATUS_ERR_BUSY, GUILD_STATUS_ERR_DEVICE,
     GUILD_STATUS_ERR_INTERNAL, GUILD_STATUS_ERR_INVALID_ARGUMENT, GUILD_STATUS_ERR_NOT_FOUND,
@@ -46,7 +46,7 @@ use guild_domain::version::PackedVersion;
 
 use super::core::{tensor_from_c, Call, Negotiation, Resolved, ServiceCore};
 use super::handles::{HandleName, Refused};
-use super::{ExecuteError, ResolveError};
+use super::{ExecuteError, ReshapeError, ResolveError};
 
 /// The component named in the error records the service itself writes.
 pub const COMPONENT: &str = "guild.operations";
@@ -69,6 +69,7 @@ pub(crate) fn table() -> guild_operation_service_v1_t {
         scratch: Some(service_scratch),
         execute: Some(service_execute),
         release: Some(service_release),
+        reshape: Some(service_reshape),
     }
 }
 
@@ -96,6 +97,7 @@ enum Face {
 /// core alive until that library is closed. A runner's is the address of the core's
 /// [`RunnerCell`](super::core::RunnerCell), which is never freed and names the core until its
 /// registry drops; the runner keeps the registry alive while it calls.
+#[inline(always)]
 unsafe fn core_of<'c>(user: *mut c_void) -> Option<(&'c ServiceCore, Face)> {
     if user as usize & 1 == 1 {
         let core = user.cast::<u8>().wrapping_sub(1);
@@ -113,6 +115,7 @@ unsafe fn core_of<'c>(user: *mut c_void) -> Option<(&'c ServiceCore, Face)> {
 ///
 /// # Safety
 /// As for [`core_of`].
+#[inline(always)]
 unsafe fn open_core<'c>(
     user: *mut c_void,
     entry: &str,
@@ -124,6 +127,7 @@ unsafe fn open_core<'c>(
     }
 }
 
+#[cold]
 fn destroyed(entry: &str) -> Failure {
     Failure::new(
         GUILD_STATUS_ERR_STATE,
@@ -132,23 +136,31 @@ fn destroyed(entry: &str) -> Failure {
 }
 
 /// The slot a caller's handle names, or why it names none of this core's.
+#[inline(always)]
 fn name_of(
     core: &ServiceCore,
     handle: *mut guild_op_handle_t,
     entry: &str,
 ) -> Result<HandleName, Failure> {
-    if handle.is_null() {
-        return Err(Failure::invalid(format!("{entry}: the handle is NULL")));
+    match core.handles.decode(handle as usize as u64) {
+        Some(name) if !handle.is_null() => Ok(name),
+        _ => Err(not_a_handle(handle, entry)),
     }
-    core.handles.decode(handle as usize as u64).ok_or_else(|| {
-        Failure::invalid(format!(
-            "{entry}: the handle was not issued by this operation service"
-        ))
-    })
+}
+
+#[cold]
+fn not_a_handle(handle: *mut guild_op_handle_t, entry: &str) -> Failure {
+    if handle.is_null() {
+        return Failure::invalid(format!("{entry}: the handle is NULL"));
+    }
+    Failure::invalid(format!(
+        "{entry}: the handle was not issued by this operation service"
+    ))
 }
 
 /// The status and message of a handle the gate refused. Once the registry is gone, a handle that
 /// is no longer live may have been released with it, so that is what the caller is told.
+#[cold]
 fn refused(core: &ServiceCore, entry: &str, why: Refused) -> Failure {
     match why {
         Refused::Stale if core.is_closed() => Failure::new(
@@ -421,17 +433,8 @@ unsafe fn read_query<'q>(
     let (outputs, c_outputs) = unsafe { read_tensors("output", q.outputs, q.output_count) }?;
     // SAFETY: NULL or the caller's caps record, valid for this call.
     let device = unsafe { read_device(core, q.device_caps) }?;
-    let params: &[u8] = if q.params.is_null() || q.params_size == 0 {
-        &[]
-    } else if q.params_size > MAX_PARAMS_BYTES {
-        return Err(Failure::invalid(format!(
-            "query.params_size is {}, above the {MAX_PARAMS_BYTES} bytes this service accepts",
-            q.params_size
-        )));
-    } else {
-        // SAFETY: the caller's params record of params_size bytes, borrowed for the call.
-        unsafe { std::slice::from_raw_parts(q.params.cast::<u8>(), q.params_size) }
-    };
+    // SAFETY: the caller's params record, valid for this call.
+    let params = unsafe { read_params(q.params, q.params_size, "query") }?;
     let spec = QuerySpec {
         op_name,
         min_version: PackedVersion::from_raw(q.min_op_version),
@@ -454,6 +457,28 @@ unsafe fn read_query<'q>(
     Ok((spec, args))
 }
 
+/// The caller's parameter record as bytes (empty when NULL or of size 0).
+///
+/// # Safety
+/// `params` must be NULL or point at `size` readable bytes valid for `'a`.
+unsafe fn read_params<'a>(
+    params: *const c_void,
+    size: usize,
+    record: &str,
+) -> Result<&'a [u8], Failure> {
+    if params.is_null() || size == 0 {
+        return Ok(&[]);
+    }
+    if size > MAX_PARAMS_BYTES {
+        return Err(Failure::invalid(format!(
+            "{record}.params_size is {size}, above the {MAX_PARAMS_BYTES} bytes this service \
+             accepts"
+        )));
+    }
+    // SAFETY: the caller's params record of `size` bytes, borrowed for the call.
+    Ok(unsafe { std::slice::from_raw_parts(params.cast::<u8>(), size) })
+}
+
 /// Copies the caller's tensor array, and gives it back as a slice for the negotiation
 /// callbacks.
 ///
@@ -464,8 +489,26 @@ unsafe fn read_tensors<'q>(
     tensors: *const guild_tensor_desc_v1_t,
     count: usize,
 ) -> Result<(Vec<TensorDesc>, &'q [guild_tensor_desc_v1_t]), Failure> {
+    let mut out = Vec::new();
+    // SAFETY: the caller's contract.
+    let slice = unsafe { read_tensors_into(role, tensors, count, &mut out) }?;
+    Ok((out, slice))
+}
+
+/// Copies the caller's tensor array into `out` (cleared first), reusing its allocation, and
+/// gives it back as a slice.
+///
+/// # Safety
+/// As for [`read_tensors`].
+unsafe fn read_tensors_into<'q>(
+    role: &str,
+    tensors: *const guild_tensor_desc_v1_t,
+    count: usize,
+    out: &mut Vec<TensorDesc>,
+) -> Result<&'q [guild_tensor_desc_v1_t], Failure> {
+    out.clear();
     if count == 0 {
-        return Ok((Vec::new(), &[]));
+        return Ok(&[]);
     }
     if count > MAX_QUERY_TENSORS {
         return Err(Failure::invalid(format!(
@@ -479,12 +522,10 @@ unsafe fn read_tensors<'q>(
     }
     // SAFETY: non-NULL, aligned, and `count` descriptors long by the caller's contract.
     let slice = unsafe { std::slice::from_raw_parts(tensors, count) };
-    let descs = slice
-        .iter()
-        .enumerate()
-        .map(|(i, t)| tensor_from_c(t).map_err(|e| Failure::invalid(format!("{role} {i}: {e}"))))
-        .collect::<Result<_, _>>()?;
-    Ok((descs, slice))
+    for (i, t) in slice.iter().enumerate() {
+        out.push(tensor_from_c(t).map_err(|e| Failure::invalid(format!("{role} {i}: {e}")))?);
+    }
+    Ok(slice)
 }
 
 /// The device a query resolves against: the caller's record, or the host's device 0.
@@ -553,7 +594,7 @@ unsafe extern "C" fn service_describe(
         core.handles
             .with_shared(name, |h| {
                 let r = &h.resolved;
-                let d = super::describe(r);
+                let d = super::describe(r, r.published_scratch());
                 let operation = r
                     .kernel
                     .operation()
@@ -570,7 +611,7 @@ unsafe extern "C" fn service_describe(
                     out.op_name = names.op_name.as_ptr();
                     out.backend = d.backend.bit();
                     out.sync_mode = d.sync_mode.raw();
-                    out.scratch = scratch_record(r);
+                    out.scratch = scratch_record(d.scratch);
                     out.kernel_desc = r.kernel.descriptor().map_or(ptr::null(), |k| k as *const _);
                     out.operation = operation;
                 }
@@ -579,12 +620,12 @@ unsafe extern "C" fn service_describe(
     })
 }
 
-fn scratch_record(r: &Resolved) -> guild_scratch_request_v1_t {
+fn scratch_record(scratch: super::Scratch) -> guild_scratch_request_v1_t {
     guild_scratch_request_v1_t {
         struct_size: size_of::<guild_scratch_request_v1_t>() as u32,
-        alignment: r.scratch.alignment,
-        host_bytes: r.scratch.host_bytes,
-        device_bytes: r.scratch.device_bytes,
+        alignment: scratch.alignment,
+        host_bytes: scratch.host_bytes,
+        device_bytes: scratch.device_bytes,
     }
 }
 
@@ -602,7 +643,7 @@ unsafe extern "C" fn service_scratch(
         unsafe { check_out_record(out_scratch, "scratch: out_scratch") }?;
         let record = core
             .handles
-            .with_shared(name, |h| scratch_record(&h.resolved))
+            .with_shared(name, |h| scratch_record(h.resolved.published_scratch()))
             .map_err(|why| refused(core, "scratch", why))?;
         // SAFETY: checked non-NULL, aligned and large enough; the caller keeps its own size.
         unsafe {
@@ -625,86 +666,144 @@ unsafe extern "C" fn service_execute(
     args: *const guild_execute_args_v1_t,
     error: *mut guild_error_info_t,
 ) -> guild_status_t {
-    // The caller's error record goes straight to the provider when it is usable, so that a
-    // provider's failure reaches the caller as the provider wrote it.
-    // SAFETY: NULL or a caller-initialised record valid for this call.
-    let caller_record = unsafe { usable_record(error) };
-    // Made only when the caller's record cannot be used: it is 584 bytes to clear.
-    let mut local: Option<guild_error_info_t> = None;
-    let mut provider_status = None;
-    let status = guarded(error, "execute", || {
-        // SAFETY: a table's `user`, whose core its holder keeps alive (the service's contract).
-        let (core, face) = unsafe { open_core(user, "execute") }?;
-        let name = name_of(core, handle, "execute")?;
-        if args.is_null() || !args.is_aligned() {
-            return Err(Failure::invalid("execute: args is NULL or misaligned"));
-        }
-        // SAFETY: non-NULL and aligned; its first field is the caller's size.
-        let size = unsafe { args.cast::<u32>().read() };
-        if usize::try_from(size).map_or(true, |s| s < size_of::<guild_execute_args_v1_t>()) {
-            return Err(Failure::invalid(format!(
-                "execute: args.struct_size is {size}, smaller than the {} bytes of this version",
-                size_of::<guild_execute_args_v1_t>()
-            )));
-        }
-        // SAFETY: at least as large as the struct this host knows.
-        let a = unsafe { &*args };
-        if a.reserved != 0 {
-            return Err(Failure::invalid("execute: args.reserved must be zero"));
-        }
-        // SAFETY: the arrays are the caller's, valid for this call.
-        let inputs = unsafe { tensor_slice(a.inputs, a.input_count, "input") }?;
-        // SAFETY: as above.
-        let outputs = unsafe { tensor_slice(a.outputs, a.output_count, "output") }?;
-        // The provider receives the caller's own record, once the core has checked it.
-        let call = Call {
-            args: a,
-            inputs,
-            outputs,
-        };
-        let record = match caller_record {
-            // SAFETY: usable_record checked the caller's record; nothing else borrows it now.
-            Some(record) => unsafe { &mut *record },
-            None => local.insert(guild_error_info_t::new()),
-        };
-        core.handles
-            .with_running(name, face == Face::Runner, |h, running| {
-                // SAFETY: `running` is the exclusivity of this very handle's gate; the record is
-                // the caller's (or a local), not one of the handle's cells.
-                match unsafe { h.resolved.execute(running, &call, false, record) } {
-                    Ok(()) => Ok(()),
-                    Err(ExecuteError::Provider(refusal)) => {
-                        provider_status = Some(refusal.status);
-                        // The provider reported into the record itself; make sure it says who
-                        // failed and with which status, as a provider may leave it empty.
-                        if record.message[0] == 0 {
-                            return Err(Failure::new(
-                                refusal.status,
-                                format!(
-                                    "{} failed with {} and no message",
-                                    h.resolved.candidate.impl_id,
-                                    status_name(refusal.status)
-                                ),
-                            ));
-                        }
-                        record.status = refusal.status;
-                        Ok(())
-                    }
-                    Err(e) => Err(execute_failure(e)),
-                }
-            })
-            .map_err(|why| refused(core, "execute", why))?
-    });
-    match provider_status {
-        Some(s) if status == GUILD_STATUS_OK => s,
-        _ => status,
+    // The success path builds nothing: a failure is reported (and its text made) only once it
+    // has happened, outside the checked call.
+    // SAFETY: the service's contract for every argument, passed on as they are.
+    match catch_unwind(AssertUnwindSafe(|| unsafe {
+        execute_checked(user, handle, args, error)
+    })) {
+        Ok(Ok(status)) => status,
+        Ok(Err(failure)) => report(error, failure),
+        Err(_) => report(
+            error,
+            Failure::new(
+                GUILD_STATUS_ERR_INTERNAL,
+                "the host panicked in execute; this is a bug in the host",
+            ),
+        ),
     }
+}
+
+/// Fills the caller's error record with a failure and returns its status.
+#[cold]
+fn report(error: *mut guild_error_info_t, failure: Failure) -> guild_status_t {
+    // SAFETY: the service's contract makes `error` NULL or a caller-initialised record valid
+    // for this call; write_error_record checks NULL, alignment and struct_size itself.
+    unsafe { write_error_record(error, failure.status, COMPONENT, &failure.message) };
+    failure.status
+}
+
+/// `execute` once the call is known not to panic: the status to return (the provider's own,
+/// with its report in the caller's record, when it failed), or the service's failure to report.
+///
+/// # Safety
+/// The service's contract for each argument.
+#[inline(always)]
+unsafe fn execute_checked(
+    user: *mut c_void,
+    handle: *mut guild_op_handle_t,
+    args: *const guild_execute_args_v1_t,
+    error: *mut guild_error_info_t,
+) -> Result<guild_status_t, Failure> {
+    // SAFETY: a table's `user`, whose core its holder keeps alive (the service's contract).
+    let (core, face) = unsafe { open_core(user, "execute") }?;
+    let name = name_of(core, handle, "execute")?;
+    if args.is_null() || !args.is_aligned() {
+        return Err(bad_args(0, false));
+    }
+    // SAFETY: non-NULL and aligned; its first field is the caller's size.
+    let size = unsafe { args.cast::<u32>().read() };
+    if (size as usize) < size_of::<guild_execute_args_v1_t>() {
+        return Err(bad_args(size, true));
+    }
+    // SAFETY: at least as large as the struct this host knows.
+    let a = unsafe { &*args };
+    if a.reserved != 0 {
+        return Err(bad_args(size, false));
+    }
+    // SAFETY: the arrays are the caller's, valid for this call.
+    let inputs = unsafe { tensor_slice(a.inputs, a.input_count, "input") }?;
+    // SAFETY: as above.
+    let outputs = unsafe { tensor_slice(a.outputs, a.output_count, "output") }?;
+    let call = Call {
+        args: a,
+        inputs,
+        outputs,
+    };
+    // The provider receives the caller's own record when it is usable; a local one (584 bytes
+    // to clear) is made only when it is not.
+    let mut local: Option<guild_error_info_t> = None;
+    // SAFETY: NULL or a caller-initialised record valid for this call.
+    let record = match unsafe { usable_record(error) } {
+        // SAFETY: checked by usable_record; nothing else borrows it during the call.
+        Some(record) => unsafe { &mut *record },
+        None => local.insert(guild_error_info_t::new()),
+    };
+    let outcome = core
+        .handles
+        .with_running(name, face == Face::Runner, |h, running| {
+            // SAFETY: `running` is the exclusivity of this very handle's gate; the record is the
+            // caller's (or a local), not one of the handle's cells; the caller vouches for the
+            // memory its tensors and scratch name (the service's contract).
+            match unsafe { h.resolved.execute(running, &call, record) } {
+                Ok(()) => Ok(GUILD_STATUS_OK),
+                Err(e) => provider_or_failure(h, e, record),
+            }
+        });
+    match outcome {
+        Ok(result) => result,
+        Err(why) => Err(refused(core, "execute", why)),
+    }
+}
+
+/// Why execute's args record was refused: NULL or misaligned (`size` 0), too small, or with
+/// its reserved field set.
+#[cold]
+fn bad_args(size: u32, small: bool) -> Failure {
+    if small {
+        return Failure::invalid(format!(
+            "execute: args.struct_size is {size}, smaller than the {} bytes of this version",
+            size_of::<guild_execute_args_v1_t>()
+        ));
+    }
+    if size == 0 {
+        return Failure::invalid("execute: args is NULL or misaligned");
+    }
+    Failure::invalid("execute: args.reserved must be zero")
+}
+
+/// A failed execute: the provider's status when the provider failed (its report is in the
+/// record, completed here if it left it empty), else the service's failure.
+#[cold]
+fn provider_or_failure(
+    h: &CHandle,
+    e: ExecuteError,
+    record: &mut guild_error_info_t,
+) -> Result<guild_status_t, Failure> {
+    let ExecuteError::Provider(refusal) = e else {
+        return Err(execute_failure(e));
+    };
+    // The provider reported into the record itself; make sure it says who failed and with
+    // which status, as a provider may leave it empty.
+    if record.message[0] == 0 {
+        return Err(Failure::new(
+            refusal.status,
+            format!(
+                "{} failed with {} and no message",
+                h.resolved.candidate.impl_id,
+                status_name(refusal.status)
+            ),
+        ));
+    }
+    record.status = refusal.status;
+    Ok(refusal.status)
 }
 
 /// The caller's error record when the provider may write it directly.
 ///
 /// # Safety
 /// `error` must be NULL or a caller-initialised record valid for this call.
+#[inline(always)]
 unsafe fn usable_record(error: *mut guild_error_info_t) -> Option<*mut guild_error_info_t> {
     if error.is_null() || !error.is_aligned() {
         return None;
@@ -720,6 +819,7 @@ unsafe fn usable_record(error: *mut guild_error_info_t) -> Option<*mut guild_err
 ///
 /// # Safety
 /// `tensors` must be NULL or point at `count` readable descriptors valid for this call.
+#[inline(always)]
 unsafe fn tensor_slice<'a>(
     tensors: *const guild_tensor_desc_v1_t,
     count: usize,
@@ -729,14 +829,20 @@ unsafe fn tensor_slice<'a>(
         return Ok(&[]);
     }
     if tensors.is_null() || !tensors.is_aligned() || count > MAX_QUERY_TENSORS {
-        return Err(Failure::invalid(format!(
-            "execute: the {role} array is NULL, misaligned or too long ({count} entries)"
-        )));
+        return Err(bad_array(role, count));
     }
     // SAFETY: non-NULL, aligned, and `count` descriptors long by the caller's contract.
     Ok(unsafe { std::slice::from_raw_parts(tensors, count) })
 }
 
+#[cold]
+fn bad_array(role: &str, count: usize) -> Failure {
+    Failure::invalid(format!(
+        "execute: the {role} array is NULL, misaligned or too long ({count} entries)"
+    ))
+}
+
+#[cold]
 fn execute_failure(e: ExecuteError) -> Failure {
     let status = match &e {
         ExecuteError::Reentrant => GUILD_STATUS_ERR_BUSY,
@@ -748,6 +854,77 @@ fn execute_failure(e: ExecuteError) -> Failure {
         _ => GUILD_STATUS_ERR_INVALID_ARGUMENT,
     };
     Failure::new(status, format!("execute: {e}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// reshape
+// ---------------------------------------------------------------------------------------------
+
+unsafe extern "C" fn service_reshape(
+    user: *mut c_void,
+    handle: *mut guild_op_handle_t,
+    args: *const guild_reshape_args_v1_t,
+    error: *mut guild_error_info_t,
+) -> guild_status_t {
+    guarded(error, "reshape", || {
+        // SAFETY: a table's `user`, whose core its holder keeps alive (the service's contract).
+        let (core, face) = unsafe { open_core(user, "reshape") }?;
+        let name = name_of(core, handle, "reshape")?;
+        if args.is_null() || !args.is_aligned() {
+            return Err(Failure::invalid("reshape: args is NULL or misaligned"));
+        }
+        // SAFETY: non-NULL and aligned; its first field is the caller's size.
+        let size = unsafe { args.cast::<u32>().read() };
+        if (size as usize) < size_of::<guild_reshape_args_v1_t>() {
+            return Err(Failure::invalid(format!(
+                "reshape: args.struct_size is {size}, smaller than the {} bytes of this version",
+                size_of::<guild_reshape_args_v1_t>()
+            )));
+        }
+        // SAFETY: at least as large as the struct this host knows.
+        let a = unsafe { &*args };
+        if a.reserved != 0 {
+            return Err(Failure::invalid("reshape: args.reserved must be zero"));
+        }
+        // SAFETY: the caller's params record, valid for this call.
+        let params = unsafe { read_params(a.params, a.params_size, "reshape: args") }?;
+        core.handles
+            .with_running(name, face == Face::Runner, |h, running| {
+                let r = &h.resolved;
+                // SAFETY: `running` is this handle's exclusivity: no execute or other reshape
+                // of it runs, so its reshape buffers and contract are this call's.
+                let (mut inputs, mut outputs) = unsafe { r.take_reshape_buffers() };
+                // SAFETY: the caller's arrays, valid for this call.
+                unsafe { read_tensors_into("input", a.inputs, a.input_count, &mut inputs) }?;
+                // SAFETY: as above.
+                unsafe { read_tensors_into("output", a.outputs, a.output_count, &mut outputs) }?;
+                // SAFETY: as above.
+                let renegotiated = unsafe { r.renegotiate(&inputs, &outputs, params) };
+                // SAFETY: as above.
+                unsafe { r.return_reshape_buffers(inputs, outputs) };
+                let new = renegotiated.map_err(|e| reshape_failure(r, e))?;
+                // SAFETY: as above.
+                unsafe { r.install(running, new) };
+                Ok(())
+            })
+            .map_err(|why| refused(core, "reshape", why))?
+    })
+}
+
+/// The status and message of a refused reshape.
+fn reshape_failure(r: &Resolved, e: ReshapeError) -> Failure {
+    let status = match &e {
+        ReshapeError::Refused(Rejection::ValidateRefused(p) | Rejection::ScratchRefused(p)) => {
+            p.status
+        }
+        ReshapeError::Refused(Rejection::OverBudget { .. }) => GUILD_STATUS_ERR_OUT_OF_MEMORY,
+        ReshapeError::Refused(_) => GUILD_STATUS_ERR_UNSUPPORTED,
+        _ => GUILD_STATUS_ERR_INVALID_ARGUMENT,
+    };
+    Failure::new(
+        status,
+        format!("reshape: {e} ({} keeps its shapes)", r.candidate.impl_id),
+    )
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ use std::borrow::Cow;
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::ffi::{c_void, CStr, CString};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use arc_swap::ArcSwap;
@@ -30,15 +30,15 @@ use guild_abi::{
 };
 use guild_domain::ids::ImplId;
 use guild_domain::operation::{
-    choose, resolve, Backend, CpuIsa, DType, MemorySpace, Negotiator, OpCandidate, OpQuery,
-    ProviderRefusal, Reason, Rejection, ScratchRequest, SyncMode, TensorDesc, TensorInfo,
-    TensorRef, TensorRole, MAX_TENSOR_RANK,
+    check_static, choose, negotiate, resolve, Backend, CpuIsa, DType, MemorySpace, Negotiator,
+    OpCandidate, OpQuery, ProviderRefusal, QuerySpec, Reason, Rejection, ScratchRequest, SyncMode,
+    TensorDesc, TensorInfo, TensorRef, TensorRole, MAX_TENSOR_RANK,
 };
 use guild_ports::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
 use guild_ports::provider::{ExecuteCall, KernelProvider, QueryCall};
 
 use super::handles::{HandleTable, Running};
-use super::{ExecuteError, ResolveError, Scratch};
+use super::{ExecuteError, ReshapeError, ResolveError, Scratch};
 use crate::registry::{KernelBinding, OperationCandidates, Snapshot, StoredOp};
 
 // ---------------------------------------------------------------------------------------------
@@ -324,38 +324,19 @@ impl ServiceCore {
         let Some(binding) = KernelBinding::try_new(stored) else {
             return self.resolve(query, args, report);
         };
-        let data_alignment = candidate.min_alignment.max(1);
-        let (spec, input_infos, output_infos) = query.into_parts();
-        let host_only = spec
-            .inputs
-            .iter()
-            .chain(&spec.outputs)
-            .all(|t| t.memory_space == MemorySpace::Host);
-        Ok(Resolved {
-            kernel,
+        Ok(Resolved::new(
             binding,
-            data_alignment,
-            alignment_mask: data_alignment.is_power_of_two().then(|| data_alignment - 1),
-            host_only,
+            kernel,
             candidate,
-            scratch: Scratch {
+            query,
+            Scratch {
                 host_bytes: chosen.scratch.host_bytes,
                 device_bytes: chosen.scratch.device_bytes,
                 alignment: chosen.alignment,
             },
-            input_shapes: spec.inputs.iter().map(Shape::of).collect(),
-            output_shapes: spec.outputs.iter().map(Shape::of).collect(),
-            inputs: spec.inputs,
-            outputs: spec.outputs,
-            input_infos,
-            output_infos,
-            sync_mode: spec.sync_mode,
-            device_id: spec.device.device_id,
-            passed_over: chosen.passed_over,
+            chosen.passed_over,
             streams,
-            marks: UnsafeCell::new(Vec::new()),
-            error: UnsafeCell::new(guild_error_info_t::new()),
-        })
+        ))
     }
 }
 
@@ -567,62 +548,151 @@ impl<'p> CNegotiator<'p> {
         Ok(stored.kernel.provider.as_ref())
     }
 
-    /// Runs `call` with a C query built from `query` for candidate `candidate`; every pointer
-    /// in it lives until `call` returns, which is what [`QueryCall`] vouches for.
-    fn with_query<T>(
-        &self,
-        candidate: &OpCandidate,
-        query: &OpQuery,
-        call: impl FnOnce(QueryCall<'_>) -> T,
-    ) -> T {
-        let spec = query.spec();
-        let caps = guild_device_caps_v1_t {
-            struct_size: size_of::<guild_device_caps_v1_t>() as u32,
-            backend: candidate.backend.bit(),
-            device_id: spec.device.device_id,
-            cuda_sm: match candidate.backend {
-                Backend::Cuda => spec.device.cuda_sm.unwrap_or(0),
-                _ => 0,
-            },
-            cpu_isa: match candidate.backend {
-                Backend::Cpu => spec.device.cpu_isa.bits(),
-                _ => 0,
-            },
-            total_memory_bytes: 0,
-            free_memory_bytes: 0,
-            next_ext: std::ptr::null(),
-        };
-        let c_query = guild_operation_query_v1_t {
-            struct_size: size_of::<guild_operation_query_v1_t>() as u32,
-            version: GUILD_OPERATION_QUERY_VERSION,
-            op_name: self.op_name.as_ptr(),
-            min_op_version: query.versions().min().raw(),
-            max_op_version: query.versions().max().raw(),
-            backends: spec.backends.bits(),
-            sync_mode: spec.sync_mode.raw(),
-            required_capabilities: spec.capabilities.bits(),
-            required_numerics: spec.numerics.bits(),
-            inputs: self.inputs.as_ptr(),
-            input_count: self.inputs.len(),
-            outputs: self.outputs.as_ptr(),
-            output_count: self.outputs.len(),
-            ram_budget: spec.ram_budget.get(),
-            vram_budget: spec.vram_budget.get(),
-            exact_impl_id: self.exact.as_ref().map_or(std::ptr::null(), |e| e.as_ptr()),
-            device_caps: &caps,
-            params: if self.params.is_empty() {
-                std::ptr::null()
-            } else {
-                self.params.as_ptr().cast()
-            },
-            params_size: self.params.len(),
-        };
-        // SAFETY: every pointer in `c_query` leads into `self` (the exact id, the tensor
-        // arrays), the snapshot entry `self` borrows (the name), `caps` or the caller's params,
-        // all of which outlive `call`; the tensor
-        // data addresses are only the query's known addresses, for inspection.
-        call(unsafe { QueryCall::new(&c_query) })
+    /// What the C queries of this negotiation point at (the name is borrowed from the snapshot
+    /// entry `self` borrows).
+    fn parts(&self) -> QueryParts<'_> {
+        QueryParts {
+            op_name: self.op_name,
+            exact: self.exact.as_deref(),
+            inputs: &self.inputs,
+            outputs: &self.outputs,
+            params: self.params,
+        }
     }
+}
+
+/// What a C query points at besides the query's own numbers: the names and the tensor arrays
+/// in C form, and the caller's params.
+struct QueryParts<'a> {
+    op_name: &'a CStr,
+    exact: Option<&'a CStr>,
+    inputs: &'a [guild_tensor_desc_v1_t],
+    outputs: &'a [guild_tensor_desc_v1_t],
+    params: &'a [u8],
+}
+
+/// Runs `call` with the C query of `query` for `candidate`, its pointers leading into `parts`
+/// and a device record on this frame, all of which outlive `call` (what [`QueryCall`] vouches
+/// for).
+fn with_c_query<T>(
+    parts: &QueryParts<'_>,
+    candidate: &OpCandidate,
+    query: &OpQuery,
+    call: impl FnOnce(QueryCall<'_>) -> T,
+) -> T {
+    let spec = query.spec();
+    let caps = guild_device_caps_v1_t {
+        struct_size: size_of::<guild_device_caps_v1_t>() as u32,
+        backend: candidate.backend.bit(),
+        device_id: spec.device.device_id,
+        cuda_sm: match candidate.backend {
+            Backend::Cuda => spec.device.cuda_sm.unwrap_or(0),
+            _ => 0,
+        },
+        cpu_isa: match candidate.backend {
+            Backend::Cpu => spec.device.cpu_isa.bits(),
+            _ => 0,
+        },
+        total_memory_bytes: 0,
+        free_memory_bytes: 0,
+        next_ext: std::ptr::null(),
+    };
+    let c_query = guild_operation_query_v1_t {
+        struct_size: size_of::<guild_operation_query_v1_t>() as u32,
+        version: GUILD_OPERATION_QUERY_VERSION,
+        op_name: parts.op_name.as_ptr(),
+        min_op_version: query.versions().min().raw(),
+        max_op_version: query.versions().max().raw(),
+        backends: spec.backends.bits(),
+        sync_mode: spec.sync_mode.raw(),
+        required_capabilities: spec.capabilities.bits(),
+        required_numerics: spec.numerics.bits(),
+        inputs: parts.inputs.as_ptr(),
+        input_count: parts.inputs.len(),
+        outputs: parts.outputs.as_ptr(),
+        output_count: parts.outputs.len(),
+        ram_budget: spec.ram_budget.get(),
+        vram_budget: spec.vram_budget.get(),
+        exact_impl_id: parts.exact.map_or(std::ptr::null(), CStr::as_ptr),
+        device_caps: &caps,
+        params: if parts.params.is_empty() {
+            std::ptr::null()
+        } else {
+            parts.params.as_ptr().cast()
+        },
+        params_size: parts.params.len(),
+    };
+    // SAFETY: every pointer in `c_query` leads into `parts` (the names, the tensor arrays, the
+    // params) or `caps`, all of which outlive `call`; the tensor data addresses are only the
+    // query's known addresses, for inspection.
+    call(unsafe { QueryCall::new(&c_query) })
+}
+
+/// Asks `provider` to validate the C query of `query` for `candidate`.
+fn ask_validate(
+    provider: &dyn KernelProvider,
+    parts: &QueryParts<'_>,
+    candidate: &OpCandidate,
+    query: &OpQuery,
+    error: &mut guild_error_info_t,
+    refusal: impl FnOnce(guild_status_t, &guild_error_info_t) -> ProviderRefusal,
+) -> Result<(), ProviderRefusal> {
+    let status = with_c_query(parts, candidate, query, |q| provider.validate(q, error));
+    if status == GUILD_STATUS_OK {
+        Ok(())
+    } else {
+        Err(refusal(status, error))
+    }
+}
+
+/// Asks `provider` for the scratch of the C query of `query` for `candidate`: the request and
+/// the alignment it asked for. `refusal` makes the provider's own refusal.
+fn ask_scratch(
+    provider: &dyn KernelProvider,
+    parts: &QueryParts<'_>,
+    candidate: &OpCandidate,
+    query: &OpQuery,
+    error: &mut guild_error_info_t,
+    refusal: impl FnOnce(guild_status_t, &guild_error_info_t) -> ProviderRefusal,
+) -> Result<(ScratchRequest, u32), ProviderRefusal> {
+    let mut scratch = guild_scratch_request_v1_t {
+        struct_size: size_of::<guild_scratch_request_v1_t>() as u32,
+        alignment: 0,
+        host_bytes: 0,
+        device_bytes: 0,
+    };
+    let status = with_c_query(parts, candidate, query, |q| {
+        provider.query_scratch(q, &mut scratch, error)
+    });
+    if status != GUILD_STATUS_OK {
+        return Err(refusal(status, error));
+    }
+    Ok((scratch_request(&scratch)?, scratch.alignment))
+}
+
+/// A provider's refusal with the text it left in the record (a reshape always reports why).
+fn full_refusal(status: guild_status_t, error: &guild_error_info_t) -> ProviderRefusal {
+    ProviderRefusal::new(status, error_text(error))
+}
+
+/// A provider's scratch answer as the domain takes it, or the refusal of an alignment that is
+/// not a power of two.
+fn scratch_request(
+    scratch: &guild_scratch_request_v1_t,
+) -> Result<ScratchRequest, ProviderRefusal> {
+    if scratch.alignment > 1 && !scratch.alignment.is_power_of_two() {
+        return Err(ProviderRefusal::new(
+            GUILD_STATUS_ERR_INVALID_ARGUMENT,
+            format!(
+                "the provider asked for a scratch alignment of {}, not a power of two",
+                scratch.alignment
+            ),
+        ));
+    }
+    Ok(ScratchRequest {
+        host_bytes: scratch.host_bytes,
+        device_bytes: scratch.device_bytes,
+    })
 }
 
 impl Negotiator for CNegotiator<'_> {
@@ -637,12 +707,14 @@ impl Negotiator for CNegotiator<'_> {
         // The provider's library stays loaded while the snapshot that `self.stored` borrows
         // from lives. It is a negotiation callback: it must not retain the query or reenter the
         // registry, which is not locked here.
-        let status = self.with_query(candidate, query, |q| provider.validate(q, &mut error));
-        if status == GUILD_STATUS_OK {
-            Ok(())
-        } else {
-            Err(self.refusal(status, &error))
-        }
+        ask_validate(
+            provider,
+            &self.parts(),
+            candidate,
+            query,
+            &mut error,
+            |s, e| self.refusal(s, e),
+        )
     }
 
     fn query_scratch(
@@ -653,32 +725,16 @@ impl Negotiator for CNegotiator<'_> {
     ) -> Result<ScratchRequest, ProviderRefusal> {
         let provider = self.op(index)?;
         let mut error = self.fresh_error();
-        let mut scratch = guild_scratch_request_v1_t {
-            struct_size: size_of::<guild_scratch_request_v1_t>() as u32,
-            alignment: 0,
-            host_bytes: 0,
-            device_bytes: 0,
-        };
-        let status = self.with_query(candidate, query, |q| {
-            provider.query_scratch(q, &mut scratch, &mut error)
-        });
-        if status != GUILD_STATUS_OK {
-            return Err(self.refusal(status, &error));
-        }
-        if scratch.alignment > 1 && !scratch.alignment.is_power_of_two() {
-            return Err(ProviderRefusal::new(
-                GUILD_STATUS_ERR_INVALID_ARGUMENT,
-                format!(
-                    "the provider asked for a scratch alignment of {}, not a power of two",
-                    scratch.alignment
-                ),
-            ));
-        }
-        self.last_alignment.set(scratch.alignment);
-        Ok(ScratchRequest {
-            host_bytes: scratch.host_bytes,
-            device_bytes: scratch.device_bytes,
-        })
+        let (request, alignment) = ask_scratch(
+            provider,
+            &self.parts(),
+            candidate,
+            query,
+            &mut error,
+            |s, e| self.refusal(s, e),
+        )?;
+        self.last_alignment.set(alignment);
+        Ok(request)
     }
 }
 
@@ -687,187 +743,569 @@ impl Negotiator for CNegotiator<'_> {
 // ---------------------------------------------------------------------------------------------
 
 /// One negotiated contract with one provider: what both faces' handles hold.
+///
+/// What resolution fixed for good (the provider, the sync mode, the device, the alignment) sits
+/// in plain fields. What a reshape renegotiates (the tensors and the scratch) sits in the
+/// `contract` cell, and what one call writes (the Rust face's C tensors and error record, the
+/// stream marks) in the `call` cell; see the `Sync` impl below for who may touch them.
 pub(crate) struct Resolved {
     pub(crate) binding: KernelBinding,
     /// The chosen kernel's provider; its code stays loaded while `binding` lives.
     pub(crate) kernel: Arc<dyn KernelProvider>,
     pub(crate) candidate: OpCandidate,
-    pub(crate) scratch: Scratch,
-    pub(crate) inputs: Vec<TensorDesc>,
-    pub(crate) outputs: Vec<TensorDesc>,
-    pub(crate) input_infos: Vec<TensorInfo>,
-    pub(crate) output_infos: Vec<TensorInfo>,
-    /// The negotiated tensors in the form calls are compared with.
-    input_shapes: Vec<Shape>,
-    output_shapes: Vec<Shape>,
-    /// The provider's required data alignment in bytes (at least 1).
-    data_alignment: u64,
-    /// `data_alignment - 1` when it is a power of two, which it nearly always is.
-    alignment_mask: Option<u64>,
     /// Whether every negotiated tensor is in pageable host memory, the only memory a Rust
-    /// slice can vouch for.
+    /// slice can vouch for. A reshape keeps every memory space, so this never changes.
     pub(crate) host_only: bool,
     pub(crate) sync_mode: SyncMode,
     pub(crate) device_id: i32,
     /// Every other candidate of the operation and why it was not chosen, when the resolution
     /// was asked for that report.
     pub(crate) passed_over: Option<Vec<PassedOver>>,
+    /// The provider's data alignment less one: its `min_alignment` is a power of two (the
+    /// candidate passed `OpCandidate::check` at resolution), so one mask tests an address.
+    align_mask: u64,
+    /// The sync mode and device every call must name, as one word (see [`call_key`]).
+    call_key: u64,
+    /// Whether calls may pass a stream: a device provider's may, a CPU provider's may not.
+    pub(crate) takes_stream: bool,
     streams: Option<Arc<dyn StreamEvents>>,
-    /// The newest work mark per stream, for release to wait on. Touched only by the call that
-    /// holds the handle's execute exclusivity, or through `&mut self`.
-    marks: UnsafeCell<Vec<Box<dyn WorkMark>>>,
-    /// The error record the Rust face lends providers, reused call after call. Touched only
-    /// under the same exclusivity.
-    pub(crate) error: UnsafeCell<guild_error_info_t>,
+    /// The negotiated tensors and scratch.
+    contract: UnsafeCell<Contract>,
+    /// The contract's scratch for `describe` and `scratch` calls, which the C face lets run
+    /// beside an execute or a reshape (they never read `contract`).
+    published: PublishedScratch,
+    /// What one call writes.
+    call: UnsafeCell<CallCells>,
+    /// What a reshape reuses.
+    reshaping: UnsafeCell<ReshapeCells>,
 }
 
-// SAFETY: the cells are only touched by the one thread holding the handle's execute
-// exclusivity (a `Running` of the handle's gate, see `Resolved::execute`) or through `&mut
-// self`; everything else is immutable after resolution or Send + Sync itself.
+/// What a reshape renegotiates: the query as last accepted (the resolution's, or the last
+/// reshape's) and what calls are checked against.
+pub(crate) struct Contract {
+    query: OpQuery,
+    inputs: Vec<Shape>,
+    outputs: Vec<Shape>,
+    pub(crate) scratch: Scratch,
+    /// `scratch.alignment - 1`, or 0 when any address will do.
+    scratch_mask: u64,
+}
+
+impl Contract {
+    fn new(query: OpQuery, scratch: Scratch) -> Self {
+        Self::reusing(query, scratch, Default::default())
+    }
+
+    /// The contract of `query`, its shapes written into `shapes`' buffers.
+    fn reusing(query: OpQuery, scratch: Scratch, shapes: (Vec<Shape>, Vec<Shape>)) -> Self {
+        let (mut inputs, mut outputs) = shapes;
+        let spec = query.spec();
+        inputs.clear();
+        inputs.extend(spec.inputs.iter().map(Shape::of));
+        outputs.clear();
+        outputs.extend(spec.outputs.iter().map(Shape::of));
+        Contract {
+            inputs,
+            outputs,
+            scratch_mask: u64::from(scratch.alignment.max(1)) - 1,
+            scratch,
+            query,
+        }
+    }
+
+    /// The negotiated input descriptors.
+    pub(crate) fn inputs(&self) -> &[TensorDesc] {
+        &self.query.spec().inputs
+    }
+
+    /// The negotiated output descriptors.
+    pub(crate) fn outputs(&self) -> &[TensorDesc] {
+        &self.query.spec().outputs
+    }
+
+    /// The byte extents and other facts of the negotiated tensors, by role.
+    fn infos(&self, role: TensorRole) -> &[TensorInfo] {
+        match role {
+            TensorRole::Input => self.query.input_infos(),
+            TensorRole::Output => self.query.output_infos(),
+        }
+    }
+
+    fn shapes(&self, role: TensorRole) -> &[Shape] {
+        match role {
+            TensorRole::Input => &self.inputs,
+            TensorRole::Output => &self.outputs,
+        }
+    }
+
+    /// Checks a call's scratch buffers against the negotiated sizes and alignment.
+    #[inline]
+    pub(crate) fn check_scratch(
+        &self,
+        host: *mut c_void,
+        host_size: u64,
+        device: *mut c_void,
+        device_size: u64,
+    ) -> Result<(), ExecuteError> {
+        let s = &self.scratch;
+        if s.host_bytes == 0 && s.device_bytes == 0 {
+            return Ok(());
+        }
+        check_scratch("host", s.host_bytes, self.scratch_mask, host, host_size)?;
+        check_scratch(
+            "device",
+            s.device_bytes,
+            self.scratch_mask,
+            device,
+            device_size,
+        )
+    }
+}
+
+/// What one call writes, touched only by the call that holds the handle's execute exclusivity
+/// (or through `&mut Resolved`).
+struct CallCells {
+    /// The Rust face's C tensors: the negotiated descriptors, whose data pointers each call
+    /// sets before the provider sees them (empty on C handles, whose callers pass their own).
+    inputs: Vec<guild_tensor_desc_v1_t>,
+    outputs: Vec<guild_tensor_desc_v1_t>,
+    /// The error record the Rust face lends providers, reused call after call.
+    error: guild_error_info_t,
+    /// The newest work mark per stream, for release to wait on.
+    marks: Vec<Box<dyn WorkMark>>,
+}
+
+/// The scratch as `describe` and `scratch` report it: a sequence lock, so that a reader beside
+/// a reshape sees the old scratch or the new one, never a mix, and neither side takes a lock.
+struct PublishedScratch {
+    /// Odd while a write is in progress.
+    sequence: AtomicU32,
+    host_bytes: AtomicU64,
+    device_bytes: AtomicU64,
+    alignment: AtomicU32,
+}
+
+impl PublishedScratch {
+    fn new(s: Scratch) -> Self {
+        PublishedScratch {
+            sequence: AtomicU32::new(0),
+            host_bytes: AtomicU64::new(s.host_bytes),
+            device_bytes: AtomicU64::new(s.device_bytes),
+            alignment: AtomicU32::new(s.alignment),
+        }
+    }
+
+    fn read(&self) -> Scratch {
+        loop {
+            let before = self.sequence.load(Ordering::Acquire);
+            let s = Scratch {
+                host_bytes: self.host_bytes.load(Ordering::Relaxed),
+                device_bytes: self.device_bytes.load(Ordering::Relaxed),
+                alignment: self.alignment.load(Ordering::Relaxed),
+            };
+            std::sync::atomic::fence(Ordering::Acquire);
+            if before & 1 == 0 && self.sequence.load(Ordering::Relaxed) == before {
+                return s;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Publishes `s`.
+    ///
+    /// # Safety
+    /// Writers must be serialised (the handle's execute exclusivity, or `&mut`); a concurrent
+    /// second writer could leave readers spinning.
+    unsafe fn write(&self, s: Scratch) {
+        let before = self.sequence.load(Ordering::Relaxed);
+        self.sequence
+            .store(before.wrapping_add(1), Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        self.host_bytes.store(s.host_bytes, Ordering::Relaxed);
+        self.device_bytes.store(s.device_bytes, Ordering::Relaxed);
+        self.alignment.store(s.alignment, Ordering::Relaxed);
+        self.sequence
+            .store(before.wrapping_add(2), Ordering::Release);
+    }
+}
+
+/// What a reshape keeps from one to the next, so that a decode loop's reshapes reuse their
+/// buffers: touched only by a reshape (under the handle's execute exclusivity, or `&mut`).
+#[derive(Default)]
+struct ReshapeCells {
+    /// The C face's caller's tensors, read into these.
+    given: (Vec<TensorDesc>, Vec<TensorDesc>),
+    /// The operation name and exact id in C form, made at the first reshape.
+    names: Option<(CString, Option<CString>)>,
+    /// The new tensors in C form, for the provider's callbacks.
+    c_inputs: Vec<guild_tensor_desc_v1_t>,
+    c_outputs: Vec<guild_tensor_desc_v1_t>,
+    /// The spec and shapes of the contract the last reshape replaced (the spec's other fields
+    /// are the handle's own), to be refilled.
+    spare_spec: Option<QuerySpec>,
+    spare_shapes: (Vec<Shape>, Vec<Shape>),
+    /// The record the callbacks report into, made at the first reshape.
+    error: Option<Box<guild_error_info_t>>,
+}
+
+impl ReshapeCells {
+    /// Keeps a replaced contract's buffers for the next reshape.
+    fn keep(&mut self, old: Contract) {
+        self.spare_spec = Some(old.query.into_spec());
+        self.spare_shapes = (old.inputs, old.outputs);
+    }
+}
+
+/// A reshape's negotiation: the handle's one provider, asked through the C query of the new
+/// tensors, reporting into the handle's reused record. Nothing is allocated unless the
+/// provider refuses.
+struct Renegotiator<'a> {
+    provider: &'a dyn KernelProvider,
+    parts: QueryParts<'a>,
+    error: RefCell<&'a mut guild_error_info_t>,
+    alignment: std::cell::Cell<u32>,
+}
+
+impl<'a> Renegotiator<'a> {
+    fn fresh_error(&self) -> std::cell::RefMut<'_, &'a mut guild_error_info_t> {
+        let mut error = self.error.borrow_mut();
+        error.status = GUILD_STATUS_OK;
+        error.component[0] = 0;
+        error.message[0] = 0;
+        error
+    }
+}
+
+impl Negotiator for Renegotiator<'_> {
+    fn validate(
+        &self,
+        _index: usize,
+        candidate: &OpCandidate,
+        query: &OpQuery,
+    ) -> Result<(), ProviderRefusal> {
+        let mut error = self.fresh_error();
+        ask_validate(
+            self.provider,
+            &self.parts,
+            candidate,
+            query,
+            &mut error,
+            full_refusal,
+        )
+    }
+
+    fn query_scratch(
+        &self,
+        _index: usize,
+        candidate: &OpCandidate,
+        query: &OpQuery,
+    ) -> Result<ScratchRequest, ProviderRefusal> {
+        let mut error = self.fresh_error();
+        let (request, alignment) = ask_scratch(
+            self.provider,
+            &self.parts,
+            candidate,
+            query,
+            &mut error,
+            full_refusal,
+        )?;
+        self.alignment.set(alignment);
+        Ok(request)
+    }
+}
+
+/// The word a call's sync mode and device make, compared with the handle's in one step.
+#[inline(always)]
+fn call_key(sync_mode: u32, device_id: i32) -> u64 {
+    u64::from(sync_mode) | (u64::from(device_id as u32) << 32)
+}
+
+// SAFETY: the cells are only touched as their documentation says: `contract` is written only by
+// a reshape, which holds the handle's execute exclusivity (C handles) or `&mut` (Rust handles),
+// and read only by calls that exclude such a reshape; `call` only under the execute
+// exclusivity or `&mut`. Everything else is immutable after resolution or Send + Sync itself.
+// The raw data pointers in the call cell are the last call's addresses: every call overwrites
+// them all before a provider sees them, and the host never dereferences them.
 unsafe impl Sync for Resolved {}
+// SAFETY: as above; moving the handle moves its cells with it, and the stale data pointers are
+// never dereferenced.
+unsafe impl Send for Resolved {}
 
 /// One call's arguments in C form: the record the provider receives as it is (the C face passes
-/// its caller's, the Rust face builds one), and its tensor arrays as slices. The pointers are the
-/// caller's and are checked by [`Resolved::execute`] before the provider sees them.
+/// its caller's), and its tensor arrays as slices. The pointers are the caller's and are checked
+/// by [`Resolved::execute`] before the provider sees them.
 pub(crate) struct Call<'a> {
     pub(crate) args: &'a guild_execute_args_v1_t,
     pub(crate) inputs: &'a [guild_tensor_desc_v1_t],
     pub(crate) outputs: &'a [guild_tensor_desc_v1_t],
 }
 
+/// The Rust face's view of one call: the contract and the call cells, for the call that holds
+/// the handle's execute exclusivity.
+pub(crate) struct RustCall<'a> {
+    pub(crate) contract: &'a Contract,
+    pub(crate) inputs: &'a mut [guild_tensor_desc_v1_t],
+    pub(crate) outputs: &'a mut [guild_tensor_desc_v1_t],
+    pub(crate) error: &'a mut guild_error_info_t,
+}
+
 impl Resolved {
-    /// Checks one call against the negotiated contract and runs the provider. `error`
-    /// receives the provider's own report when it fails. `shapes_checked` says that the
-    /// caller built the tensors from the negotiated descriptors (the Rust face), so only their
-    /// data addresses are new.
+    /// The handle a resolution made: the chosen candidate, its negotiated scratch, the query.
+    #[allow(clippy::too_many_arguments)] // Every part is one the resolution computed.
+    fn new(
+        binding: KernelBinding,
+        kernel: Arc<dyn KernelProvider>,
+        candidate: OpCandidate,
+        query: OpQuery,
+        scratch: Scratch,
+        passed_over: Option<Vec<PassedOver>>,
+        streams: Option<Arc<dyn StreamEvents>>,
+    ) -> Self {
+        let spec = query.spec();
+        let host_only = spec
+            .inputs
+            .iter()
+            .chain(&spec.outputs)
+            .all(|t| t.memory_space == MemorySpace::Host);
+        let (call_key, sync_mode, device_id) = (
+            call_key(spec.sync_mode.raw(), spec.device.device_id),
+            spec.sync_mode,
+            spec.device.device_id,
+        );
+        Resolved {
+            binding,
+            kernel,
+            align_mask: candidate.min_alignment.max(1) - 1,
+            call_key,
+            takes_stream: candidate.backend != Backend::Cpu,
+            host_only,
+            sync_mode,
+            device_id,
+            candidate,
+            passed_over,
+            streams,
+            published: PublishedScratch::new(scratch),
+            contract: UnsafeCell::new(Contract::new(query, scratch)),
+            call: UnsafeCell::new(CallCells {
+                inputs: Vec::new(),
+                outputs: Vec::new(),
+                error: guild_error_info_t::new(),
+                marks: Vec::new(),
+            }),
+            reshaping: UnsafeCell::new(ReshapeCells::default()),
+        }
+    }
+
+    /// The contract.
     ///
     /// # Safety
-    /// `running` must be the execute exclusivity of the gate of the handle that owns `self`
-    /// (the C slot's, or the Rust handle's own), so that no other call touches the handle's
-    /// cells; `error` must not be one of those cells unless the caller holds `running` for it.
+    /// No reshape of this handle may run while the reference lives: the caller holds the
+    /// handle's execute exclusivity, or the handle is a Rust handle (whose reshape takes `&mut`).
+    #[inline(always)]
+    pub(crate) unsafe fn contract(&self) -> &Contract {
+        // SAFETY: writers are excluded by the caller's contract.
+        unsafe { &*self.contract.get() }
+    }
+
+    /// The scratch as `describe` and `scratch` report it, whatever else runs on the handle.
+    pub(crate) fn published_scratch(&self) -> Scratch {
+        self.published.read()
+    }
+
+    /// Makes the Rust face's C tensors: the negotiated descriptors, without data.
+    pub(crate) fn prepare_rust_calls(&mut self) {
+        let contract = self.contract.get_mut();
+        let call = self.call.get_mut();
+        let c = |d: &TensorDesc| c_tensor(d, std::ptr::null_mut());
+        call.inputs.clear();
+        call.inputs.extend(contract.inputs().iter().map(c));
+        call.outputs.clear();
+        call.outputs.extend(contract.outputs().iter().map(c));
+    }
+
+    /// The Rust face's view of a call.
+    ///
+    /// # Safety
+    /// `running` must be the execute exclusivity of the gate of the Rust handle that owns
+    /// `self`, and the returned view must not outlive it.
+    #[inline(always)]
+    pub(crate) unsafe fn rust_call<'a>(&'a self, running: &'a Running<'_>) -> RustCall<'a> {
+        let _ = running;
+        // SAFETY: a Rust handle's contract changes only through `&mut`, which `&self` excludes;
+        // `running` gives this call the call cells, of which the view takes disjoint fields.
+        unsafe {
+            let call = self.call.get();
+            RustCall {
+                contract: self.contract(),
+                inputs: &mut *std::ptr::addr_of_mut!((*call).inputs),
+                outputs: &mut *std::ptr::addr_of_mut!((*call).outputs),
+                error: &mut *std::ptr::addr_of_mut!((*call).error),
+            }
+        }
+    }
+
+    /// Checks one C call against the negotiated contract (tensors, sync mode, device, stream,
+    /// scratch) and runs the provider. `error` receives the provider's own report when it
+    /// fails.
+    ///
+    /// # Safety
+    /// `running` must be the execute exclusivity of the gate of the handle that owns `self`;
+    /// `error` must not be one of the handle's cells; the caller of the service vouches that
+    /// each data pointer and the scratch buffers address live memory of the checked extents for
+    /// the call (the service's contract).
+    #[inline]
     pub(crate) unsafe fn execute(
         &self,
         running: &Running<'_>,
         call: &Call<'_>,
-        shapes_checked: bool,
         error: &mut guild_error_info_t,
     ) -> Result<(), ExecuteError> {
         let _ = running;
-        self.check_tensors(
-            TensorRole::Input,
-            &self.input_shapes,
-            call.inputs,
-            shapes_checked,
-        )?;
-        self.check_tensors(
-            TensorRole::Output,
-            &self.output_shapes,
-            call.outputs,
-            shapes_checked,
-        )?;
-        let got = SyncMode::from_raw(call.args.sync_mode);
-        if got != Some(self.sync_mode) {
-            return Err(ExecuteError::SyncMode {
-                resolved: self.sync_mode,
-                got: call.args.sync_mode,
-            });
+        // SAFETY: `running` excludes a reshape of this handle.
+        let contract = unsafe { self.contract() };
+        self.check_c_tensors(contract, TensorRole::Input, call.inputs)?;
+        self.check_c_tensors(contract, TensorRole::Output, call.outputs)?;
+        let a = call.args;
+        if call_key(a.sync_mode, a.device_id) != self.call_key
+            || (!self.takes_stream && !a.stream.is_null())
+        {
+            return Err(self.call_mismatch(a));
         }
-        if call.args.device_id != self.device_id {
-            return Err(ExecuteError::Device {
-                resolved: self.device_id,
-                got: call.args.device_id,
-            });
-        }
-        if self.candidate.backend == Backend::Cpu && !call.args.stream.is_null() {
-            return Err(ExecuteError::StreamOnCpu);
-        }
-        check_scratch(
-            "host",
-            self.scratch.host_bytes,
-            self.scratch.alignment,
-            call.args.scratch_host,
-            call.args.scratch_host_size,
+        contract.check_scratch(
+            a.scratch_host,
+            a.scratch_host_size,
+            a.scratch_device,
+            a.scratch_device_size,
         )?;
-        check_scratch(
-            "device",
-            self.scratch.device_bytes,
-            self.scratch.alignment,
-            call.args.scratch_device,
-            call.args.scratch_device_size,
-        )?;
-        // SAFETY: `call.args` is the record the checks above read, and its arrays are
-        // `call.inputs` and `call.outputs`. Every tensor was checked against the negotiated
-        // contract (shape, strides, dtype, memory space, device, non-NULL and aligned data);
-        // the caller of this function guarantees that each data pointer and the scratch buffers
-        // address live memory of the checked extents for the call (the Rust face through its
-        // borrows, the C face by the service's contract). `running` makes this the handle's
-        // only call in progress.
-        let checked = unsafe { ExecuteCall::new(call.args) };
+        // SAFETY: every tensor was checked against the negotiated contract (shape, strides,
+        // dtype, memory space, device, non-NULL and aligned data), and so were the sync mode,
+        // device, stream and scratch; the caller vouches for the memory (this function's
+        // contract), and `running` makes this the handle's only call.
+        unsafe { self.call_provider(running, a, error) }
+    }
+
+    /// Runs the provider on a checked call and records its stream work.
+    ///
+    /// # Safety
+    /// `args` must be checked against the negotiated contract as [`Resolved::execute`] checks
+    /// it, with memory valid for the call; `running` must be the execute exclusivity of the
+    /// handle that owns `self`.
+    #[inline(always)]
+    pub(crate) unsafe fn call_provider(
+        &self,
+        running: &Running<'_>,
+        args: &guild_execute_args_v1_t,
+        error: &mut guild_error_info_t,
+    ) -> Result<(), ExecuteError> {
+        // SAFETY: the caller's contract is ExecuteCall's.
+        let checked = unsafe { ExecuteCall::new(args) };
         // The provider's library stays loaded while `self.binding` lives.
         let status = self.kernel.execute(checked, error);
-        if let Some(streams) = &self.streams {
-            // SAFETY: `running` gives this call the handle's cells to itself (the contract).
-            let marks = unsafe { &mut *self.marks.get() };
-            // Record even after a failure: part of the work may already be enqueued.
-            let stream = StreamRef(call.args.stream as usize);
-            match streams.record(call.args.device_id, stream) {
-                Ok(Some(mark)) => {
-                    marks.retain(|m| m.stream() != stream);
-                    marks.push(mark);
-                }
-                Ok(None) => {}
-                Err(e) if status == GUILD_STATUS_OK => return Err(ExecuteError::Stream(e)),
-                Err(_) => {}
-            }
+        if self.streams.is_some() {
+            // SAFETY: `running` is this handle's exclusivity (the caller's contract).
+            unsafe { self.record(running, args, status) }?;
         }
         if status == GUILD_STATUS_OK {
             Ok(())
         } else {
-            Err(ExecuteError::Provider(ProviderRefusal::new(
-                status,
-                error_text(error),
-            )))
+            Err(provider_failure(status, error))
         }
     }
 
-    /// Checks the caller's tensors against the negotiated ones: the same shape, strides,
-    /// dtype, memory space and device (unless `shapes_checked`), and data present and aligned
-    /// as the contract requires. Everything else the contract says was checked once, at
-    /// resolution, against these very shapes; only the data pointers are new.
-    #[inline(always)]
-    fn check_tensors(
+    /// Records the end of the stream work a call enqueued, even after a failure (part of the
+    /// work may already be enqueued).
+    ///
+    /// # Safety
+    /// `running` must be the execute exclusivity of the handle that owns `self`.
+    #[cold]
+    unsafe fn record(
         &self,
-        role: TensorRole,
-        negotiated: &[Shape],
-        given: &[guild_tensor_desc_v1_t],
-        shapes_checked: bool,
+        running: &Running<'_>,
+        args: &guild_execute_args_v1_t,
+        status: guild_status_t,
     ) -> Result<(), ExecuteError> {
+        let _ = running;
+        let Some(streams) = &self.streams else {
+            return Ok(());
+        };
+        // SAFETY: `running` gives this call the call cells; no other reference to the marks
+        // exists (the Rust face's view borrows other fields).
+        let marks = unsafe { &mut *std::ptr::addr_of_mut!((*self.call.get()).marks) };
+        let stream = StreamRef(args.stream as usize);
+        match streams.record(args.device_id, stream) {
+            Ok(Some(mark)) => {
+                marks.retain(|m| m.stream() != stream);
+                marks.push(mark);
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(e) if status == GUILD_STATUS_OK => Err(ExecuteError::Stream(e)),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// Checks a C caller's tensors against the negotiated ones: the same shape, strides, dtype,
+    /// memory space and device, and data present and aligned as the contract requires.
+    /// Everything else the contract says was checked at negotiation against these very shapes.
+    #[inline(always)]
+    fn check_c_tensors(
+        &self,
+        contract: &Contract,
+        role: TensorRole,
+        given: &[guild_tensor_desc_v1_t],
+    ) -> Result<(), ExecuteError> {
+        let negotiated = contract.shapes(role);
         if given.len() != negotiated.len() {
-            return Err(ExecuteError::Arity {
-                role,
-                expected: negotiated.len(),
-                got: given.len(),
-            });
+            return Err(arity(role, negotiated.len(), given.len()));
         }
         for (index, (t, expected)) in given.iter().zip(negotiated).enumerate() {
-            if !shapes_checked && !expected.matches(t) {
-                return Err(self.mismatch(TensorRef { role, index }, t));
-            }
             let address = t.data as usize as u64;
-            let aligned = match self.alignment_mask {
-                Some(mask) => address & mask == 0,
-                None => address.is_multiple_of(self.data_alignment),
-            };
-            if address == 0 || !aligned {
-                return Err(self.bad_address(TensorRef { role, index }, address));
+            if !expected.matches(t) || address == 0 || address & self.align_mask != 0 {
+                return Err(self.bad_tensor(contract, TensorRef { role, index }, t));
             }
         }
         Ok(())
     }
 
+    /// Why a C tensor failed [`Resolved::check_c_tensors`].
+    #[cold]
+    fn bad_tensor(
+        &self,
+        contract: &Contract,
+        tensor: TensorRef,
+        t: &guild_tensor_desc_v1_t,
+    ) -> ExecuteError {
+        let list = match tensor.role {
+            TensorRole::Input => contract.inputs(),
+            TensorRole::Output => contract.outputs(),
+        };
+        let Some(expected) = list.get(tensor.index) else {
+            return arity(tensor.role, list.len(), tensor.index);
+        };
+        let matches = contract
+            .shapes(tensor.role)
+            .get(tensor.index)
+            .is_some_and(|s| s.matches(t));
+        if !matches {
+            let actual = tensor_from_c(t).unwrap_or(TensorDesc {
+                memory_space: expected.memory_space,
+                ..*expected
+            });
+            return ExecuteError::DescriptorMismatch {
+                tensor,
+                expected: Box::new(*expected),
+                actual: Box::new(TensorDesc {
+                    data_addr: None,
+                    ..actual
+                }),
+            };
+        }
+        self.bad_address(tensor, t.data as usize as u64)
+    }
+
     /// The error for a NULL or misaligned data address.
     #[cold]
-    fn bad_address(&self, tensor: TensorRef, address: u64) -> ExecuteError {
+    pub(crate) fn bad_address(&self, tensor: TensorRef, address: u64) -> ExecuteError {
         if address == 0 {
             return ExecuteError::NullData { tensor };
         }
@@ -875,43 +1313,211 @@ impl Resolved {
             rejection: Rejection::Misaligned {
                 tensor,
                 address,
-                required: self.data_alignment,
+                required: self.align_mask + 1,
             },
         }
     }
 
-    /// The error for a caller's tensor that is not the negotiated one.
+    /// The error for a call whose sync mode, device or stream is not the handle's.
     #[cold]
-    fn mismatch(&self, tensor: TensorRef, t: &guild_tensor_desc_v1_t) -> ExecuteError {
-        let list = match tensor.role {
-            TensorRole::Input => &self.inputs,
-            TensorRole::Output => &self.outputs,
-        };
-        let Some(expected) = list.get(tensor.index) else {
-            return ExecuteError::Arity {
-                role: tensor.role,
-                expected: list.len(),
-                got: tensor.index,
+    fn call_mismatch(&self, a: &guild_execute_args_v1_t) -> ExecuteError {
+        if SyncMode::from_raw(a.sync_mode) != Some(self.sync_mode) {
+            return ExecuteError::SyncMode {
+                resolved: self.sync_mode,
+                got: a.sync_mode,
             };
-        };
-        let actual = tensor_from_c(t).unwrap_or(TensorDesc {
-            memory_space: expected.memory_space,
-            ..*expected
-        });
-        ExecuteError::DescriptorMismatch {
-            tensor,
-            expected: Box::new(*expected),
-            actual: Box::new(TensorDesc {
-                data_addr: None,
-                ..actual
-            }),
         }
+        if a.device_id != self.device_id {
+            return ExecuteError::Device {
+                resolved: self.device_id,
+                got: a.device_id,
+            };
+        }
+        ExecuteError::StreamOnCpu
+    }
+
+    /// The buffers the C face reads a reshape's tensors into.
+    ///
+    /// # Safety
+    /// No other call of this handle may run (the caller holds its execute exclusivity).
+    pub(crate) unsafe fn take_reshape_buffers(&self) -> (Vec<TensorDesc>, Vec<TensorDesc>) {
+        // SAFETY: the caller's contract gives this reshape the reshape cells.
+        std::mem::take(unsafe { &mut (*self.reshaping.get()).given })
+    }
+
+    /// Gives the buffers of [`Resolved::take_reshape_buffers`] back for the next reshape.
+    ///
+    /// # Safety
+    /// As for [`Resolved::take_reshape_buffers`].
+    pub(crate) unsafe fn return_reshape_buffers(
+        &self,
+        inputs: Vec<TensorDesc>,
+        outputs: Vec<TensorDesc>,
+    ) {
+        // SAFETY: the caller's contract gives this reshape the reshape cells.
+        unsafe { (*self.reshaping.get()).given = (inputs, outputs) };
+    }
+
+    /// Renegotiates the contract for new tensors with this handle's provider alone: the new
+    /// query (the resolution's, with these tensors and `params`) must pass the candidate's
+    /// static checks, its `validate` and `query_scratch`, and the budgets. The result is the
+    /// contract to install; nothing the handle's calls read changes here, so a refusal leaves
+    /// it as it was. Only rank, dims and strides may change: the number of tensors, their
+    /// dtypes, memory spaces and devices are the resolution's.
+    ///
+    /// # Safety
+    /// No other call of this handle may run: the caller holds its execute exclusivity (a C
+    /// handle) or `&mut` (a Rust handle).
+    pub(crate) unsafe fn renegotiate(
+        &self,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        params: &[u8],
+    ) -> Result<Contract, ReshapeError> {
+        // SAFETY: the caller's contract: no reshape runs but this one.
+        let current = unsafe { self.contract() };
+        for (role, now, new) in [
+            (TensorRole::Input, current.inputs(), inputs),
+            (TensorRole::Output, current.outputs(), outputs),
+        ] {
+            if now.len() != new.len() {
+                return Err(ReshapeError::Arity {
+                    role,
+                    expected: now.len(),
+                    got: new.len(),
+                });
+            }
+            for (index, (a, b)) in now.iter().zip(new).enumerate() {
+                let changed = if a.dtype != b.dtype {
+                    Some("dtype")
+                } else if a.memory_space != b.memory_space {
+                    Some("memory space")
+                } else if a.device_id != b.device_id {
+                    Some("device")
+                } else {
+                    None
+                };
+                if let Some(what) = changed {
+                    return Err(ReshapeError::Changed {
+                        tensor: TensorRef { role, index },
+                        what,
+                    });
+                }
+            }
+        }
+        // SAFETY: the caller's contract gives this reshape the reshape cells, which no
+        // reference to `current` reaches.
+        let cells = unsafe { &mut *self.reshaping.get() };
+        // The spec of the contract the last reshape replaced differs from this one's only in
+        // its tensors: refill it rather than build another.
+        let mut spec = cells.spare_spec.take().unwrap_or_else(|| {
+            let s = current.query.spec();
+            QuerySpec {
+                op_name: s.op_name.clone(),
+                min_version: s.min_version,
+                max_version: s.max_version,
+                backends: s.backends,
+                capabilities: s.capabilities,
+                numerics: s.numerics,
+                sync_mode: s.sync_mode,
+                inputs: Vec::new(),
+                outputs: Vec::new(),
+                ram_budget: s.ram_budget,
+                vram_budget: s.vram_budget,
+                exact_impl: s.exact_impl.clone(),
+                device: s.device,
+            }
+        });
+        spec.inputs.clear();
+        spec.inputs.extend_from_slice(inputs);
+        spec.outputs.clear();
+        spec.outputs.extend_from_slice(outputs);
+        let query = OpQuery::new(spec).map_err(ReshapeError::Query)?;
+        if let Err(rejection) = check_static(&query, &self.candidate) {
+            cells.spare_spec = Some(query.into_spec());
+            return Err(ReshapeError::Refused(rejection));
+        }
+        let spec = query.spec();
+        let (op_name, exact) = cells.names.get_or_insert_with(|| {
+            // Ids and names are validated text without NUL bytes; an empty string is the
+            // harmless fallback should that ever change.
+            (
+                CString::new(spec.op_name.as_str()).unwrap_or_default(),
+                spec.exact_impl
+                    .as_ref()
+                    .map(|id| CString::new(id.as_str()).unwrap_or_default()),
+            )
+        });
+        let c = |d: &TensorDesc| c_tensor(d, address_ptr(d));
+        cells.c_inputs.clear();
+        cells.c_inputs.extend(spec.inputs.iter().map(c));
+        cells.c_outputs.clear();
+        cells.c_outputs.extend(spec.outputs.iter().map(c));
+        let error = cells
+            .error
+            .get_or_insert_with(|| Box::new(guild_error_info_t::new()));
+        let negotiator = Renegotiator {
+            provider: self.kernel.as_ref(),
+            parts: QueryParts {
+                op_name,
+                exact: exact.as_deref(),
+                inputs: &cells.c_inputs,
+                outputs: &cells.c_outputs,
+                params,
+            },
+            error: RefCell::new(error),
+            alignment: std::cell::Cell::new(0),
+        };
+        let negotiated = negotiate(&query, 0, &self.candidate, &negotiator);
+        let alignment = negotiator.alignment.get();
+        let scratch = match negotiated {
+            Ok(scratch) => scratch,
+            Err(rejection) => {
+                cells.spare_spec = Some(query.into_spec());
+                return Err(ReshapeError::Refused(rejection));
+            }
+        };
+        Ok(Contract::reusing(
+            query,
+            Scratch {
+                host_bytes: scratch.host_bytes,
+                device_bytes: scratch.device_bytes,
+                alignment,
+            },
+            std::mem::take(&mut cells.spare_shapes),
+        ))
+    }
+
+    /// Installs a renegotiated contract.
+    ///
+    /// # Safety
+    /// `running` must be the execute exclusivity of the gate of the C handle that owns `self`
+    /// (which excludes every other reader of the contract and the call cells).
+    pub(crate) unsafe fn install(&self, running: &Running<'_>, contract: Contract) {
+        let _ = running;
+        let scratch = contract.scratch;
+        // SAFETY: the caller's contract: no call reads the contract or the reshape cells
+        // while `running` lives, and `describe`/`scratch` read only `published`.
+        let old = unsafe { std::mem::replace(&mut *self.contract.get(), contract) };
+        // SAFETY: as above.
+        unsafe { (*self.reshaping.get()).keep(old) };
+        // SAFETY: `running` makes this the only writer.
+        unsafe { self.published.write(scratch) };
+    }
+
+    /// Installs a renegotiated contract in a Rust handle.
+    pub(crate) fn install_mut(&mut self, contract: Contract) {
+        // SAFETY: `&mut self`: the only writer.
+        unsafe { self.published.write(contract.scratch) };
+        let old = std::mem::replace(self.contract.get_mut(), contract);
+        self.reshaping.get_mut().keep(old);
+        self.prepare_rust_calls();
     }
 
     /// Waits for the stream work this handle recorded; afterwards nothing recorded is pending.
     /// The first device error is reported, after every mark has been waited for.
     pub(crate) fn finish(&mut self) -> Result<(), DeviceError> {
-        let marks = std::mem::take(self.marks.get_mut());
+        let marks = std::mem::take(&mut self.call.get_mut().marks);
         let mut first = Ok(());
         for mark in marks {
             if let Err(e) = mark.wait() {
@@ -932,15 +1538,34 @@ impl Drop for Resolved {
     }
 }
 
+/// The error for a call with another number of tensors than negotiated.
+#[cold]
+pub(crate) fn arity(role: TensorRole, expected: usize, got: usize) -> ExecuteError {
+    ExecuteError::Arity {
+        role,
+        expected,
+        got,
+    }
+}
+
+/// The provider's failure, with the text it left in the record.
+#[cold]
+fn provider_failure(status: guild_status_t, error: &guild_error_info_t) -> ExecuteError {
+    ExecuteError::Provider(ProviderRefusal::new(status, error_text(error)))
+}
+
 /// A negotiated tensor as calls must repeat it: every field of the C descriptor but the data
 /// pointer, with dims and strides at and above the rank zeroed (callers' entries there are
-/// ignored).
+/// ignored). The fixed fields are packed in two words, so that a call's tensor is compared with
+/// two comparisons and one pass over its rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Shape {
-    dtype: u32,
-    rank: u32,
-    memory_space: u32,
-    device_id: i32,
+pub(crate) struct Shape {
+    /// `dtype | rank << 32`.
+    head: u64,
+    /// `memory_space | device_id << 32`.
+    place: u64,
+    /// The rank, at most [`MAX_TENSOR_RANK`].
+    rank: usize,
     dims: [u64; MAX_TENSOR_RANK],
     strides: [u64; MAX_TENSOR_RANK],
 }
@@ -953,35 +1578,141 @@ impl Shape {
         dims[..rank].copy_from_slice(&d.dims[..rank]);
         strides[..rank].copy_from_slice(&d.strides[..rank]);
         Shape {
-            dtype: d.dtype.raw(),
-            rank: d.rank,
-            memory_space: d.memory_space.bit(),
-            device_id: d.device_id,
+            head: Self::head(d.dtype.raw(), d.rank),
+            place: call_key(d.memory_space.bit(), d.device_id),
+            rank,
             dims,
             strides,
         }
     }
 
-    /// Whether `t` is this tensor apart from its data pointer.
+    #[inline(always)]
+    fn head(dtype: u32, rank: u32) -> u64 {
+        u64::from(dtype) | (u64::from(rank) << 32)
+    }
+
+    /// Whether the extents and strides below the rank are `dims` and `strides`.
+    #[inline(always)]
+    fn same_extents(
+        &self,
+        dims: &[u64; MAX_TENSOR_RANK],
+        strides: &[u64; MAX_TENSOR_RANK],
+    ) -> bool {
+        let rank = self.rank.min(MAX_TENSOR_RANK);
+        let mut diff = 0;
+        for i in 0..rank {
+            diff |= (dims[i] ^ self.dims[i]) | (strides[i] ^ self.strides[i]);
+        }
+        diff == 0
+    }
+
+    /// Whether the C tensor `t` is this tensor apart from its data pointer.
     #[inline(always)]
     fn matches(&self, t: &guild_tensor_desc_v1_t) -> bool {
-        if t.dtype != self.dtype
-            || t.rank != self.rank
-            || t.memory_space != self.memory_space
-            || t.device_id != self.device_id
-        {
-            return false;
-        }
-        // The rank was validated at resolution (1..=8) and `t.rank` equals it.
-        let rank = (self.rank as usize).min(MAX_TENSOR_RANK);
-        let mut same = true;
-        for i in 0..rank {
-            same &= t.dims[i] == self.dims[i] && t.strides[i] == self.strides[i];
-        }
-        same
+        Self::head(t.dtype, t.rank) == self.head
+            && call_key(t.memory_space, t.device_id) == self.place
+            && self.same_extents(&t.dims, &t.strides)
+    }
+
+    /// Whether the descriptor `d` is this tensor apart from its data address.
+    #[inline(always)]
+    pub(crate) fn matches_desc(&self, d: &TensorDesc) -> bool {
+        Self::head(d.dtype.raw(), d.rank) == self.head
+            && call_key(d.memory_space.bit(), d.device_id) == self.place
+            && self.same_extents(&d.dims, &d.strides)
     }
 }
 
+impl RustCall<'_> {
+    /// Checks one side of a Rust call, buffer by buffer, against the negotiated tensors (the
+    /// descriptor, the element type, the byte extent, the data address against the mask) and
+    /// writes each data pointer into the call's C tensors. One pass; nothing is copied but the
+    /// pointers.
+    #[inline(always)]
+    pub(crate) fn fill<'b>(
+        &mut self,
+        r: &Resolved,
+        role: TensorRole,
+        args: impl ExactSizeIterator<Item = BufferArg<'b>>,
+    ) -> Result<(), ExecuteError> {
+        let shapes = self.contract.shapes(role);
+        let infos = self.contract.infos(role);
+        let out: &mut [guild_tensor_desc_v1_t] = match role {
+            TensorRole::Input => self.inputs,
+            TensorRole::Output => self.outputs,
+        };
+        if args.len() != shapes.len() || out.len() != shapes.len() {
+            return Err(arity(role, shapes.len(), args.len()));
+        }
+        for (index, ((arg, slot), (shape, info))) in args
+            .zip(out.iter_mut())
+            .zip(shapes.iter().zip(infos))
+            .enumerate()
+        {
+            let (desc, element, ptr, len) = arg;
+            let address = ptr as usize as u64;
+            let fits = u64::try_from(len).unwrap_or(u64::MAX) >= info.byte_extent;
+            let typed = element.is_none_or(|e| e == desc.dtype);
+            if !shape.matches_desc(desc)
+                || !typed
+                || !fits
+                || address == 0
+                || address & r.align_mask != 0
+            {
+                return Err(self.bad_buffer(r, TensorRef { role, index }, arg));
+            }
+            slot.data = ptr;
+        }
+        Ok(())
+    }
+
+    /// Why a buffer failed [`RustCall::fill`].
+    #[cold]
+    fn bad_buffer(&self, r: &Resolved, tensor: TensorRef, arg: BufferArg<'_>) -> ExecuteError {
+        let (desc, element, ptr, len) = arg;
+        let list = match tensor.role {
+            TensorRole::Input => self.contract.inputs(),
+            TensorRole::Output => self.contract.outputs(),
+        };
+        let (Some(expected), Some(info)) = (
+            list.get(tensor.index),
+            self.contract.infos(tensor.role).get(tensor.index),
+        ) else {
+            return arity(tensor.role, list.len(), tensor.index);
+        };
+        let same = self
+            .contract
+            .shapes(tensor.role)
+            .get(tensor.index)
+            .is_some_and(|s| s.matches_desc(desc));
+        if !same {
+            return ExecuteError::DescriptorMismatch {
+                tensor,
+                expected: Box::new(*expected),
+                actual: Box::new(*desc),
+            };
+        }
+        if let Some(element) = element.filter(|&e| e != desc.dtype) {
+            return ExecuteError::ElementType {
+                tensor,
+                dtype: desc.dtype,
+                element,
+            };
+        }
+        if u64::try_from(len).unwrap_or(u64::MAX) < info.byte_extent {
+            return ExecuteError::BufferTooSmall {
+                tensor,
+                needed: info.byte_extent,
+                got: len,
+            };
+        }
+        r.bad_address(tensor, ptr as usize as u64)
+    }
+}
+
+/// One buffer of a Rust call: its descriptor, the element type its Rust slice holds (`None` for
+/// raw bytes or device memory), its address and its length in bytes.
+pub(crate) type BufferArg<'a> = (&'a TensorDesc, Option<DType>, *mut c_void, usize);
 /// The text a callback left in an error record, up to its first NUL.
 fn error_text(error: &guild_error_info_t) -> String {
     fixed_buffer_text(&error.message)
@@ -990,7 +1721,7 @@ fn error_text(error: &guild_error_info_t) -> String {
 fn check_scratch(
     kind: &'static str,
     needed: u64,
-    alignment: u32,
+    mask: u64,
     ptr: *mut c_void,
     size: u64,
 ) -> Result<(), ExecuteError> {
@@ -1004,12 +1735,11 @@ fn check_scratch(
             got: if ptr.is_null() { 0 } else { size },
         });
     }
-    let align = usize::try_from(alignment).unwrap_or(usize::MAX);
-    if align > 1 && !(ptr as usize).is_multiple_of(align) {
+    if ptr as usize as u64 & mask != 0 {
         return Err(ExecuteError::ScratchMisaligned {
             kind,
             address: ptr as usize,
-            alignment,
+            alignment: u32::try_from(mask + 1).unwrap_or(u32::MAX),
         });
     }
     Ok(())

@@ -1,11 +1,28 @@
 //! How the service names and guards its handles.
 //!
-//! A [`Gate`] is one handle's call state in one atomic word: how many `describe`/`scratch` calls
-//! are in progress, whether an `execute` holds the handle, whether callers wait for it, whether
-//! the handle is live, and (for C handles) its generation. Every transition is a single
-//! compare-and-swap on that word, so a release either finds no call in progress and retires the
-//! handle, or is refused with "busy" and changes nothing: there is no window between the check
-//! and the release.
+//! A [`Gate`] is one handle's call state. Its word holds whether an `execute` (or a reshape)
+//! holds the handle, whether a release is deciding, whether the handle is live, and (for C
+//! handles) its generation. Beside it, two counters say how many `describe`/`scratch` calls
+//! are in progress and how many callers wait for the running `execute`.
+//!
+//! Only the call that holds the handle changes the word while it holds it (every other change
+//! is a compare-and-swap that needs the handle free), so an `execute` takes the handle with one
+//! compare-and-swap and gives it back with a plain store: one locked instruction per call. A
+//! release first takes the handle as an execute would, marked as deciding, then looks at the
+//! two counters: with none in progress it retires the handle; otherwise it gives the handle
+//! back and is refused with "busy", having changed nothing. Counted calls announce themselves
+//! before they look at the word, and the release looks at the counters after it has marked the
+//! word (both sequentially consistent), so one of the two always sees the other: there is no
+//! window between the check and the release.
+//!
+//! A call that finds a release deciding waits for the decision (the release only reads the two
+//! counters before it stores it), so that a call racing a release finds the handle live or
+//! gone, never busy because of the release.
+//!
+//! A waiter announces itself in its counter and sleeps on the gate's condition variable. The
+//! call that gives the handle back wakes it when it sees the count; should it miss a waiter
+//! that announced itself at that very moment, the waiter's sleep ends after a millisecond and
+//! it looks again, so a wake-up can be late but never lost.
 //!
 //! A C handle is not a pointer: it is the number [`HandleTable::insert`] returns, made of the
 //! core's tag, the slot's generation and the slot's index. The slots live in segments that are
@@ -16,24 +33,25 @@
 
 use std::cell::Cell;
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
+use std::time::Duration;
 
 // The handle number is a 64-bit value carried in a pointer.
 const _: () = assert!(size_of::<usize>() == 8, "C handles need 64-bit pointers");
 
-/// `describe`/`scratch` calls in progress.
-const SHARED: u64 = (1 << 24) - 1;
-/// An `execute` holds the handle.
+/// An `execute` or a reshape holds the handle.
 const RUNNING: u64 = 1 << 24;
-/// Callers wait (on the gate's condition variable) for the running `execute` to finish.
-const WAITERS: u64 = 1 << 25;
+/// A release holds the handle while it decides (with [`RUNNING`]).
+const RETIRING: u64 = 1 << 25;
 /// The handle is live: resolved and not released.
 const LIVE: u64 = 1 << 26;
 const GEN_SHIFT: u32 = 32;
 /// Generations are 24 bits, as they are in a handle number.
 const GEN_BITS: u32 = 24;
 const GEN_MAX: u64 = (1 << GEN_BITS) - 1;
+/// How long a waiter sleeps before it looks at the word again without a wake-up.
+const WAIT_SLICE: Duration = Duration::from_millis(1);
 
 /// Why a gate refused a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +71,9 @@ thread_local! {
     static TOKEN: Cell<u8> = const { Cell::new(0) };
 }
 
-/// A number that identifies the calling thread while it lives: the address of a thread-local.
+/// A number that identifies the calling thread while it lives: the address of a thread-local
+/// (two instructions: the thread pointer and an offset).
+#[inline(always)]
 fn thread_token() -> usize {
     TOKEN.with(|t| ptr::from_ref(t) as usize)
 }
@@ -64,24 +84,33 @@ pub(crate) struct Gate {
     state: AtomicU64,
     /// The thread whose `execute` holds the handle (0 when none), to refuse reentry.
     owner: AtomicUsize,
-    /// How many callers wait for the running `execute`; guards the condition variable.
-    waiting: Mutex<usize>,
+    /// `describe`/`scratch` calls in progress.
+    shared: AtomicU32,
+    /// Callers waiting for the running `execute`.
+    waiters: AtomicU32,
+    /// Guards the condition variable waiters sleep on.
+    waiting: Mutex<()>,
     wake: Condvar,
 }
 
 /// Proof that this thread holds a gate's `execute` exclusivity; dropping it lets the next call
 /// in.
 #[derive(Debug)]
-pub(crate) struct Running<'g>(&'g Gate);
+pub(crate) struct Running<'g> {
+    gate: &'g Gate,
+    /// The word as it was before this call took the handle (live, its generation).
+    idle: u64,
+}
 
 impl Drop for Running<'_> {
+    #[inline(always)]
     fn drop(&mut self) {
-        self.0.owner.store(0, Ordering::Relaxed);
-        let previous = self.0.state.fetch_and(!RUNNING, Ordering::Release);
-        if previous & WAITERS != 0 {
-            // Taking the lock orders this wake-up after a waiter's last look at the state.
-            let _waiting = self.0.waiting.lock().unwrap_or_else(|e| e.into_inner());
-            self.0.wake.notify_one();
+        let gate = self.gate;
+        gate.owner.store(0, Ordering::Relaxed);
+        // Nobody else changes the word while the handle is held, so a store gives it back.
+        gate.state.store(self.idle, Ordering::Release);
+        if gate.waiters.load(Ordering::Relaxed) != 0 {
+            gate.wake_waiters();
         }
     }
 }
@@ -92,7 +121,7 @@ pub(crate) struct Shared<'g>(&'g Gate);
 
 impl Drop for Shared<'_> {
     fn drop(&mut self) {
-        self.0.state.fetch_sub(1, Ordering::Release);
+        self.0.shared.fetch_sub(1, Ordering::Release);
     }
 }
 
@@ -102,7 +131,9 @@ impl Gate {
         Gate {
             state: AtomicU64::new(0),
             owner: AtomicUsize::new(0),
-            waiting: Mutex::new(0),
+            shared: AtomicU32::new(0),
+            waiters: AtomicU32::new(0),
+            waiting: Mutex::new(()),
             wake: Condvar::new(),
         }
     }
@@ -119,61 +150,101 @@ impl Gate {
         (state >> GEN_SHIFT) & GEN_MAX
     }
 
+    #[inline(always)]
     fn is_live_at(state: u64, generation: u64) -> bool {
-        state & LIVE != 0 && Self::generation(state) == generation
+        state & (LIVE | (GEN_MAX << GEN_SHIFT)) == LIVE | (generation << GEN_SHIFT)
     }
 
-    /// Counts a `describe` or `scratch` call (which reads only what resolution fixed, so it
-    /// may run beside an `execute`).
+    #[cold]
+    fn wake_waiters(&self) {
+        // Taking the lock orders this wake-up after a waiter's last look at the word.
+        let _waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        self.wake.notify_all();
+    }
+
+    /// Counts a `describe` or `scratch` call (which reads only what resolution fixed, and the
+    /// published scratch, so it may run beside an `execute`).
     pub(crate) fn enter_shared(&self, generation: u64) -> Result<Shared<'_>, Refused> {
-        let mut state = self.state.load(Ordering::Acquire);
         loop {
-            if !Self::is_live_at(state, generation) {
+            // A stale number is refused before it touches the count, so that it cannot make a
+            // release of the slot's newer handle look busy.
+            if !Self::is_live_at(self.state.load(Ordering::Acquire), generation) {
                 return Err(Refused::Stale);
             }
-            if state & SHARED == SHARED {
+            if self.shared.fetch_add(1, Ordering::SeqCst) == u32::MAX {
+                self.shared.fetch_sub(1, Ordering::SeqCst);
                 return Err(Refused::Busy);
             }
-            match self.state.compare_exchange_weak(
-                state,
-                state + 1,
-                Ordering::Acquire,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return Ok(Shared(self)),
-                Err(now) => state = now,
+            let state = self.state.load(Ordering::SeqCst);
+            if !Self::is_live_at(state, generation) {
+                self.shared.fetch_sub(1, Ordering::SeqCst);
+                return Err(Refused::Stale);
             }
+            if state & RETIRING == 0 {
+                return Ok(Shared(self));
+            }
+            // A release is deciding; it never blocks while it does, so look again.
+            self.shared.fetch_sub(1, Ordering::SeqCst);
+            std::thread::yield_now();
         }
     }
 
-    /// Takes the handle for an `execute`. When another call holds it, a caller that may
-    /// `wait` (a runner, through its own table or the Rust face) waits its turn, unless it is
-    /// the thread that holds it; one that may not (a plugin, through the table in its host
-    /// table, on any of its threads) is refused with [`Refused::Busy`].
+    /// Takes the handle for an `execute` (or a reshape). When another call holds it, a caller
+    /// that may `wait` (a runner, through its own table or the Rust face) waits its turn,
+    /// unless it is the thread that holds it; one that may not (a plugin, through the table in
+    /// its host table, on any of its threads) is refused with [`Refused::Busy`].
+    #[inline(always)]
     pub(crate) fn enter_run(&self, generation: u64, wait: bool) -> Result<Running<'_>, Refused> {
         let me = thread_token();
-        let mut state = self.state.load(Ordering::Acquire);
-        loop {
-            if !Self::is_live_at(state, generation) {
-                return Err(Refused::Stale);
+        let idle = LIVE | (generation << GEN_SHIFT);
+        match self.state.compare_exchange(
+            idle,
+            idle | RUNNING,
+            Ordering::Acquire,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => {
+                self.owner.store(me, Ordering::Relaxed);
+                Ok(Running { gate: self, idle })
             }
-            if state & RUNNING != 0 {
-                break;
-            }
-            match self.state.compare_exchange_weak(
-                state,
-                state | RUNNING,
-                Ordering::Acquire,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    self.owner.store(me, Ordering::Relaxed);
-                    return Ok(Running(self));
+            Err(now) => self.contended(now, generation, me, wait),
+        }
+    }
+
+    /// Why the handle could not be taken at once, or the handle after a wait.
+    #[cold]
+    fn contended(
+        &self,
+        mut now: u64,
+        generation: u64,
+        me: usize,
+        wait: bool,
+    ) -> Result<Running<'_>, Refused> {
+        let idle = LIVE | (generation << GEN_SHIFT);
+        // A release that is deciding never blocks while it does: wait for its decision, so that
+        // a call racing a release sees the handle either live or gone, never busy because of it.
+        while Self::is_live_at(now, generation) && now & RETIRING != 0 {
+            std::thread::yield_now();
+            now = self.state.load(Ordering::Acquire);
+            if now == idle {
+                match self.state.compare_exchange(
+                    idle,
+                    idle | RUNNING,
+                    Ordering::Acquire,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        self.owner.store(me, Ordering::Relaxed);
+                        return Ok(Running { gate: self, idle });
+                    }
+                    Err(again) => now = again,
                 }
-                Err(now) => state = now,
             }
         }
-        if self.owner.load(Ordering::Relaxed) == me {
+        if !Self::is_live_at(now, generation) {
+            return Err(Refused::Stale);
+        }
+        if now & RUNNING != 0 && now & RETIRING == 0 && self.owner.load(Ordering::Relaxed) == me {
             return Err(Refused::Reentrant);
         }
         if !wait {
@@ -184,63 +255,67 @@ impl Gate {
 
     #[cold]
     fn wait_to_run(&self, generation: u64, me: usize) -> Result<Running<'_>, Refused> {
+        let idle = LIVE | (generation << GEN_SHIFT);
         let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-        // Announce the wait (a release is refused while anyone waits), then take the handle
-        // when it is free. Every change of WAITERS happens under this lock.
-        let mut state = self.state.load(Ordering::Acquire);
-        loop {
+        // Announced before the first look at the word: a release refuses while anyone waits.
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let taken = loop {
+            let state = self.state.load(Ordering::SeqCst);
             if !Self::is_live_at(state, generation) {
-                return Err(Refused::Stale);
+                break Err(Refused::Stale);
             }
-            match self.state.compare_exchange_weak(
-                state,
-                state | WAITERS,
-                Ordering::Acquire,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => break,
-                Err(now) => state = now,
-            }
-        }
-        *waiting += 1;
-        loop {
-            let state = self.state.load(Ordering::Acquire);
-            if state & RUNNING == 0 {
-                let mut next = state | RUNNING;
-                if *waiting == 1 {
-                    next &= !WAITERS;
-                }
-                if self
+            if state & RUNNING == 0
+                && self
                     .state
-                    .compare_exchange(state, next, Ordering::Acquire, Ordering::Acquire)
+                    .compare_exchange(idle, idle | RUNNING, Ordering::Acquire, Ordering::Acquire)
                     .is_ok()
-                {
-                    *waiting -= 1;
-                    self.owner.store(me, Ordering::Relaxed);
-                    return Ok(Running(self));
-                }
-                continue;
+            {
+                self.owner.store(me, Ordering::Relaxed);
+                break Ok(Running { gate: self, idle });
             }
-            waiting = self.wake.wait(waiting).unwrap_or_else(|e| e.into_inner());
-        }
+            if state & RUNNING != 0 {
+                waiting = self
+                    .wake
+                    .wait_timeout(waiting, WAIT_SLICE)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        };
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        taken
     }
 
     /// Retires the handle at `generation` when no call is in progress or waiting; otherwise
-    /// nothing changes. One compare-and-swap decides.
+    /// nothing changes.
     fn retire(&self, generation: u64) -> Result<(), Refused> {
-        let idle = (generation << GEN_SHIFT) | LIVE;
-        let next = ((generation + 1) & GEN_MAX) << GEN_SHIFT;
-        match self
-            .state
-            .compare_exchange(idle, next, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => Ok(()),
-            Err(now) if Self::is_live_at(now, generation) => {
-                let calls = (now & SHARED) + u64::from(now & (RUNNING | WAITERS) != 0);
-                Err(Refused::InUse(calls))
+        let idle = LIVE | (generation << GEN_SHIFT);
+        if let Err(now) = self.state.compare_exchange(
+            idle,
+            idle | RUNNING | RETIRING,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        ) {
+            if !Self::is_live_at(now, generation) {
+                return Err(Refused::Stale);
             }
-            Err(_) => Err(Refused::Stale),
+            let calls = u64::from(self.shared.load(Ordering::SeqCst))
+                + u64::from(self.waiters.load(Ordering::SeqCst))
+                + 1;
+            return Err(Refused::InUse(calls));
         }
+        let calls = u64::from(self.shared.load(Ordering::SeqCst))
+            + u64::from(self.waiters.load(Ordering::SeqCst));
+        if calls > 0 {
+            // Give the handle back as it was; a waiter that came meanwhile gets its turn.
+            self.state.store(idle, Ordering::SeqCst);
+            if self.waiters.load(Ordering::SeqCst) != 0 {
+                self.wake_waiters();
+            }
+            return Err(Refused::InUse(calls));
+        }
+        let next = ((generation + 1) & GEN_MAX) << GEN_SHIFT;
+        self.state.store(next, Ordering::Release);
+        Ok(())
     }
 }
 
@@ -557,7 +632,7 @@ mod tests {
         // A waiting runner gets its turn when the running call ends.
         std::thread::scope(|s| {
             let waiter = s.spawn(|| gate.enter_run(0, true).map(|_| ()));
-            while gate.state.load(Ordering::Acquire) & WAITERS == 0 {
+            while gate.waiters.load(Ordering::Acquire) == 0 {
                 std::thread::yield_now();
             }
             drop(running);

@@ -82,7 +82,6 @@ mod handles;
 use std::ffi::c_void;
 use std::fmt;
 use std::marker::PhantomData;
-use std::mem::MaybeUninit;
 
 use guild_abi::guild_stream_t;
 use guild_domain::ids::{ImplId, OpName, PackageId};
@@ -94,7 +93,7 @@ use guild_domain::operation::{
 use guild_domain::version::{PackedVersion, Version};
 use guild_ports::device::{DeviceError, StreamRef};
 
-use self::core::{c_tensor, Call, Negotiation, Resolved};
+use self::core::{BufferArg, Negotiation, Resolved};
 pub use self::core::{DeviceSupport, PassReason, PassedOver};
 use self::handles::{Gate, Refused};
 use crate::registry::{KernelBinding, KernelRegistry};
@@ -283,7 +282,8 @@ impl<'r> OperationService<'r> {
             params,
             tensors: None,
         };
-        let resolved = self.registry.service().resolve(query, &args, self.report)?;
+        let mut resolved = self.registry.service().resolve(query, &args, self.report)?;
+        resolved.prepare_rust_calls();
         Ok(OpHandle {
             resolved,
             gate: Gate::live(),
@@ -331,8 +331,8 @@ pub struct OpDescription<'h> {
     pub scratch: Scratch,
 }
 
-/// Describes a resolved operation; shared by both faces.
-fn describe(r: &Resolved) -> OpDescription<'_> {
+/// Describes a resolved operation with the scratch its face reports; shared by both faces.
+fn describe(r: &Resolved, scratch: Scratch) -> OpDescription<'_> {
     OpDescription {
         impl_id: &r.candidate.impl_id,
         package: r.binding.package(),
@@ -342,7 +342,7 @@ fn describe(r: &Resolved) -> OpDescription<'_> {
         backend: r.candidate.backend,
         priority: r.candidate.priority,
         sync_mode: r.sync_mode,
-        scratch: r.scratch,
+        scratch,
     }
 }
 
@@ -361,30 +361,88 @@ impl fmt::Debug for OpHandle<'_> {
         f.debug_struct("OpHandle")
             .field("impl_id", &self.resolved.candidate.impl_id)
             .field("package", self.resolved.binding.package())
-            .field("scratch", &self.resolved.scratch)
+            .field("scratch", &self.scratch())
             .finish_non_exhaustive()
     }
 }
 
 impl OpHandle<'_> {
+    /// The contract as last negotiated.
+    fn contract(&self) -> &self::core::Contract {
+        // SAFETY: a Rust handle's contract changes only in `reshape`, which takes `&mut self`.
+        unsafe { self.resolved.contract() }
+    }
+
     /// What was resolved.
     pub fn describe(&self) -> OpDescription<'_> {
-        describe(&self.resolved)
+        describe(&self.resolved, self.scratch())
     }
 
-    /// The scratch each execute needs.
+    /// The scratch each execute needs (as last negotiated: a reshape may change it).
     pub fn scratch(&self) -> Scratch {
-        self.resolved.scratch
+        self.contract().scratch
     }
 
-    /// The negotiated input descriptors.
+    /// The negotiated input descriptors (as last negotiated: a reshape may change them).
     pub fn inputs(&self) -> &[TensorDesc] {
-        &self.resolved.inputs
+        self.contract().inputs()
     }
 
-    /// The negotiated output descriptors.
+    /// The negotiated output descriptors (as last negotiated: a reshape may change them).
     pub fn outputs(&self) -> &[TensorDesc] {
-        &self.resolved.outputs
+        self.contract().outputs()
+    }
+
+    /// Negotiates new shapes for the handle's tensors with the provider it already has: the
+    /// same operation on a longer sequence, a KV cache one entry longer, a batch of another
+    /// size. Only rank, dims and strides may change; each tensor keeps its dtype, memory space
+    /// and device, and the handle its number of inputs and outputs.
+    ///
+    /// The new tensors must pass the provider's contract (its declared ranks, extents, layouts
+    /// and alignment), its `validate` and its `query_scratch` within the request's budgets,
+    /// exactly as at resolution, but no other provider is asked and none is ranked: a reshape
+    /// never changes the provider. On success every later execute must pass the new
+    /// descriptors ([`OpHandle::inputs`], [`OpHandle::outputs`]), and [`OpHandle::scratch`]
+    /// reports the scratch they need; executing with the old ones is refused. On failure
+    /// nothing changed: the handle still runs with the shapes it had.
+    ///
+    /// It takes `&mut self`, so no execute of the handle can be running (a shared handle is
+    /// reshaped by whoever owns it). Stream work already enqueued keeps its own arguments.
+    ///
+    /// A decode loop whose KV cache grows by one each token:
+    ///
+    /// ```no_run
+    /// # use guild_host::prelude::*;
+    /// # fn step(handle: &mut OpHandle<'_>, q: TensorDesc, out: TensorDesc, len: u64)
+    /// #     -> Result<(), Box<dyn std::error::Error>> {
+    /// let kv = TensorDesc::new(DType::F32, &[64, len], MemorySpace::Host);
+    /// handle.reshape(&[q, kv], &[out])?;
+    /// let mut scratch = vec![0u8; handle.scratch().host_bytes as usize];
+    /// // ... execute with `kv` as the second input ...
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn reshape(
+        &mut self,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+    ) -> Result<(), ReshapeError> {
+        self.reshape_with_params(inputs, outputs, &[])
+    }
+
+    /// As [`OpHandle::reshape`], passing `params` (the operation's parameter record) to the
+    /// provider's `validate` and `query_scratch`, as [`OperationService::resolve_with_params`]
+    /// does.
+    pub fn reshape_with_params(
+        &mut self,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        params: &[u8],
+    ) -> Result<(), ReshapeError> {
+        // SAFETY: `&mut self`: no other call of this handle runs.
+        let contract = unsafe { self.resolved.renegotiate(inputs, outputs, params) }?;
+        self.resolved.install_mut(contract);
+        Ok(())
     }
 
     /// Every other candidate of the operation and why it was not chosen (rejected, or
@@ -455,7 +513,7 @@ impl OpHandle<'_> {
         }
         if !r.host_only {
             // A slice is host memory; a provider told otherwise would hand it to a device.
-            return Err(not_host_memory(r));
+            return Err(not_host_memory(self.inputs(), self.outputs()));
         }
         // Every data pointer addresses a live Rust buffer of at least the tensor's byte extent
         // (checked in `run`), borrowed for this call by the arguments.
@@ -525,10 +583,12 @@ impl OpHandle<'_> {
         )
     }
 
-    /// What both execute paths share: each buffer checked against its negotiated descriptor
-    /// and byte extent, the call built, and the core's checks and call. `scratch_device` is
-    /// `None` on the path that cannot pass device scratch, which a provider needing some
-    /// refuses. The caller vouches that the pointers address the memory they describe.
+    /// What both execute paths share: the handle taken, each buffer checked against its
+    /// negotiated tensor and its data pointer written into the handle's C tensors, the call
+    /// built, and the provider called. `scratch_device` is `None` on the path that cannot pass
+    /// device scratch, which a provider needing some refuses. The caller vouches that the
+    /// pointers address the memory they describe.
+    #[inline(always)]
     fn run<'a>(
         &self,
         inputs: impl ExactSizeIterator<Item = BufferArg<'a>>,
@@ -539,29 +599,23 @@ impl OpHandle<'_> {
         params: &[u8],
     ) -> Result<(), ExecuteError> {
         let r = &self.resolved;
-        // Built in place: the inline arrays are large enough that moving them would cost more
-        // than the checks.
-        let mut c_inputs = CTensors::new(r.inputs.len());
-        let mut c_outputs = CTensors::new(r.outputs.len());
-        check_buffers(
-            TensorRole::Input,
-            &r.inputs,
-            &r.input_infos,
-            inputs,
-            &mut c_inputs,
-        )?;
-        check_buffers(
-            TensorRole::Output,
-            &r.outputs,
-            &r.output_infos,
-            outputs,
-            &mut c_outputs,
-        )?;
+        if !stream.is_null() && !r.takes_stream {
+            return Err(ExecuteError::StreamOnCpu);
+        }
+        let running = self.gate.enter_run(0, true).map_err(|why| match why {
+            Refused::Reentrant => ExecuteError::Reentrant,
+            // A Rust handle is live for as long as it exists and its callers wait their turn.
+            Refused::Stale | Refused::Busy | Refused::InUse(_) => ExecuteError::Reentrant,
+        })?;
+        // SAFETY: `running` is this Rust handle's own gate's exclusivity, held for the call.
+        let mut call = unsafe { r.rust_call(&running) };
+        call.fill(r, TensorRole::Input, inputs)?;
+        call.fill(r, TensorRole::Output, outputs)?;
         let (scratch_device, scratch_device_size) = match scratch_device {
             Some(device) => device,
-            None if r.scratch.device_bytes > 0 => {
+            None if call.contract.scratch.device_bytes > 0 => {
                 return Err(ExecuteError::DeviceScratch {
-                    needed: r.scratch.device_bytes,
+                    needed: call.contract.scratch.device_bytes,
                 })
             }
             None => (std::ptr::null_mut(), 0),
@@ -570,16 +624,22 @@ impl OpHandle<'_> {
             Some(s) if !s.is_empty() => (s.as_mut_ptr().cast::<c_void>(), s.len()),
             _ => (std::ptr::null_mut(), 0),
         };
-        let (inputs, outputs) = (c_inputs.as_slice(), c_outputs.as_slice());
+        let scratch_host_size = u64::try_from(scratch_len).unwrap_or(u64::MAX);
+        call.contract.check_scratch(
+            scratch_host,
+            scratch_host_size,
+            scratch_device,
+            scratch_device_size,
+        )?;
         let args = guild_abi::guild_execute_args_v1_t {
             struct_size: size_of::<guild_abi::guild_execute_args_v1_t>() as u32,
             reserved: 0,
-            inputs: inputs.as_ptr(),
-            input_count: inputs.len(),
-            outputs: outputs.as_ptr(),
-            output_count: outputs.len(),
+            inputs: call.inputs.as_ptr(),
+            input_count: call.inputs.len(),
+            outputs: call.outputs.as_ptr(),
+            output_count: call.outputs.len(),
             scratch_host,
-            scratch_host_size: u64::try_from(scratch_len).unwrap_or(u64::MAX),
+            scratch_host_size,
             scratch_device,
             scratch_device_size,
             stream,
@@ -592,34 +652,22 @@ impl OpHandle<'_> {
             },
             params_size: params.len(),
         };
-        let call = Call {
-            args: &args,
-            inputs,
-            outputs,
-        };
-        let running = self.gate.enter_run(0, true).map_err(|why| match why {
-            Refused::Reentrant => ExecuteError::Reentrant,
-            // A Rust handle is live for as long as it exists and its callers wait their turn.
-            Refused::Stale | Refused::Busy | Refused::InUse(_) => ExecuteError::Reentrant,
-        })?;
-        // SAFETY: `running` gives this call the handle's cells, the error record among them.
-        let error = unsafe { &mut *r.error.get() };
-        error.status = guild_abi::GUILD_STATUS_OK;
-        error.component[0] = 0;
-        error.message[0] = 0;
-        // SAFETY: `running` is this handle's own gate's exclusivity, and `error` is the cell it
-        // grants; the tensors were built from the negotiated descriptors by `check_buffers`.
-        unsafe { r.execute(&running, &call, true, error) }
+        // The record is reused: only what a provider's report is read from is reset.
+        call.error.status = guild_abi::GUILD_STATUS_OK;
+        call.error.component[0] = 0;
+        call.error.message[0] = 0;
+        // SAFETY: every tensor is the negotiated descriptor with a data pointer checked for its
+        // byte extent and alignment (`fill`), the scratch was checked, the sync mode and device
+        // are the handle's own, and the stream is the caller's to vouch for (as the memory is);
+        // `running` is held.
+        unsafe { r.call_provider(&running, &args, call.error) }
     }
 }
 
 /// The error for slices passed to a handle negotiated for memory a slice cannot stand for.
 #[cold]
-fn not_host_memory(r: &Resolved) -> ExecuteError {
-    let roles = [
-        (TensorRole::Input, &r.inputs),
-        (TensorRole::Output, &r.outputs),
-    ];
+fn not_host_memory(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> ExecuteError {
+    let roles = [(TensorRole::Input, inputs), (TensorRole::Output, outputs)];
     for (role, tensors) in roles {
         if let Some((index, t)) = tensors
             .iter()
@@ -639,122 +687,6 @@ fn not_host_memory(r: &Resolved) -> ExecuteError {
         },
         space: MemorySpace::Device,
     }
-}
-
-/// The C tensors of one call: on the stack for up to [`INLINE_TENSORS`] of them, so that the
-/// common call allocates nothing.
-struct CTensors {
-    len: usize,
-    inline: [MaybeUninit<guild_abi::guild_tensor_desc_v1_t>; INLINE_TENSORS],
-    spilled: Vec<guild_abi::guild_tensor_desc_v1_t>,
-}
-
-/// How many tensors per side a call passes without allocating.
-const INLINE_TENSORS: usize = 8;
-
-impl CTensors {
-    fn new(len: usize) -> Self {
-        CTensors {
-            len: 0,
-            inline: [const { MaybeUninit::uninit() }; INLINE_TENSORS],
-            spilled: if len > INLINE_TENSORS {
-                Vec::with_capacity(len)
-            } else {
-                Vec::new()
-            },
-        }
-    }
-
-    fn push(&mut self, t: guild_abi::guild_tensor_desc_v1_t) {
-        if self.spilled.capacity() > 0 {
-            self.spilled.push(t);
-        } else if let Some(slot) = self.inline.get_mut(self.len) {
-            slot.write(t);
-            self.len += 1;
-        }
-    }
-
-    fn as_slice(&self) -> &[guild_abi::guild_tensor_desc_v1_t] {
-        if self.spilled.capacity() > 0 {
-            return &self.spilled;
-        }
-        // SAFETY: the first `len` inline entries were written by `push` (and the descriptor is
-        // plain data with no drop glue, so never dropping them is fine).
-        unsafe { std::slice::from_raw_parts(self.inline.as_ptr().cast(), self.len) }
-    }
-}
-
-/// One buffer as `check_buffers` takes it: its descriptor, the element type its Rust slice
-/// holds (`None` for raw bytes or device memory), its address and its length in bytes.
-type BufferArg<'a> = (&'a TensorDesc, Option<DType>, *mut c_void, usize);
-
-/// Checks each Rust buffer against its negotiated descriptor (descriptor, element type, byte
-/// extent) and builds the C tensors; the contract checks follow in the core.
-fn check_buffers<'a>(
-    role: TensorRole,
-    negotiated: &[TensorDesc],
-    infos: &[guild_domain::operation::TensorInfo],
-    args: impl ExactSizeIterator<Item = BufferArg<'a>>,
-    out: &mut CTensors,
-) -> Result<(), ExecuteError> {
-    if args.len() != negotiated.len() {
-        return Err(ExecuteError::Arity {
-            role,
-            expected: negotiated.len(),
-            got: args.len(),
-        });
-    }
-    for (index, (arg, (expected, info))) in args.zip(negotiated.iter().zip(infos)).enumerate() {
-        let tensor = TensorRef { role, index };
-        let (desc, element, ptr, len) = arg;
-        if !same_tensor(desc, expected) {
-            return Err(ExecuteError::DescriptorMismatch {
-                tensor,
-                expected: Box::new(*expected),
-                actual: Box::new(*desc),
-            });
-        }
-        if let Some(element) = element {
-            if element != desc.dtype {
-                return Err(ExecuteError::ElementType {
-                    tensor,
-                    dtype: desc.dtype,
-                    element,
-                });
-            }
-        }
-        let got = u64::try_from(len).unwrap_or(u64::MAX);
-        if got < info.byte_extent {
-            return Err(ExecuteError::BufferTooSmall {
-                tensor,
-                needed: info.byte_extent,
-                got: len,
-            });
-        }
-        out.push(c_tensor(expected, ptr));
-    }
-    Ok(())
-}
-
-/// Whether two descriptors name the same tensor shape apart from the data address (unused
-/// dims and strides ignored; a 0 stride equals its explicit packed value only if spelled the
-/// same way, which the negotiation saw).
-#[inline]
-fn same_tensor(a: &TensorDesc, b: &TensorDesc) -> bool {
-    if a.dtype != b.dtype
-        || a.rank != b.rank
-        || a.memory_space != b.memory_space
-        || a.device_id != b.device_id
-    {
-        return false;
-    }
-    // Element by element: the ranks are small, and a slice comparison costs a memcmp call.
-    let rank = a.shape().len();
-    let mut same = true;
-    for i in 0..rank {
-        same &= a.dims[i] == b.dims[i] && a.strides[i] == b.strides[i];
-    }
-    same
 }
 
 /// Why an execute did not run or the provider failed. Every variant but
@@ -890,6 +822,41 @@ pub enum ExecuteError {
     /// The device adapter could not record the end of the stream work the call enqueued.
     #[error("the work was enqueued but its completion could not be recorded: {0}")]
     Stream(DeviceError),
+}
+
+/// Why [`OpHandle::reshape`] (or the C service's `reshape`) changed nothing. The handle keeps
+/// the shapes it had and still runs with them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReshapeError {
+    /// The reshape passes another number of inputs or outputs than the handle has.
+    #[error(
+        "{got} {role}s given, the handle has {expected}; a reshape keeps the number of tensors"
+    )]
+    Arity {
+        /// Inputs or outputs.
+        role: TensorRole,
+        /// How many the handle has.
+        expected: usize,
+        /// How many the reshape passed.
+        got: usize,
+    },
+    /// A tensor's dtype, memory space or device differs from the handle's: a reshape changes
+    /// only rank, dims and strides (anything else is a new resolution).
+    #[error("{tensor} changes its {what}; a reshape changes only rank, dims and strides")]
+    Changed {
+        /// Which tensor.
+        tensor: TensorRef,
+        /// `dtype`, `memory space` or `device`.
+        what: &'static str,
+    },
+    /// The new tensors are invalid whatever the provider (a bad rank, extent or stride).
+    #[error("invalid reshape: {0}")]
+    Query(QueryError),
+    /// The handle's provider cannot serve the new tensors: its declared contract, its
+    /// `validate` or `query_scratch`, or the budgets refused them.
+    #[error("the provider refused the new shapes: {0}")]
+    Refused(Rejection),
 }
 
 // ---------------------------------------------------------------------------------------------

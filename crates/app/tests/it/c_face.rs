@@ -11,8 +11,8 @@ use guild_abi::text::fixed_buffer_text;
 use guild_abi::{
     guild_device_caps_v1_t, guild_error_info_t, guild_execute_args_v1_t, guild_op_description_v1_t,
     guild_op_handle_t, guild_operation_query_v1_t, guild_operation_service_v1_t,
-    guild_scratch_request_v1_t, guild_stream_t, guild_tensor_desc_v1_t, GUILD_BACKEND_CPU,
-    GUILD_BUDGET_UNLIMITED, GUILD_MEMORY_HOST, GUILD_OPERATION_QUERY_VERSION,
+    guild_reshape_args_v1_t, guild_scratch_request_v1_t, guild_stream_t, guild_tensor_desc_v1_t,
+    GUILD_BACKEND_CPU, GUILD_BUDGET_UNLIMITED, GUILD_MEMORY_HOST, GUILD_OPERATION_QUERY_VERSION,
     GUILD_OPERATION_SERVICE_VERSION, GUILD_STATUS_OK, GUILD_SYNC_HOST_BLOCKING,
 };
 use guild_host::registry::KernelRegistry;
@@ -338,6 +338,15 @@ impl Handle<'_, '_> {
         check(status, &error)
     }
 
+    /// Reshapes the handle to these tensors, without params.
+    pub fn reshape(
+        &self,
+        inputs: &[guild_tensor_desc_v1_t],
+        outputs: &[guild_tensor_desc_v1_t],
+    ) -> Result<(), CError> {
+        reshape_raw(self.service, self.raw, &reshape_args(inputs, outputs))
+    }
+
     /// Releases the handle, reporting what release said.
     pub fn release(self) -> Result<(), CError> {
         let this = std::mem::ManuallyDrop::new(self);
@@ -361,4 +370,39 @@ impl Drop for Handle<'_, '_> {
             result.expect("releasing a handle");
         }
     }
+}
+
+/// Reshape args for these tensors, without params.
+pub fn reshape_args(
+    inputs: &[guild_tensor_desc_v1_t],
+    outputs: &[guild_tensor_desc_v1_t],
+) -> guild_reshape_args_v1_t {
+    guild_reshape_args_v1_t {
+        struct_size: size_of::<guild_reshape_args_v1_t>() as u32,
+        reserved: 0,
+        inputs: inputs.as_ptr(),
+        input_count: inputs.len(),
+        outputs: outputs.as_ptr(),
+        output_count: outputs.len(),
+        params: ptr::null(),
+        params_size: 0,
+    }
+}
+
+/// Calls reshape on a raw handle pointer with an args record as given.
+pub fn reshape_raw(
+    service: &Service<'_>,
+    raw: *mut guild_op_handle_t,
+    args: *const guild_reshape_args_v1_t,
+) -> Result<(), CError> {
+    let mut error = guild_error_info_t::new();
+    assert!(
+        service.table.struct_size as usize >= guild_abi::GUILD_OPERATION_SERVICE_V1_RESHAPE_SIZE,
+        "the table has the reshape tail"
+    );
+    let reshape = service.table.reshape.unwrap();
+    // SAFETY: `raw` is a handle of this service (or deliberately stale); `args` is a live record
+    // whose arrays are live (or deliberately broken in a way the service must catch).
+    let status = unsafe { reshape(service.table.user, raw, args, &mut error) };
+    check(status, &error)
 }

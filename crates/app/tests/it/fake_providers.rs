@@ -30,7 +30,7 @@ use guild_ports::provider::ExecuteCall;
 use crate::c_face::{args, tensor, with_data, Query, Service};
 use crate::support::{id, key, open_dir, trust, Spec, Workshop, PUBLISHER};
 
-const OP: &str = "ex.fake.double";
+pub(crate) const OP: &str = "ex.fake.double";
 const FAST: &str = "ex.fake.op.cpu";
 const SLOW: &str = "ex.fake.slow";
 const NEVER: &str = "ex.fake.never";
@@ -51,7 +51,7 @@ impl PluginLoader for Shared {
 }
 
 /// A one-input, one-output host-blocking CPU contract over contiguous tensors of any dtype.
-fn candidate(impl_id: &str, priority: i32) -> OpCandidate {
+pub(crate) fn candidate(impl_id: &str, priority: i32) -> OpCandidate {
     OpCandidate {
         impl_id: ImplId::new(impl_id).unwrap(),
         op_name: OpName::new(OP).unwrap(),
@@ -80,7 +80,7 @@ fn candidate(impl_id: &str, priority: i32) -> OpCandidate {
 
 /// Doubles a rank-1 i64 tensor into another of the same length; refuses a negative input
 /// with `GUILD_STATUS_ERR_INVALID_ARGUMENT`, as a C provider would fill the error record.
-fn double(call: ExecuteCall<'_>) -> Result<(), ProviderRefusal> {
+pub(crate) fn double(call: ExecuteCall<'_>) -> Result<(), ProviderRefusal> {
     let (input, output) = (&call.inputs()[0], &call.outputs()[0]);
     let n = input.dims[0] as usize;
     // SAFETY: the service checked both tensors against the negotiated contract (rank 1, `n`
@@ -153,13 +153,18 @@ struct Fixture {
     _shop: Workshop,
 }
 
-fn fixture() -> Fixture {
-    let shop = Workshop::new();
+/// A host over a fresh store in `shop` with `module` installed and enabled, whose library the
+/// fake loader serves as `plugin`; also the loader and the library's path.
+pub(crate) fn fake_host(
+    shop: &Workshop,
+    module: Spec,
+    plugin: FakePlugin,
+) -> (Host, Arc<FakeLoader>, PathBuf) {
     let k = key();
     let store = shop.fresh("store");
     let (pm, _) = open_dir(&store).unwrap();
     trust(&pm, PUBLISHER, &k);
-    let built = shop.build(&Spec::module("ex.fake", "1.0.0").op(SLOW).op(NEVER), &k);
+    let built = shop.build(&module, &k);
     pm.install(&built.archive, InstallOptions::default())
         .unwrap();
     let plan = pm.load_plan().unwrap();
@@ -171,27 +176,35 @@ fn fixture() -> Fixture {
             .entry
             .as_str(),
     );
-    let providers = providers();
     let fake = Arc::new(FakeLoader::new());
-    fake.insert(
-        &library,
-        FakePlugin::new()
-            .with_kernel(fake_operation_with(
-                candidate(FAST, 30),
-                providers.fast.clone(),
-            ))
-            .with_kernel(fake_operation_with(
-                candidate(SLOW, 20),
-                providers.slow.clone(),
-            ))
-            .with_kernel(fake_operation_with(
-                candidate(NEVER, 10),
-                providers.never.clone(),
-            )),
-    );
+    fake.insert(&library, plugin);
     let host = Host::new(pm, Box::new(Shared(fake.clone())));
     let report = host.load_enabled().unwrap();
     assert!(report.failed.is_empty(), "{:?}", report.failed);
+    (host, fake, library)
+}
+
+fn fixture() -> Fixture {
+    let shop = Workshop::new();
+    let providers = providers();
+    let plugin = FakePlugin::new()
+        .with_kernel(fake_operation_with(
+            candidate(FAST, 30),
+            providers.fast.clone(),
+        ))
+        .with_kernel(fake_operation_with(
+            candidate(SLOW, 20),
+            providers.slow.clone(),
+        ))
+        .with_kernel(fake_operation_with(
+            candidate(NEVER, 10),
+            providers.never.clone(),
+        ));
+    let (host, fake, library) = fake_host(
+        &shop,
+        Spec::module("ex.fake", "1.0.0").op(SLOW).op(NEVER),
+        plugin,
+    );
     Fixture {
         host,
         fake,
@@ -201,17 +214,17 @@ fn fixture() -> Fixture {
     }
 }
 
-fn i64s(n: u64) -> TensorDesc {
+pub(crate) fn i64s(n: u64) -> TensorDesc {
     TensorDesc::new(DType::I64, &[n], MemorySpace::Host)
 }
 
-fn request(n: u64) -> OperationRequest {
+pub(crate) fn request(n: u64) -> OperationRequest {
     OperationRequest::cpu(OpName::new(OP).unwrap(), vec![i64s(n)], vec![i64s(n)])
 }
 
-/// Scratch at the alignment the fast provider asks for.
+/// Scratch at the alignment the fast provider asks for (64 bytes at 16).
 #[repr(C, align(16))]
-struct Aligned([u8; 64]);
+pub(crate) struct Aligned(pub(crate) [u8; 64]);
 
 /// Who the handle passed over and why, by impl id.
 fn passed_over(handle: &guild_host::operations::OpHandle<'_>) -> Vec<(String, PassReason)> {

@@ -577,11 +577,11 @@ fn a_registry_destroyed_under_a_copied_service_refuses_it() {
 
 /// What example.probe.reenter reads from params.
 #[repr(C)]
-struct ProbeParams {
-    struct_size: u32,
-    reserved: u32,
-    service: *const guild_abi::guild_operation_service_v1_t,
-    handle: *mut guild_abi::guild_op_handle_t,
+pub(crate) struct ProbeParams {
+    pub(crate) struct_size: u32,
+    pub(crate) reserved: u32,
+    pub(crate) service: *const guild_abi::guild_operation_service_v1_t,
+    pub(crate) handle: *mut guild_abi::guild_op_handle_t,
 }
 
 #[test]

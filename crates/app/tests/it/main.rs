@@ -29,6 +29,7 @@ mod publication_bounds;
 mod refusals;
 mod registry;
 mod rejections;
+mod reshape;
 mod runners;
 mod service_safety;
 mod signatures;

@@ -745,8 +745,9 @@ fn check_device(c: &OpCandidate, device: &DeviceCaps) -> Result<(), Rejection> {
 }
 
 /// Runs the provider's callbacks for one statically compatible candidate and checks its scratch
-/// against the budgets.
-fn negotiate(
+/// against the budgets: what [`resolve`] does for each candidate it tries, and what a reshape
+/// of a resolved handle repeats with its one provider (after [`check_static`]), without ranking.
+pub fn negotiate(
     query: &OpQuery,
     index: usize,
     candidate: &OpCandidate,

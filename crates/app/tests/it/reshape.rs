@@ -1,0 +1,543 @@
+//! Reshape: a handle renegotiates new shapes with the provider it already has (Rust and C
+//! faces), never with another one; a refusal leaves it as it was; executes with the old shapes
+//! are refused afterwards; a reshape is serialised with an execute of the same handle (a
+//! runner's table waits for it, a plugin's is refused with BUSY); a released or stale handle
+//! is refused.
+//!
+//! The providers are Rust fakes over the fake loader: `grow` (priority 10) serves up to eight
+//! values with 8 bytes of scratch per value at 16, and can be made to block in execute; `eager`
+//! (priority 20) serves exactly four values, so it loses at resolution for two and would win
+//! for four if a reshape ever ranked again.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use guild_abi::{
+    guild_reshape_args_v1_t, guild_tensor_desc_v1_t, GUILD_DTYPE_F32, GUILD_DTYPE_I64,
+    GUILD_STATUS_ERR_BUSY, GUILD_STATUS_ERR_INVALID_ARGUMENT, GUILD_STATUS_ERR_UNSUPPORTED,
+};
+use guild_domain::operation::{
+    DType, MemorySpace, ProviderRefusal, Rejection, TensorDesc, TensorRef, TensorRole,
+};
+use guild_host::operations::{
+    DeviceSupport, ExecuteError, OpHandle, ReshapeError, TensorArg, TensorArgMut,
+};
+use guild_host::{Host, OperationService};
+use guild_ports::fakes::{fake_operation_with, FakePlugin, FakeProvider, FakeScratch};
+
+use crate::c_face::{args, reshape_args, reshape_raw, tensor, with_data, Query, Service};
+use crate::fake_providers::{candidate, double, fake_host, i64s, request, Aligned, OP};
+use crate::gkmodule::ProbeParams;
+use crate::support::{Spec, Workshop};
+
+/// The module's default op (what `Spec::module` declares).
+const GROW: &str = "ex.reshape.op.cpu";
+const EAGER: &str = "ex.reshape.eager.cpu";
+/// The most values `grow` serves.
+const MOST: u64 = 8;
+
+/// What `grow` saw, in order, and a latch that holds its execute while armed.
+#[derive(Default)]
+struct Log {
+    events: Mutex<Vec<String>>,
+    /// (armed, entered): an armed execute marks itself entered and waits until disarmed.
+    latch: Mutex<(bool, bool)>,
+    wake: Condvar,
+}
+
+impl Log {
+    fn push(&self, event: String) {
+        self.events.lock().unwrap().push(event);
+    }
+
+    fn events(&self) -> Vec<String> {
+        self.events.lock().unwrap().clone()
+    }
+
+    fn arm(&self) {
+        *self.latch.lock().unwrap() = (true, false);
+    }
+
+    fn wait_entered(&self) {
+        let mut latch = self.latch.lock().unwrap();
+        while !latch.1 {
+            latch = self.wake.wait(latch).unwrap();
+        }
+    }
+
+    fn disarm(&self) {
+        self.latch.lock().unwrap().0 = false;
+        self.wake.notify_all();
+    }
+
+    /// Called by an execute: waits while armed.
+    fn hold(&self) {
+        let mut latch = self.latch.lock().unwrap();
+        if latch.0 {
+            latch.1 = true;
+            self.wake.notify_all();
+            while latch.0 {
+                latch = self.wake.wait(latch).unwrap();
+            }
+        }
+    }
+}
+
+struct Fixture {
+    host: Host,
+    grow: Arc<FakeProvider>,
+    eager: Arc<FakeProvider>,
+    log: Arc<Log>,
+    _shop: Workshop,
+}
+
+fn fixture() -> Fixture {
+    let shop = Workshop::new();
+    let log = Arc::new(Log::default());
+    let (seen, scratch_seen, ran) = (log.clone(), log.clone(), log.clone());
+    let grow = Arc::new(
+        FakeProvider::new()
+            .validating(move |q| {
+                let n = q.inputs()[0].dims[0];
+                seen.push(format!("validate {n}"));
+                if n > MOST {
+                    return Err(ProviderRefusal::new(
+                        GUILD_STATUS_ERR_UNSUPPORTED,
+                        format!("grow serves at most {MOST} values, not {n}"),
+                    ));
+                }
+                Ok(())
+            })
+            .scratch(move |q| {
+                let n = q.inputs()[0].dims[0];
+                scratch_seen.push(format!("scratch {n}"));
+                Ok(FakeScratch {
+                    host_bytes: 8 * n,
+                    device_bytes: 0,
+                    alignment: 16,
+                })
+            })
+            .executing(move |call| {
+                let a = call.raw();
+                let n = call.inputs()[0].dims[0];
+                ran.push(format!("execute {n} begins"));
+                // The scratch the service checked is the one the current shapes need.
+                assert!(a.scratch_host_size >= 8 * n);
+                ran.hold();
+                let result = double(call);
+                ran.push(format!("execute {n} ends"));
+                result
+            }),
+    );
+    let eager = Arc::new(FakeProvider::new().validating(|q| {
+        if q.inputs()[0].dims[0] == 4 {
+            Ok(())
+        } else {
+            Err(ProviderRefusal::new(
+                GUILD_STATUS_ERR_UNSUPPORTED,
+                "eager serves exactly four values",
+            ))
+        }
+    }));
+    let plugin = FakePlugin::new()
+        .with_kernel(fake_operation_with(candidate(GROW, 10), grow.clone()))
+        .with_kernel(fake_operation_with(candidate(EAGER, 20), eager.clone()));
+    let (host, _, _) = fake_host(&shop, Spec::module("ex.reshape", "1.0.0").op(EAGER), plugin);
+    Fixture {
+        host,
+        grow,
+        eager,
+        log,
+        _shop: shop,
+    }
+}
+
+/// Executes `handle` on `n` values 1..=n through the Rust face; the output on success.
+fn run(handle: &OpHandle<'_>, n: u64, scratch: &mut Aligned) -> Result<Vec<i64>, ExecuteError> {
+    let input: Vec<i64> = (1..=n as i64).collect();
+    let mut output = vec![0i64; n as usize];
+    handle.execute(
+        &[TensorArg::new(i64s(n), &input)],
+        &mut [TensorArgMut::new(i64s(n), &mut output)],
+        Some(&mut scratch.0),
+    )?;
+    Ok(output)
+}
+
+#[test]
+fn a_reshaped_handle_runs_the_new_shapes_with_the_same_provider_and_refuses_the_old() {
+    let f = fixture();
+    let service = OperationService::new(f.host.kernels());
+    let mut handle = service.resolve(&request(2)).unwrap();
+    assert_eq!(
+        handle.describe().impl_id.as_str(),
+        GROW,
+        "eager refused two values"
+    );
+    assert_eq!(handle.scratch().host_bytes, 16);
+    let eager_before = f.eager.calls();
+    let mut scratch = Aligned([0; 64]);
+    assert_eq!(run(&handle, 2, &mut scratch).unwrap(), [2, 4]);
+
+    // Four values: eager would accept them, but a reshape asks the handle's provider only.
+    handle.reshape(&[i64s(4)], &[i64s(4)]).unwrap();
+    assert_eq!(handle.describe().impl_id.as_str(), GROW);
+    assert_eq!(f.eager.calls(), eager_before, "no other provider was asked");
+    assert_eq!(handle.inputs(), [i64s(4)]);
+    assert_eq!(handle.outputs(), [i64s(4)]);
+    assert_eq!(
+        handle.scratch().host_bytes,
+        32,
+        "scratch is the new shapes'"
+    );
+    assert_eq!(handle.describe().scratch.host_bytes, 32);
+    assert_eq!(run(&handle, 4, &mut scratch).unwrap(), [2, 4, 6, 8]);
+
+    // The old shapes are refused now, before the provider runs.
+    let executed = f.grow.calls().execute;
+    match run(&handle, 2, &mut scratch).unwrap_err() {
+        ExecuteError::DescriptorMismatch { tensor, .. } => {
+            assert_eq!(tensor, TensorRef::input(0))
+        }
+        other => panic!("expected a descriptor mismatch, got {other}"),
+    }
+    assert_eq!(f.grow.calls().execute, executed);
+
+    // A decode loop: one longer every step, each step renegotiated and run.
+    for n in 5..=MOST {
+        handle.reshape(&[i64s(n)], &[i64s(n)]).unwrap();
+        assert_eq!(handle.scratch().host_bytes, 8 * n);
+        let out = run(&handle, n, &mut scratch).unwrap();
+        assert_eq!(out.last(), Some(&(2 * n as i64)));
+    }
+    let events = f.log.events();
+    let validates: Vec<&String> = events
+        .iter()
+        .filter(|e| e.starts_with("validate"))
+        .collect();
+    assert_eq!(validates.len(), 1 + 1 + (MOST as usize - 4), "{events:?}");
+}
+
+#[test]
+fn a_refused_reshape_leaves_the_handle_usable_with_its_old_shapes() {
+    let f = fixture();
+    let service = OperationService::new(f.host.kernels());
+    let mut handle = service.resolve(&request(2)).unwrap();
+    let mut scratch = Aligned([0; 64]);
+
+    // The provider's own refusal, with its reason.
+    let err = handle.reshape(&[i64s(9)], &[i64s(9)]).unwrap_err();
+    assert_eq!(
+        err,
+        ReshapeError::Refused(Rejection::ValidateRefused(ProviderRefusal::new(
+            GUILD_STATUS_ERR_UNSUPPORTED,
+            "grow serves at most 8 values, not 9",
+        )))
+    );
+    // The contract's own refusal (rank 2 where the candidate declares rank 1): no callback.
+    let calls = f.grow.calls();
+    let rank2 = TensorDesc::new(DType::I64, &[2, 2], MemorySpace::Host);
+    match handle.reshape(&[rank2], &[rank2]).unwrap_err() {
+        ReshapeError::Refused(r) => assert!(r.is_static(), "{r}"),
+        other => panic!("expected a static refusal, got {other}"),
+    }
+    assert_eq!(f.grow.calls(), calls, "a static refusal calls nothing");
+    // What a reshape may not change.
+    let f32s = TensorDesc::new(DType::F32, &[2], MemorySpace::Host);
+    assert_eq!(
+        handle.reshape(&[f32s], &[i64s(2)]).unwrap_err(),
+        ReshapeError::Changed {
+            tensor: TensorRef::input(0),
+            what: "dtype"
+        }
+    );
+    let pinned = TensorDesc::new(DType::I64, &[2], MemorySpace::HostPinned);
+    assert_eq!(
+        handle.reshape(&[i64s(2)], &[pinned]).unwrap_err(),
+        ReshapeError::Changed {
+            tensor: TensorRef::output(0),
+            what: "memory space"
+        }
+    );
+    assert_eq!(
+        handle.reshape(&[i64s(2), i64s(2)], &[i64s(2)]).unwrap_err(),
+        ReshapeError::Arity {
+            role: TensorRole::Input,
+            expected: 1,
+            got: 2
+        }
+    );
+    assert!(matches!(
+        handle.reshape(&[i64s(0)], &[i64s(0)]).unwrap_err(),
+        ReshapeError::Query(_)
+    ));
+
+    // Nothing changed: the old shapes, the old scratch, and the handle still runs.
+    assert_eq!(handle.inputs(), [i64s(2)]);
+    assert_eq!(handle.scratch().host_bytes, 16);
+    assert_eq!(run(&handle, 2, &mut scratch).unwrap(), [2, 4]);
+    assert!(matches!(
+        run(&handle, 9, &mut scratch).unwrap_err(),
+        ExecuteError::DescriptorMismatch { .. }
+    ));
+}
+
+#[test]
+fn the_c_face_reshapes_reports_the_new_scratch_and_refuses_the_old_shapes() {
+    let f = fixture();
+    let service = Service::of(f.host.kernels());
+    assert!(
+        service.table.struct_size as usize >= guild_abi::GUILD_OPERATION_SERVICE_V1_RESHAPE_SIZE
+    );
+    let (t2, t4) = (
+        tensor(GUILD_DTYPE_I64, &[2], &[]),
+        tensor(GUILD_DTYPE_I64, &[4], &[]),
+    );
+    let handle = service
+        .resolve(&Query::cpu(OP, vec![t2], vec![t2]))
+        .unwrap();
+    assert_eq!(handle.describe().unwrap().impl_id, GROW);
+    assert_eq!(handle.scratch().unwrap().host_bytes, 16);
+
+    // Refused by the provider: its status and reason, and the handle keeps its shapes.
+    let t9 = tensor(GUILD_DTYPE_I64, &[9], &[]);
+    let err = handle.reshape(&[t9], &[t9]).unwrap_err();
+    assert_eq!(err.status, GUILD_STATUS_ERR_UNSUPPORTED);
+    assert!(err.message.contains("at most 8 values, not 9"), "{err}");
+    assert!(err.message.contains("keeps its shapes"), "{err}");
+    let t_f32 = tensor(GUILD_DTYPE_F32, &[2], &[]);
+    let err = handle.reshape(&[t_f32], &[t2]).unwrap_err();
+    assert_eq!(err.status, GUILD_STATUS_ERR_INVALID_ARGUMENT);
+    assert!(err.message.contains("changes its dtype"), "{err}");
+    let mut bad = reshape_args(&[t2], &[t2]);
+    bad.struct_size = 8;
+    let err = reshape_raw(&service, handle.raw(), &bad).unwrap_err();
+    assert_eq!(err.status, GUILD_STATUS_ERR_INVALID_ARGUMENT);
+    assert!(err.message.contains("struct_size is 8"), "{err}");
+    let err = reshape_raw(&service, handle.raw(), std::ptr::null()).unwrap_err();
+    assert_eq!(err.status, GUILD_STATUS_ERR_INVALID_ARGUMENT);
+    assert_eq!(handle.scratch().unwrap().host_bytes, 16);
+
+    let mut scratch = Aligned([0; 64]);
+    let input = [1i64, 2, 3, 4];
+    let mut output = [0i64; 4];
+    let old = (
+        [with_data(t2, input.as_ptr())],
+        [with_data(t2, output.as_mut_ptr())],
+    );
+    handle
+        .execute(&old.0, &old.1, Some(&mut scratch.0))
+        .unwrap();
+    assert_eq!(output[..2], [2, 4]);
+
+    // Accepted: the new scratch, the new shapes run, the old ones are refused.
+    handle.reshape(&[t4], &[t4]).unwrap();
+    assert_eq!(handle.describe().unwrap().impl_id, GROW, "never reselected");
+    assert_eq!(
+        f.eager.calls().validate,
+        1,
+        "eager was asked only at resolution"
+    );
+    assert_eq!(handle.scratch().unwrap().host_bytes, 32);
+    assert_eq!(handle.describe().unwrap().raw.scratch.host_bytes, 32);
+    let new = (
+        [with_data(t4, input.as_ptr())],
+        [with_data(t4, output.as_mut_ptr())],
+    );
+    handle
+        .execute(&new.0, &new.1, Some(&mut scratch.0))
+        .unwrap();
+    assert_eq!(output, [2, 4, 6, 8]);
+    let err = handle
+        .execute(&old.0, &old.1, Some(&mut scratch.0))
+        .unwrap_err();
+    assert_eq!(err.status, GUILD_STATUS_ERR_INVALID_ARGUMENT);
+    assert!(err.message.contains("does not match"), "{err}");
+    // The scratch the old shapes needed is too small for the new ones.
+    let err = handle
+        .execute(&new.0, &new.1, Some(&mut scratch.0[..16]))
+        .unwrap_err();
+    assert!(err.message.contains("32 bytes of host scratch"), "{err}");
+
+    // A released handle, and a stale one whose slot a newer handle reuses, are refused.
+    let raw = handle.raw();
+    handle.release().unwrap();
+    let err = reshape_raw(&service, raw, &reshape_args(&[t2], &[t2])).unwrap_err();
+    assert_eq!(err.status, GUILD_STATUS_ERR_INVALID_ARGUMENT);
+    assert!(err.message.contains("not live"), "{err}");
+    let newer = service
+        .resolve(&Query::cpu(OP, vec![t2], vec![t2]))
+        .unwrap();
+    assert_ne!(newer.raw(), raw);
+    let err = reshape_raw(&service, raw, &reshape_args(&[t4], &[t4])).unwrap_err();
+    assert_eq!(err.status, GUILD_STATUS_ERR_INVALID_ARGUMENT);
+    assert_eq!(
+        newer.scratch().unwrap().host_bytes,
+        16,
+        "the stale reshape touched nothing"
+    );
+    let err = reshape_raw(&service, std::ptr::null_mut(), &reshape_args(&[t2], &[t2])).unwrap_err();
+    assert_eq!(err.status, GUILD_STATUS_ERR_INVALID_ARGUMENT);
+    newer.release().unwrap();
+}
+
+/// A C handle for two values.
+fn resolve_two<'s, 'r>(service: &'s Service<'r>) -> crate::c_face::Handle<'s, 'r> {
+    let t2 = tensor(GUILD_DTYPE_I64, &[2], &[]);
+    service
+        .resolve(&Query::cpu(OP, vec![t2], vec![t2]))
+        .unwrap()
+}
+
+/// Carries a raw C handle to another thread.
+#[derive(Clone, Copy)]
+struct Sent(usize);
+
+/// Executes a raw handle through the table on `n` values 1..=n with 64 bytes of scratch, as a
+/// runner's thread would: the status and the output.
+fn execute_raw(service: &Service<'_>, raw: Sent, n: u64) -> (i32, Vec<i64>) {
+    let t = tensor(GUILD_DTYPE_I64, &[n], &[]);
+    let input: Vec<i64> = (1..=n as i64).collect();
+    let mut output = vec![0i64; n as usize];
+    let inputs = [with_data(t, input.as_ptr())];
+    let outputs = [with_data(t, output.as_mut_ptr())];
+    let mut scratch = Aligned([0; 64]);
+    let mut a = args(&inputs, &outputs);
+    a.scratch_host = scratch.0.as_mut_ptr().cast();
+    a.scratch_host_size = 64;
+    let mut error = guild_abi::guild_error_info_t::new();
+    let execute = service.table.execute.unwrap();
+    // SAFETY: a live handle of this service; the args point at this thread's buffers.
+    let status = unsafe {
+        execute(
+            service.table.user,
+            raw.0 as *mut guild_abi::guild_op_handle_t,
+            &a,
+            &mut error,
+        )
+    };
+    (status, output)
+}
+
+#[test]
+fn a_reshape_through_a_runners_table_waits_for_a_running_execute_of_the_same_handle() {
+    let f = fixture();
+    let service = Service::of(f.host.kernels());
+    let handle = resolve_two(&service);
+    let raw = Sent(handle.raw() as usize);
+    let before = f.log.events().len();
+    f.log.arm();
+    std::thread::scope(|s| {
+        let service = &service;
+        let executing = s.spawn(move || execute_raw(service, raw, 2));
+        // The execute is inside the provider now, holding the handle.
+        f.log.wait_entered();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let reshaping = s.spawn(move || {
+            let t4 = tensor(GUILD_DTYPE_I64, &[4], &[]);
+            let args: guild_reshape_args_v1_t = reshape_args(&[t4], &[t4]);
+            let result = reshape_raw(service, raw.0 as *mut _, &args);
+            let _ = done_tx.send(());
+            result
+        });
+        // While the execute holds the handle the reshape cannot finish (it waits its turn).
+        assert!(
+            done_rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "the reshape finished while an execute of the handle was running"
+        );
+        f.log.disarm();
+        let (status, output) = executing.join().unwrap();
+        assert_eq!(status, 0);
+        assert_eq!(
+            output,
+            [2, 4],
+            "the execute ran with the shapes it was given"
+        );
+        reshaping.join().unwrap().unwrap();
+    });
+    // The order the provider saw: the whole execute, then the reshape's negotiation.
+    assert_eq!(
+        f.log.events()[before..],
+        [
+            "execute 2 begins",
+            "execute 2 ends",
+            "validate 4",
+            "scratch 4"
+        ]
+    );
+    assert_eq!(handle.scratch().unwrap().host_bytes, 32);
+    handle.release().unwrap();
+}
+
+#[test]
+fn executes_racing_reshapes_each_see_one_whole_contract() {
+    // Many rounds of executes on one thread and reshapes between two shapes on another,
+    // through the runner's table: every execute either matches the handle's shapes at that
+    // moment and runs, or is refused as a mismatch; none reaches the provider with a shape the
+    // handle did not have.
+    let f = fixture();
+    let service = Service::of(f.host.kernels());
+    let handle = resolve_two(&service);
+    let raw = Sent(handle.raw() as usize);
+    let rounds = 300;
+    std::thread::scope(|s| {
+        let service = &service;
+        s.spawn(move || {
+            for i in 0..rounds {
+                let t = tensor(GUILD_DTYPE_I64, &[if i % 2 == 0 { 4 } else { 2 }], &[]);
+                reshape_raw(service, raw.0 as *mut _, &reshape_args(&[t], &[t])).unwrap();
+            }
+        });
+        let (mut ran, mut refused) = (0, 0);
+        for i in 0..rounds {
+            let n = if i % 2 == 0 { 2 } else { 4 };
+            let (status, output) = execute_raw(service, raw, n);
+            match status {
+                0 => {
+                    ran += 1;
+                    assert_eq!(output, [2, 4, 6, 8][..n as usize]);
+                }
+                GUILD_STATUS_ERR_INVALID_ARGUMENT => refused += 1,
+                other => panic!("unexpected status {other}"),
+            }
+        }
+        assert_eq!(ran + refused, rounds);
+    });
+    handle.release().unwrap();
+}
+
+#[test]
+fn a_provider_cannot_reshape_the_handle_it_runs_on_through_either_table() {
+    let f =
+        crate::operations::fixture_with(&[crate::gkmodule::probe_spec()], DeviceSupport::host());
+    let service = Service::of(f.host.kernels());
+    let query = Query::cpu(
+        "example.probe.reenter",
+        vec![tensor(guild_abi::GUILD_DTYPE_I32, &[4], &[])],
+        vec![tensor(guild_abi::GUILD_DTYPE_I32, &[4], &[])],
+    );
+    let handle = service.resolve(&query).unwrap();
+    let input = [0i32; 4];
+    let mut statuses = [7i32; 4];
+    let params = ProbeParams {
+        struct_size: size_of::<ProbeParams>() as u32,
+        reserved: 0,
+        service: &service.table,
+        handle: handle.raw(),
+    };
+    let inputs: [guild_tensor_desc_v1_t; 1] = [with_data(query.inputs[0], input.as_ptr())];
+    let outputs = [with_data(query.outputs[0], statuses.as_mut_ptr())];
+    let mut a = args(&inputs, &outputs);
+    a.params = std::ptr::from_ref(&params).cast();
+    a.params_size = size_of::<ProbeParams>();
+    handle.execute_args(&a).unwrap();
+    assert_eq!(
+        statuses, [GUILD_STATUS_ERR_BUSY; 4],
+        "release, execute, and reshape through the runner's table and the plugin's own, from \
+         inside the handle's execute: all refused, none waits"
+    );
+    // The handle survived and still runs, and reshapes once its execute is over.
+    handle.execute_args(&a).unwrap();
+    handle.reshape(&inputs, &outputs).unwrap();
+    handle.release().unwrap();
+}
