@@ -322,10 +322,8 @@ impl<'r> Ops for Service<'r> {
             .map_err(|e| fail(e.to_string()))
     }
 
-    /// Until handles can be reshaped in place (G17's `OpHandle::reshape`), re-binding resolves
-    /// the operation again for the new shapes and drops the old handle once the new one is
-    /// held (so the package never goes unbound in between). This is the one place to switch
-    /// to `handle.reshape(..)`.
+    /// Reshapes the handle in place (`OpHandle::reshape`): its own provider is asked about the
+    /// new shapes, nothing is ranked again, and a refusal leaves the handle as it was.
     fn rebind(
         &self,
         handle: &mut OpHandle<'r>,
@@ -333,8 +331,12 @@ impl<'r> Ops for Service<'r> {
         inputs: &[TensorDesc],
         outputs: &[TensorDesc],
     ) -> Result<(), DecodeError> {
-        *handle = self.resolve(op, inputs, outputs)?;
-        Ok(())
+        handle
+            .reshape(inputs, outputs)
+            .map_err(|e| DecodeError::Resolve {
+                op: op.to_owned(),
+                message: e.to_string(),
+            })
     }
 
     fn execute(
