@@ -87,6 +87,8 @@ pub use platform::HostPlatform;
 // The plain values requests, handles and reports are written in, so that a runner names no
 // other guild crate.
 pub use guild_adapters_posix::PluginLog;
+/// Lock files (`guild lock`), for runners that open a store under one ([`HostBuilder::lock`]).
+pub use guild_domain::distribution::{LockFile, LockRefusal, LockedPackage};
 pub use guild_domain::ids::{ImplId, OpName, PackageId, PublisherId, RunnerId};
 pub use guild_domain::operation::{
     Backend, BackendSet, Budget, Capabilities, CpuIsa, DType, Layout, MemorySpace, Numerics,

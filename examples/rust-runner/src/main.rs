@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use guild_host::prelude::*;
+use guild_host::LockFile;
 
 const DEFAULT_OPERATIONS: &[&str] = &[
     "example.sequence.inclusive_scan",
@@ -58,6 +59,10 @@ struct Args {
     /// before every round (one read of the registry file when nothing changed).
     #[arg(long, requires = "serve")]
     poll: bool,
+    /// Load only the enabled packages this lock file (`guild lock`) names, at their version and
+    /// payload digest; anything else enabled in the store stays unloaded, with the reason.
+    #[arg(long, value_name = "FILE")]
+    lock: Option<PathBuf>,
     /// The store directory that `guild` filled.
     #[arg(value_name = "STORE_DIR")]
     store: PathBuf,
@@ -76,12 +81,13 @@ fn main() -> ExitCode {
     let outcome = if args.serve {
         serve(
             &args.store,
+            args.lock.as_deref(),
             &operations,
             Duration::from_millis(args.interval_ms),
             args.poll,
         )
     } else {
-        run(&args.store, &operations)
+        run(&args.store, args.lock.as_deref(), &operations)
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -96,15 +102,28 @@ fn main() -> ExitCode {
 /// generation; every enabled package is re-verified against the trust store and its signed
 /// files and loaded in dependency order. No library is opened before its package has been
 /// authenticated. Plugins' log records go to stderr; the devices are detected.
-fn open(store: &Path) -> Result<OpenedHost, String> {
-    Host::builder(store)
-        .plugin_log(|package, record| eprintln!("[{package}] {}", record.message))
+/// With `lock`, only what the lock names is loaded.
+fn open(store: &Path, lock: Option<&Path>) -> Result<OpenedHost, String> {
+    let mut builder = Host::builder(store)
+        .plugin_log(|package, record| eprintln!("[{package}] {}", record.message));
+    if let Some(path) = lock {
+        let bytes = std::fs::read(path)
+            .map_err(|e| format!("cannot read the lock file {}: {e}", path.display()))?;
+        let lock = LockFile::parse(&bytes)
+            .map_err(|e| format!("the lock file {} is not a lock: {e}", path.display()))?;
+        builder = builder.lock(lock);
+    }
+    let opened = builder
         .open()
-        .map_err(|e| format!("cannot open the store {}: {e}", store.display()))
+        .map_err(|e| format!("cannot open the store {}: {e}", store.display()))?;
+    for r in &opened.report.loaded.refused_by_lock {
+        eprintln!("warning: {} {} not loaded: {}", r.id, r.version, r.reason);
+    }
+    Ok(opened)
 }
 
-fn run(store: &Path, operations: &[String]) -> Result<(), String> {
-    let OpenedHost { host, report } = open(store)?;
+fn run(store: &Path, lock: Option<&Path>, operations: &[String]) -> Result<(), String> {
+    let OpenedHost { host, report } = open(store, lock)?;
     let (opened, loaded) = (&report.store, &report.loaded);
     println!(
         "opened {} ({} verified)",
@@ -155,11 +174,12 @@ struct Served<'r> {
 /// store until the process is stopped.
 fn serve(
     store: &Path,
+    lock: Option<&Path>,
     operations: &[String],
     interval: Duration,
     poll: bool,
 ) -> Result<(), String> {
-    let OpenedHost { host, report } = open(store)?;
+    let OpenedHost { host, report } = open(store, lock)?;
     let host = Arc::new(host);
     for (id, version, error) in &report.loaded.failed {
         eprintln!("warning: {id} {version} failed to load: {error}");
@@ -266,6 +286,9 @@ fn describe_refresh(r: &RefreshReport) -> String {
             "{id} {version} failed to load: {}",
             one_line(&e.to_string())
         ));
+    }
+    for l in &r.refused_by_lock {
+        parts.push(format!("{} {} not loaded: {}", l.id, l.version, l.reason));
     }
     format!("refresh: {}", parts.join("; "))
 }

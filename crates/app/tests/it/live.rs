@@ -551,3 +551,53 @@ fn a_host_under_a_lock_does_not_follow_the_store_past_it() {
         "1.0.0"
     );
 }
+
+#[test]
+fn the_example_runner_under_a_lock_loads_only_what_it_names() {
+    let shop = Workshop::new();
+    let (store, k) = store_with_scan(&shop, false);
+    let lock = shop.path().join("guild.lock");
+    cli(&shop, &store, &["lock", "--out", lock.to_str().unwrap()]);
+    // Installed after the lock was written, so the lock does not name it.
+    let (pm, _) = open_dir(&store).unwrap();
+    pm.install(
+        &pack_example_at(&shop, &k, &DEPENDENT, None),
+        InstallOptions::default(),
+    )
+    .unwrap();
+    drop(pm);
+    let out = Command::new(runner_binary())
+        .arg("--lock")
+        .arg(&lock)
+        .arg(&store)
+        .arg("example.sequence.inclusive_scan")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("not loaded: the lock does not name this package"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("example.sequence.inclusive_scan -> example.scan.inclusive.cpu"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("loaded example.dependent"), "{stdout}");
+    // A file that is not a lock is refused before the store is opened.
+    let out = Command::new(runner_binary())
+        .arg("--lock")
+        .arg(shop.path().join("missing.lock"))
+        .arg(&store)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot read the lock file"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
