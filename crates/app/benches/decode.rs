@@ -3,8 +3,8 @@
 //! operations of test-plugins/llama_ops installed as a signed gkmodule and loaded with dlopen.
 //! One run measures the same decode loop (`examples/llama-decode/src/lib.rs`, included by path)
 //! two ways:
-//! - through the operation service's Rust face (`OpHandle::execute`, and a new resolve of the
-//!   attention before each token as its key/value length grows);
+//! - through the operation service's Rust face (`OpHandle::execute`, and a reshape of the
+//!   attention's handle before each token as its key/value length grows);
 //! - calling the module's C `execute` directly, the function pointer and `user_data` bound from
 //!   the GOP1 descriptor (the C service's `describe`), with the grown attention shape written
 //!   into the caller's own tensor records (no service call at all).
@@ -335,7 +335,7 @@ fn main() {
             t
         })
     });
-    // What one re-bind costs on its own: the attention resolved again for a cache one longer.
+    // What one re-bind costs on its own: the attention's handle reshaped for a cache one longer.
     let rebind_t = Samples::default();
     let attention = |len: u64| {
         let q = TensorDesc::new(
@@ -408,7 +408,7 @@ fn main() {
     let rebind = median(&rebind_t, samples);
     println!(
         "  {:<34}{:>12} per re-bind",
-        "attention re-bind (a resolve)",
+        "attention re-bind (a reshape)",
         show(rebind)
     );
     if let (Some(d), Some(s), Some(r)) = (d, s, rebind) {
