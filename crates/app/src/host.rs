@@ -363,18 +363,10 @@ impl Host {
                         .map(|d| &d.module_id),
                 )
                 .collect();
-            if let Some(lock) = &self.lock {
-                let payload_digest = metadata.payload_digest();
-                if let Err(reason) = lock.admits(&planned.id, &planned.version, &payload_digest) {
-                    unusable.insert(planned.id.clone());
-                    report.refused_by_lock.push(LockRefused {
-                        id: planned.id,
-                        version: planned.version,
-                        payload_digest,
-                        reason,
-                    });
-                    continue;
-                }
+            if let Some(refused) = self.lock_refusal(&planned.id, &planned.version, &metadata) {
+                unusable.insert(planned.id.clone());
+                report.refused_by_lock.push(refused);
+                continue;
             }
             if let Some(dep) = needs.into_iter().find(|d| unusable.contains(*d)) {
                 report.skipped.push(Quarantined {
@@ -514,8 +506,8 @@ impl Host {
         Ok(plugin)
     }
 
-    /// Follows the store: moves to the newest committed generation (one read of the registry
-    /// file when nothing changed), authenticates and loads new versions, takes disabled,
+    /// Follows the store: moves to the newest committed generation (when nothing changed, a few
+    /// small reads: the registry file and the trust file it names), authenticates and loads new versions, takes disabled,
     /// removed, rolled-back and revoked versions out, and publishes the result. A package with
     /// live bindings is switched only once they are released: it is reported in
     /// [`RefreshReport::deferred`], its bindings answer `is_current() == false`, and the next
@@ -540,30 +532,20 @@ impl Host {
         // A host under a lock follows the store only where the lock admits the new version;
         // elsewhere it keeps what it has.
         let mut held = BTreeSet::new();
-        if let Some(lock) = &self.lock {
-            for planned in &plan.order {
-                let Some(metadata) = self.packages.metadata(&planned.id, &planned.version) else {
-                    continue;
-                };
-                let payload_digest = metadata.payload_digest();
-                if let Err(reason) = lock.admits(&planned.id, &planned.version, &payload_digest) {
-                    held.insert(planned.id.clone());
-                    report.refused_by_lock.push(LockRefused {
-                        id: planned.id.clone(),
-                        version: planned.version.clone(),
-                        payload_digest,
-                        reason,
-                    });
-                }
+        for planned in plan.order.iter().filter(|_| self.lock.is_some()) {
+            let refused = self
+                .packages
+                .metadata(&planned.id, &planned.version)
+                .and_then(|m| self.lock_refusal(&planned.id, &planned.version, &m));
+            if let Some(refused) = refused {
+                held.insert(planned.id.clone());
+                report.refused_by_lock.push(refused);
             }
         }
         let wanted: std::collections::BTreeMap<&PackageId, &Version> =
             plan.order.iter().map(|p| (&p.id, &p.version)).collect();
         // What the new generation no longer wants loaded (or wants at another version).
         for (id, version) in self.kernels.loaded_packages() {
-            if held.contains(&id) {
-                continue;
-            }
             let to = wanted.get(&id).map(|v| (*v).clone());
             if to.as_ref() == Some(&version) {
                 self.kernels.set_superseded(&id, false);
@@ -589,6 +571,10 @@ impl Host {
                     version,
                     reason: format!("no longer authenticated: {reason}"),
                 });
+                continue;
+            }
+            // A lock holds back a switch, never a revocation (checked just above).
+            if held.contains(&id) {
                 continue;
             }
             if to.is_some() {
@@ -643,6 +629,25 @@ impl Host {
             }
         }
         Ok(report)
+    }
+
+    /// Why the host's lock, if it has one, does not admit `id@version` with `metadata`'s
+    /// payload.
+    fn lock_refusal(
+        &self,
+        id: &PackageId,
+        version: &Version,
+        metadata: &Metadata,
+    ) -> Option<LockRefused> {
+        let lock = self.lock.as_ref()?;
+        let payload_digest = metadata.payload_digest();
+        let reason = lock.admits(id, version, &payload_digest).err()?;
+        Some(LockRefused {
+            id: id.clone(),
+            version: version.clone(),
+            payload_digest,
+            reason,
+        })
     }
 
     fn deferred(&self) -> MutexGuard<'_, BTreeSet<PackageId>> {

@@ -518,10 +518,13 @@ fn a_host_under_a_lock_does_not_follow_the_store_past_it() {
             .to_string(),
         "1.0.0"
     );
-    // Another writer makes 1.1.0 current; the lock names 1.0.0.
+    // Another writer makes 1.1.0 current, signed with a second key of the same publisher; the
+    // lock names 1.0.0.
+    let k2 = key();
     let (pm, _) = open_dir(&store).unwrap();
+    trust(&pm, PUBLISHER, &k2);
     pm.install(
-        &pack_example_at(&shop, &k, &SCAN, Some("1.1.0")),
+        &pack_example_at(&shop, &k2, &SCAN, Some("1.1.0")),
         InstallOptions::default(),
     )
     .unwrap();
@@ -549,6 +552,28 @@ fn a_host_under_a_lock_does_not_follow_the_store_past_it() {
             .package_version
             .to_string(),
         "1.0.0"
+    );
+    // A lock holds back a switch, never a revocation: once 1.0.0's key is revoked it is taken
+    // out, although the lock still refuses 1.1.0.
+    let key_id = Sha256Digest::of(k.public_key().spki_der()).to_hex();
+    expect_ok(
+        &cli(
+            &shop,
+            &store,
+            &["trust", "revoke-key", &key_id, "--reason", "leaked"],
+        ),
+        "revoke-key",
+    );
+    let report = host.refresh().unwrap();
+    let taken: Vec<String> = report
+        .taken_out
+        .iter()
+        .map(|q| format!("{} {}", q.id, q.version))
+        .collect();
+    assert_eq!(taken, ["example.scan 1.0.0"], "{report:?}");
+    assert!(
+        scan_handle(&service).is_err(),
+        "revoked code was resolved under a lock"
     );
 }
 
