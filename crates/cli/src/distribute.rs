@@ -187,6 +187,10 @@ pub fn pull(
         .with_context(|| format!("cannot move the pulled package to {}", out.display()))?;
     let mut report = Report::new("pull");
     pulled_fields(&mut report, reference, &pulled);
+    // Not yet authenticated: the artifact's own word for what it holds.
+    report
+        .field("package_id", pulled.config.id.as_str())
+        .field("version", pulled.config.version.to_string());
     report.field("out", out.display().to_string()).line(format!(
         "pulled {} {} ({} bytes, layer digest checked) to {}; it is not yet verified \
          (`guild verify` or `guild install` does that)",
@@ -214,9 +218,7 @@ fn pulled_fields(report: &mut Report, reference: &OciReference, pulled: &Pulled)
             format!("sha256:{}", pulled.manifest_digest.to_hex()),
         )
         .field("layer_sha256", pulled.layer_digest.to_hex())
-        .field("size", pulled.layer_size)
-        .field("package_id", pulled.config.id.as_str())
-        .field("version", pulled.config.version.to_string());
+        .field("size", pulled.layer_size);
 }
 
 /// `guild install oci://…`: pull into a scratch directory, then the ordinary installation.
@@ -247,6 +249,8 @@ pub fn install(
         }
         record_origin(store_dir, &payload, reference, &pulled.manifest_digest);
     }
+    // The package's own id and version came from the installation, which authenticated them;
+    // the artifact's config only adds where it came from.
     pulled_fields(&mut report, reference, &pulled);
     report.line(format!(
         "from {reference} (manifest sha256:{})",
@@ -353,7 +357,8 @@ fn lock_of(store_dir: &Path, pm: &PackageManager) -> anyhow::Result<LockFile> {
 
 /// `guild lock [--out FILE]`.
 pub fn lock(store_dir: &Path, out: &Path) -> anyhow::Result<Report> {
-    let (pm, mut report) = store::open(store_dir, "lock")?;
+    // Writing a lock only reads the store.
+    let (pm, mut report) = store::open_reader(store_dir, "lock")?;
     let lock = lock_of(store_dir, &pm)?;
     let text = lock.to_json();
     let tmp = sibling_tmp(out);
@@ -686,21 +691,23 @@ pub fn sync(
         ));
     }
     for d in &done {
+        let done = match d["action"].as_str() {
+            Some("disable") => "disabled",
+            _ => "installed",
+        };
         report.line(format!(
-            "{}d {} {}",
-            d["action"]
-                .as_str()
-                .unwrap_or_default()
-                .trim_end_matches('e'),
+            "{done} {} {}",
             d["package_id"].as_str().unwrap_or_default(),
             d["version"].as_str().unwrap_or_default()
         ));
     }
-    report.line(format!(
-        "the store matches {} ({} enabled packages)",
-        lock_path.display(),
-        lock.packages().len()
-    ));
+    if !done.is_empty() {
+        report.line(format!(
+            "the store matches {} ({} enabled packages)",
+            lock_path.display(),
+            lock.packages().len()
+        ));
+    }
     Ok(report)
 }
 

@@ -487,7 +487,25 @@ fn oci_lock_then_sync_a_fresh_store_to_identical_digests() {
     // Something the lock does not name is disabled by the sync.
     let extra = bench.package("example.extra", "1.0.0", b"extra", "");
     ok(run(&bench, &fresh, None, &["install", &extra]));
-    ok(run(&bench, &fresh, None, &["sync", lock.to_str().unwrap()]));
+    let synced = ok(run(&bench, &fresh, None, &["sync", lock.to_str().unwrap()]));
+    // One line per change, in the past tense, then one line saying the store matches.
+    assert!(
+        synced.stdout.contains("disabled example.extra 1.0.0"),
+        "{}",
+        synced.stdout
+    );
+    assert!(synced.stdout.contains("installed "), "{}", synced.stdout);
+    assert!(
+        !synced.stdout.contains("already matches"),
+        "{}",
+        synced.stdout
+    );
+    assert_eq!(
+        synced.stdout.matches("the store matches").count(),
+        1,
+        "{}",
+        synced.stdout
+    );
     assert_eq!(enabled(&bench, &fresh), enabled(&bench, &origin));
     // A second sync changes nothing, and the fresh store's lock is the same file.
     let again = ok(run(
