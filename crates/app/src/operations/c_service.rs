@@ -895,14 +895,20 @@ unsafe extern "C" fn service_reshape(
                 // of it runs, so its reshape buffers and contract are this call's.
                 let (mut inputs, mut outputs) = unsafe { r.take_reshape_buffers() };
                 // SAFETY: the caller's arrays, valid for this call.
-                unsafe { read_tensors_into("input", a.inputs, a.input_count, &mut inputs) }?;
+                let read =
+                    unsafe { read_tensors_into("input", a.inputs, a.input_count, &mut inputs) }
+                        // SAFETY: as above.
+                        .and_then(|_| unsafe {
+                            read_tensors_into("output", a.outputs, a.output_count, &mut outputs)
+                        });
                 // SAFETY: as above.
-                unsafe { read_tensors_into("output", a.outputs, a.output_count, &mut outputs) }?;
-                // SAFETY: as above.
-                let renegotiated = unsafe { r.renegotiate(&inputs, &outputs, params) };
+                let renegotiated =
+                    read.map(|_| unsafe { r.renegotiate(&inputs, &outputs, params) });
+                // The buffers go back whatever happened, so that bad arguments do not cost the
+                // handle the allocations the next reshape reuses.
                 // SAFETY: as above.
                 unsafe { r.return_reshape_buffers(inputs, outputs) };
-                let new = renegotiated.map_err(|e| reshape_failure(r, e))?;
+                let new = renegotiated?.map_err(|e| reshape_failure(r, e))?;
                 // SAFETY: as above.
                 unsafe { r.install(running, new) };
                 Ok(())
