@@ -43,7 +43,7 @@ use guild_domain::operation::{DType, MemorySpace, TensorDesc};
 use guild_host::ports::model::ModelFile;
 use guild_host::{Host, InstallOptions, OperationService};
 
-use common::{median, plugin_library, recorded, show, Samples};
+use common::{median, message, plugin_library, recorded, show, Samples};
 use decode::{generate, Config, DecodeError, Decoder, In, Ops, Out, Reference, Service, Weights};
 use support::{key, open_dir, trust, Spec, Workshop, PUBLISHER};
 
@@ -69,16 +69,6 @@ fn c_tensor(desc: &TensorDesc) -> guild_tensor_desc_v1_t {
         device_id: desc.device_id,
         data: ptr::null_mut(),
     }
-}
-
-fn message(error: &guild_error_info_t) -> String {
-    let bytes: Vec<u8> = error
-        .message
-        .iter()
-        .map(|&c| c as u8)
-        .take_while(|&b| b != 0)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 type ExecuteFn = unsafe extern "C" fn(

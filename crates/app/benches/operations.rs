@@ -50,7 +50,7 @@ use guild_domain::operation::{DType, MemorySpace, TensorDesc};
 use guild_host::operations::{TensorArg, TensorArgMut};
 use guild_host::{Host, InstallOptions, OperationRequest, OperationService};
 
-use common::{allocations_per_call, median, plugin_library, recorded, show, Samples};
+use common::{allocations_per_call, median, message, plugin_library, recorded, show, Samples};
 use support::{key, open_dir, trust, Spec, Workshop, PUBLISHER};
 
 const OP: &str = "example.bench.tiny";
@@ -242,16 +242,6 @@ impl Service {
             .to_string_lossy()
             .into_owned()
     }
-}
-
-fn message(error: &guild_error_info_t) -> String {
-    let bytes: Vec<u8> = error
-        .message
-        .iter()
-        .map(|&c| c as u8)
-        .take_while(|&b| b != 0)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 type DirectExecute = unsafe extern "C" fn(

@@ -251,6 +251,10 @@ impl HostError {
         use guild_ports::source::SourceErrorKind;
         match self {
             HostError::Source(e) if e.kind == SourceErrorKind::NotFound => ErrorCategory::NotFound,
+            // A version a live process pins refuses the change; the store itself is fine.
+            HostError::Store(e) if e.kind == guild_ports::store::StoreErrorKind::Pinned => {
+                ErrorCategory::Refused
+            }
             HostError::Source(_)
             | HostError::Manifest { .. }
             | HostError::Unauthenticated { .. }
@@ -290,20 +294,6 @@ impl HostError {
                 ..
             }) => ErrorCategory::NotFound,
             HostError::RegistryChange(_) => ErrorCategory::Refused,
-        }
-        .refined_for(self)
-    }
-}
-
-impl ErrorCategory {
-    /// A store error that refuses a change (a version a live process pins) is a refusal, not a
-    /// broken store.
-    fn refined_for(self, e: &HostError) -> ErrorCategory {
-        match e {
-            HostError::Store(s) if s.kind == guild_ports::store::StoreErrorKind::Pinned => {
-                ErrorCategory::Refused
-            }
-            _ => self,
         }
     }
 }

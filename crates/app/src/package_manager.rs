@@ -719,7 +719,7 @@ impl PackageManager {
 
     /// Moves a reader's view to the newest committed generation and catches up with it
     /// ([`PackageStore::refresh`]); a writer's view is always current. Cheap when nothing was
-    /// committed since: one read of the registry file.
+    /// committed since: a few small reads (the registry file and the trust file it names).
     pub fn refresh(&self) -> Result<Refreshed, HostError> {
         let mut life = self.lock();
         let from = life.generation;
@@ -1027,7 +1027,6 @@ impl PackageManager {
         *self.progress.lock().unwrap_or_else(|e| e.into_inner()) = progress;
     }
 
-    /// The watcher set with [`PackageManager::set_progress`], told that work on `label` begins.
     /// Extracts an authenticated package into a new staging directory, hashing every file as it
     /// is written; on failure the directory is discarded. The extractor writes the signed
     /// `.gkmetadata` into the tree exactly as received, so that the store can be re-verified
@@ -1049,6 +1048,7 @@ impl PackageManager {
         Ok(staging)
     }
 
+    /// The watcher set with [`PackageManager::set_progress`], told that work on `label` begins.
     fn watch(
         &self,
         opened: &mut dyn OpenedPackage,

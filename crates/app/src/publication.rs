@@ -108,7 +108,8 @@ pub enum LibraryCheckFailure {
     },
 }
 
-fn seconds(d: &Duration) -> String {
+/// A timeout as people write it: whole seconds, or milliseconds.
+pub(crate) fn seconds(d: &Duration) -> String {
     if d.subsec_millis() == 0 {
         format!("{} s", d.as_secs())
     } else {

@@ -56,7 +56,7 @@ struct Args {
           value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     interval_ms: u64,
     /// With --serve: instead of watching the store for commits, check for a new generation
-    /// before every round (one read of the registry file when nothing changed).
+    /// before every round (a few small reads when nothing changed).
     #[arg(long, requires = "serve")]
     poll: bool,
     /// Load only the enabled packages this lock file (`guild lock`) names, at their version and

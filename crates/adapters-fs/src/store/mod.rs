@@ -17,7 +17,7 @@
 //! A *writer* handle ([`FsStore::open`]) takes the lock (or fails with `Locked`) and recovers
 //! before anything else; the `recovery` module says what that means and the `commit` module
 //! lists the durable steps in order. A *reader* handle ([`StoreOptions::reader`]) takes no lock
-//! and writes nothing: it reads the last committed generation (the registry file is replaced
+//! and writes nothing but its own pins: it reads the last committed generation (the registry file is replaced
 //! atomically, and the trust bytes of a commit whose rename of `trust.next` is still to come are
 //! found by the digest the registry records), so a pending transaction is invisible to it and
 //! its recovery is left to the next writer. A reader takes the lock only for the transactions it
@@ -740,7 +740,8 @@ fn try_lock(file: &File, path: &Path) -> Result<(), StoreError> {
     match file.try_lock() {
         Ok(()) => Ok(()),
         Err(TryLockError::WouldBlock) => {
-            let what = match lock_holder(file) {
+            // For the message only: a lock taken before a `fork` is listed under the parent.
+            let what = match pins::lock_holders(file).first().map(|h| h.pid) {
                 Some(pid) if pid == std::process::id() => {
                     format!("another handle in this process (pid {pid}) has the store open")
                 }
@@ -752,28 +753,6 @@ fn try_lock(file: &File, path: &Path) -> Result<(), StoreError> {
         }
         Err(TryLockError::Error(e)) => Err(io_error("lock store", path, e)),
     }
-}
-
-/// The process holding the `flock` on `file`, when the system says: Linux lists every lock in
-/// `/proc/locks` with the pid that took it and the device and inode of its file. This is for the
-/// message only; a lock taken before a `fork` is listed under the parent's pid.
-#[cfg(target_os = "linux")]
-fn lock_holder(file: &File) -> Option<u32> {
-    let wanted = proc_lock_key(file)?;
-    let locks = fs::read_to_string("/proc/locks").ok()?;
-    locks.lines().find_map(|line| {
-        // `1: FLOCK  ADVISORY  WRITE 1234 fe:00:5490962 0 EOF`; waiters are marked `->`.
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        match fields.as_slice() {
-            [_, "FLOCK", _, _, pid, file, ..] if *file == wanted => pid.parse().ok(),
-            _ => None,
-        }
-    })
-}
-
-#[cfg(not(target_os = "linux"))]
-fn lock_holder(_file: &File) -> Option<u32> {
-    None
 }
 
 /// How `/proc/locks` names `file`: `major:minor:inode`, the device in hex.

@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use criterion::Bencher;
+use guild_abi::guild_error_info_t;
+use guild_abi::text::fixed_buffer_text;
 use guild_domain::ids::PackageId;
 use guild_domain::version::Version;
 use guild_ports::loader::LoadedLibrary;
@@ -130,4 +132,9 @@ impl LoadedLibrary for NoLibrary {
     fn version(&self) -> &Version {
         &self.1
     }
+}
+
+/// The message a provider or the service left in an error record, for a benchmark's assertion.
+pub fn message(error: &guild_error_info_t) -> String {
+    fixed_buffer_text(&error.message)
 }

@@ -316,11 +316,11 @@ fn run_child(
                     Some(_) => format!(
                         "a call into the plugin did not return within {}; the check process was \
                          killed",
-                        seconds(options.call_timeout)
+                        crate::publication::seconds(&options.call_timeout)
                     ),
                     None => format!(
                         "the check process printed nothing for {} and was killed",
-                        seconds(options.call_timeout)
+                        crate::publication::seconds(&options.call_timeout)
                     ),
                 };
                 run.died = Some(limit);
@@ -379,14 +379,6 @@ fn wait_briefly(child: &mut Child) -> Option<std::process::ExitStatus> {
                 return None;
             }
         }
-    }
-}
-
-fn seconds(d: Duration) -> String {
-    if d.subsec_millis() == 0 {
-        format!("{} s", d.as_secs())
-    } else {
-        format!("{} ms", d.as_millis())
     }
 }
 

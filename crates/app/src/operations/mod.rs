@@ -475,7 +475,8 @@ impl OpHandle<'_> {
     /// first; a mismatch is an error and the provider is not called. Calls on one handle are
     /// serialised; calls on different handles may run at once.
     ///
-    /// The descriptors must be the ones the handle was resolved with (the data address aside);
+    /// The descriptors must be the ones last negotiated, at resolution or by the last
+    /// [`reshape`](OpHandle::reshape) (the data address aside);
     /// `scratch` must hold at least [`Scratch::host_bytes`] at [`Scratch::alignment`], or be
     /// `None` when none is needed. A provider that calls back into the handle it is running on
     /// gets [`ExecuteError::Reentrant`] rather than a deadlock. See the
@@ -700,20 +701,20 @@ pub enum ExecuteError {
     Arity {
         /// Inputs or outputs.
         role: TensorRole,
-        /// How many the handle was resolved with.
+        /// How many the negotiated contract has.
         expected: usize,
         /// How many the call passed.
         got: usize,
     },
     /// A tensor's descriptor differs from the negotiated one (only the data address may change
-    /// between resolution and execution).
+    /// from call to call; a reshape negotiates new descriptors).
     #[error(
         "{tensor} does not match the negotiated descriptor (expected {expected:?}, got {actual:?})"
     )]
     DescriptorMismatch {
         /// Which tensor.
         tensor: TensorRef,
-        /// The descriptor the handle was resolved with.
+        /// The descriptor last negotiated (at resolution or by a reshape).
         expected: Box<TensorDesc>,
         /// The one the call passed.
         actual: Box<TensorDesc>,

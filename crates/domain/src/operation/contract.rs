@@ -315,12 +315,6 @@ impl OpQuery {
     pub fn into_spec(self) -> QuerySpec {
         self.spec
     }
-
-    /// Takes the query apart without copying: the spec, then the facts for its inputs and for
-    /// its outputs.
-    pub fn into_parts(self) -> (QuerySpec, Vec<TensorInfo>, Vec<TensorInfo>) {
-        (self.spec, self.input_infos, self.output_infos)
-    }
 }
 
 fn check_tensors(
