@@ -34,7 +34,7 @@ use guild_ports::distribution::{
 };
 use guild_ports::source::Progress;
 use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::errors::OciDistributionError;
+use oci_client::errors::{DigestError, OciDistributionError};
 use oci_client::manifest::OciDescriptor;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference, RegistryOperation};
@@ -191,10 +191,18 @@ fn transport_error(e: OciDistributionError, reference: &OciReference) -> Distrib
                 message: message.chars().take(200).collect(),
             },
         },
-        OciDistributionError::DigestError(d) => Kind::DigestMismatch {
+        // The client checks a manifest pulled by digest against the reference (and against
+        // the digest header the registry sends).
+        OciDistributionError::DigestError(DigestError::VerificationError { expected, actual }) => {
+            Kind::DigestMismatch {
+                part: Part::Manifest,
+                expected: bare_hex(expected),
+                actual: bare_hex(actual),
+            }
+        }
+        OciDistributionError::DigestError(d) => Kind::Malformed {
             part: Part::Manifest,
-            expected: String::new(),
-            actual: d.to_string(),
+            reason: format!("its digest cannot be checked: {d}"),
         },
         OciDistributionError::RequestError(r) if r.is_redirect() => Kind::RedirectLoop,
         OciDistributionError::RequestError(r) if r.status().is_some() => {
@@ -243,6 +251,11 @@ fn io_error(
         reference,
     )
     .with_source(e)
+}
+
+/// `sha256:HEX` as the client writes a digest, without the algorithm (the error kinds carry hex).
+fn bare_hex(digest: &str) -> String {
+    digest.strip_prefix("sha256:").unwrap_or(digest).to_owned()
 }
 
 fn sha256_of(bytes: &[u8]) -> String {

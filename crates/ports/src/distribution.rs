@@ -108,6 +108,17 @@ pub enum Part {
     Layer,
 }
 
+impl Part {
+    /// What names the digest this part must have: the reference for a manifest pulled by
+    /// digest, the manifest for its config and layer.
+    fn named_by(self) -> &'static str {
+        match self {
+            Part::Manifest => "the reference names",
+            Part::Config | Part::Layer => "the manifest names",
+        }
+    }
+}
+
 impl fmt::Display for Part {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -149,7 +160,7 @@ pub enum DistributionErrorKind {
     #[error("the {part} is {size} bytes, over the limit of {limit}")]
     TooLarge { part: Part, size: u64, limit: u64 },
     /// The bytes received do not have the digest the manifest (or reference) names.
-    #[error("the {part}'s digest is sha256:{actual}, the manifest names sha256:{expected}")]
+    #[error("the {part}'s digest is sha256:{actual}, {} sha256:{expected}", part.named_by())]
     DigestMismatch {
         part: Part,
         expected: String,

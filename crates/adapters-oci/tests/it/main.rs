@@ -145,9 +145,14 @@ struct Pull {
 }
 
 fn pull(port: u16) -> Pull {
+    pull_target(port, ":t")
+}
+
+/// Pulls `scan` by `target` (`:TAG` or `@sha256:…`).
+fn pull_target(port: u16, target: &str) -> Pull {
     let dir = tempfile::tempdir().unwrap();
     let out: PathBuf = dir.path().join("pkg.gkmodule");
-    let reference = OciReference::parse(&format!("oci://127.0.0.1:{port}/scan:t")).unwrap();
+    let reference = OciReference::parse(&format!("oci://127.0.0.1:{port}/scan{target}")).unwrap();
     let result = OciRegistry::new(OciSettings::default())
         .pull(&reference, &out, None)
         .map_err(|e| e.kind);
@@ -292,6 +297,63 @@ fn a_layer_of_another_media_type_is_refused_before_it_is_fetched() {
         refused(pull(port)),
         Kind::WrongMediaType {
             part: Part::Layer,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_manifest_that_is_not_the_pinned_digest_is_refused_naming_both_digests() {
+    // The reference pins one manifest digest; the registry answers that path with another
+    // manifest (the real one, whose digest differs).
+    let served = manifest(&config(), LAYER, LAYER.len());
+    let pinned = Sha256Digest::of(b"the manifest the publisher pushed");
+    let port = registry(LAYER, |a| {
+        a.insert(
+            format!("/v2/scan/manifests/sha256:{}", pinned.to_hex()),
+            ok(OCI_MANIFEST_MEDIA_TYPE, served.clone()),
+        );
+    });
+    let kind = refused(pull_target(port, &format!("@sha256:{}", pinned.to_hex())));
+    assert_eq!(
+        kind,
+        Kind::DigestMismatch {
+            part: Part::Manifest,
+            expected: pinned.to_hex(),
+            actual: Sha256Digest::of(&served).to_hex(),
+        }
+    );
+    let text = kind.to_string();
+    assert_eq!(
+        text,
+        format!(
+            "the manifest's digest is sha256:{}, the reference names sha256:{}",
+            Sha256Digest::of(&served).to_hex(),
+            pinned.to_hex()
+        )
+    );
+}
+
+#[test]
+fn a_config_that_is_not_an_artifact_config_is_refused_as_malformed() {
+    let config = br#"{"architecture": "amd64", "os": "linux"}"#.to_vec();
+    let port = registry(LAYER, |a| {
+        a.insert(
+            "/v2/scan/manifests/t".into(),
+            ok(
+                OCI_MANIFEST_MEDIA_TYPE,
+                manifest(&config, LAYER, LAYER.len()),
+            ),
+        );
+        a.insert(
+            format!("/v2/scan/blobs/{}", digest(&config)),
+            ok("application/octet-stream", config.clone()),
+        );
+    });
+    assert!(matches!(
+        refused(pull(port)),
+        Kind::Malformed {
+            part: Part::Config,
             ..
         }
     ));
