@@ -3,6 +3,7 @@
 
 mod demo;
 mod gpu;
+mod modules;
 mod sdk;
 mod tidy;
 mod tools;

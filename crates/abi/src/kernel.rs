@@ -1,14 +1,12 @@
 //! Mirror of `guild/abi/kernel_abi.h`: versions, status codes, error records, extension headers,
-//! backends, dtypes, device capabilities, kernel and runner descriptors, the host table, the
-//! plugin entry point and the PFKE prefill table.
+//! backends, dtypes, device capabilities, kernel descriptors and the PFKE prefill table. The
+//! runner descriptor, the host table and the plugin entry point are in `host`, which names the
+//! other headers' tables.
 //!
 //! The header is the normative text; the comments here only say what each item is for. The
 //! layout test in `tests/it` proves that every struct and constant matches the C compiler.
 
-use core::ffi::{c_char, c_void, CStr};
-
-use crate::module::guild_operation_service_v1_t;
-use crate::runner::guild_model_reader_v1_t;
+use core::ffi::{c_char, c_void};
 
 // ---------------------------------------------------------------------------------------------
 // Versions
@@ -270,98 +268,6 @@ pub struct guild_kernel_op_desc_v1_t {
     pub user_data: *mut c_void,
     pub next_ext: *const guild_ext_header_t,
 }
-
-/// One model runner, registered during init and copied by the host.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct guild_runner_desc_v1_t {
-    pub struct_size: u32,
-    pub abi_version: u32,
-    pub runner_id: *const c_char,
-    pub priority: i32,
-    pub reserved: u32,
-    pub user_data: *mut c_void,
-    pub create: Option<
-        unsafe extern "C" fn(
-            user_data: *mut c_void,
-            model: *const guild_model_reader_v1_t,
-            out_instance: *mut *mut c_void,
-            error: *mut guild_error_info_t,
-        ) -> guild_status_t,
-    >,
-    pub destroy: Option<unsafe extern "C" fn(user_data: *mut c_void, instance: *mut c_void)>,
-    pub next_ext: *const guild_ext_header_t,
-}
-
-// ---------------------------------------------------------------------------------------------
-// Host callback table
-// ---------------------------------------------------------------------------------------------
-
-/// The staging table a plugin's init receives; valid only during init.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct guild_host_api_v1_t {
-    pub struct_size: u32,
-    pub abi_version: u32,
-    pub host_context: *mut c_void,
-    pub register_kernel: Option<
-        unsafe extern "C" fn(
-            host_context: *mut c_void,
-            desc: *const guild_kernel_op_desc_v1_t,
-            error: *mut guild_error_info_t,
-        ) -> guild_status_t,
-    >,
-    pub register_runner: Option<
-        unsafe extern "C" fn(
-            host_context: *mut c_void,
-            desc: *const guild_runner_desc_v1_t,
-            error: *mut guild_error_info_t,
-        ) -> guild_status_t,
-    >,
-    pub log: Option<
-        unsafe extern "C" fn(
-            host_context: *mut c_void,
-            level: u32,
-            record: *const guild_error_info_t,
-        ),
-    >,
-    /// Optional tail: read only when `struct_size >= GUILD_HOST_API_V1_BASE_SIZE + size_of::<*const _>()`.
-    pub operations: *const guild_operation_service_v1_t,
-}
-
-/// Size of the host table before the optional `operations` tail.
-pub const GUILD_HOST_API_V1_BASE_SIZE: usize =
-    core::mem::offset_of!(guild_host_api_v1_t, operations);
-
-// ---------------------------------------------------------------------------------------------
-// Plugin entry point
-// ---------------------------------------------------------------------------------------------
-
-/// The static descriptor a plugin's entry point returns.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct guild_plugin_descriptor_v1_t {
-    pub struct_size: u32,
-    pub abi_version: u32,
-    pub min_kernel_abi: u32,
-    pub max_kernel_abi: u32,
-    pub plugin_name: *const c_char,
-    pub plugin_version: *const c_char,
-    pub init: Option<
-        unsafe extern "C" fn(
-            host: *const guild_host_api_v1_t,
-            plugin_state: *mut *mut c_void,
-            error: *mut guild_error_info_t,
-        ) -> guild_status_t,
-    >,
-    pub shutdown: Option<unsafe extern "C" fn(plugin_state: *mut c_void)>,
-}
-
-pub const GUILD_PLUGIN_ENTRY_SYMBOL_V1: &CStr = c"guild_plugin_entry_v1";
-
-/// Type of the exported `guild_plugin_entry_v1`.
-pub type guild_plugin_entry_fn =
-    Option<unsafe extern "C" fn() -> *const guild_plugin_descriptor_v1_t>;
 
 // ---------------------------------------------------------------------------------------------
 // PFKE

@@ -30,8 +30,8 @@ use guild_domain::ids::{ImplId, PackageId};
 use guild_ports::provider::ExtensionTable;
 use thiserror::Error;
 
+use crate::error::PluginReason;
 use crate::experts::ExpertError;
-use crate::models::PluginReason;
 use crate::registry::{KernelBinding, KernelRegistry};
 
 /// Why a kernel binding could not become [`BoundCudaTables`].

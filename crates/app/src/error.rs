@@ -1,8 +1,13 @@
 //! The host's error type: each variant names what failed and where, and belongs to one
 //! [`ErrorCategory`] that the CLI maps to a documented exit code.
 
+use std::fmt;
 use std::path::PathBuf;
+use std::time::Duration;
 
+use guild_abi::guild_error_info_t;
+use guild_abi::guild_status_t;
+use guild_abi::text::{fixed_buffer_text, status_name};
 use guild_domain::graph::{
     DisableRefusal, GraphBuildError, GraphProblem, RemoveRefusal, RollbackRefusal,
 };
@@ -221,7 +226,7 @@ pub enum HostError {
         package: String,
         /// What happened in the child.
         #[source]
-        failure: crate::publication::LibraryCheckFailure,
+        failure: LibraryCheckFailure,
     },
     /// The build was not loaded: a process died while running its `init` (see
     /// [`crate::crash_quarantine`]); a new version, or `guild quarantine clear`, lifts it.
@@ -294,6 +299,115 @@ impl HostError {
                 ..
             }) => ErrorCategory::NotFound,
             HostError::RegistryChange(_) => ErrorCategory::Refused,
+        }
+    }
+}
+
+/// The environment variable through which the `guild` command line sets the timeout, in seconds
+/// (a decimal number above zero).
+pub const TIMEOUT_VARIABLE: &str = "GUILD_LIBRARY_CHECK_TIMEOUT";
+
+/// Why the check of a package's library in a child process refused the package.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LibraryCheckFailure {
+    /// The child loaded the library and refused what it registered (or could not load it).
+    #[error("its library failed the publication check: {reason}")]
+    Refused {
+        /// The child's error, as it printed it.
+        reason: String,
+    },
+    /// The child died of a signal while it loaded the library, ran `init` or shut it down.
+    #[error(
+        "loading its library killed the check process with signal {signal} ({name}); \
+         guild itself is unharmed"
+    )]
+    Crashed {
+        /// The signal number.
+        signal: i32,
+        /// Its name, such as `SIGSEGV`.
+        name: &'static str,
+    },
+    /// The child did not finish within the timeout and was killed.
+    #[error(
+        "loading its library did not finish within {}; the check process was killed \
+         (set {TIMEOUT_VARIABLE} to allow longer)",
+        seconds(.timeout)
+    )]
+    TimedOut {
+        /// How long the parent waited.
+        timeout: Duration,
+    },
+    /// The child ended without printing a result.
+    #[error("the check process exited with {status} without a result{}", tail(.stderr))]
+    NoResult {
+        /// The exit status, as the OS words it.
+        status: String,
+        /// The end of what the child wrote on stderr.
+        stderr: String,
+    },
+    /// The child could not be started or talked to.
+    #[error("cannot run the check process {}: {reason}", .program.display())]
+    Spawn {
+        /// The program that was run.
+        program: PathBuf,
+        /// What failed.
+        reason: String,
+    },
+}
+
+/// A timeout as people write it: whole seconds, or milliseconds.
+pub(crate) fn seconds(d: &Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{} s", d.as_secs())
+    } else {
+        format!("{} ms", d.as_millis())
+    }
+}
+
+fn tail(stderr: &str) -> String {
+    let text = stderr.trim();
+    if text.is_empty() {
+        return String::new();
+    }
+    let start = text.char_indices().rev().nth(400).map_or(0, |(i, _)| i);
+    format!(": {}", &text[start..])
+}
+
+/// What a plugin's callback reported (a runner's, an expert or CUDA table's): its status and
+/// its error record's text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginReason {
+    /// The status it returned.
+    pub status: guild_status_t,
+    /// The record's component.
+    pub component: String,
+    /// The record's message.
+    pub message: String,
+}
+
+impl PluginReason {
+    pub(crate) fn read(status: guild_status_t, error: &guild_error_info_t) -> Self {
+        PluginReason {
+            status,
+            component: fixed_buffer_text(&error.component),
+            message: fixed_buffer_text(&error.message),
+        }
+    }
+}
+
+impl fmt::Display for PluginReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.component.is_empty(), self.message.is_empty()) {
+            (_, true) => write!(f, "{} without a message", status_name(self.status)),
+            (true, false) => write!(f, "{} ({})", self.message, status_name(self.status)),
+            (false, false) => write!(
+                f,
+                "{}: {} ({})",
+                self.component,
+                self.message,
+                status_name(self.status)
+            ),
         }
     }
 }

@@ -52,7 +52,7 @@ use guild_abi::{
 use guild_domain::ids::{ImplId, PackageId};
 use thiserror::Error;
 
-use crate::models::PluginReason;
+use crate::error::PluginReason;
 use crate::registry::{KernelBinding, KernelRegistry};
 
 // The canonical activation image, checked on the host's side as the C header checks it on the

@@ -39,13 +39,13 @@ use guild_ports::source::PackageSource;
 use crate::error::HostError;
 use crate::package_manager::{Change, LifecycleHook, PortCheck};
 
+// The failure is part of `HostError`, so it lives with it.
+pub(crate) use crate::error::seconds;
+pub use crate::error::{LibraryCheckFailure, TIMEOUT_VARIABLE};
+
 /// How long [`ChildCheck`] waits for the child by default: loading and `init` of a package's
 /// library, plus the re-verification of its files.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The environment variable through which the `guild` command line sets the timeout, in seconds
-/// (a decimal number above zero).
-pub const TIMEOUT_VARIABLE: &str = "GUILD_LIBRARY_CHECK_TIMEOUT";
 
 /// The hidden `guild` subcommand that runs [`check_tree`] in a child process.
 pub const CHECK_SUBCOMMAND: &str = "__check-library";
@@ -58,73 +58,6 @@ const KEEP_OUTPUT: usize = 64 << 10;
 
 /// The most trust-store bytes the child reads from its stdin.
 pub const MAX_TRUST_BYTES: u64 = 16 << 20;
-
-/// Why the check of a package's library in a child process refused the package.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum LibraryCheckFailure {
-    /// The child loaded the library and refused what it registered (or could not load it).
-    #[error("its library failed the publication check: {reason}")]
-    Refused {
-        /// The child's error, as it printed it.
-        reason: String,
-    },
-    /// The child died of a signal while it loaded the library, ran `init` or shut it down.
-    #[error(
-        "loading its library killed the check process with signal {signal} ({name}); \
-         guild itself is unharmed"
-    )]
-    Crashed {
-        /// The signal number.
-        signal: i32,
-        /// Its name, such as `SIGSEGV`.
-        name: &'static str,
-    },
-    /// The child did not finish within the timeout and was killed.
-    #[error(
-        "loading its library did not finish within {}; the check process was killed \
-         (set {TIMEOUT_VARIABLE} to allow longer)",
-        seconds(.timeout)
-    )]
-    TimedOut {
-        /// How long the parent waited.
-        timeout: Duration,
-    },
-    /// The child ended without printing a result.
-    #[error("the check process exited with {status} without a result{}", tail(.stderr))]
-    NoResult {
-        /// The exit status, as the OS words it.
-        status: String,
-        /// The end of what the child wrote on stderr.
-        stderr: String,
-    },
-    /// The child could not be started or talked to.
-    #[error("cannot run the check process {}: {reason}", .program.display())]
-    Spawn {
-        /// The program that was run.
-        program: PathBuf,
-        /// What failed.
-        reason: String,
-    },
-}
-
-/// A timeout as people write it: whole seconds, or milliseconds.
-pub(crate) fn seconds(d: &Duration) -> String {
-    if d.subsec_millis() == 0 {
-        format!("{} s", d.as_secs())
-    } else {
-        format!("{} ms", d.as_millis())
-    }
-}
-
-fn tail(stderr: &str) -> String {
-    let text = stderr.trim();
-    if text.is_empty() {
-        return String::new();
-    }
-    let start = text.char_indices().rev().nth(400).map_or(0, |(i, _)| i);
-    format!(": {}", &text[start..])
-}
 
 /// Holds what a plugin registered against its signed manifest: the registered impl ids are
 /// exactly `provided_ops` and the runner ids exactly `provided_runners`, none twice, and every
@@ -546,7 +479,20 @@ mod tests {
         assert_eq!(seconds(&Duration::from_millis(1500)), "1500 ms");
         assert_eq!(signal_name(6), "SIGABRT");
         assert_eq!(signal_name(11), "SIGSEGV");
-        assert_eq!(tail("  \n"), "");
-        assert_eq!(tail("boom\n"), ": boom");
+        let no_result = |stderr: &str| {
+            LibraryCheckFailure::NoResult {
+                status: "exit status: 1".into(),
+                stderr: stderr.into(),
+            }
+            .to_string()
+        };
+        assert_eq!(
+            no_result("  \n"),
+            "the check process exited with exit status: 1 without a result"
+        );
+        assert_eq!(
+            no_result("boom\n"),
+            "the check process exited with exit status: 1 without a result: boom"
+        );
     }
 }

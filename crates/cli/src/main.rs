@@ -108,7 +108,7 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
         Command::Inspect { package } => publisher::inspect(package),
         Command::Trust(t) => trust::run(&store_dir(cli, true)?, t),
         Command::Quarantine(QuarantineCommand::Clear { id }) => {
-            quarantine::clear(&store_dir(cli, true)?, id)
+            store::quarantine_clear(&store_dir(cli, true)?, id)
         }
         Command::Install {
             package,

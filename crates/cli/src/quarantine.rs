@@ -1,17 +1,14 @@
 //! The crash quarantine as the command line shows it (`list`, `status`, `doctor`) and lifts it
-//! (`guild quarantine clear ID`); see `guild_host::crash_quarantine`.
+//! (`guild quarantine clear ID`, in `store`); see `guild_host::crash_quarantine`.
 
 use std::path::Path;
 
-use guild_domain::ids::PackageId;
 use guild_host::crash_quarantine::{CrashLedger, CrashRecord};
 use guild_host::HostError;
 
-use super::failure::{CliError, Exit};
 use super::output::Report;
-use super::store;
 
-fn ledger_error(store: &Path, source: std::io::Error) -> anyhow::Error {
+pub fn ledger_error(store: &Path, source: std::io::Error) -> anyhow::Error {
     HostError::CrashRecord {
         path: store.to_path_buf(),
         source,
@@ -42,36 +39,4 @@ pub fn annotate(store: &Path, report: &mut Report) -> anyhow::Result<()> {
         ));
     }
     Ok(())
-}
-
-/// `guild quarantine clear ID`.
-pub fn clear(store: &Path, id: &PackageId) -> anyhow::Result<Report> {
-    // Opening takes the store's lock and recovers it, like every command that changes it.
-    let (_pm, mut report) = store::open(store, "quarantine clear")?;
-    let ledger = CrashLedger::new(store);
-    ledger.sweep().map_err(|e| ledger_error(store, e))?;
-    let removed = ledger
-        .clear(id.as_str(), None)
-        .map_err(|e| ledger_error(store, e))?;
-    if removed.is_empty() {
-        return Err(CliError::new(
-            Exit::NotFound,
-            format!("{id} has no build in crash quarantine"),
-        )
-        .with_hint("`guild list` shows the quarantine")
-        .into());
-    }
-    report.field(
-        "cleared",
-        removed.iter().map(CrashRecord::to_json).collect::<Vec<_>>(),
-    );
-    for r in &removed {
-        report.line(format!(
-            "cleared the crash quarantine of {}@{} (payload {}): the next host loads it again",
-            r.package,
-            r.version,
-            r.digest.to_hex()
-        ));
-    }
-    Ok(report)
 }

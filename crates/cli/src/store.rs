@@ -19,6 +19,7 @@ use guild_domain::claims::ImplIdConflict;
 use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::registry::RegistryError;
 use guild_domain::version::Version;
+use guild_host::crash_quarantine::{CrashLedger, CrashRecord};
 use guild_host::package_manager::{contested_reason, OpenReport, PackageSummary};
 use guild_host::publication::{self, ChildCheck};
 use guild_host::{HostError, InstallOptions, PackageManager};
@@ -27,6 +28,7 @@ use serde_json::json;
 
 use super::failure::{CliError, Exit};
 use super::output::Report;
+use super::quarantine::ledger_error;
 use super::render::{
     open_report_json, open_report_lines, package_json, quarantine_lines, repair_hint, short,
 };
@@ -565,4 +567,36 @@ pub fn recover(store: &Path) -> anyhow::Result<Report> {
         open.disabled.len()
     ));
     Ok(out)
+}
+
+/// `guild quarantine clear ID`.
+pub fn quarantine_clear(store: &Path, id: &PackageId) -> anyhow::Result<Report> {
+    // Opening takes the store's lock and recovers it, like every command that changes it.
+    let (_pm, mut report) = open(store, "quarantine clear")?;
+    let ledger = CrashLedger::new(store);
+    ledger.sweep().map_err(|e| ledger_error(store, e))?;
+    let removed = ledger
+        .clear(id.as_str(), None)
+        .map_err(|e| ledger_error(store, e))?;
+    if removed.is_empty() {
+        return Err(CliError::new(
+            Exit::NotFound,
+            format!("{id} has no build in crash quarantine"),
+        )
+        .with_hint("`guild list` shows the quarantine")
+        .into());
+    }
+    report.field(
+        "cleared",
+        removed.iter().map(CrashRecord::to_json).collect::<Vec<_>>(),
+    );
+    for r in &removed {
+        report.line(format!(
+            "cleared the crash quarantine of {}@{} (payload {}): the next host loads it again",
+            r.package,
+            r.version,
+            r.digest.to_hex()
+        ));
+    }
+    Ok(report)
 }

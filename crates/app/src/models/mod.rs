@@ -66,7 +66,6 @@ use std::path::{Path, PathBuf};
 use std::ptr;
 use std::sync::Arc;
 
-use guild_abi::text::{fixed_buffer_text, status_name};
 use guild_abi::{
     guild_error_info_t, guild_runner_desc_v1_t, guild_runner_model_ext_v1_t,
     guild_runner_model_v1_t, guild_status_t, GUILD_RUNNER_MODEL_VERSION,
@@ -75,6 +74,7 @@ use guild_abi::{
 use guild_domain::ids::{PackageId, RunnerId};
 use guild_ports::provider::RunnerProvider;
 
+pub use crate::error::PluginReason;
 use crate::registry::{KernelRegistry, RunnerBinding};
 
 pub use description::{DescriptionError, LayerKind, ModelDescription, TensorRole, TensorRoleKind};
@@ -415,43 +415,6 @@ impl fmt::Display for Stage {
             Stage::ValidateNumerics => "validate_numerics",
             Stage::Create => "create",
         })
-    }
-}
-
-/// What a runner's callback reported: its status and its error record's text.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PluginReason {
-    /// The status it returned.
-    pub status: guild_status_t,
-    /// The record's component.
-    pub component: String,
-    /// The record's message.
-    pub message: String,
-}
-
-impl PluginReason {
-    fn read(status: guild_status_t, error: &guild_error_info_t) -> Self {
-        PluginReason {
-            status,
-            component: fixed_buffer_text(&error.component),
-            message: fixed_buffer_text(&error.message),
-        }
-    }
-}
-
-impl fmt::Display for PluginReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (self.component.is_empty(), self.message.is_empty()) {
-            (_, true) => write!(f, "{} without a message", status_name(self.status)),
-            (true, false) => write!(f, "{} ({})", self.message, status_name(self.status)),
-            (false, false) => write!(
-                f,
-                "{}: {} ({})",
-                self.component,
-                self.message,
-                status_name(self.status)
-            ),
-        }
     }
 }
 
