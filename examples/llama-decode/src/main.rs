@@ -47,7 +47,8 @@ Guild store, with the example.llama.* operations an installed module provides.
   --prompt T,T,...  the prompt's token ids (default 1)
   --decodes N       decode N times with the same handles, following the store between
                     decodes and resolving again when a handle is no longer current (default 1)
-  --step            read one line on stdin before each decoded token";
+  --step            read one line on stdin before each decoded token (the tokens per
+                    second then include the waits)";
 
 fn parse_args() -> Result<Args, String> {
     let mut positional = Vec::new();
