@@ -78,7 +78,9 @@ fn parse_args() -> Result<Args, String> {
             Some("--decodes") => {
                 args.decodes = value("--decodes")?
                     .parse()
-                    .map_err(|e| format!("--decodes: {e}"))?
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or("--decodes needs a count of at least 1")?
             }
             Some("--step") => args.step = true,
             Some("--help" | "-h") => {
