@@ -31,6 +31,10 @@
  *
  * Numerics: deterministic, f32 arithmetic and accumulation, ordered reductions (index order).
  * The module keeps no state: each operation's user_data is a static llama_op_t.
+ *
+ * Built with LLAMA_OPS_MARKER defined (a string naming the build), every execute that computed
+ * something also appends "<marker> <impl id>" to $GUILD_TEST_MARKER_DIR/llama_ops.log, so that
+ * a test holding two builds installed as two versions can tell which one ran each call.
  */
 #include <guild/abi/kernel_abi.h>
 #include <guild/abi/module_abi.h>
@@ -38,6 +42,10 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+
+#ifdef LLAMA_OPS_MARKER
+#include "guild_test_marker.h"
+#endif
 
 #define LLAMA_OP_MAGIC 0x11a3a0f5u
 #define LLAMA_MAX_HEAD_DIM 256u
@@ -432,6 +440,13 @@ static guild_status_t llama_execute(void* user_data, const guild_execute_args_v1
             break;
         }
     }
+#ifdef LLAMA_OPS_MARKER
+    {
+        char line[128];
+        (void)snprintf(line, sizeof line, "%s %s", LLAMA_OPS_MARKER, op->impl_id);
+        guild_test_marker("llama_ops", line);
+    }
+#endif
     return GUILD_STATUS_OK;
 }
 

@@ -65,6 +65,10 @@ const EXPECTED_PLUGINS: &[&str] = &[
     "faulty_hang_execute",
     "compat_scan",
     "compat_dependent",
+    // The Llama decode's operations, and the two builds the live-switch test installs.
+    "llama_ops",
+    "llama_ops_v1",
+    "llama_ops_v2",
     // examples/c-runner, built as part of test-plugins.
     "example_c_runner",
 ];

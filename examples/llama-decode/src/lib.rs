@@ -288,6 +288,56 @@ pub trait Ops {
         outputs: &mut [Out<'_>],
         params: &[u8],
     ) -> Result<(), DecodeError>;
+
+    /// The package version whose code `handle` runs, and whether the host still serves that
+    /// version; `None` where calls do not go through a host (the benchmark's direct calls).
+    fn provider(&self, _handle: &Self::Handle) -> Option<Provider> {
+        None
+    }
+}
+
+/// Where a handle's calls go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Provider {
+    /// `package@version`.
+    pub package: String,
+    /// Whether that version is still the one the host serves (`OpHandle::is_current`): `false`
+    /// once a refresh found it replaced, taken out or revoked, or waiting for its handles to
+    /// be released to be so.
+    pub current: bool,
+}
+
+/// The providers of a decoder's handles at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bound {
+    /// Every distinct `package@version`, sorted.
+    pub packages: Vec<String>,
+    /// The handles of a step.
+    pub handles: usize,
+    /// Those whose provider is still current.
+    pub current: usize,
+}
+
+impl Bound {
+    /// Whether every handle's provider is still current.
+    pub fn all_current(&self) -> bool {
+        self.current == self.handles
+    }
+}
+
+impl fmt::Display for Bound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let packages = if self.packages.is_empty() {
+            "no host".to_owned()
+        } else {
+            self.packages.join(", ")
+        };
+        write!(
+            f,
+            "{} handles on {packages}, {} current",
+            self.handles, self.current
+        )
+    }
 }
 
 /// [`Ops`] through the operation service's Rust face.
@@ -366,6 +416,14 @@ impl<'r> Ops for Service<'r> {
             message: e.to_string(),
         })
     }
+
+    fn provider(&self, handle: &OpHandle<'r>) -> Option<Provider> {
+        let chosen = handle.describe();
+        Some(Provider {
+            package: format!("{}@{}", chosen.package, chosen.package_version),
+            current: handle.is_current(),
+        })
+    }
 }
 
 fn f32_desc(shape: &[usize]) -> TensorDesc {
@@ -389,6 +447,26 @@ struct Handles<H> {
     swiglu: H,
     add: H,
     argmax: H,
+}
+
+impl<H> Handles<H> {
+    fn all(&self) -> [&H; 13] {
+        [
+            &self.mv_q,
+            &self.mv_kv,
+            &self.mv_o,
+            &self.mv_ff,
+            &self.mv_down,
+            &self.mv_out,
+            &self.rmsnorm,
+            &self.rope_q,
+            &self.rope_k,
+            &self.attention,
+            &self.swiglu,
+            &self.add,
+            &self.argmax,
+        ]
+    }
 }
 
 /// The scratch vectors of one step.
@@ -524,6 +602,33 @@ impl<'m, 'o, O: Ops> Decoder<'m, 'o, O> {
     /// The hyperparameters.
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// Which package versions the handles run, and how many still point at the current one.
+    /// A decode that holds its handles keeps running the code it resolved, whatever the store
+    /// does meanwhile; this says when to resolve again (drop the decoder, refresh, build a new
+    /// one).
+    pub fn bound(&self) -> Bound {
+        let providers: Vec<Provider> = self
+            .handles
+            .all()
+            .into_iter()
+            .filter_map(|h| self.ops.provider(h))
+            .collect();
+        let mut packages: Vec<String> = providers.iter().map(|p| p.package.clone()).collect();
+        packages.sort();
+        packages.dedup();
+        Bound {
+            packages,
+            handles: self.handles.all().len(),
+            current: providers.iter().filter(|p| p.current).count(),
+        }
+    }
+
+    /// Starts a new sequence at position 0 with the same handles (the cache's old entries are
+    /// overwritten before they are read).
+    pub fn restart(&mut self) {
+        self.pos = 0;
     }
 
     /// One call of the handle `which` picks, writing f32 values to `output`.
@@ -730,8 +835,19 @@ pub fn generate<O: Ops>(
     prompt: &[u32],
     n: usize,
 ) -> Result<Generation, DecodeError> {
+    generate_each(decoder, prompt, n, |_, _, _| Ok(()))
+}
+
+/// As [`generate`], calling `each(decoder, i, token)` after decoding token `i` (from 0): a
+/// runner reports progress there, or waits.
+pub fn generate_each<'m, 'o, O: Ops, E: From<DecodeError>>(
+    decoder: &mut Decoder<'m, 'o, O>,
+    prompt: &[u32],
+    n: usize,
+    mut each: impl FnMut(&Decoder<'m, 'o, O>, usize, u32) -> Result<(), E>,
+) -> Result<Generation, E> {
     let Some((&last, head)) = prompt.split_last() else {
-        return Err(DecodeError::Input("the prompt is empty".into()));
+        return Err(DecodeError::Input("the prompt is empty".into()).into());
     };
     for &token in head {
         decoder.step(token)?;
@@ -741,10 +857,11 @@ pub fn generate<O: Ops>(
         logits: Vec::with_capacity(n),
     };
     let mut next = last;
-    for _ in 0..n {
+    for i in 0..n {
         out.logits.push(decoder.step(next)?.to_vec());
         next = decoder.argmax()?;
         out.tokens.push(next);
+        each(decoder, i, next)?;
     }
     Ok(out)
 }

@@ -302,34 +302,10 @@ fn the_module_refuses_the_shapes_and_records_it_does_not_compute() {
     assert_eq!(y, vec![0.0f32; 64]);
 }
 
-/// Builds the runner binary with cargo (once per test run) and returns its executable.
+/// The runner binary, built with cargo once per test run.
 fn decode_binary() -> &'static Path {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT.get_or_init(|| {
-        let out = Command::new(env!("CARGO"))
-            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
-            .args([
-                "build",
-                "-p",
-                "guild-llama-decode",
-                "--bin",
-                "guild-llama-decode",
-            ])
-            .arg("--message-format=json-render-diagnostics")
-            .output()
-            .expect("cargo runs");
-        assert!(
-            out.status.success(),
-            "building guild-llama-decode failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-            .find(|m| m["target"]["name"] == "guild-llama-decode" && m["executable"].is_string())
-            .and_then(|m| m["executable"].as_str().map(PathBuf::from))
-            .expect("cargo reports the runner's executable")
-    })
+    BUILT.get_or_init(|| crate::support::cargo_binary("guild-llama-decode", "guild-llama-decode"))
 }
 
 #[test]
@@ -371,12 +347,15 @@ fn the_runner_binary_decodes_from_a_store_and_fails_on_a_reference_it_does_not_m
     assert_eq!(code, Some(0), "{stdout}{stderr}");
     let tokens: Vec<String> = reference.tokens.iter().map(u32::to_string).collect();
     assert!(
-        stdout.contains(&format!("\ntokens: {}\n", tokens.join(" "))),
+        stdout.contains(&format!("\ndecode 1 tokens: {}\n", tokens.join(" "))),
         "{stdout}"
     );
-    assert!(stdout.contains("reference: tokens match;"), "{stdout}");
     assert!(
-        stdout.contains("21 forward passes in ")
+        stdout.contains("decode 1 reference: tokens match;"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("decode 1: 21 forward passes in ")
             && stdout.contains(" 33 operation calls per token"),
         "{stdout}"
     );
@@ -390,7 +369,10 @@ fn the_runner_binary_decodes_from_a_store_and_fails_on_a_reference_it_does_not_m
     std::fs::write(&altered_path, altered.to_string()).unwrap();
     let (code, stdout, stderr) = run(&altered_path);
     assert_eq!(code, Some(1), "{stdout}{stderr}");
-    assert!(stdout.contains("reference: tokens DIFFER;"), "{stdout}");
+    assert!(
+        stdout.contains("decode 1 reference: tokens DIFFER;"),
+        "{stdout}"
+    );
     assert!(stderr.contains("does not match the reference"), "{stderr}");
 }
 
@@ -414,4 +396,243 @@ fn the_manifest_template_lists_what_the_module_registers() {
         let id = guild_host::ImplId::new(impl_id).unwrap();
         assert!(f.host.kernels().find_by_id(&id).is_some(), "{impl_id}");
     }
+}
+
+/// How long the stepped runner may take to print its next line: only a hang exceeds it (a
+/// deadlock guard, not a timing assertion).
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The builds of `test-plugins/llama_ops` that the live test installs as 1.0.0 and 1.1.0: the
+/// same source, each naming itself in the marker log on every call it computes.
+const BUILD_1_0: &str = "llama_ops_v1";
+const BUILD_1_1: &str = "llama_ops_v2";
+
+/// A `guild-llama-decode --step` process: it waits for one line on its stdin before each token.
+struct Stepped {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    lines: std::sync::mpsc::Receiver<String>,
+    /// The marker log the module builds write, and how many of its lines were checked.
+    log: PathBuf,
+    logged: usize,
+}
+
+impl Stepped {
+    /// The next line the runner prints, which must start with `prefix`.
+    fn expect(&mut self, prefix: &str) -> String {
+        match self.lines.recv_timeout(PATIENCE) {
+            Ok(line) if line.starts_with(prefix) => {
+                println!("runner: {line}");
+                line
+            }
+            Ok(line) => panic!("expected a line starting {prefix:?}, got {line:?}"),
+            Err(e) => panic!(
+                "no line starting {prefix:?} within {PATIENCE:?} ({e}); the runner: {:?}",
+                self.child.try_wait()
+            ),
+        }
+    }
+
+    /// Lets the runner decode one token and checks its line: the token, the package version
+    /// its handles are bound to and whether they are current, and that every call the token
+    /// took ran the code of `build`, as the module's marker log says.
+    fn token(&mut self, decode: usize, i: usize, token: u32, bound: &str, build: &str) {
+        use std::io::Write as _;
+        let stdin = self.stdin.as_mut().expect("the runner's stdin is open");
+        writeln!(stdin, "next").expect("the runner reads its stdin");
+        let line = self.expect(&format!("decode {decode} token {i}: "));
+        let rest = line.split_once(": ").unwrap().1;
+        let (got, rest) = rest.split_once(" (").unwrap();
+        let (calls, rest) = rest.split_once(" calls; ").unwrap();
+        assert_eq!(got, token.to_string(), "{line}");
+        assert_eq!(rest, format!("{bound})"), "{line}");
+        let calls: usize = calls.parse().unwrap();
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let new: Vec<&str> = log.lines().skip(self.logged).collect();
+        assert_eq!(new.len(), calls, "{line}: the module logged {new:?}");
+        for call in &new {
+            let (who, impl_id) = call.split_once(' ').unwrap();
+            assert_eq!(who, build, "{line}: {impl_id} ran another build's code");
+        }
+        self.logged += new.len();
+    }
+
+    /// Lets the runner decode tokens `range` of decode `decode`, checking each: all 13
+    /// handles on `version` and current, every call run by `build`.
+    fn tokens(
+        &mut self,
+        decode: usize,
+        range: std::ops::RangeInclusive<usize>,
+        want: &[u32],
+        version: &str,
+        build: &str,
+    ) {
+        let bound = on_version(version, 13);
+        for i in range {
+            self.token(decode, i, want[i - 1], &bound, build);
+        }
+    }
+
+    /// The lines between decode `decode`, on `from`, and the next, on `to`: the refresh that
+    /// defers the switch for the held handles, the runner dropping them, the refresh that makes
+    /// the switch, and the next decode's handles.
+    fn switches(&mut self, decode: usize, from: &str, to: &str) {
+        let deferred = self.expect("refresh: generation ");
+        let want = format!(
+            "deferred: example.llama_ops@{from} switches to {to} once its 13 live binding(s) \
+             are released"
+        );
+        assert!(deferred.contains(&want), "{deferred}");
+        self.expect(&format!(
+            "decode {decode}: {}: resolving again",
+            on_version(from, 0)
+        ));
+        let switched = self.expect("refresh: generation ");
+        let want = format!("loaded example.llama_ops@{to}");
+        assert!(switched.contains(&want), "{switched}");
+        self.expect(&format!("decode {}: {}", decode + 1, on_version(to, 13)));
+    }
+
+    /// The lines that close decode `decode`: its tokens, its counts, the reference's verdict.
+    fn finished(&mut self, decode: usize, want: &[u32]) {
+        let tokens: Vec<String> = want.iter().map(u32::to_string).collect();
+        let line = self.expect(&format!("decode {decode} tokens: "));
+        assert_eq!(
+            line,
+            format!("decode {decode} tokens: {}", tokens.join(" "))
+        );
+        self.expect(&format!("decode {decode}: 21 forward passes in "));
+        self.expect(&format!("decode {decode} reference: tokens match;"));
+    }
+}
+
+impl Drop for Stepped {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What the runner says of its handles: all 13 on `version`, `current` of them current.
+fn on_version(version: &str, current: usize) -> String {
+    format!("13 handles on example.llama_ops@{version}, {current} current")
+}
+
+/// `guild --store STORE ARGS...`, run as an operator would from another shell.
+fn operator(shop: &Workshop, store: &Path, args: &[&str]) -> crate::cli::Run {
+    let mut all = vec!["--store", store.to_str().unwrap()];
+    all.extend_from_slice(args);
+    crate::cli::guild(shop.path(), &all)
+}
+
+/// `guild remove ID --version V` while the runner has that version loaded: refused, naming
+/// the runner's process.
+fn removal_refused(shop: &Workshop, store: &Path, version: &str, pid: u32) {
+    let run = operator(
+        shop,
+        store,
+        &["remove", "example.llama_ops", "--version", version],
+    );
+    assert_eq!(run.code, 4, "{}{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains(&format!("pid {pid}")), "{}", run.stderr);
+    assert!(
+        store
+            .join("packages/example.llama_ops")
+            .join(version)
+            .is_dir(),
+        "the refused removal deleted {version}"
+    );
+}
+
+#[test]
+fn live_a_decode_holds_its_handles_through_an_install_and_a_rollback_in_another_process() {
+    let shop = Workshop::new();
+    let Some(dir) = tiny_llama(&shop) else {
+        return;
+    };
+    let reference_path = dir.join("tiny-llama.reference.json");
+    let want = Reference::read(&reference_path).unwrap().tokens;
+    assert_eq!(want.len(), 16);
+    let k = key();
+    let store = shop.fresh("store");
+    let (pm, _) = open_dir(&store).unwrap();
+    trust(&pm, PUBLISHER, &k);
+    let build = |version: &str, library: &str| {
+        shop.build(&llama_spec(version).library(&plugin_library(library)), &k)
+            .archive
+    };
+    pm.install(&build("1.0.0", BUILD_1_0), InstallOptions::default())
+        .unwrap();
+    drop(pm);
+    let v11 = build("1.1.0", BUILD_1_1);
+    let markers = shop.fresh("markers");
+    std::fs::create_dir_all(&markers).unwrap();
+
+    let mut child = Command::new(decode_binary())
+        .arg(&store)
+        .arg(dir.join("tiny-llama.gguf"))
+        .arg("--reference")
+        .arg(&reference_path)
+        .args(["--decodes", "3", "--step"])
+        .env("GUILD_TEST_MARKER_DIR", &markers)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the runner starts");
+    let (tx, lines) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let pid = child.id();
+    let mut runner = Stepped {
+        stdin: child.stdin.take(),
+        child,
+        lines,
+        log: markers.join("llama_ops.log"),
+        logged: 0,
+    };
+    runner.expect("model ");
+    runner.expect("prompt: ");
+    runner.expect(&format!("decode 1: {}", on_version("1.0.0", 13)));
+
+    // Decode 1 starts on 1.0.0; 1.1.0 is installed from another process after its fourth
+    // token. The decode finishes on 1.0.0's code: the host learns of the change at its next
+    // refresh, which the runner makes between decodes, and the version it holds stays pinned.
+    runner.tokens(1, 1..=4, &want, "1.0.0", BUILD_1_0);
+    let installed = operator(&shop, &store, &["install", v11.to_str().unwrap()]);
+    assert_eq!(
+        installed.code, 0,
+        "{}{}",
+        installed.stdout, installed.stderr
+    );
+    removal_refused(&shop, &store, "1.0.0", pid);
+    runner.tokens(1, 5..=16, &want, "1.0.0", BUILD_1_0);
+    runner.finished(1, &want);
+    runner.switches(1, "1.0.0", "1.1.0");
+
+    // Decode 2 resolved anew and runs 1.1.0's code; a rollback from another process after its
+    // fourth token waits for it the same way.
+    runner.tokens(2, 1..=4, &want, "1.1.0", BUILD_1_1);
+    let rolled = operator(&shop, &store, &["rollback", "example.llama_ops"]);
+    assert_eq!(rolled.code, 0, "{}{}", rolled.stdout, rolled.stderr);
+    removal_refused(&shop, &store, "1.1.0", pid);
+    runner.tokens(2, 5..=16, &want, "1.1.0", BUILD_1_1);
+    runner.finished(2, &want);
+    runner.switches(2, "1.1.0", "1.0.0");
+
+    // Decode 3 runs on 1.0.0 again, and the runner ends well.
+    runner.tokens(3, 1..=16, &want, "1.0.0", BUILD_1_0);
+    runner.finished(3, &want);
+    drop(runner.stdin.take());
+    let status = runner.child.wait().unwrap();
+    assert!(status.success(), "the runner ended with {status}");
 }
