@@ -4,6 +4,7 @@
 mod demo;
 mod gpu;
 mod modules;
+mod msrv;
 mod sdk;
 mod tidy;
 mod tools;
@@ -19,8 +20,9 @@ tasks:
   sdk       configure, install and package the standalone SDK into target/guild-sdk
   plugins   build the C test plugins against the installed SDK into target/test-plugins
   tidy      check the crate dependency rules and source hygiene
+  msrv      type-check every target with the declared rust-version (rustup fetches it)
   test      everything CI runs: fmt, tidy, clippy (also a CPU-only host), docs, SDK,
-            plugins, all tests
+            plugins, all tests, the MSRV check
   ci        the same as test, for CI
   gpu-check every GPU test with REQUIRE_GPU=1, with a summary (fails without a GPU);
             --bundle builds target/gpu-check/ to run them on a GPU machine without cargo
@@ -35,6 +37,7 @@ fn main() -> ExitCode {
         "sdk" => sdk::sdk().map(|_| ()),
         "plugins" => sdk::plugins().map(|_| ()),
         "tidy" => tidy::run(),
+        "msrv" => msrv::run(),
         "test" | "ci" => test(),
         "gpu-check" => gpu::run(&args[1..]),
         "demo" => demo::run(),
@@ -140,5 +143,9 @@ fn test() -> Result<(), String> {
     step("valgrind: the tests that cross the C boundary", || {
         valgrind::run(&plugins)
     })?;
+    step(
+        "MSRV: cargo check with the declared rust-version",
+        msrv::run,
+    )?;
     Ok(())
 }
