@@ -14,7 +14,8 @@
 //!   carries none of them.
 //! - The crates that touch the outside world are confined to the adapter that owns that world:
 //!   libloading to the POSIX adapter, cudarc to the CUDA adapter, tar to the file-system adapter,
-//!   p256 to the crypto adapter.
+//!   p256 and ring (and the verifier benchmark's alternatives, aws-lc-rs and libcrux-ecdsa) to the
+//!   crypto adapter.
 //! - The example crates under `examples/` stand where a runner stands, outside the hexagon: they
 //!   may embed `guild-host` (and use the domain's plain types), like any runner, but never an
 //!   adapter, and nothing depends on them.
@@ -86,6 +87,9 @@ const CONFINED: &[(&str, &str)] = &[
     ("tar", "guild-adapters-fs"),
     ("notify", "guild-adapters-fs"),
     ("p256", "guild-adapters-crypto"),
+    ("ring", "guild-adapters-crypto"),
+    ("aws-lc-rs", "guild-adapters-crypto"),
+    ("libcrux-ecdsa", "guild-adapters-crypto"),
     ("oci-client", "guild-adapters-oci"),
     ("reqwest", "guild-adapters-oci"),
     ("tokio", "guild-adapters-oci"),
@@ -371,6 +375,7 @@ const TRANSITIVE_FORBIDDEN: &[(&str, &[&str])] = &[
             "cudarc",
             "tar",
             "p256",
+            "ring",
             "clap",
             "anyhow",
             "libc",
@@ -385,6 +390,7 @@ const TRANSITIVE_FORBIDDEN: &[(&str, &[&str])] = &[
             "cudarc",
             "tar",
             "p256",
+            "ring",
             "clap",
             "anyhow",
             "libc",
