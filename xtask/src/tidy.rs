@@ -14,7 +14,8 @@
 //!   carries none of them.
 //! - The crates that touch the outside world are confined to the adapter that owns that world:
 //!   libloading to the POSIX adapter, cudarc to the CUDA adapter, tar to the file-system adapter,
-//!   p256 to the crypto adapter.
+//!   p256 and ring (and the verifier benchmark's alternatives, aws-lc-rs and libcrux-ecdsa) to the
+//!   crypto adapter.
 //! - The example crates under `examples/` stand where a runner stands, outside the hexagon: they
 //!   may embed `guild-host` (and use the domain's plain types), like any runner, but never an
 //!   adapter, and nothing depends on them.
@@ -87,6 +88,9 @@ const CONFINED: &[(&str, &str)] = &[
     ("tar", "guild-adapters-fs"),
     ("notify", "guild-adapters-fs"),
     ("p256", "guild-adapters-crypto"),
+    ("ring", "guild-adapters-crypto"),
+    ("aws-lc-rs", "guild-adapters-crypto"),
+    ("libcrux-ecdsa", "guild-adapters-crypto"),
     ("oci-client", "guild-adapters-oci"),
     ("reqwest", "guild-adapters-oci"),
     ("tokio", "guild-adapters-oci"),
@@ -413,6 +417,7 @@ const TRANSITIVE_FORBIDDEN: &[(&str, &[&str])] = &[
             "cudarc",
             "tar",
             "p256",
+            "ring",
             "clap",
             "anyhow",
             "libc",
@@ -427,6 +432,7 @@ const TRANSITIVE_FORBIDDEN: &[(&str, &[&str])] = &[
             "cudarc",
             "tar",
             "p256",
+            "ring",
             "clap",
             "anyhow",
             "libc",

@@ -11,6 +11,7 @@ use std::hash::{Hash, Hasher};
 use guild_ports::signature::{KeyId, SignatureError};
 use p256::ecdsa::signature::Signer;
 use p256::ecdsa::{self, Signature};
+use p256::elliptic_curve::sec1::ToEncodedPoint;
 use p256::elliptic_curve::zeroize::Zeroizing;
 use p256::pkcs8::der::pem::{self, LineEnding};
 use p256::pkcs8::{EncodePrivateKey, EncodePublicKey, PrivateKeyInfo, SubjectPublicKeyInfoRef};
@@ -18,7 +19,7 @@ use rand_core::{OsRng, RngCore};
 
 use crate::asn1;
 use crate::error::KeyError;
-use crate::verify::verify_with;
+use crate::verify::{verify_with, Backend};
 
 /// The longest DER encoding of a P-256 ECDSA signature: a SEQUENCE header and two INTEGERs of at
 /// most 33 bytes (32 plus a sign byte), each with a two-byte header.
@@ -203,6 +204,8 @@ fn skip_ec_parameters(text: &str) -> Result<&str, KeyError> {
 #[derive(Clone)]
 pub struct PublicKey {
     inner: ecdsa::VerifyingKey,
+    /// The uncompressed SEC1 point (`04 || x || y`), what ring reads.
+    point: p256::EncodedPoint,
     spki_der: Vec<u8>,
     key_id: KeyId,
 }
@@ -219,6 +222,7 @@ impl PublicKey {
         let key_id = guild_ports::signature::key_id(&spki_der);
         Ok(PublicKey {
             inner: ecdsa::VerifyingKey::from(point),
+            point: point.to_encoded_point(false),
             spki_der,
             key_id,
         })
@@ -290,9 +294,26 @@ impl PublicKey {
     }
 
     /// Verifies a DER signature over `message` with this key, by the same rules as
-    /// [`crate::P256Verifier`] (strict DER, low-S only), without parsing the key again.
+    /// [`crate::P256Verifier`] (strict DER, low-S only), without parsing the key again; the
+    /// arithmetic is done by the default [`Backend`].
     pub fn verify(&self, message: &[u8], signature_der: &[u8]) -> Result<(), SignatureError> {
-        verify_with(&self.inner, message, signature_der)
+        self.verify_using(Backend::default(), message, signature_der)
+    }
+
+    /// [`PublicKey::verify`] with the arithmetic done by `backend`.
+    pub fn verify_using(
+        &self,
+        backend: Backend,
+        message: &[u8],
+        signature_der: &[u8],
+    ) -> Result<(), SignatureError> {
+        verify_with(
+            backend,
+            &self.inner,
+            self.point.as_bytes(),
+            message,
+            signature_der,
+        )
     }
 }
 

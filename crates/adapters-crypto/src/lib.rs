@@ -5,6 +5,11 @@
 //! port. [`SigningKey`] and [`PublicKey`] are the key material the CLI's `keygen`, `sign` and
 //! `trust` commands handle; the functions in [`files`] write them to disk with safe permissions.
 //!
+//! Keys, PEM and DER, signing and every check on an encoding are p256's (RustCrypto, pure Rust).
+//! The curve arithmetic of a verification is ring's by default (BoringSSL's P-256 assembly),
+//! chosen for speed; p256 can still do it ([`Backend::RustCrypto`]), and the tests run every
+//! input through both and require the same answer.
+//!
 //! The rules this crate enforces, all of them so that one key and one signed message each have
 //! exactly one accepted encoding:
 //! - A public key is a SubjectPublicKeyInfo for `id-ecPublicKey` on the named curve
@@ -25,7 +30,7 @@ mod verify;
 
 pub use error::{KeyError, KeyFileError};
 pub use keys::{PublicKey, SigningKey, MAX_SIGNATURE_DER_BYTES};
-pub use verify::P256Verifier;
+pub use verify::{Backend, P256Verifier};
 
 /// Holds secret bytes and wipes them when dropped; private key PEM text is returned in one.
 pub use p256::elliptic_curve::zeroize::Zeroizing;

@@ -1,20 +1,24 @@
 //! Keys: PEM and DER round trips, key ids, and every kind of foreign or malformed key, made with
 //! the `openssl` command line where a real tool's output is the point.
 
-use guild_adapters_crypto::{KeyError, P256Verifier, PublicKey, SigningKey};
-use guild_ports::signature::{key_id, SignatureErrorKind, SignatureVerifier};
+use guild_adapters_crypto::{KeyError, PublicKey, SigningKey};
+use guild_ports::signature::{key_id, SignatureErrorKind};
 
-use crate::support::{openssl_ok, openssl_p256_key, read, read_text, shell_ok, tempdir, to_hex};
+use crate::support::{
+    foreign_key, openssl_ok, openssl_p256_key, read, read_text, shell_ok, tempdir, to_hex,
+    verify_all,
+};
 
 fn key() -> SigningKey {
     SigningKey::generate().expect("the system generator works")
 }
 
-/// The port's verdict on `spki` as a key, with a valid-looking signature.
+/// The port's verdict on `spki` as a key, with a valid-looking signature (the same with every
+/// backend).
 fn key_kind(spki: &[u8]) -> SignatureErrorKind {
     let signer = key();
     let sig = signer.sign(b"m").unwrap();
-    match P256Verifier.verify(spki, b"m", &sig) {
+    match verify_all(spki, b"m", &sig) {
         Ok(()) => panic!("a foreign key was accepted"),
         Err(e) => e.kind(),
     }
@@ -154,24 +158,6 @@ fn wrong_pem_labels_and_encrypted_keys_are_refused() {
     }
 }
 
-/// Makes a key with `openssl genpkey` for `algorithm` and options, and returns its private
-/// PEM and its public DER.
-fn foreign_key(d: &std::path::Path, name: &str, genpkey: &[&str]) -> (String, Vec<u8>) {
-    let pem = format!("{name}.pem");
-    let der = format!("{name}.der");
-    let mut args = vec!["genpkey"];
-    args.extend_from_slice(genpkey);
-    args.extend_from_slice(&["-out", &pem]);
-    openssl_ok(d, &args);
-    openssl_ok(
-        d,
-        &[
-            "pkey", "-in", &pem, "-pubout", "-outform", "DER", "-out", &der,
-        ],
-    );
-    (read_text(d, &pem), read(d, &der))
-}
-
 #[test]
 fn keys_on_other_curves_are_refused_as_wrong_curve() {
     let dir = tempdir();
@@ -185,7 +171,7 @@ fn keys_on_other_curves_are_refused_as_wrong_curve() {
         let (private_pem, spki) =
             foreign_key(d, curve, &["-algorithm", "EC", "-pkeyopt", &pkeyopt]);
         assert_eq!(key_kind(&spki), SignatureErrorKind::WrongCurve, "{curve}");
-        let err = P256Verifier.verify(&spki, b"m", &[]).unwrap_err();
+        let err = verify_all(&spki, b"m", &[]).unwrap_err();
         assert_eq!(
             err.to_string(),
             format!(
@@ -424,7 +410,7 @@ fn every_single_byte_change_to_a_public_key_is_refused_or_is_a_different_key() {
     for i in 0..good.len() {
         let mut bad = good.clone();
         bad[i] ^= 0x01;
-        let err = P256Verifier.verify(&bad, b"m", &sig).unwrap_err();
+        let err = verify_all(&bad, b"m", &sig).unwrap_err();
         // Header bytes make the key malformed or foreign; point bytes either leave the curve
         // (malformed) or, with negligible probability, land on another point (invalid).
         assert!(

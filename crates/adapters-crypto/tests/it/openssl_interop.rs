@@ -4,12 +4,12 @@
 
 use std::path::Path;
 
-use guild_adapters_crypto::{P256Verifier, PublicKey, SigningKey};
-use guild_ports::signature::{SignatureErrorKind, SignatureVerifier};
+use guild_adapters_crypto::{PublicKey, SigningKey};
+use guild_ports::signature::SignatureErrorKind;
 
 use crate::support::{
     canonical_payload, der_signature, openssl, openssl_ok, openssl_p256_key, parse_strict, read,
-    read_text, sub, tempdir, HALF_N, N,
+    read_text, sub, tempdir, verify_all, HALF_N, N,
 };
 
 /// Whether `openssl dgst -sha256 -verify` accepts `sig` over `msg` with the public key `pub_pem`
@@ -40,8 +40,8 @@ fn openssl_verifies(d: &Path, pub_pem: &str, sig: &str, msg: &str) -> bool {
 }
 
 /// Reads an OpenSSL-made private key, signs a canonical payload with it, and checks the result
-/// with our verifier (through the port, with the public key exported by OpenSSL) and with
-/// OpenSSL.
+/// with our verifier (through the port, with the public key exported by OpenSSL, with every
+/// backend) and with OpenSSL.
 fn sign_with_openssl_key(d: &Path, key_file: &str) {
     let key = SigningKey::from_pem(&read_text(d, key_file)).unwrap();
     openssl_ok(
@@ -56,8 +56,7 @@ fn sign_with_openssl_key(d: &Path, key_file: &str) {
 
     let payload = canonical_payload(1024);
     let sig = key.sign(&payload).unwrap();
-    let verifier: &dyn SignatureVerifier = &P256Verifier;
-    verifier.verify(&their_spki, &payload, &sig).unwrap();
+    verify_all(&their_spki, &payload, &sig).unwrap();
 
     std::fs::write(d.join("payload"), &payload).unwrap();
     std::fs::write(d.join("sig.der"), &sig).unwrap();
@@ -168,9 +167,7 @@ fn openssl_reads_the_keys_we_write() {
     } else {
         sig
     };
-    P256Verifier
-        .verify(key.public_key().spki_der(), b"hello", &low)
-        .unwrap();
+    verify_all(key.public_key().spki_der(), b"hello", &low).unwrap();
 }
 
 #[test]
@@ -196,15 +193,13 @@ fn openssl_signatures_are_accepted_when_low_s_and_refused_when_high_s() {
         );
         let sig = read(d, "sig.der");
         let (r, s) = parse_strict(&sig).expect("OpenSSL writes strict DER");
-        let result = P256Verifier.verify(public.spki_der(), &payload, &sig);
+        let result = verify_all(public.spki_der(), &payload, &sig);
         if s > HALF_N {
             high += 1;
             assert_eq!(result.unwrap_err().kind(), SignatureErrorKind::HighS);
             // Its low-S twin is the same signature in the accepted form.
             let twin = der_signature(&r, &sub(&N, &s));
-            P256Verifier
-                .verify(public.spki_der(), &payload, &twin)
-                .unwrap();
+            verify_all(public.spki_der(), &payload, &twin).unwrap();
         } else {
             low += 1;
             result.unwrap();

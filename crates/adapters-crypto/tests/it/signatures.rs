@@ -3,14 +3,14 @@
 
 use std::collections::BTreeMap;
 
-use guild_adapters_crypto::{P256Verifier, SigningKey, MAX_SIGNATURE_DER_BYTES};
+use guild_adapters_crypto::{Backend, P256Verifier, SigningKey, MAX_SIGNATURE_DER_BYTES};
 use guild_ports::signature::{SignatureErrorKind, SignatureVerifier};
 use p256::ecdsa::signature::{Signer, Verifier};
 use p256::pkcs8::{DecodePrivateKey, DecodePublicKey};
 
 use crate::support::{
-    canonical_payload, der_signature, model, parse_strict, sub, verdict, Garbage, Verdict, HALF_N,
-    N,
+    canonical_payload, der_signature, model, parse_strict, sub, verdict, verify_all, Garbage,
+    Verdict, HALF_N, N,
 };
 
 fn key() -> SigningKey {
@@ -21,10 +21,9 @@ fn message_200() -> Vec<u8> {
     (0..200u32).map(|i| (i * 7 + 3) as u8).collect()
 }
 
-/// Verifies through the port, as the app will.
+/// Verifies through the port, as the app will, with every backend (which must agree).
 fn check(key: &SigningKey, message: &[u8], signature: &[u8]) -> Verdict {
-    let verifier: &dyn SignatureVerifier = &P256Verifier::new();
-    verdict(verifier.verify(key.public_key().spki_der(), message, signature))
+    verdict(verify_all(key.public_key().spki_der(), message, signature))
 }
 
 #[test]
@@ -148,9 +147,7 @@ fn the_high_s_twin_of_a_valid_signature_is_refused_as_high_s() {
         let (r, s) = parse_strict(&sig).expect("strict DER");
         let twin = der_signature(&r, &sub(&N, &s));
         assert_eq!(check(&key, &message, &sig), Verdict::Valid);
-        let err = P256Verifier
-            .verify(key.public_key().spki_der(), &message, &twin)
-            .unwrap_err();
+        let err = verify_all(key.public_key().spki_der(), &message, &twin).unwrap_err();
         assert_eq!(err.kind(), SignatureErrorKind::HighS, "{err}");
         assert_eq!(
             err.to_string(),
@@ -171,18 +168,14 @@ fn truncated_extended_empty_and_oversized_signatures_are_malformed() {
     let message = message_200();
     let sig = key.sign(&message).unwrap();
     for len in 0..sig.len() {
-        let err = P256Verifier
-            .verify(key.public_key().spki_der(), &message, &sig[..len])
-            .unwrap_err();
+        let err = verify_all(key.public_key().spki_der(), &message, &sig[..len]).unwrap_err();
         assert_eq!(
             err.kind(),
             SignatureErrorKind::MalformedSignature,
             "prefix {len}"
         );
     }
-    let empty = P256Verifier
-        .verify(key.public_key().spki_der(), &message, b"")
-        .unwrap_err();
+    let empty = verify_all(key.public_key().spki_der(), &message, b"").unwrap_err();
     assert_eq!(empty.to_string(), "signature is malformed: it is empty");
     for extra in [&[0u8][..], &[0, 0], &[0x30, 0x00]] {
         let mut longer = sig.clone();
@@ -190,9 +183,7 @@ fn truncated_extended_empty_and_oversized_signatures_are_malformed() {
         assert_eq!(check(&key, &message, &longer), Verdict::Malformed);
     }
     let huge = vec![0x30; MAX_SIGNATURE_DER_BYTES + 1];
-    let err = P256Verifier
-        .verify(key.public_key().spki_der(), &message, &huge)
-        .unwrap_err();
+    let err = verify_all(key.public_key().spki_der(), &message, &huge).unwrap_err();
     assert_eq!(err.kind(), SignatureErrorKind::MalformedSignature);
     assert_eq!(
         err.to_string(),
@@ -221,13 +212,7 @@ fn garbage_signatures_are_refused_as_the_model_predicts() {
     // with s in the high half. These parse, and must then be refused as high-S or invalid.
     let mut kinds = [0usize; 2];
     for i in 0..64 {
-        let mut r = [0u8; 32];
-        let mut s = [0u8; 32];
-        r.copy_from_slice(&g.bytes(32));
-        s.copy_from_slice(&g.bytes(32));
-        r[0] &= 0x7f;
-        s[0] &= 0x7f;
-        s[31] |= 1;
+        let (r, mut s) = g.r_and_s();
         if i % 2 == 1 {
             s = sub(&N, &s);
         }
@@ -284,9 +269,7 @@ fn non_der_encodings_of_a_valid_signature_are_malformed() {
     ];
     for (name, bad) in cases {
         assert_eq!(model(&bad, &sig), Verdict::Malformed, "model: {name}");
-        let err = P256Verifier
-            .verify(key.public_key().spki_der(), &message, &bad)
-            .unwrap_err();
+        let err = verify_all(key.public_key().spki_der(), &message, &bad).unwrap_err();
         assert_eq!(err.kind(), SignatureErrorKind::MalformedSignature, "{name}");
     }
 }
@@ -296,16 +279,19 @@ fn the_verifier_is_shareable_across_threads() {
     let key = key();
     let message = message_200();
     let sig = key.sign(&message).unwrap();
-    let verifier: std::sync::Arc<dyn SignatureVerifier> = std::sync::Arc::new(P256Verifier);
-    let handles: Vec<_> = (0..4)
-        .map(|_| {
-            let v = verifier.clone();
-            let spki = key.public_key().spki_der().to_vec();
-            let (m, s) = (message.clone(), sig.clone());
-            std::thread::spawn(move || v.verify(&spki, &m, &s).is_ok())
-        })
-        .collect();
-    for h in handles {
-        assert!(h.join().unwrap());
+    for backend in Backend::ALL {
+        let verifier: std::sync::Arc<dyn SignatureVerifier> =
+            std::sync::Arc::new(P256Verifier::with_backend(backend));
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let v = verifier.clone();
+                let spki = key.public_key().spki_der().to_vec();
+                let (m, s) = (message.clone(), sig.clone());
+                std::thread::spawn(move || v.verify(&spki, &m, &s).is_ok())
+            })
+            .collect();
+        for h in handles {
+            assert!(h.join().unwrap(), "{}", backend.name());
+        }
     }
 }

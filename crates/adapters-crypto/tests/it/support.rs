@@ -8,8 +8,9 @@
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
+use guild_adapters_crypto::{Backend, P256Verifier, PublicKey};
 use guild_domain::manifest::Metadata;
-use guild_ports::signature::{SignatureError, SignatureErrorKind};
+use guild_ports::signature::{SignatureError, SignatureErrorKind, SignatureVerifier};
 
 /// The order n of the P-256 group, big-endian.
 pub const N: [u8; 32] = hex32("ffffffff00000000ffffffffffffffffbce6faada7179e84f3b9cac2fc632551");
@@ -163,6 +164,47 @@ pub fn verdict(result: Result<(), SignatureError>) -> Verdict {
     }
 }
 
+/// What a verification said, in a form two results can be compared by: the kind and the whole
+/// message of a refusal.
+fn outcome(result: &Result<(), SignatureError>) -> Result<(), (SignatureErrorKind, String)> {
+    match result {
+        Ok(()) => Ok(()),
+        Err(e) => Err((e.kind(), e.to_string())),
+    }
+}
+
+/// Verifies through the port with every [`Backend`], and with the key parsed once where it
+/// parses, and requires all of them to say the same: all accept, or all refuse with the same
+/// kind and message. Returns the port's result with the default backend.
+///
+/// Every test of what the verifier accepts and refuses goes through this, so each one checks
+/// ring against p256 as well as against its own expectation.
+pub fn verify_all(spki: &[u8], message: &[u8], signature: &[u8]) -> Result<(), SignatureError> {
+    let default = P256Verifier::new().verify(spki, message, signature);
+    assert_eq!(P256Verifier::new().backend(), Backend::default());
+    let expected = outcome(&default);
+    let parsed = PublicKey::from_spki_der(spki).ok();
+    for backend in Backend::ALL {
+        let port = P256Verifier::with_backend(backend).verify(spki, message, signature);
+        assert_eq!(
+            outcome(&port),
+            expected,
+            "{} through the port",
+            backend.name()
+        );
+        if let Some(key) = &parsed {
+            let once = key.verify_using(backend, message, signature);
+            assert_eq!(
+                outcome(&once),
+                expected,
+                "{} with a parsed key",
+                backend.name()
+            );
+        }
+    }
+    default
+}
+
 /// Canonical payload bytes of a real `.gkmetadata` manifest, grown with extra provided
 /// operations until they are at least `min_len` bytes long.
 pub fn canonical_payload(min_len: usize) -> Vec<u8> {
@@ -210,6 +252,19 @@ impl Garbage {
 
     pub fn bytes(&mut self, len: usize) -> Vec<u8> {
         (0..len).map(|_| self.next_u64() as u8).collect()
+    }
+
+    /// Two random numbers shaped like a low-S signature's r and s: below 2^255 (so in 1..n
+    /// except with negligible probability), s odd so that it is never zero.
+    pub fn r_and_s(&mut self) -> ([u8; 32], [u8; 32]) {
+        let mut r = [0u8; 32];
+        let mut s = [0u8; 32];
+        r.copy_from_slice(&self.bytes(32));
+        s.copy_from_slice(&self.bytes(32));
+        r[0] &= 0x7f;
+        s[0] &= 0x7f;
+        s[31] |= 1;
+        (r, s)
     }
 }
 
@@ -279,6 +334,24 @@ pub fn read_text(dir: &Path, name: &str) -> String {
 /// A fresh temporary directory for one test.
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().expect("a temporary directory")
+}
+
+/// Makes a key with `openssl genpkey` for `algorithm` and options, and returns its private
+/// PEM and its public DER.
+pub fn foreign_key(d: &Path, name: &str, genpkey: &[&str]) -> (String, Vec<u8>) {
+    let pem = format!("{name}.pem");
+    let der = format!("{name}.der");
+    let mut args = vec!["genpkey"];
+    args.extend_from_slice(genpkey);
+    args.extend_from_slice(&["-out", &pem]);
+    openssl_ok(d, &args);
+    openssl_ok(
+        d,
+        &[
+            "pkey", "-in", &pem, "-pubout", "-outform", "DER", "-out", &der,
+        ],
+    );
+    (read_text(d, &pem), read(d, &der))
 }
 
 /// Makes a P-256 private key in PKCS#8 PEM with `openssl genpkey`, written to `dir/name`.
