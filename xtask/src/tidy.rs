@@ -14,8 +14,7 @@
 //!   carries none of them.
 //! - The crates that touch the outside world are confined to the adapter that owns that world:
 //!   libloading to the POSIX adapter, cudarc to the CUDA adapter, tar to the file-system adapter,
-//!   p256 and ring (and the verifier benchmark's alternatives, aws-lc-rs and libcrux-ecdsa) to the
-//!   crypto adapter.
+//!   p256 and ring to the crypto adapter.
 //! - The example crates under `examples/` stand where a runner stands, outside the hexagon: they
 //!   may embed `guild-host` (and use the domain's plain types), like any runner, but never an
 //!   adapter, and nothing depends on them.
@@ -89,8 +88,6 @@ const CONFINED: &[(&str, &str)] = &[
     ("notify", "guild-adapters-fs"),
     ("p256", "guild-adapters-crypto"),
     ("ring", "guild-adapters-crypto"),
-    ("aws-lc-rs", "guild-adapters-crypto"),
-    ("libcrux-ecdsa", "guild-adapters-crypto"),
     ("oci-client", "guild-adapters-oci"),
     ("reqwest", "guild-adapters-oci"),
     ("tokio", "guild-adapters-oci"),

@@ -3,8 +3,8 @@
 //! once), against `openssl speed ecdsap256` run from here, plus signing and key ids.
 //!
 //! `cargo bench -p guild-adapters-crypto --bench verify` measures the two backends and the
-//! `openssl` command line; `--features bench-candidates` adds the alternatives measured when the
-//! verifier was chosen (aws-lc-rs, libcrux-ecdsa). After criterion's own reports it prints one
+//! `openssl` command line. (aws-lc-rs and libcrux-ecdsa were measured the same way when the
+//! verifier was chosen; the figures are in `Backend`'s docs.) After criterion's own reports it prints one
 //! table: microseconds per verification, each as a ratio to OpenSSL and to p256 through the port
 //! (the verifier before ring), from rounds that take turns between the candidates so that a
 //! change in the machine's load shows in all of them alike. `openssl speed -elapsed` (wall clock,
@@ -101,7 +101,7 @@ fn candidates(f: &Fixture) -> Vec<(&'static str, Verify<'_>)> {
     };
     let parsed = |backend| move |m: &[u8], s: &[u8]| f.public.verify_using(backend, m, s).is_ok();
     let point = f.point();
-    let mut out: Vec<(&'static str, Verify<'_>)> = vec![
+    let out: Vec<(&'static str, Verify<'_>)> = vec![
         ("p256 through the port", Box::new(port(Backend::RustCrypto))),
         (
             "p256, key parsed once",
@@ -121,48 +121,7 @@ fn candidates(f: &Fixture) -> Vec<(&'static str, Verify<'_>)> {
             }),
         ),
     ];
-    out.extend(alternatives(point));
     out
-}
-
-/// The alternatives measured when the verifier was chosen, each by itself (its own DER parse,
-/// none of this crate's checks): aws-lc-rs and libcrux-ecdsa, with `--features bench-candidates`.
-#[cfg(feature = "bench-candidates")]
-fn alternatives(point: &[u8]) -> Vec<(&'static str, Verify<'_>)> {
-    use aws_lc_rs::signature::{ParsedPublicKey, UnparsedPublicKey, ECDSA_P256_SHA256_ASN1};
-    use libcrux_ecdsa::p256::{verify, PublicKey, Signature};
-    use libcrux_ecdsa::DigestAlgorithm;
-
-    let aws_parsed =
-        ParsedPublicKey::new(&ECDSA_P256_SHA256_ASN1, point).expect("aws-lc-rs reads the key");
-    let crux_key = PublicKey::try_from(point).expect("libcrux reads the key");
-    vec![
-        (
-            "aws-lc-rs alone, key parsed per call",
-            Box::new(move |m: &[u8], s: &[u8]| {
-                UnparsedPublicKey::new(&ECDSA_P256_SHA256_ASN1, black_box(point))
-                    .verify(m, s)
-                    .is_ok()
-            }),
-        ),
-        (
-            "aws-lc-rs alone, key parsed once",
-            Box::new(move |m: &[u8], s: &[u8]| aws_parsed.verify_sig(m, s).is_ok()),
-        ),
-        (
-            "libcrux-ecdsa alone (pure Rust)",
-            Box::new(move |m: &[u8], s: &[u8]| {
-                Signature::from_der(s)
-                    .is_ok_and(|sig| verify(DigestAlgorithm::Sha256, m, &sig, &crux_key).is_ok())
-            }),
-        ),
-    ]
-}
-
-/// Without `--features bench-candidates`, none.
-#[cfg(not(feature = "bench-candidates"))]
-fn alternatives(_point: &[u8]) -> Vec<(&'static str, Verify<'_>)> {
-    Vec::new()
 }
 
 /// OpenSSL's verifications per second from `openssl speed -seconds S [-elapsed] ecdsap256`, or

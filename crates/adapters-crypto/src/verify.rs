@@ -15,9 +15,10 @@ use crate::keys::{PublicKey, MAX_SIGNATURE_DER_BYTES};
 /// Which implementation does the curve arithmetic of a verification.
 ///
 /// Both give the same answer for every input (the tests feed both the same keys and signatures,
-/// tampered and not); they differ in speed. `cargo bench -p guild-adapters-crypto --bench verify
-/// --features bench-candidates` measured one verification over a 4 KiB canonical payload in one
-/// run that takes turns between the candidates. The machine (2 cores) was at load 11-12, so the
+/// tampered and not); they differ in speed. `cargo bench -p guild-adapters-crypto --bench verify`
+/// measured one verification over a 4 KiB canonical payload in one run that takes turns between
+/// the candidates (aws-lc-rs and libcrux-ecdsa were in the bench for that run only; they are not
+/// dependencies). The machine (2 cores) was at load 11-12, so the
 /// times are about 2.3 times what OpenSSL reports as CPU time; the ratios are what carries over:
 ///
 /// | candidate | µs (wall clock) | × `openssl speed -elapsed` | × p256 |
