@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod archive;
+pub mod durable_file;
 pub mod gguf;
 pub mod store;
 

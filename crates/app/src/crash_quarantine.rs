@@ -3,28 +3,41 @@
 //!
 //! Before a [`Host`](crate::Host) opened on a store runs a package's library (`dlopen`, entry
 //! point, `init`), it writes one small durable record, `loading/<pid>-<n>.json`, naming the
-//! payload digest it is about to run and the process; when `init` returns (whatever it
-//! returned) the record is removed. A record left behind by a process that is no longer running
-//! means that process died in between. The next host that opens the store turns every such
-//! record into a quarantine entry, `quarantine/<digest>.json`, and refuses to load that digest
-//! while the entry stands; everything else loads. Records are per process, so that several
-//! runner processes on one store never mistake each other's loads for crashes: a record whose
-//! process is alive (same pid and start time) is left alone.
+//! payload digest it is about to run and the process, and keeps an exclusive `flock` on the
+//! record from before its name appears until `init` has returned and the record is removed. The
+//! kernel drops that lock when the process dies, so a record whose lock can be taken was left by
+//! a process that died in between (`guild_adapters_fs::durable_file` says how this stays exact
+//! whatever became of the pid, and on any system with `flock`). The next host that opens the
+//! store, or refreshes, turns every such record into a quarantine entry,
+//! `quarantine/<digest>.json`, and refuses to load that digest while the entry stands;
+//! everything else loads. A record whose writer still holds its lock is another runner loading
+//! at the same time, and is left alone.
 //!
 //! The quarantine is keyed by digest, not by package: a new version (another digest) of the
 //! package loads at once, and loading it lifts the entries of the package's other digests; the
 //! crashed build itself stays refused until `guild quarantine clear ID` (or
-//! [`CrashLedger::clear`]) removes its entry.
+//! [`CrashLedger::clear`]) removes its entry. An entry that cannot be read fails closed: the
+//! digest its name gives stays refused, with an error naming the file and what is wrong, and
+//! `guild quarantine clear ID` removes it when the digest is one of the package's versions.
+//!
+//! A host reads the quarantine when it opens and at each refresh that loads something
+//! ([`Quarantine`]), not at every load; an entry another process writes is seen at the next
+//! refresh.
 
+use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, Write};
+use std::io::{self, Read as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use guild_adapters_fs::durable_file;
 use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::version::Version;
 use serde_json::{json, Value};
+
+use crate::HostError;
 
 /// The directory of in-flight load records under a store.
 pub const LOADING_DIR: &str = "loading";
@@ -45,9 +58,6 @@ pub struct CrashRecord {
     pub pid: u32,
     /// When the load began, in seconds since the Unix epoch.
     pub started: u64,
-    /// The process's start time (clock ticks since boot, from `/proc`), 0 where unknown; with the
-    /// pid it tells a live process from a later one that reuses the number.
-    pub process_start: u64,
 }
 
 impl CrashRecord {
@@ -60,19 +70,29 @@ impl CrashRecord {
             "pid": self.pid,
             "started_unix": self.started,
             "started": utc(self.started),
-            "process_start": self.process_start,
         })
     }
 
-    fn from_json(bytes: &[u8]) -> Option<Self> {
-        let v: Value = serde_json::from_slice(bytes).ok()?;
-        Some(CrashRecord {
-            package: v["package_id"].as_str()?.to_owned(),
-            version: v["version"].as_str()?.to_owned(),
-            digest: Sha256Digest::parse_hex(v["payload_sha256"].as_str()?).ok()?,
-            pid: u32::try_from(v["pid"].as_u64()?).ok()?,
-            started: v["started_unix"].as_u64()?,
-            process_start: v["process_start"].as_u64().unwrap_or(0),
+    /// The record in `bytes`, or what is wrong with them.
+    fn from_json(bytes: &[u8]) -> Result<Self, String> {
+        let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+        let text = |field: &str| {
+            v[field]
+                .as_str()
+                .ok_or_else(|| format!("field `{field}` is missing or not a string"))
+        };
+        let number = |field: &str| {
+            v[field]
+                .as_u64()
+                .ok_or_else(|| format!("field `{field}` is missing or not a number"))
+        };
+        Ok(CrashRecord {
+            package: text("package_id")?.to_owned(),
+            version: text("version")?.to_owned(),
+            digest: Sha256Digest::parse_hex(text("payload_sha256")?)
+                .map_err(|e| format!("field `payload_sha256`: {e}"))?,
+            pid: u32::try_from(number("pid")?).map_err(|_| "field `pid` is out of range")?,
+            started: number("started_unix")?,
         })
     }
 
@@ -89,10 +109,123 @@ impl CrashRecord {
     }
 }
 
+/// One entry under `quarantine/`, as read from disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QuarantineEntry {
+    /// A build whose `init` killed the process that loaded it.
+    Crashed(CrashRecord),
+    /// An entry that cannot be read (torn, or not a record): the digest its name gives stays
+    /// refused all the same.
+    Unreadable {
+        /// The entry's file.
+        path: PathBuf,
+        /// The digest its name gives.
+        digest: Sha256Digest,
+        /// What is wrong with it.
+        problem: String,
+    },
+}
+
+impl QuarantineEntry {
+    /// The refused digest.
+    pub fn digest(&self) -> &Sha256Digest {
+        match self {
+            QuarantineEntry::Crashed(r) => &r.digest,
+            QuarantineEntry::Unreadable { digest, .. } => digest,
+        }
+    }
+
+    /// The package, when the entry can be read.
+    pub fn package(&self) -> Option<&str> {
+        match self {
+            QuarantineEntry::Crashed(r) => Some(&r.package),
+            QuarantineEntry::Unreadable { .. } => None,
+        }
+    }
+
+    /// The entry as JSON: a record's fields, or the file and its problem.
+    pub fn to_json(&self) -> Value {
+        match self {
+            QuarantineEntry::Crashed(r) => r.to_json(),
+            QuarantineEntry::Unreadable {
+                path,
+                digest,
+                problem,
+            } => json!({
+                "payload_sha256": digest.to_hex(),
+                "unreadable": path.display().to_string(),
+                "problem": problem,
+            }),
+        }
+    }
+
+    /// One line for people.
+    pub fn describe(&self) -> String {
+        match self {
+            QuarantineEntry::Crashed(r) => r.describe(),
+            QuarantineEntry::Unreadable {
+                path,
+                digest,
+                problem,
+            } => format!(
+                "payload {} stays quarantined: its crash quarantine entry {} cannot be read \
+                 ({problem})",
+                short(digest),
+                path.display()
+            ),
+        }
+    }
+
+    /// Why a load of this digest is refused.
+    fn refusal(&self) -> HostError {
+        match self {
+            QuarantineEntry::Crashed(record) => HostError::CrashQuarantined {
+                record: record.clone(),
+            },
+            QuarantineEntry::Unreadable { path, problem, .. } => {
+                HostError::CrashQuarantineUnreadable {
+                    path: path.clone(),
+                    problem: problem.clone(),
+                }
+            }
+        }
+    }
+}
+
+/// A crash ledger operation that failed: what, on which file, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("{what} {}: {source}", .path.display())]
+pub struct LedgerError {
+    /// What was being done ("write load record", "read quarantine entry").
+    pub what: &'static str,
+    /// The file or directory.
+    pub path: PathBuf,
+    /// The failure.
+    #[source]
+    pub source: io::Error,
+}
+
+impl From<LedgerError> for HostError {
+    fn from(e: LedgerError) -> Self {
+        HostError::CrashRecord {
+            what: e.what,
+            path: e.path,
+            source: e.source,
+        }
+    }
+}
+
+fn failed<'p>(what: &'static str, path: &'p Path) -> impl FnOnce(io::Error) -> LedgerError + 'p {
+    move |source| LedgerError {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 fn short(d: &Sha256Digest) -> String {
     d.to_hex()[..12].to_owned()
 }
-
 /// `YYYY-MM-DDTHH:MM:SSZ` for seconds since the Unix epoch.
 pub fn utc(secs: u64) -> String {
     let days = (secs / 86_400) as i64;
@@ -115,51 +248,10 @@ pub fn utc(secs: u64) -> String {
     )
 }
 
-/// This process's start time in clock ticks since boot (`/proc/self/stat` field 22), or 0.
-fn start_ticks(pid: u32) -> u64 {
-    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0;
-    };
-    // The command name (field 2) may hold spaces and parentheses; fields resume after the last ')'.
-    stat.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(19))
-        .and_then(|f| f.parse().ok())
-        .unwrap_or(0)
-}
-
-/// Whether the process of `record` still runs: its `/proc` entry exists with the same start
-/// time. Without `/proc` (not Linux) every record counts as a crash, which can only quarantine
-/// too much, never load a crashed build.
-fn alive(record: &CrashRecord) -> bool {
-    if !Path::new("/proc/self/stat").exists() {
-        return false;
-    }
-    let ticks = start_ticks(record.pid);
-    // A reused pid has another start time; a vanished one has no entry at all.
-    ticks != 0 && (record.process_start == 0 || ticks == record.process_start)
-}
-
 fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-/// Writes `bytes` to `path` (a fresh name) and makes it durable: the file, then its directory.
-fn write_durably(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    // The temporary name is this process's own, so that two sweeping hosts never share one.
-    let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
-    {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    fs::rename(&tmp, path)?;
-    sync_dir(path.parent().unwrap_or(Path::new(".")))
-}
-
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    fs::File::open(dir)?.sync_all()
 }
 
 /// The crash records and quarantine entries of one store.
@@ -169,19 +261,28 @@ pub struct CrashLedger {
     quarantine: PathBuf,
 }
 
-/// A load in flight: its record is removed when this is dropped (after `init` returned).
+/// A load in flight: its record, still locked, is removed when this is dropped (after `init`
+/// returned).
 #[derive(Debug)]
 pub struct Loading {
     path: PathBuf,
+    /// Holds the record's lock: while it is open, the record's writer is alive.
+    _held: fs::File,
 }
 
 impl Drop for Loading {
     fn drop(&mut self) {
-        // Removing the record needs no fsync: a record that survives a crash after init
+        // Removed while still locked, so that a sweeper that opened it meanwhile finds it
+        // unlinked once it gets the lock. No fsync: a record that survives a crash after init
         // returned would only quarantine a build that did not crash, and the removal of the
         // file is ordered before anything the process does next on this store.
         let _ = fs::remove_file(&self.path);
     }
+}
+
+/// The entry name of `digest` under `quarantine/`.
+fn entry_name(digest: &Sha256Digest) -> String {
+    format!("{}.json", digest.to_hex())
 }
 
 impl CrashLedger {
@@ -198,13 +299,14 @@ impl CrashLedger {
         &self.loading
     }
 
-    /// Durably records that this process is about to load `digest` (`id@version`).
+    /// Durably records that this process is about to load `digest` (`id@version`), under a lock
+    /// the record keeps while the answer lives.
     pub fn begin(
         &self,
         id: &PackageId,
         version: &Version,
         digest: &Sha256Digest,
-    ) -> io::Result<Loading> {
+    ) -> Result<Loading, LedgerError> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let pid = std::process::id();
         let record = CrashRecord {
@@ -213,94 +315,209 @@ impl CrashLedger {
             digest: *digest,
             pid,
             started: now(),
-            process_start: start_ticks(pid),
         };
-        let created = !self.loading.exists();
-        fs::create_dir_all(&self.loading)?;
-        if created {
-            sync_dir(self.loading.parent().unwrap_or(Path::new(".")))?;
-        }
+        ensure_dir(&self.loading)?;
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let path = self.loading.join(format!("{pid}-{n}.json"));
-        write_durably(&path, record.to_json().to_string().as_bytes())?;
-        Ok(Loading { path })
+        let held = durable_file::write_locked(&path, record.to_json().to_string().as_bytes())
+            .map_err(failed("write load record", &path))?;
+        Ok(Loading { path, _held: held })
     }
 
-    fn read_dir(dir: &Path) -> io::Result<Vec<(PathBuf, Option<CrashRecord>)>> {
+    /// The `*.json` files of `dir` (none when it does not exist), sorted.
+    fn json_files(dir: &Path) -> Result<Vec<PathBuf>, LedgerError> {
         let entries = match fs::read_dir(dir) {
             Ok(e) => e,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e),
+            Err(e) => return Err(failed("list", dir)(e)),
         };
         let mut out = Vec::new();
         for entry in entries {
-            let path = entry?.path();
-            if path.extension().is_some_and(|e| e == "json") {
-                let record = fs::read(&path)
-                    .ok()
-                    .and_then(|b| CrashRecord::from_json(&b));
-                out.push((path, record));
+            let entry = entry.map_err(failed("list", dir))?;
+            let name = entry.file_name();
+            let path = entry.path();
+            if !durable_file::is_temporary(&name) && path.extension().is_some_and(|e| e == "json") {
+                out.push(path);
             }
         }
-        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out.sort();
         Ok(out)
     }
 
-    /// Turns every load record left by a process that no longer runs into a quarantine entry
-    /// (durably, before the record is removed) and returns the records it quarantined.
-    pub fn sweep(&self) -> io::Result<Vec<CrashRecord>> {
+    /// Turns every load record whose process is gone (its lock can be taken) into a quarantine
+    /// entry, durably and before the record is removed, removes the temporaries of writers that
+    /// died, and returns the records it quarantined.
+    pub fn sweep(&self) -> Result<Vec<CrashRecord>, LedgerError> {
         let mut found = Vec::new();
-        for (path, record) in Self::read_dir(&self.loading)? {
-            let Some(record) = record else {
-                // A record torn by the crash itself names nothing to quarantine.
-                let _ = fs::remove_file(&path);
+        for dir in [&self.loading, &self.quarantine] {
+            durable_file::remove_stale_temporaries(dir)
+                .map_err(failed("remove stale temporaries in", dir))?;
+        }
+        for path in Self::json_files(&self.loading)? {
+            let Some(mut held) =
+                durable_file::claim_abandoned(&path).map_err(failed("lock load record", &path))?
+            else {
+                // Its process is loading right now (or has just removed it).
                 continue;
             };
-            if alive(&record) {
+            let mut bytes = Vec::new();
+            held.read_to_end(&mut bytes)
+                .map_err(failed("read load record", &path))?;
+            let Ok(record) = CrashRecord::from_json(&bytes) else {
+                // Records appear under their name only complete (written aside, then renamed),
+                // so this is not a load: it names nothing to quarantine.
+                fs::remove_file(&path).map_err(failed("remove load record", &path))?;
                 continue;
-            }
-            fs::create_dir_all(&self.quarantine)?;
-            let entry = self
-                .quarantine
-                .join(format!("{}.json", record.digest.to_hex()));
-            write_durably(&entry, record.to_json().to_string().as_bytes())?;
-            // Another host opening the store at the same time may have swept it first.
-            match fs::remove_file(&path) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-                _ => found.push(record),
-            }
+            };
+            ensure_dir(&self.quarantine)?;
+            let entry = self.quarantine.join(entry_name(&record.digest));
+            durable_file::write(&entry, record.to_json().to_string().as_bytes())
+                .map_err(failed("write quarantine entry", &entry))?;
+            fs::remove_file(&path).map_err(failed("remove load record", &path))?;
+            found.push(record);
         }
         Ok(found)
     }
 
-    /// Every quarantine entry.
-    pub fn quarantined(&self) -> io::Result<Vec<CrashRecord>> {
-        Ok(Self::read_dir(&self.quarantine)?
-            .into_iter()
-            .filter_map(|(_, r)| r)
-            .collect())
+    /// Every quarantine entry, readable or not. A file whose name is not `<digest>.json` is no
+    /// entry (it could refuse no digest) and is left out.
+    pub fn quarantined(&self) -> Result<Vec<QuarantineEntry>, LedgerError> {
+        let mut out = Vec::new();
+        for path in Self::json_files(&self.quarantine)? {
+            let Some(digest) = path
+                .file_stem()
+                .and_then(|s| Sha256Digest::parse_hex(&s.to_string_lossy()).ok())
+            else {
+                continue;
+            };
+            let problem = match fs::read(&path) {
+                Ok(bytes) => match CrashRecord::from_json(&bytes) {
+                    Ok(record) if record.digest == digest => {
+                        out.push(QuarantineEntry::Crashed(record));
+                        continue;
+                    }
+                    Ok(record) => format!(
+                        "it records payload {}, not the one its name gives",
+                        record.digest.to_hex()
+                    ),
+                    Err(problem) => problem,
+                },
+                Err(e) => format!("cannot be read: {e}"),
+            };
+            out.push(QuarantineEntry::Unreadable {
+                path,
+                digest,
+                problem,
+            });
+        }
+        Ok(out)
     }
 
-    /// The quarantine entry of `digest`, if it has one.
-    pub fn entry(&self, digest: &Sha256Digest) -> Option<CrashRecord> {
-        let path = self.quarantine.join(format!("{}.json", digest.to_hex()));
-        fs::read(path).ok().and_then(|b| CrashRecord::from_json(&b))
-    }
-
-    /// Removes the entries of `id` whose digest is not `keep` (all of them when `keep` is
-    /// `None`), returning what was removed.
-    pub fn clear(&self, id: &str, keep: Option<&Sha256Digest>) -> io::Result<Vec<CrashRecord>> {
+    /// Removes the entries of package `id` whose digest is not `keep` (all of them when `keep`
+    /// is `None`), returning what was removed. An unreadable entry names no package: it is
+    /// removed when its digest is among `digests`, the payloads of `id`'s versions.
+    pub fn clear(
+        &self,
+        id: &str,
+        digests: &[Sha256Digest],
+        keep: Option<&Sha256Digest>,
+    ) -> Result<Vec<QuarantineEntry>, LedgerError> {
         let mut removed = Vec::new();
-        for (path, record) in Self::read_dir(&self.quarantine)? {
-            if let Some(r) = record.filter(|r| r.package == id && Some(&r.digest) != keep) {
-                fs::remove_file(&path)?;
-                removed.push(r);
+        for entry in self.quarantined()? {
+            let ours = match &entry {
+                QuarantineEntry::Crashed(r) => r.package == id,
+                QuarantineEntry::Unreadable { digest, .. } => digests.contains(digest),
+            };
+            if ours && Some(entry.digest()) != keep {
+                let path = self.quarantine.join(entry_name(entry.digest()));
+                fs::remove_file(&path).map_err(failed("remove quarantine entry", &path))?;
+                removed.push(entry);
             }
         }
         if !removed.is_empty() {
-            sync_dir(&self.quarantine)?;
+            durable_file::sync_dir(&self.quarantine).map_err(failed("sync", &self.quarantine))?;
         }
         Ok(removed)
+    }
+}
+
+/// Creates `dir` if it is absent, durably.
+fn ensure_dir(dir: &Path) -> Result<(), LedgerError> {
+    match fs::create_dir(dir) {
+        Ok(()) => durable_file::sync_dir(dir.parent().unwrap_or(Path::new(".")))
+            .map_err(failed("sync the parent of", dir)),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(failed("create", dir)(e)),
+    }
+}
+
+/// A host's view of the quarantine: the ledger, and its entries as last read (when the host
+/// opened, or at its last refresh that loaded something).
+#[derive(Debug)]
+pub(crate) struct Quarantine {
+    ledger: CrashLedger,
+    entries: Mutex<BTreeMap<Sha256Digest, QuarantineEntry>>,
+}
+
+impl Quarantine {
+    /// Sweeps the ledger of the store at `root` and reads its entries.
+    pub(crate) fn open(root: &Path) -> Result<Self, LedgerError> {
+        let quarantine = Quarantine {
+            ledger: CrashLedger::new(root),
+            entries: Mutex::new(BTreeMap::new()),
+        };
+        quarantine.reread()?;
+        Ok(quarantine)
+    }
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, BTreeMap<Sha256Digest, QuarantineEntry>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sweeps again and reads what other processes quarantined meanwhile.
+    pub(crate) fn reread(&self) -> Result<(), LedgerError> {
+        self.ledger.sweep()?;
+        let read = self.ledger.quarantined()?;
+        *self.entries() = read.into_iter().map(|e| (*e.digest(), e)).collect();
+        Ok(())
+    }
+
+    /// The entries as last read.
+    pub(crate) fn list(&self) -> Vec<QuarantineEntry> {
+        self.entries().values().cloned().collect()
+    }
+
+    /// Why `digest` must not load, if it must not.
+    pub(crate) fn refusal(&self, digest: &Sha256Digest) -> Option<HostError> {
+        self.entries().get(digest).map(QuarantineEntry::refusal)
+    }
+
+    /// [`CrashLedger::begin`].
+    pub(crate) fn begin(
+        &self,
+        id: &PackageId,
+        version: &Version,
+        digest: &Sha256Digest,
+    ) -> Result<Loading, LedgerError> {
+        self.ledger.begin(id, version, digest)
+    }
+
+    /// `digest` of `id` loaded: lifts the entries of `id`'s other builds. Failing to is not
+    /// worth failing the load for; the next successful load tries again.
+    pub(crate) fn loaded(&self, id: &PackageId, digest: &Sha256Digest) {
+        let others = self
+            .entries()
+            .values()
+            .any(|e| e.package() == Some(id.as_str()) && e.digest() != digest);
+        if !others {
+            return;
+        }
+        if let Ok(removed) = self.ledger.clear(id.as_str(), &[], Some(digest)) {
+            let mut entries = self.entries();
+            for entry in removed {
+                entries.remove(entry.digest());
+            }
+        }
     }
 }
 
@@ -321,10 +538,8 @@ mod tests {
 
     #[test]
     fn a_live_load_is_not_a_crash_and_a_dead_one_is() {
-        let dir = std::env::temp_dir().join(format!("guild-crash-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        let ledger = CrashLedger::new(&dir);
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = CrashLedger::new(dir.path());
         let (id, v) = (
             PackageId::new("ex.a").unwrap(),
             Version::parse("1.0.0").unwrap(),
@@ -332,27 +547,29 @@ mod tests {
         let loading = ledger.begin(&id, &v, &digest(1)).unwrap();
         assert!(ledger.sweep().unwrap().is_empty(), "this process is alive");
         drop(loading);
-        assert_eq!(fs::read_dir(dir.join(LOADING_DIR)).unwrap().count(), 0);
+        assert_eq!(
+            fs::read_dir(dir.path().join(LOADING_DIR)).unwrap().count(),
+            0
+        );
 
-        // A record of a process that is gone (pid beyond pid_max) becomes an entry.
+        // A record nobody holds (whatever its pid) is a crash, and becomes an entry.
         let gone = CrashRecord {
             package: "ex.a".into(),
             version: "1.0.0".into(),
             digest: digest(2),
-            pid: 4_999_999,
+            pid: std::process::id(),
             started: 1,
-            process_start: 7,
         };
         fs::write(
-            dir.join(LOADING_DIR).join("4999999-0.json"),
+            dir.path().join(LOADING_DIR).join("1-0.json"),
             gone.to_json().to_string(),
         )
         .unwrap();
         assert_eq!(ledger.sweep().unwrap(), vec![gone.clone()]);
-        assert_eq!(ledger.entry(&digest(2)), Some(gone.clone()));
-        assert_eq!(ledger.clear("ex.a", Some(&digest(2))).unwrap(), vec![]);
-        assert_eq!(ledger.clear("ex.a", None).unwrap(), vec![gone]);
+        let entry = QuarantineEntry::Crashed(gone);
+        assert_eq!(ledger.quarantined().unwrap(), vec![entry.clone()]);
+        assert_eq!(ledger.clear("ex.a", &[], Some(&digest(2))).unwrap(), vec![]);
+        assert_eq!(ledger.clear("ex.a", &[], None).unwrap(), vec![entry]);
         assert!(ledger.quarantined().unwrap().is_empty());
-        let _ = fs::remove_dir_all(&dir);
     }
 }

@@ -235,10 +235,25 @@ pub enum HostError {
         /// The load that crashed.
         record: crate::crash_quarantine::CrashRecord,
     },
+    /// The build was not loaded: its crash quarantine entry cannot be read, and an entry that
+    /// cannot be read keeps its digest refused; `guild quarantine clear` removes it.
+    #[error(
+        "the build is refused: its crash quarantine entry {} cannot be read ({problem}); \
+         `guild quarantine clear ID` removes it",
+        .path.display()
+    )]
+    CrashQuarantineUnreadable {
+        /// The entry's file, named for the refused digest.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// The durable record of a load, or the quarantine it leaves, could not be written or read.
-    #[error("crash quarantine record {}: {source}", .path.display())]
+    #[error("crash quarantine: {what} {}: {source}", .path.display())]
     CrashRecord {
-        /// The record's directory.
+        /// What was being done.
+        what: &'static str,
+        /// The record, entry or directory involved.
         path: PathBuf,
         /// What failed.
         #[source]
@@ -293,7 +308,8 @@ impl HostError {
             | HostError::UndeclaredBackend { .. }
             | HostError::RegistrationMismatch { .. }
             | HostError::LibraryCheck { .. }
-            | HostError::CrashQuarantined { .. } => ErrorCategory::PackageRejected,
+            | HostError::CrashQuarantined { .. }
+            | HostError::CrashQuarantineUnreadable { .. } => ErrorCategory::PackageRejected,
             HostError::CrashRecord { .. } => ErrorCategory::Store,
             HostError::RegistryChange(crate::registry::RegistryChangeError::NotLoaded {
                 ..

@@ -224,7 +224,7 @@ pub struct Host {
     /// nothing new was committed.
     deferred: Mutex<BTreeSet<PackageId>>,
     /// The store's crash records and quarantine, when the host was opened on a store directory.
-    crashes: Option<crate::crash_quarantine::CrashLedger>,
+    crashes: Option<crate::crash_quarantine::Quarantine>,
     /// When set, [`Host::load_enabled`] opens only the enabled packages this lock admits.
     lock: Option<Arc<LockFile>>,
 }
@@ -380,7 +380,15 @@ impl Host {
             let outcome = self
                 .packages
                 .check_loadable(&planned.id, &planned.version)
-                .and_then(|()| self.load(&planned.id, &planned.version, &planned.dir, &metadata))
+                .and_then(|()| {
+                    self.load(
+                        &planned.id,
+                        &planned.version,
+                        &planned.dir,
+                        &metadata,
+                        LoadFrom::Installed,
+                    )
+                })
                 .and_then(|plugin| {
                     let (kernels, runners) = (plugin.kernels.len(), plugin.runners.len());
                     let prepared =
@@ -462,26 +470,25 @@ impl Host {
         version: &Version,
         dir: &Path,
         metadata: &Metadata,
+        from: LoadFrom,
     ) -> Result<LoadedPlugin, HostError> {
         // A build whose init killed a process is refused; any other runs under a durable record
         // that outlives this process only if init does not return (crate::crash_quarantine).
         let digest = metadata.payload_digest();
         let loading = match &self.crashes {
-            Some(ledger) => {
-                if let Some(record) = ledger.entry(&digest) {
-                    return Err(HostError::CrashQuarantined { record });
+            Some(quarantine) => {
+                if let Some(refused) = quarantine.refusal(&digest) {
+                    return Err(refused);
                 }
-                Some(ledger.begin(id, version, &digest).map_err(|source| {
-                    HostError::CrashRecord {
-                        path: ledger.loading_dir().to_path_buf(),
-                        source,
-                    }
-                })?)
+                Some(quarantine.begin(id, version, &digest)?)
             }
             None => None,
         };
         // Pinned before the library opens, for as long as it is loaded.
-        let pin = self.packages.pin(id, version)?;
+        let pin = match from {
+            LoadFrom::Installed => self.packages.pin(id, version)?,
+            LoadFrom::Change => self.packages.pin_installing(id, version)?,
+        };
         let loaded = crate::publication::load_checked(
             &*self.loader,
             id,
@@ -494,9 +501,9 @@ impl Host {
             Some(self.kernels.plugin_service()),
         );
         drop(loading);
-        if let (Ok(_), Some(ledger)) = (&loaded, &self.crashes) {
+        if let (Ok(_), Some(quarantine)) = (&loaded, &self.crashes) {
             // Another build of the package loaded: the quarantine of its crashed ones is lifted.
-            let _ = ledger.clear(id.as_str(), Some(&digest));
+            quarantine.loaded(id, &digest);
         }
         let mut plugin = loaded?;
         plugin.library = Arc::new(PinnedLibrary {
@@ -528,6 +535,10 @@ impl Host {
             return Ok(report);
         }
         self.deferred().clear();
+        // Something may load: what other processes quarantined since is refused too.
+        if let Some(quarantine) = &self.crashes {
+            quarantine.reread()?;
+        }
         let plan = self.packages.load_plan()?;
         // A host under a lock follows the store only where the lock admits the new version;
         // elsewhere it keeps what it has.
@@ -686,7 +697,13 @@ impl Host {
         self.packages
             .check_loadable(&planned.id, &planned.version)?;
         self.check_dependencies_loaded(&planned.id, &planned.version, &metadata)?;
-        let plugin = self.load(&planned.id, &planned.version, &planned.dir, &metadata)?;
+        let plugin = self.load(
+            &planned.id,
+            &planned.version,
+            &planned.dir,
+            &metadata,
+            LoadFrom::Installed,
+        )?;
         let (kernels, runners) = (plugin.kernels.len(), plugin.runners.len());
         let prepared = self
             .kernels
@@ -1008,13 +1025,7 @@ impl HostBuilder {
         };
         let mut host = Host::with_devices(packages, loader, devices);
         // A load record some dead process left is a crash in init: quarantine it before loading.
-        let ledger = crate::crash_quarantine::CrashLedger::new(&self.dir);
-        let crash_error = |source| HostError::CrashRecord {
-            path: self.dir.clone(),
-            source,
-        };
-        ledger.sweep().map_err(crash_error)?;
-        host.crashes = Some(ledger);
+        host.crashes = Some(crate::crash_quarantine::Quarantine::open(&self.dir)?);
         if let Some(lock) = self.lock {
             host = host.under_lock(lock);
         }
@@ -1024,7 +1035,7 @@ impl HostBuilder {
             LoadReport::default()
         };
         let quarantined = match &host.crashes {
-            Some(ledger) => ledger.quarantined().map_err(crash_error)?,
+            Some(quarantine) => quarantine.list(),
             None => Vec::new(),
         };
         Ok(OpenedHost {
@@ -1064,7 +1075,16 @@ pub struct HostReport {
     pub no_cuda: Option<String>,
     /// The builds in crash quarantine ([`crate::crash_quarantine`]): a process died in their
     /// `init`, and they are not loaded until a new version or `guild quarantine clear`.
-    pub quarantined: Vec<crate::crash_quarantine::CrashRecord>,
+    pub quarantined: Vec<crate::crash_quarantine::QuarantineEntry>,
+}
+
+/// Where a load's files come from, which decides how they are pinned.
+#[derive(Clone, Copy)]
+enum LoadFrom {
+    /// An installed version of the committed registry.
+    Installed,
+    /// A lifecycle change in progress, which may install the version only at its commit.
+    Change,
 }
 
 /// What the registry does once the store commit is durable.
@@ -1136,7 +1156,9 @@ impl<'h> RegistryHook<'h> {
         metadata: &Metadata,
     ) -> Result<(), HostError> {
         self.host.check_dependencies_loaded(id, version, metadata)?;
-        let plugin = self.host.load(id, version, dir, metadata)?;
+        let plugin = self
+            .host
+            .load(id, version, dir, metadata, LoadFrom::Change)?;
         self.after = After::Publish(self.host.kernels.prepare(id, version, plugin, true)?);
         Ok(())
     }

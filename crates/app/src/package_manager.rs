@@ -762,6 +762,16 @@ impl PackageManager {
         Ok(self.store.pin(id, version)?)
     }
 
+    /// Pins `id@version` while the change in progress installs it, before its commit
+    /// ([`PackageStore::pin_installing`]).
+    pub fn pin_installing(
+        &self,
+        id: &PackageId,
+        version: &Version,
+    ) -> Result<guild_ports::store::StorePin, HostError> {
+        Ok(self.store.pin_installing(id, version)?)
+    }
+
     /// The live processes that pin versions of `id` (of every package when `None`).
     pub fn pins(
         &self,

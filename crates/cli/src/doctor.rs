@@ -211,7 +211,7 @@ fn quarantine_check(store: &Path) -> Check {
         )
         .hint(format!(
             "install a fixed version, or `guild quarantine clear {}` to try the same build again",
-            entries[0].package
+            entries[0].package().unwrap_or("ID")
         )),
         Err(e) => Check::new(
             "quarantine",

@@ -3,25 +3,17 @@
 
 use std::path::Path;
 
-use guild_host::crash_quarantine::{CrashLedger, CrashRecord};
+use guild_host::crash_quarantine::{CrashLedger, QuarantineEntry};
 use guild_host::HostError;
 
 use super::output::Report;
 
-pub fn ledger_error(store: &Path, source: std::io::Error) -> anyhow::Error {
-    HostError::CrashRecord {
-        path: store.to_path_buf(),
-        source,
-    }
-    .into()
-}
-
 /// The builds in crash quarantine, after turning the records of processes that died while
 /// loading into entries (the caller holds the store open).
-pub fn entries(store: &Path) -> anyhow::Result<Vec<CrashRecord>> {
+pub fn entries(store: &Path) -> anyhow::Result<Vec<QuarantineEntry>> {
     let ledger = CrashLedger::new(store);
-    ledger.sweep().map_err(|e| ledger_error(store, e))?;
-    ledger.quarantined().map_err(|e| ledger_error(store, e))
+    ledger.sweep().map_err(HostError::from)?;
+    Ok(ledger.quarantined().map_err(HostError::from)?)
 }
 
 /// Adds the crash quarantine to `report`: a `crash_quarantine` field, and one warning per entry.
@@ -29,14 +21,23 @@ pub fn annotate(store: &Path, report: &mut Report) -> anyhow::Result<()> {
     let entries = entries(store)?;
     report.field(
         "crash_quarantine",
-        entries.iter().map(CrashRecord::to_json).collect::<Vec<_>>(),
+        entries
+            .iter()
+            .map(QuarantineEntry::to_json)
+            .collect::<Vec<_>>(),
     );
     for e in &entries {
-        report.warnings.push(format!(
-            "{}; install a new version, or `guild quarantine clear {}` to try this one again",
-            e.describe(),
-            e.package
-        ));
+        report.warnings.push(match e.package() {
+            Some(id) => format!(
+                "{}; install a new version, or `guild quarantine clear {id}` to try this one \
+                 again",
+                e.describe()
+            ),
+            None => format!(
+                "{}; `guild quarantine clear ID` (the package of that payload) removes it",
+                e.describe()
+            ),
+        });
     }
     Ok(())
 }

@@ -121,6 +121,11 @@ pub fn recovery_json(r: &RecoveryReport) -> Value {
         "removed_staging": paths(&r.removed_staging),
         "removed_temp_files": paths(&r.removed_temp_files),
         "missing_trees": r.missing_trees.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "pinned_trees": paths(&r.pinned_trees),
+        "unchecked_trees": r.unchecked_trees.iter().map(|u| json!({
+            "path": u.path.display().to_string(),
+            "reason": u.reason,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -187,6 +192,13 @@ pub fn open_report_lines(r: &OpenReport) -> Vec<String> {
     }
     for m in &rec.missing_trees {
         out.push(format!("installed package {m} has no files in the store"));
+    }
+    for u in &rec.unchecked_trees {
+        out.push(format!(
+            "recovery kept {}: it cannot tell whether a process uses it ({})",
+            u.path.display(),
+            u.reason
+        ));
     }
     for q in &r.removed {
         out.push(format!("{}@{}: {}", q.id, q.version, q.reason));

@@ -19,7 +19,7 @@ use guild_domain::claims::ImplIdConflict;
 use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::registry::RegistryError;
 use guild_domain::version::Version;
-use guild_host::crash_quarantine::{CrashLedger, CrashRecord};
+use guild_host::crash_quarantine::{CrashLedger, QuarantineEntry};
 use guild_host::package_manager::{contested_reason, OpenReport, PackageSummary};
 use guild_host::publication::{self, ChildCheck};
 use guild_host::{HostError, InstallOptions, PackageManager};
@@ -28,7 +28,6 @@ use serde_json::json;
 
 use super::failure::{CliError, Exit};
 use super::output::Report;
-use super::quarantine::ledger_error;
 use super::render::{
     open_report_json, open_report_lines, package_json, quarantine_lines, repair_hint, short,
 };
@@ -572,12 +571,20 @@ pub fn recover(store: &Path) -> anyhow::Result<Report> {
 /// `guild quarantine clear ID`.
 pub fn quarantine_clear(store: &Path, id: &PackageId) -> anyhow::Result<Report> {
     // Opening takes the store's lock and recovers it, like every command that changes it.
-    let (_pm, mut report) = open(store, "quarantine clear")?;
+    let (pm, mut report) = open(store, "quarantine clear")?;
+    // An entry that cannot be read names no package: the payloads of the package's versions
+    // say which are its.
+    let digests: Vec<_> = pm
+        .list()?
+        .into_iter()
+        .filter(|p| &p.id == id)
+        .flat_map(|p| p.versions.into_iter().map(|v| v.payload_digest))
+        .collect();
     let ledger = CrashLedger::new(store);
-    ledger.sweep().map_err(|e| ledger_error(store, e))?;
+    ledger.sweep().map_err(HostError::from)?;
     let removed = ledger
-        .clear(id.as_str(), None)
-        .map_err(|e| ledger_error(store, e))?;
+        .clear(id.as_str(), &digests, None)
+        .map_err(HostError::from)?;
     if removed.is_empty() {
         return Err(CliError::new(
             Exit::NotFound,
@@ -588,15 +595,26 @@ pub fn quarantine_clear(store: &Path, id: &PackageId) -> anyhow::Result<Report> 
     }
     report.field(
         "cleared",
-        removed.iter().map(CrashRecord::to_json).collect::<Vec<_>>(),
+        removed
+            .iter()
+            .map(QuarantineEntry::to_json)
+            .collect::<Vec<_>>(),
     );
-    for r in &removed {
-        report.line(format!(
-            "cleared the crash quarantine of {}@{} (payload {}): the next host loads it again",
-            r.package,
-            r.version,
-            r.digest.to_hex()
-        ));
+    for entry in &removed {
+        report.line(match entry {
+            QuarantineEntry::Crashed(r) => format!(
+                "cleared the crash quarantine of {}@{} (payload {}): the next host loads it again",
+                r.package,
+                r.version,
+                r.digest.to_hex()
+            ),
+            QuarantineEntry::Unreadable { path, digest, .. } => format!(
+                "removed the unreadable crash quarantine entry {} of {id} (payload {}): the next \
+                 host loads it again",
+                path.display(),
+                digest.to_hex()
+            ),
+        });
     }
     Ok(report)
 }

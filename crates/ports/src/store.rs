@@ -154,6 +154,19 @@ pub struct RecoveryReport {
     /// Trees the registry no longer references that were kept because a live process pins them
     /// (it loaded them from an older generation); a later recovery deletes them.
     pub pinned_trees: Vec<PathBuf>,
+    /// Trees the registry no longer references that were kept because whether a live process
+    /// pins them could not be told (their pin file could not be opened or locked), each with
+    /// why. Nothing is deleted on a guess; a later recovery tries again.
+    pub unchecked_trees: Vec<UncheckedTree>,
+}
+
+/// An unreferenced tree that recovery kept because it could not check its pin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UncheckedTree {
+    /// The tree.
+    pub path: PathBuf,
+    /// What stopped the check (the pin file and the error).
+    pub reason: String,
 }
 
 impl RecoveryReport {
@@ -166,6 +179,7 @@ impl RecoveryReport {
             && self.removed_staging.is_empty()
             && self.removed_temp_files.is_empty()
             && self.missing_trees.is_empty()
+            && self.unchecked_trees.is_empty()
     }
 }
 
@@ -258,8 +272,19 @@ pub trait PackageStore: Send + Sync {
 
     /// Pins `id@version` for this process: until the pin is dropped (or the process dies), no
     /// writer deletes the version's files. Take it before verifying and loading the files.
+    /// Refused with [`StoreErrorKind::NotInstalled`] when the committed registry (on disk, not
+    /// this handle's view) does not install the version: it records it as removed, or not at
+    /// all. A refused pin leaves nothing behind.
     fn pin(&self, _id: &PackageId, _version: &Version) -> Result<StorePin, StoreError> {
         Ok(StorePin::none())
+    }
+
+    /// Pins `id@version`, which the transaction this handle is making installs (it is not
+    /// committed yet): for loading a staged tree before the commit that moves it into place.
+    /// Refused with [`StoreErrorKind::InvalidTransaction`] on a reader outside
+    /// [`PackageStore::begin_write`].
+    fn pin_installing(&self, id: &PackageId, version: &Version) -> Result<StorePin, StoreError> {
+        self.pin(id, version)
     }
 
     /// The live pins on every version, each with the processes that hold it.
@@ -339,6 +364,9 @@ pub enum StoreErrorKind {
     /// The version's files are being deleted by a writer (or are gone), so they cannot be
     /// pinned; the next committed generation no longer holds them.
     Removed,
+    /// The committed registry does not install the version (it records it as removed, or does
+    /// not record it), so it cannot be pinned.
+    NotInstalled,
 }
 
 impl StoreErrorKind {
@@ -354,6 +382,7 @@ impl StoreErrorKind {
             StoreErrorKind::SimulatedCrash => "store stopped by an injected crash",
             StoreErrorKind::Pinned => "store version is in use by another process",
             StoreErrorKind::Removed => "store version is being removed",
+            StoreErrorKind::NotInstalled => "store version is not installed",
         }
     }
 }

@@ -38,6 +38,7 @@ use super::durable::{
     io_error, remove_file_if_present, remove_tree, seal_tree, set_dir_read_only, Run,
 };
 use super::journal::Intent;
+use super::pins::DeleteHold;
 use super::StoreLayout;
 
 /// A validated transaction, with every path and byte string it needs.
@@ -265,10 +266,15 @@ struct Progress {
 }
 
 /// Carries out `plan`.
+///
+/// `holds` are the writer's holds on the pins of `plan.delete`'s versions, in the same order:
+/// each tree is deleted under its hold, and a hold goes with its tree (or with the commit, when
+/// it stops earlier).
 pub(crate) fn apply(
     layout: &StoreLayout,
     run: &mut Run,
     plan: &Plan,
+    holds: Vec<DeleteHold>,
 ) -> Result<Committed, Failure> {
     let mut progress = Progress::default();
     let before_commit_point = prepare(layout, run, plan, &mut progress).and_then(|()| {
@@ -316,10 +322,11 @@ pub(crate) fn apply(
             Err(_) => committed.leftovers.push(aside.clone()),
         }
     }
-    for (node, path) in &plan.delete {
-        let removed = run
-            .step("delete old tree")
-            .and_then(|()| remove_tree(path).map_err(|e| io_error("delete old tree", path, e)));
+    for ((node, path), hold) in plan.delete.iter().zip(holds) {
+        let removed = run.step("delete old tree").and_then(|()| {
+            hold.delete_tree(path)
+                .map_err(|e| io_error("delete old tree", path, e))
+        });
         match removed {
             Ok(_) => {
                 committed.deleted.push(node.clone());

@@ -30,6 +30,7 @@ mod durable;
 mod journal;
 mod pins;
 mod recovery;
+pub mod testing;
 mod watch;
 
 use std::collections::BTreeSet;
@@ -451,6 +452,45 @@ impl PackageStore for FsStore {
 
     fn pin(&self, id: &PackageId, version: &Version) -> Result<StorePin, StoreError> {
         let file = pins::take_shared(&self.layout, id, version)?;
+        // From here no writer deletes the version's files; they are there only if what is
+        // committed now installs the version. The disk decides, not this handle's view, which
+        // may be older than a removal.
+        let refusal = match recovery::read_registry(&self.layout) {
+            Ok(Some((registry, _))) => not_installed(&registry, id, version),
+            Ok(None) => Some(
+                StoreError::new(
+                    StoreErrorKind::NotInstalled,
+                    format!("{id}@{version} is not installed: the store has no registry"),
+                )
+                .at(self.layout.registry.clone()),
+            ),
+            Err(e) => Some(e),
+        };
+        match refusal {
+            None => Ok(StorePin::holding(Box::new(file))),
+            Some(e) => {
+                pins::give_back(&self.layout, id, version, file);
+                Err(e)
+            }
+        }
+    }
+
+    fn pin_installing(&self, id: &PackageId, version: &Version) -> Result<StorePin, StoreError> {
+        if self.reader && self.usable()?.writing == 0 {
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidTransaction,
+                format!(
+                    "{id}@{version} can be pinned before it is installed only inside the \
+                     transaction that installs it"
+                ),
+            )
+            .at(pins::pin_path(
+                &self.layout,
+                id.as_str(),
+                &version.to_string(),
+            )));
+        }
+        let file = pins::take_shared(&self.layout, id, version)?;
         Ok(StorePin::holding(Box::new(file)))
     }
 
@@ -483,25 +523,23 @@ impl FsStore {
         };
         // The versions whose files go are held against new pins from here to their deletion;
         // a version that a live process pins refuses the whole transaction.
+        // A version whose pin cannot be checked refuses it too, saying why.
         let mut holds = Vec::new();
         for (node, _) in &plan.delete {
             match pins::hold_for_delete(&self.layout, node.id.as_str(), &node.version.to_string()) {
-                Ok(hold) => holds.extend(hold),
+                Ok(hold) => holds.push(hold),
                 Err(refusal) => {
                     if let Some(staged) = &staged {
                         let _ = remove_tree(staged);
                     }
                     return Err(match refusal {
-                        Ok(holders) => pinned_error(&self.layout, node, holders),
-                        Err(e) => e,
+                        pins::Refusal::Pinned(holders) => pinned_error(&self.layout, node, holders),
+                        pins::Refusal::Unknown(e) => e,
                     });
                 }
             }
         }
-        let committed = with_run(inner, |run| commit::apply(&self.layout, run, &plan))?;
-        for hold in holds {
-            hold.release_and_unlink();
-        }
+        let committed = with_run(inner, |run| commit::apply(&self.layout, run, &plan, holds))?;
         inner.registry = plan.new_state;
         inner.registry_bytes = plan.new_bytes;
         if let Some(trust) = plan.trust {
@@ -557,6 +595,29 @@ impl FsStore {
         inner.trust = recovered.trust;
         Ok(recovered.report)
     }
+}
+
+/// Why `id@version` cannot be pinned with `registry` committed, or `None` if it is installed.
+fn not_installed(
+    registry: &RegistryState,
+    id: &PackageId,
+    version: &Version,
+) -> Option<StoreError> {
+    if registry.is_installed(id, version) {
+        return None;
+    }
+    let how = match registry.record(id, version) {
+        Some(_) => "removed",
+        None => "not recorded",
+    };
+    Some(StoreError::new(
+        StoreErrorKind::NotInstalled,
+        format!(
+            "{id}@{version} is {how} in the committed registry (generation {}); its files cannot \
+             be pinned",
+            registry.generation()
+        ),
+    ))
 }
 
 /// The refusal of a transaction that would delete `node`'s files while `holders` pin them.

@@ -19,8 +19,9 @@ use guild_domain::ids::PackageId;
 use guild_domain::version::Version;
 use guild_ports::store::{PinHolder, StoreError, StoreErrorKind, VersionPins};
 
-use super::durable::io_error;
+use super::durable::{io_error, remove_tree};
 use super::StoreLayout;
+use crate::durable_file::still_linked;
 
 /// How often a pin is tried again when its file was replaced under it.
 const ATTEMPTS: usize = 16;
@@ -47,25 +48,6 @@ fn ensure_dir(layout: &StoreLayout) -> Result<(), StoreError> {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(io_error("create pins directory", &layout.pins, e)),
-    }
-}
-
-/// Whether `file` is still the file at `path` (a writer may have unlinked it).
-fn still_linked(file: &File, path: &Path) -> io::Result<bool> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt as _;
-        let held = file.metadata()?;
-        match fs::symlink_metadata(path) {
-            Ok(now) => Ok(now.ino() == held.ino() && now.dev() == held.dev()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = (file, path);
-        Ok(true)
     }
 }
 
@@ -102,45 +84,73 @@ pub(crate) fn take_shared(
     .at(path))
 }
 
-/// A writer's exclusive hold on a version it deletes; the pin file goes with the hold.
+/// A writer's hold on a version whose files it is about to delete: the exclusive lock on the
+/// version's pin file, so that no process can pin the version until the files are gone. The
+/// pin file is unlinked when the hold is dropped, still locked, so that no reader can pin the
+/// unlinked file and believe itself safe. A version that only this process pins is held
+/// without a lock (`file` is `None`): within a process the kernel registry's leases decide.
 #[derive(Debug)]
 pub(crate) struct DeleteHold {
+    root: PathBuf,
     path: PathBuf,
     file: Option<File>,
 }
 
 impl DeleteHold {
-    /// Removes the pin file (still holding its lock, so no reader can pin the unlinked file and
-    /// believe itself safe) and lets go.
-    pub(crate) fn release_and_unlink(mut self) {
-        let _ = fs::remove_file(&self.path);
-        self.file = None;
+    /// Deletes `tree`, the files of the held version, and lets go. This is the one way a writer
+    /// deletes a version tree, for a commit and for recovery alike. Answers whether anything
+    /// was there.
+    pub(crate) fn delete_tree(self, tree: &Path) -> io::Result<bool> {
+        super::testing::fire(&self.root, tree);
+        remove_tree(tree)
     }
 }
 
-/// Takes the exclusive hold on `node`'s pin for deleting its files, or answers the processes that
-/// pin it. Pins held by this very process do not refuse (within a process the kernel registry's
-/// leases decide, and they already allowed the change); such a version is deleted without a hold.
+impl Drop for DeleteHold {
+    fn drop(&mut self) {
+        if self.file.is_some() {
+            // The lock is still held here: the file closes after this body.
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Why a version's files cannot be deleted now.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// Live processes other than this one pin the version.
+    Pinned(Vec<PinHolder>),
+    /// Whether a process pins it could not be told: the pin file could not be opened or locked.
+    /// A writer that cannot tell does not delete.
+    Unknown(StoreError),
+}
+
+/// Takes the hold for deleting `id@version`'s files, or says why not: the processes that pin
+/// it, or why that could not be told.
 pub(crate) fn hold_for_delete(
     layout: &StoreLayout,
     id: &str,
     version: &str,
-) -> Result<Option<DeleteHold>, Result<Vec<PinHolder>, StoreError>> {
-    ensure_dir(layout).map_err(Err)?;
+) -> Result<DeleteHold, Refusal> {
+    ensure_dir(layout).map_err(Refusal::Unknown)?;
     let path = pin_path(layout, id, version);
-    let file = open_pin(&path).map_err(|e| Err(io_error("open pin file", &path, e)))?;
+    let file =
+        open_pin(&path).map_err(|e| Refusal::Unknown(io_error("open pin file", &path, e)))?;
     let me = std::process::id();
     let mut holders = Vec::new();
     for attempt in 0..TRANSIENT_ATTEMPTS {
         match file.try_lock() {
             Ok(()) => {
-                return Ok(Some(DeleteHold {
+                return Ok(DeleteHold {
+                    root: layout.root.clone(),
                     path,
                     file: Some(file),
-                }))
+                })
             }
             Err(TryLockError::WouldBlock) => {}
-            Err(TryLockError::Error(e)) => return Err(Err(io_error("hold pin file", &path, e))),
+            Err(TryLockError::Error(e)) => {
+                return Err(Refusal::Unknown(io_error("hold pin file", &path, e)))
+            }
         }
         holders = lock_holders(&file);
         if holders.iter().any(|h| h.pid != me) {
@@ -148,7 +158,11 @@ pub(crate) fn hold_for_delete(
         }
         if !holders.is_empty() {
             // Only this process pins it.
-            return Ok(None);
+            return Ok(DeleteHold {
+                root: layout.root.clone(),
+                path,
+                file: None,
+            });
         }
         // Nobody is listed, yet the lock is held: a child forked by some thread of this
         // process holds a copy of a pin's open file until it execs. That passes; try again.
@@ -156,21 +170,21 @@ pub(crate) fn hold_for_delete(
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
     }
-    Err(Ok(holders.into_iter().filter(|h| h.pid != me).collect()))
+    Err(Refusal::Pinned(
+        holders.into_iter().filter(|h| h.pid != me).collect(),
+    ))
 }
 
 /// How often a pin held by nobody listed is tried again (2 ms apart).
 const TRANSIENT_ATTEMPTS: usize = 100;
 
-/// Whether a live process (other than this one) pins the version named by the two path names.
-pub(crate) fn is_pinned(layout: &StoreLayout, id: &str, version: &str) -> bool {
-    match hold_for_delete(layout, id, version) {
-        Ok(Some(hold)) => {
-            hold.release_and_unlink();
-            false
-        }
-        Ok(None) => false,
-        Err(_) => true,
+/// Lets go of a pin that turned out to be taken for nothing, and removes its file unless
+/// another process holds it too (only under the exclusive lock, as the protocol says).
+pub(crate) fn give_back(layout: &StoreLayout, id: &PackageId, version: &Version, file: File) {
+    let path = pin_path(layout, id.as_str(), &version.to_string());
+    // `flock` turns the shared lock into an exclusive one, or fails while anyone else holds it.
+    if file.try_lock().is_ok() && still_linked(&file, &path).unwrap_or(false) {
+        let _ = fs::remove_file(&path);
     }
 }
 

@@ -29,10 +29,13 @@ use std::path::{Path, PathBuf};
 use guild_domain::graph::NodeRef;
 use guild_domain::ids::Sha256Digest;
 use guild_domain::registry::{RegistryDecodeError, RegistryState};
-use guild_ports::store::{InterruptedCommit, RecoveryReport, StoreError, StoreErrorKind};
+use guild_ports::store::{
+    InterruptedCommit, RecoveryReport, StoreError, StoreErrorKind, UncheckedTree,
+};
 
 use super::durable::{io_error, remove_file_if_present, remove_tree, Run};
 use super::journal::{Intent, JournalDecodeError, RECORD_SUFFIX, TMP_SUFFIX};
+use super::pins::Refusal;
 use super::StoreLayout;
 
 /// The registry recovery settled on, its bytes on disk, and what recovery did.
@@ -287,7 +290,10 @@ fn read_journal(layout: &StoreLayout) -> Result<Vec<(PathBuf, Intent)>, StoreErr
 }
 
 /// Deletes every entry of `packages/` that is not the tree of an installed version, and notes
-/// installed versions whose tree is missing.
+/// installed versions whose tree is missing. An unreferenced version tree goes only under the
+/// writer's hold on its pin ([`DeleteHold`](super::pins::DeleteHold)), taken once, so that a
+/// process that pins it meanwhile is refused rather than left without files; a tree that a live
+/// process pins stays, and so does one whose pin cannot be checked (the report says why).
 fn sweep_packages(
     layout: &StoreLayout,
     registry: &RegistryState,
@@ -309,18 +315,14 @@ fn sweep_packages(
     let mut removed = Vec::new();
     for (id_name, id_is_dir) in list_typed(&layout.packages)? {
         let id_dir = layout.packages.join(&id_name);
+        if !id_is_dir {
+            // Not a package directory: no version lives there, so nothing can pin it.
+            remove_tree(&id_dir).map_err(|e| io_error("remove unreferenced tree", &id_dir, e))?;
+            removed.push(id_dir);
+            continue;
+        }
         let mut none_expected = BTreeMap::new();
-        let versions = match expected.get_mut(&id_name) {
-            Some(v) if id_is_dir => v,
-            // Every version of the id goes, except those a live process pins.
-            None if id_is_dir && any_pinned(layout, &id_name, &id_dir)? => &mut none_expected,
-            _ => {
-                remove_tree(&id_dir)
-                    .map_err(|e| io_error("remove unreferenced tree", &id_dir, e))?;
-                removed.push(id_dir);
-                continue;
-            }
-        };
+        let versions = expected.get_mut(&id_name).unwrap_or(&mut none_expected);
         let mut kept = 0;
         for (version_name, is_dir) in list_typed(&id_dir)? {
             if is_dir && versions.remove(&version_name).is_some() {
@@ -328,19 +330,31 @@ fn sweep_packages(
                 continue;
             }
             let tree = id_dir.join(&version_name);
-            if super::pins::is_pinned(
+            let hold = super::pins::hold_for_delete(
                 layout,
                 &id_name.to_string_lossy(),
                 &version_name.to_string_lossy(),
-            ) {
-                // A live process that read an older generation has this version loaded: its
-                // files stay until it lets go, and a later recovery deletes them.
-                kept += 1;
-                report.pinned_trees.push(tree);
-                continue;
+            );
+            match hold {
+                Ok(hold) => {
+                    hold.delete_tree(&tree)
+                        .map_err(|e| io_error("remove unreferenced tree", &tree, e))?;
+                    removed.push(tree);
+                }
+                Err(Refusal::Pinned(_)) => {
+                    // A live process that read an older generation has this version loaded:
+                    // its files stay until it lets go, and a later recovery deletes them.
+                    kept += 1;
+                    report.pinned_trees.push(tree);
+                }
+                Err(Refusal::Unknown(e)) => {
+                    kept += 1;
+                    report.unchecked_trees.push(UncheckedTree {
+                        path: tree,
+                        reason: e.to_string(),
+                    });
+                }
             }
-            remove_tree(&tree).map_err(|e| io_error("remove unreferenced tree", &tree, e))?;
-            removed.push(tree);
         }
         if kept == 0 {
             fs::remove_dir(&id_dir)
@@ -355,14 +369,6 @@ fn sweep_packages(
         .flat_map(BTreeMap::into_values)
         .collect();
     Ok(())
-}
-
-/// Whether a live process pins any version tree under `id_dir`.
-fn any_pinned(layout: &StoreLayout, id_name: &OsString, id_dir: &Path) -> Result<bool, StoreError> {
-    let id = id_name.to_string_lossy();
-    Ok(list_typed(id_dir)?
-        .iter()
-        .any(|(version, _)| super::pins::is_pinned(layout, &id, &version.to_string_lossy())))
 }
 
 /// The names in directory `dir`, each with whether it is a directory (not a link to one).

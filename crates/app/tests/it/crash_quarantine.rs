@@ -7,7 +7,8 @@
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 
-use guild_host::crash_quarantine::{CrashLedger, CrashRecord, LOADING_DIR};
+use guild_host::crash_quarantine::{CrashLedger, LOADING_DIR};
+use guild_host::domain::ids::Sha256Digest;
 use guild_host::InstallOptions;
 
 use crate::cli::{guild, guild_command};
@@ -152,35 +153,167 @@ fn a_crash_in_init_quarantines_that_build_and_the_next_runner_serves_the_rest() 
     assert_eq!(nothing.code, 6, "{}", nothing.stderr);
 }
 
-/// A record whose process is still running is another runner loading at the same time, not a
-/// crash.
+/// The payload digest of the crashy package's first installed version.
+fn crashy_digest(root: &Path) -> Sha256Digest {
+    let (pm, _) = open_dir(root).unwrap();
+    let package = pm
+        .list()
+        .unwrap()
+        .into_iter()
+        .find(|p| p.id.as_str() == CRASHY);
+    package.unwrap().versions[0].payload_digest
+}
+
+/// A loading record as a host writes it, by hand (the tests decide its pid).
+fn loading_record(root: &Path, name: &str, pid: u32, digest: &Sha256Digest) -> std::path::PathBuf {
+    std::fs::create_dir_all(root.join(LOADING_DIR)).unwrap();
+    let path = root.join(LOADING_DIR).join(name);
+    let record = serde_json::json!({
+        "package_id": CRASHY,
+        "version": "1.0.0",
+        "payload_sha256": digest.to_hex(),
+        "pid": pid,
+        "started_unix": 0,
+    });
+    std::fs::write(&path, record.to_string()).unwrap();
+    path
+}
+
+/// A process that holds an exclusive lock on `path` until the test kills it.
+fn lock_holder(path: &Path) -> std::process::Child {
+    let mut child = std::process::Command::new("flock")
+        .args(["--exclusive", "--nonblock", "--close"])
+        .arg(path)
+        .args(["sh", "-c", "echo locked; read _"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the flock utility runs");
+    let mut line = String::new();
+    use std::io::BufRead as _;
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "locked");
+    child
+}
+
+/// A record whose writer is still running is another runner loading at the same time, not a
+/// crash, whatever its pid says: here the pid is one no process has (as after a reuse race, or
+/// on a system without `/proc`), and the writer is alive because it holds the record's lock.
 #[test]
-fn a_load_record_of_a_live_process_is_not_a_crash() {
+fn a_load_record_whose_writer_holds_it_is_not_a_crash_whatever_its_pid() {
     let shop = Workshop::new();
     let root = shop.fresh("store");
-    std::fs::create_dir_all(root.join(LOADING_DIR)).unwrap();
-    let mut sleeper = std::process::Command::new("sleep")
-        .arg("30")
-        .spawn()
-        .unwrap();
-    let digest = guild_host::domain::ids::Sha256Digest::parse_hex(&"ab".repeat(32)).unwrap();
-    let record = CrashRecord {
-        package: CRASHY.into(),
-        version: "1.0.0".into(),
-        digest,
-        pid: sleeper.id(),
-        started: 0,
-        process_start: 0,
-    };
-    let path = root
-        .join(LOADING_DIR)
-        .join(format!("{}-0.json", sleeper.id()));
-    std::fs::write(&path, record.to_json().to_string()).unwrap();
+    let digest = Sha256Digest::parse_hex(&"ab".repeat(32)).unwrap();
+    let path = loading_record(&root, "4999999-0.json", 4_999_999, &digest);
+    let mut writer = lock_holder(&path);
     let ledger = CrashLedger::new(&root);
-    assert!(ledger.sweep().unwrap().is_empty());
-    assert!(path.exists());
-    sleeper.kill().unwrap();
-    sleeper.wait().unwrap();
-    assert_eq!(ledger.sweep().unwrap(), vec![record]);
-    assert!(ledger.entry(&digest).is_some());
+    let swept = ledger.sweep().unwrap();
+    let live = path.exists();
+    if !live || !swept.is_empty() {
+        writer.kill().unwrap();
+        writer.wait().unwrap();
+    }
+    assert!(swept.is_empty(), "a live writer's record was quarantined");
+    assert!(live);
+    assert!(ledger.quarantined().unwrap().is_empty());
+    writer.kill().unwrap();
+    writer.wait().unwrap();
+    // Its writer is gone: the record is a crash now.
+    let swept = ledger.sweep().unwrap();
+    assert_eq!(swept.len(), 1);
+    assert_eq!(swept[0].digest, digest);
+    assert!(!path.exists());
+    assert_eq!(ledger.quarantined().unwrap().len(), 1);
+}
+
+/// A quarantine entry that cannot be read fails closed: its digest stays refused with an error
+/// naming the file and what is wrong, and `guild quarantine clear` removes it.
+#[test]
+fn a_torn_quarantine_entry_keeps_its_build_refused_until_cleared() {
+    let shop = Workshop::new();
+    let root = shop.fresh("store");
+    let spec = crashy("1.0.0", "faulty_none");
+    install(&root, &shop, &[scan_spec("1.0.0"), spec]);
+    let digest = crashy_digest(&root);
+    let quarantine = root.join("quarantine");
+    std::fs::create_dir_all(&quarantine).unwrap();
+    let entry = quarantine.join(format!("{}.json", digest.to_hex()));
+    std::fs::write(&entry, b"{\"package_id\": \"example.cra").unwrap();
+
+    let (status, _, stdout, stderr) = runner(&root);
+    assert!(
+        status.success(),
+        "the rest still serves: {stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains(CRASHY) && stderr.contains(&entry.display().to_string()),
+        "the refusal names the entry's file:\n{stderr}"
+    );
+    assert!(stderr.contains("not JSON"), "and what is wrong:\n{stderr}");
+    let dir = shop.path();
+    let s = root.to_str().unwrap();
+    let list = guild(dir, &["--store", s, "--json", "list"]);
+    assert_eq!(list.code, 0, "{}", list.stderr);
+    let q = &list.json()["crash_quarantine"];
+    assert_eq!(q.as_array().unwrap().len(), 1, "{q}");
+    assert_eq!(q[0]["payload_sha256"], digest.to_hex(), "{q}");
+
+    let clear = guild(dir, &["--store", s, "quarantine", "clear", CRASHY]);
+    assert_eq!(clear.code, 0, "{}", clear.stderr);
+    assert!(!entry.exists());
+    let (status, _, stdout, stderr) = runner(&root);
+    assert!(status.success(), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("quarantine"), "{stderr}");
+}
+
+/// An error of the ledger names the file it was about, not the store.
+#[test]
+fn a_crash_record_error_names_its_file() {
+    let shop = Workshop::new();
+    let root = shop.fresh("store");
+    install(&root, &shop, &[scan_spec("1.0.0")]);
+    let digest = Sha256Digest::parse_hex(&"cd".repeat(32)).unwrap();
+    loading_record(&root, "4999999-0.json", 4_999_999, &digest);
+    // The quarantine entry cannot be written: something else has its directory's name.
+    std::fs::write(root.join("quarantine"), b"not a directory").unwrap();
+    let err = guild_host::Host::builder(&root)
+        .devices(guild_host::DeviceSupport::host())
+        .open()
+        .map(|_| ())
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains(&root.join("quarantine").display().to_string()),
+        "{text}"
+    );
+    assert!(
+        root.join(LOADING_DIR).join("4999999-0.json").exists(),
+        "the record stays"
+    );
+}
+
+/// The host reads the quarantine when it opens and when it refreshes, and a quarantine that
+/// another process wrote meanwhile is refused at the next refresh.
+#[test]
+fn a_quarantine_written_by_another_process_is_refused_at_the_next_refresh() {
+    let shop = Workshop::new();
+    let root = shop.fresh("store");
+    install(&root, &shop, &[scan_spec("1.0.0")]);
+    let opened = guild_host::Host::builder(&root)
+        .devices(guild_host::DeviceSupport::host())
+        .open()
+        .unwrap();
+    let host = opened.host;
+    // Another host died loading 1.0.1 of the crashy package, which is now installed.
+    install(&root, &shop, &[crashy("1.0.1", "faulty_none")]);
+    let digest = crashy_digest(&root);
+    loading_record(&root, "4999999-0.json", 4_999_999, &digest);
+    let report = host.refresh().unwrap();
+    let failed = format!("{report:?}");
+    assert!(
+        failed.contains("CrashQuarantined") && failed.contains(CRASHY),
+        "the build another process crashed in is refused: {failed}"
+    );
 }

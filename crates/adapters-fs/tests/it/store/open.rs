@@ -275,7 +275,9 @@ fn store_recovery_reports_what_it_did_and_is_idempotent() {
             version: v("1.0.0")
         })
     );
-    assert_eq!(report.removed_trees, [layout.packages.join("zombie")]);
+    // Each version tree goes under its own pin hold; the emptied package directory goes after.
+    assert_eq!(report.removed_trees, [layout.packages.join("zombie/9.9.9")]);
+    assert!(!layout.packages.join("zombie").exists());
     assert_eq!(report.removed_staging.len(), 1, "the staged tree of b");
     assert_eq!(report.removed_temp_files, vec![layout.registry_tmp.clone()]);
     assert!(report.missing_trees.is_empty());

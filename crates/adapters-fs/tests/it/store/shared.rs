@@ -1,11 +1,12 @@
 //! Readers beside a writer: a reader opens without the lock, sees one committed generation,
 //! takes the lock only for its own transactions, and pins keep live processes' versions.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use guild_adapters_fs::store::{Fault, FaultMode, FsStore, StoreLayout, StoreOptions};
+use guild_adapters_fs::store::{testing, Fault, FaultMode, FsStore, StoreLayout, StoreOptions};
 use guild_domain::registry::PublishOptions;
 use guild_ports::store::{PackageStore, StoreErrorKind};
 
@@ -112,8 +113,9 @@ fn store_reader_takes_the_lock_for_its_own_transaction_only() {
     );
 }
 
-/// A process that holds a shared lock on `path` (the pin protocol) until it is killed.
-fn foreign_pin(path: &Path) -> Child {
+/// Tries to take a shared lock on `path` (the pin protocol) from another process, without
+/// waiting: the process, which holds the pin until it is killed, or `None` if the lock was refused.
+fn try_foreign_pin(path: &Path) -> Option<Child> {
     // `--close`: the lock stays with `flock` itself (the pid the test kills), and its command
     // ends when the test closes its stdin.
     let mut child = Command::new("flock")
@@ -122,6 +124,7 @@ fn foreign_pin(path: &Path) -> Child {
         .args(["sh", "-c", "echo pinned; read _"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
+        .stderr(Stdio::null())
         .spawn()
         .expect("the flock utility runs");
     let mut line = String::new();
@@ -129,8 +132,89 @@ fn foreign_pin(path: &Path) -> Child {
     std::io::BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    assert_eq!(line.trim(), "pinned");
-    child
+    if line.trim() == "pinned" {
+        Some(child)
+    } else {
+        // `flock --nonblock` gave up: it exits without running the command.
+        child.wait().unwrap();
+        None
+    }
+}
+
+/// A process that holds a shared lock on `path` (the pin protocol) until it is killed.
+fn foreign_pin(path: &Path) -> Child {
+    try_foreign_pin(path).expect("the pin is free")
+}
+
+/// Puts a tree at `packages/<pkg>/<ver>` that no registry references.
+fn stray_tree(root: &Path, pkg: &str, ver: &str) -> PathBuf {
+    let tree = StoreLayout::new(root).packages.join(pkg).join(ver);
+    std::fs::create_dir_all(&tree).unwrap();
+    std::fs::write(tree.join("libstray.so"), b"ELF").unwrap();
+    tree
+}
+
+/// A tree about to be deleted, and the process that pinned its version meanwhile, if any.
+type Attempt = (PathBuf, Option<Child>);
+
+/// Recovery decides that an unreferenced tree may go and deletes it; a process that pins the
+/// version in between must not lose its files. The hook runs at that exact moment: between the
+/// decision and the first deleted file, another process tries to pin the version.
+#[test]
+fn store_recovery_never_deletes_a_tree_pinned_between_its_check_and_its_deletion() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (writer, _) = FsStore::open(root).unwrap();
+    publish(&writer, "a", "1.0.0", ENABLED).unwrap();
+    // A stray version of an installed package, and a package the registry does not know.
+    let trees = [
+        stray_tree(root, "a", "9.9.9"),
+        stray_tree(root, "b", "1.0.0"),
+    ];
+    let pins_dir = StoreLayout::new(root).pins;
+    let seen: Arc<Mutex<Vec<Attempt>>> = Arc::default();
+    let hook = {
+        let seen = Arc::clone(&seen);
+        testing::before_tree_delete(root, move |tree: &Path| {
+            let name = |p: &Path| p.file_name().unwrap().to_string_lossy().into_owned();
+            let pin = pins_dir.join(format!("{}@{}", name(tree.parent().unwrap()), name(tree)));
+            let pinned = try_foreign_pin(&pin);
+            seen.lock().unwrap().push((tree.to_path_buf(), pinned));
+        })
+    };
+    let report = writer.recover().unwrap();
+    drop(hook);
+    let mut seen = std::mem::take(&mut *seen.lock().unwrap());
+    for (tree, pinned) in &mut seen {
+        if let Some(holder) = pinned {
+            let kept = tree.exists();
+            holder.kill().unwrap();
+            holder.wait().unwrap();
+            assert!(
+                kept,
+                "{} was deleted although a live process pinned it first",
+                tree.display()
+            );
+        }
+    }
+    let mut decided: Vec<&PathBuf> = seen.iter().map(|(t, _)| t).collect();
+    decided.sort();
+    assert_eq!(
+        decided,
+        trees.iter().collect::<Vec<_>>(),
+        "every unreferenced tree is deleted through the same hold: {report:?}"
+    );
+    // The writer held the version against new pins across the deletion: the pin was refused
+    // (the pinner is told the files are going) and the files went.
+    for (tree, pinned) in &seen {
+        assert!(
+            pinned.is_none(),
+            "{} was pinnable mid-deletion",
+            tree.display()
+        );
+        assert!(!tree.exists(), "{}", tree.display());
+    }
+    assert_eq!(report.removed_trees, trees.to_vec());
 }
 
 #[test]
@@ -196,4 +280,105 @@ fn store_pin_of_this_process_is_listed_and_refuses_nothing_here() {
     .unwrap();
     drop(pin);
     assert!(writer.pins().unwrap().is_empty());
+}
+
+#[test]
+fn store_pin_of_a_version_the_committed_registry_does_not_install_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (writer, _) = FsStore::open(root).unwrap();
+    publish(&writer, "a", "1.0.0", ENABLED).unwrap();
+    publish(&writer, "a", "1.1.0", ENABLED).unwrap();
+    // The reader reads generation 2, in which 1.0.0 is still installed ...
+    let r = reader(root);
+    assert!(r.registry().unwrap().is_installed(&id("a"), &v("1.0.0")));
+    // ... and a writer then removes it.
+    change(&writer, |next| {
+        next.remove(&id("a"), &v("1.0.0")).map(|_| ())
+    })
+    .unwrap();
+    let pins = StoreLayout::new(root).pins;
+    for (ver, how) in [("1.0.0", "removed"), ("7.0.0", "not recorded")] {
+        let err = r
+            .pin(&id("a"), &v(ver))
+            .err()
+            .unwrap_or_else(|| panic!("a@{ver} is {how}, yet it was pinned"));
+        assert_eq!(err.kind, StoreErrorKind::NotInstalled, "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("a@{ver}")) && text.contains(how),
+            "{text}"
+        );
+        assert!(
+            !pins.join(format!("a@{ver}")).exists(),
+            "a@{ver}'s pin file stayed"
+        );
+    }
+    // An installed version pins as before.
+    let pin = r.pin(&id("a"), &v("1.1.0")).unwrap();
+    assert_eq!(writer.pins().unwrap().len(), 1);
+    drop(pin);
+}
+
+#[test]
+fn store_recovery_keeps_a_tree_whose_pin_it_cannot_check_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (writer, _) = FsStore::open(root).unwrap();
+    publish(&writer, "a", "1.0.0", ENABLED).unwrap();
+    let tree = stray_tree(root, "a", "9.9.9");
+    // Something that cannot be opened as a pin file stands in its place (a directory: EISDIR,
+    // whoever runs the test).
+    let pin = StoreLayout::new(root).pins.join("a@9.9.9");
+    std::fs::create_dir_all(&pin).unwrap();
+    let report = writer.recover().unwrap();
+    assert!(
+        tree.exists(),
+        "a tree whose pin cannot be checked is not deleted"
+    );
+    assert!(
+        report.pinned_trees.is_empty(),
+        "no process pins it, and the report must not pretend one does: {report:?}"
+    );
+    assert!(!report.is_clean(), "{report:?}");
+    assert_eq!(report.unchecked_trees.len(), 1, "{report:?}");
+    let unchecked = &report.unchecked_trees[0];
+    assert_eq!(unchecked.path, tree);
+    assert!(
+        unchecked.reason.contains("open pin file") && unchecked.reason.contains("a@9.9.9"),
+        "the report says why: {}",
+        unchecked.reason
+    );
+    // A removal through a commit that cannot check the pin is refused, naming the pin file.
+    publish(&writer, "a", "1.1.0", ENABLED).unwrap();
+    std::fs::create_dir_all(StoreLayout::new(root).pins.join("a@1.0.0")).unwrap();
+    let err = change(&writer, |next| {
+        next.remove(&id("a"), &v("1.0.0")).map(|_| ())
+    })
+    .unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::Io, "{err}");
+    assert!(err.to_string().contains("a@1.0.0"), "{err}");
+    assert!(writer.package_dir(&id("a"), &v("1.0.0")).is_dir());
+    // Once the pin file is a file again, the stray tree goes.
+    std::fs::remove_dir(&pin).unwrap();
+    let report = writer.recover().unwrap();
+    assert_eq!(report.removed_trees, vec![tree.clone()]);
+    assert!(!tree.exists());
+}
+
+/// A pin taken for a version that is being installed (before its commit) is the installing
+/// writer's alone.
+#[test]
+fn store_pin_of_a_version_being_installed_needs_the_installing_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let r = reader(root);
+    let err = r.pin_installing(&id("a"), &v("1.0.0")).unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::InvalidTransaction, "{err}");
+    r.begin_write().unwrap();
+    let pin = r.pin_installing(&id("a"), &v("1.0.0")).unwrap();
+    publish(&r, "a", "1.0.0", ENABLED).unwrap();
+    r.end_write();
+    assert_eq!(r.pins().unwrap().len(), 1);
+    drop(pin);
 }

@@ -1,0 +1,242 @@
+//! Small files written atomically and durably by processes that may die at any instant, and a
+//! way to tell, from the file alone, whether the process that wrote it is gone.
+//!
+//! A file is first written to a temporary in the same directory, `.<name>.<pid>.<n>.tmp`, which
+//! the writer locks (an exclusive `flock`) as soon as it has created it; the temporary is
+//! fsynced, renamed over the name, and the directory fsynced. The writer holds the lock until it
+//! is done, or, with [`write_locked`], for as long as it keeps the returned file; the kernel
+//! drops it when the writer dies. So whether a file's writer is still at work is one
+//! non-blocking lock attempt ([`claim_abandoned`]), whatever became of its pid and on any system
+//! with `flock`, and a temporary that can be claimed is debris of a writer that died before its
+//! rename ([`remove_stale_temporaries`]).
+//!
+//! Whoever holds the lock removes the file only while holding it, and whoever takes it checks
+//! afterwards that the name still leads to the file it locked ([`still_linked`]), so a file
+//! renamed or removed between the open and the lock is never mistaken for an abandoned one.
+//!
+//! The store's own commit steps (`store::durable`) are numbered for fault injection and write
+//! fixed names under the store's lock; this module is for writers without that lock, such as
+//! the host's crash records.
+
+use std::ffi::OsStr;
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io::{self, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Distinguishes this process's temporaries.
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// How many fresh temporary names a write tries before it gives up.
+const ATTEMPTS: usize = 16;
+
+/// Replaces `path` with `bytes`, atomically and durably.
+pub fn write(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_locked(path, bytes).map(drop)
+}
+
+/// [`write`], answering the file, which keeps the exclusive lock the writer took on it: while
+/// the caller holds it (and the process lives), [`claim_abandoned`] answers that the file's
+/// writer is still there.
+pub fn write_locked(path: &Path, bytes: &[u8]) -> io::Result<File> {
+    let (dir, name) = split(path)?;
+    for _ in 0..ATTEMPTS {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let tmp = dir.join(format!(
+            ".{}.{}.{n}.tmp",
+            name.to_string_lossy(),
+            std::process::id()
+        ));
+        let mut file = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+        {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        };
+        match file.try_lock() {
+            Ok(()) => {}
+            // Someone cleaning debris locked it between its creation and this lock, and will
+            // remove it: take another name.
+            Err(TryLockError::WouldBlock) => {
+                let _ = fs::remove_file(&tmp);
+                continue;
+            }
+            Err(TryLockError::Error(e)) => {
+                let _ = fs::remove_file(&tmp);
+                return Err(e);
+            }
+        }
+        let written = file
+            .write_all(bytes)
+            .and_then(|()| file.sync_all())
+            .and_then(|()| fs::rename(&tmp, path))
+            .and_then(|()| sync_dir(dir));
+        return match written {
+            Ok(()) => Ok(file),
+            Err(e) => {
+                // Still locked: nobody else can have claimed it.
+                let _ = fs::remove_file(&tmp);
+                Err(e)
+            }
+        };
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        format!("no free temporary name beside {}", path.display()),
+    ))
+}
+
+/// The file at `path`, locked, if the process that wrote it with [`write_locked`] (or holds its
+/// lock otherwise) is gone; `None` while it lives, or when there is no file at `path` (any
+/// more). The caller holds the lock for as long as it keeps the file.
+pub fn claim_abandoned(path: &Path) -> io::Result<Option<File>> {
+    let mut options = OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        // Never through a link, and never stalled by a FIFO in the file's place.
+        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    let file = match options.open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => return Ok(None),
+        Err(TryLockError::Error(e)) => return Err(e),
+    }
+    // Its writer may have renamed it away, or removed it, between the open and the lock.
+    Ok(still_linked(&file, path)?.then_some(file))
+}
+
+/// Whether `name` is one of this module's temporaries.
+pub fn is_temporary(name: &OsStr) -> bool {
+    let name = name.to_string_lossy();
+    name.starts_with('.') && name.ends_with(".tmp")
+}
+
+/// Removes the temporaries in `dir` whose writer died before renaming them, and answers their
+/// paths. A temporary that a live writer still holds stays. A missing `dir` has none.
+pub fn remove_stale_temporaries(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut removed = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        if !is_temporary(&entry.file_name()) {
+            continue;
+        }
+        let path = entry.path();
+        if let Some(held) = claim_abandoned(&path)? {
+            match fs::remove_file(&path) {
+                Ok(()) => removed.push(path),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            drop(held);
+        }
+    }
+    removed.sort();
+    Ok(removed)
+}
+
+/// Whether `file` is still the file at `path` (someone may have renamed or unlinked it).
+pub fn still_linked(file: &File, path: &Path) -> io::Result<bool> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt as _;
+        let held = file.metadata()?;
+        match fs::symlink_metadata(path) {
+            Ok(now) => Ok(now.ino() == held.ino() && now.dev() == held.dev()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = file;
+        Ok(path.exists())
+    }
+}
+
+/// Makes the entries of directory `dir` durable.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    #[cfg(unix)]
+    {
+        File::open(dir)?.sync_all()
+    }
+    #[cfg(not(unix))]
+    {
+        // Directories cannot be opened for syncing there; a rename is durable once the file
+        // system commits it.
+        let _ = dir;
+        Ok(())
+    }
+}
+
+fn split(path: &Path) -> io::Result<(&Path, &OsStr)> {
+    let name = path.file_name().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} names no file", path.display()),
+        )
+    })?;
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    Ok((dir, name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_write_is_not_abandoned_and_a_released_one_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.json");
+        let held = write_locked(&path, b"{}").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"{}");
+        assert!(
+            claim_abandoned(&path).unwrap().is_none(),
+            "its writer holds it"
+        );
+        drop(held);
+        let claimed = claim_abandoned(&path).unwrap();
+        assert!(claimed.is_some(), "its writer let go");
+        // While claimed, nobody else can claim it.
+        assert!(claim_abandoned(&path).unwrap().is_none());
+        drop(claimed);
+        assert!(claim_abandoned(&dir.path().join("none")).unwrap().is_none());
+    }
+
+    #[test]
+    fn only_temporaries_nobody_holds_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let stale = dir.path().join(".a.json.1.0.tmp");
+        fs::write(&stale, b"half").unwrap();
+        let live = dir.path().join(".b.json.1.1.tmp");
+        let held = File::create(&live).unwrap();
+        held.lock().unwrap();
+        fs::write(dir.path().join("a.json"), b"{}").unwrap();
+        let removed = remove_stale_temporaries(dir.path()).unwrap();
+        assert_eq!(removed, vec![stale]);
+        assert!(live.exists() && dir.path().join("a.json").exists());
+        drop(held);
+        assert_eq!(remove_stale_temporaries(dir.path()).unwrap(), vec![live]);
+        assert!(remove_stale_temporaries(&dir.path().join("absent"))
+            .unwrap()
+            .is_empty());
+    }
+}
