@@ -306,7 +306,6 @@ pub const KNOWN_CYCLES: &[(&str, &str, &[&str])] = &[
     ("crates/app/src", "", &["operations", "registry"]),
     // The core builds the C tables; the C tables call into the core.
     ("crates/app/src", "operations", &["c_service", "core"]),
-    ("crates/adapters-crypto/src", "", &["keys", "verify"]),
 ];
 
 /// Every module cycle in the crate whose sources are under `src`, described for a person,

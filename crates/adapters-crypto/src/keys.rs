@@ -8,7 +8,7 @@
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
-use guild_ports::signature::{KeyId, SignatureError};
+use guild_ports::signature::KeyId;
 use p256::ecdsa::signature::Signer;
 use p256::ecdsa::{self, Signature};
 use p256::elliptic_curve::sec1::ToEncodedPoint;
@@ -19,7 +19,6 @@ use rand_core::{OsRng, RngCore};
 
 use crate::asn1;
 use crate::error::KeyError;
-use crate::verify::{verify_with, Backend};
 
 /// The longest DER encoding of a P-256 ECDSA signature: a SEQUENCE header and two INTEGERs of at
 /// most 33 bytes (32 plus a sign byte), each with a two-byte header.
@@ -203,9 +202,9 @@ fn skip_ec_parameters(text: &str) -> Result<&str, KeyError> {
 /// A P-256 public key in its one accepted encoding, with its key id.
 #[derive(Clone)]
 pub struct PublicKey {
-    inner: ecdsa::VerifyingKey,
+    pub(crate) inner: ecdsa::VerifyingKey,
     /// The uncompressed SEC1 point (`04 || x || y`), what ring reads.
-    point: p256::EncodedPoint,
+    pub(crate) point: p256::EncodedPoint,
     spki_der: Vec<u8>,
     key_id: KeyId,
 }
@@ -291,29 +290,6 @@ impl PublicKey {
     /// SHA-256 of [`PublicKey::spki_der`].
     pub fn key_id(&self) -> KeyId {
         self.key_id
-    }
-
-    /// Verifies a DER signature over `message` with this key, by the same rules as
-    /// [`crate::P256Verifier`] (strict DER, low-S only), without parsing the key again; the
-    /// arithmetic is done by the default [`Backend`].
-    pub fn verify(&self, message: &[u8], signature_der: &[u8]) -> Result<(), SignatureError> {
-        self.verify_using(Backend::default(), message, signature_der)
-    }
-
-    /// [`PublicKey::verify`] with the arithmetic done by `backend`.
-    pub fn verify_using(
-        &self,
-        backend: Backend,
-        message: &[u8],
-        signature_der: &[u8],
-    ) -> Result<(), SignatureError> {
-        verify_with(
-            backend,
-            &self.inner,
-            self.point.as_bytes(),
-            message,
-            signature_der,
-        )
     }
 }
 

@@ -58,6 +58,33 @@ impl Backend {
     }
 }
 
+// Verification with a parsed key lives here, beside the rules it shares with the port, so that
+// keys (parsing) never needs this module.
+impl PublicKey {
+    /// Verifies a DER signature over `message` with this key, by the same rules as
+    /// [`crate::P256Verifier`] (strict DER, low-S only), without parsing the key again; the
+    /// arithmetic is done by the default [`Backend`].
+    pub fn verify(&self, message: &[u8], signature_der: &[u8]) -> Result<(), SignatureError> {
+        self.verify_using(Backend::default(), message, signature_der)
+    }
+
+    /// [`PublicKey::verify`] with the arithmetic done by `backend`.
+    pub fn verify_using(
+        &self,
+        backend: Backend,
+        message: &[u8],
+        signature_der: &[u8],
+    ) -> Result<(), SignatureError> {
+        verify_with(
+            backend,
+            &self.inner,
+            self.point.as_bytes(),
+            message,
+            signature_der,
+        )
+    }
+}
+
 /// Verifies `ecdsa-p256-sha256` signatures for the [`SignatureVerifier`] port.
 ///
 /// The key must be a canonical P-256 SubjectPublicKeyInfo (see [`PublicKey::from_spki_der`]);
