@@ -667,13 +667,15 @@ unsafe extern "C" fn service_execute(
     error: *mut guild_error_info_t,
 ) -> guild_status_t {
     // The success path builds nothing: a failure is reported (and its text made) only once it
-    // has happened, outside the checked call.
+    // has happened, out of line. The unwinding guard carries only the status back.
     // SAFETY: the service's contract for every argument, passed on as they are.
     match catch_unwind(AssertUnwindSafe(|| unsafe {
-        execute_checked(user, handle, args, error)
+        match execute_checked(user, handle, args, error) {
+            Ok(status) => status,
+            Err(failure) => report(error, failure),
+        }
     })) {
-        Ok(Ok(status)) => status,
-        Ok(Err(failure)) => report(error, failure),
+        Ok(status) => status,
         Err(_) => report(
             error,
             Failure::new(
@@ -686,6 +688,7 @@ unsafe extern "C" fn service_execute(
 
 /// Fills the caller's error record with a failure and returns its status.
 #[cold]
+#[inline(never)]
 fn report(error: *mut guild_error_info_t, failure: Failure) -> guild_status_t {
     // SAFETY: the service's contract makes `error` NULL or a caller-initialised record valid
     // for this call; write_error_record checks NULL, alignment and struct_size itself.
@@ -730,22 +733,44 @@ unsafe fn execute_checked(
         inputs,
         outputs,
     };
-    // The provider receives the caller's own record when it is usable; a local one (584 bytes
-    // to clear) is made only when it is not.
-    let mut local: Option<guild_error_info_t> = None;
     // SAFETY: NULL or a caller-initialised record valid for this call.
-    let record = match unsafe { usable_record(error) } {
+    match unsafe { usable_record(error) } {
         // SAFETY: checked by usable_record; nothing else borrows it during the call.
-        Some(record) => unsafe { &mut *record },
-        None => local.insert(guild_error_info_t::new()),
-    };
+        Some(record) => run_checked(core, face, name, &call, unsafe { &mut *record }),
+        None => run_with_local_record(core, face, name, &call),
+    }
+}
+
+/// The provider receives a local record (584 bytes to clear) only when the caller's is not
+/// usable; out of line, so that the common path's frame does not hold one.
+#[cold]
+#[inline(never)]
+fn run_with_local_record(
+    core: &ServiceCore,
+    face: Face,
+    name: HandleName,
+    call: &Call<'_>,
+) -> Result<guild_status_t, Failure> {
+    let mut local = guild_error_info_t::new();
+    run_checked(core, face, name, call, &mut local)
+}
+
+/// Takes the handle and runs the checked call with `record` as the provider's error record.
+#[inline(always)]
+fn run_checked(
+    core: &ServiceCore,
+    face: Face,
+    name: HandleName,
+    call: &Call<'_>,
+    record: &mut guild_error_info_t,
+) -> Result<guild_status_t, Failure> {
     let outcome = core
         .handles
         .with_running(name, face == Face::Runner, |h, running| {
             // SAFETY: `running` is the exclusivity of this very handle's gate; the record is the
             // caller's (or a local), not one of the handle's cells; the caller vouches for the
             // memory its tensors and scratch name (the service's contract).
-            match unsafe { h.resolved.execute(running, &call, record) } {
+            match unsafe { h.resolved.execute(running, call, record) } {
                 Ok(()) => Ok(GUILD_STATUS_OK),
                 Err(e) => provider_or_failure(h, e, record),
             }

@@ -801,9 +801,19 @@ impl Contract {
         let (mut inputs, mut outputs) = shapes;
         let spec = query.spec();
         inputs.clear();
-        inputs.extend(spec.inputs.iter().map(Shape::of));
+        inputs.extend(
+            spec.inputs
+                .iter()
+                .zip(query.input_infos())
+                .map(|(d, i)| Shape::of(d, i)),
+        );
         outputs.clear();
-        outputs.extend(spec.outputs.iter().map(Shape::of));
+        outputs.extend(
+            spec.outputs
+                .iter()
+                .zip(query.output_infos())
+                .map(|(d, i)| Shape::of(d, i)),
+        );
         Contract {
             inputs,
             outputs,
@@ -1566,12 +1576,14 @@ pub(crate) struct Shape {
     place: u64,
     /// The rank, at most [`MAX_TENSOR_RANK`].
     rank: usize,
+    /// The tensor's byte extent, which a Rust call's buffer must hold.
+    byte_extent: u64,
     dims: [u64; MAX_TENSOR_RANK],
     strides: [u64; MAX_TENSOR_RANK],
 }
 
 impl Shape {
-    fn of(d: &TensorDesc) -> Shape {
+    fn of(d: &TensorDesc, info: &TensorInfo) -> Shape {
         let rank = d.shape().len();
         let mut dims = [0; MAX_TENSOR_RANK];
         let mut strides = [0; MAX_TENSOR_RANK];
@@ -1581,6 +1593,7 @@ impl Shape {
             head: Self::head(d.dtype.raw(), d.rank),
             place: call_key(d.memory_space.bit(), d.device_id),
             rank,
+            byte_extent: info.byte_extent,
             dims,
             strides,
         }
@@ -1636,7 +1649,6 @@ impl RustCall<'_> {
         args: impl ExactSizeIterator<Item = BufferArg<'b>>,
     ) -> Result<(), ExecuteError> {
         let shapes = self.contract.shapes(role);
-        let infos = self.contract.infos(role);
         let out: &mut [guild_tensor_desc_v1_t] = match role {
             TensorRole::Input => self.inputs,
             TensorRole::Output => self.outputs,
@@ -1644,14 +1656,10 @@ impl RustCall<'_> {
         if args.len() != shapes.len() || out.len() != shapes.len() {
             return Err(arity(role, shapes.len(), args.len()));
         }
-        for (index, ((arg, slot), (shape, info))) in args
-            .zip(out.iter_mut())
-            .zip(shapes.iter().zip(infos))
-            .enumerate()
-        {
+        for (index, ((arg, slot), shape)) in args.zip(out.iter_mut()).zip(shapes).enumerate() {
             let (desc, element, ptr, len) = arg;
             let address = ptr as usize as u64;
-            let fits = u64::try_from(len).unwrap_or(u64::MAX) >= info.byte_extent;
+            let fits = u64::try_from(len).unwrap_or(u64::MAX) >= shape.byte_extent;
             let typed = element.is_none_or(|e| e == desc.dtype);
             if !shape.matches_desc(desc)
                 || !typed

@@ -485,6 +485,7 @@ impl OpHandle<'_> {
     /// A handle resolved stream-ordered or graph-capturable on a device provider is refused
     /// with [`ExecuteError::SyncMode`]: its work may still run after the slices' borrows end.
     /// Use [`OpHandle::execute_on_stream`] for it.
+    #[inline]
     pub fn execute(
         &self,
         inputs: &[TensorArg<'_>],
