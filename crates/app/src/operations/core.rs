@@ -248,7 +248,7 @@ impl ServiceCore {
         query: OpQuery,
         args: &Negotiation<'_>,
         report: bool,
-    ) -> Result<Resolved, ResolveError> {
+    ) -> Result<Box<Resolved>, ResolveError> {
         let spec = query.spec();
         let needs_streams = spec.sync_mode != SyncMode::HostBlocking;
         if needs_streams && self.devices.streams.is_none() && spec.backends != Backend::Cpu.into() {
@@ -324,7 +324,9 @@ impl ServiceCore {
         let Some(binding) = KernelBinding::try_new(stored) else {
             return self.resolve(query, args, report);
         };
-        Ok(Resolved::new(
+        // Boxed where it is made: a handle is large (its reused records and reshape buffers),
+        // and both faces keep it behind a pointer, so it is moved once, not at every return.
+        Ok(Box::new(Resolved::new(
             binding,
             kernel,
             candidate,
@@ -336,16 +338,16 @@ impl ServiceCore {
             },
             chosen.passed_over,
             streams,
-        ))
+        )))
     }
 }
 
 /// What a resolution passes to the negotiation callbacks besides the query: the caller's
-/// operation parameters and, from a C caller, its own tensor arrays (which describe the same
-/// tensors as the query, and are handed on as they are rather than rebuilt).
+/// operation parameters and the query's tensors in C form, inputs then outputs (a C caller's
+/// own arrays, handed on as they are; the Rust face's, made once for the handle's calls).
 pub(crate) struct Negotiation<'a> {
     pub(crate) params: &'a [u8],
-    pub(crate) tensors: Option<[&'a [guild_tensor_desc_v1_t]; 2]>,
+    pub(crate) tensors: [&'a [guild_tensor_desc_v1_t]; 2],
 }
 
 /// What negotiation chose: the candidate's index, its scratch and scratch alignment, and, when
@@ -456,6 +458,19 @@ pub(crate) fn tensor_from_c(t: &guild_tensor_desc_v1_t) -> Result<TensorDesc, St
     })
 }
 
+/// The C form of a query's tensors, inputs then outputs, with their known addresses (for the
+/// negotiation callbacks, which may inspect them).
+pub(crate) fn c_tensors(
+    query: &OpQuery,
+) -> (Vec<guild_tensor_desc_v1_t>, Vec<guild_tensor_desc_v1_t>) {
+    let spec = query.spec();
+    let c = |d: &TensorDesc| c_tensor(d, address_ptr(d));
+    (
+        spec.inputs.iter().map(c).collect(),
+        spec.outputs.iter().map(c).collect(),
+    )
+}
+
 /// The pointer a descriptor's known address stands for (NULL when unknown). It is only ever
 /// passed to negotiation callbacks, which may inspect the address but not the data.
 fn address_ptr(desc: &TensorDesc) -> *mut c_void {
@@ -471,8 +486,8 @@ struct CNegotiator<'p> {
     stored: &'p [Arc<StoredOp>],
     op_name: &'p CStr,
     exact: Option<CString>,
-    inputs: Cow<'p, [guild_tensor_desc_v1_t]>,
-    outputs: Cow<'p, [guild_tensor_desc_v1_t]>,
+    inputs: &'p [guild_tensor_desc_v1_t],
+    outputs: &'p [guild_tensor_desc_v1_t],
     params: &'p [u8],
     /// Whether a refusal's message is kept (as text, for a report) or only its status.
     report: bool,
@@ -491,14 +506,7 @@ impl<'p> CNegotiator<'p> {
         report: bool,
     ) -> Self {
         let spec = query.spec();
-        let c = |d: &TensorDesc| c_tensor(d, address_ptr(d));
-        let (inputs, outputs) = match args.tensors {
-            Some([inputs, outputs]) => (Cow::Borrowed(inputs), Cow::Borrowed(outputs)),
-            None => (
-                Cow::Owned(spec.inputs.iter().map(c).collect()),
-                Cow::Owned(spec.outputs.iter().map(c).collect()),
-            ),
-        };
+        let [inputs, outputs] = args.tensors;
         CNegotiator {
             stored: &entry.stored,
             op_name: &entry.c_name,
@@ -554,8 +562,8 @@ impl<'p> CNegotiator<'p> {
         QueryParts {
             op_name: self.op_name,
             exact: self.exact.as_deref(),
-            inputs: &self.inputs,
-            outputs: &self.outputs,
+            inputs: self.inputs,
+            outputs: self.outputs,
             params: self.params,
         }
     }
@@ -1120,6 +1128,21 @@ impl Resolved {
     /// The scratch as `describe` and `scratch` report it, whatever else runs on the handle.
     pub(crate) fn published_scratch(&self) -> Scratch {
         self.published.read()
+    }
+
+    /// Takes the C tensors a Rust resolution negotiated with (the descriptors of its query,
+    /// which this handle's contract now is) as the Rust face's call tensors, without data.
+    pub(crate) fn adopt_rust_calls(
+        &mut self,
+        mut inputs: Vec<guild_tensor_desc_v1_t>,
+        mut outputs: Vec<guild_tensor_desc_v1_t>,
+    ) {
+        for t in inputs.iter_mut().chain(outputs.iter_mut()) {
+            t.data = std::ptr::null_mut();
+        }
+        let call = self.call.get_mut();
+        call.inputs = inputs;
+        call.outputs = outputs;
     }
 
     /// Makes the Rust face's C tensors: the negotiated descriptors, without data.
