@@ -257,6 +257,9 @@ pub struct StoredOp {
     pub package: Arc<LoadedPackage>,
     /// The names a C caller reads from a handle's description, made once at registration.
     pub(crate) c_names: CNames,
+    /// The kernel's GOP1 contract, shared with every handle resolved to it (so a resolution
+    /// takes a reference rather than copying it), when it has one.
+    pub(crate) contract: Option<Arc<OpCandidate>>,
 }
 
 /// A kernel's names as C strings, which live as long as the stored kernel (and so as long as
@@ -896,6 +899,7 @@ impl KernelRegistry {
             .map(|kernel| {
                 Arc::new(StoredOp {
                     c_names: CNames::of(&kernel, id),
+                    contract: kernel.operation.clone().map(Arc::new),
                     kernel,
                     package: package.clone(),
                 })

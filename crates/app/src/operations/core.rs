@@ -300,10 +300,11 @@ impl ServiceCore {
         };
         // The domain only chooses among the candidates it was given, in the same order, and an
         // appended declaration is never chosen (it names another operation).
-        let (Some(stored), Some(candidate)) = (
-            entry.stored.get(chosen.index),
-            candidates.get(chosen.index).cloned(),
-        ) else {
+        let Some((stored, candidate)) = entry
+            .stored
+            .get(chosen.index)
+            .and_then(|stored| Some((stored, Arc::clone(stored.contract.as_ref()?))))
+        else {
             return Err(ResolveError::Internal(
                 "the chosen candidate has no provider",
             ));
@@ -760,7 +761,8 @@ pub(crate) struct Resolved {
     pub(crate) binding: KernelBinding,
     /// The chosen kernel's provider; its code stays loaded while `binding` lives.
     pub(crate) kernel: Arc<dyn KernelProvider>,
-    pub(crate) candidate: OpCandidate,
+    /// The chosen contract, shared with the stored kernel.
+    pub(crate) candidate: Arc<OpCandidate>,
     /// Whether every negotiated tensor is in pageable host memory, the only memory a Rust
     /// slice can vouch for. A reshape keeps every memory space, so this never changes.
     pub(crate) host_only: bool,
@@ -1073,7 +1075,7 @@ impl Resolved {
     fn new(
         binding: KernelBinding,
         kernel: Arc<dyn KernelProvider>,
-        candidate: OpCandidate,
+        candidate: Arc<OpCandidate>,
         query: OpQuery,
         scratch: Scratch,
         passed_over: Option<Vec<PassedOver>>,
