@@ -11,16 +11,22 @@
 //!
 //! # Draining
 //!
-//! Each loaded package has one atomic state word: a `DRAINING` bit, a sticky `WAITED` bit and
-//! the count of live bindings (kernel bindings and runner references together). Taking a binding
-//! is one compare-and-swap that either sees `DRAINING` and takes nothing, or is counted. A
-//! lifecycle change that must not run while the package is bound (`KernelRegistry::drain`)
-//! sets `DRAINING` with one `fetch_or` and reads the count from the same operation: all of these
-//! are read-modify-writes of one location, so they are totally ordered, and every bind either
-//! precedes the mark (and is in the count the drainer reads, so the change is refused) or follows
-//! it (and fails). A refused or aborted change clears the mark; a committed one keeps it for
-//! good (a package that left the registry is never bound again, whatever snapshot a late
-//! resolver still holds).
+//! Each loaded package counts its live bindings (kernel bindings and runner references together)
+//! in a few stripes, each an atomic word on its own cache line: a `DRAINING` bit, a sticky
+//! `WAITED` bit and the stripe's count. A thread binds on its own stripe (threads are dealt
+//! stripes in turn), and a binding, and every copy of it, is counted on the stripe it was taken
+//! on, so that threads binding into the same package do not write the same cache line. Taking
+//! a binding is one compare-and-swap on its stripe that either sees `DRAINING` and takes
+//! nothing, or is counted. A lifecycle change that must not run while the package is bound
+//! (`KernelRegistry::drain`) sets `DRAINING` on every stripe with one `fetch_or` each and reads
+//! that stripe's count from the same operation. On one stripe these are read-modify-writes of
+//! one location, so they are totally ordered: every bind either precedes its stripe's mark (and
+//! is in the count the drainer reads there) or follows it (and fails); a copy is only made of
+//! a binding that is alive, so counted, on the same stripe. When every stripe read zero, no
+//! binding was alive at any stripe's mark and none can be taken since: the change may go on.
+//! Otherwise it is refused. A refused or aborted change clears the marks; a committed one
+//! keeps them for good (a package that left the registry is never bound again, whatever
+//! snapshot a late resolver still holds).
 //!
 //! A lookup that meets a draining package treats it as already gone: resolution passes over its
 //! candidates, [`KernelRegistry::select`] takes the next best, [`KernelRegistry::find_by_id`] and
@@ -41,7 +47,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
@@ -56,8 +62,8 @@ use rustc_hash::FxHashMap;
 use crate::operations::core::ServiceCore;
 use crate::operations::DeviceSupport;
 
-/// Set in a package's state word while a lifecycle change drains it, and for good once it has
-/// left the registry: no new binding may be taken.
+/// Set in every stripe of a package's count while a lifecycle change drains it, and for good
+/// once it has left the registry: no new binding may be taken.
 const DRAINING: u64 = 1 << 63;
 /// Set (and never cleared) once someone has waited for the package's bindings to end: the drop
 /// of its last binding then wakes the waiters.
@@ -65,6 +71,25 @@ const WAITED: u64 = 1 << 62;
 /// The live binding count, in the low bits. It cannot reach `WAITED`: each binding is a live
 /// object of at least a pointer's size, and 2^62 of them do not fit in an address space.
 const COUNT: u64 = WAITED - 1;
+/// Stripes of a package's binding count: enough that the threads of a small machine each bind
+/// on their own.
+const STRIPES: usize = 8;
+
+/// One stripe of a package's count: `DRAINING | WAITED | bindings taken on it`, alone on its
+/// cache line (128 bytes: the pair of lines that adjacent-line prefetching moves together).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Stripe(AtomicU64);
+
+/// The stripe this thread binds on: threads are dealt stripes in turn as they first bind.
+fn thread_stripe() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static STRIPE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+    }
+    // A binding taken while the thread's locals are torn down counts on stripe 0.
+    STRIPE.try_with(|s| *s).unwrap_or(0)
+}
 
 /// Where waiters for a package's bindings to end sleep ([`KernelRegistry::wait_unbound`]).
 #[derive(Debug, Default)]
@@ -87,8 +112,8 @@ pub struct LoadedPackage {
     /// The version whose library this is.
     pub version: Version,
     library: Arc<dyn LoadedLibrary>,
-    /// `DRAINING | WAITED | live bindings`; see the module documentation.
-    state: AtomicU64,
+    /// The binding count's stripes; see the module documentation.
+    state: [Stripe; STRIPES],
     quiet: Arc<Quiet>,
     /// Set while a newer committed generation wants this version out or replaced and live
     /// bindings defer the switch ([`KernelBinding::is_current`] answers `false`).
@@ -112,12 +137,16 @@ impl LoadedPackage {
 
     /// Whether a lifecycle change is draining the package (or it has left the registry).
     pub fn is_draining(&self) -> bool {
-        self.state.load(Ordering::Relaxed) & DRAINING != 0
+        // Every stripe is marked and cleared together; the first says for all.
+        self.state[0].0.load(Ordering::Relaxed) & DRAINING != 0
     }
 
     /// Live bindings into the package.
     pub fn live_bindings(&self) -> u64 {
-        self.state.load(Ordering::Acquire) & COUNT
+        self.state
+            .iter()
+            .map(|s| s.0.load(Ordering::Acquire) & COUNT)
+            .sum()
     }
 
     /// Whether this version is still the one the registry serves and no switch away from it is
@@ -126,41 +155,46 @@ impl LoadedPackage {
         !self.is_draining() && !self.superseded.load(Ordering::Acquire)
     }
 
-    /// Counts one more binding unless the package is draining; one compare-and-swap on the
-    /// state word (see the module documentation for why that cannot miss a drain).
-    fn try_bind(&self) -> bool {
-        let mut now = self.state.load(Ordering::Relaxed);
+    /// Counts one more binding on this thread's stripe unless the package is draining, and
+    /// answers the stripe; one compare-and-swap (see the module documentation for why that
+    /// cannot miss a drain).
+    fn try_bind(&self) -> Option<u8> {
+        let stripe = thread_stripe();
+        let word = &self.state[stripe].0;
+        let mut now = word.load(Ordering::Relaxed);
         loop {
             if now & DRAINING != 0 {
-                return false;
+                return None;
             }
             // Relaxed suffices: the exclusion with a drain rests on the word's own modification
             // order (a successful CAS reads the value just before it, so it cannot succeed after
             // a `fetch_or` of `DRAINING`), and the provider's memory is kept by the `Arc`, not
             // the count. `now + 1` stays below `WAITED` (see `COUNT`).
-            match self.state.compare_exchange_weak(
-                now,
-                now + 1,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return true,
+            match word.compare_exchange_weak(now, now + 1, Ordering::Relaxed, Ordering::Relaxed) {
+                // STRIPES fits in a byte.
+                Ok(_) => return Some(stripe as u8),
                 Err(seen) => now = seen,
             }
         }
     }
 
-    /// Counts a copy of a live binding. Needs no check: while that binding lives the count is
-    /// at least one, so no drain can have succeeded (a drain succeeds only on a count of zero).
-    fn bind_again(&self) {
-        self.state.fetch_add(1, Ordering::Relaxed);
+    /// Counts a copy of a live binding on its stripe. Needs no check: while that binding lives
+    /// the stripe's count is at least one, so no drain can have succeeded (a drain succeeds
+    /// only when every stripe counts zero).
+    fn bind_again(&self, stripe: u8) {
+        self.state[usize::from(stripe) % STRIPES]
+            .0
+            .fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Ends one binding, waking the waiters when it was the last and someone waits.
-    fn unbind(&self) {
+    /// Ends one binding taken on `stripe`, waking the waiters when it was the stripe's last and
+    /// someone waits (they count every stripe again).
+    fn unbind(&self, stripe: u8) {
         // Release: everything the binding was used for happens before a drainer's Acquire
         // read of a count of zero, so before the unload or replacement it allows.
-        let before = self.state.fetch_sub(1, Ordering::Release);
+        let before = self.state[usize::from(stripe) % STRIPES]
+            .0
+            .fetch_sub(1, Ordering::Release);
         if before & COUNT == 1 && before & WAITED != 0 {
             // Taking the lock orders this notification after a waiter that saw a non-zero
             // count has gone to sleep (it holds the lock from its read until it waits).
@@ -169,39 +203,52 @@ impl LoadedPackage {
         }
     }
 
-    /// Marks the package draining and answers the live bindings at that instant. On zero the
-    /// mark stays and no binding can be taken; otherwise it is cleared again.
+    /// Marks the package draining and answers the live bindings at the marks. On zero the
+    /// marks stay and no binding can be taken; otherwise they are cleared again.
     fn begin_drain(&self) -> Result<(), u64> {
-        let before = self.state.fetch_or(DRAINING, Ordering::AcqRel);
-        let live = before & COUNT;
+        let mut live = 0;
+        let mut marked = false;
+        for stripe in &self.state {
+            let before = stripe.0.fetch_or(DRAINING, Ordering::AcqRel);
+            live += before & COUNT;
+            marked |= before & DRAINING != 0;
+        }
         if live == 0 {
             return Ok(());
         }
-        if before & DRAINING == 0 {
-            self.state.fetch_and(!DRAINING, Ordering::Release);
+        // A package marked before (one that left the registry) keeps its marks.
+        if !marked {
+            self.end_drain();
         }
         Err(live)
     }
 
-    /// Clears the mark of a drain whose change did not commit.
+    /// Clears the marks of a drain whose change did not commit.
     fn end_drain(&self) {
-        self.state.fetch_and(!DRAINING, Ordering::Release);
+        for stripe in &self.state {
+            stripe.0.fetch_and(!DRAINING, Ordering::Release);
+        }
     }
 
     /// Marks a package that leaves the registry, for good.
     fn retire(&self) {
-        self.state.fetch_or(DRAINING, Ordering::Release);
+        for stripe in &self.state {
+            stripe.0.fetch_or(DRAINING, Ordering::Release);
+        }
     }
 
-    /// Asks to be woken when the count reaches zero and answers the count. Called with the
-    /// quiet lock held.
+    /// Asks to be woken when a stripe's count reaches zero and answers the count. Called with
+    /// the quiet lock held.
     fn watch(&self) -> u64 {
-        self.state.fetch_or(WAITED, Ordering::AcqRel) & COUNT
+        self.state
+            .iter()
+            .map(|s| s.0.fetch_or(WAITED, Ordering::AcqRel) & COUNT)
+            .sum()
     }
 }
 
 /// A registered kernel as the registry stores it: the copy the loader made and the package that
-/// keeps its code loaded (whose state word counts the bindings to it).
+/// keeps its code loaded (whose stripes count the bindings to it).
 #[derive(Debug)]
 pub struct StoredOp {
     /// The host's copy of what the plugin registered.
@@ -210,6 +257,9 @@ pub struct StoredOp {
     pub package: Arc<LoadedPackage>,
     /// The names a C caller reads from a handle's description, made once at registration.
     pub(crate) c_names: CNames,
+    /// The kernel's GOP1 contract, shared with every handle resolved to it (so a resolution
+    /// takes a reference rather than copying it), when it has one.
+    pub(crate) contract: Option<Arc<OpCandidate>>,
 }
 
 /// A kernel's names as C strings, which live as long as the stored kernel (and so as long as
@@ -238,6 +288,8 @@ impl CNames {
 /// and counts as a lease on its package.
 pub struct KernelBinding {
     op: Arc<StoredOp>,
+    /// The stripe of the package's count this binding (and each copy of it) is counted on.
+    stripe: u8,
 }
 
 impl KernelBinding {
@@ -245,9 +297,10 @@ impl KernelBinding {
     /// registry (see the module documentation). Within the crate only: the operation service
     /// binds the very op it negotiated with.
     pub(crate) fn try_new(op: &Arc<StoredOp>) -> Option<Self> {
-        op.package
-            .try_bind()
-            .then(|| KernelBinding { op: Arc::clone(op) })
+        op.package.try_bind().map(|stripe| KernelBinding {
+            op: Arc::clone(op),
+            stripe,
+        })
     }
 
     /// The registered kernel.
@@ -286,16 +339,17 @@ impl KernelBinding {
 
 impl Clone for KernelBinding {
     fn clone(&self) -> Self {
-        self.op.package.bind_again();
+        self.op.package.bind_again(self.stripe);
         KernelBinding {
             op: Arc::clone(&self.op),
+            stripe: self.stripe,
         }
     }
 }
 
 impl Drop for KernelBinding {
     fn drop(&mut self) {
-        self.op.package.unbind();
+        self.op.package.unbind(self.stripe);
     }
 }
 
@@ -315,7 +369,7 @@ impl std::ops::Deref for KernelBinding {
     }
 }
 
-/// A registered runner as stored; its package's state word counts the references to it.
+/// A registered runner as stored; its package's stripes count the references to it.
 #[derive(Debug)]
 pub struct StoredRunner {
     /// The host's copy of what the plugin registered.
@@ -327,13 +381,15 @@ pub struct StoredRunner {
 /// A shared reference to a registered runner, keeping its library loaded like a binding.
 pub struct RunnerBinding {
     runner: Arc<StoredRunner>,
+    stripe: u8,
 }
 
 impl RunnerBinding {
     /// As [`KernelBinding::try_new`]: `None` while the runner's package drains.
     fn try_new(runner: &Arc<StoredRunner>) -> Option<Self> {
-        runner.package.try_bind().then(|| RunnerBinding {
+        runner.package.try_bind().map(|stripe| RunnerBinding {
             runner: Arc::clone(runner),
+            stripe,
         })
     }
 
@@ -350,7 +406,7 @@ impl RunnerBinding {
 
 impl Drop for RunnerBinding {
     fn drop(&mut self) {
-        self.runner.package.unbind();
+        self.runner.package.unbind(self.stripe);
     }
 }
 
@@ -511,7 +567,7 @@ impl PackageEntry {
 }
 
 /// A package version that left the registry, remembered weakly so that the bindings still
-/// pointing into it count as leases until they are gone. Its state word is marked for good, so
+/// pointing into it count as leases until they are gone. Its stripes are marked for good, so
 /// its count only falls.
 #[derive(Debug)]
 struct Retired {
@@ -833,7 +889,7 @@ impl KernelRegistry {
             id: id.clone(),
             version: version.clone(),
             library: plugin.library,
-            state: AtomicU64::new(0),
+            state: Default::default(),
             quiet: Arc::clone(&self.quiet),
             superseded: std::sync::atomic::AtomicBool::new(false),
         });
@@ -843,6 +899,7 @@ impl KernelRegistry {
             .map(|kernel| {
                 Arc::new(StoredOp {
                     c_names: CNames::of(&kernel, id),
+                    contract: kernel.operation.clone().map(Arc::new),
                     kernel,
                     package: package.clone(),
                 })

@@ -73,11 +73,10 @@ pub(crate) fn table() -> guild_operation_service_v1_t {
     }
 }
 
-/// A C handle's data, in its slot of the core's handle table. The names its description
-/// points at are the stored kernel's, which its binding keeps alive.
-pub(crate) struct CHandle {
-    pub(crate) resolved: Resolved,
-}
+/// A C handle's data, in its slot of the core's handle table: the resolution itself, boxed
+/// by the core. The names its description points at are the stored kernel's, which its
+/// binding keeps alive.
+pub(crate) type CHandle = Resolved;
 
 /// Which of the core's tables a call came through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -283,8 +282,7 @@ unsafe extern "C" fn service_resolve(
                 resolve_failure(e)
             }
         })?;
-        let handle = Box::new(CHandle { resolved });
-        let number = core.handles.insert(handle).map_err(|_| {
+        let number = core.handles.insert(resolved).map_err(|_| {
             Failure::new(
                 GUILD_STATUS_ERR_OUT_OF_MEMORY,
                 "resolve: this service already holds the most live handles it can name",
@@ -452,7 +450,7 @@ unsafe fn read_query<'q>(
     };
     let args = Negotiation {
         params,
-        tensors: Some([c_inputs, c_outputs]),
+        tensors: [c_inputs, c_outputs],
     };
     Ok((spec, args))
 }
@@ -593,7 +591,7 @@ unsafe extern "C" fn service_describe(
         unsafe { check_out_record(out_description, "describe: out_description") }?;
         core.handles
             .with_shared(name, |h| {
-                let r = &h.resolved;
+                let r = h;
                 let d = super::describe(r, r.published_scratch());
                 let operation = r
                     .kernel
@@ -605,7 +603,7 @@ unsafe extern "C" fn service_describe(
                 unsafe {
                     let out = &mut *out_description;
                     out.op_version = d.op_version.raw();
-                    let names = h.resolved.binding.c_names();
+                    let names = h.binding.c_names();
                     out.impl_id = names.impl_id.as_ptr();
                     out.package_id = names.package_id.as_ptr();
                     out.op_name = names.op_name.as_ptr();
@@ -643,7 +641,7 @@ unsafe extern "C" fn service_scratch(
         unsafe { check_out_record(out_scratch, "scratch: out_scratch") }?;
         let record = core
             .handles
-            .with_shared(name, |h| scratch_record(h.resolved.published_scratch()))
+            .with_shared(name, |h| scratch_record(h.published_scratch()))
             .map_err(|why| refused(core, "scratch", why))?;
         // SAFETY: checked non-NULL, aligned and large enough; the caller keeps its own size.
         unsafe {
@@ -667,13 +665,15 @@ unsafe extern "C" fn service_execute(
     error: *mut guild_error_info_t,
 ) -> guild_status_t {
     // The success path builds nothing: a failure is reported (and its text made) only once it
-    // has happened, outside the checked call.
+    // has happened, out of line. The unwinding guard carries only the status back.
     // SAFETY: the service's contract for every argument, passed on as they are.
     match catch_unwind(AssertUnwindSafe(|| unsafe {
-        execute_checked(user, handle, args, error)
+        match execute_checked(user, handle, args, error) {
+            Ok(status) => status,
+            Err(failure) => report(error, failure),
+        }
     })) {
-        Ok(Ok(status)) => status,
-        Ok(Err(failure)) => report(error, failure),
+        Ok(status) => status,
         Err(_) => report(
             error,
             Failure::new(
@@ -686,6 +686,7 @@ unsafe extern "C" fn service_execute(
 
 /// Fills the caller's error record with a failure and returns its status.
 #[cold]
+#[inline(never)]
 fn report(error: *mut guild_error_info_t, failure: Failure) -> guild_status_t {
     // SAFETY: the service's contract makes `error` NULL or a caller-initialised record valid
     // for this call; write_error_record checks NULL, alignment and struct_size itself.
@@ -730,22 +731,44 @@ unsafe fn execute_checked(
         inputs,
         outputs,
     };
-    // The provider receives the caller's own record when it is usable; a local one (584 bytes
-    // to clear) is made only when it is not.
-    let mut local: Option<guild_error_info_t> = None;
     // SAFETY: NULL or a caller-initialised record valid for this call.
-    let record = match unsafe { usable_record(error) } {
+    match unsafe { usable_record(error) } {
         // SAFETY: checked by usable_record; nothing else borrows it during the call.
-        Some(record) => unsafe { &mut *record },
-        None => local.insert(guild_error_info_t::new()),
-    };
+        Some(record) => run_checked(core, face, name, &call, unsafe { &mut *record }),
+        None => run_with_local_record(core, face, name, &call),
+    }
+}
+
+/// The provider receives a local record (584 bytes to clear) only when the caller's is not
+/// usable; out of line, so that the common path's frame does not hold one.
+#[cold]
+#[inline(never)]
+fn run_with_local_record(
+    core: &ServiceCore,
+    face: Face,
+    name: HandleName,
+    call: &Call<'_>,
+) -> Result<guild_status_t, Failure> {
+    let mut local = guild_error_info_t::new();
+    run_checked(core, face, name, call, &mut local)
+}
+
+/// Takes the handle and runs the checked call with `record` as the provider's error record.
+#[inline(always)]
+fn run_checked(
+    core: &ServiceCore,
+    face: Face,
+    name: HandleName,
+    call: &Call<'_>,
+    record: &mut guild_error_info_t,
+) -> Result<guild_status_t, Failure> {
     let outcome = core
         .handles
         .with_running(name, face == Face::Runner, |h, running| {
             // SAFETY: `running` is the exclusivity of this very handle's gate; the record is the
             // caller's (or a local), not one of the handle's cells; the caller vouches for the
             // memory its tensors and scratch name (the service's contract).
-            match unsafe { h.resolved.execute(running, &call, record) } {
+            match unsafe { h.execute(running, call, record) } {
                 Ok(()) => Ok(GUILD_STATUS_OK),
                 Err(e) => provider_or_failure(h, e, record),
             }
@@ -790,7 +813,7 @@ fn provider_or_failure(
             refusal.status,
             format!(
                 "{} failed with {} and no message",
-                h.resolved.candidate.impl_id,
+                h.candidate.impl_id,
                 status_name(refusal.status)
             ),
         ));
@@ -890,7 +913,7 @@ unsafe extern "C" fn service_reshape(
         let params = unsafe { read_params(a.params, a.params_size, "reshape: args") }?;
         core.handles
             .with_running(name, face == Face::Runner, |h, running| {
-                let r = &h.resolved;
+                let r = h;
                 // SAFETY: `running` is this handle's exclusivity: no execute or other reshape
                 // of it runs, so its reshape buffers and contract are this call's.
                 let (mut inputs, mut outputs) = unsafe { r.take_reshape_buffers() };
@@ -954,7 +977,7 @@ unsafe extern "C" fn service_release(
             .handles
             .remove(name)
             .map_err(|why| refused(core, "release", why))?;
-        let waited = boxed.resolved.finish();
+        let waited = boxed.finish();
         drop(boxed);
         waited.map_err(|e| {
             Failure::new(

@@ -248,7 +248,7 @@ impl ServiceCore {
         query: OpQuery,
         args: &Negotiation<'_>,
         report: bool,
-    ) -> Result<Resolved, ResolveError> {
+    ) -> Result<Box<Resolved>, ResolveError> {
         let spec = query.spec();
         let needs_streams = spec.sync_mode != SyncMode::HostBlocking;
         if needs_streams && self.devices.streams.is_none() && spec.backends != Backend::Cpu.into() {
@@ -300,10 +300,11 @@ impl ServiceCore {
         };
         // The domain only chooses among the candidates it was given, in the same order, and an
         // appended declaration is never chosen (it names another operation).
-        let (Some(stored), Some(candidate)) = (
-            entry.stored.get(chosen.index),
-            candidates.get(chosen.index).cloned(),
-        ) else {
+        let Some((stored, candidate)) = entry
+            .stored
+            .get(chosen.index)
+            .and_then(|stored| Some((stored, Arc::clone(stored.contract.as_ref()?))))
+        else {
             return Err(ResolveError::Internal(
                 "the chosen candidate has no provider",
             ));
@@ -324,7 +325,9 @@ impl ServiceCore {
         let Some(binding) = KernelBinding::try_new(stored) else {
             return self.resolve(query, args, report);
         };
-        Ok(Resolved::new(
+        // Boxed where it is made: a handle is large (its reused records and reshape buffers),
+        // and both faces keep it behind a pointer, so it is moved once, not at every return.
+        Ok(Box::new(Resolved::new(
             binding,
             kernel,
             candidate,
@@ -336,16 +339,16 @@ impl ServiceCore {
             },
             chosen.passed_over,
             streams,
-        ))
+        )))
     }
 }
 
 /// What a resolution passes to the negotiation callbacks besides the query: the caller's
-/// operation parameters and, from a C caller, its own tensor arrays (which describe the same
-/// tensors as the query, and are handed on as they are rather than rebuilt).
+/// operation parameters and the query's tensors in C form, inputs then outputs (a C caller's
+/// own arrays, handed on as they are; the Rust face's, made once for the handle's calls).
 pub(crate) struct Negotiation<'a> {
     pub(crate) params: &'a [u8],
-    pub(crate) tensors: Option<[&'a [guild_tensor_desc_v1_t]; 2]>,
+    pub(crate) tensors: [&'a [guild_tensor_desc_v1_t]; 2],
 }
 
 /// What negotiation chose: the candidate's index, its scratch and scratch alignment, and, when
@@ -456,6 +459,19 @@ pub(crate) fn tensor_from_c(t: &guild_tensor_desc_v1_t) -> Result<TensorDesc, St
     })
 }
 
+/// The C form of a query's tensors, inputs then outputs, with their known addresses (for the
+/// negotiation callbacks, which may inspect them).
+pub(crate) fn c_tensors(
+    query: &OpQuery,
+) -> (Vec<guild_tensor_desc_v1_t>, Vec<guild_tensor_desc_v1_t>) {
+    let spec = query.spec();
+    let c = |d: &TensorDesc| c_tensor(d, address_ptr(d));
+    (
+        spec.inputs.iter().map(c).collect(),
+        spec.outputs.iter().map(c).collect(),
+    )
+}
+
 /// The pointer a descriptor's known address stands for (NULL when unknown). It is only ever
 /// passed to negotiation callbacks, which may inspect the address but not the data.
 fn address_ptr(desc: &TensorDesc) -> *mut c_void {
@@ -471,8 +487,8 @@ struct CNegotiator<'p> {
     stored: &'p [Arc<StoredOp>],
     op_name: &'p CStr,
     exact: Option<CString>,
-    inputs: Cow<'p, [guild_tensor_desc_v1_t]>,
-    outputs: Cow<'p, [guild_tensor_desc_v1_t]>,
+    inputs: &'p [guild_tensor_desc_v1_t],
+    outputs: &'p [guild_tensor_desc_v1_t],
     params: &'p [u8],
     /// Whether a refusal's message is kept (as text, for a report) or only its status.
     report: bool,
@@ -491,14 +507,7 @@ impl<'p> CNegotiator<'p> {
         report: bool,
     ) -> Self {
         let spec = query.spec();
-        let c = |d: &TensorDesc| c_tensor(d, address_ptr(d));
-        let (inputs, outputs) = match args.tensors {
-            Some([inputs, outputs]) => (Cow::Borrowed(inputs), Cow::Borrowed(outputs)),
-            None => (
-                Cow::Owned(spec.inputs.iter().map(c).collect()),
-                Cow::Owned(spec.outputs.iter().map(c).collect()),
-            ),
-        };
+        let [inputs, outputs] = args.tensors;
         CNegotiator {
             stored: &entry.stored,
             op_name: &entry.c_name,
@@ -554,8 +563,8 @@ impl<'p> CNegotiator<'p> {
         QueryParts {
             op_name: self.op_name,
             exact: self.exact.as_deref(),
-            inputs: &self.inputs,
-            outputs: &self.outputs,
+            inputs: self.inputs,
+            outputs: self.outputs,
             params: self.params,
         }
     }
@@ -752,7 +761,8 @@ pub(crate) struct Resolved {
     pub(crate) binding: KernelBinding,
     /// The chosen kernel's provider; its code stays loaded while `binding` lives.
     pub(crate) kernel: Arc<dyn KernelProvider>,
-    pub(crate) candidate: OpCandidate,
+    /// The chosen contract, shared with the stored kernel.
+    pub(crate) candidate: Arc<OpCandidate>,
     /// Whether every negotiated tensor is in pageable host memory, the only memory a Rust
     /// slice can vouch for. A reshape keeps every memory space, so this never changes.
     pub(crate) host_only: bool,
@@ -801,9 +811,19 @@ impl Contract {
         let (mut inputs, mut outputs) = shapes;
         let spec = query.spec();
         inputs.clear();
-        inputs.extend(spec.inputs.iter().map(Shape::of));
+        inputs.extend(
+            spec.inputs
+                .iter()
+                .zip(query.input_infos())
+                .map(|(d, i)| Shape::of(d, i)),
+        );
         outputs.clear();
-        outputs.extend(spec.outputs.iter().map(Shape::of));
+        outputs.extend(
+            spec.outputs
+                .iter()
+                .zip(query.output_infos())
+                .map(|(d, i)| Shape::of(d, i)),
+        );
         Contract {
             inputs,
             outputs,
@@ -1055,7 +1075,7 @@ impl Resolved {
     fn new(
         binding: KernelBinding,
         kernel: Arc<dyn KernelProvider>,
-        candidate: OpCandidate,
+        candidate: Arc<OpCandidate>,
         query: OpQuery,
         scratch: Scratch,
         passed_over: Option<Vec<PassedOver>>,
@@ -1110,6 +1130,21 @@ impl Resolved {
     /// The scratch as `describe` and `scratch` report it, whatever else runs on the handle.
     pub(crate) fn published_scratch(&self) -> Scratch {
         self.published.read()
+    }
+
+    /// Takes the C tensors a Rust resolution negotiated with (the descriptors of its query,
+    /// which this handle's contract now is) as the Rust face's call tensors, without data.
+    pub(crate) fn adopt_rust_calls(
+        &mut self,
+        mut inputs: Vec<guild_tensor_desc_v1_t>,
+        mut outputs: Vec<guild_tensor_desc_v1_t>,
+    ) {
+        for t in inputs.iter_mut().chain(outputs.iter_mut()) {
+            t.data = std::ptr::null_mut();
+        }
+        let call = self.call.get_mut();
+        call.inputs = inputs;
+        call.outputs = outputs;
     }
 
     /// Makes the Rust face's C tensors: the negotiated descriptors, without data.
@@ -1566,12 +1601,14 @@ pub(crate) struct Shape {
     place: u64,
     /// The rank, at most [`MAX_TENSOR_RANK`].
     rank: usize,
+    /// The tensor's byte extent, which a Rust call's buffer must hold.
+    byte_extent: u64,
     dims: [u64; MAX_TENSOR_RANK],
     strides: [u64; MAX_TENSOR_RANK],
 }
 
 impl Shape {
-    fn of(d: &TensorDesc) -> Shape {
+    fn of(d: &TensorDesc, info: &TensorInfo) -> Shape {
         let rank = d.shape().len();
         let mut dims = [0; MAX_TENSOR_RANK];
         let mut strides = [0; MAX_TENSOR_RANK];
@@ -1581,6 +1618,7 @@ impl Shape {
             head: Self::head(d.dtype.raw(), d.rank),
             place: call_key(d.memory_space.bit(), d.device_id),
             rank,
+            byte_extent: info.byte_extent,
             dims,
             strides,
         }
@@ -1636,7 +1674,6 @@ impl RustCall<'_> {
         args: impl ExactSizeIterator<Item = BufferArg<'b>>,
     ) -> Result<(), ExecuteError> {
         let shapes = self.contract.shapes(role);
-        let infos = self.contract.infos(role);
         let out: &mut [guild_tensor_desc_v1_t] = match role {
             TensorRole::Input => self.inputs,
             TensorRole::Output => self.outputs,
@@ -1644,14 +1681,10 @@ impl RustCall<'_> {
         if args.len() != shapes.len() || out.len() != shapes.len() {
             return Err(arity(role, shapes.len(), args.len()));
         }
-        for (index, ((arg, slot), (shape, info))) in args
-            .zip(out.iter_mut())
-            .zip(shapes.iter().zip(infos))
-            .enumerate()
-        {
+        for (index, ((arg, slot), shape)) in args.zip(out.iter_mut()).zip(shapes).enumerate() {
             let (desc, element, ptr, len) = arg;
             let address = ptr as usize as u64;
-            let fits = u64::try_from(len).unwrap_or(u64::MAX) >= info.byte_extent;
+            let fits = u64::try_from(len).unwrap_or(u64::MAX) >= shape.byte_extent;
             let typed = element.is_none_or(|e| e == desc.dtype);
             if !shape.matches_desc(desc)
                 || !typed

@@ -341,6 +341,7 @@ struct Slot<T> {
 }
 
 /// Where slot `index` lives: its segment and its offset there.
+#[inline(always)]
 fn locate(index: usize) -> (usize, usize) {
     let j = index + BASE;
     let segment = (usize::BITS - 1 - j.leading_zeros() - BASE_LOG2) as usize;
@@ -398,6 +399,7 @@ impl<T> HandleTable<T> {
         self.live.load(Ordering::Acquire)
     }
 
+    #[inline(always)]
     fn slot(&self, index: usize) -> Option<&Slot<T>> {
         if index > MAX_INDEX {
             return None;
@@ -453,6 +455,7 @@ impl<T> HandleTable<T> {
 
     /// The slot a handle number names, if it is one of this table's and the slot exists. The
     /// generation is checked by the gate, atomically with the call's entry.
+    #[inline(always)]
     pub(crate) fn decode(&self, number: u64) -> Option<HandleName> {
         if number >> 48 != self.tag {
             return None;
@@ -480,7 +483,10 @@ impl<T> HandleTable<T> {
         Ok(body(data))
     }
 
-    /// Runs `body` with the handle's data and its execute exclusivity.
+    /// Runs `body` with the handle's data and its execute exclusivity. Inlined: it is the
+    /// C face's execute path, which would otherwise pay a call and the moves of `body`'s
+    /// captures and result.
+    #[inline(always)]
     pub(crate) fn with_running<R>(
         &self,
         name: HandleName,

@@ -278,12 +278,15 @@ impl<'r> OperationService<'r> {
     ) -> Result<OpHandle<'r>, ResolveError> {
         // The core refuses stream work it could not track (no device adapter), for both faces.
         let query = OpQuery::new(request.to_spec()).map_err(ResolveError::Query)?;
+        // The query's tensors in C form, made once: the negotiation callbacks see them (with
+        // the addresses the request knows), then the handle keeps them for its calls.
+        let (inputs, outputs) = self::core::c_tensors(&query);
         let args = Negotiation {
             params,
-            tensors: None,
+            tensors: [&inputs, &outputs],
         };
         let mut resolved = self.registry.service().resolve(query, &args, self.report)?;
-        resolved.prepare_rust_calls();
+        resolved.adopt_rust_calls(inputs, outputs);
         Ok(OpHandle {
             resolved,
             gate: Gate::live(),
@@ -350,7 +353,8 @@ fn describe(r: &Resolved, scratch: Scratch) -> OpDescription<'_> {
 /// [`KernelBinding`] the handle owns. Dropping it waits for the stream work its calls recorded
 /// (on the CPU there is none: every execute has returned), then releases the binding.
 pub struct OpHandle<'r> {
-    resolved: Resolved,
+    /// Boxed: the handle moves as a pointer.
+    resolved: Box<Resolved>,
     /// Serialises the handle's calls (the C face keeps the same gate in the handle's slot).
     gate: Gate,
     _registry: PhantomData<&'r KernelRegistry>,
@@ -485,6 +489,7 @@ impl OpHandle<'_> {
     /// A handle resolved stream-ordered or graph-capturable on a device provider is refused
     /// with [`ExecuteError::SyncMode`]: its work may still run after the slices' borrows end.
     /// Use [`OpHandle::execute_on_stream`] for it.
+    #[inline]
     pub fn execute(
         &self,
         inputs: &[TensorArg<'_>],

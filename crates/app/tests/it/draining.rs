@@ -445,6 +445,57 @@ fn a_draining_package_is_passed_over_and_bindable_again_once_the_drain_ends() {
     );
 }
 
+/// Bindings are counted on the stripe of the thread that took them: copies made and dropped
+/// on other threads, and more threads than stripes, must still add up exactly, and every live
+/// one must refuse a drain.
+#[test]
+fn bindings_taken_copied_and_dropped_on_many_threads_all_count() {
+    const THREADS: usize = 12;
+    let open = Arc::new(AtomicU64::new(0));
+    let reg = StandaloneRegistry::new();
+    publish(&reg, plugin("a.pkg", "1.0.0", &[("a.k", 10)], &open));
+    let (a, a_k) = (id("a.pkg"), ImplId::new("a.k").unwrap());
+    let refused = |reg: &StandaloneRegistry| match reg.drain(&a) {
+        Err(RegistryChangeError::Bound { bindings, .. }) => bindings,
+        Err(other) => panic!("expected a refusal for bindings, got {other}"),
+        Ok(_) => 0,
+    };
+
+    // Taken on more threads than there are stripes, each copied on its own thread.
+    let (originals, copies): (Vec<_>, Vec<_>) = std::thread::scope(|s| {
+        let taken: Vec<_> = (0..THREADS)
+            .map(|_| s.spawn(|| reg.find_by_id(&a_k).expect("bindable")))
+            .collect();
+        taken
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .map(|b| {
+                let copy = std::thread::scope(|t| t.spawn(|| b.clone()).join().unwrap());
+                (b, copy)
+            })
+            .unzip()
+    });
+    assert_eq!(reg.live_bindings(&a), 2 * THREADS as u64);
+    assert_eq!(refused(&reg), 2 * THREADS as u64);
+
+    // The originals dropped on one other thread: the copies still refuse.
+    std::thread::spawn(move || drop(originals)).join().unwrap();
+    assert_eq!(reg.live_bindings(&a), THREADS as u64);
+    assert_eq!(refused(&reg), THREADS as u64);
+    assert!(
+        reg.find_by_id(&a_k).is_some(),
+        "a refused drain leaves no mark"
+    );
+
+    // The last copies dropped here: nothing is counted and the drain goes through.
+    drop(copies);
+    assert_eq!(reg.live_bindings(&a), 0);
+    let drain = reg.drain(&a).expect("nothing is bound");
+    assert!(reg.find_by_id(&a_k).is_none());
+    drop(drain);
+    assert!(reg.find_by_id(&a_k).is_some());
+}
+
 #[test]
 fn disable_waiting_returns_after_the_last_release() {
     let f = fixture();

@@ -254,8 +254,8 @@ pub struct QuerySpec {
 pub struct OpQuery {
     spec: QuerySpec,
     versions: OpVersionInterval,
-    input_infos: Vec<TensorInfo>,
-    output_infos: Vec<TensorInfo>,
+    /// The facts of the inputs, then of the outputs (one allocation for both).
+    infos: Vec<TensorInfo>,
 }
 
 impl OpQuery {
@@ -276,13 +276,13 @@ impl OpQuery {
         }
         let versions = OpVersionInterval::new(spec.min_version, spec.max_version)
             .map_err(QueryError::VersionInterval)?;
-        let input_infos = check_tensors(TensorRole::Input, &spec.inputs, &spec.device)?;
-        let output_infos = check_tensors(TensorRole::Output, &spec.outputs, &spec.device)?;
+        let mut infos = Vec::with_capacity(spec.inputs.len() + spec.outputs.len());
+        check_tensors(TensorRole::Input, &spec.inputs, &spec.device, &mut infos)?;
+        check_tensors(TensorRole::Output, &spec.outputs, &spec.device, &mut infos)?;
         Ok(OpQuery {
             spec,
             versions,
-            input_infos,
-            output_infos,
+            infos,
         })
     }
 
@@ -303,12 +303,12 @@ impl OpQuery {
 
     /// The facts computed for each input, in order.
     pub fn input_infos(&self) -> &[TensorInfo] {
-        &self.input_infos
+        &self.infos[..self.spec.inputs.len()]
     }
 
     /// The facts computed for each output, in order.
     pub fn output_infos(&self) -> &[TensorInfo] {
-        &self.output_infos
+        &self.infos[self.spec.inputs.len()..]
     }
 
     /// Gives the spec back, for a caller that wants to change it and validate again.
@@ -317,29 +317,28 @@ impl OpQuery {
     }
 }
 
+/// Checks each tensor of one role and appends its facts to `infos`.
 fn check_tensors(
     role: TensorRole,
     tensors: &[TensorDesc],
     device: &DeviceCaps,
-) -> Result<Vec<TensorInfo>, QueryError> {
-    tensors
-        .iter()
-        .enumerate()
-        .map(|(index, t)| {
-            let tensor = TensorRef { role, index };
-            let info = t
-                .check()
-                .map_err(|error| QueryError::Tensor { tensor, error })?;
-            if t.memory_space == MemorySpace::Device && t.device_id != device.device_id {
-                return Err(QueryError::DeviceMismatch {
-                    tensor,
-                    tensor_device: t.device_id,
-                    query_device: device.device_id,
-                });
-            }
-            Ok(info)
-        })
-        .collect()
+    infos: &mut Vec<TensorInfo>,
+) -> Result<(), QueryError> {
+    for (index, t) in tensors.iter().enumerate() {
+        let tensor = TensorRef { role, index };
+        let info = t
+            .check()
+            .map_err(|error| QueryError::Tensor { tensor, error })?;
+        if t.memory_space == MemorySpace::Device && t.device_id != device.device_id {
+            return Err(QueryError::DeviceMismatch {
+                tensor,
+                tensor_device: t.device_id,
+                query_device: device.device_id,
+            });
+        }
+        infos.push(info);
+    }
+    Ok(())
 }
 
 /// Why a query is invalid, whatever providers exist.
