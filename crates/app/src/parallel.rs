@@ -28,7 +28,7 @@ pub(crate) fn map<T: Sync, R: Send>(
         }
     };
     std::thread::scope(|scope| {
-        let threads: Vec<_> = (0..jobs).map(|_| scope.spawn(&work)).collect();
+        let threads: Vec<_> = (0..jobs).map(|_| scope.spawn(work)).collect();
         for thread in threads {
             match thread.join() {
                 Ok(done) => {
@@ -52,7 +52,7 @@ mod tests {
     fn parallel_map_keeps_the_order_and_uses_the_threads_it_is_given() {
         let items: Vec<u64> = (0..1000).collect();
         for jobs in [0, 1, 2, 7, 5000] {
-            let threads = std::sync::Mutex::new(std::collections::BTreeSet::new());
+            let threads = std::sync::Mutex::new(std::collections::HashSet::new());
             let out = map(&items, jobs, |x| {
                 threads.lock().unwrap().insert(std::thread::current().id());
                 x * 2
