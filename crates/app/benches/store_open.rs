@@ -290,13 +290,21 @@ fn main() {
     });
     c.final_summary();
 
-    let sizes: &[usize] = if full { &[1_000, 10_000] } else { &[10, 20] };
+    // `GUILD_BENCH_STORE_SIZES=1000` (a comma-separated list) measures other sizes.
+    let sizes: Vec<usize> = match std::env::var("GUILD_BENCH_STORE_SIZES") {
+        Ok(list) => list
+            .split(',')
+            .map(|n| n.trim().parse().expect("a store size"))
+            .collect(),
+        Err(_) if full => vec![1_000, 10_000],
+        Err(_) => vec![10, 20],
+    };
     let kept_root = if full {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-stores")
     } else {
         dir.path().join("kept")
     };
-    for &n in sizes {
+    for &n in &sizes {
         let root = kept_store(&shop, &key, &kept_root, n);
         trusted_state(&root, n, runs, &dir.path().join(format!("revoked-{n}")));
     }

@@ -328,19 +328,7 @@ fn deep_check(
             let lines: Vec<String> = found
                 .failures
                 .iter()
-                .map(|f| {
-                    format!(
-                        "{} {} ({}){}: {}",
-                        f.id,
-                        f.version,
-                        f.state.as_str(),
-                        f.file
-                            .as_ref()
-                            .map(|file| format!(" file {file}"))
-                            .unwrap_or_default(),
-                        super::render::one_line(&f.reason)
-                    )
-                })
+                .map(super::store::failure_line)
                 .collect();
             let check = Check::new(
                 "verify",

@@ -404,6 +404,21 @@ pub fn verify_all(store: &Path, options: guild_host::VerifyOptions) -> anyhow::R
     Ok(report)
 }
 
+/// One failure of a full check: `ID VERSION (STATE) file FILE: reason`.
+pub fn failure_line(f: &guild_host::VerifyFailure) -> String {
+    format!(
+        "{} {} ({}){}: {}",
+        f.id,
+        f.version,
+        f.state.as_str(),
+        f.file
+            .as_ref()
+            .map(|file| format!(" file {file}"))
+            .unwrap_or_default(),
+        super::render::one_line(&f.reason)
+    )
+}
+
 /// Writes what a full check found into `report` (`verify --all`, `doctor --deep` use it), and
 /// sets the exit code when anything failed.
 pub fn full_check_report(checked: &guild_host::FullCheck, report: &mut Report) {
@@ -443,17 +458,7 @@ pub fn full_check_report(checked: &guild_host::FullCheck, report: &mut Report) {
         checked.failures.len()
     ));
     for f in &checked.failures {
-        report.line(format!(
-            "FAILED {} {} ({}){}: {}",
-            f.id,
-            f.version,
-            f.state.as_str(),
-            f.file
-                .as_ref()
-                .map(|file| format!(" file {file}"))
-                .unwrap_or_default(),
-            super::render::one_line(&f.reason)
-        ));
+        report.line(format!("FAILED {}", failure_line(f)));
     }
     for q in &checked.disabled {
         report.line(format!(

@@ -15,10 +15,10 @@ use guild_domain::ids::ImplId;
 use guild_domain::operation::Backend;
 use guild_host::{Host, HostError, InstallOptions, OpenReport, PackageManager, VerifyOptions};
 use guild_ports::fakes::{fake_kernel, FakeLoader, FakePlugin};
-use guild_ports::loader::{LoadError, LoadRequest, LoadedPlugin, PluginLoader};
 use guild_ports::signature::{SignatureError, SignatureVerifier};
 use serde_json::Value;
 
+use crate::host::Shared;
 use crate::support::{
     id, key, make_writable, open_dir, platform, trust, v, ModDep, Spec, Workshop, PUBLISHER,
 };
@@ -188,15 +188,6 @@ fn trusted_state_an_old_registry_without_the_record_is_checked_once_and_gets_it(
     assert_eq!(written.matches("\"trusted_under\"").count(), 2, "{written}");
     let (_pm, _, calls) = open_counting(&root, false);
     assert_eq!(calls, 0);
-}
-
-/// Shares one fake loader between the host and the test that watches it.
-struct Shared(Arc<FakeLoader>);
-
-impl PluginLoader for Shared {
-    fn load(&self, request: &LoadRequest) -> Result<LoadedPlugin, LoadError> {
-        self.0.load(request)
-    }
 }
 
 #[test]
