@@ -1338,7 +1338,11 @@ impl PackageManager {
     pub fn impl_id_conflicts(&self) -> Result<Vec<ImplIdConflict>, HostError> {
         let mut life = self.lock();
         self.ensure_caught_up(&mut life)?;
-        let registry = self.store.registry()?;
+        // A reader's own view: a version whose tree it found damaged has no metadata to claim.
+        let registry = match &life.local_view {
+            Some(view) => view.clone(),
+            None => self.store.registry()?,
+        };
         Ok(conflicts(&self.claims(&life, &registry)?))
     }
 
