@@ -4,9 +4,17 @@
 //! the time to open and re-verify a store of 1,000 installed, enabled packages, with a breakdown of
 //! that open by phase so that the dominant cost is visible.
 //!
+//! Then the trusted-state figures (G18) over stores of 1,000 and 10,000 enabled packages, built
+//! once and kept under `target/bench-stores/` (rebuilt when [`KEPT_FORMAT`] changes): opening
+//! with an unchanged trust file (a writer, a reader, and a `Host` that plans its load, with the
+//! pre-load checks of every planned version timed apart), the same right after a revocation, the
+//! real `guild list` and `guild status ID` binaries (`target/release/guild`, when it is built),
+//! and the full check on 1 and 2 threads, whose 1-thread figure is the work every open used to do.
+//!
 //! `cargo bench --bench store_open` runs the full sizes; run in test mode (`cargo test --benches`,
-//! no `--bench` argument) it builds a store of ten packages and runs each measurement once. The
-//! stores live in a temporary directory (set `TMPDIR` to measure another file system).
+//! no `--bench` argument) it builds stores of ten and twenty packages in a temporary directory
+//! and runs each measurement once. The other stores live in a temporary directory (set `TMPDIR`
+//! to measure another file system).
 
 #[path = "../tests/it/support.rs"]
 mod support;
@@ -22,12 +30,17 @@ use guild_adapters_fs::store::FsStore;
 use guild_domain::manifest::Metadata;
 use guild_domain::path::RESERVED_METADATA_NAME;
 use guild_domain::trust::{authenticate, SignatureCheck};
-use guild_host::{InstallOptions, PackageManager};
+use guild_host::{Host, InstallOptions, PackageManager, VerifyOptions};
 use guild_ports::signature::SignatureVerifier;
 use guild_ports::source::PackageSource;
 use guild_ports::store::PackageStore;
 
-use support::{open_host, trust, Built, Scratch, Spec, Workshop, PUBLISHER};
+use support::{
+    copy_tree, make_writable, open_host, trust, Built, Scratch, Spec, Workshop, PUBLISHER,
+};
+
+/// Bumped whenever the kept stores' layout or registry format changes, so that they are rebuilt.
+const KEPT_FORMAT: &str = "g18-trusted-under-1";
 
 const MIB: usize = 1 << 20;
 /// The library of each package in the large store: small enough that signatures, not hashing,
@@ -96,7 +109,7 @@ fn breakdown(root: &Path, runs: usize) -> Vec<(&'static str, Duration)> {
         ("read + parse .gkmetadata", Vec::new()),
         ("signature checks", Vec::new()),
         ("re-hash artifacts", Vec::new()),
-        ("PackageManager::open_dir, all of it", Vec::new()),
+        ("PackageManager::open_dir now, all of it", Vec::new()),
     ];
     let source = GkpkSource::default();
     let check = Verify(P256Verifier::new());
@@ -144,6 +157,7 @@ fn breakdown(root: &Path, runs: usize) -> Vec<(&'static str, Duration)> {
         let (pm, report) = PackageManager::open_dir(root).expect("open");
         phases[4].1.push(start.elapsed());
         assert_eq!(report.verified, dirs.len());
+        assert_eq!(report.reauthenticated, 0);
         assert!(report.disabled.is_empty());
         drop(pm);
     }
@@ -275,4 +289,217 @@ fn main() {
         })
     });
     c.final_summary();
+
+    // `GUILD_BENCH_STORE_SIZES=1000` (a comma-separated list) measures other sizes.
+    let sizes: Vec<usize> = match std::env::var("GUILD_BENCH_STORE_SIZES") {
+        Ok(list) => list
+            .split(',')
+            .map(|n| n.trim().parse().expect("a store size"))
+            .collect(),
+        Err(_) if full => vec![1_000, 10_000],
+        Err(_) => vec![10, 20],
+    };
+    let kept_root = if full {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-stores")
+    } else {
+        dir.path().join("kept")
+    };
+    for &n in &sizes {
+        let root = kept_store(&shop, &key, &kept_root, n);
+        trusted_state(&root, n, runs, &dir.path().join(format!("revoked-{n}")));
+    }
+}
+
+/// A store of `count` enabled packages under `kept/`, built unless a complete one of the current
+/// [`KEPT_FORMAT`] is already there.
+fn kept_store(shop: &Workshop, key: &SigningKey, kept: &Path, count: usize) -> std::path::PathBuf {
+    let root = kept.join(format!("{count}"));
+    let marker = kept.join(format!("{count}.complete"));
+    if fs::read_to_string(&marker).ok().as_deref() == Some(KEPT_FORMAT) {
+        println!(
+            "re-using the store of {count} packages in {}",
+            root.display()
+        );
+        return root;
+    }
+    if root.exists() {
+        make_writable(&root);
+        fs::remove_dir_all(&root).expect("remove the old store");
+    }
+    fs::create_dir_all(kept).expect("bench-stores");
+    let took = large_store(shop, key, &root, count);
+    println!(
+        "built a store of {count} packages in {:.1} s ({} per install), kept in {}",
+        took.as_secs_f64(),
+        ms(took / count as u32),
+        root.display()
+    );
+    fs::write(&marker, KEPT_FORMAT).expect("marker");
+    root
+}
+
+/// Median of `runs` timings of `f`.
+fn timed<T>(runs: usize, mut f: impl FnMut() -> T) -> Duration {
+    median(
+        (0..runs)
+            .map(|_| {
+                let start = Instant::now();
+                let out = f();
+                let took = start.elapsed();
+                drop(out);
+                took
+            })
+            .collect(),
+    )
+}
+
+/// The trusted-state figures over the store at `root` of `n` enabled packages.
+fn trusted_state(root: &Path, n: usize, runs: usize, scratch: &Path) {
+    println!("trusted state, {n} enabled packages (median of {runs}):");
+    let row = |what: &str, t: Duration| {
+        println!(
+            "  {what:<58} {:>11}  {:>8.1} us/package",
+            ms(t),
+            t.as_secs_f64() * 1e6 / n as f64
+        )
+    };
+    let writer = timed(runs, || {
+        let (pm, report) = PackageManager::open_dir(root).expect("open");
+        assert_eq!((report.verified, report.reauthenticated), (n, 0));
+        pm
+    });
+    row("PackageManager::open_dir (writer), trust unchanged", writer);
+    let reader = timed(runs, || {
+        PackageManager::open_dir_reader(root).expect("open")
+    });
+    row("PackageManager::open_dir_reader, trust unchanged", reader);
+    let host = timed(runs, || {
+        let opened = Host::builder(root)
+            .load_enabled(false)
+            .open()
+            .expect("host");
+        let plan = opened.host.packages().load_plan().expect("plan");
+        assert_eq!(plan.order.len(), n);
+        opened
+    });
+    row("Host open (reader) + load plan, no library opened", host);
+    let (pm, _) = PackageManager::open_dir_reader(root).expect("open");
+    let plan = pm.load_plan().expect("plan");
+    let preload = timed(runs, || {
+        for p in &plan.order {
+            pm.check_loadable(&p.id, &p.version).expect("loadable");
+            pm.check_files_before_load(&p.id, &p.version)
+                .expect("files");
+        }
+    });
+    row("pre-load checks of every planned version (hash)", preload);
+    row(
+        "  = open + plan + pre-load checks (all of \"load\" but dlopen)",
+        host + preload,
+    );
+    let committed = timed(runs, || {
+        let (pm, _) = PackageManager::open_dir_committed(root).expect("open");
+        pm.list().expect("list")
+    });
+    row(
+        "open_dir_committed + list (what `guild list` does)",
+        committed,
+    );
+    drop(pm);
+
+    if n <= 1_000 {
+        let (pm, _) = PackageManager::open_dir_reader(root).expect("open");
+        let mut by_jobs = Vec::new();
+        for jobs in [1, 2] {
+            let t = timed(runs.min(3), || {
+                let found = pm
+                    .verify_all(VerifyOptions { jobs: Some(jobs) })
+                    .expect("full");
+                assert!(found.failures.is_empty());
+                assert_eq!(found.checked, n);
+            });
+            row(&format!("full check (verify_all) on {jobs} thread(s)"), t);
+            by_jobs.push(t);
+        }
+        println!(
+            "  full check speed-up, 2 threads against 1: {:.2}x (the 1-thread figure is the \
+             work every open did before: signatures and hashes of every enabled version)",
+            by_jobs[0].as_secs_f64() / by_jobs[1].as_secs_f64()
+        );
+        println!(
+            "  open_dir with trust unchanged against that old work: {:.1}x faster",
+            by_jobs[0].as_secs_f64() / writer.as_secs_f64()
+        );
+    }
+
+    cli_figures(root, n, runs);
+
+    // Right after a revocation (one package's payload), on a copy of the store: every enabled
+    // version is checked again; readers in memory each time, the first writer once, recording.
+    if scratch.exists() {
+        make_writable(scratch);
+        fs::remove_dir_all(scratch).expect("old copy");
+    }
+    copy_tree(root, scratch);
+    {
+        let (pm, _) = PackageManager::open_dir(scratch).expect("open copy");
+        let digest = pm.list().expect("list")[0].versions[0].payload_digest;
+        pm.update_trust(|t| Ok(t.revoke_digest(digest, "bench")))
+            .expect("revoke");
+    }
+    let reader = timed(runs.min(3), || {
+        let (pm, report) = PackageManager::open_dir_reader(scratch).expect("open");
+        assert_eq!(report.reauthenticated, n);
+        pm
+    });
+    row(
+        "after a revocation: open_dir_reader (re-checks, in memory)",
+        reader,
+    );
+    let start = Instant::now();
+    let (pm, report) = PackageManager::open_dir(scratch).expect("open");
+    let first = start.elapsed();
+    assert_eq!(report.disabled.len(), 1);
+    drop(pm);
+    row(
+        "after a revocation: first open_dir (re-checks, records)",
+        first,
+    );
+    let next = timed(runs, || PackageManager::open_dir(scratch).expect("open"));
+    row("after a revocation: the next open_dir", next);
+    make_writable(scratch);
+    let _ = fs::remove_dir_all(scratch);
+}
+
+/// `guild list` and `guild status ID` on the store at `root`, run as the real binary
+/// (`target/release/guild`), when it is built.
+fn cli_figures(root: &Path, n: usize, runs: usize) {
+    let guild = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/guild");
+    if !guild.is_file() {
+        println!(
+            "  (`cargo build --release -p guild-cli` to time the real `guild list` and `status`)"
+        );
+        return;
+    }
+    let id = format!("bench.pkg{:04}", n / 2);
+    for args in [vec!["list"], vec!["status", id.as_str()]] {
+        let t = timed(runs, || {
+            let out = std::process::Command::new(&guild)
+                .arg("--store")
+                .arg(root)
+                .args(&args)
+                .output()
+                .expect("run guild");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        });
+        println!(
+            "  real `guild {}` (release binary, whole process)             {:>11}",
+            args.join(" "),
+            ms(t)
+        );
+    }
 }

@@ -413,9 +413,10 @@ impl Host {
         Ok(report)
     }
 
-    /// Re-verifies every enabled package against today's trust store and its signed files, as
-    /// opening does; what fails (and what depends on it) is disabled in the store and taken out
-    /// of the kernel registry (its libraries close with their last bindings).
+    /// The full check of every enabled package ([`PackageManager::reverify`]): its signatures
+    /// against today's trust store and all its files against the signed manifest, across the
+    /// machine's cores; what fails (and what depends on it) is disabled in the store and taken
+    /// out of the kernel registry (its libraries close with their last bindings).
     pub fn reverify(&self) -> Result<Vec<Quarantined>, HostError> {
         let _lifecycle = self.lock();
         let disabled = self.packages.reverify()?;
@@ -472,6 +473,15 @@ impl Host {
         metadata: &Metadata,
         from: LoadFrom,
     ) -> Result<LoadedPlugin, HostError> {
+        // Pinned before its files are hashed and its library opens, for as long as it is loaded,
+        // so that no other process deletes the tree in between.
+        let pin = match from {
+            LoadFrom::Installed => self.packages.pin(id, version)?,
+            LoadFrom::Change => self.packages.pin_installing(id, version)?,
+        };
+        // Opening the store hashed nothing: the files are checked against the signed manifest
+        // here, right before the loader opens them (a mismatch quarantines the version).
+        self.packages.check_files_before_load(id, version)?;
         // A build whose init killed a process is refused; any other runs under a durable record
         // that outlives this process only if init does not return (crate::crash_quarantine).
         let digest = metadata.payload_digest();
@@ -483,11 +493,6 @@ impl Host {
                 Some(quarantine.begin(id, version, &digest)?)
             }
             None => None,
-        };
-        // Pinned before the library opens, for as long as it is loaded.
-        let pin = match from {
-            LoadFrom::Installed => self.packages.pin(id, version)?,
-            LoadFrom::Change => self.packages.pin_installing(id, version)?,
         };
         let loaded = crate::publication::load_checked(
             &*self.loader,

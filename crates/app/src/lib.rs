@@ -64,6 +64,7 @@ pub mod models;
 #[allow(unsafe_code)] // The C service boundary: GOP1 callbacks and the service's C table.
 pub mod operations;
 pub mod package_manager;
+mod parallel;
 pub mod platform;
 pub mod publication;
 pub mod publish;
@@ -80,7 +81,8 @@ pub use operations::{
     OperationService, ReshapeError, ResolveError, TensorArg, TensorArgMut,
 };
 pub use package_manager::{
-    InstallOptions, Installed, OpenReport, PackageManager, PackageView, TrustReset,
+    FullCheck, InstallOptions, Installed, OpenReport, PackageManager, PackageView, TrustReset,
+    VerifyFailure, VerifyOptions,
 };
 pub use platform::HostPlatform;
 

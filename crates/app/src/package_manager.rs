@@ -117,8 +117,16 @@ pub struct OpenReport {
     /// Enabled packages that failed re-verification (revoked key or digest, damaged tree), that
     /// depend on one, or whose dependencies are otherwise not met, and were therefore disabled.
     pub disabled: Vec<Quarantined>,
-    /// How many enabled versions were re-verified.
+    /// How many enabled versions opening accepted as authenticated: under the trust file their
+    /// record names ([`guild_domain::registry::VersionRecord::trusted_under`]) or re-checked now.
+    /// Opening hashes no file; the host re-hashes a version's files right before it loads it.
     pub verified: usize,
+    /// How many of those had their signatures checked again, because the trust file changed
+    /// since they were last authenticated (or the store predates that record).
+    pub reauthenticated: usize,
+    /// Opened to read the committed state only ([`PackageManager::open_dir_committed`]): no
+    /// signature was checked and no `.gkmetadata` read at opening.
+    pub committed_only: bool,
     /// Installed versions whose tree was missing or unreadable: each was marked removed (its
     /// dependents, if any, are among [`OpenReport::disabled`]).
     pub removed: Vec<Quarantined>,
@@ -129,6 +137,48 @@ pub struct OpenReport {
     /// written, and [`OpenReport::disabled`] lists what this process leaves out, not what the
     /// store records (the next writer records it).
     pub read_only: bool,
+}
+
+/// How [`PackageManager::verify_all`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct VerifyOptions {
+    /// Worker threads; `None` for one per core
+    /// ([`std::thread::available_parallelism`]).
+    pub jobs: Option<usize>,
+}
+
+/// One installed version that failed a full check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifyFailure {
+    /// The package.
+    pub id: PackageId,
+    /// The version.
+    pub version: Version,
+    /// Its state when it was checked (an enabled one is disabled by the check).
+    pub state: guild_domain::lifecycle::State,
+    /// The file concerned, relative to the installed tree (`.gkmetadata` for a signature).
+    pub file: Option<String>,
+    /// What was found.
+    pub reason: String,
+    /// Whether it is tamper evidence (a changed file or signature) rather than a trust decision
+    /// (a revocation, a key no longer trusted).
+    pub tampered: bool,
+}
+
+/// What [`PackageManager::verify_all`] found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FullCheck {
+    /// Installed versions checked.
+    pub checked: usize,
+    /// Worker threads used.
+    pub jobs: usize,
+    /// Every version that failed, by id then version.
+    pub failures: Vec<VerifyFailure>,
+    /// Enabled versions disabled: those that failed and those that depend on them.
+    pub disabled: Vec<Quarantined>,
+    /// Whether [`FullCheck::disabled`] is recorded in the store (a writer) or only left out of
+    /// this process's view (a reader: the load-time check still refuses a changed file).
+    pub recorded: bool,
 }
 
 /// How to rebuild a trust file that the registry does not recognise (missing, an older copy,
@@ -413,9 +463,9 @@ struct Lifecycle {
     /// The trust epoch at which each version was last authenticated, so that loading right after
     /// opening does not verify every signature a second time.
     authenticated_at: HashMap<(PackageId, Version), u64>,
-    /// Versions whose installed files this handle has checked against their signed manifest
-    /// (trees are immutable, so a reader that catches up does not hash them again).
-    files_checked: BTreeSet<(PackageId, Version)>,
+    /// Whether the metadata of every installed version has been read (a handle opened with
+    /// [`PackageManager::open_dir_committed`] reads it only when a query needs it).
+    caught_up: bool,
     /// The registry generation this state was built from.
     generation: u64,
     /// The digest of the trust bytes this state was authenticated under.
@@ -494,6 +544,9 @@ pub struct PackageManager {
     leases: Arc<Ledger>,
     /// Told how far an installation's reading of artifacts has come, when someone watches.
     progress: Mutex<Option<Arc<dyn Progress>>>,
+    /// Opened to read the committed state only ([`PackageManager::open_dir_committed`]):
+    /// metadata is read when a query needs it, and catching up checks no signature.
+    committed_only: bool,
 }
 
 impl std::fmt::Debug for PackageManager {
@@ -522,7 +575,7 @@ impl PackageManager {
         verifier: Box<dyn SignatureVerifier>,
         platform: HostPlatform,
     ) -> Result<(Self, OpenReport), HostError> {
-        Self::open_with(store, recovery, source, verifier, platform, None)
+        Self::open_with(store, recovery, source, verifier, platform, None, false)
     }
 
     /// [`PackageManager::open`], but first rebuilding the trust file as `reset` says, whatever
@@ -537,7 +590,15 @@ impl PackageManager {
         platform: HostPlatform,
         reset: TrustReset,
     ) -> Result<(Self, OpenReport), HostError> {
-        Self::open_with(store, recovery, source, verifier, platform, Some(reset))
+        Self::open_with(
+            store,
+            recovery,
+            source,
+            verifier,
+            platform,
+            Some(reset),
+            false,
+        )
     }
 
     fn open_with(
@@ -547,7 +608,9 @@ impl PackageManager {
         verifier: Box<dyn SignatureVerifier>,
         platform: HostPlatform,
         reset: Option<TrustReset>,
+        committed_only: bool,
     ) -> Result<(Self, OpenReport), HostError> {
+        let store_is_reader = store.is_reader();
         let pm = PackageManager {
             store,
             source,
@@ -557,13 +620,14 @@ impl PackageManager {
                 metadata: HashMap::new(),
                 trust_epoch: 0,
                 authenticated_at: HashMap::new(),
-                files_checked: BTreeSet::new(),
+                caught_up: false,
                 generation: 0,
                 trust_digest: None,
                 local_view: None,
             }),
             leases: Arc::new(Ledger::default()),
             progress: Mutex::new(None),
+            committed_only: committed_only && store_is_reader,
         };
         let mut report = OpenReport {
             recovery,
@@ -578,10 +642,16 @@ impl PackageManager {
                 )));
             }
             pm.check_trust_binding()?;
-            let refreshed = pm.catch_up(&mut life)?;
-            report.verified = refreshed.0;
-            report.disabled = refreshed.1;
             report.read_only = true;
+            if pm.committed_only {
+                report.committed_only = true;
+                drop(life);
+                return Ok((pm, report));
+            }
+            let checked = pm.catch_up(&mut life)?;
+            report.verified = checked.verified;
+            report.reauthenticated = checked.reauthenticated;
+            report.disabled = checked.disabled;
             drop(life);
             return Ok((pm, report));
         }
@@ -643,9 +713,11 @@ impl PackageManager {
                 registry = pm.store.registry()?;
             }
 
-            let (verified, disabled) = pm.verify_enabled(&mut life, &registry)?;
-            report.verified = verified;
-            report.disabled = disabled;
+            let checked = pm.verify_enabled(&mut life, &registry, Scope::Open)?;
+            report.verified = checked.verified;
+            report.reauthenticated = checked.reauthenticated;
+            report.disabled = checked.disabled;
+            life.caught_up = true;
             life.generation = registry.generation();
             life.trust_digest = pm.store.read_trust()?.map(|b| Sha256Digest::of(&b));
         }
@@ -655,9 +727,10 @@ impl PackageManager {
     /// Brings the lifecycle state in line with the store's view (a reader's newest committed
     /// generation): reads the metadata of versions it has not seen, forgets removed ones, starts
     /// a new trust epoch when the trust file changed, and (for a reader) works out in memory
-    /// which enabled versions it cannot load. Answers how many enabled versions were checked
-    /// and which are unusable.
-    fn catch_up(&self, life: &mut Lifecycle) -> Result<(usize, Vec<Quarantined>), HostError> {
+    /// which enabled versions it cannot load (signatures only where the trust file changed since
+    /// they were authenticated; no file is hashed). Answers what it checked, with the unusable
+    /// versions in [`Checked::disabled`].
+    fn catch_up(&self, life: &mut Lifecycle) -> Result<Checked, HostError> {
         let registry = self.store.registry()?;
         let mut damaged = Vec::new();
         for (id, version, record) in registry.installed() {
@@ -688,8 +761,7 @@ impl PackageManager {
         }
         life.metadata
             .retain(|(id, version), _| registry.is_installed(id, version));
-        life.files_checked
-            .retain(|(id, version)| registry.is_installed(id, version));
+        life.caught_up = true;
         let digest = self.store.read_trust()?.map(|b| Sha256Digest::of(&b));
         if digest != life.trust_digest {
             life.trust_epoch += 1;
@@ -697,7 +769,7 @@ impl PackageManager {
         }
         life.generation = registry.generation();
         if !self.store.is_reader() {
-            return Ok((0, Vec::new()));
+            return Ok(Checked::default());
         }
         // A reader takes what it cannot verify out of its own view only: the next writer that
         // opens the store decides for the store.
@@ -709,12 +781,25 @@ impl PackageManager {
             view.remove(&d.id, &d.version)?;
         }
         life.local_view = None;
-        let (verified, mut unusable) = self.verify_enabled(life, &view)?;
+        let mut checked = if self.committed_only {
+            Checked::default()
+        } else {
+            self.verify_enabled(life, &view, Scope::Open)?
+        };
         if life.local_view.is_none() && !damaged.is_empty() {
             life.local_view = Some(view);
         }
-        unusable.extend(damaged);
-        Ok((verified, unusable))
+        checked.disabled.extend(damaged);
+        Ok(checked)
+    }
+
+    /// Reads the metadata of every installed version if this handle has not yet
+    /// ([`PackageManager::open_dir_committed`] defers it to the first query that needs it).
+    fn ensure_caught_up(&self, life: &mut Lifecycle) -> Result<(), HostError> {
+        if !life.caught_up {
+            self.catch_up(life)?;
+        }
+        Ok(())
     }
 
     /// Moves a reader's view to the newest committed generation and catches up with it
@@ -732,12 +817,12 @@ impl PackageManager {
             });
         }
         let epoch = life.trust_epoch;
-        let (_, unusable) = self.catch_up(&mut life)?;
+        let checked = self.catch_up(&mut life)?;
         Ok(Refreshed {
             from_generation: from,
             generation,
             trust_changed: life.trust_epoch != epoch,
-            unusable,
+            unusable: checked.disabled,
         })
     }
 
@@ -814,20 +899,32 @@ impl PackageManager {
     /// manager takes the store's lock for that one transaction. This is how a runner's
     /// [`Host`](crate::Host) opens its store, and how `guild list`, `status` and `doctor` read.
     pub fn open_dir_reader(dir: &Path) -> Result<(Self, OpenReport), HostError> {
-        Self::open_dir_as(dir, None, true)
+        Self::open_dir_as(dir, None, true, false)
+    }
+
+    /// Opens the store at `dir` as a reader ([`PackageManager::open_dir_reader`]) to read its
+    /// committed state, as `guild list` and `guild status` do: the registry and the trust file
+    /// only. No signature is checked and no file hashed, and the `.gkmetadata` files are read only
+    /// when a query needs them ([`PackageManager::load_plan`],
+    /// [`PackageManager::impl_id_conflicts`], [`PackageManager::metadata`], a change). A library
+    /// loaded through it is still checked right before it opens
+    /// ([`PackageManager::check_loadable`], [`PackageManager::check_files_before_load`]).
+    pub fn open_dir_committed(dir: &Path) -> Result<(Self, OpenReport), HostError> {
+        Self::open_dir_as(dir, None, true, true)
     }
 
     fn open_dir_with(
         dir: &Path,
         reset: Option<TrustReset>,
     ) -> Result<(Self, OpenReport), HostError> {
-        Self::open_dir_as(dir, reset, false)
+        Self::open_dir_as(dir, reset, false, false)
     }
 
     fn open_dir_as(
         dir: &Path,
         reset: Option<TrustReset>,
         reader: bool,
+        committed_only: bool,
     ) -> Result<(Self, OpenReport), HostError> {
         let platform = HostPlatform::current().ok_or(HostError::UnsupportedPlatform {
             os: std::env::consts::OS,
@@ -843,6 +940,7 @@ impl PackageManager {
             Box::new(guild_adapters_crypto::P256Verifier::new()),
             platform,
             reset,
+            committed_only,
         )
     }
 
@@ -1173,6 +1271,7 @@ impl PackageManager {
     /// opened takes effect at the next load.
     pub fn check_loadable(&self, id: &PackageId, version: &Version) -> Result<(), HostError> {
         let mut life = self.lock();
+        self.ensure_caught_up(&mut life)?;
         let key = (id.clone(), version.clone());
         if life.authenticated_at.get(&key) == Some(&life.trust_epoch) {
             return Ok(());
@@ -1247,8 +1346,13 @@ impl PackageManager {
     /// checked them. Neither side of a conflict is loaded ([`PackageManager::load_plan`]) until
     /// one of them is removed.
     pub fn impl_id_conflicts(&self) -> Result<Vec<ImplIdConflict>, HostError> {
-        let life = self.lock();
-        let registry = self.store.registry()?;
+        let mut life = self.lock();
+        self.ensure_caught_up(&mut life)?;
+        // A reader's own view: a version whose tree it found damaged has no metadata to claim.
+        let registry = match &life.local_view {
+            Some(view) => view.clone(),
+            None => self.store.registry()?,
+        };
         Ok(conflicts(&self.claims(&life, &registry)?))
     }
 
@@ -1277,16 +1381,22 @@ impl PackageManager {
 
     /// The metadata of an installed version that is about to become loadable again (enable,
     /// rollback, reactivation): still authenticated by today's trust store, and its installed
-    /// files still those the metadata signs.
+    /// files still those the metadata signs. The draft `next` records that it was authenticated
+    /// under the trust file `registry` records.
     fn verified_installed(
         &self,
         life: &Lifecycle,
+        registry: &RegistryState,
+        next: &mut RegistryState,
         id: &PackageId,
         version: &Version,
     ) -> Result<Arc<Metadata>, HostError> {
         let metadata = self.loaded_metadata(life, id, version)?;
         self.check_still_trusted(&metadata, id, version)?;
         self.check_files(&metadata, id, version)?;
+        if let Some(anchor) = registry.trust_anchor() {
+            next.set_trusted_under(id, version, anchor.file_digest);
+        }
         Ok(metadata)
     }
 
@@ -1346,6 +1456,7 @@ impl PackageManager {
         if quarantined {
             next.clear_quarantine(id, version);
         }
+        let trusted_under = registry.trust_anchor().map(|a| a.file_digest);
         let published = next.publish(
             id,
             version,
@@ -1359,6 +1470,10 @@ impl PackageManager {
                 allow_downgrade: options.allow_downgrade,
             },
         )?;
+        if let Some(anchor) = trusted_under {
+            // Authenticated just now, under the trust file the registry records.
+            next.set_trusted_under(id, version, anchor);
+        }
         let mut installed = Installed {
             id: id.clone(),
             version: version.clone(),
@@ -1538,7 +1653,7 @@ impl PackageManager {
         &self,
         life: &mut Lifecycle,
         registry: &RegistryState,
-        next: RegistryState,
+        mut next: RegistryState,
         mut installed: Installed,
         published: guild_domain::registry::Published,
         hook: &mut dyn LifecycleHook,
@@ -1551,7 +1666,7 @@ impl PackageManager {
         )?;
         self.refuse_taken_ids(life, registry, &*self.loaded_metadata(life, id, version)?)?;
         let _pending = self.begin_change(id, QuiescentAction::Replace)?;
-        let metadata = self.verified_installed(life, id, version)?;
+        let metadata = self.verified_installed(life, registry, &mut next, id, version)?;
         hook.prepare(&Change::Reactivate {
             id,
             from: published.superseded.as_ref(),
@@ -1593,7 +1708,7 @@ impl PackageManager {
             &registry,
             &*self.loaded_metadata(&life, id, &version)?,
         )?;
-        let metadata = self.verified_installed(&life, id, &version)?;
+        let metadata = self.verified_installed(&life, &registry, &mut next, id, &version)?;
         let dir = self.store.package_dir(id, &version);
         hook.prepare(&Change::Enable {
             id,
@@ -1710,7 +1825,7 @@ impl PackageManager {
             &*self.loaded_metadata(&life, id, &rolled.to)?,
         )?;
         let _pending = self.begin_change(id, QuiescentAction::Rollback)?;
-        let metadata = self.verified_installed(&life, id, &rolled.to)?;
+        let metadata = self.verified_installed(&life, &registry, &mut next, id, &rolled.to)?;
         hook.prepare(&Change::Rollback {
             id,
             from: rolled.from.as_ref(),
@@ -1786,16 +1901,16 @@ impl PackageManager {
 
     /// The signed metadata of an installed version.
     pub fn metadata(&self, id: &PackageId, version: &Version) -> Option<Arc<Metadata>> {
-        self.lock()
-            .metadata
-            .get(&(id.clone(), version.clone()))
-            .cloned()
+        let mut life = self.lock();
+        self.ensure_caught_up(&mut life).ok()?;
+        life.metadata.get(&(id.clone(), version.clone())).cloned()
     }
 
     /// The enabled packages in dependency order (dependencies first), with the ones that cannot
     /// load and why. This is the order in which a loader opens libraries.
     pub fn load_plan(&self) -> Result<LoadOrder, HostError> {
-        let life = self.lock();
+        let mut life = self.lock();
+        self.ensure_caught_up(&mut life)?;
         let registry = match &life.local_view {
             Some(view) => view.clone(),
             None => self.store.registry()?,
@@ -1845,88 +1960,216 @@ impl PackageManager {
         Ok(LoadOrder { order, blocked })
     }
 
-    /// Re-verifies every enabled package now, as opening does, and disables what fails.
+    /// The full check, with as many threads as the machine has cores: every signature and every
+    /// installed file of every enabled version, whatever the trust record says; what fails (and
+    /// what depends on it) is disabled, in the store for a writer, in this process's view for a
+    /// reader. [`PackageManager::verify_all`] says more of what it found.
     pub fn reverify(&self) -> Result<Vec<Quarantined>, HostError> {
-        let mut life = self.lock();
-        let registry = self.store.registry()?;
-        Ok(self.verify_enabled(&mut life, &registry)?.1)
+        Ok(self.verify_all(VerifyOptions::default())?.disabled)
     }
 
-    /// Checks every enabled version against today's trust store and its installed files against
-    /// the signed manifest, then disables what fails (and what depends on it) in one durable
-    /// transaction. Answers how many versions were checked and what was disabled.
+    /// The full check (`guild verify --all`, `guild doctor --deep`): the signatures of every
+    /// installed version (enabled, disabled and superseded) against today's trust store, and
+    /// every one of their files against the signed manifest, on `options.jobs` threads. An
+    /// enabled version that fails is disabled, and quarantined when the failure is tamper
+    /// evidence (a changed file or signature), with whatever depends on it, in one durable
+    /// transaction for a writer (in this process's view only for a reader). A disabled or
+    /// superseded version that fails is reported and left as it is: enabling or rolling back to
+    /// it checks it again and refuses it. The versions that pass have today's trust file recorded.
+    pub fn verify_all(&self, options: VerifyOptions) -> Result<FullCheck, HostError> {
+        let mut life = self.lock();
+        self.ensure_caught_up(&mut life)?;
+        let registry = match &life.local_view {
+            Some(view) if self.store.is_reader() => view.clone(),
+            _ => self.store.registry()?,
+        };
+        let jobs = options.jobs.unwrap_or_else(default_jobs).max(1);
+        let checked = self.verify_enabled(&mut life, &registry, Scope::Full { jobs })?;
+        Ok(FullCheck {
+            checked: checked.checked,
+            jobs,
+            failures: checked.failures,
+            disabled: checked.disabled,
+            recorded: !self.store.is_reader(),
+        })
+    }
+
+    /// Checks installed versions as `scope` says and disables the enabled ones that fail (and
+    /// what depends on them) in one durable transaction, which also records today's trust file
+    /// for the versions whose signatures were checked and passed.
+    ///
+    /// At opening ([`Scope::Open`]) only enabled versions count, and only the signatures of
+    /// those whose record names another trust file than today's are checked (a key added,
+    /// removed or revoked since changes the file); no file is hashed. A full check
+    /// ([`Scope::Full`]) checks every signature and every file of every installed version.
     fn verify_enabled(
         &self,
         life: &mut Lifecycle,
         registry: &RegistryState,
-    ) -> Result<(usize, Vec<Quarantined>), HostError> {
+        scope: Scope,
+    ) -> Result<Checked, HostError> {
         let trust = self.read_trust()?;
-        let mut verified = 0;
-        let mut failed = BTreeMap::new();
+        let anchor = registry.trust_anchor().map(|a| a.file_digest);
+        let (full, jobs) = match scope {
+            Scope::Open => (false, default_jobs()),
+            Scope::Full { jobs } => (true, jobs),
+        };
+        let epoch = life.trust_epoch;
+        let mut out = Checked::default();
+        let mut work = Vec::new();
         for (id, version, record) in registry.installed() {
-            if !record.state.is_enabled() {
+            let enabled = record.state.is_enabled();
+            if !enabled && !full {
                 continue;
             }
-            verified += 1;
+            if enabled {
+                out.verified += 1;
+            }
             let metadata = self.loaded_metadata(life, id, version)?;
-            if let Err(e) = authenticate(&metadata, &trust, &PortCheck(&*self.verifier)) {
-                // A revocation explains itself for as long as the trust store records it (and
-                // the registry keeps every revocation), so only a signature that was altered or
-                // stripped is tamper evidence worth a quarantine.
-                let failure = Failed {
-                    reason: format!("no longer authenticated: {e}"),
-                    tampered: is_tampered(&e),
-                    file: Some(RESERVED_METADATA_NAME.to_owned()),
-                };
-                failed.insert(id.clone(), failure);
+            if !full && anchor.is_some() && record.trusted_under == anchor {
+                life.authenticated_at
+                    .insert((id.clone(), version.clone()), epoch);
                 continue;
             }
-            let epoch = life.trust_epoch;
-            let key = (id.clone(), version.clone());
-            life.authenticated_at.insert(key.clone(), epoch);
-            if self.store.is_reader() && life.files_checked.contains(&key) {
-                continue;
-            }
-            if let Err(e) = self.check_files(&metadata, id, version) {
-                let file = match &e {
-                    HostError::Source(s) => s.member.clone(),
-                    _ => None,
-                };
-                let failure = Failed {
-                    reason: format!("installed files do not match the signed manifest: {e}"),
-                    tampered: true,
-                    file,
-                };
-                failed.insert(id.clone(), failure);
-            } else {
-                life.files_checked.insert(key);
+            work.push((id.clone(), version.clone(), record.state, metadata));
+        }
+        out.checked = work.len();
+        out.reauthenticated = work.len();
+        let results = crate::parallel::map(&work, jobs, |(id, version, _, metadata)| {
+            self.check_version(&trust, metadata, id, version, full)
+        });
+        let mut next = registry.successor();
+        let mut recorded = false;
+        let mut failed = BTreeMap::new();
+        for ((id, version, state, _), result) in work.into_iter().zip(results) {
+            match result {
+                Ok(()) => {
+                    if let Some(anchor) = anchor {
+                        recorded |= next.set_trusted_under(&id, &version, anchor);
+                    }
+                    life.authenticated_at.insert((id, version), epoch);
+                }
+                Err(failure) => {
+                    out.failures.push(VerifyFailure {
+                        id: id.clone(),
+                        version: version.clone(),
+                        state,
+                        file: failure.file.clone(),
+                        reason: failure.reason.clone(),
+                        tampered: failure.tampered,
+                    });
+                    if state.is_enabled() {
+                        failed.insert(id, failure);
+                    }
+                }
             }
         }
         // Also when nothing failed here: a version marked removed while opening may have left
         // enabled dependents behind.
-        let (next, disabled) = self.quarantine(life, registry, failed)?;
-        if disabled.is_empty() {
-            return Ok((verified, Vec::new()));
-        }
+        let (next, disabled) = self.quarantine(life, next, failed)?;
+        out.disabled = disabled;
         if self.store.is_reader() {
-            life.local_view = Some(next);
-            return Ok((verified, disabled));
+            if !out.disabled.is_empty() {
+                life.local_view = Some(next);
+            }
+            return Ok(out);
         }
+        if recorded || !out.disabled.is_empty() {
+            self.store
+                .commit(Transaction::new(registry.generation(), next))?;
+        }
+        Ok(out)
+    }
+
+    /// Checks one installed version: its signatures against `trust`, and with `files` every
+    /// installed file against its signed manifest.
+    fn check_version(
+        &self,
+        trust: &TrustStore,
+        metadata: &Metadata,
+        id: &PackageId,
+        version: &Version,
+        files: bool,
+    ) -> Result<(), Failed> {
+        if let Err(e) = authenticate(metadata, trust, &PortCheck(&*self.verifier)) {
+            // A revocation explains itself for as long as the trust store records it (and the
+            // registry keeps every revocation), so only a signature that was altered or
+            // stripped is tamper evidence worth a quarantine.
+            return Err(Failed {
+                reason: format!("no longer authenticated: {e}"),
+                tampered: is_tampered(&e),
+                file: Some(RESERVED_METADATA_NAME.to_owned()),
+            });
+        }
+        if files {
+            self.check_files(metadata, id, version)
+                .map_err(files_failed)?;
+        }
+        Ok(())
+    }
+
+    /// Re-hashes every installed file of `id@version` against its signed manifest, right
+    /// before the host opens its library: opening a store hashes nothing, so this is what stands
+    /// between a file changed in the store and the loader. A mismatch refuses the load, naming
+    /// the file, and quarantines the version (with whatever depends on it) in the store: a
+    /// writer commits it, a reader takes the store's lock for that one transaction (if it
+    /// cannot, the load is still refused).
+    pub fn check_files_before_load(
+        &self,
+        id: &PackageId,
+        version: &Version,
+    ) -> Result<(), HostError> {
+        let mut life = self.lock();
+        self.ensure_caught_up(&mut life)?;
+        let metadata = self.loaded_metadata(&life, id, version)?;
+        let Err(e) = self.check_files(&metadata, id, version) else {
+            return Ok(());
+        };
+        let failure = files_failed(e);
+        let dir = self.store.package_dir(id, version);
+        let path = failure.file.as_ref().map_or(dir.clone(), |f| dir.join(f));
+        let recorded = match self.record_failure(&mut life, id, version, failure.clone()) {
+            Ok(true) => "; it was quarantined",
+            _ => "",
+        };
+        Err(HostError::InstalledTree {
+            package: format!("{id}@{version}"),
+            path,
+            problem: format!("{}{recorded}; it was not loaded", failure.reason),
+        })
+    }
+
+    /// Quarantines `id@version` for `failure` (and disables what depends on it) in the store,
+    /// if it is still the enabled version. Answers whether it was recorded.
+    fn record_failure(
+        &self,
+        life: &mut Lifecycle,
+        id: &PackageId,
+        version: &Version,
+        failure: Failed,
+    ) -> Result<bool, HostError> {
+        let _write = self.write_session(life)?;
+        let registry = self.store.registry()?;
+        if registry.package(id).and_then(|p| p.enabled()) != Some(version) {
+            return Ok(false);
+        }
+        let failed = BTreeMap::from([(id.clone(), failure)]);
+        let (next, _) = self.quarantine(life, registry.successor(), failed)?;
         self.store
             .commit(Transaction::new(registry.generation(), next))?;
-        Ok((verified, disabled))
+        Ok(true)
     }
 
     /// Quarantines the `failed` packages' enabled versions (which disables them) with the
     /// reason and file, and disables every enabled package that (transitively) depends on one of
-    /// them, returning the new registry and one report line per disabled package.
+    /// them, in `next` (the draft of the transaction), returning it and one report line per
+    /// disabled package.
     fn quarantine(
         &self,
         life: &Lifecycle,
-        registry: &RegistryState,
+        mut next: RegistryState,
         failed: BTreeMap<PackageId, Failed>,
     ) -> Result<(RegistryState, Vec<Quarantined>), HostError> {
-        let mut next = registry.successor();
         let mut out = Vec::new();
         let mut disabled: BTreeSet<PackageId> = BTreeSet::new();
         for (id, failure) in failed {
@@ -2071,7 +2314,8 @@ pub fn contested_reason(conflict: &ImplIdConflict) -> String {
     )
 }
 
-/// Why an enabled version failed re-verification.
+/// Why an installed version failed re-verification.
+#[derive(Clone)]
 struct Failed {
     /// What was found.
     reason: String,
@@ -2080,6 +2324,52 @@ struct Failed {
     tampered: bool,
     /// The file concerned, relative to the installed tree, when one is known.
     file: Option<String>,
+}
+
+/// The failure of an installed tree's files to match the signed manifest, with the file concerned
+/// when the source names it.
+fn files_failed(e: HostError) -> Failed {
+    let file = match &e {
+        HostError::Source(s) => s.member.clone(),
+        _ => None,
+    };
+    Failed {
+        reason: format!("installed files do not match the signed manifest: {e}"),
+        tampered: true,
+        file,
+    }
+}
+
+/// One thread per core, or one when that cannot be told.
+fn default_jobs() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
+/// What [`PackageManager::verify_enabled`] checks.
+#[derive(Debug, Clone, Copy)]
+enum Scope {
+    /// Opening: the signatures of enabled versions whose recorded trust file is not today's.
+    Open,
+    /// Everything, on `jobs` threads.
+    Full {
+        /// Worker threads.
+        jobs: usize,
+    },
+}
+
+/// What [`PackageManager::verify_enabled`] found and did.
+#[derive(Debug, Default)]
+struct Checked {
+    /// Enabled versions considered.
+    verified: usize,
+    /// Versions whose signatures were checked.
+    reauthenticated: usize,
+    /// Versions checked (signatures, and for a full check files).
+    checked: usize,
+    /// Every version that failed.
+    failures: Vec<VerifyFailure>,
+    /// What was disabled.
+    disabled: Vec<Quarantined>,
 }
 
 /// Whether an installed version's failed authentication shows that it was altered (a signature

@@ -113,15 +113,29 @@ pub enum Command {
         out: Option<PathBuf>,
     },
 
-    /// Authenticate a package against the store's trust store and check every artifact.
+    /// Authenticate a package against the store's trust store and check every artifact, or
+    /// (--all) check every installed package of the store.
     #[command(
-        after_help = "Nothing in the store changes. The artifacts are extracted into a \
-        temporary directory (under $TMPDIR) that is removed afterwards.\n\nExamples:\n  \
-        guild verify scan.gkmodule\n  guild --store /srv/guild --json verify scan.gkmodule"
+        after_help = "With PACKAGE nothing in the store changes: the artifacts are extracted \
+        into a temporary directory (under $TMPDIR) that is removed afterwards.\n\nWith --all \
+        every installed version (enabled, disabled and superseded) has its signatures checked \
+        against the trust store and every file hashed against its signed manifest, on one \
+        thread per core (--jobs N to choose). An enabled version that fails is disabled \
+        (quarantined when a file or signature changed), with what depends on it; a disabled \
+        or superseded one is only reported. The exit code is 1 when anything failed.\n\n\
+        Examples:\n  guild verify scan.gkmodule\n  guild --store /srv/guild --json verify \
+        scan.gkmodule\n  guild verify --all --jobs 4"
     )]
     Verify {
         /// The package archive or directory.
-        package: PathBuf,
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        package: Option<PathBuf>,
+        /// Check every installed package of the store instead.
+        #[arg(long)]
+        all: bool,
+        /// Worker threads for --all (default: one per core).
+        #[arg(long, value_name = "N", requires = "all", value_parser = clap::value_parser!(u16).range(1..))]
+        jobs: Option<u16>,
     },
 
     /// Show a package's manifest and signatures without verifying anything.
@@ -323,9 +337,17 @@ pub enum Command {
     #[command(
         after_help = "Each check prints ok, warn or fail with what to do about it. The \
         exit code is 0 unless a check failed (5 when the store is unusable).\n\nExamples:\n  \
-        guild doctor\n  guild --json doctor"
+        guild doctor\n  guild doctor --deep\n  guild --json doctor"
     )]
-    Doctor,
+    Doctor {
+        /// Also check every installed package in full, as `guild verify --all` does, but only
+        /// report (the doctor changes nothing).
+        #[arg(long)]
+        deep: bool,
+        /// Worker threads for --deep (default: one per core).
+        #[arg(long, value_name = "N", requires = "deep", value_parser = clap::value_parser!(u16).range(1..))]
+        jobs: Option<u16>,
+    },
 
     /// Internal: check the library of a verified package tree in this process and print one
     /// JSON result line. `guild install`, `enable` and `rollback` run it as a child process.

@@ -56,8 +56,10 @@ impl Check {
     }
 }
 
-pub fn run(store: &Path) -> anyhow::Result<Report> {
+/// `deep` asks for the full check of every installed package (`--deep`), with its options.
+pub fn run(store: &Path, deep: Option<guild_host::VerifyOptions>) -> anyhow::Result<Report> {
     let mut checks = vec![platform()];
+    let mut full = None;
     let store_unusable = match existing_store(store) {
         Err(missing) => {
             checks.push(missing);
@@ -69,6 +71,11 @@ pub fn run(store: &Path) -> anyhow::Result<Report> {
                 checks.push(store_check(store, &pm, &opened));
                 checks.push(trust_check(&pm));
                 checks.push(quarantine_check(store));
+                if let Some(options) = deep {
+                    let (check, found) = deep_check(&pm, options);
+                    checks.push(check);
+                    full = found;
+                }
                 false
             }
             Err(e) => {
@@ -94,6 +101,11 @@ pub fn run(store: &Path) -> anyhow::Result<Report> {
     checks.push(sdk_check());
 
     let mut report = Report::new("doctor");
+    if let Some(found) = &full {
+        let mut deep = Report::new("doctor");
+        super::store::full_check_report(found, &mut deep);
+        report.field("deep", serde_json::Value::Object(deep.json));
+    }
     report.field(
         "checks",
         Value::Array(
@@ -238,10 +250,10 @@ fn store_check(
     };
     let enabled = packages.iter().filter(|p| p.enabled.is_some()).count();
     let detail = format!(
-        "{}: {} package(s), {enabled} enabled, {} re-verified on opening",
+        "{}: {} package(s), {enabled} enabled, {} signature check(s) repeated on opening",
         store.display(),
         packages.len(),
-        opened.verified
+        opened.reauthenticated
     );
     let notes = open_report_lines(opened);
     let conflicts = match pm.impl_id_conflicts() {
@@ -291,6 +303,57 @@ fn store_check(
             format!("{detail}; {}", notes.join("; ")),
         )
         .hint("`guild status` shows each package; disabled ones can be reinstalled or re-enabled")
+    }
+}
+
+/// `--deep`: the full check, reported only (the doctor is a reader; what fails is left out of
+/// nothing but its own view, and a changed file is still refused right before it loads).
+fn deep_check(
+    pm: &PackageManager,
+    options: guild_host::VerifyOptions,
+) -> (Check, Option<guild_host::FullCheck>) {
+    match pm.verify_all(options) {
+        Ok(found) if found.failures.is_empty() => (
+            Check::new(
+                "verify",
+                Verdict::Ok,
+                format!(
+                    "{} installed version(s): every signature and file checked on {} thread(s)",
+                    found.checked, found.jobs
+                ),
+            ),
+            Some(found),
+        ),
+        Ok(found) => {
+            let lines: Vec<String> = found
+                .failures
+                .iter()
+                .map(super::store::failure_line)
+                .collect();
+            let check = Check::new(
+                "verify",
+                Verdict::Fail,
+                format!(
+                    "{} of {} installed version(s) failed: {}",
+                    found.failures.len(),
+                    found.checked,
+                    lines.join("; ")
+                ),
+            )
+            .hint(
+                "`guild verify --all` disables and quarantines what failed; reinstall the \
+                 genuine package to repair it, or remove it",
+            );
+            (check, Some(found))
+        }
+        Err(e) => (
+            Check::new(
+                "verify",
+                Verdict::Fail,
+                format!("the full check failed: {e}"),
+            ),
+            None,
+        ),
     }
 }
 

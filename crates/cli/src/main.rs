@@ -100,11 +100,16 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
             key,
         } => publisher::pack(source, manifest, out, key.as_deref()),
         Command::Sign { package, key, out } => publisher::sign(package, key, out.as_deref()),
-        Command::Verify { package } => publisher::verify(
+        Command::Verify {
+            package: Some(package),
+            all: false,
+            ..
+        } => publisher::verify(
             &store_dir(cli, false)?,
             package,
             progress::for_stderr(cli.json, cli.quiet),
         ),
+        Command::Verify { jobs, .. } => store::verify_all(&store_dir(cli, true)?, jobs_of(*jobs)),
         Command::Inspect { package } => publisher::inspect(package),
         Command::Trust(t) => trust::run(&store_dir(cli, true)?, t),
         Command::Quarantine(QuarantineCommand::Clear { id }) => {
@@ -191,7 +196,9 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
             exact.as_ref(),
             *ram_budget,
         ),
-        Command::Doctor => doctor::run(&store_dir(cli, true)?),
+        Command::Doctor { deep, jobs } => {
+            doctor::run(&store_dir(cli, true)?, deep.then(|| jobs_of(*jobs)))
+        }
         Command::Check {
             path,
             manifest,
@@ -215,6 +222,13 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
 /// The store directory: `--store`, else `$GUILD_STORE`, else `$XDG_DATA_HOME/guild`, else
 /// `$HOME/.local/share/guild`. Empty variables count as unset. With `prepare`, a missing data
 /// directory above the default store is created (commands that only read pass `false`).
+/// How a full check runs for `--jobs N` (one thread per core without it).
+fn jobs_of(jobs: Option<u16>) -> guild_host::VerifyOptions {
+    guild_host::VerifyOptions {
+        jobs: jobs.map(usize::from),
+    }
+}
+
 fn store_dir(cli: &Cli, prepare: bool) -> anyhow::Result<PathBuf> {
     if let Some(dir) = &cli.store {
         return Ok(dir.clone());

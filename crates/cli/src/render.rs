@@ -133,6 +133,8 @@ pub fn open_report_json(r: &OpenReport) -> Value {
     json!({
         "recovery": recovery_json(&r.recovery),
         "verified": r.verified,
+        "reauthenticated": r.reauthenticated,
+        "committed_only": r.committed_only,
         "disabled": quarantined_list(&r.disabled),
         "removed": quarantined_list(&r.removed),
         "trust_bound": matches!(r.trust, Some(TrustOpened::Bound { .. })),

@@ -1,12 +1,13 @@
 //! The operator's store commands: `install`, `enable`, `disable`, `remove`, `rollback`, `list`,
-//! `status` and `recover`.
+//! `status`, `recover` and `verify --all`.
 //!
 //! Each command that changes the store opens it through `PackageManager::open_dir`, which takes
-//! the store's lock, recovers interrupted transactions and re-verifies enabled packages before
-//! anything else. `list` and `status` open it as readers (`PackageManager::open_dir_reader`): no
-//! lock, the last committed generation, nothing written, so they answer while runners serve and
-//! while another command changes the store. What opening did is reported as warnings, so that an
-//! operator learns of it from whichever command happened to run first.
+//! the store's lock, recovers interrupted transactions and re-checks the signatures of enabled
+//! packages whose trust record is out of date before anything else. `list` and `status` read the
+//! committed state (`PackageManager::open_dir_committed`): no lock, nothing written, no signature
+//! checked and no file hashed, so they answer at once while runners serve and while another
+//! command changes the store. What opening did is reported as warnings, so that an operator
+//! learns of it from whichever command happened to run first. `verify --all` is the full check.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -44,9 +45,19 @@ fn open_with_report(store: &Path) -> Result<(PackageManager, OpenReport), HostEr
     PackageManager::open_dir(store)
 }
 
-/// [`open`] as a reader, for the commands that only read.
+/// [`open`] as a reader that checks what it reads as a runner would
+/// ([`PackageManager::open_dir_reader`]).
 pub fn open_reader(store: &Path, command: &str) -> anyhow::Result<(PackageManager, Report)> {
     let (pm, report) = PackageManager::open_dir_reader(store)?;
+    let mut out = Report::new(command);
+    out.warnings = open_report_lines(&report);
+    Ok((pm, out))
+}
+
+/// [`open`] for the commands that only read the committed state
+/// ([`PackageManager::open_dir_committed`]).
+pub fn open_committed(store: &Path, command: &str) -> anyhow::Result<(PackageManager, Report)> {
+    let (pm, report) = PackageManager::open_dir_committed(store)?;
     let mut out = Report::new(command);
     out.warnings = open_report_lines(&report);
     Ok((pm, out))
@@ -304,7 +315,7 @@ pub fn rollback(store: &Path, id: &PackageId) -> anyhow::Result<Report> {
 }
 
 pub fn list(store: &Path) -> anyhow::Result<Report> {
-    let (pm, mut report) = open_reader(store, "list")?;
+    let (pm, mut report) = open_committed(store, "list")?;
     super::quarantine::annotate(store, &mut report)?;
     let packages = pm.list()?;
     report.field(
@@ -365,18 +376,106 @@ fn row(p: &PackageSummary) -> [String; 5] {
 }
 
 pub fn status(store: &Path, id: Option<&PackageId>) -> anyhow::Result<Report> {
-    let (pm, report) = PackageManager::open_dir_reader(store)?;
+    let (pm, report) = PackageManager::open_dir_committed(store)?;
     let mut out = Report::new("status");
     out.warnings = open_report_lines(&report);
-    // Conflicts recorded before installation checked impl ids keep both sides unloaded; they
-    // are shown until one side is removed.
-    let conflicts = pm.impl_id_conflicts()?;
-    out.warnings.extend(conflict_lines(&conflicts));
-    out.field("conflicts", conflicts_json(&conflicts));
     super::quarantine::annotate(store, &mut out)?;
     match id {
         Some(id) => package_status(store, &pm, id, out),
-        None => store_status(store, &pm, &report, out),
+        None => {
+            // Conflicts recorded before installation checked impl ids keep both sides unloaded;
+            // they are shown until one side is removed. Finding them reads every version's
+            // metadata, so `status ID`, which must answer at once on any store, leaves them to
+            // this one.
+            let conflicts = pm.impl_id_conflicts()?;
+            out.warnings.extend(conflict_lines(&conflicts));
+            out.field("conflicts", conflicts_json(&conflicts));
+            store_status(store, &pm, &report, out)
+        }
+    }
+}
+
+/// `guild verify --all`: the full check of every installed version, reported one failure a line
+/// with the package, version and file; the enabled ones that fail are disabled (quarantined when
+/// a file or signature changed) with what depends on them, in one transaction.
+pub fn verify_all(store: &Path, options: guild_host::VerifyOptions) -> anyhow::Result<Report> {
+    let (pm, mut report) = open(store, "verify")?;
+    let checked = pm.verify_all(options)?;
+    full_check_report(&checked, &mut report);
+    Ok(report)
+}
+
+/// One failure of a full check: `ID VERSION (STATE) file FILE: reason`.
+pub fn failure_line(f: &guild_host::VerifyFailure) -> String {
+    format!(
+        "{} {} ({}){}: {}",
+        f.id,
+        f.version,
+        f.state.as_str(),
+        f.file
+            .as_ref()
+            .map(|file| format!(" file {file}"))
+            .unwrap_or_default(),
+        super::render::one_line(&f.reason)
+    )
+}
+
+/// Writes what a full check found into `report` (`verify --all`, `doctor --deep` use it), and
+/// sets the exit code when anything failed.
+pub fn full_check_report(checked: &guild_host::FullCheck, report: &mut Report) {
+    report
+        .field("checked", checked.checked)
+        .field("jobs", checked.jobs)
+        .field(
+            "failures",
+            checked
+                .failures
+                .iter()
+                .map(|f| {
+                    json!({
+                        "package_id": f.id.as_str(),
+                        "version": f.version.to_string(),
+                        "state": f.state.as_str(),
+                        "file": f.file,
+                        "reason": f.reason,
+                        "tampered": f.tampered,
+                    })
+                })
+                .collect::<Vec<_>>(),
+        )
+        .field(
+            "disabled",
+            checked
+                .disabled
+                .iter()
+                .map(|q| json!({"package_id": q.id.as_str(), "version": q.version.to_string(), "reason": q.reason}))
+                .collect::<Vec<_>>(),
+        )
+        .field("recorded", checked.recorded);
+    report.line(format!(
+        "checked {} installed version(s) on {} thread(s): {} failed",
+        checked.checked,
+        checked.jobs,
+        checked.failures.len()
+    ));
+    for f in &checked.failures {
+        report.line(format!("FAILED {}", failure_line(f)));
+    }
+    for q in &checked.disabled {
+        report.line(format!(
+            "{} {} {}: {}",
+            if checked.recorded {
+                "disabled"
+            } else {
+                "not usable (not recorded: this command only reads)"
+            },
+            q.id,
+            q.version,
+            super::render::one_line(&q.reason)
+        ));
+    }
+    if !checked.failures.is_empty() {
+        report.exit = Some(Exit::Failure);
     }
 }
 
@@ -537,9 +636,16 @@ fn open_summary(open: &OpenReport) -> String {
     } else {
         "recovery: repaired an interrupted operation (see warnings)"
     };
+    if open.committed_only {
+        return format!(
+            "{recovery}; read the committed state (no signature checked, no file hashed: \
+             `guild verify --all` does both)"
+        );
+    }
     format!(
-        "{recovery}; re-verified {} enabled package(s), disabled {}",
+        "{recovery}; {} enabled package(s), {} signature check(s) repeated, disabled {}",
         open.verified,
+        open.reauthenticated,
         open.disabled.len()
     )
 }
@@ -561,8 +667,9 @@ pub fn recover(store: &Path) -> anyhow::Result<Report> {
     // For `recover` what was repaired is the answer, not a side note.
     out.lines.extend(lines);
     out.line(format!(
-        "re-verified {} enabled package(s); {} disabled",
+        "{} enabled package(s) authenticated ({} signature check(s) repeated); {} disabled",
         open.verified,
+        open.reauthenticated,
         open.disabled.len()
     ));
     Ok(out)

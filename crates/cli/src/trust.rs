@@ -162,7 +162,7 @@ fn revoke(store: &Path, target: Target, reason: &str) -> anyhow::Result<Report> 
 }
 
 fn list(store: &Path) -> anyhow::Result<Report> {
-    let (pm, mut report) = super::store::open_reader(store, "trust list")?;
+    let (pm, mut report) = super::store::open_committed(store, "trust list")?;
     let trust = pm.trust()?;
     let mut publishers = Vec::new();
     for (publisher, keys) in trust.publishers() {

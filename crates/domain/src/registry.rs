@@ -60,6 +60,7 @@ const VERSION_FIELDS: &[&str] = &[
     "publisher",
     "payload_sha256",
     "quarantine",
+    "trusted_under",
 ];
 const QUARANTINE_FIELDS: &[&str] = &["reason", "file"];
 const TRUST_FIELDS: &[&str] = &[
@@ -99,6 +100,12 @@ pub struct VersionRecord {
     pub state: State,
     /// Set while the version is quarantined; never on an enabled or removed version.
     pub quarantine: Option<Quarantine>,
+    /// The trust file (by the SHA-256 of its bytes, [`TrustAnchor::file_digest`]) under which the
+    /// version's signatures last verified. While the registry's trust anchor records the same
+    /// digest, no key was added, removed or revoked since, so opening the store need not check
+    /// the signatures again. `None` in stores written before it was recorded: checked at the
+    /// next open, which records it.
+    pub trusted_under: Option<Sha256Digest>,
 }
 
 /// The facts about a version being published, as verification established them.
@@ -517,6 +524,29 @@ impl RegistryState {
         Ok(())
     }
 
+    /// Records that the signatures of installed version `id@version` verified under the trust
+    /// file with digest `trust` ([`VersionRecord::trusted_under`]). Answers whether the record
+    /// changed (false when it already said so, or when the version is not installed).
+    pub fn set_trusted_under(
+        &mut self,
+        id: &PackageId,
+        version: &Version,
+        trust: Sha256Digest,
+    ) -> bool {
+        match self
+            .packages
+            .get_mut(id)
+            .and_then(|p| p.versions.get_mut(version))
+            .filter(|r| r.state.is_installed())
+        {
+            Some(r) if r.trusted_under != Some(trust) => {
+                r.trusted_under = Some(trust);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Lifts the quarantine of `id@version`, once its files were replaced by a verified copy.
     /// Answers whether there was one.
     pub fn clear_quarantine(&mut self, id: &PackageId, version: &Version) -> bool {
@@ -684,6 +714,7 @@ impl RegistryState {
                 publisher: new.publisher,
                 state,
                 quarantine: None,
+                trusted_under: None,
             },
         );
         Ok(Published {
@@ -912,6 +943,9 @@ impl RegistryState {
                             }
                             members.push(("quarantine".to_owned(), Value::Object(qm)));
                         }
+                        if let Some(t) = &r.trusted_under {
+                            members.push(("trusted_under".to_owned(), Value::from(t.to_hex())));
+                        }
                         Value::Object(members)
                     })
                     .collect();
@@ -1056,12 +1090,27 @@ fn decode_package(
                 })
             }
         };
+        // Absent in stores written before it was recorded: the next open checks the version.
+        let trusted_under = f
+            .optional_str("trusted_under")?
+            .map(|s| {
+                Sha256Digest::parse_hex(s).map_err(|e| {
+                    field(
+                        vpath.key("trusted_under"),
+                        FieldProblem::Invalid {
+                            detail: e.to_string(),
+                        },
+                    )
+                })
+            })
+            .transpose()?;
         let record = VersionRecord {
             payload_digest,
             kind,
             publisher,
             state,
             quarantine,
+            trusted_under,
         };
         if versions.insert(version.clone(), record).is_some() {
             return Err(field(
@@ -1827,6 +1876,29 @@ mod tests {
         let r = decode(&doc("", "", "")).unwrap();
         assert_eq!(r.generation(), 4);
         assert_eq!(r.package(&id("a")).unwrap().enabled(), Some(&v("1.0.0")));
+    }
+
+    #[test]
+    fn registry_trusted_under_reads_old_files_round_trips_and_refuses_damage() {
+        // A file written before the field existed reads as "never recorded".
+        let old = decode(&doc("", "", "")).unwrap();
+        let record = |r: &RegistryState| r.record(&id("a"), &v("1.0.0")).unwrap().clone();
+        assert_eq!(record(&old).trusted_under, None);
+        // Recording it changes the record once, and it survives encoding.
+        let trust = Sha256Digest::of(b"trust file");
+        let mut next = old.successor();
+        assert!(next.set_trusted_under(&id("a"), &v("1.0.0"), trust));
+        assert!(!next.set_trusted_under(&id("a"), &v("1.0.0"), trust));
+        assert!(!next.set_trusted_under(&id("a"), &v("9.9.9"), trust));
+        let back = RegistryState::from_json(&next.to_json()).unwrap();
+        assert_eq!(record(&back).trusted_under, Some(trust));
+        assert_eq!(back, next);
+        // Not a digest: refused at its path.
+        let bad = doc(r#", "trusted_under": "nope""#, "", "");
+        assert_eq!(
+            field_error(&bad).0,
+            "$.packages[0].versions[0].trusted_under"
+        );
     }
 
     #[test]

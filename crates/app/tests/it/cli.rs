@@ -669,7 +669,9 @@ fn cli_json_documents_and_json_errors() {
     assert_eq!(s["counts"]["enabled"], 1);
     assert_eq!(s["counts"]["trusted_keys"], 1);
     assert_eq!(s["open"]["recovery"]["clean"], true);
-    assert_eq!(s["open"]["verified"], 1);
+    // `status` reads the committed state: it checks no signature.
+    assert_eq!(s["open"]["committed_only"], true);
+    assert_eq!(s["open"]["reauthenticated"], 0);
 
     let one = b.run(&["--json", "status", "example.scan"]);
     one.expect(0);
@@ -823,44 +825,93 @@ fn cli_keygen_force_replaces_the_pair() {
 }
 
 #[test]
-fn cli_open_reports_a_damaged_package_it_disabled() {
+fn cli_only_the_full_check_finds_a_changed_library_and_a_stripped_signature() {
     let b = Bench::new();
     b.trust();
     let pkg = b.package("example.scan", "1.0.0", b"scan", "");
     b.run(&["install", &pkg]).expect(0);
-    // Damage the installed library behind the store's back.
-    let lib = b.store().join("packages/example.scan/1.0.0/libplugin.so");
+    let other = b.package("example.other", "1.0.0", b"other", "");
+    b.run(&["install", &other]).expect(0);
+    // Damage the installed library of one behind the store's back, and strip the other's
+    // signatures (its payload, and so the digest the registry records, stays the same).
     make_writable(&b.store());
-    let mut perms = fs::metadata(&lib).unwrap().permissions();
-    #[allow(clippy::permissions_set_readonly_false)]
-    perms.set_readonly(false);
-    fs::set_permissions(&lib, perms).unwrap();
-    fs::write(&lib, b"SCAN").unwrap();
+    fs::write(
+        b.store().join("packages/example.scan/1.0.0/libplugin.so"),
+        b"SCAN",
+    )
+    .unwrap();
+    let meta = b.store().join("packages/example.other/1.0.0/.gkmetadata");
+    let mut doc: Value = serde_json::from_slice(&fs::read(&meta).unwrap()).unwrap();
+    doc["signatures"] = Value::Array(Vec::new());
+    fs::write(&meta, serde_json::to_vec(&doc).unwrap()).unwrap();
 
-    // `list` only reads: it says what it found and records nothing.
+    // `list`, `status` and `status ID` read the committed state: they check neither.
+    for args in [&["list"][..], &["status"], &["status", "example.scan"]] {
+        let run = b.run(args);
+        run.expect(0);
+        assert!(
+            !run.stderr.contains("not usable"),
+            "{args:?}: {}",
+            run.stderr
+        );
+    }
     let listed = b.run(&["list"]);
-    listed
-        .expect(0)
-        .stderr_has("warning: example.scan@1.0.0 is not usable")
-        .stderr_has("installed files do not match the signed manifest")
-        .stderr_has("the next change to the store records it");
     assert_eq!(
-        words(&listed.stdout)[1],
+        words(&listed.stdout)[2],
         "example.scan 1.0.0 enabled gkmodule org.example"
     );
-    // The next writer records it.
-    b.run(&["recover"])
-        .expect(0)
-        .stdout_has("disabled example.scan@1.0.0 because it failed re-verification");
-    let listed = b.run(&["list"]);
-    assert_eq!(
-        words(&listed.stdout)[1],
-        "example.scan 1.0.0 disabled (quarantined) gkmodule org.example"
-    );
+    // Nor does a writer's open, while the trust file is unchanged.
     let recovered = b.run(&["--json", "recover"]);
     recovered.expect(0);
-    // The package was disabled by the earlier open, so this one has nothing to re-verify.
-    assert_eq!(recovered.json()["open"]["verified"], 0);
+    assert_eq!(recovered.json()["open"]["disabled"], serde_json::json!([]));
+    assert_eq!(recovered.json()["open"]["reauthenticated"], 0);
+
+    // `doctor --deep` finds both and names the files, and records nothing.
+    let doctor = b.run(&["doctor", "--deep", "--jobs", "2"]);
+    doctor
+        .expect(1)
+        .stdout_has("fail  verify")
+        .stdout_has("example.scan 1.0.0 (enabled) file libplugin.so: installed files do not match")
+        .stdout_has("example.other 1.0.0 (enabled) file .gkmetadata: no longer authenticated");
+    let listed = b.run(&["list"]);
+    assert_eq!(
+        words(&listed.stdout)[2],
+        "example.scan 1.0.0 enabled gkmodule org.example"
+    );
+
+    // `verify --all` finds both and disables them, quarantined with the file.
+    let verified = b.run(&["--json", "verify", "--all"]);
+    verified.expect(1);
+    let v = verified.json();
+    let found: Vec<(String, String)> = v["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["package_id"].as_str().unwrap().to_owned(),
+                f["file"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("example.other".to_owned(), ".gkmetadata".to_owned()),
+            ("example.scan".to_owned(), "libplugin.so".to_owned())
+        ],
+        "{v}"
+    );
+    assert_eq!(v["checked"], 2);
+    assert_eq!(v["recorded"], true);
+    let listed = b.run(&["list"]);
+    assert_eq!(
+        words(&listed.stdout)[2],
+        "example.scan 1.0.0 disabled (quarantined) gkmodule org.example"
+    );
+    // A package cannot be both named and --all.
+    b.run(&["verify", "--all", &pkg]).expect(2);
+    b.run(&["verify"]).expect(2);
 }
 
 #[test]

@@ -14,7 +14,7 @@ use guild_ports::loader::{LoadError, LoadErrorKind, LoadRequest, LoadedPlugin, P
 use crate::support::{id, key, open_dir, trust, ModDep, Spec, Workshop, PUBLISHER};
 
 /// Shares one fake loader between the host and the test that watches it.
-struct Shared(Arc<FakeLoader>);
+pub(crate) struct Shared(pub(crate) Arc<FakeLoader>);
 
 impl PluginLoader for Shared {
     fn load(&self, request: &LoadRequest) -> Result<LoadedPlugin, LoadError> {

@@ -37,3 +37,4 @@ mod smoke;
 mod streams;
 mod support;
 mod trust_quarantine;
+mod trusted_state;

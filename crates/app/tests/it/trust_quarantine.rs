@@ -340,12 +340,16 @@ fn assert_repaired_by_reinstall(b: &Bench, archive: &str) {
 }
 
 #[test]
-fn quarantine_survives_a_failing_enable_and_reinstall_repairs_it() {
+fn quarantine_found_by_verify_all_survives_a_failing_enable_and_reinstall_repairs_it() {
     let (b, archive, _) = installed_bench();
     tamper(&installed_library(&b));
-    // The first command after the tampering fails for its own reasons.
-    let enable = b.run(&["enable", "example.scan"]);
-    assert_ne!(enable.code, 0, "{}", enable.stdout);
+    // Opening hashes nothing: the full check finds the change and quarantines the version.
+    let verify = b.run(&["verify", "--all"]);
+    expect(&verify, 1);
+    has(
+        &verify.stdout,
+        "FAILED example.scan 1.0.0 (enabled) file libplugin.so",
+    );
     assert_quarantine_shown(&b);
     // Enabling stays refused while the quarantine stands, and says how to repair.
     let enable = b.run(&["enable", "example.scan"]);
@@ -371,8 +375,8 @@ fn quarantine_survives_a_failing_resolve_and_reinstall_repairs_it() {
         assert_ne!(run.code, 0, "{}", run.stdout);
     };
     resolve();
-    // `resolve` only reads, like a runner: the next writer records the quarantine.
-    expect(&b.run(&["recover"]), 0);
+    // `resolve` loads like a runner: the library is hashed right before it would open, and the
+    // mismatch is recorded as a quarantine then.
     assert_quarantine_shown(&b);
     // A failing resolve does not clear it.
     resolve();

@@ -1,0 +1,302 @@
+//! Authenticate once, trust the committed state: opening a store checks a version's signatures
+//! only when the trust file changed since the version was authenticated (a revocation still takes
+//! effect at once), hashes no file, and the host re-hashes a version's files right before its
+//! library opens. The full check (`verify_all`) still finds everything.
+
+use std::fs;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use guild_adapters_crypto::{P256Verifier, SigningKey};
+use guild_adapters_fs::archive::GkpkSource;
+use guild_adapters_fs::store::{FsStore, StoreOptions};
+use guild_domain::ids::ImplId;
+use guild_domain::operation::Backend;
+use guild_host::{Host, HostError, InstallOptions, OpenReport, PackageManager, VerifyOptions};
+use guild_ports::fakes::{fake_kernel, FakeLoader, FakePlugin};
+use guild_ports::signature::{SignatureError, SignatureVerifier};
+use serde_json::Value;
+
+use crate::host::Shared;
+use crate::support::{
+    id, key, make_writable, open_dir, platform, trust, v, ModDep, Spec, Workshop, PUBLISHER,
+};
+
+/// The production verifier, counting its calls.
+#[derive(Clone, Default)]
+struct Counting(Arc<AtomicUsize>);
+
+impl Counting {
+    fn calls(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl SignatureVerifier for Counting {
+    fn verify(&self, spki: &[u8], message: &[u8], signature: &[u8]) -> Result<(), SignatureError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        P256Verifier::new().verify(spki, message, signature)
+    }
+}
+
+/// Opens `root` (a writer, or a reader) with a counting verifier; answers the package manager,
+/// what opening did and how many signatures it checked.
+fn open_counting(root: &Path, reader: bool) -> (PackageManager, OpenReport, usize) {
+    let mut options = StoreOptions::new();
+    options.reader = reader;
+    let (store, recovery) = FsStore::open_with(root, options).unwrap();
+    let verifier = Counting::default();
+    let (pm, report) = PackageManager::open(
+        Box::new(store),
+        recovery,
+        Box::new(GkpkSource::default()),
+        Box::new(verifier.clone()),
+        platform(),
+    )
+    .unwrap();
+    (pm, report, verifier.calls())
+}
+
+/// A store with `ex.base` and `ex.user` (which depends on it) installed and enabled, both
+/// signed by one trusted key.
+fn two_packages(shop: &Workshop, k: &SigningKey) -> std::path::PathBuf {
+    let root = shop.fresh("store");
+    let (pm, _) = open_dir(&root).unwrap();
+    trust(&pm, PUBLISHER, k);
+    let base = shop.build(&Spec::module("ex.base", "1.0.0"), k);
+    let user = shop.build(
+        &Spec::module("ex.user", "1.0.0").module_dep(ModDep::on("ex.base", "1.0.0")),
+        k,
+    );
+    for b in [&base, &user] {
+        pm.install(&b.archive, InstallOptions::default()).unwrap();
+    }
+    root
+}
+
+#[test]
+fn trusted_state_open_with_unchanged_trust_checks_no_signature() {
+    let shop = Workshop::new();
+    let k = key();
+    let root = two_packages(&shop, &k);
+    for reader in [false, true] {
+        let (_pm, report, calls) = open_counting(&root, reader);
+        assert_eq!(calls, 0, "reader {reader}: {report:?}");
+        assert_eq!(report.verified, 2, "reader {reader}");
+        assert_eq!(report.reauthenticated, 0, "reader {reader}");
+        assert!(report.disabled.is_empty(), "reader {reader}: {report:?}");
+    }
+}
+
+#[test]
+fn trusted_state_a_trust_change_rechecks_once_and_a_revocation_refuses_at_open() {
+    let shop = Workshop::new();
+    let k = key();
+    let root = two_packages(&shop, &k);
+
+    // A key added for someone else changes the trust file: both versions are checked again, by
+    // a reader in memory (it writes nothing, so the next reader checks again) ...
+    {
+        let (pm, _) = open_dir(&root).unwrap();
+        trust(&pm, "org.other", &key());
+    }
+    for _ in 0..2 {
+        let (_pm, report, calls) = open_counting(&root, true);
+        assert_eq!((calls, report.reauthenticated), (2, 2), "{report:?}");
+        assert!(report.disabled.is_empty(), "{report:?}");
+    }
+    // ... and by a writer, which records the new trust file for them: the next open checks none.
+    let (pm, report, calls) = open_counting(&root, false);
+    assert_eq!((calls, report.reauthenticated), (2, 2), "{report:?}");
+    drop(pm);
+    let (pm, report, calls) = open_counting(&root, false);
+    assert_eq!((calls, report.reauthenticated), (0, 0), "{report:?}");
+    drop(pm);
+
+    // The signer's key revoked: the very next open refuses its versions, a reader's in its view
+    // (the store still enables them) ...
+    {
+        let (pm, _) = open_dir(&root).unwrap();
+        pm.update_trust(|t| Ok(t.revoke_key(k.key_id(), "leaked")))
+            .unwrap();
+    }
+    // (A revoked key is refused before its signature would be checked.)
+    let (reader, report, _) = open_counting(&root, true);
+    assert_eq!(report.reauthenticated, 2, "{report:?}");
+    let refused: Vec<&str> = report.disabled.iter().map(|q| q.id.as_str()).collect();
+    assert_eq!(refused, ["ex.base", "ex.user"], "{report:?}");
+    assert!(reader.load_plan().unwrap().order.is_empty());
+    let enabled = |pm: &PackageManager| {
+        pm.list()
+            .unwrap()
+            .iter()
+            .filter(|p| p.enabled.is_some())
+            .count()
+    };
+    assert_eq!(enabled(&reader), 2, "a reader records nothing");
+    drop(reader);
+    // ... a writer's in the store.
+    let (pm, report, _) = open_counting(&root, false);
+    let disabled: Vec<&str> = report.disabled.iter().map(|q| q.id.as_str()).collect();
+    assert_eq!(disabled, ["ex.base", "ex.user"], "{report:?}");
+    assert!(
+        report.disabled[0].reason.contains("revoked"),
+        "{:?}",
+        report.disabled[0]
+    );
+    assert_eq!(enabled(&pm), 0);
+    // And at load: a version loaded under the old trust is refused by the same check.
+    assert!(matches!(
+        pm.check_loadable(&id("ex.base"), &v("1.0.0")),
+        Err(HostError::Unauthenticated { .. })
+    ));
+}
+
+#[test]
+fn trusted_state_an_old_registry_without_the_record_is_checked_once_and_gets_it() {
+    let shop = Workshop::new();
+    let k = key();
+    let root = two_packages(&shop, &k);
+    // The registry as a store written before the record existed has it.
+    let registry = root.join("registry.json");
+    let mut doc: Value = serde_json::from_slice(&fs::read(&registry).unwrap()).unwrap();
+    let mut stripped = 0;
+    for p in doc["packages"].as_array_mut().unwrap() {
+        for version in p["versions"].as_array_mut().unwrap() {
+            stripped += usize::from(
+                version
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("trusted_under")
+                    .is_some(),
+            );
+        }
+    }
+    assert_eq!(
+        stripped, 2,
+        "install records the trust file it authenticated under"
+    );
+    make_writable(&root);
+    fs::write(&registry, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+
+    let (pm, report, calls) = open_counting(&root, false);
+    assert_eq!((calls, report.reauthenticated), (2, 2), "{report:?}");
+    assert!(report.disabled.is_empty(), "{report:?}");
+    drop(pm);
+    let written = fs::read_to_string(&registry).unwrap();
+    assert_eq!(written.matches("\"trusted_under\"").count(), 2, "{written}");
+    let (_pm, _, calls) = open_counting(&root, false);
+    assert_eq!(calls, 0);
+}
+
+#[test]
+fn trusted_state_a_library_changed_after_install_is_refused_before_it_opens_and_quarantined() {
+    let shop = Workshop::new();
+    let k = key();
+    let root = shop.fresh("store");
+    let (pm, _) = open_dir(&root).unwrap();
+    trust(&pm, PUBLISHER, &k);
+    let built = shop.build(&Spec::module("ex.solo", "1.0.0"), &k);
+    pm.install(&built.archive, InstallOptions::default())
+        .unwrap();
+    drop(pm);
+    let dir = root.join("packages/ex.solo/1.0.0");
+    let lib = dir.join("libplugin.so");
+    make_writable(&root);
+    fs::write(&lib, b"a library with a backdoor").unwrap();
+
+    // Opening hashes nothing: the store opens with the version enabled and planned ...
+    let (pm, report) = open_dir(&root).unwrap();
+    assert!(report.disabled.is_empty(), "{report:?}");
+    assert_eq!(pm.load_plan().unwrap().order.len(), 1);
+    // ... and the load refuses it before the loader sees it, naming the file.
+    let fake = Arc::new(FakeLoader::new());
+    fake.insert(
+        &lib,
+        FakePlugin::new().with_kernel(fake_kernel(
+            ImplId::new("ex.solo.op.cpu").unwrap(),
+            1,
+            Backend::Cpu,
+        )),
+    );
+    let host = Host::new(pm, Box::new(Shared(fake.clone())));
+    let loaded = host.load_enabled().unwrap();
+    assert!(loaded.loaded.is_empty(), "{loaded:?}");
+    assert!(fake.opened().is_empty(), "{:?}", fake.opened());
+    let (_, _, error) = &loaded.failed[0];
+    let text = error.to_string();
+    assert!(text.contains("libplugin.so"), "{text}");
+    assert!(text.contains("quarantined"), "{text}");
+    drop(host);
+
+    // It is quarantined in the store, with the file.
+    let (pm, _) = open_dir(&root).unwrap();
+    let listed = pm.list().unwrap();
+    let q = listed[0].versions[0]
+        .quarantine
+        .clone()
+        .expect("quarantined");
+    assert_eq!(q.file.as_deref(), Some("libplugin.so"), "{q:?}");
+    assert_eq!(listed[0].enabled, None);
+}
+
+#[test]
+fn trusted_state_the_full_check_finds_a_changed_library_and_a_stripped_signature_on_any_threads() {
+    let shop = Workshop::new();
+    let k = key();
+    let root = two_packages(&shop, &k);
+    let solo = shop.build(&Spec::module("ex.solo", "1.0.0"), &k);
+    let (pm, _) = open_dir(&root).unwrap();
+    pm.install(&solo.archive, InstallOptions::default())
+        .unwrap();
+    drop(pm);
+    make_writable(&root);
+    fs::write(root.join("packages/ex.solo/1.0.0/libplugin.so"), b"changed").unwrap();
+    let meta = root.join("packages/ex.base/1.0.0/.gkmetadata");
+    let mut doc: Value = serde_json::from_slice(&fs::read(&meta).unwrap()).unwrap();
+    doc["signatures"] = Value::Array(Vec::new());
+    fs::write(&meta, serde_json::to_vec(&doc).unwrap()).unwrap();
+
+    // A reader's full check reports and records nothing, the same on one thread as on four.
+    let mut seen = Vec::new();
+    for jobs in [1, 4] {
+        let (reader, report, _) = open_counting(&root, true);
+        assert!(
+            report.disabled.is_empty(),
+            "opening checks neither: {report:?}"
+        );
+        let found = reader
+            .verify_all(VerifyOptions { jobs: Some(jobs) })
+            .unwrap();
+        assert_eq!(
+            (found.checked, found.jobs, found.recorded),
+            (3, jobs, false)
+        );
+        let failures: Vec<(String, Option<String>, bool)> = found
+            .failures
+            .iter()
+            .map(|f| (f.id.to_string(), f.file.clone(), f.tampered))
+            .collect();
+        assert_eq!(
+            failures,
+            [
+                ("ex.base".to_owned(), Some(".gkmetadata".to_owned()), true),
+                ("ex.solo".to_owned(), Some("libplugin.so".to_owned()), true),
+            ],
+            "{found:?}"
+        );
+        seen.push(found.failures);
+    }
+    assert_eq!(seen[0], seen[1]);
+    // A writer's full check disables them (and the dependent) in the store: `reverify`.
+    let (pm, _, _) = open_counting(&root, false);
+    let disabled: Vec<String> = pm
+        .reverify()
+        .unwrap()
+        .iter()
+        .map(|q| q.id.to_string())
+        .collect();
+    assert_eq!(disabled, ["ex.base", "ex.solo", "ex.user"]);
+    assert!(pm.list().unwrap().iter().all(|p| p.enabled.is_none()));
+}
