@@ -35,7 +35,7 @@ pub fn write(path: &Path, bytes: &[u8]) -> io::Result<()> {
     write_locked(path, bytes).map(drop)
 }
 
-/// [`write`], answering the file, which keeps the exclusive lock the writer took on it: while
+/// [`write()`], answering the file, which keeps the exclusive lock the writer took on it: while
 /// the caller holds it (and the process lives), [`claim_abandoned`] answers that the file's
 /// writer is still there.
 pub fn write_locked(path: &Path, bytes: &[u8]) -> io::Result<File> {

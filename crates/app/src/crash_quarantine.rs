@@ -21,7 +21,7 @@
 //! `guild quarantine clear ID` removes it when the digest is one of the package's versions.
 //!
 //! A host reads the quarantine when it opens and at each refresh that loads something
-//! ([`Quarantine`]), not at every load; an entry another process writes is seen at the next
+//! (`Quarantine`), not at every load; an entry another process writes is seen at the next
 //! refresh.
 
 use std::collections::BTreeMap;
