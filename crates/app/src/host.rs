@@ -480,8 +480,13 @@ impl Host {
             LoadFrom::Change => self.packages.pin_installing(id, version)?,
         };
         // Opening the store hashed nothing: the files are checked against the signed manifest
-        // here, right before the loader opens them (a mismatch quarantines the version).
-        self.packages.check_files_before_load(id, version)?;
+        // here, right before the loader opens them (a mismatch quarantines the version). A
+        // change has just checked them itself, under the package manager's lock that this hook
+        // runs in: install hashes every file as it extracts it, enable, rollback and
+        // reactivation re-hash the installed tree (`verified_installed`).
+        if from == LoadFrom::Installed {
+            self.packages.check_files_before_load(id, version)?;
+        }
         // A build whose init killed a process is refused; any other runs under a durable record
         // that outlives this process only if init does not return (crate::crash_quarantine).
         let digest = metadata.payload_digest();
@@ -1083,8 +1088,9 @@ pub struct HostReport {
     pub quarantined: Vec<crate::crash_quarantine::QuarantineEntry>,
 }
 
-/// Where a load's files come from, which decides how they are pinned.
-#[derive(Clone, Copy)]
+/// Where a load's files come from, which decides how they are pinned and whether the load
+/// hashes them.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum LoadFrom {
     /// An installed version of the committed registry.
     Installed,
