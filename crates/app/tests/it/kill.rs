@@ -368,6 +368,10 @@ pub(crate) fn expected_after(
         },
     )
     .ok()?;
+    // Authenticated by the install, under the trust file the registry records.
+    if let Some(anchor) = before.trust_anchor() {
+        next.set_trusted_under(&t.id, &t.version, anchor.file_digest);
+    }
     Some(next)
 }
 
