@@ -169,6 +169,16 @@ pub fn still_linked(file: &File, path: &Path) -> io::Result<bool> {
     }
 }
 
+/// Moves the finished file `tmp` (already written, for example by a download) over `path`,
+/// durably: `tmp` is fsynced, renamed in the same directory, and the directory fsynced. A
+/// failure before the rename leaves `path` as it was.
+pub fn move_into_place(tmp: &Path, path: &Path) -> io::Result<()> {
+    let (dir, _) = split(path)?;
+    File::open(tmp)?.sync_all()?;
+    fs::rename(tmp, path)?;
+    sync_dir(dir)
+}
+
 /// Makes the entries of directory `dir` durable.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     #[cfg(unix)]

@@ -102,6 +102,9 @@ pub use guild_ports::device::StreamRef;
 /// The `#[repr(C)]` mirror of the Kernel ABI headers (`guild-abi`), for calling the C tables
 /// ([`registry::KernelRegistry::operation_api`]) from Rust.
 pub use guild_abi as abi;
+/// Small files written atomically and durably (temporary, fsync, rename, directory fsync), for
+/// tools built on the host that write beside a store.
+pub use guild_adapters_fs::durable_file;
 /// The pure domain (`guild-domain`): identifiers, versions, manifests, operation contracts and
 /// their diagnostics; the common ones are also re-exported at the crate root.
 pub use guild_domain as domain;

@@ -13,7 +13,6 @@
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -27,7 +26,7 @@ use guild_host::distribution::{
     PushRequest, SyncStep,
 };
 use guild_host::publish::{GkpkSource, P256Verifier};
-use guild_host::{HostError, InstallOptions, PackageManager};
+use guild_host::{durable_file, HostError, InstallOptions, PackageManager};
 use guild_ports::source::{PackageSource, Progress};
 use serde_json::json;
 
@@ -181,9 +180,7 @@ pub fn pull(
     // Download beside the destination, then rename: a failed pull leaves no file at `out`.
     let tmp = sibling_tmp(out);
     let pulled = pull_to(reference, &tmp, progress_ref(&progress))?;
-    fs::File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .and_then(|()| fs::rename(&tmp, out))
+    durable_file::move_into_place(&tmp, out)
         .with_context(|| format!("cannot move the pulled package to {}", out.display()))?;
     let mut report = Report::new("pull");
     pulled_fields(&mut report, reference, &pulled);
@@ -273,7 +270,7 @@ fn origins_dir(store: &Path) -> PathBuf {
 }
 
 /// Remembers where the package with this payload came from, for `guild lock`. Written
-/// atomically (temporary file, fsync, rename); a failure is a warning on stderr, never a
+/// atomically and durably ([`durable_file::write`]); a failure is a warning on stderr, never a
 /// failed install, since the package itself is installed.
 fn record_origin(
     store: &Path,
@@ -289,12 +286,7 @@ fn record_origin(
             "manifest_digest": format!("sha256:{}", manifest.to_hex()),
         });
         let path = dir.join(format!("{}.json", payload.to_hex()));
-        let tmp = dir.join(format!(".{}.{}.tmp", payload.to_hex(), std::process::id()));
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(body.to_string().as_bytes())?;
-        f.sync_all()?;
-        fs::rename(&tmp, &path)?;
-        fs::File::open(&dir)?.sync_all()
+        durable_file::write(&path, body.to_string().as_bytes())
     })();
     if let Err(e) = result {
         eprintln!(
@@ -361,14 +353,8 @@ pub fn lock(store_dir: &Path, out: &Path) -> anyhow::Result<Report> {
     let (pm, mut report) = store::open_reader(store_dir, "lock")?;
     let lock = lock_of(store_dir, &pm)?;
     let text = lock.to_json();
-    let tmp = sibling_tmp(out);
-    (|| -> std::io::Result<()> {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        fs::rename(&tmp, out)
-    })()
-    .with_context(|| format!("cannot write the lock file {}", out.display()))?;
+    durable_file::write(out, text.as_bytes())
+        .with_context(|| format!("cannot write the lock file {}", out.display()))?;
     let without: Vec<String> = lock
         .packages()
         .filter(|p| p.source.is_none())
@@ -524,8 +510,7 @@ pub fn mirror(
         let file = fetch_locked(locked, None, scratch.path(), progress_ref(&progress))?;
         let tmp = sibling_tmp(&dest);
         fs::copy(&file, &tmp)
-            .and_then(|_| fs::File::open(&tmp)?.sync_all())
-            .and_then(|()| fs::rename(&tmp, &dest))
+            .and_then(|_| durable_file::move_into_place(&tmp, &dest))
             .with_context(|| format!("cannot write {}", dest.display()))?;
         report.line(format!(
             "pulled {} {} to {}",
