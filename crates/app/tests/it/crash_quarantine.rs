@@ -105,9 +105,7 @@ fn a_crash_in_init_quarantines_that_build_and_the_next_runner_serves_the_rest() 
     // list, status and doctor show it with the process and the time.
     let dir = shop.path();
     let s = root.to_str().unwrap();
-    let list = guild(dir, &["--store", s, "--json", "list"]);
-    assert_eq!(list.code, 0, "{}", list.stderr);
-    let q = &list.json()["crash_quarantine"];
+    let q = listed_crash_quarantine(dir, s);
     assert_eq!(q.as_array().unwrap().len(), 1, "{q}");
     assert_eq!(q[0]["package_id"], CRASHY);
     assert_eq!(q[0]["pid"], pid);
@@ -147,10 +145,16 @@ fn a_crash_in_init_quarantines_that_build_and_the_next_runner_serves_the_rest() 
     let (status, _, stdout, stderr) = runner(&root);
     assert!(status.success(), "{stdout}\n{stderr}");
     assert!(!stderr.contains("quarantined"), "{stderr}");
-    let list = guild(dir, &["--store", s, "--json", "list"]);
-    assert_eq!(list.json()["crash_quarantine"], serde_json::json!([]));
+    assert_eq!(listed_crash_quarantine(dir, s), serde_json::json!([]));
     let nothing = guild(dir, &["--store", s, "quarantine", "clear", CRASHY]);
     assert_eq!(nothing.code, 6, "{}", nothing.stderr);
+}
+
+/// The `crash_quarantine` entries of `guild --json list` on the store `store`, run in `dir`.
+fn listed_crash_quarantine(dir: &Path, store: &str) -> serde_json::Value {
+    let list = guild(dir, &["--store", store, "--json", "list"]);
+    assert_eq!(list.code, 0, "{}", list.stderr);
+    list.json()["crash_quarantine"].clone()
 }
 
 /// The payload digest of the crashy package's first installed version.
@@ -254,9 +258,7 @@ fn a_torn_quarantine_entry_keeps_its_build_refused_until_cleared() {
     assert!(stderr.contains("not JSON"), "and what is wrong:\n{stderr}");
     let dir = shop.path();
     let s = root.to_str().unwrap();
-    let list = guild(dir, &["--store", s, "--json", "list"]);
-    assert_eq!(list.code, 0, "{}", list.stderr);
-    let q = &list.json()["crash_quarantine"];
+    let q = listed_crash_quarantine(dir, s);
     assert_eq!(q.as_array().unwrap().len(), 1, "{q}");
     assert_eq!(q[0]["payload_sha256"], digest.to_hex(), "{q}");
 

@@ -165,6 +165,19 @@ fn cli(shop: &Workshop, store: &Path, args: &[&str]) -> Run {
     run
 }
 
+/// Revokes `key` in the store's trust file with `guild trust revoke-key`, as an operator does.
+fn revoke_with_cli(shop: &Workshop, store: &Path, key: &SigningKey) {
+    let key_id = Sha256Digest::of(key.public_key().spki_der()).to_hex();
+    expect_ok(
+        &cli(
+            shop,
+            store,
+            &["trust", "revoke-key", &key_id, "--reason", "leaked"],
+        ),
+        "revoke-key",
+    );
+}
+
 fn expect_ok(run: &Run, what: &str) {
     assert_eq!(
         run.code, 0,
@@ -242,15 +255,7 @@ fn live_three_serving_runners_follow_every_change_from_the_cli() {
     }
 
     // Revoking the publisher's key: no runner executes its code on a new resolution.
-    let key_id = Sha256Digest::of(k.public_key().spki_der()).to_hex();
-    expect_ok(
-        &cli(
-            &shop,
-            &store,
-            &["trust", "revoke-key", &key_id, "--reason", "leaked"],
-        ),
-        "revoke-key",
-    );
+    revoke_with_cli(&shop, &store, &k);
     for r in &runners {
         let error = format!("{OP} error:");
         let (_, took) = r.wait_for(&format!("{error:?}"), |l| l.starts_with(&error), |_| {});
@@ -555,15 +560,7 @@ fn a_host_under_a_lock_does_not_follow_the_store_past_it() {
     );
     // A lock holds back a switch, never a revocation: once 1.0.0's key is revoked it is taken
     // out, although the lock still refuses 1.1.0.
-    let key_id = Sha256Digest::of(k.public_key().spki_der()).to_hex();
-    expect_ok(
-        &cli(
-            &shop,
-            &store,
-            &["trust", "revoke-key", &key_id, "--reason", "leaked"],
-        ),
-        "revoke-key",
-    );
+    revoke_with_cli(&shop, &store, &k);
     let report = host.refresh().unwrap();
     let taken: Vec<String> = report
         .taken_out
