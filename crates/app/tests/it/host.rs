@@ -493,3 +493,56 @@ fn a_host_under_a_lock_loads_only_what_the_lock_admits() {
     // Nothing the lock refused was opened.
     assert_eq!(fake.opened().len(), 1);
 }
+
+/// Every lifecycle change a `Host` makes takes the host's and the package manager's locks and
+/// runs the registry's hook inside them; a lock taken twice on one path would hang the caller
+/// for ever. The changes run on a thread of their own, and each must report back before a
+/// deadline, so that such a cycle fails naming the change it hung in instead of stopping the
+/// suite (the hung thread is left behind; the test process ends it). The deadline is generous,
+/// since valgrind runs this file: it only tells "returned" from "never returns".
+#[test]
+fn every_lifecycle_change_through_a_host_returns() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let library = good_kernel_library();
+    let shop = Workshop::new();
+    let k = key();
+    let store = shop.fresh("store");
+    let (pm, _) = open_dir(&store).unwrap();
+    trust(&pm, PUBLISHER, &k);
+    let host = Host::new(pm, Box::new(DlopenLoader::new()));
+    let pkg = id("test.good");
+    let v1 = shop.build(&good_kernel("1.0.0", &library), &k).archive;
+    let v2 = shop.build(&good_kernel("1.1.0", &library), &k).archive;
+    let (done, changes) = mpsc::channel();
+    let changing = std::thread::spawn(move || {
+        let step = |what: &'static str, outcome: Result<(), HostError>| {
+            done.send((what, outcome.map_err(|e| e.to_string())))
+                .unwrap();
+        };
+        let install = InstallOptions::default;
+        step("install 1.0.0", host.install(&v1, install()).map(drop));
+        step("install 1.1.0", host.install(&v2, install()).map(drop));
+        step("rollback", host.rollback(&pkg).map(drop));
+        step("disable", host.disable(&pkg).map(drop));
+        step("enable", host.enable(&pkg).map(drop));
+        let superseded = "1.1.0".parse().unwrap();
+        step(
+            "remove 1.1.0",
+            host.remove(&pkg, Some(&superseded)).map(drop),
+        );
+        host.kernels().loaded_version(&pkg).map(|v| v.to_string())
+    });
+    let mut last = "the start";
+    for _ in 0..6 {
+        match changes.recv_timeout(Duration::from_secs(300)) {
+            Ok((what, outcome)) => {
+                assert!(outcome.is_ok(), "{what} failed: {outcome:?}");
+                last = what;
+            }
+            Err(_) => panic!("the change after {last} did not return within 300 s: a lock cycle?"),
+        }
+    }
+    assert_eq!(changing.join().unwrap().as_deref(), Some("1.0.0"));
+}
