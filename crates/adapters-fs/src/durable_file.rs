@@ -58,7 +58,13 @@ pub fn write_locked(path: &Path, bytes: &[u8]) -> io::Result<File> {
             Err(e) => return Err(e),
         };
         match file.try_lock() {
-            Ok(()) => {}
+            // Someone cleaning debris may have locked it between its creation and this lock,
+            // removed it and let go already: then it has lost its name, and another is taken.
+            Ok(()) => {
+                if !still_linked(&file, &tmp)? {
+                    continue;
+                }
+            }
             // Someone cleaning debris locked it between its creation and this lock, and will
             // remove it: take another name.
             Err(TryLockError::WouldBlock) => {
@@ -229,6 +235,47 @@ mod tests {
         assert!(claim_abandoned(&path).unwrap().is_none());
         drop(claimed);
         assert!(claim_abandoned(&dir.path().join("none")).unwrap().is_none());
+    }
+
+    /// A sweeper may take a writer's temporary for debris between its creation and the
+    /// writer's lock, remove it and let go before the writer locks: the writer must notice that
+    /// its file lost its name rather than fail at the rename. Several processes that open one
+    /// store at once (readers that record their loads) do exactly this.
+    #[test]
+    fn writes_racing_sweeps_of_their_directory_all_succeed() {
+        use std::sync::atomic::AtomicBool;
+        let dir = tempfile::tempdir().unwrap();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    while !stop.load(Ordering::Relaxed) {
+                        remove_stale_temporaries(dir.path()).unwrap();
+                    }
+                });
+            }
+            let writers: Vec<_> = (0..4)
+                .map(|w| {
+                    let dir = dir.path();
+                    s.spawn(move || {
+                        for i in 0..400 {
+                            let path = dir.join(format!("{w}-{i}.json"));
+                            let held = write_locked(&path, b"{}")
+                                .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+                            drop(held);
+                            fs::remove_file(&path).unwrap();
+                        }
+                    })
+                })
+                .collect();
+            let outcomes: Vec<_> = writers.into_iter().map(|w| w.join()).collect();
+            stop.store(true, Ordering::Relaxed);
+            for outcome in outcomes {
+                if let Err(panic) = outcome {
+                    std::panic::resume_unwind(panic);
+                }
+            }
+        });
     }
 
     #[test]

@@ -51,19 +51,23 @@ pub fn key() -> SigningKey {
     SigningKey::generate().unwrap()
 }
 
-/// Builds `bin` of workspace package `package` with cargo and answers its executable, as cargo
-/// reports it (so a custom target directory works too).
+/// Builds `bin` of workspace package `package` with cargo (the dev profile) and answers its
+/// executable, as cargo reports it (so a custom target directory works too).
 pub fn cargo_binary(package: &str, bin: &str) -> PathBuf {
+    cargo_binary_with(package, bin, false)
+}
+
+/// [`cargo_binary`], optimised (`--release`) when `release` is set: what a benchmark that times
+/// a process should run, since a debug build spends its time in unoptimised hashing.
+pub fn cargo_binary_with(package: &str, bin: &str, release: bool) -> PathBuf {
+    let mut args = vec!["build", "-p", package, "--bin", bin];
+    if release {
+        args.push("--release");
+    }
+    args.push("--message-format=json-render-diagnostics");
     let out = std::process::Command::new(env!("CARGO"))
         .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
-        .args([
-            "build",
-            "-p",
-            package,
-            "--bin",
-            bin,
-            "--message-format=json-render-diagnostics",
-        ])
+        .args(&args)
         .output()
         .expect("cargo runs");
     assert!(
