@@ -95,7 +95,7 @@ use guild_ports::device::{DeviceError, StreamRef};
 
 use self::core::{BufferArg, Negotiation, Resolved};
 pub use self::core::{DeviceSupport, PassReason, PassedOver};
-use self::handles::{Gate, Refused};
+use self::handles::{Gate, Lone, Refused};
 use crate::registry::{KernelBinding, KernelRegistry};
 
 // ---------------------------------------------------------------------------------------------
@@ -289,7 +289,7 @@ impl<'r> OperationService<'r> {
         resolved.adopt_rust_calls(inputs, outputs);
         Ok(OpHandle {
             resolved,
-            gate: Gate::live(),
+            gate: Lone(Gate::live()),
             _registry: PhantomData,
         })
     }
@@ -356,7 +356,9 @@ pub struct OpHandle<'r> {
     /// Boxed: the handle moves as a pointer.
     resolved: Box<Resolved>,
     /// Serialises the handle's calls (the C face keeps the same gate in the handle's slot).
-    gate: Gate,
+    /// Alone in its line, so that handles side by side (in a `Vec`, on one stack) executing on
+    /// different threads do not write one cache line.
+    gate: Lone<Gate>,
     _registry: PhantomData<&'r KernelRegistry>,
 }
 
@@ -608,7 +610,7 @@ impl OpHandle<'_> {
         if !stream.is_null() && !r.takes_stream {
             return Err(ExecuteError::StreamOnCpu);
         }
-        let running = self.gate.enter_run(0, true).map_err(|why| match why {
+        let running = self.gate.0.enter_run(0, true).map_err(|why| match why {
             Refused::Reentrant => ExecuteError::Reentrant,
             // A Rust handle is live for as long as it exists and its callers wait their turn.
             Refused::Stale | Refused::Busy | Refused::InUse(_) => ExecuteError::Reentrant,
