@@ -283,13 +283,14 @@ impl<'r> OperationService<'r> {
         let query = OpQuery::new(request.to_spec()).map_err(ResolveError::Query)?;
         // The query's tensors in C form, made once: the negotiation callbacks see them (with
         // the addresses the request knows), then the handle keeps them for its calls.
-        let (inputs, outputs) = self::core::c_tensors(&query);
+        let (tensors, split) = self::core::c_tensors(&query);
+        let (inputs, outputs) = tensors.split_at(split);
         let args = Negotiation {
             params,
-            tensors: [&inputs, &outputs],
+            tensors: [inputs, outputs],
         };
         let mut resolved = self.core.resolve(query, &args, self.report)?;
-        resolved.adopt_rust_calls(inputs, outputs);
+        resolved.adopt_rust_calls(tensors, split);
         Ok(OpHandle {
             resolved,
             gate: Lone(Gate::live()),
