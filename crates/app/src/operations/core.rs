@@ -465,14 +465,17 @@ pub(crate) fn tensor_from_c(t: &guild_tensor_desc_v1_t) -> Result<TensorDesc, St
     })
 }
 
-/// The C form of a query's tensors, inputs then outputs in one allocation, with their known
-/// addresses (for the negotiation callbacks, which may inspect them), and where the outputs
-/// begin.
-pub(crate) fn c_tensors(query: &OpQuery) -> (Vec<guild_tensor_desc_v1_t>, usize) {
+/// The C form of a query's tensors, inputs then outputs, with their known addresses (for the
+/// negotiation callbacks, which may inspect them).
+pub(crate) fn c_tensors(
+    query: &OpQuery,
+) -> (Vec<guild_tensor_desc_v1_t>, Vec<guild_tensor_desc_v1_t>) {
     let spec = query.spec();
     let c = |d: &TensorDesc| c_tensor(d, address_ptr(d));
-    let tensors = spec.inputs.iter().chain(&spec.outputs).map(c).collect();
-    (tensors, spec.inputs.len())
+    (
+        spec.inputs.iter().map(c).collect(),
+        spec.outputs.iter().map(c).collect(),
+    )
 }
 
 /// The pointer a descriptor's known address stands for (NULL when unknown). It is only ever
@@ -797,10 +800,8 @@ pub(crate) struct Resolved {
 /// reshape's) and what calls are checked against.
 pub(crate) struct Contract {
     query: OpQuery,
-    /// The inputs' shapes, then the outputs' (one allocation per contract).
-    shapes: Vec<Shape>,
-    /// Where the outputs' shapes begin.
-    split: usize,
+    inputs: Vec<Shape>,
+    outputs: Vec<Shape>,
     pub(crate) scratch: Scratch,
     /// `scratch.alignment - 1`, or 0 when any address will do.
     scratch_mask: u64,
@@ -811,21 +812,27 @@ impl Contract {
         Self::reusing(query, scratch, Default::default())
     }
 
-    /// The contract of `query`, its shapes written into the buffer of `shapes`.
-    fn reusing(query: OpQuery, scratch: Scratch, mut shapes: Vec<Shape>) -> Self {
+    /// The contract of `query`, its shapes written into `shapes`' buffers.
+    fn reusing(query: OpQuery, scratch: Scratch, shapes: (Vec<Shape>, Vec<Shape>)) -> Self {
+        let (mut inputs, mut outputs) = shapes;
         let spec = query.spec();
-        shapes.clear();
-        shapes.reserve_exact(spec.inputs.len() + spec.outputs.len());
-        for (d, i) in spec.inputs.iter().zip(query.input_infos()) {
-            shapes.push(Shape::of(d, i));
-        }
-        let split = shapes.len();
-        for (d, i) in spec.outputs.iter().zip(query.output_infos()) {
-            shapes.push(Shape::of(d, i));
-        }
+        inputs.clear();
+        inputs.extend(
+            spec.inputs
+                .iter()
+                .zip(query.input_infos())
+                .map(|(d, i)| Shape::of(d, i)),
+        );
+        outputs.clear();
+        outputs.extend(
+            spec.outputs
+                .iter()
+                .zip(query.output_infos())
+                .map(|(d, i)| Shape::of(d, i)),
+        );
         Contract {
-            shapes,
-            split,
+            inputs,
+            outputs,
             scratch_mask: u64::from(scratch.alignment.max(1)) - 1,
             scratch,
             query,
@@ -852,8 +859,8 @@ impl Contract {
 
     fn shapes(&self, role: TensorRole) -> &[Shape] {
         match role {
-            TensorRole::Input => &self.shapes[..self.split],
-            TensorRole::Output => &self.shapes[self.split..],
+            TensorRole::Input => &self.inputs,
+            TensorRole::Output => &self.outputs,
         }
     }
 
@@ -885,10 +892,9 @@ impl Contract {
 /// (or through `&mut Resolved`).
 struct CallCells {
     /// The Rust face's C tensors: the negotiated descriptors, whose data pointers each call
-    /// sets before the provider sees them (empty on C handles, whose callers pass their own):
-    /// the inputs, then from `split` on the outputs, in one allocation.
-    tensors: Vec<guild_tensor_desc_v1_t>,
-    split: usize,
+    /// sets before the provider sees them (empty on C handles, whose callers pass their own).
+    inputs: Vec<guild_tensor_desc_v1_t>,
+    outputs: Vec<guild_tensor_desc_v1_t>,
     /// The error record the Rust face lends providers, reused call after call.
     error: guild_error_info_t,
     /// The newest work mark per stream, for release to wait on.
@@ -963,7 +969,7 @@ struct ReshapeCells {
     /// The spec and shapes of the contract the last reshape replaced (the spec's other fields
     /// are the handle's own), to be refilled.
     spare_spec: Option<QuerySpec>,
-    spare_shapes: Vec<Shape>,
+    spare_shapes: (Vec<Shape>, Vec<Shape>),
     /// The record the callbacks report into, made at the first reshape.
     error: Option<Box<guild_error_info_t>>,
 }
@@ -972,7 +978,7 @@ impl ReshapeCells {
     /// Keeps a replaced contract's buffers for the next reshape.
     fn keep(&mut self, old: Contract) {
         self.spare_spec = Some(old.query.into_spec());
-        self.spare_shapes = old.shapes;
+        self.spare_shapes = (old.inputs, old.outputs);
     }
 }
 
@@ -1107,8 +1113,8 @@ impl Resolved {
             published: PublishedScratch::new(scratch),
             contract: UnsafeCell::new(Contract::new(query, scratch)),
             call: UnsafeCell::new(CallCells {
-                tensors: Vec::new(),
-                split: 0,
+                inputs: Vec::new(),
+                outputs: Vec::new(),
                 error: guild_error_info_t::new(),
                 marks: Vec::new(),
             }),
@@ -1134,18 +1140,17 @@ impl Resolved {
 
     /// Takes the C tensors a Rust resolution negotiated with (the descriptors of its query,
     /// which this handle's contract now is) as the Rust face's call tensors, without data.
-    /// `tensors` are [`c_tensors`]' answer: inputs, then the outputs from `split` on.
     pub(crate) fn adopt_rust_calls(
         &mut self,
-        mut tensors: Vec<guild_tensor_desc_v1_t>,
-        split: usize,
+        mut inputs: Vec<guild_tensor_desc_v1_t>,
+        mut outputs: Vec<guild_tensor_desc_v1_t>,
     ) {
-        for t in &mut tensors {
+        for t in inputs.iter_mut().chain(outputs.iter_mut()) {
             t.data = std::ptr::null_mut();
         }
         let call = self.call.get_mut();
-        call.tensors = tensors;
-        call.split = split;
+        call.inputs = inputs;
+        call.outputs = outputs;
     }
 
     /// Makes the Rust face's C tensors: the negotiated descriptors, without data.
@@ -1153,10 +1158,10 @@ impl Resolved {
         let contract = self.contract.get_mut();
         let call = self.call.get_mut();
         let c = |d: &TensorDesc| c_tensor(d, std::ptr::null_mut());
-        call.tensors.clear();
-        call.tensors
-            .extend(contract.inputs().iter().chain(contract.outputs()).map(c));
-        call.split = contract.inputs().len();
+        call.inputs.clear();
+        call.inputs.extend(contract.inputs().iter().map(c));
+        call.outputs.clear();
+        call.outputs.extend(contract.outputs().iter().map(c));
     }
 
     /// The Rust face's view of a call.
@@ -1168,17 +1173,13 @@ impl Resolved {
     pub(crate) unsafe fn rust_call<'a>(&'a self, running: &'a Running<'_>) -> RustCall<'a> {
         let _ = running;
         // SAFETY: a Rust handle's contract changes only through `&mut`, which `&self` excludes;
-        // `running` gives this call the call cells, of which the view takes disjoint fields
-        // (the two halves of the tensors, and the record).
+        // `running` gives this call the call cells, of which the view takes disjoint fields.
         unsafe {
             let call = self.call.get();
-            let tensors = &mut *std::ptr::addr_of_mut!((*call).tensors);
-            let split = (*call).split.min(tensors.len());
-            let (inputs, outputs) = tensors.split_at_mut(split);
             RustCall {
                 contract: self.contract(),
-                inputs,
-                outputs,
+                inputs: &mut *std::ptr::addr_of_mut!((*call).inputs),
+                outputs: &mut *std::ptr::addr_of_mut!((*call).outputs),
                 error: &mut *std::ptr::addr_of_mut!((*call).error),
             }
         }

@@ -283,14 +283,13 @@ impl<'r> OperationService<'r> {
         let query = OpQuery::new(request.to_spec()).map_err(ResolveError::Query)?;
         // The query's tensors in C form, made once: the negotiation callbacks see them (with
         // the addresses the request knows), then the handle keeps them for its calls.
-        let (tensors, split) = self::core::c_tensors(&query);
-        let (inputs, outputs) = tensors.split_at(split);
+        let (inputs, outputs) = self::core::c_tensors(&query);
         let args = Negotiation {
             params,
-            tensors: [inputs, outputs],
+            tensors: [&inputs, &outputs],
         };
         let mut resolved = self.core.resolve(query, &args, self.report)?;
-        resolved.adopt_rust_calls(tensors, split);
+        resolved.adopt_rust_calls(inputs, outputs);
         Ok(OpHandle {
             resolved,
             gate: Lone(Gate::live()),
