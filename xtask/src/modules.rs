@@ -297,89 +297,32 @@ pub fn cycles(edges: &[SiblingEdge]) -> Vec<(ModPath, Vec<String>)> {
     out
 }
 
-/// A circle that predates the rule: the crate's `src/`, the path of the module whose children
-/// form it (empty for the crate root) and those children, sorted.
-pub struct KnownCycle {
-    pub krate: &'static str,
-    pub parent: &'static [&'static str],
-    pub members: &'static [&'static str],
-}
-
-impl KnownCycle {
-    fn is(&self, krate: &str, parent: &[String], members: &[String]) -> bool {
-        self.krate == krate
-            && self
-                .parent
-                .iter()
-                .copied()
-                .eq(parent.iter().map(String::as_str))
-            && self
-                .members
-                .iter()
-                .copied()
-                .eq(members.iter().map(String::as_str))
-    }
-}
-
-/// Circles that predate this rule, each to be taken apart; until then they are reported as
-/// known, not as failures. A listed circle that no longer exists fails the check, so this list
-/// only shrinks.
-pub const KNOWN_CYCLES: &[KnownCycle] = &[
-    // The registry owns the operation service's core; the service reads the registry's
-    // snapshot types.
-    KnownCycle {
-        krate: "crates/app/src",
-        parent: &[],
-        members: &["operations", "registry"],
-    },
-    // The core builds the C tables; the C tables call into the core.
-    KnownCycle {
-        krate: "crates/app/src",
-        parent: &["operations"],
-        members: &["c_service", "core"],
-    },
-];
-
-/// Every module cycle in the crate whose sources are under `src`, described for a person,
-/// and separately the known ones ([`KNOWN_CYCLES`]) it still has.
-pub fn check_crate(src: &Path, files: &[(String, String)]) -> (Vec<String>, Vec<String>) {
+/// Every module cycle in the crate whose sources are under `src`, described for a person.
+pub fn check_crate(src: &Path, files: &[(String, String)]) -> Vec<String> {
     let edges = sibling_edges(files);
-    let found = cycles(&edges);
-    let mut problems = Vec::new();
-    let mut known = Vec::new();
     let shown = src.display().to_string();
-    for (parent, members) in &found {
-        let within = if parent.is_empty() {
-            "the crate root".to_owned()
-        } else {
-            format!("`{}`", parent.join("::"))
-        };
-        let how: Vec<String> = edges
-            .iter()
-            .filter(|e| &e.parent == parent && members.contains(&e.from) && members.contains(&e.to))
-            .map(|e| format!("{} -> {} ({})", e.from, e.to, e.file))
-            .collect();
-        let text = format!(
-            "{shown}: modules {} under {within} import each other in a circle: {}",
-            members.join(", "),
-            how.join("; ")
-        );
-        if KNOWN_CYCLES.iter().any(|k| k.is(&shown, parent, members)) {
-            known.push(text);
-        } else {
-            problems.push(text);
-        }
-    }
-    for known in KNOWN_CYCLES.iter().filter(|k| k.krate == shown) {
-        if !found.iter().any(|(p, m)| known.is(&shown, p, m)) {
-            problems.push(format!(
-                "{shown}: the known circle of {} is gone (or changed): take it out of \
-                 KNOWN_CYCLES in xtask/src/modules.rs",
-                known.members.join(", ")
-            ));
-        }
-    }
-    (problems, known)
+    cycles(&edges)
+        .iter()
+        .map(|(parent, members)| {
+            let within = if parent.is_empty() {
+                "the crate root".to_owned()
+            } else {
+                format!("`{}`", parent.join("::"))
+            };
+            let how: Vec<String> = edges
+                .iter()
+                .filter(|e| {
+                    &e.parent == parent && members.contains(&e.from) && members.contains(&e.to)
+                })
+                .map(|e| format!("{} -> {} ({})", e.from, e.to, e.file))
+                .collect();
+            format!(
+                "{shown}: modules {} under {within} import each other in a circle: {}",
+                members.join(", "),
+                how.join("; ")
+            )
+        })
+        .collect()
 }
 
 #[cfg(test)]

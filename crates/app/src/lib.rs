@@ -69,6 +69,7 @@ pub mod platform;
 pub mod publication;
 pub mod publish;
 pub mod registry;
+mod snapshot;
 
 pub use error::{ErrorCategory, HostError};
 pub use host::{

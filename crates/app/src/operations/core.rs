@@ -39,7 +39,7 @@ use guild_ports::provider::{ExecuteCall, KernelProvider, QueryCall};
 
 use super::handles::{HandleTable, Running};
 use super::{ExecuteError, ReshapeError, ResolveError, Scratch};
-use crate::registry::{KernelBinding, OperationCandidates, Snapshot, StoredOp};
+use crate::snapshot::{KernelBinding, OperationCandidates, Snapshot, StoredOp};
 
 // ---------------------------------------------------------------------------------------------
 // Devices
@@ -133,7 +133,7 @@ pub(crate) struct ServiceCore {
     pub(crate) plugin_table: guild_operation_service_v1_t,
     closed: AtomicBool,
     /// The C handles resolved and not yet released.
-    pub(crate) handles: HandleTable<super::c_service::CHandle>,
+    pub(crate) handles: HandleTable<Resolved>,
     /// Where the runner's table leads while the registry lives.
     cell: &'static RunnerCell,
 }
@@ -180,7 +180,13 @@ impl fmt::Debug for ServiceCore {
 }
 
 impl ServiceCore {
-    pub(crate) fn new(snapshot: Arc<ArcSwap<Snapshot>>, devices: DeviceSupport) -> Arc<Self> {
+    /// A core over `snapshot` whose two C tables start from `table` (the C service's entry
+    /// points, which the caller names so that this module need not import them).
+    pub(crate) fn new(
+        snapshot: Arc<ArcSwap<Snapshot>>,
+        devices: DeviceSupport,
+        table: guild_operation_service_v1_t,
+    ) -> Arc<Self> {
         let id = NEXT_CORE_ID.fetch_add(1, Ordering::Relaxed);
         let cell: &'static RunnerCell = Box::leak(Box::new(RunnerCell {
             core: AtomicPtr::new(std::ptr::null_mut()),
@@ -191,9 +197,9 @@ impl ServiceCore {
             .push(cell);
         let core = Arc::new_cyclic(|core: &std::sync::Weak<ServiceCore>| {
             let user: *mut c_void = core.as_ptr().cast_mut().cast();
-            let mut runner_table = super::c_service::table();
+            let mut runner_table = table;
             runner_table.user = std::ptr::from_ref(cell).cast_mut().cast();
-            let mut plugin_table = super::c_service::table();
+            let mut plugin_table = table;
             plugin_table.user = user.cast::<u8>().wrapping_add(1).cast();
             ServiceCore {
                 id,
@@ -216,7 +222,7 @@ impl ServiceCore {
     /// handles that no call is using, for the registry to drop; the rest are dropped by the
     /// core itself when its last owner lets go of it.
     #[allow(clippy::vec_box)] // Each handle was boxed into its slot; they are dropped as they are.
-    pub(crate) fn close(&self) -> Vec<Box<super::c_service::CHandle>> {
+    pub(crate) fn close(&self) -> Vec<Box<Resolved>> {
         self.closed.store(true, Ordering::Release);
         self.cell
             .core

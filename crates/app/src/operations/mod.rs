@@ -5,7 +5,7 @@
 //! There is one implementation (the private `core` module) with two faces:
 //! - the C table `guild_operation_service_v1_t` ([`c_service`]), which every plugin receives
 //!   through the optional tail of its host table and in-process runners get from
-//!   [`KernelRegistry::operation_api`];
+//!   [`KernelRegistry::operation_api`](crate::registry::KernelRegistry::operation_api);
 //! - the safe Rust API here: an [`OperationRequest`] resolved by an [`OperationService`] into an
 //!   [`OpHandle`], with `describe`, `scratch`, `execute` (host-blocking, on borrowed slices),
 //!   `execute_on_stream` (any sync mode, on [`DeviceTensor`]s the caller vouches for), and
@@ -93,10 +93,11 @@ use guild_domain::operation::{
 use guild_domain::version::{PackedVersion, Version};
 use guild_ports::device::{DeviceError, StreamRef};
 
+use self::core::ServiceCore;
 use self::core::{BufferArg, Negotiation, Resolved};
 pub use self::core::{DeviceSupport, PassReason, PassedOver};
-use self::handles::{Gate, Refused};
-use crate::registry::{KernelBinding, KernelRegistry};
+use self::handles::{Gate, Lone, Refused};
+use crate::snapshot::KernelBinding;
 
 // ---------------------------------------------------------------------------------------------
 // The request
@@ -230,15 +231,17 @@ impl ResolveError {
 /// The operation service over one kernel registry.
 #[derive(Debug, Clone, Copy)]
 pub struct OperationService<'r> {
-    registry: &'r KernelRegistry,
+    /// The registry's core; `OperationService::new` (beside the registry, which owns the core)
+    /// borrows it from the registry for `'r`.
+    core: &'r ServiceCore,
     report: bool,
 }
 
 impl<'r> OperationService<'r> {
-    /// The service over `registry`; handles it returns borrow the registry.
-    pub fn new(registry: &'r KernelRegistry) -> Self {
+    /// The service over a registry's core, for as long as the registry is borrowed.
+    pub(crate) fn over(core: &'r ServiceCore) -> Self {
         OperationService {
-            registry,
+            core,
             report: false,
         }
     }
@@ -285,11 +288,11 @@ impl<'r> OperationService<'r> {
             params,
             tensors: [&inputs, &outputs],
         };
-        let mut resolved = self.registry.service().resolve(query, &args, self.report)?;
+        let mut resolved = self.core.resolve(query, &args, self.report)?;
         resolved.adopt_rust_calls(inputs, outputs);
         Ok(OpHandle {
             resolved,
-            gate: Gate::live(),
+            gate: Lone(Gate::live()),
             _registry: PhantomData,
         })
     }
@@ -356,8 +359,10 @@ pub struct OpHandle<'r> {
     /// Boxed: the handle moves as a pointer.
     resolved: Box<Resolved>,
     /// Serialises the handle's calls (the C face keeps the same gate in the handle's slot).
-    gate: Gate,
-    _registry: PhantomData<&'r KernelRegistry>,
+    /// Alone in its line, so that handles side by side (in a `Vec`, on one stack) executing on
+    /// different threads do not write one cache line.
+    gate: Lone<Gate>,
+    _registry: PhantomData<&'r ServiceCore>,
 }
 
 impl fmt::Debug for OpHandle<'_> {
@@ -608,7 +613,7 @@ impl OpHandle<'_> {
         if !stream.is_null() && !r.takes_stream {
             return Err(ExecuteError::StreamOnCpu);
         }
-        let running = self.gate.enter_run(0, true).map_err(|why| match why {
+        let running = self.gate.0.enter_run(0, true).map_err(|why| match why {
             Refused::Reentrant => ExecuteError::Reentrant,
             // A Rust handle is live for as long as it exists and its callers wait their turn.
             Refused::Stale | Refused::Busy | Refused::InUse(_) => ExecuteError::Reentrant,

@@ -1,0 +1,464 @@
+//! What the kernel registry publishes and what readers hold: the immutable [`Snapshot`], the
+//! stored kernels and runners in it, the loaded packages with their striped binding counts, and
+//! the bindings that keep a provider's code loaded. Below both the registry, which builds
+//! snapshots and drains packages, and the operation service, which resolves against a snapshot
+//! and binds what it chose; the counting protocol is described in the
+//! [registry's documentation](crate::registry#draining).
+
+use std::borrow::Cow;
+use std::ffi::CString;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use guild_domain::ids::{ImplId, OpName, PackageId};
+use guild_domain::operation::OpCandidate;
+use guild_domain::version::Version;
+use guild_ports::loader::{LoadedLibrary, RegisteredKernel, RegisteredRunner};
+use rustc_hash::FxHashMap;
+
+/// Set in every stripe of a package's count while a lifecycle change drains it, and for good
+/// once it has left the registry: no new binding may be taken.
+const DRAINING: u64 = 1 << 63;
+/// Set (and never cleared) once someone has waited for the package's bindings to end: the drop
+/// of its last binding then wakes the waiters.
+const WAITED: u64 = 1 << 62;
+/// The live binding count, in the low bits. It cannot reach `WAITED`: each binding is a live
+/// object of at least a pointer's size, and 2^62 of them do not fit in an address space.
+const COUNT: u64 = WAITED - 1;
+/// Stripes of a package's binding count: enough that the threads of a small machine each bind
+/// on their own.
+const STRIPES: usize = 8;
+
+/// One stripe of a package's count: `DRAINING | WAITED | bindings taken on it`, alone on its
+/// cache line (128 bytes: the pair of lines that adjacent-line prefetching moves together).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Stripe(AtomicU64);
+
+/// The stripe this thread binds on: threads are dealt stripes in turn as they first bind.
+fn thread_stripe() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static STRIPE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+    }
+    // A binding taken while the thread's locals are torn down counts on stripe 0.
+    STRIPE.try_with(|s| *s).unwrap_or(0)
+}
+
+/// Where waiters for a package's bindings to end sleep
+/// ([`KernelRegistry::wait_unbound`](crate::registry::KernelRegistry::wait_unbound)).
+#[derive(Debug, Default)]
+pub(crate) struct Quiet {
+    lock: Mutex<()>,
+    pub(crate) released: Condvar,
+}
+
+impl Quiet {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, ()> {
+        // The mutex guards no data, so poisoning means nothing here.
+        self.lock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One loaded package version and its library.
+pub struct LoadedPackage {
+    /// The package.
+    pub id: PackageId,
+    /// The version whose library this is.
+    pub version: Version,
+    library: Arc<dyn LoadedLibrary>,
+    /// The binding count's stripes; see the module documentation.
+    state: [Stripe; STRIPES],
+    quiet: Arc<Quiet>,
+    /// Set while a newer committed generation wants this version out or replaced and live
+    /// bindings defer the switch ([`KernelBinding::is_current`] answers `false`).
+    pub(crate) superseded: std::sync::atomic::AtomicBool,
+}
+
+impl fmt::Debug for LoadedPackage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoadedPackage")
+            .field("id", &self.id)
+            .field("version", &self.version)
+            .finish()
+    }
+}
+
+impl LoadedPackage {
+    /// A package version just loaded: unbound, not draining, not superseded; its bindings'
+    /// last drop wakes the waiters on `quiet`.
+    pub(crate) fn new(
+        id: PackageId,
+        version: Version,
+        library: Arc<dyn LoadedLibrary>,
+        quiet: Arc<Quiet>,
+    ) -> Self {
+        LoadedPackage {
+            id,
+            version,
+            library,
+            state: Default::default(),
+            quiet,
+            superseded: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// The library, for callers that must keep it loaded alongside a pointer into it.
+    pub fn library(&self) -> &Arc<dyn LoadedLibrary> {
+        &self.library
+    }
+
+    /// Whether a lifecycle change is draining the package (or it has left the registry).
+    pub fn is_draining(&self) -> bool {
+        // Every stripe is marked and cleared together; the first says for all.
+        self.state[0].0.load(Ordering::Relaxed) & DRAINING != 0
+    }
+
+    /// Live bindings into the package.
+    pub fn live_bindings(&self) -> u64 {
+        self.state
+            .iter()
+            .map(|s| s.0.load(Ordering::Acquire) & COUNT)
+            .sum()
+    }
+
+    /// Whether this version is still the one the registry serves and no switch away from it is
+    /// waiting: not retired, not draining, not superseded by a newer committed generation.
+    pub fn is_current(&self) -> bool {
+        !self.is_draining() && !self.superseded.load(Ordering::Acquire)
+    }
+
+    /// Counts one more binding on this thread's stripe unless the package is draining, and
+    /// answers the stripe; one compare-and-swap (see the module documentation for why that
+    /// cannot miss a drain).
+    fn try_bind(&self) -> Option<u8> {
+        let stripe = thread_stripe();
+        let word = &self.state[stripe].0;
+        let mut now = word.load(Ordering::Relaxed);
+        loop {
+            if now & DRAINING != 0 {
+                return None;
+            }
+            // Relaxed suffices: the exclusion with a drain rests on the word's own modification
+            // order (a successful CAS reads the value just before it, so it cannot succeed after
+            // a `fetch_or` of `DRAINING`), and the provider's memory is kept by the `Arc`, not
+            // the count. `now + 1` stays below `WAITED` (see `COUNT`).
+            match word.compare_exchange_weak(now, now + 1, Ordering::Relaxed, Ordering::Relaxed) {
+                // STRIPES fits in a byte.
+                Ok(_) => return Some(stripe as u8),
+                Err(seen) => now = seen,
+            }
+        }
+    }
+
+    /// Counts a copy of a live binding on its stripe. Needs no check: while that binding lives
+    /// the stripe's count is at least one, so no drain can have succeeded (a drain succeeds
+    /// only when every stripe counts zero).
+    fn bind_again(&self, stripe: u8) {
+        self.state[usize::from(stripe) % STRIPES]
+            .0
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Ends one binding taken on `stripe`, waking the waiters when it was the stripe's last and
+    /// someone waits (they count every stripe again).
+    fn unbind(&self, stripe: u8) {
+        // Release: everything the binding was used for happens before a drainer's Acquire
+        // read of a count of zero, so before the unload or replacement it allows.
+        let before = self.state[usize::from(stripe) % STRIPES]
+            .0
+            .fetch_sub(1, Ordering::Release);
+        if before & COUNT == 1 && before & WAITED != 0 {
+            // Taking the lock orders this notification after a waiter that saw a non-zero
+            // count has gone to sleep (it holds the lock from its read until it waits).
+            let _held = self.quiet.lock();
+            self.quiet.released.notify_all();
+        }
+    }
+
+    /// Marks the package draining and answers the live bindings at the marks. On zero the
+    /// marks stay and no binding can be taken; otherwise they are cleared again.
+    pub(crate) fn begin_drain(&self) -> Result<(), u64> {
+        let mut live = 0;
+        let mut marked = false;
+        for stripe in &self.state {
+            let before = stripe.0.fetch_or(DRAINING, Ordering::AcqRel);
+            live += before & COUNT;
+            marked |= before & DRAINING != 0;
+        }
+        if live == 0 {
+            return Ok(());
+        }
+        // A package marked before (one that left the registry) keeps its marks.
+        if !marked {
+            self.end_drain();
+        }
+        Err(live)
+    }
+
+    /// Clears the marks of a drain whose change did not commit.
+    pub(crate) fn end_drain(&self) {
+        for stripe in &self.state {
+            stripe.0.fetch_and(!DRAINING, Ordering::Release);
+        }
+    }
+
+    /// Marks a package that leaves the registry, for good.
+    pub(crate) fn retire(&self) {
+        for stripe in &self.state {
+            stripe.0.fetch_or(DRAINING, Ordering::Release);
+        }
+    }
+
+    /// Asks to be woken when a stripe's count reaches zero and answers the count. Called with
+    /// the quiet lock held.
+    pub(crate) fn watch(&self) -> u64 {
+        self.state
+            .iter()
+            .map(|s| s.0.fetch_or(WAITED, Ordering::AcqRel) & COUNT)
+            .sum()
+    }
+}
+
+/// A registered kernel as the registry stores it: the copy the loader made and the package that
+/// keeps its code loaded (whose stripes count the bindings to it).
+#[derive(Debug)]
+pub struct StoredOp {
+    /// The host's copy of what the plugin registered.
+    pub kernel: RegisteredKernel,
+    /// The package whose library holds the kernel's code.
+    pub package: Arc<LoadedPackage>,
+    /// The names a C caller reads from a handle's description, made once at registration.
+    pub(crate) c_names: CNames,
+    /// The kernel's GOP1 contract, shared with every handle resolved to it (so a resolution
+    /// takes a reference rather than copying it), when it has one.
+    pub(crate) contract: Option<Arc<OpCandidate>>,
+}
+
+/// A kernel's names as C strings, which live as long as the stored kernel (and so as long as
+/// any binding to it).
+#[derive(Debug)]
+pub(crate) struct CNames {
+    pub(crate) impl_id: CString,
+    pub(crate) package_id: CString,
+    pub(crate) op_name: CString,
+}
+
+impl CNames {
+    pub(crate) fn of(kernel: &RegisteredKernel, package: &PackageId) -> Self {
+        // Ids and names are validated text without NUL bytes; an empty string is the harmless
+        // fallback should that ever change.
+        let c = |s: &str| CString::new(s).unwrap_or_default();
+        CNames {
+            impl_id: c(kernel.impl_id.as_str()),
+            package_id: c(package.as_str()),
+            op_name: c(kernel.op_name.as_ref().map_or("", OpName::as_str)),
+        }
+    }
+}
+
+/// A live reference to a registered kernel. While it exists, the kernel's library stays loaded
+/// and counts as a lease on its package.
+pub struct KernelBinding {
+    op: Arc<StoredOp>,
+    /// The stripe of the package's count this binding (and each copy of it) is counted on.
+    stripe: u8,
+}
+
+impl KernelBinding {
+    /// Binds a stored op, or answers `None` when its package is draining or has left the
+    /// registry (see the module documentation). Within the crate only: the operation service
+    /// binds the very op it negotiated with.
+    pub(crate) fn try_new(op: &Arc<StoredOp>) -> Option<Self> {
+        op.package.try_bind().map(|stripe| KernelBinding {
+            op: Arc::clone(op),
+            stripe,
+        })
+    }
+
+    /// The registered kernel.
+    pub fn kernel(&self) -> &RegisteredKernel {
+        &self.op.kernel
+    }
+
+    /// The package that provides it.
+    pub fn package(&self) -> &PackageId {
+        &self.op.package.id
+    }
+
+    /// The version of that package.
+    pub fn version(&self) -> &Version {
+        &self.op.package.version
+    }
+
+    /// The library the kernel's code lives in (kept loaded by this binding).
+    pub fn library(&self) -> &Arc<dyn LoadedLibrary> {
+        &self.op.package.library
+    }
+
+    /// The kernel's names as C strings, valid while the binding lives.
+    pub(crate) fn c_names(&self) -> &CNames {
+        &self.op.c_names
+    }
+
+    /// Whether the binding's package version is still the current provider
+    /// ([`LoadedPackage::is_current`]): `false` once it was replaced, taken out (revoked,
+    /// disabled, rolled back) or is waiting for its bindings to end so that it can be. A runner
+    /// that sees `false` drops the binding and resolves again when it suits it.
+    pub fn is_current(&self) -> bool {
+        self.op.package.is_current()
+    }
+}
+
+impl Clone for KernelBinding {
+    fn clone(&self) -> Self {
+        self.op.package.bind_again(self.stripe);
+        KernelBinding {
+            op: Arc::clone(&self.op),
+            stripe: self.stripe,
+        }
+    }
+}
+
+impl Drop for KernelBinding {
+    fn drop(&mut self) {
+        self.op.package.unbind(self.stripe);
+    }
+}
+
+impl fmt::Debug for KernelBinding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KernelBinding")
+            .field("impl_id", &self.op.kernel.impl_id)
+            .field("package", &self.op.package.id)
+            .finish()
+    }
+}
+
+impl std::ops::Deref for KernelBinding {
+    type Target = RegisteredKernel;
+    fn deref(&self) -> &RegisteredKernel {
+        &self.op.kernel
+    }
+}
+
+/// A registered runner as stored; its package's stripes count the references to it.
+#[derive(Debug)]
+pub struct StoredRunner {
+    /// The host's copy of what the plugin registered.
+    pub runner: RegisteredRunner,
+    /// The package whose library holds the runner's code.
+    pub package: Arc<LoadedPackage>,
+}
+
+/// A shared reference to a registered runner, keeping its library loaded like a binding.
+pub struct RunnerBinding {
+    runner: Arc<StoredRunner>,
+    stripe: u8,
+}
+
+impl RunnerBinding {
+    /// As [`KernelBinding::try_new`]: `None` while the runner's package drains.
+    pub(crate) fn try_new(runner: &Arc<StoredRunner>) -> Option<Self> {
+        runner.package.try_bind().map(|stripe| RunnerBinding {
+            runner: Arc::clone(runner),
+            stripe,
+        })
+    }
+
+    /// The registered runner.
+    pub fn runner(&self) -> &RegisteredRunner {
+        &self.runner.runner
+    }
+
+    /// The package that provides it.
+    pub fn package(&self) -> &PackageId {
+        &self.runner.package.id
+    }
+}
+
+impl Drop for RunnerBinding {
+    fn drop(&mut self) {
+        self.runner.package.unbind(self.stripe);
+    }
+}
+
+impl fmt::Debug for RunnerBinding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunnerBinding")
+            .field("runner_id", &self.runner.runner.runner_id)
+            .finish()
+    }
+}
+
+/// An immutable view of everything registered and enabled.
+///
+/// Its maps hash with a fast unkeyed hash: every key in them is an id the host registered after
+/// checking it, and a lookup with an unknown key only misses.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    pub(crate) by_id: FxHashMap<ImplId, Arc<StoredOp>>,
+    /// Per (op_kind, op_name): candidates sorted by descending priority, then ascending impl id.
+    pub(crate) by_op: FxHashMap<(u32, Option<OpName>), Vec<Arc<StoredOp>>>,
+    pub(crate) runners: Vec<Arc<StoredRunner>>,
+    pub(crate) packages: FxHashMap<PackageId, Arc<LoadedPackage>>,
+    /// Per namespaced operation: its kernels that carry a GOP1 contract, best first, beside
+    /// their contracts, so that resolution ranks them without copying anything.
+    pub(crate) operations: FxHashMap<OpName, OperationCandidates>,
+}
+
+/// The GOP1 kernels of one namespaced operation, best first, and their contracts in the same
+/// order: the registry ranks them once, when it builds a snapshot, so that resolution only
+/// walks them.
+#[derive(Debug, Default, Clone)]
+pub struct OperationCandidates {
+    /// The stored kernels, best first (descending priority, then ascending impl id).
+    pub stored: Vec<Arc<StoredOp>>,
+    /// Their GOP1 contracts in the domain's form, in the same order.
+    pub contracts: Vec<OpCandidate>,
+    /// The operation's name as the C string every negotiation callback receives.
+    pub(crate) c_name: CString,
+}
+
+impl OperationCandidates {
+    /// The candidates whose package is not draining, in the same order: what resolution may
+    /// choose from. Borrowed (no copy) unless a package drains.
+    pub fn bindable(&self) -> Cow<'_, OperationCandidates> {
+        if !self.stored.iter().any(|op| op.package.is_draining()) {
+            return Cow::Borrowed(self);
+        }
+        let (stored, contracts) = self
+            .stored
+            .iter()
+            .zip(&self.contracts)
+            .filter(|(op, _)| !op.package.is_draining())
+            .map(|(op, c)| (Arc::clone(op), c.clone()))
+            .unzip();
+        Cow::Owned(OperationCandidates {
+            stored,
+            contracts,
+            c_name: self.c_name.clone(),
+        })
+    }
+}
+
+impl Snapshot {
+    /// The enabled GOP1 kernels of a namespaced operation, best first.
+    pub fn operation(&self, name: &OpName) -> Option<&OperationCandidates> {
+        self.operations.get(name)
+    }
+
+    /// The enabled kernel with this impl id.
+    pub fn by_id(&self, impl_id: &ImplId) -> Option<&Arc<StoredOp>> {
+        self.by_id.get(impl_id)
+    }
+
+    /// Every enabled candidate for an operation, best first.
+    pub fn candidates(&self, op_kind: u32, op_name: Option<&OpName>) -> &[Arc<StoredOp>] {
+        self.by_op
+            .get(&(op_kind, op_name.cloned()))
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+}
