@@ -837,11 +837,15 @@ fn main() {
         })
     });
     g.finish();
-    assert_eq!(
-        ys[STEPS as usize - 1],
-        2.0,
-        "the last step ran over the whole sequence"
-    );
+    // Unless a criterion filter left the decode loop out, its last step ran over the whole
+    // sequence.
+    if !(decode_reshape_t.borrow().is_empty() && decode_resolve_t.borrow().is_empty()) {
+        assert_eq!(
+            ys[STEPS as usize - 1],
+            2.0,
+            "the last step ran over the whole sequence"
+        );
+    }
 
     let m = |s: &Samples| median(s, samples);
     let (direct_ns, c_ns, rust_ns) = (m(&direct_t), m(&c_service_t), m(&rust_t));
