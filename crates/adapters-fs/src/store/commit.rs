@@ -1,28 +1,47 @@
 //! The commit: one transaction, made durable in a fixed order of numbered steps.
 //!
+//! 0. Only in a format-1 store (no log yet): the migration. An empty log based at the current
+//!    generation is written to `registry.log.tmp`, fsynced, renamed into place and the store
+//!    directory fsynced; then the current state as a format-2 checkpoint the same way over
+//!    `registry.json`. Until that rename the format-1 file is the store (readers ignore a log
+//!    beside it, recovery deletes it); after it, the checkpoint and the empty log are.
 //! 1. The journal record: written to a temporary file, fsynced, renamed into `journal/`, and the
 //!    journal directory fsynced.
-//! 2. With new trust bytes: they are written to `trust.next` and fsynced. The registry about to
-//!    be committed records their digest, which is how recovery tells a `trust.next` to finish
-//!    from one to throw away.
+//! 2. With new trust bytes: they are written to `trust.next` and fsynced, and the store
+//!    directory fsynced so that the name is durable. The frame about to be committed records
+//!    their digest, which is how recovery tells a `trust.next` to finish from one to throw away.
 //! 3. With an install: the staged tree is sealed read-only (all but its top directory) and fsynced
 //!    bottom-up; `packages/<id>/` is created if needed (and `packages/` fsynced); a replacement
 //!    first renames the installed tree aside to `packages/<id>/<version>~replaced`; the tree is
 //!    renamed to `packages/<id>/<version>/`; its top directory is sealed and fsynced; then
 //!    `packages/<id>/` and `staging/` are fsynced so that the move is durable.
-//! 4. The new registry: written to `registry.json.tmp` and fsynced, then renamed over
-//!    `registry.json`. That rename is the commit point. The store directory is fsynced, which also
-//!    makes `trust.next` durable under its name.
+//! 4. The frame: the delta (the changed package records, the new trust anchor) is appended to
+//!    `registry.log` and the log fdatasynced. That fdatasync is the commit point.
 //! 5. After the commit point: `trust.next` is renamed over `trust`, the trees the new registry no
 //!    longer installs (and a replaced tree) are deleted, then the journal record. None needs an
 //!    fsync, because recovery finishes the rename and deletes unreferenced trees and stale
 //!    records anyway.
+//! 6. When the log's frames have outgrown the checkpoint: the compaction. The new state is
+//!    written as the checkpoint (tmp, fsync, rename, directory fsync), then an empty log based at
+//!    its generation (the same four steps). Between the two renames the old log's frames are all
+//!    at or below the checkpoint's generation and are skipped. A failure here leaves the commit
+//!    standing and the log long, listed in the leftovers.
 //!
-//! A failure before the commit point undoes steps 1 and 2 and answers the error with the store
-//! unchanged. A failure of the fsync right after the commit point puts the previous registry back
-//! (the new one may or may not be durable, and the caller is told it failed), so the answer is
-//! still "unchanged"; if putting it back fails too, the store is poisoned. A failure after that
-//! leaves the commit standing and lists what could not be cleaned up.
+//! So an install of a new package id makes 11 fsyncs: the journal record 2, the staged tree one
+//! per file and directory (4 for a manifest and a library in `lib/`), the packages directory,
+//! the installed tree, the id directory and staging 1 each, the frame 1; a change of state only,
+//! 3. New trust bytes add 2, a migration 4, a compaction 4.
+//!
+//! Planning looks only at the packages whose records differ from the committed state
+//! ([`RegistryDelta::between`]): their invariants, that none drops a record or changes a
+//! payload, and which trees come and go. The others are equal to what is committed, which
+//! already keeps every invariant.
+//!
+//! A failure before the commit point undoes steps 1 to 3 and answers the error with the store
+//! unchanged. If the frame's append or fdatasync fails, the log is cut back to its old length
+//! and fsynced first (the frame may be durable), so the answer is still "unchanged"; if that
+//! fails too, the store is poisoned. A failure after the commit point leaves the commit standing
+//! and lists what could not be cleaned up.
 
 use std::fs::{self, OpenOptions};
 use std::io;

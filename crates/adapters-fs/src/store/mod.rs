@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! lock                     advisory lock; held by a writer (for its life, or one transaction)
-//! registry.json            the registry (RegistryState), replaced atomically; the commit point
+//! registry.json            the checkpoint: the registry (RegistryState) at some generation
+//! registry.log             one frame per commit after it; appending one is the commit point
 //! trust                    the trust bytes, opaque to the store, replaced atomically
 //! trust.next               new trust bytes of a commit in flight (finished or dropped by recovery)
 //! journal/<gen>.intent     the record of a transaction in flight
@@ -17,9 +18,9 @@
 //! A *writer* handle ([`FsStore::open`]) takes the lock (or fails with `Locked`) and recovers
 //! before anything else; the `recovery` module says what that means and the `commit` module
 //! lists the durable steps in order. A *reader* handle ([`StoreOptions::reader`]) takes no lock
-//! and writes nothing but its own pins: it reads the last committed generation (the registry file is replaced
-//! atomically, and the trust bytes of a commit whose rename of `trust.next` is still to come are
-//! found by the digest the registry records), so a pending transaction is invisible to it and
+//! and writes nothing but its own pins: it reads the last committed generation (the checkpoint
+//! and the complete frames after it, as the `log` module describes; the trust bytes of a commit
+//! whose rename of `trust.next` is still to come are found by the digest the state records), so a pending transaction is invisible to it and
 //! its recovery is left to the next writer. A reader takes the lock only for the transactions it
 //! makes itself. The `pins` module says how loaded versions are kept from deletion. A
 //! [`Fault`] in [`StoreOptions`] makes one numbered step fail or "crash", which is how the crash

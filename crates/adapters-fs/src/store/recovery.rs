@@ -1,9 +1,11 @@
 //! Recovery: brings the disk back in line with the registry after whatever happened before.
 //!
-//! The registry file is the commit point of every transaction, so recovery never needs to redo
-//! work: a transaction whose registry rename happened is complete apart from deleting trees the
-//! new registry no longer references, and one whose rename did not happen left only trees and
-//! files that the old registry does not reference. Both are finished the same way: delete every
+//! A transaction's frame in the registry log is its commit point, so recovery never needs to redo
+//! work: a transaction whose frame is complete is done apart from deleting trees the new
+//! registry no longer references, and one whose frame is missing or torn left only trees and
+//! files that the old registry does not reference. A torn frame at the end of the log is cut off
+//! (and the log fsynced) before anything else is decided, and a log left beside a format-1
+//! registry by a migration that stopped early is deleted. Both are finished the same way: delete every
 //! package tree the registry does not reference, clear the staging area and the temporary files,
 //! and drop the journal records. The journal records add a consistency check (a record that
 //! expects a generation newer than the registry's means the registry went backwards) and say in

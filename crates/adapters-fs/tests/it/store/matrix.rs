@@ -46,9 +46,7 @@ fn two_versions(s: &FsStore) {
 /// Turns the store into one written before the log existed: the whole registry in format 1,
 /// the very bytes the earlier code wrote, and no log.
 fn as_format_1(s: &FsStore) {
-    let layout = s.layout();
-    std::fs::write(&layout.registry, s.registry().unwrap().to_json()).unwrap();
-    std::fs::remove_file(&layout.log).unwrap();
+    guild_adapters_fs::store::testing::as_format_1(s.layout().root.clone()).unwrap();
 }
 
 fn shapes() -> Vec<Shape> {

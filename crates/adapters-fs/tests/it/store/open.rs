@@ -618,9 +618,9 @@ fn store_format_1_opens_unchanged_and_the_first_write_migrates_it() {
     let layout = StoreLayout::new(&root);
     let state = committed(&root);
     // The whole registry in format 1 and no log: what the code before the log wrote.
-    let old = state.to_json();
-    fs::write(&layout.registry, &old).unwrap();
-    fs::remove_file(&layout.log).unwrap();
+    guild_adapters_fs::store::testing::as_format_1(&root).unwrap();
+    let old = fs::read(&layout.registry).unwrap();
+    assert_eq!(old, state.to_json());
     for reader in [true, false] {
         let options = if reader {
             StoreOptions::new().reader()
