@@ -2,8 +2,9 @@
 //! of each, which one is current, which one a rollback returns to, and the generation number that
 //! orders committed changes.
 //!
-//! The store persists a [`RegistryState`] as one file and replaces it atomically, so every rule
-//! that must survive a crash lives here, as pure data and pure decisions:
+//! The store persists a [`RegistryState`] as a checkpoint and a log of the changes after it (see
+//! the `registry_log` module), so every rule that must survive a crash lives here, as pure data
+//! and pure decisions:
 //!
 //! - Each package id has at most one *current* version (lifecycle state `enabled` or `disabled`);
 //!   older published versions stay installed as `superseded` rollback candidates, and one of them
@@ -54,7 +55,7 @@ pub const REGISTRY_FORMAT_V1: u64 = 1;
 
 /// The format of a checkpoint (`"guild_registry": 2`): the same document, but only the state at
 /// its generation; the commits after it are frames of the registry log
-/// ([`crate::registry_log`]). A build that knows only format 1 refuses it rather than read a
+/// (the `registry_log` module). A build that knows only format 1 refuses it rather than read a
 /// stale state.
 pub const REGISTRY_FORMAT_V2: u64 = 2;
 
@@ -877,26 +878,32 @@ impl RegistryState {
             })
     }
 
-    /// Applies `delta`, the change of one commit, in place. Refuses, leaving the state as it
-    /// was, a delta that is not for the next generation or that leaves a changed package
-    /// breaking an invariant.
-    pub fn apply(&mut self, delta: &crate::registry_log::RegistryDelta) -> Result<(), ApplyError> {
+    /// Applies the change of one commit in place: `generation`, the new trust anchor if any, and
+    /// the new record (or deletion) of each changed package. Refuses, leaving the state as it
+    /// was, a change that is not for the next generation or that leaves a changed package
+    /// breaking an invariant. The public form is `RegistryState::apply`, beside the delta type.
+    pub(crate) fn apply_change(
+        &mut self,
+        generation: u64,
+        trust: Option<&TrustAnchor>,
+        packages: &BTreeMap<PackageId, Option<PackageRecord>>,
+    ) -> Result<(), ApplyError> {
         let expected = self.generation.checked_add(1);
-        if expected != Some(delta.generation) {
+        if expected != Some(generation) {
             return Err(ApplyError::Generation {
                 current: self.generation,
-                delta: delta.generation,
+                delta: generation,
             });
         }
-        let mut undo = Vec::with_capacity(delta.packages.len());
-        for (id, change) in &delta.packages {
+        let mut undo = Vec::with_capacity(packages.len());
+        for (id, change) in packages {
             let before = match change {
                 Some(record) => self.packages.insert(id.clone(), record.clone()),
                 None => self.packages.remove(id),
             };
             undo.push((id, before));
         }
-        if let Err(e) = self.validate_packages(delta.packages.keys()) {
+        if let Err(e) = self.validate_packages(packages.keys()) {
             for (id, before) in undo {
                 match before {
                     Some(record) => self.packages.insert(id.clone(), record),
@@ -905,10 +912,10 @@ impl RegistryState {
             }
             return Err(ApplyError::Invariant(e));
         }
-        if let Some(anchor) = &delta.trust {
+        if let Some(anchor) = trust {
             self.trust = Some(anchor.clone());
         }
-        self.generation = delta.generation;
+        self.generation = generation;
         Ok(())
     }
 
@@ -924,7 +931,7 @@ impl RegistryState {
     }
 }
 
-/// Why a [`crate::registry_log::RegistryDelta`] cannot be applied to a state.
+/// Why the change of one commit (a registry delta) cannot be applied to a state.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ApplyError {
     /// The delta is not the change to the next generation.

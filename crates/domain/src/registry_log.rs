@@ -20,7 +20,7 @@ use crate::ids::PackageId;
 use crate::json::{self, JsonPath, Value};
 use crate::registry::{
     decode_package, decode_trust, encode_package, encode_trust, field, format_of, wrong_type,
-    FieldProblem, Fields, PackageRecord, RegistryDecodeError, RegistryState,
+    ApplyError, FieldProblem, Fields, PackageRecord, RegistryDecodeError, RegistryState,
 };
 use crate::trust::TrustAnchor;
 
@@ -53,6 +53,15 @@ pub enum DeltaError {
     /// anchor (and the store refuses to lose one anyway).
     #[error("the new registry drops the record of the trust file")]
     DropsTrust,
+}
+
+impl RegistryState {
+    /// Applies `delta`, the change of one commit, in place. Refuses, leaving the state as it
+    /// was, a delta that is not for the next generation or that leaves a changed package
+    /// breaking an invariant; only the packages it changes are checked.
+    pub fn apply(&mut self, delta: &RegistryDelta) -> Result<(), ApplyError> {
+        self.apply_change(delta.generation, delta.trust.as_ref(), &delta.packages)
+    }
 }
 
 impl RegistryDelta {
