@@ -7,7 +7,7 @@
 //!    (`--poll`). Both runners execute every 5 ms, so the round is not what is measured. A line
 //!    that arrived before the command returned counts as 0 (the runner had switched while the
 //!    command was still exiting); so that the figure says something then too, the time from the
-//!    commit itself (the replacement of `registry.json`, seen by the benchmark's own inotify
+//!    commit itself (its frame in `registry.log`, seen by the benchmark's own inotify
 //!    watch) to that line is reported beside it.
 //! 2. **Concurrent opens**: the wall time of one reader process (`guild-example-runner STORE
 //!    OP`: open the store without its lock, verify, load, execute once, exit) alone, against 8

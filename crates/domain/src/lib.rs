@@ -21,5 +21,6 @@ pub mod manifest;
 pub mod operation;
 pub mod path;
 pub mod registry;
+pub mod registry_log;
 pub mod trust;
 pub mod version;

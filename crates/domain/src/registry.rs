@@ -2,8 +2,9 @@
 //! of each, which one is current, which one a rollback returns to, and the generation number that
 //! orders committed changes.
 //!
-//! The store persists a [`RegistryState`] as one file and replaces it atomically, so every rule
-//! that must survive a crash lives here, as pure data and pure decisions:
+//! The store persists a [`RegistryState`] as a checkpoint and a log of the changes after it (see
+//! the `registry_log` module), so every rule that must survive a crash lives here, as pure data
+//! and pure decisions:
 //!
 //! - Each package id has at most one *current* version (lifecycle state `enabled` or `disabled`);
 //!   older published versions stay installed as `superseded` rollback candidates, and one of them
@@ -48,8 +49,15 @@ use crate::lifecycle::{transition, Event, IllegalTransition, State};
 use crate::trust::{is_store_id, TrustAnchor, TrustBinding};
 use crate::version::Version;
 
-/// The registry file format this build reads and writes (`"guild_registry": 1`).
+/// The registry file format of a store without a log (`"guild_registry": 1`): the file is the
+/// whole committed state.
 pub const REGISTRY_FORMAT_V1: u64 = 1;
+
+/// The format of a checkpoint (`"guild_registry": 2`): the same document, but only the state at
+/// its generation; the commits after it are frames of the registry log
+/// (the `registry_log` module). A build that knows only format 1 refuses it rather than read a
+/// stale state.
+pub const REGISTRY_FORMAT_V2: u64 = 2;
 
 const TOP_FIELDS: &[&str] = &["guild_registry", "generation", "trust", "packages"];
 const PACKAGE_FIELDS: &[&str] = &["id", "previous", "versions"];
@@ -427,7 +435,7 @@ pub enum RegistryDecodeError {
     NotARegistry,
     /// A registry format this build cannot read.
     #[error(
-        "registry format {found} is not supported; this build reads format {REGISTRY_FORMAT_V1}"
+        "registry format {found} is not supported; this build reads formats {REGISTRY_FORMAT_V1} (a whole registry) and {REGISTRY_FORMAT_V2} (a checkpoint)"
     )]
     UnsupportedFormat {
         /// The format found.
@@ -851,169 +859,186 @@ impl RegistryState {
 
     /// Checks every invariant; answers the first violation found, in id and version order.
     pub fn validate(&self) -> Result<(), RegistryInvariantError> {
-        for (id, package) in &self.packages {
-            if package.versions.is_empty() {
-                return Err(RegistryInvariantError::EmptyPackage { id: id.clone() });
-            }
-            let mut current: Option<&Version> = None;
-            let mut last: Option<&Version> = None;
-            for (version, record) in &package.versions {
-                if matches!(record.state, State::Staged | State::Discarded) {
-                    return Err(RegistryInvariantError::UnpersistedState {
-                        id: id.clone(),
-                        version: version.clone(),
-                        state: record.state,
-                    });
-                }
-                if record.quarantine.is_some()
-                    && (record.state.is_enabled() || !record.state.is_installed())
-                {
-                    return Err(RegistryInvariantError::QuarantineOnState {
-                        id: id.clone(),
-                        version: version.clone(),
-                        state: record.state,
-                    });
-                }
-                if record.state.is_current() {
-                    if let Some(first) = current {
-                        return Err(RegistryInvariantError::SeveralCurrent {
-                            id: id.clone(),
-                            first: first.clone(),
-                            second: version.clone(),
-                        });
-                    }
-                    current = Some(version);
-                }
-                // Versions are sorted, so equal precedence means neighbours.
-                if let Some(prev) = last {
-                    if prev.cmp_precedence(version) == Ordering::Equal {
-                        return Err(RegistryInvariantError::SamePrecedence {
-                            id: id.clone(),
-                            first: prev.clone(),
-                            second: version.clone(),
-                        });
-                    }
-                }
-                last = Some(version);
-            }
-            if let Some(previous) = &package.previous {
-                let state = package.versions.get(previous).map(|r| r.state);
-                if state != Some(State::Superseded) {
-                    return Err(RegistryInvariantError::PreviousNotRollbackTarget {
-                        id: id.clone(),
-                        version: previous.clone(),
-                        state,
-                    });
-                }
-            }
+        self.packages
+            .iter()
+            .try_for_each(|(id, package)| validate_package(id, package))
+    }
+
+    /// Checks the invariants of the packages `ids` only (an id that is not recorded passes).
+    /// Every invariant concerns one package, so after a change to a few packages this is as
+    /// strong as [`Self::validate`] on the whole state, at the cost of the change.
+    pub fn validate_packages<'a>(
+        &self,
+        ids: impl IntoIterator<Item = &'a PackageId>,
+    ) -> Result<(), RegistryInvariantError> {
+        ids.into_iter()
+            .try_for_each(|id| match self.packages.get(id) {
+                Some(package) => validate_package(id, package),
+                None => Ok(()),
+            })
+    }
+
+    /// Applies the change of one commit in place: `generation`, the new trust anchor if any, and
+    /// the new record (or deletion) of each changed package. Refuses, leaving the state as it
+    /// was, a change that is not for the next generation or that leaves a changed package
+    /// breaking an invariant. The public form is `RegistryState::apply`, beside the delta type.
+    pub(crate) fn apply_change(
+        &mut self,
+        generation: u64,
+        trust: Option<&TrustAnchor>,
+        packages: &BTreeMap<PackageId, Option<PackageRecord>>,
+    ) -> Result<(), ApplyError> {
+        let expected = self.generation.checked_add(1);
+        if expected != Some(generation) {
+            return Err(ApplyError::Generation {
+                current: self.generation,
+                delta: generation,
+            });
         }
+        let mut undo = Vec::with_capacity(packages.len());
+        for (id, change) in packages {
+            let before = match change {
+                Some(record) => self.packages.insert(id.clone(), record.clone()),
+                None => self.packages.remove(id),
+            };
+            undo.push((id, before));
+        }
+        if let Err(e) = self.validate_packages(packages.keys()) {
+            for (id, before) in undo {
+                match before {
+                    Some(record) => self.packages.insert(id.clone(), record),
+                    None => self.packages.remove(id),
+                };
+            }
+            return Err(ApplyError::Invariant(e));
+        }
+        if let Some(anchor) = trust {
+            self.trust = Some(anchor.clone());
+        }
+        self.generation = generation;
         Ok(())
     }
 
+    /// The registry as a checkpoint (format 2, [`REGISTRY_FORMAT_V2`]): the same document as
+    /// [`Self::to_json`] under the other format marker.
+    pub fn to_checkpoint_json(&self) -> Vec<u8> {
+        self.to_json_as(REGISTRY_FORMAT_V2)
+    }
+
+    /// Reads a registry file of either format, strictly, and answers it with its format.
+    pub fn from_any_json(bytes: &[u8]) -> Result<(Self, u64), RegistryDecodeError> {
+        Self::from_json_of(bytes, &[REGISTRY_FORMAT_V1, REGISTRY_FORMAT_V2])
+    }
+}
+
+/// Why the change of one commit (a registry delta) cannot be applied to a state.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApplyError {
+    /// The delta is not the change to the next generation.
+    #[error("the change is for generation {delta}, but the state is at {current}")]
+    Generation {
+        /// The state's generation.
+        current: u64,
+        /// The delta's.
+        delta: u64,
+    },
+    /// A changed package breaks an invariant.
+    #[error("the change breaks an invariant: {0}")]
+    Invariant(RegistryInvariantError),
+}
+
+/// Checks the invariants of one package.
+fn validate_package(id: &PackageId, package: &PackageRecord) -> Result<(), RegistryInvariantError> {
+    if package.versions.is_empty() {
+        return Err(RegistryInvariantError::EmptyPackage { id: id.clone() });
+    }
+    let mut current: Option<&Version> = None;
+    let mut last: Option<&Version> = None;
+    for (version, record) in &package.versions {
+        if matches!(record.state, State::Staged | State::Discarded) {
+            return Err(RegistryInvariantError::UnpersistedState {
+                id: id.clone(),
+                version: version.clone(),
+                state: record.state,
+            });
+        }
+        if record.quarantine.is_some()
+            && (record.state.is_enabled() || !record.state.is_installed())
+        {
+            return Err(RegistryInvariantError::QuarantineOnState {
+                id: id.clone(),
+                version: version.clone(),
+                state: record.state,
+            });
+        }
+        if record.state.is_current() {
+            if let Some(first) = current {
+                return Err(RegistryInvariantError::SeveralCurrent {
+                    id: id.clone(),
+                    first: first.clone(),
+                    second: version.clone(),
+                });
+            }
+            current = Some(version);
+        }
+        // Versions are sorted, so equal precedence means neighbours.
+        if let Some(prev) = last {
+            if prev.cmp_precedence(version) == Ordering::Equal {
+                return Err(RegistryInvariantError::SamePrecedence {
+                    id: id.clone(),
+                    first: prev.clone(),
+                    second: version.clone(),
+                });
+            }
+        }
+        last = Some(version);
+    }
+    if let Some(previous) = &package.previous {
+        let state = package.versions.get(previous).map(|r| r.state);
+        if state != Some(State::Superseded) {
+            return Err(RegistryInvariantError::PreviousNotRollbackTarget {
+                id: id.clone(),
+                version: previous.clone(),
+                state,
+            });
+        }
+    }
+    Ok(())
+}
+
+impl RegistryState {
     /// The registry as indented JSON, packages by id and versions ascending, so that equal states
-    /// always give equal bytes.
+    /// always give equal bytes. This is format 1 ([`REGISTRY_FORMAT_V1`]), a store without a log.
     pub fn to_json(&self) -> Vec<u8> {
+        self.to_json_as(REGISTRY_FORMAT_V1)
+    }
+
+    fn to_json_as(&self, format: u64) -> Vec<u8> {
         let packages = self
             .packages
             .iter()
-            .map(|(id, p)| {
-                let mut members = vec![("id".to_owned(), Value::from(id.as_str()))];
-                if let Some(prev) = &p.previous {
-                    members.push(("previous".to_owned(), Value::from(prev.to_string())));
-                }
-                let versions = p
-                    .versions
-                    .iter()
-                    .map(|(v, r)| {
-                        let mut members = vec![
-                            ("version".to_owned(), Value::from(v.to_string())),
-                            ("state".to_owned(), Value::from(r.state.as_str())),
-                            ("kind".to_owned(), Value::from(r.kind.as_str())),
-                            ("publisher".to_owned(), Value::from(r.publisher.as_str())),
-                            (
-                                "payload_sha256".to_owned(),
-                                Value::from(r.payload_digest.to_hex()),
-                            ),
-                        ];
-                        if let Some(q) = &r.quarantine {
-                            let mut qm =
-                                vec![("reason".to_owned(), Value::from(q.reason.as_str()))];
-                            if let Some(f) = &q.file {
-                                qm.push(("file".to_owned(), Value::from(f.as_str())));
-                            }
-                            members.push(("quarantine".to_owned(), Value::Object(qm)));
-                        }
-                        if let Some(t) = &r.trusted_under {
-                            members.push(("trusted_under".to_owned(), Value::from(t.to_hex())));
-                        }
-                        Value::Object(members)
-                    })
-                    .collect();
-                members.push(("versions".to_owned(), Value::Array(versions)));
-                Value::Object(members)
-            })
+            .map(|(id, p)| encode_package(id, p))
             .collect();
         let mut top = vec![
-            ("guild_registry".to_owned(), Value::from(REGISTRY_FORMAT_V1)),
+            ("guild_registry".to_owned(), Value::from(format)),
             ("generation".to_owned(), Value::from(self.generation)),
         ];
         if let Some(t) = &self.trust {
-            let revoked = |m: &BTreeMap<Sha256Digest, String>, name: &str| {
-                Value::Array(
-                    m.iter()
-                        .map(|(d, r)| {
-                            Value::Object(vec![
-                                (name.to_owned(), Value::from(d.to_hex())),
-                                ("reason".to_owned(), Value::from(r.as_str())),
-                            ])
-                        })
-                        .collect(),
-                )
-            };
-            top.push((
-                "trust".to_owned(),
-                Value::Object(vec![
-                    (
-                        "store_id".to_owned(),
-                        Value::from(t.binding.store_id.as_str()),
-                    ),
-                    ("generation".to_owned(), Value::from(t.binding.generation)),
-                    ("sha256".to_owned(), Value::from(t.file_digest.to_hex())),
-                    (
-                        "revoked_keys".to_owned(),
-                        revoked(&t.revoked_keys, "key_id"),
-                    ),
-                    (
-                        "revoked_digests".to_owned(),
-                        revoked(&t.revoked_digests, "sha256"),
-                    ),
-                ]),
-            ));
+            top.push(("trust".to_owned(), encode_trust(t)));
         }
         top.push(("packages".to_owned(), Value::Array(packages)));
         Value::Object(top).to_pretty_string().into_bytes()
     }
 
     /// Reads a registry written by [`Self::to_json`], strictly, and checks its invariants.
+    /// Only format 1: a checkpoint (format 2) is not the whole state, and is refused.
     pub fn from_json(bytes: &[u8]) -> Result<Self, RegistryDecodeError> {
+        Self::from_json_of(bytes, &[REGISTRY_FORMAT_V1]).map(|(state, _)| state)
+    }
+
+    fn from_json_of(bytes: &[u8], formats: &[u64]) -> Result<(Self, u64), RegistryDecodeError> {
         let value = json::parse(bytes)?;
-        let Some(members) = value.as_object() else {
-            return Err(RegistryDecodeError::NotARegistry);
-        };
-        match value.get("guild_registry") {
-            None => return Err(RegistryDecodeError::NotARegistry),
-            Some(Value::Integer(i)) if i.as_u64() == Some(REGISTRY_FORMAT_V1) => {}
-            Some(Value::Integer(i)) => {
-                return Err(RegistryDecodeError::UnsupportedFormat {
-                    found: i.to_string(),
-                })
-            }
-            Some(other) => {
-                return Err(RegistryDecodeError::UnsupportedFormat {
-                    found: format!("of type {}", other.type_name()),
-                })
-            }
-        }
+        let (members, format) = format_of(&value, "guild_registry", formats)?;
         let root = JsonPath::root();
         let fields = Fields::new(members, &root, TOP_FIELDS)?;
         let generation = fields.u64("generation")?;
@@ -1047,11 +1072,106 @@ impl RegistryState {
             packages,
         };
         state.validate()?;
-        Ok(state)
+        Ok((state, format))
     }
 }
 
-fn decode_package(
+/// The members of a JSON object.
+pub(crate) type Members<'a> = &'a [(String, Value)];
+
+/// The members of the document `value` and its format, read from member `marker`, which must be
+/// one of `formats`.
+pub(crate) fn format_of<'a>(
+    value: &'a Value,
+    marker: &str,
+    formats: &[u64],
+) -> Result<(Members<'a>, u64), RegistryDecodeError> {
+    let (Some(members), Some(found)) = (value.as_object(), value.get(marker)) else {
+        return Err(RegistryDecodeError::NotARegistry);
+    };
+    match found {
+        Value::Integer(i) => match i.as_u64().filter(|f| formats.contains(f)) {
+            Some(format) => Ok((members, format)),
+            None => Err(RegistryDecodeError::UnsupportedFormat {
+                found: i.to_string(),
+            }),
+        },
+        other => Err(RegistryDecodeError::UnsupportedFormat {
+            found: format!("of type {}", other.type_name()),
+        }),
+    }
+}
+
+/// One package as the registry file and the log write it.
+pub(crate) fn encode_package(id: &PackageId, p: &PackageRecord) -> Value {
+    let mut members = vec![("id".to_owned(), Value::from(id.as_str()))];
+    if let Some(prev) = &p.previous {
+        members.push(("previous".to_owned(), Value::from(prev.to_string())));
+    }
+    let versions = p
+        .versions
+        .iter()
+        .map(|(v, r)| {
+            let mut members = vec![
+                ("version".to_owned(), Value::from(v.to_string())),
+                ("state".to_owned(), Value::from(r.state.as_str())),
+                ("kind".to_owned(), Value::from(r.kind.as_str())),
+                ("publisher".to_owned(), Value::from(r.publisher.as_str())),
+                (
+                    "payload_sha256".to_owned(),
+                    Value::from(r.payload_digest.to_hex()),
+                ),
+            ];
+            if let Some(q) = &r.quarantine {
+                let mut qm = vec![("reason".to_owned(), Value::from(q.reason.as_str()))];
+                if let Some(f) = &q.file {
+                    qm.push(("file".to_owned(), Value::from(f.as_str())));
+                }
+                members.push(("quarantine".to_owned(), Value::Object(qm)));
+            }
+            if let Some(t) = &r.trusted_under {
+                members.push(("trusted_under".to_owned(), Value::from(t.to_hex())));
+            }
+            Value::Object(members)
+        })
+        .collect();
+    members.push(("versions".to_owned(), Value::Array(versions)));
+    Value::Object(members)
+}
+
+/// The trust anchor as the registry file and the log write it.
+pub(crate) fn encode_trust(t: &TrustAnchor) -> Value {
+    let revoked = |m: &BTreeMap<Sha256Digest, String>, name: &str| {
+        Value::Array(
+            m.iter()
+                .map(|(d, r)| {
+                    Value::Object(vec![
+                        (name.to_owned(), Value::from(d.to_hex())),
+                        ("reason".to_owned(), Value::from(r.as_str())),
+                    ])
+                })
+                .collect(),
+        )
+    };
+    Value::Object(vec![
+        (
+            "store_id".to_owned(),
+            Value::from(t.binding.store_id.as_str()),
+        ),
+        ("generation".to_owned(), Value::from(t.binding.generation)),
+        ("sha256".to_owned(), Value::from(t.file_digest.to_hex())),
+        (
+            "revoked_keys".to_owned(),
+            revoked(&t.revoked_keys, "key_id"),
+        ),
+        (
+            "revoked_digests".to_owned(),
+            revoked(&t.revoked_digests, "sha256"),
+        ),
+    ])
+}
+
+pub(crate) fn decode_package(
     item: &Value,
     path: &JsonPath,
 ) -> Result<(PackageId, PackageRecord), RegistryDecodeError> {
@@ -1125,7 +1245,10 @@ fn decode_package(
     Ok((id, PackageRecord { versions, previous }))
 }
 
-fn decode_trust(item: &Value, path: &JsonPath) -> Result<TrustAnchor, RegistryDecodeError> {
+pub(crate) fn decode_trust(
+    item: &Value,
+    path: &JsonPath,
+) -> Result<TrustAnchor, RegistryDecodeError> {
     let f = Fields::of(item, path, TRUST_FIELDS)?;
     let store_id = f.parsed("store_id", |s| {
         if is_store_id(s) {
@@ -1183,13 +1306,13 @@ fn decode_revocations(
 }
 
 /// The members of one JSON object, checked against the fields it may hold.
-struct Fields<'a> {
+pub(crate) struct Fields<'a> {
     members: &'a [(String, Value)],
     path: &'a JsonPath,
 }
 
 impl<'a> Fields<'a> {
-    fn of(
+    pub(crate) fn of(
         value: &'a Value,
         path: &'a JsonPath,
         allowed: &[&str],
@@ -1200,7 +1323,7 @@ impl<'a> Fields<'a> {
         Self::new(members, path, allowed)
     }
 
-    fn new(
+    pub(crate) fn new(
         members: &'a [(String, Value)],
         path: &'a JsonPath,
         allowed: &[&str],
@@ -1211,7 +1334,7 @@ impl<'a> Fields<'a> {
         Ok(Fields { members, path })
     }
 
-    fn get(&self, key: &str) -> Option<&'a Value> {
+    pub(crate) fn get(&self, key: &str) -> Option<&'a Value> {
         self.members.iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
 
@@ -1220,13 +1343,13 @@ impl<'a> Fields<'a> {
             .ok_or_else(|| field(self.path.key(key), FieldProblem::Missing))
     }
 
-    fn str(&self, key: &str) -> Result<&'a str, RegistryDecodeError> {
+    pub(crate) fn str(&self, key: &str) -> Result<&'a str, RegistryDecodeError> {
         let v = self.required(key)?;
         v.as_str()
             .ok_or_else(|| wrong_type(self.path.key(key), "string", v))
     }
 
-    fn optional_str(&self, key: &str) -> Result<Option<&'a str>, RegistryDecodeError> {
+    pub(crate) fn optional_str(&self, key: &str) -> Result<Option<&'a str>, RegistryDecodeError> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -1236,7 +1359,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn u64(&self, key: &str) -> Result<u64, RegistryDecodeError> {
+    pub(crate) fn u64(&self, key: &str) -> Result<u64, RegistryDecodeError> {
         let v = self.required(key)?;
         let i: Integer = v
             .as_integer()
@@ -1251,13 +1374,13 @@ impl<'a> Fields<'a> {
         })
     }
 
-    fn array(&self, key: &str) -> Result<&'a [Value], RegistryDecodeError> {
+    pub(crate) fn array(&self, key: &str) -> Result<&'a [Value], RegistryDecodeError> {
         let v = self.required(key)?;
         v.as_array()
             .ok_or_else(|| wrong_type(self.path.key(key), "array", v))
     }
 
-    fn parsed<T>(
+    pub(crate) fn parsed<T>(
         &self,
         key: &str,
         parse: impl FnOnce(&str) -> Result<T, String>,
@@ -1278,11 +1401,15 @@ fn parse_version(s: &str, path: &JsonPath) -> Result<Version, RegistryDecodeErro
     })
 }
 
-fn field(path: JsonPath, problem: FieldProblem) -> RegistryDecodeError {
+pub(crate) fn field(path: JsonPath, problem: FieldProblem) -> RegistryDecodeError {
     RegistryDecodeError::Field { path, problem }
 }
 
-fn wrong_type(path: JsonPath, expected: &'static str, found: &Value) -> RegistryDecodeError {
+pub(crate) fn wrong_type(
+    path: JsonPath,
+    expected: &'static str,
+    found: &Value,
+) -> RegistryDecodeError {
     field(
         path,
         FieldProblem::WrongType {
@@ -2062,7 +2189,7 @@ mod tests {
         let err = decode(r#"{"guild_registry": 7}"#).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "registry format 7 is not supported; this build reads format 1"
+            "registry format 7 is not supported; this build reads formats 1 (a whole registry) and 2 (a checkpoint)"
         );
         let path: JsonPath = [PathSegment::Key("packages".to_owned())]
             .into_iter()

@@ -1,43 +1,65 @@
 //! The commit: one transaction, made durable in a fixed order of numbered steps.
 //!
+//! 0. Only in a format-1 store (no log yet): the migration. An empty log based at the current
+//!    generation is written to `registry.log.tmp`, fsynced, renamed into place and the store
+//!    directory fsynced; then the current state as a format-2 checkpoint the same way over
+//!    `registry.json`. Until that rename the format-1 file is the store (readers ignore a log
+//!    beside it, recovery deletes it); after it, the checkpoint and the empty log are.
 //! 1. The journal record: written to a temporary file, fsynced, renamed into `journal/`, and the
 //!    journal directory fsynced.
-//! 2. With new trust bytes: they are written to `trust.next` and fsynced. The registry about to
-//!    be committed records their digest, which is how recovery tells a `trust.next` to finish
-//!    from one to throw away.
+//! 2. With new trust bytes: they are written to `trust.next` and fsynced, and the store
+//!    directory fsynced so that the name is durable. The frame about to be committed records
+//!    their digest, which is how recovery tells a `trust.next` to finish from one to throw away.
 //! 3. With an install: the staged tree is sealed read-only (all but its top directory) and fsynced
 //!    bottom-up; `packages/<id>/` is created if needed (and `packages/` fsynced); a replacement
 //!    first renames the installed tree aside to `packages/<id>/<version>~replaced`; the tree is
 //!    renamed to `packages/<id>/<version>/`; its top directory is sealed and fsynced; then
 //!    `packages/<id>/` and `staging/` are fsynced so that the move is durable.
-//! 4. The new registry: written to `registry.json.tmp` and fsynced, then renamed over
-//!    `registry.json`. That rename is the commit point. The store directory is fsynced, which also
-//!    makes `trust.next` durable under its name.
+//! 4. The frame: the delta (the changed package records, the new trust anchor) is appended to
+//!    `registry.log` and the log fdatasynced. That fdatasync is the commit point.
 //! 5. After the commit point: `trust.next` is renamed over `trust`, the trees the new registry no
 //!    longer installs (and a replaced tree) are deleted, then the journal record. None needs an
 //!    fsync, because recovery finishes the rename and deletes unreferenced trees and stale
 //!    records anyway.
+//! 6. When the log's frames have outgrown the checkpoint: the compaction. The new state is
+//!    written as the checkpoint (tmp, fsync, rename, directory fsync), then an empty log based at
+//!    its generation (the same four steps). Between the two renames the old log's frames are all
+//!    at or below the checkpoint's generation and are skipped. A failure here leaves the commit
+//!    standing and the log long, listed in the leftovers.
 //!
-//! A failure before the commit point undoes steps 1 and 2 and answers the error with the store
-//! unchanged. A failure of the fsync right after the commit point puts the previous registry back
-//! (the new one may or may not be durable, and the caller is told it failed), so the answer is
-//! still "unchanged"; if putting it back fails too, the store is poisoned. A failure after that
-//! leaves the commit standing and lists what could not be cleaned up.
+//! So an install of a new package id makes 11 fsyncs: the journal record 2, the staged tree one
+//! per file and directory (4 for a manifest and a library in `lib/`), the packages directory,
+//! the installed tree, the id directory and staging 1 each, the frame 1; a change of state only,
+//! 3. New trust bytes add 2, a migration 4, a compaction 4.
+//!
+//! Planning looks only at the packages whose records differ from the committed state
+//! ([`RegistryDelta::between`]): their invariants, that none drops a record or changes a
+//! payload, and which trees come and go. The others are equal to what is committed, which
+//! already keeps every invariant.
+//!
+//! A failure before the commit point undoes steps 1 to 3 and answers the error with the store
+//! unchanged. If the frame's append or fdatasync fails, the log is cut back to its old length
+//! and fsynced first (the frame may be durable), so the answer is still "unchanged"; if that
+//! fails too, the store is poisoned. A failure after the commit point leaves the commit standing
+//! and lists what could not be cleaned up.
 
-use std::fs;
+use std::fs::{self, OpenOptions};
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
 use guild_domain::graph::NodeRef;
-use guild_domain::ids::Sha256Digest;
-use guild_domain::registry::RegistryState;
+use guild_domain::ids::{PackageId, Sha256Digest};
+use guild_domain::registry::{RegistryState, REGISTRY_FORMAT_V2};
+use guild_domain::registry_log::RegistryDelta;
 use guild_domain::trust::anchor_succession_problem;
+use guild_domain::version::Version;
 use guild_ports::store::{Committed, StoreError, StoreErrorKind, Transaction};
 
 use super::durable::{
     io_error, remove_file_if_present, remove_tree, seal_tree, set_dir_read_only, Run,
 };
 use super::journal::Intent;
+use super::log::{self, DiskInfo, HEADER_LEN};
 use super::pins::DeleteHold;
 use super::StoreLayout;
 
@@ -45,8 +67,13 @@ use super::StoreLayout;
 pub(crate) struct Plan {
     pub(crate) intent: Intent,
     pub(crate) new_state: RegistryState,
-    pub(crate) new_bytes: Vec<u8>,
-    pub(crate) old_bytes: Vec<u8>,
+    /// The log frame of the commit.
+    pub(crate) frame: Vec<u8>,
+    /// The registry files as they are before the commit.
+    pub(crate) info: DiskInfo,
+    /// The current state as a format-2 checkpoint, when the store is still format 1 and the
+    /// commit migrates it first.
+    pub(crate) migrate: Option<Vec<u8>>,
     pub(crate) install: Option<InstallPlan>,
     pub(crate) delete: Vec<(NodeRef, PathBuf)>,
     /// The new trust bytes, when the trust file changes.
@@ -81,7 +108,7 @@ pub(crate) fn is_staging_entry(staging: &Path, path: &Path) -> bool {
 pub(crate) fn plan(
     layout: &StoreLayout,
     current: &RegistryState,
-    current_bytes: &[u8],
+    info: DiskInfo,
     tx: Transaction,
 ) -> Result<Plan, StoreError> {
     let invalid = |what: String| StoreError::new(StoreErrorKind::InvalidTransaction, what);
@@ -103,11 +130,21 @@ pub(crate) fn plan(
             new.generation()
         )));
     }
-    new.validate()
+    if let Some(problem) = anchor_succession_problem(current.trust_anchor(), new.trust_anchor()) {
+        return Err(invalid(problem).at(layout.registry.clone()));
+    }
+    // Only the packages whose records differ are looked at from here: the others are equal to
+    // what is committed, which already keeps every invariant.
+    let delta = RegistryDelta::between(current, &new)
+        .map_err(|e| invalid("the new registry cannot be recorded".to_owned()).caused_by(e))?;
+    new.validate_packages(delta.changed_ids())
         .map_err(|e| invalid("the new registry breaks an invariant".to_owned()).caused_by(e))?;
-    for (id, package) in current.packages() {
+    for (id, changed) in &delta.packages {
+        let Some(package) = current.package(id) else {
+            continue;
+        };
         for (version, old) in package.versions() {
-            match new.record(id, version) {
+            match changed.as_ref().and_then(|p| p.get(version)) {
                 None => {
                     return Err(invalid(format!(
                         "the new registry drops the record of {id}@{version}"
@@ -125,9 +162,6 @@ pub(crate) fn plan(
                 Some(_) => {}
             }
         }
-    }
-    if let Some(problem) = anchor_succession_problem(current.trust_anchor(), new.trust_anchor()) {
-        return Err(invalid(problem).at(layout.registry.clone()));
     }
     let trust_changes = current.trust_anchor() != new.trust_anchor();
     match (&tx.trust, new.trust_anchor()) {
@@ -153,26 +187,34 @@ pub(crate) fn plan(
         }
     }
     let replacing = tx.install.as_ref().is_some_and(|i| i.replace);
-    let added: Vec<NodeRef> = new
-        .installed()
-        .filter(|(id, v, _)| !current.is_installed(id, v))
-        .map(|(id, v, _)| NodeRef {
-            id: id.clone(),
-            version: v.clone(),
-        })
-        .collect();
-    let delete: Vec<(NodeRef, PathBuf)> = current
-        .installed()
-        .filter(|(id, v, _)| !new.is_installed(id, v))
-        .map(|(id, v, _)| {
-            let node = NodeRef {
-                id: id.clone(),
-                version: v.clone(),
-            };
-            let path = layout.package_dir(id, v);
-            (node, path)
-        })
-        .collect();
+    // Trees come and go only with the packages the delta changes.
+    let installed = |state: &RegistryState, id: &PackageId| -> Vec<Version> {
+        state
+            .package(id)
+            .map(|p| p.installed().map(|(v, _)| v.clone()).collect())
+            .unwrap_or_default()
+    };
+    let (mut added, mut delete) = (Vec::new(), Vec::new());
+    for id in delta.changed_ids() {
+        for version in installed(&new, id) {
+            if !current.is_installed(id, &version) {
+                added.push(NodeRef {
+                    id: id.clone(),
+                    version,
+                });
+            }
+        }
+        for version in installed(current, id) {
+            if !new.is_installed(id, &version) {
+                let path = layout.package_dir(id, &version);
+                let node = NodeRef {
+                    id: id.clone(),
+                    version,
+                };
+                delete.push((node, path));
+            }
+        }
+    }
     let install = match (added.as_slice(), tx.install) {
         ([], None) => None,
         ([], Some(ins)) if replacing => {
@@ -226,9 +268,10 @@ pub(crate) fn plan(
     });
     Ok(Plan {
         intent,
-        new_bytes: new.to_json(),
+        frame: log::frame(&delta),
         new_state: new,
-        old_bytes: current_bytes.to_vec(),
+        info,
+        migrate: (info.format != REGISTRY_FORMAT_V2).then(|| current.to_checkpoint_json()),
         install,
         delete,
         trust: if trust_changes { tx.trust } else { None },
@@ -263,9 +306,14 @@ struct Progress {
     id_dir_created: bool,
     /// A replacement moved the installed tree aside.
     moved_aside: bool,
+    /// A migration renamed the format-2 checkpoint into place: from here the log stays.
+    migrated: bool,
+    /// The frame's append started: the log must be cut back to its old length.
+    appending: bool,
 }
 
-/// Carries out `plan`.
+/// Carries out `plan`, then compacts the log if it has grown past the checkpoint (or past
+/// `compact_over` bytes, when given). Answers the registry files as they are after it.
 ///
 /// `holds` are the writer's holds on the pins of `plan.delete`'s versions, in the same order:
 /// each tree is deleted under its hold, and a hold goes with its tree (or with the commit, when
@@ -275,29 +323,40 @@ pub(crate) fn apply(
     run: &mut Run,
     plan: &Plan,
     holds: Vec<DeleteHold>,
-) -> Result<Committed, Failure> {
+    compact_over: Option<u64>,
+) -> Result<(Committed, DiskInfo), Failure> {
     let mut progress = Progress::default();
-    let before_commit_point = prepare(layout, run, plan, &mut progress).and_then(|()| {
-        run.rename(
-            "rename registry (commit point)",
-            &layout.registry_tmp,
-            &layout.registry,
-        )
-    });
+    let mut info = plan.info;
+    let before_commit_point = migrate(layout, run, plan, &mut progress, &mut info)
+        .and_then(|()| prepare(layout, run, plan, &mut progress))
+        .and_then(|()| {
+            if info.dir_unsynced {
+                // A compaction's rename whose directory fsync failed: make it durable before a
+                // frame lands in the file it named.
+                run.sync_path("fsync store directory", &layout.root)?;
+                info.dir_unsynced = false;
+            }
+            progress.appending = true;
+            run.append(
+                "append registry frame",
+                &layout.log,
+                info.log_len,
+                &plan.frame,
+            )?;
+            run.fdatasync("fdatasync registry log (commit point)", &layout.log)
+        });
     if let Err(e) = before_commit_point {
-        return Err(undo_or_poison(layout, plan, &progress, e));
-    }
-    if let Err(e) = run.fsync("fsync store directory", &layout.root) {
         if is_crash(&e) {
             return Err(Failure::Crashed(e));
         }
-        // The new registry is visible but perhaps not durable. Put the old one back, durably,
-        // so that the answer "failed" is true; if that fails too, only recovery can tell.
-        return Err(match restore_registry(layout, run, plan) {
-            Ok(()) => undo_or_poison(layout, plan, &progress, e),
-            Err(_) => Failure::Poisoned(e),
-        });
+        // The frame may be in the file, even durably: cut it off, durably, so that the answer
+        // "failed" is true; if that fails too, only recovery can tell.
+        if progress.appending && restore_log(layout, run, info.log_len).is_err() {
+            return Err(Failure::Poisoned(e));
+        }
+        return Err(undo_or_poison(layout, plan, &progress, e));
     }
+    info.log_len += plan.frame.len() as u64;
 
     let mut committed = Committed {
         generation: plan.new_state.generation(),
@@ -350,7 +409,111 @@ pub(crate) fn apply(
         Err(e) if is_crash(&e) => return Err(Failure::Crashed(e)),
         Err(_) => committed.leftovers.push(record),
     }
-    Ok(committed)
+    if info.wants_compaction(compact_over) {
+        match compact(layout, run, &plan.new_state, &mut info) {
+            Ok(()) => {}
+            Err(e) if is_crash(&e) => return Err(Failure::Crashed(e)),
+            Err(_) => {
+                // The commit stands and the store reads the same either way; the log just stays
+                // long until a later commit compacts it.
+                for tmp in [&layout.registry_tmp, &layout.log_tmp] {
+                    let _ = remove_file_if_present(tmp);
+                }
+                committed.leftovers.push(layout.log.clone());
+                match fs::metadata(&layout.log) {
+                    Ok(m) => info.log_len = m.len(),
+                    Err(e) => {
+                        return Err(Failure::Poisoned(io_error(
+                            "inspect registry log",
+                            &layout.log,
+                            e,
+                        )))
+                    }
+                }
+            }
+        }
+    }
+    Ok((committed, info))
+}
+
+/// Moves a format-1 store to a checkpoint and a log, before anything else of the commit: an
+/// empty log based at the current generation first (a format-1 reader ignores it), then the
+/// current state as a format-2 checkpoint, whose rename is the migration's point of no return.
+fn migrate(
+    layout: &StoreLayout,
+    run: &mut Run,
+    plan: &Plan,
+    progress: &mut Progress,
+    info: &mut DiskInfo,
+) -> Result<(), StoreError> {
+    let Some(checkpoint) = &plan.migrate else {
+        return Ok(());
+    };
+    log::create(layout, run, plan.intent.from_generation)?;
+    write_checkpoint(layout, run, checkpoint, || progress.migrated = true)?;
+    *info = DiskInfo {
+        format: REGISTRY_FORMAT_V2,
+        checkpoint_len: checkpoint.len() as u64,
+        log_len: HEADER_LEN,
+        dir_unsynced: false,
+    };
+    Ok(())
+}
+
+/// Writes `bytes` as the new checkpoint (write, fsync, rename, fsync the directory), calling
+/// `renamed` once the rename is done.
+fn write_checkpoint(
+    layout: &StoreLayout,
+    run: &mut Run,
+    bytes: &[u8],
+    renamed: impl FnOnce(),
+) -> Result<(), StoreError> {
+    run.write_file("write checkpoint", &layout.registry_tmp, bytes)?;
+    run.fsync("fsync checkpoint", &layout.registry_tmp)?;
+    run.rename("rename checkpoint", &layout.registry_tmp, &layout.registry)?;
+    renamed();
+    run.fsync("fsync store directory", &layout.root)
+}
+
+/// Replaces the checkpoint with `state` and then the log with an empty one based at its
+/// generation. Between the two renames the old log's frames are all at or below the new
+/// checkpoint's generation, so they are skipped: every step leaves a readable store.
+fn compact(
+    layout: &StoreLayout,
+    run: &mut Run,
+    state: &RegistryState,
+    info: &mut DiskInfo,
+) -> Result<(), StoreError> {
+    let checkpoint = state.to_checkpoint_json();
+    let mut renamed = false;
+    let written = write_checkpoint(layout, run, &checkpoint, || renamed = true);
+    if renamed {
+        info.checkpoint_len = checkpoint.len() as u64;
+    }
+    if let Err(e) = written {
+        info.dir_unsynced |= renamed;
+        return Err(e);
+    }
+    let created = log::create(layout, run, state.generation());
+    match fs::metadata(&layout.log) {
+        // The rename happened whether or not the directory fsync after it did.
+        Ok(m) if m.len() == HEADER_LEN => {
+            info.log_len = HEADER_LEN;
+            info.dir_unsynced |= created.is_err();
+        }
+        _ => {}
+    }
+    created
+}
+
+/// Cuts the log back to `len` bytes, durably. Not a numbered step: this only runs after a fault.
+fn restore_log(layout: &StoreLayout, run: &mut Run, len: u64) -> Result<(), StoreError> {
+    OpenOptions::new()
+        .write(true)
+        .open(&layout.log)
+        .and_then(|f| f.set_len(len))
+        .map_err(|e| io_error("restore registry log", &layout.log, e))?;
+    run.sync_path("restore registry log", &layout.log)
 }
 
 /// Every step before the commit point.
@@ -374,6 +537,8 @@ fn prepare(
     if let Some(bytes) = &plan.trust {
         run.write_file("write trust file", &layout.trust_next, bytes)?;
         run.fsync("fsync trust file", &layout.trust_next)?;
+        // Its name must be durable before the frame that records its digest.
+        run.fsync("fsync store directory", &layout.root)?;
     }
     if let Some(ins) = &plan.install {
         run.step("seal staged tree")?;
@@ -406,8 +571,7 @@ fn prepare(
         run.fsync("fsync package directory", &ins.id_dir)?;
         run.fsync("fsync staging directory", &layout.staging)?;
     }
-    run.write_file("write registry", &layout.registry_tmp, &plan.new_bytes)?;
-    run.fsync("fsync registry", &layout.registry_tmp)
+    Ok(())
 }
 
 fn undo_or_poison(
@@ -446,22 +610,18 @@ fn undo(layout: &StoreLayout, plan: &Plan, progress: &Progress) -> io::Result<()
         }
     }
     remove_file_if_present(&layout.registry_tmp)?;
+    remove_file_if_present(&layout.log_tmp)?;
+    if plan.migrate.is_some() && !progress.migrated {
+        // The format-1 registry is still the store; the new log beside it would be ignored, but
+        // it goes, so that the disk is as it was.
+        remove_file_if_present(&layout.log)?;
+    }
     if plan.trust.is_some() {
         remove_file_if_present(&layout.trust_next)?;
     }
     remove_file_if_present(&plan.intent.tmp_path_in(&layout.journal))?;
     remove_file_if_present(&plan.intent.path_in(&layout.journal))?;
     Ok(())
-}
-
-/// Writes the previous registry back atomically and durably. These are not numbered steps: they
-/// only run after a fault, and the matrix counts the steps of an undisturbed commit.
-fn restore_registry(layout: &StoreLayout, run: &mut Run, plan: &Plan) -> Result<(), StoreError> {
-    let tmp = &layout.registry_tmp;
-    fs::write(tmp, &plan.old_bytes).map_err(|e| io_error("restore registry", tmp, e))?;
-    run.sync_path("restore registry", tmp)?;
-    fs::rename(tmp, &layout.registry).map_err(|e| io_error("restore registry", tmp, e))?;
-    run.sync_path("restore registry", &layout.root)
 }
 
 fn exists(path: &Path) -> Result<bool, StoreError> {

@@ -85,6 +85,25 @@ impl Run {
         path: &Path,
         bytes: &[u8],
     ) -> Result<(), StoreError> {
+        self.writing(name, bytes, |bytes| {
+            OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(path)
+                .and_then(|mut file| file.write_all(bytes))
+                .map_err(|e| io_error(name, path, e))
+        })
+    }
+
+    /// Starts write step `name` and has `write` write `bytes`, or the first half of them under an
+    /// injected crash (which then stops the operation).
+    fn writing(
+        &mut self,
+        name: &'static str,
+        bytes: &[u8],
+        write: impl FnOnce(&[u8]) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
         let fault = self.begin(name);
         let n = self.stats.steps.len();
         let bytes = match fault {
@@ -92,17 +111,45 @@ impl Run {
             Some(FaultMode::Crash) => bytes.get(..bytes.len() / 2).unwrap_or_default(),
             None => bytes,
         };
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)
-            .map_err(|e| io_error(name, path, e))?;
-        file.write_all(bytes).map_err(|e| io_error(name, path, e))?;
+        write(bytes)?;
         match fault {
             Some(mode) => Err(injected(mode, name, n)),
             None => Ok(()),
         }
+    }
+
+    /// Step `name`: appends `bytes` to the file at `path`, which must be `at` bytes long (no
+    /// fsync). An injected crash leaves the first half of the bytes behind, a torn frame.
+    pub(crate) fn append(
+        &mut self,
+        name: &'static str,
+        path: &Path,
+        at: u64,
+        bytes: &[u8],
+    ) -> Result<(), StoreError> {
+        use std::io::{Seek as _, SeekFrom};
+        self.writing(name, bytes, |bytes| {
+            let mut file = OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(|e| io_error(name, path, e))?;
+            // Whatever lies past the last complete frame is not committed; write over it.
+            file.set_len(at)
+                .and_then(|()| file.seek(SeekFrom::Start(at)))
+                .and_then(|_| file.write_all(bytes))
+                .map_err(|e| io_error(name, path, e))
+        })
+    }
+
+    /// Step `name`: fdatasyncs the file at `path` (its bytes and its length, not its times).
+    pub(crate) fn fdatasync(&mut self, name: &'static str, path: &Path) -> Result<(), StoreError> {
+        self.step(name)?;
+        self.stats.fsyncs += 1;
+        OpenOptions::new()
+            .write(true)
+            .open(path)
+            .and_then(|f| f.sync_data())
+            .map_err(|e| io_error(name, path, e))
     }
 
     /// Step `name`: fsyncs the file or directory at `path`.

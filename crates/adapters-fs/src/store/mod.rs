@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! lock                     advisory lock; held by a writer (for its life, or one transaction)
-//! registry.json            the registry (RegistryState), replaced atomically; the commit point
+//! registry.json            the checkpoint: the registry (RegistryState) at some generation
+//! registry.log             one frame per commit after it; appending one is the commit point
 //! trust                    the trust bytes, opaque to the store, replaced atomically
 //! trust.next               new trust bytes of a commit in flight (finished or dropped by recovery)
 //! journal/<gen>.intent     the record of a transaction in flight
@@ -17,9 +18,9 @@
 //! A *writer* handle ([`FsStore::open`]) takes the lock (or fails with `Locked`) and recovers
 //! before anything else; the `recovery` module says what that means and the `commit` module
 //! lists the durable steps in order. A *reader* handle ([`StoreOptions::reader`]) takes no lock
-//! and writes nothing but its own pins: it reads the last committed generation (the registry file is replaced
-//! atomically, and the trust bytes of a commit whose rename of `trust.next` is still to come are
-//! found by the digest the registry records), so a pending transaction is invisible to it and
+//! and writes nothing but its own pins: it reads the last committed generation (the checkpoint
+//! and the complete frames after it, as the `log` module describes; the trust bytes of a commit
+//! whose rename of `trust.next` is still to come are found by the digest the state records), so a pending transaction is invisible to it and
 //! its recovery is left to the next writer. A reader takes the lock only for the transactions it
 //! makes itself. The `pins` module says how loaded versions are kept from deletion. A
 //! [`Fault`] in [`StoreOptions`] makes one numbered step fail or "crash", which is how the crash
@@ -28,6 +29,7 @@
 mod commit;
 mod durable;
 mod journal;
+mod log;
 mod pins;
 mod recovery;
 pub mod testing;
@@ -57,14 +59,21 @@ pub use watch::StoreWatcher;
 
 use commit::{is_crash, is_staging_entry, Failure};
 use durable::{io_error, remove_tree, Run};
+use log::DiskInfo;
 
 /// Where each part of a store lives under its root directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreLayout {
     pub root: PathBuf,
     pub lock: PathBuf,
+    /// The checkpoint: the whole registry at some generation (the whole registry, in a format-1
+    /// store that has no log yet).
     pub registry: PathBuf,
     pub registry_tmp: PathBuf,
+    /// The registry log: one frame per commit after the checkpoint. Appending a frame and
+    /// fdatasyncing it is the commit point.
+    pub log: PathBuf,
+    pub log_tmp: PathBuf,
     pub trust: PathBuf,
     pub trust_tmp: PathBuf,
     /// The new trust bytes of a transaction, renamed over `trust` after its commit point.
@@ -83,6 +92,8 @@ impl StoreLayout {
             lock: root.join("lock"),
             registry: root.join("registry.json"),
             registry_tmp: root.join("registry.json.tmp"),
+            log: root.join("registry.log"),
+            log_tmp: root.join("registry.log.tmp"),
             trust: root.join("trust"),
             trust_tmp: root.join("trust.tmp"),
             trust_next: root.join("trust.next"),
@@ -124,6 +135,11 @@ pub struct StoreOptions {
     /// Open as a reader: no lock, no recovery, the last committed generation; the lock is taken
     /// only for a transaction this handle makes.
     pub reader: bool,
+    /// Compact the registry log after a commit that leaves more than this many bytes of frames
+    /// in it. `None`, the default: when the frames outgrow the checkpoint (and 64 KiB), so that
+    /// rewriting the checkpoint costs, spread over the commits, a constant per commit. Tests set
+    /// 0 to compact after every commit.
+    pub compact_log_over: Option<u64>,
 }
 
 impl StoreOptions {
@@ -136,7 +152,14 @@ impl StoreOptions {
             fault: None,
             lock_wait: Self::DEFAULT_LOCK_WAIT,
             reader: false,
+            compact_log_over: None,
         }
+    }
+
+    /// Compacting the log once its frames pass `bytes` (see [`StoreOptions::compact_log_over`]).
+    pub fn compact_log_over(mut self, bytes: u64) -> Self {
+        self.compact_log_over = Some(bytes);
+        self
     }
 
     /// As a reader (see [`StoreOptions::reader`]).
@@ -169,14 +192,15 @@ pub struct FsStore {
     lock: File,
     reader: bool,
     lock_wait: Duration,
+    compact_log_over: Option<u64>,
     inner: Mutex<Inner>,
 }
 
 #[derive(Debug)]
 struct Inner {
     registry: RegistryState,
-    /// The registry's bytes exactly as on disk, to put back if a commit fails after its rename.
-    registry_bytes: Vec<u8>,
+    /// The registry files' sizes: where the next frame goes, and when to compact.
+    disk: DiskInfo,
     /// The committed trust bytes. Kept here, like the registry, so that a commit whose rename of
     /// `trust.next` failed after the commit point still answers the bytes it committed.
     trust: Option<Vec<u8>>,
@@ -207,14 +231,14 @@ impl FsStore {
         create_root(&layout.root, &mut run)?;
         let lock = open_lock(&layout.lock)?;
         let recovered = if options.reader && layout.registry.exists() {
-            let snapshot = read_committed(&layout)?;
+            let snapshot = read_snapshot(&layout)?;
             recovery::Recovered {
                 report: RecoveryReport {
                     generation: snapshot.registry.generation(),
                     ..RecoveryReport::default()
                 },
                 registry: snapshot.registry,
-                bytes: snapshot.bytes,
+                info: snapshot.info,
                 trust: snapshot.trust,
             }
         } else {
@@ -232,9 +256,10 @@ impl FsStore {
             lock,
             reader: options.reader,
             lock_wait: options.lock_wait,
+            compact_log_over: options.compact_log_over,
             inner: Mutex::new(Inner {
                 registry: recovered.registry,
-                registry_bytes: recovered.bytes,
+                disk: recovered.info,
                 trust: recovered.trust,
                 poisoned: false,
                 fault: options.fault,
@@ -408,9 +433,9 @@ impl PackageStore for FsStore {
     fn refresh(&self) -> Result<u64, StoreError> {
         let mut inner = self.usable()?;
         if self.reader && inner.writing == 0 {
-            let snapshot = read_committed(&self.layout)?;
+            let snapshot = read_snapshot(&self.layout)?;
             inner.registry = snapshot.registry;
-            inner.registry_bytes = snapshot.bytes;
+            inner.disk = snapshot.info;
             inner.trust = snapshot.trust;
         }
         Ok(inner.registry.generation())
@@ -455,8 +480,8 @@ impl PackageStore for FsStore {
         // From here no writer deletes the version's files; they are there only if what is
         // committed now installs the version. The disk decides, not this handle's view, which
         // may be older than a removal.
-        let refusal = match recovery::read_registry(&self.layout) {
-            Ok(Some((registry, _))) => not_installed(&registry, id, version),
+        let refusal = match read_committed(&self.layout) {
+            Ok(Some(snapshot)) => not_installed(&snapshot.registry, id, version),
             Ok(None) => Some(
                 StoreError::new(
                     StoreErrorKind::NotInstalled,
@@ -510,7 +535,7 @@ impl FsStore {
             // Whatever happens next, the commit consumes the staged tree.
             inner.issued.remove(name);
         }
-        let plan = match commit::plan(&self.layout, &inner.registry, &inner.registry_bytes, tx) {
+        let plan = match commit::plan(&self.layout, &inner.registry, inner.disk, tx) {
             Ok(plan) => plan,
             Err(e) => {
                 if let Some(staged) = &staged {
@@ -539,9 +564,11 @@ impl FsStore {
                 }
             }
         }
-        let committed = with_run(inner, |run| commit::apply(&self.layout, run, &plan, holds))?;
+        let (committed, disk) = with_run(inner, |run| {
+            commit::apply(&self.layout, run, &plan, holds, self.compact_log_over)
+        })?;
         inner.registry = plan.new_state;
-        inner.registry_bytes = plan.new_bytes;
+        inner.disk = disk;
         if let Some(trust) = plan.trust {
             inner.trust = Some(trust);
         }
@@ -591,7 +618,7 @@ impl FsStore {
         inner.last_op = run.stats;
         let recovered = recovered?;
         inner.registry = recovered.registry;
-        inner.registry_bytes = recovered.bytes;
+        inner.disk = recovered.info;
         inner.trust = recovered.trust;
         Ok(recovered.report)
     }
@@ -643,23 +670,46 @@ fn pinned_error(layout: &StoreLayout, node: &NodeRef, holders: Vec<PinHolder>) -
 /// One committed generation as a reader sees it.
 struct Snapshot {
     registry: RegistryState,
-    bytes: Vec<u8>,
+    info: DiskInfo,
     trust: Option<Vec<u8>>,
 }
 
 /// How often a reader reads again when a writer committed while it was reading.
 const SNAPSHOT_ATTEMPTS: usize = 64;
 
-/// Reads the last committed generation without the lock: the registry file, then the trust bytes
-/// it records (from `trust.next` while a commit's rename of it is still to come), then the
-/// registry again; if that moved on meanwhile, everything is read again.
-fn read_committed(layout: &StoreLayout) -> Result<Snapshot, StoreError> {
-    let missing = || {
-        StoreError::new(StoreErrorKind::Corrupt, "registry file is missing")
-            .at(layout.registry.clone())
+/// Which files the registry is made of right now: the checkpoint's and the log's inode and
+/// length. An append changes the log's length, a compaction or migration an inode.
+fn registry_files(layout: &StoreLayout) -> Result<[Option<(u64, u64)>; 2], StoreError> {
+    let identity = |path: &Path| match fs::symlink_metadata(path) {
+        Ok(m) => {
+            #[cfg(unix)]
+            let ino = std::os::unix::fs::MetadataExt::ino(&m);
+            #[cfg(not(unix))]
+            let ino = 0;
+            Ok(Some((ino, m.len())))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_error("inspect registry file", path, e)),
     };
+    Ok([identity(&layout.registry)?, identity(&layout.log)?])
+}
+
+/// Reads the last committed generation without the lock: the checkpoint and the log, then the
+/// trust bytes the state records (from `trust.next` while a commit's rename of it is still to
+/// come); if the registry files changed meanwhile, everything is read again. `None` when the
+/// store has no registry.
+fn read_committed(layout: &StoreLayout) -> Result<Option<Snapshot>, StoreError> {
     for _ in 0..SNAPSHOT_ATTEMPTS {
-        let (registry, bytes) = recovery::read_registry(layout)?.ok_or_else(missing)?;
+        let files = registry_files(layout)?;
+        let read = log::read(layout);
+        let found = match read {
+            Ok(Some(found)) => found,
+            // Read while a writer replaced a file (a compaction): an error of a mixed view.
+            Ok(None) | Err(_) if registry_files(layout)? != files => continue,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let registry = found.registry;
         let mut trust = read_optional(&layout.trust)?;
         if let Some(anchor) = registry.trust_anchor() {
             let matches = |b: &Option<Vec<u8>>| {
@@ -676,13 +726,12 @@ fn read_committed(layout: &StoreLayout) -> Result<Snapshot, StoreError> {
                 }
             }
         }
-        let again = read_optional(&layout.registry)?.ok_or_else(missing)?;
-        if again == bytes {
-            return Ok(Snapshot {
+        if registry_files(layout)? == files {
+            return Ok(Some(Snapshot {
                 registry,
-                bytes,
+                info: found.info,
                 trust,
-            });
+            }));
         }
     }
     Err(StoreError::new(
@@ -690,6 +739,21 @@ fn read_committed(layout: &StoreLayout) -> Result<Snapshot, StoreError> {
         "the registry kept changing while it was read",
     )
     .at(layout.registry.clone()))
+}
+
+/// [`read_committed`], for a store that must have a registry.
+fn read_snapshot(layout: &StoreLayout) -> Result<Snapshot, StoreError> {
+    read_committed(layout)?.ok_or_else(|| {
+        StoreError::new(StoreErrorKind::Corrupt, "registry file is missing")
+            .at(layout.registry.clone())
+    })
+}
+
+/// The committed registry of the store at `root`, read as a reader reads it (the checkpoint and
+/// the frames of the log after it), without the lock and without writing anything; `None` when
+/// the store has no registry. For tools and tests that look at a store from outside.
+pub fn read_registry(root: impl Into<PathBuf>) -> Result<Option<RegistryState>, StoreError> {
+    Ok(read_committed(&StoreLayout::new(root))?.map(|s| s.registry))
 }
 
 /// The contents of `path`, or `None` if it does not exist.

@@ -1,9 +1,11 @@
 //! Recovery: brings the disk back in line with the registry after whatever happened before.
 //!
-//! The registry file is the commit point of every transaction, so recovery never needs to redo
-//! work: a transaction whose registry rename happened is complete apart from deleting trees the
-//! new registry no longer references, and one whose rename did not happen left only trees and
-//! files that the old registry does not reference. Both are finished the same way: delete every
+//! A transaction's frame in the registry log is its commit point, so recovery never needs to redo
+//! work: a transaction whose frame is complete is done apart from deleting trees the new
+//! registry no longer references, and one whose frame is missing or torn left only trees and
+//! files that the old registry does not reference. A torn frame at the end of the log is cut off
+//! (and the log fsynced) before anything else is decided, and a log left beside a format-1
+//! registry by a migration that stopped early is deleted. Both are finished the same way: delete every
 //! package tree the registry does not reference, clear the staging area and the temporary files,
 //! and drop the journal records. The journal records add a consistency check (a record that
 //! expects a generation newer than the registry's means the registry went backwards) and say in
@@ -28,20 +30,21 @@ use std::path::{Path, PathBuf};
 
 use guild_domain::graph::NodeRef;
 use guild_domain::ids::Sha256Digest;
-use guild_domain::registry::{RegistryDecodeError, RegistryState};
+use guild_domain::registry::{RegistryState, REGISTRY_FORMAT_V2};
 use guild_ports::store::{
     InterruptedCommit, RecoveryReport, StoreError, StoreErrorKind, UncheckedTree,
 };
 
 use super::durable::{io_error, remove_file_if_present, remove_tree, Run};
 use super::journal::{Intent, JournalDecodeError, RECORD_SUFFIX, TMP_SUFFIX};
+use super::log::{self, DiskInfo};
 use super::pins::Refusal;
 use super::StoreLayout;
 
 /// The registry recovery settled on, its bytes on disk, and what recovery did.
 pub(crate) struct Recovered {
     pub(crate) registry: RegistryState,
-    pub(crate) bytes: Vec<u8>,
+    pub(crate) info: DiskInfo,
     /// The trust bytes after recovery, if there is a trust file.
     pub(crate) trust: Option<Vec<u8>>,
     pub(crate) report: RecoveryReport,
@@ -59,8 +62,21 @@ pub(crate) fn recover(
 
     // Read everything recovery decides on before deleting anything.
     let records = read_journal(layout)?;
-    let (registry, bytes) = match read_registry(layout)? {
-        Some(found) => found,
+    let (registry, info) = match log::read(layout)? {
+        Some(found) => {
+            if found.torn_len.is_some() {
+                // A frame whose append did not finish: its commit point was not reached.
+                cut_log(layout, found.info.log_len, run)?;
+                report.removed_temp_files.push(layout.log.clone());
+            }
+            if found.stray_log {
+                // A migration stopped before its checkpoint: the format-1 registry is the store.
+                remove_file_if_present(&layout.log)
+                    .map_err(|e| io_error("remove stray registry log", &layout.log, e))?;
+                report.removed_temp_files.push(layout.log.clone());
+            }
+            (found.registry, found.info)
+        }
         None => {
             if let Some(first) = records.first() {
                 return Err(StoreError::new(
@@ -77,7 +93,9 @@ pub(crate) fn recover(
                 .at(layout.registry.clone()));
             }
             let fresh = RegistryState::new();
-            let bytes = fresh.to_json();
+            // The log first: a checkpoint is never without one.
+            log::create(layout, run, fresh.generation())?;
+            let checkpoint = fresh.to_checkpoint_json();
             run.atomic_write(
                 [
                     "write new registry",
@@ -87,10 +105,16 @@ pub(crate) fn recover(
                 ],
                 &layout.registry_tmp,
                 &layout.registry,
-                &bytes,
+                &checkpoint,
             )?;
             report.created = true;
-            (fresh, bytes)
+            let info = DiskInfo {
+                format: REGISTRY_FORMAT_V2,
+                checkpoint_len: checkpoint.len() as u64,
+                log_len: log::HEADER_LEN,
+                dir_unsynced: false,
+            };
+            (fresh, info)
         }
     };
     let generation = registry.generation();
@@ -133,7 +157,7 @@ pub(crate) fn recover(
             run.sync_path("fsync package directory", super::durable::parent(&dest)?)?;
         }
     }
-    for tmp in [&layout.registry_tmp, &layout.trust_tmp] {
+    for tmp in [&layout.registry_tmp, &layout.log_tmp, &layout.trust_tmp] {
         if remove_file_if_present(tmp).map_err(|e| io_error("remove temporary file", tmp, e))? {
             report.removed_temp_files.push(tmp.clone());
         }
@@ -169,10 +193,20 @@ pub(crate) fn recover(
     };
     Ok(Recovered {
         registry,
-        bytes,
+        info,
         trust,
         report,
     })
+}
+
+/// Cuts the uncommitted tail off the log, down to `valid` bytes, durably.
+fn cut_log(layout: &StoreLayout, valid: u64, run: &mut Run) -> Result<(), StoreError> {
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&layout.log)
+        .and_then(|f| f.set_len(valid))
+        .map_err(|e| io_error("cut the torn end of the registry log", &layout.log, e))?;
+    run.sync_path("fsync registry log", &layout.log)
 }
 
 /// Finishes or drops new trust bytes left in `trust.next`: the registry's trust anchor says
@@ -227,30 +261,6 @@ fn ensure_dirs(layout: &StoreLayout, run: &mut Run) -> Result<(), StoreError> {
         run.sync_path("fsync store directory", &layout.root)?;
     }
     Ok(())
-}
-
-/// The registry and its bytes, or `None` when the file does not exist.
-pub(crate) fn read_registry(
-    layout: &StoreLayout,
-) -> Result<Option<(RegistryState, Vec<u8>)>, StoreError> {
-    let path = &layout.registry;
-    let bytes = match fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io_error("read registry", path, e)),
-    };
-    match RegistryState::from_json(&bytes) {
-        Ok(r) => Ok(Some((r, bytes))),
-        Err(e) => {
-            let kind = match e {
-                RegistryDecodeError::UnsupportedFormat { .. } => StoreErrorKind::UnsupportedFormat,
-                _ => StoreErrorKind::Corrupt,
-            };
-            Err(StoreError::new(kind, "decode registry")
-                .at(path.clone())
-                .caused_by(e))
-        }
-    }
 }
 
 /// Every journal record, decoded, in generation order. Temporary records are skipped (recovery

@@ -55,3 +55,20 @@ pub(crate) fn fire(root: &Path, tree: &Path) {
         hook(tree);
     }
 }
+
+/// Rewrites the closed store at `root` as the code before the registry log wrote it: the whole
+/// committed registry in format 1 in `registry.json`, and no `registry.log`. For tests of
+/// migration, and of stores edited by hand or by older tools.
+pub fn as_format_1(root: impl Into<PathBuf>) -> Result<(), guild_ports::store::StoreError> {
+    use guild_ports::store::{StoreError, StoreErrorKind};
+    let layout = super::StoreLayout::new(root);
+    let state = super::read_registry(layout.root.clone())?.ok_or_else(|| {
+        StoreError::new(StoreErrorKind::Corrupt, "registry file is missing")
+            .at(layout.registry.clone())
+    })?;
+    std::fs::write(&layout.registry, state.to_json())
+        .map_err(|e| super::io_error("write format-1 registry", &layout.registry, e))?;
+    super::durable::remove_file_if_present(&layout.log)
+        .map_err(|e| super::io_error("remove registry log", &layout.log, e))?;
+    Ok(())
+}

@@ -1,16 +1,18 @@
 //! Notice of new committed generations: an inotify watch (through the `notify` crate) on the
-//! store's root directory, which fires when `registry.json`, the commit point of every
-//! transaction, is replaced.
+//! store's root directory, which fires when a commit's frame is written to `registry.log` (and
+//! when the writer closes it, after the fdatasync that is the commit point), and when a
+//! compaction or a migration replaces `registry.json` or `registry.log`.
 
 use std::path::Path;
 
 use guild_ports::store::{StoreError, StoreErrorKind};
+use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecursiveMode, Watcher as _};
 
 use super::StoreLayout;
 
-/// Calls its callback (on the watcher's own thread) after each replacement of the registry
-/// file: each commit of a new generation, by any process. Several commits may be reported as
+/// Calls its callback (on the watcher's own thread) after each change to the registry files:
+/// each commit of a new generation, by any process. Several commits may be reported as
 /// one call, and a call may come for a commit already seen; the callback re-reads the store to
 /// learn what changed. Dropping the watcher stops it.
 pub struct StoreWatcher {
@@ -30,7 +32,10 @@ impl StoreWatcher {
         on_commit: impl Fn() + Send + 'static,
     ) -> Result<StoreWatcher, StoreError> {
         let layout = StoreLayout::new(root);
-        let registry_name = layout.registry.file_name().map(ToOwned::to_owned);
+        let names: Vec<_> = [&layout.registry, &layout.log]
+            .into_iter()
+            .filter_map(|p| p.file_name().map(ToOwned::to_owned))
+            .collect();
         let failed = |e: notify::Error| {
             StoreError::new(StoreErrorKind::Io, "watch store directory")
                 .at(layout.root.clone())
@@ -45,12 +50,15 @@ impl StoreWatcher {
                 };
                 let lands = matches!(
                     event.kind,
-                    EventKind::Create(_) | EventKind::Modify(_) | EventKind::Any
+                    EventKind::Create(_)
+                        | EventKind::Modify(_)
+                        | EventKind::Access(AccessKind::Close(AccessMode::Write))
+                        | EventKind::Any
                 );
                 let on_registry = event
                     .paths
                     .iter()
-                    .any(|p| p.file_name().map(ToOwned::to_owned) == registry_name);
+                    .any(|p| p.file_name().is_some_and(|n| names.iter().any(|m| m == n)));
                 if lands && on_registry {
                     on_commit();
                 }

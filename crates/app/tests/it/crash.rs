@@ -261,10 +261,10 @@ fn crash_matrix_every_operation_every_step_both_modes() {
             assert_ne!(before, &after, "{}: the operation changed nothing", op.name);
         }
         assert!(!steps.is_empty(), "{}: no durable step", op.name);
-        // Everything after the fsync that makes the new registry durable is cleanup.
+        // Everything after the fdatasync that makes the commit's log frame durable is cleanup.
         let commit_point = steps
             .iter()
-            .position(|s| *s == "fsync store directory")
+            .position(|s| *s == "fdatasync registry log (commit point)")
             .unwrap_or_else(|| panic!("{}: no commit point in {steps:?}", op.name));
 
         let (mut saw_before, mut saw_after) = (0, 0);

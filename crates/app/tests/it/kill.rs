@@ -376,8 +376,9 @@ pub(crate) fn expected_after(
 }
 
 pub(crate) fn read_registry(layout: &StoreLayout) -> RegistryState {
-    let bytes = fs::read(&layout.registry).unwrap();
-    RegistryState::from_json(&bytes).unwrap()
+    guild_adapters_fs::store::read_registry(layout.root.clone())
+        .unwrap()
+        .unwrap()
 }
 
 /// The names in a directory (none if it does not exist).

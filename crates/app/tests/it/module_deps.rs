@@ -20,7 +20,6 @@ use guild_adapters_posix::DlopenLoader;
 use guild_domain::graph::{GraphProblem, NodeRef, Requirement};
 use guild_domain::ids::{ImplId, PackageId};
 use guild_domain::operation::DType;
-use guild_domain::registry::RegistryState;
 use guild_host::package_manager::Quarantined;
 use guild_host::{
     Host, HostError, InstallOptions, Installed, LoadReport, OpenReport, OperationRequest,
@@ -350,12 +349,16 @@ fn an_unusable_dependency_refuses_installing_the_dependent_before_dlopen() {
 /// registry with an enabled package whose runtime edge fails; this is how a test gets one.
 fn enable_behind_the_hosts_back(store: &Path, id: &PackageId) {
     let layout = StoreLayout::new(store);
-    let state = RegistryState::from_json(&fs::read(&layout.registry).unwrap()).unwrap();
+    let state = guild_adapters_fs::store::read_registry(store)
+        .unwrap()
+        .unwrap();
     let mut next = state.successor();
     next.enable(id).unwrap();
+    // The whole registry in format 1, as a tool that knows no log would write it.
     let edited = layout.root.join("registry.json.edited");
     fs::write(&edited, next.to_json()).unwrap();
     fs::rename(&edited, &layout.registry).unwrap();
+    fs::remove_file(&layout.log).unwrap();
 }
 
 #[test]

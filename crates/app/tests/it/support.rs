@@ -714,6 +714,7 @@ pub fn assert_no_leftovers(root: &Path, label: &str) {
             [
                 "lock",
                 "registry.json",
+                "registry.log",
                 "trust",
                 "journal",
                 "staging",

@@ -203,6 +203,7 @@ fn trust_a_store_from_before_binding_is_bound_on_open_and_refuses_a_missing_file
     // A store as today's code wrote it: no trust record in the registry, no binding in the trust
     // file. The rewrite below produces exactly those files.
     fn unbind(b: &Bench) {
+        guild_adapters_fs::store::testing::as_format_1(b.store()).unwrap();
         let registry = b.store().join("registry.json");
         let mut doc: Value = serde_json::from_slice(&fs::read(&registry).unwrap()).unwrap();
         doc.as_object_mut().unwrap().remove("trust");
@@ -218,14 +219,16 @@ fn trust_a_store_from_before_binding_is_bound_on_open_and_refuses_a_missing_file
     // A reader leaves the binding to the next writer.
     let listed = b.run(&["list"]);
     expect(&listed, 0);
-    assert!(!fs::read_to_string(b.store().join("registry.json"))
-        .unwrap()
-        .contains("\"trust\""));
+    let committed = || {
+        guild_adapters_fs::store::read_registry(b.store())
+            .unwrap()
+            .unwrap()
+    };
+    assert!(committed().trust_anchor().is_none());
     let listed = b.run(&["recover"]);
     expect(&listed, 0);
     has(&listed.stdout, "the trust file is now bound to this store");
-    let registry = fs::read_to_string(b.store().join("registry.json")).unwrap();
-    has(&registry, "\"trust\"");
+    assert!(committed().trust_anchor().is_some());
     // From now on it is guarded: an older (unbound) copy is refused.
     unbind_trust_only(&b);
     assert_refused_for_trust(&b, "the trust file carries no store binding");

@@ -158,7 +158,8 @@ fn trusted_state_an_old_registry_without_the_record_is_checked_once_and_gets_it(
     let shop = Workshop::new();
     let k = key();
     let root = two_packages(&shop, &k);
-    // The registry as a store written before the record existed has it.
+    // The registry as a store written before the record existed has it (format 1, no log).
+    guild_adapters_fs::store::testing::as_format_1(&root).unwrap();
     let registry = root.join("registry.json");
     let mut doc: Value = serde_json::from_slice(&fs::read(&registry).unwrap()).unwrap();
     let mut stripped = 0;
@@ -184,8 +185,14 @@ fn trusted_state_an_old_registry_without_the_record_is_checked_once_and_gets_it(
     assert_eq!((calls, report.reauthenticated), (2, 2), "{report:?}");
     assert!(report.disabled.is_empty(), "{report:?}");
     drop(pm);
-    let written = fs::read_to_string(&registry).unwrap();
-    assert_eq!(written.matches("\"trusted_under\"").count(), 2, "{written}");
+    let written = guild_adapters_fs::store::read_registry(&root)
+        .unwrap()
+        .unwrap();
+    let recorded = written
+        .installed()
+        .filter(|(_, _, r)| r.trusted_under.is_some())
+        .count();
+    assert_eq!(recorded, 2, "{written:?}");
     let (_pm, _, calls) = open_counting(&root, false);
     assert_eq!(calls, 0);
 }
@@ -299,4 +306,46 @@ fn trusted_state_the_full_check_finds_a_changed_library_and_a_stripped_signature
         .collect();
     assert_eq!(disabled, ["ex.base", "ex.solo", "ex.user"]);
     assert!(pm.list().unwrap().iter().all(|p| p.enabled.is_none()));
+}
+
+#[test]
+fn trusted_state_a_format_1_store_is_migrated_by_its_first_write_and_passes_the_full_check() {
+    let shop = Workshop::new();
+    let k = key();
+    let root = two_packages(&shop, &k);
+    // The store as the code before the registry log left it: the whole registry in format 1
+    // (byte for byte what that code wrote for this state) and no log.
+    guild_adapters_fs::store::testing::as_format_1(&root).unwrap();
+    let registry = root.join("registry.json");
+    let log = root.join("registry.log");
+    let old = fs::read(&registry).unwrap();
+    assert!(String::from_utf8_lossy(&old).contains("\"guild_registry\": 1"));
+    assert!(!log.exists());
+    // Opening, as a reader and as a writer that has nothing to change, leaves it as it is.
+    for reader in [true, false] {
+        let (pm, report, calls) = open_counting(&root, reader);
+        assert_eq!((calls, report.verified), (0, 2), "{report:?}");
+        drop(pm);
+        assert_eq!(fs::read(&registry).unwrap(), old, "reader {reader}");
+        assert!(!log.exists(), "reader {reader}");
+    }
+    // The first write migrates it: a format-2 checkpoint and the log with that write's frame.
+    let (pm, _, _) = open_counting(&root, false);
+    let solo = shop.build(&Spec::module("ex.solo", "1.0.0"), &k);
+    pm.install(&solo.archive, InstallOptions::default())
+        .unwrap();
+    drop(pm);
+    assert!(
+        String::from_utf8_lossy(&fs::read(&registry).unwrap()).contains("\"guild_registry\": 2")
+    );
+    assert!(
+        fs::metadata(&log).unwrap().len() > 48,
+        "the install's frame"
+    );
+    let (pm, report, calls) = open_counting(&root, false);
+    assert_eq!((calls, report.verified), (0, 3), "{report:?}");
+    let found = pm.verify_all(VerifyOptions { jobs: Some(2) }).unwrap();
+    assert_eq!(found.checked, 3, "{found:?}");
+    assert!(found.failures.is_empty(), "{found:?}");
+    assert!(found.disabled.is_empty(), "{found:?}");
 }

@@ -3,4 +3,5 @@
 mod graph;
 mod manifest;
 mod operation;
+mod registry_log;
 mod trust;

@@ -20,6 +20,8 @@ type Outcome = Result<Vec<PathBuf>, guild_ports::store::StoreError>;
 
 struct Shape {
     name: &'static str,
+    /// Whether the store compacts its log after every commit.
+    compact: bool,
     setup: fn(&FsStore),
     op: fn(&FsStore) -> Outcome,
 }
@@ -41,35 +43,80 @@ fn two_versions(s: &FsStore) {
     publish(s, "a", "2.0.0", ENABLED).unwrap();
 }
 
+/// Turns the store into one written before the log existed: the whole registry in format 1,
+/// the very bytes the earlier code wrote, and no log.
+fn as_format_1(s: &FsStore) {
+    guild_adapters_fs::store::testing::as_format_1(s.layout().root.clone()).unwrap();
+}
+
 fn shapes() -> Vec<Shape> {
     vec![
         Shape {
+            name: "publish into a format-1 store, migrating it",
+            compact: false,
+            setup: |s| {
+                one_enabled(s);
+                as_format_1(s);
+            },
+            op: |s| leftovers(publish(s, "b", "1.0.0", ENABLED)),
+        },
+        Shape {
+            name: "publish, then compact the log",
+            compact: true,
+            setup: one_enabled,
+            op: |s| leftovers(publish(s, "b", "1.0.0", ENABLED)),
+        },
+        Shape {
+            name: "commit trust, then compact the log",
+            compact: true,
+            setup: |s| {
+                one_enabled(s);
+                commit_trust(s, "first").unwrap();
+            },
+            op: |s| leftovers(commit_trust(s, "second")),
+        },
+        Shape {
+            name: "migrate a format-1 store, commit, compact",
+            compact: true,
+            setup: |s| {
+                two_versions(s);
+                as_format_1(s);
+            },
+            op: |s| leftovers(change(s, |r| r.rollback(&id("a")).map(|_| ()))),
+        },
+        Shape {
             name: "publish a new package",
+            compact: false,
             setup: one_enabled,
             op: |s| leftovers(publish(s, "b", "1.0.0", ENABLED)),
         },
         Shape {
             name: "publish superseding the enabled version",
+            compact: false,
             setup: one_enabled,
             op: |s| leftovers(publish(s, "a", "2.0.0", ENABLED)),
         },
         Shape {
             name: "enable",
+            compact: false,
             setup: one_disabled,
             op: |s| leftovers(change(s, |r| r.enable(&id("a")).map(|_| ()))),
         },
         Shape {
             name: "disable",
+            compact: false,
             setup: one_enabled,
             op: |s| leftovers(change(s, |r| r.disable(&id("a")).map(|_| ()))),
         },
         Shape {
             name: "remove a superseded version",
+            compact: false,
             setup: two_versions,
             op: |s| leftovers(change(s, |r| r.remove(&id("a"), &v("1.0.0")))),
         },
         Shape {
             name: "remove the last version of a package",
+            compact: false,
             setup: |s| {
                 one_enabled(s);
                 publish(s, "b", "1.0.0", ENABLED).unwrap();
@@ -78,11 +125,13 @@ fn shapes() -> Vec<Shape> {
         },
         Shape {
             name: "rollback",
+            compact: false,
             setup: two_versions,
             op: |s| leftovers(change(s, |r| r.rollback(&id("a")).map(|_| ()))),
         },
         Shape {
             name: "reinstall a removed version",
+            compact: false,
             setup: |s| {
                 two_versions(s);
                 change(s, |r| r.remove(&id("a"), &v("1.0.0"))).unwrap();
@@ -97,11 +146,13 @@ fn shapes() -> Vec<Shape> {
         },
         Shape {
             name: "write trust",
+            compact: false,
             setup: |s| s.write_trust(b"trust v1").unwrap(),
             op: |s| s.write_trust(b"trust v2").map(|()| Vec::new()),
         },
         Shape {
             name: "commit trust with the registry",
+            compact: false,
             setup: |s| {
                 one_enabled(s);
                 commit_trust(s, "first").unwrap();
@@ -110,6 +161,7 @@ fn shapes() -> Vec<Shape> {
         },
         Shape {
             name: "replace a quarantined tree",
+            compact: false,
             setup: |s| {
                 one_enabled(s);
                 tamper(s, "a", "1.0.0");
@@ -179,7 +231,15 @@ fn store_crash_matrix_every_shape_every_step_both_modes() {
     for shape in shapes() {
         // The undisturbed run gives the after-state and the list of steps.
         let (_dir, root, before) = prepared(&shape);
-        let (store, _) = FsStore::open(&root).unwrap();
+        let options = |fault| {
+            let options = StoreOptions::new().with_fault(fault);
+            if shape.compact {
+                options.compact_log_over(0)
+            } else {
+                options
+            }
+        };
+        let (store, _) = FsStore::open_with(&root, options(None)).unwrap();
         assert_eq!((shape.op)(&store).unwrap(), Vec::<PathBuf>::new());
         let steps = store.last_op().steps;
         drop(store);
@@ -207,8 +267,7 @@ fn store_crash_matrix_every_shape_every_step_both_modes() {
                 let (_dir, root, before_again) = prepared(&shape);
                 assert_eq!(before_again, before, "{label}: setup is not deterministic");
                 let fault = Some(Fault { step, mode });
-                let (store, report) =
-                    FsStore::open_with(&root, StoreOptions::new().with_fault(fault)).unwrap();
+                let (store, report) = FsStore::open_with(&root, options(fault)).unwrap();
                 assert!(report.is_clean(), "{label}: {report:?}");
                 let outcome = (shape.op)(&store);
                 match (&outcome, mode) {
@@ -322,16 +381,17 @@ fn store_counts_the_fsyncs_of_a_publish() {
     publish(&store, "a", "1.0.0", ENABLED).unwrap();
     let first = store.last_op();
     // Journal record 2, staged tree 4 (two files, two directories), packages directory 1 (a new
-    // id), installed tree root 1, id directory 1, staging directory 1, registry 2.
-    assert_eq!(first.fsyncs, 12, "{:?}", first.steps);
+    // id), installed tree root 1, id directory 1, staging directory 1, the log's frame 1 (the
+    // commit point, an fdatasync).
+    assert_eq!(first.fsyncs, 11, "{:?}", first.steps);
     publish(&store, "a", "2.0.0", ENABLED).unwrap();
     assert_eq!(
         store.last_op().fsyncs,
-        11,
+        10,
         "the id directory already exists"
     );
     change(&store, |r| r.disable(&id("a")).map(|_| ())).unwrap();
-    assert_eq!(store.last_op().fsyncs, 4, "a state-only change");
+    assert_eq!(store.last_op().fsyncs, 3, "a state-only change");
     change(&store, |r| r.remove(&id("a"), &v("1.0.0"))).unwrap();
-    assert_eq!(store.last_op().fsyncs, 4, "deleting needs no fsync");
+    assert_eq!(store.last_op().fsyncs, 3, "deleting needs no fsync");
 }

@@ -169,7 +169,11 @@ pub(crate) fn snapshot(root: &Path) -> Snapshot {
     let mut packages = BTreeMap::new();
     walk(&layout.packages, "", &mut packages);
     Snapshot {
-        registry: fs::read(&layout.registry).unwrap(),
+        // The committed state, whatever mix of checkpoint and log frames holds it.
+        registry: guild_adapters_fs::store::read_registry(root)
+            .unwrap()
+            .unwrap()
+            .to_json(),
         trust: fs::read(&layout.trust).ok(),
         packages,
     }
@@ -215,6 +219,7 @@ pub(crate) fn assert_no_leftovers(root: &Path) {
             [
                 "lock",
                 "registry.json",
+                "registry.log",
                 "trust",
                 "journal",
                 "staging",

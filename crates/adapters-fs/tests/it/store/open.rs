@@ -171,7 +171,7 @@ fn store_unknown_registry_format_fails_closed() {
     let text = fs::read_to_string(&layout.registry).unwrap();
     fs::write(
         &layout.registry,
-        text.replace("\"guild_registry\": 1", "\"guild_registry\": 2"),
+        text.replace("\"guild_registry\": 2", "\"guild_registry\": 3"),
     )
     .unwrap();
     let err = open_err(&root);
@@ -179,7 +179,7 @@ fn store_unknown_registry_format_fails_closed() {
     assert_eq!(err.path.as_deref(), Some(layout.registry.as_path()));
     assert!(
         err.to_string()
-            .ends_with("registry format 2 is not supported; this build reads format 1"),
+            .ends_with("registry format 3 is not supported; this build reads formats 1 (a whole registry) and 2 (a checkpoint)"),
         "{err}"
     );
 }
@@ -301,7 +301,7 @@ fn store_recovery_rolls_forward_after_the_commit_point() {
     }
     // Crash at "delete old tree": the registry no longer installs a@1.0.0, its tree is still there.
     let fault = Some(Fault {
-        step: 9,
+        step: 7,
         mode: FaultMode::Crash,
     });
     let (store, _) = FsStore::open_with(&root, StoreOptions::new().with_fault(fault)).unwrap();
@@ -506,4 +506,177 @@ fn store_refuses_a_changed_digest_even_for_a_removed_version() {
         "the new registry changes the recorded payload of a@1.0.0"
     );
     assert_eq!(snapshot(&root), before);
+}
+
+/// The committed state of the store at `root`, as a reader reads it.
+fn committed(root: &Path) -> RegistryState {
+    guild_adapters_fs::store::read_registry(root)
+        .unwrap()
+        .unwrap()
+}
+
+fn append(path: &Path, bytes: &[u8]) {
+    use std::io::Write as _;
+    let mut file = fs::OpenOptions::new().append(true).open(path).unwrap();
+    file.write_all(bytes).unwrap();
+}
+
+#[test]
+fn store_log_torn_tail_is_ignored_by_readers_and_cut_by_the_writer() {
+    for (what, tail) in [
+        ("half a length", vec![0x10, 0x00]),
+        (
+            "a frame longer than the file",
+            b"\x40\x00\x00\x00partial".to_vec(),
+        ),
+        ("zeros left by a power loss", vec![0; 300]),
+    ] {
+        let (_dir, root) = store_with_one_package();
+        let layout = StoreLayout::new(&root);
+        let state = committed(&root);
+        let good = fs::read(&layout.log).unwrap();
+        append(&layout.log, &tail);
+        let (reader, _) = FsStore::open_with(&root, StoreOptions::new().reader()).unwrap();
+        assert_eq!(reader.registry().unwrap(), state, "{what}");
+        drop(reader);
+        assert_eq!(
+            fs::read(&layout.log).unwrap().len(),
+            good.len() + tail.len()
+        );
+        let (store, report) = FsStore::open(&root).unwrap();
+        assert_eq!(
+            report.removed_temp_files,
+            std::slice::from_ref(&layout.log),
+            "{what}"
+        );
+        assert_eq!(fs::read(&layout.log).unwrap(), good, "{what}: cut back");
+        assert_eq!(store.registry().unwrap(), state);
+        assert!(store.recover().unwrap().is_clean());
+        // The next frame lands where the torn one was.
+        publish(&store, "b", "1.0.0", ENABLED).unwrap();
+        drop(store);
+        assert!(committed(&root).is_installed(&id("b"), &v("1.0.0")));
+    }
+}
+
+#[test]
+fn store_log_bad_frame_before_good_ones_fails_closed_naming_the_offset() {
+    let (_dir, root) = store_with_one_package();
+    let layout = StoreLayout::new(&root);
+    {
+        let (store, _) = FsStore::open(&root).unwrap();
+        publish(&store, "b", "1.0.0", ENABLED).unwrap();
+    }
+    let good = fs::read(&layout.log).unwrap();
+    // The first frame starts right after the 48-byte header; flip a byte of its payload.
+    let mut bad = good.clone();
+    bad[48 + 36 + 10] ^= 0x20;
+    fs::write(&layout.log, &bad).unwrap();
+    for reader in [false, true] {
+        let options = if reader {
+            StoreOptions::new().reader()
+        } else {
+            StoreOptions::new()
+        };
+        let err = FsStore::open_with(&root, options).map(|_| ()).unwrap_err();
+        assert_eq!(err.kind, StoreErrorKind::Corrupt, "{err}");
+        assert_eq!(err.path.as_deref(), Some(layout.log.as_path()));
+        assert!(
+            err.to_string().contains(
+                "registry log at byte offset 48: a frame fails its checksum and more frames \
+                 follow it"
+            ),
+            "{err}"
+        );
+    }
+    assert_eq!(
+        fs::read(&layout.log).unwrap(),
+        bad,
+        "failing closed wrote nothing"
+    );
+    fs::write(&layout.log, &good).unwrap();
+    assert!(committed(&root).is_installed(&id("b"), &v("1.0.0")));
+}
+
+#[test]
+fn store_checkpoint_without_its_log_fails_closed() {
+    let (_dir, root) = store_with_one_package();
+    let layout = StoreLayout::new(&root);
+    fs::remove_file(&layout.log).unwrap();
+    let err = open_err(&root);
+    assert_eq!(err.kind, StoreErrorKind::Corrupt);
+    assert_eq!(err.path.as_deref(), Some(layout.log.as_path()));
+    assert_eq!(
+        err.what,
+        "the registry is a checkpoint (format 2) but its log is missing"
+    );
+}
+
+#[test]
+fn store_format_1_opens_unchanged_and_the_first_write_migrates_it() {
+    let (_dir, root) = store_with_one_package();
+    let layout = StoreLayout::new(&root);
+    let state = committed(&root);
+    // The whole registry in format 1 and no log: what the code before the log wrote.
+    guild_adapters_fs::store::testing::as_format_1(&root).unwrap();
+    let old = fs::read(&layout.registry).unwrap();
+    assert_eq!(old, state.to_json());
+    for reader in [true, false] {
+        let options = if reader {
+            StoreOptions::new().reader()
+        } else {
+            StoreOptions::new()
+        };
+        let (store, report) = FsStore::open_with(&root, options).unwrap();
+        assert!(report.is_clean(), "{report:?}");
+        assert_eq!(store.registry().unwrap(), state);
+        drop(store);
+        assert_eq!(fs::read(&layout.registry).unwrap(), old, "opening wrote");
+        assert!(!layout.log.exists());
+    }
+    let (store, _) = FsStore::open(&root).unwrap();
+    publish(&store, "b", "1.0.0", ENABLED).unwrap();
+    let after = store.registry().unwrap();
+    drop(store);
+    let text = fs::read_to_string(&layout.registry).unwrap();
+    assert!(text.contains("\"guild_registry\": 2"), "{text}");
+    assert_eq!(
+        RegistryState::from_json(text.as_bytes())
+            .unwrap_err()
+            .to_string(),
+        "registry format 2 is not supported; this build reads formats 1 (a whole registry) and \
+         2 (a checkpoint)",
+        "a format-1 reader refuses the checkpoint"
+    );
+    assert_eq!(committed(&root), after);
+    let (_store, report) = FsStore::open(&root).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}
+
+#[test]
+fn store_log_compacts_once_it_outgrows_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let layout = StoreLayout::new(&root);
+    let (store, _) = FsStore::open_with(&root, StoreOptions::new().compact_log_over(2000)).unwrap();
+    let mut compactions = 0;
+    let mut last_len = 0;
+    for i in 0..20 {
+        publish(&store, &format!("p{i}"), "1.0.0", ENABLED).unwrap();
+        let len = fs::metadata(&layout.log).unwrap().len();
+        assert!(len <= 48 + 2000 + 1000, "the log stays bounded: {len}");
+        if len < last_len {
+            compactions += 1;
+            assert_eq!(len, 48, "an empty log after a compaction");
+            let checkpoint = fs::read(&layout.registry).unwrap();
+            let (state, format) = RegistryState::from_any_json(&checkpoint).unwrap();
+            assert_eq!(
+                (state.generation(), format),
+                (store.registry().unwrap().generation(), 2)
+            );
+        }
+        last_len = len;
+        assert_eq!(committed(&root), store.registry().unwrap());
+    }
+    assert!(compactions >= 2, "{compactions}");
 }

@@ -382,3 +382,35 @@ fn store_pin_of_a_version_being_installed_needs_the_installing_transaction() {
     assert_eq!(r.pins().unwrap().len(), 1);
     drop(pin);
 }
+
+#[test]
+fn store_watcher_fires_on_each_committed_frame_and_on_compaction() {
+    use std::sync::mpsc::channel;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let (store, _) = FsStore::open(&root).unwrap();
+    publish(&store, "a", "1.0.0", ENABLED).unwrap();
+    let (tx, rx) = channel();
+    let _watch = guild_adapters_fs::store::StoreWatcher::new(&root, move || {
+        let _ = tx.send(());
+    })
+    .unwrap();
+    let drain = || while rx.recv_timeout(Duration::from_millis(200)).is_ok() {};
+    drain();
+    // A state-only commit appends a frame and replaces no file.
+    change(&store, |r| r.disable(&id("a")).map(|_| ())).unwrap();
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("no notice of an appended frame");
+    drain();
+    drop(store);
+    // A commit that compacts replaces both registry files.
+    let (store, _) = FsStore::open_with(&root, StoreOptions::new().compact_log_over(0)).unwrap();
+    change(&store, |r| r.enable(&id("a")).map(|_| ())).unwrap();
+    assert_eq!(
+        std::fs::metadata(&store.layout().log).unwrap().len(),
+        48,
+        "compacted"
+    );
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("no notice of a compacting commit");
+}

@@ -1,0 +1,252 @@
+//! The registry on disk: a checkpoint (`registry.json`) and the log of the commits after it
+//! (`registry.log`).
+//!
+//! The checkpoint is a whole [`RegistryState`] in format 2 (a format-1 file is a store written
+//! before the log existed: the whole state, no log). The log starts with a header naming its
+//! *base* generation (the checkpoint's when the log was started) and holds one frame per commit:
+//!
+//! ```text
+//! header  "GKRLOG\0\x01"  base generation (u64 LE)  SHA-256 of the 16 bytes before it
+//! frame   length n (u32 LE)  SHA-256 of (length ++ payload)  payload: n bytes of RegistryDelta JSON
+//! ```
+//!
+//! Frames follow each other without gaps, generation base + 1, base + 2, ... The state is the
+//! checkpoint with every frame above its generation applied; frames at or below it are already
+//! in the checkpoint (a compaction that replaced the checkpoint but not yet the log) and are
+//! skipped. The log's base may not be above the checkpoint's generation: frames would be
+//! missing.
+//!
+//! The end of the log is where a commit in flight writes, so a frame there that is incomplete or
+//! fails its checksum (or a tail of zero bytes, which a file system may leave after a power loss)
+//! is a commit that did not happen: readers ignore it and a writer's recovery cuts it off. A bad
+//! frame with anything but zeros after it cannot be explained by an interrupted append: it is
+//! corruption, reported with the file and the byte offset.
+
+use std::fs;
+use std::io;
+use std::path::Path;
+
+use guild_domain::ids::Sha256Digest;
+use guild_domain::registry::{RegistryDecodeError, RegistryState, REGISTRY_FORMAT_V2};
+use guild_domain::registry_log::RegistryDelta;
+use guild_ports::store::{StoreError, StoreErrorKind};
+
+use super::durable::{io_error, Run};
+use super::StoreLayout;
+
+const MAGIC: &[u8; 8] = b"GKRLOG\0\x01";
+/// The length of the log's header.
+pub(crate) const HEADER_LEN: u64 = 48;
+/// The bytes in front of each frame's payload: length and checksum.
+const FRAME_OVERHEAD: usize = 36;
+/// A log shorter than this is never compacted, whatever the checkpoint's size: compacting a small
+/// store often would cost more fsyncs than it saves bytes.
+pub(crate) const MIN_COMPACT_LEN: u64 = 64 * 1024;
+
+/// The log's header for base generation `base`.
+pub(crate) fn header(base: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN as usize);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&base.to_le_bytes());
+    let digest = Sha256Digest::of(&out);
+    out.extend_from_slice(&digest.0);
+    out
+}
+
+/// The checksum of a frame: SHA-256 over its length field and its payload.
+fn frame_digest(len: &[u8], payload: &[u8]) -> [u8; 32] {
+    use sha2::Digest as _;
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(len);
+    hasher.update(payload);
+    hasher.finalize().into()
+}
+
+/// Creates the log, empty and based at generation `base`, atomically and durably (four steps).
+pub(crate) fn create(layout: &StoreLayout, run: &mut Run, base: u64) -> Result<(), StoreError> {
+    run.atomic_write(
+        [
+            "write new registry log",
+            "fsync new registry log",
+            "rename new registry log",
+            "fsync store directory",
+        ],
+        &layout.log_tmp,
+        &layout.log,
+        &header(base),
+    )
+}
+
+/// One frame holding `delta`.
+pub(crate) fn frame(delta: &RegistryDelta) -> Vec<u8> {
+    let payload = delta.to_json();
+    let len = u32::try_from(payload.len())
+        .unwrap_or(u32::MAX)
+        .to_le_bytes();
+    let mut out = Vec::with_capacity(FRAME_OVERHEAD + payload.len());
+    out.extend_from_slice(&len);
+    out.extend_from_slice(&frame_digest(&len, &payload));
+    out.extend_from_slice(&payload);
+    out
+}
+
+/// The sizes a writer keeps to append and to decide on compaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DiskInfo {
+    /// The checkpoint's format: 1 (no log yet) or 2.
+    pub(crate) format: u64,
+    pub(crate) checkpoint_len: u64,
+    /// Where the last complete frame ends (0 without a log).
+    pub(crate) log_len: u64,
+    /// A compaction renamed a file but the fsync of the store directory that makes the rename
+    /// durable failed: the next commit fsyncs it before appending.
+    pub(crate) dir_unsynced: bool,
+}
+
+impl DiskInfo {
+    /// Whether the log has grown past the checkpoint (and the floor), so that rewriting the
+    /// checkpoint costs at most what the commits since the last one wrote.
+    pub(crate) fn wants_compaction(&self, over: Option<u64>) -> bool {
+        let frames = self.log_len.saturating_sub(HEADER_LEN);
+        self.format == REGISTRY_FORMAT_V2
+            && frames > 0
+            && frames > over.unwrap_or(self.checkpoint_len.max(MIN_COMPACT_LEN))
+    }
+}
+
+/// The committed registry as read from disk.
+pub(crate) struct OnDisk {
+    pub(crate) registry: RegistryState,
+    pub(crate) info: DiskInfo,
+    /// The length of the log file, when it holds an uncommitted tail after `info.log_len`.
+    pub(crate) torn_len: Option<u64>,
+    /// A log beside a format-1 checkpoint: left by a migration that did not finish.
+    pub(crate) stray_log: bool,
+}
+
+/// Reads the checkpoint and the log, or `None` when there is no checkpoint.
+pub(crate) fn read(layout: &StoreLayout) -> Result<Option<OnDisk>, StoreError> {
+    let path = &layout.registry;
+    let bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_error("read registry", path, e)),
+    };
+    let (checkpoint, format) = RegistryState::from_any_json(&bytes).map_err(|e| {
+        let kind = match e {
+            RegistryDecodeError::UnsupportedFormat { .. } => StoreErrorKind::UnsupportedFormat,
+            _ => StoreErrorKind::Corrupt,
+        };
+        StoreError::new(kind, "decode registry")
+            .at(path.clone())
+            .caused_by(e)
+    })?;
+    let checkpoint_len = bytes.len() as u64;
+    let log = match fs::read(&layout.log) {
+        Ok(b) => Some(b),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(io_error("read registry log", &layout.log, e)),
+    };
+    if format != REGISTRY_FORMAT_V2 {
+        return Ok(Some(OnDisk {
+            registry: checkpoint,
+            info: DiskInfo {
+                format,
+                checkpoint_len,
+                log_len: 0,
+                dir_unsynced: false,
+            },
+            torn_len: None,
+            stray_log: log.is_some(),
+        }));
+    }
+    let Some(log) = log else {
+        return Err(StoreError::new(
+            StoreErrorKind::Corrupt,
+            "the registry is a checkpoint (format 2) but its log is missing",
+        )
+        .at(layout.log.clone()));
+    };
+    let mut registry = checkpoint;
+    let (valid, torn) = replay(&layout.log, &log, &mut registry)?;
+    Ok(Some(OnDisk {
+        registry,
+        info: DiskInfo {
+            format,
+            checkpoint_len,
+            log_len: valid,
+            dir_unsynced: false,
+        },
+        torn_len: torn.then_some(log.len() as u64),
+        stray_log: false,
+    }))
+}
+
+/// Applies the frames of `log` above `state`'s generation to it. Answers where the last complete
+/// frame ends and whether an uncommitted tail follows.
+fn replay(path: &Path, log: &[u8], state: &mut RegistryState) -> Result<(u64, bool), StoreError> {
+    let corrupt = |offset: usize, what: String| {
+        StoreError::new(
+            StoreErrorKind::Corrupt,
+            format!("registry log at byte offset {offset}: {what}"),
+        )
+        .at(path.to_path_buf())
+    };
+    let head = log
+        .get(..HEADER_LEN as usize)
+        .filter(|h| h.starts_with(MAGIC))
+        .ok_or_else(|| corrupt(0, "not a registry log header".to_owned()))?;
+    let base = u64::from_le_bytes(head[8..16].try_into().unwrap_or_default());
+    if head[16..] != Sha256Digest::of(&head[..16]).0 {
+        return Err(corrupt(0, "the header fails its checksum".to_owned()));
+    }
+    let from = state.generation();
+    if base > from {
+        return Err(corrupt(
+            0,
+            format!("the log starts at generation {base}, after the checkpoint's {from}"),
+        ));
+    }
+    let mut expected = base;
+    let mut offset = HEADER_LEN as usize;
+    while offset < log.len() {
+        let rest = &log[offset..];
+        let end = rest
+            .get(..4)
+            .map(|l| u32::from_le_bytes(l.try_into().unwrap_or_default()) as usize)
+            .and_then(|n| n.checked_add(FRAME_OVERHEAD))
+            .filter(|&end| end <= rest.len());
+        let Some(end) = end else {
+            // Shorter than its length says: an append in flight or torn.
+            return Ok((offset as u64, true));
+        };
+        if rest[4..FRAME_OVERHEAD] != frame_digest(&rest[..4], &rest[FRAME_OVERHEAD..end]) {
+            if rest[end..].iter().all(|&b| b == 0) {
+                return Ok((offset as u64, true));
+            }
+            return Err(corrupt(
+                offset,
+                "a frame fails its checksum and more frames follow it".to_owned(),
+            ));
+        }
+        let delta = RegistryDelta::from_json(&rest[FRAME_OVERHEAD..end])
+            .map_err(|e| corrupt(offset, "decode frame".to_owned()).caused_by(e))?;
+        expected += 1;
+        if delta.generation != expected {
+            return Err(corrupt(
+                offset,
+                format!(
+                    "the frame is for generation {}, not {expected}",
+                    delta.generation
+                ),
+            ));
+        }
+        if delta.generation > state.generation() {
+            state
+                .apply(&delta)
+                .map_err(|e| corrupt(offset, "the frame does not apply".to_owned()).caused_by(e))?;
+        }
+        offset += end;
+    }
+    Ok((offset as u64, false))
+}

@@ -1,0 +1,204 @@
+//! The change one commit makes to the registry, as the store's log records it.
+//!
+//! A store keeps the registry as a checkpoint (the whole [`RegistryState`] at some generation)
+//! followed by a log with one frame per later commit. A frame holds a [`RegistryDelta`]: the new
+//! generation, the whole [`PackageRecord`] of every package whose record changed (or its
+//! deletion), and the trust anchor when it changed. Writing only that keeps the cost of a commit
+//! proportional to what it changes, not to the size of the store.
+//!
+//! Every registry invariant concerns one package, so a state that was valid stays valid after a
+//! delta when the packages the delta names are valid: [`RegistryState::apply`] checks exactly
+//! those ([`RegistryState::validate_packages`]).
+//!
+//! The encoding is strict JSON in the style of the registry file (`"guild_registry_delta": 1`,
+//! unknown fields, duplicates and `null` refused). The framing around it (length, checksum) is
+//! the store's business.
+
+use std::collections::BTreeMap;
+
+use crate::ids::PackageId;
+use crate::json::{self, JsonPath, Value};
+use crate::registry::{
+    decode_package, decode_trust, encode_package, encode_trust, field, format_of, wrong_type,
+    ApplyError, FieldProblem, Fields, PackageRecord, RegistryDecodeError, RegistryState,
+};
+use crate::trust::TrustAnchor;
+
+/// The delta format this build reads and writes (`"guild_registry_delta": 1`).
+pub const REGISTRY_DELTA_FORMAT_V1: u64 = 1;
+
+const TOP_FIELDS: &[&str] = &[
+    "guild_registry_delta",
+    "generation",
+    "trust",
+    "packages",
+    "deleted",
+];
+
+/// What one commit changed in the registry.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RegistryDelta {
+    /// The generation the commit made; the state it applies to is one below.
+    pub generation: u64,
+    /// The new trust anchor, when the commit changed it.
+    pub trust: Option<TrustAnchor>,
+    /// Each package whose record changed: its whole new record, or `None` if it was deleted.
+    pub packages: BTreeMap<PackageId, Option<PackageRecord>>,
+}
+
+/// Why two states cannot be told apart by a delta.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeltaError {
+    /// The newer state has no trust anchor where the older one had one; a delta only sets an
+    /// anchor (and the store refuses to lose one anyway).
+    #[error("the new registry drops the record of the trust file")]
+    DropsTrust,
+}
+
+impl RegistryState {
+    /// Applies `delta`, the change of one commit, in place. Refuses, leaving the state as it
+    /// was, a delta that is not for the next generation or that leaves a changed package
+    /// breaking an invariant; only the packages it changes are checked.
+    pub fn apply(&mut self, delta: &RegistryDelta) -> Result<(), ApplyError> {
+        self.apply_change(delta.generation, delta.trust.as_ref(), &delta.packages)
+    }
+}
+
+impl RegistryDelta {
+    /// The change from `old` to `new`, package by package. Records are compared with `==`, so
+    /// the cost is that of comparing the two maps.
+    pub fn between(old: &RegistryState, new: &RegistryState) -> Result<Self, DeltaError> {
+        let trust = match (old.trust_anchor(), new.trust_anchor()) {
+            (Some(_), None) => return Err(DeltaError::DropsTrust),
+            (a, b) if a == b => None,
+            (_, b) => b.cloned(),
+        };
+        let mut packages = BTreeMap::new();
+        let mut old_iter = old.packages().peekable();
+        let mut new_iter = new.packages().peekable();
+        // Both maps are sorted by id: walk them side by side.
+        loop {
+            match (old_iter.peek(), new_iter.peek()) {
+                (None, None) => break,
+                (Some((oid, _)), None) => {
+                    packages.insert((*oid).clone(), None);
+                    old_iter.next();
+                }
+                (None, Some((nid, nrec))) => {
+                    packages.insert((*nid).clone(), Some((*nrec).clone()));
+                    new_iter.next();
+                }
+                (Some((oid, orec)), Some((nid, nrec))) => match oid.cmp(nid) {
+                    std::cmp::Ordering::Less => {
+                        packages.insert((*oid).clone(), None);
+                        old_iter.next();
+                    }
+                    std::cmp::Ordering::Greater => {
+                        packages.insert((*nid).clone(), Some((*nrec).clone()));
+                        new_iter.next();
+                    }
+                    std::cmp::Ordering::Equal => {
+                        if orec != nrec {
+                            packages.insert((*nid).clone(), Some((*nrec).clone()));
+                        }
+                        old_iter.next();
+                        new_iter.next();
+                    }
+                },
+            }
+        }
+        Ok(RegistryDelta {
+            generation: new.generation(),
+            trust,
+            packages,
+        })
+    }
+
+    /// The ids the delta changes or deletes.
+    pub fn changed_ids(&self) -> impl Iterator<Item = &PackageId> + '_ {
+        self.packages.keys()
+    }
+
+    /// The delta as indented JSON; equal deltas give equal bytes.
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut top = vec![
+            (
+                "guild_registry_delta".to_owned(),
+                Value::from(REGISTRY_DELTA_FORMAT_V1),
+            ),
+            ("generation".to_owned(), Value::from(self.generation)),
+        ];
+        if let Some(t) = &self.trust {
+            top.push(("trust".to_owned(), encode_trust(t)));
+        }
+        let changed = self
+            .packages
+            .iter()
+            .filter_map(|(id, p)| p.as_ref().map(|p| encode_package(id, p)))
+            .collect();
+        let deleted = self
+            .packages
+            .iter()
+            .filter(|(_, p)| p.is_none())
+            .map(|(id, _)| Value::from(id.as_str()))
+            .collect();
+        top.push(("packages".to_owned(), Value::Array(changed)));
+        top.push(("deleted".to_owned(), Value::Array(deleted)));
+        Value::Object(top).to_pretty_string().into_bytes()
+    }
+
+    /// Reads a delta written by [`Self::to_json`], strictly. Each changed package must be
+    /// well formed; whether it keeps the invariants is for [`RegistryState::apply`] to say.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, RegistryDecodeError> {
+        let value = json::parse(bytes)?;
+        let (members, _) = format_of(&value, "guild_registry_delta", &[REGISTRY_DELTA_FORMAT_V1])?;
+        let root = JsonPath::root();
+        let fields = Fields::new(members, &root, TOP_FIELDS)?;
+        let generation = fields.u64("generation")?;
+        let trust = match fields.get("trust") {
+            None => None,
+            Some(t) => Some(decode_trust(t, &root.key("trust"))?),
+        };
+        let mut packages = BTreeMap::new();
+        let duplicate = |path: JsonPath, id: &PackageId| {
+            field(
+                path,
+                FieldProblem::Duplicate {
+                    what: "package",
+                    value: id.to_string(),
+                },
+            )
+        };
+        for (i, item) in fields.array("packages")?.iter().enumerate() {
+            let path = root.key("packages").index(i);
+            let (id, record) = decode_package(item, &path)?;
+            if packages.contains_key(&id) {
+                return Err(duplicate(path.key("id"), &id));
+            }
+            packages.insert(id, Some(record));
+        }
+        for (i, item) in fields.array("deleted")?.iter().enumerate() {
+            let path = root.key("deleted").index(i);
+            let s = item
+                .as_str()
+                .ok_or_else(|| wrong_type(path.clone(), "string", item))?;
+            let id = PackageId::new(s).map_err(|e| {
+                field(
+                    path.clone(),
+                    FieldProblem::Invalid {
+                        detail: e.to_string(),
+                    },
+                )
+            })?;
+            if packages.contains_key(&id) {
+                return Err(duplicate(path, &id));
+            }
+            packages.insert(id, None);
+        }
+        Ok(RegistryDelta {
+            generation,
+            trust,
+            packages,
+        })
+    }
+}

@@ -1,0 +1,240 @@
+//! The registry delta: the change one commit makes, its strict encoding, and applying it with
+//! the invariants checked only where it changes something.
+
+use std::collections::BTreeMap;
+
+use guild_domain::ids::{PackageId, PackageKind, PublisherId, Sha256Digest};
+use guild_domain::registry::{
+    ApplyError, NewVersion, PackageRecord, PublishOptions, Quarantine, RegistryDecodeError,
+    RegistryInvariantError, RegistryState,
+};
+use guild_domain::registry_log::{DeltaError, RegistryDelta};
+use guild_domain::trust::{TrustAnchor, TrustBinding};
+use guild_domain::version::Version;
+
+const ENABLE: PublishOptions = PublishOptions {
+    enable: true,
+    allow_downgrade: false,
+};
+
+fn id(s: &str) -> PackageId {
+    PackageId::new(s).unwrap()
+}
+
+fn v(s: &str) -> Version {
+    Version::parse(s).unwrap()
+}
+
+fn new_version(tag: &str) -> NewVersion {
+    NewVersion {
+        payload_digest: Sha256Digest::of(tag.as_bytes()),
+        kind: PackageKind::Module,
+        publisher: PublisherId::new("org.example").unwrap(),
+    }
+}
+
+fn anchor(generation: u64) -> TrustAnchor {
+    TrustAnchor {
+        binding: TrustBinding {
+            store_id: "0123456789abcdef0123456789abcdef".to_owned(),
+            generation,
+        },
+        file_digest: Sha256Digest::of(format!("trust {generation}").as_bytes()),
+        revoked_keys: BTreeMap::from([(Sha256Digest::of(b"k"), "lost".to_owned())]),
+        revoked_digests: BTreeMap::new(),
+    }
+}
+
+/// `n` packages `p0`, `p1`, ... each with one enabled version.
+fn store_of(n: usize) -> RegistryState {
+    let mut r = RegistryState::new();
+    for i in 0..n {
+        let name = format!("p{i}");
+        r.publish(&id(&name), &v("1.0.0"), new_version(&name), ENABLE)
+            .unwrap();
+    }
+    r.successor()
+}
+
+/// Applies the delta between `old` and `new` to `old`, through its JSON encoding.
+fn replay(old: &RegistryState, new: &RegistryState) -> (RegistryDelta, RegistryState) {
+    let delta = RegistryDelta::between(old, new).unwrap();
+    let decoded = RegistryDelta::from_json(&delta.to_json()).unwrap();
+    assert_eq!(decoded, delta, "the encoding round-trips");
+    let mut state = old.clone();
+    state.apply(&decoded).unwrap();
+    (delta, state)
+}
+
+#[test]
+fn registry_delta_names_only_what_changed_and_replays_to_the_new_state() {
+    let old = store_of(100);
+    let mut new = old.successor();
+    new.publish(&id("p7"), &v("2.0.0"), new_version("p7-2"), ENABLE)
+        .unwrap();
+    new.disable(&id("p42")).unwrap();
+    new.publish(&id("fresh"), &v("0.1.0"), new_version("fresh"), ENABLE)
+        .unwrap();
+    let (delta, replayed) = replay(&old, &new);
+    let changed: Vec<&str> = delta.changed_ids().map(PackageId::as_str).collect();
+    assert_eq!(changed, ["fresh", "p42", "p7"]);
+    assert_eq!(delta.generation, old.generation() + 1);
+    assert_eq!(delta.trust, None);
+    assert_eq!(replayed, new);
+    assert_eq!(replayed.to_json(), new.to_json());
+}
+
+#[test]
+fn registry_delta_carries_quarantine_trusted_under_and_the_trust_anchor() {
+    let mut old = store_of(3);
+    old.set_trust_anchor(anchor(1));
+    let mut new = old.successor();
+    new.quarantine(
+        &id("p1"),
+        &v("1.0.0"),
+        Quarantine {
+            reason: "a library changed".to_owned(),
+            file: Some("lib/x.so".to_owned()),
+        },
+    )
+    .unwrap();
+    assert!(new.set_trusted_under(&id("p2"), &v("1.0.0"), Sha256Digest::of(b"t")));
+    new.set_trust_anchor(anchor(2));
+    let (delta, replayed) = replay(&old, &new);
+    assert_eq!(delta.trust, Some(anchor(2)));
+    assert_eq!(delta.packages.len(), 2);
+    assert_eq!(replayed, new);
+}
+
+#[test]
+fn registry_delta_records_a_deletion() {
+    let old = store_of(3);
+    // A state without p1: the store refuses such a commit, but the delta can say it.
+    let mut json = String::from_utf8(old.successor().to_json()).unwrap();
+    let start = json.find("    {\n      \"id\": \"p1\"").unwrap();
+    let end = json[start..].find("    },\n").unwrap() + start + "    },\n".len();
+    json.replace_range(start..end, "");
+    let new = RegistryState::from_json(json.as_bytes()).unwrap();
+    let (delta, replayed) = replay(&old, &new);
+    assert_eq!(delta.packages, BTreeMap::from([(id("p1"), None)]));
+    assert_eq!(replayed, new);
+}
+
+#[test]
+fn registry_delta_refuses_to_drop_the_trust_anchor() {
+    let mut old = store_of(1);
+    old.set_trust_anchor(anchor(1));
+    let new = RegistryState::from_json(&store_of(1).successor().to_json()).unwrap();
+    assert_eq!(
+        RegistryDelta::between(&old, &new),
+        Err(DeltaError::DropsTrust)
+    );
+}
+
+#[test]
+fn registry_apply_refuses_another_generation_and_changes_nothing() {
+    let old = store_of(2);
+    let mut new = old.successor();
+    new.disable(&id("p0")).unwrap();
+    let mut delta = RegistryDelta::between(&old, &new).unwrap();
+    for generation in [old.generation(), old.generation() + 2, 0] {
+        delta.generation = generation;
+        let mut state = old.clone();
+        assert_eq!(
+            state.apply(&delta),
+            Err(ApplyError::Generation {
+                current: old.generation(),
+                delta: generation
+            })
+        );
+        assert_eq!(state, old);
+    }
+}
+
+#[test]
+fn registry_apply_checks_the_changed_packages_and_undoes_a_refused_delta() {
+    let old = store_of(3);
+    let mut delta = RegistryDelta {
+        generation: old.generation() + 1,
+        trust: Some(anchor(5)),
+        packages: BTreeMap::new(),
+    };
+    // One good change, then a package without versions, which no registry may hold.
+    let mut changed = old.successor();
+    changed.disable(&id("p0")).unwrap();
+    delta
+        .packages
+        .insert(id("p0"), Some(changed.package(&id("p0")).unwrap().clone()));
+    delta
+        .packages
+        .insert(id("p2"), Some(PackageRecord::default()));
+    let mut state = old.clone();
+    assert_eq!(
+        state.apply(&delta),
+        Err(ApplyError::Invariant(
+            RegistryInvariantError::EmptyPackage { id: id("p2") }
+        ))
+    );
+    assert_eq!(state, old, "nothing of the refused delta stays");
+}
+
+#[test]
+fn registry_delta_decoding_is_strict() {
+    let old = store_of(1);
+    let mut new = old.successor();
+    new.disable(&id("p0")).unwrap();
+    let good = String::from_utf8(RegistryDelta::between(&old, &new).unwrap().to_json()).unwrap();
+    let cases = [
+        (
+            good.replace("\"deleted\": []", "\"deleted\": [], \"extra\": 1"),
+            "unknown field at $.extra",
+        ),
+        (
+            good.replace("\"guild_registry_delta\": 1", "\"guild_registry_delta\": 9"),
+            "9",
+        ),
+        (
+            good.replace("\"deleted\": []", "\"deleted\": [\"p0\"]"),
+            "package p0 appears more than once at $.deleted[0]",
+        ),
+        (
+            good.replace("\"deleted\": []", "\"deleted\": [7]"),
+            "expected string, found integer at $.deleted[0]",
+        ),
+        (
+            good.replace(",\n  \"deleted\": []", ""),
+            "required field is missing at $.deleted",
+        ),
+        (
+            good.replace("\"generation\"", "\"generatio\""),
+            "unknown field at $.generatio",
+        ),
+        (good[..good.len() / 2].to_owned(), "not strict JSON"),
+    ];
+    for (bytes, says) in cases {
+        let err = RegistryDelta::from_json(bytes.as_bytes())
+            .expect_err(&bytes)
+            .to_string();
+        assert!(err.contains(says), "{err} does not say {says}");
+    }
+}
+
+#[test]
+fn registry_checkpoint_format_is_refused_by_the_format_1_reader() {
+    let state = store_of(2);
+    let checkpoint = state.to_checkpoint_json();
+    assert_eq!(
+        RegistryState::from_json(&checkpoint),
+        Err(RegistryDecodeError::UnsupportedFormat {
+            found: "2".to_owned()
+        })
+    );
+    assert_eq!(
+        RegistryState::from_any_json(&checkpoint),
+        Ok((state.clone(), 2))
+    );
+    assert_eq!(
+        RegistryState::from_any_json(&state.to_json()),
+        Ok((state, 1))
+    );
+}
