@@ -8,6 +8,10 @@
 
 #![forbid(unsafe_code)]
 
+// Shared ownership of immutable records (`alloc::sync::Arc`) is plain memory management; the
+// synchronisation primitives of `std::sync` stay out of the domain.
+extern crate alloc;
+
 pub mod canonical;
 pub mod claims;
 pub mod dependency;

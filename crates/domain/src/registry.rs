@@ -41,7 +41,8 @@ use std::cmp::Ordering;
 use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
+
+use alloc::sync::Arc;
 
 use crate::ids::{IdError, PackageId, PackageKind, PublisherId, Sha256Digest};
 use crate::json::{self, Integer, JsonError, JsonPath, Value};
