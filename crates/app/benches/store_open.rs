@@ -11,6 +11,11 @@
 //! real `guild list` and `guild status ID` binaries (`target/release/guild`, when it is built),
 //! and the full check on 1 and 2 threads, whose 1-thread figure is the work every open used to do.
 //!
+//! Last, installs of one small package into copies of the kept stores of 10, 1,000 and 10,000
+//! packages (G18: a commit must not grow with the store), with the store's own `commit` and
+//! `registry` calls timed apart from the package manager's work. `GUILD_BENCH_ONLY=install`
+//! runs only these; `GUILD_BENCH_INSTALL_SIZES` (a comma-separated list) picks the sizes.
+//!
 //! `cargo bench --bench store_open` runs the full sizes; run in test mode (`cargo test --benches`,
 //! no `--bench` argument) it builds stores of ten and twenty packages in a temporary directory
 //! and runs each measurement once. The other stores live in a temporary directory (set `TMPDIR`
@@ -36,7 +41,8 @@ use guild_ports::source::PackageSource;
 use guild_ports::store::PackageStore;
 
 use support::{
-    copy_tree, make_writable, open_host, trust, Built, Scratch, Spec, Workshop, PUBLISHER,
+    copy_tree, make_writable, open_host, trust, Built, Scratch, Spec, StoreTime, Workshop,
+    PUBLISHER,
 };
 
 /// Bumped whenever the kept stores' layout or registry format changes, so that they are rebuilt.
@@ -167,6 +173,34 @@ fn breakdown(root: &Path, runs: usize) -> Vec<(&'static str, Duration)> {
         .collect()
 }
 
+/// A comma-separated list of sizes from the environment variable `name`, or `default`.
+fn sizes_from(name: &str, default: Vec<usize>) -> Vec<usize> {
+    match std::env::var(name) {
+        Ok(list) => list
+            .split(',')
+            .map(|n| n.trim().parse().expect("a store size"))
+            .collect(),
+        Err(_) => default,
+    }
+}
+
+/// Where the large stores are kept between runs (a temporary directory in test mode).
+fn kept_root(full: bool, dir: &Scratch) -> std::path::PathBuf {
+    if full {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-stores")
+    } else {
+        dir.path().join("kept")
+    }
+}
+
+/// The load average, to print beside the figures (timings taken while others build are
+/// inflated).
+fn load() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".to_owned())
+}
+
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let count = if full { 1_000 } else { 10 };
@@ -174,6 +208,20 @@ fn main() {
     let shop = Workshop::new();
     let dir = Scratch::new();
     let key = SigningKey::generate().expect("key");
+    let install_sizes = sizes_from(
+        "GUILD_BENCH_INSTALL_SIZES",
+        if full {
+            vec![10, 1_000, 10_000]
+        } else {
+            vec![10, 20]
+        },
+    );
+    if std::env::var("GUILD_BENCH_ONLY").as_deref() == Ok("install") {
+        let installs = if full { 15 } else { 2 };
+        let kept = kept_root(full, &dir);
+        install_figures(&shop, &key, &kept, &install_sizes, installs, dir.path());
+        return;
+    }
 
     // Fsyncs of publications, counted by the store (the commit) and, for the extraction into
     // staging, by what `Durability::Fsync` promises: each file written and each directory made,
@@ -291,22 +339,140 @@ fn main() {
     c.final_summary();
 
     // `GUILD_BENCH_STORE_SIZES=1000` (a comma-separated list) measures other sizes.
-    let sizes: Vec<usize> = match std::env::var("GUILD_BENCH_STORE_SIZES") {
-        Ok(list) => list
-            .split(',')
-            .map(|n| n.trim().parse().expect("a store size"))
-            .collect(),
-        Err(_) if full => vec![1_000, 10_000],
-        Err(_) => vec![10, 20],
-    };
-    let kept_root = if full {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-stores")
-    } else {
-        dir.path().join("kept")
-    };
+    let sizes = sizes_from(
+        "GUILD_BENCH_STORE_SIZES",
+        if full {
+            vec![1_000, 10_000]
+        } else {
+            vec![10, 20]
+        },
+    );
+    let kept_root = kept_root(full, &dir);
     for &n in &sizes {
         let root = kept_store(&shop, &key, &kept_root, n);
         trusted_state(&root, n, runs, &dir.path().join(format!("revoked-{n}")));
+    }
+    let installs = if full { 15 } else { 1 };
+    install_figures(
+        &shop,
+        &key,
+        &kept_root,
+        &install_sizes,
+        installs,
+        dir.path(),
+    );
+}
+
+/// The medians of one store size's installs.
+struct InstallRow {
+    n: usize,
+    total: Duration,
+    commit: Duration,
+    registry: Duration,
+    rest: Duration,
+    draft: Duration,
+}
+
+/// Installs `installs` new small packages, one after another, into a copy of the kept store of
+/// each size in `sizes`, timing each whole `PackageManager::install` and, within it, the store's
+/// `commit` (the durable write, which still rewrites `registry.json` here) and `registry` (the
+/// copy of the committed state it hands out). The rest is the package manager's own work
+/// (reading and authenticating the package, the graph and claim checks, extraction into
+/// staging): the part that must not grow with the store.
+fn install_figures(
+    shop: &Workshop,
+    key: &SigningKey,
+    kept: &Path,
+    sizes: &[usize],
+    installs: usize,
+    scratch: &Path,
+) {
+    let built: Vec<Built> = (0..installs)
+        .map(|i| {
+            let spec = Spec::module(&format!("bench.new{i:03}"), "1.0.0")
+                .library(&bytes(SMALL_LIBRARY, 1_000_000 + i as u64));
+            shop.build(&spec, key)
+        })
+        .collect();
+    let mut rows = Vec::new();
+    for &n in sizes {
+        let source = kept_store(shop, key, kept, n);
+        let copy = scratch.join(format!("install-into-{n}"));
+        if copy.exists() {
+            make_writable(&copy);
+            fs::remove_dir_all(&copy).expect("old copy");
+        }
+        copy_tree(&source, &copy);
+        let host = open_host(&copy, None).expect("open the copy");
+        // The kept store may have been built in an earlier run, with another key.
+        trust(&host.pm, PUBLISHER, key);
+        let (mut total, mut commit, mut registry, mut rest) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for b in &built {
+            let before: StoreTime = host.spy.store_time();
+            let start = Instant::now();
+            host.pm
+                .install(&b.archive, InstallOptions::default())
+                .expect("install");
+            let took = start.elapsed();
+            let after = host.spy.store_time();
+            let (c, r) = (
+                after.commit - before.commit,
+                after.registry - before.registry,
+            );
+            total.push(took);
+            commit.push(c);
+            registry.push(r);
+            rest.push(took.saturating_sub(c + r));
+        }
+        // What is left in the package manager's part that grows with the store: the draft of
+        // each change copies the registry's map of packages (one pointer per record) and drops
+        // it again.
+        let committed = host.store.registry().expect("registry");
+        let draft = timed(installs, || committed.successor());
+        drop(host);
+        make_writable(&copy);
+        let _ = fs::remove_dir_all(&copy);
+        rows.push(InstallRow {
+            n,
+            total: median(total),
+            commit: median(commit),
+            registry: median(registry),
+            rest: median(rest),
+            draft,
+        });
+    }
+    println!(
+        "install of one small package ({} KiB library) into a store of n enabled packages, median of {installs} (load {}):",
+        SMALL_LIBRARY >> 10,
+        load()
+    );
+    println!(
+        "  {:>7}  {:>11}  {:>11}  {:>11}  {:>11}  {:>13}  {:>13}  {:>16}",
+        "n",
+        "install",
+        "  commit",
+        "registry()",
+        "  rest",
+        "install/first",
+        "rest/first",
+        "of rest: draft"
+    );
+    let Some(first) = rows.first().map(|r| (r.total, r.rest)) else {
+        return;
+    };
+    for r in &rows {
+        println!(
+            "  {:>7}  {:>11}  {:>11}  {:>11}  {:>11}  {:>12.2}x  {:>12.2}x  {:>16}",
+            r.n,
+            ms(r.total),
+            ms(r.commit),
+            ms(r.registry),
+            ms(r.rest),
+            r.total.as_secs_f64() / first.0.as_secs_f64(),
+            r.rest.as_secs_f64() / first.1.as_secs_f64(),
+            ms(r.draft),
+        );
     }
 }
 

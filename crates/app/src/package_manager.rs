@@ -25,8 +25,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-use guild_domain::claims::{check_claim, claiming_versions, conflicts, Claim, ImplIdConflict};
-use guild_domain::graph::{DependencyGraph, GraphProblem, NodeRef, PackageNode};
+use guild_domain::claims::{
+    claiming_versions, claiming_versions_of, conflicts, Claim, ClaimIndex, ImplIdConflict,
+};
+use guild_domain::graph::{DependencyGraph, GraphIndex, NodeRef, PackageNode};
 use guild_domain::ids::{PackageId, PackageKind, PublisherId, Sha256Digest};
 use guild_domain::lease::{ActiveLeases, LeaseKind, LeaseLedger, QuiescentAction};
 use guild_domain::manifest::Metadata;
@@ -474,6 +476,40 @@ struct Lifecycle {
     /// process disabled. Never written; `None` when nothing failed (or for a writer, which
     /// commits what fails instead).
     local_view: Option<RegistryState>,
+    /// The dependency graph and impl-id claims of the committed registry, kept between changes
+    /// ([`Kept`]); `None` until a change first needs them.
+    kept: Option<Kept>,
+}
+
+/// What the package manager keeps of the committed registry between changes, so that checking
+/// one reads only around the package it changes: every installed version's dependency records
+/// with the reverse edges ([`GraphIndex`]), and the impl ids each package's current version and
+/// rollback target hold ([`ClaimIndex`]). Built from the registry at `generation` and the
+/// metadata the lifecycle holds; each change this handle commits replaces the changed package's
+/// part, and any other commit (another process's, a quarantine, a trust change) leaves it
+/// behind, to be built again by the next change that needs it.
+struct Kept {
+    /// The registry generation it describes.
+    generation: u64,
+    /// The installed versions and their edges.
+    graph: GraphIndex,
+    /// The claims on impl ids.
+    claims: ClaimIndex,
+}
+
+/// A change's part of [`Kept`]: the changed package's installed versions and claims as the draft
+/// records them, put in place once the change is committed ([`PackageManager::advance`]).
+struct KeptChange {
+    /// The generation the change was checked against.
+    from: u64,
+    /// The generation it commits.
+    to: u64,
+    /// The package.
+    id: PackageId,
+    /// Its installed versions afterwards.
+    nodes: Vec<PackageNode>,
+    /// Its claims afterwards.
+    claims: Vec<Claim>,
 }
 
 /// What [`PackageManager::refresh`] found.
@@ -624,6 +660,7 @@ impl PackageManager {
                 generation: 0,
                 trust_digest: None,
                 local_view: None,
+                kept: None,
             }),
             leases: Arc::new(Ledger::default()),
             progress: Mutex::new(None),
@@ -720,6 +757,11 @@ impl PackageManager {
             life.caught_up = true;
             life.generation = registry.generation();
             life.trust_digest = pm.store.read_trust()?.map(|b| Sha256Digest::of(&b));
+            // A writer is there to make changes: build what each change reads now, once. It
+            // only reads what opening already holds; if it cannot be built, the first change
+            // builds it again and reports why.
+            let committed = pm.store.registry()?;
+            let _ = pm.kept(&mut life, &committed);
         }
         Ok((pm, report))
     }
@@ -1210,6 +1252,15 @@ impl PackageManager {
         if trust != before {
             self.commit_trust(&registry, trust)?;
             life.trust_epoch += 1;
+            // The trust file is no part of the graph or of the claims: what is kept still
+            // holds at the new generation.
+            if let Some(kept) = life
+                .kept
+                .as_mut()
+                .filter(|k| k.generation == registry.generation())
+            {
+                kept.generation = registry.generation().saturating_add(1);
+            }
         }
         Ok(out)
     }
@@ -1289,22 +1340,62 @@ impl PackageManager {
         life: &Lifecycle,
         registry: &RegistryState,
     ) -> Result<DependencyGraph, HostError> {
-        let mut nodes = Vec::new();
-        for (id, version, record) in registry.installed() {
-            let metadata = life
-                .metadata
-                .get(&(id.clone(), version.clone()))
-                .ok_or_else(|| HostError::InstalledTree {
-                    package: format!("{id}@{version}"),
-                    path: self.store.package_dir(id, version),
-                    problem: "its metadata was not loaded".into(),
-                })?;
-            nodes.push(PackageNode::from_metadata(
-                metadata,
-                record.state.is_enabled(),
-            ));
+        Ok(DependencyGraph::new(self.installed_nodes(life, registry)?)?)
+    }
+
+    /// The graph's node of every installed version `registry` records.
+    fn installed_nodes(
+        &self,
+        life: &Lifecycle,
+        registry: &RegistryState,
+    ) -> Result<Vec<PackageNode>, HostError> {
+        registry
+            .installed()
+            .map(|(id, version, record)| {
+                let metadata = self.known_metadata(life, id, version, None)?;
+                Ok(PackageNode::from_metadata(
+                    metadata,
+                    record.state.is_enabled(),
+                ))
+            })
+            .collect()
+    }
+
+    /// The metadata of `id@version`: `extra` when it describes that version (a version being
+    /// installed, not yet in the lifecycle state), otherwise the one the lifecycle holds.
+    fn known_metadata<'m>(
+        &self,
+        life: &'m Lifecycle,
+        id: &PackageId,
+        version: &Version,
+        extra: Option<&'m Metadata>,
+    ) -> Result<&'m Metadata, HostError> {
+        if let Some(m) = extra.filter(|m| {
+            let m = m.manifest();
+            &m.package_id == id && &m.version == version
+        }) {
+            return Ok(m);
         }
-        Ok(DependencyGraph::new(nodes)?)
+        life.metadata
+            .get(&(id.clone(), version.clone()))
+            .map(|m| &**m)
+            .ok_or_else(|| HostError::InstalledTree {
+                package: format!("{id}@{version}"),
+                path: self.store.package_dir(id, version),
+                problem: "its metadata was not loaded".into(),
+            })
+    }
+
+    /// The claim of `node` on the impl ids its manifest provides.
+    fn claim_of(
+        &self,
+        life: &Lifecycle,
+        node: NodeRef,
+        extra: Option<&Metadata>,
+    ) -> Result<Claim, HostError> {
+        let metadata = self.known_metadata(life, &node.id, &node.version, extra)?;
+        let ids = metadata.manifest().provided_ops.iter().cloned();
+        Ok(Claim::new(node, ids))
     }
 
     /// The claims on impl ids that `registry` records: the provided ops of every version that
@@ -1312,25 +1403,81 @@ impl PackageManager {
     fn claims(&self, life: &Lifecycle, registry: &RegistryState) -> Result<Vec<Claim>, HostError> {
         claiming_versions(registry)
             .into_iter()
-            .map(|node| {
-                let metadata = self.loaded_metadata(life, &node.id, &node.version)?;
-                Ok(Claim::new(
-                    node,
-                    metadata.manifest().provided_ops.iter().cloned(),
-                ))
-            })
+            .map(|node| self.claim_of(life, node, None))
             .collect()
+    }
+
+    /// What [`Kept`] will hold of package `id` once the draft `next` is committed: its installed
+    /// versions and its claims (`extra` is the metadata of a version being installed).
+    fn kept_change(
+        &self,
+        life: &Lifecycle,
+        registry: &RegistryState,
+        next: &RegistryState,
+        id: &PackageId,
+        extra: Option<&Metadata>,
+    ) -> Result<KeptChange, HostError> {
+        let mut nodes = Vec::new();
+        let mut claims = Vec::new();
+        if let Some(record) = next.package(id) {
+            for (version, r) in record.installed() {
+                let metadata = self.known_metadata(life, id, version, extra)?;
+                nodes.push(PackageNode::from_metadata(metadata, r.state.is_enabled()));
+            }
+            for node in claiming_versions_of(id, record) {
+                claims.push(self.claim_of(life, node, extra)?);
+            }
+        }
+        Ok(KeptChange {
+            from: registry.generation(),
+            to: next.generation(),
+            id: id.clone(),
+            nodes,
+            claims,
+        })
+    }
+
+    /// The kept graph and claims of `registry`, built now unless they describe its generation.
+    fn kept<'l>(
+        &self,
+        life: &'l mut Lifecycle,
+        registry: &RegistryState,
+    ) -> Result<&'l Kept, HostError> {
+        let kept = match life.kept.take() {
+            Some(k) if k.generation == registry.generation() => k,
+            _ => Kept {
+                generation: registry.generation(),
+                graph: GraphIndex::new(self.installed_nodes(life, registry)?)?,
+                claims: ClaimIndex::new(self.claims(life, registry)?),
+            },
+        };
+        Ok(life.kept.insert(kept))
+    }
+
+    /// Puts a committed change's part in place in [`Kept`], or drops what is kept when it does
+    /// not describe the generation the change was checked against.
+    fn advance(life: &mut Lifecycle, change: KeptChange) {
+        let KeptChange {
+            from,
+            to,
+            id,
+            nodes,
+            claims,
+        } = change;
+        let Some(mut kept) = life.kept.take().filter(|k| k.generation == from) else {
+            return;
+        };
+        if kept.graph.set_package(&id, nodes).is_ok() {
+            kept.claims.set_package(&id, claims);
+            kept.generation = to;
+            life.kept = Some(kept);
+        }
     }
 
     /// Refuses to make the version `metadata` describes installed, current or loadable while
     /// another package holds one of its impl ids: an id belongs to one package, and load order
     /// must never decide which.
-    fn refuse_taken_ids(
-        &self,
-        life: &Lifecycle,
-        registry: &RegistryState,
-        metadata: &Metadata,
-    ) -> Result<(), HostError> {
+    fn refuse_taken_ids(kept: &Kept, metadata: &Metadata) -> Result<(), HostError> {
         let m = metadata.manifest();
         let candidate = Claim::new(
             NodeRef {
@@ -1339,7 +1486,7 @@ impl PackageManager {
             },
             m.provided_ops.iter().cloned(),
         );
-        Ok(check_claim(&candidate, &self.claims(life, registry)?)?)
+        Ok(kept.claims.check(&candidate)?)
     }
 
     /// The impl ids that two recorded packages both hold: a store written before installation
@@ -1356,20 +1503,17 @@ impl PackageManager {
         Ok(conflicts(&self.claims(&life, &registry)?))
     }
 
-    /// Refuses a change for the problems that `after` has and `before` did not: a change is
-    /// refused for what it breaks, not for problems that were already there. `action` names
-    /// the change in the refusal.
+    /// Refuses a change for the problems it brings ([`GraphIndex::problems_added`]): a change is
+    /// refused for what it breaks, not for problems that were already there. `action` names the
+    /// change in the refusal.
     fn refuse_breakage(
-        before: &DependencyGraph,
-        after: &DependencyGraph,
+        kept: &Kept,
+        change: &KeptChange,
         action: impl FnOnce() -> String,
     ) -> Result<(), HostError> {
-        let old = before.validate();
-        let problems: Vec<GraphProblem> = after
-            .validate()
-            .into_iter()
-            .filter(|p| !old.contains(p))
-            .collect();
+        let problems = kept
+            .graph
+            .problems_added(&change.id, change.nodes.clone())?;
         if problems.is_empty() {
             return Ok(());
         }
@@ -1513,14 +1657,11 @@ impl PackageManager {
         }
 
         // Validate the graph with the new version in place, before anything is written.
-        let before = self.graph(&life, &registry)?;
-        let key = (id.clone(), version.clone());
-        life.metadata.insert(key.clone(), metadata.clone());
-        let after = self.graph(&life, &next);
-        life.metadata.remove(&key);
-        Self::refuse_breakage(&before, &after?, || format!("installing {id}@{version}"))?;
+        let change = self.kept_change(&life, &registry, &next, id, Some(&metadata))?;
+        let kept = self.kept(&mut life, &registry)?;
+        Self::refuse_breakage(kept, &change, || format!("installing {id}@{version}"))?;
         // Its impl ids must be free before anything of it is written or opened.
-        self.refuse_taken_ids(&life, &registry, &metadata)?;
+        Self::refuse_taken_ids(kept, &metadata)?;
 
         // A new version supersedes the enabled one: a session lease on the package pins it, and
         // none may be taken while the change is in progress.
@@ -1530,14 +1671,14 @@ impl PackageManager {
         };
 
         let staging = self.extract_to_staging(opened, &package, &metadata)?;
-        let change = Change::Install {
+        let prepared = Change::Install {
             id,
             version,
             dir: &staging,
             metadata: &metadata,
             enabled: options.enable,
         };
-        if let Err(e) = hook.prepare(&change) {
+        if let Err(e) = hook.prepare(&prepared) {
             let _ = self.store.discard_staging(&staging);
             return Err(e);
         }
@@ -1548,7 +1689,9 @@ impl PackageManager {
         );
         self.commit(tx, hook)?;
 
-        life.metadata.insert(key, metadata);
+        life.metadata
+            .insert((id.clone(), version.clone()), metadata);
+        Self::advance(&mut life, change);
         installed.changed = true;
         installed.enabled = options.enable;
         installed.superseded = published.superseded;
@@ -1596,11 +1739,9 @@ impl PackageManager {
         if current_disabled && enable {
             next.enable(&id)?;
         }
-        Self::refuse_breakage(
-            &self.graph(life, registry)?,
-            &self.graph(life, &next)?,
-            || format!("repairing {id}@{version}"),
-        )?;
+        let change = self.kept_change(life, registry, &next, &id, Some(&metadata))?;
+        let kept = self.kept(life, registry)?;
+        Self::refuse_breakage(kept, &change, || format!("repairing {id}@{version}"))?;
         let enabled_after = next.package(&id).and_then(|p| p.enabled()) == Some(&version);
         // Putting the version in place of what is loaded replaces code: a lease pins it, and
         // none may be taken while the repair is in progress.
@@ -1617,14 +1758,14 @@ impl PackageManager {
             staging.clone(),
         );
         if enabled_after {
-            let change = Change::Install {
+            let prepared = Change::Install {
                 id: &id,
                 version: &version,
                 dir: &staging,
                 metadata: &metadata,
                 enabled: true,
             };
-            if let Err(e) = hook.prepare(&change) {
+            if let Err(e) = hook.prepare(&prepared) {
                 let _ = self.store.discard_staging(&staging);
                 return Err(e);
             }
@@ -1637,6 +1778,7 @@ impl PackageManager {
         let epoch = life.trust_epoch;
         life.authenticated_at.insert(key.clone(), epoch);
         life.metadata.insert(key, metadata);
+        Self::advance(life, change);
         installed.changed = true;
         installed.repaired = true;
         installed.enabled = enabled_after;
@@ -1659,12 +1801,13 @@ impl PackageManager {
         hook: &mut dyn LifecycleHook,
     ) -> Result<Installed, HostError> {
         let (id, version) = (&installed.id, &installed.version);
-        Self::refuse_breakage(
-            &self.graph(life, registry)?,
-            &self.graph(life, &next)?,
-            || format!("making {id}@{version} current again"),
-        )?;
-        self.refuse_taken_ids(life, registry, &*self.loaded_metadata(life, id, version)?)?;
+        let change = self.kept_change(life, registry, &next, id, None)?;
+        let candidate = self.loaded_metadata(life, id, version)?;
+        let kept = self.kept(life, registry)?;
+        Self::refuse_breakage(kept, &change, || {
+            format!("making {id}@{version} current again")
+        })?;
+        Self::refuse_taken_ids(kept, &candidate)?;
         let _pending = self.begin_change(id, QuiescentAction::Replace)?;
         let metadata = self.verified_installed(life, registry, &mut next, id, version)?;
         hook.prepare(&Change::Reactivate {
@@ -1675,6 +1818,7 @@ impl PackageManager {
             metadata,
         })?;
         self.commit(Transaction::new(registry.generation(), next), hook)?;
+        Self::advance(life, change);
         installed.changed = true;
         installed.enabled = true;
         installed.reactivated = true;
@@ -1698,16 +1842,11 @@ impl PackageManager {
         let registry = self.store.registry()?;
         let mut next = registry.successor();
         let version = next.enable(id)?;
-        Self::refuse_breakage(
-            &self.graph(&life, &registry)?,
-            &self.graph(&life, &next)?,
-            || format!("enabling {id}@{version}"),
-        )?;
-        self.refuse_taken_ids(
-            &life,
-            &registry,
-            &*self.loaded_metadata(&life, id, &version)?,
-        )?;
+        let change = self.kept_change(&life, &registry, &next, id, None)?;
+        let candidate = self.loaded_metadata(&life, id, &version)?;
+        let kept = self.kept(&mut life, &registry)?;
+        Self::refuse_breakage(kept, &change, || format!("enabling {id}@{version}"))?;
+        Self::refuse_taken_ids(kept, &candidate)?;
         let metadata = self.verified_installed(&life, &registry, &mut next, id, &version)?;
         let dir = self.store.package_dir(id, &version);
         hook.prepare(&Change::Enable {
@@ -1717,6 +1856,7 @@ impl PackageManager {
             metadata,
         })?;
         self.commit(Transaction::new(registry.generation(), next), hook)?;
+        Self::advance(&mut life, change);
         Ok(version)
     }
 
@@ -1735,15 +1875,17 @@ impl PackageManager {
         let mut life = self.lock();
         let _write = self.write_session(&mut life)?;
         let registry = self.store.registry()?;
-        self.graph(&life, &registry)?.check_disable(id)?;
+        self.kept(&mut life, &registry)?.graph.check_disable(id)?;
         let _pending = self.begin_change(id, QuiescentAction::Unload)?;
         let mut next = registry.successor();
         let version = next.disable(id)?;
+        let change = self.kept_change(&life, &registry, &next, id, None)?;
         hook.prepare(&Change::Disable {
             id,
             version: &version,
         })?;
         self.commit(Transaction::new(registry.generation(), next), hook)?;
+        Self::advance(&mut life, change);
         Ok(version)
     }
 
@@ -1773,7 +1915,9 @@ impl PackageManager {
                     id: id.clone(),
                 })?,
         };
-        self.graph(&life, &registry)?.check_remove(id, &version)?;
+        self.kept(&mut life, &registry)?
+            .graph
+            .check_remove(id, &version)?;
         // Leases pin the current version (the one a loader opens); older, superseded trees are
         // not in use and may go while the package is leased.
         let is_current = registry
@@ -1787,6 +1931,7 @@ impl PackageManager {
         };
         let mut next = registry.successor();
         next.remove(id, &version)?;
+        let change = self.kept_change(&life, &registry, &next, id, None)?;
         hook.prepare(&Change::Remove {
             id,
             version: &version,
@@ -1794,6 +1939,7 @@ impl PackageManager {
         })?;
         self.commit(Transaction::new(registry.generation(), next), hook)?;
         life.metadata.remove(&(id.clone(), version.clone()));
+        Self::advance(&mut life, change);
         Ok(version)
     }
 
@@ -1817,13 +1963,11 @@ impl PackageManager {
         let registry = self.store.registry()?;
         let mut next = registry.successor();
         let rolled = next.rollback(id)?;
-        self.graph(&life, &registry)?
-            .check_rollback(id, &rolled.to)?;
-        self.refuse_taken_ids(
-            &life,
-            &registry,
-            &*self.loaded_metadata(&life, id, &rolled.to)?,
-        )?;
+        let change = self.kept_change(&life, &registry, &next, id, None)?;
+        let candidate = self.loaded_metadata(&life, id, &rolled.to)?;
+        let kept = self.kept(&mut life, &registry)?;
+        kept.graph.check_rollback(id, &rolled.to)?;
+        Self::refuse_taken_ids(kept, &candidate)?;
         let _pending = self.begin_change(id, QuiescentAction::Rollback)?;
         let metadata = self.verified_installed(&life, &registry, &mut next, id, &rolled.to)?;
         hook.prepare(&Change::Rollback {
@@ -1834,6 +1978,7 @@ impl PackageManager {
             metadata,
         })?;
         self.commit(Transaction::new(registry.generation(), next), hook)?;
+        Self::advance(&mut life, change);
         Ok(rolled)
     }
 

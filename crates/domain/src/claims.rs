@@ -7,11 +7,11 @@
 //! later package could take over an id another package provides. Deciding at install time, before
 //! anything is opened, means load order never decides who owns an id.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::graph::NodeRef;
 use crate::ids::{ImplId, PackageId};
-use crate::registry::RegistryState;
+use crate::registry::{PackageRecord, RegistryState};
 
 /// The impl ids one package version provides (its manifest's `provided_ops`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,17 +85,24 @@ fn list(ids: &[ImplId]) -> String {
 /// that is not the rollback target holds nothing; it can only become current again by being
 /// installed again, which checks its claim then. Removed versions hold nothing.
 pub fn claiming_versions(registry: &RegistryState) -> Vec<NodeRef> {
-    let mut out = Vec::new();
-    for (id, record) in registry.packages() {
-        let current = record.current().map(|(v, _)| v);
-        for version in current.into_iter().chain(record.previous()) {
-            out.push(NodeRef {
-                id: id.clone(),
-                version: version.clone(),
-            });
-        }
-    }
-    out
+    registry
+        .packages()
+        .flat_map(|(id, record)| claiming_versions_of(id, record))
+        .collect()
+}
+
+/// The versions of package `id` whose ids are taken, as [`claiming_versions`] lists them: its
+/// current version, then its rollback target.
+pub fn claiming_versions_of(id: &PackageId, record: &PackageRecord) -> Vec<NodeRef> {
+    let current = record.current().map(|(v, _)| v);
+    current
+        .into_iter()
+        .chain(record.previous())
+        .map(|version| NodeRef {
+            id: id.clone(),
+            version: version.clone(),
+        })
+        .collect()
 }
 
 /// Refuses `candidate` when a claim of another package in `held` shares an id with it; the
@@ -143,6 +150,87 @@ pub fn conflicts(held: &[Claim]) -> Vec<ImplIdConflict> {
     out
 }
 
+/// The claims a registry records, kept by package and looked up by impl id, so that checking a
+/// candidate ([`ClaimIndex::check`]) reads only the claims that share one of its ids instead of
+/// every claim in the store. A package manager builds it once and replaces one package's claims
+/// after each change ([`ClaimIndex::set_package`]). It answers exactly as [`check_claim`] over
+/// the same claims in [`claiming_versions`] order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClaimIndex {
+    /// Each package's claims, in the order [`check_claim`] would meet them (its current version,
+    /// then its rollback target).
+    packages: BTreeMap<PackageId, Vec<Claim>>,
+    /// For each impl id, the packages with a claim on it.
+    holders: HashMap<ImplId, BTreeSet<PackageId>>,
+}
+
+impl ClaimIndex {
+    /// The index of `held`: claims listed by package id, and within one package in the order
+    /// they should be tried (as [`claiming_versions`] lists them).
+    pub fn new(held: impl IntoIterator<Item = Claim>) -> Self {
+        let mut by_package: BTreeMap<PackageId, Vec<Claim>> = BTreeMap::new();
+        for claim in held {
+            by_package
+                .entry(claim.node.id.clone())
+                .or_default()
+                .push(claim);
+        }
+        let mut index = ClaimIndex::default();
+        for (id, claims) in by_package {
+            index.set_package(&id, claims);
+        }
+        index
+    }
+
+    /// Replaces the claims of package `id` with `claims` (none: it holds no id any more).
+    pub fn set_package(&mut self, id: &PackageId, claims: Vec<Claim>) {
+        if let Some(old) = self.packages.remove(id) {
+            for impl_id in old.iter().flat_map(|c| &c.impl_ids) {
+                if let Some(set) = self.holders.get_mut(impl_id) {
+                    set.remove(id);
+                    if set.is_empty() {
+                        self.holders.remove(impl_id);
+                    }
+                }
+            }
+        }
+        if claims.is_empty() {
+            return;
+        }
+        for impl_id in claims.iter().flat_map(|c| &c.impl_ids) {
+            self.holders
+                .entry(impl_id.clone())
+                .or_default()
+                .insert(id.clone());
+        }
+        self.packages.insert(id.clone(), claims);
+    }
+
+    /// [`check_claim`] of `candidate` against the indexed claims: refused when another package
+    /// holds one of its ids, naming that package's first claim that does (packages in id order)
+    /// and every id the two share.
+    pub fn check(&self, candidate: &Claim) -> Result<(), Box<ImplIdConflict>> {
+        let first = candidate
+            .impl_ids
+            .iter()
+            .filter_map(|i| self.holders.get(i))
+            .filter_map(|set| set.iter().find(|p| **p != candidate.node.id))
+            .min();
+        let Some(owner) = first else {
+            return Ok(());
+        };
+        check_claim(
+            candidate,
+            self.packages.get(owner).map_or(&[], Vec::as_slice),
+        )
+    }
+
+    /// Every indexed claim, by package id, each package's in order.
+    pub fn claims(&self) -> impl Iterator<Item = &Claim> + '_ {
+        self.packages.values().flatten()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,6 +238,7 @@ mod tests {
     use crate::ids::{PackageKind, PublisherId, Sha256Digest};
     use crate::registry::{NewVersion, PublishOptions};
     use crate::version::Version;
+    use proptest::prelude::*;
 
     fn node(id: &str, version: &str) -> NodeRef {
         NodeRef {
@@ -269,5 +358,52 @@ mod tests {
             ]
         );
         assert!(conflicts(&held[..2]).is_empty());
+    }
+
+    /// Claims of up to six packages (one or two versions each) on ids from a pool of eight,
+    /// listed by package id as [`claiming_versions`] lists them, and a candidate.
+    fn claims_and_candidate() -> impl Strategy<Value = (Vec<Claim>, Claim)> {
+        let ids = || proptest::collection::btree_set(0u8..8, 0..4);
+        let package = (0u8..6, proptest::collection::vec(ids(), 1..3));
+        (
+            proptest::collection::btree_map(0u8..6, package.prop_map(|(_, v)| v), 0..6),
+            0u8..7,
+            ids(),
+        )
+            .prop_map(|(packages, cand_pkg, cand_ids)| {
+                let name = |i: &u8| format!("ex.i{i}");
+                let mut held = Vec::new();
+                for (p, versions) in &packages {
+                    for (k, ids) in versions.iter().enumerate() {
+                        let ids: Vec<String> = ids.iter().map(name).collect();
+                        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+                        held.push(claim(&format!("ex.p{p}"), &format!("{}.0.0", 9 - k), &ids));
+                    }
+                }
+                let ids: Vec<String> = cand_ids.iter().map(name).collect();
+                let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+                (held, claim(&format!("ex.p{cand_pkg}"), "5.0.0", &ids))
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn claim_index_answers_as_check_claim((held, candidate) in claims_and_candidate()) {
+            let index = ClaimIndex::new(held.clone());
+            prop_assert_eq!(index.check(&candidate), check_claim(&candidate, &held));
+            prop_assert_eq!(index.claims().cloned().collect::<Vec<_>>(), held.clone());
+
+            // Replacing one package's claims gives the index of the changed list.
+            let pkg = candidate.node.id.clone();
+            let mut changed: Vec<Claim> = held.iter().filter(|c| c.node.id != pkg).cloned().collect();
+            let mut updated = index.clone();
+            updated.set_package(&pkg, vec![candidate.clone()]);
+            changed.push(candidate.clone());
+            changed.sort_by(|a, b| a.node.id.cmp(&b.node.id));
+            prop_assert_eq!(&updated, &ClaimIndex::new(changed));
+            updated.set_package(&pkg, Vec::new());
+            let without: Vec<Claim> = held.iter().filter(|c| c.node.id != pkg).cloned().collect();
+            prop_assert_eq!(updated, ClaimIndex::new(without));
+        }
     }
 }

@@ -19,6 +19,10 @@ use crate::dependency::{Dependency, ModuleDependency, MODULE_ABI_TAG_V1, MODULE_
 use crate::ids::{PackageId, PackageKind, PublisherId, Sha256Digest};
 use crate::version::{Version, VersionRange};
 
+mod incremental;
+
+pub use incremental::GraphIndex;
+
 /// One installed package version, with the facts the graph needs to judge it and its edges.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PackageNode {
@@ -173,6 +177,15 @@ pub enum GraphBuildError {
         first: Version,
         /// The other.
         second: Version,
+    },
+    /// A replacement of one package's versions ([`GraphIndex::set_package`]) holds a version of
+    /// another package.
+    #[error("{found} is not a version of {id}")]
+    OtherPackage {
+        /// The package whose versions were being replaced.
+        id: PackageId,
+        /// The version of another package among them.
+        found: NodeRef,
     },
 }
 
@@ -937,65 +950,19 @@ impl DependencyGraph {
     /// `id`. Every ordinary and module dependency counts except a kernel's provenance records,
     /// which take no part in loading. One entry per requirement, sorted by dependent.
     pub fn dependents(&self, id: &PackageId) -> Vec<Dependent> {
-        let mut out = Vec::new();
-        for node in self
-            .nodes
-            .iter()
-            .filter(|n| n.enabled && &n.id != id && n.requires(id))
-        {
-            for (target, requirement) in node.protecting_requirements() {
-                if target == id {
-                    out.push(Dependent {
-                        node: node.node_ref(),
-                        requirement,
-                    });
-                }
-            }
-        }
-        out
+        dependents_among(self.nodes.iter(), id)
     }
 
     /// May `id` be disabled? Refused while enabled packages depend on it. Disabling a package that
     /// has no enabled version is allowed: nothing changes.
     pub fn check_disable(&self, id: &PackageId) -> Result<(), DisableRefusal> {
-        let Some(slot) = self.slots.get(&self.nodes, id) else {
-            return Err(DisableRefusal::NotInstalled { id: id.clone() });
-        };
-        if slot.enabled.is_none() {
-            return Ok(());
-        }
-        let dependents = self.dependents(id);
-        if dependents.is_empty() {
-            Ok(())
-        } else {
-            Err(DisableRefusal::EnabledDependents {
-                id: id.clone(),
-                dependents,
-            })
-        }
+        disable_answer(id, self.versions(id), || self.dependents(id))
     }
 
     /// May `id@version` be removed? Removing the enabled version is refused while enabled packages
     /// depend on it; a version that is not enabled may always go.
     pub fn check_remove(&self, id: &PackageId, version: &Version) -> Result<(), RemoveRefusal> {
-        let Some(node) = self.node(id, version) else {
-            return Err(RemoveRefusal::NotInstalled {
-                id: id.clone(),
-                version: version.clone(),
-            });
-        };
-        if !node.enabled {
-            return Ok(());
-        }
-        let dependents = self.dependents(id);
-        if dependents.is_empty() {
-            Ok(())
-        } else {
-            Err(RemoveRefusal::EnabledDependents {
-                target: node.node_ref(),
-                dependents,
-            })
-        }
+        remove_answer(id, version, self.versions(id), || self.dependents(id))
     }
 
     /// May `id` roll back to `version`? The version must be installed. The query then judges the
@@ -1029,15 +996,7 @@ impl DependencyGraph {
                 path: path.iter().map(|&u| self.nodes[u].node_ref()).collect(),
             });
         }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(RollbackRefusal::Incompatible {
-                id: id.clone(),
-                version: version.clone(),
-                problems,
-            })
-        }
+        rollback_answer(id, version, problems)
     }
 
     /// Checks every requirement of every enabled node and resolves the runtime edges to node
@@ -1076,92 +1035,218 @@ impl DependencyGraph {
             if !is_enabled(u, node) {
                 continue;
             }
-            for dep in &node.dependencies {
-                let requirement = || Requirement::Package(dep.clone());
-                let slot = found
-                    .next()
-                    .flatten()
-                    .map(|s| over.map_or(*s, |o| o.apply(*s)));
-                if let Some(t) =
-                    self.lookup(node, &dep.package_id, slot, requirement, &mut out.problems)
-                {
-                    out.succ.push(t);
-                    let target = &self.nodes[t];
-                    if !dep.range.contains(&target.version) {
-                        out.problems.push(GraphProblem::VersionOutOfRange {
-                            dependent: node.node_ref(),
-                            target: target.node_ref(),
-                            requirement: requirement(),
-                        });
-                    }
-                }
-            }
-            for dep in &node.module_dependencies {
-                let slot = found
-                    .next()
-                    .flatten()
-                    .map(|s| over.map_or(*s, |o| o.apply(*s)));
-                if !dep.is_runtime_edge() {
-                    if node.kind == PackageKind::Module {
-                        out.problems.push(GraphProblem::NonModuleAbiTag {
-                            dependent: node.node_ref(),
-                            target: dep.module_id.clone(),
-                            requirement: Requirement::Module(dep.clone()),
-                        });
-                    }
-                    // In a kernel this is a provenance record: nothing to resolve.
-                    continue;
-                }
-                let requirement = || Requirement::Module(dep.clone());
-                if let Some(t) =
-                    self.lookup(node, &dep.module_id, slot, requirement, &mut out.problems)
-                {
-                    out.succ.push(t);
-                    check_module_target(node, dep, &self.nodes[t], &mut out.problems);
-                }
-            }
+            let succ = &mut out.succ;
+            check_requirements(
+                self,
+                node,
+                |_| {
+                    found
+                        .next()
+                        .flatten()
+                        .map(|s| over.map_or(*s, |o| o.apply(*s)).enabled)
+                },
+                |t| succ.push(t),
+                &mut out.problems,
+            );
         }
         out.start.push(out.succ.len());
         out.problem_start.push(out.problems.len());
         out
     }
+}
 
-    /// Resolves a requirement's target, whose slot was already looked up, to the index of its
-    /// enabled version, or records why it cannot.
-    fn lookup(
-        &self,
-        dependent: &PackageNode,
-        target: &PackageId,
-        slot: Option<IdSlot>,
-        requirement: impl Fn() -> Requirement,
-        problems: &mut Vec<GraphProblem>,
-    ) -> Option<usize> {
-        match slot {
-            None => {
-                problems.push(GraphProblem::Missing {
-                    dependent: dependent.node_ref(),
-                    target: target.clone(),
+/// What the requirement checks need to know of the graph being judged: a node by its handle
+/// (an index into a [`DependencyGraph`], a reference into a [`GraphIndex`] view) and the installed
+/// versions of a package id, which a refusal lists.
+pub(crate) trait Targets {
+    /// How a node is named.
+    type Handle: Copy;
+    /// The node `h` names.
+    fn node(&self, h: Self::Handle) -> &PackageNode;
+    /// Every installed version of `id`, oldest first.
+    fn installed(&self, id: &PackageId) -> Vec<Version>;
+}
+
+impl Targets for DependencyGraph {
+    type Handle = usize;
+
+    fn node(&self, h: usize) -> &PackageNode {
+        &self.nodes[h]
+    }
+
+    fn installed(&self, id: &PackageId) -> Vec<Version> {
+        self.versions(id)
+            .iter()
+            .map(|n| n.version.clone())
+            .collect()
+    }
+}
+
+/// Checks every requirement of the enabled `node`, in manifest order (ordinary dependencies,
+/// then module dependencies), recording each failure in `problems` and each runtime edge that
+/// resolves with `edge`. `slot` is asked once per requirement, in that order, where the target
+/// stands: `None` when no version of it is installed, `Some(None)` when none is enabled, and
+/// `Some(Some(enabled))` otherwise.
+pub(crate) fn check_requirements<T: Targets>(
+    graph: &T,
+    node: &PackageNode,
+    mut slot: impl FnMut(&PackageId) -> Option<Option<T::Handle>>,
+    mut edge: impl FnMut(T::Handle),
+    problems: &mut Vec<GraphProblem>,
+) {
+    for dep in &node.dependencies {
+        let requirement = || Requirement::Package(dep.clone());
+        let found = slot(&dep.package_id);
+        if let Some(t) = lookup(graph, node, &dep.package_id, found, requirement, problems) {
+            edge(t);
+            let target = graph.node(t);
+            if !dep.range.contains(&target.version) {
+                problems.push(GraphProblem::VersionOutOfRange {
+                    dependent: node.node_ref(),
+                    target: target.node_ref(),
                     requirement: requirement(),
                 });
-                None
-            }
-            Some(IdSlot {
-                enabled: Some(t), ..
-            }) => Some(t),
-            Some(IdSlot { enabled: None, .. }) => {
-                problems.push(GraphProblem::Disabled {
-                    dependent: dependent.node_ref(),
-                    target: target.clone(),
-                    requirement: requirement(),
-                    installed: self
-                        .versions(target)
-                        .iter()
-                        .map(|n| n.version.clone())
-                        .collect(),
-                });
-                None
             }
         }
+    }
+    for dep in &node.module_dependencies {
+        let found = slot(&dep.module_id);
+        if !dep.is_runtime_edge() {
+            if node.kind == PackageKind::Module {
+                problems.push(GraphProblem::NonModuleAbiTag {
+                    dependent: node.node_ref(),
+                    target: dep.module_id.clone(),
+                    requirement: Requirement::Module(dep.clone()),
+                });
+            }
+            // In a kernel this is a provenance record: nothing to resolve.
+            continue;
+        }
+        let requirement = || Requirement::Module(dep.clone());
+        if let Some(t) = lookup(graph, node, &dep.module_id, found, requirement, problems) {
+            edge(t);
+            check_module_target(node, dep, graph.node(t), problems);
+        }
+    }
+}
+
+/// Resolves a requirement's target, whose place was already looked up, to its enabled version,
+/// or records why it cannot.
+fn lookup<T: Targets>(
+    graph: &T,
+    dependent: &PackageNode,
+    target: &PackageId,
+    found: Option<Option<T::Handle>>,
+    requirement: impl Fn() -> Requirement,
+    problems: &mut Vec<GraphProblem>,
+) -> Option<T::Handle> {
+    match found {
+        None => {
+            problems.push(GraphProblem::Missing {
+                dependent: dependent.node_ref(),
+                target: target.clone(),
+                requirement: requirement(),
+            });
+            None
+        }
+        Some(Some(t)) => Some(t),
+        Some(None) => {
+            problems.push(GraphProblem::Disabled {
+                dependent: dependent.node_ref(),
+                target: target.clone(),
+                requirement: requirement(),
+                installed: graph.installed(target),
+            });
+            None
+        }
+    }
+}
+
+/// [`DependencyGraph::dependents`] of `id` among `nodes`, taken in the order given.
+fn dependents_among<'a>(
+    nodes: impl Iterator<Item = &'a PackageNode>,
+    id: &PackageId,
+) -> Vec<Dependent> {
+    let mut out = Vec::new();
+    for node in nodes.filter(|n| n.enabled && &n.id != id && n.requires(id)) {
+        for (target, requirement) in node.protecting_requirements() {
+            if target == id {
+                out.push(Dependent {
+                    node: node.node_ref(),
+                    requirement,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// [`DependencyGraph::check_disable`] given the installed versions of `id` and a way to list its
+/// enabled dependents.
+fn disable_answer(
+    id: &PackageId,
+    versions: &[PackageNode],
+    dependents: impl FnOnce() -> Vec<Dependent>,
+) -> Result<(), DisableRefusal> {
+    if versions.is_empty() {
+        return Err(DisableRefusal::NotInstalled { id: id.clone() });
+    }
+    if !versions.iter().any(|n| n.enabled) {
+        return Ok(());
+    }
+    let dependents = dependents();
+    if dependents.is_empty() {
+        Ok(())
+    } else {
+        Err(DisableRefusal::EnabledDependents {
+            id: id.clone(),
+            dependents,
+        })
+    }
+}
+
+/// [`DependencyGraph::check_remove`] given the installed versions of `id` and a way to list its
+/// enabled dependents.
+fn remove_answer(
+    id: &PackageId,
+    version: &Version,
+    versions: &[PackageNode],
+    dependents: impl FnOnce() -> Vec<Dependent>,
+) -> Result<(), RemoveRefusal> {
+    let Some(node) = versions.iter().find(|n| &n.version == version) else {
+        return Err(RemoveRefusal::NotInstalled {
+            id: id.clone(),
+            version: version.clone(),
+        });
+    };
+    if !node.enabled {
+        return Ok(());
+    }
+    let dependents = dependents();
+    if dependents.is_empty() {
+        Ok(())
+    } else {
+        Err(RemoveRefusal::EnabledDependents {
+            target: node.node_ref(),
+            dependents,
+        })
+    }
+}
+
+/// [`DependencyGraph::check_rollback`] given what the rollback would break.
+fn rollback_answer(
+    id: &PackageId,
+    version: &Version,
+    problems: Vec<GraphProblem>,
+) -> Result<(), RollbackRefusal> {
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(RollbackRefusal::Incompatible {
+            id: id.clone(),
+            version: version.clone(),
+            problems,
+        })
     }
 }
 

@@ -43,6 +43,8 @@ use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::fmt;
 
+use std::sync::Arc;
+
 use crate::ids::{IdError, PackageId, PackageKind, PublisherId, Sha256Digest};
 use crate::json::{self, Integer, JsonError, JsonPath, Value};
 use crate::lifecycle::{transition, Event, IllegalTransition, State};
@@ -455,11 +457,16 @@ pub enum RegistryDecodeError {
 }
 
 /// The whole registry: every recorded package and the generation of the last committed change.
+///
+/// Each package's record sits behind an [`Arc`] and is copied only when a change writes to it, so
+/// that [`RegistryState::successor`] copies one pointer per package and a draft shares every record
+/// it does not change with the state it came from (comparing two such records short-cuts on the
+/// pointer).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RegistryState {
     generation: u64,
     trust: Option<TrustAnchor>,
-    packages: BTreeMap<PackageId, PackageRecord>,
+    packages: BTreeMap<PackageId, Arc<PackageRecord>>,
 }
 
 impl RegistryState {
@@ -525,6 +532,7 @@ impl RegistryState {
         if let Some(r) = self
             .packages
             .get_mut(id)
+            .map(Arc::make_mut)
             .and_then(|p| p.versions.get_mut(version))
         {
             r.quarantine = Some(quarantine);
@@ -544,6 +552,7 @@ impl RegistryState {
         match self
             .packages
             .get_mut(id)
+            .map(Arc::make_mut)
             .and_then(|p| p.versions.get_mut(version))
             .filter(|r| r.state.is_installed())
         {
@@ -560,6 +569,7 @@ impl RegistryState {
     pub fn clear_quarantine(&mut self, id: &PackageId, version: &Version) -> bool {
         self.packages
             .get_mut(id)
+            .map(Arc::make_mut)
             .and_then(|p| p.versions.get_mut(version))
             .and_then(|r| r.quarantine.take())
             .is_some()
@@ -579,17 +589,25 @@ impl RegistryState {
 
     /// Every recorded package, by id.
     pub fn packages(&self) -> impl Iterator<Item = (&PackageId, &PackageRecord)> + '_ {
+        self.packages.iter().map(|(id, p)| (id, &**p))
+    }
+
+    /// Every package's record as the state shares it, for telling shared records apart without
+    /// comparing them.
+    pub(crate) fn shared_packages(
+        &self,
+    ) -> impl Iterator<Item = (&PackageId, &Arc<PackageRecord>)> + '_ {
         self.packages.iter()
     }
 
     /// The record of package `id`, if any.
     pub fn package(&self, id: &PackageId) -> Option<&PackageRecord> {
-        self.packages.get(id)
+        self.packages.get(id).map(|p| &**p)
     }
 
     /// The record of `id@version`, if any.
     pub fn record(&self, id: &PackageId, version: &Version) -> Option<&VersionRecord> {
-        self.packages.get(id)?.versions.get(version)
+        self.package(id)?.versions.get(version)
     }
 
     /// Whether `id@version` is installed (its tree must be on disk).
@@ -616,7 +634,7 @@ impl RegistryState {
         version: &Version,
         digest: &Sha256Digest,
     ) -> Result<PublishKind, Box<ImmutableVersionConflict>> {
-        let Some(package) = self.packages.get(id) else {
+        let Some(package) = self.package(id) else {
             return Ok(PublishKind::New);
         };
         let same = package
@@ -660,16 +678,14 @@ impl RegistryState {
     ) -> Result<Published, RegistryError> {
         if self.check_publish(id, version, &new.payload_digest)? == PublishKind::IdenticalNoOp {
             let is_current = self
-                .packages
-                .get(id)
+                .package(id)
                 .and_then(PackageRecord::current)
                 .is_some_and(|(v, _)| v == version);
             // A version that is not current comes back when the operator offers it again
             // enabled: forward (newer than the current one), or back with `allow_downgrade`.
             // Anything else stays a no-op, as offering the same bytes twice always was.
             let older = self
-                .packages
-                .get(id)
+                .package(id)
                 .and_then(PackageRecord::current)
                 .is_some_and(|(cur, _)| version.cmp_precedence(cur) == Ordering::Less);
             if is_current || !options.enable || (older && !options.allow_downgrade) {
@@ -680,7 +696,7 @@ impl RegistryState {
             }
             return self.reactivate(id, version, options);
         }
-        let package = self.packages.get(id);
+        let package = self.package(id);
         for (_, r) in package.iter().flat_map(|p| p.installed()) {
             if r.kind != new.kind {
                 return Err(RegistryError::KindChanged {
@@ -712,7 +728,7 @@ impl RegistryState {
         )?;
 
         // Every check passed: apply.
-        let package = self.packages.entry(id.clone()).or_default();
+        let package = Arc::make_mut(self.packages.entry(id.clone()).or_default());
         let superseded = supersede.apply(package);
         package.versions.insert(
             version.clone(),
@@ -740,7 +756,7 @@ impl RegistryState {
         version: &Version,
         options: PublishOptions,
     ) -> Result<Published, RegistryError> {
-        let package = self.packages.get(id).ok_or_else(|| unknown(id))?;
+        let package = self.package(id).ok_or_else(|| unknown(id))?;
         let state = package
             .versions
             .get(version)
@@ -753,7 +769,11 @@ impl RegistryState {
         self.refuse_quarantined(id, version)?;
         let supersede = Supersede::plan(Some(package), id, version, options)?;
 
-        let package = self.packages.get_mut(id).ok_or_else(|| unknown(id))?;
+        let package = self
+            .packages
+            .get_mut(id)
+            .map(Arc::make_mut)
+            .ok_or_else(|| unknown(id))?;
         if package.previous.as_ref() == Some(version) {
             package.previous = None;
         }
@@ -769,7 +789,7 @@ impl RegistryState {
 
     /// Enables the current version of `id`, which must be disabled. Answers that version.
     pub fn enable(&mut self, id: &PackageId) -> Result<Version, RegistryError> {
-        if let Some((v, _)) = self.packages.get(id).and_then(PackageRecord::current) {
+        if let Some((v, _)) = self.package(id).and_then(PackageRecord::current) {
             self.refuse_quarantined(id, &v.clone())?;
         }
         self.change_current(id, Event::Enable)
@@ -782,7 +802,11 @@ impl RegistryState {
     }
 
     fn change_current(&mut self, id: &PackageId, event: Event) -> Result<Version, RegistryError> {
-        let package = self.packages.get_mut(id).ok_or_else(|| unknown(id))?;
+        let package = self
+            .packages
+            .get_mut(id)
+            .map(Arc::make_mut)
+            .ok_or_else(|| unknown(id))?;
         let (version, record) = package
             .versions
             .iter_mut()
@@ -797,7 +821,11 @@ impl RegistryState {
     /// its tree. If it was the rollback target, there is none afterwards. Whether dependents and
     /// leases allow it is decided elsewhere (`DependencyGraph::check_remove`, the lease ledger).
     pub fn remove(&mut self, id: &PackageId, version: &Version) -> Result<(), RegistryError> {
-        let package = self.packages.get_mut(id).ok_or_else(|| unknown(id))?;
+        let package = self
+            .packages
+            .get_mut(id)
+            .map(Arc::make_mut)
+            .ok_or_else(|| unknown(id))?;
         let record = package
             .versions
             .get_mut(version)
@@ -820,7 +848,7 @@ impl RegistryState {
     /// rollback is refused rather than bouncing between two versions. Whether dependents accept
     /// the restored version is the graph's question (`DependencyGraph::check_rollback`).
     pub fn rollback(&mut self, id: &PackageId) -> Result<RolledBack, RegistryError> {
-        let package = self.packages.get(id).ok_or_else(|| unknown(id))?;
+        let package = self.package(id).ok_or_else(|| unknown(id))?;
         let to = package
             .previous
             .clone()
@@ -841,7 +869,11 @@ impl RegistryState {
             None => None,
         };
 
-        let package = self.packages.get_mut(id).ok_or_else(|| unknown(id))?;
+        let package = self
+            .packages
+            .get_mut(id)
+            .map(Arc::make_mut)
+            .ok_or_else(|| unknown(id))?;
         if let Some((v, state)) = &from {
             if let Some(r) = package.versions.get_mut(v) {
                 r.state = *state;
@@ -886,7 +918,7 @@ impl RegistryState {
         &mut self,
         generation: u64,
         trust: Option<&TrustAnchor>,
-        packages: &BTreeMap<PackageId, Option<PackageRecord>>,
+        packages: &BTreeMap<PackageId, Option<Arc<PackageRecord>>>,
     ) -> Result<(), ApplyError> {
         let expected = self.generation.checked_add(1);
         if expected != Some(generation) {
@@ -898,7 +930,7 @@ impl RegistryState {
         let mut undo = Vec::with_capacity(packages.len());
         for (id, change) in packages {
             let before = match change {
-                Some(record) => self.packages.insert(id.clone(), record.clone()),
+                Some(record) => self.packages.insert(id.clone(), Arc::clone(record)),
                 None => self.packages.remove(id),
             };
             undo.push((id, before));
@@ -1062,7 +1094,7 @@ impl RegistryState {
                     ))
                 }
                 Entry::Vacant(e) => {
-                    e.insert(record);
+                    e.insert(Arc::new(record));
                 }
             }
         }
@@ -1876,6 +1908,27 @@ mod tests {
         let next = r.successor();
         assert_eq!(next.generation(), 1);
         assert_eq!(next.successor().generation(), 2);
+        assert_eq!(next.packages, r.packages);
+    }
+
+    #[test]
+    fn registry_successor_shares_every_record_a_change_does_not_touch() {
+        let mut r = two_versions();
+        r.publish(&id("b"), &v("1.0.0"), new_version("b1"), ENABLE)
+            .unwrap();
+        let mut next = r.successor();
+        let shared = |a: &RegistryState, b: &RegistryState, pkg: &str| {
+            Arc::ptr_eq(&a.packages[&id(pkg)], &b.packages[&id(pkg)])
+        };
+        assert!(shared(&r, &next, "a") && shared(&r, &next, "b"));
+        next.disable(&id("b")).unwrap();
+        // Only the record written to was copied; the state it came from is unchanged.
+        assert!(shared(&r, &next, "a"));
+        assert!(!shared(&r, &next, "b"));
+        assert_eq!(state_of(&r, "b", "1.0.0"), Some(State::Enabled));
+        assert_eq!(state_of(&next, "b", "1.0.0"), Some(State::Disabled));
+        // Equal states still compare equal, shared records or not.
+        next.enable(&id("b")).unwrap();
         assert_eq!(next.packages, r.packages);
     }
 

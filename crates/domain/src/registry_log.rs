@@ -15,6 +15,7 @@
 //! the store's business.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::ids::PackageId;
 use crate::json::{self, JsonPath, Value};
@@ -42,8 +43,9 @@ pub struct RegistryDelta {
     pub generation: u64,
     /// The new trust anchor, when the commit changed it.
     pub trust: Option<TrustAnchor>,
-    /// Each package whose record changed: its whole new record, or `None` if it was deleted.
-    pub packages: BTreeMap<PackageId, Option<PackageRecord>>,
+    /// Each package whose record changed: its whole new record (shared with the state it came
+    /// from), or `None` if it was deleted.
+    pub packages: BTreeMap<PackageId, Option<Arc<PackageRecord>>>,
 }
 
 /// Why two states cannot be told apart by a delta.
@@ -65,8 +67,9 @@ impl RegistryState {
 }
 
 impl RegistryDelta {
-    /// The change from `old` to `new`, package by package. Records are compared with `==`, so
-    /// the cost is that of comparing the two maps.
+    /// The change from `old` to `new`, package by package. A record that `new` shares with `old`
+    /// (a draft made by [`RegistryState::successor`] shares every record it did not write to) is
+    /// unchanged without being compared; others are compared with `==`.
     pub fn between(old: &RegistryState, new: &RegistryState) -> Result<Self, DeltaError> {
         let trust = match (old.trust_anchor(), new.trust_anchor()) {
             (Some(_), None) => return Err(DeltaError::DropsTrust),
@@ -74,8 +77,8 @@ impl RegistryDelta {
             (_, b) => b.cloned(),
         };
         let mut packages = BTreeMap::new();
-        let mut old_iter = old.packages().peekable();
-        let mut new_iter = new.packages().peekable();
+        let mut old_iter = old.shared_packages().peekable();
+        let mut new_iter = new.shared_packages().peekable();
         // Both maps are sorted by id: walk them side by side.
         loop {
             match (old_iter.peek(), new_iter.peek()) {
@@ -85,7 +88,7 @@ impl RegistryDelta {
                     old_iter.next();
                 }
                 (None, Some((nid, nrec))) => {
-                    packages.insert((*nid).clone(), Some((*nrec).clone()));
+                    packages.insert((*nid).clone(), Some(Arc::clone(nrec)));
                     new_iter.next();
                 }
                 (Some((oid, orec)), Some((nid, nrec))) => match oid.cmp(nid) {
@@ -94,12 +97,12 @@ impl RegistryDelta {
                         old_iter.next();
                     }
                     std::cmp::Ordering::Greater => {
-                        packages.insert((*nid).clone(), Some((*nrec).clone()));
+                        packages.insert((*nid).clone(), Some(Arc::clone(nrec)));
                         new_iter.next();
                     }
                     std::cmp::Ordering::Equal => {
-                        if orec != nrec {
-                            packages.insert((*nid).clone(), Some((*nrec).clone()));
+                        if !Arc::ptr_eq(orec, nrec) && orec != nrec {
+                            packages.insert((*nid).clone(), Some(Arc::clone(nrec)));
                         }
                         old_iter.next();
                         new_iter.next();
@@ -175,7 +178,7 @@ impl RegistryDelta {
             if packages.contains_key(&id) {
                 return Err(duplicate(path.key("id"), &id));
             }
-            packages.insert(id, Some(record));
+            packages.insert(id, Some(Arc::new(record)));
         }
         for (i, item) in fields.array("deleted")?.iter().enumerate() {
             let path = root.key("deleted").index(i);

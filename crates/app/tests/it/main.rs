@@ -14,6 +14,7 @@ mod fake_providers;
 mod gkmodule;
 mod gpu;
 mod host;
+mod kept_state;
 mod kill;
 mod kill_modules;
 mod live;

@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -487,6 +487,27 @@ struct Counters {
     staging: AtomicUsize,
     commits: AtomicUsize,
     trust_writes: AtomicUsize,
+    /// Nanoseconds spent in the store's `commit` and `registry`, for the benchmarks' phases.
+    commit_nanos: AtomicU64,
+    registry_nanos: AtomicU64,
+}
+
+/// Time spent inside the store, summed over every call made through a [`Spy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoreTime {
+    /// In `PackageStore::commit` (the durable write of a transaction).
+    pub commit: Duration,
+    /// In `PackageStore::registry` (handing out a copy of the committed registry).
+    pub registry: Duration,
+}
+
+/// Runs `f`, adding the nanoseconds it took to `total`.
+fn timed_into<T>(total: &AtomicU64, f: impl FnOnce() -> T) -> T {
+    let start = Instant::now();
+    let out = f();
+    let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    total.fetch_add(nanos, Ordering::SeqCst);
+    out
 }
 
 /// A `PackageStore` that forwards to a shared `FsStore` and counts the calls that write. The test
@@ -506,11 +527,19 @@ impl Spy {
             trust_writes: self.counters.trust_writes.load(Ordering::SeqCst),
         }
     }
+
+    pub fn store_time(&self) -> StoreTime {
+        let read = |n: &AtomicU64| Duration::from_nanos(n.load(Ordering::SeqCst));
+        StoreTime {
+            commit: read(&self.counters.commit_nanos),
+            registry: read(&self.counters.registry_nanos),
+        }
+    }
 }
 
 impl PackageStore for Spy {
     fn registry(&self) -> Result<RegistryState, StoreError> {
-        self.store.registry()
+        timed_into(&self.counters.registry_nanos, || self.store.registry())
     }
 
     fn new_staging_dir(&self) -> Result<PathBuf, StoreError> {
@@ -531,7 +560,7 @@ impl PackageStore for Spy {
             &self.counters.commits
         };
         counter.fetch_add(1, Ordering::SeqCst);
-        self.store.commit(tx)
+        timed_into(&self.counters.commit_nanos, || self.store.commit(tx))
     }
 
     fn package_dir(&self, id: &PackageId, version: &Version) -> PathBuf {

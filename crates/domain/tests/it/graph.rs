@@ -3,7 +3,7 @@
 
 use guild_domain::dependency::{Dependency, ModuleDependency, MODULE_ABI_TAG_V1};
 use guild_domain::graph::{
-    BlockReason, Blocked, DependencyGraph, Dependent, DisableRefusal, GraphBuildError,
+    BlockReason, Blocked, DependencyGraph, Dependent, DisableRefusal, GraphBuildError, GraphIndex,
     GraphProblem, NodeRef, PackageNode, RemoveRefusal, Requirement, RollbackRefusal,
     VersionNotInstalled,
 };
@@ -1265,4 +1265,234 @@ proptest! {
             Err(other) => prop_assert!(false, "unexpected refusal {other}"),
         }
     }
+}
+
+/// One requirement of a generated version: its target (an index; the last one is never
+/// installed), its form (0 a dependency, 1 a runtime module edge, 2 a provenance record), its
+/// range, and its pins.
+#[derive(Debug, Clone)]
+struct GenReq {
+    to: usize,
+    form: u8,
+    range: u8,
+    publisher: Option<bool>,
+    digest: Option<u8>,
+}
+
+/// One generated version: kernel, module of ABI 1 or of ABI 2; its publisher; its requirements.
+#[derive(Debug, Clone)]
+struct GenVersion {
+    shape: u8,
+    other_publisher: bool,
+    reqs: Vec<GenReq>,
+}
+
+/// A generated package: which of versions 1.0.0 to 4.0.0 are installed, and which (if any) is
+/// enabled.
+#[derive(Debug, Clone)]
+struct GenPackage {
+    versions: Vec<Option<GenVersion>>,
+    enabled: usize,
+}
+
+fn gen_package(n: usize) -> impl Strategy<Value = GenPackage> {
+    let req = (
+        0..n + 2,
+        0u8..3,
+        0u8..4,
+        proptest::option::of(any::<bool>()),
+        proptest::option::of(1u8..5),
+    )
+        .prop_map(|(to, form, range, publisher, digest)| GenReq {
+            to,
+            form,
+            range,
+            publisher,
+            digest,
+        });
+    let version = (0u8..3, any::<bool>(), proptest::collection::vec(req, 0..3)).prop_map(
+        |(shape, other_publisher, reqs)| GenVersion {
+            shape,
+            other_publisher,
+            reqs,
+        },
+    );
+    (
+        proptest::collection::vec(proptest::option::of(version), 4),
+        0usize..5,
+    )
+        .prop_map(|(versions, enabled)| GenPackage { versions, enabled })
+}
+
+fn gen_nodes(i: usize, p: &GenPackage) -> Vec<PackageNode> {
+    let mut out = Vec::new();
+    for (k, ver) in p.versions.iter().enumerate() {
+        let Some(ver) = ver else { continue };
+        let version = format!("{}.0.0", k + 1);
+        let mut node = match ver.shape {
+            0 => kernel(&name(i), &version),
+            s => PackageNode {
+                module_abi: Some(u32::from(s)),
+                ..module(&name(i), &version)
+            },
+        };
+        node.enabled = k == p.enabled;
+        if ver.other_publisher {
+            node.publisher = PublisherId::new("org.other").unwrap();
+        }
+        for q in &ver.reqs {
+            let (min, max) = match q.range {
+                0 => ("1.0.0", Some("1.9.9")),
+                1 => ("2.0.0", None),
+                2 => ("0.1.0", None),
+                _ => ("3.0.0", Some("3.9.9")),
+            };
+            let target = name(q.to);
+            if q.form == 0 {
+                node.dependencies.push(dep(&target, min, max));
+                continue;
+            }
+            let mut m = mdep(&target, min, max);
+            if q.form == 2 {
+                m.abi_tag = "build.provenance".to_owned();
+            }
+            m.publisher_id = q.publisher.map(|other| {
+                PublisherId::new(if other { "org.other" } else { "org.example" }).unwrap()
+            });
+            m.sha256 = q.digest.map(|d| digest_of(&target, &format!("{d}.0.0")));
+            node.module_dependencies.push(m);
+        }
+        out.push(node);
+    }
+    out
+}
+
+/// A store of up to six packages, a change to one of them (or to a package not installed yet):
+/// only which version is enabled, or any other set of versions; and a version to ask about.
+fn graph_change() -> impl Strategy<Value = (Vec<GenPackage>, usize, GenPackage, bool, usize, usize)>
+{
+    (1usize..7).prop_flat_map(|n| {
+        (
+            proptest::collection::vec(gen_package(n), n),
+            0..n + 1,
+            gen_package(n),
+            any::<bool>(),
+            0usize..5,
+            1usize..5,
+        )
+    })
+}
+
+/// `before` refuses a change for the problems `after` has that it has not, as the package
+/// manager did before it kept the graph between changes.
+fn added_problems(before: &DependencyGraph, after: &DependencyGraph) -> Vec<GraphProblem> {
+    let old = before.validate();
+    after
+        .validate()
+        .into_iter()
+        .filter(|p| !old.contains(p))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2048))]
+
+    /// Every query of the kept index answers as the same query on a graph of every installed
+    /// version: the problems a change adds, disabling, removing and rolling back; and an index
+    /// updated by one package equals the index built from scratch.
+    #[test]
+    fn graph_index_answers_as_the_whole_graph(
+        (packages, changed, replacement, only_enable, enable, asked) in graph_change()
+    ) {
+        let n = packages.len();
+        let all = |changed_to: Option<&GenPackage>| -> Vec<PackageNode> {
+            let mut out = Vec::new();
+            for (i, p) in packages.iter().enumerate() {
+                match changed_to {
+                    Some(c) if i == changed => out.extend(gen_nodes(i, c)),
+                    _ => out.extend(gen_nodes(i, p)),
+                }
+            }
+            if changed == n {
+                if let Some(c) = changed_to {
+                    out.extend(gen_nodes(n, c));
+                }
+            }
+            out
+        };
+        let after_package = match packages.get(changed) {
+            Some(p) if only_enable => GenPackage { enabled: enable, ..p.clone() },
+            _ => replacement,
+        };
+        let before_nodes = all(None);
+        let after_nodes = all(Some(&after_package));
+        let before = graph(before_nodes.clone());
+        let after = graph(after_nodes.clone());
+        let index = GraphIndex::new(before_nodes).unwrap();
+        let pid = id(&name(changed));
+
+        prop_assert_eq!(
+            index.problems_added(&pid, gen_nodes(changed, &after_package)).unwrap(),
+            added_problems(&before, &after)
+        );
+
+        for i in 0..n + 2 {
+            let q = id(&name(i));
+            prop_assert_eq!(index.check_disable(&q), before.check_disable(&q));
+            let version = v(&format!("{asked}.0.0"));
+            prop_assert_eq!(index.check_remove(&q, &version), before.check_remove(&q, &version));
+            prop_assert_eq!(index.check_rollback(&q, &version), before.check_rollback(&q, &version));
+        }
+
+        let mut updated = index.clone();
+        updated.set_package(&pid, gen_nodes(changed, &after_package)).unwrap();
+        prop_assert_eq!(&updated, &GraphIndex::new(after_nodes).unwrap());
+    }
+}
+
+#[test]
+fn graph_index_refuses_a_replacement_that_is_not_one_package() {
+    let mut index = GraphIndex::new(vec![kernel("a", "1.0.0")]).unwrap();
+    let before = index.clone();
+    assert_eq!(
+        index.set_package(&id("a"), vec![kernel("b", "1.0.0")]),
+        Err(GraphBuildError::OtherPackage {
+            id: id("a"),
+            found: r("b", "1.0.0")
+        })
+    );
+    assert_eq!(
+        index.problems_added(&id("a"), vec![kernel("a", "2.0.0"), kernel("a", "1.0.0")]),
+        Err(GraphBuildError::SeveralEnabled {
+            id: id("a"),
+            first: v("1.0.0"),
+            second: v("2.0.0")
+        })
+    );
+    assert_eq!(index, before);
+}
+
+/// Disabling the package on a cycle can leave a smaller cycle behind that was not reported
+/// before (its component was reported by another path): the index must see it, as comparing the
+/// two whole graphs does.
+#[test]
+fn graph_index_sees_the_cycle_a_change_leaves_behind() {
+    let a = kernel("a", "1.0.0")
+        .dep(dep("p", "1.0.0", None))
+        .dep(dep("b", "1.0.0", None));
+    let b = kernel("b", "1.0.0").dep(dep("a", "1.0.0", None));
+    let p = kernel("p", "1.0.0").dep(dep("a", "1.0.0", None));
+    let before_nodes = vec![a, b, p.clone()];
+    let index = GraphIndex::new(before_nodes.clone()).unwrap();
+    let p_after = vec![p.clone().disabled(), kernel("p", "2.0.0").disabled()];
+    let mut after_nodes = before_nodes[..2].to_vec();
+    after_nodes.extend(p_after.clone());
+    let expected = added_problems(&graph(before_nodes), &graph(after_nodes));
+    assert!(
+        expected.contains(&GraphProblem::Cycle {
+            path: vec![r("a", "1.0.0"), r("b", "1.0.0"), r("a", "1.0.0")]
+        }),
+        "{expected:?}"
+    );
+    assert_eq!(index.problems_added(&id("p"), p_after).unwrap(), expected);
 }

@@ -2,6 +2,7 @@
 //! the invariants checked only where it changes something.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use guild_domain::ids::{PackageId, PackageKind, PublisherId, Sha256Digest};
 use guild_domain::registry::{
@@ -162,12 +163,13 @@ fn registry_apply_checks_the_changed_packages_and_undoes_a_refused_delta() {
     // One good change, then a package without versions, which no registry may hold.
     let mut changed = old.successor();
     changed.disable(&id("p0")).unwrap();
+    delta.packages.insert(
+        id("p0"),
+        Some(Arc::new(changed.package(&id("p0")).unwrap().clone())),
+    );
     delta
         .packages
-        .insert(id("p0"), Some(changed.package(&id("p0")).unwrap().clone()));
-    delta
-        .packages
-        .insert(id("p2"), Some(PackageRecord::default()));
+        .insert(id("p2"), Some(Arc::new(PackageRecord::default())));
     let mut state = old.clone();
     assert_eq!(
         state.apply(&delta),
