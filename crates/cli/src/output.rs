@@ -80,10 +80,13 @@ impl Output {
         for w in &report.warnings {
             let _ = writeln!(err, "{} {w}", paint(colour, "1;33", "warning:"));
         }
-        let mut out = std::io::stdout().lock();
+        // Buffered: stdout's own buffer flushes at every newline, one write per line, which a
+        // listing of thousands of packages would pay for in system calls.
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
         for line in &report.lines {
             let _ = writeln!(out, "{line}");
         }
+        let _ = out.flush();
     }
 
     pub fn failure(&self, failure: &Failure) {

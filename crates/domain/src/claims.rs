@@ -127,20 +127,34 @@ pub fn check_claim(candidate: &Claim, held: &[Claim]) -> Result<(), Box<ImplIdCo
 /// recorded before [`check_claim`] guarded installation. Each pair appears once, with the
 /// smaller package id as the owner, sorted by (owner, claimant).
 pub fn conflicts(held: &[Claim]) -> Vec<ImplIdConflict> {
-    let mut out = Vec::new();
-    for (i, a) in held.iter().enumerate() {
-        for b in held.iter().skip(i + 1).filter(|b| b.node.id != a.node.id) {
-            let shared = a.shared_with(b);
-            if shared.is_empty() {
-                continue;
-            }
-            let (owner, claimant) = if a.node <= b.node { (a, b) } else { (b, a) };
-            out.push(ImplIdConflict {
-                claimant: claimant.node.clone(),
-                owner: owner.node.clone(),
-                impl_ids: shared,
-            });
+    // Only claims that share an id can conflict: find those pairs through the ids, so that a
+    // store of thousands of packages with no conflict costs one pass over its ids rather than
+    // a comparison of every pair of claims.
+    let mut holders: HashMap<&ImplId, Vec<usize>> = HashMap::new();
+    for (i, claim) in held.iter().enumerate() {
+        for id in &claim.impl_ids {
+            holders.entry(id).or_default().push(i);
         }
+    }
+    let mut pairs = BTreeSet::new();
+    for claims in holders.values().filter(|c| c.len() > 1) {
+        for (k, &i) in claims.iter().enumerate() {
+            for &j in &claims[k + 1..] {
+                if held[i].node.id != held[j].node.id {
+                    pairs.insert((i.min(j), i.max(j)));
+                }
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(pairs.len());
+    for (i, j) in pairs {
+        let (a, b) = (&held[i], &held[j]);
+        let (owner, claimant) = if a.node <= b.node { (a, b) } else { (b, a) };
+        out.push(ImplIdConflict {
+            claimant: claimant.node.clone(),
+            owner: owner.node.clone(),
+            impl_ids: a.shared_with(b),
+        });
     }
     out.sort_by(|x, y| {
         (&x.owner, &x.claimant)
@@ -386,7 +400,40 @@ mod tests {
             })
     }
 
+    /// The definition `conflicts` must keep: every pair of claims of two packages that share an
+    /// id, compared pair by pair.
+    fn conflicts_of_every_pair(held: &[Claim]) -> Vec<ImplIdConflict> {
+        let mut out = Vec::new();
+        for (i, a) in held.iter().enumerate() {
+            for b in held.iter().skip(i + 1).filter(|b| b.node.id != a.node.id) {
+                let shared = a.shared_with(b);
+                if !shared.is_empty() {
+                    let (owner, claimant) = if a.node <= b.node { (a, b) } else { (b, a) };
+                    out.push(ImplIdConflict {
+                        claimant: claimant.node.clone(),
+                        owner: owner.node.clone(),
+                        impl_ids: shared,
+                    });
+                }
+            }
+        }
+        out.sort_by(|x, y| {
+            (&x.owner, &x.claimant)
+                .cmp(&(&y.owner, &y.claimant))
+                .then_with(|| x.impl_ids.cmp(&y.impl_ids))
+        });
+        out
+    }
+
     proptest! {
+        #[test]
+        fn conflicts_found_through_the_ids_are_those_of_every_pair(
+            (mut held, candidate) in claims_and_candidate()
+        ) {
+            held.push(candidate);
+            prop_assert_eq!(conflicts(&held), conflicts_of_every_pair(&held));
+        }
+
         #[test]
         fn claim_index_answers_as_check_claim((held, candidate) in claims_and_candidate()) {
             let index = ClaimIndex::new(held.clone());
