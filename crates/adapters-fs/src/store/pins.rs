@@ -237,19 +237,7 @@ pub(crate) fn lock_holders(file: &File) -> Vec<PinHolder> {
     let Some(wanted) = super::proc_lock_key(file) else {
         return Vec::new();
     };
-    let Ok(locks) = fs::read_to_string("/proc/locks") else {
-        return Vec::new();
-    };
-    let mut pids: Vec<u32> = locks
-        .lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            match fields.as_slice() {
-                [_, "FLOCK", _, _, pid, file, ..] if *file == wanted => pid.parse().ok(),
-                _ => None,
-            }
-        })
-        .collect();
+    let mut pids = flock_pids(&wanted);
     pids.sort_unstable();
     pids.dedup();
     pids.into_iter()
@@ -261,6 +249,29 @@ pub(crate) fn lock_holders(file: &File) -> Vec<PinHolder> {
                 .filter(|c| !c.is_empty()),
         })
         .collect()
+}
+
+/// The pids `/proc/locks` lists as holding a `flock` on the file whose key is `wanted`, from
+/// three readings. The kernel produces the file a page at a time and lets go of its lock list
+/// in between, so one reading taken while other locks come and go can skip a line; a holder is
+/// listed as long as it holds the lock, so the union of three readings misses it only if all
+/// three skip it.
+#[cfg(target_os = "linux")]
+fn flock_pids(wanted: &str) -> Vec<u32> {
+    let mut pids: Vec<u32> = Vec::new();
+    for _ in 0..3 {
+        let Ok(locks) = fs::read_to_string("/proc/locks") else {
+            continue;
+        };
+        pids.extend(locks.lines().filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            match fields.as_slice() {
+                [_, "FLOCK", _, _, pid, file, ..] if *file == wanted => pid.parse::<u32>().ok(),
+                _ => None,
+            }
+        }));
+    }
+    pids
 }
 
 #[cfg(not(target_os = "linux"))]
