@@ -12,61 +12,20 @@
 //! that can grow with the store).
 
 use std::fs::{self, File};
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use guild_adapters_fs::store::{FsStore, StoreLayout, StoreOptions};
-use guild_domain::ids::{PackageId, PackageKind, PublisherId, Sha256Digest};
-use guild_domain::registry::{NewVersion, PublishOptions, RegistryState};
+use guild_domain::ids::PackageId;
+use guild_domain::registry::RegistryState;
 use guild_domain::version::Version;
 use guild_ports::store::{PackageStore, Transaction};
+
+mod common;
+use common::{build_store, new_version, write_tree, ENABLE};
 
 const SIZES: [usize; 3] = [10, 1_000, 10_000];
 /// The sizes when run without `--bench` (as by `cargo test --benches`): a smoke run.
 const SMOKE_SIZES: [usize; 3] = [10, 20, 40];
-const ENABLE: PublishOptions = PublishOptions {
-    enable: true,
-    allow_downgrade: false,
-};
-
-fn new_version(tag: &str) -> NewVersion {
-    NewVersion {
-        payload_digest: Sha256Digest::of(tag.as_bytes()),
-        kind: PackageKind::Kernel,
-        publisher: PublisherId::new("org.bench").expect("valid publisher id"),
-    }
-}
-
-fn write_tree(dir: &Path, library: &[u8]) {
-    fs::create_dir_all(dir.join("lib")).expect("create tree");
-    fs::write(dir.join(".gkmetadata"), b"{\"bench\": true}").expect("write manifest");
-    fs::write(dir.join("lib/libbench.so"), library).expect("write library");
-}
-
-/// A store of `n` enabled packages: the registry in format 1 (as the code before the log wrote
-/// it) and the trees with plain writes; the first commit migrates it.
-fn build_store(root: &Path, n: usize) {
-    let layout = StoreLayout::new(root);
-    for dir in [
-        &layout.root,
-        &layout.journal,
-        &layout.staging,
-        &layout.packages,
-    ] {
-        fs::create_dir_all(dir).expect("create layout");
-    }
-    let mut registry = RegistryState::new();
-    let version = Version::new(1, 0, 0);
-    for i in 0..n {
-        let id = PackageId::new(format!("bench.pkg{i:05}")).expect("valid id");
-        registry
-            .publish(&id, &version, new_version(&format!("{i}")), ENABLE)
-            .expect("publish is legal");
-        write_tree(&layout.package_dir(&id, &version), b"\x7fELF");
-    }
-    fs::write(&layout.registry, registry.successor().to_json()).expect("write registry");
-}
-
 /// Writes back everything dirty (the store just built), so that the file system's journal does
 /// not hand that work to the first fsyncs measured.
 fn settle() {

@@ -7,33 +7,20 @@
 //! `TMPDIR` says otherwise.
 
 use std::fs;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use guild_adapters_fs::store::{FsStore, StoreLayout};
-use guild_domain::ids::{PackageId, PackageKind, PublisherId, Sha256Digest};
-use guild_domain::registry::{NewVersion, PublishOptions, RegistryState};
+use guild_domain::ids::PackageId;
+use guild_domain::registry::{PublishOptions, RegistryState};
 use guild_domain::version::Version;
 use guild_ports::store::{PackageStore, Transaction};
 
+mod common;
+use common::{build_store, new_version, write_tree};
+
 const MIB: usize = 1 << 20;
 const INSTALLED: usize = 1_000;
-
-fn new_version(tag: &str) -> NewVersion {
-    NewVersion {
-        payload_digest: Sha256Digest::of(tag.as_bytes()),
-        kind: PackageKind::Kernel,
-        publisher: PublisherId::new("org.bench").expect("valid publisher id"),
-    }
-}
-
-/// Writes a package tree as the extractor would leave it: a manifest and one library.
-fn write_tree(dir: &Path, library: &[u8]) {
-    fs::create_dir_all(dir.join("lib")).expect("create staged tree");
-    fs::write(dir.join(".gkmetadata"), b"{\"bench\": true}").expect("write manifest");
-    fs::write(dir.join("lib/libbench.so"), library).expect("write library");
-}
 
 /// Stages and commits `id@version` enabled; answers the time the commit alone took.
 fn publish(store: &FsStore, id: &PackageId, version: &Version, library: &[u8]) -> Duration {
@@ -93,42 +80,10 @@ fn bench_publish(c: &mut Criterion) {
     });
 }
 
-/// A store of `INSTALLED` enabled packages, written directly (the registry through the domain's
-/// encoder, the trees with plain writes), since only opening it is measured.
-fn build_installed_store(root: &Path) {
-    let layout = StoreLayout::new(root);
-    for dir in [
-        &layout.root,
-        &layout.journal,
-        &layout.staging,
-        &layout.packages,
-    ] {
-        fs::create_dir_all(dir).expect("create layout");
-    }
-    let mut registry = RegistryState::new();
-    let version = Version::new(1, 0, 0);
-    for i in 0..INSTALLED {
-        let id = PackageId::new(format!("bench.pkg{i:04}")).expect("valid id");
-        registry
-            .publish(
-                &id,
-                &version,
-                new_version(&format!("{i}")),
-                PublishOptions {
-                    enable: true,
-                    allow_downgrade: false,
-                },
-            )
-            .expect("publish is legal");
-        write_tree(&layout.package_dir(&id, &version), b"\x7fELF");
-    }
-    fs::write(&layout.registry, registry.successor().to_json()).expect("write registry");
-}
-
 fn bench_open(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("temp dir");
     let root = dir.path().join("store");
-    build_installed_store(&root);
+    build_store(&root, INSTALLED);
     let (store, report) = FsStore::open(&root).expect("open store");
     assert!(report.is_clean(), "{report:?}");
     assert_eq!(
