@@ -282,6 +282,8 @@ impl HostError {
             HostError::Registry(
                 RegistryError::UnknownPackage { .. }
                 | RegistryError::NotInstalled { .. }
+                | RegistryError::NotRecorded { .. }
+                | RegistryError::NothingToPurge { .. }
                 | RegistryError::NoCurrentVersion { .. },
             )
             | HostError::Disable(DisableRefusal::NotInstalled { .. })

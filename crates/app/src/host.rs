@@ -856,6 +856,17 @@ impl Host {
             .remove_with(id, version, &mut RegistryHook::new(self))
     }
 
+    /// Forgets removed versions of `id` (the one named, or every removed one); answers them.
+    /// No loaded code is concerned: only versions whose files are gone can be purged.
+    pub fn purge(
+        &self,
+        id: &PackageId,
+        version: Option<&Version>,
+    ) -> Result<Vec<Version>, HostError> {
+        let _lifecycle = self.lock();
+        self.packages.purge(id, version)
+    }
+
     /// Rolls `id` back to its previous version, refused while bindings or leases hold it.
     pub fn rollback(&self, id: &PackageId) -> Result<RolledBack, HostError> {
         let _lifecycle = self.lock();

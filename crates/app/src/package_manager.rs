@@ -1943,6 +1943,31 @@ impl PackageManager {
         Ok(version)
     }
 
+    /// Forgets removed versions of `id` (the one named, or every removed one), so that
+    /// `list` and `status` no longer show them; answers the versions purged. Only `removed`
+    /// records go: their files are already gone, so nothing loaded, leased or depended on can
+    /// be affected. It gives up the record's promise that the version never returns with other
+    /// content (see [`RegistryState::purge`]).
+    pub fn purge(
+        &self,
+        id: &PackageId,
+        version: Option<&Version>,
+    ) -> Result<Vec<Version>, HostError> {
+        let mut life = self.lock();
+        let _write = self.write_session(&mut life)?;
+        let registry = self.store.registry()?;
+        let mut next = registry.successor();
+        let purged = next.purge(id, version)?;
+        let change = self.kept_change(&life, &registry, &next, id, None)?;
+        let names = purged.iter().map(|v| (id.clone(), v.clone())).collect();
+        self.commit(
+            Transaction::new(registry.generation(), next).with_purge(names),
+            &mut NoHook,
+        )?;
+        Self::advance(&mut life, change);
+        Ok(purged)
+    }
+
     /// Rolls `id` back to its previous version, refused while leased or when any enabled
     /// dependent's range or pins reject that version.
     pub fn rollback(

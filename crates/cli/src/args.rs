@@ -267,6 +267,23 @@ pub enum Command {
         version: Option<Version>,
     },
 
+    /// Forget removed versions of a package, so that list and status no longer show them.
+    #[command(
+        after_help = "Only removed versions can be purged (remove a version first). A removed \
+        version's record is what keeps that version from ever returning with other content; \
+        purging gives that up, so afterwards the version may be installed again with any \
+        content its publisher signs.\n\nExamples:\n  guild purge example.scan\n  \
+        guild purge example.scan --version 0.9.0"
+    )]
+    Purge {
+        /// The package id.
+        #[arg(value_name = "ID", value_parser = parse_package_id)]
+        id: PackageId,
+        /// The removed version to purge (default: every removed version of ID).
+        #[arg(long = "version", value_name = "V", value_parser = parse_version)]
+        version: Option<Version>,
+    },
+
     /// Restore a package's previous version.
     #[command(after_help = "Example:\n  guild rollback example.scan")]
     Rollback {

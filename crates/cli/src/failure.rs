@@ -461,9 +461,18 @@ fn registry_hint(e: &RegistryError) -> Option<String> {
         RegistryError::ImmutableVersion(_) => Some(
             "published versions never change; publish the new content under a new version".into(),
         ),
-        RegistryError::UnknownPackage { .. } | RegistryError::NotInstalled { .. } => {
+        RegistryError::UnknownPackage { .. }
+        | RegistryError::NotInstalled { .. }
+        | RegistryError::NotRecorded { .. } => {
             Some("see what is installed with `guild list`".into())
         }
+        RegistryError::NotRemoved { id, version, .. } => Some(format!(
+            "purge forgets only removed versions: run `guild remove {id} --version {version}` \
+             first"
+        )),
+        RegistryError::NothingToPurge { id } => Some(format!(
+            "only removed versions can be purged; `guild status {id}` lists its versions"
+        )),
         RegistryError::NoCurrentVersion { id } => Some(format!(
             "its current version was removed: `guild rollback {id}` makes the previous version \
              current again, or install a package of {id} (`guild install PACKAGE`); `guild \

@@ -178,6 +178,9 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
         Command::Remove { id, version } => {
             store::remove(&store_dir(cli, true)?, id, version.as_ref())
         }
+        Command::Purge { id, version } => {
+            store::purge(&store_dir(cli, true)?, id, version.as_ref())
+        }
         Command::Rollback { id } => store::rollback(&store_dir(cli, true)?, id),
         Command::List => store::list(&store_dir(cli, true)?),
         Command::Status { id } => store::status(&store_dir(cli, true)?, id.as_ref()),

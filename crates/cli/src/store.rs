@@ -299,6 +299,25 @@ pub fn remove(store: &Path, id: &PackageId, version: Option<&Version>) -> anyhow
     Ok(report)
 }
 
+pub fn purge(store: &Path, id: &PackageId, version: Option<&Version>) -> anyhow::Result<Report> {
+    let (pm, mut report) = open(store, "purge")?;
+    let purged = pm.purge(id, version)?;
+    let listed: Vec<String> = purged.iter().map(ToString::to_string).collect();
+    report
+        .field("package_id", id.as_str())
+        .field("purged", listed.clone())
+        .line(format!(
+            "purged {id} {} (no record is left: {} may be installed again with other content)",
+            listed.join(", "),
+            if listed.len() == 1 {
+                "this version"
+            } else {
+                "these versions"
+            }
+        ));
+    Ok(report)
+}
+
 pub fn rollback(store: &Path, id: &PackageId) -> anyhow::Result<Report> {
     let timeout = check_timeout()?;
     let (pm, mut report) = open(store, "rollback")?;

@@ -291,6 +291,30 @@ pub enum RegistryError {
         /// The version.
         version: Version,
     },
+    /// No record of the version exists.
+    #[error("{id}@{version} is not recorded")]
+    NotRecorded {
+        /// The package.
+        id: PackageId,
+        /// The version.
+        version: Version,
+    },
+    /// Only a removed version can be purged.
+    #[error("{id}@{version} is {state}, not removed: remove it before purging its record")]
+    NotRemoved {
+        /// The package.
+        id: PackageId,
+        /// The version.
+        version: Version,
+        /// Its state.
+        state: State,
+    },
+    /// The package has no removed version to purge.
+    #[error("{id} has no removed version to purge")]
+    NothingToPurge {
+        /// The package.
+        id: PackageId,
+    },
     /// The package has no enabled or disabled version.
     #[error("{id} has no current version")]
     NoCurrentVersion {
@@ -841,6 +865,62 @@ impl RegistryState {
             package.previous = None;
         }
         Ok(())
+    }
+
+    /// Forgets removed versions of `id`: the one named, or every removed one when `version` is
+    /// `None`. Answers the versions forgotten, ascending. A package left with no record at all
+    /// is dropped from the registry.
+    ///
+    /// A removed version's record is what keeps the version from returning with other content,
+    /// so purging gives that promise up on purpose: afterwards the version may be installed
+    /// again with any payload its publisher signs. Only `removed` records can be purged (their
+    /// trees are already gone); an installed version must be removed first, and nothing else
+    /// about the package changes.
+    pub fn purge(
+        &mut self,
+        id: &PackageId,
+        version: Option<&Version>,
+    ) -> Result<Vec<Version>, RegistryError> {
+        let package = self.package(id).ok_or_else(|| unknown(id))?;
+        let purged: Vec<Version> = match version {
+            Some(v) => match package.versions.get(v) {
+                None => {
+                    return Err(RegistryError::NotRecorded {
+                        id: id.clone(),
+                        version: v.clone(),
+                    })
+                }
+                Some(r) if r.state != State::Removed => {
+                    return Err(RegistryError::NotRemoved {
+                        id: id.clone(),
+                        version: v.clone(),
+                        state: r.state,
+                    })
+                }
+                Some(_) => vec![v.clone()],
+            },
+            None => package
+                .versions
+                .iter()
+                .filter(|(_, r)| r.state == State::Removed)
+                .map(|(v, _)| v.clone())
+                .collect(),
+        };
+        if purged.is_empty() {
+            return Err(RegistryError::NothingToPurge { id: id.clone() });
+        }
+        let package = self
+            .packages
+            .get_mut(id)
+            .map(Arc::make_mut)
+            .ok_or_else(|| unknown(id))?;
+        for v in &purged {
+            package.versions.remove(v);
+        }
+        if package.versions.is_empty() {
+            self.packages.remove(id);
+        }
+        Ok(purged)
     }
 
     /// Rolls `id` back to its previous version: that version is restored (enabled) and the
@@ -1708,6 +1788,58 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.recorded_version, v("1.0.0"));
         assert_eq!(err.version, v("1.0.0+rebuild"));
+    }
+
+    #[test]
+    fn registry_purge_forgets_only_removed_versions_and_then_the_package() {
+        let mut r = two_versions();
+        let a = id("a");
+        // Nothing is removed yet: every form of purge is refused and changes nothing.
+        let before = r.clone();
+        assert_eq!(
+            r.purge(&a, None),
+            Err(RegistryError::NothingToPurge { id: a.clone() })
+        );
+        assert_eq!(
+            r.purge(&a, Some(&v("2.0.0"))),
+            Err(RegistryError::NotRemoved {
+                id: a.clone(),
+                version: v("2.0.0"),
+                state: State::Enabled,
+            })
+        );
+        assert_eq!(
+            r.purge(&a, Some(&v("3.0.0"))),
+            Err(RegistryError::NotRecorded {
+                id: a.clone(),
+                version: v("3.0.0"),
+            })
+        );
+        assert_eq!(
+            r.purge(&id("b"), None),
+            Err(RegistryError::UnknownPackage { id: id("b") })
+        );
+        assert_eq!(r, before);
+
+        // One removed version is forgotten; the current one is untouched.
+        r.remove(&a, &v("1.0.0")).unwrap();
+        assert_eq!(r.purge(&a, None), Ok(vec![v("1.0.0")]));
+        assert_eq!(state_of(&r, "a", "1.0.0"), None);
+        assert_eq!(state_of(&r, "a", "2.0.0"), Some(State::Enabled));
+        assert_eq!(r.validate(), Ok(()));
+        // The promise is given up on purpose: other content may now take 1.0.0.
+        let evil = new_version("other").payload_digest;
+        assert_eq!(
+            r.check_publish(&a, &v("1.0.0"), &evil),
+            Ok(PublishKind::New)
+        );
+
+        // With its last record gone, the package is gone.
+        r.remove(&a, &v("2.0.0")).unwrap();
+        assert_eq!(r.purge(&a, Some(&v("2.0.0"))), Ok(vec![v("2.0.0")]));
+        assert!(r.package(&a).is_none());
+        assert_eq!(r.packages().count(), 0);
+        assert_eq!(r.validate(), Ok(()));
     }
 
     #[test]

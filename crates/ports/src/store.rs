@@ -53,7 +53,8 @@ pub struct Transaction {
     /// The complete registry after the change. Its generation must be
     /// `expected_generation + 1` (build it with `RegistryState::successor`), it must pass
     /// `validate`, and it must keep every record of the current registry with its payload digest
-    /// unchanged (versions are immutable, removed ones included).
+    /// unchanged (versions are immutable, removed ones included), except the removed records
+    /// that [`Transaction::purge`] names.
     pub new_state: RegistryState,
     /// The tree of the one version that `new_state` installs and the current registry does not
     /// (required exactly when there is such a version), or of an installed version whose tree it
@@ -63,6 +64,10 @@ pub struct Transaction {
     /// `new_state`'s trust anchor differs from the current registry's, and its digest must be
     /// the one that anchor records.
     pub trust: Option<Vec<u8>>,
+    /// The records `new_state` drops on purpose: each must be a `removed` version in the current
+    /// registry. Any other record missing from `new_state` refuses the commit, so a registry
+    /// cannot forget a version by accident.
+    pub purge: Vec<(PackageId, Version)>,
 }
 
 impl Transaction {
@@ -73,6 +78,7 @@ impl Transaction {
             new_state,
             install: None,
             trust: None,
+            purge: Vec::new(),
         }
     }
 
@@ -95,6 +101,12 @@ impl Transaction {
             staged,
             replace: true,
         });
+        self
+    }
+
+    /// The same change, dropping the removed records `purged` from the registry.
+    pub fn with_purge(mut self, purged: Vec<(PackageId, Version)>) -> Self {
+        self.purge = purged;
         self
     }
 

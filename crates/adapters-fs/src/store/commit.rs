@@ -33,8 +33,8 @@
 //! 3. New trust bytes add 2, a migration 4, a compaction 4.
 //!
 //! Planning looks only at the packages whose records differ from the committed state
-//! ([`RegistryDelta::between`]): their invariants, that none drops a record or changes a
-//! payload, and which trees come and go. The others are equal to what is committed, which
+//! ([`RegistryDelta::between`]): their invariants, that none drops a record (but the removed
+//! ones the transaction purges by name) or changes a payload, and which trees come and go. The others are equal to what is committed, which
 //! already keeps every invariant.
 //!
 //! A failure before the commit point undoes steps 1 to 3 and answers the error with the store
@@ -49,6 +49,7 @@ use std::path::{Component, Path, PathBuf};
 
 use guild_domain::graph::NodeRef;
 use guild_domain::ids::{PackageId, Sha256Digest};
+use guild_domain::lifecycle::State;
 use guild_domain::registry::{RegistryState, REGISTRY_FORMAT_V2};
 use guild_domain::registry_log::RegistryDelta;
 use guild_domain::trust::anchor_succession_problem;
@@ -139,12 +140,34 @@ pub(crate) fn plan(
         .map_err(|e| invalid("the new registry cannot be recorded".to_owned()).caused_by(e))?;
     new.validate_packages(delta.changed_ids())
         .map_err(|e| invalid("the new registry breaks an invariant".to_owned()).caused_by(e))?;
+    for (id, version) in &tx.purge {
+        match current.record(id, version) {
+            Some(r) if r.state == State::Removed => {}
+            Some(r) => {
+                return Err(invalid(format!(
+                    "the transaction purges {id}@{version}, which is {}, not removed",
+                    r.state
+                )))
+            }
+            None => {
+                return Err(invalid(format!(
+                    "the transaction purges {id}@{version}, which is not recorded"
+                )))
+            }
+        }
+        if new.record(id, version).is_some() {
+            return Err(invalid(format!(
+                "the transaction purges {id}@{version}, but the new registry keeps its record"
+            )));
+        }
+    }
     for (id, changed) in &delta.packages {
         let Some(package) = current.package(id) else {
             continue;
         };
         for (version, old) in package.versions() {
             match changed.as_ref().and_then(|p| p.get(version)) {
+                None if tx.purge.iter().any(|(i, v)| i == id && v == version) => {}
                 None => {
                     return Err(invalid(format!(
                         "the new registry drops the record of {id}@{version}"

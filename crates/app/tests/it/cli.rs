@@ -552,6 +552,53 @@ fn cli_enable_after_removing_the_current_version_says_what_works() {
 }
 
 #[test]
+fn cli_purge_forgets_removed_versions_and_with_them_the_immutability_promise() {
+    let (b, _) = two_versions_installed();
+    let other = b.package("example.scan", "1.0.0", b"other content", "");
+    b.run(&["remove", "example.scan", "--version", "1.0.0"])
+        .expect(0);
+    // The removed record keeps 1.0.0 from returning with other content.
+    b.run(&["install", "--allow-downgrade", &other])
+        .expect(4)
+        .stderr_has("immutable");
+
+    // An installed version is refused with the command that comes first, an unknown one is
+    // not found, and neither changes anything.
+    let before = b.run(&["--json", "list"]).stdout;
+    b.run(&["purge", "example.scan", "--version", "1.1.0"])
+        .expect(4)
+        .stderr_has("is enabled, not removed")
+        .stderr_has("guild remove example.scan --version 1.1.0");
+    b.run(&["purge", "example.scan", "--version", "9.9.9"])
+        .expect(6);
+    assert_eq!(b.run(&["--json", "list"]).stdout, before);
+
+    // Purged, 1.0.0 leaves status, and the version is free for other content.
+    let purged = b.run(&["--json", "purge", "example.scan"]);
+    purged.expect(0);
+    assert_eq!(purged.json()["purged"], serde_json::json!(["1.0.0"]));
+    let status = b.run(&["--json", "status", "example.scan"]);
+    status.expect(0);
+    assert!(!status.stdout.contains("\"1.0.0\""), "{}", status.stdout);
+    b.run(&["install", "--allow-downgrade", "--disabled", &other])
+        .expect(0);
+
+    // With every version removed and purged, the package is gone from the store.
+    b.run(&["remove", "example.scan", "--version", "1.0.0"])
+        .expect(0);
+    b.run(&["remove", "example.scan", "--version", "1.1.0"])
+        .expect(0);
+    b.run(&["purge", "example.scan"])
+        .expect(0)
+        .stdout_has("purged example.scan 1.0.0, 1.1.0");
+    b.run(&["list"])
+        .expect(0)
+        .stdout_has("no packages installed");
+    b.run(&["status", "example.scan"]).expect(6);
+    b.run(&["verify", "--all"]).expect(0);
+}
+
+#[test]
 fn cli_locked_store_exits_5_with_a_hint() {
     let b = Bench::new();
     b.trust();

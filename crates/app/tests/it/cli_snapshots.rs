@@ -110,6 +110,40 @@ fn snapshot_list_json_and_an_untrusted_install() {
     assert_snapshot("list-json", &normalize(&listed.stdout, Some(b.path())));
 }
 
+/// The purge of removed versions as an operator reads it: refused for an installed version,
+/// then a package whose every version was removed, in `list` and `status` before the purge and
+/// gone after it, and the JSON error once nothing is left to purge.
+#[test]
+fn snapshot_purge_of_removed_versions() {
+    let b = Bench::new();
+    b.trust();
+    for (version, body) in [("1.0.0", &b"purge v1\n"[..]), ("1.1.0", b"purge v2\n")] {
+        let archive = b.package("example.purge", version, body, "");
+        assert_eq!(b.run(&["install", &archive]).code, 0);
+    }
+    let mut transcript = String::new();
+    let mut step = |args: &[&str]| {
+        let run = b.run(args);
+        transcript.push_str(&format!(
+            "$ guild {}\nexit {}\n{}{}\n",
+            args.join(" "),
+            run.code,
+            run.stdout,
+            run.stderr
+        ));
+        run.code
+    };
+    assert_eq!(step(&["purge", "example.purge", "--version", "1.0.0"]), 4);
+    assert_eq!(step(&["remove", "example.purge", "--version", "1.0.0"]), 0);
+    assert_eq!(step(&["remove", "example.purge"]), 0);
+    assert_eq!(step(&["list"]), 0);
+    assert_eq!(step(&["status", "example.purge"]), 0);
+    assert_eq!(step(&["purge", "example.purge"]), 0);
+    assert_eq!(step(&["list"]), 0);
+    assert_eq!(step(&["--json", "purge", "example.purge"]), 6);
+    assert_snapshot("purge", &normalize(&transcript, Some(b.path())));
+}
+
 #[test]
 fn completions_are_generated_for_each_shell() {
     let dir = tempfile::tempdir().unwrap();

@@ -124,6 +124,26 @@ fn shapes() -> Vec<Shape> {
             op: |s| leftovers(change(s, |r| r.remove(&id("a"), &v("1.0.0")))),
         },
         Shape {
+            name: "purge the last removed record of a package, then compact the log",
+            compact: true,
+            setup: |s| {
+                one_enabled(s);
+                publish(s, "b", "1.0.0", ENABLED).unwrap();
+                change(s, |r| r.remove(&id("a"), &v("1.0.0"))).unwrap();
+            },
+            op: |s| {
+                let before = s.registry().unwrap();
+                let mut next = before.successor();
+                next.purge(&id("a"), None).unwrap();
+                leftovers(
+                    s.commit(
+                        Transaction::new(before.generation(), next)
+                            .with_purge(vec![(id("a"), v("1.0.0"))]),
+                    ),
+                )
+            },
+        },
+        Shape {
             name: "rollback",
             compact: false,
             setup: two_versions,

@@ -508,6 +508,91 @@ fn store_refuses_a_changed_digest_even_for_a_removed_version() {
     assert_eq!(snapshot(&root), before);
 }
 
+#[test]
+fn store_drops_a_removed_record_only_when_the_transaction_purges_it_by_name() {
+    let (_dir, root) = store_with_one_package();
+    let (store, _) = FsStore::open(&root).unwrap();
+    publish(&store, "a", "2.0.0", ENABLED).unwrap();
+    change(&store, |r| r.remove(&id("a"), &v("1.0.0"))).unwrap();
+    let current = store.registry().unwrap();
+    let generation = current.generation();
+    let mut next = current.successor();
+    next.purge(&id("a"), Some(&v("1.0.0"))).unwrap();
+    let before = snapshot(&root);
+
+    // Without naming it, the dropped tombstone is refused as any dropped record is.
+    let err = store
+        .commit(Transaction::new(generation, next.clone()))
+        .unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::InvalidTransaction);
+    assert_eq!(err.what, "the new registry drops the record of a@1.0.0");
+    // Naming a record that is not removed, or one the new registry keeps, is refused too.
+    let installed = Transaction::new(generation, next.clone())
+        .with_purge(vec![(id("a"), v("1.0.0")), (id("a"), v("2.0.0"))]);
+    let err = store.commit(installed).unwrap_err();
+    assert_eq!(
+        err.what,
+        "the transaction purges a@2.0.0, which is enabled, not removed"
+    );
+    let kept =
+        Transaction::new(generation, current.successor()).with_purge(vec![(id("a"), v("1.0.0"))]);
+    let err = store.commit(kept).unwrap_err();
+    assert_eq!(
+        err.what,
+        "the transaction purges a@1.0.0, but the new registry keeps its record"
+    );
+    let unknown = Transaction::new(generation, next.clone())
+        .with_purge(vec![(id("a"), v("1.0.0")), (id("z"), v("1.0.0"))]);
+    let err = store.commit(unknown).unwrap_err();
+    assert_eq!(
+        err.what,
+        "the transaction purges z@1.0.0, which is not recorded"
+    );
+    assert_eq!(snapshot(&root), before);
+
+    // Named, it commits, and readers and a reopened writer see the record gone.
+    store
+        .commit(Transaction::new(generation, next.clone()).with_purge(vec![(id("a"), v("1.0.0"))]))
+        .unwrap();
+    assert_eq!(committed(&root).record(&id("a"), &v("1.0.0")), None);
+    assert!(committed(&root).record(&id("a"), &v("2.0.0")).is_some());
+    drop(store);
+    let (store, _) = FsStore::open(&root).unwrap();
+    assert_eq!(store.registry().unwrap(), committed(&root));
+
+    // The whole package goes with its last record, and a fresh a@1.0.0 with other content may
+    // be installed after that.
+    change(&store, |r| r.remove(&id("a"), &v("2.0.0"))).unwrap();
+    let current = store.registry().unwrap();
+    let mut next = current.successor();
+    next.purge(&id("a"), None).unwrap();
+    store
+        .commit(
+            Transaction::new(current.generation(), next).with_purge(vec![(id("a"), v("2.0.0"))]),
+        )
+        .unwrap();
+    assert!(committed(&root).package(&id("a")).is_none());
+    let staged = stage_tree(&store, "a", "1.0.0");
+    let current = store.registry().unwrap();
+    let mut next = current.successor();
+    next.publish(&id("a"), &v("1.0.0"), new_version("a", "other"), ENABLED)
+        .unwrap();
+    store
+        .commit(Transaction::new(current.generation(), next).with_install(
+            id("a"),
+            v("1.0.0"),
+            staged,
+        ))
+        .unwrap();
+    assert_eq!(
+        committed(&root)
+            .record(&id("a"), &v("1.0.0"))
+            .unwrap()
+            .payload_digest,
+        new_version("a", "other").payload_digest
+    );
+}
+
 /// The committed state of the store at `root`, as a reader reads it.
 fn committed(root: &Path) -> RegistryState {
     guild_adapters_fs::store::read_registry(root)
