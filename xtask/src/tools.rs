@@ -56,110 +56,123 @@ pub struct Tool {
     pub source: Source,
     /// Why it is needed, for the messages.
     pub why: &'static str,
-    /// Whether only `cargo xtask test` needs it.
-    pub tests_only: bool,
+    /// Which task needs it, and how much.
+    pub used_by: UsedBy,
 }
 
-/// Every tool either task needs. The demo needs the rows with `tests_only: false`; the tests
-/// need every row. `.ci/run` installs nothing itself any more: this table is the list.
+/// Which tasks need a tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UsedBy {
+    /// Both tasks need it and stop without it.
+    Both,
+    /// Only `cargo xtask test` needs it.
+    Tests,
+    /// The tests need it; the demo uses it for one step. Root on Debian installs it for the demo
+    /// too, so that a fresh machine sees every step; elsewhere the demo runs without it and that
+    /// step says why it skipped.
+    TestsAndOneDemoStep,
+}
+
+/// Every tool either task needs. The demo needs the rows used by both and, where it may install
+/// them, the rows of its one optional step; the tests need every row. `.ci/run` installs nothing itself any more: this table is the list.
 pub const TOOLS: &[Tool] = &[
     Tool {
         name: "cmake 3.20+",
         probe: Probe::CmakeAtLeast(3, 20),
         source: Source::Apt(&["cmake"]),
         why: "builds the SDK and the C plugins",
-        tests_only: false,
+        used_by: UsedBy::Both,
     },
     Tool {
         name: "make (or ninja)",
         probe: Probe::Runs(&[&["ninja", "--version"], &["make", "--version"]]),
         source: Source::Apt(&["make"]),
         why: "CMake's build tool",
-        tests_only: false,
+        used_by: UsedBy::Both,
     },
     Tool {
         name: "cc",
         probe: Probe::Runs(&[&["cc", "--version"]]),
         source: Source::Apt(&["gcc"]),
         why: "compiles the C plugins",
-        tests_only: false,
+        used_by: UsedBy::Both,
     },
     Tool {
         name: "nm",
         probe: Probe::Runs(&[&["nm", "--version"]]),
         source: Source::Apt(&["binutils"]),
         why: "checks that each plugin exports only its entry point",
-        tests_only: false,
+        used_by: UsedBy::Both,
     },
     Tool {
         name: "c++",
         probe: Probe::Runs(&[&["c++", "--version"]]),
         source: Source::Apt(&["g++"]),
         why: "the header checks compile every header as C++17",
-        tests_only: true,
+        used_by: UsedBy::Tests,
     },
     Tool {
         name: "x86_64-w64-mingw32-gcc",
         probe: Probe::Runs(&[&["x86_64-w64-mingw32-gcc", "--version"]]),
         source: Source::Apt(&["gcc-mingw-w64-x86-64"]),
         why: "the header checks cross-compile for Windows",
-        tests_only: true,
+        used_by: UsedBy::Tests,
     },
     Tool {
         name: "x86_64-w64-mingw32-g++",
         probe: Probe::Runs(&[&["x86_64-w64-mingw32-g++", "--version"]]),
         source: Source::Apt(&["g++-mingw-w64-x86-64"]),
         why: "the header checks cross-compile for Windows",
-        tests_only: true,
+        used_by: UsedBy::Tests,
     },
     Tool {
         name: "valgrind",
         probe: Probe::Runs(&[&["valgrind", "--version"]]),
         source: Source::Apt(&["valgrind"]),
         why: "runs the tests that cross the C boundary",
-        tests_only: true,
+        used_by: UsedBy::Tests,
     },
     Tool {
         name: "openssl",
         probe: Probe::Runs(&[&["openssl", "version"]]),
         source: Source::Apt(&["openssl"]),
         why: "the key interoperability tests",
-        tests_only: true,
+        used_by: UsedBy::Tests,
     },
     Tool {
         name: "docker-registry",
         probe: Probe::Runs(&[&["docker-registry", "--version"]]),
         source: Source::Apt(&["docker-registry"]),
         why: "the push, pull, lock and sync tests run against a real OCI registry",
-        tests_only: true,
+        used_by: UsedBy::Tests,
     },
     Tool {
         name: "htpasswd",
         probe: Probe::Runs(&[&["htpasswd", "-nbB", "u", "p"]]),
         source: Source::Apt(&["apache2-utils"]),
         why: "writes the registry's bcrypt password file for the basic-auth tests",
-        tests_only: true,
+        used_by: UsedBy::Tests,
     },
     Tool {
         name: "python3",
         probe: Probe::Runs(&[&["python3", "--version"]]),
         source: Source::Apt(&["python3"]),
-        why: "runs the GGUF test files' writer",
-        tests_only: true,
+        why: "runs the GGUF writer of the tests and of the demo's tiny Llama",
+        used_by: UsedBy::TestsAndOneDemoStep,
     },
     Tool {
         name: "pip",
         probe: Probe::Runs(&[&["python3", "-m", "pip", "--version"]]),
         source: Source::Apt(&["python3-pip"]),
         why: "installs the gguf package",
-        tests_only: true,
+        used_by: UsedBy::TestsAndOneDemoStep,
     },
     Tool {
         name: "the gguf and numpy Python packages",
         probe: Probe::Runs(&[&["python3", "-c", "import gguf, numpy"]]),
         source: Source::Pip(&["gguf", "numpy"]),
-        why: "the GGUF reader's tests read files they write",
-        tests_only: true,
+        why: "the GGUF reader's tests and the demo's tiny Llama write their models with it",
+        used_by: UsedBy::TestsAndOneDemoStep,
     },
 ];
 
@@ -198,6 +211,7 @@ pub enum Plan {
 
 /// Decides what to do for `task` on `machine`, given what `found` says about each tool.
 pub fn plan(task: Task, machine: Machine, found: impl Fn(&Tool) -> Found) -> Plan {
+    let may_install = machine.debian && machine.root;
     let mut missing = Vec::new();
     let mut too_old = Vec::new();
     for tool in needed(task) {
@@ -207,11 +221,23 @@ pub fn plan(task: Task, machine: Machine, found: impl Fn(&Tool) -> Found) -> Pla
             Found::TooOld(version) => too_old.push((tool, version)),
         }
     }
+    // The demo's optional step: installed along with the rest where installing is allowed, and
+    // otherwise left to the step, which says why it skipped.
+    let optional: Vec<&Tool> = match task {
+        Task::Demo => TOOLS
+            .iter()
+            .filter(|t| t.used_by == UsedBy::TestsAndOneDemoStep && found(t) != Found::Yes)
+            .collect(),
+        Task::Test => Vec::new(),
+    };
+    if too_old.is_empty() && may_install {
+        missing.extend(optional);
+    }
     if missing.is_empty() && too_old.is_empty() {
         return Plan::Ready;
     }
     let (apt, pip) = packages(&missing);
-    if too_old.is_empty() && machine.debian && machine.root {
+    if too_old.is_empty() && may_install {
         let line = format!(
             "{}: installing what it needs and this machine lacks (running as root on Debian): {}",
             task.command(),
@@ -328,7 +354,7 @@ pub fn require(task: Task) -> Result<(), String> {
 fn needed(task: Task) -> impl Iterator<Item = &'static Tool> {
     TOOLS
         .iter()
-        .filter(move |tool| task == Task::Test || !tool.tests_only)
+        .filter(move |tool| task == Task::Test || tool.used_by == UsedBy::Both)
 }
 
 fn this_machine() -> Machine {
@@ -525,8 +551,8 @@ mod tests {
             line,
             "cargo xtask test: installing what it needs and this machine lacks (running as root \
              on Debian): cmake (builds the SDK and the C plugins), valgrind (runs the tests that \
-             cross the C boundary), gguf numpy with pip (the GGUF reader's tests read files they \
-             write)"
+             cross the C boundary), gguf numpy with pip (the GGUF reader's tests and the demo's \
+             tiny Llama write their models with it)"
         );
         assert!(!line.contains('\n'));
     }
@@ -549,8 +575,28 @@ mod tests {
         let Plan::Install { apt, pip, .. } = plan(Task::Demo, ROOT_DEBIAN, &found) else {
             panic!("root on Debian installs");
         };
-        assert_eq!(apt, ["cmake", "gcc"]);
-        assert!(pip.is_empty());
+        // The demo's tiny Llama step needs Python too: root on Debian gets the whole demo.
+        assert_eq!(apt, ["cmake", "gcc", "python3", "python3-pip"]);
+        assert_eq!(pip, ["gguf", "numpy"]);
+    }
+
+    #[test]
+    fn the_demo_runs_without_its_optional_step_where_it_may_not_install() {
+        let found = lacking(&["python3", "pip", "the gguf and numpy Python packages"]);
+        assert_eq!(plan(Task::Demo, USER_DEBIAN, &found), Plan::Ready);
+        assert_eq!(plan(Task::Demo, ROOT_ELSEWHERE, &found), Plan::Ready);
+        let Plan::Install { apt, pip, line } = plan(Task::Demo, ROOT_DEBIAN, &found) else {
+            panic!("root on Debian installs the optional step's tools");
+        };
+        assert_eq!(apt, ["python3", "python3-pip"]);
+        assert_eq!(pip, ["gguf", "numpy"]);
+        assert!(line.starts_with("cargo xtask demo: installing"), "{line}");
+        // A user missing cmake as well is told only what the demo cannot do without.
+        let found = lacking(&["cmake 3.20+", "the gguf and numpy Python packages"]);
+        let Plan::Stop(message) = plan(Task::Demo, USER_DEBIAN, &found) else {
+            panic!("cmake is required");
+        };
+        assert!(!message.contains("gguf"), "{message}");
     }
 
     #[test]
@@ -568,7 +614,7 @@ mod tests {
                  \x20 cmake 3.20+ (builds the SDK and the C plugins)\n\
                  \x20 x86_64-w64-mingw32-gcc (the header checks cross-compile for Windows)\n\
                  \x20 x86_64-w64-mingw32-g++ (the header checks cross-compile for Windows)\n\
-                 \x20 the gguf and numpy Python packages (the GGUF reader's tests read files they write)\n\
+                 \x20 the gguf and numpy Python packages (the GGUF reader's tests and the demo's tiny Llama write their models with it)\n\
                  install them with:\n\
                  \x20 sudo apt-get install -y cmake gcc-mingw-w64-x86-64 g++-mingw-w64-x86-64\n\
                  \x20 PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --user gguf numpy\n\
@@ -617,7 +663,7 @@ mod tests {
         }
         let demo: Vec<&str> = TOOLS
             .iter()
-            .filter(|t| !t.tests_only)
+            .filter(|t| t.used_by == UsedBy::Both)
             .map(|t| t.name)
             .collect();
         assert_eq!(demo, ["cmake 3.20+", "make (or ninja)", "cc", "nm"]);
