@@ -532,10 +532,11 @@ fn every_lifecycle_change_through_a_host_returns() {
             "remove 1.1.0",
             host.remove(&pkg, Some(&superseded)).map(drop),
         );
+        step("purge 1.1.0", host.purge(&pkg, Some(&superseded)).map(drop));
         host.kernels().loaded_version(&pkg).map(|v| v.to_string())
     });
     let mut last = "the start";
-    for _ in 0..6 {
+    for _ in 0..7 {
         match changes.recv_timeout(Duration::from_secs(300)) {
             Ok((what, outcome)) => {
                 assert!(outcome.is_ok(), "{what} failed: {outcome:?}");
