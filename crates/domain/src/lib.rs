@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod canonical;
+pub mod chunk_map;
 pub mod claims;
 pub mod dependency;
 pub mod distribution;

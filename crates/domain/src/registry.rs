@@ -39,12 +39,12 @@
 //! cannot be read is an error with its reason, never an empty registry.
 
 use std::cmp::Ordering;
-use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::fmt;
 
 use std::sync::Arc;
 
+use crate::chunk_map::ChunkMap;
 use crate::ids::{IdError, PackageId, PackageKind, PublisherId, Sha256Digest};
 use crate::json::{self, Integer, JsonError, JsonPath, Value};
 use crate::lifecycle::{transition, Event, IllegalTransition, State};
@@ -466,7 +466,7 @@ pub enum RegistryDecodeError {
 pub struct RegistryState {
     generation: u64,
     trust: Option<TrustAnchor>,
-    packages: BTreeMap<PackageId, Arc<PackageRecord>>,
+    packages: ChunkMap<PackageId, Arc<PackageRecord>>,
 }
 
 impl RegistryState {
@@ -592,12 +592,10 @@ impl RegistryState {
         self.packages.iter().map(|(id, p)| (id, &**p))
     }
 
-    /// Every package's record as the state shares it, for telling shared records apart without
-    /// comparing them.
-    pub(crate) fn shared_packages(
-        &self,
-    ) -> impl Iterator<Item = (&PackageId, &Arc<PackageRecord>)> + '_ {
-        self.packages.iter()
+    /// The map of package records as the state shares it with its drafts, for telling shared
+    /// records apart without comparing them.
+    pub(crate) fn shared_packages(&self) -> &ChunkMap<PackageId, Arc<PackageRecord>> {
+        &self.packages
     }
 
     /// The record of package `id`, if any.
@@ -728,7 +726,7 @@ impl RegistryState {
         )?;
 
         // Every check passed: apply.
-        let package = Arc::make_mut(self.packages.entry(id.clone()).or_default());
+        let package = Arc::make_mut(self.packages.get_or_insert_with(id, Default::default));
         let superseded = supersede.apply(package);
         package.versions.insert(
             version.clone(),
@@ -1078,25 +1076,21 @@ impl RegistryState {
             None => None,
             Some(t) => Some(decode_trust(t, &root.key("trust"))?),
         };
-        let mut packages = BTreeMap::new();
+        let mut packages = ChunkMap::new();
         let list = fields.array("packages")?;
         for (i, item) in list.iter().enumerate() {
             let path = root.key("packages").index(i);
             let (id, record) = decode_package(item, &path)?;
-            match packages.entry(id) {
-                Entry::Occupied(e) => {
-                    return Err(field(
-                        path.key("id"),
-                        FieldProblem::Duplicate {
-                            what: "package",
-                            value: e.key().to_string(),
-                        },
-                    ))
-                }
-                Entry::Vacant(e) => {
-                    e.insert(Arc::new(record));
-                }
+            if packages.contains_key(&id) {
+                return Err(field(
+                    path.key("id"),
+                    FieldProblem::Duplicate {
+                        what: "package",
+                        value: id.to_string(),
+                    },
+                ));
             }
+            packages.insert(id, Arc::new(record));
         }
         let state = RegistryState {
             generation,
@@ -1918,7 +1912,10 @@ mod tests {
             .unwrap();
         let mut next = r.successor();
         let shared = |a: &RegistryState, b: &RegistryState, pkg: &str| {
-            Arc::ptr_eq(&a.packages[&id(pkg)], &b.packages[&id(pkg)])
+            Arc::ptr_eq(
+                a.packages.get(&id(pkg)).unwrap(),
+                b.packages.get(&id(pkg)).unwrap(),
+            )
         };
         assert!(shared(&r, &next, "a") && shared(&r, &next, "b"));
         next.disable(&id("b")).unwrap();

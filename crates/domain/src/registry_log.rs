@@ -17,6 +17,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::chunk_map::Difference;
 use crate::ids::PackageId;
 use crate::json::{self, JsonPath, Value};
 use crate::registry::{
@@ -77,37 +78,21 @@ impl RegistryDelta {
             (_, b) => b.cloned(),
         };
         let mut packages = BTreeMap::new();
-        let mut old_iter = old.shared_packages().peekable();
-        let mut new_iter = new.shared_packages().peekable();
-        // Both maps are sorted by id: walk them side by side.
-        loop {
-            match (old_iter.peek(), new_iter.peek()) {
-                (None, None) => break,
-                (Some((oid, _)), None) => {
-                    packages.insert((*oid).clone(), None);
-                    old_iter.next();
+        // Chunks of the package map that both states share hold the same records: only the
+        // others are walked, so a draft is compared at the cost of what it changed.
+        for difference in old.shared_packages().differences(new.shared_packages()) {
+            match difference {
+                Difference::Removed(id, _) => {
+                    packages.insert(id.clone(), None);
                 }
-                (None, Some((nid, nrec))) => {
-                    packages.insert((*nid).clone(), Some(Arc::clone(nrec)));
-                    new_iter.next();
+                Difference::Added(id, record) => {
+                    packages.insert(id.clone(), Some(Arc::clone(record)));
                 }
-                (Some((oid, orec)), Some((nid, nrec))) => match oid.cmp(nid) {
-                    std::cmp::Ordering::Less => {
-                        packages.insert((*oid).clone(), None);
-                        old_iter.next();
+                Difference::Both(id, before, after) => {
+                    if !Arc::ptr_eq(before, after) && before != after {
+                        packages.insert(id.clone(), Some(Arc::clone(after)));
                     }
-                    std::cmp::Ordering::Greater => {
-                        packages.insert((*nid).clone(), Some(Arc::clone(nrec)));
-                        new_iter.next();
-                    }
-                    std::cmp::Ordering::Equal => {
-                        if !Arc::ptr_eq(orec, nrec) && orec != nrec {
-                            packages.insert((*nid).clone(), Some(Arc::clone(nrec)));
-                        }
-                        old_iter.next();
-                        new_iter.next();
-                    }
-                },
+                }
             }
         }
         Ok(RegistryDelta {
