@@ -256,7 +256,19 @@ impl Sha256Digest {
 
     /// The 64-digit lowercase hex form.
     pub fn to_hex(&self) -> String {
-        self.to_string()
+        String::from_utf8_lossy(&self.hex_bytes()).into_owned()
+    }
+
+    /// The 64 lowercase hex digits as bytes: written by table, because a registry encodes two
+    /// digests per version and formatting each byte through `fmt` showed in its profile.
+    fn hex_bytes(&self) -> [u8; 64] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 64];
+        for (pair, b) in out.chunks_exact_mut(2).zip(self.0) {
+            pair[0] = DIGITS[usize::from(b >> 4)];
+            pair[1] = DIGITS[usize::from(b & 0xf)];
+        }
+        out
     }
 }
 
@@ -270,10 +282,10 @@ fn hex_val(b: u8) -> Option<u8> {
 
 impl fmt::Display for Sha256Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in self.0 {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
+        let digits = self.hex_bytes();
+        // Hex digits are ASCII, so this is always the whole text. Written as it is, ignoring
+        // width and precision, as the digit-by-digit form did.
+        f.write_str(std::str::from_utf8(&digits).unwrap_or_default())
     }
 }
 
