@@ -318,11 +318,11 @@ pub fn list(store: &Path) -> anyhow::Result<Report> {
     let (pm, mut report) = open_committed(store, "list")?;
     super::quarantine::annotate(store, &mut report)?;
     let packages = pm.list()?;
-    report.field(
-        "packages",
-        packages.iter().map(package_json).collect::<Vec<_>>(),
-    );
+    // Dropped unread unless the listing is printed, which saves building a JSON document of
+    // every package of a large store.
+    drop(pm);
     if packages.is_empty() {
+        report.field("packages", Vec::<serde_json::Value>::new());
         report.line("no packages installed");
         return Ok(report);
     }
@@ -352,6 +352,11 @@ pub fn list(store: &Path) -> anyhow::Result<Report> {
     // Quarantined versions stay visible until they are repaired or removed, whichever command
     // first found them.
     report.lines.extend(quarantined);
+    // Built only for `--json`: a document of every package is most of what a listing of a
+    // large store would otherwise cost.
+    report.field_with("packages", move || {
+        packages.iter().map(package_json).collect::<Vec<_>>().into()
+    });
     Ok(report)
 }
 
@@ -485,7 +490,7 @@ fn package_status(
     id: &PackageId,
     mut out: Report,
 ) -> anyhow::Result<Report> {
-    let Some(p) = pm.list()?.into_iter().find(|p| &p.id == id) else {
+    let Some(p) = pm.summary(id)? else {
         return Err(HostError::from(RegistryError::UnknownPackage { id: id.clone() }).into());
     };
     let mut package = package_json(&p);
