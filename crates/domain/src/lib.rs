@@ -24,4 +24,5 @@ pub mod path;
 pub mod registry;
 pub mod registry_log;
 pub mod trust;
+pub mod vec_map;
 pub mod version;

@@ -50,6 +50,7 @@ use crate::ids::{IdError, PackageId, PackageKind, PublisherId, Sha256Digest};
 use crate::json::{self, BorrowedValue, Integer, JsonError, JsonPath, PathSegment, Value};
 use crate::lifecycle::{transition, Event, IllegalTransition, State};
 use crate::trust::{is_store_id, TrustAnchor, TrustBinding};
+use crate::vec_map::VecMap;
 use crate::version::Version;
 
 /// The registry file format of a store without a log (`"guild_registry": 1`): the file is the
@@ -133,7 +134,7 @@ pub struct NewVersion {
 /// Every recorded version of one package id, and its rollback target.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PackageRecord {
-    versions: BTreeMap<Version, VersionRecord>,
+    versions: VecMap<Version, VersionRecord>,
     previous: Option<Version>,
 }
 
@@ -1253,7 +1254,7 @@ pub(crate) fn decode_package(
         .optional_str("previous")?
         .map(|s| parse_version(s, at.key("previous")))
         .transpose()?;
-    let mut versions = BTreeMap::new();
+    let mut versions = VecMap::new();
     let versions_at = at.key("versions");
     for (j, item) in fields.array("versions")?.iter().enumerate() {
         let vat = versions_at.index(j);
