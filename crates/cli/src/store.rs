@@ -318,8 +318,8 @@ pub fn list(store: &Path) -> anyhow::Result<Report> {
     let (pm, mut report) = open_committed(store, "list")?;
     super::quarantine::annotate(store, &mut report)?;
     let packages = pm.list()?;
-    // Dropped unread unless the listing is printed, which saves building a JSON document of
-    // every package of a large store.
+    // The summaries are all the listing reads from here: the registry is freed before the
+    // rows are formatted, so that a large store is not held twice at the peak.
     drop(pm);
     if packages.is_empty() {
         report.field("packages", Vec::<serde_json::Value>::new());
