@@ -33,7 +33,9 @@ use guild_domain::ids::{PackageId, PackageKind, PublisherId, Sha256Digest};
 use guild_domain::lease::{ActiveLeases, LeaseKind, LeaseLedger, QuiescentAction};
 use guild_domain::manifest::Metadata;
 use guild_domain::path::RESERVED_METADATA_NAME;
-use guild_domain::registry::{NewVersion, PublishKind, PublishOptions, Quarantine, RegistryState};
+use guild_domain::registry::{
+    NewVersion, PackageRecord, PublishKind, PublishOptions, Quarantine, RegistryState,
+};
 use guild_domain::trust::{
     authenticate, check_trust_file, Authenticated, SignatureCheck, TrustFileMismatch, TrustStore,
 };
@@ -2038,30 +2040,21 @@ impl PackageManager {
     pub fn list(&self) -> Result<Vec<PackageSummary>, HostError> {
         let registry = self.store.registry()?;
         let leases = self.lock_leases();
-        let mut out = Vec::new();
-        for (id, record) in registry.packages() {
-            let Some((_, first)) = record.versions().next() else {
-                continue;
-            };
-            out.push(PackageSummary {
-                id: id.clone(),
-                kind: first.kind,
-                publisher: first.publisher.clone(),
-                versions: record
-                    .versions()
-                    .map(|(v, r)| VersionSummary {
-                        version: v.clone(),
-                        state: r.state,
-                        payload_digest: r.payload_digest,
-                        quarantine: r.quarantine.clone(),
-                    })
-                    .collect(),
-                enabled: record.enabled().cloned(),
-                previous: record.previous().cloned(),
-                leases: leases.active(id),
-            });
-        }
-        Ok(out)
+        Ok(registry
+            .packages()
+            .filter_map(|(id, record)| summary(id, record, &leases))
+            .collect())
+    }
+
+    /// Package `id` with its versions, as [`PackageManager::list`] shows it; `None` when the
+    /// registry does not record it. Reads that one package, so that `guild status ID` does not
+    /// grow with the store.
+    pub fn summary(&self, id: &PackageId) -> Result<Option<PackageSummary>, HostError> {
+        let registry = self.store.registry()?;
+        let leases = self.lock_leases();
+        Ok(registry
+            .package(id)
+            .and_then(|record| summary(id, record, &leases)))
     }
 
     /// The generation of the committed registry (it grows by one with every change).
@@ -2422,6 +2415,11 @@ impl<'pm> PackageView<'pm> {
         self.packages.list()
     }
 
+    /// Package `id` with its versions ([`PackageManager::summary`]).
+    pub fn summary(&self, id: &PackageId) -> Result<Option<PackageSummary>, HostError> {
+        self.packages.summary(id)
+    }
+
     /// The signed metadata of an installed version ([`PackageManager::metadata`]).
     pub fn metadata(&self, id: &PackageId, version: &Version) -> Option<Arc<Metadata>> {
         self.packages.metadata(id, version)
@@ -2471,6 +2469,29 @@ impl<'pm> PackageView<'pm> {
     pub fn set_progress(&self, progress: Option<Arc<dyn Progress>>) {
         self.packages.set_progress(progress);
     }
+}
+
+/// What [`PackageManager::list`] shows of package `id`; `None` for a record without versions
+/// (which the registry's invariants never let through).
+fn summary(id: &PackageId, record: &PackageRecord, leases: &LeaseLedger) -> Option<PackageSummary> {
+    let (_, first) = record.versions().next()?;
+    Some(PackageSummary {
+        id: id.clone(),
+        kind: first.kind,
+        publisher: first.publisher.clone(),
+        versions: record
+            .versions()
+            .map(|(v, r)| VersionSummary {
+                version: v.clone(),
+                state: r.state,
+                payload_digest: r.payload_digest,
+                quarantine: r.quarantine.clone(),
+            })
+            .collect(),
+        enabled: record.enabled().cloned(),
+        previous: record.previous().cloned(),
+        leases: leases.active(id),
+    })
 }
 
 /// Why the sides of `conflict`, already recorded in a store, are not loaded.

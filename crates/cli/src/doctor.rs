@@ -104,7 +104,7 @@ pub fn run(store: &Path, deep: Option<guild_host::VerifyOptions>) -> anyhow::Res
     if let Some(found) = &full {
         let mut deep = Report::new("doctor");
         super::store::full_check_report(found, &mut deep);
-        report.field("deep", serde_json::Value::Object(deep.json));
+        report.field("deep", serde_json::Value::Object(deep.into_json()));
     }
     report.field(
         "checks",

@@ -7,11 +7,23 @@ use serde_json::{json, Map, Value};
 
 use super::failure::{Exit, Failure};
 
+/// A JSON field whose value is built only if the document is printed.
+pub struct Deferred(String, Box<dyn FnOnce() -> Value>);
+
+impl std::fmt::Debug for Deferred {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Deferred({:?})", self.0)
+    }
+}
+
 /// What a successful command produced.
 #[derive(Debug, Default)]
 pub struct Report {
     /// The `--json` document: an object whose keys the command documents.
     pub json: Map<String, Value>,
+    /// Fields of the `--json` document still to be built, in the order they were set; each
+    /// replaces a field of the same name in `json`.
+    pub deferred: Vec<Deferred>,
     /// Lines for people, printed on stdout unless `--quiet`.
     pub lines: Vec<String>,
     /// Things worth knowing that did not stop the command (what the store's recovery did, a
@@ -40,6 +52,22 @@ impl Report {
         self
     }
 
+    /// Sets one JSON field to what `value` builds, if and when the document is printed: for a
+    /// field that costs much to build and that people's output does not show.
+    pub fn field_with(&mut self, key: &str, value: impl FnOnce() -> Value + 'static) -> &mut Self {
+        self.deferred
+            .push(Deferred(key.to_owned(), Box::new(value)));
+        self
+    }
+
+    /// The `--json` document's fields, the deferred ones built.
+    pub fn into_json(mut self) -> Map<String, Value> {
+        for Deferred(key, value) in self.deferred {
+            self.json.insert(key, value());
+        }
+        self.json
+    }
+
     pub fn line(&mut self, line: impl Into<String>) -> &mut Self {
         self.lines.push(line.into());
         self
@@ -60,15 +88,15 @@ pub struct Output {
 }
 
 impl Output {
-    pub fn success(&self, mut report: Report) {
+    pub fn success(&self, report: Report) {
         if report.silent {
             return;
         }
         if self.json {
-            report
-                .json
-                .insert("warnings".into(), json!(report.warnings));
-            print_json(&mut std::io::stdout(), &Value::Object(report.json));
+            let warnings = json!(report.warnings);
+            let mut document = report.into_json();
+            document.insert("warnings".into(), warnings);
+            print_json(&mut std::io::stdout(), &Value::Object(document));
             return;
         }
         if self.quiet {

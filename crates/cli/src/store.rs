@@ -337,11 +337,11 @@ pub fn list(store: &Path) -> anyhow::Result<Report> {
     let (pm, mut report) = open_committed(store, "list")?;
     super::quarantine::annotate(store, &mut report)?;
     let packages = pm.list()?;
-    report.field(
-        "packages",
-        packages.iter().map(package_json).collect::<Vec<_>>(),
-    );
+    // The summaries are all the listing reads from here: the registry is freed before the
+    // rows are formatted, so that a large store is not held twice at the peak.
+    drop(pm);
     if packages.is_empty() {
+        report.field("packages", Vec::<serde_json::Value>::new());
         report.line("no packages installed");
         return Ok(report);
     }
@@ -371,6 +371,11 @@ pub fn list(store: &Path) -> anyhow::Result<Report> {
     // Quarantined versions stay visible until they are repaired or removed, whichever command
     // first found them.
     report.lines.extend(quarantined);
+    // Built only for `--json`: a document of every package is most of what a listing of a
+    // large store would otherwise cost.
+    report.field_with("packages", move || {
+        packages.iter().map(package_json).collect::<Vec<_>>().into()
+    });
     Ok(report)
 }
 
@@ -504,7 +509,7 @@ fn package_status(
     id: &PackageId,
     mut out: Report,
 ) -> anyhow::Result<Report> {
-    let Some(p) = pm.list()?.into_iter().find(|p| &p.id == id) else {
+    let Some(p) = pm.summary(id)? else {
         return Err(HostError::from(RegistryError::UnknownPackage { id: id.clone() }).into());
     };
     let mut package = package_json(&p);

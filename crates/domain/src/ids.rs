@@ -246,34 +246,63 @@ impl Sha256Digest {
             return Err(err());
         }
         let mut out = [0u8; 32];
-        for (i, pair) in bytes.chunks_exact(2).enumerate() {
-            let hi = hex_val(pair[0]).ok_or_else(err)?;
-            let lo = hex_val(pair[1]).ok_or_else(err)?;
-            out[i] = (hi << 4) | lo;
+        // Every digit is looked up, and one check at the end refuses any that is not one: a
+        // registry holds two digests per version, and parsing them showed in `guild list`.
+        let mut bad = 0u8;
+        for (o, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+            let (hi, lo) = (
+                HEX_VALUE[usize::from(pair[0])],
+                HEX_VALUE[usize::from(pair[1])],
+            );
+            bad |= (hi | lo) & 0x80;
+            *o = (hi << 4) | (lo & 0xf);
+        }
+        if bad != 0 {
+            return Err(err());
         }
         Ok(Sha256Digest(out))
     }
 
     /// The 64-digit lowercase hex form.
     pub fn to_hex(&self) -> String {
-        self.to_string()
+        String::from_utf8_lossy(&self.hex_bytes()).into_owned()
+    }
+
+    /// The 64 lowercase hex digits as bytes: written by table, because a registry encodes two
+    /// digests per version and formatting each byte through `fmt` showed in its profile.
+    fn hex_bytes(&self) -> [u8; 64] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 64];
+        for (pair, b) in out.chunks_exact_mut(2).zip(self.0) {
+            pair[0] = DIGITS[usize::from(b >> 4)];
+            pair[1] = DIGITS[usize::from(b & 0xf)];
+        }
+        out
     }
 }
 
-fn hex_val(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        _ => None,
+/// The value of each lowercase hex digit by byte, and 0x80 for every other byte.
+const HEX_VALUE: [u8; 256] = {
+    let mut table = [0x80u8; 256];
+    let mut d = 0;
+    while d < 10 {
+        table[b'0' as usize + d] = d as u8;
+        d += 1;
     }
-}
+    let mut x = 0;
+    while x < 6 {
+        table[b'a' as usize + x] = 10 + x as u8;
+        x += 1;
+    }
+    table
+};
 
 impl fmt::Display for Sha256Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in self.0 {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
+        let digits = self.hex_bytes();
+        // Hex digits are ASCII, so this is always the whole text. Written as it is, ignoring
+        // width and precision, as the digit-by-digit form did.
+        f.write_str(std::str::from_utf8(&digits).unwrap_or_default())
     }
 }
 
@@ -359,5 +388,15 @@ mod tests {
         assert_eq!(Sha256Digest::parse_hex(&d.to_hex()), Ok(d));
         assert!(Sha256Digest::parse_hex(&d.to_hex().to_uppercase()).is_err());
         assert!(Sha256Digest::parse_hex("abc").is_err());
+        // Every byte that is not a lowercase hex digit is refused, wherever it stands.
+        for b in 0..=255u8 {
+            let digit = b.is_ascii_digit() || (b'a'..=b'f').contains(&b);
+            for at in [0, 31, 63] {
+                let mut text = [b'0'; 64];
+                text[at] = b;
+                let parsed = std::str::from_utf8(&text).map(Sha256Digest::parse_hex);
+                assert_eq!(matches!(parsed, Ok(Ok(_))), digit, "{b:#04x} at {at}");
+            }
+        }
     }
 }

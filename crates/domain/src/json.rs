@@ -7,6 +7,7 @@
 //! names the JSON path and byte offset where reading stopped. `serde_json` is not used because it
 //! silently keeps the last of two duplicate keys.
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::fmt;
 
@@ -116,6 +117,93 @@ impl From<bool> for Value {
 impl From<u64> for Value {
     fn from(i: u64) -> Self {
         Value::Integer(i.into())
+    }
+}
+
+/// A JSON value read by [`parse_borrowed`], whose strings and keys borrow from the input where
+/// they hold no escape. It is the same document [`parse`] answers, read as strictly, for readers
+/// of large documents (the registry's checkpoint) that only look at the values once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BorrowedValue<'a> {
+    /// `true` or `false`.
+    Bool(bool),
+    /// An integer within [`Integer::MIN`]`..=`[`Integer::MAX`].
+    Integer(Integer),
+    /// A string, with escapes resolved (borrowed when it has none).
+    String(Cow<'a, str>),
+    /// An array, in document order.
+    Array(Vec<BorrowedValue<'a>>),
+    /// An object's members in document order, keys unique.
+    Object(Vec<(Cow<'a, str>, BorrowedValue<'a>)>),
+}
+
+impl<'a> BorrowedValue<'a> {
+    /// A short name of the value's type, as [`Value::type_name`] answers it.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            BorrowedValue::Bool(_) => "boolean",
+            BorrowedValue::Integer(_) => "integer",
+            BorrowedValue::String(_) => "string",
+            BorrowedValue::Array(_) => "array",
+            BorrowedValue::Object(_) => "object",
+        }
+    }
+
+    /// The string, if this is one.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            BorrowedValue::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The members, if this is an object.
+    pub fn as_object(&self) -> Option<&[(Cow<'a, str>, BorrowedValue<'a>)]> {
+        match self {
+            BorrowedValue::Object(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    /// The elements, if this is an array.
+    pub fn as_array(&self) -> Option<&[BorrowedValue<'a>]> {
+        match self {
+            BorrowedValue::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// The integer, if this is one.
+    pub fn as_integer(&self) -> Option<Integer> {
+        match self {
+            BorrowedValue::Integer(i) => Some(*i),
+            _ => None,
+        }
+    }
+
+    /// The value of member `key`, if this is an object that has it.
+    pub fn get(&self, key: &str) -> Option<&BorrowedValue<'a>> {
+        self.as_object()?
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v)
+    }
+
+    /// The same value owning its strings.
+    pub fn into_owned(self) -> Value {
+        match self {
+            BorrowedValue::Bool(b) => Value::Bool(b),
+            BorrowedValue::Integer(i) => Value::Integer(i),
+            BorrowedValue::String(s) => Value::String(s.into_owned()),
+            BorrowedValue::Array(a) => {
+                Value::Array(a.into_iter().map(BorrowedValue::into_owned).collect())
+            }
+            BorrowedValue::Object(m) => Value::Object(
+                m.into_iter()
+                    .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                    .collect(),
+            ),
+        }
     }
 }
 
@@ -364,6 +452,13 @@ impl Failure {
 
 /// Parses `input` as one strict JSON document.
 pub fn parse(input: &[u8]) -> Result<Value, JsonError> {
+    parse_borrowed(input).map(BorrowedValue::into_owned)
+}
+
+/// Parses `input` as one strict JSON document, as [`parse`] does (the same grammar, refusals,
+/// paths and offsets), leaving every string that holds no escape in the input: a large document
+/// costs one allocation per array and object instead of one per string as well.
+pub fn parse_borrowed(input: &[u8]) -> Result<BorrowedValue<'_>, JsonError> {
     let finish = |f: Failure| {
         let mut segments = f.reversed_path;
         segments.reverse();
@@ -398,7 +493,7 @@ struct Parser<'a> {
     pos: usize,
 }
 
-impl Parser<'_> {
+impl<'a> Parser<'a> {
     fn peek(&self) -> Option<u8> {
         self.bytes.get(self.pos).copied()
     }
@@ -425,15 +520,15 @@ impl Parser<'_> {
         }
     }
 
-    fn value(&mut self, depth: usize) -> Result<Value, Failure> {
+    fn value(&mut self, depth: usize) -> Result<BorrowedValue<'a>, Failure> {
         self.skip_whitespace();
         match self.peek() {
             Some(b'{') => self.object(depth + 1),
             Some(b'[') => self.array(depth + 1),
-            Some(b'"') => self.string().map(Value::String),
-            Some(b'-' | b'0'..=b'9') => self.number().map(Value::Integer),
-            Some(b't') => self.literal(b"true").map(|()| Value::Bool(true)),
-            Some(b'f') => self.literal(b"false").map(|()| Value::Bool(false)),
+            Some(b'"') => self.string().map(BorrowedValue::String),
+            Some(b'-' | b'0'..=b'9') => self.number().map(BorrowedValue::Integer),
+            Some(b't') => self.literal(b"true").map(|()| BorrowedValue::Bool(true)),
+            Some(b'f') => self.literal(b"false").map(|()| BorrowedValue::Bool(false)),
             Some(b'n') => {
                 let at = self.pos;
                 self.literal(b"null")?;
@@ -463,16 +558,16 @@ impl Parser<'_> {
         Ok(())
     }
 
-    fn object(&mut self, depth: usize) -> Result<Value, Failure> {
+    fn object(&mut self, depth: usize) -> Result<BorrowedValue<'a>, Failure> {
         self.enter(depth)?;
         self.pos += 1;
-        let mut members: Vec<(String, Value)> = Vec::new();
+        let mut members: Vec<(Cow<'a, str>, BorrowedValue<'a>)> = Vec::new();
         // Filled only once the object grows past the linear-scan limit.
-        let mut seen: Option<BTreeSet<String>> = None;
+        let mut seen: Option<BTreeSet<Cow<'a, str>>> = None;
         self.skip_whitespace();
         if self.peek() == Some(b'}') {
             self.pos += 1;
-            return Ok(Value::Object(members));
+            return Ok(BorrowedValue::Object(members));
         }
         loop {
             self.skip_whitespace();
@@ -482,8 +577,10 @@ impl Parser<'_> {
             }
             let key = self.string()?;
             if is_duplicate(&members, &mut seen, &key) {
-                let kind = JsonErrorKind::DuplicateKey { key: key.clone() };
-                return Err(Failure::at(key_at, kind).within(PathSegment::Key(key)));
+                let kind = JsonErrorKind::DuplicateKey {
+                    key: key.clone().into_owned(),
+                };
+                return Err(Failure::at(key_at, kind).within(PathSegment::Key(key.into_owned())));
             }
             self.skip_whitespace();
             if self.peek() != Some(b':') {
@@ -492,7 +589,7 @@ impl Parser<'_> {
             self.pos += 1;
             let value = match self.value(depth) {
                 Ok(v) => v,
-                Err(f) => return Err(f.within(PathSegment::Key(key))),
+                Err(f) => return Err(f.within(PathSegment::Key(key.into_owned()))),
             };
             members.push((key, value));
             self.skip_whitespace();
@@ -500,21 +597,21 @@ impl Parser<'_> {
                 Some(b',') => self.pos += 1,
                 Some(b'}') => {
                     self.pos += 1;
-                    return Ok(Value::Object(members));
+                    return Ok(BorrowedValue::Object(members));
                 }
                 _ => return Err(self.unexpected("',' or '}'")),
             }
         }
     }
 
-    fn array(&mut self, depth: usize) -> Result<Value, Failure> {
+    fn array(&mut self, depth: usize) -> Result<BorrowedValue<'a>, Failure> {
         self.enter(depth)?;
         self.pos += 1;
         let mut elements = Vec::new();
         self.skip_whitespace();
         if self.peek() == Some(b']') {
             self.pos += 1;
-            return Ok(Value::Array(elements));
+            return Ok(BorrowedValue::Array(elements));
         }
         loop {
             match self.value(depth) {
@@ -526,30 +623,49 @@ impl Parser<'_> {
                 Some(b',') => self.pos += 1,
                 Some(b']') => {
                     self.pos += 1;
-                    return Ok(Value::Array(elements));
+                    return Ok(BorrowedValue::Array(elements));
                 }
                 _ => return Err(self.unexpected("',' or ']'")),
             }
         }
     }
 
-    fn string(&mut self) -> Result<String, Failure> {
+    /// Reads a string starting at its opening quote. A string without escapes is answered as a
+    /// slice of the input; the first escape switches to building a copy.
+    fn string(&mut self) -> Result<Cow<'a, str>, Failure> {
         self.pos += 1;
-        let mut out = String::new();
+        let start = self.pos;
+        let mut out: Option<String> = None;
         loop {
             let run_start = self.pos;
             while matches!(self.peek(), Some(b) if b != b'"' && b != b'\\' && b >= 0x20) {
                 self.pos += 1;
             }
             // The run stops only at ASCII bytes or the end, both of which are char boundaries.
-            out.push_str(self.text.get(run_start..self.pos).unwrap_or_default());
+            let run = self.text.get(run_start..self.pos).unwrap_or_default();
+            if let Some(out) = out.as_mut() {
+                out.push_str(run);
+            }
             match self.peek() {
                 None => return Err(Failure::at(self.pos, JsonErrorKind::UnexpectedEnd)),
                 Some(b'"') => {
+                    let end = self.pos;
                     self.pos += 1;
-                    return Ok(out);
+                    return Ok(match out {
+                        Some(out) => Cow::Owned(out),
+                        None => Cow::Borrowed(self.text.get(start..end).unwrap_or_default()),
+                    });
                 }
-                Some(b'\\') => out.push(self.escape()?),
+                Some(b'\\') => {
+                    let escape_at = self.pos;
+                    let c = self.escape()?;
+                    // At the first escape, everything before it was one plain run.
+                    let text = self.text;
+                    out.get_or_insert_with(|| {
+                        text.get(start..escape_at).unwrap_or_default().to_owned()
+                    })
+                    .push(c);
+                }
                 Some(found) => {
                     return Err(Failure::at(
                         self.pos,
@@ -679,20 +795,22 @@ impl Parser<'_> {
     }
 }
 
-fn is_duplicate(
-    members: &[(String, Value)],
-    seen: &mut Option<BTreeSet<String>>,
-    key: &str,
+// The key is taken as the parser holds it, so that a set of keys shares borrowed ones.
+#[allow(clippy::ptr_arg)]
+fn is_duplicate<'a>(
+    members: &[(Cow<'a, str>, BorrowedValue<'a>)],
+    seen: &mut Option<BTreeSet<Cow<'a, str>>>,
+    key: &Cow<'a, str>,
 ) -> bool {
     if let Some(set) = seen {
-        return !set.insert(key.to_owned());
+        return !set.insert(key.clone());
     }
     if members.iter().any(|(k, _)| k == key) {
         return true;
     }
     if members.len() + 1 >= LINEAR_DUPLICATE_SCAN {
-        let mut set: BTreeSet<String> = members.iter().map(|(k, _)| k.clone()).collect();
-        set.insert(key.to_owned());
+        let mut set: BTreeSet<Cow<'a, str>> = members.iter().map(|(k, _)| k.clone()).collect();
+        set.insert(key.clone());
         *seen = Some(set);
     }
     false
@@ -798,6 +916,33 @@ mod tests {
             ("b".into(), Value::Object(vec![])),
         ]);
         assert_eq!(v, expected);
+    }
+
+    #[test]
+    fn borrowed_values_borrow_plain_strings_and_read_as_parse_does() {
+        let text = br#"{"plain": "abc", "esc\u0061ped": "x\ny", "list": [true, -3, {}]}"#;
+        let v = parse_borrowed(text).unwrap();
+        let members = v.as_object().unwrap();
+        assert!(matches!(members[0].0, Cow::Borrowed("plain")));
+        assert!(matches!(
+            members[0].1,
+            BorrowedValue::String(Cow::Borrowed("abc"))
+        ));
+        assert_eq!(members[1].0, "escaped");
+        assert_eq!(
+            v.get("escaped").and_then(BorrowedValue::as_str),
+            Some("x\ny")
+        );
+        assert_eq!(v.clone().into_owned(), parse(text).unwrap());
+        // Every refusal and its place are the same as well.
+        for bad in [
+            &br#"{"a": 1, "\u0061": 2}"#[..],
+            br#"{"a": ["x", "\ud800"]}"#,
+            br#"{"a": "b" "#,
+            b"[1, 2.5]",
+        ] {
+            assert_eq!(parse_borrowed(bad).unwrap_err(), parse(bad).unwrap_err());
+        }
     }
 
     #[test]

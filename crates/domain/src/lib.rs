@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod canonical;
+pub mod chunk_map;
 pub mod claims;
 pub mod dependency;
 pub mod distribution;
@@ -23,4 +24,5 @@ pub mod path;
 pub mod registry;
 pub mod registry_log;
 pub mod trust;
+pub mod vec_map;
 pub mod version;

@@ -38,17 +38,19 @@
 //! refuses a registry that has them (an unknown field) instead of ignoring them. A file that
 //! cannot be read is an error with its reason, never an empty registry.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
-use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::fmt;
 
 use std::sync::Arc;
 
+use crate::chunk_map::ChunkMap;
 use crate::ids::{IdError, PackageId, PackageKind, PublisherId, Sha256Digest};
-use crate::json::{self, Integer, JsonError, JsonPath, Value};
+use crate::json::{self, BorrowedValue, Integer, JsonError, JsonPath, PathSegment, Value};
 use crate::lifecycle::{transition, Event, IllegalTransition, State};
 use crate::trust::{is_store_id, TrustAnchor, TrustBinding};
+use crate::vec_map::VecMap;
 use crate::version::Version;
 
 /// The registry file format of a store without a log (`"guild_registry": 1`): the file is the
@@ -132,7 +134,7 @@ pub struct NewVersion {
 /// Every recorded version of one package id, and its rollback target.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PackageRecord {
-    versions: BTreeMap<Version, VersionRecord>,
+    versions: VecMap<Version, VersionRecord>,
     previous: Option<Version>,
 }
 
@@ -490,7 +492,7 @@ pub enum RegistryDecodeError {
 pub struct RegistryState {
     generation: u64,
     trust: Option<TrustAnchor>,
-    packages: BTreeMap<PackageId, Arc<PackageRecord>>,
+    packages: ChunkMap<PackageId, Arc<PackageRecord>>,
 }
 
 impl RegistryState {
@@ -616,12 +618,10 @@ impl RegistryState {
         self.packages.iter().map(|(id, p)| (id, &**p))
     }
 
-    /// Every package's record as the state shares it, for telling shared records apart without
-    /// comparing them.
-    pub(crate) fn shared_packages(
-        &self,
-    ) -> impl Iterator<Item = (&PackageId, &Arc<PackageRecord>)> + '_ {
-        self.packages.iter()
+    /// The map of package records as the state shares it with its drafts, for telling shared
+    /// records apart without comparing them.
+    pub(crate) fn shared_packages(&self) -> &ChunkMap<PackageId, Arc<PackageRecord>> {
+        &self.packages
     }
 
     /// The record of package `id`, if any.
@@ -752,7 +752,7 @@ impl RegistryState {
         )?;
 
         // Every check passed: apply.
-        let package = Arc::make_mut(self.packages.entry(id.clone()).or_default());
+        let package = Arc::make_mut(self.packages.get_or_insert_with(id, Default::default));
         let superseded = supersede.apply(package);
         package.versions.insert(
             version.clone(),
@@ -1149,34 +1149,33 @@ impl RegistryState {
     }
 
     fn from_json_of(bytes: &[u8], formats: &[u64]) -> Result<(Self, u64), RegistryDecodeError> {
-        let value = json::parse(bytes)?;
+        // Borrowed strings and paths built only for errors: a checkpoint of 10,000 packages is
+        // read at every `guild list`, and allocating for each string and step dominated it.
+        let value = json::parse_borrowed(bytes)?;
         let (members, format) = format_of(&value, "guild_registry", formats)?;
-        let root = JsonPath::root();
-        let fields = Fields::new(members, &root, TOP_FIELDS)?;
+        let root = At::Root;
+        let fields = Fields::new(members, root, TOP_FIELDS)?;
         let generation = fields.u64("generation")?;
         let trust = match fields.get("trust") {
             None => None,
-            Some(t) => Some(decode_trust(t, &root.key("trust"))?),
+            Some(t) => Some(decode_trust(t, root.key("trust"))?),
         };
-        let mut packages = BTreeMap::new();
+        let mut packages = ChunkMap::new();
         let list = fields.array("packages")?;
+        let list_at = root.key("packages");
         for (i, item) in list.iter().enumerate() {
-            let path = root.key("packages").index(i);
-            let (id, record) = decode_package(item, &path)?;
-            match packages.entry(id) {
-                Entry::Occupied(e) => {
-                    return Err(field(
-                        path.key("id"),
-                        FieldProblem::Duplicate {
-                            what: "package",
-                            value: e.key().to_string(),
-                        },
-                    ))
-                }
-                Entry::Vacant(e) => {
-                    e.insert(Arc::new(record));
-                }
+            let at = list_at.index(i);
+            let (id, record) = decode_package(item, at)?;
+            if packages.contains_key(&id) {
+                return Err(field(
+                    at.path().key("id"),
+                    FieldProblem::Duplicate {
+                        what: "package",
+                        value: id.to_string(),
+                    },
+                ));
             }
+            packages.insert(id, Arc::new(record));
         }
         let state = RegistryState {
             generation,
@@ -1189,12 +1188,54 @@ impl RegistryState {
 }
 
 /// The members of a JSON object.
-pub(crate) type Members<'a> = &'a [(String, Value)];
+pub(crate) type Members<'a> = &'a [(Cow<'a, str>, BorrowedValue<'a>)];
+
+/// Where a value sits in the document being decoded: steps that live on the stack, made into a
+/// [`JsonPath`] only for an error, so that reading a large registry builds no path at all.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum At<'p> {
+    /// The document.
+    Root,
+    /// Member `key` of the object at the first place.
+    Key(&'p At<'p>, &'p str),
+    /// Element `index` of the array at the first place.
+    Index(&'p At<'p>, usize),
+}
+
+impl<'p> At<'p> {
+    pub(crate) fn key(&'p self, key: &'p str) -> At<'p> {
+        At::Key(self, key)
+    }
+
+    pub(crate) fn index(&'p self, index: usize) -> At<'p> {
+        At::Index(self, index)
+    }
+
+    /// The path, for an error.
+    pub(crate) fn path(&self) -> JsonPath {
+        let mut steps = Vec::new();
+        let mut at = self;
+        loop {
+            match at {
+                At::Root => break,
+                At::Key(up, key) => {
+                    steps.push(PathSegment::Key((*key).to_owned()));
+                    at = up;
+                }
+                At::Index(up, index) => {
+                    steps.push(PathSegment::Index(*index));
+                    at = up;
+                }
+            }
+        }
+        steps.into_iter().rev().collect()
+    }
+}
 
 /// The members of the document `value` and its format, read from member `marker`, which must be
 /// one of `formats`.
 pub(crate) fn format_of<'a>(
-    value: &'a Value,
+    value: &'a BorrowedValue<'a>,
     marker: &str,
     formats: &[u64],
 ) -> Result<(Members<'a>, u64), RegistryDecodeError> {
@@ -1202,7 +1243,7 @@ pub(crate) fn format_of<'a>(
         return Err(RegistryDecodeError::NotARegistry);
     };
     match found {
-        Value::Integer(i) => match i.as_u64().filter(|f| formats.contains(f)) {
+        BorrowedValue::Integer(i) => match i.as_u64().filter(|f| formats.contains(f)) {
             Some(format) => Ok((members, format)),
             None => Err(RegistryDecodeError::UnsupportedFormat {
                 found: i.to_string(),
@@ -1284,20 +1325,21 @@ pub(crate) fn encode_trust(t: &TrustAnchor) -> Value {
 }
 
 pub(crate) fn decode_package(
-    item: &Value,
-    path: &JsonPath,
+    item: &BorrowedValue<'_>,
+    at: At<'_>,
 ) -> Result<(PackageId, PackageRecord), RegistryDecodeError> {
-    let fields = Fields::of(item, path, PACKAGE_FIELDS)?;
+    let fields = Fields::of(item, at, PACKAGE_FIELDS)?;
     let id = fields.parsed("id", |s| PackageId::new(s).map_err(id_detail))?;
     let previous = fields
         .optional_str("previous")?
-        .map(|s| parse_version(s, &path.key("previous")))
+        .map(|s| parse_version(s, at.key("previous")))
         .transpose()?;
-    let mut versions = BTreeMap::new();
+    let mut versions = VecMap::new();
+    let versions_at = at.key("versions");
     for (j, item) in fields.array("versions")?.iter().enumerate() {
-        let vpath = path.key("versions").index(j);
-        let f = Fields::of(item, &vpath, VERSION_FIELDS)?;
-        let version = parse_version(f.str("version")?, &vpath.key("version"))?;
+        let vat = versions_at.index(j);
+        let f = Fields::of(item, vat, VERSION_FIELDS)?;
+        let version = parse_version(f.str("version")?, vat.key("version"))?;
         let state = f.parsed("state", |s| {
             State::ALL
                 .into_iter()
@@ -1314,8 +1356,7 @@ pub(crate) fn decode_package(
         let quarantine = match f.get("quarantine") {
             None => None,
             Some(q) => {
-                let qpath = vpath.key("quarantine");
-                let qf = Fields::of(q, &qpath, QUARANTINE_FIELDS)?;
+                let qf = Fields::of(q, vat.key("quarantine"), QUARANTINE_FIELDS)?;
                 Some(Quarantine {
                     reason: qf.str("reason")?.to_owned(),
                     file: qf.optional_str("file")?.map(str::to_owned),
@@ -1328,7 +1369,7 @@ pub(crate) fn decode_package(
             .map(|s| {
                 Sha256Digest::parse_hex(s).map_err(|e| {
                     field(
-                        vpath.key("trusted_under"),
+                        vat.path().key("trusted_under"),
                         FieldProblem::Invalid {
                             detail: e.to_string(),
                         },
@@ -1346,7 +1387,7 @@ pub(crate) fn decode_package(
         };
         if versions.insert(version.clone(), record).is_some() {
             return Err(field(
-                vpath.key("version"),
+                vat.path().key("version"),
                 FieldProblem::Duplicate {
                     what: "version",
                     value: version.to_string(),
@@ -1358,10 +1399,10 @@ pub(crate) fn decode_package(
 }
 
 pub(crate) fn decode_trust(
-    item: &Value,
-    path: &JsonPath,
+    item: &BorrowedValue<'_>,
+    at: At<'_>,
 ) -> Result<TrustAnchor, RegistryDecodeError> {
-    let f = Fields::of(item, path, TRUST_FIELDS)?;
+    let f = Fields::of(item, at, TRUST_FIELDS)?;
     let store_id = f.parsed("store_id", |s| {
         if is_store_id(s) {
             Ok(s.to_owned())
@@ -1373,9 +1414,9 @@ pub(crate) fn decode_trust(
     let file_digest = f.parsed("sha256", |s| {
         Sha256Digest::parse_hex(s).map_err(|e| e.to_string())
     })?;
-    let revoked_keys = decode_revocations(&f, path, "revoked_keys", "key_id", REVOKED_KEY_FIELDS)?;
+    let revoked_keys = decode_revocations(&f, at, "revoked_keys", "key_id", REVOKED_KEY_FIELDS)?;
     let revoked_digests =
-        decode_revocations(&f, path, "revoked_digests", "sha256", REVOKED_DIGEST_FIELDS)?;
+        decode_revocations(&f, at, "revoked_digests", "sha256", REVOKED_DIGEST_FIELDS)?;
     Ok(TrustAnchor {
         binding: TrustBinding {
             store_id,
@@ -1391,22 +1432,23 @@ pub(crate) fn decode_trust(
 /// digest once.
 fn decode_revocations(
     f: &Fields<'_>,
-    path: &JsonPath,
+    at: At<'_>,
     list: &str,
     name: &str,
     allowed: &[&str],
 ) -> Result<BTreeMap<Sha256Digest, String>, RegistryDecodeError> {
     let mut out = BTreeMap::new();
+    let list_at = at.key(list);
     for (i, item) in f.array(list)?.iter().enumerate() {
-        let ipath = path.key(list).index(i);
-        let itf = Fields::of(item, &ipath, allowed)?;
+        let iat = list_at.index(i);
+        let itf = Fields::of(item, iat, allowed)?;
         let digest = itf.parsed(name, |s| {
             Sha256Digest::parse_hex(s).map_err(|e| e.to_string())
         })?;
         let reason = itf.str("reason")?.to_owned();
         if out.insert(digest, reason).is_some() {
             return Err(field(
-                ipath.key(name),
+                iat.path().key(name),
                 FieldProblem::Duplicate {
                     what: "revocation",
                     value: digest.to_hex(),
@@ -1419,46 +1461,51 @@ fn decode_revocations(
 
 /// The members of one JSON object, checked against the fields it may hold.
 pub(crate) struct Fields<'a> {
-    members: &'a [(String, Value)],
-    path: &'a JsonPath,
+    members: Members<'a>,
+    at: At<'a>,
 }
 
 impl<'a> Fields<'a> {
     pub(crate) fn of(
-        value: &'a Value,
-        path: &'a JsonPath,
+        value: &'a BorrowedValue<'a>,
+        at: At<'a>,
         allowed: &[&str],
     ) -> Result<Self, RegistryDecodeError> {
         let members = value
             .as_object()
-            .ok_or_else(|| wrong_type(path.clone(), "object", value))?;
-        Self::new(members, path, allowed)
+            .ok_or_else(|| wrong_type(at.path(), "object", value))?;
+        Self::new(members, at, allowed)
     }
 
     pub(crate) fn new(
-        members: &'a [(String, Value)],
-        path: &'a JsonPath,
+        members: Members<'a>,
+        at: At<'a>,
         allowed: &[&str],
     ) -> Result<Self, RegistryDecodeError> {
-        if let Some((key, _)) = members.iter().find(|(k, _)| !allowed.contains(&k.as_str())) {
-            return Err(field(path.key(key), FieldProblem::Unknown));
+        if let Some((key, _)) = members.iter().find(|(k, _)| !allowed.contains(&k.as_ref())) {
+            return Err(field(at.path().key(key), FieldProblem::Unknown));
         }
-        Ok(Fields { members, path })
+        Ok(Fields { members, at })
     }
 
-    pub(crate) fn get(&self, key: &str) -> Option<&'a Value> {
+    pub(crate) fn get(&self, key: &str) -> Option<&'a BorrowedValue<'a>> {
         self.members.iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
 
-    fn required(&self, key: &str) -> Result<&'a Value, RegistryDecodeError> {
+    /// The path of member `key`, for an error.
+    fn path_of(&self, key: &str) -> JsonPath {
+        self.at.path().key(key)
+    }
+
+    fn required(&self, key: &str) -> Result<&'a BorrowedValue<'a>, RegistryDecodeError> {
         self.get(key)
-            .ok_or_else(|| field(self.path.key(key), FieldProblem::Missing))
+            .ok_or_else(|| field(self.path_of(key), FieldProblem::Missing))
     }
 
     pub(crate) fn str(&self, key: &str) -> Result<&'a str, RegistryDecodeError> {
         let v = self.required(key)?;
         v.as_str()
-            .ok_or_else(|| wrong_type(self.path.key(key), "string", v))
+            .ok_or_else(|| wrong_type(self.path_of(key), "string", v))
     }
 
     pub(crate) fn optional_str(&self, key: &str) -> Result<Option<&'a str>, RegistryDecodeError> {
@@ -1467,7 +1514,7 @@ impl<'a> Fields<'a> {
             Some(v) => v
                 .as_str()
                 .map(Some)
-                .ok_or_else(|| wrong_type(self.path.key(key), "string", v)),
+                .ok_or_else(|| wrong_type(self.path_of(key), "string", v)),
         }
     }
 
@@ -1475,10 +1522,10 @@ impl<'a> Fields<'a> {
         let v = self.required(key)?;
         let i: Integer = v
             .as_integer()
-            .ok_or_else(|| wrong_type(self.path.key(key), "integer", v))?;
+            .ok_or_else(|| wrong_type(self.path_of(key), "integer", v))?;
         i.as_u64().ok_or_else(|| {
             field(
-                self.path.key(key),
+                self.path_of(key),
                 FieldProblem::Invalid {
                     detail: format!("{i} is negative"),
                 },
@@ -1486,10 +1533,10 @@ impl<'a> Fields<'a> {
         })
     }
 
-    pub(crate) fn array(&self, key: &str) -> Result<&'a [Value], RegistryDecodeError> {
+    pub(crate) fn array(&self, key: &str) -> Result<&'a [BorrowedValue<'a>], RegistryDecodeError> {
         let v = self.required(key)?;
         v.as_array()
-            .ok_or_else(|| wrong_type(self.path.key(key), "array", v))
+            .ok_or_else(|| wrong_type(self.path_of(key), "array", v))
     }
 
     pub(crate) fn parsed<T>(
@@ -1498,14 +1545,14 @@ impl<'a> Fields<'a> {
         parse: impl FnOnce(&str) -> Result<T, String>,
     ) -> Result<T, RegistryDecodeError> {
         let s = self.str(key)?;
-        parse(s).map_err(|detail| field(self.path.key(key), FieldProblem::Invalid { detail }))
+        parse(s).map_err(|detail| field(self.path_of(key), FieldProblem::Invalid { detail }))
     }
 }
 
-fn parse_version(s: &str, path: &JsonPath) -> Result<Version, RegistryDecodeError> {
+fn parse_version(s: &str, at: At<'_>) -> Result<Version, RegistryDecodeError> {
     Version::parse(s).map_err(|e| {
         field(
-            path.clone(),
+            at.path(),
             FieldProblem::Invalid {
                 detail: format!("{:?} is not a semantic version: {e}", clip(s)),
             },
@@ -1520,7 +1567,7 @@ pub(crate) fn field(path: JsonPath, problem: FieldProblem) -> RegistryDecodeErro
 pub(crate) fn wrong_type(
     path: JsonPath,
     expected: &'static str,
-    found: &Value,
+    found: &BorrowedValue<'_>,
 ) -> RegistryDecodeError {
     field(
         path,
@@ -2050,7 +2097,10 @@ mod tests {
             .unwrap();
         let mut next = r.successor();
         let shared = |a: &RegistryState, b: &RegistryState, pkg: &str| {
-            Arc::ptr_eq(&a.packages[&id(pkg)], &b.packages[&id(pkg)])
+            Arc::ptr_eq(
+                a.packages.get(&id(pkg)).unwrap(),
+                b.packages.get(&id(pkg)).unwrap(),
+            )
         };
         assert!(shared(&r, &next, "a") && shared(&r, &next, "b"));
         next.disable(&id("b")).unwrap();

@@ -17,11 +17,12 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::chunk_map::Difference;
 use crate::ids::PackageId;
 use crate::json::{self, JsonPath, Value};
 use crate::registry::{
     decode_package, decode_trust, encode_package, encode_trust, field, format_of, wrong_type,
-    ApplyError, FieldProblem, Fields, PackageRecord, RegistryDecodeError, RegistryState,
+    ApplyError, At, FieldProblem, Fields, PackageRecord, RegistryDecodeError, RegistryState,
 };
 use crate::trust::TrustAnchor;
 
@@ -77,37 +78,21 @@ impl RegistryDelta {
             (_, b) => b.cloned(),
         };
         let mut packages = BTreeMap::new();
-        let mut old_iter = old.shared_packages().peekable();
-        let mut new_iter = new.shared_packages().peekable();
-        // Both maps are sorted by id: walk them side by side.
-        loop {
-            match (old_iter.peek(), new_iter.peek()) {
-                (None, None) => break,
-                (Some((oid, _)), None) => {
-                    packages.insert((*oid).clone(), None);
-                    old_iter.next();
+        // Chunks of the package map that both states share hold the same records: only the
+        // others are walked, so a draft is compared at the cost of what it changed.
+        for difference in old.shared_packages().differences(new.shared_packages()) {
+            match difference {
+                Difference::Removed(id, _) => {
+                    packages.insert(id.clone(), None);
                 }
-                (None, Some((nid, nrec))) => {
-                    packages.insert((*nid).clone(), Some(Arc::clone(nrec)));
-                    new_iter.next();
+                Difference::Added(id, record) => {
+                    packages.insert(id.clone(), Some(Arc::clone(record)));
                 }
-                (Some((oid, orec)), Some((nid, nrec))) => match oid.cmp(nid) {
-                    std::cmp::Ordering::Less => {
-                        packages.insert((*oid).clone(), None);
-                        old_iter.next();
+                Difference::Both(id, before, after) => {
+                    if !Arc::ptr_eq(before, after) && before != after {
+                        packages.insert(id.clone(), Some(Arc::clone(after)));
                     }
-                    std::cmp::Ordering::Greater => {
-                        packages.insert((*nid).clone(), Some(Arc::clone(nrec)));
-                        new_iter.next();
-                    }
-                    std::cmp::Ordering::Equal => {
-                        if !Arc::ptr_eq(orec, nrec) && orec != nrec {
-                            packages.insert((*nid).clone(), Some(Arc::clone(nrec)));
-                        }
-                        old_iter.next();
-                        new_iter.next();
-                    }
-                },
+                }
             }
         }
         Ok(RegistryDelta {
@@ -153,14 +138,14 @@ impl RegistryDelta {
     /// Reads a delta written by [`Self::to_json`], strictly. Each changed package must be
     /// well formed; whether it keeps the invariants is for [`RegistryState::apply`] to say.
     pub fn from_json(bytes: &[u8]) -> Result<Self, RegistryDecodeError> {
-        let value = json::parse(bytes)?;
+        let value = json::parse_borrowed(bytes)?;
         let (members, _) = format_of(&value, "guild_registry_delta", &[REGISTRY_DELTA_FORMAT_V1])?;
-        let root = JsonPath::root();
-        let fields = Fields::new(members, &root, TOP_FIELDS)?;
+        let root = At::Root;
+        let fields = Fields::new(members, root, TOP_FIELDS)?;
         let generation = fields.u64("generation")?;
         let trust = match fields.get("trust") {
             None => None,
-            Some(t) => Some(decode_trust(t, &root.key("trust"))?),
+            Some(t) => Some(decode_trust(t, root.key("trust"))?),
         };
         let mut packages = BTreeMap::new();
         let duplicate = |path: JsonPath, id: &PackageId| {
@@ -172,16 +157,18 @@ impl RegistryDelta {
                 },
             )
         };
+        let packages_at = root.key("packages");
         for (i, item) in fields.array("packages")?.iter().enumerate() {
-            let path = root.key("packages").index(i);
-            let (id, record) = decode_package(item, &path)?;
+            let at = packages_at.index(i);
+            let (id, record) = decode_package(item, at)?;
             if packages.contains_key(&id) {
-                return Err(duplicate(path.key("id"), &id));
+                return Err(duplicate(at.path().key("id"), &id));
             }
             packages.insert(id, Some(Arc::new(record)));
         }
+        let deleted_at = root.key("deleted");
         for (i, item) in fields.array("deleted")?.iter().enumerate() {
-            let path = root.key("deleted").index(i);
+            let path = deleted_at.index(i).path();
             let s = item
                 .as_str()
                 .ok_or_else(|| wrong_type(path.clone(), "string", item))?;
