@@ -769,9 +769,12 @@ pub(crate) struct Resolved {
     pub(crate) kernel: Arc<dyn KernelProvider>,
     /// The chosen contract, shared with the stored kernel.
     pub(crate) candidate: Arc<OpCandidate>,
-    /// Whether every negotiated tensor is in pageable host memory, the only memory a Rust
-    /// slice can vouch for. A reshape keeps every memory space, so this never changes.
-    pub(crate) host_only: bool,
+    /// Whether [`OpHandle::execute`](super::OpHandle::execute) on borrowed slices may run the
+    /// handle: every tensor is in pageable host memory, the only memory a Rust slice can vouch
+    /// for, and the provider's work cannot outlive the call (host-blocking, or a CPU provider).
+    /// A reshape keeps every memory space, so this is fixed at resolution and a call tests one
+    /// flag.
+    pub(crate) plain: bool,
     pub(crate) sync_mode: SyncMode,
     pub(crate) device_id: i32,
     /// Every other candidate of the operation and why it was not chosen, when the resolution
@@ -891,14 +894,63 @@ impl Contract {
 /// What one call writes, touched only by the call that holds the handle's execute exclusivity
 /// (or through `&mut Resolved`).
 struct CallCells {
-    /// The Rust face's C tensors: the negotiated descriptors, whose data pointers each call
-    /// sets before the provider sees them (empty on C handles, whose callers pass their own).
-    inputs: Vec<guild_tensor_desc_v1_t>,
-    outputs: Vec<guild_tensor_desc_v1_t>,
-    /// The error record the Rust face lends providers, reused call after call.
-    error: guild_error_info_t,
+    /// What the Rust face lends the provider.
+    rust: RustCells,
     /// The newest work mark per stream, for release to wait on.
     marks: Vec<Box<dyn WorkMark>>,
+}
+
+/// The Rust face's C call, kept in the handle and reused call after call: only its data
+/// pointers, scratch, stream and params change (empty tensors on C handles, whose callers pass
+/// their own records).
+pub(crate) struct RustCells {
+    /// The negotiated descriptors, whose data pointers each call sets before the provider sees
+    /// them.
+    inputs: Vec<guild_tensor_desc_v1_t>,
+    outputs: Vec<guild_tensor_desc_v1_t>,
+    /// The arguments record, pointing at `inputs` and `outputs` and carrying the handle's sync
+    /// mode and device; [`RustCells::point`] keeps it so whenever the tensors change.
+    pub(crate) args: guild_execute_args_v1_t,
+    /// The error record the Rust face lends providers.
+    pub(crate) error: guild_error_info_t,
+}
+
+impl RustCells {
+    fn new(sync_mode: SyncMode, device_id: i32) -> Self {
+        let mut cells = RustCells {
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            args: guild_execute_args_v1_t {
+                struct_size: size_of::<guild_execute_args_v1_t>() as u32,
+                reserved: 0,
+                inputs: std::ptr::null(),
+                input_count: 0,
+                outputs: std::ptr::null(),
+                output_count: 0,
+                scratch_host: std::ptr::null_mut(),
+                scratch_host_size: 0,
+                scratch_device: std::ptr::null_mut(),
+                scratch_device_size: 0,
+                stream: std::ptr::null_mut(),
+                device_id,
+                sync_mode: sync_mode.raw(),
+                params: std::ptr::null(),
+                params_size: 0,
+            },
+            error: guild_error_info_t::new(),
+        };
+        cells.point();
+        cells
+    }
+
+    /// Points the arguments record at the current tensor arrays (after they were replaced or
+    /// refilled, which may move them).
+    fn point(&mut self) {
+        self.args.inputs = self.inputs.as_ptr();
+        self.args.input_count = self.inputs.len();
+        self.args.outputs = self.outputs.as_ptr();
+        self.args.output_count = self.outputs.len();
+    }
 }
 
 /// The scratch as `describe` and `scratch` report it: a sequence lock, so that a reader beside
@@ -1066,13 +1118,12 @@ pub(crate) struct Call<'a> {
     pub(crate) outputs: &'a [guild_tensor_desc_v1_t],
 }
 
-/// The Rust face's view of one call: the contract and the call cells, for the call that holds
-/// the handle's execute exclusivity.
+/// The Rust face's view of one call: the contract and the Rust face's call cells, for the call
+/// that holds the handle's execute exclusivity. Two pointers, so that the checks keep it in
+/// registers.
 pub(crate) struct RustCall<'a> {
     pub(crate) contract: &'a Contract,
-    pub(crate) inputs: &'a mut [guild_tensor_desc_v1_t],
-    pub(crate) outputs: &'a mut [guild_tensor_desc_v1_t],
-    pub(crate) error: &'a mut guild_error_info_t,
+    pub(crate) cells: &'a mut RustCells,
 }
 
 impl Resolved {
@@ -1098,13 +1149,15 @@ impl Resolved {
             spec.sync_mode,
             spec.device.device_id,
         );
+        let plain =
+            host_only && (sync_mode == SyncMode::HostBlocking || candidate.backend == Backend::Cpu);
         Resolved {
             binding,
             kernel,
             align_mask: candidate.min_alignment.max(1) - 1,
             call_key,
             takes_stream: candidate.backend != Backend::Cpu,
-            host_only,
+            plain,
             sync_mode,
             device_id,
             candidate,
@@ -1113,9 +1166,7 @@ impl Resolved {
             published: PublishedScratch::new(scratch),
             contract: UnsafeCell::new(Contract::new(query, scratch)),
             call: UnsafeCell::new(CallCells {
-                inputs: Vec::new(),
-                outputs: Vec::new(),
-                error: guild_error_info_t::new(),
+                rust: RustCells::new(sync_mode, device_id),
                 marks: Vec::new(),
             }),
             reshaping: UnsafeCell::new(ReshapeCells::default()),
@@ -1148,20 +1199,22 @@ impl Resolved {
         for t in inputs.iter_mut().chain(outputs.iter_mut()) {
             t.data = std::ptr::null_mut();
         }
-        let call = self.call.get_mut();
-        call.inputs = inputs;
-        call.outputs = outputs;
+        let cells = &mut self.call.get_mut().rust;
+        cells.inputs = inputs;
+        cells.outputs = outputs;
+        cells.point();
     }
 
     /// Makes the Rust face's C tensors: the negotiated descriptors, without data.
     pub(crate) fn prepare_rust_calls(&mut self) {
         let contract = self.contract.get_mut();
-        let call = self.call.get_mut();
+        let cells = &mut self.call.get_mut().rust;
         let c = |d: &TensorDesc| c_tensor(d, std::ptr::null_mut());
-        call.inputs.clear();
-        call.inputs.extend(contract.inputs().iter().map(c));
-        call.outputs.clear();
-        call.outputs.extend(contract.outputs().iter().map(c));
+        cells.inputs.clear();
+        cells.inputs.extend(contract.inputs().iter().map(c));
+        cells.outputs.clear();
+        cells.outputs.extend(contract.outputs().iter().map(c));
+        cells.point();
     }
 
     /// The Rust face's view of a call.
@@ -1173,14 +1226,12 @@ impl Resolved {
     pub(crate) unsafe fn rust_call<'a>(&'a self, running: &'a Running<'_>) -> RustCall<'a> {
         let _ = running;
         // SAFETY: a Rust handle's contract changes only through `&mut`, which `&self` excludes;
-        // `running` gives this call the call cells, of which the view takes disjoint fields.
+        // `running` gives this call the call cells, of which the view takes the Rust face's
+        // (the marks, which `record` takes, are another field).
         unsafe {
-            let call = self.call.get();
             RustCall {
                 contract: self.contract(),
-                inputs: &mut *std::ptr::addr_of_mut!((*call).inputs),
-                outputs: &mut *std::ptr::addr_of_mut!((*call).outputs),
-                error: &mut *std::ptr::addr_of_mut!((*call).error),
+                cells: &mut *std::ptr::addr_of_mut!((*self.call.get()).rust),
             }
         }
     }
@@ -1605,6 +1656,9 @@ pub(crate) struct Shape {
     head: u64,
     /// `memory_space | device_id << 32`.
     place: u64,
+    /// The memory space and device as a [`TensorDesc`] holds them, for the Rust face's check.
+    space: MemorySpace,
+    device_id: i32,
     /// The rank, at most [`MAX_TENSOR_RANK`].
     rank: usize,
     /// The tensor's byte extent, which a Rust call's buffer must hold.
@@ -1623,6 +1677,8 @@ impl Shape {
         Shape {
             head: Self::head(d.dtype.raw(), d.rank),
             place: call_key(d.memory_space.bit(), d.device_id),
+            space: d.memory_space,
+            device_id: d.device_id,
             rank,
             byte_extent: info.byte_extent,
             dims,
@@ -1661,9 +1717,10 @@ impl Shape {
     /// Whether the descriptor `d` is this tensor apart from its data address.
     #[inline(always)]
     pub(crate) fn matches_desc(&self, d: &TensorDesc) -> bool {
-        Self::head(d.dtype.raw(), d.rank) == self.head
-            && call_key(d.memory_space.bit(), d.device_id) == self.place
-            && self.same_extents(&d.dims, &d.strides)
+        (Self::head(d.dtype.raw(), d.rank) == self.head)
+            & (d.memory_space == self.space)
+            & (d.device_id == self.device_id)
+            & self.same_extents(&d.dims, &d.strides)
     }
 }
 
@@ -1681,23 +1738,24 @@ impl RustCall<'_> {
     ) -> Result<(), ExecuteError> {
         let shapes = self.contract.shapes(role);
         let out: &mut [guild_tensor_desc_v1_t] = match role {
-            TensorRole::Input => self.inputs,
-            TensorRole::Output => self.outputs,
+            TensorRole::Input => &mut self.cells.inputs,
+            TensorRole::Output => &mut self.cells.outputs,
         };
         if args.len() != shapes.len() || out.len() != shapes.len() {
             return Err(arity(role, shapes.len(), args.len()));
         }
+        let mask = r.align_mask;
         for (index, ((arg, slot), shape)) in args.zip(out.iter_mut()).zip(shapes).enumerate() {
             let (desc, element, ptr, len) = arg;
             let address = ptr as usize as u64;
-            let fits = u64::try_from(len).unwrap_or(u64::MAX) >= shape.byte_extent;
-            let typed = element.is_none_or(|e| e == desc.dtype);
-            if !shape.matches_desc(desc)
-                || !typed
-                || !fits
-                || address == 0
-                || address & r.align_mask != 0
-            {
+            // Every condition is evaluated (`&`, not `&&`): one branch per buffer instead of
+            // six; the first failure's reason is found again out of line.
+            let ok = shape.matches_desc(desc)
+                & element.is_none_or(|e| e == desc.dtype)
+                & (u64::try_from(len).unwrap_or(u64::MAX) >= shape.byte_extent)
+                & (address != 0)
+                & (address & mask == 0);
+            if !ok {
                 return Err(self.bad_buffer(r, TensorRef { role, index }, arg));
             }
             slot.data = ptr;
