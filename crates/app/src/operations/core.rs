@@ -1245,7 +1245,7 @@ impl Resolved {
     /// `error` must not be one of the handle's cells; the caller of the service vouches that
     /// each data pointer and the scratch buffers address live memory of the checked extents for
     /// the call (the service's contract).
-    #[inline]
+    #[inline(always)]
     pub(crate) unsafe fn execute(
         &self,
         running: &Running<'_>,
