@@ -35,7 +35,7 @@ use guild_domain::operation::{
     TensorDesc, TensorInfo, TensorRef, TensorRole, MAX_TENSOR_RANK,
 };
 use guild_ports::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
-use guild_ports::provider::{ExecuteCall, KernelProvider, QueryCall};
+use guild_ports::provider::{ExecuteCall, ExecuteEntry, KernelProvider, QueryCall};
 
 use super::handles::{HandleTable, Running};
 use super::{ExecuteError, ReshapeError, ResolveError, Scratch};
@@ -767,6 +767,9 @@ pub(crate) struct Resolved {
     pub(crate) binding: KernelBinding,
     /// The chosen kernel's provider; its code stays loaded while `binding` lives.
     pub(crate) kernel: Arc<dyn KernelProvider>,
+    /// The C callback `kernel.execute` hands every call to, when it has one
+    /// ([`KernelProvider::execute_entry`]), called directly.
+    entry: Option<ExecuteEntry>,
     /// The chosen contract, shared with the stored kernel.
     pub(crate) candidate: Arc<OpCandidate>,
     /// Whether [`OpHandle::execute`](super::OpHandle::execute) on borrowed slices may run the
@@ -1153,6 +1156,7 @@ impl Resolved {
             host_only && (sync_mode == SyncMode::HostBlocking || candidate.backend == Backend::Cpu);
         Resolved {
             binding,
+            entry: kernel.execute_entry(),
             kernel,
             align_mask: candidate.min_alignment.max(1) - 1,
             call_key,
@@ -1289,10 +1293,18 @@ impl Resolved {
         args: &guild_execute_args_v1_t,
         error: &mut guild_error_info_t,
     ) -> Result<(), ExecuteError> {
-        // SAFETY: the caller's contract is ExecuteCall's.
-        let checked = unsafe { ExecuteCall::new(args) };
         // The provider's library stays loaded while `self.binding` lives.
-        let status = self.kernel.execute(checked, error);
+        let status = match self.entry {
+            // SAFETY: the provider's own callback and user_data, which it says `execute`
+            // hands every call to (`execute_entry`'s contract), with arguments meeting
+            // `ExecuteCall::new`'s contract (this function's) and a live, sized record.
+            Some(entry) => unsafe { (entry.execute)(entry.user_data, args, error) },
+            None => {
+                // SAFETY: the caller's contract is ExecuteCall's.
+                let checked = unsafe { ExecuteCall::new(args) };
+                self.kernel.execute(checked, error)
+            }
+        };
         if self.streams.is_some() {
             // SAFETY: `running` is this handle's exclusivity (the caller's contract).
             unsafe { self.record(running, args, status) }?;
