@@ -1729,10 +1729,10 @@ impl Shape {
     /// Whether the descriptor `d` is this tensor apart from its data address.
     #[inline(always)]
     pub(crate) fn matches_desc(&self, d: &TensorDesc) -> bool {
-        (Self::head(d.dtype.raw(), d.rank) == self.head)
-            & (d.memory_space == self.space)
-            & (d.device_id == self.device_id)
-            & self.same_extents(&d.dims, &d.strides)
+        Self::head(d.dtype.raw(), d.rank) == self.head
+            && d.memory_space == self.space
+            && d.device_id == self.device_id
+            && self.same_extents(&d.dims, &d.strides)
     }
 }
 
@@ -1742,11 +1742,11 @@ impl RustCall<'_> {
     /// writes each data pointer into the call's C tensors. One pass; nothing is copied but the
     /// pointers.
     #[inline(always)]
-    pub(crate) fn fill<'b>(
+    pub(crate) fn fill<'b, D: Describes + 'b>(
         &mut self,
         r: &Resolved,
         role: TensorRole,
-        args: impl ExactSizeIterator<Item = BufferArg<'b>>,
+        args: impl ExactSizeIterator<Item = BufferArg<'b, D>>,
     ) -> Result<(), ExecuteError> {
         let shapes = self.contract.shapes(role);
         let out: &mut [guild_tensor_desc_v1_t] = match role {
@@ -1760,13 +1760,11 @@ impl RustCall<'_> {
         for (index, ((arg, slot), shape)) in args.zip(out.iter_mut()).zip(shapes).enumerate() {
             let (desc, element, ptr, len) = arg;
             let address = ptr as usize as u64;
-            // Every condition is evaluated (`&`, not `&&`): one branch per buffer instead of
-            // six; the first failure's reason is found again out of line.
-            let ok = shape.matches_desc(desc)
-                & element.is_none_or(|e| e == desc.dtype)
-                & (u64::try_from(len).unwrap_or(u64::MAX) >= shape.byte_extent)
-                & (address != 0)
-                & (address & mask == 0);
+            let ok = desc.matches(shape)
+                && element.is_none_or(|e| e == desc.dtype())
+                && u64::try_from(len).unwrap_or(u64::MAX) >= shape.byte_extent
+                && address != 0
+                && address & mask == 0;
             if !ok {
                 return Err(self.bad_buffer(r, TensorRef { role, index }, arg));
             }
@@ -1777,7 +1775,12 @@ impl RustCall<'_> {
 
     /// Why a buffer failed [`RustCall::fill`].
     #[cold]
-    fn bad_buffer(&self, r: &Resolved, tensor: TensorRef, arg: BufferArg<'_>) -> ExecuteError {
+    fn bad_buffer<D: Describes>(
+        &self,
+        r: &Resolved,
+        tensor: TensorRef,
+        arg: BufferArg<'_, D>,
+    ) -> ExecuteError {
         let (desc, element, ptr, len) = arg;
         let list = match tensor.role {
             TensorRole::Input => self.contract.inputs(),
@@ -1793,18 +1796,18 @@ impl RustCall<'_> {
             .contract
             .shapes(tensor.role)
             .get(tensor.index)
-            .is_some_and(|s| s.matches_desc(desc));
+            .is_some_and(|s| desc.matches(s));
         if !same {
             return ExecuteError::DescriptorMismatch {
                 tensor,
                 expected: Box::new(*expected),
-                actual: Box::new(*desc),
+                actual: Box::new(desc.desc()),
             };
         }
-        if let Some(element) = element.filter(|&e| e != desc.dtype) {
+        if let Some(element) = element.filter(|&e| e != desc.dtype()) {
             return ExecuteError::ElementType {
                 tensor,
-                dtype: desc.dtype,
+                dtype: desc.dtype(),
                 element,
             };
         }
@@ -1821,7 +1824,87 @@ impl RustCall<'_> {
 
 /// One buffer of a Rust call: its descriptor, the element type its Rust slice holds (`None` for
 /// raw bytes or device memory), its address and its length in bytes.
-pub(crate) type BufferArg<'a> = (&'a TensorDesc, Option<DType>, *mut c_void, usize);
+pub(crate) type BufferArg<'a, D> = (&'a D, Option<DType>, *mut c_void, usize);
+
+/// A Rust call's descriptor of a buffer, as its checks read it.
+pub(crate) trait Describes {
+    /// Whether it is the negotiated tensor `shape`, its data address aside.
+    fn matches(&self, shape: &Shape) -> bool;
+    /// Its element type.
+    fn dtype(&self) -> DType;
+    /// The descriptor itself, for an error report.
+    fn desc(&self) -> TensorDesc;
+}
+
+impl Describes for TensorDesc {
+    #[inline(always)]
+    fn matches(&self, shape: &Shape) -> bool {
+        shape.matches_desc(self)
+    }
+
+    #[inline(always)]
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    fn desc(&self) -> TensorDesc {
+        *self
+    }
+}
+
+/// A slice argument's descriptor as the Rust face keeps it: every field of a [`TensorDesc`]
+/// that a contract fixes, without the data address (the slice's replaces it). Its parts are
+/// short enough to be copied inline, where a whole `TensorDesc` (160 bytes) took a call to
+/// `memcpy` for every argument a caller built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Described {
+    /// `dtype | rank << 32`, as [`Shape`] keeps it.
+    head: u64,
+    space: MemorySpace,
+    device_id: i32,
+    dims: [u64; MAX_TENSOR_RANK],
+    strides: [u64; MAX_TENSOR_RANK],
+}
+
+impl Described {
+    #[inline(always)]
+    pub(crate) fn of(d: &TensorDesc) -> Self {
+        Described {
+            head: Shape::head(d.dtype.raw(), d.rank),
+            space: d.memory_space,
+            device_id: d.device_id,
+            dims: d.dims,
+            strides: d.strides,
+        }
+    }
+}
+
+impl Describes for Described {
+    #[inline(always)]
+    fn matches(&self, shape: &Shape) -> bool {
+        self.head == shape.head
+            && self.space == shape.space
+            && self.device_id == shape.device_id
+            && shape.same_extents(&self.dims, &self.strides)
+    }
+
+    #[inline(always)]
+    fn dtype(&self) -> DType {
+        DType::from_raw(self.head as u32)
+    }
+
+    fn desc(&self) -> TensorDesc {
+        TensorDesc {
+            dtype: self.dtype(),
+            rank: (self.head >> 32) as u32,
+            dims: self.dims,
+            strides: self.strides,
+            memory_space: self.space,
+            device_id: self.device_id,
+            data_addr: None,
+        }
+    }
+}
 /// The text a callback left in an error record, up to its first NUL.
 fn error_text(error: &guild_error_info_t) -> String {
     fixed_buffer_text(&error.message)

@@ -94,7 +94,7 @@ use guild_domain::version::{PackedVersion, Version};
 use guild_ports::device::{DeviceError, StreamRef};
 
 use self::core::ServiceCore;
-use self::core::{BufferArg, Negotiation, Resolved};
+use self::core::{BufferArg, Described, Describes, Negotiation, Resolved};
 pub use self::core::{DeviceSupport, PassReason, PassedOver};
 use self::handles::{Gate, Lone, Refused};
 use crate::snapshot::KernelBinding;
@@ -591,10 +591,10 @@ impl OpHandle<'_> {
     /// device scratch, which a provider needing some refuses. The caller vouches that the
     /// pointers address the memory they describe.
     #[inline(always)]
-    fn run<'a>(
+    fn run<'a, D: Describes + 'a>(
         &self,
-        inputs: impl ExactSizeIterator<Item = BufferArg<'a>>,
-        outputs: impl ExactSizeIterator<Item = BufferArg<'a>>,
+        inputs: impl ExactSizeIterator<Item = BufferArg<'a, D>>,
+        outputs: impl ExactSizeIterator<Item = BufferArg<'a, D>>,
         scratch_host: Option<&mut [u8]>,
         scratch_device: Option<(*mut c_void, u64)>,
         stream: guild_stream_t,
@@ -907,7 +907,7 @@ element!(
 /// provider reads it only.
 #[derive(Debug, Clone, Copy)]
 pub struct TensorArg<'a> {
-    desc: TensorDesc,
+    desc: Described,
     dtype: Option<DType>,
     ptr: *mut c_void,
     len: usize,
@@ -918,7 +918,7 @@ impl<'a> TensorArg<'a> {
     /// `data` holding a tensor described by `desc` (whose address is replaced by the buffer's).
     pub fn new<T: Element>(desc: TensorDesc, data: &'a [T]) -> Self {
         TensorArg {
-            desc,
+            desc: Described::of(&desc),
             dtype: T::DTYPE,
             // The provider receives a `*mut` by the C ABI's shape but only reads inputs.
             ptr: data.as_ptr().cast_mut().cast(),
@@ -931,7 +931,7 @@ impl<'a> TensorArg<'a> {
 /// An output tensor: its descriptor and an exclusive borrow of the buffer it is written into.
 #[derive(Debug)]
 pub struct TensorArgMut<'a> {
-    desc: TensorDesc,
+    desc: Described,
     dtype: Option<DType>,
     ptr: *mut c_void,
     len: usize,
@@ -943,7 +943,7 @@ impl<'a> TensorArgMut<'a> {
     /// buffer's).
     pub fn new<T: Element>(desc: TensorDesc, data: &'a mut [T]) -> Self {
         TensorArgMut {
-            desc,
+            desc: Described::of(&desc),
             dtype: T::DTYPE,
             len: size_of_val(data),
             ptr: data.as_mut_ptr().cast(),
