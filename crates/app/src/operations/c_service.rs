@@ -752,7 +752,7 @@ unsafe fn execute_checked(
         Some(record) => unsafe { &mut *record },
         None => return run_with_local_record(core, face, name, &call, error),
     };
-    or_report!(run_checked(core, face, name, &call, record), error)
+    run_checked(core, face, name, &call, record, error)
 }
 
 /// The provider receives a local record (584 bytes to clear) only when the caller's is not
@@ -767,10 +767,11 @@ fn run_with_local_record(
     error: *mut guild_error_info_t,
 ) -> guild_status_t {
     let mut local = guild_error_info_t::new();
-    or_report!(run_checked(core, face, name, call, &mut local), error)
+    run_checked(core, face, name, call, &mut local, error)
 }
 
-/// Takes the handle and runs the checked call with `record` as the provider's error record.
+/// Takes the handle and runs the checked call with `record` as the provider's error record;
+/// a refusal is reported into `error`, the caller's record.
 #[inline(always)]
 fn run_checked(
     core: &ServiceCore,
@@ -778,18 +779,19 @@ fn run_checked(
     name: HandleName,
     call: &Call<'_>,
     record: &mut guild_error_info_t,
-) -> Result<guild_status_t, Failure> {
+    error: *mut guild_error_info_t,
+) -> guild_status_t {
     let entered = match core.handles.enter_running(name, face == Face::Runner) {
         Ok(entered) => entered,
-        Err(why) => return Err(refused(core, "execute", why)),
+        Err(why) => return report(error, refused(core, "execute", why)),
     };
     let h = entered.data();
     // SAFETY: `entered` holds the exclusivity of this very handle's gate; the record is the
     // caller's (or a local), not one of the handle's cells; the caller vouches for the memory
     // its tensors and scratch name (the service's contract).
     match unsafe { h.execute(entered.running(), call, record) } {
-        Ok(()) => Ok(GUILD_STATUS_OK),
-        Err(e) => provider_or_failure(h, e, record),
+        Ok(()) => GUILD_STATUS_OK,
+        Err(e) => or_report!(provider_or_failure(h, e, record), error),
     }
 }
 
