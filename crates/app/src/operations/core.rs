@@ -1936,3 +1936,47 @@ fn check_scratch(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Rust face's compact descriptor must accept and refuse exactly what the whole
+    /// descriptor does: every field a contract fixes is compared, entries above the rank and
+    /// the data address are not.
+    #[test]
+    fn a_slice_descriptor_matches_exactly_when_its_tensor_desc_does() {
+        let negotiated = TensorDesc::new(DType::F32, &[4, 2], MemorySpace::Host);
+        let shape = Shape::of(&negotiated, &negotiated.check().unwrap());
+        let with = |change: fn(&mut TensorDesc)| {
+            let mut d = negotiated;
+            change(&mut d);
+            d
+        };
+        let cases = [
+            (negotiated, true),
+            (with(|d| d.dims[5] = 9), true),
+            (with(|d| d.strides[6] = 3), true),
+            (with(|d| d.data_addr = Some(64)), true),
+            (with(|d| d.dims[0] = 5), false),
+            (with(|d| d.dims[1] = 1), false),
+            (with(|d| d.strides[1] = 8), false),
+            (with(|d| d.rank = 3), false),
+            (with(|d| d.dtype = DType::F16), false),
+            (with(|d| d.memory_space = MemorySpace::Device), false),
+            (with(|d| d.device_id = 1), false),
+        ];
+        for (d, expected) in cases {
+            assert_eq!(d.matches(&shape), expected, "{d:?}");
+            assert_eq!(Described::of(&d).matches(&shape), expected, "{d:?}");
+            assert_eq!(Described::of(&d).dtype(), d.dtype);
+            assert_eq!(
+                Described::of(&d).desc(),
+                TensorDesc {
+                    data_addr: None,
+                    ..d
+                }
+            );
+        }
+    }
+}
