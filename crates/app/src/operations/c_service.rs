@@ -141,9 +141,10 @@ fn name_of(
     handle: *mut guild_op_handle_t,
     entry: &str,
 ) -> Result<HandleName, Failure> {
+    // NULL decodes to no slot (index 0 is never issued), so it needs no test of its own.
     match core.handles.decode(handle as usize as u64) {
-        Some(name) if !handle.is_null() => Ok(name),
-        _ => Err(not_a_handle(handle, entry)),
+        Some(name) => Ok(name),
+        None => Err(not_a_handle(handle, entry)),
     }
 }
 
