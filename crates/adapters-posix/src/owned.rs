@@ -62,7 +62,8 @@ use guild_ports::loader::{
     RegisteredRunner, Registrant,
 };
 use guild_ports::provider::{
-    no_operation, ExecuteCall, ExtensionTable, KernelProvider, QueryCall, RunnerProvider,
+    no_operation, ExecuteCall, ExecuteEntry, ExtensionTable, KernelProvider, QueryCall,
+    RunnerProvider,
 };
 
 use crate::extensions::{
@@ -590,6 +591,14 @@ impl KernelProvider for OwnedKernel {
         // stream and params valid for the call), passed on unchanged; `error` is a live, sized
         // record.
         unsafe { (op.execute)(op.user_data, call.raw(), error) }
+    }
+
+    fn execute_entry(&self) -> Option<ExecuteEntry> {
+        // `execute` above hands every call on to this very callback, unchanged.
+        self.gop1.map(|op| ExecuteEntry {
+            execute: op.execute,
+            user_data: op.user_data,
+        })
     }
 
     fn descriptor(&self) -> Option<&guild_kernel_op_desc_v1_t> {

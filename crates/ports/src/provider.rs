@@ -20,6 +20,7 @@
 //! them holds that library (through a binding).
 
 use std::any::Any;
+use std::ffi::c_void;
 use std::fmt;
 
 pub use guild_abi::call::{ExecuteCall, QueryCall};
@@ -27,10 +28,24 @@ use guild_abi::text::set_error;
 use guild_abi::{
     guild_cpu_backend_ext_v2_t, guild_cuda_attn_ext_v1_t, guild_cuda_dense_ext_v1_t,
     guild_cuda_moe_ext_v1_t, guild_cuda_qwen_group_v1_t, guild_error_info_t,
-    guild_kernel_op_desc_v1_t, guild_operation_ext_v1_t, guild_runner_desc_v1_t,
-    guild_runner_model_ext_v1_t, guild_scratch_request_v1_t, guild_status_t,
-    GUILD_STATUS_ERR_UNSUPPORTED,
+    guild_execute_args_v1_t, guild_kernel_op_desc_v1_t, guild_operation_ext_v1_t,
+    guild_runner_desc_v1_t, guild_runner_model_ext_v1_t, guild_scratch_request_v1_t,
+    guild_status_t, GUILD_STATUS_ERR_UNSUPPORTED,
 };
+
+/// A GOP1 `execute` callback and the `user_data` it is called with; see
+/// [`KernelProvider::execute_entry`].
+#[derive(Debug, Clone, Copy)]
+pub struct ExecuteEntry {
+    /// The callback.
+    pub execute: unsafe extern "C" fn(
+        *mut c_void,
+        *const guild_execute_args_v1_t,
+        *mut guild_error_info_t,
+    ) -> guild_status_t,
+    /// Its first argument.
+    pub user_data: *mut c_void,
+}
 
 /// The component named in the error records the defaults write.
 pub const PROVIDER_COMPONENT: &str = "guild.provider";
@@ -102,6 +117,16 @@ pub trait KernelProvider: Any + Send + Sync + fmt::Debug {
     fn execute(&self, call: ExecuteCall<'_>, error: &mut guild_error_info_t) -> guild_status_t {
         let _ = call;
         no_operation(error)
+    }
+
+    /// The C function and `user_data` that [`KernelProvider::execute`] hands every call to,
+    /// when it is exactly that call and nothing more (the dlopen loader's plugins): the
+    /// operation service then calls the function itself, with arguments it has checked as
+    /// [`ExecuteCall::new`] requires, sparing each call the trait's indirection. The function
+    /// stays callable for as long as the provider's library is loaded, like the tables'. `None`
+    /// (the default) keeps every call on `execute`.
+    fn execute_entry(&self) -> Option<ExecuteEntry> {
+        None
     }
 
     /// The host's copy of the C kernel descriptor, when there is one (the dlopen loader always

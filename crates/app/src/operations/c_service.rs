@@ -141,9 +141,10 @@ fn name_of(
     handle: *mut guild_op_handle_t,
     entry: &str,
 ) -> Result<HandleName, Failure> {
+    // NULL decodes to no slot (index 0 is never issued), so it needs no test of its own.
     match core.handles.decode(handle as usize as u64) {
-        Some(name) if !handle.is_null() => Ok(name),
-        _ => Err(not_a_handle(handle, entry)),
+        Some(name) => Ok(name),
+        None => Err(not_a_handle(handle, entry)),
     }
 }
 
@@ -664,14 +665,11 @@ unsafe extern "C" fn service_execute(
     args: *const guild_execute_args_v1_t,
     error: *mut guild_error_info_t,
 ) -> guild_status_t {
-    // The success path builds nothing: a failure is reported (and its text made) only once it
-    // has happened, out of line. The unwinding guard carries only the status back.
+    // The success path builds nothing and moves nothing but the status: a failure is reported
+    // (and its text made) only once it has happened, out of line, where it is found.
     // SAFETY: the service's contract for every argument, passed on as they are.
     match catch_unwind(AssertUnwindSafe(|| unsafe {
-        match execute_checked(user, handle, args, error) {
-            Ok(status) => status,
-            Err(failure) => report(error, failure),
-        }
+        execute_checked(user, handle, args, error)
     })) {
         Ok(status) => status,
         Err(_) => report(
@@ -694,8 +692,20 @@ fn report(error: *mut guild_error_info_t, failure: Failure) -> guild_status_t {
     failure.status
 }
 
+/// The value of a `Result` whose failure is reported into the caller's record (returning its
+/// status from the enclosing function).
+macro_rules! or_report {
+    ($result:expr, $error:expr) => {
+        match $result {
+            Ok(value) => value,
+            Err(failure) => return report($error, failure),
+        }
+    };
+}
+
 /// `execute` once the call is known not to panic: the status to return (the provider's own,
-/// with its report in the caller's record, when it failed), or the service's failure to report.
+/// with its report in the caller's record, when it failed; the service's, reported into the
+/// record, when the call was refused).
 ///
 /// # Safety
 /// The service's contract for each argument.
@@ -705,38 +715,45 @@ unsafe fn execute_checked(
     handle: *mut guild_op_handle_t,
     args: *const guild_execute_args_v1_t,
     error: *mut guild_error_info_t,
-) -> Result<guild_status_t, Failure> {
+) -> guild_status_t {
     // SAFETY: a table's `user`, whose core its holder keeps alive (the service's contract).
-    let (core, face) = unsafe { open_core(user, "execute") }?;
-    let name = name_of(core, handle, "execute")?;
+    let (core, face) = or_report!(unsafe { open_core(user, "execute") }, error);
+    let name = or_report!(name_of(core, handle, "execute"), error);
     if args.is_null() || !args.is_aligned() {
-        return Err(bad_args(0, false));
+        return report(error, bad_args(0, false));
     }
     // SAFETY: non-NULL and aligned; its first field is the caller's size.
     let size = unsafe { args.cast::<u32>().read() };
     if (size as usize) < size_of::<guild_execute_args_v1_t>() {
-        return Err(bad_args(size, true));
+        return report(error, bad_args(size, true));
     }
     // SAFETY: at least as large as the struct this host knows.
     let a = unsafe { &*args };
     if a.reserved != 0 {
-        return Err(bad_args(size, false));
+        return report(error, bad_args(size, false));
     }
     // SAFETY: the arrays are the caller's, valid for this call.
-    let inputs = unsafe { tensor_slice(a.inputs, a.input_count, "input") }?;
+    let inputs = or_report!(
+        unsafe { tensor_slice(a.inputs, a.input_count, "input") },
+        error
+    );
     // SAFETY: as above.
-    let outputs = unsafe { tensor_slice(a.outputs, a.output_count, "output") }?;
+    let outputs = or_report!(
+        unsafe { tensor_slice(a.outputs, a.output_count, "output") },
+        error
+    );
     let call = Call {
         args: a,
         inputs,
         outputs,
     };
     // SAFETY: NULL or a caller-initialised record valid for this call.
-    match unsafe { usable_record(error) } {
+    let record = match unsafe { usable_record(error) } {
         // SAFETY: checked by usable_record; nothing else borrows it during the call.
-        Some(record) => run_checked(core, face, name, &call, unsafe { &mut *record }),
-        None => run_with_local_record(core, face, name, &call),
-    }
+        Some(record) => unsafe { &mut *record },
+        None => return run_with_local_record(core, face, name, &call, error),
+    };
+    run_checked(core, face, name, &call, record, error)
 }
 
 /// The provider receives a local record (584 bytes to clear) only when the caller's is not
@@ -748,12 +765,14 @@ fn run_with_local_record(
     face: Face,
     name: HandleName,
     call: &Call<'_>,
-) -> Result<guild_status_t, Failure> {
+    error: *mut guild_error_info_t,
+) -> guild_status_t {
     let mut local = guild_error_info_t::new();
-    run_checked(core, face, name, call, &mut local)
+    run_checked(core, face, name, call, &mut local, error)
 }
 
-/// Takes the handle and runs the checked call with `record` as the provider's error record.
+/// Takes the handle and runs the checked call with `record` as the provider's error record;
+/// a refusal is reported into `error`, the caller's record.
 #[inline(always)]
 fn run_checked(
     core: &ServiceCore,
@@ -761,21 +780,19 @@ fn run_checked(
     name: HandleName,
     call: &Call<'_>,
     record: &mut guild_error_info_t,
-) -> Result<guild_status_t, Failure> {
-    let outcome = core
-        .handles
-        .with_running(name, face == Face::Runner, |h, running| {
-            // SAFETY: `running` is the exclusivity of this very handle's gate; the record is the
-            // caller's (or a local), not one of the handle's cells; the caller vouches for the
-            // memory its tensors and scratch name (the service's contract).
-            match unsafe { h.execute(running, call, record) } {
-                Ok(()) => Ok(GUILD_STATUS_OK),
-                Err(e) => provider_or_failure(h, e, record),
-            }
-        });
-    match outcome {
-        Ok(result) => result,
-        Err(why) => Err(refused(core, "execute", why)),
+    error: *mut guild_error_info_t,
+) -> guild_status_t {
+    let entered = match core.handles.enter_running(name, face == Face::Runner) {
+        Ok(entered) => entered,
+        Err(why) => return report(error, refused(core, "execute", why)),
+    };
+    let h = entered.data();
+    // SAFETY: `entered` holds the exclusivity of this very handle's gate; the record is the
+    // caller's (or a local), not one of the handle's cells; the caller vouches for the memory
+    // its tensors and scratch name (the service's contract).
+    match unsafe { h.execute(entered.running(), call, record) } {
+        Ok(()) => GUILD_STATUS_OK,
+        Err(e) => or_report!(provider_or_failure(h, e, record), error),
     }
 }
 

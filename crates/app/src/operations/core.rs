@@ -35,7 +35,7 @@ use guild_domain::operation::{
     TensorDesc, TensorInfo, TensorRef, TensorRole, MAX_TENSOR_RANK,
 };
 use guild_ports::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
-use guild_ports::provider::{ExecuteCall, KernelProvider, QueryCall};
+use guild_ports::provider::{ExecuteCall, ExecuteEntry, KernelProvider, QueryCall};
 
 use super::handles::{HandleTable, Running};
 use super::{ExecuteError, ReshapeError, ResolveError, Scratch};
@@ -767,11 +767,17 @@ pub(crate) struct Resolved {
     pub(crate) binding: KernelBinding,
     /// The chosen kernel's provider; its code stays loaded while `binding` lives.
     pub(crate) kernel: Arc<dyn KernelProvider>,
+    /// The C callback `kernel.execute` hands every call to, when it has one
+    /// ([`KernelProvider::execute_entry`]), called directly.
+    entry: Option<ExecuteEntry>,
     /// The chosen contract, shared with the stored kernel.
     pub(crate) candidate: Arc<OpCandidate>,
-    /// Whether every negotiated tensor is in pageable host memory, the only memory a Rust
-    /// slice can vouch for. A reshape keeps every memory space, so this never changes.
-    pub(crate) host_only: bool,
+    /// Whether [`OpHandle::execute`](super::OpHandle::execute) on borrowed slices may run the
+    /// handle: every tensor is in pageable host memory, the only memory a Rust slice can vouch
+    /// for, and the provider's work cannot outlive the call (host-blocking, or a CPU provider).
+    /// A reshape keeps every memory space, so this is fixed at resolution and a call tests one
+    /// flag.
+    pub(crate) plain: bool,
     pub(crate) sync_mode: SyncMode,
     pub(crate) device_id: i32,
     /// Every other candidate of the operation and why it was not chosen, when the resolution
@@ -891,14 +897,63 @@ impl Contract {
 /// What one call writes, touched only by the call that holds the handle's execute exclusivity
 /// (or through `&mut Resolved`).
 struct CallCells {
-    /// The Rust face's C tensors: the negotiated descriptors, whose data pointers each call
-    /// sets before the provider sees them (empty on C handles, whose callers pass their own).
-    inputs: Vec<guild_tensor_desc_v1_t>,
-    outputs: Vec<guild_tensor_desc_v1_t>,
-    /// The error record the Rust face lends providers, reused call after call.
-    error: guild_error_info_t,
+    /// What the Rust face lends the provider.
+    rust: RustCells,
     /// The newest work mark per stream, for release to wait on.
     marks: Vec<Box<dyn WorkMark>>,
+}
+
+/// The Rust face's C call, kept in the handle and reused call after call: only its data
+/// pointers, scratch, stream and params change (empty tensors on C handles, whose callers pass
+/// their own records).
+pub(crate) struct RustCells {
+    /// The negotiated descriptors, whose data pointers each call sets before the provider sees
+    /// them.
+    inputs: Vec<guild_tensor_desc_v1_t>,
+    outputs: Vec<guild_tensor_desc_v1_t>,
+    /// The arguments record, pointing at `inputs` and `outputs` and carrying the handle's sync
+    /// mode and device; [`RustCells::point`] keeps it so whenever the tensors change.
+    pub(crate) args: guild_execute_args_v1_t,
+    /// The error record the Rust face lends providers.
+    pub(crate) error: guild_error_info_t,
+}
+
+impl RustCells {
+    fn new(sync_mode: SyncMode, device_id: i32) -> Self {
+        let mut cells = RustCells {
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            args: guild_execute_args_v1_t {
+                struct_size: size_of::<guild_execute_args_v1_t>() as u32,
+                reserved: 0,
+                inputs: std::ptr::null(),
+                input_count: 0,
+                outputs: std::ptr::null(),
+                output_count: 0,
+                scratch_host: std::ptr::null_mut(),
+                scratch_host_size: 0,
+                scratch_device: std::ptr::null_mut(),
+                scratch_device_size: 0,
+                stream: std::ptr::null_mut(),
+                device_id,
+                sync_mode: sync_mode.raw(),
+                params: std::ptr::null(),
+                params_size: 0,
+            },
+            error: guild_error_info_t::new(),
+        };
+        cells.point();
+        cells
+    }
+
+    /// Points the arguments record at the current tensor arrays (after they were replaced or
+    /// refilled, which may move them).
+    fn point(&mut self) {
+        self.args.inputs = self.inputs.as_ptr();
+        self.args.input_count = self.inputs.len();
+        self.args.outputs = self.outputs.as_ptr();
+        self.args.output_count = self.outputs.len();
+    }
 }
 
 /// The scratch as `describe` and `scratch` report it: a sequence lock, so that a reader beside
@@ -1066,13 +1121,12 @@ pub(crate) struct Call<'a> {
     pub(crate) outputs: &'a [guild_tensor_desc_v1_t],
 }
 
-/// The Rust face's view of one call: the contract and the call cells, for the call that holds
-/// the handle's execute exclusivity.
+/// The Rust face's view of one call: the contract and the Rust face's call cells, for the call
+/// that holds the handle's execute exclusivity. Two pointers, so that the checks keep it in
+/// registers.
 pub(crate) struct RustCall<'a> {
     pub(crate) contract: &'a Contract,
-    pub(crate) inputs: &'a mut [guild_tensor_desc_v1_t],
-    pub(crate) outputs: &'a mut [guild_tensor_desc_v1_t],
-    pub(crate) error: &'a mut guild_error_info_t,
+    pub(crate) cells: &'a mut RustCells,
 }
 
 impl Resolved {
@@ -1098,13 +1152,16 @@ impl Resolved {
             spec.sync_mode,
             spec.device.device_id,
         );
+        let plain =
+            host_only && (sync_mode == SyncMode::HostBlocking || candidate.backend == Backend::Cpu);
         Resolved {
             binding,
+            entry: kernel.execute_entry(),
             kernel,
             align_mask: candidate.min_alignment.max(1) - 1,
             call_key,
             takes_stream: candidate.backend != Backend::Cpu,
-            host_only,
+            plain,
             sync_mode,
             device_id,
             candidate,
@@ -1113,9 +1170,7 @@ impl Resolved {
             published: PublishedScratch::new(scratch),
             contract: UnsafeCell::new(Contract::new(query, scratch)),
             call: UnsafeCell::new(CallCells {
-                inputs: Vec::new(),
-                outputs: Vec::new(),
-                error: guild_error_info_t::new(),
+                rust: RustCells::new(sync_mode, device_id),
                 marks: Vec::new(),
             }),
             reshaping: UnsafeCell::new(ReshapeCells::default()),
@@ -1148,20 +1203,22 @@ impl Resolved {
         for t in inputs.iter_mut().chain(outputs.iter_mut()) {
             t.data = std::ptr::null_mut();
         }
-        let call = self.call.get_mut();
-        call.inputs = inputs;
-        call.outputs = outputs;
+        let cells = &mut self.call.get_mut().rust;
+        cells.inputs = inputs;
+        cells.outputs = outputs;
+        cells.point();
     }
 
     /// Makes the Rust face's C tensors: the negotiated descriptors, without data.
     pub(crate) fn prepare_rust_calls(&mut self) {
         let contract = self.contract.get_mut();
-        let call = self.call.get_mut();
+        let cells = &mut self.call.get_mut().rust;
         let c = |d: &TensorDesc| c_tensor(d, std::ptr::null_mut());
-        call.inputs.clear();
-        call.inputs.extend(contract.inputs().iter().map(c));
-        call.outputs.clear();
-        call.outputs.extend(contract.outputs().iter().map(c));
+        cells.inputs.clear();
+        cells.inputs.extend(contract.inputs().iter().map(c));
+        cells.outputs.clear();
+        cells.outputs.extend(contract.outputs().iter().map(c));
+        cells.point();
     }
 
     /// The Rust face's view of a call.
@@ -1173,14 +1230,12 @@ impl Resolved {
     pub(crate) unsafe fn rust_call<'a>(&'a self, running: &'a Running<'_>) -> RustCall<'a> {
         let _ = running;
         // SAFETY: a Rust handle's contract changes only through `&mut`, which `&self` excludes;
-        // `running` gives this call the call cells, of which the view takes disjoint fields.
+        // `running` gives this call the call cells, of which the view takes the Rust face's
+        // (the marks, which `record` takes, are another field).
         unsafe {
-            let call = self.call.get();
             RustCall {
                 contract: self.contract(),
-                inputs: &mut *std::ptr::addr_of_mut!((*call).inputs),
-                outputs: &mut *std::ptr::addr_of_mut!((*call).outputs),
-                error: &mut *std::ptr::addr_of_mut!((*call).error),
+                cells: &mut *std::ptr::addr_of_mut!((*self.call.get()).rust),
             }
         }
     }
@@ -1194,7 +1249,7 @@ impl Resolved {
     /// `error` must not be one of the handle's cells; the caller of the service vouches that
     /// each data pointer and the scratch buffers address live memory of the checked extents for
     /// the call (the service's contract).
-    #[inline]
+    #[inline(always)]
     pub(crate) unsafe fn execute(
         &self,
         running: &Running<'_>,
@@ -1238,10 +1293,18 @@ impl Resolved {
         args: &guild_execute_args_v1_t,
         error: &mut guild_error_info_t,
     ) -> Result<(), ExecuteError> {
-        // SAFETY: the caller's contract is ExecuteCall's.
-        let checked = unsafe { ExecuteCall::new(args) };
         // The provider's library stays loaded while `self.binding` lives.
-        let status = self.kernel.execute(checked, error);
+        let status = match self.entry {
+            // SAFETY: the provider's own callback and user_data, which it says `execute`
+            // hands every call to (`execute_entry`'s contract), with arguments meeting
+            // `ExecuteCall::new`'s contract (this function's) and a live, sized record.
+            Some(entry) => unsafe { (entry.execute)(entry.user_data, args, error) },
+            None => {
+                // SAFETY: the caller's contract is ExecuteCall's.
+                let checked = unsafe { ExecuteCall::new(args) };
+                self.kernel.execute(checked, error)
+            }
+        };
         if self.streams.is_some() {
             // SAFETY: `running` is this handle's exclusivity (the caller's contract).
             unsafe { self.record(running, args, status) }?;
@@ -1605,6 +1668,9 @@ pub(crate) struct Shape {
     head: u64,
     /// `memory_space | device_id << 32`.
     place: u64,
+    /// The memory space and device as a [`TensorDesc`] holds them, for the Rust face's check.
+    space: MemorySpace,
+    device_id: i32,
     /// The rank, at most [`MAX_TENSOR_RANK`].
     rank: usize,
     /// The tensor's byte extent, which a Rust call's buffer must hold.
@@ -1623,6 +1689,8 @@ impl Shape {
         Shape {
             head: Self::head(d.dtype.raw(), d.rank),
             place: call_key(d.memory_space.bit(), d.device_id),
+            space: d.memory_space,
+            device_id: d.device_id,
             rank,
             byte_extent: info.byte_extent,
             dims,
@@ -1662,7 +1730,8 @@ impl Shape {
     #[inline(always)]
     pub(crate) fn matches_desc(&self, d: &TensorDesc) -> bool {
         Self::head(d.dtype.raw(), d.rank) == self.head
-            && call_key(d.memory_space.bit(), d.device_id) == self.place
+            && d.memory_space == self.space
+            && d.device_id == self.device_id
             && self.same_extents(&d.dims, &d.strides)
     }
 }
@@ -1673,31 +1742,30 @@ impl RustCall<'_> {
     /// writes each data pointer into the call's C tensors. One pass; nothing is copied but the
     /// pointers.
     #[inline(always)]
-    pub(crate) fn fill<'b>(
+    pub(crate) fn fill<'b, D: Describes + 'b>(
         &mut self,
         r: &Resolved,
         role: TensorRole,
-        args: impl ExactSizeIterator<Item = BufferArg<'b>>,
+        args: impl ExactSizeIterator<Item = BufferArg<'b, D>>,
     ) -> Result<(), ExecuteError> {
         let shapes = self.contract.shapes(role);
         let out: &mut [guild_tensor_desc_v1_t] = match role {
-            TensorRole::Input => self.inputs,
-            TensorRole::Output => self.outputs,
+            TensorRole::Input => &mut self.cells.inputs,
+            TensorRole::Output => &mut self.cells.outputs,
         };
         if args.len() != shapes.len() || out.len() != shapes.len() {
             return Err(arity(role, shapes.len(), args.len()));
         }
+        let mask = r.align_mask;
         for (index, ((arg, slot), shape)) in args.zip(out.iter_mut()).zip(shapes).enumerate() {
             let (desc, element, ptr, len) = arg;
             let address = ptr as usize as u64;
-            let fits = u64::try_from(len).unwrap_or(u64::MAX) >= shape.byte_extent;
-            let typed = element.is_none_or(|e| e == desc.dtype);
-            if !shape.matches_desc(desc)
-                || !typed
-                || !fits
-                || address == 0
-                || address & r.align_mask != 0
-            {
+            let ok = desc.matches(shape)
+                && element.is_none_or(|e| e == desc.dtype())
+                && u64::try_from(len).unwrap_or(u64::MAX) >= shape.byte_extent
+                && address != 0
+                && address & mask == 0;
+            if !ok {
                 return Err(self.bad_buffer(r, TensorRef { role, index }, arg));
             }
             slot.data = ptr;
@@ -1707,7 +1775,12 @@ impl RustCall<'_> {
 
     /// Why a buffer failed [`RustCall::fill`].
     #[cold]
-    fn bad_buffer(&self, r: &Resolved, tensor: TensorRef, arg: BufferArg<'_>) -> ExecuteError {
+    fn bad_buffer<D: Describes>(
+        &self,
+        r: &Resolved,
+        tensor: TensorRef,
+        arg: BufferArg<'_, D>,
+    ) -> ExecuteError {
         let (desc, element, ptr, len) = arg;
         let list = match tensor.role {
             TensorRole::Input => self.contract.inputs(),
@@ -1723,18 +1796,18 @@ impl RustCall<'_> {
             .contract
             .shapes(tensor.role)
             .get(tensor.index)
-            .is_some_and(|s| s.matches_desc(desc));
+            .is_some_and(|s| desc.matches(s));
         if !same {
             return ExecuteError::DescriptorMismatch {
                 tensor,
                 expected: Box::new(*expected),
-                actual: Box::new(*desc),
+                actual: Box::new(desc.desc()),
             };
         }
-        if let Some(element) = element.filter(|&e| e != desc.dtype) {
+        if let Some(element) = element.filter(|&e| e != desc.dtype()) {
             return ExecuteError::ElementType {
                 tensor,
-                dtype: desc.dtype,
+                dtype: desc.dtype(),
                 element,
             };
         }
@@ -1751,7 +1824,87 @@ impl RustCall<'_> {
 
 /// One buffer of a Rust call: its descriptor, the element type its Rust slice holds (`None` for
 /// raw bytes or device memory), its address and its length in bytes.
-pub(crate) type BufferArg<'a> = (&'a TensorDesc, Option<DType>, *mut c_void, usize);
+pub(crate) type BufferArg<'a, D> = (&'a D, Option<DType>, *mut c_void, usize);
+
+/// A Rust call's descriptor of a buffer, as its checks read it.
+pub(crate) trait Describes {
+    /// Whether it is the negotiated tensor `shape`, its data address aside.
+    fn matches(&self, shape: &Shape) -> bool;
+    /// Its element type.
+    fn dtype(&self) -> DType;
+    /// The descriptor itself, for an error report.
+    fn desc(&self) -> TensorDesc;
+}
+
+impl Describes for TensorDesc {
+    #[inline(always)]
+    fn matches(&self, shape: &Shape) -> bool {
+        shape.matches_desc(self)
+    }
+
+    #[inline(always)]
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    fn desc(&self) -> TensorDesc {
+        *self
+    }
+}
+
+/// A slice argument's descriptor as the Rust face keeps it: every field of a [`TensorDesc`]
+/// that a contract fixes, without the data address (the slice's replaces it). Its parts are
+/// short enough to be copied inline, where a whole `TensorDesc` (160 bytes) took a call to
+/// `memcpy` for every argument a caller built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Described {
+    /// `dtype | rank << 32`, as [`Shape`] keeps it.
+    head: u64,
+    space: MemorySpace,
+    device_id: i32,
+    dims: [u64; MAX_TENSOR_RANK],
+    strides: [u64; MAX_TENSOR_RANK],
+}
+
+impl Described {
+    #[inline(always)]
+    pub(crate) fn of(d: &TensorDesc) -> Self {
+        Described {
+            head: Shape::head(d.dtype.raw(), d.rank),
+            space: d.memory_space,
+            device_id: d.device_id,
+            dims: d.dims,
+            strides: d.strides,
+        }
+    }
+}
+
+impl Describes for Described {
+    #[inline(always)]
+    fn matches(&self, shape: &Shape) -> bool {
+        self.head == shape.head
+            && self.space == shape.space
+            && self.device_id == shape.device_id
+            && shape.same_extents(&self.dims, &self.strides)
+    }
+
+    #[inline(always)]
+    fn dtype(&self) -> DType {
+        DType::from_raw(self.head as u32)
+    }
+
+    fn desc(&self) -> TensorDesc {
+        TensorDesc {
+            dtype: self.dtype(),
+            rank: (self.head >> 32) as u32,
+            dims: self.dims,
+            strides: self.strides,
+            memory_space: self.space,
+            device_id: self.device_id,
+            data_addr: None,
+        }
+    }
+}
 /// The text a callback left in an error record, up to its first NUL.
 fn error_text(error: &guild_error_info_t) -> String {
     fixed_buffer_text(&error.message)
@@ -1782,4 +1935,48 @@ fn check_scratch(
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Rust face's compact descriptor must accept and refuse exactly what the whole
+    /// descriptor does: every field a contract fixes is compared, entries above the rank and
+    /// the data address are not.
+    #[test]
+    fn a_slice_descriptor_matches_exactly_when_its_tensor_desc_does() {
+        let negotiated = TensorDesc::new(DType::F32, &[4, 2], MemorySpace::Host);
+        let shape = Shape::of(&negotiated, &negotiated.check().unwrap());
+        let with = |change: fn(&mut TensorDesc)| {
+            let mut d = negotiated;
+            change(&mut d);
+            d
+        };
+        let cases = [
+            (negotiated, true),
+            (with(|d| d.dims[5] = 9), true),
+            (with(|d| d.strides[6] = 3), true),
+            (with(|d| d.data_addr = Some(64)), true),
+            (with(|d| d.dims[0] = 5), false),
+            (with(|d| d.dims[1] = 1), false),
+            (with(|d| d.strides[1] = 8), false),
+            (with(|d| d.rank = 3), false),
+            (with(|d| d.dtype = DType::F16), false),
+            (with(|d| d.memory_space = MemorySpace::Device), false),
+            (with(|d| d.device_id = 1), false),
+        ];
+        for (d, expected) in cases {
+            assert_eq!(d.matches(&shape), expected, "{d:?}");
+            assert_eq!(Described::of(&d).matches(&shape), expected, "{d:?}");
+            assert_eq!(Described::of(&d).dtype(), d.dtype);
+            assert_eq!(
+                Described::of(&d).desc(),
+                TensorDesc {
+                    data_addr: None,
+                    ..d
+                }
+            );
+        }
+    }
 }

@@ -397,6 +397,27 @@ pub(crate) struct HandleName {
     generation: u64,
 }
 
+/// A handle taken for an `execute` or a reshape: its data, lent for as long as the execute
+/// exclusivity (which ends when this drops) is held.
+pub(crate) struct Entered<'t, T> {
+    data: &'t T,
+    running: Running<'t>,
+}
+
+impl<T> Entered<'_, T> {
+    /// The handle's data, borrowed no longer than the exclusivity lives.
+    #[inline(always)]
+    pub(crate) fn data(&self) -> &T {
+        self.data
+    }
+
+    /// The exclusivity.
+    #[inline(always)]
+    pub(crate) fn running(&self) -> &Running<'_> {
+        &self.running
+    }
+}
+
 /// The table is full (16 million live handles).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct TableFull;
@@ -500,9 +521,7 @@ impl<T> HandleTable<T> {
         Ok(body(data))
     }
 
-    /// Runs `body` with the handle's data and its execute exclusivity. Inlined: it is the
-    /// C face's execute path, which would otherwise pay a call and the moves of `body`'s
-    /// captures and result.
+    /// Runs `body` with the handle's data and its execute exclusivity.
     #[inline(always)]
     pub(crate) fn with_running<R>(
         &self,
@@ -510,11 +529,26 @@ impl<T> HandleTable<T> {
         wait: bool,
         body: impl FnOnce(&T, &Running<'_>) -> R,
     ) -> Result<R, Refused> {
+        let entered = self.enter_running(name, wait)?;
+        Ok(body(entered.data(), entered.running()))
+    }
+
+    /// Takes the handle's execute exclusivity: the handle's data and the exclusivity, which
+    /// ends when the returned value drops. Inlined and without a closure: it is the C face's
+    /// execute path, where a closure's body was kept out of line and its result moved through
+    /// memory.
+    #[inline(always)]
+    pub(crate) fn enter_running(
+        &self,
+        name: HandleName,
+        wait: bool,
+    ) -> Result<Entered<'_, T>, Refused> {
         let slot = self.slot(name.index).ok_or(Refused::Stale)?;
         let running = slot.gate.enter_run(name.generation, wait)?;
-        // SAFETY: as in `with_shared`: the running call keeps the handle from being retired.
+        // SAFETY: as in `with_shared`: the running call keeps the handle from being retired
+        // while `running` lives, and `Entered` lends the data only for as long as it does.
         let data = unsafe { &*slot.data.load(Ordering::Acquire) };
-        Ok(body(data, &running))
+        Ok(Entered { data, running })
     }
 
     /// Takes the handle out: refused (and nothing changes) while a call uses it or waits for

@@ -94,7 +94,7 @@ use guild_domain::version::{PackedVersion, Version};
 use guild_ports::device::{DeviceError, StreamRef};
 
 use self::core::ServiceCore;
-use self::core::{BufferArg, Negotiation, Resolved};
+use self::core::{BufferArg, Described, Describes, Negotiation, Resolved};
 pub use self::core::{DeviceSupport, PassReason, PassedOver};
 use self::handles::{Gate, Lone, Refused};
 use crate::snapshot::KernelBinding;
@@ -514,17 +514,8 @@ impl OpHandle<'_> {
         params: &[u8],
     ) -> Result<(), ExecuteError> {
         let r = &self.resolved;
-        if r.sync_mode != SyncMode::HostBlocking && r.candidate.backend != Backend::Cpu {
-            // The work could outlive the borrows of these slices; such handles run through
-            // `execute_on_stream`, whose caller vouches for the buffers' lifetime.
-            return Err(ExecuteError::SyncMode {
-                resolved: r.sync_mode,
-                got: SyncMode::HostBlocking.raw(),
-            });
-        }
-        if !r.host_only {
-            // A slice is host memory; a provider told otherwise would hand it to a device.
-            return Err(not_host_memory(self.inputs(), self.outputs()));
+        if !r.plain {
+            return Err(not_plain(self));
         }
         // Every data pointer addresses a live Rust buffer of at least the tensor's byte extent
         // (checked in `run`), borrowed for this call by the arguments.
@@ -600,10 +591,10 @@ impl OpHandle<'_> {
     /// device scratch, which a provider needing some refuses. The caller vouches that the
     /// pointers address the memory they describe.
     #[inline(always)]
-    fn run<'a>(
+    fn run<'a, D: Describes + 'a>(
         &self,
-        inputs: impl ExactSizeIterator<Item = BufferArg<'a>>,
-        outputs: impl ExactSizeIterator<Item = BufferArg<'a>>,
+        inputs: impl ExactSizeIterator<Item = BufferArg<'a, D>>,
+        outputs: impl ExactSizeIterator<Item = BufferArg<'a, D>>,
         scratch_host: Option<&mut [u8]>,
         scratch_device: Option<(*mut c_void, u64)>,
         stream: guild_stream_t,
@@ -642,37 +633,46 @@ impl OpHandle<'_> {
             scratch_device,
             scratch_device_size,
         )?;
-        let args = guild_abi::guild_execute_args_v1_t {
-            struct_size: size_of::<guild_abi::guild_execute_args_v1_t>() as u32,
-            reserved: 0,
-            inputs: call.inputs.as_ptr(),
-            input_count: call.inputs.len(),
-            outputs: call.outputs.as_ptr(),
-            output_count: call.outputs.len(),
-            scratch_host,
-            scratch_host_size,
-            scratch_device,
-            scratch_device_size,
-            stream,
-            device_id: r.device_id,
-            sync_mode: r.sync_mode.raw(),
-            params: if params.is_empty() {
-                std::ptr::null()
-            } else {
-                params.as_ptr().cast()
-            },
-            params_size: params.len(),
+        let cells = call.cells;
+        let args = &mut cells.args;
+        args.scratch_host = scratch_host;
+        args.scratch_host_size = scratch_host_size;
+        args.scratch_device = scratch_device;
+        args.scratch_device_size = scratch_device_size;
+        args.stream = stream;
+        args.params = if params.is_empty() {
+            std::ptr::null()
+        } else {
+            params.as_ptr().cast()
         };
+        args.params_size = params.len();
         // The record is reused: only what a provider's report is read from is reset.
-        call.error.status = guild_abi::GUILD_STATUS_OK;
-        call.error.component[0] = 0;
-        call.error.message[0] = 0;
-        // SAFETY: every tensor is the negotiated descriptor with a data pointer checked for its
-        // byte extent and alignment (`fill`), the scratch was checked, the sync mode and device
-        // are the handle's own, and the stream is the caller's to vouch for (as the memory is);
-        // `running` is held.
-        unsafe { r.call_provider(&running, &args, call.error) }
+        cells.error.status = guild_abi::GUILD_STATUS_OK;
+        cells.error.component[0] = 0;
+        cells.error.message[0] = 0;
+        // SAFETY: the record's tensors are the negotiated descriptors with data pointers
+        // checked for their byte extent and alignment (`fill`), its scratch was checked, its
+        // sync mode and device are the handle's own (set at resolution), and the stream is the
+        // caller's to vouch for (as the memory is); `running` is held.
+        unsafe { r.call_provider(&running, &cells.args, &mut cells.error) }
     }
+}
+
+/// Why [`OpHandle::execute`] on slices cannot run the handle.
+#[cold]
+#[inline(never)]
+fn not_plain(h: &OpHandle<'_>) -> ExecuteError {
+    let r = &h.resolved;
+    if r.sync_mode != SyncMode::HostBlocking && r.candidate.backend != Backend::Cpu {
+        // The work could outlive the borrows of these slices; such handles run through
+        // `execute_on_stream`, whose caller vouches for the buffers' lifetime.
+        return ExecuteError::SyncMode {
+            resolved: r.sync_mode,
+            got: SyncMode::HostBlocking.raw(),
+        };
+    }
+    // A slice is host memory; a provider told otherwise would hand it to a device.
+    not_host_memory(h.inputs(), h.outputs())
 }
 
 /// The error for slices passed to a handle negotiated for memory a slice cannot stand for.
@@ -907,7 +907,7 @@ element!(
 /// provider reads it only.
 #[derive(Debug, Clone, Copy)]
 pub struct TensorArg<'a> {
-    desc: TensorDesc,
+    desc: Described,
     dtype: Option<DType>,
     ptr: *mut c_void,
     len: usize,
@@ -918,7 +918,7 @@ impl<'a> TensorArg<'a> {
     /// `data` holding a tensor described by `desc` (whose address is replaced by the buffer's).
     pub fn new<T: Element>(desc: TensorDesc, data: &'a [T]) -> Self {
         TensorArg {
-            desc,
+            desc: Described::of(&desc),
             dtype: T::DTYPE,
             // The provider receives a `*mut` by the C ABI's shape but only reads inputs.
             ptr: data.as_ptr().cast_mut().cast(),
@@ -931,7 +931,7 @@ impl<'a> TensorArg<'a> {
 /// An output tensor: its descriptor and an exclusive borrow of the buffer it is written into.
 #[derive(Debug)]
 pub struct TensorArgMut<'a> {
-    desc: TensorDesc,
+    desc: Described,
     dtype: Option<DType>,
     ptr: *mut c_void,
     len: usize,
@@ -943,7 +943,7 @@ impl<'a> TensorArgMut<'a> {
     /// buffer's).
     pub fn new<T: Element>(desc: TensorDesc, data: &'a mut [T]) -> Self {
         TensorArgMut {
-            desc,
+            desc: Described::of(&desc),
             dtype: T::DTYPE,
             len: size_of_val(data),
             ptr: data.as_mut_ptr().cast(),
