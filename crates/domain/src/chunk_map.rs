@@ -2,7 +2,7 @@
 //! change copies that map (the draft of the next commit, the committed state a store hands out)
 //! and then writes to one or two entries of it, so a copy must not cost the size of the store.
 //!
-//! The entries are kept in key order in chunks of at most [`MAX_CHUNK`] entries, each chunk
+//! The entries are kept in key order in chunks of at most `MAX_CHUNK` (64) entries, each chunk
 //! behind an [`Arc`]. Cloning the map copies one pointer per chunk (a store of 10,000 packages
 //! has about 160 of them); writing to an entry copies only its chunk, and only when another map
 //! still shares it. Two maps of one lineage can then be compared chunk by chunk, skipping every
