@@ -577,6 +577,11 @@ fn cli_purge_forgets_removed_versions_and_with_them_the_immutability_promise() {
     let purged = b.run(&["--json", "purge", "example.scan"]);
     purged.expect(0);
     assert_eq!(purged.json()["purged"], serde_json::json!(["1.0.0"]));
+    // Nothing removed is left to purge: not found, with where to look.
+    b.run(&["purge", "example.scan"])
+        .expect(6)
+        .stderr_has("example.scan has no removed version to purge")
+        .stderr_has("guild status example.scan");
     let status = b.run(&["--json", "status", "example.scan"]);
     status.expect(0);
     assert!(!status.stdout.contains("\"1.0.0\""), "{}", status.stdout);
