@@ -1,5 +1,10 @@
 //! Kernel-registry lookups against a `Mutex<HashMap>` baseline, in the same run: `find_by_id`
 //! latency on one thread, and lookup throughput on one and two threads.
+//!
+//! With `GUILD_BENCH_CALLS=n` the benchmark instead runs each lookup `n` times in its own
+//! never-inlined function (`lookups_registry`, `lookups_baseline`) and exits, for instruction
+//! counts: `GUILD_BENCH_CALLS=100000 valgrind --tool=callgrind <bench binary> --bench`, then
+//! `callgrind_annotate --inclusive=yes` and divide each function's count by `n`.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -9,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use criterion::{black_box, criterion_group, Criterion};
 use guild_domain::ids::{ImplId, OpName, PackageId};
 use guild_domain::operation::Backend;
 use guild_domain::version::Version;
@@ -69,7 +74,7 @@ fn latency(c: &mut Criterion) {
     let base = baseline();
     let probe = impl_id(PACKAGES / 2, 3);
     let mut g = c.benchmark_group("find_by_id");
-    g.bench_function("registry (arc-swap snapshot, binding taken)", |b| {
+    g.bench_function("registry (binding taken)", |b| {
         b.iter(|| black_box(reg.find_by_id(black_box(&probe))).is_some())
     });
     g.bench_function("baseline Mutex<HashMap> (Arc clone)", |b| {
@@ -168,5 +173,41 @@ fn throughput_table(_: &mut Criterion) {
     }
 }
 
+/// `n` lookups through the registry, each binding dropped at once.
+#[inline(never)]
+fn lookups_registry(n: u64, reg: &StandaloneRegistry, probe: &ImplId) -> u64 {
+    (0..n)
+        .filter(|_| black_box(reg.find_by_id(black_box(probe))).is_some())
+        .count() as u64
+}
+
+/// `n` lookups through the baseline.
+#[inline(never)]
+fn lookups_baseline(
+    n: u64,
+    base: &Mutex<HashMap<ImplId, Arc<(ImplId, i32)>>>,
+    probe: &ImplId,
+) -> u64 {
+    (0..n)
+        .filter(|_| black_box(base.lock().unwrap().get(black_box(probe)).cloned()).is_some())
+        .count() as u64
+}
+
 criterion_group!(benches, latency, throughput_table);
-criterion_main!(benches);
+
+fn main() {
+    if let Some(n) = std::env::var("GUILD_BENCH_CALLS")
+        .ok()
+        .and_then(|n| n.parse::<u64>().ok())
+    {
+        let (reg, base) = (registry(), baseline());
+        let probe = impl_id(PACKAGES / 2, 3);
+        // Warm both paths once (the thread's table, lazy binding) before the counted calls.
+        let warm = lookups_registry(1, &reg, &probe) + lookups_baseline(1, &base, &probe);
+        let found = lookups_registry(n, &reg, &probe) + lookups_baseline(n, &base, &probe);
+        assert_eq!((warm, found), (2, 2 * n), "every lookup finds the probe");
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -59,6 +59,7 @@ pub mod error;
 #[allow(unsafe_code)] // The CPE1 boundary: expert callbacks and the host-owned aligned buffers.
 pub mod experts;
 pub mod host;
+mod id_lookup;
 #[allow(unsafe_code)] // The runner boundary: RMD1 callbacks and the C model reader's entry points.
 pub mod models;
 #[allow(unsafe_code)] // The C service boundary: GOP1 callbacks and the service's C table.

@@ -3,7 +3,9 @@
 //!
 //! Readers load an immutable [`Snapshot`] through arc-swap; writers (publication, enable,
 //! disable, unload) build a new snapshot and swap it in while holding the registry's lifecycle
-//! lock, so that they are serialised with each other and never block a reader.
+//! lock, so that they are serialised with each other and never block a reader. A lookup by impl
+//! id reads, instead of the snapshot, the thread's copy of an impl-id table published with it,
+//! which holds the kernels weakly (see `id_lookup`).
 //!
 //! A [`KernelBinding`] is the spec's aliasing shared pointer: one `Arc` that keeps both the stored
 //! operation and the library it points into alive. The library of a package that was unloaded or
@@ -57,6 +59,7 @@ use guild_domain::operation::Backend;
 use guild_domain::version::Version;
 use guild_ports::loader::LoadedPlugin;
 
+use crate::id_lookup::IdLookup;
 use crate::operations::core::ServiceCore;
 use crate::operations::{DeviceSupport, OperationService};
 pub(crate) use crate::snapshot::{CNames, Quiet};
@@ -261,6 +264,8 @@ pub struct KernelRegistry {
     /// The operation service over this registry. Every library loaded with its table keeps the
     /// core alive too, so a plugin's late call finds it closed, never freed.
     service: Arc<ServiceCore>,
+    /// The impl-id table [`KernelRegistry::find_by_id`] reads, republished with each snapshot.
+    ids: IdLookup,
 }
 
 impl fmt::Debug for KernelRegistry {
@@ -303,6 +308,7 @@ impl KernelRegistry {
             writer: Mutex::new(HashMap::new()),
             retired: Mutex::new(Vec::new()),
             quiet: Arc::new(Quiet::default()),
+            ids: IdLookup::new(),
         }
     }
 
@@ -523,7 +529,7 @@ impl KernelRegistry {
         if let Some(old) = &old {
             self.retire(old);
         }
-        let old_snapshot = self.snapshot.swap(Arc::new(Snapshot::rebuild(&writer)));
+        let old_snapshot = self.publish(&writer);
         drop(writer);
         // Dropping the replaced entry and snapshot may close a library and run the plugin's
         // shutdown; that happens after the writer lock is released, so a shutdown that calls
@@ -545,7 +551,7 @@ impl KernelRegistry {
                 package: id.clone(),
             })?;
         entry.enabled = enabled;
-        let old_snapshot = self.snapshot.swap(Arc::new(Snapshot::rebuild(&writer)));
+        let old_snapshot = self.publish(&writer);
         drop(writer);
         drop(old_snapshot);
         Ok(())
@@ -563,7 +569,7 @@ impl KernelRegistry {
                 package: id.clone(),
             })?;
         self.retire(&entry);
-        let old_snapshot = self.snapshot.swap(Arc::new(Snapshot::rebuild(&writer)));
+        let old_snapshot = self.publish(&writer);
         drop(writer);
         let unloaded = Unloaded {
             package: id.clone(),
@@ -574,6 +580,14 @@ impl KernelRegistry {
         drop(entry);
         drop(old_snapshot);
         Ok(unloaded)
+    }
+
+    /// Swaps in the snapshot of `writer` (the registry's writer side, locked by the caller)
+    /// and its impl-id table, answering the snapshot it replaced.
+    fn publish(&self, writer: &HashMap<PackageId, PackageEntry>) -> Arc<Snapshot> {
+        let snapshot = Arc::new(Snapshot::rebuild(writer));
+        self.ids.publish(&snapshot);
+        self.snapshot.swap(snapshot)
     }
 
     fn retire(&self, entry: &PackageEntry) {
@@ -709,12 +723,12 @@ impl KernelRegistry {
     }
 
     /// The enabled kernel with this impl id; `None` also while its package is draining.
+    ///
+    /// The lookup reads this thread's copy of the registry's impl-id table rather than the
+    /// snapshot, so that the binding's own count and reference are its only shared writes
+    /// (see `id_lookup`).
     pub fn find_by_id(&self, impl_id: &ImplId) -> Option<KernelBinding> {
-        self.snapshot
-            .load()
-            .by_id
-            .get(impl_id)
-            .and_then(KernelBinding::try_new)
+        self.ids.find(impl_id).and_then(KernelBinding::bind)
     }
 
     /// The enabled runners, best first (descending priority, then runner id), without those

@@ -277,6 +277,13 @@ impl KernelBinding {
         })
     }
 
+    /// As [`KernelBinding::try_new`], keeping the reference it is given.
+    pub(crate) fn bind(op: Arc<StoredOp>) -> Option<Self> {
+        op.package
+            .try_bind()
+            .map(|stripe| KernelBinding { op, stripe })
+    }
+
     /// The registered kernel.
     pub fn kernel(&self) -> &RegisteredKernel {
         &self.op.kernel

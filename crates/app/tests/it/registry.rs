@@ -231,6 +231,97 @@ fn disabled_packages_are_not_selected_but_stay_loaded() {
     assert!(reg.select(&scan()).is_some());
 }
 
+/// `find_by_id` reads a copy of the registry's impl-id table that each thread keeps between
+/// lookups: that copy must follow every change and must keep no library loaded, also while the
+/// thread that made it sits idle.
+#[test]
+fn a_thread_that_looked_up_a_kernel_follows_changes_and_keeps_no_library_loaded() {
+    use std::sync::mpsc;
+    let open = Arc::new(AtomicU64::new(0));
+    let reg = Arc::new(StandaloneRegistry::new());
+    let closed_v1 = publish(&reg, plugin("a.pkg", "1.0.0", &[("a.scan", 1)], &open));
+    let (ask, asked) = mpsc::channel::<()>();
+    let (answer, answers) = mpsc::channel::<Option<Version>>();
+    let reader = {
+        let reg = reg.clone();
+        std::thread::spawn(move || {
+            let id = ImplId::new("a.scan").unwrap();
+            // One lookup per request; the binding is dropped before the answer is sent, and
+            // the thread then waits idle for the next request.
+            while asked.recv().is_ok() {
+                let found = reg.find_by_id(&id).map(|b| b.version().clone());
+                answer.send(found).unwrap();
+            }
+        })
+    };
+    let lookup = || {
+        ask.send(()).unwrap();
+        answers.recv().unwrap()
+    };
+    assert_eq!(lookup(), Some(Version::new(1, 0, 0)));
+
+    let closed_v2 = publish(&reg, plugin("a.pkg", "2.0.0", &[("a.scan", 1)], &open));
+    assert!(
+        closed_v1.load(Ordering::SeqCst),
+        "the replaced library closes although the idle reader looked its kernel up"
+    );
+    assert_eq!(lookup(), Some(Version::new(2, 0, 0)));
+    reg.set_enabled(&pkg("a.pkg"), false).unwrap();
+    assert_eq!(lookup(), None, "a disabled package is not found");
+    reg.set_enabled(&pkg("a.pkg"), true).unwrap();
+    assert_eq!(lookup(), Some(Version::new(2, 0, 0)));
+    reg.unload(&pkg("a.pkg")).unwrap();
+    assert!(
+        closed_v2.load(Ordering::SeqCst),
+        "the unloaded library closes although the idle reader looked its kernel up"
+    );
+    assert_eq!(lookup(), None);
+    assert_eq!(open.load(Ordering::SeqCst), 0);
+    drop(ask);
+    reader.join().expect("the reader panicked");
+}
+
+/// One thread looks up in more registries than it keeps tables for, all with the same impl
+/// id: each answers its own kernel, also after a change while its table was pushed out.
+#[test]
+fn lookups_across_many_registries_on_one_thread_each_answer_their_own() {
+    let open = Arc::new(AtomicU64::new(0));
+    let registries: Vec<_> = (0..6)
+        .map(|i| {
+            let reg = StandaloneRegistry::new();
+            publish(
+                &reg,
+                plugin(&format!("p{i}.pkg"), "1.0.0", &[("shared.scan", i)], &open),
+            );
+            reg
+        })
+        .collect();
+    let id = ImplId::new("shared.scan").unwrap();
+    let owner = |reg: &StandaloneRegistry| {
+        let b = reg.find_by_id(&id).expect("every registry has the kernel");
+        (b.package().to_string(), b.version().to_string())
+    };
+    for round in 0..3 {
+        for (i, reg) in registries.iter().enumerate() {
+            assert_eq!(owner(reg), (format!("p{i}.pkg"), "1.0.0".to_string()));
+        }
+        // The first registry's table was pushed out of this thread's cache by the others
+        // (it keeps four); change it now and look again.
+        let v = format!("1.0.{}", round + 1);
+        publish(
+            &registries[0],
+            plugin("p0.pkg", &v, &[("shared.scan", 0)], &open),
+        );
+        assert_eq!(owner(&registries[0]), ("p0.pkg".to_string(), v.clone()));
+        publish(
+            &registries[0],
+            plugin("p0.pkg", "1.0.0", &[("shared.scan", 0)], &open),
+        );
+    }
+    drop(registries);
+    assert_eq!(open.load(Ordering::SeqCst), 0);
+}
+
 /// Readers select and take bindings on two threads while a writer publishes, replaces, disables
 /// and unloads in a loop. Every binding checks, while it holds it, that its library is open.
 #[test]
