@@ -4,58 +4,81 @@
 //! Reading the registry's snapshot through arc-swap costs two locked instructions (its guard
 //! is recorded and paid back); a binding costs two more (counted and uncounted) and the stored
 //! kernel's reference two more. A lookup by impl id is frequent and answers a single kernel, so
-//! it skips the guard: each thread keeps, per registry, the last [`IdTable`] it read, and a
-//! lookup only compares that table's generation with the registry's (a plain load of a word
-//! that changes only when the registry publishes). A thread that finds its copy out of date
-//! reads the new table through arc-swap once.
+//! it skips the guard: every snapshot carries an [`IdTable`] of its enabled kernels, each
+//! thread keeps, per registry, the last table it took from a snapshot, and a lookup only
+//! compares that table's generation with the registry's (an acquiring load of a word that
+//! changes only when the registry publishes, alone on its cache line). A thread whose copy is
+//! older reads the current snapshot's table through arc-swap once.
+//!
+//! The writer numbers the snapshot's table, stores the new generation and only then swaps the
+//! snapshot in. So a table is never accepted while the registry's generation is newer than it,
+//! and a table can only be had from a snapshot that was swapped in: a lookup that follows
+//! (happens after) another lookup, or a publication, answers from the same snapshot or a newer
+//! one, and between the generation's store and the swap a lookup answers from the snapshot the
+//! other lookups still read.
 //!
 //! The table holds weak references to the stored kernels, so a thread's copy keeps no package
 //! loaded, whatever its age: a kernel whose package was replaced or unloaded either no longer
 //! upgrades (its last strong reference is gone) or upgrades to a package that is marked
 //! draining for good, which the binding refuses (see the [registry](crate::registry#draining)).
-//! A thread keeps the tables of at most [`SLOTS`] registries; beyond that the oldest goes. A
-//! registry that is dropped leaves its table in a thread's slot until the slot is reused or the
-//! thread ends: the weak references keep the kernels' memory, not their code.
+//! The strong reference an upgrade takes may then be the kernel's last, so the library can
+//! close in the lookup that drops it; that happens after the thread's cache is released, so a
+//! plugin's shutdown that looks up again finds the cache free.
+//!
+//! A thread keeps the tables of at most [`SLOTS`] registries, the most recently used first;
+//! beyond that the least recently used goes. What a kept table holds on to is memory only:
+//! its ids and the allocations of kernels already dropped, until the slot is reused or the
+//! thread ends (so at most `SLOTS` tables per thread).
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
-use arc_swap::ArcSwap;
 use guild_domain::ids::ImplId;
 use rustc_hash::FxHashMap;
 
-use crate::snapshot::{Snapshot, StoredOp};
+use crate::snapshot::StoredOp;
 
 /// How many registries' tables a thread keeps.
 const SLOTS: usize = 4;
 
 /// The enabled kernels of one registry generation, by impl id, held weakly.
 #[derive(Debug, Default)]
-struct IdTable {
+pub(crate) struct IdTable {
     generation: u64,
     ids: FxHashMap<ImplId, Weak<StoredOp>>,
 }
 
 impl IdTable {
+    /// The table of generation `generation` over `by_id` (a snapshot's kernels by impl id).
+    pub(crate) fn new(generation: u64, by_id: &FxHashMap<ImplId, Arc<StoredOp>>) -> Self {
+        IdTable {
+            generation,
+            ids: by_id
+                .iter()
+                .map(|(id, op)| (id.clone(), Arc::downgrade(op)))
+                .collect(),
+        }
+    }
+
     fn find(&self, impl_id: &ImplId) -> Option<Arc<StoredOp>> {
         self.ids.get(impl_id).and_then(Weak::upgrade)
     }
 }
 
-/// One registry's published impl-id table and its generation.
+/// A registry's name in the threads' caches and its current generation.
 #[derive(Debug)]
+#[repr(align(128))]
 pub(crate) struct IdLookup {
-    /// Names this registry in the threads' caches; never reused within a process.
+    /// Names the registry in the threads' caches; never reused within a process.
     registry: u64,
-    /// The generation of the newest published table. Written after the table, by the registry's
-    /// writer (under its lock), so a reader that sees a generation finds that table or a newer
-    /// one.
+    /// The generation of the newest snapshot, stored before that snapshot is swapped in. On a
+    /// line of its own (128 bytes: the pair adjacent-line prefetching moves together), since
+    /// every lookup reads it and the registry's locks beside it are written.
     generation: AtomicU64,
-    table: ArcSwap<IdTable>,
 }
 
-/// A thread's tables, by registry, newest first.
+/// A thread's tables, by registry, most recently used first.
 struct Cache {
     slots: [Option<(u64, Arc<IdTable>)>; SLOTS],
 }
@@ -69,43 +92,46 @@ thread_local! {
 }
 
 impl IdLookup {
-    /// An empty table for a new registry.
+    /// The lookup of a new registry, whose empty snapshot is generation 0.
     pub(crate) fn new() -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         IdLookup {
             registry: NEXT.fetch_add(1, Ordering::Relaxed),
             generation: AtomicU64::new(0),
-            table: ArcSwap::from_pointee(IdTable::default()),
         }
     }
 
-    /// Publishes the impl ids of `snapshot`, which the registry has just swapped in. Only the
-    /// registry's writer calls this, one publication at a time.
-    pub(crate) fn publish(&self, snapshot: &Snapshot) {
-        let generation = self.generation.load(Ordering::Relaxed) + 1;
-        let ids = snapshot
-            .by_id
-            .iter()
-            .map(|(id, op)| (id.clone(), Arc::downgrade(op)))
-            .collect();
-        self.table.store(Arc::new(IdTable { generation, ids }));
-        // Release: a reader that acquires this generation finds the table stored above.
+    /// Numbers the next snapshot: the generation its table is built with. Only the registry's
+    /// writer calls this, one publication at a time, and then [`IdLookup::publish`].
+    pub(crate) fn next_generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed) + 1
+    }
+
+    /// Makes `generation` the current one. Called before the snapshot of that generation is
+    /// swapped in (see the module documentation).
+    pub(crate) fn publish(&self, generation: u64) {
+        // Release: whoever reads this generation and then takes a table from a later snapshot
+        // is ordered after everything the writer did before.
         self.generation.store(generation, Ordering::Release);
     }
 
-    /// The stored kernel with this impl id in the newest table, with a strong reference.
+    /// The stored kernel with this impl id, with a strong reference: from this thread's table
+    /// when it is as new as the registry's generation, otherwise from `current()`'s.
     #[inline]
-    pub(crate) fn find(&self, impl_id: &ImplId) -> Option<Arc<StoredOp>> {
-        let current = self.generation.load(Ordering::Acquire);
+    pub(crate) fn find(
+        &self,
+        impl_id: &ImplId,
+        current: impl FnOnce() -> Arc<IdTable>,
+    ) -> Option<Arc<StoredOp>> {
+        let generation = self.generation.load(Ordering::Acquire);
+        let mut current = Some(current);
         CACHE
             .try_with(|cache| {
                 let mut cache = cache.borrow_mut();
-                if let Some((_, table)) = cache.slots.iter().flatten().find(|(registry, table)| {
-                    *registry == self.registry && table.generation >= current
-                }) {
+                if let Some(table) = cache.hit(self.registry, generation) {
                     return table.find(impl_id);
                 }
-                let table = self.table.load_full();
+                let table = (current.take().expect("called once"))();
                 let found = table.find(impl_id);
                 let old = cache.refresh(self.registry, table);
                 // The replaced table is dropped after the borrow ends.
@@ -114,13 +140,26 @@ impl IdLookup {
                 found
             })
             // While the thread's locals are torn down: no cache, the table read directly.
-            .unwrap_or_else(|_| self.table.load().find(impl_id))
+            .unwrap_or_else(|_| current.take().and_then(|c| c().find(impl_id)))
     }
 }
 
 impl Cache {
+    /// `registry`'s table when it is at least `generation`, moved first.
+    #[inline]
+    fn hit(&mut self, registry: u64, generation: u64) -> Option<&IdTable> {
+        let at = self.slots.iter().position(|s| {
+            s.as_ref()
+                .is_some_and(|(r, t)| *r == registry && t.generation >= generation)
+        })?;
+        if at != 0 {
+            self.slots[..=at].rotate_right(1);
+        }
+        self.slots[0].as_ref().map(|(_, t)| &**t)
+    }
+
     /// Puts `table` first as `registry`'s, answering the table it replaces (the registry's
-    /// older one, or the oldest slot's when the registry had none).
+    /// older one, or the least recently used slot's when the registry had none).
     fn refresh(&mut self, registry: u64, table: Arc<IdTable>) -> Option<(u64, Arc<IdTable>)> {
         let at = self
             .slots
@@ -154,7 +193,7 @@ mod tests {
     }
 
     #[test]
-    fn a_refreshed_registry_moves_first_and_the_oldest_leaves_when_full() {
+    fn a_used_registry_moves_first_and_the_least_recently_used_leaves_when_full() {
         let mut cache = Cache {
             slots: [None, None, None, None],
         };
@@ -166,9 +205,13 @@ mod tests {
         let old = cache.refresh(2, table(2)).unwrap();
         assert_eq!((old.0, old.1.generation), (2, 1));
         assert_eq!(registries(&cache), [Some(2), Some(4), Some(3), Some(1)]);
+        // A hit moves its registry first; a table older than asked for is no hit.
+        assert!(cache.hit(3, 2).is_none());
+        assert_eq!(cache.hit(3, 1).map(|t| t.generation), Some(1));
+        assert_eq!(registries(&cache), [Some(3), Some(2), Some(4), Some(1)]);
         // A fifth registry pushes out the one used longest ago.
         let old = cache.refresh(5, table(1)).unwrap();
         assert_eq!(old.0, 1);
-        assert_eq!(registries(&cache), [Some(5), Some(2), Some(4), Some(3)]);
+        assert_eq!(registries(&cache), [Some(5), Some(3), Some(2), Some(4)]);
     }
 }

@@ -59,7 +59,7 @@ use guild_domain::operation::Backend;
 use guild_domain::version::Version;
 use guild_ports::loader::LoadedPlugin;
 
-use crate::id_lookup::IdLookup;
+use crate::id_lookup::{IdLookup, IdTable};
 use crate::operations::core::ServiceCore;
 use crate::operations::{DeviceSupport, OperationService};
 pub(crate) use crate::snapshot::{CNames, Quiet};
@@ -80,7 +80,8 @@ pub struct Selector {
 }
 
 impl Snapshot {
-    fn rebuild(packages: &HashMap<PackageId, PackageEntry>) -> Snapshot {
+    /// The snapshot of `packages`, numbered `generation` (its impl-id table's).
+    fn rebuild(packages: &HashMap<PackageId, PackageEntry>, generation: u64) -> Snapshot {
         let mut snap = Snapshot::default();
         for (id, entry) in packages {
             snap.packages.insert(id.clone(), entry.package.clone());
@@ -128,6 +129,7 @@ impl Snapshot {
                 .cmp(&a.runner.priority)
                 .then_with(|| a.runner.runner_id.cmp(&b.runner.runner_id))
         });
+        snap.ids = Arc::new(IdTable::new(generation, &snap.by_id));
         snap
     }
 }
@@ -264,7 +266,8 @@ pub struct KernelRegistry {
     /// The operation service over this registry. Every library loaded with its table keeps the
     /// core alive too, so a plugin's late call finds it closed, never freed.
     service: Arc<ServiceCore>,
-    /// The impl-id table [`KernelRegistry::find_by_id`] reads, republished with each snapshot.
+    /// The registry's generation, which tells [`KernelRegistry::find_by_id`] whether a thread's
+    /// copy of a snapshot's impl-id table is current.
     ids: IdLookup,
 }
 
@@ -585,8 +588,10 @@ impl KernelRegistry {
     /// Swaps in the snapshot of `writer` (the registry's writer side, locked by the caller)
     /// and its impl-id table, answering the snapshot it replaced.
     fn publish(&self, writer: &HashMap<PackageId, PackageEntry>) -> Arc<Snapshot> {
-        let snapshot = Arc::new(Snapshot::rebuild(writer));
-        self.ids.publish(&snapshot);
+        let generation = self.ids.next_generation();
+        let snapshot = Arc::new(Snapshot::rebuild(writer, generation));
+        // The generation first, then the snapshot: see `id_lookup`.
+        self.ids.publish(generation);
         self.snapshot.swap(snapshot)
     }
 
@@ -728,7 +733,9 @@ impl KernelRegistry {
     /// snapshot, so that the binding's own count and reference are its only shared writes
     /// (see `id_lookup`).
     pub fn find_by_id(&self, impl_id: &ImplId) -> Option<KernelBinding> {
-        self.ids.find(impl_id).and_then(KernelBinding::bind)
+        self.ids
+            .find(impl_id, || Arc::clone(&self.snapshot.load().ids))
+            .and_then(KernelBinding::bind)
     }
 
     /// The enabled runners, best first (descending priority, then runner id), without those

@@ -413,6 +413,9 @@ pub struct Snapshot {
     /// Per namespaced operation: its kernels that carry a GOP1 contract, best first, beside
     /// their contracts, so that resolution ranks them without copying anything.
     pub(crate) operations: FxHashMap<OpName, OperationCandidates>,
+    /// `by_id` held weakly and numbered with the registry's generation: what threads keep a
+    /// copy of between lookups by impl id (see `id_lookup`).
+    pub(crate) ids: Arc<crate::id_lookup::IdTable>,
 }
 
 /// The GOP1 kernels of one namespaced operation, best first, and their contracts in the same

@@ -322,6 +322,69 @@ fn lookups_across_many_registries_on_one_thread_each_answer_their_own() {
     assert_eq!(open.load(Ordering::SeqCst), 0);
 }
 
+/// A thread that keeps tables of several registries still sees a change to one of them that
+/// was made while it used the others (its table there is then out of date).
+#[test]
+fn a_change_to_one_cached_registry_is_seen_after_lookups_in_another() {
+    let open = Arc::new(AtomicU64::new(0));
+    let (a, b) = (StandaloneRegistry::new(), StandaloneRegistry::new());
+    publish(&a, plugin("a.pkg", "1.0.0", &[("shared.scan", 1)], &open));
+    publish(&b, plugin("b.pkg", "1.0.0", &[("shared.scan", 1)], &open));
+    let id = ImplId::new("shared.scan").unwrap();
+    let version = |reg: &StandaloneRegistry| reg.find_by_id(&id).map(|b| b.version().clone());
+    for round in 1..=3u64 {
+        assert!(version(&a).is_some() && version(&b).is_some());
+        publish(
+            &a,
+            plugin(
+                "a.pkg",
+                &format!("2.0.{round}"),
+                &[("shared.scan", 1)],
+                &open,
+            ),
+        );
+        // The thread's table of `b` is current, and found first; `a`'s must not be taken.
+        assert_eq!(version(&b), Some(Version::new(1, 0, 0)));
+        assert_eq!(version(&a), Some(Version::new(2, 0, round)));
+        a.set_enabled(&pkg("a.pkg"), false).unwrap();
+        assert!(version(&b).is_some());
+        assert_eq!(
+            version(&a),
+            None,
+            "disabled while the thread used another registry"
+        );
+        a.set_enabled(&pkg("a.pkg"), true).unwrap();
+    }
+}
+
+/// Registries made and dropped one after another on one thread (a new one may take a dropped
+/// one's address) each answer their own kernels, never a dropped registry's.
+#[test]
+fn a_new_registry_never_answers_from_a_dropped_registrys_table() {
+    let open = Arc::new(AtomicU64::new(0));
+    let id = ImplId::new("shared.scan").unwrap();
+    for i in 0..12 {
+        let reg = Box::new(StandaloneRegistry::new());
+        // Every other registry stays empty: a table taken over from its predecessor would
+        // answer the predecessor's kernel.
+        if i % 2 == 0 {
+            publish(
+                &reg,
+                plugin(&format!("p{i}.pkg"), "1.0.0", &[("shared.scan", 1)], &open),
+            );
+            let found = reg.find_by_id(&id).expect("the registry's own kernel");
+            assert_eq!(found.package().as_str(), format!("p{i}.pkg"));
+        } else {
+            assert!(
+                reg.find_by_id(&id).is_none(),
+                "an empty registry found a kernel"
+            );
+        }
+        drop(reg);
+    }
+    assert_eq!(open.load(Ordering::SeqCst), 0);
+}
+
 /// Readers select and take bindings on two threads while a writer publishes, replaces, disables
 /// and unloads in a loop. Every binding checks, while it holds it, that its library is open.
 #[test]
