@@ -751,24 +751,25 @@ unsafe fn execute_checked(
     let record = match unsafe { usable_record(error) } {
         // SAFETY: checked by usable_record; nothing else borrows it during the call.
         Some(record) => unsafe { &mut *record },
-        None => return run_with_local_record(core, face, name, &call, error),
+        None => return run_with_local_record(core, face, name, call, error),
     };
     run_checked(core, face, name, &call, record, error)
 }
 
 /// The provider receives a local record (584 bytes to clear) only when the caller's is not
-/// usable; out of line, so that the common path's frame does not hold one.
+/// usable; out of line, so that the common path's frame does not hold one. The call is taken
+/// by value, so that the common path never needs it in memory.
 #[cold]
 #[inline(never)]
 fn run_with_local_record(
     core: &ServiceCore,
     face: Face,
     name: HandleName,
-    call: &Call<'_>,
+    call: Call<'_>,
     error: *mut guild_error_info_t,
 ) -> guild_status_t {
     let mut local = guild_error_info_t::new();
-    run_checked(core, face, name, call, &mut local, error)
+    run_checked(core, face, name, &call, &mut local, error)
 }
 
 /// Takes the handle and runs the checked call with `record` as the provider's error record;

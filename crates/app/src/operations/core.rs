@@ -1305,9 +1305,11 @@ impl Resolved {
                 self.kernel.execute(checked, error)
             }
         };
+        let _ = running;
         if self.streams.is_some() {
-            // SAFETY: `running` is this handle's exclusivity (the caller's contract).
-            unsafe { self.record(running, args, status) }?;
+            // SAFETY: `running` is this handle's exclusivity (the caller's contract), held
+            // across this call.
+            unsafe { self.record(args, status) }?;
         }
         if status == GUILD_STATUS_OK {
             Ok(())
@@ -1320,20 +1322,20 @@ impl Resolved {
     /// work may already be enqueued).
     ///
     /// # Safety
-    /// `running` must be the execute exclusivity of the handle that owns `self`.
+    /// The caller must hold the execute exclusivity of the handle that owns `self` for the
+    /// whole call. (The proof is not passed: it would make the caller keep it in memory for
+    /// this cold call's sake, on every call.)
     #[cold]
     unsafe fn record(
         &self,
-        running: &Running<'_>,
         args: &guild_execute_args_v1_t,
         status: guild_status_t,
     ) -> Result<(), ExecuteError> {
-        let _ = running;
         let Some(streams) = &self.streams else {
             return Ok(());
         };
-        // SAFETY: `running` gives this call the call cells; no other reference to the marks
-        // exists (the Rust face's view borrows other fields).
+        // SAFETY: the caller's exclusivity gives this call the call cells; no other reference
+        // to the marks exists (the Rust face's view borrows other fields).
         let marks = unsafe { &mut *std::ptr::addr_of_mut!((*self.call.get()).marks) };
         let stream = StreamRef(args.stream as usize);
         match streams.record(args.device_id, stream) {
@@ -1739,25 +1741,30 @@ impl Shape {
 impl RustCall<'_> {
     /// Checks one side of a Rust call, buffer by buffer, against the negotiated tensors (the
     /// descriptor, the element type, the byte extent, the data address against the mask) and
-    /// writes each data pointer into the call's C tensors. One pass; nothing is copied but the
-    /// pointers.
+    /// writes each data pointer into the call's C tensors. One pass over slices of equal
+    /// length, indexed, so that nothing but the pointers is copied and no iterator state is
+    /// kept in memory.
     #[inline(always)]
-    pub(crate) fn fill<'b, D: Describes + 'b>(
+    pub(crate) fn fill<B: Buffer>(
         &mut self,
         r: &Resolved,
         role: TensorRole,
-        args: impl ExactSizeIterator<Item = BufferArg<'b, D>>,
+        args: &[B],
     ) -> Result<(), ExecuteError> {
-        let shapes = self.contract.shapes(role);
+        let contract = self.contract;
+        let shapes = contract.shapes(role);
         let out: &mut [guild_tensor_desc_v1_t] = match role {
             TensorRole::Input => &mut self.cells.inputs,
             TensorRole::Output => &mut self.cells.outputs,
         };
-        if args.len() != shapes.len() || out.len() != shapes.len() {
-            return Err(arity(role, shapes.len(), args.len()));
+        let n = shapes.len();
+        if args.len() != n || out.len() != n {
+            return Err(arity(role, n, args.len()));
         }
         let mask = r.align_mask;
-        for (index, ((arg, slot), shape)) in args.zip(out.iter_mut()).zip(shapes).enumerate() {
+        for index in 0..n {
+            let arg = args[index].parts();
+            let shape = &shapes[index];
             let (desc, element, ptr, len) = arg;
             let address = ptr as usize as u64;
             let ok = desc.matches(shape)
@@ -1766,60 +1773,68 @@ impl RustCall<'_> {
                 && address != 0
                 && address & mask == 0;
             if !ok {
-                return Err(self.bad_buffer(r, TensorRef { role, index }, arg));
+                return Err(bad_buffer(contract, r, TensorRef { role, index }, arg));
             }
-            slot.data = ptr;
+            out[index].data = ptr;
         }
         Ok(())
     }
+}
 
-    /// Why a buffer failed [`RustCall::fill`].
-    #[cold]
-    fn bad_buffer<D: Describes>(
-        &self,
-        r: &Resolved,
-        tensor: TensorRef,
-        arg: BufferArg<'_, D>,
-    ) -> ExecuteError {
-        let (desc, element, ptr, len) = arg;
-        let list = match tensor.role {
-            TensorRole::Input => self.contract.inputs(),
-            TensorRole::Output => self.contract.outputs(),
+/// Why a buffer failed [`RustCall::fill`]. It takes the contract, not the call's view, so that
+/// the view never has to be in memory for its sake.
+#[cold]
+fn bad_buffer<D: Describes>(
+    contract: &Contract,
+    r: &Resolved,
+    tensor: TensorRef,
+    arg: BufferArg<'_, D>,
+) -> ExecuteError {
+    let (desc, element, ptr, len) = arg;
+    let list = match tensor.role {
+        TensorRole::Input => contract.inputs(),
+        TensorRole::Output => contract.outputs(),
+    };
+    let (Some(expected), Some(info)) = (
+        list.get(tensor.index),
+        contract.infos(tensor.role).get(tensor.index),
+    ) else {
+        return arity(tensor.role, list.len(), tensor.index);
+    };
+    let same = contract
+        .shapes(tensor.role)
+        .get(tensor.index)
+        .is_some_and(|s| desc.matches(s));
+    if !same {
+        return ExecuteError::DescriptorMismatch {
+            tensor,
+            expected: Box::new(*expected),
+            actual: Box::new(desc.desc()),
         };
-        let (Some(expected), Some(info)) = (
-            list.get(tensor.index),
-            self.contract.infos(tensor.role).get(tensor.index),
-        ) else {
-            return arity(tensor.role, list.len(), tensor.index);
-        };
-        let same = self
-            .contract
-            .shapes(tensor.role)
-            .get(tensor.index)
-            .is_some_and(|s| desc.matches(s));
-        if !same {
-            return ExecuteError::DescriptorMismatch {
-                tensor,
-                expected: Box::new(*expected),
-                actual: Box::new(desc.desc()),
-            };
-        }
-        if let Some(element) = element.filter(|&e| e != desc.dtype()) {
-            return ExecuteError::ElementType {
-                tensor,
-                dtype: desc.dtype(),
-                element,
-            };
-        }
-        if u64::try_from(len).unwrap_or(u64::MAX) < info.byte_extent {
-            return ExecuteError::BufferTooSmall {
-                tensor,
-                needed: info.byte_extent,
-                got: len,
-            };
-        }
-        r.bad_address(tensor, ptr as usize as u64)
     }
+    if let Some(element) = element.filter(|&e| e != desc.dtype()) {
+        return ExecuteError::ElementType {
+            tensor,
+            dtype: desc.dtype(),
+            element,
+        };
+    }
+    if u64::try_from(len).unwrap_or(u64::MAX) < info.byte_extent {
+        return ExecuteError::BufferTooSmall {
+            tensor,
+            needed: info.byte_extent,
+            got: len,
+        };
+    }
+    r.bad_address(tensor, ptr as usize as u64)
+}
+
+/// A buffer of a Rust call, as [`RustCall::fill`] reads it.
+pub(crate) trait Buffer {
+    /// Its descriptor's type.
+    type Desc: Describes;
+    /// Its descriptor, element type, address and length in bytes.
+    fn parts(&self) -> BufferArg<'_, Self::Desc>;
 }
 
 /// One buffer of a Rust call: its descriptor, the element type its Rust slice holds (`None` for

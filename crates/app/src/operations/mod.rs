@@ -94,7 +94,7 @@ use guild_domain::version::{PackedVersion, Version};
 use guild_ports::device::{DeviceError, StreamRef};
 
 use self::core::ServiceCore;
-use self::core::{BufferArg, Described, Describes, Negotiation, Resolved};
+use self::core::{Buffer, BufferArg, Described, Negotiation, Resolved};
 pub use self::core::{DeviceSupport, PassReason, PassedOver};
 use self::handles::{Gate, Lone, Refused};
 use crate::snapshot::KernelBinding;
@@ -519,14 +519,7 @@ impl OpHandle<'_> {
         }
         // Every data pointer addresses a live Rust buffer of at least the tensor's byte extent
         // (checked in `run`), borrowed for this call by the arguments.
-        self.run(
-            inputs.iter().map(|a| (&a.desc, a.dtype, a.ptr, a.len)),
-            outputs.iter().map(|a| (&a.desc, a.dtype, a.ptr, a.len)),
-            scratch,
-            None,
-            std::ptr::null_mut(),
-            params,
-        )
+        self.run(inputs, outputs, scratch, None, std::ptr::null_mut(), params)
     }
 
     /// Enqueues the negotiated contract on `stream` (the address its `guild_stream_t` holds;
@@ -566,7 +559,6 @@ impl OpHandle<'_> {
         scratch_device: Option<DeviceScratch>,
         params: &[u8],
     ) -> Result<(), ExecuteError> {
-        let extent = |t: &DeviceTensor| usize::try_from(t.bytes).unwrap_or(usize::MAX);
         let device_scratch = Some(match scratch_device {
             Some(d) => (d.ptr, d.bytes),
             None => (std::ptr::null_mut(), 0),
@@ -576,8 +568,8 @@ impl OpHandle<'_> {
         // that the stream is valid, is this function's safety contract. The host scratch is
         // borrowed for the call.
         self.run(
-            inputs.iter().map(|t| (&t.desc, None, t.ptr, extent(t))),
-            outputs.iter().map(|t| (&t.desc, None, t.ptr, extent(t))),
+            inputs,
+            outputs,
             scratch_host,
             device_scratch,
             stream.0 as guild_stream_t,
@@ -591,10 +583,10 @@ impl OpHandle<'_> {
     /// device scratch, which a provider needing some refuses. The caller vouches that the
     /// pointers address the memory they describe.
     #[inline(always)]
-    fn run<'a, D: Describes + 'a>(
+    fn run<I: Buffer, O: Buffer>(
         &self,
-        inputs: impl ExactSizeIterator<Item = BufferArg<'a, D>>,
-        outputs: impl ExactSizeIterator<Item = BufferArg<'a, D>>,
+        inputs: &[I],
+        outputs: &[O],
         scratch_host: Option<&mut [u8]>,
         scratch_device: Option<(*mut c_void, u64)>,
         stream: guild_stream_t,
@@ -928,6 +920,14 @@ impl<'a> TensorArg<'a> {
     }
 }
 
+impl Buffer for TensorArg<'_> {
+    type Desc = Described;
+    #[inline(always)]
+    fn parts(&self) -> BufferArg<'_, Described> {
+        (&self.desc, self.dtype, self.ptr, self.len)
+    }
+}
+
 /// An output tensor: its descriptor and an exclusive borrow of the buffer it is written into.
 #[derive(Debug)]
 pub struct TensorArgMut<'a> {
@@ -949,6 +949,14 @@ impl<'a> TensorArgMut<'a> {
             ptr: data.as_mut_ptr().cast(),
             _data: PhantomData,
         }
+    }
+}
+
+impl Buffer for TensorArgMut<'_> {
+    type Desc = Described;
+    #[inline(always)]
+    fn parts(&self) -> BufferArg<'_, Described> {
+        (&self.desc, self.dtype, self.ptr, self.len)
     }
 }
 
@@ -991,6 +999,15 @@ impl DeviceTensor {
     /// The bytes the allocation holds from the data address on.
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+}
+
+impl Buffer for DeviceTensor {
+    type Desc = TensorDesc;
+    #[inline(always)]
+    fn parts(&self) -> BufferArg<'_, TensorDesc> {
+        let extent = usize::try_from(self.bytes).unwrap_or(usize::MAX);
+        (&self.desc, None, self.ptr, extent)
     }
 }
 
