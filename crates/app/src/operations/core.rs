@@ -1661,24 +1661,20 @@ fn provider_failure(status: guild_status_t, error: &guild_error_info_t) -> Execu
 }
 
 /// A negotiated tensor as calls must repeat it: every field of the C descriptor but the data
-/// pointer, with dims and strides at and above the rank zeroed (callers' entries there are
-/// ignored). The fixed fields are packed in two words, so that a call's tensor is compared with
-/// two comparisons and one pass over its rank.
+/// pointer (its [`Described`] form, with dims and strides at and above the rank zeroed, as
+/// callers' entries there are ignored), its rank and its byte extent. The fixed fields are
+/// packed in two words, so that a call's tensor is compared with two comparisons and one pass
+/// over its rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Shape {
-    /// `dtype | rank << 32`.
-    head: u64,
-    /// `memory_space | device_id << 32`.
+    fixed: Described,
+    /// `memory_space | device_id << 32`, the memory space as its `GUILD_MEMORY_*` bit: the C
+    /// descriptor's last two fields as one word.
     place: u64,
-    /// The memory space and device as a [`TensorDesc`] holds them, for the Rust face's check.
-    space: MemorySpace,
-    device_id: i32,
     /// The rank, at most [`MAX_TENSOR_RANK`].
     rank: usize,
     /// The tensor's byte extent, which a Rust call's buffer must hold.
     byte_extent: u64,
-    dims: [u64; MAX_TENSOR_RANK],
-    strides: [u64; MAX_TENSOR_RANK],
 }
 
 impl Shape {
@@ -1689,20 +1685,15 @@ impl Shape {
         dims[..rank].copy_from_slice(&d.dims[..rank]);
         strides[..rank].copy_from_slice(&d.strides[..rank]);
         Shape {
-            head: Self::head(d.dtype.raw(), d.rank),
+            fixed: Described {
+                dims,
+                strides,
+                ..Described::of(d)
+            },
             place: call_key(d.memory_space.bit(), d.device_id),
-            space: d.memory_space,
-            device_id: d.device_id,
             rank,
             byte_extent: info.byte_extent,
-            dims,
-            strides,
         }
-    }
-
-    #[inline(always)]
-    fn head(dtype: u32, rank: u32) -> u64 {
-        u64::from(dtype) | (u64::from(rank) << 32)
     }
 
     /// Whether the extents and strides below the rank are `dims` and `strides`.
@@ -1715,7 +1706,7 @@ impl Shape {
         let rank = self.rank.min(MAX_TENSOR_RANK);
         let mut diff = 0;
         for i in 0..rank {
-            diff |= (dims[i] ^ self.dims[i]) | (strides[i] ^ self.strides[i]);
+            diff |= (dims[i] ^ self.fixed.dims[i]) | (strides[i] ^ self.fixed.strides[i]);
         }
         diff == 0
     }
@@ -1723,7 +1714,7 @@ impl Shape {
     /// Whether the C tensor `t` is this tensor apart from its data pointer.
     #[inline(always)]
     fn matches(&self, t: &guild_tensor_desc_v1_t) -> bool {
-        Self::head(t.dtype, t.rank) == self.head
+        Described::head(t.dtype, t.rank) == self.fixed.head
             && call_key(t.memory_space, t.device_id) == self.place
             && self.same_extents(&t.dims, &t.strides)
     }
@@ -1731,9 +1722,9 @@ impl Shape {
     /// Whether the descriptor `d` is this tensor apart from its data address.
     #[inline(always)]
     pub(crate) fn matches_desc(&self, d: &TensorDesc) -> bool {
-        Self::head(d.dtype.raw(), d.rank) == self.head
-            && d.memory_space == self.space
-            && d.device_id == self.device_id
+        Described::head(d.dtype.raw(), d.rank) == self.fixed.head
+            && d.memory_space == self.fixed.space
+            && d.device_id == self.fixed.device_id
             && self.same_extents(&d.dims, &d.strides)
     }
 }
@@ -1867,13 +1858,13 @@ impl Describes for TensorDesc {
     }
 }
 
-/// A slice argument's descriptor as the Rust face keeps it: every field of a [`TensorDesc`]
-/// that a contract fixes, without the data address (the slice's replaces it). Its parts are
-/// short enough to be copied inline, where a whole `TensorDesc` (160 bytes) took a call to
-/// `memcpy` for every argument a caller built.
+/// The fields of a [`TensorDesc`] that a contract fixes, without the data address: what a
+/// negotiated tensor keeps (in its [`Shape`]) and what a slice argument of the Rust face
+/// carries (the slice's address replaces the descriptor's). Its parts are short enough to be copied inline, where a whole
+/// `TensorDesc` (160 bytes) took a call to `memcpy` for every argument a caller built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Described {
-    /// `dtype | rank << 32`, as [`Shape`] keeps it.
+    /// `dtype | rank << 32`.
     head: u64,
     space: MemorySpace,
     device_id: i32,
@@ -1885,21 +1876,26 @@ impl Described {
     #[inline(always)]
     pub(crate) fn of(d: &TensorDesc) -> Self {
         Described {
-            head: Shape::head(d.dtype.raw(), d.rank),
+            head: Self::head(d.dtype.raw(), d.rank),
             space: d.memory_space,
             device_id: d.device_id,
             dims: d.dims,
             strides: d.strides,
         }
     }
+
+    #[inline(always)]
+    fn head(dtype: u32, rank: u32) -> u64 {
+        u64::from(dtype) | (u64::from(rank) << 32)
+    }
 }
 
 impl Describes for Described {
     #[inline(always)]
     fn matches(&self, shape: &Shape) -> bool {
-        self.head == shape.head
-            && self.space == shape.space
-            && self.device_id == shape.device_id
+        self.head == shape.fixed.head
+            && self.space == shape.fixed.space
+            && self.device_id == shape.fixed.device_id
             && shape.same_extents(&self.dims, &self.strides)
     }
 
