@@ -1722,9 +1722,9 @@ impl Shape {
     /// Whether the descriptor `d` is this tensor apart from its data address.
     #[inline(always)]
     pub(crate) fn matches_desc(&self, d: &TensorDesc) -> bool {
-        Described::head(d.dtype.raw(), d.rank) == self.fixed.head
-            && d.memory_space == self.fixed.space
-            && d.device_id == self.fixed.device_id
+        let given = Described::of(d);
+        given.head == self.fixed.head
+            && given.place == self.fixed.place
             && self.same_extents(&d.dims, &d.strides)
     }
 }
@@ -1756,10 +1756,11 @@ impl RustCall<'_> {
         for index in 0..n {
             let arg = args[index].parts();
             let shape = &shapes[index];
-            let (desc, element, ptr, len) = arg;
+            let (desc, _, ptr, len) = arg;
             let address = ptr as usize as u64;
+            // A buffer whose element type is not its descriptor's dtype carries a marked
+            // descriptor, which matches no shape (see `Buffer`): the element check is this one.
             let ok = desc.matches(shape)
-                && element.is_none_or(|e| e == desc.dtype())
                 && u64::try_from(len).unwrap_or(u64::MAX) >= shape.byte_extent
                 && address != 0
                 && address & mask == 0;
@@ -1782,6 +1783,7 @@ fn bad_buffer<D: Describes>(
     arg: BufferArg<'_, D>,
 ) -> ExecuteError {
     let (desc, element, ptr, len) = arg;
+    let desc = &desc.unmarked();
     let list = match tensor.role {
         TensorRole::Input => contract.inputs(),
         TensorRole::Output => contract.outputs(),
@@ -1824,7 +1826,10 @@ fn bad_buffer<D: Describes>(
 pub(crate) trait Buffer {
     /// Its descriptor's type.
     type Desc: Describes;
-    /// Its descriptor, element type, address and length in bytes.
+    /// Its descriptor, element type, address and length in bytes. When the element type is
+    /// not the descriptor's dtype, the descriptor must be marked so that it matches no shape
+    /// ([`Described::of_element`]): `fill` checks the element type through that match, and
+    /// [`Describes::unmarked`] takes the mark off for the error report.
     fn parts(&self) -> BufferArg<'_, Self::Desc>;
 }
 
@@ -1840,6 +1845,9 @@ pub(crate) trait Describes {
     fn dtype(&self) -> DType;
     /// The descriptor itself, for an error report.
     fn desc(&self) -> TensorDesc;
+    /// The descriptor as made, without the mark a buffer of another element type carries
+    /// (see [`Buffer::parts`]).
+    fn unmarked(&self) -> Self;
 }
 
 impl Describes for TensorDesc {
@@ -1856,29 +1864,53 @@ impl Describes for TensorDesc {
     fn desc(&self) -> TensorDesc {
         *self
     }
+
+    /// A whole descriptor is never marked: it comes with no element type.
+    fn unmarked(&self) -> Self {
+        *self
+    }
 }
 
 /// The fields of a [`TensorDesc`] that a contract fixes, without the data address: what a
 /// negotiated tensor keeps (in its [`Shape`]) and what a slice argument of the Rust face
-/// carries (the slice's address replaces the descriptor's). Its parts are short enough to be copied inline, where a whole
-/// `TensorDesc` (160 bytes) took a call to `memcpy` for every argument a caller built.
+/// carries (the slice's address replaces the descriptor's). Its parts are short enough to be
+/// copied inline, where a whole `TensorDesc` (160 bytes) took a call to `memcpy` for every
+/// argument a caller built. The fixed fields are packed in two words, so that a slice's
+/// descriptor is compared with two comparisons and one pass over the rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
 pub(crate) struct Described {
     /// `dtype | rank << 32`.
     head: u64,
-    space: MemorySpace,
-    device_id: i32,
+    /// `space | marked << 8 | device_id << 32`: the memory space (its `MemorySpace`
+    /// discriminant), whether the buffer's element type is not the dtype
+    /// ([`Described::of_element`]; a negotiated tensor is never marked, so a marked descriptor
+    /// matches no shape), and the device.
+    place: u64,
     dims: [u64; MAX_TENSOR_RANK],
     strides: [u64; MAX_TENSOR_RANK],
 }
 
+/// The mark in [`Described::place`].
+const MARKED: u64 = 1 << 8;
+
 impl Described {
     #[inline(always)]
     pub(crate) fn of(d: &TensorDesc) -> Self {
+        Self::of_element(d, None)
+    }
+
+    /// The descriptor of a buffer of `element`s (`None`: raw bytes), marked when that is not
+    /// its dtype, so that it matches no shape: the Rust face's element check, paid once here
+    /// rather than on every call, and compared on every call with the fields beside it.
+    #[inline(always)]
+    pub(crate) fn of_element(d: &TensorDesc, element: Option<DType>) -> Self {
+        let marked = u64::from(element.is_some_and(|e| e != d.dtype));
         Described {
             head: Self::head(d.dtype.raw(), d.rank),
-            space: d.memory_space,
-            device_id: d.device_id,
+            place: u64::from(d.memory_space as u8)
+                | (marked * MARKED)
+                | (u64::from(d.device_id as u32) << 32),
             dims: d.dims,
             strides: d.strides,
         }
@@ -1888,14 +1920,24 @@ impl Described {
     fn head(dtype: u32, rank: u32) -> u64 {
         u64::from(dtype) | (u64::from(rank) << 32)
     }
+
+    /// The memory space `place` names.
+    fn space(&self) -> MemorySpace {
+        match self.place & 0xff {
+            0 => MemorySpace::Host,
+            1 => MemorySpace::HostPinned,
+            2 => MemorySpace::Device,
+            // Only ever made from a `MemorySpace`: 3.
+            _ => MemorySpace::Managed,
+        }
+    }
 }
 
 impl Describes for Described {
     #[inline(always)]
     fn matches(&self, shape: &Shape) -> bool {
         self.head == shape.fixed.head
-            && self.space == shape.fixed.space
-            && self.device_id == shape.fixed.device_id
+            && self.place == shape.fixed.place
             && shape.same_extents(&self.dims, &self.strides)
     }
 
@@ -1910,9 +1952,16 @@ impl Describes for Described {
             rank: (self.head >> 32) as u32,
             dims: self.dims,
             strides: self.strides,
-            memory_space: self.space,
-            device_id: self.device_id,
+            memory_space: self.space(),
+            device_id: (self.place >> 32) as u32 as i32,
             data_addr: None,
+        }
+    }
+
+    fn unmarked(&self) -> Self {
+        Described {
+            place: self.place & !MARKED,
+            ..*self
         }
     }
 }
@@ -1980,6 +2029,16 @@ mod tests {
         for (d, expected) in cases {
             assert_eq!(d.matches(&shape), expected, "{d:?}");
             assert_eq!(Described::of(&d).matches(&shape), expected, "{d:?}");
+            // A buffer of its own element type, or of raw bytes, is checked as its descriptor;
+            // one of another element type matches nothing, and unmarks to its descriptor.
+            for element in [None, Some(d.dtype)] {
+                let marked = Described::of_element(&d, element);
+                assert_eq!(marked.matches(&shape), expected, "{d:?}");
+                assert_eq!(marked, Described::of(&d));
+            }
+            let other = Described::of_element(&d, Some(DType::I8));
+            assert!(!other.matches(&shape), "{d:?}");
+            assert_eq!(other.unmarked(), Described::of(&d));
             assert_eq!(Described::of(&d).dtype(), d.dtype);
             assert_eq!(
                 Described::of(&d).desc(),

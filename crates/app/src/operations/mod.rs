@@ -910,7 +910,7 @@ impl<'a> TensorArg<'a> {
     /// `data` holding a tensor described by `desc` (whose address is replaced by the buffer's).
     pub fn new<T: Element>(desc: TensorDesc, data: &'a [T]) -> Self {
         TensorArg {
-            desc: Described::of(&desc),
+            desc: Described::of_element(&desc, T::DTYPE),
             dtype: T::DTYPE,
             // The provider receives a `*mut` by the C ABI's shape but only reads inputs.
             ptr: data.as_ptr().cast_mut().cast(),
@@ -943,7 +943,7 @@ impl<'a> TensorArgMut<'a> {
     /// buffer's).
     pub fn new<T: Element>(desc: TensorDesc, data: &'a mut [T]) -> Self {
         TensorArgMut {
-            desc: Described::of(&desc),
+            desc: Described::of_element(&desc, T::DTYPE),
             dtype: T::DTYPE,
             len: size_of_val(data),
             ptr: data.as_mut_ptr().cast(),
