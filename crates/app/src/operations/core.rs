@@ -1765,7 +1765,12 @@ impl RustCall<'_> {
                 && address != 0
                 && address & mask == 0;
             if !ok {
-                return Err(bad_buffer(contract, r, TensorRef { role, index }, arg));
+                return Err(bad_buffer(
+                    contract,
+                    r,
+                    TensorRef { role, index },
+                    &args[index],
+                ));
             }
             out[index].data = ptr;
         }
@@ -1773,16 +1778,17 @@ impl RustCall<'_> {
     }
 }
 
-/// Why a buffer failed [`RustCall::fill`]. It takes the contract, not the call's view, so that
-/// the view never has to be in memory for its sake.
+/// Why a buffer failed [`RustCall::fill`]. It takes the contract, not the call's view, and
+/// the buffer, not its parts, so that neither has to be kept in memory or registers for its
+/// sake.
 #[cold]
-fn bad_buffer<D: Describes>(
+fn bad_buffer<B: Buffer>(
     contract: &Contract,
     r: &Resolved,
     tensor: TensorRef,
-    arg: BufferArg<'_, D>,
+    arg: &B,
 ) -> ExecuteError {
-    let (desc, element, ptr, len) = arg;
+    let (desc, element, ptr, len) = arg.parts();
     let desc = &desc.unmarked();
     let list = match tensor.role {
         TensorRole::Input => contract.inputs(),

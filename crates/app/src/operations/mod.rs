@@ -614,9 +614,14 @@ impl OpHandle<'_> {
             }
             None => (std::ptr::null_mut(), 0),
         };
-        let (scratch_host, scratch_len) = match scratch_host {
-            Some(s) if !s.is_empty() => (s.as_mut_ptr().cast::<c_void>(), s.len()),
-            _ => (std::ptr::null_mut(), 0),
+        // No slice, or an empty one, is NULL with size 0 (two conditional moves).
+        let (scratch_host, scratch_len) = scratch_host.map_or((std::ptr::null_mut(), 0), |s| {
+            (s.as_mut_ptr().cast::<c_void>(), s.len())
+        });
+        let scratch_host = if scratch_len == 0 {
+            std::ptr::null_mut()
+        } else {
+            scratch_host
         };
         let scratch_host_size = u64::try_from(scratch_len).unwrap_or(u64::MAX);
         call.contract.check_scratch(
