@@ -1095,10 +1095,17 @@ impl Negotiator for Renegotiator<'_> {
     }
 }
 
-/// The word a call's sync mode and device make, compared with the handle's in one step.
+/// The word a call's device and sync mode make, compared with the handle's in one step: the two
+/// fields in the order the C arguments record has them, so that the word is one load.
 #[inline(always)]
-fn call_key(sync_mode: u32, device_id: i32) -> u64 {
-    u64::from(sync_mode) | (u64::from(device_id as u32) << 32)
+fn call_key(device_id: i32, sync_mode: u32) -> u64 {
+    u64::from(device_id as u32) | (u64::from(sync_mode) << 32)
+}
+
+/// The word a tensor's memory space and device make, in the order the C descriptor has them.
+#[inline(always)]
+fn place_key(memory_space: u32, device_id: i32) -> u64 {
+    u64::from(memory_space) | (u64::from(device_id as u32) << 32)
 }
 
 // SAFETY: the cells are only touched as their documentation says: `contract` is written only by
@@ -1148,7 +1155,7 @@ impl Resolved {
             .chain(&spec.outputs)
             .all(|t| t.memory_space == MemorySpace::Host);
         let (call_key, sync_mode, device_id) = (
-            call_key(spec.sync_mode.raw(), spec.device.device_id),
+            call_key(spec.device.device_id, spec.sync_mode.raw()),
             spec.sync_mode,
             spec.device.device_id,
         );
@@ -1262,7 +1269,7 @@ impl Resolved {
         self.check_c_tensors(contract, TensorRole::Input, call.inputs)?;
         self.check_c_tensors(contract, TensorRole::Output, call.outputs)?;
         let a = call.args;
-        if call_key(a.sync_mode, a.device_id) != self.call_key
+        if call_key(a.device_id, a.sync_mode) != self.call_key
             || (!self.takes_stream && !a.stream.is_null())
         {
             return Err(self.call_mismatch(a));
@@ -1366,7 +1373,7 @@ impl Resolved {
         }
         for (index, (t, expected)) in given.iter().zip(negotiated).enumerate() {
             let address = t.data as usize as u64;
-            if !expected.matches(t) || address == 0 || address & self.align_mask != 0 {
+            if !expected.matches(t) || (address == 0) | (address & self.align_mask != 0) {
                 return Err(self.bad_tensor(contract, TensorRef { role, index }, t));
             }
         }
@@ -1690,7 +1697,7 @@ impl Shape {
                 strides,
                 ..Described::of(d)
             },
-            place: call_key(d.memory_space.bit(), d.device_id),
+            place: place_key(d.memory_space.bit(), d.device_id),
             rank,
             byte_extent: info.byte_extent,
         }
@@ -1715,7 +1722,7 @@ impl Shape {
     #[inline(always)]
     fn matches(&self, t: &guild_tensor_desc_v1_t) -> bool {
         Described::head(t.dtype, t.rank) == self.fixed.head
-            && call_key(t.memory_space, t.device_id) == self.place
+            && place_key(t.memory_space, t.device_id) == self.place
             && self.same_extents(&t.dims, &t.strides)
     }
 

@@ -443,13 +443,12 @@ impl<T> HandleTable<T> {
             return None;
         }
         let (segment, offset) = locate(index);
-        let base = self.segments[segment].load(Ordering::Acquire);
-        if base.is_null() {
-            return None;
-        }
+        let base = ptr::NonNull::new(self.segments[segment].load(Ordering::Acquire))?;
         // SAFETY: a non-NULL segment pointer is a live allocation of `BASE << segment` slots,
-        // made in `insert` and freed only in `Drop`, which cannot run while `&self` lives.
-        Some(unsafe { &*base.add(offset) })
+        // made in `insert` and freed only in `Drop`, which cannot run while `&self` lives, and
+        // `offset` is below `BASE << segment` (`locate`). Staying a `NonNull`, the slot's
+        // address needs no second test for NULL.
+        Some(unsafe { base.add(offset).as_ref() })
     }
 
     /// Makes `data` a live handle and returns its number (never 0).
@@ -545,9 +544,16 @@ impl<T> HandleTable<T> {
     ) -> Result<Entered<'_, T>, Refused> {
         let slot = self.slot(name.index).ok_or(Refused::Stale)?;
         let running = slot.gate.enter_run(name.generation, wait)?;
+        let data = slot.data.load(Ordering::Acquire);
         // SAFETY: as in `with_shared`: the running call keeps the handle from being retired
-        // while `running` lives, and `Entered` lends the data only for as long as it does.
-        let data = unsafe { &*slot.data.load(Ordering::Acquire) };
+        // while `running` lives, and `Entered` lends the data only for as long as it does. The
+        // pointer is not NULL: `insert` stored a boxed value's before the gate went live at
+        // this generation, and only `remove`, after retiring it, clears it; saying so spares
+        // the caller a test for NULL on every call.
+        let data = unsafe {
+            std::hint::assert_unchecked(!data.is_null());
+            &*data
+        };
         Ok(Entered { data, running })
     }
 
