@@ -1710,9 +1710,12 @@ impl Shape {
         dims: &[u64; MAX_TENSOR_RANK],
         strides: &[u64; MAX_TENSOR_RANK],
     ) -> bool {
+        // A negotiated tensor has at least one axis (`TensorDesc::check`), so the first is
+        // compared without a test of the rank (were the rank 0, it would be stricter still:
+        // the shape's entries at and above its rank are zero).
         let rank = self.rank.min(MAX_TENSOR_RANK);
-        let mut diff = 0;
-        for i in 0..rank {
+        let mut diff = (dims[0] ^ self.fixed.dims[0]) | (strides[0] ^ self.fixed.strides[0]);
+        for i in 1..rank {
             diff |= (dims[i] ^ self.fixed.dims[i]) | (strides[i] ^ self.fixed.strides[i]);
         }
         diff == 0
