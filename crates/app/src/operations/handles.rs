@@ -98,8 +98,6 @@ pub(crate) struct Gate {
 #[derive(Debug)]
 pub(crate) struct Running<'g> {
     gate: &'g Gate,
-    /// The word as it was before this call took the handle (live, its generation).
-    idle: u64,
 }
 
 impl Drop for Running<'_> {
@@ -107,8 +105,11 @@ impl Drop for Running<'_> {
     fn drop(&mut self) {
         let gate = self.gate;
         gate.owner.store(0, Ordering::Relaxed);
-        // Nobody else changes the word while the handle is held, so a store gives it back.
-        gate.state.store(self.idle, Ordering::Release);
+        // Nobody else changes the word while the handle is held, so a store gives it back:
+        // the word as this call made it, less the running bit (read back rather than kept,
+        // which would cost the call a register or a stack slot).
+        let held = gate.state.load(Ordering::Relaxed);
+        gate.state.store(held & !RUNNING, Ordering::Release);
         if gate.waiters.load(Ordering::Relaxed) != 0 {
             gate.wake_waiters();
         }
@@ -205,7 +206,7 @@ impl Gate {
         ) {
             Ok(_) => {
                 self.owner.store(me, Ordering::Relaxed);
-                Ok(Running { gate: self, idle })
+                Ok(Running { gate: self })
             }
             Err(now) => self.contended(now, generation, me, wait),
         }
@@ -235,7 +236,7 @@ impl Gate {
                 ) {
                     Ok(_) => {
                         self.owner.store(me, Ordering::Relaxed);
-                        return Ok(Running { gate: self, idle });
+                        return Ok(Running { gate: self });
                     }
                     Err(again) => now = again,
                 }
@@ -271,7 +272,7 @@ impl Gate {
                     .is_ok()
             {
                 self.owner.store(me, Ordering::Relaxed);
-                break Ok(Running { gate: self, idle });
+                break Ok(Running { gate: self });
             }
             if state & RUNNING != 0 {
                 waiting = self
