@@ -1766,7 +1766,7 @@ impl RustCall<'_> {
         for index in 0..n {
             let arg = args[index].parts();
             let shape = &shapes[index];
-            let (desc, _, ptr, len) = arg;
+            let (desc, ptr, len) = arg;
             let address = ptr as usize as u64;
             // A buffer whose element type is not its descriptor's dtype carries a marked
             // descriptor, which matches no shape (see `Buffer`): the element check is this one.
@@ -1798,7 +1798,8 @@ fn bad_buffer<B: Buffer>(
     tensor: TensorRef,
     arg: &B,
 ) -> ExecuteError {
-    let (desc, element, ptr, len) = arg.parts();
+    let (desc, ptr, len) = arg.parts();
+    let element = desc.element();
     let desc = &desc.unmarked();
     let list = match tensor.role {
         TensorRole::Input => contract.inputs(),
@@ -1821,7 +1822,7 @@ fn bad_buffer<B: Buffer>(
             actual: Box::new(desc.desc()),
         };
     }
-    if let Some(element) = element.filter(|&e| e != desc.dtype()) {
+    if let Some(element) = element {
         return ExecuteError::ElementType {
             tensor,
             dtype: desc.dtype(),
@@ -1842,16 +1843,16 @@ fn bad_buffer<B: Buffer>(
 pub(crate) trait Buffer {
     /// Its descriptor's type.
     type Desc: Describes;
-    /// Its descriptor, element type, address and length in bytes. When the element type is
-    /// not the descriptor's dtype, the descriptor must be marked so that it matches no shape
+    /// Its descriptor, address and length in bytes. When the buffer's element type is not the
+    /// descriptor's dtype, the descriptor must be marked so that it matches no shape
     /// ([`Described::of_element`]): `fill` checks the element type through that match, and
     /// [`Describes::unmarked`] takes the mark off for the error report.
     fn parts(&self) -> BufferArg<'_, Self::Desc>;
 }
 
-/// One buffer of a Rust call: its descriptor, the element type its Rust slice holds (`None` for
-/// raw bytes or device memory), its address and its length in bytes.
-pub(crate) type BufferArg<'a, D> = (&'a D, Option<DType>, *mut c_void, usize);
+/// One buffer of a Rust call: its descriptor (marked when the buffer's element type is not its
+/// dtype), its address and its length in bytes.
+pub(crate) type BufferArg<'a, D> = (&'a D, *mut c_void, usize);
 
 /// A Rust call's descriptor of a buffer, as its checks read it.
 pub(crate) trait Describes {
@@ -1864,6 +1865,8 @@ pub(crate) trait Describes {
     /// The descriptor as made, without the mark a buffer of another element type carries
     /// (see [`Buffer::parts`]).
     fn unmarked(&self) -> Self;
+    /// The element type of a marked descriptor's buffer; `None` when it is not marked.
+    fn element(&self) -> Option<DType>;
 }
 
 impl Describes for TensorDesc {
@@ -1885,6 +1888,10 @@ impl Describes for TensorDesc {
     fn unmarked(&self) -> Self {
         *self
     }
+
+    fn element(&self) -> Option<DType> {
+        None
+    }
 }
 
 /// The fields of a [`TensorDesc`] that a contract fixes, without the data address: what a
@@ -1898,17 +1905,18 @@ impl Describes for TensorDesc {
 pub(crate) struct Described {
     /// `dtype | rank << 32`.
     head: u64,
-    /// `space | marked << 8 | device_id << 32`: the memory space (its `MemorySpace`
-    /// discriminant), whether the buffer's element type is not the dtype
-    /// ([`Described::of_element`]; a negotiated tensor is never marked, so a marked descriptor
-    /// matches no shape), and the device.
+    /// `space | mark << 8 | device_id << 32`: the memory space (its `MemorySpace`
+    /// discriminant), the mark (24 bits: zero, or the buffer's element type when it is not the
+    /// dtype, see [`Described::of_element`]; a negotiated tensor is never marked, so a marked
+    /// descriptor matches no shape), and the device.
     place: u64,
     dims: [u64; MAX_TENSOR_RANK],
     strides: [u64; MAX_TENSOR_RANK],
 }
 
 /// The mark in [`Described::place`].
-const MARKED: u64 = 1 << 8;
+const MARK: u64 = 0xff_ffff << MARK_SHIFT;
+const MARK_SHIFT: u32 = 8;
 
 impl Described {
     #[inline(always)]
@@ -1921,11 +1929,16 @@ impl Described {
     /// rather than on every call, and compared on every call with the fields beside it.
     #[inline(always)]
     pub(crate) fn of_element(d: &TensorDesc, element: Option<DType>) -> Self {
-        let marked = u64::from(element.is_some_and(|e| e != d.dtype));
+        // The mark is the element type's raw value plus one (never zero; exact for every
+        // element type, whose raw values are small).
+        let mark = match element {
+            Some(e) if e != d.dtype => u64::from(e.raw()).min(0xff_fffe) + 1,
+            _ => 0,
+        };
         Described {
             head: Self::head(d.dtype.raw(), d.rank),
             place: u64::from(d.memory_space as u8)
-                | (marked * MARKED)
+                | (mark << MARK_SHIFT)
                 | (u64::from(d.device_id as u32) << 32),
             dims: d.dims,
             strides: d.strides,
@@ -1976,9 +1989,14 @@ impl Describes for Described {
 
     fn unmarked(&self) -> Self {
         Described {
-            place: self.place & !MARKED,
+            place: self.place & !MARK,
             ..*self
         }
+    }
+
+    fn element(&self) -> Option<DType> {
+        let mark = ((self.place & MARK) >> MARK_SHIFT) as u32;
+        mark.checked_sub(1).map(DType::from_raw)
     }
 }
 /// The text a callback left in an error record, up to its first NUL.
@@ -2052,8 +2070,10 @@ mod tests {
                 assert_eq!(marked.matches(&shape), expected, "{d:?}");
                 assert_eq!(marked, Described::of(&d));
             }
+            assert_eq!(Described::of(&d).element(), None);
             let other = Described::of_element(&d, Some(DType::I8));
             assert!(!other.matches(&shape), "{d:?}");
+            assert_eq!(other.element(), Some(DType::I8));
             assert_eq!(other.unmarked(), Described::of(&d));
             assert_eq!(Described::of(&d).dtype(), d.dtype);
             assert_eq!(

@@ -605,15 +605,9 @@ impl OpHandle<'_> {
         let mut call = unsafe { r.rust_call(&running) };
         call.fill(r, TensorRole::Input, inputs)?;
         call.fill(r, TensorRole::Output, outputs)?;
-        let (scratch_device, scratch_device_size) = match scratch_device {
-            Some(device) => device,
-            None if call.contract.scratch.device_bytes > 0 => {
-                return Err(ExecuteError::DeviceScratch {
-                    needed: call.contract.scratch.device_bytes,
-                })
-            }
-            None => (std::ptr::null_mut(), 0),
-        };
+        let device_given = scratch_device.is_some();
+        let (scratch_device, scratch_device_size) =
+            scratch_device.unwrap_or((std::ptr::null_mut(), 0));
         // No slice, or an empty one, is NULL with size 0 (two conditional moves).
         let (scratch_host, scratch_len) = scratch_host.map_or((std::ptr::null_mut(), 0), |s| {
             (s.as_mut_ptr().cast::<c_void>(), s.len())
@@ -624,12 +618,21 @@ impl OpHandle<'_> {
             scratch_host
         };
         let scratch_host_size = u64::try_from(scratch_len).unwrap_or(u64::MAX);
-        call.contract.check_scratch(
-            scratch_host,
-            scratch_host_size,
-            scratch_device,
-            scratch_device_size,
-        )?;
+        let needed = call.contract.scratch;
+        // A contract without scratch (the common case) passes both checks with one test.
+        if needed.host_bytes | needed.device_bytes != 0 {
+            if !device_given && needed.device_bytes > 0 {
+                return Err(ExecuteError::DeviceScratch {
+                    needed: needed.device_bytes,
+                });
+            }
+            call.contract.check_scratch(
+                scratch_host,
+                scratch_host_size,
+                scratch_device,
+                scratch_device_size,
+            )?;
+        }
         let cells = call.cells;
         let args = &mut cells.args;
         args.scratch_host = scratch_host;
@@ -904,8 +907,8 @@ element!(
 /// provider reads it only.
 #[derive(Debug, Clone, Copy)]
 pub struct TensorArg<'a> {
+    /// Marked when `T` is not its dtype (the element type is checked with the descriptor).
     desc: Described,
-    dtype: Option<DType>,
     ptr: *mut c_void,
     len: usize,
     _data: PhantomData<&'a [u8]>,
@@ -916,7 +919,6 @@ impl<'a> TensorArg<'a> {
     pub fn new<T: Element>(desc: TensorDesc, data: &'a [T]) -> Self {
         TensorArg {
             desc: Described::of_element(&desc, T::DTYPE),
-            dtype: T::DTYPE,
             // The provider receives a `*mut` by the C ABI's shape but only reads inputs.
             ptr: data.as_ptr().cast_mut().cast(),
             len: size_of_val(data),
@@ -929,15 +931,15 @@ impl Buffer for TensorArg<'_> {
     type Desc = Described;
     #[inline(always)]
     fn parts(&self) -> BufferArg<'_, Described> {
-        (&self.desc, self.dtype, self.ptr, self.len)
+        (&self.desc, self.ptr, self.len)
     }
 }
 
 /// An output tensor: its descriptor and an exclusive borrow of the buffer it is written into.
 #[derive(Debug)]
 pub struct TensorArgMut<'a> {
+    /// Marked when `T` is not its dtype (the element type is checked with the descriptor).
     desc: Described,
-    dtype: Option<DType>,
     ptr: *mut c_void,
     len: usize,
     _data: PhantomData<&'a mut [u8]>,
@@ -949,7 +951,6 @@ impl<'a> TensorArgMut<'a> {
     pub fn new<T: Element>(desc: TensorDesc, data: &'a mut [T]) -> Self {
         TensorArgMut {
             desc: Described::of_element(&desc, T::DTYPE),
-            dtype: T::DTYPE,
             len: size_of_val(data),
             ptr: data.as_mut_ptr().cast(),
             _data: PhantomData,
@@ -961,7 +962,7 @@ impl Buffer for TensorArgMut<'_> {
     type Desc = Described;
     #[inline(always)]
     fn parts(&self) -> BufferArg<'_, Described> {
-        (&self.desc, self.dtype, self.ptr, self.len)
+        (&self.desc, self.ptr, self.len)
     }
 }
 
@@ -1012,7 +1013,7 @@ impl Buffer for DeviceTensor {
     #[inline(always)]
     fn parts(&self) -> BufferArg<'_, TensorDesc> {
         let extent = usize::try_from(self.bytes).unwrap_or(usize::MAX);
-        (&self.desc, None, self.ptr, extent)
+        (&self.desc, self.ptr, extent)
     }
 }
 
