@@ -1371,13 +1371,15 @@ impl Resolved {
         if given.len() != negotiated.len() {
             return Err(arity(role, negotiated.len(), given.len()));
         }
-        for (index, (t, expected)) in given.iter().zip(negotiated).enumerate() {
+        let mask = self.align_mask;
+        let bad = given.iter().zip(negotiated).position(|(t, expected)| {
             let address = t.data as usize as u64;
-            if !expected.matches(t) || (address == 0) | (address & self.align_mask != 0) {
-                return Err(self.bad_tensor(contract, TensorRef { role, index }, t));
-            }
+            !expected.matches(t) || (address == 0) | (address & mask != 0)
+        });
+        match bad {
+            None => Ok(()),
+            Some(index) => Err(self.bad_tensor(contract, TensorRef { role, index }, &given[index])),
         }
-        Ok(())
     }
 
     /// Why a C tensor failed [`Resolved::check_c_tensors`].
