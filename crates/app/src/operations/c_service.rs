@@ -719,7 +719,7 @@ unsafe fn execute_checked(
     // SAFETY: a table's `user`, whose core its holder keeps alive (the service's contract).
     let (core, face) = or_report!(unsafe { open_core(user, "execute") }, error);
     let name = or_report!(name_of(core, handle, "execute"), error);
-    if args.is_null() || !args.is_aligned() {
+    if !aligned_non_null(args) {
         return report(error, bad_args(0, false));
     }
     // SAFETY: non-NULL and aligned; its first field is the caller's size.
@@ -751,24 +751,25 @@ unsafe fn execute_checked(
     let record = match unsafe { usable_record(error) } {
         // SAFETY: checked by usable_record; nothing else borrows it during the call.
         Some(record) => unsafe { &mut *record },
-        None => return run_with_local_record(core, face, name, &call, error),
+        None => return run_with_local_record(core, face, name, call, error),
     };
     run_checked(core, face, name, &call, record, error)
 }
 
 /// The provider receives a local record (584 bytes to clear) only when the caller's is not
-/// usable; out of line, so that the common path's frame does not hold one.
+/// usable; out of line, so that the common path's frame does not hold one. The call is taken
+/// by value, so that the common path never needs it in memory.
 #[cold]
 #[inline(never)]
 fn run_with_local_record(
     core: &ServiceCore,
     face: Face,
     name: HandleName,
-    call: &Call<'_>,
+    call: Call<'_>,
     error: *mut guild_error_info_t,
 ) -> guild_status_t {
     let mut local = guild_error_info_t::new();
-    run_checked(core, face, name, call, &mut local, error)
+    run_checked(core, face, name, &call, &mut local, error)
 }
 
 /// Takes the handle and runs the checked call with `record` as the provider's error record;
@@ -845,7 +846,7 @@ fn provider_or_failure(
 /// `error` must be NULL or a caller-initialised record valid for this call.
 #[inline(always)]
 unsafe fn usable_record(error: *mut guild_error_info_t) -> Option<*mut guild_error_info_t> {
-    if error.is_null() || !error.is_aligned() {
+    if !aligned_non_null(error.cast_const()) {
         return None;
     }
     // SAFETY: non-NULL and aligned; its first field is the caller's size.
@@ -865,14 +866,35 @@ unsafe fn tensor_slice<'a>(
     count: usize,
     role: &str,
 ) -> Result<&'a [guild_tensor_desc_v1_t], Failure> {
+    // One branch for the common case: 1 to MAX_QUERY_TENSORS descriptors at a non-NULL,
+    // aligned address. An empty array (any address) is settled out of line.
+    if (count.wrapping_sub(1) < MAX_QUERY_TENSORS) & aligned_non_null(tensors) {
+        // SAFETY: non-NULL, aligned, and `count` descriptors long by the caller's contract.
+        return Ok(unsafe { std::slice::from_raw_parts(tensors, count) });
+    }
+    empty_or_bad_array(role, count)
+}
+
+/// An empty array, or why a non-empty one was refused.
+#[cold]
+#[inline(never)]
+fn empty_or_bad_array<'a>(
+    role: &str,
+    count: usize,
+) -> Result<&'a [guild_tensor_desc_v1_t], Failure> {
     if count == 0 {
         return Ok(&[]);
     }
-    if tensors.is_null() || !tensors.is_aligned() || count > MAX_QUERY_TENSORS {
-        return Err(bad_array(role, count));
-    }
-    // SAFETY: non-NULL, aligned, and `count` descriptors long by the caller's contract.
-    Ok(unsafe { std::slice::from_raw_parts(tensors, count) })
+    Err(bad_array(role, count))
+}
+
+/// Whether `p` is non-NULL and aligned for `T`, with one comparison: rotated right by the
+/// alignment's bits, an aligned non-NULL address is a number from 1 to `usize::MAX >> bits`,
+/// NULL is 0 and a misaligned address has its low bits on top, above that range.
+#[inline(always)]
+fn aligned_non_null<T>(p: *const T) -> bool {
+    let bits = align_of::<T>().trailing_zeros();
+    (p as usize).rotate_right(bits).wrapping_sub(1) < usize::MAX >> bits
 }
 
 #[cold]
@@ -1003,4 +1025,23 @@ unsafe extern "C" fn service_release(
             )
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_address_is_usable_when_it_is_not_null_and_aligned() {
+        let usable = |address: usize| aligned_non_null(address as *const u64);
+        assert!(!usable(0));
+        assert!(usable(8) && usable(16) && usable(usize::MAX - 7));
+        for misaligned in [1, 4, 7, 9, usize::MAX, usize::MAX - 3] {
+            assert!(!usable(misaligned), "{misaligned:#x}");
+        }
+        // Alignment 1: anything but NULL.
+        assert!(!aligned_non_null(std::ptr::null::<u8>()));
+        assert!(aligned_non_null(std::ptr::dangling::<u8>()));
+        assert!(aligned_non_null(usize::MAX as *const u8));
+    }
 }

@@ -1095,10 +1095,17 @@ impl Negotiator for Renegotiator<'_> {
     }
 }
 
-/// The word a call's sync mode and device make, compared with the handle's in one step.
+/// The word a call's device and sync mode make, compared with the handle's in one step: the two
+/// fields in the order the C arguments record has them, so that the word is one load.
 #[inline(always)]
-fn call_key(sync_mode: u32, device_id: i32) -> u64 {
-    u64::from(sync_mode) | (u64::from(device_id as u32) << 32)
+fn call_key(device_id: i32, sync_mode: u32) -> u64 {
+    u64::from(device_id as u32) | (u64::from(sync_mode) << 32)
+}
+
+/// The word a tensor's memory space and device make, in the order the C descriptor has them.
+#[inline(always)]
+fn place_key(memory_space: u32, device_id: i32) -> u64 {
+    u64::from(memory_space) | (u64::from(device_id as u32) << 32)
 }
 
 // SAFETY: the cells are only touched as their documentation says: `contract` is written only by
@@ -1148,7 +1155,7 @@ impl Resolved {
             .chain(&spec.outputs)
             .all(|t| t.memory_space == MemorySpace::Host);
         let (call_key, sync_mode, device_id) = (
-            call_key(spec.sync_mode.raw(), spec.device.device_id),
+            call_key(spec.device.device_id, spec.sync_mode.raw()),
             spec.sync_mode,
             spec.device.device_id,
         );
@@ -1262,7 +1269,7 @@ impl Resolved {
         self.check_c_tensors(contract, TensorRole::Input, call.inputs)?;
         self.check_c_tensors(contract, TensorRole::Output, call.outputs)?;
         let a = call.args;
-        if call_key(a.sync_mode, a.device_id) != self.call_key
+        if call_key(a.device_id, a.sync_mode) != self.call_key
             || (!self.takes_stream && !a.stream.is_null())
         {
             return Err(self.call_mismatch(a));
@@ -1305,9 +1312,11 @@ impl Resolved {
                 self.kernel.execute(checked, error)
             }
         };
+        let _ = running;
         if self.streams.is_some() {
-            // SAFETY: `running` is this handle's exclusivity (the caller's contract).
-            unsafe { self.record(running, args, status) }?;
+            // SAFETY: `running` is this handle's exclusivity (the caller's contract), held
+            // across this call.
+            unsafe { self.record(args, status) }?;
         }
         if status == GUILD_STATUS_OK {
             Ok(())
@@ -1320,20 +1329,20 @@ impl Resolved {
     /// work may already be enqueued).
     ///
     /// # Safety
-    /// `running` must be the execute exclusivity of the handle that owns `self`.
+    /// The caller must hold the execute exclusivity of the handle that owns `self` for the
+    /// whole call. (The proof is not passed: it would make the caller keep it in memory for
+    /// this cold call's sake, on every call.)
     #[cold]
     unsafe fn record(
         &self,
-        running: &Running<'_>,
         args: &guild_execute_args_v1_t,
         status: guild_status_t,
     ) -> Result<(), ExecuteError> {
-        let _ = running;
         let Some(streams) = &self.streams else {
             return Ok(());
         };
-        // SAFETY: `running` gives this call the call cells; no other reference to the marks
-        // exists (the Rust face's view borrows other fields).
+        // SAFETY: the caller's exclusivity gives this call the call cells; no other reference
+        // to the marks exists (the Rust face's view borrows other fields).
         let marks = unsafe { &mut *std::ptr::addr_of_mut!((*self.call.get()).marks) };
         let stream = StreamRef(args.stream as usize);
         match streams.record(args.device_id, stream) {
@@ -1362,13 +1371,15 @@ impl Resolved {
         if given.len() != negotiated.len() {
             return Err(arity(role, negotiated.len(), given.len()));
         }
-        for (index, (t, expected)) in given.iter().zip(negotiated).enumerate() {
+        let mask = self.align_mask;
+        let bad = given.iter().zip(negotiated).position(|(t, expected)| {
             let address = t.data as usize as u64;
-            if !expected.matches(t) || address == 0 || address & self.align_mask != 0 {
-                return Err(self.bad_tensor(contract, TensorRef { role, index }, t));
-            }
+            !expected.matches(t) || (address == 0) | (address & mask != 0)
+        });
+        match bad {
+            None => Ok(()),
+            Some(index) => Err(self.bad_tensor(contract, TensorRef { role, index }, &given[index])),
         }
-        Ok(())
     }
 
     /// Why a C tensor failed [`Resolved::check_c_tensors`].
@@ -1659,24 +1670,20 @@ fn provider_failure(status: guild_status_t, error: &guild_error_info_t) -> Execu
 }
 
 /// A negotiated tensor as calls must repeat it: every field of the C descriptor but the data
-/// pointer, with dims and strides at and above the rank zeroed (callers' entries there are
-/// ignored). The fixed fields are packed in two words, so that a call's tensor is compared with
-/// two comparisons and one pass over its rank.
+/// pointer (its [`Described`] form, with dims and strides at and above the rank zeroed, as
+/// callers' entries there are ignored), its rank and its byte extent. The fixed fields are
+/// packed in two words, so that a call's tensor is compared with two comparisons and one pass
+/// over its rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Shape {
-    /// `dtype | rank << 32`.
-    head: u64,
-    /// `memory_space | device_id << 32`.
+    fixed: Described,
+    /// `memory_space | device_id << 32`, the memory space as its `GUILD_MEMORY_*` bit: the C
+    /// descriptor's last two fields as one word.
     place: u64,
-    /// The memory space and device as a [`TensorDesc`] holds them, for the Rust face's check.
-    space: MemorySpace,
-    device_id: i32,
     /// The rank, at most [`MAX_TENSOR_RANK`].
     rank: usize,
     /// The tensor's byte extent, which a Rust call's buffer must hold.
     byte_extent: u64,
-    dims: [u64; MAX_TENSOR_RANK],
-    strides: [u64; MAX_TENSOR_RANK],
 }
 
 impl Shape {
@@ -1687,20 +1694,15 @@ impl Shape {
         dims[..rank].copy_from_slice(&d.dims[..rank]);
         strides[..rank].copy_from_slice(&d.strides[..rank]);
         Shape {
-            head: Self::head(d.dtype.raw(), d.rank),
-            place: call_key(d.memory_space.bit(), d.device_id),
-            space: d.memory_space,
-            device_id: d.device_id,
+            fixed: Described {
+                dims,
+                strides,
+                ..Described::of(d)
+            },
+            place: place_key(d.memory_space.bit(), d.device_id),
             rank,
             byte_extent: info.byte_extent,
-            dims,
-            strides,
         }
-    }
-
-    #[inline(always)]
-    fn head(dtype: u32, rank: u32) -> u64 {
-        u64::from(dtype) | (u64::from(rank) << 32)
     }
 
     /// Whether the extents and strides below the rank are `dims` and `strides`.
@@ -1710,10 +1712,13 @@ impl Shape {
         dims: &[u64; MAX_TENSOR_RANK],
         strides: &[u64; MAX_TENSOR_RANK],
     ) -> bool {
+        // A negotiated tensor has at least one axis (`TensorDesc::check`), so the first is
+        // compared without a test of the rank (were the rank 0, it would be stricter still:
+        // the shape's entries at and above its rank are zero).
         let rank = self.rank.min(MAX_TENSOR_RANK);
-        let mut diff = 0;
-        for i in 0..rank {
-            diff |= (dims[i] ^ self.dims[i]) | (strides[i] ^ self.strides[i]);
+        let mut diff = (dims[0] ^ self.fixed.dims[0]) | (strides[0] ^ self.fixed.strides[0]);
+        for i in 1..rank {
+            diff |= (dims[i] ^ self.fixed.dims[i]) | (strides[i] ^ self.fixed.strides[i]);
         }
         diff == 0
     }
@@ -1721,17 +1726,17 @@ impl Shape {
     /// Whether the C tensor `t` is this tensor apart from its data pointer.
     #[inline(always)]
     fn matches(&self, t: &guild_tensor_desc_v1_t) -> bool {
-        Self::head(t.dtype, t.rank) == self.head
-            && call_key(t.memory_space, t.device_id) == self.place
+        Described::head(t.dtype, t.rank) == self.fixed.head
+            && place_key(t.memory_space, t.device_id) == self.place
             && self.same_extents(&t.dims, &t.strides)
     }
 
     /// Whether the descriptor `d` is this tensor apart from its data address.
     #[inline(always)]
     pub(crate) fn matches_desc(&self, d: &TensorDesc) -> bool {
-        Self::head(d.dtype.raw(), d.rank) == self.head
-            && d.memory_space == self.space
-            && d.device_id == self.device_id
+        let given = Described::of(d);
+        given.head == self.fixed.head
+            && given.place == self.fixed.place
             && self.same_extents(&d.dims, &d.strides)
     }
 }
@@ -1739,92 +1744,117 @@ impl Shape {
 impl RustCall<'_> {
     /// Checks one side of a Rust call, buffer by buffer, against the negotiated tensors (the
     /// descriptor, the element type, the byte extent, the data address against the mask) and
-    /// writes each data pointer into the call's C tensors. One pass; nothing is copied but the
-    /// pointers.
+    /// writes each data pointer into the call's C tensors. One pass over slices of equal
+    /// length, indexed, so that nothing but the pointers is copied and no iterator state is
+    /// kept in memory.
     #[inline(always)]
-    pub(crate) fn fill<'b, D: Describes + 'b>(
+    pub(crate) fn fill<B: Buffer>(
         &mut self,
         r: &Resolved,
         role: TensorRole,
-        args: impl ExactSizeIterator<Item = BufferArg<'b, D>>,
+        args: &[B],
     ) -> Result<(), ExecuteError> {
-        let shapes = self.contract.shapes(role);
+        let contract = self.contract;
+        let shapes = contract.shapes(role);
         let out: &mut [guild_tensor_desc_v1_t] = match role {
             TensorRole::Input => &mut self.cells.inputs,
             TensorRole::Output => &mut self.cells.outputs,
         };
-        if args.len() != shapes.len() || out.len() != shapes.len() {
-            return Err(arity(role, shapes.len(), args.len()));
+        let n = shapes.len();
+        if args.len() != n || out.len() != n {
+            return Err(arity(role, n, args.len()));
         }
         let mask = r.align_mask;
-        for (index, ((arg, slot), shape)) in args.zip(out.iter_mut()).zip(shapes).enumerate() {
-            let (desc, element, ptr, len) = arg;
+        for index in 0..n {
+            let arg = args[index].parts();
+            let shape = &shapes[index];
+            let (desc, ptr, len) = arg;
             let address = ptr as usize as u64;
+            // A buffer whose element type is not its descriptor's dtype carries a marked
+            // descriptor, which matches no shape (see `Buffer`): the element check is this one.
             let ok = desc.matches(shape)
-                && element.is_none_or(|e| e == desc.dtype())
                 && u64::try_from(len).unwrap_or(u64::MAX) >= shape.byte_extent
                 && address != 0
                 && address & mask == 0;
             if !ok {
-                return Err(self.bad_buffer(r, TensorRef { role, index }, arg));
+                return Err(bad_buffer(
+                    contract,
+                    r,
+                    TensorRef { role, index },
+                    &args[index],
+                ));
             }
-            slot.data = ptr;
+            out[index].data = ptr;
         }
         Ok(())
     }
-
-    /// Why a buffer failed [`RustCall::fill`].
-    #[cold]
-    fn bad_buffer<D: Describes>(
-        &self,
-        r: &Resolved,
-        tensor: TensorRef,
-        arg: BufferArg<'_, D>,
-    ) -> ExecuteError {
-        let (desc, element, ptr, len) = arg;
-        let list = match tensor.role {
-            TensorRole::Input => self.contract.inputs(),
-            TensorRole::Output => self.contract.outputs(),
-        };
-        let (Some(expected), Some(info)) = (
-            list.get(tensor.index),
-            self.contract.infos(tensor.role).get(tensor.index),
-        ) else {
-            return arity(tensor.role, list.len(), tensor.index);
-        };
-        let same = self
-            .contract
-            .shapes(tensor.role)
-            .get(tensor.index)
-            .is_some_and(|s| desc.matches(s));
-        if !same {
-            return ExecuteError::DescriptorMismatch {
-                tensor,
-                expected: Box::new(*expected),
-                actual: Box::new(desc.desc()),
-            };
-        }
-        if let Some(element) = element.filter(|&e| e != desc.dtype()) {
-            return ExecuteError::ElementType {
-                tensor,
-                dtype: desc.dtype(),
-                element,
-            };
-        }
-        if u64::try_from(len).unwrap_or(u64::MAX) < info.byte_extent {
-            return ExecuteError::BufferTooSmall {
-                tensor,
-                needed: info.byte_extent,
-                got: len,
-            };
-        }
-        r.bad_address(tensor, ptr as usize as u64)
-    }
 }
 
-/// One buffer of a Rust call: its descriptor, the element type its Rust slice holds (`None` for
-/// raw bytes or device memory), its address and its length in bytes.
-pub(crate) type BufferArg<'a, D> = (&'a D, Option<DType>, *mut c_void, usize);
+/// Why a buffer failed [`RustCall::fill`]. It takes the contract, not the call's view, and
+/// the buffer, not its parts, so that neither has to be kept in memory or registers for its
+/// sake.
+#[cold]
+fn bad_buffer<B: Buffer>(
+    contract: &Contract,
+    r: &Resolved,
+    tensor: TensorRef,
+    arg: &B,
+) -> ExecuteError {
+    let (desc, ptr, len) = arg.parts();
+    let element = desc.element();
+    let desc = &desc.unmarked();
+    let list = match tensor.role {
+        TensorRole::Input => contract.inputs(),
+        TensorRole::Output => contract.outputs(),
+    };
+    let (Some(expected), Some(info)) = (
+        list.get(tensor.index),
+        contract.infos(tensor.role).get(tensor.index),
+    ) else {
+        return arity(tensor.role, list.len(), tensor.index);
+    };
+    let same = contract
+        .shapes(tensor.role)
+        .get(tensor.index)
+        .is_some_and(|s| desc.matches(s));
+    if !same {
+        return ExecuteError::DescriptorMismatch {
+            tensor,
+            expected: Box::new(*expected),
+            actual: Box::new(desc.desc()),
+        };
+    }
+    if let Some(element) = element {
+        return ExecuteError::ElementType {
+            tensor,
+            dtype: desc.dtype(),
+            element,
+        };
+    }
+    if u64::try_from(len).unwrap_or(u64::MAX) < info.byte_extent {
+        return ExecuteError::BufferTooSmall {
+            tensor,
+            needed: info.byte_extent,
+            got: len,
+        };
+    }
+    r.bad_address(tensor, ptr as usize as u64)
+}
+
+/// A buffer of a Rust call, as [`RustCall::fill`] reads it.
+pub(crate) trait Buffer {
+    /// Its descriptor's type.
+    type Desc: Describes;
+    /// Its descriptor, address and length in bytes. When the buffer's element type is not the
+    /// descriptor's dtype, the descriptor must be marked so that it matches no shape
+    /// ([`Described::of_element`]): `fill` checks the element type through that match, and
+    /// [`Describes::unmarked`] takes the mark off for the error report.
+    fn parts(&self) -> BufferArg<'_, Self::Desc>;
+}
+
+/// One buffer of a Rust call: its descriptor (marked when the buffer's element type is not its
+/// dtype), its address and its length in bytes.
+pub(crate) type BufferArg<'a, D> = (&'a D, *mut c_void, usize);
 
 /// A Rust call's descriptor of a buffer, as its checks read it.
 pub(crate) trait Describes {
@@ -1834,6 +1864,11 @@ pub(crate) trait Describes {
     fn dtype(&self) -> DType;
     /// The descriptor itself, for an error report.
     fn desc(&self) -> TensorDesc;
+    /// The descriptor as made, without the mark a buffer of another element type carries
+    /// (see [`Buffer::parts`]).
+    fn unmarked(&self) -> Self;
+    /// The element type of a marked descriptor's buffer; `None` when it is not marked.
+    fn element(&self) -> Option<DType>;
 }
 
 impl Describes for TensorDesc {
@@ -1850,31 +1885,81 @@ impl Describes for TensorDesc {
     fn desc(&self) -> TensorDesc {
         *self
     }
+
+    /// A whole descriptor is never marked: it comes with no element type.
+    fn unmarked(&self) -> Self {
+        *self
+    }
+
+    fn element(&self) -> Option<DType> {
+        None
+    }
 }
 
-/// A slice argument's descriptor as the Rust face keeps it: every field of a [`TensorDesc`]
-/// that a contract fixes, without the data address (the slice's replaces it). Its parts are
-/// short enough to be copied inline, where a whole `TensorDesc` (160 bytes) took a call to
-/// `memcpy` for every argument a caller built.
+/// The fields of a [`TensorDesc`] that a contract fixes, without the data address: what a
+/// negotiated tensor keeps (in its [`Shape`]) and what a slice argument of the Rust face
+/// carries (the slice's address replaces the descriptor's). Its parts are short enough to be
+/// copied inline, where a whole `TensorDesc` (160 bytes) took a call to `memcpy` for every
+/// argument a caller built. The fixed fields are packed in two words, so that a slice's
+/// descriptor is compared with two comparisons and one pass over the rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
 pub(crate) struct Described {
-    /// `dtype | rank << 32`, as [`Shape`] keeps it.
+    /// `dtype | rank << 32`.
     head: u64,
-    space: MemorySpace,
-    device_id: i32,
+    /// `space | mark << 8 | device_id << 32`: the memory space (its `MemorySpace`
+    /// discriminant), the mark (24 bits: zero, or the buffer's element type when it is not the
+    /// dtype, see [`Described::of_element`]; a negotiated tensor is never marked, so a marked
+    /// descriptor matches no shape), and the device.
+    place: u64,
     dims: [u64; MAX_TENSOR_RANK],
     strides: [u64; MAX_TENSOR_RANK],
 }
 
+/// The mark in [`Described::place`].
+const MARK: u64 = 0xff_ffff << MARK_SHIFT;
+const MARK_SHIFT: u32 = 8;
+
 impl Described {
     #[inline(always)]
     pub(crate) fn of(d: &TensorDesc) -> Self {
+        Self::of_element(d, None)
+    }
+
+    /// The descriptor of a buffer of `element`s (`None`: raw bytes), marked when that is not
+    /// its dtype, so that it matches no shape: the Rust face's element check, paid once here
+    /// rather than on every call, and compared on every call with the fields beside it.
+    #[inline(always)]
+    pub(crate) fn of_element(d: &TensorDesc, element: Option<DType>) -> Self {
+        // The mark is the element type's raw value plus one (never zero; exact for every
+        // element type, whose raw values are small).
+        let mark = match element {
+            Some(e) if e != d.dtype => u64::from(e.raw()).min(0xff_fffe) + 1,
+            _ => 0,
+        };
         Described {
-            head: Shape::head(d.dtype.raw(), d.rank),
-            space: d.memory_space,
-            device_id: d.device_id,
+            head: Self::head(d.dtype.raw(), d.rank),
+            place: u64::from(d.memory_space as u8)
+                | (mark << MARK_SHIFT)
+                | (u64::from(d.device_id as u32) << 32),
             dims: d.dims,
             strides: d.strides,
+        }
+    }
+
+    #[inline(always)]
+    fn head(dtype: u32, rank: u32) -> u64 {
+        u64::from(dtype) | (u64::from(rank) << 32)
+    }
+
+    /// The memory space `place` names.
+    fn space(&self) -> MemorySpace {
+        match self.place & 0xff {
+            0 => MemorySpace::Host,
+            1 => MemorySpace::HostPinned,
+            2 => MemorySpace::Device,
+            // Only ever made from a `MemorySpace`: 3.
+            _ => MemorySpace::Managed,
         }
     }
 }
@@ -1882,9 +1967,8 @@ impl Described {
 impl Describes for Described {
     #[inline(always)]
     fn matches(&self, shape: &Shape) -> bool {
-        self.head == shape.head
-            && self.space == shape.space
-            && self.device_id == shape.device_id
+        self.head == shape.fixed.head
+            && self.place == shape.fixed.place
             && shape.same_extents(&self.dims, &self.strides)
     }
 
@@ -1899,10 +1983,22 @@ impl Describes for Described {
             rank: (self.head >> 32) as u32,
             dims: self.dims,
             strides: self.strides,
-            memory_space: self.space,
-            device_id: self.device_id,
+            memory_space: self.space(),
+            device_id: (self.place >> 32) as u32 as i32,
             data_addr: None,
         }
+    }
+
+    fn unmarked(&self) -> Self {
+        Described {
+            place: self.place & !MARK,
+            ..*self
+        }
+    }
+
+    fn element(&self) -> Option<DType> {
+        let mark = ((self.place & MARK) >> MARK_SHIFT) as u32;
+        mark.checked_sub(1).map(DType::from_raw)
     }
 }
 /// The text a callback left in an error record, up to its first NUL.
@@ -1969,6 +2065,18 @@ mod tests {
         for (d, expected) in cases {
             assert_eq!(d.matches(&shape), expected, "{d:?}");
             assert_eq!(Described::of(&d).matches(&shape), expected, "{d:?}");
+            // A buffer of its own element type, or of raw bytes, is checked as its descriptor;
+            // one of another element type matches nothing, and unmarks to its descriptor.
+            for element in [None, Some(d.dtype)] {
+                let marked = Described::of_element(&d, element);
+                assert_eq!(marked.matches(&shape), expected, "{d:?}");
+                assert_eq!(marked, Described::of(&d));
+            }
+            assert_eq!(Described::of(&d).element(), None);
+            let other = Described::of_element(&d, Some(DType::I8));
+            assert!(!other.matches(&shape), "{d:?}");
+            assert_eq!(other.element(), Some(DType::I8));
+            assert_eq!(other.unmarked(), Described::of(&d));
             assert_eq!(Described::of(&d).dtype(), d.dtype);
             assert_eq!(
                 Described::of(&d).desc(),

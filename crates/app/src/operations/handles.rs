@@ -98,8 +98,6 @@ pub(crate) struct Gate {
 #[derive(Debug)]
 pub(crate) struct Running<'g> {
     gate: &'g Gate,
-    /// The word as it was before this call took the handle (live, its generation).
-    idle: u64,
 }
 
 impl Drop for Running<'_> {
@@ -107,8 +105,11 @@ impl Drop for Running<'_> {
     fn drop(&mut self) {
         let gate = self.gate;
         gate.owner.store(0, Ordering::Relaxed);
-        // Nobody else changes the word while the handle is held, so a store gives it back.
-        gate.state.store(self.idle, Ordering::Release);
+        // Nobody else changes the word while the handle is held, so a store gives it back:
+        // the word as this call made it, less the running bit (read back rather than kept,
+        // which would cost the call a register or a stack slot).
+        let held = gate.state.load(Ordering::Relaxed);
+        gate.state.store(held & !RUNNING, Ordering::Release);
         if gate.waiters.load(Ordering::Relaxed) != 0 {
             gate.wake_waiters();
         }
@@ -205,7 +206,7 @@ impl Gate {
         ) {
             Ok(_) => {
                 self.owner.store(me, Ordering::Relaxed);
-                Ok(Running { gate: self, idle })
+                Ok(Running { gate: self })
             }
             Err(now) => self.contended(now, generation, me, wait),
         }
@@ -235,7 +236,7 @@ impl Gate {
                 ) {
                     Ok(_) => {
                         self.owner.store(me, Ordering::Relaxed);
-                        return Ok(Running { gate: self, idle });
+                        return Ok(Running { gate: self });
                     }
                     Err(again) => now = again,
                 }
@@ -271,7 +272,7 @@ impl Gate {
                     .is_ok()
             {
                 self.owner.store(me, Ordering::Relaxed);
-                break Ok(Running { gate: self, idle });
+                break Ok(Running { gate: self });
             }
             if state & RUNNING != 0 {
                 waiting = self
@@ -443,13 +444,12 @@ impl<T> HandleTable<T> {
             return None;
         }
         let (segment, offset) = locate(index);
-        let base = self.segments[segment].load(Ordering::Acquire);
-        if base.is_null() {
-            return None;
-        }
+        let base = ptr::NonNull::new(self.segments[segment].load(Ordering::Acquire))?;
         // SAFETY: a non-NULL segment pointer is a live allocation of `BASE << segment` slots,
-        // made in `insert` and freed only in `Drop`, which cannot run while `&self` lives.
-        Some(unsafe { &*base.add(offset) })
+        // made in `insert` and freed only in `Drop`, which cannot run while `&self` lives, and
+        // `offset` is below `BASE << segment` (`locate`). Staying a `NonNull`, the slot's
+        // address needs no second test for NULL.
+        Some(unsafe { base.add(offset).as_ref() })
     }
 
     /// Makes `data` a live handle and returns its number (never 0).
@@ -545,9 +545,16 @@ impl<T> HandleTable<T> {
     ) -> Result<Entered<'_, T>, Refused> {
         let slot = self.slot(name.index).ok_or(Refused::Stale)?;
         let running = slot.gate.enter_run(name.generation, wait)?;
+        let data = slot.data.load(Ordering::Acquire);
         // SAFETY: as in `with_shared`: the running call keeps the handle from being retired
-        // while `running` lives, and `Entered` lends the data only for as long as it does.
-        let data = unsafe { &*slot.data.load(Ordering::Acquire) };
+        // while `running` lives, and `Entered` lends the data only for as long as it does. The
+        // pointer is not NULL: `insert` stored a boxed value's before the gate went live at
+        // this generation, and only `remove`, after retiring it, clears it; saying so spares
+        // the caller a test for NULL on every call.
+        let data = unsafe {
+            std::hint::assert_unchecked(!data.is_null());
+            &*data
+        };
         Ok(Entered { data, running })
     }
 

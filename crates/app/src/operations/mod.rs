@@ -94,7 +94,7 @@ use guild_domain::version::{PackedVersion, Version};
 use guild_ports::device::{DeviceError, StreamRef};
 
 use self::core::ServiceCore;
-use self::core::{BufferArg, Described, Describes, Negotiation, Resolved};
+use self::core::{Buffer, BufferArg, Described, Negotiation, Resolved};
 pub use self::core::{DeviceSupport, PassReason, PassedOver};
 use self::handles::{Gate, Lone, Refused};
 use crate::snapshot::KernelBinding;
@@ -519,14 +519,7 @@ impl OpHandle<'_> {
         }
         // Every data pointer addresses a live Rust buffer of at least the tensor's byte extent
         // (checked in `run`), borrowed for this call by the arguments.
-        self.run(
-            inputs.iter().map(|a| (&a.desc, a.dtype, a.ptr, a.len)),
-            outputs.iter().map(|a| (&a.desc, a.dtype, a.ptr, a.len)),
-            scratch,
-            None,
-            std::ptr::null_mut(),
-            params,
-        )
+        self.run(inputs, outputs, scratch, None, std::ptr::null_mut(), params)
     }
 
     /// Enqueues the negotiated contract on `stream` (the address its `guild_stream_t` holds;
@@ -566,7 +559,6 @@ impl OpHandle<'_> {
         scratch_device: Option<DeviceScratch>,
         params: &[u8],
     ) -> Result<(), ExecuteError> {
-        let extent = |t: &DeviceTensor| usize::try_from(t.bytes).unwrap_or(usize::MAX);
         let device_scratch = Some(match scratch_device {
             Some(d) => (d.ptr, d.bytes),
             None => (std::ptr::null_mut(), 0),
@@ -576,8 +568,8 @@ impl OpHandle<'_> {
         // that the stream is valid, is this function's safety contract. The host scratch is
         // borrowed for the call.
         self.run(
-            inputs.iter().map(|t| (&t.desc, None, t.ptr, extent(t))),
-            outputs.iter().map(|t| (&t.desc, None, t.ptr, extent(t))),
+            inputs,
+            outputs,
             scratch_host,
             device_scratch,
             stream.0 as guild_stream_t,
@@ -591,10 +583,10 @@ impl OpHandle<'_> {
     /// device scratch, which a provider needing some refuses. The caller vouches that the
     /// pointers address the memory they describe.
     #[inline(always)]
-    fn run<'a, D: Describes + 'a>(
+    fn run<I: Buffer, O: Buffer>(
         &self,
-        inputs: impl ExactSizeIterator<Item = BufferArg<'a, D>>,
-        outputs: impl ExactSizeIterator<Item = BufferArg<'a, D>>,
+        inputs: &[I],
+        outputs: &[O],
         scratch_host: Option<&mut [u8]>,
         scratch_device: Option<(*mut c_void, u64)>,
         stream: guild_stream_t,
@@ -613,26 +605,34 @@ impl OpHandle<'_> {
         let mut call = unsafe { r.rust_call(&running) };
         call.fill(r, TensorRole::Input, inputs)?;
         call.fill(r, TensorRole::Output, outputs)?;
-        let (scratch_device, scratch_device_size) = match scratch_device {
-            Some(device) => device,
-            None if call.contract.scratch.device_bytes > 0 => {
-                return Err(ExecuteError::DeviceScratch {
-                    needed: call.contract.scratch.device_bytes,
-                })
-            }
-            None => (std::ptr::null_mut(), 0),
-        };
-        let (scratch_host, scratch_len) = match scratch_host {
-            Some(s) if !s.is_empty() => (s.as_mut_ptr().cast::<c_void>(), s.len()),
-            _ => (std::ptr::null_mut(), 0),
+        let device_given = scratch_device.is_some();
+        let (scratch_device, scratch_device_size) =
+            scratch_device.unwrap_or((std::ptr::null_mut(), 0));
+        // No slice, or an empty one, is NULL with size 0 (two conditional moves).
+        let (scratch_host, scratch_len) = scratch_host.map_or((std::ptr::null_mut(), 0), |s| {
+            (s.as_mut_ptr().cast::<c_void>(), s.len())
+        });
+        let scratch_host = if scratch_len == 0 {
+            std::ptr::null_mut()
+        } else {
+            scratch_host
         };
         let scratch_host_size = u64::try_from(scratch_len).unwrap_or(u64::MAX);
-        call.contract.check_scratch(
-            scratch_host,
-            scratch_host_size,
-            scratch_device,
-            scratch_device_size,
-        )?;
+        let needed = call.contract.scratch;
+        // A contract without scratch (the common case) passes both checks with one test.
+        if needed.host_bytes | needed.device_bytes != 0 {
+            if !device_given && needed.device_bytes > 0 {
+                return Err(ExecuteError::DeviceScratch {
+                    needed: needed.device_bytes,
+                });
+            }
+            call.contract.check_scratch(
+                scratch_host,
+                scratch_host_size,
+                scratch_device,
+                scratch_device_size,
+            )?;
+        }
         let cells = call.cells;
         let args = &mut cells.args;
         args.scratch_host = scratch_host;
@@ -907,8 +907,8 @@ element!(
 /// provider reads it only.
 #[derive(Debug, Clone, Copy)]
 pub struct TensorArg<'a> {
+    /// Marked when `T` is not its dtype (the element type is checked with the descriptor).
     desc: Described,
-    dtype: Option<DType>,
     ptr: *mut c_void,
     len: usize,
     _data: PhantomData<&'a [u8]>,
@@ -918,8 +918,7 @@ impl<'a> TensorArg<'a> {
     /// `data` holding a tensor described by `desc` (whose address is replaced by the buffer's).
     pub fn new<T: Element>(desc: TensorDesc, data: &'a [T]) -> Self {
         TensorArg {
-            desc: Described::of(&desc),
-            dtype: T::DTYPE,
+            desc: Described::of_element(&desc, T::DTYPE),
             // The provider receives a `*mut` by the C ABI's shape but only reads inputs.
             ptr: data.as_ptr().cast_mut().cast(),
             len: size_of_val(data),
@@ -928,11 +927,19 @@ impl<'a> TensorArg<'a> {
     }
 }
 
+impl Buffer for TensorArg<'_> {
+    type Desc = Described;
+    #[inline(always)]
+    fn parts(&self) -> BufferArg<'_, Described> {
+        (&self.desc, self.ptr, self.len)
+    }
+}
+
 /// An output tensor: its descriptor and an exclusive borrow of the buffer it is written into.
 #[derive(Debug)]
 pub struct TensorArgMut<'a> {
+    /// Marked when `T` is not its dtype (the element type is checked with the descriptor).
     desc: Described,
-    dtype: Option<DType>,
     ptr: *mut c_void,
     len: usize,
     _data: PhantomData<&'a mut [u8]>,
@@ -943,12 +950,19 @@ impl<'a> TensorArgMut<'a> {
     /// buffer's).
     pub fn new<T: Element>(desc: TensorDesc, data: &'a mut [T]) -> Self {
         TensorArgMut {
-            desc: Described::of(&desc),
-            dtype: T::DTYPE,
+            desc: Described::of_element(&desc, T::DTYPE),
             len: size_of_val(data),
             ptr: data.as_mut_ptr().cast(),
             _data: PhantomData,
         }
+    }
+}
+
+impl Buffer for TensorArgMut<'_> {
+    type Desc = Described;
+    #[inline(always)]
+    fn parts(&self) -> BufferArg<'_, Described> {
+        (&self.desc, self.ptr, self.len)
     }
 }
 
@@ -991,6 +1005,15 @@ impl DeviceTensor {
     /// The bytes the allocation holds from the data address on.
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+}
+
+impl Buffer for DeviceTensor {
+    type Desc = TensorDesc;
+    #[inline(always)]
+    fn parts(&self) -> BufferArg<'_, TensorDesc> {
+        let extent = usize::try_from(self.bytes).unwrap_or(usize::MAX);
+        (&self.desc, self.ptr, extent)
     }
 }
 
