@@ -119,15 +119,18 @@ fn throughput_table(_: &mut Criterion) {
     // A measurement under `cargo bench`, not the single pass of `-- --test`.
     let benchmarking =
         std::env::args().any(|a| a == "--bench") && !std::env::args().any(|a| a == "--test");
-    let dur = if benchmarking {
-        Duration::from_secs(2)
+    // Each cell is the median of `rounds` measurements, the registry's and the baseline's taken
+    // in turn, so that a drift of the machine's speed during the run moves both alike.
+    let (dur, rounds) = if benchmarking {
+        (Duration::from_millis(400), 7)
     } else {
-        Duration::from_millis(50)
+        (Duration::from_millis(50), 1)
     };
     let reg = Arc::new(registry());
     let base = Arc::new(baseline());
     println!(
-        "\nlookup throughput ({} ms per cell, {} kernels registered)",
+        "\nlookup throughput (median of {rounds} alternating runs of {} ms per cell, {} kernels \
+         registered)",
         dur.as_millis(),
         PACKAGES * KERNELS_PER_PACKAGE
     );
@@ -138,14 +141,21 @@ fn throughput_table(_: &mut Criterion) {
     let mut rates = Vec::new();
     for threads in [1, 2] {
         let r = reg.clone();
-        let registry_rate =
-            throughput(threads, Arc::new(move |id| r.find_by_id(id).is_some()), dur);
+        let by_registry: Arc<dyn Fn(&ImplId) -> bool + Send + Sync> =
+            Arc::new(move |id| r.find_by_id(id).is_some());
         let b = base.clone();
-        let base_rate = throughput(
-            threads,
-            Arc::new(move |id| b.lock().unwrap().get(id).cloned().is_some()),
-            dur,
-        );
+        let by_baseline: Arc<dyn Fn(&ImplId) -> bool + Send + Sync> =
+            Arc::new(move |id| b.lock().unwrap().get(id).cloned().is_some());
+        let (mut registry_rates, mut base_rates) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            registry_rates.push(throughput(threads, by_registry.clone(), dur));
+            base_rates.push(throughput(threads, by_baseline.clone(), dur));
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (registry_rate, base_rate) = (median(registry_rates), median(base_rates));
         println!(
             "{threads:<10}{:>22.2}{:>22.2}{:>10.2}",
             registry_rate / 1e6,

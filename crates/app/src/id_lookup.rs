@@ -61,6 +61,7 @@ impl IdTable {
         }
     }
 
+    #[inline]
     fn find(&self, impl_id: &ImplId) -> Option<Arc<StoredOp>> {
         self.ids.get(impl_id).and_then(Weak::upgrade)
     }

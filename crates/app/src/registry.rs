@@ -732,6 +732,7 @@ impl KernelRegistry {
     /// The lookup reads this thread's copy of the registry's impl-id table rather than the
     /// snapshot, so that the binding's own count and reference are its only shared writes
     /// (see `id_lookup`).
+    #[inline]
     pub fn find_by_id(&self, impl_id: &ImplId) -> Option<KernelBinding> {
         self.ids
             .find(impl_id, || Arc::clone(&self.snapshot.load().ids))

@@ -37,6 +37,7 @@ const STRIPES: usize = 8;
 struct Stripe(AtomicU64);
 
 /// The stripe this thread binds on: threads are dealt stripes in turn as they first bind.
+#[inline]
 fn thread_stripe() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
@@ -132,6 +133,7 @@ impl LoadedPackage {
     /// Counts one more binding on this thread's stripe unless the package is draining, and
     /// answers the stripe; one compare-and-swap (see the module documentation for why that
     /// cannot miss a drain).
+    #[inline]
     fn try_bind(&self) -> Option<u8> {
         let stripe = thread_stripe();
         let word = &self.state[stripe].0;
@@ -163,6 +165,7 @@ impl LoadedPackage {
 
     /// Ends one binding taken on `stripe`, waking the waiters when it was the stripe's last and
     /// someone waits (they count every stripe again).
+    #[inline]
     fn unbind(&self, stripe: u8) {
         // Release: everything the binding was used for happens before a drainer's Acquire
         // read of a count of zero, so before the unload or replacement it allows.
@@ -170,11 +173,17 @@ impl LoadedPackage {
             .0
             .fetch_sub(1, Ordering::Release);
         if before & COUNT == 1 && before & WAITED != 0 {
-            // Taking the lock orders this notification after a waiter that saw a non-zero
-            // count has gone to sleep (it holds the lock from its read until it waits).
-            let _held = self.quiet.lock();
-            self.quiet.released.notify_all();
+            self.wake_waiters();
         }
+    }
+
+    /// Wakes whoever waits for the package's bindings to end.
+    #[cold]
+    fn wake_waiters(&self) {
+        // Taking the lock orders this notification after a waiter that saw a non-zero count
+        // has gone to sleep (it holds the lock from its read until it waits).
+        let _held = self.quiet.lock();
+        self.quiet.released.notify_all();
     }
 
     /// Marks the package draining and answers the live bindings at the marks. On zero the
@@ -278,6 +287,7 @@ impl KernelBinding {
     }
 
     /// As [`KernelBinding::try_new`], keeping the reference it is given.
+    #[inline]
     pub(crate) fn bind(op: Arc<StoredOp>) -> Option<Self> {
         op.package
             .try_bind()
@@ -329,6 +339,7 @@ impl Clone for KernelBinding {
 }
 
 impl Drop for KernelBinding {
+    #[inline]
     fn drop(&mut self) {
         self.op.package.unbind(self.stripe);
     }
