@@ -32,40 +32,14 @@
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use guild_domain::ids::ImplId;
-use rustc_hash::FxHashMap;
 
-use crate::snapshot::StoredOp;
+use crate::snapshot::{IdTable, StoredOp};
 
 /// How many registries' tables a thread keeps.
 const SLOTS: usize = 4;
-
-/// The enabled kernels of one registry generation, by impl id, held weakly.
-#[derive(Debug, Default)]
-pub(crate) struct IdTable {
-    generation: u64,
-    ids: FxHashMap<ImplId, Weak<StoredOp>>,
-}
-
-impl IdTable {
-    /// The table of generation `generation` over `by_id` (a snapshot's kernels by impl id).
-    pub(crate) fn new(generation: u64, by_id: &FxHashMap<ImplId, Arc<StoredOp>>) -> Self {
-        IdTable {
-            generation,
-            ids: by_id
-                .iter()
-                .map(|(id, op)| (id.clone(), Arc::downgrade(op)))
-                .collect(),
-        }
-    }
-
-    #[inline]
-    fn find(&self, impl_id: &ImplId) -> Option<Arc<StoredOp>> {
-        self.ids.get(impl_id).and_then(Weak::upgrade)
-    }
-}
 
 /// A registry's name in the threads' caches and its current generation.
 #[derive(Debug)]
@@ -179,10 +153,7 @@ mod tests {
     use super::*;
 
     fn table(generation: u64) -> Arc<IdTable> {
-        Arc::new(IdTable {
-            generation,
-            ids: FxHashMap::default(),
-        })
+        Arc::new(IdTable::new(generation, &rustc_hash::FxHashMap::default()))
     }
 
     fn registries(cache: &Cache) -> Vec<Option<u64>> {

@@ -59,10 +59,10 @@ use guild_domain::operation::Backend;
 use guild_domain::version::Version;
 use guild_ports::loader::LoadedPlugin;
 
-use crate::id_lookup::{IdLookup, IdTable};
+use crate::id_lookup::IdLookup;
 use crate::operations::core::ServiceCore;
 use crate::operations::{DeviceSupport, OperationService};
-pub(crate) use crate::snapshot::{CNames, Quiet};
+pub(crate) use crate::snapshot::{CNames, IdTable, Quiet};
 pub use crate::snapshot::{
     KernelBinding, LoadedPackage, OperationCandidates, RunnerBinding, Snapshot, StoredOp,
     StoredRunner,

@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use std::ffi::CString;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 
 use guild_domain::ids::{ImplId, OpName, PackageId};
 use guild_domain::operation::OpCandidate;
@@ -426,7 +426,7 @@ pub struct Snapshot {
     pub(crate) operations: FxHashMap<OpName, OperationCandidates>,
     /// `by_id` held weakly and numbered with the registry's generation: what threads keep a
     /// copy of between lookups by impl id (see `id_lookup`).
-    pub(crate) ids: Arc<crate::id_lookup::IdTable>,
+    pub(crate) ids: Arc<IdTable>,
 }
 
 /// The GOP1 kernels of one namespaced operation, best first, and their contracts in the same
@@ -481,5 +481,31 @@ impl Snapshot {
             .get(&(op_kind, op_name.cloned()))
             .map(Vec::as_slice)
             .unwrap_or(&[])
+    }
+}
+
+/// The enabled kernels of one registry generation, by impl id, held weakly: what
+/// `id_lookup` keeps per thread for [`KernelRegistry::find_by_id`](crate::registry::KernelRegistry::find_by_id).
+#[derive(Debug, Default)]
+pub(crate) struct IdTable {
+    pub(crate) generation: u64,
+    ids: FxHashMap<ImplId, Weak<StoredOp>>,
+}
+
+impl IdTable {
+    /// The table of generation `generation` over `by_id` (a snapshot's kernels by impl id).
+    pub(crate) fn new(generation: u64, by_id: &FxHashMap<ImplId, Arc<StoredOp>>) -> Self {
+        IdTable {
+            generation,
+            ids: by_id
+                .iter()
+                .map(|(id, op)| (id.clone(), Arc::downgrade(op)))
+                .collect(),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn find(&self, impl_id: &ImplId) -> Option<Arc<StoredOp>> {
+        self.ids.get(impl_id).and_then(Weak::upgrade)
     }
 }
