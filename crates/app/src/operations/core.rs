@@ -855,6 +855,14 @@ impl Contract {
         &self.query.spec().outputs
     }
 
+    /// The negotiated descriptors, by role.
+    fn descs(&self, role: TensorRole) -> &[TensorDesc] {
+        match role {
+            TensorRole::Input => self.inputs(),
+            TensorRole::Output => self.outputs(),
+        }
+    }
+
     /// The byte extents and other facts of the negotiated tensors, by role.
     fn infos(&self, role: TensorRole) -> &[TensorInfo] {
         match role {
@@ -1390,10 +1398,7 @@ impl Resolved {
         tensor: TensorRef,
         t: &guild_tensor_desc_v1_t,
     ) -> ExecuteError {
-        let list = match tensor.role {
-            TensorRole::Input => contract.inputs(),
-            TensorRole::Output => contract.outputs(),
-        };
+        let list = contract.descs(tensor.role);
         let Some(expected) = list.get(tensor.index) else {
             return arity(tensor.role, list.len(), tensor.index);
         };
@@ -1803,10 +1808,7 @@ fn bad_buffer<B: Buffer>(
     let (desc, ptr, len) = arg.parts();
     let element = desc.element();
     let desc = &desc.unmarked();
-    let list = match tensor.role {
-        TensorRole::Input => contract.inputs(),
-        TensorRole::Output => contract.outputs(),
-    };
+    let list = contract.descs(tensor.role);
     let (Some(expected), Some(info)) = (
         list.get(tensor.index),
         contract.infos(tensor.role).get(tensor.index),
