@@ -3,7 +3,8 @@
 //! with dlopen, all measured in one run:
 //! - execute overhead on a one-element tensor: the provider's own `execute` pointer called
 //!   directly, `execute` through the C service table, and `OpHandle::execute` (Rust face), with
-//!   the same arguments and a caller-owned error record;
+//!   the same arguments and a caller-owned error record (the Rust face's `TensorArg`s are made
+//!   anew for every call, as a runner whose buffers change makes them);
 //! - resolve among 64 candidates through the C service: (a) every candidate accepts and the best
 //!   is taken after one validate, (b) every candidate passes the static checks but all except the
 //!   lowest-ranked refuse in validate (driven by the query's params), so all 64 validate
@@ -413,8 +414,8 @@ fn calls_rust(
     for _ in 0..n {
         handle
             .execute(
-                &[TensorArg::new(desc, black_box(x))],
-                &mut [TensorArgMut::new(desc, out)],
+                &[TensorArg::new(&desc, black_box(x))],
+                &mut [TensorArgMut::new(&desc, out)],
                 None,
             )
             .expect("Rust execute");
@@ -589,8 +590,8 @@ fn main() {
             for _ in 0..iters {
                 rust_handle
                     .execute(
-                        &[TensorArg::new(desc, black_box(&x))],
-                        &mut [TensorArgMut::new(desc, &mut out)],
+                        &[TensorArg::new(&desc, black_box(&x))],
+                        &mut [TensorArgMut::new(&desc, &mut out)],
                         None,
                     )
                     .expect("Rust execute");
@@ -607,8 +608,8 @@ fn main() {
     let rust_allocs = allocations_per_call(|| {
         rust_handle
             .execute(
-                &[TensorArg::new(desc, &x)],
-                &mut [TensorArgMut::new(desc, &mut out)],
+                &[TensorArg::new(&desc, &x)],
+                &mut [TensorArgMut::new(&desc, &mut out)],
                 None,
             )
             .expect("Rust execute");
@@ -717,8 +718,8 @@ fn main() {
                         let begin = Instant::now();
                         for _ in 0..iters {
                             h.execute(
-                                &[TensorArg::new(desc, black_box(&x))],
-                                &mut [TensorArgMut::new(desc, &mut y)],
+                                &[TensorArg::new(&desc, black_box(&x))],
+                                &mut [TensorArgMut::new(&desc, &mut y)],
                                 None,
                             )
                             .expect("Rust execute");

@@ -398,10 +398,10 @@ impl<'r> Ops for Service<'r> {
     ) -> Result<(), DecodeError> {
         let descs = handle.inputs();
         let arg = |i: usize| match inputs[i] {
-            In::F32(d) => TensorArg::new(descs[i], d),
-            In::Bytes(d) => TensorArg::new(descs[i], d),
+            In::F32(d) => TensorArg::new(&descs[i], d),
+            In::Bytes(d) => TensorArg::new(&descs[i], d),
         };
-        let out_desc = handle.outputs()[0];
+        let out_desc = &handle.outputs()[0];
         let mut out = [match &mut outputs[0] {
             Out::F32(d) => TensorArgMut::new(out_desc, d),
             Out::I32(d) => TensorArgMut::new(out_desc, d),

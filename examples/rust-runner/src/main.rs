@@ -363,10 +363,10 @@ fn execute(handle: &OpHandle<'_>, op: &str) -> Result<Vec<Vec<i64>>, String> {
     let mut output_args: Vec<TensorArgMut<'_>> = outputs
         .iter()
         .zip(results.iter_mut())
-        .map(|(desc, buffer)| TensorArgMut::new(*desc, buffer))
+        .map(|(desc, buffer)| TensorArgMut::new(desc, buffer))
         .collect();
     handle
-        .execute(&[TensorArg::new(input, &INPUT)], &mut output_args, scratch)
+        .execute(&[TensorArg::new(&input, &INPUT)], &mut output_args, scratch)
         .map_err(|e| format!("executing {op}: {e}"))?;
     drop(output_args);
     Ok(results)

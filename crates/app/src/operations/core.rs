@@ -1849,7 +1849,7 @@ pub(crate) trait Buffer {
     type Desc: Describes;
     /// Its descriptor, address and length in bytes. When the buffer's element type is not the
     /// descriptor's dtype, the descriptor must be marked so that it matches no shape
-    /// ([`Described::of_element`]): `fill` checks the element type through that match, and
+    /// ([`Lent::new`]): `fill` checks the element type through that match, and
     /// [`Describes::unmarked`] takes the mark off for the error report.
     fn parts(&self) -> BufferArg<'_, Self::Desc>;
 }
@@ -1899,51 +1899,25 @@ impl Describes for TensorDesc {
 }
 
 /// The fields of a [`TensorDesc`] that a contract fixes, without the data address: what a
-/// negotiated tensor keeps (in its [`Shape`]) and what a slice argument of the Rust face
-/// carries (the slice's address replaces the descriptor's). Its parts are short enough to be
-/// copied inline, where a whole `TensorDesc` (160 bytes) took a call to `memcpy` for every
-/// argument a caller built. The fixed fields are packed in two words, so that a slice's
-/// descriptor is compared with two comparisons and one pass over the rank.
+/// negotiated tensor keeps in its [`Shape`], packed in two words, so that a call's descriptor
+/// is compared with two comparisons and one pass over the rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(C)]
 pub(crate) struct Described {
     /// `dtype | rank << 32`.
     head: u64,
-    /// `space | mark << 8 | device_id << 32`: the memory space (its `MemorySpace`
-    /// discriminant), the mark (24 bits: zero, or the buffer's element type when it is not the
-    /// dtype, see [`Described::of_element`]; a negotiated tensor is never marked, so a marked
-    /// descriptor matches no shape), and the device.
+    /// `space | device_id << 32`, the memory space as its `MemorySpace` discriminant.
     place: u64,
     dims: [u64; MAX_TENSOR_RANK],
     strides: [u64; MAX_TENSOR_RANK],
 }
 
-/// The mark in [`Described::place`].
-const MARK: u64 = 0xff_ffff << MARK_SHIFT;
-const MARK_SHIFT: u32 = 8;
-
 impl Described {
     #[inline(always)]
     pub(crate) fn of(d: &TensorDesc) -> Self {
-        Self::of_element(d, None)
-    }
-
-    /// The descriptor of a buffer of `element`s (`None`: raw bytes), marked when that is not
-    /// its dtype, so that it matches no shape: the Rust face's element check, paid once here
-    /// rather than on every call, and compared on every call with the fields beside it.
-    #[inline(always)]
-    pub(crate) fn of_element(d: &TensorDesc, element: Option<DType>) -> Self {
-        // The mark is the element type's raw value plus one (never zero; exact for every
-        // element type, whose raw values are small).
-        let mark = match element {
-            Some(e) if e != d.dtype => u64::from(e.raw()).min(0xff_fffe) + 1,
-            _ => 0,
-        };
         Described {
             head: Self::head(d.dtype.raw(), d.rank),
-            place: u64::from(d.memory_space as u8)
-                | (mark << MARK_SHIFT)
-                | (u64::from(d.device_id as u32) << 32),
+            place: u64::from(d.memory_space as u8) | (u64::from(d.device_id as u32) << 32),
             dims: d.dims,
             strides: d.strides,
         }
@@ -1953,56 +1927,62 @@ impl Described {
     fn head(dtype: u32, rank: u32) -> u64 {
         u64::from(dtype) | (u64::from(rank) << 32)
     }
+}
 
-    /// The memory space `place` names.
-    fn space(&self) -> MemorySpace {
-        match self.place & 0xff {
-            0 => MemorySpace::Host,
-            1 => MemorySpace::HostPinned,
-            2 => MemorySpace::Device,
-            // Only ever made from a `MemorySpace`: 3.
-            _ => MemorySpace::Managed,
+/// A slice argument's descriptor as the Rust face receives it: borrowed from the caller, who
+/// keeps it (it is the handle's negotiated one, or a copy of it), so that making an argument
+/// for every call copies two words rather than the descriptor's 160 bytes. It is marked with
+/// the slice's element type when that is not the descriptor's dtype; a marked descriptor
+/// matches no shape, so the element check is paid once, when the argument is made, and rides
+/// on the descriptor's comparison in every call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Lent<'a> {
+    desc: &'a TensorDesc,
+    /// The slice's element type, only when it is not the dtype.
+    mark: Option<DType>,
+}
+
+impl<'a> Lent<'a> {
+    /// The descriptor of a slice of `element`s (`None`: raw bytes, which any dtype may be).
+    #[inline(always)]
+    pub(crate) fn new(desc: &'a TensorDesc, element: Option<DType>) -> Self {
+        Lent {
+            desc,
+            mark: element.filter(|e| *e != desc.dtype),
         }
     }
 }
 
-impl Describes for Described {
+impl Describes for Lent<'_> {
     #[inline(always)]
     fn matches(&self, shape: &Shape) -> bool {
-        self.head == shape.fixed.head
-            && self.place == shape.fixed.place
-            && shape.same_extents(&self.dims, &self.strides)
+        self.mark.is_none() && shape.matches_desc(self.desc)
     }
 
-    #[inline(always)]
     fn dtype(&self) -> DType {
-        DType::from_raw(self.head as u32)
+        self.desc.dtype
     }
 
+    /// The descriptor without its data address, which the slice's replaces.
     fn desc(&self) -> TensorDesc {
         TensorDesc {
-            dtype: self.dtype(),
-            rank: (self.head >> 32) as u32,
-            dims: self.dims,
-            strides: self.strides,
-            memory_space: self.space(),
-            device_id: (self.place >> 32) as u32 as i32,
             data_addr: None,
+            ..*self.desc
         }
     }
 
     fn unmarked(&self) -> Self {
-        Described {
-            place: self.place & !MARK,
+        Lent {
+            mark: None,
             ..*self
         }
     }
 
     fn element(&self) -> Option<DType> {
-        let mark = ((self.place & MARK) >> MARK_SHIFT) as u32;
-        mark.checked_sub(1).map(DType::from_raw)
+        self.mark
     }
 }
+
 /// The text a callback left in an error record, up to its first NUL.
 fn error_text(error: &guild_error_info_t) -> String {
     fixed_buffer_text(&error.message)
@@ -2039,7 +2019,7 @@ fn check_scratch(
 mod tests {
     use super::*;
 
-    /// The Rust face's compact descriptor must accept and refuse exactly what the whole
+    /// The Rust face's lent descriptor must accept and refuse exactly what the whole
     /// descriptor does: every field a contract fixes is compared, entries above the rank and
     /// the data address are not.
     #[test]
@@ -2066,22 +2046,21 @@ mod tests {
         ];
         for (d, expected) in cases {
             assert_eq!(d.matches(&shape), expected, "{d:?}");
-            assert_eq!(Described::of(&d).matches(&shape), expected, "{d:?}");
-            // A buffer of its own element type, or of raw bytes, is checked as its descriptor;
+            // A slice of its own element type, or of raw bytes, is checked as its descriptor;
             // one of another element type matches nothing, and unmarks to its descriptor.
             for element in [None, Some(d.dtype)] {
-                let marked = Described::of_element(&d, element);
-                assert_eq!(marked.matches(&shape), expected, "{d:?}");
-                assert_eq!(marked, Described::of(&d));
+                let lent = Lent::new(&d, element);
+                assert_eq!(lent.matches(&shape), expected, "{d:?}");
+                assert_eq!(lent.element(), None);
             }
-            assert_eq!(Described::of(&d).element(), None);
-            let other = Described::of_element(&d, Some(DType::I8));
+            let other = Lent::new(&d, Some(DType::I8));
             assert!(!other.matches(&shape), "{d:?}");
             assert_eq!(other.element(), Some(DType::I8));
-            assert_eq!(other.unmarked(), Described::of(&d));
-            assert_eq!(Described::of(&d).dtype(), d.dtype);
+            assert_eq!(other.unmarked().element(), None);
+            assert_eq!(other.unmarked().matches(&shape), expected, "{d:?}");
+            assert_eq!(other.dtype(), d.dtype);
             assert_eq!(
-                Described::of(&d).desc(),
+                other.desc(),
                 TensorDesc {
                     data_addr: None,
                     ..d

@@ -63,8 +63,8 @@
 //! let input = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
 //! let mut output = [0.0f32; 8];
 //! handle.execute(
-//!     &[TensorArg::new(desc, &input)],
-//!     &mut [TensorArgMut::new(desc, &mut output)],
+//!     &[TensorArg::new(&desc, &input)],
+//!     &mut [TensorArgMut::new(&desc, &mut output)],
 //!     None,
 //! )?;
 //! assert_eq!(output[7], 36.0);
@@ -94,7 +94,7 @@ use guild_domain::version::{PackedVersion, Version};
 use guild_ports::device::{DeviceError, StreamRef};
 
 use self::core::ServiceCore;
-use self::core::{Buffer, BufferArg, Described, Negotiation, Resolved};
+use self::core::{Buffer, BufferArg, Lent, Negotiation, Resolved};
 pub use self::core::{DeviceSupport, PassReason, PassedOver};
 use self::handles::{Gate, Lone, Refused};
 use crate::snapshot::KernelBinding;
@@ -905,10 +905,14 @@ element!(
 
 /// An input tensor: its descriptor and a shared borrow of the buffer that holds it. The
 /// provider reads it only.
+///
+/// The descriptor is borrowed, not copied: an argument is four words, made anew for every call
+/// at the cost of a few stores. Lend the handle's own descriptors ([`OpHandle::inputs`]) or
+/// the runner's copies of them.
 #[derive(Debug, Clone, Copy)]
 pub struct TensorArg<'a> {
     /// Marked when `T` is not its dtype (the element type is checked with the descriptor).
-    desc: Described,
+    desc: Lent<'a>,
     ptr: *mut c_void,
     len: usize,
     _data: PhantomData<&'a [u8]>,
@@ -916,9 +920,10 @@ pub struct TensorArg<'a> {
 
 impl<'a> TensorArg<'a> {
     /// `data` holding a tensor described by `desc` (whose address is replaced by the buffer's).
-    pub fn new<T: Element>(desc: TensorDesc, data: &'a [T]) -> Self {
+    #[inline]
+    pub fn new<T: Element>(desc: &'a TensorDesc, data: &'a [T]) -> Self {
         TensorArg {
-            desc: Described::of_element(&desc, T::DTYPE),
+            desc: Lent::new(desc, T::DTYPE),
             // The provider receives a `*mut` by the C ABI's shape but only reads inputs.
             ptr: data.as_ptr().cast_mut().cast(),
             len: size_of_val(data),
@@ -927,19 +932,20 @@ impl<'a> TensorArg<'a> {
     }
 }
 
-impl Buffer for TensorArg<'_> {
-    type Desc = Described;
+impl<'a> Buffer for TensorArg<'a> {
+    type Desc = Lent<'a>;
     #[inline(always)]
-    fn parts(&self) -> BufferArg<'_, Described> {
+    fn parts(&self) -> BufferArg<'_, Lent<'a>> {
         (&self.desc, self.ptr, self.len)
     }
 }
 
 /// An output tensor: its descriptor and an exclusive borrow of the buffer it is written into.
+/// The descriptor is borrowed, as [`TensorArg`]'s is.
 #[derive(Debug)]
 pub struct TensorArgMut<'a> {
     /// Marked when `T` is not its dtype (the element type is checked with the descriptor).
-    desc: Described,
+    desc: Lent<'a>,
     ptr: *mut c_void,
     len: usize,
     _data: PhantomData<&'a mut [u8]>,
@@ -948,9 +954,10 @@ pub struct TensorArgMut<'a> {
 impl<'a> TensorArgMut<'a> {
     /// `data` to receive a tensor described by `desc` (whose address is replaced by the
     /// buffer's).
-    pub fn new<T: Element>(desc: TensorDesc, data: &'a mut [T]) -> Self {
+    #[inline]
+    pub fn new<T: Element>(desc: &'a TensorDesc, data: &'a mut [T]) -> Self {
         TensorArgMut {
-            desc: Described::of_element(&desc, T::DTYPE),
+            desc: Lent::new(desc, T::DTYPE),
             len: size_of_val(data),
             ptr: data.as_mut_ptr().cast(),
             _data: PhantomData,
@@ -958,10 +965,10 @@ impl<'a> TensorArgMut<'a> {
     }
 }
 
-impl Buffer for TensorArgMut<'_> {
-    type Desc = Described;
+impl<'a> Buffer for TensorArgMut<'a> {
+    type Desc = Lent<'a>;
     #[inline(always)]
-    fn parts(&self) -> BufferArg<'_, Described> {
+    fn parts(&self) -> BufferArg<'_, Lent<'a>> {
         (&self.desc, self.ptr, self.len)
     }
 }

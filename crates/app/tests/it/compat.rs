@@ -64,8 +64,8 @@ fn run_both(service: &OperationService<'_>) -> Result<(Vec<i64>, Vec<i64>), Exec
         .unwrap();
     let mut scanned = vec![0i64; 15];
     scan.execute(
-        &[TensorArg::new(desc(&[5, 3]), &input)],
-        &mut [TensorArgMut::new(desc(&[5, 3]), &mut scanned)],
+        &[TensorArg::new(&desc(&[5, 3]), &input)],
+        &mut [TensorArgMut::new(&desc(&[5, 3]), &mut scanned)],
         None,
     )?;
     let total = service
@@ -78,8 +78,8 @@ fn run_both(service: &OperationService<'_>) -> Result<(Vec<i64>, Vec<i64>), Exec
     let mut scratch = vec![0u8; total.scratch().host_bytes as usize];
     let mut totals = vec![0i64; 3];
     total.execute(
-        &[TensorArg::new(desc(&[5, 3]), &input)],
-        &mut [TensorArgMut::new(desc(&[1, 3]), &mut totals)],
+        &[TensorArg::new(&desc(&[5, 3]), &input)],
+        &mut [TensorArgMut::new(&desc(&[1, 3]), &mut totals)],
         Some(&mut scratch),
     )?;
     Ok((scanned, totals))

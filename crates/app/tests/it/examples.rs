@@ -131,10 +131,10 @@ fn c_runner_runs_both_scans_through_the_service_and_keeps_no_handle() {
         let (mut inclusive, mut exclusive) = (vec![-1i64; n], vec![-1i64; n]);
         handle
             .execute(
-                &[TensorArg::new(d, &input)],
+                &[TensorArg::new(&d, &input)],
                 &mut [
-                    TensorArgMut::new(d, &mut inclusive),
-                    TensorArgMut::new(d, &mut exclusive),
+                    TensorArgMut::new(&d, &mut inclusive),
+                    TensorArgMut::new(&d, &mut exclusive),
                 ],
                 None,
             )

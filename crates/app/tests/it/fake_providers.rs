@@ -269,8 +269,8 @@ fn rust_providers_are_ranked_negotiated_and_executed_by_the_service() {
     let mut out = [0i64; 4];
     handle
         .execute(
-            &[TensorArg::new(i64s(4), &[1i64, 2, 3, 4])],
-            &mut [TensorArgMut::new(i64s(4), &mut out)],
+            &[TensorArg::new(&i64s(4), &[1i64, 2, 3, 4])],
+            &mut [TensorArgMut::new(&i64s(4), &mut out)],
             Some(&mut scratch.0),
         )
         .unwrap();
@@ -280,8 +280,8 @@ fn rust_providers_are_ranked_negotiated_and_executed_by_the_service() {
     // The service checks the call before the provider runs: no scratch, no call.
     let err = handle
         .execute(
-            &[TensorArg::new(i64s(4), &[1i64, 2, 3, 4])],
-            &mut [TensorArgMut::new(i64s(4), &mut out)],
+            &[TensorArg::new(&i64s(4), &[1i64, 2, 3, 4])],
+            &mut [TensorArgMut::new(&i64s(4), &mut out)],
             None,
         )
         .unwrap_err();
@@ -294,8 +294,8 @@ fn rust_providers_are_ranked_negotiated_and_executed_by_the_service() {
     // A provider's own refusal comes back with its status and message.
     let err = handle
         .execute(
-            &[TensorArg::new(i64s(4), &[1i64, -2, 3, 4])],
-            &mut [TensorArgMut::new(i64s(4), &mut out)],
+            &[TensorArg::new(&i64s(4), &[1i64, -2, 3, 4])],
+            &mut [TensorArgMut::new(&i64s(4), &mut out)],
             Some(&mut scratch.0),
         )
         .unwrap_err();
@@ -328,8 +328,8 @@ fn rust_providers_are_ranked_negotiated_and_executed_by_the_service() {
     let mut out = [0i64; 6];
     handle
         .execute(
-            &[TensorArg::new(i64s(6), &[1i64, 2, 3, 4, 5, 6])],
-            &mut [TensorArgMut::new(i64s(6), &mut out)],
+            &[TensorArg::new(&i64s(6), &[1i64, 2, 3, 4, 5, 6])],
+            &mut [TensorArgMut::new(&i64s(6), &mut out)],
             None,
         )
         .unwrap();
@@ -399,8 +399,8 @@ fn a_handle_on_a_rust_provider_refuses_disable_until_it_is_released() {
     let mut out = [0i64; 2];
     handle
         .execute(
-            &[TensorArg::new(i64s(2), &[20i64, 21])],
-            &mut [TensorArgMut::new(i64s(2), &mut out)],
+            &[TensorArg::new(&i64s(2), &[20i64, 21])],
+            &mut [TensorArgMut::new(&i64s(2), &mut out)],
             Some(&mut scratch.0),
         )
         .unwrap();

@@ -439,8 +439,8 @@ fn the_dependent_module_resolves_and_runs_the_base_scan_through_the_service() {
     };
     handle
         .execute(
-            &[TensorArg::new(din, &input)],
-            &mut [TensorArgMut::new(dout, &mut out)],
+            &[TensorArg::new(&din, &input)],
+            &mut [TensorArgMut::new(&dout, &mut out)],
             Some(scratch),
         )
         .unwrap();
@@ -449,8 +449,8 @@ fn the_dependent_module_resolves_and_runs_the_base_scan_through_the_service() {
     // Without the scratch it asked for, the provider is never called.
     let err = handle
         .execute(
-            &[TensorArg::new(din, &input)],
-            &mut [TensorArgMut::new(dout, &mut out)],
+            &[TensorArg::new(&din, &input)],
+            &mut [TensorArgMut::new(&dout, &mut out)],
             None,
         )
         .unwrap_err();
@@ -1090,8 +1090,8 @@ fn the_rust_face_passes_execute_params_to_the_provider() {
     let mut statuses = [7i32; 2];
     handle
         .execute(
-            &[TensorArg::new(din, &input)],
-            &mut [TensorArgMut::new(dout, &mut statuses)],
+            &[TensorArg::new(&din, &input)],
+            &mut [TensorArgMut::new(&dout, &mut statuses)],
             None,
         )
         .unwrap();
@@ -1114,8 +1114,8 @@ fn the_rust_face_passes_execute_params_to_the_provider() {
     };
     handle
         .execute_with_params(
-            &[TensorArg::new(din, &input)],
-            &mut [TensorArgMut::new(dout, &mut statuses)],
+            &[TensorArg::new(&din, &input)],
+            &mut [TensorArgMut::new(&dout, &mut statuses)],
             None,
             bytes,
         )

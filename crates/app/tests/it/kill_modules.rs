@@ -265,8 +265,8 @@ fn check_scans(host: &Host, version: &Version, context: &str) {
         let mut out = [0i64; 8];
         handle
             .execute(
-                &[TensorArg::new(d, &input)],
-                &mut [TensorArgMut::new(d, &mut out)],
+                &[TensorArg::new(&d, &input)],
+                &mut [TensorArgMut::new(&d, &mut out)],
                 None,
             )
             .unwrap_or_else(|e| panic!("{context}: {name} failed: {e}"));

@@ -288,8 +288,8 @@ fn the_module_refuses_the_shapes_and_records_it_does_not_compute() {
     let mut y = vec![0.0f32; 64];
     let err = handle
         .execute(
-            &[TensorArg::new(x, &a), TensorArg::new(x, &w)],
-            &mut [TensorArgMut::new(x, &mut y)],
+            &[TensorArg::new(&x, &a), TensorArg::new(&x, &w)],
+            &mut [TensorArgMut::new(&x, &mut y)],
             None,
         )
         .unwrap_err();

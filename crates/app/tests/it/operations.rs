@@ -350,8 +350,8 @@ where
     );
     handle
         .execute(
-            &[TensorArg::new(input_desc, &values)],
-            &mut [TensorArgMut::new(output_desc, &mut output)],
+            &[TensorArg::new(&input_desc, &values)],
+            &mut [TensorArgMut::new(&output_desc, &mut output)],
             None,
         )
         .unwrap();
@@ -392,8 +392,8 @@ fn bad_arguments_are_refused_before_the_provider_runs() {
     let mut small = [9.0f32; 7];
     let err = handle
         .execute(
-            &[TensorArg::new(d, &input)],
-            &mut [TensorArgMut::new(d, &mut small)],
+            &[TensorArg::new(&d, &input)],
+            &mut [TensorArgMut::new(&d, &mut small)],
             None,
         )
         .unwrap_err();
@@ -414,8 +414,8 @@ fn bad_arguments_are_refused_before_the_provider_runs() {
     let mut ints = [9i32; 8];
     let err = handle
         .execute(
-            &[TensorArg::new(d, &input)],
-            &mut [TensorArgMut::new(d, &mut ints)],
+            &[TensorArg::new(&d, &input)],
+            &mut [TensorArgMut::new(&d, &mut ints)],
             None,
         )
         .unwrap_err();
@@ -427,8 +427,8 @@ fn bad_arguments_are_refused_before_the_provider_runs() {
     let other = desc(DType::F32, &[2, 4], &[]);
     let err = handle
         .execute(
-            &[TensorArg::new(d, &input)],
-            &mut [TensorArgMut::new(other, &mut out)],
+            &[TensorArg::new(&d, &input)],
+            &mut [TensorArgMut::new(&other, &mut out)],
             None,
         )
         .unwrap_err();
@@ -438,8 +438,8 @@ fn bad_arguments_are_refused_before_the_provider_runs() {
     );
     let err = handle
         .execute(
-            &[TensorArg::new(desc(DType::I32, &[4, 2], &[]), &[1i32; 8])],
-            &mut [TensorArgMut::new(d, &mut out)],
+            &[TensorArg::new(&desc(DType::I32, &[4, 2], &[]), &[1i32; 8])],
+            &mut [TensorArgMut::new(&d, &mut out)],
             None,
         )
         .unwrap_err();
@@ -449,7 +449,7 @@ fn bad_arguments_are_refused_before_the_provider_runs() {
     );
     // Missing arguments.
     let err = handle
-        .execute(&[], &mut [TensorArgMut::new(d, &mut out)], None)
+        .execute(&[], &mut [TensorArgMut::new(&d, &mut out)], None)
         .unwrap_err();
     assert!(matches!(err, ExecuteError::Arity { .. }), "{err}");
     // Misaligned data (the contract asks for 4 bytes): raw bytes one past an aligned start.
@@ -457,8 +457,8 @@ fn bad_arguments_are_refused_before_the_provider_runs() {
     let start = bytes.as_ptr().align_offset(4) + 1;
     let err = handle
         .execute(
-            &[TensorArg::new(d, &bytes[start..start + 32])],
-            &mut [TensorArgMut::new(d, &mut out)],
+            &[TensorArg::new(&d, &bytes[start..start + 32])],
+            &mut [TensorArgMut::new(&d, &mut out)],
             None,
         )
         .unwrap_err();
@@ -476,8 +476,8 @@ fn bad_arguments_are_refused_before_the_provider_runs() {
     // And the correct call works.
     handle
         .execute(
-            &[TensorArg::new(d, &input)],
-            &mut [TensorArgMut::new(d, &mut out)],
+            &[TensorArg::new(&d, &input)],
+            &mut [TensorArgMut::new(&d, &mut out)],
             None,
         )
         .unwrap();
@@ -528,8 +528,8 @@ fn a_handle_holds_its_package_until_dropped() {
     let mut out = [0i64; 3];
     handle
         .execute(
-            &[TensorArg::new(d, &[1i64, 2, 3])],
-            &mut [TensorArgMut::new(d, &mut out)],
+            &[TensorArg::new(&d, &[1i64, 2, 3])],
+            &mut [TensorArgMut::new(&d, &mut out)],
             None,
         )
         .unwrap();
@@ -559,8 +559,8 @@ fn hammer(handle: &OpHandle<'_>, exclusive: bool, seed: i64, rounds: usize) {
         reference(&input, &mut want, &[16, 4], &[], &[], exclusive);
         handle
             .execute(
-                &[TensorArg::new(d, &input)],
-                &mut [TensorArgMut::new(d, &mut output)],
+                &[TensorArg::new(&d, &input)],
+                &mut [TensorArgMut::new(&d, &mut output)],
                 None,
             )
             .unwrap();

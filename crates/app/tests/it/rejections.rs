@@ -619,8 +619,8 @@ fn the_reference_takes_the_baseline_after_every_other_candidate_is_rejected() {
     let mut output = vec![-1.0f32; 18];
     handle
         .execute(
-            &[TensorArg::new(input_desc, &input)],
-            &mut [TensorArgMut::new(output_desc, &mut output)],
+            &[TensorArg::new(&input_desc, &input)],
+            &mut [TensorArgMut::new(&output_desc, &mut output)],
             None,
         )
         .unwrap();

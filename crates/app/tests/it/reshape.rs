@@ -157,8 +157,8 @@ fn run(handle: &OpHandle<'_>, n: u64, scratch: &mut Aligned) -> Result<Vec<i64>,
     let input: Vec<i64> = (1..=n as i64).collect();
     let mut output = vec![0i64; n as usize];
     handle.execute(
-        &[TensorArg::new(i64s(n), &input)],
-        &mut [TensorArgMut::new(i64s(n), &mut output)],
+        &[TensorArg::new(&i64s(n), &input)],
+        &mut [TensorArgMut::new(&i64s(n), &mut output)],
         Some(&mut scratch.0),
     )?;
     Ok(output)

@@ -287,8 +287,8 @@ fn slices_are_refused_for_a_handle_negotiated_in_device_memory() {
     let mut output = [0i32; 4];
     let err = handle
         .execute(
-            &[TensorArg::new(device, &input)],
-            &mut [TensorArgMut::new(device, &mut output)],
+            &[TensorArg::new(&device, &input)],
+            &mut [TensorArgMut::new(&device, &mut output)],
             None,
         )
         .unwrap_err();

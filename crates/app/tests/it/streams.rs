@@ -116,8 +116,8 @@ fn stream_ordered_work_runs_on_device_tensors_and_release_waits_for_it() {
     let mut untouched = [0f32; 4];
     let err = handle
         .execute(
-            &[TensorArg::new(managed(), &input)],
-            &mut [TensorArgMut::new(managed(), &mut untouched)],
+            &[TensorArg::new(&managed(), &input)],
+            &mut [TensorArgMut::new(&managed(), &mut untouched)],
             None,
         )
         .unwrap_err();
