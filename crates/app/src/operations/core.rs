@@ -17,6 +17,7 @@ use std::borrow::Cow;
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::ffi::{c_void, CStr, CString};
 use std::fmt;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
@@ -912,25 +913,36 @@ struct CallCells {
 }
 
 /// The Rust face's C call, kept in the handle and reused call after call: only its data
-/// pointers, scratch, stream and params change (empty tensors on C handles, whose callers pass
+/// pointers, scratch, stream and params change (no tensors on C handles, whose callers pass
 /// their own records).
 pub(crate) struct RustCells {
-    /// The negotiated descriptors, whose data pointers each call sets before the provider sees
-    /// them.
-    inputs: Vec<guild_tensor_desc_v1_t>,
-    outputs: Vec<guild_tensor_desc_v1_t>,
-    /// The arguments record, pointing at `inputs` and `outputs` and carrying the handle's sync
-    /// mode and device; [`RustCells::point`] keeps it so whenever the tensors change.
+    /// The negotiated descriptors, inputs then outputs, whose data pointers each call sets
+    /// before the provider sees them. A Rust handle keeps one unused descriptor (152 bytes,
+    /// more than a pair of cache lines) before and after them, so that the lines every call
+    /// writes and the provider reads are this handle's alone: this array is a small allocation,
+    /// and another handle's, executing on another thread, may sit right beside it.
+    tensors: Vec<guild_tensor_desc_v1_t>,
+    /// Where the inputs and the outputs are in `tensors`.
+    inputs: Range<usize>,
+    outputs: Range<usize>,
+    /// The arguments record, pointing at the inputs and outputs and carrying the handle's sync
+    /// mode and device; [`RustCells::set_tensors`] keeps it so whenever the tensors change.
     pub(crate) args: guild_execute_args_v1_t,
     /// The error record the Rust face lends providers.
     pub(crate) error: guild_error_info_t,
 }
 
+/// The unused descriptors on each side of a Rust handle's call tensors.
+const GUARD: usize = 1;
+
+const _: () = assert!(GUARD * size_of::<guild_tensor_desc_v1_t>() >= 2 * 64);
+
 impl RustCells {
     fn new(sync_mode: SyncMode, device_id: i32) -> Self {
-        let mut cells = RustCells {
-            inputs: Vec::new(),
-            outputs: Vec::new(),
+        RustCells {
+            tensors: Vec::new(),
+            inputs: 0..0,
+            outputs: 0..0,
             args: guild_execute_args_v1_t {
                 struct_size: size_of::<guild_execute_args_v1_t>() as u32,
                 reserved: 0,
@@ -949,18 +961,51 @@ impl RustCells {
                 params_size: 0,
             },
             error: guild_error_info_t::new(),
-        };
-        cells.point();
-        cells
+        }
     }
 
-    /// Points the arguments record at the current tensor arrays (after they were replaced or
-    /// refilled, which may move them).
-    fn point(&mut self) {
-        self.args.inputs = self.inputs.as_ptr();
-        self.args.input_count = self.inputs.len();
-        self.args.outputs = self.outputs.as_ptr();
-        self.args.output_count = self.outputs.len();
+    /// Makes `inputs` and `outputs` (their data pointers cleared) the call's tensors, between
+    /// the guards, and points the arguments record at them.
+    fn set_tensors(
+        &mut self,
+        inputs: impl ExactSizeIterator<Item = guild_tensor_desc_v1_t>,
+        outputs: impl ExactSizeIterator<Item = guild_tensor_desc_v1_t>,
+    ) {
+        let (n_in, n_out) = (inputs.len(), outputs.len());
+        let blank = guild_tensor_desc_v1_t {
+            dtype: 0,
+            rank: 0,
+            dims: [0; MAX_TENSOR_RANK],
+            strides: [0; MAX_TENSOR_RANK],
+            memory_space: 0,
+            device_id: 0,
+            data: std::ptr::null_mut(),
+        };
+        let t = &mut self.tensors;
+        t.clear();
+        t.reserve_exact(n_in + n_out + 2 * GUARD);
+        t.extend(std::iter::repeat_n(blank, GUARD));
+        t.extend(inputs.chain(outputs).map(|mut d| {
+            d.data = std::ptr::null_mut();
+            d
+        }));
+        t.extend(std::iter::repeat_n(blank, GUARD));
+        self.inputs = GUARD..GUARD + n_in;
+        self.outputs = GUARD + n_in..GUARD + n_in + n_out;
+        self.args.inputs = t[self.inputs.clone()].as_ptr();
+        self.args.input_count = n_in;
+        self.args.outputs = t[self.outputs.clone()].as_ptr();
+        self.args.output_count = n_out;
+    }
+
+    /// The call's tensors of `role`.
+    #[inline(always)]
+    fn tensors_mut(&mut self, role: TensorRole) -> &mut [guild_tensor_desc_v1_t] {
+        let range = match role {
+            TensorRole::Input => self.inputs.clone(),
+            TensorRole::Output => self.outputs.clone(),
+        };
+        &mut self.tensors[range]
     }
 }
 
@@ -1212,16 +1257,11 @@ impl Resolved {
     /// which this handle's contract now is) as the Rust face's call tensors, without data.
     pub(crate) fn adopt_rust_calls(
         &mut self,
-        mut inputs: Vec<guild_tensor_desc_v1_t>,
-        mut outputs: Vec<guild_tensor_desc_v1_t>,
+        inputs: Vec<guild_tensor_desc_v1_t>,
+        outputs: Vec<guild_tensor_desc_v1_t>,
     ) {
-        for t in inputs.iter_mut().chain(outputs.iter_mut()) {
-            t.data = std::ptr::null_mut();
-        }
         let cells = &mut self.call.get_mut().rust;
-        cells.inputs = inputs;
-        cells.outputs = outputs;
-        cells.point();
+        cells.set_tensors(inputs.into_iter(), outputs.into_iter());
     }
 
     /// Makes the Rust face's C tensors: the negotiated descriptors, without data.
@@ -1229,11 +1269,10 @@ impl Resolved {
         let contract = self.contract.get_mut();
         let cells = &mut self.call.get_mut().rust;
         let c = |d: &TensorDesc| c_tensor(d, std::ptr::null_mut());
-        cells.inputs.clear();
-        cells.inputs.extend(contract.inputs().iter().map(c));
-        cells.outputs.clear();
-        cells.outputs.extend(contract.outputs().iter().map(c));
-        cells.point();
+        cells.set_tensors(
+            contract.inputs().iter().map(c),
+            contract.outputs().iter().map(c),
+        );
     }
 
     /// The Rust face's view of a call.
@@ -1761,10 +1800,7 @@ impl RustCall<'_> {
     ) -> Result<(), ExecuteError> {
         let contract = self.contract;
         let shapes = contract.shapes(role);
-        let out: &mut [guild_tensor_desc_v1_t] = match role {
-            TensorRole::Input => &mut self.cells.inputs,
-            TensorRole::Output => &mut self.cells.outputs,
-        };
+        let out = self.cells.tensors_mut(role);
         let n = shapes.len();
         if args.len() != n || out.len() != n {
             return Err(arity(role, n, args.len()));
@@ -2018,6 +2054,59 @@ fn check_scratch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Rust handle's call tensors sit between guards: every cache line (and line pair) that a
+    /// call writes or its provider reads from them lies inside the handle's own allocation, so
+    /// a neighbouring allocation (another handle's tensors, executed on another thread) never
+    /// shares one; and the arguments record points at them.
+    #[test]
+    fn the_call_tensors_share_no_line_with_a_neighbouring_allocation() {
+        let d = |n: u64| {
+            c_tensor(
+                &TensorDesc::new(DType::F32, &[n], MemorySpace::Host),
+                std::ptr::null_mut(),
+            )
+        };
+        for (n_in, n_out) in [(0, 1), (1, 1), (2, 1), (3, 2), (8, 8)] {
+            let mut cells = RustCells::new(SyncMode::HostBlocking, 0);
+            let ins: Vec<_> = (1..=n_in as u64).map(d).collect();
+            let outs: Vec<_> = (1..=n_out as u64).map(|n| d(100 + n)).collect();
+            cells.set_tensors(ins.into_iter(), outs.into_iter());
+            let size = size_of::<guild_tensor_desc_v1_t>();
+            let base = cells.tensors.as_ptr() as usize;
+            let end = base + cells.tensors.len() * size;
+            let used = (
+                base + cells.inputs.start * size,
+                base + cells.outputs.end * size,
+            );
+            let pair = 128;
+            assert!(
+                used.0 / pair * pair >= base,
+                "{n_in}+{n_out}: first line pair shared"
+            );
+            assert!(
+                used.1.div_ceil(pair) * pair <= end,
+                "{n_in}+{n_out}: last line pair shared"
+            );
+            assert_eq!(cells.args.input_count, n_in);
+            assert_eq!(cells.args.output_count, n_out);
+            assert_eq!(cells.args.inputs as usize, used.0);
+            assert_eq!(cells.args.outputs as usize, used.0 + n_in * size);
+            let mut dims: Vec<u64> = cells
+                .tensors_mut(TensorRole::Input)
+                .iter()
+                .map(|t| t.dims[0])
+                .collect();
+            dims.extend(
+                cells
+                    .tensors_mut(TensorRole::Output)
+                    .iter()
+                    .map(|t| t.dims[0]),
+            );
+            let expected: Vec<u64> = (1..=n_in as u64).chain(101..=100 + n_out as u64).collect();
+            assert_eq!(dims, expected);
+        }
+    }
 
     /// The Rust face's lent descriptor must accept and refuse exactly what the whole
     /// descriptor does: every field a contract fixes is compared, entries above the rank and
