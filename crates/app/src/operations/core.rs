@@ -17,7 +17,6 @@ use std::borrow::Cow;
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::ffi::{c_void, CStr, CString};
 use std::fmt;
-use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
@@ -467,16 +466,93 @@ pub(crate) fn tensor_from_c(t: &guild_tensor_desc_v1_t) -> Result<TensorDesc, St
 }
 
 /// The C form of a query's tensors, inputs then outputs, with their known addresses (for the
-/// negotiation callbacks, which may inspect them).
-pub(crate) fn c_tensors(
-    query: &OpQuery,
-) -> (Vec<guild_tensor_desc_v1_t>, Vec<guild_tensor_desc_v1_t>) {
+/// negotiation callbacks, which may inspect them), laid out as a Rust handle keeps them.
+pub(crate) fn c_tensors(query: &OpQuery) -> CallTensors {
     let spec = query.spec();
     let c = |d: &TensorDesc| c_tensor(d, address_ptr(d));
-    (
-        spec.inputs.iter().map(c).collect(),
-        spec.outputs.iter().map(c).collect(),
-    )
+    CallTensors::new(spec.inputs.iter().map(c), spec.outputs.iter().map(c))
+}
+
+/// C descriptors, inputs then outputs, in one array with one unused descriptor (152 bytes,
+/// more than a pair of cache lines) before and after them. A Rust handle's calls write these
+/// descriptors' data pointers and its provider reads them; the array is a small allocation, and
+/// another handle's, executing on another thread, may sit right beside it, so the guards keep
+/// every line the calls touch the handle's own.
+pub(crate) struct CallTensors {
+    all: Vec<guild_tensor_desc_v1_t>,
+    /// Where the inputs end and the outputs begin in `all`.
+    split: usize,
+    /// Where the outputs end in `all`.
+    end: usize,
+}
+
+/// The unused descriptors on each side of [`CallTensors`].
+const GUARD: usize = 1;
+
+const _: () = assert!(GUARD * size_of::<guild_tensor_desc_v1_t>() >= 2 * 64);
+
+impl CallTensors {
+    pub(crate) fn new(
+        inputs: impl ExactSizeIterator<Item = guild_tensor_desc_v1_t>,
+        outputs: impl ExactSizeIterator<Item = guild_tensor_desc_v1_t>,
+    ) -> Self {
+        let mut tensors = Self::none();
+        tensors.refill(inputs, outputs);
+        tensors
+    }
+
+    /// Replaces the tensors, in the allocation it has when that is large enough (a reshape).
+    fn refill(
+        &mut self,
+        inputs: impl ExactSizeIterator<Item = guild_tensor_desc_v1_t>,
+        outputs: impl ExactSizeIterator<Item = guild_tensor_desc_v1_t>,
+    ) {
+        let (n_in, n_out) = (inputs.len(), outputs.len());
+        let blank = guild_tensor_desc_v1_t {
+            dtype: 0,
+            rank: 0,
+            dims: [0; MAX_TENSOR_RANK],
+            strides: [0; MAX_TENSOR_RANK],
+            memory_space: 0,
+            device_id: 0,
+            data: std::ptr::null_mut(),
+        };
+        let all = &mut self.all;
+        all.clear();
+        all.reserve_exact(n_in + n_out + 2 * GUARD);
+        all.extend(std::iter::repeat_n(blank, GUARD));
+        all.extend(inputs.chain(outputs));
+        all.extend(std::iter::repeat_n(blank, GUARD));
+        self.split = GUARD + n_in;
+        self.end = GUARD + n_in + n_out;
+    }
+
+    /// None at all, without an allocation (a C handle's: its callers pass their own).
+    const fn none() -> Self {
+        CallTensors {
+            all: Vec::new(),
+            split: 0,
+            end: 0,
+        }
+    }
+
+    pub(crate) fn inputs(&self) -> &[guild_tensor_desc_v1_t] {
+        &self.all[GUARD.min(self.split)..self.split]
+    }
+
+    pub(crate) fn outputs(&self) -> &[guild_tensor_desc_v1_t] {
+        &self.all[self.split..self.end]
+    }
+
+    /// The tensors of `role`.
+    #[inline(always)]
+    fn role_mut(&mut self, role: TensorRole) -> &mut [guild_tensor_desc_v1_t] {
+        let range = match role {
+            TensorRole::Input => GUARD.min(self.split)..self.split,
+            TensorRole::Output => self.split..self.end,
+        };
+        &mut self.all[range]
+    }
 }
 
 /// The pointer a descriptor's known address stands for (NULL when unknown). It is only ever
@@ -916,33 +992,20 @@ struct CallCells {
 /// pointers, scratch, stream and params change (no tensors on C handles, whose callers pass
 /// their own records).
 pub(crate) struct RustCells {
-    /// The negotiated descriptors, inputs then outputs, whose data pointers each call sets
-    /// before the provider sees them. A Rust handle keeps one unused descriptor (152 bytes,
-    /// more than a pair of cache lines) before and after them, so that the lines every call
-    /// writes and the provider reads are this handle's alone: this array is a small allocation,
-    /// and another handle's, executing on another thread, may sit right beside it.
-    tensors: Vec<guild_tensor_desc_v1_t>,
-    /// Where the inputs and the outputs are in `tensors`.
-    inputs: Range<usize>,
-    outputs: Range<usize>,
-    /// The arguments record, pointing at the inputs and outputs and carrying the handle's sync
-    /// mode and device; [`RustCells::set_tensors`] keeps it so whenever the tensors change.
+    /// The negotiated descriptors, whose data pointers each call sets before the provider sees
+    /// them.
+    tensors: CallTensors,
+    /// The arguments record, pointing at `tensors` and carrying the handle's sync mode and
+    /// device; [`RustCells::set_tensors`] keeps it so whenever the tensors change.
     pub(crate) args: guild_execute_args_v1_t,
     /// The error record the Rust face lends providers.
     pub(crate) error: guild_error_info_t,
 }
 
-/// The unused descriptors on each side of a Rust handle's call tensors.
-const GUARD: usize = 1;
-
-const _: () = assert!(GUARD * size_of::<guild_tensor_desc_v1_t>() >= 2 * 64);
-
 impl RustCells {
     fn new(sync_mode: SyncMode, device_id: i32) -> Self {
         RustCells {
-            tensors: Vec::new(),
-            inputs: 0..0,
-            outputs: 0..0,
+            tensors: CallTensors::none(),
             args: guild_execute_args_v1_t {
                 struct_size: size_of::<guild_execute_args_v1_t>() as u32,
                 reserved: 0,
@@ -964,48 +1027,24 @@ impl RustCells {
         }
     }
 
-    /// Makes `inputs` and `outputs` (their data pointers cleared) the call's tensors, between
-    /// the guards, and points the arguments record at them.
-    fn set_tensors(
-        &mut self,
-        inputs: impl ExactSizeIterator<Item = guild_tensor_desc_v1_t>,
-        outputs: impl ExactSizeIterator<Item = guild_tensor_desc_v1_t>,
-    ) {
-        let (n_in, n_out) = (inputs.len(), outputs.len());
-        let blank = guild_tensor_desc_v1_t {
-            dtype: 0,
-            rank: 0,
-            dims: [0; MAX_TENSOR_RANK],
-            strides: [0; MAX_TENSOR_RANK],
-            memory_space: 0,
-            device_id: 0,
-            data: std::ptr::null_mut(),
-        };
-        let t = &mut self.tensors;
-        t.clear();
-        t.reserve_exact(n_in + n_out + 2 * GUARD);
-        t.extend(std::iter::repeat_n(blank, GUARD));
-        t.extend(inputs.chain(outputs).map(|mut d| {
-            d.data = std::ptr::null_mut();
-            d
-        }));
-        t.extend(std::iter::repeat_n(blank, GUARD));
-        self.inputs = GUARD..GUARD + n_in;
-        self.outputs = GUARD + n_in..GUARD + n_in + n_out;
-        self.args.inputs = t[self.inputs.clone()].as_ptr();
-        self.args.input_count = n_in;
-        self.args.outputs = t[self.outputs.clone()].as_ptr();
-        self.args.output_count = n_out;
+    /// Makes `tensors` the call's tensors, their data pointers cleared, and points the
+    /// arguments record at them.
+    fn set_tensors(&mut self, mut tensors: CallTensors) {
+        for t in &mut tensors.all {
+            t.data = std::ptr::null_mut();
+        }
+        self.tensors = tensors;
+        self.point();
     }
 
-    /// The call's tensors of `role`.
-    #[inline(always)]
-    fn tensors_mut(&mut self, role: TensorRole) -> &mut [guild_tensor_desc_v1_t] {
-        let range = match role {
-            TensorRole::Input => self.inputs.clone(),
-            TensorRole::Output => self.outputs.clone(),
-        };
-        &mut self.tensors[range]
+    /// Points the arguments record at the call's tensors (after they were replaced or
+    /// refilled, which may move them).
+    fn point(&mut self) {
+        let (inputs, outputs) = (self.tensors.inputs(), self.tensors.outputs());
+        self.args.inputs = inputs.as_ptr();
+        self.args.input_count = inputs.len();
+        self.args.outputs = outputs.as_ptr();
+        self.args.output_count = outputs.len();
     }
 }
 
@@ -1255,13 +1294,8 @@ impl Resolved {
 
     /// Takes the C tensors a Rust resolution negotiated with (the descriptors of its query,
     /// which this handle's contract now is) as the Rust face's call tensors, without data.
-    pub(crate) fn adopt_rust_calls(
-        &mut self,
-        inputs: Vec<guild_tensor_desc_v1_t>,
-        outputs: Vec<guild_tensor_desc_v1_t>,
-    ) {
-        let cells = &mut self.call.get_mut().rust;
-        cells.set_tensors(inputs.into_iter(), outputs.into_iter());
+    pub(crate) fn adopt_rust_calls(&mut self, tensors: CallTensors) {
+        self.call.get_mut().rust.set_tensors(tensors);
     }
 
     /// Makes the Rust face's C tensors: the negotiated descriptors, without data.
@@ -1269,10 +1303,11 @@ impl Resolved {
         let contract = self.contract.get_mut();
         let cells = &mut self.call.get_mut().rust;
         let c = |d: &TensorDesc| c_tensor(d, std::ptr::null_mut());
-        cells.set_tensors(
+        cells.tensors.refill(
             contract.inputs().iter().map(c),
             contract.outputs().iter().map(c),
         );
+        cells.point();
     }
 
     /// The Rust face's view of a call.
@@ -1800,7 +1835,7 @@ impl RustCall<'_> {
     ) -> Result<(), ExecuteError> {
         let contract = self.contract;
         let shapes = contract.shapes(role);
-        let out = self.cells.tensors_mut(role);
+        let out = self.cells.tensors.role_mut(role);
         let n = shapes.len();
         if args.len() != n || out.len() != n {
             return Err(arity(role, n, args.len()));
@@ -2058,53 +2093,48 @@ mod tests {
     /// A Rust handle's call tensors sit between guards: every cache line (and line pair) that a
     /// call writes or its provider reads from them lies inside the handle's own allocation, so
     /// a neighbouring allocation (another handle's tensors, executed on another thread) never
-    /// shares one; and the arguments record points at them.
+    /// shares one; and the arguments record points at them, without data.
     #[test]
     fn the_call_tensors_share_no_line_with_a_neighbouring_allocation() {
         let d = |n: u64| {
             c_tensor(
                 &TensorDesc::new(DType::F32, &[n], MemorySpace::Host),
-                std::ptr::null_mut(),
+                std::ptr::dangling_mut(),
             )
         };
         for (n_in, n_out) in [(0, 1), (1, 1), (2, 1), (3, 2), (8, 8)] {
+            let ins = (1..n_in as u32 + 1).map(|n| d(n.into()));
+            let outs = (1..n_out as u32 + 1).map(|n| d(100 + u64::from(n)));
             let mut cells = RustCells::new(SyncMode::HostBlocking, 0);
-            let ins: Vec<_> = (1..=n_in as u64).map(d).collect();
-            let outs: Vec<_> = (1..=n_out as u64).map(|n| d(100 + n)).collect();
-            cells.set_tensors(ins.into_iter(), outs.into_iter());
+            cells.set_tensors(CallTensors::new(ins, outs));
+            let t = &mut cells.tensors;
             let size = size_of::<guild_tensor_desc_v1_t>();
-            let base = cells.tensors.as_ptr() as usize;
-            let end = base + cells.tensors.len() * size;
+            let base = t.all.as_ptr() as usize;
+            let end = base + t.all.len() * size;
             let used = (
-                base + cells.inputs.start * size,
-                base + cells.outputs.end * size,
+                t.inputs().as_ptr() as usize,
+                t.outputs().as_ptr_range().end as usize,
             );
             let pair = 128;
             assert!(
                 used.0 / pair * pair >= base,
-                "{n_in}+{n_out}: first line pair shared"
+                "{n_in}+{n_out}: first pair shared"
             );
             assert!(
                 used.1.div_ceil(pair) * pair <= end,
-                "{n_in}+{n_out}: last line pair shared"
+                "{n_in}+{n_out}: last pair shared"
             );
-            assert_eq!(cells.args.input_count, n_in);
-            assert_eq!(cells.args.output_count, n_out);
-            assert_eq!(cells.args.inputs as usize, used.0);
-            assert_eq!(cells.args.outputs as usize, used.0 + n_in * size);
-            let mut dims: Vec<u64> = cells
-                .tensors_mut(TensorRole::Input)
-                .iter()
-                .map(|t| t.dims[0])
-                .collect();
-            dims.extend(
-                cells
-                    .tensors_mut(TensorRole::Output)
-                    .iter()
-                    .map(|t| t.dims[0]),
-            );
+            let mut dims: Vec<u64> = t.inputs().iter().map(|t| t.dims[0]).collect();
+            dims.extend(t.outputs().iter().map(|t| t.dims[0]));
             let expected: Vec<u64> = (1..=n_in as u64).chain(101..=100 + n_out as u64).collect();
             assert_eq!(dims, expected);
+            assert!(t.all.iter().all(|t| t.data.is_null()));
+            assert_eq!(t.role_mut(TensorRole::Input).len(), n_in);
+            assert_eq!(t.role_mut(TensorRole::Output).len(), n_out);
+            let args = &cells.args;
+            assert_eq!((args.input_count, args.output_count), (n_in, n_out));
+            assert_eq!(args.inputs as usize, used.0);
+            assert_eq!(args.outputs as usize, used.0 + n_in * size);
         }
     }
 

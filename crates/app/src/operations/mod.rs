@@ -283,13 +283,13 @@ impl<'r> OperationService<'r> {
         let query = OpQuery::new(request.to_spec()).map_err(ResolveError::Query)?;
         // The query's tensors in C form, made once: the negotiation callbacks see them (with
         // the addresses the request knows), then the handle keeps them for its calls.
-        let (inputs, outputs) = self::core::c_tensors(&query);
+        let tensors = self::core::c_tensors(&query);
         let args = Negotiation {
             params,
-            tensors: [&inputs, &outputs],
+            tensors: [tensors.inputs(), tensors.outputs()],
         };
         let mut resolved = self.core.resolve(query, &args, self.report)?;
-        resolved.adopt_rust_calls(inputs, outputs);
+        resolved.adopt_rust_calls(tensors);
         Ok(OpHandle {
             resolved,
             gate: Lone(Gate::live()),
