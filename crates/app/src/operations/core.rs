@@ -37,7 +37,7 @@ use guild_domain::operation::{
 use guild_ports::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
 use guild_ports::provider::{ExecuteCall, ExecuteEntry, KernelProvider, QueryCall};
 
-use super::handles::{HandleTable, Running};
+use super::handles::{HandleTable, Lone, Running};
 use super::{ExecuteError, ReshapeError, ResolveError, Scratch};
 use crate::snapshot::{KernelBinding, OperationCandidates, Snapshot, StoredOp};
 
@@ -492,7 +492,7 @@ const GUARD: usize = 1;
 const _: () = assert!(GUARD * size_of::<guild_tensor_desc_v1_t>() >= 2 * 64);
 
 impl CallTensors {
-    pub(crate) fn new(
+    fn new(
         inputs: impl ExactSizeIterator<Item = guild_tensor_desc_v1_t>,
         outputs: impl ExactSizeIterator<Item = guild_tensor_desc_v1_t>,
     ) -> Self {
@@ -525,6 +525,7 @@ impl CallTensors {
         all.extend(std::iter::repeat_n(blank, GUARD));
         self.split = GUARD + n_in;
         self.end = GUARD + n_in + n_out;
+        debug_assert_eq!(all.len(), self.end + GUARD, "exact input and output counts");
     }
 
     /// None at all, without an allocation (a C handle's: its callers pass their own).
@@ -873,8 +874,9 @@ pub(crate) struct Resolved {
     /// The contract's scratch for `describe` and `scratch` calls, which the C face lets run
     /// beside an execute or a reshape (they never read `contract`).
     published: PublishedScratch,
-    /// What one call writes.
-    call: UnsafeCell<CallCells>,
+    /// What one call writes, alone in its lines: whatever the allocator puts beside the
+    /// handle, another handle's calls on another thread never write there.
+    call: Lone<UnsafeCell<CallCells>>,
     /// What a reshape reuses.
     reshaping: UnsafeCell<ReshapeCells>,
 }
@@ -996,7 +998,7 @@ pub(crate) struct RustCells {
     /// them.
     tensors: CallTensors,
     /// The arguments record, pointing at `tensors` and carrying the handle's sync mode and
-    /// device; [`RustCells::set_tensors`] keeps it so whenever the tensors change.
+    /// device; [`RustCells::point`] keeps it so whenever the tensors change.
     pub(crate) args: guild_execute_args_v1_t,
     /// The error record the Rust face lends providers.
     pub(crate) error: guild_error_info_t,
@@ -1037,14 +1039,31 @@ impl RustCells {
         self.point();
     }
 
+    /// Replaces the call's tensors with the negotiated descriptors `inputs` and `outputs`
+    /// (without data), in the allocation they have when it is large enough (a reshape), and
+    /// points the arguments record at them.
+    fn refill(
+        &mut self,
+        inputs: impl ExactSizeIterator<Item = guild_tensor_desc_v1_t>,
+        outputs: impl ExactSizeIterator<Item = guild_tensor_desc_v1_t>,
+    ) {
+        self.tensors.refill(inputs, outputs);
+        self.point();
+    }
+
     /// Points the arguments record at the call's tensors (after they were replaced or
-    /// refilled, which may move them).
+    /// refilled, which may move them). The pointers come from the array's `as_ptr`, which
+    /// makes no reference, so they stay valid while each call writes the data pointers
+    /// through [`CallTensors::role_mut`].
     fn point(&mut self) {
-        let (inputs, outputs) = (self.tensors.inputs(), self.tensors.outputs());
-        self.args.inputs = inputs.as_ptr();
-        self.args.input_count = inputs.len();
-        self.args.outputs = outputs.as_ptr();
-        self.args.output_count = outputs.len();
+        let t = &self.tensors;
+        let base = t.all.as_ptr();
+        let first = GUARD.min(t.split);
+        // `wrapping_add` within the array (both offsets are at most its length).
+        self.args.inputs = base.wrapping_add(first);
+        self.args.input_count = t.split - first;
+        self.args.outputs = base.wrapping_add(t.split);
+        self.args.output_count = t.end - t.split;
     }
 }
 
@@ -1268,10 +1287,10 @@ impl Resolved {
             streams,
             published: PublishedScratch::new(scratch),
             contract: UnsafeCell::new(Contract::new(query, scratch)),
-            call: UnsafeCell::new(CallCells {
+            call: Lone(UnsafeCell::new(CallCells {
                 rust: RustCells::new(sync_mode, device_id),
                 marks: Vec::new(),
-            }),
+            })),
             reshaping: UnsafeCell::new(ReshapeCells::default()),
         }
     }
@@ -1295,19 +1314,17 @@ impl Resolved {
     /// Takes the C tensors a Rust resolution negotiated with (the descriptors of its query,
     /// which this handle's contract now is) as the Rust face's call tensors, without data.
     pub(crate) fn adopt_rust_calls(&mut self, tensors: CallTensors) {
-        self.call.get_mut().rust.set_tensors(tensors);
+        self.call.0.get_mut().rust.set_tensors(tensors);
     }
 
     /// Makes the Rust face's C tensors: the negotiated descriptors, without data.
     pub(crate) fn prepare_rust_calls(&mut self) {
         let contract = self.contract.get_mut();
-        let cells = &mut self.call.get_mut().rust;
         let c = |d: &TensorDesc| c_tensor(d, std::ptr::null_mut());
-        cells.tensors.refill(
+        self.call.0.get_mut().rust.refill(
             contract.inputs().iter().map(c),
             contract.outputs().iter().map(c),
         );
-        cells.point();
     }
 
     /// The Rust face's view of a call.
@@ -1324,7 +1341,7 @@ impl Resolved {
         unsafe {
             RustCall {
                 contract: self.contract(),
-                cells: &mut *std::ptr::addr_of_mut!((*self.call.get()).rust),
+                cells: &mut *std::ptr::addr_of_mut!((*self.call.0.get()).rust),
             }
         }
     }
@@ -1425,7 +1442,7 @@ impl Resolved {
         };
         // SAFETY: the caller's exclusivity gives this call the call cells; no other reference
         // to the marks exists (the Rust face's view borrows other fields).
-        let marks = unsafe { &mut *std::ptr::addr_of_mut!((*self.call.get()).marks) };
+        let marks = unsafe { &mut *std::ptr::addr_of_mut!((*self.call.0.get()).marks) };
         let stream = StreamRef(args.stream as usize);
         match streams.record(args.device_id, stream) {
             Ok(Some(mark)) => {
@@ -1711,7 +1728,7 @@ impl Resolved {
     /// Waits for the stream work this handle recorded; afterwards nothing recorded is pending.
     /// The first device error is reported, after every mark has been waited for.
     pub(crate) fn finish(&mut self) -> Result<(), DeviceError> {
-        let marks = std::mem::take(&mut self.call.get_mut().marks);
+        let marks = std::mem::take(&mut self.call.0.get_mut().marks);
         let mut first = Ok(());
         for mark in marks {
             if let Err(e) = mark.wait() {
@@ -1812,7 +1829,7 @@ impl Shape {
 
     /// Whether the descriptor `d` is this tensor apart from its data address.
     #[inline(always)]
-    pub(crate) fn matches_desc(&self, d: &TensorDesc) -> bool {
+    fn matches_desc(&self, d: &TensorDesc) -> bool {
         let given = Described::of(d);
         given.head == self.fixed.head
             && given.place == self.fixed.place
@@ -1973,7 +1990,6 @@ impl Describes for TensorDesc {
 /// negotiated tensor keeps in its [`Shape`], packed in two words, so that a call's descriptor
 /// is compared with two comparisons and one pass over the rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(C)]
 pub(crate) struct Described {
     /// `dtype | rank << 32`.
     head: u64,
@@ -1985,7 +2001,7 @@ pub(crate) struct Described {
 
 impl Described {
     #[inline(always)]
-    pub(crate) fn of(d: &TensorDesc) -> Self {
+    fn of(d: &TensorDesc) -> Self {
         Described {
             head: Self::head(d.dtype.raw(), d.rank),
             place: u64::from(d.memory_space as u8) | (u64::from(d.device_id as u32) << 32),
@@ -2090,52 +2106,111 @@ fn check_scratch(
 mod tests {
     use super::*;
 
-    /// A Rust handle's call tensors sit between guards: every cache line (and line pair) that a
-    /// call writes or its provider reads from them lies inside the handle's own allocation, so
-    /// a neighbouring allocation (another handle's tensors, executed on another thread) never
-    /// shares one; and the arguments record points at them, without data.
-    #[test]
-    fn the_call_tensors_share_no_line_with_a_neighbouring_allocation() {
-        let d = |n: u64| {
-            c_tensor(
-                &TensorDesc::new(DType::F32, &[n], MemorySpace::Host),
-                std::ptr::dangling_mut(),
-            )
-        };
-        for (n_in, n_out) in [(0, 1), (1, 1), (2, 1), (3, 2), (8, 8)] {
-            let ins = (1..n_in as u32 + 1).map(|n| d(n.into()));
-            let outs = (1..n_out as u32 + 1).map(|n| d(100 + u64::from(n)));
-            let mut cells = RustCells::new(SyncMode::HostBlocking, 0);
-            cells.set_tensors(CallTensors::new(ins, outs));
-            let t = &mut cells.tensors;
-            let size = size_of::<guild_tensor_desc_v1_t>();
-            let base = t.all.as_ptr() as usize;
-            let end = base + t.all.len() * size;
-            let used = (
-                t.inputs().as_ptr() as usize,
-                t.outputs().as_ptr_range().end as usize,
-            );
-            let pair = 128;
-            assert!(
-                used.0 / pair * pair >= base,
-                "{n_in}+{n_out}: first pair shared"
-            );
-            assert!(
-                used.1.div_ceil(pair) * pair <= end,
-                "{n_in}+{n_out}: last pair shared"
-            );
-            let mut dims: Vec<u64> = t.inputs().iter().map(|t| t.dims[0]).collect();
-            dims.extend(t.outputs().iter().map(|t| t.dims[0]));
-            let expected: Vec<u64> = (1..=n_in as u64).chain(101..=100 + n_out as u64).collect();
-            assert_eq!(dims, expected);
-            assert!(t.all.iter().all(|t| t.data.is_null()));
-            assert_eq!(t.role_mut(TensorRole::Input).len(), n_in);
-            assert_eq!(t.role_mut(TensorRole::Output).len(), n_out);
-            let args = &cells.args;
-            assert_eq!((args.input_count, args.output_count), (n_in, n_out));
-            assert_eq!(args.inputs as usize, used.0);
-            assert_eq!(args.outputs as usize, used.0 + n_in * size);
+    fn c(n: u64) -> guild_tensor_desc_v1_t {
+        c_tensor(
+            &TensorDesc::new(DType::F32, &[n], MemorySpace::Host),
+            std::ptr::dangling_mut(),
+        )
+    }
+
+    /// Checks that `cells` holds `n_in` inputs (dims 1, 2, ...) and `n_out` outputs (dims 101,
+    /// 102, ...) between one unused descriptor on each side, so that every cache line pair a
+    /// call touches there lies inside the array's own allocation, without data; that the
+    /// arguments record points at them; and that data pointers written as a call writes them
+    /// are read through the record, as the provider reads them.
+    fn check_cells(cells: &mut RustCells, n_in: usize, n_out: usize) {
+        let size = size_of::<guild_tensor_desc_v1_t>();
+        let t = &mut cells.tensors;
+        let (base, len) = (t.all.as_ptr() as usize, t.all.len());
+        assert_eq!(
+            len,
+            n_in + n_out + 2,
+            "{n_in}+{n_out}: one guard on each side"
+        );
+        let first = t.inputs().as_ptr() as usize;
+        assert_eq!(first, base + size, "{n_in}+{n_out}");
+        let pair = 128;
+        assert!(
+            first / pair * pair >= base,
+            "{n_in}+{n_out}: first line pair shared"
+        );
+        assert!(
+            (base + (len - 1) * size).div_ceil(pair) * pair <= base + len * size,
+            "{n_in}+{n_out}: last line pair shared"
+        );
+        let mut dims: Vec<u64> = t.inputs().iter().map(|t| t.dims[0]).collect();
+        dims.extend(t.outputs().iter().map(|t| t.dims[0]));
+        let expected: Vec<u64> = (1..n_in as u64 + 1)
+            .chain(101..101 + n_out as u64)
+            .collect();
+        assert_eq!(dims, expected, "{n_in}+{n_out}");
+        assert!(t.all.iter().all(|t| t.data.is_null()), "{n_in}+{n_out}");
+        for (role, n, mark) in [(TensorRole::Input, n_in, 1), (TensorRole::Output, n_out, 2)] {
+            let side = t.role_mut(role);
+            assert_eq!(side.len(), n, "{n_in}+{n_out}");
+            for (i, d) in side.iter_mut().enumerate() {
+                d.data = (mark * 1000 + i) as *mut c_void;
+            }
         }
+        let args = &cells.args;
+        assert_eq!((args.input_count, args.output_count), (n_in, n_out));
+        assert_eq!(args.inputs as usize, first);
+        assert_eq!(args.outputs as usize, first + n_in * size);
+        for (ptr, n, mark) in [(args.inputs, n_in, 1), (args.outputs, n_out, 2)] {
+            for i in 0..n {
+                // SAFETY: the record points at `n` descriptors of the live array (checked above).
+                let data = unsafe { (*ptr.add(i)).data };
+                assert_eq!(data as usize, mark * 1000 + i, "{n_in}+{n_out}");
+            }
+        }
+    }
+
+    /// A Rust handle's call tensors, as a resolution adopts them and as a reshape refills them
+    /// (in place, or in a larger allocation), lie between guards, and the arguments record
+    /// follows them; a C handle's are none.
+    #[test]
+    fn the_call_tensors_lie_between_guards_and_the_arguments_follow_them() {
+        let counts = [
+            (0, 0),
+            (0, 1),
+            (2, 0),
+            (1, 1),
+            (2, 1),
+            (3, 2),
+            (8, 8),
+            (1, 1),
+        ];
+        let make = |n_in: usize, n_out: usize| {
+            let ins = (1..n_in as u32 + 1).map(|n| c(n.into()));
+            let outs = (1..n_out as u32 + 1).map(|n| c(100 + u64::from(n)));
+            (ins, outs)
+        };
+        for (n_in, n_out) in counts {
+            let mut cells = RustCells::new(SyncMode::HostBlocking, 0);
+            let (ins, outs) = make(n_in, n_out);
+            cells.set_tensors(CallTensors::new(ins, outs));
+            check_cells(&mut cells, n_in, n_out);
+        }
+        // A reshape: the same cells refilled, growing (a new allocation) and shrinking.
+        let mut cells = RustCells::new(SyncMode::HostBlocking, 0);
+        for (n_in, n_out) in counts {
+            let (ins, outs) = make(n_in, n_out);
+            cells.refill(
+                ins.map(|mut t| {
+                    t.data = std::ptr::null_mut();
+                    t
+                }),
+                outs.map(|mut t| {
+                    t.data = std::ptr::null_mut();
+                    t
+                }),
+            );
+            check_cells(&mut cells, n_in, n_out);
+        }
+        let mut none = CallTensors::none();
+        assert!(none.inputs().is_empty() && none.outputs().is_empty());
+        assert!(none.role_mut(TensorRole::Input).is_empty());
+        assert!(none.role_mut(TensorRole::Output).is_empty());
     }
 
     /// The Rust face's lent descriptor must accept and refuse exactly what the whole

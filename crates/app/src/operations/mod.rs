@@ -1058,7 +1058,8 @@ unsafe impl Send for DeviceScratch {}
 unsafe impl Sync for DeviceScratch {}
 
 // SAFETY: the raw pointers in the argument types stand for the borrows in their PhantomData
-// (`&[u8]` / `&mut [u8]`), which are Send and Sync; nothing else is shared.
+// (`&[u8]` / `&mut [u8]`), which are Send and Sync; the only other borrow, of the descriptor
+// (`&TensorDesc`), is Send and Sync as `TensorDesc` is Sync.
 unsafe impl Send for TensorArg<'_> {}
 // SAFETY: as above.
 unsafe impl Sync for TensorArg<'_> {}
