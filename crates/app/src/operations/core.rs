@@ -537,21 +537,27 @@ impl CallTensors {
         }
     }
 
+    /// Where the tensors of `role` are in `all` (empty ranges at 0 when there are none).
+    #[inline(always)]
+    fn range(&self, role: TensorRole) -> std::ops::Range<usize> {
+        match role {
+            TensorRole::Input => GUARD.min(self.split)..self.split,
+            TensorRole::Output => self.split..self.end,
+        }
+    }
+
     pub(crate) fn inputs(&self) -> &[guild_tensor_desc_v1_t] {
-        &self.all[GUARD.min(self.split)..self.split]
+        &self.all[self.range(TensorRole::Input)]
     }
 
     pub(crate) fn outputs(&self) -> &[guild_tensor_desc_v1_t] {
-        &self.all[self.split..self.end]
+        &self.all[self.range(TensorRole::Output)]
     }
 
     /// The tensors of `role`.
     #[inline(always)]
     fn role_mut(&mut self, role: TensorRole) -> &mut [guild_tensor_desc_v1_t] {
-        let range = match role {
-            TensorRole::Input => GUARD.min(self.split)..self.split,
-            TensorRole::Output => self.split..self.end,
-        };
+        let range = self.range(role);
         &mut self.all[range]
     }
 }
@@ -998,7 +1004,7 @@ pub(crate) struct RustCells {
     /// them.
     tensors: CallTensors,
     /// The arguments record, pointing at `tensors` and carrying the handle's sync mode and
-    /// device; [`RustCells::point`] keeps it so whenever the tensors change.
+    /// device; [`RustCells::take_up`] keeps it so whenever the tensors change.
     pub(crate) args: guild_execute_args_v1_t,
     /// The error record the Rust face lends providers.
     pub(crate) error: guild_error_info_t,
@@ -1029,41 +1035,39 @@ impl RustCells {
         }
     }
 
-    /// Makes `tensors` the call's tensors, their data pointers cleared, and points the
-    /// arguments record at them.
-    fn set_tensors(&mut self, mut tensors: CallTensors) {
-        for t in &mut tensors.all {
-            t.data = std::ptr::null_mut();
-        }
+    /// Makes `tensors` the call's tensors (see [`RustCells::take_up`]).
+    fn set_tensors(&mut self, tensors: CallTensors) {
         self.tensors = tensors;
-        self.point();
+        self.take_up();
     }
 
-    /// Replaces the call's tensors with the negotiated descriptors `inputs` and `outputs`
-    /// (without data), in the allocation they have when it is large enough (a reshape), and
-    /// points the arguments record at them.
+    /// Replaces the call's tensors with `inputs` and `outputs`, in the allocation they have
+    /// when it is large enough (a reshape; see [`RustCells::take_up`]).
     fn refill(
         &mut self,
         inputs: impl ExactSizeIterator<Item = guild_tensor_desc_v1_t>,
         outputs: impl ExactSizeIterator<Item = guild_tensor_desc_v1_t>,
     ) {
         self.tensors.refill(inputs, outputs);
-        self.point();
+        self.take_up();
     }
 
-    /// Points the arguments record at the call's tensors (after they were replaced or
-    /// refilled, which may move them). The pointers come from the array's `as_ptr`, which
-    /// makes no reference, so they stay valid while each call writes the data pointers
-    /// through [`CallTensors::role_mut`].
-    fn point(&mut self) {
-        let t = &self.tensors;
+    /// Clears the new tensors' data pointers (every call sets its own) and points the
+    /// arguments record at them, as they may have moved. The pointers come from the array's
+    /// `as_ptr`, which makes no reference, so they stay valid while each call writes the data
+    /// pointers through [`CallTensors::role_mut`].
+    fn take_up(&mut self) {
+        let t = &mut self.tensors;
+        for d in &mut t.all {
+            d.data = std::ptr::null_mut();
+        }
         let base = t.all.as_ptr();
-        let first = GUARD.min(t.split);
+        let (inputs, outputs) = (t.range(TensorRole::Input), t.range(TensorRole::Output));
         // `wrapping_add` within the array (both offsets are at most its length).
-        self.args.inputs = base.wrapping_add(first);
-        self.args.input_count = t.split - first;
-        self.args.outputs = base.wrapping_add(t.split);
-        self.args.output_count = t.end - t.split;
+        self.args.inputs = base.wrapping_add(inputs.start);
+        self.args.input_count = inputs.len();
+        self.args.outputs = base.wrapping_add(outputs.start);
+        self.args.output_count = outputs.len();
     }
 }
 
@@ -1791,9 +1795,10 @@ impl Shape {
         strides[..rank].copy_from_slice(&d.strides[..rank]);
         Shape {
             fixed: Described {
+                head: Described::head(d.dtype.raw(), d.rank),
+                place: Described::place(d),
                 dims,
                 strides,
-                ..Described::of(d)
             },
             place: place_key(d.memory_space.bit(), d.device_id),
             rank,
@@ -1830,9 +1835,8 @@ impl Shape {
     /// Whether the descriptor `d` is this tensor apart from its data address.
     #[inline(always)]
     fn matches_desc(&self, d: &TensorDesc) -> bool {
-        let given = Described::of(d);
-        given.head == self.fixed.head
-            && given.place == self.fixed.place
+        Described::head(d.dtype.raw(), d.rank) == self.fixed.head
+            && Described::place(d) == self.fixed.place
             && self.same_extents(&d.dims, &d.strides)
     }
 }
@@ -1990,7 +1994,7 @@ impl Describes for TensorDesc {
 /// negotiated tensor keeps in its [`Shape`], packed in two words, so that a call's descriptor
 /// is compared with two comparisons and one pass over the rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Described {
+struct Described {
     /// `dtype | rank << 32`.
     head: u64,
     /// `space | device_id << 32`, the memory space as its `MemorySpace` discriminant.
@@ -2001,18 +2005,13 @@ pub(crate) struct Described {
 
 impl Described {
     #[inline(always)]
-    fn of(d: &TensorDesc) -> Self {
-        Described {
-            head: Self::head(d.dtype.raw(), d.rank),
-            place: u64::from(d.memory_space as u8) | (u64::from(d.device_id as u32) << 32),
-            dims: d.dims,
-            strides: d.strides,
-        }
+    fn head(dtype: u32, rank: u32) -> u64 {
+        u64::from(dtype) | (u64::from(rank) << 32)
     }
 
     #[inline(always)]
-    fn head(dtype: u32, rank: u32) -> u64 {
-        u64::from(dtype) | (u64::from(rank) << 32)
+    fn place(d: &TensorDesc) -> u64 {
+        u64::from(d.memory_space as u8) | (u64::from(d.device_id as u32) << 32)
     }
 }
 
@@ -2195,16 +2194,7 @@ mod tests {
         let mut cells = RustCells::new(SyncMode::HostBlocking, 0);
         for (n_in, n_out) in counts {
             let (ins, outs) = make(n_in, n_out);
-            cells.refill(
-                ins.map(|mut t| {
-                    t.data = std::ptr::null_mut();
-                    t
-                }),
-                outs.map(|mut t| {
-                    t.data = std::ptr::null_mut();
-                    t
-                }),
-            );
+            cells.refill(ins, outs);
             check_cells(&mut cells, n_in, n_out);
         }
         let mut none = CallTensors::none();
