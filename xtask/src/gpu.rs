@@ -6,10 +6,17 @@
 //! runs the CUDA adapter's `gpu::` tests and the host's `gpu::` tests with `REQUIRE_GPU=1`, so
 //! that no test may skip. A summary of every step follows, whatever failed.
 //!
+//! Then the figures a GPU machine (and its cores) can show, each printing its own verdict:
+//! execute on a stream against a direct `cuLaunchKernel` of the same kernel (`cuda_execute`
+//! bench), reader processes opening one store at once (`live` bench, `GUILD_BENCH_ONLY=open`)
+//! and the full check's scaling with its threads (`store_open` bench,
+//! `GUILD_BENCH_ONLY=full-check`).
+//!
 //! `cargo xtask gpu-check --bundle` does the building only, on any machine: it writes
-//! `target/gpu-check/` with the probe, the two test executables (stripped), the C test plugins
-//! and `run.sh`, which runs the same checks without cargo (a GPU machine without a Rust
-//! toolchain or network access only needs that directory).
+//! `target/gpu-check/` with the probe, the two test executables and the three benchmarks
+//! (stripped), release builds of `guild` and the example runner, the C test plugins, the one
+//! workspace file a benchmark reads, and `run.sh`, which runs the same checks without cargo (a
+//! GPU machine without a Rust toolchain or network access only needs that directory).
 
 use std::fmt::Write as _;
 use std::fs;
@@ -27,6 +34,18 @@ const ADAPTER_FILTER: &str = "gpu::";
 const HOST_FILTER: &str = "gpu::";
 /// The host's device tests alone (what the bundle runs: the others need a C compiler).
 const HOST_DEVICE_FILTER: &str = "gpu::device::";
+/// The benchmarks each run prints the figures of: step name, bench target, `GUILD_BENCH_ONLY`.
+const BENCHES: &[(&str, &str, &str)] = &[
+    ("stream execute against a direct launch", "cuda_execute", ""),
+    ("reader processes opening one store at once", "live", "open"),
+    (
+        "full check scaling with its threads",
+        "store_open",
+        "full-check",
+    ),
+];
+/// Packages in the store the full check's scaling runs over.
+const FULL_CHECK_SIZE: usize = 10_000;
 
 pub fn run(args: &[String]) -> Result<(), String> {
     match args {
@@ -104,6 +123,7 @@ fn check() -> Result<(), String> {
                     "it",
                     "--",
                     ADAPTER_FILTER,
+                    "--test-threads=1",
                 ]),
                 &env,
             ));
@@ -117,9 +137,24 @@ fn check() -> Result<(), String> {
                     "it",
                     "--",
                     HOST_FILTER,
+                    "--test-threads=1",
                 ]),
                 &env,
             ));
+            for (name, bench, only) in BENCHES {
+                let mut env = env.to_vec();
+                if !only.is_empty() {
+                    env.push(("GUILD_BENCH_ONLY", (*only).to_string()));
+                }
+                if *bench == "store_open" {
+                    env.push(("GUILD_BENCH_FULL_CHECK_SIZE", FULL_CHECK_SIZE.to_string()));
+                }
+                steps.push(test_step(
+                    name,
+                    cargo_command(&["bench", "-p", "guild-host", "--bench", bench]),
+                    &env,
+                ));
+            }
         }
     }
     summarise(&steps, device.as_deref())
@@ -155,7 +190,10 @@ fn test_step(name: &str, mut cmd: Command, env: &[(&str, String)]) -> Step {
         notes = lines
             .into_iter()
             .filter(|l| {
-                l.starts_with("test result:") || l.contains(": skipped: ") || l.contains(": note: ")
+                l.starts_with("test result:")
+                    || l.contains(": skipped: ")
+                    || l.contains(": note: ")
+                    || is_figure(l)
             })
             .collect();
         if ok {
@@ -166,6 +204,15 @@ fn test_step(name: &str, mut cmd: Command, env: &[(&str, String)]) -> Step {
     });
     step.notes = notes;
     step
+}
+
+/// Whether `line` is one of the benchmarks' figures or verdicts (their headings, and their
+/// rows, which are indented by two spaces).
+fn is_figure(line: &str) -> bool {
+    ["cuda_execute:", "live/open:", "full check scaling:", "  "]
+        .iter()
+        .any(|p| line.starts_with(p))
+        && !line.starts_with("   ")
 }
 
 /// Runs `cmd` with its stdout and stderr echoed line by line; returns whether it succeeded and
@@ -266,18 +313,26 @@ fn cargo_output(args: &[&str]) -> Result<Output, String> {
 
 /// Copies `from` to `to`, without debug information when `strip` is there.
 fn copy_stripped(from: &Path, to: &Path) -> Result<(), String> {
+    copy_with_strip(from, to, "--strip-debug")
+}
+
+/// Copies `from` to `to` stripped with `how` (`--strip-debug` keeps the symbols a test's
+/// backtrace names; `--strip-all` is for release binaries, whose panics say enough).
+fn copy_with_strip(from: &Path, to: &Path, how: &str) -> Result<(), String> {
     fs::copy(from, to)
         .map_err(|e| format!("cannot copy {} to {}: {e}", from.display(), to.display()))?;
     // Debug information is most of a test binary's size; the bundle must stay small enough to
-    // carry to another machine. Without `strip` the copy stays as it is.
-    let _ = Command::new("strip").arg("--strip-debug").arg(to).status();
+    // carry to another machine (64 MiB with the checkout). Without `strip` the copy stays as it
+    // is.
+    let _ = Command::new("strip").arg(how).arg(to).status();
     Ok(())
 }
 
 const RUN_SH: &str = r#"#!/bin/sh
 # Runs the GPU checks of the Guild host from a bundle made by `cargo xtask gpu-check --bundle`:
 # the CUDA driver probe, then the CUDA adapter's and the host's device tests with REQUIRE_GPU=1
-# (no test may skip). Prints a summary; exits non-zero when anything failed.
+# (no test may skip), then the benchmarks that need a GPU or many cores, each with its verdict.
+# Prints a summary; exits non-zero when anything failed.
 # Each step's full output goes to a log in GPU_CHECK_LOG_DIR (default: this directory).
 here=$(cd "$(dirname "$0")" && pwd)
 logs=${GPU_CHECK_LOG_DIR:-$here}
@@ -298,14 +353,23 @@ step() {
   if [ $rc -eq 0 ]; then status="ok    "; else status="FAILED"; failed=1; fi
   summary="$summary
   $status $name ($((end - start))s)"
-  notes=$(grep -E '^test result:|: skipped: |: note: ' "$log" | sed 's/^/         /')
+  notes=$(grep -E '^test result:|: skipped: |: note: |^cuda_execute:|^live/open:|^full check scaling:|^  [^ ]' "$log" | sed 's/^/         /')
   if [ -n "$notes" ]; then summary="$summary
 $notes"; fi
   return $rc
 }
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
 if step "probe the CUDA driver" "$here/guild-cuda-probe"; then
-  step "CUDA adapter tests (gpu::)" "$here/adapters-cuda-it" "__ADAPTER_FILTER__"
-  step "host device tests (gpu::device::)" "$here/host-it" "__HOST_FILTER__"
+  # One test at a time: their notes stay whole lines, and their timings see one GPU user.
+  step "CUDA adapter tests (gpu::)" "$here/adapters-cuda-it" "__ADAPTER_FILTER__" --test-threads=1
+  step "host device tests (gpu::device::)" "$here/host-it" "__HOST_FILTER__" --test-threads=1
+  step "stream execute against a direct launch" "$here/bench/cuda_execute" --bench
+  step "reader processes opening one store at once" env GUILD_BENCH_ONLY=open \
+    GUILD_BENCH_BIN_DIR="$here/bin" GUILD_BENCH_WORKSPACE="$here/workspace" "$here/bench/live" --bench
+  step "full check scaling with its threads" env GUILD_BENCH_ONLY=full-check \
+    GUILD_BENCH_FULL_CHECK_SIZE="${GPU_CHECK_FULL_CHECK_SIZE:-__FULL_CHECK_SIZE__}" \
+    GUILD_BENCH_STORES="$scratch/stores" "$here/bench/store_open" --bench
 fi
 echo
 echo "gpu-check summary$summary"
@@ -352,21 +416,61 @@ fn bundle() -> Result<PathBuf, String> {
         )?;
         copy_stripped(&util::test_executable("guild-host")?, &dir.join("host-it"))
     })?;
+    util::step("the benchmarks and the release binaries they start", || {
+        let bench_dir = dir.join("bench");
+        let bin_dir = dir.join("bin");
+        for d in [&bench_dir, &bin_dir] {
+            fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+        }
+        let mut args = vec!["bench", "--no-run", "-p", "guild-host"];
+        for (_, bench, _) in BENCHES {
+            args.extend(["--bench", bench]);
+        }
+        for (_, bench, _) in BENCHES {
+            copy_with_strip(
+                &util::cargo_executable(&args, bench)?,
+                &bench_dir.join(bench),
+                "--strip-all",
+            )?;
+        }
+        for (package, bin) in [
+            ("guild-cli", "guild"),
+            ("guild-example-runner", "guild-example-runner"),
+        ] {
+            let built =
+                util::cargo_executable(&["build", "--release", "-p", package, "--bin", bin], bin)?;
+            copy_with_strip(&built, &bin_dir.join(bin), "--strip-all")?;
+        }
+        // The live benchmark packs the example scan module from its manifest template.
+        let template = Path::new("examples/modules/scan/manifest.json");
+        let to = dir.join("workspace").join(template);
+        fs::create_dir_all(to.parent().expect("a file in a directory"))
+            .map_err(|e| format!("cannot create {}: {e}", to.display()))?;
+        fs::copy(util::root().join(template), &to)
+            .map_err(|e| format!("cannot copy {}: {e}", template.display()))?;
+        Ok(())
+    })?;
     let script = RUN_SH
         .replace("__ADAPTER_FILTER__", ADAPTER_FILTER)
-        .replace("__HOST_FILTER__", HOST_DEVICE_FILTER);
+        .replace("__HOST_FILTER__", HOST_DEVICE_FILTER)
+        .replace("__FULL_CHECK_SIZE__", &FULL_CHECK_SIZE.to_string());
     let run_sh = dir.join("run.sh");
     fs::write(&run_sh, script).map_err(|e| format!("cannot write {}: {e}", run_sh.display()))?;
-    let mut total = 0u64;
-    for entry in fs::read_dir(&dir)
-        .map_err(|e| e.to_string())?
-        .chain(fs::read_dir(&plugins_dir).map_err(|e| e.to_string())?)
-    {
-        total += entry
-            .map_err(|e| e.to_string())?
-            .metadata()
-            .map_or(0, |m| m.len());
-    }
-    println!("gpu-check: bundle is {} MiB", total >> 20);
+    println!("gpu-check: bundle is {} MiB", tree_size(&dir)? >> 20);
     Ok(dir)
+}
+
+/// The bytes of every file under `dir`.
+fn tree_size(dir: &Path) -> Result<u64, String> {
+    let mut total = 0;
+    for entry in fs::read_dir(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))? {
+        let entry = entry.map_err(|e| e.to_string())?;
+        let meta = entry.metadata().map_err(|e| e.to_string())?;
+        total += if meta.is_dir() {
+            tree_size(&entry.path())?
+        } else {
+            meta.len()
+        };
+    }
+    Ok(total)
 }

@@ -62,36 +62,42 @@ pub fn cargo_env(args: &[&str], env: &[(&str, &OsStr)]) -> Result<(), String> {
 
 /// The test executable that `cargo test --no-run` builds for `package`'s `it` target.
 pub fn test_executable(package: &str) -> Result<PathBuf, String> {
+    cargo_executable(&["test", "-p", package, "--test", "it", "--no-run"], "it")
+}
+
+/// Runs cargo with `args` (a build, or a `--no-run` test or bench) and answers the executable
+/// cargo reports for the target named `target`.
+pub fn cargo_executable(args: &[&str], target: &str) -> Result<PathBuf, String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut all = locked(args);
+    all.push("--message-format=json");
     let out = Command::new(cargo)
         .current_dir(root())
-        .args([
-            "test",
-            "--locked",
-            "-p",
-            package,
-            "--test",
-            "it",
-            "--no-run",
-            "--message-format=json",
-        ])
+        .args(&all)
         .output()
         .map_err(|e| format!("cannot run cargo: {e}"))?;
     if !out.status.success() {
         return Err(format!(
-            "building the tests of {package} failed:\n{}",
+            "cargo {} failed:\n{}",
+            args.join(" "),
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    // Each line is one JSON message; the one for the `it` test target carries its executable.
-    // xtask keeps no JSON dependency, so read the one field by hand.
+    // Each line is one JSON message; the one for the target carries its executable. xtask
+    // keeps no JSON dependency, so read the one field by hand.
+    let name = format!("\"name\":\"{target}\"");
     let text = String::from_utf8_lossy(&out.stdout);
     text.lines()
-        .filter(|l| l.contains("\"name\":\"it\"") && l.contains("\"executable\":\""))
+        .filter(|l| l.contains(&name) && l.contains("\"executable\":\""))
         .find_map(|l| {
             let start = l.find("\"executable\":\"")? + "\"executable\":\"".len();
             let end = l[start..].find('"')? + start;
             Some(PathBuf::from(&l[start..end]))
         })
-        .ok_or_else(|| format!("cargo did not report the `it` test executable of {package}"))
+        .ok_or_else(|| {
+            format!(
+                "cargo {} did not report the executable of `{target}`",
+                args.join(" ")
+            )
+        })
 }

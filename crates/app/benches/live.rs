@@ -18,6 +18,12 @@
 //!    that such a machine still says what sharing costs when every reader has a core, as many
 //!    readers as there are cores (at most 8) are also started at once on the one store.
 //!
+//! The second part ends with a verdict on the goal (8 at once under 1.5x one alone), given at
+//! least 8 cores. `GUILD_BENCH_ONLY=open` runs the second part alone; `GUILD_BENCH_BIN_DIR`
+//! names a directory holding the two executables (nothing is built then) and
+//! `GUILD_BENCH_WORKSPACE` a directory holding `examples/modules/scan/manifest.json` (how the
+//! GPU bundle runs it far from a checkout).
+//!
 //! `cargo bench --bench live` takes 20 samples of each; without `--bench` (as under `cargo test
 //! --benches`) one of each. Build the C plugins first: `cargo xtask plugins`.
 
@@ -41,8 +47,13 @@ use support::{key, open_dir, platform, trust, Workshop, PUBLISHER};
 
 const OP: &str = "example.sequence.inclusive_scan";
 
+/// The checkout, or what `GUILD_BENCH_WORKSPACE` names (the GPU bundle carries the one file
+/// read from it, the scan module's manifest template).
 fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    std::env::var_os("GUILD_BENCH_WORKSPACE").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."),
+        PathBuf::from,
+    )
 }
 
 /// Builds `guild` and the example runner and answers their executables: optimised for a
@@ -274,9 +285,17 @@ fn main() {
     let samples: usize = if full { 20 } else { 1 };
     let bins = binaries(full);
     let shop = Workshop::new();
+    // `GUILD_BENCH_ONLY=open` measures the concurrent opens alone.
+    if std::env::var("GUILD_BENCH_ONLY").as_deref() != Ok("open") {
+        follow_figures(&shop, &bins, samples);
+    }
+    open_figures(&shop, &bins, samples);
+}
 
-    let (watched, watched_commit) = follow(&shop, &bins, false, samples.div_ceil(2));
-    let (polled, polled_commit) = follow(&shop, &bins, true, samples.div_ceil(2));
+/// The follow latency of a watching runner against a polling one.
+fn follow_figures(shop: &Workshop, bins: &(PathBuf, PathBuf), samples: usize) {
+    let (watched, watched_commit) = follow(shop, bins, false, samples.div_ceil(2));
+    let (polled, polled_commit) = follow(shop, bins, true, samples.div_ceil(2));
     let early = |v: &[Duration]| v.iter().filter(|d| d.is_zero()).count();
     println!(
         "live/follow: first execute on the new version after install or rollback (median of {} \
@@ -302,8 +321,12 @@ fn main() {
         early(&polled),
         polled.len()
     );
+}
 
-    let (root, _) = store(&shop);
+/// One reader process alone against 8 at once on one store, on private copies, and one per
+/// core, with the verdict on the goal (8 at once under 1.5x one alone, given 8 cores).
+fn open_figures(shop: &Workshop, bins: &(PathBuf, PathBuf), samples: usize) {
+    let (root, _) = store(shop);
     let copies: Vec<PathBuf> = (0..8)
         .map(|i| {
             let to = shop.fresh(&format!("copy{i}"));
@@ -362,5 +385,18 @@ fn main() {
         "  {per_core} at once (one per core), one store {}  ({:.2}x one alone)",
         ms(core_each),
         core_each.as_secs_f64() / one.as_secs_f64()
+    );
+    let ratio = shared.as_secs_f64() / one.as_secs_f64();
+    let verdict = if cores < 8 {
+        format!(
+            "no verdict: {cores} core(s) cannot run 8 readers at once (see the one-per-core row)"
+        )
+    } else if ratio < 1.5 {
+        format!("met ({ratio:.2}x < 1.5x)")
+    } else {
+        format!("NOT met ({ratio:.2}x >= 1.5x)")
+    };
+    println!(
+        "  verdict: 8 reader processes at once on one store, goal under 1.5x one alone: {verdict}"
     );
 }

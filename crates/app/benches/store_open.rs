@@ -16,6 +16,10 @@
 //! `registry` calls timed apart from the package manager's work. `GUILD_BENCH_ONLY=install`
 //! runs only these; `GUILD_BENCH_INSTALL_SIZES` (a comma-separated list) picks the sizes.
 //!
+//! `GUILD_BENCH_ONLY=full-check` measures only how the full check (`verify_all`, what `guild
+//! verify --all --jobs N` runs) scales with its threads, over a kept store of
+//! `GUILD_BENCH_FULL_CHECK_SIZE` packages (1,000 by default), with a verdict.
+//!
 //! `cargo bench --bench store_open` runs the full sizes; run in test mode (`cargo test --benches`,
 //! no `--bench` argument) it builds stores of ten and twenty packages in a temporary directory
 //! and runs each measurement once. The other stores live in a temporary directory (set `TMPDIR`
@@ -184,9 +188,12 @@ fn sizes_from(name: &str, default: Vec<usize>) -> Vec<usize> {
     }
 }
 
-/// Where the large stores are kept between runs (a temporary directory in test mode).
+/// Where the large stores are kept between runs: `GUILD_BENCH_STORES` when set (the GPU bundle
+/// runs far from a checkout), else `target/bench-stores`; a temporary directory in test mode.
 fn kept_root(full: bool, dir: &Scratch) -> std::path::PathBuf {
-    if full {
+    if let Some(kept) = std::env::var_os("GUILD_BENCH_STORES") {
+        std::path::PathBuf::from(kept)
+    } else if full {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-stores")
     } else {
         dir.path().join("kept")
@@ -216,11 +223,23 @@ fn main() {
             vec![10, 20]
         },
     );
-    if std::env::var("GUILD_BENCH_ONLY").as_deref() == Ok("install") {
-        let installs = if full { 15 } else { 2 };
-        let kept = kept_root(full, &dir);
-        install_figures(&shop, &key, &kept, &install_sizes, installs, dir.path());
-        return;
+    match std::env::var("GUILD_BENCH_ONLY").as_deref() {
+        Ok("install") => {
+            let installs = if full { 15 } else { 2 };
+            let kept = kept_root(full, &dir);
+            install_figures(&shop, &key, &kept, &install_sizes, installs, dir.path());
+            return;
+        }
+        Ok("full-check") => {
+            let n = sizes_from(
+                "GUILD_BENCH_FULL_CHECK_SIZE",
+                vec![if full { 1_000 } else { 10 }],
+            );
+            let root = kept_store(&shop, &key, &kept_root(full, &dir), n[0]);
+            full_check_scaling(&root, n[0], if full { 5 } else { 1 });
+            return;
+        }
+        _ => {}
     }
 
     // Fsyncs of publications, counted by the store (the commit) and, for the extraction into
@@ -686,4 +705,66 @@ fn cli_figures(root: &Path, n: usize, runs: usize) {
             ms(t)
         );
     }
+}
+
+/// How the full check (`verify_all`, what `guild verify --all --jobs N` runs) scales with its
+/// threads on the store at `root` of `n` enabled packages: every power of two up to the cores,
+/// and the cores themselves, each run once per round, `rounds` rounds one after the other (so
+/// that a machine's changing load hits every thread count alike), medians per count.
+///
+/// The project's goal: on every core the check runs at least half as many times faster as
+/// there are cores (parallel efficiency of at least 50%); the check is one signature and one
+/// hash pass per version with nothing shared but the page cache.
+fn full_check_scaling(root: &Path, n: usize, rounds: usize) {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let mut counts: Vec<usize> = std::iter::successors(Some(1usize), |j| Some(j * 2))
+        .take_while(|&j| j < cores)
+        .collect();
+    counts.push(cores);
+    let (pm, _) = PackageManager::open_dir_reader(root).expect("open");
+    let check = |jobs: usize| {
+        let start = Instant::now();
+        let found = pm
+            .verify_all(VerifyOptions { jobs: Some(jobs) })
+            .expect("full check");
+        let took = start.elapsed();
+        assert!(found.failures.is_empty(), "{:?}", found.failures);
+        assert_eq!(found.checked, n);
+        took
+    };
+    // One warm-up, so that the first count measured does not pay for a cold page cache.
+    check(cores);
+    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); counts.len()];
+    for _ in 0..rounds {
+        for (i, &jobs) in counts.iter().enumerate() {
+            times[i].push(check(jobs));
+        }
+    }
+    let medians: Vec<Duration> = times.into_iter().map(median).collect();
+    println!(
+        "full check scaling: verify_all over {n} enabled packages, median of {rounds} round(s), \
+         {cores} core(s), load {}",
+        load()
+    );
+    for (&jobs, &t) in counts.iter().zip(&medians) {
+        let speedup = medians[0].as_secs_f64() / t.as_secs_f64();
+        println!(
+            "  threads {jobs:>3}  {:>11}  {speedup:>5.2}x one thread  (efficiency {:>3.0}%)",
+            ms(t),
+            100.0 * speedup / jobs as f64
+        );
+    }
+    let all = medians[0].as_secs_f64() / medians[medians.len() - 1].as_secs_f64();
+    let goal = cores as f64 / 2.0;
+    let verdict = if cores < 2 {
+        "no verdict: one core".to_string()
+    } else if all >= goal {
+        format!("met ({all:.2}x >= {goal:.1}x)")
+    } else {
+        format!("NOT met ({all:.2}x < {goal:.1}x)")
+    };
+    println!(
+        "  verdict: the full check on all {cores} cores against one thread, goal at least \
+         {goal:.1}x (half the cores): {verdict}"
+    );
 }

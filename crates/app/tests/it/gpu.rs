@@ -10,7 +10,9 @@
 //! `REQUIRE_GPU=1`): the scan on a non-default stream against a Rust reference, in device and
 //! managed memory, f32 and i32, inclusive and exclusive; captured into a CUDA graph that is
 //! instantiated and launched several times, its objects destroyed before the handle is released;
-//! release waiting for the work it recorded; and the package held while the handle lives.
+//! release waiting for the work it recorded (timed against the work alone, printed as a note);
+//! the package held while the handle lives; and the Rust face's `execute_on_stream`,
+//! stream-ordered and graph-capturable, with release waiting for a long scan.
 //!
 //! `device_tests_pass_against_the_fake_driver` runs `gpu::device::` in a child process against
 //! the adapter crate's fake driver, so that the whole path (service, adapter, module) runs on
@@ -230,7 +232,7 @@ fn device_tests_pass_against_the_fake_driver() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
-        stdout.contains("test result: ok. 4 passed; 0 failed"),
+        stdout.contains("test result: ok. 5 passed; 0 failed"),
         "{stdout}"
     );
     assert!(!stderr.contains("skipped"), "{stderr}");
@@ -245,11 +247,13 @@ fn device_tests_pass_against_the_fake_driver() {
 mod device {
     use super::*;
 
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     use guild_adapters_cuda::testing::{gpu_or_skip, DeviceBuffer, Gpu, Stream};
     use guild_domain::lease::{Leased, QuiescentAction};
+    use guild_host::operations::{DeviceTensor, ExecuteError, TensorArg, TensorArgMut};
     use guild_host::{HostError, InstallOptions};
+    use guild_ports::device::StreamRef;
 
     use crate::operations::Fixture;
     use crate::support::id;
@@ -517,25 +521,34 @@ mod device {
         let output = gpu.upload(&vec![0i32; LONG_ROW]).unwrap();
         let inputs = [on(q.inputs[0], &input)];
         let outputs = [on(q.outputs[0], &output)];
-        handle
-            .execute_args(&stream_args(
-                &inputs,
-                &outputs,
-                Some(&stream),
-                GUILD_SYNC_STREAM_ORDERED,
-            ))
-            .unwrap();
+        let a = stream_args(&inputs, &outputs, Some(&stream), GUILD_SYNC_STREAM_ORDERED);
+        // The same work once with the stream synchronised: how long it takes on this device.
+        let alone = Instant::now();
+        handle.execute_args(&a).unwrap();
+        stream.synchronize().unwrap();
+        let alone = alone.elapsed();
+
+        let launched = Instant::now();
+        handle.execute_args(&a).unwrap();
+        let enqueued = launched.elapsed();
         // Whether the work is still running here depends on the device; it is printed so that a
         // GPU run's log shows that the wait below had something to wait for.
         let pending = !stream.is_idle().unwrap();
-        note(
-            "gpu::device::release_waits_for_the_work_it_recorded",
-            &format_args!("work still pending when release was called: {pending}"),
-        );
+        let releasing = Instant::now();
         handle.release().unwrap();
+        let (release, total) = (releasing.elapsed(), launched.elapsed());
         assert!(
             stream.is_idle().unwrap(),
             "release returned before the work it recorded had finished"
+        );
+        note(
+            "gpu::device::release_waits_for_the_work_it_recorded",
+            &format_args!(
+                "the work ({LONG_ROW} elements on one thread) takes {alone:.2?} launched and \
+                 synchronised alone; execute returned after {enqueued:.2?}, the work was still \
+                 pending then: {pending}; release returned {release:.2?} later, \
+                 {total:.2?} after the launch"
+            ),
         );
         assert_eq!(
             output.read::<i32>(LONG_ROW).unwrap(),
@@ -641,5 +654,159 @@ mod device {
             0,
             "released and disabled: the library closed"
         );
+    }
+
+    /// `buffer` as a device tensor described by `desc`.
+    fn device_tensor(desc: TensorDesc, buffer: &DeviceBuffer) -> DeviceTensor {
+        // SAFETY: every caller keeps `buffer` (of `buffer.bytes()` bytes of `desc`'s memory on
+        // device 0) alive until the handle it executes on is released.
+        unsafe { DeviceTensor::new(desc, buffer.as_ptr(), buffer.bytes() as u64) }
+    }
+
+    /// Enqueues `handle` on `stream` from `input` to `output`, both described by `desc`.
+    fn enqueue(
+        handle: &guild_host::OpHandle<'_>,
+        stream: &Stream,
+        desc: TensorDesc,
+        input: &DeviceBuffer,
+        output: &DeviceBuffer,
+    ) -> Result<(), ExecuteError> {
+        // SAFETY: every caller keeps both buffers (device memory of device 0 holding the
+        // tensors' bytes) alive until after the handle is released; the stream belongs to
+        // device 0's primary context, as the module requires.
+        unsafe {
+            handle.execute_on_stream(
+                StreamRef(stream.address()),
+                &[device_tensor(desc, input)],
+                &[device_tensor(desc, output)],
+                None,
+                None,
+                &[],
+            )
+        }
+    }
+
+    #[test]
+    fn the_rust_face_enqueues_on_a_stream_and_release_waits() {
+        let test = "gpu::device::the_rust_face_enqueues_on_a_stream_and_release_waits";
+        let Some(gpu) = gpu_or_skip(test) else {
+            return;
+        };
+        let f = fixture(&gpu, &[cuda_spec("1.0.0")]);
+        let service = OperationService::new(f.host.kernels());
+        let stream = gpu.stream().unwrap();
+        let request = |op_name: &str, dims: &[u64], space: MemorySpace, sync: SyncMode| {
+            let t = TensorDesc::new(DType::F32, dims, space);
+            let mut r = OperationRequest::cpu(op(op_name), vec![t], vec![t]);
+            r.backends = Backend::Cuda.into();
+            r.sync_mode = sync;
+            r.device.cuda_sm = Some(gpu.info().sm);
+            r
+        };
+
+        // Stream-ordered and graph-capturable, device and managed memory: correct on the
+        // stream once it is synchronised.
+        let (row, n) = (37usize, 111usize);
+        for (sync, space, op_name, impl_name, exclusive) in [
+            (
+                SyncMode::StreamOrdered,
+                MemorySpace::Device,
+                INCLUSIVE_OP,
+                CUDA_INCLUSIVE,
+                false,
+            ),
+            (
+                SyncMode::StreamOrdered,
+                MemorySpace::Managed,
+                EXCLUSIVE_OP,
+                CUDA_EXCLUSIVE,
+                true,
+            ),
+            (
+                SyncMode::GraphCapturable,
+                MemorySpace::Device,
+                EXCLUSIVE_OP,
+                CUDA_EXCLUSIVE,
+                true,
+            ),
+        ] {
+            let case = format!("{impl_name} {sync:?} {space:?}");
+            let r = request(op_name, &[row as u64, 3], space, sync);
+            let handle = service
+                .resolve(&r)
+                .unwrap_or_else(|e| panic!("{case}: {e}"));
+            let d = handle.describe();
+            assert_eq!(d.impl_id.as_str(), impl_name, "{case}");
+            assert_eq!((d.backend, d.sync_mode), (Backend::Cuda, sync), "{case}");
+            let bytes = n * 4;
+            let mem = if space == MemorySpace::Managed {
+                GUILD_MEMORY_MANAGED
+            } else {
+                GUILD_MEMORY_DEVICE
+            };
+            let (input, output) = (alloc(&gpu, mem, bytes), alloc(&gpu, mem, bytes));
+            let x = input_f32(n, 11);
+            input.write(&x).unwrap();
+            let desc = r.inputs[0];
+            enqueue(&handle, &stream, desc, &input, &output)
+                .unwrap_or_else(|e| panic!("{case}: {e}"));
+            stream.synchronize().unwrap();
+            assert_eq!(
+                bits(&output.read::<f32>(n).unwrap()),
+                bits(&reference_f32(&x, row, exclusive)),
+                "{case}"
+            );
+
+            // The safe face takes host slices and would let the work outlive their borrows:
+            // it refuses a stream-ordered device handle before the provider runs.
+            let host_in = vec![0f32; n];
+            let mut host_out = vec![0f32; n];
+            let err = handle
+                .execute(
+                    &[TensorArg::new(&desc, &host_in)],
+                    &mut [TensorArgMut::new(&desc, &mut host_out)],
+                    None,
+                )
+                .unwrap_err();
+            assert!(
+                matches!(err, ExecuteError::SyncMode { .. }),
+                "{case}: {err}"
+            );
+            handle.release().unwrap_or_else(|e| panic!("{case}: {e}"));
+        }
+
+        // A long piece of work: release, not the caller, waits for it.
+        let long = TensorDesc::new(DType::I32, &[LONG_ROW as u64], MemorySpace::Device);
+        let mut r = request(
+            INCLUSIVE_OP,
+            &[LONG_ROW as u64],
+            MemorySpace::Device,
+            SyncMode::StreamOrdered,
+        );
+        r.inputs = vec![long];
+        r.outputs = vec![long];
+        let handle = service.resolve(&r).unwrap();
+        let x: Vec<i32> = (0..LONG_ROW).map(|i| (i % 7) as i32 - 3).collect();
+        let input = gpu.upload(&x).unwrap();
+        let output = gpu.upload(&vec![0i32; LONG_ROW]).unwrap();
+        enqueue(&handle, &stream, long, &input, &output).unwrap();
+        let pending = !stream.is_idle().unwrap();
+        let releasing = Instant::now();
+        handle.release().unwrap();
+        let release = releasing.elapsed();
+        assert!(stream.is_idle().unwrap(), "release waited for the work");
+        note(
+            test,
+            &format_args!(
+                "Rust face: 3 stream-ordered and graph-capturable scans correct; the long \
+                 scan was pending at release: {pending}, release took {release:.2?}"
+            ),
+        );
+        assert_eq!(
+            output.read::<i32>(LONG_ROW).unwrap(),
+            reference_i32(&x, LONG_ROW, false)
+        );
+        assert_eq!(f.host.kernels().live_c_handles(), 0);
+        assert_eq!(f.host.active_package_leases(&id(PACKAGE)), 0);
     }
 }

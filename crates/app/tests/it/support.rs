@@ -59,7 +59,19 @@ pub fn cargo_binary(package: &str, bin: &str) -> PathBuf {
 
 /// [`cargo_binary`], optimised (`--release`) when `release` is set: what a benchmark that times
 /// a process should run, since a debug build spends its time in unoptimised hashing.
+///
+/// With `GUILD_BENCH_BIN_DIR` set, nothing is built: the executable is `bin` in that directory
+/// (how the GPU bundle runs the process benchmarks on a machine without cargo).
 pub fn cargo_binary_with(package: &str, bin: &str, release: bool) -> PathBuf {
+    if let Some(dir) = std::env::var_os("GUILD_BENCH_BIN_DIR") {
+        let path = PathBuf::from(dir).join(bin);
+        assert!(
+            path.is_file(),
+            "GUILD_BENCH_BIN_DIR is set but {} is not a file",
+            path.display()
+        );
+        return path;
+    }
     let mut args = vec!["build", "-p", package, "--bin", bin];
     if release {
         args.push("--release");
