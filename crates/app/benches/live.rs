@@ -217,10 +217,16 @@ fn follow(
 
 /// Wall time until `n` one-shot readers started at once (on `stores[i % len]`) have all exited.
 fn readers(runner: &Path, stores: &[PathBuf], n: usize) -> Duration {
+    readers_with(runner, stores, n, &[])
+}
+
+/// [`readers`], each started with `flags` before its arguments.
+fn readers_with(runner: &Path, stores: &[PathBuf], n: usize, flags: &[&str]) -> Duration {
     let start = Instant::now();
     let children: Vec<Child> = (0..n)
         .map(|i| {
             Command::new(runner)
+                .args(flags)
                 .arg(&stores[i % stores.len()])
                 .arg(OP)
                 .stdout(Stdio::piped())
@@ -386,6 +392,42 @@ fn open_figures(shop: &Workshop, bins: &(PathBuf, PathBuf), samples: usize) {
         ms(core_each),
         core_each.as_secs_f64() / one.as_secs_f64()
     );
+    // A reader detects the CUDA devices when it opens; on a machine with a GPU that initialises
+    // the driver, which all readers do at once. The same readers with `--cpu-only` show what
+    // opening the store alone costs them.
+    let (devices, _) = guild_host::DeviceSupport::detect();
+    if devices.cuda_sm.is_some() {
+        let cpu_only = ["--cpu-only"];
+        let (mut one_cpu_only, mut shared_cpu_only) = (Vec::new(), Vec::new());
+        let mut cpu_only_cpu = Duration::ZERO;
+        readers_with(&bins.1, std::slice::from_ref(&root), 1, &cpu_only);
+        for _ in 0..samples {
+            let before = children_cpu();
+            one_cpu_only.push(readers_with(
+                &bins.1,
+                std::slice::from_ref(&root),
+                1,
+                &cpu_only,
+            ));
+            cpu_only_cpu += children_cpu().saturating_sub(before);
+            shared_cpu_only.push(readers_with(
+                &bins.1,
+                std::slice::from_ref(&root),
+                8,
+                &cpu_only,
+            ));
+        }
+        let (a, b) = (median(one_cpu_only), median(shared_cpu_only));
+        println!(
+            "  --cpu-only (no CUDA driver initialisation): 1 alone {} (CPU {}), 8 at once on \
+             one store {} ({:.2}x one alone); detecting the GPU costs each reader {} of wall time",
+            ms(a),
+            ms(cpu_only_cpu / samples as u32),
+            ms(b),
+            b.as_secs_f64() / a.as_secs_f64(),
+            ms(one.saturating_sub(a))
+        );
+    }
     let ratio = shared.as_secs_f64() / one.as_secs_f64();
     let verdict = if cores < 8 {
         format!(

@@ -1,8 +1,8 @@
 //! A minimal runner that embeds `guild-host`.
 //!
 //! ```text
-//! guild-example-runner STORE_DIR [OPERATION...]
-//! guild-example-runner --serve [--interval-ms N] STORE_DIR [OPERATION...]
+//! guild-example-runner [--cpu-only] STORE_DIR [OPERATION...]
+//! guild-example-runner --serve [--interval-ms N] [--cpu-only] STORE_DIR [OPERATION...]
 //! ```
 //!
 //! It opens a store that the `guild` command line filled (`guild trust add`, `guild install`),
@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use guild_host::prelude::*;
-use guild_host::LockFile;
+use guild_host::{DeviceSupport, LockFile};
 
 const DEFAULT_OPERATIONS: &[&str] = &[
     "example.sequence.inclusive_scan",
@@ -63,6 +63,11 @@ struct Args {
     /// payload digest; anything else enabled in the store stays unloaded, with the reason.
     #[arg(long, value_name = "FILE")]
     lock: Option<PathBuf>,
+    /// Use the CPU alone: do not look for a CUDA device. Detection initialises the CUDA driver,
+    /// which on a machine with a GPU costs more CPU time than opening the store; a runner that
+    /// runs only CPU operations can skip it.
+    #[arg(long)]
+    cpu_only: bool,
     /// The store directory that `guild` filled.
     #[arg(value_name = "STORE_DIR")]
     store: PathBuf,
@@ -85,9 +90,15 @@ fn main() -> ExitCode {
             &operations,
             Duration::from_millis(args.interval_ms),
             args.poll,
+            args.cpu_only,
         )
     } else {
-        run(&args.store, args.lock.as_deref(), &operations)
+        run(
+            &args.store,
+            args.lock.as_deref(),
+            &operations,
+            args.cpu_only,
+        )
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -101,11 +112,14 @@ fn main() -> ExitCode {
 /// Opens the store as a runner does: without the store's lock, reading its last committed
 /// generation; every enabled package is re-verified against the trust store and its signed
 /// files and loaded in dependency order. No library is opened before its package has been
-/// authenticated. Plugins' log records go to stderr; the devices are detected.
-/// With `lock`, only what the lock names is loaded.
-fn open(store: &Path, lock: Option<&Path>) -> Result<OpenedHost, String> {
+/// authenticated. Plugins' log records go to stderr; the devices are detected unless
+/// `cpu_only`. With `lock`, only what the lock names is loaded.
+fn open(store: &Path, lock: Option<&Path>, cpu_only: bool) -> Result<OpenedHost, String> {
     let mut builder = Host::builder(store)
         .plugin_log(|package, record| eprintln!("[{package}] {}", record.message));
+    if cpu_only {
+        builder = builder.devices(DeviceSupport::host());
+    }
     if let Some(path) = lock {
         let bytes = std::fs::read(path)
             .map_err(|e| format!("cannot read the lock file {}: {e}", path.display()))?;
@@ -122,8 +136,13 @@ fn open(store: &Path, lock: Option<&Path>) -> Result<OpenedHost, String> {
     Ok(opened)
 }
 
-fn run(store: &Path, lock: Option<&Path>, operations: &[String]) -> Result<(), String> {
-    let OpenedHost { host, report } = open(store, lock)?;
+fn run(
+    store: &Path,
+    lock: Option<&Path>,
+    operations: &[String],
+    cpu_only: bool,
+) -> Result<(), String> {
+    let OpenedHost { host, report } = open(store, lock, cpu_only)?;
     let (opened, loaded) = (&report.store, &report.loaded);
     println!(
         "opened {} ({} verified)",
@@ -178,8 +197,9 @@ fn serve(
     operations: &[String],
     interval: Duration,
     poll: bool,
+    cpu_only: bool,
 ) -> Result<(), String> {
-    let OpenedHost { host, report } = open(store, lock)?;
+    let OpenedHost { host, report } = open(store, lock, cpu_only)?;
     let host = Arc::new(host);
     for (id, version, error) in &report.loaded.failed {
         eprintln!("warning: {id} {version} failed to load: {error}");
