@@ -186,13 +186,108 @@ fn read_tree(bytes: &[u8], i: &mut usize, prefix: Vec<String>, out: &mut Vec<Vec
     }
 }
 
-/// The longest known module that `path` (absolute segments) names.
-fn resolve(path: &[String], modules: &BTreeSet<ModPath>) -> ModPath {
-    (0..=path.len())
-        .rev()
-        .map(|n| path[..n].to_vec())
-        .find(|p| modules.contains(p))
-        .unwrap_or_default()
+/// Names a module brings into scope with `use` (`pub use a::X;` in `lib.rs` makes `crate::X`
+/// name `a`'s item): (the module plus the name) to the absolute path it stands for.
+type Imports = BTreeMap<ModPath, Vec<String>>;
+
+/// The longest known module that `path` (absolute segments) names, following names a module
+/// imports: `crate::X` where the root has `pub use a::X` names module `a`, so that a circle
+/// closed through a re-export is seen.
+fn resolve(path: &[String], modules: &BTreeSet<ModPath>, imports: &Imports) -> ModPath {
+    let mut path = path.to_vec();
+    // Each step replaces an imported name by a longer-lived path; a `use` circle (which rustc
+    // refuses anyway) stops after as many steps as there are imports.
+    for _ in 0..=imports.len() {
+        let module = (0..=path.len())
+            .rev()
+            .map(|n| path[..n].to_vec())
+            .find(|p| modules.contains(p))
+            .unwrap_or_default();
+        if module.len() == path.len() {
+            return module;
+        }
+        let mut key = module.clone();
+        key.push(path[module.len()].clone());
+        match imports.get(&key) {
+            Some(target) if !target.starts_with(&key) => {
+                let mut next = target.clone();
+                next.extend_from_slice(&path[module.len() + 1..]);
+                path = next;
+            }
+            _ => return module,
+        }
+    }
+    ModPath::new()
+}
+
+/// The names each module imports with `use` (see [`Imports`]), with the absolute path each
+/// stands for. Globs are left out (they name no item), and so is a rename inside a brace
+/// group, which is read under the item's own name.
+fn imports_of(files: &[(String, String)]) -> Imports {
+    let mut imports = Imports::new();
+    for (file, text) in files {
+        let Some(me) = module_of(file) else { continue };
+        let code = blank_non_code(text);
+        let bytes = code.as_bytes();
+        let mut from = 0;
+        while let Some(pos) = code[from..].find("use ") {
+            let at = from + pos;
+            from = at + 4;
+            if at > 0 && is_ident_byte(bytes[at - 1]) {
+                continue;
+            }
+            let mut i = from;
+            let mut paths = Vec::new();
+            read_tree(bytes, &mut i, Vec::new(), &mut paths);
+            // `use a::X as Y;` names Y.
+            let rest = code[i..].trim_start();
+            let alias = rest
+                .strip_prefix("as ")
+                .map(|r| {
+                    r.trim_start()
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect::<String>()
+                })
+                .filter(|a| !a.is_empty());
+            let single = paths.len() == 1;
+            for p in paths {
+                let Some(absolute) = absolute_path(&me, &p) else {
+                    continue;
+                };
+                let Some(last) = p.last() else { continue };
+                let name = match (&alias, single) {
+                    (Some(a), true) => a.clone(),
+                    _ => last.clone(),
+                };
+                if name == "self" {
+                    continue;
+                }
+                let mut key = me.clone();
+                key.push(name);
+                imports.entry(key).or_insert(absolute);
+            }
+        }
+    }
+    imports
+}
+
+/// `path` as written in module `me` made absolute: `crate::…` from the root, `self::…` and a
+/// plain path (a child module) from `me`, `super::…` from its parent; `None` for a path into
+/// another crate (it starts with no module of this one, which the caller cannot tell, so a
+/// plain path is taken as a child's).
+fn absolute_path(me: &[String], path: &[String]) -> Option<Vec<String>> {
+    let (first, rest) = path.split_first()?;
+    Some(match first.as_str() {
+        "crate" => rest.to_vec(),
+        "self" => me.iter().chain(rest).cloned().collect(),
+        "super" => {
+            let (_, parent) = me.split_last()?;
+            parent.iter().chain(rest).cloned().collect()
+        }
+        "std" | "core" | "alloc" => return None,
+        _ => me.iter().chain(path).cloned().collect(),
+    })
 }
 
 /// One import between sibling modules: under `parent`, `from` names `to`, first seen in `file`.
@@ -208,6 +303,7 @@ pub struct SiblingEdge {
 /// text).
 pub fn sibling_edges(files: &[(String, String)]) -> Vec<SiblingEdge> {
     let modules: BTreeSet<ModPath> = files.iter().filter_map(|(f, _)| module_of(f)).collect();
+    let imports = imports_of(files);
     let mut seen = BTreeSet::new();
     let mut edges = Vec::new();
     for (file, text) in files {
@@ -215,7 +311,7 @@ pub fn sibling_edges(files: &[(String, String)]) -> Vec<SiblingEdge> {
         let code = blank_non_code(text);
         let mut targets: Vec<ModPath> = paths_from(&code, "crate")
             .iter()
-            .map(|p| resolve(p, &modules))
+            .map(|p| resolve(p, &modules, &imports))
             .collect();
         // From `a/b.rs`, `super::c::…` is the sibling `a::c`; from a `mod.rs` it is the parent's
         // sibling. (Inside an inline `mod tests`, `super::` is the file's own module, which
@@ -224,7 +320,7 @@ pub fn sibling_edges(files: &[(String, String)]) -> Vec<SiblingEdge> {
             for p in paths_from(&code, "super") {
                 let mut abs = parent.to_vec();
                 abs.extend(p);
-                targets.push(resolve(&abs, &modules));
+                targets.push(resolve(&abs, &modules, &imports));
             }
         }
         for to in targets {
@@ -394,6 +490,43 @@ mod tests {
             ("reg.rs", "pub struct Reg;"),
         ]);
         assert_eq!(cycles(&sibling_edges(&fine)), Vec::new());
+    }
+
+    #[test]
+    fn a_circle_closed_through_a_crate_root_re_export_is_found() {
+        let crate_files = files(&[
+            (
+                "lib.rs",
+                "pub mod crash; pub mod error;\npub use crash::{CrashError, Other};\n\
+                 pub use self::error::HostError as Error;",
+            ),
+            (
+                "error.rs",
+                "pub enum HostError { Crash(crate::CrashError) }",
+            ),
+            (
+                "crash.rs",
+                "pub struct CrashError; fn f() -> crate::Error { todo!() }",
+            ),
+        ]);
+        let found = cycles(&sibling_edges(&crate_files));
+        assert_eq!(
+            found,
+            vec![(vec![], vec!["crash".to_owned(), "error".to_owned()])]
+        );
+        // Through the re-export in one direction only: a chain, not a circle.
+        let chain = files(&[
+            (
+                "lib.rs",
+                "pub mod crash; pub mod error; pub use crash::CrashError;",
+            ),
+            (
+                "error.rs",
+                "pub enum HostError { Crash(crate::CrashError) }",
+            ),
+            ("crash.rs", "pub struct CrashError; use std::fmt;"),
+        ]);
+        assert_eq!(cycles(&sibling_edges(&chain)), Vec::new());
     }
 
     #[test]

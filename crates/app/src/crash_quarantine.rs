@@ -37,8 +37,6 @@ use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::version::Version;
 use serde_json::{json, Value};
 
-use crate::HostError;
-
 /// The directory of in-flight load records under a store.
 pub const LOADING_DIR: &str = "loading";
 /// The directory of quarantine entries under a store.
@@ -175,21 +173,6 @@ impl QuarantineEntry {
             ),
         }
     }
-
-    /// Why a load of this digest is refused.
-    fn refusal(&self) -> HostError {
-        match self {
-            QuarantineEntry::Crashed(record) => HostError::CrashQuarantined {
-                record: record.clone(),
-            },
-            QuarantineEntry::Unreadable { path, problem, .. } => {
-                HostError::CrashQuarantineUnreadable {
-                    path: path.clone(),
-                    problem: problem.clone(),
-                }
-            }
-        }
-    }
 }
 
 /// A crash ledger operation that failed: what, on which file, and why.
@@ -203,16 +186,6 @@ pub struct LedgerError {
     /// The failure.
     #[source]
     pub source: io::Error,
-}
-
-impl From<LedgerError> for HostError {
-    fn from(e: LedgerError) -> Self {
-        HostError::CrashRecord {
-            what: e.what,
-            path: e.path,
-            source: e.source,
-        }
-    }
 }
 
 fn failed<'p>(what: &'static str, path: &'p Path) -> impl FnOnce(io::Error) -> LedgerError + 'p {
@@ -487,9 +460,10 @@ impl Quarantine {
         self.entries().values().cloned().collect()
     }
 
-    /// Why `digest` must not load, if it must not.
-    pub(crate) fn refusal(&self, digest: &Sha256Digest) -> Option<HostError> {
-        self.entries().get(digest).map(QuarantineEntry::refusal)
+    /// The entry that keeps `digest` from loading, if there is one (the host turns it into its
+    /// refusal).
+    pub(crate) fn refusal(&self, digest: &Sha256Digest) -> Option<QuarantineEntry> {
+        self.entries().get(digest).cloned()
     }
 
     /// [`CrashLedger::begin`].

@@ -429,3 +429,26 @@ impl fmt::Display for PluginReason {
         }
     }
 }
+
+impl From<crate::crash_quarantine::LedgerError> for HostError {
+    fn from(e: crate::crash_quarantine::LedgerError) -> Self {
+        HostError::CrashRecord {
+            what: e.what,
+            path: e.path,
+            source: e.source,
+        }
+    }
+}
+
+/// Why a load is refused: the crash quarantine entry of its digest.
+impl From<crate::crash_quarantine::QuarantineEntry> for HostError {
+    fn from(entry: crate::crash_quarantine::QuarantineEntry) -> Self {
+        use crate::crash_quarantine::QuarantineEntry;
+        match entry {
+            QuarantineEntry::Crashed(record) => HostError::CrashQuarantined { record },
+            QuarantineEntry::Unreadable { path, problem, .. } => {
+                HostError::CrashQuarantineUnreadable { path, problem }
+            }
+        }
+    }
+}

@@ -493,7 +493,7 @@ impl Host {
         let loading = match &self.crashes {
             Some(quarantine) => {
                 if let Some(refused) = quarantine.refusal(&digest) {
-                    return Err(refused);
+                    return Err(refused.into());
                 }
                 Some(quarantine.begin(id, version, &digest)?)
             }
