@@ -120,7 +120,7 @@ impl DeviceSupport {
 /// them. A registry that is gone leaves its core [closed](ServiceCore::close): every entry then
 /// answers `GUILD_STATUS_ERR_STATE`.
 pub(crate) struct ServiceCore {
-    /// Never reused within the process; its low bits are part of every C handle's number.
+    /// Never reused within the process (the C handles carry their table's tag instead).
     pub(crate) id: u64,
     snapshot: Arc<ArcSwap<Snapshot>>,
     pub(crate) devices: DeviceSupport,
@@ -208,7 +208,7 @@ impl ServiceCore {
                 runner_table,
                 plugin_table,
                 closed: AtomicBool::new(false),
-                handles: HandleTable::new(id),
+                handles: HandleTable::new(),
                 cell,
             }
         });

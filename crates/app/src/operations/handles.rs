@@ -25,7 +25,7 @@
 //! it looks again, so a wake-up can be late but never lost.
 //!
 //! A C handle is not a pointer: it is the number [`HandleTable::insert`] returns, made of the
-//! core's tag, the slot's generation and the slot's index. The slots live in segments that are
+//! table's tag (unique among live tables), the slot's generation and the slot's index. The slots live in segments that are
 //! allocated once and freed only with the table, so decoding any number, stale, doubly released,
 //! forged or foreign, reads only memory the table owns, and a generation that does not match the
 //! slot's is refused before anything the handle owned is touched. A slot whose generation is
@@ -373,9 +373,60 @@ struct FreeList {
     used: usize,
 }
 
+/// How many tags there are: the top 16 bits of a handle number.
+const TAGS: usize = 1 << 16;
+
+/// The tags of the live tables. A tag is never held by two live tables, so a number one table
+/// issued is foreign to every other live table; a free tag is handed out again only after
+/// every other free tag has been (round robin from `next`), so a dead table's numbers stay
+/// foreign to the tables made after it for as long as possible.
+struct TagPool {
+    live: Vec<u64>,
+    next: usize,
+}
+
+static TAG_POOL: Mutex<TagPool> = Mutex::new(TagPool {
+    live: Vec::new(),
+    next: 0,
+});
+
+impl TagPool {
+    fn is_live(&self, tag: usize) -> bool {
+        self.live
+            .get(tag / 64)
+            .is_some_and(|w| w & (1 << (tag % 64)) != 0)
+    }
+
+    /// A tag no live table holds, marked live.
+    fn take(&mut self) -> u64 {
+        if self.live.is_empty() {
+            self.live = vec![0; TAGS / 64];
+        }
+        let Some(tag) = (0..TAGS)
+            .map(|i| (self.next + i) % TAGS)
+            .find(|&t| !self.is_live(t))
+        else {
+            // Every table holds memory of its own; 65,536 alive at once is a leak of kernel
+            // registries, not a load to serve.
+            panic!("more than {TAGS} operation service cores are alive in this process");
+        };
+        self.live[tag / 64] |= 1 << (tag % 64);
+        self.next = (tag + 1) % TAGS;
+        tag as u64
+    }
+
+    fn give_back(&mut self, tag: u64) {
+        let tag = tag as usize;
+        if let Some(word) = self.live.get_mut(tag / 64) {
+            *word &= !(1 << (tag % 64));
+        }
+    }
+}
+
 /// The live C handles of one service core.
 pub(crate) struct HandleTable<T> {
-    /// The low 16 bits of the core's id, carried in every handle number.
+    /// This table's tag, carried in the top 16 bits of every handle number; no other live
+    /// table holds it ([`TagPool`]).
     tag: u64,
     segments: [AtomicPtr<Slot<T>>; SEGMENTS],
     free: Mutex<FreeList>,
@@ -424,9 +475,9 @@ impl<T> Entered<'_, T> {
 pub(crate) struct TableFull;
 
 impl<T> HandleTable<T> {
-    pub(crate) fn new(core_id: u64) -> Self {
+    pub(crate) fn new() -> Self {
         HandleTable {
-            tag: core_id & 0xffff,
+            tag: TAG_POOL.lock().unwrap_or_else(|e| e.into_inner()).take(),
             segments: [const { AtomicPtr::new(ptr::null_mut()) }; SEGMENTS],
             free: Mutex::new(FreeList::default()),
             live: AtomicUsize::new(0),
@@ -603,6 +654,10 @@ impl<T> HandleTable<T> {
 
 impl<T> Drop for HandleTable<T> {
     fn drop(&mut self) {
+        TAG_POOL
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .give_back(self.tag);
         for (segment, base) in self.segments.iter_mut().enumerate() {
             let base = *base.get_mut();
             if base.is_null() {
@@ -646,8 +701,28 @@ mod tests {
     }
 
     #[test]
+    fn a_handle_of_another_live_table_is_foreign_after_65536_tables() {
+        let first = HandleTable::new();
+        let mine = first.insert(Box::new(1u32)).unwrap();
+        // As many tables made (and dropped) since as the tag has values.
+        let mut last = None;
+        for _ in 0..TAGS {
+            last = Some(HandleTable::new());
+        }
+        let last = last.unwrap();
+        let theirs = last.insert(Box::new(2u32)).unwrap();
+        assert_eq!(
+            last.decode(mine),
+            None,
+            "another live table's handle is foreign"
+        );
+        assert_eq!(first.decode(theirs), None, "and the other way round");
+        assert!(last.decode(theirs).is_some());
+    }
+
+    #[test]
     fn a_released_number_is_stale_even_when_its_slot_is_reused() {
-        let table = HandleTable::new(7);
+        let table = HandleTable::new();
         let first = table.insert(Box::new(1u32)).unwrap();
         let name = table.decode(first).unwrap();
         assert_eq!(*table.remove(name).unwrap(), 1);
@@ -661,18 +736,18 @@ mod tests {
 
     #[test]
     fn foreign_and_forged_numbers_are_refused() {
-        let table = HandleTable::<u32>::new(1);
-        let other = HandleTable::<u32>::new(2);
+        let table = HandleTable::<u32>::new();
+        let other = HandleTable::<u32>::new();
         let number = other.insert(Box::new(5)).unwrap();
         assert!(table.decode(number).is_none());
         assert!(table.decode(0).is_none());
-        let forged = table.decode((1 << 48) | 12345).unwrap();
+        let forged = table.decode((table.tag << 48) | 12345).unwrap();
         assert_eq!(table.with_shared(forged, |_| ()), Err(Refused::Stale));
     }
 
     #[test]
     fn a_release_during_a_call_is_refused_and_changes_nothing() {
-        let table = HandleTable::new(3);
+        let table = HandleTable::new();
         let name = table.decode(table.insert(Box::new(9u32)).unwrap()).unwrap();
         let refused = table
             .with_running(name, false, |_, _| table.remove(name).map(|_| ()))
@@ -709,7 +784,7 @@ mod tests {
     fn neighbouring_slots_never_share_a_line() {
         assert_eq!(align_of::<Slot<u64>>(), LINE);
         assert_eq!(size_of::<Slot<u64>>() % LINE, 0);
-        let table = HandleTable::new(5);
+        let table = HandleTable::new();
         let names: Vec<_> = (0..3u64)
             .map(|i| table.decode(table.insert(Box::new(i)).unwrap()).unwrap())
             .collect();
@@ -725,7 +800,7 @@ mod tests {
 
     #[test]
     fn an_exhausted_slot_is_retired() {
-        let table = HandleTable::new(4);
+        let table = HandleTable::new();
         let first = table.decode(table.insert(Box::new(0u8)).unwrap()).unwrap();
         let slot = table.slot(first.index).unwrap();
         slot.gate
