@@ -619,22 +619,32 @@ impl KernelRegistry {
             package: id.clone(),
             bindings,
         };
-        let drain = match current {
-            Some(package) => match package.begin_drain() {
-                Ok(()) => Drain {
-                    package: Some(package),
-                },
-                Err(bindings) => return Err(bound(bindings)),
-            },
-            None => Drain { package: None },
-        };
         // Retired versions are marked for good, so their counts only fall: a zero read here
-        // stays zero. Dropping `drain` on refusal clears the mark.
-        let retired = self.retired_bindings(id, None);
-        if retired > 0 {
-            return Err(bound(retired));
+        // stays zero.
+        let Some(package) = current else {
+            let retired = self.retired_bindings(id, None);
+            if retired > 0 {
+                return Err(bound(retired));
+            }
+            return Ok(Drain { package: None });
+        };
+        // The whole decision, retired versions included, is taken while the package is marked
+        // undecided: binders wait for it rather than take the package for gone, so a refusal
+        // hides it from no one.
+        let (deciding, live) = package.decide_drain();
+        let bindings = if live > 0 {
+            live
+        } else {
+            self.retired_bindings(id, None)
+        };
+        if bindings > 0 {
+            drop(deciding);
+            return Err(bound(bindings));
         }
-        Ok(drain)
+        deciding.drain();
+        Ok(Drain {
+            package: Some(package),
+        })
     }
 
     /// Live bindings into retired versions of `id` (at `version` only, when given).

@@ -23,9 +23,13 @@ const DRAINING: u64 = 1 << 63;
 /// Set (and never cleared) once someone has waited for the package's bindings to end: the drop
 /// of its last binding then wakes the waiters.
 const WAITED: u64 = 1 << 62;
-/// The live binding count, in the low bits. It cannot reach `WAITED`: each binding is a live
-/// object of at least a pointer's size, and 2^62 of them do not fit in an address space.
-const COUNT: u64 = WAITED - 1;
+/// Set in every stripe while a drain counts the bindings and has not decided yet: a binder that
+/// meets it waits for the decision (a few atomic operations away) instead of taking the
+/// package for gone, so a drain that is refused hides the package from no one.
+const DECIDING: u64 = 1 << 61;
+/// The live binding count, in the low bits. It cannot reach `DECIDING`: each binding is a live
+/// object of at least a pointer's size, and 2^61 of them do not fit in an address space.
+const COUNT: u64 = DECIDING - 1;
 /// Stripes of a package's binding count: enough that the threads of a small machine each bind
 /// on their own.
 const STRIPES: usize = 8;
@@ -72,6 +76,9 @@ pub struct LoadedPackage {
     /// The binding count's stripes; see the module documentation.
     state: [Stripe; STRIPES],
     quiet: Arc<Quiet>,
+    /// Held by a drain from its marks to its decision, so that two drains never decide at once
+    /// (binders never take it).
+    deciding: Mutex<()>,
     /// Set while a newer committed generation wants this version out or replaced and live
     /// bindings defer the switch ([`KernelBinding::is_current`] answers `false`).
     pub(crate) superseded: std::sync::atomic::AtomicBool,
@@ -101,6 +108,7 @@ impl LoadedPackage {
             library,
             state: Default::default(),
             quiet,
+            deciding: Mutex::new(()),
             superseded: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -139,8 +147,12 @@ impl LoadedPackage {
         let word = &self.state[stripe].0;
         let mut now = word.load(Ordering::Relaxed);
         loop {
-            if now & DRAINING != 0 {
-                return None;
+            if now & (DRAINING | DECIDING) != 0 {
+                if now & DRAINING != 0 {
+                    return None;
+                }
+                now = wait_for_decision(word);
+                continue;
             }
             // Relaxed suffices: the exclusion with a drain rests on the word's own modification
             // order (a successful CAS reads the value just before it, so it cannot succeed after
@@ -186,28 +198,30 @@ impl LoadedPackage {
         self.quiet.released.notify_all();
     }
 
-    /// Marks the package draining and answers the live bindings at the marks. On zero the
-    /// marks stay and no binding can be taken; otherwise they are cleared again.
-    pub(crate) fn begin_drain(&self) -> Result<(), u64> {
+    /// Starts deciding a drain: marks every stripe undecided and answers the live bindings at
+    /// the marks. Until the returned [`Deciding`] decides (or drops, which refuses), binders
+    /// wait for the decision; no binder treats the package as gone because of it.
+    pub(crate) fn decide_drain(&self) -> (Deciding<'_>, u64) {
+        let held = self.deciding.lock().unwrap_or_else(|e| e.into_inner());
         let mut live = 0;
-        let mut marked = false;
         for stripe in &self.state {
-            let before = stripe.0.fetch_or(DRAINING, Ordering::AcqRel);
+            // AcqRel: a binding counted on the stripe before the mark is seen here; one after
+            // it sees the mark (both are read-modify-writes of the one word).
+            let before = stripe.0.fetch_or(DECIDING, Ordering::AcqRel);
             live += before & COUNT;
-            marked |= before & DRAINING != 0;
         }
-        if live == 0 {
-            return Ok(());
-        }
-        // A package marked before (one that left the registry) keeps its marks.
-        if !marked {
-            self.end_drain();
-        }
-        Err(live)
+        (
+            Deciding {
+                package: self,
+                _held: held,
+            },
+            live,
+        )
     }
 
     /// Clears the marks of a drain whose change did not commit.
     pub(crate) fn end_drain(&self) {
+        let _held = self.deciding.lock().unwrap_or_else(|e| e.into_inner());
         for stripe in &self.state {
             stripe.0.fetch_and(!DRAINING, Ordering::Release);
         }
@@ -227,6 +241,59 @@ impl LoadedPackage {
             .iter()
             .map(|s| s.0.fetch_or(WAITED, Ordering::AcqRel) & COUNT)
             .sum()
+    }
+}
+
+/// A binder's wait for a drain that has marked the package and not decided yet: spins briefly,
+/// then yields, until the mark is gone; answers the word then.
+#[cold]
+#[inline(never)]
+fn wait_for_decision(word: &AtomicU64) -> u64 {
+    let mut spins = 0u32;
+    loop {
+        let now = word.load(Ordering::Acquire);
+        if now & DECIDING == 0 {
+            return now;
+        }
+        if spins < 64 {
+            spins += 1;
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// A drain between its marks and its decision (see [`LoadedPackage::decide_drain`]); dropping
+/// it undecided refuses the drain.
+pub(crate) struct Deciding<'p> {
+    package: &'p LoadedPackage,
+    _held: MutexGuard<'p, ()>,
+}
+
+impl Deciding<'_> {
+    /// The package drains: every stripe is marked draining as it loses the undecided mark, in
+    /// one step, so a binder sees one mark or the other, never neither.
+    pub(crate) fn drain(self) {
+        for stripe in &self.package.state {
+            let _ = stripe
+                .0
+                .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |w| {
+                    Some((w | DRAINING) & !DECIDING)
+                });
+        }
+        // The drop that follows finds no undecided mark left and changes nothing; the lock is
+        // held until then, so no other drain has marked anything meanwhile.
+    }
+}
+
+impl Drop for Deciding<'_> {
+    fn drop(&mut self) {
+        // Refused (or decided, in which case the marks are already gone and this changes
+        // nothing): binders waiting for the decision go on.
+        for stripe in &self.package.state {
+            stripe.0.fetch_and(!DECIDING, Ordering::Release);
+        }
     }
 }
 

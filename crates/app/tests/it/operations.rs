@@ -484,6 +484,68 @@ fn bad_arguments_are_refused_before_the_provider_runs() {
     assert_eq!(out, [1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0]);
 }
 
+/// A disable refused because a handle lives must not hide the package from anyone else, not
+/// even for the instant of its check: every concurrent resolve still chooses the priority 10
+/// provider, and one that only it can serve (i32) never fails.
+#[test]
+fn a_refused_disable_never_hides_the_package_from_other_threads() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let f = fixture();
+    let service = OperationService::new(f.host.kernels());
+    let f32_request = request(INCLUSIVE_OP, DType::F32, &[4, 2]);
+    let i32_request = request(INCLUSIVE_OP, DType::I32, &[4, 2]);
+    let held = service.resolve(&f32_request).unwrap();
+    assert_eq!(held.describe().impl_id.as_str(), INCLUSIVE);
+    let package = id("example.scan");
+    let done = AtomicBool::new(false);
+    let (lookups, misses) = std::thread::scope(|s| {
+        let lookers: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    let (mut lookups, mut misses) = (0u64, Vec::new());
+                    while !done.load(Ordering::Acquire) {
+                        match service.resolve(&f32_request) {
+                            Ok(h) if h.describe().impl_id.as_str() == INCLUSIVE => {}
+                            Ok(h) => misses.push(format!("f32 chose {}", h.describe().impl_id)),
+                            Err(e) => misses.push(format!("f32: {e}")),
+                        }
+                        if let Err(e) = service.resolve(&i32_request) {
+                            misses.push(format!("i32: {e}"));
+                        }
+                        if f.host.kernels().find_by_id(&impl_id(INCLUSIVE)).is_none() {
+                            misses.push("find_by_id found nothing".to_owned());
+                        }
+                        lookups += 3;
+                    }
+                    (lookups, misses)
+                })
+            })
+            .collect();
+        for _ in 0..2_000 {
+            match f.host.disable(&package) {
+                Err(HostError::Leased(l)) => assert_eq!(l.action, QuiescentAction::Unload),
+                other => panic!("the live handle must refuse the disable: {other:?}"),
+            }
+        }
+        done.store(true, Ordering::Release);
+        lookers
+            .into_iter()
+            .map(|l| l.join().unwrap())
+            .fold((0, Vec::new()), |(n, mut all), (k, m)| {
+                all.extend(m);
+                (n + k, all)
+            })
+    });
+    assert!(
+        misses.is_empty(),
+        "{} of {lookups} lookups missed the enabled package during refused disables, e.g. {:?}",
+        misses.len(),
+        &misses[..misses.len().min(3)]
+    );
+    assert!(lookups > 0);
+    drop(held);
+}
+
 #[test]
 fn a_handle_holds_its_package_until_dropped() {
     let f = fixture();
