@@ -185,9 +185,13 @@ pub struct Drain {
 }
 
 impl Drain {
-    /// The change committed and the registry took the package out or replaced it.
+    /// The change committed and the registry took the package out or replaced it: the marks
+    /// stay for good. Finished while the package is still loaded (nothing took it out), the
+    /// drain ends as if dropped, so the package never stays draining with nothing to end it.
     pub fn finish(mut self) {
-        self.package = None;
+        if self.package.as_ref().is_some_and(|p| p.is_retired()) {
+            self.package = None;
+        }
     }
 }
 

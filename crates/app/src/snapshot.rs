@@ -79,6 +79,8 @@ pub struct LoadedPackage {
     /// Held by a drain from its marks to its decision, so that two drains never decide at once
     /// (binders never take it).
     deciding: Mutex<()>,
+    /// Set when the package leaves the registry (unloaded or replaced).
+    retired: std::sync::atomic::AtomicBool,
     /// Set while a newer committed generation wants this version out or replaced and live
     /// bindings defer the switch ([`KernelBinding::is_current`] answers `false`).
     pub(crate) superseded: std::sync::atomic::AtomicBool,
@@ -109,6 +111,7 @@ impl LoadedPackage {
             state: Default::default(),
             quiet,
             deciding: Mutex::new(()),
+            retired: std::sync::atomic::AtomicBool::new(false),
             superseded: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -227,8 +230,14 @@ impl LoadedPackage {
         }
     }
 
+    /// Whether the package has left the registry (its marks stay for good).
+    pub(crate) fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
+    }
+
     /// Marks a package that leaves the registry, for good.
     pub(crate) fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
         for stripe in &self.state {
             stripe.0.fetch_or(DRAINING, Ordering::Release);
         }

@@ -445,6 +445,30 @@ fn a_draining_package_is_passed_over_and_bindable_again_once_the_drain_ends() {
     );
 }
 
+/// A drain finished although nothing took the package out (drain, finish, then disable and
+/// enable instead of an unload) must not leave it draining for good.
+#[test]
+fn a_drain_finished_without_an_unload_leaves_the_package_bindable() {
+    let open = Arc::new(AtomicU64::new(0));
+    let reg = StandaloneRegistry::new();
+    publish(&reg, plugin("a.pkg", "1.0.0", &[("a.k", 10)], &open));
+    let (a, a_k) = (id("a.pkg"), ImplId::new("a.k").unwrap());
+    reg.drain(&a).unwrap().finish();
+    reg.set_enabled(&a, false).unwrap();
+    assert!(reg.find_by_id(&a_k).is_none(), "disabled");
+    reg.set_enabled(&a, true).unwrap();
+    assert!(
+        reg.find_by_id(&a_k).is_some(),
+        "enabled and loaded, so bindable again"
+    );
+    assert_eq!(
+        reg.select(&scan())
+            .map(|b| b.impl_id.to_string())
+            .as_deref(),
+        Some("a.k")
+    );
+}
+
 /// Bindings are counted on the stripe of the thread that took them: copies made and dropped
 /// on other threads, and more threads than stripes, must still add up exactly, and every live
 /// one must refuse a drain.

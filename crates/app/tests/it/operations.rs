@@ -528,13 +528,13 @@ fn a_refused_disable_never_hides_the_package_from_other_threads() {
             }
         }
         done.store(true, Ordering::Release);
-        lookers
-            .into_iter()
-            .map(|l| l.join().unwrap())
-            .fold((0, Vec::new()), |(n, mut all), (k, m)| {
+        lookers.into_iter().map(|l| l.join().unwrap()).fold(
+            (0, Vec::new()),
+            |(n, mut all), (k, m)| {
                 all.extend(m);
                 (n + k, all)
-            })
+            },
+        )
     });
     assert!(
         misses.is_empty(),
