@@ -19,7 +19,9 @@ use guild_adapters_posix::DlopenLoader;
 use guild_host::ports::loader::{
     LoadError, LoadErrorKind, LoadRequest, LoadedPlugin, PluginLoader,
 };
-use guild_host::{DeviceSupport, Host, InstallOptions, OpHandle, OperationService, ResolveError};
+use guild_host::{
+    DeviceSupport, Host, InstallOptions, OpHandle, OperationService, PendingCause, ResolveError,
+};
 
 use crate::examples::{pack_example_at, SCAN};
 use crate::support::{key, open_dir, trust, Workshop, PUBLISHER};
@@ -182,6 +184,8 @@ fn a_refresh_that_failed_after_reading_the_new_generation_is_caught_up_by_the_ne
     std::fs::remove_file(&broken).unwrap();
 
     let report = host.refresh().unwrap();
+    // It works from the generation it had applied, not from the one the package manager read.
+    assert!(report.from_generation < report.generation, "{report:?}");
     let loaded: Vec<String> = report
         .loaded
         .iter()
@@ -208,9 +212,32 @@ fn a_switch_whose_load_failed_once_is_retried_by_a_later_refresh() {
     assert_eq!(first.failed.len(), 1, "{first:?}");
     assert_eq!(first.failed[0].1.to_string(), "1.1.0");
     assert_eq!(serving(&host), "1.0.0", "the old version keeps serving");
+    // The failed switch is owed, with its cause.
+    assert_eq!(first.pending.len(), 1, "{first:?}");
+    let owed = &first.pending[0];
+    assert_eq!(owed.id.as_str(), "example.scan");
+    assert_eq!(
+        owed.from.as_ref().map(ToString::to_string).as_deref(),
+        Some("1.0.0")
+    );
+    assert_eq!(
+        owed.to.as_ref().map(ToString::to_string).as_deref(),
+        Some("1.1.0")
+    );
+    assert_eq!(owed.attempts, 1);
+    assert!(
+        matches!(&owed.cause, PendingCause::Failed { error } if error.contains("a transient failure")),
+        "{owed:?}"
+    );
+    assert!(!first.is_quiet());
 
     refresh_until_serving(&host, "1.1.0");
+    // One failed attempt and one that loaded: a refresh within the delay tries nothing.
     assert_eq!(loader.attempts("1.1.0"), 2);
+    assert!(
+        host.refresh().unwrap().is_quiet(),
+        "nothing is owed any more"
+    );
 }
 
 /// Item 2: the new version cannot be pinned once (a directory stands where its pin file goes, so
@@ -226,10 +253,15 @@ fn a_switch_whose_pin_could_not_be_taken_is_retried_by_a_later_refresh() {
     std::fs::create_dir_all(&blocker).unwrap();
     let first = host.refresh().unwrap();
     assert_eq!(first.failed.len(), 1, "{first:?}");
+    assert_eq!(first.pending.len(), 1, "{first:?}");
     assert_eq!(serving(&host), "1.0.0");
     std::fs::remove_dir(&blocker).unwrap();
 
     refresh_until_serving(&host, "1.1.0");
+    assert!(
+        host.refresh().unwrap().is_quiet(),
+        "nothing is owed any more"
+    );
 }
 
 /// A `Host::watch`er retries a failed switch by itself: no new commit, and a fallback far longer
