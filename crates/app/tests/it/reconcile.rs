@@ -11,20 +11,23 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::channel;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use guild_adapters_crypto::SigningKey;
 use guild_adapters_posix::DlopenLoader;
 use guild_host::ports::loader::{
-    LoadError, LoadErrorKind, LoadRequest, LoadedPlugin, PluginLoader,
+    LoadError, LoadErrorKind, LoadRequest, LoadedLibrary, LoadedPlugin, PluginLoader,
 };
+use guild_host::registry::KernelBinding;
 use guild_host::{
-    DeviceSupport, Host, InstallOptions, OpHandle, OperationService, PendingCause, ResolveError,
+    DeviceSupport, Host, ImplId, InstallOptions, OpHandle, OperationService, PackageId,
+    PendingCause, ResolveError, Version,
 };
+use guild_ports::fakes::{fake_kernel, FakeLoader, FakePlugin};
 
 use crate::examples::{pack_example_at, SCAN};
-use crate::support::{key, open_dir, trust, Workshop, PUBLISHER};
+use crate::support::{id, key, open_dir, trust, v, ModDep, Spec, Workshop, PUBLISHER};
 
 const OP: &str = "example.sequence.inclusive_scan";
 
@@ -336,4 +339,151 @@ fn a_watcher_catches_up_after_a_failed_refresh_without_a_new_store_event() {
             ),
         }
     }
+}
+
+/// A library that holds a binding into another package until it is closed, as a module that
+/// keeps a handle into its dependency does.
+#[derive(Debug)]
+struct Holding {
+    library: Arc<dyn LoadedLibrary>,
+    binding: Mutex<Option<KernelBinding>>,
+}
+
+impl LoadedLibrary for Holding {
+    fn package(&self) -> &PackageId {
+        self.library.package()
+    }
+
+    fn version(&self) -> &Version {
+        self.library.version()
+    }
+}
+
+/// The fake loader, with the library at `holder` wrapped in a [`Holding`] the test reaches
+/// through `held`.
+struct HoldingLoader {
+    fake: FakeLoader,
+    holder: PathBuf,
+    held: Mutex<Weak<Holding>>,
+}
+
+struct SharedHolding(Arc<HoldingLoader>);
+
+impl PluginLoader for SharedHolding {
+    fn load(&self, request: &LoadRequest) -> Result<LoadedPlugin, LoadError> {
+        let mut plugin = self.0.fake.load(request)?;
+        if request.library == self.0.holder {
+            let holding = Arc::new(Holding {
+                library: plugin.library,
+                binding: Mutex::new(None),
+            });
+            *self.0.held.lock().unwrap() = Arc::downgrade(&holding);
+            plugin.library = holding;
+        }
+        Ok(plugin)
+    }
+}
+
+/// The dependency-cycle item: a module keeps a binding into its dependency, and the operator
+/// moves both, the dependent's new version needing the dependency's. The dependency cannot
+/// switch while the binding lives, nor the dependent before the dependency: the host takes the
+/// dependent out first (its library closes and releases the binding), switches the dependency,
+/// then loads the dependent's new version, instead of waiting for ever.
+#[test]
+fn a_dependent_that_binds_its_dependency_is_taken_out_first_so_that_both_switch() {
+    let shop = Workshop::new();
+    let k = key();
+    let store = shop.fresh("store");
+    let (pm, _) = open_dir(&store).unwrap();
+    trust(&pm, PUBLISHER, &k);
+    let base = |version: &str| Spec::module("ex.base", version);
+    let dependent = |version: &str, needs: &str| {
+        Spec::module("ex.dep", version).module_dep(ModDep::on("ex.base", needs))
+    };
+    for spec in [base("1.0.0"), dependent("1.0.0", "1.0.0")] {
+        pm.install(&shop.build(&spec, &k).archive, InstallOptions::default())
+            .unwrap();
+    }
+    drop(pm);
+    let library = |package: &str, version: &str| {
+        let last = package.rsplit('.').next().unwrap();
+        store
+            .join("packages")
+            .join(package)
+            .join(version)
+            .join(format!("lib/lib{last}.so"))
+    };
+    let fake = FakeLoader::new();
+    let cpu = guild_host::domain::operation::Backend::Cpu;
+    for version in ["1.0.0", "1.1.0"] {
+        for package in ["ex.base", "ex.dep"] {
+            let impl_id = ImplId::new(format!("{package}.op.cpu")).unwrap();
+            fake.insert(
+                library(package, version),
+                FakePlugin::new().with_kernel(fake_kernel(impl_id, 1, cpu)),
+            );
+        }
+    }
+    let loader = Arc::new(HoldingLoader {
+        fake,
+        holder: library("ex.dep", "1.0.0"),
+        held: Mutex::new(Weak::new()),
+    });
+    let host = Host::builder(&store)
+        .devices(DeviceSupport::host())
+        .loader(Box::new(SharedHolding(Arc::clone(&loader))))
+        .open()
+        .unwrap()
+        .host;
+    let (base_id, dep_id) = (id("ex.base"), id("ex.dep"));
+    assert_eq!(host.kernels().loaded_version(&dep_id), Some(v("1.0.0")));
+    // ex.dep 1.0.0 keeps a binding into ex.base for as long as its library is open.
+    let binding = host
+        .kernels()
+        .find_by_id(&ImplId::new("ex.base.op.cpu").unwrap())
+        .unwrap();
+    let holding = loader.held.lock().unwrap().upgrade().unwrap();
+    *holding.binding.lock().unwrap() = Some(binding);
+    drop(holding);
+    assert_eq!(host.kernels().live_bindings(&base_id), 1);
+
+    // The operator moves ex.base to 1.1.0, then ex.dep to 1.1.0, which needs ex.base 1.1.0.
+    let (pm, _) = open_dir(&store).unwrap();
+    for spec in [base("1.1.0"), dependent("1.1.0", "1.1.0")] {
+        pm.install(&shop.build(&spec, &k).archive, InstallOptions::default())
+            .unwrap();
+    }
+    drop(pm);
+
+    let start = Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        let outcome = host.refresh();
+        seen.push(format!("{outcome:?}"));
+        let loaded = (
+            host.kernels().loaded_version(&base_id),
+            host.kernels().loaded_version(&dep_id),
+        );
+        if loaded == (Some(v("1.1.0")), Some(v("1.1.0"))) {
+            break;
+        }
+        assert!(
+            start.elapsed() < PATIENCE,
+            "both should have switched; loaded {loaded:?} after {} refreshes: {:#?}",
+            seen.len(),
+            &seen[seen.len().saturating_sub(2)..]
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(host.kernels().live_bindings(&base_id), 0, "{seen:#?}");
+    // It took one refresh: the dependent went out first, in that same refresh.
+    assert_eq!(seen.len(), 1, "{seen:#?}");
+    assert!(
+        seen[0].contains("taken out before ex.base switches"),
+        "{seen:#?}"
+    );
+    assert!(
+        host.refresh().unwrap().is_quiet(),
+        "nothing is owed any more"
+    );
 }
