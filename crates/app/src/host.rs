@@ -6,7 +6,7 @@
 //! tree; what the plugin registered becomes visible to lookups only after the commit succeeded.
 //! A failed load or a conflicting registration aborts the change with nothing written.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,7 +20,7 @@ use guild_domain::lease::{Leased, QuiescentAction};
 use guild_domain::manifest::Metadata;
 use guild_domain::registry::RolledBack;
 use guild_domain::trust::TrustStore;
-use guild_domain::version::Version;
+use guild_domain::version::{Version, VersionRange};
 use guild_ports::loader::{LoadedPlugin, PluginLoader};
 
 use crate::error::HostError;
@@ -28,8 +28,9 @@ use crate::models::{BoundModel, ModelRunnerRegistry, SelectFileError};
 use crate::operations::DeviceSupport;
 use crate::package_manager::{
     Change, InstallOptions, Installed, LifecycleHook, OpenReport, PackageManager, PackageView,
-    PlannedPackage, Quarantined,
+    PlannedPackage, Quarantined, Refreshed,
 };
+use crate::reconcile::{Applied, Pass, PendingCause, PendingChange};
 use crate::registry::{Drain, KernelRegistry, PreparedPublication, RegistryChangeError};
 use guild_ports::loader::LoadedLibrary;
 use guild_ports::store::StorePin;
@@ -80,7 +81,8 @@ pub struct LockRefused {
 #[derive(Debug, Default)]
 #[non_exhaustive]
 pub struct RefreshReport {
-    /// The committed generation the host had caught up with before.
+    /// The last committed generation the host had worked through before (every change of it
+    /// applied or in [`pending`](RefreshReport::pending)).
     pub from_generation: u64,
     /// The committed generation it follows now.
     pub generation: u64,
@@ -97,7 +99,8 @@ pub struct RefreshReport {
     /// Versions taken out because the trust store no longer authenticates them (a revoked key or
     /// payload) while live bindings still run their code: drop those handles.
     pub revoked_live: Vec<RevokedLive>,
-    /// New versions whose library failed to load or register, with the error.
+    /// Versions whose library failed to load or register at this refresh, with the error. Each
+    /// is also in [`pending`](RefreshReport::pending): a later refresh tries again.
     pub failed: Vec<(PackageId, Version, HostError)>,
     /// Enabled versions this host does not load because they fail verification here (or depend
     /// on one that does); a reader records nothing, the next writer does.
@@ -105,12 +108,19 @@ pub struct RefreshReport {
     /// Versions the store now enables that the host's lock does not admit: the host keeps what
     /// it has loaded of those packages and does not switch to them.
     pub refused_by_lock: Vec<LockRefused>,
+    /// Every change the store wants that the host has not applied after this refresh, with why
+    /// (live bindings, or the error of the last attempt) and when it is tried again: switches
+    /// deferred by bindings and failed loads alike. Nothing here is forgotten: later refreshes
+    /// (and a [`Host::watch`]er, without waiting for a new commit) retry each until it is
+    /// applied or the store no longer wants it.
+    pub pending: Vec<PendingChange>,
 }
 
 impl RefreshReport {
     /// Whether the refresh changed nothing in the registry and nothing waits.
     pub fn is_quiet(&self) -> bool {
-        self.refused_by_lock.is_empty()
+        self.pending.is_empty()
+            && self.refused_by_lock.is_empty()
             && self.loaded.is_empty()
             && self.taken_out.is_empty()
             && self.deferred.is_empty()
@@ -220,9 +230,9 @@ pub struct Host {
     /// The provider lifecycle lock: loading, publication, enable, disable, remove and rollback
     /// are serialised by it. Lookups never take it.
     lifecycle: Mutex<()>,
-    /// Packages whose switch a refresh deferred, so that the next refresh tries again even when
-    /// nothing new was committed.
-    deferred: Mutex<BTreeSet<PackageId>>,
+    /// What the host has applied of the store (the generation it worked through) and what it
+    /// still owes, kept apart from what the package manager has read ([`crate::reconcile`]).
+    applied: Mutex<Applied>,
     /// The store's crash records and quarantine, when the host was opened on a store directory.
     crashes: Option<crate::crash_quarantine::Quarantine>,
     /// When set, [`Host::load_enabled`] opens only the enabled packages this lock admits.
@@ -252,12 +262,15 @@ impl Host {
         loader: Box<dyn PluginLoader>,
         devices: DeviceSupport,
     ) -> Self {
+        // What the package manager has read now is what `load_enabled` works from. When it
+        // cannot be told, 0: the first refresh then works through the committed plan.
+        let generation = packages.generation().unwrap_or(0);
         Host {
             packages,
             kernels: KernelRegistry::with_devices(devices),
             loader,
             lifecycle: Mutex::new(()),
-            deferred: Mutex::new(BTreeSet::new()),
+            applied: Mutex::new(Applied::new(generation)),
             crashes: None,
             lock: None,
         }
@@ -334,7 +347,8 @@ impl Host {
     }
 
     /// Loads every enabled package that is not loaded yet, dependencies first. A package whose
-    /// dependency failed is not opened at all.
+    /// dependency failed is not opened at all. One that fails to load is pending (see
+    /// [`RefreshReport::pending`]): later refreshes try it again.
     pub fn load_enabled(&self) -> Result<LoadReport, HostError> {
         let _lifecycle = self.lock();
         let plan = self.packages.load_plan()?;
@@ -344,6 +358,7 @@ impl Host {
         };
         let mut unusable: BTreeSet<PackageId> =
             report.skipped.iter().map(|q| q.id.clone()).collect();
+        let mut failed = Vec::new();
         for planned in plan.order {
             if self.kernels.loaded_version(&planned.id).as_ref() == Some(&planned.version) {
                 continue;
@@ -406,8 +421,20 @@ impl Host {
                 }),
                 Err(e) => {
                     unusable.insert(planned.id.clone());
+                    let cause = PendingCause::Failed {
+                        error: e.to_string(),
+                    };
+                    failed.push((planned.id.clone(), planned.version.clone(), cause));
                     report.failed.push((planned.id, planned.version, e));
                 }
+            }
+        }
+        if !failed.is_empty() {
+            let now = Instant::now();
+            let mut applied = self.applied();
+            for (id, version, cause) in failed {
+                let from = self.kernels.loaded_version(&id);
+                applied.record(&id, from, Some(version), cause, now);
             }
         }
         Ok(report)
@@ -437,18 +464,7 @@ impl Host {
         version: &Version,
         metadata: &Metadata,
     ) -> Result<(), HostError> {
-        let m = metadata.manifest();
-        let needs = m
-            .dependencies
-            .iter()
-            .map(|d| (&d.package_id, &d.range))
-            .chain(
-                m.module_dependencies
-                    .iter()
-                    .filter(|d| d.is_runtime_edge())
-                    .map(|d| (&d.module_id, &d.range)),
-            );
-        for (dependency, range) in needs {
+        for (dependency, range) in needs(metadata) {
             let loaded = self.kernels.loaded_version(dependency);
             if !loaded.as_ref().is_some_and(|v| range.contains(v)) {
                 return Err(HostError::DependencyNotLoaded {
@@ -523,33 +539,79 @@ impl Host {
         Ok(plugin)
     }
 
-    /// Follows the store: moves to the newest committed generation (when nothing changed, a few
-    /// small reads: the registry file and the trust file it names), authenticates and loads new versions, takes disabled,
-    /// removed, rolled-back and revoked versions out, and publishes the result. A package with
-    /// live bindings is switched only once they are released: it is reported in
-    /// [`RefreshReport::deferred`], its bindings answer `is_current() == false`, and the next
-    /// refresh tries again. A revoked version is taken out at once whatever holds it (new
-    /// resolutions no longer find it); the bindings that still run it are in
+    /// Follows the store: works toward the newest committed generation from what this host has
+    /// applied (when nothing changed and nothing is owed, a few small reads: the registry file
+    /// and the trust file it names). It authenticates and loads new versions, takes disabled,
+    /// removed, rolled-back and revoked versions out, and publishes the result.
+    ///
+    /// Nothing the store wants is forgotten. A package with live bindings is switched only once
+    /// they are released: it is reported in [`RefreshReport::deferred`], its bindings answer
+    /// `is_current() == false`, and every later refresh checks again. A switch that fails (the
+    /// library does not load, its `init` fails, a pin or a crash record cannot be written) is in
+    /// [`RefreshReport::failed`] and stays in [`RefreshReport::pending`] with its cause; later
+    /// refreshes try it again after a delay that doubles from 50 ms up to 5 s
+    /// ([`crate::reconcile`]). A refresh that fails (an error is returned) leaves the host's
+    /// applied generation where it was, so the next refresh works through the same committed
+    /// state again, whatever the package manager has read meanwhile. When a switch waits for
+    /// bindings and a loaded dependent's new version needs the new version (so neither could
+    /// ever go first), the dependent is taken out first if nothing binds it, releasing what it
+    /// held, and both switch in this refresh. A revoked version is taken out at once whatever
+    /// holds it (new resolutions no longer find it); the bindings that still run it are in
     /// [`RefreshReport::revoked_live`].
     pub fn refresh(&self) -> Result<RefreshReport, HostError> {
         let _lifecycle = self.lock();
-        let refreshed = self.packages.refresh()?;
+        let now = Instant::now();
+        let outcome = self
+            .packages
+            .refresh()
+            .and_then(|refreshed| self.reconcile(refreshed, now));
+        match &outcome {
+            Ok(_) => self.applied().unstall(),
+            Err(_) => self.applied().stall(now),
+        }
+        outcome
+    }
+
+    /// One pass of [`Host::refresh`] from the host's applied state toward `refreshed`, the
+    /// package manager's committed state; runs under the lifecycle lock.
+    fn reconcile(&self, refreshed: Refreshed, now: Instant) -> Result<RefreshReport, HostError> {
+        let (from_generation, due, mut unusable) = {
+            let mut applied = self.applied();
+            (
+                applied.generation(),
+                applied.due(now),
+                applied.take_unusable(),
+            )
+        };
+        unusable.extend(refreshed.unusable);
         let mut report = RefreshReport {
-            from_generation: refreshed.from_generation,
+            from_generation,
             generation: refreshed.generation,
-            unusable: refreshed.unusable,
+            unusable,
             ..RefreshReport::default()
         };
-        let pending = !self.deferred().is_empty();
-        if refreshed.generation == refreshed.from_generation && !pending {
+        if from_generation == refreshed.generation && !due {
+            report.pending = self.applied().report(now);
             return Ok(report);
         }
-        self.deferred().clear();
         // Something may load: what other processes quarantined since is refused too.
-        if let Some(quarantine) = &self.crashes {
-            quarantine.reread()?;
-        }
-        let plan = self.packages.load_plan()?;
+        let plan = self
+            .crashes
+            .as_ref()
+            .map_or(Ok(()), |quarantine| {
+                quarantine.reread().map_err(HostError::from)
+            })
+            .and_then(|()| self.packages.load_plan());
+        let plan = match plan {
+            Ok(plan) => plan,
+            Err(e) => {
+                // The package manager reports what it cannot use once, at the refresh that read
+                // it: the next report says it instead of this one.
+                self.applied()
+                    .keep_unusable(std::mem::take(&mut report.unusable));
+                return Err(e);
+            }
+        };
         // A host under a lock follows the store only where the lock admits the new version;
         // elsewhere it keeps what it has.
         let mut held = BTreeSet::new();
@@ -563,8 +625,9 @@ impl Host {
                 report.refused_by_lock.push(refused);
             }
         }
-        let wanted: std::collections::BTreeMap<&PackageId, &Version> =
+        let wanted: BTreeMap<&PackageId, &Version> =
             plan.order.iter().map(|p| (&p.id, &p.version)).collect();
+        let mut pass = self.applied().pass();
         // What the new generation no longer wants loaded (or wants at another version).
         for (id, version) in self.kernels.loaded_packages() {
             let to = wanted.get(&id).map(|v| (*v).clone());
@@ -612,24 +675,53 @@ impl Host {
                     });
                 }
                 Err(RegistryChangeError::Bound { bindings, .. }) => {
-                    self.defer(&mut report, id, version, None, bindings);
+                    self.defer(&mut report, &mut pass, now, id, version, None, bindings);
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    let cause = PendingCause::Failed {
+                        error: HostError::from(e).to_string(),
+                    };
+                    pass.record(&id, Some(version), None, cause, now);
+                }
             }
         }
+        // Packages loaded or taken out by this pass: a failed switch that needs one of them is
+        // tried again at once, whatever its delay.
+        let mut changed: BTreeSet<PackageId> =
+            report.taken_out.iter().map(|q| q.id.clone()).collect();
         for planned in &plan.order {
             let current = self.kernels.loaded_version(&planned.id);
             if current.as_ref() == Some(&planned.version) || held.contains(&planned.id) {
                 continue;
             }
-            let bindings = self.kernels.live_bindings(&planned.id);
+            let mut bindings = self.kernels.live_bindings(&planned.id);
             if let (Some(from), true) = (&current, bindings > 0) {
+                let out = self.take_out_waiting_dependents(&planned.id, from, &wanted, &held);
+                if !out.is_empty() {
+                    changed.extend(out.iter().map(|q| q.id.clone()));
+                    report.taken_out.extend(out);
+                    bindings = self.kernels.live_bindings(&planned.id);
+                }
+            }
+            if let (Some(from), true) = (&current, bindings > 0) {
+                let (id, from) = (planned.id.clone(), from.clone());
                 let to = Some(planned.version.clone());
-                self.defer(&mut report, planned.id.clone(), from.clone(), to, bindings);
+                self.defer(&mut report, &mut pass, now, id, from, to, bindings);
+                continue;
+            }
+            let after_change = changed.contains(&planned.id)
+                || self
+                    .packages
+                    .metadata(&planned.id, &planned.version)
+                    .is_some_and(|m| needs(&m).any(|(d, _)| changed.contains(d)));
+            if !after_change && !pass.should_try(&planned.id, Some(&planned.version), now) {
+                // It failed a moment ago: tried again once its delay is over.
+                pass.keep(&planned.id);
                 continue;
             }
             match self.switch_to(planned, current.is_some()) {
                 Ok(Switched::Loaded(summary)) => {
+                    changed.insert(planned.id.clone());
                     if let Some(from) = current {
                         report.taken_out.push(Quarantined {
                             id: planned.id.clone(),
@@ -642,14 +734,71 @@ impl Host {
                 Ok(Switched::Bound(bindings)) => {
                     let (id, to) = (planned.id.clone(), Some(planned.version.clone()));
                     let from = current.unwrap_or_else(|| planned.version.clone());
-                    self.defer(&mut report, id, from, to, bindings);
+                    self.defer(&mut report, &mut pass, now, id, from, to, bindings);
                 }
-                Err(e) => report
-                    .failed
-                    .push((planned.id.clone(), planned.version.clone(), e)),
+                Err(e) => {
+                    let cause = PendingCause::Failed {
+                        error: e.to_string(),
+                    };
+                    let to = Some(planned.version.clone());
+                    pass.record(&planned.id, current, to, cause, now);
+                    report
+                        .failed
+                        .push((planned.id.clone(), planned.version.clone(), e));
+                }
             }
         }
+        let mut applied = self.applied();
+        applied.complete(refreshed.generation, pass.finish());
+        report.pending = applied.report(now);
         Ok(report)
+    }
+
+    /// Breaks a cycle of waiting switches. `id`'s switch from `current` waits for live bindings;
+    /// a loaded dependent whose new version needs a version of `id` other than `current` cannot
+    /// switch before `id` does, and may be what holds those bindings (a module keeps handles
+    /// into its dependency). Each such dependent without live bindings of its own is taken out
+    /// now, so that its library closes and releases what it held; its new version loads after
+    /// `id`'s, in the plan's order. A dependent that is bound itself is left alone: its holders
+    /// are the runner's, and the switches wait for them. Answers what was taken out.
+    fn take_out_waiting_dependents(
+        &self,
+        id: &PackageId,
+        current: &Version,
+        wanted: &BTreeMap<&PackageId, &Version>,
+        held: &BTreeSet<PackageId>,
+    ) -> Vec<Quarantined> {
+        let mut out = Vec::new();
+        for (dependent, version) in self.kernels.loaded_packages() {
+            let Some(to) = wanted.get(&dependent) else {
+                continue;
+            };
+            if &dependent == id || *to == &version || held.contains(&dependent) {
+                continue;
+            }
+            let waits_for_id = self
+                .packages
+                .metadata(&dependent, to)
+                .is_some_and(|m| needs(&m).any(|(d, range)| d == id && !range.contains(current)));
+            if !waits_for_id {
+                continue;
+            }
+            // Bound itself (or any other refusal): it stays, and the switches wait.
+            let Ok(drain) = self.kernels.drain(&dependent) else {
+                continue;
+            };
+            let _ = self.kernels.unload(&dependent);
+            drain.finish();
+            out.push(Quarantined {
+                reason: format!(
+                    "taken out before {id} switches: its {to} needs {id}'s new version, and it \
+                     may hold bindings into {id}@{current}"
+                ),
+                id: dependent,
+                version,
+            });
+        }
+        out
     }
 
     /// Why the host's lock, if it has one, does not admit `id@version` with `metadata`'s
@@ -671,20 +820,26 @@ impl Host {
         })
     }
 
-    fn deferred(&self) -> MutexGuard<'_, BTreeSet<PackageId>> {
-        self.deferred.lock().unwrap_or_else(|e| e.into_inner())
+    fn applied(&self) -> MutexGuard<'_, Applied> {
+        self.applied.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Records that the switch of `id` from `from` to `to` waits for `bindings` live bindings:
+    /// they answer `is_current() == false` from now on, and every refresh checks again.
+    #[allow(clippy::too_many_arguments)]
     fn defer(
         &self,
         report: &mut RefreshReport,
+        pass: &mut Pass,
+        now: Instant,
         id: PackageId,
         from: Version,
         to: Option<Version>,
         bindings: u64,
     ) {
         self.kernels.set_superseded(&id, true);
-        self.deferred().insert(id.clone());
+        let cause = PendingCause::Bound { bindings };
+        pass.record(&id, Some(from.clone()), to.clone(), cause, now);
         report.deferred.push(DeferredSwitch {
             id,
             from,
@@ -742,11 +897,21 @@ impl Host {
         }))
     }
 
+    /// How long until the host owes a retry: of a failed refresh, a failed switch or a deferred
+    /// one; `None` when it owes nothing.
+    fn next_retry_in(&self) -> Option<Duration> {
+        let at = self.applied().next_retry()?;
+        Some(at.saturating_duration_since(Instant::now()))
+    }
+
     /// Starts following the store in the background: a thread that calls [`Host::refresh`]
     /// whenever a new generation is committed (an inotify watch on the registry file, through
-    /// the file-system adapter), and also every `fallback` in case a notification was lost.
-    /// `on_refresh` sees each report that did something (not quiet) or failed. The thread holds
-    /// the host weakly and ends when the watcher is dropped or the host is.
+    /// the file-system adapter), also every `fallback` in case a notification was lost, and,
+    /// while the host owes a change (a refresh or a switch that failed, a switch deferred by
+    /// bindings), whenever its retry is due ([`RefreshReport::pending`]), without waiting for a
+    /// commit. `on_refresh` sees each report that did something or still owes something (not
+    /// quiet) and each failure. The thread holds the host weakly and ends when the watcher is
+    /// dropped or the host is.
     pub fn watch(
         self: &Arc<Self>,
         fallback: Duration,
@@ -762,7 +927,13 @@ impl Host {
         let thread = std::thread::Builder::new()
             .name("guild-watch".into())
             .spawn(move || loop {
-                match rx.recv_timeout(fallback) {
+                // While the host owes a change (a failed switch, a deferred one, a failed
+                // refresh), it wakes for the retry without waiting for a commit.
+                let wait = match host.upgrade() {
+                    Some(host) => host.next_retry_in().map_or(fallback, |d| d.min(fallback)),
+                    None => return,
+                };
+                match rx.recv_timeout(wait) {
                     Ok(false) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
                     Ok(true) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                 }
@@ -873,6 +1044,21 @@ impl Host {
         self.packages
             .rollback_with(id, &mut RegistryHook::new(self))
     }
+}
+
+/// What `metadata`'s package needs loaded: its package dependencies and runtime module edges,
+/// with the version range of each.
+fn needs(metadata: &Metadata) -> impl Iterator<Item = (&PackageId, &VersionRange)> {
+    let m = metadata.manifest();
+    m.dependencies
+        .iter()
+        .map(|d| (&d.package_id, &d.range))
+        .chain(
+            m.module_dependencies
+                .iter()
+                .filter(|d| d.is_runtime_edge())
+                .map(|d| (&d.module_id, &d.range)),
+        )
 }
 
 /// What a loading pass of [`Host::refresh`] did with one package.

@@ -69,6 +69,7 @@ mod parallel;
 pub mod platform;
 pub mod publication;
 pub mod publish;
+pub mod reconcile;
 pub mod registry;
 mod snapshot;
 
@@ -87,6 +88,7 @@ pub use package_manager::{
     VerifyFailure, VerifyOptions,
 };
 pub use platform::HostPlatform;
+pub use reconcile::{PendingCause, PendingChange};
 
 // The plain values requests, handles and reports are written in, so that a runner names no
 // other guild crate.

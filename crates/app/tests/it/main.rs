@@ -27,6 +27,7 @@ mod operations;
 mod progress;
 mod publication;
 mod publication_bounds;
+mod reconcile;
 mod refusals;
 mod registry;
 mod rejections;

@@ -1,0 +1,489 @@
+//! A serving runner reaches whatever the operator committed, whatever failed once on the way
+//! (issue G20, items 1 and 2): a refresh that failed after the package manager had read the new
+//! generation, and a switch whose load failed, are both retried by later refreshes (and by a
+//! `Host::watch`er without any new store event) until the runner serves what the store enables.
+//!
+//! The faults are real or at the loader port: the crash-record directories replaced by a plain
+//! file (so listing or writing them fails, whoever runs the test, root included) and a loader
+//! that wraps the dlopen loader and refuses the first loads of one version as a failing `init`
+//! would. Every wait is bounded by [`PATIENCE`], a guard against hangs, not a timing assertion.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::channel;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use guild_adapters_crypto::SigningKey;
+use guild_adapters_posix::DlopenLoader;
+use guild_host::ports::loader::{
+    LoadError, LoadErrorKind, LoadRequest, LoadedLibrary, LoadedPlugin, PluginLoader,
+};
+use guild_host::registry::KernelBinding;
+use guild_host::{
+    DeviceSupport, Host, ImplId, InstallOptions, OpHandle, OperationService, PackageId,
+    PendingCause, ResolveError, Version,
+};
+use guild_ports::fakes::{fake_kernel, FakeLoader, FakePlugin};
+
+use crate::examples::{pack_example_at, SCAN};
+use crate::support::{id, key, open_dir, trust, v, ModDep, Spec, Workshop, PUBLISHER};
+
+const OP: &str = "example.sequence.inclusive_scan";
+
+/// How long a host may take to reach the committed state before the test gives up: only a host
+/// that never follows exceeds it.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Wraps the dlopen loader and fails the next `n` loads of a version as an `init` that returned
+/// an error would.
+#[derive(Clone, Default)]
+struct FlakyLoader {
+    failures: Arc<Mutex<BTreeMap<String, usize>>>,
+    attempts: Arc<Mutex<BTreeMap<String, usize>>>,
+}
+
+impl FlakyLoader {
+    fn fail_next(&self, version: &str, n: usize) {
+        self.failures.lock().unwrap().insert(version.to_owned(), n);
+    }
+
+    fn attempts(&self, version: &str) -> usize {
+        self.attempts
+            .lock()
+            .unwrap()
+            .get(version)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+impl PluginLoader for FlakyLoader {
+    fn load(&self, request: &LoadRequest) -> Result<LoadedPlugin, LoadError> {
+        let version = request.version.to_string();
+        *self
+            .attempts
+            .lock()
+            .unwrap()
+            .entry(version.clone())
+            .or_default() += 1;
+        if let Some(left) = self.failures.lock().unwrap().get_mut(&version) {
+            if *left > 0 {
+                *left -= 1;
+                return Err(LoadError::new(
+                    LoadErrorKind::InitFailed {
+                        status: -1,
+                        status_name: "GUILD_STATUS_ERR_INTERNAL",
+                        component: "test".into(),
+                        message: "a transient failure".into(),
+                    },
+                    request,
+                ));
+            }
+        }
+        DlopenLoader::new().load(request)
+    }
+}
+
+/// A store with the publisher trusted and the example scan 1.0.0 installed by a writer that is
+/// closed again; the key.
+fn store_with_scan(shop: &Workshop) -> (PathBuf, SigningKey) {
+    let k = key();
+    let store = shop.fresh("store");
+    let (pm, _) = open_dir(&store).unwrap();
+    trust(&pm, PUBLISHER, &k);
+    pm.install(
+        &pack_example_at(shop, &k, &SCAN, None),
+        InstallOptions::default(),
+    )
+    .unwrap();
+    (store, k)
+}
+
+/// The operator commits scan `version` from another writer (the runner's host holds no lock).
+fn operator_installs(shop: &Workshop, store: &Path, k: &SigningKey, version: &str) {
+    let archive = pack_example_at(shop, k, &SCAN, Some(version));
+    let (pm, _) = open_dir(store).unwrap();
+    pm.install(&archive, InstallOptions::default()).unwrap();
+}
+
+/// A runner's host on `store`, loading through `loader` when one is given.
+fn runner(store: &Path, loader: Option<FlakyLoader>) -> Host {
+    let mut builder = Host::builder(store).devices(DeviceSupport::host());
+    if let Some(loader) = loader {
+        builder = builder.loader(Box::new(loader));
+    }
+    builder.open().unwrap().host
+}
+
+fn scan_handle<'r>(service: &OperationService<'r>) -> Result<OpHandle<'r>, ResolveError> {
+    use guild_host::{DType, MemorySpace, OperationRequest, TensorDesc};
+    let d = TensorDesc::new(DType::I64, &[4, 2], MemorySpace::Host);
+    service.resolve(&OperationRequest::cpu(
+        guild_host::OpName::new(OP).unwrap(),
+        vec![d],
+        vec![d],
+    ))
+}
+
+/// The version of the scan a new resolution reaches.
+fn serving(host: &Host) -> String {
+    let service = OperationService::new(host.kernels());
+    let handle = scan_handle(&service).expect("the scan resolves");
+    handle.describe().package_version.to_string()
+}
+
+/// Refreshes until `host` serves `version`, a few milliseconds apart, for at most [`PATIENCE`];
+/// answers every refresh's outcome in words.
+fn refresh_until_serving(host: &Host, version: &str) -> Vec<String> {
+    let start = Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        let outcome = host.refresh();
+        seen.push(format!("{outcome:?}"));
+        if serving(host) == version {
+            return seen;
+        }
+        assert!(
+            start.elapsed() < PATIENCE,
+            "the runner still serves {} and not {version} after {} refreshes in {PATIENCE:?}; \
+             the last: {:?}",
+            serving(host),
+            seen.len(),
+            seen.last()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Replaces the store's crash-quarantine directory with a plain file, so that listing it fails
+/// whoever runs the test; answers the file.
+fn break_quarantine_dir(store: &Path) -> PathBuf {
+    let path = store.join("quarantine");
+    if path.is_dir() {
+        std::fs::remove_dir_all(&path).unwrap();
+    }
+    std::fs::write(&path, b"not a directory").unwrap();
+    path
+}
+
+/// Item 1: the crash-record directory cannot be listed for a moment, after the package manager
+/// has read the new generation. The refresh fails; the next one brings the runner to 1.1.0.
+#[test]
+fn a_refresh_that_failed_after_reading_the_new_generation_is_caught_up_by_the_next() {
+    let shop = Workshop::new();
+    let (store, k) = store_with_scan(&shop);
+    let host = runner(&store, None);
+    assert_eq!(serving(&host), "1.0.0");
+    operator_installs(&shop, &store, &k, "1.1.0");
+
+    let broken = break_quarantine_dir(&store);
+    let failed = host.refresh();
+    assert!(
+        failed.is_err(),
+        "the quarantine could not be listed, yet the refresh answered {failed:?}"
+    );
+    assert_eq!(serving(&host), "1.0.0");
+    std::fs::remove_file(&broken).unwrap();
+
+    let report = host.refresh().unwrap();
+    // It works from the generation it had applied, not from the one the package manager read.
+    assert!(report.from_generation < report.generation, "{report:?}");
+    let loaded: Vec<String> = report
+        .loaded
+        .iter()
+        .map(|l| format!("{}@{}", l.id, l.version))
+        .collect();
+    assert_eq!(loaded, ["example.scan@1.1.0"], "{report:?}");
+    assert_eq!(serving(&host), "1.1.0");
+    assert!(host.refresh().unwrap().is_quiet(), "nothing is left to do");
+}
+
+/// Item 2: the new version's library fails to load once (its `init` fails). A later refresh
+/// loads it, with no new commit.
+#[test]
+fn a_switch_whose_load_failed_once_is_retried_by_a_later_refresh() {
+    let shop = Workshop::new();
+    let (store, k) = store_with_scan(&shop);
+    let loader = FlakyLoader::default();
+    let host = runner(&store, Some(loader.clone()));
+    assert_eq!(serving(&host), "1.0.0");
+    operator_installs(&shop, &store, &k, "1.1.0");
+    loader.fail_next("1.1.0", 1);
+
+    let first = host.refresh().unwrap();
+    assert_eq!(first.failed.len(), 1, "{first:?}");
+    assert_eq!(first.failed[0].1.to_string(), "1.1.0");
+    assert_eq!(serving(&host), "1.0.0", "the old version keeps serving");
+    // The failed switch is owed, with its cause.
+    assert_eq!(first.pending.len(), 1, "{first:?}");
+    let owed = &first.pending[0];
+    assert_eq!(owed.id.as_str(), "example.scan");
+    assert_eq!(
+        owed.from.as_ref().map(ToString::to_string).as_deref(),
+        Some("1.0.0")
+    );
+    assert_eq!(
+        owed.to.as_ref().map(ToString::to_string).as_deref(),
+        Some("1.1.0")
+    );
+    assert_eq!(owed.attempts, 1);
+    assert!(
+        matches!(&owed.cause, PendingCause::Failed { error } if error.contains("a transient failure")),
+        "{owed:?}"
+    );
+    assert!(!first.is_quiet());
+
+    refresh_until_serving(&host, "1.1.0");
+    // One failed attempt and one that loaded: a refresh within the delay tries nothing.
+    assert_eq!(loader.attempts("1.1.0"), 2);
+    assert!(
+        host.refresh().unwrap().is_quiet(),
+        "nothing is owed any more"
+    );
+}
+
+/// Item 2: the new version cannot be pinned once (a directory stands where its pin file goes, so
+/// opening the pin fails whoever runs the test). A later refresh loads it, with no new commit.
+#[test]
+fn a_switch_whose_pin_could_not_be_taken_is_retried_by_a_later_refresh() {
+    let shop = Workshop::new();
+    let (store, k) = store_with_scan(&shop);
+    let host = runner(&store, None);
+    operator_installs(&shop, &store, &k, "1.1.0");
+
+    let blocker = store.join("pins").join("example.scan@1.1.0");
+    std::fs::create_dir_all(&blocker).unwrap();
+    let first = host.refresh().unwrap();
+    assert_eq!(first.failed.len(), 1, "{first:?}");
+    assert_eq!(first.pending.len(), 1, "{first:?}");
+    assert_eq!(serving(&host), "1.0.0");
+    std::fs::remove_dir(&blocker).unwrap();
+
+    refresh_until_serving(&host, "1.1.0");
+    assert!(
+        host.refresh().unwrap().is_quiet(),
+        "nothing is owed any more"
+    );
+}
+
+/// A `Host::watch`er retries a failed switch by itself: no new commit, and a fallback far longer
+/// than the test, so only the host's own retry can bring the runner to 1.1.0.
+#[test]
+fn a_watcher_retries_a_failed_switch_without_a_new_store_event() {
+    let shop = Workshop::new();
+    let (store, k) = store_with_scan(&shop);
+    let loader = FlakyLoader::default();
+    loader.fail_next("1.1.0", 2);
+    let host = Arc::new(runner(&store, Some(loader.clone())));
+    let (tx, reports) = channel();
+    let _watcher = host
+        .watch(Duration::from_secs(3600), move |outcome| {
+            let _ = tx.send(format!("{outcome:?}"));
+        })
+        .unwrap();
+    operator_installs(&shop, &store, &k, "1.1.0");
+
+    let start = Instant::now();
+    let mut seen = Vec::new();
+    while serving(&host) != "1.1.0" {
+        let left = PATIENCE.saturating_sub(start.elapsed());
+        match reports.recv_timeout(left) {
+            Ok(report) => seen.push(report),
+            Err(_) => panic!(
+                "the watcher did not bring the runner to 1.1.0 within {PATIENCE:?}; \
+                 it reported {seen:#?}"
+            ),
+        }
+    }
+    assert_eq!(loader.attempts("1.1.0"), 3, "{seen:#?}");
+}
+
+/// A `Host::watch`er whose refresh failed after reading the new generation tries again by
+/// itself once the fault is gone, without a new commit.
+#[test]
+fn a_watcher_catches_up_after_a_failed_refresh_without_a_new_store_event() {
+    let shop = Workshop::new();
+    let (store, k) = store_with_scan(&shop);
+    let host = Arc::new(runner(&store, None));
+    let broken = break_quarantine_dir(&store);
+    let (tx, reports) = channel();
+    let _watcher = host
+        .watch(Duration::from_secs(3600), move |outcome| {
+            let _ = tx.send((outcome.is_err(), format!("{outcome:?}")));
+        })
+        .unwrap();
+    operator_installs(&shop, &store, &k, "1.1.0");
+
+    let start = Instant::now();
+    let mut seen = Vec::new();
+    // The watcher's refresh fails while the quarantine cannot be listed.
+    loop {
+        let left = PATIENCE.saturating_sub(start.elapsed());
+        let (failed, report) = reports
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("no failed refresh within {PATIENCE:?}: {seen:#?}"));
+        seen.push(report);
+        if failed {
+            break;
+        }
+    }
+    std::fs::remove_file(&broken).unwrap();
+    while serving(&host) != "1.1.0" {
+        let left = PATIENCE.saturating_sub(start.elapsed());
+        match reports.recv_timeout(left) {
+            Ok((_, report)) => seen.push(report),
+            Err(_) => panic!(
+                "the watcher did not catch up with 1.1.0 within {PATIENCE:?}; it reported \
+                 {seen:#?}"
+            ),
+        }
+    }
+}
+
+/// A library that holds a binding into another package until it is closed, as a module that
+/// keeps a handle into its dependency does.
+#[derive(Debug)]
+struct Holding {
+    library: Arc<dyn LoadedLibrary>,
+    binding: Mutex<Option<KernelBinding>>,
+}
+
+impl LoadedLibrary for Holding {
+    fn package(&self) -> &PackageId {
+        self.library.package()
+    }
+
+    fn version(&self) -> &Version {
+        self.library.version()
+    }
+}
+
+/// The fake loader, with the library at `holder` wrapped in a [`Holding`] the test reaches
+/// through `held`.
+struct HoldingLoader {
+    fake: FakeLoader,
+    holder: PathBuf,
+    held: Mutex<Weak<Holding>>,
+}
+
+struct SharedHolding(Arc<HoldingLoader>);
+
+impl PluginLoader for SharedHolding {
+    fn load(&self, request: &LoadRequest) -> Result<LoadedPlugin, LoadError> {
+        let mut plugin = self.0.fake.load(request)?;
+        if request.library == self.0.holder {
+            let holding = Arc::new(Holding {
+                library: plugin.library,
+                binding: Mutex::new(None),
+            });
+            *self.0.held.lock().unwrap() = Arc::downgrade(&holding);
+            plugin.library = holding;
+        }
+        Ok(plugin)
+    }
+}
+
+/// The dependency-cycle item: a module keeps a binding into its dependency, and the operator
+/// moves both, the dependent's new version needing the dependency's. The dependency cannot
+/// switch while the binding lives, nor the dependent before the dependency: the host takes the
+/// dependent out first (its library closes and releases the binding), switches the dependency,
+/// then loads the dependent's new version, instead of waiting for ever.
+#[test]
+fn a_dependent_that_binds_its_dependency_is_taken_out_first_so_that_both_switch() {
+    let shop = Workshop::new();
+    let k = key();
+    let store = shop.fresh("store");
+    let (pm, _) = open_dir(&store).unwrap();
+    trust(&pm, PUBLISHER, &k);
+    let base = |version: &str| Spec::module("ex.base", version);
+    let dependent = |version: &str, needs: &str| {
+        Spec::module("ex.dep", version).module_dep(ModDep::on("ex.base", needs))
+    };
+    for spec in [base("1.0.0"), dependent("1.0.0", "1.0.0")] {
+        pm.install(&shop.build(&spec, &k).archive, InstallOptions::default())
+            .unwrap();
+    }
+    drop(pm);
+    let library = |package: &str, version: &str| {
+        let last = package.rsplit('.').next().unwrap();
+        store
+            .join("packages")
+            .join(package)
+            .join(version)
+            .join(format!("lib/lib{last}.so"))
+    };
+    let fake = FakeLoader::new();
+    let cpu = guild_host::domain::operation::Backend::Cpu;
+    for version in ["1.0.0", "1.1.0"] {
+        for package in ["ex.base", "ex.dep"] {
+            let impl_id = ImplId::new(format!("{package}.op.cpu")).unwrap();
+            fake.insert(
+                library(package, version),
+                FakePlugin::new().with_kernel(fake_kernel(impl_id, 1, cpu)),
+            );
+        }
+    }
+    let loader = Arc::new(HoldingLoader {
+        fake,
+        holder: library("ex.dep", "1.0.0"),
+        held: Mutex::new(Weak::new()),
+    });
+    let host = Host::builder(&store)
+        .devices(DeviceSupport::host())
+        .loader(Box::new(SharedHolding(Arc::clone(&loader))))
+        .open()
+        .unwrap()
+        .host;
+    let (base_id, dep_id) = (id("ex.base"), id("ex.dep"));
+    assert_eq!(host.kernels().loaded_version(&dep_id), Some(v("1.0.0")));
+    // ex.dep 1.0.0 keeps a binding into ex.base for as long as its library is open.
+    let binding = host
+        .kernels()
+        .find_by_id(&ImplId::new("ex.base.op.cpu").unwrap())
+        .unwrap();
+    let holding = loader.held.lock().unwrap().upgrade().unwrap();
+    *holding.binding.lock().unwrap() = Some(binding);
+    drop(holding);
+    assert_eq!(host.kernels().live_bindings(&base_id), 1);
+
+    // The operator moves ex.base to 1.1.0, then ex.dep to 1.1.0, which needs ex.base 1.1.0.
+    let (pm, _) = open_dir(&store).unwrap();
+    for spec in [base("1.1.0"), dependent("1.1.0", "1.1.0")] {
+        pm.install(&shop.build(&spec, &k).archive, InstallOptions::default())
+            .unwrap();
+    }
+    drop(pm);
+
+    let start = Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        let outcome = host.refresh();
+        seen.push(format!("{outcome:?}"));
+        let loaded = (
+            host.kernels().loaded_version(&base_id),
+            host.kernels().loaded_version(&dep_id),
+        );
+        if loaded == (Some(v("1.1.0")), Some(v("1.1.0"))) {
+            break;
+        }
+        assert!(
+            start.elapsed() < PATIENCE,
+            "both should have switched; loaded {loaded:?} after {} refreshes: {:#?}",
+            seen.len(),
+            &seen[seen.len().saturating_sub(2)..]
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(host.kernels().live_bindings(&base_id), 0, "{seen:#?}");
+    // It took one refresh: the dependent went out first, in that same refresh.
+    assert_eq!(seen.len(), 1, "{seen:#?}");
+    assert!(
+        seen[0].contains("taken out before ex.base switches"),
+        "{seen:#?}"
+    );
+    assert!(
+        host.refresh().unwrap().is_quiet(),
+        "nothing is owed any more"
+    );
+}
