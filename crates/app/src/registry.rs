@@ -33,7 +33,13 @@
 //! A lookup that meets a draining package treats it as already gone: resolution passes over its
 //! candidates, [`KernelRegistry::select`] takes the next best, [`KernelRegistry::find_by_id`] and
 //! [`KernelRegistry::find_runner`] answer `None` and [`KernelRegistry::runners`] leaves it out.
-//! A change that is refused marks the package for the instant of its check only.
+//!
+//! The marks above are in fact set in two steps, so that a drain that will be refused hides the
+//! package from no one: the drainer first sets an undecided mark (`DECIDING`) on every stripe,
+//! reading the counts as described, counts the bindings into retired versions, and only then
+//! turns every mark into `DRAINING` (one update per stripe) or clears them. A binder that meets
+//! the undecided mark waits (spinning briefly, then yielding) for the decision instead of
+//! taking the package for gone; drains of one package decide one at a time.
 //!
 //! # Who changes a registry
 //!
