@@ -55,6 +55,7 @@ use guild_ports::store::{
 
 pub use durable::{Fault, FaultMode, OpStats};
 pub use journal::{JournalDecodeError, JOURNAL_FORMAT_V1};
+pub use log::{LogCorruption, LogProblem};
 pub use watch::StoreWatcher;
 
 use commit::{is_crash, is_staging_entry, Failure};

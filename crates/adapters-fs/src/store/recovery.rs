@@ -3,8 +3,10 @@
 //! A transaction's frame in the registry log is its commit point, so recovery never needs to redo
 //! work: a transaction whose frame is complete is done apart from deleting trees the new
 //! registry no longer references, and one whose frame is missing or torn left only trees and
-//! files that the old registry does not reference. A torn frame at the end of the log is cut off
-//! (and the log fsynced) before anything else is decided, and a log left beside a format-1
+//! files that the old registry does not reference. A torn frame at the end of the log (only ever
+//! one that the journal record of the commit appending it accounts for, as the `log` module
+//! says; any other bad frame stops recovery before it changes anything) is cut off (and the log
+//! fsynced) before anything else is decided, and a log left beside a format-1
 //! registry by a migration that stopped early is deleted. Both are finished the same way: delete every
 //! package tree the registry does not reference, clear the staging area and the temporary files,
 //! and drop the journal records. The journal records add a consistency check (a record that
