@@ -31,8 +31,6 @@
 //! store cannot account for: reading fails closed with [`StoreErrorKind::Corrupt`], the log's
 //! path and a [`LogCorruption`] naming the byte offset, and nothing is cut or deleted.
 
-use std::fs;
-use std::io;
 use std::ops::Range;
 
 use guild_domain::ids::Sha256Digest;
@@ -40,9 +38,9 @@ use guild_domain::registry::{ApplyError, RegistryDecodeError, RegistryState, REG
 use guild_domain::registry_log::RegistryDelta;
 use guild_ports::store::{StoreError, StoreErrorKind};
 
-use super::durable::{io_error, Run};
+use super::durable::{read_store_file, Run};
 use super::journal::{self, Intent};
-use super::StoreLayout;
+use super::{StoreLayout, MAX_RECORD_BYTES, MAX_REGISTRY_BYTES};
 
 /// Why the registry log cannot be read in full: where, and what is wrong there. It is the cause
 /// of the [`StoreErrorKind::Corrupt`] error a reader or writer then fails with, whose path names
@@ -180,10 +178,8 @@ pub(crate) struct OnDisk {
 /// Reads the checkpoint and the log, or `None` when there is no checkpoint.
 pub(crate) fn read(layout: &StoreLayout) -> Result<Option<OnDisk>, StoreError> {
     let path = &layout.registry;
-    let bytes = match fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io_error("read registry", path, e)),
+    let Some(bytes) = read_store_file("read registry", path, MAX_REGISTRY_BYTES)? else {
+        return Ok(None);
     };
     let (checkpoint, format) = RegistryState::from_any_json(&bytes).map_err(|e| {
         let kind = match e {
@@ -195,11 +191,7 @@ pub(crate) fn read(layout: &StoreLayout) -> Result<Option<OnDisk>, StoreError> {
             .caused_by(e)
     })?;
     let checkpoint_len = bytes.len() as u64;
-    let log = match fs::read(&layout.log) {
-        Ok(b) => Some(b),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => return Err(io_error("read registry log", &layout.log, e)),
-    };
+    let log = read_store_file("read registry log", &layout.log, MAX_REGISTRY_BYTES)?;
     if format != REGISTRY_FORMAT_V2 {
         return Ok(Some(OnDisk {
             registry: checkpoint,
@@ -342,10 +334,8 @@ fn commit_in_flight(layout: &StoreLayout, from: u64) -> Result<bool, StoreError>
         return Ok(false);
     };
     let path = journal::record_path(&layout.journal, to);
-    match fs::read(&path) {
-        // A record that does not decode proves nothing (and stops a writer's recovery anyway).
-        Ok(bytes) => Ok(Intent::from_json(&bytes).is_ok_and(|i| i.from_generation == from)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(io_error("read journal record", &path, e)),
-    }
+    let record = read_store_file("read journal record", &path, MAX_RECORD_BYTES)?;
+    // A record that does not decode proves nothing (and stops a writer's recovery anyway).
+    Ok(record
+        .is_some_and(|bytes| Intent::from_json(&bytes).is_ok_and(|i| i.from_generation == from)))
 }
