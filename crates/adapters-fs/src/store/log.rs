@@ -70,6 +70,12 @@ pub enum LogProblem {
          follows it at byte offset {next}"
     )]
     DamagedBeforeFrame { next: u64 },
+    /// A bad frame followed by more bytes than the search for frames after it may check.
+    #[error(
+        "a frame runs past the end of the file or fails its checksum, and the {len} bytes from \
+         it to the end cannot be checked for complete frames at a bounded cost"
+    )]
+    DamagedBeforeUnchecked { len: u64 },
     /// A bad last frame with no commit in flight to explain it: a committed frame damaged.
     #[error(
         "the last frame runs past the end of the file or fails its checksum, and no journal \
@@ -266,11 +272,22 @@ fn replay(
         let Some(payload) = frame_at(log, offset) else {
             // Incomplete, or failing its checksum: torn only if it is the last thing in the file
             // and a commit was in flight.
-            if let Some(next) = next_frame(log, offset) {
-                return Err(corrupt(
-                    offset,
-                    LogProblem::DamagedBeforeFrame { next: next as u64 },
-                ));
+            match after_bad_frame(log, offset) {
+                After::Nothing => {}
+                After::Frame(next) => {
+                    return Err(corrupt(
+                        offset,
+                        LogProblem::DamagedBeforeFrame { next: next as u64 },
+                    ))
+                }
+                After::Unchecked => {
+                    return Err(corrupt(
+                        offset,
+                        LogProblem::DamagedBeforeUnchecked {
+                            len: (log.len() - offset) as u64,
+                        },
+                    ))
+                }
             }
             if !commit_in_flight(layout, expected)? {
                 return Err(corrupt(
@@ -317,13 +334,49 @@ fn frame_at(log: &[u8], at: usize) -> Option<Range<usize>> {
     holds.then(|| at + FRAME_OVERHEAD..at + end)
 }
 
-/// The first offset after `bad` where a frame lies wholly within `log` with its checksum holding.
-/// A torn append leaves none (its bytes are a prefix of one frame, or zeros); a damaged length
-/// or payload in front of committed frames leaves them. Cheap in practice: at most offsets the
-/// length read there runs past the end of the file, and the checksum is computed only where it
-/// fits.
-fn next_frame(log: &[u8], bad: usize) -> Option<usize> {
-    (bad + 1..log.len()).find(|&at| frame_at(log, at).is_some())
+/// What lies after a bad frame.
+enum After {
+    /// No offset starts a frame that lies wholly within the log with its checksum holding.
+    Nothing,
+    /// One does, at this offset.
+    Frame(usize),
+    /// Ruling frames out would hash more than [`scan_budget`] bytes.
+    Unchecked,
+}
+
+/// How many payload bytes the search after a bad frame may hash, for a log of `len` bytes: a
+/// bound linear in the log, so that crafted lengths cannot make the search quadratic.
+fn scan_budget(len: usize) -> usize {
+    len.saturating_mul(2).saturating_add(64 << 10)
+}
+
+/// Whether any offset after `bad` starts a frame that lies wholly within `log` with its checksum
+/// holding. A torn append leaves none (its bytes are a prefix of one frame, or zeros); a damaged
+/// length or payload in front of committed frames leaves them. Cheap in practice: at most
+/// offsets the length read there runs past the end of the file, and the checksum is computed only
+/// where it fits; past [`scan_budget`] the search gives up and the log is not read.
+fn after_bad_frame(log: &[u8], bad: usize) -> After {
+    let mut budget = scan_budget(log.len());
+    for at in bad + 1..log.len() {
+        let Some(len) = log
+            .get(at..at + 4)
+            .and_then(|l| l.try_into().ok())
+            .map(|l| u32::from_le_bytes(l) as usize)
+        else {
+            break;
+        };
+        if len.saturating_add(FRAME_OVERHEAD) > log.len() - at {
+            continue;
+        }
+        let Some(left) = budget.checked_sub(len + 4) else {
+            return After::Unchecked;
+        };
+        budget = left;
+        if frame_at(log, at).is_some() {
+            return After::Frame(at);
+        }
+    }
+    After::Nothing
 }
 
 /// Whether the journal holds the record of the commit from generation `from`: written durably

@@ -379,3 +379,33 @@ fn store_log_torn_append_at_every_byte_is_cut_back_when_its_commit_was_in_flight
     assert_eq!(fs::read(&layout.log).unwrap(), log);
     println!("torn appends: {} cases, all cut back", tails.len());
 }
+
+/// Lengths crafted so that a frame would fit at nearly every offset after a bad frame would make
+/// the search for later frames quadratic (here, gigabytes hashed); it gives up at a bound linear
+/// in the log and fails closed.
+#[test]
+fn store_log_crafted_lengths_after_a_bad_frame_fail_closed_at_a_bounded_cost() {
+    let (_dir, root) = store_with_three_frames();
+    let layout = StoreLayout::new(&root);
+    let good = fs::read(&layout.log).unwrap();
+    let starts = frame_starts(&good);
+    let tail = 1 << 20;
+    let mut log = good[..starts[2]].to_vec();
+    let half = u32::try_from(tail / 2).unwrap().to_le_bytes();
+    while log.len() < starts[2] + tail {
+        log.extend_from_slice(&half);
+    }
+    fs::write(&layout.log, &log).unwrap();
+    let started = std::time::Instant::now();
+    let err = guild_adapters_fs::store::read_registry(&root).unwrap_err();
+    assert_eq!(
+        *log_corruption(&err),
+        LogCorruption {
+            offset: starts[2] as u64,
+            problem: LogProblem::DamagedBeforeUnchecked { len: tail as u64 },
+        },
+        "{err}"
+    );
+    assert!(started.elapsed().as_secs() < 10, "{:?}", started.elapsed());
+    assert_eq!(fs::read(&layout.log).unwrap(), log);
+}
