@@ -23,7 +23,8 @@
 //! for a torn append, a commit that did not happen, only when both hold:
 //!
 //! - nothing after it could be a frame: no later offset starts a complete frame whose checksum
-//!   holds (a damaged length would otherwise hide every frame after it), and
+//!   holds (a damaged length would otherwise hide every frame after it; the search hashes at
+//!   most about twice the log's length, and a log it cannot finish is not read), and
 //! - the journal holds the record of the commit from the last good frame's generation, the one
 //!   whose append was in flight.
 //!
