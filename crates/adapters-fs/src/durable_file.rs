@@ -122,6 +122,70 @@ pub fn claim_abandoned(path: &Path) -> io::Result<Option<File>> {
     Ok(still_linked(&file, path)?.then_some(file))
 }
 
+/// Why [`read_regular`] refused or failed to read a file.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// Opening or reading failed; [`io::ErrorKind::NotFound`] when there is no file.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// Something other than a regular file is at the path: a link, a FIFO, a device, a
+    /// directory. Nothing was read from it.
+    #[error("not a regular file (a link or something else is in its place)")]
+    NotRegular,
+    /// The file holds more than the reader's cap; at most the cap and one byte were read.
+    #[error("larger than {cap} bytes, more than is ever written there")]
+    TooLarge { cap: u64 },
+}
+
+impl ReadError {
+    /// Whether there is no file at the path.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, ReadError::Io(e) if e.kind() == io::ErrorKind::NotFound)
+    }
+}
+
+/// The bytes of the regular file at `path`, at most `cap` of them.
+///
+/// The last component is opened without following a link (`O_NOFOLLOW`) and without blocking
+/// (`O_NONBLOCK`), and the file opened must be a regular file: a FIFO planted there cannot stall
+/// the reader, nor a link to `/dev/zero` or a device feed it without end. A file longer than
+/// `cap` is refused, and the read itself stops one byte past the cap, so that a file growing
+/// meanwhile cannot make the reader's memory grow without bound either.
+pub fn read_regular(path: &Path, cap: u64) -> Result<Vec<u8>, ReadError> {
+    use std::io::Read as _;
+    let mut options = OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    let file = match options.open(path) {
+        Ok(file) => file,
+        // Whatever stopped the open (`ELOOP` for a link), something that is not a regular file
+        // is the clearer reason to give.
+        Err(e) => {
+            return Err(match fs::symlink_metadata(path) {
+                Ok(found) if !found.is_file() => ReadError::NotRegular,
+                _ => ReadError::Io(e),
+            })
+        }
+    };
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(ReadError::NotRegular);
+    }
+    if meta.len() > cap {
+        return Err(ReadError::TooLarge { cap });
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.take(cap.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > cap {
+        return Err(ReadError::TooLarge { cap });
+    }
+    Ok(bytes)
+}
+
 /// Whether `name` is one of this module's temporaries.
 pub fn is_temporary(name: &OsStr) -> bool {
     let name = name.to_string_lossy();
@@ -217,6 +281,46 @@ fn split(path: &Path) -> io::Result<(&Path, &OsStr)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn read_regular_reads_up_to_the_cap_and_only_regular_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.json");
+        fs::write(&path, b"0123456789").unwrap();
+        assert_eq!(read_regular(&path, 10).unwrap(), b"0123456789");
+        assert!(matches!(
+            read_regular(&path, 9),
+            Err(ReadError::TooLarge { cap: 9 })
+        ));
+        assert!(read_regular(&dir.path().join("none"), 10)
+            .unwrap_err()
+            .is_not_found());
+        // A link is not followed, not even to a regular file; a device or a directory is not
+        // read. A link to /dev/zero would otherwise feed the reader without end.
+        let link = dir.path().join("link");
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink(&path, &link).unwrap();
+            assert!(matches!(
+                read_regular(&link, 10),
+                Err(ReadError::NotRegular)
+            ));
+            fs::remove_file(&link).unwrap();
+            std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
+            assert!(matches!(
+                read_regular(&link, 10),
+                Err(ReadError::NotRegular)
+            ));
+            assert!(matches!(
+                read_regular(Path::new("/dev/zero"), 10),
+                Err(ReadError::NotRegular)
+            ));
+        }
+        assert!(matches!(
+            read_regular(dir.path(), 10),
+            Err(ReadError::NotRegular)
+        ));
+    }
 
     #[test]
     fn a_held_write_is_not_abandoned_and_a_released_one_is() {

@@ -42,6 +42,10 @@ pub const LOADING_DIR: &str = "loading";
 /// The directory of quarantine entries under a store.
 pub const QUARANTINE_DIR: &str = "quarantine";
 
+/// The most bytes read from a load record or a quarantine entry: a record is a few hundred, so
+/// anything near this was not written by a host.
+const MAX_RECORD_BYTES: u64 = 64 << 10;
+
 /// One process's load of one package: in flight while it is a record under `loading/`, a crash
 /// once it is an entry under `quarantine/`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -327,15 +331,37 @@ impl CrashLedger {
                 .map_err(failed("remove stale temporaries in", dir))?;
         }
         for path in Self::json_files(&self.loading)? {
-            let Some(mut held) =
+            // A host writes only regular files here: a link, a FIFO or a device is no record
+            // (it could name no load) and is left alone, never opened through nor read from.
+            match fs::symlink_metadata(&path) {
+                Ok(m) if m.is_file() => {}
+                Ok(_) => continue,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(failed("inspect load record", &path)(e)),
+            }
+            let Some(held) =
                 durable_file::claim_abandoned(&path).map_err(failed("lock load record", &path))?
             else {
                 // Its process is loading right now (or has just removed it).
                 continue;
             };
+            // Opened without following a link and without blocking; replaced meanwhile by
+            // something that is not a regular file, it is left alone all the same.
+            if !held
+                .metadata()
+                .map_err(failed("inspect load record", &path))?
+                .is_file()
+            {
+                continue;
+            }
             let mut bytes = Vec::new();
-            held.read_to_end(&mut bytes)
+            held.take(MAX_RECORD_BYTES + 1)
+                .read_to_end(&mut bytes)
                 .map_err(failed("read load record", &path))?;
+            if bytes.len() as u64 > MAX_RECORD_BYTES {
+                // Not a host's record either; read no further.
+                bytes.clear();
+            }
             let Ok(record) = CrashRecord::from_json(&bytes) else {
                 // Records appear under their name only complete (written aside, then renamed),
                 // so this is not a load: it names nothing to quarantine.
@@ -363,7 +389,7 @@ impl CrashLedger {
             else {
                 continue;
             };
-            let problem = match fs::read(&path) {
+            let problem = match durable_file::read_regular(&path, MAX_RECORD_BYTES) {
                 Ok(bytes) => match CrashRecord::from_json(&bytes) {
                     Ok(record) if record.digest == digest => {
                         out.push(QuarantineEntry::Crashed(record));
@@ -501,6 +527,111 @@ mod tests {
 
     fn digest(b: u8) -> Sha256Digest {
         Sha256Digest::parse_hex(&format!("{b:02x}").repeat(32)).unwrap()
+    }
+
+    fn mkfifo(path: &Path) {
+        let status = std::process::Command::new("mkfifo")
+            .arg(path)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    fn record_json(d: u8) -> String {
+        CrashRecord {
+            package: "ex.a".into(),
+            version: "1.0.0".into(),
+            digest: digest(d),
+            pid: 1,
+            started: 0,
+        }
+        .to_json()
+        .to_string()
+    }
+
+    /// Runs the ledger's sweep and listing in another thread, giving up after a few seconds (and
+    /// then releasing whatever is stuck opening one of `fifos`).
+    fn sweep_and_list(
+        root: &Path,
+        fifos: &[PathBuf],
+    ) -> (
+        Result<Vec<CrashRecord>, LedgerError>,
+        Result<Vec<QuarantineEntry>, LedgerError>,
+    ) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let ledger = CrashLedger::new(root);
+        std::thread::spawn(move || {
+            let _ = tx.send((ledger.sweep(), ledger.quarantined()));
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(5))
+            .unwrap_or_else(|_| {
+                for fifo in fifos {
+                    use std::os::unix::fs::OpenOptionsExt as _;
+                    let _ = fs::OpenOptions::new()
+                        .write(true)
+                        .custom_flags(libc::O_NONBLOCK)
+                        .open(fifo);
+                }
+                panic!("the ledger hung on a FIFO");
+            })
+    }
+
+    #[test]
+    fn records_that_are_not_regular_files_are_refused_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (loading, quarantine) = (
+            dir.path().join(LOADING_DIR),
+            dir.path().join(QUARANTINE_DIR),
+        );
+        fs::create_dir(&loading).unwrap();
+        fs::create_dir(&quarantine).unwrap();
+        // A well-formed record elsewhere, for the links to lead to.
+        let elsewhere = dir.path().join("elsewhere.json");
+        fs::write(&elsewhere, record_json(4)).unwrap();
+        let fifo_entry = quarantine.join(entry_name(&digest(3)));
+        let link_entry = quarantine.join(entry_name(&digest(4)));
+        let fifo_load = loading.join("7-0.json");
+        let link_load = loading.join("7-1.json");
+        mkfifo(&fifo_entry);
+        mkfifo(&fifo_load);
+        std::os::unix::fs::symlink(&elsewhere, &link_entry).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &link_load).unwrap();
+
+        let (swept, listed) = sweep_and_list(dir.path(), &[fifo_entry.clone(), fifo_load.clone()]);
+        assert!(swept.unwrap().is_empty(), "neither is a load record");
+        let listed = listed.unwrap();
+        assert_eq!(listed.len(), 2, "{listed:?}");
+        for entry in &listed {
+            // Still refusing the digest its name gives, but read from nowhere.
+            let QuarantineEntry::Unreadable { problem, .. } = entry else {
+                panic!("read through a link or from a FIFO: {entry:?}");
+            };
+            assert!(problem.contains("not a regular file"), "{problem}");
+        }
+        for path in [&fifo_entry, &link_entry, &fifo_load, &link_load] {
+            assert!(
+                fs::symlink_metadata(path).is_ok(),
+                "{} was left",
+                path.display()
+            );
+        }
+    }
+
+    #[test]
+    fn an_oversized_entry_is_refused_before_it_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let quarantine = dir.path().join(QUARANTINE_DIR);
+        fs::create_dir(&quarantine).unwrap();
+        let entry = quarantine.join(entry_name(&digest(5)));
+        let mut bytes = record_json(5).into_bytes();
+        // Valid JSON with trailing spaces: only its size is wrong.
+        bytes.resize(MAX_RECORD_BYTES as usize + 1, b' ');
+        fs::write(&entry, &bytes).unwrap();
+        let listed = CrashLedger::new(dir.path()).quarantined().unwrap();
+        let [QuarantineEntry::Unreadable { problem, .. }] = &listed[..] else {
+            panic!("{listed:?}");
+        };
+        assert!(problem.contains("larger than"), "{problem}");
     }
 
     #[test]

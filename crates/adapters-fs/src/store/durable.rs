@@ -347,6 +347,27 @@ pub(crate) fn parent(path: &Path) -> Result<&Path, StoreError> {
     })
 }
 
+/// The bytes of the store's own file at `path`, or `None` when there is none. Read as
+/// [`read_regular`](crate::durable_file::read_regular) reads: never through a link, never from
+/// anything but a regular file (a FIFO cannot stall it), and at most `cap` bytes. Something else
+/// in the file's place, or a file over the cap, is `Corrupt`, naming the file; nothing is read
+/// from it.
+pub(crate) fn read_store_file(
+    what: &'static str,
+    path: &Path,
+    cap: u64,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    use crate::durable_file::{read_regular, ReadError};
+    match read_regular(path, cap) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(ReadError::Io(e)) => Err(io_error(what, path, e)),
+        Err(e) => Err(StoreError::new(StoreErrorKind::Corrupt, what)
+            .at(path.to_path_buf())
+            .caused_by(e)),
+    }
+}
+
 pub(crate) fn io_error(what: &'static str, path: &Path, e: io::Error) -> StoreError {
     StoreError::new(StoreErrorKind::Io, what)
         .at(path.to_path_buf())

@@ -59,14 +59,15 @@ pub enum JournalDecodeError {
     Malformed { detail: String },
 }
 
-impl Intent {
-    /// The record's file name: the target generation, zero-padded so that names sort in order.
-    pub(crate) fn file_name(&self) -> String {
-        format!("{:020}{RECORD_SUFFIX}", self.to_generation)
-    }
+/// Where the record of the transaction to generation `to_generation` lives in `journal`: named
+/// by that generation, zero-padded so that names sort in order.
+pub(crate) fn record_path(journal: &Path, to_generation: u64) -> PathBuf {
+    journal.join(format!("{to_generation:020}{RECORD_SUFFIX}"))
+}
 
+impl Intent {
     pub(crate) fn path_in(&self, journal: &Path) -> PathBuf {
-        journal.join(self.file_name())
+        record_path(journal, self.to_generation)
     }
 
     pub(crate) fn tmp_path_in(&self, journal: &Path) -> PathBuf {
@@ -233,7 +234,10 @@ mod tests {
     fn journal_record_round_trips() {
         let i = sample();
         assert_eq!(Intent::from_json(&i.to_json()), Ok(i.clone()));
-        assert_eq!(i.file_name(), "00000000000000000007.intent");
+        assert_eq!(
+            i.path_in(Path::new("j")),
+            Path::new("j/00000000000000000007.intent")
+        );
         let state_only = Intent {
             install: None,
             delete: Vec::new(),

@@ -16,23 +16,81 @@
 //! skipped. The log's base may not be above the checkpoint's generation: frames would be
 //! missing.
 //!
-//! The end of the log is where a commit in flight writes, so a frame there that is incomplete or
-//! fails its checksum (or a tail of zero bytes, which a file system may leave after a power loss)
-//! is a commit that did not happen: readers ignore it and a writer's recovery cuts it off. A bad
-//! frame with anything but zeros after it cannot be explained by an interrupted append: it is
-//! corruption, reported with the file and the byte offset.
+//! The end of the log is where a commit in flight writes, and nowhere else: the commit's journal
+//! record is durable before its frame is appended and is removed only after the frame's
+//! fdatasync. So a frame that cannot be read (shorter than its length says, failing its
+//! checksum, or a tail of zero bytes that a file system may leave after a power loss) is taken
+//! for a torn append, a commit that did not happen, only when both hold:
+//!
+//! - nothing after it could be a frame: no later offset starts a complete frame whose checksum
+//!   holds (a damaged length would otherwise hide every frame after it; the search hashes at
+//!   most about twice the log's length, and a log it cannot finish is not read), and
+//! - the journal holds the record of the commit from the last good frame's generation, the one
+//!   whose append was in flight.
+//!
+//! Readers then ignore the tail and a writer's recovery cuts it off. Anything else is damage the
+//! store cannot account for: reading fails closed with [`StoreErrorKind::Corrupt`], the log's
+//! path and a [`LogCorruption`] naming the byte offset, and nothing is cut or deleted.
 
-use std::fs;
-use std::io;
-use std::path::Path;
+use std::ops::Range;
 
 use guild_domain::ids::Sha256Digest;
-use guild_domain::registry::{RegistryDecodeError, RegistryState, REGISTRY_FORMAT_V2};
+use guild_domain::registry::{ApplyError, RegistryDecodeError, RegistryState, REGISTRY_FORMAT_V2};
 use guild_domain::registry_log::RegistryDelta;
 use guild_ports::store::{StoreError, StoreErrorKind};
 
-use super::durable::{io_error, Run};
-use super::StoreLayout;
+use super::durable::{read_store_file, Run};
+use super::journal::{self, Intent};
+use super::{StoreLayout, MAX_RECORD_BYTES, MAX_REGISTRY_BYTES};
+
+/// Why the registry log cannot be read in full: where, and what is wrong there. It is the cause
+/// of the [`StoreErrorKind::Corrupt`] error a reader or writer then fails with, whose path names
+/// the log.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("at byte offset {offset}: {problem}")]
+pub struct LogCorruption {
+    /// The byte offset of the header (0) or of the frame that cannot be accounted for.
+    pub offset: u64,
+    pub problem: LogProblem,
+}
+
+/// What is wrong at a [`LogCorruption`]'s offset.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LogProblem {
+    #[error("not a registry log header")]
+    NotAHeader,
+    #[error("the header fails its checksum")]
+    HeaderChecksum,
+    #[error("the log starts at generation {base}, after the checkpoint's {checkpoint}")]
+    BaseAfterCheckpoint { base: u64, checkpoint: u64 },
+    /// A frame that runs past the end of the file or fails its checksum, with a good frame after
+    /// it: not a torn append, which only ever leaves the end of the file bad.
+    #[error(
+        "a frame runs past the end of the file or fails its checksum, and a complete frame \
+         follows it at byte offset {next}"
+    )]
+    DamagedBeforeFrame { next: u64 },
+    /// A bad frame followed by more bytes than the search for frames after it may check.
+    #[error(
+        "a frame runs past the end of the file or fails its checksum, and the {len} bytes from \
+         it to the end cannot be checked for complete frames at a bounded cost"
+    )]
+    DamagedBeforeUnchecked { len: u64 },
+    /// A bad last frame with no commit in flight to explain it: a committed frame damaged.
+    #[error(
+        "the last frame runs past the end of the file or fails its checksum, and no journal \
+         record says that the commit to generation {generation} was in flight, so it is not a \
+         torn append"
+    )]
+    DamagedWithoutCommitInFlight { generation: u64 },
+    #[error("the frame does not decode: {0}")]
+    Decode(RegistryDecodeError),
+    #[error("the frame is for generation {found}, not {expected}")]
+    WrongGeneration { found: u64, expected: u64 },
+    #[error("the frame does not apply: {0}")]
+    Apply(ApplyError),
+}
 
 const MAGIC: &[u8; 8] = b"GKRLOG\0\x01";
 /// The length of the log's header.
@@ -127,10 +185,8 @@ pub(crate) struct OnDisk {
 /// Reads the checkpoint and the log, or `None` when there is no checkpoint.
 pub(crate) fn read(layout: &StoreLayout) -> Result<Option<OnDisk>, StoreError> {
     let path = &layout.registry;
-    let bytes = match fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io_error("read registry", path, e)),
+    let Some(bytes) = read_store_file("read registry", path, MAX_REGISTRY_BYTES)? else {
+        return Ok(None);
     };
     let (checkpoint, format) = RegistryState::from_any_json(&bytes).map_err(|e| {
         let kind = match e {
@@ -142,11 +198,7 @@ pub(crate) fn read(layout: &StoreLayout) -> Result<Option<OnDisk>, StoreError> {
             .caused_by(e)
     })?;
     let checkpoint_len = bytes.len() as u64;
-    let log = match fs::read(&layout.log) {
-        Ok(b) => Some(b),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => return Err(io_error("read registry log", &layout.log, e)),
-    };
+    let log = read_store_file("read registry log", &layout.log, MAX_REGISTRY_BYTES)?;
     if format != REGISTRY_FORMAT_V2 {
         return Ok(Some(OnDisk {
             registry: checkpoint,
@@ -168,7 +220,7 @@ pub(crate) fn read(layout: &StoreLayout) -> Result<Option<OnDisk>, StoreError> {
         .at(layout.log.clone()));
     };
     let mut registry = checkpoint;
-    let (valid, torn) = replay(&layout.log, &log, &mut registry)?;
+    let (valid, torn) = replay(layout, &log, &mut registry)?;
     Ok(Some(OnDisk {
         registry,
         info: DiskInfo {
@@ -183,70 +235,161 @@ pub(crate) fn read(layout: &StoreLayout) -> Result<Option<OnDisk>, StoreError> {
 }
 
 /// Applies the frames of `log` above `state`'s generation to it. Answers where the last complete
-/// frame ends and whether an uncommitted tail follows.
-fn replay(path: &Path, log: &[u8], state: &mut RegistryState) -> Result<(u64, bool), StoreError> {
-    let corrupt = |offset: usize, what: String| {
-        StoreError::new(
-            StoreErrorKind::Corrupt,
-            format!("registry log at byte offset {offset}: {what}"),
-        )
-        .at(path.to_path_buf())
+/// frame ends and whether an uncommitted tail (a torn append, as the module says) follows.
+fn replay(
+    layout: &StoreLayout,
+    log: &[u8],
+    state: &mut RegistryState,
+) -> Result<(u64, bool), StoreError> {
+    let corrupt = |offset: usize, problem: LogProblem| {
+        StoreError::new(StoreErrorKind::Corrupt, "read registry log")
+            .at(layout.log.clone())
+            .caused_by(LogCorruption {
+                offset: offset as u64,
+                problem,
+            })
     };
     let head = log
         .get(..HEADER_LEN as usize)
         .filter(|h| h.starts_with(MAGIC))
-        .ok_or_else(|| corrupt(0, "not a registry log header".to_owned()))?;
+        .ok_or_else(|| corrupt(0, LogProblem::NotAHeader))?;
     let base = u64::from_le_bytes(head[8..16].try_into().unwrap_or_default());
     if head[16..] != Sha256Digest::of(&head[..16]).0 {
-        return Err(corrupt(0, "the header fails its checksum".to_owned()));
+        return Err(corrupt(0, LogProblem::HeaderChecksum));
     }
     let from = state.generation();
     if base > from {
         return Err(corrupt(
             0,
-            format!("the log starts at generation {base}, after the checkpoint's {from}"),
+            LogProblem::BaseAfterCheckpoint {
+                base,
+                checkpoint: from,
+            },
         ));
     }
     let mut expected = base;
     let mut offset = HEADER_LEN as usize;
     while offset < log.len() {
-        let rest = &log[offset..];
-        let end = rest
-            .get(..4)
-            .map(|l| u32::from_le_bytes(l.try_into().unwrap_or_default()) as usize)
-            .and_then(|n| n.checked_add(FRAME_OVERHEAD))
-            .filter(|&end| end <= rest.len());
-        let Some(end) = end else {
-            // Shorter than its length says: an append in flight or torn.
+        let Some(payload) = frame_at(log, offset) else {
+            // Incomplete, or failing its checksum: torn only if it is the last thing in the file
+            // and a commit was in flight.
+            match after_bad_frame(log, offset) {
+                After::Nothing => {}
+                After::Frame(next) => {
+                    return Err(corrupt(
+                        offset,
+                        LogProblem::DamagedBeforeFrame { next: next as u64 },
+                    ))
+                }
+                After::Unchecked => {
+                    return Err(corrupt(
+                        offset,
+                        LogProblem::DamagedBeforeUnchecked {
+                            len: (log.len() - offset) as u64,
+                        },
+                    ))
+                }
+            }
+            if !commit_in_flight(layout, expected)? {
+                return Err(corrupt(
+                    offset,
+                    LogProblem::DamagedWithoutCommitInFlight {
+                        generation: expected.saturating_add(1),
+                    },
+                ));
+            }
             return Ok((offset as u64, true));
         };
-        if rest[4..FRAME_OVERHEAD] != frame_digest(&rest[..4], &rest[FRAME_OVERHEAD..end]) {
-            if rest[end..].iter().all(|&b| b == 0) {
-                return Ok((offset as u64, true));
-            }
-            return Err(corrupt(
-                offset,
-                "a frame fails its checksum and more frames follow it".to_owned(),
-            ));
-        }
-        let delta = RegistryDelta::from_json(&rest[FRAME_OVERHEAD..end])
-            .map_err(|e| corrupt(offset, "decode frame".to_owned()).caused_by(e))?;
-        expected += 1;
+        let end = payload.end;
+        let delta = RegistryDelta::from_json(&log[payload])
+            .map_err(|e| corrupt(offset, LogProblem::Decode(e)))?;
+        expected = expected.saturating_add(1);
         if delta.generation != expected {
             return Err(corrupt(
                 offset,
-                format!(
-                    "the frame is for generation {}, not {expected}",
-                    delta.generation
-                ),
+                LogProblem::WrongGeneration {
+                    found: delta.generation,
+                    expected,
+                },
             ));
         }
         if delta.generation > state.generation() {
             state
                 .apply(&delta)
-                .map_err(|e| corrupt(offset, "the frame does not apply".to_owned()).caused_by(e))?;
+                .map_err(|e| corrupt(offset, LogProblem::Apply(e)))?;
         }
-        offset += end;
+        offset = end;
     }
     Ok((offset as u64, false))
+}
+
+/// The payload of the frame at `at`, if the frame lies wholly within `log` and its checksum
+/// (over its length and payload) holds.
+fn frame_at(log: &[u8], at: usize) -> Option<Range<usize>> {
+    let rest = log.get(at..)?;
+    let len = u32::from_le_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+    let end = len
+        .checked_add(FRAME_OVERHEAD)
+        .filter(|&end| end <= rest.len())?;
+    let holds = rest[4..FRAME_OVERHEAD] == frame_digest(&rest[..4], &rest[FRAME_OVERHEAD..end]);
+    holds.then(|| at + FRAME_OVERHEAD..at + end)
+}
+
+/// What lies after a bad frame.
+enum After {
+    /// No offset starts a frame that lies wholly within the log with its checksum holding.
+    Nothing,
+    /// One does, at this offset.
+    Frame(usize),
+    /// Ruling frames out would hash more than [`scan_budget`] bytes.
+    Unchecked,
+}
+
+/// How many payload bytes the search after a bad frame may hash, for a log of `len` bytes: a
+/// bound linear in the log, so that crafted lengths cannot make the search quadratic.
+fn scan_budget(len: usize) -> usize {
+    len.saturating_mul(2).saturating_add(64 << 10)
+}
+
+/// Whether any offset after `bad` starts a frame that lies wholly within `log` with its checksum
+/// holding. A torn append leaves none (its bytes are a prefix of one frame, or zeros); a damaged
+/// length or payload in front of committed frames leaves them. Cheap in practice: at most
+/// offsets the length read there runs past the end of the file, and the checksum is computed only
+/// where it fits; past [`scan_budget`] the search gives up and the log is not read.
+fn after_bad_frame(log: &[u8], bad: usize) -> After {
+    let mut budget = scan_budget(log.len());
+    for at in bad + 1..log.len() {
+        let Some(len) = log
+            .get(at..at + 4)
+            .and_then(|l| l.try_into().ok())
+            .map(|l| u32::from_le_bytes(l) as usize)
+        else {
+            break;
+        };
+        if len.saturating_add(FRAME_OVERHEAD) > log.len() - at {
+            continue;
+        }
+        let Some(left) = budget.checked_sub(len + 4) else {
+            return After::Unchecked;
+        };
+        budget = left;
+        if frame_at(log, at).is_some() {
+            return After::Frame(at);
+        }
+    }
+    After::Nothing
+}
+
+/// Whether the journal holds the record of the commit from generation `from`: written durably
+/// before that commit's frame was appended and removed only after its fdatasync, it is what
+/// makes a bad end of the log a torn append rather than damage.
+fn commit_in_flight(layout: &StoreLayout, from: u64) -> Result<bool, StoreError> {
+    let Some(to) = from.checked_add(1) else {
+        return Ok(false);
+    };
+    let path = journal::record_path(&layout.journal, to);
+    let record = read_store_file("read journal record", &path, MAX_RECORD_BYTES)?;
+    // A record that does not decode proves nothing (and stops a writer's recovery anyway).
+    Ok(record
+        .is_some_and(|bytes| Intent::from_json(&bytes).is_ok_and(|i| i.from_generation == from)))
 }

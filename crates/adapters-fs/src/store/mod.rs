@@ -55,11 +55,21 @@ use guild_ports::store::{
 
 pub use durable::{Fault, FaultMode, OpStats};
 pub use journal::{JournalDecodeError, JOURNAL_FORMAT_V1};
+pub use log::{LogCorruption, LogProblem};
 pub use watch::StoreWatcher;
 
 use commit::{is_crash, is_staging_entry, Failure};
 use durable::{io_error, remove_tree, Run};
 use log::DiskInfo;
+
+/// The most bytes a reader takes from `registry.json`, and from `registry.log`: far more than a
+/// store ever holds (a compaction keeps the log near the checkpoint's size), and a bound on what
+/// a damaged or planted file can make any reader hold.
+pub(crate) const MAX_REGISTRY_BYTES: u64 = 1 << 30;
+/// The most bytes a reader takes from `trust` or `trust.next`.
+pub(crate) const MAX_TRUST_BYTES: u64 = 64 << 20;
+/// The most bytes a reader takes from a journal record.
+pub(crate) const MAX_RECORD_BYTES: u64 = 16 << 20;
 
 /// Where each part of a store lives under its root directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -756,13 +766,9 @@ pub fn read_registry(root: impl Into<PathBuf>) -> Result<Option<RegistryState>, 
     Ok(read_committed(&StoreLayout::new(root))?.map(|s| s.registry))
 }
 
-/// The contents of `path`, or `None` if it does not exist.
+/// The contents of the trust file (or `trust.next`) at `path`, or `None` if it does not exist.
 fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, StoreError> {
-    match fs::read(path) {
-        Ok(bytes) => Ok(Some(bytes)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(io_error("read store file", path, e)),
-    }
+    durable::read_store_file("read trust file", path, MAX_TRUST_BYTES)
 }
 
 /// Puts `previous` back at `target` (or removes `target` if there was nothing), durably. Not

@@ -3,8 +3,10 @@
 //! A transaction's frame in the registry log is its commit point, so recovery never needs to redo
 //! work: a transaction whose frame is complete is done apart from deleting trees the new
 //! registry no longer references, and one whose frame is missing or torn left only trees and
-//! files that the old registry does not reference. A torn frame at the end of the log is cut off
-//! (and the log fsynced) before anything else is decided, and a log left beside a format-1
+//! files that the old registry does not reference. A torn frame at the end of the log (only ever
+//! one that the journal record of the commit appending it accounts for, as the `log` module
+//! says; any other bad frame stops recovery before it changes anything) is cut off (and the log
+//! fsynced) before anything else is decided, and a log left beside a format-1
 //! registry by a migration that stopped early is deleted. Both are finished the same way: delete every
 //! package tree the registry does not reference, clear the staging area and the temporary files,
 //! and drop the journal records. The journal records add a consistency check (a record that
@@ -17,9 +19,10 @@
 //! deleted. A replacement keeps the installed tree at `<version>~replaced` until the commit point;
 //! when the registry did not move on, that tree is put back in place of the new one.
 //!
-//! Everything that could make recovery guess is checked before anything is deleted: an
-//! unreadable registry or journal record fails with the file's name and leaves the disk as it
-//! was. None of the deletions needs an fsync: if a power loss undoes one, the next recovery
+//! Everything that could make recovery guess is read and checked before anything is cut or
+//! deleted: an unreadable registry, log, journal record or trust file (a link or a FIFO in its
+//! place, or one over its size cap, included) fails with the file's name and leaves the disk as
+//! it was. None of the deletions needs an fsync: if a power loss undoes one, the next recovery
 //! deletes the same thing again.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -35,11 +38,11 @@ use guild_ports::store::{
     InterruptedCommit, RecoveryReport, StoreError, StoreErrorKind, UncheckedTree,
 };
 
-use super::durable::{io_error, remove_file_if_present, remove_tree, Run};
+use super::durable::{io_error, read_store_file, remove_file_if_present, remove_tree, Run};
 use super::journal::{Intent, JournalDecodeError, RECORD_SUFFIX, TMP_SUFFIX};
 use super::log::{self, DiskInfo};
 use super::pins::Refusal;
-use super::StoreLayout;
+use super::{StoreLayout, MAX_RECORD_BYTES, MAX_TRUST_BYTES};
 
 /// The registry recovery settled on, its bytes on disk, and what recovery did.
 pub(crate) struct Recovered {
@@ -60,9 +63,12 @@ pub(crate) fn recover(
     let mut report = RecoveryReport::default();
     ensure_dirs(layout, run)?;
 
-    // Read everything recovery decides on before deleting anything.
+    // Read everything recovery decides on, or answers, before changing anything.
     let records = read_journal(layout)?;
-    let (registry, info) = match log::read(layout)? {
+    let found = log::read(layout)?;
+    let trust = read_store_file("read trust file", &layout.trust, MAX_TRUST_BYTES)?;
+    let trust_next = read_store_file("read new trust file", &layout.trust_next, MAX_TRUST_BYTES)?;
+    let (registry, info) = match found {
         Some(found) => {
             if found.torn_len.is_some() {
                 // A frame whose append did not finish: its commit point was not reached.
@@ -146,7 +152,7 @@ pub(crate) fn recover(
     }
 
     // Now make the disk match the registry.
-    settle_trust(layout, &registry, run, &mut report)?;
+    let settled = settle_trust(layout, &registry, trust_next, run, &mut report)?;
     for node in &undo_replacements {
         let aside = layout.replaced_dir(&node.id, &node.version);
         if fs::symlink_metadata(&aside).is_ok() {
@@ -186,11 +192,7 @@ pub(crate) fn recover(
         remove_file_if_present(path).map_err(|e| io_error("remove journal record", path, e))?;
     }
     report.generation = generation;
-    let trust = match fs::read(&layout.trust) {
-        Ok(b) => Some(b),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => return Err(io_error("read trust file", &layout.trust, e)),
-    };
+    let trust = settled.or(trust);
     Ok(Recovered {
         registry,
         info,
@@ -209,19 +211,19 @@ fn cut_log(layout: &StoreLayout, valid: u64, run: &mut Run) -> Result<(), StoreE
     run.sync_path("fsync registry log", &layout.log)
 }
 
-/// Finishes or drops new trust bytes left in `trust.next`: the registry's trust anchor says
-/// whether their commit point was reached.
+/// Finishes or drops the new trust bytes `next_bytes` left in `trust.next`: the registry's trust
+/// anchor says whether their commit point was reached. Answers them when they are now the trust
+/// file.
 fn settle_trust(
     layout: &StoreLayout,
     registry: &RegistryState,
+    next_bytes: Option<Vec<u8>>,
     run: &mut Run,
     report: &mut RecoveryReport,
-) -> Result<(), StoreError> {
+) -> Result<Option<Vec<u8>>, StoreError> {
     let next = &layout.trust_next;
-    let bytes = match fs::read(next) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(io_error("read new trust file", next, e)),
+    let Some(bytes) = next_bytes else {
+        return Ok(None);
     };
     let committed = registry
         .trust_anchor()
@@ -229,11 +231,12 @@ fn settle_trust(
     if committed {
         fs::rename(next, &layout.trust).map_err(|e| io_error("finish trust file", next, e))?;
         run.sync_path("fsync store directory", &layout.root)?;
+        Ok(Some(bytes))
     } else {
         remove_file_if_present(next).map_err(|e| io_error("remove new trust file", next, e))?;
         report.removed_temp_files.push(next.clone());
+        Ok(None)
     }
-    Ok(())
 }
 
 /// Creates the journal, staging and packages directories if absent, durably.
@@ -279,7 +282,14 @@ fn read_journal(layout: &StoreLayout) -> Result<Vec<(PathBuf, Intent)>, StoreErr
                 StoreError::new(StoreErrorKind::Corrupt, "unexpected file in the journal").at(path),
             );
         }
-        let bytes = fs::read(&path).map_err(|e| io_error("read journal record", &path, e))?;
+        let bytes =
+            read_store_file("read journal record", &path, MAX_RECORD_BYTES)?.ok_or_else(|| {
+                StoreError::new(
+                    StoreErrorKind::Io,
+                    "read journal record: it went while recovery read the journal",
+                )
+                .at(path.clone())
+            })?;
         match Intent::from_json(&bytes) {
             Ok(intent) => records.push((path, intent)),
             Err(e) => {

@@ -460,6 +460,37 @@ fn cli_every_documented_exit_code() {
         .stderr_has("registry.json")
         .stderr_has("hint: the store refuses to guess: restore the damaged file");
     fs::write(&registry, good).unwrap();
+    // ... and so is one whose registry log has a damaged frame length in the middle (G27): no
+    // command takes the frames before it for the whole store, and none cuts the log or deletes
+    // an installed tree.
+    let log = b.store().join("registry.log");
+    let good = fs::read(&log).unwrap();
+    let mut starts = vec![48];
+    while let Some(len) = good
+        .get(starts[starts.len() - 1]..)
+        .and_then(|f| f.get(..4))
+    {
+        let len = u32::from_le_bytes(len.try_into().unwrap()) as usize;
+        starts.push(starts[starts.len() - 1] + 36 + len);
+    }
+    assert!(starts.len() >= 4, "at least three frames: {starts:?}");
+    let middle = starts[starts.len() / 2 - 1];
+    let mut bad = good.clone();
+    bad[middle + 2] ^= 0x10;
+    fs::write(&log, &bad).unwrap();
+    let trees = b.store().join("packages").join("example.user");
+    assert!(trees.is_dir());
+    for args in [&["list"][..], &["recover"]] {
+        b.run(args)
+            .expect(5)
+            .stderr_has("error: store file is corrupt: read registry log")
+            .stderr_has(&format!("registry.log): at byte offset {middle}: "))
+            .stderr_has("hint: the store refuses to guess: restore the damaged file");
+    }
+    assert_eq!(fs::read(&log).unwrap(), bad, "nothing cut the log");
+    assert!(trees.is_dir(), "nothing deleted a tree");
+    fs::write(&log, good).unwrap();
+    b.run(&["list"]).expect(0).stdout_has("example.user");
     // 6: not found: a package id, a package file, a key file.
     b.run(&["enable", "example.nothing"])
         .expect(6)

@@ -1,6 +1,8 @@
 //! The durable store: the crash matrix, fail-closed opening, locking, recovery and transaction
 //! validation.
 
+mod files;
+mod log;
 mod matrix;
 mod open;
 mod shared;

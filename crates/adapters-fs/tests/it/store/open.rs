@@ -606,6 +606,8 @@ fn append(path: &Path, bytes: &[u8]) {
     file.write_all(bytes).unwrap();
 }
 
+/// A torn append is only ever found with its commit's journal record in place (the record is
+/// durable before the append starts): the store crashed after the record; then the tail.
 #[test]
 fn store_log_torn_tail_is_ignored_by_readers_and_cut_by_the_writer() {
     for (what, tail) in [
@@ -616,7 +618,7 @@ fn store_log_torn_tail_is_ignored_by_readers_and_cut_by_the_writer() {
         ),
         ("zeros left by a power loss", vec![0; 300]),
     ] {
-        let (_dir, root) = store_with_one_package();
+        let (_dir, root, record) = store_with_journal_record();
         let layout = StoreLayout::new(&root);
         let state = committed(&root);
         let good = fs::read(&layout.log).unwrap();
@@ -635,6 +637,8 @@ fn store_log_torn_tail_is_ignored_by_readers_and_cut_by_the_writer() {
             "{what}"
         );
         assert_eq!(fs::read(&layout.log).unwrap(), good, "{what}: cut back");
+        assert_eq!(report.rolled_back.len(), 1, "{what}: {report:?}");
+        assert!(!record.exists(), "{what}");
         assert_eq!(store.registry().unwrap(), state);
         assert!(store.recover().unwrap().is_clean());
         // The next frame lands where the torn one was.
@@ -666,11 +670,14 @@ fn store_log_bad_frame_before_good_ones_fails_closed_naming_the_offset() {
         let err = FsStore::open_with(&root, options).map(|_| ()).unwrap_err();
         assert_eq!(err.kind, StoreErrorKind::Corrupt, "{err}");
         assert_eq!(err.path.as_deref(), Some(layout.log.as_path()));
+        let second = 48 + 36 + u32::from_le_bytes(good[48..52].try_into().unwrap()) as usize;
         assert!(
-            err.to_string().contains(
-                "registry log at byte offset 48: a frame fails its checksum and more frames \
-                 follow it"
-            ),
+            err.to_string().contains(&format!(
+                "read registry log ({}): at byte offset 48: a frame runs past the end of the \
+                 file or fails its checksum, and a complete frame follows it at byte offset \
+                 {second}",
+                layout.log.display()
+            )),
             "{err}"
         );
     }

@@ -1,0 +1,411 @@
+//! Damage to `registry.log`: a reader either reads the whole committed state or fails closed
+//! naming the file and the byte offset, and a writer's recovery cuts off only a torn append that
+//! a journal record accounts for, and deletes nothing while the log cannot be read in full.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use guild_adapters_fs::store::{
+    Fault, FaultMode, FsStore, LogCorruption, LogProblem, StoreLayout, StoreOptions,
+};
+use guild_domain::registry::RegistryState;
+use guild_ports::store::{PackageStore, StoreError, StoreErrorKind};
+
+use super::{id, publish, v, ENABLED};
+
+/// The log's header: magic, base generation, checksum.
+const HEADER: usize = 48;
+/// A frame's length field, then its checksum, then its payload.
+const LEN: usize = 4;
+const SUM: usize = 32;
+
+/// A closed store holding a@1.0.0, b@1.0.0 and c@1.0.0, each published by its own commit: a
+/// log of three frames after the header.
+fn store_with_three_frames() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let (store, _) = FsStore::open(&root).unwrap();
+    for pkg in ["a", "b", "c"] {
+        publish(&store, pkg, "1.0.0", ENABLED).unwrap();
+    }
+    (dir, root)
+}
+
+/// Where each frame of `log` starts, and where the last one ends.
+fn frame_starts(log: &[u8]) -> Vec<usize> {
+    let mut starts = vec![HEADER];
+    let mut at = HEADER;
+    while at < log.len() {
+        let len = u32::from_le_bytes(log[at..at + LEN].try_into().unwrap()) as usize;
+        at += LEN + SUM + len;
+        starts.push(at);
+    }
+    assert_eq!(at, log.len());
+    starts
+}
+
+/// The error's typed cause: where in the log, and what is wrong there.
+fn log_corruption(err: &StoreError) -> &LogCorruption {
+    std::error::Error::source(err)
+        .and_then(|s| s.downcast_ref::<LogCorruption>())
+        .unwrap_or_else(|| panic!("not a log corruption: {err}"))
+}
+
+fn open_as(root: &Path, reader: bool) -> Result<FsStore, StoreError> {
+    let options = if reader {
+        StoreOptions::new().reader()
+    } else {
+        StoreOptions::new()
+    };
+    FsStore::open_with(root, options).map(|(s, _)| s)
+}
+
+/// G27: one flipped bit in the length of a frame in the middle of the log made readers take it
+/// for a torn append at the end (two of three packages gone from `list`), and the next writer cut
+/// the log there and deleted the trees of the packages it no longer saw.
+#[test]
+fn store_log_flipped_length_in_a_middle_frame_fails_closed_and_deletes_nothing() {
+    let (_dir, root) = store_with_three_frames();
+    let layout = StoreLayout::new(&root);
+    let good = fs::read(&layout.log).unwrap();
+    let starts = frame_starts(&good);
+    assert_eq!(starts.len(), 4, "three frames");
+    let middle = starts[1];
+    let mut bad = good.clone();
+    // Bit 20 of the length: the frame now claims a megabyte, far past the end of the file.
+    bad[middle + 2] ^= 0x10;
+    fs::write(&layout.log, &bad).unwrap();
+    let before = files_under(&root);
+
+    for reader in [true, false] {
+        let err = open_as(&root, reader).map(|_| ()).unwrap_err();
+        assert_eq!(err.kind, StoreErrorKind::Corrupt, "{err}");
+        assert_eq!(err.path.as_deref(), Some(layout.log.as_path()), "{err}");
+        assert_eq!(
+            *log_corruption(&err),
+            LogCorruption {
+                offset: middle as u64,
+                problem: LogProblem::DamagedBeforeFrame {
+                    next: starts[2] as u64
+                },
+            },
+            "{err}"
+        );
+    }
+    let err = guild_adapters_fs::store::read_registry(&root).unwrap_err();
+    assert_eq!(log_corruption(&err).offset, middle as u64, "{err}");
+    assert!(
+        files_under(&root) == before,
+        "failing closed changed nothing"
+    );
+
+    // Putting the good log back gives back everything: records and files.
+    fs::write(&layout.log, &good).unwrap();
+    let (store, report) = FsStore::open(&root).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    for pkg in ["a", "b", "c"] {
+        assert!(store
+            .registry()
+            .unwrap()
+            .is_installed(&id(pkg), &v("1.0.0")));
+        assert!(layout.package_dir(&id(pkg), &v("1.0.0")).is_dir(), "{pkg}");
+    }
+}
+
+/// Every entry under `dir` (a directory as `None`, a file with its bytes): a store's whole
+/// disk, for checking that failing closed wrote and deleted nothing.
+fn files_under(dir: &Path) -> BTreeMap<String, Option<Vec<u8>>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            if e.file_type().unwrap().is_dir() {
+                out.insert(p.display().to_string(), None);
+                stack.push(p);
+            } else {
+                out.insert(p.display().to_string(), Some(fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out
+}
+
+fn committed(root: &Path) -> RegistryState {
+    guild_adapters_fs::store::read_registry(root)
+        .unwrap()
+        .unwrap()
+}
+
+/// One way to damage the log: its name and the bytes it leaves.
+struct Damage {
+    name: String,
+    log: Vec<u8>,
+}
+
+/// Every field of every frame (length, checksum, payload) damaged, in the first, the middle and
+/// the last frame of a log of three, and in the last frame of a log cut back to one and to two
+/// frames (so a damaged frame both with and without frames after it); every field of the header;
+/// and the log cut at every byte.
+fn damages(good: &[u8]) -> Vec<Damage> {
+    let starts = frame_starts(good);
+    let mut out = Vec::new();
+    for byte in 0..HEADER {
+        let mut log = good.to_vec();
+        log[byte] ^= 0x01;
+        out.push(Damage {
+            name: format!("header byte {byte} flipped"),
+            log,
+        });
+    }
+    // (description, the log up to the end of the damaged frame's neighbourhood, frame start)
+    let mut targets = Vec::new();
+    for (k, pair) in starts.windows(2).enumerate() {
+        let (start, end) = (pair[0], pair[1]);
+        let later = if end == good.len() {
+            "the last frame".to_owned()
+        } else {
+            format!("frame {k} of {}, frames after it", starts.len() - 1)
+        };
+        targets.push((later, good.to_vec(), start, end));
+        if end != good.len() {
+            targets.push((
+                format!("frame {k}, the last of a log cut after it"),
+                good[..end].to_vec(),
+                start,
+                end,
+            ));
+        }
+    }
+    for (which, base, start, end) in targets {
+        let mut edit = |what: String, f: &dyn Fn(&mut [u8])| {
+            let mut log = base.clone();
+            f(&mut log[start..end]);
+            out.push(Damage {
+                name: format!("{which}: {what}"),
+                log,
+            });
+        };
+        for bit in 0..32 {
+            edit(format!("length bit {bit} flipped"), &|f| {
+                f[bit / 8] ^= 1 << (bit % 8)
+            });
+        }
+        edit("length 0".to_owned(), &|f| f[..LEN].fill(0));
+        edit("length u32::MAX".to_owned(), &|f| f[..LEN].fill(0xff));
+        for byte in 0..SUM {
+            edit(format!("checksum byte {byte} flipped"), &|f| {
+                f[LEN + byte] ^= 0x80
+            });
+        }
+        let n = end - start - LEN - SUM;
+        for byte in [0, n / 2, n - 1] {
+            edit(format!("payload byte {byte} flipped"), &|f| {
+                f[LEN + SUM + byte] ^= 0x01
+            });
+        }
+        edit("payload byte zeroed".to_owned(), &|f| {
+            f[LEN + SUM + n / 2] = 0
+        });
+        edit("whole frame zeroed".to_owned(), &|f| f.fill(0));
+    }
+    // Cut inside the header, and inside each frame at and around the boundaries of its fields
+    // (the torn-append test below cuts a frame at every byte): a torn append, but with no commit
+    // in flight.
+    let mut cuts: Vec<usize> = (0..HEADER).collect();
+    for pair in starts.windows(2) {
+        let (start, end) = (pair[0], pair[1]);
+        for field_end in [
+            start,
+            start + LEN,
+            start + LEN + SUM,
+            (start + end) / 2,
+            end,
+        ] {
+            cuts.extend([field_end.saturating_sub(1), field_end, field_end + 1]);
+        }
+    }
+    cuts.sort_unstable();
+    cuts.dedup();
+    for cut in cuts {
+        if cut < good.len() && !starts.contains(&cut) {
+            out.push(Damage {
+                name: format!("cut at byte {cut}"),
+                log: good[..cut].to_vec(),
+            });
+        }
+    }
+    out
+}
+
+/// The corruption matrix. Each case must fail closed, as a reader and as a writer, naming the
+/// log and an offset no later than the damage, and leave every byte of the store as it was; then
+/// the good log put back reads the whole committed state again.
+#[test]
+fn store_log_corruption_matrix_fails_closed_and_deletes_nothing() {
+    let (_dir, root) = store_with_three_frames();
+    let layout = StoreLayout::new(&root);
+    let good = fs::read(&layout.log).unwrap();
+    let full = committed(&root);
+    let cases = damages(&good);
+    for case in &cases {
+        fs::write(&layout.log, &case.log).unwrap();
+        let before = files_under(&root);
+        let what = &case.name;
+        let errors = [
+            guild_adapters_fs::store::read_registry(&root).map(|_| ()),
+            open_as(&root, true).map(|_| ()),
+            open_as(&root, false).map(|_| ()),
+        ];
+        for err in errors {
+            let err = err.expect_err(what);
+            assert_eq!(err.kind, StoreErrorKind::Corrupt, "{what}: {err}");
+            assert_eq!(err.path.as_deref(), Some(layout.log.as_path()), "{what}");
+            let at = log_corruption(&err).offset as usize;
+            assert!(at < case.log.len().max(1), "{what}: {err}");
+        }
+        assert!(
+            files_under(&root) == before,
+            "{what}: failing closed changed the disk"
+        );
+    }
+    fs::write(&layout.log, &good).unwrap();
+    let (store, report) = FsStore::open(&root).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(store.registry().unwrap(), full);
+    println!(
+        "log corruption matrix: {} cases, all failed closed",
+        cases.len()
+    );
+}
+
+/// A log cut back exactly at a frame boundary is a well-formed shorter log: a reader sees the
+/// earlier generation it holds, consistently, never a mix.
+#[test]
+fn store_log_cut_at_a_frame_boundary_reads_an_earlier_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let (store, _) = FsStore::open(&root).unwrap();
+    let mut states = vec![store.registry().unwrap()];
+    for pkg in ["a", "b", "c"] {
+        publish(&store, pkg, "1.0.0", ENABLED).unwrap();
+        states.push(store.registry().unwrap());
+    }
+    drop(store);
+    let layout = StoreLayout::new(&root);
+    let good = fs::read(&layout.log).unwrap();
+    for (k, start) in frame_starts(&good).into_iter().enumerate() {
+        fs::write(&layout.log, &good[..start]).unwrap();
+        assert_eq!(committed(&root), states[k], "{k} frames");
+    }
+}
+
+/// The crash side: a commit's append torn after every byte of its frame (length, checksum and
+/// payload), alone or followed by the zeros a power loss can leave, with the commit's journal
+/// record in place as it always is while the append is in flight. Readers read the state before
+/// the commit; a writer cuts the log back to it and rolls the commit back.
+#[test]
+fn store_log_torn_append_at_every_byte_is_cut_back_when_its_commit_was_in_flight() {
+    // The frame the crashed commit was appending, taken from the same commit made in full.
+    let (_other_dir, other) = store_with_three_frames();
+    let len3 = fs::read(StoreLayout::new(&other).log).unwrap().len();
+    {
+        let (store, _) = FsStore::open(&other).unwrap();
+        publish(&store, "d", "1.0.0", ENABLED).unwrap();
+    }
+    let frame = fs::read(StoreLayout::new(&other).log).unwrap()[len3..].to_vec();
+
+    let (_dir, root) = store_with_three_frames();
+    let layout = StoreLayout::new(&root);
+    let good = fs::read(&layout.log).unwrap();
+    assert_eq!(good.len(), len3);
+    let before = committed(&root);
+    // The commit of d crashes once its journal record is durable.
+    let fault = Some(Fault {
+        step: 5,
+        mode: FaultMode::Crash,
+    });
+    let (store, _) = FsStore::open_with(&root, StoreOptions::new().with_fault(fault)).unwrap();
+    let err = publish(&store, "d", "1.0.0", ENABLED).unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::SimulatedCrash);
+    drop(store);
+    let record_path = layout.journal.join("00000000000000000004.intent");
+    let record = fs::read(&record_path).unwrap();
+
+    let n = frame.len() - LEN - SUM;
+    let mut tails: Vec<(String, Vec<u8>)> = (1..frame.len())
+        .map(|p| (format!("torn after {p} bytes"), frame[..p].to_vec()))
+        .collect();
+    for p in [0, 2, LEN, LEN + SUM / 2, LEN + SUM, LEN + SUM + n / 2] {
+        let mut tail = frame[..p].to_vec();
+        tail.resize(frame.len(), 0);
+        tails.push((
+            format!("torn after {p} bytes, zeros to the frame's end"),
+            tail,
+        ));
+    }
+    for (what, tail) in &tails {
+        let mut log = good.clone();
+        log.extend_from_slice(tail);
+        fs::write(&layout.log, &log).unwrap();
+        fs::write(&record_path, &record).unwrap();
+        assert_eq!(committed(&root), before, "{what}: reader");
+        assert_eq!(
+            fs::read(&layout.log).unwrap(),
+            log,
+            "{what}: a reader cuts nothing"
+        );
+        let (store, report) = FsStore::open(&root).unwrap();
+        assert_eq!(store.registry().unwrap(), before, "{what}: writer");
+        assert_eq!(report.rolled_back.len(), 1, "{what}: {report:?}");
+        assert_eq!(fs::read(&layout.log).unwrap(), good, "{what}: cut back");
+        assert!(!record_path.exists(), "{what}");
+        for pkg in ["a", "b", "c"] {
+            assert!(layout.package_dir(&id(pkg), &v("1.0.0")).is_dir(), "{what}");
+        }
+    }
+    // Without the record, the same torn bytes are damage: the store fails closed.
+    let mut log = good.clone();
+    log.extend_from_slice(&frame[..frame.len() / 2]);
+    fs::write(&layout.log, &log).unwrap();
+    let err = open_as(&root, false).map(|_| ()).unwrap_err();
+    assert_eq!(
+        log_corruption(&err).problem,
+        LogProblem::DamagedWithoutCommitInFlight { generation: 4 },
+        "{err}"
+    );
+    assert_eq!(fs::read(&layout.log).unwrap(), log);
+    println!("torn appends: {} cases, all cut back", tails.len());
+}
+
+/// Lengths crafted so that a frame would fit at nearly every offset after a bad frame would make
+/// the search for later frames quadratic (here, gigabytes hashed); it gives up at a bound linear
+/// in the log and fails closed.
+#[test]
+fn store_log_crafted_lengths_after_a_bad_frame_fail_closed_at_a_bounded_cost() {
+    let (_dir, root) = store_with_three_frames();
+    let layout = StoreLayout::new(&root);
+    let good = fs::read(&layout.log).unwrap();
+    let starts = frame_starts(&good);
+    let tail = 1 << 20;
+    let mut log = good[..starts[2]].to_vec();
+    let half = u32::try_from(tail / 2).unwrap().to_le_bytes();
+    while log.len() < starts[2] + tail {
+        log.extend_from_slice(&half);
+    }
+    fs::write(&layout.log, &log).unwrap();
+    let started = std::time::Instant::now();
+    let err = guild_adapters_fs::store::read_registry(&root).unwrap_err();
+    assert_eq!(
+        *log_corruption(&err),
+        LogCorruption {
+            offset: starts[2] as u64,
+            problem: LogProblem::DamagedBeforeUnchecked { len: tail as u64 },
+        },
+        "{err}"
+    );
+    assert!(started.elapsed().as_secs() < 10, "{:?}", started.elapsed());
+    assert_eq!(fs::read(&layout.log).unwrap(), log);
+}
