@@ -16,7 +16,10 @@
 //!    serialises nothing when "8 on one store" matches "8 on private copies"; "8 at once / one
 //!    alone" is bounded below by the work per core on a machine with fewer than 8 cores. So
 //!    that such a machine still says what sharing costs when every reader has a core, as many
-//!    readers as there are cores (at most 8) are also started at once on the one store.
+//!    readers as there are cores (at most 8) are also started at once on the one store. "At
+//!    once" means released together from a barrier (each reader is a waiting shell that execs
+//!    the runner), timed from the release. Where a CUDA device is found, the same readers with
+//!    `--cpu-only` show what the driver's initialisation costs them apart from the store.
 //!
 //! The second part ends with a verdict on the goal (8 at once under 1.5x one alone), given at
 //! least 8 cores. `GUILD_BENCH_ONLY=open` runs the second part alone; `GUILD_BENCH_BIN_DIR`
@@ -221,20 +224,35 @@ fn readers(runner: &Path, stores: &[PathBuf], n: usize) -> Duration {
 }
 
 /// [`readers`], each started with `flags` before its arguments.
+///
+/// The readers start together: each is a shell waiting on its stdin that then `exec`s the
+/// runner, and every shell is released at once, 50 ms after the last was started. Spawning
+/// them one after another from here would otherwise stagger their starts by the parent's
+/// fork and exec of each, which is as long as a whole reader's run when it loads no GPU driver.
+/// The time runs from the release.
 fn readers_with(runner: &Path, stores: &[PathBuf], n: usize, flags: &[&str]) -> Duration {
-    let start = Instant::now();
-    let children: Vec<Child> = (0..n)
+    use std::io::Write as _;
+    let mut children: Vec<Child> = (0..n)
         .map(|i| {
-            Command::new(runner)
+            Command::new("sh")
+                .args(["-c", "read -r go && exec \"$0\" \"$@\""])
+                .arg(runner)
                 .args(flags)
                 .arg(&stores[i % stores.len()])
                 .arg(OP)
+                .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
                 .unwrap()
         })
         .collect();
+    std::thread::sleep(Duration::from_millis(50));
+    let start = Instant::now();
+    for c in &mut children {
+        let mut stdin = c.stdin.take().expect("piped");
+        stdin.write_all(b"go\n").unwrap();
+    }
     for c in children {
         let out = c.wait_with_output().unwrap();
         assert!(
