@@ -143,26 +143,43 @@ impl LoadedPackage {
 
     /// Counts one more binding on this thread's stripe unless the package is draining, and
     /// answers the stripe; one compare-and-swap (see the module documentation for why that
-    /// cannot miss a drain).
-    #[inline]
+    /// cannot miss a drain). A drain that has not decided yet is waited for, out of line.
+    #[inline(always)]
     fn try_bind(&self) -> Option<u8> {
         let stripe = thread_stripe();
         let word = &self.state[stripe].0;
+        let now = word.load(Ordering::Relaxed);
+        // Relaxed suffices: the exclusion with a drain rests on the word's own modification
+        // order (a successful CAS reads the value just before it, so it cannot succeed after a
+        // `fetch_or` of a mark), and the provider's memory is kept by the `Arc`, not the count.
+        // `now + 1` stays below `DECIDING` (see `COUNT`).
+        if now & (DRAINING | DECIDING) == 0
+            && word
+                .compare_exchange_weak(now, now + 1, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            // STRIPES fits in a byte.
+            return Some(stripe as u8);
+        }
+        self.try_bind_contended(stripe)
+    }
+
+    /// [`LoadedPackage::try_bind`] after its first attempt failed: another binder moved the
+    /// word, the package is draining, or a drain is deciding (waited for).
+    #[cold]
+    #[inline(never)]
+    fn try_bind_contended(&self, stripe: usize) -> Option<u8> {
+        let word = &self.state[stripe].0;
         let mut now = word.load(Ordering::Relaxed);
         loop {
-            if now & (DRAINING | DECIDING) != 0 {
-                if now & DRAINING != 0 {
-                    return None;
-                }
+            if now & DRAINING != 0 {
+                return None;
+            }
+            if now & DECIDING != 0 {
                 now = wait_for_decision(word);
                 continue;
             }
-            // Relaxed suffices: the exclusion with a drain rests on the word's own modification
-            // order (a successful CAS reads the value just before it, so it cannot succeed after
-            // a `fetch_or` of `DRAINING`), and the provider's memory is kept by the `Arc`, not
-            // the count. `now + 1` stays below `WAITED` (see `COUNT`).
             match word.compare_exchange_weak(now, now + 1, Ordering::Relaxed, Ordering::Relaxed) {
-                // STRIPES fits in a byte.
                 Ok(_) => return Some(stripe as u8),
                 Err(seen) => now = seen,
             }
@@ -362,8 +379,9 @@ impl KernelBinding {
         })
     }
 
-    /// As [`KernelBinding::try_new`], keeping the reference it is given.
-    #[inline]
+    /// As [`KernelBinding::try_new`], keeping the reference it is given (inlined into every
+    /// lookup: out of line it costs a lookup a tenth more instructions).
+    #[inline(always)]
     pub(crate) fn bind(op: Arc<StoredOp>) -> Option<Self> {
         op.package
             .try_bind()
