@@ -167,14 +167,20 @@ impl PackageEntry {
 /// its count only falls.
 #[derive(Debug)]
 struct Retired {
+    id: PackageId,
+    version: Version,
     package: Weak<LoadedPackage>,
 }
 
 impl Retired {
+    /// The retired package, when it is `id` (at `version`, when given) and still alive. Only a
+    /// match is upgraded: a strong reference made and dropped here could be the last one and
+    /// close its library on this thread, under the caller's lock.
     fn is(&self, id: &PackageId, version: Option<&Version>) -> Option<Arc<LoadedPackage>> {
-        self.package
-            .upgrade()
-            .filter(|p| &p.id == id && version.is_none_or(|v| &p.version == v))
+        if &self.id != id || version.is_some_and(|v| &self.version != v) {
+            return None;
+        }
+        self.package.upgrade()
     }
 
     fn is_gone(&self) -> bool {
@@ -610,6 +616,8 @@ impl KernelRegistry {
         let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
         retired.retain(|r| !r.is_gone());
         retired.push(Retired {
+            id: entry.package.id.clone(),
+            version: entry.package.version.clone(),
             package: Arc::downgrade(&entry.package),
         });
     }
@@ -630,26 +638,22 @@ impl KernelRegistry {
             bindings,
         };
         // Retired versions are marked for good, so their counts only fall: a zero read here
-        // stays zero.
+        // stays zero. They are counted before the loaded version is marked, so that nothing
+        // but atomic operations happens while binders wait for the decision (in particular no
+        // lock is taken and no retired library closes on this thread then).
+        let retired = self.retired_bindings(id, None);
+        if retired > 0 {
+            return Err(bound(retired));
+        }
         let Some(package) = current else {
-            let retired = self.retired_bindings(id, None);
-            if retired > 0 {
-                return Err(bound(retired));
-            }
             return Ok(Drain { package: None });
         };
-        // The whole decision, retired versions included, is taken while the package is marked
-        // undecided: binders wait for it rather than take the package for gone, so a refusal
-        // hides it from no one.
+        // Marked undecided while its bindings are counted: binders wait for the decision
+        // rather than take the package for gone, so a refusal hides it from no one.
         let (deciding, live) = package.decide_drain();
-        let bindings = if live > 0 {
-            live
-        } else {
-            self.retired_bindings(id, None)
-        };
-        if bindings > 0 {
+        if live > 0 {
             drop(deciding);
-            return Err(bound(bindings));
+            return Err(bound(live));
         }
         deciding.drain();
         Ok(Drain {
@@ -659,12 +663,21 @@ impl KernelRegistry {
 
     /// Live bindings into retired versions of `id` (at `version` only, when given).
     fn retired_bindings(&self, id: &PackageId, version: Option<&Version>) -> u64 {
+        let packages = self.retired_packages(id, version);
+        let live = packages.iter().map(|p| p.live_bindings()).sum();
+        // Dropped after the lock: one of these may be the last reference to its library.
+        drop(packages);
+        live
+    }
+
+    /// The retired versions of `id` (at `version` only, when given) still alive.
+    fn retired_packages(
+        &self,
+        id: &PackageId,
+        version: Option<&Version>,
+    ) -> Vec<Arc<LoadedPackage>> {
         let retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
-        retired
-            .iter()
-            .filter_map(|r| r.is(id, version))
-            .map(|p| p.live_bindings())
-            .sum()
+        retired.iter().filter_map(|r| r.is(id, version)).collect()
     }
 
     /// Waits until no binding into any loaded or retired version of `id` is alive, or until
@@ -678,13 +691,7 @@ impl KernelRegistry {
             .map(|e| Arc::clone(&e.package))
             .into_iter()
             .collect();
-        packages.extend(
-            self.retired
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .iter()
-                .filter_map(|r| r.is(id, None)),
-        );
+        packages.extend(self.retired_packages(id, None));
         let mut held = self.quiet.lock();
         loop {
             // Under the quiet lock: an unbind that takes a count to zero after this read sees

@@ -239,9 +239,13 @@ impl LoadedPackage {
         )
     }
 
-    /// Clears the marks of a drain whose change did not commit.
+    /// Clears the marks of a drain whose change did not commit (a package that has left the
+    /// registry keeps them for good).
     pub(crate) fn end_drain(&self) {
         let _held = self.deciding.lock().unwrap_or_else(|e| e.into_inner());
+        if self.is_retired() {
+            return;
+        }
         for stripe in &self.state {
             stripe.0.fetch_and(!DRAINING, Ordering::Release);
         }
@@ -254,6 +258,8 @@ impl LoadedPackage {
 
     /// Marks a package that leaves the registry, for good.
     pub(crate) fn retire(&self) {
+        // Under the decision lock, so that no drain's end clears the marks in between.
+        let _held = self.deciding.lock().unwrap_or_else(|e| e.into_inner());
         self.retired.store(true, Ordering::Release);
         for stripe in &self.state {
             stripe.0.fetch_or(DRAINING, Ordering::Release);

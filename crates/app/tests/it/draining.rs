@@ -676,3 +676,104 @@ fn a_session_lease_drop_during_a_slow_install_does_not_wait_for_it() {
     // Once the change is over, leases are granted again.
     drop(host.packages().lease(&scan).unwrap());
 }
+
+/// A plugin library whose shutdown (its drop) calls back into the registry: it looks up an
+/// implementation of another package, as a module's shutdown that resolves through the service
+/// would.
+#[derive(Debug)]
+struct CallsBackOnClose {
+    id: PackageId,
+    version: Version,
+    registry: std::sync::Weak<StandaloneRegistry>,
+    target: ImplId,
+}
+
+impl guild_ports::loader::LoadedLibrary for CallsBackOnClose {
+    fn package(&self) -> &PackageId {
+        &self.id
+    }
+    fn version(&self) -> &Version {
+        &self.version
+    }
+}
+
+impl Drop for CallsBackOnClose {
+    fn drop(&mut self) {
+        if let Some(registry) = self.registry.upgrade() {
+            let _ = registry.find_by_id(&self.target);
+        }
+    }
+}
+
+/// A retired package's library may close on whichever thread drops its last reference; if that
+/// is a drain deciding on another package, and the closing library binds into the package being
+/// decided, the drain must not wait for itself. One thread drains `p` over and over; another
+/// publishes, binds, unloads and unbinds versions of `q` whose close looks up `p`'s kernel. Both
+/// run detached, so that a deadlock fails the test instead of hanging it.
+#[test]
+fn a_library_closing_during_a_drain_decision_cannot_block_it() {
+    let registry = Arc::new(StandaloneRegistry::new());
+    let open = Arc::new(AtomicU64::new(0));
+    publish(&registry, plugin("p.pkg", "1.0.0", &[("p.k", 10)], &open));
+    let stop = Arc::new(AtomicBool::new(false));
+    let decisions = Arc::new(AtomicU64::new(0));
+    let rounds = Arc::new(AtomicU64::new(0));
+    const ROUNDS: u64 = 3_000;
+    {
+        let (registry, stop, decisions) = (registry.clone(), stop.clone(), decisions.clone());
+        std::thread::spawn(move || {
+            let p = id("p.pkg");
+            while !stop.load(Ordering::Relaxed) {
+                let _ = registry.drain(&p);
+                decisions.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    {
+        let (registry, rounds) = (registry.clone(), rounds.clone());
+        std::thread::spawn(move || {
+            let (q, q_k) = (id("q.pkg"), ImplId::new("q.k").unwrap());
+            for round in 0..ROUNDS {
+                let version: Version = format!("1.0.{round}").parse().unwrap();
+                let plugin = LoadedPlugin {
+                    library: Arc::new(CallsBackOnClose {
+                        id: q.clone(),
+                        version: version.clone(),
+                        registry: Arc::downgrade(&registry),
+                        target: ImplId::new("p.k").unwrap(),
+                    }),
+                    kernels: vec![guild_ports::fakes::fake_kernel(
+                        q_k.clone(),
+                        1,
+                        guild_domain::operation::Backend::Cpu,
+                    )],
+                    runners: vec![],
+                };
+                registry.commit(registry.prepare(&q, &version, plugin, true).unwrap());
+                let bound = registry.find_by_id(&q_k).unwrap();
+                registry.unload(&q).unwrap();
+                drop(bound);
+                rounds.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    let mut seen = (0, 0, std::time::Instant::now());
+    while rounds.load(Ordering::Relaxed) < ROUNDS {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = (
+            decisions.load(Ordering::Relaxed),
+            rounds.load(Ordering::Relaxed),
+        );
+        if now != (seen.0, seen.1) {
+            seen = (now.0, now.1, std::time::Instant::now());
+        } else if seen.2.elapsed() > DEADLOCK_GUARD {
+            panic!(
+                "no drain decided and no round ended for {DEADLOCK_GUARD:?} ({} decisions, {} \
+                 rounds): a deadlock",
+                now.0, now.1
+            );
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert!(decisions.load(Ordering::Relaxed) > 0);
+}
