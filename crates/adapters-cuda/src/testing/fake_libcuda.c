@@ -17,6 +17,9 @@
  * Kernels, found by name in the PTX text given to cuModuleLoadData:
  *   guild_scan(u64 in, u64 out, u64 rows, u64 n, u32 flags)  the cuda_scan module's kernel
  *   add_one(u64 data, u64 n)                                 data[i] += 1 for n u32 values
+ *   guild_dense_project(u64 weights, u64 input, u64 bias, u64 output, u64 selection, u64 rows,
+ *                       u64 outputs, u64 cols, u64 tokens, u64 weight_stride, u64 input_stride,
+ *                       u64 output_stride, u32 flags)      the cuda_dense plugin's CDD1 project
  *
  * Environment: FAKE_CUDA_INIT (cuInit's result, default 0), FAKE_CUDA_DEVICES (default 1),
  * FAKE_CUDA_SM (compute capability times ten, default 90), FAKE_CUDA_EVENT_SYNC (the result of
@@ -65,20 +68,23 @@ typedef struct module_t module_t;
 
 typedef struct function_t {
     module_t* module;
-    int kind; /* 1 = guild_scan, 2 = add_one */
+    int kind; /* 1 = guild_scan, 2 = add_one, 3 = guild_dense_project */
 } function_t;
 
 struct module_t {
     ctx_t* ctx;
     int has_scan;
     int has_add_one;
+    int has_dense_project;
     /* The module owns its functions, as in the real driver: functions[kind - 1]. */
-    function_t functions[2];
+    function_t functions[3];
 };
 
 typedef struct launch_t {
     function_t* function;
-    uint64_t args[5];
+    uint64_t args[13];
+    /* Threads along x (grid_x * block_x): a kernel indexed by them covers no more. */
+    uint64_t threads_x;
 } launch_t;
 
 typedef struct graph_t {
@@ -128,9 +134,69 @@ static int device_count(void) {
     return n < 0 ? 0 : (n > MAX_DEVICES ? MAX_DEVICES : n);
 }
 
+/* Each kernel's parameters: how many, and which one (if any) is a u32 rather than a u64. */
+static int param_count(int kind) {
+    return kind == 1 ? 5 : (kind == 2 ? 2 : 13);
+}
+
+static int u32_param(int kind) {
+    return kind == 1 ? 4 : (kind == 3 ? 12 : -1);
+}
+
+/* One F32 product added to a sum, each step rounded on its own (as mul.rn and add.rn: the
+ * volatile keeps the compiler from contracting them into a fused multiply-add). */
+static float add_product(float sum, float a, float b) {
+    volatile float product = a * b;
+    volatile float total = sum + product;
+    return total;
+}
+
+/* guild_dense_project: thread (t, i) of the PTX, in (t, i) order (the threads are independent). */
+static void dense_project(const launch_t* l) {
+    const unsigned char* weights = (const unsigned char*)(uintptr_t)l->args[0];
+    const unsigned char* input = (const unsigned char*)(uintptr_t)l->args[1];
+    const float* bias = (const float*)(uintptr_t)l->args[2];
+    unsigned char* output = (unsigned char*)(uintptr_t)l->args[3];
+    const int32_t* selection = (const int32_t*)(uintptr_t)l->args[4];
+    uint64_t rows = l->args[5], outputs = l->args[6], cols = l->args[7], tokens = l->args[8];
+    uint64_t w_stride = l->args[9], in_stride = l->args[10], out_stride = l->args[11];
+    unsigned flags = (unsigned)l->args[12];
+    uint64_t t, i, c;
+    for (t = 0; t < tokens; ++t) {
+        const float* x = (const float*)(const void*)(input + t * in_stride);
+        float* y = (float*)(void*)(output + t * out_stride);
+        for (i = 0; i < outputs; ++i) {
+            uint64_t row = selection != NULL ? (uint64_t)(int64_t)selection[i] : i;
+            const float* w;
+            volatile float sum = 0.0f;
+            if (t * outputs + i >= l->threads_x) {
+                return;
+            }
+            if (row >= rows) {
+                uint32_t nan = 0x7fc00000u;
+                memcpy(&y[i], &nan, sizeof nan);
+                continue;
+            }
+            w = (const float*)(const void*)(weights + row * w_stride);
+            for (c = 0; c < cols; ++c) {
+                sum = add_product(sum, w[c], x[c]);
+            }
+            if (bias != NULL) {
+                sum = sum + bias[row];
+            }
+            if (flags & 1u) {
+                sum = y[i] + sum;
+            }
+            y[i] = sum;
+        }
+    }
+}
+
 /* The "kernels": the same arithmetic as the PTX, on host memory. */
 static void run(const launch_t* l) {
-    if (l->function->kind == 1) {
+    if (l->function->kind == 3) {
+        dense_project(l);
+    } else if (l->function->kind == 1) {
         uint64_t rows = l->args[2];
         uint64_t n = l->args[3];
         unsigned flags = (unsigned)l->args[4];
@@ -494,6 +560,7 @@ EXPORT CUresult cuModuleLoadData(module_t** m, const void* image) {
     (*m)->ctx = current();
     (*m)->has_scan = strstr(text, ".entry guild_scan(") != NULL;
     (*m)->has_add_one = strstr(text, ".entry add_one(") != NULL;
+    (*m)->has_dense_project = strstr(text, ".entry guild_dense_project(") != NULL;
     pthread_mutex_lock(&lock);
     alive_modules++;
     pthread_mutex_unlock(&lock);
@@ -505,6 +572,7 @@ EXPORT CUresult cuModuleGetFunction(function_t** f, module_t* m, const char* nam
     if (m == NULL) return ERR_INVALID_HANDLE;
     if (strcmp(name, "guild_scan") == 0 && m->has_scan) kind = 1;
     if (strcmp(name, "add_one") == 0 && m->has_add_one) kind = 2;
+    if (strcmp(name, "guild_dense_project") == 0 && m->has_dense_project) kind = 3;
     if (kind == 0) return ERR_NOT_FOUND;
     m->functions[kind - 1].module = m;
     m->functions[kind - 1].kind = kind;
@@ -527,7 +595,7 @@ EXPORT CUresult cuLaunchKernel(function_t* f, unsigned gx, unsigned gy, unsigned
     launch_t l;
     int count;
     int i;
-    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared, (void)extra;
+    (void)gy, (void)gz, (void)by, (void)bz, (void)shared, (void)extra;
     trace("cuLaunchKernel");
     if (f == NULL || params == NULL) return ERR_INVALID_VALUE;
     if (current() == NULL) return ERR_INVALID_CONTEXT;
@@ -535,10 +603,10 @@ EXPORT CUresult cuLaunchKernel(function_t* f, unsigned gx, unsigned gy, unsigned
     if (s != NULL && s->ctx != current()) return ERR_INVALID_HANDLE;
     memset(&l, 0, sizeof l);
     l.function = f;
-    count = f->kind == 1 ? 5 : 2;
+    l.threads_x = (uint64_t)gx * bx;
+    count = param_count(f->kind);
     for (i = 0; i < count; ++i) {
-        /* The last scan parameter is a u32; the others are u64. */
-        if (f->kind == 1 && i == 4) {
+        if (i == u32_param(f->kind)) {
             l.args[i] = *(const uint32_t*)params[i];
         } else {
             l.args[i] = *(const uint64_t*)params[i];

@@ -1,0 +1,562 @@
+/*
+ * cuda_dense: a CUDA kernel (impl example.cuda_dense.cuda, op kind GUILD_OP_MATMUL) carrying a
+ * CDD1 table (cuda_dense_abi.h) whose `project` launches a PTX kernel on the caller's stream:
+ *
+ *   output[t][i] = (dot(W[row(i)], x[t]) (+ bias[row(i)])) (+ output[t][i] with ACCUMULATE)
+ *
+ * for F32 weights, F32 input and F32 output, with optional bias and row selection, on device or
+ * managed memory. quantize_q8_1 and mmvq are not offered. The table declares
+ * GUILD_CUDA_DENSE_CAP_GRAPH_CAPTURABLE (a launch is the only stream work) and not BF16 output.
+ *
+ * Numerics: one thread per (token, output element) forms the dot product left to right over the
+ * columns, with a separately rounded multiply and add per element (mul.rn, add.rn: never fused),
+ * starting from +0; then adds the bias, then, with ACCUMULATE, adds the sum to the old output.
+ * A host reference that does the same steps in F32 matches bit for bit. A selected row index
+ * outside 0..rows (device data the host cannot check) is not read: its output is a quiet NaN.
+ *
+ * Like cuda_scan it builds without a CUDA toolkit: libcuda.so.1 is opened with dlopen on the
+ * first project call (never in init, so the package installs and loads without a GPU), the
+ * kernel travels as PTX for sm_50 that the driver compiles for the device, it runs in the primary
+ * context of args->device_id, and the module is loaded on the first call on a device with the
+ * thread's capture mode relaxed, so that the first call may be inside a graph capture. A stream
+ * of another context is refused. Shutdown unloads the modules and releases the contexts.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <guild/abi/cuda_dense_abi.h>
+#include <guild/abi/kernel_abi.h>
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#define DENSE_COMPONENT "example.cuda_dense"
+#define DENSE_IMPL "example.cuda_dense.cuda"
+#define DENSE_DRIVER "libcuda.so.1"
+#define DENSE_MAX_DEVICES 16
+/* Threads per block of the launch. */
+#define DENSE_BLOCK 128u
+
+/* ------------------------------------------------------------------------------------------ */
+/* The driver API subset (as cuda.h declares it)                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef struct CUctx_st* CUcontext;
+typedef struct CUmod_st* CUmodule;
+typedef struct CUfunc_st* CUfunction;
+typedef struct CUstream_st* CUstream;
+typedef unsigned long long CUdeviceptr;
+
+#define CUDA_SUCCESS 0
+#define CU_STREAM_CAPTURE_MODE_RELAXED 2
+
+typedef struct dense_api_t {
+    CUresult (*init)(unsigned int flags);
+    CUresult (*device_get_count)(int* count);
+    CUresult (*device_get)(CUdevice* device, int ordinal);
+    CUresult (*primary_ctx_retain)(CUcontext* ctx, CUdevice device);
+    CUresult (*primary_ctx_release)(CUdevice device);
+    CUresult (*ctx_push)(CUcontext ctx);
+    CUresult (*ctx_pop)(CUcontext* ctx);
+    CUresult (*stream_get_ctx)(CUstream stream, CUcontext* ctx);
+    CUresult (*exchange_capture_mode)(int* mode);
+    CUresult (*module_load_data)(CUmodule* module, const void* image);
+    CUresult (*module_get_function)(CUfunction* function, CUmodule module, const char* name);
+    CUresult (*module_unload)(CUmodule module);
+    CUresult (*launch_kernel)(CUfunction f, unsigned int grid_x, unsigned int grid_y, unsigned int grid_z,
+                              unsigned int block_x, unsigned int block_y, unsigned int block_z,
+                              unsigned int shared_bytes, CUstream stream, void** params, void** extra);
+    CUresult (*get_error_name)(CUresult error, const char** name);
+} dense_api_t;
+
+/* ------------------------------------------------------------------------------------------ */
+/* The kernel                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * guild_dense_project(weights, input, bias, output, selection, rows, outputs, cols, tokens,
+ *                     weight_stride, input_stride, output_stride, flags)
+ * Thread idx = ctaid.x * ntid.x + tid.x handles token t = idx / outputs, element
+ * i = idx % outputs, for idx < tokens * outputs. row = selection ? selection[i] : i (a signed
+ * index; one outside 0..rows writes NaN). bias and selection may be 0. flags bit 0: accumulate.
+ */
+static const char dense_ptx[] =
+    ".version 6.0\n"
+    ".target sm_50\n"
+    ".address_size 64\n"
+    "\n"
+    ".visible .entry guild_dense_project(\n"
+    "    .param .u64 p_weights,\n"
+    "    .param .u64 p_input,\n"
+    "    .param .u64 p_bias,\n"
+    "    .param .u64 p_output,\n"
+    "    .param .u64 p_selection,\n"
+    "    .param .u64 p_rows,\n"
+    "    .param .u64 p_outputs,\n"
+    "    .param .u64 p_cols,\n"
+    "    .param .u64 p_tokens,\n"
+    "    .param .u64 p_weight_stride,\n"
+    "    .param .u64 p_input_stride,\n"
+    "    .param .u64 p_output_stride,\n"
+    "    .param .u32 p_flags\n"
+    ")\n"
+    "{\n"
+    "    .reg .pred %p<8>;\n"
+    "    .reg .b32 %r<8>;\n"
+    "    .reg .f32 %f<8>;\n"
+    "    .reg .b64 %rd<32>;\n"
+    "\n"
+    "    ld.param.u64 %rd1, [p_weights];\n"
+    "    ld.param.u64 %rd2, [p_input];\n"
+    "    ld.param.u64 %rd3, [p_bias];\n"
+    "    ld.param.u64 %rd4, [p_output];\n"
+    "    ld.param.u64 %rd5, [p_selection];\n"
+    "    ld.param.u64 %rd6, [p_rows];\n"
+    "    ld.param.u64 %rd7, [p_outputs];\n"
+    "    ld.param.u64 %rd8, [p_cols];\n"
+    "    ld.param.u64 %rd9, [p_tokens];\n"
+    "    ld.param.u64 %rd10, [p_weight_stride];\n"
+    "    ld.param.u64 %rd11, [p_input_stride];\n"
+    "    ld.param.u64 %rd12, [p_output_stride];\n"
+    "    ld.param.u32 %r1, [p_flags];\n"
+    /* %rd13: this thread's flat index; %rd14: the number of (token, element) pairs. */
+    "    mov.u32 %r2, %ctaid.x;\n"
+    "    mov.u32 %r3, %ntid.x;\n"
+    "    mov.u32 %r4, %tid.x;\n"
+    "    mul.wide.u32 %rd13, %r2, %r3;\n"
+    "    cvt.u64.u32 %rd14, %r4;\n"
+    "    add.u64 %rd13, %rd13, %rd14;\n"
+    "    mul.lo.u64 %rd14, %rd7, %rd9;\n"
+    "    setp.ge.u64 %p1, %rd13, %rd14;\n"
+    "    @%p1 bra DONE;\n"
+    /* %rd15: token t; %rd16: element i; %rd17: the output element's address. */
+    "    div.u64 %rd15, %rd13, %rd7;\n"
+    "    mul.lo.u64 %rd16, %rd15, %rd7;\n"
+    "    sub.u64 %rd16, %rd13, %rd16;\n"
+    "    mul.lo.u64 %rd17, %rd15, %rd12;\n"
+    "    add.u64 %rd17, %rd4, %rd17;\n"
+    "    shl.b64 %rd18, %rd16, 2;\n"
+    "    add.u64 %rd17, %rd17, %rd18;\n"
+    "    cvta.to.global.u64 %rd17, %rd17;\n"
+    /* %rd19: the weight row, i or selection[i] sign-extended (negative fails the check). */
+    "    mov.u64 %rd19, %rd16;\n"
+    "    setp.eq.u64 %p2, %rd5, 0;\n"
+    "    @%p2 bra HAVE_ROW;\n"
+    "    shl.b64 %rd20, %rd16, 2;\n"
+    "    add.u64 %rd20, %rd5, %rd20;\n"
+    "    cvta.to.global.u64 %rd20, %rd20;\n"
+    "    ld.global.s32 %r5, [%rd20];\n"
+    "    cvt.s64.s32 %rd19, %r5;\n"
+    "HAVE_ROW:\n"
+    "    setp.ge.u64 %p3, %rd19, %rd6;\n"
+    "    @%p3 bra BAD_ROW;\n"
+    /* %rd21: the weight row's next element; %rd22: the token's next input element. */
+    "    mul.lo.u64 %rd21, %rd19, %rd10;\n"
+    "    add.u64 %rd21, %rd1, %rd21;\n"
+    "    cvta.to.global.u64 %rd21, %rd21;\n"
+    "    mul.lo.u64 %rd22, %rd15, %rd11;\n"
+    "    add.u64 %rd22, %rd2, %rd22;\n"
+    "    cvta.to.global.u64 %rd22, %rd22;\n"
+    "    mov.f32 %f1, 0f00000000;\n"
+    "    mov.u64 %rd23, 0;\n"
+    "LOOP:\n"
+    "    setp.ge.u64 %p4, %rd23, %rd8;\n"
+    "    @%p4 bra SUMMED;\n"
+    "    ld.global.f32 %f2, [%rd21];\n"
+    "    ld.global.f32 %f3, [%rd22];\n"
+    "    mul.rn.f32 %f4, %f2, %f3;\n"
+    "    add.rn.f32 %f1, %f1, %f4;\n"
+    "    add.u64 %rd21, %rd21, 4;\n"
+    "    add.u64 %rd22, %rd22, 4;\n"
+    "    add.u64 %rd23, %rd23, 1;\n"
+    "    bra LOOP;\n"
+    "SUMMED:\n"
+    "    setp.eq.u64 %p5, %rd3, 0;\n"
+    "    @%p5 bra BIASED;\n"
+    "    shl.b64 %rd24, %rd19, 2;\n"
+    "    add.u64 %rd24, %rd3, %rd24;\n"
+    "    cvta.to.global.u64 %rd24, %rd24;\n"
+    "    ld.global.f32 %f5, [%rd24];\n"
+    "    add.rn.f32 %f1, %f1, %f5;\n"
+    "BIASED:\n"
+    "    and.b32 %r6, %r1, 1;\n"
+    "    setp.eq.u32 %p6, %r6, 0;\n"
+    "    @%p6 bra STORE;\n"
+    "    ld.global.f32 %f6, [%rd17];\n"
+    "    add.rn.f32 %f1, %f6, %f1;\n"
+    "STORE:\n"
+    "    st.global.f32 [%rd17], %f1;\n"
+    "    bra DONE;\n"
+    "BAD_ROW:\n"
+    "    mov.f32 %f1, 0f7FC00000;\n"
+    "    st.global.f32 [%rd17], %f1;\n"
+    "DONE:\n"
+    "    ret;\n"
+    "}\n";
+
+/* ------------------------------------------------------------------------------------------ */
+/* Driver and device state                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct dense_device_t {
+    int ready;
+    CUdevice device;
+    CUcontext ctx;
+    CUmodule module;
+    CUfunction kernel;
+} dense_device_t;
+
+static struct {
+    pthread_mutex_t lock;
+    int driver_tried;
+    int driver_ok;
+    char driver_error[256];
+    dense_api_t api;
+    int device_count;
+    dense_device_t devices[DENSE_MAX_DEVICES];
+} dense_state = {PTHREAD_MUTEX_INITIALIZER, 0, 0, {0}, {0}, 0, {{0}}};
+
+static int dense_symbol(void* lib, const char* name, void* out_fn, size_t fn_size) {
+    void* sym = dlsym(lib, name);
+    if (sym == NULL) {
+        (void)snprintf(dense_state.driver_error, sizeof dense_state.driver_error, "%s has no %s", DENSE_DRIVER,
+                       name);
+        return 0;
+    }
+    /* POSIX guarantees that dlsym's result has the function's representation. */
+    memcpy(out_fn, &sym, fn_size);
+    return 1;
+}
+
+#define DENSE_LOAD(lib, field, name) dense_symbol((lib), (name), &dense_state.api.field, sizeof dense_state.api.field)
+
+static const char* dense_result_name(CUresult r) {
+    const char* name = NULL;
+    if (dense_state.api.get_error_name == NULL || dense_state.api.get_error_name(r, &name) != CUDA_SUCCESS ||
+        name == NULL) {
+        return "an unknown CUDA error";
+    }
+    return name;
+}
+
+/* Opens the driver once; the caller holds the lock. Returns 1 when it is usable. */
+static int dense_open_driver_locked(void) {
+    void* lib;
+    CUresult r;
+    if (dense_state.driver_tried) {
+        return dense_state.driver_ok;
+    }
+    dense_state.driver_tried = 1;
+    lib = dlopen(DENSE_DRIVER, RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        const char* why = dlerror();
+        (void)snprintf(dense_state.driver_error, sizeof dense_state.driver_error, "%s",
+                       why != NULL ? why : DENSE_DRIVER ": cannot be opened");
+        return 0;
+    }
+    if (!DENSE_LOAD(lib, init, "cuInit") || !DENSE_LOAD(lib, device_get_count, "cuDeviceGetCount") ||
+        !DENSE_LOAD(lib, device_get, "cuDeviceGet") ||
+        !DENSE_LOAD(lib, primary_ctx_retain, "cuDevicePrimaryCtxRetain") ||
+        !DENSE_LOAD(lib, primary_ctx_release, "cuDevicePrimaryCtxRelease_v2") ||
+        !DENSE_LOAD(lib, ctx_push, "cuCtxPushCurrent_v2") || !DENSE_LOAD(lib, ctx_pop, "cuCtxPopCurrent_v2") ||
+        !DENSE_LOAD(lib, stream_get_ctx, "cuStreamGetCtx") ||
+        !DENSE_LOAD(lib, exchange_capture_mode, "cuThreadExchangeStreamCaptureMode") ||
+        !DENSE_LOAD(lib, module_load_data, "cuModuleLoadData") ||
+        !DENSE_LOAD(lib, module_get_function, "cuModuleGetFunction") ||
+        !DENSE_LOAD(lib, module_unload, "cuModuleUnload") || !DENSE_LOAD(lib, launch_kernel, "cuLaunchKernel") ||
+        !DENSE_LOAD(lib, get_error_name, "cuGetErrorName")) {
+        memset(&dense_state.api, 0, sizeof dense_state.api);
+        return 0;
+    }
+    r = dense_state.api.init(0u);
+    if (r == CUDA_SUCCESS) {
+        r = dense_state.api.device_get_count(&dense_state.device_count);
+    }
+    if (r != CUDA_SUCCESS) {
+        (void)snprintf(dense_state.driver_error, sizeof dense_state.driver_error,
+                       "initialising the driver failed with %s (%d)", dense_result_name(r), r);
+        return 0;
+    }
+    dense_state.driver_ok = 1;
+    return 1;
+}
+
+/*
+ * The device's context and kernel, set up on first use (primary context retained, PTX loaded
+ * with the thread's capture mode relaxed). On failure writes the reason to `message`.
+ */
+static guild_status_t dense_device(int32_t device_id, dense_device_t* out, char* message, size_t message_size) {
+    dense_device_t* slot;
+    guild_status_t status = GUILD_STATUS_OK;
+    (void)pthread_mutex_lock(&dense_state.lock);
+    if (!dense_open_driver_locked()) {
+        (void)snprintf(message, message_size, "no usable CUDA driver: %s", dense_state.driver_error);
+        status = GUILD_STATUS_ERR_UNSUPPORTED;
+    } else if (device_id < 0 || device_id >= dense_state.device_count || device_id >= DENSE_MAX_DEVICES) {
+        (void)snprintf(message, message_size, "CUDA device %d does not exist here (the driver reports %d)",
+                       (int)device_id, dense_state.device_count);
+        status = GUILD_STATUS_ERR_INVALID_ARGUMENT;
+    } else {
+        slot = &dense_state.devices[device_id];
+        if (!slot->ready) {
+            const dense_api_t* api = &dense_state.api;
+            CUresult r = api->device_get(&slot->device, (int)device_id);
+            message[0] = '\0';
+            if (r != CUDA_SUCCESS) {
+                (void)snprintf(message, message_size, "cuDeviceGet(%d) failed with %s", (int)device_id,
+                               dense_result_name(r));
+            } else if ((r = api->primary_ctx_retain(&slot->ctx, slot->device)) != CUDA_SUCCESS) {
+                (void)snprintf(message, message_size, "cuDevicePrimaryCtxRetain failed with %s",
+                               dense_result_name(r));
+            } else {
+                int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+                CUcontext popped = NULL;
+                r = api->ctx_push(slot->ctx);
+                if (r == CUDA_SUCCESS) {
+                    (void)api->exchange_capture_mode(&mode);
+                    r = api->module_load_data(&slot->module, dense_ptx);
+                    if (r == CUDA_SUCCESS) {
+                        r = api->module_get_function(&slot->kernel, slot->module, "guild_dense_project");
+                        if (r != CUDA_SUCCESS) {
+                            (void)api->module_unload(slot->module);
+                            (void)snprintf(message, message_size,
+                                           "cuModuleGetFunction(guild_dense_project) failed with %s",
+                                           dense_result_name(r));
+                        }
+                    } else {
+                        (void)snprintf(message, message_size, "loading the dense PTX failed with %s",
+                                       dense_result_name(r));
+                    }
+                    (void)api->exchange_capture_mode(&mode);
+                    (void)api->ctx_pop(&popped);
+                } else {
+                    (void)snprintf(message, message_size, "cuCtxPushCurrent failed with %s", dense_result_name(r));
+                }
+                if (r != CUDA_SUCCESS) {
+                    (void)api->primary_ctx_release(slot->device);
+                }
+            }
+            if (message[0] == '\0') {
+                slot->ready = 1;
+            } else {
+                memset(slot, 0, sizeof *slot);
+                status = GUILD_STATUS_ERR_DEVICE;
+            }
+        }
+        if (slot->ready) {
+            *out = *slot;
+        }
+    }
+    (void)pthread_mutex_unlock(&dense_state.lock);
+    return status;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* CDD1 project                                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+static int dense_user_data;
+
+static guild_status_t dense_refuse(guild_error_info_t* error, guild_status_t status, const char* message) {
+    return guild_error_info_set(error, status, DENSE_COMPONENT, message);
+}
+
+static int dense_aligned(const void* p) {
+    return ((uintptr_t)p & 3u) == 0u;
+}
+
+static guild_status_t dense_project(void* user_data, const guild_cuda_dense_project_args_v1_t* args,
+                                    guild_error_info_t* error) {
+    char message[GUILD_ERROR_MESSAGE_CAPACITY];
+    dense_device_t dev;
+    CUstream stream;
+    CUcontext popped = NULL;
+    CUresult r;
+    guild_status_t status;
+    uint64_t outputs;
+    uint64_t pairs;
+    uint64_t blocks;
+    CUdeviceptr weights, input, bias, output, selection;
+    uint64_t rows, cols, tokens, w_stride, in_stride, out_stride;
+    uint32_t flags;
+    void* params[13];
+
+    if (user_data != (void*)&dense_user_data) {
+        return dense_refuse(error, GUILD_STATUS_ERR_INTERNAL, "project got the wrong user_data");
+    }
+    if (args == NULL || args->struct_size < (uint32_t)sizeof *args) {
+        return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT,
+                            "project needs arguments of at least the SDK 1.5 size");
+    }
+    if (args->weight_dtype != GUILD_DTYPE_F32 || args->input_dtype != GUILD_DTYPE_F32 ||
+        args->output_dtype != GUILD_DTYPE_F32) {
+        (void)snprintf(message, sizeof message,
+                       "this project takes F32 weights, input and output only (got dtypes %u, %u, %u)",
+                       (unsigned)args->weight_dtype, (unsigned)args->input_dtype, (unsigned)args->output_dtype);
+        return dense_refuse(error, GUILD_STATUS_ERR_UNSUPPORTED, message);
+    }
+    if ((args->flags & ~GUILD_CUDA_DENSE_ACCUMULATE) != 0u || args->reserved0 != 0u || args->reserved1 != 0u ||
+        args->selection.reserved != 0u) {
+        return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, "unknown flags or non-zero reserved fields");
+    }
+    rows = args->geometry.rows;
+    cols = args->geometry.cols;
+    tokens = args->geometry.tokens;
+    outputs = args->selection.rows != NULL ? (uint64_t)args->selection.count : rows;
+    if (rows == 0u || cols == 0u || tokens == 0u || outputs == 0u) {
+        return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, "rows, cols, tokens and the selection must be non-zero");
+    }
+    if (args->weights == NULL || args->input == NULL || args->output == NULL || !dense_aligned(args->weights) ||
+        !dense_aligned(args->input) || !dense_aligned(args->output) || !dense_aligned(args->bias) ||
+        !dense_aligned(args->selection.rows) || (args->strides.weight_row_stride_bytes & 3u) != 0u ||
+        (args->strides.input_row_stride_bytes & 3u) != 0u || (args->strides.output_row_stride_bytes & 3u) != 0u) {
+        return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT,
+                            "weights, input and output must be non-NULL, and every buffer and stride 4-byte aligned");
+    }
+    if (cols > UINT64_MAX / 4u || args->strides.weight_row_stride_bytes < cols * 4u ||
+        args->strides.input_row_stride_bytes < cols * 4u || outputs > UINT64_MAX / 4u ||
+        args->strides.output_row_stride_bytes < outputs * 4u) {
+        return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, "a stride is shorter than its row");
+    }
+    if (tokens > UINT64_MAX / outputs) {
+        return dense_refuse(error, GUILD_STATUS_ERR_UNSUPPORTED, "tokens times outputs overflows");
+    }
+    pairs = tokens * outputs;
+    blocks = pairs / DENSE_BLOCK + (pairs % DENSE_BLOCK != 0u ? 1u : 0u);
+    if (blocks > 0x7fffffffu) {
+        return dense_refuse(error, GUILD_STATUS_ERR_UNSUPPORTED, "more (token, output) pairs than one launch covers");
+    }
+    status = dense_device(args->device_id, &dev, message, sizeof message);
+    if (status != GUILD_STATUS_OK) {
+        return dense_refuse(error, status, message);
+    }
+    stream = (CUstream)(void*)args->stream;
+    if (stream != NULL) {
+        CUcontext stream_ctx = NULL;
+        r = dense_state.api.stream_get_ctx(stream, &stream_ctx);
+        if (r != CUDA_SUCCESS) {
+            (void)snprintf(message, sizeof message, "cuStreamGetCtx failed with %s", dense_result_name(r));
+            return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, message);
+        }
+        if (stream_ctx != dev.ctx) {
+            (void)snprintf(message, sizeof message,
+                           "the stream belongs to another context than the primary context of device %d",
+                           (int)args->device_id);
+            return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, message);
+        }
+    }
+
+    weights = (CUdeviceptr)(uintptr_t)args->weights;
+    input = (CUdeviceptr)(uintptr_t)args->input;
+    bias = (CUdeviceptr)(uintptr_t)args->bias;
+    output = (CUdeviceptr)(uintptr_t)args->output;
+    selection = (CUdeviceptr)(uintptr_t)args->selection.rows;
+    w_stride = args->strides.weight_row_stride_bytes;
+    in_stride = args->strides.input_row_stride_bytes;
+    out_stride = args->strides.output_row_stride_bytes;
+    flags = args->flags;
+    params[0] = &weights;
+    params[1] = &input;
+    params[2] = &bias;
+    params[3] = &output;
+    params[4] = &selection;
+    params[5] = &rows;
+    params[6] = &outputs;
+    params[7] = &cols;
+    params[8] = &tokens;
+    params[9] = &w_stride;
+    params[10] = &in_stride;
+    params[11] = &out_stride;
+    params[12] = &flags;
+
+    r = dense_state.api.ctx_push(dev.ctx);
+    if (r != CUDA_SUCCESS) {
+        (void)snprintf(message, sizeof message, "cuCtxPushCurrent failed with %s", dense_result_name(r));
+        return dense_refuse(error, GUILD_STATUS_ERR_DEVICE, message);
+    }
+    /* The driver copies the parameter values at the launch (and into the graph when capturing). */
+    r = dense_state.api.launch_kernel(dev.kernel, (unsigned int)blocks, 1u, 1u, DENSE_BLOCK, 1u, 1u, 0u, stream,
+                                      params, NULL);
+    (void)dense_state.api.ctx_pop(&popped);
+    if (r != CUDA_SUCCESS) {
+        (void)snprintf(message, sizeof message, "cuLaunchKernel failed with %s", dense_result_name(r));
+        return dense_refuse(error, GUILD_STATUS_ERR_DEVICE, message);
+    }
+    return GUILD_STATUS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Registration                                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+static guild_status_t dense_init(const guild_host_api_v1_t* host, void** plugin_state, guild_error_info_t* error) {
+    guild_cuda_dense_ext_v1_t dense;
+    guild_kernel_op_desc_v1_t desc;
+    if (host == NULL || plugin_state == NULL) {
+        return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, "init needs a host table and a state slot");
+    }
+    *plugin_state = NULL;
+    if (host->struct_size < (uint32_t)GUILD_HOST_API_V1_BASE_SIZE || host->register_kernel == NULL) {
+        return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, "host table is smaller than the v1 base");
+    }
+    /* Nothing here touches the driver: the package must load where there is none. */
+    memset(&dense, 0, sizeof dense);
+    dense.header.struct_size = (uint32_t)sizeof dense;
+    dense.header.tag = GUILD_CUDA_DENSE_TAG;
+    dense.header.version = GUILD_CUDA_DENSE_EXT_VERSION;
+    dense.capabilities = GUILD_CUDA_DENSE_CAP_GRAPH_CAPTURABLE;
+    dense.project = dense_project;
+    dense.user_data = &dense_user_data;
+
+    memset(&desc, 0, sizeof desc);
+    desc.struct_size = (uint32_t)sizeof desc;
+    desc.abi_version = GUILD_KERNEL_ABI_VERSION;
+    desc.op_kind = GUILD_OP_MATMUL;
+    desc.backend = GUILD_BACKEND_CUDA;
+    desc.impl_id = DENSE_IMPL;
+    desc.priority = 10;
+    desc.min_sm = 50u;
+    desc.user_data = &dense_user_data;
+    desc.next_ext = &dense.header;
+    return host->register_kernel(host->host_context, &desc, error);
+}
+
+static void dense_shutdown(void* plugin_state) {
+    int i;
+    (void)plugin_state;
+    (void)pthread_mutex_lock(&dense_state.lock);
+    for (i = 0; i < DENSE_MAX_DEVICES; ++i) {
+        dense_device_t* slot = &dense_state.devices[i];
+        if (slot->ready) {
+            CUcontext popped = NULL;
+            /* The host closes the library only once no binding of its tables is left, and a
+             * binding's holder waits for its stream work before dropping it. */
+            if (dense_state.api.ctx_push(slot->ctx) == CUDA_SUCCESS) {
+                (void)dense_state.api.module_unload(slot->module);
+                (void)dense_state.api.ctx_pop(&popped);
+            }
+            (void)dense_state.api.primary_ctx_release(slot->device);
+        }
+        memset(slot, 0, sizeof *slot);
+    }
+    (void)pthread_mutex_unlock(&dense_state.lock);
+}
+
+static const guild_plugin_descriptor_v1_t dense_descriptor = {
+    (uint32_t)sizeof(guild_plugin_descriptor_v1_t),
+    GUILD_KERNEL_ABI_VERSION,
+    GUILD_KERNEL_ABI_VERSION_1_0_0,
+    GUILD_KERNEL_ABI_VERSION_1_0_0,
+    "cuda_dense",
+    "1.0.0",
+    dense_init,
+    dense_shutdown,
+};
+
+const guild_plugin_descriptor_v1_t* guild_plugin_entry_v1(void) {
+    return &dense_descriptor;
+}
