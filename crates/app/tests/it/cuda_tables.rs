@@ -1,0 +1,458 @@
+//! The safe wrappers of the CUDA tables' execution callbacks (CDD1 `project`), on every machine:
+//! what the wrapper refuses before any call (so before any driver or device is involved), over
+//! test-plugins/cuda_dense (a CDD1 table whose `project` launches PTX) and ext_probe's
+//! `cuda__all` case (whose `project` is a host reference, so that a call that passes the checks
+//! reaches it and its answer or refusal comes back). The same wrapper on a device, against a host
+//! reference, is `gpu::device::tables`.
+
+use std::ffi::c_void;
+
+use guild_abi::{
+    GUILD_CUDA_DENSE_ACCUMULATE, GUILD_CUDA_DENSE_CAP_BF16_OUTPUT,
+    GUILD_CUDA_DENSE_CAP_GRAPH_CAPTURABLE, GUILD_DTYPE_BF16, GUILD_DTYPE_F16, GUILD_DTYPE_F32,
+    GUILD_STATUS_ERR_UNSUPPORTED,
+};
+use guild_adapters_cuda::testing::report_skip;
+use guild_adapters_cuda::{CudaError, Driver, NoDevice};
+use guild_domain::ids::ImplId;
+use guild_host::cuda_tables::{
+    BoundCudaTables, CallProblem, CudaCallError, CudaStream, DenseProject, DeviceSpan, RowSelection,
+};
+use guild_host::models::PluginReason;
+use guild_host::operations::DeviceSupport;
+use guild_host::StreamRef;
+
+use crate::operations::{fixture_with, plugin_library};
+use crate::support::Spec;
+
+pub(crate) const DENSE_PACKAGE: &str = "example.cuda_dense";
+pub(crate) const DENSE_IMPL: &str = "example.cuda_dense.cuda";
+
+/// The signed package of test-plugins/cuda_dense.
+pub(crate) fn dense_spec(version: &str) -> Spec {
+    let mut spec = Spec::kernel(DENSE_PACKAGE, version).library(&plugin_library("cuda_dense"));
+    spec.backends = vec!["cuda".into()];
+    spec.provided_ops = vec![DENSE_IMPL.into()];
+    spec
+}
+
+/// ext_probe's `case` of `ext`, whose kernel is `test.ext_probe.<ext>`, as a CUDA package.
+fn probe_spec(ext: &str, case: &str) -> Spec {
+    let mut spec = Spec::kernel(&format!("test.ext_probe_{ext}"), "1.0.0")
+        .library(&plugin_library("ext_probe"));
+    spec.files[0].0 = format!("lib/libext_probe__{ext}__{case}.so");
+    spec.provided_ops = vec![format!("test.ext_probe.{ext}")];
+    spec.backends = vec!["cuda".into()];
+    spec
+}
+
+fn impl_id(s: &str) -> ImplId {
+    ImplId::new(s).unwrap()
+}
+
+/// `v` as a span of device 0. The tests that pass these to a provider use ext_probe, whose
+/// reference `project` reads and writes host memory during the call; the others are refused
+/// before any call.
+fn span<T>(v: &mut [T]) -> DeviceSpan {
+    // SAFETY: see above: the memory is live for the whole test and is only touched during the
+    // (synchronous, host-side) call, or not at all.
+    unsafe {
+        DeviceSpan::new(
+            v.as_mut_ptr().cast::<c_void>(),
+            std::mem::size_of_val(v) as u64,
+            0,
+        )
+    }
+}
+
+/// Buffers for a packed F32 product of `rows` x `cols` over `tokens`.
+struct Buffers {
+    weights: Vec<f32>,
+    input: Vec<f32>,
+    bias: Vec<f32>,
+    output: Vec<f32>,
+    selection: Vec<i32>,
+}
+
+impl Buffers {
+    fn new(rows: usize, cols: usize, tokens: usize) -> Self {
+        Buffers {
+            weights: (0..rows * cols).map(|i| (i % 7) as f32 - 3.0).collect(),
+            input: (0..tokens * cols).map(|i| (i % 5) as f32 - 2.0).collect(),
+            bias: (0..rows).map(|i| i as f32 * 0.5).collect(),
+            output: vec![0.0; rows * tokens],
+            selection: vec![0; rows],
+        }
+    }
+
+    fn project(&mut self, rows: u64, cols: u64, tokens: u64) -> DenseProject {
+        DenseProject::f32(
+            rows,
+            cols,
+            tokens,
+            span(&mut self.weights),
+            span(&mut self.input),
+            span(&mut self.output),
+        )
+    }
+}
+
+/// A stream of device 0 that no call here reaches a driver with.
+fn no_stream() -> CudaStream {
+    // SAFETY: the legacy default stream; the calls below are either refused before the
+    // provider runs, go to ext_probe's host reference (which ignores the stream), or to
+    // cuda_dense on a machine without a driver (which refuses before naming the stream).
+    unsafe { CudaStream::new(StreamRef(0), 0) }
+}
+
+fn refusal(tables: &BoundCudaTables, args: &DenseProject) -> CallProblem {
+    match tables.project(&no_stream(), args) {
+        Err(CudaCallError::Refused {
+            impl_id,
+            callback,
+            problem,
+        }) => {
+            assert_eq!((impl_id.as_str(), callback), (DENSE_IMPL, "project"));
+            problem
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn project_refuses_arguments_that_do_not_fit_before_calling_the_provider() {
+    let f = fixture_with(&[dense_spec("1.0.0")], DeviceSupport::host());
+    let tables = BoundCudaTables::bind_id(f.host.kernels(), &impl_id(DENSE_IMPL)).unwrap();
+    let dense = tables.dense().expect("CDD1");
+    assert_eq!(
+        dense.table().capabilities,
+        GUILD_CUDA_DENSE_CAP_GRAPH_CAPTURABLE
+    );
+    assert_eq!(dense.absent_callbacks(), ["quantize_q8_1", "mmvq"]);
+    let (rows, cols, tokens) = (6u64, 8u64, 3u64);
+    let mut b = Buffers::new(6, 8, 3);
+    let base = b.project(rows, cols, tokens);
+    let bias = span(&mut b.bias);
+    let selection = span(&mut b.selection);
+    let with = |change: &dyn Fn(&mut DenseProject)| {
+        let mut a = base;
+        change(&mut a);
+        refusal(&tables, &a)
+    };
+
+    // Dtypes, capabilities and flags.
+    assert_eq!(
+        with(&|a| a.weight_dtype = GUILD_DTYPE_F16),
+        CallProblem::Dtype {
+            operand: "weights",
+            dtype: GUILD_DTYPE_F16,
+            allowed: "BF16 or F32"
+        }
+    );
+    assert_eq!(
+        with(&|a| a.input_dtype = 99),
+        CallProblem::Dtype {
+            operand: "input",
+            dtype: 99,
+            allowed: "BF16 or F32"
+        }
+    );
+    assert_eq!(
+        with(&|a| a.output_dtype = GUILD_DTYPE_BF16),
+        CallProblem::Bf16OutputNotDeclared
+    );
+    assert_eq!(with(&|a| a.flags = 0b110), CallProblem::UnknownFlags(0b110));
+
+    // Geometry.
+    assert_eq!(with(&|a| a.rows = 0), CallProblem::Zero("rows"));
+    assert_eq!(with(&|a| a.cols = 0), CallProblem::Zero("cols"));
+    assert_eq!(with(&|a| a.tokens = 0), CallProblem::Zero("tokens"));
+    assert_eq!(
+        with(&|a| a.selection = Some(RowSelection {
+            rows: selection,
+            count: 0
+        })),
+        CallProblem::Zero("the selection count")
+    );
+    assert_eq!(
+        with(&|a| a.selection = Some(RowSelection {
+            rows: selection,
+            count: 7
+        })),
+        CallProblem::SelectionTooLong { count: 7, rows: 6 }
+    );
+    assert_eq!(
+        with(&|a| {
+            a.cols = u64::MAX / 2;
+            a.weight_row_stride_bytes = u64::MAX;
+        }),
+        CallProblem::Overflow("weights")
+    );
+    assert_eq!(
+        with(&|a| a.tokens = u64::MAX / 16),
+        CallProblem::Overflow("input")
+    );
+
+    // Strides: aligned to the element, at least a row.
+    assert_eq!(
+        with(&|a| a.weight_row_stride_bytes = 34),
+        CallProblem::StrideMisaligned {
+            operand: "weights",
+            stride: 34,
+            align: 4
+        }
+    );
+    assert_eq!(
+        with(&|a| a.input_row_stride_bytes = 28),
+        CallProblem::StrideTooShort {
+            operand: "input",
+            stride: 28,
+            row_bytes: 32
+        }
+    );
+    assert_eq!(
+        with(&|a| a.output_row_stride_bytes = 20),
+        CallProblem::StrideTooShort {
+            operand: "output",
+            stride: 20,
+            row_bytes: 24
+        }
+    );
+
+    // Buffers: the stream's device, non-NULL, aligned, large enough for what the strides reach.
+    let moved = |s: DeviceSpan, offset: usize, bytes: u64, device: i32| {
+        // SAFETY: refused before any call (asserted by `refusal`).
+        unsafe {
+            DeviceSpan::new(
+                s.ptr().cast::<u8>().wrapping_add(offset).cast(),
+                bytes,
+                device,
+            )
+        }
+    };
+    assert_eq!(
+        with(&|a| a.input = moved(a.input, 0, a.input.bytes(), 1)),
+        CallProblem::Device {
+            operand: "input",
+            device_id: 1,
+            stream_device_id: 0
+        }
+    );
+    assert_eq!(
+        with(&|a| a.output = a.output.null()),
+        CallProblem::Null("output")
+    );
+    let misaligned = moved(base.weights, 2, base.weights.bytes() - 2, 0);
+    assert_eq!(
+        with(&|a| a.weights = misaligned),
+        CallProblem::Misaligned {
+            operand: "weights",
+            address: misaligned.ptr() as u64,
+            align: 4
+        }
+    );
+    assert_eq!(
+        with(&|a| a.weights = moved(a.weights, 0, 6 * 32 - 1, 0)),
+        CallProblem::TooSmall {
+            operand: "weights",
+            bytes: 191,
+            needed: 192
+        }
+    );
+    // A longer input stride reaches further: (tokens - 1) * stride + one row.
+    assert_eq!(
+        with(&|a| a.input_row_stride_bytes = 40),
+        CallProblem::TooSmall {
+            operand: "input",
+            bytes: 96,
+            needed: 2 * 40 + 32
+        }
+    );
+    assert_eq!(
+        with(&|a| a.output_row_stride_bytes = 28),
+        CallProblem::TooSmall {
+            operand: "output",
+            bytes: 72,
+            needed: 2 * 28 + 24
+        }
+    );
+    assert_eq!(
+        with(&|a| a.bias = Some(moved(bias, 0, 20, 0))),
+        CallProblem::TooSmall {
+            operand: "bias",
+            bytes: 20,
+            needed: 24
+        }
+    );
+    assert_eq!(
+        with(&|a| a.selection = Some(RowSelection {
+            rows: moved(selection, 0, 8, 0),
+            count: 3
+        })),
+        CallProblem::TooSmall {
+            operand: "selection",
+            bytes: 8,
+            needed: 12
+        }
+    );
+    // The output may not share a byte with an input: here it is the input itself.
+    assert_eq!(
+        with(&|a| a.output = moved(a.input, 0, a.input.bytes(), 0)),
+        CallProblem::Overlap("input")
+    );
+    // Selecting fewer rows shrinks the output each token needs.
+    assert_eq!(
+        with(&|a| {
+            a.selection = Some(RowSelection {
+                rows: selection,
+                count: 2,
+            });
+            a.output_row_stride_bytes = 8;
+            a.output = moved(a.output, 0, 2 * 8 + 8 - 1, 0);
+        }),
+        CallProblem::TooSmall {
+            operand: "output",
+            bytes: 23,
+            needed: 24
+        }
+    );
+
+    let err = tables
+        .project(&no_stream(), &DenseProject { flags: 8, ..base })
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("project of {DENSE_IMPL} refused before the call: unknown flag bits 0x8")
+    );
+    assert_eq!(
+        f.host
+            .active_package_leases(&crate::support::id(DENSE_PACKAGE)),
+        1
+    );
+}
+
+/// A NULL copy of a span (same size and device), for the NULL refusal.
+trait NullSpan {
+    fn null(self) -> DeviceSpan;
+}
+
+impl NullSpan for DeviceSpan {
+    fn null(self) -> DeviceSpan {
+        // SAFETY: refused before any call (asserted by `refusal`).
+        unsafe { DeviceSpan::new(std::ptr::null_mut(), self.bytes(), self.device_id()) }
+    }
+}
+
+#[test]
+fn without_a_driver_the_dense_plugin_refuses_project_with_its_reason() {
+    let reason = match Driver::load() {
+        Err(CudaError::NoDevice(NoDevice::NoDriver(reason))) => reason,
+        other => {
+            report_skip(
+                "cuda_tables::without_a_driver_the_dense_plugin_refuses_project_with_its_reason",
+                &format_args!(
+                    "this machine has a CUDA driver ({})",
+                    other.map_or_else(|e| e.to_string(), |d| format!("version {}", d.version()))
+                ),
+            );
+            return;
+        }
+    };
+    let f = fixture_with(&[dense_spec("1.0.0")], DeviceSupport::host());
+    let tables = BoundCudaTables::bind_id(f.host.kernels(), &impl_id(DENSE_IMPL)).unwrap();
+    let mut b = Buffers::new(2, 4, 1);
+    let args = b.project(2, 4, 1);
+    // The arguments fit, so the plugin is called; it opens the driver lazily and finds none.
+    assert_eq!(
+        tables.project(&no_stream(), &args),
+        Err(CudaCallError::Provider {
+            impl_id: impl_id(DENSE_IMPL),
+            callback: "project",
+            reason: PluginReason {
+                status: GUILD_STATUS_ERR_UNSUPPORTED,
+                component: "example.cuda_dense".into(),
+                message: format!("no usable CUDA driver: {reason}"),
+            },
+        })
+    );
+}
+
+#[test]
+fn project_reaches_the_provider_with_checked_arguments_and_reports_its_refusal() {
+    let f = fixture_with(&[probe_spec("cuda", "all")], DeviceSupport::host());
+    let id = impl_id("test.ext_probe.cuda");
+    let tables = BoundCudaTables::bind_id(f.host.kernels(), &id).unwrap();
+    assert_eq!(
+        tables.dense().unwrap().table().capabilities,
+        GUILD_CUDA_DENSE_CAP_BF16_OUTPUT
+    );
+    let (rows, cols, tokens) = (5usize, 6usize, 3usize);
+    let mut b = Buffers::new(rows, cols, tokens);
+    b.output = vec![100.0; rows * tokens];
+    let mut a = b.project(rows as u64, cols as u64, tokens as u64);
+    a.bias = Some(span(&mut b.bias));
+    a.flags = GUILD_CUDA_DENSE_ACCUMULATE;
+    tables.project(&no_stream(), &a).unwrap();
+    // ext_probe's reference: bias + the products in order, added to the output. The values
+    // are small integers and halves, so every F32 step is exact.
+    for t in 0..tokens {
+        for r in 0..rows {
+            let mut dot = b.bias[r];
+            for c in 0..cols {
+                dot += b.weights[r * cols + c] * b.input[t * cols + c];
+            }
+            assert_eq!(b.output[t * rows + r], 100.0 + dot, "token {t} row {r}");
+        }
+    }
+
+    // The table declares BF16 output, so the wrapper lets it through, and the reference
+    // refuses it with its own words; so it does a selection.
+    let reference_refusal = CudaCallError::Provider {
+        impl_id: id.clone(),
+        callback: "project",
+        reason: PluginReason {
+            status: GUILD_STATUS_ERR_UNSUPPORTED,
+            component: "test.ext_probe".into(),
+            message: "the reference project takes F32 and every row".into(),
+        },
+    };
+    let bf16 = DenseProject {
+        output_dtype: GUILD_DTYPE_BF16,
+        ..a
+    };
+    assert_eq!(
+        tables.project(&no_stream(), &bf16),
+        Err(reference_refusal.clone())
+    );
+    let selected = DenseProject {
+        selection: Some(RowSelection {
+            rows: span(&mut b.selection),
+            count: 2,
+        }),
+        ..a
+    };
+    assert_eq!(
+        tables.project(&no_stream(), &selected),
+        Err(reference_refusal)
+    );
+    assert_eq!(a.output_dtype, GUILD_DTYPE_F32);
+}
+
+#[test]
+fn project_is_not_offered_by_a_kernel_without_it() {
+    let f = fixture_with(&[probe_spec("cda1", "current")], DeviceSupport::host());
+    let id = impl_id("test.ext_probe.cda1");
+    let tables = BoundCudaTables::bind_id(f.host.kernels(), &id).unwrap();
+    assert!(tables.dense().is_none());
+    let mut b = Buffers::new(2, 2, 1);
+    let err = tables
+        .project(&no_stream(), &b.project(2, 2, 1))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        CudaCallError::NotOffered {
+            impl_id: id,
+            callback: "project"
+        }
+    );
+}
