@@ -1,0 +1,260 @@
+//! CDD1 `project` of test-plugins/cuda_dense through [`BoundCudaTables::project`] on a device:
+//! on a non-default stream, with and without row selection, bias and accumulation, against a
+//! host reference that does the kernel's F32 steps in its order (so the comparison is bit for
+//! bit); captured into a graph that replays it; the package leased while the tables are bound.
+
+use super::*;
+
+use guild_abi::{GUILD_CUDA_DENSE_ACCUMULATE, GUILD_CUDA_DENSE_CAP_GRAPH_CAPTURABLE};
+use guild_host::cuda_tables::{
+    BoundCudaTables, CudaCallError, CudaStream, DenseProject, DeviceSpan, RowSelection,
+};
+
+use crate::cuda_tables::{dense_spec, DENSE_IMPL, DENSE_PACKAGE};
+
+/// What the kernel writes for a selected row outside the matrix.
+const BAD_ROW: u32 = 0x7fc0_0000;
+
+/// The shape of one product and its operands' strides, in elements.
+#[derive(Clone, Copy)]
+struct Shape {
+    rows: usize,
+    cols: usize,
+    tokens: usize,
+    w_stride: usize,
+    in_stride: usize,
+    out_stride: usize,
+}
+
+/// cuda_dense's arithmetic on the host: per token and output element, the products summed left
+/// to right from +0 (each product and sum rounded on its own), then the bias, then the old output
+/// with `accumulate`; a selected row outside the matrix gives NaN.
+fn reference(
+    s: Shape,
+    w: &[f32],
+    x: &[f32],
+    bias: Option<&[f32]>,
+    selection: Option<&[i32]>,
+    accumulate: bool,
+    out: &mut [f32],
+) {
+    let outputs = selection.map_or(s.rows, <[i32]>::len);
+    for t in 0..s.tokens {
+        for i in 0..outputs {
+            let y = &mut out[t * s.out_stride + i];
+            let row = selection.map_or(Some(i), |sel| usize::try_from(sel[i]).ok());
+            let Some(row) = row.filter(|&r| r < s.rows) else {
+                *y = f32::from_bits(BAD_ROW);
+                continue;
+            };
+            let mut sum = 0f32;
+            for c in 0..s.cols {
+                sum += w[row * s.w_stride + c] * x[t * s.in_stride + c];
+            }
+            if let Some(b) = bias {
+                sum += b[row];
+            }
+            *y = if accumulate { *y + sum } else { sum };
+        }
+    }
+}
+
+/// Values with many significant bits, so that a different order or a fused step would show.
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let k = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8;
+            (k % 20_011) as f32 / 1_013.0 - 9.5
+        })
+        .collect()
+}
+
+/// `buffer` as a span of `gpu`'s device.
+fn on_device(gpu: &Gpu, buffer: &DeviceBuffer) -> DeviceSpan {
+    // SAFETY: every caller keeps `buffer` (device memory of this device, `bytes()` long) alive
+    // and untouched until it has synchronised the stream its calls named.
+    unsafe { DeviceSpan::new(buffer.as_ptr(), buffer.bytes() as u64, gpu.ordinal()) }
+}
+
+#[test]
+fn dense_project_runs_on_a_stream_and_a_captured_graph_replays_it() {
+    let test =
+        "gpu::device::tables::dense_project_runs_on_a_stream_and_a_captured_graph_replays_it";
+    let Some(gpu) = gpu_or_skip(test) else {
+        return;
+    };
+    let f = fixture(&gpu, &[dense_spec("1.0.0")]);
+    let package = id(DENSE_PACKAGE);
+    let tables =
+        BoundCudaTables::bind_id(f.host.kernels(), &ImplId::new(DENSE_IMPL).unwrap()).unwrap();
+    let capabilities = tables.dense().expect("CDD1").table().capabilities;
+    assert_ne!(capabilities & GUILD_CUDA_DENSE_CAP_GRAPH_CAPTURABLE, 0);
+
+    // Bound tables hold the package: what would unload its code is refused.
+    assert_eq!(f.host.active_package_leases(&package), 1);
+    match f.host.disable(&package) {
+        Err(HostError::Leased(Leased {
+            action: QuiescentAction::Unload,
+            bindings: 1,
+            ..
+        })) => {}
+        other => panic!("expected a lease refusal, got {other:?}"),
+    }
+
+    let stream = gpu.stream().unwrap();
+    gpu.make_current().unwrap();
+    // SAFETY: a stream of this device's primary context, current on this thread; it is
+    // synchronised, and the graph objects destroyed, before `tables` is dropped below.
+    let on_stream = unsafe { CudaStream::new(StreamRef(stream.address()), gpu.ordinal()) };
+
+    // Padded strides, so that a kernel that assumed packed rows would read and write wrong.
+    let s = Shape {
+        rows: 37,
+        cols: 53,
+        tokens: 5,
+        w_stride: 56,
+        in_stride: 54,
+        out_stride: 40,
+    };
+    let w = values(s.rows * s.w_stride, 1);
+    let x = values(s.tokens * s.in_stride, 2);
+    let bias = values(s.rows, 3);
+    let selection: Vec<i32> = vec![5, 0, 36, 5, 17, 2];
+    let sentinel = values(s.tokens * s.out_stride, 4);
+    let weights = gpu.upload(&w).unwrap();
+    let input = gpu.upload(&x).unwrap();
+    let bias_buffer = gpu.upload(&bias).unwrap();
+    let selection_buffer = gpu.upload(&selection).unwrap();
+    let output = gpu.upload(&sentinel).unwrap();
+    let n_out = s.tokens * s.out_stride;
+
+    let mut base = DenseProject::f32(
+        s.rows as u64,
+        s.cols as u64,
+        s.tokens as u64,
+        on_device(&gpu, &weights),
+        on_device(&gpu, &input),
+        on_device(&gpu, &output),
+    );
+    base.weight_row_stride_bytes = (s.w_stride * 4) as u64;
+    base.input_row_stride_bytes = (s.in_stride * 4) as u64;
+    base.output_row_stride_bytes = (s.out_stride * 4) as u64;
+    let selected = Some(RowSelection {
+        rows: on_device(&gpu, &selection_buffer),
+        count: selection.len() as u32,
+    });
+
+    // Every case starts from the sentinel output, so that an untouched padding shows too.
+    for (case, bias_on, select, accumulate) in [
+        ("all rows", false, false, false),
+        ("all rows, bias", true, false, false),
+        ("selected rows, bias, accumulate", true, true, true),
+        ("selected rows, accumulate", false, true, true),
+    ] {
+        output.write(&sentinel).unwrap();
+        let mut args = base;
+        if bias_on {
+            args.bias = Some(on_device(&gpu, &bias_buffer));
+        }
+        if select {
+            args.selection = selected;
+        }
+        if accumulate {
+            args.flags = GUILD_CUDA_DENSE_ACCUMULATE;
+        }
+        tables
+            .project(&on_stream, &args)
+            .unwrap_or_else(|e| panic!("{case}: {e}"));
+        stream.synchronize().unwrap();
+        let mut want = sentinel.clone();
+        reference(
+            s,
+            &w,
+            &x,
+            bias_on.then_some(&bias[..]),
+            select.then_some(&selection[..]),
+            accumulate,
+            &mut want,
+        );
+        assert_eq!(
+            bits(&output.read::<f32>(n_out).unwrap()),
+            bits(&want),
+            "{case}"
+        );
+    }
+
+    // A selected index outside the matrix (device data the host cannot check) reads nothing
+    // and writes NaN.
+    let bad: Vec<i32> = vec![1, -1, 37, 36];
+    let bad_buffer = gpu.upload(&bad).unwrap();
+    output.write(&sentinel).unwrap();
+    let mut args = base;
+    args.selection = Some(RowSelection {
+        rows: on_device(&gpu, &bad_buffer),
+        count: bad.len() as u32,
+    });
+    tables.project(&on_stream, &args).unwrap();
+    stream.synchronize().unwrap();
+    let mut want = sentinel.clone();
+    reference(s, &w, &x, None, Some(&bad), false, &mut want);
+    assert_eq!(bits(&output.read::<f32>(n_out).unwrap()), bits(&want));
+
+    // What the plugin does not support it refuses itself, with its words.
+    let bf16_input = DenseProject {
+        input_dtype: guild_abi::GUILD_DTYPE_BF16,
+        ..base
+    };
+    match tables.project(&on_stream, &bf16_input) {
+        Err(CudaCallError::Provider { reason, .. }) => {
+            assert_eq!(reason.status, GUILD_STATUS_ERR_UNSUPPORTED);
+            assert_eq!(reason.component, "example.cuda_dense");
+            assert!(
+                reason
+                    .message
+                    .contains("F32 weights, input and output only"),
+                "{reason}"
+            );
+        }
+        other => panic!("expected the plugin's refusal, got {other:?}"),
+    }
+
+    // Captured into a graph (bias and selection on), instantiated, replayed over new inputs.
+    let mut args = base;
+    args.bias = Some(on_device(&gpu, &bias_buffer));
+    args.selection = selected;
+    stream.begin_capture().unwrap();
+    let captured = tables.project(&on_stream, &args);
+    let graph = stream.end_capture().unwrap();
+    captured.unwrap();
+    output.write(&sentinel).unwrap();
+    let exec = graph.instantiate().unwrap();
+    for round in 0..3u32 {
+        let x = values(s.tokens * s.in_stride, 10 + round);
+        input.write(&x).unwrap();
+        exec.launch(&stream).unwrap();
+        stream.synchronize().unwrap();
+        let mut want = sentinel.clone();
+        reference(s, &w, &x, Some(&bias), Some(&selection), false, &mut want);
+        assert_eq!(
+            bits(&output.read::<f32>(n_out).unwrap()),
+            bits(&want),
+            "replay {round}"
+        );
+    }
+    exec.destroy().unwrap();
+    graph.destroy().unwrap();
+    stream.synchronize().unwrap();
+
+    // Dropping the tables gives the package back.
+    drop(tables);
+    assert_eq!(f.host.active_package_leases(&package), 0);
+    assert_eq!(f.host.disable(&package).unwrap().to_string(), "1.0.0");
+    note(
+        test,
+        &format_args!(
+            "project: 4 stream cases, out-of-range selection and 3 graph replays bit-exact \
+             ({} x {} over {} tokens)",
+            s.rows, s.cols, s.tokens
+        ),
+    );
+}
