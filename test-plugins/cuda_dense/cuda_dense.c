@@ -8,6 +8,12 @@
  * managed memory. quantize_q8_1 and mmvq are not offered. The table declares
  * GUILD_CUDA_DENSE_CAP_GRAPH_CAPTURABLE (a launch is the only stream work) and not BF16 output.
  *
+ * The same kernel carries a CDM1 table (cuda_moe_abi.h) with `elementwise` for F32 operands and
+ * the exact operations ADD (a + b), MUL (a * b), SCALE (alpha * a + beta), COPY (a) and AXPY
+ * (a + alpha * b), each step rounded on its own (never fused), with b broadcast when its row
+ * stride is 0 and out allowed to be a or b (in place); the other operations and dtypes are
+ * refused. query_workspace answers 0 bytes for elementwise and refuses the rest. GRAPH_CAPTURABLE.
+ *
  * Numerics: one thread per (token, output element) forms the dot product left to right over the
  * columns, with a separately rounded multiply and add per element (mul.rn, add.rn: never fused),
  * starting from +0; then adds the bias, then, with ACCUMULATE, adds the sum to the old output.
@@ -24,6 +30,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <guild/abi/cuda_dense_abi.h>
+#include <guild/abi/cuda_moe_abi.h>
 #include <guild/abi/kernel_abi.h>
 
 #include <dlfcn.h>
@@ -198,6 +205,107 @@ static const char dense_ptx[] =
     "    ret;\n"
     "}\n";
 
+/* The second entry of the module: appended to dense_ptx when the module is loaded (ISO C caps the
+ * length of one string literal). */
+static const char elementwise_ptx[] =
+    "\n"
+    /*
+     * guild_elementwise(a, b, out, rows, cols, a_stride, b_stride, out_stride, op, alpha, beta)
+     * Thread idx handles row r = idx / cols, column c = idx % cols, for idx < rows * cols. b may
+     * be 0 (unary); a b_stride of 0 broadcasts b's first row. op: GUILD_CUDA_EW_* (1 ADD, 2 MUL,
+     * 3 SCALE, 10 AXPY; anything else copies a).
+     */
+    ".visible .entry guild_elementwise(\n"
+    "    .param .u64 p_a,\n"
+    "    .param .u64 p_b,\n"
+    "    .param .u64 p_out,\n"
+    "    .param .u64 p_rows,\n"
+    "    .param .u64 p_cols,\n"
+    "    .param .u64 p_a_stride,\n"
+    "    .param .u64 p_b_stride,\n"
+    "    .param .u64 p_out_stride,\n"
+    "    .param .u32 p_op,\n"
+    "    .param .f32 p_alpha,\n"
+    "    .param .f32 p_beta\n"
+    ")\n"
+    "{\n"
+    "    .reg .pred %p<8>;\n"
+    "    .reg .b32 %r<8>;\n"
+    "    .reg .f32 %f<8>;\n"
+    "    .reg .b64 %rd<24>;\n"
+    "\n"
+    "    ld.param.u64 %rd1, [p_a];\n"
+    "    ld.param.u64 %rd2, [p_b];\n"
+    "    ld.param.u64 %rd3, [p_out];\n"
+    "    ld.param.u64 %rd4, [p_rows];\n"
+    "    ld.param.u64 %rd5, [p_cols];\n"
+    "    ld.param.u64 %rd6, [p_a_stride];\n"
+    "    ld.param.u64 %rd7, [p_b_stride];\n"
+    "    ld.param.u64 %rd8, [p_out_stride];\n"
+    "    ld.param.u32 %r1, [p_op];\n"
+    "    ld.param.f32 %f1, [p_alpha];\n"
+    "    ld.param.f32 %f2, [p_beta];\n"
+    "    mov.u32 %r2, %ctaid.x;\n"
+    "    mov.u32 %r3, %ntid.x;\n"
+    "    mov.u32 %r4, %tid.x;\n"
+    "    mul.wide.u32 %rd9, %r2, %r3;\n"
+    "    cvt.u64.u32 %rd10, %r4;\n"
+    "    add.u64 %rd9, %rd9, %rd10;\n"
+    "    mul.lo.u64 %rd10, %rd4, %rd5;\n"
+    "    setp.ge.u64 %p1, %rd9, %rd10;\n"
+    "    @%p1 bra EW_DONE;\n"
+    /* %rd11: row r; %rd12: column c; %rd13: c * 4. */
+    "    div.u64 %rd11, %rd9, %rd5;\n"
+    "    mul.lo.u64 %rd12, %rd11, %rd5;\n"
+    "    sub.u64 %rd12, %rd9, %rd12;\n"
+    "    shl.b64 %rd13, %rd12, 2;\n"
+    "    mul.lo.u64 %rd14, %rd11, %rd6;\n"
+    "    add.u64 %rd14, %rd1, %rd14;\n"
+    "    add.u64 %rd14, %rd14, %rd13;\n"
+    "    cvta.to.global.u64 %rd14, %rd14;\n"
+    "    ld.global.f32 %f3, [%rd14];\n"
+    "    mul.lo.u64 %rd16, %rd11, %rd8;\n"
+    "    add.u64 %rd16, %rd3, %rd16;\n"
+    "    add.u64 %rd16, %rd16, %rd13;\n"
+    "    cvta.to.global.u64 %rd16, %rd16;\n"
+    "    mov.f32 %f4, 0f00000000;\n"
+    "    setp.eq.u64 %p2, %rd2, 0;\n"
+    "    @%p2 bra EW_HAVE_B;\n"
+    "    mul.lo.u64 %rd15, %rd11, %rd7;\n"
+    "    add.u64 %rd15, %rd2, %rd15;\n"
+    "    add.u64 %rd15, %rd15, %rd13;\n"
+    "    cvta.to.global.u64 %rd15, %rd15;\n"
+    "    ld.global.f32 %f4, [%rd15];\n"
+    "EW_HAVE_B:\n"
+    "    setp.eq.u32 %p3, %r1, 1;\n"
+    "    @%p3 bra EW_ADD;\n"
+    "    setp.eq.u32 %p3, %r1, 2;\n"
+    "    @%p3 bra EW_MUL;\n"
+    "    setp.eq.u32 %p3, %r1, 3;\n"
+    "    @%p3 bra EW_SCALE;\n"
+    "    setp.eq.u32 %p3, %r1, 10;\n"
+    "    @%p3 bra EW_AXPY;\n"
+    "    mov.f32 %f5, %f3;\n"
+    "    bra EW_STORE;\n"
+    "EW_ADD:\n"
+    "    add.rn.f32 %f5, %f3, %f4;\n"
+    "    bra EW_STORE;\n"
+    "EW_MUL:\n"
+    "    mul.rn.f32 %f5, %f3, %f4;\n"
+    "    bra EW_STORE;\n"
+    "EW_SCALE:\n"
+    "    mul.rn.f32 %f6, %f1, %f3;\n"
+    "    add.rn.f32 %f5, %f6, %f2;\n"
+    "    bra EW_STORE;\n"
+    "EW_AXPY:\n"
+    "    mul.rn.f32 %f6, %f1, %f4;\n"
+    "    add.rn.f32 %f5, %f3, %f6;\n"
+    "EW_STORE:\n"
+    "    st.global.f32 [%rd16], %f5;\n"
+    "EW_DONE:\n"
+    "    ret;\n"
+    "}\n";
+
 /* ------------------------------------------------------------------------------------------ */
 /* Driver and device state                                                                      */
 /* ------------------------------------------------------------------------------------------ */
@@ -208,6 +316,7 @@ typedef struct dense_device_t {
     CUcontext ctx;
     CUmodule module;
     CUfunction kernel;
+    CUfunction elementwise;
 } dense_device_t;
 
 static struct {
@@ -290,6 +399,8 @@ static int dense_open_driver_locked(void) {
  * with the thread's capture mode relaxed). On failure writes the reason to `message`.
  */
 static guild_status_t dense_device(int32_t device_id, dense_device_t* out, char* message, size_t message_size) {
+    /* The module's PTX: both entries, one NUL at the end. */
+    static char image[sizeof dense_ptx + sizeof elementwise_ptx - 1u];
     dense_device_t* slot;
     guild_status_t status = GUILD_STATUS_OK;
     (void)pthread_mutex_lock(&dense_state.lock);
@@ -318,13 +429,18 @@ static guild_status_t dense_device(int32_t device_id, dense_device_t* out, char*
                 r = api->ctx_push(slot->ctx);
                 if (r == CUDA_SUCCESS) {
                     (void)api->exchange_capture_mode(&mode);
-                    r = api->module_load_data(&slot->module, dense_ptx);
+                    memcpy(image, dense_ptx, sizeof dense_ptx - 1u);
+                    memcpy(image + sizeof dense_ptx - 1u, elementwise_ptx, sizeof elementwise_ptx);
+                    r = api->module_load_data(&slot->module, image);
                     if (r == CUDA_SUCCESS) {
                         r = api->module_get_function(&slot->kernel, slot->module, "guild_dense_project");
+                        if (r == CUDA_SUCCESS) {
+                            r = api->module_get_function(&slot->elementwise, slot->module, "guild_elementwise");
+                        }
                         if (r != CUDA_SUCCESS) {
                             (void)api->module_unload(slot->module);
                             (void)snprintf(message, message_size,
-                                           "cuModuleGetFunction(guild_dense_project) failed with %s",
+                                           "cuModuleGetFunction(guild_dense_project, guild_elementwise) failed with %s",
                                            dense_result_name(r));
                         }
                     } else {
@@ -369,17 +485,56 @@ static int dense_aligned(const void* p) {
     return ((uintptr_t)p & 3u) == 0u;
 }
 
+/*
+ * Checks that `raw_stream` (NULL: the legacy default stream) belongs to the primary context of
+ * the device in `dev`, then launches `kernel` over `pairs` threads on it with `params`.
+ */
+static guild_status_t dense_launch(const dense_device_t* dev, int32_t device_id, guild_stream_t raw_stream,
+                                   CUfunction kernel, uint64_t pairs, void** params, guild_error_info_t* error) {
+    char message[GUILD_ERROR_MESSAGE_CAPACITY];
+    CUstream stream = (CUstream)(void*)raw_stream;
+    CUcontext popped = NULL;
+    CUresult r;
+    uint64_t blocks = pairs / DENSE_BLOCK + (pairs % DENSE_BLOCK != 0u ? 1u : 0u);
+    if (blocks > 0x7fffffffu) {
+        return dense_refuse(error, GUILD_STATUS_ERR_UNSUPPORTED, "more elements than one launch covers");
+    }
+    if (stream != NULL) {
+        CUcontext stream_ctx = NULL;
+        r = dense_state.api.stream_get_ctx(stream, &stream_ctx);
+        if (r != CUDA_SUCCESS) {
+            (void)snprintf(message, sizeof message, "cuStreamGetCtx failed with %s", dense_result_name(r));
+            return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, message);
+        }
+        if (stream_ctx != dev->ctx) {
+            (void)snprintf(message, sizeof message,
+                           "the stream belongs to another context than the primary context of device %d",
+                           (int)device_id);
+            return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, message);
+        }
+    }
+    r = dense_state.api.ctx_push(dev->ctx);
+    if (r != CUDA_SUCCESS) {
+        (void)snprintf(message, sizeof message, "cuCtxPushCurrent failed with %s", dense_result_name(r));
+        return dense_refuse(error, GUILD_STATUS_ERR_DEVICE, message);
+    }
+    /* The driver copies the parameter values at the launch (and into the graph when capturing). */
+    r = dense_state.api.launch_kernel(kernel, (unsigned int)blocks, 1u, 1u, DENSE_BLOCK, 1u, 1u, 0u, stream, params,
+                                      NULL);
+    (void)dense_state.api.ctx_pop(&popped);
+    if (r != CUDA_SUCCESS) {
+        (void)snprintf(message, sizeof message, "cuLaunchKernel failed with %s", dense_result_name(r));
+        return dense_refuse(error, GUILD_STATUS_ERR_DEVICE, message);
+    }
+    return GUILD_STATUS_OK;
+}
+
 static guild_status_t dense_project(void* user_data, const guild_cuda_dense_project_args_v1_t* args,
                                     guild_error_info_t* error) {
     char message[GUILD_ERROR_MESSAGE_CAPACITY];
     dense_device_t dev;
-    CUstream stream;
-    CUcontext popped = NULL;
-    CUresult r;
     guild_status_t status;
     uint64_t outputs;
-    uint64_t pairs;
-    uint64_t blocks;
     CUdeviceptr weights, input, bias, output, selection;
     uint64_t rows, cols, tokens, w_stride, in_stride, out_stride;
     uint32_t flags;
@@ -425,29 +580,9 @@ static guild_status_t dense_project(void* user_data, const guild_cuda_dense_proj
     if (tokens > UINT64_MAX / outputs) {
         return dense_refuse(error, GUILD_STATUS_ERR_UNSUPPORTED, "tokens times outputs overflows");
     }
-    pairs = tokens * outputs;
-    blocks = pairs / DENSE_BLOCK + (pairs % DENSE_BLOCK != 0u ? 1u : 0u);
-    if (blocks > 0x7fffffffu) {
-        return dense_refuse(error, GUILD_STATUS_ERR_UNSUPPORTED, "more (token, output) pairs than one launch covers");
-    }
     status = dense_device(args->device_id, &dev, message, sizeof message);
     if (status != GUILD_STATUS_OK) {
         return dense_refuse(error, status, message);
-    }
-    stream = (CUstream)(void*)args->stream;
-    if (stream != NULL) {
-        CUcontext stream_ctx = NULL;
-        r = dense_state.api.stream_get_ctx(stream, &stream_ctx);
-        if (r != CUDA_SUCCESS) {
-            (void)snprintf(message, sizeof message, "cuStreamGetCtx failed with %s", dense_result_name(r));
-            return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, message);
-        }
-        if (stream_ctx != dev.ctx) {
-            (void)snprintf(message, sizeof message,
-                           "the stream belongs to another context than the primary context of device %d",
-                           (int)args->device_id);
-            return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, message);
-        }
     }
 
     weights = (CUdeviceptr)(uintptr_t)args->weights;
@@ -472,20 +607,99 @@ static guild_status_t dense_project(void* user_data, const guild_cuda_dense_proj
     params[10] = &in_stride;
     params[11] = &out_stride;
     params[12] = &flags;
+    return dense_launch(&dev, args->device_id, args->stream, dev.kernel, tokens * outputs, params, error);
+}
 
-    r = dense_state.api.ctx_push(dev.ctx);
-    if (r != CUDA_SUCCESS) {
-        (void)snprintf(message, sizeof message, "cuCtxPushCurrent failed with %s", dense_result_name(r));
-        return dense_refuse(error, GUILD_STATUS_ERR_DEVICE, message);
+/* ------------------------------------------------------------------------------------------ */
+/* CDM1 elementwise and query_workspace                                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+static int dense_binary(uint32_t op) {
+    return op == GUILD_CUDA_EW_ADD || op == GUILD_CUDA_EW_MUL || op == GUILD_CUDA_EW_AXPY;
+}
+
+static guild_status_t dense_elementwise(void* user_data, const guild_cuda_elementwise_args_v1_t* args,
+                                        guild_error_info_t* error) {
+    char message[GUILD_ERROR_MESSAGE_CAPACITY];
+    dense_device_t dev;
+    guild_status_t status;
+    CUdeviceptr a, b, out;
+    uint64_t rows, cols, a_stride, b_stride, out_stride;
+    uint32_t op;
+    float alpha, beta;
+    void* params[11];
+
+    if (user_data != (void*)&dense_user_data) {
+        return dense_refuse(error, GUILD_STATUS_ERR_INTERNAL, "elementwise got the wrong user_data");
     }
-    /* The driver copies the parameter values at the launch (and into the graph when capturing). */
-    r = dense_state.api.launch_kernel(dev.kernel, (unsigned int)blocks, 1u, 1u, DENSE_BLOCK, 1u, 1u, 0u, stream,
-                                      params, NULL);
-    (void)dense_state.api.ctx_pop(&popped);
-    if (r != CUDA_SUCCESS) {
-        (void)snprintf(message, sizeof message, "cuLaunchKernel failed with %s", dense_result_name(r));
-        return dense_refuse(error, GUILD_STATUS_ERR_DEVICE, message);
+    if (args == NULL || args->struct_size < (uint32_t)sizeof *args) {
+        return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT,
+                            "elementwise needs arguments of at least the SDK 1.5 size");
     }
+    op = args->op;
+    if (op != GUILD_CUDA_EW_ADD && op != GUILD_CUDA_EW_MUL && op != GUILD_CUDA_EW_SCALE && op != GUILD_CUDA_EW_COPY &&
+        op != GUILD_CUDA_EW_AXPY) {
+        (void)snprintf(message, sizeof message,
+                       "this elementwise computes ADD, MUL, SCALE, COPY and AXPY only (got op %u)", (unsigned)op);
+        return dense_refuse(error, GUILD_STATUS_ERR_UNSUPPORTED, message);
+    }
+    if (args->a_dtype != GUILD_DTYPE_F32 || args->out_dtype != GUILD_DTYPE_F32 ||
+        (dense_binary(op) && args->b_dtype != GUILD_DTYPE_F32)) {
+        return dense_refuse(error, GUILD_STATUS_ERR_UNSUPPORTED, "this elementwise takes F32 operands only");
+    }
+    if (args->reserved0 != 0u || args->reserved1 != 0u) {
+        return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, "non-zero reserved fields");
+    }
+    rows = args->rows;
+    cols = args->cols;
+    if (rows == 0u || cols == 0u || cols > UINT64_MAX / 4u || rows > UINT64_MAX / cols) {
+        return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, "rows and cols must be non-zero and their product fit");
+    }
+    if (args->a == NULL || args->out == NULL || dense_binary(op) != (args->b != NULL) || !dense_aligned(args->a) ||
+        !dense_aligned(args->b) || !dense_aligned(args->out) || (args->a_row_stride_bytes & 3u) != 0u ||
+        (args->b_row_stride_bytes & 3u) != 0u || (args->out_row_stride_bytes & 3u) != 0u) {
+        return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT,
+                            "a and out must be non-NULL, b present exactly for binary operations, and every buffer "
+                            "and stride 4-byte aligned");
+    }
+    status = dense_device(args->device_id, &dev, message, sizeof message);
+    if (status != GUILD_STATUS_OK) {
+        return dense_refuse(error, status, message);
+    }
+    a = (CUdeviceptr)(uintptr_t)args->a;
+    b = (CUdeviceptr)(uintptr_t)args->b;
+    out = (CUdeviceptr)(uintptr_t)args->out;
+    a_stride = args->a_row_stride_bytes;
+    b_stride = args->b_row_stride_bytes;
+    out_stride = args->out_row_stride_bytes;
+    alpha = args->alpha;
+    beta = args->beta;
+    params[0] = &a;
+    params[1] = &b;
+    params[2] = &out;
+    params[3] = &rows;
+    params[4] = &cols;
+    params[5] = &a_stride;
+    params[6] = &b_stride;
+    params[7] = &out_stride;
+    params[8] = &op;
+    params[9] = &alpha;
+    params[10] = &beta;
+    return dense_launch(&dev, args->device_id, args->stream, dev.elementwise, rows * cols, params, error);
+}
+
+static guild_status_t dense_query_workspace(void* user_data, const guild_cuda_moe_workspace_query_args_v1_t* args,
+                                            guild_error_info_t* error) {
+    if (user_data != (void*)&dense_user_data) {
+        return dense_refuse(error, GUILD_STATUS_ERR_INTERNAL, "query_workspace got the wrong user_data");
+    }
+    if (args == NULL || args->workspace_bytes_out == NULL) {
+        return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, "query_workspace needs args and an output");
+    }
+    if (args->operation != GUILD_CUDA_MOE_OP_ELEMENTWISE) {
+        return dense_refuse(error, GUILD_STATUS_ERR_UNSUPPORTED, "only elementwise is offered, and needs no workspace");
+    }
+    *args->workspace_bytes_out = 0u;
     return GUILD_STATUS_OK;
 }
 
@@ -495,6 +709,7 @@ static guild_status_t dense_project(void* user_data, const guild_cuda_dense_proj
 
 static guild_status_t dense_init(const guild_host_api_v1_t* host, void** plugin_state, guild_error_info_t* error) {
     guild_cuda_dense_ext_v1_t dense;
+    guild_cuda_moe_ext_v1_t moe;
     guild_kernel_op_desc_v1_t desc;
     if (host == NULL || plugin_state == NULL) {
         return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, "init needs a host table and a state slot");
@@ -511,6 +726,16 @@ static guild_status_t dense_init(const guild_host_api_v1_t* host, void** plugin_
     dense.capabilities = GUILD_CUDA_DENSE_CAP_GRAPH_CAPTURABLE;
     dense.project = dense_project;
     dense.user_data = &dense_user_data;
+    dense.header.next = &moe.header;
+
+    memset(&moe, 0, sizeof moe);
+    moe.header.struct_size = (uint32_t)sizeof moe;
+    moe.header.tag = GUILD_CUDA_MOE_TAG;
+    moe.header.version = GUILD_CUDA_MOE_EXT_VERSION;
+    moe.capabilities = GUILD_CUDA_MOE_CAP_GRAPH_CAPTURABLE;
+    moe.query_workspace = dense_query_workspace;
+    moe.elementwise = dense_elementwise;
+    moe.user_data = &dense_user_data;
 
     memset(&desc, 0, sizeof desc);
     desc.struct_size = (uint32_t)sizeof desc;

@@ -20,6 +20,8 @@
  *   guild_dense_project(u64 weights, u64 input, u64 bias, u64 output, u64 selection, u64 rows,
  *                       u64 outputs, u64 cols, u64 tokens, u64 weight_stride, u64 input_stride,
  *                       u64 output_stride, u32 flags)      the cuda_dense plugin's CDD1 project
+ *   guild_elementwise(u64 a, u64 b, u64 out, u64 rows, u64 cols, u64 a_stride, u64 b_stride,
+ *                     u64 out_stride, u32 op, f32 alpha, f32 beta)  its CDM1 elementwise
  *
  * Environment: FAKE_CUDA_INIT (cuInit's result, default 0), FAKE_CUDA_DEVICES (default 1),
  * FAKE_CUDA_SM (compute capability times ten, default 90), FAKE_CUDA_EVENT_SYNC (the result of
@@ -68,7 +70,7 @@ typedef struct module_t module_t;
 
 typedef struct function_t {
     module_t* module;
-    int kind; /* 1 = guild_scan, 2 = add_one, 3 = guild_dense_project */
+    int kind; /* 1 = guild_scan, 2 = add_one, 3 = guild_dense_project, 4 = guild_elementwise */
 } function_t;
 
 struct module_t {
@@ -76,8 +78,9 @@ struct module_t {
     int has_scan;
     int has_add_one;
     int has_dense_project;
+    int has_elementwise;
     /* The module owns its functions, as in the real driver: functions[kind - 1]. */
-    function_t functions[3];
+    function_t functions[4];
 };
 
 typedef struct launch_t {
@@ -134,13 +137,55 @@ static int device_count(void) {
     return n < 0 ? 0 : (n > MAX_DEVICES ? MAX_DEVICES : n);
 }
 
-/* Each kernel's parameters: how many, and which one (if any) is a u32 rather than a u64. */
+/* Each kernel's parameters: how many, and the bytes of parameter i (4: a u32 or f32, kept as its
+ * bit pattern in the low half of args[i]; else a u64). */
 static int param_count(int kind) {
-    return kind == 1 ? 5 : (kind == 2 ? 2 : 13);
+    return kind == 1 ? 5 : (kind == 2 ? 2 : (kind == 3 ? 13 : 11));
 }
 
-static int u32_param(int kind) {
-    return kind == 1 ? 4 : (kind == 3 ? 12 : -1);
+static int param_bytes(int kind, int i) {
+    if ((kind == 1 && i == 4) || (kind == 3 && i == 12) || (kind == 4 && i >= 8)) {
+        return 4;
+    }
+    return 8;
+}
+
+static float f32_param(const launch_t* l, int i) {
+    uint32_t bits = (uint32_t)l->args[i];
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* guild_elementwise: thread (r, c) of the PTX, in order; each step rounded on its own. */
+static void elementwise(const launch_t* l) {
+    const unsigned char* a = (const unsigned char*)(uintptr_t)l->args[0];
+    const unsigned char* b = (const unsigned char*)(uintptr_t)l->args[1];
+    unsigned char* out = (unsigned char*)(uintptr_t)l->args[2];
+    uint64_t rows = l->args[3], cols = l->args[4];
+    uint64_t a_stride = l->args[5], b_stride = l->args[6], out_stride = l->args[7];
+    unsigned op = (unsigned)l->args[8];
+    float alpha = f32_param(l, 9), beta = f32_param(l, 10);
+    uint64_t r, c;
+    for (r = 0; r < rows; ++r) {
+        for (c = 0; c < cols; ++c) {
+            float x = ((const float*)(const void*)(a + r * a_stride))[c];
+            float y = b != NULL ? ((const float*)(const void*)(b + r * b_stride))[c] : 0.0f;
+            volatile float t;
+            volatile float z;
+            if (r * cols + c >= l->threads_x) {
+                return;
+            }
+            switch (op) {
+                case 1: z = x + y; break;
+                case 2: z = x * y; break;
+                case 3: t = alpha * x; z = t + beta; break;
+                case 10: t = alpha * y; z = x + t; break;
+                default: z = x; break;
+            }
+            ((float*)(void*)(out + r * out_stride))[c] = z;
+        }
+    }
 }
 
 /* One F32 product added to a sum, each step rounded on its own (as mul.rn and add.rn: the
@@ -194,7 +239,9 @@ static void dense_project(const launch_t* l) {
 
 /* The "kernels": the same arithmetic as the PTX, on host memory. */
 static void run(const launch_t* l) {
-    if (l->function->kind == 3) {
+    if (l->function->kind == 4) {
+        elementwise(l);
+    } else if (l->function->kind == 3) {
         dense_project(l);
     } else if (l->function->kind == 1) {
         uint64_t rows = l->args[2];
@@ -561,6 +608,7 @@ EXPORT CUresult cuModuleLoadData(module_t** m, const void* image) {
     (*m)->has_scan = strstr(text, ".entry guild_scan(") != NULL;
     (*m)->has_add_one = strstr(text, ".entry add_one(") != NULL;
     (*m)->has_dense_project = strstr(text, ".entry guild_dense_project(") != NULL;
+    (*m)->has_elementwise = strstr(text, ".entry guild_elementwise(") != NULL;
     pthread_mutex_lock(&lock);
     alive_modules++;
     pthread_mutex_unlock(&lock);
@@ -573,6 +621,7 @@ EXPORT CUresult cuModuleGetFunction(function_t** f, module_t* m, const char* nam
     if (strcmp(name, "guild_scan") == 0 && m->has_scan) kind = 1;
     if (strcmp(name, "add_one") == 0 && m->has_add_one) kind = 2;
     if (strcmp(name, "guild_dense_project") == 0 && m->has_dense_project) kind = 3;
+    if (strcmp(name, "guild_elementwise") == 0 && m->has_elementwise) kind = 4;
     if (kind == 0) return ERR_NOT_FOUND;
     m->functions[kind - 1].module = m;
     m->functions[kind - 1].kind = kind;
@@ -606,7 +655,7 @@ EXPORT CUresult cuLaunchKernel(function_t* f, unsigned gx, unsigned gy, unsigned
     l.threads_x = (uint64_t)gx * bx;
     count = param_count(f->kind);
     for (i = 0; i < count; ++i) {
-        if (i == u32_param(f->kind)) {
+        if (param_bytes(f->kind, i) == 4) {
             l.args[i] = *(const uint32_t*)params[i];
         } else {
             l.args[i] = *(const uint64_t*)params[i];
