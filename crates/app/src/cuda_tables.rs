@@ -10,7 +10,7 @@
 //!
 //! Host-side queries have safe wrappers (CDA1 `configure`, CDM1 `query_workspace` for routing).
 //! The execution callbacks take device pointers and a stream, which the host cannot check; their
-//! wrappers (so far CDD1 [`BoundCudaTables::project`]) take them as [`DeviceSpan`]s and a
+//! wrappers (so far CDD1 [`BoundCudaTables::project`] and CDM1 [`BoundCudaTables::elementwise`]) take them as [`DeviceSpan`]s and a
 //! [`CudaStream`], whose `unsafe` constructors carry the caller's promise that the memory and the
 //! stream are what they claim to be and outlive the enqueued work. Given that promise, a wrapper
 //! checks everything else before the callback runs: the callback is offered, the dtypes are ones
@@ -30,12 +30,14 @@ use guild_abi::text::fixed_buffer_text;
 use guild_abi::{
     guild_cuda_attn_config_args_v1_t, guild_cuda_attn_ext_v1_t, guild_cuda_dense_ext_v1_t,
     guild_cuda_dense_geometry_v1_t, guild_cuda_dense_project_args_v1_t,
-    guild_cuda_dense_strides_v1_t, guild_cuda_moe_ext_v1_t, guild_cuda_moe_route_args_v1_t,
-    guild_cuda_moe_workspace_query_args_v1_t, guild_cuda_qwen_group_v1_t,
-    guild_cuda_row_selection_v1_t, guild_error_info_t, guild_status_t, guild_stream_t,
-    GUILD_BACKEND_CUDA, GUILD_CUDA_CONFIG_VALUE_INT, GUILD_CUDA_DENSE_ACCUMULATE,
-    GUILD_CUDA_DENSE_CAP_BF16_OUTPUT, GUILD_CUDA_MOE_OP_ROUTE, GUILD_DTYPE_BF16, GUILD_DTYPE_F32,
-    GUILD_STATUS_OK,
+    guild_cuda_dense_strides_v1_t, guild_cuda_elementwise_args_v1_t, guild_cuda_moe_ext_v1_t,
+    guild_cuda_moe_route_args_v1_t, guild_cuda_moe_workspace_query_args_v1_t,
+    guild_cuda_qwen_group_v1_t, guild_cuda_row_selection_v1_t, guild_error_info_t, guild_status_t,
+    guild_stream_t, GUILD_BACKEND_CUDA, GUILD_CUDA_CONFIG_VALUE_INT, GUILD_CUDA_DENSE_ACCUMULATE,
+    GUILD_CUDA_DENSE_CAP_BF16_OUTPUT, GUILD_CUDA_EW_ADD, GUILD_CUDA_EW_AXPY, GUILD_CUDA_EW_COPY,
+    GUILD_CUDA_EW_GEGLU, GUILD_CUDA_EW_GELU, GUILD_CUDA_EW_MUL, GUILD_CUDA_EW_SCALE,
+    GUILD_CUDA_EW_SIGMOID_MUL, GUILD_CUDA_EW_SILU, GUILD_CUDA_EW_SWIGLU, GUILD_CUDA_MOE_OP_ROUTE,
+    GUILD_DTYPE_BF16, GUILD_DTYPE_F16, GUILD_DTYPE_F32, GUILD_STATUS_OK,
 };
 use guild_domain::ids::{ImplId, PackageId};
 use guild_ports::device::StreamRef;
@@ -509,6 +511,29 @@ pub enum CallProblem {
     /// The bytes an output is written through overlap those of an input.
     #[error("output overlaps {0}")]
     Overlap(&'static str),
+    /// An operation code the header does not define.
+    #[error("unknown operation {0}")]
+    UnknownOp(u32),
+    /// An operand the operation needs is missing.
+    #[error("operation {op} needs {operand}")]
+    Missing {
+        /// The operation code.
+        op: u32,
+        /// The operand.
+        operand: &'static str,
+    },
+    /// An operand the operation does not take is given.
+    #[error("operation {op} takes no {operand}")]
+    Unexpected {
+        /// The operation code.
+        op: u32,
+        /// The operand.
+        operand: &'static str,
+    },
+    /// An output that shares bytes with an input without being that input in place (the same
+    /// address, row stride and dtype).
+    #[error("out overlaps {0} without being it in place (same address, row stride and dtype)")]
+    PartialOverlap(&'static str),
 }
 
 /// One CDD1 `project`: `output[t][i] = dot(W[row(i)], input[t]) (+ bias[row(i)])` with F32
@@ -869,5 +894,222 @@ impl BoundCudaTables {
         // spans' and the stream's constructors carry the promise that the memory and the stream
         // are valid for the enqueued work until it completes.
         self.enqueue(NAME, |e| unsafe { f(dense.table.user_data, &raw, e) })
+    }
+}
+
+/// One CDM1 `elementwise`: `out[r][c] = op(a[r][c], b[r][c])` over `rows` x `cols`, in F32
+/// per element (the `GUILD_CUDA_EW_*` operations). `b` is given exactly for the binary
+/// operations; a `b_row_stride_bytes` of 0 broadcasts its first row; `out` may be `a` or `b`
+/// itself (same address, stride and dtype). Start from [`Elementwise::f32`] for packed F32 rows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Elementwise {
+    /// `GUILD_CUDA_EW_*`.
+    pub op: u32,
+    /// `GUILD_DTYPE_F32`, `GUILD_DTYPE_F16` or `GUILD_DTYPE_BF16` of `a`.
+    pub a_dtype: u32,
+    /// The same for `b` (ignored without `b`).
+    pub b_dtype: u32,
+    /// The same for `out`.
+    pub out_dtype: u32,
+    /// Rows.
+    pub rows: u64,
+    /// Elements per row.
+    pub cols: u64,
+    /// The scalar of SCALE and AXPY.
+    pub alpha: f32,
+    /// The offset of SCALE.
+    pub beta: f32,
+    /// The first operand.
+    pub a: DeviceSpan,
+    /// Bytes between rows of `a`.
+    pub a_row_stride_bytes: u64,
+    /// The second operand of a binary operation.
+    pub b: Option<DeviceSpan>,
+    /// Bytes between rows of `b`; 0 broadcasts its first row.
+    pub b_row_stride_bytes: u64,
+    /// The result.
+    pub out: DeviceSpan,
+    /// Bytes between rows of `out`.
+    pub out_row_stride_bytes: u64,
+}
+
+impl Elementwise {
+    /// `op` over F32 operands in packed rows, `alpha` 1 and `beta` 0.
+    pub fn f32(
+        op: u32,
+        rows: u64,
+        cols: u64,
+        a: DeviceSpan,
+        b: Option<DeviceSpan>,
+        out: DeviceSpan,
+    ) -> Self {
+        let row = cols.saturating_mul(4);
+        Elementwise {
+            op,
+            a_dtype: GUILD_DTYPE_F32,
+            b_dtype: GUILD_DTYPE_F32,
+            out_dtype: GUILD_DTYPE_F32,
+            rows,
+            cols,
+            alpha: 1.0,
+            beta: 0.0,
+            a,
+            a_row_stride_bytes: row,
+            b,
+            b_row_stride_bytes: row,
+            out,
+            out_row_stride_bytes: row,
+        }
+    }
+}
+
+/// Whether a `GUILD_CUDA_EW_*` operation takes `b`; `None` for an unknown code.
+fn elementwise_binary(op: u32) -> Option<bool> {
+    match op {
+        GUILD_CUDA_EW_ADD
+        | GUILD_CUDA_EW_MUL
+        | GUILD_CUDA_EW_SWIGLU
+        | GUILD_CUDA_EW_GEGLU
+        | GUILD_CUDA_EW_SIGMOID_MUL
+        | GUILD_CUDA_EW_AXPY => Some(true),
+        GUILD_CUDA_EW_SCALE | GUILD_CUDA_EW_COPY | GUILD_CUDA_EW_SILU | GUILD_CUDA_EW_GELU => {
+            Some(false)
+        }
+        _ => None,
+    }
+}
+
+/// The element size of an elementwise dtype.
+fn elementwise_element(operand: &'static str, dtype: u32) -> Result<u64, CallProblem> {
+    match dtype {
+        GUILD_DTYPE_F32 => Ok(4),
+        GUILD_DTYPE_F16 | GUILD_DTYPE_BF16 => Ok(2),
+        _ => Err(CallProblem::Dtype {
+            operand,
+            dtype,
+            allowed: "F32, F16 or BF16",
+        }),
+    }
+}
+
+/// Checks an [`Elementwise`] against the stream and builds the callback's arguments.
+fn elementwise_args(
+    e: &Elementwise,
+    stream: &CudaStream,
+) -> Result<guild_cuda_elementwise_args_v1_t, CallProblem> {
+    let binary = elementwise_binary(e.op).ok_or(CallProblem::UnknownOp(e.op))?;
+    match (binary, e.b.is_some()) {
+        (true, false) => {
+            return Err(CallProblem::Missing {
+                op: e.op,
+                operand: "b",
+            })
+        }
+        (false, true) => {
+            return Err(CallProblem::Unexpected {
+                op: e.op,
+                operand: "b",
+            })
+        }
+        _ => {}
+    }
+    let a_size = elementwise_element("a", e.a_dtype)?;
+    let b_size = if binary {
+        elementwise_element("b", e.b_dtype)?
+    } else {
+        0
+    };
+    let out_size = elementwise_element("out", e.out_dtype)?;
+    for (value, name) in [(e.rows, "rows"), (e.cols, "cols")] {
+        if value == 0 {
+            return Err(CallProblem::Zero(name));
+        }
+    }
+    let row = |size: u64, operand| {
+        e.cols
+            .checked_mul(size)
+            .ok_or(CallProblem::Overflow(operand))
+    };
+    let a_row = row(a_size, "a")?;
+    let out_row = row(out_size, "out")?;
+    check_stride("a", e.a_row_stride_bytes, a_size, a_row)?;
+    check_stride("out", e.out_row_stride_bytes, out_size, out_row)?;
+    let a_bytes = extent(e.rows, e.a_row_stride_bytes, a_row, "a")?;
+    let out_bytes = extent(e.rows, e.out_row_stride_bytes, out_row, "out")?;
+    check_span(&e.a, "a", a_size, a_bytes, stream)?;
+    check_span(&e.out, "out", out_size, out_bytes, stream)?;
+    let mut reads = vec![("a", e.a, a_bytes, e.a_row_stride_bytes, e.a_dtype)];
+    if let Some(b) = e.b {
+        let b_row = row(b_size, "b")?;
+        // A stride of 0 broadcasts the first row; any other stride is a row of its own.
+        let b_bytes = if e.b_row_stride_bytes == 0 {
+            b_row
+        } else {
+            check_stride("b", e.b_row_stride_bytes, b_size, b_row)?;
+            extent(e.rows, e.b_row_stride_bytes, b_row, "b")?
+        };
+        check_span(&b, "b", b_size, b_bytes, stream)?;
+        reads.push(("b", b, b_bytes, e.b_row_stride_bytes, e.b_dtype));
+    }
+    // out may be an input in place; otherwise it must not share a byte with one.
+    let out_start = e.out.address();
+    for (operand, span, bytes, stride, dtype) in reads {
+        let start = span.address();
+        let in_place =
+            start == out_start && stride == e.out_row_stride_bytes && dtype == e.out_dtype;
+        if !in_place && start < out_start + out_bytes && out_start < start + bytes {
+            return Err(CallProblem::PartialOverlap(operand));
+        }
+    }
+    Ok(guild_cuda_elementwise_args_v1_t {
+        struct_size: size_u32::<guild_cuda_elementwise_args_v1_t>(),
+        op: e.op,
+        a_dtype: e.a_dtype,
+        b_dtype: if binary { e.b_dtype } else { 0 },
+        out_dtype: e.out_dtype,
+        reserved0: 0,
+        rows: e.rows,
+        cols: e.cols,
+        alpha: e.alpha,
+        beta: e.beta,
+        a: e.a.ptr.cast_const(),
+        a_row_stride_bytes: e.a_row_stride_bytes,
+        b: e.b.map_or(ptr::null(), |b| b.ptr.cast_const()),
+        b_row_stride_bytes: if binary { e.b_row_stride_bytes } else { 0 },
+        out: e.out.ptr,
+        out_row_stride_bytes: e.out_row_stride_bytes,
+        stream: stream.raw(),
+        device_id: stream.device_id,
+        reserved1: 0,
+    })
+}
+
+impl BoundCudaTables {
+    /// Enqueues CDM1 `elementwise` on `stream` and returns without waiting, as
+    /// [`BoundCudaTables::project`] does: refused, with nothing enqueued, when the kernel offers
+    /// no `elementwise`, the operation is unknown, `b` is missing for a binary operation or given
+    /// for a unary one, or an operand does not fit (dtype, zero or overflowing geometry, stride,
+    /// device, alignment, size, or an overlap other than exactly in place). With
+    /// `GUILD_CUDA_MOE_CAP_GRAPH_CAPTURABLE` the call may be captured into a graph.
+    pub fn elementwise(
+        &self,
+        stream: &CudaStream,
+        args: &Elementwise,
+    ) -> Result<(), CudaCallError> {
+        const NAME: &str = "elementwise";
+        let moe = self
+            .moe
+            .as_ref()
+            .ok_or_else(|| self.call_not_offered(NAME))?;
+        let f = moe
+            .table
+            .elementwise
+            .ok_or_else(|| self.call_not_offered(NAME))?;
+        let raw = elementwise_args(args, stream).map_err(|problem| self.refused(NAME, problem))?;
+        // SAFETY: the callback is loaded while `self.binding` lives; `raw` is a live local read
+        // during the call only; every address in it was checked above against the bytes the
+        // geometry reaches on the stream's device, and the spans' and the stream's constructors
+        // carry the promise that the memory and the stream stay valid for the enqueued work.
+        self.enqueue(NAME, |e| unsafe { f(moe.table.user_data, &raw, e) })
     }
 }

@@ -1,22 +1,26 @@
-//! The safe wrappers of the CUDA tables' execution callbacks (CDD1 `project`), on every machine:
+//! The safe wrappers of the CUDA tables' execution callbacks (CDD1 `project`, CDM1
+//! `elementwise`), on every machine:
 //! what the wrapper refuses before any call (so before any driver or device is involved), over
-//! test-plugins/cuda_dense (a CDD1 table whose `project` launches PTX) and ext_probe's
-//! `cuda__all` case (whose `project` is a host reference, so that a call that passes the checks
-//! reaches it and its answer or refusal comes back). The same wrapper on a device, against a host
+//! test-plugins/cuda_dense (CDD1 and CDM1 tables whose callbacks launch PTX) and ext_probe's
+//! `cuda__all` case (whose `project` is a host reference and whose `elementwise` a declaration
+//! that refuses, so that a call that passes the checks reaches it and its answer or refusal
+//! comes back). The same wrapper on a device, against a host
 //! reference, is `gpu::device::tables`.
 
 use std::ffi::c_void;
 
 use guild_abi::{
     GUILD_CUDA_DENSE_ACCUMULATE, GUILD_CUDA_DENSE_CAP_BF16_OUTPUT,
-    GUILD_CUDA_DENSE_CAP_GRAPH_CAPTURABLE, GUILD_DTYPE_BF16, GUILD_DTYPE_F16, GUILD_DTYPE_F32,
-    GUILD_STATUS_ERR_UNSUPPORTED,
+    GUILD_CUDA_DENSE_CAP_GRAPH_CAPTURABLE, GUILD_CUDA_EW_ADD, GUILD_CUDA_EW_AXPY,
+    GUILD_CUDA_EW_COPY, GUILD_CUDA_EW_SCALE, GUILD_CUDA_MOE_CAP_GRAPH_CAPTURABLE, GUILD_DTYPE_BF16,
+    GUILD_DTYPE_F16, GUILD_DTYPE_F32, GUILD_STATUS_ERR_UNSUPPORTED,
 };
 use guild_adapters_cuda::testing::report_skip;
 use guild_adapters_cuda::{CudaError, Driver, NoDevice};
 use guild_domain::ids::ImplId;
 use guild_host::cuda_tables::{
-    BoundCudaTables, CallProblem, CudaCallError, CudaStream, DenseProject, DeviceSpan, RowSelection,
+    BoundCudaTables, CallProblem, CudaCallError, CudaStream, DenseProject, DeviceSpan, Elementwise,
+    RowSelection,
 };
 use guild_host::models::PluginReason;
 use guild_host::operations::DeviceSupport;
@@ -454,5 +458,202 @@ fn project_is_not_offered_by_a_kernel_without_it() {
             impl_id: id,
             callback: "project"
         }
+    );
+}
+
+fn ew_refusal(tables: &BoundCudaTables, args: &Elementwise) -> CallProblem {
+    match tables.elementwise(&no_stream(), args) {
+        Err(CudaCallError::Refused {
+            impl_id,
+            callback,
+            problem,
+        }) => {
+            assert_eq!((impl_id.as_str(), callback), (DENSE_IMPL, "elementwise"));
+            problem
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn elementwise_refuses_arguments_that_do_not_fit_before_calling_the_provider() {
+    let f = fixture_with(&[dense_spec("1.0.0")], DeviceSupport::host());
+    let tables = BoundCudaTables::bind_id(f.host.kernels(), &impl_id(DENSE_IMPL)).unwrap();
+    let moe = tables.moe().expect("CDM1");
+    assert_eq!(
+        moe.table().capabilities,
+        GUILD_CUDA_MOE_CAP_GRAPH_CAPTURABLE
+    );
+    // The plugin's CDM1 offers elementwise alone; its workspace query says so for routing.
+    let err = tables.route_workspace(0, 1, 2, 1).unwrap_err().to_string();
+    assert!(err.contains("only elementwise is offered"), "{err}");
+
+    let (rows, cols) = (4usize, 6usize);
+    let mut a = vec![0f32; rows * cols];
+    let mut b = vec![0f32; rows * cols];
+    let mut out = vec![0f32; rows * cols];
+    let base = Elementwise::f32(
+        GUILD_CUDA_EW_ADD,
+        rows as u64,
+        cols as u64,
+        span(&mut a),
+        Some(span(&mut b)),
+        span(&mut out),
+    );
+    let with = |change: &dyn Fn(&mut Elementwise)| {
+        let mut e = base;
+        change(&mut e);
+        ew_refusal(&tables, &e)
+    };
+    let shifted = |s: DeviceSpan, bytes: usize| {
+        // SAFETY: refused before any call (asserted by `ew_refusal`).
+        unsafe {
+            DeviceSpan::new(
+                s.ptr().cast::<u8>().wrapping_add(bytes).cast(),
+                s.bytes(),
+                0,
+            )
+        }
+    };
+
+    assert_eq!(with(&|e| e.op = 0), CallProblem::UnknownOp(0));
+    assert_eq!(with(&|e| e.op = 11), CallProblem::UnknownOp(11));
+    assert_eq!(
+        with(&|e| e.b = None),
+        CallProblem::Missing {
+            op: GUILD_CUDA_EW_ADD,
+            operand: "b"
+        }
+    );
+    assert_eq!(
+        with(&|e| e.op = GUILD_CUDA_EW_COPY),
+        CallProblem::Unexpected {
+            op: GUILD_CUDA_EW_COPY,
+            operand: "b"
+        }
+    );
+    assert_eq!(
+        with(&|e| e.b_dtype = 99),
+        CallProblem::Dtype {
+            operand: "b",
+            dtype: 99,
+            allowed: "F32, F16 or BF16"
+        }
+    );
+    assert_eq!(with(&|e| e.rows = 0), CallProblem::Zero("rows"));
+    assert_eq!(
+        with(&|e| e.a_row_stride_bytes = 20),
+        CallProblem::StrideTooShort {
+            operand: "a",
+            stride: 20,
+            row_bytes: 24
+        }
+    );
+    assert_eq!(
+        with(&|e| e.out_row_stride_bytes = 28),
+        CallProblem::TooSmall {
+            operand: "out",
+            bytes: 96,
+            needed: 3 * 28 + 24
+        }
+    );
+    // A BF16 output has 2-byte elements: a row of 12 bytes and a 2-byte alignment.
+    assert_eq!(
+        with(&|e| {
+            e.out_dtype = GUILD_DTYPE_BF16;
+            e.out_row_stride_bytes = 12;
+            e.out = shifted(e.out, 1);
+        }),
+        CallProblem::Misaligned {
+            operand: "out",
+            address: base.out.ptr() as u64 + 1,
+            align: 2
+        }
+    );
+    // b of one row is enough broadcast (stride 0); with a stride it must hold every row.
+    let one_row = |e: &mut Elementwise| {
+        // SAFETY: refused before any call (asserted by `ew_refusal`).
+        e.b = Some(unsafe { DeviceSpan::new(e.b.unwrap().ptr(), 24, 0) });
+    };
+    assert_eq!(
+        with(&|e| one_row(e)),
+        CallProblem::TooSmall {
+            operand: "b",
+            bytes: 24,
+            needed: 96
+        }
+    );
+    // out may be a in place, but not a moved by one element, nor a under another stride, nor
+    // the one broadcast row of b.
+    assert_eq!(
+        with(&|e| e.out = shifted(e.a, 4)),
+        CallProblem::PartialOverlap("a")
+    );
+    assert_eq!(
+        with(&|e| {
+            e.out = e.a;
+            e.a_row_stride_bytes = 28;
+            e.rows = 3;
+        }),
+        CallProblem::PartialOverlap("a")
+    );
+    assert_eq!(
+        with(&|e| {
+            e.b_row_stride_bytes = 0;
+            one_row(e);
+            e.out = e.b.unwrap();
+            e.rows = 1;
+        }),
+        CallProblem::PartialOverlap("b")
+    );
+    assert_eq!(
+        tables
+            .elementwise(&no_stream(), &Elementwise { op: 42, ..base })
+            .unwrap_err()
+            .to_string(),
+        format!("elementwise of {DENSE_IMPL} refused before the call: unknown operation 42")
+    );
+}
+
+#[test]
+fn elementwise_passes_in_place_and_broadcast_operands_to_the_provider() {
+    // ext_probe's elementwise is a declaration that refuses every call without touching memory:
+    // its refusal shows that the wrapper let the arguments through.
+    let f = fixture_with(&[probe_spec("cuda", "all")], DeviceSupport::host());
+    let id = impl_id("test.ext_probe.cuda");
+    let tables = BoundCudaTables::bind_id(f.host.kernels(), &id).unwrap();
+    let declared = Err(CudaCallError::Provider {
+        impl_id: id.clone(),
+        callback: "elementwise",
+        reason: PluginReason {
+            status: GUILD_STATUS_ERR_UNSUPPORTED,
+            component: "test.ext_probe".into(),
+            message: "elementwise is a declaration only".into(),
+        },
+    });
+    let (rows, cols) = (3u64, 5u64);
+    let mut a = vec![0f32; 15];
+    let mut b = vec![0f32; 5];
+    let a_span = span(&mut a);
+    let b_span = span(&mut b);
+    // AXPY in place over a, with b's one row broadcast.
+    let mut axpy = Elementwise::f32(GUILD_CUDA_EW_AXPY, rows, cols, a_span, Some(b_span), a_span);
+    axpy.b_row_stride_bytes = 0;
+    axpy.alpha = 0.5;
+    assert_eq!(tables.elementwise(&no_stream(), &axpy), declared);
+    // A unary SCALE in place.
+    let scale = Elementwise::f32(GUILD_CUDA_EW_SCALE, rows, cols, a_span, None, a_span);
+    assert_eq!(tables.elementwise(&no_stream(), &scale), declared);
+
+    // A kernel without CDM1 offers no elementwise.
+    let f = fixture_with(&[probe_spec("cda1", "current")], DeviceSupport::host());
+    let cda1 = impl_id("test.ext_probe.cda1");
+    let tables = BoundCudaTables::bind_id(f.host.kernels(), &cda1).unwrap();
+    assert_eq!(
+        tables.elementwise(&no_stream(), &scale),
+        Err(CudaCallError::NotOffered {
+            impl_id: cda1,
+            callback: "elementwise"
+        })
     );
 }

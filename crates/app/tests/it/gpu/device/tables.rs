@@ -1,13 +1,19 @@
-//! CDD1 `project` of test-plugins/cuda_dense through [`BoundCudaTables::project`] on a device:
-//! on a non-default stream, with and without row selection, bias and accumulation, against a
-//! host reference that does the kernel's F32 steps in its order (so the comparison is bit for
-//! bit); captured into a graph that replays it; the package leased while the tables are bound.
+//! CDD1 `project` and CDM1 `elementwise` of test-plugins/cuda_dense through
+//! [`BoundCudaTables`] on a device: on a non-default stream (project with and without row
+//! selection, bias and accumulation; elementwise for each operation the plugin computes, in
+//! place and with a broadcast row), against host references that do the kernels' F32 steps in
+//! their order (so the comparison is bit for bit); captured into graphs that replay them; the
+//! package leased while the tables are bound.
 
 use super::*;
 
-use guild_abi::{GUILD_CUDA_DENSE_ACCUMULATE, GUILD_CUDA_DENSE_CAP_GRAPH_CAPTURABLE};
+use guild_abi::{
+    GUILD_CUDA_DENSE_ACCUMULATE, GUILD_CUDA_DENSE_CAP_GRAPH_CAPTURABLE, GUILD_CUDA_EW_ADD,
+    GUILD_CUDA_EW_AXPY, GUILD_CUDA_EW_COPY, GUILD_CUDA_EW_MUL, GUILD_CUDA_EW_SCALE,
+    GUILD_CUDA_EW_SILU, GUILD_CUDA_MOE_CAP_GRAPH_CAPTURABLE,
+};
 use guild_host::cuda_tables::{
-    BoundCudaTables, CudaCallError, CudaStream, DenseProject, DeviceSpan, RowSelection,
+    BoundCudaTables, CudaCallError, CudaStream, DenseProject, DeviceSpan, Elementwise, RowSelection,
 };
 
 use crate::cuda_tables::{dense_spec, DENSE_IMPL, DENSE_PACKAGE};
@@ -255,6 +261,177 @@ fn dense_project_runs_on_a_stream_and_a_captured_graph_replays_it() {
             "project: 4 stream cases, out-of-range selection and 3 graph replays bit-exact \
              ({} x {} over {} tokens)",
             s.rows, s.cols, s.tokens
+        ),
+    );
+}
+
+/// cuda_dense's elementwise on the host, each step rounded on its own: `out[r][c]` for rows of
+/// `a` (stride `sa`), `b` (stride `sb`, 0 broadcasts) and `out` (stride `so`), in elements.
+#[allow(clippy::too_many_arguments)]
+fn elementwise_reference(
+    op: u32,
+    alpha: f32,
+    beta: f32,
+    (rows, cols): (usize, usize),
+    (a, sa): (&[f32], usize),
+    b: Option<(&[f32], usize)>,
+    (out, so): (&mut [f32], usize),
+) {
+    for r in 0..rows {
+        for c in 0..cols {
+            let x = a[r * sa + c];
+            let y = b.map_or(0.0, |(b, sb)| b[r * sb + c]);
+            out[r * so + c] = match op {
+                GUILD_CUDA_EW_ADD => x + y,
+                GUILD_CUDA_EW_MUL => x * y,
+                GUILD_CUDA_EW_SCALE => alpha * x + beta,
+                GUILD_CUDA_EW_AXPY => x + alpha * y,
+                _ => x,
+            };
+        }
+    }
+}
+
+#[test]
+fn elementwise_runs_on_a_stream_in_place_and_broadcast_and_a_captured_graph_replays_it() {
+    let test = "gpu::device::tables::elementwise_runs_on_a_stream_in_place_and_broadcast_and_a_captured_graph_replays_it";
+    let Some(gpu) = gpu_or_skip(test) else {
+        return;
+    };
+    let f = fixture(&gpu, &[dense_spec("1.0.0")]);
+    let package = id(DENSE_PACKAGE);
+    let tables =
+        BoundCudaTables::bind_id(f.host.kernels(), &ImplId::new(DENSE_IMPL).unwrap()).unwrap();
+    let capabilities = tables.moe().expect("CDM1").table().capabilities;
+    assert_ne!(capabilities & GUILD_CUDA_MOE_CAP_GRAPH_CAPTURABLE, 0);
+    assert_eq!(f.host.active_package_leases(&package), 1);
+
+    let stream = gpu.stream().unwrap();
+    gpu.make_current().unwrap();
+    // SAFETY: a stream of this device's primary context, current on this thread; it is
+    // synchronised, and the graph objects destroyed, before `tables` is dropped below.
+    let on_stream = unsafe { CudaStream::new(StreamRef(stream.address()), gpu.ordinal()) };
+
+    // Padded row strides (in elements), so that packed-row assumptions would show.
+    let (rows, cols, sa, sb, so) = (7usize, 33usize, 36usize, 34usize, 40usize);
+    let a = values(rows * sa, 21);
+    let b = values(rows * sb, 22);
+    let sentinel = values(rows * so, 23);
+    let a_buffer = gpu.upload(&a).unwrap();
+    let b_buffer = gpu.upload(&b).unwrap();
+    let out_buffer = gpu.upload(&sentinel).unwrap();
+    let strided = |op: u32, with_b: bool| {
+        let mut e = Elementwise::f32(
+            op,
+            rows as u64,
+            cols as u64,
+            on_device(&gpu, &a_buffer),
+            with_b.then(|| on_device(&gpu, &b_buffer)),
+            on_device(&gpu, &out_buffer),
+        );
+        e.a_row_stride_bytes = (sa * 4) as u64;
+        e.b_row_stride_bytes = if with_b { (sb * 4) as u64 } else { 0 };
+        e.out_row_stride_bytes = (so * 4) as u64;
+        e.alpha = 1.7;
+        e.beta = -0.3;
+        e
+    };
+
+    for (op, with_b, broadcast) in [
+        (GUILD_CUDA_EW_ADD, true, false),
+        (GUILD_CUDA_EW_MUL, true, false),
+        (GUILD_CUDA_EW_SCALE, false, false),
+        (GUILD_CUDA_EW_COPY, false, false),
+        (GUILD_CUDA_EW_AXPY, true, false),
+        (GUILD_CUDA_EW_AXPY, true, true),
+    ] {
+        let case = format!("op {op}, broadcast {broadcast}");
+        out_buffer.write(&sentinel).unwrap();
+        let mut e = strided(op, with_b);
+        if broadcast {
+            e.b_row_stride_bytes = 0;
+        }
+        tables
+            .elementwise(&on_stream, &e)
+            .unwrap_or_else(|err| panic!("{case}: {err}"));
+        stream.synchronize().unwrap();
+        let mut want = sentinel.clone();
+        let b_rows = with_b.then_some((&b[..], if broadcast { 0 } else { sb }));
+        elementwise_reference(
+            op,
+            e.alpha,
+            e.beta,
+            (rows, cols),
+            (&a, sa),
+            b_rows,
+            (&mut want, so),
+        );
+        assert_eq!(
+            bits(&out_buffer.read::<f32>(rows * so).unwrap()),
+            bits(&want),
+            "{case}"
+        );
+    }
+
+    // What the plugin does not compute it refuses itself, with its words.
+    match tables.elementwise(&on_stream, &strided(GUILD_CUDA_EW_SILU, false)) {
+        Err(CudaCallError::Provider { reason, .. }) => {
+            assert_eq!(reason.status, GUILD_STATUS_ERR_UNSUPPORTED);
+            assert!(
+                reason
+                    .message
+                    .contains("ADD, MUL, SCALE, COPY and AXPY only"),
+                "{reason}"
+            );
+        }
+        other => panic!("expected the plugin's refusal, got {other:?}"),
+    }
+
+    // AXPY in place on a, captured once: every replay adds alpha * b again.
+    let mut axpy = strided(GUILD_CUDA_EW_AXPY, true);
+    axpy.out = axpy.a;
+    axpy.out_row_stride_bytes = axpy.a_row_stride_bytes;
+    a_buffer.write(&a).unwrap();
+    stream.begin_capture().unwrap();
+    let captured = tables.elementwise(&on_stream, &axpy);
+    let graph = stream.end_capture().unwrap();
+    captured.unwrap();
+    assert_eq!(
+        bits(&a_buffer.read::<f32>(rows * sa).unwrap()),
+        bits(&a),
+        "capturing runs nothing"
+    );
+    let exec = graph.instantiate().unwrap();
+    let mut want = a.clone();
+    for round in 0..3 {
+        exec.launch(&stream).unwrap();
+        stream.synchronize().unwrap();
+        let before = want.clone();
+        elementwise_reference(
+            GUILD_CUDA_EW_AXPY,
+            axpy.alpha,
+            axpy.beta,
+            (rows, cols),
+            (&before, sa),
+            Some((&b, sb)),
+            (&mut want, sa),
+        );
+        assert_eq!(
+            bits(&a_buffer.read::<f32>(rows * sa).unwrap()),
+            bits(&want),
+            "replay {round}"
+        );
+    }
+    exec.destroy().unwrap();
+    graph.destroy().unwrap();
+    stream.synchronize().unwrap();
+    drop(tables);
+    assert_eq!(f.host.active_package_leases(&package), 0);
+    note(
+        test,
+        &format_args!(
+            "elementwise: 6 stream cases ({rows} x {cols}, padded strides, one broadcast) and 3 \
+             in-place graph replays bit-exact"
         ),
     );
 }
