@@ -14,6 +14,11 @@
  * stride is 0 and out allowed to be a or b (in place); the other operations and dtypes are
  * refused. query_workspace answers 0 bytes for elementwise and refuses the rest. GRAPH_CAPTURABLE.
  *
+ * And a CDA1 table (cuda_attn_abi.h) with `kv_append` from F32 keys and values into an F16 cache
+ * (kv_cache_dtypes: F16) without a block table, one thread per element, each value converted to
+ * F16 with round-to-nearest-even; a token whose sequence, position or block is outside the view
+ * is skipped. configure and query_pools (required) refuse everything. GRAPH_CAPTURABLE.
+ *
  * Numerics: one thread per (token, output element) forms the dot product left to right over the
  * columns, with a separately rounded multiply and add per element (mul.rn, add.rn: never fused),
  * starting from +0; then adds the bias, then, with ACCUMULATE, adds the sum to the old output.
@@ -29,6 +34,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <guild/abi/cuda_attn_abi.h>
 #include <guild/abi/cuda_dense_abi.h>
 #include <guild/abi/cuda_moe_abi.h>
 #include <guild/abi/kernel_abi.h>
@@ -205,6 +211,141 @@ static const char dense_ptx[] =
     "    ret;\n"
     "}\n";
 
+/*
+ * guild_kv_append(k, v, seqs, positions, k_blocks, v_blocks, tokens, heads, dim_k, dim_v,
+ *                 block_size, max_blocks, block_count, k_stride, v_stride, k_block_stride,
+ *                 v_block_stride, k_position_stride, v_position_stride, k_head_stride,
+ *                 v_head_stride), all u64
+ * Thread idx handles token t = idx / W, element e = idx % W of the token's keys then values
+ * (W = heads * (dim_k + dim_v)), for idx < tokens * W: F32 source to F16 (round to nearest even)
+ * at block seq * max_blocks + position / block_size, slot position % block_size. A token whose
+ * sequence or position is negative, or whose block falls outside the sequence's row or the pool,
+ * is skipped (the host cannot check device data; nothing outside the view is written).
+ */
+static const char kv_append_ptx[] =
+    "\n"
+    ".visible .entry guild_kv_append(\n"
+    "    .param .u64 p_k,\n"
+    "    .param .u64 p_v,\n"
+    "    .param .u64 p_seqs,\n"
+    "    .param .u64 p_positions,\n"
+    "    .param .u64 p_k_blocks,\n"
+    "    .param .u64 p_v_blocks,\n"
+    "    .param .u64 p_tokens,\n"
+    "    .param .u64 p_heads,\n"
+    "    .param .u64 p_dim_k,\n"
+    "    .param .u64 p_dim_v,\n"
+    "    .param .u64 p_block_size,\n"
+    "    .param .u64 p_max_blocks,\n"
+    "    .param .u64 p_block_count,\n"
+    "    .param .u64 p_k_stride,\n"
+    "    .param .u64 p_v_stride,\n"
+    "    .param .u64 p_k_block_stride,\n"
+    "    .param .u64 p_v_block_stride,\n"
+    "    .param .u64 p_k_position_stride,\n"
+    "    .param .u64 p_v_position_stride,\n"
+    "    .param .u64 p_k_head_stride,\n"
+    "    .param .u64 p_v_head_stride\n"
+    ")\n"
+    "{\n"
+    "    .reg .pred %p<8>;\n"
+    "    .reg .b32 %r<4>;\n"
+    "    .reg .f32 %f<2>;\n"
+    "    .reg .b16 %h<2>;\n"
+    "    .reg .b64 %rd<56>;\n"
+    "\n"
+    "    ld.param.u64 %rd1, [p_k];\n"
+    "    ld.param.u64 %rd2, [p_v];\n"
+    "    ld.param.u64 %rd3, [p_seqs];\n"
+    "    ld.param.u64 %rd4, [p_positions];\n"
+    "    ld.param.u64 %rd5, [p_k_blocks];\n"
+    "    ld.param.u64 %rd6, [p_v_blocks];\n"
+    "    ld.param.u64 %rd7, [p_tokens];\n"
+    "    ld.param.u64 %rd8, [p_heads];\n"
+    "    ld.param.u64 %rd9, [p_dim_k];\n"
+    "    ld.param.u64 %rd10, [p_dim_v];\n"
+    "    ld.param.u64 %rd11, [p_block_size];\n"
+    "    ld.param.u64 %rd12, [p_max_blocks];\n"
+    "    ld.param.u64 %rd13, [p_block_count];\n"
+    "    ld.param.u64 %rd14, [p_k_stride];\n"
+    "    ld.param.u64 %rd15, [p_v_stride];\n"
+    "    ld.param.u64 %rd16, [p_k_block_stride];\n"
+    "    ld.param.u64 %rd17, [p_v_block_stride];\n"
+    "    ld.param.u64 %rd18, [p_k_position_stride];\n"
+    "    ld.param.u64 %rd19, [p_v_position_stride];\n"
+    "    ld.param.u64 %rd20, [p_k_head_stride];\n"
+    "    ld.param.u64 %rd21, [p_v_head_stride];\n"
+    "    mov.u32 %r1, %ctaid.x;\n"
+    "    mov.u32 %r2, %ntid.x;\n"
+    "    mov.u32 %r3, %tid.x;\n"
+    "    mul.wide.u32 %rd22, %r1, %r2;\n"
+    "    cvt.u64.u32 %rd23, %r3;\n"
+    "    add.u64 %rd22, %rd22, %rd23;\n"
+    "    mul.lo.u64 %rd23, %rd8, %rd9;\n"
+    "    mul.lo.u64 %rd24, %rd8, %rd10;\n"
+    "    add.u64 %rd25, %rd23, %rd24;\n"
+    "    mul.lo.u64 %rd26, %rd25, %rd7;\n"
+    "    setp.ge.u64 %p1, %rd22, %rd26;\n"
+    "    @%p1 bra KV_DONE;\n"
+    "    div.u64 %rd27, %rd22, %rd25;\n"
+    "    mul.lo.u64 %rd28, %rd27, %rd25;\n"
+    "    sub.u64 %rd28, %rd22, %rd28;\n"
+    "    setp.lt.u64 %p2, %rd28, %rd23;\n"
+    "    sub.u64 %rd29, %rd28, %rd23;\n"
+    "    selp.b64 %rd29, %rd28, %rd29, %p2;\n"
+    "    selp.b64 %rd30, %rd9, %rd10, %p2;\n"
+    "    selp.b64 %rd31, %rd1, %rd2, %p2;\n"
+    "    selp.b64 %rd32, %rd14, %rd15, %p2;\n"
+    "    selp.b64 %rd33, %rd5, %rd6, %p2;\n"
+    "    selp.b64 %rd34, %rd16, %rd17, %p2;\n"
+    "    selp.b64 %rd35, %rd18, %rd19, %p2;\n"
+    "    selp.b64 %rd36, %rd20, %rd21, %p2;\n"
+    "    shl.b64 %rd37, %rd27, 2;\n"
+    "    add.u64 %rd38, %rd3, %rd37;\n"
+    "    cvta.to.global.u64 %rd38, %rd38;\n"
+    "    ld.global.s32 %r1, [%rd38];\n"
+    "    add.u64 %rd39, %rd4, %rd37;\n"
+    "    cvta.to.global.u64 %rd39, %rd39;\n"
+    "    ld.global.s32 %r2, [%rd39];\n"
+    "    setp.lt.s32 %p3, %r1, 0;\n"
+    "    @%p3 bra KV_DONE;\n"
+    "    setp.lt.s32 %p4, %r2, 0;\n"
+    "    @%p4 bra KV_DONE;\n"
+    "    cvt.u64.u32 %rd40, %r1;\n"
+    "    cvt.u64.u32 %rd41, %r2;\n"
+    "    div.u64 %rd42, %rd41, %rd11;\n"
+    "    mul.lo.u64 %rd43, %rd42, %rd11;\n"
+    "    sub.u64 %rd43, %rd41, %rd43;\n"
+    "    setp.ge.u64 %p5, %rd42, %rd12;\n"
+    "    @%p5 bra KV_DONE;\n"
+    "    mul.lo.u64 %rd44, %rd40, %rd12;\n"
+    "    add.u64 %rd44, %rd44, %rd42;\n"
+    "    setp.ge.u64 %p6, %rd44, %rd13;\n"
+    "    @%p6 bra KV_DONE;\n"
+    "    div.u64 %rd45, %rd29, %rd30;\n"
+    "    mul.lo.u64 %rd46, %rd45, %rd30;\n"
+    "    sub.u64 %rd46, %rd29, %rd46;\n"
+    "    mul.lo.u64 %rd47, %rd27, %rd32;\n"
+    "    add.u64 %rd47, %rd31, %rd47;\n"
+    "    shl.b64 %rd48, %rd29, 2;\n"
+    "    add.u64 %rd47, %rd47, %rd48;\n"
+    "    cvta.to.global.u64 %rd47, %rd47;\n"
+    "    ld.global.f32 %f1, [%rd47];\n"
+    "    mul.lo.u64 %rd49, %rd44, %rd34;\n"
+    "    add.u64 %rd49, %rd33, %rd49;\n"
+    "    mul.lo.u64 %rd50, %rd43, %rd35;\n"
+    "    add.u64 %rd49, %rd49, %rd50;\n"
+    "    mul.lo.u64 %rd51, %rd45, %rd36;\n"
+    "    add.u64 %rd49, %rd49, %rd51;\n"
+    "    shl.b64 %rd52, %rd46, 1;\n"
+    "    add.u64 %rd49, %rd49, %rd52;\n"
+    "    cvta.to.global.u64 %rd49, %rd49;\n"
+    "    cvt.rn.f16.f32 %h1, %f1;\n"
+    "    st.global.b16 [%rd49], %h1;\n"
+    "KV_DONE:\n"
+    "    ret;\n"
+    "}\n";
+
 /* The second entry of the module: appended to dense_ptx when the module is loaded (ISO C caps the
  * length of one string literal). */
 static const char elementwise_ptx[] =
@@ -317,6 +458,7 @@ typedef struct dense_device_t {
     CUmodule module;
     CUfunction kernel;
     CUfunction elementwise;
+    CUfunction kv_append;
 } dense_device_t;
 
 static struct {
@@ -399,8 +541,8 @@ static int dense_open_driver_locked(void) {
  * with the thread's capture mode relaxed). On failure writes the reason to `message`.
  */
 static guild_status_t dense_device(int32_t device_id, dense_device_t* out, char* message, size_t message_size) {
-    /* The module's PTX: both entries, one NUL at the end. */
-    static char image[sizeof dense_ptx + sizeof elementwise_ptx - 1u];
+    /* The module's PTX: every entry, one NUL at the end. */
+    static char image[sizeof dense_ptx + sizeof elementwise_ptx + sizeof kv_append_ptx - 2u];
     dense_device_t* slot;
     guild_status_t status = GUILD_STATUS_OK;
     (void)pthread_mutex_lock(&dense_state.lock);
@@ -430,17 +572,22 @@ static guild_status_t dense_device(int32_t device_id, dense_device_t* out, char*
                 if (r == CUDA_SUCCESS) {
                     (void)api->exchange_capture_mode(&mode);
                     memcpy(image, dense_ptx, sizeof dense_ptx - 1u);
-                    memcpy(image + sizeof dense_ptx - 1u, elementwise_ptx, sizeof elementwise_ptx);
+                    memcpy(image + sizeof dense_ptx - 1u, elementwise_ptx, sizeof elementwise_ptx - 1u);
+                    memcpy(image + sizeof dense_ptx + sizeof elementwise_ptx - 2u, kv_append_ptx,
+                           sizeof kv_append_ptx);
                     r = api->module_load_data(&slot->module, image);
                     if (r == CUDA_SUCCESS) {
                         r = api->module_get_function(&slot->kernel, slot->module, "guild_dense_project");
                         if (r == CUDA_SUCCESS) {
                             r = api->module_get_function(&slot->elementwise, slot->module, "guild_elementwise");
                         }
+                        if (r == CUDA_SUCCESS) {
+                            r = api->module_get_function(&slot->kv_append, slot->module, "guild_kv_append");
+                        }
                         if (r != CUDA_SUCCESS) {
                             (void)api->module_unload(slot->module);
                             (void)snprintf(message, message_size,
-                                           "cuModuleGetFunction(guild_dense_project, guild_elementwise) failed with %s",
+                                           "cuModuleGetFunction(the module's three entries) failed with %s",
                                            dense_result_name(r));
                         }
                     } else {
@@ -704,12 +851,122 @@ static guild_status_t dense_query_workspace(void* user_data, const guild_cuda_mo
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* CDA1 kv_append (and the required configure and query_pools)                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+static int dense_even(uint64_t v) {
+    return (v & 1u) == 0u;
+}
+
+static guild_status_t dense_kv_append(void* user_data, const guild_cuda_kv_append_args_v1_t* args,
+                                      guild_error_info_t* error) {
+    char message[GUILD_ERROR_MESSAGE_CAPACITY];
+    const guild_cuda_kv_cache_view_v1_t* c;
+    dense_device_t dev;
+    guild_status_t status;
+    uint64_t p[21];
+    void* params[21];
+    uint64_t width;
+    int i;
+
+    if (user_data != (void*)&dense_user_data) {
+        return dense_refuse(error, GUILD_STATUS_ERR_INTERNAL, "kv_append got the wrong user_data");
+    }
+    if (args == NULL || args->struct_size < (uint32_t)sizeof *args || args->cache == NULL ||
+        args->cache->struct_size < (uint32_t)sizeof *args->cache) {
+        return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT,
+                            "kv_append needs arguments and a cache view of at least the SDK 1.5 size");
+    }
+    c = args->cache;
+    if (args->src_dtype != GUILD_DTYPE_F32 || c->dtype != GUILD_DTYPE_F16) {
+        (void)snprintf(message, sizeof message,
+                       "this kv_append writes F32 keys and values to an F16 cache only (got %u to %u)",
+                       (unsigned)args->src_dtype, (unsigned)c->dtype);
+        return dense_refuse(error, GUILD_STATUS_ERR_UNSUPPORTED, message);
+    }
+    if (c->block_table != NULL) {
+        return dense_refuse(error, GUILD_STATUS_ERR_UNSUPPORTED,
+                            "this kv_append takes no block table (blocks are seq * max_blocks_per_seq + p / block_size)");
+    }
+    if (args->reserved0 != 0u || args->reserved1 != 0u || args->n_tokens == 0u || c->n_head_kv == 0u ||
+        c->head_dim_k == 0u || c->head_dim_v == 0u || c->block_size == 0u || c->max_blocks_per_seq == 0u ||
+        c->block_count == 0u) {
+        return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT,
+                            "non-zero reserved fields, or a zero token count or cache dimension");
+    }
+    if (args->k == NULL || args->v == NULL || args->token_seqs == NULL || args->token_positions == NULL ||
+        c->k_blocks == NULL || c->v_blocks == NULL || !dense_aligned(args->k) || !dense_aligned(args->v) ||
+        !dense_aligned(args->token_seqs) || !dense_aligned(args->token_positions) ||
+        !dense_even((uint64_t)(uintptr_t)c->k_blocks) || !dense_even((uint64_t)(uintptr_t)c->v_blocks) ||
+        (args->k_token_stride_bytes & 3u) != 0u || (args->v_token_stride_bytes & 3u) != 0u ||
+        !dense_even(c->k_block_stride_bytes) || !dense_even(c->v_block_stride_bytes) ||
+        !dense_even(c->k_position_stride_bytes) || !dense_even(c->v_position_stride_bytes) ||
+        !dense_even(c->k_head_stride_bytes) || !dense_even(c->v_head_stride_bytes)) {
+        return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT,
+                            "every buffer must be non-NULL and aligned to its element, and every stride too");
+    }
+    width = (uint64_t)c->n_head_kv * ((uint64_t)c->head_dim_k + (uint64_t)c->head_dim_v);
+    status = dense_device(args->device_id, &dev, message, sizeof message);
+    if (status != GUILD_STATUS_OK) {
+        return dense_refuse(error, status, message);
+    }
+    p[0] = (uint64_t)(uintptr_t)args->k;
+    p[1] = (uint64_t)(uintptr_t)args->v;
+    p[2] = (uint64_t)(uintptr_t)args->token_seqs;
+    p[3] = (uint64_t)(uintptr_t)args->token_positions;
+    p[4] = (uint64_t)(uintptr_t)c->k_blocks;
+    p[5] = (uint64_t)(uintptr_t)c->v_blocks;
+    p[6] = args->n_tokens;
+    p[7] = c->n_head_kv;
+    p[8] = c->head_dim_k;
+    p[9] = c->head_dim_v;
+    p[10] = c->block_size;
+    p[11] = c->max_blocks_per_seq;
+    p[12] = c->block_count;
+    p[13] = args->k_token_stride_bytes;
+    p[14] = args->v_token_stride_bytes;
+    p[15] = c->k_block_stride_bytes;
+    p[16] = c->v_block_stride_bytes;
+    p[17] = c->k_position_stride_bytes;
+    p[18] = c->v_position_stride_bytes;
+    p[19] = c->k_head_stride_bytes;
+    p[20] = c->v_head_stride_bytes;
+    for (i = 0; i < 21; ++i) {
+        params[i] = &p[i];
+    }
+    return dense_launch(&dev, args->device_id, args->stream, dev.kv_append, (uint64_t)args->n_tokens * width, params,
+                        error);
+}
+
+static guild_status_t dense_configure(void* user_data, const guild_cuda_attn_config_args_v1_t* args,
+                                      guild_error_info_t* error) {
+    char message[GUILD_ERROR_MESSAGE_CAPACITY];
+    if (user_data != (void*)&dense_user_data) {
+        return dense_refuse(error, GUILD_STATUS_ERR_INTERNAL, "configure got the wrong user_data");
+    }
+    (void)snprintf(message, sizeof message, "this table takes no configuration (key %s)",
+                   args != NULL && args->key != NULL ? args->key : "(none)");
+    return dense_refuse(error, GUILD_STATUS_ERR_UNSUPPORTED, message);
+}
+
+static guild_status_t dense_query_pools(void* user_data, const guild_cuda_attn_pool_query_args_v1_t* args,
+                                        guild_error_info_t* error) {
+    (void)args;
+    if (user_data != (void*)&dense_user_data) {
+        return dense_refuse(error, GUILD_STATUS_ERR_INTERNAL, "query_pools got the wrong user_data");
+    }
+    return dense_refuse(error, GUILD_STATUS_ERR_UNSUPPORTED,
+                        "only kv_append is offered, and it needs no pools");
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Registration                                                                                 */
 /* ------------------------------------------------------------------------------------------ */
 
 static guild_status_t dense_init(const guild_host_api_v1_t* host, void** plugin_state, guild_error_info_t* error) {
     guild_cuda_dense_ext_v1_t dense;
     guild_cuda_moe_ext_v1_t moe;
+    guild_cuda_attn_ext_v1_t attn;
     guild_kernel_op_desc_v1_t desc;
     if (host == NULL || plugin_state == NULL) {
         return dense_refuse(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, "init needs a host table and a state slot");
@@ -736,6 +993,18 @@ static guild_status_t dense_init(const guild_host_api_v1_t* host, void** plugin_
     moe.query_workspace = dense_query_workspace;
     moe.elementwise = dense_elementwise;
     moe.user_data = &dense_user_data;
+    moe.header.next = &attn.header;
+
+    memset(&attn, 0, sizeof attn);
+    attn.header.struct_size = (uint32_t)sizeof attn;
+    attn.header.tag = GUILD_CUDA_ATTN_TAG;
+    attn.header.version = GUILD_CUDA_ATTN_EXT_VERSION;
+    attn.capabilities = GUILD_CUDA_ATTN_CAP_GRAPH_CAPTURABLE;
+    attn.kv_cache_dtypes = GUILD_CUDA_DTYPE_BIT(GUILD_DTYPE_F16);
+    attn.configure = dense_configure;
+    attn.query_pools = dense_query_pools;
+    attn.kv_append = dense_kv_append;
+    attn.user_data = &dense_user_data;
 
     memset(&desc, 0, sizeof desc);
     desc.struct_size = (uint32_t)sizeof desc;
