@@ -10,7 +10,8 @@
 //!
 //! Host-side queries have safe wrappers (CDA1 `configure`, CDM1 `query_workspace` for routing).
 //! The execution callbacks take device pointers and a stream, which the host cannot check; their
-//! wrappers (so far CDD1 [`BoundCudaTables::project`] and CDM1 [`BoundCudaTables::elementwise`]) take them as [`DeviceSpan`]s and a
+//! wrappers (so far CDD1 [`BoundCudaTables::project`], CDA1 [`BoundCudaTables::kv_append`] and
+//! CDM1 [`BoundCudaTables::elementwise`]) take them as [`DeviceSpan`]s and a
 //! [`CudaStream`], whose `unsafe` constructors carry the caller's promise that the memory and the
 //! stream are what they claim to be and outlive the enqueued work. Given that promise, a wrapper
 //! checks everything else before the callback runs: the callback is offered, the dtypes are ones
@@ -30,14 +31,15 @@ use guild_abi::text::fixed_buffer_text;
 use guild_abi::{
     guild_cuda_attn_config_args_v1_t, guild_cuda_attn_ext_v1_t, guild_cuda_dense_ext_v1_t,
     guild_cuda_dense_geometry_v1_t, guild_cuda_dense_project_args_v1_t,
-    guild_cuda_dense_strides_v1_t, guild_cuda_elementwise_args_v1_t, guild_cuda_moe_ext_v1_t,
+    guild_cuda_dense_strides_v1_t, guild_cuda_elementwise_args_v1_t,
+    guild_cuda_kv_append_args_v1_t, guild_cuda_kv_cache_view_v1_t, guild_cuda_moe_ext_v1_t,
     guild_cuda_moe_route_args_v1_t, guild_cuda_moe_workspace_query_args_v1_t,
     guild_cuda_qwen_group_v1_t, guild_cuda_row_selection_v1_t, guild_error_info_t, guild_status_t,
     guild_stream_t, GUILD_BACKEND_CUDA, GUILD_CUDA_CONFIG_VALUE_INT, GUILD_CUDA_DENSE_ACCUMULATE,
     GUILD_CUDA_DENSE_CAP_BF16_OUTPUT, GUILD_CUDA_EW_ADD, GUILD_CUDA_EW_AXPY, GUILD_CUDA_EW_COPY,
     GUILD_CUDA_EW_GEGLU, GUILD_CUDA_EW_GELU, GUILD_CUDA_EW_MUL, GUILD_CUDA_EW_SCALE,
     GUILD_CUDA_EW_SIGMOID_MUL, GUILD_CUDA_EW_SILU, GUILD_CUDA_EW_SWIGLU, GUILD_CUDA_MOE_OP_ROUTE,
-    GUILD_DTYPE_BF16, GUILD_DTYPE_F16, GUILD_DTYPE_F32, GUILD_STATUS_OK,
+    GUILD_DTYPE_BF16, GUILD_DTYPE_F16, GUILD_DTYPE_F32, GUILD_DTYPE_Q8_0, GUILD_STATUS_OK,
 };
 use guild_domain::ids::{ImplId, PackageId};
 use guild_ports::device::StreamRef;
@@ -534,6 +536,22 @@ pub enum CallProblem {
     /// address, row stride and dtype).
     #[error("out overlaps {0} without being it in place (same address, row stride and dtype)")]
     PartialOverlap(&'static str),
+    /// A KV cache dtype the table's `kv_cache_dtypes` does not list.
+    #[error("the KV cache dtype {0} is not among the table's kv_cache_dtypes")]
+    CacheDtypeNotDeclared(u32),
+    /// A dimension that must be a multiple of a block is not.
+    #[error("{what} {value} is not a multiple of {of}")]
+    NotMultiple {
+        /// The dimension.
+        what: &'static str,
+        /// Its value.
+        value: u64,
+        /// The block.
+        of: u64,
+    },
+    /// Two operands the call writes share bytes.
+    #[error("{0} overlaps {1}")]
+    WritesOverlap(&'static str, &'static str),
 }
 
 /// One CDD1 `project`: `output[t][i] = dot(W[row(i)], input[t]) (+ bias[row(i)])` with F32
@@ -1111,5 +1129,307 @@ impl BoundCudaTables {
         // geometry reaches on the stream's device, and the spans' and the stream's constructors
         // carry the promise that the memory and the stream stay valid for the enqueued work.
         self.enqueue(NAME, |e| unsafe { f(moe.table.user_data, &raw, e) })
+    }
+}
+
+/// A layer's KV cache on the device, as CDA1's `guild_cuda_kv_cache_view_v1_t` describes it:
+/// `block_count` blocks of `block_size` positions of `n_head_kv` heads, for keys and values.
+/// Position `p` of sequence `s` lives in block `block_table[s * max_blocks_per_seq + p /
+/// block_size]`, or `s * max_blocks_per_seq + p / block_size` without a table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvCacheView {
+    /// `GUILD_DTYPE_F16`, `GUILD_DTYPE_BF16` or `GUILD_DTYPE_Q8_0`, and one of the table's
+    /// `kv_cache_dtypes`.
+    pub dtype: u32,
+    /// Key/value heads.
+    pub n_head_kv: u32,
+    /// Elements per key head.
+    pub head_dim_k: u32,
+    /// Elements per value head.
+    pub head_dim_v: u32,
+    /// Positions per block.
+    pub block_size: u32,
+    /// The layer, for the provider's diagnostics and per-layer configuration.
+    pub layer_index: u32,
+    /// Entries per sequence row of the block table.
+    pub max_blocks_per_seq: u32,
+    /// Physical blocks in the pool.
+    pub block_count: u64,
+    /// The key blocks (written).
+    pub k_blocks: DeviceSpan,
+    /// The value blocks (written).
+    pub v_blocks: DeviceSpan,
+    /// Bytes between key blocks.
+    pub k_block_stride_bytes: u64,
+    /// Bytes between value blocks.
+    pub v_block_stride_bytes: u64,
+    /// Bytes between positions within a key block.
+    pub k_position_stride_bytes: u64,
+    /// Bytes between positions within a value block.
+    pub v_position_stride_bytes: u64,
+    /// Bytes between heads within a key position.
+    pub k_head_stride_bytes: u64,
+    /// Bytes between heads within a value position.
+    pub v_head_stride_bytes: u64,
+    /// The block table, `[n_seqs][max_blocks_per_seq]` `i32`s, or none.
+    pub block_table: Option<DeviceSpan>,
+}
+
+/// One CDA1 `kv_append`: write `n_tokens` new key and value rows into `cache` at each token's
+/// (sequence, position), converting to the cache's dtype. The sequence and position of each
+/// token, and the block table's entries, are device data the host cannot read: a provider has
+/// to bound what it reads and writes by them itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvAppend {
+    /// `GUILD_DTYPE_F32`, `GUILD_DTYPE_F16` or `GUILD_DTYPE_BF16` of `k` and `v`.
+    pub src_dtype: u32,
+    /// Tokens to append.
+    pub n_tokens: u32,
+    /// The layer's cache.
+    pub cache: KvCacheView,
+    /// `n_tokens` rows of `n_head_kv * head_dim_k` keys.
+    pub k: DeviceSpan,
+    /// `n_tokens` rows of `n_head_kv * head_dim_v` values.
+    pub v: DeviceSpan,
+    /// Bytes between key rows.
+    pub k_token_stride_bytes: u64,
+    /// Bytes between value rows.
+    pub v_token_stride_bytes: u64,
+    /// `n_tokens` `i32` sequence ids.
+    pub token_seqs: DeviceSpan,
+    /// `n_tokens` `i32` positions within their sequences.
+    pub token_positions: DeviceSpan,
+}
+
+/// The bytes and alignment of one cached head of `dim` elements in `dtype`.
+fn cache_head(dtype: u32, dim: u32, what: &'static str) -> Result<(u64, u64), CallProblem> {
+    let dim = u64::from(dim);
+    match dtype {
+        GUILD_DTYPE_F16 | GUILD_DTYPE_BF16 => Ok((dim * 2, 2)),
+        // GGML Q8_0: 32 int8 quants after an F16 scale, 34 bytes a block.
+        GUILD_DTYPE_Q8_0 => {
+            if !dim.is_multiple_of(32) {
+                return Err(CallProblem::NotMultiple {
+                    what,
+                    value: dim,
+                    of: 32,
+                });
+            }
+            Ok((dim / 32 * 34, 2))
+        }
+        _ => Err(CallProblem::Dtype {
+            operand: "cache",
+            dtype,
+            allowed: "F16, BF16 or Q8_0",
+        }),
+    }
+}
+
+/// Checks one side (keys or values) of a cache: its strides nest (heads within a position,
+/// positions within a block) and its blocks hold `block_count` blocks. Returns the bytes.
+#[allow(clippy::too_many_arguments)]
+fn check_cache_side(
+    operand: &'static str,
+    c: &KvCacheView,
+    blocks: &DeviceSpan,
+    (head_bytes, align): (u64, u64),
+    head_stride: u64,
+    position_stride: u64,
+    block_stride: u64,
+    stream: &CudaStream,
+) -> Result<u64, CallProblem> {
+    check_stride(operand, head_stride, align, head_bytes)?;
+    let position_bytes = extent(u64::from(c.n_head_kv), head_stride, head_bytes, operand)?;
+    check_stride(operand, position_stride, align, position_bytes)?;
+    let block_bytes = extent(
+        u64::from(c.block_size),
+        position_stride,
+        position_bytes,
+        operand,
+    )?;
+    check_stride(operand, block_stride, align, block_bytes)?;
+    let bytes = extent(c.block_count, block_stride, block_bytes, operand)?;
+    check_span(blocks, operand, align, bytes, stream)?;
+    Ok(bytes)
+}
+
+/// Whether two byte ranges share a byte (both already checked not to overflow).
+fn overlaps((a, a_bytes): (u64, u64), (b, b_bytes): (u64, u64)) -> bool {
+    a < b + b_bytes && b < a + a_bytes
+}
+
+/// Checks a [`KvAppend`] against the table's cache dtypes and the stream, and builds the
+/// callback's arguments (and the cache view they point at).
+fn kv_append_args(
+    kv_cache_dtypes: u64,
+    a: &KvAppend,
+    stream: &CudaStream,
+) -> Result<
+    (
+        guild_cuda_kv_append_args_v1_t,
+        guild_cuda_kv_cache_view_v1_t,
+    ),
+    CallProblem,
+> {
+    let c = &a.cache;
+    let src_size = elementwise_element("k and v", a.src_dtype)?;
+    let k_head = cache_head(c.dtype, c.head_dim_k, "head_dim_k")?;
+    let v_head = cache_head(c.dtype, c.head_dim_v, "head_dim_v")?;
+    if c.dtype >= 64 || kv_cache_dtypes & (1u64 << c.dtype) == 0 {
+        return Err(CallProblem::CacheDtypeNotDeclared(c.dtype));
+    }
+    for (value, name) in [
+        (u64::from(a.n_tokens), "n_tokens"),
+        (u64::from(c.n_head_kv), "n_head_kv"),
+        (u64::from(c.head_dim_k), "head_dim_k"),
+        (u64::from(c.head_dim_v), "head_dim_v"),
+        (u64::from(c.block_size), "block_size"),
+        (u64::from(c.max_blocks_per_seq), "max_blocks_per_seq"),
+        (c.block_count, "block_count"),
+    ] {
+        if value == 0 {
+            return Err(CallProblem::Zero(name));
+        }
+    }
+    let tokens = u64::from(a.n_tokens);
+    let heads = u64::from(c.n_head_kv);
+    // The source rows: every head of a token, back to back.
+    let row = |dim: u32, operand| {
+        heads
+            .checked_mul(u64::from(dim))
+            .and_then(|n| n.checked_mul(src_size))
+            .ok_or(CallProblem::Overflow(operand))
+    };
+    let k_row = row(c.head_dim_k, "k")?;
+    let v_row = row(c.head_dim_v, "v")?;
+    check_stride("k", a.k_token_stride_bytes, src_size, k_row)?;
+    check_stride("v", a.v_token_stride_bytes, src_size, v_row)?;
+    let k_bytes = extent(tokens, a.k_token_stride_bytes, k_row, "k")?;
+    let v_bytes = extent(tokens, a.v_token_stride_bytes, v_row, "v")?;
+    check_span(&a.k, "k", src_size, k_bytes, stream)?;
+    check_span(&a.v, "v", src_size, v_bytes, stream)?;
+    check_span(&a.token_seqs, "token_seqs", 4, tokens * 4, stream)?;
+    check_span(&a.token_positions, "token_positions", 4, tokens * 4, stream)?;
+    // The cache: every block the view describes must be there.
+    let kb_bytes = check_cache_side(
+        "k_blocks",
+        c,
+        &c.k_blocks,
+        k_head,
+        c.k_head_stride_bytes,
+        c.k_position_stride_bytes,
+        c.k_block_stride_bytes,
+        stream,
+    )?;
+    let vb_bytes = check_cache_side(
+        "v_blocks",
+        c,
+        &c.v_blocks,
+        v_head,
+        c.v_head_stride_bytes,
+        c.v_position_stride_bytes,
+        c.v_block_stride_bytes,
+        stream,
+    )?;
+    let mut reads = vec![
+        ("k", a.k, k_bytes),
+        ("v", a.v, v_bytes),
+        ("token_seqs", a.token_seqs, tokens * 4),
+        ("token_positions", a.token_positions, tokens * 4),
+    ];
+    if let Some(table) = c.block_table {
+        // At least one sequence's row; which rows a token reaches is device data.
+        let row = u64::from(c.max_blocks_per_seq) * 4;
+        check_span(&table, "block_table", 4, row, stream)?;
+        reads.push(("block_table", table, table.bytes()));
+    }
+    let writes = [
+        ("k_blocks", c.k_blocks, kb_bytes),
+        ("v_blocks", c.v_blocks, vb_bytes),
+    ];
+    if overlaps(
+        (c.k_blocks.address(), kb_bytes),
+        (c.v_blocks.address(), vb_bytes),
+    ) {
+        return Err(CallProblem::WritesOverlap("k_blocks", "v_blocks"));
+    }
+    for (written, w, w_bytes) in writes {
+        for (read, r, r_bytes) in &reads {
+            if overlaps((w.address(), w_bytes), (r.address(), *r_bytes)) {
+                return Err(CallProblem::WritesOverlap(written, read));
+            }
+        }
+    }
+    let view = guild_cuda_kv_cache_view_v1_t {
+        struct_size: size_u32::<guild_cuda_kv_cache_view_v1_t>(),
+        dtype: c.dtype,
+        n_head_kv: c.n_head_kv,
+        head_dim_k: c.head_dim_k,
+        head_dim_v: c.head_dim_v,
+        block_size: c.block_size,
+        layer_index: c.layer_index,
+        max_blocks_per_seq: c.max_blocks_per_seq,
+        block_count: c.block_count,
+        k_blocks: c.k_blocks.ptr,
+        v_blocks: c.v_blocks.ptr,
+        k_block_stride_bytes: c.k_block_stride_bytes,
+        v_block_stride_bytes: c.v_block_stride_bytes,
+        k_position_stride_bytes: c.k_position_stride_bytes,
+        v_position_stride_bytes: c.v_position_stride_bytes,
+        k_head_stride_bytes: c.k_head_stride_bytes,
+        v_head_stride_bytes: c.v_head_stride_bytes,
+        block_table: c
+            .block_table
+            .map_or(ptr::null(), |t| t.ptr.cast_const().cast()),
+    };
+    let args = guild_cuda_kv_append_args_v1_t {
+        struct_size: size_u32::<guild_cuda_kv_append_args_v1_t>(),
+        src_dtype: a.src_dtype,
+        n_tokens: a.n_tokens,
+        reserved0: 0,
+        // Pointed at the caller's copy of `view` just before the call.
+        cache: ptr::null(),
+        k: a.k.ptr.cast_const(),
+        v: a.v.ptr.cast_const(),
+        k_token_stride_bytes: a.k_token_stride_bytes,
+        v_token_stride_bytes: a.v_token_stride_bytes,
+        token_seqs: a.token_seqs.ptr.cast_const().cast(),
+        token_positions: a.token_positions.ptr.cast_const().cast(),
+        stream: stream.raw(),
+        device_id: stream.device_id,
+        reserved1: 0,
+    };
+    Ok((args, view))
+}
+
+impl BoundCudaTables {
+    /// Enqueues CDA1 `kv_append` on `stream` and returns without waiting, as
+    /// [`BoundCudaTables::project`] does: refused, with nothing enqueued, when the kernel offers
+    /// no `kv_append`, the source or cache dtype is not one it takes (the cache's must be among
+    /// the table's `kv_cache_dtypes`), a dimension is zero, a stride is misaligned or shorter
+    /// than what it steps over (source rows, and cache heads within positions within blocks),
+    /// a span is off the stream's device, NULL, misaligned or smaller than what the view
+    /// describes, or the cache overlaps a source or itself. Which blocks the tokens land in is
+    /// device data (see [`KvAppend`]). With `GUILD_CUDA_ATTN_CAP_GRAPH_CAPTURABLE` the call may
+    /// be captured into a graph.
+    pub fn kv_append(&self, stream: &CudaStream, args: &KvAppend) -> Result<(), CudaCallError> {
+        const NAME: &str = "kv_append";
+        let attn = self
+            .attn
+            .as_ref()
+            .ok_or_else(|| self.call_not_offered(NAME))?;
+        let f = attn
+            .table
+            .kv_append
+            .ok_or_else(|| self.call_not_offered(NAME))?;
+        let (mut raw, view) = kv_append_args(attn.table.kv_cache_dtypes, args, stream)
+            .map_err(|problem| self.refused(NAME, problem))?;
+        raw.cache = &view;
+        // SAFETY: the callback is loaded while `self.binding` lives; `raw` and the `view` it
+        // points at are live locals read during the call only; every device address in them was
+        // checked above against the bytes the view and the rows reach on the stream's device,
+        // and the spans' and the stream's constructors carry the promise that the memory and the
+        // stream stay valid for the enqueued work.
+        self.enqueue(NAME, |e| unsafe { f(attn.table.user_data, &raw, e) })
     }
 }

@@ -1,26 +1,26 @@
-//! The safe wrappers of the CUDA tables' execution callbacks (CDD1 `project`, CDM1
-//! `elementwise`), on every machine:
-//! what the wrapper refuses before any call (so before any driver or device is involved), over
-//! test-plugins/cuda_dense (CDD1 and CDM1 tables whose callbacks launch PTX) and ext_probe's
-//! `cuda__all` case (whose `project` is a host reference and whose `elementwise` a declaration
-//! that refuses, so that a call that passes the checks reaches it and its answer or refusal
-//! comes back). The same wrapper on a device, against a host
-//! reference, is `gpu::device::tables`.
+//! The safe wrappers of the CUDA tables' execution callbacks (CDD1 `project`, CDA1 `kv_append`,
+//! CDM1 `elementwise`), on every machine: what a wrapper refuses before any call (so before any
+//! driver or device is involved), over test-plugins/cuda_dense (CDD1, CDA1 and CDM1 tables whose
+//! callbacks launch PTX) and ext_probe's `cuda__all` case (whose `project` is a host reference
+//! and whose `elementwise` and `kv_append` are declarations that refuse, so that a call that
+//! passes the checks reaches it and its answer or refusal comes back). The same wrappers on a
+//! device, against host references, are `gpu::device::tables`.
 
 use std::ffi::c_void;
 
 use guild_abi::{
-    GUILD_CUDA_DENSE_ACCUMULATE, GUILD_CUDA_DENSE_CAP_BF16_OUTPUT,
-    GUILD_CUDA_DENSE_CAP_GRAPH_CAPTURABLE, GUILD_CUDA_EW_ADD, GUILD_CUDA_EW_AXPY,
-    GUILD_CUDA_EW_COPY, GUILD_CUDA_EW_SCALE, GUILD_CUDA_MOE_CAP_GRAPH_CAPTURABLE, GUILD_DTYPE_BF16,
-    GUILD_DTYPE_F16, GUILD_DTYPE_F32, GUILD_STATUS_ERR_UNSUPPORTED,
+    GUILD_CUDA_ATTN_CAP_GRAPH_CAPTURABLE, GUILD_CUDA_DENSE_ACCUMULATE,
+    GUILD_CUDA_DENSE_CAP_BF16_OUTPUT, GUILD_CUDA_DENSE_CAP_GRAPH_CAPTURABLE, GUILD_CUDA_EW_ADD,
+    GUILD_CUDA_EW_AXPY, GUILD_CUDA_EW_COPY, GUILD_CUDA_EW_SCALE,
+    GUILD_CUDA_MOE_CAP_GRAPH_CAPTURABLE, GUILD_DTYPE_BF16, GUILD_DTYPE_F16, GUILD_DTYPE_F32,
+    GUILD_DTYPE_Q8_0, GUILD_STATUS_ERR_UNSUPPORTED,
 };
 use guild_adapters_cuda::testing::report_skip;
 use guild_adapters_cuda::{CudaError, Driver, NoDevice};
 use guild_domain::ids::ImplId;
 use guild_host::cuda_tables::{
     BoundCudaTables, CallProblem, CudaCallError, CudaStream, DenseProject, DeviceSpan, Elementwise,
-    RowSelection,
+    KvAppend, KvCacheView, RowSelection,
 };
 use guild_host::models::PluginReason;
 use guild_host::operations::DeviceSupport;
@@ -654,6 +654,257 @@ fn elementwise_passes_in_place_and_broadcast_operands_to_the_provider() {
         Err(CudaCallError::NotOffered {
             impl_id: cda1,
             callback: "elementwise"
+        })
+    );
+}
+
+/// Host buffers for a small F16 cache without a block table: 3 tokens of 2 heads, keys of 4
+/// and values of 6 elements, 4 blocks of 4 positions, 2 blocks per sequence, packed.
+struct KvBuffers {
+    k: Vec<f32>,
+    v: Vec<f32>,
+    seqs: Vec<i32>,
+    positions: Vec<i32>,
+    k_blocks: Vec<u16>,
+    v_blocks: Vec<u16>,
+    table: Vec<i32>,
+}
+
+impl KvBuffers {
+    fn new() -> Self {
+        KvBuffers {
+            k: vec![0.0; 3 * 8],
+            v: vec![0.0; 3 * 12],
+            seqs: vec![0; 3],
+            positions: vec![0; 3],
+            k_blocks: vec![0; 4 * 4 * 8],
+            v_blocks: vec![0; 4 * 4 * 12],
+            table: vec![0; 4],
+        }
+    }
+
+    fn append(&mut self) -> KvAppend {
+        KvAppend {
+            src_dtype: GUILD_DTYPE_F32,
+            n_tokens: 3,
+            cache: KvCacheView {
+                dtype: GUILD_DTYPE_F16,
+                n_head_kv: 2,
+                head_dim_k: 4,
+                head_dim_v: 6,
+                block_size: 4,
+                layer_index: 0,
+                max_blocks_per_seq: 2,
+                block_count: 4,
+                k_blocks: span(&mut self.k_blocks),
+                v_blocks: span(&mut self.v_blocks),
+                k_block_stride_bytes: 64,
+                v_block_stride_bytes: 96,
+                k_position_stride_bytes: 16,
+                v_position_stride_bytes: 24,
+                k_head_stride_bytes: 8,
+                v_head_stride_bytes: 12,
+                block_table: None,
+            },
+            k: span(&mut self.k),
+            v: span(&mut self.v),
+            k_token_stride_bytes: 32,
+            v_token_stride_bytes: 48,
+            token_seqs: span(&mut self.seqs),
+            token_positions: span(&mut self.positions),
+        }
+    }
+}
+
+fn kv_refusal(tables: &BoundCudaTables, args: &KvAppend) -> CallProblem {
+    match tables.kv_append(&no_stream(), args) {
+        Err(CudaCallError::Refused {
+            impl_id,
+            callback,
+            problem,
+        }) => {
+            assert_eq!((impl_id.as_str(), callback), (DENSE_IMPL, "kv_append"));
+            problem
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn kv_append_refuses_arguments_that_do_not_fit_before_calling_the_provider() {
+    let f = fixture_with(&[dense_spec("1.0.0")], DeviceSupport::host());
+    let tables = BoundCudaTables::bind_id(f.host.kernels(), &impl_id(DENSE_IMPL)).unwrap();
+    let attn = tables.attn().expect("CDA1");
+    assert_eq!(
+        attn.table().capabilities,
+        GUILD_CUDA_ATTN_CAP_GRAPH_CAPTURABLE
+    );
+    assert_eq!(attn.table().kv_cache_dtypes, 1 << GUILD_DTYPE_F16);
+    let mut b = KvBuffers::new();
+    let base = b.append();
+    let table = span(&mut b.table);
+    let with = |change: &dyn Fn(&mut KvAppend)| {
+        let mut a = base;
+        change(&mut a);
+        kv_refusal(&tables, &a)
+    };
+    let resized = |s: DeviceSpan, bytes: u64| {
+        // SAFETY: refused before any call (asserted by `kv_refusal`).
+        unsafe { DeviceSpan::new(s.ptr(), bytes, s.device_id()) }
+    };
+
+    assert_eq!(
+        with(&|a| a.src_dtype = 99),
+        CallProblem::Dtype {
+            operand: "k and v",
+            dtype: 99,
+            allowed: "F32, F16 or BF16"
+        }
+    );
+    assert_eq!(
+        with(&|a| a.cache.dtype = GUILD_DTYPE_F32),
+        CallProblem::Dtype {
+            operand: "cache",
+            dtype: GUILD_DTYPE_F32,
+            allowed: "F16, BF16 or Q8_0"
+        }
+    );
+    assert_eq!(
+        with(&|a| a.cache.dtype = GUILD_DTYPE_Q8_0),
+        CallProblem::NotMultiple {
+            what: "head_dim_k",
+            value: 4,
+            of: 32
+        }
+    );
+    // BF16 is a cache dtype of the header, but not one this table lists.
+    assert_eq!(
+        with(&|a| a.cache.dtype = GUILD_DTYPE_BF16),
+        CallProblem::CacheDtypeNotDeclared(GUILD_DTYPE_BF16)
+    );
+    assert_eq!(
+        with(&|a| a.cache.block_count = 0),
+        CallProblem::Zero("block_count")
+    );
+    assert_eq!(with(&|a| a.n_tokens = 0), CallProblem::Zero("n_tokens"));
+    assert_eq!(
+        with(&|a| a.k_token_stride_bytes = 28),
+        CallProblem::StrideTooShort {
+            operand: "k",
+            stride: 28,
+            row_bytes: 32
+        }
+    );
+    assert_eq!(
+        with(&|a| a.v_token_stride_bytes = 50),
+        CallProblem::StrideMisaligned {
+            operand: "v",
+            stride: 50,
+            align: 4
+        }
+    );
+    // The cache's strides nest: heads within a position within a block.
+    assert_eq!(
+        with(&|a| a.cache.k_head_stride_bytes = 6),
+        CallProblem::StrideTooShort {
+            operand: "k_blocks",
+            stride: 6,
+            row_bytes: 8
+        }
+    );
+    assert_eq!(
+        with(&|a| a.cache.k_position_stride_bytes = 14),
+        CallProblem::StrideTooShort {
+            operand: "k_blocks",
+            stride: 14,
+            row_bytes: 16
+        }
+    );
+    assert_eq!(
+        with(&|a| a.cache.v_block_stride_bytes = 90),
+        CallProblem::StrideTooShort {
+            operand: "v_blocks",
+            stride: 90,
+            row_bytes: 96
+        }
+    );
+    assert_eq!(
+        with(&|a| a.cache.v_blocks = resized(a.cache.v_blocks, 383)),
+        CallProblem::TooSmall {
+            operand: "v_blocks",
+            bytes: 383,
+            needed: 384
+        }
+    );
+    assert_eq!(
+        with(&|a| a.token_positions = resized(a.token_positions, 8)),
+        CallProblem::TooSmall {
+            operand: "token_positions",
+            bytes: 8,
+            needed: 12
+        }
+    );
+    assert_eq!(
+        with(&|a| a.cache.block_table = Some(resized(table, 4))),
+        CallProblem::TooSmall {
+            operand: "block_table",
+            bytes: 4,
+            needed: 8
+        }
+    );
+    // The cache is written: it may overlap neither itself nor what is read.
+    assert_eq!(
+        with(&|a| a.cache.k_blocks = a.cache.v_blocks),
+        CallProblem::WritesOverlap("k_blocks", "v_blocks")
+    );
+    assert_eq!(
+        with(&|a| a.token_seqs = a.cache.k_blocks),
+        CallProblem::WritesOverlap("k_blocks", "token_seqs")
+    );
+
+    // What passes the checks reaches the plugin, which refuses a block table itself (before it
+    // opens a driver or names the stream).
+    let mut paged = base;
+    paged.cache.block_table = Some(table);
+    match tables.kv_append(&no_stream(), &paged) {
+        Err(CudaCallError::Provider { reason, .. }) => {
+            assert_eq!(reason.status, GUILD_STATUS_ERR_UNSUPPORTED);
+            assert!(reason.message.contains("takes no block table"), "{reason}");
+        }
+        other => panic!("expected the plugin's refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn kv_append_follows_the_bound_tables_cache_dtypes_and_is_not_offered_without_cda1() {
+    // ext_probe's CDA1 lists F16 and BF16, and its kv_append is a declaration that refuses.
+    let f = fixture_with(&[probe_spec("cuda", "all")], DeviceSupport::host());
+    let id = impl_id("test.ext_probe.cuda");
+    let tables = BoundCudaTables::bind_id(f.host.kernels(), &id).unwrap();
+    let mut b = KvBuffers::new();
+    let mut args = b.append();
+    args.cache.dtype = GUILD_DTYPE_BF16;
+    assert_eq!(
+        tables.kv_append(&no_stream(), &args),
+        Err(CudaCallError::Provider {
+            impl_id: id,
+            callback: "kv_append",
+            reason: PluginReason {
+                status: GUILD_STATUS_ERR_UNSUPPORTED,
+                component: "test.ext_probe".into(),
+                message: "kv_append is a declaration only".into(),
+            },
+        })
+    );
+
+    let f = fixture_with(&[probe_spec("cdd1", "current")], DeviceSupport::host());
+    let cdd1 = impl_id("test.ext_probe.cdd1");
+    let tables = BoundCudaTables::bind_id(f.host.kernels(), &cdd1).unwrap();
+    assert_eq!(
+        tables.kv_append(&no_stream(), &args),
+        Err(CudaCallError::NotOffered {
+            impl_id: cdd1,
+            callback: "kv_append"
         })
     );
 }

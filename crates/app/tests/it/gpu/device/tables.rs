@@ -1,19 +1,22 @@
-//! CDD1 `project` and CDM1 `elementwise` of test-plugins/cuda_dense through
+//! CDD1 `project`, CDM1 `elementwise` and CDA1 `kv_append` of test-plugins/cuda_dense through
 //! [`BoundCudaTables`] on a device: on a non-default stream (project with and without row
 //! selection, bias and accumulation; elementwise for each operation the plugin computes, in
-//! place and with a broadcast row), against host references that do the kernels' F32 steps in
+//! place and with a broadcast row; kv_append into padded F16 blocks, skipping tokens outside
+//! the view), against host references that do the kernels' F32 steps in
 //! their order (so the comparison is bit for bit); captured into graphs that replay them; the
 //! package leased while the tables are bound.
 
 use super::*;
 
 use guild_abi::{
-    GUILD_CUDA_DENSE_ACCUMULATE, GUILD_CUDA_DENSE_CAP_GRAPH_CAPTURABLE, GUILD_CUDA_EW_ADD,
-    GUILD_CUDA_EW_AXPY, GUILD_CUDA_EW_COPY, GUILD_CUDA_EW_MUL, GUILD_CUDA_EW_SCALE,
-    GUILD_CUDA_EW_SILU, GUILD_CUDA_MOE_CAP_GRAPH_CAPTURABLE,
+    GUILD_CUDA_ATTN_CAP_GRAPH_CAPTURABLE, GUILD_CUDA_DENSE_ACCUMULATE,
+    GUILD_CUDA_DENSE_CAP_GRAPH_CAPTURABLE, GUILD_CUDA_EW_ADD, GUILD_CUDA_EW_AXPY,
+    GUILD_CUDA_EW_COPY, GUILD_CUDA_EW_MUL, GUILD_CUDA_EW_SCALE, GUILD_CUDA_EW_SILU,
+    GUILD_CUDA_MOE_CAP_GRAPH_CAPTURABLE, GUILD_DTYPE_F16, GUILD_DTYPE_F32,
 };
 use guild_host::cuda_tables::{
-    BoundCudaTables, CudaCallError, CudaStream, DenseProject, DeviceSpan, Elementwise, RowSelection,
+    BoundCudaTables, CudaCallError, CudaStream, DenseProject, DeviceSpan, Elementwise, KvAppend,
+    KvCacheView, RowSelection,
 };
 
 use crate::cuda_tables::{dense_spec, DENSE_IMPL, DENSE_PACKAGE};
@@ -294,7 +297,10 @@ fn elementwise_reference(
 
 #[test]
 fn elementwise_runs_on_a_stream_in_place_and_broadcast_and_a_captured_graph_replays_it() {
-    let test = "gpu::device::tables::elementwise_runs_on_a_stream_in_place_and_broadcast_and_a_captured_graph_replays_it";
+    let test = concat!(
+        "gpu::device::tables::",
+        "elementwise_runs_on_a_stream_in_place_and_broadcast_and_a_captured_graph_replays_it"
+    );
     let Some(gpu) = gpu_or_skip(test) else {
         return;
     };
@@ -432,6 +438,242 @@ fn elementwise_runs_on_a_stream_in_place_and_broadcast_and_a_captured_graph_repl
         &format_args!(
             "elementwise: 6 stream cases ({rows} x {cols}, padded strides, one broadcast) and 3 \
              in-place graph replays bit-exact"
+        ),
+    );
+}
+
+/// F32 to IEEE binary16 bits, rounding to nearest even (what `cvt.rn.f16.f32` computes).
+fn f16_bits(f: f32) -> u16 {
+    let x = f.to_bits();
+    let sign = (x >> 16) & 0x8000;
+    let exponent = (x >> 23) & 0xff;
+    let mut mantissa = x & 0x7f_ffff;
+    if exponent == 0xff {
+        return (sign | 0x7c00 | if mantissa != 0 { 0x200 } else { 0 }) as u16;
+    }
+    let e = exponent as i32 - 127 + 15;
+    if e >= 31 {
+        return (sign | 0x7c00) as u16;
+    }
+    let (mut half, rest, mid) = if e <= 0 {
+        if e < -10 {
+            return sign as u16;
+        }
+        mantissa |= 0x80_0000;
+        let shift = (14 - e) as u32;
+        (
+            mantissa >> shift,
+            mantissa & ((1 << shift) - 1),
+            1 << (shift - 1),
+        )
+    } else {
+        (
+            ((e as u32) << 10) | (mantissa >> 13),
+            mantissa & 0x1fff,
+            0x1000,
+        )
+    };
+    if rest > mid || (rest == mid && half & 1 != 0) {
+        half += 1;
+    }
+    (sign | half) as u16
+}
+
+/// One side (keys or values) of the test's cache, in bytes: head, position and block strides,
+/// and the source row stride; `dim` in elements.
+#[derive(Clone, Copy)]
+struct Side {
+    dim: usize,
+    head: usize,
+    position: usize,
+    block: usize,
+    src_stride: usize,
+}
+
+/// cuda_dense's kv_append on the host: each token's keys or values (F32 rows of `heads * dim`)
+/// converted to F16 into block `seq * max_blocks + pos / block_size`, slot `pos % block_size`;
+/// tokens outside the view are skipped.
+fn kv_reference(
+    heads: usize,
+    (block_size, max_blocks, block_count): (usize, usize, usize),
+    (seqs, positions): (&[i32], &[i32]),
+    side: Side,
+    src: &[f32],
+    blocks: &mut [u8],
+) {
+    for (t, (&seq, &pos)) in seqs.iter().zip(positions).enumerate() {
+        let (Ok(seq), Ok(pos)) = (usize::try_from(seq), usize::try_from(pos)) else {
+            continue;
+        };
+        if pos / block_size >= max_blocks || seq * max_blocks + pos / block_size >= block_count {
+            continue;
+        }
+        let block = seq * max_blocks + pos / block_size;
+        for i in 0..heads * side.dim {
+            let value = src[t * side.src_stride / 4 + i];
+            let at = block * side.block
+                + (pos % block_size) * side.position
+                + (i / side.dim) * side.head
+                + (i % side.dim) * 2;
+            blocks[at..at + 2].copy_from_slice(&f16_bits(value).to_ne_bytes());
+        }
+    }
+}
+
+#[test]
+fn kv_append_writes_f16_blocks_on_a_stream_and_a_captured_graph_replays_it() {
+    let test = concat!(
+        "gpu::device::tables::",
+        "kv_append_writes_f16_blocks_on_a_stream_and_a_captured_graph_replays_it"
+    );
+    let Some(gpu) = gpu_or_skip(test) else {
+        return;
+    };
+    let f = fixture(&gpu, &[dense_spec("1.0.0")]);
+    let package = id(DENSE_PACKAGE);
+    let tables =
+        BoundCudaTables::bind_id(f.host.kernels(), &ImplId::new(DENSE_IMPL).unwrap()).unwrap();
+    let attn = tables.attn().expect("CDA1").table();
+    assert_ne!(attn.capabilities & GUILD_CUDA_ATTN_CAP_GRAPH_CAPTURABLE, 0);
+    assert_eq!(f.host.active_package_leases(&package), 1);
+
+    let stream = gpu.stream().unwrap();
+    gpu.make_current().unwrap();
+    // SAFETY: a stream of this device's primary context, current on this thread; it is
+    // synchronised, and the graph objects destroyed, before `tables` is dropped below.
+    let on_stream = unsafe { CudaStream::new(StreamRef(stream.address()), gpu.ordinal()) };
+
+    // 3 heads of 8 key and 5 value elements; 7 blocks of 4 positions, 3 per sequence. Every
+    // stride is padded, so that packed assumptions would show.
+    let (heads, block_size, max_blocks, block_count) = (3usize, 4usize, 3usize, 7usize);
+    let k_side = Side {
+        dim: 8,
+        head: 20,
+        position: 64,
+        block: 264,
+        src_stride: 104,
+    };
+    let v_side = Side {
+        dim: 5,
+        head: 12,
+        position: 40,
+        block: 166,
+        src_stride: 64,
+    };
+    // Sequence -1, a block past the sequence's row (position 12) and one past the pool
+    // (sequence 2, position 4: block 7) are skipped.
+    let seqs: Vec<i32> = vec![0, 1, 0, 1, -1, 2, 0, 2];
+    let positions: Vec<i32> = vec![0, 5, 3, 11, 2, 4, 12, 1];
+    let tokens = seqs.len();
+    let mut k = values(tokens * k_side.src_stride / 4, 31);
+    let v = values(tokens * v_side.src_stride / 4, 32);
+    // Values that overflow to infinity, fall into F16's subnormals, or round.
+    k[0] = 70_000.0;
+    k[1] = -1.0e-6;
+    k[2] = 1.000_48;
+    k[3] = 2.0f32.powi(-25) * 1.5;
+    let k_bytes = block_count * k_side.block;
+    let v_bytes = block_count * v_side.block;
+    let k_sentinel: Vec<u8> = (0..k_bytes).map(|i| (i * 7 + 3) as u8).collect();
+    let v_sentinel: Vec<u8> = (0..v_bytes).map(|i| (i * 5 + 1) as u8).collect();
+    let k_src = gpu.upload(&k).unwrap();
+    let v_src = gpu.upload(&v).unwrap();
+    let seq_buffer = gpu.upload(&seqs).unwrap();
+    let pos_buffer = gpu.upload(&positions).unwrap();
+    let k_blocks = gpu.upload(&k_sentinel).unwrap();
+    let v_blocks = gpu.upload(&v_sentinel).unwrap();
+    let args = KvAppend {
+        src_dtype: GUILD_DTYPE_F32,
+        n_tokens: tokens as u32,
+        cache: KvCacheView {
+            dtype: GUILD_DTYPE_F16,
+            n_head_kv: heads as u32,
+            head_dim_k: k_side.dim as u32,
+            head_dim_v: v_side.dim as u32,
+            block_size: block_size as u32,
+            layer_index: 0,
+            max_blocks_per_seq: max_blocks as u32,
+            block_count: block_count as u64,
+            k_blocks: on_device(&gpu, &k_blocks),
+            v_blocks: on_device(&gpu, &v_blocks),
+            k_block_stride_bytes: k_side.block as u64,
+            v_block_stride_bytes: v_side.block as u64,
+            k_position_stride_bytes: k_side.position as u64,
+            v_position_stride_bytes: v_side.position as u64,
+            k_head_stride_bytes: k_side.head as u64,
+            v_head_stride_bytes: v_side.head as u64,
+            block_table: None,
+        },
+        k: on_device(&gpu, &k_src),
+        v: on_device(&gpu, &v_src),
+        k_token_stride_bytes: k_side.src_stride as u64,
+        v_token_stride_bytes: v_side.src_stride as u64,
+        token_seqs: on_device(&gpu, &seq_buffer),
+        token_positions: on_device(&gpu, &pos_buffer),
+    };
+    let geometry = (block_size, max_blocks, block_count);
+    let expect = |k: &[f32], v: &[f32]| {
+        let mut want_k = k_sentinel.clone();
+        let mut want_v = v_sentinel.clone();
+        let tokens = (&seqs[..], &positions[..]);
+        kv_reference(heads, geometry, tokens, k_side, k, &mut want_k);
+        kv_reference(heads, geometry, tokens, v_side, v, &mut want_v);
+        (want_k, want_v)
+    };
+
+    tables.kv_append(&on_stream, &args).unwrap();
+    stream.synchronize().unwrap();
+    let (want_k, want_v) = expect(&k, &v);
+    assert_eq!(k_blocks.read::<u8>(k_bytes).unwrap(), want_k, "keys");
+    assert_eq!(v_blocks.read::<u8>(v_bytes).unwrap(), want_v, "values");
+    // The specials landed at sequence 0, position 0, head 0: infinity, a negative subnormal,
+    // 1.000_48 rounded down to 1.0 and 1.5 * 2^-25 rounded up to the smallest subnormal.
+    let first: Vec<u16> = want_k[..8]
+        .chunks(2)
+        .map(|b| u16::from_ne_bytes([b[0], b[1]]))
+        .collect();
+    assert_eq!(first, [0x7c00, 0x8011, 0x3c00, 0x0001]);
+
+    // Captured once, then replayed over new keys into the restored cache.
+    k_blocks.write(&k_sentinel).unwrap();
+    v_blocks.write(&v_sentinel).unwrap();
+    stream.begin_capture().unwrap();
+    let captured = tables.kv_append(&on_stream, &args);
+    let graph = stream.end_capture().unwrap();
+    captured.unwrap();
+    assert_eq!(
+        k_blocks.read::<u8>(k_bytes).unwrap(),
+        k_sentinel,
+        "capturing runs nothing"
+    );
+    let exec = graph.instantiate().unwrap();
+    for round in 0..2u32 {
+        let k = values(tokens * k_side.src_stride / 4, 40 + round);
+        k_src.write(&k).unwrap();
+        exec.launch(&stream).unwrap();
+        stream.synchronize().unwrap();
+        let (want_k, want_v) = expect(&k, &v);
+        assert_eq!(
+            k_blocks.read::<u8>(k_bytes).unwrap(),
+            want_k,
+            "replay {round}"
+        );
+        assert_eq!(
+            v_blocks.read::<u8>(v_bytes).unwrap(),
+            want_v,
+            "replay {round}"
+        );
+    }
+    exec.destroy().unwrap();
+    graph.destroy().unwrap();
+    stream.synchronize().unwrap();
+    drop(tables);
+    assert_eq!(f.host.active_package_leases(&package), 0);
+    note(
+        test,
+        &format_args!(
+            "kv_append: {tokens} tokens (3 of them outside the view) into padded F16 blocks \
+             and 2 graph replays byte-exact"
         ),
     );
 }
