@@ -339,6 +339,13 @@ impl DeviceSpan {
     }
 }
 
+// SAFETY: a span is an address, a size and a device id; it gives no access by itself (only the
+// wrappers hand it to a provider, under the promise its unsafe constructor carries), so moving
+// or sharing it between threads cannot cause a data race.
+unsafe impl Send for DeviceSpan {}
+// SAFETY: as above.
+unsafe impl Sync for DeviceSpan {}
+
 /// The stream an execution callback enqueues its work on, and the device the work runs on.
 ///
 /// It stays on the thread that made it (the promise includes the thread's current context).
