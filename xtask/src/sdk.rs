@@ -46,6 +46,7 @@ const EXPECTED_PLUGINS: &[&str] = &[
     "scan_dependent",
     "service_probe",
     "cuda_scan",
+    "cuda_dense",
     "op_probe",
     "op_many",
     "ext_probe",

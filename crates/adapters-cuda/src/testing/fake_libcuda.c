@@ -17,6 +17,14 @@
  * Kernels, found by name in the PTX text given to cuModuleLoadData:
  *   guild_scan(u64 in, u64 out, u64 rows, u64 n, u32 flags)  the cuda_scan module's kernel
  *   add_one(u64 data, u64 n)                                 data[i] += 1 for n u32 values
+ *   guild_dense_project(u64 weights, u64 input, u64 bias, u64 output, u64 selection, u64 rows,
+ *                       u64 outputs, u64 cols, u64 tokens, u64 weight_stride, u64 input_stride,
+ *                       u64 output_stride, u32 flags)      the cuda_dense plugin's CDD1 project
+ *   guild_elementwise(u64 a, u64 b, u64 out, u64 rows, u64 cols, u64 a_stride, u64 b_stride,
+ *                     u64 out_stride, u32 op, f32 alpha, f32 beta)  its CDM1 elementwise
+ *   guild_kv_append(21 u64: k, v, seqs, positions, k_blocks, v_blocks, tokens, heads, dim_k,
+ *                   dim_v, block_size, max_blocks, block_count, then the strides)  its CDA1
+ *                                                            kv_append (F32 to F16)
  *
  * Environment: FAKE_CUDA_INIT (cuInit's result, default 0), FAKE_CUDA_DEVICES (default 1),
  * FAKE_CUDA_SM (compute capability times ten, default 90), FAKE_CUDA_EVENT_SYNC (the result of
@@ -65,20 +73,25 @@ typedef struct module_t module_t;
 
 typedef struct function_t {
     module_t* module;
-    int kind; /* 1 = guild_scan, 2 = add_one */
+    int kind; /* 1 guild_scan, 2 add_one, 3 guild_dense_project, 4 guild_elementwise, 5 guild_kv_append */
 } function_t;
 
 struct module_t {
     ctx_t* ctx;
     int has_scan;
     int has_add_one;
+    int has_dense_project;
+    int has_elementwise;
+    int has_kv_append;
     /* The module owns its functions, as in the real driver: functions[kind - 1]. */
-    function_t functions[2];
+    function_t functions[5];
 };
 
 typedef struct launch_t {
     function_t* function;
-    uint64_t args[5];
+    uint64_t args[21];
+    /* Threads along x (grid_x * block_x): a kernel indexed by them covers no more. */
+    uint64_t threads_x;
 } launch_t;
 
 typedef struct graph_t {
@@ -128,9 +141,193 @@ static int device_count(void) {
     return n < 0 ? 0 : (n > MAX_DEVICES ? MAX_DEVICES : n);
 }
 
+/* Each kernel's parameters: how many, and the bytes of parameter i (4: a u32 or f32, kept as its
+ * bit pattern in the low half of args[i]; else a u64). */
+static int param_count(int kind) {
+    static const int counts[] = {0, 5, 2, 13, 11, 21};
+    return counts[kind];
+}
+
+static int param_bytes(int kind, int i) {
+    if ((kind == 1 && i == 4) || (kind == 3 && i == 12) || (kind == 4 && i >= 8)) {
+        return 4;
+    }
+    return 8;
+}
+
+static float f32_param(const launch_t* l, int i) {
+    uint32_t bits = (uint32_t)l->args[i];
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* F32 to IEEE binary16 bits, rounding to nearest even (as cvt.rn.f16.f32). */
+static uint16_t f32_to_f16(float f) {
+    uint32_t x;
+    uint32_t sign, exponent, mantissa, half, rest, mid;
+    int e;
+    memcpy(&x, &f, sizeof x);
+    sign = (x >> 16) & 0x8000u;
+    exponent = (x >> 23) & 0xffu;
+    mantissa = x & 0x7fffffu;
+    if (exponent == 0xffu) {
+        return (uint16_t)(sign | 0x7c00u | (mantissa != 0u ? 0x200u : 0u));
+    }
+    e = (int)exponent - 127 + 15;
+    if (e >= 31) {
+        return (uint16_t)(sign | 0x7c00u);
+    }
+    if (e <= 0) {
+        int shift = 14 - e;
+        if (e < -10) {
+            return (uint16_t)sign;
+        }
+        mantissa |= 0x800000u;
+        half = mantissa >> shift;
+        rest = mantissa & ((1u << shift) - 1u);
+        mid = 1u << (shift - 1);
+    } else {
+        half = ((uint32_t)e << 10) | (mantissa >> 13);
+        rest = mantissa & 0x1fffu;
+        mid = 0x1000u;
+    }
+    /* A carry out of the mantissa steps the exponent, up to infinity: still the right rounding. */
+    if (rest > mid || (rest == mid && (half & 1u) != 0u)) {
+        half++;
+    }
+    return (uint16_t)(sign | half);
+}
+
+/* guild_kv_append: thread (t, e) of the PTX, in order. */
+static void kv_append(const launch_t* l) {
+    const uint64_t* a = l->args;
+    uint64_t tokens = a[6], heads = a[7], dim_k = a[8], dim_v = a[9], block_size = a[10], max_blocks = a[11];
+    uint64_t block_count = a[12];
+    uint64_t width = heads * (dim_k + dim_v);
+    uint64_t t, e;
+    for (t = 0; t < tokens; ++t) {
+        int32_t seq = ((const int32_t*)(uintptr_t)a[2])[t];
+        int32_t position = ((const int32_t*)(uintptr_t)a[3])[t];
+        uint64_t block, slot;
+        if (seq < 0 || position < 0 || (uint64_t)position / block_size >= max_blocks) {
+            continue;
+        }
+        block = (uint64_t)seq * max_blocks + (uint64_t)position / block_size;
+        slot = (uint64_t)position % block_size;
+        if (block >= block_count) {
+            continue;
+        }
+        for (e = 0; e < width; ++e) {
+            int keys = e < heads * dim_k;
+            uint64_t i = keys ? e : e - heads * dim_k;
+            uint64_t dim = keys ? dim_k : dim_v;
+            const unsigned char* src = (const unsigned char*)(uintptr_t)a[keys ? 0 : 1];
+            unsigned char* dst = (unsigned char*)(uintptr_t)a[keys ? 4 : 5];
+            uint64_t src_stride = a[keys ? 13 : 14], block_stride = a[keys ? 15 : 16];
+            uint64_t position_stride = a[keys ? 17 : 18], head_stride = a[keys ? 19 : 20];
+            float value;
+            uint16_t bits;
+            if (t * width + e >= l->threads_x) {
+                return;
+            }
+            memcpy(&value, src + t * src_stride + i * 4u, sizeof value);
+            bits = f32_to_f16(value);
+            memcpy(dst + block * block_stride + slot * position_stride + (i / dim) * head_stride + (i % dim) * 2u, &bits,
+                   sizeof bits);
+        }
+    }
+}
+
+/* guild_elementwise: thread (r, c) of the PTX, in order; each step rounded on its own. */
+static void elementwise(const launch_t* l) {
+    const unsigned char* a = (const unsigned char*)(uintptr_t)l->args[0];
+    const unsigned char* b = (const unsigned char*)(uintptr_t)l->args[1];
+    unsigned char* out = (unsigned char*)(uintptr_t)l->args[2];
+    uint64_t rows = l->args[3], cols = l->args[4];
+    uint64_t a_stride = l->args[5], b_stride = l->args[6], out_stride = l->args[7];
+    unsigned op = (unsigned)l->args[8];
+    float alpha = f32_param(l, 9), beta = f32_param(l, 10);
+    uint64_t r, c;
+    for (r = 0; r < rows; ++r) {
+        for (c = 0; c < cols; ++c) {
+            float x = ((const float*)(const void*)(a + r * a_stride))[c];
+            float y = b != NULL ? ((const float*)(const void*)(b + r * b_stride))[c] : 0.0f;
+            volatile float t;
+            volatile float z;
+            if (r * cols + c >= l->threads_x) {
+                return;
+            }
+            switch (op) {
+                case 1: z = x + y; break;
+                case 2: z = x * y; break;
+                case 3: t = alpha * x; z = t + beta; break;
+                case 10: t = alpha * y; z = x + t; break;
+                default: z = x; break;
+            }
+            ((float*)(void*)(out + r * out_stride))[c] = z;
+        }
+    }
+}
+
+/* One F32 product added to a sum, each step rounded on its own (as mul.rn and add.rn: the
+ * volatile keeps the compiler from contracting them into a fused multiply-add). */
+static float add_product(float sum, float a, float b) {
+    volatile float product = a * b;
+    volatile float total = sum + product;
+    return total;
+}
+
+/* guild_dense_project: thread (t, i) of the PTX, in (t, i) order (the threads are independent). */
+static void dense_project(const launch_t* l) {
+    const unsigned char* weights = (const unsigned char*)(uintptr_t)l->args[0];
+    const unsigned char* input = (const unsigned char*)(uintptr_t)l->args[1];
+    const float* bias = (const float*)(uintptr_t)l->args[2];
+    unsigned char* output = (unsigned char*)(uintptr_t)l->args[3];
+    const int32_t* selection = (const int32_t*)(uintptr_t)l->args[4];
+    uint64_t rows = l->args[5], outputs = l->args[6], cols = l->args[7], tokens = l->args[8];
+    uint64_t w_stride = l->args[9], in_stride = l->args[10], out_stride = l->args[11];
+    unsigned flags = (unsigned)l->args[12];
+    uint64_t t, i, c;
+    for (t = 0; t < tokens; ++t) {
+        const float* x = (const float*)(const void*)(input + t * in_stride);
+        float* y = (float*)(void*)(output + t * out_stride);
+        for (i = 0; i < outputs; ++i) {
+            uint64_t row = selection != NULL ? (uint64_t)(int64_t)selection[i] : i;
+            const float* w;
+            volatile float sum = 0.0f;
+            if (t * outputs + i >= l->threads_x) {
+                return;
+            }
+            if (row >= rows) {
+                uint32_t nan = 0x7fc00000u;
+                memcpy(&y[i], &nan, sizeof nan);
+                continue;
+            }
+            w = (const float*)(const void*)(weights + row * w_stride);
+            for (c = 0; c < cols; ++c) {
+                sum = add_product(sum, w[c], x[c]);
+            }
+            if (bias != NULL) {
+                sum = sum + bias[row];
+            }
+            if (flags & 1u) {
+                sum = y[i] + sum;
+            }
+            y[i] = sum;
+        }
+    }
+}
+
 /* The "kernels": the same arithmetic as the PTX, on host memory. */
 static void run(const launch_t* l) {
-    if (l->function->kind == 1) {
+    if (l->function->kind == 5) {
+        kv_append(l);
+    } else if (l->function->kind == 4) {
+        elementwise(l);
+    } else if (l->function->kind == 3) {
+        dense_project(l);
+    } else if (l->function->kind == 1) {
         uint64_t rows = l->args[2];
         uint64_t n = l->args[3];
         unsigned flags = (unsigned)l->args[4];
@@ -494,6 +691,9 @@ EXPORT CUresult cuModuleLoadData(module_t** m, const void* image) {
     (*m)->ctx = current();
     (*m)->has_scan = strstr(text, ".entry guild_scan(") != NULL;
     (*m)->has_add_one = strstr(text, ".entry add_one(") != NULL;
+    (*m)->has_dense_project = strstr(text, ".entry guild_dense_project(") != NULL;
+    (*m)->has_elementwise = strstr(text, ".entry guild_elementwise(") != NULL;
+    (*m)->has_kv_append = strstr(text, ".entry guild_kv_append(") != NULL;
     pthread_mutex_lock(&lock);
     alive_modules++;
     pthread_mutex_unlock(&lock);
@@ -505,6 +705,9 @@ EXPORT CUresult cuModuleGetFunction(function_t** f, module_t* m, const char* nam
     if (m == NULL) return ERR_INVALID_HANDLE;
     if (strcmp(name, "guild_scan") == 0 && m->has_scan) kind = 1;
     if (strcmp(name, "add_one") == 0 && m->has_add_one) kind = 2;
+    if (strcmp(name, "guild_dense_project") == 0 && m->has_dense_project) kind = 3;
+    if (strcmp(name, "guild_elementwise") == 0 && m->has_elementwise) kind = 4;
+    if (strcmp(name, "guild_kv_append") == 0 && m->has_kv_append) kind = 5;
     if (kind == 0) return ERR_NOT_FOUND;
     m->functions[kind - 1].module = m;
     m->functions[kind - 1].kind = kind;
@@ -527,7 +730,7 @@ EXPORT CUresult cuLaunchKernel(function_t* f, unsigned gx, unsigned gy, unsigned
     launch_t l;
     int count;
     int i;
-    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared, (void)extra;
+    (void)gy, (void)gz, (void)by, (void)bz, (void)shared, (void)extra;
     trace("cuLaunchKernel");
     if (f == NULL || params == NULL) return ERR_INVALID_VALUE;
     if (current() == NULL) return ERR_INVALID_CONTEXT;
@@ -535,10 +738,10 @@ EXPORT CUresult cuLaunchKernel(function_t* f, unsigned gx, unsigned gy, unsigned
     if (s != NULL && s->ctx != current()) return ERR_INVALID_HANDLE;
     memset(&l, 0, sizeof l);
     l.function = f;
-    count = f->kind == 1 ? 5 : 2;
+    l.threads_x = (uint64_t)gx * bx;
+    count = param_count(f->kind);
     for (i = 0; i < count; ++i) {
-        /* The last scan parameter is a u32; the others are u64. */
-        if (f->kind == 1 && i == 4) {
+        if (param_bytes(f->kind, i) == 4) {
             l.args[i] = *(const uint32_t*)params[i];
         } else {
             l.args[i] = *(const uint64_t*)params[i];

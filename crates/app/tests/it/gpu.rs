@@ -232,7 +232,7 @@ fn device_tests_pass_against_the_fake_driver() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
-        stdout.contains("test result: ok. 5 passed; 0 failed"),
+        stdout.contains("test result: ok. 8 passed; 0 failed"),
         "{stdout}"
     );
     assert!(!stderr.contains("skipped"), "{stderr}");
@@ -245,6 +245,8 @@ fn device_tests_pass_against_the_fake_driver() {
 // ---------------------------------------------------------------------------------------------
 
 mod device {
+    mod tables;
+
     use super::*;
 
     use std::time::{Duration, Instant};

@@ -7,6 +7,7 @@ mod compat;
 mod conformance;
 mod crash;
 mod crash_quarantine;
+mod cuda_tables;
 mod draining;
 mod examples;
 mod experts;
