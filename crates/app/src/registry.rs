@@ -35,8 +35,8 @@
 //! [`KernelRegistry::find_runner`] answer `None` and [`KernelRegistry::runners`] leaves it out.
 //!
 //! The marks above are in fact set in two steps, so that a drain that will be refused hides the
-//! package from no one: the drainer first sets an undecided mark (`DECIDING`) on every stripe,
-//! reading the counts as described, counts the bindings into retired versions, and only then
+//! package from no one: the drainer counts the bindings into retired versions, then sets an
+//! undecided mark (`DECIDING`) on every stripe, reading the counts as described, and only then
 //! turns every mark into `DRAINING` (one update per stripe) or clears them. A binder that meets
 //! the undecided mark waits (spinning briefly, then yielding) for the decision instead of
 //! taking the package for gone; drains of one package decide one at a time.
