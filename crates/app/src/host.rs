@@ -552,10 +552,7 @@ impl Host {
     /// refreshes try it again after a delay that doubles from 50 ms up to 5 s
     /// ([`crate::reconcile`]). A refresh that fails (an error is returned) leaves the host's
     /// applied generation where it was, so the next refresh works through the same committed
-    /// state again, whatever the package manager has read meanwhile. When a switch waits for
-    /// bindings and a loaded dependent's new version needs the new version (so neither could
-    /// ever go first), the dependent is taken out first if nothing binds it, releasing what it
-    /// held, and both switch in this refresh. A revoked version is taken out at once whatever
+    /// state again, whatever the package manager has read meanwhile. A revoked version is taken out at once whatever
     /// holds it (new resolutions no longer find it); the bindings that still run it are in
     /// [`RefreshReport::revoked_live`].
     pub fn refresh(&self) -> Result<RefreshReport, HostError> {
@@ -694,15 +691,7 @@ impl Host {
             if current.as_ref() == Some(&planned.version) || held.contains(&planned.id) {
                 continue;
             }
-            let mut bindings = self.kernels.live_bindings(&planned.id);
-            if let (Some(from), true) = (&current, bindings > 0) {
-                let out = self.take_out_waiting_dependents(&planned.id, from, &wanted, &held);
-                if !out.is_empty() {
-                    changed.extend(out.iter().map(|q| q.id.clone()));
-                    report.taken_out.extend(out);
-                    bindings = self.kernels.live_bindings(&planned.id);
-                }
-            }
+            let bindings = self.kernels.live_bindings(&planned.id);
             if let (Some(from), true) = (&current, bindings > 0) {
                 let (id, from) = (planned.id.clone(), from.clone());
                 let to = Some(planned.version.clone());
@@ -752,53 +741,6 @@ impl Host {
         applied.complete(refreshed.generation, pass.finish());
         report.pending = applied.report(now);
         Ok(report)
-    }
-
-    /// Breaks a cycle of waiting switches. `id`'s switch from `current` waits for live bindings;
-    /// a loaded dependent whose new version needs a version of `id` other than `current` cannot
-    /// switch before `id` does, and may be what holds those bindings (a module keeps handles
-    /// into its dependency). Each such dependent without live bindings of its own is taken out
-    /// now, so that its library closes and releases what it held; its new version loads after
-    /// `id`'s, in the plan's order. A dependent that is bound itself is left alone: its holders
-    /// are the runner's, and the switches wait for them. Answers what was taken out.
-    fn take_out_waiting_dependents(
-        &self,
-        id: &PackageId,
-        current: &Version,
-        wanted: &BTreeMap<&PackageId, &Version>,
-        held: &BTreeSet<PackageId>,
-    ) -> Vec<Quarantined> {
-        let mut out = Vec::new();
-        for (dependent, version) in self.kernels.loaded_packages() {
-            let Some(to) = wanted.get(&dependent) else {
-                continue;
-            };
-            if &dependent == id || *to == &version || held.contains(&dependent) {
-                continue;
-            }
-            let waits_for_id = self
-                .packages
-                .metadata(&dependent, to)
-                .is_some_and(|m| needs(&m).any(|(d, range)| d == id && !range.contains(current)));
-            if !waits_for_id {
-                continue;
-            }
-            // Bound itself (or any other refusal): it stays, and the switches wait.
-            let Ok(drain) = self.kernels.drain(&dependent) else {
-                continue;
-            };
-            let _ = self.kernels.unload(&dependent);
-            drain.finish();
-            out.push(Quarantined {
-                reason: format!(
-                    "taken out before {id} switches: its {to} needs {id}'s new version, and it \
-                     may hold bindings into {id}@{current}"
-                ),
-                id: dependent,
-                version,
-            });
-        }
-        out
     }
 
     /// Why the host's lock, if it has one, does not admit `id@version` with `metadata`'s

@@ -384,23 +384,27 @@ impl PluginLoader for SharedHolding {
     }
 }
 
-/// The dependency-cycle item: a module keeps a binding into its dependency, and the operator
-/// moves both, the dependent's new version needing the dependency's. The dependency cannot
-/// switch while the binding lives, nor the dependent before the dependency: the host takes the
-/// dependent out first (its library closes and releases the binding), switches the dependency,
-/// then loads the dependent's new version, instead of waiting for ever.
-#[test]
-fn a_dependent_that_binds_its_dependency_is_taken_out_first_so_that_both_switch() {
+/// ex.base and ex.dep 1.0.0 (ex.dep needs ex.base) on a runner host whose loader wraps ex.dep
+/// 1.0.0's library in a [`Holding`]; 1.1.0 of both (ex.dep 1.1.0 needing ex.base 1.1.0) are in
+/// the fake loader, for the operator to install.
+struct Cycle {
+    shop: Workshop,
+    k: guild_adapters_crypto::SigningKey,
+    store: PathBuf,
+    host: Host,
+    loader: Arc<HoldingLoader>,
+}
+
+fn cycle() -> Cycle {
     let shop = Workshop::new();
     let k = key();
     let store = shop.fresh("store");
     let (pm, _) = open_dir(&store).unwrap();
     trust(&pm, PUBLISHER, &k);
-    let base = |version: &str| Spec::module("ex.base", version);
-    let dependent = |version: &str, needs: &str| {
-        Spec::module("ex.dep", version).module_dep(ModDep::on("ex.base", needs))
-    };
-    for spec in [base("1.0.0"), dependent("1.0.0", "1.0.0")] {
+    for spec in [
+        Spec::module("ex.base", "1.0.0"),
+        Spec::module("ex.dep", "1.0.0").module_dep(ModDep::on("ex.base", "1.0.0")),
+    ] {
         pm.install(&shop.build(&spec, &k).archive, InstallOptions::default())
             .unwrap();
     }
@@ -435,55 +439,117 @@ fn a_dependent_that_binds_its_dependency_is_taken_out_first_so_that_both_switch(
         .open()
         .unwrap()
         .host;
-    let (base_id, dep_id) = (id("ex.base"), id("ex.dep"));
-    assert_eq!(host.kernels().loaded_version(&dep_id), Some(v("1.0.0")));
-    // ex.dep 1.0.0 keeps a binding into ex.base for as long as its library is open.
-    let binding = host
+    Cycle {
+        shop,
+        k,
+        store,
+        host,
+        loader,
+    }
+}
+
+impl Cycle {
+    /// The operator moves ex.base to 1.1.0, then ex.dep to 1.1.0, which needs ex.base 1.1.0.
+    fn operator_moves_both(&self) {
+        let (pm, _) = open_dir(&self.store).unwrap();
+        for spec in [
+            Spec::module("ex.base", "1.1.0"),
+            Spec::module("ex.dep", "1.1.0").module_dep(ModDep::on("ex.base", "1.1.0")),
+        ] {
+            pm.install(
+                &self.shop.build(&spec, &self.k).archive,
+                InstallOptions::default(),
+            )
+            .unwrap();
+        }
+    }
+
+    fn loaded(&self) -> (Option<Version>, Option<Version>) {
+        (
+            self.host.kernels().loaded_version(&id("ex.base")),
+            self.host.kernels().loaded_version(&id("ex.dep")),
+        )
+    }
+
+    /// Refreshes until both run 1.1.0 (or PATIENCE ends, failing).
+    fn both_switch(&self) {
+        let start = Instant::now();
+        let mut seen = Vec::new();
+        while self.loaded() != (Some(v("1.1.0")), Some(v("1.1.0"))) {
+            seen.push(format!("{:?}", self.host.refresh()));
+            assert!(
+                start.elapsed() < PATIENCE,
+                "both should have switched; loaded {:?}: {:#?}",
+                self.loaded(),
+                &seen[seen.len().saturating_sub(2)..]
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// The dependency cycle: ex.dep 1.0.0 keeps a binding into ex.base, and the operator moves
+/// both, ex.dep's new version needing ex.base's. Neither can go first while the binding lives;
+/// both keep serving their old versions (nothing is left unserved) and the refresh reports the
+/// wait; once the module lets go, both switch.
+#[test]
+fn a_dependent_holding_its_dependency_keeps_both_serving_until_it_lets_go() {
+    let c = cycle();
+    let binding = c
+        .host
         .kernels()
         .find_by_id(&ImplId::new("ex.base.op.cpu").unwrap())
         .unwrap();
-    let holding = loader.held.lock().unwrap().upgrade().unwrap();
+    let holding = c.loader.held.lock().unwrap().upgrade().unwrap();
     *holding.binding.lock().unwrap() = Some(binding);
+    c.operator_moves_both();
+
+    let report = c.host.refresh().unwrap();
+    assert_eq!(
+        c.loaded(),
+        (Some(v("1.0.0")), Some(v("1.0.0"))),
+        "{report:#?}"
+    );
+    assert!(
+        !report.pending.is_empty(),
+        "the wait is reported: {report:#?}"
+    );
+    assert!(c
+        .host
+        .kernels()
+        .find_by_id(&ImplId::new("ex.dep.op.cpu").unwrap())
+        .is_some());
+
+    *holding.binding.lock().unwrap() = None;
     drop(holding);
-    assert_eq!(host.kernels().live_bindings(&base_id), 1);
+    c.both_switch();
+}
 
-    // The operator moves ex.base to 1.1.0, then ex.dep to 1.1.0, which needs ex.base 1.1.0.
-    let (pm, _) = open_dir(&store).unwrap();
-    for spec in [base("1.1.0"), dependent("1.1.0", "1.1.0")] {
-        pm.install(&shop.build(&spec, &k).archive, InstallOptions::default())
-            .unwrap();
-    }
-    drop(pm);
-
-    let start = Instant::now();
-    let mut seen = Vec::new();
-    loop {
-        let outcome = host.refresh();
-        seen.push(format!("{outcome:?}"));
-        let loaded = (
-            host.kernels().loaded_version(&base_id),
-            host.kernels().loaded_version(&dep_id),
-        );
-        if loaded == (Some(v("1.1.0")), Some(v("1.1.0"))) {
-            break;
-        }
-        assert!(
-            start.elapsed() < PATIENCE,
-            "both should have switched; loaded {loaded:?} after {} refreshes: {:#?}",
-            seen.len(),
-            &seen[seen.len().saturating_sub(2)..]
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert_eq!(host.kernels().live_bindings(&base_id), 0, "{seen:#?}");
-    // It took one refresh: the dependent went out first, in that same refresh.
-    assert_eq!(seen.len(), 1, "{seen:#?}");
-    assert!(
-        seen[0].contains("taken out before ex.base switches"),
-        "{seen:#?}"
+/// The runner, not the dependent, holds a binding into ex.base while the operator moves both:
+/// ex.dep must keep serving 1.0.0 meanwhile (taking it out would release nothing), and both
+/// switch once the runner lets go.
+#[test]
+fn a_runner_holding_the_dependency_leaves_the_dependent_serving() {
+    let c = cycle();
+    let runner = c
+        .host
+        .kernels()
+        .find_by_id(&ImplId::new("ex.base.op.cpu").unwrap())
+        .unwrap();
+    c.operator_moves_both();
+    let report = c.host.refresh().unwrap();
+    assert_eq!(
+        c.loaded(),
+        (Some(v("1.0.0")), Some(v("1.0.0"))),
+        "{report:#?}"
     );
     assert!(
-        host.refresh().unwrap().is_quiet(),
-        "nothing is owed any more"
+        c.host
+            .kernels()
+            .find_by_id(&ImplId::new("ex.dep.op.cpu").unwrap())
+            .is_some(),
+        "ex.dep is still served: {report:#?}"
     );
+    drop(runner);
+    c.both_switch();
 }
