@@ -591,6 +591,9 @@ impl Host {
             report.pending = self.applied().report(now);
             return Ok(report);
         }
+        // Revocations first: they need nothing but the trust check, so no fault further on
+        // (the crash records, the load plan) can keep revoked code reachable.
+        self.take_out_distrusted(&mut report);
         // Something may load: what other processes quarantined since is refused too.
         let plan = self
             .crashes
@@ -632,29 +635,7 @@ impl Host {
                 self.kernels.set_superseded(&id, false);
                 continue;
             }
-            let distrusted = match self.packages.check_loadable(&id, &version) {
-                Err(e @ HostError::Unauthenticated { .. }) => Some(e.to_string()),
-                _ => None,
-            };
-            if let Some(reason) = distrusted {
-                if let Ok(unloaded) = self.kernels.unload(&id) {
-                    if unloaded.deferred_bindings > 0 {
-                        report.revoked_live.push(RevokedLive {
-                            id: id.clone(),
-                            version: version.clone(),
-                            bindings: unloaded.deferred_bindings,
-                            reason: reason.clone(),
-                        });
-                    }
-                }
-                report.taken_out.push(Quarantined {
-                    id,
-                    version,
-                    reason: format!("no longer authenticated: {reason}"),
-                });
-                continue;
-            }
-            // A lock holds back a switch, never a revocation (checked just above).
+            // A lock holds back a switch, never a revocation (taken out before the plan).
             if held.contains(&id) {
                 continue;
             }
@@ -741,6 +722,33 @@ impl Host {
         applied.complete(refreshed.generation, pass.finish());
         report.pending = applied.report(now);
         Ok(report)
+    }
+
+    /// Takes out every loaded version that is no longer authenticated (its key or payload
+    /// revoked), whatever holds it: new resolutions no longer find it, and the bindings that
+    /// still run it are reported in `revoked_live`.
+    fn take_out_distrusted(&self, report: &mut RefreshReport) {
+        for (id, version) in self.kernels.loaded_packages() {
+            let reason = match self.packages.check_loadable(&id, &version) {
+                Err(e @ HostError::Unauthenticated { .. }) => e.to_string(),
+                _ => continue,
+            };
+            if let Ok(unloaded) = self.kernels.unload(&id) {
+                if unloaded.deferred_bindings > 0 {
+                    report.revoked_live.push(RevokedLive {
+                        id: id.clone(),
+                        version: version.clone(),
+                        bindings: unloaded.deferred_bindings,
+                        reason: reason.clone(),
+                    });
+                }
+            }
+            report.taken_out.push(Quarantined {
+                id,
+                version,
+                reason: format!("no longer authenticated: {reason}"),
+            });
+        }
     }
 
     /// Why the host's lock, if it has one, does not admit `id@version` with `metadata`'s

@@ -553,3 +553,35 @@ fn a_runner_holding_the_dependency_leaves_the_dependent_serving() {
     drop(runner);
     c.both_switch();
 }
+
+/// The operator revokes ex.base 1.0.0 while the crash-record directory cannot be listed: the
+/// refresh fails for the loading it cannot do, but the revocation needs only the trust check,
+/// so no new lookup reaches the revoked version afterwards.
+#[test]
+fn a_revocation_reaches_the_runner_even_when_its_refresh_cannot_load() {
+    let c = cycle();
+    let (pm, _) = open_dir(&c.store).unwrap();
+    let revoked = pm
+        .metadata(&id("ex.base"), &v("1.0.0"))
+        .unwrap()
+        .payload_digest();
+    pm.update_trust(|t| {
+        t.revoke_digest(revoked, "test");
+        Ok(())
+    })
+    .unwrap();
+    drop(pm);
+    break_quarantine_dir(&c.store);
+    let outcome = c.host.refresh();
+    assert!(
+        outcome.is_err(),
+        "the crash records cannot be read: {outcome:?}"
+    );
+    assert!(
+        c.host
+            .kernels()
+            .find_by_id(&ImplId::new("ex.base.op.cpu").unwrap())
+            .is_none(),
+        "a new lookup still reaches revoked ex.base 1.0.0"
+    );
+}
