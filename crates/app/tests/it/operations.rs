@@ -498,12 +498,20 @@ fn a_refused_disable_never_hides_the_package_from_other_threads() {
     assert_eq!(held.describe().impl_id.as_str(), INCLUSIVE);
     let package = id("example.scan");
     let done = AtomicBool::new(false);
+    // The disables start once both lookers are looking, so that the two overlap however the
+    // threads are scheduled.
+    let started = std::sync::Barrier::new(3);
     let (lookups, misses) = std::thread::scope(|s| {
         let lookers: Vec<_> = (0..2)
             .map(|_| {
                 s.spawn(|| {
                     let (mut lookups, mut misses) = (0u64, Vec::new());
-                    while !done.load(Ordering::Acquire) {
+                    started.wait();
+                    // At least one round each, however late the thread runs.
+                    for round in 0u64.. {
+                        if round > 0 && done.load(Ordering::Acquire) {
+                            break;
+                        }
                         match service.resolve(&f32_request) {
                             Ok(h) if h.describe().impl_id.as_str() == INCLUSIVE => {}
                             Ok(h) => misses.push(format!("f32 chose {}", h.describe().impl_id)),
@@ -521,6 +529,7 @@ fn a_refused_disable_never_hides_the_package_from_other_threads() {
                 })
             })
             .collect();
+        started.wait();
         for _ in 0..2_000 {
             match f.host.disable(&package) {
                 Err(HostError::Leased(l)) => assert_eq!(l.action, QuiescentAction::Unload),
