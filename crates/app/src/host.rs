@@ -237,6 +237,17 @@ pub struct Host {
     crashes: Option<crate::crash_quarantine::Quarantine>,
     /// When set, [`Host::load_enabled`] opens only the enabled packages this lock admits.
     lock: Option<Arc<LockFile>>,
+    /// The [`Host::watch`] threads, woken when a call on another thread records a retry due
+    /// before the one they sleep toward.
+    watchers: Mutex<Vec<WatchWake>>,
+}
+
+/// How to wake one watch thread: its channel, and until when it sleeps (`None` while it
+/// refreshes). The thread sets the time under its lock while it reads the next retry, so a
+/// retry recorded after that read finds the time set and wakes it: no wake-up is lost.
+struct WatchWake {
+    tx: std::sync::mpsc::Sender<bool>,
+    asleep_until: Arc<Mutex<Option<Instant>>>,
 }
 
 impl std::fmt::Debug for Host {
@@ -273,7 +284,24 @@ impl Host {
             applied: Mutex::new(Applied::new(generation)),
             crashes: None,
             lock: None,
+            watchers: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Wakes every watch thread that sleeps past the earliest retry the host now owes.
+    fn wake_watchers(&self) {
+        let Some(at) = self.applied().next_retry() else {
+            return;
+        };
+        let mut watchers = self.watchers.lock().unwrap_or_else(|e| e.into_inner());
+        watchers.retain(|w| {
+            let asleep = *w.asleep_until.lock().unwrap_or_else(|e| e.into_inner());
+            match asleep {
+                Some(until) if at < until => w.tx.send(true).is_ok(),
+                // Awake (refreshing) or due to wake in time: kept while its thread lives.
+                _ => true,
+            }
+        });
     }
 
     /// Loads only what `lock` admits from now on: [`Host::load_enabled`] leaves every enabled
@@ -436,6 +464,8 @@ impl Host {
                 let from = self.kernels.loaded_version(&id);
                 applied.record(&id, from, Some(version), cause, now);
             }
+            drop(applied);
+            self.wake_watchers();
         }
         Ok(report)
     }
@@ -566,6 +596,7 @@ impl Host {
             Ok(_) => self.applied().unstall(),
             Err(_) => self.applied().stall(now),
         }
+        self.wake_watchers();
         outcome
     }
 
@@ -873,17 +904,33 @@ impl Host {
             guild_adapters_fs::store::StoreWatcher::new(&self.packages.store_root(), move || {
                 let _ = notice.send(true);
             })?;
+        let asleep_until = Arc::new(Mutex::new(None));
+        self.watchers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(WatchWake {
+                tx: tx.clone(),
+                asleep_until: Arc::clone(&asleep_until),
+            });
         let host = Arc::downgrade(self);
         let thread = std::thread::Builder::new()
             .name("guild-watch".into())
             .spawn(move || loop {
                 // While the host owes a change (a failed switch, a deferred one, a failed
-                // refresh), it wakes for the retry without waiting for a commit.
-                let wait = match host.upgrade() {
-                    Some(host) => host.next_retry_in().map_or(fallback, |d| d.min(fallback)),
-                    None => return,
+                // refresh), it wakes for the retry without waiting for a commit; a retry that
+                // another thread records later wakes it through `asleep_until`.
+                let wait = {
+                    let mut asleep = asleep_until.lock().unwrap_or_else(|e| e.into_inner());
+                    let wait = match host.upgrade() {
+                        Some(host) => host.next_retry_in().map_or(fallback, |d| d.min(fallback)),
+                        None => return,
+                    };
+                    *asleep = Instant::now().checked_add(wait);
+                    wait
                 };
-                match rx.recv_timeout(wait) {
+                let woken = rx.recv_timeout(wait);
+                *asleep_until.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                match woken {
                     Ok(false) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
                     Ok(true) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                 }

@@ -585,3 +585,49 @@ fn a_revocation_reaches_the_runner_even_when_its_refresh_cannot_load() {
         "a new lookup still reaches revoked ex.base 1.0.0"
     );
 }
+
+/// A load that fails in a call the runner makes itself (`load_enabled`), while a `Host::watch`er
+/// sleeps toward its fallback (an hour) with nothing owed: the watcher is woken for the retry
+/// the failure recorded and loads the scan, without any store event.
+#[test]
+fn a_watcher_is_woken_for_a_retry_another_thread_recorded() {
+    let shop = Workshop::new();
+    let (store, _) = store_with_scan(&shop);
+    let loader = FlakyLoader::default();
+    let host = Host::builder(&store)
+        .devices(DeviceSupport::host())
+        .loader(Box::new(loader.clone()))
+        .load_enabled(false)
+        .open()
+        .unwrap()
+        .host;
+    let host = Arc::new(host);
+    let (tx, reports) = channel();
+    let _watcher = host
+        .watch(Duration::from_secs(3600), move |outcome| {
+            let _ = tx.send(format!("{outcome:?}"));
+        })
+        .unwrap();
+    // The watcher is asleep by now (nothing is owed); this thread's load fails once.
+    std::thread::sleep(Duration::from_millis(100));
+    loader.fail_next("1.0.0", 1);
+    let report = host.load_enabled().unwrap();
+    assert!(
+        !report.failed.is_empty(),
+        "the load fails once: {report:#?}"
+    );
+
+    let start = Instant::now();
+    let mut seen = Vec::new();
+    while scan_handle(&OperationService::new(host.kernels())).is_err() {
+        let left = PATIENCE.saturating_sub(start.elapsed());
+        match reports.recv_timeout(left) {
+            Ok(report) => seen.push(report),
+            Err(_) => panic!(
+                "the watcher was not woken for the retry within {PATIENCE:?}; it reported \
+                 {seen:#?}"
+            ),
+        }
+    }
+    assert_eq!(loader.attempts("1.0.0"), 2, "{seen:#?}");
+}
