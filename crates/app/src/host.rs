@@ -758,26 +758,67 @@ impl Host {
     /// Takes out every loaded version that is no longer authenticated (its key or payload
     /// revoked), whatever holds it: new resolutions no longer find it, and the bindings that
     /// still run it are reported in `revoked_live`.
+    ///
+    /// A loaded package that depends on a revoked version may be what still runs it (a module
+    /// keeps handles into its dependency): such a dependent is taken out too, unless something
+    /// binds it, so that its library closes and lets go; the loading pass that follows loads it
+    /// again over what the store now enables. What still binds the revoked version after that
+    /// is the runner's, and `revoked_live` counts it.
     fn take_out_distrusted(&self, report: &mut RefreshReport) {
         for (id, version) in self.kernels.loaded_packages() {
             let reason = match self.packages.check_loadable(&id, &version) {
                 Err(e @ HostError::Unauthenticated { .. }) => e.to_string(),
                 _ => continue,
             };
-            if let Ok(unloaded) = self.kernels.unload(&id) {
-                if unloaded.deferred_bindings > 0 {
-                    report.revoked_live.push(RevokedLive {
-                        id: id.clone(),
-                        version: version.clone(),
-                        bindings: unloaded.deferred_bindings,
-                        reason: reason.clone(),
-                    });
-                }
-            }
+            let unloaded = self.kernels.unload(&id);
             report.taken_out.push(Quarantined {
-                id,
-                version,
+                id: id.clone(),
+                version: version.clone(),
                 reason: format!("no longer authenticated: {reason}"),
+            });
+            if !unloaded.is_ok_and(|u| u.deferred_bindings > 0) {
+                continue;
+            }
+            self.take_out_dependents_of(&id, &version, report);
+            let bindings = self.kernels.live_bindings_of(&id, &version);
+            if bindings > 0 {
+                report.revoked_live.push(RevokedLive {
+                    id,
+                    version,
+                    bindings,
+                    reason,
+                });
+            }
+        }
+    }
+
+    /// Takes out every loaded package that depends on `id` (revoked at `version`) and that
+    /// nothing binds; see [`Host::take_out_distrusted`].
+    fn take_out_dependents_of(
+        &self,
+        id: &PackageId,
+        version: &Version,
+        report: &mut RefreshReport,
+    ) {
+        for (dependent, at) in self.kernels.loaded_packages() {
+            let depends = self
+                .packages
+                .metadata(&dependent, &at)
+                .is_some_and(|m| needs(&m).any(|(d, _)| d == id));
+            if !depends {
+                continue;
+            }
+            // Bound by the runner: its handles keep the dependent, and the revoked bindings
+            // it may hold are counted in `revoked_live`.
+            let Ok(drain) = self.kernels.drain(&dependent) else {
+                continue;
+            };
+            let _ = self.kernels.unload(&dependent);
+            drain.finish();
+            report.taken_out.push(Quarantined {
+                id: dependent,
+                version: at,
+                reason: format!("it depends on {id}@{version}, revoked, and may hold its code"),
             });
         }
     }

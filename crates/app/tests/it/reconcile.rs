@@ -631,3 +631,57 @@ fn a_watcher_is_woken_for_a_retry_another_thread_recorded() {
     }
     assert_eq!(loader.attempts("1.0.0"), 2, "{seen:#?}");
 }
+
+/// ex.dep 1.0.0's library keeps a binding into ex.base 1.0.0, whose payload the operator
+/// revokes (installing ex.base 1.1.0 beside it). The refresh that reports the revocation must
+/// leave no code path into the revoked version: ex.dep's library, which holds the binding, is
+/// taken out (and loaded again, now over ex.base 1.1.0), so the binding is gone.
+#[test]
+fn a_revocation_takes_out_a_dependent_whose_library_holds_the_revoked_code() {
+    let c = cycle();
+    let binding = c
+        .host
+        .kernels()
+        .find_by_id(&ImplId::new("ex.base.op.cpu").unwrap())
+        .unwrap();
+    // Only the library keeps the Holding (and so the binding) alive from here on.
+    let holding = {
+        let strong = c.loader.held.lock().unwrap().upgrade().unwrap();
+        *strong.binding.lock().unwrap() = Some(binding);
+        Arc::downgrade(&strong)
+    };
+    let (pm, _) = open_dir(&c.store).unwrap();
+    pm.install(
+        &c.shop
+            .build(&Spec::module("ex.base", "1.1.0"), &c.k)
+            .archive,
+        InstallOptions::default(),
+    )
+    .unwrap();
+    let revoked = pm
+        .metadata(&id("ex.base"), &v("1.0.0"))
+        .unwrap()
+        .payload_digest();
+    pm.update_trust(|t| {
+        t.revoke_digest(revoked, "test");
+        Ok(())
+    })
+    .unwrap();
+    drop(pm);
+
+    let report = c.host.refresh().unwrap();
+    assert_eq!(
+        c.host
+            .kernels()
+            .live_bindings_of(&id("ex.base"), &v("1.0.0")),
+        0,
+        "something still runs revoked ex.base 1.0.0 after the refresh that reported it: \
+         {report:#?}"
+    );
+    assert!(holding.upgrade().is_none(), "ex.dep 1.0.0's library closed");
+    assert_eq!(
+        c.loaded(),
+        (Some(v("1.1.0")), Some(v("1.0.0"))),
+        "{report:#?}"
+    );
+}
