@@ -101,13 +101,8 @@ pub fn write_locked(path: &Path, bytes: &[u8]) -> io::Result<File> {
 /// more). The caller holds the lock for as long as it keeps the file.
 pub fn claim_abandoned(path: &Path) -> io::Result<Option<File>> {
     let mut options = OpenOptions::new();
-    options.read(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt as _;
-        // Never through a link, and never stalled by a FIFO in the file's place.
-        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
-    }
+    // Never through a link, and never stalled by a FIFO in the file's place.
+    unfollowed(options.read(true));
     let file = match options.open(path) {
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -154,13 +149,35 @@ impl ReadError {
 pub fn read_regular(path: &Path, cap: u64) -> Result<Vec<u8>, ReadError> {
     use std::io::Read as _;
     let mut options = OpenOptions::new();
-    options.read(true);
+    let file = open_regular(path, options.read(true))?;
+    let meta = file.metadata()?;
+    if meta.len() > cap {
+        return Err(ReadError::TooLarge { cap });
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.take(cap.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > cap {
+        return Err(ReadError::TooLarge { cap });
+    }
+    Ok(bytes)
+}
+
+/// `options`, opening the last component without following a link (`O_NOFOLLOW`) and without
+/// blocking (`O_NONBLOCK`), so that neither a link nor a FIFO planted at the path can lead the
+/// open elsewhere or stall it.
+pub fn unfollowed(options: &mut OpenOptions) -> &mut OpenOptions {
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt as _;
         options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
     }
-    let file = match options.open(path) {
+    options
+}
+
+/// The regular file at `path`, opened with `options` [`unfollowed`]; anything else there (a
+/// link, a FIFO, a device, a directory) is [`ReadError::NotRegular`] and left as it was.
+pub fn open_regular(path: &Path, options: &mut OpenOptions) -> Result<File, ReadError> {
+    let file = match unfollowed(options).open(path) {
         Ok(file) => file,
         // Whatever stopped the open (`ELOOP` for a link), something that is not a regular file
         // is the clearer reason to give.
@@ -171,19 +188,10 @@ pub fn read_regular(path: &Path, cap: u64) -> Result<Vec<u8>, ReadError> {
             })
         }
     };
-    let meta = file.metadata()?;
-    if !meta.is_file() {
+    if !file.metadata()?.is_file() {
         return Err(ReadError::NotRegular);
     }
-    if meta.len() > cap {
-        return Err(ReadError::TooLarge { cap });
-    }
-    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
-    file.take(cap.saturating_add(1)).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > cap {
-        return Err(ReadError::TooLarge { cap });
-    }
-    Ok(bytes)
+    Ok(file)
 }
 
 /// Whether `name` is one of this module's temporaries.

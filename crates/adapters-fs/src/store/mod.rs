@@ -832,38 +832,15 @@ fn lock_with_wait(file: &File, path: &Path, wait: Duration) -> Result<(), StoreE
 fn open_lock(path: &Path) -> Result<File, StoreError> {
     let mut options = OpenOptions::new();
     options.read(true).write(true).create(true).truncate(false);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt as _;
-        // Non-blocking too, so that a FIFO in its place cannot stall the open.
-        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
-    }
-    let not_regular = || {
-        StoreError::new(
+    crate::durable_file::open_regular(path, &mut options).map_err(|e| match e {
+        crate::durable_file::ReadError::Io(e) => io_error("open lock file", path, e),
+        _ => StoreError::new(
             StoreErrorKind::Corrupt,
             "lock file is not a regular file (a link or something else is in its place); \
              remove it",
         )
-        .at(path.to_path_buf())
-    };
-    let file = match options.open(path) {
-        Ok(file) => file,
-        // Whatever stopped the open, something that is not a regular file is the clearer
-        // reason to give.
-        Err(e) => {
-            return Err(match fs::symlink_metadata(path) {
-                Ok(found) if !found.is_file() => not_regular(),
-                _ => io_error("open lock file", path, e),
-            })
-        }
-    };
-    let opened = file
-        .metadata()
-        .map_err(|e| io_error("inspect lock file", path, e))?;
-    if !opened.is_file() {
-        return Err(not_regular());
-    }
-    Ok(file)
+        .at(path.to_path_buf()),
+    })
 }
 
 /// Takes the store's advisory lock without waiting (`flock`, so not reliable on NFS).

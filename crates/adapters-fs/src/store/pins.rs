@@ -35,12 +35,8 @@ pub(crate) fn pin_path(layout: &StoreLayout, id: &str, version: &str) -> PathBuf
 fn open_pin(path: &Path) -> io::Result<File> {
     let mut options = OpenOptions::new();
     options.read(true).write(true).create(true).truncate(false);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt as _;
-        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC);
-    }
-    options.open(path)
+    // The standard library opens every file close-on-exec.
+    crate::durable_file::unfollowed(&mut options).open(path)
 }
 
 fn ensure_dir(layout: &StoreLayout) -> Result<(), StoreError> {
