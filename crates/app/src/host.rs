@@ -582,9 +582,11 @@ impl Host {
     /// refreshes try it again after a delay that doubles from 50 ms up to 5 s
     /// ([`crate::reconcile`]). A refresh that fails (an error is returned) leaves the host's
     /// applied generation where it was, so the next refresh works through the same committed
-    /// state again, whatever the package manager has read meanwhile. A revoked version is taken out at once whatever
-    /// holds it (new resolutions no longer find it); the bindings that still run it are in
-    /// [`RefreshReport::revoked_live`].
+    /// state again, whatever the package manager has read meanwhile. A switch that waits for a
+    /// loaded dependent which itself waits for the switch (a module holding handles into its
+    /// dependency) is not waited on: the dependent is taken out first (see `break_cycles`). A
+    /// revoked version is taken out at once whatever holds it (new resolutions no longer find
+    /// it); the bindings that still run it are in [`RefreshReport::revoked_live`].
     pub fn refresh(&self) -> Result<RefreshReport, HostError> {
         let _lifecycle = self.lock();
         let now = Instant::now();
@@ -749,10 +751,159 @@ impl Host {
                 }
             }
         }
+        self.break_cycles(&plan.order, &held, &mut report, &mut pass, now);
         let mut applied = self.applied();
         applied.complete(refreshed.generation, pass.finish());
         report.pending = applied.report(now);
         Ok(report)
+    }
+
+    /// Breaks the cycles of waiting the loading pass leaves behind. A switch deferred by live
+    /// bindings may be held by a loaded dependent that the store wants changed too (a module
+    /// keeps the handles it resolved into its dependency for as long as it is loaded) and whose
+    /// new version needs the dependency's new one: neither can go first, so waiting would never
+    /// end. The dependents go first: each one that nothing binds (and that nothing loaded
+    /// depends on) is taken out, so that its library closes and lets go; then the dependency
+    /// switches, and the dependents load at the versions the store enables.
+    ///
+    /// When the dependency is still bound with them out (a runner holds it too), they are put
+    /// back as they were, and the attempt is not made again until the dependency's binding
+    /// count changes.
+    fn break_cycles(
+        &self,
+        order: &[PlannedPackage],
+        held: &BTreeSet<PackageId>,
+        report: &mut RefreshReport,
+        pass: &mut Pass,
+        now: Instant,
+    ) {
+        let planned = |id: &PackageId| order.iter().find(|p| &p.id == id);
+        let waiting: Vec<DeferredSwitch> = report
+            .deferred
+            .iter()
+            .filter(|d| d.to.is_some())
+            .cloned()
+            .collect();
+        for switch in waiting {
+            let Some(target) = planned(&switch.id) else {
+                continue;
+            };
+            let bindings = self.kernels.live_bindings(&switch.id);
+            if !pass.cycle_worth_trying(&switch.id, bindings) {
+                continue;
+            }
+            let loaded = self.kernels.loaded_packages();
+            let needs_of = |id: &PackageId, at: &Version, on: &PackageId| {
+                self.packages
+                    .metadata(id, at)
+                    .is_some_and(|m| needs(&m).any(|(d, _)| d == on))
+            };
+            let dependents: Vec<(PackageId, Version)> = loaded
+                .iter()
+                .filter(|(d, at)| {
+                    d != &switch.id
+                        && !held.contains(d)
+                        && planned(d).map(|p| &p.version) != Some(at)
+                        && needs_of(d, at, &switch.id)
+                        && !loaded.iter().any(|(e, e_at)| needs_of(e, e_at, d))
+                })
+                .cloned()
+                .collect();
+            let mut out = Vec::new();
+            // A dependent switched by the loading pass may have let go already.
+            let dependents = if bindings == 0 {
+                Vec::new()
+            } else {
+                dependents
+            };
+            for (dependent, at) in dependents {
+                // Bound by the runner: it stays, and so may what it holds.
+                let Ok(drain) = self.kernels.drain(&dependent) else {
+                    continue;
+                };
+                let _ = self.kernels.unload(&dependent);
+                drain.finish();
+                out.push((dependent, at));
+            }
+            if out.is_empty() && bindings > 0 {
+                continue;
+            }
+            match self.switch_to(target, true) {
+                Ok(Switched::Loaded(summary)) => {
+                    report.deferred.retain(|d| d.id != switch.id);
+                    pass.forget(&switch.id);
+                    report.taken_out.push(Quarantined {
+                        id: switch.id.clone(),
+                        version: switch.from.clone(),
+                        reason: format!("replaced by {}", target.version),
+                    });
+                    report.loaded.push(summary);
+                    for (dependent, at) in out {
+                        report.taken_out.push(Quarantined {
+                            id: dependent.clone(),
+                            version: at,
+                            reason: format!(
+                                "taken out first so that {}@{}, which it depends on and may \
+                                 hold, could switch to {}",
+                                switch.id, switch.from, target.version
+                            ),
+                        });
+                        // Its own switch failed in the loading pass for want of the new
+                        // dependency, which is loaded now.
+                        report.failed.retain(|(id, ..)| id != &dependent);
+                        pass.forget(&dependent);
+                        if let Some(planned) = planned(&dependent) {
+                            self.load_or_record(planned, report, pass, now);
+                        }
+                    }
+                }
+                outcome => {
+                    // The dependency is bound by more than its dependents (or its new version
+                    // failed): they are put back as they were.
+                    if let Err(e) = outcome {
+                        let cause = PendingCause::Failed {
+                            error: e.to_string(),
+                        };
+                        let (from, to) = (Some(switch.from.clone()), switch.to.clone());
+                        pass.record(&switch.id, from, to, cause, now);
+                        report
+                            .failed
+                            .push((switch.id.clone(), target.version.clone(), e));
+                    }
+                    pass.cycle_tried(&switch.id, bindings);
+                    for (dependent, at) in out {
+                        let restored = self.packages.planned(&dependent, &at);
+                        self.load_or_record(&restored, report, pass, now);
+                        self.kernels.set_superseded(&dependent, true);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Loads `planned` (whose package is not loaded); a failure is reported and owed.
+    fn load_or_record(
+        &self,
+        planned: &PlannedPackage,
+        report: &mut RefreshReport,
+        pass: &mut Pass,
+        now: Instant,
+    ) {
+        match self.switch_to(planned, false) {
+            Ok(Switched::Loaded(summary)) => report.loaded.push(summary),
+            // Nothing is replaced, so nothing is drained.
+            Ok(Switched::Bound(_)) => {}
+            Err(e) => {
+                let cause = PendingCause::Failed {
+                    error: e.to_string(),
+                };
+                let to = Some(planned.version.clone());
+                pass.record(&planned.id, None, to, cause, now);
+                report
+                    .failed
+                    .push((planned.id.clone(), planned.version.clone(), e));
+            }
+        }
     }
 
     /// Takes out every loaded version that is no longer authenticated (its key or payload

@@ -2062,6 +2062,15 @@ impl PackageManager {
         Ok(self.store.registry()?.generation())
     }
 
+    /// `id@version` as a load plan would name it: its tree in the store (which may be gone).
+    pub(crate) fn planned(&self, id: &PackageId, version: &Version) -> PlannedPackage {
+        PlannedPackage {
+            id: id.clone(),
+            version: version.clone(),
+            dir: self.store.package_dir(id, version),
+        }
+    }
+
     /// The signed metadata of an installed version.
     pub fn metadata(&self, id: &PackageId, version: &Version) -> Option<Arc<Metadata>> {
         let mut life = self.lock();

@@ -107,6 +107,10 @@ struct Entry {
     cause: PendingCause,
     attempts: u32,
     retry_at: Instant,
+    /// For a switch that waits for bindings: its live bindings when taking its dependents out
+    /// first was tried and did not release them all (see `Host::break_cycles`). The attempt is
+    /// not made again while the count is the same.
+    cycle_tried: Option<u64>,
 }
 
 impl Entry {
@@ -120,9 +124,9 @@ impl Entry {
         cause: PendingCause,
         now: Instant,
     ) -> Entry {
-        let attempts = match before {
-            Some(e) if e.to == to => e.attempts.saturating_add(1),
-            _ => 1,
+        let (attempts, cycle_tried) = match before {
+            Some(e) if e.to == to => (e.attempts.saturating_add(1), e.cycle_tried),
+            _ => (1, None),
         };
         Entry {
             from,
@@ -130,6 +134,7 @@ impl Entry {
             cause,
             attempts,
             retry_at: now + backoff(attempts),
+            cycle_tried,
         }
     }
 }
@@ -291,6 +296,27 @@ impl Pass {
     pub(crate) fn keep(&mut self, id: &PackageId) {
         if let Some(e) = self.before.get(id) {
             self.next.insert(id.clone(), e.clone());
+        }
+    }
+
+    /// `id`'s change was applied after all, later in the pass: nothing is owed for it.
+    pub(crate) fn forget(&mut self, id: &PackageId) {
+        self.next.remove(id);
+    }
+
+    /// Whether taking out the dependents of `id`, whose switch waits for `bindings` live
+    /// bindings, is worth a try: not when it was tried at that very count and did not free it.
+    pub(crate) fn cycle_worth_trying(&self, id: &PackageId, bindings: u64) -> bool {
+        self.before
+            .get(id)
+            .is_none_or(|e| e.cycle_tried != Some(bindings))
+    }
+
+    /// Taking out the dependents of `id` did not free it while it had `bindings` live
+    /// bindings: not tried again until the count changes.
+    pub(crate) fn cycle_tried(&mut self, id: &PackageId, bindings: u64) {
+        if let Some(e) = self.next.get_mut(id) {
+            e.cycle_tried = Some(bindings);
         }
     }
 

@@ -488,41 +488,50 @@ impl Cycle {
     }
 }
 
-/// The dependency cycle: ex.dep 1.0.0 keeps a binding into ex.base, and the operator moves
-/// both, ex.dep's new version needing ex.base's. Neither can go first while the binding lives;
-/// both keep serving their old versions (nothing is left unserved) and the refresh reports the
-/// wait; once the module lets go, both switch.
+/// The dependency cycle: ex.dep 1.0.0's library keeps a binding into ex.base for as long as it
+/// is loaded (as a module keeps the handles it resolved at `init`), and the operator moves both,
+/// ex.dep's new version needing ex.base's. ex.base cannot switch while ex.dep 1.0.0 holds it and
+/// ex.dep 1.1.0 cannot load before ex.base 1.1.0: waiting would never end. The refresh breaks the
+/// cycle in a defined order, taking the dependent out first, so that both reach 1.1.0 at once.
 #[test]
-fn a_dependent_holding_its_dependency_keeps_both_serving_until_it_lets_go() {
+fn a_dependent_holding_its_dependency_is_taken_out_first_and_both_switch() {
     let c = cycle();
     let binding = c
         .host
         .kernels()
         .find_by_id(&ImplId::new("ex.base.op.cpu").unwrap())
         .unwrap();
-    let holding = c.loader.held.lock().unwrap().upgrade().unwrap();
-    *holding.binding.lock().unwrap() = Some(binding);
+    // Only the library keeps the Holding (and so the binding) alive from here on.
+    let holding = {
+        let strong = c.loader.held.lock().unwrap().upgrade().unwrap();
+        *strong.binding.lock().unwrap() = Some(binding);
+        Arc::downgrade(&strong)
+    };
     c.operator_moves_both();
 
     let report = c.host.refresh().unwrap();
     assert_eq!(
         c.loaded(),
-        (Some(v("1.0.0")), Some(v("1.0.0"))),
-        "{report:#?}"
+        (Some(v("1.1.0")), Some(v("1.1.0"))),
+        "the cycle is broken within the refresh: {report:#?}"
     );
+    assert!(report.pending.is_empty(), "nothing is owed: {report:#?}");
+    assert!(holding.upgrade().is_none(), "ex.dep 1.0.0's library closed");
+    let dep_out = report
+        .taken_out
+        .iter()
+        .find(|q| q.id == id("ex.dep") && q.version == v("1.0.0"))
+        .unwrap_or_else(|| panic!("ex.dep 1.0.0 is reported taken out: {report:#?}"));
     assert!(
-        !report.pending.is_empty(),
-        "the wait is reported: {report:#?}"
+        dep_out.reason.contains("ex.base"),
+        "the reason names the dependency it held: {dep_out:?}"
     );
-    assert!(c
-        .host
-        .kernels()
-        .find_by_id(&ImplId::new("ex.dep.op.cpu").unwrap())
-        .is_some());
-
-    *holding.binding.lock().unwrap() = None;
-    drop(holding);
-    c.both_switch();
+    assert_eq!(
+        c.host
+            .kernels()
+            .live_bindings_of(&id("ex.base"), &v("1.0.0")),
+        0
+    );
 }
 
 /// The runner, not the dependent, holds a binding into ex.base while the operator moves both:
@@ -550,6 +559,25 @@ fn a_runner_holding_the_dependency_leaves_the_dependent_serving() {
             .is_some(),
         "ex.dep is still served: {report:#?}"
     );
+    // Taking ex.dep out would release nothing the runner holds: after the one attempt that
+    // shows it, ex.dep keeps serving 1.0.0 and later refreshes do not load it again and again.
+    for _ in 0..3 {
+        c.host.refresh().unwrap();
+    }
+    let dep_1_0 = c.store.join("packages/ex.dep/1.0.0/lib/libdep.so");
+    let opened = c
+        .loader
+        .fake
+        .opened()
+        .iter()
+        .filter(|p| **p == dep_1_0)
+        .count();
+    assert!(
+        opened <= 2,
+        "ex.dep 1.0.0 was loaded {opened} times: a failed attempt at the cycle is not repeated \
+         while nothing changed"
+    );
+    assert_eq!(c.loaded(), (Some(v("1.0.0")), Some(v("1.0.0"))));
     drop(runner);
     c.both_switch();
 }
