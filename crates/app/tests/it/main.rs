@@ -5,6 +5,7 @@ mod cli;
 mod cli_snapshots;
 mod compat;
 mod conformance;
+mod convergence;
 mod crash;
 mod crash_quarantine;
 mod cuda_tables;
