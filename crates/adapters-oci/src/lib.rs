@@ -1,5 +1,8 @@
-//! `OciRegistry`: the artifact registry port over an OCI distribution registry, through
-//! `oci-client` (oras-project).
+//! `OciRegistry`: the artifact registry port over an OCI distribution registry.
+//!
+//! A pull, and the token exchange of a push, go through the adapter's own bounded HTTP
+//! ([`transport`]): `oci-client` (oras-project) reads manifests, tokens and error bodies whole
+//! and knows no deadline. A push uploads through `oci-client`.
 //!
 //! A package is one artifact: a manifest with `artifactType` [`ARTIFACT_TYPE`], a small JSON
 //! config ([`ArtifactConfig`]) and one layer, the archive itself. The registry is untrusted:
@@ -15,6 +18,7 @@
 
 mod auth;
 mod settings;
+mod transport;
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -22,7 +26,6 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use futures_util::StreamExt;
 use guild_domain::distribution::{
     kind_of_layer, layer_media_type, ArtifactConfig, OciReference, ARTIFACT_TYPE,
     CONFIG_MEDIA_TYPE, OCI_INDEX_MEDIA_TYPE, OCI_MANIFEST_MEDIA_TYPE,
@@ -41,7 +44,11 @@ use oci_client::{Client, Reference, RegistryOperation};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-pub use settings::{Limits, OciSettings, CA_FILE_VARIABLE, INSECURE_VARIABLE};
+pub use settings::{
+    Limits, OciSettings, CA_FILE_VARIABLE, DEADLINE_VARIABLE, INSECURE_VARIABLE, STALL_VARIABLE,
+};
+pub use transport::ERROR_BODY_BYTES;
+use transport::{plain_http_allowed, Auth, Http};
 
 /// Bytes read from the archive per upload chunk and per progress step.
 const CHUNK: usize = 1 << 20;
@@ -64,8 +71,6 @@ impl OciRegistry {
     }
 
     fn client(&self, reference: &OciReference) -> Result<Client, DistributionError> {
-        // reqwest is built without a TLS provider of its own; ring is the process default.
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let mut config = ClientConfig {
             protocol: if self.plain_http(reference) {
                 ClientProtocol::Http
@@ -78,17 +83,7 @@ impl OciRegistry {
             read_timeout: Some(self.settings.limits.read_timeout),
             ..ClientConfig::default()
         };
-        if let Some(ca) = &self.settings.ca_file {
-            let data = std::fs::read(ca).map_err(|e| {
-                DistributionError::new(
-                    Kind::Io {
-                        action: "read the CA file",
-                        path: ca.display().to_string(),
-                    },
-                    reference,
-                )
-                .with_source(e)
-            })?;
+        if let Some(data) = self.ca_file(reference)? {
             config
                 .extra_root_certificates
                 .push(oci_client::client::Certificate {
@@ -99,15 +94,90 @@ impl OciRegistry {
         Ok(Client::new(config))
     }
 
+    /// The settings' CA file, read; and the TLS provider installed (reqwest is built without
+    /// one of its own; ring is the process default). Fails first on an unusable setting.
+    fn ca_file(&self, reference: &OciReference) -> Result<Option<Vec<u8>>, DistributionError> {
+        if let Some((variable, value, reason)) = &self.settings.invalid {
+            return Err(DistributionError::new(
+                Kind::BadSetting {
+                    variable,
+                    value: value.clone(),
+                    reason,
+                },
+                reference,
+            ));
+        }
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let Some(ca) = &self.settings.ca_file else {
+            return Ok(None);
+        };
+        std::fs::read(ca).map(Some).map_err(|e| {
+            DistributionError::new(
+                Kind::Io {
+                    action: "read the CA file",
+                    path: ca.display().to_string(),
+                },
+                reference,
+            )
+            .with_source(e)
+        })
+    }
+
+    /// The bounded HTTP client for `reference`'s registry (see [`transport`]).
+    fn http<'a>(
+        &'a self,
+        reference: &'a OciReference,
+        image: &Reference,
+    ) -> Result<Http<'a>, DistributionError> {
+        let mut certificates = Vec::new();
+        if let Some(pem) = self.ca_file(reference)? {
+            certificates = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+                DistributionError::new(
+                    Kind::Insecure {
+                        reason: format!(
+                            "the CA file {} is not PEM certificates",
+                            self.settings
+                                .ca_file
+                                .as_deref()
+                                .unwrap_or(Path::new(""))
+                                .display()
+                        ),
+                    },
+                    reference,
+                )
+                .with_source(e)
+            })?;
+        }
+        let scheme = if self.plain_http(reference) {
+            "http"
+        } else {
+            "https"
+        };
+        let base = format!("{scheme}://{}/", image.resolve_registry());
+        let base = reqwest::Url::parse(&base).map_err(|e| {
+            DistributionError::new(
+                Kind::Malformed {
+                    part: Part::Manifest,
+                    reason: format!("the registry's URL {base:?} cannot be made: {e}"),
+                },
+                reference,
+            )
+        })?;
+        Http::new(
+            &self.settings,
+            reference,
+            base,
+            image.repository().to_owned(),
+            certificates,
+        )
+    }
+
     /// Whether `reference`'s registry is reached over plain HTTP: only a loopback host or one
     /// listed in the settings' insecure hosts (as `HOST` or `HOST:PORT`).
     fn plain_http(&self, reference: &OciReference) -> bool {
-        reference.is_loopback()
-            || self
-                .settings
-                .insecure
-                .iter()
-                .any(|h| h == reference.registry() || h == reference.host())
+        // The one rule for every URL followed, applied to the registry's own.
+        reqwest::Url::parse(&format!("http://{}/", reference.registry()))
+            .is_ok_and(|url| plain_http_allowed(&url, &self.settings.insecure))
     }
 
     fn auth(&self, reference: &OciReference) -> RegistryAuth {
@@ -359,11 +429,18 @@ impl ArtifactRegistry for OciRegistry {
         check_pinned(reference, &manifest_digest)?;
         let client = self.client(reference)?;
         let image = distribution_ref(reference)?;
-        let auth = self.auth(reference);
+        let http = self.http(reference, &image)?;
+        let credentials = self.auth(reference);
         let archive = request.archive.to_owned();
         let rt = runtime(reference)?;
         rt.block_on(async {
             let err = |e| transport_error(e, reference);
+            // The token exchange is the adapter's own (bounded, and under the realm rules of
+            // `transport`); the client is handed its result.
+            let auth = http
+                .authenticate(&credentials, "pull,push")
+                .await?
+                .to_registry_auth();
             client
                 .auth(&image, &auth, RegistryOperation::Push)
                 .await
@@ -455,44 +532,28 @@ impl ArtifactRegistry for OciRegistry {
         out: &Path,
         progress: Option<&dyn Progress>,
     ) -> Result<Pulled, DistributionError> {
-        let client = self.client(reference)?;
         let image = distribution_ref(reference)?;
-        let auth = self.auth(reference);
+        let http = self.http(reference, &image)?;
+        let credentials = self.auth(reference);
         let limits = self.settings.limits;
         let rt = runtime(reference)?;
         rt.block_on(async {
-            let err = |e| transport_error(e, reference);
-            client
-                .auth(&image, &auth, RegistryOperation::Pull)
-                .await
-                .map_err(err)?;
-            let (body, _) = client
-                .pull_manifest_raw(
-                    &image,
+            let auth = http.authenticate(&credentials, "pull").await?;
+            let body = http
+                .manifest(
+                    reference.target(),
+                    &format!("{OCI_MANIFEST_MEDIA_TYPE}, {OCI_INDEX_MEDIA_TYPE}"),
                     &auth,
-                    &[OCI_MANIFEST_MEDIA_TYPE, OCI_INDEX_MEDIA_TYPE],
                 )
-                .await
-                .map_err(err)?;
-            if body.len() as u64 > limits.manifest_bytes {
-                return Err(DistributionError::new(
-                    Kind::TooLarge {
-                        part: Part::Manifest,
-                        size: body.len() as u64,
-                        limit: limits.manifest_bytes,
-                    },
-                    reference,
-                ));
-            }
-            // The client compares the body with a digest reference; this makes the check ours.
+                .await?;
             let manifest_digest = Sha256Digest::of(&body);
             check_pinned(reference, &manifest_digest)?;
             let (config_desc, layer_desc) = check_manifest(&body, &limits)
                 .map_err(|kind| DistributionError::new(kind, reference))?;
             let mut config = Vec::new();
             fetch_blob(
-                &client,
-                &image,
+                &http,
+                &auth,
                 &config_desc,
                 Part::Config,
                 &mut config,
@@ -528,8 +589,8 @@ impl ArtifactRegistry for OciRegistry {
                     .map_err(|e| io_error("create", out, reference, e))?,
             );
             let written = fetch_blob(
-                &client,
-                &image,
+                &http,
+                &auth,
                 &layer_desc,
                 Part::Layer,
                 &mut file,
@@ -659,11 +720,11 @@ fn check_manifest(body: &[u8], limits: &Limits) -> Result<(OciDescriptor, OciDes
     Ok((config, layer))
 }
 
-/// Streams one blob into `out`, never accepting more bytes than the descriptor names, and
-/// checks its size and digest. Returns the digest.
+/// Streams one blob into `out`, never accepting more bytes than the descriptor names, within
+/// the download's deadline and stall rule, and checks its size and digest. Returns the digest.
 async fn fetch_blob(
-    client: &Client,
-    image: &Reference,
+    http: &Http<'_>,
+    auth: &Auth,
     desc: &OciDescriptor,
     part: Part,
     out: &mut dyn Write,
@@ -672,11 +733,8 @@ async fn fetch_blob(
 ) -> Result<Sha256Digest, DistributionError> {
     let expected = desc.size as u64;
     let fail = |kind| DistributionError::new(kind, reference);
-    let mut stream = client
-        .pull_blob_stream(image, desc)
-        .await
-        .map_err(|e| transport_error(e, reference))?;
-    if let Some(length) = stream.content_length {
+    let (mut response, mut watch) = http.blob(&desc.digest, part, auth).await?;
+    if let Some(length) = response.content_length() {
         if length > expected {
             return Err(fail(Kind::TooLarge {
                 part,
@@ -691,49 +749,47 @@ async fn fetch_blob(
     let mut hasher = Sha256::new();
     let mut received = 0u64;
     let mut ended_with = None;
-    while let Some(chunk) = stream.next().await {
-        match chunk {
-            Ok(bytes) => {
-                received += bytes.len() as u64;
-                if received > expected {
-                    ended_with = Some(fail(Kind::TooLarge {
-                        part,
-                        size: received,
-                        limit: expected,
-                    }));
-                    break;
-                }
-                hasher.update(&bytes);
-                if let Err(e) = out.write_all(&bytes) {
-                    ended_with = Some(
-                        fail(Kind::Io {
-                            action: "write",
-                            path: "the output file".into(),
-                        })
-                        .with_source(e),
-                    );
-                    break;
-                }
-                if let Some(p) = progress {
-                    p.advance(bytes.len() as u64);
-                }
-            }
-            // The client's own digest check ends the stream with an error once every byte
-            // has arrived; the checks below say what was wrong.
+    loop {
+        let bytes = match http.next_chunk(&mut response, &mut watch).await {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => break,
+            // A deadline, a stall, or the connection's end before the size the descriptor
+            // names: a transport failure of the stream is reported as the truncation it is.
             Err(e) => {
-                if received >= expected {
-                    break;
-                }
-                ended_with = Some(
-                    fail(Kind::Truncated {
+                ended_with = Some(match e.kind {
+                    Kind::Transport { .. } => fail(Kind::Truncated {
                         part,
                         received,
                         expected,
                     })
                     .with_source(e),
-                );
+                    _ => e,
+                });
                 break;
             }
+        };
+        received += bytes.len() as u64;
+        if received > expected {
+            ended_with = Some(fail(Kind::TooLarge {
+                part,
+                size: received,
+                limit: expected,
+            }));
+            break;
+        }
+        hasher.update(&bytes);
+        if let Err(e) = out.write_all(&bytes) {
+            ended_with = Some(
+                fail(Kind::Io {
+                    action: "write",
+                    path: "the output file".into(),
+                })
+                .with_source(e),
+            );
+            break;
+        }
+        if let Some(p) = progress {
+            p.advance(bytes.len() as u64);
         }
     }
     if let Some(p) = progress {

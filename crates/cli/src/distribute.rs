@@ -56,6 +56,15 @@ fn registry_failure(e: DistributionError) -> anyhow::Error {
             ),
         ),
         K::Transport { .. } | K::Registry { .. } | K::Io { .. } => (Exit::Failure, None),
+        K::DeadlineExceeded { .. } | K::Stalled { .. } => (
+            Exit::Failure,
+            Some(
+                "for a slow registry, raise GUILD_REGISTRY_DEADLINE_SECONDS or lower \
+                 GUILD_REGISTRY_STALL (BYTES/SECONDS)"
+                    .to_owned(),
+            ),
+        ),
+        K::BadSetting { .. } => (Exit::Usage, None),
         _ => (
             Exit::Rejected,
             Some("the registry's answer was refused; nothing was installed".to_owned()),

@@ -8,6 +8,7 @@
 use std::error::Error;
 use std::fmt;
 use std::path::Path;
+use std::time::Duration;
 
 use guild_domain::distribution::{ArtifactConfig, OciReference};
 use guild_domain::ids::Sha256Digest;
@@ -182,6 +183,38 @@ pub enum DistributionErrorKind {
     /// The connection or the HTTP exchange failed.
     #[error("cannot reach the registry: {reason}")]
     Transport { reason: String },
+    /// An answer is larger than this host reads of it; reading stopped at the limit.
+    #[error("the {what} at {url} is larger than {limit} bytes")]
+    ResponseTooLarge {
+        what: &'static str,
+        url: String,
+        limit: u64,
+    },
+    /// A download did not finish within its overall deadline.
+    #[error("the {what} at {url} did not arrive within the deadline of {} s", limit.as_secs_f64())]
+    DeadlineExceeded {
+        what: &'static str,
+        url: String,
+        limit: Duration,
+    },
+    /// A download stalled: fewer bytes than the minimum arrived in a window of time.
+    #[error(
+        "the {what} at {url} stalled: fewer than {min_bytes} bytes arrived in {} s",
+        window.as_secs_f64()
+    )]
+    Stalled {
+        what: &'static str,
+        url: String,
+        min_bytes: u64,
+        window: Duration,
+    },
+    /// A setting (an environment variable) has a value this adapter cannot use.
+    #[error("{variable} is {value:?}: {reason}")]
+    BadSetting {
+        variable: &'static str,
+        value: String,
+        reason: &'static str,
+    },
     /// Reading the archive or writing the output failed.
     #[error("could not {action} {path}")]
     Io { action: &'static str, path: String },
