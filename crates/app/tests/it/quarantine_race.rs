@@ -84,7 +84,8 @@ fn a_repair_between_a_readers_hash_and_its_quarantine_is_not_quarantined() {
     {
         let (pm, _) = PackageManager::open_dir(&store).unwrap();
         trust(&pm, PUBLISHER, &signer);
-        pm.install(&built.archive, InstallOptions::default()).unwrap();
+        pm.install(&built.archive, InstallOptions::default())
+            .unwrap();
     }
     // The library is changed behind the store's back.
     let library = store
@@ -128,10 +129,7 @@ fn a_repair_between_a_readers_hash_and_its_quarantine_is_not_quarantined() {
     }));
 
     let checked = reader.check_files_before_load(&id, &version);
-    assert!(
-        repaired.load(Ordering::SeqCst),
-        "the repair ran in between"
-    );
+    assert!(repaired.load(Ordering::SeqCst), "the repair ran in between");
     let registry = read_registry(&store).unwrap().unwrap();
     let record = registry.record(&id, &version).unwrap();
     assert_eq!(

@@ -92,6 +92,39 @@ fn repair_step(name: &str) -> usize {
         .unwrap_or_else(|| panic!("no step {name:?} in {steps:?}"))
 }
 
+/// What a writer was about to delete, each with the process that pinned the version then.
+type Attempts = Arc<Mutex<Vec<(PathBuf, Option<Child>)>>>;
+
+/// Has another process try to take the pin file `pin` each time a writer of the store at
+/// `root` is about to delete a tree, until the guard is dropped.
+fn pin_at_each_deletion(root: &Path, pin: PathBuf) -> (testing::HookGuard, Attempts) {
+    let seen: Attempts = Arc::default();
+    let hook = {
+        let seen = Arc::clone(&seen);
+        testing::before_tree_delete(root, move |tree: &Path| {
+            let pinned = try_foreign_pin(&pin);
+            seen.lock().unwrap().push((tree.to_path_buf(), pinned));
+        })
+    };
+    (hook, seen)
+}
+
+/// The trees of `attempts`, each with whether the other process got its pin (which it lets go
+/// now).
+fn settle(attempts: &Attempts) -> Vec<(PathBuf, bool)> {
+    let seen = std::mem::take(&mut *attempts.lock().unwrap());
+    seen.into_iter()
+        .map(|(tree, holder)| {
+            let pinned = holder.is_some();
+            if let Some(mut holder) = holder {
+                holder.kill().unwrap();
+                holder.wait().unwrap();
+            }
+            (tree, pinned)
+        })
+        .collect()
+}
+
 /// Another process has the version loaded: its files are not deleted under it, so the repair is
 /// refused, naming the holder, and the tree it has is left as it was.
 #[test]
@@ -121,25 +154,11 @@ fn store_replaced_tree_is_deleted_under_the_hold_of_its_pin() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let store = tampered_store(root, StoreOptions::new());
-    let pin = StoreLayout::new(root).pins.join("a@1.0.0");
-    let seen: Arc<Mutex<Vec<(PathBuf, Option<Child>)>>> = Arc::default();
-    let hook = {
-        let seen = Arc::clone(&seen);
-        testing::before_tree_delete(root, move |tree: &Path| {
-            let pinned = try_foreign_pin(&pin);
-            seen.lock().unwrap().push((tree.to_path_buf(), pinned));
-        })
-    };
+    let (hook, attempts) = pin_at_each_deletion(root, StoreLayout::new(root).pins.join("a@1.0.0"));
     repair(&store).unwrap();
     drop(hook);
-    let mut seen = std::mem::take(&mut *seen.lock().unwrap());
-    let pinned = seen.iter().any(|(_, p)| p.is_some());
-    for (_, holder) in &mut seen {
-        if let Some(holder) = holder {
-            holder.kill().unwrap();
-            holder.wait().unwrap();
-        }
-    }
+    let seen = settle(&attempts);
+    let pinned = seen.iter().any(|(_, p)| *p);
     let trees: Vec<&PathBuf> = seen.iter().map(|(t, _)| t).collect();
     assert_eq!(
         trees.len(),
@@ -176,32 +195,20 @@ fn store_deletion_of_a_version_pinned_only_here_keeps_other_processes_out() {
         .unwrap()
         .0;
     let own = reader.pin(&id("a"), &v("1.0.0")).unwrap();
-    let pin = StoreLayout::new(root).pins.join("a@1.0.0");
-    let seen: Arc<Mutex<Vec<(PathBuf, Option<Child>)>>> = Arc::default();
-    let hook = {
-        let seen = Arc::clone(&seen);
-        let pin = pin.clone();
-        testing::before_tree_delete(root, move |tree: &Path| {
-            let pinned = try_foreign_pin(&pin);
-            seen.lock().unwrap().push((tree.to_path_buf(), pinned));
-        })
-    };
+    let (hook, attempts) = pin_at_each_deletion(root, StoreLayout::new(root).pins.join("a@1.0.0"));
     change(&writer, |next| {
         next.remove(&id("a"), &v("1.0.0")).map(|_| ())
     })
     .unwrap();
     drop(hook);
-    let mut seen = std::mem::take(&mut *seen.lock().unwrap());
+    let seen = settle(&attempts);
     assert_eq!(seen.len(), 1);
-    let (tree, holder) = &mut seen[0];
-    if let Some(holder) = holder {
-        holder.kill().unwrap();
-        holder.wait().unwrap();
-        panic!(
-            "{} was pinnable by another process mid-deletion",
-            tree.display()
-        );
-    }
+    let (tree, pinned) = &seen[0];
+    assert!(
+        !pinned,
+        "{} was pinnable by another process mid-deletion",
+        tree.display()
+    );
     assert!(!tree.exists());
     // This process's own pin is still the version's pin file, listed as before.
     let pins = writer.pins().unwrap();
@@ -285,7 +292,11 @@ fn store_recovery_puts_back_only_the_tree_its_own_transaction_set_aside() {
         "recovery put another transaction's tree back: {report:?}"
     );
     // The stale tree was nobody's to put back; as an unreferenced tree it is swept.
-    assert_eq!(report.removed_trees, [stale.clone()], "{report:?}");
+    assert_eq!(
+        report.removed_trees,
+        std::slice::from_ref(&stale),
+        "{report:?}"
+    );
     assert_eq!(versions_dir(root), ["1.0.0"]);
     let registry = store.registry().unwrap();
     assert!(registry
