@@ -98,8 +98,9 @@ pub(crate) fn take_shared(
 pub(crate) struct DeleteHold {
     root: PathBuf,
     path: PathBuf,
-    /// The exclusive lock: on the pin file, or on the stand-in at its name.
-    file: File,
+    /// The exclusive lock: on the pin file, or on the stand-in at its name. Held, never read;
+    /// it closes after `drop` has dealt with the name.
+    _lock: File,
     /// The second name of this process's own pin file while a stand-in holds its name.
     kept: Option<PathBuf>,
 }
@@ -117,7 +118,6 @@ impl DeleteHold {
 impl Drop for DeleteHold {
     fn drop(&mut self) {
         // The lock is still held here: the file closes after this body.
-        let _ = &self.file;
         match self.kept.take() {
             // This process's own pin file goes back over the stand-in.
             Some(kept) => {
@@ -165,7 +165,7 @@ pub(crate) fn hold_for_delete(
                     return Ok(DeleteHold {
                         root: layout.root.clone(),
                         path,
-                        file,
+                        _lock: file,
                         kept: None,
                     });
                 }
@@ -290,7 +290,7 @@ fn stand_in(layout: &StoreLayout, path: &Path, own: &File) -> Result<StandIn, Re
     let hold = DeleteHold {
         root: layout.root.clone(),
         path: path.to_path_buf(),
-        file: stand_in,
+        _lock: stand_in,
         kept: Some(kept),
     };
     if others.is_empty() {
