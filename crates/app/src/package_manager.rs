@@ -2286,6 +2286,11 @@ impl PackageManager {
     /// the file, and quarantines the version (with whatever depends on it) in the store: a
     /// writer commits it, a reader takes the store's lock for that one transaction (if it
     /// cannot, the load is still refused).
+    ///
+    /// The first hash takes no lock, so a same-version repair by another process may have been
+    /// swapping the trees under it. The files are therefore hashed again under the store's lock
+    /// (where no repair can be halfway) before anything is quarantined: if they pass then, the
+    /// repair is what the first hash saw, and the load goes ahead with the repaired files.
     pub fn check_files_before_load(
         &self,
         id: &PackageId,
@@ -2297,13 +2302,16 @@ impl PackageManager {
         let Err(e) = self.check_files(&metadata, id, version) else {
             return Ok(());
         };
-        let failure = files_failed(e);
+        let (failure, recorded) = match self.record_failure(&mut life, id, version) {
+            Ok(Confirmed::Passed) => return Ok(()),
+            Ok(Confirmed::Quarantined(failure)) => (failure, "; it was quarantined"),
+            Ok(Confirmed::NotEnabled(failure)) => (failure, ""),
+            // The lock could not be taken or the quarantine not committed: the first hash's
+            // finding still refuses the load.
+            Err(_) => (files_failed(e), ""),
+        };
         let dir = self.store.package_dir(id, version);
         let path = failure.file.as_ref().map_or(dir.clone(), |f| dir.join(f));
-        let recorded = match self.record_failure(&mut life, id, version, failure.clone()) {
-            Ok(true) => "; it was quarantined",
-            _ => "",
-        };
         Err(HostError::InstalledTree {
             package: format!("{id}@{version}"),
             path,
@@ -2311,25 +2319,30 @@ impl PackageManager {
         })
     }
 
-    /// Quarantines `id@version` for `failure` (and disables what depends on it) in the store,
-    /// if it is still the enabled version. Answers whether it was recorded.
+    /// Under the store's lock, hashes the files of `id@version` again and, if they still fail,
+    /// quarantines it (and disables what depends on it) in the store, if it is still the
+    /// enabled version.
     fn record_failure(
         &self,
         life: &mut Lifecycle,
         id: &PackageId,
         version: &Version,
-        failure: Failed,
-    ) -> Result<bool, HostError> {
+    ) -> Result<Confirmed, HostError> {
         let _write = self.write_session(life)?;
+        let metadata = self.loaded_metadata(life, id, version)?;
+        let Err(e) = self.check_files(&metadata, id, version) else {
+            return Ok(Confirmed::Passed);
+        };
+        let failure = files_failed(e);
         let registry = self.store.registry()?;
         if registry.package(id).and_then(|p| p.enabled()) != Some(version) {
-            return Ok(false);
+            return Ok(Confirmed::NotEnabled(failure));
         }
-        let failed = BTreeMap::from([(id.clone(), failure)]);
+        let failed = BTreeMap::from([(id.clone(), failure.clone())]);
         let (next, _) = self.quarantine(life, registry.successor(), failed)?;
         self.store
             .commit(Transaction::new(registry.generation(), next))?;
-        Ok(true)
+        Ok(Confirmed::Quarantined(failure))
     }
 
     /// Quarantines the `failed` packages' enabled versions (which disables them) with the
@@ -2512,6 +2525,16 @@ pub fn contested_reason(conflict: &ImplIdConflict) -> String {
         conflict.claimant,
         ids.join(", "),
     )
+}
+
+/// What hashing a version's files again under the store's lock found.
+enum Confirmed {
+    /// They pass: whatever the first hash saw (a repair in progress) is over.
+    Passed,
+    /// They fail, and the version was quarantined.
+    Quarantined(Failed),
+    /// They fail, but the version is no longer the enabled one: nothing is recorded.
+    NotEnabled(Failed),
 }
 
 /// Why an installed version failed re-verification.

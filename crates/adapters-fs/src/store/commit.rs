@@ -12,7 +12,9 @@
 //!    their digest, which is how recovery tells a `trust.next` to finish from one to throw away.
 //! 3. With an install: the staged tree is sealed read-only (all but its top directory) and fsynced
 //!    bottom-up; `packages/<id>/` is created if needed (and `packages/` fsynced); a replacement
-//!    first renames the installed tree aside to `packages/<id>/<version>~replaced`; the tree is
+//!    first renames the installed tree aside to `packages/<id>/<version>~replaced-<staged>`
+//!    (named by the journal record's staged name, so that recovery puts back only this
+//!    transaction's tree); the tree is
 //!    renamed to `packages/<id>/<version>/`; its top directory is sealed and fsynced; then
 //!    `packages/<id>/` and `staging/` are fsynced so that the move is durable.
 //! 4. The frame: the delta (the changed package records, the new trust anchor) is appended to
@@ -87,6 +89,22 @@ pub(crate) struct InstallPlan {
     pub(crate) dest: PathBuf,
     /// Where the installed tree waits while a replacement is in flight; `None` for a new install.
     pub(crate) aside: Option<PathBuf>,
+}
+
+impl InstallPlan {
+    /// Whether the commit deletes a tree of the installed version: the replaced one, or garbage
+    /// an earlier failure left at the destination. Then the writer holds the version's pin from
+    /// before the commit to after the deletion.
+    pub(crate) fn deletes_a_tree(&self) -> io::Result<bool> {
+        if self.aside.is_some() {
+            return Ok(true);
+        }
+        match fs::symlink_metadata(&self.dest) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 /// How a commit ended, when it did not succeed.
@@ -287,7 +305,10 @@ pub(crate) fn plan(
         staged,
         id_dir: layout.packages.join(node.id.as_str()),
         dest: layout.package_dir(&node.id, &node.version),
-        aside: replacing.then(|| layout.replaced_dir(&node.id, &node.version)),
+        aside: replacing.then(|| {
+            let staged = intent.install.as_ref().map_or("", |(_, s)| s.as_str());
+            layout.replaced_dir(&node.id, &node.version, staged)
+        }),
     });
     Ok(Plan {
         intent,
@@ -340,18 +361,22 @@ struct Progress {
 ///
 /// `holds` are the writer's holds on the pins of `plan.delete`'s versions, in the same order:
 /// each tree is deleted under its hold, and a hold goes with its tree (or with the commit, when
-/// it stops earlier).
+/// it stops earlier). `install_hold` is the hold on the installed version's pin when the
+/// install deletes a tree of it ([`InstallPlan::deletes_a_tree`]); it lasts until that tree is
+/// gone.
 pub(crate) fn apply(
     layout: &StoreLayout,
     run: &mut Run,
     plan: &Plan,
     holds: Vec<DeleteHold>,
+    install_hold: Option<DeleteHold>,
     compact_over: Option<u64>,
 ) -> Result<(Committed, DiskInfo), Failure> {
     let mut progress = Progress::default();
     let mut info = plan.info;
+    let hold = install_hold.as_ref();
     let before_commit_point = migrate(layout, run, plan, &mut progress, &mut info)
-        .and_then(|()| prepare(layout, run, plan, &mut progress))
+        .and_then(|()| prepare(layout, run, plan, hold, &mut progress))
         .and_then(|()| {
             if info.dir_unsynced {
                 // A compaction's rename whose directory fsync failed: make it durable before a
@@ -377,7 +402,7 @@ pub(crate) fn apply(
         if progress.appending && restore_log(layout, run, info.log_len).is_err() {
             return Err(Failure::Poisoned(e));
         }
-        return Err(undo_or_poison(layout, plan, &progress, e));
+        return Err(undo_or_poison(layout, plan, hold, &progress, e));
     }
     info.log_len += plan.frame.len() as u64;
 
@@ -394,9 +419,11 @@ pub(crate) fn apply(
             Err(_) => committed.leftovers.push(layout.trust_next.clone()),
         }
     }
-    if let Some(aside) = plan.install.as_ref().and_then(|i| i.aside.as_ref()) {
+    if let (Some(aside), Some(hold)) = (plan.install.as_ref().and_then(|i| i.aside.as_ref()), hold)
+    {
         let removed = run.step("delete replaced tree").and_then(|()| {
-            remove_tree(aside).map_err(|e| io_error("delete replaced tree", aside, e))
+            hold.delete_tree(aside)
+                .map_err(|e| io_error("delete replaced tree", aside, e))
         });
         match removed {
             Ok(_) => {}
@@ -404,6 +431,7 @@ pub(crate) fn apply(
             Err(_) => committed.leftovers.push(aside.clone()),
         }
     }
+    drop(install_hold);
     for ((node, path), hold) in plan.delete.iter().zip(holds) {
         let removed = run.step("delete old tree").and_then(|()| {
             hold.delete_tree(path)
@@ -544,6 +572,7 @@ fn prepare(
     layout: &StoreLayout,
     run: &mut Run,
     plan: &Plan,
+    hold: Option<&DeleteHold>,
     progress: &mut Progress,
 ) -> Result<(), StoreError> {
     run.atomic_write(
@@ -576,15 +605,15 @@ fn prepare(
         }
         if let Some(aside) = &ins.aside {
             // The installed tree is kept until the commit point, so that an interruption before
-            // it can put it back. A leftover of an earlier failure is garbage.
-            remove_tree(aside).map_err(|e| io_error("clear stale tree", aside, e))?;
+            // it can put it back. Its name is this transaction's own.
             run.rename("move installed tree aside", &ins.dest, aside)?;
             progress.moved_aside = true;
-        } else {
+        } else if let Some(hold) = hold {
             // A tree left at the destination is garbage from an earlier failure (the current
-            // registry does not install this version, as planning checked); clear it so the
-            // rename can land.
-            remove_tree(&ins.dest).map_err(|e| io_error("clear stale tree", &ins.dest, e))?;
+            // registry does not install this version, as planning checked); clear it, under the
+            // version's pin, so the rename can land.
+            hold.delete_tree(&ins.dest)
+                .map_err(|e| io_error("clear stale tree", &ins.dest, e))?;
         }
         run.rename("move tree into place", &ins.staged, &ins.dest)?;
         progress.tree_moved = true;
@@ -600,24 +629,35 @@ fn prepare(
 fn undo_or_poison(
     layout: &StoreLayout,
     plan: &Plan,
+    hold: Option<&DeleteHold>,
     progress: &Progress,
     error: StoreError,
 ) -> Failure {
     if is_crash(&error) {
         return Failure::Crashed(error);
     }
-    match undo(layout, plan, progress) {
+    match undo(layout, plan, hold, progress) {
         Ok(()) => Failure::Failed(error),
         Err(_) => Failure::Poisoned(error),
     }
 }
 
 /// Removes everything the commit wrote before the commit point. No fsync is needed: if a power
-/// loss brings something back, recovery finds it unreferenced and removes it again.
-fn undo(layout: &StoreLayout, plan: &Plan, progress: &Progress) -> io::Result<()> {
+/// loss brings something back, recovery finds it unreferenced and removes it again. A tree the
+/// commit moved into place goes under the version's pin when it replaced one (`hold`); a new
+/// version's tree needs none, since nobody can pin a version that no commit installed.
+fn undo(
+    layout: &StoreLayout,
+    plan: &Plan,
+    hold: Option<&DeleteHold>,
+    progress: &Progress,
+) -> io::Result<()> {
     if let Some(ins) = &plan.install {
         if progress.tree_moved {
-            remove_tree(&ins.dest)?;
+            match hold {
+                Some(hold) => hold.delete_tree(&ins.dest)?,
+                None => remove_tree(&ins.dest)?,
+            };
         } else {
             remove_tree(&ins.staged)?;
         }

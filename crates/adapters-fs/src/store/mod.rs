@@ -122,13 +122,15 @@ impl StoreLayout {
         self.packages.join(id.as_str()).join(version.to_string())
     }
 
-    /// Where the installed tree of `id@version` waits while a replacement of it is in flight:
-    /// `packages/<id>/<version>~replaced`. A semantic version never contains `~`, so the name
-    /// cannot be another version's.
-    pub fn replaced_dir(&self, id: &PackageId, version: &Version) -> PathBuf {
+    /// Where the installed tree of `id@version` waits while the replacement whose staged tree
+    /// is named `staged` is in flight: `packages/<id>/<version>~replaced-<staged>`. A semantic
+    /// version never contains `~`, so the name cannot be another version's; and it names the
+    /// transaction, whose journal record holds the staged name, so that recovery puts back
+    /// only the tree that the interrupted transaction moved aside.
+    pub fn replaced_dir(&self, id: &PackageId, version: &Version, staged: &str) -> PathBuf {
         self.packages
             .join(id.as_str())
-            .join(format!("{version}~replaced"))
+            .join(format!("{version}~replaced-{staged}"))
     }
 }
 
@@ -560,8 +562,30 @@ impl FsStore {
         // a version that a live process pins refuses the whole transaction.
         // A version whose pin cannot be checked refuses it too, saying why.
         let mut holds = Vec::new();
-        for (node, _) in &plan.delete {
+        let mut install_hold = None;
+        // An install that deletes a tree of its own version (the one it replaces, or garbage at
+        // its destination) holds that version's pin the same way.
+        let install_node = match &plan.install {
+            Some(ins) => match ins.deletes_a_tree() {
+                Ok(true) => plan.intent.install.as_ref().map(|(n, _)| n),
+                Ok(false) => None,
+                Err(e) => {
+                    if let Some(staged) = &staged {
+                        let _ = remove_tree(staged);
+                    }
+                    return Err(io_error("inspect package directory", &ins.dest, e));
+                }
+            },
+            None => None,
+        };
+        let wanted = plan
+            .delete
+            .iter()
+            .map(|(node, _)| (node, false))
+            .chain(install_node.map(|node| (node, true)));
+        for (node, for_install) in wanted {
             match pins::hold_for_delete(&self.layout, node.id.as_str(), &node.version.to_string()) {
+                Ok(hold) if for_install => install_hold = Some(hold),
                 Ok(hold) => holds.push(hold),
                 Err(refusal) => {
                     if let Some(staged) = &staged {
@@ -575,7 +599,14 @@ impl FsStore {
             }
         }
         let (committed, disk) = with_run(inner, |run| {
-            commit::apply(&self.layout, run, &plan, holds, self.compact_log_over)
+            commit::apply(
+                &self.layout,
+                run,
+                &plan,
+                holds,
+                install_hold,
+                self.compact_log_over,
+            )
         })?;
         inner.registry = plan.new_state;
         inner.disk = disk;

@@ -8,7 +8,11 @@
 //!
 //! A writer removes a pin file only while it holds the exclusive lock on it; a reader that locked
 //! the file checks afterwards that the path still names the inode it locked, and starts again if
-//! not, so it never holds a pin on a file that a writer unlinked.
+//! not, so it never holds a pin on a file that a writer unlinked. A version that the writer's own
+//! process pins is held by renaming an exclusively locked stand-in over the pin file's name (the
+//! pin file keeps a second name, `.<id>@<version>.<pid>.<n>.kept`, and goes back when the
+//! deletion is done), so that no other process can pin it between the check and the deletion
+//! either. Names starting with `.` are never a version's pin.
 
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io;
@@ -80,23 +84,32 @@ pub(crate) fn take_shared(
     .at(path))
 }
 
-/// A writer's hold on a version whose files it is about to delete: the exclusive lock on the
-/// version's pin file, so that no process can pin the version until the files are gone. The
-/// pin file is unlinked when the hold is dropped, still locked, so that no reader can pin the
-/// unlinked file and believe itself safe. A version that only this process pins is held
-/// without a lock (`file` is `None`): within a process the kernel registry's leases decide.
+/// A writer's hold on a version whose files it is about to delete: an exclusive lock that the
+/// version's pin file name leads to, so that no process can pin the version until the files are
+/// gone. Usually that is the lock on the pin file itself, unlinked when the hold is dropped,
+/// still locked, so that no reader can pin the unlinked file and believe itself safe.
+///
+/// A version that this process pins itself (within a process the kernel registry's leases
+/// decide) cannot be locked exclusively: this process's own shared lock is in the way. Its name
+/// is then taken over by a locked stand-in (see [`stand_in`]), and the pin file, kept under a
+/// second name meanwhile, is put back when the hold is dropped, so that this process's own pins
+/// stay what they were.
 #[derive(Debug)]
 pub(crate) struct DeleteHold {
     root: PathBuf,
     path: PathBuf,
-    file: Option<File>,
+    /// The exclusive lock: on the pin file, or on the stand-in at its name. Held, never read;
+    /// it closes after `drop` has dealt with the name.
+    _lock: File,
+    /// The second name of this process's own pin file while a stand-in holds its name.
+    kept: Option<PathBuf>,
 }
 
 impl DeleteHold {
-    /// Deletes `tree`, the files of the held version, and lets go. This is the one way a writer
-    /// deletes a version tree, for a commit and for recovery alike. Answers whether anything
-    /// was there.
-    pub(crate) fn delete_tree(self, tree: &Path) -> io::Result<bool> {
+    /// Deletes `tree`, files of the held version, leaving the hold in place. This is the one way
+    /// a writer deletes a version tree, for a commit and for recovery alike. Answers whether
+    /// anything was there.
+    pub(crate) fn delete_tree(&self, tree: &Path) -> io::Result<bool> {
         super::testing::fire(&self.root, tree);
         remove_tree(tree)
     }
@@ -104,9 +117,18 @@ impl DeleteHold {
 
 impl Drop for DeleteHold {
     fn drop(&mut self) {
-        if self.file.is_some() {
-            // The lock is still held here: the file closes after this body.
-            let _ = fs::remove_file(&self.path);
+        // The lock is still held here: the file closes after this body.
+        match self.kept.take() {
+            // This process's own pin file goes back over the stand-in.
+            Some(kept) => {
+                if fs::rename(&kept, &self.path).is_err() {
+                    let _ = fs::remove_file(&kept);
+                    let _ = fs::remove_file(&self.path);
+                }
+            }
+            None => {
+                let _ = fs::remove_file(&self.path);
+            }
         }
     }
 }
@@ -130,18 +152,24 @@ pub(crate) fn hold_for_delete(
 ) -> Result<DeleteHold, Refusal> {
     ensure_dir(layout).map_err(Refusal::Unknown)?;
     let path = pin_path(layout, id, version);
-    let file =
-        open_pin(&path).map_err(|e| Refusal::Unknown(io_error("open pin file", &path, e)))?;
     let me = std::process::id();
     let mut holders = Vec::new();
     for attempt in 0..TRANSIENT_ATTEMPTS {
+        let file =
+            open_pin(&path).map_err(|e| Refusal::Unknown(io_error("open pin file", &path, e)))?;
         match file.try_lock() {
             Ok(()) => {
-                return Ok(DeleteHold {
-                    root: layout.root.clone(),
-                    path,
-                    file: Some(file),
-                })
+                // A pinner that was refused may have unlinked the file after this open: a lock
+                // on it would keep nobody out.
+                if linked(&file, &path)? {
+                    return Ok(DeleteHold {
+                        root: layout.root.clone(),
+                        path,
+                        _lock: file,
+                        kept: None,
+                    });
+                }
+                continue;
             }
             Err(TryLockError::WouldBlock) => {}
             Err(TryLockError::Error(e)) => {
@@ -154,11 +182,14 @@ pub(crate) fn hold_for_delete(
         }
         if !holders.is_empty() {
             // Only this process pins it.
-            return Ok(DeleteHold {
-                root: layout.root.clone(),
-                path,
-                file: None,
-            });
+            match stand_in(layout, &path, &file)? {
+                StandIn::Held(hold) => return Ok(hold),
+                StandIn::Pinned(others) => {
+                    holders = others;
+                    break;
+                }
+                StandIn::Moved => continue,
+            }
         }
         // Nobody is listed, yet the lock is held: a child forked by some thread of this
         // process holds a copy of a pin's open file until it execs. That passes; try again.
@@ -169,6 +200,106 @@ pub(crate) fn hold_for_delete(
     Err(Refusal::Pinned(
         holders.into_iter().filter(|h| h.pid != me).collect(),
     ))
+}
+
+fn linked(file: &File, path: &Path) -> Result<bool, Refusal> {
+    still_linked(file, path).map_err(|e| Refusal::Unknown(io_error("inspect pin file", path, e)))
+}
+
+/// How taking over a pin file's name ended.
+enum StandIn {
+    Held(DeleteHold),
+    /// Another process pinned the version before the name moved: the pin file is back.
+    Pinned(Vec<PinHolder>),
+    /// The pin file's name no longer led to the file this process pins: start again.
+    Moved,
+}
+
+/// Distinguishes this process's stand-ins.
+static NEXT_STAND_IN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Holds a version that only this process pins (`own`, the pin file at `path`, which this
+/// process's shared lock keeps from being locked exclusively). A fresh file, locked exclusively,
+/// is renamed over `path`, after a second name was linked to `own`. From that rename on, nobody
+/// can pin the version: the name leads to the stand-in, whose lock is refused, and a pinner
+/// that locked `own` finds that the name moved and starts again. A process that pinned `own`
+/// before the rename is still listed as holding it afterwards: then `own` goes back under its
+/// name and the deletion is refused. Otherwise the stand-in's lock is the hold, and `own` goes
+/// back when it is dropped.
+fn stand_in(layout: &StoreLayout, path: &Path, own: &File) -> Result<StandIn, Refusal> {
+    let unknown =
+        |what: &'static str, p: &Path, e: io::Error| Refusal::Unknown(io_error(what, p, e));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let n = NEXT_STAND_IN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let me = std::process::id();
+    // Names starting with `.` are never a version's pin file.
+    let tmp = layout.pins.join(format!(".{name}.{me}.{n}.hold"));
+    let kept = layout.pins.join(format!(".{name}.{me}.{n}.kept"));
+    let mut options = OpenOptions::new();
+    options.read(true).write(true).create_new(true);
+    let stand_in = crate::durable_file::unfollowed(&mut options)
+        .open(&tmp)
+        .map_err(|e| unknown("create pin stand-in", &tmp, e))?;
+    let cleanup = |also_kept: bool| {
+        let _ = fs::remove_file(&tmp);
+        if also_kept {
+            let _ = fs::remove_file(&kept);
+        }
+    };
+    if let Err(e) = stand_in.try_lock() {
+        cleanup(false);
+        let e = match e {
+            TryLockError::Error(e) => e,
+            TryLockError::WouldBlock => io::Error::from(io::ErrorKind::WouldBlock),
+        };
+        return Err(unknown("lock pin stand-in", &tmp, e));
+    }
+    match fs::hard_link(path, &kept) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            cleanup(false);
+            return Ok(StandIn::Moved);
+        }
+        Err(e) => {
+            cleanup(false);
+            return Err(unknown("keep pin file", &kept, e));
+        }
+    }
+    match still_linked(own, &kept) {
+        Ok(true) => {}
+        Ok(false) => {
+            cleanup(true);
+            return Ok(StandIn::Moved);
+        }
+        Err(e) => {
+            cleanup(true);
+            return Err(unknown("inspect pin file", &kept, e));
+        }
+    }
+    if let Err(e) = fs::rename(&tmp, path) {
+        cleanup(true);
+        return Err(unknown("put pin stand-in in place", path, e));
+    }
+    let others: Vec<PinHolder> = lock_holders(own)
+        .into_iter()
+        .filter(|h| h.pid != me)
+        .collect();
+    let hold = DeleteHold {
+        root: layout.root.clone(),
+        path: path.to_path_buf(),
+        _lock: stand_in,
+        kept: Some(kept),
+    };
+    if others.is_empty() {
+        Ok(StandIn::Held(hold))
+    } else {
+        // Dropping the hold puts `own` back under its name, under the stand-in's lock.
+        drop(hold);
+        Ok(StandIn::Pinned(others))
+    }
 }
 
 /// How often a pin held by nobody listed is tried again (2 ms apart).
@@ -198,6 +329,10 @@ pub(crate) fn list(
     for entry in entries {
         let entry = entry.map_err(|e| io_error("list pins", &layout.pins, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            // A writer's stand-in, or the second name of a pin file it put one over.
+            continue;
+        }
         let Some((pid_name, version)) = name.split_once('@') else {
             continue;
         };

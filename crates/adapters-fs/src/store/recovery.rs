@@ -16,8 +16,12 @@
 //! Two kinds of change finish or undo by more than deleting. New trust bytes wait in
 //! `trust.next` until after the commit point; the registry records their digest, so a
 //! `trust.next` whose digest the registry records is renamed over `trust` and any other is
-//! deleted. A replacement keeps the installed tree at `<version>~replaced` until the commit point;
-//! when the registry did not move on, that tree is put back in place of the new one.
+//! deleted. A replacement keeps the installed tree at `<version>~replaced-<staged>` until the
+//! commit point, named by the staged name its journal record holds; when the registry did not
+//! move on, that tree, and only that one, is put back in place of the new one (whose deletion
+//! goes under the version's pin, like every deletion of a version tree: while another process
+//! pins the version, both trees stay and the replaced one is reported as pinned). A tree set
+//! aside by any other transaction is never put back: the sweep finds it unreferenced.
 //!
 //! Everything that could make recovery guess is read and checked before anything is cut or
 //! deleted: an unreadable registry, log, journal record or trust file (a link or a FIFO in its
@@ -135,8 +139,8 @@ pub(crate) fn recover(
         if intent.to_generation <= generation {
             report.rolled_forward.push(summary);
         } else if intent.from_generation == generation {
-            if let (true, Some((node, _))) = (intent.replace, &intent.install) {
-                undo_replacements.push(node.clone());
+            if let (true, Some((node, staged))) = (intent.replace, &intent.install) {
+                undo_replacements.push((node.clone(), staged.clone()));
             }
             report.rolled_back.push(summary);
         } else {
@@ -153,12 +157,29 @@ pub(crate) fn recover(
 
     // Now make the disk match the registry.
     let settled = settle_trust(layout, &registry, trust_next, run, &mut report)?;
-    for node in &undo_replacements {
-        let aside = layout.replaced_dir(&node.id, &node.version);
+    for (node, staged) in &undo_replacements {
+        // The name the record's own transaction gave the tree it moved aside.
+        let aside = layout.replaced_dir(&node.id, &node.version, staged);
         if fs::symlink_metadata(&aside).is_ok() {
             // The replacement did not reach its commit point: its old tree goes back.
             let dest = layout.package_dir(&node.id, &node.version);
-            remove_tree(&dest).map_err(|e| io_error("remove replacing tree", &dest, e))?;
+            let _hold = match fs::symlink_metadata(&dest) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                Err(e) => return Err(io_error("inspect replacing tree", &dest, e)),
+                Ok(_) => {
+                    let version = node.version.to_string();
+                    match super::pins::hold_for_delete(layout, node.id.as_str(), &version) {
+                        Ok(hold) => {
+                            hold.delete_tree(&dest)
+                                .map_err(|e| io_error("remove replacing tree", &dest, e))?;
+                            Some(hold)
+                        }
+                        // A process pinned the version and may be using the new tree: both
+                        // stay, and the sweep reports the replaced one.
+                        Err(_) => continue,
+                    }
+                }
+            };
             fs::rename(&aside, &dest).map_err(|e| io_error("restore replaced tree", &aside, e))?;
             run.sync_path("fsync package directory", super::durable::parent(&dest)?)?;
         }
@@ -350,11 +371,11 @@ fn sweep_packages(
                 continue;
             }
             let tree = id_dir.join(&version_name);
-            let hold = super::pins::hold_for_delete(
-                layout,
-                &id_name.to_string_lossy(),
-                &version_name.to_string_lossy(),
-            );
+            // A tree set aside by a replacement (`<version>~replaced-...`) holds files of
+            // `<version>`, whose pin guards it.
+            let version_name = version_name.to_string_lossy();
+            let pinned_as = version_name.split('~').next().unwrap_or_default();
+            let hold = super::pins::hold_for_delete(layout, &id_name.to_string_lossy(), pinned_as);
             match hold {
                 Ok(hold) => {
                     hold.delete_tree(&tree)

@@ -29,6 +29,7 @@ mod operations;
 mod progress;
 mod publication;
 mod publication_bounds;
+mod quarantine_race;
 mod reconcile;
 mod refusals;
 mod registry;

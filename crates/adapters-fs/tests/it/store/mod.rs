@@ -5,6 +5,7 @@ mod files;
 mod log;
 mod matrix;
 mod open;
+mod replace;
 mod shared;
 
 use std::collections::BTreeMap;

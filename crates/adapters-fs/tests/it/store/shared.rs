@@ -115,7 +115,7 @@ fn store_reader_takes_the_lock_for_its_own_transaction_only() {
 
 /// Tries to take a shared lock on `path` (the pin protocol) from another process, without
 /// waiting: the process, which holds the pin until it is killed, or `None` if the lock was refused.
-fn try_foreign_pin(path: &Path) -> Option<Child> {
+pub(crate) fn try_foreign_pin(path: &Path) -> Option<Child> {
     // `--close`: the lock stays with `flock` itself (the pid the test kills), and its command
     // ends when the test closes its stdin.
     let mut child = Command::new("flock")
@@ -142,7 +142,7 @@ fn try_foreign_pin(path: &Path) -> Option<Child> {
 }
 
 /// A process that holds a shared lock on `path` (the pin protocol) until it is killed.
-fn foreign_pin(path: &Path) -> Child {
+pub(crate) fn foreign_pin(path: &Path) -> Child {
     try_foreign_pin(path).expect("the pin is free")
 }
 
