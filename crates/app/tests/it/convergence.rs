@@ -38,9 +38,6 @@ const OP: &str = "example.sequence.inclusive_scan";
 const PACKAGE: &str = "example.scan";
 /// Every line a runner prints for the driver starts with this (libtest prints its own lines).
 const TAG: &str = "converge:";
-const VERSIONS: [&str; 8] = [
-    "1.0.0", "1.1.0", "1.2.0", "1.3.0", "1.4.0", "1.5.0", "1.6.0", "1.7.0",
-];
 
 /// How long a runner may take to reach the committed state once nothing fails any more: only a
 /// runner that never gets there exceeds it (a deadlock guard, not a timing assertion; the
@@ -379,7 +376,11 @@ fn runners_reach_the_committed_state_after_faults() {
     let store = shop.fresh("store");
     let faults = shop.fresh("faults");
     std::fs::create_dir_all(&faults).unwrap();
-    let archives: Vec<PathBuf> = VERSIONS
+    // Enough versions that installs go on all run long.
+    let versions: Vec<String> = (0..(steps / 3).max(8))
+        .map(|i| format!("1.{i}.0"))
+        .collect();
+    let archives: Vec<PathBuf> = versions
         .iter()
         .map(|v| pack_example_at(&shop, &k, &SCAN, Some(v)))
         .collect();
@@ -432,7 +433,7 @@ fn runners_reach_the_committed_state_after_faults() {
             ][rng.below(9)]
         };
         let outcome: Result<(), HostError> = open_dir(&store).and_then(|(pm, _)| match commit {
-            Commit::Install if installed < VERSIONS.len() => {
+            Commit::Install if installed < versions.len() => {
                 let r = pm.install(&archives[installed], InstallOptions::default());
                 if r.is_ok() {
                     installed += 1;
@@ -444,7 +445,7 @@ fn runners_reach_the_committed_state_after_faults() {
             Commit::Disable => pm.disable(&package).map(drop),
             Commit::Enable => pm.enable(&package).map(drop),
             Commit::Revoke => {
-                let version = VERSIONS[rng.below(installed)].parse().unwrap();
+                let version = versions[rng.below(installed)].parse().unwrap();
                 let digest = pm.metadata(&package, &version).map(|m| m.payload_digest());
                 match digest {
                     Some(digest) => pm.update_trust(|t| {
