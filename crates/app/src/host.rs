@@ -1288,8 +1288,9 @@ impl Drop for HostWatcher {
 ///
 /// - [`loader`](HostBuilder::loader): the plugin loader. Default: the dlopen loader
 ///   (`RTLD_NOW | RTLD_LOCAL`).
-/// - [`plugin_log`](HostBuilder::plugin_log): where the dlopen loader sends the records plugins
-///   write through their host table's `log`. Default: dropped.
+/// - [`plugin_log`](HostBuilder::plugin_log): where the records plugins write through their
+///   host table's `log` go (with the dlopen loader), and the failure reports of providers whose
+///   C callers passed no error record to read them from (with any loader). Default: dropped.
 /// - [`devices`](HostBuilder::devices): what the operation service offers candidates (the CPU's
 ///   ISA, a CUDA device, the stream adapter). Default: detected, with the reason there is no CUDA
 ///   device kept in [`HostReport::no_cuda`].
@@ -1364,16 +1365,19 @@ impl HostBuilder {
     }
 
     /// Loads plugins with `loader` instead of the dlopen loader. A
-    /// [`plugin_log`](HostBuilder::plugin_log) sink belongs to the dlopen loader and is not used
-    /// then: `loader` sends its plugins' records where it was built to.
+    /// [`plugin_log`](HostBuilder::plugin_log) sink then takes only the failure reports no
+    /// caller could read: `loader` sends its plugins' records where it was built to.
     pub fn loader(mut self, loader: Box<dyn PluginLoader>) -> Self {
         self.loader = Some(loader);
         self
     }
 
     /// Sends every record a plugin writes through its host table's `log` callback (during its
-    /// `init` and later) to `sink`, with the package that wrote it. Called synchronously on the
-    /// plugin's thread: keep it short, and do not call into the host from it.
+    /// `init` and later) to `sink`, with the package that wrote it; and the report of a provider
+    /// whose call failed when its C caller passed no usable error record (as an error-level
+    /// record of the provider's package; see [`KernelRegistry::send_unread_failures_to`]).
+    /// Called synchronously on the plugin's or the caller's thread: keep it short, and do not
+    /// call into the host from it.
     pub fn plugin_log(
         mut self,
         sink: impl Fn(&PackageId, &PluginLog) + Send + Sync + 'static,
@@ -1413,13 +1417,17 @@ impl HostBuilder {
             Some(loader) => loader,
             None => {
                 let dlopen = DlopenLoader::new();
-                Box::new(match self.plugin_log {
+                Box::new(match self.plugin_log.clone() {
                     Some(sink) => dlopen.with_log_sink(move |id, record| sink(id, record)),
                     None => dlopen,
                 })
             }
         };
         let mut host = Host::with_devices(packages, loader, devices);
+        if let Some(sink) = self.plugin_log {
+            host.kernels
+                .send_unread_failures_to(move |id, record| sink(id, record));
+        }
         // A load record some dead process left is a crash in init: quarantine it before loading.
         host.crashes = Some(crate::crash_quarantine::Quarantine::open(&self.dir)?);
         if let Some(lock) = self.lock {

@@ -441,6 +441,18 @@ impl KernelRegistry {
         }
     }
 
+    /// Sends the report of a provider whose call failed to `sink`, with the provider's package,
+    /// when the C caller passed no usable error record (NULL, misaligned, or smaller than this
+    /// version's record) and so could not read it: the status still reaches the caller, and the
+    /// text is not dropped. [`HostBuilder::plugin_log`](crate::HostBuilder::plugin_log) sets
+    /// this to the plugin log sink; without a sink the text is dropped.
+    pub fn send_unread_failures_to(
+        &self,
+        sink: impl Fn(&PackageId, &guild_adapters_posix::PluginLog) + Send + Sync + 'static,
+    ) {
+        self.service.send_unread_failures_to(Arc::new(sink));
+    }
+
     /// C handles resolved through either C table and not yet released.
     pub fn live_c_handles(&self) -> usize {
         self.service.handles.live()

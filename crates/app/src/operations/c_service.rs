@@ -753,7 +753,7 @@ unsafe fn execute_checked(
         Some(record) => unsafe { &mut *record },
         None => return run_with_local_record(core, face, name, call, error),
     };
-    run_checked(core, face, name, &call, record, error)
+    run_checked::<false>(core, face, name, &call, record, error)
 }
 
 /// The provider receives a local record (584 bytes to clear) only when the caller's is not
@@ -769,13 +769,15 @@ fn run_with_local_record(
     error: *mut guild_error_info_t,
 ) -> guild_status_t {
     let mut local = guild_error_info_t::new();
-    run_checked(core, face, name, &call, &mut local, error)
+    run_checked::<true>(core, face, name, &call, &mut local, error)
 }
 
 /// Takes the handle and runs the checked call with `record` as the provider's error record;
-/// a refusal is reported into `error`, the caller's record.
+/// a refusal is reported into `error`, the caller's record. `LOCAL`: `record` is the service's
+/// own, because the caller's is not usable; a provider's report in it then goes to the core's
+/// sink for unread failures.
 #[inline(always)]
-fn run_checked(
+fn run_checked<const LOCAL: bool>(
     core: &ServiceCore,
     face: Face,
     name: HandleName,
@@ -793,7 +795,13 @@ fn run_checked(
     // its tensors and scratch name (the service's contract).
     match unsafe { h.execute(entered.running(), call, record) } {
         Ok(()) => GUILD_STATUS_OK,
-        Err(e) => or_report!(provider_or_failure(h, e, record), error),
+        Err(e) => {
+            let status = or_report!(provider_or_failure(h, e, record), error);
+            if LOCAL {
+                core.deliver_unread(h, record);
+            }
+            status
+        }
     }
 }
 

@@ -136,7 +136,15 @@ pub(crate) struct ServiceCore {
     pub(crate) handles: HandleTable<Resolved>,
     /// Where the runner's table leads while the registry lives.
     cell: &'static RunnerCell,
+    /// Where a provider's failure report goes when its C caller passed no usable error record
+    /// ([`ServiceCore::deliver_unread`]); read only on that cold path.
+    unread_failures: Mutex<Option<UnreadFailureSink>>,
 }
+
+/// Takes the failure reports of providers whose C callers had no record to read them from:
+/// the provider's package and the report, as a plugin log record.
+pub(crate) type UnreadFailureSink =
+    Arc<dyn Fn(&guild_domain::ids::PackageId, &guild_adapters_posix::PluginLog) + Send + Sync>;
 
 /// The next core's id.
 static NEXT_CORE_ID: AtomicU64 = AtomicU64::new(1);
@@ -210,6 +218,7 @@ impl ServiceCore {
                 closed: AtomicBool::new(false),
                 handles: HandleTable::new(),
                 cell,
+                unread_failures: Mutex::new(None),
             }
         });
         cell.core
@@ -228,6 +237,34 @@ impl ServiceCore {
             .core
             .store(std::ptr::null_mut(), Ordering::Release);
         self.handles.drain_idle()
+    }
+
+    /// Sends the failure reports no caller can read to `sink` from now on.
+    pub(crate) fn send_unread_failures_to(&self, sink: UnreadFailureSink) {
+        *self
+            .unread_failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(sink);
+    }
+
+    /// Hands `record`, the report of `handle`'s provider that failed a call whose caller passed
+    /// no usable error record, to the sink, if one was given: the text is not dropped.
+    #[cold]
+    pub(crate) fn deliver_unread(&self, handle: &Resolved, record: &guild_error_info_t) {
+        let sink = self
+            .unread_failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(sink) = sink {
+            let log = guild_adapters_posix::PluginLog {
+                level: guild_abi::GUILD_LOG_LEVEL_ERROR,
+                status: record.status,
+                component: fixed_buffer_text(&record.component),
+                message: fixed_buffer_text(&record.message),
+            };
+            sink(handle.binding.package(), &log);
+        }
     }
 
     pub(crate) fn is_closed(&self) -> bool {

@@ -338,6 +338,13 @@ impl Handle<'_, '_> {
         check(status, &error)
     }
 
+    /// Executes with an args record as given and no error record (NULL): only the status.
+    pub fn execute_args_without_record(&self, args: &guild_execute_args_v1_t) -> i32 {
+        let execute = self.service.table.execute.unwrap();
+        // SAFETY: as `execute_args`; a NULL error record is allowed by the service's contract.
+        unsafe { execute(self.service.table.user, self.raw, args, ptr::null_mut()) }
+    }
+
     /// Reshapes the handle to these tensors, without params.
     pub fn reshape(
         &self,

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use guild_abi::{
     guild_tensor_desc_v1_t, GUILD_DTYPE_I64, GUILD_STATUS_ERR_INVALID_ARGUMENT,
@@ -376,6 +376,54 @@ fn the_c_face_hands_a_rust_provider_the_callers_arrays_and_error_record() {
     assert_eq!(err.status, GUILD_STATUS_ERR_INVALID_ARGUMENT);
     assert_eq!(err.component, FAKE_PROVIDER_COMPONENT);
     assert_eq!(err.message, "cannot double -1: negative");
+    handle.release().unwrap();
+}
+
+/// A C caller that passes no error record (NULL) gets the provider's status back; the report
+/// the provider wrote, which the caller would have read there, reaches the host's plugin log
+/// with the provider's package instead of being dropped.
+#[test]
+fn a_provider_failure_whose_caller_takes_no_record_reaches_the_plugin_log() {
+    let f = fixture();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&seen);
+    f.host
+        .kernels()
+        .send_unread_failures_to(move |package, record| {
+            sink.lock().unwrap().push((
+                package.to_string(),
+                record.status,
+                record.component.clone(),
+                record.message.clone(),
+            ));
+        });
+    let service = Service::of(f.host.kernels());
+    let t = tensor(GUILD_DTYPE_I64, &[4], &[]);
+    let handle = service.resolve(&Query::cpu(OP, vec![t], vec![t])).unwrap();
+    let bad = [-1i64, 0, 0, 0];
+    let mut output = [0i64; 4];
+    let inputs = [with_data(t, bad.as_ptr())];
+    let outputs = [with_data(t, output.as_mut_ptr())];
+    let mut scratch = Aligned([0; 64]);
+    let mut a = args(&inputs, &outputs);
+    a.scratch_host = scratch.0.as_mut_ptr().cast();
+    a.scratch_host_size = 64;
+
+    let status = handle.execute_args_without_record(&a);
+    assert_eq!(status, GUILD_STATUS_ERR_INVALID_ARGUMENT);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [(
+            "ex.fake".to_owned(),
+            GUILD_STATUS_ERR_INVALID_ARGUMENT,
+            FAKE_PROVIDER_COMPONENT.to_owned(),
+            "cannot double -1: negative".to_owned()
+        )]
+    );
+    // A caller that takes the record gets the report there, and the log nothing more.
+    let err = handle.execute_args(&a).unwrap_err();
+    assert_eq!(err.message, "cannot double -1: negative");
+    assert_eq!(seen.lock().unwrap().len(), 1);
     handle.release().unwrap();
 }
 
