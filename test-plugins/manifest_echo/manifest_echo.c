@@ -11,7 +11,9 @@
  * Compile-time variants, one library each (see CMakeLists.txt):
  *   MANIFEST_ECHO_SKIP_LAST  registers every declared id but the last (a registration mismatch);
  *   MANIFEST_ECHO_CRASH      aborts inside init (the process dies of SIGABRT);
- *   MANIFEST_ECHO_HANG       never returns from init.
+ *   MANIFEST_ECHO_HANG       never returns from init;
+ *   MANIFEST_ECHO_SLOW       sleeps three seconds in init, then registers as the plain one does
+ *                            (a sound library that initialises slowly).
  */
 #define _GNU_SOURCE
 #include <guild/abi/kernel_abi.h>
@@ -150,6 +152,8 @@ static guild_status_t echo_init(const guild_host_api_v1_t* host, void** plugin_s
     for (;;) {
         (void)sleep(1);
     }
+#elif defined(MANIFEST_ECHO_SLOW)
+    (void)sleep(3);
 #endif
     text = echo_find_metadata();
     if (text == NULL) {

@@ -10,6 +10,8 @@
 //!   provider interface by forwarding to the plugin's callbacks.
 //! - [`extensions`] describes every extension the host consumes in one table and negotiates
 //!   each with one mechanism; [`ExtensionCopy`] is a negotiated table.
+//! - [`termination`] lets a process stopped by a signal during a load say so in the crash
+//!   ledger's record, so that a routine stop is not taken for a crash.
 //! - [`StagingHost`] is the registration host itself, usable on its own to drive registrations
 //!   without a library (the tests do).
 //!
@@ -27,6 +29,7 @@ mod library;
 mod loader;
 mod owned;
 mod staging;
+pub mod termination;
 
 pub use extensions::{ExtensionContract, ExtensionCopy, CONSUMED_EXTENSIONS};
 pub use library::DlopenLibrary;

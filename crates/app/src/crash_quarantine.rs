@@ -33,6 +33,7 @@ use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use guild_adapters_fs::durable_file;
+use guild_adapters_posix::termination;
 use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::version::Version;
 use serde_json::{json, Value};
@@ -243,6 +244,10 @@ pub struct CrashLedger {
 #[derive(Debug)]
 pub struct Loading {
     path: PathBuf,
+    /// The record, watched for termination signals (see
+    /// [`guild_adapters_posix::termination`]) until it is removed; `None` when no slot was
+    /// free (a signal during the load is then taken for a crash).
+    watched: Option<termination::WatchedRecord>,
     /// Holds the record's lock: while it is open, the record's writer is alive.
     _held: fs::File,
 }
@@ -254,7 +259,41 @@ impl Drop for Loading {
         // returned would only quarantine a build that did not crash, and the removal of the
         // file is ordered before anything the process does next on this store.
         let _ = fs::remove_file(&self.path);
+        // No longer watched before the file is closed (the field drop that follows).
+        self.watched = None;
     }
+}
+
+/// A load that a signal ended, as its record says (the line [`termination::note_termination`]
+/// appends): a routine stop, not a crash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interrupted {
+    /// The load.
+    pub record: CrashRecord,
+    /// The signal that ended its process.
+    pub signal: i32,
+}
+
+/// What [`CrashLedger::sweep`] found among the records of processes that are gone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Loads whose process died in them: now quarantined.
+    pub crashed: Vec<CrashRecord>,
+    /// Loads whose process a signal ended, and said so: removed, nothing quarantined.
+    pub interrupted: Vec<Interrupted>,
+}
+
+/// A record's bytes: the record (one JSON line) and, when its process noted it, the signal
+/// that ended it (a later line `ended by signal N`).
+fn split_record(bytes: &[u8]) -> (&[u8], Option<i32>) {
+    let Some(end) = bytes.iter().position(|&b| b == b'\n') else {
+        return (bytes, None);
+    };
+    let signal = bytes[end..]
+        .split(|&b| b == b'\n')
+        .filter_map(|line| std::str::from_utf8(line).ok())
+        .find_map(|line| line.strip_prefix("ended by signal ")?.parse().ok());
+    (&bytes[..end], signal)
 }
 
 /// The entry name of `digest` under `quarantine/`.
@@ -298,7 +337,12 @@ impl CrashLedger {
         let path = self.loading.join(format!("{pid}-{n}.json"));
         let held = durable_file::write_locked(&path, record.to_json().to_string().as_bytes())
             .map_err(failed("write load record", &path))?;
-        Ok(Loading { path, _held: held })
+        let watched = termination::watch_load_record(&held);
+        Ok(Loading {
+            path,
+            watched,
+            _held: held,
+        })
     }
 
     /// The `*.json` files of `dir` (none when it does not exist), sorted.
@@ -323,9 +367,11 @@ impl CrashLedger {
 
     /// Turns every load record whose process is gone (its lock can be taken) into a quarantine
     /// entry, durably and before the record is removed, removes the temporaries of writers that
-    /// died, and returns the records it quarantined.
-    pub fn sweep(&self) -> Result<Vec<CrashRecord>, LedgerError> {
-        let mut found = Vec::new();
+    /// died, and returns the records it quarantined. A record whose process noted that a signal
+    /// ended it (a routine stop, see [`guild_adapters_posix::termination`]) quarantines nothing:
+    /// it is removed and returned as [`Interrupted`].
+    pub fn sweep(&self) -> Result<Swept, LedgerError> {
+        let mut found = Swept::default();
         for dir in [&self.loading, &self.quarantine] {
             durable_file::remove_stale_temporaries(dir)
                 .map_err(failed("remove stale temporaries in", dir))?;
@@ -362,18 +408,24 @@ impl CrashLedger {
                 // Not a host's record either; read no further.
                 bytes.clear();
             }
-            let Ok(record) = CrashRecord::from_json(&bytes) else {
+            let (json, signal) = split_record(&bytes);
+            let Ok(record) = CrashRecord::from_json(json) else {
                 // Records appear under their name only complete (written aside, then renamed),
                 // so this is not a load: it names nothing to quarantine.
                 fs::remove_file(&path).map_err(failed("remove load record", &path))?;
                 continue;
             };
+            if let Some(signal) = signal {
+                fs::remove_file(&path).map_err(failed("remove load record", &path))?;
+                found.interrupted.push(Interrupted { record, signal });
+                continue;
+            }
             ensure_dir(&self.quarantine)?;
             let entry = self.quarantine.join(entry_name(&record.digest));
             durable_file::write(&entry, record.to_json().to_string().as_bytes())
                 .map_err(failed("write quarantine entry", &entry))?;
             fs::remove_file(&path).map_err(failed("remove load record", &path))?;
-            found.push(record);
+            found.crashed.push(record);
         }
         Ok(found)
     }
@@ -561,7 +613,7 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let ledger = CrashLedger::new(root);
         std::thread::spawn(move || {
-            let _ = tx.send((ledger.sweep(), ledger.quarantined()));
+            let _ = tx.send((ledger.sweep().map(|s| s.crashed), ledger.quarantined()));
         });
         rx.recv_timeout(std::time::Duration::from_secs(5))
             .unwrap_or_else(|_| {
@@ -650,7 +702,11 @@ mod tests {
             Version::parse("1.0.0").unwrap(),
         );
         let loading = ledger.begin(&id, &v, &digest(1)).unwrap();
-        assert!(ledger.sweep().unwrap().is_empty(), "this process is alive");
+        assert_eq!(
+            ledger.sweep().unwrap(),
+            Swept::default(),
+            "this process is alive"
+        );
         drop(loading);
         assert_eq!(
             fs::read_dir(dir.path().join(LOADING_DIR)).unwrap().count(),
@@ -670,7 +726,7 @@ mod tests {
             gone.to_json().to_string(),
         )
         .unwrap();
-        assert_eq!(ledger.sweep().unwrap(), vec![gone.clone()]);
+        assert_eq!(ledger.sweep().unwrap().crashed, vec![gone.clone()]);
         let entry = QuarantineEntry::Crashed(gone);
         assert_eq!(ledger.quarantined().unwrap(), vec![entry.clone()]);
         assert_eq!(ledger.clear("ex.a", &[], Some(&digest(2))).unwrap(), vec![]);

@@ -106,6 +106,14 @@ pub use guild_ports::device::StreamRef;
 /// The `#[repr(C)]` mirror of the Kernel ABI headers (`guild-abi`), for calling the C tables
 /// ([`registry::KernelRegistry::operation_api`]) from Rust.
 pub use guild_abi as abi;
+/// Stopping a runner on purpose without its loads being taken for crashes: call
+/// [`install_termination_handlers`](termination::install_termination_handlers) once at start
+/// (SIGTERM, SIGINT and SIGHUP then still end the process, after noting the signal in the crash
+/// ledger's records of loads in flight), or call
+/// [`note_termination`](termination::note_termination) from handlers of your own.
+pub mod termination {
+    pub use guild_adapters_posix::termination::{install_termination_handlers, note_termination};
+}
 /// Small files written atomically and durably (temporary, fsync, rename, directory fsync), for
 /// tools built on the host that write beside a store.
 pub use guild_adapters_fs::durable_file;

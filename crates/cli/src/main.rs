@@ -39,6 +39,9 @@ use output::{Output, Report};
 
 /// Runs `guild` with the process's arguments.
 fn main() -> ExitCode {
+    // Ctrl-C or SIGTERM while a command loads packages (`resolve`, `status`) ends it as before,
+    // but is not taken for a crash in the library being initialised.
+    let _ = guild_host::termination::install_termination_handlers();
     let raw: Vec<OsString> = std::env::args_os().collect();
     let cli = match Cli::try_parse_from(&raw) {
         Ok(cli) => cli,

@@ -79,6 +79,12 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    // Stopped with SIGTERM (`systemctl stop`) or Ctrl-C while a library initialises, the
+    // runner still ends by that signal, but the crash ledger learns it was a stop, not a crash
+    // in `init`, so the build is not quarantined for every runner after this one.
+    if let Err(e) = guild_host::termination::install_termination_handlers() {
+        eprintln!("warning: cannot install the termination handlers: {e}");
+    }
     let mut operations = args.operations;
     if operations.is_empty() {
         operations = DEFAULT_OPERATIONS.iter().map(|s| s.to_string()).collect();

@@ -213,7 +213,7 @@ fn a_load_record_whose_writer_holds_it_is_not_a_crash_whatever_its_pid() {
     let path = loading_record(&root, "4999999-0.json", 4_999_999, &digest);
     let mut writer = lock_holder(&path);
     let ledger = CrashLedger::new(&root);
-    let swept = ledger.sweep().unwrap();
+    let swept = ledger.sweep().unwrap().crashed;
     let live = path.exists();
     if !live || !swept.is_empty() {
         writer.kill().unwrap();
@@ -225,7 +225,7 @@ fn a_load_record_whose_writer_holds_it_is_not_a_crash_whatever_its_pid() {
     writer.kill().unwrap();
     writer.wait().unwrap();
     // Its writer is gone: the record is a crash now.
-    let swept = ledger.sweep().unwrap();
+    let swept = ledger.sweep().unwrap().crashed;
     assert_eq!(swept.len(), 1);
     assert_eq!(swept[0].digest, digest);
     assert!(!path.exists());
@@ -317,5 +317,89 @@ fn a_quarantine_written_by_another_process_is_refused_at_the_next_refresh() {
     assert!(
         failed.contains("CrashQuarantined") && failed.contains(CRASHY),
         "the build another process crashed in is refused: {failed}"
+    );
+}
+
+/// Waits, at most [`PATIENCE`](std::time::Duration), for a load record to appear under `root`.
+fn wait_for_load_record(root: &Path) {
+    let start = std::time::Instant::now();
+    let loading = root.join(LOADING_DIR);
+    loop {
+        let found = std::fs::read_dir(&loading).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .any(|e| e.path().extension().is_some_and(|x| x == "json"))
+        });
+        if found {
+            return;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "no load record appeared in {}",
+            loading.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// A routine stop is not a crash: the example runner, stopped with SIGTERM (what `systemctl
+/// stop` sends) while a sound library sleeps in its `init`, ends by that signal as before, and
+/// the build it was loading is not quarantined; the next runner loads it.
+#[test]
+fn a_runner_stopped_by_sigterm_during_a_slow_init_quarantines_nothing() {
+    let shop = Workshop::new();
+    let root = shop.fresh("store");
+    let mut slow = Spec::module("example.slow", "1.0.0").library(&plugin_library("init_slow"));
+    slow.provided_ops = vec!["example.slow.op".to_owned()];
+    install(&root, &shop, &[slow]);
+
+    let child = std::process::Command::new(crate::examples::runner_binary())
+        .arg("--serve")
+        .arg(&root)
+        .arg("example.slow.op")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_load_record(&root);
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.signal(),
+        Some(15),
+        "the runner ends by SIGTERM: {:?} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let ledger = CrashLedger::new(&root);
+    let swept = ledger.sweep().unwrap();
+    assert!(
+        swept.crashed.is_empty(),
+        "a routine stop was taken for a crash: {swept:?}"
+    );
+    assert_eq!(
+        swept
+            .interrupted
+            .iter()
+            .map(|i| (i.record.package.as_str(), i.signal))
+            .collect::<Vec<_>>(),
+        [("example.slow", 15)],
+        "the ledger says how the load ended"
+    );
+    assert!(ledger.quarantined().unwrap().is_empty());
+    // The next runner loads the build.
+    let (_, report) = guild_host::Host::builder(&root)
+        .devices(guild_host::operations::DeviceSupport::host())
+        .open()
+        .map(|o| (o.host, o.report))
+        .unwrap();
+    assert!(
+        report.loaded.failed.is_empty() && report.quarantined.is_empty(),
+        "{report:#?}"
     );
 }

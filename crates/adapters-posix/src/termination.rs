@@ -1,0 +1,183 @@
+//! Telling a routine stop from a crash during a load.
+//!
+//! The app's crash ledger keeps a locked record under `loading/` while a package's library is
+//! opened and its `init` runs; a record whose process is gone is taken for a crash in `init`
+//! and quarantines the build. A process stopped on purpose (`systemctl stop` sends SIGTERM, a
+//! terminal SIGINT) while a sound library initialises slowly would be taken for one too.
+//!
+//! This module lets the process say how it ended, from inside the signal handler, with nothing
+//! but `write(2)` (async-signal-safe): the ledger registers the open descriptor of each record
+//! in flight ([`watch_load_record`]), and [`note_termination`] appends one line to each,
+//! `ended by signal N`. The sweeper that later finds the record sees the line and removes the
+//! record without quarantining anything. [`install_termination_handlers`] installs handlers for
+//! SIGTERM, SIGINT and SIGHUP that do exactly that and then end the process by the same signal
+//! (the default action, so its exit status is unchanged); a runner with handlers of its own
+//! calls [`note_termination`] from them instead, before it exits.
+//!
+//! What cannot be caught (SIGKILL, a crash) leaves the record without the line: a crash, as
+//! before. At most [`MAX_WATCHED`] records are watched at once; a load beyond that is not, and
+//! a signal during it is taken for a crash (safe: a build is refused, never run by mistake).
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd as _;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+/// How many load records can be watched at once.
+pub const MAX_WATCHED: usize = 64;
+
+/// The descriptors of the load records in flight; -1 is a free slot.
+static WATCHED: [AtomicI32; MAX_WATCHED] = [const { AtomicI32::new(-1) }; MAX_WATCHED];
+
+/// A load record watched for termination signals: its slot is freed when this is dropped,
+/// which must happen before the record's file is closed.
+#[derive(Debug)]
+pub struct WatchedRecord {
+    slot: usize,
+}
+
+impl Drop for WatchedRecord {
+    fn drop(&mut self) {
+        WATCHED[self.slot].store(-1, Ordering::SeqCst);
+    }
+}
+
+/// Watches the load record open as `file` (opened for writing): a termination signal noted
+/// while the answer lives appends `ended by signal N` to it. The file is switched to append
+/// mode, so that the line lands after the record whatever the file's offset. `None` when every
+/// slot is taken, or the file's flags cannot be changed: the load goes on unwatched.
+pub fn watch_load_record(file: &File) -> Option<WatchedRecord> {
+    let fd = file.as_raw_fd();
+    // SAFETY: `fd` is open for as long as `file` is borrowed; F_GETFL and F_SETFL change only
+    // the file's status flags.
+    let appended = unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags | libc::O_APPEND) == 0
+    };
+    if !appended {
+        return None;
+    }
+    WATCHED.iter().enumerate().find_map(|(slot, cell)| {
+        cell.compare_exchange(-1, fd, Ordering::SeqCst, Ordering::SeqCst)
+            .ok()
+            .map(|_| WatchedRecord { slot })
+    })
+}
+
+/// The line appended to a record: `\nended by signal NNN\n`, built without allocating.
+fn ended_line(signal: i32, out: &mut [u8; 32]) -> usize {
+    const HEAD: &[u8] = b"\nended by signal ";
+    out[..HEAD.len()].copy_from_slice(HEAD);
+    let mut n = HEAD.len();
+    let mut digits = [0u8; 10];
+    let mut d = 0;
+    let mut value = signal.unsigned_abs();
+    loop {
+        digits[d] = b'0' + (value % 10) as u8;
+        d += 1;
+        value /= 10;
+        if value == 0 {
+            break;
+        }
+    }
+    while d > 0 {
+        d -= 1;
+        out[n] = digits[d];
+        n += 1;
+    }
+    out[n] = b'\n';
+    n + 1
+}
+
+/// Appends `ended by signal <signal>` to every load record in flight. Async-signal-safe (it
+/// only reads atomics and calls `write(2)`): call it from a signal handler before the process
+/// ends.
+pub fn note_termination(signal: i32) {
+    let mut line = [0u8; 32];
+    let len = ended_line(signal, &mut line);
+    for cell in &WATCHED {
+        let fd = cell.load(Ordering::SeqCst);
+        if fd >= 0 {
+            // SAFETY: a watched descriptor stays open until its slot is freed (the record's
+            // owner frees the slot before it closes the file); `line` is a live buffer of `len`
+            // bytes. A failed or short write leaves the record as a crash: refused, not run.
+            let _ = unsafe { libc::write(fd, line.as_ptr().cast(), len) };
+        }
+    }
+}
+
+/// The handler [`install_termination_handlers`] installs: notes the signal, then ends the
+/// process by it, as the default action would have.
+extern "C" fn on_termination(signal: libc::c_int) {
+    note_termination(signal);
+    // SAFETY: signal() and raise() are async-signal-safe; restoring the default action and
+    // raising the signal again ends the process exactly as if no handler had been installed.
+    unsafe {
+        libc::signal(signal, libc::SIG_DFL);
+        libc::raise(signal);
+    }
+}
+
+/// Installs handlers for SIGTERM, SIGINT and SIGHUP that note the signal in every load record
+/// in flight ([`note_termination`]) and then end the process by that signal. A process that
+/// has handlers of its own for them should call [`note_termination`] from those instead.
+pub fn install_termination_handlers() -> io::Result<()> {
+    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        // SAFETY: a zeroed sigaction is a valid starting point; the handler only calls
+        // async-signal-safe functions; SA_RESTART keeps interrupted system calls going.
+        let installed = unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_termination as extern "C" fn(libc::c_int) as usize;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(signal, &action, std::ptr::null_mut())
+        };
+        if installed != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read as _, Seek as _, Write as _};
+
+    #[test]
+    fn the_line_names_the_signal() {
+        let mut out = [0u8; 32];
+        let n = ended_line(15, &mut out);
+        assert_eq!(&out[..n], b"\nended by signal 15\n");
+        let n = ended_line(1, &mut out);
+        assert_eq!(&out[..n], b"\nended by signal 1\n");
+    }
+
+    #[test]
+    fn a_noted_termination_is_appended_to_a_watched_record_only_while_watched() {
+        let dir = std::env::temp_dir().join(format!("guild-termination-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("record.json");
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        file.write_all(b"{\"record\":1}").unwrap();
+        file.rewind().unwrap();
+        let watched = watch_load_record(&file).expect("a slot is free");
+        note_termination(15);
+        drop(watched);
+        note_termination(2);
+        let mut text = String::new();
+        std::fs::File::open(&path)
+            .unwrap()
+            .read_to_string(&mut text)
+            .unwrap();
+        assert_eq!(text, "{\"record\":1}\nended by signal 15\n");
+        drop(file);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
