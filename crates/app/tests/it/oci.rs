@@ -649,3 +649,82 @@ fn oci_fleet_of_eight_stores_syncs_one_lock_concurrently() {
         assert_eq!(enabled(&bench, store), want, "{}", store.display());
     }
 }
+
+/// A listener on 127.0.0.1 that accepts one connection and never answers: a registry whose
+/// download is still under way for as long as the test holds the connection.
+fn stalling_listener() -> (TcpListener, u16) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    (listener, port)
+}
+
+#[test]
+fn oci_sync_lets_writers_in_while_it_downloads() {
+    let Some((registry, bench)) = start("oci_sync_lets_writers_in") else {
+        return;
+    };
+    let (_, lock) = locked_store(&bench, &registry);
+    // The same lock, its references pointing at a registry that never answers.
+    let (listener, port) = stalling_listener();
+    let stalled = fs::read_to_string(&lock).unwrap().replace(
+        &format!("127.0.0.1:{}", registry.port),
+        &format!("127.0.0.1:{port}"),
+    );
+    let stalled_lock = bench.path().join("stalled.lock");
+    fs::write(&stalled_lock, stalled).unwrap();
+    let fresh = trusting_store(&bench, "fresh");
+    // A second key, for a writer to revoke while the sync downloads.
+    ok(run(&bench, &fresh, None, &["keygen", "--out", "k2"]));
+    let added = ok(run(
+        &bench,
+        &fresh,
+        None,
+        &["--json", "trust", "add", "org.example", "k2.pub"],
+    ))
+    .json();
+    let key = added["key_id"].as_str().unwrap().to_owned();
+    let before = crate::support::disk(&fresh);
+
+    let mut cmd = guild_command(
+        bench.path(),
+        &[
+            "--store",
+            fresh.to_str().unwrap(),
+            "sync",
+            stalled_lock.to_str().unwrap(),
+        ],
+    );
+    cmd.env("HOME", bench.path())
+        .env_remove("REGISTRY_AUTH_FILE")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    // The sync has connected: it is downloading.
+    let (connection, _) = listener.accept().unwrap();
+    let revoked = run(
+        &bench,
+        &fresh,
+        None,
+        &["trust", "revoke-key", &key, "--reason", "rotated"],
+    );
+    // Let the download fail, then see what the sync left.
+    drop(connection);
+    drop(listener);
+    let out = child.wait_with_output().unwrap();
+    ok(revoked);
+    assert!(!out.status.success(), "the sync cannot have succeeded");
+    let after = crate::support::disk(&fresh);
+    // Only the trust change is there: the sync changed nothing.
+    let changed: Vec<&String> = after
+        .keys()
+        .chain(before.keys())
+        .filter(|k| after.get(*k) != before.get(*k))
+        .collect();
+    assert!(
+        changed.iter().all(|k| k.starts_with("trust")
+            || k.starts_with("registry")
+            || k.starts_with("journal")),
+        "{changed:?}"
+    );
+    assert!(enabled(&bench, &fresh).is_empty());
+}
