@@ -232,7 +232,12 @@ fn remove_stale(dir: &Path, ours: impl Fn(&OsStr) -> bool) -> io::Result<Vec<Pat
     let mut removed = Vec::new();
     for entry in entries {
         let entry = entry?;
-        if !is_temporary(&entry.file_name()) || !ours(&entry.file_name()) {
+        // Only regular files are ever temporaries; a link planted under such a name is left
+        // alone rather than failing the sweep.
+        if !is_temporary(&entry.file_name())
+            || !ours(&entry.file_name())
+            || !entry.file_type()?.is_file()
+        {
             continue;
         }
         let path = entry.path();
@@ -310,6 +315,36 @@ fn split(path: &Path) -> io::Result<(&Path, &OsStr)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(unix)]
+    #[test]
+    fn write_from_never_writes_through_a_link_planted_at_its_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"untouched").unwrap();
+        let path = dir.path().join("pkg.gkmodule");
+        // Links at the next temporary names this process will try.
+        let next = NEXT.load(Ordering::Relaxed);
+        for n in next..next + 8 {
+            let tmp = dir
+                .path()
+                .join(format!(".pkg.gkmodule.{}.{n}.tmp", std::process::id()));
+            std::os::unix::fs::symlink(&victim, tmp).unwrap();
+        }
+        write_from(&path, &mut &b"the package"[..]).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"the package");
+        assert_eq!(fs::read(&victim).unwrap(), b"untouched");
+        // Links are no temporaries of a dead writer to remove: the cleaner leaves them (and the
+        // victim) alone, and removes only this file's unlocked temporaries.
+        let stale = dir.path().join(".pkg.gkmodule.1.0.tmp");
+        fs::write(&stale, b"half").unwrap();
+        let other = dir.path().join(".other.1.0.tmp");
+        fs::write(&other, b"theirs").unwrap();
+        let removed = remove_stale_temporaries_of(&path).unwrap();
+        assert!(removed.contains(&stale), "{removed:?}");
+        assert!(other.exists());
+        assert_eq!(fs::read(&victim).unwrap(), b"untouched");
+    }
 
     #[test]
     fn read_regular_reads_up_to_the_cap_and_only_regular_files() {

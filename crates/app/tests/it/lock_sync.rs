@@ -108,11 +108,7 @@ fn sync_that_fails_at_an_install_leaves_the_store_as_it_was() {
         listed_before,
         "the registry changed"
     );
-    assert_eq!(
-        files(&fresh),
-        before,
-        "the store's files changed"
-    );
+    assert_eq!(files(&fresh), before, "the store's files changed");
 }
 
 /// A hook that fails the `fail_at`-th change it is asked to prepare (counting from 0), and lets
@@ -266,4 +262,52 @@ impl LifecycleHook for NoChecks {
     }
     fn committed(&mut self) {}
     fn aborted(&mut self) {}
+}
+
+#[test]
+fn sync_removes_its_staging_area_and_those_of_syncs_that_died() {
+    let bench = Bench::new();
+    let scan = bench.package("example.scan", "1.0.0", b"scan", "");
+    let lock = lock_of(&bench, &[&scan], &[]);
+    let fresh = trusting_store(&bench, "fresh");
+    // What a sync killed while it downloaded leaves: a staging area whose lock nobody holds.
+    let base = fresh.join(lock_sync::STAGING_DIR);
+    fs::create_dir_all(base.join("4242-0")).unwrap();
+    fs::write(base.join("4242-0/example.scan-1.0.0.gkmodule"), b"half").unwrap();
+    fs::write(base.join("4242-0.lock"), b"").unwrap();
+    // A live sync's area stays: its lock is held.
+    let live = base.join("4343-0.lock");
+    fs::write(&live, b"").unwrap();
+    fs::create_dir(base.join("4343-0")).unwrap();
+    let held = fs::File::open(&live).unwrap();
+    held.lock().unwrap();
+    ok(run(
+        &bench,
+        &fresh,
+        &[
+            "sync",
+            lock.to_str().unwrap(),
+            "--from",
+            bench.path().to_str().unwrap(),
+        ],
+    ));
+    let mut left: Vec<String> = fs::read_dir(&base)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["4343-0", "4343-0.lock"]);
+    // Once the live one is gone too, nothing of the staging areas is left after a sync.
+    drop(held);
+    ok(run(
+        &bench,
+        &fresh,
+        &[
+            "sync",
+            lock.to_str().unwrap(),
+            "--from",
+            bench.path().to_str().unwrap(),
+        ],
+    ));
+    assert!(!base.exists(), "{} is still there", base.display());
 }

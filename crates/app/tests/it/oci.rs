@@ -728,3 +728,64 @@ fn oci_sync_lets_writers_in_while_it_downloads() {
     );
     assert!(enabled(&bench, &fresh).is_empty());
 }
+
+#[test]
+fn oci_pull_to_a_mirror_replaces_a_corrupt_file_and_removes_leftovers() {
+    let Some((registry, bench)) = start("oci_mirror_corrupt") else {
+        return;
+    };
+    let (origin, lock) = locked_store(&bench, &registry);
+    let mirror = bench.path().join("mirror");
+    let pull = |bench: &Bench| {
+        ok(run(
+            bench,
+            &origin,
+            None,
+            &[
+                "pull",
+                "--lock",
+                lock.to_str().unwrap(),
+                "--to",
+                mirror.to_str().unwrap(),
+            ],
+        ))
+    };
+    pull(&bench);
+    let name = "example.scan-1.0.0.gkmodule";
+    let good = fs::read(mirror.join(name)).unwrap();
+    // One artifact byte changed: the manifest, and so the payload digest, is still the locked one.
+    let mut bad = good.clone();
+    let at = bad.windows(4).rposition(|w| w == b"scan").unwrap();
+    bad[at..at + 4].copy_from_slice(b"SCAN");
+    fs::write(mirror.join(name), &bad).unwrap();
+    // What a pull killed half way leaves: a temporary nobody holds.
+    let leftover = mirror.join(format!(".{name}.4242.0.tmp"));
+    fs::write(&leftover, b"half a download").unwrap();
+    // Another file of the operator's that looks like one is not touched.
+    let theirs = mirror.join(".notes.1.0.tmp");
+    fs::write(&theirs, b"mine").unwrap();
+
+    let again = pull(&bench);
+    assert!(
+        !again.stdout.contains(&format!(
+            "{} is already in the mirror",
+            mirror.join(name).display()
+        )),
+        "{}",
+        again.stdout
+    );
+    assert!(
+        again.stdout.contains("pulled example.scan 1.0.0"),
+        "{}",
+        again.stdout
+    );
+    assert_eq!(fs::read(mirror.join(name)).unwrap(), good);
+    assert!(!leftover.exists(), "the leftover temporary is still there");
+    assert_eq!(fs::read(&theirs).unwrap(), b"mine");
+    // The untouched package was kept.
+    assert!(
+        again.stdout.contains("is already in the mirror"),
+        "{}",
+        again.stdout
+    );
+}
