@@ -48,7 +48,7 @@ static NEXT: AtomicU64 = AtomicU64::new(0);
 pub enum SyncError {
     /// The store could not be read.
     #[error("cannot read the store: {0}")]
-    Store(#[source] HostError),
+    Store(#[source] Box<HostError>),
     /// The lock and the store disagree about what a version is; versions are immutable.
     #[error(transparent)]
     Conflict(#[from] Box<SyncConflict>),
@@ -79,7 +79,7 @@ pub enum SyncError {
         file: PathBuf,
         /// What failed.
         #[source]
-        source: HostError,
+        source: Box<HostError>,
     },
     /// A staged package is genuine but is not the one the lock pins.
     #[error(
@@ -118,7 +118,7 @@ pub enum SyncError {
         package: String,
         /// Why it failed.
         #[source]
-        source: HostError,
+        source: Box<HostError>,
     },
     /// The steps ran but the store's enabled set did not equal the lock; the store was returned
     /// to where the sync found it.
@@ -141,7 +141,7 @@ pub enum SyncError {
         packages: String,
         /// Why the return failed.
         #[source]
-        restore: HostError,
+        restore: Box<HostError>,
     },
     /// A step failed and returning the store to where the sync found it failed too: the store
     /// holds part of the sync.
@@ -156,9 +156,9 @@ pub enum SyncError {
         package: String,
         /// Why it failed.
         #[source]
-        source: HostError,
+        source: Box<HostError>,
         /// Why the return failed.
-        restore: HostError,
+        restore: Box<HostError>,
     },
 }
 
@@ -388,7 +388,7 @@ pub fn stage(
     let checked = pm.check_package(&file).map_err(|source| SyncError::Check {
         package: package.clone(),
         file: file.clone(),
-        source,
+        source: Box::new(source),
     })?;
     if checked.id != locked.id
         || checked.version != locked.version
@@ -463,11 +463,12 @@ pub fn apply(
     let saved = pm.savepoint().map_err(|source| SyncError::Step {
         step: "save the state of",
         package: "the store".to_owned(),
-        source,
+        source: Box::new(source),
     })?;
     let mut done = Vec::new();
-    let outcome = run(pm, steps, pending, hook, &mut done)
-        .and_then(|()| differences(pm, lock).map_err(|e| ("check", "the store".to_owned(), e)));
+    let outcome = run(pm, steps, pending, hook, &mut done).and_then(|()| {
+        differences(pm, lock).map_err(|e| ("check", "the store".to_owned(), Box::new(e)))
+    });
     match outcome {
         Ok(differs) if differs.is_empty() => Ok(done),
         Ok(differs) => match pm.restore(&saved) {
@@ -476,7 +477,7 @@ pub fn apply(
             }),
             Err(restore) => Err(SyncError::DiffersNotRestored {
                 packages: differs.join(", "),
-                restore,
+                restore: Box::new(restore),
             }),
         },
         Err((step, package, source)) => Err(undo(pm, &saved, step, package, source)),
@@ -486,7 +487,7 @@ pub fn apply(
 /// The steps that make the enabled set of `pm`'s committed store equal `lock`.
 pub fn plan(pm: &PackageManager, lock: &LockFile) -> Result<Vec<SyncStep>, SyncError> {
     let mut held = Vec::new();
-    for p in pm.list().map_err(SyncError::Store)? {
+    for p in pm.list().map_err(|e| SyncError::Store(Box::new(e)))? {
         for v in &p.versions {
             held.push(HeldVersion {
                 id: p.id.clone(),
@@ -528,7 +529,7 @@ fn differences(pm: &PackageManager, lock: &LockFile) -> Result<Vec<String>, Host
 }
 
 /// A failed step: what it was, on which package, and why.
-type Failed = (&'static str, String, HostError);
+type Failed = (&'static str, String, Box<HostError>);
 
 fn run(
     pm: &PackageManager,
@@ -559,12 +560,12 @@ fn run(
                     last = Some((id, e));
                     rest.push(id);
                 }
-                Err(e) => return Err(("disable", id.to_string(), e)),
+                Err(e) => return Err(("disable", id.to_string(), Box::new(e))),
             }
         }
         if rest.len() == before {
             if let Some((id, e)) = last {
-                return Err(("disable", id.to_string(), e));
+                return Err(("disable", id.to_string(), Box::new(e)));
             }
         }
         disables = rest;
@@ -587,7 +588,7 @@ fn run(
                 Ok(i) if !i.enabled => pm
                     .enable_with(&l.id, hook)
                     .map(drop)
-                    .map_err(|e| ("enable", format!("{} {}", l.id, l.version), e))?,
+                    .map_err(|e| ("enable", format!("{} {}", l.id, l.version), Box::new(e)))?,
                 Ok(_) => {}
                 // A dependency installed later in the round may satisfy it; anything else is
                 // final.
@@ -596,7 +597,7 @@ fn run(
                     rest.push(s);
                     continue;
                 }
-                Err(e) => return Err(("install", format!("{} {}", l.id, l.version), e)),
+                Err(e) => return Err(("install", format!("{} {}", l.id, l.version), Box::new(e))),
             }
             done.push(SyncChange::Installed {
                 id: l.id.clone(),
@@ -605,7 +606,7 @@ fn run(
         }
         if rest.len() == before {
             if let Some((package, e)) = last {
-                return Err(("install", package, e));
+                return Err(("install", package, Box::new(e)));
             }
         }
         pending = rest;
@@ -618,7 +619,7 @@ fn undo(
     saved: &Savepoint,
     step: &'static str,
     package: String,
-    source: HostError,
+    source: Box<HostError>,
 ) -> SyncError {
     match pm.restore(saved) {
         Ok(()) => SyncError::Step {
@@ -630,7 +631,7 @@ fn undo(
             step,
             package,
             source,
-            restore,
+            restore: Box::new(restore),
         },
     }
 }

@@ -540,6 +540,10 @@ impl Savepoint {
     }
 }
 
+/// A package offered for installation once it is authenticated: the opened package, its
+/// metadata, its `id@version` label and who signed it.
+type Authenticating = (Box<dyn OpenedPackage>, Arc<Metadata>, String, Authenticated);
+
 /// A reader's hold on the store's exclusive lock for one transaction; see
 /// [`PackageStore::begin_write`].
 struct WriteSession<'s>(&'s dyn PackageStore);
@@ -1561,10 +1565,7 @@ impl PackageManager {
     /// Steps 1 and 2 of an installation that need no registry: the package at `location` opened,
     /// its metadata parsed and authenticated against the current trust store, and its platform
     /// checked. Answers the opened package, its metadata, its `id@version` label and who signed it.
-    fn offered(
-        &self,
-        location: &Path,
-    ) -> Result<(Box<dyn OpenedPackage>, Arc<Metadata>, String, Authenticated), HostError> {
+    fn offered(&self, location: &Path) -> Result<Authenticating, HostError> {
         let trust = self.read_trust()?;
         let opened = self.source.open(location)?;
         let metadata = Arc::new(Metadata::parse(opened.metadata_bytes()).map_err(|errors| {

@@ -524,27 +524,30 @@ fn fetch_locked(
 /// A failed sync as the command line reports it: where the failure came from the store (a
 /// refused dependency, an unauthenticated package), the store's error decides the exit code.
 fn sync_failure(e: SyncError) -> anyhow::Error {
-    let exit = match &e {
+    let message = e.to_string();
+    let exit = match e {
         SyncError::Conflict(_) => {
-            return CliError::new(Exit::Refused, e.to_string())
+            return CliError::new(Exit::Refused, message)
                 .with_hint(
                     "versions are immutable: the lock and this store disagree about what that \
                      version is",
                 )
                 .into()
         }
+        SyncError::Store(source)
+        | SyncError::Check { source, .. }
+        | SyncError::Step { source, .. }
+        | SyncError::NotRestored { source, .. }
+        | SyncError::DiffersNotRestored {
+            restore: source, ..
+        } => return anyhow::Error::from(*source).context(message),
         SyncError::NotLocked { .. } => Exit::Rejected,
         SyncError::Copy { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
             Exit::NotFound
         }
-        SyncError::Store(_)
-        | SyncError::Check { .. }
-        | SyncError::Step { .. }
-        | SyncError::NotRestored { .. }
-        | SyncError::DiffersNotRestored { .. } => return e.into(),
         _ => Exit::Failure,
     };
-    CliError::new(exit, e.to_string()).into()
+    CliError::new(exit, message).into()
 }
 
 /// `guild pull --lock LOCK --to DIR`: every locked package into a mirror directory.
