@@ -183,7 +183,13 @@ impl SyncStaging {
         };
         remove_abandoned(&base).map_err(|e| failed(&base, e))?;
         for _ in 0..64 {
-            private_dir_all(&base).map_err(|e| failed(&base, e))?;
+            // The store itself as the store would make it; the staging areas private.
+            fs::create_dir_all(store).map_err(|e| failed(store, e))?;
+            match private_dir(&base) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(failed(&base, e)),
+            }
             let name = format!(
                 "{}-{}",
                 std::process::id(),
@@ -340,14 +346,6 @@ fn make_writable(dir: &Path) {
     }
     #[cfg(not(unix))]
     let _ = dir;
-}
-
-fn private_dir_all(dir: &Path) -> io::Result<()> {
-    let mut builder = fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-    builder.create(dir)
 }
 
 fn private_dir(dir: &Path) -> io::Result<()> {
