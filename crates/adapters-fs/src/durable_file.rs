@@ -20,7 +20,7 @@
 
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions, TryLockError};
-use std::io::{self, Write as _};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -38,7 +38,15 @@ pub fn write(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// [`write()`], answering the file, which keeps the exclusive lock the writer took on it: while
 /// the caller holds it (and the process lives), [`claim_abandoned`] answers that the file's
 /// writer is still there.
-pub fn write_locked(path: &Path, bytes: &[u8]) -> io::Result<File> {
+pub fn write_locked(path: &Path, mut bytes: &[u8]) -> io::Result<File> {
+    write_from(path, &mut bytes)
+}
+
+/// [`write_locked`], copying what `reader` yields (a downloaded package, say) instead of bytes
+/// in memory. The temporary is created exclusively (`O_EXCL`, so a link planted at its name is
+/// never followed: another name is taken), and a writer that dies leaves it for
+/// [`remove_stale_temporaries`] or [`remove_stale_temporaries_of`].
+pub fn write_from(path: &Path, reader: &mut dyn io::Read) -> io::Result<File> {
     let (dir, name) = split(path)?;
     for _ in 0..ATTEMPTS {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -76,9 +84,8 @@ pub fn write_locked(path: &Path, bytes: &[u8]) -> io::Result<File> {
                 return Err(e);
             }
         }
-        let written = file
-            .write_all(bytes)
-            .and_then(|()| file.sync_all())
+        let written = io::copy(reader, &mut file)
+            .and_then(|_| file.sync_all())
             .and_then(|()| fs::rename(&tmp, path))
             .and_then(|()| sync_dir(dir));
         return match written {
@@ -203,6 +210,20 @@ pub fn is_temporary(name: &OsStr) -> bool {
 /// Removes the temporaries in `dir` whose writer died before renaming them, and answers their
 /// paths. A temporary that a live writer still holds stays. A missing `dir` has none.
 pub fn remove_stale_temporaries(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    remove_stale(dir, |_| true)
+}
+
+/// [`remove_stale_temporaries`] for the temporaries of the one file `path` only, leaving any
+/// other file in its directory alone (a directory the operator chose, say).
+pub fn remove_stale_temporaries_of(path: &Path) -> io::Result<Vec<PathBuf>> {
+    let (dir, name) = split(path)?;
+    let prefix = format!(".{}.", name.to_string_lossy());
+    remove_stale(dir, |temporary| {
+        temporary.to_string_lossy().starts_with(&prefix)
+    })
+}
+
+fn remove_stale(dir: &Path, ours: impl Fn(&OsStr) -> bool) -> io::Result<Vec<PathBuf>> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -211,7 +232,12 @@ pub fn remove_stale_temporaries(dir: &Path) -> io::Result<Vec<PathBuf>> {
     let mut removed = Vec::new();
     for entry in entries {
         let entry = entry?;
-        if !is_temporary(&entry.file_name()) {
+        // Only regular files are ever temporaries; a link planted under such a name is left
+        // alone rather than failing the sweep.
+        if !is_temporary(&entry.file_name())
+            || !ours(&entry.file_name())
+            || !entry.file_type()?.is_file()
+        {
             continue;
         }
         let path = entry.path();
@@ -289,6 +315,36 @@ fn split(path: &Path) -> io::Result<(&Path, &OsStr)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(unix)]
+    #[test]
+    fn write_from_never_writes_through_a_link_planted_at_its_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"untouched").unwrap();
+        let path = dir.path().join("pkg.gkmodule");
+        // Links at the next temporary names this process will try.
+        let next = NEXT.load(Ordering::Relaxed);
+        for n in next..next + 8 {
+            let tmp = dir
+                .path()
+                .join(format!(".pkg.gkmodule.{}.{n}.tmp", std::process::id()));
+            std::os::unix::fs::symlink(&victim, tmp).unwrap();
+        }
+        write_from(&path, &mut &b"the package"[..]).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"the package");
+        assert_eq!(fs::read(&victim).unwrap(), b"untouched");
+        // Links are no temporaries of a dead writer to remove: the cleaner leaves them (and the
+        // victim) alone, and removes only this file's unlocked temporaries.
+        let stale = dir.path().join(".pkg.gkmodule.1.0.tmp");
+        fs::write(&stale, b"half").unwrap();
+        let other = dir.path().join(".other.1.0.tmp");
+        fs::write(&other, b"theirs").unwrap();
+        let removed = remove_stale_temporaries_of(&path).unwrap();
+        assert!(removed.contains(&stale), "{removed:?}");
+        assert!(other.exists());
+        assert_eq!(fs::read(&victim).unwrap(), b"untouched");
+    }
 
     #[test]
     fn read_regular_reads_up_to_the_cap_and_only_regular_files() {

@@ -60,6 +60,7 @@ pub mod error;
 pub mod experts;
 pub mod host;
 mod id_lookup;
+pub mod lock_sync;
 #[allow(unsafe_code)] // The runner boundary: RMD1 callbacks and the C model reader's entry points.
 pub mod models;
 #[allow(unsafe_code)] // The C service boundary: GOP1 callbacks and the service's C table.
@@ -84,8 +85,8 @@ pub use operations::{
     OperationService, ReshapeError, ResolveError, TensorArg, TensorArgMut,
 };
 pub use package_manager::{
-    FullCheck, InstallOptions, Installed, OpenReport, PackageManager, PackageView, TrustReset,
-    VerifyFailure, VerifyOptions,
+    FullCheck, InstallOptions, Installed, OpenReport, PackageManager, PackageView, Savepoint,
+    TrustReset, VerifyFailure, VerifyOptions,
 };
 pub use platform::HostPlatform;
 pub use reconcile::{PendingCause, PendingChange};

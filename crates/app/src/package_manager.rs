@@ -528,6 +528,22 @@ pub struct Refreshed {
     pub unusable: Vec<Quarantined>,
 }
 
+/// A committed registry saved by [`PackageManager::savepoint`], to return to with
+/// [`PackageManager::restore`].
+#[derive(Debug, Clone)]
+pub struct Savepoint(RegistryState);
+
+impl Savepoint {
+    /// The registry generation it saved.
+    pub fn generation(&self) -> u64 {
+        self.0.generation()
+    }
+}
+
+/// A package offered for installation once it is authenticated: the opened package, its
+/// metadata, its `id@version` label and who signed it.
+type Authenticating = (Box<dyn OpenedPackage>, Arc<Metadata>, String, Authenticated);
+
 /// A reader's hold on the store's exclusive lock for one transaction; see
 /// [`PackageStore::begin_write`].
 struct WriteSession<'s>(&'s dyn PackageStore);
@@ -1546,27 +1562,12 @@ impl PackageManager {
         Ok(metadata)
     }
 
-    /// Authenticates, validates, extracts and publishes the package at `location`.
-    pub fn install(
-        &self,
-        location: &Path,
-        options: InstallOptions,
-    ) -> Result<Installed, HostError> {
-        self.install_with(location, options, &mut NoHook)
-    }
-
-    /// [`PackageManager::install`] with a hook that takes part in the transaction.
-    pub fn install_with(
-        &self,
-        location: &Path,
-        options: InstallOptions,
-        hook: &mut dyn LifecycleHook,
-    ) -> Result<Installed, HostError> {
-        let mut life = self.lock();
-        let _write = self.write_session(&mut life)?;
+    /// Steps 1 and 2 of an installation that need no registry: the package at `location` opened,
+    /// its metadata parsed and authenticated against the current trust store, and its platform
+    /// checked. Answers the opened package, its metadata, its `id@version` label and who signed it.
+    fn offered(&self, location: &Path) -> Result<Authenticating, HostError> {
         let trust = self.read_trust()?;
-
-        let mut opened = self.source.open(location)?;
+        let opened = self.source.open(location)?;
         let metadata = Arc::new(Metadata::parse(opened.metadata_bytes()).map_err(|errors| {
             HostError::Manifest {
                 location: location.to_path_buf(),
@@ -1587,6 +1588,58 @@ impl PackageManager {
                 package: package.clone(),
                 source,
             })?;
+        Ok((opened, metadata, package, auth))
+    }
+
+    /// Checks the package at `location` as an installation does before it writes anything
+    /// (authenticated against the current trust store, its platform checked, every artifact
+    /// hashed against the signed manifest), writing nothing and taking no lock. Answers what an
+    /// installation of it would record. What the store would say to it (the immutable-version
+    /// rule, the dependency graph) is left to the installation.
+    pub fn check_package(&self, location: &Path) -> Result<Installed, HostError> {
+        let (mut opened, metadata, package, auth) = {
+            let _life = self.lock();
+            self.offered(location)?
+        };
+        let manifest = metadata.manifest();
+        let watch = self.watch(&mut *opened, &package, manifest);
+        opened.verify_in_place(manifest)?;
+        drop(watch);
+        Ok(Installed {
+            id: manifest.package_id.clone(),
+            version: manifest.version.clone(),
+            kind: manifest.kind,
+            payload_digest: auth.payload_digest,
+            publisher: auth.publisher,
+            key_id: auth.key_id,
+            changed: false,
+            enabled: false,
+            superseded: None,
+            reactivated: false,
+            repaired: false,
+        })
+    }
+
+    /// Authenticates, validates, extracts and publishes the package at `location`.
+    pub fn install(
+        &self,
+        location: &Path,
+        options: InstallOptions,
+    ) -> Result<Installed, HostError> {
+        self.install_with(location, options, &mut NoHook)
+    }
+
+    /// [`PackageManager::install`] with a hook that takes part in the transaction.
+    pub fn install_with(
+        &self,
+        location: &Path,
+        options: InstallOptions,
+        hook: &mut dyn LifecycleHook,
+    ) -> Result<Installed, HostError> {
+        let mut life = self.lock();
+        let _write = self.write_session(&mut life)?;
+        let (mut opened, metadata, package, auth) = self.offered(location)?;
+        let manifest = metadata.manifest();
 
         let registry = self.store.registry()?;
         let (id, version) = (&manifest.package_id, &manifest.version);
@@ -1968,6 +2021,50 @@ impl PackageManager {
         )?;
         Self::advance(&mut life, change);
         Ok(purged)
+    }
+
+    /// The committed registry now, to return to with [`PackageManager::restore`] if a batch of
+    /// changes made under the same hold of the store's lock fails part way.
+    pub fn savepoint(&self) -> Result<Savepoint, HostError> {
+        let _life = self.lock();
+        Ok(Savepoint(self.store.registry()?))
+    }
+
+    /// Returns the store to `saved`: every version installed since is deleted and forgotten,
+    /// and every other record (state, rollback target, quarantine) is put back as it was, in
+    /// two durable transactions (the first deletes the trees, the second purges their records).
+    /// Only versions whose trees are still installed can come back, so this undoes installs,
+    /// enables, disables and reactivations, not removals. It is meant for a writer that holds
+    /// the store's lock from the savepoint on, as `guild sync` does; the kernel registry takes
+    /// no part, so a [`Host`](crate::Host) with packages loaded never calls it.
+    pub fn restore(&self, saved: &Savepoint) -> Result<(), HostError> {
+        let mut life = self.lock();
+        let _write = self.write_session(&mut life)?;
+        let registry = self.store.registry()?;
+        if registry.generation() == saved.0.generation() {
+            return Ok(());
+        }
+        let (back, purge) = registry.returning_to(&saved.0);
+        // Whatever commits below, what is kept of the graph no longer describes the registry.
+        life.kept = None;
+        self.commit(
+            Transaction::new(registry.generation(), back.clone()),
+            &mut NoHook,
+        )?;
+        for key in &purge {
+            life.metadata.remove(key);
+        }
+        if purge.is_empty() {
+            return Ok(());
+        }
+        let mut forgotten = back.successor();
+        for (id, version) in &purge {
+            forgotten.purge(id, Some(version))?;
+        }
+        self.commit(
+            Transaction::new(back.generation(), forgotten).with_purge(purge),
+            &mut NoHook,
+        )
     }
 
     /// Rolls `id` back to its previous version, refused while leased or when any enabled

@@ -11,22 +11,20 @@
 //! lock` can record it; a missing or unreadable origin only leaves the lock entry without a
 //! reference.
 
-use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
 use guild_domain::ids::Sha256Digest;
-use guild_domain::lifecycle::State;
 use guild_domain::trust::authenticate;
 use guild_host::distribution::{
-    plan_sync, ArtifactConfig, ArtifactRegistry, DistributionError, DistributionErrorKind,
-    HeldVersion, LockFile, LockedPackage, LockedSource, OciReference, OciRegistry, Pulled,
-    PushRequest, SyncStep,
+    ArtifactConfig, ArtifactRegistry, DistributionError, DistributionErrorKind, LockFile,
+    LockedPackage, LockedSource, OciReference, OciRegistry, Pulled, PushRequest, SyncStep,
 };
+use guild_host::lock_sync::{self, SyncChange, SyncError, SyncStaging};
 use guild_host::publish::{GkpkSource, P256Verifier};
-use guild_host::{durable_file, HostError, InstallOptions, PackageManager};
+use guild_host::{durable_file, HostError, PackageManager};
 use guild_ports::source::{PackageSource, Progress};
 use serde_json::json;
 
@@ -186,11 +184,13 @@ pub fn pull(
     out: &Path,
     progress: Option<Arc<dyn Progress>>,
 ) -> anyhow::Result<Report> {
-    // Download beside the destination, then rename: a failed pull leaves no file at `out`.
-    let tmp = sibling_tmp(out);
-    let pulled = pull_to(reference, &tmp, progress_ref(&progress))?;
-    durable_file::move_into_place(&tmp, out)
-        .with_context(|| format!("cannot move the pulled package to {}", out.display()))?;
+    // Download into a private scratch directory, then copy beside the destination and rename:
+    // a failed pull leaves no file at `out`, and one that was killed leaves a temporary that
+    // the next pull to the same name removes.
+    let scratch = ScratchDir::create_named("pull")?;
+    let file = scratch.path().join(file_name_for(reference));
+    let pulled = pull_to(reference, &file, progress_ref(&progress))?;
+    put_in_place(&file, out)?;
     let mut report = Report::new("pull");
     pulled_fields(&mut report, reference, &pulled);
     // Not yet authenticated: the artifact's own word for what it holds.
@@ -208,12 +208,21 @@ pub fn pull(
     Ok(report)
 }
 
-fn sibling_tmp(out: &Path) -> PathBuf {
-    let name = out
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "package".into());
-    out.with_file_name(format!(".{name}.{}.part", std::process::id()))
+/// Copies the downloaded `file` to `out` atomically and durably ([`durable_file::write_from`]:
+/// a temporary created exclusively beside `out`, so a link planted at its name is never
+/// written through), after removing the temporaries that killed pulls left there.
+fn put_in_place(file: &Path, out: &Path) -> anyhow::Result<()> {
+    durable_file::remove_stale_temporaries_of(out).with_context(|| {
+        format!(
+            "cannot remove the temporaries of interrupted pulls beside {}",
+            out.display()
+        )
+    })?;
+    let mut downloaded = fs::File::open(file)
+        .with_context(|| format!("cannot read the downloaded {}", file.display()))?;
+    durable_file::write_from(out, &mut downloaded)
+        .map(drop)
+        .with_context(|| format!("cannot write {}", out.display()))
 }
 
 fn pulled_fields(report: &mut Report, reference: &OciReference, pulled: &Pulled) {
@@ -414,10 +423,15 @@ fn mirror_name(p: &LockedPackage) -> String {
     format!("{}-{}.{}", p.id, p.version, p.kind.as_str())
 }
 
-/// Refuses a package file whose payload is not the one locked, before it is installed.
-fn check_locked_payload(file: &Path, locked: &LockedPackage) -> anyhow::Result<()> {
+/// Whether `file` is, whole, the package `locked` pins: its manifest names the locked id and
+/// version, its payload digest (over the signed manifest) is the locked one, and every artifact
+/// hashes to what that manifest says. Its signature is the installation's to check.
+fn check_whole(file: &Path, locked: &LockedPackage) -> anyhow::Result<()> {
     let config = artifact_config(file)?;
-    if config.payload_sha256 != locked.payload_sha256 || config.id != locked.id {
+    if config.payload_sha256 != locked.payload_sha256
+        || config.id != locked.id
+        || config.version != locked.version
+    {
         return Err(CliError::new(
             Exit::Rejected,
             format!(
@@ -431,71 +445,118 @@ fn check_locked_payload(file: &Path, locked: &LockedPackage) -> anyhow::Result<(
                 locked.payload_sha256.to_hex()
             ),
         )
-        .with_hint("nothing was installed; fetch the locked package or update the lock")
+        .with_hint("fetch the locked package or update the lock")
+        .into());
+    }
+    let opened = GkpkSource::default().open(file).map_err(HostError::from)?;
+    let metadata = parse_metadata(file, opened.metadata_bytes())?;
+    opened
+        .verify_in_place(metadata.manifest())
+        .map_err(HostError::from)
+        .with_context(|| {
+            format!(
+                "{} {}: {} does not hold what its manifest says",
+                locked.id,
+                locked.version,
+                file.display()
+            )
+        })?;
+    Ok(())
+}
+
+/// Downloads the locked package from its pinned reference to `file` (which must not exist),
+/// refusing an artifact whose config names another payload.
+fn pull_locked(
+    locked: &LockedPackage,
+    file: &Path,
+    progress: Option<&dyn Progress>,
+) -> anyhow::Result<()> {
+    let Some(source) = &locked.source else {
+        return Err(CliError::new(
+            Exit::NotFound,
+            format!(
+                "{} {}: the lock names no registry reference for it",
+                locked.id, locked.version
+            ),
+        )
+        .with_hint("sync with --from DIR holding its archive")
+        .into());
+    };
+    let pulled = pull_to(&source.pinned(), file, progress)?;
+    if pulled.config.payload_sha256 != locked.payload_sha256 {
+        return Err(CliError::new(
+            Exit::Rejected,
+            format!(
+                "{} {}: {} holds payload {}, but the lock pins payload {}",
+                locked.id,
+                locked.version,
+                source.pinned(),
+                pulled.config.payload_sha256.to_hex(),
+                locked.payload_sha256.to_hex()
+            ),
+        )
         .into());
     }
     Ok(())
 }
 
-/// Gets the locked package into `scratch`: from `from` (a mirror directory) when given, else
-/// from its pinned reference.
+/// Brings the locked package into the sync's staging area: copied once from `from` (a mirror
+/// directory) when given, else downloaded from its pinned reference. Answers the staged file.
 fn fetch_locked(
     locked: &LockedPackage,
     from: Option<&Path>,
-    scratch: &Path,
+    staging: &SyncStaging,
     progress: Option<&dyn Progress>,
 ) -> anyhow::Result<PathBuf> {
-    let file = match from {
-        Some(dir) => {
-            let file = dir.join(mirror_name(locked));
-            if !file.is_file() {
-                return Err(CliError::new(
-                    Exit::NotFound,
-                    format!(
-                        "{} {}: {} is not in the mirror directory",
-                        locked.id,
-                        locked.version,
-                        file.display()
-                    ),
-                )
-                .with_hint("make the mirror with `guild pull --lock LOCK --to DIR`")
-                .into());
-            }
-            file
-        }
-        None => {
-            let Some(source) = &locked.source else {
-                return Err(CliError::new(
-                    Exit::NotFound,
-                    format!(
-                        "{} {}: the lock names no registry reference for it",
-                        locked.id, locked.version
-                    ),
-                )
-                .with_hint("sync with --from DIR holding its archive")
-                .into());
-            };
-            let file = scratch.join(mirror_name(locked));
-            let pulled = pull_to(&source.pinned(), &file, progress)?;
-            if pulled.config.payload_sha256 != locked.payload_sha256 {
-                return Err(CliError::new(
-                    Exit::Rejected,
-                    format!(
-                        "{} {}: {} holds payload {}, but the lock pins payload {}",
-                        locked.id,
-                        locked.version,
-                        source.pinned(),
-                        pulled.config.payload_sha256.to_hex(),
-                        locked.payload_sha256.to_hex()
-                    ),
-                )
-                .into());
-            }
-            file
-        }
+    let Some(dir) = from else {
+        let file = staging.file_for(locked);
+        pull_locked(locked, &file, progress)?;
+        return Ok(file);
     };
-    check_locked_payload(&file, locked)?;
-    Ok(file)
+    let file = dir.join(mirror_name(locked));
+    if !file.is_file() {
+        return Err(CliError::new(
+            Exit::NotFound,
+            format!(
+                "{} {}: {} is not in the mirror directory",
+                locked.id,
+                locked.version,
+                file.display()
+            ),
+        )
+        .with_hint("make the mirror with `guild pull --lock LOCK --to DIR`")
+        .into());
+    }
+    staging.copy_in(locked, &file).map_err(sync_failure)
+}
+
+/// A failed sync as the command line reports it: where the failure came from the store (a
+/// refused dependency, an unauthenticated package), the store's error decides the exit code.
+fn sync_failure(e: SyncError) -> anyhow::Error {
+    let message = e.to_string();
+    let exit = match e {
+        SyncError::Conflict(_) => {
+            return CliError::new(Exit::Refused, message)
+                .with_hint(
+                    "versions are immutable: the lock and this store disagree about what that \
+                     version is",
+                )
+                .into()
+        }
+        SyncError::Store(source)
+        | SyncError::Check { source, .. }
+        | SyncError::Step { source, .. }
+        | SyncError::NotRestored { source, .. }
+        | SyncError::DiffersNotRestored {
+            restore: source, ..
+        } => return anyhow::Error::from(*source).context(message),
+        SyncError::NotLocked { .. } => Exit::Rejected,
+        SyncError::Copy { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            Exit::NotFound
+        }
+        _ => Exit::Failure,
+    };
+    CliError::new(exit, message).into()
 }
 
 /// `guild pull --lock LOCK --to DIR`: every locked package into a mirror directory.
@@ -510,17 +571,18 @@ pub fn mirror(
     let mut files = Vec::new();
     for locked in lock.packages() {
         let dest = to.join(mirror_name(locked));
-        if dest.is_file() && check_locked_payload(&dest, locked).is_ok() {
+        // Only a file that is, whole, the locked package is kept; anything else is replaced.
+        let kept = dest.is_file() && check_whole(&dest, locked).is_ok();
+        if kept {
             report.line(format!("{} is already in the mirror", dest.display()));
             files.push(dest.display().to_string());
             continue;
         }
         let scratch = ScratchDir::create_named("mirror")?;
-        let file = fetch_locked(locked, None, scratch.path(), progress_ref(&progress))?;
-        let tmp = sibling_tmp(&dest);
-        fs::copy(&file, &tmp)
-            .and_then(|_| durable_file::move_into_place(&tmp, &dest))
-            .with_context(|| format!("cannot write {}", dest.display()))?;
+        let file = scratch.path().join(mirror_name(locked));
+        pull_locked(locked, &file, progress_ref(&progress))?;
+        check_whole(&file, locked)?;
+        put_in_place(&file, &dest)?;
         report.line(format!(
             "pulled {} {} to {}",
             locked.id,
@@ -536,6 +598,10 @@ pub fn mirror(
 }
 
 /// `guild sync LOCK [--from DIR]`: make the store's enabled set equal the lock.
+///
+/// The packages are fetched and checked into a staging area under the store without its lock,
+/// so that other writers are not kept waiting by a download; then the lock is taken and the
+/// whole change is made from the staged files, or none of it ([`lock_sync`]).
 pub fn sync(
     store_dir: &Path,
     lock_path: &Path,
@@ -544,134 +610,44 @@ pub fn sync(
 ) -> anyhow::Result<Report> {
     let lock = read_lock(lock_path)?;
     let timeout = store::check_timeout()?;
+    let staging = SyncStaging::create(store_dir).map_err(sync_failure)?;
+    let staged = {
+        // The committed state, read without the store's lock.
+        let (reader, _) = store::open_committed(store_dir, "sync")?;
+        reader.set_progress(progress.clone());
+        let steps = lock_sync::plan(&reader, &lock).map_err(sync_failure)?;
+        let mut staged = Vec::new();
+        for step in &steps {
+            let (SyncStep::Install(locked) | SyncStep::Reactivate(locked)) = step else {
+                continue;
+            };
+            let file = fetch_locked(locked, from, &staging, progress_ref(&progress))?;
+            staged.push(lock_sync::stage(&reader, locked, file).map_err(sync_failure)?);
+        }
+        staged
+    };
     let (pm, mut report) = store::open(store_dir, "sync")?;
-    let held = held_versions(&pm)?;
-    let steps = plan_sync(&lock, &held).map_err(|e| {
-        anyhow::Error::from(CliError::new(Exit::Refused, e.to_string()).with_hint(
-            "versions are immutable: the lock and this store disagree about what that version is",
-        ))
-    })?;
-    let scratch = ScratchDir::create_named("sync")?;
-    // Every package to install is fetched and checked against the lock first, so that a
-    // missing or altered one is refused before the store changes at all.
-    let mut pending = Vec::new();
-    for step in &steps {
-        let locked = match step {
-            SyncStep::Install(l) | SyncStep::Reactivate(l) => l,
-            SyncStep::Disable(_) => continue,
-        };
-        let file = fetch_locked(locked, from, scratch.path(), progress_ref(&progress))?;
-        pending.push((locked.clone(), file));
-    }
-    let mut done = Vec::new();
-    // Disables first; one that an enabled dependent still needs is retried after the others.
-    let mut disables: Vec<_> = steps
-        .iter()
-        .filter_map(|s| match s {
-            SyncStep::Disable(id) => Some(id.clone()),
-            _ => None,
-        })
-        .collect();
-    while !disables.is_empty() {
-        let before = disables.len();
-        let mut last = None;
-        disables.retain(|id| match pm.disable(id) {
-            Ok(v) => {
-                done.push(json!({"action": "disable", "package_id": id.as_str(), "version": v.to_string()}));
-                false
-            }
-            Err(e) => {
-                last = Some(e);
-                true
-            }
-        });
-        if disables.len() == before {
-            if let Some(e) = last {
-                return Err(anyhow::Error::from(e).context(format!(
-                    "cannot disable {}, which the lock does not name",
-                    disables[0]
-                )));
-            }
-        }
-    }
-    // Then installs, in rounds, so that a dependency is installed before what depends on it.
     let mut check = store::library_check(&pm, timeout)?;
-    while !pending.is_empty() {
-        let before = pending.len();
-        let mut last = None;
-        let mut rest = Vec::new();
-        for (locked, file) in pending {
-            match pm.install_with(
-                &file,
-                InstallOptions {
-                    enable: true,
-                    allow_downgrade: true,
-                },
-                &mut check,
-            ) {
-                Ok(installed) => {
-                    if installed.payload_digest != locked.payload_sha256 {
-                        return Err(CliError::new(
-                            Exit::Rejected,
-                            format!(
-                                "{}: installed payload {} differs from the locked {}",
-                                locked.id,
-                                installed.payload_digest.to_hex(),
-                                locked.payload_sha256.to_hex()
-                            ),
-                        )
-                        .into());
-                    }
-                    if !installed.enabled {
-                        pm.enable_with(&locked.id, &mut check)?;
-                    }
-                    if let Some(source) = &locked.source {
-                        record_origin(
-                            store_dir,
-                            &locked.payload_sha256,
-                            &source.reference,
-                            &source.manifest_digest,
-                        );
-                    }
-                    done.push(json!({"action": "install", "package_id": locked.id.as_str(), "version": locked.version.to_string()}));
-                }
-                Err(e) => {
-                    last = Some((locked.id.clone(), e));
-                    rest.push((locked, file));
-                }
-            }
+    let changes = lock_sync::apply(&pm, &lock, &staged, &mut check).map_err(sync_failure)?;
+    drop(staging);
+    let mut done = Vec::new();
+    for change in &changes {
+        let (action, id, version) = match change {
+            SyncChange::Disabled { id, version } => ("disable", id, version),
+            SyncChange::Installed { id, version } => ("install", id, version),
+        };
+        let locked = lock.get(id).filter(|_| action == "install");
+        if let Some((locked, source)) = locked.and_then(|l| l.source.as_ref().map(|s| (l, s))) {
+            record_origin(
+                store_dir,
+                &locked.payload_sha256,
+                &source.reference,
+                &source.manifest_digest,
+            );
         }
-        if rest.len() == before {
-            if let Some((id, e)) = last {
-                return Err(anyhow::Error::from(e).context(format!("cannot install locked {id}")));
-            }
-        }
-        pending = rest;
-    }
-    // The result, checked: the enabled set equals the lock.
-    let now = lock_of(store_dir, &pm)?;
-    let mismatched: BTreeSet<String> = lock
-        .packages()
-        .filter(|l| {
-            now.get(&l.id)
-                .is_none_or(|n| n.payload_sha256 != l.payload_sha256)
-        })
-        .map(|l| l.id.to_string())
-        .chain(
-            now.packages()
-                .filter(|n| lock.get(&n.id).is_none())
-                .map(|n| n.id.to_string()),
-        )
-        .collect();
-    if !mismatched.is_empty() {
-        return Err(CliError::new(
-            Exit::Failure,
-            format!(
-                "after sync the store still differs from the lock for {}",
-                mismatched.into_iter().collect::<Vec<_>>().join(", ")
-            ),
-        )
-        .into());
+        done.push(
+            json!({"action": action, "package_id": id.as_str(), "version": version.to_string()}),
+        );
     }
     report
         .field("lock", lock_path.display().to_string())
@@ -703,22 +679,6 @@ pub fn sync(
         ));
     }
     Ok(report)
-}
-
-fn held_versions(pm: &PackageManager) -> anyhow::Result<Vec<HeldVersion>> {
-    let mut held = Vec::new();
-    for p in pm.list()? {
-        for v in &p.versions {
-            held.push(HeldVersion {
-                id: p.id.clone(),
-                version: v.version.clone(),
-                payload_sha256: v.payload_digest,
-                installed: !matches!(v.state, State::Removed | State::Discarded | State::Staged),
-                enabled: p.enabled.as_ref() == Some(&v.version) && v.quarantine.is_none(),
-            });
-        }
-    }
-    Ok(held)
 }
 
 /// Whether a command-line package argument is a registry reference.

@@ -867,6 +867,41 @@ impl RegistryState {
         Ok(())
     }
 
+    /// The successor of this registry that returns every package to what `saved`, an earlier
+    /// registry of the same store, records: how a batch of changes that failed part way is undone
+    /// (`guild sync` applies a whole lock or nothing). Each version recorded here that `saved`
+    /// does not record as installed becomes a `removed` tombstone, so the commit deletes its tree;
+    /// the versions `saved` does not record at all are answered too, for a second transaction to
+    /// purge, after which the registry records what `saved` does. The trust anchor stays this
+    /// registry's. Nothing is checked here: the store refuses a successor that would need a tree
+    /// it no longer has.
+    pub fn returning_to(
+        &self,
+        saved: &RegistryState,
+    ) -> (RegistryState, Vec<(PackageId, Version)>) {
+        let mut next = self.successor();
+        let mut purge = Vec::new();
+        for (id, now) in self.packages.iter() {
+            let mut back = saved.package(id).cloned().unwrap_or_default();
+            for (version, record) in now.versions() {
+                if back.versions.get(version).is_none() {
+                    let mut tombstone = record.clone();
+                    tombstone.state = State::Removed;
+                    tombstone.quarantine = None;
+                    back.versions.insert(version.clone(), tombstone);
+                    purge.push((id.clone(), version.clone()));
+                }
+            }
+            next.packages.insert(id.clone(), Arc::new(back));
+        }
+        for (id, record) in saved.packages.iter() {
+            if self.package(id).is_none() {
+                next.packages.insert(id.clone(), record.clone());
+            }
+        }
+        (next, purge)
+    }
+
     /// Forgets removed versions of `id`: the one named, or every removed one when `version` is
     /// `None`. Answers the versions forgotten, ascending. A package left with no record at all
     /// is dropped from the registry.

@@ -21,6 +21,7 @@ mod kill;
 mod kill_modules;
 mod live;
 mod llama;
+mod lock_sync;
 mod mocks;
 mod module_deps;
 mod numbering;

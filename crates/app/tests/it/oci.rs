@@ -649,3 +649,143 @@ fn oci_fleet_of_eight_stores_syncs_one_lock_concurrently() {
         assert_eq!(enabled(&bench, store), want, "{}", store.display());
     }
 }
+
+/// A listener on 127.0.0.1 that accepts one connection and never answers: a registry whose
+/// download is still under way for as long as the test holds the connection.
+fn stalling_listener() -> (TcpListener, u16) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    (listener, port)
+}
+
+#[test]
+fn oci_sync_lets_writers_in_while_it_downloads() {
+    let Some((registry, bench)) = start("oci_sync_lets_writers_in") else {
+        return;
+    };
+    let (_, lock) = locked_store(&bench, &registry);
+    // The same lock, its references pointing at a registry that never answers.
+    let (listener, port) = stalling_listener();
+    let stalled = fs::read_to_string(&lock).unwrap().replace(
+        &format!("127.0.0.1:{}", registry.port),
+        &format!("127.0.0.1:{port}"),
+    );
+    let stalled_lock = bench.path().join("stalled.lock");
+    fs::write(&stalled_lock, stalled).unwrap();
+    let fresh = trusting_store(&bench, "fresh");
+    // A second key, for a writer to revoke while the sync downloads.
+    ok(run(&bench, &fresh, None, &["keygen", "--out", "k2"]));
+    let added = ok(run(
+        &bench,
+        &fresh,
+        None,
+        &["--json", "trust", "add", "org.example", "k2.pub"],
+    ))
+    .json();
+    let key = added["key_id"].as_str().unwrap().to_owned();
+    let before = crate::support::disk(&fresh);
+
+    let mut cmd = guild_command(
+        bench.path(),
+        &[
+            "--store",
+            fresh.to_str().unwrap(),
+            "sync",
+            stalled_lock.to_str().unwrap(),
+        ],
+    );
+    cmd.env("HOME", bench.path())
+        .env_remove("REGISTRY_AUTH_FILE")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    // The sync has connected: it is downloading.
+    let (connection, _) = listener.accept().unwrap();
+    let revoked = run(
+        &bench,
+        &fresh,
+        None,
+        &["trust", "revoke-key", &key, "--reason", "rotated"],
+    );
+    // Let the download fail, then see what the sync left.
+    drop(connection);
+    drop(listener);
+    let out = child.wait_with_output().unwrap();
+    ok(revoked);
+    assert!(!out.status.success(), "the sync cannot have succeeded");
+    let after = crate::support::disk(&fresh);
+    // Only the trust change is there: the sync changed nothing.
+    let changed: Vec<&String> = after
+        .keys()
+        .chain(before.keys())
+        .filter(|k| after.get(*k) != before.get(*k))
+        .collect();
+    assert!(
+        changed.iter().all(|k| k.starts_with("trust")
+            || k.starts_with("registry")
+            || k.starts_with("journal")),
+        "{changed:?}"
+    );
+    assert!(enabled(&bench, &fresh).is_empty());
+}
+
+#[test]
+fn oci_pull_to_a_mirror_replaces_a_corrupt_file_and_removes_leftovers() {
+    let Some((registry, bench)) = start("oci_mirror_corrupt") else {
+        return;
+    };
+    let (origin, lock) = locked_store(&bench, &registry);
+    let mirror = bench.path().join("mirror");
+    let pull = |bench: &Bench| {
+        ok(run(
+            bench,
+            &origin,
+            None,
+            &[
+                "pull",
+                "--lock",
+                lock.to_str().unwrap(),
+                "--to",
+                mirror.to_str().unwrap(),
+            ],
+        ))
+    };
+    pull(&bench);
+    let name = "example.scan-1.0.0.gkmodule";
+    let good = fs::read(mirror.join(name)).unwrap();
+    // One artifact byte changed: the manifest, and so the payload digest, is still the locked one.
+    let mut bad = good.clone();
+    let at = bad.windows(4).rposition(|w| w == b"scan").unwrap();
+    bad[at..at + 4].copy_from_slice(b"SCAN");
+    fs::write(mirror.join(name), &bad).unwrap();
+    // What a pull killed half way leaves: a temporary nobody holds.
+    let leftover = mirror.join(format!(".{name}.4242.0.tmp"));
+    fs::write(&leftover, b"half a download").unwrap();
+    // Another file of the operator's that looks like one is not touched.
+    let theirs = mirror.join(".notes.1.0.tmp");
+    fs::write(&theirs, b"mine").unwrap();
+
+    let again = pull(&bench);
+    assert!(
+        !again.stdout.contains(&format!(
+            "{} is already in the mirror",
+            mirror.join(name).display()
+        )),
+        "{}",
+        again.stdout
+    );
+    assert!(
+        again.stdout.contains("pulled example.scan 1.0.0"),
+        "{}",
+        again.stdout
+    );
+    assert_eq!(fs::read(mirror.join(name)).unwrap(), good);
+    assert!(!leftover.exists(), "the leftover temporary is still there");
+    assert_eq!(fs::read(&theirs).unwrap(), b"mine");
+    // The untouched package was kept.
+    assert!(
+        again.stdout.contains("is already in the mirror"),
+        "{}",
+        again.stdout
+    );
+}
