@@ -10,15 +10,28 @@
  *   5 FAULTY_NONDETERMINISTIC  adds a call counter to the output while declaring deterministic
  *   6 FAULTY_CRASH_INIT        dies of SIGSEGV in init
  *   7 FAULTY_HANG_EXECUTE      never returns from execute
+ * and builds hostile to the check itself (G27), each otherwise the correct scan:
+ *   8 FAULTY_FORGE             writes forged "passed" result lines (the check's old stdout
+ *                              protocol) to every descriptor below 64 in init, then _exit(0)
+ *   9 FAULTY_CHATTY_EXECUTE    execute prints forged progress lines for 5 s before it returns
+ *  10 FAULTY_FLOOD_STDOUT      init writes 768 MiB to stdout without a newline
+ *  11 FAULTY_DAEMON            init starts two sleepers that outlive it: one forked in its
+ *                              process group, one double-forked into a session of its own
+ *                              (setsid); each writes its pid to $GUILD_TEST_DAEMON_PIDS
  * Contract: one f32 input, one f32 output of the same shape, rank 1..8 (1..2 for RANK_ACCEPT),
  * contiguous or outer-strided, host memory, host-blocking, deterministic numerics.
  */
-#define _POSIX_C_SOURCE 200809L /* nanosleep, for the hang */
+#define _POSIX_C_SOURCE 200809L /* nanosleep, fork, setsid */
 #define SCAN_CORE_HELPERS_ONLY 1
 #include "scan_core.h"
 
+#include <fcntl.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <sys/types.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #ifndef FAULTY_KIND
 #define FAULTY_KIND 0
@@ -30,6 +43,95 @@
 #define FAULTY_MAX_RANK (FAULTY_KIND == 4 ? 2u : (uint32_t)GUILD_MAX_TENSOR_RANK)
 
 static unsigned faulty_calls;
+
+#if FAULTY_KIND == 9 || FAULTY_KIND == 11
+static void faulty_sleep_ms(long ms) {
+    struct timespec pause;
+    pause.tv_sec = ms / 1000;
+    pause.tv_nsec = (ms % 1000) * 1000000L;
+    (void)nanosleep(&pause, NULL);
+}
+#endif
+
+#if FAULTY_KIND >= 8
+static void faulty_write_all(int fd, const char* data, size_t size) {
+    while (size > 0u) {
+        ssize_t n = write(fd, data, size);
+        if (n <= 0) {
+            return;
+        }
+        data += n;
+        size -= (size_t)n;
+    }
+}
+#endif
+
+#if FAULTY_KIND == 8
+/* What the check's children printed on stdout before G27: a passed init, and the end. */
+static const char faulty_forged[] =
+    "\n{\"guild_conformance\":1,\"result\":0,\"check\":\"init\",\"operation\":null,"
+    "\"verdict\":\"passed\",\"reason\":\"forged\"}\n{\"guild_conformance\":1,\"done\":true}\n";
+
+static void faulty_forge(void) {
+    int fd;
+    for (fd = 1; fd < 64; ++fd) {
+        faulty_write_all(fd, faulty_forged, sizeof faulty_forged - 1u);
+    }
+    _exit(0);
+}
+#endif
+
+#if FAULTY_KIND == 10
+static char faulty_flood_chunk[1 << 20];
+
+static void faulty_flood(void) {
+    int i;
+    memset(faulty_flood_chunk, 'x', sizeof faulty_flood_chunk);
+    for (i = 0; i < 768; ++i) {
+        faulty_write_all(1, faulty_flood_chunk, sizeof faulty_flood_chunk);
+    }
+}
+#endif
+
+#if FAULTY_KIND == 11
+/* A sleeper of at most a minute (so that a check that fails to end it leaves nothing for long),
+ * its pid appended to $GUILD_TEST_DAEMON_PIDS. */
+static void faulty_sleeper(void) {
+    const char* path = getenv("GUILD_TEST_DAEMON_PIDS");
+    char line[32];
+    int i;
+    if (path != NULL) {
+        int fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0600);
+        if (fd >= 0) {
+            int n = snprintf(line, sizeof line, "%ld\n", (long)getpid());
+            faulty_write_all(fd, line, (size_t)n);
+            (void)close(fd);
+        }
+    }
+    for (i = 0; i < 600; ++i) {
+        faulty_sleep_ms(100);
+    }
+    _exit(0);
+}
+
+static void faulty_daemons(void) {
+    pid_t middle;
+    if (fork() == 0) {
+        faulty_sleeper(); /* stays in the check child's process group */
+    }
+    middle = fork();
+    if (middle == 0) {
+        (void)setsid();
+        if (fork() == 0) {
+            faulty_sleeper(); /* orphaned, in a session and process group of its own */
+        }
+        _exit(0);
+    }
+    if (middle > 0) {
+        (void)waitpid(middle, NULL, 0);
+    }
+}
+#endif
 
 static guild_status_t faulty_check(const guild_tensor_desc_v1_t* in, const guild_tensor_desc_v1_t* out,
                                    guild_error_info_t* error) {
@@ -111,6 +213,17 @@ static guild_status_t faulty_execute(void* user_data, const guild_execute_args_v
         (void)nanosleep(&pause, NULL);
     }
 #endif
+#if FAULTY_KIND == 9
+    {
+        /* What the check's children printed before each call before G27. */
+        static const char progress[] = "\n{\"guild_conformance\":1,\"call\":true}\n";
+        int i;
+        for (i = 0; i < 100; ++i) {
+            faulty_write_all(1, progress, sizeof progress - 1u);
+            faulty_sleep_ms(50);
+        }
+    }
+#endif
     (void)scan_tensor_layout(in, 1u, (uint32_t)GUILD_MAX_TENSOR_RANK, in_eff, &count, reason, sizeof reason);
     (void)scan_tensor_layout(out, 1u, (uint32_t)GUILD_MAX_TENSOR_RANK, out_eff, &count, reason, sizeof reason);
 #if FAULTY_KIND == 3
@@ -181,6 +294,15 @@ static guild_status_t faulty_init(const guild_host_api_v1_t* host, void** plugin
         volatile int* nowhere = NULL;
         *nowhere = 1;
     }
+#endif
+#if FAULTY_KIND == 8
+    faulty_forge();
+#endif
+#if FAULTY_KIND == 10
+    faulty_flood();
+#endif
+#if FAULTY_KIND == 11
+    faulty_daemons();
 #endif
     status = scan_check_host(host, plugin_state, FAULTY_IMPL, error);
     if (status != GUILD_STATUS_OK) {

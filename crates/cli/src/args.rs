@@ -404,8 +404,8 @@ pub enum Command {
         timeout: f64,
     },
 
-    /// Internal: the child process of `guild check`, which loads a staged tree and prints one
-    /// JSON line as each check starts and ends.
+    /// Internal: the child process of `guild check`, which loads a staged tree and writes one
+    /// JSON line to its result channel as each check starts and ends.
     #[command(name = "__conformance", hide = true)]
     Conformance {
         /// The staged package tree.
@@ -418,6 +418,9 @@ pub enum Command {
         /// (repeatable).
         #[arg(long = "skip-operation", value_name = "OPERATION")]
         hung: Vec<String>,
+        /// The inherited descriptor of the result channel (its nonce comes on stdin).
+        #[arg(long, value_name = "FD")]
+        results_fd: i32,
     },
 
     /// Print a completion script for a shell.

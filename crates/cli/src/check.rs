@@ -15,10 +15,13 @@ pub fn run(path: &Path, template: Option<&Path>, timeout: f64) -> anyhow::Result
     let program = std::env::current_exe().context("cannot find the guild binary to re-run")?;
     let mut options = Options::new(program);
     options.call_timeout = Duration::from_secs_f64(timeout);
+    // This process has no children but the check's, so it can end every process they leave.
+    options.contain_descendants = true;
     let report = conformance::check(path, template, &options).map_err(|e| match e {
         StageError::Publish(e) => anyhow::Error::from(e),
         StageError::Source(e) => anyhow::Error::from(e),
         StageError::Usage(message) => CliError::new(Exit::Usage, message).into(),
+        e @ StageError::Scratch { .. } => CliError::new(Exit::Failure, e.to_string()).into(),
         other => CliError::new(Exit::Rejected, other.to_string()).into(),
     })?;
     let mut out = Report::new("check");
@@ -80,9 +83,16 @@ pub fn run(path: &Path, template: Option<&Path>, timeout: f64) -> anyhow::Result
     Ok(out)
 }
 
-/// `guild __conformance DIR [--resume-after N]`: the child; its output is its lines.
-pub fn child(dir: &Path, resume_after: Option<u64>, hung: &[String]) -> anyhow::Result<Report> {
-    // Unlocked: the threads of a check write their lines through it too.
-    conformance::child_main(dir, resume_after, hung, Box::new(std::io::stdout()))?;
+/// `guild __conformance DIR --results-fd FD [--resume-after N]`: the child; its output is the
+/// lines it writes to the result channel.
+pub fn child(
+    dir: &Path,
+    resume_after: Option<u64>,
+    hung: &[String],
+    results_fd: i32,
+) -> anyhow::Result<Report> {
+    let channel = conformance::ResultChannel::inherited(results_fd)
+        .with_context(|| format!("cannot take the result channel (descriptor {results_fd})"))?;
+    conformance::child_main(dir, resume_after, hung, channel)?;
     Ok(Report::new("conformance").silent())
 }

@@ -214,7 +214,8 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
             dir,
             resume_after,
             hung,
-        } => check::child(dir, *resume_after, hung),
+            results_fd,
+        } => check::child(dir, *resume_after, hung, *results_fd),
         Command::CheckLibrary { dir, payload } => store::check_library(dir, payload),
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();

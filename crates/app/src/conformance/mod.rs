@@ -8,9 +8,14 @@
 //! publisher wants of their own build and why an operator installs instead.
 //!
 //! The child loads the library with the same dlopen loader and registration check a host uses,
-//! then checks every GOP1 operation (its `gop1` module). It prints one tagged JSON line when a check
-//! starts, one before every call into the plugin, and one when the check ends; the parent waits
-//! at most the time limit of one call for the next line while a check runs. A check that crashes
+//! then checks every GOP1 operation (its `gop1` module). It writes one JSON line when a check
+//! starts, one before every call into the plugin, and one when the check ends, on a result
+//! channel of its own (a pipe, never its stdout, which the plugin shares), each line carrying a
+//! nonce drawn for the child; the parent waits at most the time limit of one call for the next
+//! line while a check runs. What that holds against a hostile build, and what it does not, is in
+//! the `supervise` module: in short, nothing a build prints or how long it prints decides a
+//! verdict, and the processes it starts end with the check, but a build written to defeat the
+//! check from inside the child can. A check that crashes
 //! the child (a guard page hit, an abort) or whose call outlives the limit becomes a failed
 //! finding of that check, and the parent starts a new child that resumes after
 //! it, so that one fault does not hide the rest of the report. A crash or hang while loading
@@ -19,11 +24,12 @@
 mod gop1;
 mod guarded;
 mod stage;
+mod supervise;
 
 use std::ffi::CString;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,7 +42,7 @@ pub use stage::StageError;
 /// The hidden `guild` subcommand that runs [`child_main`].
 pub const SUBCOMMAND: &str = "__conformance";
 
-/// The key that marks the child's lines on its stdout (a plugin may print there too).
+/// The key of the child's nonce in each line of its result channel.
 pub const LINE_TAG: &str = "guild_conformance";
 
 /// The time limit of one callback call by default.
@@ -143,6 +149,11 @@ pub struct Options {
     pub program: PathBuf,
     /// The time limit of one call into the plugin (`init`, a callback, `shutdown`).
     pub call_timeout: Duration,
+    /// Make this process the subreaper of its descendants, and kill and reap every child it has
+    /// once a check child is gone, so that a process the build started in a session of its own
+    /// (`setsid` and a double fork) ends with the check too. Only for a process whose every
+    /// child is a check child, such as the `guild` command: it would end any other child.
+    pub contain_descendants: bool,
 }
 
 impl Options {
@@ -151,6 +162,7 @@ impl Options {
         Options {
             program,
             call_timeout: DEFAULT_CALL_TIMEOUT,
+            contain_descendants: false,
         }
     }
 }
@@ -164,6 +176,9 @@ pub fn check(
     options: &Options,
 ) -> Result<Report, StageError> {
     let staged = stage::stage(target, template)?;
+    if options.contain_descendants {
+        supervise::adopt_orphans();
+    }
     let mut report = Report::default();
     let mut resume: Option<u64> = None;
     // Operations a resumed child leaves alone: one whose call did not return (rather than wait
@@ -237,6 +252,10 @@ fn run_child(
     resume: Option<u64>,
     hung: &[String],
 ) -> Result<ChildRun, StageError> {
+    let spawn_error = |e: std::io::Error| StageError::Spawn {
+        program: options.program.clone(),
+        reason: e.to_string(),
+    };
     let mut command = Command::new(&options.program);
     command.arg(SUBCOMMAND).arg(dir);
     if let Some(n) = resume {
@@ -245,27 +264,8 @@ fn run_child(
     for op in hung {
         command.arg("--skip-operation").arg(op);
     }
-    let mut child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| StageError::Spawn {
-            program: options.program.clone(),
-            reason: e.to_string(),
-        })?;
-    let (tx, lines) = mpsc::channel();
-    if let Some(out) = child.stdout.take() {
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-    }
-    let stderr = crate::publication::collect(child.stderr.take());
+    let nonce = supervise::nonce().map_err(spawn_error)?;
+    let mut child = supervise::spawn(command, &nonce).map_err(spawn_error)?;
 
     let mut run = ChildRun {
         findings: Vec::new(),
@@ -273,73 +273,75 @@ fn run_child(
         died: None,
         timed_out: false,
     };
-    let mut last = Instant::now();
-    let mut done = false;
-    loop {
+    let mut reader = Frames {
+        nonce: &nonce,
+        last: Instant::now(),
+        done: false,
+        garbage: None,
+        closed: false,
+    };
+    // The time limit runs from the last line of the result channel, on this clock: nothing the
+    // child prints elsewhere moves it.
+    let exited = loop {
         let deadline = match &run.in_progress {
             Some(s) => s.at + options.call_timeout,
-            None => last + options.call_timeout,
+            None => reader.last + options.call_timeout,
         };
-        match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(line) => {
-                last = Instant::now();
-                let Some(v) = tagged(&line) else { continue };
-                if v.get("call").is_some() {
-                    // A callback call starts: the time limit runs from here.
-                    if let Some(s) = &mut run.in_progress {
-                        s.at = last;
-                    }
-                } else if v.get("done").is_some() {
-                    done = true;
-                } else if let Some(index) = v["start"].as_u64() {
-                    run.in_progress = Some(Started {
-                        index,
-                        check: v["check"].as_str().unwrap_or("?").to_owned(),
-                        operation: v["operation"].as_str().map(str::to_owned),
-                        resumable: v["resumable"] == true,
-                        at: last,
-                    });
-                } else if let Some(f) = finding(&v) {
-                    if run
-                        .in_progress
-                        .as_ref()
-                        .is_some_and(|s| Some(s.index) == v["result"].as_u64())
-                    {
-                        run.in_progress = None;
-                    }
-                    run.findings.push(f);
-                }
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                kill(&mut child);
-                let limit = match &run.in_progress {
-                    Some(_) => format!(
-                        "a call into the plugin did not return within {}; the check process was \
-                         killed",
-                        crate::publication::seconds(&options.call_timeout)
-                    ),
-                    None => format!(
-                        "the check process printed nothing for {} and was killed",
-                        crate::publication::seconds(&options.call_timeout)
-                    ),
-                };
-                run.died = Some(limit);
-                run.timed_out = true;
-                return Ok(run);
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        let now = Instant::now();
+        if now >= deadline {
+            break false;
         }
-    }
-    // Stdout closed: the child ended (or closed it); wait a little for its status.
-    let status = wait_briefly(&mut child);
-    if done && status.as_ref().is_some_and(|s| s.success()) {
+        let wait = deadline.saturating_duration_since(now).min(POLL);
+        if reader.closed {
+            std::thread::sleep(wait);
+        } else {
+            match child.events.recv_timeout(wait) {
+                Ok(event) => reader.take(event, &mut run),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => reader.closed = true,
+            }
+        }
+        if reader.garbage.is_some() || supervise::has_exited(&child.child) {
+            break true;
+        }
+    };
+    let status = supervise::end(&mut child.child, options.contain_descendants);
+    if !exited {
+        run.died = Some(match &run.in_progress {
+            Some(_) => format!(
+                "a call into the plugin did not return within {}; the check process was killed",
+                crate::publication::seconds(&options.call_timeout)
+            ),
+            None => format!(
+                "the check process reported nothing for {} and was killed",
+                crate::publication::seconds(&options.call_timeout)
+            ),
+        });
+        run.timed_out = true;
         return Ok(run);
     }
-    let err = stderr
-        .recv_timeout(Duration::from_secs(1))
-        .unwrap_or_default();
-    let tail = err.trim().lines().rev().take(3).collect::<Vec<_>>();
-    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    // What the child wrote before it ended is still in the pipe. Its processes are gone, so the
+    // channel closes, unless a process this one could not end holds it.
+    let until = Instant::now() + DRAIN;
+    while !reader.closed && reader.garbage.is_none() {
+        match child
+            .events
+            .recv_timeout(until.saturating_duration_since(Instant::now()))
+        {
+            Ok(event) => reader.take(event, &mut run),
+            Err(_) => break,
+        }
+    }
+    if let Some(what) = reader.garbage {
+        run.died = Some(format!(
+            "the check's result channel carried {what}, which the check never writes: the \
+             build wrote there, and nothing after it is trusted"
+        ));
+        return Ok(run);
+    }
+    if reader.done && status.as_ref().is_some_and(|s| s.success()) {
+        return Ok(run);
+    }
     let mut why = match status {
         Some(s) => match crate::publication::signal_of(s) {
             Some((n, name)) => format!(
@@ -353,39 +355,90 @@ fn run_child(
             ),
             None => format!("the check process exited with {s} before finishing"),
         },
-        None => "the check process closed its output and did not exit".into(),
+        None => "the check process could not be waited for".into(),
     };
-    if !tail.is_empty() && !done {
-        why.push_str(&format!(" (stderr: {})", tail.join(" | ")));
+    if !reader.done {
+        for (name, tail) in [("stderr", &child.stderr), ("stdout", &child.stdout)] {
+            let lines = tail.last_lines(3);
+            if !lines.is_empty() {
+                why.push_str(&format!(" ({name}: {lines})"));
+            }
+        }
     }
     run.died = Some(why);
     Ok(run)
 }
 
-fn kill(child: &mut Child) {
-    // Killing a child that exited meanwhile is not an error.
-    let _ = child.kill();
-    let _ = child.wait();
+/// How often the parent looks whether the child has ended while it waits for a line.
+const POLL: Duration = Duration::from_millis(20);
+
+/// How long the parent reads on after the child has ended, when the channel stays open.
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// The parent's reading of one child's result channel.
+struct Frames<'n> {
+    nonce: &'n str,
+    /// When the last line came.
+    last: Instant,
+    done: bool,
+    /// What the channel carried that the harness never writes.
+    garbage: Option<String>,
+    closed: bool,
 }
 
-fn wait_briefly(child: &mut Child) -> Option<std::process::ExitStatus> {
-    let until = Instant::now() + Duration::from_secs(5);
-    loop {
-        match child.try_wait() {
-            Ok(Some(s)) => return Some(s),
-            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(5)),
-            _ => {
-                kill(child);
-                return None;
+impl Frames<'_> {
+    fn take(&mut self, event: supervise::Event, run: &mut ChildRun) {
+        let line = match event {
+            supervise::Event::Frame(line) => line,
+            supervise::Event::Garbage(what) => {
+                self.garbage = Some(what);
+                return;
             }
+            supervise::Event::Closed => {
+                self.closed = true;
+                return;
+            }
+        };
+        let Some(v) = tagged(&line, self.nonce) else {
+            let shown: String = line.chars().take(80).collect();
+            self.garbage = Some(format!("a line that is not its own ({shown:?})"));
+            return;
+        };
+        self.last = Instant::now();
+        if v.get("call").is_some() {
+            // A callback call starts: the time limit runs from here.
+            if let Some(s) = &mut run.in_progress {
+                s.at = self.last;
+            }
+        } else if v.get("done").is_some() {
+            self.done = true;
+        } else if let Some(index) = v["start"].as_u64() {
+            run.in_progress = Some(Started {
+                index,
+                check: v["check"].as_str().unwrap_or("?").to_owned(),
+                operation: v["operation"].as_str().map(str::to_owned),
+                resumable: v["resumable"] == true,
+                at: self.last,
+            });
+        } else if let Some(f) = finding(&v) {
+            if run
+                .in_progress
+                .as_ref()
+                .is_some_and(|s| Some(s.index) == v["result"].as_u64())
+            {
+                run.in_progress = None;
+            }
+            run.findings.push(f);
+        } else {
+            self.garbage = Some("a line of no kind it writes".into());
         }
     }
 }
 
-fn tagged(line: &str) -> Option<Value> {
-    let v: Value = serde_json::from_str(line.trim()).ok()?;
-    v.get(LINE_TAG)?;
-    Some(v)
+/// The line as JSON, if it is an object that carries this child's nonce under [`LINE_TAG`].
+fn tagged(line: &str, nonce: &str) -> Option<Value> {
+    let v: Value = serde_json::from_str(line).ok()?;
+    (v.get(LINE_TAG)?.as_str()? == nonce).then_some(v)
 }
 
 fn finding(v: &Value) -> Option<Finding> {
@@ -402,22 +455,72 @@ fn finding(v: &Value) -> Option<Finding> {
 // The child
 // ---------------------------------------------------------------------------------------------
 
+/// The child's end of its result channel: the pipe its parent passed under
+/// [`RESULTS_FD_OPTION`], and the nonce its parent wrote on its stdin.
+pub struct ResultChannel {
+    out: Box<dyn Write + Send>,
+    nonce: String,
+}
+
+impl std::fmt::Debug for ResultChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The nonce is the channel's one secret; it is not printed.
+        f.debug_struct("ResultChannel").finish_non_exhaustive()
+    }
+}
+
+impl ResultChannel {
+    /// Takes the inherited descriptor `fd` and reads the nonce from stdin to its end: both before
+    /// any plugin code runs, so that a plugin finds nothing left to read on stdin.
+    pub fn inherited(fd: i32) -> std::io::Result<Self> {
+        use std::os::fd::{FromRawFd, OwnedFd};
+        let invalid = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, why);
+        if fd <= 2 {
+            return Err(invalid(
+                "the result channel cannot be stdin, stdout or stderr",
+            ));
+        }
+        // SAFETY: fcntl on any number reads no memory; it tells whether the descriptor is open.
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut nonce = String::new();
+        std::io::stdin().take(256).read_to_string(&mut nonce)?;
+        let nonce = nonce.trim().to_owned();
+        if nonce.len() != 32 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(invalid("stdin does not carry the result channel's nonce"));
+        }
+        // SAFETY: the descriptor is open (fcntl above), it was passed to this process for this
+        // channel alone, and nothing else in it takes ownership of that number.
+        let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        Ok(ResultChannel {
+            out: Box::new(file),
+            nonce,
+        })
+    }
+}
+
 /// Where the child's lines go, shared by the threads of a check.
 #[derive(Clone)]
-pub(crate) struct Lines(Arc<Mutex<Box<dyn Write + Send>>>);
+pub(crate) struct Lines {
+    out: Arc<Mutex<Box<dyn Write + Send>>>,
+    nonce: Arc<str>,
+}
 
 impl Lines {
     fn emit(&self, v: &Value) {
-        let mut out = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        // A leading newline keeps the line whole after a plugin's unterminated output.
-        let _ = writeln!(out, "\n{v}");
+        let mut v = v.clone();
+        v[LINE_TAG] = Value::from(&*self.nonce);
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        // One write per line, so that a line is whole whatever else is written to the pipe.
+        let _ = out.write_all(format!("{v}\n").as_bytes());
         let _ = out.flush();
     }
 
     /// Says that a call into the plugin starts, so that the parent's time limit, which is per
     /// call, starts again.
     pub(crate) fn call(&self) {
-        self.emit(&json!({ LINE_TAG: 1, "call": true }));
+        self.emit(&json!({ "call": true }));
     }
 }
 
@@ -445,7 +548,7 @@ impl Recorder<'_> {
         self.next += 1;
         if !self.quiet(index) {
             self.emit(json!({
-                LINE_TAG: 1, "start": index, "check": check, "operation": op,
+                "start": index, "check": check, "operation": op,
                 "resumable": resumable,
             }));
         }
@@ -455,7 +558,7 @@ impl Recorder<'_> {
     fn finish(&mut self, index: u64, check: &str, op: Option<&str>, v: Verdict, reason: &str) {
         if !self.quiet(index) {
             self.emit(json!({
-                LINE_TAG: 1, "result": index, "check": check, "operation": op,
+                "result": index, "check": check, "operation": op,
                 "verdict": v.as_str(), "reason": reason,
             }));
         }
@@ -519,14 +622,14 @@ const LOAD_CHECKS: [&str; 9] = [
     "duplicate ids",
 ];
 
-/// The child's side: loads the staged tree `dir` and runs every check, printing the lines the
-/// parent reads to `out`; after `resume_after`, only the checks numbered above it, and none that
-/// calls into an operation named in `hung`.
+/// The child's side: loads the staged tree `dir` and runs every check, writing the lines the
+/// parent reads to `channel`; after `resume_after`, only the checks numbered above it, and none
+/// that calls into an operation named in `hung`.
 pub fn child_main(
     dir: &Path,
     resume_after: Option<u64>,
     hung: &[String],
-    out: Box<dyn Write + Send>,
+    channel: ResultChannel,
 ) -> Result<(), HostError> {
     let metadata = crate::publication::read_tree_metadata(dir)?;
     let m = metadata.manifest();
@@ -535,7 +638,10 @@ pub fn child_main(
             os: std::env::consts::OS,
             arch: std::env::consts::ARCH,
         })?;
-    let lines = Lines(Arc::new(Mutex::new(out)));
+    let lines = Lines {
+        out: Arc::new(Mutex::new(channel.out)),
+        nonce: channel.nonce.into(),
+    };
     let mut rec = Recorder {
         lines: lines.clone(),
         next: 0,
@@ -630,7 +736,7 @@ pub fn child_main(
         }
     }
     let Some(plugin) = plugin else {
-        rec.emit(json!({ LINE_TAG: 1, "done": true }));
+        rec.emit(json!({ "done": true }));
         return Ok(());
     };
     if failed_index.is_none() {
@@ -685,7 +791,7 @@ pub fn child_main(
         Verdict::Passed,
         "shutdown returned and the library was closed",
     );
-    rec.emit(json!({ LINE_TAG: 1, "done": true }));
+    rec.emit(json!({ "done": true }));
     Ok(())
 }
 

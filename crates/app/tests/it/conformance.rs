@@ -423,3 +423,187 @@ fn guild_check_reports_a_table_and_json_and_touches_no_store() {
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     assert!(run.stdout.contains(" 0 failed"), "{}", run.stdout);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Builds hostile to the check itself (G27): the verdict, the time limit, the parent's memory and
+// the processes the check leaves must not be the build's to decide.
+// ---------------------------------------------------------------------------------------------
+
+/// A build that prints "passed" results in the check's own line format and exits 0 fails: the
+/// verdict comes from the check's private channel, and a stray line there is a failure.
+#[test]
+fn forged_results_do_not_pass_a_build() {
+    let shop = Workshop::new();
+    let report = check(&shop, &faulty("forge"));
+    assert!(!report.passed(), "a forged report passed:\n{report:#?}");
+    assert!(
+        report.findings.iter().all(|f| f.reason != "forged"),
+        "a forged finding was taken: {report:#?}"
+    );
+    let init = report.find("init", None).expect("an init finding");
+    assert_eq!(init.verdict, Verdict::Failed, "{}", init.reason);
+    assert!(init.reason.contains("result channel"), "{}", init.reason);
+
+    // The command line says so with its exit code.
+    let archive = shop.build_with(&faulty("forge"), None).archive;
+    let run = guild(
+        shop.path(),
+        &["check", archive.to_str().unwrap(), "--timeout", "2"],
+    );
+    assert_eq!(run.code, 3, "{}\n{}", run.stdout, run.stderr);
+}
+
+/// A hung execute that keeps printing progress lines is killed at the time limit all the same.
+#[test]
+fn printed_progress_does_not_extend_the_time_limit() {
+    let shop = Workshop::new();
+    let report = check(&shop, &faulty("chatty_execute"));
+    let f = report
+        .find("execute.guard_front", Some("example.faulty.chatty_execute"))
+        .unwrap_or_else(|| panic!("no execute finding:\n{report:#?}"));
+    assert_eq!(f.verdict, Verdict::Failed, "{}", f.reason);
+    assert!(
+        f.reason.contains("did not return within 2 s"),
+        "{}",
+        f.reason
+    );
+}
+
+/// `guild ARGS` in `cwd` with its address space limited to `kib` KiB (`ulimit -v`).
+fn guild_limited(cwd: &std::path::Path, kib: u64, args: &[&str]) -> crate::cli::Run {
+    let program = crate::cli::guild_command(cwd, args)
+        .get_program()
+        .to_owned();
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -v {kib} && exec \"$0\" \"$@\""))
+        .arg(program)
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("GUILD_STORE")
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    crate::cli::Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// 768 MiB printed without a newline neither exhausts the check's memory (1 GiB of address space
+/// here) nor fails a build that is otherwise correct.
+#[test]
+fn unbounded_output_is_read_in_bounded_memory() {
+    let shop = Workshop::new();
+    let archive = shop.build_with(&faulty("flood_stdout"), None).archive;
+    let run = guild_limited(
+        shop.path(),
+        1 << 20,
+        &["check", archive.to_str().unwrap(), "--timeout", "10"],
+    );
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+}
+
+/// Whether process `pid` still runs (a zombie does not).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+        !state.starts_with('Z') && !state.starts_with('X')
+    })
+}
+
+/// Processes a plugin starts do not outlive the check: one left in the child's process group, and
+/// one double-forked into a session of its own.
+#[test]
+fn processes_the_build_starts_do_not_outlive_the_check() {
+    let shop = Workshop::new();
+    let archive = shop.build_with(&faulty("daemon"), None).archive;
+    let pids = shop.fresh("daemon.pids");
+    let out = crate::cli::guild_command(
+        shop.path(),
+        &["check", archive.to_str().unwrap(), "--timeout", "5"],
+    )
+    .env("GUILD_TEST_DAEMON_PIDS", &pids)
+    .output()
+    .unwrap();
+    let listed: Vec<u32> = std::fs::read_to_string(&pids)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    let survivors: Vec<u32> = listed.iter().copied().filter(|p| alive(*p)).collect();
+    for pid in &survivors {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status();
+    }
+    assert!(
+        survivors.is_empty(),
+        "{survivors:?} of {listed:?} outlived the check:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            found.extend(files_under(&path));
+        } else {
+            found.push(path);
+        }
+    }
+    found
+}
+
+/// A check killed while it runs leaves its staged copy behind, and the next check removes it.
+#[test]
+fn an_interrupted_check_leaves_no_temporary_files_behind() {
+    let shop = Workshop::new();
+    let tmp = shop.fresh("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let slow = shop.build_with(&faulty("chatty_execute"), None).archive;
+    let mut running = crate::cli::guild_command(
+        shop.path(),
+        &["check", slow.to_str().unwrap(), "--timeout", "30"],
+    )
+    .env("TMPDIR", &tmp)
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .unwrap();
+    // Killed once the build is staged (its manifest extracted), while the check runs it.
+    let staged = (0..3000).any(|_| {
+        let found = files_under(&tmp).iter().any(|p| p.ends_with(".gkmetadata"));
+        if !found {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        found
+    });
+    running.kill().unwrap();
+    running.wait().unwrap();
+    assert!(staged, "the check never staged the build");
+    assert!(!files_under(&tmp).is_empty(), "nothing was left to clean");
+
+    let next = shop.build_with(&faulty("none"), None).archive;
+    let out = crate::cli::guild_command(
+        shop.path(),
+        &["check", next.to_str().unwrap(), "--timeout", "10"],
+    )
+    .env("TMPDIR", &tmp)
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let left = files_under(&tmp);
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
