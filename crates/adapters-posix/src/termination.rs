@@ -26,19 +26,35 @@ use std::sync::atomic::{AtomicI32, Ordering};
 /// How many load records can be watched at once.
 pub const MAX_WATCHED: usize = 64;
 
-/// The descriptors of the load records in flight; -1 is a free slot.
-static WATCHED: [AtomicI32; MAX_WATCHED] = [const { AtomicI32::new(-1) }; MAX_WATCHED];
+/// A free slot.
+const FREE: i32 = -1;
+/// A slot whose descriptor a signal handler is writing to right now.
+const BUSY: i32 = -2;
+
+/// The descriptors of the load records in flight ([`FREE`] or [`BUSY`] otherwise).
+static WATCHED: [AtomicI32; MAX_WATCHED] = [const { AtomicI32::new(FREE) }; MAX_WATCHED];
 
 /// A load record watched for termination signals: its slot is freed when this is dropped,
-/// which must happen before the record's file is closed.
+/// which must happen before the record's file is closed. The drop waits while a handler on
+/// another thread is writing to the descriptor, so the descriptor cannot be closed (and its
+/// number reused by another file) under that write.
 #[derive(Debug)]
 pub struct WatchedRecord {
     slot: usize,
+    fd: i32,
 }
 
 impl Drop for WatchedRecord {
     fn drop(&mut self) {
-        WATCHED[self.slot].store(-1, Ordering::SeqCst);
+        let cell = &WATCHED[self.slot];
+        loop {
+            match cell.compare_exchange(self.fd, FREE, Ordering::SeqCst, Ordering::SeqCst) {
+                // A handler holds it for a write that takes microseconds; the process ends
+                // right after, so this wait is short or moot.
+                Err(BUSY) => std::hint::spin_loop(),
+                _ => return,
+            }
+        }
     }
 }
 
@@ -58,9 +74,9 @@ pub fn watch_load_record(file: &File) -> Option<WatchedRecord> {
         return None;
     }
     WATCHED.iter().enumerate().find_map(|(slot, cell)| {
-        cell.compare_exchange(-1, fd, Ordering::SeqCst, Ordering::SeqCst)
+        cell.compare_exchange(FREE, fd, Ordering::SeqCst, Ordering::SeqCst)
             .ok()
-            .map(|_| WatchedRecord { slot })
+            .map(|_| WatchedRecord { slot, fd })
     })
 }
 
@@ -97,12 +113,21 @@ pub fn note_termination(signal: i32) {
     let len = ended_line(signal, &mut line);
     for cell in &WATCHED {
         let fd = cell.load(Ordering::SeqCst);
-        if fd >= 0 {
-            // SAFETY: a watched descriptor stays open until its slot is freed (the record's
-            // owner frees the slot before it closes the file); `line` is a live buffer of `len`
-            // bytes. A failed or short write leaves the record as a crash: refused, not run.
-            let _ = unsafe { libc::write(fd, line.as_ptr().cast(), len) };
+        // Claimed for the write: the slot's owner cannot free it (and close the file) until it
+        // is given back.
+        if fd < 0
+            || cell
+                .compare_exchange(fd, BUSY, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+        {
+            continue;
         }
+        // SAFETY: the slot held `fd` and now holds BUSY, so its owner has not freed it and
+        // waits to (the descriptor is closed only after the slot is freed): `fd` is the
+        // record's open file. `line` is a live buffer of `len` bytes. A failed or short write
+        // leaves the record as a crash: the build is refused, never run by mistake.
+        let _ = unsafe { libc::write(fd, line.as_ptr().cast(), len) };
+        cell.store(fd, Ordering::SeqCst);
     }
 }
 
@@ -119,10 +144,22 @@ extern "C" fn on_termination(signal: libc::c_int) {
 }
 
 /// Installs handlers for SIGTERM, SIGINT and SIGHUP that note the signal in every load record
-/// in flight ([`note_termination`]) and then end the process by that signal. A process that
-/// has handlers of its own for them should call [`note_termination`] from those instead.
+/// in flight ([`note_termination`]) and then end the process by that signal. A signal the
+/// process was started with ignored (`nohup`, a shell's background job) stays ignored. A
+/// process that has handlers of its own for them should call [`note_termination`] from those
+/// instead.
 pub fn install_termination_handlers() -> io::Result<()> {
     for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        // SAFETY: sigaction with a NULL new action only reads the current one into `current`,
+        // a zeroed (valid) struct.
+        let ignored = unsafe {
+            let mut current: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(signal, std::ptr::null(), &mut current) == 0
+                && current.sa_sigaction == libc::SIG_IGN
+        };
+        if ignored {
+            continue;
+        }
         // SAFETY: a zeroed sigaction is a valid starting point; the handler only calls
         // async-signal-safe functions; SA_RESTART keeps interrupted system calls going.
         let installed = unsafe {

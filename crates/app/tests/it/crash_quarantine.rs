@@ -403,3 +403,42 @@ fn a_runner_stopped_by_sigterm_during_a_slow_init_quarantines_nothing() {
         "{report:#?}"
     );
 }
+
+/// A runner started with SIGHUP ignored (`nohup`, a shell's background job) keeps ignoring it
+/// after installing its termination handlers: SIGHUP leaves it running, and SIGTERM then ends
+/// it.
+#[test]
+fn a_runner_started_with_sighup_ignored_keeps_ignoring_it() {
+    let shop = Workshop::new();
+    let root = shop.fresh("store");
+    install(&root, &shop, &[]);
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("trap '' HUP; exec \"$0\" --serve --interval-ms 20 \"$1\" example.none.op")
+        .arg(crate::examples::runner_binary())
+        .arg(&root)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Its first round of executions shows it serving (with its handlers installed).
+    let mut line = String::new();
+    use std::io::BufRead as _;
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    out.read_line(&mut line).unwrap();
+    assert!(line.contains("example.none.op"), "{line}");
+    let pid = child.id().to_string();
+    for signal in ["-HUP", "-TERM"] {
+        let sent = std::process::Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    }
+    let status = child.wait().unwrap();
+    assert_eq!(
+        status.signal(),
+        Some(15),
+        "SIGHUP, ignored when the runner started, must not end it: {status:?}"
+    );
+}
