@@ -872,11 +872,57 @@ impl Host {
                     }
                     pass.cycle_tried(&switch.id, bindings);
                     for (dependent, at) in out {
-                        let restored = self.packages.planned(&dependent, &at);
-                        self.load_or_record(&restored, report, pass, now);
-                        self.kernels.set_superseded(&dependent, true);
+                        self.restore_dependent(
+                            &dependent,
+                            at,
+                            planned(&dependent),
+                            report,
+                            pass,
+                            now,
+                        );
                     }
                 }
+            }
+        }
+    }
+
+    /// Loads `dependent` again at `at`, the version it served before [`Host::break_cycles`]
+    /// took it out for nothing; `wanted` is what the store enables of it. Should the load fail
+    /// (its `init` fails this time, its files no longer check), it stays out, reported, and its
+    /// change to `wanted` stays owed.
+    fn restore_dependent(
+        &self,
+        dependent: &PackageId,
+        at: Version,
+        wanted: Option<&PlannedPackage>,
+        report: &mut RefreshReport,
+        pass: &mut Pass,
+        now: Instant,
+    ) {
+        let restored = self.packages.planned(dependent, &at);
+        match self.switch_to(&restored, false) {
+            Ok(Switched::Loaded(summary)) => {
+                report.loaded.push(summary);
+                // Still not what the store wants.
+                self.kernels.set_superseded(dependent, true);
+            }
+            // Nothing is replaced, so nothing is drained.
+            Ok(Switched::Bound(_)) => {}
+            Err(e) => {
+                report.taken_out.push(Quarantined {
+                    id: dependent.clone(),
+                    version: at.clone(),
+                    reason: format!(
+                        "taken out to free its dependency for a switch, and loading it again \
+                         failed: {e}"
+                    ),
+                });
+                let cause = PendingCause::Failed {
+                    error: e.to_string(),
+                };
+                let to = wanted.map(|p| p.version.clone());
+                pass.record(dependent, None, to, cause, now);
+                report.failed.push((dependent.clone(), at, e));
             }
         }
     }

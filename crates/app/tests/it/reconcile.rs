@@ -713,3 +713,37 @@ fn a_revocation_takes_out_a_dependent_whose_library_holds_the_revoked_code() {
         "{report:#?}"
     );
 }
+
+/// The runner holds ex.base, so taking ex.dep out frees nothing, and loading ex.dep 1.0.0 again
+/// fails (its library is gone from the loader): the refresh says so (taken out, the load
+/// failed), ex.dep's change to 1.1.0 stays owed, and once the runner lets go both reach 1.1.0.
+#[test]
+fn a_dependent_that_cannot_be_loaded_again_is_reported_and_still_switches_later() {
+    let c = cycle();
+    let runner = c
+        .host
+        .kernels()
+        .find_by_id(&ImplId::new("ex.base.op.cpu").unwrap())
+        .unwrap();
+    let dep_1_0 = c.store.join("packages/ex.dep/1.0.0/lib/libdep.so");
+    assert!(c.loader.fake.remove(&dep_1_0).is_some());
+    c.operator_moves_both();
+
+    let report = c.host.refresh().unwrap();
+    let out = report
+        .taken_out
+        .iter()
+        .find(|q| q.id == id("ex.dep"))
+        .unwrap_or_else(|| panic!("ex.dep is reported out: {report:#?}"));
+    assert!(out.reason.contains("failed"), "{out:?}");
+    assert!(
+        report
+            .pending
+            .iter()
+            .any(|p| p.id == id("ex.dep") && p.to == Some(v("1.1.0"))),
+        "ex.dep's switch to 1.1.0 stays owed: {report:#?}"
+    );
+    assert_eq!(c.loaded(), (Some(v("1.0.0")), None));
+    drop(runner);
+    c.both_switch();
+}
