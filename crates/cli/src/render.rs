@@ -126,6 +126,7 @@ pub fn recovery_json(r: &RecoveryReport) -> Value {
             "path": u.path.display().to_string(),
             "reason": u.reason,
         })).collect::<Vec<_>>(),
+        "unaccounted_trees": paths(&r.unaccounted_trees),
     })
 }
 
@@ -200,6 +201,14 @@ pub fn open_report_lines(r: &OpenReport) -> Vec<String> {
             "recovery kept {}: it cannot tell whether a process uses it ({})",
             u.path.display(),
             u.reason
+        ));
+    }
+    for t in &rec.unaccounted_trees {
+        out.push(format!(
+            "recovery kept {}: no installed or removed version and no journal record names it \
+             (was the registry log cut short, or an older one put back?); remove it by hand once \
+             you know it is not needed",
+            t.display()
         ));
     }
     for q in &r.removed {

@@ -648,6 +648,17 @@ impl RegistryState {
             .flat_map(|(id, p)| p.installed().map(move |(v, r)| (id, v, r)))
     }
 
+    /// Every removed version still recorded (a tombstone, until it is purged): trees the store
+    /// may still hold and is to delete.
+    pub fn removed(&self) -> impl Iterator<Item = (&PackageId, &Version)> + '_ {
+        self.packages.iter().flat_map(|(id, p)| {
+            p.versions
+                .iter()
+                .filter(|(_, r)| r.state == State::Removed)
+                .map(move |(v, _)| (id, v))
+        })
+    }
+
     /// Whether a payload with digest `digest` may be published as `id@version`, and whether it
     /// would change anything. Only the payload digest counts; signature bytes play no part, so
     /// re-signing the same payload is a no-op and changing any signed field is a conflict. (The

@@ -170,6 +170,12 @@ pub struct RecoveryReport {
     /// pins them could not be told (their pin file could not be opened or locked), each with
     /// why. Nothing is deleted on a guess; a later recovery tries again.
     pub unchecked_trees: Vec<UncheckedTree>,
+    /// Trees in `packages/` that nothing accounts for: no installed or removed version of the
+    /// registry, no journal record, no finished replacement of an installed version names them.
+    /// Kept: they may be all that is left of versions a registry that went back (a log cut at a
+    /// frame boundary, an older registry put back) no longer knows, so recovery, which deletes
+    /// only what a record proves it may, leaves them for the operator to look at.
+    pub unaccounted_trees: Vec<PathBuf>,
 }
 
 /// An unreferenced tree that recovery kept because it could not check its pin.
@@ -192,6 +198,7 @@ impl RecoveryReport {
             && self.removed_temp_files.is_empty()
             && self.missing_trees.is_empty()
             && self.unchecked_trees.is_empty()
+            && self.unaccounted_trees.is_empty()
     }
 }
 

@@ -198,7 +198,20 @@ pub(crate) fn recover(
             report.removed_temp_files.push(path);
         }
     }
-    sweep_packages(layout, &registry, &mut report)?;
+    // The trees a record accounts for, beside the installed ones: those a journal record names
+    // (the tree an interrupted install brought in, the trees a finished change deletes) and
+    // those of removed versions the registry still records.
+    let mut accounted: BTreeSet<(String, String)> = BTreeSet::new();
+    for (_, intent) in &records {
+        let named = intent.install.iter().map(|(n, _)| n).chain(&intent.delete);
+        accounted.extend(named.map(|n| (n.id.to_string(), n.version.to_string())));
+    }
+    accounted.extend(
+        registry
+            .removed()
+            .map(|(id, v)| (id.to_string(), v.to_string())),
+    );
+    sweep_packages(layout, &registry, &accounted, &mut report)?;
     for entry in list(&layout.staging)? {
         if keep_staging.contains(&entry) {
             continue;
@@ -330,16 +343,25 @@ fn read_journal(layout: &StoreLayout) -> Result<Vec<(PathBuf, Intent)>, StoreErr
     Ok(records)
 }
 
-/// Deletes every entry of `packages/` that is not the tree of an installed version, and notes
-/// installed versions whose tree is missing. An unreferenced version tree goes only under the
-/// writer's hold on its pin ([`DeleteHold`](super::pins::DeleteHold)), taken once, so that a
-/// process that pins it meanwhile is refused rather than left without files; a tree that a live
-/// process pins stays, and so does one whose pin cannot be checked (the report says why).
+/// Deletes every entry of `packages/` that is not the tree of an installed version and that a
+/// record accounts for, and notes installed versions whose tree is missing. Accounted for are
+/// the trees of `accounted` (named by a journal record, or removed versions the registry still
+/// records) and those a finished replacement set aside (`<version>~replaced-...`) of a version
+/// installed now; any other tree is kept and reported as unaccounted, since it may be all that
+/// is left of versions a registry that went back no longer names. A tree to delete goes only
+/// under the writer's hold on its pin ([`DeleteHold`](super::pins::DeleteHold)), taken once, so
+/// that a process that pins it meanwhile is refused rather than left without files; a tree that
+/// a live process pins stays, and so does one whose pin cannot be checked (the report says why).
 fn sweep_packages(
     layout: &StoreLayout,
     registry: &RegistryState,
+    accounted: &BTreeSet<(String, String)>,
     report: &mut RecoveryReport,
 ) -> Result<(), StoreError> {
+    let installed: BTreeSet<(String, String)> = registry
+        .installed()
+        .map(|(id, v, _)| (id.to_string(), v.to_string()))
+        .collect();
     let mut expected: BTreeMap<OsString, BTreeMap<OsString, NodeRef>> = BTreeMap::new();
     for (id, version, _) in registry.installed() {
         expected
@@ -375,6 +397,14 @@ fn sweep_packages(
             // `<version>`, whose pin guards it.
             let version_name = version_name.to_string_lossy();
             let pinned_as = version_name.split('~').next().unwrap_or_default();
+            let key = (id_name.to_string_lossy().into_owned(), pinned_as.to_owned());
+            let set_aside = version_name.contains('~');
+            let accounted_for = accounted.contains(&key) || (set_aside && installed.contains(&key));
+            if !accounted_for {
+                kept += 1;
+                report.unaccounted_trees.push(tree);
+                continue;
+            }
             let hold = super::pins::hold_for_delete(layout, &id_name.to_string_lossy(), pinned_as);
             match hold {
                 Ok(hold) => {

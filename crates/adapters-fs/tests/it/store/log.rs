@@ -302,6 +302,47 @@ fn store_log_cut_at_a_frame_boundary_reads_an_earlier_generation() {
     }
 }
 
+/// A writer that opens a store whose log was cut back at a frame boundary (or whose older log
+/// was put back) deletes nothing it cannot account for: the trees of the versions the lost
+/// frames installed stay, reported, and putting the full log back gives the whole store again.
+#[test]
+fn store_log_cut_at_a_frame_boundary_loses_no_tree_to_a_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let (store, _) = FsStore::open(&root).unwrap();
+    for pkg in ["a", "b", "c"] {
+        publish(&store, pkg, "1.0.0", ENABLED).unwrap();
+    }
+    let full = store.registry().unwrap();
+    drop(store);
+    let layout = StoreLayout::new(&root);
+    let good = fs::read(&layout.log).unwrap();
+    let starts = frame_starts(&good);
+    // Keep a's frame only: b's and c's are gone.
+    fs::write(&layout.log, &good[..starts[1]]).unwrap();
+    let before = files_under(&root.join("packages"));
+
+    let (store, report) = FsStore::open(&root).unwrap();
+    drop(store);
+    assert_eq!(
+        files_under(&root.join("packages")),
+        before,
+        "a writer deleted trees no record accounts for: {report:?}"
+    );
+    let kept: Vec<String> = report
+        .unaccounted_trees
+        .iter()
+        .map(|p| p.strip_prefix(&root).unwrap().display().to_string())
+        .collect();
+    assert_eq!(kept, ["packages/b/1.0.0", "packages/c/1.0.0"], "{report:?}");
+    assert!(report.removed_trees.is_empty(), "{report:?}");
+
+    fs::write(&layout.log, &good).unwrap();
+    let (store, report) = FsStore::open(&root).unwrap();
+    assert_eq!(store.registry().unwrap(), full);
+    assert!(report.is_clean(), "{report:?}");
+}
+
 /// The crash side: a commit's append torn after every byte of its frame (length, checksum and
 /// payload), alone or followed by the zeros a power loss can leave, with the commit's journal
 /// record in place as it always is while the append is in flight. Readers read the state before

@@ -154,6 +154,19 @@ fn stray_tree(root: &Path, pkg: &str, ver: &str) -> PathBuf {
     tree
 }
 
+/// The tree of `pkg@ver`, published and removed again (the registry keeps its tombstone), with
+/// its files back, as a power loss that undid the deletion leaves them: recovery accounts for
+/// it and deletes it.
+fn removed_tree(store: &FsStore, root: &Path, pkg: &str, ver: &str) -> PathBuf {
+    let disabled = PublishOptions {
+        enable: false,
+        allow_downgrade: false,
+    };
+    publish(store, pkg, ver, disabled).unwrap();
+    change(store, |r| r.remove(&id(pkg), &v(ver))).unwrap();
+    stray_tree(root, pkg, ver)
+}
+
 /// A tree about to be deleted, and the process that pinned its version meanwhile, if any.
 type Attempt = (PathBuf, Option<Child>);
 
@@ -166,10 +179,10 @@ fn store_recovery_never_deletes_a_tree_pinned_between_its_check_and_its_deletion
     let root = dir.path();
     let (writer, _) = FsStore::open(root).unwrap();
     publish(&writer, "a", "1.0.0", ENABLED).unwrap();
-    // A stray version of an installed package, and a package the registry does not know.
+    // A removed version of an installed package, and of a package with no other version.
     let trees = [
-        stray_tree(root, "a", "9.9.9"),
-        stray_tree(root, "b", "1.0.0"),
+        removed_tree(&writer, root, "a", "9.9.9"),
+        removed_tree(&writer, root, "b", "1.0.0"),
     ];
     let pins_dir = StoreLayout::new(root).pins;
     let seen: Arc<Mutex<Vec<Attempt>>> = Arc::default();
@@ -326,7 +339,7 @@ fn store_recovery_keeps_a_tree_whose_pin_it_cannot_check_and_says_why() {
     let root = dir.path();
     let (writer, _) = FsStore::open(root).unwrap();
     publish(&writer, "a", "1.0.0", ENABLED).unwrap();
-    let tree = stray_tree(root, "a", "9.9.9");
+    let tree = removed_tree(&writer, root, "a", "9.9.9");
     // Something that cannot be opened as a pin file stands in its place (a directory: EISDIR,
     // whoever runs the test).
     let pin = StoreLayout::new(root).pins.join("a@9.9.9");
