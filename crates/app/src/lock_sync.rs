@@ -143,6 +143,20 @@ pub enum SyncError {
         #[source]
         restore: Box<HostError>,
     },
+    /// The sync failed (`cause`) and the store was returned to where the sync found it, except
+    /// for versions it had installed that running processes loaded meanwhile: they stay
+    /// installed, switched off, until those processes let go and someone removes them.
+    #[error(
+        "{cause}; the store is back where the sync found it, except that {kept} stay installed \
+         (not enabled) because running processes have them loaded; remove them once those let go"
+    )]
+    PartlyRestored {
+        /// Why the sync failed.
+        #[source]
+        cause: Box<SyncError>,
+        /// The versions kept, each with the processes that have it loaded.
+        kept: String,
+    },
     /// A step failed and returning the store to where the sync found it failed too: the store
     /// holds part of the sync.
     #[error(
@@ -470,9 +484,12 @@ pub fn apply(
     match outcome {
         Ok(differs) if differs.is_empty() => Ok(done),
         Ok(differs) => match pm.restore(&saved) {
-            Ok(()) => Err(SyncError::Differs {
-                packages: differs.join(", "),
-            }),
+            Ok(kept) => Err(partly_restored(
+                SyncError::Differs {
+                    packages: differs.join(", "),
+                },
+                &kept,
+            )),
             Err(restore) => Err(SyncError::DiffersNotRestored {
                 packages: differs.join(", "),
                 restore: Box::new(restore),
@@ -620,16 +637,44 @@ fn undo(
     source: Box<HostError>,
 ) -> SyncError {
     match pm.restore(saved) {
-        Ok(()) => SyncError::Step {
-            step,
-            package,
-            source,
-        },
+        Ok(kept) => partly_restored(
+            SyncError::Step {
+                step,
+                package,
+                source,
+            },
+            &kept,
+        ),
         Err(restore) => SyncError::NotRestored {
             step,
             package,
             source,
             restore: Box::new(restore),
         },
+    }
+}
+
+/// `cause`, or, when the return to the savepoint had to keep versions that running processes
+/// loaded, [`SyncError::PartlyRestored`] naming them and the processes.
+fn partly_restored(cause: SyncError, kept: &[guild_ports::store::VersionPins]) -> SyncError {
+    if kept.is_empty() {
+        return cause;
+    }
+    let kept = kept
+        .iter()
+        .map(|p| {
+            let holders: Vec<String> = p.holders.iter().map(ToString::to_string).collect();
+            format!(
+                "{}@{} (loaded by {})",
+                p.node.id,
+                p.node.version,
+                holders.join(", ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    SyncError::PartlyRestored {
+        cause: Box::new(cause),
+        kept,
     }
 }

@@ -534,6 +534,11 @@ fn fetch_locked(
 /// refused dependency, an unauthenticated package), the store's error decides the exit code.
 fn sync_failure(e: SyncError) -> anyhow::Error {
     let message = e.to_string();
+    // Kept versions or not, the cause decides the exit code; the message says both.
+    let e = match e {
+        SyncError::PartlyRestored { cause, .. } => *cause,
+        e => e,
+    };
     let exit = match e {
         SyncError::Conflict(_) => {
             return CliError::new(Exit::Refused, message)

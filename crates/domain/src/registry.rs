@@ -40,7 +40,7 @@
 
 use std::borrow::Cow;
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use std::sync::Arc;
@@ -883,12 +883,16 @@ impl RegistryState {
     /// (`guild sync` applies a whole lock or nothing). Each version recorded here that `saved`
     /// does not record as installed becomes a `removed` tombstone, so the commit deletes its tree;
     /// the versions `saved` does not record at all are answered too, for a second transaction to
-    /// purge, after which the registry records what `saved` does. The trust anchor stays this
+    /// purge, after which the registry records what `saved` does. The versions in `keep` (in use
+    /// by running processes, so their trees cannot be deleted) are the exception: they stay
+    /// installed, switched off (`disabled` when their package has no current version otherwise,
+    /// `superseded` when it has), and are neither deleted nor purged. The trust anchor stays this
     /// registry's. Nothing is checked here: the store refuses a successor that would need a tree
     /// it no longer has.
     pub fn returning_to(
         &self,
         saved: &RegistryState,
+        keep: &BTreeSet<(PackageId, Version)>,
     ) -> (RegistryState, Vec<(PackageId, Version)>) {
         let mut next = self.successor();
         let mut purge = Vec::new();
@@ -896,11 +900,19 @@ impl RegistryState {
             let mut back = saved.package(id).cloned().unwrap_or_default();
             for (version, record) in now.versions() {
                 if back.versions.get(version).is_none() {
-                    let mut tombstone = record.clone();
-                    tombstone.state = State::Removed;
-                    tombstone.quarantine = None;
-                    back.versions.insert(version.clone(), tombstone);
-                    purge.push((id.clone(), version.clone()));
+                    let mut left = record.clone();
+                    if keep.contains(&(id.clone(), version.clone())) {
+                        left.state = if back.current().is_some() {
+                            State::Superseded
+                        } else {
+                            State::Disabled
+                        };
+                    } else {
+                        left.state = State::Removed;
+                        left.quarantine = None;
+                        purge.push((id.clone(), version.clone()));
+                    }
+                    back.versions.insert(version.clone(), left);
                 }
             }
             next.packages.insert(id.clone(), Arc::new(back));

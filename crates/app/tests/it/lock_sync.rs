@@ -311,3 +311,115 @@ fn sync_removes_its_staging_area_and_those_of_syncs_that_died() {
     ));
     assert!(!base.exists(), "{} is still there", base.display());
 }
+
+/// Fails the third change of a sync, after a runner (another process, here `flock` on the pin
+/// file as a runner's host holds it) has loaded the version the first install committed.
+struct PinThenFail {
+    store: std::path::PathBuf,
+    seen: usize,
+    pinner: Option<std::process::Child>,
+}
+
+impl LifecycleHook for PinThenFail {
+    fn prepare(&mut self, change: &Change<'_>) -> Result<(), HostError> {
+        let n = self.seen;
+        self.seen += 1;
+        if n != 2 {
+            return Ok(());
+        }
+        fs::create_dir_all(self.store.join("pins")).unwrap();
+        let pin = self.store.join("pins/example.base@1.0.0");
+        let mut child = std::process::Command::new("flock")
+            .args(["--shared", "--nonblock", "--close"])
+            .arg(&pin)
+            .args(["sh", "-c", "echo pinned; read _"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        use std::io::BufRead as _;
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "pinned");
+        self.pinner = Some(child);
+        Err(HostError::Store(guild_ports::store::StoreError::new(
+            guild_ports::store::StoreErrorKind::Io,
+            format!("injected failure at change {n} ({change:?})"),
+        )))
+    }
+    fn committed(&mut self) {}
+    fn aborted(&mut self) {}
+}
+
+/// A sync that fails after a runner loaded one of the versions it installed still returns
+/// everything else to where it was (the unlocked package enabled again, the other install gone);
+/// the loaded version, whose files cannot be deleted under the runner, stays installed and
+/// switched off, and the error names it and the process.
+#[test]
+fn sync_failing_after_a_runner_loaded_one_of_its_installs_returns_the_rest() {
+    let bench = Bench::new();
+    let base = bench.package("example.base", "1.0.0", b"base", "");
+    let dep = r#", "dependencies": [{"package_id": "example.base", "min_version": "1.0.0"}]"#;
+    let user = bench.package("example.user", "1.0.0", b"user", dep);
+    let lock = read_lock(&lock_of(&bench, &[&base, &user], &[]));
+    let store = trusting_store(&bench, "fresh");
+    let extra = bench.package("example.extra", "1.0.0", b"extra", "");
+    ok(run(&bench, &store, &["install", &extra]));
+
+    let (pm, _) = PackageManager::open_dir(&store).unwrap();
+    let staging = SyncStaging::create(&store).unwrap();
+    let staged = stage_all(&pm, &staging, &lock, bench.path());
+    let mut hook = PinThenFail {
+        store: store.clone(),
+        seen: 0,
+        pinner: None,
+    };
+    let outcome = lock_sync::apply(&pm, &lock, &staged, &mut hook);
+    drop((staging, pm));
+    let after = listed(&bench, &store);
+    if let Some(mut c) = hook.pinner.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let message = match &outcome {
+        Err(e @ SyncError::PartlyRestored { .. }) => e.to_string(),
+        other => panic!("expected a partial return naming the loaded version: {other:?}"),
+    };
+    assert!(message.contains("example.base@1.0.0"), "{message}");
+    assert!(message.contains("flock"), "{message}");
+    let states: BTreeMap<String, Vec<(String, String)>> = after["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let versions = p["versions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| {
+                    (
+                        v["version"].as_str().unwrap().to_owned(),
+                        v["state"].as_str().unwrap().to_owned(),
+                    )
+                })
+                .collect();
+            (p["id"].as_str().unwrap().to_owned(), versions)
+        })
+        .collect();
+    assert_eq!(
+        states,
+        BTreeMap::from([
+            (
+                "example.base".to_owned(),
+                vec![("1.0.0".to_owned(), "disabled".to_owned())]
+            ),
+            (
+                "example.extra".to_owned(),
+                vec![("1.0.0".to_owned(), "enabled".to_owned())]
+            ),
+        ]),
+        "{after:#}"
+    );
+}
