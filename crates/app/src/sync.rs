@@ -68,3 +68,14 @@ pub(crate) fn model(f: impl Fn() + Sync + Send + 'static) {
     }
     builder.check(f);
 }
+
+/// Where a protocol relies on the single total order of its sequentially consistent accesses
+/// (an announcement, then a look at the other side's word): nothing in an ordinary build, where
+/// those accesses already carry the order. Loom treats a `SeqCst` access as `AcqRel` (its
+/// documented limitation, which reports races that cannot happen), but models `SeqCst` fences
+/// exactly; the fence here gives its models the order the real accesses have.
+#[inline(always)]
+pub(crate) fn seq_cst_point() {
+    #[cfg(loom)]
+    loom::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+}
