@@ -674,6 +674,47 @@ impl IdTable {
 
 /// The loom models of the drain protocol (`cargo xtask test --only loom`): every interleaving,
 /// up to the preemption bound, of binders on two stripes against a drain, its end and a retire.
+/// The drain protocol on real threads: what ThreadSanitizer and Miri check (the loom models
+/// below check it exhaustively).
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::{BindCount, STRIPES};
+
+    #[test]
+    fn binders_on_every_stripe_and_drains_never_coexist() {
+        let count = BindCount::default();
+        std::thread::scope(|s| {
+            for stripe in 0..4 {
+                let count = &count;
+                s.spawn(move || {
+                    for _ in 0..50 {
+                        if let Some(taken) = count.try_bind(stripe % STRIPES) {
+                            count.bind_again(taken);
+                            count.unbind(taken);
+                            count.unbind(taken);
+                        }
+                    }
+                });
+            }
+            for _ in 0..20 {
+                let (deciding, live) = count.decide_drain();
+                if live > 0 {
+                    drop(deciding);
+                    continue;
+                }
+                deciding.drain();
+                assert_eq!(count.live_bindings(), 0, "a drain over a live binding");
+                assert_eq!(count.try_bind(0), None, "bound a drained package");
+                count.end_drain();
+            }
+        });
+        assert_eq!(count.live_bindings(), 0);
+        count.retire();
+        count.end_drain();
+        assert!(count.is_draining() && count.try_bind(1).is_none());
+    }
+}
+
 // The models' stand-in for a provider's memory is a loom `UnsafeCell`, whose reads and writes
 // loom checks for happens-before: touching it is `unsafe`, in these tests only.
 #[cfg(all(test, loom))]
