@@ -11,14 +11,16 @@ use crate::msrv::{installed, path_str, rustup};
 use crate::util::{self, root};
 
 const NIGHTLY: &str = "nightly";
-/// The host's unit tests each tool runs: the gate and handle table, the call tensors, the
-/// striped binding counts and the registry's drains.
+/// The host's unit tests each tool runs: the gate and handle table, the call tensors and call
+/// cells, the striped binding counts; ThreadSanitizer also the scoped thread pool and the
+/// per-thread impl-id tables.
 const LOOM_FILTER: &str = "loom_";
 const MIRI_FILTERS: &[&str] = &["operations::", "snapshot::"];
-const TSAN_FILTERS: &[&str] = &["operations::", "snapshot::", "registry::"];
+const TSAN_FILTERS: &[&str] = &["operations::", "snapshot::", "parallel::", "id_lookup::"];
 
-/// The loom models, in release (loom explores thousands of interleavings) and in their own
-/// target directory, so that `--cfg loom` never invalidates the ordinary build.
+/// The loom models, in the test profile (the models are small; a release build of every
+/// dependency would cost minutes) and in their own target directory, so that `--cfg loom`
+/// never invalidates the ordinary build.
 pub fn loom() -> Result<(), String> {
     let target = root().join("target").join("loom");
     let preemptions = std::env::var_os("LOOM_MAX_PREEMPTIONS").unwrap_or_else(|| "3".into());
@@ -28,7 +30,6 @@ pub fn loom() -> Result<(), String> {
             "-p",
             "guild-host",
             "--lib",
-            "--release",
             "--target-dir",
             path_str(&target)?,
             "--",
