@@ -1,6 +1,7 @@
 //! Project automation: `cargo xtask <task>`. Everything CI runs is reachable from here, so that a
 //! green `cargo xtask ci` on a developer's machine means a green CI.
 
+mod concurrency;
 mod demo;
 mod gpu;
 mod modules;
@@ -21,8 +22,11 @@ tasks:
   plugins   build the C test plugins against the installed SDK into target/test-plugins
   tidy      check the crate dependency rules and source hygiene
   msrv      type-check every target with the declared rust-version (rustup fetches it)
+  loom      the loom models of the handle gate and the drain protocol
+  miri      Miri over the handle table, snapshot and call-tensor unit tests (nightly)
+  tsan      ThreadSanitizer over the concurrency unit tests (nightly, -Zbuild-std)
   test      everything CI runs: fmt, tidy, clippy (also a CPU-only host), docs, SDK,
-            plugins, all tests, the MSRV check
+            plugins, all tests, the MSRV check, loom, Miri, ThreadSanitizer
   ci        the same as test, for CI
   gpu-check every GPU test with REQUIRE_GPU=1, with a summary (fails without a GPU);
             --bundle builds target/gpu-check/ to run them on a GPU machine without cargo
@@ -38,6 +42,9 @@ fn main() -> ExitCode {
         "plugins" => sdk::plugins().map(|_| ()),
         "tidy" => tidy::run(),
         "msrv" => msrv::run(),
+        "loom" => concurrency::loom(),
+        "miri" => concurrency::miri(),
+        "tsan" => concurrency::tsan(),
         "test" | "ci" => test(),
         "gpu-check" => gpu::run(&args[1..]),
         "demo" => demo::run(),
@@ -146,6 +153,18 @@ fn test() -> Result<(), String> {
     step(
         "MSRV: cargo check with the declared rust-version",
         msrv::run,
+    )?;
+    step(
+        "loom: the models of the lock-free protocols",
+        concurrency::loom,
+    )?;
+    step(
+        "Miri: the handle table and the call tensors",
+        concurrency::miri,
+    )?;
+    step(
+        "ThreadSanitizer: the concurrency unit tests",
+        concurrency::tsan,
     )?;
     Ok(())
 }

@@ -31,7 +31,7 @@ fn declared(manifest: &str) -> Option<String> {
 
 /// A `Command` for `rustup` with the variables the outer cargo set removed, so that the inner
 /// build uses the pinned toolchain's cargo and rustc, not this process's.
-fn rustup() -> Command {
+pub(crate) fn rustup() -> Command {
     let mut cmd = Command::new("rustup");
     for var in [
         "CARGO",
@@ -47,15 +47,15 @@ fn rustup() -> Command {
 }
 
 /// Whether rustup has `toolchain` installed (`rustup run` answers without fetching anything).
-fn installed(toolchain: &str) -> Result<bool, String> {
+pub(crate) fn installed(toolchain: &str) -> Result<bool, String> {
     let out = rustup()
         .args(["run", toolchain, "rustc", "--version"])
         .output()
         .map_err(|e| {
             format!(
-                "cannot run rustup ({e}); the MSRV check needs it: install it from \
-                 https://rustup.rs, then run `rustup toolchain install {toolchain} \
-                 --profile minimal`"
+                "cannot run rustup ({e}); the MSRV, Miri and ThreadSanitizer steps need it: \
+                 install it from https://rustup.rs, then run `rustup toolchain install \
+                 {toolchain} --profile minimal`"
             )
         })?;
     Ok(out.status.success())
@@ -92,7 +92,7 @@ pub fn run() -> Result<(), String> {
     ]))
 }
 
-fn path_str(path: &Path) -> Result<&str, String> {
+pub(crate) fn path_str(path: &Path) -> Result<&str, String> {
     path.to_str()
         .ok_or_else(|| format!("{} is not UTF-8", path.display()))
 }

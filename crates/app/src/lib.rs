@@ -73,6 +73,7 @@ pub mod publish;
 pub mod reconcile;
 pub mod registry;
 mod snapshot;
+mod sync;
 
 pub use error::{ErrorCategory, HostError};
 pub use host::{

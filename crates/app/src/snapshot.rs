@@ -8,14 +8,16 @@
 use std::borrow::Cow;
 use std::ffi::CString;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 
 use guild_domain::ids::{ImplId, OpName, PackageId};
 use guild_domain::operation::OpCandidate;
 use guild_domain::version::Version;
 use guild_ports::loader::{LoadedLibrary, RegisteredKernel, RegisteredRunner};
 use rustc_hash::FxHashMap;
+
+use crate::sync::{AtomicBool, AtomicU64, Mutex, MutexGuard};
 
 /// Set in every stripe of a package's count while a lifecycle change drains it, and for good
 /// once it has left the registry: no new binding may be taken.
@@ -32,7 +34,12 @@ const DECIDING: u64 = 1 << 61;
 const COUNT: u64 = DECIDING - 1;
 /// Stripes of a package's binding count: enough that the threads of a small machine each bind
 /// on their own.
+#[cfg(not(loom))]
 const STRIPES: usize = 8;
+/// Two stripes in the loom models: every path that crosses stripes is there, and the models stay
+/// small enough to explore whole.
+#[cfg(loom)]
+const STRIPES: usize = 2;
 
 /// One stripe of a package's count: `DRAINING | WAITED | bindings taken on it`, alone on its
 /// cache line (128 bytes: the pair of lines that adjacent-line prefetching moves together).
@@ -55,98 +62,49 @@ fn thread_stripe() -> usize {
 /// ([`KernelRegistry::wait_unbound`](crate::registry::KernelRegistry::wait_unbound)).
 #[derive(Debug, Default)]
 pub(crate) struct Quiet {
-    lock: Mutex<()>,
-    pub(crate) released: Condvar,
+    lock: std::sync::Mutex<()>,
+    pub(crate) released: std::sync::Condvar,
 }
 
 impl Quiet {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, ()> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
         // The mutex guards no data, so poisoning means nothing here.
         self.lock.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-/// One loaded package version and its library.
-pub struct LoadedPackage {
-    /// The package.
-    pub id: PackageId,
-    /// The version whose library this is.
-    pub version: Version,
-    library: Arc<dyn LoadedLibrary>,
-    /// The binding count's stripes; see the module documentation.
+/// A package's striped binding count and the drain protocol over it (see the module
+/// documentation): everything of [`LoadedPackage`] that binders and drains race on, apart so
+/// that the loom models below check exactly this code.
+#[derive(Debug, Default)]
+struct BindCount {
+    /// The stripes.
     state: [Stripe; STRIPES],
-    quiet: Arc<Quiet>,
     /// Held by a drain from its marks to its decision, so that two drains never decide at once
     /// (binders never take it).
     deciding: Mutex<()>,
     /// Set when the package leaves the registry (unloaded or replaced).
-    retired: std::sync::atomic::AtomicBool,
-    /// Set while a newer committed generation wants this version out or replaced and live
-    /// bindings defer the switch ([`KernelBinding::is_current`] answers `false`).
-    pub(crate) superseded: std::sync::atomic::AtomicBool,
+    retired: AtomicBool,
 }
 
-impl fmt::Debug for LoadedPackage {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LoadedPackage")
-            .field("id", &self.id)
-            .field("version", &self.version)
-            .finish()
-    }
-}
-
-impl LoadedPackage {
-    /// A package version just loaded: unbound, not draining, not superseded; its bindings'
-    /// last drop wakes the waiters on `quiet`.
-    pub(crate) fn new(
-        id: PackageId,
-        version: Version,
-        library: Arc<dyn LoadedLibrary>,
-        quiet: Arc<Quiet>,
-    ) -> Self {
-        LoadedPackage {
-            id,
-            version,
-            library,
-            state: Default::default(),
-            quiet,
-            deciding: Mutex::new(()),
-            retired: std::sync::atomic::AtomicBool::new(false),
-            superseded: std::sync::atomic::AtomicBool::new(false),
-        }
-    }
-
-    /// The library, for callers that must keep it loaded alongside a pointer into it.
-    pub fn library(&self) -> &Arc<dyn LoadedLibrary> {
-        &self.library
-    }
-
-    /// Whether a lifecycle change is draining the package (or it has left the registry).
-    pub fn is_draining(&self) -> bool {
+impl BindCount {
+    fn is_draining(&self) -> bool {
         // Every stripe is marked and cleared together; the first says for all.
         self.state[0].0.load(Ordering::Relaxed) & DRAINING != 0
     }
 
-    /// Live bindings into the package.
-    pub fn live_bindings(&self) -> u64 {
+    fn live_bindings(&self) -> u64 {
         self.state
             .iter()
             .map(|s| s.0.load(Ordering::Acquire) & COUNT)
             .sum()
     }
 
-    /// Whether this version is still the one the registry serves and no switch away from it is
-    /// waiting: not retired, not draining, not superseded by a newer committed generation.
-    pub fn is_current(&self) -> bool {
-        !self.is_draining() && !self.superseded.load(Ordering::Acquire)
-    }
-
-    /// Counts one more binding on this thread's stripe unless the package is draining, and
-    /// answers the stripe; one compare-and-swap (see the module documentation for why that
-    /// cannot miss a drain). A drain that has not decided yet is waited for, out of line.
+    /// Counts one more binding on `stripe` unless the package is draining, and answers the
+    /// stripe; one compare-and-swap (see the module documentation for why that cannot miss a
+    /// drain). A drain that has not decided yet is waited for, out of line.
     #[inline(always)]
-    fn try_bind(&self) -> Option<u8> {
-        let stripe = thread_stripe();
+    fn try_bind(&self, stripe: usize) -> Option<u8> {
         let word = &self.state[stripe].0;
         let now = word.load(Ordering::Relaxed);
         // Relaxed suffices: the exclusion with a drain rests on the word's own modification
@@ -164,8 +122,8 @@ impl LoadedPackage {
         self.try_bind_contended(stripe)
     }
 
-    /// [`LoadedPackage::try_bind`] after its first attempt failed: another binder moved the
-    /// word, the package is draining, or a drain is deciding (waited for).
+    /// [`BindCount::try_bind`] after its first attempt failed: another binder moved the word,
+    /// the package is draining, or a drain is deciding (waited for).
     #[cold]
     #[inline(never)]
     fn try_bind_contended(&self, stripe: usize) -> Option<u8> {
@@ -195,16 +153,148 @@ impl LoadedPackage {
             .fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Ends one binding taken on `stripe`, waking the waiters when it was the stripe's last and
-    /// someone waits (they count every stripe again).
+    /// Ends one binding taken on `stripe`; answers whether it was the stripe's last and someone
+    /// waits (to be woken: they count every stripe again).
     #[inline]
-    fn unbind(&self, stripe: u8) {
+    fn unbind(&self, stripe: u8) -> bool {
         // Release: everything the binding was used for happens before a drainer's Acquire
         // read of a count of zero, so before the unload or replacement it allows.
         let before = self.state[usize::from(stripe) % STRIPES]
             .0
             .fetch_sub(1, Ordering::Release);
-        if before & COUNT == 1 && before & WAITED != 0 {
+        before & COUNT == 1 && before & WAITED != 0
+    }
+
+    fn decide_drain(&self) -> (Deciding<'_>, u64) {
+        let held = self.deciding.lock().unwrap_or_else(|e| e.into_inner());
+        let mut live = 0;
+        for stripe in &self.state {
+            // AcqRel: a binding counted on the stripe before the mark is seen here; one after
+            // it sees the mark (both are read-modify-writes of the one word).
+            let before = stripe.0.fetch_or(DECIDING, Ordering::AcqRel);
+            live += before & COUNT;
+        }
+        (
+            Deciding {
+                count: self,
+                _held: held,
+            },
+            live,
+        )
+    }
+
+    fn end_drain(&self) {
+        let _held = self.deciding.lock().unwrap_or_else(|e| e.into_inner());
+        if self.is_retired() {
+            return;
+        }
+        for stripe in &self.state {
+            stripe.0.fetch_and(!DRAINING, Ordering::Release);
+        }
+    }
+
+    fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
+    }
+
+    fn retire(&self) {
+        // Under the decision lock, so that no drain's end clears the marks in between.
+        let _held = self.deciding.lock().unwrap_or_else(|e| e.into_inner());
+        self.retired.store(true, Ordering::Release);
+        for stripe in &self.state {
+            stripe.0.fetch_or(DRAINING, Ordering::Release);
+        }
+    }
+
+    fn watch(&self) -> u64 {
+        self.state
+            .iter()
+            .map(|s| s.0.fetch_or(WAITED, Ordering::AcqRel) & COUNT)
+            .sum()
+    }
+}
+
+/// One loaded package version and its library.
+pub struct LoadedPackage {
+    /// The package.
+    pub id: PackageId,
+    /// The version whose library this is.
+    pub version: Version,
+    library: Arc<dyn LoadedLibrary>,
+    /// The binding count; see the module documentation.
+    count: BindCount,
+    quiet: Arc<Quiet>,
+    /// Set while a newer committed generation wants this version out or replaced and live
+    /// bindings defer the switch ([`KernelBinding::is_current`] answers `false`).
+    pub(crate) superseded: std::sync::atomic::AtomicBool,
+}
+
+impl fmt::Debug for LoadedPackage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoadedPackage")
+            .field("id", &self.id)
+            .field("version", &self.version)
+            .finish()
+    }
+}
+
+impl LoadedPackage {
+    /// A package version just loaded: unbound, not draining, not superseded; its bindings'
+    /// last drop wakes the waiters on `quiet`.
+    pub(crate) fn new(
+        id: PackageId,
+        version: Version,
+        library: Arc<dyn LoadedLibrary>,
+        quiet: Arc<Quiet>,
+    ) -> Self {
+        LoadedPackage {
+            id,
+            version,
+            library,
+            count: BindCount::default(),
+            quiet,
+            superseded: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// The library, for callers that must keep it loaded alongside a pointer into it.
+    pub fn library(&self) -> &Arc<dyn LoadedLibrary> {
+        &self.library
+    }
+
+    /// Whether a lifecycle change is draining the package (or it has left the registry).
+    pub fn is_draining(&self) -> bool {
+        self.count.is_draining()
+    }
+
+    /// Live bindings into the package.
+    pub fn live_bindings(&self) -> u64 {
+        self.count.live_bindings()
+    }
+
+    /// Whether this version is still the one the registry serves and no switch away from it is
+    /// waiting: not retired, not draining, not superseded by a newer committed generation.
+    pub fn is_current(&self) -> bool {
+        !self.is_draining() && !self.superseded.load(Ordering::Acquire)
+    }
+
+    /// Counts one more binding on this thread's stripe unless the package is draining, and
+    /// answers the stripe ([`BindCount::try_bind`]).
+    #[inline(always)]
+    fn try_bind(&self) -> Option<u8> {
+        self.count.try_bind(thread_stripe())
+    }
+
+    /// Counts a copy of a live binding on its stripe.
+    fn bind_again(&self, stripe: u8) {
+        self.count.bind_again(stripe);
+    }
+
+    /// Ends one binding taken on `stripe`, waking the waiters when it was the stripe's last and
+    /// someone waits.
+    #[inline]
+    fn unbind(&self, stripe: u8) {
+        if self.count.unbind(stripe) {
             self.wake_waiters();
         }
     }
@@ -222,57 +312,29 @@ impl LoadedPackage {
     /// the marks. Until the returned [`Deciding`] decides (or drops, which refuses), binders
     /// wait for the decision; no binder treats the package as gone because of it.
     pub(crate) fn decide_drain(&self) -> (Deciding<'_>, u64) {
-        let held = self.deciding.lock().unwrap_or_else(|e| e.into_inner());
-        let mut live = 0;
-        for stripe in &self.state {
-            // AcqRel: a binding counted on the stripe before the mark is seen here; one after
-            // it sees the mark (both are read-modify-writes of the one word).
-            let before = stripe.0.fetch_or(DECIDING, Ordering::AcqRel);
-            live += before & COUNT;
-        }
-        (
-            Deciding {
-                package: self,
-                _held: held,
-            },
-            live,
-        )
+        self.count.decide_drain()
     }
 
     /// Clears the marks of a drain whose change did not commit (a package that has left the
     /// registry keeps them for good).
     pub(crate) fn end_drain(&self) {
-        let _held = self.deciding.lock().unwrap_or_else(|e| e.into_inner());
-        if self.is_retired() {
-            return;
-        }
-        for stripe in &self.state {
-            stripe.0.fetch_and(!DRAINING, Ordering::Release);
-        }
+        self.count.end_drain();
     }
 
     /// Whether the package has left the registry (its marks stay for good).
     pub(crate) fn is_retired(&self) -> bool {
-        self.retired.load(Ordering::Acquire)
+        self.count.is_retired()
     }
 
     /// Marks a package that leaves the registry, for good.
     pub(crate) fn retire(&self) {
-        // Under the decision lock, so that no drain's end clears the marks in between.
-        let _held = self.deciding.lock().unwrap_or_else(|e| e.into_inner());
-        self.retired.store(true, Ordering::Release);
-        for stripe in &self.state {
-            stripe.0.fetch_or(DRAINING, Ordering::Release);
-        }
+        self.count.retire();
     }
 
     /// Asks to be woken when a stripe's count reaches zero and answers the count. Called with
     /// the quiet lock held.
     pub(crate) fn watch(&self) -> u64 {
-        self.state
-            .iter()
-            .map(|s| s.0.fetch_or(WAITED, Ordering::AcqRel) & COUNT)
-            .sum()
+        self.count.watch()
     }
 }
 
@@ -289,9 +351,9 @@ fn wait_for_decision(word: &AtomicU64) -> u64 {
         }
         if spins < 64 {
             spins += 1;
-            std::hint::spin_loop();
+            crate::sync::spin_loop();
         } else {
-            std::thread::yield_now();
+            crate::sync::yield_now();
         }
     }
 }
@@ -299,7 +361,7 @@ fn wait_for_decision(word: &AtomicU64) -> u64 {
 /// A drain between its marks and its decision (see [`LoadedPackage::decide_drain`]); dropping
 /// it undecided refuses the drain.
 pub(crate) struct Deciding<'p> {
-    package: &'p LoadedPackage,
+    count: &'p BindCount,
     _held: MutexGuard<'p, ()>,
 }
 
@@ -307,7 +369,7 @@ impl Deciding<'_> {
     /// The package drains: every stripe is marked draining as it loses the undecided mark, in
     /// one step, so a binder sees one mark or the other, never neither.
     pub(crate) fn drain(self) {
-        for stripe in &self.package.state {
+        for stripe in &self.count.state {
             let _ = stripe
                 .0
                 .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |w| {
@@ -323,7 +385,7 @@ impl Drop for Deciding<'_> {
     fn drop(&mut self) {
         // Refused (or decided, in which case the marks are already gone and this changes
         // nothing): binders waiting for the decision go on.
-        for stripe in &self.package.state {
+        for stripe in &self.count.state {
             stripe.0.fetch_and(!DECIDING, Ordering::Release);
         }
     }
@@ -607,5 +669,173 @@ impl IdTable {
     #[inline]
     pub(crate) fn find(&self, impl_id: &ImplId) -> Option<Arc<StoredOp>> {
         self.ids.get(impl_id).and_then(Weak::upgrade)
+    }
+}
+
+/// The loom models of the drain protocol (`cargo xtask test --only loom`): every interleaving,
+/// up to the preemption bound, of binders on two stripes against a drain, its end and a retire.
+/// The drain protocol on real threads: what ThreadSanitizer and Miri check (the loom models
+/// below check it exhaustively).
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::{BindCount, STRIPES};
+
+    #[test]
+    fn binders_on_every_stripe_and_drains_never_coexist() {
+        let count = BindCount::default();
+        std::thread::scope(|s| {
+            for stripe in 0..4 {
+                let count = &count;
+                s.spawn(move || {
+                    for _ in 0..50 {
+                        if let Some(taken) = count.try_bind(stripe % STRIPES) {
+                            count.bind_again(taken);
+                            count.unbind(taken);
+                            count.unbind(taken);
+                        }
+                    }
+                });
+            }
+            for _ in 0..20 {
+                let (deciding, live) = count.decide_drain();
+                if live > 0 {
+                    drop(deciding);
+                    continue;
+                }
+                deciding.drain();
+                assert_eq!(count.live_bindings(), 0, "a drain over a live binding");
+                assert_eq!(count.try_bind(0), None, "bound a drained package");
+                count.end_drain();
+            }
+        });
+        assert_eq!(count.live_bindings(), 0);
+        count.retire();
+        count.end_drain();
+        assert!(count.is_draining() && count.try_bind(1).is_none());
+    }
+}
+
+// The models' stand-in for a provider's memory is a loom `UnsafeCell`, whose reads and writes
+// loom checks for happens-before: touching it is `unsafe`, in these tests only.
+#[cfg(all(test, loom))]
+#[allow(unsafe_code)]
+mod loom_models {
+    use loom::cell::UnsafeCell;
+    use loom::sync::Arc;
+    use loom::thread;
+
+    use super::BindCount;
+    use crate::sync::model;
+
+    /// A drain as `KernelRegistry::drain` decides it: refused while anything is bound.
+    fn drain(count: &BindCount) -> bool {
+        let (deciding, live) = count.decide_drain();
+        if live > 0 {
+            drop(deciding);
+            return false;
+        }
+        deciding.drain();
+        true
+    }
+
+    #[test]
+    fn loom_a_drain_and_a_bind_never_both_win_nor_both_lose() {
+        model(|| {
+            let count = Arc::new(BindCount::default());
+            let binder = {
+                let count = Arc::clone(&count);
+                // Kept: the binding outlives the race.
+                thread::spawn(move || count.try_bind(1).is_some())
+            };
+            let drained = drain(&count);
+            let bound = binder.join().unwrap();
+            // Both: a drain that coexists with a live binding. Neither: a bind that failed on
+            // a package no drain took out.
+            assert_ne!(drained, bound, "drained {drained}, bound {bound}");
+            assert_eq!(count.is_draining(), drained);
+        });
+    }
+
+    #[test]
+    fn loom_a_refused_drain_makes_no_bind_fail() {
+        model(|| {
+            let count = Arc::new(BindCount::default());
+            // A binding live before the race: the drain must be refused.
+            let held = count.try_bind(0).unwrap();
+            let binder = {
+                let count = Arc::clone(&count);
+                thread::spawn(move || count.try_bind(1))
+            };
+            assert!(!drain(&count), "a drain succeeded over a live binding");
+            let bound = binder.join().unwrap();
+            assert_eq!(bound, Some(1), "a refused drain made a bind fail");
+            assert!(!count.is_draining());
+            count.unbind(held);
+            count.unbind(1);
+            assert_eq!(count.live_bindings(), 0);
+        });
+    }
+
+    #[test]
+    fn loom_what_a_binding_used_happens_before_the_unload_its_drain_allows() {
+        model(|| {
+            let count = Arc::new(BindCount::default());
+            // The provider's memory: read while bound, freed (written) once a drain succeeds.
+            let library = Arc::new(UnsafeCell::new(1u64));
+            let user = {
+                let (count, library) = (Arc::clone(&count), Arc::clone(&library));
+                thread::spawn(move || {
+                    if let Some(stripe) = count.try_bind(1) {
+                        // A copy of the binding, dropped after the original.
+                        count.bind_again(stripe);
+                        count.unbind(stripe);
+                        // SAFETY: loom checks that no write races this read.
+                        library.with(|v| assert_eq!(unsafe { *v }, 1, "used after unload"));
+                        count.unbind(stripe);
+                    }
+                })
+            };
+            if drain(&count) {
+                // SAFETY: loom checks that no read races this write.
+                library.with_mut(|v| unsafe { *v = 0 });
+                assert_eq!(count.try_bind(0), None, "bound after a drain succeeded");
+            }
+            user.join().unwrap();
+        });
+    }
+
+    #[test]
+    fn loom_a_retired_package_stays_drained_whatever_end_races_it() {
+        model(|| {
+            let count = Arc::new(BindCount::default());
+            assert!(drain(&count));
+            let ender = {
+                let count = Arc::clone(&count);
+                thread::spawn(move || count.end_drain())
+            };
+            count.retire();
+            ender.join().unwrap();
+            assert!(count.is_draining() && count.is_retired());
+            assert_eq!(count.try_bind(1), None, "bound a retired package");
+        });
+    }
+
+    #[test]
+    fn loom_the_last_unbind_after_a_watch_wakes_the_watcher() {
+        model(|| {
+            let count = Arc::new(BindCount::default());
+            let stripe = count.try_bind(1).unwrap();
+            let unbinder = {
+                let count = Arc::clone(&count);
+                thread::spawn(move || count.unbind(stripe))
+            };
+            let live = count.watch();
+            let woke = unbinder.join().unwrap();
+            // A watcher that saw the binding sleeps until the unbind wakes it.
+            assert!(
+                live == 0 || woke,
+                "a watcher saw {live} binding and was never woken"
+            );
+        });
     }
 }

@@ -2185,7 +2185,7 @@ mod tests {
             let side = t.role_mut(role);
             assert_eq!(side.len(), n, "{n_in}+{n_out}");
             for (i, d) in side.iter_mut().enumerate() {
-                d.data = (mark * 1000 + i) as *mut c_void;
+                d.data = std::ptr::without_provenance_mut(mark * 1000 + i);
             }
         }
         let args = &cells.args;

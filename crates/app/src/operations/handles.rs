@@ -33,9 +33,12 @@
 
 use std::cell::Cell;
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
+
+// The gate's atomics, lock and waits: loom's under `--cfg loom` (the models at the end).
+use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Condvar};
 
 // The handle number is a 64-bit value carried in a pointer.
 const _: () = assert!(size_of::<usize>() == 8, "C handles need 64-bit pointers");
@@ -67,8 +70,14 @@ pub(crate) enum Refused {
     InUse(u64),
 }
 
+#[cfg(not(loom))]
 thread_local! {
     static TOKEN: Cell<u8> = const { Cell::new(0) };
+}
+// Loom runs its threads on one thread of the process: each needs a local of its own.
+#[cfg(loom)]
+loom::thread_local! {
+    static TOKEN: Cell<u8> = Cell::new(0);
 }
 
 /// A number that identifies the calling thread while it lives: the address of a thread-local
@@ -89,7 +98,7 @@ pub(crate) struct Gate {
     /// Callers waiting for the running `execute`.
     waiters: AtomicU32,
     /// Guards the condition variable waiters sleep on.
-    waiting: Mutex<()>,
+    waiting: crate::sync::Mutex<()>,
     wake: Condvar,
 }
 
@@ -128,19 +137,19 @@ impl Drop for Shared<'_> {
 
 impl Gate {
     /// A gate that is not live, at generation 0 (a C slot before its first handle).
-    const fn vacant() -> Self {
+    fn vacant() -> Self {
         Gate {
             state: AtomicU64::new(0),
             owner: AtomicUsize::new(0),
             shared: AtomicU32::new(0),
             waiters: AtomicU32::new(0),
-            waiting: Mutex::new(()),
+            waiting: crate::sync::Mutex::new(()),
             wake: Condvar::new(),
         }
     }
 
     /// A live gate at generation 0: a Rust handle's, which is never released through it.
-    pub(crate) const fn live() -> Self {
+    pub(crate) fn live() -> Self {
         Gate {
             state: AtomicU64::new(LIVE),
             ..Gate::vacant()
@@ -176,6 +185,7 @@ impl Gate {
                 self.shared.fetch_sub(1, Ordering::SeqCst);
                 return Err(Refused::Busy);
             }
+            crate::sync::seq_cst_point();
             let state = self.state.load(Ordering::SeqCst);
             if !Self::is_live_at(state, generation) {
                 self.shared.fetch_sub(1, Ordering::SeqCst);
@@ -186,7 +196,7 @@ impl Gate {
             }
             // A release is deciding; it never blocks while it does, so look again.
             self.shared.fetch_sub(1, Ordering::SeqCst);
-            std::thread::yield_now();
+            crate::sync::yield_now();
         }
     }
 
@@ -225,7 +235,7 @@ impl Gate {
         // A release that is deciding never blocks while it does: wait for its decision, so that
         // a call racing a release sees the handle either live or gone, never busy because of it.
         while Self::is_live_at(now, generation) && now & RETIRING != 0 {
-            std::thread::yield_now();
+            crate::sync::yield_now();
             now = self.state.load(Ordering::Acquire);
             if now == idle {
                 match self.state.compare_exchange(
@@ -260,6 +270,7 @@ impl Gate {
         let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
         // Announced before the first look at the word: a release refuses while anyone waits.
         self.waiters.fetch_add(1, Ordering::SeqCst);
+        crate::sync::seq_cst_point();
         let taken = loop {
             let state = self.state.load(Ordering::SeqCst);
             if !Self::is_live_at(state, generation) {
@@ -275,11 +286,7 @@ impl Gate {
                 break Ok(Running { gate: self });
             }
             if state & RUNNING != 0 {
-                waiting = self
-                    .wake
-                    .wait_timeout(waiting, WAIT_SLICE)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+                waiting = crate::sync::wait_slice(&self.wake, waiting, WAIT_SLICE, &self.waiting);
             }
         };
         self.waiters.fetch_sub(1, Ordering::SeqCst);
@@ -296,6 +303,7 @@ impl Gate {
             Ordering::SeqCst,
             Ordering::SeqCst,
         ) {
+            crate::sync::seq_cst_point();
             if !Self::is_live_at(now, generation) {
                 return Err(Refused::Stale);
             }
@@ -304,6 +312,7 @@ impl Gate {
                 + 1;
             return Err(Refused::InUse(calls));
         }
+        crate::sync::seq_cst_point();
         let calls = u64::from(self.shared.load(Ordering::SeqCst))
             + u64::from(self.waiters.load(Ordering::SeqCst));
         if calls > 0 {
@@ -430,7 +439,7 @@ pub(crate) struct HandleTable<T> {
     tag: u64,
     segments: [AtomicPtr<Slot<T>>; SEGMENTS],
     free: Mutex<FreeList>,
-    live: AtomicUsize,
+    live: std::sync::atomic::AtomicUsize,
 }
 
 impl<T> std::fmt::Debug for HandleTable<T> {
@@ -480,7 +489,7 @@ impl<T> HandleTable<T> {
             tag: TAG_POOL.lock().unwrap_or_else(|e| e.into_inner()).take(),
             segments: [const { AtomicPtr::new(ptr::null_mut()) }; SEGMENTS],
             free: Mutex::new(FreeList::default()),
-            live: AtomicUsize::new(0),
+            live: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -701,6 +710,8 @@ mod tests {
     }
 
     #[test]
+    // 65,536 tables are minutes of interpretation; the tag pool has no unsafe code.
+    #[cfg_attr(miri, ignore)]
     fn a_handle_of_another_live_table_is_foreign_after_65536_tables() {
         let first = HandleTable::new();
         let mine = first.insert(Box::new(1u32)).unwrap();
@@ -798,6 +809,69 @@ mod tests {
         assert!(align_of::<super::super::OpHandle<'static>>() >= LINE);
     }
 
+    /// Slots in several segments, released, reused, drained and dropped with the table: every
+    /// path that turns a handle number into a reference or frees a handle's box (what Miri
+    /// checks, with its leak check for the table's own drop).
+    #[test]
+    fn handles_across_segments_are_freed_once_by_remove_drain_or_drop() {
+        let table = HandleTable::new();
+        let names: Vec<_> = (0..70u64)
+            .map(|i| table.decode(table.insert(Box::new(i)).unwrap()).unwrap())
+            .collect();
+        assert_eq!(locate(names[69].index).0, 1, "the second segment is in use");
+        for (i, name) in names.iter().enumerate().step_by(3) {
+            assert_eq!(*table.remove(*name).unwrap(), i as u64);
+        }
+        for (i, name) in names.iter().enumerate().skip(1).step_by(3) {
+            assert_eq!(table.with_shared(*name, |v| *v), Ok(i as u64));
+            let entered = table.enter_running(*name, false).unwrap();
+            assert_eq!(*entered.data(), i as u64);
+        }
+        let drained = table.drain_idle();
+        assert_eq!(drained.len(), 70 - 24, "every live handle no call uses");
+        assert_eq!(table.live(), 0);
+        // The table's drop frees what is still live.
+        let kept = HandleTable::new();
+        kept.insert(Box::new(String::from("freed by the drop")))
+            .unwrap();
+    }
+
+    /// Executes on two threads, a describe and a release racing them: the handle's data is read
+    /// only while a call is counted or holds the handle, and freed once (what ThreadSanitizer
+    /// and Miri check; the loom models check the same protocol exhaustively).
+    #[test]
+    fn calls_racing_a_release_on_threads_touch_only_live_data() {
+        let table = HandleTable::new();
+        let name = table
+            .decode(table.insert(Box::new(vec![1u8, 2, 3])).unwrap())
+            .unwrap();
+        let released = std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for _ in 0..3 {
+                        match table.with_running(name, true, |v, _| v.len()) {
+                            Ok(n) => assert_eq!(n, 3),
+                            Err(refused) => assert_eq!(refused, Refused::Stale),
+                        }
+                    }
+                });
+            }
+            s.spawn(|| match table.with_shared(name, |v| v[2]) {
+                Ok(n) => assert_eq!(n, 3),
+                Err(refused) => assert_eq!(refused, Refused::Stale),
+            });
+            loop {
+                match table.remove(name) {
+                    Ok(data) => break data,
+                    Err(Refused::InUse(_)) => std::thread::yield_now(),
+                    Err(other) => panic!("release refused as {other:?}"),
+                }
+            }
+        });
+        assert_eq!(*released, [1, 2, 3]);
+        assert_eq!(table.live(), 0);
+    }
+
     #[test]
     fn an_exhausted_slot_is_retired() {
         let table = HandleTable::new();
@@ -813,5 +887,130 @@ mod tests {
         table.remove(old).unwrap();
         let next = table.decode(table.insert(Box::new(1u8)).unwrap()).unwrap();
         assert_ne!(next.index, first.index, "the exhausted slot is not reused");
+    }
+}
+
+// Touching the loom `UnsafeCell` that stands for a handle's data is `unsafe`.
+/// The loom models of the handle gate (`cargo xtask test --only loom`): every interleaving, up
+/// to the preemption bound, of calls racing a release and executes racing each other. The
+/// handle's data is a loom `UnsafeCell`, so a call that could touch it after a release freed
+/// it, or two executes at once, is reported as a race.
+#[cfg(all(test, loom))]
+mod loom_models {
+    use loom::cell::UnsafeCell;
+    use loom::sync::Arc;
+    use loom::thread;
+
+    use super::{Gate, Refused};
+    use crate::sync::model;
+
+    type Handle = Arc<(Gate, UnsafeCell<u32>)>;
+
+    fn live() -> Handle {
+        Arc::new((Gate::live(), UnsafeCell::new(7)))
+    }
+
+    #[test]
+    fn loom_a_release_never_frees_what_a_shared_call_reads() {
+        model(|| {
+            let handle = live();
+            let caller = {
+                let handle = Arc::clone(&handle);
+                thread::spawn(move || match handle.0.enter_shared(0) {
+                    Ok(_call) => {
+                        // SAFETY: loom checks that no write (the release's) races this read.
+                        handle.1.with(|v| assert_eq!(unsafe { *v }, 7));
+                        true
+                    }
+                    Err(refused) => {
+                        assert_eq!(refused, Refused::Stale, "refused other than stale");
+                        false
+                    }
+                })
+            };
+            let released = match handle.0.retire(0) {
+                Ok(()) => {
+                    // SAFETY: loom checks that no read races this write (the free).
+                    handle.1.with_mut(|v| unsafe { *v = 0 });
+                    true
+                }
+                Err(refused) => {
+                    assert_eq!(refused, Refused::InUse(1));
+                    false
+                }
+            };
+            let called = caller.join().unwrap();
+            // A call racing a release finds the handle live or gone, never refused because of
+            // a release that was itself refused.
+            assert!(
+                called || released,
+                "the call was refused and the handle lives"
+            );
+            if !released {
+                assert_eq!(
+                    handle.0.retire(0),
+                    Ok(()),
+                    "a refused release changed something"
+                );
+            }
+        });
+    }
+
+    #[test]
+    fn loom_an_execute_racing_a_release_sees_the_handle_live_or_gone() {
+        model(|| {
+            let handle = live();
+            let caller = {
+                let handle = Arc::clone(&handle);
+                thread::spawn(move || match handle.0.enter_run(0, false) {
+                    Ok(_running) => {
+                        // SAFETY: loom checks that nothing races this write (the execute).
+                        handle.1.with_mut(|v| unsafe { *v += 1 });
+                        true
+                    }
+                    Err(refused) => {
+                        assert_eq!(refused, Refused::Stale, "busy because of a release");
+                        false
+                    }
+                })
+            };
+            let released = match handle.0.retire(0) {
+                Ok(()) => {
+                    // SAFETY: as above (the free).
+                    handle.1.with_mut(|v| unsafe { *v = 0 });
+                    true
+                }
+                Err(Refused::InUse(_)) => false,
+                Err(other) => panic!("release refused as {other:?}"),
+            };
+            let ran = caller.join().unwrap();
+            assert!(
+                ran || released,
+                "the execute was refused and the handle lives"
+            );
+        });
+    }
+
+    #[test]
+    fn loom_executes_that_wait_take_the_handle_one_at_a_time() {
+        model(|| {
+            let handle = live();
+            let other = {
+                let handle = Arc::clone(&handle);
+                thread::spawn(move || {
+                    let _running = handle.0.enter_run(0, true).expect("a waiting execute");
+                    // SAFETY: loom checks that the other execute's write does not race this.
+                    handle.1.with_mut(|v| unsafe { *v += 1 });
+                })
+            };
+            {
+                let _running = handle.0.enter_run(0, true).expect("a waiting execute");
+                // SAFETY: as above.
+                handle.1.with_mut(|v| unsafe { *v += 1 });
+            }
+            other.join().unwrap();
+            // SAFETY: both executes have ended.
+            handle.1.with(|v| assert_eq!(unsafe { *v }, 9));
+        });
     }
 }
