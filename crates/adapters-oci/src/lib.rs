@@ -1,8 +1,8 @@
 //! `OciRegistry`: the artifact registry port over an OCI distribution registry.
 //!
-//! A pull, and the token exchange of a push, go through the adapter's own bounded HTTP
-//! ([`transport`]): `oci-client` (oras-project) reads manifests, tokens and error bodies whole
-//! and knows no deadline. A push uploads through `oci-client`.
+//! A pull, and the token exchange of a push, go through the adapter's own bounded HTTP (the
+//! private `transport` module): `oci-client` (oras-project) reads manifests, tokens and error
+//! bodies whole and knows no deadline. A push uploads through `oci-client`.
 //!
 //! A package is one artifact: a manifest with `artifactType` [`ARTIFACT_TYPE`], a small JSON
 //! config ([`ArtifactConfig`]) and one layer, the archive itself. The registry is untrusted:

@@ -456,7 +456,7 @@ fn finding(v: &Value) -> Option<Finding> {
 // ---------------------------------------------------------------------------------------------
 
 /// The child's end of its result channel: the pipe its parent passed under
-/// [`RESULTS_FD_OPTION`], and the nonce its parent wrote on its stdin.
+/// `--results-fd`, and the nonce its parent wrote on its stdin.
 pub struct ResultChannel {
     out: Box<dyn Write + Send>,
     nonce: String,
