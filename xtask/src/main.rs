@@ -150,21 +150,21 @@ fn test() -> Result<(), String> {
     step("valgrind: the tests that cross the C boundary", || {
         valgrind::run(&plugins)
     })?;
-    step(
-        "MSRV: cargo check with the declared rust-version",
-        msrv::run,
-    )?;
-    step(
-        "loom: the models of the lock-free protocols",
-        concurrency::loom,
-    )?;
-    step(
-        "Miri: the handle table and the call tensors",
-        concurrency::miri,
-    )?;
-    step(
-        "ThreadSanitizer: the concurrency unit tests",
-        concurrency::tsan,
-    )?;
+    step("MSRV: cargo check with the declared rust-version", || {
+        msrv::run()?;
+        util::prune_side_build("msrv")
+    })?;
+    step("loom: the models of the lock-free protocols", || {
+        concurrency::loom()?;
+        util::prune_side_build("loom")
+    })?;
+    step("Miri: the handle table and the call tensors", || {
+        concurrency::miri()?;
+        util::prune_side_build("miri")
+    })?;
+    step("ThreadSanitizer: the concurrency unit tests", || {
+        concurrency::tsan()?;
+        util::prune_side_build("tsan")
+    })?;
     Ok(())
 }

@@ -23,6 +23,24 @@ pub fn step<T>(name: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, S
     Ok(out)
 }
 
+/// Removes a side build's target directory (`target/msrv`, `target/loom`, ...) after its step
+/// passed, when `GUILD_CI_PRUNE` is set: CI machines may have little disk, and nothing later
+/// reads those builds. A developer's machine keeps them as caches.
+pub fn prune_side_build(name: &str) -> Result<(), String> {
+    if std::env::var_os("GUILD_CI_PRUNE").is_none() {
+        return Ok(());
+    }
+    let dir = root().join("target").join(name);
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => {
+            eprintln!("    removed {} (GUILD_CI_PRUNE)", dir.display());
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("cannot remove {}: {e}", dir.display())),
+    }
+}
+
 /// Runs a command to completion, failing with its name when it exits unsuccessfully.
 pub fn run(cmd: &mut Command) -> Result<(), String> {
     let status = cmd
