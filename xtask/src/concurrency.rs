@@ -11,9 +11,9 @@ use crate::msrv::{installed, path_str, rustup};
 use crate::util::{self, root};
 
 const NIGHTLY: &str = "nightly";
-/// The host's unit tests each tool runs: the gate and handle table, the call tensors and call
-/// cells, the striped binding counts; ThreadSanitizer also the scoped thread pool and the
-/// per-thread impl-id tables.
+/// The unit tests each tool runs, all in `guild-runtime` but the thread pool: the gate and
+/// handle table, the call tensors and call cells, the striped binding counts; ThreadSanitizer
+/// also the per-thread impl-id tables and `guild-host`'s scoped thread pool.
 const LOOM_FILTER: &str = "loom_";
 const MIRI_FILTERS: &[&str] = &["operations::", "snapshot::"];
 const TSAN_FILTERS: &[&str] = &["operations::", "snapshot::", "parallel::", "id_lookup::"];
@@ -28,7 +28,7 @@ pub fn loom() -> Result<(), String> {
         &[
             "test",
             "-p",
-            "guild-host",
+            "guild-runtime",
             "--lib",
             "--target-dir",
             path_str(&target)?,
@@ -42,7 +42,7 @@ pub fn loom() -> Result<(), String> {
     )
 }
 
-/// Miri over the host's handle-table, snapshot and call-tensor unit tests (none calls C).
+/// Miri over the runtime's handle-table, snapshot and call-tensor unit tests (none calls C).
 pub fn miri() -> Result<(), String> {
     if !nightly_with(&["miri", "rust-src"])? {
         return Ok(());
@@ -56,7 +56,7 @@ pub fn miri() -> Result<(), String> {
         "test",
         "--locked",
         "-p",
-        "guild-host",
+        "guild-runtime",
         "--lib",
         // The CUDA adapter is all FFI; the code under test does not need it.
         "--no-default-features",
@@ -68,7 +68,7 @@ pub fn miri() -> Result<(), String> {
     util::run(rustup().args(args))
 }
 
-/// ThreadSanitizer over the host's concurrency unit tests, with a std built with it
+/// ThreadSanitizer over the runtime's concurrency unit tests, with a std built with it
 /// (`-Zbuild-std`), so that the atomics and locks of std are seen too.
 pub fn tsan() -> Result<(), String> {
     if !nightly_with(&["rust-src"])? {
@@ -84,6 +84,9 @@ pub fn tsan() -> Result<(), String> {
         "-Zbuild-std",
         "--target",
         "x86_64-unknown-linux-gnu",
+        "-p",
+        "guild-runtime",
+        // The scoped thread pool that verifies a store's packages in parallel.
         "-p",
         "guild-host",
         "--lib",

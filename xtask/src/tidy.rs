@@ -7,11 +7,18 @@
 //!   provider interface that loaders hand the app speaks the Kernel ABI's `#[repr(C)]` structs,
 //!   so that an execute crosses it without a conversion.
 //! - `guild-abi` depends on nothing.
-//! - Adapters never depend on one another, and nothing but `guild-host` depends on an adapter.
-//! - Nothing inside the hexagon depends on `guild-host`; the command line (`guild-cli`) stands on
-//!   top of it and reaches the adapters through its re-exports. The CLI's own crates (clap,
-//!   clap_complete, anyhow) belong to `guild-cli` alone, so that the library a runner embeds
-//!   carries none of them.
+//! - Adapters never depend on one another, and only the application crates (`guild-host`, the
+//!   composition; `guild-runtime`, the plugin runtime it composes; `guild-conformance`, the
+//!   publisher's check, which stands on `guild-host`) depend on adapters.
+//! - The plugin runtime depends on no other application crate, and never on the crypto or OCI
+//!   adapters: it runs what the package service decided to load and never authenticates or
+//!   fetches anything itself.
+//! - Nothing inside the hexagon depends on `guild-host`; the publisher's check
+//!   (`guild-conformance`) and the command line (`guild-cli`) stand on top of it, and nothing
+//!   under `guild-host` reaches the check but its own tests. The command line reaches the
+//!   adapters through `guild-host`'s re-exports. The CLI's own crates (clap, clap_complete,
+//!   anyhow) belong to `guild-cli` alone, so that the library a runner embeds carries none of
+//!   them.
 //! - The crates that touch the outside world are confined to the adapter that owns that world:
 //!   libloading to the POSIX adapter, cudarc to the CUDA adapter, tar to the file-system adapter,
 //!   p256 and ring to the crypto adapter.
@@ -71,6 +78,14 @@ const ADAPTERS: &[&str] = &[
     "guild-adapters-cuda",
     "guild-adapters-oci",
 ];
+
+/// The application layer: the crates that compose ports and adapters. `guild-host` composes the
+/// others and is the one a runner names.
+const APP: &[&str] = &["guild-host", "guild-runtime", "guild-conformance"];
+
+/// What the plugin runtime must never depend on: the composition above it, and the adapters of
+/// trust and distribution (the package service's business).
+const RUNTIME_FORBIDDEN: &[&str] = &["guild-host", "guild-adapters-crypto", "guild-adapters-oci"];
 
 /// What `guild-domain` may use. thiserror is a derive macro that generates `Display` and `Error`
 /// impls and nothing else, so it keeps the domain pure.
@@ -145,13 +160,23 @@ pub fn check_deps(crates: &[CrateDeps]) -> Vec<Violation> {
             if ADAPTERS.contains(&dep) {
                 if is_adapter {
                     flag(c, dep, "adapters never depend on one another");
-                } else if c.package != "guild-host" && c.package != "xtask" {
+                } else if !APP.contains(&c.package.as_str()) && c.package != "xtask" {
                     flag(
                         c,
                         dep,
-                        "only guild-host (the composition root) may depend on an adapter",
+                        "only the application crates (guild-host, guild-runtime, guild-conformance) may depend on an adapter",
                     );
                 }
+            }
+            if c.package == "guild-runtime"
+                && *kind != DepKind::Dev
+                && RUNTIME_FORBIDDEN.contains(&dep)
+            {
+                flag(
+                    c,
+                    dep,
+                    "the plugin runtime never depends on the composition, trust or distribution",
+                );
             }
             // Examples are applications outside the hexagon: a runner parses its own arguments.
             if CLI_ONLY.contains(&dep)
@@ -164,6 +189,7 @@ pub fn check_deps(crates: &[CrateDeps]) -> Vec<Violation> {
             if dep == "guild-host"
                 && c.package != "xtask"
                 && c.package != "guild-cli"
+                && c.package != "guild-conformance"
                 && !is_example(&c.manifest)
             {
                 flag(
@@ -425,7 +451,8 @@ pub fn check_workspace(root: &Path) -> Result<(), String> {
 
 /// Crates whose whole normal dependency tree (direct and indirect, as `cargo tree` resolves it)
 /// must not reach these packages: the pure core never reaches native code, archives, crypto or
-/// the command line, and the embeddable library never reaches the command line's crates.
+/// the command line, and the embeddable library never reaches the command line's crates nor
+/// the publisher's conformance check (its tests use the check, as a dev-dependency).
 const TRANSITIVE_FORBIDDEN: &[(&str, &[&str])] = &[
     (
         "guild-domain",
@@ -455,11 +482,26 @@ const TRANSITIVE_FORBIDDEN: &[(&str, &[&str])] = &[
             "libc",
         ],
     ),
+    // The plugin runtime runs what the package service loaded: no signature checks, no
+    // registry client, no command line.
+    (
+        "guild-runtime",
+        &[
+            "p256",
+            "ring",
+            "tokio",
+            "reqwest",
+            "oci-client",
+            "clap",
+            "anyhow",
+        ],
+    ),
     // With its default features: the registry client (feature `oci`) and its async runtime
     // are opt-in.
     (
         "guild-host",
         &[
+            "guild-conformance",
             "clap",
             "clap_complete",
             "anyhow",
@@ -630,7 +672,7 @@ mod tests {
                 "guild-ports",
                 Dev,
                 "guild-adapters-posix",
-                "only guild-host (the composition root) may depend on an adapter",
+                "only the application crates (guild-host, guild-runtime, guild-conformance) may depend on an adapter",
             ),
             (
                 "guild-adapters-fs",
@@ -660,13 +702,31 @@ mod tests {
                 "guild-cli",
                 Normal,
                 "guild-adapters-crypto",
-                "only guild-host (the composition root) may depend on an adapter",
+                "only the application crates (guild-host, guild-runtime, guild-conformance) may depend on an adapter",
             ),
             (
                 "guild-ports",
                 Normal,
                 "guild-host",
                 "nothing inside the hexagon depends on the composition root",
+            ),
+            (
+                "guild-runtime",
+                Normal,
+                "guild-host",
+                "the plugin runtime never depends on the composition, trust or distribution",
+            ),
+            (
+                "guild-runtime",
+                Normal,
+                "guild-adapters-crypto",
+                "the plugin runtime never depends on the composition, trust or distribution",
+            ),
+            (
+                "guild-runtime",
+                Normal,
+                "guild-adapters-oci",
+                "the plugin runtime never depends on the composition, trust or distribution",
             ),
         ];
         for (package, kind, dep, rule) in cases {
@@ -688,6 +748,15 @@ mod tests {
         ))
         .is_empty());
         assert!(rules(krate("guild-host", &[(Normal, "guild-adapters-fs")])).is_empty());
+        assert!(rules(krate(
+            "guild-runtime",
+            &[
+                (Normal, "guild-adapters-posix"),
+                (Normal, "guild-adapters-cuda")
+            ]
+        ))
+        .is_empty());
+        assert!(rules(krate("guild-host", &[(Normal, "guild-runtime")])).is_empty());
         assert!(rules(krate(
             "guild-cli",
             &[(Normal, "guild-host"), (Normal, "clap"), (Normal, "anyhow")]
@@ -720,7 +789,7 @@ mod tests {
         };
         assert_eq!(
             rules_of(&[example(&[(Normal, "guild-adapters-posix")])]),
-            ["only guild-host (the composition root) may depend on an adapter"]
+            ["only the application crates (guild-host, guild-runtime, guild-conformance) may depend on an adapter"]
         );
         assert_eq!(
             rules_of(&[example(&[(Normal, "libloading")])]),

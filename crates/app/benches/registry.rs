@@ -18,7 +18,7 @@ use criterion::{black_box, criterion_group, Criterion};
 use guild_domain::ids::{ImplId, OpName, PackageId};
 use guild_domain::operation::Backend;
 use guild_domain::version::Version;
-use guild_host::registry::StandaloneRegistry;
+use guild_host::registry::OwnedRegistry;
 use guild_ports::loader::{LoadedPlugin, RegisteredKernel};
 use guild_ports::provider::NoCallbacks;
 
@@ -31,8 +31,8 @@ fn impl_id(p: usize, k: usize) -> ImplId {
     ImplId::new(format!("bench.pkg{p}.kernel{k}")).unwrap()
 }
 
-fn registry() -> StandaloneRegistry {
-    let reg = StandaloneRegistry::new();
+fn registry() -> OwnedRegistry {
+    let reg = OwnedRegistry::new();
     for p in 0..PACKAGES {
         let id = PackageId::new(format!("bench.pkg{p}")).unwrap();
         let version = Version::new(1, 0, 0);
@@ -185,7 +185,7 @@ fn throughput_table(_: &mut Criterion) {
 
 /// `n` lookups through the registry, each binding dropped at once.
 #[inline(never)]
-fn lookups_registry(n: u64, reg: &StandaloneRegistry, probe: &ImplId) -> u64 {
+fn lookups_registry(n: u64, reg: &OwnedRegistry, probe: &ImplId) -> u64 {
     (0..n)
         .filter(|_| black_box(reg.find_by_id(black_box(probe))).is_some())
         .count() as u64

@@ -8,7 +8,7 @@
 //! - heap allocations per resolve at each size (a refused candidate should cost none).
 //!
 //! The providers are Rust ones behind the loader port's `KernelProvider` (the same path the
-//! dlopen loader's providers take), registered in a `StandaloneRegistry`, so the curve measures
+//! dlopen loader's providers take), registered in a `OwnedRegistry`, so the curve measures
 //! the host rather than a plugin. `cargo bench -p guild-host --bench resolve` runs the full
 //! measurement; with `-- --test` each benchmark runs once. `GUILD_BENCH_SIZES=1,64` limits the
 //! curve to those sizes (for a profiler).
@@ -34,7 +34,7 @@ use guild_domain::operation::{
     OpCandidate, SyncModeSet, TensorDesc,
 };
 use guild_domain::version::{PackedVersion, Version};
-use guild_host::registry::StandaloneRegistry;
+use guild_host::registry::OwnedRegistry;
 use guild_host::{OperationRequest, OperationService};
 use guild_ports::loader::{LoadedPlugin, RegisteredKernel};
 use guild_ports::provider::{KernelProvider, QueryCall};
@@ -113,8 +113,8 @@ fn candidate(n: usize, i: usize) -> OpCandidate {
 }
 
 /// One package per size; in each, only the lowest-ranked candidate (priority 0) accepts.
-fn registry() -> StandaloneRegistry {
-    let reg = StandaloneRegistry::new();
+fn registry() -> OwnedRegistry {
+    let reg = OwnedRegistry::new();
     for n in SIZES {
         let id = PackageId::new(format!("bench.curve{n}")).unwrap();
         let version = Version::new(1, 0, 0);

@@ -1,13 +1,9 @@
 //! The host's error type: each variant names what failed and where, and belongs to one
 //! [`ErrorCategory`] that the CLI maps to a documented exit code.
 
-use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use guild_abi::guild_error_info_t;
-use guild_abi::guild_status_t;
-use guild_abi::text::{fixed_buffer_text, status_name};
 use guild_domain::graph::{
     DisableRefusal, GraphBuildError, GraphProblem, RemoveRefusal, RollbackRefusal,
 };
@@ -18,7 +14,7 @@ use guild_domain::trust::{AuthError, TrustChangeError, TrustFileError, TrustFile
 use guild_ports::source::SourceError;
 use guild_ports::store::StoreError;
 
-use crate::platform::PlatformMismatch;
+use guild_runtime::platform::PlatformMismatch;
 
 /// The broad class of a failure, which decides the CLI's exit code.
 ///
@@ -375,7 +371,7 @@ pub enum LibraryCheckFailure {
 }
 
 /// A timeout as people write it: whole seconds, or milliseconds.
-pub(crate) fn seconds(d: &Duration) -> String {
+pub fn seconds(d: &Duration) -> String {
     if d.subsec_millis() == 0 {
         format!("{} s", d.as_secs())
     } else {
@@ -392,43 +388,7 @@ fn tail(stderr: &str) -> String {
     format!(": {}", &text[start..])
 }
 
-/// What a plugin's callback reported (a runner's, an expert or CUDA table's): its status and
-/// its error record's text.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PluginReason {
-    /// The status it returned.
-    pub status: guild_status_t,
-    /// The record's component.
-    pub component: String,
-    /// The record's message.
-    pub message: String,
-}
-
-impl PluginReason {
-    pub(crate) fn read(status: guild_status_t, error: &guild_error_info_t) -> Self {
-        PluginReason {
-            status,
-            component: fixed_buffer_text(&error.component),
-            message: fixed_buffer_text(&error.message),
-        }
-    }
-}
-
-impl fmt::Display for PluginReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (self.component.is_empty(), self.message.is_empty()) {
-            (_, true) => write!(f, "{} without a message", status_name(self.status)),
-            (true, false) => write!(f, "{} ({})", self.message, status_name(self.status)),
-            (false, false) => write!(
-                f,
-                "{}: {} ({})",
-                self.component,
-                self.message,
-                status_name(self.status)
-            ),
-        }
-    }
-}
+pub use guild_runtime::error::PluginReason;
 
 impl From<crate::crash_quarantine::LedgerError> for HostError {
     fn from(e: crate::crash_quarantine::LedgerError) -> Self {

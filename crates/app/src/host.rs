@@ -31,7 +31,9 @@ use crate::package_manager::{
     PlannedPackage, Quarantined, Refreshed,
 };
 use crate::reconcile::{Applied, Pass, PendingCause, PendingChange};
-use crate::registry::{Drain, KernelRegistry, PreparedPublication, RegistryChangeError};
+use crate::registry::{
+    Drain, KernelRegistry, OwnedRegistry, PreparedPublication, RegistryChangeError,
+};
 use guild_ports::loader::LoadedLibrary;
 use guild_ports::store::StorePin;
 
@@ -225,7 +227,7 @@ impl LoadedLibrary for PinnedLibrary {
 /// ```
 pub struct Host {
     packages: PackageManager,
-    kernels: KernelRegistry,
+    kernels: OwnedRegistry,
     loader: Box<dyn PluginLoader>,
     /// The provider lifecycle lock: loading, publication, enable, disable, remove and rollback
     /// are serialised by it. Lookups never take it.
@@ -278,7 +280,7 @@ impl Host {
         let generation = packages.generation().unwrap_or(0);
         Host {
             packages,
-            kernels: KernelRegistry::with_devices(devices),
+            kernels: OwnedRegistry::with_devices(devices),
             loader,
             lifecycle: Mutex::new(()),
             applied: Mutex::new(Applied::new(generation)),

@@ -33,47 +33,34 @@
 //! The guides in the repository's `docs/` directory (`runner-authors.md`, `operators.md`,
 //! `plugin-authors.md`, `package-format.md`) explain the concepts behind this API.
 //!
-//! This crate is the composition root: it is the only place that names concrete adapters. It
-//! holds the package manager (authentication, dependency validation, durable publication,
-//! enable/disable/remove/rollback, recovery), the kernel registry, the [`Host`] that composes
-//! them with a plugin loader, the operation service (its C table and its Rust face), the
-//! publisher tools (the `guild` command line is the `guild-cli` crate). `unsafe` is denied
-//! everywhere but in `operations`, which calls the providers' C callbacks and implements the C
-//! table, in `models`, which calls the runners' RMD1 callbacks and implements the C model
-//! reader, in `experts`, which calls bound CPE1 tables, in `cuda_tables`, which calls the
-//! host-side queries of bound CDA1 and CDM1 tables, and in `conformance`, which calls a
-//! publisher's GOP1 callbacks on generated queries in guard-paged buffers.
+//! This crate is the composition root: it is the only place that composes the package service
+//! with the plugin runtime. It holds the package manager (authentication, dependency
+//! validation, durable publication, enable/disable/remove/rollback, recovery), the crash
+//! ledger, the registration check, the publisher's pack and sign, and the [`Host`] that
+//! composes them with a plugin loader and the runtime. The runtime (`guild-runtime`: the kernel
+//! registry, the operation service, model runners and bound tables, and with them nearly all of
+//! the host's `unsafe`) is re-exported under the module names runners use ([`registry`],
+//! [`operations`], [`models`], [`experts`], [`cuda_tables`], [`platform`]). This crate itself
+//! has no `unsafe`. The publisher's conformance check (`guild check`) is `guild-conformance`,
+//! which stands on this crate; the `guild` command line is `guild-cli`.
 
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-#[allow(unsafe_code)]
-// The conformance check: GOP1 calls on generated queries, guard-paged buffers.
-pub mod conformance;
 pub mod crash_quarantine;
-#[allow(unsafe_code)] // The CDD1/CDA1/CDM1 boundary: the host-side queries of bound CUDA tables.
-pub mod cuda_tables;
 #[cfg(feature = "oci")]
 pub mod distribution;
 pub mod error;
-#[allow(unsafe_code)] // The CPE1 boundary: expert callbacks and the host-owned aligned buffers.
-pub mod experts;
 pub mod host;
-mod id_lookup;
 pub mod lock_sync;
-#[allow(unsafe_code)] // The runner boundary: RMD1 callbacks and the C model reader's entry points.
-pub mod models;
-#[allow(unsafe_code)] // The C service boundary: GOP1 callbacks and the service's C table.
-pub mod operations;
 pub mod package_manager;
 mod parallel;
-pub mod platform;
 pub mod publication;
 pub mod publish;
 pub mod reconcile;
-pub mod registry;
-mod snapshot;
-mod sync;
+
+// The plugin runtime (`guild-runtime`), under the names runners have always used.
+pub use guild_runtime::{cuda_tables, experts, models, operations, platform, registry};
 
 pub use error::{ErrorCategory, HostError};
 pub use host::{

@@ -40,7 +40,7 @@ use crate::error::HostError;
 use crate::package_manager::{Change, LifecycleHook, PortCheck};
 
 // The failure is part of `HostError`, so it lives with it.
-pub(crate) use crate::error::seconds;
+pub use crate::error::seconds;
 pub use crate::error::{LibraryCheckFailure, TIMEOUT_VARIABLE};
 
 /// How long [`ChildCheck`] waits for the child by default: loading and `init` of a package's
@@ -196,7 +196,7 @@ pub fn check_tree(
 
     // A registry of its own gives the plugin a valid operation service for `init`; nothing is
     // published into it, and it outlives the plugin.
-    let registry = crate::registry::KernelRegistry::new();
+    let registry = crate::registry::OwnedRegistry::new();
     let loader = guild_adapters_posix::DlopenLoader::new();
     let plugin = load_checked(
         &loader,
@@ -218,7 +218,7 @@ pub fn check_tree(
 }
 
 /// Reads and parses the `.gkmetadata` at the root of the tree `dir`.
-pub(crate) fn read_tree_metadata(dir: &Path) -> Result<Metadata, HostError> {
+pub fn read_tree_metadata(dir: &Path) -> Result<Metadata, HostError> {
     let path = dir.join(guild_domain::path::RESERVED_METADATA_NAME);
     let bytes = std::fs::read(&path).map_err(|e| HostError::InstalledTree {
         package: format!("the tree {}", dir.display()),
@@ -393,7 +393,7 @@ pub(crate) fn collect(pipe: Option<impl Read + Send + 'static>) -> mpsc::Receive
 }
 
 /// The signal that ended the child, with its name.
-pub(crate) fn signal_of(status: ExitStatus) -> Option<(i32, &'static str)> {
+pub fn signal_of(status: ExitStatus) -> Option<(i32, &'static str)> {
     use std::os::unix::process::ExitStatusExt;
     let signal = status.signal()?;
     Some((signal, signal_name(signal)))

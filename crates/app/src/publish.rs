@@ -277,7 +277,7 @@ fn tempfile_dir(near: &Path) -> Result<PathBuf, PublishError> {
 }
 
 /// Removes a scratch tree, including the read-only files extraction leaves.
-pub(crate) fn remove_scratch(dir: &Path) {
+pub fn remove_scratch(dir: &Path) {
     fn make_writable(path: &Path) {
         if let Ok(meta) = std::fs::symlink_metadata(path) {
             if meta.is_dir() {

@@ -1,11 +1,11 @@
 //! `guild check`: the conformance check of a build, before it is signed
-//! (`guild_host::conformance`), and its hidden child `__conformance`.
+//! (`guild_conformance`), and its hidden child `__conformance`.
 
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
-use guild_host::conformance::{self, Options, StageError, Verdict};
+use guild_conformance::{self as conformance, Options, StageError, Verdict};
 
 use super::failure::{CliError, Exit};
 use super::output::Report;

@@ -7,9 +7,9 @@
 use std::path::PathBuf;
 
 use guild_adapters_posix::DlopenLoader;
+use guild_conformance::{self as conformance, Options, Verdict};
 use guild_domain::manifest::Metadata;
 use guild_domain::operation::{DType, MemorySpace, TensorDesc};
-use guild_host::conformance::{self, Options, Verdict};
 use guild_host::operations::{DeviceSupport, ExecuteError, TensorArg, TensorArgMut};
 use guild_host::{Host, InstallOptions, OpName, OperationRequest, OperationService};
 use guild_ports::loader::{LoadError, LoadRequest, LoadedPlugin, PluginLoader};

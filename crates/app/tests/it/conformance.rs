@@ -1,10 +1,10 @@
-//! The conformance check (`guild check`, `guild_host::conformance`) held against the project's
+//! The conformance check (`guild check`, `guild_conformance`) held against the project's
 //! own test plugins: every plugin meant to be correct passes, and each faulty build in
 //! test-plugins/faulty_scan fails the check its fault breaks, naming the operation.
 
 use std::time::Duration;
 
-use guild_host::conformance::{self, Options, Report, Verdict};
+use guild_conformance::{self as conformance, Options, Report, Verdict};
 
 use crate::cli::{guild, guild_binary};
 use crate::operations::{alt_spec, plugin_library, scan_spec};

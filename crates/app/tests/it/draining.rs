@@ -22,7 +22,7 @@ use guild_domain::lease::{LeaseError, LeaseKind, QuiescentAction};
 use guild_domain::operation::DType;
 use guild_domain::version::Version;
 use guild_host::operations::DeviceSupport;
-use guild_host::registry::{KernelRegistry, RegistryChangeError, StandaloneRegistry};
+use guild_host::registry::{KernelRegistry, OwnedRegistry, RegistryChangeError};
 use guild_host::{Host, HostError, InstallOptions, OperationService};
 use guild_ports::loader::{LoadError, LoadRequest, LoadedPlugin, PluginLoader};
 
@@ -399,7 +399,7 @@ fn installing_new_versions_racing_resolution_never_returns_ok_with_a_handle_aliv
 #[test]
 fn a_draining_package_is_passed_over_and_bindable_again_once_the_drain_ends() {
     let open = Arc::new(AtomicU64::new(0));
-    let reg = StandaloneRegistry::new();
+    let reg = OwnedRegistry::new();
     publish(&reg, plugin("a.pkg", "1.0.0", &[("a.k", 10)], &open));
     let b_closed = publish(&reg, plugin("b.pkg", "1.0.0", &[("b.k", 5)], &open));
     let (a, a_k) = (id("a.pkg"), ImplId::new("a.k").unwrap());
@@ -450,7 +450,7 @@ fn a_draining_package_is_passed_over_and_bindable_again_once_the_drain_ends() {
 #[test]
 fn a_drain_finished_without_an_unload_leaves_the_package_bindable() {
     let open = Arc::new(AtomicU64::new(0));
-    let reg = StandaloneRegistry::new();
+    let reg = OwnedRegistry::new();
     publish(&reg, plugin("a.pkg", "1.0.0", &[("a.k", 10)], &open));
     let (a, a_k) = (id("a.pkg"), ImplId::new("a.k").unwrap());
     reg.drain(&a).unwrap().finish();
@@ -476,10 +476,10 @@ fn a_drain_finished_without_an_unload_leaves_the_package_bindable() {
 fn bindings_taken_copied_and_dropped_on_many_threads_all_count() {
     const THREADS: usize = 12;
     let open = Arc::new(AtomicU64::new(0));
-    let reg = StandaloneRegistry::new();
+    let reg = OwnedRegistry::new();
     publish(&reg, plugin("a.pkg", "1.0.0", &[("a.k", 10)], &open));
     let (a, a_k) = (id("a.pkg"), ImplId::new("a.k").unwrap());
-    let refused = |reg: &StandaloneRegistry| match reg.drain(&a) {
+    let refused = |reg: &OwnedRegistry| match reg.drain(&a) {
         Err(RegistryChangeError::Bound { bindings, .. }) => bindings,
         Err(other) => panic!("expected a refusal for bindings, got {other}"),
         Ok(_) => 0,
@@ -684,7 +684,7 @@ fn a_session_lease_drop_during_a_slow_install_does_not_wait_for_it() {
 struct CallsBackOnClose {
     id: PackageId,
     version: Version,
-    registry: std::sync::Weak<StandaloneRegistry>,
+    registry: std::sync::Weak<OwnedRegistry>,
     target: ImplId,
 }
 
@@ -712,7 +712,7 @@ impl Drop for CallsBackOnClose {
 /// run detached, so that a deadlock fails the test instead of hanging it.
 #[test]
 fn a_library_closing_during_a_drain_decision_cannot_block_it() {
-    let registry = Arc::new(StandaloneRegistry::new());
+    let registry = Arc::new(OwnedRegistry::new());
     let open = Arc::new(AtomicU64::new(0));
     publish(&registry, plugin("p.pkg", "1.0.0", &[("p.k", 10)], &open));
     let stop = Arc::new(AtomicBool::new(false));

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use guild_domain::ids::{ImplId, OpName, PackageId};
 use guild_domain::operation::Backend;
 use guild_domain::version::Version;
-use guild_host::registry::{RegistryChangeError, Selector, StandaloneRegistry};
+use guild_host::registry::{OwnedRegistry, RegistryChangeError, Selector};
 use guild_ports::loader::{LoadedLibrary, LoadedPlugin, RegisteredKernel};
 use guild_ports::provider::KernelProvider;
 
@@ -98,7 +98,7 @@ pub(crate) fn plugin(
     }
 }
 
-pub(crate) fn publish(reg: &StandaloneRegistry, p: Plugin) -> Arc<AtomicBool> {
+pub(crate) fn publish(reg: &OwnedRegistry, p: Plugin) -> Arc<AtomicBool> {
     let id = p.plugin.library.package().clone();
     let version = p.plugin.library.version().clone();
     reg.commit(reg.prepare(&id, &version, p.plugin, true).unwrap());
@@ -121,7 +121,7 @@ fn pkg(s: &str) -> PackageId {
 fn select_prefers_priority_then_impl_id_whatever_the_publication_order() {
     let open = Arc::new(AtomicU64::new(0));
     for order in [[0, 1, 2], [2, 1, 0], [1, 0, 2]] {
-        let reg = StandaloneRegistry::new();
+        let reg = OwnedRegistry::new();
         let plugins = [
             ("a.pkg", "a.scan.z", 5),
             ("b.pkg", "b.scan.b", 10),
@@ -147,7 +147,7 @@ fn select_prefers_priority_then_impl_id_whatever_the_publication_order() {
 #[test]
 fn a_duplicate_impl_id_across_packages_is_refused_and_changes_nothing() {
     let open = Arc::new(AtomicU64::new(0));
-    let reg = StandaloneRegistry::new();
+    let reg = OwnedRegistry::new();
     publish(&reg, plugin("a.pkg", "1.0.0", &[("shared.scan", 1)], &open));
     let dup = plugin("b.pkg", "1.0.0", &[("b.own", 1), ("shared.scan", 9)], &open);
     let err = reg
@@ -171,7 +171,7 @@ fn a_duplicate_impl_id_across_packages_is_refused_and_changes_nothing() {
 #[test]
 fn a_binding_keeps_the_library_loaded_through_unload_and_replacement() {
     let open = Arc::new(AtomicU64::new(0));
-    let reg = StandaloneRegistry::new();
+    let reg = OwnedRegistry::new();
     let closed_v1 = publish(&reg, plugin("a.pkg", "1.0.0", &[("a.scan", 1)], &open));
     let binding = reg.find_by_id(&ImplId::new("a.scan").unwrap()).unwrap();
     assert_eq!(reg.live_bindings(&pkg("a.pkg")), 1);
@@ -219,7 +219,7 @@ fn a_binding_keeps_the_library_loaded_through_unload_and_replacement() {
 #[test]
 fn disabled_packages_are_not_selected_but_stay_loaded() {
     let open = Arc::new(AtomicU64::new(0));
-    let reg = StandaloneRegistry::new();
+    let reg = OwnedRegistry::new();
     publish(&reg, plugin("a.pkg", "1.0.0", &[("a.scan", 1)], &open));
     reg.set_enabled(&pkg("a.pkg"), false).unwrap();
     assert!(reg.select(&scan()).is_none());
@@ -238,7 +238,7 @@ fn disabled_packages_are_not_selected_but_stay_loaded() {
 fn a_thread_that_looked_up_a_kernel_follows_changes_and_keeps_no_library_loaded() {
     use std::sync::mpsc;
     let open = Arc::new(AtomicU64::new(0));
-    let reg = Arc::new(StandaloneRegistry::new());
+    let reg = Arc::new(OwnedRegistry::new());
     let closed_v1 = publish(&reg, plugin("a.pkg", "1.0.0", &[("a.scan", 1)], &open));
     let (ask, asked) = mpsc::channel::<()>();
     let (answer, answers) = mpsc::channel::<Option<Version>>();
@@ -288,7 +288,7 @@ fn lookups_across_many_registries_on_one_thread_each_answer_their_own() {
     let open = Arc::new(AtomicU64::new(0));
     let registries: Vec<_> = (0..6)
         .map(|i| {
-            let reg = StandaloneRegistry::new();
+            let reg = OwnedRegistry::new();
             publish(
                 &reg,
                 plugin(&format!("p{i}.pkg"), "1.0.0", &[("shared.scan", i)], &open),
@@ -297,7 +297,7 @@ fn lookups_across_many_registries_on_one_thread_each_answer_their_own() {
         })
         .collect();
     let id = ImplId::new("shared.scan").unwrap();
-    let owner = |reg: &StandaloneRegistry| {
+    let owner = |reg: &OwnedRegistry| {
         let b = reg.find_by_id(&id).expect("every registry has the kernel");
         (b.package().to_string(), b.version().to_string())
     };
@@ -327,11 +327,11 @@ fn lookups_across_many_registries_on_one_thread_each_answer_their_own() {
 #[test]
 fn a_change_to_one_cached_registry_is_seen_after_lookups_in_another() {
     let open = Arc::new(AtomicU64::new(0));
-    let (a, b) = (StandaloneRegistry::new(), StandaloneRegistry::new());
+    let (a, b) = (OwnedRegistry::new(), OwnedRegistry::new());
     publish(&a, plugin("a.pkg", "1.0.0", &[("shared.scan", 1)], &open));
     publish(&b, plugin("b.pkg", "1.0.0", &[("shared.scan", 1)], &open));
     let id = ImplId::new("shared.scan").unwrap();
-    let version = |reg: &StandaloneRegistry| reg.find_by_id(&id).map(|b| b.version().clone());
+    let version = |reg: &OwnedRegistry| reg.find_by_id(&id).map(|b| b.version().clone());
     for round in 1..=3u64 {
         assert!(version(&a).is_some() && version(&b).is_some());
         publish(
@@ -364,7 +364,7 @@ fn a_new_registry_never_answers_from_a_dropped_registrys_table() {
     let open = Arc::new(AtomicU64::new(0));
     let id = ImplId::new("shared.scan").unwrap();
     for i in 0..12 {
-        let reg = Box::new(StandaloneRegistry::new());
+        let reg = Box::new(OwnedRegistry::new());
         // Every other registry stays empty: a table taken over from its predecessor would
         // answer the predecessor's kernel.
         if i % 2 == 0 {
@@ -390,7 +390,7 @@ fn a_new_registry_never_answers_from_a_dropped_registrys_table() {
 #[test]
 fn stress_lookups_against_publication_and_unload() {
     let open = Arc::new(AtomicU64::new(0));
-    let reg = Arc::new(StandaloneRegistry::new());
+    let reg = Arc::new(OwnedRegistry::new());
     let stop = Arc::new(AtomicBool::new(false));
     let deadline = Instant::now() + Duration::from_millis(1500);
     let seen = Arc::new(AtomicU64::new(0));

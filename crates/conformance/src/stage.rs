@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use guild_domain::manifest::{ManifestErrors, Metadata};
 use guild_ports::source::{Durability, ExtractOptions, PackageSource, SourceError};
 
-use crate::publish::{self, GkpkSource, PublishError};
+use guild_host::publish::{self, GkpkSource, PublishError};
 
 /// Why a build could not be checked at all.
 #[derive(Debug, thiserror::Error)]

@@ -43,13 +43,12 @@
 //!
 //! # Who changes a registry
 //!
-//! A [`Host`](crate::Host)'s registry changes only as part of the host's lifecycle
-//! transactions (install, enable, disable, remove, rollback, re-verification), which keep it
-//! and the store in step: [`Host::kernels`](crate::Host::kernels) hands out `&KernelRegistry`,
-//! which has lookups, bindings and the operation service but no mutators. A
-//! [`StandaloneRegistry`] is a registry without a store, published into by whoever made it (tests,
-//! benchmarks, a host composed from other parts); it derefs to the same `KernelRegistry` for
-//! everything else.
+//! The right to change a registry is a value: an [`OwnedRegistry`], which only its owner holds.
+//! A host (`guild_host::Host`) owns the one it serves from and changes it only inside its
+//! lifecycle transactions (install, enable, disable, remove, rollback, re-verification), which
+//! keep it and the store in step; what it hands out (`Host::kernels`) is `&KernelRegistry`,
+//! which has lookups, bindings and the operation service but no mutators. Tests, benchmarks and
+//! the publication check own registries of their own, with no store behind them.
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -302,7 +301,7 @@ impl Default for KernelRegistry {
 }
 
 /// A prepared publication: validated against the registry and ready to be swapped in. Dropping
-/// it without [`StandaloneRegistry::commit`] discards the loaded plugin (its library closes).
+/// it without [`OwnedRegistry::commit`] discards the loaded plugin (its library closes).
 #[derive(Debug)]
 pub struct PreparedPublication {
     entry: PackageEntry,
@@ -444,7 +443,7 @@ impl KernelRegistry {
     /// Sends the report of a provider whose call failed to `sink`, with the provider's package,
     /// when the C caller passed no usable error record (NULL, misaligned, or smaller than this
     /// version's record) and so could not read it: the status still reaches the caller, and the
-    /// text is not dropped. [`HostBuilder::plugin_log`](crate::HostBuilder::plugin_log) sets
+    /// text is not dropped. The host's `HostBuilder::plugin_log` sets
     /// this to the plugin log sink; without a sink the text is dropped.
     pub fn send_unread_failures_to(
         &self,
@@ -817,17 +816,19 @@ impl KernelRegistry {
     }
 }
 
-/// A kernel registry that belongs to no [`Host`](crate::Host): no store, no package manager, so
-/// its owner publishes into it and takes packages out directly. Everything else (lookups,
-/// bindings, the operation service over it) is the [`KernelRegistry`] it derefs to.
+/// A kernel registry together with the right to change it: whoever owns one publishes into it,
+/// drains and unloads its packages; everyone else reaches it as the [`KernelRegistry`] it derefs
+/// to, which only looks up and binds.
 ///
-/// A host's registry is never one of these: its changes are the host's lifecycle transactions.
+/// The host owns the one it serves from and changes it only inside its lifecycle transactions,
+/// so the registry a runner gets from the host has no mutators at all. A test, a benchmark or a
+/// tool that loads plugins without a store (the publication check) owns one of its own.
 #[derive(Debug, Default)]
-pub struct StandaloneRegistry {
+pub struct OwnedRegistry {
     registry: KernelRegistry,
 }
 
-impl StandaloneRegistry {
+impl OwnedRegistry {
     /// An empty registry whose operation service knows the host CPU and no GPU.
     pub fn new() -> Self {
         Self::default()
@@ -835,14 +836,14 @@ impl StandaloneRegistry {
 
     /// An empty registry whose operation service resolves against `devices`.
     pub fn with_devices(devices: DeviceSupport) -> Self {
-        StandaloneRegistry {
+        OwnedRegistry {
             registry: KernelRegistry::with_devices(devices),
         }
     }
 
     /// Checks that `plugin` can join the registry as `id@version` (no impl id or runner id that
     /// another package provides) and prepares its entry. Nothing is visible until
-    /// [`StandaloneRegistry::commit`].
+    /// [`OwnedRegistry::commit`].
     pub fn prepare(
         &self,
         id: &PackageId,
@@ -855,7 +856,7 @@ impl StandaloneRegistry {
 
     /// Makes a prepared publication visible, replacing the package's previous version if one was
     /// loaded (that version is never bound again; its library closes when its last binding
-    /// goes). Drain the previous version first ([`StandaloneRegistry::drain`]) where a live
+    /// goes). Drain the previous version first ([`OwnedRegistry::drain`]) where a live
     /// binding must refuse the replacement.
     pub fn commit(&self, prepared: PreparedPublication) {
         self.registry.commit(prepared);
@@ -869,7 +870,7 @@ impl StandaloneRegistry {
     /// Removes a package from the registry. New lookups no longer find it, and no binding into
     /// it can be taken any more (also not from a snapshot read before); its library closes when
     /// the last binding into it is dropped (at once if there is none). Drain it first
-    /// ([`StandaloneRegistry::drain`]) where a live binding must refuse the unload.
+    /// ([`OwnedRegistry::drain`]) where a live binding must refuse the unload.
     pub fn unload(&self, id: &PackageId) -> Result<Unloaded, RegistryChangeError> {
         self.registry.unload(id)
     }
@@ -882,9 +883,22 @@ impl StandaloneRegistry {
     pub fn drain(&self, id: &PackageId) -> Result<Drain, RegistryChangeError> {
         self.registry.drain(id)
     }
+
+    /// Marks the loaded version of `id` superseded (or clears the mark): a newer committed
+    /// generation wants it out or replaced, and live bindings defer that.
+    pub fn set_superseded(&self, id: &PackageId, superseded: bool) {
+        self.registry.set_superseded(id, superseded);
+    }
+
+    /// The table a plugin loaded into this registry finds in its host table, with the owner the
+    /// loader keeps for as long as the library is loaded. Its calls never wait for a busy
+    /// handle: they are refused with `GUILD_STATUS_ERR_BUSY` instead.
+    pub fn plugin_service(&self) -> guild_ports::loader::ServiceTable {
+        self.registry.plugin_service()
+    }
 }
 
-impl std::ops::Deref for StandaloneRegistry {
+impl std::ops::Deref for OwnedRegistry {
     type Target = KernelRegistry;
     fn deref(&self) -> &KernelRegistry {
         &self.registry

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use guild_ports::loader::{LoadErrorKind, LoadRequest, PluginLoader};
 use serde_json::{json, Value};
 
-use crate::error::HostError;
+use guild_host::HostError;
 pub use stage::StageError;
 
 /// The hidden `guild` subcommand that runs [`child_main`].
@@ -310,11 +310,11 @@ fn run_child(
         run.died = Some(match &run.in_progress {
             Some(_) => format!(
                 "a call into the plugin did not return within {}; the check process was killed",
-                crate::publication::seconds(&options.call_timeout)
+                guild_host::publication::seconds(&options.call_timeout)
             ),
             None => format!(
                 "the check process reported nothing for {} and was killed",
-                crate::publication::seconds(&options.call_timeout)
+                guild_host::publication::seconds(&options.call_timeout)
             ),
         });
         run.timed_out = true;
@@ -343,7 +343,7 @@ fn run_child(
         return Ok(run);
     }
     let mut why = match status {
-        Some(s) => match crate::publication::signal_of(s) {
+        Some(s) => match guild_host::publication::signal_of(s) {
             Some((n, name)) => format!(
                 "the plugin killed the check process with signal {n} ({name}){}",
                 if name == "SIGSEGV" || name == "SIGBUS" {
@@ -631,10 +631,10 @@ pub fn child_main(
     hung: &[String],
     channel: ResultChannel,
 ) -> Result<(), HostError> {
-    let metadata = crate::publication::read_tree_metadata(dir)?;
+    let metadata = guild_host::publication::read_tree_metadata(dir)?;
     let m = metadata.manifest();
     let platform =
-        crate::platform::HostPlatform::current().ok_or(HostError::UnsupportedPlatform {
+        guild_host::platform::HostPlatform::current().ok_or(HostError::UnsupportedPlatform {
             os: std::env::consts::OS,
             arch: std::env::consts::ARCH,
         })?;
@@ -649,7 +649,7 @@ pub fn child_main(
         hung,
     };
     let loading = rec.start("init", None, false);
-    let registry = crate::registry::KernelRegistry::new();
+    let registry = guild_host::registry::OwnedRegistry::new();
     let loader = guild_adapters_posix::DlopenLoader::new();
     let request = LoadRequest {
         package: m.package_id.clone(),
@@ -691,7 +691,7 @@ pub fn child_main(
             let duplicate = sorted.windows(2).find(|w| w[0] == w[1]).map(|w| w[0]);
             match (
                 duplicate,
-                crate::publication::check_registration(&package, m, p),
+                guild_host::publication::check_registration(&package, m, p),
             ) {
                 (Some(id), _) => (Some("duplicate ids"), format!("{id} is registered twice")),
                 (None, Err(e)) => (Some("registration"), e.to_string()),

@@ -30,11 +30,9 @@
 //! looks the registry up again.
 //!
 //! Selection takes no lock. The bindings it holds while it asks the runners refuse lifecycle
-//! changes of their packages meanwhile, as any binding does (see [`Host::disable_waiting`]).
+//! changes of their packages meanwhile, as any binding does (see `guild_host::Host::disable_waiting`).
 //!
 //! Unsafe code here calls the runners' C callbacks and implements the reader's C entry points.
-//!
-//! [`Host::disable_waiting`]: crate::Host::disable_waiting
 //!
 //! # Examples
 //!
