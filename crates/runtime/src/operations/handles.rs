@@ -608,12 +608,13 @@ impl<T> HandleTable<T> {
         let data = slot.data.load(Ordering::Acquire);
         // SAFETY: as in `with_shared`: the running call keeps the handle from being retired
         // while `running` lives, and `Entered` lends the data only for as long as it does. The
-        // pointer is not NULL: `insert` stored a boxed value's before the gate went live at
-        // this generation, and only `remove`, after retiring it, clears it; saying so spares
-        // the caller a test for NULL on every call.
-        let data = unsafe {
-            std::hint::assert_unchecked(!data.is_null());
-            &*data
+        // pointer is not NULL (`insert` stored a boxed value's before the gate went live at this
+        // generation, and only `remove`, after retiring it, clears it), and the test below
+        // checks it anyway: promising it with `assert_unchecked` instead took 321 instructions
+        // per C execute against 320 for this test (callgrind, operations bench,
+        // GUILD_BENCH_CALLS).
+        let Some(data) = (unsafe { data.as_ref() }) else {
+            return Err(Refused::Stale);
         };
         Ok(Entered { data, running })
     }
