@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use guild_adapters_fs::store::{FsStore, StoreLayout, StoreOptions};
 use guild_domain::ids::PackageId;
-use guild_domain::registry::RegistryState;
+use guild_domain::store_state::StoreState;
 use guild_domain::version::Version;
 use guild_ports::store::{PackageStore, Transaction};
 
@@ -46,7 +46,7 @@ fn install(store: &FsStore, id: &PackageId) -> Transaction {
 
 /// What a commit did per package before the log: check the whole new state against the old
 /// one and rewrite the registry file durably.
-fn rewrite_whole_registry(layout: &StoreLayout, old: &RegistryState, new: &RegistryState) {
+fn rewrite_whole_registry(layout: &StoreLayout, old: &StoreState, new: &StoreState) {
     new.validate().expect("valid");
     for (id, package) in old.packages() {
         for (version, record) in package.versions() {
@@ -171,11 +171,11 @@ fn main() {
             let start = Instant::now();
             for _ in 0..rounds {
                 let delta =
-                    guild_domain::registry_log::RegistryDelta::between(&old, &new).expect("delta");
+                    guild_domain::store_log::StoreStateDelta::between(&old, &new).expect("delta");
                 assert_eq!(delta.packages.len(), 1);
             }
             let compare = start.elapsed() / rounds;
-            let copies: Vec<RegistryState> = (0..rounds).map(|_| old.clone()).collect();
+            let copies: Vec<StoreState> = (0..rounds).map(|_| old.clone()).collect();
             let start = Instant::now();
             drop(copies);
             let free = start.elapsed() / rounds;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use criterion::Criterion;
 use guild_adapters_fs::store::{FsStore, StoreLayout};
 use guild_domain::ids::PackageId;
-use guild_domain::registry::{PublishOptions, RegistryState};
+use guild_domain::store_state::{PublishOptions, StoreState};
 use guild_domain::version::Version;
 use guild_ports::store::{PackageStore, Transaction};
 
@@ -95,7 +95,7 @@ fn bench_open(c: &mut Criterion) {
     let bytes = fs::read(StoreLayout::new(&root).registry).expect("read registry");
     println!("registry of {INSTALLED} packages: {} bytes", bytes.len());
     c.bench_function("store/decode_registry_1000_packages", |b| {
-        b.iter(|| RegistryState::from_json(&bytes).expect("decode"))
+        b.iter(|| StoreState::from_json(&bytes).expect("decode"))
     });
     c.bench_function("store/open_recover_1000_packages", |b| {
         b.iter(|| {

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use guild_adapters_crypto::SigningKey;
 use guild_domain::json::{self, Value};
-use guild_host::publish::pack;
+use guild_host::packaging::pack;
 use guild_host::InstallOptions;
 
 use support::{key, open_dir, platform, trust, Workshop, PUBLISHER};

@@ -9,7 +9,7 @@ use guild_domain::graph::{
 };
 use guild_domain::lease::Leased;
 use guild_domain::manifest::ManifestErrors;
-use guild_domain::registry::RegistryError;
+use guild_domain::store_state::StoreStateError;
 use guild_domain::trust::{AuthError, TrustChangeError, TrustFileError, TrustFileMismatch};
 use guild_ports::source::SourceError;
 use guild_ports::store::StoreError;
@@ -76,10 +76,10 @@ pub enum HostError {
         #[source]
         source: PlatformMismatch,
     },
-    /// The registry's rules refuse the change: an immutable version offered with other
+    /// The store's rules refuse the change: an immutable version offered with other
     /// content, a downgrade, a change of kind or publisher, an unknown package or version.
     #[error(transparent)]
-    Registry(#[from] RegistryError),
+    StoreState(#[from] StoreStateError),
     /// The change would leave an enabled package with an unmet dependency.
     #[error("{action} refused: it would break dependencies:{}", list(.problems))]
     Dependencies {
@@ -183,7 +183,7 @@ pub enum HostError {
     },
     /// Packing or signing failed.
     #[error(transparent)]
-    Publish(#[from] crate::publish::PublishError),
+    Publish(#[from] crate::packaging::PublishError),
     /// The plugin's library could not be loaded: it does not open, exports no entry point,
     /// supports another Kernel ABI, its `init` failed, or what it registered differs from its
     /// manifest.
@@ -214,7 +214,7 @@ pub enum HostError {
         /// What the manifest declares, sorted.
         declared: Vec<String>,
     },
-    /// The publication check that ran the package's library in a child process refused it: the
+    /// The registration check that ran the package's library in a child process refused it: the
     /// library failed the check, crashed, or hung past the timeout.
     #[error("{package} was refused: {failure}")]
     LibraryCheck {
@@ -275,17 +275,17 @@ impl HostError {
             | HostError::Manifest { .. }
             | HostError::Unauthenticated { .. }
             | HostError::Platform { .. } => ErrorCategory::PackageRejected,
-            HostError::Registry(
-                RegistryError::UnknownPackage { .. }
-                | RegistryError::NotInstalled { .. }
-                | RegistryError::NotRecorded { .. }
-                | RegistryError::NothingToPurge { .. }
-                | RegistryError::NoCurrentVersion { .. },
+            HostError::StoreState(
+                StoreStateError::UnknownPackage { .. }
+                | StoreStateError::NotInstalled { .. }
+                | StoreStateError::NotRecorded { .. }
+                | StoreStateError::NothingToPurge { .. }
+                | StoreStateError::NoCurrentVersion { .. },
             )
             | HostError::Disable(DisableRefusal::NotInstalled { .. })
             | HostError::Remove(RemoveRefusal::NotInstalled { .. })
             | HostError::Rollback(RollbackRefusal::NotInstalled { .. }) => ErrorCategory::NotFound,
-            HostError::Registry(_)
+            HostError::StoreState(_)
             | HostError::Dependencies { .. }
             | HostError::DependencyNotLoaded { .. }
             | HostError::Disable(_)
@@ -326,7 +326,7 @@ pub const TIMEOUT_VARIABLE: &str = "GUILD_LIBRARY_CHECK_TIMEOUT";
 #[non_exhaustive]
 pub enum LibraryCheckFailure {
     /// The child loaded the library and refused what it registered (or could not load it).
-    #[error("its library failed the publication check: {reason}")]
+    #[error("its library failed the registration check: {reason}")]
     Refused {
         /// The child's error, as it printed it.
         reason: String,

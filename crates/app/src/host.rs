@@ -18,17 +18,17 @@ use guild_domain::distribution::{LockFile, LockRefusal};
 use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::lease::{Leased, QuiescentAction};
 use guild_domain::manifest::Metadata;
-use guild_domain::registry::RolledBack;
+use guild_domain::store_state::RolledBack;
 use guild_domain::trust::TrustStore;
 use guild_domain::version::{Version, VersionRange};
 use guild_ports::loader::{LoadedPlugin, PluginLoader};
 
 use crate::error::HostError;
-use crate::models::{BoundModel, ModelRunnerRegistry, SelectFileError};
+use crate::models::{BoundModel, ModelRunners, SelectFileError};
 use crate::operations::DeviceSupport;
 use crate::package_manager::{
-    Change, InstallOptions, Installed, LifecycleHook, OpenReport, PackageManager, PackageView,
-    PlannedPackage, Quarantined, Refreshed,
+    Change, InstallOptions, Installed, LeftOut, LifecycleHook, OpenReport, PackageManager,
+    PackageView, PlannedPackage, Refreshed,
 };
 use crate::reconcile::{Applied, Pass, PendingCause, PendingChange};
 use crate::registry::{
@@ -59,7 +59,7 @@ pub struct LoadReport {
     pub failed: Vec<(PackageId, Version, HostError)>,
     /// Packages that were not even opened: their dependencies are missing, disabled, failed to
     /// load, or they sit on a cycle.
-    pub skipped: Vec<Quarantined>,
+    pub skipped: Vec<LeftOut>,
     /// Enabled packages not opened because the host's lock ([`HostBuilder::lock`]) does not
     /// admit them: it does not name them, or names another version or payload digest. What
     /// depends on them is in `skipped`.
@@ -94,7 +94,7 @@ pub struct RefreshReport {
     /// Package versions taken out of the registry: disabled, removed, rolled back from,
     /// replaced, revoked, or failing verification. Their libraries close with their last
     /// bindings.
-    pub taken_out: Vec<Quarantined>,
+    pub taken_out: Vec<LeftOut>,
     /// Switches that wait for live bindings to be released: the old version stays in service
     /// (its bindings answer `is_current() == false`) until a later refresh finds them gone.
     pub deferred: Vec<DeferredSwitch>,
@@ -106,7 +106,7 @@ pub struct RefreshReport {
     pub failed: Vec<(PackageId, Version, HostError)>,
     /// Enabled versions this host does not load because they fail verification here (or depend
     /// on one that does); a reader records nothing, the next writer does.
-    pub unusable: Vec<Quarantined>,
+    pub unusable: Vec<LeftOut>,
     /// Versions the store now enables that the host's lock does not admit: the host keeps what
     /// it has loaded of those packages and does not switch to them.
     pub refused_by_lock: Vec<LockRefused>,
@@ -358,15 +358,15 @@ impl Host {
         &self.kernels
     }
 
-    /// The model-runner registry over this host's runners: [`ModelRunnerRegistry::select`]
+    /// Model runner selection over this host's runners: [`ModelRunners::select`]
     /// chooses the runner for an opened model and binds it, and the bound model holds the
     /// runner's package like any binding (see [`crate::models`]).
-    pub fn models(&self) -> ModelRunnerRegistry<'_> {
-        ModelRunnerRegistry::new(&self.kernels)
+    pub fn models(&self) -> ModelRunners<'_> {
+        ModelRunners::new(&self.kernels)
     }
 
     /// Opens the model file at `path` with the host's GGUF reader and selects and binds its
-    /// runner: [`ModelRunnerRegistry::select_file`] on [`Host::models`].
+    /// runner: [`ModelRunners::select_file`] on [`Host::models`].
     pub fn open_model(&self, path: &Path) -> Result<BoundModel, SelectFileError> {
         self.models().select_file(path)
     }
@@ -414,7 +414,7 @@ impl Host {
                 continue;
             }
             if let Some(dep) = needs.into_iter().find(|d| unusable.contains(*d)) {
-                report.skipped.push(Quarantined {
+                report.skipped.push(LeftOut {
                     id: planned.id.clone(),
                     version: planned.version.clone(),
                     reason: format!("its dependency {dep} could not be loaded"),
@@ -476,7 +476,7 @@ impl Host {
     /// against today's trust store and all its files against the signed manifest, across the
     /// machine's cores; what fails (and what depends on it) is disabled in the store and taken
     /// out of the kernel registry (its libraries close with their last bindings).
-    pub fn reverify(&self) -> Result<Vec<Quarantined>, HostError> {
+    pub fn reverify(&self) -> Result<Vec<LeftOut>, HostError> {
         let _lifecycle = self.lock();
         let disabled = self.packages.reverify()?;
         for q in &disabled {
@@ -512,7 +512,7 @@ impl Host {
 
     /// Opens a verified tree's entry library through the loader and checks what it registered,
     /// with the same code the command line's child-process check runs
-    /// ([`crate::publication::load_checked`]).
+    /// ([`crate::registration::load_checked`]).
     fn load(
         &self,
         id: &PackageId,
@@ -528,7 +528,7 @@ impl Host {
             LoadFrom::Change => self.packages.pin_installing(id, version)?,
         };
         // Opening the store hashed nothing: the files are checked against the signed manifest
-        // here, right before the loader opens them (a mismatch quarantines the version). A
+        // here, right before the loader opens them (a mismatch taints the version). A
         // change has just checked them itself, under the package manager's lock that this hook
         // runs in: install hashes every file as it extracts it, enable, rollback and
         // reactivation re-hash the installed tree (`verified_installed`).
@@ -547,7 +547,7 @@ impl Host {
             }
             None => None,
         };
-        let loaded = crate::publication::load_checked(
+        let loaded = crate::registration::load_checked(
             &*self.loader,
             id,
             version,
@@ -681,7 +681,7 @@ impl Host {
                 Ok(drain) => {
                     let _ = self.kernels.unload(&id);
                     drain.finish();
-                    report.taken_out.push(Quarantined {
+                    report.taken_out.push(LeftOut {
                         id,
                         version,
                         reason: "the store no longer enables it".to_owned(),
@@ -728,7 +728,7 @@ impl Host {
                 Ok(Switched::Loaded(summary)) => {
                     changed.insert(planned.id.clone());
                     if let Some(from) = current {
-                        report.taken_out.push(Quarantined {
+                        report.taken_out.push(LeftOut {
                             id: planned.id.clone(),
                             version: from,
                             reason: format!("replaced by {}", planned.version),
@@ -834,14 +834,14 @@ impl Host {
                 Ok(Switched::Loaded(summary)) => {
                     report.deferred.retain(|d| d.id != switch.id);
                     pass.forget(&switch.id);
-                    report.taken_out.push(Quarantined {
+                    report.taken_out.push(LeftOut {
                         id: switch.id.clone(),
                         version: switch.from.clone(),
                         reason: format!("replaced by {}", target.version),
                     });
                     report.loaded.push(summary);
                     for (dependent, at) in out {
-                        report.taken_out.push(Quarantined {
+                        report.taken_out.push(LeftOut {
                             id: dependent.clone(),
                             version: at,
                             reason: format!(
@@ -911,7 +911,7 @@ impl Host {
             // Nothing is replaced, so nothing is drained.
             Ok(Switched::Bound(_)) => {}
             Err(e) => {
-                report.taken_out.push(Quarantined {
+                report.taken_out.push(LeftOut {
                     id: dependent.clone(),
                     version: at.clone(),
                     reason: format!(
@@ -970,7 +970,7 @@ impl Host {
                 _ => continue,
             };
             let unloaded = self.kernels.unload(&id);
-            report.taken_out.push(Quarantined {
+            report.taken_out.push(LeftOut {
                 id: id.clone(),
                 version: version.clone(),
                 reason: format!("no longer authenticated: {reason}"),
@@ -1014,7 +1014,7 @@ impl Host {
             };
             let _ = self.kernels.unload(&dependent);
             drain.finish();
-            report.taken_out.push(Quarantined {
+            report.taken_out.push(LeftOut {
                 id: dependent,
                 version: at,
                 reason: format!("it depends on {id}@{version}, revoked, and may hold its code"),

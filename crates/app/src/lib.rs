@@ -11,7 +11,7 @@
 //!   tensors and run it (the [`operations`] module has an example).
 //! - [`registry::KernelRegistry::operation_api`]: the same service as the C table that plugins
 //!   receive, for native code.
-//! - [`Host::open_model`] (a GGUF file) and [`ModelRunnerRegistry::select`] (any opened model):
+//! - [`Host::open_model`] (a GGUF file) and [`ModelRunners::select`] (any opened model):
 //!   choose the runner for a model through the runners' RMD1 extensions and bind it (the
 //!   [`models`] module explains the steps).
 //! - [`experts::BoundExpertTable`] and [`experts::ExpertPool`]: bind a kernel's CPE1 (CPU backend
@@ -54,10 +54,10 @@ pub mod error;
 pub mod host;
 pub mod lock_sync;
 pub mod package_manager;
+pub mod packaging;
 mod parallel;
-pub mod publication;
-pub mod publish;
 pub mod reconcile;
+pub mod registration;
 
 // The plugin runtime (`guild-runtime`), under the names runners have always used.
 pub use guild_runtime::{cuda_tables, experts, models, operations, platform, registry};
@@ -67,7 +67,7 @@ pub use host::{
     DeferredSwitch, Host, HostBuilder, HostReport, HostWatcher, LoadReport, LockRefused,
     OpenedHost, RefreshReport, RevokedLive,
 };
-pub use models::{BoundModel, ModelRunnerRegistry, SelectError, SelectFileError};
+pub use models::{BoundModel, ModelRunners, SelectError, SelectFileError};
 pub use operations::{
     DeviceScratch, DeviceSupport, DeviceTensor, ExecuteError, OpHandle, OperationRequest,
     OperationService, ReshapeError, ResolveError, TensorArg, TensorArgMut,

@@ -509,7 +509,7 @@ pub fn plan(pm: &PackageManager, lock: &LockFile) -> Result<Vec<SyncStep>, SyncE
                 version: v.version.clone(),
                 payload_sha256: v.payload_digest,
                 installed: !matches!(v.state, State::Removed | State::Discarded | State::Staged),
-                enabled: p.enabled.as_ref() == Some(&v.version) && v.quarantine.is_none(),
+                enabled: p.enabled.as_ref() == Some(&v.version) && v.taint.is_none(),
             });
         }
     }

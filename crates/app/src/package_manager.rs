@@ -16,9 +16,9 @@
 //! committed with the registry, which records the file's generation, digest and every revocation,
 //! and opening refuses a trust file that is missing, older, foreign or altered
 //! ([`HostError::TrustBinding`]) until the operator rebuilds it ([`TrustReset`]), which keeps every
-//! recorded revocation. And a version that fails re-verification is quarantined in the registry,
+//! recorded revocation. And a version that fails re-verification is tainted in the registry,
 //! with the reason and the file, whatever the command that found it does next; installing a
-//! genuine copy of it replaces its files and lifts the quarantine.
+//! genuine copy of it replaces its files and lifts the taint.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -33,8 +33,8 @@ use guild_domain::ids::{PackageId, PackageKind, PublisherId, Sha256Digest};
 use guild_domain::lease::{ActiveLeases, LeaseKind, LeaseLedger, QuiescentAction};
 use guild_domain::manifest::Metadata;
 use guild_domain::path::RESERVED_METADATA_NAME;
-use guild_domain::registry::{
-    NewVersion, PackageRecord, PublishKind, PublishOptions, Quarantine, RegistryState,
+use guild_domain::store_state::{
+    NewVersion, PackageRecord, PublishKind, PublishOptions, StoreState, Taint,
 };
 use guild_domain::trust::{
     authenticate, check_trust_file, Authenticated, SignatureCheck, TrustFileMismatch, TrustStore,
@@ -95,8 +95,8 @@ pub struct Installed {
     /// True when this version was already installed (superseded, after a rollback say) and was
     /// made current and enabled again instead of being extracted anew.
     pub reactivated: bool,
-    /// True when this version was installed but quarantined or damaged, and its files were
-    /// replaced by the offered package's (verified as they were written); its quarantine is
+    /// True when this version was installed but tainted or damaged, and its files were
+    /// replaced by the offered package's (verified as they were written); its taint is
     /// lifted.
     pub repaired: bool,
 }
@@ -104,7 +104,7 @@ pub struct Installed {
 /// A package version that was disabled (it failed re-verification, or depends on one that did)
 /// or left out of a load, with the reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Quarantined {
+pub struct LeftOut {
     /// The package.
     pub id: PackageId,
     /// The version that was disabled or not loaded.
@@ -120,9 +120,9 @@ pub struct OpenReport {
     pub recovery: RecoveryReport,
     /// Enabled packages that failed re-verification (revoked key or digest, damaged tree), that
     /// depend on one, or whose dependencies are otherwise not met, and were therefore disabled.
-    pub disabled: Vec<Quarantined>,
+    pub disabled: Vec<LeftOut>,
     /// How many enabled versions opening accepted as authenticated: under the trust file their
-    /// record names ([`guild_domain::registry::VersionRecord::trusted_under`]) or re-checked now.
+    /// record names ([`guild_domain::store_state::VersionRecord::trusted_under`]) or re-checked now.
     /// Opening hashes no file; the host re-hashes a version's files right before it loads it.
     pub verified: usize,
     /// How many of those had their signatures checked again, because the trust file changed
@@ -133,7 +133,7 @@ pub struct OpenReport {
     pub committed_only: bool,
     /// Installed versions whose tree was missing or unreadable: each was marked removed (its
     /// dependents, if any, are among [`OpenReport::disabled`]).
-    pub removed: Vec<Quarantined>,
+    pub removed: Vec<LeftOut>,
     /// What opening did to the trust file, if anything: bound a store's unbound trust file, or
     /// rebuilt it as [`PackageManager::open_resetting_trust`] asked.
     pub trust: Option<TrustOpened>,
@@ -179,7 +179,7 @@ pub struct FullCheck {
     /// Every version that failed, by id then version.
     pub failures: Vec<VerifyFailure>,
     /// Enabled versions disabled: those that failed and those that depend on them.
-    pub disabled: Vec<Quarantined>,
+    pub disabled: Vec<LeftOut>,
     /// Whether [`FullCheck::disabled`] is recorded in the store (a writer) or only left out of
     /// this process's view (a reader: the load-time check still refuses a changed file).
     pub recorded: bool,
@@ -237,7 +237,7 @@ pub struct LoadOrder {
     /// What can load, dependencies first.
     pub order: Vec<PlannedPackage>,
     /// Enabled packages whose dependencies are not met (or that sit on a cycle), with why.
-    pub blocked: Vec<Quarantined>,
+    pub blocked: Vec<LeftOut>,
 }
 
 /// One installed version, as `list` and `status` show it.
@@ -249,8 +249,8 @@ pub struct VersionSummary {
     pub state: guild_domain::lifecycle::State,
     /// SHA-256 of its canonical unsigned payload.
     pub payload_digest: Sha256Digest,
-    /// Why it is quarantined, while it is.
-    pub quarantine: Option<Quarantine>,
+    /// Why it is tainted, while it is.
+    pub taint: Option<Taint>,
 }
 
 /// One package id with all its recorded versions.
@@ -477,7 +477,7 @@ struct Lifecycle {
     /// A reader's own view: the committed registry with what failed verification in this
     /// process disabled. Never written; `None` when nothing failed (or for a writer, which
     /// commits what fails instead).
-    local_view: Option<RegistryState>,
+    local_view: Option<StoreState>,
     /// The dependency graph and impl-id claims of the committed registry, kept between changes
     /// ([`Kept`]); `None` until a change first needs them.
     kept: Option<Kept>,
@@ -488,7 +488,7 @@ struct Lifecycle {
 /// with the reverse edges ([`GraphIndex`]), and the impl ids each package's current version and
 /// rollback target hold ([`ClaimIndex`]). Built from the registry at `generation` and the
 /// metadata the lifecycle holds; each change this handle commits replaces the changed package's
-/// part, and any other commit (another process's, a quarantine, a trust change) leaves it
+/// part, and any other commit (another process's, a taint, a trust change) leaves it
 /// behind, to be built again by the next change that needs it.
 struct Kept {
     /// The registry generation it describes.
@@ -525,13 +525,13 @@ pub struct Refreshed {
     pub trust_changed: bool,
     /// Enabled versions that this process does not load because they failed verification (or
     /// depend on one that did); a reader writes nothing, so they stay enabled in the store.
-    pub unusable: Vec<Quarantined>,
+    pub unusable: Vec<LeftOut>,
 }
 
 /// A committed registry saved by [`PackageManager::savepoint`], to return to with
 /// [`PackageManager::restore`].
 #[derive(Debug, Clone)]
-pub struct Savepoint(RegistryState);
+pub struct Savepoint(StoreState);
 
 impl Savepoint {
     /// The registry generation it saved.
@@ -617,7 +617,7 @@ impl PackageManager {
     /// read back and must match its recorded digest; every enabled version is re-verified against
     /// the current trust store and its artifacts are re-hashed. Enabled packages that fail, and
     /// the enabled packages that depend on them, are disabled in one durable transaction and
-    /// reported; a version that failed itself is recorded as quarantined.
+    /// reported; a version that failed itself is recorded as tainted.
     ///
     /// A trust file that cannot be read fails the open, and so does one that is not the file the
     /// registry recorded ([`HostError::TrustBinding`]): missing, older, another store's, or
@@ -754,7 +754,7 @@ impl PackageManager {
                         next.disable(&id)?;
                     }
                     next.remove(&id, &version)?;
-                    report.removed.push(Quarantined {
+                    report.removed.push(LeftOut {
                         id,
                         version,
                         reason: format!(
@@ -803,7 +803,7 @@ impl PackageManager {
                 Ok(m) if m.payload_digest() == record.payload_digest => {
                     life.metadata.insert(key, Arc::new(m));
                 }
-                Ok(m) => damaged.push(Quarantined {
+                Ok(m) => damaged.push(LeftOut {
                     id: id.clone(),
                     version: version.clone(),
                     reason: format!(
@@ -812,7 +812,7 @@ impl PackageManager {
                         record.payload_digest
                     ),
                 }),
-                Err(e) => damaged.push(Quarantined {
+                Err(e) => damaged.push(LeftOut {
                     id: id.clone(),
                     version: version.clone(),
                     reason: format!("its installed tree is damaged ({e})"),
@@ -1093,11 +1093,7 @@ impl PackageManager {
 
     /// Binds `trust` to the store at the next generation and commits it with its record in one
     /// transaction from `registry`. Answers the new generation.
-    fn commit_trust(
-        &self,
-        registry: &RegistryState,
-        mut trust: TrustStore,
-    ) -> Result<u64, HostError> {
+    fn commit_trust(&self, registry: &StoreState, mut trust: TrustStore) -> Result<u64, HostError> {
         let (store_id, generation) = match registry.trust_anchor() {
             Some(a) => (
                 a.binding.store_id.clone(),
@@ -1303,7 +1299,7 @@ impl PackageManager {
     /// Refuses to make `id@version` loadable again unless today's trust store still
     /// authenticates it. A version that was installed under a key or payload digest revoked
     /// since must not come back through enable or rollback; without this check it would reach
-    /// the load plan until the next open quarantined it again.
+    /// the load plan until the next open tainted it again.
     fn check_still_trusted(
         &self,
         metadata: &Metadata,
@@ -1353,11 +1349,7 @@ impl PackageManager {
     }
 
     /// The graph of installed versions as `registry` records them.
-    fn graph(
-        &self,
-        life: &Lifecycle,
-        registry: &RegistryState,
-    ) -> Result<DependencyGraph, HostError> {
+    fn graph(&self, life: &Lifecycle, registry: &StoreState) -> Result<DependencyGraph, HostError> {
         Ok(DependencyGraph::new(self.installed_nodes(life, registry)?)?)
     }
 
@@ -1365,7 +1357,7 @@ impl PackageManager {
     fn installed_nodes(
         &self,
         life: &Lifecycle,
-        registry: &RegistryState,
+        registry: &StoreState,
     ) -> Result<Vec<PackageNode>, HostError> {
         registry
             .installed()
@@ -1418,7 +1410,7 @@ impl PackageManager {
 
     /// The claims on impl ids that `registry` records: the provided ops of every version that
     /// holds them (see [`guild_domain::claims::claiming_versions`]).
-    fn claims(&self, life: &Lifecycle, registry: &RegistryState) -> Result<Vec<Claim>, HostError> {
+    fn claims(&self, life: &Lifecycle, registry: &StoreState) -> Result<Vec<Claim>, HostError> {
         claiming_versions(registry)
             .into_iter()
             .map(|node| self.claim_of(life, node, None))
@@ -1430,8 +1422,8 @@ impl PackageManager {
     fn kept_change(
         &self,
         life: &Lifecycle,
-        registry: &RegistryState,
-        next: &RegistryState,
+        registry: &StoreState,
+        next: &StoreState,
         id: &PackageId,
         extra: Option<&Metadata>,
     ) -> Result<KeptChange, HostError> {
@@ -1459,7 +1451,7 @@ impl PackageManager {
     fn kept<'l>(
         &self,
         life: &'l mut Lifecycle,
-        registry: &RegistryState,
+        registry: &StoreState,
     ) -> Result<&'l Kept, HostError> {
         let kept = match life.kept.take() {
             Some(k) if k.generation == registry.generation() => k,
@@ -1548,8 +1540,8 @@ impl PackageManager {
     fn verified_installed(
         &self,
         life: &Lifecycle,
-        registry: &RegistryState,
-        next: &mut RegistryState,
+        registry: &StoreState,
+        next: &mut StoreState,
         id: &PackageId,
         version: &Version,
     ) -> Result<Arc<Metadata>, HostError> {
@@ -1644,16 +1636,14 @@ impl PackageManager {
         let registry = self.store.registry()?;
         let (id, version) = (&manifest.package_id, &manifest.version);
         let mut next = registry.successor();
-        // A genuine copy of a quarantined version repairs it: the quarantine is lifted in the
+        // A genuine copy of a tainted version repairs it: the taint is lifted in the
         // draft, so that the publication decides as for any installed version, and the files
         // are replaced below.
-        let quarantined = registry.record(id, version).is_some_and(|r| {
-            r.payload_digest == auth.payload_digest
-                && r.state.is_installed()
-                && r.quarantine.is_some()
+        let tainted = registry.record(id, version).is_some_and(|r| {
+            r.payload_digest == auth.payload_digest && r.state.is_installed() && r.taint.is_some()
         });
-        if quarantined {
-            next.clear_quarantine(id, version);
+        if tainted {
+            next.clear_taint(id, version);
         }
         let trusted_under = registry.trust_anchor().map(|a| a.file_digest);
         let published = next.publish(
@@ -1687,7 +1677,7 @@ impl PackageManager {
             repaired: false,
         };
         if published.kind != PublishKind::New
-            && (quarantined || self.installed_copy_fails(&life, id, version))
+            && (tainted || self.installed_copy_fails(&life, id, version))
         {
             let offered = Offered {
                 opened,
@@ -1766,19 +1756,19 @@ impl PackageManager {
         }
     }
 
-    /// Replaces the installed tree of a quarantined or damaged version with the offered,
+    /// Replaces the installed tree of a tainted or damaged version with the offered,
     /// authenticated package (the second half of [`PackageManager::install`] in that case): its
     /// files are extracted and hashed into staging, the store swaps the trees in one
-    /// transaction, and the quarantine is lifted. The version ends as the operator asked: current
+    /// transaction, and the taint is lifted. The version ends as the operator asked: current
     /// and enabled unless `--disabled` (or, if it is not current, as a reinstall of it decides).
     #[allow(clippy::too_many_arguments)]
     fn repair(
         &self,
         life: &mut Lifecycle,
-        registry: &RegistryState,
-        mut next: RegistryState,
+        registry: &StoreState,
+        mut next: StoreState,
         mut installed: Installed,
-        published: guild_domain::registry::Published,
+        published: guild_domain::store_state::Published,
         offered: Offered,
         hook: &mut dyn LifecycleHook,
     ) -> Result<Installed, HostError> {
@@ -1849,10 +1839,10 @@ impl PackageManager {
     fn reactivate(
         &self,
         life: &mut Lifecycle,
-        registry: &RegistryState,
-        mut next: RegistryState,
+        registry: &StoreState,
+        mut next: StoreState,
         mut installed: Installed,
-        published: guild_domain::registry::Published,
+        published: guild_domain::store_state::Published,
         hook: &mut dyn LifecycleHook,
     ) -> Result<Installed, HostError> {
         let (id, version) = (&installed.id, &installed.version);
@@ -1966,9 +1956,11 @@ impl PackageManager {
             None => registry
                 .package(id)
                 .and_then(|p| p.current().map(|(v, _)| v.clone()))
-                .ok_or_else(|| guild_domain::registry::RegistryError::NoCurrentVersion {
-                    id: id.clone(),
-                })?,
+                .ok_or_else(
+                    || guild_domain::store_state::StoreStateError::NoCurrentVersion {
+                        id: id.clone(),
+                    },
+                )?,
         };
         self.kept(&mut life, &registry)?
             .graph
@@ -2002,7 +1994,7 @@ impl PackageManager {
     /// `list` and `status` no longer show them; answers the versions purged. Only `removed`
     /// records go: their files are already gone, so nothing loaded, leased or depended on can
     /// be affected. It gives up the record's promise that the version never returns with other
-    /// content (see [`RegistryState::purge`]).
+    /// content (see [`StoreState::purge`]).
     pub fn purge(
         &self,
         id: &PackageId,
@@ -2031,7 +2023,7 @@ impl PackageManager {
     }
 
     /// Returns the store to `saved`: every version installed since is deleted and forgotten,
-    /// and every other record (state, rollback target, quarantine) is put back as it was, in
+    /// and every other record (state, rollback target, taint) is put back as it was, in
     /// two durable transactions (the first deletes the trees, the second purges their records).
     /// Only versions whose trees are still installed can come back, so this undoes installs,
     /// enables, disables and reactivations, not removals. It is meant for a writer that holds
@@ -2101,7 +2093,7 @@ impl PackageManager {
     pub fn rollback(
         &self,
         id: &PackageId,
-    ) -> Result<guild_domain::registry::RolledBack, HostError> {
+    ) -> Result<guild_domain::store_state::RolledBack, HostError> {
         self.rollback_with(id, &mut NoHook)
     }
 
@@ -2110,7 +2102,7 @@ impl PackageManager {
         &self,
         id: &PackageId,
         hook: &mut dyn LifecycleHook,
-    ) -> Result<guild_domain::registry::RolledBack, HostError> {
+    ) -> Result<guild_domain::store_state::RolledBack, HostError> {
         let mut life = self.lock();
         let _write = self.write_session(&mut life)?;
         let registry = self.store.registry()?;
@@ -2151,7 +2143,8 @@ impl PackageManager {
         let registry = self.store.registry()?;
         if registry.package(id).and_then(|p| p.enabled()).is_none() {
             return Err(
-                guild_domain::registry::RegistryError::NoCurrentVersion { id: id.clone() }.into(),
+                guild_domain::store_state::StoreStateError::NoCurrentVersion { id: id.clone() }
+                    .into(),
             );
         }
         Ok(lease)
@@ -2228,7 +2221,7 @@ impl PackageManager {
         let mut blocked_by_conflict = Vec::new();
         for node in &plan.order {
             if let Some(c) = conflict_of(node) {
-                blocked_by_conflict.push(Quarantined {
+                blocked_by_conflict.push(LeftOut {
                     id: node.id.clone(),
                     version: node.version.clone(),
                     reason: contested_reason(c),
@@ -2248,7 +2241,7 @@ impl PackageManager {
         let blocked = plan
             .blocked
             .iter()
-            .map(|b| Quarantined {
+            .map(|b| LeftOut {
                 id: b.node.id.clone(),
                 version: b.node.version.clone(),
                 reason: b.to_string(),
@@ -2262,14 +2255,14 @@ impl PackageManager {
     /// installed file of every enabled version, whatever the trust record says; what fails (and
     /// what depends on it) is disabled, in the store for a writer, in this process's view for a
     /// reader. [`PackageManager::verify_all`] says more of what it found.
-    pub fn reverify(&self) -> Result<Vec<Quarantined>, HostError> {
+    pub fn reverify(&self) -> Result<Vec<LeftOut>, HostError> {
         Ok(self.verify_all(VerifyOptions::default())?.disabled)
     }
 
     /// The full check (`guild verify --all`, `guild doctor --deep`): the signatures of every
     /// installed version (enabled, disabled and superseded) against today's trust store, and
     /// every one of their files against the signed manifest, on `options.jobs` threads. An
-    /// enabled version that fails is disabled, and quarantined when the failure is tamper
+    /// enabled version that fails is disabled, and tainted when the failure is tamper
     /// evidence (a changed file or signature), with whatever depends on it, in one durable
     /// transaction for a writer (in this process's view only for a reader). A disabled or
     /// superseded version that fails is reported and left as it is: enabling or rolling back to
@@ -2303,7 +2296,7 @@ impl PackageManager {
     fn verify_enabled(
         &self,
         life: &mut Lifecycle,
-        registry: &RegistryState,
+        registry: &StoreState,
         scope: Scope,
     ) -> Result<Checked, HostError> {
         let trust = self.read_trust()?;
@@ -2364,7 +2357,7 @@ impl PackageManager {
         }
         // Also when nothing failed here: a version marked removed while opening may have left
         // enabled dependents behind.
-        let (next, disabled) = self.quarantine(life, next, failed)?;
+        let (next, disabled) = self.taint(life, next, failed)?;
         out.disabled = disabled;
         if self.store.is_reader() {
             if !out.disabled.is_empty() {
@@ -2392,7 +2385,7 @@ impl PackageManager {
         if let Err(e) = authenticate(metadata, trust, &PortCheck(&*self.verifier)) {
             // A revocation explains itself for as long as the trust store records it (and the
             // registry keeps every revocation), so only a signature that was altered or
-            // stripped is tamper evidence worth a quarantine.
+            // stripped is tamper evidence worth a taint.
             return Err(Failed {
                 reason: format!("no longer authenticated: {e}"),
                 tampered: is_tampered(&e),
@@ -2409,13 +2402,13 @@ impl PackageManager {
     /// Re-hashes every installed file of `id@version` against its signed manifest, right
     /// before the host opens its library: opening a store hashes nothing, so this is what stands
     /// between a file changed in the store and the loader. A mismatch refuses the load, naming
-    /// the file, and quarantines the version (with whatever depends on it) in the store: a
+    /// the file, and taints the version (with whatever depends on it) in the store: a
     /// writer commits it, a reader takes the store's lock for that one transaction (if it
     /// cannot, the load is still refused).
     ///
     /// The first hash takes no lock, so a same-version repair by another process may have been
     /// swapping the trees under it. The files are therefore hashed again under the store's lock
-    /// (where no repair can be halfway) before anything is quarantined: if they pass then, the
+    /// (where no repair can be halfway) before anything is tainted: if they pass then, the
     /// repair is what the first hash saw, and the load goes ahead with the repaired files.
     pub fn check_files_before_load(
         &self,
@@ -2430,9 +2423,9 @@ impl PackageManager {
         };
         let (failure, recorded) = match self.record_failure(&mut life, id, version) {
             Ok(Confirmed::Passed) => return Ok(()),
-            Ok(Confirmed::Quarantined(failure)) => (failure, "; it was quarantined"),
+            Ok(Confirmed::Tainted(failure)) => (failure, "; it was tainted"),
             Ok(Confirmed::NotEnabled(failure)) => (failure, ""),
-            // The lock could not be taken or the quarantine not committed: the first hash's
+            // The lock could not be taken or the taint not committed: the first hash's
             // finding still refuses the load.
             Err(_) => (files_failed(e), ""),
         };
@@ -2446,7 +2439,7 @@ impl PackageManager {
     }
 
     /// Under the store's lock, hashes the files of `id@version` again and, if they still fail,
-    /// quarantines it (and disables what depends on it) in the store, if it is still the
+    /// taints it (and disables what depends on it) in the store, if it is still the
     /// enabled version.
     fn record_failure(
         &self,
@@ -2465,22 +2458,22 @@ impl PackageManager {
             return Ok(Confirmed::NotEnabled(failure));
         }
         let failed = BTreeMap::from([(id.clone(), failure.clone())]);
-        let (next, _) = self.quarantine(life, registry.successor(), failed)?;
+        let (next, _) = self.taint(life, registry.successor(), failed)?;
         self.store
             .commit(Transaction::new(registry.generation(), next))?;
-        Ok(Confirmed::Quarantined(failure))
+        Ok(Confirmed::Tainted(failure))
     }
 
-    /// Quarantines the `failed` packages' enabled versions (which disables them) with the
+    /// Taints the `failed` packages' enabled versions (which disables them) with the
     /// reason and file, and disables every enabled package that (transitively) depends on one of
     /// them, in `next` (the draft of the transaction), returning it and one report line per
     /// disabled package.
-    fn quarantine(
+    fn taint(
         &self,
         life: &Lifecycle,
-        mut next: RegistryState,
+        mut next: StoreState,
         failed: BTreeMap<PackageId, Failed>,
-    ) -> Result<(RegistryState, Vec<Quarantined>), HostError> {
+    ) -> Result<(StoreState, Vec<LeftOut>), HostError> {
         let mut out = Vec::new();
         let mut disabled: BTreeSet<PackageId> = BTreeSet::new();
         for (id, failure) in failed {
@@ -2494,21 +2487,23 @@ impl PackageManager {
                     .package(&id)
                     .and_then(|p| p.enabled())
                     .cloned()
-                    .ok_or_else(|| guild_domain::registry::RegistryError::NoCurrentVersion {
-                        id: id.clone(),
+                    .ok_or_else(|| {
+                        guild_domain::store_state::StoreStateError::NoCurrentVersion {
+                            id: id.clone(),
+                        }
                     })?;
-                let quarantine = Quarantine {
+                let taint = Taint {
                     // The registry keeps one line; an error chain may span several.
                     reason: reason.lines().map(str::trim).collect::<Vec<_>>().join(" "),
                     file,
                 };
-                next.quarantine(&id, &version, quarantine)?;
+                next.taint(&id, &version, taint)?;
                 version
             } else {
                 next.disable(&id)?
             };
             disabled.insert(id.clone());
-            out.push(Quarantined {
+            out.push(LeftOut {
                 id,
                 version,
                 reason,
@@ -2531,7 +2526,7 @@ impl PackageManager {
             for (id, reason) in newly {
                 let version = next.disable(&id)?;
                 disabled.insert(id.clone());
-                out.push(Quarantined {
+                out.push(LeftOut {
                     id,
                     version,
                     reason,
@@ -2633,7 +2628,7 @@ fn summary(id: &PackageId, record: &PackageRecord, leases: &LeaseLedger) -> Opti
                 version: v.clone(),
                 state: r.state,
                 payload_digest: r.payload_digest,
-                quarantine: r.quarantine.clone(),
+                taint: r.taint.clone(),
             })
             .collect(),
         enabled: record.enabled().cloned(),
@@ -2657,8 +2652,8 @@ pub fn contested_reason(conflict: &ImplIdConflict) -> String {
 enum Confirmed {
     /// They pass: whatever the first hash saw (a repair in progress) is over.
     Passed,
-    /// They fail, and the version was quarantined.
-    Quarantined(Failed),
+    /// They fail, and the version was tainted.
+    Tainted(Failed),
     /// They fail, but the version is no longer the enabled one: nothing is recorded.
     NotEnabled(Failed),
 }
@@ -2668,7 +2663,7 @@ enum Confirmed {
 struct Failed {
     /// What was found.
     reason: String,
-    /// Whether it is tamper evidence (a file or a signature changed), which quarantines the
+    /// Whether it is tamper evidence (a file or a signature changed), which taints the
     /// version, rather than a trust decision (a revocation), which explains itself.
     tampered: bool,
     /// The file concerned, relative to the installed tree, when one is known.
@@ -2718,7 +2713,7 @@ struct Checked {
     /// Every version that failed.
     failures: Vec<VerifyFailure>,
     /// What was disabled.
-    disabled: Vec<Quarantined>,
+    disabled: Vec<LeftOut>,
 }
 
 /// Whether an installed version's failed authentication shows that it was altered (a signature

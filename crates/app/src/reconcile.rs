@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use guild_domain::ids::PackageId;
 use guild_domain::version::Version;
 
-use crate::package_manager::Quarantined;
+use crate::package_manager::LeftOut;
 
 /// The delay before the first retry of a failed change.
 pub const FIRST_RETRY: Duration = Duration::from_millis(50);
@@ -151,7 +151,7 @@ pub(crate) struct Applied {
     stalled: Option<(u32, Instant)>,
     /// What the package manager found unusable at a refresh that then failed: the next report
     /// says it.
-    unusable: Vec<Quarantined>,
+    unusable: Vec<LeftOut>,
 }
 
 impl Applied {
@@ -166,12 +166,12 @@ impl Applied {
     }
 
     /// Keeps what a failed refresh was to report as unusable, for the next report.
-    pub(crate) fn keep_unusable(&mut self, unusable: Vec<Quarantined>) {
+    pub(crate) fn keep_unusable(&mut self, unusable: Vec<LeftOut>) {
         self.unusable.extend(unusable);
     }
 
     /// What a failed refresh was to report as unusable, taken for this one.
-    pub(crate) fn take_unusable(&mut self) -> Vec<Quarantined> {
+    pub(crate) fn take_unusable(&mut self) -> Vec<LeftOut> {
         std::mem::take(&mut self.unusable)
     }
 

@@ -19,7 +19,7 @@ Exit codes:
   2  usage error (unknown option, malformed id, version or digest)
   3  rejected: a package, manifest template or key file is malformed, tampered,
      unauthenticated (untrusted publisher, revoked key or digest) or for another platform,
-     or its library fails the publication check (registers other ids, crashes, hangs),
+     or its library fails the registration check (registers other ids, crashes, hangs),
      or a build fails `guild check`
   4  refused by policy: dependencies, impl ids another package provides, leases, immutable
      versions, downgrades, trust rules, an existing key file
@@ -121,7 +121,7 @@ pub enum Command {
         every installed version (enabled, disabled and superseded) has its signatures checked \
         against the trust store and every file hashed against its signed manifest, on one \
         thread per core (--jobs N to choose). An enabled version that fails is disabled \
-        (quarantined when a file or signature changed), with what depends on it; a disabled \
+        (tainted when a file or signature changed), with what depends on it; a disabled \
         or superseded one is only reported. The exit code is 1 when anything failed.\n\n\
         Examples:\n  guild verify scan.gkmodule\n  guild --store /srv/guild --json verify \
         scan.gkmodule\n  guild verify --all --jobs 4"

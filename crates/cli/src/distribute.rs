@@ -23,7 +23,7 @@ use guild_host::distribution::{
     LockedPackage, LockedSource, OciReference, OciRegistry, Pulled, PushRequest, SyncStep,
 };
 use guild_host::lock_sync::{self, SyncChange, SyncError, SyncStaging};
-use guild_host::publish::{GkpkSource, P256Verifier};
+use guild_host::packaging::{GkpkSource, P256Verifier};
 use guild_host::{durable_file, HostError, PackageManager};
 use guild_ports::source::{PackageSource, Progress};
 use serde_json::json;

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::failure::{Exit, Failure};
 use super::output::Report;
-use super::render::{open_report_lines, quarantine_lines};
+use super::render::{open_report_lines, taint_lines};
 
 /// How a check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -280,10 +280,10 @@ fn store_check(
              target that provides it too); see docs/operators.md",
         );
     }
-    let quarantined = quarantine_lines(&packages);
-    if !quarantined.is_empty() {
-        // A quarantine outlives the command that found it: it is news until it is repaired.
-        let mut lines = quarantined;
+    let tainted = taint_lines(&packages);
+    if !tainted.is_empty() {
+        // A taint outlives the command that found it: it is news until it is repaired.
+        let mut lines = tainted;
         lines.extend(notes);
         Check::new(
             "store",
@@ -291,7 +291,7 @@ fn store_check(
             format!("{detail}; {}", lines.join("; ")),
         )
         .hint(
-            "a quarantined version failed re-verification (a file changed, or its signature no \
+            "a tainted version failed re-verification (a file changed, or its signature no \
              longer authenticates it): reinstall the genuine package to repair it, or remove it",
         )
     } else if notes.is_empty() {
@@ -341,7 +341,7 @@ fn deep_check(
                 ),
             )
             .hint(
-                "`guild verify --all` disables and quarantines what failed; reinstall the \
+                "`guild verify --all` disables and taints what failed; reinstall the \
                  genuine package to repair it, or remove it",
             );
             (check, Some(found))

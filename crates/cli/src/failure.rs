@@ -9,10 +9,10 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use guild_domain::graph::{DisableRefusal, GraphProblem, RemoveRefusal, RollbackRefusal};
-use guild_domain::registry::RegistryError;
+use guild_domain::store_state::StoreStateError;
 use guild_domain::trust::{AuthError, SignatureOutcome, TrustChangeError, TrustFileMismatch};
-use guild_host::publication::LibraryCheckFailure;
-use guild_host::publish::{KeyError, KeyFileError, PackError, PublishError};
+use guild_host::packaging::{KeyError, KeyFileError, PackError, PublishError};
+use guild_host::registration::LibraryCheckFailure;
 use guild_host::{ErrorCategory, HostError};
 use guild_ports::source::{SourceError, SourceErrorKind};
 use guild_ports::store::{StoreError, StoreErrorKind};
@@ -326,7 +326,7 @@ fn host_hint(e: &HostError) -> Option<String> {
         HostError::Manifest { .. } => Some(
             "the package's .gkmetadata is malformed; ask its publisher for a good package".into(),
         ),
-        HostError::Registry(r) => registry_hint(r),
+        HostError::StoreState(r) => store_state_hint(r),
         HostError::Dependencies { action, problems } => Some(dependencies_hint(action, problems)),
         HostError::Disable(DisableRefusal::EnabledDependents { dependents, .. })
         | HostError::Remove(RemoveRefusal::EnabledDependents { dependents, .. }) => {
@@ -376,7 +376,7 @@ fn host_hint(e: &HostError) -> Option<String> {
             LibraryCheckFailure::TimedOut { .. } => format!(
                 "the library hangs while loading or in init; a slow but working one may need \
                  a longer {}",
-                guild_host::publication::TIMEOUT_VARIABLE
+                guild_host::registration::TIMEOUT_VARIABLE
             ),
             LibraryCheckFailure::Spawn { .. } => {
                 "guild runs a copy of itself to check libraries; check that its executable is \
@@ -452,39 +452,39 @@ fn auth_hint(e: &AuthError) -> Option<String> {
     }
 }
 
-fn registry_hint(e: &RegistryError) -> Option<String> {
+fn store_state_hint(e: &StoreStateError) -> Option<String> {
     match e {
-        RegistryError::Downgrade { id, .. } => Some(format!(
+        StoreStateError::Downgrade { id, .. } => Some(format!(
             "to return to the previous version run `guild rollback {id}`; to install this older \
              version anyway, pass --allow-downgrade"
         )),
-        RegistryError::ImmutableVersion(_) => Some(
+        StoreStateError::ImmutableVersion(_) => Some(
             "published versions never change; publish the new content under a new version".into(),
         ),
-        RegistryError::UnknownPackage { .. }
-        | RegistryError::NotInstalled { .. }
-        | RegistryError::NotRecorded { .. } => {
+        StoreStateError::UnknownPackage { .. }
+        | StoreStateError::NotInstalled { .. }
+        | StoreStateError::NotRecorded { .. } => {
             Some("see what is installed with `guild list`".into())
         }
-        RegistryError::NotRemoved { id, version, .. } => Some(format!(
+        StoreStateError::NotRemoved { id, version, .. } => Some(format!(
             "purge forgets only removed versions: run `guild remove {id} --version {version}` \
              first"
         )),
-        RegistryError::NothingToPurge { id } => Some(format!(
+        StoreStateError::NothingToPurge { id } => Some(format!(
             "only removed versions can be purged; `guild status {id}` lists its versions"
         )),
-        RegistryError::NoCurrentVersion { id } => Some(format!(
+        StoreStateError::NoCurrentVersion { id } => Some(format!(
             "its current version was removed: `guild rollback {id}` makes the previous version \
              current again, or install a package of {id} (`guild install PACKAGE`); `guild \
              status {id}` lists its versions"
         )),
-        RegistryError::NoPreviousVersion { id } => Some(format!(
+        StoreStateError::NoPreviousVersion { id } => Some(format!(
             "rollback returns to the version the last change superseded, and there is none now; \
              to go forward to a superseded version, install its package again (`guild install \
              PACKAGE`, with --allow-downgrade for an older one); `guild status {id}` lists the \
              versions"
         )),
-        RegistryError::Quarantined { id, version, .. } => Some(format!(
+        StoreStateError::Tainted { id, version, .. } => Some(format!(
             "it failed re-verification: install a genuine copy of {id} {version} to repair it \
              (guild install PACKAGE), or remove it (guild remove {id} --version {version})"
         )),

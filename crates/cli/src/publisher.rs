@@ -12,8 +12,8 @@ use anyhow::Context;
 use guild_domain::manifest::{Manifest, Metadata};
 use guild_domain::trust::{authenticate, SignatureCheck, TrustStore};
 use guild_host::package_manager::StoreLayout;
-use guild_host::publish::key_files::{self as files, KeyFileOptions};
-use guild_host::publish::{self, GkpkSource, P256Verifier, SigningKey};
+use guild_host::packaging::key_files::{self as files, KeyFileOptions};
+use guild_host::packaging::{self, GkpkSource, P256Verifier, SigningKey};
 use guild_host::{HostError, HostPlatform};
 use guild_ports::signature::SignatureVerifier;
 use guild_ports::source::{Durability, ExtractOptions, PackageSource, Progress};
@@ -32,7 +32,7 @@ pub fn keygen(prefix: &Path, force: bool) -> anyhow::Result<Report> {
     if !force {
         for path in [&private, &public] {
             if fs::symlink_metadata(path).is_ok() {
-                return Err(publish::KeyFileError::AlreadyExists { path: path.clone() }.into());
+                return Err(packaging::KeyFileError::AlreadyExists { path: path.clone() }.into());
             }
         }
     }
@@ -82,7 +82,7 @@ pub fn pack(
     key: Option<&Path>,
 ) -> anyhow::Result<Report> {
     let key = key.map(files::read_private_key).transpose()?;
-    let packed = publish::pack(source, template, out, key.as_ref())?;
+    let packed = packaging::pack(source, template, out, key.as_ref())?;
     let m = packed.metadata.manifest();
     let mut report = Report::new("pack");
     report
@@ -117,7 +117,7 @@ pub fn pack(
 pub fn sign(package: &Path, key: &Path, out: Option<&Path>) -> anyhow::Result<Report> {
     let key = files::read_private_key(key)?;
     let out = out.unwrap_or(package);
-    let signed = publish::sign(package, &key, out)?;
+    let signed = packaging::sign(package, &key, out)?;
     let m = signed.metadata.manifest();
     let mut report = Report::new("sign");
     report

@@ -3,9 +3,9 @@
 
 use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::manifest::Metadata;
-use guild_domain::registry::Quarantine;
+use guild_domain::store_state::Taint;
 use guild_domain::version::Version;
-use guild_host::package_manager::{OpenReport, PackageSummary, Quarantined, TrustOpened};
+use guild_host::package_manager::{LeftOut, OpenReport, PackageSummary, TrustOpened};
 use guild_ports::store::{InterruptedCommit, RecoveryReport};
 use serde_json::{json, Value};
 
@@ -42,17 +42,17 @@ pub fn package_json(p: &PackageSummary) -> Value {
             "version": v.version.to_string(),
             "state": v.state.as_str(),
             "payload_sha256": v.payload_digest.to_hex(),
-            "quarantine": v.quarantine.as_ref().map(quarantine_json),
+            "taint": v.taint.as_ref().map(taint_json),
         })).collect::<Vec<_>>(),
         "leases": {"leases": p.leases.leases, "bindings": p.leases.bindings},
     })
 }
 
-fn quarantine_json(q: &Quarantine) -> Value {
+fn taint_json(q: &Taint) -> Value {
     json!({"reason": q.reason, "file": q.file})
 }
 
-/// What repairs a quarantined version.
+/// What repairs a tainted version.
 pub fn repair_hint(id: &PackageId, version: &Version) -> String {
     format!(
         "install a genuine copy of it to repair it (guild install PACKAGE), or remove it \
@@ -60,14 +60,14 @@ pub fn repair_hint(id: &PackageId, version: &Version) -> String {
     )
 }
 
-/// Every quarantined version of `packages`, one line each, with what to do about it.
-pub fn quarantine_lines(packages: &[PackageSummary]) -> Vec<String> {
+/// Every tainted version of `packages`, one line each, with what to do about it.
+pub fn taint_lines(packages: &[PackageSummary]) -> Vec<String> {
     let mut out = Vec::new();
     for p in packages {
         for v in &p.versions {
-            if let Some(q) = &v.quarantine {
+            if let Some(q) = &v.taint {
                 out.push(format!(
-                    "{}@{} is quarantined{}: {}; {}",
+                    "{}@{} is tainted{}: {}; {}",
                     p.id,
                     v.version,
                     q.file
@@ -92,7 +92,7 @@ fn interrupted_json(c: &InterruptedCommit) -> Value {
     })
 }
 
-fn quarantined_json(q: &Quarantined) -> Value {
+fn left_out_json(q: &LeftOut) -> Value {
     json!({"id": q.id.as_str(), "version": q.version.to_string(), "reason": q.reason})
 }
 
@@ -101,8 +101,8 @@ pub fn one_line(reason: &str) -> String {
     reason.lines().map(str::trim).collect::<Vec<_>>().join(" ")
 }
 
-pub fn quarantined_list(list: &[Quarantined]) -> Value {
-    list.iter().map(quarantined_json).collect()
+pub fn left_out_list(list: &[LeftOut]) -> Value {
+    list.iter().map(left_out_json).collect()
 }
 
 pub fn recovery_json(r: &RecoveryReport) -> Value {
@@ -136,8 +136,8 @@ pub fn open_report_json(r: &OpenReport) -> Value {
         "verified": r.verified,
         "reauthenticated": r.reauthenticated,
         "committed_only": r.committed_only,
-        "disabled": quarantined_list(&r.disabled),
-        "removed": quarantined_list(&r.removed),
+        "disabled": left_out_list(&r.disabled),
+        "removed": left_out_list(&r.removed),
         "trust_bound": matches!(r.trust, Some(TrustOpened::Bound { .. })),
         "read_only": r.read_only,
     })

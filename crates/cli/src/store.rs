@@ -18,11 +18,11 @@ use anyhow::Context;
 
 use guild_domain::claims::ImplIdConflict;
 use guild_domain::ids::{PackageId, Sha256Digest};
-use guild_domain::registry::RegistryError;
+use guild_domain::store_state::StoreStateError;
 use guild_domain::version::Version;
 use guild_host::crash_quarantine::{CrashLedger, QuarantineEntry};
 use guild_host::package_manager::{contested_reason, OpenReport, PackageSummary};
-use guild_host::publication::{self, ChildCheck};
+use guild_host::registration::{self, ChildCheck};
 use guild_host::{HostError, InstallOptions, PackageManager};
 use guild_ports::source::Progress;
 use serde_json::json;
@@ -30,7 +30,7 @@ use serde_json::json;
 use super::failure::{CliError, Exit};
 use super::output::Report;
 use super::render::{
-    open_report_json, open_report_lines, package_json, quarantine_lines, repair_hint, short,
+    open_report_json, open_report_lines, package_json, repair_hint, short, taint_lines,
 };
 
 /// Opens the store and starts a report whose warnings say what the opening did.
@@ -63,12 +63,12 @@ pub fn open_committed(store: &Path, command: &str) -> anyhow::Result<(PackageMan
     Ok((pm, out))
 }
 
-/// How long the publication check may take: `GUILD_LIBRARY_CHECK_TIMEOUT` seconds, else the
+/// How long the registration check may take: `GUILD_LIBRARY_CHECK_TIMEOUT` seconds, else the
 /// default. A value that is not a positive number is a usage error, never a silent default.
 pub(crate) fn check_timeout() -> anyhow::Result<Duration> {
-    let Some(raw) = std::env::var_os(publication::TIMEOUT_VARIABLE).filter(|v| !v.is_empty())
+    let Some(raw) = std::env::var_os(registration::TIMEOUT_VARIABLE).filter(|v| !v.is_empty())
     else {
-        return Ok(publication::DEFAULT_TIMEOUT);
+        return Ok(registration::DEFAULT_TIMEOUT);
     };
     let text = raw.to_string_lossy();
     text.trim()
@@ -81,37 +81,37 @@ pub(crate) fn check_timeout() -> anyhow::Result<Duration> {
                 Exit::Usage,
                 format!(
                     "{} is {text:?}, not a number of seconds above zero",
-                    publication::TIMEOUT_VARIABLE
+                    registration::TIMEOUT_VARIABLE
                 ),
             )
             .with_hint(format!(
                 "unset it for the default of {} s, or set it to e.g. 60",
-                publication::DEFAULT_TIMEOUT.as_secs()
+                registration::DEFAULT_TIMEOUT.as_secs()
             ))
             .into()
         })
 }
 
-/// The publication check for changes that make a version loadable: this very `guild` binary,
+/// The registration check for changes that make a version loadable: this very `guild` binary,
 /// run as a child with the hidden check subcommand and the store's trust file on its stdin.
 pub(crate) fn library_check(pm: &PackageManager, timeout: Duration) -> anyhow::Result<ChildCheck> {
     let program = std::env::current_exe()
-        .context("cannot find the guild executable to run the publication check")?;
+        .context("cannot find the guild executable to run the registration check")?;
     let trust = pm.trust()?.to_json().into_bytes();
     Ok(ChildCheck::new(program, trust).with_timeout(timeout))
 }
 
-/// The hidden child of the publication check: checks the tree and prints the result line. The
+/// The hidden child of the registration check: checks the tree and prints the result line. The
 /// exit status is 0 whenever a result was printed; a crash or hang is the parent's finding.
 pub fn check_library(dir: &Path, payload: &Sha256Digest) -> anyhow::Result<Report> {
     let mut trust = Vec::new();
     std::io::stdin()
         .lock()
-        .take(publication::MAX_TRUST_BYTES)
+        .take(registration::MAX_TRUST_BYTES)
         .read_to_end(&mut trust)
         .context("cannot read the trust store from stdin")?;
-    let outcome = publication::check_tree(&PathBuf::from(dir), payload, &trust);
-    println!("{}", publication::result_line(&outcome));
+    let outcome = registration::check_tree(&PathBuf::from(dir), payload, &trust);
+    println!("{}", registration::result_line(&outcome));
     Ok(Report::new("check-library").silent())
 }
 
@@ -345,7 +345,7 @@ pub fn list(store: &Path) -> anyhow::Result<Report> {
         report.line("no packages installed");
         return Ok(report);
     }
-    let quarantined = quarantine_lines(&packages);
+    let tainted = taint_lines(&packages);
     let rows: Vec<[String; 5]> = packages.iter().map(row).collect();
     let header = [
         "ID".to_owned(),
@@ -368,9 +368,9 @@ pub fn list(store: &Path) -> anyhow::Result<Report> {
             .collect();
         report.line(cells.join("  ").trim_end().to_owned());
     }
-    // Quarantined versions stay visible until they are repaired or removed, whichever command
+    // Tainted versions stay visible until they are repaired or removed, whichever command
     // first found them.
-    report.lines.extend(quarantined);
+    report.lines.extend(tainted);
     // Built only for `--json`: a document of every package is most of what a listing of a
     // large store would otherwise cost.
     report.field_with("packages", move || {
@@ -386,7 +386,7 @@ fn row(p: &PackageSummary) -> [String; 5] {
         version.push_str(&format!(" (previous {prev})"));
     }
     let state = match current {
-        Some(v) if v.quarantine.is_some() => format!("{} (quarantined)", v.state.as_str()),
+        Some(v) if v.taint.is_some() => format!("{} (tainted)", v.state.as_str()),
         Some(v) => v.state.as_str().to_owned(),
         None => "none".to_owned(),
     };
@@ -420,7 +420,7 @@ pub fn status(store: &Path, id: Option<&PackageId>) -> anyhow::Result<Report> {
 }
 
 /// `guild verify --all`: the full check of every installed version, reported one failure a line
-/// with the package, version and file; the enabled ones that fail are disabled (quarantined when
+/// with the package, version and file; the enabled ones that fail are disabled (tainted when
 /// a file or signature changed) with what depends on them, in one transaction.
 pub fn verify_all(store: &Path, options: guild_host::VerifyOptions) -> anyhow::Result<Report> {
     let (pm, mut report) = open(store, "verify")?;
@@ -510,7 +510,7 @@ fn package_status(
     mut out: Report,
 ) -> anyhow::Result<Report> {
     let Some(p) = pm.summary(id)? else {
-        return Err(HostError::from(RegistryError::UnknownPackage { id: id.clone() }).into());
+        return Err(HostError::from(StoreStateError::UnknownPackage { id: id.clone() }).into());
     };
     let mut package = package_json(&p);
     // The installed tree of each version, for operators who need to look at the files.
@@ -534,9 +534,9 @@ fn package_status(
             v.state.as_str(),
             v.payload_digest
         ));
-        if let Some(q) = &v.quarantine {
+        if let Some(q) = &v.taint {
             out.line(format!(
-                "  {:<12} quarantined: {}{}",
+                "  {:<12} tainted: {}{}",
                 "",
                 q.reason,
                 q.file
@@ -616,7 +616,7 @@ fn store_status(
     let keys: usize = trust.publishers().map(|(_, k)| k.count()).sum();
     let revoked_keys = trust.revoked_keys().count();
     let revoked_packages = trust.revoked_digests().count();
-    let quarantined = quarantine_lines(&packages);
+    let tainted = taint_lines(&packages);
     out.field("store", store.display().to_string())
         .field("generation", generation)
         .field(
@@ -630,7 +630,7 @@ fn store_status(
                 "trusted_keys": keys,
                 "revoked_keys": revoked_keys,
                 "revoked_packages": revoked_packages,
-                "quarantined": quarantined.len(),
+                "tainted": tainted.len(),
             }),
         )
         .field("open", open_report_json(open));
@@ -644,9 +644,9 @@ fn store_status(
             "trust: {publishers} publisher(s), {keys} key(s); {revoked_keys} revoked key(s), {revoked_packages} revoked package(s)"
         ))
         .line(open_summary(open));
-    if !quarantined.is_empty() {
-        out.line(format!("quarantined: {} version(s)", quarantined.len()));
-        out.lines.extend(quarantined);
+    if !tainted.is_empty() {
+        out.line(format!("tainted: {} version(s)", tainted.len()));
+        out.lines.extend(tainted);
     }
     Ok(out)
 }

@@ -8,13 +8,13 @@ use std::path::Path;
 
 use guild_domain::ids::Sha256Digest;
 use guild_host::package_manager::TrustOpened;
-use guild_host::publish::key_files as files;
+use guild_host::packaging::key_files as files;
 use guild_host::{HostError, PackageManager, TrustReset};
 use serde_json::json;
 
 use super::args::{TrustAdd, TrustCommand};
 use super::output::Report;
-use super::render::{one_line, open_report_json, open_report_lines, quarantined_list, short};
+use super::render::{left_out_list, one_line, open_report_json, open_report_lines, short};
 use super::store::open;
 
 pub fn run(store: &Path, command: &TrustCommand) -> anyhow::Result<Report> {
@@ -132,7 +132,7 @@ fn revoke(store: &Path, target: Target, reason: &str) -> anyhow::Result<Report> 
         )
         .field("reason", reason)
         .field("newly_revoked", newly)
-        .field("disabled", quarantined_list(&disabled));
+        .field("disabled", left_out_list(&disabled));
     report.line(if newly {
         format!("revoked {what} {digest} ({reason})")
     } else {

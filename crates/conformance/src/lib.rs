@@ -310,11 +310,11 @@ fn run_child(
         run.died = Some(match &run.in_progress {
             Some(_) => format!(
                 "a call into the plugin did not return within {}; the check process was killed",
-                guild_host::publication::seconds(&options.call_timeout)
+                guild_host::registration::seconds(&options.call_timeout)
             ),
             None => format!(
                 "the check process reported nothing for {} and was killed",
-                guild_host::publication::seconds(&options.call_timeout)
+                guild_host::registration::seconds(&options.call_timeout)
             ),
         });
         run.timed_out = true;
@@ -343,7 +343,7 @@ fn run_child(
         return Ok(run);
     }
     let mut why = match status {
-        Some(s) => match guild_host::publication::signal_of(s) {
+        Some(s) => match guild_host::registration::signal_of(s) {
             Some((n, name)) => format!(
                 "the plugin killed the check process with signal {n} ({name}){}",
                 if name == "SIGSEGV" || name == "SIGBUS" {
@@ -631,7 +631,7 @@ pub fn child_main(
     hung: &[String],
     channel: ResultChannel,
 ) -> Result<(), HostError> {
-    let metadata = guild_host::publication::read_tree_metadata(dir)?;
+    let metadata = guild_host::registration::read_tree_metadata(dir)?;
     let m = metadata.manifest();
     let platform =
         guild_host::platform::HostPlatform::current().ok_or(HostError::UnsupportedPlatform {
@@ -691,7 +691,7 @@ pub fn child_main(
             let duplicate = sorted.windows(2).find(|w| w[0] == w[1]).map(|w| w[0]);
             match (
                 duplicate,
-                guild_host::publication::check_registration(&package, m, p),
+                guild_host::registration::check_registration(&package, m, p),
             ) {
                 (Some(id), _) => (Some("duplicate ids"), format!("{id} is registered twice")),
                 (None, Err(e)) => (Some("registration"), e.to_string()),

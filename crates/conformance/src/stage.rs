@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use guild_domain::manifest::{ManifestErrors, Metadata};
 use guild_ports::source::{Durability, ExtractOptions, PackageSource, SourceError};
 
-use guild_host::publish::{self, GkpkSource, PublishError};
+use guild_host::packaging::{self, GkpkSource, PublishError};
 
 /// Why a build could not be checked at all.
 #[derive(Debug, thiserror::Error)]
@@ -78,7 +78,7 @@ impl Drop for Run {
     fn drop(&mut self) {
         // The directory first: a lock file without its directory is harmless, and the next
         // check removes it.
-        publish::remove_scratch(&self.dir);
+        packaging::remove_scratch(&self.dir);
         let _ = std::fs::remove_file(&self.lock_path);
     }
 }
@@ -122,7 +122,7 @@ fn sweep(root: &Path) {
             continue;
         };
         if lock.try_lock().is_ok() {
-            publish::remove_scratch(&lock_path.with_extension(""));
+            packaging::remove_scratch(&lock_path.with_extension(""));
             let _ = std::fs::remove_file(&lock_path);
         }
     }
@@ -180,7 +180,7 @@ pub(crate) fn stage(target: &Path, template: Option<&Path>) -> Result<Staged, St
                 )));
             }
             let archive = scratch.path().join("unsigned.gkpk");
-            publish::pack(target, t, &archive, None)?;
+            packaging::pack(target, t, &archive, None)?;
             archive
         }
         None => target.to_path_buf(),

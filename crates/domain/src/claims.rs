@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::graph::NodeRef;
 use crate::ids::{ImplId, PackageId};
-use crate::registry::{PackageRecord, RegistryState};
+use crate::store_state::{PackageRecord, StoreState};
 
 /// The impl ids one package version provides (its manifest's `provided_ops`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,7 +84,7 @@ fn list(ids: &[ImplId]) -> String {
 /// disabled and one `enable` away from loading) and its rollback target. A superseded version
 /// that is not the rollback target holds nothing; it can only become current again by being
 /// installed again, which checks its claim then. Removed versions hold nothing.
-pub fn claiming_versions(registry: &RegistryState) -> Vec<NodeRef> {
+pub fn claiming_versions(registry: &StoreState) -> Vec<NodeRef> {
     registry
         .packages()
         .flat_map(|(id, record)| claiming_versions_of(id, record))
@@ -250,7 +250,7 @@ mod tests {
     use super::*;
 
     use crate::ids::{PackageKind, PublisherId, Sha256Digest};
-    use crate::registry::{NewVersion, PublishOptions};
+    use crate::store_state::{NewVersion, PublishOptions};
     use crate::version::Version;
     use proptest::prelude::*;
 
@@ -268,7 +268,7 @@ mod tests {
         )
     }
 
-    fn publish(registry: &mut RegistryState, id: &str, version: &str, enable: bool) {
+    fn publish(registry: &mut StoreState, id: &str, version: &str, enable: bool) {
         let n = node(id, version);
         registry
             .publish(
@@ -289,7 +289,7 @@ mod tests {
 
     #[test]
     fn current_and_rollback_target_hold_claims_older_and_removed_do_not() {
-        let mut r = RegistryState::new();
+        let mut r = StoreState::new();
         for v in ["1.0.0", "2.0.0", "3.0.0"] {
             publish(&mut r, "ex.a", v, true);
         }

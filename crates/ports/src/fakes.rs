@@ -8,7 +8,7 @@
 //! `Arc` of its [`LoadedLibrary`] lives. Counters per path show what happened: how many
 //! libraries are live, how many shutdowns ran, and which paths were opened in which order.
 //!
-//! [`FakeModel`] is a model file built in memory (metadata and tensors), for the runner registry's
+//! [`FakeModel`] is a model file built in memory (metadata and tensors), for model runner selection's
 //! tests.
 //!
 //! The provider behind what [`fake_kernel`], [`fake_operation`] and [`fake_runner`] build is
@@ -699,7 +699,7 @@ impl FakeModel {
         self
     }
 
-    /// The model behind the port, ready to hand to a runner registry.
+    /// The model behind the port, ready to hand to model runner selection.
     pub fn into_arc(self) -> Arc<dyn ModelFile> {
         Arc::new(self)
     }

@@ -1,5 +1,5 @@
 //! A model file as the host reads it: typed metadata and tensor descriptions, behind a port so
-//! that the runner registry does not care whether a GGUF file, another format or a test fake
+//! that model runner selection does not care whether a GGUF file, another format or a test fake
 //! stands behind it.
 //!
 //! Runners see a model only through the C reader table the app builds over a [`ModelFile`]

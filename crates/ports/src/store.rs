@@ -1,9 +1,9 @@
 //! The package store port: where installed package versions, the registry and the trust bytes
 //! live, and the one durable transaction through which all of them change.
 //!
-//! Every change to the package set (publish, enable, disable, remove, rollback, the quarantine
+//! Every change to the package set (publish, enable, disable, remove, rollback, the taint
 //! that recovery's re-verification decides on, and every change of the trust file) is a single
-//! [`Transaction`] carrying the complete next [`RegistryState`], at most one staged tree to
+//! [`Transaction`] carrying the complete next [`StoreState`], at most one staged tree to
 //! install (or to put in place of an installed tree that failed re-verification), and the new
 //! trust bytes when they change. The registry records a digest of the trust bytes, so the
 //! registry's commit point decides which trust file is the store's. The store derives which trees
@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use guild_domain::graph::NodeRef;
 use guild_domain::ids::PackageId;
-use guild_domain::registry::RegistryState;
+use guild_domain::store_state::StoreState;
 use guild_domain::version::Version;
 
 /// A staged package tree to move into the store as `id@version`.
@@ -51,11 +51,11 @@ pub struct Transaction {
     /// [`StoreErrorKind::GenerationConflict`] if the store has moved on since.
     pub expected_generation: u64,
     /// The complete registry after the change. Its generation must be
-    /// `expected_generation + 1` (build it with `RegistryState::successor`), it must pass
+    /// `expected_generation + 1` (build it with `StoreState::successor`), it must pass
     /// `validate`, and it must keep every record of the current registry with its payload digest
     /// unchanged (versions are immutable, removed ones included), except the removed records
     /// that [`Transaction::purge`] names.
-    pub new_state: RegistryState,
+    pub new_state: StoreState,
     /// The tree of the one version that `new_state` installs and the current registry does not
     /// (required exactly when there is such a version), or of an installed version whose tree it
     /// replaces ([`StagedInstall::replace`]).
@@ -72,7 +72,7 @@ pub struct Transaction {
 
 impl Transaction {
     /// A state-only change from the registry at `expected_generation` to `new_state`.
-    pub fn new(expected_generation: u64, new_state: RegistryState) -> Self {
+    pub fn new(expected_generation: u64, new_state: StoreState) -> Self {
         Transaction {
             expected_generation,
             new_state,
@@ -313,7 +313,7 @@ pub trait PackageStore: Send + Sync {
 
     /// The committed registry. Never an empty stand-in for a file that could not be read: opening
     /// the store fails instead.
-    fn registry(&self) -> Result<RegistryState, StoreError>;
+    fn registry(&self) -> Result<StoreState, StoreError>;
 
     /// A fresh path inside the store's staging area that does not exist yet. The caller creates
     /// the directory there exclusively (the extractor does) and either commits it with
@@ -514,7 +514,7 @@ mod tests {
     fn store_transaction_builder_sets_the_install() {
         let id = PackageId::new("a").unwrap();
         let v = Version::new(1, 0, 0);
-        let tx = Transaction::new(3, RegistryState::new()).with_install(
+        let tx = Transaction::new(3, StoreState::new()).with_install(
             id.clone(),
             v.clone(),
             PathBuf::from("/s/staging/0"),

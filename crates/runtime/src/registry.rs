@@ -1,4 +1,4 @@
-//! The kernel registry and the model-runner registry: what loaded plugins registered, readable
+//! The kernel registry: the kernels, operations and runners loaded plugins registered, readable
 //! without taking a lock, with bindings that keep the provider's code loaded.
 //!
 //! Readers load an immutable [`Snapshot`] through arc-swap; writers (publication, enable,
@@ -48,7 +48,7 @@
 //! lifecycle transactions (install, enable, disable, remove, rollback, re-verification), which
 //! keep it and the store in step; what it hands out (`Host::kernels`) is `&KernelRegistry`,
 //! which has lookups, bindings and the operation service but no mutators. Tests, benchmarks and
-//! the publication check own registries of their own, with no store behind them.
+//! the registration check own registries of their own, with no store behind them.
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -267,7 +267,7 @@ pub struct Unloaded {
     pub deferred_bindings: u64,
 }
 
-/// The kernel registry (with the runner registry beside it). See the module documentation.
+/// The kernel registry: kernels, operations and model runners. See the module documentation.
 pub struct KernelRegistry {
     snapshot: Arc<ArcSwap<Snapshot>>,
     /// The writer side: the packages the registry holds. Locking it is the registry's share of
@@ -559,7 +559,7 @@ impl KernelRegistry {
         if let Some(old) = &old {
             self.retire(old);
         }
-        let old_snapshot = self.publish(&writer);
+        let old_snapshot = self.swap_snapshot(&writer);
         drop(writer);
         // Dropping the replaced entry and snapshot may close a library and run the plugin's
         // shutdown; that happens after the writer lock is released, so a shutdown that calls
@@ -581,7 +581,7 @@ impl KernelRegistry {
                 package: id.clone(),
             })?;
         entry.enabled = enabled;
-        let old_snapshot = self.publish(&writer);
+        let old_snapshot = self.swap_snapshot(&writer);
         drop(writer);
         drop(old_snapshot);
         Ok(())
@@ -599,7 +599,7 @@ impl KernelRegistry {
                 package: id.clone(),
             })?;
         self.retire(&entry);
-        let old_snapshot = self.publish(&writer);
+        let old_snapshot = self.swap_snapshot(&writer);
         drop(writer);
         let unloaded = Unloaded {
             package: id.clone(),
@@ -614,7 +614,7 @@ impl KernelRegistry {
 
     /// Swaps in the snapshot of `writer` (the registry's writer side, locked by the caller)
     /// and its impl-id table, answering the snapshot it replaced.
-    fn publish(&self, writer: &HashMap<PackageId, PackageEntry>) -> Arc<Snapshot> {
+    fn swap_snapshot(&self, writer: &HashMap<PackageId, PackageEntry>) -> Arc<Snapshot> {
         let generation = self.ids.next_generation();
         let snapshot = Arc::new(Snapshot::rebuild(writer, generation));
         // The generation first, then the snapshot: see `id_lookup`.
@@ -822,7 +822,7 @@ impl KernelRegistry {
 ///
 /// The host owns the one it serves from and changes it only inside its lifecycle transactions,
 /// so the registry a runner gets from the host has no mutators at all. A test, a benchmark or a
-/// tool that loads plugins without a store (the publication check) owns one of its own.
+/// tool that loads plugins without a store (the registration check) owns one of its own.
 #[derive(Debug, Default)]
 pub struct OwnedRegistry {
     registry: KernelRegistry,

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use guild_adapters_fs::store::StoreLayout;
 use guild_domain::ids::{PackageId, PackageKind, PublisherId, Sha256Digest};
-use guild_domain::registry::{NewVersion, PublishOptions, RegistryState};
+use guild_domain::store_state::{NewVersion, PublishOptions, StoreState};
 use guild_domain::version::Version;
 
 /// Publishes enabled, never as a downgrade.
@@ -44,7 +44,7 @@ pub fn build_store(root: &Path, n: usize) {
     ] {
         fs::create_dir_all(dir).expect("create layout");
     }
-    let mut registry = RegistryState::new();
+    let mut registry = StoreState::new();
     let version = Version::new(1, 0, 0);
     for i in 0..n {
         let id = PackageId::new(format!("bench.pkg{i:05}")).expect("valid id");

@@ -35,7 +35,7 @@
 //! 3. New trust bytes add 2, a migration 4, a compaction 4.
 //!
 //! Planning looks only at the packages whose records differ from the committed state
-//! ([`RegistryDelta::between`]): their invariants, that none drops a record (but the removed
+//! ([`StoreStateDelta::between`]): their invariants, that none drops a record (but the removed
 //! ones the transaction purges by name) or changes a payload, and which trees come and go. The others are equal to what is committed, which
 //! already keeps every invariant.
 //!
@@ -52,8 +52,8 @@ use std::path::{Component, Path, PathBuf};
 use guild_domain::graph::NodeRef;
 use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::lifecycle::State;
-use guild_domain::registry::{RegistryState, REGISTRY_FORMAT_V2};
-use guild_domain::registry_log::RegistryDelta;
+use guild_domain::store_log::StoreStateDelta;
+use guild_domain::store_state::{StoreState, REGISTRY_FORMAT_V2};
 use guild_domain::trust::anchor_succession_problem;
 use guild_domain::version::Version;
 use guild_ports::store::{Committed, StoreError, StoreErrorKind, Transaction};
@@ -69,7 +69,7 @@ use super::StoreLayout;
 /// A validated transaction, with every path and byte string it needs.
 pub(crate) struct Plan {
     pub(crate) intent: Intent,
-    pub(crate) new_state: RegistryState,
+    pub(crate) new_state: StoreState,
     /// The log frame of the commit.
     pub(crate) frame: Vec<u8>,
     /// The registry files as they are before the commit.
@@ -126,7 +126,7 @@ pub(crate) fn is_staging_entry(staging: &Path, path: &Path) -> bool {
 /// Checks `tx` against the current registry and works out what the commit must do.
 pub(crate) fn plan(
     layout: &StoreLayout,
-    current: &RegistryState,
+    current: &StoreState,
     info: DiskInfo,
     tx: Transaction,
 ) -> Result<Plan, StoreError> {
@@ -154,10 +154,10 @@ pub(crate) fn plan(
     }
     // Only the packages whose records differ are looked at from here: the others are equal to
     // what is committed, which already keeps every invariant.
-    let delta = RegistryDelta::between(current, &new)
+    let delta = StoreStateDelta::between(current, &new)
         .map_err(|e| invalid("the new registry cannot be recorded".to_owned()).caused_by(e))?;
     new.validate_packages(delta.changed_ids())
-        .map_err(|e| invalid("the new registry breaks an invariant".to_owned()).caused_by(e))?;
+        .map_err(|e| invalid("the new store state breaks an invariant".to_owned()).caused_by(e))?;
     for (id, version) in &tx.purge {
         match current.record(id, version) {
             Some(r) if r.state == State::Removed => {}
@@ -188,7 +188,7 @@ pub(crate) fn plan(
                 None if tx.purge.iter().any(|(i, v)| i == id && v == version) => {}
                 None => {
                     return Err(invalid(format!(
-                        "the new registry drops the record of {id}@{version}"
+                        "the new store state drops the record of {id}@{version}"
                     )))
                 }
                 Some(r)
@@ -229,7 +229,7 @@ pub(crate) fn plan(
     }
     let replacing = tx.install.as_ref().is_some_and(|i| i.replace);
     // Trees come and go only with the packages the delta changes.
-    let installed = |state: &RegistryState, id: &PackageId| -> Vec<Version> {
+    let installed = |state: &StoreState, id: &PackageId| -> Vec<Version> {
         state
             .package(id)
             .map(|p| p.installed().map(|(v, _)| v.clone()).collect())
@@ -532,7 +532,7 @@ fn write_checkpoint(
 fn compact(
     layout: &StoreLayout,
     run: &mut Run,
-    state: &RegistryState,
+    state: &StoreState,
     info: &mut DiskInfo,
 ) -> Result<(), StoreError> {
     let checkpoint = state.to_checkpoint_json();

@@ -1,13 +1,13 @@
 //! The registry on disk: a checkpoint (`registry.json`) and the log of the commits after it
 //! (`registry.log`).
 //!
-//! The checkpoint is a whole [`RegistryState`] in format 2 (a format-1 file is a store written
+//! The checkpoint is a whole [`StoreState`] in format 2 (a format-1 file is a store written
 //! before the log existed: the whole state, no log). The log starts with a header naming its
 //! *base* generation (the checkpoint's when the log was started) and holds one frame per commit:
 //!
 //! ```text
 //! header  "GKRLOG\0\x01"  base generation (u64 LE)  SHA-256 of the 16 bytes before it
-//! frame   length n (u32 LE)  SHA-256 of (length ++ payload)  payload: n bytes of RegistryDelta JSON
+//! frame   length n (u32 LE)  SHA-256 of (length ++ payload)  payload: n bytes of StoreStateDelta JSON
 //! ```
 //!
 //! Frames follow each other without gaps, generation base + 1, base + 2, ... The state is the
@@ -35,8 +35,10 @@
 use std::ops::Range;
 
 use guild_domain::ids::Sha256Digest;
-use guild_domain::registry::{ApplyError, RegistryDecodeError, RegistryState, REGISTRY_FORMAT_V2};
-use guild_domain::registry_log::RegistryDelta;
+use guild_domain::store_log::StoreStateDelta;
+use guild_domain::store_state::{
+    ApplyError, StoreState, StoreStateDecodeError, REGISTRY_FORMAT_V2,
+};
 use guild_ports::store::{StoreError, StoreErrorKind};
 
 use super::durable::{read_store_file, Run};
@@ -85,7 +87,7 @@ pub enum LogProblem {
     )]
     DamagedWithoutCommitInFlight { generation: u64 },
     #[error("the frame does not decode: {0}")]
-    Decode(RegistryDecodeError),
+    Decode(StoreStateDecodeError),
     #[error("the frame is for generation {found}, not {expected}")]
     WrongGeneration { found: u64, expected: u64 },
     #[error("the frame does not apply: {0}")]
@@ -136,7 +138,7 @@ pub(crate) fn create(layout: &StoreLayout, run: &mut Run, base: u64) -> Result<(
 }
 
 /// One frame holding `delta`.
-pub(crate) fn frame(delta: &RegistryDelta) -> Vec<u8> {
+pub(crate) fn frame(delta: &StoreStateDelta) -> Vec<u8> {
     let payload = delta.to_json();
     let len = u32::try_from(payload.len())
         .unwrap_or(u32::MAX)
@@ -174,7 +176,7 @@ impl DiskInfo {
 
 /// The committed registry as read from disk.
 pub(crate) struct OnDisk {
-    pub(crate) registry: RegistryState,
+    pub(crate) registry: StoreState,
     pub(crate) info: DiskInfo,
     /// The length of the log file, when it holds an uncommitted tail after `info.log_len`.
     pub(crate) torn_len: Option<u64>,
@@ -188,9 +190,9 @@ pub(crate) fn read(layout: &StoreLayout) -> Result<Option<OnDisk>, StoreError> {
     let Some(bytes) = read_store_file("read registry", path, MAX_REGISTRY_BYTES)? else {
         return Ok(None);
     };
-    let (checkpoint, format) = RegistryState::from_any_json(&bytes).map_err(|e| {
+    let (checkpoint, format) = StoreState::from_any_json(&bytes).map_err(|e| {
         let kind = match e {
-            RegistryDecodeError::UnsupportedFormat { .. } => StoreErrorKind::UnsupportedFormat,
+            StoreStateDecodeError::UnsupportedFormat { .. } => StoreErrorKind::UnsupportedFormat,
             _ => StoreErrorKind::Corrupt,
         };
         StoreError::new(kind, "decode registry")
@@ -239,7 +241,7 @@ pub(crate) fn read(layout: &StoreLayout) -> Result<Option<OnDisk>, StoreError> {
 fn replay(
     layout: &StoreLayout,
     log: &[u8],
-    state: &mut RegistryState,
+    state: &mut StoreState,
 ) -> Result<(u64, bool), StoreError> {
     let corrupt = |offset: usize, problem: LogProblem| {
         StoreError::new(StoreErrorKind::Corrupt, "read registry log")
@@ -301,7 +303,7 @@ fn replay(
             return Ok((offset as u64, true));
         };
         let end = payload.end;
-        let delta = RegistryDelta::from_json(&log[payload])
+        let delta = StoreStateDelta::from_json(&log[payload])
             .map_err(|e| corrupt(offset, LogProblem::Decode(e)))?;
         expected = expected.saturating_add(1);
         if delta.generation != expected {

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! lock                     advisory lock; held by a writer (for its life, or one transaction)
-//! registry.json            the checkpoint: the registry (RegistryState) at some generation
+//! registry.json            the checkpoint: the registry (StoreState) at some generation
 //! registry.log             one frame per commit after it; appending one is the commit point
 //! trust                    the trust bytes, opaque to the store, replaced atomically
 //! trust.next               new trust bytes of a commit in flight (finished or dropped by recovery)
@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 use guild_domain::graph::NodeRef;
 use guild_domain::ids::PackageId;
 use guild_domain::ids::Sha256Digest;
-use guild_domain::registry::RegistryState;
+use guild_domain::store_state::StoreState;
 use guild_domain::version::Version;
 use guild_ports::store::{
     Committed, PackageStore, PinHolder, RecoveryReport, StoreError, StoreErrorKind, StorePin,
@@ -210,7 +210,7 @@ pub struct FsStore {
 
 #[derive(Debug)]
 struct Inner {
-    registry: RegistryState,
+    registry: StoreState,
     /// The registry files' sizes: where the next frame goes, and when to compact.
     disk: DiskInfo,
     /// The committed trust bytes. Kept here, like the registry, so that a commit whose rename of
@@ -358,7 +358,7 @@ fn with_run<T>(
 }
 
 impl PackageStore for FsStore {
-    fn registry(&self) -> Result<RegistryState, StoreError> {
+    fn registry(&self) -> Result<StoreState, StoreError> {
         Ok(self.usable()?.registry.clone())
     }
 
@@ -666,11 +666,7 @@ impl FsStore {
 }
 
 /// Why `id@version` cannot be pinned with `registry` committed, or `None` if it is installed.
-fn not_installed(
-    registry: &RegistryState,
-    id: &PackageId,
-    version: &Version,
-) -> Option<StoreError> {
+fn not_installed(registry: &StoreState, id: &PackageId, version: &Version) -> Option<StoreError> {
     if registry.is_installed(id, version) {
         return None;
     }
@@ -710,7 +706,7 @@ fn pinned_error(layout: &StoreLayout, node: &NodeRef, holders: Vec<PinHolder>) -
 
 /// One committed generation as a reader sees it.
 struct Snapshot {
-    registry: RegistryState,
+    registry: StoreState,
     info: DiskInfo,
     trust: Option<Vec<u8>>,
 }
@@ -793,7 +789,7 @@ fn read_snapshot(layout: &StoreLayout) -> Result<Snapshot, StoreError> {
 /// The committed registry of the store at `root`, read as a reader reads it (the checkpoint and
 /// the frames of the log after it), without the lock and without writing anything; `None` when
 /// the store has no registry. For tools and tests that look at a store from outside.
-pub fn read_registry(root: impl Into<PathBuf>) -> Result<Option<RegistryState>, StoreError> {
+pub fn read_registry(root: impl Into<PathBuf>) -> Result<Option<StoreState>, StoreError> {
     Ok(read_committed(&StoreLayout::new(root))?.map(|s| s.registry))
 }
 

@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 
 use guild_domain::graph::NodeRef;
 use guild_domain::ids::Sha256Digest;
-use guild_domain::registry::{RegistryState, REGISTRY_FORMAT_V2};
+use guild_domain::store_state::{StoreState, REGISTRY_FORMAT_V2};
 use guild_ports::store::{
     InterruptedCommit, RecoveryReport, StoreError, StoreErrorKind, UncheckedTree,
 };
@@ -50,7 +50,7 @@ use super::{StoreLayout, MAX_RECORD_BYTES, MAX_TRUST_BYTES};
 
 /// The registry recovery settled on, its bytes on disk, and what recovery did.
 pub(crate) struct Recovered {
-    pub(crate) registry: RegistryState,
+    pub(crate) registry: StoreState,
     pub(crate) info: DiskInfo,
     /// The trust bytes after recovery, if there is a trust file.
     pub(crate) trust: Option<Vec<u8>>,
@@ -102,7 +102,7 @@ pub(crate) fn recover(
                 )
                 .at(layout.registry.clone()));
             }
-            let fresh = RegistryState::new();
+            let fresh = StoreState::new();
             // The log first: a checkpoint is never without one.
             log::create(layout, run, fresh.generation())?;
             let checkpoint = fresh.to_checkpoint_json();
@@ -250,7 +250,7 @@ fn cut_log(layout: &StoreLayout, valid: u64, run: &mut Run) -> Result<(), StoreE
 /// file.
 fn settle_trust(
     layout: &StoreLayout,
-    registry: &RegistryState,
+    registry: &StoreState,
     next_bytes: Option<Vec<u8>>,
     run: &mut Run,
     report: &mut RecoveryReport,
@@ -354,7 +354,7 @@ fn read_journal(layout: &StoreLayout) -> Result<Vec<(PathBuf, Intent)>, StoreErr
 /// a live process pins stays, and so does one whose pin cannot be checked (the report says why).
 fn sweep_packages(
     layout: &StoreLayout,
-    registry: &RegistryState,
+    registry: &StoreState,
     accounted: &BTreeSet<(String, String)>,
     report: &mut RecoveryReport,
 ) -> Result<(), StoreError> {

@@ -962,7 +962,7 @@ fn cli_only_the_full_check_finds_a_changed_library_and_a_stripped_signature() {
         "example.scan 1.0.0 enabled gkmodule org.example"
     );
 
-    // `verify --all` finds both and disables them, quarantined with the file.
+    // `verify --all` finds both and disables them, tainted with the file.
     let verified = b.run(&["--json", "verify", "--all"]);
     verified.expect(1);
     let v = verified.json();
@@ -990,7 +990,7 @@ fn cli_only_the_full_check_finds_a_changed_library_and_a_stripped_signature() {
     let listed = b.run(&["list"]);
     assert_eq!(
         words(&listed.stdout)[2],
-        "example.scan 1.0.0 disabled (quarantined) gkmodule org.example"
+        "example.scan 1.0.0 disabled (tainted) gkmodule org.example"
     );
     // A package cannot be both named and --all.
     b.run(&["verify", "--all", &pkg]).expect(2);

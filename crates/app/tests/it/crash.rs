@@ -182,7 +182,7 @@ fn operations() -> Vec<Operation> {
                 h.pm.update_trust(|t| Ok(t.revoke_key(fx.side.key_id(), "compromised")))
                     .unwrap();
             },
-            // Opening the store is the operation: its re-verification commits the quarantine.
+            // Opening the store is the operation: its re-verification commits the taint.
             run: |_, _| Ok(()),
             settles: Settles::Reapplied,
         },

@@ -13,7 +13,7 @@ use guild_adapters_posix::DlopenLoader;
 use guild_domain::json::{self, Value};
 use guild_domain::operation::{DType, ProviderRefusal, Rejection};
 use guild_host::operations::{TensorArg, TensorArgMut};
-use guild_host::publish::pack;
+use guild_host::packaging::pack;
 use guild_host::{Host, InstallOptions, OperationRequest, OperationService};
 
 use crate::operations::{desc, op, plugin_library, reference, EXCLUSIVE_OP, INCLUSIVE_OP};

@@ -19,9 +19,9 @@ use guild_adapters_fs::store::StoreLayout;
 use guild_domain::ids::{PackageId, PackageKind, PublisherId, Sha256Digest};
 use guild_domain::manifest::Metadata;
 use guild_domain::path::RESERVED_METADATA_NAME;
-use guild_domain::registry::{NewVersion, PublishOptions, RegistryState};
+use guild_domain::store_state::{NewVersion, PublishOptions, StoreState};
 use guild_domain::version::Version;
-use guild_host::publish::pack;
+use guild_host::packaging::pack;
 use guild_host::PackageManager;
 use guild_ports::source::PackageSource;
 
@@ -316,7 +316,7 @@ fn make_targets(bench: &Bench, rng: &mut XorShift) -> Vec<Target> {
 
 /// Makes sure the install of `t` will do real work (its version is not installed), and returns
 /// the registry as it stands before the install.
-fn prepare(store: &Path, layout: &StoreLayout, t: &Target) -> RegistryState {
+fn prepare(store: &Path, layout: &StoreLayout, t: &Target) -> StoreState {
     let registry = read_registry(layout);
     if registry.is_installed(&t.id, &t.version) {
         let (pm, _) = PackageManager::open_dir(store).unwrap();
@@ -341,11 +341,11 @@ fn prepare(store: &Path, layout: &StoreLayout, t: &Target) -> RegistryState {
 
 /// The registry a successful install would leave, or `None` if the registry refuses it.
 pub(crate) fn expected_after(
-    before: &RegistryState,
+    before: &StoreState,
     t: &Target,
     enable: bool,
     allow_downgrade: bool,
-) -> Option<RegistryState> {
+) -> Option<StoreState> {
     if before
         .record(&t.id, &t.version)
         .is_some_and(|r| r.state.is_installed())
@@ -375,7 +375,7 @@ pub(crate) fn expected_after(
     Some(next)
 }
 
-pub(crate) fn read_registry(layout: &StoreLayout) -> RegistryState {
+pub(crate) fn read_registry(layout: &StoreLayout) -> StoreState {
     guild_adapters_fs::store::read_registry(layout.root.clone())
         .unwrap()
         .unwrap()
@@ -393,7 +393,7 @@ pub(crate) fn entries(dir: &Path) -> Vec<String> {
 }
 
 /// Reopens the store and checks everything on disk against its registry; returns the registry.
-pub(crate) fn check_store(store: &Path, layout: &StoreLayout, context: &str) -> RegistryState {
+pub(crate) fn check_store(store: &Path, layout: &StoreLayout, context: &str) -> StoreState {
     // `guild recover` already recovered the store, so opening again finds nothing to do:
     // recovery is complete the first time and idempotent. (Opened through the support helper, which
     // waits out a lock that a process forked by another test holds for a moment, since a caller
@@ -415,7 +415,7 @@ pub(crate) fn check_store(store: &Path, layout: &StoreLayout, context: &str) -> 
     let registry = read_registry(layout);
     registry
         .validate()
-        .unwrap_or_else(|e| panic!("{context}: the registry breaks an invariant: {e}"));
+        .unwrap_or_else(|e| panic!("{context}: the store state breaks an invariant: {e}"));
     assert_eq!(
         entries(&layout.staging),
         Vec::<String>::new(),
@@ -456,7 +456,7 @@ pub(crate) fn check_store(store: &Path, layout: &StoreLayout, context: &str) -> 
 }
 
 /// `guild list --json` shows exactly the registry.
-fn check_list_matches(listed: &serde_json::Value, registry: &RegistryState, context: &str) {
+fn check_list_matches(listed: &serde_json::Value, registry: &StoreState, context: &str) {
     let mut shown = Vec::new();
     for p in listed["packages"].as_array().unwrap() {
         for v in p["versions"].as_array().unwrap() {

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use guild_adapters_fs::store::StoreLayout;
 use guild_domain::operation::DType;
-use guild_domain::registry::RegistryState;
+use guild_domain::store_state::StoreState;
 use guild_domain::version::Version;
 use guild_host::operations::{TensorArg, TensorArgMut};
 use guild_host::{Host, InstallOptions, OperationRequest, OperationService};
@@ -223,7 +223,7 @@ fn kill_module_install_then_recover_and_resolve_the_scans() {
 
 /// Makes sure installing `t` does real work (its version is not installed), through a host as a
 /// running process would, and returns the registry as it stands then.
-fn make_room(store: &std::path::Path, layout: &StoreLayout, t: &Target) -> RegistryState {
+fn make_room(store: &std::path::Path, layout: &StoreLayout, t: &Target) -> StoreState {
     let registry = read_registry(layout);
     if registry.is_installed(&t.id, &t.version) {
         let (host, _, _) = retry_locked(|| Host::open_dir(store)).unwrap();
@@ -240,7 +240,7 @@ fn make_room(store: &std::path::Path, layout: &StoreLayout, t: &Target) -> Regis
 }
 
 /// The enabled version of `t`'s package in `registry`.
-fn enabled_version(registry: &RegistryState, t: &Target) -> Option<Version> {
+fn enabled_version(registry: &StoreState, t: &Target) -> Option<Version> {
     registry.package(&t.id).and_then(|p| p.enabled()).cloned()
 }
 

@@ -390,7 +390,7 @@ fn the_manifest_template_lists_what_the_module_registers() {
         .collect();
     assert_eq!(listed, decode::MODULE_IMPLS);
     assert_eq!(template["entry"], "lib/libllama_ops.so");
-    // The library registers exactly those (publication checks it at install).
+    // The library registers exactly those (registration checks it at install).
     let f = llama_fixture();
     for impl_id in decode::MODULE_IMPLS {
         let id = guild_host::ImplId::new(impl_id).unwrap();

@@ -20,7 +20,7 @@ use guild_adapters_posix::DlopenLoader;
 use guild_domain::graph::{GraphProblem, NodeRef, Requirement};
 use guild_domain::ids::{ImplId, PackageId};
 use guild_domain::operation::DType;
-use guild_host::package_manager::Quarantined;
+use guild_host::package_manager::LeftOut;
 use guild_host::{
     Host, HostError, InstallOptions, Installed, LoadReport, OpenReport, OperationRequest,
     OperationService,
@@ -390,12 +390,12 @@ fn an_unusable_dependency_refuses_enabling_the_dependent_and_blocks_it_at_open()
         // problem, and loading never opens it.
         let (b, report) =
             b.reopen_after(|store| enable_behind_the_hosts_back(store, &id(DEPENDENT)));
-        let quarantined = Quarantined {
+        let left_out = LeftOut {
             id: id(DEPENDENT),
             version: v("1.0.0"),
             reason: format!("example.dependent@1.0.0 cannot load: {problem}"),
         };
-        assert_eq!(report.disabled, vec![quarantined], "{fault:?}: {report:?}");
+        assert_eq!(report.disabled, vec![left_out], "{fault:?}: {report:?}");
         let loaded = b.host.load_enabled().unwrap();
         assert!(loaded.skipped.is_empty(), "{fault:?}: {:?}", loaded.skipped);
         assert!(loaded.failed.is_empty(), "{fault:?}: {:?}", loaded.failed);
@@ -451,7 +451,7 @@ fn revoke(host: &Host, k: &SigningKey) {
 
 #[test]
 fn a_dependency_distrusted_since_it_was_installed_takes_its_dependent_down_before_dlopen() {
-    // Revoked between two runs: opening quarantines the base and, because its edge now meets a
+    // Revoked between two runs: opening taints the base and, because its edge now meets a
     // disabled module, the dependent; loading then opens nothing.
     let (b, base_key, base) = bench_with_base_key();
     b.install(&base, true);
@@ -477,7 +477,7 @@ fn a_dependency_distrusted_since_it_was_installed_takes_its_dependent_down_befor
     };
     assert_eq!(
         second,
-        &Quarantined {
+        &LeftOut {
             id: id(DEPENDENT),
             version: v("1.0.0"),
             reason: format!("example.dependent@1.0.0 cannot load: {disabled}"),
@@ -510,7 +510,7 @@ fn a_dependency_distrusted_since_it_was_installed_takes_its_dependent_down_befor
     );
     assert_eq!(
         loaded.skipped,
-        vec![Quarantined {
+        vec![LeftOut {
             id: id(DEPENDENT),
             version: v("1.0.0"),
             reason: "its dependency example.scan could not be loaded".into(),

@@ -11,7 +11,7 @@ use guild_domain::graph::{
 };
 use guild_domain::lease::{Leased, QuiescentAction};
 use guild_domain::lifecycle::State;
-use guild_domain::registry::{ImmutableVersionConflict, RegistryError};
+use guild_domain::store_state::{ImmutableVersionConflict, StoreStateError};
 use guild_domain::trust::TrustFileError;
 use guild_host::{ErrorCategory, HostError, InstallOptions, PackageManager};
 use guild_ports::store::StoreErrorKind;
@@ -212,10 +212,10 @@ fn refusals_of_versions_immutable_and_downgrade() {
         offered: rebuilt.digest(),
     };
     match err {
-        HostError::Registry(e) => {
+        HostError::StoreState(e) => {
             assert_eq!(
                 e,
-                RegistryError::ImmutableVersion(Box::new(conflict.clone()))
+                StoreStateError::ImmutableVersion(Box::new(conflict.clone()))
             );
         }
         other => panic!("{other}"),
@@ -226,7 +226,7 @@ fn refusals_of_versions_immutable_and_downgrade() {
         pm.install(&build_meta.archive, InstallOptions::default())
     });
     match err {
-        HostError::Registry(RegistryError::ImmutableVersion(c)) => {
+        HostError::StoreState(StoreStateError::ImmutableVersion(c)) => {
             assert_eq!(c.version, v("1.0.0+rebuild.2"));
             assert_eq!(c.recorded_version, v("1.0.0"));
             assert_eq!(c.offered, build_meta.digest());
@@ -258,9 +258,9 @@ fn refusals_of_versions_immutable_and_downgrade() {
         pm.install(&older.archive, InstallOptions::default())
     });
     match err {
-        HostError::Registry(e) => assert_eq!(
+        HostError::StoreState(e) => assert_eq!(
             e,
-            RegistryError::Downgrade {
+            StoreStateError::Downgrade {
                 id: id("example.core"),
                 current: v("2.0.0"),
                 offered: v("1.5.0"),

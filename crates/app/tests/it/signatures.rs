@@ -24,7 +24,7 @@ use guild_domain::manifest::{
 };
 use guild_domain::trust::{AuthError, SignatureOutcome};
 use guild_domain::version::Version;
-use guild_host::package_manager::Quarantined;
+use guild_host::package_manager::LeftOut;
 use guild_host::{HostError, InstallOptions};
 use guild_ports::signature::{SignatureErrorKind, SignatureVerifier};
 use guild_ports::source::SourceErrorKind;
@@ -911,7 +911,7 @@ fn signature_key_revoked_after_install_disables_the_package_and_its_dependents_a
         .disabled
         .iter()
         .map(
-            |Quarantined {
+            |LeftOut {
                  id,
                  version,
                  reason,
@@ -960,7 +960,7 @@ fn signature_key_revoked_after_install_disables_the_package_and_its_dependents_a
             ("example.lone".to_owned(), Some(State::Enabled)),
         ]
     );
-    // The quarantine is durable: the next open has nothing left to disable.
+    // The taint is durable: the next open has nothing left to disable.
     drop(host);
     let host = open_host(&root, None).unwrap();
     assert_eq!(host.report.disabled, Vec::new());

@@ -4,7 +4,7 @@
 use guild_adapters_crypto::SigningKey;
 use guild_domain::ids::{PackageId, PublisherId};
 use guild_domain::lifecycle::State;
-use guild_host::publish::pack;
+use guild_host::packaging::pack;
 use guild_host::{InstallOptions, PackageManager};
 
 #[test]

@@ -2,7 +2,7 @@
 //! templates (with dependencies), a package manager opened over a real `FsStore` with an optional
 //! fault plan, and snapshots of a store's disk and of what its package manager shows.
 //!
-//! Packages go through the publisher's own path (`publish::pack`), so that a test installs exactly
+//! Packages go through the publisher's own path (`packaging::pack`), so that a test installs exactly
 //! what `guild pack` would produce. The store is wrapped in [`Spy`], which counts the calls that
 //! write into the store; a refusal that happened before extraction shows zero staging requests.
 
@@ -22,10 +22,10 @@ use guild_domain::ids::{PackageId, PackageKind, PublisherId, Sha256Digest};
 use guild_domain::json::Value;
 use guild_domain::manifest::Metadata;
 use guild_domain::path::ArtifactPath;
-use guild_domain::registry::RegistryState;
+use guild_domain::store_state::StoreState;
 use guild_domain::version::Version;
 use guild_host::package_manager::PackageSummary;
-use guild_host::publish::pack;
+use guild_host::packaging::pack;
 use guild_host::{HostError, HostPlatform, OpenReport, PackageManager};
 use guild_ports::store::{
     Committed, PackageStore, RecoveryReport, StoreError, StoreErrorKind, Transaction,
@@ -441,7 +441,7 @@ impl Workshop {
         self.dir.path().join(format!("{n:04}-{stem}"))
     }
 
-    /// Packs `spec` through `publish::pack` and signs it with `key`.
+    /// Packs `spec` through `packaging::pack` and signs it with `key`.
     pub fn build(&self, spec: &Spec, key: &SigningKey) -> Built {
         self.build_with(spec, Some(key))
     }
@@ -550,7 +550,7 @@ impl Spy {
 }
 
 impl PackageStore for Spy {
-    fn registry(&self) -> Result<RegistryState, StoreError> {
+    fn registry(&self) -> Result<StoreState, StoreError> {
         timed_into(&self.counters.registry_nanos, || self.store.registry())
     }
 

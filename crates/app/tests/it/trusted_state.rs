@@ -234,16 +234,13 @@ fn trusted_state_a_library_changed_after_install_is_refused_before_it_opens_and_
     let (_, _, error) = &loaded.failed[0];
     let text = error.to_string();
     assert!(text.contains("libplugin.so"), "{text}");
-    assert!(text.contains("quarantined"), "{text}");
+    assert!(text.contains("tainted"), "{text}");
     drop(host);
 
-    // It is quarantined in the store, with the file.
+    // It is tainted in the store, with the file.
     let (pm, _) = open_dir(&root).unwrap();
     let listed = pm.list().unwrap();
-    let q = listed[0].versions[0]
-        .quarantine
-        .clone()
-        .expect("quarantined");
+    let q = listed[0].versions[0].taint.clone().expect("tainted");
     assert_eq!(q.file.as_deref(), Some("libplugin.so"), "{q:?}");
     assert_eq!(listed[0].enabled, None);
 }

@@ -3,5 +3,5 @@
 mod graph;
 mod manifest;
 mod operation;
-mod registry_log;
+mod store_log;
 mod trust;

@@ -1,9 +1,9 @@
 //! Model runners: choosing the runner for an opened model through the runners' RMD1
 //! extensions, and binding it once.
 //!
-//! [`ModelRunnerRegistry`] is a view over the runners the [`KernelRegistry`] holds (there is
+//! [`ModelRunners`] is a view over the runners the [`KernelRegistry`] holds (there is
 //! one store of runners, so enable, disable and leases work on them exactly as on kernels).
-//! [`ModelRunnerRegistry::select`] asks the enabled runners that carry RMD1, in descending RMD1
+//! [`ModelRunners::select`] asks the enabled runners that carry RMD1, in descending RMD1
 //! priority with ties going to the smaller runner id, to `recognize` the model through a
 //! [`ModelReader`]. The host never looks at the model's name itself: recognition is the
 //! runners' job. The first runner that recognises the model
@@ -53,7 +53,7 @@
 //! ```
 //!
 //! A model read some other way (any [`ModelSource`]) is selected with
-//! [`ModelRunnerRegistry::select`].
+//! [`ModelRunners::select`].
 
 pub mod description;
 pub mod reader;
@@ -83,17 +83,17 @@ pub use reader::ModelReader;
 
 use description::{CDescription, CopiedRecord};
 
-/// The runner registry the spec names: a view over the runners of a [`KernelRegistry`] that
-/// selects and binds the runner for a model.
+/// Model runner selection (what the spec calls the runner registry): a view over the runners of
+/// a [`KernelRegistry`] that selects and binds the runner for a model.
 #[derive(Debug, Clone, Copy)]
-pub struct ModelRunnerRegistry<'r> {
+pub struct ModelRunners<'r> {
     kernels: &'r KernelRegistry,
 }
 
-impl<'r> ModelRunnerRegistry<'r> {
+impl<'r> ModelRunners<'r> {
     /// The view over `kernels`' runners.
     pub fn new(kernels: &'r KernelRegistry) -> Self {
-        ModelRunnerRegistry { kernels }
+        ModelRunners { kernels }
     }
 
     /// Opens the GGUF file at `path` with the host's reader (GGUF v2 and v3, every count and
@@ -484,7 +484,7 @@ pub enum SelectError {
     },
 }
 
-/// Why [`ModelRunnerRegistry::select_file`] bound no runner.
+/// Why [`ModelRunners::select_file`] bound no runner.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SelectFileError {

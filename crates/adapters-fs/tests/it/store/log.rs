@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use guild_adapters_fs::store::{
     Fault, FaultMode, FsStore, LogCorruption, LogProblem, StoreLayout, StoreOptions,
 };
-use guild_domain::registry::RegistryState;
+use guild_domain::store_state::StoreState;
 use guild_ports::store::{PackageStore, StoreError, StoreErrorKind};
 
 use super::{id, publish, v, ENABLED};
@@ -133,7 +133,7 @@ fn files_under(dir: &Path) -> BTreeMap<String, Option<Vec<u8>>> {
     out
 }
 
-fn committed(root: &Path) -> RegistryState {
+fn committed(root: &Path) -> StoreState {
     guild_adapters_fs::store::read_registry(root)
         .unwrap()
         .unwrap()

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use guild_adapters_fs::store::{Fault, FaultMode, FsStore, StoreOptions};
-use guild_domain::registry::{PublishOptions, Quarantine, RegistryState};
+use guild_domain::store_state::{PublishOptions, StoreState, Taint};
 use guild_ports::store::{PackageStore, StoreErrorKind, Transaction};
 
 use super::{
@@ -180,16 +180,16 @@ fn shapes() -> Vec<Shape> {
             op: |s| leftovers(commit_trust(s, "second")),
         },
         Shape {
-            name: "replace a quarantined tree",
+            name: "replace a tainted tree",
             compact: false,
             setup: |s| {
                 one_enabled(s);
                 tamper(s, "a", "1.0.0");
                 change(s, |r| {
-                    r.quarantine(
+                    r.taint(
                         &id("a"),
                         &v("1.0.0"),
-                        Quarantine {
+                        Taint {
                             reason: "tampered".into(),
                             file: Some("lib/liba.so".into()),
                         },
@@ -200,7 +200,7 @@ fn shapes() -> Vec<Shape> {
             op: |s| {
                 let before = s.registry().unwrap();
                 let mut next = before.successor();
-                next.clear_quarantine(&id("a"), &v("1.0.0"));
+                next.clear_taint(&id("a"), &v("1.0.0"));
                 next.enable(&id("a")).unwrap();
                 let staged = stage_tree(s, "a", "1.0.0");
                 leftovers(s.commit(
@@ -237,7 +237,7 @@ fn reopen(root: &Path) -> Snapshot {
     assert_no_leftovers(root);
     assert_eq!(
         store.registry().unwrap(),
-        RegistryState::from_json(&snap.registry).unwrap()
+        StoreState::from_json(&snap.registry).unwrap()
     );
     let again = store.recover().unwrap();
     assert!(again.is_clean(), "recovery is not idempotent: {again:?}");
@@ -304,7 +304,7 @@ fn store_crash_matrix_every_shape_every_step_both_modes() {
                         assert_no_leftovers(&root);
                         assert_eq!(
                             store.registry().unwrap(),
-                            RegistryState::from_json(&before.registry).unwrap(),
+                            StoreState::from_json(&before.registry).unwrap(),
                             "{label}"
                         );
                     }
@@ -327,7 +327,7 @@ fn store_crash_matrix_every_shape_every_step_both_modes() {
                 let got = reopen(&root);
                 assert_eq!(
                     seen,
-                    RegistryState::from_json(&got.registry).unwrap(),
+                    StoreState::from_json(&got.registry).unwrap(),
                     "{label}: the reader saw another generation than the one recovered"
                 );
                 assert_eq!(seen_trust, got.trust, "{label}: the reader's trust bytes");

@@ -15,8 +15,8 @@ use std::path::Path;
 
 use guild_adapters_fs::store::{FsStore, StoreLayout};
 use guild_domain::ids::{PackageId, PackageKind, PublisherId, Sha256Digest};
-use guild_domain::registry::{
-    NewVersion, PublishKind, PublishOptions, RegistryError, RegistryState,
+use guild_domain::store_state::{
+    NewVersion, PublishKind, PublishOptions, StoreState, StoreStateError,
 };
 use guild_domain::version::Version;
 use guild_ports::store::{Committed, PackageStore, StoreError, Transaction};
@@ -83,7 +83,7 @@ pub(crate) const ENABLED: PublishOptions = PublishOptions {
 /// Applies a state-only registry change through one transaction.
 pub(crate) fn change(
     store: &FsStore,
-    f: impl FnOnce(&mut RegistryState) -> Result<(), RegistryError>,
+    f: impl FnOnce(&mut StoreState) -> Result<(), StoreStateError>,
 ) -> Result<Committed, StoreError> {
     let before = store.registry()?;
     let mut next = before.successor();

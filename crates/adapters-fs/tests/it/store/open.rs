@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use guild_adapters_fs::store::{Fault, FaultMode, FsStore, StoreLayout, StoreOptions};
 use guild_domain::graph::NodeRef;
-use guild_domain::registry::RegistryState;
+use guild_domain::store_state::StoreState;
 use guild_ports::store::{PackageStore, StoreError, StoreErrorKind, Transaction};
 
 use super::{
@@ -52,7 +52,7 @@ fn store_open_creates_the_layout_once() {
     let (store, report) = FsStore::open(&root).unwrap();
     assert!(report.created);
     assert_eq!(report.generation, 0);
-    assert_eq!(store.registry().unwrap(), RegistryState::new());
+    assert_eq!(store.registry().unwrap(), StoreState::new());
     assert_eq!(store.read_trust().unwrap(), None);
     drop(store);
     assert_no_leftovers(&root);
@@ -179,7 +179,7 @@ fn store_unknown_registry_format_fails_closed() {
     assert_eq!(err.path.as_deref(), Some(layout.registry.as_path()));
     assert!(
         err.to_string()
-            .ends_with("registry format 3 is not supported; this build reads formats 1 (a whole registry) and 2 (a checkpoint)"),
+            .ends_with("store state format 3 is not supported; this build reads formats 1 (a whole store state) and 2 (a checkpoint)"),
         "{err}"
     );
 }
@@ -439,9 +439,9 @@ fn store_refuses_inconsistent_transactions() {
     let err = refused(&store, &root, no_step, StoreErrorKind::InvalidTransaction);
     assert_eq!(err.what, "the new registry has generation 1, not 1 + 1");
 
-    let dropped = Transaction::new(1, RegistryState::new().successor().successor());
+    let dropped = Transaction::new(1, StoreState::new().successor().successor());
     let err = refused(&store, &root, dropped, StoreErrorKind::InvalidTransaction);
-    assert_eq!(err.what, "the new registry drops the record of a@1.0.0");
+    assert_eq!(err.what, "the new store state drops the record of a@1.0.0");
 
     // A new version in the registry without its tree, and a tree without its version.
     let mut next = current.successor();
@@ -501,7 +501,7 @@ fn store_refuses_a_changed_digest_even_for_a_removed_version() {
     let text = String::from_utf8(current.successor().to_json()).unwrap();
     let other = new_version("a", "other").payload_digest.to_hex();
     let recorded = new_version("a", "1.0.0").payload_digest.to_hex();
-    let forged = RegistryState::from_json(text.replace(&recorded, &other).as_bytes()).unwrap();
+    let forged = StoreState::from_json(text.replace(&recorded, &other).as_bytes()).unwrap();
     let before = snapshot(&root);
     let err = store.commit(Transaction::new(2, forged)).unwrap_err();
     assert_eq!(err.kind, StoreErrorKind::InvalidTransaction);
@@ -529,7 +529,7 @@ fn store_drops_a_removed_record_only_when_the_transaction_purges_it_by_name() {
         .commit(Transaction::new(generation, next.clone()))
         .unwrap_err();
     assert_eq!(err.kind, StoreErrorKind::InvalidTransaction);
-    assert_eq!(err.what, "the new registry drops the record of a@1.0.0");
+    assert_eq!(err.what, "the new store state drops the record of a@1.0.0");
     // Naming a record that is not removed, or one the new registry keeps, is refused too.
     let installed = Transaction::new(generation, next.clone())
         .with_purge(vec![(id("a"), v("1.0.0")), (id("a"), v("2.0.0"))]);
@@ -598,7 +598,7 @@ fn store_drops_a_removed_record_only_when_the_transaction_purges_it_by_name() {
 }
 
 /// The committed state of the store at `root`, as a reader reads it.
-fn committed(root: &Path) -> RegistryState {
+fn committed(root: &Path) -> StoreState {
     guild_adapters_fs::store::read_registry(root)
         .unwrap()
         .unwrap()
@@ -737,10 +737,10 @@ fn store_format_1_opens_unchanged_and_the_first_write_migrates_it() {
     let text = fs::read_to_string(&layout.registry).unwrap();
     assert!(text.contains("\"guild_registry\": 2"), "{text}");
     assert_eq!(
-        RegistryState::from_json(text.as_bytes())
+        StoreState::from_json(text.as_bytes())
             .unwrap_err()
             .to_string(),
-        "registry format 2 is not supported; this build reads formats 1 (a whole registry) and \
+        "store state format 2 is not supported; this build reads formats 1 (a whole store state) and \
          2 (a checkpoint)",
         "a format-1 reader refuses the checkpoint"
     );
@@ -765,7 +765,7 @@ fn store_log_compacts_once_it_outgrows_the_checkpoint() {
             compactions += 1;
             assert_eq!(len, 48, "an empty log after a compaction");
             let checkpoint = fs::read(&layout.registry).unwrap();
-            let (state, format) = RegistryState::from_any_json(&checkpoint).unwrap();
+            let (state, format) = StoreState::from_any_json(&checkpoint).unwrap();
             assert_eq!(
                 (state.generation(), format),
                 (store.registry().unwrap().generation(), 2)

@@ -8,7 +8,7 @@ use std::process::Child;
 use std::sync::{Arc, Mutex};
 
 use guild_adapters_fs::store::{testing, Fault, FaultMode, FsStore, StoreLayout, StoreOptions};
-use guild_domain::registry::Quarantine;
+use guild_domain::store_state::Taint;
 use guild_ports::store::{Committed, PackageStore, StoreError, StoreErrorKind, Transaction};
 
 use super::shared::{foreign_pin, try_foreign_pin};
@@ -32,13 +32,13 @@ fn installed(store: &FsStore) -> String {
     String::from_utf8_lossy(&fs::read(library(store)).unwrap()).into_owned()
 }
 
-/// Quarantines `a@1.0.0`, as the package manager does when its files fail their hash.
-fn quarantine(store: &FsStore) {
+/// Taints `a@1.0.0`, as the package manager does when its files fail their hash.
+fn taint(store: &FsStore) {
     change(store, |r| {
-        r.quarantine(
+        r.taint(
             &id("a"),
             &v("1.0.0"),
-            Quarantine {
+            Taint {
                 reason: "tampered".into(),
                 file: Some("lib/liba.so".into()),
             },
@@ -47,11 +47,11 @@ fn quarantine(store: &FsStore) {
     .unwrap();
 }
 
-/// Replaces the installed tree of `a@1.0.0` with a fresh genuine copy, lifting its quarantine.
+/// Replaces the installed tree of `a@1.0.0` with a fresh genuine copy, lifting its taint.
 fn repair(store: &FsStore) -> Result<Committed, StoreError> {
     let before = store.registry()?;
     let mut next = before.successor();
-    next.clear_quarantine(&id("a"), &v("1.0.0"));
+    next.clear_taint(&id("a"), &v("1.0.0"));
     next.enable(&id("a")).unwrap();
     let staged = stage_tree(store, "a", "1.0.0");
     store.commit(
@@ -69,13 +69,13 @@ fn versions_dir(root: &Path) -> Vec<String> {
     names
 }
 
-/// A store holding a quarantined, tampered `a@1.0.0`, open as a writer.
+/// A store holding a tainted, tampered `a@1.0.0`, open as a writer.
 fn tampered_store(root: &Path, options: StoreOptions) -> FsStore {
     {
         let (store, _) = FsStore::open(root).unwrap();
         publish(&store, "a", "1.0.0", ENABLED).unwrap();
         tamper(&store, "a", "1.0.0");
-        quarantine(&store);
+        taint(&store);
     }
     FsStore::open_with(root, options).unwrap().0
 }
@@ -266,7 +266,7 @@ fn store_recovery_puts_back_only_the_tree_its_own_transaction_set_aside() {
     let stale = committed.leftovers[0].clone();
     assert!(stale.is_dir(), "the tampered tree stays aside");
     assert_eq!(installed(&store), genuine());
-    quarantine(&store);
+    taint(&store);
     drop(store);
 
     // The second repair dies after its journal record, before it moves anything. The stale
@@ -302,6 +302,6 @@ fn store_recovery_puts_back_only_the_tree_its_own_transaction_set_aside() {
     assert!(registry
         .record(&id("a"), &v("1.0.0"))
         .unwrap()
-        .quarantine
+        .taint
         .is_some());
 }

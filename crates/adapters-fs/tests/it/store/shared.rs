@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use guild_adapters_fs::store::{testing, Fault, FaultMode, FsStore, StoreLayout, StoreOptions};
-use guild_domain::registry::PublishOptions;
+use guild_domain::store_state::PublishOptions;
 use guild_ports::store::{PackageStore, StoreErrorKind};
 
 use super::{change, commit_trust, id, publish, v, ENABLED};

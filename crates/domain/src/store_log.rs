@@ -1,14 +1,14 @@
-//! The change one commit makes to the registry, as the store's log records it.
+//! The change one commit makes to the store state, as the store's log records it.
 //!
-//! A store keeps the registry as a checkpoint (the whole [`RegistryState`] at some generation)
-//! followed by a log with one frame per later commit. A frame holds a [`RegistryDelta`]: the new
+//! A store keeps the store state as a checkpoint (the whole [`StoreState`] at some generation)
+//! followed by a log with one frame per later commit. A frame holds a [`StoreStateDelta`]: the new
 //! generation, the whole [`PackageRecord`] of every package whose record changed (or its
 //! deletion), and the trust anchor when it changed. Writing only that keeps the cost of a commit
 //! proportional to what it changes, not to the size of the store.
 //!
-//! Every registry invariant concerns one package, so a state that was valid stays valid after a
-//! delta when the packages the delta names are valid: [`RegistryState::apply`] checks exactly
-//! those ([`RegistryState::validate_packages`]).
+//! Every store state invariant concerns one package, so a state that was valid stays valid after a
+//! delta when the packages the delta names are valid: [`StoreState::apply`] checks exactly
+//! those ([`StoreState::validate_packages`]).
 //!
 //! The encoding is strict JSON in the style of the registry file (`"guild_registry_delta": 1`,
 //! unknown fields, duplicates and `null` refused). The framing around it (length, checksum) is
@@ -20,9 +20,9 @@ use std::sync::Arc;
 use crate::chunk_map::Difference;
 use crate::ids::PackageId;
 use crate::json::{self, JsonPath, Value};
-use crate::registry::{
+use crate::store_state::{
     decode_package, decode_trust, encode_package, encode_trust, field, format_of, wrong_type,
-    ApplyError, At, FieldProblem, Fields, PackageRecord, RegistryDecodeError, RegistryState,
+    ApplyError, At, FieldProblem, Fields, PackageRecord, StoreState, StoreStateDecodeError,
 };
 use crate::trust::TrustAnchor;
 
@@ -37,9 +37,9 @@ const TOP_FIELDS: &[&str] = &[
     "deleted",
 ];
 
-/// What one commit changed in the registry.
+/// What one commit changed in the store state.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct RegistryDelta {
+pub struct StoreStateDelta {
     /// The generation the commit made; the state it applies to is one below.
     pub generation: u64,
     /// The new trust anchor, when the commit changed it.
@@ -54,24 +54,24 @@ pub struct RegistryDelta {
 pub enum DeltaError {
     /// The newer state has no trust anchor where the older one had one; a delta only sets an
     /// anchor (and the store refuses to lose one anyway).
-    #[error("the new registry drops the record of the trust file")]
+    #[error("the new store state drops the record of the trust file")]
     DropsTrust,
 }
 
-impl RegistryState {
+impl StoreState {
     /// Applies `delta`, the change of one commit, in place. Refuses, leaving the state as it
     /// was, a delta that is not for the next generation or that leaves a changed package
     /// breaking an invariant; only the packages it changes are checked.
-    pub fn apply(&mut self, delta: &RegistryDelta) -> Result<(), ApplyError> {
+    pub fn apply(&mut self, delta: &StoreStateDelta) -> Result<(), ApplyError> {
         self.apply_change(delta.generation, delta.trust.as_ref(), &delta.packages)
     }
 }
 
-impl RegistryDelta {
+impl StoreStateDelta {
     /// The change from `old` to `new`, package by package. A record that `new` shares with `old`
-    /// (a draft made by [`RegistryState::successor`] shares every record it did not write to) is
+    /// (a draft made by [`StoreState::successor`] shares every record it did not write to) is
     /// unchanged without being compared; others are compared with `==`.
-    pub fn between(old: &RegistryState, new: &RegistryState) -> Result<Self, DeltaError> {
+    pub fn between(old: &StoreState, new: &StoreState) -> Result<Self, DeltaError> {
         let trust = match (old.trust_anchor(), new.trust_anchor()) {
             (Some(_), None) => return Err(DeltaError::DropsTrust),
             (a, b) if a == b => None,
@@ -95,7 +95,7 @@ impl RegistryDelta {
                 }
             }
         }
-        Ok(RegistryDelta {
+        Ok(StoreStateDelta {
             generation: new.generation(),
             trust,
             packages,
@@ -136,8 +136,8 @@ impl RegistryDelta {
     }
 
     /// Reads a delta written by [`Self::to_json`], strictly. Each changed package must be
-    /// well formed; whether it keeps the invariants is for [`RegistryState::apply`] to say.
-    pub fn from_json(bytes: &[u8]) -> Result<Self, RegistryDecodeError> {
+    /// well formed; whether it keeps the invariants is for [`StoreState::apply`] to say.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, StoreStateDecodeError> {
         let value = json::parse_borrowed(bytes)?;
         let (members, _) = format_of(&value, "guild_registry_delta", &[REGISTRY_DELTA_FORMAT_V1])?;
         let root = At::Root;
@@ -185,7 +185,7 @@ impl RegistryDelta {
             }
             packages.insert(id, None);
         }
-        Ok(RegistryDelta {
+        Ok(StoreStateDelta {
             generation,
             trust,
             packages,

@@ -2,13 +2,13 @@
 //! of each, which one is current, which one a rollback returns to, and the generation number that
 //! orders committed changes.
 //!
-//! The store persists a [`RegistryState`] as a checkpoint and a log of the changes after it (see
-//! the `registry_log` module), so every rule that must survive a crash lives here, as pure data
+//! The store persists a [`StoreState`] as a checkpoint and a log of the changes after it (see
+//! the `store_log` module), so every rule that must survive a crash lives here, as pure data
 //! and pure decisions:
 //!
 //! - Each package id has at most one *current* version (lifecycle state `enabled` or `disabled`);
 //!   older published versions stay installed as `superseded` rollback candidates, and one of them
-//!   may be named the `previous` version that [`RegistryState::rollback`] restores.
+//!   may be named the `previous` version that [`StoreState::rollback`] restores.
 //! - Versions are immutable. A removed version keeps a tombstone record (state `removed`, its
 //!   payload digest, no tree on disk), so that the same version can never come back with other
 //!   content, even after removal. Two versions that differ only in build metadata (`1.0.0+a`,
@@ -18,25 +18,27 @@
 //!   the canonical signed payload, the kind and the publisher. Everything else about a version
 //!   (dependencies, artifacts, module ABI) is read back from the `.gkmetadata` file inside its
 //!   installed tree, whose payload digest must equal the recorded one. Keeping the signed manifest
-//!   as the only copy of those facts means the registry can never disagree with what was signed,
+//!   as the only copy of those facts means the store state can never disagree with what was signed,
 //!   and the digest comparison catches a tree that was altered after installation.
 //!
-//! The transition methods ([`RegistryState::publish`], [`RegistryState::enable`], ...) change a
+//! The transition methods ([`StoreState::publish`], [`StoreState::enable`], ...) change a
 //! draft that the app then hands to the store in a single transaction; none of them touches the
-//! generation, which belongs to the commit (see [`RegistryState::successor`]). Each refuses with a
-//! typed [`RegistryError`] and leaves the state unchanged when it refuses.
+//! generation, which belongs to the commit (see [`StoreState::successor`]). Each refuses with a
+//! typed [`StoreStateError`] and leaves the state unchanged when it refuses.
 //!
 //! Two more facts ride on the same commit point. A version that failed re-verification carries a
-//! [`Quarantine`] (why, and which file) until a genuine copy replaces its files or it is removed;
-//! it can be neither enabled nor rolled back to meanwhile. And the registry records the trust
+//! [`Taint`] (why, and which file) until a genuine copy replaces its files or it is removed;
+//! it can be neither enabled nor rolled back to meanwhile. And the store state records the trust
 //! file's [`TrustAnchor`] (its binding, its digest and every revocation), so that the trust file
 //! cannot be swapped, lost or rolled back without the store noticing.
 //!
 //! The file format is strict JSON read with [`crate::json`] (duplicate keys, unknown fields and
-//! `null` are refused), marked `"guild_registry": 1`. The `trust` and `quarantine` members are
-//! optional, so registries written before they existed still read; a build that predates them
-//! refuses a registry that has them (an unknown field) instead of ignoring them. A file that
-//! cannot be read is an error with its reason, never an empty registry.
+//! `null` are refused), marked `"guild_registry": 1`; the file keeps the name `registry.json`
+//! and its members their first names (a taint is a version's `quarantine` member), so that
+//! stores written by earlier builds read unchanged. The `trust` and `quarantine` members are
+//! optional, so store states written before they existed still read; a build that predates them
+//! refuses a store state that has them (an unknown field) instead of ignoring them. A file that
+//! cannot be read is an error with its reason, never an empty store state.
 
 use std::borrow::Cow;
 use std::cmp::Ordering;
@@ -58,8 +60,8 @@ use crate::version::Version;
 pub const REGISTRY_FORMAT_V1: u64 = 1;
 
 /// The format of a checkpoint (`"guild_registry": 2`): the same document, but only the state at
-/// its generation; the commits after it are frames of the registry log
-/// (the `registry_log` module). A build that knows only format 1 refuses it rather than read a
+/// its generation; the commits after it are frames of the store state log
+/// (the `store_log` module). A build that knows only format 1 refuses it rather than read a
 /// stale state.
 pub const REGISTRY_FORMAT_V2: u64 = 2;
 
@@ -74,7 +76,7 @@ const VERSION_FIELDS: &[&str] = &[
     "quarantine",
     "trusted_under",
 ];
-const QUARANTINE_FIELDS: &[&str] = &["reason", "file"];
+const TAINT_FIELDS: &[&str] = &["reason", "file"];
 const TRUST_FIELDS: &[&str] = &[
     "store_id",
     "generation",
@@ -85,19 +87,20 @@ const TRUST_FIELDS: &[&str] = &[
 const REVOKED_KEY_FIELDS: &[&str] = &["key_id", "reason"];
 const REVOKED_DIGEST_FIELDS: &[&str] = &["sha256", "reason"];
 
-/// Why an installed version is quarantined: it failed re-verification (its files no longer match
+/// Why an installed version is tainted (not to be confused with the crash quarantine, which
+/// refuses to load a build whose `init` killed its process): it failed re-verification (its files no longer match
 /// its signed manifest, or its signature no longer authenticates it). It stays disabled, and
 /// cannot be enabled or rolled back to, until a genuine copy is installed over it or it is
 /// removed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Quarantine {
+pub struct Taint {
     /// What the re-verification found, in one line.
     pub reason: String,
     /// The file concerned, relative to the version's installed tree, when one is known.
     pub file: Option<String>,
 }
 
-/// What the registry knows about one recorded package version.
+/// What the store state knows about one recorded package version.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VersionRecord {
     /// SHA-256 of the canonical signed payload: the version's identity for the immutability rule
@@ -110,10 +113,10 @@ pub struct VersionRecord {
     /// Where the version stands. Only `enabled`, `disabled`, `superseded` and `removed` are ever
     /// recorded: `staged` and `discarded` versions were never published.
     pub state: State,
-    /// Set while the version is quarantined; never on an enabled or removed version.
-    pub quarantine: Option<Quarantine>,
+    /// Set while the version is tainted; never on an enabled or removed version.
+    pub taint: Option<Taint>,
     /// The trust file (by the SHA-256 of its bytes, [`TrustAnchor::file_digest`]) under which the
-    /// version's signatures last verified. While the registry's trust anchor records the same
+    /// version's signatures last verified. While the store state's trust anchor records the same
     /// digest, no key was added, removed or revoked since, so opening the store need not check
     /// the signatures again. `None` in stores written before it was recorded: checked at the
     /// next open, which records it.
@@ -218,7 +221,7 @@ pub struct PublishOptions {
     pub allow_downgrade: bool,
 }
 
-/// What a successful [`RegistryState::publish`] did.
+/// What a successful [`StoreState::publish`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Published {
     /// New, or identical to an installed one (nothing changed).
@@ -227,7 +230,7 @@ pub struct Published {
     pub superseded: Option<Version>,
 }
 
-/// What a successful [`RegistryState::rollback`] did.
+/// What a successful [`StoreState::rollback`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RolledBack {
     /// The version that was current before, now superseded; `None` when none was current.
@@ -236,9 +239,9 @@ pub struct RolledBack {
     pub to: Version,
 }
 
-/// Why a registry change was refused. The state is unchanged after any of these.
+/// Why a store state change was refused. The state is unchanged after any of these.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RegistryError {
+pub enum StoreStateError {
     /// The version is recorded with another payload.
     #[error(transparent)]
     ImmutableVersion(#[from] Box<ImmutableVersionConflict>),
@@ -329,19 +332,19 @@ pub enum RegistryError {
         /// The package.
         id: PackageId,
     },
-    /// The version is quarantined: it failed re-verification and must be repaired first.
+    /// The version is tainted: it failed re-verification and must be repaired first.
     #[error(
-        "{id}@{version} is quarantined: {}{}",
-        .quarantine.reason,
-        .quarantine.file.as_ref().map(|f| format!(" (file {f})")).unwrap_or_default()
+        "{id}@{version} is tainted: {}{}",
+        .taint.reason,
+        .taint.file.as_ref().map(|f| format!(" (file {f})")).unwrap_or_default()
     )]
-    Quarantined {
+    Tainted {
         /// The package.
         id: PackageId,
         /// The version.
         version: Version,
         /// Why.
-        quarantine: Quarantine,
+        taint: Taint,
     },
     /// The lifecycle does not allow the change from the version's state.
     #[error("{id}@{version}: {source}")]
@@ -356,9 +359,9 @@ pub enum RegistryError {
     },
 }
 
-/// A registry that breaks one of its invariants.
+/// A store state that breaks one of its invariants.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RegistryInvariantError {
+pub enum StoreStateInvariantError {
     /// A package without versions.
     #[error("{id} has no recorded versions")]
     EmptyPackage {
@@ -395,14 +398,14 @@ pub enum RegistryInvariantError {
         /// Its recorded state, if any.
         state: Option<State>,
     },
-    /// A quarantine on a version that is enabled or not installed.
-    #[error("{id}@{version} is quarantined but {}", .state.as_str())]
-    QuarantineOnState {
+    /// A taint on a version that is enabled or not installed.
+    #[error("{id}@{version} is tainted but {}", .state.as_str())]
+    TaintOnState {
         /// The package.
         id: PackageId,
         /// The version.
         version: Version,
-        /// Its state, which a quarantined version cannot have.
+        /// Its state, which a tainted version cannot have.
         state: State,
     },
     /// Two recorded versions that differ only in build metadata.
@@ -417,7 +420,7 @@ pub enum RegistryInvariantError {
     },
 }
 
-/// Why a registry value could not be read from a JSON document.
+/// Why a store state value could not be read from a JSON document.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FieldProblem {
     /// A required field is absent.
@@ -450,20 +453,20 @@ pub enum FieldProblem {
     },
 }
 
-/// Why bytes are not a registry this build can use. The store reports it with the file's path.
+/// Why bytes are not a store state this build can use. The store reports it with the file's path.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RegistryDecodeError {
+pub enum StoreStateDecodeError {
     /// The bytes are not strict JSON.
     #[error("not strict JSON: {0}")]
     Json(#[from] JsonError),
-    /// The document has no registry format marker.
+    /// The document has no store state format marker.
     #[error(
-        "not a registry: the top level is not an object with a \"guild_registry\" format marker"
+        "not a store state: the top level is not an object with a \"guild_registry\" format marker"
     )]
     NotARegistry,
-    /// A registry format this build cannot read.
+    /// A store state format this build cannot read.
     #[error(
-        "registry format {found} is not supported; this build reads formats {REGISTRY_FORMAT_V1} (a whole registry) and {REGISTRY_FORMAT_V2} (a checkpoint)"
+        "store state format {found} is not supported; this build reads formats {REGISTRY_FORMAT_V1} (a whole store state) and {REGISTRY_FORMAT_V2} (a checkpoint)"
     )]
     UnsupportedFormat {
         /// The format found.
@@ -477,26 +480,26 @@ pub enum RegistryDecodeError {
         /// What is wrong.
         problem: FieldProblem,
     },
-    /// The registry decodes but breaks an invariant.
-    #[error("registry breaks an invariant: {0}")]
-    Invariant(#[from] RegistryInvariantError),
+    /// The store state decodes but breaks an invariant.
+    #[error("store state breaks an invariant: {0}")]
+    Invariant(#[from] StoreStateInvariantError),
 }
 
-/// The whole registry: every recorded package and the generation of the last committed change.
+/// The whole store state: every recorded package and the generation of the last committed change.
 ///
 /// Each package's record sits behind an [`Arc`] and is copied only when a change writes to it, so
-/// that [`RegistryState::successor`] copies one pointer per package and a draft shares every record
+/// that [`StoreState::successor`] copies one pointer per package and a draft shares every record
 /// it does not change with the state it came from (comparing two such records short-cuts on the
 /// pointer).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct RegistryState {
+pub struct StoreState {
     generation: u64,
     trust: Option<TrustAnchor>,
     packages: ChunkMap<PackageId, Arc<PackageRecord>>,
 }
 
-impl RegistryState {
-    /// An empty registry at generation 0, as a new store starts.
+impl StoreState {
+    /// An empty store state at generation 0, as a new store starts.
     pub fn new() -> Self {
         Self::default()
     }
@@ -510,14 +513,14 @@ impl RegistryState {
     /// `u64::MAX` the generation stays put, and the store refuses the transaction because its
     /// generation does not advance.
     pub fn successor(&self) -> Self {
-        RegistryState {
+        StoreState {
             generation: self.generation.saturating_add(1),
             trust: self.trust.clone(),
             packages: self.packages.clone(),
         }
     }
 
-    /// What the registry records about the trust file, if it records one (a new store, or one
+    /// What the store state records about the trust file, if it records one (a new store, or one
     /// written before trust files were bound, does not).
     pub fn trust_anchor(&self) -> Option<&TrustAnchor> {
         self.trust.as_ref()
@@ -528,27 +531,27 @@ impl RegistryState {
         self.trust = Some(anchor);
     }
 
-    /// Every quarantined version, by id then version.
-    pub fn quarantined(&self) -> impl Iterator<Item = (&PackageId, &Version, &Quarantine)> + '_ {
+    /// Every tainted version, by id then version.
+    pub fn tainted(&self) -> impl Iterator<Item = (&PackageId, &Version, &Taint)> + '_ {
         self.packages.iter().flat_map(|(id, p)| {
             p.versions
                 .iter()
-                .filter_map(move |(v, r)| r.quarantine.as_ref().map(|q| (id, v, q)))
+                .filter_map(move |(v, r)| r.taint.as_ref().map(|q| (id, v, q)))
         })
     }
 
-    /// Quarantines installed version `id@version`, disabling it first if it is enabled.
-    pub fn quarantine(
+    /// Taints installed version `id@version`, disabling it first if it is enabled.
+    pub fn taint(
         &mut self,
         id: &PackageId,
         version: &Version,
-        quarantine: Quarantine,
-    ) -> Result<(), RegistryError> {
+        taint: Taint,
+    ) -> Result<(), StoreStateError> {
         let state = self
             .record(id, version)
             .filter(|r| r.state.is_installed())
             .map(|r| r.state)
-            .ok_or_else(|| RegistryError::NotInstalled {
+            .ok_or_else(|| StoreStateError::NotInstalled {
                 id: id.clone(),
                 version: version.clone(),
             })?;
@@ -561,7 +564,7 @@ impl RegistryState {
             .map(Arc::make_mut)
             .and_then(|p| p.versions.get_mut(version))
         {
-            r.quarantine = Some(quarantine);
+            r.taint = Some(taint);
         }
         Ok(())
     }
@@ -590,24 +593,24 @@ impl RegistryState {
         }
     }
 
-    /// Lifts the quarantine of `id@version`, once its files were replaced by a verified copy.
+    /// Lifts the taint of `id@version`, once its files were replaced by a verified copy.
     /// Answers whether there was one.
-    pub fn clear_quarantine(&mut self, id: &PackageId, version: &Version) -> bool {
+    pub fn clear_taint(&mut self, id: &PackageId, version: &Version) -> bool {
         self.packages
             .get_mut(id)
             .map(Arc::make_mut)
             .and_then(|p| p.versions.get_mut(version))
-            .and_then(|r| r.quarantine.take())
+            .and_then(|r| r.taint.take())
             .is_some()
     }
 
-    /// Refuses a change that would load `id@version` while it is quarantined.
-    fn refuse_quarantined(&self, id: &PackageId, version: &Version) -> Result<(), RegistryError> {
-        match self.record(id, version).and_then(|r| r.quarantine.as_ref()) {
-            Some(q) => Err(RegistryError::Quarantined {
+    /// Refuses a change that would load `id@version` while it is tainted.
+    fn refuse_tainted(&self, id: &PackageId, version: &Version) -> Result<(), StoreStateError> {
+        match self.record(id, version).and_then(|r| r.taint.as_ref()) {
+            Some(q) => Err(StoreStateError::Tainted {
                 id: id.clone(),
                 version: version.clone(),
-                quarantine: q.clone(),
+                taint: q.clone(),
             }),
             None => Ok(()),
         }
@@ -710,7 +713,7 @@ impl RegistryState {
         version: &Version,
         new: NewVersion,
         options: PublishOptions,
-    ) -> Result<Published, RegistryError> {
+    ) -> Result<Published, StoreStateError> {
         if self.check_publish(id, version, &new.payload_digest)? == PublishKind::IdenticalNoOp {
             let is_current = self
                 .package(id)
@@ -734,7 +737,7 @@ impl RegistryState {
         let package = self.package(id);
         for (_, r) in package.iter().flat_map(|p| p.installed()) {
             if r.kind != new.kind {
-                return Err(RegistryError::KindChanged {
+                return Err(StoreStateError::KindChanged {
                     id: id.clone(),
                     version: version.clone(),
                     recorded: r.kind,
@@ -742,7 +745,7 @@ impl RegistryState {
                 });
             }
             if r.publisher != new.publisher {
-                return Err(RegistryError::PublisherChanged {
+                return Err(StoreStateError::PublisherChanged {
                     id: id.clone(),
                     version: version.clone(),
                     recorded: r.publisher.clone(),
@@ -772,7 +775,7 @@ impl RegistryState {
                 kind: new.kind,
                 publisher: new.publisher,
                 state,
-                quarantine: None,
+                taint: None,
                 trusted_under: None,
             },
         );
@@ -790,18 +793,18 @@ impl RegistryState {
         id: &PackageId,
         version: &Version,
         options: PublishOptions,
-    ) -> Result<Published, RegistryError> {
+    ) -> Result<Published, StoreStateError> {
         let package = self.package(id).ok_or_else(|| unknown(id))?;
         let state = package
             .versions
             .get(version)
             .map(|r| r.state)
-            .ok_or_else(|| RegistryError::NotInstalled {
+            .ok_or_else(|| StoreStateError::NotInstalled {
                 id: id.clone(),
                 version: version.clone(),
             })?;
         let restored = illegal(id, version, transition(state, Event::Restore))?;
-        self.refuse_quarantined(id, version)?;
+        self.refuse_tainted(id, version)?;
         let supersede = Supersede::plan(Some(package), id, version, options)?;
 
         let package = self
@@ -823,20 +826,20 @@ impl RegistryState {
     }
 
     /// Enables the current version of `id`, which must be disabled. Answers that version.
-    pub fn enable(&mut self, id: &PackageId) -> Result<Version, RegistryError> {
+    pub fn enable(&mut self, id: &PackageId) -> Result<Version, StoreStateError> {
         if let Some((v, _)) = self.package(id).and_then(PackageRecord::current) {
-            self.refuse_quarantined(id, &v.clone())?;
+            self.refuse_tainted(id, &v.clone())?;
         }
         self.change_current(id, Event::Enable)
     }
 
     /// Disables the current version of `id`, which must be enabled. Answers that version. Whether
     /// dependents allow it is the graph's question (`DependencyGraph::check_disable`).
-    pub fn disable(&mut self, id: &PackageId) -> Result<Version, RegistryError> {
+    pub fn disable(&mut self, id: &PackageId) -> Result<Version, StoreStateError> {
         self.change_current(id, Event::Disable)
     }
 
-    fn change_current(&mut self, id: &PackageId, event: Event) -> Result<Version, RegistryError> {
+    fn change_current(&mut self, id: &PackageId, event: Event) -> Result<Version, StoreStateError> {
         let package = self
             .packages
             .get_mut(id)
@@ -846,7 +849,7 @@ impl RegistryState {
             .versions
             .iter_mut()
             .find(|(_, r)| r.state.is_current())
-            .ok_or_else(|| RegistryError::NoCurrentVersion { id: id.clone() })?;
+            .ok_or_else(|| StoreStateError::NoCurrentVersion { id: id.clone() })?;
         record.state = illegal(id, version, transition(record.state, event))?;
         Ok(version.clone())
     }
@@ -855,7 +858,7 @@ impl RegistryState {
     /// digest stays, so the version can never return with other content) and the store deletes
     /// its tree. If it was the rollback target, there is none afterwards. Whether dependents and
     /// leases allow it is decided elsewhere (`DependencyGraph::check_remove`, the lease ledger).
-    pub fn remove(&mut self, id: &PackageId, version: &Version) -> Result<(), RegistryError> {
+    pub fn remove(&mut self, id: &PackageId, version: &Version) -> Result<(), StoreStateError> {
         let package = self
             .packages
             .get_mut(id)
@@ -865,35 +868,35 @@ impl RegistryState {
             .versions
             .get_mut(version)
             .filter(|r| r.state.is_installed())
-            .ok_or_else(|| RegistryError::NotInstalled {
+            .ok_or_else(|| StoreStateError::NotInstalled {
                 id: id.clone(),
                 version: version.clone(),
             })?;
         record.state = illegal(id, version, transition(record.state, Event::Remove))?;
-        // Its files are gone, and with them what the quarantine was about.
-        record.quarantine = None;
+        // Its files are gone, and with them what the taint was about.
+        record.taint = None;
         if package.previous.as_ref() == Some(version) {
             package.previous = None;
         }
         Ok(())
     }
 
-    /// The successor of this registry that returns every package to what `saved`, an earlier
-    /// registry of the same store, records: how a batch of changes that failed part way is undone
+    /// The successor of this store state that returns every package to what `saved`, an earlier
+    /// store state of the same store, records: how a batch of changes that failed part way is undone
     /// (`guild sync` applies a whole lock or nothing). Each version recorded here that `saved`
     /// does not record as installed becomes a `removed` tombstone, so the commit deletes its tree;
     /// the versions `saved` does not record at all are answered too, for a second transaction to
-    /// purge, after which the registry records what `saved` does. The versions in `keep` (in use
+    /// purge, after which the store state records what `saved` does. The versions in `keep` (in use
     /// by running processes, so their trees cannot be deleted) are the exception: they stay
     /// installed, switched off (`disabled` when their package has no current version otherwise,
     /// `superseded` when it has), and are neither deleted nor purged. The trust anchor stays this
-    /// registry's. Nothing is checked here: the store refuses a successor that would need a tree
+    /// store state's. Nothing is checked here: the store refuses a successor that would need a tree
     /// it no longer has.
     pub fn returning_to(
         &self,
-        saved: &RegistryState,
+        saved: &StoreState,
         keep: &BTreeSet<(PackageId, Version)>,
-    ) -> (RegistryState, Vec<(PackageId, Version)>) {
+    ) -> (StoreState, Vec<(PackageId, Version)>) {
         let mut next = self.successor();
         let mut purge = Vec::new();
         for (id, now) in self.packages.iter() {
@@ -909,7 +912,7 @@ impl RegistryState {
                         };
                     } else {
                         left.state = State::Removed;
-                        left.quarantine = None;
+                        left.taint = None;
                         purge.push((id.clone(), version.clone()));
                     }
                     back.versions.insert(version.clone(), left);
@@ -927,7 +930,7 @@ impl RegistryState {
 
     /// Forgets removed versions of `id`: the one named, or every removed one when `version` is
     /// `None`. Answers the versions forgotten, ascending. A package left with no record at all
-    /// is dropped from the registry.
+    /// is dropped from the store state.
     ///
     /// A removed version's record is what keeps the version from returning with other content,
     /// so purging gives that promise up on purpose: afterwards the version may be installed
@@ -938,18 +941,18 @@ impl RegistryState {
         &mut self,
         id: &PackageId,
         version: Option<&Version>,
-    ) -> Result<Vec<Version>, RegistryError> {
+    ) -> Result<Vec<Version>, StoreStateError> {
         let package = self.package(id).ok_or_else(|| unknown(id))?;
         let purged: Vec<Version> = match version {
             Some(v) => match package.versions.get(v) {
                 None => {
-                    return Err(RegistryError::NotRecorded {
+                    return Err(StoreStateError::NotRecorded {
                         id: id.clone(),
                         version: v.clone(),
                     })
                 }
                 Some(r) if r.state != State::Removed => {
-                    return Err(RegistryError::NotRemoved {
+                    return Err(StoreStateError::NotRemoved {
                         id: id.clone(),
                         version: v.clone(),
                         state: r.state,
@@ -965,7 +968,7 @@ impl RegistryState {
                 .collect(),
         };
         if purged.is_empty() {
-            return Err(RegistryError::NothingToPurge { id: id.clone() });
+            return Err(StoreStateError::NothingToPurge { id: id.clone() });
         }
         let package = self
             .packages
@@ -985,20 +988,20 @@ impl RegistryState {
     /// current one, if any, is superseded. Afterwards there is no previous version, so a second
     /// rollback is refused rather than bouncing between two versions. Whether dependents accept
     /// the restored version is the graph's question (`DependencyGraph::check_rollback`).
-    pub fn rollback(&mut self, id: &PackageId) -> Result<RolledBack, RegistryError> {
+    pub fn rollback(&mut self, id: &PackageId) -> Result<RolledBack, StoreStateError> {
         let package = self.package(id).ok_or_else(|| unknown(id))?;
         let to = package
             .previous
             .clone()
-            .ok_or_else(|| RegistryError::NoPreviousVersion { id: id.clone() })?;
+            .ok_or_else(|| StoreStateError::NoPreviousVersion { id: id.clone() })?;
         let to_state = package.versions.get(&to).map(|r| r.state).ok_or_else(|| {
-            RegistryError::NotInstalled {
+            StoreStateError::NotInstalled {
                 id: id.clone(),
                 version: to.clone(),
             }
         })?;
         let restored = illegal(id, &to, transition(to_state, Event::Restore))?;
-        self.refuse_quarantined(id, &to)?;
+        self.refuse_tainted(id, &to)?;
         let from = match package.current() {
             Some((v, r)) => Some((
                 v.clone(),
@@ -1028,7 +1031,7 @@ impl RegistryState {
     }
 
     /// Checks every invariant; answers the first violation found, in id and version order.
-    pub fn validate(&self) -> Result<(), RegistryInvariantError> {
+    pub fn validate(&self) -> Result<(), StoreStateInvariantError> {
         self.packages
             .iter()
             .try_for_each(|(id, package)| validate_package(id, package))
@@ -1040,7 +1043,7 @@ impl RegistryState {
     pub fn validate_packages<'a>(
         &self,
         ids: impl IntoIterator<Item = &'a PackageId>,
-    ) -> Result<(), RegistryInvariantError> {
+    ) -> Result<(), StoreStateInvariantError> {
         ids.into_iter()
             .try_for_each(|id| match self.packages.get(id) {
                 Some(package) => validate_package(id, package),
@@ -1051,7 +1054,7 @@ impl RegistryState {
     /// Applies the change of one commit in place: `generation`, the new trust anchor if any, and
     /// the new record (or deletion) of each changed package. Refuses, leaving the state as it
     /// was, a change that is not for the next generation or that leaves a changed package
-    /// breaking an invariant. The public form is `RegistryState::apply`, beside the delta type.
+    /// breaking an invariant. The public form is `StoreState::apply`, beside the delta type.
     pub(crate) fn apply_change(
         &mut self,
         generation: u64,
@@ -1089,19 +1092,19 @@ impl RegistryState {
         Ok(())
     }
 
-    /// The registry as a checkpoint (format 2, [`REGISTRY_FORMAT_V2`]): the same document as
+    /// The store state as a checkpoint (format 2, [`REGISTRY_FORMAT_V2`]): the same document as
     /// [`Self::to_json`] under the other format marker.
     pub fn to_checkpoint_json(&self) -> Vec<u8> {
         self.to_json_as(REGISTRY_FORMAT_V2)
     }
 
     /// Reads a registry file of either format, strictly, and answers it with its format.
-    pub fn from_any_json(bytes: &[u8]) -> Result<(Self, u64), RegistryDecodeError> {
+    pub fn from_any_json(bytes: &[u8]) -> Result<(Self, u64), StoreStateDecodeError> {
         Self::from_json_of(bytes, &[REGISTRY_FORMAT_V1, REGISTRY_FORMAT_V2])
     }
 }
 
-/// Why the change of one commit (a registry delta) cannot be applied to a state.
+/// Why the change of one commit (a store state delta) cannot be applied to a state.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ApplyError {
     /// The delta is not the change to the next generation.
@@ -1114,28 +1117,29 @@ pub enum ApplyError {
     },
     /// A changed package breaks an invariant.
     #[error("the change breaks an invariant: {0}")]
-    Invariant(RegistryInvariantError),
+    Invariant(StoreStateInvariantError),
 }
 
 /// Checks the invariants of one package.
-fn validate_package(id: &PackageId, package: &PackageRecord) -> Result<(), RegistryInvariantError> {
+fn validate_package(
+    id: &PackageId,
+    package: &PackageRecord,
+) -> Result<(), StoreStateInvariantError> {
     if package.versions.is_empty() {
-        return Err(RegistryInvariantError::EmptyPackage { id: id.clone() });
+        return Err(StoreStateInvariantError::EmptyPackage { id: id.clone() });
     }
     let mut current: Option<&Version> = None;
     let mut last: Option<&Version> = None;
     for (version, record) in &package.versions {
         if matches!(record.state, State::Staged | State::Discarded) {
-            return Err(RegistryInvariantError::UnpersistedState {
+            return Err(StoreStateInvariantError::UnpersistedState {
                 id: id.clone(),
                 version: version.clone(),
                 state: record.state,
             });
         }
-        if record.quarantine.is_some()
-            && (record.state.is_enabled() || !record.state.is_installed())
-        {
-            return Err(RegistryInvariantError::QuarantineOnState {
+        if record.taint.is_some() && (record.state.is_enabled() || !record.state.is_installed()) {
+            return Err(StoreStateInvariantError::TaintOnState {
                 id: id.clone(),
                 version: version.clone(),
                 state: record.state,
@@ -1143,7 +1147,7 @@ fn validate_package(id: &PackageId, package: &PackageRecord) -> Result<(), Regis
         }
         if record.state.is_current() {
             if let Some(first) = current {
-                return Err(RegistryInvariantError::SeveralCurrent {
+                return Err(StoreStateInvariantError::SeveralCurrent {
                     id: id.clone(),
                     first: first.clone(),
                     second: version.clone(),
@@ -1154,7 +1158,7 @@ fn validate_package(id: &PackageId, package: &PackageRecord) -> Result<(), Regis
         // Versions are sorted, so equal precedence means neighbours.
         if let Some(prev) = last {
             if prev.cmp_precedence(version) == Ordering::Equal {
-                return Err(RegistryInvariantError::SamePrecedence {
+                return Err(StoreStateInvariantError::SamePrecedence {
                     id: id.clone(),
                     first: prev.clone(),
                     second: version.clone(),
@@ -1166,7 +1170,7 @@ fn validate_package(id: &PackageId, package: &PackageRecord) -> Result<(), Regis
     if let Some(previous) = &package.previous {
         let state = package.versions.get(previous).map(|r| r.state);
         if state != Some(State::Superseded) {
-            return Err(RegistryInvariantError::PreviousNotRollbackTarget {
+            return Err(StoreStateInvariantError::PreviousNotRollbackTarget {
                 id: id.clone(),
                 version: previous.clone(),
                 state,
@@ -1176,8 +1180,8 @@ fn validate_package(id: &PackageId, package: &PackageRecord) -> Result<(), Regis
     Ok(())
 }
 
-impl RegistryState {
-    /// The registry as indented JSON, packages by id and versions ascending, so that equal states
+impl StoreState {
+    /// The store state as indented JSON, packages by id and versions ascending, so that equal states
     /// always give equal bytes. This is format 1 ([`REGISTRY_FORMAT_V1`]), a store without a log.
     pub fn to_json(&self) -> Vec<u8> {
         self.to_json_as(REGISTRY_FORMAT_V1)
@@ -1200,13 +1204,13 @@ impl RegistryState {
         Value::Object(top).to_pretty_string().into_bytes()
     }
 
-    /// Reads a registry written by [`Self::to_json`], strictly, and checks its invariants.
+    /// Reads a store state written by [`Self::to_json`], strictly, and checks its invariants.
     /// Only format 1: a checkpoint (format 2) is not the whole state, and is refused.
-    pub fn from_json(bytes: &[u8]) -> Result<Self, RegistryDecodeError> {
+    pub fn from_json(bytes: &[u8]) -> Result<Self, StoreStateDecodeError> {
         Self::from_json_of(bytes, &[REGISTRY_FORMAT_V1]).map(|(state, _)| state)
     }
 
-    fn from_json_of(bytes: &[u8], formats: &[u64]) -> Result<(Self, u64), RegistryDecodeError> {
+    fn from_json_of(bytes: &[u8], formats: &[u64]) -> Result<(Self, u64), StoreStateDecodeError> {
         // Borrowed strings and paths built only for errors: a checkpoint of 10,000 packages is
         // read at every `guild list`, and allocating for each string and step dominated it.
         let value = json::parse_borrowed(bytes)?;
@@ -1235,7 +1239,7 @@ impl RegistryState {
             }
             packages.insert(id, Arc::new(record));
         }
-        let state = RegistryState {
+        let state = StoreState {
             generation,
             trust,
             packages,
@@ -1249,7 +1253,7 @@ impl RegistryState {
 pub(crate) type Members<'a> = &'a [(Cow<'a, str>, BorrowedValue<'a>)];
 
 /// Where a value sits in the document being decoded: steps that live on the stack, made into a
-/// [`JsonPath`] only for an error, so that reading a large registry builds no path at all.
+/// [`JsonPath`] only for an error, so that reading a large store state builds no path at all.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum At<'p> {
     /// The document.
@@ -1296,18 +1300,18 @@ pub(crate) fn format_of<'a>(
     value: &'a BorrowedValue<'a>,
     marker: &str,
     formats: &[u64],
-) -> Result<(Members<'a>, u64), RegistryDecodeError> {
+) -> Result<(Members<'a>, u64), StoreStateDecodeError> {
     let (Some(members), Some(found)) = (value.as_object(), value.get(marker)) else {
-        return Err(RegistryDecodeError::NotARegistry);
+        return Err(StoreStateDecodeError::NotARegistry);
     };
     match found {
         BorrowedValue::Integer(i) => match i.as_u64().filter(|f| formats.contains(f)) {
             Some(format) => Ok((members, format)),
-            None => Err(RegistryDecodeError::UnsupportedFormat {
+            None => Err(StoreStateDecodeError::UnsupportedFormat {
                 found: i.to_string(),
             }),
         },
-        other => Err(RegistryDecodeError::UnsupportedFormat {
+        other => Err(StoreStateDecodeError::UnsupportedFormat {
             found: format!("of type {}", other.type_name()),
         }),
     }
@@ -1333,7 +1337,7 @@ pub(crate) fn encode_package(id: &PackageId, p: &PackageRecord) -> Value {
                     Value::from(r.payload_digest.to_hex()),
                 ),
             ];
-            if let Some(q) = &r.quarantine {
+            if let Some(q) = &r.taint {
                 let mut qm = vec![("reason".to_owned(), Value::from(q.reason.as_str()))];
                 if let Some(f) = &q.file {
                     qm.push(("file".to_owned(), Value::from(f.as_str())));
@@ -1385,7 +1389,7 @@ pub(crate) fn encode_trust(t: &TrustAnchor) -> Value {
 pub(crate) fn decode_package(
     item: &BorrowedValue<'_>,
     at: At<'_>,
-) -> Result<(PackageId, PackageRecord), RegistryDecodeError> {
+) -> Result<(PackageId, PackageRecord), StoreStateDecodeError> {
     let fields = Fields::of(item, at, PACKAGE_FIELDS)?;
     let id = fields.parsed("id", |s| PackageId::new(s).map_err(id_detail))?;
     let previous = fields
@@ -1411,11 +1415,11 @@ pub(crate) fn decode_package(
         let payload_digest = f.parsed("payload_sha256", |s| {
             Sha256Digest::parse_hex(s).map_err(|e| e.to_string())
         })?;
-        let quarantine = match f.get("quarantine") {
+        let taint = match f.get("quarantine") {
             None => None,
             Some(q) => {
-                let qf = Fields::of(q, vat.key("quarantine"), QUARANTINE_FIELDS)?;
-                Some(Quarantine {
+                let qf = Fields::of(q, vat.key("quarantine"), TAINT_FIELDS)?;
+                Some(Taint {
                     reason: qf.str("reason")?.to_owned(),
                     file: qf.optional_str("file")?.map(str::to_owned),
                 })
@@ -1440,7 +1444,7 @@ pub(crate) fn decode_package(
             kind,
             publisher,
             state,
-            quarantine,
+            taint,
             trusted_under,
         };
         if versions.insert(version.clone(), record).is_some() {
@@ -1459,7 +1463,7 @@ pub(crate) fn decode_package(
 pub(crate) fn decode_trust(
     item: &BorrowedValue<'_>,
     at: At<'_>,
-) -> Result<TrustAnchor, RegistryDecodeError> {
+) -> Result<TrustAnchor, StoreStateDecodeError> {
     let f = Fields::of(item, at, TRUST_FIELDS)?;
     let store_id = f.parsed("store_id", |s| {
         if is_store_id(s) {
@@ -1494,7 +1498,7 @@ fn decode_revocations(
     list: &str,
     name: &str,
     allowed: &[&str],
-) -> Result<BTreeMap<Sha256Digest, String>, RegistryDecodeError> {
+) -> Result<BTreeMap<Sha256Digest, String>, StoreStateDecodeError> {
     let mut out = BTreeMap::new();
     let list_at = at.key(list);
     for (i, item) in f.array(list)?.iter().enumerate() {
@@ -1528,7 +1532,7 @@ impl<'a> Fields<'a> {
         value: &'a BorrowedValue<'a>,
         at: At<'a>,
         allowed: &[&str],
-    ) -> Result<Self, RegistryDecodeError> {
+    ) -> Result<Self, StoreStateDecodeError> {
         let members = value
             .as_object()
             .ok_or_else(|| wrong_type(at.path(), "object", value))?;
@@ -1539,7 +1543,7 @@ impl<'a> Fields<'a> {
         members: Members<'a>,
         at: At<'a>,
         allowed: &[&str],
-    ) -> Result<Self, RegistryDecodeError> {
+    ) -> Result<Self, StoreStateDecodeError> {
         if let Some((key, _)) = members.iter().find(|(k, _)| !allowed.contains(&k.as_ref())) {
             return Err(field(at.path().key(key), FieldProblem::Unknown));
         }
@@ -1555,18 +1559,18 @@ impl<'a> Fields<'a> {
         self.at.path().key(key)
     }
 
-    fn required(&self, key: &str) -> Result<&'a BorrowedValue<'a>, RegistryDecodeError> {
+    fn required(&self, key: &str) -> Result<&'a BorrowedValue<'a>, StoreStateDecodeError> {
         self.get(key)
             .ok_or_else(|| field(self.path_of(key), FieldProblem::Missing))
     }
 
-    pub(crate) fn str(&self, key: &str) -> Result<&'a str, RegistryDecodeError> {
+    pub(crate) fn str(&self, key: &str) -> Result<&'a str, StoreStateDecodeError> {
         let v = self.required(key)?;
         v.as_str()
             .ok_or_else(|| wrong_type(self.path_of(key), "string", v))
     }
 
-    pub(crate) fn optional_str(&self, key: &str) -> Result<Option<&'a str>, RegistryDecodeError> {
+    pub(crate) fn optional_str(&self, key: &str) -> Result<Option<&'a str>, StoreStateDecodeError> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -1576,7 +1580,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    pub(crate) fn u64(&self, key: &str) -> Result<u64, RegistryDecodeError> {
+    pub(crate) fn u64(&self, key: &str) -> Result<u64, StoreStateDecodeError> {
         let v = self.required(key)?;
         let i: Integer = v
             .as_integer()
@@ -1591,7 +1595,10 @@ impl<'a> Fields<'a> {
         })
     }
 
-    pub(crate) fn array(&self, key: &str) -> Result<&'a [BorrowedValue<'a>], RegistryDecodeError> {
+    pub(crate) fn array(
+        &self,
+        key: &str,
+    ) -> Result<&'a [BorrowedValue<'a>], StoreStateDecodeError> {
         let v = self.required(key)?;
         v.as_array()
             .ok_or_else(|| wrong_type(self.path_of(key), "array", v))
@@ -1601,13 +1608,13 @@ impl<'a> Fields<'a> {
         &self,
         key: &str,
         parse: impl FnOnce(&str) -> Result<T, String>,
-    ) -> Result<T, RegistryDecodeError> {
+    ) -> Result<T, StoreStateDecodeError> {
         let s = self.str(key)?;
         parse(s).map_err(|detail| field(self.path_of(key), FieldProblem::Invalid { detail }))
     }
 }
 
-fn parse_version(s: &str, at: At<'_>) -> Result<Version, RegistryDecodeError> {
+fn parse_version(s: &str, at: At<'_>) -> Result<Version, StoreStateDecodeError> {
     Version::parse(s).map_err(|e| {
         field(
             at.path(),
@@ -1618,15 +1625,15 @@ fn parse_version(s: &str, at: At<'_>) -> Result<Version, RegistryDecodeError> {
     })
 }
 
-pub(crate) fn field(path: JsonPath, problem: FieldProblem) -> RegistryDecodeError {
-    RegistryDecodeError::Field { path, problem }
+pub(crate) fn field(path: JsonPath, problem: FieldProblem) -> StoreStateDecodeError {
+    StoreStateDecodeError::Field { path, problem }
 }
 
 pub(crate) fn wrong_type(
     path: JsonPath,
     expected: &'static str,
     found: &BorrowedValue<'_>,
-) -> RegistryDecodeError {
+) -> StoreStateDecodeError {
     field(
         path,
         FieldProblem::WrongType {
@@ -1645,16 +1652,16 @@ fn clip(s: &str) -> String {
     s.chars().take(80).collect()
 }
 
-fn unknown(id: &PackageId) -> RegistryError {
-    RegistryError::UnknownPackage { id: id.clone() }
+fn unknown(id: &PackageId) -> StoreStateError {
+    StoreStateError::UnknownPackage { id: id.clone() }
 }
 
 fn illegal(
     id: &PackageId,
     version: &Version,
     r: Result<State, IllegalTransition>,
-) -> Result<State, RegistryError> {
-    r.map_err(|source| RegistryError::Illegal {
+) -> Result<State, StoreStateError> {
+    r.map_err(|source| StoreStateError::Illegal {
         id: id.clone(),
         version: version.clone(),
         source,
@@ -1674,12 +1681,12 @@ impl Supersede {
         id: &PackageId,
         version: &Version,
         options: PublishOptions,
-    ) -> Result<Self, RegistryError> {
+    ) -> Result<Self, StoreStateError> {
         let Some((cur, cur_state)) = package.and_then(PackageRecord::current) else {
             return Ok(Supersede { current: None });
         };
         if version.cmp_precedence(cur) == Ordering::Less && !options.allow_downgrade {
-            return Err(RegistryError::Downgrade {
+            return Err(StoreStateError::Downgrade {
                 id: id.clone(),
                 current: cur.clone(),
                 offered: version.clone(),
@@ -1739,13 +1746,13 @@ mod tests {
         allow_downgrade: false,
     };
 
-    fn state_of(r: &RegistryState, pkg: &str, ver: &str) -> Option<State> {
+    fn state_of(r: &StoreState, pkg: &str, ver: &str) -> Option<State> {
         r.record(&id(pkg), &v(ver)).map(|r| r.state)
     }
 
     /// a@1.0.0 published, then a@2.0.0 published over it: 2 enabled, 1 superseded and previous.
-    fn two_versions() -> RegistryState {
-        let mut r = RegistryState::new();
+    fn two_versions() -> StoreState {
+        let mut r = StoreState::new();
         r.publish(&id("a"), &v("1.0.0"), new_version("a1"), ENABLE)
             .unwrap();
         r.publish(&id("a"), &v("2.0.0"), new_version("a2"), ENABLE)
@@ -1754,7 +1761,7 @@ mod tests {
     }
 
     #[test]
-    fn registry_publish_supersedes_the_current_version_and_records_previous() {
+    fn store_state_publish_supersedes_the_current_version_and_records_previous() {
         let r = two_versions();
         assert_eq!(state_of(&r, "a", "1.0.0"), Some(State::Superseded));
         assert_eq!(state_of(&r, "a", "2.0.0"), Some(State::Enabled));
@@ -1771,8 +1778,8 @@ mod tests {
     }
 
     #[test]
-    fn registry_publish_reports_what_it_superseded() {
-        let mut r = RegistryState::new();
+    fn store_state_publish_reports_what_it_superseded() {
+        let mut r = StoreState::new();
         let first = r
             .publish(&id("a"), &v("1.0.0"), new_version("a1"), ENABLE)
             .unwrap();
@@ -1802,7 +1809,7 @@ mod tests {
     }
 
     #[test]
-    fn registry_publishing_a_superseded_version_again_makes_it_current() {
+    fn store_state_publishing_a_superseded_version_again_makes_it_current() {
         let mut r = two_versions();
         r.rollback(&id("a")).unwrap();
         assert_eq!(state_of(&r, "a", "2.0.0"), Some(State::Superseded));
@@ -1858,7 +1865,7 @@ mod tests {
     }
 
     #[test]
-    fn registry_check_publish_decides_by_payload_digest_only() {
+    fn store_state_check_publish_decides_by_payload_digest_only() {
         let r = two_versions();
         let a = id("a");
         let d1 = new_version("a1").payload_digest;
@@ -1885,7 +1892,7 @@ mod tests {
     }
 
     #[test]
-    fn registry_build_metadata_does_not_make_a_new_version() {
+    fn store_state_build_metadata_does_not_make_a_new_version() {
         let r = two_versions();
         let d1 = new_version("a1").payload_digest;
         let err = r
@@ -1896,18 +1903,18 @@ mod tests {
     }
 
     #[test]
-    fn registry_purge_forgets_only_removed_versions_and_then_the_package() {
+    fn store_state_purge_forgets_only_removed_versions_and_then_the_package() {
         let mut r = two_versions();
         let a = id("a");
         // Nothing is removed yet: every form of purge is refused and changes nothing.
         let before = r.clone();
         assert_eq!(
             r.purge(&a, None),
-            Err(RegistryError::NothingToPurge { id: a.clone() })
+            Err(StoreStateError::NothingToPurge { id: a.clone() })
         );
         assert_eq!(
             r.purge(&a, Some(&v("2.0.0"))),
-            Err(RegistryError::NotRemoved {
+            Err(StoreStateError::NotRemoved {
                 id: a.clone(),
                 version: v("2.0.0"),
                 state: State::Enabled,
@@ -1915,14 +1922,14 @@ mod tests {
         );
         assert_eq!(
             r.purge(&a, Some(&v("3.0.0"))),
-            Err(RegistryError::NotRecorded {
+            Err(StoreStateError::NotRecorded {
                 id: a.clone(),
                 version: v("3.0.0"),
             })
         );
         assert_eq!(
             r.purge(&id("b"), None),
-            Err(RegistryError::UnknownPackage { id: id("b") })
+            Err(StoreStateError::UnknownPackage { id: id("b") })
         );
         assert_eq!(r, before);
 
@@ -1948,7 +1955,7 @@ mod tests {
     }
 
     #[test]
-    fn registry_removed_versions_stay_immutable() {
+    fn store_state_removed_versions_stay_immutable() {
         let mut r = two_versions();
         r.remove(&id("a"), &v("1.0.0")).unwrap();
         assert_eq!(state_of(&r, "a", "1.0.0"), Some(State::Removed));
@@ -1971,7 +1978,7 @@ mod tests {
                 },
             )
             .unwrap_err();
-        assert!(matches!(err, RegistryError::ImmutableVersion(_)), "{err}");
+        assert!(matches!(err, StoreStateError::ImmutableVersion(_)), "{err}");
         // Reinstalling the identical payload replaces the tombstone.
         let out = r
             .publish(
@@ -1991,7 +1998,7 @@ mod tests {
     }
 
     #[test]
-    fn registry_identical_publish_changes_nothing() {
+    fn store_state_identical_publish_changes_nothing() {
         let mut r = two_versions();
         let before = r.clone();
         let out = r
@@ -2002,7 +2009,7 @@ mod tests {
     }
 
     #[test]
-    fn registry_downgrade_needs_explicit_permission() {
+    fn store_state_downgrade_needs_explicit_permission() {
         let mut r = two_versions();
         let before = r.clone();
         let err = r
@@ -2010,7 +2017,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             err,
-            RegistryError::Downgrade {
+            StoreStateError::Downgrade {
                 id: id("a"),
                 current: v("2.0.0"),
                 offered: v("1.5.0")
@@ -2028,13 +2035,13 @@ mod tests {
     }
 
     #[test]
-    fn registry_kind_and_publisher_stay_with_the_installed_package() {
+    fn store_state_kind_and_publisher_stay_with_the_installed_package() {
         let mut r = two_versions();
         let mut other_kind = new_version("k");
         other_kind.kind = PackageKind::Kernel;
         assert_eq!(
             r.publish(&id("a"), &v("3.0.0"), other_kind, ENABLE),
-            Err(RegistryError::KindChanged {
+            Err(StoreStateError::KindChanged {
                 id: id("a"),
                 version: v("3.0.0"),
                 recorded: PackageKind::Module,
@@ -2053,7 +2060,7 @@ mod tests {
     }
 
     #[test]
-    fn registry_enable_disable_follow_the_lifecycle() {
+    fn store_state_enable_disable_follow_the_lifecycle() {
         let mut r = two_versions();
         assert_eq!(r.disable(&id("a")), Ok(v("2.0.0")));
         assert_eq!(state_of(&r, "a", "2.0.0"), Some(State::Disabled));
@@ -2066,7 +2073,7 @@ mod tests {
         assert_eq!(r.enable(&id("a")), Ok(v("2.0.0")));
         assert!(matches!(
             r.enable(&id("a")),
-            Err(RegistryError::Illegal {
+            Err(StoreStateError::Illegal {
                 source: IllegalTransition {
                     from: State::Enabled,
                     event: Event::Enable
@@ -2076,17 +2083,17 @@ mod tests {
         ));
         assert_eq!(
             r.enable(&id("zzz")),
-            Err(RegistryError::UnknownPackage { id: id("zzz") })
+            Err(StoreStateError::UnknownPackage { id: id("zzz") })
         );
         r.remove(&id("a"), &v("2.0.0")).unwrap();
         assert_eq!(
             r.enable(&id("a")),
-            Err(RegistryError::NoCurrentVersion { id: id("a") })
+            Err(StoreStateError::NoCurrentVersion { id: id("a") })
         );
     }
 
     #[test]
-    fn registry_rollback_restores_previous_once() {
+    fn store_state_rollback_restores_previous_once() {
         let mut r = two_versions();
         r.disable(&id("a")).unwrap();
         assert_eq!(
@@ -2100,13 +2107,13 @@ mod tests {
         assert_eq!(state_of(&r, "a", "2.0.0"), Some(State::Superseded));
         assert_eq!(
             r.rollback(&id("a")),
-            Err(RegistryError::NoPreviousVersion { id: id("a") })
+            Err(StoreStateError::NoPreviousVersion { id: id("a") })
         );
         assert_eq!(r.validate(), Ok(()));
     }
 
     #[test]
-    fn registry_rollback_after_removing_current_restores_previous() {
+    fn store_state_rollback_after_removing_current_restores_previous() {
         let mut r = two_versions();
         r.remove(&id("a"), &v("2.0.0")).unwrap();
         assert_eq!(
@@ -2120,19 +2127,19 @@ mod tests {
     }
 
     #[test]
-    fn registry_remove_refuses_what_is_not_installed() {
+    fn store_state_remove_refuses_what_is_not_installed() {
         let mut r = two_versions();
         r.remove(&id("a"), &v("1.0.0")).unwrap();
         assert_eq!(
             r.remove(&id("a"), &v("1.0.0")),
-            Err(RegistryError::NotInstalled {
+            Err(StoreStateError::NotInstalled {
                 id: id("a"),
                 version: v("1.0.0")
             })
         );
         assert_eq!(
             r.remove(&id("a"), &v("9.0.0")),
-            Err(RegistryError::NotInstalled {
+            Err(StoreStateError::NotInstalled {
                 id: id("a"),
                 version: v("9.0.0")
             })
@@ -2140,7 +2147,7 @@ mod tests {
     }
 
     #[test]
-    fn registry_successor_advances_only_the_generation() {
+    fn store_state_successor_advances_only_the_generation() {
         let r = two_versions();
         let next = r.successor();
         assert_eq!(next.generation(), 1);
@@ -2149,12 +2156,12 @@ mod tests {
     }
 
     #[test]
-    fn registry_successor_shares_every_record_a_change_does_not_touch() {
+    fn store_state_successor_shares_every_record_a_change_does_not_touch() {
         let mut r = two_versions();
         r.publish(&id("b"), &v("1.0.0"), new_version("b1"), ENABLE)
             .unwrap();
         let mut next = r.successor();
-        let shared = |a: &RegistryState, b: &RegistryState, pkg: &str| {
+        let shared = |a: &StoreState, b: &StoreState, pkg: &str| {
             Arc::ptr_eq(
                 a.packages.get(&id(pkg)).unwrap(),
                 b.packages.get(&id(pkg)).unwrap(),
@@ -2173,13 +2180,13 @@ mod tests {
     }
 
     #[test]
-    fn registry_round_trips_through_json() {
+    fn store_state_round_trips_through_json() {
         let mut r = two_versions().successor().successor();
         r.publish(&id("b.kernel"), &v("0.1.0-rc.1"), new_version("b"), ENABLE)
             .unwrap();
         r.remove(&id("a"), &v("1.0.0")).unwrap();
         let bytes = r.to_json();
-        let back = RegistryState::from_json(&bytes).unwrap();
+        let back = StoreState::from_json(&bytes).unwrap();
         assert_eq!(back, r);
         assert_eq!(back.to_json(), bytes, "encoding is deterministic");
         let text = String::from_utf8(bytes).unwrap();
@@ -2187,71 +2194,71 @@ mod tests {
     }
 
     #[test]
-    fn registry_quarantine_and_trust_record_round_trip_and_older_files_still_read() {
+    fn store_state_quarantine_and_trust_record_round_trip_and_older_files_still_read() {
         let mut r = two_versions().successor();
-        let q = Quarantine {
+        let q = Taint {
             reason: "installed files do not match the signed manifest".into(),
             file: Some("lib/liba.so".into()),
         };
-        r.quarantine(&id("a"), &v("2.0.0"), q.clone()).unwrap();
+        r.taint(&id("a"), &v("2.0.0"), q.clone()).unwrap();
         assert_eq!(state_of(&r, "a", "2.0.0"), Some(State::Disabled));
         let mut trust = crate::trust::TrustStore::new();
         trust.revoke_key(Sha256Digest::of(b"k"), "leaked");
         let (_, anchor) = trust.seal("0123456789abcdef0123456789abcdef", 3);
         r.set_trust_anchor(anchor.clone());
         let bytes = r.to_json();
-        let back = RegistryState::from_json(&bytes).unwrap();
+        let back = StoreState::from_json(&bytes).unwrap();
         assert_eq!(back, r);
         assert_eq!(back.trust_anchor(), Some(&anchor));
-        let listed: Vec<_> = back.quarantined().collect();
+        let listed: Vec<_> = back.tainted().collect();
         assert_eq!(listed, [(&id("a"), &v("2.0.0"), &q)]);
-        // A registry written before either existed reads as having neither.
+        // A store state written before either existed reads as having neither.
         let old = decode(&doc("", "", "")).unwrap();
         assert_eq!(old.trust_anchor(), None);
-        assert_eq!(old.quarantined().count(), 0);
+        assert_eq!(old.tainted().count(), 0);
     }
 
     #[test]
-    fn registry_a_quarantined_version_is_neither_enabled_nor_rolled_back_to_until_cleared() {
+    fn store_state_a_quarantined_version_is_neither_enabled_nor_rolled_back_to_until_cleared() {
         let mut r = two_versions();
-        let q = Quarantine {
+        let q = Taint {
             reason: "tampered".into(),
             file: None,
         };
-        r.quarantine(&id("a"), &v("2.0.0"), q.clone()).unwrap();
-        let refused = RegistryError::Quarantined {
+        r.taint(&id("a"), &v("2.0.0"), q.clone()).unwrap();
+        let refused = StoreStateError::Tainted {
             id: id("a"),
             version: v("2.0.0"),
-            quarantine: q.clone(),
+            taint: q.clone(),
         };
         assert_eq!(r.enable(&id("a")), Err(refused));
         assert_eq!(
             r.enable(&id("a")).unwrap_err().to_string(),
-            "a@2.0.0 is quarantined: tampered"
+            "a@2.0.0 is tainted: tampered"
         );
-        // Quarantining the rollback target keeps rollback from restoring it.
+        // Tainting the rollback target keeps rollback from restoring it.
         let mut s = two_versions();
-        s.quarantine(&id("a"), &v("1.0.0"), q.clone()).unwrap();
+        s.taint(&id("a"), &v("1.0.0"), q.clone()).unwrap();
         assert!(matches!(
             s.rollback(&id("a")),
-            Err(RegistryError::Quarantined { .. })
+            Err(StoreStateError::Tainted { .. })
         ));
-        assert!(r.clear_quarantine(&id("a"), &v("2.0.0")));
-        assert!(!r.clear_quarantine(&id("a"), &v("2.0.0")));
+        assert!(r.clear_taint(&id("a"), &v("2.0.0")));
+        assert!(!r.clear_taint(&id("a"), &v("2.0.0")));
         assert_eq!(r.enable(&id("a")), Ok(v("2.0.0")));
-        // Removing a version takes its quarantine with its files.
+        // Removing a version takes its taint with its files.
         s.remove(&id("a"), &v("1.0.0")).unwrap();
-        assert_eq!(s.quarantined().count(), 0);
+        assert_eq!(s.tainted().count(), 0);
         assert!(s.validate().is_ok());
     }
 
     #[test]
-    fn registry_decode_refuses_a_quarantine_on_an_enabled_version_and_a_bad_trust_record() {
-        let quarantined = doc(r#", "quarantine": {"reason": "x"}"#, "", "");
+    fn store_state_decode_refuses_a_quarantine_on_an_enabled_version_and_a_bad_trust_record() {
+        let tainted = doc(r#", "quarantine": {"reason": "x"}"#, "", "");
         assert!(matches!(
-            decode(&quarantined),
-            Err(RegistryDecodeError::Invariant(
-                RegistryInvariantError::QuarantineOnState { .. }
+            decode(&tainted),
+            Err(StoreStateDecodeError::Invariant(
+                StoreStateInvariantError::TaintOnState { .. }
             ))
         ));
         let bad_id = doc(
@@ -2272,13 +2279,13 @@ mod tests {
         assert_eq!(field_error(&twice).0, "$.trust.revoked_keys[1].key_id");
     }
 
-    fn decode(text: &str) -> Result<RegistryState, RegistryDecodeError> {
-        RegistryState::from_json(text.as_bytes())
+    fn decode(text: &str) -> Result<StoreState, StoreStateDecodeError> {
+        StoreState::from_json(text.as_bytes())
     }
 
     fn field_error(text: &str) -> (String, FieldProblem) {
         match decode(text) {
-            Err(RegistryDecodeError::Field { path, problem }) => (path.to_string(), problem),
+            Err(StoreStateDecodeError::Field { path, problem }) => (path.to_string(), problem),
             other => panic!("expected a field error, got {other:?}"),
         }
     }
@@ -2292,17 +2299,17 @@ mod tests {
     }
 
     #[test]
-    fn registry_decode_accepts_a_hand_written_file() {
+    fn store_state_decode_accepts_a_hand_written_file() {
         let r = decode(&doc("", "", "")).unwrap();
         assert_eq!(r.generation(), 4);
         assert_eq!(r.package(&id("a")).unwrap().enabled(), Some(&v("1.0.0")));
     }
 
     #[test]
-    fn registry_trusted_under_reads_old_files_round_trips_and_refuses_damage() {
+    fn store_state_trusted_under_reads_old_files_round_trips_and_refuses_damage() {
         // A file written before the field existed reads as "never recorded".
         let old = decode(&doc("", "", "")).unwrap();
-        let record = |r: &RegistryState| r.record(&id("a"), &v("1.0.0")).unwrap().clone();
+        let record = |r: &StoreState| r.record(&id("a"), &v("1.0.0")).unwrap().clone();
         assert_eq!(record(&old).trusted_under, None);
         // Recording it changes the record once, and it survives encoding.
         let trust = Sha256Digest::of(b"trust file");
@@ -2310,7 +2317,7 @@ mod tests {
         assert!(next.set_trusted_under(&id("a"), &v("1.0.0"), trust));
         assert!(!next.set_trusted_under(&id("a"), &v("1.0.0"), trust));
         assert!(!next.set_trusted_under(&id("a"), &v("9.9.9"), trust));
-        let back = RegistryState::from_json(&next.to_json()).unwrap();
+        let back = StoreState::from_json(&next.to_json()).unwrap();
         assert_eq!(record(&back).trusted_under, Some(trust));
         assert_eq!(back, next);
         // Not a digest: refused at its path.
@@ -2322,30 +2329,30 @@ mod tests {
     }
 
     #[test]
-    fn registry_decode_refuses_every_damage_with_its_reason() {
+    fn store_state_decode_refuses_every_damage_with_its_reason() {
         assert!(matches!(
             decode(""),
-            Err(RegistryDecodeError::Json(JsonError { .. }))
+            Err(StoreStateDecodeError::Json(JsonError { .. }))
         ));
         let full = doc("", "", "");
         assert!(matches!(
             decode(&full[..full.len() / 2]),
-            Err(RegistryDecodeError::Json(_))
+            Err(StoreStateDecodeError::Json(_))
         ));
-        assert_eq!(decode("[]"), Err(RegistryDecodeError::NotARegistry));
+        assert_eq!(decode("[]"), Err(StoreStateDecodeError::NotARegistry));
         assert_eq!(
             decode(r#"{"generation": 1}"#),
-            Err(RegistryDecodeError::NotARegistry)
+            Err(StoreStateDecodeError::NotARegistry)
         );
         assert_eq!(
             decode(r#"{"guild_registry": 2, "whatever": true}"#),
-            Err(RegistryDecodeError::UnsupportedFormat {
+            Err(StoreStateDecodeError::UnsupportedFormat {
                 found: "2".to_owned()
             })
         );
         assert_eq!(
             decode(r#"{"guild_registry": "1"}"#),
-            Err(RegistryDecodeError::UnsupportedFormat {
+            Err(StoreStateDecodeError::UnsupportedFormat {
                 found: "of type string".to_owned()
             })
         );
@@ -2395,11 +2402,11 @@ mod tests {
     }
 
     #[test]
-    fn registry_decode_refuses_duplicates_and_broken_invariants() {
+    fn store_state_decode_refuses_duplicates_and_broken_invariants() {
         // A duplicate key is refused by the strict reader itself.
         assert!(matches!(
             decode(&doc("", "", r#", "generation": 5"#)),
-            Err(RegistryDecodeError::Json(JsonError {
+            Err(StoreStateDecodeError::Json(JsonError {
                 kind: json::JsonErrorKind::DuplicateKey { .. },
                 ..
             }))
@@ -2423,8 +2430,8 @@ mod tests {
         );
         assert_eq!(
             decode(&two_current),
-            Err(RegistryDecodeError::Invariant(
-                RegistryInvariantError::SeveralCurrent {
+            Err(StoreStateDecodeError::Invariant(
+                StoreStateInvariantError::SeveralCurrent {
                     id: id("a"),
                     first: v("1.0.0"),
                     second: v("1.1.0")
@@ -2434,8 +2441,8 @@ mod tests {
         let bad_previous = doc("", r#", "previous": "1.0.0""#, "");
         assert_eq!(
             decode(&bad_previous),
-            Err(RegistryDecodeError::Invariant(
-                RegistryInvariantError::PreviousNotRollbackTarget {
+            Err(StoreStateDecodeError::Invariant(
+                StoreStateInvariantError::PreviousNotRollbackTarget {
                     id: id("a"),
                     version: v("1.0.0"),
                     state: Some(State::Enabled)
@@ -2445,8 +2452,8 @@ mod tests {
         let staged = doc("", "", "").replace("enabled", "staged");
         assert!(matches!(
             decode(&staged),
-            Err(RegistryDecodeError::Invariant(
-                RegistryInvariantError::UnpersistedState {
+            Err(StoreStateDecodeError::Invariant(
+                StoreStateInvariantError::UnpersistedState {
                     state: State::Staged,
                     ..
                 }
@@ -2458,16 +2465,16 @@ mod tests {
         );
         assert!(matches!(
             decode(&build_twin),
-            Err(RegistryDecodeError::Invariant(
-                RegistryInvariantError::SamePrecedence { .. }
+            Err(StoreStateDecodeError::Invariant(
+                StoreStateInvariantError::SamePrecedence { .. }
             ))
         ));
         let empty =
             r#"{"guild_registry": 1, "generation": 1, "packages": [{"id": "a", "versions": []}]}"#;
         assert_eq!(
             decode(empty),
-            Err(RegistryDecodeError::Invariant(
-                RegistryInvariantError::EmptyPackage { id: id("a") }
+            Err(StoreStateDecodeError::Invariant(
+                StoreStateInvariantError::EmptyPackage { id: id("a") }
             ))
         );
         let dup_pkg = r#"{"guild_registry": 1, "generation": 1, "packages": [{"id": "a", "versions": []}, {"id": "a", "versions": []}]}"#;
@@ -2476,13 +2483,13 @@ mod tests {
     }
 
     #[test]
-    fn registry_decode_errors_read_well() {
+    fn store_state_decode_errors_read_well() {
         let err = decode(&doc("", "", r#", "extra": 1"#)).unwrap_err();
         assert_eq!(err.to_string(), "unknown field at $.extra");
         let err = decode(r#"{"guild_registry": 7}"#).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "registry format 7 is not supported; this build reads formats 1 (a whole registry) and 2 (a checkpoint)"
+            "store state format 7 is not supported; this build reads formats 1 (a whole store state) and 2 (a checkpoint)"
         );
         let path: JsonPath = [PathSegment::Key("packages".to_owned())]
             .into_iter()
@@ -2515,10 +2522,10 @@ mod tests {
 
     proptest! {
         /// Whatever sequence of operations the package manager applies, accepted or refused, the
-        /// registry keeps its invariants, a refusal changes nothing, and the file round-trips.
+        /// store state keeps its invariants, a refusal changes nothing, and the file round-trips.
         #[test]
-        fn registry_any_operation_sequence_keeps_the_invariants(ops in prop::collection::vec(op(), 0..40)) {
-            let mut r = RegistryState::new();
+        fn store_state_any_operation_sequence_keeps_the_invariants(ops in prop::collection::vec(op(), 0..40)) {
+            let mut r = StoreState::new();
             for op in ops {
                 let before = r.clone();
                 let pkg = |p: u8| id(&format!("p{p}"));
@@ -2539,7 +2546,7 @@ mod tests {
                 prop_assert_eq!(r.validate(), Ok(()));
                 r = r.successor();
             }
-            let back = RegistryState::from_json(&r.to_json());
+            let back = StoreState::from_json(&r.to_json());
             prop_assert_eq!(back, Ok(r));
         }
     }

@@ -1,4 +1,4 @@
-//! One publication path: the checks a package's library must pass before its version becomes
+//! The registration check: what a package's library must pass before its version becomes
 //! loadable, made by the same code whether the library is opened in this process
 //! ([`Host`](crate::Host)) or in a child process that the `guild` command line spawns for the
 //! purpose ([`ChildCheck`]).
@@ -245,7 +245,7 @@ pub fn result_line(outcome: &Result<CheckedLibrary, HostError>) -> String {
     doc.to_string()
 }
 
-/// The publication check in a child process, as a [`LifecycleHook`]: every change that makes a
+/// The registration check in a child process, as a [`LifecycleHook`]: every change that makes a
 /// version loadable (an enabled install, enable, reactivation, rollback) runs the version's
 /// verified tree through [`check_tree`] in a fresh child, and is refused unless the child says it
 /// passed. Changes that load nothing pass.

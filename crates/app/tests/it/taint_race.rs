@@ -1,6 +1,6 @@
-//! A reader that finds a version's files damaged right before a load quarantines it only after
+//! A reader that finds a version's files damaged right before a load taints it only after
 //! hashing them again under the store's lock: a same-version repair that another process
-//! committed between its hash and its quarantine is not punished.
+//! committed between its hash and its taint is not punished.
 //!
 //! The seam is the package source: the reader's hash fails on the damaged tree, and before that
 //! answer reaches the package manager, a second package manager on the same store (standing for
@@ -75,7 +75,7 @@ impl OpenedPackage for Hooked {
 }
 
 #[test]
-fn a_repair_between_a_readers_hash_and_its_quarantine_is_not_quarantined() {
+fn a_repair_between_a_readers_hash_and_its_taint_is_not_tainted() {
     let shop = Workshop::new();
     let signer = key();
     let store = shop.fresh("store");
@@ -133,8 +133,8 @@ fn a_repair_between_a_readers_hash_and_its_quarantine_is_not_quarantined() {
     let registry = read_registry(&store).unwrap().unwrap();
     let record = registry.record(&id, &version).unwrap();
     assert_eq!(
-        record.quarantine, None,
-        "the freshly repaired version was quarantined ({checked:?})"
+        record.taint, None,
+        "the freshly repaired version was tainted ({checked:?})"
     );
     assert!(record.state.is_enabled(), "{record:?}");
     // Its files are the genuine ones now, as the check under the lock found: it may load.

@@ -4,7 +4,7 @@
 //! Trust: after `trust revoke-key`, deleting the trust file, putting an older copy back or
 //! bringing in another store's trust file each stops the store (exit code 5, the file named, the
 //! recovery command in the hint); `guild trust reset` gets the operator out, and the revoked key
-//! stays revoked through it. Quarantine: a tampered file is recorded in the registry the first
+//! stays revoked through it. Taint: a tampered file is recorded in the registry the first
 //! time any command opens the store, even when that command then fails, and `list`, `status`
 //! and `doctor` show it until a genuine copy of the package is installed over it.
 
@@ -268,19 +268,19 @@ fn tamper(path: &Path) {
     fs::set_permissions(path, fs::Permissions::from_mode(0o444)).unwrap();
 }
 
-/// `list`, `status`, `status ID` and `doctor` all show the quarantine with its reason and file.
+/// `list`, `status`, `status ID` and `doctor` all show the taint with its reason and file.
 #[track_caller]
-fn assert_quarantine_shown(b: &Bench) {
+fn assert_taint_shown(b: &Bench) {
     let listed = b.run(&["list"]);
     expect(&listed, 0);
-    has(&listed.stdout, "disabled (quarantined)");
+    has(&listed.stdout, "disabled (tainted)");
     has(
         &listed.stdout,
-        "example.scan@1.0.0 is quarantined (file libplugin.so): installed files do not match",
+        "example.scan@1.0.0 is tainted (file libplugin.so): installed files do not match",
     );
     let json = b.run(&["--json", "list"]);
     expect(&json, 0);
-    let q = &json.json()["packages"][0]["versions"][0]["quarantine"];
+    let q = &json.json()["packages"][0]["versions"][0]["taint"];
     assert_eq!(q["file"], "libplugin.so", "{q}");
     has(
         q["reason"].as_str().unwrap(),
@@ -289,10 +289,10 @@ fn assert_quarantine_shown(b: &Bench) {
 
     let status = b.run(&["status"]);
     expect(&status, 0);
-    has(&status.stdout, "quarantined: 1 version(s)");
+    has(&status.stdout, "tainted: 1 version(s)");
     let one = b.run(&["status", "example.scan"]);
     expect(&one, 0);
-    has(&one.stdout, "quarantined: installed files do not match");
+    has(&one.stdout, "tainted: installed files do not match");
     has(&one.stdout, "(file libplugin.so)");
     has(&one.stdout, "guild install PACKAGE");
 
@@ -307,12 +307,12 @@ fn assert_quarantine_shown(b: &Bench) {
     assert_eq!(store["verdict"], "warn", "{store}");
     has(
         store["detail"].as_str().unwrap(),
-        "quarantined (file libplugin.so)",
+        "tainted (file libplugin.so)",
     );
 }
 
 /// Reinstalling the genuine archive repairs the package: its file is the signed one again, the
-/// quarantine is gone and it is enabled.
+/// taint is gone and it is enabled.
 #[track_caller]
 fn assert_repaired_by_reinstall(b: &Bench, archive: &str) {
     let again = b.run(&["--json", "install", archive]);
@@ -331,11 +331,11 @@ fn assert_repaired_by_reinstall(b: &Bench, archive: &str) {
     let listed = b.run(&["--json", "list"]);
     let p = &listed.json()["packages"][0];
     assert_eq!(p["enabled"], "1.0.0", "{p}");
-    assert_eq!(p["versions"][0]["quarantine"], Value::Null, "{p}");
+    assert_eq!(p["versions"][0]["taint"], Value::Null, "{p}");
     let doctor = b.run(&["doctor"]);
     has(&doctor.stdout, "ok    store");
     let status = b.run(&["--json", "status"]);
-    assert_eq!(status.json()["counts"]["quarantined"], 0);
+    assert_eq!(status.json()["counts"]["tainted"], 0);
     // The repaired package passes re-verification: nothing is disabled on the next opening.
     let recovered = b.run(&["--json", "recover"]);
     expect(&recovered, 0);
@@ -343,27 +343,27 @@ fn assert_repaired_by_reinstall(b: &Bench, archive: &str) {
 }
 
 #[test]
-fn quarantine_found_by_verify_all_survives_a_failing_enable_and_reinstall_repairs_it() {
+fn taint_found_by_verify_all_survives_a_failing_enable_and_reinstall_repairs_it() {
     let (b, archive, _) = installed_bench();
     tamper(&installed_library(&b));
-    // Opening hashes nothing: the full check finds the change and quarantines the version.
+    // Opening hashes nothing: the full check finds the change and taints the version.
     let verify = b.run(&["verify", "--all"]);
     expect(&verify, 1);
     has(
         &verify.stdout,
         "FAILED example.scan 1.0.0 (enabled) file libplugin.so",
     );
-    assert_quarantine_shown(&b);
-    // Enabling stays refused while the quarantine stands, and says how to repair.
+    assert_taint_shown(&b);
+    // Enabling stays refused while the taint stands, and says how to repair.
     let enable = b.run(&["enable", "example.scan"]);
     expect(&enable, 4);
-    has(&enable.stderr, "example.scan@1.0.0 is quarantined");
+    has(&enable.stderr, "example.scan@1.0.0 is tainted");
     has(&enable.stderr, "hint: it failed re-verification");
     assert_repaired_by_reinstall(&b, &archive);
 }
 
 #[test]
-fn quarantine_survives_a_failing_resolve_and_reinstall_repairs_it() {
+fn taint_survives_a_failing_resolve_and_reinstall_repairs_it() {
     let (b, archive, _) = installed_bench();
     tamper(&installed_library(&b));
     let resolve = || {
@@ -379,13 +379,13 @@ fn quarantine_survives_a_failing_resolve_and_reinstall_repairs_it() {
     };
     resolve();
     // `resolve` loads like a runner: the library is hashed right before it would open, and the
-    // mismatch is recorded as a quarantine then.
-    assert_quarantine_shown(&b);
+    // mismatch is recorded as a taint then.
+    assert_taint_shown(&b);
     // A failing resolve does not clear it.
     resolve();
-    assert_quarantine_shown(&b);
+    assert_taint_shown(&b);
     // A command that succeeds does not clear it either.
     expect(&b.run(&["trust", "list"]), 0);
-    assert_quarantine_shown(&b);
+    assert_taint_shown(&b);
     assert_repaired_by_reinstall(&b, &archive);
 }

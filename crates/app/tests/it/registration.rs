@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use guild_adapters_fs::archive::GkpkSource;
 use guild_adapters_fs::store::FsStore;
 use guild_domain::manifest::Metadata;
-use guild_domain::registry::{NewVersion, PublishOptions};
+use guild_domain::store_state::{NewVersion, PublishOptions};
 use guild_host::Host;
 use guild_ports::source::PackageSource;
 use guild_ports::store::{PackageStore, Transaction};
@@ -169,7 +169,7 @@ fn resolved(b: &Bench) -> Result<(String, String), String> {
 /// the id, before anything of it is opened or written; the first keeps its id, and `resolve`
 /// finds it there (ids sort `aaa.hijack` first, so load order would have chosen the squatter).
 #[test]
-fn publication_squatter_is_refused_in_either_order() {
+fn registration_squatter_is_refused_in_either_order() {
     for (publisher, same_publisher) in [("org.evil", false), ("org.example", true)] {
         for scan_first in [true, false] {
             let case = format!(
@@ -238,7 +238,7 @@ fn publication_squatter_is_refused_in_either_order() {
 /// `guild install` (exit 3, the mismatch named) with nothing written, by `guild enable` after a
 /// disabled install, and by `guild rollback` when it is the rollback target.
 #[test]
-fn publication_registration_mismatch_is_refused_by_install_enable_and_rollback() {
+fn registration_registration_mismatch_is_refused_by_install_enable_and_rollback() {
     let b = Bench::new();
     b.trust();
     let short = Pkg::new(
@@ -318,7 +318,7 @@ fn publication_registration_mismatch_is_refused_by_install_enable_and_rollback()
 /// A plugin that aborts in `init` is refused by `guild install` with the signal named; `guild`
 /// itself exits with the documented code, and nothing is installed.
 #[test]
-fn publication_crash_in_init_is_refused_with_the_signal() {
+fn registration_crash_in_init_is_refused_with_the_signal() {
     let b = Bench::new();
     b.trust();
     let archive = Pkg::new("example.crash", "init_crashes", &["example.crash.op"]).pack(&b);
@@ -337,7 +337,7 @@ fn publication_crash_in_init_is_refused_with_the_signal() {
 /// A plugin that never returns from `init` is refused once the check's timeout
 /// (`GUILD_LIBRARY_CHECK_TIMEOUT`, in seconds) has passed, and the child it ran in is gone.
 #[test]
-fn publication_hang_in_init_is_refused_after_the_timeout() {
+fn registration_hang_in_init_is_refused_after_the_timeout() {
     let b = Bench::new();
     b.trust();
     let archive = Pkg::new("example.hang", "init_hangs", &["example.hang.op"]).pack(&b);
@@ -413,7 +413,7 @@ fn install_unchecked(root: &Path, archive: &Path) {
 /// opens; neither contender is loaded, and `status`, `doctor` and the host's load report say why.
 /// Removing one of them repairs it.
 #[test]
-fn publication_store_with_a_conflict_loads_neither_and_says_why() {
+fn registration_store_with_a_conflict_loads_neither_and_says_why() {
     let b = Bench::new();
     b.trust();
     let scan = Pkg::new("example.scan", "scan_module", &[INCLUSIVE, EXCLUSIVE]).pack(&b);

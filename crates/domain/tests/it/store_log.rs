@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use guild_domain::ids::{PackageId, PackageKind, PublisherId, Sha256Digest};
-use guild_domain::registry::{
-    ApplyError, NewVersion, PackageRecord, PublishOptions, Quarantine, RegistryDecodeError,
-    RegistryInvariantError, RegistryState,
+use guild_domain::store_log::{DeltaError, StoreStateDelta};
+use guild_domain::store_state::{
+    ApplyError, NewVersion, PackageRecord, PublishOptions, StoreState, StoreStateDecodeError,
+    StoreStateInvariantError, Taint,
 };
-use guild_domain::registry_log::{DeltaError, RegistryDelta};
 use guild_domain::trust::{TrustAnchor, TrustBinding};
 use guild_domain::version::Version;
 
@@ -47,8 +47,8 @@ fn anchor(generation: u64) -> TrustAnchor {
 }
 
 /// `n` packages `p0`, `p1`, ... each with one enabled version.
-fn store_of(n: usize) -> RegistryState {
-    let mut r = RegistryState::new();
+fn store_of(n: usize) -> StoreState {
+    let mut r = StoreState::new();
     for i in 0..n {
         let name = format!("p{i}");
         r.publish(&id(&name), &v("1.0.0"), new_version(&name), ENABLE)
@@ -58,9 +58,9 @@ fn store_of(n: usize) -> RegistryState {
 }
 
 /// Applies the delta between `old` and `new` to `old`, through its JSON encoding.
-fn replay(old: &RegistryState, new: &RegistryState) -> (RegistryDelta, RegistryState) {
-    let delta = RegistryDelta::between(old, new).unwrap();
-    let decoded = RegistryDelta::from_json(&delta.to_json()).unwrap();
+fn replay(old: &StoreState, new: &StoreState) -> (StoreStateDelta, StoreState) {
+    let delta = StoreStateDelta::between(old, new).unwrap();
+    let decoded = StoreStateDelta::from_json(&delta.to_json()).unwrap();
     assert_eq!(decoded, delta, "the encoding round-trips");
     let mut state = old.clone();
     state.apply(&decoded).unwrap();
@@ -68,7 +68,7 @@ fn replay(old: &RegistryState, new: &RegistryState) -> (RegistryDelta, RegistryS
 }
 
 #[test]
-fn registry_delta_names_only_what_changed_and_replays_to_the_new_state() {
+fn store_state_delta_names_only_what_changed_and_replays_to_the_new_state() {
     let old = store_of(100);
     let mut new = old.successor();
     new.publish(&id("p7"), &v("2.0.0"), new_version("p7-2"), ENABLE)
@@ -86,14 +86,14 @@ fn registry_delta_names_only_what_changed_and_replays_to_the_new_state() {
 }
 
 #[test]
-fn registry_delta_carries_quarantine_trusted_under_and_the_trust_anchor() {
+fn store_state_delta_carries_quarantine_trusted_under_and_the_trust_anchor() {
     let mut old = store_of(3);
     old.set_trust_anchor(anchor(1));
     let mut new = old.successor();
-    new.quarantine(
+    new.taint(
         &id("p1"),
         &v("1.0.0"),
-        Quarantine {
+        Taint {
             reason: "a library changed".to_owned(),
             file: Some("lib/x.so".to_owned()),
         },
@@ -108,26 +108,26 @@ fn registry_delta_carries_quarantine_trusted_under_and_the_trust_anchor() {
 }
 
 #[test]
-fn registry_delta_records_a_deletion() {
+fn store_state_delta_records_a_deletion() {
     let old = store_of(3);
     // A state without p1: the store refuses such a commit, but the delta can say it.
     let mut json = String::from_utf8(old.successor().to_json()).unwrap();
     let start = json.find("    {\n      \"id\": \"p1\"").unwrap();
     let end = json[start..].find("    },\n").unwrap() + start + "    },\n".len();
     json.replace_range(start..end, "");
-    let new = RegistryState::from_json(json.as_bytes()).unwrap();
+    let new = StoreState::from_json(json.as_bytes()).unwrap();
     let (delta, replayed) = replay(&old, &new);
     assert_eq!(delta.packages, BTreeMap::from([(id("p1"), None)]));
     assert_eq!(replayed, new);
 }
 
 #[test]
-fn registry_delta_refuses_to_drop_the_trust_anchor() {
+fn store_state_delta_refuses_to_drop_the_trust_anchor() {
     let mut old = store_of(1);
     old.set_trust_anchor(anchor(1));
-    let new = RegistryState::from_json(&store_of(1).successor().to_json()).unwrap();
+    let new = StoreState::from_json(&store_of(1).successor().to_json()).unwrap();
     assert_eq!(
-        RegistryDelta::between(&old, &new),
+        StoreStateDelta::between(&old, &new),
         Err(DeltaError::DropsTrust)
     );
 }
@@ -137,7 +137,7 @@ fn registry_apply_refuses_another_generation_and_changes_nothing() {
     let old = store_of(2);
     let mut new = old.successor();
     new.disable(&id("p0")).unwrap();
-    let mut delta = RegistryDelta::between(&old, &new).unwrap();
+    let mut delta = StoreStateDelta::between(&old, &new).unwrap();
     for generation in [old.generation(), old.generation() + 2, 0] {
         delta.generation = generation;
         let mut state = old.clone();
@@ -155,7 +155,7 @@ fn registry_apply_refuses_another_generation_and_changes_nothing() {
 #[test]
 fn registry_apply_checks_the_changed_packages_and_undoes_a_refused_delta() {
     let old = store_of(3);
-    let mut delta = RegistryDelta {
+    let mut delta = StoreStateDelta {
         generation: old.generation() + 1,
         trust: Some(anchor(5)),
         packages: BTreeMap::new(),
@@ -174,18 +174,18 @@ fn registry_apply_checks_the_changed_packages_and_undoes_a_refused_delta() {
     assert_eq!(
         state.apply(&delta),
         Err(ApplyError::Invariant(
-            RegistryInvariantError::EmptyPackage { id: id("p2") }
+            StoreStateInvariantError::EmptyPackage { id: id("p2") }
         ))
     );
     assert_eq!(state, old, "nothing of the refused delta stays");
 }
 
 #[test]
-fn registry_delta_decoding_is_strict() {
+fn store_state_delta_decoding_is_strict() {
     let old = store_of(1);
     let mut new = old.successor();
     new.disable(&id("p0")).unwrap();
-    let good = String::from_utf8(RegistryDelta::between(&old, &new).unwrap().to_json()).unwrap();
+    let good = String::from_utf8(StoreStateDelta::between(&old, &new).unwrap().to_json()).unwrap();
     let cases = [
         (
             good.replace("\"deleted\": []", "\"deleted\": [], \"extra\": 1"),
@@ -214,7 +214,7 @@ fn registry_delta_decoding_is_strict() {
         (good[..good.len() / 2].to_owned(), "not strict JSON"),
     ];
     for (bytes, says) in cases {
-        let err = RegistryDelta::from_json(bytes.as_bytes())
+        let err = StoreStateDelta::from_json(bytes.as_bytes())
             .expect_err(&bytes)
             .to_string();
         assert!(err.contains(says), "{err} does not say {says}");
@@ -226,17 +226,14 @@ fn registry_checkpoint_format_is_refused_by_the_format_1_reader() {
     let state = store_of(2);
     let checkpoint = state.to_checkpoint_json();
     assert_eq!(
-        RegistryState::from_json(&checkpoint),
-        Err(RegistryDecodeError::UnsupportedFormat {
+        StoreState::from_json(&checkpoint),
+        Err(StoreStateDecodeError::UnsupportedFormat {
             found: "2".to_owned()
         })
     );
     assert_eq!(
-        RegistryState::from_any_json(&checkpoint),
+        StoreState::from_any_json(&checkpoint),
         Ok((state.clone(), 2))
     );
-    assert_eq!(
-        RegistryState::from_any_json(&state.to_json()),
-        Ok((state, 1))
-    );
+    assert_eq!(StoreState::from_any_json(&state.to_json()), Ok((state, 1)));
 }
