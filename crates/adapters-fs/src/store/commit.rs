@@ -56,7 +56,7 @@ use guild_domain::registry::{RegistryState, REGISTRY_FORMAT_V2};
 use guild_domain::registry_log::RegistryDelta;
 use guild_domain::trust::anchor_succession_problem;
 use guild_domain::version::Version;
-use guild_ports::store::{Committed, StoreError, StoreErrorKind, Transaction};
+use guild_ports::store::{Committed, StagedInstall, StoreError, StoreErrorKind, Transaction};
 
 use super::durable::{
     io_error, remove_file_if_present, remove_tree, seal_tree, set_dir_read_only, Run,
@@ -124,13 +124,60 @@ pub(crate) fn is_staging_entry(staging: &Path, path: &Path) -> bool {
 }
 
 /// Checks `tx` against the current registry and works out what the commit must do.
+///
+/// The checks run in a fixed order, which decides the error a transaction with several faults
+/// reports: the generations and the trust anchor's succession, the invariants of the changed
+/// packages, the purges, the records kept, the trust bytes, and last the staged tree.
 pub(crate) fn plan(
     layout: &StoreLayout,
     current: &RegistryState,
     info: DiskInfo,
     tx: Transaction,
 ) -> Result<Plan, StoreError> {
-    let invalid = |what: String| StoreError::new(StoreErrorKind::InvalidTransaction, what);
+    check_succession(layout, current, &tx)?;
+    let new = tx.new_state;
+    let delta = changed_packages(current, &new)?;
+    check_purges(current, &new, &tx.purge)?;
+    check_records_kept(current, &delta, &tx.purge)?;
+    let trust_changes = check_trust_bytes(current, &new, &tx.trust)?;
+    let replacing = tx.install.as_ref().is_some_and(|i| i.replace);
+    let (added, delete) = trees_coming_and_going(layout, current, &new, &delta);
+    let install = staged_install(layout, current, &new, &added, tx.install, replacing)?;
+    let intent = Intent {
+        from_generation: current.generation(),
+        to_generation: new.generation(),
+        install: install
+            .as_ref()
+            .map(|(node, staged)| (node.clone(), staged_name(staged))),
+        replace: replacing,
+        delete: delete.iter().map(|(n, _)| n.clone()).collect(),
+    };
+    let install = install.map(|(node, staged)| install_plan(layout, &intent, node, staged));
+    Ok(Plan {
+        intent,
+        frame: log::frame(&delta),
+        new_state: new,
+        info,
+        migrate: (info.format != REGISTRY_FORMAT_V2).then(|| current.to_checkpoint_json()),
+        install,
+        delete,
+        trust: if trust_changes { tx.trust } else { None },
+    })
+}
+
+/// An invalid transaction, for `what` reason.
+fn invalid(what: String) -> StoreError {
+    StoreError::new(StoreErrorKind::InvalidTransaction, what)
+}
+
+/// Refuses a transaction computed from another generation than the registry's, one whose new
+/// registry is not the next generation, and one whose trust anchor does not succeed the current
+/// one.
+fn check_succession(
+    layout: &StoreLayout,
+    current: &RegistryState,
+    tx: &Transaction,
+) -> Result<(), StoreError> {
     let from = current.generation();
     if tx.expected_generation != from {
         return Err(StoreError::new(
@@ -142,7 +189,7 @@ pub(crate) fn plan(
         )
         .at(layout.registry.clone()));
     }
-    let new = tx.new_state;
+    let new = &tx.new_state;
     if from.checked_add(1) != Some(new.generation()) {
         return Err(invalid(format!(
             "the new registry has generation {}, not {from} + 1",
@@ -152,13 +199,31 @@ pub(crate) fn plan(
     if let Some(problem) = anchor_succession_problem(current.trust_anchor(), new.trust_anchor()) {
         return Err(invalid(problem).at(layout.registry.clone()));
     }
-    // Only the packages whose records differ are looked at from here: the others are equal to
-    // what is committed, which already keeps every invariant.
-    let delta = RegistryDelta::between(current, &new)
+    Ok(())
+}
+
+/// The packages whose records differ from the committed state, once the new registry is known
+/// to keep every invariant for them. Only these are looked at from here: the others are equal
+/// to what is committed, which already keeps every invariant.
+fn changed_packages(
+    current: &RegistryState,
+    new: &RegistryState,
+) -> Result<RegistryDelta, StoreError> {
+    let delta = RegistryDelta::between(current, new)
         .map_err(|e| invalid("the new registry cannot be recorded".to_owned()).caused_by(e))?;
     new.validate_packages(delta.changed_ids())
         .map_err(|e| invalid("the new registry breaks an invariant".to_owned()).caused_by(e))?;
-    for (id, version) in &tx.purge {
+    Ok(delta)
+}
+
+/// Refuses a purge of a record that is not a removed version of the current registry, or that
+/// the new registry keeps.
+fn check_purges(
+    current: &RegistryState,
+    new: &RegistryState,
+    purge: &[(PackageId, Version)],
+) -> Result<(), StoreError> {
+    for (id, version) in purge {
         match current.record(id, version) {
             Some(r) if r.state == State::Removed => {}
             Some(r) => {
@@ -179,13 +244,23 @@ pub(crate) fn plan(
             )));
         }
     }
+    Ok(())
+}
+
+/// Refuses a changed package that drops a record (but those `purge` names) or changes a
+/// record's payload: versions are immutable.
+fn check_records_kept(
+    current: &RegistryState,
+    delta: &RegistryDelta,
+    purge: &[(PackageId, Version)],
+) -> Result<(), StoreError> {
     for (id, changed) in &delta.packages {
         let Some(package) = current.package(id) else {
             continue;
         };
         for (version, old) in package.versions() {
             match changed.as_ref().and_then(|p| p.get(version)) {
-                None if tx.purge.iter().any(|(i, v)| i == id && v == version) => {}
+                None if purge.iter().any(|(i, v)| i == id && v == version) => {}
                 None => {
                     return Err(invalid(format!(
                         "the new registry drops the record of {id}@{version}"
@@ -204,8 +279,18 @@ pub(crate) fn plan(
             }
         }
     }
+    Ok(())
+}
+
+/// Checks that the transaction carries trust bytes exactly when the new registry records a new
+/// trust file, and that they are the bytes it records. Answers whether the trust file changes.
+fn check_trust_bytes(
+    current: &RegistryState,
+    new: &RegistryState,
+    trust: &Option<Vec<u8>>,
+) -> Result<bool, StoreError> {
     let trust_changes = current.trust_anchor() != new.trust_anchor();
-    match (&tx.trust, new.trust_anchor()) {
+    match (trust, new.trust_anchor()) {
         (Some(bytes), Some(anchor)) if trust_changes => {
             if Sha256Digest::of(bytes) != anchor.file_digest {
                 return Err(invalid(
@@ -227,17 +312,29 @@ pub(crate) fn plan(
             ))
         }
     }
-    let replacing = tx.install.as_ref().is_some_and(|i| i.replace);
-    // Trees come and go only with the packages the delta changes.
-    let installed = |state: &RegistryState, id: &PackageId| -> Vec<Version> {
-        state
-            .package(id)
-            .map(|p| p.installed().map(|(v, _)| v.clone()).collect())
-            .unwrap_or_default()
-    };
+    Ok(trust_changes)
+}
+
+/// The versions that `state` installs of package `id`.
+fn installed_versions(state: &RegistryState, id: &PackageId) -> Vec<Version> {
+    state
+        .package(id)
+        .map(|p| p.installed().map(|(v, _)| v.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// The versions the new registry installs and the current one does not, and the trees (with
+/// their paths) of those the current registry installs and the new one does not. Trees come and
+/// go only with the packages the delta changes.
+fn trees_coming_and_going(
+    layout: &StoreLayout,
+    current: &RegistryState,
+    new: &RegistryState,
+    delta: &RegistryDelta,
+) -> (Vec<NodeRef>, Vec<(NodeRef, PathBuf)>) {
     let (mut added, mut delete) = (Vec::new(), Vec::new());
     for id in delta.changed_ids() {
-        for version in installed(&new, id) {
+        for version in installed_versions(new, id) {
             if !current.is_installed(id, &version) {
                 added.push(NodeRef {
                     id: id.clone(),
@@ -245,7 +342,7 @@ pub(crate) fn plan(
                 });
             }
         }
-        for version in installed(current, id) {
+        for version in installed_versions(current, id) {
             if !new.is_installed(id, &version) {
                 let path = layout.package_dir(id, &version);
                 let node = NodeRef {
@@ -256,8 +353,22 @@ pub(crate) fn plan(
             }
         }
     }
-    let install = match (added.as_slice(), tx.install) {
-        ([], None) => None,
+    (added, delete)
+}
+
+/// Matches the staged tree against the versions the new registry `added`: none with nothing
+/// staged, one with its own tree staged, or none with a replacement of a version installed
+/// before and after. Answers the version whose tree moves into place and the staged tree.
+fn staged_install(
+    layout: &StoreLayout,
+    current: &RegistryState,
+    new: &RegistryState,
+    added: &[NodeRef],
+    install: Option<StagedInstall>,
+    replacing: bool,
+) -> Result<Option<(NodeRef, PathBuf)>, StoreError> {
+    match (added, install) {
+        ([], None) => Ok(None),
         ([], Some(ins)) if replacing => {
             let node = NodeRef {
                 id: ins.id.clone(),
@@ -272,54 +383,49 @@ pub(crate) fn plan(
                 )));
             }
             staged_dir(layout, &node, &ins.staged)?;
-            Some((node, ins.staged))
+            Ok(Some((node, ins.staged)))
         }
         ([node], Some(ins)) if node.id == ins.id && node.version == ins.version && !ins.replace => {
             staged_dir(layout, node, &ins.staged)?;
-            Some((node.clone(), ins.staged))
+            Ok(Some((node.clone(), ins.staged)))
         }
         (added, install) => {
             let added: Vec<String> = added.iter().map(ToString::to_string).collect();
             let staged = install.map(|i| format!("{}@{}", i.id, i.version));
-            return Err(invalid(format!(
+            Err(invalid(format!(
                 "the new registry installs [{}] but the transaction stages {}",
                 added.join(", "),
                 staged.as_deref().unwrap_or("nothing")
-            )));
+            )))
         }
-    };
-    let intent = Intent {
-        from_generation: from,
-        to_generation: new.generation(),
-        install: install.as_ref().map(|(node, staged)| {
-            let name = staged
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            (node.clone(), name)
-        }),
-        replace: replacing,
-        delete: delete.iter().map(|(n, _)| n.clone()).collect(),
-    };
-    let install = install.map(|(node, staged)| InstallPlan {
+    }
+}
+
+/// The staged tree's name in the staging area, as the journal record keeps it.
+fn staged_name(staged: &Path) -> String {
+    staged
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The paths an install of `node` from `staged` uses; a replacement (`intent.replace`) sets the
+/// installed tree aside under the staged name the journal record holds.
+fn install_plan(
+    layout: &StoreLayout,
+    intent: &Intent,
+    node: NodeRef,
+    staged: PathBuf,
+) -> InstallPlan {
+    InstallPlan {
         staged,
         id_dir: layout.packages.join(node.id.as_str()),
         dest: layout.package_dir(&node.id, &node.version),
-        aside: replacing.then(|| {
+        aside: intent.replace.then(|| {
             let staged = intent.install.as_ref().map_or("", |(_, s)| s.as_str());
             layout.replaced_dir(&node.id, &node.version, staged)
         }),
-    });
-    Ok(Plan {
-        intent,
-        frame: log::frame(&delta),
-        new_state: new,
-        info,
-        migrate: (info.format != REGISTRY_FORMAT_V2).then(|| current.to_checkpoint_json()),
-        install,
-        delete,
-        trust: if trust_changes { tx.trust } else { None },
-    })
+    }
 }
 
 /// Checks that `staged`, the tree of `node`, is a directory directly in the staging area.
