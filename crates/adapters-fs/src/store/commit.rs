@@ -483,32 +483,12 @@ pub(crate) fn apply(
     let hold = install_hold.as_ref();
     let before_commit_point = migrate(layout, run, plan, &mut progress, &mut info)
         .and_then(|()| prepare(layout, run, plan, hold, &mut progress))
-        .and_then(|()| {
-            if info.dir_unsynced {
-                // A compaction's rename whose directory fsync failed: make it durable before a
-                // frame lands in the file it named.
-                run.sync_path("fsync store directory", &layout.root)?;
-                info.dir_unsynced = false;
-            }
-            progress.appending = true;
-            run.append(
-                "append registry frame",
-                &layout.log,
-                info.log_len,
-                &plan.frame,
-            )?;
-            run.fdatasync("fdatasync registry log (commit point)", &layout.log)
-        });
+        .and_then(|()| append_frame(layout, run, plan, &mut progress, &mut info));
     if let Err(e) = before_commit_point {
-        if is_crash(&e) {
-            return Err(Failure::Crashed(e));
-        }
-        // The frame may be in the file, even durably: cut it off, durably, so that the answer
-        // "failed" is true; if that fails too, only recovery can tell.
-        if progress.appending && restore_log(layout, run, info.log_len).is_err() {
-            return Err(Failure::Poisoned(e));
-        }
-        return Err(undo_or_poison(layout, plan, hold, &progress, e));
+        let log_len = info.log_len;
+        return Err(fail_before_commit_point(
+            layout, run, plan, hold, &progress, log_len, e,
+        ));
     }
     info.log_len += plan.frame.len() as u64;
 
@@ -516,6 +496,73 @@ pub(crate) fn apply(
         generation: plan.new_state.generation(),
         ..Committed::default()
     };
+    finish_trust_file(layout, run, plan, &mut committed)?;
+    delete_replaced_tree(run, plan, hold, &mut committed)?;
+    drop(install_hold);
+    delete_old_trees(run, plan, holds, &mut committed)?;
+    remove_journal_record(layout, run, plan, &mut committed)?;
+    if info.wants_compaction(compact_over) {
+        compact_after_commit(layout, run, &plan.new_state, &mut info, &mut committed)?;
+    }
+    Ok((committed, info))
+}
+
+/// Appends the frame to the log and fdatasyncs it: the commit point. A compaction's rename
+/// whose directory fsync failed is made durable first.
+fn append_frame(
+    layout: &StoreLayout,
+    run: &mut Run,
+    plan: &Plan,
+    progress: &mut Progress,
+    info: &mut DiskInfo,
+) -> Result<(), StoreError> {
+    if info.dir_unsynced {
+        // A compaction's rename whose directory fsync failed: make it durable before a
+        // frame lands in the file it named.
+        run.sync_path("fsync store directory", &layout.root)?;
+        info.dir_unsynced = false;
+    }
+    progress.appending = true;
+    run.append(
+        "append registry frame",
+        &layout.log,
+        info.log_len,
+        &plan.frame,
+    )?;
+    run.fdatasync("fdatasync registry log (commit point)", &layout.log)
+}
+
+/// How a commit that failed before its commit point ends. A crash stops it as it is. Otherwise
+/// a frame whose append started is cut off the log (back to `log_len` bytes) and everything
+/// else the commit wrote is undone, so that the store is unchanged; if either fails, it is
+/// poisoned.
+fn fail_before_commit_point(
+    layout: &StoreLayout,
+    run: &mut Run,
+    plan: &Plan,
+    hold: Option<&DeleteHold>,
+    progress: &Progress,
+    log_len: u64,
+    error: StoreError,
+) -> Failure {
+    if is_crash(&error) {
+        return Failure::Crashed(error);
+    }
+    // The frame may be in the file, even durably: cut it off, durably, so that the answer
+    // "failed" is true; if that fails too, only recovery can tell.
+    if progress.appending && restore_log(layout, run, log_len).is_err() {
+        return Failure::Poisoned(error);
+    }
+    undo_or_poison(layout, plan, hold, progress, error)
+}
+
+/// After the commit point: renames `trust.next` over `trust` when the commit changes it.
+fn finish_trust_file(
+    layout: &StoreLayout,
+    run: &mut Run,
+    plan: &Plan,
+    committed: &mut Committed,
+) -> Result<(), Failure> {
     if plan.trust.is_some() {
         match run.rename("rename trust file", &layout.trust_next, &layout.trust) {
             Ok(()) => {}
@@ -525,6 +572,16 @@ pub(crate) fn apply(
             Err(_) => committed.leftovers.push(layout.trust_next.clone()),
         }
     }
+    Ok(())
+}
+
+/// After the commit point: deletes the tree a replacement set aside, under the version's pin.
+fn delete_replaced_tree(
+    run: &mut Run,
+    plan: &Plan,
+    hold: Option<&DeleteHold>,
+    committed: &mut Committed,
+) -> Result<(), Failure> {
     if let (Some(aside), Some(hold)) = (plan.install.as_ref().and_then(|i| i.aside.as_ref()), hold)
     {
         let removed = run.step("delete replaced tree").and_then(|()| {
@@ -537,7 +594,17 @@ pub(crate) fn apply(
             Err(_) => committed.leftovers.push(aside.clone()),
         }
     }
-    drop(install_hold);
+    Ok(())
+}
+
+/// After the commit point: deletes the trees the new registry no longer installs, each under
+/// its hold, and an id's directory once its last version is gone.
+fn delete_old_trees(
+    run: &mut Run,
+    plan: &Plan,
+    holds: Vec<DeleteHold>,
+    committed: &mut Committed,
+) -> Result<(), Failure> {
     for ((node, path), hold) in plan.delete.iter().zip(holds) {
         let removed = run.step("delete old tree").and_then(|()| {
             hold.delete_tree(path)
@@ -555,6 +622,16 @@ pub(crate) fn apply(
             Err(_) => committed.leftovers.push(path.clone()),
         }
     }
+    Ok(())
+}
+
+/// After the commit point: removes the transaction's journal record.
+fn remove_journal_record(
+    layout: &StoreLayout,
+    run: &mut Run,
+    plan: &Plan,
+    committed: &mut Committed,
+) -> Result<(), Failure> {
     let record = plan.intent.path_in(&layout.journal);
     let removed = run.step("remove journal record").and_then(|()| {
         remove_file_if_present(&record)
@@ -566,31 +643,42 @@ pub(crate) fn apply(
         Err(e) if is_crash(&e) => return Err(Failure::Crashed(e)),
         Err(_) => committed.leftovers.push(record),
     }
-    if info.wants_compaction(compact_over) {
-        match compact(layout, run, &plan.new_state, &mut info) {
-            Ok(()) => {}
-            Err(e) if is_crash(&e) => return Err(Failure::Crashed(e)),
-            Err(_) => {
-                // The commit stands and the store reads the same either way; the log just stays
-                // long until a later commit compacts it.
-                for tmp in [&layout.registry_tmp, &layout.log_tmp] {
-                    let _ = remove_file_if_present(tmp);
-                }
-                committed.leftovers.push(layout.log.clone());
-                match fs::metadata(&layout.log) {
-                    Ok(m) => info.log_len = m.len(),
-                    Err(e) => {
-                        return Err(Failure::Poisoned(io_error(
-                            "inspect registry log",
-                            &layout.log,
-                            e,
-                        )))
-                    }
+    Ok(())
+}
+
+/// After the commit: compacts the log to `state`. A failure leaves the commit standing and the
+/// log long (listed in the leftovers, its length read back); only a log whose length cannot be
+/// read poisons the store.
+fn compact_after_commit(
+    layout: &StoreLayout,
+    run: &mut Run,
+    state: &RegistryState,
+    info: &mut DiskInfo,
+    committed: &mut Committed,
+) -> Result<(), Failure> {
+    match compact(layout, run, state, info) {
+        Ok(()) => {}
+        Err(e) if is_crash(&e) => return Err(Failure::Crashed(e)),
+        Err(_) => {
+            // The commit stands and the store reads the same either way; the log just stays
+            // long until a later commit compacts it.
+            for tmp in [&layout.registry_tmp, &layout.log_tmp] {
+                let _ = remove_file_if_present(tmp);
+            }
+            committed.leftovers.push(layout.log.clone());
+            match fs::metadata(&layout.log) {
+                Ok(m) => info.log_len = m.len(),
+                Err(e) => {
+                    return Err(Failure::Poisoned(io_error(
+                        "inspect registry log",
+                        &layout.log,
+                        e,
+                    )))
                 }
             }
         }
     }
-    Ok((committed, info))
+    Ok(())
 }
 
 /// Moves a format-1 store to a checkpoint and a log, before anything else of the commit: an
