@@ -370,9 +370,16 @@ impl<'a> Reader<'a> {
             len_at,
             &format_args!("array '{key}' of {len} elements"),
         )?;
+        self.array_elements(key, element_type, len)
+            .map(MetaValue::Array)
+    }
+
+    /// Reads the `len` elements of array `key`, of the scalar or string type `element_type`;
+    /// `len` was checked against the bytes left and charged to the budget.
+    fn array_elements(&mut self, key: &str, element_type: u32, len: u64) -> Result<MetaArray> {
         // The length fits in the header's remaining bytes, so it fits in a usize.
         let n = len as usize;
-        Ok(MetaValue::Array(match element_type {
+        Ok(match element_type {
             ty::STRING => {
                 let mut values = Vec::with_capacity(n);
                 for i in 0..len {
@@ -417,7 +424,7 @@ impl<'a> Reader<'a> {
                     values,
                 }
             }
-        }))
+        })
     }
 
     /// Reads one tensor info; `offset` in the result is still relative to the data section.
@@ -451,6 +458,45 @@ impl<'a> Reader<'a> {
         let offset_at = self.pos;
         let offset = self.u64(&format_args!("the data offset of tensor '{name}'"))?;
 
+        let size_bytes = self.tensor_size(&name, &dims, dims_at, raw_type, type_at)?;
+        if !offset.is_multiple_of(alignment) {
+            return Err(self.err(
+                ModelErrorKind::Malformed(format!(
+                    "tensor '{name}' has data offset {offset} at byte {offset_at}, not a multiple \
+                     of the alignment {alignment}"
+                )),
+                offset_at,
+            ));
+        }
+        // The name twice (the tensor's and the duplicate check's copy), and the extents.
+        self.charge(
+            (2 * name.len() + 8 * dims.len()) as u64,
+            name_at,
+            &format_args!("tensor '{name}'"),
+        )?;
+        Ok((
+            ModelTensor {
+                name,
+                dtype: raw_type,
+                dims,
+                size_bytes,
+                offset,
+            },
+            offset_at,
+        ))
+    }
+
+    /// The bytes of data of tensor `name` with extents `dims` (axis count at `dims_at`) and
+    /// ggml type `raw_type` (at `type_at`): its element count must fit in an `i64`, its type
+    /// must be known, and its innermost axis must hold whole blocks.
+    fn tensor_size(
+        &self,
+        name: &str,
+        dims: &[u64],
+        dims_at: u64,
+        raw_type: u32,
+        type_at: u64,
+    ) -> Result<u64> {
         // GGML holds each axis in an int64_t. An axis that does not fit is refused on its own,
         // as llama.cpp does: the product below is zero whenever some other axis is, and must not
         // hide it.
@@ -503,7 +549,7 @@ impl<'a> Reader<'a> {
         }
         // Cannot overflow: the byte count is at most the element count times the block's bytes
         // over its elements, both small, but it is checked all the same.
-        let size_bytes = (elements / per_block)
+        (elements / per_block)
             .checked_mul(u64::from(block.bytes))
             .ok_or_else(|| {
                 self.err(
@@ -514,32 +560,7 @@ impl<'a> Reader<'a> {
                     )),
                     dims_at + 4,
                 )
-            })?;
-        if !offset.is_multiple_of(alignment) {
-            return Err(self.err(
-                ModelErrorKind::Malformed(format!(
-                    "tensor '{name}' has data offset {offset} at byte {offset_at}, not a multiple \
-                     of the alignment {alignment}"
-                )),
-                offset_at,
-            ));
-        }
-        // The name twice (the tensor's and the duplicate check's copy), and the extents.
-        self.charge(
-            (2 * name.len() + 8 * dims.len()) as u64,
-            name_at,
-            &format_args!("tensor '{name}'"),
-        )?;
-        Ok((
-            ModelTensor {
-                name,
-                dtype: raw_type,
-                dims,
-                size_bytes,
-                offset,
-            },
-            offset_at,
-        ))
+            })
     }
 }
 
