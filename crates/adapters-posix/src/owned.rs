@@ -35,7 +35,7 @@
 //! Registration of a descriptor is not a promise of execution: the copies say what a plugin
 //! offers and that it is well formed, nothing more.
 
-use std::ffi::{c_void, CStr, CString};
+use std::ffi::{c_char, c_void, CStr, CString};
 use std::fmt;
 use std::ptr;
 use std::sync::Arc;
@@ -280,10 +280,7 @@ impl OwnedKernel {
         check_abi_version("kernel descriptor", raw.abi_version)?;
 
         // SAFETY: per the contract, impl_id is NULL or a NUL-terminated string.
-        let id_text = unsafe { bounded_str(raw.impl_id, MAX_DESCRIPTOR_STRING) }
-            .map_err(|e| Refusal::invalid(format!("kernel descriptor: impl_id {e}")))?;
-        let impl_id = ImplId::new(id_text)
-            .map_err(|e| Refusal::invalid(format!("kernel descriptor: impl_id: {e}")))?;
+        let impl_id = unsafe { read_impl_id(raw.impl_id) }?;
         let refuse = |reason: String| Refusal::invalid(format!("kernel {impl_id}: {reason}"));
         let registrant = Registrant::Kernel(impl_id.clone());
         let fault = |f: Fault| fault_refusal(&registrant, f);
@@ -296,127 +293,43 @@ impl OwnedKernel {
         })?;
 
         let custom = raw.op_kind == GUILD_OP_CUSTOM;
-        let (op_name_c, op_name) = if raw.op_name.is_null() {
-            if custom {
-                return Err(refuse(
-                    "op_name is NULL; GUILD_OP_CUSTOM kernels must name their operation".into(),
-                ));
-            }
-            (None, None)
-        } else {
-            // SAFETY: per the contract, a non-NULL op_name is a NUL-terminated string.
-            let text = unsafe { bounded_str(raw.op_name, MAX_DESCRIPTOR_STRING) }
-                .map_err(|e| refuse(format!("op_name {e}")))?;
-            let name = match OpName::new(text) {
-                Ok(name) => Some(name),
-                Err(e) if custom => return Err(refuse(format!("op_name: {e}"))),
-                // A legacy kind may carry a free-form descriptive name; it is kept as text.
-                Err(_) => None,
-            };
-            let copy = CString::new(text).map_err(|_| refuse("op_name has a NUL".into()))?;
-            (Some(HeapCStr::new(copy)), name)
-        };
+        // SAFETY: per the contract, op_name is NULL or a NUL-terminated string.
+        let (op_name_c, op_name) = unsafe { copy_op_name(raw.op_name, custom, &refuse) }?;
 
-        // SAFETY: per the contract, next_ext is NULL or a valid chain.
-        let links = unsafe { walk_chain(raw.next_ext) }.map_err(fault)?;
         let holder = Holder::Kernel {
             op_kind: raw.op_kind,
             backend: raw.backend,
         };
-        let mut extensions = KernelExtensions::default();
-        let mut skipped_tags = Vec::new();
-        for link in &links {
-            let tag = link.header.tag;
-            let Some(contract) = contract_for(tag) else {
-                skipped_tags.push(tag);
-                continue;
-            };
-            let at = |problem| (ExtensionSite::Chain(link.index), Some(tag), problem);
-            if let Some(problem) = contract.placement.misplaced_on(holder) {
-                return Err(fault(at(problem)));
-            }
-            // SAFETY: the walk read this header from a live extension that declares
-            // `struct_size` readable bytes; the copy reads no more than that.
-            let copied = unsafe {
-                match tag {
-                    GUILD_GOP1_TAG => adopt(&mut extensions.operation, link),
-                    GUILD_CPU_EXPERT_TAG => adopt(&mut extensions.cpu_backend, link),
-                    GUILD_CUDA_DENSE_TAG => adopt(&mut extensions.cuda_dense, link),
-                    GUILD_CUDA_ATTN_TAG => adopt(&mut extensions.cuda_attn, link),
-                    GUILD_CUDA_MOE_TAG => adopt(&mut extensions.cuda_moe, link),
-                    // Unreachable: the walk refuses PFKE and CDMQ, and placement refuses RMD1
-                    // on a kernel. Refused rather than panicking should the table grow.
-                    _ => Err(ExtensionProblem::Misplaced {
-                        belongs_on: "a runner descriptor".into(),
-                        conflict: None,
-                    }),
-                }
-            };
-            let header = copied.map_err(|problem| fault(at(problem)))?;
-            extensions.order.push(header);
-            if tag == GUILD_CUDA_MOE_TAG {
-                // SAFETY: the CDM1 copy's qwen pointer came from the plugin, which the contract
-                // makes NULL or a live group for this call.
-                unsafe { extensions.adopt_qwen(link.index) }.map_err(fault)?;
-            }
-        }
+        // SAFETY: per the contract, next_ext is NULL or a valid chain, each extension readable
+        // for its declared size, and a CDM1's qwen (an extension pointer too) is NULL or a
+        // group readable for its declared size.
+        let (mut extensions, skipped_tags) =
+            unsafe { KernelExtensions::copy_chain(raw.next_ext, holder) }.map_err(fault)?;
 
-        let prefill = if raw.op_kind == GUILD_OP_PREFILL_KERNELS {
-            if raw.kernel_fns.is_null() {
-                return Err(refuse(
-                    "GUILD_OP_PREFILL_KERNELS needs a PFKE table in kernel_fns".into(),
-                ));
-            }
-            // SAFETY: for this kind the header makes kernel_fns a PFKE table, readable for its
-            // declared size during this call.
-            Some(unsafe { copy_pfke(raw.kernel_fns.cast()) }.map_err(fault)?)
-        } else {
-            None
-        };
+        // SAFETY: per the contract, kernel_fns of a GUILD_OP_PREFILL_KERNELS kernel, which the
+        // header makes a PFKE table, is NULL or readable for its declared size during this call.
+        let prefill = unsafe { copy_prefill(&raw, &refuse, &fault) }?;
 
-        let candidate = if custom {
-            let Some(op) = &extensions.operation else {
-                let found = if skipped_tags.is_empty() {
-                    "an empty chain".to_string()
-                } else {
-                    let tags: Vec<String> = skipped_tags.iter().map(|&t| tag_text(t)).collect();
-                    format!("only [{}]", tags.join(", "))
-                };
-                return Err(refuse(format!(
-                    "GUILD_OP_CUSTOM kernels need a GOP1 extension, and next_ext holds {found}"
-                )));
-            };
-            if !raw.kernel_fns.is_null() {
-                return Err(refuse(
-                    "kernel_fns must be NULL for GUILD_OP_CUSTOM; the GOP1 extension carries \
-                     the callbacks"
-                        .into(),
-                ));
-            }
-            // op_name is Some for every custom kernel that got this far.
-            let name = op_name
-                .clone()
-                .ok_or_else(|| refuse("op_name is missing".into()))?;
-            let candidate = op_candidate(&raw, &impl_id, &name, backend, op.table());
-            candidate
-                .check()
-                .map_err(|e| refuse(format!("its GOP1 contract is malformed: {e}")))?;
-            Some(candidate)
-        } else {
-            None
-        };
+        let candidate = custom_candidate(
+            &raw,
+            &impl_id,
+            op_name.as_ref(),
+            backend,
+            extensions.operation.as_ref(),
+            &skipped_tags,
+            &refuse,
+        )?;
 
-        let copy =
-            CString::new(impl_id.as_str()).map_err(|_| refuse("impl_id has a NUL".into()))?;
-        let impl_id_c = HeapCStr::new(copy);
-        let mut descriptor = raw;
-        descriptor.struct_size = size_u32::<guild_kernel_op_desc_v1_t>();
-        descriptor.impl_id = impl_id_c.as_ptr();
-        descriptor.op_name = op_name_c.as_ref().map_or(ptr::null(), HeapCStr::as_ptr);
-        descriptor.next_ext = extensions.link();
-        if let Some(table) = &prefill {
-            descriptor.kernel_fns = table.as_ptr().cast();
-        }
+        let impl_id_c = CString::new(impl_id.as_str())
+            .map(HeapCStr::new)
+            .map_err(|_| refuse("impl_id has a NUL".into()))?;
+        let descriptor = rewrite_descriptor(
+            raw,
+            &impl_id_c,
+            op_name_c.as_ref(),
+            &mut extensions,
+            prefill.as_ref(),
+        );
         let gop1 = extensions
             .operation
             .as_ref()
@@ -631,6 +544,61 @@ impl KernelProvider for OwnedKernel {
 }
 
 impl KernelExtensions {
+    /// Walks the chain from `first` and negotiates every extension this host consumes into a
+    /// copy, refusing one misplaced on the kernel (`holder`) or a second one of a tag; a copied
+    /// CDM1's Qwen group is copied with it. Answers the copies and the unknown tags it skipped,
+    /// in chain order.
+    ///
+    /// # Safety
+    /// `first` must be NULL or the start of a chain whose every extension is readable for at
+    /// least its declared `struct_size` bytes during this call, and a CDM1 extension's `qwen`
+    /// must be NULL or a group readable for its declared `struct_size` during this call.
+    unsafe fn copy_chain(
+        first: *const guild_ext_header_t,
+        holder: Holder,
+    ) -> Result<(Self, Vec<u32>), Fault> {
+        // SAFETY: this function's contract includes walk_chain's.
+        let links = unsafe { walk_chain(first) }?;
+        let mut extensions = KernelExtensions::default();
+        let mut skipped_tags = Vec::new();
+        for link in &links {
+            let tag = link.header.tag;
+            let Some(contract) = contract_for(tag) else {
+                skipped_tags.push(tag);
+                continue;
+            };
+            let at = |problem| (ExtensionSite::Chain(link.index), Some(tag), problem);
+            if let Some(problem) = contract.placement.misplaced_on(holder) {
+                return Err(at(problem));
+            }
+            // SAFETY: the walk read this header from a live extension that declares
+            // `struct_size` readable bytes; the copy reads no more than that.
+            let copied = unsafe {
+                match tag {
+                    GUILD_GOP1_TAG => adopt(&mut extensions.operation, link),
+                    GUILD_CPU_EXPERT_TAG => adopt(&mut extensions.cpu_backend, link),
+                    GUILD_CUDA_DENSE_TAG => adopt(&mut extensions.cuda_dense, link),
+                    GUILD_CUDA_ATTN_TAG => adopt(&mut extensions.cuda_attn, link),
+                    GUILD_CUDA_MOE_TAG => adopt(&mut extensions.cuda_moe, link),
+                    // Unreachable: the walk refuses PFKE and CDMQ, and placement refuses RMD1
+                    // on a kernel. Refused rather than panicking should the table grow.
+                    _ => Err(ExtensionProblem::Misplaced {
+                        belongs_on: "a runner descriptor".into(),
+                        conflict: None,
+                    }),
+                }
+            };
+            let header = copied.map_err(at)?;
+            extensions.order.push(header);
+            if tag == GUILD_CUDA_MOE_TAG {
+                // SAFETY: the CDM1 copy's qwen pointer came from the plugin, which this
+                // function's contract makes NULL or a live group for this call.
+                unsafe { extensions.adopt_qwen(link.index) }?;
+            }
+        }
+        Ok((extensions, skipped_tags))
+    }
+
     /// Copies the Qwen group the just-copied CDM1 table (chain position `index`) points at, and
     /// points the CDM1 copy at the group's copy.
     ///
@@ -748,6 +716,141 @@ fn op_candidate(
         max_sm: desc.max_sm,
         cpu_isa: CpuIsa::from_bits(desc.required_cpu_isa),
     }
+}
+
+/// Reads a kernel descriptor's `impl_id` and checks that it is a valid id.
+///
+/// # Safety
+/// `ptr` must be NULL or a NUL-terminated string that stays unchanged during this call.
+unsafe fn read_impl_id(ptr: *const c_char) -> Result<ImplId, Refusal> {
+    // SAFETY: per this function's contract, `ptr` is NULL or a NUL-terminated string that
+    // does not change during this call, which is as long as `id_text` is borrowed.
+    let id_text = unsafe { bounded_str(ptr, MAX_DESCRIPTOR_STRING) }
+        .map_err(|e| Refusal::invalid(format!("kernel descriptor: impl_id {e}")))?;
+    ImplId::new(id_text).map_err(|e| Refusal::invalid(format!("kernel descriptor: impl_id: {e}")))
+}
+
+/// Reads a kernel descriptor's `op_name` and copies it as the plugin gave it. A
+/// `GUILD_OP_CUSTOM` kernel (`custom`) must name a valid operation; a legacy kind may leave it
+/// NULL or carry a free-form descriptive name, which is kept as text only. Answers the copy
+/// and the operation name.
+///
+/// # Safety
+/// `ptr` must be NULL or a NUL-terminated string that stays unchanged during this call.
+unsafe fn copy_op_name(
+    ptr: *const c_char,
+    custom: bool,
+    refuse: &impl Fn(String) -> Refusal,
+) -> Result<(Option<HeapCStr>, Option<OpName>), Refusal> {
+    if ptr.is_null() {
+        if custom {
+            return Err(refuse(
+                "op_name is NULL; GUILD_OP_CUSTOM kernels must name their operation".into(),
+            ));
+        }
+        return Ok((None, None));
+    }
+    // SAFETY: per this function's contract, a non-NULL op_name is a NUL-terminated string.
+    let text = unsafe { bounded_str(ptr, MAX_DESCRIPTOR_STRING) }
+        .map_err(|e| refuse(format!("op_name {e}")))?;
+    let name = match OpName::new(text) {
+        Ok(name) => Some(name),
+        Err(e) if custom => return Err(refuse(format!("op_name: {e}"))),
+        // A legacy kind may carry a free-form descriptive name; it is kept as text.
+        Err(_) => None,
+    };
+    let copy = CString::new(text).map_err(|_| refuse("op_name has a NUL".into()))?;
+    Ok((Some(HeapCStr::new(copy)), name))
+}
+
+/// Copies the PFKE table that a `GUILD_OP_PREFILL_KERNELS` kernel must carry in `kernel_fns`;
+/// a kernel of any other kind has none.
+///
+/// # Safety
+/// When `raw.op_kind` is `GUILD_OP_PREFILL_KERNELS`, `raw.kernel_fns` must be NULL or a PFKE
+/// table readable for its declared `struct_size` bytes during this call.
+unsafe fn copy_prefill(
+    raw: &guild_kernel_op_desc_v1_t,
+    refuse: &impl Fn(String) -> Refusal,
+    fault: &impl Fn(Fault) -> Refusal,
+) -> Result<Option<ExtensionCopy<guild_prefill_kernel_ext_v1_t>>, Refusal> {
+    if raw.op_kind != GUILD_OP_PREFILL_KERNELS {
+        return Ok(None);
+    }
+    if raw.kernel_fns.is_null() {
+        return Err(refuse(
+            "GUILD_OP_PREFILL_KERNELS needs a PFKE table in kernel_fns".into(),
+        ));
+    }
+    // SAFETY: for this kind the header makes kernel_fns a PFKE table, and this function's
+    // contract makes a non-NULL one readable for its declared size during this call.
+    Ok(Some(
+        unsafe { copy_pfke(raw.kernel_fns.cast()) }.map_err(fault)?,
+    ))
+}
+
+/// The GOP1 contract of a `GUILD_OP_CUSTOM` kernel in domain form, checked with
+/// [`OpCandidate::check`]; `None` for a kernel of any other kind. The kernel must carry a GOP1
+/// extension (`operation`; the chain's `skipped_tags` say what it held instead) and leave
+/// `kernel_fns` NULL, since the extension carries the callbacks.
+fn custom_candidate(
+    raw: &guild_kernel_op_desc_v1_t,
+    impl_id: &ImplId,
+    op_name: Option<&OpName>,
+    backend: Backend,
+    operation: Option<&ExtensionCopy<guild_operation_ext_v1_t>>,
+    skipped_tags: &[u32],
+    refuse: &impl Fn(String) -> Refusal,
+) -> Result<Option<OpCandidate>, Refusal> {
+    if raw.op_kind != GUILD_OP_CUSTOM {
+        return Ok(None);
+    }
+    let Some(op) = operation else {
+        let found = if skipped_tags.is_empty() {
+            "an empty chain".to_string()
+        } else {
+            let tags: Vec<String> = skipped_tags.iter().map(|&t| tag_text(t)).collect();
+            format!("only [{}]", tags.join(", "))
+        };
+        return Err(refuse(format!(
+            "GUILD_OP_CUSTOM kernels need a GOP1 extension, and next_ext holds {found}"
+        )));
+    };
+    if !raw.kernel_fns.is_null() {
+        return Err(refuse(
+            "kernel_fns must be NULL for GUILD_OP_CUSTOM; the GOP1 extension carries the \
+             callbacks"
+                .into(),
+        ));
+    }
+    // op_name is Some for every custom kernel that got this far.
+    let name = op_name.ok_or_else(|| refuse("op_name is missing".into()))?;
+    let candidate = op_candidate(raw, impl_id, name, backend, op.table());
+    candidate
+        .check()
+        .map_err(|e| refuse(format!("its GOP1 contract is malformed: {e}")))?;
+    Ok(Some(candidate))
+}
+
+/// The plugin's descriptor `raw` with every pointer the host copied pointing at the copy: the
+/// strings, the first of the linked chain `extensions` and a PFKE table. Its `struct_size`
+/// becomes this host's.
+fn rewrite_descriptor(
+    raw: guild_kernel_op_desc_v1_t,
+    impl_id_c: &HeapCStr,
+    op_name_c: Option<&HeapCStr>,
+    extensions: &mut KernelExtensions,
+    prefill: Option<&ExtensionCopy<guild_prefill_kernel_ext_v1_t>>,
+) -> guild_kernel_op_desc_v1_t {
+    let mut descriptor = raw;
+    descriptor.struct_size = size_u32::<guild_kernel_op_desc_v1_t>();
+    descriptor.impl_id = impl_id_c.as_ptr();
+    descriptor.op_name = op_name_c.map_or(ptr::null(), HeapCStr::as_ptr);
+    descriptor.next_ext = extensions.link();
+    if let Some(table) = prefill {
+        descriptor.kernel_fns = table.as_ptr().cast();
+    }
+    descriptor
 }
 
 // ---------------------------------------------------------------------------------------------

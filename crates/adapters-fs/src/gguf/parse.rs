@@ -370,9 +370,16 @@ impl<'a> Reader<'a> {
             len_at,
             &format_args!("array '{key}' of {len} elements"),
         )?;
+        self.array_elements(key, element_type, len)
+            .map(MetaValue::Array)
+    }
+
+    /// Reads the `len` elements of array `key`, of the scalar or string type `element_type`;
+    /// `len` was checked against the bytes left and charged to the budget.
+    fn array_elements(&mut self, key: &str, element_type: u32, len: u64) -> Result<MetaArray> {
         // The length fits in the header's remaining bytes, so it fits in a usize.
         let n = len as usize;
-        Ok(MetaValue::Array(match element_type {
+        Ok(match element_type {
             ty::STRING => {
                 let mut values = Vec::with_capacity(n);
                 for i in 0..len {
@@ -417,7 +424,7 @@ impl<'a> Reader<'a> {
                     values,
                 }
             }
-        }))
+        })
     }
 
     /// Reads one tensor info; `offset` in the result is still relative to the data section.
@@ -451,6 +458,45 @@ impl<'a> Reader<'a> {
         let offset_at = self.pos;
         let offset = self.u64(&format_args!("the data offset of tensor '{name}'"))?;
 
+        let size_bytes = self.tensor_size(&name, &dims, dims_at, raw_type, type_at)?;
+        if !offset.is_multiple_of(alignment) {
+            return Err(self.err(
+                ModelErrorKind::Malformed(format!(
+                    "tensor '{name}' has data offset {offset} at byte {offset_at}, not a multiple \
+                     of the alignment {alignment}"
+                )),
+                offset_at,
+            ));
+        }
+        // The name twice (the tensor's and the duplicate check's copy), and the extents.
+        self.charge(
+            (2 * name.len() + 8 * dims.len()) as u64,
+            name_at,
+            &format_args!("tensor '{name}'"),
+        )?;
+        Ok((
+            ModelTensor {
+                name,
+                dtype: raw_type,
+                dims,
+                size_bytes,
+                offset,
+            },
+            offset_at,
+        ))
+    }
+
+    /// The bytes of data of tensor `name` with extents `dims` (axis count at `dims_at`) and
+    /// ggml type `raw_type` (at `type_at`): its element count must fit in an `i64`, its type
+    /// must be known, and its innermost axis must hold whole blocks.
+    fn tensor_size(
+        &self,
+        name: &str,
+        dims: &[u64],
+        dims_at: u64,
+        raw_type: u32,
+        type_at: u64,
+    ) -> Result<u64> {
         // GGML holds each axis in an int64_t. An axis that does not fit is refused on its own,
         // as llama.cpp does: the product below is zero whenever some other axis is, and must not
         // hide it.
@@ -503,7 +549,7 @@ impl<'a> Reader<'a> {
         }
         // Cannot overflow: the byte count is at most the element count times the block's bytes
         // over its elements, both small, but it is checked all the same.
-        let size_bytes = (elements / per_block)
+        (elements / per_block)
             .checked_mul(u64::from(block.bytes))
             .ok_or_else(|| {
                 self.err(
@@ -514,32 +560,7 @@ impl<'a> Reader<'a> {
                     )),
                     dims_at + 4,
                 )
-            })?;
-        if !offset.is_multiple_of(alignment) {
-            return Err(self.err(
-                ModelErrorKind::Malformed(format!(
-                    "tensor '{name}' has data offset {offset} at byte {offset_at}, not a multiple \
-                     of the alignment {alignment}"
-                )),
-                offset_at,
-            ));
-        }
-        // The name twice (the tensor's and the duplicate check's copy), and the extents.
-        self.charge(
-            (2 * name.len() + 8 * dims.len()) as u64,
-            name_at,
-            &format_args!("tensor '{name}'"),
-        )?;
-        Ok((
-            ModelTensor {
-                name,
-                dtype: raw_type,
-                dims,
-                size_bytes,
-                offset,
-            },
-            offset_at,
-        ))
+            })
     }
 }
 
@@ -568,6 +589,29 @@ pub(super) fn read_header(
             file_len,
         ));
     }
+    let version = read_magic_and_version(&mut r)?;
+    let (tensor_count, kv_count) = read_counts(&mut r)?;
+    let Metadata {
+        entries: metadata,
+        index,
+        alignment,
+    } = read_metadata(&mut r, kv_count)?;
+    let (mut tensors, offset_fields) = read_tensor_infos(&mut r, tensor_count, alignment)?;
+    let data_start = r.pos.div_ceil(alignment).saturating_mul(alignment);
+    place_tensors(&r, &mut tensors, &offset_fields, data_start)?;
+    Ok(Header {
+        version,
+        metadata,
+        index,
+        tensors,
+        alignment,
+        data_start,
+    })
+}
+
+/// Reads the magic and the version, refusing anything but a little-endian GGUF file of
+/// version 2 or 3.
+fn read_magic_and_version(r: &mut Reader<'_>) -> Result<u32> {
     let magic: [u8; 4] = r.array(&"the magic")?;
     if magic != MAGIC {
         return Err(r.err(
@@ -580,18 +624,23 @@ pub(super) fn read_header(
     }
     let version = r.u32(&"the version")?;
     match version {
-        2 | 3 => {}
+        2 | 3 => Ok(version),
         // A big-endian file's version reads byte-swapped.
-        0x0200_0000 | 0x0300_0000 => {
-            return Err(r.err(
-                ModelErrorKind::NotAModel(
-                    "the file is a big-endian GGUF file; only little-endian files are read".into(),
-                ),
-                4,
-            ))
-        }
-        v => return Err(r.err(ModelErrorKind::UnsupportedVersion(v), 4)),
+        0x0200_0000 | 0x0300_0000 => Err(r.err(
+            ModelErrorKind::NotAModel(
+                "the file is a big-endian GGUF file; only little-endian files are read".into(),
+            ),
+            4,
+        )),
+        v => Err(r.err(ModelErrorKind::UnsupportedVersion(v), 4)),
     }
+}
+
+/// Reads the tensor count and the metadata count, checks that the fewest bytes their entries
+/// take fit in the header, and charges their records to the memory budget up front (they are
+/// allocated up front). Answers `(tensor_count, kv_count)`.
+fn read_counts(r: &mut Reader<'_>) -> Result<(u64, u64)> {
+    let limits = r.limits;
     let tensor_count = r.count(
         &"the tensor count",
         limits.max_tensor_count,
@@ -626,12 +675,25 @@ pub(super) fn read_header(
         kv_count_at,
         &format_args!("the metadata count {kv_count}"),
     )?;
+    Ok((tensor_count, kv_count))
+}
+
+/// The metadata entries, in file order, with the index of their keys and the alignment they set.
+struct Metadata {
+    entries: Vec<(String, MetaValue)>,
+    index: HashMap<String, usize>,
+    alignment: u64,
+}
+
+/// Reads `kv_count` metadata entries, refusing an empty or repeated key, and takes the
+/// alignment from `general.alignment` when it is there.
+fn read_metadata(r: &mut Reader<'_>, kv_count: u64) -> Result<Metadata> {
     let mut metadata: Vec<(String, MetaValue)> = Vec::with_capacity(kv_count as usize);
     let mut index = HashMap::with_capacity(kv_count as usize);
     let mut alignment = DEFAULT_ALIGNMENT;
     for i in 0..kv_count {
         let key_at = r.pos;
-        let key = r.string(Field::Key(i), limits.max_name_bytes)?;
+        let key = r.string(Field::Key(i), r.limits.max_name_bytes)?;
         // The index keeps a second copy.
         r.charge(key.len() as u64, key_at, &Field::Key(i))?;
         if key.is_empty() {
@@ -655,31 +717,46 @@ pub(super) fn read_header(
         let value_at = r.pos;
         let value = r.value(value_type, &key, type_at)?;
         if key == ALIGNMENT_KEY {
-            alignment = match value {
-                MetaValue::U32(a) if a != 0 && a.is_power_of_two() => u64::from(a),
-                MetaValue::U32(a) => {
-                    return Err(r.err(
-                        ModelErrorKind::Malformed(format!(
-                            "'{ALIGNMENT_KEY}' at byte {value_at} is {a}, not a power of two"
-                        )),
-                        value_at,
-                    ))
-                }
-                ref other => {
-                    return Err(r.err(
-                        ModelErrorKind::Malformed(format!(
-                            "'{ALIGNMENT_KEY}' at byte {type_at} has value type {}, not uint32",
-                            other.type_code()
-                        )),
-                        type_at,
-                    ))
-                }
-            };
+            alignment = alignment_of(r, &value, type_at, value_at)?;
         }
         index.insert(key.clone(), metadata.len());
         metadata.push((key, value));
     }
+    Ok(Metadata {
+        entries: metadata,
+        index,
+        alignment,
+    })
+}
 
+/// The alignment that `general.alignment`'s `value` (type at `type_at`, value at `value_at`)
+/// sets: a uint32 power of two.
+fn alignment_of(r: &Reader<'_>, value: &MetaValue, type_at: u64, value_at: u64) -> Result<u64> {
+    match *value {
+        MetaValue::U32(a) if a != 0 && a.is_power_of_two() => Ok(u64::from(a)),
+        MetaValue::U32(a) => Err(r.err(
+            ModelErrorKind::Malformed(format!(
+                "'{ALIGNMENT_KEY}' at byte {value_at} is {a}, not a power of two"
+            )),
+            value_at,
+        )),
+        ref other => Err(r.err(
+            ModelErrorKind::Malformed(format!(
+                "'{ALIGNMENT_KEY}' at byte {type_at} has value type {}, not uint32",
+                other.type_code()
+            )),
+            type_at,
+        )),
+    }
+}
+
+/// Reads `tensor_count` tensor infos, refusing a repeated name. Answers the tensors, their
+/// offsets still relative to the data section, and where each offset field was.
+fn read_tensor_infos(
+    r: &mut Reader<'_>,
+    tensor_count: u64,
+    alignment: u64,
+) -> Result<(Vec<ModelTensor>, Vec<u64>)> {
     let mut tensors = Vec::with_capacity(tensor_count as usize);
     let mut offset_fields = Vec::with_capacity(tensor_count as usize);
     let mut names = HashSet::with_capacity(tensor_count as usize);
@@ -698,17 +775,7 @@ pub(super) fn read_header(
         tensors.push(tensor);
         offset_fields.push(offset_at);
     }
-
-    let data_start = r.pos.div_ceil(alignment).saturating_mul(alignment);
-    place_tensors(&r, &mut tensors, &offset_fields, data_start)?;
-    Ok(Header {
-        version,
-        metadata,
-        index,
-        tensors,
-        alignment,
-        data_start,
-    })
+    Ok((tensors, offset_fields))
 }
 
 /// Turns each tensor's offset into a file offset and checks that its data lies inside the file

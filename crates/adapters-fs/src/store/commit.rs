@@ -19,7 +19,7 @@
 //!    `packages/<id>/` and `staging/` are fsynced so that the move is durable.
 //! 4. The frame: the delta (the changed package records, the new trust anchor) is appended to
 //!    `registry.log` and the log fdatasynced. That fdatasync is the commit point.
-//! 5. After the commit point: `trust.next` is renamed over `trust`, the trees the new registry no
+//! 5. After the commit point: `trust.next` is renamed over `trust`, the trees the new store state no
 //!    longer installs (and a replaced tree) are deleted, then the journal record. None needs an
 //!    fsync, because recovery finishes the rename and deletes unreferenced trees and stale
 //!    records anyway.
@@ -56,7 +56,7 @@ use guild_domain::store_log::StoreStateDelta;
 use guild_domain::store_state::{StoreState, REGISTRY_FORMAT_V2};
 use guild_domain::trust::anchor_succession_problem;
 use guild_domain::version::Version;
-use guild_ports::store::{Committed, StoreError, StoreErrorKind, Transaction};
+use guild_ports::store::{Committed, StagedInstall, StoreError, StoreErrorKind, Transaction};
 
 use super::durable::{
     io_error, remove_file_if_present, remove_tree, seal_tree, set_dir_read_only, Run,
@@ -124,41 +124,103 @@ pub(crate) fn is_staging_entry(staging: &Path, path: &Path) -> bool {
 }
 
 /// Checks `tx` against the current registry and works out what the commit must do.
+///
+/// The checks run in a fixed order, which decides the error a transaction with several faults
+/// reports: the generations and the trust anchor's succession, the invariants of the changed
+/// packages, the purges, the records kept, the trust bytes, and last the staged tree.
 pub(crate) fn plan(
     layout: &StoreLayout,
     current: &StoreState,
     info: DiskInfo,
     tx: Transaction,
 ) -> Result<Plan, StoreError> {
-    let invalid = |what: String| StoreError::new(StoreErrorKind::InvalidTransaction, what);
+    check_succession(layout, current, &tx)?;
+    let new = tx.new_state;
+    let delta = changed_packages(current, &new)?;
+    check_purges(current, &new, &tx.purge)?;
+    check_records_kept(current, &delta, &tx.purge)?;
+    let trust_changes = check_trust_bytes(current, &new, &tx.trust)?;
+    let replacing = tx.install.as_ref().is_some_and(|i| i.replace);
+    let (added, delete) = trees_coming_and_going(layout, current, &new, &delta);
+    let install = staged_install(layout, current, &new, &added, tx.install, replacing)?;
+    let intent = Intent {
+        from_generation: current.generation(),
+        to_generation: new.generation(),
+        install: install
+            .as_ref()
+            .map(|(node, staged)| (node.clone(), staged_name(staged))),
+        replace: replacing,
+        delete: delete.iter().map(|(n, _)| n.clone()).collect(),
+    };
+    let install = install.map(|(node, staged)| install_plan(layout, &intent, node, staged));
+    Ok(Plan {
+        intent,
+        frame: log::frame(&delta),
+        new_state: new,
+        info,
+        migrate: (info.format != REGISTRY_FORMAT_V2).then(|| current.to_checkpoint_json()),
+        install,
+        delete,
+        trust: if trust_changes { tx.trust } else { None },
+    })
+}
+
+/// An invalid transaction, for `what` reason.
+fn invalid(what: String) -> StoreError {
+    StoreError::new(StoreErrorKind::InvalidTransaction, what)
+}
+
+/// Refuses a transaction computed from another generation than the registry's, one whose new
+/// registry is not the next generation, and one whose trust anchor does not succeed the current
+/// one.
+fn check_succession(
+    layout: &StoreLayout,
+    current: &StoreState,
+    tx: &Transaction,
+) -> Result<(), StoreError> {
     let from = current.generation();
     if tx.expected_generation != from {
         return Err(StoreError::new(
             StoreErrorKind::GenerationConflict,
             format!(
-                "the transaction was computed from generation {} but the registry is at {from}",
+                "the transaction was computed from generation {} but the store state is at {from}",
                 tx.expected_generation
             ),
         )
         .at(layout.registry.clone()));
     }
-    let new = tx.new_state;
+    let new = &tx.new_state;
     if from.checked_add(1) != Some(new.generation()) {
         return Err(invalid(format!(
-            "the new registry has generation {}, not {from} + 1",
+            "the new store state has generation {}, not {from} + 1",
             new.generation()
         )));
     }
     if let Some(problem) = anchor_succession_problem(current.trust_anchor(), new.trust_anchor()) {
         return Err(invalid(problem).at(layout.registry.clone()));
     }
-    // Only the packages whose records differ are looked at from here: the others are equal to
-    // what is committed, which already keeps every invariant.
-    let delta = StoreStateDelta::between(current, &new)
-        .map_err(|e| invalid("the new registry cannot be recorded".to_owned()).caused_by(e))?;
+    Ok(())
+}
+
+/// The packages whose records differ from the committed state, once the new store state is known
+/// to keep every invariant for them. Only these are looked at from here: the others are equal
+/// to what is committed, which already keeps every invariant.
+fn changed_packages(current: &StoreState, new: &StoreState) -> Result<StoreStateDelta, StoreError> {
+    let delta = StoreStateDelta::between(current, new)
+        .map_err(|e| invalid("the new store state cannot be recorded".to_owned()).caused_by(e))?;
     new.validate_packages(delta.changed_ids())
         .map_err(|e| invalid("the new store state breaks an invariant".to_owned()).caused_by(e))?;
-    for (id, version) in &tx.purge {
+    Ok(delta)
+}
+
+/// Refuses a purge of a record that is not a removed version of the current registry, or that
+/// the new store state keeps.
+fn check_purges(
+    current: &StoreState,
+    new: &StoreState,
+    purge: &[(PackageId, Version)],
+) -> Result<(), StoreError> {
+    for (id, version) in purge {
         match current.record(id, version) {
             Some(r) if r.state == State::Removed => {}
             Some(r) => {
@@ -175,17 +237,27 @@ pub(crate) fn plan(
         }
         if new.record(id, version).is_some() {
             return Err(invalid(format!(
-                "the transaction purges {id}@{version}, but the new registry keeps its record"
+                "the transaction purges {id}@{version}, but the new store state keeps its record"
             )));
         }
     }
+    Ok(())
+}
+
+/// Refuses a changed package that drops a record (but those `purge` names) or changes a
+/// record's payload: versions are immutable.
+fn check_records_kept(
+    current: &StoreState,
+    delta: &StoreStateDelta,
+    purge: &[(PackageId, Version)],
+) -> Result<(), StoreError> {
     for (id, changed) in &delta.packages {
         let Some(package) = current.package(id) else {
             continue;
         };
         for (version, old) in package.versions() {
             match changed.as_ref().and_then(|p| p.get(version)) {
-                None if tx.purge.iter().any(|(i, v)| i == id && v == version) => {}
+                None if purge.iter().any(|(i, v)| i == id && v == version) => {}
                 None => {
                     return Err(invalid(format!(
                         "the new store state drops the record of {id}@{version}"
@@ -197,47 +269,69 @@ pub(crate) fn plan(
                         || r.publisher != old.publisher =>
                 {
                     return Err(invalid(format!(
-                        "the new registry changes the recorded payload of {id}@{version}"
+                        "the new store state changes the recorded payload of {id}@{version}"
                     )))
                 }
                 Some(_) => {}
             }
         }
     }
+    Ok(())
+}
+
+/// Checks that the transaction carries trust bytes exactly when the new store state records a new
+/// trust file, and that they are the bytes it records. Answers whether the trust file changes.
+fn check_trust_bytes(
+    current: &StoreState,
+    new: &StoreState,
+    trust: &Option<Vec<u8>>,
+) -> Result<bool, StoreError> {
     let trust_changes = current.trust_anchor() != new.trust_anchor();
-    match (&tx.trust, new.trust_anchor()) {
+    match (trust, new.trust_anchor()) {
         (Some(bytes), Some(anchor)) if trust_changes => {
             if Sha256Digest::of(bytes) != anchor.file_digest {
                 return Err(invalid(
-                    "the trust bytes are not those the new registry records".to_owned(),
+                    "the trust bytes are not those the new store state records".to_owned(),
                 ));
             }
         }
         (None, _) if !trust_changes => {}
         (Some(_), _) => {
             return Err(invalid(
-                "the transaction writes trust bytes but the registry records no new trust file"
+                "the transaction writes trust bytes but the store state records no new trust file"
                     .to_owned(),
             ))
         }
         (None, _) => {
             return Err(invalid(
-                "the new registry records a new trust file but the transaction carries no bytes"
+                "the new store state records a new trust file but the transaction carries no bytes"
                     .to_owned(),
             ))
         }
     }
-    let replacing = tx.install.as_ref().is_some_and(|i| i.replace);
-    // Trees come and go only with the packages the delta changes.
-    let installed = |state: &StoreState, id: &PackageId| -> Vec<Version> {
-        state
-            .package(id)
-            .map(|p| p.installed().map(|(v, _)| v.clone()).collect())
-            .unwrap_or_default()
-    };
+    Ok(trust_changes)
+}
+
+/// The versions that `state` installs of package `id`.
+fn installed_versions(state: &StoreState, id: &PackageId) -> Vec<Version> {
+    state
+        .package(id)
+        .map(|p| p.installed().map(|(v, _)| v.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// The versions the new store state installs and the current one does not, and the trees (with
+/// their paths) of those the current registry installs and the new one does not. Trees come and
+/// go only with the packages the delta changes.
+fn trees_coming_and_going(
+    layout: &StoreLayout,
+    current: &StoreState,
+    new: &StoreState,
+    delta: &StoreStateDelta,
+) -> (Vec<NodeRef>, Vec<(NodeRef, PathBuf)>) {
     let (mut added, mut delete) = (Vec::new(), Vec::new());
     for id in delta.changed_ids() {
-        for version in installed(&new, id) {
+        for version in installed_versions(new, id) {
             if !current.is_installed(id, &version) {
                 added.push(NodeRef {
                     id: id.clone(),
@@ -245,7 +339,7 @@ pub(crate) fn plan(
                 });
             }
         }
-        for version in installed(current, id) {
+        for version in installed_versions(current, id) {
             if !new.is_installed(id, &version) {
                 let path = layout.package_dir(id, &version);
                 let node = NodeRef {
@@ -256,8 +350,22 @@ pub(crate) fn plan(
             }
         }
     }
-    let install = match (added.as_slice(), tx.install) {
-        ([], None) => None,
+    (added, delete)
+}
+
+/// Matches the staged tree against the versions the new store state `added`: none with nothing
+/// staged, one with its own tree staged, or none with a replacement of a version installed
+/// before and after. Answers the version whose tree moves into place and the staged tree.
+fn staged_install(
+    layout: &StoreLayout,
+    current: &StoreState,
+    new: &StoreState,
+    added: &[NodeRef],
+    install: Option<StagedInstall>,
+    replacing: bool,
+) -> Result<Option<(NodeRef, PathBuf)>, StoreError> {
+    match (added, install) {
+        ([], None) => Ok(None),
         ([], Some(ins)) if replacing => {
             let node = NodeRef {
                 id: ins.id.clone(),
@@ -272,54 +380,49 @@ pub(crate) fn plan(
                 )));
             }
             staged_dir(layout, &node, &ins.staged)?;
-            Some((node, ins.staged))
+            Ok(Some((node, ins.staged)))
         }
         ([node], Some(ins)) if node.id == ins.id && node.version == ins.version && !ins.replace => {
             staged_dir(layout, node, &ins.staged)?;
-            Some((node.clone(), ins.staged))
+            Ok(Some((node.clone(), ins.staged)))
         }
         (added, install) => {
             let added: Vec<String> = added.iter().map(ToString::to_string).collect();
             let staged = install.map(|i| format!("{}@{}", i.id, i.version));
-            return Err(invalid(format!(
-                "the new registry installs [{}] but the transaction stages {}",
+            Err(invalid(format!(
+                "the new store state installs [{}] but the transaction stages {}",
                 added.join(", "),
                 staged.as_deref().unwrap_or("nothing")
-            )));
+            )))
         }
-    };
-    let intent = Intent {
-        from_generation: from,
-        to_generation: new.generation(),
-        install: install.as_ref().map(|(node, staged)| {
-            let name = staged
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            (node.clone(), name)
-        }),
-        replace: replacing,
-        delete: delete.iter().map(|(n, _)| n.clone()).collect(),
-    };
-    let install = install.map(|(node, staged)| InstallPlan {
+    }
+}
+
+/// The staged tree's name in the staging area, as the journal record keeps it.
+fn staged_name(staged: &Path) -> String {
+    staged
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The paths an install of `node` from `staged` uses; a replacement (`intent.replace`) sets the
+/// installed tree aside under the staged name the journal record holds.
+fn install_plan(
+    layout: &StoreLayout,
+    intent: &Intent,
+    node: NodeRef,
+    staged: PathBuf,
+) -> InstallPlan {
+    InstallPlan {
         staged,
         id_dir: layout.packages.join(node.id.as_str()),
         dest: layout.package_dir(&node.id, &node.version),
-        aside: replacing.then(|| {
+        aside: intent.replace.then(|| {
             let staged = intent.install.as_ref().map_or("", |(_, s)| s.as_str());
             layout.replaced_dir(&node.id, &node.version, staged)
         }),
-    });
-    Ok(Plan {
-        intent,
-        frame: log::frame(&delta),
-        new_state: new,
-        info,
-        migrate: (info.format != REGISTRY_FORMAT_V2).then(|| current.to_checkpoint_json()),
-        install,
-        delete,
-        trust: if trust_changes { tx.trust } else { None },
-    })
+    }
 }
 
 /// Checks that `staged`, the tree of `node`, is a directory directly in the staging area.
@@ -377,32 +480,12 @@ pub(crate) fn apply(
     let hold = install_hold.as_ref();
     let before_commit_point = migrate(layout, run, plan, &mut progress, &mut info)
         .and_then(|()| prepare(layout, run, plan, hold, &mut progress))
-        .and_then(|()| {
-            if info.dir_unsynced {
-                // A compaction's rename whose directory fsync failed: make it durable before a
-                // frame lands in the file it named.
-                run.sync_path("fsync store directory", &layout.root)?;
-                info.dir_unsynced = false;
-            }
-            progress.appending = true;
-            run.append(
-                "append registry frame",
-                &layout.log,
-                info.log_len,
-                &plan.frame,
-            )?;
-            run.fdatasync("fdatasync registry log (commit point)", &layout.log)
-        });
+        .and_then(|()| append_frame(layout, run, plan, &mut progress, &mut info));
     if let Err(e) = before_commit_point {
-        if is_crash(&e) {
-            return Err(Failure::Crashed(e));
-        }
-        // The frame may be in the file, even durably: cut it off, durably, so that the answer
-        // "failed" is true; if that fails too, only recovery can tell.
-        if progress.appending && restore_log(layout, run, info.log_len).is_err() {
-            return Err(Failure::Poisoned(e));
-        }
-        return Err(undo_or_poison(layout, plan, hold, &progress, e));
+        let log_len = info.log_len;
+        return Err(fail_before_commit_point(
+            layout, run, plan, hold, &progress, log_len, e,
+        ));
     }
     info.log_len += plan.frame.len() as u64;
 
@@ -410,6 +493,73 @@ pub(crate) fn apply(
         generation: plan.new_state.generation(),
         ..Committed::default()
     };
+    finish_trust_file(layout, run, plan, &mut committed)?;
+    delete_replaced_tree(run, plan, hold, &mut committed)?;
+    drop(install_hold);
+    delete_old_trees(run, plan, holds, &mut committed)?;
+    remove_journal_record(layout, run, plan, &mut committed)?;
+    if info.wants_compaction(compact_over) {
+        compact_after_commit(layout, run, &plan.new_state, &mut info, &mut committed)?;
+    }
+    Ok((committed, info))
+}
+
+/// Appends the frame to the log and fdatasyncs it: the commit point. A compaction's rename
+/// whose directory fsync failed is made durable first.
+fn append_frame(
+    layout: &StoreLayout,
+    run: &mut Run,
+    plan: &Plan,
+    progress: &mut Progress,
+    info: &mut DiskInfo,
+) -> Result<(), StoreError> {
+    if info.dir_unsynced {
+        // A compaction's rename whose directory fsync failed: make it durable before a
+        // frame lands in the file it named.
+        run.sync_path("fsync store directory", &layout.root)?;
+        info.dir_unsynced = false;
+    }
+    progress.appending = true;
+    run.append(
+        "append registry frame",
+        &layout.log,
+        info.log_len,
+        &plan.frame,
+    )?;
+    run.fdatasync("fdatasync registry log (commit point)", &layout.log)
+}
+
+/// How a commit that failed before its commit point ends. A crash stops it as it is. Otherwise
+/// a frame whose append started is cut off the log (back to `log_len` bytes) and everything
+/// else the commit wrote is undone, so that the store is unchanged; if either fails, it is
+/// poisoned.
+fn fail_before_commit_point(
+    layout: &StoreLayout,
+    run: &mut Run,
+    plan: &Plan,
+    hold: Option<&DeleteHold>,
+    progress: &Progress,
+    log_len: u64,
+    error: StoreError,
+) -> Failure {
+    if is_crash(&error) {
+        return Failure::Crashed(error);
+    }
+    // The frame may be in the file, even durably: cut it off, durably, so that the answer
+    // "failed" is true; if that fails too, only recovery can tell.
+    if progress.appending && restore_log(layout, run, log_len).is_err() {
+        return Failure::Poisoned(error);
+    }
+    undo_or_poison(layout, plan, hold, progress, error)
+}
+
+/// After the commit point: renames `trust.next` over `trust` when the commit changes it.
+fn finish_trust_file(
+    layout: &StoreLayout,
+    run: &mut Run,
+    plan: &Plan,
+    committed: &mut Committed,
+) -> Result<(), Failure> {
     if plan.trust.is_some() {
         match run.rename("rename trust file", &layout.trust_next, &layout.trust) {
             Ok(()) => {}
@@ -419,6 +569,16 @@ pub(crate) fn apply(
             Err(_) => committed.leftovers.push(layout.trust_next.clone()),
         }
     }
+    Ok(())
+}
+
+/// After the commit point: deletes the tree a replacement set aside, under the version's pin.
+fn delete_replaced_tree(
+    run: &mut Run,
+    plan: &Plan,
+    hold: Option<&DeleteHold>,
+    committed: &mut Committed,
+) -> Result<(), Failure> {
     if let (Some(aside), Some(hold)) = (plan.install.as_ref().and_then(|i| i.aside.as_ref()), hold)
     {
         let removed = run.step("delete replaced tree").and_then(|()| {
@@ -431,7 +591,17 @@ pub(crate) fn apply(
             Err(_) => committed.leftovers.push(aside.clone()),
         }
     }
-    drop(install_hold);
+    Ok(())
+}
+
+/// After the commit point: deletes the trees the new store state no longer installs, each under
+/// its hold, and an id's directory once its last version is gone.
+fn delete_old_trees(
+    run: &mut Run,
+    plan: &Plan,
+    holds: Vec<DeleteHold>,
+    committed: &mut Committed,
+) -> Result<(), Failure> {
     for ((node, path), hold) in plan.delete.iter().zip(holds) {
         let removed = run.step("delete old tree").and_then(|()| {
             hold.delete_tree(path)
@@ -449,6 +619,16 @@ pub(crate) fn apply(
             Err(_) => committed.leftovers.push(path.clone()),
         }
     }
+    Ok(())
+}
+
+/// After the commit point: removes the transaction's journal record.
+fn remove_journal_record(
+    layout: &StoreLayout,
+    run: &mut Run,
+    plan: &Plan,
+    committed: &mut Committed,
+) -> Result<(), Failure> {
     let record = plan.intent.path_in(&layout.journal);
     let removed = run.step("remove journal record").and_then(|()| {
         remove_file_if_present(&record)
@@ -460,31 +640,42 @@ pub(crate) fn apply(
         Err(e) if is_crash(&e) => return Err(Failure::Crashed(e)),
         Err(_) => committed.leftovers.push(record),
     }
-    if info.wants_compaction(compact_over) {
-        match compact(layout, run, &plan.new_state, &mut info) {
-            Ok(()) => {}
-            Err(e) if is_crash(&e) => return Err(Failure::Crashed(e)),
-            Err(_) => {
-                // The commit stands and the store reads the same either way; the log just stays
-                // long until a later commit compacts it.
-                for tmp in [&layout.registry_tmp, &layout.log_tmp] {
-                    let _ = remove_file_if_present(tmp);
-                }
-                committed.leftovers.push(layout.log.clone());
-                match fs::metadata(&layout.log) {
-                    Ok(m) => info.log_len = m.len(),
-                    Err(e) => {
-                        return Err(Failure::Poisoned(io_error(
-                            "inspect registry log",
-                            &layout.log,
-                            e,
-                        )))
-                    }
+    Ok(())
+}
+
+/// After the commit: compacts the log to `state`. A failure leaves the commit standing and the
+/// log long (listed in the leftovers, its length read back); only a log whose length cannot be
+/// read poisons the store.
+fn compact_after_commit(
+    layout: &StoreLayout,
+    run: &mut Run,
+    state: &StoreState,
+    info: &mut DiskInfo,
+    committed: &mut Committed,
+) -> Result<(), Failure> {
+    match compact(layout, run, state, info) {
+        Ok(()) => {}
+        Err(e) if is_crash(&e) => return Err(Failure::Crashed(e)),
+        Err(_) => {
+            // The commit stands and the store reads the same either way; the log just stays
+            // long until a later commit compacts it.
+            for tmp in [&layout.registry_tmp, &layout.log_tmp] {
+                let _ = remove_file_if_present(tmp);
+            }
+            committed.leftovers.push(layout.log.clone());
+            match fs::metadata(&layout.log) {
+                Ok(m) => info.log_len = m.len(),
+                Err(e) => {
+                    return Err(Failure::Poisoned(io_error(
+                        "inspect registry log",
+                        &layout.log,
+                        e,
+                    )))
                 }
             }
         }
     }
-    Ok((committed, info))
+    Ok(())
 }
 
 /// Moves a format-1 store to a checkpoint and a log, before anything else of the commit: an

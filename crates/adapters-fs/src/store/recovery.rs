@@ -73,63 +73,116 @@ pub(crate) fn recover(
     let trust = read_store_file("read trust file", &layout.trust, MAX_TRUST_BYTES)?;
     let trust_next = read_store_file("read new trust file", &layout.trust_next, MAX_TRUST_BYTES)?;
     let (registry, info) = match found {
-        Some(found) => {
-            if found.torn_len.is_some() {
-                // A frame whose append did not finish: its commit point was not reached.
-                cut_log(layout, found.info.log_len, run)?;
-                report.removed_temp_files.push(layout.log.clone());
-            }
-            if found.stray_log {
-                // A migration stopped before its checkpoint: the format-1 registry is the store.
-                remove_file_if_present(&layout.log)
-                    .map_err(|e| io_error("remove stray registry log", &layout.log, e))?;
-                report.removed_temp_files.push(layout.log.clone());
-            }
-            (found.registry, found.info)
-        }
-        None => {
-            if let Some(first) = records.first() {
-                return Err(StoreError::new(
-                    StoreErrorKind::Corrupt,
-                    "registry file is missing but the journal holds records",
-                )
-                .at(first.0.clone()));
-            }
-            if dir_has_entries(&layout.packages)? {
-                return Err(StoreError::new(
-                    StoreErrorKind::Corrupt,
-                    "registry file is missing but the store holds package trees",
-                )
-                .at(layout.registry.clone()));
-            }
-            let fresh = StoreState::new();
-            // The log first: a checkpoint is never without one.
-            log::create(layout, run, fresh.generation())?;
-            let checkpoint = fresh.to_checkpoint_json();
-            run.atomic_write(
-                [
-                    "write new registry",
-                    "fsync new registry",
-                    "rename new registry",
-                    "fsync store directory",
-                ],
-                &layout.registry_tmp,
-                &layout.registry,
-                &checkpoint,
-            )?;
-            report.created = true;
-            let info = DiskInfo {
-                format: REGISTRY_FORMAT_V2,
-                checkpoint_len: checkpoint.len() as u64,
-                log_len: log::HEADER_LEN,
-                dir_unsynced: false,
-            };
-            (fresh, info)
-        }
+        Some(found) => settle_log(layout, found, run, &mut report)?,
+        None => create_registry(layout, &records, run, &mut report)?,
     };
     let generation = registry.generation();
+    let undo_replacements = classify_records(&records, generation, &mut report)?;
+
+    // Now make the disk match the registry.
+    let settled = settle_trust(layout, &registry, trust_next, run, &mut report)?;
+    for (node, staged) in &undo_replacements {
+        put_back_replaced_tree(layout, node, staged, run)?;
+    }
+    remove_temp_files(layout, &mut report)?;
+    let accounted = accounted_trees(&records, &registry);
+    sweep_packages(layout, &registry, &accounted, &mut report)?;
+    clear_staging(layout, keep_staging, &mut report)?;
+    // The records go last: until the trees are dealt with, they are the evidence of what was in
+    // flight.
+    for (path, _) in &records {
+        remove_file_if_present(path).map_err(|e| io_error("remove journal record", path, e))?;
+    }
+    report.generation = generation;
+    let trust = settled.or(trust);
+    Ok(Recovered {
+        registry,
+        info,
+        trust,
+        report,
+    })
+}
+
+/// Cuts a torn frame off the end of the log, or deletes a log a migration left beside a
+/// format-1 registry, and answers the registry the files hold.
+fn settle_log(
+    layout: &StoreLayout,
+    found: log::OnDisk,
+    run: &mut Run,
+    report: &mut RecoveryReport,
+) -> Result<(StoreState, DiskInfo), StoreError> {
+    if found.torn_len.is_some() {
+        // A frame whose append did not finish: its commit point was not reached.
+        cut_log(layout, found.info.log_len, run)?;
+        report.removed_temp_files.push(layout.log.clone());
+    }
+    if found.stray_log {
+        // A migration stopped before its checkpoint: the format-1 registry is the store.
+        remove_file_if_present(&layout.log)
+            .map_err(|e| io_error("remove stray registry log", &layout.log, e))?;
+        report.removed_temp_files.push(layout.log.clone());
+    }
+    Ok((found.registry, found.info))
+}
+
+/// Creates an empty registry (a log, then a checkpoint) where there is none, after checking
+/// that the store holds no journal record and no package tree that a lost registry would have
+/// accounted for.
+fn create_registry(
+    layout: &StoreLayout,
+    records: &[(PathBuf, Intent)],
+    run: &mut Run,
+    report: &mut RecoveryReport,
+) -> Result<(StoreState, DiskInfo), StoreError> {
+    if let Some(first) = records.first() {
+        return Err(StoreError::new(
+            StoreErrorKind::Corrupt,
+            "registry file is missing but the journal holds records",
+        )
+        .at(first.0.clone()));
+    }
+    if dir_has_entries(&layout.packages)? {
+        return Err(StoreError::new(
+            StoreErrorKind::Corrupt,
+            "registry file is missing but the store holds package trees",
+        )
+        .at(layout.registry.clone()));
+    }
+    let fresh = StoreState::new();
+    // The log first: a checkpoint is never without one.
+    log::create(layout, run, fresh.generation())?;
+    let checkpoint = fresh.to_checkpoint_json();
+    run.atomic_write(
+        [
+            "write new registry",
+            "fsync new registry",
+            "rename new registry",
+            "fsync store directory",
+        ],
+        &layout.registry_tmp,
+        &layout.registry,
+        &checkpoint,
+    )?;
+    report.created = true;
+    let info = DiskInfo {
+        format: REGISTRY_FORMAT_V2,
+        checkpoint_len: checkpoint.len() as u64,
+        log_len: log::HEADER_LEN,
+        dir_unsynced: false,
+    };
+    Ok((fresh, info))
+}
+
+/// Reports each journal record as finished (the registry reached its generation) or undone (the
+/// registry is still where it started), and refuses one that fits neither: the registry went
+/// backwards. Answers the replacements to undo, each as its version and staged name.
+fn classify_records(
+    records: &[(PathBuf, Intent)],
+    generation: u64,
+    report: &mut RecoveryReport,
+) -> Result<Vec<(NodeRef, String)>, StoreError> {
     let mut undo_replacements = Vec::new();
-    for (path, intent) in &records {
+    for (path, intent) in records {
         let summary = InterruptedCommit {
             from_generation: intent.from_generation,
             to_generation: intent.to_generation,
@@ -147,43 +200,56 @@ pub(crate) fn recover(
             return Err(StoreError::new(
                 StoreErrorKind::Corrupt,
                 format!(
-                    "journal record moves generation {} to {}, but the registry is at {generation}",
+                    "journal record moves generation {} to {}, but the store state is at {generation}",
                     intent.from_generation, intent.to_generation
                 ),
             )
             .at(path.clone()));
         }
     }
+    Ok(undo_replacements)
+}
 
-    // Now make the disk match the registry.
-    let settled = settle_trust(layout, &registry, trust_next, run, &mut report)?;
-    for (node, staged) in &undo_replacements {
-        // The name the record's own transaction gave the tree it moved aside.
-        let aside = layout.replaced_dir(&node.id, &node.version, staged);
-        if fs::symlink_metadata(&aside).is_ok() {
-            // The replacement did not reach its commit point: its old tree goes back.
-            let dest = layout.package_dir(&node.id, &node.version);
-            let _hold = match fs::symlink_metadata(&dest) {
-                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-                Err(e) => return Err(io_error("inspect replacing tree", &dest, e)),
-                Ok(_) => {
-                    let version = node.version.to_string();
-                    match super::pins::hold_for_delete(layout, node.id.as_str(), &version) {
-                        Ok(hold) => {
-                            hold.delete_tree(&dest)
-                                .map_err(|e| io_error("remove replacing tree", &dest, e))?;
-                            Some(hold)
-                        }
-                        // A process pinned the version and may be using the new tree: both
-                        // stay, and the sweep reports the replaced one.
-                        Err(_) => continue,
-                    }
-                }
-            };
-            fs::rename(&aside, &dest).map_err(|e| io_error("restore replaced tree", &aside, e))?;
-            run.sync_path("fsync package directory", super::durable::parent(&dest)?)?;
-        }
+/// Undoes a replacement of `node` that did not reach its commit point: the tree its transaction
+/// set aside under `staged` goes back in place of the new one. The new tree is deleted under the
+/// version's pin; while another process pins the version, both trees stay (the sweep reports the
+/// replaced one).
+fn put_back_replaced_tree(
+    layout: &StoreLayout,
+    node: &NodeRef,
+    staged: &str,
+    run: &mut Run,
+) -> Result<(), StoreError> {
+    // The name the record's own transaction gave the tree it moved aside.
+    let aside = layout.replaced_dir(&node.id, &node.version, staged);
+    if fs::symlink_metadata(&aside).is_err() {
+        return Ok(());
     }
+    // The replacement did not reach its commit point: its old tree goes back.
+    let dest = layout.package_dir(&node.id, &node.version);
+    let _hold = match fs::symlink_metadata(&dest) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(io_error("inspect replacing tree", &dest, e)),
+        Ok(_) => {
+            let version = node.version.to_string();
+            match super::pins::hold_for_delete(layout, node.id.as_str(), &version) {
+                Ok(hold) => {
+                    hold.delete_tree(&dest)
+                        .map_err(|e| io_error("remove replacing tree", &dest, e))?;
+                    Some(hold)
+                }
+                // A process pinned the version and may be using the new tree: both stay, and the
+                // sweep reports the replaced one.
+                Err(_) => return Ok(()),
+            }
+        }
+    };
+    fs::rename(&aside, &dest).map_err(|e| io_error("restore replaced tree", &aside, e))?;
+    run.sync_path("fsync package directory", super::durable::parent(&dest)?)
+}
+
+/// Deletes the temporary registry, log and trust files and the temporary journal records.
+fn remove_temp_files(layout: &StoreLayout, report: &mut RecoveryReport) -> Result<(), StoreError> {
     for tmp in [&layout.registry_tmp, &layout.log_tmp, &layout.trust_tmp] {
         if remove_file_if_present(tmp).map_err(|e| io_error("remove temporary file", tmp, e))? {
             report.removed_temp_files.push(tmp.clone());
@@ -198,11 +264,18 @@ pub(crate) fn recover(
             report.removed_temp_files.push(path);
         }
     }
-    // The trees a record accounts for, beside the installed ones: those a journal record names
-    // (the tree an interrupted install brought in, the trees a finished change deletes) and
-    // those of removed versions the registry still records.
+    Ok(())
+}
+
+/// The trees a record accounts for, beside the installed ones: those a journal record names (the
+/// tree an interrupted install brought in, the trees a finished change deletes) and those of
+/// removed versions the registry still records. Each is an id and a version, as text.
+fn accounted_trees(
+    records: &[(PathBuf, Intent)],
+    registry: &StoreState,
+) -> BTreeSet<(String, String)> {
     let mut accounted: BTreeSet<(String, String)> = BTreeSet::new();
-    for (_, intent) in &records {
+    for (_, intent) in records {
         let named = intent.install.iter().map(|(n, _)| n).chain(&intent.delete);
         accounted.extend(named.map(|n| (n.id.to_string(), n.version.to_string())));
     }
@@ -211,7 +284,15 @@ pub(crate) fn recover(
             .removed()
             .map(|(id, v)| (id.to_string(), v.to_string())),
     );
-    sweep_packages(layout, &registry, &accounted, &mut report)?;
+    accounted
+}
+
+/// Deletes every staging entry but those named in `keep_staging`.
+fn clear_staging(
+    layout: &StoreLayout,
+    keep_staging: &BTreeSet<OsString>,
+    report: &mut RecoveryReport,
+) -> Result<(), StoreError> {
     for entry in list(&layout.staging)? {
         if keep_staging.contains(&entry) {
             continue;
@@ -220,19 +301,7 @@ pub(crate) fn recover(
         remove_tree(&path).map_err(|e| io_error("clear staging", &path, e))?;
         report.removed_staging.push(path);
     }
-    // The records go last: until the trees are dealt with, they are the evidence of what was in
-    // flight.
-    for (path, _) in &records {
-        remove_file_if_present(path).map_err(|e| io_error("remove journal record", path, e))?;
-    }
-    report.generation = generation;
-    let trust = settled.or(trust);
-    Ok(Recovered {
-        registry,
-        info,
-        trust,
-        report,
-    })
+    Ok(())
 }
 
 /// Cuts the uncommitted tail off the log, down to `valid` bytes, durably.
@@ -362,19 +431,7 @@ fn sweep_packages(
         .installed()
         .map(|(id, v, _)| (id.to_string(), v.to_string()))
         .collect();
-    let mut expected: BTreeMap<OsString, BTreeMap<OsString, NodeRef>> = BTreeMap::new();
-    for (id, version, _) in registry.installed() {
-        expected
-            .entry(OsString::from(id.as_str()))
-            .or_default()
-            .insert(
-                OsString::from(version.to_string()),
-                NodeRef {
-                    id: id.clone(),
-                    version: version.clone(),
-                },
-            );
-    }
+    let mut expected = installed_trees(registry);
     let mut removed = Vec::new();
     for (id_name, id_is_dir) in list_typed(&layout.packages)? {
         let id_dir = layout.packages.join(&id_name);
@@ -440,6 +497,25 @@ fn sweep_packages(
         .flat_map(BTreeMap::into_values)
         .collect();
     Ok(())
+}
+
+/// The trees `registry` installs: for each id's directory name, each version's directory name
+/// with the version.
+fn installed_trees(registry: &StoreState) -> BTreeMap<OsString, BTreeMap<OsString, NodeRef>> {
+    let mut expected: BTreeMap<OsString, BTreeMap<OsString, NodeRef>> = BTreeMap::new();
+    for (id, version, _) in registry.installed() {
+        expected
+            .entry(OsString::from(id.as_str()))
+            .or_default()
+            .insert(
+                OsString::from(version.to_string()),
+                NodeRef {
+                    id: id.clone(),
+                    version: version.clone(),
+                },
+            );
+    }
+    expected
 }
 
 /// The names in directory `dir`, each with whether it is a directory (not a link to one).

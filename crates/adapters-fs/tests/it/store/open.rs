@@ -239,7 +239,7 @@ fn store_journal_ahead_of_the_registry_fails_closed() {
     assert_eq!(err.kind, StoreErrorKind::Corrupt);
     assert_eq!(
         err.what,
-        "journal record moves generation 7 to 8, but the registry is at 1"
+        "journal record moves generation 7 to 8, but the store state is at 1"
     );
     let stray = StoreLayout::new(&root).journal.join("notes.txt");
     fs::write(&record, text).unwrap();
@@ -432,12 +432,12 @@ fn store_refuses_inconsistent_transactions() {
     let err = refused(&store, &root, stale, StoreErrorKind::GenerationConflict);
     assert_eq!(
         err.what,
-        "the transaction was computed from generation 0 but the registry is at 1"
+        "the transaction was computed from generation 0 but the store state is at 1"
     );
 
     let no_step = Transaction::new(1, current.clone());
     let err = refused(&store, &root, no_step, StoreErrorKind::InvalidTransaction);
-    assert_eq!(err.what, "the new registry has generation 1, not 1 + 1");
+    assert_eq!(err.what, "the new store state has generation 1, not 1 + 1");
 
     let dropped = Transaction::new(1, StoreState::new().successor().successor());
     let err = refused(&store, &root, dropped, StoreErrorKind::InvalidTransaction);
@@ -455,14 +455,14 @@ fn store_refuses_inconsistent_transactions() {
     );
     assert_eq!(
         err.what,
-        "the new registry installs [b@1.0.0] but the transaction stages nothing"
+        "the new store state installs [b@1.0.0] but the transaction stages nothing"
     );
     let staged = stage_tree(&store, "c", "1.0.0");
     let wrong = Transaction::new(1, next.clone()).with_install(id("c"), v("1.0.0"), staged);
     let err = refused(&store, &root, wrong, StoreErrorKind::InvalidTransaction);
     assert_eq!(
         err.what,
-        "the new registry installs [b@1.0.0] but the transaction stages c@1.0.0"
+        "the new store state installs [b@1.0.0] but the transaction stages c@1.0.0"
     );
 
     // A staged tree outside the staging area is refused and left alone.
@@ -507,7 +507,7 @@ fn store_refuses_a_changed_digest_even_for_a_removed_version() {
     assert_eq!(err.kind, StoreErrorKind::InvalidTransaction);
     assert_eq!(
         err.what,
-        "the new registry changes the recorded payload of a@1.0.0"
+        "the new store state changes the recorded payload of a@1.0.0"
     );
     assert_eq!(snapshot(&root), before);
 }
@@ -530,7 +530,7 @@ fn store_drops_a_removed_record_only_when_the_transaction_purges_it_by_name() {
         .unwrap_err();
     assert_eq!(err.kind, StoreErrorKind::InvalidTransaction);
     assert_eq!(err.what, "the new store state drops the record of a@1.0.0");
-    // Naming a record that is not removed, or one the new registry keeps, is refused too.
+    // Naming a record that is not removed, or one the new store state keeps, is refused too.
     let installed = Transaction::new(generation, next.clone())
         .with_purge(vec![(id("a"), v("1.0.0")), (id("a"), v("2.0.0"))]);
     let err = store.commit(installed).unwrap_err();
@@ -543,7 +543,7 @@ fn store_drops_a_removed_record_only_when_the_transaction_purges_it_by_name() {
     let err = store.commit(kept).unwrap_err();
     assert_eq!(
         err.what,
-        "the transaction purges a@1.0.0, but the new registry keeps its record"
+        "the transaction purges a@1.0.0, but the new store state keeps its record"
     );
     let unknown = Transaction::new(generation, next.clone())
         .with_purge(vec![(id("a"), v("1.0.0")), (id("z"), v("1.0.0"))]);
