@@ -225,14 +225,14 @@ pub fn anchor_succession_problem(
 ) -> Option<String> {
     let current = current?;
     let Some(next) = next else {
-        return Some("the new registry drops the record of the trust file".into());
+        return Some("the new store state drops the record of the trust file".into());
     };
     if next == current {
         return None;
     }
     if next.binding.store_id != current.binding.store_id {
         return Some(format!(
-            "the new registry binds the trust file to store {}, not {}",
+            "the new store state binds the trust file to store {}, not {}",
             next.binding.store_id, current.binding.store_id
         ));
     }
@@ -252,7 +252,7 @@ pub fn anchor_succession_problem(
                 .keys()
                 .find(|d| !next.revoked_digests.contains_key(d))
         });
-    forgotten.map(|d| format!("the new registry forgets the revocation of {d}"))
+    forgotten.map(|d| format!("the new store state forgets the revocation of {d}"))
 }
 
 /// Why a change to the trust store was refused.

@@ -451,7 +451,7 @@ fn trust_anchor_succession_keeps_the_store_the_order_and_every_revocation() {
     assert_eq!(
         problem(Some(&two), Some(&forgetful)),
         Some(format!(
-            "the new registry forgets the revocation of {}",
+            "the new store state forgets the revocation of {}",
             Sha256Digest::of(KEY_A)
         ))
     );
