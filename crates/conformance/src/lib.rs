@@ -651,135 +651,23 @@ pub fn child_main(
     let loading = rec.start("init", None, false);
     let registry = guild_host::registry::OwnedRegistry::new();
     let loader = guild_adapters_posix::DlopenLoader::new();
-    let request = LoadRequest {
-        package: m.package_id.clone(),
-        version: m.version.clone(),
-        library: dir.join(m.entry.as_str()),
-        provided_ops: m.provided_ops.clone(),
-        provided_runners: m.provided_runners.clone(),
-        host_abi: platform.kernel_abi,
-        operations: Some(registry.plugin_service()),
-    };
+    let request = load_request(dir, m, platform.kernel_abi, &registry);
     let loaded = loader.load(&request);
-    let (failed_at, reason) = match &loaded {
-        Ok(_) => (None, String::new()),
-        Err(e) => {
-            let at = match &*e.kind {
-                LoadErrorKind::Open { .. } => "library",
-                LoadErrorKind::MissingEntry { .. } => "entry point",
-                LoadErrorKind::BadDescriptor { .. } => "descriptor",
-                LoadErrorKind::AbiMismatch { .. } => "abi range",
-                LoadErrorKind::InitFailed { .. } => "init",
-                LoadErrorKind::ExtensionRefused { .. } => "extensions",
-                LoadErrorKind::RegistrationRefused { reason } if reason.contains("duplicate") => {
-                    "duplicate ids"
-                }
-                _ => "registration",
-            };
-            (Some(at), e.kind.to_string())
-        }
-    };
+    let failure = loaded.as_ref().err().map(load_failure);
     let plugin = loaded.ok();
     // What the loader accepted is held to the manifest as a host holds it.
-    let package = format!("{}@{}", m.package_id, m.version);
-    let (failed_at, reason) = match (&plugin, failed_at) {
-        (Some(p), None) => {
-            let mut ids: Vec<&str> = p.kernels.iter().map(|k| k.impl_id.as_str()).collect();
-            ids.extend(p.runners.iter().map(|r| r.runner_id.as_str()));
-            let mut sorted = ids.clone();
-            sorted.sort_unstable();
-            let duplicate = sorted.windows(2).find(|w| w[0] == w[1]).map(|w| w[0]);
-            match (
-                duplicate,
-                guild_host::publication::check_registration(&package, m, p),
-            ) {
-                (Some(id), _) => (Some("duplicate ids"), format!("{id} is registered twice")),
-                (None, Err(e)) => (Some("registration"), e.to_string()),
-                (None, Ok(())) => (None, String::new()),
-            }
-        }
-        (_, at) => (at, reason),
+    let failure = match &plugin {
+        Some(p) if failure.is_none() => registration_failure(m, p),
+        _ => failure,
     };
-    let failed_index = failed_at.and_then(|f| LOAD_CHECKS.iter().position(|c| *c == f));
-    for (i, name) in LOAD_CHECKS.iter().enumerate() {
-        let (v, why) = match failed_index {
-            _ if *name == "shutdown after failed init" => match failed_at {
-                Some("init") => (
-                    Verdict::Passed,
-                    "the host ran shutdown after the failed init and the process survived".into(),
-                ),
-                Some(f)
-                    if failed_index.is_some_and(|at| at < i) && LOAD_CHECKS[..i].contains(&f) =>
-                {
-                    (
-                        Verdict::Skipped,
-                        format!("init never ran: an earlier check failed ({f})"),
-                    )
-                }
-                _ => (
-                    Verdict::Skipped,
-                    "init did not fail, and the host calls shutdown after a failed init only"
-                        .to_owned(),
-                ),
-            },
-            Some(f) if i == f => (Verdict::Failed, reason.clone()),
-            Some(f) if i > f => (
-                Verdict::Skipped,
-                format!("an earlier check failed ({})", LOAD_CHECKS[f]),
-            ),
-            _ => (Verdict::Passed, load_detail(name, &plugin, m)),
-        };
-        if *name == "init" {
-            rec.finish(loading, name, None, v, &why);
-        } else {
-            rec.record(name, None, v, &why);
-        }
-    }
+    let outcome = LoadOutcome::new(failure);
+    outcome.record(&mut rec, loading, &plugin, m);
     let Some(plugin) = plugin else {
         rec.emit(json!({ "done": true }));
         return Ok(());
     };
-    if failed_index.is_none() {
-        for kernel in &plugin.kernels {
-            let provider = &kernel.provider;
-            let Some(gop) = provider.operation().copied() else {
-                continue;
-            };
-            let (max_dim, max_batch) = provider
-                .descriptor()
-                .map_or(([0; 8], 0), |d| (d.max_dim, d.max_batch));
-            let op_name = kernel.op_name.as_ref().map_or("", |n| n.as_str());
-            let op = gop1::Operation {
-                label: format!("{} ({op_name})", kernel.impl_id),
-                op_name: CString::new(op_name).unwrap_or_default(),
-                provider,
-                gop,
-                backend: kernel.backend.bit(),
-                max_dim,
-                max_batch,
-                has_dependencies: !m.module_dependencies.is_empty(),
-                lines: lines.clone(),
-            };
-            gop1::check(&op, &mut rec);
-        }
-        let gop1 = plugin
-            .kernels
-            .iter()
-            .filter(|k| k.provider.operation().is_some())
-            .count();
-        if gop1 < plugin.kernels.len() {
-            rec.record(
-                "operations",
-                None,
-                Verdict::Skipped,
-                &format!(
-                    "{} of {} kernels carry no GOP1 contract; the per-operation checks cover \
-                     GOP1 operations only",
-                    plugin.kernels.len() - gop1,
-                    plugin.kernels.len()
-                ),
-            );
-        }
+    if outcome.failed_index.is_none() {
+        check_operations(&plugin, m, &lines, &mut rec);
     }
     let closing = rec.start("shutdown", None, false);
     drop(plugin);
@@ -793,6 +681,200 @@ pub fn child_main(
     );
     rec.emit(json!({ "done": true }));
     Ok(())
+}
+
+/// The request that loads the staged tree `dir` as a host loads an installed one, offering the
+/// plugin `registry`'s operation service.
+fn load_request(
+    dir: &Path,
+    m: &guild_domain::manifest::Manifest,
+    host_abi: guild_domain::version::PackedVersion,
+    registry: &guild_host::registry::OwnedRegistry,
+) -> LoadRequest {
+    LoadRequest {
+        package: m.package_id.clone(),
+        version: m.version.clone(),
+        library: dir.join(m.entry.as_str()),
+        provided_ops: m.provided_ops.clone(),
+        provided_runners: m.provided_runners.clone(),
+        host_abi,
+        operations: Some(registry.plugin_service()),
+    }
+}
+
+/// The check of [`LOAD_CHECKS`] a loader error fails, and the error's text.
+fn load_failure(e: &guild_ports::loader::LoadError) -> (&'static str, String) {
+    let at = match &*e.kind {
+        LoadErrorKind::Open { .. } => "library",
+        LoadErrorKind::MissingEntry { .. } => "entry point",
+        LoadErrorKind::BadDescriptor { .. } => "descriptor",
+        LoadErrorKind::AbiMismatch { .. } => "abi range",
+        LoadErrorKind::InitFailed { .. } => "init",
+        LoadErrorKind::ExtensionRefused { .. } => "extensions",
+        LoadErrorKind::RegistrationRefused { reason } if reason.contains("duplicate") => {
+            "duplicate ids"
+        }
+        _ => "registration",
+    };
+    (at, e.kind.to_string())
+}
+
+/// The check of [`LOAD_CHECKS`] that a plugin the loader accepted fails against the manifest
+/// `m`, and why: an id registered twice, or registrations the manifest does not declare.
+fn registration_failure(
+    m: &guild_domain::manifest::Manifest,
+    p: &guild_ports::loader::LoadedPlugin,
+) -> Option<(&'static str, String)> {
+    let package = format!("{}@{}", m.package_id, m.version);
+    let mut ids: Vec<&str> = p.kernels.iter().map(|k| k.impl_id.as_str()).collect();
+    ids.extend(p.runners.iter().map(|r| r.runner_id.as_str()));
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    let duplicate = sorted.windows(2).find(|w| w[0] == w[1]).map(|w| w[0]);
+    match (
+        duplicate,
+        guild_host::publication::check_registration(&package, m, p),
+    ) {
+        (Some(id), _) => Some(("duplicate ids", format!("{id} is registered twice"))),
+        (None, Err(e)) => Some(("registration", e.to_string())),
+        (None, Ok(())) => None,
+    }
+}
+
+/// Where loading stopped, if it did, as the findings of [`LOAD_CHECKS`] report it.
+struct LoadOutcome {
+    /// The check that failed.
+    failed_at: Option<&'static str>,
+    /// Its place in [`LOAD_CHECKS`].
+    failed_index: Option<usize>,
+    /// Why it failed.
+    reason: String,
+}
+
+impl LoadOutcome {
+    fn new(failure: Option<(&'static str, String)>) -> Self {
+        let (failed_at, reason) = match failure {
+            Some((at, reason)) => (Some(at), reason),
+            None => (None, String::new()),
+        };
+        LoadOutcome {
+            failed_at,
+            failed_index: failed_at.and_then(|f| LOAD_CHECKS.iter().position(|c| *c == f)),
+            reason,
+        }
+    }
+
+    /// Records one finding for each of [`LOAD_CHECKS`], in order; `init`'s closes the check
+    /// `loading` started.
+    fn record(
+        &self,
+        rec: &mut Recorder<'_>,
+        loading: u64,
+        plugin: &Option<guild_ports::loader::LoadedPlugin>,
+        m: &guild_domain::manifest::Manifest,
+    ) {
+        for (i, name) in LOAD_CHECKS.iter().enumerate() {
+            let (v, why) = self.verdict(i, name, plugin, m);
+            if *name == "init" {
+                rec.finish(loading, name, None, v, &why);
+            } else {
+                rec.record(name, None, v, &why);
+            }
+        }
+    }
+
+    /// The finding of `name`, number `i` of [`LOAD_CHECKS`].
+    fn verdict(
+        &self,
+        i: usize,
+        name: &str,
+        plugin: &Option<guild_ports::loader::LoadedPlugin>,
+        m: &guild_domain::manifest::Manifest,
+    ) -> (Verdict, String) {
+        match self.failed_index {
+            _ if name == "shutdown after failed init" => self.shutdown_after_failed_init(i),
+            Some(f) if i == f => (Verdict::Failed, self.reason.clone()),
+            Some(f) if i > f => (
+                Verdict::Skipped,
+                format!("an earlier check failed ({})", LOAD_CHECKS[f]),
+            ),
+            _ => (Verdict::Passed, load_detail(name, plugin, m)),
+        }
+    }
+
+    /// The finding of `shutdown after failed init`, number `i` of [`LOAD_CHECKS`]: the process
+    /// survived the shutdown the host runs after a failed init, when init failed.
+    fn shutdown_after_failed_init(&self, i: usize) -> (Verdict, String) {
+        match self.failed_at {
+            Some("init") => (
+                Verdict::Passed,
+                "the host ran shutdown after the failed init and the process survived".into(),
+            ),
+            Some(f)
+                if self.failed_index.is_some_and(|at| at < i) && LOAD_CHECKS[..i].contains(&f) =>
+            {
+                (
+                    Verdict::Skipped,
+                    format!("init never ran: an earlier check failed ({f})"),
+                )
+            }
+            _ => (
+                Verdict::Skipped,
+                "init did not fail, and the host calls shutdown after a failed init only"
+                    .to_owned(),
+            ),
+        }
+    }
+}
+
+/// Runs the checks of every GOP1 operation the plugin registered, in registration order, then
+/// records how many kernels carry no GOP1 contract, if any.
+fn check_operations(
+    plugin: &guild_ports::loader::LoadedPlugin,
+    m: &guild_domain::manifest::Manifest,
+    lines: &Lines,
+    rec: &mut Recorder<'_>,
+) {
+    for kernel in &plugin.kernels {
+        let provider = &kernel.provider;
+        let Some(gop) = provider.operation().copied() else {
+            continue;
+        };
+        let (max_dim, max_batch) = provider
+            .descriptor()
+            .map_or(([0; 8], 0), |d| (d.max_dim, d.max_batch));
+        let op_name = kernel.op_name.as_ref().map_or("", |n| n.as_str());
+        let op = gop1::Operation {
+            label: format!("{} ({op_name})", kernel.impl_id),
+            op_name: CString::new(op_name).unwrap_or_default(),
+            provider,
+            gop,
+            backend: kernel.backend.bit(),
+            max_dim,
+            max_batch,
+            has_dependencies: !m.module_dependencies.is_empty(),
+            lines: lines.clone(),
+        };
+        gop1::check(&op, rec);
+    }
+    let gop1 = plugin
+        .kernels
+        .iter()
+        .filter(|k| k.provider.operation().is_some())
+        .count();
+    if gop1 < plugin.kernels.len() {
+        rec.record(
+            "operations",
+            None,
+            Verdict::Skipped,
+            &format!(
+                "{} of {} kernels carry no GOP1 contract; the per-operation checks cover \
+                 GOP1 operations only",
+                plugin.kernels.len() - gop1,
+                plugin.kernels.len()
+            ),
+        );
+    }
 }
 
 fn load_detail(
