@@ -29,7 +29,7 @@ mod supervise;
 use std::ffi::CString;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, ExitStatus};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -246,27 +246,16 @@ struct ChildRun {
     timed_out: bool,
 }
 
+/// Runs one child over the staged tree `dir` (resuming after check `resume`, leaving the
+/// operations in `hung` alone) and reads its result channel until it ends, is killed at the
+/// time limit, or writes what the check never writes.
 fn run_child(
     options: &Options,
     dir: &Path,
     resume: Option<u64>,
     hung: &[String],
 ) -> Result<ChildRun, StageError> {
-    let spawn_error = |e: std::io::Error| StageError::Spawn {
-        program: options.program.clone(),
-        reason: e.to_string(),
-    };
-    let mut command = Command::new(&options.program);
-    command.arg(SUBCOMMAND).arg(dir);
-    if let Some(n) = resume {
-        command.arg("--resume-after").arg(n.to_string());
-    }
-    for op in hung {
-        command.arg("--skip-operation").arg(op);
-    }
-    let nonce = supervise::nonce().map_err(spawn_error)?;
-    let mut child = supervise::spawn(command, &nonce).map_err(spawn_error)?;
-
+    let (nonce, mut child) = start_child(options, dir, resume, hung)?;
     let mut run = ChildRun {
         findings: Vec::new(),
         in_progress: None,
@@ -280,58 +269,14 @@ fn run_child(
         garbage: None,
         closed: false,
     };
-    // The time limit runs from the last line of the result channel, on this clock: nothing the
-    // child prints elsewhere moves it.
-    let exited = loop {
-        let deadline = match &run.in_progress {
-            Some(s) => s.at + options.call_timeout,
-            None => reader.last + options.call_timeout,
-        };
-        let now = Instant::now();
-        if now >= deadline {
-            break false;
-        }
-        let wait = deadline.saturating_duration_since(now).min(POLL);
-        if reader.closed {
-            std::thread::sleep(wait);
-        } else {
-            match child.events.recv_timeout(wait) {
-                Ok(event) => reader.take(event, &mut run),
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => reader.closed = true,
-            }
-        }
-        if reader.garbage.is_some() || supervise::has_exited(&child.child) {
-            break true;
-        }
-    };
+    let exited = reader.wait_for_exit(&child, &mut run, options.call_timeout);
     let status = supervise::end(&mut child.child, options.contain_descendants);
     if !exited {
-        run.died = Some(match &run.in_progress {
-            Some(_) => format!(
-                "a call into the plugin did not return within {}; the check process was killed",
-                guild_host::publication::seconds(&options.call_timeout)
-            ),
-            None => format!(
-                "the check process reported nothing for {} and was killed",
-                guild_host::publication::seconds(&options.call_timeout)
-            ),
-        });
+        run.died = Some(timeout_reason(&run, &options.call_timeout));
         run.timed_out = true;
         return Ok(run);
     }
-    // What the child wrote before it ended is still in the pipe. Its processes are gone, so the
-    // channel closes, unless a process this one could not end holds it.
-    let until = Instant::now() + DRAIN;
-    while !reader.closed && reader.garbage.is_none() {
-        match child
-            .events
-            .recv_timeout(until.saturating_duration_since(Instant::now()))
-        {
-            Ok(event) => reader.take(event, &mut run),
-            Err(_) => break,
-        }
-    }
+    reader.drain(&child, &mut run);
     if let Some(what) = reader.garbage {
         run.died = Some(format!(
             "the check's result channel carried {what}, which the check never writes: the \
@@ -342,6 +287,53 @@ fn run_child(
     if reader.done && status.as_ref().is_some_and(|s| s.success()) {
         return Ok(run);
     }
+    run.died = Some(exit_reason(status, reader.done, &child));
+    Ok(run)
+}
+
+/// Starts `guild __conformance` over `dir` with the options that resume it, under a fresh
+/// nonce; returns the nonce and the running child.
+fn start_child(
+    options: &Options,
+    dir: &Path,
+    resume: Option<u64>,
+    hung: &[String],
+) -> Result<(String, supervise::Supervised), StageError> {
+    let spawn_error = |e: std::io::Error| StageError::Spawn {
+        program: options.program.clone(),
+        reason: e.to_string(),
+    };
+    let mut command = Command::new(&options.program);
+    command.arg(SUBCOMMAND).arg(dir);
+    if let Some(n) = resume {
+        command.arg("--resume-after").arg(n.to_string());
+    }
+    for op in hung {
+        command.arg("--skip-operation").arg(op);
+    }
+    let nonce = supervise::nonce().map_err(spawn_error)?;
+    let child = supervise::spawn(command, &nonce).map_err(spawn_error)?;
+    Ok((nonce, child))
+}
+
+/// Why a child killed at the time limit was killed: a call into the plugin that did not return,
+/// or no line at all while no check ran.
+fn timeout_reason(run: &ChildRun, call_timeout: &Duration) -> String {
+    match &run.in_progress {
+        Some(_) => format!(
+            "a call into the plugin did not return within {}; the check process was killed",
+            guild_host::publication::seconds(call_timeout)
+        ),
+        None => format!(
+            "the check process reported nothing for {} and was killed",
+            guild_host::publication::seconds(call_timeout)
+        ),
+    }
+}
+
+/// Why a child that ended by itself did not finish: the signal that killed it or its exit
+/// status, and, when it did not write its last line, the end of its stderr and stdout.
+fn exit_reason(status: Option<ExitStatus>, done: bool, child: &supervise::Supervised) -> String {
     let mut why = match status {
         Some(s) => match guild_host::publication::signal_of(s) {
             Some((n, name)) => format!(
@@ -357,7 +349,7 @@ fn run_child(
         },
         None => "the check process could not be waited for".into(),
     };
-    if !reader.done {
+    if !done {
         for (name, tail) in [("stderr", &child.stderr), ("stdout", &child.stdout)] {
             let lines = tail.last_lines(3);
             if !lines.is_empty() {
@@ -365,8 +357,7 @@ fn run_child(
             }
         }
     }
-    run.died = Some(why);
-    Ok(run)
+    why
 }
 
 /// How often the parent looks whether the child has ended while it waits for a line.
@@ -387,6 +378,57 @@ struct Frames<'n> {
 }
 
 impl Frames<'_> {
+    /// Reads the channel until the child has exited or written what the check never writes
+    /// (true), or until the time limit passes without a line (false). The limit runs from the
+    /// last line of the result channel, on this clock: nothing the child prints elsewhere moves
+    /// it; while a check runs, from the check's start or the start of its latest call.
+    fn wait_for_exit(
+        &mut self,
+        child: &supervise::Supervised,
+        run: &mut ChildRun,
+        call_timeout: Duration,
+    ) -> bool {
+        loop {
+            let deadline = match &run.in_progress {
+                Some(s) => s.at + call_timeout,
+                None => self.last + call_timeout,
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            let wait = deadline.saturating_duration_since(now).min(POLL);
+            if self.closed {
+                std::thread::sleep(wait);
+            } else {
+                match child.events.recv_timeout(wait) {
+                    Ok(event) => self.take(event, run),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => self.closed = true,
+                }
+            }
+            if self.garbage.is_some() || supervise::has_exited(&child.child) {
+                return true;
+            }
+        }
+    }
+
+    /// Reads what the child wrote before it ended, still in the pipe, for at most [`DRAIN`].
+    /// Its processes are gone, so the channel closes, unless a process this one could not end
+    /// holds it.
+    fn drain(&mut self, child: &supervise::Supervised, run: &mut ChildRun) {
+        let until = Instant::now() + DRAIN;
+        while !self.closed && self.garbage.is_none() {
+            match child
+                .events
+                .recv_timeout(until.saturating_duration_since(Instant::now()))
+            {
+                Ok(event) => self.take(event, run),
+                Err(_) => break,
+            }
+        }
+    }
+
     fn take(&mut self, event: supervise::Event, run: &mut ChildRun) {
         let line = match event {
             supervise::Event::Frame(line) => line,
