@@ -408,10 +408,23 @@ impl Operation<'_> {
         out
     }
 
-    /// Variants just outside the bounds `validate` must refuse itself.
+    /// Variants just outside the bounds `validate` must refuse itself (the rank and the tensor
+    /// counts), then those just outside the bounds the host checks before it asks `validate`.
     fn outside(&self, base: &Case) -> Vec<Case> {
-        let g = &self.gop;
         let mut out = Vec::new();
+        self.outside_rank(base, &mut out);
+        self.outside_counts(base, &mut out);
+        self.outside_dtypes(base, &mut out);
+        self.outside_alignment(base, &mut out);
+        self.outside_memory_space(base, &mut out);
+        self.outside_layout(base, &mut out);
+        self.outside_extents(base, &mut out);
+        out
+    }
+
+    /// One rank above `max_rank` and one below `min_rank`, where the ABI has such a rank.
+    fn outside_rank(&self, base: &Case, out: &mut Vec<Case>) {
+        let g = &self.gop;
         if (g.max_rank as usize) < GUILD_MAX_TENSOR_RANK {
             let mut c = base.clone();
             set_rank(&mut c, g.max_rank + 1, &[0; GUILD_MAX_TENSOR_RANK]);
@@ -424,6 +437,12 @@ impl Operation<'_> {
             c.note = format!("rank {} below min_rank {}", g.min_rank - 1, g.min_rank);
             out.push(c);
         }
+    }
+
+    /// One input more than the maximum and one fewer than the minimum, then the same for the
+    /// outputs.
+    fn outside_counts(&self, base: &Case, out: &mut Vec<Case>) {
+        let g = &self.gop;
         let counts = [
             ("inputs", g.min_inputs, g.max_inputs, true),
             ("outputs", g.min_outputs, g.max_outputs, false),
@@ -462,6 +481,11 @@ impl Operation<'_> {
                 out.push(c);
             }
         }
+    }
+
+    /// Inputs, then outputs, of another dtype than a declared one (host-checked).
+    fn outside_dtypes(&self, base: &Case, out: &mut Vec<Case>) {
+        let g = &self.gop;
         for (what, declared, inputs) in [
             ("input", g.input_dtype, true),
             ("output", g.output_dtype, false),
@@ -490,6 +514,11 @@ impl Operation<'_> {
             );
             out.push(c);
         }
+    }
+
+    /// Data addresses aligned to half of `min_alignment` (host-checked).
+    fn outside_alignment(&self, base: &Case, out: &mut Vec<Case>) {
+        let g = &self.gop;
         if g.min_alignment > 1 {
             let mut c = base.clone();
             set_addresses(&mut c, u64::from(g.min_alignment / 2));
@@ -501,6 +530,11 @@ impl Operation<'_> {
             );
             out.push(c);
         }
+    }
+
+    /// The first memory space the contract does not declare (host-checked).
+    fn outside_memory_space(&self, base: &Case, out: &mut Vec<Case>) {
+        let g = &self.gop;
         if let Some(space) = (0..4u32)
             .map(|b| 1u32 << b)
             .find(|s| g.memory_spaces & s == 0)
@@ -516,6 +550,11 @@ impl Operation<'_> {
             );
             out.push(c);
         }
+    }
+
+    /// Outer-strided tensors where the contract declares contiguous ones only (host-checked).
+    fn outside_layout(&self, base: &Case, out: &mut Vec<Case>) {
+        let g = &self.gop;
         if g.layouts & GUILD_LAYOUT_OUTER_STRIDED == 0 && base.inputs.iter().any(|t| t.rank >= 2) {
             let mut c = base.clone();
             stride_all(&mut c);
@@ -523,6 +562,10 @@ impl Operation<'_> {
             c.note = "outer-strided tensors where the contract declares contiguous only".into();
             out.push(c);
         }
+    }
+
+    /// One more than `max_dim` on each axis that declares one (host-checked).
+    fn outside_extents(&self, base: &Case, out: &mut Vec<Case>) {
         for (axis, &m) in self.max_dim.iter().enumerate() {
             if m == 0 || m == u64::MAX || axis >= base.inputs.first().map_or(0, |t| t.rank as usize)
             {
@@ -539,7 +582,6 @@ impl Operation<'_> {
             c.note = format!("extent {} on axis {axis} above max_dim {m}", m + 1);
             out.push(c);
         }
-        out
     }
 }
 
@@ -705,74 +747,10 @@ fn execute(op: &Operation<'_>, case: &Case, flush: Flush) -> Result<Executed, St
     let align = (op.gop.min_alignment.max(1) as usize).max(16);
     let mut inputs = case.inputs.clone();
     let mut outputs = case.outputs.clone();
-    let mut keep = Vec::new();
-    for (n, t) in inputs.iter_mut().enumerate() {
-        let (offsets, unit, extent) = units(t).map_err(|e| format!("input {n}: {e}"))?;
-        let mut buf = Guarded::new(extent, align, flush).map_err(|e| e.to_string())?;
-        let dtype = DType::from_raw(t.dtype);
-        let bytes = buf.bytes_mut();
-        for (i, &o) in offsets.iter().enumerate() {
-            value(dtype, i + n * 1000, &mut bytes[o..o + unit]);
-        }
-        buf.set_read_only(true).map_err(|e| e.to_string())?;
-        t.data = buf.ptr().cast();
-        keep.push(buf);
-    }
-    let mut outs = Vec::new();
-    for (n, t) in outputs.iter_mut().enumerate() {
-        let (offsets, unit, extent) = units(t).map_err(|e| format!("output {n}: {e}"))?;
-        let buf = Guarded::new(extent, align, flush).map_err(|e| e.to_string())?;
-        t.data = buf.ptr().cast();
-        outs.push((buf, offsets, unit));
-    }
-    // Scratch, as the callback asks for this very case.
-    let (answer, request, _) = op.scratch_once(case);
-    if !answer.ok() {
-        return Err(format!(
-            "query_scratch refused the query: {}",
-            answer.text()
-        ));
-    }
-    let scratch = if request.host_bytes > 0 {
-        let len = usize::try_from(request.host_bytes)
-            .ok()
-            .filter(|&l| l <= 1 << 30)
-            .ok_or_else(|| {
-                format!(
-                    "query_scratch asked for {} bytes of host scratch",
-                    request.host_bytes
-                )
-            })?;
-        let a = (request.alignment.max(1) as usize).max(align);
-        Some(Guarded::new(len, a, flush).map_err(|e| e.to_string())?)
-    } else {
-        None
-    };
-    let args = guild_execute_args_v1_t {
-        struct_size: size_of::<guild_execute_args_v1_t>() as u32,
-        reserved: 0,
-        inputs: if inputs.is_empty() {
-            ptr::null()
-        } else {
-            inputs.as_ptr()
-        },
-        input_count: inputs.len(),
-        outputs: if outputs.is_empty() {
-            ptr::null()
-        } else {
-            outputs.as_ptr()
-        },
-        output_count: outputs.len(),
-        scratch_host: scratch.as_ref().map_or(ptr::null_mut(), |s| s.ptr().cast()),
-        scratch_host_size: request.host_bytes,
-        scratch_device: ptr::null_mut(),
-        scratch_device_size: 0,
-        stream: ptr::null_mut(),
-        device_id: 0,
-        sync_mode: GUILD_SYNC_HOST_BLOCKING,
-        params: ptr::null(),
-        params_size: 0,
-    };
+    let keep = generate_inputs(&mut inputs, align, flush)?;
+    let outs = place_outputs(&mut outputs, align, flush)?;
+    let (scratch, scratch_size) = host_scratch(op, case, align, flush)?;
+    let args = execute_args(&inputs, &outputs, scratch.as_ref(), scratch_size);
     let mut error = guild_error_info_t::new();
     op.lines.call();
     // SAFETY: every descriptor's data leads into a live guarded buffer of the tensor's byte
@@ -788,8 +766,138 @@ fn execute(op: &Operation<'_>, case: &Case, flush: Flush) -> Result<Executed, St
         };
         return Err(format!("execute returned {}", answer.text()));
     }
+    let results = read_outputs(&outs)?;
+    if let Some(s) = &scratch {
+        if let Some(at) = s.intact() {
+            return Err(format!(
+                "execute wrote outside its host scratch (byte {at} relative to its start)"
+            ));
+        }
+    }
+    drop(keep);
+    Ok(Executed { outputs: results })
+}
+
+/// One output's guarded buffer, the byte offsets of its units in logical order, and the unit's
+/// size.
+struct OutputBuffer {
+    buf: Guarded,
+    offsets: Vec<usize>,
+    unit: usize,
+}
+
+/// Fills a read-only guarded buffer with generated values for each input and points its
+/// descriptor at it; the buffers are returned to be kept for as long as the call runs.
+fn generate_inputs(
+    inputs: &mut [guild_tensor_desc_v1_t],
+    align: usize,
+    flush: Flush,
+) -> Result<Vec<Guarded>, String> {
+    let mut keep = Vec::new();
+    for (n, t) in inputs.iter_mut().enumerate() {
+        let (offsets, unit, extent) = units(t).map_err(|e| format!("input {n}: {e}"))?;
+        let mut buf = Guarded::new(extent, align, flush).map_err(|e| e.to_string())?;
+        let dtype = DType::from_raw(t.dtype);
+        let bytes = buf.bytes_mut();
+        for (i, &o) in offsets.iter().enumerate() {
+            value(dtype, i + n * 1000, &mut bytes[o..o + unit]);
+        }
+        buf.set_read_only(true).map_err(|e| e.to_string())?;
+        t.data = buf.ptr().cast();
+        keep.push(buf);
+    }
+    Ok(keep)
+}
+
+/// Maps a guarded buffer, all canary, for each output and points its descriptor at it.
+fn place_outputs(
+    outputs: &mut [guild_tensor_desc_v1_t],
+    align: usize,
+    flush: Flush,
+) -> Result<Vec<OutputBuffer>, String> {
+    let mut outs = Vec::new();
+    for (n, t) in outputs.iter_mut().enumerate() {
+        let (offsets, unit, extent) = units(t).map_err(|e| format!("output {n}: {e}"))?;
+        let buf = Guarded::new(extent, align, flush).map_err(|e| e.to_string())?;
+        t.data = buf.ptr().cast();
+        outs.push(OutputBuffer { buf, offsets, unit });
+    }
+    Ok(outs)
+}
+
+/// The host scratch `query_scratch` asks for this very case, in a guarded buffer (none when it
+/// asks for no bytes), and the size it asked for.
+fn host_scratch(
+    op: &Operation<'_>,
+    case: &Case,
+    align: usize,
+    flush: Flush,
+) -> Result<(Option<Guarded>, u64), String> {
+    let (answer, request, _) = op.scratch_once(case);
+    if !answer.ok() {
+        return Err(format!(
+            "query_scratch refused the query: {}",
+            answer.text()
+        ));
+    }
+    if request.host_bytes == 0 {
+        return Ok((None, request.host_bytes));
+    }
+    let len = usize::try_from(request.host_bytes)
+        .ok()
+        .filter(|&l| l <= 1 << 30)
+        .ok_or_else(|| {
+            format!(
+                "query_scratch asked for {} bytes of host scratch",
+                request.host_bytes
+            )
+        })?;
+    let a = (request.alignment.max(1) as usize).max(align);
+    let scratch = Guarded::new(len, a, flush).map_err(|e| e.to_string())?;
+    Ok((Some(scratch), request.host_bytes))
+}
+
+/// The arguments of one host-blocking execution of `inputs` into `outputs` with the host
+/// scratch `scratch` of `scratch_size` bytes.
+fn execute_args(
+    inputs: &[guild_tensor_desc_v1_t],
+    outputs: &[guild_tensor_desc_v1_t],
+    scratch: Option<&Guarded>,
+    scratch_size: u64,
+) -> guild_execute_args_v1_t {
+    guild_execute_args_v1_t {
+        struct_size: size_of::<guild_execute_args_v1_t>() as u32,
+        reserved: 0,
+        inputs: if inputs.is_empty() {
+            ptr::null()
+        } else {
+            inputs.as_ptr()
+        },
+        input_count: inputs.len(),
+        outputs: if outputs.is_empty() {
+            ptr::null()
+        } else {
+            outputs.as_ptr()
+        },
+        output_count: outputs.len(),
+        scratch_host: scratch.map_or(ptr::null_mut(), |s| s.ptr().cast()),
+        scratch_host_size: scratch_size,
+        scratch_device: ptr::null_mut(),
+        scratch_device_size: 0,
+        stream: ptr::null_mut(),
+        device_id: 0,
+        sync_mode: GUILD_SYNC_HOST_BLOCKING,
+        params: ptr::null(),
+        params_size: 0,
+    }
+}
+
+/// Each output's units in logical order, after checking that the execution changed nothing of
+/// its buffer outside them.
+fn read_outputs(outs: &[OutputBuffer]) -> Result<Vec<Vec<u8>>, String> {
     let mut results = Vec::new();
-    for (n, (buf, offsets, unit)) in outs.iter().enumerate() {
+    for (n, OutputBuffer { buf, offsets, unit }) in outs.iter().enumerate() {
+        let unit = *unit;
         if let Some(at) = buf.intact() {
             return Err(format!(
                 "execute wrote outside output {n} (byte {at} relative to its start)"
@@ -812,15 +920,7 @@ fn execute(op: &Operation<'_>, case: &Case, flush: Flush) -> Result<Executed, St
         }
         results.push(v);
     }
-    if let Some(s) = &scratch {
-        if let Some(at) = s.intact() {
-            return Err(format!(
-                "execute wrote outside its host scratch (byte {at} relative to its start)"
-            ));
-        }
-    }
-    drop(keep);
-    Ok(Executed { outputs: results })
+    Ok(results)
 }
 
 /// Whether two runs' outputs agree: bit for bit, or (for floating-point outputs of an operation
@@ -857,351 +957,403 @@ fn close_floats(x: &[u8], y: &[u8], size: usize, read: impl Fn(&[u8]) -> f64) ->
     })
 }
 
-/// Runs every check of `op`, recording each.
+/// What one check found: its verdict and the reason the finding carries.
+type Outcome = (Verdict, String);
+
+/// Why the checks that start from an accepted query are skipped when there is none.
+const NO_BASE: &str = "no generated query was accepted (see the validate check)";
+
+/// The two guard checks: which guard each buffer touches, and what a pass says of it.
+const GUARD_CHECKS: [(&str, Flush, &str); 2] = [
+    (
+        "execute.guard_front",
+        Flush::Front,
+        "every buffer starts at a guard page: a read or write before a tensor faults",
+    ),
+    (
+        "execute.guard_back",
+        Flush::Back,
+        "every buffer ends at a guard page: a read or write past a tensor faults",
+    ),
+];
+
+/// Runs every check of `op`, recording each: the negotiation checks from the first generated
+/// query `validate` accepts, then the execution checks on that query.
 pub(crate) fn check(op: &Operation<'_>, rec: &mut Recorder<'_>) {
     let label = op.label.clone();
     let label = Some(label.as_str());
     let candidates = op.candidates();
 
-    // validate: an accepted base, every answer given twice and the query left alone.
     let mut base: Option<Case> = None;
     rec.check_always("validate", label, || {
-        let mut last = String::new();
-        for case in &candidates {
-            match op.validate_twice(case) {
-                Err(impure) => return (Verdict::Failed, impure),
-                Ok(a) if a.ok() => {
-                    base = Some(case.clone());
-                    return (
-                        Verdict::Passed,
-                        format!(
-                            "accepted {}; the same answer twice, query unchanged",
-                            case.note
-                        ),
-                    );
-                }
-                Ok(a) => last = format!("{}: {}", case.note, a.text()),
+        let (accepted, outcome) = find_base(op, &candidates);
+        base = accepted;
+        outcome
+    });
+    rec.check("validate.inside_bounds", label, || {
+        from_base(&base, |b| validate_inside_bounds(op, b))
+    });
+    rec.check("validate.outside_bounds", label, || {
+        from_base(&base, |b| validate_outside_bounds(op, b))
+    });
+    rec.check("query_scratch", label, || {
+        from_base(&base, |b| query_scratch_twice(op, b))
+    });
+
+    let runnable = runnable(op, &base);
+    for (name, flush, what) in GUARD_CHECKS {
+        rec.check(name, label, || {
+            if_runnable(&runnable, |c| execute_guarded(op, c, flush, what))
+        });
+    }
+    rec.check("execute.strides", label, || {
+        if_runnable(&runnable, |c| execute_strided(op, c))
+    });
+    rec.check("execute.deterministic", label, || {
+        if_runnable(&runnable, |c| execute_repeated(op, c))
+    });
+    rec.check("execute.concurrent", label, || {
+        if_runnable(&runnable, |c| execute_concurrently(op, c))
+    });
+}
+
+/// The `validate` check: the first candidate `validate` accepts, every answer given twice and
+/// the query left alone.
+fn find_base(op: &Operation<'_>, candidates: &[Case]) -> (Option<Case>, Outcome) {
+    let mut last = String::new();
+    for case in candidates {
+        match op.validate_twice(case) {
+            Err(impure) => return (None, (Verdict::Failed, impure)),
+            Ok(a) if a.ok() => {
+                let outcome = (
+                    Verdict::Passed,
+                    format!(
+                        "accepted {}; the same answer twice, query unchanged",
+                        case.note
+                    ),
+                );
+                return (Some(case.clone()), outcome);
             }
+            Ok(a) => last = format!("{}: {}", case.note, a.text()),
         }
+    }
+    let outcome = (
+        Verdict::Skipped,
+        format!(
+            "validate refused all {} generated queries (the last, {last}); the \
+             operation may need parameters the check cannot invent",
+            candidates.len()
+        ),
+    );
+    (None, outcome)
+}
+
+/// Runs `f` on the accepted query, or skips the check when there is none.
+fn from_base(base: &Option<Case>, f: impl FnOnce(&Case) -> Outcome) -> Outcome {
+    match base {
+        Some(base) => f(base),
+        None => (Verdict::Skipped, NO_BASE.into()),
+    }
+}
+
+/// The `validate.inside_bounds` check: every variant at and inside the declared bounds is
+/// answered the same twice without a write to the query (accepting it is up to `validate`).
+fn validate_inside_bounds(op: &Operation<'_>, base: &Case) -> Outcome {
+    let cases = op.inside(base);
+    let mut accepted = 0;
+    for case in &cases {
+        match op.validate_twice(case) {
+            Err(impure) => return (Verdict::Failed, impure),
+            Ok(a) => accepted += usize::from(a.ok()),
+        }
+    }
+    (
+        Verdict::Passed,
+        format!(
+            "{} queries at and inside the bounds, {accepted} accepted, each answered the \
+             same twice without writing to the query",
+            cases.len()
+        ),
+    )
+}
+
+/// The `validate.outside_bounds` check: `validate` refuses every variant just outside the rank
+/// and count bounds; what it accepts of the bounds the host checks is only noted.
+fn validate_outside_bounds(op: &Operation<'_>, base: &Case) -> Outcome {
+    let cases = op.outside(base);
+    if cases.is_empty() {
+        return (
+            Verdict::Skipped,
+            "the declared bounds leave nothing just outside them to ask about".into(),
+        );
+    }
+    let (mut accepted, mut left_to_host) = (Vec::new(), Vec::new());
+    for case in &cases {
+        match op.validate_twice(case) {
+            Err(impure) => return (Verdict::Failed, impure),
+            Ok(a) if a.ok() && case.host_checked => left_to_host.push(case.note.clone()),
+            Ok(a) if a.ok() => accepted.push(case.note.clone()),
+            Ok(_) => {}
+        }
+    }
+    if !accepted.is_empty() {
+        return (
+            Verdict::Failed,
+            format!(
+                "validate accepted what its own contract declares out of bounds: {}",
+                accepted.join("; ")
+            ),
+        );
+    }
+    let host = if left_to_host.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; validate leaves to the host's own check of the declaration: {}",
+            left_to_host.join("; ")
+        )
+    };
+    (
+        Verdict::Passed,
+        format!(
+            "{} queries just outside the declared rank and count bounds refused{host}",
+            cases.iter().filter(|c| !c.host_checked).count()
+        ),
+    )
+}
+
+/// The `query_scratch` check: the accepted query is accepted again, answered the same twice
+/// without a write to the query, and with a well-formed request.
+fn query_scratch_twice(op: &Operation<'_>, base: &Case) -> Outcome {
+    let (a1, s1, clean1) = op.scratch_once(base);
+    let (a2, s2, clean2) = op.scratch_once(base);
+    if !clean1 || !clean2 {
+        return (Verdict::Failed, "query_scratch wrote into the query".into());
+    }
+    if !a1.ok() {
+        return (
+            Verdict::Failed,
+            format!(
+                "query_scratch refused a query validate accepted: {}",
+                a1.text()
+            ),
+        );
+    }
+    let fields =
+        |s: &guild_scratch_request_v1_t| (s.struct_size, s.alignment, s.host_bytes, s.device_bytes);
+    if a1 != a2 || fields(&s1) != fields(&s2) {
+        return (
+            Verdict::Failed,
+            "query_scratch gave two different answers to the same query".into(),
+        );
+    }
+    if s1.struct_size != size_of::<guild_scratch_request_v1_t>() as u32 {
+        return (
+            Verdict::Failed,
+            "query_scratch changed the record's struct_size".into(),
+        );
+    }
+    if s1.alignment > 1 && !s1.alignment.is_power_of_two() {
+        return (
+            Verdict::Failed,
+            format!(
+                "query_scratch asked for alignment {}, not a power of two",
+                s1.alignment
+            ),
+        );
+    }
+    (
+        Verdict::Passed,
+        format!(
+            "{} host and {} device bytes, the same twice",
+            s1.host_bytes, s1.device_bytes
+        ),
+    )
+}
+
+/// The query the execution checks run, or why they are skipped.
+fn runnable(op: &Operation<'_>, base: &Option<Case>) -> Result<Case, String> {
+    match (base, op.can_execute()) {
+        (None, _) => Err(NO_BASE.to_owned()),
+        (Some(_), Err(why)) => Err(why),
+        (Some(b), Ok(())) => Ok(b.clone()),
+    }
+}
+
+/// Runs `f` on the query to execute, or skips the check with the reason there is none.
+fn if_runnable(runnable: &Result<Case, String>, f: impl FnOnce(&Case) -> Outcome) -> Outcome {
+    match runnable {
+        Ok(case) => f(case),
+        Err(why) => (Verdict::Skipped, why.clone()),
+    }
+}
+
+/// The finding of an execution that failed with `e`: skipped rather than failed when `execute`
+/// refused in a package that depends on modules the check process does not load.
+fn refused(op: &Operation<'_>, e: String) -> Outcome {
+    if op.has_dependencies && e.starts_with("execute returned") {
         (
             Verdict::Skipped,
             format!(
-                "validate refused all {} generated queries (the last, {last}); the \
-                     operation may need parameters the check cannot invent",
-                candidates.len()
+                "{e}; the package depends on other modules, which the check process does \
+                 not load"
             ),
         )
-    });
-    let no_base = "no generated query was accepted (see the validate check)";
-
-    rec.check("validate.inside_bounds", label, || {
-        let Some(base) = &base else {
-            return (Verdict::Skipped, no_base.into());
-        };
-        let cases = op.inside(base);
-        let mut accepted = 0;
-        for case in &cases {
-            match op.validate_twice(case) {
-                Err(impure) => return (Verdict::Failed, impure),
-                Ok(a) => accepted += usize::from(a.ok()),
-            }
-        }
-        (
-            Verdict::Passed,
-            format!(
-                "{} queries at and inside the bounds, {accepted} accepted, each answered the \
-                 same twice without writing to the query",
-                cases.len()
-            ),
-        )
-    });
-
-    rec.check("validate.outside_bounds", label, || {
-        let Some(base) = &base else {
-            return (Verdict::Skipped, no_base.into());
-        };
-        let cases = op.outside(base);
-        if cases.is_empty() {
-            return (
-                Verdict::Skipped,
-                "the declared bounds leave nothing just outside them to ask about".into(),
-            );
-        }
-        let (mut accepted, mut left_to_host) = (Vec::new(), Vec::new());
-        for case in &cases {
-            match op.validate_twice(case) {
-                Err(impure) => return (Verdict::Failed, impure),
-                Ok(a) if a.ok() && case.host_checked => left_to_host.push(case.note.clone()),
-                Ok(a) if a.ok() => accepted.push(case.note.clone()),
-                Ok(_) => {}
-            }
-        }
-        let host = if left_to_host.is_empty() {
-            String::new()
-        } else {
-            format!(
-                "; validate leaves to the host's own check of the declaration: {}",
-                left_to_host.join("; ")
-            )
-        };
-        if accepted.is_empty() {
-            (
-                Verdict::Passed,
-                format!(
-                    "{} queries just outside the declared rank and count bounds refused{host}",
-                    cases.iter().filter(|c| !c.host_checked).count()
-                ),
-            )
-        } else {
-            (
-                Verdict::Failed,
-                format!(
-                    "validate accepted what its own contract declares out of bounds: {}",
-                    accepted.join("; ")
-                ),
-            )
-        }
-    });
-
-    rec.check("query_scratch", label, || {
-        let Some(base) = &base else {
-            return (Verdict::Skipped, no_base.into());
-        };
-        let (a1, s1, clean1) = op.scratch_once(base);
-        let (a2, s2, clean2) = op.scratch_once(base);
-        if !clean1 || !clean2 {
-            return (Verdict::Failed, "query_scratch wrote into the query".into());
-        }
-        if !a1.ok() {
-            return (
-                Verdict::Failed,
-                format!(
-                    "query_scratch refused a query validate accepted: {}",
-                    a1.text()
-                ),
-            );
-        }
-        let fields = |s: &guild_scratch_request_v1_t| {
-            (s.struct_size, s.alignment, s.host_bytes, s.device_bytes)
-        };
-        if a1 != a2 || fields(&s1) != fields(&s2) {
-            return (
-                Verdict::Failed,
-                "query_scratch gave two different answers to the same query".into(),
-            );
-        }
-        if s1.struct_size != size_of::<guild_scratch_request_v1_t>() as u32 {
-            return (
-                Verdict::Failed,
-                "query_scratch changed the record's struct_size".into(),
-            );
-        }
-        if s1.alignment > 1 && !s1.alignment.is_power_of_two() {
-            return (
-                Verdict::Failed,
-                format!(
-                    "query_scratch asked for alignment {}, not a power of two",
-                    s1.alignment
-                ),
-            );
-        }
-        (
-            Verdict::Passed,
-            format!(
-                "{} host and {} device bytes, the same twice",
-                s1.host_bytes, s1.device_bytes
-            ),
-        )
-    });
-
-    let runnable = match (&base, op.can_execute()) {
-        (None, _) => Err(no_base.to_owned()),
-        (Some(_), Err(why)) => Err(why),
-        (Some(b), Ok(())) => Ok(b.clone()),
-    };
-    let refused = |e: String| {
-        if op.has_dependencies && e.starts_with("execute returned") {
-            (
-                Verdict::Skipped,
-                format!(
-                    "{e}; the package depends on other modules, which the check process does \
-                     not load"
-                ),
-            )
-        } else {
-            (Verdict::Failed, e)
-        }
-    };
-
-    for (name, flush, what) in [
-        (
-            "execute.guard_front",
-            Flush::Front,
-            "every buffer starts at a guard page: a read or write before a tensor faults",
-        ),
-        (
-            "execute.guard_back",
-            Flush::Back,
-            "every buffer ends at a guard page: a read or write past a tensor faults",
-        ),
-    ] {
-        rec.check(name, label, || {
-            let case = match &runnable {
-                Ok(c) => c,
-                Err(why) => return (Verdict::Skipped, why.clone()),
-            };
-            match execute(op, case, flush) {
-                Ok(_) => (
-                    Verdict::Passed,
-                    format!(
-                        "{what}; inputs read-only; nothing outside the outputs and scratch changed"
-                    ),
-                ),
-                Err(e) => refused(e),
-            }
-        });
+    } else {
+        (Verdict::Failed, e)
     }
+}
 
-    rec.check("execute.strides", label, || {
-        let case = match &runnable {
-            Ok(c) => c,
-            Err(why) => return (Verdict::Skipped, why.clone()),
-        };
-        if op.gop.layouts & GUILD_LAYOUT_OUTER_STRIDED == 0 {
+/// The `execute.guard_front` and `execute.guard_back` checks: one execution with every buffer
+/// flush against the guard `flush` names.
+fn execute_guarded(op: &Operation<'_>, case: &Case, flush: Flush, what: &str) -> Outcome {
+    match execute(op, case, flush) {
+        Ok(_) => (
+            Verdict::Passed,
+            format!("{what}; inputs read-only; nothing outside the outputs and scratch changed"),
+        ),
+        Err(e) => refused(op, e),
+    }
+}
+
+/// The `execute.strides` check: an outer-strided variant of the query, with the same values,
+/// gives the packed run's outputs.
+fn execute_strided(op: &Operation<'_>, case: &Case) -> Outcome {
+    if op.gop.layouts & GUILD_LAYOUT_OUTER_STRIDED == 0 {
+        return (
+            Verdict::Skipped,
+            "the contract does not accept outer-strided layouts".into(),
+        );
+    }
+    if case.inputs.iter().chain(&case.outputs).all(|t| t.rank < 2) {
+        return (Verdict::Skipped, "the generated tensors have rank 1".into());
+    }
+    let mut strided = case.clone();
+    stride_all(&mut strided);
+    strided.note = describe(&strided);
+    match op.validate_twice(&strided) {
+        Err(impure) => return (Verdict::Failed, impure),
+        Ok(a) if !a.ok() => {
             return (
                 Verdict::Skipped,
-                "the contract does not accept outer-strided layouts".into(),
-            );
+                format!(
+                    "validate refused the outer-strided variant {}: {}",
+                    strided.note,
+                    a.text()
+                ),
+            )
         }
-        if case.inputs.iter().chain(&case.outputs).all(|t| t.rank < 2) {
-            return (Verdict::Skipped, "the generated tensors have rank 1".into());
-        }
-        let mut strided = case.clone();
-        stride_all(&mut strided);
-        strided.note = describe(&strided);
-        match op.validate_twice(&strided) {
-            Err(impure) => return (Verdict::Failed, impure),
-            Ok(a) if !a.ok() => {
-                return (
-                    Verdict::Skipped,
-                    format!(
-                        "validate refused the outer-strided variant {}: {}",
-                        strided.note,
-                        a.text()
-                    ),
-                )
-            }
-            Ok(_) => {}
-        }
-        let packed = match execute(op, case, Flush::Back) {
-            Ok(r) => r,
-            Err(e) => return refused(e),
-        };
-        let apart = match execute(op, &strided, Flush::Back) {
-            Ok(r) => r,
-            Err(e) => return refused(e),
-        };
-        match same_outputs(case, &packed, &apart, op.deterministic()) {
-            Ok(()) => (
-                Verdict::Passed,
-                format!("{} gives the packed run's outputs", strided.note),
+        Ok(_) => {}
+    }
+    let packed = match execute(op, case, Flush::Back) {
+        Ok(r) => r,
+        Err(e) => return refused(op, e),
+    };
+    let apart = match execute(op, &strided, Flush::Back) {
+        Ok(r) => r,
+        Err(e) => return refused(op, e),
+    };
+    match same_outputs(case, &packed, &apart, op.deterministic()) {
+        Ok(()) => (
+            Verdict::Passed,
+            format!("{} gives the packed run's outputs", strided.note),
+        ),
+        Err(e) => (
+            Verdict::Failed,
+            format!(
+                "{e} between the packed run and {} with the same values: the outer strides \
+                 are not honoured",
+                strided.note
             ),
-            Err(e) => (
+        ),
+    }
+}
+
+/// The `execute.deterministic` check: an operation that declares deterministic numerics gives
+/// bit-identical outputs in [`REPEATS`] runs of the same inputs.
+fn execute_repeated(op: &Operation<'_>, case: &Case) -> Outcome {
+    if !op.deterministic() {
+        return (
+            Verdict::Skipped,
+            "the operation does not declare GUILD_NUMERICS_DETERMINISTIC".into(),
+        );
+    }
+    let first = match execute(op, case, Flush::Back) {
+        Ok(r) => r,
+        Err(e) => return refused(op, e),
+    };
+    for run in 1..REPEATS {
+        let again = match execute(op, case, Flush::Back) {
+            Ok(r) => r,
+            Err(e) => return refused(op, e),
+        };
+        if let Err(e) = same_outputs(case, &first, &again, true) {
+            return (
                 Verdict::Failed,
                 format!(
-                    "{e} between the packed run and {} with the same values: the outer strides \
-                     are not honoured",
-                    strided.note
+                    "run {} of the same inputs: {e}, although the operation declares \
+                     deterministic numerics",
+                    run + 1
                 ),
-            ),
-        }
-    });
-
-    rec.check("execute.deterministic", label, || {
-        let case = match &runnable {
-            Ok(c) => c,
-            Err(why) => return (Verdict::Skipped, why.clone()),
-        };
-        if !op.deterministic() {
-            return (
-                Verdict::Skipped,
-                "the operation does not declare GUILD_NUMERICS_DETERMINISTIC".into(),
             );
         }
-        let first = match execute(op, case, Flush::Back) {
-            Ok(r) => r,
-            Err(e) => return refused(e),
+    }
+    (
+        Verdict::Passed,
+        format!("{REPEATS} runs, bit-identical outputs"),
+    )
+}
+
+/// The `execute.concurrent` check: [`THREADS`] threads executing at once on buffers of their own
+/// give the outputs of a run before them.
+fn execute_concurrently(op: &Operation<'_>, case: &Case) -> Outcome {
+    let reference = match execute(op, case, Flush::Back) {
+        Ok(r) => r,
+        Err(e) => return refused(op, e),
+    };
+    for (t, r) in run_on_threads(op, case).into_iter().enumerate() {
+        let runs = match r {
+            Ok(runs) => runs,
+            Err(e) => return refused(op, format!("{e} (thread {t})")),
         };
-        for run in 1..REPEATS {
-            let again = match execute(op, case, Flush::Back) {
-                Ok(r) => r,
-                Err(e) => return refused(e),
-            };
-            if let Err(e) = same_outputs(case, &first, &again, true) {
+        for run in &runs {
+            if let Err(e) = same_outputs(case, &reference, run, op.deterministic()) {
                 return (
                     Verdict::Failed,
                     format!(
-                        "run {} of the same inputs: {e}, although the operation declares \
-                         deterministic numerics",
-                        run + 1
+                        "{e} on thread {t} running at the same time as {} others: the \
+                         calls share state",
+                        THREADS - 1
                     ),
                 );
             }
         }
-        (
-            Verdict::Passed,
-            format!("{REPEATS} runs, bit-identical outputs"),
-        )
-    });
+    }
+    (
+        Verdict::Passed,
+        format!(
+            "{THREADS} threads x {RUNS_PER_THREAD} calls on independent buffers at once \
+             gave the sequential outputs"
+        ),
+    )
+}
 
-    rec.check("execute.concurrent", label, || {
-        let case = match &runnable {
-            Ok(c) => c,
-            Err(why) => return (Verdict::Skipped, why.clone()),
-        };
-        let reference = match execute(op, case, Flush::Back) {
-            Ok(r) => r,
-            Err(e) => return refused(e),
-        };
-        let results: Vec<Result<Vec<Executed>, String>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..THREADS)
-                .map(|_| {
-                    s.spawn(|| {
-                        (0..RUNS_PER_THREAD)
-                            .map(|_| execute(op, case, Flush::Back))
-                            .collect::<Result<Vec<_>, _>>()
-                    })
+/// Executes `case` [`RUNS_PER_THREAD`] times on each of [`THREADS`] threads started together;
+/// each thread's runs, or the first error of one, in thread order.
+fn run_on_threads(op: &Operation<'_>, case: &Case) -> Vec<Result<Vec<Executed>, String>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|_| {
+                s.spawn(|| {
+                    (0..RUNS_PER_THREAD)
+                        .map(|_| execute(op, case, Flush::Back))
+                        .collect::<Result<Vec<_>, _>>()
                 })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into())))
-                .collect()
-        });
-        for (t, r) in results.into_iter().enumerate() {
-            let runs = match r {
-                Ok(runs) => runs,
-                Err(e) => return refused(format!("{e} (thread {t})")),
-            };
-            for run in &runs {
-                if let Err(e) = same_outputs(case, &reference, run, op.deterministic()) {
-                    return (
-                        Verdict::Failed,
-                        format!(
-                            "{e} on thread {t} running at the same time as {} others: the \
-                                 calls share state",
-                            THREADS - 1
-                        ),
-                    );
-                }
-            }
-        }
-        (
-            Verdict::Passed,
-            format!(
-                "{THREADS} threads x {RUNS_PER_THREAD} calls on independent buffers at once \
-                     gave the sequential outputs"
-            ),
-        )
-    });
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into())))
+            .collect()
+    })
 }

@@ -29,7 +29,7 @@ mod supervise;
 use std::ffi::CString;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, ExitStatus};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -246,27 +246,16 @@ struct ChildRun {
     timed_out: bool,
 }
 
+/// Runs one child over the staged tree `dir` (resuming after check `resume`, leaving the
+/// operations in `hung` alone) and reads its result channel until it ends, is killed at the
+/// time limit, or writes what the check never writes.
 fn run_child(
     options: &Options,
     dir: &Path,
     resume: Option<u64>,
     hung: &[String],
 ) -> Result<ChildRun, StageError> {
-    let spawn_error = |e: std::io::Error| StageError::Spawn {
-        program: options.program.clone(),
-        reason: e.to_string(),
-    };
-    let mut command = Command::new(&options.program);
-    command.arg(SUBCOMMAND).arg(dir);
-    if let Some(n) = resume {
-        command.arg("--resume-after").arg(n.to_string());
-    }
-    for op in hung {
-        command.arg("--skip-operation").arg(op);
-    }
-    let nonce = supervise::nonce().map_err(spawn_error)?;
-    let mut child = supervise::spawn(command, &nonce).map_err(spawn_error)?;
-
+    let (nonce, mut child) = start_child(options, dir, resume, hung)?;
     let mut run = ChildRun {
         findings: Vec::new(),
         in_progress: None,
@@ -280,58 +269,14 @@ fn run_child(
         garbage: None,
         closed: false,
     };
-    // The time limit runs from the last line of the result channel, on this clock: nothing the
-    // child prints elsewhere moves it.
-    let exited = loop {
-        let deadline = match &run.in_progress {
-            Some(s) => s.at + options.call_timeout,
-            None => reader.last + options.call_timeout,
-        };
-        let now = Instant::now();
-        if now >= deadline {
-            break false;
-        }
-        let wait = deadline.saturating_duration_since(now).min(POLL);
-        if reader.closed {
-            std::thread::sleep(wait);
-        } else {
-            match child.events.recv_timeout(wait) {
-                Ok(event) => reader.take(event, &mut run),
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => reader.closed = true,
-            }
-        }
-        if reader.garbage.is_some() || supervise::has_exited(&child.child) {
-            break true;
-        }
-    };
+    let exited = reader.wait_for_exit(&child, &mut run, options.call_timeout);
     let status = supervise::end(&mut child.child, options.contain_descendants);
     if !exited {
-        run.died = Some(match &run.in_progress {
-            Some(_) => format!(
-                "a call into the plugin did not return within {}; the check process was killed",
-                guild_host::registration::seconds(&options.call_timeout)
-            ),
-            None => format!(
-                "the check process reported nothing for {} and was killed",
-                guild_host::registration::seconds(&options.call_timeout)
-            ),
-        });
+        run.died = Some(timeout_reason(&run, &options.call_timeout));
         run.timed_out = true;
         return Ok(run);
     }
-    // What the child wrote before it ended is still in the pipe. Its processes are gone, so the
-    // channel closes, unless a process this one could not end holds it.
-    let until = Instant::now() + DRAIN;
-    while !reader.closed && reader.garbage.is_none() {
-        match child
-            .events
-            .recv_timeout(until.saturating_duration_since(Instant::now()))
-        {
-            Ok(event) => reader.take(event, &mut run),
-            Err(_) => break,
-        }
-    }
+    reader.drain(&child, &mut run);
     if let Some(what) = reader.garbage {
         run.died = Some(format!(
             "the check's result channel carried {what}, which the check never writes: the \
@@ -342,6 +287,53 @@ fn run_child(
     if reader.done && status.as_ref().is_some_and(|s| s.success()) {
         return Ok(run);
     }
+    run.died = Some(exit_reason(status, reader.done, &child));
+    Ok(run)
+}
+
+/// Starts `guild __conformance` over `dir` with the options that resume it, under a fresh
+/// nonce; returns the nonce and the running child.
+fn start_child(
+    options: &Options,
+    dir: &Path,
+    resume: Option<u64>,
+    hung: &[String],
+) -> Result<(String, supervise::Supervised), StageError> {
+    let spawn_error = |e: std::io::Error| StageError::Spawn {
+        program: options.program.clone(),
+        reason: e.to_string(),
+    };
+    let mut command = Command::new(&options.program);
+    command.arg(SUBCOMMAND).arg(dir);
+    if let Some(n) = resume {
+        command.arg("--resume-after").arg(n.to_string());
+    }
+    for op in hung {
+        command.arg("--skip-operation").arg(op);
+    }
+    let nonce = supervise::nonce().map_err(spawn_error)?;
+    let child = supervise::spawn(command, &nonce).map_err(spawn_error)?;
+    Ok((nonce, child))
+}
+
+/// Why a child killed at the time limit was killed: a call into the plugin that did not return,
+/// or no line at all while no check ran.
+fn timeout_reason(run: &ChildRun, call_timeout: &Duration) -> String {
+    match &run.in_progress {
+        Some(_) => format!(
+            "a call into the plugin did not return within {}; the check process was killed",
+            guild_host::registration::seconds(call_timeout)
+        ),
+        None => format!(
+            "the check process reported nothing for {} and was killed",
+            guild_host::registration::seconds(call_timeout)
+        ),
+    }
+}
+
+/// Why a child that ended by itself did not finish: the signal that killed it or its exit
+/// status, and, when it did not write its last line, the end of its stderr and stdout.
+fn exit_reason(status: Option<ExitStatus>, done: bool, child: &supervise::Supervised) -> String {
     let mut why = match status {
         Some(s) => match guild_host::registration::signal_of(s) {
             Some((n, name)) => format!(
@@ -357,7 +349,7 @@ fn run_child(
         },
         None => "the check process could not be waited for".into(),
     };
-    if !reader.done {
+    if !done {
         for (name, tail) in [("stderr", &child.stderr), ("stdout", &child.stdout)] {
             let lines = tail.last_lines(3);
             if !lines.is_empty() {
@@ -365,8 +357,7 @@ fn run_child(
             }
         }
     }
-    run.died = Some(why);
-    Ok(run)
+    why
 }
 
 /// How often the parent looks whether the child has ended while it waits for a line.
@@ -387,6 +378,57 @@ struct Frames<'n> {
 }
 
 impl Frames<'_> {
+    /// Reads the channel until the child has exited or written what the check never writes
+    /// (true), or until the time limit passes without a line (false). The limit runs from the
+    /// last line of the result channel, on this clock: nothing the child prints elsewhere moves
+    /// it; while a check runs, from the check's start or the start of its latest call.
+    fn wait_for_exit(
+        &mut self,
+        child: &supervise::Supervised,
+        run: &mut ChildRun,
+        call_timeout: Duration,
+    ) -> bool {
+        loop {
+            let deadline = match &run.in_progress {
+                Some(s) => s.at + call_timeout,
+                None => self.last + call_timeout,
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            let wait = deadline.saturating_duration_since(now).min(POLL);
+            if self.closed {
+                std::thread::sleep(wait);
+            } else {
+                match child.events.recv_timeout(wait) {
+                    Ok(event) => self.take(event, run),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => self.closed = true,
+                }
+            }
+            if self.garbage.is_some() || supervise::has_exited(&child.child) {
+                return true;
+            }
+        }
+    }
+
+    /// Reads what the child wrote before it ended, still in the pipe, for at most [`DRAIN`].
+    /// Its processes are gone, so the channel closes, unless a process this one could not end
+    /// holds it.
+    fn drain(&mut self, child: &supervise::Supervised, run: &mut ChildRun) {
+        let until = Instant::now() + DRAIN;
+        while !self.closed && self.garbage.is_none() {
+            match child
+                .events
+                .recv_timeout(until.saturating_duration_since(Instant::now()))
+            {
+                Ok(event) => self.take(event, run),
+                Err(_) => break,
+            }
+        }
+    }
+
     fn take(&mut self, event: supervise::Event, run: &mut ChildRun) {
         let line = match event {
             supervise::Event::Frame(line) => line,
@@ -651,135 +693,23 @@ pub fn child_main(
     let loading = rec.start("init", None, false);
     let registry = guild_host::registry::OwnedRegistry::new();
     let loader = guild_adapters_posix::DlopenLoader::new();
-    let request = LoadRequest {
-        package: m.package_id.clone(),
-        version: m.version.clone(),
-        library: dir.join(m.entry.as_str()),
-        provided_ops: m.provided_ops.clone(),
-        provided_runners: m.provided_runners.clone(),
-        host_abi: platform.kernel_abi,
-        operations: Some(registry.plugin_service()),
-    };
+    let request = load_request(dir, m, platform.kernel_abi, &registry);
     let loaded = loader.load(&request);
-    let (failed_at, reason) = match &loaded {
-        Ok(_) => (None, String::new()),
-        Err(e) => {
-            let at = match &*e.kind {
-                LoadErrorKind::Open { .. } => "library",
-                LoadErrorKind::MissingEntry { .. } => "entry point",
-                LoadErrorKind::BadDescriptor { .. } => "descriptor",
-                LoadErrorKind::AbiMismatch { .. } => "abi range",
-                LoadErrorKind::InitFailed { .. } => "init",
-                LoadErrorKind::ExtensionRefused { .. } => "extensions",
-                LoadErrorKind::RegistrationRefused { reason } if reason.contains("duplicate") => {
-                    "duplicate ids"
-                }
-                _ => "registration",
-            };
-            (Some(at), e.kind.to_string())
-        }
-    };
+    let failure = loaded.as_ref().err().map(load_failure);
     let plugin = loaded.ok();
     // What the loader accepted is held to the manifest as a host holds it.
-    let package = format!("{}@{}", m.package_id, m.version);
-    let (failed_at, reason) = match (&plugin, failed_at) {
-        (Some(p), None) => {
-            let mut ids: Vec<&str> = p.kernels.iter().map(|k| k.impl_id.as_str()).collect();
-            ids.extend(p.runners.iter().map(|r| r.runner_id.as_str()));
-            let mut sorted = ids.clone();
-            sorted.sort_unstable();
-            let duplicate = sorted.windows(2).find(|w| w[0] == w[1]).map(|w| w[0]);
-            match (
-                duplicate,
-                guild_host::registration::check_registration(&package, m, p),
-            ) {
-                (Some(id), _) => (Some("duplicate ids"), format!("{id} is registered twice")),
-                (None, Err(e)) => (Some("registration"), e.to_string()),
-                (None, Ok(())) => (None, String::new()),
-            }
-        }
-        (_, at) => (at, reason),
+    let failure = match &plugin {
+        Some(p) if failure.is_none() => registration_failure(m, p),
+        _ => failure,
     };
-    let failed_index = failed_at.and_then(|f| LOAD_CHECKS.iter().position(|c| *c == f));
-    for (i, name) in LOAD_CHECKS.iter().enumerate() {
-        let (v, why) = match failed_index {
-            _ if *name == "shutdown after failed init" => match failed_at {
-                Some("init") => (
-                    Verdict::Passed,
-                    "the host ran shutdown after the failed init and the process survived".into(),
-                ),
-                Some(f)
-                    if failed_index.is_some_and(|at| at < i) && LOAD_CHECKS[..i].contains(&f) =>
-                {
-                    (
-                        Verdict::Skipped,
-                        format!("init never ran: an earlier check failed ({f})"),
-                    )
-                }
-                _ => (
-                    Verdict::Skipped,
-                    "init did not fail, and the host calls shutdown after a failed init only"
-                        .to_owned(),
-                ),
-            },
-            Some(f) if i == f => (Verdict::Failed, reason.clone()),
-            Some(f) if i > f => (
-                Verdict::Skipped,
-                format!("an earlier check failed ({})", LOAD_CHECKS[f]),
-            ),
-            _ => (Verdict::Passed, load_detail(name, &plugin, m)),
-        };
-        if *name == "init" {
-            rec.finish(loading, name, None, v, &why);
-        } else {
-            rec.record(name, None, v, &why);
-        }
-    }
+    let outcome = LoadOutcome::new(failure);
+    outcome.record(&mut rec, loading, &plugin, m);
     let Some(plugin) = plugin else {
         rec.emit(json!({ "done": true }));
         return Ok(());
     };
-    if failed_index.is_none() {
-        for kernel in &plugin.kernels {
-            let provider = &kernel.provider;
-            let Some(gop) = provider.operation().copied() else {
-                continue;
-            };
-            let (max_dim, max_batch) = provider
-                .descriptor()
-                .map_or(([0; 8], 0), |d| (d.max_dim, d.max_batch));
-            let op_name = kernel.op_name.as_ref().map_or("", |n| n.as_str());
-            let op = gop1::Operation {
-                label: format!("{} ({op_name})", kernel.impl_id),
-                op_name: CString::new(op_name).unwrap_or_default(),
-                provider,
-                gop,
-                backend: kernel.backend.bit(),
-                max_dim,
-                max_batch,
-                has_dependencies: !m.module_dependencies.is_empty(),
-                lines: lines.clone(),
-            };
-            gop1::check(&op, &mut rec);
-        }
-        let gop1 = plugin
-            .kernels
-            .iter()
-            .filter(|k| k.provider.operation().is_some())
-            .count();
-        if gop1 < plugin.kernels.len() {
-            rec.record(
-                "operations",
-                None,
-                Verdict::Skipped,
-                &format!(
-                    "{} of {} kernels carry no GOP1 contract; the per-operation checks cover \
-                     GOP1 operations only",
-                    plugin.kernels.len() - gop1,
-                    plugin.kernels.len()
-                ),
-            );
-        }
+    if outcome.failed_index.is_none() {
+        check_operations(&plugin, m, &lines, &mut rec);
     }
     let closing = rec.start("shutdown", None, false);
     drop(plugin);
@@ -793,6 +723,200 @@ pub fn child_main(
     );
     rec.emit(json!({ "done": true }));
     Ok(())
+}
+
+/// The request that loads the staged tree `dir` as a host loads an installed one, offering the
+/// plugin `registry`'s operation service.
+fn load_request(
+    dir: &Path,
+    m: &guild_domain::manifest::Manifest,
+    host_abi: guild_domain::version::PackedVersion,
+    registry: &guild_host::registry::OwnedRegistry,
+) -> LoadRequest {
+    LoadRequest {
+        package: m.package_id.clone(),
+        version: m.version.clone(),
+        library: dir.join(m.entry.as_str()),
+        provided_ops: m.provided_ops.clone(),
+        provided_runners: m.provided_runners.clone(),
+        host_abi,
+        operations: Some(registry.plugin_service()),
+    }
+}
+
+/// The check of [`LOAD_CHECKS`] a loader error fails, and the error's text.
+fn load_failure(e: &guild_ports::loader::LoadError) -> (&'static str, String) {
+    let at = match &*e.kind {
+        LoadErrorKind::Open { .. } => "library",
+        LoadErrorKind::MissingEntry { .. } => "entry point",
+        LoadErrorKind::BadDescriptor { .. } => "descriptor",
+        LoadErrorKind::AbiMismatch { .. } => "abi range",
+        LoadErrorKind::InitFailed { .. } => "init",
+        LoadErrorKind::ExtensionRefused { .. } => "extensions",
+        LoadErrorKind::RegistrationRefused { reason } if reason.contains("duplicate") => {
+            "duplicate ids"
+        }
+        _ => "registration",
+    };
+    (at, e.kind.to_string())
+}
+
+/// The check of [`LOAD_CHECKS`] that a plugin the loader accepted fails against the manifest
+/// `m`, and why: an id registered twice, or registrations the manifest does not declare.
+fn registration_failure(
+    m: &guild_domain::manifest::Manifest,
+    p: &guild_ports::loader::LoadedPlugin,
+) -> Option<(&'static str, String)> {
+    let package = format!("{}@{}", m.package_id, m.version);
+    let mut ids: Vec<&str> = p.kernels.iter().map(|k| k.impl_id.as_str()).collect();
+    ids.extend(p.runners.iter().map(|r| r.runner_id.as_str()));
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    let duplicate = sorted.windows(2).find(|w| w[0] == w[1]).map(|w| w[0]);
+    match (
+        duplicate,
+        guild_host::registration::check_registration(&package, m, p),
+    ) {
+        (Some(id), _) => Some(("duplicate ids", format!("{id} is registered twice"))),
+        (None, Err(e)) => Some(("registration", e.to_string())),
+        (None, Ok(())) => None,
+    }
+}
+
+/// Where loading stopped, if it did, as the findings of [`LOAD_CHECKS`] report it.
+struct LoadOutcome {
+    /// The check that failed.
+    failed_at: Option<&'static str>,
+    /// Its place in [`LOAD_CHECKS`].
+    failed_index: Option<usize>,
+    /// Why it failed.
+    reason: String,
+}
+
+impl LoadOutcome {
+    fn new(failure: Option<(&'static str, String)>) -> Self {
+        let (failed_at, reason) = match failure {
+            Some((at, reason)) => (Some(at), reason),
+            None => (None, String::new()),
+        };
+        LoadOutcome {
+            failed_at,
+            failed_index: failed_at.and_then(|f| LOAD_CHECKS.iter().position(|c| *c == f)),
+            reason,
+        }
+    }
+
+    /// Records one finding for each of [`LOAD_CHECKS`], in order; `init`'s closes the check
+    /// `loading` started.
+    fn record(
+        &self,
+        rec: &mut Recorder<'_>,
+        loading: u64,
+        plugin: &Option<guild_ports::loader::LoadedPlugin>,
+        m: &guild_domain::manifest::Manifest,
+    ) {
+        for (i, name) in LOAD_CHECKS.iter().enumerate() {
+            let (v, why) = self.verdict(i, name, plugin, m);
+            if *name == "init" {
+                rec.finish(loading, name, None, v, &why);
+            } else {
+                rec.record(name, None, v, &why);
+            }
+        }
+    }
+
+    /// The finding of `name`, number `i` of [`LOAD_CHECKS`].
+    fn verdict(
+        &self,
+        i: usize,
+        name: &str,
+        plugin: &Option<guild_ports::loader::LoadedPlugin>,
+        m: &guild_domain::manifest::Manifest,
+    ) -> (Verdict, String) {
+        match self.failed_index {
+            _ if name == "shutdown after failed init" => self.shutdown_after_failed_init(i),
+            Some(f) if i == f => (Verdict::Failed, self.reason.clone()),
+            Some(f) if i > f => (
+                Verdict::Skipped,
+                format!("an earlier check failed ({})", LOAD_CHECKS[f]),
+            ),
+            _ => (Verdict::Passed, load_detail(name, plugin, m)),
+        }
+    }
+
+    /// The finding of `shutdown after failed init`, number `i` of [`LOAD_CHECKS`]: the process
+    /// survived the shutdown the host runs after a failed init, when init failed.
+    fn shutdown_after_failed_init(&self, i: usize) -> (Verdict, String) {
+        match self.failed_at {
+            Some("init") => (
+                Verdict::Passed,
+                "the host ran shutdown after the failed init and the process survived".into(),
+            ),
+            Some(f)
+                if self.failed_index.is_some_and(|at| at < i) && LOAD_CHECKS[..i].contains(&f) =>
+            {
+                (
+                    Verdict::Skipped,
+                    format!("init never ran: an earlier check failed ({f})"),
+                )
+            }
+            _ => (
+                Verdict::Skipped,
+                "init did not fail, and the host calls shutdown after a failed init only"
+                    .to_owned(),
+            ),
+        }
+    }
+}
+
+/// Runs the checks of every GOP1 operation the plugin registered, in registration order, then
+/// records how many kernels carry no GOP1 contract, if any.
+fn check_operations(
+    plugin: &guild_ports::loader::LoadedPlugin,
+    m: &guild_domain::manifest::Manifest,
+    lines: &Lines,
+    rec: &mut Recorder<'_>,
+) {
+    for kernel in &plugin.kernels {
+        let provider = &kernel.provider;
+        let Some(gop) = provider.operation().copied() else {
+            continue;
+        };
+        let (max_dim, max_batch) = provider
+            .descriptor()
+            .map_or(([0; 8], 0), |d| (d.max_dim, d.max_batch));
+        let op_name = kernel.op_name.as_ref().map_or("", |n| n.as_str());
+        let op = gop1::Operation {
+            label: format!("{} ({op_name})", kernel.impl_id),
+            op_name: CString::new(op_name).unwrap_or_default(),
+            provider,
+            gop,
+            backend: kernel.backend.bit(),
+            max_dim,
+            max_batch,
+            has_dependencies: !m.module_dependencies.is_empty(),
+            lines: lines.clone(),
+        };
+        gop1::check(&op, rec);
+    }
+    let gop1 = plugin
+        .kernels
+        .iter()
+        .filter(|k| k.provider.operation().is_some())
+        .count();
+    if gop1 < plugin.kernels.len() {
+        rec.record(
+            "operations",
+            None,
+            Verdict::Skipped,
+            &format!(
+                "{} of {} kernels carry no GOP1 contract; the per-operation checks cover \
+                 GOP1 operations only",
+                plugin.kernels.len() - gop1,
+                plugin.kernels.len()
+            ),
+        );
+    }
 }
 
 fn load_detail(
