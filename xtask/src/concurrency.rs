@@ -11,9 +11,9 @@ use crate::msrv::{installed, path_str, rustup};
 use crate::util::{self, root};
 
 const NIGHTLY: &str = "nightly";
-/// The unit tests each tool runs, all in `guild-runtime` but the thread pool: the gate and
-/// handle table, the call tensors and call cells, the striped binding counts; ThreadSanitizer
-/// also the per-thread impl-id tables and `guild-host`'s scoped thread pool.
+/// The unit tests each tool runs, all in `guild-runtime`: the gate and handle table, the call
+/// tensors and call cells, the striped binding counts; ThreadSanitizer also the per-thread
+/// impl-id tables and the scoped thread map.
 const LOOM_FILTER: &str = "loom_";
 const MIRI_FILTERS: &[&str] = &["operations::", "snapshot::"];
 const TSAN_FILTERS: &[&str] = &["operations::", "snapshot::", "parallel::", "id_lookup::"];
@@ -86,9 +86,6 @@ pub fn tsan() -> Result<(), String> {
         "x86_64-unknown-linux-gnu",
         "-p",
         "guild-runtime",
-        // The scoped thread pool that verifies a store's packages in parallel.
-        "-p",
-        "guild-host",
         "--lib",
         "--no-default-features",
         "--target-dir",

@@ -55,7 +55,6 @@ pub mod host;
 pub mod lock_sync;
 pub mod package_manager;
 pub mod packaging;
-mod parallel;
 pub mod reconcile;
 pub mod registration;
 
