@@ -32,7 +32,6 @@ use std::ptr::{self, NonNull};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 
-use guild_abi::text::fixed_buffer_text;
 use guild_abi::{
     guild_cpu_activation_image_v1_t, guild_cpu_backend_ext_v2_t, guild_cpu_combine_args_v1_t,
     guild_cpu_combine_ordered_fn, guild_cpu_describe_format_args_v1_t,
@@ -43,15 +42,15 @@ use guild_abi::{
     guild_cpu_expert_quantize_hidden_fn, guild_cpu_planar_q2_dequantize_args_v1_t,
     guild_cpu_planar_q2_dequantize_fn, guild_cpu_planar_q2_quantize_args_v1_t,
     guild_cpu_planar_q2_quantize_fn, guild_cpu_q2_rows_args_v1_t, guild_cpu_q2_rows_fn,
-    guild_cpu_router_args_v1_t, guild_cpu_router_bf16_fn, guild_error_info_t, guild_status_t,
-    GUILD_BACKEND_CPU, GUILD_CPU_ACTIVATION_IMAGE_ALIGN, GUILD_CPU_ACTIVATION_IMAGE_BYTES,
+    guild_cpu_router_args_v1_t, guild_cpu_router_bf16_fn, GUILD_BACKEND_CPU,
+    GUILD_CPU_ACTIVATION_IMAGE_ALIGN, GUILD_CPU_ACTIVATION_IMAGE_BYTES,
     GUILD_CPU_ACTIVATION_IMAGE_MAX_ELEMENTS, GUILD_CPU_PLANAR_Q2_BLOCK_BYTES,
     GUILD_CPU_PLANAR_Q2_BLOCK_ELEMENTS, GUILD_DTYPE_F32, GUILD_OP_BATCHED_EXPERT_EXEC,
-    GUILD_STATUS_OK,
 };
 use guild_domain::ids::{ImplId, PackageId};
 use thiserror::Error;
 
+use crate::bound::{size_u32, Callback, TableFn};
 use crate::error::PluginReason;
 use crate::registry::{KernelBinding, KernelRegistry};
 
@@ -486,11 +485,17 @@ impl BoundExpertTable {
         }
     }
 
-    fn not_offered(&self, callback: &'static str) -> ExpertError {
-        ExpertError::NotOffered {
+    /// The table's callback `f`, named `callback`, with the table's `user_data`; refused as
+    /// [`ExpertError::NotOffered`] when the table leaves it NULL.
+    fn offered<A>(
+        &self,
+        callback: &'static str,
+        f: Option<TableFn<A>>,
+    ) -> Result<Callback<A>, ExpertError> {
+        Callback::offered(f, self.user_data).ok_or_else(|| ExpertError::NotOffered {
             impl_id: self.impl_id().clone(),
             callback,
-        }
+        })
     }
 
     /// Quantizes `row_count` F32 rows of `format.hidden_size` (`src`, back to back) into `dst`,
@@ -523,13 +528,11 @@ impl BoundExpertTable {
             dst: dst.as_mut_ptr().cast(),
             dst_row_stride_bytes: format.activation_row_bytes,
         };
-        let f = self
-            .quantize_activation
-            .ok_or_else(|| self.not_offered(NAME))?;
+        let f = self.offered(NAME, self.quantize_activation)?;
         // SAFETY: the callback is the plugin's, loaded while `self.binding` lives; the args
         // describe host buffers whose lengths were checked against the format just above and
         // that outlive the call.
-        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+        unsafe { call(NAME, f, &args) }
     }
 
     /// Quantizes `row_count` F32 hidden rows of `format.intermediate_size` into `dst`,
@@ -556,9 +559,9 @@ impl BoundExpertTable {
             dst: dst.as_mut_ptr().cast(),
             dst_row_stride_bytes: format.hidden_row_bytes,
         };
-        let f = self.quantize_hidden.ok_or_else(|| self.not_offered(NAME))?;
+        let f = self.offered(NAME, self.quantize_hidden)?;
         // SAFETY: as in quantize_activation.
-        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+        unsafe { call(NAME, f, &args) }
     }
 
     /// Runs one `gate_up_rows` call with `scratch` (at least `format.scratch_bytes`, aligned).
@@ -611,9 +614,9 @@ impl BoundExpertTable {
             scratch: scratch.0,
             scratch_bytes: scratch.1,
         };
-        let f = self.gate_up_rows.ok_or_else(|| self.not_offered(NAME))?;
+        let f = self.offered(NAME, self.gate_up_rows)?;
         // SAFETY: as in quantize_activation; the expert image, rows and scratch were checked too.
-        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+        unsafe { call(NAME, f, &args) }
     }
 
     /// Runs one `down_rows` call with `scratch` (at least `format.scratch_bytes`, aligned).
@@ -659,9 +662,9 @@ impl BoundExpertTable {
             scratch: scratch.0,
             scratch_bytes: scratch.1,
         };
-        let f = self.down_rows.ok_or_else(|| self.not_offered(NAME))?;
+        let f = self.offered(NAME, self.down_rows)?;
         // SAFETY: as in gate_up_rows.
-        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+        unsafe { call(NAME, f, &args) }
     }
 
     /// Asks the provider (CPU backend v2 `describe_format`) for the format it wants for a layer.
@@ -673,10 +676,7 @@ impl BoundExpertTable {
         shape: [u64; 3],
     ) -> Result<guild_cpu_expert_format_v1_t, ExpertError> {
         const NAME: &str = "describe_format";
-        let f = self
-            .v2
-            .describe_format
-            .ok_or_else(|| self.not_offered(NAME))?;
+        let f = self.offered(NAME, self.v2.describe_format)?;
         // SAFETY: the format record is plain integers; all-zero is a valid value.
         let mut out: guild_cpu_expert_format_v1_t = unsafe { std::mem::zeroed() };
         out.struct_size = size_u32::<guild_cpu_expert_format_v1_t>();
@@ -691,7 +691,7 @@ impl BoundExpertTable {
             format_out: &mut out,
         };
         // SAFETY: the callback is loaded while `self.binding` lives; format_out is a live local.
-        call(NAME, |e| unsafe { f(self.user_data, &args, e) })?;
+        unsafe { call(NAME, f, &args) }?;
         Ok(out)
     }
 
@@ -699,7 +699,7 @@ impl BoundExpertTable {
     /// tokens and `router_weights.len() / hidden_size` experts.
     pub fn router_bf16(&self, c: &mut RouterCall<'_>) -> Result<(), ExpertError> {
         const NAME: &str = "router_bf16";
-        let f = self.v2.router_bf16.ok_or_else(|| self.not_offered(NAME))?;
+        let f = self.offered(NAME, self.v2.router_bf16)?;
         let width = usize::try_from(c.hidden_size)
             .ok()
             .filter(|w| *w > 0)
@@ -768,14 +768,14 @@ impl BoundExpertTable {
         };
         // SAFETY: the callback is loaded while `self.binding` lives; every buffer's length was
         // checked against the counts the args state.
-        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+        unsafe { call(NAME, f, &args) }
     }
 
     /// Runs the provider's planar-Q2 rows (CPU backend v2 `q2_rows`) against canonical
     /// activation images, whose 3584-byte, 64-byte-aligned layout is checked again at run time.
     pub fn q2_rows(&self, c: &mut Q2RowsCall<'_>) -> Result<(), ExpertError> {
         const NAME: &str = "q2_rows";
-        let f = self.v2.q2_rows.ok_or_else(|| self.not_offered(NAME))?;
+        let f = self.offered(NAME, self.v2.q2_rows)?;
         check_aligned(
             NAME,
             "images",
@@ -838,16 +838,13 @@ impl BoundExpertTable {
         // SAFETY: the callback is loaded while `self.binding` lives; images are typed records
         // (3584 bytes, 64-aligned by their type and checked above) and the other buffers' lengths
         // were checked against the args.
-        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+        unsafe { call(NAME, f, &args) }
     }
 
     /// Converts F32 rows to canonical planar Q2 (CPU backend v2 `quantize_planar_q2`).
     pub fn quantize_planar_q2(&self, c: &mut PlanarQ2QuantizeCall<'_>) -> Result<(), ExpertError> {
         const NAME: &str = "quantize_planar_q2";
-        let f = self
-            .v2
-            .quantize_planar_q2
-            .ok_or_else(|| self.not_offered(NAME))?;
+        let f = self.offered(NAME, self.v2.quantize_planar_q2)?;
         let row_bytes = planar_q2_row_bytes(NAME, c.row_elements)?;
         check_len(NAME, "src", c.src.len(), c.row_count, c.row_elements)?;
         if let Some(importance) = c.importance {
@@ -868,7 +865,7 @@ impl BoundExpertTable {
         // SAFETY: the callback is loaded while `self.binding` lives; the F32 buffers are aligned
         // by their type, planar Q2 rows are bytes, and every length was checked against the
         // counts and strides the args state.
-        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+        unsafe { call(NAME, f, &args) }
     }
 
     /// Expands canonical planar Q2 rows to F32 (CPU backend v2 `dequantize_planar_q2`).
@@ -877,10 +874,7 @@ impl BoundExpertTable {
         c: &mut PlanarQ2DequantizeCall<'_>,
     ) -> Result<(), ExpertError> {
         const NAME: &str = "dequantize_planar_q2";
-        let f = self
-            .v2
-            .dequantize_planar_q2
-            .ok_or_else(|| self.not_offered(NAME))?;
+        let f = self.offered(NAME, self.v2.dequantize_planar_q2)?;
         let row_bytes = planar_q2_row_bytes(NAME, c.row_elements)?;
         check_len(NAME, "src", c.src.len(), c.row_count, row_bytes)?;
         check_len(NAME, "dst", c.dst.len(), c.row_count, c.row_elements)?;
@@ -895,17 +889,14 @@ impl BoundExpertTable {
             dst_row_stride_bytes: c.row_elements * 4,
         };
         // SAFETY: as in quantize_planar_q2.
-        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+        unsafe { call(NAME, f, &args) }
     }
 
     /// Combines expert rows per token in slot order (CPU backend v2 `combine_ordered`). Every
     /// non-negative slot must name a whole row of `expert_outputs`.
     pub fn combine_ordered(&self, c: &mut CombineCall<'_>) -> Result<(), ExpertError> {
         const NAME: &str = "combine_ordered";
-        let f = self
-            .v2
-            .combine_ordered
-            .ok_or_else(|| self.not_offered(NAME))?;
+        let f = self.offered(NAME, self.v2.combine_ordered)?;
         let width = usize::try_from(c.hidden_size)
             .ok()
             .filter(|w| *w > 0)
@@ -957,7 +948,7 @@ impl BoundExpertTable {
         };
         // SAFETY: the callback is loaded while `self.binding` lives; every buffer's length was
         // checked against the counts the args state, and every slot names a whole expert row.
-        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+        unsafe { call(NAME, f, &args) }
     }
 
     /// Runs one task through the matching callback.
@@ -986,28 +977,16 @@ fn planar_q2_row_bytes(callback: &'static str, row_elements: u64) -> Result<u64,
     Ok(row_elements / block * u64::from(GUILD_CPU_PLANAR_Q2_BLOCK_BYTES))
 }
 
-fn size_u32<T>() -> u32 {
-    u32::try_from(size_of::<T>()).unwrap_or(u32::MAX)
-}
-
-/// Calls `f` with a fresh error record and turns a failure into [`ExpertError::Provider`].
-fn call(
-    callback: &'static str,
-    f: impl FnOnce(*mut guild_error_info_t) -> guild_status_t,
-) -> Result<(), ExpertError> {
-    let mut error = guild_error_info_t::new();
-    let status = f(&mut error);
-    if status == GUILD_STATUS_OK {
-        return Ok(());
-    }
-    Err(ExpertError::Provider {
-        callback,
-        reason: PluginReason {
-            status,
-            component: fixed_buffer_text(&error.component),
-            message: fixed_buffer_text(&error.message),
-        },
-    })
+/// Calls `f`, the callback named `callback`, with `args`, and turns a failure into
+/// [`ExpertError::Provider`].
+///
+/// # Safety
+///
+/// As for [`Callback::call`]: the table `f` came from is still bound, and `args` is what the
+/// callback's header asks of the host.
+unsafe fn call<A>(callback: &'static str, f: Callback<A>, args: &A) -> Result<(), ExpertError> {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { f.call(args) }.map_err(|reason| ExpertError::Provider { callback, reason })
 }
 
 fn check_format(
