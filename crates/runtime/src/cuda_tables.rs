@@ -24,30 +24,29 @@
 use std::ffi::{c_void, CStr};
 use std::fmt;
 use std::marker::PhantomData;
-use std::mem::size_of;
 use std::ptr;
 
-use guild_abi::text::fixed_buffer_text;
 use guild_abi::{
     guild_cuda_attn_config_args_v1_t, guild_cuda_attn_ext_v1_t, guild_cuda_dense_ext_v1_t,
     guild_cuda_dense_geometry_v1_t, guild_cuda_dense_project_args_v1_t,
     guild_cuda_dense_strides_v1_t, guild_cuda_elementwise_args_v1_t,
     guild_cuda_kv_append_args_v1_t, guild_cuda_kv_cache_view_v1_t, guild_cuda_moe_ext_v1_t,
     guild_cuda_moe_route_args_v1_t, guild_cuda_moe_workspace_query_args_v1_t,
-    guild_cuda_qwen_group_v1_t, guild_cuda_row_selection_v1_t, guild_error_info_t, guild_status_t,
-    guild_stream_t, GUILD_BACKEND_CUDA, GUILD_CUDA_CONFIG_VALUE_INT, GUILD_CUDA_DENSE_ACCUMULATE,
-    GUILD_CUDA_DENSE_CAP_BF16_OUTPUT, GUILD_CUDA_EW_ADD, GUILD_CUDA_EW_AXPY, GUILD_CUDA_EW_COPY,
-    GUILD_CUDA_EW_GEGLU, GUILD_CUDA_EW_GELU, GUILD_CUDA_EW_MUL, GUILD_CUDA_EW_SCALE,
-    GUILD_CUDA_EW_SIGMOID_MUL, GUILD_CUDA_EW_SILU, GUILD_CUDA_EW_SWIGLU, GUILD_CUDA_MOE_OP_ROUTE,
-    GUILD_DTYPE_BF16, GUILD_DTYPE_F16, GUILD_DTYPE_F32, GUILD_DTYPE_Q8_0, GUILD_STATUS_OK,
+    guild_cuda_qwen_group_v1_t, guild_cuda_row_selection_v1_t, guild_stream_t, GUILD_BACKEND_CUDA,
+    GUILD_CUDA_CONFIG_VALUE_INT, GUILD_CUDA_DENSE_ACCUMULATE, GUILD_CUDA_DENSE_CAP_BF16_OUTPUT,
+    GUILD_CUDA_EW_ADD, GUILD_CUDA_EW_AXPY, GUILD_CUDA_EW_COPY, GUILD_CUDA_EW_GEGLU,
+    GUILD_CUDA_EW_GELU, GUILD_CUDA_EW_MUL, GUILD_CUDA_EW_SCALE, GUILD_CUDA_EW_SIGMOID_MUL,
+    GUILD_CUDA_EW_SILU, GUILD_CUDA_EW_SWIGLU, GUILD_CUDA_MOE_OP_ROUTE, GUILD_DTYPE_BF16,
+    GUILD_DTYPE_F16, GUILD_DTYPE_F32, GUILD_DTYPE_Q8_0,
 };
 use guild_domain::ids::{ImplId, PackageId};
 use guild_ports::device::StreamRef;
-use guild_ports::provider::ExtensionTable;
 use thiserror::Error;
 
+pub use crate::bound::BoundTable;
+use crate::bound::{bound, size_u32, Callback, Table, TableFn};
 use crate::error::PluginReason;
-use crate::experts::ExpertError;
+use crate::experts::{call, ExpertError};
 use crate::registry::{KernelBinding, KernelRegistry};
 
 /// Why a kernel binding could not become [`BoundCudaTables`].
@@ -60,48 +59,6 @@ pub enum CudaBindError {
     /// The kernel is not a CUDA kernel carrying CDD1, CDA1 or CDM1.
     #[error("kernel {0} carries no CDD1, CDA1 or CDM1 table")]
     NoCudaTables(ImplId),
-}
-
-/// A bound table of one tag: the plugin's table in this host's layout, and the optional
-/// callbacks it does not offer.
-#[derive(Debug, Clone)]
-pub struct BoundTable<T> {
-    table: T,
-    version: u32,
-    absent: Vec<&'static str>,
-}
-
-impl<T> BoundTable<T> {
-    /// The table (fields the plugin's size did not carry are zero; `header.next` is NULL).
-    pub fn table(&self) -> &T {
-        &self.table
-    }
-
-    /// The layout version the plugin declared.
-    pub fn version(&self) -> u32 {
-        self.version
-    }
-
-    /// The optional callbacks the plugin does not offer, in field order.
-    pub fn absent_callbacks(&self) -> &[&'static str] {
-        &self.absent
-    }
-}
-
-/// Copies a negotiated table out of the kernel's provider, cutting its link to the next copy.
-fn bound<T: Copy>(
-    lent: Option<ExtensionTable<'_, T>>,
-    unlink: impl FnOnce(&mut T),
-) -> Option<BoundTable<T>> {
-    lent.map(|lent| {
-        let mut table = *lent.table;
-        unlink(&mut table);
-        BoundTable {
-            table,
-            version: lent.version,
-            absent: lent.absent_callbacks,
-        }
-    })
 }
 
 /// A CUDA kernel's CDD1, CDA1 and CDM1 tables (whichever it carries), bound with a lease.
@@ -211,8 +168,7 @@ impl BoundCudaTables {
     /// Sets the CDA1 configuration key `key` to the integer `value` (CDA1 `configure`).
     pub fn configure_attn_int(&self, key: &CStr, value: i64) -> Result<(), ExpertError> {
         const NAME: &str = "configure";
-        let attn = self.attn.as_ref().ok_or_else(|| self.not_offered(NAME))?;
-        let f = attn.table.configure.ok_or_else(|| self.not_offered(NAME))?;
+        let (_, f) = offered(&self.attn, |t| t.configure).ok_or_else(|| self.not_offered(NAME))?;
         let args = guild_cuda_attn_config_args_v1_t {
             struct_size: size_u32::<guild_cuda_attn_config_args_v1_t>(),
             value_kind: GUILD_CUDA_CONFIG_VALUE_INT,
@@ -223,7 +179,7 @@ impl BoundCudaTables {
         };
         // SAFETY: the callback is loaded while `self.binding` lives; the args and the key are
         // live for the call.
-        call(NAME, |e| unsafe { f(attn.table.user_data, &args, e) })
+        unsafe { call(NAME, f, &args) }
     }
 
     /// The workspace bytes CDM1 `route` needs for `token_count` tokens over `expert_count`
@@ -236,11 +192,8 @@ impl BoundCudaTables {
         top_k: u32,
     ) -> Result<u64, ExpertError> {
         const NAME: &str = "query_workspace";
-        let moe = self.moe.as_ref().ok_or_else(|| self.not_offered(NAME))?;
-        let f = moe
-            .table
-            .query_workspace
-            .ok_or_else(|| self.not_offered(NAME))?;
+        let (_, f) =
+            offered(&self.moe, |t| t.query_workspace).ok_or_else(|| self.not_offered(NAME))?;
         // SAFETY: the route args are integers, floats and pointers; all-zero (NULL) is valid.
         let mut route: guild_cuda_moe_route_args_v1_t = unsafe { std::mem::zeroed() };
         route.struct_size = size_u32::<guild_cuda_moe_route_args_v1_t>();
@@ -258,32 +211,19 @@ impl BoundCudaTables {
         };
         // SAFETY: the callback is loaded while `self.binding` lives; the route args and the
         // output are live locals for the call.
-        call(NAME, |e| unsafe { f(moe.table.user_data, &args, e) })?;
+        unsafe { call(NAME, f, &args) }?;
         Ok(bytes)
     }
 }
 
-fn size_u32<T>() -> u32 {
-    u32::try_from(size_of::<T>()).unwrap_or(u32::MAX)
-}
-
-fn call(
-    callback: &'static str,
-    f: impl FnOnce(*mut guild_error_info_t) -> guild_status_t,
-) -> Result<(), ExpertError> {
-    let mut error = guild_error_info_t::new();
-    let status = f(&mut error);
-    if status == GUILD_STATUS_OK {
-        return Ok(());
-    }
-    Err(ExpertError::Provider {
-        callback,
-        reason: PluginReason {
-            status,
-            component: fixed_buffer_text(&error.component),
-            message: fixed_buffer_text(&error.message),
-        },
-    })
+/// The callback `pick` reads from `table`, with that table (and its `user_data`), when the kernel
+/// carries the table and the table offers the callback.
+fn offered<T: Table, A>(
+    table: &Option<BoundTable<T>>,
+    pick: impl FnOnce(&T) -> Option<TableFn<A>>,
+) -> Option<(&T, Callback<A>)> {
+    let table = table.as_ref()?;
+    Some((table.table(), table.callback(pick)?))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -873,25 +813,24 @@ impl BoundCudaTables {
         }
     }
 
-    /// Runs one execution callback and reads its error record.
-    fn enqueue(
+    /// Runs one execution callback, `f`, named `callback`, with `args`, and turns a failure into
+    /// [`CudaCallError::Provider`].
+    ///
+    /// # Safety
+    ///
+    /// As for `Callback::call`: the table `f` came from is still bound, and `args` is what the
+    /// callback's header asks of the host.
+    unsafe fn enqueue<A>(
         &self,
         callback: &'static str,
-        f: impl FnOnce(*mut guild_error_info_t) -> guild_status_t,
+        f: Callback<A>,
+        args: &A,
     ) -> Result<(), CudaCallError> {
-        let mut error = guild_error_info_t::new();
-        let status = f(&mut error);
-        if status == GUILD_STATUS_OK {
-            return Ok(());
-        }
-        Err(CudaCallError::Provider {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { f.call(args) }.map_err(|reason| CudaCallError::Provider {
             impl_id: self.impl_id().clone(),
             callback,
-            reason: PluginReason {
-                status,
-                component: fixed_buffer_text(&error.component),
-                message: fixed_buffer_text(&error.message),
-            },
+            reason,
         })
     }
 
@@ -903,22 +842,16 @@ impl BoundCudaTables {
     /// capabilities the call may be made while `stream` is capturing a graph.
     pub fn project(&self, stream: &CudaStream, args: &DenseProject) -> Result<(), CudaCallError> {
         const NAME: &str = "project";
-        let dense = self
-            .dense
-            .as_ref()
-            .ok_or_else(|| self.call_not_offered(NAME))?;
-        let f = dense
-            .table
-            .project
-            .ok_or_else(|| self.call_not_offered(NAME))?;
-        let raw = project_args(dense.table.capabilities, args, stream)
+        let (dense, f) =
+            offered(&self.dense, |t| t.project).ok_or_else(|| self.call_not_offered(NAME))?;
+        let raw = project_args(dense.capabilities, args, stream)
             .map_err(|problem| self.refused(NAME, problem))?;
         // SAFETY: the callback is loaded while `self.binding` lives; `raw` is a live local read
         // during the call only. Every address in it was checked above to be non-NULL, aligned,
         // on the stream's device and large enough for what the geometry and strides reach; the
         // spans' and the stream's constructors carry the promise that the memory and the stream
         // are valid for the enqueued work until it completes.
-        self.enqueue(NAME, |e| unsafe { f(dense.table.user_data, &raw, e) })
+        unsafe { self.enqueue(NAME, f, &raw) }
     }
 }
 
@@ -1122,20 +1055,14 @@ impl BoundCudaTables {
         args: &Elementwise,
     ) -> Result<(), CudaCallError> {
         const NAME: &str = "elementwise";
-        let moe = self
-            .moe
-            .as_ref()
-            .ok_or_else(|| self.call_not_offered(NAME))?;
-        let f = moe
-            .table
-            .elementwise
-            .ok_or_else(|| self.call_not_offered(NAME))?;
+        let (_, f) =
+            offered(&self.moe, |t| t.elementwise).ok_or_else(|| self.call_not_offered(NAME))?;
         let raw = elementwise_args(args, stream).map_err(|problem| self.refused(NAME, problem))?;
         // SAFETY: the callback is loaded while `self.binding` lives; `raw` is a live local read
         // during the call only; every address in it was checked above against the bytes the
         // geometry reaches on the stream's device, and the spans' and the stream's constructors
         // carry the promise that the memory and the stream stay valid for the enqueued work.
-        self.enqueue(NAME, |e| unsafe { f(moe.table.user_data, &raw, e) })
+        unsafe { self.enqueue(NAME, f, &raw) }
     }
 }
 
@@ -1421,15 +1348,9 @@ impl BoundCudaTables {
     /// be captured into a graph.
     pub fn kv_append(&self, stream: &CudaStream, args: &KvAppend) -> Result<(), CudaCallError> {
         const NAME: &str = "kv_append";
-        let attn = self
-            .attn
-            .as_ref()
-            .ok_or_else(|| self.call_not_offered(NAME))?;
-        let f = attn
-            .table
-            .kv_append
-            .ok_or_else(|| self.call_not_offered(NAME))?;
-        let (mut raw, view) = kv_append_args(attn.table.kv_cache_dtypes, args, stream)
+        let (attn, f) =
+            offered(&self.attn, |t| t.kv_append).ok_or_else(|| self.call_not_offered(NAME))?;
+        let (mut raw, view) = kv_append_args(attn.kv_cache_dtypes, args, stream)
             .map_err(|problem| self.refused(NAME, problem))?;
         raw.cache = &view;
         // SAFETY: the callback is loaded while `self.binding` lives; `raw` and the `view` it
@@ -1437,6 +1358,6 @@ impl BoundCudaTables {
         // checked above against the bytes the view and the rows reach on the stream's device,
         // and the spans' and the stream's constructors carry the promise that the memory and the
         // stream stay valid for the enqueued work.
-        self.enqueue(NAME, |e| unsafe { f(attn.table.user_data, &raw, e) })
+        unsafe { self.enqueue(NAME, f, &raw) }
     }
 }

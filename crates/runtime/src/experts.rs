@@ -32,26 +32,21 @@ use std::ptr::{self, NonNull};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 
-use guild_abi::text::fixed_buffer_text;
 use guild_abi::{
     guild_cpu_activation_image_v1_t, guild_cpu_backend_ext_v2_t, guild_cpu_combine_args_v1_t,
-    guild_cpu_combine_ordered_fn, guild_cpu_describe_format_args_v1_t,
-    guild_cpu_describe_format_fn, guild_cpu_expert_down_args_v1_t, guild_cpu_expert_down_rows_fn,
+    guild_cpu_describe_format_args_v1_t, guild_cpu_expert_down_args_v1_t,
     guild_cpu_expert_format_v1_t, guild_cpu_expert_gate_up_args_v1_t,
-    guild_cpu_expert_gate_up_rows_fn, guild_cpu_expert_quantize_activation_args_v1_t,
-    guild_cpu_expert_quantize_activation_fn, guild_cpu_expert_quantize_hidden_args_v1_t,
-    guild_cpu_expert_quantize_hidden_fn, guild_cpu_planar_q2_dequantize_args_v1_t,
-    guild_cpu_planar_q2_dequantize_fn, guild_cpu_planar_q2_quantize_args_v1_t,
-    guild_cpu_planar_q2_quantize_fn, guild_cpu_q2_rows_args_v1_t, guild_cpu_q2_rows_fn,
-    guild_cpu_router_args_v1_t, guild_cpu_router_bf16_fn, guild_error_info_t, guild_status_t,
-    GUILD_BACKEND_CPU, GUILD_CPU_ACTIVATION_IMAGE_ALIGN, GUILD_CPU_ACTIVATION_IMAGE_BYTES,
+    guild_cpu_expert_quantize_activation_args_v1_t, guild_cpu_expert_quantize_hidden_args_v1_t,
+    guild_cpu_planar_q2_dequantize_args_v1_t, guild_cpu_planar_q2_quantize_args_v1_t,
+    guild_cpu_q2_rows_args_v1_t, guild_cpu_router_args_v1_t, GUILD_BACKEND_CPU,
+    GUILD_CPU_ACTIVATION_IMAGE_ALIGN, GUILD_CPU_ACTIVATION_IMAGE_BYTES,
     GUILD_CPU_ACTIVATION_IMAGE_MAX_ELEMENTS, GUILD_CPU_PLANAR_Q2_BLOCK_BYTES,
     GUILD_CPU_PLANAR_Q2_BLOCK_ELEMENTS, GUILD_DTYPE_F32, GUILD_OP_BATCHED_EXPERT_EXEC,
-    GUILD_STATUS_OK,
 };
 use guild_domain::ids::{ImplId, PackageId};
 use thiserror::Error;
 
+use crate::bound::{bound, size_u32, BoundTable, Callback, TableFn};
 use crate::error::PluginReason;
 use crate::registry::{KernelBinding, KernelRegistry};
 
@@ -358,30 +353,12 @@ impl ExpertTask<'_> {
 // The bound table
 // ---------------------------------------------------------------------------------------------
 
-/// The CPU backend v2 operations a table carries; `None` where its size or pointer does not.
-#[derive(Clone, Copy)]
-struct V2Ops {
-    describe_format: guild_cpu_describe_format_fn,
-    quantize_planar_q2: guild_cpu_planar_q2_quantize_fn,
-    dequantize_planar_q2: guild_cpu_planar_q2_dequantize_fn,
-    q2_rows: guild_cpu_q2_rows_fn,
-    router_bf16: guild_cpu_router_bf16_fn,
-    combine_ordered: guild_cpu_combine_ordered_fn,
-}
-
 /// A kernel's CPE1 table (and the CPU backend v2 operations it carries), copied once out of the
 /// registry and bound with a lease: while it lives, the provider's library stays loaded and its
 /// package counts one binding.
 pub struct BoundExpertTable {
-    quantize_activation: guild_cpu_expert_quantize_activation_fn,
-    quantize_hidden: guild_cpu_expert_quantize_hidden_fn,
-    gate_up_rows: guild_cpu_expert_gate_up_rows_fn,
-    down_rows: guild_cpu_expert_down_rows_fn,
-    user_data: *mut c_void,
-    v2: V2Ops,
-    version: u32,
-    absent: Vec<&'static str>,
-    // Last, so that the code the pointers above reach is released after everything else.
+    table: BoundTable<guild_cpu_backend_ext_v2_t>,
+    // Last, so that the code the table's pointers reach is released after everything else.
     binding: KernelBinding,
 }
 
@@ -397,8 +374,8 @@ impl fmt::Debug for BoundExpertTable {
         f.debug_struct("BoundExpertTable")
             .field("impl_id", self.impl_id())
             .field("package", self.package())
-            .field("version", &self.version)
-            .field("absent", &self.absent)
+            .field("version", &self.version())
+            .field("absent", &self.absent_callbacks())
             .finish_non_exhaustive()
     }
 }
@@ -418,29 +395,11 @@ impl BoundExpertTable {
         {
             return Err(refused());
         }
-        let copy = kernel.provider.cpu_backend().ok_or_else(refused)?;
-        let t: &guild_cpu_backend_ext_v2_t = copy.table;
         // The negotiation left every field the plugin's size does not carry zero (None), so a
         // version 1 table, or a short version 2 one, has no appended operations here.
-        let v2 = V2Ops {
-            describe_format: t.describe_format,
-            quantize_planar_q2: t.quantize_planar_q2,
-            dequantize_planar_q2: t.dequantize_planar_q2,
-            q2_rows: t.q2_rows,
-            router_bf16: t.router_bf16,
-            combine_ordered: t.combine_ordered,
-        };
-        Ok(BoundExpertTable {
-            quantize_activation: t.quantize_activation,
-            quantize_hidden: t.quantize_hidden,
-            gate_up_rows: t.gate_up_rows,
-            down_rows: t.down_rows,
-            user_data: t.user_data,
-            v2,
-            version: copy.version,
-            absent: copy.absent_callbacks,
-            binding,
-        })
+        let lent = kernel.provider.cpu_backend();
+        let table = bound(lent, |t| t.header.next = ptr::null()).ok_or_else(refused)?;
+        Ok(BoundExpertTable { table, binding })
     }
 
     /// Binds the table of the registered kernel `impl_id` (one registry lookup, now).
@@ -463,17 +422,17 @@ impl BoundExpertTable {
 
     /// The table's layout version: 1 for CPE1, 2 for the CPU backend table.
     pub fn version(&self) -> u32 {
-        self.version
+        self.table.version()
     }
 
     /// The optional (version 2) callbacks the plugin's table does not carry, in field order.
     pub fn absent_callbacks(&self) -> &[&'static str] {
-        &self.absent
+        self.table.absent_callbacks()
     }
 
     /// Whether the table carries the callback named `name` (a field name of the v2 table).
     pub fn offers(&self, name: &str) -> bool {
-        let v2 = &self.v2;
+        let v2 = self.table.table();
         match name {
             "quantize_activation" | "quantize_hidden" | "gate_up_rows" | "down_rows" => true,
             "describe_format" => v2.describe_format.is_some(),
@@ -486,11 +445,19 @@ impl BoundExpertTable {
         }
     }
 
-    fn not_offered(&self, callback: &'static str) -> ExpertError {
-        ExpertError::NotOffered {
-            impl_id: self.impl_id().clone(),
-            callback,
-        }
+    /// The callback `pick` reads from the table, named `callback`, with the table's `user_data`;
+    /// refused as [`ExpertError::NotOffered`] when the table leaves it NULL.
+    fn offered<A>(
+        &self,
+        callback: &'static str,
+        pick: impl FnOnce(&guild_cpu_backend_ext_v2_t) -> Option<TableFn<A>>,
+    ) -> Result<Callback<A>, ExpertError> {
+        self.table
+            .callback(pick)
+            .ok_or_else(|| ExpertError::NotOffered {
+                impl_id: self.impl_id().clone(),
+                callback,
+            })
     }
 
     /// Quantizes `row_count` F32 rows of `format.hidden_size` (`src`, back to back) into `dst`,
@@ -523,13 +490,11 @@ impl BoundExpertTable {
             dst: dst.as_mut_ptr().cast(),
             dst_row_stride_bytes: format.activation_row_bytes,
         };
-        let f = self
-            .quantize_activation
-            .ok_or_else(|| self.not_offered(NAME))?;
+        let f = self.offered(NAME, |t| t.quantize_activation)?;
         // SAFETY: the callback is the plugin's, loaded while `self.binding` lives; the args
         // describe host buffers whose lengths were checked against the format just above and
         // that outlive the call.
-        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+        unsafe { call(NAME, f, &args) }
     }
 
     /// Quantizes `row_count` F32 hidden rows of `format.intermediate_size` into `dst`,
@@ -556,9 +521,9 @@ impl BoundExpertTable {
             dst: dst.as_mut_ptr().cast(),
             dst_row_stride_bytes: format.hidden_row_bytes,
         };
-        let f = self.quantize_hidden.ok_or_else(|| self.not_offered(NAME))?;
+        let f = self.offered(NAME, |t| t.quantize_hidden)?;
         // SAFETY: as in quantize_activation.
-        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+        unsafe { call(NAME, f, &args) }
     }
 
     /// Runs one `gate_up_rows` call with `scratch` (at least `format.scratch_bytes`, aligned).
@@ -611,9 +576,9 @@ impl BoundExpertTable {
             scratch: scratch.0,
             scratch_bytes: scratch.1,
         };
-        let f = self.gate_up_rows.ok_or_else(|| self.not_offered(NAME))?;
+        let f = self.offered(NAME, |t| t.gate_up_rows)?;
         // SAFETY: as in quantize_activation; the expert image, rows and scratch were checked too.
-        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+        unsafe { call(NAME, f, &args) }
     }
 
     /// Runs one `down_rows` call with `scratch` (at least `format.scratch_bytes`, aligned).
@@ -659,9 +624,9 @@ impl BoundExpertTable {
             scratch: scratch.0,
             scratch_bytes: scratch.1,
         };
-        let f = self.down_rows.ok_or_else(|| self.not_offered(NAME))?;
+        let f = self.offered(NAME, |t| t.down_rows)?;
         // SAFETY: as in gate_up_rows.
-        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+        unsafe { call(NAME, f, &args) }
     }
 
     /// Asks the provider (CPU backend v2 `describe_format`) for the format it wants for a layer.
@@ -673,10 +638,7 @@ impl BoundExpertTable {
         shape: [u64; 3],
     ) -> Result<guild_cpu_expert_format_v1_t, ExpertError> {
         const NAME: &str = "describe_format";
-        let f = self
-            .v2
-            .describe_format
-            .ok_or_else(|| self.not_offered(NAME))?;
+        let f = self.offered(NAME, |t| t.describe_format)?;
         // SAFETY: the format record is plain integers; all-zero is a valid value.
         let mut out: guild_cpu_expert_format_v1_t = unsafe { std::mem::zeroed() };
         out.struct_size = size_u32::<guild_cpu_expert_format_v1_t>();
@@ -691,7 +653,7 @@ impl BoundExpertTable {
             format_out: &mut out,
         };
         // SAFETY: the callback is loaded while `self.binding` lives; format_out is a live local.
-        call(NAME, |e| unsafe { f(self.user_data, &args, e) })?;
+        unsafe { call(NAME, f, &args) }?;
         Ok(out)
     }
 
@@ -699,7 +661,7 @@ impl BoundExpertTable {
     /// tokens and `router_weights.len() / hidden_size` experts.
     pub fn router_bf16(&self, c: &mut RouterCall<'_>) -> Result<(), ExpertError> {
         const NAME: &str = "router_bf16";
-        let f = self.v2.router_bf16.ok_or_else(|| self.not_offered(NAME))?;
+        let f = self.offered(NAME, |t| t.router_bf16)?;
         let width = usize::try_from(c.hidden_size)
             .ok()
             .filter(|w| *w > 0)
@@ -768,14 +730,14 @@ impl BoundExpertTable {
         };
         // SAFETY: the callback is loaded while `self.binding` lives; every buffer's length was
         // checked against the counts the args state.
-        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+        unsafe { call(NAME, f, &args) }
     }
 
     /// Runs the provider's planar-Q2 rows (CPU backend v2 `q2_rows`) against canonical
     /// activation images, whose 3584-byte, 64-byte-aligned layout is checked again at run time.
     pub fn q2_rows(&self, c: &mut Q2RowsCall<'_>) -> Result<(), ExpertError> {
         const NAME: &str = "q2_rows";
-        let f = self.v2.q2_rows.ok_or_else(|| self.not_offered(NAME))?;
+        let f = self.offered(NAME, |t| t.q2_rows)?;
         check_aligned(
             NAME,
             "images",
@@ -838,16 +800,13 @@ impl BoundExpertTable {
         // SAFETY: the callback is loaded while `self.binding` lives; images are typed records
         // (3584 bytes, 64-aligned by their type and checked above) and the other buffers' lengths
         // were checked against the args.
-        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+        unsafe { call(NAME, f, &args) }
     }
 
     /// Converts F32 rows to canonical planar Q2 (CPU backend v2 `quantize_planar_q2`).
     pub fn quantize_planar_q2(&self, c: &mut PlanarQ2QuantizeCall<'_>) -> Result<(), ExpertError> {
         const NAME: &str = "quantize_planar_q2";
-        let f = self
-            .v2
-            .quantize_planar_q2
-            .ok_or_else(|| self.not_offered(NAME))?;
+        let f = self.offered(NAME, |t| t.quantize_planar_q2)?;
         let row_bytes = planar_q2_row_bytes(NAME, c.row_elements)?;
         check_len(NAME, "src", c.src.len(), c.row_count, c.row_elements)?;
         if let Some(importance) = c.importance {
@@ -868,7 +827,7 @@ impl BoundExpertTable {
         // SAFETY: the callback is loaded while `self.binding` lives; the F32 buffers are aligned
         // by their type, planar Q2 rows are bytes, and every length was checked against the
         // counts and strides the args state.
-        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+        unsafe { call(NAME, f, &args) }
     }
 
     /// Expands canonical planar Q2 rows to F32 (CPU backend v2 `dequantize_planar_q2`).
@@ -877,10 +836,7 @@ impl BoundExpertTable {
         c: &mut PlanarQ2DequantizeCall<'_>,
     ) -> Result<(), ExpertError> {
         const NAME: &str = "dequantize_planar_q2";
-        let f = self
-            .v2
-            .dequantize_planar_q2
-            .ok_or_else(|| self.not_offered(NAME))?;
+        let f = self.offered(NAME, |t| t.dequantize_planar_q2)?;
         let row_bytes = planar_q2_row_bytes(NAME, c.row_elements)?;
         check_len(NAME, "src", c.src.len(), c.row_count, row_bytes)?;
         check_len(NAME, "dst", c.dst.len(), c.row_count, c.row_elements)?;
@@ -895,17 +851,14 @@ impl BoundExpertTable {
             dst_row_stride_bytes: c.row_elements * 4,
         };
         // SAFETY: as in quantize_planar_q2.
-        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+        unsafe { call(NAME, f, &args) }
     }
 
     /// Combines expert rows per token in slot order (CPU backend v2 `combine_ordered`). Every
     /// non-negative slot must name a whole row of `expert_outputs`.
     pub fn combine_ordered(&self, c: &mut CombineCall<'_>) -> Result<(), ExpertError> {
         const NAME: &str = "combine_ordered";
-        let f = self
-            .v2
-            .combine_ordered
-            .ok_or_else(|| self.not_offered(NAME))?;
+        let f = self.offered(NAME, |t| t.combine_ordered)?;
         let width = usize::try_from(c.hidden_size)
             .ok()
             .filter(|w| *w > 0)
@@ -957,7 +910,7 @@ impl BoundExpertTable {
         };
         // SAFETY: the callback is loaded while `self.binding` lives; every buffer's length was
         // checked against the counts the args state, and every slot names a whole expert row.
-        call(NAME, |e| unsafe { f(self.user_data, &args, e) })
+        unsafe { call(NAME, f, &args) }
     }
 
     /// Runs one task through the matching callback.
@@ -986,28 +939,20 @@ fn planar_q2_row_bytes(callback: &'static str, row_elements: u64) -> Result<u64,
     Ok(row_elements / block * u64::from(GUILD_CPU_PLANAR_Q2_BLOCK_BYTES))
 }
 
-fn size_u32<T>() -> u32 {
-    u32::try_from(size_of::<T>()).unwrap_or(u32::MAX)
-}
-
-/// Calls `f` with a fresh error record and turns a failure into [`ExpertError::Provider`].
-fn call(
+/// Calls `f`, the callback named `callback`, with `args`, and turns a failure into
+/// [`ExpertError::Provider`].
+///
+/// # Safety
+///
+/// As for [`Callback::call`]: the table `f` came from is still bound, and `args` is what the
+/// callback's header asks of the host.
+pub(crate) unsafe fn call<A>(
     callback: &'static str,
-    f: impl FnOnce(*mut guild_error_info_t) -> guild_status_t,
+    f: Callback<A>,
+    args: &A,
 ) -> Result<(), ExpertError> {
-    let mut error = guild_error_info_t::new();
-    let status = f(&mut error);
-    if status == GUILD_STATUS_OK {
-        return Ok(());
-    }
-    Err(ExpertError::Provider {
-        callback,
-        reason: PluginReason {
-            status,
-            component: fixed_buffer_text(&error.component),
-            message: fixed_buffer_text(&error.message),
-        },
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe { f.call(args) }.map_err(|reason| ExpertError::Provider { callback, reason })
 }
 
 fn check_format(

@@ -12,11 +12,14 @@
 //! Nearly all of the host's `unsafe` lives here, and only in the modules that cross the C
 //! boundary: `operations` (the providers' GOP1 callbacks and the service's C table), `models`
 //! (RMD1 callbacks and the C model reader), `experts` (bound CPE1 tables and host-owned aligned
-//! buffers) and `cuda_tables` (the host-side queries of bound CDA1 and CDM1 tables).
+//! buffers), `cuda_tables` (the host-side queries of bound CDA1 and CDM1 tables) and `bound`
+//! (what those two share: the copy of a bound table and the one call into its callbacks).
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+#[allow(unsafe_code)] // The one call into a bound table's callbacks, for experts and cuda_tables.
+mod bound;
 #[allow(unsafe_code)] // The CDD1/CDA1/CDM1 boundary: the host-side queries of bound CUDA tables.
 pub mod cuda_tables;
 pub mod error;

@@ -211,44 +211,70 @@ pub struct TensorRole {
     pub tensor: Option<usize>,
 }
 
-/// A model as its runner described it, copied and checked by the host. The fields mirror
-/// `guild_runner_model_v1_t` (see `runner_abi.h` for each one's meaning).
-#[derive(Debug, Clone, PartialEq)]
-#[allow(missing_docs)] // Each field is the C record's field of the same name.
-pub struct ModelDescription {
-    pub architecture: String,
-    pub n_layers: u32,
-    pub n_embd: u32,
-    pub n_ff: u32,
-    pub n_heads: u32,
-    pub n_kv_heads: u32,
-    pub head_dim: u32,
-    pub head_dim_v: u32,
-    pub vocab_size: u32,
-    pub context_length: u32,
-    pub norm_eps: f32,
-    pub ssm_conv_kernel: u32,
-    pub ssm_state_size: u32,
-    pub ssm_group_count: u32,
-    pub ssm_time_step_rank: u32,
-    pub ssm_inner_size: u32,
-    pub full_attention_interval: u32,
-    pub n_experts: u32,
-    pub n_experts_used: u32,
-    pub expert_ffn: u32,
-    pub shared_expert_ffn: u32,
-    pub rope_type: u32,
-    pub rope_dims: u32,
-    pub rope_scaling_type: u32,
-    pub rope_freq_base: f32,
-    pub rope_freq_scale: f32,
-    pub rope_orig_context: u32,
-    pub ple_required: u32,
-    pub ple_dim: u32,
-    pub prefill_strategy: u32,
-    pub prefill_chunk_tokens: u32,
-    /// The canonical roles, in the runner's order.
-    pub roles: Vec<TensorRole>,
+/// Declares [`ModelDescription`] with the scalar fields of `guild_runner_model_v1_t`, each named
+/// once here, and the copy of those fields out of a record, so that the two cannot drift apart.
+macro_rules! model_description {
+    ($($field:ident: $ty:ty,)*) => {
+        /// A model as its runner described it, copied and checked by the host. The fields mirror
+        /// `guild_runner_model_v1_t` (see `runner_abi.h` for each one's meaning).
+        #[derive(Debug, Clone, PartialEq)]
+        #[allow(missing_docs)] // Each field is the C record's field of the same name.
+        pub struct ModelDescription {
+            pub architecture: String,
+            $(pub $field: $ty,)*
+            /// The canonical roles, in the runner's order.
+            pub roles: Vec<TensorRole>,
+        }
+
+        impl ModelDescription {
+            /// The description of `record`, whose architecture and roles were read and checked
+            /// already: every other field as the record holds it.
+            fn from_record(
+                record: &guild_runner_model_v1_t,
+                architecture: String,
+                roles: Vec<TensorRole>,
+            ) -> Self {
+                ModelDescription {
+                    architecture,
+                    $($field: record.$field,)*
+                    roles,
+                }
+            }
+        }
+    };
+}
+
+model_description! {
+    n_layers: u32,
+    n_embd: u32,
+    n_ff: u32,
+    n_heads: u32,
+    n_kv_heads: u32,
+    head_dim: u32,
+    head_dim_v: u32,
+    vocab_size: u32,
+    context_length: u32,
+    norm_eps: f32,
+    ssm_conv_kernel: u32,
+    ssm_state_size: u32,
+    ssm_group_count: u32,
+    ssm_time_step_rank: u32,
+    ssm_inner_size: u32,
+    full_attention_interval: u32,
+    n_experts: u32,
+    n_experts_used: u32,
+    expert_ffn: u32,
+    shared_expert_ffn: u32,
+    rope_type: u32,
+    rope_dims: u32,
+    rope_scaling_type: u32,
+    rope_freq_base: f32,
+    rope_freq_scale: f32,
+    rope_orig_context: u32,
+    ple_required: u32,
+    ple_dim: u32,
+    prefill_strategy: u32,
+    prefill_chunk_tokens: u32,
 }
 
 impl ModelDescription {
@@ -535,40 +561,7 @@ impl CopiedRecord {
             return Err(DescriptionError::NoLayers);
         }
         let roles = check_roles(raw_roles, f.n_layers, model)?;
-        let description = ModelDescription {
-            architecture,
-            n_layers: f.n_layers,
-            n_embd: f.n_embd,
-            n_ff: f.n_ff,
-            n_heads: f.n_heads,
-            n_kv_heads: f.n_kv_heads,
-            head_dim: f.head_dim,
-            head_dim_v: f.head_dim_v,
-            vocab_size: f.vocab_size,
-            context_length: f.context_length,
-            norm_eps: f.norm_eps,
-            ssm_conv_kernel: f.ssm_conv_kernel,
-            ssm_state_size: f.ssm_state_size,
-            ssm_group_count: f.ssm_group_count,
-            ssm_time_step_rank: f.ssm_time_step_rank,
-            ssm_inner_size: f.ssm_inner_size,
-            full_attention_interval: f.full_attention_interval,
-            n_experts: f.n_experts,
-            n_experts_used: f.n_experts_used,
-            expert_ffn: f.expert_ffn,
-            shared_expert_ffn: f.shared_expert_ffn,
-            rope_type: f.rope_type,
-            rope_dims: f.rope_dims,
-            rope_scaling_type: f.rope_scaling_type,
-            rope_freq_base: f.rope_freq_base,
-            rope_freq_scale: f.rope_freq_scale,
-            rope_orig_context: f.rope_orig_context,
-            ple_required: f.ple_required,
-            ple_dim: f.ple_dim,
-            prefill_strategy: f.prefill_strategy,
-            prefill_chunk_tokens: f.prefill_chunk_tokens,
-            roles,
-        };
+        let description = ModelDescription::from_record(f, architecture, roles);
         check_topology(&description)?;
         Ok(description)
     }
