@@ -2194,7 +2194,7 @@ mod tests {
     }
 
     #[test]
-    fn store_state_quarantine_and_trust_record_round_trip_and_older_files_still_read() {
+    fn store_state_taint_and_trust_record_round_trip_and_older_files_still_read() {
         let mut r = two_versions().successor();
         let q = Taint {
             reason: "installed files do not match the signed manifest".into(),
@@ -2219,7 +2219,7 @@ mod tests {
     }
 
     #[test]
-    fn store_state_a_quarantined_version_is_neither_enabled_nor_rolled_back_to_until_cleared() {
+    fn store_state_a_tainted_version_is_neither_enabled_nor_rolled_back_to_until_cleared() {
         let mut r = two_versions();
         let q = Taint {
             reason: "tampered".into(),
@@ -2253,7 +2253,7 @@ mod tests {
     }
 
     #[test]
-    fn store_state_decode_refuses_a_quarantine_on_an_enabled_version_and_a_bad_trust_record() {
+    fn store_state_decode_refuses_a_taint_on_an_enabled_version_and_a_bad_trust_record() {
         let tainted = doc(r#", "quarantine": {"reason": "x"}"#, "", "");
         assert!(matches!(
             decode(&tainted),

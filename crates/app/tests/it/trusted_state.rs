@@ -198,7 +198,7 @@ fn trusted_state_an_old_registry_without_the_record_is_checked_once_and_gets_it(
 }
 
 #[test]
-fn trusted_state_a_library_changed_after_install_is_refused_before_it_opens_and_quarantined() {
+fn trusted_state_a_library_changed_after_install_is_refused_before_it_opens_and_tainted() {
     let shop = Workshop::new();
     let k = key();
     let root = shop.fresh("store");

@@ -86,7 +86,7 @@ fn store_state_delta_names_only_what_changed_and_replays_to_the_new_state() {
 }
 
 #[test]
-fn store_state_delta_carries_quarantine_trusted_under_and_the_trust_anchor() {
+fn store_state_delta_carries_taint_trusted_under_and_the_trust_anchor() {
     let mut old = store_of(3);
     old.set_trust_anchor(anchor(1));
     let mut new = old.successor();
