@@ -385,144 +385,34 @@ impl ArtifactRegistry for OciRegistry {
         request: PushRequest<'_>,
         progress: Option<&dyn Progress>,
     ) -> Result<Pushed, DistributionError> {
-        let (layer_digest, layer_size) = hash_file(request.archive, reference)?;
-        let config = request.config.to_json().into_bytes();
-        let config_digest = sha256_of(&config);
-        let layer_type = layer_media_type(request.config.kind);
-        let mut annotations = serde_json::Map::new();
-        for (k, v) in request.annotations {
-            annotations.insert(k.clone(), Value::String(v.clone()));
-        }
-        let manifest = serde_json::json!({
-            "schemaVersion": 2,
-            "mediaType": OCI_MANIFEST_MEDIA_TYPE,
-            "artifactType": ARTIFACT_TYPE,
-            "config": {
-                "mediaType": CONFIG_MEDIA_TYPE,
-                "digest": format!("sha256:{config_digest}"),
-                "size": config.len(),
-            },
-            "layers": [{
-                "mediaType": layer_type,
-                "digest": oci_digest(&layer_digest),
-                "size": layer_size,
-                "annotations": {
-                    "org.opencontainers.image.title": request
-                        .archive
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_default(),
-                },
-            }],
-            "annotations": annotations,
-        });
-        let manifest = serde_json::to_vec(&manifest).map_err(|e| {
-            DistributionError::new(
-                Kind::Malformed {
-                    part: Part::Manifest,
-                    reason: e.to_string(),
-                },
-                reference,
-            )
-        })?;
-        let manifest_digest = Sha256Digest::of(&manifest);
-        check_pinned(reference, &manifest_digest)?;
+        let artifact = Artifact::describe(&request, reference)?;
+        check_pinned(reference, &artifact.manifest_digest)?;
         let client = self.client(reference)?;
         let image = distribution_ref(reference)?;
         let http = self.http(reference, &image)?;
         let credentials = self.auth(reference);
-        let archive = request.archive.to_owned();
         let rt = runtime(reference)?;
         rt.block_on(async {
-            let err = |e| transport_error(e, reference);
+            let upload = Upload {
+                client,
+                image,
+                reference,
+            };
             // The token exchange is the adapter's own (bounded, and under the realm rules of
             // `transport`); the client is handed its result.
             let auth = http
                 .authenticate(&credentials, "pull,push")
                 .await?
                 .to_registry_auth();
-            client
-                .auth(&image, &auth, RegistryOperation::Push)
-                .await
-                .map_err(err)?;
-            if !client
-                .blob_exists(&image, &format!("sha256:{config_digest}"))
-                .await
-                .map_err(err)?
-            {
-                client
-                    .push_blob(&image, config.clone(), &format!("sha256:{config_digest}"))
-                    .await
-                    .map_err(err)?;
-            }
-            if !client
-                .blob_exists(&image, &oci_digest(&layer_digest))
-                .await
-                .map_err(err)?
-            {
-                if let Some(p) = progress {
-                    p.begin("uploading", layer_size);
-                }
-                let mut file =
-                    File::open(&archive).map_err(|e| io_error("open", &archive, reference, e))?;
-                // The upload reads the file in chunks as the client asks for them, counting
-                // them for the progress bar. A read error ends the stream with that error; a
-                // file that changed since it was hashed fails the registry's digest check.
-                let sent = Arc::new(AtomicU64::new(0));
-                let counter = Arc::clone(&sent);
-                let chunks = futures_util::stream::iter(std::iter::from_fn(move || {
-                    let mut buf = vec![0u8; CHUNK];
-                    match file.read(&mut buf) {
-                        Ok(0) => None,
-                        Ok(n) => {
-                            buf.truncate(n);
-                            counter.fetch_add(n as u64, Ordering::Relaxed);
-                            Some(Ok(bytes::Bytes::from(buf)))
-                        }
-                        Err(e) => Some(Err(OciDistributionError::IoError(e))),
-                    }
-                }));
-                let layer_name = oci_digest(&layer_digest);
-                let upload = std::pin::pin!(client.push_blob_stream(
-                    &image,
-                    chunks,
-                    &layer_name,
-                    Some(layer_size),
-                ));
-                let ticker = std::pin::pin!(async {
-                    let mut shown = 0;
-                    loop {
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                        let now = sent.load(Ordering::Relaxed);
-                        if let Some(p) = progress {
-                            p.advance(now - shown);
-                        }
-                        shown = now;
-                    }
-                });
-                let pushed = match futures_util::future::select(upload, ticker).await {
-                    futures_util::future::Either::Left((pushed, _)) => pushed,
-                    futures_util::future::Either::Right((never, _)) => never,
-                };
-                if let Some(p) = progress {
-                    p.finish();
-                }
-                pushed.map_err(err)?;
-            }
-            client
-                .push_manifest_raw(
-                    &image,
-                    manifest.clone(),
-                    http::HeaderValue::from_static(OCI_MANIFEST_MEDIA_TYPE),
-                )
-                .await
-                .map_err(err)?;
-            Ok::<_, DistributionError>(())
+            upload.authenticate(&auth).await?;
+            upload.push_config(&artifact).await?;
+            upload.push_layer(&artifact, progress).await?;
+            upload.push_manifest(&artifact).await
         })?;
         Ok(Pushed {
-            manifest_digest,
-            layer_digest,
-            layer_size,
+            manifest_digest: artifact.manifest_digest,
+            layer_digest: artifact.layer_digest,
+            layer_size: artifact.layer_size,
         })
     }
 
@@ -620,6 +510,219 @@ impl ArtifactRegistry for OciRegistry {
                 config,
             })
         })
+    }
+}
+
+/// What a push sends: the config and the manifest, made here, and the archive as the layer.
+struct Artifact<'a> {
+    config: Vec<u8>,
+    /// `sha256:HEX` of `config`.
+    config_digest: String,
+    archive: &'a Path,
+    layer_digest: Sha256Digest,
+    layer_size: u64,
+    manifest: Vec<u8>,
+    manifest_digest: Sha256Digest,
+}
+
+impl<'a> Artifact<'a> {
+    /// Hashes the archive and writes the config and the manifest that name it.
+    fn describe(
+        request: &PushRequest<'a>,
+        reference: &OciReference,
+    ) -> Result<Self, DistributionError> {
+        let (layer_digest, layer_size) = hash_file(request.archive, reference)?;
+        let config = request.config.to_json().into_bytes();
+        let config_digest = format!("sha256:{}", sha256_of(&config));
+        let manifest = manifest_json(
+            request,
+            &config_digest,
+            config.len(),
+            &layer_digest,
+            layer_size,
+        );
+        let manifest = serde_json::to_vec(&manifest).map_err(|e| {
+            DistributionError::new(
+                Kind::Malformed {
+                    part: Part::Manifest,
+                    reason: e.to_string(),
+                },
+                reference,
+            )
+        })?;
+        let manifest_digest = Sha256Digest::of(&manifest);
+        Ok(Artifact {
+            config,
+            config_digest,
+            archive: request.archive,
+            layer_digest,
+            layer_size,
+            manifest,
+            manifest_digest,
+        })
+    }
+}
+
+/// The package's image manifest: the config, the one layer (titled with the archive's file
+/// name) and the request's annotations.
+fn manifest_json(
+    request: &PushRequest<'_>,
+    config_digest: &str,
+    config_size: usize,
+    layer_digest: &Sha256Digest,
+    layer_size: u64,
+) -> Value {
+    let mut annotations = serde_json::Map::new();
+    for (k, v) in request.annotations {
+        annotations.insert(k.clone(), Value::String(v.clone()));
+    }
+    serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST_MEDIA_TYPE,
+        "artifactType": ARTIFACT_TYPE,
+        "config": {
+            "mediaType": CONFIG_MEDIA_TYPE,
+            "digest": config_digest,
+            "size": config_size,
+        },
+        "layers": [{
+            "mediaType": layer_media_type(request.config.kind),
+            "digest": oci_digest(layer_digest),
+            "size": layer_size,
+            "annotations": {
+                "org.opencontainers.image.title": request
+                    .archive
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            },
+        }],
+        "annotations": annotations,
+    })
+}
+
+/// A push's requests through `oci-client`, one method a step: the client's authentication,
+/// the config, the layer, the manifest. A blob the registry has already is not sent again.
+struct Upload<'a> {
+    client: Client,
+    image: Reference,
+    reference: &'a OciReference,
+}
+
+impl Upload<'_> {
+    fn fail(&self, e: OciDistributionError) -> DistributionError {
+        transport_error(e, self.reference)
+    }
+
+    /// Hands the client the token the adapter's own exchange got.
+    async fn authenticate(&self, auth: &RegistryAuth) -> Result<(), DistributionError> {
+        self.client
+            .auth(&self.image, auth, RegistryOperation::Push)
+            .await
+            .map_err(|e| self.fail(e))?;
+        Ok(())
+    }
+
+    async fn has_blob(&self, digest: &str) -> Result<bool, DistributionError> {
+        self.client
+            .blob_exists(&self.image, digest)
+            .await
+            .map_err(|e| self.fail(e))
+    }
+
+    async fn push_config(&self, artifact: &Artifact<'_>) -> Result<(), DistributionError> {
+        if !self.has_blob(&artifact.config_digest).await? {
+            self.client
+                .push_blob(
+                    &self.image,
+                    artifact.config.clone(),
+                    &artifact.config_digest,
+                )
+                .await
+                .map_err(|e| self.fail(e))?;
+        }
+        Ok(())
+    }
+
+    /// Streams the archive up, reporting progress as it goes.
+    async fn push_layer(
+        &self,
+        artifact: &Artifact<'_>,
+        progress: Option<&dyn Progress>,
+    ) -> Result<(), DistributionError> {
+        let layer_name = oci_digest(&artifact.layer_digest);
+        if self.has_blob(&layer_name).await? {
+            return Ok(());
+        }
+        if let Some(p) = progress {
+            p.begin("uploading", artifact.layer_size);
+        }
+        let archive = artifact.archive;
+        let file = File::open(archive).map_err(|e| io_error("open", archive, self.reference, e))?;
+        let sent = Arc::new(AtomicU64::new(0));
+        let upload = std::pin::pin!(self.client.push_blob_stream(
+            &self.image,
+            file_chunks(file, Arc::clone(&sent)),
+            &layer_name,
+            Some(artifact.layer_size),
+        ));
+        let ticker = std::pin::pin!(report_progress(&sent, progress));
+        let pushed = match futures_util::future::select(upload, ticker).await {
+            futures_util::future::Either::Left((pushed, _)) => pushed,
+            futures_util::future::Either::Right((never, _)) => never,
+        };
+        if let Some(p) = progress {
+            p.finish();
+        }
+        pushed.map_err(|e| self.fail(e))?;
+        Ok(())
+    }
+
+    async fn push_manifest(&self, artifact: &Artifact<'_>) -> Result<(), DistributionError> {
+        self.client
+            .push_manifest_raw(
+                &self.image,
+                artifact.manifest.clone(),
+                http::HeaderValue::from_static(OCI_MANIFEST_MEDIA_TYPE),
+            )
+            .await
+            .map_err(|e| self.fail(e))?;
+        Ok(())
+    }
+}
+
+/// The upload's body: the file read in chunks as the client asks for them, each counted into
+/// `sent` for the progress bar. A read error ends the stream with that error; a file that
+/// changed since it was hashed fails the registry's digest check.
+fn file_chunks(
+    mut file: File,
+    sent: Arc<AtomicU64>,
+) -> impl futures_util::Stream<Item = Result<bytes::Bytes, OciDistributionError>> + Send + 'static {
+    futures_util::stream::iter(std::iter::from_fn(move || {
+        let mut buf = vec![0u8; CHUNK];
+        match file.read(&mut buf) {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                sent.fetch_add(n as u64, Ordering::Relaxed);
+                Some(Ok(bytes::Bytes::from(buf)))
+            }
+            Err(e) => Some(Err(OciDistributionError::IoError(e))),
+        }
+    }))
+}
+
+/// Advances the progress bar by what `sent` counted, every 100 ms; never ends (the upload it
+/// runs beside does).
+async fn report_progress<T>(sent: &AtomicU64, progress: Option<&dyn Progress>) -> T {
+    let mut shown = 0;
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let now = sent.load(Ordering::Relaxed);
+        if let Some(p) = progress {
+            p.advance(now - shown);
+        }
+        shown = now;
     }
 }
 
