@@ -10,13 +10,15 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use guild_domain::manifest::{Manifest, Metadata};
-use guild_domain::trust::{authenticate, SignatureCheck, TrustStore};
+use guild_domain::trust::{authenticate, Authenticated, SignatureCheck, TrustStore};
 use guild_host::package_manager::StoreLayout;
 use guild_host::packaging::key_files::{self as files, KeyFileOptions};
 use guild_host::packaging::{self, GkpkSource, P256Verifier, SigningKey};
 use guild_host::{HostError, HostPlatform};
 use guild_ports::signature::SignatureVerifier;
-use guild_ports::source::{Durability, ExtractOptions, PackageSource, Progress};
+use guild_ports::source::{
+    Durability, ExtractOptions, ExtractedPackage, OpenedPackage, PackageSource, Progress,
+};
 use guild_ports::store::{StoreError, StoreErrorKind};
 use serde_json::json;
 
@@ -177,7 +179,7 @@ pub fn verify(
         durability: Durability::NoFsync,
         ..ExtractOptions::default()
     });
-    let mut opened = source.open(package).map_err(HostError::from)?;
+    let opened = source.open(package).map_err(HostError::from)?;
     let metadata = parse_metadata(package, opened.metadata_bytes())?;
     let manifest = metadata.manifest();
     let auth = authenticate(&metadata, &trust, &Check(P256Verifier::new())).map_err(|source| {
@@ -187,8 +189,25 @@ pub fn verify(
             source,
         }
     })?;
-
     // Only an authenticated manifest decides what may be written, as in an installation.
+    let extracted = extract_to_scratch(opened, manifest, progress)?;
+    let platform_problem = platform_problem(manifest);
+    Ok(verify_report(
+        package,
+        manifest,
+        &auth,
+        &extracted,
+        platform_problem,
+    ))
+}
+
+/// Extracts the package into a scratch directory, every file checked against `manifest` as it
+/// is written, and removes it again. Returns what was written.
+fn extract_to_scratch(
+    mut opened: Box<dyn OpenedPackage>,
+    manifest: &Manifest,
+    progress: Option<Arc<dyn Progress>>,
+) -> anyhow::Result<ExtractedPackage> {
     let scratch = ScratchDir::create()?;
     if let Some(p) = &progress {
         p.begin(
@@ -203,13 +222,27 @@ pub fn verify(
     }
     let extracted = extracted.map_err(HostError::from)?;
     drop(scratch);
+    Ok(extracted)
+}
 
-    let platform = HostPlatform::current().map(|p| p.check(manifest));
-    let platform_problem = match &platform {
+/// Why this host could not install the package, if it could not.
+fn platform_problem(manifest: &Manifest) -> Option<String> {
+    match HostPlatform::current().map(|p| p.check(manifest)) {
         Some(Ok(())) => None,
         Some(Err(e)) => Some(e.to_string()),
         None => Some("this host's platform cannot be named in a manifest".to_owned()),
-    };
+    }
+}
+
+/// What `verify` found: who signed it, the payload, the artifacts and whether this host can
+/// install it (a warning when not).
+fn verify_report(
+    package: &Path,
+    manifest: &Manifest,
+    auth: &Authenticated,
+    extracted: &ExtractedPackage,
+    platform_problem: Option<String>,
+) -> Report {
     let total: u64 = extracted.files.iter().map(|a| a.size).sum();
     let mut report = Report::new("verify");
     report
@@ -248,7 +281,7 @@ pub fn verify(
             .warnings
             .push(format!("this host cannot install it: {problem}"));
     }
-    Ok(report)
+    report
 }
 
 /// `guild inspect PACKAGE`: the manifest as written, with no trust decision at all.
