@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
+use guild_domain::dependency::ModuleDependency;
 use guild_domain::manifest::{Manifest, Metadata};
 use guild_domain::trust::{authenticate, Authenticated, SignatureCheck, TrustStore};
 use guild_host::package_manager::StoreLayout;
@@ -302,14 +303,9 @@ pub fn inspect(package: &Path) -> anyhow::Result<Report> {
     Ok(report)
 }
 
+/// The manifest as `inspect` prints it, labelled unverified: what the package is, its
+/// artifacts, what it provides and needs, and the key ids of its signatures.
 fn inspect_lines(package: &Path, metadata: &Metadata, m: &Manifest) -> Vec<String> {
-    let list = |items: Vec<String>| {
-        if items.is_empty() {
-            "(none)".to_owned()
-        } else {
-            items.join(", ")
-        }
-    };
     let mut lines = vec![
         format!(
             "UNVERIFIED manifest of {} (no signature checked, no trust decision; use `guild verify`)",
@@ -329,7 +325,7 @@ fn inspect_lines(package: &Path, metadata: &Metadata, m: &Manifest) -> Vec<Strin
         ),
         format!(
             "  backends      {}",
-            list(m.backends.iter().map(ToString::to_string).collect())
+            list_or_none(m.backends.iter().map(ToString::to_string).collect())
         ),
         format!("  entry         {}", m.entry.as_str()),
         format!("  artifacts     {}", m.artifacts.len()),
@@ -342,43 +338,7 @@ fn inspect_lines(package: &Path, metadata: &Metadata, m: &Manifest) -> Vec<Strin
             a.sha256
         ));
     }
-    lines.push(format!(
-        "  provided ops  {}",
-        list(m.provided_ops.iter().map(ToString::to_string).collect())
-    ));
-    lines.push(format!(
-        "  runners       {}",
-        list(m.provided_runners.iter().map(ToString::to_string).collect())
-    ));
-    lines.push(format!(
-        "  dependencies  {}",
-        list(
-            m.dependencies
-                .iter()
-                .map(|d| format!("{} {}", d.package_id, d.range))
-                .collect()
-        )
-    ));
-    if !m.module_dependencies.is_empty() {
-        lines.push(format!(
-            "  module deps   {}",
-            list(
-                m.module_dependencies
-                    .iter()
-                    .map(|d| {
-                        let mut s = format!("{} {} ({})", d.module_id, d.range, d.abi_tag);
-                        if let Some(p) = &d.publisher_id {
-                            s.push_str(&format!(" publisher {p}"));
-                        }
-                        if let Some(pin) = &d.sha256 {
-                            s.push_str(&format!(" pinned {}", short(pin)));
-                        }
-                        s
-                    })
-                    .collect()
-            )
-        ));
-    }
+    lines.extend(provides_and_needs_lines(m));
     lines.push(format!("  signatures    {}", metadata.signatures().len()));
     for s in metadata.signatures() {
         lines.push(format!(
@@ -387,6 +347,64 @@ fn inspect_lines(package: &Path, metadata: &Metadata, m: &Manifest) -> Vec<Strin
         ));
     }
     lines
+}
+
+/// `inspect`'s lines for what the package provides (operations, runners) and what it needs
+/// (package and, when there are any, module dependencies).
+fn provides_and_needs_lines(m: &Manifest) -> Vec<String> {
+    let mut lines = vec![
+        format!(
+            "  provided ops  {}",
+            list_or_none(m.provided_ops.iter().map(ToString::to_string).collect())
+        ),
+        format!(
+            "  runners       {}",
+            list_or_none(m.provided_runners.iter().map(ToString::to_string).collect())
+        ),
+        format!(
+            "  dependencies  {}",
+            list_or_none(
+                m.dependencies
+                    .iter()
+                    .map(|d| format!("{} {}", d.package_id, d.range))
+                    .collect()
+            )
+        ),
+    ];
+    if !m.module_dependencies.is_empty() {
+        lines.push(format!(
+            "  module deps   {}",
+            list_or_none(
+                m.module_dependencies
+                    .iter()
+                    .map(module_dependency)
+                    .collect()
+            )
+        ));
+    }
+    lines
+}
+
+/// A module dependency as `inspect` shows it: id, range and ABI tag, then the publisher and
+/// the pinned digest when it names them.
+fn module_dependency(d: &ModuleDependency) -> String {
+    let mut s = format!("{} {} ({})", d.module_id, d.range, d.abi_tag);
+    if let Some(p) = &d.publisher_id {
+        s.push_str(&format!(" publisher {p}"));
+    }
+    if let Some(pin) = &d.sha256 {
+        s.push_str(&format!(" pinned {}", short(pin)));
+    }
+    s
+}
+
+/// The items joined with commas, or `(none)`.
+fn list_or_none(items: Vec<String>) -> String {
+    if items.is_empty() {
+        "(none)".to_owned()
+    } else {
+        items.join(", ")
+    }
 }
 
 pub(crate) fn parse_metadata(package: &Path, bytes: &[u8]) -> Result<Metadata, HostError> {
