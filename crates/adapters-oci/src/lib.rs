@@ -429,80 +429,15 @@ impl ArtifactRegistry for OciRegistry {
         let rt = runtime(reference)?;
         rt.block_on(async {
             let auth = http.authenticate(&credentials, "pull").await?;
-            let body = http
-                .manifest(
-                    reference.target(),
-                    &format!("{OCI_MANIFEST_MEDIA_TYPE}, {OCI_INDEX_MEDIA_TYPE}"),
-                    &auth,
-                )
-                .await?;
-            let manifest_digest = Sha256Digest::of(&body);
-            check_pinned(reference, &manifest_digest)?;
-            let (config_desc, layer_desc) = check_manifest(&body, &limits)
-                .map_err(|kind| DistributionError::new(kind, reference))?;
-            let mut config = Vec::new();
-            fetch_blob(
-                &http,
-                &auth,
-                &config_desc,
-                Part::Config,
-                &mut config,
-                None,
+            let download = Download {
+                http,
+                auth,
                 reference,
-            )
-            .await?;
-            let config = ArtifactConfig::parse(&config).map_err(|e| {
-                DistributionError::new(
-                    Kind::Malformed {
-                        part: Part::Config,
-                        reason: e.to_string(),
-                    },
-                    reference,
-                )
-            })?;
-            if kind_of_layer(&layer_desc.media_type) != Some(config.kind) {
-                return Err(DistributionError::new(
-                    Kind::WrongMediaType {
-                        part: Part::Layer,
-                        found: layer_desc.media_type.clone(),
-                        expected: layer_media_type(config.kind).to_owned(),
-                    },
-                    reference,
-                ));
-            }
-            let mut file = std::io::BufWriter::with_capacity(
-                CHUNK,
-                File::options()
-                    .write(true)
-                    .create_new(true)
-                    .open(out)
-                    .map_err(|e| io_error("create", out, reference, e))?,
-            );
-            let written = fetch_blob(
-                &http,
-                &auth,
-                &layer_desc,
-                Part::Layer,
-                &mut file,
-                progress,
-                reference,
-            )
-            .await
-            .and_then(|d| {
-                // Flushed, not synced: a pull into scratch space is installed (durably) and
-                // removed; a caller that keeps the file syncs it (`guild pull` does).
-                file.flush()
-                    .map_err(|e| io_error("write", out, reference, e))?;
-                Ok(d)
-            });
-            let layer_digest = match written {
-                Ok(d) => d,
-                Err(e) => {
-                    drop(file);
-                    let _ = std::fs::remove_file(out);
-                    return Err(e);
-                }
             };
+            let (manifest_digest, config_desc, layer_desc) = download.manifest(&limits).await?;
+            let config = download.config(&config_desc).await?;
+            check_layer_kind(&layer_desc, &config, reference)?;
+            let layer_digest = download.layer(&layer_desc, out, progress).await?;
             Ok(Pulled {
                 manifest_digest,
                 layer_digest,
@@ -511,6 +446,125 @@ impl ArtifactRegistry for OciRegistry {
             })
         })
     }
+}
+
+/// A pull's requests through the adapter's own bounded HTTP, one method a step: the manifest,
+/// the config, the layer. Nothing is fetched that the manifest has not been checked to allow.
+struct Download<'a> {
+    http: Http<'a>,
+    auth: Auth,
+    reference: &'a OciReference,
+}
+
+impl Download<'_> {
+    /// Fetches the manifest (an index is asked for too, so that it can be refused as one),
+    /// checks it against a digest reference and for its shape, and returns its digest and
+    /// the config's and the layer's descriptors.
+    async fn manifest(
+        &self,
+        limits: &Limits,
+    ) -> Result<(Sha256Digest, OciDescriptor, OciDescriptor), DistributionError> {
+        let body = self
+            .http
+            .manifest(
+                self.reference.target(),
+                &format!("{OCI_MANIFEST_MEDIA_TYPE}, {OCI_INDEX_MEDIA_TYPE}"),
+                &self.auth,
+            )
+            .await?;
+        let manifest_digest = Sha256Digest::of(&body);
+        check_pinned(self.reference, &manifest_digest)?;
+        let (config_desc, layer_desc) = check_manifest(&body, limits)
+            .map_err(|kind| DistributionError::new(kind, self.reference))?;
+        Ok((manifest_digest, config_desc, layer_desc))
+    }
+
+    /// Fetches the config blob and parses it as the package's artifact config.
+    async fn config(&self, desc: &OciDescriptor) -> Result<ArtifactConfig, DistributionError> {
+        let mut config = Vec::new();
+        fetch_blob(
+            &self.http,
+            &self.auth,
+            desc,
+            Part::Config,
+            &mut config,
+            None,
+            self.reference,
+        )
+        .await?;
+        ArtifactConfig::parse(&config).map_err(|e| {
+            DistributionError::new(
+                Kind::Malformed {
+                    part: Part::Config,
+                    reason: e.to_string(),
+                },
+                self.reference,
+            )
+        })
+    }
+
+    /// Streams the layer into `out`, a new file; a failed download removes it again. Returns
+    /// the layer's digest.
+    async fn layer(
+        &self,
+        desc: &OciDescriptor,
+        out: &Path,
+        progress: Option<&dyn Progress>,
+    ) -> Result<Sha256Digest, DistributionError> {
+        let reference = self.reference;
+        let mut file = std::io::BufWriter::with_capacity(
+            CHUNK,
+            File::options()
+                .write(true)
+                .create_new(true)
+                .open(out)
+                .map_err(|e| io_error("create", out, reference, e))?,
+        );
+        let written = fetch_blob(
+            &self.http,
+            &self.auth,
+            desc,
+            Part::Layer,
+            &mut file,
+            progress,
+            reference,
+        )
+        .await
+        .and_then(|d| {
+            // Flushed, not synced: a pull into scratch space is installed (durably) and
+            // removed; a caller that keeps the file syncs it (`guild pull` does).
+            file.flush()
+                .map_err(|e| io_error("write", out, reference, e))?;
+            Ok(d)
+        });
+        match written {
+            Ok(d) => Ok(d),
+            Err(e) => {
+                drop(file);
+                let _ = std::fs::remove_file(out);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The layer's media type is the one for the kind of package the config names.
+fn check_layer_kind(
+    layer: &OciDescriptor,
+    config: &ArtifactConfig,
+    reference: &OciReference,
+) -> Result<(), DistributionError> {
+    if kind_of_layer(&layer.media_type) != Some(config.kind) {
+        return Err(DistributionError::new(
+            Kind::WrongMediaType {
+                part: Part::Layer,
+                found: layer.media_type.clone(),
+                expected: layer_media_type(config.kind).to_owned(),
+            },
+            reference,
+        ));
+    }
+    Ok(())
 }
 
 /// What a push sends: the config and the manifest, made here, and the archive as the layer.
