@@ -783,11 +783,22 @@ async fn report_progress<T>(sent: &AtomicU64, progress: Option<&dyn Progress>) -
 /// Checks a manifest's shape: an OCI image manifest (not an index) with the package config
 /// and exactly one package layer, each within the limits. Returns their descriptors.
 fn check_manifest(body: &[u8], limits: &Limits) -> Result<(OciDescriptor, OciDescriptor), Kind> {
-    let malformed = |reason: &str| Kind::Malformed {
+    let value: Value = serde_json::from_slice(body).map_err(|_| malformed("not JSON"))?;
+    check_image_manifest(&value)?;
+    let config = config_descriptor(&value, limits)?;
+    let layer = layer_descriptor(&value, limits)?;
+    Ok((config, layer))
+}
+
+fn malformed(reason: &str) -> Kind {
+    Kind::Malformed {
         part: Part::Manifest,
         reason: reason.to_owned(),
-    };
-    let value: Value = serde_json::from_slice(body).map_err(|_| malformed("not JSON"))?;
+    }
+}
+
+/// An OCI image manifest of schema version 2: an index (OCI or Docker) is refused as one.
+fn check_image_manifest(value: &Value) -> Result<(), Kind> {
     let media_type = value.get("mediaType").and_then(Value::as_str);
     if media_type == Some(OCI_INDEX_MEDIA_TYPE)
         || media_type == Some("application/vnd.docker.distribution.manifest.list.v2+json")
@@ -805,31 +816,38 @@ fn check_manifest(body: &[u8], limits: &Limits) -> Result<(OciDescriptor, OciDes
     if value.get("schemaVersion").and_then(Value::as_u64) != Some(2) {
         return Err(malformed("schemaVersion is not 2"));
     }
-    let descriptor = |v: Option<&Value>, part: Part| -> Result<OciDescriptor, Kind> {
-        let v = v.ok_or_else(|| malformed(&format!("no {part} descriptor")))?;
-        let media_type = v
-            .get("mediaType")
-            .and_then(Value::as_str)
-            .ok_or_else(|| malformed(&format!("the {part} has no mediaType")))?;
-        let digest = v
-            .get("digest")
-            .and_then(Value::as_str)
-            .filter(|d| {
-                d.strip_prefix("sha256:")
-                    .is_some_and(|h| Sha256Digest::parse_hex(h).is_ok())
-            })
-            .ok_or_else(|| malformed(&format!("the {part}'s digest is not sha256:<64 hex>")))?;
-        let size = v
-            .get("size")
-            .and_then(Value::as_u64)
-            .ok_or_else(|| malformed(&format!("the {part}'s size is not a whole number")))?;
-        Ok(OciDescriptor {
-            media_type: media_type.to_owned(),
-            digest: digest.to_owned(),
-            size: i64::try_from(size).map_err(|_| malformed("a size is too large"))?,
-            ..OciDescriptor::default()
+    Ok(())
+}
+
+/// One descriptor: a media type, a `sha256:` digest of 64 hex digits, and a size.
+fn descriptor(v: Option<&Value>, part: Part) -> Result<OciDescriptor, Kind> {
+    let v = v.ok_or_else(|| malformed(&format!("no {part} descriptor")))?;
+    let media_type = v
+        .get("mediaType")
+        .and_then(Value::as_str)
+        .ok_or_else(|| malformed(&format!("the {part} has no mediaType")))?;
+    let digest = v
+        .get("digest")
+        .and_then(Value::as_str)
+        .filter(|d| {
+            d.strip_prefix("sha256:")
+                .is_some_and(|h| Sha256Digest::parse_hex(h).is_ok())
         })
-    };
+        .ok_or_else(|| malformed(&format!("the {part}'s digest is not sha256:<64 hex>")))?;
+    let size = v
+        .get("size")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| malformed(&format!("the {part}'s size is not a whole number")))?;
+    Ok(OciDescriptor {
+        media_type: media_type.to_owned(),
+        digest: digest.to_owned(),
+        size: i64::try_from(size).map_err(|_| malformed("a size is too large"))?,
+        ..OciDescriptor::default()
+    })
+}
+
+/// The config's descriptor: the package config's media type, within the config limit.
+fn config_descriptor(value: &Value, limits: &Limits) -> Result<OciDescriptor, Kind> {
     let config = descriptor(value.get("config"), Part::Config)?;
     if config.media_type != CONFIG_MEDIA_TYPE {
         return Err(Kind::WrongMediaType {
@@ -845,6 +863,11 @@ fn check_manifest(body: &[u8], limits: &Limits) -> Result<(OciDescriptor, OciDes
             limit: limits.config_bytes,
         });
     }
+    Ok(config)
+}
+
+/// The one layer's descriptor: a package layer's media type, within the layer limit.
+fn layer_descriptor(value: &Value, limits: &Limits) -> Result<OciDescriptor, Kind> {
     let layers = value
         .get("layers")
         .and_then(Value::as_array)
@@ -874,7 +897,7 @@ fn check_manifest(body: &[u8], limits: &Limits) -> Result<(OciDescriptor, OciDes
             limit: limits.layer_bytes,
         });
     }
-    Ok((config, layer))
+    Ok(layer)
 }
 
 /// Streams one blob into `out`, never accepting more bytes than the descriptor names, within
