@@ -37,7 +37,7 @@ use guild_ports::distribution::{
 };
 use guild_ports::source::Progress;
 use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::errors::{DigestError, OciDistributionError};
+use oci_client::errors::{DigestError, OciDistributionError, OciEnvelope};
 use oci_client::manifest::OciDescriptor;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference, RegistryOperation};
@@ -218,49 +218,15 @@ fn distribution_ref(reference: &OciReference) -> Result<Reference, DistributionE
 /// Maps the client's error to a typed one, looking through to reqwest for redirects.
 fn transport_error(e: OciDistributionError, reference: &OciReference) -> DistributionError {
     let kind = match &e {
-        OciDistributionError::UnauthorizedError { .. } => Kind::Unauthorized {
-            registry: reference.registry().to_owned(),
-            status: 401,
-        },
-        OciDistributionError::AuthenticationFailure(_) => Kind::Unauthorized {
-            registry: reference.registry().to_owned(),
-            status: 401,
-        },
+        OciDistributionError::UnauthorizedError { .. } => unauthorized(reference, 401),
+        OciDistributionError::AuthenticationFailure(_) => unauthorized(reference, 401),
         OciDistributionError::ImageManifestNotFoundError(_) => Kind::NotFound,
         OciDistributionError::RegistryError { envelope, .. } => {
-            let codes: Vec<String> = envelope
-                .errors
-                .iter()
-                .map(|e| format!("{:?}", e.code))
-                .collect();
-            if codes.iter().any(|c| c.contains("Unknown")) {
-                Kind::NotFound
-            } else if codes
-                .iter()
-                .any(|c| c.contains("Unauthorized") || c.contains("Denied"))
-            {
-                Kind::Unauthorized {
-                    registry: reference.registry().to_owned(),
-                    status: 401,
-                }
-            } else {
-                Kind::Registry {
-                    status: 400,
-                    message: envelope.to_string(),
-                }
-            }
+            registry_error_kind(envelope, reference)
         }
-        OciDistributionError::ServerError { code, message, .. } => match code {
-            401 | 403 => Kind::Unauthorized {
-                registry: reference.registry().to_owned(),
-                status: *code,
-            },
-            404 => Kind::NotFound,
-            _ => Kind::Registry {
-                status: *code,
-                message: message.chars().take(200).collect(),
-            },
-        },
+        OciDistributionError::ServerError { code, message, .. } => {
+            status_kind(*code, message.chars().take(200).collect(), reference)
+        }
         // The client checks a manifest pulled by digest against the reference (and against
         // the digest header the registry sends).
         OciDistributionError::DigestError(DigestError::VerificationError { expected, actual }) => {
@@ -274,24 +240,64 @@ fn transport_error(e: OciDistributionError, reference: &OciReference) -> Distrib
             part: Part::Manifest,
             reason: format!("its digest cannot be checked: {d}"),
         },
-        OciDistributionError::RequestError(r) if r.is_redirect() => Kind::RedirectLoop,
-        OciDistributionError::RequestError(r) if r.status().is_some() => {
-            match r.status().map(|s| s.as_u16()) {
-                Some(s @ (401 | 403)) => Kind::Unauthorized {
-                    registry: reference.registry().to_owned(),
-                    status: s,
-                },
-                Some(404) => Kind::NotFound,
-                Some(s) => Kind::Registry {
-                    status: s,
-                    message: "error status".into(),
-                },
-                None => Kind::Transport {
-                    reason: "the HTTP exchange failed".into(),
-                },
-            }
+        OciDistributionError::RequestError(r) => request_error_kind(r, reference),
+        other => Kind::Transport {
+            reason: other.to_string().chars().take(200).collect(),
+        },
+    };
+    DistributionError::new(kind, reference).with_source(e)
+}
+
+fn unauthorized(reference: &OciReference, status: u16) -> Kind {
+    Kind::Unauthorized {
+        registry: reference.registry().to_owned(),
+        status,
+    }
+}
+
+/// The registry's error document, by its codes: an unknown blob or manifest is not found, an
+/// unauthorised or denied request is a refusal of the credentials, anything else is the
+/// registry's error.
+fn registry_error_kind(envelope: &OciEnvelope, reference: &OciReference) -> Kind {
+    let codes: Vec<String> = envelope
+        .errors
+        .iter()
+        .map(|e| format!("{:?}", e.code))
+        .collect();
+    if codes.iter().any(|c| c.contains("Unknown")) {
+        Kind::NotFound
+    } else if codes
+        .iter()
+        .any(|c| c.contains("Unauthorized") || c.contains("Denied"))
+    {
+        unauthorized(reference, 401)
+    } else {
+        Kind::Registry {
+            status: 400,
+            message: envelope.to_string(),
         }
-        OciDistributionError::RequestError(r) => Kind::Transport {
+    }
+}
+
+/// An error status: 401 and 403 refuse the credentials, 404 is not found, any other is the
+/// registry's error with `message`.
+fn status_kind(status: u16, message: String, reference: &OciReference) -> Kind {
+    match status {
+        401 | 403 => unauthorized(reference, status),
+        404 => Kind::NotFound,
+        _ => Kind::Registry { status, message },
+    }
+}
+
+/// A failed HTTP exchange: a redirect loop, an error status, or no answer (no connection, a
+/// timeout, or another failure).
+fn request_error_kind(r: &reqwest::Error, reference: &OciReference) -> Kind {
+    if r.is_redirect() {
+        return Kind::RedirectLoop;
+    }
+    match r.status() {
+        Some(s) => status_kind(s.as_u16(), "error status".into(), reference),
+        None => Kind::Transport {
             reason: if r.is_connect() {
                 "cannot connect".into()
             } else if r.is_timeout() {
@@ -300,11 +306,7 @@ fn transport_error(e: OciDistributionError, reference: &OciReference) -> Distrib
                 "the HTTP exchange failed".into()
             },
         },
-        other => Kind::Transport {
-            reason: other.to_string().chars().take(200).collect(),
-        },
-    };
-    DistributionError::new(kind, reference).with_source(e)
+    }
 }
 
 fn io_error(
