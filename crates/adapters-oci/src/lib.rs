@@ -914,89 +914,122 @@ async fn fetch_blob(
     reference: &OciReference,
 ) -> Result<Sha256Digest, DistributionError> {
     let expected = desc.size as u64;
-    let fail = |kind| DistributionError::new(kind, reference);
+    let mut blob = BlobCheck {
+        part,
+        expected,
+        received: 0,
+        hasher: Sha256::new(),
+        reference,
+    };
     let (mut response, mut watch) = http.blob(&desc.digest, part, auth).await?;
     if let Some(length) = response.content_length() {
         if length > expected {
-            return Err(fail(Kind::TooLarge {
-                part,
-                size: length,
-                limit: expected,
-            }));
+            return Err(blob.too_large(length));
         }
     }
     if let Some(p) = progress {
         p.begin("downloading", expected);
     }
-    let mut hasher = Sha256::new();
-    let mut received = 0u64;
-    let mut ended_with = None;
-    loop {
-        let bytes = match http.next_chunk(&mut response, &mut watch).await {
-            Ok(Some(bytes)) => bytes,
-            Ok(None) => break,
-            // A deadline, a stall, or the connection's end before the size the descriptor
-            // names: a transport failure of the stream is reported as the truncation it is.
-            Err(e) => {
-                ended_with = Some(match e.kind {
-                    Kind::Transport { .. } => fail(Kind::Truncated {
-                        part,
-                        received,
-                        expected,
-                    })
-                    .with_source(e),
-                    _ => e,
-                });
-                break;
-            }
-        };
-        received += bytes.len() as u64;
-        if received > expected {
-            ended_with = Some(fail(Kind::TooLarge {
-                part,
-                size: received,
-                limit: expected,
-            }));
-            break;
-        }
-        hasher.update(&bytes);
-        if let Err(e) = out.write_all(&bytes) {
-            ended_with = Some(
-                fail(Kind::Io {
-                    action: "write",
-                    path: "the output file".into(),
-                })
-                .with_source(e),
-            );
-            break;
-        }
-        if let Some(p) = progress {
-            p.advance(bytes.len() as u64);
-        }
-    }
+    let streamed = blob
+        .stream(http, &mut response, &mut watch, out, progress)
+        .await;
     if let Some(p) = progress {
         p.finish();
     }
-    if let Some(e) = ended_with {
-        return Err(e);
+    streamed?;
+    blob.finish(&desc.digest)
+}
+
+/// One blob's bytes as they arrive: counted against the size its descriptor names, hashed,
+/// and written out.
+struct BlobCheck<'a> {
+    part: Part,
+    expected: u64,
+    received: u64,
+    hasher: Sha256,
+    reference: &'a OciReference,
+}
+
+impl BlobCheck<'_> {
+    fn fail(&self, kind: Kind) -> DistributionError {
+        DistributionError::new(kind, self.reference)
     }
-    if received < expected {
-        return Err(fail(Kind::Truncated {
-            part,
-            received,
-            expected,
-        }));
+
+    fn too_large(&self, size: u64) -> DistributionError {
+        self.fail(Kind::TooLarge {
+            part: self.part,
+            size,
+            limit: self.expected,
+        })
     }
-    let actual = Sha256Digest(hasher.finalize().into());
-    let wanted = desc.digest.strip_prefix("sha256:").unwrap_or(&desc.digest);
-    if actual.to_hex() != wanted {
-        return Err(fail(Kind::DigestMismatch {
-            part,
-            expected: wanted.to_owned(),
-            actual: actual.to_hex(),
-        }));
+
+    fn truncated(&self) -> DistributionError {
+        self.fail(Kind::Truncated {
+            part: self.part,
+            received: self.received,
+            expected: self.expected,
+        })
     }
-    Ok(actual)
+
+    /// Takes the response's chunks until it ends, each counted, hashed and written to `out`,
+    /// and shown on the progress bar. Stops at the first failure.
+    async fn stream(
+        &mut self,
+        http: &Http<'_>,
+        response: &mut reqwest::Response,
+        watch: &mut transport::Watch,
+        out: &mut dyn Write,
+        progress: Option<&dyn Progress>,
+    ) -> Result<(), DistributionError> {
+        loop {
+            let bytes = match http.next_chunk(response, watch).await {
+                Ok(Some(bytes)) => bytes,
+                Ok(None) => return Ok(()),
+                // A deadline, a stall, or the connection's end before the size the descriptor
+                // names: a transport failure of the stream is reported as the truncation it is.
+                Err(e) => {
+                    return Err(match e.kind {
+                        Kind::Transport { .. } => self.truncated().with_source(e),
+                        _ => e,
+                    })
+                }
+            };
+            self.received += bytes.len() as u64;
+            if self.received > self.expected {
+                return Err(self.too_large(self.received));
+            }
+            self.hasher.update(&bytes);
+            if let Err(e) = out.write_all(&bytes) {
+                return Err(self
+                    .fail(Kind::Io {
+                        action: "write",
+                        path: "the output file".into(),
+                    })
+                    .with_source(e));
+            }
+            if let Some(p) = progress {
+                p.advance(bytes.len() as u64);
+            }
+        }
+    }
+
+    /// The whole blob arrived (`received` is the size named) and its digest is `digest`
+    /// (`sha256:HEX`). Returns the digest.
+    fn finish(self, digest: &str) -> Result<Sha256Digest, DistributionError> {
+        if self.received < self.expected {
+            return Err(self.truncated());
+        }
+        let actual = Sha256Digest(self.hasher.clone().finalize().into());
+        let wanted = digest.strip_prefix("sha256:").unwrap_or(digest);
+        if actual.to_hex() != wanted {
+            return Err(self.fail(Kind::DigestMismatch {
+                part: self.part,
+                expected: wanted.to_owned(),
+                actual: actual.to_hex(),
+            }));
+        }
+        Ok(actual)
+    }
 }
 
 #[cfg(test)]
