@@ -75,60 +75,140 @@ const REFUSED: i32 = 4;
 pub fn run() -> Result<(), String> {
     tools::require(tools::Task::Demo)?;
     let start = Instant::now();
-    let root = util::root();
     println!("Guild demo: build, sign, trust, install, run, refuse, roll back.");
     println!("Everything it writes goes under target/demo; run it again at will.");
 
     let mut demo = Demo {
-        root: root.clone(),
+        root: util::root(),
         guild: PathBuf::new(),
         runner: PathBuf::new(),
         step: 0,
     };
+    let plugins = build(&mut demo)?;
+    let files = Files::fresh(&demo)?;
 
+    demo.title("Make a publisher key pair");
+    demo.guild(
+        &["keygen", "--out", &files.key_prefix],
+        OK,
+        &[&files.private_key],
+    )?;
+
+    let archives = pack_modules(&mut demo, &files, &plugins)?;
+    trust_the_publisher(&mut demo, &files, &archives.scan)?;
+    refuse_a_tampered_package(&mut demo, &files, &archives.scan)?;
+    install_modules(&mut demo, &files, &archives)?;
+    run_and_resolve(&mut demo, &files)?;
+    refuse_disabling_a_dependency(&mut demo, &files)?;
+    let serving = upgrade_while_serving(&mut demo, &files)?;
+    roll_back(&mut demo, &files, serving)?;
+    llama_decode(
+        &mut demo,
+        &files.dir,
+        &files.store,
+        &plugins,
+        &files.private_key,
+    )?;
+
+    let store = &files.store;
+    println!();
+    println!(
+        "demo: all {} steps behaved as expected ({:.1}s). The store is in {store}; try \
+         `{} --store {store} status {}`.",
+        demo.step,
+        start.elapsed().as_secs_f64(),
+        demo.show(&demo.guild),
+        SCAN.id
+    );
+    Ok(())
+}
+
+/// Where the demo writes, under target/demo, with the paths the printed commands name.
+struct Files {
+    dir: PathBuf,
+    packages: PathBuf,
+    manifests: PathBuf,
+    store: String,
+    key_prefix: String,
+    private_key: String,
+    public_key: String,
+}
+
+impl Files {
+    /// Wipes target/demo and makes its directories afresh.
+    fn fresh(demo: &Demo) -> Result<Self, String> {
+        let dir = demo.root.join("target").join("demo");
+        remove_tree(&dir)?;
+        let keys = dir.join("keys");
+        let packages = dir.join("packages");
+        let manifests = dir.join("manifests");
+        for d in [&keys, &packages, &manifests] {
+            fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+        }
+        let store = demo.show(&dir.join("store"));
+        let key_prefix = demo.show(&keys.join(PUBLISHER));
+        Ok(Files {
+            private_key: format!("{key_prefix}.key"),
+            public_key: format!("{key_prefix}.pub"),
+            dir,
+            packages,
+            manifests,
+            store,
+            key_prefix,
+        })
+    }
+
+    /// The directory of built files a package is packed from.
+    fn source(&self, package: &Package) -> PathBuf {
+        self.dir.join("src").join(package.id)
+    }
+}
+
+/// The three signed 1.0.0 archives, as the printed commands name them.
+struct Archives {
+    scan: String,
+    dependent: String,
+    c_runner: String,
+}
+
+/// Builds the SDK and the C modules, then the `guild` command line and the example runner
+/// (kept in `demo`). Returns the directory of the built libraries.
+fn build(demo: &mut Demo) -> Result<PathBuf, String> {
     demo.title("Build the SDK, then the C modules against the installed SDK");
     println!("   (what `cargo xtask plugins` does)");
     let plugins = sdk::plugins()?;
 
     demo.title("Build the `guild` command line and the example Rust runner");
     let built = Instant::now();
-    (demo.guild, demo.runner) = build_binaries(&root)?;
+    (demo.guild, demo.runner) = build_binaries(&demo.root)?;
     println!(
         "   built {} and {} ({:.1}s)",
         demo.show(&demo.guild),
         demo.show(&demo.runner),
         built.elapsed().as_secs_f64()
     );
+    Ok(plugins)
+}
 
-    // A fresh directory for everything the demo writes.
-    let dir = root.join("target").join("demo");
-    remove_tree(&dir)?;
-    let keys = dir.join("keys");
-    let packages = dir.join("packages");
-    let manifests = dir.join("manifests");
-    for d in [&keys, &packages, &manifests] {
-        fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
-    }
-    let store = demo.show(&dir.join("store"));
-    let key_prefix = demo.show(&keys.join(PUBLISHER));
-    let private_key = format!("{key_prefix}.key");
-    let public_key = format!("{key_prefix}.pub");
-
-    demo.title("Make a publisher key pair");
-    demo.guild(&["keygen", "--out", &key_prefix], OK, &[&private_key])?;
-
+/// Copies each module's library into its own source directory and packs and signs it at
+/// 1.0.0.
+fn pack_modules(demo: &mut Demo, files: &Files, plugins: &Path) -> Result<Archives, String> {
     demo.title("Pack and sign three modules: the scans, a module built on them, the C runner");
     println!("   Each directory holds the built library; the manifest template says what it is.");
     let mut archives = Vec::new();
     for package in [&SCAN, &DEPENDENT, &C_RUNNER] {
-        let source = dir.join("src").join(package.id);
+        let source = files.source(package);
         let lib = source.join("lib");
         fs::create_dir_all(&lib).map_err(|e| format!("cannot create {}: {e}", lib.display()))?;
         let from = plugins.join(package.library);
         fs::copy(&from, lib.join(package.library))
             .map_err(|e| format!("cannot copy {}: {e}", from.display()))?;
-        let template = demo.template(package, "1.0.0", &manifests)?;
-        let archive = demo.show(&packages.join(format!("{}-1.0.0.gkmodule", package.id)));
+        let template = demo.template(package, "1.0.0", &files.manifests)?;
+        let archive = demo.show(
+            &files
+                .packages
+                .join(format!("{}-1.0.0.gkmodule", package.id)),
+        );
         demo.guild(
             &[
                 "pack",
@@ -138,7 +218,7 @@ pub fn run() -> Result<(), String> {
                 "--out",
                 &archive,
                 "--key",
-                &private_key,
+                &files.private_key,
             ],
             OK,
             &[package.id, "1.0.0"],
@@ -147,31 +227,53 @@ pub fn run() -> Result<(), String> {
     }
     let [scan, dependent, c_runner] = <[String; 3]>::try_from(archives)
         .map_err(|_| "three archives were expected".to_string())?;
+    Ok(Archives {
+        scan,
+        dependent,
+        c_runner,
+    })
+}
 
+/// The store refuses the package until its publisher's key is trusted; then it verifies.
+fn trust_the_publisher(demo: &mut Demo, files: &Files, scan: &str) -> Result<(), String> {
+    let store = files.store.as_str();
     demo.title("Refused: installing before the publisher is trusted");
     demo.guild(
-        &["--store", &store, "install", &scan],
+        &["--store", store, "install", scan],
         REJECTED,
         &[PUBLISHER, "trust"],
     )?;
 
     demo.title("Trust the publisher's key in this store");
     demo.guild(
-        &["--store", &store, "trust", "add", PUBLISHER, &public_key],
+        &[
+            "--store",
+            store,
+            "trust",
+            "add",
+            PUBLISHER,
+            &files.public_key,
+        ],
         OK,
         &[PUBLISHER],
     )?;
 
     demo.title("Verify a package: signature, trust, every artifact's digest");
     demo.guild(
-        &["--store", &store, "verify", &scan],
+        &["--store", store, "verify", scan],
         OK,
         &[SCAN.id, "1.0.0", PUBLISHER],
     )?;
+    Ok(())
+}
 
+/// A copy of the scan package with one bit of its library flipped is refused by `verify` and
+/// by `install`, and the store stays empty.
+fn refuse_a_tampered_package(demo: &mut Demo, files: &Files, scan: &str) -> Result<(), String> {
+    let store = files.store.as_str();
     demo.title("Refused: a package altered after signing");
-    let tampered = demo.show(&packages.join("example.scan-1.0.0-tampered.gkmodule"));
-    let offset = tamper(&demo.root.join(&scan), &demo.root.join(&tampered))?;
+    let tampered = demo.show(&files.packages.join("example.scan-1.0.0-tampered.gkmodule"));
+    let offset = tamper(&demo.root.join(scan), &demo.root.join(&tampered))?;
     println!(
         "   copied {scan} to {tampered} and flipped one bit at byte {offset} (inside \
          lib/{})",
@@ -179,48 +281,57 @@ pub fn run() -> Result<(), String> {
     );
     let member = format!("lib/{}", SCAN.library);
     demo.guild(
-        &["--store", &store, "verify", &tampered],
+        &["--store", store, "verify", &tampered],
         REJECTED,
         &[&member],
     )?;
     demo.guild(
-        &["--store", &store, "install", &tampered],
+        &["--store", store, "install", &tampered],
         REJECTED,
         &[&member],
     )?;
     println!("   Nothing reached the store:");
-    demo.guild(&["--store", &store, "list"], OK, &[])?;
-    demo.expect_listed(&store, &[])?;
+    demo.guild(&["--store", store, "list"], OK, &[])?;
+    demo.expect_listed(store, &[])
+}
 
+/// Installs the three modules, dependencies first, and checks that the store lists them.
+fn install_modules(demo: &mut Demo, files: &Files, archives: &Archives) -> Result<(), String> {
+    let store = files.store.as_str();
     demo.title("Install the three modules (dependencies first) and list the store");
     for (archive, package) in [
-        (&scan, &SCAN),
-        (&dependent, &DEPENDENT),
-        (&c_runner, &C_RUNNER),
+        (&archives.scan, &SCAN),
+        (&archives.dependent, &DEPENDENT),
+        (&archives.c_runner, &C_RUNNER),
     ] {
         demo.guild(
-            &["--store", &store, "install", archive],
+            &["--store", store, "install", archive],
             OK,
             &[package.id, "1.0.0"],
         )?;
     }
-    demo.guild(&["--store", &store, "list"], OK, &[])?;
+    demo.guild(&["--store", store, "list"], OK, &[])?;
     demo.expect_listed(
-        &store,
+        store,
         &[
             (SCAN.id, "1.0.0"),
             (DEPENDENT.id, "1.0.0"),
             (C_RUNNER.id, "1.0.0"),
         ],
-    )?;
+    )
+}
 
+/// Runs the three operations with the example runner, then asks `guild resolve` which
+/// implementation a runner gets for one of them.
+fn run_and_resolve(demo: &mut Demo, files: &Files) -> Result<(), String> {
+    let store = files.store.as_str();
     demo.title("Run the operations through the service with the example Rust runner");
     println!(
         "   It opens the store (re-verifying every package), loads the modules, resolves each \
          operation and executes it."
     );
     demo.run_runner(
-        &store,
+        store,
         &[INCLUSIVE_OP, TOTAL_OP, PIPELINE_OP],
         &[
             &format!("loaded {} 1.0.0", SCAN.id),
@@ -240,7 +351,7 @@ pub fn run() -> Result<(), String> {
     demo.guild(
         &[
             "--store",
-            &store,
+            store,
             "resolve",
             INCLUSIVE_OP,
             "--input",
@@ -251,44 +362,54 @@ pub fn run() -> Result<(), String> {
         OK,
         &["example.scan.inclusive.cpu", "example.scan 1.0.0"],
     )?;
+    Ok(())
+}
 
+/// `disable` of the scan module is refused, naming the enabled modules that depend on it.
+fn refuse_disabling_a_dependency(demo: &mut Demo, files: &Files) -> Result<(), String> {
     demo.title("Refused: disabling a module that enabled modules depend on");
     demo.guild(
-        &["--store", &store, "disable", SCAN.id],
+        &["--store", &files.store, "disable", SCAN.id],
         REFUSED,
         &[SCAN.id, DEPENDENT.id, C_RUNNER.id],
     )?;
+    Ok(())
+}
 
+/// Starts a serving runner, then packs and installs scan 1.1.0 and checks that the serving
+/// runner and a new one both use it. Returns the serving runner, still running.
+fn upgrade_while_serving(demo: &mut Demo, files: &Files) -> Result<Serving, String> {
+    let store = files.store.as_str();
     demo.title("Start a serving runner in the background; it follows the store by itself");
-    let serving = demo.serve(&store, INCLUSIVE_OP)?;
+    let serving = demo.serve(store, INCLUSIVE_OP)?;
     serving.wait_for("example.scan@1.0.0 ok")?;
 
     demo.title("Install version 1.1.0 of the scan module (the same library, packed anew)");
-    let template = demo.template(&SCAN, "1.1.0", &manifests)?;
-    let scan_11 = demo.show(&packages.join("example.scan-1.1.0.gkmodule"));
+    let template = demo.template(&SCAN, "1.1.0", &files.manifests)?;
+    let scan_11 = demo.show(&files.packages.join("example.scan-1.1.0.gkmodule"));
     demo.guild(
         &[
             "pack",
-            &demo.show(&dir.join("src").join(SCAN.id)),
+            &demo.show(&files.source(&SCAN)),
             "--manifest",
             &template,
             "--out",
             &scan_11,
             "--key",
-            &private_key,
+            &files.private_key,
         ],
         OK,
         &[SCAN.id, "1.1.0"],
     )?;
     demo.guild(
-        &["--store", &store, "install", &scan_11],
+        &["--store", store, "install", &scan_11],
         OK,
         &[SCAN.id, "1.1.0", "1.0.0"],
     )?;
     println!("   the serving runner, without a restart:");
     serving.wait_for("example.scan@1.1.0 ok")?;
     demo.run_runner(
-        &store,
+        store,
         &[INCLUSIVE_OP],
         &[
             &format!("loaded {} 1.1.0", SCAN.id),
@@ -296,19 +417,25 @@ pub fn run() -> Result<(), String> {
             INCLUSIVE_RESULT,
         ],
     )?;
+    Ok(serving)
+}
 
+/// Rolls the scan module back to 1.0.0, checks that the serving runner follows (then stops
+/// it), and that the store and a new runner are back at 1.0.0.
+fn roll_back(demo: &mut Demo, files: &Files, serving: Serving) -> Result<(), String> {
+    let store = files.store.as_str();
     demo.title("Roll the scan module back to 1.0.0");
     demo.guild(
-        &["--store", &store, "rollback", SCAN.id],
+        &["--store", store, "rollback", SCAN.id],
         OK,
         &[SCAN.id, "1.0.0"],
     )?;
     println!("   the serving runner, without a restart:");
     serving.wait_for("example.scan@1.0.0 ok")?;
     drop(serving);
-    demo.guild(&["--store", &store, "list"], OK, &[])?;
+    demo.guild(&["--store", store, "list"], OK, &[])?;
     demo.expect_listed(
-        &store,
+        store,
         &[
             (SCAN.id, "1.0.0"),
             (DEPENDENT.id, "1.0.0"),
@@ -316,7 +443,7 @@ pub fn run() -> Result<(), String> {
         ],
     )?;
     demo.run_runner(
-        &store,
+        store,
         &[INCLUSIVE_OP, PIPELINE_OP],
         &[
             &format!("{INCLUSIVE_OP} -> example.scan.inclusive.cpu from example.scan 1.0.0"),
@@ -325,18 +452,6 @@ pub fn run() -> Result<(), String> {
             PIPELINE_RESULTS[1],
         ],
     )?;
-
-    llama_decode(&mut demo, &dir, &store, &plugins, &private_key)?;
-
-    println!();
-    println!(
-        "demo: all {} steps behaved as expected ({:.1}s). The store is in {store}; try \
-         `{} --store {store} status {}`.",
-        demo.step,
-        start.elapsed().as_secs_f64(),
-        demo.show(&demo.guild),
-        SCAN.id
-    );
     Ok(())
 }
 

@@ -37,7 +37,7 @@ use guild_ports::distribution::{
 };
 use guild_ports::source::Progress;
 use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::errors::{DigestError, OciDistributionError};
+use oci_client::errors::{DigestError, OciDistributionError, OciEnvelope};
 use oci_client::manifest::OciDescriptor;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference, RegistryOperation};
@@ -218,49 +218,15 @@ fn distribution_ref(reference: &OciReference) -> Result<Reference, DistributionE
 /// Maps the client's error to a typed one, looking through to reqwest for redirects.
 fn transport_error(e: OciDistributionError, reference: &OciReference) -> DistributionError {
     let kind = match &e {
-        OciDistributionError::UnauthorizedError { .. } => Kind::Unauthorized {
-            registry: reference.registry().to_owned(),
-            status: 401,
-        },
-        OciDistributionError::AuthenticationFailure(_) => Kind::Unauthorized {
-            registry: reference.registry().to_owned(),
-            status: 401,
-        },
+        OciDistributionError::UnauthorizedError { .. } => unauthorized(reference, 401),
+        OciDistributionError::AuthenticationFailure(_) => unauthorized(reference, 401),
         OciDistributionError::ImageManifestNotFoundError(_) => Kind::NotFound,
         OciDistributionError::RegistryError { envelope, .. } => {
-            let codes: Vec<String> = envelope
-                .errors
-                .iter()
-                .map(|e| format!("{:?}", e.code))
-                .collect();
-            if codes.iter().any(|c| c.contains("Unknown")) {
-                Kind::NotFound
-            } else if codes
-                .iter()
-                .any(|c| c.contains("Unauthorized") || c.contains("Denied"))
-            {
-                Kind::Unauthorized {
-                    registry: reference.registry().to_owned(),
-                    status: 401,
-                }
-            } else {
-                Kind::Registry {
-                    status: 400,
-                    message: envelope.to_string(),
-                }
-            }
+            registry_error_kind(envelope, reference)
         }
-        OciDistributionError::ServerError { code, message, .. } => match code {
-            401 | 403 => Kind::Unauthorized {
-                registry: reference.registry().to_owned(),
-                status: *code,
-            },
-            404 => Kind::NotFound,
-            _ => Kind::Registry {
-                status: *code,
-                message: message.chars().take(200).collect(),
-            },
-        },
+        OciDistributionError::ServerError { code, message, .. } => {
+            status_kind(*code, message.chars().take(200).collect(), reference)
+        }
         // The client checks a manifest pulled by digest against the reference (and against
         // the digest header the registry sends).
         OciDistributionError::DigestError(DigestError::VerificationError { expected, actual }) => {
@@ -274,24 +240,64 @@ fn transport_error(e: OciDistributionError, reference: &OciReference) -> Distrib
             part: Part::Manifest,
             reason: format!("its digest cannot be checked: {d}"),
         },
-        OciDistributionError::RequestError(r) if r.is_redirect() => Kind::RedirectLoop,
-        OciDistributionError::RequestError(r) if r.status().is_some() => {
-            match r.status().map(|s| s.as_u16()) {
-                Some(s @ (401 | 403)) => Kind::Unauthorized {
-                    registry: reference.registry().to_owned(),
-                    status: s,
-                },
-                Some(404) => Kind::NotFound,
-                Some(s) => Kind::Registry {
-                    status: s,
-                    message: "error status".into(),
-                },
-                None => Kind::Transport {
-                    reason: "the HTTP exchange failed".into(),
-                },
-            }
+        OciDistributionError::RequestError(r) => request_error_kind(r, reference),
+        other => Kind::Transport {
+            reason: other.to_string().chars().take(200).collect(),
+        },
+    };
+    DistributionError::new(kind, reference).with_source(e)
+}
+
+fn unauthorized(reference: &OciReference, status: u16) -> Kind {
+    Kind::Unauthorized {
+        registry: reference.registry().to_owned(),
+        status,
+    }
+}
+
+/// The registry's error document, by its codes: an unknown blob or manifest is not found, an
+/// unauthorised or denied request is a refusal of the credentials, anything else is the
+/// registry's error.
+fn registry_error_kind(envelope: &OciEnvelope, reference: &OciReference) -> Kind {
+    let codes: Vec<String> = envelope
+        .errors
+        .iter()
+        .map(|e| format!("{:?}", e.code))
+        .collect();
+    if codes.iter().any(|c| c.contains("Unknown")) {
+        Kind::NotFound
+    } else if codes
+        .iter()
+        .any(|c| c.contains("Unauthorized") || c.contains("Denied"))
+    {
+        unauthorized(reference, 401)
+    } else {
+        Kind::Registry {
+            status: 400,
+            message: envelope.to_string(),
         }
-        OciDistributionError::RequestError(r) => Kind::Transport {
+    }
+}
+
+/// An error status: 401 and 403 refuse the credentials, 404 is not found, any other is the
+/// registry's error with `message`.
+fn status_kind(status: u16, message: String, reference: &OciReference) -> Kind {
+    match status {
+        401 | 403 => unauthorized(reference, status),
+        404 => Kind::NotFound,
+        _ => Kind::Registry { status, message },
+    }
+}
+
+/// A failed HTTP exchange: a redirect loop, an error status, or no answer (no connection, a
+/// timeout, or another failure).
+fn request_error_kind(r: &reqwest::Error, reference: &OciReference) -> Kind {
+    if r.is_redirect() {
+        return Kind::RedirectLoop;
+    }
+    match r.status() {
+        Some(s) => status_kind(s.as_u16(), "error status".into(), reference),
+        None => Kind::Transport {
             reason: if r.is_connect() {
                 "cannot connect".into()
             } else if r.is_timeout() {
@@ -300,11 +306,7 @@ fn transport_error(e: OciDistributionError, reference: &OciReference) -> Distrib
                 "the HTTP exchange failed".into()
             },
         },
-        other => Kind::Transport {
-            reason: other.to_string().chars().take(200).collect(),
-        },
-    };
-    DistributionError::new(kind, reference).with_source(e)
+    }
 }
 
 fn io_error(
@@ -385,144 +387,34 @@ impl ArtifactRegistry for OciRegistry {
         request: PushRequest<'_>,
         progress: Option<&dyn Progress>,
     ) -> Result<Pushed, DistributionError> {
-        let (layer_digest, layer_size) = hash_file(request.archive, reference)?;
-        let config = request.config.to_json().into_bytes();
-        let config_digest = sha256_of(&config);
-        let layer_type = layer_media_type(request.config.kind);
-        let mut annotations = serde_json::Map::new();
-        for (k, v) in request.annotations {
-            annotations.insert(k.clone(), Value::String(v.clone()));
-        }
-        let manifest = serde_json::json!({
-            "schemaVersion": 2,
-            "mediaType": OCI_MANIFEST_MEDIA_TYPE,
-            "artifactType": ARTIFACT_TYPE,
-            "config": {
-                "mediaType": CONFIG_MEDIA_TYPE,
-                "digest": format!("sha256:{config_digest}"),
-                "size": config.len(),
-            },
-            "layers": [{
-                "mediaType": layer_type,
-                "digest": oci_digest(&layer_digest),
-                "size": layer_size,
-                "annotations": {
-                    "org.opencontainers.image.title": request
-                        .archive
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_default(),
-                },
-            }],
-            "annotations": annotations,
-        });
-        let manifest = serde_json::to_vec(&manifest).map_err(|e| {
-            DistributionError::new(
-                Kind::Malformed {
-                    part: Part::Manifest,
-                    reason: e.to_string(),
-                },
-                reference,
-            )
-        })?;
-        let manifest_digest = Sha256Digest::of(&manifest);
-        check_pinned(reference, &manifest_digest)?;
+        let artifact = Artifact::describe(&request, reference)?;
+        check_pinned(reference, &artifact.manifest_digest)?;
         let client = self.client(reference)?;
         let image = distribution_ref(reference)?;
         let http = self.http(reference, &image)?;
         let credentials = self.auth(reference);
-        let archive = request.archive.to_owned();
         let rt = runtime(reference)?;
         rt.block_on(async {
-            let err = |e| transport_error(e, reference);
+            let upload = Upload {
+                client,
+                image,
+                reference,
+            };
             // The token exchange is the adapter's own (bounded, and under the realm rules of
             // `transport`); the client is handed its result.
             let auth = http
                 .authenticate(&credentials, "pull,push")
                 .await?
                 .to_registry_auth();
-            client
-                .auth(&image, &auth, RegistryOperation::Push)
-                .await
-                .map_err(err)?;
-            if !client
-                .blob_exists(&image, &format!("sha256:{config_digest}"))
-                .await
-                .map_err(err)?
-            {
-                client
-                    .push_blob(&image, config.clone(), &format!("sha256:{config_digest}"))
-                    .await
-                    .map_err(err)?;
-            }
-            if !client
-                .blob_exists(&image, &oci_digest(&layer_digest))
-                .await
-                .map_err(err)?
-            {
-                if let Some(p) = progress {
-                    p.begin("uploading", layer_size);
-                }
-                let mut file =
-                    File::open(&archive).map_err(|e| io_error("open", &archive, reference, e))?;
-                // The upload reads the file in chunks as the client asks for them, counting
-                // them for the progress bar. A read error ends the stream with that error; a
-                // file that changed since it was hashed fails the registry's digest check.
-                let sent = Arc::new(AtomicU64::new(0));
-                let counter = Arc::clone(&sent);
-                let chunks = futures_util::stream::iter(std::iter::from_fn(move || {
-                    let mut buf = vec![0u8; CHUNK];
-                    match file.read(&mut buf) {
-                        Ok(0) => None,
-                        Ok(n) => {
-                            buf.truncate(n);
-                            counter.fetch_add(n as u64, Ordering::Relaxed);
-                            Some(Ok(bytes::Bytes::from(buf)))
-                        }
-                        Err(e) => Some(Err(OciDistributionError::IoError(e))),
-                    }
-                }));
-                let layer_name = oci_digest(&layer_digest);
-                let upload = std::pin::pin!(client.push_blob_stream(
-                    &image,
-                    chunks,
-                    &layer_name,
-                    Some(layer_size),
-                ));
-                let ticker = std::pin::pin!(async {
-                    let mut shown = 0;
-                    loop {
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                        let now = sent.load(Ordering::Relaxed);
-                        if let Some(p) = progress {
-                            p.advance(now - shown);
-                        }
-                        shown = now;
-                    }
-                });
-                let pushed = match futures_util::future::select(upload, ticker).await {
-                    futures_util::future::Either::Left((pushed, _)) => pushed,
-                    futures_util::future::Either::Right((never, _)) => never,
-                };
-                if let Some(p) = progress {
-                    p.finish();
-                }
-                pushed.map_err(err)?;
-            }
-            client
-                .push_manifest_raw(
-                    &image,
-                    manifest.clone(),
-                    http::HeaderValue::from_static(OCI_MANIFEST_MEDIA_TYPE),
-                )
-                .await
-                .map_err(err)?;
-            Ok::<_, DistributionError>(())
+            upload.authenticate(&auth).await?;
+            upload.push_config(&artifact).await?;
+            upload.push_layer(&artifact, progress).await?;
+            upload.push_manifest(&artifact).await
         })?;
         Ok(Pushed {
-            manifest_digest,
-            layer_digest,
-            layer_size,
+            manifest_digest: artifact.manifest_digest,
+            layer_digest: artifact.layer_digest,
+            layer_size: artifact.layer_size,
         })
     }
 
@@ -539,80 +431,15 @@ impl ArtifactRegistry for OciRegistry {
         let rt = runtime(reference)?;
         rt.block_on(async {
             let auth = http.authenticate(&credentials, "pull").await?;
-            let body = http
-                .manifest(
-                    reference.target(),
-                    &format!("{OCI_MANIFEST_MEDIA_TYPE}, {OCI_INDEX_MEDIA_TYPE}"),
-                    &auth,
-                )
-                .await?;
-            let manifest_digest = Sha256Digest::of(&body);
-            check_pinned(reference, &manifest_digest)?;
-            let (config_desc, layer_desc) = check_manifest(&body, &limits)
-                .map_err(|kind| DistributionError::new(kind, reference))?;
-            let mut config = Vec::new();
-            fetch_blob(
-                &http,
-                &auth,
-                &config_desc,
-                Part::Config,
-                &mut config,
-                None,
+            let download = Download {
+                http,
+                auth,
                 reference,
-            )
-            .await?;
-            let config = ArtifactConfig::parse(&config).map_err(|e| {
-                DistributionError::new(
-                    Kind::Malformed {
-                        part: Part::Config,
-                        reason: e.to_string(),
-                    },
-                    reference,
-                )
-            })?;
-            if kind_of_layer(&layer_desc.media_type) != Some(config.kind) {
-                return Err(DistributionError::new(
-                    Kind::WrongMediaType {
-                        part: Part::Layer,
-                        found: layer_desc.media_type.clone(),
-                        expected: layer_media_type(config.kind).to_owned(),
-                    },
-                    reference,
-                ));
-            }
-            let mut file = std::io::BufWriter::with_capacity(
-                CHUNK,
-                File::options()
-                    .write(true)
-                    .create_new(true)
-                    .open(out)
-                    .map_err(|e| io_error("create", out, reference, e))?,
-            );
-            let written = fetch_blob(
-                &http,
-                &auth,
-                &layer_desc,
-                Part::Layer,
-                &mut file,
-                progress,
-                reference,
-            )
-            .await
-            .and_then(|d| {
-                // Flushed, not synced: a pull into scratch space is installed (durably) and
-                // removed; a caller that keeps the file syncs it (`guild pull` does).
-                file.flush()
-                    .map_err(|e| io_error("write", out, reference, e))?;
-                Ok(d)
-            });
-            let layer_digest = match written {
-                Ok(d) => d,
-                Err(e) => {
-                    drop(file);
-                    let _ = std::fs::remove_file(out);
-                    return Err(e);
-                }
             };
+            let (manifest_digest, config_desc, layer_desc) = download.manifest(&limits).await?;
+            let config = download.config(&config_desc).await?;
+            check_layer_kind(&layer_desc, &config, reference)?;
+            let layer_digest = download.layer(&layer_desc, out, progress).await?;
             Ok(Pulled {
                 manifest_digest,
                 layer_digest,
@@ -623,14 +450,357 @@ impl ArtifactRegistry for OciRegistry {
     }
 }
 
+/// A pull's requests through the adapter's own bounded HTTP, one method a step: the manifest,
+/// the config, the layer. Nothing is fetched that the manifest has not been checked to allow.
+struct Download<'a> {
+    http: Http<'a>,
+    auth: Auth,
+    reference: &'a OciReference,
+}
+
+impl Download<'_> {
+    /// Fetches the manifest (an index is asked for too, so that it can be refused as one),
+    /// checks it against a digest reference and for its shape, and returns its digest and
+    /// the config's and the layer's descriptors.
+    async fn manifest(
+        &self,
+        limits: &Limits,
+    ) -> Result<(Sha256Digest, OciDescriptor, OciDescriptor), DistributionError> {
+        let body = self
+            .http
+            .manifest(
+                self.reference.target(),
+                &format!("{OCI_MANIFEST_MEDIA_TYPE}, {OCI_INDEX_MEDIA_TYPE}"),
+                &self.auth,
+            )
+            .await?;
+        let manifest_digest = Sha256Digest::of(&body);
+        check_pinned(self.reference, &manifest_digest)?;
+        let (config_desc, layer_desc) = check_manifest(&body, limits)
+            .map_err(|kind| DistributionError::new(kind, self.reference))?;
+        Ok((manifest_digest, config_desc, layer_desc))
+    }
+
+    /// Fetches the config blob and parses it as the package's artifact config.
+    async fn config(&self, desc: &OciDescriptor) -> Result<ArtifactConfig, DistributionError> {
+        let mut config = Vec::new();
+        fetch_blob(
+            &self.http,
+            &self.auth,
+            desc,
+            Part::Config,
+            &mut config,
+            None,
+            self.reference,
+        )
+        .await?;
+        ArtifactConfig::parse(&config).map_err(|e| {
+            DistributionError::new(
+                Kind::Malformed {
+                    part: Part::Config,
+                    reason: e.to_string(),
+                },
+                self.reference,
+            )
+        })
+    }
+
+    /// Streams the layer into `out`, a new file; a failed download removes it again. Returns
+    /// the layer's digest.
+    async fn layer(
+        &self,
+        desc: &OciDescriptor,
+        out: &Path,
+        progress: Option<&dyn Progress>,
+    ) -> Result<Sha256Digest, DistributionError> {
+        let reference = self.reference;
+        let mut file = std::io::BufWriter::with_capacity(
+            CHUNK,
+            File::options()
+                .write(true)
+                .create_new(true)
+                .open(out)
+                .map_err(|e| io_error("create", out, reference, e))?,
+        );
+        let written = fetch_blob(
+            &self.http,
+            &self.auth,
+            desc,
+            Part::Layer,
+            &mut file,
+            progress,
+            reference,
+        )
+        .await
+        .and_then(|d| {
+            // Flushed, not synced: a pull into scratch space is installed (durably) and
+            // removed; a caller that keeps the file syncs it (`guild pull` does).
+            file.flush()
+                .map_err(|e| io_error("write", out, reference, e))?;
+            Ok(d)
+        });
+        match written {
+            Ok(d) => Ok(d),
+            Err(e) => {
+                drop(file);
+                let _ = std::fs::remove_file(out);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The layer's media type is the one for the kind of package the config names.
+fn check_layer_kind(
+    layer: &OciDescriptor,
+    config: &ArtifactConfig,
+    reference: &OciReference,
+) -> Result<(), DistributionError> {
+    if kind_of_layer(&layer.media_type) != Some(config.kind) {
+        return Err(DistributionError::new(
+            Kind::WrongMediaType {
+                part: Part::Layer,
+                found: layer.media_type.clone(),
+                expected: layer_media_type(config.kind).to_owned(),
+            },
+            reference,
+        ));
+    }
+    Ok(())
+}
+
+/// What a push sends: the config and the manifest, made here, and the archive as the layer.
+struct Artifact<'a> {
+    config: Vec<u8>,
+    /// `sha256:HEX` of `config`.
+    config_digest: String,
+    archive: &'a Path,
+    layer_digest: Sha256Digest,
+    layer_size: u64,
+    manifest: Vec<u8>,
+    manifest_digest: Sha256Digest,
+}
+
+impl<'a> Artifact<'a> {
+    /// Hashes the archive and writes the config and the manifest that name it.
+    fn describe(
+        request: &PushRequest<'a>,
+        reference: &OciReference,
+    ) -> Result<Self, DistributionError> {
+        let (layer_digest, layer_size) = hash_file(request.archive, reference)?;
+        let config = request.config.to_json().into_bytes();
+        let config_digest = format!("sha256:{}", sha256_of(&config));
+        let manifest = manifest_json(
+            request,
+            &config_digest,
+            config.len(),
+            &layer_digest,
+            layer_size,
+        );
+        let manifest = serde_json::to_vec(&manifest).map_err(|e| {
+            DistributionError::new(
+                Kind::Malformed {
+                    part: Part::Manifest,
+                    reason: e.to_string(),
+                },
+                reference,
+            )
+        })?;
+        let manifest_digest = Sha256Digest::of(&manifest);
+        Ok(Artifact {
+            config,
+            config_digest,
+            archive: request.archive,
+            layer_digest,
+            layer_size,
+            manifest,
+            manifest_digest,
+        })
+    }
+}
+
+/// The package's image manifest: the config, the one layer (titled with the archive's file
+/// name) and the request's annotations.
+fn manifest_json(
+    request: &PushRequest<'_>,
+    config_digest: &str,
+    config_size: usize,
+    layer_digest: &Sha256Digest,
+    layer_size: u64,
+) -> Value {
+    let mut annotations = serde_json::Map::new();
+    for (k, v) in request.annotations {
+        annotations.insert(k.clone(), Value::String(v.clone()));
+    }
+    serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST_MEDIA_TYPE,
+        "artifactType": ARTIFACT_TYPE,
+        "config": {
+            "mediaType": CONFIG_MEDIA_TYPE,
+            "digest": config_digest,
+            "size": config_size,
+        },
+        "layers": [{
+            "mediaType": layer_media_type(request.config.kind),
+            "digest": oci_digest(layer_digest),
+            "size": layer_size,
+            "annotations": {
+                "org.opencontainers.image.title": request
+                    .archive
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            },
+        }],
+        "annotations": annotations,
+    })
+}
+
+/// A push's requests through `oci-client`, one method a step: the client's authentication,
+/// the config, the layer, the manifest. A blob the registry has already is not sent again.
+struct Upload<'a> {
+    client: Client,
+    image: Reference,
+    reference: &'a OciReference,
+}
+
+impl Upload<'_> {
+    fn fail(&self, e: OciDistributionError) -> DistributionError {
+        transport_error(e, self.reference)
+    }
+
+    /// Hands the client the token the adapter's own exchange got.
+    async fn authenticate(&self, auth: &RegistryAuth) -> Result<(), DistributionError> {
+        self.client
+            .auth(&self.image, auth, RegistryOperation::Push)
+            .await
+            .map_err(|e| self.fail(e))?;
+        Ok(())
+    }
+
+    async fn has_blob(&self, digest: &str) -> Result<bool, DistributionError> {
+        self.client
+            .blob_exists(&self.image, digest)
+            .await
+            .map_err(|e| self.fail(e))
+    }
+
+    async fn push_config(&self, artifact: &Artifact<'_>) -> Result<(), DistributionError> {
+        if !self.has_blob(&artifact.config_digest).await? {
+            self.client
+                .push_blob(
+                    &self.image,
+                    artifact.config.clone(),
+                    &artifact.config_digest,
+                )
+                .await
+                .map_err(|e| self.fail(e))?;
+        }
+        Ok(())
+    }
+
+    /// Streams the archive up, reporting progress as it goes.
+    async fn push_layer(
+        &self,
+        artifact: &Artifact<'_>,
+        progress: Option<&dyn Progress>,
+    ) -> Result<(), DistributionError> {
+        let layer_name = oci_digest(&artifact.layer_digest);
+        if self.has_blob(&layer_name).await? {
+            return Ok(());
+        }
+        if let Some(p) = progress {
+            p.begin("uploading", artifact.layer_size);
+        }
+        let archive = artifact.archive;
+        let file = File::open(archive).map_err(|e| io_error("open", archive, self.reference, e))?;
+        let sent = Arc::new(AtomicU64::new(0));
+        let upload = std::pin::pin!(self.client.push_blob_stream(
+            &self.image,
+            file_chunks(file, Arc::clone(&sent)),
+            &layer_name,
+            Some(artifact.layer_size),
+        ));
+        let ticker = std::pin::pin!(report_progress(&sent, progress));
+        let pushed = match futures_util::future::select(upload, ticker).await {
+            futures_util::future::Either::Left((pushed, _)) => pushed,
+            futures_util::future::Either::Right((never, _)) => never,
+        };
+        if let Some(p) = progress {
+            p.finish();
+        }
+        pushed.map_err(|e| self.fail(e))?;
+        Ok(())
+    }
+
+    async fn push_manifest(&self, artifact: &Artifact<'_>) -> Result<(), DistributionError> {
+        self.client
+            .push_manifest_raw(
+                &self.image,
+                artifact.manifest.clone(),
+                http::HeaderValue::from_static(OCI_MANIFEST_MEDIA_TYPE),
+            )
+            .await
+            .map_err(|e| self.fail(e))?;
+        Ok(())
+    }
+}
+
+/// The upload's body: the file read in chunks as the client asks for them, each counted into
+/// `sent` for the progress bar. A read error ends the stream with that error; a file that
+/// changed since it was hashed fails the registry's digest check.
+fn file_chunks(
+    mut file: File,
+    sent: Arc<AtomicU64>,
+) -> impl futures_util::Stream<Item = Result<bytes::Bytes, OciDistributionError>> + Send + 'static {
+    futures_util::stream::iter(std::iter::from_fn(move || {
+        let mut buf = vec![0u8; CHUNK];
+        match file.read(&mut buf) {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                sent.fetch_add(n as u64, Ordering::Relaxed);
+                Some(Ok(bytes::Bytes::from(buf)))
+            }
+            Err(e) => Some(Err(OciDistributionError::IoError(e))),
+        }
+    }))
+}
+
+/// Advances the progress bar by what `sent` counted, every 100 ms; never ends (the upload it
+/// runs beside does).
+async fn report_progress<T>(sent: &AtomicU64, progress: Option<&dyn Progress>) -> T {
+    let mut shown = 0;
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let now = sent.load(Ordering::Relaxed);
+        if let Some(p) = progress {
+            p.advance(now - shown);
+        }
+        shown = now;
+    }
+}
+
 /// Checks a manifest's shape: an OCI image manifest (not an index) with the package config
 /// and exactly one package layer, each within the limits. Returns their descriptors.
 fn check_manifest(body: &[u8], limits: &Limits) -> Result<(OciDescriptor, OciDescriptor), Kind> {
-    let malformed = |reason: &str| Kind::Malformed {
+    let value: Value = serde_json::from_slice(body).map_err(|_| malformed("not JSON"))?;
+    check_image_manifest(&value)?;
+    let config = config_descriptor(&value, limits)?;
+    let layer = layer_descriptor(&value, limits)?;
+    Ok((config, layer))
+}
+
+fn malformed(reason: &str) -> Kind {
+    Kind::Malformed {
         part: Part::Manifest,
         reason: reason.to_owned(),
-    };
-    let value: Value = serde_json::from_slice(body).map_err(|_| malformed("not JSON"))?;
+    }
+}
+
+/// An OCI image manifest of schema version 2: an index (OCI or Docker) is refused as one.
+fn check_image_manifest(value: &Value) -> Result<(), Kind> {
     let media_type = value.get("mediaType").and_then(Value::as_str);
     if media_type == Some(OCI_INDEX_MEDIA_TYPE)
         || media_type == Some("application/vnd.docker.distribution.manifest.list.v2+json")
@@ -648,31 +818,38 @@ fn check_manifest(body: &[u8], limits: &Limits) -> Result<(OciDescriptor, OciDes
     if value.get("schemaVersion").and_then(Value::as_u64) != Some(2) {
         return Err(malformed("schemaVersion is not 2"));
     }
-    let descriptor = |v: Option<&Value>, part: Part| -> Result<OciDescriptor, Kind> {
-        let v = v.ok_or_else(|| malformed(&format!("no {part} descriptor")))?;
-        let media_type = v
-            .get("mediaType")
-            .and_then(Value::as_str)
-            .ok_or_else(|| malformed(&format!("the {part} has no mediaType")))?;
-        let digest = v
-            .get("digest")
-            .and_then(Value::as_str)
-            .filter(|d| {
-                d.strip_prefix("sha256:")
-                    .is_some_and(|h| Sha256Digest::parse_hex(h).is_ok())
-            })
-            .ok_or_else(|| malformed(&format!("the {part}'s digest is not sha256:<64 hex>")))?;
-        let size = v
-            .get("size")
-            .and_then(Value::as_u64)
-            .ok_or_else(|| malformed(&format!("the {part}'s size is not a whole number")))?;
-        Ok(OciDescriptor {
-            media_type: media_type.to_owned(),
-            digest: digest.to_owned(),
-            size: i64::try_from(size).map_err(|_| malformed("a size is too large"))?,
-            ..OciDescriptor::default()
+    Ok(())
+}
+
+/// One descriptor: a media type, a `sha256:` digest of 64 hex digits, and a size.
+fn descriptor(v: Option<&Value>, part: Part) -> Result<OciDescriptor, Kind> {
+    let v = v.ok_or_else(|| malformed(&format!("no {part} descriptor")))?;
+    let media_type = v
+        .get("mediaType")
+        .and_then(Value::as_str)
+        .ok_or_else(|| malformed(&format!("the {part} has no mediaType")))?;
+    let digest = v
+        .get("digest")
+        .and_then(Value::as_str)
+        .filter(|d| {
+            d.strip_prefix("sha256:")
+                .is_some_and(|h| Sha256Digest::parse_hex(h).is_ok())
         })
-    };
+        .ok_or_else(|| malformed(&format!("the {part}'s digest is not sha256:<64 hex>")))?;
+    let size = v
+        .get("size")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| malformed(&format!("the {part}'s size is not a whole number")))?;
+    Ok(OciDescriptor {
+        media_type: media_type.to_owned(),
+        digest: digest.to_owned(),
+        size: i64::try_from(size).map_err(|_| malformed("a size is too large"))?,
+        ..OciDescriptor::default()
+    })
+}
+
+/// The config's descriptor: the package config's media type, within the config limit.
+fn config_descriptor(value: &Value, limits: &Limits) -> Result<OciDescriptor, Kind> {
     let config = descriptor(value.get("config"), Part::Config)?;
     if config.media_type != CONFIG_MEDIA_TYPE {
         return Err(Kind::WrongMediaType {
@@ -688,6 +865,11 @@ fn check_manifest(body: &[u8], limits: &Limits) -> Result<(OciDescriptor, OciDes
             limit: limits.config_bytes,
         });
     }
+    Ok(config)
+}
+
+/// The one layer's descriptor: a package layer's media type, within the layer limit.
+fn layer_descriptor(value: &Value, limits: &Limits) -> Result<OciDescriptor, Kind> {
     let layers = value
         .get("layers")
         .and_then(Value::as_array)
@@ -717,7 +899,7 @@ fn check_manifest(body: &[u8], limits: &Limits) -> Result<(OciDescriptor, OciDes
             limit: limits.layer_bytes,
         });
     }
-    Ok((config, layer))
+    Ok(layer)
 }
 
 /// Streams one blob into `out`, never accepting more bytes than the descriptor names, within
@@ -732,89 +914,122 @@ async fn fetch_blob(
     reference: &OciReference,
 ) -> Result<Sha256Digest, DistributionError> {
     let expected = desc.size as u64;
-    let fail = |kind| DistributionError::new(kind, reference);
+    let mut blob = BlobCheck {
+        part,
+        expected,
+        received: 0,
+        hasher: Sha256::new(),
+        reference,
+    };
     let (mut response, mut watch) = http.blob(&desc.digest, part, auth).await?;
     if let Some(length) = response.content_length() {
         if length > expected {
-            return Err(fail(Kind::TooLarge {
-                part,
-                size: length,
-                limit: expected,
-            }));
+            return Err(blob.too_large(length));
         }
     }
     if let Some(p) = progress {
         p.begin("downloading", expected);
     }
-    let mut hasher = Sha256::new();
-    let mut received = 0u64;
-    let mut ended_with = None;
-    loop {
-        let bytes = match http.next_chunk(&mut response, &mut watch).await {
-            Ok(Some(bytes)) => bytes,
-            Ok(None) => break,
-            // A deadline, a stall, or the connection's end before the size the descriptor
-            // names: a transport failure of the stream is reported as the truncation it is.
-            Err(e) => {
-                ended_with = Some(match e.kind {
-                    Kind::Transport { .. } => fail(Kind::Truncated {
-                        part,
-                        received,
-                        expected,
-                    })
-                    .with_source(e),
-                    _ => e,
-                });
-                break;
-            }
-        };
-        received += bytes.len() as u64;
-        if received > expected {
-            ended_with = Some(fail(Kind::TooLarge {
-                part,
-                size: received,
-                limit: expected,
-            }));
-            break;
-        }
-        hasher.update(&bytes);
-        if let Err(e) = out.write_all(&bytes) {
-            ended_with = Some(
-                fail(Kind::Io {
-                    action: "write",
-                    path: "the output file".into(),
-                })
-                .with_source(e),
-            );
-            break;
-        }
-        if let Some(p) = progress {
-            p.advance(bytes.len() as u64);
-        }
-    }
+    let streamed = blob
+        .stream(http, &mut response, &mut watch, out, progress)
+        .await;
     if let Some(p) = progress {
         p.finish();
     }
-    if let Some(e) = ended_with {
-        return Err(e);
+    streamed?;
+    blob.finish(&desc.digest)
+}
+
+/// One blob's bytes as they arrive: counted against the size its descriptor names, hashed,
+/// and written out.
+struct BlobCheck<'a> {
+    part: Part,
+    expected: u64,
+    received: u64,
+    hasher: Sha256,
+    reference: &'a OciReference,
+}
+
+impl BlobCheck<'_> {
+    fn fail(&self, kind: Kind) -> DistributionError {
+        DistributionError::new(kind, self.reference)
     }
-    if received < expected {
-        return Err(fail(Kind::Truncated {
-            part,
-            received,
-            expected,
-        }));
+
+    fn too_large(&self, size: u64) -> DistributionError {
+        self.fail(Kind::TooLarge {
+            part: self.part,
+            size,
+            limit: self.expected,
+        })
     }
-    let actual = Sha256Digest(hasher.finalize().into());
-    let wanted = desc.digest.strip_prefix("sha256:").unwrap_or(&desc.digest);
-    if actual.to_hex() != wanted {
-        return Err(fail(Kind::DigestMismatch {
-            part,
-            expected: wanted.to_owned(),
-            actual: actual.to_hex(),
-        }));
+
+    fn truncated(&self) -> DistributionError {
+        self.fail(Kind::Truncated {
+            part: self.part,
+            received: self.received,
+            expected: self.expected,
+        })
     }
-    Ok(actual)
+
+    /// Takes the response's chunks until it ends, each counted, hashed and written to `out`,
+    /// and shown on the progress bar. Stops at the first failure.
+    async fn stream(
+        &mut self,
+        http: &Http<'_>,
+        response: &mut reqwest::Response,
+        watch: &mut transport::Watch,
+        out: &mut dyn Write,
+        progress: Option<&dyn Progress>,
+    ) -> Result<(), DistributionError> {
+        loop {
+            let bytes = match http.next_chunk(response, watch).await {
+                Ok(Some(bytes)) => bytes,
+                Ok(None) => return Ok(()),
+                // A deadline, a stall, or the connection's end before the size the descriptor
+                // names: a transport failure of the stream is reported as the truncation it is.
+                Err(e) => {
+                    return Err(match e.kind {
+                        Kind::Transport { .. } => self.truncated().with_source(e),
+                        _ => e,
+                    })
+                }
+            };
+            self.received += bytes.len() as u64;
+            if self.received > self.expected {
+                return Err(self.too_large(self.received));
+            }
+            self.hasher.update(&bytes);
+            if let Err(e) = out.write_all(&bytes) {
+                return Err(self
+                    .fail(Kind::Io {
+                        action: "write",
+                        path: "the output file".into(),
+                    })
+                    .with_source(e));
+            }
+            if let Some(p) = progress {
+                p.advance(bytes.len() as u64);
+            }
+        }
+    }
+
+    /// The whole blob arrived (`received` is the size named) and its digest is `digest`
+    /// (`sha256:HEX`). Returns the digest.
+    fn finish(self, digest: &str) -> Result<Sha256Digest, DistributionError> {
+        if self.received < self.expected {
+            return Err(self.truncated());
+        }
+        let actual = Sha256Digest(self.hasher.clone().finalize().into());
+        let wanted = digest.strip_prefix("sha256:").unwrap_or(digest);
+        if actual.to_hex() != wanted {
+            return Err(self.fail(Kind::DigestMismatch {
+                part: self.part,
+                expected: wanted.to_owned(),
+                actual: actual.to_hex(),
+            }));
+        }
+        Ok(actual)
+    }
 }
 
 #[cfg(test)]

@@ -59,8 +59,38 @@ impl Check {
 /// `deep` asks for the full check of every installed package (`--deep`), with its options.
 pub fn run(store: &Path, deep: Option<guild_host::VerifyOptions>) -> anyhow::Result<Report> {
     let mut checks = vec![platform()];
+    let store_found = store_checks(store, deep, &mut checks);
+    checks.push(cuda_check());
+    checks.push(sdk_check());
+
+    let mut report = Report::new("doctor");
+    if let Some(found) = &store_found.full {
+        let mut deep = Report::new("doctor");
+        super::store::full_check_report(found, &mut deep);
+        report.field("deep", serde_json::Value::Object(deep.into_json()));
+    }
+    report_checks(&mut report, &checks);
+    report_failed(&mut report, &checks, store_found.unusable);
+    Ok(report)
+}
+
+/// What the store's checks found beyond their rows.
+struct StoreFound {
+    /// The store is missing or cannot be opened (exit 5 rather than 1).
+    unusable: bool,
+    /// The full check's findings, with `--deep`.
+    full: Option<guild_host::FullCheck>,
+}
+
+/// The store's checks, pushed onto `checks`: the store itself, then (when it opens) the trust
+/// store, the crash quarantine and, with `deep`, the full check.
+fn store_checks(
+    store: &Path,
+    deep: Option<guild_host::VerifyOptions>,
+    checks: &mut Vec<Check>,
+) -> StoreFound {
     let mut full = None;
-    let store_unusable = match existing_store(store) {
+    let unusable = match existing_store(store) {
         Err(missing) => {
             checks.push(missing);
             true
@@ -79,33 +109,32 @@ pub fn run(store: &Path, deep: Option<guild_host::VerifyOptions>) -> anyhow::Res
                 false
             }
             Err(e) => {
-                // The hint the failing command would print (the trust file's recovery command,
-                // say) is the useful one; the generic one is for failures without their own.
-                let e = anyhow::Error::new(e);
-                let hint = Failure::from_error(&e).hint.unwrap_or_else(|| {
-                    "`guild recover` says more; another process may hold the store's lock".into()
-                });
-                checks.push(
-                    Check::new(
-                        "store",
-                        Verdict::Fail,
-                        format!("{} cannot be opened: {e}", store.display()),
-                    )
-                    .hint(hint),
-                );
+                checks.push(unopened_store(store, e));
                 true
             }
         },
     };
-    checks.push(cuda_check());
-    checks.push(sdk_check());
+    StoreFound { unusable, full }
+}
 
-    let mut report = Report::new("doctor");
-    if let Some(found) = &full {
-        let mut deep = Report::new("doctor");
-        super::store::full_check_report(found, &mut deep);
-        report.field("deep", serde_json::Value::Object(deep.into_json()));
-    }
+/// The store check when the store exists but does not open.
+fn unopened_store(store: &Path, e: guild_host::HostError) -> Check {
+    // The hint the failing command would print (the trust file's recovery command, say) is
+    // the useful one; the generic one is for failures without their own.
+    let e = anyhow::Error::new(e);
+    let hint = Failure::from_error(&e).hint.unwrap_or_else(|| {
+        "`guild recover` says more; another process may hold the store's lock".into()
+    });
+    Check::new(
+        "store",
+        Verdict::Fail,
+        format!("{} cannot be opened: {e}", store.display()),
+    )
+    .hint(hint)
+}
+
+/// Every check as a JSON object (`checks`) and as a line, with its hint below it.
+fn report_checks(report: &mut Report, checks: &[Check]) {
     report.field(
         "checks",
         Value::Array(
@@ -122,7 +151,7 @@ pub fn run(store: &Path, deep: Option<guild_host::VerifyOptions>) -> anyhow::Res
                 .collect(),
         ),
     );
-    for c in &checks {
+    for c in checks {
         report.line(format!(
             "{:<5} {:<9} {}",
             c.verdict.word(),
@@ -133,6 +162,10 @@ pub fn run(store: &Path, deep: Option<guild_host::VerifyOptions>) -> anyhow::Res
             report.line(format!("{:<15} hint: {hint}", ""));
         }
     }
+}
+
+/// The failed checks' names (`failed`); any failure sets the exit code and a warning.
+fn report_failed(report: &mut Report, checks: &[Check], store_unusable: bool) {
     let failed: Vec<&str> = checks
         .iter()
         .filter(|c| c.verdict == Verdict::Fail)
@@ -151,7 +184,6 @@ pub fn run(store: &Path, deep: Option<guild_host::VerifyOptions>) -> anyhow::Res
             .warnings
             .push(format!("failed checks: {}", failed.join(", ")));
     }
-    Ok(report)
 }
 
 fn platform() -> Check {

@@ -9,14 +9,17 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
+use guild_domain::dependency::ModuleDependency;
 use guild_domain::manifest::{Manifest, Metadata};
-use guild_domain::trust::{authenticate, SignatureCheck, TrustStore};
+use guild_domain::trust::{authenticate, Authenticated, SignatureCheck, TrustStore};
 use guild_host::package_manager::StoreLayout;
 use guild_host::packaging::key_files::{self as files, KeyFileOptions};
 use guild_host::packaging::{self, GkpkSource, P256Verifier, SigningKey};
 use guild_host::{HostError, HostPlatform};
 use guild_ports::signature::SignatureVerifier;
-use guild_ports::source::{Durability, ExtractOptions, PackageSource, Progress};
+use guild_ports::source::{
+    Durability, ExtractOptions, ExtractedPackage, OpenedPackage, PackageSource, Progress,
+};
 use guild_ports::store::{StoreError, StoreErrorKind};
 use serde_json::json;
 
@@ -177,7 +180,7 @@ pub fn verify(
         durability: Durability::NoFsync,
         ..ExtractOptions::default()
     });
-    let mut opened = source.open(package).map_err(HostError::from)?;
+    let opened = source.open(package).map_err(HostError::from)?;
     let metadata = parse_metadata(package, opened.metadata_bytes())?;
     let manifest = metadata.manifest();
     let auth = authenticate(&metadata, &trust, &Check(P256Verifier::new())).map_err(|source| {
@@ -187,8 +190,25 @@ pub fn verify(
             source,
         }
     })?;
-
     // Only an authenticated manifest decides what may be written, as in an installation.
+    let extracted = extract_to_scratch(opened, manifest, progress)?;
+    let platform_problem = platform_problem(manifest);
+    Ok(verify_report(
+        package,
+        manifest,
+        &auth,
+        &extracted,
+        platform_problem,
+    ))
+}
+
+/// Extracts the package into a scratch directory, every file checked against `manifest` as it
+/// is written, and removes it again. Returns what was written.
+fn extract_to_scratch(
+    mut opened: Box<dyn OpenedPackage>,
+    manifest: &Manifest,
+    progress: Option<Arc<dyn Progress>>,
+) -> anyhow::Result<ExtractedPackage> {
     let scratch = ScratchDir::create()?;
     if let Some(p) = &progress {
         p.begin(
@@ -203,13 +223,27 @@ pub fn verify(
     }
     let extracted = extracted.map_err(HostError::from)?;
     drop(scratch);
+    Ok(extracted)
+}
 
-    let platform = HostPlatform::current().map(|p| p.check(manifest));
-    let platform_problem = match &platform {
+/// Why this host could not install the package, if it could not.
+fn platform_problem(manifest: &Manifest) -> Option<String> {
+    match HostPlatform::current().map(|p| p.check(manifest)) {
         Some(Ok(())) => None,
         Some(Err(e)) => Some(e.to_string()),
         None => Some("this host's platform cannot be named in a manifest".to_owned()),
-    };
+    }
+}
+
+/// What `verify` found: who signed it, the payload, the artifacts and whether this host can
+/// install it (a warning when not).
+fn verify_report(
+    package: &Path,
+    manifest: &Manifest,
+    auth: &Authenticated,
+    extracted: &ExtractedPackage,
+    platform_problem: Option<String>,
+) -> Report {
     let total: u64 = extracted.files.iter().map(|a| a.size).sum();
     let mut report = Report::new("verify");
     report
@@ -248,7 +282,7 @@ pub fn verify(
             .warnings
             .push(format!("this host cannot install it: {problem}"));
     }
-    Ok(report)
+    report
 }
 
 /// `guild inspect PACKAGE`: the manifest as written, with no trust decision at all.
@@ -269,14 +303,9 @@ pub fn inspect(package: &Path) -> anyhow::Result<Report> {
     Ok(report)
 }
 
+/// The manifest as `inspect` prints it, labelled unverified: what the package is, its
+/// artifacts, what it provides and needs, and the key ids of its signatures.
 fn inspect_lines(package: &Path, metadata: &Metadata, m: &Manifest) -> Vec<String> {
-    let list = |items: Vec<String>| {
-        if items.is_empty() {
-            "(none)".to_owned()
-        } else {
-            items.join(", ")
-        }
-    };
     let mut lines = vec![
         format!(
             "UNVERIFIED manifest of {} (no signature checked, no trust decision; use `guild verify`)",
@@ -296,7 +325,7 @@ fn inspect_lines(package: &Path, metadata: &Metadata, m: &Manifest) -> Vec<Strin
         ),
         format!(
             "  backends      {}",
-            list(m.backends.iter().map(ToString::to_string).collect())
+            list_or_none(m.backends.iter().map(ToString::to_string).collect())
         ),
         format!("  entry         {}", m.entry.as_str()),
         format!("  artifacts     {}", m.artifacts.len()),
@@ -309,43 +338,7 @@ fn inspect_lines(package: &Path, metadata: &Metadata, m: &Manifest) -> Vec<Strin
             a.sha256
         ));
     }
-    lines.push(format!(
-        "  provided ops  {}",
-        list(m.provided_ops.iter().map(ToString::to_string).collect())
-    ));
-    lines.push(format!(
-        "  runners       {}",
-        list(m.provided_runners.iter().map(ToString::to_string).collect())
-    ));
-    lines.push(format!(
-        "  dependencies  {}",
-        list(
-            m.dependencies
-                .iter()
-                .map(|d| format!("{} {}", d.package_id, d.range))
-                .collect()
-        )
-    ));
-    if !m.module_dependencies.is_empty() {
-        lines.push(format!(
-            "  module deps   {}",
-            list(
-                m.module_dependencies
-                    .iter()
-                    .map(|d| {
-                        let mut s = format!("{} {} ({})", d.module_id, d.range, d.abi_tag);
-                        if let Some(p) = &d.publisher_id {
-                            s.push_str(&format!(" publisher {p}"));
-                        }
-                        if let Some(pin) = &d.sha256 {
-                            s.push_str(&format!(" pinned {}", short(pin)));
-                        }
-                        s
-                    })
-                    .collect()
-            )
-        ));
-    }
+    lines.extend(provides_and_needs_lines(m));
     lines.push(format!("  signatures    {}", metadata.signatures().len()));
     for s in metadata.signatures() {
         lines.push(format!(
@@ -354,6 +347,64 @@ fn inspect_lines(package: &Path, metadata: &Metadata, m: &Manifest) -> Vec<Strin
         ));
     }
     lines
+}
+
+/// `inspect`'s lines for what the package provides (operations, runners) and what it needs
+/// (package and, when there are any, module dependencies).
+fn provides_and_needs_lines(m: &Manifest) -> Vec<String> {
+    let mut lines = vec![
+        format!(
+            "  provided ops  {}",
+            list_or_none(m.provided_ops.iter().map(ToString::to_string).collect())
+        ),
+        format!(
+            "  runners       {}",
+            list_or_none(m.provided_runners.iter().map(ToString::to_string).collect())
+        ),
+        format!(
+            "  dependencies  {}",
+            list_or_none(
+                m.dependencies
+                    .iter()
+                    .map(|d| format!("{} {}", d.package_id, d.range))
+                    .collect()
+            )
+        ),
+    ];
+    if !m.module_dependencies.is_empty() {
+        lines.push(format!(
+            "  module deps   {}",
+            list_or_none(
+                m.module_dependencies
+                    .iter()
+                    .map(module_dependency)
+                    .collect()
+            )
+        ));
+    }
+    lines
+}
+
+/// A module dependency as `inspect` shows it: id, range and ABI tag, then the publisher and
+/// the pinned digest when it names them.
+fn module_dependency(d: &ModuleDependency) -> String {
+    let mut s = format!("{} {} ({})", d.module_id, d.range, d.abi_tag);
+    if let Some(p) = &d.publisher_id {
+        s.push_str(&format!(" publisher {p}"));
+    }
+    if let Some(pin) = &d.sha256 {
+        s.push_str(&format!(" pinned {}", short(pin)));
+    }
+    s
+}
+
+/// The items joined with commas, or `(none)`.
+fn list_or_none(items: Vec<String>) -> String {
+    if items.is_empty() {
+        "(none)".to_owned()
+    } else {
+        items.join(", ")
+    }
 }
 
 pub(crate) fn parse_metadata(package: &Path, bytes: &[u8]) -> Result<Metadata, HostError> {

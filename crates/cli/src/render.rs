@@ -153,7 +153,15 @@ pub fn open_report_lines(r: &OpenReport) -> Vec<String> {
              missing, older or foreign trust file stops the store"
         ));
     }
-    let rec = &r.recovery;
+    out.extend(interrupted_change_lines(&r.recovery));
+    out.extend(recovery_cleanup_lines(&r.recovery));
+    out.extend(left_out_lines(r));
+    out
+}
+
+/// The interrupted changes recovery finished or undid.
+fn interrupted_change_lines(rec: &RecoveryReport) -> Vec<String> {
+    let mut out = Vec::new();
     for c in &rec.rolled_forward {
         out.push(format!(
             "recovery finished an interrupted change (generation {} -> {}{})",
@@ -175,6 +183,13 @@ pub fn open_report_lines(r: &OpenReport) -> Vec<String> {
                 .unwrap_or_default()
         ));
     }
+    out
+}
+
+/// What recovery removed (counted), the installed packages without files, and the trees it
+/// kept and why.
+fn recovery_cleanup_lines(rec: &RecoveryReport) -> Vec<String> {
+    let mut out = Vec::new();
     let counted = [
         (rec.removed_staging.len(), "staging entr", "y", "ies"),
         (rec.removed_temp_files.len(), "temporary file", "", "s"),
@@ -211,6 +226,13 @@ pub fn open_report_lines(r: &OpenReport) -> Vec<String> {
             t.display()
         ));
     }
+    out
+}
+
+/// The packages opening left out: those removed, and those that failed re-verification
+/// (not usable for a reader, disabled otherwise).
+fn left_out_lines(r: &OpenReport) -> Vec<String> {
+    let mut out = Vec::new();
     for q in &r.removed {
         out.push(format!("{}@{}: {}", q.id, q.version, q.reason));
     }

@@ -4,9 +4,9 @@
 use std::path::Path;
 
 use guild_domain::ids::{ImplId, OpName};
-use guild_domain::operation::{Budget, TensorDesc};
+use guild_domain::operation::{Budget, ResolveFailure, TensorDesc};
 use guild_host::operations::{PassReason, ResolveError};
-use guild_host::{Host, OperationRequest, OperationService};
+use guild_host::{Host, LoadReport, OpHandle, OpenReport, OperationRequest, OperationService};
 use serde_json::json;
 
 use super::failure::{CliError, Exit};
@@ -23,19 +23,42 @@ pub fn run(
 ) -> anyhow::Result<Report> {
     let (host, opened, loaded) = Host::open_dir(store)?;
     let mut report = Report::new("resolve");
-    report.warnings = open_report_lines(&opened);
+    report.warnings = open_warnings(&opened, &loaded);
+    let request = request(op, inputs, outputs, exact, ram_budget);
+    let service = OperationService::new(host.kernels()).reporting();
+    let handle = match service.resolve(&request) {
+        Ok(handle) => handle,
+        Err(ResolveError::Unresolved(failure)) => return Err(unresolved(&failure).into()),
+        Err(e) => return Err(CliError::new(Exit::Usage, e.to_string()).into()),
+    };
+    describe_choice(&mut report, op, &handle);
+    Ok(report)
+}
+
+/// What opening the store did, then each package that did not load or was not loaded.
+fn open_warnings(opened: &OpenReport, loaded: &LoadReport) -> Vec<String> {
+    let mut warnings = open_report_lines(opened);
     for (id, version, error) in &loaded.failed {
-        report
-            .warnings
-            .push(format!("{id} {version} did not load: {error}"));
+        warnings.push(format!("{id} {version} did not load: {error}"));
     }
     for skipped in &loaded.skipped {
-        report.warnings.push(format!(
+        warnings.push(format!(
             "{} {} was not loaded: {}",
             skipped.id, skipped.version, skipped.reason
         ));
     }
+    warnings
+}
 
+/// The CPU request for `op` over these tensors, pinned to `exact` and within `ram_budget`
+/// when given.
+fn request(
+    op: &OpName,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    exact: Option<&ImplId>,
+    ram_budget: Option<u64>,
+) -> OperationRequest {
     let mut request = OperationRequest::cpu(op.clone(), inputs.to_vec(), outputs.to_vec());
     if let Some(id) = exact {
         request = request.exact(id.clone());
@@ -43,29 +66,31 @@ pub fn run(
     if let Some(bytes) = ram_budget {
         request = request.ram_budget(Budget::bytes(bytes));
     }
-    let service = OperationService::new(host.kernels()).reporting();
-    let handle = match service.resolve(&request) {
-        Ok(handle) => handle,
-        Err(ResolveError::Unresolved(failure)) => {
-            // The header alone; each candidate and its reason follow as items, so that JSON
-            // gives them one by one.
-            let text = failure.to_string();
-            let mut header = text.lines().next().unwrap_or_default().to_owned();
-            if failure.rejections.is_empty() {
-                header.push_str(" (no enabled package provides it)");
-            }
-            let candidates = failure
-                .rejections
-                .iter()
-                .map(|r| (r.impl_id.to_string(), r.reason.to_string()))
-                .collect();
-            return Err(CliError::new(Exit::NotFound, header)
-                .with_candidates(candidates)
-                .with_hint("`guild list` shows what is installed and enabled")
-                .into());
-        }
-        Err(e) => return Err(CliError::new(Exit::Usage, e.to_string()).into()),
-    };
+    request
+}
+
+/// No implementation was chosen (exit 6): the failure's first line as the message, and each
+/// candidate with its reason.
+fn unresolved(failure: &ResolveFailure) -> CliError {
+    // The header alone; each candidate and its reason follow as items, so that JSON gives
+    // them one by one.
+    let text = failure.to_string();
+    let mut header = text.lines().next().unwrap_or_default().to_owned();
+    if failure.rejections.is_empty() {
+        header.push_str(" (no enabled package provides it)");
+    }
+    let candidates = failure
+        .rejections
+        .iter()
+        .map(|r| (r.impl_id.to_string(), r.reason.to_string()))
+        .collect();
+    CliError::new(Exit::NotFound, header)
+        .with_candidates(candidates)
+        .with_hint("`guild list` shows what is installed and enabled")
+}
+
+/// The chosen implementation and every one passed over, as JSON fields and as lines.
+fn describe_choice(report: &mut Report, op: &OpName, handle: &OpHandle<'_>) {
     let d = handle.describe();
     report
         .field("operation", op.as_str())
@@ -113,5 +138,4 @@ pub fn run(
     for p in handle.passed_over().unwrap_or_default() {
         report.line(format!("  not chosen: {p}"));
     }
-    Ok(report)
 }
