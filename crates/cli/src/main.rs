@@ -26,7 +26,7 @@ mod store;
 mod trust;
 
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -93,41 +93,7 @@ fn asks_for_json(raw: &[OsString]) -> bool {
         .any(|a| a.as_os_str() == "--json")
 }
 
-/// Runs the command the line names, through the step for its family (the sections of
-/// docs/cli.md's command list, plus the hidden commands `guild` runs as its own child).
 fn run(cli: &Cli) -> anyhow::Result<Report> {
-    match &cli.command {
-        Command::Keygen { .. }
-        | Command::Pack { .. }
-        | Command::Sign { .. }
-        | Command::Verify { .. }
-        | Command::Check { .. }
-        | Command::Inspect { .. } => run_publishing(cli),
-        Command::Trust(t) => trust::run(&store_dir(cli, true)?, t),
-        Command::Install { .. }
-        | Command::Enable { .. }
-        | Command::Disable { .. }
-        | Command::Remove { .. }
-        | Command::Purge { .. }
-        | Command::Rollback { .. }
-        | Command::List
-        | Command::Status { .. }
-        | Command::Recover
-        | Command::Quarantine(_) => run_store(cli),
-        Command::Push { .. }
-        | Command::Pull { .. }
-        | Command::Lock { .. }
-        | Command::Sync { .. } => run_registry(cli),
-        Command::Resolve { .. } | Command::Doctor { .. } | Command::Completions { .. } => {
-            run_diagnosis(cli)
-        }
-        Command::Conformance { .. } | Command::CheckLibrary { .. } => run_child(cli),
-    }
-}
-
-/// The publishing commands: keys, packing, signing, verifying, the conformance check of a
-/// build, and inspecting a package.
-fn run_publishing(cli: &Cli) -> anyhow::Result<Report> {
     match &cli.command {
         Command::Keygen { out, force } => publisher::keygen(out, *force),
         Command::Pack {
@@ -147,75 +113,34 @@ fn run_publishing(cli: &Cli) -> anyhow::Result<Report> {
             progress::for_stderr(cli.json, cli.quiet),
         ),
         Command::Verify { jobs, .. } => store::verify_all(&store_dir(cli, true)?, jobs_of(*jobs)),
-        Command::Check {
-            path,
-            manifest,
-            timeout,
-        } => check::run(path, manifest.as_deref(), *timeout),
         Command::Inspect { package } => publisher::inspect(package),
-        _ => unreachable!("run sends only the publishing commands here"),
-    }
-}
-
-/// The commands on the store's packages: install (from a file or a registry), enable,
-/// disable, remove, purge, rollback, list, status, recover and quarantine.
-fn run_store(cli: &Cli) -> anyhow::Result<Report> {
-    match &cli.command {
+        Command::Trust(t) => trust::run(&store_dir(cli, true)?, t),
+        Command::Quarantine(QuarantineCommand::Clear { id }) => {
+            store::quarantine_clear(&store_dir(cli, true)?, id)
+        }
         Command::Install {
             package,
             disabled,
             allow_downgrade,
-        } => install(cli, package, !*disabled, *allow_downgrade),
-        Command::Enable { id } => store::enable(&store_dir(cli, true)?, id),
-        Command::Disable { id } => store::disable(&store_dir(cli, true)?, id),
-        Command::Remove { id, version } => {
-            store::remove(&store_dir(cli, true)?, id, version.as_ref())
-        }
-        Command::Purge { id, version } => {
-            store::purge(&store_dir(cli, true)?, id, version.as_ref())
-        }
-        Command::Rollback { id } => store::rollback(&store_dir(cli, true)?, id),
-        Command::List => store::list(&store_dir(cli, true)?),
-        Command::Status { id } => store::status(&store_dir(cli, true)?, id.as_ref()),
-        Command::Recover => store::recover(&store_dir(cli, true)?),
-        Command::Quarantine(QuarantineCommand::Clear { id }) => {
-            store::quarantine_clear(&store_dir(cli, true)?, id)
-        }
-        _ => unreachable!("run sends only the store's commands here"),
-    }
-}
-
-/// `install`: an `oci://` reference is pulled and installed, anything else is a package file.
-fn install(
-    cli: &Cli,
-    package: &Path,
-    enable: bool,
-    allow_downgrade: bool,
-) -> anyhow::Result<Report> {
-    if distribute::is_reference(package) {
-        distribute::install(
+        } if distribute::is_reference(package) => distribute::install(
             &store_dir(cli, true)?,
             &distribute::parse_reference(&package.to_string_lossy())
                 .map_err(|e| CliError::new(Exit::Usage, e))?,
-            enable,
-            allow_downgrade,
+            !*disabled,
+            *allow_downgrade,
             progress::for_stderr(cli.json, cli.quiet),
-        )
-    } else {
-        store::install(
+        ),
+        Command::Install {
+            package,
+            disabled,
+            allow_downgrade,
+        } => store::install(
             &store_dir(cli, true)?,
             package,
-            enable,
-            allow_downgrade,
+            !*disabled,
+            *allow_downgrade,
             progress::for_stderr(cli.json, cli.quiet),
-        )
-    }
-}
-
-/// The registry and lock commands: push, pull (one reference, or a lock into a mirror), lock
-/// and sync.
-fn run_registry(cli: &Cli) -> anyhow::Result<Report> {
-    match &cli.command {
+        ),
         Command::Push {
             package,
             reference,
@@ -251,13 +176,18 @@ fn run_registry(cli: &Cli) -> anyhow::Result<Report> {
             from.as_deref(),
             progress::for_stderr(cli.json, cli.quiet),
         ),
-        _ => unreachable!("run sends only the registry commands here"),
-    }
-}
-
-/// The operations and diagnosis commands: resolve, doctor and completions.
-fn run_diagnosis(cli: &Cli) -> anyhow::Result<Report> {
-    match &cli.command {
+        Command::Enable { id } => store::enable(&store_dir(cli, true)?, id),
+        Command::Disable { id } => store::disable(&store_dir(cli, true)?, id),
+        Command::Remove { id, version } => {
+            store::remove(&store_dir(cli, true)?, id, version.as_ref())
+        }
+        Command::Purge { id, version } => {
+            store::purge(&store_dir(cli, true)?, id, version.as_ref())
+        }
+        Command::Rollback { id } => store::rollback(&store_dir(cli, true)?, id),
+        Command::List => store::list(&store_dir(cli, true)?),
+        Command::Status { id } => store::status(&store_dir(cli, true)?, id.as_ref()),
+        Command::Recover => store::recover(&store_dir(cli, true)?),
         Command::Resolve {
             op,
             inputs,
@@ -275,20 +205,11 @@ fn run_diagnosis(cli: &Cli) -> anyhow::Result<Report> {
         Command::Doctor { deep, jobs } => {
             doctor::run(&store_dir(cli, true)?, deep.then(|| jobs_of(*jobs)))
         }
-        Command::Completions { shell } => {
-            let mut command = <Cli as clap::CommandFactory>::command();
-            clap_complete::generate(*shell, &mut command, "guild", &mut std::io::stdout());
-            // The script is the output; there is nothing else to report.
-            Ok(Report::new("completions").silent())
-        }
-        _ => unreachable!("run sends only the diagnosis commands here"),
-    }
-}
-
-/// The hidden commands `guild` runs as its own child process: one conformance child of
-/// `guild check`, and the registration check of a library before it is made loadable.
-fn run_child(cli: &Cli) -> anyhow::Result<Report> {
-    match &cli.command {
+        Command::Check {
+            path,
+            manifest,
+            timeout,
+        } => check::run(path, manifest.as_deref(), *timeout),
         Command::Conformance {
             dir,
             resume_after,
@@ -296,10 +217,18 @@ fn run_child(cli: &Cli) -> anyhow::Result<Report> {
             results_fd,
         } => check::child(dir, *resume_after, hung, *results_fd),
         Command::CheckLibrary { dir, payload } => store::check_library(dir, payload),
-        _ => unreachable!("run sends only the child commands here"),
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(*shell, &mut command, "guild", &mut std::io::stdout());
+            // The script is the output; there is nothing else to report.
+            Ok(Report::new("completions").silent())
+        }
     }
 }
 
+/// The store directory: `--store`, else `$GUILD_STORE`, else `$XDG_DATA_HOME/guild`, else
+/// `$HOME/.local/share/guild`. Empty variables count as unset. With `prepare`, a missing data
+/// directory above the default store is created (commands that only read pass `false`).
 /// How a full check runs for `--jobs N` (one thread per core without it).
 fn jobs_of(jobs: Option<u16>) -> guild_host::VerifyOptions {
     guild_host::VerifyOptions {
@@ -307,9 +236,6 @@ fn jobs_of(jobs: Option<u16>) -> guild_host::VerifyOptions {
     }
 }
 
-/// The store directory: `--store`, else `$GUILD_STORE`, else `$XDG_DATA_HOME/guild`, else
-/// `$HOME/.local/share/guild`. Empty variables count as unset. With `prepare`, a missing data
-/// directory above the default store is created (commands that only read pass `false`).
 fn store_dir(cli: &Cli, prepare: bool) -> anyhow::Result<PathBuf> {
     if let Some(dir) = &cli.store {
         return Ok(dir.clone());
