@@ -226,9 +226,6 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
     }
 }
 
-/// The store directory: `--store`, else `$GUILD_STORE`, else `$XDG_DATA_HOME/guild`, else
-/// `$HOME/.local/share/guild`. Empty variables count as unset. With `prepare`, a missing data
-/// directory above the default store is created (commands that only read pass `false`).
 /// How a full check runs for `--jobs N` (one thread per core without it).
 fn jobs_of(jobs: Option<u16>) -> guild_host::VerifyOptions {
     guild_host::VerifyOptions {
@@ -236,6 +233,9 @@ fn jobs_of(jobs: Option<u16>) -> guild_host::VerifyOptions {
     }
 }
 
+/// The store directory: `--store`, else `$GUILD_STORE`, else `$XDG_DATA_HOME/guild`, else
+/// `$HOME/.local/share/guild`. Empty variables count as unset. With `prepare`, a missing data
+/// directory above the default store is created (commands that only read pass `false`).
 fn store_dir(cli: &Cli, prepare: bool) -> anyhow::Result<PathBuf> {
     if let Some(dir) = &cli.store {
         return Ok(dir.clone());
