@@ -1,6 +1,13 @@
 //! Integration tests of `guild-host`.
+//!
+//! The fixtures (stores, keys, packages, the C test plugins, runs of the `guild` binary) are
+//! guild-test-support's. The end-to-end tests of the `guild` command (`cli`, `cli_snapshots`,
+//! `check`, `oci`, `publication_bounds`, `registration`, `sync`, `trust_taint`) are here as
+//! well; the other tests run `guild` only as a helper: the conformance check's child, a stand-in
+//! runner or writer process, a tool that sets a store up or reads it back.
 
 mod c_face;
+mod check;
 mod cli;
 mod cli_snapshots;
 mod compat;
@@ -40,7 +47,15 @@ mod service_safety;
 mod signatures;
 mod smoke;
 mod streams;
-mod support;
+mod sync;
 mod taint_race;
 mod trust_taint;
 mod trusted_state;
+
+use guild_test_support::guild::Guild;
+
+/// The `guild` binary, built from the current source once per run: this package has no such
+/// binary for cargo to hand its tests.
+pub fn guild() -> Guild {
+    Guild::built()
+}
