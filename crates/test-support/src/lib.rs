@@ -1,5 +1,5 @@
-//! The fixtures that the workspace's integration tests and benchmarks share (a dev-dependency
-//! only; it ships with nothing).
+//! The fixtures that the workspace's integration tests share (a dev-dependency of guild-host and
+//! guild-cli, and of guild-host's benchmarks; it ships with nothing).
 //!
 //! At the root: signing keys, packages built and signed from templates (with dependencies), a
 //! package manager opened over a real `FsStore` with an optional fault plan, and snapshots of a

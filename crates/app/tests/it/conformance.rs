@@ -2,7 +2,7 @@
 //! every plugin meant to be correct passes, and each faulty build in test-plugins/faulty_scan
 //! fails the check its fault breaks, naming the operation. The check runs each build in a child
 //! (`guild __conformance`), so these tests build the `guild` binary; the `guild check` command
-//! itself is tested in `check`.
+//! itself is tested with guild-cli (crates/cli/tests/it/check.rs).
 
 use std::time::Duration;
 

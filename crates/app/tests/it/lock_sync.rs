@@ -1,8 +1,8 @@
 //! The all-or-nothing sync of a store to a lock file (`guild_host::lock_sync`, what `guild sync
 //! LOCK --from DIR` runs) without a registry: a sync that fails part way leaves the store as it
 //! was, whatever step failed, and what it installs is the build it verified. Failures are
-//! injected through the lifecycle hook; the `guild sync` command itself is tested in
-//! `sync`.
+//! injected through the lifecycle hook; the `guild sync` command itself is tested with guild-cli
+//! (crates/cli/tests/it/sync.rs).
 
 use std::collections::BTreeMap;
 use std::fs;

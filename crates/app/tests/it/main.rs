@@ -1,15 +1,11 @@
 //! Integration tests of `guild-host`.
 //!
 //! The fixtures (stores, keys, packages, the C test plugins, runs of the `guild` binary) are
-//! guild-test-support's. The end-to-end tests of the `guild` command (`cli`, `cli_snapshots`,
-//! `check`, `oci`, `publication_bounds`, `registration`, `sync`, `trust_taint`) are here as
-//! well; the other tests run `guild` only as a helper: the conformance check's child, a stand-in
-//! runner or writer process, a tool that sets a store up or reads it back.
+//! guild-test-support's, shared with guild-cli's end-to-end tests of the `guild` command. The
+//! tests here run `guild` only as a helper: the conformance check's child, a stand-in runner or
+//! writer process, a tool that sets a store up or reads it back.
 
 mod c_face;
-mod check;
-mod cli;
-mod cli_snapshots;
 mod compat;
 mod conformance;
 mod convergence;
@@ -32,13 +28,10 @@ mod lock_sync;
 mod mocks;
 mod module_deps;
 mod numbering;
-mod oci;
 mod operations;
 mod progress;
-mod publication_bounds;
 mod reconcile;
 mod refusals;
-mod registration;
 mod registry;
 mod rejections;
 mod reshape;
@@ -47,9 +40,7 @@ mod service_safety;
 mod signatures;
 mod smoke;
 mod streams;
-mod sync;
 mod taint_race;
-mod trust_taint;
 mod trusted_state;
 
 use guild_test_support::guild::Guild;

@@ -1,7 +1,7 @@
 //! `guild sync LOCK --from DIR` without a registry, as an operator runs it: a sync that fails
 //! part way exits with its code and leaves the store as it was, and a sync removes its staging
-//! area and those of syncs that died. `lock_sync` fails each step of the library's sync
-//! in turn.
+//! area and those of syncs that died. guild-host's tests/it/lock_sync.rs fails each step of the
+//! library's sync in turn.
 
 use std::fs;
 

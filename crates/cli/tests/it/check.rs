@@ -1,7 +1,7 @@
 //! `guild check`, the publisher's conformance check, run as a publisher runs it: its table and
 //! JSON report and exit codes, and a run of the check that a hostile build cannot stretch past its
 //! limits (G27): the parent's memory, the processes the build starts, the files a killed check
-//! leaves. What the check finds in each test plugin is `conformance`.
+//! leaves. What the check finds in each test plugin is guild-host's tests/it/conformance.rs.
 
 use std::time::Duration;
 
