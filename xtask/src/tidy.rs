@@ -25,6 +25,10 @@
 //! - The example crates under `examples/` stand where a runner stands, outside the hexagon: they
 //!   may embed `guild-host` (and use the domain's plain types), like any runner, but never an
 //!   adapter, and nothing depends on them.
+//! - The shared test fixtures (`guild-test-support`) stand where the composition stands: they
+//!   build packages, open stores and run the `guild` binary, so they may depend on `guild-host`
+//!   and the adapters. Nothing depends on them except as a dev-dependency, so that no library or
+//!   binary ever carries them.
 //!
 //! Manifests are read with a tiny line parser (xtask keeps no dependencies); it understands the
 //! table headers and `name = ...` / `name.workspace = true` keys that this workspace uses.
@@ -108,6 +112,10 @@ const CONFINED: &[(&str, &str)] = &[
     ("tokio", "guild-adapters-oci"),
 ];
 
+/// The fixtures the integration tests share: a dev-only helper that may stand on the composition
+/// and the adapters, and that nothing may depend on but as a dev-dependency.
+const TEST_SUPPORT: &str = "guild-test-support";
+
 /// The command line's crates: argument parsing, completions and error chains. Only `guild-cli`,
 /// xtask and the examples (applications that embed the host) may name them.
 const CLI_ONLY: &[&str] = &["clap", "clap_complete", "anyhow"];
@@ -130,6 +138,7 @@ pub fn check_deps(crates: &[CrateDeps]) -> Vec<Violation> {
         .collect();
     for c in crates {
         let is_adapter = ADAPTERS.contains(&c.package.as_str());
+        let is_test_support = c.package == TEST_SUPPORT;
         for (kind, dep) in &c.deps {
             let dep = dep.as_str();
             // A dev-dependency on the crate itself turns on its test-only features (the CUDA
@@ -160,7 +169,10 @@ pub fn check_deps(crates: &[CrateDeps]) -> Vec<Violation> {
             if ADAPTERS.contains(&dep) {
                 if is_adapter {
                     flag(c, dep, "adapters never depend on one another");
-                } else if !APP.contains(&c.package.as_str()) && c.package != "xtask" {
+                } else if !APP.contains(&c.package.as_str())
+                    && c.package != "xtask"
+                    && !is_test_support
+                {
                     flag(
                         c,
                         dep,
@@ -190,6 +202,7 @@ pub fn check_deps(crates: &[CrateDeps]) -> Vec<Violation> {
                 && c.package != "xtask"
                 && c.package != "guild-cli"
                 && c.package != "guild-conformance"
+                && !is_test_support
                 && !is_example(&c.manifest)
             {
                 flag(
@@ -200,6 +213,9 @@ pub fn check_deps(crates: &[CrateDeps]) -> Vec<Violation> {
             }
             if examples.contains(&dep) {
                 flag(c, dep, "nothing depends on an example crate");
+            }
+            if dep == TEST_SUPPORT && *kind != DepKind::Dev {
+                flag(c, dep, "the test fixtures are a dev-dependency only");
             }
             if let Some((_, owner)) = CONFINED.iter().find(|(name, _)| *name == dep) {
                 if c.package != *owner {
@@ -451,8 +467,8 @@ pub fn check_workspace(root: &Path) -> Result<(), String> {
 
 /// Crates whose whole normal dependency tree (direct and indirect, as `cargo tree` resolves it)
 /// must not reach these packages: the pure core never reaches native code, archives, crypto or
-/// the command line, and the embeddable library never reaches the command line's crates nor
-/// the publisher's conformance check (its tests use the check, as a dev-dependency).
+/// the command line, and the embeddable library never reaches the command line's crates, the
+/// publisher's conformance check nor the test fixtures (its tests use both, as dev-dependencies).
 const TRANSITIVE_FORBIDDEN: &[(&str, &[&str])] = &[
     (
         "guild-domain",
@@ -502,6 +518,7 @@ const TRANSITIVE_FORBIDDEN: &[(&str, &[&str])] = &[
         "guild-host",
         &[
             "guild-conformance",
+            "guild-test-support",
             "clap",
             "clap_complete",
             "anyhow",
@@ -806,6 +823,42 @@ mod tests {
         assert_eq!(
             rules(krate("guild-example-runner", &[(Normal, "guild-host")])),
             ["nothing inside the hexagon depends on the composition root"]
+        );
+    }
+
+    #[test]
+    fn the_test_fixtures_are_a_dev_dependency_only_and_may_stand_on_the_composition() {
+        use DepKind::*;
+        let rule = "the test fixtures are a dev-dependency only";
+        for (package, kind) in [
+            ("guild-host", Normal),
+            ("guild-cli", Normal),
+            ("guild-domain", Build),
+            ("guild-conformance", Normal),
+        ] {
+            assert!(
+                rules(krate(package, &[(kind, "guild-test-support")])).contains(&rule),
+                "{package} -> guild-test-support ({kind:?}) must be refused"
+            );
+        }
+        // As a dev-dependency it is no edge the rules mind.
+        assert!(rules(krate("guild-host", &[(Dev, "guild-test-support")])).is_empty());
+        assert!(rules(krate("guild-cli", &[(Dev, "guild-test-support")])).is_empty());
+        // The fixtures stand where the composition stands.
+        assert!(rules(krate(
+            "guild-test-support",
+            &[
+                (Normal, "guild-host"),
+                (Normal, "guild-adapters-fs"),
+                (Normal, "guild-adapters-crypto"),
+                (Normal, "guild-domain"),
+            ]
+        ))
+        .is_empty());
+        // But they get no exception from the other rules: the outside world stays in its adapter.
+        assert_eq!(
+            rules(krate("guild-test-support", &[(Normal, "libloading")])),
+            ["this crate reaches the outside world and belongs to one adapter"]
         );
     }
 

@@ -23,8 +23,6 @@
 
 #[path = "common/mod.rs"]
 mod common;
-#[path = "../tests/it/support.rs"]
-mod support;
 
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
@@ -36,8 +34,8 @@ use guild_domain::operation::{Backend, DType, MemorySpace, SyncMode, TensorDesc}
 use guild_host::operations::{DeviceSupport, DeviceTensor};
 use guild_host::{Host, InstallOptions, OpHandle, OperationRequest, OperationService};
 use guild_ports::device::StreamRef;
-
-use support::{key, open_dir, trust, Spec, Workshop, PUBLISHER};
+use guild_test_support::plugins::plugin_library;
+use guild_test_support::{key, open_dir, trust, Spec, Workshop, PUBLISHER};
 
 /// Calls enqueued back to back before the stream is synchronised: far below the driver's
 /// queue depth, so that no launch waits for a free slot.
@@ -99,8 +97,7 @@ fn host(shop: &Workshop) -> Host {
     let (pm, _) = open_dir(&shop.fresh("store")).expect("open");
     trust(&pm, PUBLISHER, &k);
     let host = Host::with_devices(pm, Box::new(DlopenLoader::new()), devices);
-    let mut spec =
-        Spec::module("example.cuda_scan", "1.0.0").library(&common::plugin_library("cuda_scan"));
+    let mut spec = Spec::module("example.cuda_scan", "1.0.0").library(&plugin_library("cuda_scan"));
     spec.backends = vec!["cuda".into()];
     spec.provided_ops = vec![
         "example.cuda_scan.inclusive.cuda".into(),

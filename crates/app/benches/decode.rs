@@ -20,8 +20,6 @@ mod common;
 #[path = "../../../examples/llama-decode/src/lib.rs"]
 #[allow(dead_code)]
 mod decode;
-#[path = "../tests/it/support.rs"]
-mod support;
 
 use std::cell::Cell;
 use std::ffi::{c_void, CString};
@@ -42,10 +40,11 @@ use guild_adapters_posix::DlopenLoader;
 use guild_domain::operation::{DType, MemorySpace, TensorDesc};
 use guild_host::ports::model::ModelFile;
 use guild_host::{Host, InstallOptions, OperationService};
+use guild_test_support::plugins::plugin_library;
+use guild_test_support::{key, open_dir, trust, Spec, Workshop, PUBLISHER};
 
-use common::{median, message, plugin_library, recorded, show, Samples};
+use common::{median, message, recorded, show, Samples};
 use decode::{generate, Config, DecodeError, Decoder, In, Ops, Out, Reference, Service, Weights};
-use support::{key, open_dir, trust, Spec, Workshop, PUBLISHER};
 
 fn fixture(shop: &Workshop) -> Host {
     let k = key();

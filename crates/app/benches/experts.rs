@@ -18,8 +18,6 @@
 
 #[path = "common/mod.rs"]
 mod common;
-#[path = "../tests/it/support.rs"]
-mod support;
 
 use std::time::{Duration, Instant};
 
@@ -31,9 +29,10 @@ use guild_host::experts::{
     AlignedBuffer, BoundExpertTable, DownCall, ExpertPool, ExpertTask, PoolError,
 };
 use guild_host::{Host, InstallOptions};
+use guild_test_support::plugins::plugin_library;
+use guild_test_support::{key, open_dir, trust, Spec, Workshop, PUBLISHER};
 
-use common::{median, plugin_library, recorded, show, Samples};
-use support::{key, open_dir, trust, Spec, Workshop, PUBLISHER};
+use common::{median, recorded, show, Samples};
 
 const HIDDEN: usize = 8;
 const INTER: usize = 4;

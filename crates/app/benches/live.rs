@@ -32,8 +32,6 @@
 
 #[path = "common/mod.rs"]
 mod common;
-#[path = "../tests/it/support.rs"]
-mod support;
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
@@ -45,8 +43,8 @@ use guild_adapters_crypto::SigningKey;
 use guild_domain::json::{self, Value};
 use guild_host::packaging::pack;
 use guild_host::InstallOptions;
-
-use support::{key, open_dir, platform, trust, Workshop, PUBLISHER};
+use guild_test_support::plugins::plugin_library;
+use guild_test_support::{key, open_dir, platform, trust, Workshop, PUBLISHER};
 
 const OP: &str = "example.sequence.inclusive_scan";
 
@@ -63,8 +61,8 @@ fn workspace() -> PathBuf {
 /// measurement (`full`), the dev build when the benchmark only runs once as a test.
 fn binaries(full: bool) -> (PathBuf, PathBuf) {
     (
-        support::cargo_binary_with("guild-cli", "guild", full),
-        support::cargo_binary_with("guild-example-runner", "guild-example-runner", full),
+        guild_test_support::cargo_binary_with("guild-cli", "guild", full),
+        guild_test_support::cargo_binary_with("guild-example-runner", "guild-example-runner", full),
     )
 }
 
@@ -74,7 +72,7 @@ fn scan(shop: &Workshop, key: &SigningKey, version: &str) -> PathBuf {
     std::fs::create_dir_all(base.join("src/lib")).unwrap();
     std::fs::write(
         base.join("src/lib/libscan_module.so"),
-        common::plugin_library("scan_module"),
+        plugin_library("scan_module"),
     )
     .unwrap();
     let text = std::fs::read(workspace().join("examples/modules/scan/manifest.json")).unwrap();

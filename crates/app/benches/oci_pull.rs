@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use guild_test_support::plugins::plugin_library;
+
 fn found(program: &str, arg: &str) -> bool {
     Command::new(program)
         .arg(arg)
@@ -165,11 +167,7 @@ fn main() {
     // A package of about `mib` MiB: the manifest_echo plugin and one large data file.
     let src = work.join("src");
     fs::create_dir_all(&src).unwrap();
-    fs::write(
-        src.join("libplugin.so"),
-        common::plugin_library("manifest_echo"),
-    )
-    .unwrap();
+    fs::write(src.join("libplugin.so"), plugin_library("manifest_echo")).unwrap();
     let mut data = vec![0u8; mib << 20];
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     for chunk in data.chunks_mut(8) {

@@ -30,8 +30,6 @@
 
 #[path = "common/mod.rs"]
 mod common;
-#[path = "../tests/it/support.rs"]
-mod support;
 
 use std::ffi::{c_void, CString};
 use std::ptr;
@@ -51,9 +49,10 @@ use guild_domain::ids::OpName;
 use guild_domain::operation::{DType, MemorySpace, TensorDesc};
 use guild_host::operations::{TensorArg, TensorArgMut};
 use guild_host::{Host, InstallOptions, OperationRequest, OperationService};
+use guild_test_support::plugins::plugin_library;
+use guild_test_support::{key, open_dir, trust, Spec, Workshop, PUBLISHER};
 
-use common::{allocations_per_call, median, message, plugin_library, recorded, show, Samples};
-use support::{key, open_dir, trust, Spec, Workshop, PUBLISHER};
+use common::{allocations_per_call, median, message, recorded, show, Samples};
 
 const OP: &str = "example.bench.tiny";
 const CANDIDATES: usize = 64;

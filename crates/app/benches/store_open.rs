@@ -25,9 +25,6 @@
 //! and runs each measurement once. The other stores live in a temporary directory (set `TMPDIR`
 //! to measure another file system).
 
-#[path = "../tests/it/support.rs"]
-mod support;
-
 use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -43,8 +40,7 @@ use guild_host::{Host, InstallOptions, PackageManager, VerifyOptions};
 use guild_ports::signature::SignatureVerifier;
 use guild_ports::source::PackageSource;
 use guild_ports::store::PackageStore;
-
-use support::{
+use guild_test_support::{
     copy_tree, make_writable, open_host, trust, Built, Scratch, Spec, StoreTime, Workshop,
     PUBLISHER,
 };
@@ -349,7 +345,7 @@ fn main() {
                     .expect("install");
                 total += start.elapsed();
                 drop(host);
-                support::make_writable(&root);
+                guild_test_support::make_writable(&root);
                 let _ = fs::remove_dir_all(&root);
             }
             total

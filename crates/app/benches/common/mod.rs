@@ -1,12 +1,13 @@
 //! What the host's benchmarks share: a global allocator that counts heap allocations, the
-//! per-sample record of criterion's timings with the median the summaries print, the C test
-//! plugins' bytes, and a library stand-in for registries filled by hand. Each benchmark binary includes it with `#[path = "common/mod.rs"] mod common;`.
+//! per-sample record of criterion's timings with the median the summaries print, and a library
+//! stand-in for registries filled by hand (the test plugins and packages are
+//! guild-test-support's, as for the tests). Each benchmark binary includes it with
+//! `#[path = "common/mod.rs"] mod common;`.
 
 #![allow(dead_code)] // Each benchmark uses part of it.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::RefCell;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -101,23 +102,6 @@ pub fn show(ns: Option<f64>) -> String {
         Some(ns) if ns >= 100.0 => format!("{ns:.1} ns"),
         Some(ns) => format!("{ns:.2} ns"),
     }
-}
-
-/// The bytes of a C test plugin (`lib<name>.so`) from `GUILD_TEST_PLUGIN_DIR` or
-/// `target/test-plugins/lib`.
-pub fn plugin_library(name: &str) -> Vec<u8> {
-    let dir = std::env::var_os("GUILD_TEST_PLUGIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/test-plugins/lib")
-        });
-    let path = dir.join(format!("lib{name}.so"));
-    std::fs::read(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e}; build the C test plugins first with `cargo xtask plugins`",
-            path.display()
-        )
-    })
 }
 
 /// A package's library for a registry filled by hand: nothing is loaded, so its providers are

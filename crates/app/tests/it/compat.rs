@@ -13,10 +13,11 @@ use guild_domain::operation::{DType, MemorySpace, TensorDesc};
 use guild_host::operations::{DeviceSupport, ExecuteError, TensorArg, TensorArgMut};
 use guild_host::{Host, InstallOptions, OpName, OperationRequest, OperationService};
 use guild_ports::loader::{LoadError, LoadRequest, LoadedPlugin, PluginLoader};
+use guild_test_support::plugins::plugin_library;
+use guild_test_support::{key, open_dir, trust, ModDep, Spec, Workshop, PUBLISHER};
 
-use crate::cli::{guild, guild_binary};
-use crate::operations::{fixture_with, plugin_library};
-use crate::support::{key, open_dir, trust, ModDep, Spec, Workshop, PUBLISHER};
+use crate::guild;
+use crate::operations::fixture_with;
 
 const SCAN_OP: &str = "example.sequence.inclusive_scan";
 const TOTAL_OP: &str = "example.sequence.scan_then_total";
@@ -127,7 +128,7 @@ fn a_frozen_build_runs_beside_todays_builds() {
 #[test]
 fn frozen_builds_pass_the_conformance_check() {
     let shop = Workshop::new();
-    let mut options = Options::new(guild_binary().to_path_buf());
+    let mut options = Options::new(guild().path().to_path_buf());
     options.call_timeout = std::time::Duration::from_secs(2);
     for spec in [scan("compat_scan"), dependent("compat_dependent")] {
         let built = shop.build_with(&spec, None);
@@ -190,7 +191,7 @@ fn todays_builds_on_a_host_without_the_operation_service_degrade_as_the_size_rul
 #[test]
 fn extension_tables_from_other_headers_are_negotiated_by_the_size_tag_and_version_rules() {
     let shop = Workshop::new();
-    let mut options = Options::new(guild_binary().to_path_buf());
+    let mut options = Options::new(guild().path().to_path_buf());
     options.call_timeout = std::time::Duration::from_secs(2);
     for (ext, case, check, verdict, says) in [
         ("gop1", "newer", "extensions", Verdict::Passed, ""),
@@ -270,7 +271,7 @@ fn a_payload_signed_before_the_optional_fields_existed_still_verifies_byte_for_b
     let store = shop.fresh("store");
     let s = store.to_str().unwrap();
     let key = dir.join("org.example.pub");
-    let run = guild(
+    let run = guild().run(
         shop.path(),
         &[
             "--store",
@@ -282,7 +283,7 @@ fn a_payload_signed_before_the_optional_fields_existed_still_verifies_byte_for_b
         ],
     );
     assert_eq!(run.code, 0, "{}", run.stderr);
-    let run = guild(
+    let run = guild().run(
         shop.path(),
         &["--store", s, "--json", "verify", archive.to_str().unwrap()],
     );

@@ -28,9 +28,9 @@ use guild_host::{
     DType, Host, HostError, InstallOptions, MemorySpace, OpHandle, OperationRequest,
     OperationService, RefreshReport, TensorArg, TensorArgMut, TensorDesc,
 };
+use guild_test_support::{id, key, open_dir, trust, Workshop, PUBLISHER};
 
 use crate::examples::{pack_example_at, SCAN};
-use crate::support::{id, key, open_dir, trust, Workshop, PUBLISHER};
 
 const STORE_ENV: &str = "GUILD_IT_CONVERGE_STORE";
 const FAULTS_ENV: &str = "GUILD_IT_CONVERGE_FAULTS";

@@ -17,8 +17,7 @@ use guild_adapters_crypto::SigningKey;
 use guild_adapters_fs::store::{Fault, FaultMode};
 use guild_host::{HostError, InstallOptions};
 use guild_ports::store::StoreErrorKind;
-
-use super::support::{
+use guild_test_support::{
     assert_no_leftovers, copy_tree, id, key, observe, open_dir, open_host, publisher, trust, Built,
     Host, Observed, Scratch, Spec, Workshop, PUBLISHER,
 };
@@ -48,7 +47,7 @@ impl Fixture {
         let side_core = shop.build(&Spec::module("example.core", "1.0.0"), &side);
         let app = shop.build(
             &Spec::module("example.app", "1.0.0")
-                .module_dep(super::support::ModDep::on("example.core", "1.0.0")),
+                .module_dep(guild_test_support::ModDep::on("example.core", "1.0.0")),
             &key,
         );
         Fixture {
@@ -141,7 +140,7 @@ fn operations() -> Vec<Operation> {
                 fx.install(h, &fx.core2);
             },
             run: |h, _| {
-                h.pm.remove(&id("example.core"), Some(&super::support::v("1.0.0")))
+                h.pm.remove(&id("example.core"), Some(&guild_test_support::v("1.0.0")))
                     .map(drop)
             },
             settles: Settles::BeforeOrAfter,

@@ -10,10 +10,10 @@ use std::path::Path;
 use guild_host::crash_quarantine::{CrashLedger, LOADING_DIR};
 use guild_host::domain::ids::Sha256Digest;
 use guild_host::InstallOptions;
+use guild_test_support::plugins::{plugin_library, scan_spec};
+use guild_test_support::{key, open_dir, trust, Spec, Workshop, PUBLISHER};
 
-use crate::cli::{guild, guild_command};
-use crate::operations::{plugin_library, scan_spec};
-use crate::support::{key, open_dir, trust, Spec, Workshop, PUBLISHER};
+use crate::guild;
 
 const CRASHY: &str = "example.crashy";
 
@@ -38,23 +38,24 @@ fn install(root: &Path, shop: &Workshop, specs: &[Spec]) {
 /// Runs a runner process: resolve the scan, which loads every enabled package first.
 fn runner(root: &Path) -> (std::process::ExitStatus, u32, String, String) {
     let store = root.to_str().unwrap();
-    let child = guild_command(
-        root.parent().unwrap(),
-        &[
-            "--store",
-            store,
-            "resolve",
-            "example.sequence.inclusive_scan",
-            "--input",
-            "f32:4",
-            "--output",
-            "f32:4",
-        ],
-    )
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .unwrap();
+    let child = guild()
+        .command(
+            root.parent().unwrap(),
+            &[
+                "--store",
+                store,
+                "resolve",
+                "example.sequence.inclusive_scan",
+                "--input",
+                "f32:4",
+                "--output",
+                "f32:4",
+            ],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     let pid = child.id();
     let out = child.wait_with_output().unwrap();
     (
@@ -110,7 +111,7 @@ fn a_crash_in_init_quarantines_that_build_and_the_next_runner_serves_the_rest() 
     assert_eq!(q[0]["package_id"], CRASHY);
     assert_eq!(q[0]["pid"], pid);
     assert!(q[0]["started"].as_str().unwrap().ends_with('Z'), "{q}");
-    let status_run = guild(dir, &["--store", s, "status", CRASHY]);
+    let status_run = guild().run(dir, &["--store", s, "status", CRASHY]);
     assert!(
         status_run
             .stderr
@@ -118,7 +119,7 @@ fn a_crash_in_init_quarantines_that_build_and_the_next_runner_serves_the_rest() 
         "{}",
         status_run.stderr
     );
-    let doctor = guild(dir, &["--store", s, "--json", "doctor"]);
+    let doctor = guild().run(dir, &["--store", s, "--json", "doctor"]);
     let check = doctor.json()["checks"]
         .as_array()
         .unwrap()
@@ -130,7 +131,7 @@ fn a_crash_in_init_quarantines_that_build_and_the_next_runner_serves_the_rest() 
 
     // Clearing it lets the same build load again, and it crashes again: the quarantine was what
     // kept the second runner alive.
-    let clear = guild(dir, &["--store", s, "quarantine", "clear", CRASHY]);
+    let clear = guild().run(dir, &["--store", s, "quarantine", "clear", CRASHY]);
     assert_eq!(clear.code, 0, "{}", clear.stderr);
     let (status, again, _, _) = runner(&root);
     assert_eq!(status.signal(), Some(11));
@@ -146,13 +147,13 @@ fn a_crash_in_init_quarantines_that_build_and_the_next_runner_serves_the_rest() 
     assert!(status.success(), "{stdout}\n{stderr}");
     assert!(!stderr.contains("quarantined"), "{stderr}");
     assert_eq!(listed_crash_quarantine(dir, s), serde_json::json!([]));
-    let nothing = guild(dir, &["--store", s, "quarantine", "clear", CRASHY]);
+    let nothing = guild().run(dir, &["--store", s, "quarantine", "clear", CRASHY]);
     assert_eq!(nothing.code, 6, "{}", nothing.stderr);
 }
 
 /// The `crash_quarantine` entries of `guild --json list` on the store `store`, run in `dir`.
 fn listed_crash_quarantine(dir: &Path, store: &str) -> serde_json::Value {
-    let list = guild(dir, &["--store", store, "--json", "list"]);
+    let list = guild().run(dir, &["--store", store, "--json", "list"]);
     assert_eq!(list.code, 0, "{}", list.stderr);
     list.json()["crash_quarantine"].clone()
 }
@@ -262,7 +263,7 @@ fn a_torn_quarantine_entry_keeps_its_build_refused_until_cleared() {
     assert_eq!(q.as_array().unwrap().len(), 1, "{q}");
     assert_eq!(q[0]["payload_sha256"], digest.to_hex(), "{q}");
 
-    let clear = guild(dir, &["--store", s, "quarantine", "clear", CRASHY]);
+    let clear = guild().run(dir, &["--store", s, "quarantine", "clear", CRASHY]);
     assert_eq!(clear.code, 0, "{}", clear.stderr);
     assert!(!entry.exists());
     let (status, _, stdout, stderr) = runner(&root);

@@ -25,9 +25,10 @@ use guild_host::cuda_tables::{
 use guild_host::models::PluginReason;
 use guild_host::operations::DeviceSupport;
 use guild_host::StreamRef;
+use guild_test_support::plugins::plugin_library;
+use guild_test_support::Spec;
 
-use crate::operations::{fixture_with, plugin_library};
-use crate::support::Spec;
+use crate::operations::fixture_with;
 
 pub(crate) const DENSE_PACKAGE: &str = "example.cuda_dense";
 pub(crate) const DENSE_IMPL: &str = "example.cuda_dense.cuda";
@@ -330,7 +331,7 @@ fn project_refuses_arguments_that_do_not_fit_before_calling_the_provider() {
     );
     assert_eq!(
         f.host
-            .active_package_leases(&crate::support::id(DENSE_PACKAGE)),
+            .active_package_leases(&guild_test_support::id(DENSE_PACKAGE)),
         1
     );
 }

@@ -25,11 +25,12 @@ use guild_host::operations::DeviceSupport;
 use guild_host::registry::{KernelRegistry, OwnedRegistry, RegistryChangeError};
 use guild_host::{Host, HostError, InstallOptions, OperationService};
 use guild_ports::loader::{LoadError, LoadRequest, LoadedPlugin, PluginLoader};
+use guild_test_support::plugins::{alt_spec, scan_spec};
+use guild_test_support::{id, key, open_dir, trust, Workshop, PUBLISHER};
 
 use crate::c_face::{tensor, Query, Service};
-use crate::operations::{alt_spec, desc, fixture_with, op, scan_spec, Fixture, INCLUSIVE_OP};
+use crate::operations::{desc, fixture_with, op, Fixture, INCLUSIVE_OP};
 use crate::registry::{plugin, publish, scan};
-use crate::support::{id, key, open_dir, trust, Workshop, PUBLISHER};
 
 const INCLUSIVE: &str = "example.scan.inclusive.cpu";
 const SCAN: &str = "example.scan";

@@ -15,9 +15,10 @@ use guild_domain::operation::{DType, ProviderRefusal, Rejection};
 use guild_host::operations::{TensorArg, TensorArgMut};
 use guild_host::packaging::pack;
 use guild_host::{Host, InstallOptions, OperationRequest, OperationService};
+use guild_test_support::plugins::plugin_library;
+use guild_test_support::{id, key, open_dir, platform, trust, Workshop, PUBLISHER};
 
-use crate::operations::{desc, op, plugin_library, reference, EXCLUSIVE_OP, INCLUSIVE_OP};
-use crate::support::{id, key, open_dir, platform, trust, Workshop, PUBLISHER};
+use crate::operations::{desc, op, reference, EXCLUSIVE_OP, INCLUSIVE_OP};
 
 const PIPELINE_OP: &str = "example.runner.demo_pipeline";
 const PIPELINE: &str = "example.c_runner.pipeline.cpu";
@@ -199,7 +200,7 @@ fn c_runner_contract_admits_i64_only_and_outputs_of_the_input_shape() {
 pub(crate) fn runner_binary() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        crate::support::cargo_binary("guild-example-runner", "guild-example-runner")
+        guild_test_support::cargo_binary("guild-example-runner", "guild-example-runner")
     })
 }
 

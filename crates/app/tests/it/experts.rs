@@ -22,9 +22,10 @@ use guild_host::experts::{
 use guild_host::models::PluginReason;
 use guild_host::operations::DeviceSupport;
 use guild_host::HostError;
+use guild_test_support::plugins::{plugin_library, scan_spec};
+use guild_test_support::Spec;
 
-use crate::operations::{fixture_with, plugin_library, scan_spec, Fixture};
-use crate::support::Spec;
+use crate::operations::{fixture_with, Fixture};
 
 const V2_OPS: [&str; 6] = [
     "describe_format",

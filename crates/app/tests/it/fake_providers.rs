@@ -26,9 +26,9 @@ use guild_ports::fakes::{
 };
 use guild_ports::loader::{LoadError, LoadRequest, LoadedPlugin, PluginLoader};
 use guild_ports::provider::ExecuteCall;
+use guild_test_support::{id, key, open_dir, trust, Spec, Workshop, PUBLISHER};
 
 use crate::c_face::{args, tensor, with_data, Query, Service};
-use crate::support::{id, key, open_dir, trust, Spec, Workshop, PUBLISHER};
 
 pub(crate) const OP: &str = "ex.fake.double";
 const FAST: &str = "ex.fake.op.cpu";

@@ -25,15 +25,15 @@ use guild_host::registry::KernelRegistry;
 use guild_host::{HostError, InstallOptions, OperationRequest, OperationService};
 use guild_ports::device::StreamRef;
 use guild_ports::fakes::{FakeStreams, StreamEvent};
+use guild_test_support::plugins::{alt_spec, plugin_library, scan_spec};
+use guild_test_support::{id, ModDep, Spec};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
 use crate::c_face::{args, release_raw, tensor, with_data, CError, Query, Service};
 use crate::operations::{
-    alt_spec, desc, fixture_with, op, plugin_library, reference, row_offsets, scan_spec, Fixture,
-    EXCLUSIVE_OP, INCLUSIVE_OP,
+    desc, fixture_with, op, reference, row_offsets, Fixture, EXCLUSIVE_OP, INCLUSIVE_OP,
 };
-use crate::support::{id, ModDep, Spec};
 
 const INCLUSIVE: &str = "example.scan.inclusive.cpu";
 const EXCLUSIVE: &str = "example.scan.exclusive.cpu";

@@ -36,10 +36,11 @@ use guild_domain::operation::{
 };
 use guild_host::operations::{DeviceSupport, ResolveError};
 use guild_host::{OperationRequest, OperationService};
+use guild_test_support::plugins::plugin_library;
+use guild_test_support::Spec;
 
 use crate::c_face::{args, tensor, Query, Service};
-use crate::operations::{fixture_with, op, plugin_library, EXCLUSIVE_OP, INCLUSIVE_OP};
-use crate::support::Spec;
+use crate::operations::{fixture_with, op, EXCLUSIVE_OP, INCLUSIVE_OP};
 
 const PACKAGE: &str = "example.cuda_scan";
 const CUDA_INCLUSIVE: &str = "example.cuda_scan.inclusive.cuda";
@@ -258,7 +259,7 @@ mod device {
     use guild_ports::device::StreamRef;
 
     use crate::operations::Fixture;
-    use crate::support::id;
+    use guild_test_support::id;
 
     /// A host over the cuda_scan package that resolves against what `detect` found.
     fn fixture(gpu: &Gpu, specs: &[Spec]) -> Fixture {

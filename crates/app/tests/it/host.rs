@@ -10,8 +10,8 @@ use guild_domain::lease::{Leased, QuiescentAction};
 use guild_host::{DeviceSupport, Host, HostError, InstallOptions, OpenedHost};
 use guild_ports::fakes::{fake_kernel, FakeLoader, FakePlugin};
 use guild_ports::loader::{LoadError, LoadErrorKind, LoadRequest, LoadedPlugin, PluginLoader};
-
-use crate::support::{id, key, open_dir, trust, ModDep, Spec, Workshop, PUBLISHER};
+use guild_test_support::plugins::plugin_library;
+use guild_test_support::{id, key, open_dir, trust, ModDep, Spec, Workshop, PUBLISHER};
 
 /// Shares one fake loader between the host and the test that watches it.
 pub(crate) struct Shared(pub(crate) Arc<FakeLoader>);
@@ -109,21 +109,6 @@ fn a_failed_dependency_stops_its_dependents_before_they_are_opened() {
         .is_none());
 }
 
-fn good_kernel_library() -> Vec<u8> {
-    let dir = std::env::var_os("GUILD_TEST_PLUGIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/test-plugins/lib")
-        });
-    let path = dir.join("libgood_kernel.so");
-    std::fs::read(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e}; build the C test plugins first with `cargo xtask plugins`",
-            path.display()
-        )
-    })
-}
-
 fn good_kernel(version: &str, library: &[u8]) -> Spec {
     let mut spec = Spec::kernel("test.good", version)
         .library(library)
@@ -137,7 +122,7 @@ fn good_kernel(version: &str, library: &[u8]) -> Spec {
 
 #[test]
 fn the_builder_wires_the_plugin_log_and_the_devices_and_reports_what_opening_did() {
-    let library = good_kernel_library();
+    let library = plugin_library("good_kernel");
     let shop = Workshop::new();
     let k = key();
     let store = shop.fresh("store");
@@ -194,7 +179,7 @@ fn the_builder_wires_the_plugin_log_and_the_devices_and_reports_what_opening_did
 
 #[test]
 fn a_binding_holds_a_real_library_through_rollback_remove_replacement_and_disable() {
-    let library = good_kernel_library();
+    let library = plugin_library("good_kernel");
     let shop = Workshop::new();
     let k = key();
     let store = shop.fresh("store");
@@ -306,7 +291,7 @@ fn a_binding_holds_a_real_library_through_rollback_remove_replacement_and_disabl
 
 #[test]
 fn a_plugin_whose_registrations_differ_from_its_manifest_is_not_installed() {
-    let library = good_kernel_library();
+    let library = plugin_library("good_kernel");
     let shop = Workshop::new();
     let k = key();
     let store = shop.fresh("store");
@@ -413,7 +398,7 @@ fn rollback_and_enable_recheck_the_installed_files_before_loading() {
     // Damage the superseded version's library on disk.
     let plan_dir = store.join("packages/ex.files/1.0.0");
     let entry = v1.metadata.manifest().entry.as_str().to_owned();
-    crate::support::make_writable(&plan_dir);
+    guild_test_support::make_writable(&plan_dir);
     std::fs::write(plan_dir.join(&entry), b"tampered").unwrap();
     let err = pm.rollback(&id("ex.files")).unwrap_err();
     assert!(matches!(err, HostError::Source(_)), "{err}");
@@ -453,12 +438,12 @@ fn a_host_under_a_lock_loads_only_what_the_lock_admits() {
             FakePlugin::new().with_kernel(fake_kernel(impl_id, 1, cpu)),
         );
     }
-    let entry = |b: &crate::support::Built, digest| LockedPackage {
+    let entry = |b: &guild_test_support::Built, digest| LockedPackage {
         id: b.id(),
         version: b.version(),
         kind: guild_domain::ids::PackageKind::Module,
         payload_sha256: digest,
-        publisher: crate::support::publisher(PUBLISHER),
+        publisher: guild_test_support::publisher(PUBLISHER),
         key_id: k.key_id(),
         source: None,
     };
@@ -505,7 +490,7 @@ fn every_lifecycle_change_through_a_host_returns() {
     use std::sync::mpsc;
     use std::time::Duration;
 
-    let library = good_kernel_library();
+    let library = plugin_library("good_kernel");
     let shop = Workshop::new();
     let k = key();
     let store = shop.fresh("store");

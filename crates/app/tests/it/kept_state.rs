@@ -4,8 +4,9 @@
 //! let a change through that the store no longer allows.
 
 use guild_host::{HostError, InstallOptions, PackageManager};
-
-use crate::support::{id, key, open_dir, retry_locked, trust, ModDep, Spec, Workshop, PUBLISHER};
+use guild_test_support::{
+    id, key, open_dir, retry_locked, trust, ModDep, Spec, Workshop, PUBLISHER,
+};
 
 fn reader(root: &std::path::Path) -> PackageManager {
     retry_locked(|| PackageManager::open_dir_reader(root))

@@ -24,8 +24,9 @@ use guild_domain::version::Version;
 use guild_host::packaging::pack;
 use guild_host::PackageManager;
 use guild_ports::source::PackageSource;
+use guild_test_support::guild::{library, template_json, Bench};
 
-use crate::cli::{guild, guild_command, template_json, Bench};
+use crate::guild;
 
 /// SIGKILL's number on every Unix this project builds for.
 pub(crate) const SIGKILL: i32 = 9;
@@ -107,7 +108,7 @@ fn kill_install_at_random_moments_and_check_the_store() {
     eprintln!("kill test: seed {seed} (GUILD_KILL_SEED={seed} replays it), {min_kills} kills");
     let mut rng = XorShift::new(seed);
 
-    let bench = Bench::new();
+    let bench = Bench::new(guild());
     bench.trust();
     let store = bench.store();
     let layout = StoreLayout::new(&store);
@@ -119,7 +120,7 @@ fn kill_install_at_random_moments_and_check_the_store() {
     let mut windows = Vec::new();
     for t in &targets {
         let begin = Instant::now();
-        let run = guild(
+        let run = guild().run(
             bench.path(),
             &[
                 "--store",
@@ -163,7 +164,8 @@ fn kill_install_at_random_moments_and_check_the_store() {
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let delay = Duration::from_nanos(rng.below(window.as_nanos() as u64));
-        let mut child = guild_command(bench.path(), &args)
+        let mut child = guild()
+            .command(bench.path(), &args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -178,7 +180,7 @@ fn kill_install_at_random_moments_and_check_the_store() {
         let journal_left = entries(&layout.journal);
         let staging_left = entries(&layout.staging);
 
-        let list = guild(
+        let list = guild().run(
             bench.path(),
             &["--store", store.to_str().unwrap(), "--json", "list"],
         );
@@ -196,7 +198,7 @@ fn kill_install_at_random_moments_and_check_the_store() {
         );
         let listed = list.json();
         // `guild list` only read the last committed generation; the next writer recovers.
-        let recover = guild(
+        let recover = guild().run(
             bench.path(),
             &["--store", store.to_str().unwrap(), "recover"],
         );
@@ -292,7 +294,7 @@ fn make_targets(bench: &Bench, rng: &mut XorShift) -> Vec<Target> {
                 chunk.copy_from_slice(&word[..chunk.len()]);
             }
             // A library that loads (guild install checks it), padded with the random bytes.
-            fs::write(src.join("libplugin.so"), crate::cli::library(&bytes)).unwrap();
+            fs::write(src.join("libplugin.so"), library(&bytes)).unwrap();
             for i in 0..8 {
                 fs::write(
                     src.join("data").join(format!("table{i}.bin")),
@@ -398,7 +400,7 @@ pub(crate) fn check_store(store: &Path, layout: &StoreLayout, context: &str) -> 
     // recovery is complete the first time and idempotent. (Opened through the support helper, which
     // waits out a lock that a process forked by another test holds for a moment, since a caller
     // may have closed its own handle on this store just before.)
-    let (pm, report) = crate::support::open_dir(store)
+    let (pm, report) = guild_test_support::open_dir(store)
         .unwrap_or_else(|e| panic!("{context}: reopening the store failed: {e}"));
     assert!(
         report.recovery.is_clean(),

@@ -22,13 +22,14 @@ use guild_domain::store_state::StoreState;
 use guild_domain::version::Version;
 use guild_host::operations::{TensorArg, TensorArgMut};
 use guild_host::{Host, InstallOptions, OperationRequest, OperationService};
+use guild_test_support::plugins::scan_spec;
+use guild_test_support::{key, open_dir, retry_locked, trust, Workshop, PUBLISHER};
 
-use crate::cli::guild_command;
+use crate::guild;
 use crate::kill::{
     check_store, entries, env_u64, expected_after, read_registry, Target, XorShift, SIGKILL,
 };
-use crate::operations::{desc, op, scan_spec, EXCLUSIVE_OP, INCLUSIVE_OP};
-use crate::support::{key, open_dir, retry_locked, trust, Workshop, PUBLISHER};
+use crate::operations::{desc, op, EXCLUSIVE_OP, INCLUSIVE_OP};
 
 /// How the rounds ended, judged from the store after each kill.
 #[derive(Debug, Default)]
@@ -100,7 +101,7 @@ fn kill_module_install_then_recover_and_resolve_the_scans() {
         let args = install_args(t);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let begin = Instant::now();
-        let out = guild_command(shop.path(), &args).output().unwrap();
+        let out = guild().command(shop.path(), &args).output().unwrap();
         assert!(out.status.success(), "{out:?}");
         windows.push(begin.elapsed().mul_f64(1.25));
     }
@@ -119,7 +120,8 @@ fn kill_module_install_then_recover_and_resolve_the_scans() {
         let args = install_args(t);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let delay = Duration::from_nanos(rng.below(window.as_nanos() as u64));
-        let mut child = guild_command(shop.path(), &args)
+        let mut child = guild()
+            .command(shop.path(), &args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -204,7 +206,7 @@ fn kill_module_install_then_recover_and_resolve_the_scans() {
         // and opened again after that, there is nothing left to do and the disk matches the
         // registry.
         drop(
-            crate::support::open_dir(&store)
+            guild_test_support::open_dir(&store)
                 .unwrap_or_else(|e| panic!("{context}: recovering failed: {e}")),
         );
         check_store(&store, &layout, &context);

@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 use guild_adapters_crypto::SigningKey;
 use guild_domain::ids::Sha256Digest;
 use guild_host::InstallOptions;
+use guild_test_support::guild::Run;
+use guild_test_support::{key, open_dir, trust, Workshop, PUBLISHER};
 
-use crate::cli::{guild, Run};
 use crate::examples::{pack_example_at, runner_binary, DEPENDENT, SCAN};
-use crate::support::{key, open_dir, trust, Workshop, PUBLISHER};
+use crate::guild;
 
 const OP: &str = "example.sequence.inclusive_scan";
 const IMPL: &str = "example.scan.inclusive.cpu";
@@ -156,7 +157,7 @@ fn store_with_scan(shop: &Workshop, with_dependent: bool) -> (PathBuf, SigningKe
 fn cli(shop: &Workshop, store: &Path, args: &[&str]) -> Run {
     let mut all = vec!["--store", store.to_str().unwrap()];
     all.extend_from_slice(args);
-    let run = guild(shop.path(), &all);
+    let run = guild().run(shop.path(), &all);
     assert!(
         !run.stderr.contains("locked"),
         "guild {args:?} met a lock: {}",
@@ -353,7 +354,8 @@ fn live_writers_killed_at_random_points_leave_readers_a_complete_generation() {
         };
         let mut args = vec!["--store", &store_arg];
         args.extend(&change);
-        let mut writer = crate::cli::guild_command(shop.path(), &args)
+        let mut writer = guild()
+            .command(shop.path(), &args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -15,9 +15,12 @@ use std::process::Command;
 use guild_domain::operation::{DType, MemorySpace, TensorDesc};
 use guild_host::operations::{DeviceSupport, ExecuteError, TensorArg, TensorArgMut};
 use guild_host::{InstallOptions, OperationRequest, OperationService};
+use guild_test_support::guild::Run;
+use guild_test_support::plugins::plugin_library;
+use guild_test_support::{key, open_dir, trust, Spec, Workshop, PUBLISHER};
 
-use crate::operations::{fixture_with, op, plugin_library, Fixture};
-use crate::support::{key, open_dir, trust, Spec, Workshop, PUBLISHER};
+use crate::guild;
+use crate::operations::{fixture_with, op, Fixture};
 
 #[path = "../../../../examples/llama-decode/src/lib.rs"]
 #[allow(dead_code)]
@@ -143,7 +146,7 @@ fn tiny_llama_decodes_through_the_service_as_the_numpy_reference_does() {
     assert_eq!(
         f.host
             .kernels()
-            .live_bindings(&crate::support::id("example.llama_ops")),
+            .live_bindings(&guild_test_support::id("example.llama_ops")),
         13
     );
 
@@ -176,7 +179,7 @@ fn tiny_llama_decodes_through_the_service_as_the_numpy_reference_does() {
     assert_eq!(
         f.host
             .kernels()
-            .live_bindings(&crate::support::id("example.llama_ops")),
+            .live_bindings(&guild_test_support::id("example.llama_ops")),
         0
     );
 }
@@ -305,7 +308,9 @@ fn the_module_refuses_the_shapes_and_records_it_does_not_compute() {
 /// The runner binary, built with cargo once per test run.
 fn decode_binary() -> &'static Path {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT.get_or_init(|| crate::support::cargo_binary("guild-llama-decode", "guild-llama-decode"))
+    BUILT.get_or_init(|| {
+        guild_test_support::cargo_binary("guild-llama-decode", "guild-llama-decode")
+    })
 }
 
 #[test]
@@ -519,10 +524,10 @@ fn on_version(version: &str, current: usize) -> String {
 }
 
 /// `guild --store STORE ARGS...`, run as an operator would from another shell.
-fn operator(shop: &Workshop, store: &Path, args: &[&str]) -> crate::cli::Run {
+fn operator(shop: &Workshop, store: &Path, args: &[&str]) -> Run {
     let mut all = vec!["--store", store.to_str().unwrap()];
     all.extend_from_slice(args);
-    crate::cli::guild(shop.path(), &all)
+    guild().run(shop.path(), &all)
 }
 
 /// `guild remove ID --version V` while the runner has that version loaded: refused, naming

@@ -1,5 +1,8 @@
-//! `guild sync LOCK --from DIR` without a registry: a sync that fails part way leaves the store
-//! as it was, whatever step failed, and what it installs is the build it verified.
+//! The all-or-nothing sync of a store to a lock file (`guild_host::lock_sync`, what `guild sync
+//! LOCK --from DIR` runs) without a registry: a sync that fails part way leaves the store as it
+//! was, whatever step failed, and what it installs is the build it verified. Failures are
+//! injected through the lifecycle hook; the `guild sync` command itself is tested with guild-cli
+//! (crates/cli/tests/it/sync.rs).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -8,108 +11,10 @@ use std::path::Path;
 use guild_host::lock_sync::{self, StagedPackage, SyncError, SyncStaging, SyncStep};
 use guild_host::package_manager::{Change, LifecycleHook};
 use guild_host::{HostError, LockFile, PackageManager};
+use guild_test_support::guild::Bench;
+use guild_test_support::store_files;
 
-use crate::cli::{guild, Bench, Run};
-
-/// Runs `guild --store STORE ARGS` in the bench.
-fn run(bench: &Bench, store: &Path, args: &[&str]) -> Run {
-    let mut all = vec!["--store", store.to_str().unwrap()];
-    all.extend_from_slice(args);
-    guild(bench.path(), &all)
-}
-
-#[track_caller]
-fn ok(r: Run) -> Run {
-    assert_eq!(r.code, 0, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
-    r
-}
-
-/// A store that trusts the bench's key.
-fn trusting_store(bench: &Bench, name: &str) -> std::path::PathBuf {
-    let store = bench.path().join(name);
-    ok(run(
-        bench,
-        &store,
-        &["trust", "add", "org.example", "k.pub"],
-    ));
-    store
-}
-
-/// `list --json` of a store, leases aside.
-fn listed(bench: &Bench, store: &Path) -> serde_json::Value {
-    let mut out = ok(run(bench, store, &["--json", "list"])).json();
-    for p in out["packages"].as_array_mut().unwrap() {
-        p.as_object_mut().unwrap().remove("leases");
-    }
-    out
-}
-
-/// The store's files but for its history: the registry's log, which records every commit (the
-/// sync's steps and the return to where it started), and the directory of pin files, which
-/// holds none once the sync is over.
-fn files(store: &Path) -> BTreeMap<String, crate::support::Entry> {
-    let mut files = crate::support::disk(store);
-    files.remove("registry.log");
-    files.remove("pins");
-    files
-}
-
-/// A lock of `packages` (archives in the bench, installed into a store of their own), with the
-/// entries of `drop` taken out afterwards.
-fn lock_of(bench: &Bench, packages: &[&str], drop: &[&str]) -> std::path::PathBuf {
-    let origin = trusting_store(bench, "origin");
-    for p in packages {
-        ok(run(bench, &origin, &["install", p]));
-    }
-    let lock = bench.path().join("guild.lock");
-    ok(run(
-        bench,
-        &origin,
-        &["lock", "--out", lock.to_str().unwrap()],
-    ));
-    let mut value: serde_json::Value = serde_json::from_slice(&fs::read(&lock).unwrap()).unwrap();
-    value["packages"]
-        .as_array_mut()
-        .unwrap()
-        .retain(|p| !drop.contains(&p["id"].as_str().unwrap()));
-    fs::write(&lock, serde_json::to_vec_pretty(&value).unwrap()).unwrap();
-    lock
-}
-
-#[test]
-fn sync_that_fails_at_an_install_leaves_the_store_as_it_was() {
-    let bench = Bench::new();
-    let base = bench.package("example.base", "1.0.0", b"base", "");
-    let dep = r#", "dependencies": [{"package_id": "example.base", "min_version": "1.0.0"}]"#;
-    let user = bench.package("example.user", "1.0.0", b"user", dep);
-    let alpha = bench.package("example.alpha", "1.0.0", b"alpha", "");
-    // The lock names alpha and user but not base, which user needs: installing user fails
-    // after alpha could have been installed and the unlocked package disabled.
-    let lock = lock_of(&bench, &[&base, &user, &alpha], &["example.base"]);
-    let fresh = trusting_store(&bench, "fresh");
-    let extra = bench.package("example.extra", "1.0.0", b"extra", "");
-    ok(run(&bench, &fresh, &["install", &extra]));
-    let before = files(&fresh);
-    let listed_before = listed(&bench, &fresh);
-    let r = run(
-        &bench,
-        &fresh,
-        &[
-            "sync",
-            lock.to_str().unwrap(),
-            "--from",
-            bench.path().to_str().unwrap(),
-        ],
-    );
-    assert_eq!(r.code, 4, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
-    assert!(r.stderr.contains("example.user"), "{}", r.stderr);
-    assert_eq!(
-        listed(&bench, &fresh),
-        listed_before,
-        "the registry changed"
-    );
-    assert_eq!(files(&fresh), before, "the store's files changed");
-}
+use crate::guild;
 
 /// A hook that fails the `fail_at`-th change it is asked to prepare (counting from 0), and lets
 /// every other through.
@@ -160,23 +65,23 @@ fn read_lock(path: &Path) -> LockFile {
 
 #[test]
 fn sync_failing_at_each_step_returns_the_store_to_where_it_was() {
-    let bench = Bench::new();
+    let bench = Bench::new(guild());
     let base = bench.package("example.base", "1.0.0", b"base", "");
     let dep = r#", "dependencies": [{"package_id": "example.base", "min_version": "1.0.0"}]"#;
     let user = bench.package("example.user", "1.0.0", b"user", dep);
     let alpha = bench.package("example.alpha", "2.0.0", b"alpha 2", "");
-    let lock = read_lock(&lock_of(&bench, &[&base, &user, &alpha], &[]));
+    let lock = read_lock(&bench.lock_of(&[&base, &user, &alpha], &[]));
     // The store starts with an unlocked package enabled, and an older alpha that the lock's
     // supersedes, itself over an older one (so that there is a rollback target to keep).
-    let fresh = trusting_store(&bench, "fresh");
+    let fresh = bench.trusting_store("fresh");
     let extra = bench.package("example.extra", "1.0.0", b"extra", "");
     let alpha0 = bench.package("example.alpha", "0.9.0", b"alpha 0", "");
     let alpha1 = bench.package("example.alpha", "1.0.0", b"alpha 1", "");
     for p in [&extra, &alpha0, &alpha1] {
-        ok(run(&bench, &fresh, &["install", p]));
+        bench.run_on(&fresh, &["install", p]).expect(0);
     }
-    let before = files(&fresh);
-    let listed_before = listed(&bench, &fresh);
+    let before = store_files(&fresh);
+    let listed_before = bench.listed(&fresh);
     assert_eq!(listed_before["packages"][0]["previous"], "0.9.0");
 
     // Disable extra, install base, user and alpha: four changes; fail each in turn.
@@ -191,12 +96,12 @@ fn sync_failing_at_each_step_returns_the_store_to_where_it_was() {
         match outcome {
             Err(SyncError::Step { .. }) => {
                 assert_eq!(
-                    listed(&bench, &fresh),
+                    bench.listed(&fresh),
                     listed_before,
                     "failing at step {fail_at} changed the registry"
                 );
                 assert_eq!(
-                    files(&fresh),
+                    store_files(&fresh),
                     before,
                     "failing at step {fail_at} changed the files"
                 );
@@ -210,7 +115,7 @@ fn sync_failing_at_each_step_returns_the_store_to_where_it_was() {
         fail_at += 1;
     }
     // Without a failure the store matches the lock.
-    let after = listed(&bench, &fresh);
+    let after = bench.listed(&fresh);
     let enabled: Vec<_> = after["packages"]
         .as_array()
         .unwrap()
@@ -229,18 +134,18 @@ fn sync_failing_at_each_step_returns_the_store_to_where_it_was() {
 
 #[test]
 fn sync_installs_the_build_it_checked_even_if_the_mirror_changes_after() {
-    let bench = Bench::new();
+    let bench = Bench::new(guild());
     let scan = bench.package("example.scan", "1.0.0", b"scan build one", "");
     let mirror = bench.path().join("mirror");
     fs::create_dir(&mirror).unwrap();
     fs::copy(bench.path().join(&scan), mirror.join(&scan)).unwrap();
-    let lock = read_lock(&lock_of(&bench, &[&scan], &[]));
+    let lock = read_lock(&bench.lock_of(&[&scan], &[]));
     let locked = lock.packages().next().unwrap().clone();
     // Another build of the same version, signed with the same trusted key.
     let rebuilt = bench.package("example.scan", "1.0.0", b"scan build two", "");
     assert_eq!(rebuilt, scan);
 
-    let fresh = trusting_store(&bench, "fresh");
+    let fresh = bench.trusting_store("fresh");
     let (pm, _) = PackageManager::open_dir(&fresh).unwrap();
     let staging = SyncStaging::create(&fresh).unwrap();
     let staged = stage_all(&pm, &staging, &lock, &mirror);
@@ -262,54 +167,6 @@ impl LifecycleHook for NoChecks {
     }
     fn committed(&mut self) {}
     fn aborted(&mut self) {}
-}
-
-#[test]
-fn sync_removes_its_staging_area_and_those_of_syncs_that_died() {
-    let bench = Bench::new();
-    let scan = bench.package("example.scan", "1.0.0", b"scan", "");
-    let lock = lock_of(&bench, &[&scan], &[]);
-    let fresh = trusting_store(&bench, "fresh");
-    // What a sync killed while it downloaded leaves: a staging area whose lock nobody holds.
-    let base = fresh.join(lock_sync::STAGING_DIR);
-    fs::create_dir_all(base.join("4242-0")).unwrap();
-    fs::write(base.join("4242-0/example.scan-1.0.0.gkmodule"), b"half").unwrap();
-    fs::write(base.join("4242-0.lock"), b"").unwrap();
-    // A live sync's area stays: its lock is held.
-    let live = base.join("4343-0.lock");
-    fs::write(&live, b"").unwrap();
-    fs::create_dir(base.join("4343-0")).unwrap();
-    let held = fs::File::open(&live).unwrap();
-    held.lock().unwrap();
-    ok(run(
-        &bench,
-        &fresh,
-        &[
-            "sync",
-            lock.to_str().unwrap(),
-            "--from",
-            bench.path().to_str().unwrap(),
-        ],
-    ));
-    let mut left: Vec<String> = fs::read_dir(&base)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    left.sort();
-    assert_eq!(left, ["4343-0", "4343-0.lock"]);
-    // Once the live one is gone too, nothing of the staging areas is left after a sync.
-    drop(held);
-    ok(run(
-        &bench,
-        &fresh,
-        &[
-            "sync",
-            lock.to_str().unwrap(),
-            "--from",
-            bench.path().to_str().unwrap(),
-        ],
-    ));
-    assert!(!base.exists(), "{} is still there", base.display());
 }
 
 /// Fails the third change of a sync, after a runner (another process, here `flock` on the pin
@@ -359,14 +216,14 @@ impl LifecycleHook for PinThenFail {
 /// switched off, and the error names it and the process.
 #[test]
 fn sync_failing_after_a_runner_loaded_one_of_its_installs_returns_the_rest() {
-    let bench = Bench::new();
+    let bench = Bench::new(guild());
     let base = bench.package("example.base", "1.0.0", b"base", "");
     let dep = r#", "dependencies": [{"package_id": "example.base", "min_version": "1.0.0"}]"#;
     let user = bench.package("example.user", "1.0.0", b"user", dep);
-    let lock = read_lock(&lock_of(&bench, &[&base, &user], &[]));
-    let store = trusting_store(&bench, "fresh");
+    let lock = read_lock(&bench.lock_of(&[&base, &user], &[]));
+    let store = bench.trusting_store("fresh");
     let extra = bench.package("example.extra", "1.0.0", b"extra", "");
-    ok(run(&bench, &store, &["install", &extra]));
+    bench.run_on(&store, &["install", &extra]).expect(0);
 
     let (pm, _) = PackageManager::open_dir(&store).unwrap();
     let staging = SyncStaging::create(&store).unwrap();
@@ -378,7 +235,7 @@ fn sync_failing_after_a_runner_loaded_one_of_its_installs_returns_the_rest() {
     };
     let outcome = lock_sync::apply(&pm, &lock, &staged, &mut hook);
     drop((staging, pm));
-    let after = listed(&bench, &store);
+    let after = bench.listed(&store);
     if let Some(mut c) = hook.pinner.take() {
         let _ = c.kill();
         let _ = c.wait();

@@ -1,8 +1,11 @@
 //! Integration tests of `guild-host`.
+//!
+//! The fixtures (stores, keys, packages, the C test plugins, runs of the `guild` binary) are
+//! guild-test-support's, shared with guild-cli's end-to-end tests of the `guild` command. The
+//! tests here run `guild` only as a helper: the conformance check's child, a stand-in runner or
+//! writer process, a tool that sets a store up or reads it back.
 
 mod c_face;
-mod cli;
-mod cli_snapshots;
 mod compat;
 mod conformance;
 mod convergence;
@@ -25,13 +28,10 @@ mod lock_sync;
 mod mocks;
 mod module_deps;
 mod numbering;
-mod oci;
 mod operations;
 mod progress;
-mod publication_bounds;
 mod reconcile;
 mod refusals;
-mod registration;
 mod registry;
 mod rejections;
 mod reshape;
@@ -40,7 +40,13 @@ mod service_safety;
 mod signatures;
 mod smoke;
 mod streams;
-mod support;
 mod taint_race;
-mod trust_taint;
 mod trusted_state;
+
+use guild_test_support::guild::Guild;
+
+/// The `guild` binary, built from the current source once per run: this package has no such
+/// binary for cargo to hand its tests.
+pub fn guild() -> Guild {
+    Guild::built()
+}

@@ -9,8 +9,7 @@ use guild_adapters_fs::store::FsStore;
 use guild_host::{Host, HostError, InstallOptions, PackageManager};
 use guild_ports::loader::MockPluginLoader;
 use guild_ports::signature::{MockSignatureVerifier, SignatureVerifier};
-
-use crate::support::{key, platform, trust, ModDep, Spec, Workshop, PUBLISHER};
+use guild_test_support::{key, platform, trust, ModDep, Spec, Workshop, PUBLISHER};
 
 fn manager(store: &std::path::Path, verifier: Box<dyn SignatureVerifier>) -> PackageManager {
     let (fs, recovery) = FsStore::open(store).unwrap();
@@ -64,7 +63,7 @@ fn a_package_refused_before_extraction_never_reaches_the_loader() {
     let shop = Workshop::new();
     let k = key();
     let store = shop.fresh("store");
-    let (pm, _) = crate::support::open_dir(&store).unwrap();
+    let (pm, _) = guild_test_support::open_dir(&store).unwrap();
     trust(&pm, PUBLISHER, &k);
     let mut loader = MockPluginLoader::new();
     loader.expect_load().never();

@@ -26,11 +26,12 @@ use guild_host::{
     OperationService,
 };
 use guild_ports::loader::{LoadError, LoadRequest, LoadedPlugin, PluginLoader};
-
-use crate::operations::{desc, op, plugin_library, scan_spec};
-use crate::support::{
+use guild_test_support::plugins::{plugin_library, scan_spec};
+use guild_test_support::{
     id, key, open_dir, publisher, retry_locked, trust, v, Built, ModDep, Spec, Workshop, PUBLISHER,
 };
+
+use crate::operations::{desc, op};
 
 const BASE: &str = "example.scan";
 const DEPENDENT: &str = "example.dependent";

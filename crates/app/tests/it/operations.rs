@@ -3,7 +3,6 @@
 //! ranking, exact ids, rejection reports, execution against a Rust reference, argument checks
 //! before the provider runs, leases held by handles, and concurrent execution.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use guild_adapters_posix::DlopenLoader;
@@ -17,44 +16,11 @@ use guild_host::operations::{
     DeviceSupport, ExecuteError, PassReason, PassedOver, ResolveError, TensorArg, TensorArgMut,
 };
 use guild_host::{Host, HostError, InstallOptions, OpHandle, OperationRequest, OperationService};
-
-use crate::support::{id, key, open_dir, trust, Spec, Workshop, PUBLISHER};
+use guild_test_support::plugins::{alt_spec, scan_spec, ALT_INCLUSIVE, EXCLUSIVE, INCLUSIVE};
+use guild_test_support::{id, key, open_dir, trust, Spec, Workshop, PUBLISHER};
 
 pub(crate) const INCLUSIVE_OP: &str = "example.sequence.inclusive_scan";
 pub(crate) const EXCLUSIVE_OP: &str = "example.sequence.exclusive_scan";
-const INCLUSIVE: &str = "example.scan.inclusive.cpu";
-const EXCLUSIVE: &str = "example.scan.exclusive.cpu";
-const ALT_INCLUSIVE: &str = "example.scan_alt.inclusive.cpu";
-const ALT_EXCLUSIVE: &str = "example.scan_alt.exclusive.cpu";
-
-pub(crate) fn plugin_library(name: &str) -> Vec<u8> {
-    let dir = std::env::var_os("GUILD_TEST_PLUGIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/test-plugins/lib")
-        });
-    let path = dir.join(format!("lib{name}.so"));
-    std::fs::read(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e}; build the C test plugins first with `cargo xtask plugins`",
-            path.display()
-        )
-    })
-}
-
-pub(crate) fn scan_spec(version: &str) -> Spec {
-    let mut spec = Spec::module("example.scan", version).library(&plugin_library("scan_module"));
-    spec.provided_ops = vec![INCLUSIVE.into(), EXCLUSIVE.into()];
-    spec
-}
-
-pub(crate) fn alt_spec(version: &str) -> Spec {
-    let mut spec =
-        Spec::module("example.scan_alt", version).library(&plugin_library("scan_module_alt"));
-    spec.provided_ops = vec![ALT_INCLUSIVE.into(), ALT_EXCLUSIVE.into()];
-    spec
-}
-
 /// A host over a fresh store with packages built, signed, installed and loaded by dlopen.
 pub(crate) struct Fixture {
     pub(crate) shop: Workshop,

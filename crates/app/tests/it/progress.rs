@@ -6,8 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use guild_host::InstallOptions;
 use guild_ports::source::Progress;
-
-use crate::support::{key, open_dir, trust, Spec, Workshop, PUBLISHER};
+use guild_test_support::{key, open_dir, trust, Spec, Workshop, PUBLISHER};
 
 #[derive(Debug, Default)]
 struct Recorder(Mutex<Vec<String>>, Mutex<u64>);

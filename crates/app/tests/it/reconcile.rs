@@ -25,9 +25,9 @@ use guild_host::{
     PendingCause, ResolveError, Version,
 };
 use guild_ports::fakes::{fake_kernel, FakeLoader, FakePlugin};
+use guild_test_support::{id, key, open_dir, trust, v, ModDep, Spec, Workshop, PUBLISHER};
 
 use crate::examples::{pack_example_at, SCAN};
-use crate::support::{id, key, open_dir, trust, v, ModDep, Spec, Workshop, PUBLISHER};
 
 const OP: &str = "example.sequence.inclusive_scan";
 

@@ -15,8 +15,7 @@ use guild_domain::store_state::{ImmutableVersionConflict, StoreStateError};
 use guild_domain::trust::TrustFileError;
 use guild_host::{ErrorCategory, HostError, InstallOptions, PackageManager};
 use guild_ports::store::StoreErrorKind;
-
-use super::support::{
+use guild_test_support::{
     disk, id, key, open_dir, open_host, publisher, trust, v, Built, Host, ModDep, Scratch, Spec,
     Workshop, PUBLISHER,
 };

@@ -29,10 +29,11 @@ use guild_host::operations::{
     DeviceSupport, PassReason, PassedOver, ResolveError, TensorArg, TensorArgMut,
 };
 use guild_host::{OpHandle, OperationRequest, OperationService};
+use guild_test_support::plugins::plugin_library;
+use guild_test_support::Spec;
 
 use crate::c_face::{Query, Service};
-use crate::operations::{fixture_with, op, plugin_library, Fixture};
-use crate::support::Spec;
+use crate::operations::{fixture_with, op, Fixture};
 
 pub(crate) const COPY_OP: &str = "example.probe.copy";
 pub(crate) const ZERO_OP: &str = "example.probe.zero";

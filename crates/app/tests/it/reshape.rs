@@ -24,11 +24,11 @@ use guild_host::operations::{
 };
 use guild_host::{Host, OperationService};
 use guild_ports::fakes::{fake_operation_with, FakePlugin, FakeProvider, FakeScratch};
+use guild_test_support::{Spec, Workshop};
 
 use crate::c_face::{args, reshape_args, reshape_raw, tensor, with_data, Query, Service};
 use crate::fake_providers::{candidate, double, fake_host, i64s, request, Aligned, OP};
 use crate::gkmodule::ProbeParams;
-use crate::support::{Spec, Workshop};
 
 /// The module's default op (what `Spec::module` declares).
 const GROW: &str = "ex.reshape.op.cpu";

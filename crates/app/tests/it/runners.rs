@@ -22,9 +22,10 @@ use guild_host::operations::DeviceSupport;
 use guild_host::{BoundModel, HostError, SelectError, SelectFileError};
 use guild_ports::fakes::FakeModel;
 use guild_ports::model::{MetaArray, MetaValue};
+use guild_test_support::plugins::plugin_library;
+use guild_test_support::Spec;
 
-use crate::operations::{fixture_with, plugin_library, Fixture};
-use crate::support::Spec;
+use crate::operations::{fixture_with, Fixture};
 
 const F32: u32 = guild_abi::GUILD_DTYPE_F32;
 

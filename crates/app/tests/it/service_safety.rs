@@ -20,10 +20,11 @@ use guild_domain::operation::{BackendSet, DType, MemorySpace, TensorDesc};
 use guild_host::operations::{DeviceSupport, ExecuteError, TensorArg, TensorArgMut};
 use guild_host::registry::{KernelBinding, KernelRegistry};
 use guild_host::OperationService;
+use guild_test_support::plugins::scan_spec;
 
 use crate::c_face::{args, release_raw, tensor, with_data, Query, Service};
 use crate::gkmodule::{dependent_spec, probe_spec};
-use crate::operations::{fixture_with, scan_spec, INCLUSIVE_OP};
+use crate::operations::{fixture_with, INCLUSIVE_OP};
 
 const TOTAL_OP: &str = "example.sequence.scan_then_total";
 const TOTAL: &str = "example.dependent.total.cpu";

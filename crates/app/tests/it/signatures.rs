@@ -28,8 +28,7 @@ use guild_host::package_manager::LeftOut;
 use guild_host::{HostError, InstallOptions};
 use guild_ports::signature::{SignatureErrorKind, SignatureVerifier};
 use guild_ports::source::SourceErrorKind;
-
-use super::support::{
+use guild_test_support::{
     disk, id, key, open_host, publisher, trust, Built, Host, ModDep, Scratch, Spec, Workshop,
     PUBLISHER,
 };

@@ -18,8 +18,7 @@ use guild_adapters_fs::store::{read_registry, FsStore, StoreOptions};
 use guild_domain::manifest::{Artifact, Manifest};
 use guild_host::{InstallOptions, PackageManager};
 use guild_ports::source::{ExtractedPackage, OpenedPackage, PackageSource, SourceError};
-
-use crate::support::{key, platform, trust, Spec, Workshop, PUBLISHER};
+use guild_test_support::{key, platform, trust, Spec, Workshop, PUBLISHER};
 
 type Hook = Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>;
 

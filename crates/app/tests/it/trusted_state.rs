@@ -16,12 +16,12 @@ use guild_domain::operation::Backend;
 use guild_host::{Host, HostError, InstallOptions, OpenReport, PackageManager, VerifyOptions};
 use guild_ports::fakes::{fake_kernel, FakeLoader, FakePlugin};
 use guild_ports::signature::{SignatureError, SignatureVerifier};
+use guild_test_support::{
+    id, key, make_writable, open_dir, platform, trust, v, ModDep, Spec, Workshop, PUBLISHER,
+};
 use serde_json::Value;
 
 use crate::host::Shared;
-use crate::support::{
-    id, key, make_writable, open_dir, platform, trust, v, ModDep, Spec, Workshop, PUBLISHER,
-};
 
 /// The production verifier, counting its calls.
 #[derive(Clone, Default)]

@@ -10,13 +10,14 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use guild_adapters_crypto::files::read_private_key;
-use guild_adapters_fs::store::FsStore;
 use guild_domain::canonical::canonicalize;
 use guild_domain::ids::Sha256Digest;
 use guild_domain::json;
+use guild_test_support::adapters::crypto::files::read_private_key;
+use guild_test_support::adapters::fs::store::FsStore;
+use guild_test_support::guild::{library, template_json, Bench, Run};
 
-use super::cli::{guild_command, template_json, Bench, Run};
+use crate::guild;
 
 /// A guard against a `guild` that hangs: far above what any of these commands needs (tens of
 /// milliseconds), and far below what reading a declared 64 GiB would take.
@@ -33,7 +34,8 @@ fn timed(cwd: &Path, args: &[&str]) -> (Run, Duration) {
     let out_path = cwd.join(".timed-stdout");
     let err_path = cwd.join(".timed-stderr");
     let started = Instant::now();
-    let mut child = guild_command(cwd, args)
+    let mut child = guild()
+        .command(cwd, args)
         .stdin(Stdio::null())
         .stdout(File::create(&out_path).unwrap())
         .stderr(File::create(&err_path).unwrap())
@@ -158,11 +160,7 @@ fn signed_metadata(bench: &Bench, payload: &str) -> Vec<u8> {
 fn package_with_a_directory(bench: &Bench) -> PathBuf {
     let src = bench.path().join("src").join("dirs");
     fs::create_dir_all(src.join("lib")).unwrap();
-    fs::write(
-        src.join("lib/libplugin.so"),
-        crate::cli::library(b"dirs v1"),
-    )
-    .unwrap();
+    fs::write(src.join("lib/libplugin.so"), library(b"dirs v1")).unwrap();
     let template = bench.path().join("dirs.json");
     let json = template_json("example.dirs", "1.0.0", "").replace(
         r#""entry": "libplugin.so""#,
@@ -189,7 +187,7 @@ fn package_with_a_directory(bench: &Bench) -> PathBuf {
 
 #[test]
 fn a_64_gib_member_before_the_manifest_is_refused_at_once() {
-    let bench = Bench::new();
+    let bench = Bench::new(guild());
     bench.trust();
     let good = bench.package("example.scan", "1.0.0", b"scan v1", "");
     let good = fs::read(bench.path().join(good)).unwrap();
@@ -239,7 +237,7 @@ fn with_metadata(bench: &Bench, name: &str, metadata: &[u8]) -> String {
 
 #[test]
 fn a_manifest_of_a_million_problems_prints_fifty_and_a_count() {
-    let bench = Bench::new();
+    let bench = Bench::new(guild());
     // About 1 MiB of empty objects: three missing fields each, about a million problems.
     let objects = ((1 << 20) - 200) / 3;
     let metadata = format!(
@@ -277,7 +275,7 @@ fn a_manifest_of_a_million_problems_prints_fifty_and_a_count() {
 
 #[test]
 fn unlisted_directory_members_are_refused_and_never_disable_a_package_later() {
-    let bench = Bench::new();
+    let bench = Bench::new(guild());
     bench.trust();
     let archive = fs::read(package_with_a_directory(&bench)).unwrap();
 
@@ -353,7 +351,7 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn a_nested_gkmetadata_artifact_is_refused_in_any_case() {
-    let bench = Bench::new();
+    let bench = Bench::new(guild());
     bench.trust();
     // `guild pack` refuses to list it.
     let (src, template) = bench.source("example.nested", "1.0.0", b"nested v1", "");
@@ -406,7 +404,7 @@ fn a_nested_gkmetadata_artifact_is_refused_in_any_case() {
 
 #[test]
 fn a_planted_lock_symlink_creates_nothing_outside_the_store() {
-    let bench = Bench::new();
+    let bench = Bench::new(guild());
     bench.trust();
     let lock = bench.store().join("lock");
     let victim = bench.path().join("victim");
@@ -421,7 +419,7 @@ fn a_planted_lock_symlink_creates_nothing_outside_the_store() {
 
 #[test]
 fn a_locked_store_says_which_process_holds_it() {
-    let bench = Bench::new();
+    let bench = Bench::new(guild());
     bench.trust();
     let (held, _) = FsStore::open(bench.store()).unwrap();
     // A writer waits for the lock (a reader such as `list` would not need it).
@@ -437,7 +435,7 @@ fn a_locked_store_says_which_process_holds_it() {
 
 #[test]
 fn doctor_on_a_mistyped_store_fails_and_creates_nothing() {
-    let bench = Bench::new();
+    let bench = Bench::new(guild());
     let typo = bench.path().join("stroe");
     let (run, _) = timed(bench.path(), &["--store", typo.to_str().unwrap(), "doctor"]);
     assert_ne!(run.code, 0, "{}\n{}", run.stdout, run.stderr);

@@ -12,17 +12,18 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use guild_adapters_fs::archive::GkpkSource;
-use guild_adapters_fs::store::FsStore;
 use guild_domain::manifest::Metadata;
 use guild_domain::store_state::{NewVersion, PublishOptions};
 use guild_host::Host;
 use guild_ports::source::PackageSource;
 use guild_ports::store::{PackageStore, Transaction};
+use guild_test_support::adapters::fs::archive::GkpkSource;
+use guild_test_support::adapters::fs::store::FsStore;
+use guild_test_support::disk;
+use guild_test_support::guild::{Bench, Run};
+use guild_test_support::plugins::plugin_library;
 
-use crate::cli::{Bench, Run};
-use crate::operations::plugin_library;
-use crate::support::disk;
+use crate::guild;
 
 const INCLUSIVE: &str = "example.scan.inclusive.cpu";
 const EXCLUSIVE: &str = "example.scan.exclusive.cpu";
@@ -186,7 +187,7 @@ fn registration_squatter_is_refused_in_either_order() {
                     "aaa.hijack"
                 },
             );
-            let b = Bench::new();
+            let b = Bench::new(guild());
             b.trust();
             expect(&b.run(&["keygen", "--out", "k2"]), 0, &case);
             expect(&b.run(&["trust", "add", publisher, "k2.pub"]), 0, &case);
@@ -238,8 +239,8 @@ fn registration_squatter_is_refused_in_either_order() {
 /// `guild install` (exit 3, the mismatch named) with nothing written, by `guild enable` after a
 /// disabled install, and by `guild rollback` when it is the rollback target.
 #[test]
-fn registration_registration_mismatch_is_refused_by_install_enable_and_rollback() {
-    let b = Bench::new();
+fn registration_mismatch_is_refused_by_install_enable_and_rollback() {
+    let b = Bench::new(guild());
     b.trust();
     let short = Pkg::new(
         "example.short",
@@ -319,7 +320,7 @@ fn registration_registration_mismatch_is_refused_by_install_enable_and_rollback(
 /// itself exits with the documented code, and nothing is installed.
 #[test]
 fn registration_crash_in_init_is_refused_with_the_signal() {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     b.trust();
     let archive = Pkg::new("example.crash", "init_crashes", &["example.crash.op"]).pack(&b);
     expect(&b.run(&["list"]), 0, "list");
@@ -338,20 +339,21 @@ fn registration_crash_in_init_is_refused_with_the_signal() {
 /// (`GUILD_LIBRARY_CHECK_TIMEOUT`, in seconds) has passed, and the child it ran in is gone.
 #[test]
 fn registration_hang_in_init_is_refused_after_the_timeout() {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     b.trust();
     let archive = Pkg::new("example.hang", "init_hangs", &["example.hang.op"]).pack(&b);
     expect(&b.run(&["list"]), 0, "list");
     let before = disk(&b.store());
     let store = b.store();
     let started = Instant::now();
-    let out = crate::cli::guild_command(
-        b.path(),
-        &["--store", store.to_str().unwrap(), "install", &archive],
-    )
-    .env("GUILD_LIBRARY_CHECK_TIMEOUT", "1")
-    .output()
-    .unwrap();
+    let out = guild()
+        .command(
+            b.path(),
+            &["--store", store.to_str().unwrap(), "install", &archive],
+        )
+        .env("GUILD_LIBRARY_CHECK_TIMEOUT", "1")
+        .output()
+        .unwrap();
     let took = started.elapsed();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{stderr}");
@@ -364,13 +366,14 @@ fn registration_hang_in_init_is_refused_after_the_timeout() {
     assert_eq!(disk(&b.store()), before);
     assert_eq!(listed(&b), vec![]);
     // A malformed timeout is a usage error, not a silent default.
-    let out = crate::cli::guild_command(
-        b.path(),
-        &["--store", store.to_str().unwrap(), "install", &archive],
-    )
-    .env("GUILD_LIBRARY_CHECK_TIMEOUT", "soon")
-    .output()
-    .unwrap();
+    let out = guild()
+        .command(
+            b.path(),
+            &["--store", store.to_str().unwrap(), "install", &archive],
+        )
+        .env("GUILD_LIBRARY_CHECK_TIMEOUT", "soon")
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
 
@@ -414,7 +417,7 @@ fn install_unchecked(root: &Path, archive: &Path) {
 /// Removing one of them repairs it.
 #[test]
 fn registration_store_with_a_conflict_loads_neither_and_says_why() {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     b.trust();
     let scan = Pkg::new("example.scan", "scan_module", &[INCLUSIVE, EXCLUSIVE]).pack(&b);
     let hijack = Pkg::new("aaa.hijack", "manifest_echo", &[INCLUSIVE]).pack(&b);

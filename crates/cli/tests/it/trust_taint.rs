@@ -11,9 +11,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use guild_test_support::guild::{library, Bench, Run};
 use serde_json::Value;
 
-use super::cli::{guild, Bench, Run};
+use crate::guild;
 
 /// Fails with both streams unless `run` exited with `code`.
 #[track_caller]
@@ -34,7 +35,7 @@ fn has(text: &str, what: &str) {
 /// A bench with `k.pub` trusted and `example.scan` 1.0.0 installed and enabled; answers the
 /// archive's name and the key id.
 fn installed_bench() -> (Bench, String, String) {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     b.trust();
     let archive = b.package("example.scan", "1.0.0", b"scan v1", "");
     expect(&b.run(&["install", &archive]), 0);
@@ -178,7 +179,7 @@ fn trust_a_file_from_another_store_is_refused_and_reset_keeps_the_revocation() {
     let other = b.path().join("other-store");
     let other_arg = other.to_str().unwrap();
     expect(
-        &guild(
+        &guild().run(
             b.path(),
             &["--store", other_arg, "trust", "add", "org.example", "k.pub"],
         ),
@@ -195,7 +196,7 @@ fn trust_a_file_from_another_store_is_refused_and_reset_keeps_the_revocation() {
     );
     assert_still_revoked(&b, &key, &archive);
     // The other store is untouched and still opens.
-    expect(&guild(b.path(), &["--store", other_arg, "list"]), 0);
+    expect(&guild().run(b.path(), &["--store", other_arg, "list"]), 0);
 }
 
 #[test]
@@ -203,7 +204,7 @@ fn trust_a_store_from_before_binding_is_bound_on_open_and_refuses_a_missing_file
     // A store as today's code wrote it: no trust record in the registry, no binding in the trust
     // file. The rewrite below produces exactly those files.
     fn unbind(b: &Bench) {
-        guild_adapters_fs::store::testing::as_format_1(b.store()).unwrap();
+        guild_test_support::adapters::fs::store::testing::as_format_1(b.store()).unwrap();
         let registry = b.store().join("registry.json");
         let mut doc: Value = serde_json::from_slice(&fs::read(&registry).unwrap()).unwrap();
         doc.as_object_mut().unwrap().remove("trust");
@@ -220,7 +221,7 @@ fn trust_a_store_from_before_binding_is_bound_on_open_and_refuses_a_missing_file
     let listed = b.run(&["list"]);
     expect(&listed, 0);
     let committed = || {
-        guild_adapters_fs::store::read_registry(b.store())
+        guild_test_support::adapters::fs::store::read_registry(b.store())
             .unwrap()
             .unwrap()
     };
@@ -324,10 +325,7 @@ fn assert_repaired_by_reinstall(b: &Bench, archive: &str) {
         &expect(&b.run(&["install", archive]), 0).stdout,
         "already installed with this exact content",
     );
-    assert_eq!(
-        fs::read(installed_library(b)).unwrap(),
-        crate::cli::library(b"scan v1")
-    );
+    assert_eq!(fs::read(installed_library(b)).unwrap(), library(b"scan v1"));
     let listed = b.run(&["--json", "list"]);
     let p = &listed.json()["packages"][0];
     assert_eq!(p["enabled"], "1.0.0", "{p}");

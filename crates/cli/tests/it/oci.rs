@@ -12,7 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::cli::{guild_command, Bench, Run, TestDir};
+use guild_test_support::guild::{Bench, Run};
+use guild_test_support::Scratch;
+
+use crate::guild;
 
 const BINARY: &str = "docker-registry";
 
@@ -21,7 +24,7 @@ pub struct Registry {
     child: Option<Child>,
     pub port: u16,
     pub storage: PathBuf,
-    _dir: TestDir,
+    _dir: Scratch,
 }
 
 /// Basic-auth credentials for a registry started with an htpasswd file.
@@ -52,7 +55,7 @@ impl Registry {
             );
             return None;
         }
-        let dir = TestDir::new();
+        let dir = Scratch::new();
         let storage = dir.path().join("storage");
         fs::create_dir_all(&storage).unwrap();
         let port = free_port();
@@ -140,7 +143,7 @@ impl Drop for Registry {
 
 /// A registry without authentication and a bench, or `None` when the test skips.
 fn start(test: &str) -> Option<(Registry, Bench)> {
-    Some((Registry::start(test, None)?, Bench::new()))
+    Some((Registry::start(test, None)?, Bench::new(guild())))
 }
 
 fn free_port() -> u16 {
@@ -156,7 +159,7 @@ fn free_port() -> u16 {
 fn run(bench: &Bench, store: &Path, auth: Option<&Path>, args: &[&str]) -> Run {
     let mut all = vec!["--store", store.to_str().unwrap()];
     all.extend_from_slice(args);
-    let mut cmd = guild_command(bench.path(), &all);
+    let mut cmd = guild().command(bench.path(), &all);
     cmd.env("HOME", bench.path())
         .env_remove("DOCKER_CONFIG")
         .env_remove("XDG_RUNTIME_DIR")
@@ -315,14 +318,18 @@ fn oci_a_tag_moved_to_an_untrusted_package_is_refused_with_nothing_in_the_store(
     ));
     push(&bench, "evil.gkmodule", &tag);
     let store = trusting_store(&bench, "fleet");
-    let before = crate::support::disk(&store);
+    let before = guild_test_support::disk(&store);
     fails(
         run(&bench, &store, None, &["install", &tag]),
         3,
         "example.scan",
     );
     assert!(enabled(&bench, &store).is_empty());
-    assert_eq!(crate::support::disk(&store), before, "the store changed");
+    assert_eq!(
+        guild_test_support::disk(&store),
+        before,
+        "the store changed"
+    );
 }
 
 #[test]
@@ -404,7 +411,7 @@ fn oci_basic_auth_with_good_and_bad_credentials() {
     let Some(registry) = Registry::start("oci_basic_auth", Some(&creds)) else {
         return;
     };
-    let bench = Bench::new();
+    let bench = Bench::new(guild());
     let archive = bench.package("example.scan", "1.0.0", b"behind auth", "");
     let tag = registry.reference("guild/scan:1.0.0");
     let good = auth_file(&bench, &registry, creds.user, creds.password);
@@ -543,7 +550,7 @@ fn oci_an_edited_lock_is_refused_naming_the_package() {
     // An unlocked package that a successful sync would disable stays as it is.
     let extra = bench.package("example.extra", "1.0.0", b"extra", "");
     ok(run(&bench, &fresh, None, &["install", &extra]));
-    let before = crate::support::disk(&fresh);
+    let before = guild_test_support::disk(&fresh);
     fails(
         run(
             &bench,
@@ -554,7 +561,11 @@ fn oci_an_edited_lock_is_refused_naming_the_package() {
         3,
         id,
     );
-    assert_eq!(crate::support::disk(&fresh), before, "the store changed");
+    assert_eq!(
+        guild_test_support::disk(&fresh),
+        before,
+        "the store changed"
+    );
     // A lock that is not one at all names the member.
     fs::write(&edited_path, "{\"lock_format\": \"guild-lock-v1\"}").unwrap();
     fails(
@@ -619,7 +630,7 @@ fn oci_fleet_of_eight_stores_syncs_one_lock_concurrently() {
     let children: Vec<_> = stores
         .iter()
         .map(|store| {
-            let mut cmd = guild_command(
+            let mut cmd = guild().command(
                 bench.path(),
                 &[
                     "--store",
@@ -683,9 +694,9 @@ fn oci_sync_lets_writers_in_while_it_downloads() {
     ))
     .json();
     let key = added["key_id"].as_str().unwrap().to_owned();
-    let before = crate::support::disk(&fresh);
+    let before = guild_test_support::disk(&fresh);
 
-    let mut cmd = guild_command(
+    let mut cmd = guild().command(
         bench.path(),
         &[
             "--store",
@@ -713,7 +724,7 @@ fn oci_sync_lets_writers_in_while_it_downloads() {
     let out = child.wait_with_output().unwrap();
     ok(revoked);
     assert!(!out.status.success(), "the sync cannot have succeeded");
-    let after = crate::support::disk(&fresh);
+    let after = guild_test_support::disk(&fresh);
     // Only the trust change is there: the sync changed nothing.
     let changed: Vec<&String> = after
         .keys()

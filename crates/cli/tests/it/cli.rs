@@ -1,236 +1,14 @@
 //! The `guild` binary, run as an operator would: the whole publish-and-install flow, every
 //! documented exit code, the `--json` documents, hints, and `verify` leaving nothing behind.
-//!
-//! The binary is the `guild-cli` crate's. These tests stay with the library's because they share
-//! its store and plugin fixtures (`support`, `operations`) and read stores with its API; they
-//! build the binary with cargo once per run, as `examples` builds the Rust runner, so what they
-//! run is always the current source.
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::OnceLock;
 
+use guild_test_support::guild::{library, tamper, Bench, Run};
+use guild_test_support::{make_writable, Scratch};
 use serde_json::Value;
 
-/// A temporary directory that is removed even though the store seals installed trees read-only.
-#[derive(Debug)]
-pub struct TestDir(tempfile::TempDir);
-
-impl TestDir {
-    pub fn new() -> Self {
-        TestDir(tempfile::tempdir().unwrap())
-    }
-
-    pub fn path(&self) -> &Path {
-        self.0.path()
-    }
-}
-
-impl Drop for TestDir {
-    fn drop(&mut self) {
-        make_writable(self.0.path());
-    }
-}
-
-fn make_writable(path: &Path) {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        if let Ok(meta) = fs::symlink_metadata(path) {
-            if meta.is_dir() {
-                let _ = fs::set_permissions(path, fs::Permissions::from_mode(0o755));
-                if let Ok(entries) = fs::read_dir(path) {
-                    for e in entries.flatten() {
-                        make_writable(&e.path());
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// What one run of `guild` did.
-#[derive(Debug)]
-pub struct Run {
-    pub code: i32,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-impl Run {
-    pub fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", self.stdout))
-    }
-
-    pub fn error_json(&self) -> Value {
-        serde_json::from_str(&self.stderr)
-            .unwrap_or_else(|e| panic!("stderr is not JSON ({e}):\n{}", self.stderr))
-    }
-
-    #[track_caller]
-    fn expect(&self, code: i32) -> &Self {
-        assert_eq!(
-            self.code, code,
-            "exit code\nstdout:\n{}\nstderr:\n{}",
-            self.stdout, self.stderr
-        );
-        self
-    }
-
-    #[track_caller]
-    fn stdout_has(&self, text: &str) -> &Self {
-        assert!(
-            self.stdout.contains(text),
-            "stdout lacks {text:?}:\n{}\nstderr:\n{}",
-            self.stdout,
-            self.stderr
-        );
-        self
-    }
-
-    #[track_caller]
-    fn stderr_has(&self, text: &str) -> &Self {
-        assert!(
-            self.stderr.contains(text),
-            "stderr lacks {text:?}:\n{}",
-            self.stderr
-        );
-        self
-    }
-}
-
-/// Builds `guild` with cargo (once per test run) and returns its executable, as cargo reports
-/// it (so a custom target directory works too).
-pub fn guild_binary() -> &'static Path {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| crate::support::cargo_binary("guild-cli", "guild"))
-}
-
-/// A command for the `guild` binary with a predictable environment: no inherited store, no
-/// colour, scratch files under `tmp` (when given).
-pub fn guild_command(cwd: &Path, args: &[&str]) -> Command {
-    let mut cmd = Command::new(guild_binary());
-    cmd.args(args)
-        .current_dir(cwd)
-        .env_remove("GUILD_STORE")
-        .env_remove("XDG_DATA_HOME")
-        .env("NO_COLOR", "1");
-    cmd
-}
-
-fn finish(out: Output) -> Run {
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-/// Runs `guild ARGS` in `cwd`.
-pub fn guild(cwd: &Path, args: &[&str]) -> Run {
-    finish(guild_command(cwd, args).output().unwrap())
-}
-
-/// A workspace: a temporary directory with a store, a key pair `k.key`/`k.pub`, and packages.
-pub struct Bench {
-    pub dir: TestDir,
-}
-
-impl Bench {
-    pub fn new() -> Self {
-        let bench = Bench {
-            dir: TestDir::new(),
-        };
-        bench.run(&["keygen", "--out", "k"]).expect(0);
-        bench
-    }
-
-    pub fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    pub fn store(&self) -> PathBuf {
-        self.path().join("store")
-    }
-
-    /// Runs `guild --store STORE ARGS`.
-    pub fn run(&self, args: &[&str]) -> Run {
-        let store = self.store();
-        let mut all = vec!["--store", store.to_str().unwrap()];
-        all.extend_from_slice(args);
-        guild(self.path(), &all)
-    }
-
-    /// Writes a source directory and template for `id@version` (its library holds `content`;
-    /// `extra` is spliced into the template, e.g. a dependencies field) and returns the source
-    /// directory and the template.
-    pub fn source(
-        &self,
-        id: &str,
-        version: &str,
-        content: &[u8],
-        extra: &str,
-    ) -> (PathBuf, PathBuf) {
-        let name = format!("{id}-{version}");
-        let src = self.path().join("src").join(&name);
-        fs::create_dir_all(&src).unwrap();
-        fs::write(src.join("libplugin.so"), library(content)).unwrap();
-        let template = self.path().join(format!("{name}.json"));
-        fs::write(&template, template_json(id, version, extra)).unwrap();
-        (src, template)
-    }
-
-    /// Packs and signs `id@version` with `k.key` through the CLI; returns the archive's name.
-    pub fn package(&self, id: &str, version: &str, content: &[u8], extra: &str) -> String {
-        let (src, template) = self.source(id, version, content, extra);
-        let archive = format!("{id}-{version}.gkmodule");
-        self.run(&[
-            "pack",
-            src.to_str().unwrap(),
-            "--manifest",
-            template.to_str().unwrap(),
-            "--out",
-            &archive,
-            "--key",
-            "k.key",
-        ])
-        .expect(0);
-        archive
-    }
-
-    pub fn trust(&self) {
-        self.run(&["trust", "add", "org.example", "k.pub"])
-            .expect(0);
-    }
-}
-
-/// The library of a test package whose library holds `content`: `content` itself when it is a
-/// shared object, else the `manifest_echo` test plugin (which registers whatever its manifest
-/// declares, so that `guild install` can load it) with `content` appended. The dynamic loader
-/// ignores bytes after the ELF image, and `content` still makes each payload distinct and gives
-/// [`tamper`] something to change.
-pub fn library(content: &[u8]) -> Vec<u8> {
-    if content.starts_with(b"\x7fELF") {
-        return content.to_vec();
-    }
-    let mut bytes = crate::operations::plugin_library("manifest_echo");
-    bytes.extend_from_slice(content);
-    bytes
-}
-
-/// A module template for this platform, without `artifacts`.
-pub fn template_json(id: &str, version: &str, extra: &str) -> String {
-    format!(
-        r#"{{"package_id": "{id}", "kind": "gkmodule", "version": "{version}",
-            "publisher_id": "org.example", "kernel_abi": {{"min": "1.0.0", "max": "1.0.0"}},
-            "module_abi": 1, "os": "{os}", "arch": "{arch}", "backends": ["cpu"],
-            "entry": "libplugin.so", "provided_ops": ["{id}.op.cpu"]{extra}}}"#,
-        os = std::env::consts::OS,
-        arch = std::env::consts::ARCH,
-    )
-}
+use crate::guild;
 
 /// Each line with its runs of spaces collapsed, for tables whose column widths vary.
 fn words(text: &str) -> Vec<String> {
@@ -250,7 +28,7 @@ fn key_id(bench: &Bench) -> String {
 
 #[test]
 fn cli_publish_trust_install_and_manage_a_package() {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     let key = b.path().join("k.key");
     assert_eq!(
         std::os::unix::fs::PermissionsExt::mode(&fs::metadata(&key).unwrap().permissions()) & 0o777,
@@ -405,7 +183,7 @@ fn cli_publish_trust_install_and_manage_a_package() {
 
 #[test]
 fn cli_every_documented_exit_code() {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     b.trust();
     let a = b.package("example.base", "1.0.0", b"base", "");
     let dep = r#", "dependencies": [{"package_id": "example.base", "min_version": "1.0.0"}]"#;
@@ -507,23 +285,9 @@ fn cli_every_documented_exit_code() {
     }
 }
 
-/// Copies `archive` with `from` replaced by `to` (same length) in its bytes.
-pub fn tamper(b: &Bench, archive: &str, from: &[u8], to: &[u8]) -> String {
-    assert_eq!(from.len(), to.len());
-    let mut bytes = fs::read(b.path().join(archive)).unwrap();
-    let at = bytes
-        .windows(from.len())
-        .rposition(|w| w == from)
-        .expect("content in the archive");
-    bytes[at..at + to.len()].copy_from_slice(to);
-    let out = format!("tampered-{archive}");
-    fs::write(b.path().join(&out), bytes).unwrap();
-    out
-}
-
 #[test]
 fn cli_a_key_of_the_wrong_kind_gets_a_hint_for_the_kind_the_command_takes() {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     // A private key where a publisher's public key belongs: the hint must not say that a
     // private key would do.
     let run = b.run(&["trust", "add", "org.example", "k.key"]);
@@ -542,7 +306,7 @@ fn cli_a_key_of_the_wrong_kind_gets_a_hint_for_the_kind_the_command_takes() {
 /// A trusted bench with `example.scan` 1.0.0 installed and then superseded by 1.1.0; the
 /// archive of 1.0.0.
 fn two_versions_installed() -> (Bench, String) {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     b.trust();
     let v1 = b.package("example.scan", "1.0.0", b"scan v1", "");
     let v2 = b.package("example.scan", "1.1.0", b"scan v2", "");
@@ -636,7 +400,7 @@ fn cli_purge_forgets_removed_versions_and_with_them_the_immutability_promise() {
 
 #[test]
 fn cli_locked_store_exits_5_with_a_hint() {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     b.trust();
     let pkg = b.package("example.scan", "1.0.0", b"scan", "");
     b.run(&["list"]).expect(0);
@@ -655,7 +419,7 @@ fn cli_locked_store_exits_5_with_a_hint() {
 
 #[test]
 fn cli_reads_and_changes_a_store_that_a_runner_has_open() {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     b.trust();
     let pkg = b.package("example.scan", "1.0.0", b"scan", "");
     b.run(&["list"]).expect(0);
@@ -674,7 +438,7 @@ fn cli_reads_and_changes_a_store_that_a_runner_has_open() {
 
 #[test]
 fn cli_json_documents_and_json_errors() {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     let pkg = b.package("example.scan", "1.0.0", b"scan", "");
 
     // Errors on stderr as JSON, stdout empty.
@@ -792,7 +556,7 @@ fn cli_json_documents_and_json_errors() {
 
 #[test]
 fn cli_verify_leaves_no_temporary_files() {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     b.trust();
     let pkg = b.package("example.scan", "1.0.0", b"genuine bytes", "");
     let bad = tamper(&b, &pkg, b"genuine", b"forged!");
@@ -802,12 +566,12 @@ fn cli_verify_leaves_no_temporary_files() {
 
     let verify = |archive: &str| {
         let store = b.store();
-        let mut cmd = guild_command(
+        let mut cmd = guild().command(
             b.path(),
             &["--store", store.to_str().unwrap(), "verify", archive],
         );
         cmd.env("TMPDIR", &tmp);
-        finish(cmd.output().unwrap())
+        Run::from(cmd.output().unwrap())
     };
     verify(&bad)
         .expect(3)
@@ -838,7 +602,7 @@ fn tree(dir: &Path) -> Vec<(PathBuf, u64)> {
 
 #[test]
 fn cli_revoking_a_key_disables_what_it_signed() {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     b.trust();
     let pkg = b.package("example.scan", "1.0.0", b"scan", "");
     b.run(&["install", &pkg]).expect(0);
@@ -896,7 +660,7 @@ fn cli_revoking_a_key_disables_what_it_signed() {
 
 #[test]
 fn cli_keygen_force_replaces_the_pair() {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     let before = fs::read(b.path().join("k.pub")).unwrap();
     b.run(&["keygen", "--out", "k"]).expect(4);
     assert_eq!(fs::read(b.path().join("k.pub")).unwrap(), before);
@@ -909,7 +673,7 @@ fn cli_keygen_force_replaces_the_pair() {
 
 #[test]
 fn cli_only_the_full_check_finds_a_changed_library_and_a_stripped_signature() {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     b.trust();
     let pkg = b.package("example.scan", "1.0.0", b"scan", "");
     b.run(&["install", &pkg]).expect(0);
@@ -999,13 +763,13 @@ fn cli_only_the_full_check_finds_a_changed_library_and_a_stripped_signature() {
 
 #[test]
 fn cli_store_location_from_the_environment() {
-    let dir = TestDir::new();
+    let dir = Scratch::new();
     let status = |envs: &[(&str, &Path)]| {
-        let mut cmd = guild_command(dir.path(), &["--json", "status"]);
+        let mut cmd = guild().command(dir.path(), &["--json", "status"]);
         for (k, v) in envs {
             cmd.env(k, v);
         }
-        let run = finish(cmd.output().unwrap());
+        let run = Run::from(cmd.output().unwrap());
         run.expect(0);
         PathBuf::from(run.json()["store"].as_str().unwrap())
     };
@@ -1026,7 +790,7 @@ fn cli_store_location_from_the_environment() {
     assert_eq!(status(&[("HOME", &home)]), default);
     assert!(default.is_dir());
     // --store wins over everything.
-    let run = guild(
+    let run = guild().run(
         dir.path(),
         &["--store", explicit.to_str().unwrap(), "--json", "status"],
     );

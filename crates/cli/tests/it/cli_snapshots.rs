@@ -9,8 +9,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::cli::{guild, template_json, Bench};
-use crate::operations::plugin_library;
+use guild_test_support::guild::{tamper, template_json, Bench};
+use guild_test_support::plugins::plugin_library;
+
+use crate::guild;
 
 fn snapshot_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/it/snapshots")
@@ -79,7 +81,7 @@ fn assert_snapshot(name: &str, actual: &str) {
 #[test]
 fn snapshot_top_level_help() {
     let dir = tempfile::tempdir().unwrap();
-    let run = guild(dir.path(), &["--help"]);
+    let run = guild().run(dir.path(), &["--help"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_snapshot("help", &run.stdout);
 }
@@ -87,14 +89,14 @@ fn snapshot_top_level_help() {
 #[test]
 fn snapshot_install_help() {
     let dir = tempfile::tempdir().unwrap();
-    let run = guild(dir.path(), &["install", "--help"]);
+    let run = guild().run(dir.path(), &["install", "--help"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_snapshot("install-help", &run.stdout);
 }
 
 #[test]
 fn snapshot_list_json_and_an_untrusted_install() {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     let archive = b.package("example.snap", "1.0.0", b"snapshot library\n", "");
     let refused = b.run(&["install", &archive]);
     assert_eq!(refused.code, 3, "{}", refused.stderr);
@@ -115,7 +117,7 @@ fn snapshot_list_json_and_an_untrusted_install() {
 /// gone after it, and the JSON error once nothing is left to purge.
 #[test]
 fn snapshot_purge_of_removed_versions() {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     b.trust();
     for (version, body) in [("1.0.0", &b"purge v1\n"[..]), ("1.1.0", b"purge v2\n")] {
         let archive = b.package("example.purge", version, body, "");
@@ -152,20 +154,20 @@ fn completions_are_generated_for_each_shell() {
         ("zsh", "#compdef guild"),
         ("fish", "complete -c guild"),
     ] {
-        let run = guild(dir.path(), &["completions", shell]);
+        let run = guild().run(dir.path(), &["completions", shell]);
         assert_eq!(run.code, 0, "{shell}: {}", run.stderr);
         assert!(run.stdout.contains(marker), "{shell}: {}", run.stdout);
         for sub in ["install", "rollback", "doctor", "resolve"] {
             assert!(run.stdout.contains(sub), "{shell} lacks {sub}");
         }
     }
-    let bad = guild(dir.path(), &["completions", "cmd.exe"]);
+    let bad = guild().run(dir.path(), &["completions", "cmd.exe"]);
     assert_eq!(bad.code, 2);
 }
 
 #[test]
 fn doctor_reports_each_check_and_fails_on_an_unusable_store() {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     // doctor creates no store (publication_bounds tests that); any other command does.
     assert_eq!(b.run(&["list"]).code, 0);
     let run = b.run(&["--json", "doctor"]);
@@ -213,7 +215,7 @@ fn doctor_reports_each_check_and_fails_on_an_unusable_store() {
 
 #[test]
 fn resolve_explains_the_choice_and_the_refusals() {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     b.trust();
     let library = plugin_library("scan_module");
     let (src, _) = b.source("example.scan", "1.0.0", &library, "");
@@ -310,7 +312,7 @@ fn resolve_explains_the_choice_and_the_refusals() {
 
 #[test]
 fn a_tampered_copy_of_an_installed_version_is_still_refused() {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     b.trust();
     let archive = b.package("example.same", "1.0.0", b"the real library\n", "");
     assert_eq!(b.run(&["install", &archive]).code, 0);
@@ -320,7 +322,7 @@ fn a_tampered_copy_of_an_installed_version_is_still_refused() {
     assert!(again.stdout.contains("nothing changed"), "{}", again.stdout);
     // A copy whose library differs (its metadata, and so its payload, is the same) is an error,
     // although nothing would be written either way.
-    let tampered = crate::cli::tamper(&b, &archive, b"the real library", b"the fake library");
+    let tampered = tamper(&b, &archive, b"the real library", b"the fake library");
     let run = b.run(&["install", &tampered]);
     assert_eq!(run.code, 3, "{}\n{}", run.stdout, run.stderr);
     assert!(run.stderr.contains("libplugin.so"), "{}", run.stderr);
@@ -329,7 +331,7 @@ fn a_tampered_copy_of_an_installed_version_is_still_refused() {
 #[test]
 fn keygen_makes_a_private_key_directory() {
     let dir = tempfile::tempdir().unwrap();
-    let run = guild(dir.path(), &["keygen", "--out", "keys/deep/org.example"]);
+    let run = guild().run(dir.path(), &["keygen", "--out", "keys/deep/org.example"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     let keys = dir.path().join("keys/deep");
     assert!(keys.join("org.example.key").is_file() && keys.join("org.example.pub").is_file());
@@ -340,7 +342,7 @@ fn keygen_makes_a_private_key_directory() {
 
 #[test]
 fn a_store_with_a_missing_package_tree_still_opens_and_can_be_repaired() {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     b.trust();
     let base = b.package("example.base", "1.0.0", b"base library\n", "");
     let dep = b.package(
@@ -356,7 +358,7 @@ fn a_store_with_a_missing_package_tree_still_opens_and_can_be_repaired() {
         .path()
         .join(status["package"]["versions"][0]["path"].as_str().unwrap());
     assert!(tree.is_dir(), "{status}");
-    crate::support::make_writable(&tree);
+    guild_test_support::make_writable(&tree);
     fs::remove_dir_all(&tree).unwrap();
 
     // Every command still works. `list` reads the registry only and does not look at the trees;
@@ -403,7 +405,7 @@ fn a_store_with_a_missing_package_tree_still_opens_and_can_be_repaired() {
 
 #[test]
 fn installing_a_version_again_after_a_rollback_makes_it_current() {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     b.trust();
     let v1 = b.package("example.fwd", "1.0.0", b"one\n", "");
     let v2 = b.package("example.fwd", "2.0.0", b"two\n", "");
@@ -438,7 +440,7 @@ fn installing_a_version_again_after_a_rollback_makes_it_current() {
 
 #[test]
 fn signing_leaves_no_scratch_behind_when_it_is_refused() {
-    let b = Bench::new();
+    let b = Bench::new(guild());
     let archive = b.package("example.signed", "1.0.0", b"signed library\n", "");
     let scratch_dirs = || {
         fs::read_dir(b.path())
@@ -453,8 +455,8 @@ fn signing_leaves_no_scratch_behind_when_it_is_refused() {
     assert!(run.stderr.contains("already"), "{}", run.stderr);
     assert_eq!(scratch_dirs(), 0);
     // A damaged archive fails extraction.
-    let damaged = crate::cli::tamper(&b, &archive, b"signed library", b"signed librarz");
-    guild(b.path(), &["keygen", "--out", "other"]);
+    let damaged = tamper(&b, &archive, b"signed library", b"signed librarz");
+    guild().run(b.path(), &["keygen", "--out", "other"]);
     let run = b.run(&["sign", &damaged, "--key", "other.key"]);
     assert_eq!(run.code, 3, "{}", run.stderr);
     assert_eq!(scratch_dirs(), 0);

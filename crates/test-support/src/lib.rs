@@ -1,12 +1,25 @@
-//! Shared helpers for the package-manager tests: signing keys, packages built and signed from
-//! templates (with dependencies), a package manager opened over a real `FsStore` with an optional
-//! fault plan, and snapshots of a store's disk and of what its package manager shows.
+//! The fixtures that the workspace's integration tests share (a dev-dependency of guild-host and
+//! guild-cli, and of guild-host's benchmarks; it ships with nothing).
+//!
+//! At the root: signing keys, packages built and signed from templates (with dependencies), a
+//! package manager opened over a real `FsStore` with an optional fault plan, and snapshots of a
+//! store's disk and of what its package manager shows. [`plugins`] finds the C test plugins and
+//! makes package specs of them; [`guild`] runs the `guild` binary as an operator would.
 //!
 //! Packages go through the publisher's own path (`packaging::pack`), so that a test installs exactly
 //! what `guild pack` would produce. The store is wrapped in [`Spy`], which counts the calls that
 //! write into the store; a refusal that happened before extraction shows zero staging requests.
 
-#![allow(dead_code)]
+pub mod guild;
+pub mod plugins;
+
+/// The adapters the fixtures stand on, for tests that reach below the host's API (a store
+/// written by hand, a key file read back) in crates that may not depend on an adapter
+/// themselves (only the application crates do).
+pub mod adapters {
+    pub use guild_adapters_crypto as crypto;
+    pub use guild_adapters_fs as fs;
+}
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -106,6 +119,12 @@ pub fn platform() -> HostPlatform {
 #[derive(Debug)]
 pub struct Scratch {
     dir: Option<tempfile::TempDir>,
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Scratch {
@@ -693,6 +712,16 @@ impl std::fmt::Debug for Entry {
             } => write!(f, "{len} bytes {:.12} (ro {read_only})", sha256.to_hex()),
         }
     }
+}
+
+/// The store's files, as [`disk`] has them, but for its history: the registry's log, which
+/// records every commit (a sync's steps and a return to where it started, say), and the directory
+/// of pin files, which holds none once the runs that pinned are over.
+pub fn store_files(root: &Path) -> BTreeMap<String, Entry> {
+    let mut files = disk(root);
+    files.remove("registry.log");
+    files.remove("pins");
+    files
 }
 
 /// Every entry under the store root (the lock file aside), by relative path: the registry, the

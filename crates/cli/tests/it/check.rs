@@ -1,0 +1,237 @@
+//! `guild check`, the publisher's conformance check, run as a publisher runs it: its table and
+//! JSON report and exit codes, and a run of the check that a hostile build cannot stretch past its
+//! limits (G27): the parent's memory, the processes the build starts, the files a killed check
+//! leaves. What the check finds in each test plugin is guild-host's tests/it/conformance.rs.
+
+use std::time::Duration;
+
+use guild_test_support::guild::Run;
+use guild_test_support::plugins::{faulty, plugin_library};
+use guild_test_support::Workshop;
+
+use crate::guild;
+
+/// The command line: a directory of built files with its template, a table naming the
+/// operation and check, the same in JSON, exit code 3, and no store created.
+#[test]
+fn guild_check_reports_a_table_and_json_and_touches_no_store() {
+    let shop = Workshop::new();
+    let dir = shop.fresh("build");
+    std::fs::create_dir_all(dir.join("lib")).unwrap();
+    std::fs::write(
+        dir.join("lib/libfaulty_rank_accept.so"),
+        plugin_library("faulty_rank_accept"),
+    )
+    .unwrap();
+    let template = dir.with_extension("json");
+    std::fs::write(
+        &template,
+        faulty("rank_accept").template().to_pretty_string(),
+    )
+    .unwrap();
+    let store = shop.fresh("store");
+    let (d, t, s) = (
+        dir.to_str().unwrap(),
+        template.to_str().unwrap(),
+        store.to_str().unwrap(),
+    );
+    let run = guild().run(
+        shop.path(),
+        &["--store", s, "check", d, "--manifest", t, "--timeout", "2"],
+    );
+    assert_eq!(run.code, 3, "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains("runs its code unverified"),
+        "{}",
+        run.stdout
+    );
+    let line = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("validate.outside_bounds"))
+        .unwrap_or_else(|| panic!("no row:\n{}", run.stdout));
+    assert!(
+        line.contains("example.faulty.rank_accept") && line.contains("failed"),
+        "{line}"
+    );
+    assert!(!store.exists(), "guild check created a store");
+
+    let run = guild().run(shop.path(), &["--json", "check", d, "--manifest", t]);
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    let doc = run.json();
+    assert_eq!(doc["command"], "check");
+    assert_eq!(doc["failed"], 1);
+    let row = doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "validate.outside_bounds")
+        .unwrap();
+    assert_eq!(row["result"], "failed");
+    assert!(row["operation"]
+        .as_str()
+        .unwrap()
+        .starts_with("example.faulty.rank_accept"));
+
+    // An archive carries its own manifest: a template with it is a usage error, and without one
+    // the archive is checked as it is.
+    let archive = shop.build_with(&faulty("rank_accept"), None).archive;
+    let a = archive.to_str().unwrap();
+    let run = guild().run(shop.path(), &["check", a, "--manifest", t]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    let run = guild().run(shop.path(), &["--json", "check", a, "--timeout", "2"]);
+    assert_eq!(
+        (run.code, run.json()["failed"].as_u64()),
+        (3, Some(1)),
+        "{}",
+        run.stderr
+    );
+
+    // The correct build passes with exit code 0.
+    std::fs::write(
+        dir.join("lib/libfaulty_rank_accept.so"),
+        plugin_library("faulty_none"),
+    )
+    .unwrap();
+    let mut spec = faulty("none");
+    spec.files[0].0 = "lib/libfaulty_rank_accept.so".into();
+    std::fs::write(&template, spec.template().to_pretty_string()).unwrap();
+    let run = guild().run(shop.path(), &["check", d, "--manifest", t]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains(" 0 failed"), "{}", run.stdout);
+}
+
+/// `guild ARGS` in `cwd` with its address space limited to `kib` KiB (`ulimit -v`).
+fn guild_limited(cwd: &std::path::Path, kib: u64, args: &[&str]) -> Run {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -v {kib} && exec \"$0\" \"$@\""))
+        .arg(guild().path())
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("GUILD_STORE")
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    Run::from(out)
+}
+
+/// 768 MiB printed without a newline neither exhausts the check's memory (1 GiB of address space
+/// here) nor fails a build that is otherwise correct.
+#[test]
+fn unbounded_output_is_read_in_bounded_memory() {
+    let shop = Workshop::new();
+    let archive = shop.build_with(&faulty("flood_stdout"), None).archive;
+    let run = guild_limited(
+        shop.path(),
+        1 << 20,
+        &["check", archive.to_str().unwrap(), "--timeout", "10"],
+    );
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+}
+
+/// Whether process `pid` still runs (a zombie does not).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+        !state.starts_with('Z') && !state.starts_with('X')
+    })
+}
+
+/// Processes a plugin starts do not outlive the check: one left in the child's process group, and
+/// one double-forked into a session of its own.
+#[test]
+fn processes_the_build_starts_do_not_outlive_the_check() {
+    let shop = Workshop::new();
+    let archive = shop.build_with(&faulty("daemon"), None).archive;
+    let pids = shop.fresh("daemon.pids");
+    let out = guild()
+        .command(
+            shop.path(),
+            &["check", archive.to_str().unwrap(), "--timeout", "5"],
+        )
+        .env("GUILD_TEST_DAEMON_PIDS", &pids)
+        .output()
+        .unwrap();
+    let listed: Vec<u32> = std::fs::read_to_string(&pids)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    let survivors: Vec<u32> = listed.iter().copied().filter(|p| alive(*p)).collect();
+    for pid in &survivors {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status();
+    }
+    assert!(
+        survivors.is_empty(),
+        "{survivors:?} of {listed:?} outlived the check:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            found.extend(files_under(&path));
+        } else {
+            found.push(path);
+        }
+    }
+    found
+}
+
+/// A check killed while it runs leaves its staged copy behind, and the next check removes it.
+#[test]
+fn an_interrupted_check_leaves_no_temporary_files_behind() {
+    let shop = Workshop::new();
+    let tmp = shop.fresh("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let slow = shop.build_with(&faulty("chatty_execute"), None).archive;
+    let mut running = guild()
+        .command(
+            shop.path(),
+            &["check", slow.to_str().unwrap(), "--timeout", "30"],
+        )
+        .env("TMPDIR", &tmp)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed once the build is staged (its manifest extracted), while the check runs it.
+    let staged = (0..3000).any(|_| {
+        let found = files_under(&tmp).iter().any(|p| p.ends_with(".gkmetadata"));
+        if !found {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        found
+    });
+    running.kill().unwrap();
+    running.wait().unwrap();
+    assert!(staged, "the check never staged the build");
+    assert!(!files_under(&tmp).is_empty(), "nothing was left to clean");
+
+    let next = shop.build_with(&faulty("none"), None).archive;
+    let out = guild()
+        .command(
+            shop.path(),
+            &["check", next.to_str().unwrap(), "--timeout", "10"],
+        )
+        .env("TMPDIR", &tmp)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let left = files_under(&tmp);
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
