@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::manifest::Metadata;
 use guild_domain::path::RESERVED_METADATA_NAME;
+use guild_domain::store_state::StoreState;
 use guild_domain::version::Version;
 use guild_ports::signature::SignatureVerifier;
 use guild_ports::source::PackageSource;
@@ -63,6 +64,9 @@ impl PackageManager {
         )
     }
 
+    /// Opens the package manager over `store` as [`PackageManager::open`] describes: as a reader
+    /// when the store is one ([`PackageManager::open_reading`]), otherwise as the writer
+    /// ([`PackageManager::open_writing`]).
     fn open_with(
         store: Box<dyn PackageStore>,
         recovery: RecoveryReport,
@@ -72,8 +76,30 @@ impl PackageManager {
         reset: Option<TrustReset>,
         committed_only: bool,
     ) -> Result<(Self, OpenReport), HostError> {
+        let pm = Self::new(store, source, verifier, platform, committed_only);
+        let mut report = OpenReport {
+            recovery,
+            ..OpenReport::default()
+        };
+        if pm.store.is_reader() {
+            pm.open_reading(reset, &mut report)?;
+        } else {
+            pm.open_writing(reset, &mut report)?;
+        }
+        Ok((pm, report))
+    }
+
+    /// A package manager over `store` that has read nothing yet. Only a reader can be opened to
+    /// read the committed state only (`committed_only`).
+    fn new(
+        store: Box<dyn PackageStore>,
+        source: Box<dyn PackageSource>,
+        verifier: Box<dyn SignatureVerifier>,
+        platform: HostPlatform,
+        committed_only: bool,
+    ) -> Self {
         let store_is_reader = store.is_reader();
-        let pm = PackageManager {
+        PackageManager {
             store,
             source,
             verifier,
@@ -91,105 +117,142 @@ impl PackageManager {
             leases: Arc::new(Ledger::default()),
             progress: Mutex::new(None),
             committed_only: committed_only && store_is_reader,
-        };
-        let mut report = OpenReport {
-            recovery,
-            ..OpenReport::default()
-        };
-        if pm.store.is_reader() {
-            let mut life = pm.lock();
-            if reset.is_some() {
-                return Err(HostError::Store(guild_ports::store::StoreError::new(
-                    guild_ports::store::StoreErrorKind::InvalidTransaction,
-                    "a reader cannot rebuild the trust file; open the store as a writer",
-                )));
-            }
-            pm.check_trust_binding()?;
-            report.read_only = true;
-            if pm.committed_only {
-                report.committed_only = true;
-                drop(life);
-                return Ok((pm, report));
-            }
-            let checked = pm.catch_up(&mut life)?;
-            report.verified = checked.verified;
-            report.reauthenticated = checked.reauthenticated;
-            report.disabled = checked.disabled;
-            drop(life);
-            return Ok((pm, report));
         }
-        {
-            let mut life = pm.lock();
-            report.trust = match reset {
-                None => pm.check_trust_binding()?,
-                Some(reset) => Some(pm.rebuild_trust(reset)?),
-            };
-            let mut registry = pm.store.registry()?;
-            let mut damaged: Vec<(PackageId, Version, String)> = Vec::new();
-            for (id, version, record) in registry.installed() {
-                let dir = pm.store.package_dir(id, version);
-                let metadata = match read_installed_metadata(&dir, id, version) {
-                    Ok(m) => m,
-                    Err(e) => {
-                        damaged.push((id.clone(), version.clone(), e.to_string()));
-                        continue;
-                    }
-                };
-                if metadata.payload_digest() != record.payload_digest {
-                    damaged.push((
-                        id.clone(),
-                        version.clone(),
-                        format!(
-                            "its .gkmetadata has payload digest {}, the registry records {}",
-                            metadata.payload_digest(),
-                            record.payload_digest
-                        ),
-                    ));
+    }
+
+    /// Opening as a reader: refuses to rebuild the trust file, checks the one found against the
+    /// registry (writing nothing), and unless only the committed state is read, catches up with
+    /// the store, leaving what this process cannot use out of its own view.
+    fn open_reading(
+        &self,
+        reset: Option<TrustReset>,
+        report: &mut OpenReport,
+    ) -> Result<(), HostError> {
+        let mut life = self.lock();
+        if reset.is_some() {
+            return Err(HostError::Store(guild_ports::store::StoreError::new(
+                guild_ports::store::StoreErrorKind::InvalidTransaction,
+                "a reader cannot rebuild the trust file; open the store as a writer",
+            )));
+        }
+        self.check_trust_binding()?;
+        report.read_only = true;
+        if self.committed_only {
+            report.committed_only = true;
+            return Ok(());
+        }
+        let checked = self.catch_up(&mut life)?;
+        report.verified = checked.verified;
+        report.reauthenticated = checked.reauthenticated;
+        report.disabled = checked.disabled;
+        Ok(())
+    }
+
+    /// Opening as the writer, under the lifecycle lock: the trust file checked (or rebuilt as
+    /// `reset` says), every installed version's metadata read back, the damaged ones marked
+    /// removed, the enabled ones re-verified (what fails is disabled and recorded), and what
+    /// each change reads built once.
+    fn open_writing(
+        &self,
+        reset: Option<TrustReset>,
+        report: &mut OpenReport,
+    ) -> Result<(), HostError> {
+        let mut life = self.lock();
+        report.trust = match reset {
+            None => self.check_trust_binding()?,
+            Some(reset) => Some(self.rebuild_trust(reset)?),
+        };
+        let mut registry = self.store.registry()?;
+        let damaged = self.read_back_installed(&mut life, &registry);
+        if !damaged.is_empty() {
+            report.removed = self.mark_damaged_removed(&registry, damaged)?;
+            registry = self.store.registry()?;
+        }
+
+        let checked = self.verify_enabled(&mut life, &registry, Scope::Open)?;
+        report.verified = checked.verified;
+        report.reauthenticated = checked.reauthenticated;
+        report.disabled = checked.disabled;
+        life.caught_up = true;
+        life.generation = registry.generation();
+        life.trust_digest = self.store.read_trust()?.map(|b| Sha256Digest::of(&b));
+        // A writer is there to make changes: build what each change reads now, once. It
+        // only reads what opening already holds; if it cannot be built, the first change
+        // builds it again and reports why.
+        let committed = self.store.registry()?;
+        let _ = self.kept(&mut life, &committed);
+        Ok(())
+    }
+
+    /// Reads the signed metadata of every version `registry` records as installed into the
+    /// lifecycle state. Answers the versions whose `.gkmetadata` cannot be read or parsed, or
+    /// does not carry the payload digest the registry records, each with the problem.
+    fn read_back_installed(
+        &self,
+        life: &mut Lifecycle,
+        registry: &StoreState,
+    ) -> Vec<(PackageId, Version, String)> {
+        let mut damaged = Vec::new();
+        for (id, version, record) in registry.installed() {
+            let dir = self.store.package_dir(id, version);
+            let metadata = match read_installed_metadata(&dir, id, version) {
+                Ok(m) => m,
+                Err(e) => {
+                    damaged.push((id.clone(), version.clone(), e.to_string()));
                     continue;
                 }
-                life.metadata
-                    .insert((id.clone(), version.clone()), Arc::new(metadata));
+            };
+            if metadata.payload_digest() != record.payload_digest {
+                damaged.push((
+                    id.clone(),
+                    version.clone(),
+                    format!(
+                        "its .gkmetadata has payload digest {}, the registry records {}",
+                        metadata.payload_digest(),
+                        record.payload_digest
+                    ),
+                ));
+                continue;
             }
-            if !damaged.is_empty() {
-                // A version whose tree is gone or unreadable cannot be verified, loaded or
-                // rolled back to; it is recorded as removed (so the same version can only come
-                // back with the same content, by installing it again) instead of making the
-                // whole store unusable, and whatever depended on it is disabled below.
-                let mut next = registry.successor();
-                for (id, version, problem) in damaged {
-                    let enabled = next.package(&id).and_then(|p| p.enabled()) == Some(&version);
-                    if enabled {
-                        next.disable(&id)?;
-                    }
-                    next.remove(&id, &version)?;
-                    report.removed.push(LeftOut {
-                        id,
-                        version,
-                        reason: format!(
-                            "its installed tree is damaged ({problem}); it was marked removed: \
-                             install the package again to restore it"
-                        ),
-                    });
-                }
-                pm.store
-                    .commit(Transaction::new(registry.generation(), next))?;
-                registry = pm.store.registry()?;
-            }
-
-            let checked = pm.verify_enabled(&mut life, &registry, Scope::Open)?;
-            report.verified = checked.verified;
-            report.reauthenticated = checked.reauthenticated;
-            report.disabled = checked.disabled;
-            life.caught_up = true;
-            life.generation = registry.generation();
-            life.trust_digest = pm.store.read_trust()?.map(|b| Sha256Digest::of(&b));
-            // A writer is there to make changes: build what each change reads now, once. It
-            // only reads what opening already holds; if it cannot be built, the first change
-            // builds it again and reports why.
-            let committed = pm.store.registry()?;
-            let _ = pm.kept(&mut life, &committed);
+            life.metadata
+                .insert((id.clone(), version.clone()), Arc::new(metadata));
         }
-        Ok((pm, report))
+        damaged
+    }
+
+    /// Marks each `damaged` version removed (disabled first when it is the enabled one) in one
+    /// durable transaction from `registry`; answers one report line per version.
+    ///
+    /// A version whose tree is gone or unreadable cannot be verified, loaded or rolled back to;
+    /// it is recorded as removed (so the same version can only come back with the same content,
+    /// by installing it again) instead of making the whole store unusable, and whatever depended
+    /// on it is disabled by the re-verification that follows
+    /// ([`PackageManager::verify_enabled`]).
+    fn mark_damaged_removed(
+        &self,
+        registry: &StoreState,
+        damaged: Vec<(PackageId, Version, String)>,
+    ) -> Result<Vec<LeftOut>, HostError> {
+        let mut removed = Vec::new();
+        let mut next = registry.successor();
+        for (id, version, problem) in damaged {
+            let enabled = next.package(&id).and_then(|p| p.enabled()) == Some(&version);
+            if enabled {
+                next.disable(&id)?;
+            }
+            next.remove(&id, &version)?;
+            removed.push(LeftOut {
+                id,
+                version,
+                reason: format!(
+                    "its installed tree is damaged ({problem}); it was marked removed: \
+                     install the package again to restore it"
+                ),
+            });
+        }
+        self.store
+            .commit(Transaction::new(registry.generation(), next))?;
+        Ok(removed)
     }
 
     /// Opens the store at `dir` (creating it when absent) with the production adapters: the
