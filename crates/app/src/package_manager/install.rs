@@ -7,7 +7,7 @@ use std::sync::Arc;
 use guild_domain::ids::PackageId;
 use guild_domain::lease::QuiescentAction;
 use guild_domain::manifest::Metadata;
-use guild_domain::store_state::{NewVersion, PublishKind, PublishOptions, StoreState};
+use guild_domain::store_state::{NewVersion, PublishKind, PublishOptions, Published, StoreState};
 use guild_domain::trust::{authenticate, Authenticated};
 use guild_domain::version::Version;
 use guild_ports::source::{OpenedPackage, Progress};
@@ -156,15 +156,42 @@ impl PackageManager {
     ) -> Result<Installed, HostError> {
         let mut life = self.lock();
         let _write = self.write_session(&mut life)?;
-        let (mut opened, metadata, package, auth) = self.offered(location)?;
-        let manifest = metadata.manifest();
-
+        let (opened, metadata, package, auth) = self.offered(location)?;
         let registry = self.store.registry()?;
+        let draft = Self::draft_install(&registry, &metadata, &auth, options)?;
+        let installed = installed_as_found(&registry, &metadata, &auth);
+        let offered = Offered {
+            opened,
+            metadata,
+            package,
+            enable: options.enable,
+        };
+        if draft.published.kind != PublishKind::New {
+            let (id, version) = (&installed.id, &installed.version);
+            if draft.tainted || self.installed_copy_fails(&life, id, version) {
+                return self.repair(&mut life, &registry, draft, installed, offered, hook);
+            }
+            return self.install_again(&mut life, &registry, draft, installed, offered, hook);
+        }
+        self.install_new(&mut life, &registry, draft, installed, offered, hook)
+    }
+
+    /// Step 2 of an installation against the store: the offered version (authenticated, with
+    /// `metadata`) published in a draft of `registry`, with the trust file the registry records
+    /// as the one it was authenticated under. Refused by the immutable-version and downgrade
+    /// rules ([`StoreState::publish`]).
+    fn draft_install(
+        registry: &StoreState,
+        metadata: &Metadata,
+        auth: &Authenticated,
+        options: InstallOptions,
+    ) -> Result<Draft, HostError> {
+        let manifest = metadata.manifest();
         let (id, version) = (&manifest.package_id, &manifest.version);
         let mut next = registry.successor();
         // A genuine copy of a tainted version repairs it: the taint is lifted in the
         // draft, so that the publication decides as for any installed version, and the files
-        // are replaced below.
+        // are replaced by the repair.
         let tainted = registry.record(id, version).is_some_and(|r| {
             r.payload_digest == auth.payload_digest && r.state.is_installed() && r.taint.is_some()
         });
@@ -189,47 +216,73 @@ impl PackageManager {
             // Authenticated just now, under the trust file the registry records.
             next.set_trusted_under(id, version, anchor);
         }
-        let mut installed = Installed {
-            id: id.clone(),
-            version: version.clone(),
-            kind: manifest.kind,
-            payload_digest: auth.payload_digest,
-            publisher: auth.publisher.clone(),
-            key_id: auth.key_id,
-            changed: false,
-            enabled: registry.package(id).and_then(|p| p.enabled()) == Some(version),
-            superseded: None,
-            reactivated: false,
-            repaired: false,
-        };
-        if published.kind != PublishKind::New
-            && (tainted || self.installed_copy_fails(&life, id, version))
-        {
-            let offered = Offered {
-                opened,
-                metadata,
-                package,
-                enable: options.enable,
-            };
-            return self.repair(
-                &mut life, &registry, next, installed, published, offered, hook,
-            );
+        Ok(Draft {
+            next,
+            published,
+            tainted,
+        })
+    }
+
+    /// The second half of [`PackageManager::install`] when the offered version is installed
+    /// and its installed copy is sound: the offered file is still checked in full, then nothing
+    /// changes (it is the current version already) or the version is made current again
+    /// ([`PackageManager::reactivate`]).
+    fn install_again(
+        &self,
+        life: &mut Lifecycle,
+        registry: &StoreState,
+        draft: Draft,
+        installed: Installed,
+        offered: Offered,
+        hook: &mut dyn LifecycleHook,
+    ) -> Result<Installed, HostError> {
+        let Offered {
+            mut opened,
+            metadata,
+            package,
+            ..
+        } = offered;
+        // Nothing will be extracted, but the operator offered this file expecting it to be
+        // checked: a damaged or tampered copy of an installed version is still an error.
+        let watch = self.watch(&mut *opened, &package, metadata.manifest());
+        opened.verify_in_place(metadata.manifest())?;
+        drop(watch);
+        if draft.published.kind == PublishKind::IdenticalNoOp {
+            return Ok(installed);
         }
-        if published.kind != PublishKind::New {
-            // Nothing will be extracted, but the operator offered this file expecting it to be
-            // checked: a damaged or tampered copy of an installed version is still an error.
-            let watch = self.watch(&mut *opened, &package, metadata.manifest());
-            opened.verify_in_place(metadata.manifest())?;
-            drop(watch);
-            if published.kind == PublishKind::IdenticalNoOp {
-                return Ok(installed);
-            }
-            return self.reactivate(&mut life, &registry, next, installed, published, hook);
-        }
+        let Draft {
+            next, published, ..
+        } = draft;
+        self.reactivate(life, registry, next, installed, published, hook)
+    }
+
+    /// Steps 2 to 4 of an installation of a version not installed before: the graph with it in
+    /// place and the impl ids it provides are checked before anything of it is written, then
+    /// it is extracted into staging, the hook prepares, and one transaction installs it.
+    fn install_new(
+        &self,
+        life: &mut Lifecycle,
+        registry: &StoreState,
+        draft: Draft,
+        mut installed: Installed,
+        offered: Offered,
+        hook: &mut dyn LifecycleHook,
+    ) -> Result<Installed, HostError> {
+        let Draft {
+            next, published, ..
+        } = draft;
+        let Offered {
+            opened,
+            metadata,
+            package,
+            enable,
+        } = offered;
+        let manifest = metadata.manifest();
+        let (id, version) = (&manifest.package_id, &manifest.version);
 
         // Validate the graph with the new version in place, before anything is written.
-        let change = self.kept_change(&life, &registry, &next, id, Some(&metadata))?;
-        let kept = self.kept(&mut life, &registry)?;
+        let change = self.kept_change(life, registry, &next, id, Some(&metadata))?;
+        let kept = self.kept(life, registry)?;
         Self::refuse_breakage(kept, &change, || format!("installing {id}@{version}"))?;
         // Its impl ids must be free before anything of it is written or opened.
         Self::refuse_taken_ids(kept, &metadata)?;
@@ -247,7 +300,7 @@ impl PackageManager {
             version,
             dir: &staging,
             metadata: &metadata,
-            enabled: options.enable,
+            enabled: enable,
         };
         if let Err(e) = hook.prepare(&prepared) {
             let _ = self.store.discard_staging(&staging);
@@ -262,9 +315,9 @@ impl PackageManager {
 
         life.metadata
             .insert((id.clone(), version.clone()), metadata);
-        Self::advance(&mut life, change);
+        Self::advance(life, change);
         installed.changed = true;
-        installed.enabled = options.enable;
+        installed.enabled = enable;
         installed.superseded = published.superseded;
         Ok(installed)
     }
@@ -287,17 +340,20 @@ impl PackageManager {
     /// files are extracted and hashed into staging, the store swaps the trees in one
     /// transaction, and the taint is lifted. The version ends as the operator asked: current
     /// and enabled unless `--disabled` (or, if it is not current, as a reinstall of it decides).
-    #[allow(clippy::too_many_arguments)]
     fn repair(
         &self,
         life: &mut Lifecycle,
         registry: &StoreState,
-        mut next: StoreState,
+        draft: Draft,
         mut installed: Installed,
-        published: guild_domain::store_state::Published,
         offered: Offered,
         hook: &mut dyn LifecycleHook,
     ) -> Result<Installed, HostError> {
+        let Draft {
+            mut next,
+            published,
+            ..
+        } = draft;
         let Offered {
             opened,
             metadata,
@@ -368,7 +424,7 @@ impl PackageManager {
         registry: &StoreState,
         mut next: StoreState,
         mut installed: Installed,
-        published: guild_domain::store_state::Published,
+        published: Published,
         hook: &mut dyn LifecycleHook,
     ) -> Result<Installed, HostError> {
         let (id, version) = (&installed.id, &installed.version);
@@ -406,4 +462,39 @@ struct Offered {
     package: String,
     /// Whether the operator asked for the version enabled (no `--disabled`).
     enable: bool,
+}
+
+/// An installation's draft of the registry, not yet committed: the offered version published.
+struct Draft {
+    /// The registry the installation commits.
+    next: StoreState,
+    /// What publishing the offered version decided.
+    published: Published,
+    /// Whether the offered package is a genuine copy of a tainted installed version (whose
+    /// taint is lifted in `next`).
+    tainted: bool,
+}
+
+/// What an installation of the authenticated package `metadata` describes answers while it has
+/// changed nothing: the version enabled or not as `registry` records it.
+fn installed_as_found(
+    registry: &StoreState,
+    metadata: &Metadata,
+    auth: &Authenticated,
+) -> Installed {
+    let manifest = metadata.manifest();
+    let (id, version) = (&manifest.package_id, &manifest.version);
+    Installed {
+        id: id.clone(),
+        version: version.clone(),
+        kind: manifest.kind,
+        payload_digest: auth.payload_digest,
+        publisher: auth.publisher.clone(),
+        key_id: auth.key_id,
+        changed: false,
+        enabled: registry.package(id).and_then(|p| p.enabled()) == Some(version),
+        superseded: None,
+        reactivated: false,
+        repaired: false,
+    }
 }
