@@ -27,8 +27,8 @@ use crate::error::HostError;
 use crate::models::{BoundModel, ModelRunners, SelectFileError};
 use crate::operations::DeviceSupport;
 use crate::package_manager::{
-    Change, InstallOptions, Installed, LeftOut, LifecycleHook, OpenReport, PackageManager,
-    PackageView, PlannedPackage, Refreshed,
+    Change, InstallOptions, Installed, LeftOut, LifecycleHook, LoadOrder, OpenReport,
+    PackageManager, PackageView, PlannedPackage, Refreshed,
 };
 use crate::reconcile::{Applied, Pass, PendingCause, PendingChange};
 use crate::registry::{
@@ -629,6 +629,22 @@ impl Host {
         // Revocations first: they need nothing but the trust check, so no fault further on
         // (the crash records, the load plan) can keep revoked code reachable.
         self.take_out_distrusted(&mut report);
+        let plan = self.plan_to_follow(&mut report)?;
+        let held = self.held_by_lock(&plan.order, &mut report);
+        let mut pass = self.applied().pass();
+        self.take_out_unwanted(&plan.order, &held, &mut report, &mut pass, now);
+        self.load_wanted(&plan.order, &held, &mut report, &mut pass, now);
+        self.break_cycles(&plan.order, &held, &mut report, &mut pass, now);
+        let mut applied = self.applied();
+        applied.complete(refreshed.generation, pass.finish());
+        report.pending = applied.report(now);
+        Ok(report)
+    }
+
+    /// The load plan a pass of [`Host::reconcile`] follows, read once the crash records are
+    /// read again. When either cannot be read, what the package manager reported unusable at
+    /// this refresh is kept for the next report.
+    fn plan_to_follow(&self, report: &mut RefreshReport) -> Result<LoadOrder, HostError> {
         // Something may load: what other processes quarantined since is refused too.
         let plan = self
             .crashes
@@ -637,20 +653,29 @@ impl Host {
                 quarantine.reread().map_err(HostError::from)
             })
             .and_then(|()| self.packages.load_plan());
-        let plan = match plan {
-            Ok(plan) => plan,
+        match plan {
+            Ok(plan) => Ok(plan),
             Err(e) => {
                 // The package manager reports what it cannot use once, at the refresh that read
                 // it: the next report says it instead of this one.
                 self.applied()
                     .keep_unusable(std::mem::take(&mut report.unusable));
-                return Err(e);
+                Err(e)
             }
-        };
+        }
+    }
+
+    /// The packages of `order` that the host's lock holds where they are, because it does not
+    /// admit the planned version; each refusal is reported. None for a host without a lock.
+    fn held_by_lock(
+        &self,
+        order: &[PlannedPackage],
+        report: &mut RefreshReport,
+    ) -> BTreeSet<PackageId> {
         // A host under a lock follows the store only where the lock admits the new version;
         // elsewhere it keeps what it has.
         let mut held = BTreeSet::new();
-        for planned in plan.order.iter().filter(|_| self.lock.is_some()) {
+        for planned in order.iter().filter(|_| self.lock.is_some()) {
             let refused = self
                 .packages
                 .metadata(&planned.id, &planned.version)
@@ -660,9 +685,23 @@ impl Host {
                 report.refused_by_lock.push(refused);
             }
         }
+        held
+    }
+
+    /// Takes out the loaded packages that the plan `order` no longer wants at all, unless a lock
+    /// holds them; one that live bindings hold is deferred, and one that cannot be drained is
+    /// recorded as failed. A package the plan wants at another version is left to
+    /// [`Host::load_wanted`].
+    fn take_out_unwanted(
+        &self,
+        order: &[PlannedPackage],
+        held: &BTreeSet<PackageId>,
+        report: &mut RefreshReport,
+        pass: &mut Pass,
+        now: Instant,
+    ) {
         let wanted: BTreeMap<&PackageId, &Version> =
-            plan.order.iter().map(|p| (&p.id, &p.version)).collect();
-        let mut pass = self.applied().pass();
+            order.iter().map(|p| (&p.id, &p.version)).collect();
         // What the new generation no longer wants loaded (or wants at another version).
         for (id, version) in self.kernels.loaded_packages() {
             let to = wanted.get(&id).map(|v| (*v).clone());
@@ -688,7 +727,7 @@ impl Host {
                     });
                 }
                 Err(RegistryChangeError::Bound { bindings, .. }) => {
-                    self.defer(&mut report, &mut pass, now, id, version, None, bindings);
+                    self.defer(report, pass, now, id, version, None, bindings);
                 }
                 Err(e) => {
                     let cause = PendingCause::Failed {
@@ -698,11 +737,24 @@ impl Host {
                 }
             }
         }
+    }
+
+    /// The loading pass: loads each package of the plan `order` at its planned version, or
+    /// switches it there, unless a lock holds it, live bindings defer the switch, or it failed a
+    /// moment ago and nothing it needs changed since. Runs after [`Host::take_out_unwanted`].
+    fn load_wanted(
+        &self,
+        order: &[PlannedPackage],
+        held: &BTreeSet<PackageId>,
+        report: &mut RefreshReport,
+        pass: &mut Pass,
+        now: Instant,
+    ) {
         // Packages loaded or taken out by this pass: a failed switch that needs one of them is
         // tried again at once, whatever its delay.
         let mut changed: BTreeSet<PackageId> =
             report.taken_out.iter().map(|q| q.id.clone()).collect();
-        for planned in &plan.order {
+        for planned in order {
             let current = self.kernels.loaded_version(&planned.id);
             if current.as_ref() == Some(&planned.version) || held.contains(&planned.id) {
                 continue;
@@ -711,7 +763,7 @@ impl Host {
             if let (Some(from), true) = (&current, bindings > 0) {
                 let (id, from) = (planned.id.clone(), from.clone());
                 let to = Some(planned.version.clone());
-                self.defer(&mut report, &mut pass, now, id, from, to, bindings);
+                self.defer(report, pass, now, id, from, to, bindings);
                 continue;
             }
             let after_change = changed.contains(&planned.id)
@@ -739,7 +791,7 @@ impl Host {
                 Ok(Switched::Bound(bindings)) => {
                     let (id, to) = (planned.id.clone(), Some(planned.version.clone()));
                     let from = current.unwrap_or_else(|| planned.version.clone());
-                    self.defer(&mut report, &mut pass, now, id, from, to, bindings);
+                    self.defer(report, pass, now, id, from, to, bindings);
                 }
                 Err(e) => {
                     let cause = PendingCause::Failed {
@@ -753,11 +805,6 @@ impl Host {
                 }
             }
         }
-        self.break_cycles(&plan.order, &held, &mut report, &mut pass, now);
-        let mut applied = self.applied();
-        applied.complete(refreshed.generation, pass.finish());
-        report.pending = applied.report(now);
-        Ok(report)
     }
 
     /// Breaks the cycles of waiting the loading pass leaves behind. A switch deferred by live
