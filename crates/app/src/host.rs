@@ -27,8 +27,8 @@ use crate::error::HostError;
 use crate::models::{BoundModel, ModelRunners, SelectFileError};
 use crate::operations::DeviceSupport;
 use crate::package_manager::{
-    Change, InstallOptions, Installed, LeftOut, LifecycleHook, OpenReport, PackageManager,
-    PackageView, PlannedPackage, Refreshed,
+    Change, InstallOptions, Installed, LeftOut, LifecycleHook, LoadOrder, OpenReport,
+    PackageManager, PackageView, PlannedPackage, Refreshed,
 };
 use crate::reconcile::{Applied, Pass, PendingCause, PendingChange};
 use crate::registry::{
@@ -422,27 +422,7 @@ impl Host {
                 unusable.insert(planned.id.clone());
                 continue;
             }
-            let outcome = self
-                .packages
-                .check_loadable(&planned.id, &planned.version)
-                .and_then(|()| {
-                    self.load(
-                        &planned.id,
-                        &planned.version,
-                        &planned.dir,
-                        &metadata,
-                        LoadFrom::Installed,
-                    )
-                })
-                .and_then(|plugin| {
-                    let (kernels, runners) = (plugin.kernels.len(), plugin.runners.len());
-                    let prepared =
-                        self.kernels
-                            .prepare(&planned.id, &planned.version, plugin, true)?;
-                    self.kernels.commit(prepared);
-                    Ok((kernels, runners))
-                });
-            match outcome {
+            match self.load_planned(&planned, &metadata) {
                 Ok((kernels, runners)) => report.loaded.push(LoadedSummary {
                     id: planned.id,
                     version: planned.version,
@@ -460,16 +440,51 @@ impl Host {
             }
         }
         if !failed.is_empty() {
-            let now = Instant::now();
-            let mut applied = self.applied();
-            for (id, version, cause) in failed {
-                let from = self.kernels.loaded_version(&id);
-                applied.record(&id, from, Some(version), cause, now);
-            }
-            drop(applied);
-            self.wake_watchers();
+            self.record_failed_loads(failed);
         }
         Ok(report)
+    }
+
+    /// Loads `planned`, described by `metadata`, into the kernel registry for
+    /// [`Host::load_enabled`]: still authenticated by today's trust store, then loaded from its
+    /// installed tree and published. Answers how many kernels and runners it registered.
+    fn load_planned(
+        &self,
+        planned: &PlannedPackage,
+        metadata: &Metadata,
+    ) -> Result<(usize, usize), HostError> {
+        self.packages
+            .check_loadable(&planned.id, &planned.version)
+            .and_then(|()| {
+                self.load(
+                    &planned.id,
+                    &planned.version,
+                    &planned.dir,
+                    metadata,
+                    LoadFrom::Installed,
+                )
+            })
+            .and_then(|plugin| {
+                let (kernels, runners) = (plugin.kernels.len(), plugin.runners.len());
+                let prepared = self
+                    .kernels
+                    .prepare(&planned.id, &planned.version, plugin, true)?;
+                self.kernels.commit(prepared);
+                Ok((kernels, runners))
+            })
+    }
+
+    /// Records the loads [`Host::load_enabled`] could not make as changes still owed, for later
+    /// refreshes to try again, and wakes the watchers.
+    fn record_failed_loads(&self, failed: Vec<(PackageId, Version, PendingCause)>) {
+        let now = Instant::now();
+        let mut applied = self.applied();
+        for (id, version, cause) in failed {
+            let from = self.kernels.loaded_version(&id);
+            applied.record(&id, from, Some(version), cause, now);
+        }
+        drop(applied);
+        self.wake_watchers();
     }
 
     /// The full check of every enabled package ([`PackageManager::reverify`]): its signatures
@@ -629,6 +644,22 @@ impl Host {
         // Revocations first: they need nothing but the trust check, so no fault further on
         // (the crash records, the load plan) can keep revoked code reachable.
         self.take_out_distrusted(&mut report);
+        let plan = self.plan_to_follow(&mut report)?;
+        let held = self.held_by_lock(&plan.order, &mut report);
+        let mut pass = self.applied().pass();
+        self.take_out_unwanted(&plan.order, &held, &mut report, &mut pass, now);
+        self.load_wanted(&plan.order, &held, &mut report, &mut pass, now);
+        self.break_cycles(&plan.order, &held, &mut report, &mut pass, now);
+        let mut applied = self.applied();
+        applied.complete(refreshed.generation, pass.finish());
+        report.pending = applied.report(now);
+        Ok(report)
+    }
+
+    /// The load plan a pass of [`Host::reconcile`] follows, read once the crash records are
+    /// read again. When either cannot be read, what the package manager reported unusable at
+    /// this refresh is kept for the next report.
+    fn plan_to_follow(&self, report: &mut RefreshReport) -> Result<LoadOrder, HostError> {
         // Something may load: what other processes quarantined since is refused too.
         let plan = self
             .crashes
@@ -637,20 +668,29 @@ impl Host {
                 quarantine.reread().map_err(HostError::from)
             })
             .and_then(|()| self.packages.load_plan());
-        let plan = match plan {
-            Ok(plan) => plan,
+        match plan {
+            Ok(plan) => Ok(plan),
             Err(e) => {
                 // The package manager reports what it cannot use once, at the refresh that read
                 // it: the next report says it instead of this one.
                 self.applied()
                     .keep_unusable(std::mem::take(&mut report.unusable));
-                return Err(e);
+                Err(e)
             }
-        };
+        }
+    }
+
+    /// The packages of `order` that the host's lock holds where they are, because it does not
+    /// admit the planned version; each refusal is reported. None for a host without a lock.
+    fn held_by_lock(
+        &self,
+        order: &[PlannedPackage],
+        report: &mut RefreshReport,
+    ) -> BTreeSet<PackageId> {
         // A host under a lock follows the store only where the lock admits the new version;
         // elsewhere it keeps what it has.
         let mut held = BTreeSet::new();
-        for planned in plan.order.iter().filter(|_| self.lock.is_some()) {
+        for planned in order.iter().filter(|_| self.lock.is_some()) {
             let refused = self
                 .packages
                 .metadata(&planned.id, &planned.version)
@@ -660,9 +700,23 @@ impl Host {
                 report.refused_by_lock.push(refused);
             }
         }
+        held
+    }
+
+    /// Takes out the loaded packages that the plan `order` no longer wants at all, unless a lock
+    /// holds them; one that live bindings hold is deferred, and one that cannot be drained is
+    /// recorded as failed. A package the plan wants at another version is left to
+    /// [`Host::load_wanted`].
+    fn take_out_unwanted(
+        &self,
+        order: &[PlannedPackage],
+        held: &BTreeSet<PackageId>,
+        report: &mut RefreshReport,
+        pass: &mut Pass,
+        now: Instant,
+    ) {
         let wanted: BTreeMap<&PackageId, &Version> =
-            plan.order.iter().map(|p| (&p.id, &p.version)).collect();
-        let mut pass = self.applied().pass();
+            order.iter().map(|p| (&p.id, &p.version)).collect();
         // What the new generation no longer wants loaded (or wants at another version).
         for (id, version) in self.kernels.loaded_packages() {
             let to = wanted.get(&id).map(|v| (*v).clone());
@@ -688,7 +742,7 @@ impl Host {
                     });
                 }
                 Err(RegistryChangeError::Bound { bindings, .. }) => {
-                    self.defer(&mut report, &mut pass, now, id, version, None, bindings);
+                    self.defer(report, pass, now, id, version, None, bindings);
                 }
                 Err(e) => {
                     let cause = PendingCause::Failed {
@@ -698,11 +752,24 @@ impl Host {
                 }
             }
         }
+    }
+
+    /// The loading pass: loads each package of the plan `order` at its planned version, or
+    /// switches it there, unless a lock holds it, live bindings defer the switch, or it failed a
+    /// moment ago and nothing it needs changed since. Runs after [`Host::take_out_unwanted`].
+    fn load_wanted(
+        &self,
+        order: &[PlannedPackage],
+        held: &BTreeSet<PackageId>,
+        report: &mut RefreshReport,
+        pass: &mut Pass,
+        now: Instant,
+    ) {
         // Packages loaded or taken out by this pass: a failed switch that needs one of them is
         // tried again at once, whatever its delay.
         let mut changed: BTreeSet<PackageId> =
             report.taken_out.iter().map(|q| q.id.clone()).collect();
-        for planned in &plan.order {
+        for planned in order {
             let current = self.kernels.loaded_version(&planned.id);
             if current.as_ref() == Some(&planned.version) || held.contains(&planned.id) {
                 continue;
@@ -711,7 +778,7 @@ impl Host {
             if let (Some(from), true) = (&current, bindings > 0) {
                 let (id, from) = (planned.id.clone(), from.clone());
                 let to = Some(planned.version.clone());
-                self.defer(&mut report, &mut pass, now, id, from, to, bindings);
+                self.defer(report, pass, now, id, from, to, bindings);
                 continue;
             }
             let after_change = changed.contains(&planned.id)
@@ -739,7 +806,7 @@ impl Host {
                 Ok(Switched::Bound(bindings)) => {
                     let (id, to) = (planned.id.clone(), Some(planned.version.clone()));
                     let from = current.unwrap_or_else(|| planned.version.clone());
-                    self.defer(&mut report, &mut pass, now, id, from, to, bindings);
+                    self.defer(report, pass, now, id, from, to, bindings);
                 }
                 Err(e) => {
                     let cause = PendingCause::Failed {
@@ -753,11 +820,6 @@ impl Host {
                 }
             }
         }
-        self.break_cycles(&plan.order, &held, &mut report, &mut pass, now);
-        let mut applied = self.applied();
-        applied.complete(refreshed.generation, pass.finish());
-        report.pending = applied.report(now);
-        Ok(report)
     }
 
     /// Breaks the cycles of waiting the loading pass leaves behind. A switch deferred by live
@@ -794,39 +856,14 @@ impl Host {
             if !pass.cycle_worth_trying(&switch.id, bindings) {
                 continue;
             }
-            let loaded = self.kernels.loaded_packages();
-            let needs_of = |id: &PackageId, at: &Version, on: &PackageId| {
-                self.packages
-                    .metadata(id, at)
-                    .is_some_and(|m| needs(&m).any(|(d, _)| d == on))
-            };
-            let dependents: Vec<(PackageId, Version)> = loaded
-                .iter()
-                .filter(|(d, at)| {
-                    d != &switch.id
-                        && !held.contains(d)
-                        && planned(d).map(|p| &p.version) != Some(at)
-                        && needs_of(d, at, &switch.id)
-                        && !loaded.iter().any(|(e, e_at)| needs_of(e, e_at, d))
-                })
-                .cloned()
-                .collect();
-            let mut out = Vec::new();
+            let dependents = self.dependents_in_the_way(&switch.id, order, held);
             // A dependent switched by the loading pass may have let go already.
             let dependents = if bindings == 0 {
                 Vec::new()
             } else {
                 dependents
             };
-            for (dependent, at) in dependents {
-                // Bound by the runner: it stays, and so may what it holds.
-                let Ok(drain) = self.kernels.drain(&dependent) else {
-                    continue;
-                };
-                let _ = self.kernels.unload(&dependent);
-                drain.finish();
-                out.push((dependent, at));
-            }
+            let out = self.take_out_unbound(dependents);
             if out.is_empty() && bindings > 0 {
                 continue;
             }
@@ -840,24 +877,12 @@ impl Host {
                         reason: format!("replaced by {}", target.version),
                     });
                     report.loaded.push(summary);
-                    for (dependent, at) in out {
-                        report.taken_out.push(LeftOut {
-                            id: dependent.clone(),
-                            version: at,
-                            reason: format!(
-                                "taken out first so that {}@{}, which it depends on and may \
-                                 hold, could switch to {}",
-                                switch.id, switch.from, target.version
-                            ),
-                        });
-                        // Its own switch failed in the loading pass for want of the new
-                        // dependency, which is loaded now.
-                        report.failed.retain(|(id, ..)| id != &dependent);
-                        pass.forget(&dependent);
-                        if let Some(planned) = planned(&dependent) {
-                            self.load_or_record(planned, report, pass, now);
-                        }
-                    }
+                    let reason = format!(
+                        "taken out first so that {}@{}, which it depends on and may hold, could \
+                         switch to {}",
+                        switch.id, switch.from, target.version
+                    );
+                    self.load_taken_out(out, &reason, order, report, pass, now);
                 }
                 outcome => {
                     // The dependency is bound by more than its dependents (or its new version
@@ -884,6 +909,79 @@ impl Host {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// The loaded dependents of `id` that keep its deferred switch waiting and can go first:
+    /// each needs `id`, is not at the version the plan `order` wants, is not held by the lock,
+    /// and has no loaded dependent of its own.
+    fn dependents_in_the_way(
+        &self,
+        id: &PackageId,
+        order: &[PlannedPackage],
+        held: &BTreeSet<PackageId>,
+    ) -> Vec<(PackageId, Version)> {
+        let planned = |id: &PackageId| order.iter().find(|p| &p.id == id);
+        let loaded = self.kernels.loaded_packages();
+        let needs_of = |id: &PackageId, at: &Version, on: &PackageId| {
+            self.packages
+                .metadata(id, at)
+                .is_some_and(|m| needs(&m).any(|(d, _)| d == on))
+        };
+        loaded
+            .iter()
+            .filter(|(d, at)| {
+                d != id
+                    && !held.contains(d)
+                    && planned(d).map(|p| &p.version) != Some(at)
+                    && needs_of(d, at, id)
+                    && !loaded.iter().any(|(e, e_at)| needs_of(e, e_at, d))
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Takes out each of `dependents` that nothing binds, so that its library closes and lets
+    /// go of what it holds; answers those taken out.
+    fn take_out_unbound(&self, dependents: Vec<(PackageId, Version)>) -> Vec<(PackageId, Version)> {
+        let mut out = Vec::new();
+        for (dependent, at) in dependents {
+            // Bound by the runner: it stays, and so may what it holds.
+            let Ok(drain) = self.kernels.drain(&dependent) else {
+                continue;
+            };
+            let _ = self.kernels.unload(&dependent);
+            drain.finish();
+            out.push((dependent, at));
+        }
+        out
+    }
+
+    /// Reports the dependents [`Host::break_cycles`] took out (`out`) as taken out for `reason`,
+    /// and loads each at the version the plan `order` wants, now that the dependency they need
+    /// has switched.
+    fn load_taken_out(
+        &self,
+        out: Vec<(PackageId, Version)>,
+        reason: &str,
+        order: &[PlannedPackage],
+        report: &mut RefreshReport,
+        pass: &mut Pass,
+        now: Instant,
+    ) {
+        for (dependent, at) in out {
+            report.taken_out.push(LeftOut {
+                id: dependent.clone(),
+                version: at,
+                reason: reason.to_owned(),
+            });
+            // Its own switch failed in the loading pass for want of the new dependency, which
+            // is loaded now.
+            report.failed.retain(|(id, ..)| id != &dependent);
+            pass.forget(&dependent);
+            if let Some(planned) = order.iter().find(|p| p.id == dependent) {
+                self.load_or_record(planned, report, pass, now);
             }
         }
     }
@@ -1615,11 +1713,64 @@ impl<'h> RegistryHook<'h> {
         self.after = After::Publish(self.host.kernels.prepare(id, version, plugin, true)?);
         Ok(())
     }
+
+    /// Whether a version of `id` is loaded.
+    fn loaded(&self, id: &PackageId) -> bool {
+        self.host.kernels.loaded_version(id).is_some()
+    }
+
+    /// A new version installed enabled: it is loaded and prepared from its staging tree; a
+    /// loaded version it replaces is refused while bound, and drained once the new one is in.
+    fn install_enabled(
+        &mut self,
+        id: &PackageId,
+        version: &Version,
+        dir: &Path,
+        metadata: &Metadata,
+    ) -> Result<(), HostError> {
+        let replaces = self.loaded(id);
+        if replaces {
+            self.refuse_if_bound(id, QuiescentAction::Replace)?;
+        }
+        self.publish(id, version, dir, metadata)?;
+        if replaces {
+            self.drain(id, QuiescentAction::Replace)?;
+        }
+        Ok(())
+    }
+
+    /// `id`, if loaded, leaves the registry once the change commits: it is drained now for
+    /// `action`.
+    fn unload_if_loaded(
+        &mut self,
+        id: &PackageId,
+        action: QuiescentAction,
+    ) -> Result<(), HostError> {
+        if self.loaded(id) {
+            self.drain(id, action)?;
+            self.after = After::Unload(id.clone());
+        }
+        Ok(())
+    }
+
+    /// The loaded `id` switches to the installed version `to` for `action`: refused while bound,
+    /// the new version loaded and prepared, then the old one drained.
+    fn switch(
+        &mut self,
+        id: &PackageId,
+        to: &Version,
+        dir: &Path,
+        metadata: &Metadata,
+        action: QuiescentAction,
+    ) -> Result<(), HostError> {
+        self.refuse_if_bound(id, action)?;
+        self.publish(id, to, dir, metadata)?;
+        self.drain(id, action)
+    }
 }
 
 impl LifecycleHook for RegistryHook<'_> {
     fn prepare(&mut self, change: &Change<'_>) -> Result<(), HostError> {
-        let loaded = |id: &PackageId| self.host.kernels.loaded_version(id).is_some();
         // A live binding (an operation handle, a bound kernel or runner) prevents its package's
         // code from being unloaded or replaced by a lifecycle change: the change drains the
         // package (from then on no binding into it can be taken) and is refused if a binding
@@ -1635,27 +1786,13 @@ impl LifecycleHook for RegistryHook<'_> {
                 dir,
                 metadata,
                 enabled: true,
-            } => {
-                let replaces = loaded(id);
-                if replaces {
-                    self.refuse_if_bound(id, QuiescentAction::Replace)?;
-                }
-                self.publish(id, version, dir, metadata)?;
-                if replaces {
-                    self.drain(id, QuiescentAction::Replace)?;
-                }
-                Ok(())
-            }
+            } => self.install_enabled(id, version, dir, metadata),
             Change::Install {
                 id, enabled: false, ..
             } => {
                 // The new version is installed disabled: the version it supersedes is no longer
                 // current, so it leaves the registry too.
-                if loaded(id) {
-                    self.drain(id, QuiescentAction::Replace)?;
-                    self.after = After::Unload((*id).clone());
-                }
-                Ok(())
+                self.unload_if_loaded(id, QuiescentAction::Replace)
             }
             Change::Enable {
                 id,
@@ -1663,18 +1800,12 @@ impl LifecycleHook for RegistryHook<'_> {
                 dir,
                 metadata,
             } => self.publish(id, version, dir, metadata),
-            Change::Disable { id, .. } => {
-                if loaded(id) {
-                    self.drain(id, QuiescentAction::Unload)?;
-                    self.after = After::Unload((*id).clone());
-                }
-                Ok(())
-            }
+            Change::Disable { id, .. } => self.unload_if_loaded(id, QuiescentAction::Unload),
             Change::Remove {
                 id, current: true, ..
             } => {
                 self.drain(id, QuiescentAction::Remove)?;
-                if loaded(id) {
+                if self.loaded(id) {
                     self.after = After::Unload((*id).clone());
                 }
                 Ok(())
@@ -1686,22 +1817,14 @@ impl LifecycleHook for RegistryHook<'_> {
                 dir,
                 metadata,
                 ..
-            } => {
-                self.refuse_if_bound(id, QuiescentAction::Replace)?;
-                self.publish(id, to, dir, metadata)?;
-                self.drain(id, QuiescentAction::Replace)
-            }
+            } => self.switch(id, to, dir, metadata, QuiescentAction::Replace),
             Change::Rollback {
                 id,
                 to,
                 dir,
                 metadata,
                 ..
-            } => {
-                self.refuse_if_bound(id, QuiescentAction::Rollback)?;
-                self.publish(id, to, dir, metadata)?;
-                self.drain(id, QuiescentAction::Rollback)
-            }
+            } => self.switch(id, to, dir, metadata, QuiescentAction::Rollback),
         }
     }
 

@@ -546,10 +546,25 @@ fn differences(pm: &PackageManager, lock: &LockFile) -> Result<Vec<String>, Host
 /// A failed step: what it was, on which package, and why.
 type Failed = (&'static str, String, Box<HostError>);
 
+/// Carries out a sync's changes, noting each one made in `done`: the disables of `steps` first,
+/// then the installation (enabled) of every `pending` package.
 fn run(
     pm: &PackageManager,
     steps: &[SyncStep],
-    mut pending: Vec<&StagedPackage>,
+    pending: Vec<&StagedPackage>,
+    hook: &mut dyn LifecycleHook,
+    done: &mut Vec<SyncChange>,
+) -> Result<(), Failed> {
+    disable_all(pm, steps, hook, done)?;
+    install_all(pm, pending, hook, done)
+}
+
+/// Disables every package `steps` disables, in rounds: one refused because an enabled package
+/// still depends on it is tried again once another disable may have freed it, until a round
+/// makes no progress.
+fn disable_all(
+    pm: &PackageManager,
+    steps: &[SyncStep],
     hook: &mut dyn LifecycleHook,
     done: &mut Vec<SyncChange>,
 ) -> Result<(), Failed> {
@@ -585,6 +600,18 @@ fn run(
         }
         disables = rest;
     }
+    Ok(())
+}
+
+/// Installs every `pending` package enabled (enabling it when its version was installed
+/// disabled), in rounds: one refused for its dependencies is tried again once a later one may
+/// satisfy them, until a round makes no progress.
+fn install_all(
+    pm: &PackageManager,
+    mut pending: Vec<&StagedPackage>,
+    hook: &mut dyn LifecycleHook,
+    done: &mut Vec<SyncChange>,
+) -> Result<(), Failed> {
     while !pending.is_empty() {
         let before = pending.len();
         let mut last = None;

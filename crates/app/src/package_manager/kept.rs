@@ -1,0 +1,240 @@
+//! The dependency graph and the impl-id claims of the committed registry, kept between changes,
+//! and the checks a change must pass against them.
+
+use guild_domain::claims::{
+    claiming_versions, claiming_versions_of, conflicts, Claim, ClaimIndex, ImplIdConflict,
+};
+use guild_domain::graph::{DependencyGraph, GraphIndex, NodeRef, PackageNode};
+use guild_domain::ids::PackageId;
+use guild_domain::manifest::Metadata;
+use guild_domain::store_state::StoreState;
+use guild_domain::version::Version;
+
+use super::{Lifecycle, PackageManager};
+use crate::error::HostError;
+
+/// What the package manager keeps of the committed registry between changes, so that checking
+/// one reads only around the package it changes: every installed version's dependency records
+/// with the reverse edges ([`GraphIndex`]), and the impl ids each package's current version and
+/// rollback target hold ([`ClaimIndex`]). Built from the registry at `generation` and the
+/// metadata the lifecycle holds; each change this handle commits replaces the changed package's
+/// part, and any other commit (another process's, a taint, a trust change) leaves it
+/// behind, to be built again by the next change that needs it.
+pub(super) struct Kept {
+    /// The registry generation it describes.
+    pub(super) generation: u64,
+    /// The installed versions and their edges.
+    pub(super) graph: GraphIndex,
+    /// The claims on impl ids.
+    pub(super) claims: ClaimIndex,
+}
+
+/// A change's part of [`Kept`]: the changed package's installed versions and claims as the draft
+/// records them, put in place once the change is committed ([`PackageManager::advance`]).
+pub(super) struct KeptChange {
+    /// The generation the change was checked against.
+    from: u64,
+    /// The generation it commits.
+    to: u64,
+    /// The package.
+    id: PackageId,
+    /// Its installed versions afterwards.
+    nodes: Vec<PackageNode>,
+    /// Its claims afterwards.
+    claims: Vec<Claim>,
+}
+
+impl PackageManager {
+    /// The graph of installed versions as `registry` records them.
+    pub(super) fn graph(
+        &self,
+        life: &Lifecycle,
+        registry: &StoreState,
+    ) -> Result<DependencyGraph, HostError> {
+        Ok(DependencyGraph::new(self.installed_nodes(life, registry)?)?)
+    }
+
+    /// The graph's node of every installed version `registry` records.
+    fn installed_nodes(
+        &self,
+        life: &Lifecycle,
+        registry: &StoreState,
+    ) -> Result<Vec<PackageNode>, HostError> {
+        registry
+            .installed()
+            .map(|(id, version, record)| {
+                let metadata = self.known_metadata(life, id, version, None)?;
+                Ok(PackageNode::from_metadata(
+                    metadata,
+                    record.state.is_enabled(),
+                ))
+            })
+            .collect()
+    }
+
+    /// The metadata of `id@version`: `extra` when it describes that version (a version being
+    /// installed, not yet in the lifecycle state), otherwise the one the lifecycle holds.
+    fn known_metadata<'m>(
+        &self,
+        life: &'m Lifecycle,
+        id: &PackageId,
+        version: &Version,
+        extra: Option<&'m Metadata>,
+    ) -> Result<&'m Metadata, HostError> {
+        if let Some(m) = extra.filter(|m| {
+            let m = m.manifest();
+            &m.package_id == id && &m.version == version
+        }) {
+            return Ok(m);
+        }
+        life.metadata
+            .get(&(id.clone(), version.clone()))
+            .map(|m| &**m)
+            .ok_or_else(|| HostError::InstalledTree {
+                package: format!("{id}@{version}"),
+                path: self.store.package_dir(id, version),
+                problem: "its metadata was not loaded".into(),
+            })
+    }
+
+    /// The claim of `node` on the impl ids its manifest provides.
+    fn claim_of(
+        &self,
+        life: &Lifecycle,
+        node: NodeRef,
+        extra: Option<&Metadata>,
+    ) -> Result<Claim, HostError> {
+        let metadata = self.known_metadata(life, &node.id, &node.version, extra)?;
+        let ids = metadata.manifest().provided_ops.iter().cloned();
+        Ok(Claim::new(node, ids))
+    }
+
+    /// The claims on impl ids that `registry` records: the provided ops of every version that
+    /// holds them (see [`guild_domain::claims::claiming_versions`]).
+    pub(super) fn claims(
+        &self,
+        life: &Lifecycle,
+        registry: &StoreState,
+    ) -> Result<Vec<Claim>, HostError> {
+        claiming_versions(registry)
+            .into_iter()
+            .map(|node| self.claim_of(life, node, None))
+            .collect()
+    }
+
+    /// What [`Kept`] will hold of package `id` once the draft `next` is committed: its installed
+    /// versions and its claims (`extra` is the metadata of a version being installed).
+    pub(super) fn kept_change(
+        &self,
+        life: &Lifecycle,
+        registry: &StoreState,
+        next: &StoreState,
+        id: &PackageId,
+        extra: Option<&Metadata>,
+    ) -> Result<KeptChange, HostError> {
+        let mut nodes = Vec::new();
+        let mut claims = Vec::new();
+        if let Some(record) = next.package(id) {
+            for (version, r) in record.installed() {
+                let metadata = self.known_metadata(life, id, version, extra)?;
+                nodes.push(PackageNode::from_metadata(metadata, r.state.is_enabled()));
+            }
+            for node in claiming_versions_of(id, record) {
+                claims.push(self.claim_of(life, node, extra)?);
+            }
+        }
+        Ok(KeptChange {
+            from: registry.generation(),
+            to: next.generation(),
+            id: id.clone(),
+            nodes,
+            claims,
+        })
+    }
+
+    /// The kept graph and claims of `registry`, built now unless they describe its generation.
+    pub(super) fn kept<'l>(
+        &self,
+        life: &'l mut Lifecycle,
+        registry: &StoreState,
+    ) -> Result<&'l Kept, HostError> {
+        let kept = match life.kept.take() {
+            Some(k) if k.generation == registry.generation() => k,
+            _ => Kept {
+                generation: registry.generation(),
+                graph: GraphIndex::new(self.installed_nodes(life, registry)?)?,
+                claims: ClaimIndex::new(self.claims(life, registry)?),
+            },
+        };
+        Ok(life.kept.insert(kept))
+    }
+
+    /// Puts a committed change's part in place in [`Kept`], or drops what is kept when it does
+    /// not describe the generation the change was checked against.
+    pub(super) fn advance(life: &mut Lifecycle, change: KeptChange) {
+        let KeptChange {
+            from,
+            to,
+            id,
+            nodes,
+            claims,
+        } = change;
+        let Some(mut kept) = life.kept.take().filter(|k| k.generation == from) else {
+            return;
+        };
+        if kept.graph.set_package(&id, nodes).is_ok() {
+            kept.claims.set_package(&id, claims);
+            kept.generation = to;
+            life.kept = Some(kept);
+        }
+    }
+
+    /// Refuses to make the version `metadata` describes installed, current or loadable while
+    /// another package holds one of its impl ids: an id belongs to one package, and load order
+    /// must never decide which.
+    pub(super) fn refuse_taken_ids(kept: &Kept, metadata: &Metadata) -> Result<(), HostError> {
+        let m = metadata.manifest();
+        let candidate = Claim::new(
+            NodeRef {
+                id: m.package_id.clone(),
+                version: m.version.clone(),
+            },
+            m.provided_ops.iter().cloned(),
+        );
+        Ok(kept.claims.check(&candidate)?)
+    }
+
+    /// The impl ids that two recorded packages both hold: a store written before installation
+    /// checked them. Neither side of a conflict is loaded ([`PackageManager::load_plan`]) until
+    /// one of them is removed.
+    pub fn impl_id_conflicts(&self) -> Result<Vec<ImplIdConflict>, HostError> {
+        let mut life = self.lock();
+        self.ensure_caught_up(&mut life)?;
+        // A reader's own view: a version whose tree it found damaged has no metadata to claim.
+        let registry = match &life.local_view {
+            Some(view) => view.clone(),
+            None => self.store.registry()?,
+        };
+        Ok(conflicts(&self.claims(&life, &registry)?))
+    }
+
+    /// Refuses a change for the problems it brings ([`GraphIndex::problems_added`]): a change is
+    /// refused for what it breaks, not for problems that were already there. `action` names the
+    /// change in the refusal.
+    pub(super) fn refuse_breakage(
+        kept: &Kept,
+        change: &KeptChange,
+        action: impl FnOnce() -> String,
+    ) -> Result<(), HostError> {
+        let problems = kept
+            .graph
+            .problems_added(&change.id, change.nodes.clone())?;
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(HostError::Dependencies {
+            action: action(),
+            problems,
+        })
+    }
+}
