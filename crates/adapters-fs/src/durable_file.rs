@@ -47,7 +47,48 @@ pub fn write_locked(path: &Path, mut bytes: &[u8]) -> io::Result<File> {
 /// never followed: another name is taken), and a writer that dies leaves it for
 /// [`remove_stale_temporaries`] or [`remove_stale_temporaries_of`].
 pub fn write_from(path: &Path, reader: &mut dyn io::Read) -> io::Result<File> {
+    write_from_then(path, reader, |_| ()).map(|(file, ())| file)
+}
+
+/// [`write_locked`], calling `before_rename` with the written, synced and locked file just before
+/// it takes its name: whatever `before_rename` arranges for the file (a signal handler that
+/// should find it, say) is in place by the time anyone can see the file at `path`. If the rename
+/// fails, its result is dropped before the file is.
+pub fn write_locked_then<T>(
+    path: &Path,
+    mut bytes: &[u8],
+    before_rename: impl FnOnce(&File) -> T,
+) -> io::Result<(File, T)> {
+    write_from_then(path, &mut bytes, before_rename)
+}
+
+fn write_from_then<T>(
+    path: &Path,
+    reader: &mut dyn io::Read,
+    before_rename: impl FnOnce(&File) -> T,
+) -> io::Result<(File, T)> {
     let (dir, name) = split(path)?;
+    let (mut file, tmp) = claim_temporary(dir, name)?;
+    let synced = io::copy(reader, &mut file).and_then(|_| file.sync_all());
+    if let Err(e) = synced {
+        // Still locked: nobody else can have claimed it.
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    let arranged = before_rename(&file);
+    match fs::rename(&tmp, path).and_then(|()| sync_dir(dir)) {
+        Ok(()) => Ok((file, arranged)),
+        Err(e) => {
+            drop(arranged);
+            let _ = fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// A new temporary beside `name` in `dir`, created exclusively (`O_EXCL`, so a link planted at
+/// its name is never followed: another name is taken) and locked, with its path.
+fn claim_temporary(dir: &Path, name: &OsStr) -> io::Result<(File, PathBuf)> {
     for _ in 0..ATTEMPTS {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let tmp = dir.join(format!(
@@ -55,7 +96,7 @@ pub fn write_from(path: &Path, reader: &mut dyn io::Read) -> io::Result<File> {
             name.to_string_lossy(),
             std::process::id()
         ));
-        let mut file = match OpenOptions::new()
+        let file = match OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
@@ -84,22 +125,11 @@ pub fn write_from(path: &Path, reader: &mut dyn io::Read) -> io::Result<File> {
                 return Err(e);
             }
         }
-        let written = io::copy(reader, &mut file)
-            .and_then(|_| file.sync_all())
-            .and_then(|()| fs::rename(&tmp, path))
-            .and_then(|()| sync_dir(dir));
-        return match written {
-            Ok(()) => Ok(file),
-            Err(e) => {
-                // Still locked: nobody else can have claimed it.
-                let _ = fs::remove_file(&tmp);
-                Err(e)
-            }
-        };
+        return Ok((file, tmp));
     }
     Err(io::Error::new(
         io::ErrorKind::AlreadyExists,
-        format!("no free temporary name beside {}", path.display()),
+        format!("no free temporary name beside {}", dir.join(name).display()),
     ))
 }
 

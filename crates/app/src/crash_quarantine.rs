@@ -335,9 +335,14 @@ impl CrashLedger {
         ensure_dir(&self.loading)?;
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let path = self.loading.join(format!("{pid}-{n}.json"));
-        let held = durable_file::write_locked(&path, record.to_json().to_string().as_bytes())
-            .map_err(failed("write load record", &path))?;
-        let watched = termination::watch_load_record(&held);
+        // The termination handlers watch the record before it takes its name: a SIGTERM that
+        // arrives once the record can be seen finds it and notes the signal in it.
+        let (held, watched) = durable_file::write_locked_then(
+            &path,
+            record.to_json().to_string().as_bytes(),
+            termination::watch_load_record,
+        )
+        .map_err(failed("write load record", &path))?;
         Ok(Loading {
             path,
             watched,
