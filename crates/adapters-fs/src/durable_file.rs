@@ -376,6 +376,56 @@ mod tests {
         assert_eq!(fs::read(&victim).unwrap(), b"untouched");
     }
 
+    #[cfg(unix)]
+    #[test]
+    fn write_locked_then_arranges_before_anyone_can_see_the_file() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("record.json");
+        let (held, seen) = write_locked_then(&path, b"{}", |file| {
+            // Written and locked, under its temporary name only.
+            let mut bytes = [0u8; 2];
+            file.read_exact_at(&mut bytes, 0).unwrap();
+            let temporaries: Vec<_> = fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
+            let held = temporaries
+                .iter()
+                .all(|t| claim_abandoned(t).unwrap().is_none());
+            (
+                path.exists(),
+                bytes.to_vec(),
+                temporaries.len() == 1 && held,
+            )
+        })
+        .unwrap();
+        assert_eq!(seen, (false, b"{}".to_vec(), true));
+        assert_eq!(fs::read(&path).unwrap(), b"{}");
+        assert!(claim_abandoned(&path).unwrap().is_none(), "still held");
+        drop(held);
+        assert!(claim_abandoned(&path).unwrap().is_some(), "released");
+        // A failed rename drops what was arranged before the file, and leaves no temporary.
+        let blocked = dir.path().join("taken");
+        fs::create_dir(&blocked).unwrap();
+        fs::write(blocked.join("inside"), b"x").unwrap();
+        let order = std::cell::RefCell::new(Vec::new());
+        struct Noted<'a>(&'a std::cell::RefCell<Vec<&'static str>>);
+        impl Drop for Noted<'_> {
+            fn drop(&mut self) {
+                self.0.borrow_mut().push("arranged dropped");
+            }
+        }
+        assert!(write_locked_then(&blocked, b"{}", |_| Noted(&order)).is_err());
+        assert_eq!(*order.borrow(), ["arranged dropped"]);
+        let left: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| is_temporary(n))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
     #[test]
     fn read_regular_reads_up_to_the_cap_and_only_regular_files() {
         let dir = tempfile::tempdir().unwrap();

@@ -132,3 +132,34 @@ struct ReadmeDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../../../docs/runner-authors.md")]
 struct RunnerGuideDoctests;
+
+/// The kernel registry a host hands out looks up and binds, and nothing else: the right to
+/// change it is the host's `OwnedRegistry`. The same call shape with a lookup compiles,
+///
+/// ```
+/// fn bound(host: &guild_host::Host, id: &guild_host::PackageId) -> u64 {
+///     host.kernels().live_bindings(id)
+/// }
+/// ```
+///
+/// and every mutator is out of reach:
+///
+/// ```compile_fail
+/// fn drain(host: &guild_host::Host, id: &guild_host::PackageId) {
+///     let _ = host.kernels().drain(id);
+/// }
+/// ```
+///
+/// ```compile_fail
+/// fn unload(host: &guild_host::Host, id: &guild_host::PackageId) {
+///     let _ = host.kernels().unload(id);
+/// }
+/// ```
+///
+/// ```compile_fail
+/// fn supersede(host: &guild_host::Host, id: &guild_host::PackageId) {
+///     host.kernels().set_superseded(id, true);
+/// }
+/// ```
+#[cfg(doctest)]
+struct HostRegistryHasNoMutators;
