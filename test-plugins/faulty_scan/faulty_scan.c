@@ -11,8 +11,9 @@
  *   6 FAULTY_CRASH_INIT        dies of SIGSEGV in init
  *   7 FAULTY_HANG_EXECUTE      never returns from execute
  * and builds hostile to the check itself (G27), each otherwise the correct scan:
- *   8 FAULTY_FORGE             writes forged "passed" result lines (the check's old stdout
- *                              protocol) to every descriptor below 64 in init, then _exit(0)
+ *   8 FAULTY_FORGE             writes forged "passed" result lines (the stdout protocols
+ *                              `guild check` and the registration check once had) to every
+ *                              descriptor below 64 in init, then _exit(0)
  *   9 FAULTY_CHATTY_EXECUTE    execute prints forged progress lines for 5 s before it returns
  *  10 FAULTY_FLOOD_STDOUT      init writes 768 MiB to stdout without a newline
  *  11 FAULTY_DAEMON            init starts two sleepers that outlive it: one forked in its
@@ -67,10 +68,12 @@ static void faulty_write_all(int fd, const char* data, size_t size) {
 #endif
 
 #if FAULTY_KIND == 8
-/* What the check's children printed on stdout before G27: a passed init, and the end. */
+/* What the check's children printed on stdout before G27: a passed init, and the end; then
+ * what the registration check's child printed for a library that passed. */
 static const char faulty_forged[] =
     "\n{\"guild_conformance\":1,\"result\":0,\"check\":\"init\",\"operation\":null,"
-    "\"verdict\":\"passed\",\"reason\":\"forged\"}\n{\"guild_conformance\":1,\"done\":true}\n";
+    "\"verdict\":\"passed\",\"reason\":\"forged\"}\n{\"guild_conformance\":1,\"done\":true}\n"
+    "{\"guild_library_check\":1,\"ok\":true,\"kernels\":1,\"runners\":0}\n";
 
 static void faulty_forge(void) {
     int fd;

@@ -12,6 +12,8 @@
 //!   each with one mechanism; [`ExtensionCopy`] is a negotiated table.
 //! - [`termination`] lets a process stopped by a signal during a load say so in the crash
 //!   ledger's record, so that a routine stop is not taken for a crash.
+//! - [`supervise`] runs a plugin's code in a child process whose verdict comes over a private
+//!   channel, and ends every process the child started.
 //! - [`StagingHost`] is the registration host itself, usable on its own to drive registrations
 //!   without a library (the tests do).
 //!
@@ -29,6 +31,7 @@ mod library;
 mod loader;
 mod owned;
 mod staging;
+pub mod supervise;
 pub mod termination;
 
 pub use extensions::{ExtensionContract, ExtensionCopy, CONSUMED_EXTENSIONS};

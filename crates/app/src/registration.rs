@@ -14,20 +14,26 @@
 //! hangs in `init` must not take the command down with it. [`ChildCheck`] therefore runs the check
 //! in a child (`guild` itself, with a hidden subcommand that calls [`check_tree`]): the child
 //! authenticates the tree against the trust store its parent passes on stdin, verifies its files,
-//! loads the library with the dlopen loader, compares, shuts the plugin down, and prints one
-//! tagged JSON line. The parent waits at most a timeout (default [`DEFAULT_TIMEOUT`]) and
-//! reports a signal, a timeout or a refusal as a refused package; nothing is committed then.
+//! loads the library with the dlopen loader, compares, shuts the plugin down, and writes one
+//! JSON line on a result channel of its own (a pipe on an inherited descriptor, each line
+//! carrying a nonce the parent drew for it; see `guild_adapters_posix::supervise`). What the
+//! library prints on stdout or anywhere else is never read as a verdict. The parent waits at most
+//! a timeout (default [`DEFAULT_TIMEOUT`]) on its own clock, kills the child's process group
+//! when the child is done, and reports a signal, a timeout, a missing result or a refusal as a
+//! refused package; nothing is committed then.
 //!
 //! The child is a defence against mistakes and crashes in authenticated code, not against a
 //! hostile publisher: whoever holds a trusted key can run code in any host that loads the package.
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
+
+/// The child's end of its result channel.
+pub use guild_adapters_posix::supervise::ResultChannel;
+use guild_adapters_posix::supervise::{self, Event, Supervised};
 
 use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::manifest::{Manifest, Metadata};
@@ -50,11 +56,14 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// The hidden `guild` subcommand that runs [`check_tree`] in a child process.
 pub const CHECK_SUBCOMMAND: &str = "__check-library";
 
-/// The key that marks the child's result line on its stdout (a plugin may print there too).
+/// The key under which the child's result line carries its nonce.
 pub const RESULT_TAG: &str = "guild_library_check";
 
-/// The most of the child's stdout and stderr the parent keeps.
-const KEEP_OUTPUT: usize = 64 << 10;
+/// How often the parent looks whether the child has ended while it waits for its result.
+const POLL: Duration = Duration::from_millis(20);
+
+/// How long the parent reads on after the child has ended, when the channel stays open.
+const DRAIN: Duration = Duration::from_secs(2);
 
 /// The most trust-store bytes the child reads from its stdin.
 pub const MAX_TRUST_BYTES: u64 = 16 << 20;
@@ -231,18 +240,19 @@ pub fn read_tree_metadata(dir: &Path) -> Result<Metadata, HostError> {
     })
 }
 
-/// The child's result line for `outcome`: one JSON object tagged with [`RESULT_TAG`].
-pub fn result_line(outcome: &Result<CheckedLibrary, HostError>) -> String {
+/// The child's result line for `outcome`: one JSON object carrying `nonce` under
+/// [`RESULT_TAG`], and a newline.
+pub fn result_line(outcome: &Result<CheckedLibrary, HostError>, nonce: &str) -> String {
     let doc = match outcome {
         Ok(c) => serde_json::json!({
-            RESULT_TAG: 1,
+            RESULT_TAG: nonce,
             "ok": true,
             "kernels": c.kernels,
             "runners": c.runners,
         }),
-        Err(e) => serde_json::json!({ RESULT_TAG: 1, "ok": false, "error": e.to_string() }),
+        Err(e) => serde_json::json!({ RESULT_TAG: nonce, "ok": false, "error": e.to_string() }),
     };
-    doc.to_string()
+    format!("{doc}\n")
 }
 
 /// The registration check in a child process, as a [`LifecycleHook`]: every change that makes a
@@ -255,6 +265,7 @@ pub struct ChildCheck {
     args: Vec<OsString>,
     trust: Vec<u8>,
     timeout: Duration,
+    contain_descendants: bool,
 }
 
 impl ChildCheck {
@@ -266,12 +277,23 @@ impl ChildCheck {
             args: vec![OsString::from(CHECK_SUBCOMMAND)],
             trust,
             timeout: DEFAULT_TIMEOUT,
+            contain_descendants: false,
         }
     }
 
     /// Waits at most `timeout` for each child.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// Also ends the processes a library starts that leave the child's process group (a
+    /// double-forked daemon): this process becomes the subreaper of its descendants, and once
+    /// each check child is gone, every child this process has left is killed and reaped. Only
+    /// for a process whose every child is a check child (the `guild` command); a runner that
+    /// starts processes of its own must not ask for it.
+    pub fn containing_descendants(mut self) -> Self {
+        self.contain_descendants = true;
         self
     }
 
@@ -295,65 +317,42 @@ impl ChildCheck {
             program: self.program.clone(),
             reason: e.to_string(),
         };
-        let mut child = Command::new(&self.program)
+        let mut command = Command::new(&self.program);
+        command
             .args(&self.args)
             .arg(dir)
             .arg("--payload-sha256")
-            .arg(payload.to_hex())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(spawn_error)?;
-        // Each pipe is served by its own thread, so that neither side blocks on a full pipe.
-        if let Some(mut stdin) = child.stdin.take() {
-            let trust = self.trust.clone();
-            std::thread::spawn(move || {
-                // A child that dies before reading closes the pipe; its status says why.
-                let _ = stdin.write_all(&trust);
+            .arg(payload.to_hex());
+        if self.contain_descendants {
+            supervise::adopt_orphans();
+        }
+        let nonce = supervise::nonce().map_err(spawn_error)?;
+        let mut child =
+            supervise::spawn(command, &nonce, self.trust.clone()).map_err(spawn_error)?;
+        let mut reading = Verdict::new(&nonce);
+        let exited = reading.until_exit(&child, Instant::now() + self.timeout);
+        let status = supervise::end(&mut child.child, self.contain_descendants);
+        if !exited {
+            return Err(LibraryCheckFailure::TimedOut {
+                timeout: self.timeout,
             });
         }
-        let stdout = collect(child.stdout.take());
-        let stderr = collect(child.stderr.take());
-
-        let deadline = Instant::now() + self.timeout;
-        let mut pause = Duration::from_millis(2);
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break status,
-                Ok(None) if Instant::now() >= deadline => {
-                    // Killing a child that exited meanwhile is not an error.
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(LibraryCheckFailure::TimedOut {
-                        timeout: self.timeout,
-                    });
-                }
-                Ok(None) => {
-                    std::thread::sleep(
-                        pause.min(deadline.saturating_duration_since(Instant::now())),
-                    );
-                    pause = (pause * 2).min(Duration::from_millis(50));
-                }
-                Err(e) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(spawn_error(e));
-                }
-            }
-        };
-        if let Some((signal, name)) = signal_of(status) {
+        reading.drain(&child);
+        let status = status.ok_or_else(|| LibraryCheckFailure::Spawn {
+            program: self.program.clone(),
+            reason: "its exit status could not be read".to_owned(),
+        })?;
+        if let Some((signal, name)) = supervise::signal_of(status) {
             return Err(LibraryCheckFailure::Crashed { signal, name });
         }
-        // A grandchild the plugin left behind could hold the pipes open; do not wait for it.
-        let grace = Duration::from_secs(2);
-        let out = stdout.recv_timeout(grace).unwrap_or_default();
-        let result = out
-            .lines()
-            .rev()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .find(|v| v.get(RESULT_TAG).is_some());
-        match result {
+        if let Some(what) = reading.garbage {
+            return Err(LibraryCheckFailure::Refused {
+                reason: format!(
+                    "the check's result channel carried {what}, which the check never writes"
+                ),
+            });
+        }
+        match reading.result {
             Some(v) if status.success() && v["ok"] == true => Ok(()),
             Some(v) if v["ok"] == false => Err(LibraryCheckFailure::Refused {
                 reason: v["error"]
@@ -363,61 +362,77 @@ impl ChildCheck {
             }),
             _ => Err(LibraryCheckFailure::NoResult {
                 status: status.to_string(),
-                stderr: stderr.recv_timeout(grace).unwrap_or_default(),
+                stderr: child.stderr.last_lines(8),
             }),
         }
     }
 }
 
-/// Reads a pipe to its end on a thread, keeping the first [`KEEP_OUTPUT`] bytes (the rest is
-/// drained, so that the writer never blocks); the text arrives on the returned channel.
-pub(crate) fn collect(pipe: Option<impl Read + Send + 'static>) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    if let Some(mut pipe) = pipe {
-        std::thread::spawn(move || {
-            let mut kept = Vec::new();
-            let mut buf = [0u8; 8192];
-            loop {
-                match pipe.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        let room = KEEP_OUTPUT.saturating_sub(kept.len());
-                        kept.extend_from_slice(&buf[..n.min(room)]);
-                    }
-                }
+/// The parent's reading of one check child's result channel: its one result line, or the first
+/// thing the channel carried that the check never writes.
+struct Verdict<'n> {
+    nonce: &'n str,
+    result: Option<serde_json::Value>,
+    garbage: Option<String>,
+}
+
+impl<'n> Verdict<'n> {
+    fn new(nonce: &'n str) -> Self {
+        Verdict {
+            nonce,
+            result: None,
+            garbage: None,
+        }
+    }
+
+    /// Reads the channel until the child has exited (true) or `deadline` passes (false), on
+    /// this process's clock: nothing the child writes moves the deadline.
+    fn until_exit(&mut self, child: &Supervised, deadline: Instant) -> bool {
+        loop {
+            if supervise::has_exited(&child.child) {
+                return true;
             }
-            let _ = tx.send(String::from_utf8_lossy(&kept).into_owned());
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            if let Some(event) = child.next_event(deadline.saturating_duration_since(now).min(POLL))
+            {
+                self.take(event);
+            }
+        }
+    }
+
+    /// Reads what the child wrote before it ended, still in the pipe, for at most [`DRAIN`].
+    fn drain(&mut self, child: &Supervised) {
+        child.drain(DRAIN, |event| {
+            self.take(event);
+            self.garbage.is_none()
         });
     }
-    rx
-}
 
-/// The signal that ended the child, with its name.
-pub fn signal_of(status: ExitStatus) -> Option<(i32, &'static str)> {
-    use std::os::unix::process::ExitStatusExt;
-    let signal = status.signal()?;
-    Some((signal, signal_name(signal)))
-}
+    fn take(&mut self, event: Event) {
+        let line = match event {
+            Event::Frame(line) => line,
+            Event::Garbage(what) => return self.refuse(what),
+            Event::Closed => return,
+        };
+        let tagged = serde_json::from_str::<serde_json::Value>(&line)
+            .ok()
+            .filter(|v| v.get(RESULT_TAG).and_then(|t| t.as_str()) == Some(self.nonce));
+        match tagged {
+            Some(_) if self.result.is_some() => self.refuse("a second result".to_owned()),
+            Some(v) => self.result = Some(v),
+            None => {
+                let shown: String = line.chars().take(80).collect();
+                self.refuse(format!("a line that is not its own ({shown:?})"));
+            }
+        }
+    }
 
-/// The name of a signal number as Linux numbers them (the platforms packages can name).
-fn signal_name(signal: i32) -> &'static str {
-    match signal {
-        1 => "SIGHUP",
-        2 => "SIGINT",
-        3 => "SIGQUIT",
-        4 => "SIGILL",
-        5 => "SIGTRAP",
-        6 => "SIGABRT",
-        7 if cfg!(target_os = "linux") => "SIGBUS",
-        8 => "SIGFPE",
-        9 => "SIGKILL",
-        10 if !cfg!(target_os = "linux") => "SIGBUS",
-        11 => "SIGSEGV",
-        13 => "SIGPIPE",
-        14 => "SIGALRM",
-        15 => "SIGTERM",
-        31 if cfg!(target_os = "linux") => "SIGSYS",
-        _ => "an unnamed signal",
+    /// The first thing the check never writes decides.
+    fn refuse(&mut self, what: String) {
+        self.garbage.get_or_insert(what);
     }
 }
 
@@ -477,8 +492,6 @@ mod tests {
              GUILD_LIBRARY_CHECK_TIMEOUT to allow longer)"
         );
         assert_eq!(seconds(&Duration::from_millis(1500)), "1500 ms");
-        assert_eq!(signal_name(6), "SIGABRT");
-        assert_eq!(signal_name(11), "SIGSEGV");
         let no_result = |stderr: &str| {
             LibraryCheckFailure::NoResult {
                 status: "exit status: 1".into(),

@@ -376,6 +376,10 @@ pub enum Command {
         /// The payload digest its `.gkmetadata` must have.
         #[arg(long = "payload-sha256", value_name = "SHA256", value_parser = parse_digest)]
         payload: Sha256Digest,
+        /// The inherited descriptor of the result channel (its nonce, then the trust file, come
+        /// on stdin).
+        #[arg(long, value_name = "FD")]
+        results_fd: i32,
     },
 
     /// Check a build against the plugin contract before signing it (runs its code).

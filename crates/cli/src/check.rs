@@ -91,7 +91,7 @@ pub fn child(
     hung: &[String],
     results_fd: i32,
 ) -> anyhow::Result<Report> {
-    let channel = conformance::ResultChannel::inherited(results_fd)
+    let (channel, _) = conformance::ResultChannel::inherited(results_fd, 0)
         .with_context(|| format!("cannot take the result channel (descriptor {results_fd})"))?;
     conformance::child_main(dir, resume_after, hung, channel)?;
     Ok(Report::new("conformance").silent())

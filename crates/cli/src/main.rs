@@ -216,7 +216,11 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
             hung,
             results_fd,
         } => check::child(dir, *resume_after, hung, *results_fd),
-        Command::CheckLibrary { dir, payload } => store::check_library(dir, payload),
+        Command::CheckLibrary {
+            dir,
+            payload,
+            results_fd,
+        } => store::check_library(dir, payload, *results_fd),
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(*shell, &mut command, "guild", &mut std::io::stdout());

@@ -9,7 +9,7 @@
 //! command changes the store. What opening did is reported as warnings, so that an operator
 //! learns of it from whichever command happened to run first. `verify --all` is the full check.
 
-use std::io::Read;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +22,7 @@ use guild_domain::store_state::StoreStateError;
 use guild_domain::version::Version;
 use guild_host::crash_quarantine::{CrashLedger, QuarantineEntry};
 use guild_host::package_manager::{contested_reason, OpenReport, PackageSummary};
-use guild_host::registration::{self, ChildCheck};
+use guild_host::registration::{self, ChildCheck, ResultChannel};
 use guild_host::{HostError, InstallOptions, PackageManager};
 use guild_ports::source::Progress;
 use serde_json::json;
@@ -98,20 +98,27 @@ pub(crate) fn library_check(pm: &PackageManager, timeout: Duration) -> anyhow::R
     let program = std::env::current_exe()
         .context("cannot find the guild executable to run the registration check")?;
     let trust = pm.trust()?.to_json().into_bytes();
-    Ok(ChildCheck::new(program, trust).with_timeout(timeout))
+    // Every child `guild` starts is a check child, so it may end whatever they leave behind.
+    Ok(ChildCheck::new(program, trust)
+        .with_timeout(timeout)
+        .containing_descendants())
 }
 
-/// The hidden child of the registration check: checks the tree and prints the result line. The
-/// exit status is 0 whenever a result was printed; a crash or hang is the parent's finding.
-pub fn check_library(dir: &Path, payload: &Sha256Digest) -> anyhow::Result<Report> {
-    let mut trust = Vec::new();
-    std::io::stdin()
-        .lock()
-        .take(registration::MAX_TRUST_BYTES)
-        .read_to_end(&mut trust)
-        .context("cannot read the trust store from stdin")?;
+/// The hidden child of the registration check: reads its nonce and the trust file from stdin,
+/// checks the tree and writes the result line to its result channel. The exit status is 0
+/// whenever a result was written; a crash or hang is the parent's finding.
+pub fn check_library(
+    dir: &Path,
+    payload: &Sha256Digest,
+    results_fd: i32,
+) -> anyhow::Result<Report> {
+    let (channel, trust) = ResultChannel::inherited(results_fd, registration::MAX_TRUST_BYTES)
+        .with_context(|| format!("cannot take the result channel (descriptor {results_fd})"))?;
     let outcome = registration::check_tree(&PathBuf::from(dir), payload, &trust);
-    println!("{}", registration::result_line(&outcome));
+    let (mut out, nonce) = channel.into_parts();
+    // One write, so that the line is whole whatever else the library left writing to the pipe.
+    out.write_all(registration::result_line(&outcome, &nonce).as_bytes())
+        .context("cannot write the result to the result channel")?;
     Ok(Report::new("check-library").silent())
 }
 

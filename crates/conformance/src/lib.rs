@@ -13,7 +13,7 @@
 //! channel of its own (a pipe, never its stdout, which the plugin shares), each line carrying a
 //! nonce drawn for the child; the parent waits at most the time limit of one call for the next
 //! line while a check runs. What that holds against a hostile build, and what it does not, is in
-//! the `supervise` module: in short, nothing a build prints or how long it prints decides a
+//! `guild_adapters_posix::supervise`, which holds the child: in short, nothing a build prints or how long it prints decides a
 //! verdict, and the processes it starts end with the check, but a build written to defeat the
 //! check from inside the child can. A check that crashes
 //! the child (a guard page hit, an abort) or whose call outlives the limit becomes a failed
@@ -24,13 +24,14 @@
 mod gop1;
 mod guarded;
 mod stage;
-mod supervise;
 
 use std::ffi::CString;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
+
+use guild_adapters_posix::supervise;
 use std::time::{Duration, Instant};
 
 use guild_ports::loader::{LoadErrorKind, LoadRequest, PluginLoader};
@@ -267,7 +268,6 @@ fn run_child(
         last: Instant::now(),
         done: false,
         garbage: None,
-        closed: false,
     };
     let exited = reader.wait_for_exit(&child, &mut run, options.call_timeout);
     let status = supervise::end(&mut child.child, options.contain_descendants);
@@ -312,7 +312,7 @@ fn start_child(
         command.arg("--skip-operation").arg(op);
     }
     let nonce = supervise::nonce().map_err(spawn_error)?;
-    let child = supervise::spawn(command, &nonce).map_err(spawn_error)?;
+    let child = supervise::spawn(command, &nonce, Vec::new()).map_err(spawn_error)?;
     Ok((nonce, child))
 }
 
@@ -335,7 +335,7 @@ fn timeout_reason(run: &ChildRun, call_timeout: &Duration) -> String {
 /// status, and, when it did not write its last line, the end of its stderr and stdout.
 fn exit_reason(status: Option<ExitStatus>, done: bool, child: &supervise::Supervised) -> String {
     let mut why = match status {
-        Some(s) => match guild_host::registration::signal_of(s) {
+        Some(s) => match supervise::signal_of(s) {
             Some((n, name)) => format!(
                 "the plugin killed the check process with signal {n} ({name}){}",
                 if name == "SIGSEGV" || name == "SIGBUS" {
@@ -374,7 +374,6 @@ struct Frames<'n> {
     done: bool,
     /// What the channel carried that the harness never writes.
     garbage: Option<String>,
-    closed: bool,
 }
 
 impl Frames<'_> {
@@ -397,15 +396,9 @@ impl Frames<'_> {
             if now >= deadline {
                 return false;
             }
-            let wait = deadline.saturating_duration_since(now).min(POLL);
-            if self.closed {
-                std::thread::sleep(wait);
-            } else {
-                match child.events.recv_timeout(wait) {
-                    Ok(event) => self.take(event, run),
-                    Err(mpsc::RecvTimeoutError::Timeout) => {}
-                    Err(mpsc::RecvTimeoutError::Disconnected) => self.closed = true,
-                }
+            if let Some(event) = child.next_event(deadline.saturating_duration_since(now).min(POLL))
+            {
+                self.take(event, run);
             }
             if self.garbage.is_some() || supervise::has_exited(&child.child) {
                 return true;
@@ -417,16 +410,10 @@ impl Frames<'_> {
     /// Its processes are gone, so the channel closes, unless a process this one could not end
     /// holds it.
     fn drain(&mut self, child: &supervise::Supervised, run: &mut ChildRun) {
-        let until = Instant::now() + DRAIN;
-        while !self.closed && self.garbage.is_none() {
-            match child
-                .events
-                .recv_timeout(until.saturating_duration_since(Instant::now()))
-            {
-                Ok(event) => self.take(event, run),
-                Err(_) => break,
-            }
-        }
+        child.drain(DRAIN, |event| {
+            self.take(event, run);
+            self.garbage.is_none()
+        });
     }
 
     fn take(&mut self, event: supervise::Event, run: &mut ChildRun) {
@@ -436,10 +423,7 @@ impl Frames<'_> {
                 self.garbage = Some(what);
                 return;
             }
-            supervise::Event::Closed => {
-                self.closed = true;
-                return;
-            }
+            supervise::Event::Closed => return,
         };
         let Some(v) = tagged(&line, self.nonce) else {
             let shown: String = line.chars().take(80).collect();
@@ -497,50 +481,8 @@ fn finding(v: &Value) -> Option<Finding> {
 // The child
 // ---------------------------------------------------------------------------------------------
 
-/// The child's end of its result channel: the pipe its parent passed under
-/// `--results-fd`, and the nonce its parent wrote on its stdin.
-pub struct ResultChannel {
-    out: Box<dyn Write + Send>,
-    nonce: String,
-}
-
-impl std::fmt::Debug for ResultChannel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The nonce is the channel's one secret; it is not printed.
-        f.debug_struct("ResultChannel").finish_non_exhaustive()
-    }
-}
-
-impl ResultChannel {
-    /// Takes the inherited descriptor `fd` and reads the nonce from stdin to its end: both before
-    /// any plugin code runs, so that a plugin finds nothing left to read on stdin.
-    pub fn inherited(fd: i32) -> std::io::Result<Self> {
-        use std::os::fd::{FromRawFd, OwnedFd};
-        let invalid = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, why);
-        if fd <= 2 {
-            return Err(invalid(
-                "the result channel cannot be stdin, stdout or stderr",
-            ));
-        }
-        // SAFETY: fcntl on any number reads no memory; it tells whether the descriptor is open.
-        if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let mut nonce = String::new();
-        std::io::stdin().take(256).read_to_string(&mut nonce)?;
-        let nonce = nonce.trim().to_owned();
-        if nonce.len() != 32 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(invalid("stdin does not carry the result channel's nonce"));
-        }
-        // SAFETY: the descriptor is open (fcntl above), it was passed to this process for this
-        // channel alone, and nothing else in it takes ownership of that number.
-        let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-        Ok(ResultChannel {
-            out: Box::new(file),
-            nonce,
-        })
-    }
-}
+/// The child's end of its result channel (the child reads nothing else from its parent).
+pub use guild_adapters_posix::supervise::ResultChannel;
 
 /// Where the child's lines go, shared by the threads of a check.
 #[derive(Clone)]
@@ -680,9 +622,10 @@ pub fn child_main(
             os: std::env::consts::OS,
             arch: std::env::consts::ARCH,
         })?;
+    let (out, nonce) = channel.into_parts();
     let lines = Lines {
-        out: Arc::new(Mutex::new(channel.out)),
-        nonce: channel.nonce.into(),
+        out: Arc::new(Mutex::new(Box::new(out))),
+        nonce: nonce.into(),
     };
     let mut rec = Recorder {
         lines: lines.clone(),

@@ -279,3 +279,26 @@ pub fn tamper(b: &Bench, archive: &str, from: &[u8], to: &[u8]) -> String {
     fs::write(b.path().join(&out), bytes).unwrap();
     out
 }
+
+/// Whether process `pid` still runs (a zombie does not).
+pub fn alive(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+        !state.starts_with('Z') && !state.starts_with('X')
+    })
+}
+
+/// The processes listed (one pid a line) in the file at `pids` that still run, each killed
+/// before this returns so that a failing test leaves nothing behind.
+pub fn survivors(pids: &Path) -> (Vec<u32>, Vec<u32>) {
+    let listed: Vec<u32> = fs::read_to_string(pids)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    let alive: Vec<u32> = listed.iter().copied().filter(|p| alive(*p)).collect();
+    for pid in &alive {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    (listed, alive)
+}

@@ -130,14 +130,6 @@ fn unbounded_output_is_read_in_bounded_memory() {
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
 }
 
-/// Whether process `pid` still runs (a zombie does not).
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        let state = stat.rsplit(')').next().unwrap_or("").trim_start();
-        !state.starts_with('Z') && !state.starts_with('X')
-    })
-}
-
 /// Processes a plugin starts do not outlive the check: one left in the child's process group, and
 /// one double-forked into a session of its own.
 #[test]
@@ -153,17 +145,7 @@ fn processes_the_build_starts_do_not_outlive_the_check() {
         .env("GUILD_TEST_DAEMON_PIDS", &pids)
         .output()
         .unwrap();
-    let listed: Vec<u32> = std::fs::read_to_string(&pids)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect();
-    let survivors: Vec<u32> = listed.iter().copied().filter(|p| alive(*p)).collect();
-    for pid in &survivors {
-        let _ = std::process::Command::new("kill")
-            .args(["-9", &pid.to_string()])
-            .status();
-    }
+    let (listed, survivors) = guild_test_support::guild::survivors(&pids);
     assert!(
         survivors.is_empty(),
         "{survivors:?} of {listed:?} outlived the check:\n{}",

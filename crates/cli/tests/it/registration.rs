@@ -123,6 +123,19 @@ fn says(text: &str, needles: &[&str], what: &str) {
     }
 }
 
+/// `guild install archive` exits 3 saying each of `needles`, and leaves the store's disk as it
+/// was, with nothing listed.
+#[track_caller]
+fn install_refused(b: &Bench, archive: &str, needles: &[&str]) {
+    expect(&b.run(&["list"]), 0, "list");
+    let before = disk(&b.store());
+    let run = b.run(&["install", archive]);
+    expect(&run, 3, "install");
+    says(&run.stderr, needles, "install");
+    assert_eq!(disk(&b.store()), before);
+    assert_eq!(listed(b), vec![]);
+}
+
 /// The package ids `guild list` shows, with the state of each current version.
 fn listed(b: &Bench) -> Vec<(String, String)> {
     let run = b.run(&["--json", "list"]);
@@ -323,13 +336,7 @@ fn registration_crash_in_init_is_refused_with_the_signal() {
     let b = Bench::new(guild());
     b.trust();
     let archive = Pkg::new("example.crash", "init_crashes", &["example.crash.op"]).pack(&b);
-    expect(&b.run(&["list"]), 0, "list");
-    let before = disk(&b.store());
-    let run = b.run(&["install", &archive]);
-    expect(&run, 3, "install");
-    says(&run.stderr, &["example.crash@1.0.0", "SIGABRT"], "install");
-    assert_eq!(disk(&b.store()), before);
-    assert_eq!(listed(&b), vec![]);
+    install_refused(&b, &archive, &["example.crash@1.0.0", "SIGABRT"]);
     let doc = b.run(&["--json", "install", &archive]);
     expect(&doc, 3, "install --json");
     assert_eq!(doc.error_json()["category"], "rejected", "{}", doc.stderr);
@@ -375,6 +382,66 @@ fn registration_hang_in_init_is_refused_after_the_timeout() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// The registration check's verdict comes from its own channel, not from what the library
+/// prints: a build whose `init` writes a passing result line (the check's old stdout protocol)
+/// to every descriptor, the result channel's included, and exits 0 is refused, and nothing is
+/// installed.
+#[test]
+fn registration_verdict_cannot_be_forged_by_the_library() {
+    let b = Bench::new(guild());
+    b.trust();
+    let archive = Pkg::new("example.forge", "faulty_forge", &["example.faulty.forge"]).pack(&b);
+    install_refused(
+        &b,
+        &archive,
+        &[
+            "example.forge@1.0.0",
+            "failed the registration check",
+            "result channel carried a line that is not its own",
+        ],
+    );
+}
+
+/// Processes a library starts in `init` do not outlive the registration check: one left in the
+/// check child's process group, and one double-forked into a session of its own.
+#[test]
+fn registration_check_ends_the_processes_the_library_starts() {
+    let b = Bench::new(guild());
+    b.trust();
+    let archive = Pkg::new(
+        "example.daemon",
+        "faulty_daemon",
+        &["example.faulty.daemon"],
+    )
+    .pack(&b);
+    let pids = b.path().join("daemon.pids");
+    let store = b.store();
+    let out = guild()
+        .command(
+            b.path(),
+            &["--store", store.to_str().unwrap(), "install", &archive],
+        )
+        .env("GUILD_TEST_DAEMON_PIDS", &pids)
+        .output()
+        .unwrap();
+    let (listed_pids, survivors) = guild_test_support::guild::survivors(&pids);
+    assert_eq!(listed_pids.len(), 2, "the library started its two sleepers");
+    assert!(
+        survivors.is_empty(),
+        "{survivors:?} of {listed_pids:?} outlived the registration check"
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        listed(&b),
+        vec![("example.daemon".to_owned(), "1.0.0 enabled".to_owned())]
+    );
 }
 
 /// Installs `archive` into the store at `root` the way the package manager did before impl ids
