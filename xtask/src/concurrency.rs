@@ -13,10 +13,16 @@ use crate::util::{self, root};
 const NIGHTLY: &str = "nightly";
 /// The unit tests each tool runs, all in `guild-runtime`: the gate and handle table, the call
 /// tensors and call cells, the striped binding counts; ThreadSanitizer also the per-thread
-/// impl-id tables and the scoped thread map.
+/// impl-id tables, the scoped thread map and the expert pool.
 const LOOM_FILTER: &str = "loom_";
 const MIRI_FILTERS: &[&str] = &["operations::", "snapshot::"];
-const TSAN_FILTERS: &[&str] = &["operations::", "snapshot::", "parallel::", "id_lookup::"];
+const TSAN_FILTERS: &[&str] = &[
+    "operations::",
+    "snapshot::",
+    "parallel::",
+    "id_lookup::",
+    "experts::",
+];
 
 /// The loom models, in the test profile (the models are small; a release build of every
 /// dependency would cost minutes) and in their own target directory, so that `--cfg loom`

@@ -349,6 +349,18 @@ fn main() {
             show(Some(b - d))
         );
     }
+    // G28's goals for the persistent pool, on two cores: a batch of one task under 2 µs, one of
+    // eight under 10 µs.
+    for ((width, shape), goal) in [1, EXPERTS].into_iter().zip(&shapes).zip([2e3, 10e3]) {
+        if let (true, Some(b)) = (full, m(&shape.pool)) {
+            println!(
+                "  goal, {width} task(s) under {}: {} ({})",
+                show(Some(goal)),
+                if b < goal { "met" } else { "NOT met" },
+                show(Some(b))
+            );
+        }
+    }
     drop(pool);
     drop(table);
     c.final_summary();

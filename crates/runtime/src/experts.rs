@@ -29,8 +29,10 @@ use std::mem::{self, align_of, size_of};
 use std::ops::Range;
 use std::panic::{self, AssertUnwindSafe};
 use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
 
 use guild_abi::{
     guild_cpu_activation_image_v1_t, guild_cpu_backend_ext_v2_t, guild_cpu_combine_args_v1_t,
@@ -1120,27 +1122,33 @@ pub struct PoolError {
     pub error: ExpertError,
 }
 
-/// The host's expert worker pool: runs a batch of [`ExpertTask`]s across its workers through a
-/// bound table and returns when all are done.
+/// The host's expert worker pool: runs a batch of [`ExpertTask`]s across its workers and the
+/// calling thread through a bound table and returns when all are done.
 ///
-/// The workers are started once, by [`ExpertPool::new`], and live as long as the pool: between
-/// batches they sleep on a condition variable, so that a batch (one per MoE layer per token)
-/// costs publishing it and waking the workers it needs, not spawning threads. Dropping the pool
-/// stops and joins them. Each worker keeps one scratch buffer for the pool's life, aligned to
-/// the format; it grows only when a batch's format needs more than any before (its contents
-/// are undefined on entry, as cpu_expert_abi.h says), so a steady decode loop allocates
-/// nothing in the pool.
+/// The workers are started once, by [`ExpertPool::new`], and live as long as the pool. The
+/// caller of [`ExpertPool::run`] takes tasks too, so that a batch never waits for a worker to
+/// wake before work starts, and a batch of one task runs on the caller alone, touching no
+/// worker. Between batches a worker first watches for the next batch for a few microseconds
+/// (spinning, then yielding its core) and only then sleeps on a condition variable: a decode
+/// loop's batches (one per MoE layer per token) come faster than that, so they cost no wake-up,
+/// while an idle pool costs no CPU. A batch wakes at most one sleeping worker, and each worker
+/// that takes a task wakes the next while tasks are left. Dropping the pool stops and joins the
+/// workers. Each worker, and the caller's side, keeps one scratch buffer for the pool's life,
+/// aligned to the format; it grows only when a batch's format needs more than any before (its
+/// contents are undefined on entry, as cpu_expert_abi.h says), so a steady decode loop
+/// allocates nothing in the pool.
 ///
 /// Tasks are handed out one at a time in batch order; each writes only its own output slice,
-/// so the results do not depend on the number of workers or on which worker ran which task.
+/// so the results do not depend on the number of workers or on which thread ran which task.
 /// [`ExpertPool::run`] borrows the table, the format and the tasks' buffers and does not return
 /// until every task of the batch has finished, so no worker touches them after the call; the
 /// borrow is also what keeps the table's lease, and so the provider's library, alive while
 /// workers call into it. Batches from several threads on one pool run one after another.
 pub struct ExpertPool {
     shared: Arc<Shared>,
-    /// Held for the whole of a batch, so that batches run one at a time.
-    batch: Mutex<()>,
+    /// Held for the whole of a batch, so that batches run one at a time; it holds the scratch
+    /// of the tasks the caller runs.
+    batch: Mutex<Scratch>,
     workers: Vec<JoinHandle<()>>,
 }
 
@@ -1166,10 +1174,16 @@ unsafe impl Send for JobRef {}
 /// The pool's state, shared with its workers.
 struct Shared {
     state: Mutex<State>,
-    /// Workers wait here for a batch or for shutdown.
+    /// Workers sleep here for a batch or for shutdown.
     work: Condvar,
-    /// The caller of `run` waits here for the batch's last task.
+    /// The caller of `run` sleeps here for the batch's last task.
     done: Condvar,
+    /// Bumped, under the lock, whenever a batch is published or shutdown is asked for; a worker
+    /// watches it without the lock before it sleeps.
+    epoch: AtomicU64,
+    /// Tasks of the current batch not finished yet, which the caller watches without the lock
+    /// before it sleeps. Written under the lock; read outside it only as that hint.
+    unfinished: AtomicUsize,
 }
 
 impl Shared {
@@ -1178,6 +1192,83 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Runs task `index` of `job` (handed out to this thread, unfinished) outside the lock, and
+    /// records its outcome under it; answers the lock again.
+    fn run_task<'s>(
+        &'s self,
+        state: MutexGuard<'s, State>,
+        job: JobRef,
+        index: usize,
+        scratch: &mut Scratch,
+    ) -> MutexGuard<'s, State> {
+        drop(state);
+        // SAFETY: task `index` is handed out but not finished, and `dispatch` clears `job` and
+        // returns only once every task has finished, so the closure it published is alive until
+        // this thread records the outcome below.
+        let job = unsafe { &*job.0 };
+        let outcome = panic::catch_unwind(AssertUnwindSafe(|| job(index, scratch)));
+        let mut state = self.lock();
+        match outcome {
+            Ok(Ok(())) => {}
+            Ok(Err(failure)) => {
+                if state.failure.as_ref().is_none_or(|f| f.task > failure.task) {
+                    state.failure = Some(failure);
+                }
+            }
+            Err(payload) => {
+                if state.panic.as_ref().is_none_or(|(at, _)| *at > index) {
+                    state.panic = Some((index, payload));
+                }
+            }
+        }
+        state.finished += 1;
+        self.unfinished
+            .store(state.count - state.finished, Ordering::Release);
+        if state.finished == state.count && state.caller_sleeps {
+            self.done.notify_one();
+        }
+        state
+    }
+
+    /// The next task of the current batch, if one is left, handed out to the caller; wakes one
+    /// more sleeping worker when tasks are left after it.
+    fn take(&self, state: &mut State) -> Option<(JobRef, usize)> {
+        let job = state.job?;
+        if state.next >= state.count {
+            return None;
+        }
+        let index = state.next;
+        state.next += 1;
+        if state.next < state.count && state.sleeping > 0 {
+            self.work.notify_one();
+        }
+        Some((job, index))
+    }
+}
+
+/// How long a thread watches for what it waits for before it sleeps: a worker for the next
+/// batch, the caller for the last task of its batch.
+const WATCH: Duration = Duration::from_micros(20);
+
+/// Whether `ready` became true within [`WATCH`]: a few spins, then yielding the core, so that a
+/// watching thread on a busy machine leaves the core to the threads with work.
+fn watch(ready: impl Fn() -> bool) -> bool {
+    let start = Instant::now();
+    for round in 0u32.. {
+        if ready() {
+            return true;
+        }
+        if round < 64 {
+            std::hint::spin_loop();
+        } else {
+            if round.is_multiple_of(16) && start.elapsed() >= WATCH {
+                return false;
+            }
+            thread::yield_now();
+        }
+    }
+    false
 }
 
 #[derive(Default)]
@@ -1192,6 +1283,10 @@ struct State {
     failure: Option<PoolError>,
     /// The panic of the lowest-numbered task that panicked so far.
     panic: Option<(usize, Box<dyn Any + Send>)>,
+    /// Workers asleep on `work`.
+    sleeping: usize,
+    /// Whether the caller is asleep on `done`.
+    caller_sleeps: bool,
     shutdown: bool,
 }
 
@@ -1228,42 +1323,27 @@ fn work(shared: &Shared) {
     let mut scratch = Scratch::default();
     let mut state = shared.lock();
     loop {
-        match state.job {
-            Some(job) if state.next < state.count => {
-                let index = state.next;
-                state.next += 1;
-                drop(state);
-                // SAFETY: task `index` is handed out but not finished, and `dispatch` clears
-                // `job` and returns only once every task has finished, so the closure it
-                // published is alive until this worker reports the outcome below.
-                let job = unsafe { &*job.0 };
-                let outcome = panic::catch_unwind(AssertUnwindSafe(|| job(index, &mut scratch)));
-                state = shared.lock();
-                match outcome {
-                    Ok(Ok(())) => {}
-                    Ok(Err(failure)) => {
-                        if state.failure.as_ref().is_none_or(|f| f.task > failure.task) {
-                            state.failure = Some(failure);
-                        }
-                    }
-                    Err(payload) => {
-                        if state.panic.as_ref().is_none_or(|(at, _)| *at > index) {
-                            state.panic = Some((index, payload));
-                        }
-                    }
-                }
-                state.finished += 1;
-                if state.finished == state.count {
-                    shared.done.notify_one();
-                }
-            }
-            _ if state.shutdown => return,
-            _ => {
-                state = shared
-                    .work
-                    .wait(state)
-                    .unwrap_or_else(PoisonError::into_inner)
-            }
+        if let Some((job, index)) = shared.take(&mut state) {
+            state = shared.run_task(state, job, index, &mut scratch);
+            continue;
+        }
+        if state.shutdown {
+            return;
+        }
+        // Nothing to do: watch for the next batch a while, then sleep. The epoch is bumped under
+        // the lock, so one still unchanged under it means no batch came since this worker
+        // looked, and `dispatch` will see it asleep.
+        let seen = shared.epoch.load(Ordering::Acquire);
+        drop(state);
+        watch(|| shared.epoch.load(Ordering::Acquire) != seen);
+        state = shared.lock();
+        if shared.epoch.load(Ordering::Relaxed) == seen {
+            state.sleeping += 1;
+            state = shared
+                .work
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+            state.sleeping -= 1;
         }
     }
 }
@@ -1308,8 +1388,10 @@ impl ExpertPool {
                 state: Mutex::new(State::default()),
                 work: Condvar::new(),
                 done: Condvar::new(),
+                epoch: AtomicU64::new(0),
+                unfinished: AtomicUsize::new(0),
             }),
-            batch: Mutex::new(()),
+            batch: Mutex::new(Scratch::default()),
             workers: Vec::with_capacity(threads.max(1)),
         };
         for i in 0..threads.max(1) {
@@ -1372,19 +1454,25 @@ impl ExpertPool {
         self.dispatch(count, &job)
     }
 
-    /// Runs `job` for every index below `count` on the workers and returns once all have
-    /// finished: the first failure in index order, or the panic of the first task that
-    /// panicked, raised again here.
+    /// Runs `job` for every index below `count` on the workers and this thread, and returns
+    /// once all have finished: the first failure in index order, or the panic of the first task
+    /// that panicked, raised again here.
     fn dispatch(&self, count: usize, job: &Job<'_>) -> Result<(), PoolError> {
         if count == 0 {
             return Ok(());
         }
-        let _batch = self.batch.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut scratch = self.batch.lock().unwrap_or_else(PoisonError::into_inner);
+        if count == 1 {
+            // All overhead for the workers: the caller runs it, as a worker would (a panic is
+            // raised again once the task is over, the pool untouched).
+            return job(0, &mut scratch);
+        }
         // SAFETY: only the lifetime changes (the same fat pointer). The workers dereference the
         // pointer only while a task is handed out and unfinished, and this function does not
-        // return (nothing below unwinds: the lock ignores poisoning and the condition variable
-        // calls do not panic) until every task has finished and `job` is cleared again, so
-        // `job` and everything it borrows outlive every use.
+        // return (nothing below unwinds: the lock ignores poisoning, the condition variable
+        // calls do not panic, and the tasks this thread runs are inside `catch_unwind`) until
+        // every task has finished and `job` is cleared again, so `job` and everything it
+        // borrows outlive every use.
         let erased = unsafe { mem::transmute::<*const Job<'_>, *const Job<'static>>(job) };
         let mut state = self.shared.lock();
         // The previous batch left no failure or panic behind: its `dispatch` took them.
@@ -1392,17 +1480,29 @@ impl ExpertPool {
         state.count = count;
         state.next = 0;
         state.finished = 0;
-        drop(state);
-        for _ in 0..count.min(self.workers.len()) {
+        self.shared.unfinished.store(count, Ordering::Release);
+        self.shared.epoch.fetch_add(1, Ordering::Release);
+        // One sleeper is woken; each worker that takes a task wakes the next while tasks are
+        // left (`take`). Watching workers see the epoch move.
+        if state.sleeping > 0 {
             self.shared.work.notify_one();
         }
-        state = self.shared.lock();
-        while state.finished < state.count {
-            state = self
-                .shared
-                .done
-                .wait(state)
-                .unwrap_or_else(PoisonError::into_inner);
+        while let Some((job, index)) = self.shared.take(&mut state) {
+            state = self.shared.run_task(state, job, index, &mut scratch);
+        }
+        if state.finished < state.count {
+            drop(state);
+            watch(|| self.shared.unfinished.load(Ordering::Acquire) == 0);
+            state = self.shared.lock();
+            while state.finished < state.count {
+                state.caller_sleeps = true;
+                state = self
+                    .shared
+                    .done
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner);
+                state.caller_sleeps = false;
+            }
         }
         state.job = None;
         let (failure, panicked) = (state.failure.take(), state.panic.take());
@@ -1418,7 +1518,10 @@ impl Drop for ExpertPool {
     /// Stops the workers and joins them. They catch every panic of a task, so a join fails
     /// only if the pool's own code panicked; there is nothing to report it to from a drop.
     fn drop(&mut self) {
-        self.shared.lock().shutdown = true;
+        let mut state = self.shared.lock();
+        state.shutdown = true;
+        self.shared.epoch.fetch_add(1, Ordering::Release);
+        drop(state);
         self.shared.work.notify_all();
         for worker in self.workers.drain(..) {
             let _ = worker.join();
@@ -1429,8 +1532,6 @@ impl Drop for ExpertPool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
     fn a_panicking_task_is_raised_on_the_caller_after_the_batch_and_the_pool_goes_on() {
@@ -1471,6 +1572,55 @@ mod tests {
         // One buffer for the first three batches, a larger one from the fourth on.
         assert!(seen[..6].iter().all(|p| *p == seen[0]), "{seen:?}");
         assert!(seen[6..].iter().all(|p| *p == seen[6]), "{seen:?}");
+    }
+
+    #[test]
+    fn a_batch_of_one_task_runs_on_the_caller_alone() {
+        let pool = ExpertPool::new(2);
+        let caller = thread::current().id();
+        for _ in 0..100 {
+            let job = |_: usize, _: &mut Scratch| {
+                assert_eq!(thread::current().id(), caller);
+                Ok(())
+            };
+            pool.dispatch(1, &job).unwrap();
+        }
+        assert_eq!(
+            pool.shared.epoch.load(Ordering::Relaxed),
+            0,
+            "no batch was published"
+        );
+    }
+
+    #[test]
+    fn every_task_runs_once_whoever_takes_it_asleep_or_awake() {
+        let pool = ExpertPool::new(3);
+        for round in 0..300usize {
+            let count = 2 + round % 13;
+            let runs: Vec<AtomicUsize> = (0..count).map(|_| AtomicUsize::new(0)).collect();
+            let job = |index: usize, scratch: &mut Scratch| {
+                scratch.get(32, 16)[0] = index as u8;
+                runs[index].fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            };
+            pool.dispatch(count, &job).unwrap();
+            assert!(
+                runs.iter().all(|r| r.load(Ordering::Relaxed) == 1),
+                "round {round}"
+            );
+            if round % 100 == 99 {
+                // Let every worker fall asleep, so that the next batch takes the wake-up path.
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while pool.shared.lock().sleeping < pool.threads() && Instant::now() < deadline {
+                    thread::sleep(Duration::from_millis(1));
+                }
+                assert_eq!(
+                    pool.shared.lock().sleeping,
+                    pool.threads(),
+                    "idle workers sleep"
+                );
+            }
+        }
     }
 
     #[test]
