@@ -107,7 +107,6 @@ const CONFINED: &[(&str, &str)] = &[
     ("notify", "guild-adapters-fs"),
     ("p256", "guild-adapters-crypto"),
     ("ring", "guild-adapters-crypto"),
-    ("oci-client", "guild-adapters-oci"),
     ("reqwest", "guild-adapters-oci"),
     ("tokio", "guild-adapters-oci"),
 ];
@@ -502,15 +501,7 @@ const TRANSITIVE_FORBIDDEN: &[(&str, &[&str])] = &[
     // registry client, no command line.
     (
         "guild-runtime",
-        &[
-            "p256",
-            "ring",
-            "tokio",
-            "reqwest",
-            "oci-client",
-            "clap",
-            "anyhow",
-        ],
+        &["p256", "ring", "tokio", "reqwest", "clap", "anyhow"],
     ),
     // With its default features: the registry client (feature `oci`) and its async runtime
     // are opt-in.
@@ -524,7 +515,6 @@ const TRANSITIVE_FORBIDDEN: &[(&str, &[&str])] = &[
             "anyhow",
             "tokio",
             "reqwest",
-            "oci-client",
         ],
     ),
 ];

@@ -6,8 +6,29 @@
 use std::path::PathBuf;
 
 use base64::Engine;
-use oci_client::secrets::RegistryAuth;
 use serde_json::Value;
+
+/// The credentials found for a registry.
+#[derive(Clone, PartialEq, Eq)]
+pub enum RegistryAuth {
+    /// None found: requests go without, and a token is asked for anonymously.
+    Anonymous,
+    /// A user and password, sent as Basic authorisation or exchanged for a token.
+    Basic(String, String),
+    /// A token used as it is (a `registrytoken`).
+    Bearer(String),
+}
+
+/// Never the secrets themselves.
+impl std::fmt::Debug for RegistryAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RegistryAuth::Anonymous => f.write_str("Anonymous"),
+            RegistryAuth::Basic(user, _) => write!(f, "Basic({user:?}, ***)"),
+            RegistryAuth::Bearer(_) => f.write_str("Bearer(***)"),
+        }
+    }
+}
 
 /// Credential files larger than this are not read.
 const MAX_AUTH_FILE: u64 = 1 << 20;
@@ -66,6 +87,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn secrets_are_not_shown() {
+        let shown = format!(
+            "{:?} {:?}",
+            RegistryAuth::Basic("alice".into(), "s3cr3t".into()),
+            RegistryAuth::Bearer("t0k3n".into())
+        );
+        assert!(
+            !shown.contains("s3cr3t") && !shown.contains("t0k3n"),
+            "{shown}"
+        );
+    }
+
+    #[test]
     fn docker_and_podman_entries_are_read() {
         let config = serde_json::json!({"auths": {
             "https://reg.example:5000": {"auth": "YWxpY2U6czNjcjN0"},
@@ -74,17 +108,14 @@ mod tests {
             "broken.example": {"auth": "!!!"},
         }});
         let basic = |u: &str, p: &str| Some(RegistryAuth::Basic(u.into(), p.into()));
-        let got = |r: &str| from_config(&config, r).map(|a| format!("{a:?}"));
         assert_eq!(
-            got("reg.example:5000"),
-            basic("alice", "s3cr3t").map(|a| format!("{a:?}"))
+            from_config(&config, "reg.example:5000"),
+            basic("alice", "s3cr3t")
         );
+        assert_eq!(from_config(&config, "plain.example"), basic("bob", "pw"));
         assert_eq!(
-            got("plain.example"),
-            basic("bob", "pw").map(|a| format!("{a:?}"))
-        );
-        assert!(
-            matches!(from_config(&config, "tok.example"), Some(RegistryAuth::Bearer(t)) if t == "abc")
+            from_config(&config, "tok.example"),
+            Some(RegistryAuth::Bearer("abc".into()))
         );
         assert!(from_config(&config, "broken.example").is_none());
         assert!(from_config(&config, "other.example").is_none());

@@ -1,8 +1,11 @@
 //! `OciRegistry`: the artifact registry port over an OCI distribution registry.
 //!
-//! A pull, and the token exchange of a push, go through the adapter's own bounded HTTP (the
-//! private `transport` module): `oci-client` (oras-project) reads manifests, tokens and error
-//! bodies whole and knows no deadline. A push uploads through `oci-client`.
+//! Every request, of a pull, of a push and of the token exchange, goes through the adapter's
+//! own HTTP (the private `transport` module): no answer of the registry is read without a bound
+//! chosen before it, each exchange has an overall deadline and a minimum rate, and every URL
+//! followed (a redirect, a token realm, an upload session) is held to the plain-HTTP rule. A
+//! push is the distribution spec's plainest flow: each blob the registry lacks goes up in one
+//! PUT to a session the registry opens, then the manifest is PUT by tag or digest.
 //!
 //! A package is one artifact: a manifest with `artifactType` [`ARTIFACT_TYPE`], a small JSON
 //! config ([`ArtifactConfig`]) and one layer, the archive itself. The registry is untrusted:
@@ -11,8 +14,8 @@
 //! typed `DistributionErrorKind`. Authentication of the package is the caller's business, as
 //! for any file.
 //!
-//! `oci-client` is async; the runtime is a current-thread tokio runtime made for each call and
-//! dropped with it, so that nothing above this crate is async.
+//! The HTTP client (reqwest) is async; the runtime is a current-thread tokio runtime made for
+//! each call and dropped with it, so that nothing above this crate is async.
 
 #![forbid(unsafe_code)]
 
@@ -30,25 +33,22 @@ use guild_domain::distribution::{
     kind_of_layer, layer_media_type, ArtifactConfig, OciReference, ARTIFACT_TYPE,
     CONFIG_MEDIA_TYPE, OCI_INDEX_MEDIA_TYPE, OCI_MANIFEST_MEDIA_TYPE,
 };
+use guild_domain::ids::PackageKind;
 use guild_domain::ids::Sha256Digest;
 use guild_ports::distribution::{
     ArtifactRegistry, DistributionError, DistributionErrorKind as Kind, Part, Pulled, PushRequest,
     Pushed,
 };
 use guild_ports::source::Progress;
-use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::errors::{DigestError, OciDistributionError, OciEnvelope};
-use oci_client::manifest::OciDescriptor;
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference, RegistryOperation};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use auth::RegistryAuth;
 pub use settings::{
     Limits, OciSettings, CA_FILE_VARIABLE, DEADLINE_VARIABLE, INSECURE_VARIABLE, STALL_VARIABLE,
 };
 pub use transport::ERROR_BODY_BYTES;
-use transport::{plain_http_allowed, Auth, Http};
+use transport::{plain_http_allowed, Auth, Http, Payload};
 
 /// Bytes read from the archive per upload chunk and per progress step.
 const CHUNK: usize = 1 << 20;
@@ -68,30 +68,6 @@ impl OciRegistry {
     /// An adapter configured from the environment (see [`OciSettings::from_environment`]).
     pub fn from_environment() -> Self {
         OciRegistry::new(OciSettings::from_environment())
-    }
-
-    fn client(&self, reference: &OciReference) -> Result<Client, DistributionError> {
-        let mut config = ClientConfig {
-            protocol: if self.plain_http(reference) {
-                ClientProtocol::Http
-            } else {
-                ClientProtocol::Https
-            },
-            // An index is refused, never resolved to one of its manifests.
-            platform_resolver: None,
-            connect_timeout: Some(self.settings.limits.connect_timeout),
-            read_timeout: Some(self.settings.limits.read_timeout),
-            ..ClientConfig::default()
-        };
-        if let Some(data) = self.ca_file(reference)? {
-            config
-                .extra_root_certificates
-                .push(oci_client::client::Certificate {
-                    encoding: oci_client::client::CertificateEncoding::Pem,
-                    data,
-                });
-        }
-        Ok(Client::new(config))
     }
 
     /// The settings' CA file, read; and the TLS provider installed (reqwest is built without
@@ -124,11 +100,7 @@ impl OciRegistry {
     }
 
     /// The bounded HTTP client for `reference`'s registry (see [`transport`]).
-    fn http<'a>(
-        &'a self,
-        reference: &'a OciReference,
-        image: &Reference,
-    ) -> Result<Http<'a>, DistributionError> {
+    fn http<'a>(&'a self, reference: &'a OciReference) -> Result<Http<'a>, DistributionError> {
         let mut certificates = Vec::new();
         if let Some(pem) = self.ca_file(reference)? {
             certificates = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
@@ -153,7 +125,8 @@ impl OciRegistry {
         } else {
             "https"
         };
-        let base = format!("{scheme}://{}/", image.resolve_registry());
+        let (host, repository) = endpoint(reference);
+        let base = format!("{scheme}://{host}/");
         let base = reqwest::Url::parse(&base).map_err(|e| {
             DistributionError::new(
                 Kind::Malformed {
@@ -163,13 +136,7 @@ impl OciRegistry {
                 reference,
             )
         })?;
-        Http::new(
-            &self.settings,
-            reference,
-            base,
-            image.repository().to_owned(),
-            certificates,
-        )
+        Http::new(&self.settings, reference, base, repository, certificates)
     }
 
     /// Whether `reference`'s registry is reached over plain HTTP: only a loopback host or one
@@ -200,112 +167,22 @@ fn runtime(reference: &OciReference) -> Result<tokio::runtime::Runtime, Distribu
         })
 }
 
-fn distribution_ref(reference: &OciReference) -> Result<Reference, DistributionError> {
-    reference
-        .to_distribution_string()
-        .parse::<Reference>()
-        .map_err(|e| {
-            DistributionError::new(
-                Kind::Malformed {
-                    part: Part::Manifest,
-                    reason: format!("the client cannot use this reference: {e}"),
-                },
-                reference,
-            )
-        })
-}
-
-/// Maps the client's error to a typed one, looking through to reqwest for redirects.
-fn transport_error(e: OciDistributionError, reference: &OciReference) -> DistributionError {
-    let kind = match &e {
-        OciDistributionError::UnauthorizedError { .. } => unauthorized(reference, 401),
-        OciDistributionError::AuthenticationFailure(_) => unauthorized(reference, 401),
-        OciDistributionError::ImageManifestNotFoundError(_) => Kind::NotFound,
-        OciDistributionError::RegistryError { envelope, .. } => {
-            registry_error_kind(envelope, reference)
-        }
-        OciDistributionError::ServerError { code, message, .. } => {
-            status_kind(*code, message.chars().take(200).collect(), reference)
-        }
-        // The client checks a manifest pulled by digest against the reference (and against
-        // the digest header the registry sends).
-        OciDistributionError::DigestError(DigestError::VerificationError { expected, actual }) => {
-            Kind::DigestMismatch {
-                part: Part::Manifest,
-                expected: bare_hex(expected),
-                actual: bare_hex(actual),
-            }
-        }
-        OciDistributionError::DigestError(d) => Kind::Malformed {
-            part: Part::Manifest,
-            reason: format!("its digest cannot be checked: {d}"),
-        },
-        OciDistributionError::RequestError(r) => request_error_kind(r, reference),
-        other => Kind::Transport {
-            reason: other.to_string().chars().take(200).collect(),
-        },
-    };
-    DistributionError::new(kind, reference).with_source(e)
-}
-
-fn unauthorized(reference: &OciReference, status: u16) -> Kind {
-    Kind::Unauthorized {
-        registry: reference.registry().to_owned(),
-        status,
-    }
-}
-
-/// The registry's error document, by its codes: an unknown blob or manifest is not found, an
-/// unauthorised or denied request is a refusal of the credentials, anything else is the
-/// registry's error.
-fn registry_error_kind(envelope: &OciEnvelope, reference: &OciReference) -> Kind {
-    let codes: Vec<String> = envelope
-        .errors
-        .iter()
-        .map(|e| format!("{:?}", e.code))
-        .collect();
-    if codes.iter().any(|c| c.contains("Unknown")) {
-        Kind::NotFound
-    } else if codes
-        .iter()
-        .any(|c| c.contains("Unauthorized") || c.contains("Denied"))
-    {
-        unauthorized(reference, 401)
-    } else {
-        Kind::Registry {
-            status: 400,
-            message: envelope.to_string(),
-        }
-    }
-}
-
-/// An error status: 401 and 403 refuse the credentials, 404 is not found, any other is the
-/// registry's error with `message`.
-fn status_kind(status: u16, message: String, reference: &OciReference) -> Kind {
-    match status {
-        401 | 403 => unauthorized(reference, status),
-        404 => Kind::NotFound,
-        _ => Kind::Registry { status, message },
-    }
-}
-
-/// A failed HTTP exchange: a redirect loop, an error status, or no answer (no connection, a
-/// timeout, or another failure).
-fn request_error_kind(r: &reqwest::Error, reference: &OciReference) -> Kind {
-    if r.is_redirect() {
-        return Kind::RedirectLoop;
-    }
-    match r.status() {
-        Some(s) => status_kind(s.as_u16(), "error status".into(), reference),
-        None => Kind::Transport {
-            reason: if r.is_connect() {
-                "cannot connect".into()
-            } else if r.is_timeout() {
-                "timed out".into()
+/// Where `reference`'s registry is asked, and the repository's name there. Docker Hub is
+/// reached as `index.docker.io`, and a repository of one component there is one of its
+/// official images, under `library/`, as docker names them. Any other registry is asked at
+/// the reference's own host for the reference's own repository.
+fn endpoint(reference: &OciReference) -> (&str, String) {
+    let repository = reference.repository();
+    match reference.registry() {
+        "docker.io" | "index.docker.io" => (
+            "index.docker.io",
+            if repository.contains('/') {
+                repository.to_owned()
             } else {
-                "the HTTP exchange failed".into()
+                format!("library/{repository}")
             },
-        },
+        ),
+        registry => (registry, repository.to_owned()),
     }
 }
 
@@ -323,11 +200,6 @@ fn io_error(
         reference,
     )
     .with_source(e)
-}
-
-/// `sha256:HEX` as the client writes a digest, without the algorithm (the error kinds carry hex).
-fn bare_hex(digest: &str) -> String {
-    digest.strip_prefix("sha256:").unwrap_or(digest).to_owned()
 }
 
 fn sha256_of(bytes: &[u8]) -> String {
@@ -389,24 +261,16 @@ impl ArtifactRegistry for OciRegistry {
     ) -> Result<Pushed, DistributionError> {
         let artifact = Artifact::describe(&request, reference)?;
         check_pinned(reference, &artifact.manifest_digest)?;
-        let client = self.client(reference)?;
-        let image = distribution_ref(reference)?;
-        let http = self.http(reference, &image)?;
+        let http = self.http(reference)?;
         let credentials = self.auth(reference);
         let rt = runtime(reference)?;
         rt.block_on(async {
+            let auth = http.authenticate(&credentials, "pull,push").await?;
             let upload = Upload {
-                client,
-                image,
+                http,
+                auth,
                 reference,
             };
-            // The token exchange is the adapter's own (bounded, and under the realm rules of
-            // `transport`); the client is handed its result.
-            let auth = http
-                .authenticate(&credentials, "pull,push")
-                .await?
-                .to_registry_auth();
-            upload.authenticate(&auth).await?;
             upload.push_config(&artifact).await?;
             upload.push_layer(&artifact, progress).await?;
             upload.push_manifest(&artifact).await
@@ -424,8 +288,7 @@ impl ArtifactRegistry for OciRegistry {
         out: &Path,
         progress: Option<&dyn Progress>,
     ) -> Result<Pulled, DistributionError> {
-        let image = distribution_ref(reference)?;
-        let http = self.http(reference, &image)?;
+        let http = self.http(reference)?;
         let credentials = self.auth(reference);
         let limits = self.settings.limits;
         let rt = runtime(reference)?;
@@ -443,7 +306,7 @@ impl ArtifactRegistry for OciRegistry {
             Ok(Pulled {
                 manifest_digest,
                 layer_digest,
-                layer_size: layer_desc.size as u64,
+                layer_size: layer_desc.size,
                 config,
             })
         })
@@ -465,7 +328,7 @@ impl Download<'_> {
     async fn manifest(
         &self,
         limits: &Limits,
-    ) -> Result<(Sha256Digest, OciDescriptor, OciDescriptor), DistributionError> {
+    ) -> Result<(Sha256Digest, Descriptor, Descriptor), DistributionError> {
         let body = self
             .http
             .manifest(
@@ -482,7 +345,7 @@ impl Download<'_> {
     }
 
     /// Fetches the config blob and parses it as the package's artifact config.
-    async fn config(&self, desc: &OciDescriptor) -> Result<ArtifactConfig, DistributionError> {
+    async fn config(&self, desc: &Descriptor) -> Result<ArtifactConfig, DistributionError> {
         let mut config = Vec::new();
         fetch_blob(
             &self.http,
@@ -509,7 +372,7 @@ impl Download<'_> {
     /// the layer's digest.
     async fn layer(
         &self,
-        desc: &OciDescriptor,
+        desc: &Descriptor,
         out: &Path,
         progress: Option<&dyn Progress>,
     ) -> Result<Sha256Digest, DistributionError> {
@@ -552,7 +415,7 @@ impl Download<'_> {
 
 /// The layer's media type is the one for the kind of package the config names.
 fn check_layer_kind(
-    layer: &OciDescriptor,
+    layer: &Descriptor,
     config: &ArtifactConfig,
     reference: &OciReference,
 ) -> Result<(), DistributionError> {
@@ -657,47 +520,32 @@ fn manifest_json(
     })
 }
 
-/// A push's requests through `oci-client`, one method a step: the client's authentication,
-/// the config, the layer, the manifest. A blob the registry has already is not sent again.
+/// A push's requests, one method a step: the config, the layer, the manifest. A blob the
+/// registry has already is not sent again.
 struct Upload<'a> {
-    client: Client,
-    image: Reference,
+    http: Http<'a>,
+    auth: Auth,
     reference: &'a OciReference,
 }
 
 impl Upload<'_> {
-    fn fail(&self, e: OciDistributionError) -> DistributionError {
-        transport_error(e, self.reference)
-    }
-
-    /// Hands the client the token the adapter's own exchange got.
-    async fn authenticate(&self, auth: &RegistryAuth) -> Result<(), DistributionError> {
-        self.client
-            .auth(&self.image, auth, RegistryOperation::Push)
-            .await
-            .map_err(|e| self.fail(e))?;
-        Ok(())
-    }
-
-    async fn has_blob(&self, digest: &str) -> Result<bool, DistributionError> {
-        self.client
-            .blob_exists(&self.image, digest)
-            .await
-            .map_err(|e| self.fail(e))
-    }
-
     async fn push_config(&self, artifact: &Artifact<'_>) -> Result<(), DistributionError> {
-        if !self.has_blob(&artifact.config_digest).await? {
-            self.client
-                .push_blob(
-                    &self.image,
-                    artifact.config.clone(),
-                    &artifact.config_digest,
-                )
-                .await
-                .map_err(|e| self.fail(e))?;
+        let digest = &artifact.config_digest;
+        if self.http.has_blob(digest, &self.auth).await? {
+            return Ok(());
         }
-        Ok(())
+        let session = self.http.start_upload(&self.auth).await?;
+        self.http
+            .put_blob(
+                session,
+                digest,
+                artifact.config.len() as u64,
+                Payload::Bytes(bytes::Bytes::from(artifact.config.clone())),
+                ("config upload", None),
+                Part::Config,
+                &self.auth,
+            )
+            .await
     }
 
     /// Streams the archive up, reporting progress as it goes.
@@ -706,21 +554,26 @@ impl Upload<'_> {
         artifact: &Artifact<'_>,
         progress: Option<&dyn Progress>,
     ) -> Result<(), DistributionError> {
-        let layer_name = oci_digest(&artifact.layer_digest);
-        if self.has_blob(&layer_name).await? {
+        let digest = oci_digest(&artifact.layer_digest);
+        if self.http.has_blob(&digest, &self.auth).await? {
             return Ok(());
         }
+        let session = self.http.start_upload(&self.auth).await?;
+        let archive = artifact.archive;
+        let file = File::open(archive).map_err(|e| io_error("open", archive, self.reference, e))?;
         if let Some(p) = progress {
             p.begin("uploading", artifact.layer_size);
         }
-        let archive = artifact.archive;
-        let file = File::open(archive).map_err(|e| io_error("open", archive, self.reference, e))?;
         let sent = Arc::new(AtomicU64::new(0));
-        let upload = std::pin::pin!(self.client.push_blob_stream(
-            &self.image,
-            file_chunks(file, Arc::clone(&sent)),
-            &layer_name,
-            Some(artifact.layer_size),
+        let body = reqwest::Body::wrap_stream(file_chunks(file, Arc::clone(&sent)));
+        let upload = std::pin::pin!(self.http.put_blob(
+            session,
+            &digest,
+            artifact.layer_size,
+            Payload::Stream(Some(body)),
+            ("package layer upload", Some(Arc::clone(&sent))),
+            Part::Layer,
+            &self.auth,
         ));
         let ticker = std::pin::pin!(report_progress(&sent, progress));
         let pushed = match futures_util::future::select(upload, ticker).await {
@@ -730,30 +583,31 @@ impl Upload<'_> {
         if let Some(p) = progress {
             p.finish();
         }
-        pushed.map_err(|e| self.fail(e))?;
-        Ok(())
+        pushed
     }
 
     async fn push_manifest(&self, artifact: &Artifact<'_>) -> Result<(), DistributionError> {
-        self.client
-            .push_manifest_raw(
-                &self.image,
-                artifact.manifest.clone(),
-                http::HeaderValue::from_static(OCI_MANIFEST_MEDIA_TYPE),
+        self.http
+            .put_manifest(
+                self.reference.target(),
+                bytes::Bytes::from(artifact.manifest.clone()),
+                (
+                    OCI_MANIFEST_MEDIA_TYPE,
+                    &oci_digest(&artifact.manifest_digest),
+                ),
+                &self.auth,
             )
             .await
-            .map_err(|e| self.fail(e))?;
-        Ok(())
     }
 }
 
 /// The upload's body: the file read in chunks as the client asks for them, each counted into
-/// `sent` for the progress bar. A read error ends the stream with that error; a file that
-/// changed since it was hashed fails the registry's digest check.
+/// `sent` for the progress bar and the stall rule. A read error ends the stream with that
+/// error; a file that changed since it was hashed fails the registry's digest check.
 fn file_chunks(
     mut file: File,
     sent: Arc<AtomicU64>,
-) -> impl futures_util::Stream<Item = Result<bytes::Bytes, OciDistributionError>> + Send + 'static {
+) -> impl futures_util::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Send + 'static {
     futures_util::stream::iter(std::iter::from_fn(move || {
         let mut buf = vec![0u8; CHUNK];
         match file.read(&mut buf) {
@@ -763,7 +617,7 @@ fn file_chunks(
                 sent.fetch_add(n as u64, Ordering::Relaxed);
                 Some(Ok(bytes::Bytes::from(buf)))
             }
-            Err(e) => Some(Err(OciDistributionError::IoError(e))),
+            Err(e) => Some(Err(e)),
         }
     }))
 }
@@ -784,7 +638,7 @@ async fn report_progress<T>(sent: &AtomicU64, progress: Option<&dyn Progress>) -
 
 /// Checks a manifest's shape: an OCI image manifest (not an index) with the package config
 /// and exactly one package layer, each within the limits. Returns their descriptors.
-fn check_manifest(body: &[u8], limits: &Limits) -> Result<(OciDescriptor, OciDescriptor), Kind> {
+fn check_manifest(body: &[u8], limits: &Limits) -> Result<(Descriptor, Descriptor), Kind> {
     let value: Value = serde_json::from_slice(body).map_err(|_| malformed("not JSON"))?;
     check_image_manifest(&value)?;
     let config = config_descriptor(&value, limits)?;
@@ -821,8 +675,17 @@ fn check_image_manifest(value: &Value) -> Result<(), Kind> {
     Ok(())
 }
 
+/// What a manifest says of a blob.
+#[derive(Debug, Clone)]
+struct Descriptor {
+    media_type: String,
+    /// `sha256:HEX`.
+    digest: String,
+    size: u64,
+}
+
 /// One descriptor: a media type, a `sha256:` digest of 64 hex digits, and a size.
-fn descriptor(v: Option<&Value>, part: Part) -> Result<OciDescriptor, Kind> {
+fn descriptor(v: Option<&Value>, part: Part) -> Result<Descriptor, Kind> {
     let v = v.ok_or_else(|| malformed(&format!("no {part} descriptor")))?;
     let media_type = v
         .get("mediaType")
@@ -840,16 +703,15 @@ fn descriptor(v: Option<&Value>, part: Part) -> Result<OciDescriptor, Kind> {
         .get("size")
         .and_then(Value::as_u64)
         .ok_or_else(|| malformed(&format!("the {part}'s size is not a whole number")))?;
-    Ok(OciDescriptor {
+    Ok(Descriptor {
         media_type: media_type.to_owned(),
         digest: digest.to_owned(),
-        size: i64::try_from(size).map_err(|_| malformed("a size is too large"))?,
-        ..OciDescriptor::default()
+        size,
     })
 }
 
 /// The config's descriptor: the package config's media type, within the config limit.
-fn config_descriptor(value: &Value, limits: &Limits) -> Result<OciDescriptor, Kind> {
+fn config_descriptor(value: &Value, limits: &Limits) -> Result<Descriptor, Kind> {
     let config = descriptor(value.get("config"), Part::Config)?;
     if config.media_type != CONFIG_MEDIA_TYPE {
         return Err(Kind::WrongMediaType {
@@ -858,10 +720,10 @@ fn config_descriptor(value: &Value, limits: &Limits) -> Result<OciDescriptor, Ki
             expected: CONFIG_MEDIA_TYPE.to_owned(),
         });
     }
-    if config.size as u64 > limits.config_bytes {
+    if config.size > limits.config_bytes {
         return Err(Kind::TooLarge {
             part: Part::Config,
-            size: config.size as u64,
+            size: config.size,
             limit: limits.config_bytes,
         });
     }
@@ -869,7 +731,7 @@ fn config_descriptor(value: &Value, limits: &Limits) -> Result<OciDescriptor, Ki
 }
 
 /// The one layer's descriptor: a package layer's media type, within the layer limit.
-fn layer_descriptor(value: &Value, limits: &Limits) -> Result<OciDescriptor, Kind> {
+fn layer_descriptor(value: &Value, limits: &Limits) -> Result<Descriptor, Kind> {
     let layers = value
         .get("layers")
         .and_then(Value::as_array)
@@ -887,15 +749,15 @@ fn layer_descriptor(value: &Value, limits: &Limits) -> Result<OciDescriptor, Kin
             found: layer.media_type,
             expected: format!(
                 "{} or {}",
-                layer_media_type(guild_domain::ids::PackageKind::Kernel),
-                layer_media_type(guild_domain::ids::PackageKind::Module)
+                layer_media_type(PackageKind::Kernel),
+                layer_media_type(PackageKind::Module)
             ),
         });
     }
-    if layer.size as u64 > limits.layer_bytes {
+    if layer.size > limits.layer_bytes {
         return Err(Kind::TooLarge {
             part: Part::Layer,
-            size: layer.size as u64,
+            size: layer.size,
             limit: limits.layer_bytes,
         });
     }
@@ -907,13 +769,13 @@ fn layer_descriptor(value: &Value, limits: &Limits) -> Result<OciDescriptor, Kin
 async fn fetch_blob(
     http: &Http<'_>,
     auth: &Auth,
-    desc: &OciDescriptor,
+    desc: &Descriptor,
     part: Part,
     out: &mut dyn Write,
     progress: Option<&dyn Progress>,
     reference: &OciReference,
 ) -> Result<Sha256Digest, DistributionError> {
-    let expected = desc.size as u64;
+    let expected = desc.size;
     let mut blob = BlobCheck {
         part,
         expected,
@@ -1071,6 +933,26 @@ mod tests {
             assert_eq!(listed.plain_http(&r(reference)), plain, "{reference}");
         }
         assert!(!OciRegistry::default().plain_http(&r("oci://lab.example:5000/a:t")));
+    }
+
+    #[test]
+    fn the_registry_asked_is_the_references_own() {
+        for (reference, host, repository) in [
+            ("oci://127.0.0.1:5000/a/b:t", "127.0.0.1:5000", "a/b"),
+            ("oci://localhost/a:t", "localhost", "a"),
+            // A host without a dot or port is still the host named, never Docker Hub.
+            ("oci://registry/guild/scan:t", "registry", "guild/scan"),
+            ("oci://docker.io/scan:t", "index.docker.io", "library/scan"),
+            (
+                "oci://index.docker.io/org/scan:t",
+                "index.docker.io",
+                "org/scan",
+            ),
+        ] {
+            let r = OciReference::parse(reference).unwrap();
+            let (h, repo) = endpoint(&r);
+            assert_eq!((h, repo.as_str()), (host, repository), "{reference}");
+        }
     }
 
     #[test]

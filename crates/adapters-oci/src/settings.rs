@@ -9,10 +9,12 @@ pub const INSECURE_VARIABLE: &str = "GUILD_INSECURE_REGISTRIES";
 /// A PEM file of extra root certificates, trusted besides the system's.
 pub const CA_FILE_VARIABLE: &str = "GUILD_REGISTRY_CA_FILE";
 
-/// Seconds one download (a manifest, a token, a blob) may take in all.
+/// Seconds one exchange (a manifest, a token, a blob; an upload with its answer) may take in
+/// all.
 pub const DEADLINE_VARIABLE: &str = "GUILD_REGISTRY_DEADLINE_SECONDS";
 /// The stall rule, `BYTES/SECONDS`: a download is refused when fewer than BYTES arrive in any
-/// SECONDS before it ends (`0/…` turns it off).
+/// SECONDS before it ends, an upload when fewer than BYTES are sent or arrive (`0/…` turns it
+/// off).
 pub const STALL_VARIABLE: &str = "GUILD_REGISTRY_STALL";
 
 /// Caps on what a registry may make the adapter read.
@@ -26,11 +28,14 @@ pub struct Limits {
     pub layer_bytes: u64,
     /// How long connecting may take.
     pub connect_timeout: Duration,
-    /// How long a read may wait for bytes.
+    /// How long a request may wait for its answer, and a read of it for bytes. A layer's
+    /// upload is not held to it (reqwest counts it from the request's start, the upload
+    /// included); the deadline and the stall rule, counting the bytes sent, bound it instead.
     pub read_timeout: Duration,
     /// A token response larger than this is refused.
     pub token_bytes: u64,
-    /// How long one download (a manifest, a token, a blob) may take in all.
+    /// How long one download (a manifest, a token, a blob) or upload (with its answer) may take
+    /// in all.
     pub download_deadline: Duration,
     /// A download is stalled, and refused, when fewer than `stall_bytes` arrive in any
     /// `stall_window` before it ends.

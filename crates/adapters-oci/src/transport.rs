@@ -1,29 +1,35 @@
-//! The adapter's own HTTP for everything a pull reads, and for the token exchange of a push.
+//! The adapter's HTTP: every request of a pull, of a push and of the token exchange.
 //!
-//! `oci-client` reads manifests, token responses and error bodies whole before anything can
-//! look at their size, and a blob's only time limit is its per-read timeout. Here every body has
-//! a bound before it is read (a manifest at [`Limits::manifest_bytes`], a token response at
-//! [`Limits::token_bytes`], an error body at [`ERROR_BODY_BYTES`]), every download (each
-//! request with its redirects and body) has an overall deadline and a minimum rate, and every
-//! URL followed (redirect targets, token realms) obeys the same plain-HTTP rule as the
-//! reference's registry.
+//! A registry is untrusted, so nothing it sends is read without a bound chosen first: a
+//! manifest at [`Limits::manifest_bytes`], a token response at [`Limits::token_bytes`], an error
+//! body at [`ERROR_BODY_BYTES`]; the answers to uploads, which say nothing the push needs beyond
+//! their status and headers, not at all. Every exchange (a request with its redirects, its body
+//! sent and its answer read) has an overall deadline and a minimum rate ([`Watch`]), and every
+//! URL followed (redirect targets, token realms, upload sessions) obeys the same plain-HTTP rule
+//! as the reference's registry.
 
 use std::future::Future;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use guild_domain::distribution::{OciReference, OciTarget};
 use guild_ports::distribution::{DistributionError, DistributionErrorKind as Kind, Part};
-use oci_client::secrets::RegistryAuth;
-use reqwest::header::{HeaderValue, ACCEPT, LOCATION, WWW_AUTHENTICATE};
-use reqwest::{Response, Url};
+use reqwest::header::{
+    HeaderName, HeaderValue, ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, LOCATION, WWW_AUTHENTICATE,
+};
+use reqwest::{Method, Response, Url};
 use serde_json::Value;
 use tokio::time::Instant;
 
+use crate::auth::RegistryAuth;
 use crate::settings::{Limits, OciSettings};
 
 /// How much of an error answer's body is read (for its message); the rest is never read.
 pub const ERROR_BODY_BYTES: usize = 64 * 1024;
+/// The header in which a registry names the digest of what it stored.
+const DOCKER_CONTENT_DIGEST: &str = "docker-content-digest";
 /// Redirects followed for one request before it counts as a loop.
 const MAX_REDIRECTS: usize = 10;
 
@@ -72,15 +78,6 @@ pub enum Auth {
 }
 
 impl Auth {
-    /// The same authorisation as the distribution client takes it.
-    pub fn to_registry_auth(&self) -> RegistryAuth {
-        match self {
-            Auth::None => RegistryAuth::Anonymous,
-            Auth::Basic(u, p) => RegistryAuth::Basic(u.clone(), p.clone()),
-            Auth::Bearer(t) => RegistryAuth::Bearer(t.clone()),
-        }
-    }
-
     fn apply(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         match self {
             Auth::None => request,
@@ -100,6 +97,9 @@ pub struct Watch {
     stall: Option<(u64, Duration)>,
     window_end: Instant,
     window_bytes: u64,
+    /// Bytes sent (an upload's body, counted as it is read), and how many of them the stall
+    /// rule has seen: they count as progress as much as bytes received.
+    sent: Option<(Arc<AtomicU64>, u64)>,
 }
 
 impl Watch {
@@ -121,7 +121,15 @@ impl Watch {
             stall,
             window_end: stall.map_or(deadline, |(_, w)| far(w)),
             window_bytes: 0,
+            sent: None,
         }
+    }
+
+    /// The same watch, with the bytes `sent` counts (an upload's body) counted as progress.
+    pub fn counting_sent(mut self, sent: Arc<AtomicU64>) -> Watch {
+        let seen = sent.load(Ordering::Relaxed);
+        self.sent = Some((sent, seen));
+        self
     }
 
     /// Waits for `fut`, failing when the deadline passes or a window ends with too few bytes.
@@ -160,6 +168,11 @@ impl Watch {
         let Some((min_bytes, window)) = self.stall else {
             return Ok(());
         };
+        if let Some((sent, seen)) = &mut self.sent {
+            let now = sent.load(Ordering::Relaxed);
+            self.window_bytes += now.saturating_sub(*seen);
+            *seen = now;
+        }
         if self.window_bytes < min_bytes {
             return Err(Kind::Stalled {
                 what: self.what,
@@ -179,9 +192,24 @@ impl Watch {
     }
 }
 
+/// What a request sends.
+pub enum Payload {
+    /// Nothing.
+    Empty,
+    /// These bytes, which a 307 or 308 redirect sends again.
+    Bytes(bytes::Bytes),
+    /// A body read as it is sent (an upload from a file), once: a redirect is not followed.
+    Stream(Option<reqwest::Body>),
+}
+
 /// The HTTP client for one reference's registry.
 pub struct Http<'a> {
     client: reqwest::Client,
+    /// The client of streamed uploads: without the per-read timeout, which reqwest counts from
+    /// the start of the request to its answer's head, so that it would end an upload that
+    /// takes longer however steadily it goes. The watch's stall rule and deadline, which count
+    /// the bytes sent, bound it instead.
+    upload_client: reqwest::Client,
     settings: &'a OciSettings,
     reference: &'a OciReference,
     /// `SCHEME://HOST[:PORT]/` of the registry.
@@ -199,15 +227,17 @@ impl<'a> Http<'a> {
         repository: String,
         certificates: Vec<reqwest::Certificate>,
     ) -> Result<Http<'a>, DistributionError> {
-        let client = reqwest::Client::builder()
-            // Redirects are followed here, each target checked.
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(settings.limits.connect_timeout)
-            .read_timeout(settings.limits.read_timeout)
-            .tls_certs_merge(certificates)
-            .user_agent(concat!("guild/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| {
+        let build = |read_timeout: Option<Duration>| {
+            let mut builder = reqwest::Client::builder()
+                // Redirects are followed here, each target checked.
+                .redirect(reqwest::redirect::Policy::none())
+                .connect_timeout(settings.limits.connect_timeout)
+                .tls_certs_merge(certificates.iter().cloned())
+                .user_agent(concat!("guild/", env!("CARGO_PKG_VERSION")));
+            if let Some(t) = read_timeout {
+                builder = builder.read_timeout(t);
+            }
+            builder.build().map_err(|e| {
                 DistributionError::new(
                     Kind::Insecure {
                         reason: "the TLS client cannot be set up".into(),
@@ -215,9 +245,13 @@ impl<'a> Http<'a> {
                     reference,
                 )
                 .with_source(e)
-            })?;
+            })
+        };
+        let client = build(Some(settings.limits.read_timeout))?;
+        let upload_client = build(None)?;
         Ok(Http {
             client,
+            upload_client,
             settings,
             reference,
             base,
@@ -246,35 +280,80 @@ impl<'a> Http<'a> {
     /// `auth_origin`'s origin), all within `watch`. Any status is returned.
     async fn get(
         &self,
-        mut url: Url,
+        url: Url,
         accept: Option<&str>,
+        auth: (&Auth, &Url),
+        watch: &mut Watch,
+    ) -> Result<Response, DistributionError> {
+        let headers: Vec<(HeaderName, &str)> = accept.map(|a| (ACCEPT, a)).into_iter().collect();
+        self.send(Method::GET, url, &headers, Payload::Empty, auth, watch)
+            .await
+    }
+
+    /// Refuses `url` unless the plain-HTTP rule allows it.
+    fn check_allowed(&self, url: &Url) -> Result<(), DistributionError> {
+        if plain_http_allowed(url, &self.settings.insecure) {
+            return Ok(());
+        }
+        Err(self.fail(Kind::Insecure {
+            reason: format!(
+                "refusing {url}: plain HTTP is used only for loopback hosts and those listed in {}",
+                crate::settings::INSECURE_VARIABLE
+            ),
+        }))
+    }
+
+    /// Sends `method` to `url` with `headers` and `payload`, following redirects (each target
+    /// under the plain-HTTP rule; `auth` only to `auth_origin`'s origin), all within `watch`.
+    /// Any status is returned. A GET or HEAD follows every redirect; another method only a 307
+    /// or 308 (which keep the method and the body), and only with a payload it can send again.
+    async fn send(
+        &self,
+        method: Method,
+        mut url: Url,
+        headers: &[(HeaderName, &str)],
+        mut payload: Payload,
         (auth, auth_origin): (&Auth, &Url),
         watch: &mut Watch,
     ) -> Result<Response, DistributionError> {
+        let client = match payload {
+            Payload::Stream(..) => &self.upload_client,
+            _ => &self.client,
+        };
+        let any_redirect = method == Method::GET || method == Method::HEAD;
         for _ in 0..=MAX_REDIRECTS {
-            if !plain_http_allowed(&url, &self.settings.insecure) {
-                return Err(self.fail(Kind::Insecure {
-                    reason: format!(
-                        "refusing {url}: plain HTTP is used only for loopback hosts and those \
-                         listed in {}",
-                        crate::settings::INSECURE_VARIABLE
-                    ),
-                }));
-            }
+            self.check_allowed(&url)?;
             watch.url = url.to_string();
-            let mut request = self.client.get(url.clone());
-            if let Some(a) = accept {
-                request = request.header(ACCEPT, a);
+            let mut request = client.request(method.clone(), url.clone());
+            for (name, value) in headers {
+                request = request.header(name, *value);
             }
             if url.origin() == auth_origin.origin() {
                 request = auth.apply(request);
             }
+            let resendable = match &mut payload {
+                Payload::Empty => true,
+                Payload::Bytes(b) => {
+                    request = request.body(b.clone());
+                    true
+                }
+                Payload::Stream(body) => {
+                    if let Some(body) = body.take() {
+                        request = request.body(body);
+                    }
+                    false
+                }
+            };
             let response = watch
                 .wait(request.send())
                 .await
                 .map_err(|k| self.fail(k))?
                 .map_err(|e| self.transport(e))?;
-            let redirect = matches!(response.status().as_u16(), 301 | 302 | 303 | 307 | 308);
+            let redirect = match response.status().as_u16() {
+                301..=303 => any_redirect,
+                307 | 308 => resendable,
+                _ => false,
+            };
             let location = response
                 .headers()
                 .get(LOCATION)
@@ -469,11 +548,11 @@ impl<'a> Http<'a> {
         accept: &str,
         auth: &Auth,
     ) -> Result<Vec<u8>, DistributionError> {
-        let name = match target {
-            OciTarget::Tag(t) => t.clone(),
-            OciTarget::Digest(d) => format!("sha256:{}", d.to_hex()),
-        };
-        let url = self.url(&format!("v2/{}/manifests/{name}", self.repository))?;
+        let url = self.url(&format!(
+            "v2/{}/manifests/{}",
+            self.repository,
+            target_name(target)
+        ))?;
         let mut watch = Watch::start("manifest", self.limits());
         let response = self
             .get(url, Some(accept), (auth, &self.base), &mut watch)
@@ -502,6 +581,179 @@ impl<'a> Http<'a> {
         Ok((response, watch))
     }
 
+    /// Whether the registry has the blob `digest` (`sha256:HEX`): a HEAD answered with success
+    /// (it has) or 404 (it has not); any other answer is its error.
+    pub async fn has_blob(&self, digest: &str, auth: &Auth) -> Result<bool, DistributionError> {
+        let url = self.url(&format!("v2/{}/blobs/{digest}", self.repository))?;
+        let mut watch = Watch::start("blob check", self.limits());
+        let response = self
+            .send(
+                Method::HEAD,
+                url,
+                &[],
+                Payload::Empty,
+                (auth, &self.base),
+                &mut watch,
+            )
+            .await?;
+        match response.status().as_u16() {
+            404 => Ok(false),
+            s if (200..300).contains(&s) => Ok(true),
+            _ => Err(self.status_error(response, &mut watch).await),
+        }
+    }
+
+    /// Opens an upload session and returns the URL its blob goes to: the answer's Location,
+    /// resolved against the request's URL and held to the plain-HTTP rule before anything is
+    /// sent there.
+    pub async fn start_upload(&self, auth: &Auth) -> Result<Url, DistributionError> {
+        let url = self.url(&format!("v2/{}/blobs/uploads/", self.repository))?;
+        let mut watch = Watch::start("upload session", self.limits());
+        let response = self
+            .send(
+                Method::POST,
+                url,
+                &[(CONTENT_LENGTH, "0")],
+                Payload::Bytes(bytes::Bytes::new()),
+                (auth, &self.base),
+                &mut watch,
+            )
+            .await?;
+        if !response.status().is_success() {
+            return Err(self.status_error(response, &mut watch).await);
+        }
+        let status = response.status().as_u16();
+        let location = response
+            .headers()
+            .get(LOCATION)
+            .and_then(|l| l.to_str().ok())
+            .ok_or_else(|| {
+                self.fail(Kind::Registry {
+                    status,
+                    message: format!("the upload session at {} has no Location", watch.url()),
+                })
+            })?;
+        let session = response.url().join(location).map_err(|e| {
+            self.fail(Kind::Registry {
+                status,
+                message: format!(
+                    "the upload session's Location {:?} is not a URL: {e}",
+                    clip(location)
+                ),
+            })
+        })?;
+        // The answer's body says nothing a push needs: it is not read.
+        drop(response);
+        self.check_allowed(&session)?;
+        Ok(session)
+    }
+
+    /// Completes the upload session `session` with the whole blob `digest` (`sha256:HEX`) in
+    /// one PUT of `size` bytes of `payload`, and checks the registry's answer (see
+    /// [`Http::stored`]). The exchange runs under a watch named `what`, which counts the bytes
+    /// `sent` counts (as a streamed payload is read) besides those received.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn put_blob(
+        &self,
+        mut session: Url,
+        digest: &str,
+        size: u64,
+        payload: Payload,
+        (what, sent): (&'static str, Option<Arc<AtomicU64>>),
+        part: Part,
+        auth: &Auth,
+    ) -> Result<(), DistributionError> {
+        session.query_pairs_mut().append_pair("digest", digest);
+        let mut watch = Watch::start(what, self.limits());
+        if let Some(sent) = sent {
+            watch = watch.counting_sent(sent);
+        }
+        let length = size.to_string();
+        let headers = [
+            (CONTENT_TYPE, "application/octet-stream"),
+            (CONTENT_LENGTH, length.as_str()),
+        ];
+        let response = self
+            .send(
+                Method::PUT,
+                session,
+                &headers,
+                payload,
+                (auth, &self.base),
+                &mut watch,
+            )
+            .await?;
+        self.stored(response, digest, part, &mut watch).await
+    }
+
+    /// PUTs the manifest `body` (of digest `digest`, `sha256:HEX`) at `target`, with its media
+    /// type, and checks the registry's answer (see [`Http::stored`]).
+    pub async fn put_manifest(
+        &self,
+        target: &OciTarget,
+        body: bytes::Bytes,
+        (media_type, digest): (&str, &str),
+        auth: &Auth,
+    ) -> Result<(), DistributionError> {
+        let url = self.url(&format!(
+            "v2/{}/manifests/{}",
+            self.repository,
+            target_name(target)
+        ))?;
+        let mut watch = Watch::start("manifest upload", self.limits());
+        let length = body.len().to_string();
+        let headers = [
+            (CONTENT_TYPE, media_type),
+            (CONTENT_LENGTH, length.as_str()),
+        ];
+        let response = self
+            .send(
+                Method::PUT,
+                url,
+                &headers,
+                Payload::Bytes(body),
+                (auth, &self.base),
+                &mut watch,
+            )
+            .await?;
+        self.stored(response, digest, Part::Manifest, &mut watch)
+            .await
+    }
+
+    /// The answer to an upload: a success status, and, where the registry names the digest it
+    /// stored (`Docker-Content-Digest`, when it is a `sha256:` one), `digest`, the digest of
+    /// what was sent. Its body says nothing more and is not read.
+    async fn stored(
+        &self,
+        response: Response,
+        digest: &str,
+        part: Part,
+        watch: &mut Watch,
+    ) -> Result<(), DistributionError> {
+        if !response.status().is_success() {
+            return Err(self.status_error(response, watch).await);
+        }
+        let named = response
+            .headers()
+            .get(DOCKER_CONTENT_DIGEST)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|d| d.starts_with("sha256:"));
+        if let Some(named) = named {
+            if !named.eq_ignore_ascii_case(digest) {
+                let part = part_name(part);
+                return Err(self.fail(Kind::Registry {
+                    status: response.status().as_u16(),
+                    message: format!(
+                        "it names the {part} it stored {}, but the {part} sent is {digest}",
+                        clip(named)
+                    ),
+                }));
+            }
+        }
+        Ok(())
+    }
+
     /// The next piece of a blob's body, within its watch.
     pub async fn next_chunk(
         &self,
@@ -518,6 +770,19 @@ impl<'a> Http<'a> {
         }
         Ok(chunk)
     }
+}
+
+/// A tag, or a digest as `sha256:HEX`: how a manifest's URL names it.
+fn target_name(target: &OciTarget) -> String {
+    match target {
+        OciTarget::Tag(t) => t.clone(),
+        OciTarget::Digest(d) => format!("sha256:{}", d.to_hex()),
+    }
+}
+
+/// At most 200 characters of a text the registry sent, for a message.
+fn clip(text: &str) -> String {
+    text.chars().take(200).collect()
 }
 
 /// A part's name as [`Part`]'s `Display` writes it, for the errors that carry a name.

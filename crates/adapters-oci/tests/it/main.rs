@@ -1,10 +1,11 @@
 //! The adapter against a hostile registry: a small HTTP server on 127.0.0.1 that answers each
 //! path as a test tells it to (redirect loops, an index, a truncated or oversized blob, a
 //! manifest over the limit, a layer that is not the one the manifest names). Every answer must
-//! be refused with its typed error, and a refused pull must leave no file behind.
+//! be refused with its typed error, and a refused pull must leave no file behind. `push` does
+//! the same for uploads.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -30,6 +31,8 @@ struct Answer {
     /// Instead of `body`: this many bytes, sent without a Content-Length (the end of the
     /// connection ends the body), generated as they go and never held whole.
     endless: Option<Drip>,
+    /// The status line and headers sent a byte at a time, this long apart.
+    slow_head: Option<Duration>,
 }
 
 /// A generated body: `total` bytes in pieces of `piece`, with `pause` between pieces.
@@ -54,6 +57,7 @@ fn ok(content_type: &str, body: Vec<u8>) -> Answer {
         body,
         send_only: None,
         endless: None,
+        slow_head: None,
     }
 }
 
@@ -67,14 +71,17 @@ fn status(status: u16, headers: &[(&str, &str)]) -> Answer {
         body: Vec::new(),
         send_only: None,
         endless: None,
+        slow_head: None,
     }
 }
 
-/// What a server saw: each request's path and Authorization header, and the paths whose
-/// generated body it managed to send whole.
+/// What a server saw: each request's path and Authorization header, each request as
+/// `METHOD TARGET` (the query kept), and the paths whose generated body it managed to send
+/// whole.
 #[derive(Default)]
 struct Seen {
     requests: Vec<(String, Option<String>)>,
+    lines: Vec<String>,
     sent_whole: Vec<String>,
 }
 
@@ -93,6 +100,17 @@ impl Server {
             .collect()
     }
 
+    /// Every request so far, as `METHOD TARGET`.
+    fn requests(&self) -> Vec<String> {
+        self.seen.lock().unwrap().lines.clone()
+    }
+
+    /// The Authorization header of every request so far.
+    fn authorizations(&self) -> Vec<Option<String>> {
+        let seen = self.seen.lock().unwrap();
+        seen.requests.iter().map(|(_, a)| a.clone()).collect()
+    }
+
     fn sent_whole(&self, path: &str) -> bool {
         self.seen
             .lock()
@@ -108,8 +126,9 @@ fn serve(answers: HashMap<String, Answer>) -> u16 {
     serve_seen(answers).port
 }
 
-/// Serves `answers` by path (`/v2/` answers 200 unless listed; anything else is 404) until
-/// the test ends, recording what it saw.
+/// Serves `answers` by `METHOD PATH`, else by path (`/v2/` answers 200 unless listed; anything
+/// else is 404) until the test ends, recording what it saw. A request's body (by its
+/// Content-Length, or chunked) is read and dropped before the answer.
 fn serve_seen(answers: HashMap<String, Answer>) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -127,8 +146,11 @@ fn serve_seen(answers: HashMap<String, Answer>) -> Server {
                 if reader.read_line(&mut line).is_err() {
                     return;
                 }
-                let path = line.split_whitespace().nth(1).unwrap_or("").to_owned();
+                let method = line.split_whitespace().next().unwrap_or("").to_owned();
+                let target = line.split_whitespace().nth(1).unwrap_or("").to_owned();
                 let mut authorization = None;
+                let mut length = 0usize;
+                let mut chunked = false;
                 loop {
                     let mut header = String::new();
                     if reader.read_line(&mut header).unwrap_or(0) == 0 || header == "\r\n" {
@@ -137,16 +159,26 @@ fn serve_seen(answers: HashMap<String, Answer>) -> Server {
                     if let Some((k, v)) = header.split_once(':') {
                         if k.eq_ignore_ascii_case("authorization") {
                             authorization = Some(v.trim().to_owned());
+                        } else if k.eq_ignore_ascii_case("content-length") {
+                            length = v.trim().parse().unwrap_or(0);
+                        } else if k.eq_ignore_ascii_case("transfer-encoding") {
+                            chunked = v.trim().eq_ignore_ascii_case("chunked");
                         }
                     }
                 }
-                let path = path.split('?').next().unwrap_or("").to_owned();
-                record
-                    .lock()
-                    .unwrap()
-                    .requests
-                    .push((path.clone(), authorization));
-                let answer = match answers.get(&path) {
+                if !read_body(&mut reader, length, chunked) {
+                    return;
+                }
+                let path = target.split('?').next().unwrap_or("").to_owned();
+                {
+                    let mut seen = record.lock().unwrap();
+                    seen.requests.push((path.clone(), authorization));
+                    seen.lines.push(format!("{method} {target}"));
+                }
+                let answer = match answers
+                    .get(&format!("{method} {path}"))
+                    .or_else(|| answers.get(&path))
+                {
                     Some(a) => a.clone(),
                     None if path == "/v2/" => ok("application/json", b"{}".to_vec()),
                     None => Answer {
@@ -156,6 +188,7 @@ fn serve_seen(answers: HashMap<String, Answer>) -> Server {
                             .to_vec(),
                         send_only: None,
                         endless: None,
+                        slow_head: None,
                     },
                 };
                 let mut head = format!("HTTP/1.1 {} X\r\nConnection: close\r\n", answer.status);
@@ -167,7 +200,19 @@ fn serve_seen(answers: HashMap<String, Answer>) -> Server {
                     head.push_str(&format!("{k}: {v}\r\n"));
                 }
                 head.push_str("\r\n");
-                let _ = stream.write_all(head.as_bytes());
+                match answer.slow_head {
+                    Some(pause) => {
+                        for byte in head.as_bytes() {
+                            if stream.write_all(&[*byte]).is_err() {
+                                return;
+                            }
+                            std::thread::sleep(pause);
+                        }
+                    }
+                    None => {
+                        let _ = stream.write_all(head.as_bytes());
+                    }
+                }
                 if let Some(drip) = answer.endless {
                     let piece = vec![b'x'; drip.piece];
                     let mut sent = 0u64;
@@ -189,6 +234,30 @@ fn serve_seen(answers: HashMap<String, Answer>) -> Server {
         }
     });
     Server { port, seen }
+}
+
+/// Reads and drops a request body of `length` bytes, or a chunked one. False when the
+/// connection failed.
+fn read_body(reader: &mut impl BufRead, length: usize, chunked: bool) -> bool {
+    if !chunked {
+        return std::io::copy(&mut reader.take(length as u64), &mut std::io::sink()).is_ok();
+    }
+    loop {
+        let mut size = String::new();
+        if reader.read_line(&mut size).unwrap_or(0) == 0 {
+            return false;
+        }
+        let Ok(n) = u64::from_str_radix(size.trim(), 16) else {
+            return false;
+        };
+        // The chunk and its CRLF (after the last, empty chunk: the final CRLF).
+        if std::io::copy(&mut reader.take(n + 2), &mut std::io::sink()).is_err() {
+            return false;
+        }
+        if n == 0 {
+            return true;
+        }
+    }
 }
 
 fn config() -> Vec<u8> {
@@ -296,6 +365,7 @@ fn a_redirect_loop_is_refused() {
                 body: Vec::new(),
                 send_only: None,
                 endless: None,
+                slow_head: None,
             },
         );
     });
@@ -725,3 +795,5 @@ fn a_token_realm_on_plain_http_elsewhere_is_refused() {
         "{kind:?}"
     );
 }
+
+mod push;

@@ -800,3 +800,315 @@ fn oci_pull_to_a_mirror_replaces_a_corrupt_file_and_removes_leftovers() {
         again.stdout
     );
 }
+
+/// A registry on 127.0.0.1 that answers its API root and then nothing: every other request is
+/// read and held unanswered for as long as the listener lives.
+fn registry_that_stops_answering() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).is_ok_and(|n| n == 1) {
+                head.push(byte[0]);
+            }
+            if head.starts_with(b"GET /v2/ ") {
+                let _ = stream.write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+                );
+            } else {
+                held.push(stream);
+            }
+        }
+    });
+    port
+}
+
+#[test]
+fn oci_a_push_to_a_registry_that_stops_answering_ends_at_the_deadline_naming_the_setting() {
+    let bench = Bench::new(guild());
+    let archive = bench.package("example.scan", "1.0.0", b"scan one", "");
+    let port = registry_that_stops_answering();
+    let reference = format!("oci://127.0.0.1:{port}/guild/scan:1.0.0");
+    let started = Instant::now();
+    let out = guild()
+        .command(
+            bench.path(),
+            &[
+                "--store",
+                bench.store().to_str().unwrap(),
+                "push",
+                &archive,
+                &reference,
+            ],
+        )
+        .env("HOME", bench.path())
+        .env("GUILD_REGISTRY_DEADLINE_SECONDS", "2")
+        .env_remove("GUILD_REGISTRY_STALL")
+        .env_remove("REGISTRY_AUTH_FILE")
+        .output()
+        .unwrap();
+    let r = Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    let r = fails(r, 1, "did not arrive within the deadline of 2 s");
+    assert!(r.stderr.contains(&reference), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("GUILD_REGISTRY_DEADLINE_SECONDS"),
+        "{}",
+        r.stderr
+    );
+    // The push ended by its deadline, not by the client's two-minute read timeout.
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// How a hostile registry answers one request.
+enum Hostile {
+    /// This status and these headers, and a body of 1 GiB sent without a length.
+    Huge(u16, Vec<(&'static str, String)>),
+    /// This status, these headers and no body.
+    Empty(u16, Vec<(&'static str, String)>),
+}
+
+/// A registry on 127.0.0.1 answering each request by `answer(METHOD, PATH, PORT)`; the
+/// request's body (by its Content-Length) is read first.
+fn hostile_registry(answer: fn(&str, &str, u16) -> Hostile) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).is_ok_and(|n| n == 1) {
+                    head.push(byte[0]);
+                }
+                let head = String::from_utf8_lossy(&head).into_owned();
+                let mut words = head.split_whitespace();
+                let method = words.next().unwrap_or("").to_owned();
+                let path = words
+                    .next()
+                    .unwrap_or("")
+                    .split('?')
+                    .next()
+                    .unwrap_or("")
+                    .to_owned();
+                let length: u64 = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse().ok())?
+                    })
+                    .unwrap_or(0);
+                let _ = std::io::copy(&mut (&mut stream).take(length), &mut std::io::sink());
+                let (status, headers, huge) = match answer(&method, &path, port) {
+                    Hostile::Huge(s, h) => (s, h, true),
+                    Hostile::Empty(s, h) => (s, h, false),
+                };
+                let mut out = format!("HTTP/1.1 {status} X\r\nConnection: close\r\n");
+                if !huge {
+                    out.push_str("Content-Length: 0\r\n");
+                }
+                for (k, v) in headers {
+                    out.push_str(&format!("{k}: {v}\r\n"));
+                }
+                out.push_str("\r\n");
+                if stream.write_all(out.as_bytes()).is_err() || !huge {
+                    return;
+                }
+                let piece = vec![b'x'; 64 * 1024];
+                for _ in 0..(1u64 << 30) / piece.len() as u64 {
+                    if stream.write_all(&piece).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// `guild ARGS` under `/usr/bin/time -v`: its exit code, its largest resident set (KiB) and
+/// how long it ran. `GUILD_PEAK_BINARY` names another build to measure (a release build, or
+/// one from before a change).
+fn peak_memory(bench: &Bench, args: &[&str]) -> (i32, u64, Duration) {
+    let binary = std::env::var_os("GUILD_PEAK_BINARY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| guild().path().to_owned());
+    let started = Instant::now();
+    let out = Command::new("/usr/bin/time")
+        .arg("-v")
+        .arg(binary)
+        .args(["--store", bench.store().to_str().unwrap()])
+        .args(args)
+        .current_dir(bench.path())
+        .env("HOME", bench.path())
+        .env("NO_COLOR", "1")
+        .env_remove("GUILD_STORE")
+        .env_remove("REGISTRY_AUTH_FILE")
+        .env_remove("GUILD_REGISTRY_DEADLINE_SECONDS")
+        .env_remove("GUILD_REGISTRY_STALL")
+        .output()
+        .unwrap();
+    let elapsed = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let kib = stderr
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("Maximum resident set size (kbytes): ")
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no figure from /usr/bin/time:\n{stderr}"));
+    (out.status.code().unwrap_or(-1), kib, elapsed)
+}
+
+fn challenge(port: u16) -> Vec<(&'static str, String)> {
+    vec![(
+        "WWW-Authenticate",
+        format!("Bearer realm=\"http://127.0.0.1:{port}/token\",service=\"reg\""),
+    )]
+}
+
+/// A registry that has no blob, opens upload sessions and takes blobs.
+fn uploads(method: &str, path: &str) -> Option<Hostile> {
+    Some(match (method, path) {
+        ("GET", "/v2/") => Hostile::Empty(200, vec![]),
+        ("HEAD", _) => Hostile::Empty(404, vec![]),
+        ("POST", _) => Hostile::Empty(202, vec![("Location", "/upload/1".into())]),
+        ("PUT", "/upload/1") => Hostile::Empty(201, vec![("Location", "/v2/b".into())]),
+        _ => return None,
+    })
+}
+
+#[test]
+#[ignore = "measures the peak memory of guild against registries that answer 1 GiB bodies \
+            (needs /usr/bin/time and docker-registry; run with --ignored --nocapture)"]
+fn oci_peak_memory_against_huge_answers() {
+    let Some((registry, bench)) = start("oci_peak_memory_against_huge_answers") else {
+        return;
+    };
+    let archive = bench.package("example.scan", "1.0.0", b"scan one", "");
+    let tag = registry.reference("guild/scan:1.0.0");
+    let hostile = |answer: fn(&str, &str, u16) -> Hostile| {
+        format!(
+            "oci://127.0.0.1:{}/guild/scan:1.0.0",
+            hostile_registry(answer)
+        )
+    };
+    let cases: Vec<(&str, Vec<String>)> = vec![
+        (
+            "push, a real registry",
+            vec!["push".into(), archive.clone(), tag.clone()],
+        ),
+        (
+            "install, a real registry",
+            vec!["install".into(), tag.clone()],
+        ),
+        (
+            "install, a 1 GiB manifest",
+            vec![
+                "install".into(),
+                hostile(|_, path, _| match path {
+                    "/v2/" => Hostile::Empty(200, vec![]),
+                    _ => Hostile::Huge(
+                        200,
+                        vec![(
+                            "Content-Type",
+                            "application/vnd.oci.image.manifest.v1+json".into(),
+                        )],
+                    ),
+                }),
+            ],
+        ),
+        (
+            "install, a 1 GiB error body (404)",
+            vec![
+                "install".into(),
+                hostile(|_, path, _| match path {
+                    "/v2/" => Hostile::Empty(200, vec![]),
+                    _ => Hostile::Huge(404, vec![]),
+                }),
+            ],
+        ),
+        (
+            "install, a 1 GiB token response",
+            vec![
+                "install".into(),
+                hostile(|_, path, port| match path {
+                    "/token" => Hostile::Huge(200, vec![]),
+                    _ => Hostile::Empty(401, challenge(port)),
+                }),
+            ],
+        ),
+        (
+            "push, a 1 GiB token response",
+            vec![
+                "push".into(),
+                archive.clone(),
+                hostile(|_, path, port| match path {
+                    "/token" => Hostile::Huge(200, vec![]),
+                    _ => Hostile::Empty(401, challenge(port)),
+                }),
+            ],
+        ),
+        (
+            "push, a 1 GiB error body (500) on the upload request",
+            vec![
+                "push".into(),
+                archive.clone(),
+                hostile(|method, path, _| match (method, path) {
+                    ("POST", _) => Hostile::Huge(500, vec![]),
+                    _ => uploads(method, path).unwrap_or(Hostile::Empty(404, vec![])),
+                }),
+            ],
+        ),
+        (
+            "push, a 1 GiB error body (400) on the manifest",
+            vec![
+                "push".into(),
+                archive.clone(),
+                hostile(|method, path, _| {
+                    uploads(method, path).unwrap_or(Hostile::Huge(400, vec![]))
+                }),
+            ],
+        ),
+        (
+            "push, a 1 GiB answer (201) to the manifest",
+            vec![
+                "push".into(),
+                archive.clone(),
+                hostile(|method, path, _| {
+                    uploads(method, path).unwrap_or(Hostile::Huge(
+                        201,
+                        vec![("Location", "/v2/guild/scan/manifests/1.0.0".into())],
+                    ))
+                }),
+            ],
+        ),
+    ];
+    ok(run(
+        &bench,
+        &bench.store(),
+        None,
+        &["trust", "add", "org.example", "k.pub"],
+    ));
+    println!("| case | exit | max RSS (KiB) | time |");
+    println!("|---|---|---|---|");
+    for (name, args) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, kib, took) = peak_memory(&bench, &args);
+        println!("| {name} | {code} | {kib} | {:.2} s |", took.as_secs_f64());
+    }
+}
