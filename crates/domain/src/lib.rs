@@ -13,6 +13,7 @@ pub mod chunk_map;
 pub mod claims;
 pub mod dependency;
 pub mod distribution;
+pub mod fleet;
 pub mod graph;
 pub mod ids;
 pub mod json;
