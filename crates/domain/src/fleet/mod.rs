@@ -140,3 +140,26 @@ fn judge_expiry(expires: u64, now: u64, rule: ExpiryRule) -> Option<ExpiryStatus
         (true, ExpiryRule::Enforce) => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_document_expires_at_the_second_it_names() {
+        assert!(!is_expired(10, 9));
+        assert!(is_expired(10, 10));
+        assert_eq!(
+            judge_expiry(10, 9, ExpiryRule::Enforce),
+            Some(ExpiryStatus::Current)
+        );
+        assert_eq!(judge_expiry(10, 10, ExpiryRule::Enforce), None);
+        assert_eq!(
+            judge_expiry(10, 11, ExpiryRule::Override),
+            Some(ExpiryStatus::Overridden {
+                expires: 10,
+                now: 11
+            })
+        );
+    }
+}

@@ -603,3 +603,22 @@ pub fn verify_policy(
         root_version: r.version,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_cover_prefixes_on_dot_boundaries_only() {
+        let id = |s: &str| PackageId::new(s).unwrap();
+        let scoped = FleetPublisher {
+            keys: Vec::new(),
+            scopes: vec![id("org.example")],
+        };
+        assert!(scoped.covers(&id("org.example")));
+        assert!(scoped.covers(&id("org.example.scan")));
+        assert!(!scoped.covers(&id("org.examples")));
+        assert!(!scoped.covers(&id("org")));
+        assert!(FleetPublisher::default().covers(&id("anything.at.all")));
+    }
+}
