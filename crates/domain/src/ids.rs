@@ -168,6 +168,12 @@ id_type!(
     "publisher id"
 );
 id_type!(
+    /// A fleet's name, such as `org.example.prod`: fleet roots and policies name the fleet they
+    /// belong to, so that one fleet's documents never pass for another's.
+    FleetId,
+    "fleet id"
+);
+id_type!(
     /// A globally unique implementation id, such as `example.scan.inclusive.cpu`.
     ImplId,
     "implementation id"

@@ -1,7 +1,8 @@
 //! The pure rules of the Guild kernel host.
 //!
 //! Everything here is a decision over plain data: parsing and canonicalising manifests, comparing
-//! versions, validating the dependency graph, ranking operation providers and counting leases.
+//! versions, validating the dependency graph, ranking operation providers, counting leases, and
+//! judging the signed roots and policies a fleet of machines follows.
 //! Adapters collect facts (bytes from disk, signatures, loaded descriptors) and the app carries out
 //! what this crate decides. Nothing in this crate performs IO, spawns threads or uses `unsafe`,
 //! which is what lets it be property-tested and fuzzed in isolation.
@@ -13,6 +14,7 @@ pub mod chunk_map;
 pub mod claims;
 pub mod dependency;
 pub mod distribution;
+pub mod fleet;
 pub mod graph;
 pub mod ids;
 pub mod json;

@@ -1,5 +1,6 @@
 //! Integration tests of `guild-domain`, one module per feature.
 
+mod fleet;
 mod graph;
 mod manifest;
 mod operation;
