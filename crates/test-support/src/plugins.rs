@@ -17,6 +17,14 @@ pub const EXCLUSIVE: &str = "example.scan.exclusive.cpu";
 pub const ALT_INCLUSIVE: &str = "example.scan_alt.inclusive.cpu";
 /// The second scan module's exclusive scan.
 pub const ALT_EXCLUSIVE: &str = "example.scan_alt.exclusive.cpu";
+/// The package id the scan module is built as ([`scan_spec`]).
+pub const SCAN_PACKAGE: &str = "example.scan";
+/// The operation the inclusive scans provide.
+pub const INCLUSIVE_OP: &str = "example.sequence.inclusive_scan";
+/// The operation the exclusive scans provide.
+pub const EXCLUSIVE_OP: &str = "example.sequence.exclusive_scan";
+/// The operation of the scan module's dependent (test-plugins scan_dependent).
+pub const TOTAL_OP: &str = "example.sequence.scan_then_total";
 
 /// The directory the C test plugins are read from.
 pub fn plugin_dir() -> PathBuf {

@@ -19,8 +19,8 @@ use guild_test_support::{key, open_dir, trust, ModDep, Spec, Workshop, PUBLISHER
 use crate::guild;
 use crate::operations::fixture_with;
 
-const SCAN_OP: &str = "example.sequence.inclusive_scan";
-const TOTAL_OP: &str = "example.sequence.scan_then_total";
+use guild_test_support::plugins::INCLUSIVE_OP as SCAN_OP;
+use guild_test_support::plugins::TOTAL_OP;
 
 fn compat_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../test-plugins/compat")

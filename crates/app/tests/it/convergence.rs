@@ -34,8 +34,8 @@ use crate::examples::{pack_example_at, SCAN};
 
 const STORE_ENV: &str = "GUILD_IT_CONVERGE_STORE";
 const FAULTS_ENV: &str = "GUILD_IT_CONVERGE_FAULTS";
-const OP: &str = "example.sequence.inclusive_scan";
-const PACKAGE: &str = "example.scan";
+use guild_test_support::plugins::INCLUSIVE_OP as OP;
+use guild_test_support::plugins::SCAN_PACKAGE as PACKAGE;
 /// Every line a runner prints for the driver starts with this (libtest prints its own lines).
 const TAG: &str = "converge:";
 

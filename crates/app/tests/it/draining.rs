@@ -32,8 +32,8 @@ use crate::c_face::{tensor, Query, Service};
 use crate::operations::{desc, fixture_with, op, Fixture, INCLUSIVE_OP};
 use crate::registry::{plugin, publish, scan};
 
-const INCLUSIVE: &str = "example.scan.inclusive.cpu";
-const SCAN: &str = "example.scan";
+use guild_test_support::plugins::INCLUSIVE;
+use guild_test_support::plugins::SCAN_PACKAGE as SCAN;
 
 /// A bound for waits that only a deadlock would exceed; no assertion depends on how long
 /// anything takes.

@@ -22,7 +22,7 @@ use crate::operations::{desc, op, reference, EXCLUSIVE_OP, INCLUSIVE_OP};
 
 const PIPELINE_OP: &str = "example.runner.demo_pipeline";
 const PIPELINE: &str = "example.c_runner.pipeline.cpu";
-const TOTAL_OP: &str = "example.sequence.scan_then_total";
+use guild_test_support::plugins::TOTAL_OP;
 
 /// One example package: its manifest template in examples/ and the library it packs.
 pub(crate) struct Example {

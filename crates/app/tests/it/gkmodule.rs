@@ -35,11 +35,11 @@ use crate::operations::{
     desc, fixture_with, op, reference, row_offsets, Fixture, EXCLUSIVE_OP, INCLUSIVE_OP,
 };
 
-const INCLUSIVE: &str = "example.scan.inclusive.cpu";
-const EXCLUSIVE: &str = "example.scan.exclusive.cpu";
-const ALT_INCLUSIVE: &str = "example.scan_alt.inclusive.cpu";
+use guild_test_support::plugins::ALT_INCLUSIVE;
+use guild_test_support::plugins::EXCLUSIVE;
+use guild_test_support::plugins::INCLUSIVE;
 const TIE_INCLUSIVE: &str = "example.early_scan.inclusive.cpu";
-const TOTAL_OP: &str = "example.sequence.scan_then_total";
+use guild_test_support::plugins::TOTAL_OP;
 const TOTAL: &str = "example.dependent.total.cpu";
 const REENTER_OP: &str = "example.probe.reenter";
 const STREAM_OP: &str = "example.probe.stream_copy";

@@ -21,8 +21,8 @@ use guild_test_support::{key, open_dir, trust, Workshop, PUBLISHER};
 use crate::examples::{pack_example_at, runner_binary, DEPENDENT, SCAN};
 use crate::guild;
 
-const OP: &str = "example.sequence.inclusive_scan";
-const IMPL: &str = "example.scan.inclusive.cpu";
+use guild_test_support::plugins::INCLUSIVE as IMPL;
+use guild_test_support::plugins::INCLUSIVE_OP as OP;
 
 /// How long a runner may take to show a change before the test gives up: only a hang or a
 /// runner that never follows exceeds it.

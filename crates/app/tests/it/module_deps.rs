@@ -33,10 +33,10 @@ use guild_test_support::{
 
 use crate::operations::{desc, op};
 
-const BASE: &str = "example.scan";
+use guild_test_support::plugins::SCAN_PACKAGE as BASE;
 const DEPENDENT: &str = "example.dependent";
 const DEPENDENT_IMPL: &str = "example.dependent.total.cpu";
-const DEPENDENT_OP: &str = "example.sequence.scan_then_total";
+use guild_test_support::plugins::TOTAL_OP as DEPENDENT_OP;
 
 /// The dependent module with one module dependency.
 fn dependent_spec(dep: ModDep) -> Spec {

@@ -19,8 +19,8 @@ use guild_host::{Host, HostError, InstallOptions, OpHandle, OperationRequest, Op
 use guild_test_support::plugins::{alt_spec, scan_spec, ALT_INCLUSIVE, EXCLUSIVE, INCLUSIVE};
 use guild_test_support::{id, key, open_dir, trust, Spec, Workshop, PUBLISHER};
 
-pub(crate) const INCLUSIVE_OP: &str = "example.sequence.inclusive_scan";
-pub(crate) const EXCLUSIVE_OP: &str = "example.sequence.exclusive_scan";
+pub(crate) use guild_test_support::plugins::EXCLUSIVE_OP;
+pub(crate) use guild_test_support::plugins::INCLUSIVE_OP;
 /// A host over a fresh store with packages built, signed, installed and loaded by dlopen.
 pub(crate) struct Fixture {
     pub(crate) shop: Workshop,

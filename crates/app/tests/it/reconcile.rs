@@ -29,7 +29,7 @@ use guild_test_support::{id, key, open_dir, trust, v, ModDep, Spec, Workshop, PU
 
 use crate::examples::{pack_example_at, SCAN};
 
-const OP: &str = "example.sequence.inclusive_scan";
+use guild_test_support::plugins::INCLUSIVE_OP as OP;
 
 /// How long a host may take to reach the committed state before the test gives up: only a host
 /// that never follows exceeds it.

@@ -26,7 +26,7 @@ use crate::c_face::{args, release_raw, tensor, with_data, Query, Service};
 use crate::gkmodule::{dependent_spec, probe_spec};
 use crate::operations::{fixture_with, INCLUSIVE_OP};
 
-const TOTAL_OP: &str = "example.sequence.scan_then_total";
+use guild_test_support::plugins::TOTAL_OP;
 const TOTAL: &str = "example.dependent.total.cpu";
 
 const CROSS_OP: &str = "example.probe.cross";

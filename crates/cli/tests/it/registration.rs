@@ -25,9 +25,9 @@ use guild_test_support::plugins::plugin_library;
 
 use crate::guild;
 
-const INCLUSIVE: &str = "example.scan.inclusive.cpu";
-const EXCLUSIVE: &str = "example.scan.exclusive.cpu";
-const SCAN_OP: &str = "example.sequence.inclusive_scan";
+use guild_test_support::plugins::EXCLUSIVE;
+use guild_test_support::plugins::INCLUSIVE;
+use guild_test_support::plugins::INCLUSIVE_OP as SCAN_OP;
 
 /// A module template for this platform, naming its publisher and provided ops.
 fn template(id: &str, version: &str, publisher: &str, ops: &[&str]) -> String {
