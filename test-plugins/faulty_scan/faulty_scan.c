@@ -18,7 +18,8 @@
  *  10 FAULTY_FLOOD_STDOUT      init writes 768 MiB to stdout without a newline
  *  11 FAULTY_DAEMON            init starts two sleepers that outlive it: one forked in its
  *                              process group, one double-forked into a session of its own
- *                              (setsid); each writes its pid to $GUILD_TEST_DAEMON_PIDS
+ *                              (setsid); each writes its pid to $GUILD_TEST_DAEMON_PIDS, and
+ *                              init returns once both have
  * Contract: one f32 input, one f32 output of the same shape, rank 1..8 (1..2 for RANK_ACCEPT),
  * contiguous or outer-strided, host memory, host-blocking, deterministic numerics.
  */
@@ -98,8 +99,9 @@ static void faulty_flood(void) {
 
 #if FAULTY_KIND == 11
 /* A sleeper of at most a minute (so that a check that fails to end it leaves nothing for long),
- * its pid appended to $GUILD_TEST_DAEMON_PIDS. */
-static void faulty_sleeper(void) {
+ * its pid appended to $GUILD_TEST_DAEMON_PIDS; then it says so with one byte on `ready`, so that
+ * init returns only once every sleeper is on record. */
+static void faulty_sleeper(int ready) {
     const char* path = getenv("GUILD_TEST_DAEMON_PIDS");
     char line[32];
     int i;
@@ -111,6 +113,8 @@ static void faulty_sleeper(void) {
             (void)close(fd);
         }
     }
+    faulty_write_all(ready, "x", 1u);
+    (void)close(ready);
     for (i = 0; i < 600; ++i) {
         faulty_sleep_ms(100);
     }
@@ -119,17 +123,34 @@ static void faulty_sleeper(void) {
 
 static void faulty_daemons(void) {
     pid_t middle;
+    int ready[2];
+    char seen[2];
+    size_t got = 0u;
+    if (pipe(ready) != 0) {
+        return;
+    }
     if (fork() == 0) {
-        faulty_sleeper(); /* stays in the check child's process group */
+        (void)close(ready[0]);
+        faulty_sleeper(ready[1]); /* stays in the check child's process group */
     }
     middle = fork();
     if (middle == 0) {
+        (void)close(ready[0]);
         (void)setsid();
         if (fork() == 0) {
-            faulty_sleeper(); /* orphaned, in a session and process group of its own */
+            faulty_sleeper(ready[1]); /* orphaned, in a session and process group of its own */
         }
         _exit(0);
     }
+    (void)close(ready[1]);
+    while (got < sizeof seen) {
+        ssize_t n = read(ready[0], seen + got, sizeof seen - got);
+        if (n <= 0) {
+            break;
+        }
+        got += (size_t)n;
+    }
+    (void)close(ready[0]);
     if (middle > 0) {
         (void)waitpid(middle, NULL, 0);
     }

@@ -146,6 +146,7 @@ fn processes_the_build_starts_do_not_outlive_the_check() {
         .output()
         .unwrap();
     let (listed, survivors) = guild_test_support::guild::survivors(&pids);
+    assert_eq!(listed.len(), 2, "the build started its two sleepers");
     assert!(
         survivors.is_empty(),
         "{survivors:?} of {listed:?} outlived the check:\n{}",
