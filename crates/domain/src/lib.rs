@@ -23,6 +23,7 @@ pub mod lifecycle;
 pub mod manifest;
 pub mod operation;
 pub mod path;
+pub mod platform;
 pub mod store_log;
 pub mod store_state;
 pub mod trust;

@@ -1,94 +1,10 @@
 //! The platform this host runs on, and whether a package was built for it.
 
-use guild_domain::manifest::{Arch, Manifest, Os};
 use guild_domain::operation::CpuIsa;
-use guild_domain::version::PackedVersion;
 
-/// What a package must match to be installed here.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HostPlatform {
-    /// The operating system a package's `os` must name.
-    pub os: Os,
-    /// The CPU architecture a package's `arch` must name.
-    pub arch: Arch,
-    /// The Kernel ABI this host implements; a package's `kernel_abi` range must contain it.
-    pub kernel_abi: PackedVersion,
-}
-
-/// Why a package does not fit this host.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum PlatformMismatch {
-    /// The manifest names another operating system.
-    #[error("it is built for {found}, and this host runs {host}")]
-    Os {
-        /// This host's OS, as a manifest spells it.
-        host: &'static str,
-        /// The manifest's `os`.
-        found: &'static str,
-    },
-    /// The manifest names another CPU architecture.
-    #[error("it is built for {found}, and this host is {host}")]
-    Arch {
-        /// This host's architecture, as a manifest spells it.
-        host: &'static str,
-        /// The manifest's `arch`.
-        found: &'static str,
-    },
-    /// The manifest's `kernel_abi` range does not contain the host's Kernel ABI.
-    #[error("it supports Kernel ABI {range}, and this host implements {host}")]
-    KernelAbi {
-        /// The Kernel ABI this host implements.
-        host: PackedVersion,
-        /// The manifest's range, as text.
-        range: String,
-    },
-}
-
-impl HostPlatform {
-    /// The platform this binary was built for, or `None` on one that has no manifest spelling.
-    pub fn current() -> Option<Self> {
-        let os = match std::env::consts::OS {
-            "linux" => Os::Linux,
-            "windows" => Os::Windows,
-            "macos" => Os::Macos,
-            _ => return None,
-        };
-        let arch = match std::env::consts::ARCH {
-            "x86_64" => Arch::X86_64,
-            "aarch64" => Arch::Aarch64,
-            _ => return None,
-        };
-        Some(HostPlatform {
-            os,
-            arch,
-            kernel_abi: PackedVersion::KERNEL_ABI_V1,
-        })
-    }
-
-    /// Checks a manifest's OS, architecture and Kernel ABI range against this host.
-    pub fn check(&self, manifest: &Manifest) -> Result<(), PlatformMismatch> {
-        if manifest.os != self.os {
-            return Err(PlatformMismatch::Os {
-                host: self.os.as_str(),
-                found: manifest.os.as_str(),
-            });
-        }
-        if manifest.arch != self.arch {
-            return Err(PlatformMismatch::Arch {
-                host: self.arch.as_str(),
-                found: manifest.arch.as_str(),
-            });
-        }
-        if !manifest.kernel_abi.contains(self.kernel_abi) {
-            return Err(PlatformMismatch::KernelAbi {
-                host: self.kernel_abi,
-                range: manifest.kernel_abi.to_string(),
-            });
-        }
-        Ok(())
-    }
-}
+// What a package must match and why it may not: pure rules, kept in the domain so that the
+// package service and the runtime share them without naming each other.
+pub use guild_domain::platform::{HostPlatform, PlatformMismatch};
 
 /// The `GUILD_CPU_ISA_*` bits of the CPU this process runs on, detected at run time.
 pub fn cpu_isa() -> CpuIsa {
