@@ -315,14 +315,14 @@ impl DocumentRegistry for OciRegistry {
     fn pull_document(
         &self,
         reference: &OciReference,
-        media_type: &str,
+        accepted: &[&str],
     ) -> Result<PulledDocument, DistributionError> {
         let limit = self.settings.limits.document_bytes;
         self.download(reference, |download| async move {
             // The manifest alone is asked for: an index is no document.
             let (manifest_digest, layer) = download
                 .manifest(OCI_MANIFEST_MEDIA_TYPE, |body| {
-                    check_document_manifest(body, media_type, limit)
+                    check_document_manifest(body, accepted, limit)
                 })
                 .await?;
             let mut bytes = Vec::new();
@@ -337,6 +337,7 @@ impl DocumentRegistry for OciRegistry {
             )
             .await?;
             Ok(PulledDocument {
+                media_type: layer.media_type,
                 manifest_digest,
                 layer_digest,
                 bytes,
@@ -832,9 +833,9 @@ fn check_manifest(body: &[u8], limits: &Limits) -> Result<(Descriptor, Descripto
 }
 
 /// Checks a document artifact's manifest: an OCI image manifest with a config descriptor
-/// (never fetched) and exactly one layer of `media_type`, at most `limit` bytes. Returns the
-/// layer's descriptor.
-fn check_document_manifest(body: &[u8], media_type: &str, limit: u64) -> Result<Descriptor, Kind> {
+/// (never fetched) and exactly one layer of one of the `accepted` media types, at most `limit`
+/// bytes. Returns the layer's descriptor.
+fn check_document_manifest(body: &[u8], accepted: &[&str], limit: u64) -> Result<Descriptor, Kind> {
     let value: Value = serde_json::from_slice(body).map_err(|_| malformed("not JSON"))?;
     check_image_manifest(&value)?;
     descriptor(value.get("config"), Part::Config)?;
@@ -849,11 +850,11 @@ fn check_document_manifest(body: &[u8], media_type: &str, limit: u64) -> Result<
         )));
     }
     let layer = descriptor(layers.first(), Part::Document)?;
-    if layer.media_type != media_type {
+    if !accepted.contains(&layer.media_type.as_str()) {
         return Err(Kind::WrongMediaType {
             part: Part::Document,
             found: layer.media_type,
-            expected: media_type.to_owned(),
+            expected: accepted.join(" or "),
         });
     }
     if layer.size > limit {

@@ -76,6 +76,8 @@ pub trait ArtifactRegistry: Send + Sync + fmt::Debug {
 /// parses and verifies the document.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PulledDocument {
+    /// The layer's media type: which of the accepted ones the artifact has.
+    pub media_type: String,
     /// The digest of the manifest the reference resolved to.
     pub manifest_digest: Sha256Digest,
     /// The layer's digest, checked against the manifest.
@@ -97,13 +99,13 @@ pub trait DocumentRegistry: Send + Sync + fmt::Debug {
         document: &[u8],
     ) -> Result<Pushed, DistributionError>;
 
-    /// Resolves `reference` to one manifest that has one layer of `media_type`, within the
-    /// document size limit (both checked before the layer is fetched), and reads that layer,
-    /// checking its size and digest against the manifest.
+    /// Resolves `reference` to one manifest that has one layer of one of the `accepted` media
+    /// types, within the document size limit (both checked before the layer is fetched), and
+    /// reads that layer, checking its size and digest against the manifest.
     fn pull_document(
         &self,
         reference: &OciReference,
-        media_type: &str,
+        accepted: &[&str],
     ) -> Result<PulledDocument, DistributionError>;
 }
 

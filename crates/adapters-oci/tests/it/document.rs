@@ -40,7 +40,7 @@ fn reference(port: u16, target: &str) -> OciReference {
 
 fn pull_document(port: u16, target: &str, media_type: &str) -> Result<Vec<u8>, Kind> {
     OciRegistry::default()
-        .pull_document(&reference(port, target), media_type)
+        .pull_document(&reference(port, target), &[media_type])
         .map(|p| p.bytes)
         .map_err(|e| e.kind)
 }
@@ -113,9 +113,13 @@ fn a_pushed_document_is_the_artifact_that_is_pulled_back() {
         format!("@sha256:{}", pushed.manifest_digest.to_hex()),
     ] {
         let pulled = OciRegistry::default()
-            .pull_document(&reference(port, &target), ROOT_MEDIA_TYPE)
+            .pull_document(
+                &reference(port, &target),
+                &[POLICY_MEDIA_TYPE, ROOT_MEDIA_TYPE],
+            )
             .unwrap_or_else(|e| panic!("{target}: {e}"));
         assert_eq!(pulled.bytes, DOCUMENT);
+        assert_eq!(pulled.media_type, ROOT_MEDIA_TYPE);
         assert_eq!(pulled.manifest_digest, pushed.manifest_digest);
         assert_eq!(pulled.layer_digest, pushed.layer_digest);
     }
