@@ -4,8 +4,7 @@
 //! [`P256Verifier`] implements the [`SignatureVerifier`](guild_ports::signature::SignatureVerifier)
 //! port. [`SigningKey`] and [`PublicKey`] are the key material the CLI's `keygen`, `sign` and
 //! `trust` commands handle; the functions in [`files`] write them to disk with safe permissions.
-//! [`sign_document`] adds one holder's signature to a fleet root or policy, and
-//! [`P256Verifier`] is also the domain's `SignatureCheck`, which counts them.
+//! [`sign_document`] adds one holder's signature to a fleet root or policy.
 //!
 //! Keys, PEM and DER, signing and every check on an encoding are p256's (RustCrypto, pure Rust).
 //! The curve arithmetic of a verification is ring's by default (BoringSSL's P-256 assembly),

@@ -4,7 +4,17 @@
 use guild_adapters_crypto::{sign_document, P256Verifier, SigningKey};
 use guild_domain::fleet::{verify_root_self, FleetRoot, RootError, SignedRoot};
 use guild_domain::ids::FleetId;
-use guild_domain::trust::TrustedKey;
+use guild_domain::trust::{SignatureCheck, TrustedKey};
+use guild_ports::signature::SignatureVerifier;
+
+/// The domain's signature check by the adapter's verifier, as the host bridges it.
+struct Check(P256Verifier);
+
+impl SignatureCheck for Check {
+    fn verify(&self, spki_der: &[u8], message: &[u8], signature: &[u8]) -> Result<(), String> {
+        SignatureVerifier::verify(&self.0, spki_der, message, signature).map_err(|e| e.to_string())
+    }
+}
 
 fn root_of(keys: &[&SigningKey], threshold: usize) -> SignedRoot {
     let keys = keys
@@ -33,7 +43,7 @@ fn two_holders_signing_in_turn_meet_a_threshold_of_two() {
     );
     let unsigned = root_of(&[&a, &b, &c], 2);
     let digest = unsigned.digest();
-    let check = P256Verifier::new();
+    let check = Check(P256Verifier::new());
 
     // The first holder signs the file as written; one signature is short of the threshold.
     let entry = sign_document(&unsigned, &a).unwrap();
@@ -75,7 +85,8 @@ fn a_signature_over_other_bytes_does_not_count() {
         .unwrap()
         .with_signature(sign_document(&other, &b).unwrap())
         .unwrap();
-    let Err(RootError::Threshold(e)) = verify_root_self(&signed, &P256Verifier::new()) else {
+    let Err(RootError::Threshold(e)) = verify_root_self(&signed, &Check(P256Verifier::new()))
+    else {
         panic!("a signature over other bytes counted");
     };
     assert_eq!(e.refused.len(), 1);
