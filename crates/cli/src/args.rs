@@ -157,8 +157,7 @@ pub enum Command {
     #[command(subcommand)]
     Trust(TrustCommand),
 
-    /// Author a fleet's signed documents: its root of trust and its policy (no store is
-    /// touched; joining a store to a fleet is not there yet).
+    /// Write, sign, verify, push and pull a fleet's root and policy (touches no store).
     #[command(subcommand)]
     Fleet(FleetCommand),
 
