@@ -6,7 +6,6 @@ use crate::{KeyError, SigningKey};
 use guild_domain::fleet::{FleetDocument, Signed};
 use guild_domain::manifest::{SignatureAlgorithm, SignatureEntry};
 
-
 /// Signs `document`'s signed bytes ([`Signed::signed_bytes`]) with `key` and returns the
 /// entry that [`Signed::with_signature`] adds: the key's id, ECDSA P-256 / SHA-256, and the
 /// DER signature (low-S). Signing needs no other holder's key and does not change the

@@ -701,7 +701,41 @@ fn parse_expiry(s: &str) -> Result<u64, String> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    crate::fleet::expiry(s, now)
+    expiry(s, now)
+}
+
+/// `--expires`: `30d`, `12h`, `90m`, `3600s` or `2w` from `now`, or a bare number of UNIX
+/// seconds after `now`.
+fn expiry(text: &str, now: u64) -> Result<u64, String> {
+    let text = text.trim();
+    let units = [
+        ('s', 1u64),
+        ('m', 60),
+        ('h', 3600),
+        ('d', 86_400),
+        ('w', 604_800),
+    ];
+    if let Some((unit, scale)) = units.iter().find(|(u, _)| text.ends_with(*u)) {
+        let n: u64 = text[..text.len() - 1]
+            .parse()
+            .map_err(|_| format!("{text:?} is not a whole number of {unit} units"))?;
+        if n == 0 {
+            return Err("an expiry must be in the future".into());
+        }
+        return n
+            .checked_mul(*scale)
+            .and_then(|d| d.checked_add(now))
+            .ok_or_else(|| format!("{text} is too far in the future"));
+    }
+    let at: u64 = text.parse().map_err(|_| {
+        format!("{text:?} is neither a duration (30d, 12h, 90m, 3600s, 2w) nor UNIX seconds")
+    })?;
+    if at <= now {
+        return Err(format!(
+            "{at} (UNIX seconds) is not in the future; give a duration such as 365d instead"
+        ));
+    }
+    Ok(at)
 }
 
 /// `ID=KEY.pem[,KEY2.pem]`.
@@ -803,5 +837,17 @@ mod tests {
             let err = parse_tensor(bad).unwrap_err();
             assert!(err.contains(says), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn expiries_are_durations_from_now_or_future_unix_seconds() {
+        assert_eq!(expiry("30d", 1000), Ok(1000 + 30 * 86_400));
+        assert_eq!(expiry("12h", 0), Ok(12 * 3600));
+        assert_eq!(expiry("2w", 5), Ok(5 + 2 * 604_800));
+        assert_eq!(expiry("2000", 1000), Ok(2000));
+        assert!(expiry("1000", 1000).is_err());
+        assert!(expiry("0d", 1000).is_err());
+        assert!(expiry("soon", 1000).is_err());
+        assert!(expiry("99999999999999999999w", 0).is_err());
     }
 }
