@@ -130,18 +130,18 @@ fn read_root(path: &Path) -> anyhow::Result<SignedRoot> {
 
 /// Writes `text` to `out` atomically and durably, or to standard output for `-`. True when it
 /// went to standard output (the report then prints nothing more).
-fn write_out(out: &Path, text: &str) -> anyhow::Result<bool> {
+fn write_out(out: &Path, text: &[u8]) -> anyhow::Result<bool> {
     if out == Path::new("-") {
         let mut stdout = std::io::stdout().lock();
         stdout
-            .write_all(text.as_bytes())
+            .write_all(text)
             .and_then(|()| stdout.flush())
             .map_err(|e| {
                 CliError::new(Exit::Failure, format!("cannot write standard output: {e}"))
             })?;
         return Ok(true);
     }
-    durable_file::write(out, text.as_bytes()).map_err(|e| {
+    durable_file::write(out, text).map_err(|e| {
         CliError::new(
             Exit::Failure,
             format!("cannot write {}: {e}", out.display()),
@@ -188,7 +188,7 @@ fn root_new(new: &FleetRootNew) -> anyhow::Result<Report> {
     let mut report = Report::new("fleet root new");
     document_fields(&mut report, &Document::Root(signed.clone()));
     report.field("out", new.out.display().to_string());
-    if write_out(&new.out, &signed.to_json())? {
+    if write_out(&new.out, signed.to_json().as_bytes())? {
         return Ok(report.silent());
     }
     report.line(format!(
@@ -275,7 +275,7 @@ fn policy_new(new: &FleetPolicyNew) -> anyhow::Result<Report> {
     let mut report = Report::new("fleet policy new");
     document_fields(&mut report, &Document::Policy(signed.clone()));
     report.field("out", new.out.display().to_string());
-    if write_out(&new.out, &signed.to_json())? {
+    if write_out(&new.out, signed.to_json().as_bytes())? {
         return Ok(report.silent());
     }
     report.line(format!(
@@ -407,7 +407,7 @@ fn sign(file: &Path, key: &Path, root: Option<&Path>) -> anyhow::Result<Report> 
         Document::Root(d) => d.to_json(),
         Document::Policy(d) => d.to_json(),
     };
-    write_out(file, &text)?;
+    write_out(file, text.as_bytes())?;
     let mut report = Report::new("fleet sign");
     document_fields(&mut report, &doc);
     report
@@ -564,7 +564,7 @@ fn pull(reference: &OciReference, out: &Path) -> anyhow::Result<Report> {
     } else {
         Document::Policy(parse_as(&pulled.bytes, &source)?)
     };
-    write_out(out, &String::from_utf8_lossy(&pulled.bytes))?;
+    write_out(out, &pulled.bytes)?;
     let mut report = Report::new("fleet pull");
     document_fields(&mut report, &doc);
     report
