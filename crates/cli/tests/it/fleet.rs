@@ -375,3 +375,59 @@ fn a_policy_from_a_lock_is_signed_in_turn_pushed_and_pulled_back() {
     );
     assert!(!bench.path().join("x.json").exists());
 }
+
+#[test]
+fn a_rotated_root_verifies_as_the_next_one_under_the_root_before_it() {
+    let bench = Bench::new(guild());
+    holders(&bench);
+    bench.run(&["keygen", "--out", "d"]).expect(0);
+    new_root(&bench);
+    for k in ["a.key", "b.key"] {
+        bench
+            .run(&["fleet", "sign", "root.json", "--key", k])
+            .expect(0);
+    }
+    // Version 2 drops a and adds d.
+    bench
+        .run(&[
+            "fleet",
+            "root",
+            "new",
+            "--fleet",
+            "example.prod",
+            "--threshold",
+            "2",
+            "--key",
+            "b.pub",
+            "--key",
+            "c.pub",
+            "--key",
+            "d.pub",
+            "--expires",
+            "365d",
+            "--version",
+            "2",
+            "--out",
+            "root2.json",
+        ])
+        .expect(0);
+    // c and d are two of its own keys but only one of the old root's: not yet a rotation.
+    for k in ["c.key", "d.key"] {
+        bench
+            .run(&["fleet", "sign", "root2.json", "--key", k])
+            .expect(0);
+    }
+    bench.run(&["fleet", "verify", "root2.json"]).expect(0);
+    bench
+        .run(&["fleet", "verify", "root2.json", "--root", "root.json"])
+        .expect(3)
+        .stderr_has("root2.json");
+    // b signs too: two of the old root's keys (b, c) and of its own.
+    bench
+        .run(&["fleet", "sign", "root2.json", "--key", "b.key"])
+        .expect(0);
+    bench
+        .run(&["fleet", "verify", "root2.json", "--root", "root.json"])
+        .expect(0)
+        .stdout_has("the next root after root version 1");
+}
