@@ -4,6 +4,7 @@
 //! [`P256Verifier`] implements the [`SignatureVerifier`](guild_ports::signature::SignatureVerifier)
 //! port. [`SigningKey`] and [`PublicKey`] are the key material the CLI's `keygen`, `sign` and
 //! `trust` commands handle; the functions in [`files`] write them to disk with safe permissions.
+//! [`sign_document`] adds one holder's signature to a fleet root or policy.
 //!
 //! Keys, PEM and DER, signing and every check on an encoding are p256's (RustCrypto, pure Rust).
 //! The curve arithmetic of a verification is ring's by default (BoringSSL's P-256 assembly),
@@ -25,10 +26,12 @@
 mod asn1;
 mod error;
 pub mod files;
+mod fleet;
 mod keys;
 mod verify;
 
 pub use error::{KeyError, KeyFileError};
+pub use fleet::sign_document;
 pub use keys::{PublicKey, SigningKey, MAX_SIGNATURE_DER_BYTES};
 pub use verify::{Backend, P256Verifier};
 

@@ -14,6 +14,13 @@
 //! typed `DistributionErrorKind`. Authentication of the package is the caller's business, as
 //! for any file.
 //!
+//! A document (a fleet root or policy, `DocumentRegistry`) is an artifact of its own: a
+//! manifest whose `artifactType` is the document's media type, the OCI empty config (`{}`), and
+//! one layer of that media type holding the document. It goes up and comes back by the same
+//! steps as a package, held in memory: the layer's media type and its size, within
+//! [`Limits::document_bytes`], are checked in the manifest before the layer is fetched, and
+//! the config is never fetched. Verifying the document is the caller's business.
+//!
 //! The HTTP client (reqwest) is async; the runtime is a current-thread tokio runtime made for
 //! each call and dropped with it, so that nothing above this crate is async.
 
@@ -36,8 +43,8 @@ use guild_domain::distribution::{
 use guild_domain::ids::PackageKind;
 use guild_domain::ids::Sha256Digest;
 use guild_ports::distribution::{
-    ArtifactRegistry, DistributionError, DistributionErrorKind as Kind, Part, Pulled, PushRequest,
-    Pushed,
+    ArtifactRegistry, DistributionError, DistributionErrorKind as Kind, DocumentRegistry, Part,
+    Pulled, PulledDocument, PushRequest, Pushed,
 };
 use guild_ports::source::Progress;
 use serde_json::Value;
@@ -52,6 +59,11 @@ use transport::{plain_http_allowed, Auth, Http, Payload};
 
 /// Bytes read from the archive per upload chunk and per progress step.
 const CHUNK: usize = 1 << 20;
+
+/// The OCI empty descriptor's media type: a document artifact's config, `{}`.
+const EMPTY_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
+/// The empty config's content.
+const EMPTY_CONFIG: &[u8] = b"{}";
 
 /// The registry adapter. Cheap to make; each call builds its client and runtime.
 #[derive(Debug, Clone, Default)]
@@ -260,6 +272,89 @@ impl ArtifactRegistry for OciRegistry {
         progress: Option<&dyn Progress>,
     ) -> Result<Pushed, DistributionError> {
         let artifact = Artifact::describe(&request, reference)?;
+        self.upload(reference, &artifact, progress)
+    }
+
+    fn pull(
+        &self,
+        reference: &OciReference,
+        out: &Path,
+        progress: Option<&dyn Progress>,
+    ) -> Result<Pulled, DistributionError> {
+        let limits = self.settings.limits;
+        self.download(reference, |download| async move {
+            let (manifest_digest, (config_desc, layer_desc)) = download
+                .manifest(OCI_MANIFEST_MEDIA_TYPE, |body| {
+                    check_manifest(body, &limits)
+                })
+                .await?;
+            let config = download.config(&config_desc).await?;
+            check_layer_kind(&layer_desc, &config, download.reference)?;
+            let layer_digest = download.layer(&layer_desc, out, progress).await?;
+            Ok(Pulled {
+                manifest_digest,
+                layer_digest,
+                layer_size: layer_desc.size,
+                config,
+            })
+        })
+    }
+}
+
+impl DocumentRegistry for OciRegistry {
+    fn push_document(
+        &self,
+        reference: &OciReference,
+        media_type: &str,
+        document: &[u8],
+    ) -> Result<Pushed, DistributionError> {
+        let artifact = Artifact::document(media_type, document, reference)?;
+        self.upload(reference, &artifact, None)
+    }
+
+    fn pull_document(
+        &self,
+        reference: &OciReference,
+        accepted: &[&str],
+    ) -> Result<PulledDocument, DistributionError> {
+        let limit = self.settings.limits.document_bytes;
+        self.download(reference, |download| async move {
+            // The manifest alone is asked for: an index is no document.
+            let (manifest_digest, layer) = download
+                .manifest(OCI_MANIFEST_MEDIA_TYPE, |body| {
+                    check_document_manifest(body, accepted, limit)
+                })
+                .await?;
+            let mut bytes = Vec::new();
+            let layer_digest = fetch_blob(
+                &download.http,
+                &download.auth,
+                &layer,
+                Part::Document,
+                &mut bytes,
+                None,
+                download.reference,
+            )
+            .await?;
+            Ok(PulledDocument {
+                media_type: layer.media_type,
+                manifest_digest,
+                layer_digest,
+                bytes,
+            })
+        })
+    }
+}
+
+impl OciRegistry {
+    /// Pushes `artifact`: its config and layer where the registry lacks them, then its
+    /// manifest under `reference`.
+    fn upload(
+        &self,
+        reference: &OciReference,
+        artifact: &Artifact<'_>,
+        progress: Option<&dyn Progress>,
+    ) -> Result<Pushed, DistributionError> {
         check_pinned(reference, &artifact.manifest_digest)?;
         let http = self.http(reference)?;
         let credentials = self.auth(reference);
@@ -271,9 +366,9 @@ impl ArtifactRegistry for OciRegistry {
                 auth,
                 reference,
             };
-            upload.push_config(&artifact).await?;
-            upload.push_layer(&artifact, progress).await?;
-            upload.push_manifest(&artifact).await
+            upload.push_config(artifact).await?;
+            upload.push_layer(artifact, progress).await?;
+            upload.push_manifest(artifact).await
         })?;
         Ok(Pushed {
             manifest_digest: artifact.manifest_digest,
@@ -282,33 +377,27 @@ impl ArtifactRegistry for OciRegistry {
         })
     }
 
-    fn pull(
-        &self,
-        reference: &OciReference,
-        out: &Path,
-        progress: Option<&dyn Progress>,
-    ) -> Result<Pulled, DistributionError> {
+    /// Runs `steps` (a pull's requests) with a client authorised to pull from `reference`'s
+    /// repository, on a runtime made for this call.
+    fn download<'a, T, F>(
+        &'a self,
+        reference: &'a OciReference,
+        steps: impl FnOnce(Download<'a>) -> F,
+    ) -> Result<T, DistributionError>
+    where
+        F: std::future::Future<Output = Result<T, DistributionError>>,
+    {
         let http = self.http(reference)?;
         let credentials = self.auth(reference);
-        let limits = self.settings.limits;
         let rt = runtime(reference)?;
         rt.block_on(async {
             let auth = http.authenticate(&credentials, "pull").await?;
-            let download = Download {
+            steps(Download {
                 http,
                 auth,
                 reference,
-            };
-            let (manifest_digest, config_desc, layer_desc) = download.manifest(&limits).await?;
-            let config = download.config(&config_desc).await?;
-            check_layer_kind(&layer_desc, &config, reference)?;
-            let layer_digest = download.layer(&layer_desc, out, progress).await?;
-            Ok(Pulled {
-                manifest_digest,
-                layer_digest,
-                layer_size: layer_desc.size,
-                config,
             })
+            .await
         })
     }
 }
@@ -322,26 +411,26 @@ struct Download<'a> {
 }
 
 impl Download<'_> {
-    /// Fetches the manifest (an index is asked for too, so that it can be refused as one),
-    /// checks it against a digest reference and for its shape, and returns its digest and
-    /// the config's and the layer's descriptors.
-    async fn manifest(
+    /// Fetches the manifest (an index is asked for too, so that it can be refused as one;
+    /// `accept` is the manifest's own media type), checks it against a digest reference and
+    /// with `check` for its shape, and returns its digest and what `check` found in it.
+    async fn manifest<T>(
         &self,
-        limits: &Limits,
-    ) -> Result<(Sha256Digest, Descriptor, Descriptor), DistributionError> {
+        accept: &str,
+        check: impl FnOnce(&[u8]) -> Result<T, Kind>,
+    ) -> Result<(Sha256Digest, T), DistributionError> {
         let body = self
             .http
             .manifest(
                 self.reference.target(),
-                &format!("{OCI_MANIFEST_MEDIA_TYPE}, {OCI_INDEX_MEDIA_TYPE}"),
+                &format!("{accept}, {OCI_INDEX_MEDIA_TYPE}"),
                 &self.auth,
             )
             .await?;
         let manifest_digest = Sha256Digest::of(&body);
         check_pinned(self.reference, &manifest_digest)?;
-        let (config_desc, layer_desc) = check_manifest(&body, limits)
-            .map_err(|kind| DistributionError::new(kind, self.reference))?;
-        Ok((manifest_digest, config_desc, layer_desc))
+        let found = check(&body).map_err(|kind| DistributionError::new(kind, self.reference))?;
+        Ok((manifest_digest, found))
     }
 
     /// Fetches the config blob and parses it as the package's artifact config.
@@ -432,12 +521,21 @@ fn check_layer_kind(
     Ok(())
 }
 
-/// What a push sends: the config and the manifest, made here, and the archive as the layer.
+/// Where a push's layer comes from.
+#[derive(Clone, Copy)]
+enum LayerSource<'a> {
+    /// A package archive, streamed up from its file.
+    Archive(&'a Path),
+    /// A document held whole in memory.
+    Document(&'a [u8]),
+}
+
+/// What a push sends: the config and the manifest, made here, and the layer.
 struct Artifact<'a> {
     config: Vec<u8>,
     /// `sha256:HEX` of `config`.
     config_digest: String,
-    archive: &'a Path,
+    layer: LayerSource<'a>,
     layer_digest: Sha256Digest,
     layer_size: u64,
     manifest: Vec<u8>,
@@ -460,7 +558,73 @@ impl<'a> Artifact<'a> {
             &layer_digest,
             layer_size,
         );
-        let manifest = serde_json::to_vec(&manifest).map_err(|e| {
+        Artifact::with_manifest(
+            (config, config_digest),
+            (
+                LayerSource::Archive(request.archive),
+                layer_digest,
+                layer_size,
+            ),
+            &manifest,
+            reference,
+        )
+    }
+
+    /// A document artifact: the empty config, `document` as the one layer of `media_type`,
+    /// which is also the manifest's `artifactType`. Refused when over the document limit.
+    fn document(
+        media_type: &str,
+        document: &'a [u8],
+        reference: &OciReference,
+    ) -> Result<Self, DistributionError> {
+        let limit = guild_domain::fleet::MAX_DOCUMENT_BYTES as u64;
+        if document.len() as u64 > limit {
+            return Err(DistributionError::new(
+                Kind::TooLarge {
+                    part: Part::Document,
+                    size: document.len() as u64,
+                    limit,
+                },
+                reference,
+            ));
+        }
+        let config_digest = format!("sha256:{}", sha256_of(EMPTY_CONFIG));
+        let layer_digest = Sha256Digest::of(document);
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST_MEDIA_TYPE,
+            "artifactType": media_type,
+            "config": {
+                "mediaType": EMPTY_MEDIA_TYPE,
+                "digest": config_digest,
+                "size": EMPTY_CONFIG.len(),
+            },
+            "layers": [{
+                "mediaType": media_type,
+                "digest": oci_digest(&layer_digest),
+                "size": document.len(),
+            }],
+        });
+        Artifact::with_manifest(
+            (EMPTY_CONFIG.to_vec(), config_digest),
+            (
+                LayerSource::Document(document),
+                layer_digest,
+                document.len() as u64,
+            ),
+            &manifest,
+            reference,
+        )
+    }
+
+    /// The artifact of this config, this layer and `manifest`, written out and hashed.
+    fn with_manifest(
+        (config, config_digest): (Vec<u8>, String),
+        (layer, layer_digest, layer_size): (LayerSource<'a>, Sha256Digest, u64),
+        manifest: &Value,
+        reference: &OciReference,
+    ) -> Result<Self, DistributionError> {
+        let manifest = serde_json::to_vec(manifest).map_err(|e| {
             DistributionError::new(
                 Kind::Malformed {
                     part: Part::Manifest,
@@ -473,7 +637,7 @@ impl<'a> Artifact<'a> {
         Ok(Artifact {
             config,
             config_digest,
-            archive: request.archive,
+            layer,
             layer_digest,
             layer_size,
             manifest,
@@ -530,7 +694,21 @@ struct Upload<'a> {
 
 impl Upload<'_> {
     async fn push_config(&self, artifact: &Artifact<'_>) -> Result<(), DistributionError> {
-        let digest = &artifact.config_digest;
+        self.push_bytes(
+            &artifact.config_digest,
+            &artifact.config,
+            ("config upload", Part::Config),
+        )
+        .await
+    }
+
+    /// Sends a small blob held in memory, in one PUT, unless the registry has it.
+    async fn push_bytes(
+        &self,
+        digest: &str,
+        blob: &[u8],
+        (what, part): (&'static str, Part),
+    ) -> Result<(), DistributionError> {
         if self.http.has_blob(digest, &self.auth).await? {
             return Ok(());
         }
@@ -539,27 +717,35 @@ impl Upload<'_> {
             .put_blob(
                 session,
                 digest,
-                artifact.config.len() as u64,
-                Payload::Bytes(bytes::Bytes::from(artifact.config.clone())),
-                ("config upload", None),
-                Part::Config,
+                blob.len() as u64,
+                Payload::Bytes(bytes::Bytes::copy_from_slice(blob)),
+                (what, None),
+                part,
                 &self.auth,
             )
             .await
     }
 
-    /// Streams the archive up, reporting progress as it goes.
+    /// Sends the layer: a document in one PUT; an archive streamed up, reporting progress as
+    /// it goes.
     async fn push_layer(
         &self,
         artifact: &Artifact<'_>,
         progress: Option<&dyn Progress>,
     ) -> Result<(), DistributionError> {
         let digest = oci_digest(&artifact.layer_digest);
+        let archive = match artifact.layer {
+            LayerSource::Archive(archive) => archive,
+            LayerSource::Document(document) => {
+                return self
+                    .push_bytes(&digest, document, ("document upload", Part::Document))
+                    .await
+            }
+        };
         if self.http.has_blob(&digest, &self.auth).await? {
             return Ok(());
         }
         let session = self.http.start_upload(&self.auth).await?;
-        let archive = artifact.archive;
         let file = File::open(archive).map_err(|e| io_error("open", archive, self.reference, e))?;
         if let Some(p) = progress {
             p.begin("uploading", artifact.layer_size);
@@ -644,6 +830,41 @@ fn check_manifest(body: &[u8], limits: &Limits) -> Result<(Descriptor, Descripto
     let config = config_descriptor(&value, limits)?;
     let layer = layer_descriptor(&value, limits)?;
     Ok((config, layer))
+}
+
+/// Checks a document artifact's manifest: an OCI image manifest with a config descriptor
+/// (never fetched) and exactly one layer of one of the `accepted` media types, at most `limit`
+/// bytes. Returns the layer's descriptor.
+fn check_document_manifest(body: &[u8], accepted: &[&str], limit: u64) -> Result<Descriptor, Kind> {
+    let value: Value = serde_json::from_slice(body).map_err(|_| malformed("not JSON"))?;
+    check_image_manifest(&value)?;
+    descriptor(value.get("config"), Part::Config)?;
+    let layers = value
+        .get("layers")
+        .and_then(Value::as_array)
+        .ok_or_else(|| malformed("no layers"))?;
+    if layers.len() != 1 {
+        return Err(malformed(&format!(
+            "a document artifact has one layer, this one has {}",
+            layers.len()
+        )));
+    }
+    let layer = descriptor(layers.first(), Part::Document)?;
+    if !accepted.contains(&layer.media_type.as_str()) {
+        return Err(Kind::WrongMediaType {
+            part: Part::Document,
+            found: layer.media_type,
+            expected: accepted.join(" or "),
+        });
+    }
+    if layer.size > limit {
+        return Err(Kind::TooLarge {
+            part: Part::Document,
+            size: layer.size,
+            limit,
+        });
+    }
+    Ok(layer)
 }
 
 fn malformed(reason: &str) -> Kind {

@@ -26,6 +26,9 @@ pub struct Limits {
     pub config_bytes: u64,
     /// A package layer larger than this is refused before it is fetched.
     pub layer_bytes: u64,
+    /// A document's layer (a fleet root or policy) larger than this is refused before it is
+    /// fetched.
+    pub document_bytes: u64,
     /// How long connecting may take.
     pub connect_timeout: Duration,
     /// How long a request may wait for its answer, and a read of it for bytes. A layer's
@@ -49,6 +52,7 @@ impl Default for Limits {
             manifest_bytes: 256 * 1024,
             config_bytes: 64 * 1024,
             layer_bytes: 16 << 30,
+            document_bytes: guild_domain::fleet::MAX_DOCUMENT_BYTES as u64,
             connect_timeout: Duration::from_secs(30),
             read_timeout: Duration::from_secs(120),
             token_bytes: 1 << 20,

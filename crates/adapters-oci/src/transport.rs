@@ -791,6 +791,7 @@ fn part_name(part: Part) -> &'static str {
         Part::Manifest => "manifest",
         Part::Config => "config",
         Part::Layer => "package layer",
+        Part::Document => "document",
     }
 }
 

@@ -16,5 +16,6 @@ pub use guild_domain::distribution::{
     OciReference, OciTarget, SyncConflict, SyncStep,
 };
 pub use guild_ports::distribution::{
-    ArtifactRegistry, DistributionError, DistributionErrorKind, Part, Pulled, PushRequest, Pushed,
+    ArtifactRegistry, DistributionError, DistributionErrorKind, DocumentRegistry, Part, Pulled,
+    PulledDocument, PushRequest, Pushed,
 };

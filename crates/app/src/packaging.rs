@@ -19,7 +19,9 @@ use guild_ports::source::{Durability, ExtractOptions, PackageSource, SourceError
 /// `guild` command line) reach them without naming an adapter: P-256 keys and their PEM files,
 /// the verifier, and the GKPK reader.
 pub use guild_adapters_crypto::files as key_files;
-pub use guild_adapters_crypto::{KeyError, KeyFileError, P256Verifier, PublicKey, SigningKey};
+pub use guild_adapters_crypto::{
+    sign_document, KeyError, KeyFileError, P256Verifier, PublicKey, SigningKey,
+};
 pub use guild_adapters_fs::archive::{GkpkSource, PackError};
 
 /// Why packing or signing failed.

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use guild_domain::ids::{ImplId, OpName, PackageId, PublisherId, Sha256Digest};
+use guild_domain::ids::{FleetId, ImplId, OpName, PackageId, PublisherId, Sha256Digest};
 use guild_domain::operation::{DType, MemorySpace, TensorDesc};
 use guild_domain::version::Version;
 use guild_host::distribution::OciReference;
@@ -156,6 +156,10 @@ pub enum Command {
     /// Manage the store's trust store: trusted publisher keys and revocations.
     #[command(subcommand)]
     Trust(TrustCommand),
+
+    /// Write, sign, verify, push and pull a fleet's root and policy (touches no store).
+    #[command(subcommand)]
+    Fleet(FleetCommand),
 
     /// Authenticate, validate and install a package (enabled unless --disabled).
     #[command(after_help = "Examples:\n  guild install scan.gkmodule\n  \
@@ -455,6 +459,163 @@ pub enum QuarantineCommand {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum FleetCommand {
+    /// Fleet roots: the keys that sign for the fleet, and how many of them must.
+    #[command(subcommand)]
+    Root(FleetRootCommand),
+
+    /// Fleet policies: trusted publishers and the desired packages.
+    #[command(subcommand)]
+    Policy(FleetPolicyCommand),
+
+    /// Add one signature to a fleet root or policy, in place (atomically), and say how many
+    /// valid signatures of which keys it now carries against the threshold.
+    #[command(
+        after_help = "Each holder signs in turn, with their own key, so no machine ever         holds the threshold of keys. A root is counted against its own keys; a policy against         the root given with --root (without it, the signature is added and not counted).         Signing does not change the document's digest.
+
+Examples:
+          guild fleet sign root.json --key keys/alice.key
+          guild fleet sign policy.json --key keys/bob.key --root root.json"
+    )]
+    Sign {
+        /// The root or policy file.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// The holder's private key (PKCS#8 or SEC1 PEM).
+        #[arg(long, value_name = "KEY.pem")]
+        key: PathBuf,
+        /// The root whose keys count a policy's signatures.
+        #[arg(long, value_name = "ROOT")]
+        root: Option<PathBuf>,
+    },
+
+    /// Check that a fleet root (against its own keys) or policy (against --root, and for
+    /// consistency) carries a threshold of valid signatures.
+    #[command(
+        after_help = "Exit 0 when the threshold is met, 3 when it is not (the answer         names the keys whose signatures count and why the others do not). Expiry is reported,         not judged: a store judges it when it takes the document.
+
+Examples:
+          guild fleet verify root.json
+  guild fleet verify policy.json --root root.json"
+    )]
+    Verify {
+        /// The root or policy file.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// The root a policy is verified under (which is first verified against its own keys).
+        #[arg(long, value_name = "ROOT")]
+        root: Option<PathBuf>,
+    },
+
+    /// Push a fleet root or policy to an OCI registry as an artifact of its own media type.
+    #[command(
+        after_help = "The file is read strictly (as a root or a policy) before it is         pushed; its signatures are not checked.
+
+Examples:
+          guild fleet push root.json oci://registry.example.com/fleet/root:prod
+          guild fleet push policy.json oci://registry.example.com/fleet/policy:prod"
+    )]
+    Push {
+        /// The root or policy file.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// Where to push it (a tag, or the digest its manifest has).
+        #[arg(value_name = "REFERENCE", value_parser = crate::distribute::parse_reference)]
+        reference: OciReference,
+    },
+
+    /// Download a fleet root or policy from an OCI registry.
+    #[command(
+        after_help = "Nothing is verified on pull beyond the size limit (4 MiB), the         layer's digest and the document's strict syntax: run `guild fleet verify` on the file         (with the root you trust) before relying on it.
+
+Examples:
+          guild fleet pull oci://registry.example.com/fleet/policy:prod --out policy.json"
+    )]
+    Pull {
+        /// The artifact to download.
+        #[arg(value_name = "REFERENCE", value_parser = crate::distribute::parse_reference)]
+        reference: OciReference,
+        /// Where to write the document (atomically).
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FleetRootCommand {
+    /// Write a new, unsigned fleet root: its keys and threshold.
+    #[command(
+        after_help = "--expires is a duration from now (30d, 12h, 90m, 3600s, 2w) or a         UNIX time in seconds. The root is written unsigned; each key holder then runs `guild         fleet sign`.
+
+Examples:
+          guild fleet root new --fleet example.prod --threshold 2 --key a.pub --key b.pub         --key c.pub --expires 365d --out root.json"
+    )]
+    New(FleetRootNew),
+}
+
+#[derive(Debug, Args)]
+pub struct FleetRootNew {
+    /// The fleet's id (never changes across rotations).
+    #[arg(long, value_name = "ID", value_parser = parse_fleet_id)]
+    pub fleet: FleetId,
+    /// How many distinct keys must sign a root or policy.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u16).range(1..))]
+    pub threshold: u16,
+    /// A public key that may sign (SPKI PEM; repeat for each key).
+    #[arg(long = "key", value_name = "PUB.pem", required = true, num_args = 1..)]
+    pub keys: Vec<PathBuf>,
+    /// When the root expires: a duration from now or UNIX seconds.
+    #[arg(long, value_name = "DURATION_OR_UNIX", value_parser = parse_expiry)]
+    pub expires: u64,
+    /// The root's version: 1 for the first root, one more for each rotation.
+    #[arg(long = "version", value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub version: u64,
+    /// The file to write (`-`: standard output).
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FleetPolicyCommand {
+    /// Write a new, unsigned fleet policy whose desired set is a lock's packages.
+    #[command(
+        after_help = "Each package of the lock must have its registry source (a lock         written by `guild lock` from packages installed from oci://…), and its publisher and         signing key must be among the --publisher keys (within the publisher's --scope         prefixes, if any). --expires is a duration from now (30d, 12h) or a UNIX time in         seconds.
+
+Examples:
+          guild fleet policy new --fleet example.prod --version 1 --root-version 1         --expires 30d --from-lock guild.lock --publisher org.example=keys/org.example.pub         --scope org.example=example --out policy.json"
+    )]
+    New(FleetPolicyNew),
+}
+
+#[derive(Debug, Args)]
+pub struct FleetPolicyNew {
+    /// The fleet's id; must be the root's.
+    #[arg(long, value_name = "ID", value_parser = parse_fleet_id)]
+    pub fleet: FleetId,
+    /// The policy's version: higher than every policy before it.
+    #[arg(long = "version", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub version: u64,
+    /// When the policy expires: a duration from now or UNIX seconds.
+    #[arg(long, value_name = "DURATION_OR_UNIX", value_parser = parse_expiry)]
+    pub expires: u64,
+    /// The version of the root whose keys sign it.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub root_version: u64,
+    /// The lock whose packages are the desired set.
+    #[arg(long, value_name = "LOCKFILE")]
+    pub from_lock: PathBuf,
+    /// A trusted publisher and its keys, ID=KEY.pem[,KEY2.pem] (repeat for each publisher).
+    #[arg(long = "publisher", value_name = "ID=KEY.pem[,KEY2.pem]", required = true, value_parser = parse_publisher_keys)]
+    pub publishers: Vec<(PublisherId, Vec<PathBuf>)>,
+    /// Limit a publisher to package ids under a prefix, ID=PREFIX (repeatable).
+    #[arg(long = "scope", value_name = "ID=PREFIX", value_parser = parse_scope)]
+    pub scopes: Vec<(PublisherId, PackageId)>,
+    /// The file to write (`-`: standard output).
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
 pub enum TrustCommand {
     /// Trust a publisher's public key.
     #[command(after_help = "Example:\n  guild trust add org.example keys/org.example.pub")]
@@ -528,6 +689,73 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
 
 fn parse_package_id(s: &str) -> Result<PackageId, String> {
     PackageId::new(s).map_err(|e| e.to_string())
+}
+
+fn parse_fleet_id(s: &str) -> Result<FleetId, String> {
+    FleetId::new(s).map_err(|e| e.to_string())
+}
+
+/// `30d`, `12h`, `90m`, `3600s`, `2w`: that long from now; a bare number: UNIX seconds, which
+/// must be in the future.
+fn parse_expiry(s: &str) -> Result<u64, String> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    expiry(s, now)
+}
+
+/// `--expires`: `30d`, `12h`, `90m`, `3600s` or `2w` from `now`, or a bare number of UNIX
+/// seconds after `now`.
+fn expiry(text: &str, now: u64) -> Result<u64, String> {
+    let text = text.trim();
+    let units = [
+        ('s', 1u64),
+        ('m', 60),
+        ('h', 3600),
+        ('d', 86_400),
+        ('w', 604_800),
+    ];
+    if let Some((unit, scale)) = units.iter().find(|(u, _)| text.ends_with(*u)) {
+        let n: u64 = text[..text.len() - 1]
+            .parse()
+            .map_err(|_| format!("{text:?} is not a whole number of {unit} units"))?;
+        if n == 0 {
+            return Err("an expiry must be in the future".into());
+        }
+        return n
+            .checked_mul(*scale)
+            .and_then(|d| d.checked_add(now))
+            .ok_or_else(|| format!("{text} is too far in the future"));
+    }
+    let at: u64 = text.parse().map_err(|_| {
+        format!("{text:?} is neither a duration (30d, 12h, 90m, 3600s, 2w) nor UNIX seconds")
+    })?;
+    if at <= now {
+        return Err(format!(
+            "{at} (UNIX seconds) is not in the future; give a duration such as 365d instead"
+        ));
+    }
+    Ok(at)
+}
+
+/// `ID=KEY.pem[,KEY2.pem]`.
+fn parse_publisher_keys(s: &str) -> Result<(PublisherId, Vec<PathBuf>), String> {
+    let (id, keys) = s.split_once('=').ok_or("expected ID=KEY.pem[,KEY2.pem]")?;
+    let keys: Vec<PathBuf> = keys
+        .split(',')
+        .filter(|k| !k.is_empty())
+        .map(PathBuf::from)
+        .collect();
+    if keys.is_empty() {
+        return Err(format!("publisher {id} is given no key file"));
+    }
+    Ok((parse_publisher_id(id)?, keys))
+}
+
+/// `ID=PREFIX`.
+fn parse_scope(s: &str) -> Result<(PublisherId, PackageId), String> {
+    let (id, prefix) = s.split_once('=').ok_or("expected ID=PREFIX")?;
+    Ok((parse_publisher_id(id)?, parse_package_id(prefix)?))
 }
 
 fn parse_publisher_id(s: &str) -> Result<PublisherId, String> {
@@ -609,5 +837,17 @@ mod tests {
             let err = parse_tensor(bad).unwrap_err();
             assert!(err.contains(says), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn expiries_are_durations_from_now_or_future_unix_seconds() {
+        assert_eq!(expiry("30d", 1000), Ok(1000 + 30 * 86_400));
+        assert_eq!(expiry("12h", 0), Ok(12 * 3600));
+        assert_eq!(expiry("2w", 5), Ok(5 + 2 * 604_800));
+        assert_eq!(expiry("2000", 1000), Ok(2000));
+        assert!(expiry("1000", 1000).is_err());
+        assert!(expiry("0d", 1000).is_err());
+        assert!(expiry("soon", 1000).is_err());
+        assert!(expiry("99999999999999999999w", 0).is_err());
     }
 }

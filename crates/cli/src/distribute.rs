@@ -34,7 +34,7 @@ use super::publisher::{parse_metadata, Check, ScratchDir};
 use super::store;
 
 /// The exit code and hint for a failed push or pull.
-fn registry_failure(e: DistributionError) -> anyhow::Error {
+pub(crate) fn registry_failure(e: DistributionError) -> anyhow::Error {
     use DistributionErrorKind as K;
     let (exit, hint) = match &e.kind {
         K::NotFound => (Exit::NotFound, None),
@@ -397,7 +397,7 @@ pub fn lock(store_dir: &Path, out: &Path) -> anyhow::Result<Report> {
     Ok(report)
 }
 
-fn read_lock(path: &Path) -> anyhow::Result<LockFile> {
+pub(crate) fn read_lock(path: &Path) -> anyhow::Result<LockFile> {
     let bytes = fs::read(path).map_err(|e| {
         let exit = if e.kind() == std::io::ErrorKind::NotFound {
             Exit::NotFound

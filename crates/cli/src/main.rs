@@ -16,6 +16,7 @@ mod check;
 mod distribute;
 mod doctor;
 mod failure;
+mod fleet;
 mod output;
 mod progress;
 mod publisher;
@@ -115,6 +116,7 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
         Command::Verify { jobs, .. } => store::verify_all(&store_dir(cli, true)?, jobs_of(*jobs)),
         Command::Inspect { package } => publisher::inspect(package),
         Command::Trust(t) => trust::run(&store_dir(cli, true)?, t),
+        Command::Fleet(f) => fleet::run(f),
         Command::Quarantine(QuarantineCommand::Clear { id }) => {
             store::quarantine_clear(&store_dir(cli, true)?, id)
         }

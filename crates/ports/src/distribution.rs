@@ -71,6 +71,44 @@ pub trait ArtifactRegistry: Send + Sync + fmt::Debug {
     ) -> Result<Pulled, DistributionError>;
 }
 
+/// What a document pull read: the document's bytes, whole, and where they came from. Nothing
+/// about them is checked beyond the manifest's word (media type, size, digest): the caller
+/// parses and verifies the document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PulledDocument {
+    /// The layer's media type: which of the accepted ones the artifact has.
+    pub media_type: String,
+    /// The digest of the manifest the reference resolved to.
+    pub manifest_digest: Sha256Digest,
+    /// The layer's digest, checked against the manifest.
+    pub layer_digest: Sha256Digest,
+    /// The document (the layer), at most the adapter's document limit long.
+    pub bytes: Vec<u8>,
+}
+
+/// Pushes and pulls one small document (a fleet root or policy) as an OCI artifact: an image
+/// manifest with `artifactType` the document's media type, the empty config, and one layer of
+/// that media type holding the document.
+pub trait DocumentRegistry: Send + Sync + fmt::Debug {
+    /// Uploads `document` as the layer of an artifact of `media_type`, then its manifest under
+    /// `reference`'s tag (or checks that it has `reference`'s digest).
+    fn push_document(
+        &self,
+        reference: &OciReference,
+        media_type: &str,
+        document: &[u8],
+    ) -> Result<Pushed, DistributionError>;
+
+    /// Resolves `reference` to one manifest that has one layer of one of the `accepted` media
+    /// types, within the document size limit (both checked before the layer is fetched), and
+    /// reads that layer, checking its size and digest against the manifest.
+    fn pull_document(
+        &self,
+        reference: &OciReference,
+        accepted: &[&str],
+    ) -> Result<PulledDocument, DistributionError>;
+}
+
 /// A failed push or pull: what failed, and the reference it was for.
 #[derive(Debug, Error)]
 #[error("{reference}: {kind}")]
@@ -107,6 +145,8 @@ pub enum Part {
     Manifest,
     Config,
     Layer,
+    /// The layer of a document artifact (a fleet root or policy).
+    Document,
 }
 
 impl Part {
@@ -115,7 +155,7 @@ impl Part {
     fn named_by(self) -> &'static str {
         match self {
             Part::Manifest => "the reference names",
-            Part::Config | Part::Layer => "the manifest names",
+            Part::Config | Part::Layer | Part::Document => "the manifest names",
         }
     }
 }
@@ -126,6 +166,7 @@ impl fmt::Display for Part {
             Part::Manifest => "manifest",
             Part::Config => "config",
             Part::Layer => "package layer",
+            Part::Document => "document",
         })
     }
 }

@@ -2,6 +2,7 @@
 //! interoperability with the `openssl` command line (which these tests require).
 
 mod backends;
+mod fleet;
 mod key_files;
 mod keys;
 mod openssl_interop;

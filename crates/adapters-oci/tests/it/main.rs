@@ -796,4 +796,5 @@ fn a_token_realm_on_plain_http_elsewhere_is_refused() {
     );
 }
 
+mod document;
 mod push;

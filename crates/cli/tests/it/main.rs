@@ -9,6 +9,7 @@
 mod check;
 mod cli;
 mod cli_snapshots;
+mod fleet;
 mod oci;
 mod publication_bounds;
 mod registration;

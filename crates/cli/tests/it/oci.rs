@@ -142,7 +142,7 @@ impl Drop for Registry {
 }
 
 /// A registry without authentication and a bench, or `None` when the test skips.
-fn start(test: &str) -> Option<(Registry, Bench)> {
+pub(crate) fn start(test: &str) -> Option<(Registry, Bench)> {
     Some((Registry::start(test, None)?, Bench::new(guild())))
 }
 
@@ -156,7 +156,7 @@ fn free_port() -> u16 {
 
 /// Runs `guild --store STORE ARGS` with no credentials but `auth` (a config.json) and no
 /// inherited registry settings.
-fn run(bench: &Bench, store: &Path, auth: Option<&Path>, args: &[&str]) -> Run {
+pub(crate) fn run(bench: &Bench, store: &Path, auth: Option<&Path>, args: &[&str]) -> Run {
     let mut all = vec!["--store", store.to_str().unwrap()];
     all.extend_from_slice(args);
     let mut cmd = guild().command(bench.path(), &all);
@@ -177,13 +177,13 @@ fn run(bench: &Bench, store: &Path, auth: Option<&Path>, args: &[&str]) -> Run {
 }
 
 #[track_caller]
-fn ok(r: Run) -> Run {
+pub(crate) fn ok(r: Run) -> Run {
     assert_eq!(r.code, 0, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
     r
 }
 
 #[track_caller]
-fn fails(r: Run, code: i32, says: &str) -> Run {
+pub(crate) fn fails(r: Run, code: i32, says: &str) -> Run {
     assert_eq!(r.code, code, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
     assert!(
         r.stderr.contains(says),
@@ -449,7 +449,7 @@ fn oci_basic_auth_with_good_and_bad_credentials() {
 }
 
 /// A store with two packages installed from the registry, and its lock.
-fn locked_store(bench: &Bench, registry: &Registry) -> (PathBuf, PathBuf) {
+pub(crate) fn locked_store(bench: &Bench, registry: &Registry) -> (PathBuf, PathBuf) {
     let a = bench.package("example.scan", "1.0.0", b"scan", "");
     let b = bench.package("example.norm", "2.1.0", b"norm", "");
     push(bench, &a, &registry.reference("guild/scan:1.0.0"));

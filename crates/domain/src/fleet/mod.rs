@@ -74,6 +74,13 @@ pub const MAX_REVOCATIONS: usize = 65536;
 /// Longest revocation reason, in bytes.
 pub const MAX_REASON_BYTES: usize = 1024;
 
+/// The media type of a fleet root as an OCI artifact: its one layer's, and the manifest's
+/// `artifactType`.
+pub const ROOT_MEDIA_TYPE: &str = "application/vnd.guild.fleet.root.v1+json";
+/// The media type of a fleet policy as an OCI artifact: its one layer's, and the manifest's
+/// `artifactType`.
+pub const POLICY_MEDIA_TYPE: &str = "application/vnd.guild.fleet.policy.v1+json";
+
 /// Which fleet document something is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum DocumentKind {
@@ -81,6 +88,16 @@ pub enum DocumentKind {
     Root,
     /// A fleet policy.
     Policy,
+}
+
+impl DocumentKind {
+    /// The media type the document travels under as an OCI artifact.
+    pub fn media_type(self) -> &'static str {
+        match self {
+            DocumentKind::Root => ROOT_MEDIA_TYPE,
+            DocumentKind::Policy => POLICY_MEDIA_TYPE,
+        }
+    }
 }
 
 impl fmt::Display for DocumentKind {
