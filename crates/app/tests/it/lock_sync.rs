@@ -280,3 +280,173 @@ fn sync_failing_after_a_runner_loaded_one_of_its_installs_returns_the_rest() {
         "{after:#}"
     );
 }
+
+/// The store the sync tests start from, and the lock they sync it to: an unlocked package
+/// enabled (`example.extra`) and an older alpha over an older one; the lock names base, a user
+/// of base, and alpha 2.0.0. The sync disables one package and installs three: four changes.
+struct FourChanges {
+    bench: Bench,
+    lock: LockFile,
+    template: std::path::PathBuf,
+}
+
+impl FourChanges {
+    fn new() -> Self {
+        let bench = Bench::new(guild());
+        let base = bench.package("example.base", "1.0.0", b"base", "");
+        let dep = r#", "dependencies": [{"package_id": "example.base", "min_version": "1.0.0"}]"#;
+        let user = bench.package("example.user", "1.0.0", b"user", dep);
+        let alpha = bench.package("example.alpha", "2.0.0", b"alpha 2", "");
+        let lock = read_lock(&bench.lock_of(&[&base, &user, &alpha], &[]));
+        let template = bench.trusting_store("template");
+        let extra = bench.package("example.extra", "1.0.0", b"extra", "");
+        let alpha0 = bench.package("example.alpha", "0.9.0", b"alpha 0", "");
+        let alpha1 = bench.package("example.alpha", "1.0.0", b"alpha 1", "");
+        for p in [&extra, &alpha0, &alpha1] {
+            bench.run_on(&template, &["install", p]).expect(0);
+        }
+        FourChanges {
+            bench,
+            lock,
+            template,
+        }
+    }
+
+    /// A copy of the starting store named `name`.
+    fn store(&self, name: &str) -> std::path::PathBuf {
+        let root = self.bench.path().join(name);
+        guild_test_support::copy_tree(&self.template, &root);
+        root
+    }
+}
+
+/// A sync that changes several packages commits them as one change: the store's generation
+/// moves by exactly one, so a runner following the store sees the state before and the state
+/// after and nothing in between.
+#[test]
+fn sync_of_several_changes_commits_exactly_one_generation() {
+    let fx = FourChanges::new();
+    let root = fx.store("one");
+    let (pm, _) = PackageManager::open_dir(&root).unwrap();
+    let before = pm.generation().unwrap();
+    let staging = SyncStaging::create(&root).unwrap();
+    let staged = stage_all(&pm, &staging, &fx.lock, fx.bench.path());
+    let changes = lock_sync::apply(&pm, &fx.lock, &staged, &mut NoChecks).unwrap();
+    assert_eq!(changes.len(), 4, "{changes:?}");
+    assert_eq!(
+        pm.generation().unwrap(),
+        before + 1,
+        "the sync's four changes took more than one commit"
+    );
+    drop((staging, pm));
+    let (pm, _) = PackageManager::open_dir(&root).unwrap();
+    assert_eq!(pm.generation().unwrap(), before + 1);
+}
+
+/// A sync interrupted at every durable step of the store, by an error and by a crash (the
+/// process stops there, as under SIGKILL or a power loss), then opened again as a restarted host
+/// opens it: the store is wholly the state before the sync or wholly the state after it, never
+/// one with some of its changes.
+#[test]
+fn sync_interrupted_at_every_store_step_recovers_to_the_old_or_the_new_state() {
+    use guild_adapters_fs::store::{Fault, FaultMode};
+    use guild_ports::store::StoreErrorKind;
+    use guild_test_support::{assert_no_leftovers, observe, open_dir, open_host};
+
+    let fx = FourChanges::new();
+    let reopen = |root: &Path, label: &str| {
+        let (pm, report) = open_dir(root).unwrap_or_else(|e| panic!("{label}: {e}"));
+        assert_eq!(report.disabled, Vec::new(), "{label}");
+        assert_no_leftovers(root, label);
+        observe(&pm, root)
+    };
+    let attempt = |root: &Path, fault: Option<Fault>| {
+        let host = open_host(root, fault).unwrap();
+        let staging = SyncStaging::create(root).unwrap();
+        let staged = stage_all(&host.pm, &staging, &fx.lock, fx.bench.path());
+        let outcome = lock_sync::apply(&host.pm, &fx.lock, &staged, &mut NoChecks);
+        let steps = host.store.last_op().steps;
+        (outcome.map(drop), steps)
+    };
+    let before = reopen(&fx.store("before"), "before");
+    let clean = fx.store("clean");
+    let (outcome, steps) = attempt(&clean, None);
+    outcome.unwrap();
+    let after = reopen(&clean, "after");
+    assert_ne!(before, after);
+    assert!(
+        steps.contains(&"fdatasync registry log (commit point)"),
+        "{steps:?}"
+    );
+
+    let (mut saw_before, mut saw_after) = (0, 0);
+    for (n, step) in steps.iter().enumerate().map(|(i, s)| (i + 1, s)) {
+        for mode in [FaultMode::Error, FaultMode::Crash] {
+            let label = format!("sync at step {n} ({step}) by {mode:?}");
+            let root = fx.store(&format!("case-{n}-{mode:?}"));
+            let (outcome, _) = attempt(&root, Some(Fault { step: n, mode }));
+            let got = reopen(&root, &label);
+            if got == before {
+                saw_before += 1;
+                assert!(outcome.is_err(), "{label}: answered Ok, the disk is the old state");
+            } else {
+                assert_eq!(got, after, "{label}: neither the old nor the new state");
+                saw_after += 1;
+                if let Err(e) = &outcome {
+                    let crashed = matches!(
+                        e,
+                        SyncError::Step { source, .. }
+                            if matches!(&**source, HostError::Store(s)
+                                if s.kind == StoreErrorKind::SimulatedCrash)
+                    );
+                    assert!(crashed, "{label}: answered {e}, the disk is the new state");
+                }
+            }
+        }
+    }
+    println!(
+        "sync crash matrix: {} steps, {} cases ({saw_before} old, {saw_after} new)",
+        steps.len(),
+        2 * steps.len()
+    );
+    assert!(saw_before > 0 && saw_after > 0, "{saw_before} old, {saw_after} new");
+}
+
+/// A lock that moves a dependency and its dependent to new major versions together syncs: the
+/// dependent's old version accepts only the old dependency and its new one only the new, so no
+/// order of single changes gets there, but the final state is sound.
+#[test]
+fn sync_moves_a_dependency_and_its_dependent_across_major_versions_together() {
+    let bench = Bench::new(guild());
+    let dep = |min: &str, max: &str| {
+        format!(
+            r#", "dependencies": [{{"package_id": "example.base", "min_version": "{min}",
+                "max_version": "{max}"}}]"#
+        )
+    };
+    let base1 = bench.package("example.base", "1.0.0", b"base 1", "");
+    let user1 = bench.package("example.user", "1.0.0", b"user 1", &dep("1.0.0", "1.9.9"));
+    let base2 = bench.package("example.base", "2.0.0", b"base 2", "");
+    let user2 = bench.package("example.user", "2.0.0", b"user 2", &dep("2.0.0", "2.9.9"));
+    let lock = read_lock(&bench.lock_of(&[&base2, &user2], &[]));
+    let root = bench.trusting_store("fresh");
+    for p in [&base1, &user1] {
+        bench.run_on(&root, &["install", p]).expect(0);
+    }
+    let (pm, _) = PackageManager::open_dir(&root).unwrap();
+    let before = pm.generation().unwrap();
+    let staging = SyncStaging::create(&root).unwrap();
+    let staged = stage_all(&pm, &staging, &lock, bench.path());
+    let changes = lock_sync::apply(&pm, &lock, &staged, &mut NoChecks)
+        .unwrap_or_else(|e| panic!("the sync was refused: {e}"));
+    assert_eq!(changes.len(), 2, "{changes:?}");
+    assert_eq!(pm.generation().unwrap(), before + 1);
+    for id in ["example.base", "example.user"] {
+        let summary = pm
+            .summary(&guild_test_support::id(id))
+            .unwrap()
+            .unwrap();
+        assert_eq!(summary.enabled, Some(guild_test_support::v("2.0.0")), "{id}");
+        assert_eq!(summary.previous, Some(guild_test_support::v("1.0.0")), "{id}");
+    }
+}
