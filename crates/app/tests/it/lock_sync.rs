@@ -388,7 +388,10 @@ fn sync_interrupted_at_every_store_step_recovers_to_the_old_or_the_new_state() {
             let got = reopen(&root, &label);
             if got == before {
                 saw_before += 1;
-                assert!(outcome.is_err(), "{label}: answered Ok, the disk is the old state");
+                assert!(
+                    outcome.is_err(),
+                    "{label}: answered Ok, the disk is the old state"
+                );
             } else {
                 assert_eq!(got, after, "{label}: neither the old nor the new state");
                 saw_after += 1;
@@ -409,7 +412,10 @@ fn sync_interrupted_at_every_store_step_recovers_to_the_old_or_the_new_state() {
         steps.len(),
         2 * steps.len()
     );
-    assert!(saw_before > 0 && saw_after > 0, "{saw_before} old, {saw_after} new");
+    assert!(
+        saw_before > 0 && saw_after > 0,
+        "{saw_before} old, {saw_after} new"
+    );
 }
 
 /// A lock that moves a dependency and its dependent to new major versions together syncs: the
@@ -442,11 +448,16 @@ fn sync_moves_a_dependency_and_its_dependent_across_major_versions_together() {
     assert_eq!(changes.len(), 2, "{changes:?}");
     assert_eq!(pm.generation().unwrap(), before + 1);
     for id in ["example.base", "example.user"] {
-        let summary = pm
-            .summary(&guild_test_support::id(id))
-            .unwrap()
-            .unwrap();
-        assert_eq!(summary.enabled, Some(guild_test_support::v("2.0.0")), "{id}");
-        assert_eq!(summary.previous, Some(guild_test_support::v("1.0.0")), "{id}");
+        let summary = pm.summary(&guild_test_support::id(id)).unwrap().unwrap();
+        assert_eq!(
+            summary.enabled,
+            Some(guild_test_support::v("2.0.0")),
+            "{id}"
+        );
+        assert_eq!(
+            summary.previous,
+            Some(guild_test_support::v("1.0.0")),
+            "{id}"
+        );
     }
 }

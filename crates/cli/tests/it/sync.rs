@@ -165,7 +165,10 @@ fn sync_killed_between_its_changes_leaves_the_old_state() {
         if let Some(status) = sync.try_wait().unwrap() {
             panic!("the sync ended ({status}) before the slow package's check was seen");
         }
-        assert!(Instant::now() < deadline, "the slow package's check never started");
+        assert!(
+            Instant::now() < deadline,
+            "the slow package's check never started"
+        );
         std::thread::sleep(Duration::from_millis(5));
     };
     sync.kill().unwrap();
