@@ -1,10 +1,11 @@
 //! The all-or-nothing sync of a store to a lock file (`guild_host::lock_sync`, what `guild sync
-//! LOCK --from DIR` runs) without a registry: a sync that fails part way leaves the store as it
-//! was, whatever step failed, and what it installs is the build it verified. Failures are
-//! injected through the lifecycle hook; the `guild sync` command itself is tested with guild-cli
-//! (crates/cli/tests/it/sync.rs).
+//! LOCK --from DIR` runs) without a registry: a sync is one store transaction, so it commits
+//! exactly one generation, a sync that fails or is interrupted at any store step leaves the
+//! store wholly as it was or wholly synced, a dependency and its dependent can move to new major
+//! versions together, and what it installs is the build it verified. Failures are injected
+//! through the lifecycle hook and the store's fault plan; the `guild sync` command itself, killed
+//! between its changes too, is tested with guild-cli (crates/cli/tests/it/sync.rs).
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 
@@ -12,7 +13,6 @@ use guild_host::lock_sync::{self, StagedPackage, SyncError, SyncStaging, SyncSte
 use guild_host::package_manager::{Change, LifecycleHook};
 use guild_host::{HostError, LockFile, PackageManager};
 use guild_test_support::guild::Bench;
-use guild_test_support::store_files;
 
 use crate::guild;
 
@@ -80,7 +80,7 @@ fn sync_failing_at_each_step_returns_the_store_to_where_it_was() {
     for p in [&extra, &alpha0, &alpha1] {
         bench.run_on(&fresh, &["install", p]).expect(0);
     }
-    let before = store_files(&fresh);
+    let before = guild_test_support::disk(&fresh);
     let listed_before = bench.listed(&fresh);
     assert_eq!(listed_before["packages"][0]["previous"], "0.9.0");
 
@@ -100,8 +100,9 @@ fn sync_failing_at_each_step_returns_the_store_to_where_it_was() {
                     listed_before,
                     "failing at step {fail_at} changed the registry"
                 );
+                // Nothing was committed: not even the registry's log has a frame more.
                 assert_eq!(
-                    store_files(&fresh),
+                    guild_test_support::disk(&fresh),
                     before,
                     "failing at step {fail_at} changed the files"
                 );
@@ -169,116 +170,90 @@ impl LifecycleHook for NoChecks {
     fn aborted(&mut self) {}
 }
 
-/// Fails the third change of a sync, after a runner (another process, here `flock` on the pin
-/// file as a runner's host holds it) has loaded the version the first install committed.
-struct PinThenFail {
+/// What a hook heard, in order: each change it prepared (its kind and package) with the
+/// generation committed on disk at that moment, then `committed` or `aborted`.
+struct Recording {
     store: std::path::PathBuf,
-    seen: usize,
-    pinner: Option<std::process::Child>,
+    fail_at: Option<usize>,
+    heard: Vec<String>,
 }
 
-impl LifecycleHook for PinThenFail {
+impl LifecycleHook for Recording {
     fn prepare(&mut self, change: &Change<'_>) -> Result<(), HostError> {
-        let n = self.seen;
-        self.seen += 1;
-        if n != 2 {
-            return Ok(());
+        let n = self.heard.len();
+        let on_disk = guild_adapters_fs::store::read_registry(&self.store)
+            .unwrap()
+            .unwrap()
+            .generation();
+        let what = match change {
+            Change::Disable { id, .. } => format!("disable {id}"),
+            Change::Install { id, .. } => format!("install {id}"),
+            Change::Enable { id, .. } => format!("enable {id}"),
+            Change::Reactivate { id, .. } => format!("reactivate {id}"),
+            other => format!("{other:?}"),
+        };
+        self.heard.push(format!("{what} at generation {on_disk}"));
+        if self.fail_at == Some(n) {
+            return Err(HostError::Store(guild_ports::store::StoreError::new(
+                guild_ports::store::StoreErrorKind::Io,
+                format!("injected failure at change {n}"),
+            )));
         }
-        fs::create_dir_all(self.store.join("pins")).unwrap();
-        let pin = self.store.join("pins/example.base@1.0.0");
-        let mut child = std::process::Command::new("flock")
-            .args(["--shared", "--nonblock", "--close"])
-            .arg(&pin)
-            .args(["sh", "-c", "echo pinned; read _"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        use std::io::BufRead as _;
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(line.trim(), "pinned");
-        self.pinner = Some(child);
-        Err(HostError::Store(guild_ports::store::StoreError::new(
-            guild_ports::store::StoreErrorKind::Io,
-            format!("injected failure at change {n} ({change:?})"),
-        )))
+        Ok(())
     }
-    fn committed(&mut self) {}
-    fn aborted(&mut self) {}
+    fn committed(&mut self) {
+        self.heard.push("committed".to_owned());
+    }
+    fn aborted(&mut self) {
+        self.heard.push("aborted".to_owned());
+    }
 }
 
-/// A sync that fails after a runner loaded one of the versions it installed still returns
-/// everything else to where it was (the unlocked package enabled again, the other install gone);
-/// the loaded version, whose files cannot be deleted under the runner, stays installed and
-/// switched off, and the error names it and the process.
+/// The hook prepares every change of a sync while the store still holds the generation before
+/// it (what a runner following the store sees), then hears one `committed`; a refusal part way
+/// is followed by one `aborted` and no commit.
 #[test]
-fn sync_failing_after_a_runner_loaded_one_of_its_installs_returns_the_rest() {
-    let bench = Bench::new(guild());
-    let base = bench.package("example.base", "1.0.0", b"base", "");
-    let dep = r#", "dependencies": [{"package_id": "example.base", "min_version": "1.0.0"}]"#;
-    let user = bench.package("example.user", "1.0.0", b"user", dep);
-    let lock = read_lock(&bench.lock_of(&[&base, &user], &[]));
-    let store = bench.trusting_store("fresh");
-    let extra = bench.package("example.extra", "1.0.0", b"extra", "");
-    bench.run_on(&store, &["install", &extra]).expect(0);
-
-    let (pm, _) = PackageManager::open_dir(&store).unwrap();
-    let staging = SyncStaging::create(&store).unwrap();
-    let staged = stage_all(&pm, &staging, &lock, bench.path());
-    let mut hook = PinThenFail {
-        store: store.clone(),
-        seen: 0,
-        pinner: None,
-    };
-    let outcome = lock_sync::apply(&pm, &lock, &staged, &mut hook);
-    drop((staging, pm));
-    let after = bench.listed(&store);
-    if let Some(mut c) = hook.pinner.take() {
-        let _ = c.kill();
-        let _ = c.wait();
+fn sync_prepares_every_change_before_its_one_commit() {
+    let fx = FourChanges::new();
+    for fail_at in [None, Some(2)] {
+        let root = fx.store(&format!("store-{fail_at:?}"));
+        let (pm, _) = PackageManager::open_dir(&root).unwrap();
+        let before = pm.generation().unwrap();
+        let staging = SyncStaging::create(&root).unwrap();
+        let staged = stage_all(&pm, &staging, &fx.lock, fx.bench.path());
+        let mut hook = Recording {
+            store: root.clone(),
+            fail_at,
+            heard: Vec::new(),
+        };
+        let outcome = lock_sync::apply(&pm, &fx.lock, &staged, &mut hook);
+        let at = |what: &str| format!("{what} at generation {before}");
+        let mut expected = vec![
+            at("disable example.extra"),
+            at("install example.alpha"),
+            at("install example.base"),
+            at("install example.user"),
+        ];
+        match fail_at {
+            None => {
+                outcome.unwrap();
+                expected.push("committed".to_owned());
+                assert_eq!(pm.generation().unwrap(), before + 1);
+            }
+            Some(n) => {
+                let message = outcome.unwrap_err().to_string();
+                assert!(
+                    message.contains("injected failure at change 2"),
+                    "{message}"
+                );
+                assert!(message.ends_with("the sync changed nothing"), "{message}");
+                expected.truncate(n + 1);
+                expected.push("aborted".to_owned());
+                assert_eq!(pm.generation().unwrap(), before);
+            }
+        }
+        assert_eq!(hook.heard, expected);
     }
-    let message = match &outcome {
-        Err(e @ SyncError::PartlyRestored { .. }) => e.to_string(),
-        other => panic!("expected a partial return naming the loaded version: {other:?}"),
-    };
-    assert!(message.contains("example.base@1.0.0"), "{message}");
-    assert!(message.contains("flock"), "{message}");
-    let states: BTreeMap<String, Vec<(String, String)>> = after["packages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            let versions = p["versions"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| {
-                    (
-                        v["version"].as_str().unwrap().to_owned(),
-                        v["state"].as_str().unwrap().to_owned(),
-                    )
-                })
-                .collect();
-            (p["id"].as_str().unwrap().to_owned(), versions)
-        })
-        .collect();
-    assert_eq!(
-        states,
-        BTreeMap::from([
-            (
-                "example.base".to_owned(),
-                vec![("1.0.0".to_owned(), "disabled".to_owned())]
-            ),
-            (
-                "example.extra".to_owned(),
-                vec![("1.0.0".to_owned(), "enabled".to_owned())]
-            ),
-        ]),
-        "{after:#}"
-    );
 }
 
 /// The store the sync tests start from, and the lock they sync it to: an unlocked package
