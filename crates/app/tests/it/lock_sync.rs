@@ -64,7 +64,7 @@ fn read_lock(path: &Path) -> LockFile {
 }
 
 #[test]
-fn sync_failing_at_each_step_returns_the_store_to_where_it_was() {
+fn sync_refused_at_each_change_commits_nothing() {
     let bench = Bench::new(guild());
     let base = bench.package("example.base", "1.0.0", b"base", "");
     let dep = r#", "dependencies": [{"package_id": "example.base", "min_version": "1.0.0"}]"#;
