@@ -214,6 +214,15 @@ pub enum HostError {
         /// What the manifest declares, sorted.
         declared: Vec<String>,
     },
+    /// A plan of changes made as one ([`PackageManager::apply_plan`]) names a package a second
+    /// time; each package changes once in a plan.
+    ///
+    /// [`PackageManager::apply_plan`]: crate::PackageManager::apply_plan
+    #[error("the plan changes {id} more than once; a plan changes each package once")]
+    RepeatedInPlan {
+        /// The package.
+        id: guild_domain::ids::PackageId,
+    },
     /// The registration check that ran the package's library in a child process refused it: the
     /// library failed the check, crashed, or hung past the timeout.
     #[error("{package} was refused: {failure}")]
@@ -294,7 +303,8 @@ impl HostError {
             | HostError::Leased(_)
             | HostError::Lease(_)
             | HostError::TrustChange(_)
-            | HostError::ImplIdConflict(_) => ErrorCategory::Refused,
+            | HostError::ImplIdConflict(_)
+            | HostError::RepeatedInPlan { .. } => ErrorCategory::Refused,
             HostError::Store(_)
             | HostError::TrustFile(_)
             | HostError::TrustBinding { .. }

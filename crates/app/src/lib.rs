@@ -72,8 +72,8 @@ pub use operations::{
     OperationService, ReshapeError, ResolveError, TensorArg, TensorArgMut,
 };
 pub use package_manager::{
-    FullCheck, InstallOptions, Installed, OpenReport, PackageManager, PackageView, Savepoint,
-    TrustReset, VerifyFailure, VerifyOptions,
+    FullCheck, InstallOptions, Installed, OpenReport, PackageManager, PackageView, PlanError,
+    PlanStep, StepDone, TrustReset, VerifyFailure, VerifyOptions,
 };
 pub use platform::HostPlatform;
 pub use reconcile::{PendingCause, PendingChange};

@@ -1,5 +1,6 @@
 //! Making a store's enabled set equal a lock file (`guild sync`), in two phases, so that the
-//! store's lock is never held across a download and a sync that fails changes nothing.
+//! store's lock is never held across a download, and as one change of the store, so that a sync
+//! that fails or is killed changes nothing.
 //!
 //! 1. Without the store's lock: every package the plan installs is brought into a private
 //!    staging area under the store ([`SyncStaging`]), from a mirror directory (read once, copied
@@ -9,11 +10,20 @@
 //!    meanwhile.
 //! 2. Under the store's lock ([`apply`]): the plan is made again from the committed state, and
 //!    carried out from the staged files only (the exact bytes that were checked; a mirror is
-//!    never read a second time). The store has no transaction that spans packages, so each step
-//!    commits on its own, after a [`Savepoint`]; if any step fails, the store is returned to the
-//!    savepoint ([`PackageManager::restore`]) in the same hold of the lock, so that nothing the
-//!    sync did remains. Since every package was checked in phase 1, what can still fail is what
-//!    the store says to the change (a dependency, an impl id, the trust file changed since).
+//!    never read a second time) as one change ([`PackageManager::apply_plan`]): every disable
+//!    and installation is drafted into one next store state, the dependency graph and impl-id
+//!    claims are checked on that final state as a whole (so a dependency and its dependent can
+//!    move to new major versions together), the result is compared with the lock, the hook
+//!    prepares each change (the registration check of each version made loadable), and one
+//!    store transaction commits it all. Since every package was checked in phase 1, what can
+//!    still fail is what the store says to the change (a dependency, an impl id, the trust file
+//!    changed since).
+//!
+//! Whatever fails, nothing was committed: the store is where the sync found it, with no step to
+//! undo. A process killed at any instant of phase 2 (SIGKILL, a power loss) leaves the store's
+//! recovery the one transaction to finish or undo, so the store is wholly the state before the
+//! sync or wholly the state after it. A runner following the store sees those two generations
+//! and nothing in between.
 //!
 //! A staging area belongs to the process that holds the `flock` on its `NAME.lock` file beside
 //! it; one whose owner died is removed by the next sync that creates one.
@@ -31,9 +41,11 @@ use guild_domain::ids::PackageId;
 use guild_domain::lifecycle::State;
 use guild_domain::version::Version;
 
+use guild_domain::store_state::StoreState;
+
 use crate::durable_file;
-use crate::package_manager::{LifecycleHook, Savepoint};
-use crate::{HostError, InstallOptions, PackageManager};
+use crate::package_manager::LifecycleHook;
+use crate::{HostError, PackageManager, PlanError, PlanStep, StepDone};
 
 /// The directory under a store that holds the staging areas of syncs in progress.
 pub const STAGING_DIR: &str = "sync-staging";
@@ -41,8 +53,8 @@ pub const STAGING_DIR: &str = "sync-staging";
 /// Distinguishes this process's staging areas.
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
-/// Why a sync failed. Nothing in the store was changed by it, except where a variant says that
-/// returning the store to where the sync found it failed too.
+/// Why a sync failed. Nothing in the store was changed by it: the sync commits one store
+/// transaction, after everything that can refuse it.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SyncError {
@@ -109,70 +121,27 @@ pub enum SyncError {
         /// `id version` of the locked package.
         package: String,
     },
-    /// A step failed under the store's lock; the store was returned to where the sync found it.
+    /// A change was refused, or failed, under the store's lock; nothing was committed.
     #[error("cannot {step} {package}: {source}; the sync changed nothing")]
     Step {
-        /// The step: `disable`, `install`, `enable`.
+        /// The step: `disable`, `install`, `enable`, or for the changes as a whole `apply the
+        /// changes to`, `commit the changes to`.
         step: &'static str,
-        /// The package it was for.
+        /// The package it was for, or the packages the sync changes.
         package: String,
         /// Why it failed.
         #[source]
         source: Box<HostError>,
     },
-    /// The steps ran but the store's enabled set did not equal the lock; the store was returned
-    /// to where the sync found it.
+    /// The changes would not have made the store's enabled set equal the lock; nothing was
+    /// committed.
     #[error(
-        "after the sync the store still differed from the lock for {packages}; the sync changed \
-         nothing"
+        "the sync's changes would leave the store differing from the lock for {packages}; the \
+         sync changed nothing"
     )]
     Differs {
-        /// The package ids that differed.
+        /// The package ids that would differ.
         packages: String,
-    },
-    /// The result differed from the lock and returning the store to where the sync found it
-    /// failed: the store holds part of the sync.
-    #[error(
-        "after the sync the store still differed from the lock for {packages}, and returning it \
-         to where the sync found it failed ({restore}), so part of the sync remains"
-    )]
-    DiffersNotRestored {
-        /// The package ids that differed.
-        packages: String,
-        /// Why the return failed.
-        #[source]
-        restore: Box<HostError>,
-    },
-    /// The sync failed (`cause`) and the store was returned to where the sync found it, except
-    /// for versions it had installed that running processes loaded meanwhile: they stay
-    /// installed, switched off, until those processes let go and someone removes them.
-    #[error(
-        "{cause}; the store is back where the sync found it, except that {kept} stay installed \
-         (not enabled) because running processes have them loaded; remove them once those let go"
-    )]
-    PartlyRestored {
-        /// Why the sync failed.
-        #[source]
-        cause: Box<SyncError>,
-        /// The versions kept, each with the processes that have it loaded.
-        kept: String,
-    },
-    /// A step failed and returning the store to where the sync found it failed too: the store
-    /// holds part of the sync.
-    #[error(
-        "cannot {step} {package}: {source}; returning the store to where the sync found it \
-         failed too ({restore}), so part of the sync remains"
-    )]
-    NotRestored {
-        /// The step that failed.
-        step: &'static str,
-        /// The package it was for.
-        package: String,
-        /// Why it failed.
-        #[source]
-        source: Box<HostError>,
-        /// Why the return failed.
-        restore: Box<HostError>,
     },
 }
 
@@ -440,14 +409,9 @@ pub enum SyncChange {
 }
 
 /// Makes the enabled set of the store that `pm` holds the lock of equal `lock`: plans the steps
-/// from the committed state ([`plan`]) and carries them out from the `staged` packages, with
-/// `hook` taking part in each change; answers the changes. If any step fails, or the result
-/// does not equal the lock, the store is returned to where it was first
-/// ([`PackageManager::restore`]) before the error is answered.
-///
-/// Disables come first; one that an enabled package still needs is retried after the others.
-/// Then installs, in rounds, so that a dependency is installed before what depends on it. Only
-/// a refusal for dependencies is retried; any other failure ends the sync at once.
+/// from the committed state ([`plan`]) and makes them from the `staged` packages as one change
+/// ([`PackageManager::apply_plan`]), with `hook` taking part in each; answers the changes. If any
+/// change is refused, or the result would not equal the lock, nothing is committed.
 pub fn apply(
     pm: &PackageManager,
     lock: &LockFile,
@@ -455,48 +419,51 @@ pub fn apply(
     hook: &mut dyn LifecycleHook,
 ) -> Result<Vec<SyncChange>, SyncError> {
     let steps = plan(pm, lock)?;
-    let steps = &steps[..];
     let files: BTreeMap<&PackageId, &StagedPackage> =
         staged.iter().map(|s| (&s.locked.id, s)).collect();
     // Every package the steps install must be staged as the version the lock pins.
-    let mut pending = Vec::new();
-    for step in steps {
-        if let SyncStep::Install(l) | SyncStep::Reactivate(l) = step {
-            match files.get(&l.id) {
-                Some(s) if s.locked == *l => pending.push(*s),
+    let mut changes = Vec::with_capacity(steps.len());
+    for step in &steps {
+        match step {
+            SyncStep::Disable(id) => changes.push(PlanStep::Disable(id.clone())),
+            SyncStep::Install(l) | SyncStep::Reactivate(l) => match files.get(&l.id) {
+                Some(s) if s.locked == *l => changes.push(PlanStep::Install(s.file.clone())),
                 _ => {
                     return Err(SyncError::NotStaged {
                         package: format!("{} {}", l.id, l.version),
                     })
                 }
-            }
+            },
         }
     }
-    let saved = pm.savepoint().map_err(|source| SyncError::Step {
-        step: "save the state of",
-        package: "the store".to_owned(),
-        source: Box::new(source),
-    })?;
-    let mut done = Vec::new();
-    let outcome = run(pm, steps, pending, hook, &mut done).and_then(|()| {
-        differences(pm, lock).map_err(|e| ("check", "the store".to_owned(), Box::new(e)))
-    });
-    match outcome {
-        Ok(differs) if differs.is_empty() => Ok(done),
-        Ok(differs) => match pm.restore(&saved) {
-            Ok(kept) => Err(partly_restored(
-                SyncError::Differs {
-                    packages: differs.join(", "),
-                },
-                &kept,
-            )),
-            Err(restore) => Err(SyncError::DiffersNotRestored {
-                packages: differs.join(", "),
-                restore: Box::new(restore),
-            }),
-        },
-        Err((step, package, source)) => Err(undo(pm, &saved, step, package, source)),
-    }
+    let accept = |next: &StoreState| match differences(next, lock) {
+        differs if differs.is_empty() => Ok(()),
+        differs => Err(differs.join(", ")),
+    };
+    let done = pm
+        .apply_plan(&changes, &accept, hook)
+        .map_err(|e| match e {
+            PlanError::Step {
+                step,
+                package,
+                source,
+            } => SyncError::Step {
+                step,
+                package,
+                source,
+            },
+            PlanError::NotAccepted { reason } => SyncError::Differs { packages: reason },
+        })?;
+    Ok(done
+        .into_iter()
+        .map(|d| match d {
+            StepDone::Disabled { id, version } => SyncChange::Disabled { id, version },
+            StepDone::Installed(i) => SyncChange::Installed {
+                id: i.id,
+                version: i.version,
+            },
+        })
+        .collect())
 }
 
 /// The steps that make the enabled set of `pm`'s committed store equal `lock`.
@@ -516,192 +483,27 @@ pub fn plan(pm: &PackageManager, lock: &LockFile) -> Result<Vec<SyncStep>, SyncE
     Ok(plan_sync(lock, &held)?)
 }
 
-/// The packages whose enabled version differs from `lock` (missing, another payload, or not
-/// named by it), by id.
-fn differences(pm: &PackageManager, lock: &LockFile) -> Result<Vec<String>, HostError> {
+/// The packages whose enabled version in `state` differs from `lock` (missing, tainted, another
+/// payload, or not named by it), by id.
+fn differences(state: &StoreState, lock: &LockFile) -> Vec<String> {
     let mut differs = std::collections::BTreeSet::new();
-    let listed = pm.list()?;
-    for p in &listed {
-        let enabled = p
-            .enabled
-            .as_ref()
-            .and_then(|e| p.versions.iter().find(|v| &v.version == e));
-        match (enabled, lock.get(&p.id)) {
+    for (id, record) in state.packages() {
+        let enabled = record
+            .enabled()
+            .and_then(|v| record.get(v).map(|r| (v, r)))
+            .filter(|(_, r)| r.taint.is_none());
+        match (enabled, lock.get(id)) {
             (None, None) => {}
-            (Some(v), Some(l))
-                if v.version == l.version && v.payload_digest == l.payload_sha256 => {}
+            (Some((v, r)), Some(l)) if *v == l.version && r.payload_digest == l.payload_sha256 => {}
             _ => {
-                differs.insert(p.id.to_string());
+                differs.insert(id.to_string());
             }
         }
     }
     for l in lock.packages() {
-        if !listed.iter().any(|p| p.id == l.id) {
+        if state.package(&l.id).is_none() {
             differs.insert(l.id.to_string());
         }
     }
-    Ok(differs.into_iter().collect())
-}
-
-/// A failed step: what it was, on which package, and why.
-type Failed = (&'static str, String, Box<HostError>);
-
-/// Carries out a sync's changes, noting each one made in `done`: the disables of `steps` first,
-/// then the installation (enabled) of every `pending` package.
-fn run(
-    pm: &PackageManager,
-    steps: &[SyncStep],
-    pending: Vec<&StagedPackage>,
-    hook: &mut dyn LifecycleHook,
-    done: &mut Vec<SyncChange>,
-) -> Result<(), Failed> {
-    disable_all(pm, steps, hook, done)?;
-    install_all(pm, pending, hook, done)
-}
-
-/// Disables every package `steps` disables, in rounds: one refused because an enabled package
-/// still depends on it is tried again once another disable may have freed it, until a round
-/// makes no progress.
-fn disable_all(
-    pm: &PackageManager,
-    steps: &[SyncStep],
-    hook: &mut dyn LifecycleHook,
-    done: &mut Vec<SyncChange>,
-) -> Result<(), Failed> {
-    let mut disables: Vec<&PackageId> = steps
-        .iter()
-        .filter_map(|s| match s {
-            SyncStep::Disable(id) => Some(id),
-            _ => None,
-        })
-        .collect();
-    while !disables.is_empty() {
-        let before = disables.len();
-        let mut last = None;
-        let mut rest = Vec::new();
-        for id in disables {
-            match pm.disable_with(id, hook) {
-                Ok(version) => done.push(SyncChange::Disabled {
-                    id: id.clone(),
-                    version,
-                }),
-                // Another disable may free it; anything else is final.
-                Err(e @ HostError::Dependencies { .. }) => {
-                    last = Some((id, e));
-                    rest.push(id);
-                }
-                Err(e) => return Err(("disable", id.to_string(), Box::new(e))),
-            }
-        }
-        if rest.len() == before {
-            if let Some((id, e)) = last {
-                return Err(("disable", id.to_string(), Box::new(e)));
-            }
-        }
-        disables = rest;
-    }
-    Ok(())
-}
-
-/// Installs every `pending` package enabled (enabling it when its version was installed
-/// disabled), in rounds: one refused for its dependencies is tried again once a later one may
-/// satisfy them, until a round makes no progress.
-fn install_all(
-    pm: &PackageManager,
-    mut pending: Vec<&StagedPackage>,
-    hook: &mut dyn LifecycleHook,
-    done: &mut Vec<SyncChange>,
-) -> Result<(), Failed> {
-    while !pending.is_empty() {
-        let before = pending.len();
-        let mut last = None;
-        let mut rest = Vec::new();
-        for s in pending {
-            let l = &s.locked;
-            let installed = pm.install_with(
-                &s.file,
-                InstallOptions {
-                    enable: true,
-                    allow_downgrade: true,
-                },
-                hook,
-            );
-            match installed {
-                Ok(i) if !i.enabled => pm
-                    .enable_with(&l.id, hook)
-                    .map(drop)
-                    .map_err(|e| ("enable", format!("{} {}", l.id, l.version), Box::new(e)))?,
-                Ok(_) => {}
-                // A dependency installed later in the round may satisfy it; anything else is
-                // final.
-                Err(e @ HostError::Dependencies { .. }) => {
-                    last = Some((format!("{} {}", l.id, l.version), e));
-                    rest.push(s);
-                    continue;
-                }
-                Err(e) => return Err(("install", format!("{} {}", l.id, l.version), Box::new(e))),
-            }
-            done.push(SyncChange::Installed {
-                id: l.id.clone(),
-                version: l.version.clone(),
-            });
-        }
-        if rest.len() == before {
-            if let Some((package, e)) = last {
-                return Err(("install", package, Box::new(e)));
-            }
-        }
-        pending = rest;
-    }
-    Ok(())
-}
-
-fn undo(
-    pm: &PackageManager,
-    saved: &Savepoint,
-    step: &'static str,
-    package: String,
-    source: Box<HostError>,
-) -> SyncError {
-    match pm.restore(saved) {
-        Ok(kept) => partly_restored(
-            SyncError::Step {
-                step,
-                package,
-                source,
-            },
-            &kept,
-        ),
-        Err(restore) => SyncError::NotRestored {
-            step,
-            package,
-            source,
-            restore: Box::new(restore),
-        },
-    }
-}
-
-/// `cause`, or, when the return to the savepoint had to keep versions that running processes
-/// loaded, [`SyncError::PartlyRestored`] naming them and the processes.
-fn partly_restored(cause: SyncError, kept: &[guild_ports::store::VersionPins]) -> SyncError {
-    if kept.is_empty() {
-        return cause;
-    }
-    let kept = kept
-        .iter()
-        .map(|p| {
-            let holders: Vec<String> = p.holders.iter().map(ToString::to_string).collect();
-            format!(
-                "{}@{} (loaded by {})",
-                p.node.id,
-                p.node.version,
-                holders.join(", ")
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
-    SyncError::PartlyRestored {
-        cause: Box::new(cause),
-        kept,
-    }
+    differs.into_iter().collect()
 }

@@ -534,11 +534,6 @@ fn fetch_locked(
 /// refused dependency, an unauthenticated package), the store's error decides the exit code.
 fn sync_failure(e: SyncError) -> anyhow::Error {
     let message = e.to_string();
-    // Kept versions or not, the cause decides the exit code; the message says both.
-    let e = match e {
-        SyncError::PartlyRestored { cause, .. } => *cause,
-        e => e,
-    };
     let exit = match e {
         SyncError::Conflict(_) => {
             return CliError::new(Exit::Refused, message)
@@ -550,11 +545,7 @@ fn sync_failure(e: SyncError) -> anyhow::Error {
         }
         SyncError::Store(source)
         | SyncError::Check { source, .. }
-        | SyncError::Step { source, .. }
-        | SyncError::NotRestored { source, .. }
-        | SyncError::DiffersNotRestored {
-            restore: source, ..
-        } => return anyhow::Error::from(*source).context(message),
+        | SyncError::Step { source, .. } => return anyhow::Error::from(*source).context(message),
         SyncError::NotLocked { .. } => Exit::Rejected,
         SyncError::Copy { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
             Exit::NotFound

@@ -1,6 +1,7 @@
 //! Turning library values into the CLI's JSON documents and short human phrases, in one place so
 //! that every command spells a package, a digest or a report the same way.
 
+use guild_domain::graph::NodeRef;
 use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::manifest::Metadata;
 use guild_domain::store_state::Taint;
@@ -87,7 +88,13 @@ fn interrupted_json(c: &InterruptedCommit) -> Value {
     json!({
         "from_generation": c.from_generation,
         "to_generation": c.to_generation,
-        "install": c.install.as_ref().map(ToString::to_string),
+        // `install` is what documents before several installs per change said: the one
+        // version, or null when there was none or there were several (see `installs`).
+        "install": match c.installs.as_slice() {
+            [one] => Some(one.to_string()),
+            _ => None,
+        },
+        "installs": c.installs.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "delete": c.delete.iter().map(ToString::to_string).collect::<Vec<_>>(),
     })
 }
@@ -159,6 +166,24 @@ pub fn open_report_lines(r: &OpenReport) -> Vec<String> {
     out
 }
 
+/// `prefix` and the versions `nodes` names, or nothing when there are none.
+fn installing(nodes: &[NodeRef], prefix: &str) -> String {
+    if nodes.is_empty() {
+        String::new()
+    } else {
+        format!("{prefix}{}", names(nodes))
+    }
+}
+
+/// `a@1, b@2`.
+fn names(nodes: &[NodeRef]) -> String {
+    nodes
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The interrupted changes recovery finished or undid.
 fn interrupted_change_lines(rec: &RecoveryReport) -> Vec<String> {
     let mut out = Vec::new();
@@ -167,20 +192,18 @@ fn interrupted_change_lines(rec: &RecoveryReport) -> Vec<String> {
             "recovery finished an interrupted change (generation {} -> {}{})",
             c.from_generation,
             c.to_generation,
-            c.install
-                .as_ref()
-                .map(|n| format!(", installing {n}"))
-                .unwrap_or_default()
+            installing(&c.installs, ", installing ")
         ));
     }
     for c in &rec.rolled_back {
         out.push(format!(
             "recovery undid an interrupted change (generation {} stays{})",
             c.from_generation,
-            c.install
-                .as_ref()
-                .map(|n| format!("; {n} was not installed"))
-                .unwrap_or_default()
+            match c.installs.as_slice() {
+                [] => String::new(),
+                [one] => format!("; {one} was not installed"),
+                several => format!("; {} were not installed", names(several)),
+            }
         ));
     }
     out

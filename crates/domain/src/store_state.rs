@@ -42,7 +42,7 @@
 
 use std::borrow::Cow;
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 
 use std::sync::Arc;
@@ -879,53 +879,6 @@ impl StoreState {
             package.previous = None;
         }
         Ok(())
-    }
-
-    /// The successor of this store state that returns every package to what `saved`, an earlier
-    /// store state of the same store, records: how a batch of changes that failed part way is undone
-    /// (`guild sync` applies a whole lock or nothing). Each version recorded here that `saved`
-    /// does not record as installed becomes a `removed` tombstone, so the commit deletes its tree;
-    /// the versions `saved` does not record at all are answered too, for a second transaction to
-    /// purge, after which the store state records what `saved` does. The versions in `keep` (in use
-    /// by running processes, so their trees cannot be deleted) are the exception: they stay
-    /// installed, switched off (`disabled` when their package has no current version otherwise,
-    /// `superseded` when it has), and are neither deleted nor purged. The trust anchor stays this
-    /// store state's. Nothing is checked here: the store refuses a successor that would need a tree
-    /// it no longer has.
-    pub fn returning_to(
-        &self,
-        saved: &StoreState,
-        keep: &BTreeSet<(PackageId, Version)>,
-    ) -> (StoreState, Vec<(PackageId, Version)>) {
-        let mut next = self.successor();
-        let mut purge = Vec::new();
-        for (id, now) in self.packages.iter() {
-            let mut back = saved.package(id).cloned().unwrap_or_default();
-            for (version, record) in now.versions() {
-                if back.versions.get(version).is_none() {
-                    let mut left = record.clone();
-                    if keep.contains(&(id.clone(), version.clone())) {
-                        left.state = if back.current().is_some() {
-                            State::Superseded
-                        } else {
-                            State::Disabled
-                        };
-                    } else {
-                        left.state = State::Removed;
-                        left.taint = None;
-                        purge.push((id.clone(), version.clone()));
-                    }
-                    back.versions.insert(version.clone(), left);
-                }
-            }
-            next.packages.insert(id.clone(), Arc::new(back));
-        }
-        for (id, record) in saved.packages.iter() {
-            if self.package(id).is_none() {
-                next.packages.insert(id.clone(), record.clone());
-            }
-        }
-        (next, purge)
     }
 
     /// Forgets removed versions of `id`: the one named, or every removed one when `version` is

@@ -2,10 +2,10 @@
 //! live, and the one durable transaction through which all of them change.
 //!
 //! Every change to the package set (publish, enable, disable, remove, rollback, the taint
-//! that recovery's re-verification decides on, and every change of the trust file) is a single
-//! [`Transaction`] carrying the complete next [`StoreState`], at most one staged tree to
-//! install (or to put in place of an installed tree that failed re-verification), and the new
-//! trust bytes when they change. The registry records a digest of the trust bytes, so the
+//! that recovery's re-verification decides on, every change of the trust file, and a whole
+//! `guild sync`) is a single [`Transaction`] carrying the complete next [`StoreState`], the
+//! staged trees of every version it installs (or puts in place of an installed tree that failed
+//! re-verification), and the new trust bytes when they change. The registry records a digest of the trust bytes, so the
 //! registry's commit point decides which trust file is the store's. The store derives which trees
 //! to delete from the difference between the current and the next state. Because there is only
 //! one kind of change, there is only one crash behaviour to prove: after a crash at any instant
@@ -56,10 +56,11 @@ pub struct Transaction {
     /// unchanged (versions are immutable, removed ones included), except the removed records
     /// that [`Transaction::purge`] names.
     pub new_state: StoreState,
-    /// The tree of the one version that `new_state` installs and the current registry does not
-    /// (required exactly when there is such a version), or of an installed version whose tree it
-    /// replaces ([`StagedInstall::replace`]).
-    pub install: Option<StagedInstall>,
+    /// The staged trees: exactly one for each version that `new_state` installs and the current
+    /// registry does not, and one for each installed version whose tree it replaces
+    /// ([`StagedInstall::replace`]). No version and no staged tree may appear twice. Either all
+    /// of them are in place after the commit, or none is.
+    pub installs: Vec<StagedInstall>,
     /// The new trust bytes, when the transaction changes the trust file. Required exactly when
     /// `new_state`'s trust anchor differs from the current registry's, and its digest must be
     /// the one that anchor records.
@@ -76,15 +77,16 @@ impl Transaction {
         Transaction {
             expected_generation,
             new_state,
-            install: None,
+            installs: Vec::new(),
             trust: None,
             purge: Vec::new(),
         }
     }
 
-    /// The same change, also installing `staged` as `id@version`.
+    /// The same change, also installing `staged` as `id@version` (beside the installs it
+    /// carries already).
     pub fn with_install(mut self, id: PackageId, version: Version, staged: PathBuf) -> Self {
-        self.install = Some(StagedInstall {
+        self.installs.push(StagedInstall {
             id,
             version,
             staged,
@@ -95,7 +97,7 @@ impl Transaction {
 
     /// The same change, also putting `staged` in place of the installed tree of `id@version`.
     pub fn with_replacement(mut self, id: PackageId, version: Version, staged: PathBuf) -> Self {
-        self.install = Some(StagedInstall {
+        self.installs.push(StagedInstall {
             id,
             version,
             staged,
@@ -136,8 +138,8 @@ pub struct InterruptedCommit {
     pub from_generation: u64,
     /// The generation it was writing.
     pub to_generation: u64,
-    /// The version the transaction was installing, if any.
-    pub install: Option<NodeRef>,
+    /// The versions the transaction was installing (or whose trees it was replacing).
+    pub installs: Vec<NodeRef>,
     /// The versions whose trees the transaction was deleting.
     pub delete: Vec<NodeRef>,
 }
@@ -152,7 +154,8 @@ pub struct RecoveryReport {
     pub created: bool,
     /// Transactions whose registry write had happened: finished (trees deleted, record removed).
     pub rolled_forward: Vec<InterruptedCommit>,
-    /// Transactions whose registry write had not happened: undone (installed tree removed).
+    /// Transactions whose registry write had not happened: undone (every tree they had moved into
+    /// place removed, every tree a replacement had set aside put back).
     pub rolled_back: Vec<InterruptedCommit>,
     /// Package trees that the registry does not reference, removed.
     pub removed_trees: Vec<PathBuf>,
@@ -325,7 +328,7 @@ pub trait PackageStore: Send + Sync {
     /// fine; a path outside the staging area is refused.
     fn discard_staging(&self, staged: &Path) -> Result<(), StoreError>;
 
-    /// Applies `tx` atomically and durably: installs the staged tree read-only, replaces the
+    /// Applies `tx` atomically and durably: installs every staged tree read-only, replaces the
     /// registry, and deletes the trees the new state no longer installs. See the module
     /// documentation for what each outcome guarantees.
     fn commit(&self, tx: Transaction) -> Result<Committed, StoreError>;
@@ -511,23 +514,29 @@ mod tests {
     }
 
     #[test]
-    fn store_transaction_builder_sets_the_install() {
-        let id = PackageId::new("a").unwrap();
+    fn store_transaction_builder_adds_each_install() {
+        let (a, b) = (PackageId::new("a").unwrap(), PackageId::new("b").unwrap());
         let v = Version::new(1, 0, 0);
-        let tx = Transaction::new(3, StoreState::new()).with_install(
-            id.clone(),
-            v.clone(),
-            PathBuf::from("/s/staging/0"),
-        );
+        let tx = Transaction::new(3, StoreState::new())
+            .with_install(a.clone(), v.clone(), PathBuf::from("/s/staging/0"))
+            .with_replacement(b.clone(), v.clone(), PathBuf::from("/s/staging/1"));
         assert_eq!(tx.expected_generation, 3);
         assert_eq!(
-            tx.install,
-            Some(StagedInstall {
-                id,
-                version: v,
-                staged: PathBuf::from("/s/staging/0"),
-                replace: false,
-            })
+            tx.installs,
+            [
+                StagedInstall {
+                    id: a,
+                    version: v.clone(),
+                    staged: PathBuf::from("/s/staging/0"),
+                    replace: false,
+                },
+                StagedInstall {
+                    id: b,
+                    version: v,
+                    staged: PathBuf::from("/s/staging/1"),
+                    replace: true,
+                }
+            ]
         );
     }
 }

@@ -6,17 +6,20 @@
 //!    `registry.json`. Until that rename the format-1 file is the store (readers ignore a log
 //!    beside it, recovery deletes it); after it, the checkpoint and the empty log are.
 //! 1. The journal record: written to a temporary file, fsynced, renamed into `journal/`, and the
-//!    journal directory fsynced.
+//!    journal directory fsynced. It names every staged tree the commit moves (journal format 1
+//!    for one tree or none, format 2 for several; the `journal` module says why).
 //! 2. With new trust bytes: they are written to `trust.next` and fsynced, and the store
 //!    directory fsynced so that the name is durable. The frame about to be committed records
 //!    their digest, which is how recovery tells a `trust.next` to finish from one to throw away.
-//! 3. With an install: the staged tree is sealed read-only (all but its top directory) and fsynced
-//!    bottom-up; `packages/<id>/` is created if needed (and `packages/` fsynced); a replacement
-//!    first renames the installed tree aside to `packages/<id>/<version>~replaced-<staged>`
-//!    (named by the journal record's staged name, so that recovery puts back only this
-//!    transaction's tree); the tree is
-//!    renamed to `packages/<id>/<version>/`; its top directory is sealed and fsynced; then
-//!    `packages/<id>/` and `staging/` are fsynced so that the move is durable.
+//! 3. With installs, for each staged tree in the record's order: it is sealed read-only (all but
+//!    its top directory) and fsynced bottom-up; `packages/<id>/` is created if needed (and
+//!    `packages/` fsynced); a replacement first renames the installed tree aside to
+//!    `packages/<id>/<version>~replaced-<staged>` (named by the journal record's staged name, so
+//!    that recovery puts back only this transaction's tree); the tree is renamed to
+//!    `packages/<id>/<version>/`; its top directory is sealed and fsynced; then `packages/<id>/`
+//!    is fsynced. Once every tree is in place, `staging/` is fsynced, once, so that every move is
+//!    durable. All of this comes before the commit point, so a transaction of several trees has
+//!    them all in place or, undone, none.
 //! 4. The frame: the delta (the changed package records, the new trust anchor) is appended to
 //!    `registry.log` and the log fdatasynced. That fdatasync is the commit point.
 //! 5. After the commit point: `trust.next` is renamed over `trust`, the trees the new store state no
@@ -32,19 +35,25 @@
 //! So an install of a new package id makes 11 fsyncs: the journal record 2, the staged tree one
 //! per file and directory (4 for a manifest and a library in `lib/`), the packages directory,
 //! the installed tree, the id directory and staging 1 each, the frame 1; a change of state only,
-//! 3. New trust bytes add 2, a migration 4, a compaction 4.
+//! 3. A transaction of N such installs of new ids makes 4 + 7N: per tree its files and
+//! directories (4), the packages directory, the installed tree and the id directory; once the
+//! journal record (2), staging and the frame (so 18 for two, 25 for three). An id directory that
+//! exists already saves its packages-directory fsync. New trust bytes add 2, a migration 4, a
+//! compaction 4.
 //!
 //! Planning looks only at the packages whose records differ from the committed state
 //! ([`StoreStateDelta::between`]): their invariants, that none drops a record (but the removed
-//! ones the transaction purges by name) or changes a payload, and which trees come and go. The others are equal to what is committed, which
-//! already keeps every invariant.
+//! ones the transaction purges by name) or changes a payload, and which trees come and go. The
+//! others are equal to what is committed, which already keeps every invariant.
 //!
-//! A failure before the commit point undoes steps 1 to 3 and answers the error with the store
+//! A failure before the commit point undoes steps 1 to 3 (every tree moved, the last moved
+//! first, and every staged tree not reached deleted) and answers the error with the store
 //! unchanged. If the frame's append or fdatasync fails, the log is cut back to its old length
 //! and fsynced first (the frame may be durable), so the answer is still "unchanged"; if that
 //! fails too, the store is poisoned. A failure after the commit point leaves the commit standing
 //! and lists what could not be cleaned up.
 
+use std::collections::BTreeSet;
 use std::fs::{self, OpenOptions};
 use std::io;
 use std::path::{Component, Path, PathBuf};
@@ -61,7 +70,7 @@ use guild_ports::store::{Committed, StagedInstall, StoreError, StoreErrorKind, T
 use super::durable::{
     io_error, remove_file_if_present, remove_tree, seal_tree, set_dir_read_only, Run,
 };
-use super::journal::Intent;
+use super::journal::{Intent, IntentInstall};
 use super::log::{self, DiskInfo, HEADER_LEN};
 use super::pins::DeleteHold;
 use super::StoreLayout;
@@ -77,13 +86,16 @@ pub(crate) struct Plan {
     /// The current state as a format-2 checkpoint, when the store is still format 1 and the
     /// commit migrates it first.
     pub(crate) migrate: Option<Vec<u8>>,
-    pub(crate) install: Option<InstallPlan>,
+    /// Every staged tree, in the order the commit moves them into place (the journal record's).
+    pub(crate) installs: Vec<InstallPlan>,
     pub(crate) delete: Vec<(NodeRef, PathBuf)>,
     /// The new trust bytes, when the trust file changes.
     pub(crate) trust: Option<Vec<u8>>,
 }
 
 pub(crate) struct InstallPlan {
+    /// The version whose tree the staged one becomes.
+    pub(crate) node: NodeRef,
     pub(crate) staged: PathBuf,
     pub(crate) id_dir: PathBuf,
     pub(crate) dest: PathBuf,
@@ -127,7 +139,7 @@ pub(crate) fn is_staging_entry(staging: &Path, path: &Path) -> bool {
 ///
 /// The checks run in a fixed order, which decides the error a transaction with several faults
 /// reports: the generations and the trust anchor's succession, the invariants of the changed
-/// packages, the purges, the records kept, the trust bytes, and last the staged tree.
+/// packages, the purges, the records kept, the trust bytes, and last the staged trees.
 pub(crate) fn plan(
     layout: &StoreLayout,
     current: &StoreState,
@@ -140,26 +152,36 @@ pub(crate) fn plan(
     check_purges(current, &new, &tx.purge)?;
     check_records_kept(current, &delta, &tx.purge)?;
     let trust_changes = check_trust_bytes(current, &new, &tx.trust)?;
-    let replacing = tx.install.as_ref().is_some_and(|i| i.replace);
     let (added, delete) = trees_coming_and_going(layout, current, &new, &delta);
-    let install = staged_install(layout, current, &new, &added, tx.install, replacing)?;
+    let installs = staged_installs(layout, current, &new, &added, tx.installs)?;
     let intent = Intent {
         from_generation: current.generation(),
         to_generation: new.generation(),
-        install: install
-            .as_ref()
-            .map(|(node, staged)| (node.clone(), staged_name(staged))),
-        replace: replacing,
+        installs: installs
+            .iter()
+            .map(|i| IntentInstall {
+                node: NodeRef {
+                    id: i.id.clone(),
+                    version: i.version.clone(),
+                },
+                staged: staged_name(&i.staged),
+                replace: i.replace,
+            })
+            .collect(),
         delete: delete.iter().map(|(n, _)| n.clone()).collect(),
     };
-    let install = install.map(|(node, staged)| install_plan(layout, &intent, node, staged));
+    let installs = installs
+        .into_iter()
+        .zip(&intent.installs)
+        .map(|(staged, named)| install_plan(layout, named, staged.staged))
+        .collect();
     Ok(Plan {
         intent,
         frame: log::frame(&delta),
         new_state: new,
         info,
         migrate: (info.format != REGISTRY_FORMAT_V2).then(|| current.to_checkpoint_json()),
-        install,
+        installs,
         delete,
         trust: if trust_changes { tx.trust } else { None },
     })
@@ -353,49 +375,68 @@ fn trees_coming_and_going(
     (added, delete)
 }
 
-/// Matches the staged tree against the versions the new store state `added`: none with nothing
-/// staged, one with its own tree staged, or none with a replacement of a version installed
-/// before and after. Answers the version whose tree moves into place and the staged tree.
-fn staged_install(
+/// Matches the staged trees against the versions the new store state `added`: each added
+/// version has exactly one tree staged for it, and every other staged tree replaces the tree of a
+/// version installed before and after. No version and no staged tree may appear twice, and each
+/// staged tree must be a directory directly in the staging area. Answers the staged trees in the
+/// order given.
+fn staged_installs(
     layout: &StoreLayout,
     current: &StoreState,
     new: &StoreState,
     added: &[NodeRef],
-    install: Option<StagedInstall>,
-    replacing: bool,
-) -> Result<Option<(NodeRef, PathBuf)>, StoreError> {
-    match (added, install) {
-        ([], None) => Ok(None),
-        ([], Some(ins)) if replacing => {
-            let node = NodeRef {
-                id: ins.id.clone(),
-                version: ins.version.clone(),
-            };
-            if !current.is_installed(&ins.id, &ins.version)
-                || !new.is_installed(&ins.id, &ins.version)
-            {
-                return Err(invalid(format!(
-                    "the transaction replaces the tree of {node}, which is not installed before \
-                     and after it"
-                )));
+    installs: Vec<StagedInstall>,
+) -> Result<Vec<StagedInstall>, StoreError> {
+    let node_of = |i: &StagedInstall| NodeRef {
+        id: i.id.clone(),
+        version: i.version.clone(),
+    };
+    let fresh: Vec<NodeRef> = installs
+        .iter()
+        .filter(|i| !i.replace)
+        .map(node_of)
+        .collect();
+    let fresh_set: BTreeSet<&NodeRef> = fresh.iter().collect();
+    let added_set: BTreeSet<&NodeRef> = added.iter().collect();
+    if fresh_set != added_set {
+        let added: Vec<String> = added.iter().map(ToString::to_string).collect();
+        let staged: Vec<String> = fresh.iter().map(ToString::to_string).collect();
+        return Err(invalid(format!(
+            "the new store state installs [{}] but the transaction stages {}",
+            added.join(", "),
+            if staged.is_empty() {
+                "nothing".to_owned()
+            } else {
+                staged.join(", ")
             }
-            staged_dir(layout, &node, &ins.staged)?;
-            Ok(Some((node, ins.staged)))
+        )));
+    }
+    let (mut nodes, mut trees) = (BTreeSet::new(), BTreeSet::new());
+    for ins in &installs {
+        let node = node_of(ins);
+        if ins.replace
+            && (!current.is_installed(&ins.id, &ins.version)
+                || !new.is_installed(&ins.id, &ins.version))
+        {
+            return Err(invalid(format!(
+                "the transaction replaces the tree of {node}, which is not installed before \
+                 and after it"
+            )));
         }
-        ([node], Some(ins)) if node.id == ins.id && node.version == ins.version && !ins.replace => {
-            staged_dir(layout, node, &ins.staged)?;
-            Ok(Some((node.clone(), ins.staged)))
+        if !nodes.insert(node.clone()) {
+            return Err(invalid(format!(
+                "the transaction stages two trees for {node}"
+            )));
         }
-        (added, install) => {
-            let added: Vec<String> = added.iter().map(ToString::to_string).collect();
-            let staged = install.map(|i| format!("{}@{}", i.id, i.version));
-            Err(invalid(format!(
-                "the new store state installs [{}] but the transaction stages {}",
-                added.join(", "),
-                staged.as_deref().unwrap_or("nothing")
-            )))
+        staged_dir(layout, &node, &ins.staged)?;
+        if !trees.insert(ins.staged.clone()) {
+            return Err(invalid(format!(
+                "the transaction stages the tree of {node} where it stages another version's"
+            ))
+            .at(ins.staged.clone()));
         }
     }
+    Ok(installs)
 }
 
 /// The staged tree's name in the staging area, as the journal record keeps it.
@@ -406,22 +447,18 @@ fn staged_name(staged: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// The paths an install of `node` from `staged` uses; a replacement (`intent.replace`) sets the
-/// installed tree aside under the staged name the journal record holds.
-fn install_plan(
-    layout: &StoreLayout,
-    intent: &Intent,
-    node: NodeRef,
-    staged: PathBuf,
-) -> InstallPlan {
+/// The paths the install `named` (as the journal record names it) uses for its tree `staged`; a
+/// replacement sets the installed tree aside under the staged name the record holds.
+fn install_plan(layout: &StoreLayout, named: &IntentInstall, staged: PathBuf) -> InstallPlan {
+    let node = &named.node;
     InstallPlan {
         staged,
         id_dir: layout.packages.join(node.id.as_str()),
         dest: layout.package_dir(&node.id, &node.version),
-        aside: intent.replace.then(|| {
-            let staged = intent.install.as_ref().map_or("", |(_, s)| s.as_str());
-            layout.replaced_dir(&node.id, &node.version, staged)
-        }),
+        aside: named
+            .replace
+            .then(|| layout.replaced_dir(&node.id, &node.version, &named.staged)),
+        node: node.clone(),
     }
 }
 
@@ -449,14 +486,22 @@ fn staged_dir(layout: &StoreLayout, node: &NodeRef, staged: &Path) -> Result<(),
 /// What has been done so far, for undoing it.
 #[derive(Default)]
 struct Progress {
-    tree_moved: bool,
-    id_dir_created: bool,
-    /// A replacement moved the installed tree aside.
-    moved_aside: bool,
+    /// Per staged tree, in the plan's order; as long as the plan's installs once the commit
+    /// reaches them.
+    installs: Vec<InstallProgress>,
     /// A migration renamed the format-2 checkpoint into place: from here the log stays.
     migrated: bool,
     /// The frame's append started: the log must be cut back to its old length.
     appending: bool,
+}
+
+/// What has been done so far for one staged tree.
+#[derive(Default, Clone, Copy)]
+struct InstallProgress {
+    tree_moved: bool,
+    id_dir_created: bool,
+    /// A replacement moved the installed tree aside.
+    moved_aside: bool,
 }
 
 /// Carries out `plan`, then compacts the log if it has grown past the checkpoint (or past
@@ -464,27 +509,32 @@ struct Progress {
 ///
 /// `holds` are the writer's holds on the pins of `plan.delete`'s versions, in the same order:
 /// each tree is deleted under its hold, and a hold goes with its tree (or with the commit, when
-/// it stops earlier). `install_hold` is the hold on the installed version's pin when the
-/// install deletes a tree of it ([`InstallPlan::deletes_a_tree`]); it lasts until that tree is
-/// gone.
+/// it stops earlier). `install_holds`, in the order of `plan.installs`, hold the installed
+/// version's pin where its install deletes a tree of it ([`InstallPlan::deletes_a_tree`]); each
+/// lasts until that tree is gone.
 pub(crate) fn apply(
     layout: &StoreLayout,
     run: &mut Run,
     plan: &Plan,
     holds: Vec<DeleteHold>,
-    install_hold: Option<DeleteHold>,
+    install_holds: Vec<Option<DeleteHold>>,
     compact_over: Option<u64>,
 ) -> Result<(Committed, DiskInfo), Failure> {
     let mut progress = Progress::default();
     let mut info = plan.info;
-    let hold = install_hold.as_ref();
     let before_commit_point = migrate(layout, run, plan, &mut progress, &mut info)
-        .and_then(|()| prepare(layout, run, plan, hold, &mut progress))
+        .and_then(|()| prepare(layout, run, plan, &install_holds, &mut progress))
         .and_then(|()| append_frame(layout, run, plan, &mut progress, &mut info));
     if let Err(e) = before_commit_point {
         let log_len = info.log_len;
         return Err(fail_before_commit_point(
-            layout, run, plan, hold, &progress, log_len, e,
+            layout,
+            run,
+            plan,
+            &install_holds,
+            &progress,
+            log_len,
+            e,
         ));
     }
     info.log_len += plan.frame.len() as u64;
@@ -494,8 +544,8 @@ pub(crate) fn apply(
         ..Committed::default()
     };
     finish_trust_file(layout, run, plan, &mut committed)?;
-    delete_replaced_tree(run, plan, hold, &mut committed)?;
-    drop(install_hold);
+    delete_replaced_trees(run, plan, &install_holds, &mut committed)?;
+    drop(install_holds);
     delete_old_trees(run, plan, holds, &mut committed)?;
     remove_journal_record(layout, run, plan, &mut committed)?;
     if info.wants_compaction(compact_over) {
@@ -537,7 +587,7 @@ fn fail_before_commit_point(
     layout: &StoreLayout,
     run: &mut Run,
     plan: &Plan,
-    hold: Option<&DeleteHold>,
+    holds: &[Option<DeleteHold>],
     progress: &Progress,
     log_len: u64,
     error: StoreError,
@@ -550,7 +600,7 @@ fn fail_before_commit_point(
     if progress.appending && restore_log(layout, run, log_len).is_err() {
         return Failure::Poisoned(error);
     }
-    undo_or_poison(layout, plan, hold, progress, error)
+    undo_or_poison(layout, plan, holds, progress, error)
 }
 
 /// After the commit point: renames `trust.next` over `trust` when the commit changes it.
@@ -572,15 +622,18 @@ fn finish_trust_file(
     Ok(())
 }
 
-/// After the commit point: deletes the tree a replacement set aside, under the version's pin.
-fn delete_replaced_tree(
+/// After the commit point: deletes the trees the replacements set aside, each under its
+/// version's pin.
+fn delete_replaced_trees(
     run: &mut Run,
     plan: &Plan,
-    hold: Option<&DeleteHold>,
+    holds: &[Option<DeleteHold>],
     committed: &mut Committed,
 ) -> Result<(), Failure> {
-    if let (Some(aside), Some(hold)) = (plan.install.as_ref().and_then(|i| i.aside.as_ref()), hold)
-    {
+    for (ins, hold) in plan.installs.iter().zip(holds) {
+        let (Some(aside), Some(hold)) = (&ins.aside, hold) else {
+            continue;
+        };
         let removed = run.step("delete replaced tree").and_then(|()| {
             hold.delete_tree(aside)
                 .map_err(|e| io_error("delete replaced tree", aside, e))
@@ -763,7 +816,7 @@ fn prepare(
     layout: &StoreLayout,
     run: &mut Run,
     plan: &Plan,
-    hold: Option<&DeleteHold>,
+    holds: &[Option<DeleteHold>],
     progress: &mut Progress,
 ) -> Result<(), StoreError> {
     run.atomic_write(
@@ -783,68 +836,91 @@ fn prepare(
         // Its name must be durable before the frame that records its digest.
         run.fsync("fsync store directory", &layout.root)?;
     }
-    if let Some(ins) = &plan.install {
-        run.step("seal staged tree")?;
-        seal_tree(&ins.staged)?;
-        run.fsync_tree("fsync staged tree", &ins.staged)?;
-        if !exists(&ins.id_dir)? {
-            run.step("create package directory")?;
-            fs::create_dir(&ins.id_dir)
-                .map_err(|e| io_error("create package directory", &ins.id_dir, e))?;
-            progress.id_dir_created = true;
-            run.fsync("fsync packages directory", &layout.packages)?;
-        }
-        if let Some(aside) = &ins.aside {
-            // The installed tree is kept until the commit point, so that an interruption before
-            // it can put it back. Its name is this transaction's own.
-            run.rename("move installed tree aside", &ins.dest, aside)?;
-            progress.moved_aside = true;
-        } else if let Some(hold) = hold {
-            // A tree left at the destination is garbage from an earlier failure (the current
-            // registry does not install this version, as planning checked); clear it, under the
-            // version's pin, so the rename can land.
-            hold.delete_tree(&ins.dest)
-                .map_err(|e| io_error("clear stale tree", &ins.dest, e))?;
-        }
-        run.rename("move tree into place", &ins.staged, &ins.dest)?;
-        progress.tree_moved = true;
-        run.step("seal installed tree")?;
-        set_dir_read_only(&ins.dest).map_err(|e| io_error("seal installed tree", &ins.dest, e))?;
-        run.fsync("fsync installed tree", &ins.dest)?;
-        run.fsync("fsync package directory", &ins.id_dir)?;
+    for (ins, hold) in plan.installs.iter().zip(holds) {
+        let mut done = InstallProgress::default();
+        let moved = move_into_place(layout, run, ins, hold.as_ref(), &mut done);
+        progress.installs.push(done);
+        moved?;
+    }
+    if !plan.installs.is_empty() {
+        // One fsync makes every move out of the staging area durable.
         run.fsync("fsync staging directory", &layout.staging)?;
     }
     Ok(())
 }
 
+/// Step 3 for one staged tree: sealed and fsynced, its id directory made if needed, the
+/// installed tree of a replacement set aside (or garbage at the destination cleared, under the
+/// version's pin `hold`), the tree renamed into place, its top sealed and fsynced, and its id
+/// directory fsynced. `done` records each step that needs undoing.
+fn move_into_place(
+    layout: &StoreLayout,
+    run: &mut Run,
+    ins: &InstallPlan,
+    hold: Option<&DeleteHold>,
+    done: &mut InstallProgress,
+) -> Result<(), StoreError> {
+    run.step("seal staged tree")?;
+    seal_tree(&ins.staged)?;
+    run.fsync_tree("fsync staged tree", &ins.staged)?;
+    if !exists(&ins.id_dir)? {
+        run.step("create package directory")?;
+        fs::create_dir(&ins.id_dir)
+            .map_err(|e| io_error("create package directory", &ins.id_dir, e))?;
+        done.id_dir_created = true;
+        run.fsync("fsync packages directory", &layout.packages)?;
+    }
+    if let Some(aside) = &ins.aside {
+        // The installed tree is kept until the commit point, so that an interruption before
+        // it can put it back. Its name is this transaction's own.
+        run.rename("move installed tree aside", &ins.dest, aside)?;
+        done.moved_aside = true;
+    } else if let Some(hold) = hold {
+        // A tree left at the destination is garbage from an earlier failure (the current
+        // registry does not install this version, as planning checked); clear it, under the
+        // version's pin, so the rename can land.
+        hold.delete_tree(&ins.dest)
+            .map_err(|e| io_error("clear stale tree", &ins.dest, e))?;
+    }
+    run.rename("move tree into place", &ins.staged, &ins.dest)?;
+    done.tree_moved = true;
+    run.step("seal installed tree")?;
+    set_dir_read_only(&ins.dest).map_err(|e| io_error("seal installed tree", &ins.dest, e))?;
+    run.fsync("fsync installed tree", &ins.dest)?;
+    run.fsync("fsync package directory", &ins.id_dir)
+}
+
 fn undo_or_poison(
     layout: &StoreLayout,
     plan: &Plan,
-    hold: Option<&DeleteHold>,
+    holds: &[Option<DeleteHold>],
     progress: &Progress,
     error: StoreError,
 ) -> Failure {
     if is_crash(&error) {
         return Failure::Crashed(error);
     }
-    match undo(layout, plan, hold, progress) {
+    match undo(layout, plan, holds, progress) {
         Ok(()) => Failure::Failed(error),
         Err(_) => Failure::Poisoned(error),
     }
 }
 
-/// Removes everything the commit wrote before the commit point. No fsync is needed: if a power
-/// loss brings something back, recovery finds it unreferenced and removes it again. A tree the
-/// commit moved into place goes under the version's pin when it replaced one (`hold`); a new
-/// version's tree needs none, since nobody can pin a version that no commit installed.
+/// Removes everything the commit wrote before the commit point, the staged trees last moved
+/// first. No fsync is needed: if a power loss brings something back, recovery finds it
+/// unreferenced and removes it again. A tree the commit moved into place goes under the
+/// version's pin when it replaced one (`holds`); a new version's tree needs none, since nobody
+/// can pin a version that no commit installed. A staged tree the commit did not reach is deleted
+/// too: the commit consumes every one.
 fn undo(
     layout: &StoreLayout,
     plan: &Plan,
-    hold: Option<&DeleteHold>,
+    holds: &[Option<DeleteHold>],
     progress: &Progress,
 ) -> io::Result<()> {
-    if let Some(ins) = &plan.install {
-        if progress.tree_moved {
+    for (k, (ins, hold)) in plan.installs.iter().zip(holds).enumerate().rev() {
+        let done = progress.installs.get(k).copied().unwrap_or_default();
+        if done.tree_moved {
             match hold {
                 Some(hold) => hold.delete_tree(&ins.dest)?,
                 None => remove_tree(&ins.dest)?,
@@ -852,10 +928,10 @@ fn undo(
         } else {
             remove_tree(&ins.staged)?;
         }
-        if let (Some(aside), true) = (&ins.aside, progress.moved_aside) {
+        if let (Some(aside), true) = (&ins.aside, done.moved_aside) {
             fs::rename(aside, &ins.dest)?;
         }
-        if progress.id_dir_created {
+        if done.id_dir_created {
             match fs::remove_dir(&ins.id_dir) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}

@@ -538,23 +538,27 @@ impl PackageStore for FsStore {
 
 impl FsStore {
     fn commit_locked(&self, inner: &mut Inner, tx: Transaction) -> Result<Committed, StoreError> {
-        let staged = tx
-            .install
-            .as_ref()
+        let staged: Vec<PathBuf> = tx
+            .installs
+            .iter()
             .map(|i| i.staged.clone())
-            .filter(|p| is_staging_entry(&self.layout.staging, p));
-        if let Some(name) = staged.as_deref().and_then(Path::file_name) {
-            // Whatever happens next, the commit consumes the staged tree.
+            .filter(|p| is_staging_entry(&self.layout.staging, p))
+            .collect();
+        for name in staged.iter().filter_map(|p| p.file_name()) {
+            // Whatever happens next, the commit consumes the staged trees.
             inner.issued.remove(name);
         }
+        // The transaction never started: the staged trees are all there is to tidy, and
+        // recovery removes them if this fails.
+        let discard_staged = || {
+            for tree in &staged {
+                let _ = remove_tree(tree);
+            }
+        };
         let plan = match commit::plan(&self.layout, &inner.registry, inner.disk, tx) {
             Ok(plan) => plan,
             Err(e) => {
-                if let Some(staged) = &staged {
-                    // The transaction never started; the staged tree is all there is to tidy,
-                    // and recovery removes it if this fails.
-                    let _ = remove_tree(staged);
-                }
+                discard_staged();
                 return Err(e);
             }
         };
@@ -562,39 +566,36 @@ impl FsStore {
         // a version that a live process pins refuses the whole transaction.
         // A version whose pin cannot be checked refuses it too, saying why.
         let mut holds = Vec::new();
-        let mut install_hold = None;
-        // An install that deletes a tree of its own version (the one it replaces, or garbage at
-        // its destination) holds that version's pin the same way.
-        let install_node = match &plan.install {
-            Some(ins) => match ins.deletes_a_tree() {
-                Ok(true) => plan.intent.install.as_ref().map(|(n, _)| n),
-                Ok(false) => None,
-                Err(e) => {
-                    if let Some(staged) = &staged {
-                        let _ = remove_tree(staged);
-                    }
-                    return Err(io_error("inspect package directory", &ins.dest, e));
-                }
-            },
-            None => None,
-        };
-        let wanted = plan
-            .delete
-            .iter()
-            .map(|(node, _)| (node, false))
-            .chain(install_node.map(|node| (node, true)));
-        for (node, for_install) in wanted {
+        for (node, _) in &plan.delete {
             match pins::hold_for_delete(&self.layout, node.id.as_str(), &node.version.to_string()) {
-                Ok(hold) if for_install => install_hold = Some(hold),
                 Ok(hold) => holds.push(hold),
                 Err(refusal) => {
-                    if let Some(staged) = &staged {
-                        let _ = remove_tree(staged);
-                    }
-                    return Err(match refusal {
-                        pins::Refusal::Pinned(holders) => pinned_error(&self.layout, node, holders),
-                        pins::Refusal::Unknown(e) => e,
-                    });
+                    discard_staged();
+                    return Err(self.refused(node, refusal));
+                }
+            }
+        }
+        // An install that deletes a tree of its own version (the one it replaces, or garbage at
+        // its destination) holds that version's pin the same way.
+        let mut install_holds = Vec::with_capacity(plan.installs.len());
+        for ins in &plan.installs {
+            let deletes = match ins.deletes_a_tree() {
+                Ok(deletes) => deletes,
+                Err(e) => {
+                    discard_staged();
+                    return Err(io_error("inspect package directory", &ins.dest, e));
+                }
+            };
+            if !deletes {
+                install_holds.push(None);
+                continue;
+            }
+            let node = &ins.node;
+            match pins::hold_for_delete(&self.layout, node.id.as_str(), &node.version.to_string()) {
+                Ok(hold) => install_holds.push(Some(hold)),
+                Err(refusal) => {
+                    discard_staged();
+                    return Err(self.refused(node, refusal));
                 }
             }
         }
@@ -604,7 +605,7 @@ impl FsStore {
                 run,
                 &plan,
                 holds,
-                install_hold,
+                install_holds,
                 self.compact_log_over,
             )
         })?;
@@ -614,6 +615,14 @@ impl FsStore {
             inner.trust = Some(trust);
         }
         Ok(committed)
+    }
+
+    /// The error of a transaction that the pin of `node` refused.
+    fn refused(&self, node: &NodeRef, refusal: pins::Refusal) -> StoreError {
+        match refusal {
+            pins::Refusal::Pinned(holders) => pinned_error(&self.layout, node, holders),
+            pins::Refusal::Unknown(e) => e,
+        }
     }
 
     fn write_trust_locked(&self, inner: &mut Inner, bytes: &[u8]) -> Result<(), StoreError> {

@@ -13,12 +13,19 @@
 //! expects a generation newer than the registry's means the registry went backwards) and say in
 //! the report which transactions were finished and which were undone.
 //!
+//! A transaction may move several staged trees into place (a `guild sync`; its record is
+//! journal format 2 and names them all). They share the one commit point, so recovery treats
+//! them alike: before it, every tree the record names that the registry does not install is
+//! deleted (each is accounted for by the record) and every replacement it names is undone as
+//! below; after it, they are all installed and kept. A tree in `packages/` that neither the
+//! registry nor a record names is never deleted, whatever a record of several trees says.
+//!
 //! Two kinds of change finish or undo by more than deleting. New trust bytes wait in
 //! `trust.next` until after the commit point; the registry records their digest, so a
 //! `trust.next` whose digest the registry records is renamed over `trust` and any other is
 //! deleted. A replacement keeps the installed tree at `<version>~replaced-<staged>` until the
 //! commit point, named by the staged name its journal record holds; when the registry did not
-//! move on, that tree, and only that one, is put back in place of the new one (whose deletion
+//! move on, that tree, and only that one (per replacement the record names), is put back in place of the new one (whose deletion
 //! goes under the version's pin, like every deletion of a version tree: while another process
 //! pins the version, both trees stay and the replaced one is reported as pinned). A tree set
 //! aside by any other transaction is never put back: the sweep finds it unreferenced.
@@ -175,7 +182,8 @@ fn create_registry(
 
 /// Reports each journal record as finished (the registry reached its generation) or undone (the
 /// registry is still where it started), and refuses one that fits neither: the registry went
-/// backwards. Answers the replacements to undo, each as its version and staged name.
+/// backwards. Answers the replacements to undo (every one an undone record names), each as its
+/// version and staged name.
 fn classify_records(
     records: &[(PathBuf, Intent)],
     generation: u64,
@@ -186,15 +194,19 @@ fn classify_records(
         let summary = InterruptedCommit {
             from_generation: intent.from_generation,
             to_generation: intent.to_generation,
-            install: intent.install.as_ref().map(|(n, _)| n.clone()),
+            installs: intent.installs.iter().map(|i| i.node.clone()).collect(),
             delete: intent.delete.clone(),
         };
         if intent.to_generation <= generation {
             report.rolled_forward.push(summary);
         } else if intent.from_generation == generation {
-            if let (true, Some((node, staged))) = (intent.replace, &intent.install) {
-                undo_replacements.push((node.clone(), staged.clone()));
-            }
+            undo_replacements.extend(
+                intent
+                    .installs
+                    .iter()
+                    .filter(|i| i.replace)
+                    .map(|i| (i.node.clone(), i.staged.clone())),
+            );
             report.rolled_back.push(summary);
         } else {
             return Err(StoreError::new(
@@ -268,7 +280,7 @@ fn remove_temp_files(layout: &StoreLayout, report: &mut RecoveryReport) -> Resul
 }
 
 /// The trees a record accounts for, beside the installed ones: those a journal record names (the
-/// tree an interrupted install brought in, the trees a finished change deletes) and those of
+/// trees an interrupted change brought in, the trees a finished change deletes) and those of
 /// removed versions the registry still records. Each is an id and a version, as text.
 fn accounted_trees(
     records: &[(PathBuf, Intent)],
@@ -276,7 +288,11 @@ fn accounted_trees(
 ) -> BTreeSet<(String, String)> {
     let mut accounted: BTreeSet<(String, String)> = BTreeSet::new();
     for (_, intent) in records {
-        let named = intent.install.iter().map(|(n, _)| n).chain(&intent.delete);
+        let named = intent
+            .installs
+            .iter()
+            .map(|i| &i.node)
+            .chain(&intent.delete);
         accounted.extend(named.map(|n| (n.id.to_string(), n.version.to_string())));
     }
     accounted.extend(

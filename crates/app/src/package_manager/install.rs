@@ -18,7 +18,7 @@ use super::{Change, InstallOptions, Installed, Lifecycle, LifecycleHook, NoHook,
 use crate::error::HostError;
 
 /// Ends a watched piece of work when dropped, whether it finished or failed.
-struct Watch(Option<Arc<dyn Progress>>);
+pub(super) struct Watch(Option<Arc<dyn Progress>>);
 
 impl Drop for Watch {
     fn drop(&mut self) {
@@ -30,7 +30,7 @@ impl Drop for Watch {
 
 /// A package offered for installation once it is authenticated: the opened package, its
 /// metadata, its `id@version` label and who signed it.
-type Authenticating = (Box<dyn OpenedPackage>, Arc<Metadata>, String, Authenticated);
+pub(super) type Authenticating = (Box<dyn OpenedPackage>, Arc<Metadata>, String, Authenticated);
 
 impl PackageManager {
     /// Reports the artifact bytes each installation reads to `progress` (a command line's
@@ -43,7 +43,7 @@ impl PackageManager {
     /// is written; on failure the directory is discarded. The extractor writes the signed
     /// `.gkmetadata` into the tree exactly as received, so that the store can be re-verified
     /// later without the archive.
-    fn extract_to_staging(
+    pub(super) fn extract_to_staging(
         &self,
         mut opened: Box<dyn OpenedPackage>,
         package: &str,
@@ -61,7 +61,7 @@ impl PackageManager {
     }
 
     /// The watcher set with [`PackageManager::set_progress`], told that work on `label` begins.
-    fn watch(
+    pub(super) fn watch(
         &self,
         opened: &mut dyn OpenedPackage,
         label: &str,
@@ -83,7 +83,7 @@ impl PackageManager {
     /// Steps 1 and 2 of an installation that need no registry: the package at `location` opened,
     /// its metadata parsed and authenticated against the current trust store, and its platform
     /// checked. Answers the opened package, its metadata, its `id@version` label and who signed it.
-    fn offered(&self, location: &Path) -> Result<Authenticating, HostError> {
+    pub(super) fn offered(&self, location: &Path) -> Result<Authenticating, HostError> {
         let trust = self.read_trust()?;
         let opened = self.source.open(location)?;
         let metadata = Arc::new(Metadata::parse(opened.metadata_bytes()).map_err(|errors| {
@@ -186,19 +186,36 @@ impl PackageManager {
         auth: &Authenticated,
         options: InstallOptions,
     ) -> Result<Draft, HostError> {
+        let mut next = registry.successor();
+        let (published, tainted) = Self::publish_into(&mut next, metadata, auth, options)?;
+        Ok(Draft {
+            next,
+            published,
+            tainted,
+        })
+    }
+
+    /// [`PackageManager::draft_install`] into the draft `next`, which other changes of the same
+    /// transaction may have changed already (never the offered package's record): answers what
+    /// publishing decided and whether the offered package repairs a tainted version.
+    pub(super) fn publish_into(
+        next: &mut StoreState,
+        metadata: &Metadata,
+        auth: &Authenticated,
+        options: InstallOptions,
+    ) -> Result<(Published, bool), HostError> {
         let manifest = metadata.manifest();
         let (id, version) = (&manifest.package_id, &manifest.version);
-        let mut next = registry.successor();
         // A genuine copy of a tainted version repairs it: the taint is lifted in the
         // draft, so that the publication decides as for any installed version, and the files
         // are replaced by the repair.
-        let tainted = registry.record(id, version).is_some_and(|r| {
+        let tainted = next.record(id, version).is_some_and(|r| {
             r.payload_digest == auth.payload_digest && r.state.is_installed() && r.taint.is_some()
         });
         if tainted {
             next.clear_taint(id, version);
         }
-        let trusted_under = registry.trust_anchor().map(|a| a.file_digest);
+        let trusted_under = next.trust_anchor().map(|a| a.file_digest);
         let published = next.publish(
             id,
             version,
@@ -216,11 +233,7 @@ impl PackageManager {
             // Authenticated just now, under the trust file the registry records.
             next.set_trusted_under(id, version, anchor);
         }
-        Ok(Draft {
-            next,
-            published,
-            tainted,
-        })
+        Ok((published, tainted))
     }
 
     /// The second half of [`PackageManager::install`] when the offered version is installed
@@ -325,7 +338,12 @@ impl PackageManager {
     /// Whether the installed tree of `id@version` no longer holds what its signed manifest says,
     /// or its signature no longer authenticates it: a copy worth replacing when the operator
     /// offers a genuine one.
-    fn installed_copy_fails(&self, life: &Lifecycle, id: &PackageId, version: &Version) -> bool {
+    pub(super) fn installed_copy_fails(
+        &self,
+        life: &Lifecycle,
+        id: &PackageId,
+        version: &Version,
+    ) -> bool {
         match self.loaded_metadata(life, id, version) {
             Ok(metadata) => {
                 self.check_still_trusted(&metadata, id, version).is_err()
@@ -477,7 +495,7 @@ struct Draft {
 
 /// What an installation of the authenticated package `metadata` describes answers while it has
 /// changed nothing: the version enabled or not as `registry` records it.
-fn installed_as_found(
+pub(super) fn installed_as_found(
     registry: &StoreState,
     metadata: &Metadata,
     auth: &Authenticated,

@@ -4,7 +4,7 @@
 use guild_domain::claims::{
     claiming_versions, claiming_versions_of, conflicts, Claim, ClaimIndex, ImplIdConflict,
 };
-use guild_domain::graph::{DependencyGraph, GraphIndex, NodeRef, PackageNode};
+use guild_domain::graph::{DependencyGraph, GraphIndex, GraphProblem, NodeRef, PackageNode};
 use guild_domain::ids::PackageId;
 use guild_domain::manifest::Metadata;
 use guild_domain::store_state::StoreState;
@@ -20,6 +20,7 @@ use crate::error::HostError;
 /// metadata the lifecycle holds; each change this handle commits replaces the changed package's
 /// part, and any other commit (another process's, a taint, a trust change) leaves it
 /// behind, to be built again by the next change that needs it.
+#[derive(Clone)]
 pub(super) struct Kept {
     /// The registry generation it describes.
     pub(super) generation: u64,
@@ -187,6 +188,47 @@ impl PackageManager {
             kept.generation = to;
             life.kept = Some(kept);
         }
+    }
+
+    /// What is kept once every change of a plan is committed: `kept` (at the generation the plan
+    /// was checked against) with each changed package's part (`changes`, one per package) in
+    /// place, at the generation the plan commits.
+    pub(super) fn kept_after(kept: &Kept, changes: &[KeptChange]) -> Result<Kept, HostError> {
+        let mut after = kept.clone();
+        for change in changes {
+            after.graph.set_package(&change.id, change.nodes.clone())?;
+            after.claims.set_package(&change.id, change.claims.clone());
+            after.generation = change.to;
+        }
+        Ok(after)
+    }
+
+    /// Refuses a plan for the problems its final state `after` brings that the state `before` it
+    /// does not have, whatever order its changes would have taken one by one: a plan is refused
+    /// for what it breaks as a whole, not for what a step in between would have broken nor for
+    /// problems that were already there. Validates both whole graphs, so this grows with the
+    /// store; a plan (a `guild sync`) reads every package anyway. `action` names the plan in
+    /// the refusal.
+    pub(super) fn refuse_plan_breakage(
+        before: &Kept,
+        after: &Kept,
+        action: impl FnOnce() -> String,
+    ) -> Result<(), HostError> {
+        let problems_of = |kept: &Kept| -> Result<Vec<GraphProblem>, HostError> {
+            Ok(DependencyGraph::new(kept.graph.nodes().cloned().collect())?.validate())
+        };
+        let had = problems_of(before)?;
+        let problems: Vec<GraphProblem> = problems_of(after)?
+            .into_iter()
+            .filter(|p| !had.contains(p))
+            .collect();
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(HostError::Dependencies {
+            action: action(),
+            problems,
+        })
     }
 
     /// Refuses to make the version `metadata` describes installed, current or loadable while

@@ -1,5 +1,4 @@
-//! The lifecycle changes of installed versions: enable, disable, remove, purge and rollback, and
-//! the savepoint a batch of changes can be restored to.
+//! The lifecycle changes of installed versions: enable, disable, remove, purge and rollback.
 
 use std::sync::Arc;
 
@@ -8,9 +7,9 @@ use guild_domain::lease::QuiescentAction;
 use guild_domain::manifest::Metadata;
 use guild_domain::store_state::StoreState;
 use guild_domain::version::Version;
-use guild_ports::store::{StoreErrorKind, Transaction, VersionPins};
+use guild_ports::store::Transaction;
 
-use super::{Change, Lifecycle, LifecycleHook, NoHook, PackageManager, Savepoint};
+use super::{Change, Lifecycle, LifecycleHook, NoHook, PackageManager};
 use crate::error::HostError;
 
 impl PackageManager {
@@ -177,79 +176,6 @@ impl PackageManager {
         )?;
         Self::advance(&mut life, change);
         Ok(purged)
-    }
-
-    /// The committed registry now, to return to with [`PackageManager::restore`] if a batch of
-    /// changes made under the same hold of the store's lock fails part way.
-    pub fn savepoint(&self) -> Result<Savepoint, HostError> {
-        let _life = self.lock();
-        Ok(Savepoint(self.store.registry()?))
-    }
-
-    /// Returns the store to `saved`: every version installed since is deleted and forgotten,
-    /// and every other record (state, rollback target, taint) is put back as it was, in
-    /// two durable transactions (the first deletes the trees, the second purges their records).
-    /// Only versions whose trees are still installed can come back, so this undoes installs,
-    /// enables, disables and reactivations, not removals. It is meant for a writer that holds
-    /// the store's lock from the savepoint on, as `guild sync` does; the kernel registry takes
-    /// no part, so a [`Host`](crate::Host) with packages loaded never calls it.
-    ///
-    /// A version installed since that a running process has loaded meanwhile (a runner
-    /// following the store) cannot be deleted under it: it stays installed, switched off, and is
-    /// answered with the processes that pin it, for the caller to report. Everything else goes
-    /// back all the same.
-    pub fn restore(&self, saved: &Savepoint) -> Result<Vec<VersionPins>, HostError> {
-        let mut life = self.lock();
-        let _write = self.write_session(&mut life)?;
-        // A process may pin one more version between the look at the pins and the commit; the
-        // commit then refuses, and the next round sees it.
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let registry = self.store.registry()?;
-            if registry.generation() == saved.0.generation() {
-                return Ok(Vec::new());
-            }
-            let added = |id: &PackageId, version: &Version| saved.0.record(id, version).is_none();
-            let kept: Vec<VersionPins> = self
-                .store
-                .pins()?
-                .into_iter()
-                .filter(|p| !p.holders.is_empty() && added(&p.node.id, &p.node.version))
-                .collect();
-            let keep = kept
-                .iter()
-                .map(|p| (p.node.id.clone(), p.node.version.clone()))
-                .collect();
-            let (back, purge) = registry.returning_to(&saved.0, &keep);
-            // Whatever commits below, what is kept of the graph no longer describes the
-            // registry.
-            life.kept = None;
-            match self.commit(
-                Transaction::new(registry.generation(), back.clone()),
-                &mut NoHook,
-            ) {
-                Ok(()) => {}
-                Err(HostError::Store(e)) if e.kind == StoreErrorKind::Pinned && attempt < 3 => {
-                    continue
-                }
-                Err(e) => return Err(e),
-            }
-            for key in &purge {
-                life.metadata.remove(key);
-            }
-            if !purge.is_empty() {
-                let mut forgotten = back.successor();
-                for (id, version) in &purge {
-                    forgotten.purge(id, Some(version))?;
-                }
-                self.commit(
-                    Transaction::new(back.generation(), forgotten).with_purge(purge),
-                    &mut NoHook,
-                )?;
-            }
-            return Ok(kept);
-        }
     }
 
     /// Rolls `id` back to its previous version, refused while leased or when any enabled

@@ -22,7 +22,8 @@
 //!
 //! The files of this module follow those concerns: `open` opens a store and re-verifies it,
 //! `install` authenticates and installs packages (and repairs or reactivates installed
-//! versions), `lifecycle` enables, disables, removes, purges, rolls back and restores, `verify`
+//! versions), `lifecycle` enables, disables, removes, purges and rolls back, `plan` makes a
+//! whole plan of disables and installations (a `guild sync`) as one change, `verify`
 //! checks installed versions again and taints what fails, `trust` keeps the trust file bound to
 //! the store, `refresh` follows the generations other processes commit and plans the load,
 //! `kept` holds the dependency graph and impl-id claims kept between changes, `lease` the
@@ -49,6 +50,7 @@ mod kept;
 mod lease;
 mod lifecycle;
 mod open;
+mod plan;
 mod refresh;
 mod trust;
 mod types;
@@ -59,11 +61,12 @@ use kept::Kept;
 use lease::Ledger;
 
 pub use lease::PackageLease;
+pub use plan::{PlanError, PlanStep, StepDone};
 pub use refresh::contested_reason;
 pub(crate) use trust::PortCheck;
 pub use types::{
     FullCheck, InstallOptions, Installed, LeftOut, LoadOrder, OpenReport, PackageSummary,
-    PlannedPackage, Refreshed, Savepoint, TrustOpened, TrustReset, VerifyFailure, VerifyOptions,
+    PlannedPackage, Refreshed, TrustOpened, TrustReset, VerifyFailure, VerifyOptions,
     VersionSummary,
 };
 pub use view::PackageView;
@@ -153,11 +156,14 @@ pub enum Change<'a> {
 /// marked pending in it instead), so queries of leases answer.
 pub trait LifecycleHook {
     /// Called after every check passed and before the durable commit. An error aborts the
-    /// change; nothing has been written.
+    /// change; nothing has been written. A plan ([`PackageManager::apply_plan`]) calls it once
+    /// per change, in the plan's order, before its one commit; a hook that can hold the part of
+    /// one change only (the host's own) is never given a plan.
     fn prepare(&mut self, change: &Change<'_>) -> Result<(), HostError>;
-    /// Called once the commit is durable.
+    /// Called once the commit is durable (once for a whole plan).
     fn committed(&mut self);
-    /// Called when the commit failed after `prepare` succeeded.
+    /// Called when the commit failed after `prepare` succeeded, and for a plan when a later
+    /// change's `prepare` refused after earlier ones succeeded (once either way).
     fn aborted(&mut self);
 }
 

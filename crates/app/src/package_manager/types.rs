@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use guild_domain::ids::{PackageId, PackageKind, PublisherId, Sha256Digest};
 use guild_domain::lease::ActiveLeases;
-use guild_domain::store_state::{StoreState, Taint};
+use guild_domain::store_state::Taint;
 use guild_domain::version::Version;
 use guild_ports::store::RecoveryReport;
 
@@ -245,16 +245,4 @@ pub struct Refreshed {
     /// Enabled versions that this process does not load because they failed verification (or
     /// depend on one that did); a reader writes nothing, so they stay enabled in the store.
     pub unusable: Vec<LeftOut>,
-}
-
-/// A committed registry saved by [`PackageManager::savepoint`], to return to with
-/// [`PackageManager::restore`].
-#[derive(Debug, Clone)]
-pub struct Savepoint(pub(super) StoreState);
-
-impl Savepoint {
-    /// The registry generation it saved.
-    pub fn generation(&self) -> u64 {
-        self.0.generation()
-    }
 }

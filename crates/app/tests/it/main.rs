@@ -29,6 +29,7 @@ mod mocks;
 mod module_deps;
 mod numbering;
 mod operations;
+mod plan;
 mod progress;
 mod reconcile;
 mod refusals;

@@ -89,3 +89,102 @@ fn sync_removes_its_staging_area_and_those_of_syncs_that_died() {
         .expect(0);
     assert!(!base.exists(), "{} is still there", base.display());
 }
+
+/// The processes whose command line holds every one of `words`, by pid.
+fn processes_with(words: &[&str]) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if words.iter().all(|w| args.iter().any(|a| a == w)) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// `guild sync` killed with SIGKILL between its changes (here: while the registration check of
+/// the second package it installs runs, after the unlocked package's disable and the first
+/// install were decided) leaves, once the store is opened again, the state before the sync:
+/// none of its changes, whatever had been decided before the kill.
+#[test]
+fn sync_killed_between_its_changes_leaves_the_old_state() {
+    use std::time::{Duration, Instant};
+
+    let bench = Bench::new(guild());
+    let base = bench.package("example.base", "1.0.0", b"base", "");
+    // Its init sleeps three seconds: long enough to be found and killed during its check.
+    let slow_library = guild_test_support::plugins::plugin_library("init_slow");
+    let slow = bench.package("example.zslow", "1.0.0", &slow_library, "");
+    let lock = bench.lock_of(&[&base, &slow], &[]);
+    let locked: serde_json::Value = serde_json::from_slice(&fs::read(&lock).unwrap()).unwrap();
+    let slow_payload = locked["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "example.zslow")
+        .and_then(|p| p["payload_sha256"].as_str())
+        .unwrap()
+        .to_owned();
+    let store = bench.trusting_store("fresh");
+    let extra = bench.package("example.extra", "1.0.0", b"extra", "");
+    bench.run_on(&store, &["install", &extra]).expect(0);
+    let listed_before = bench.listed(&store);
+
+    let mut sync = bench
+        .guild()
+        .command(
+            bench.path(),
+            &[
+                "--store",
+                store.to_str().unwrap(),
+                "sync",
+                lock.to_str().unwrap(),
+                "--from",
+                bench.path().to_str().unwrap(),
+            ],
+        )
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let checking = loop {
+        let found = processes_with(&["__check-library", &slow_payload]);
+        if !found.is_empty() {
+            break found;
+        }
+        if let Some(status) = sync.try_wait().unwrap() {
+            panic!("the sync ended ({status}) before the slow package's check was seen");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slow package's check never started"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    sync.kill().unwrap();
+    sync.wait().unwrap();
+    for pid in checking {
+        // The check child of the killed sync; it would sleep out its init otherwise.
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+    // `guild list` reads what is committed; a writer's open recovers first.
+    assert_eq!(
+        bench.listed(&store),
+        listed_before,
+        "the killed sync left part of its changes"
+    );
+    bench.run_on(&store, &["verify", "--all"]).expect(0);
+    assert_eq!(bench.listed(&store), listed_before, "after recovery");
+}

@@ -11,8 +11,8 @@ use guild_domain::store_state::{PublishOptions, StoreState, Taint};
 use guild_ports::store::{PackageStore, StoreErrorKind, Transaction};
 
 use super::{
-    assert_no_leftovers, change, commit_trust, id, publish, snapshot, stage_tree, tamper, v,
-    Snapshot, ENABLED,
+    assert_no_leftovers, change, commit_trust, id, publish, publish_many, snapshot, stage_tree,
+    tamper, v, Snapshot, ENABLED,
 };
 
 /// What an operation under test answered: the paths it could not clean up, or its error.
@@ -41,6 +41,24 @@ fn one_disabled(s: &FsStore) {
 fn two_versions(s: &FsStore) {
     publish(s, "a", "1.0.0", ENABLED).unwrap();
     publish(s, "a", "2.0.0", ENABLED).unwrap();
+}
+
+/// Adds b@1.0.0, whose library is then changed behind the store's back and which is tainted
+/// (and so disabled) for it.
+fn tainted_b(s: &FsStore) {
+    publish(s, "b", "1.0.0", ENABLED).unwrap();
+    tamper(s, "b", "1.0.0");
+    change(s, |r| {
+        r.taint(
+            &id("b"),
+            &v("1.0.0"),
+            Taint {
+                reason: "tampered".into(),
+                file: Some("lib/libb.so".into()),
+            },
+        )
+    })
+    .unwrap();
 }
 
 /// Turns the store into one written before the log existed: the whole registry in format 1,
@@ -178,6 +196,54 @@ fn shapes() -> Vec<Shape> {
                 commit_trust(s, "first").unwrap();
             },
             op: |s| leftovers(commit_trust(s, "second")),
+        },
+        Shape {
+            name: "publish three versions in one transaction (a sync)",
+            compact: false,
+            setup: one_enabled,
+            op: |s| {
+                leftovers(publish_many(
+                    s,
+                    &[("a", "2.0.0"), ("b", "1.0.0"), ("c", "1.0.0")],
+                    |_, tx| tx,
+                ))
+            },
+        },
+        Shape {
+            name: "publish two into a format-1 store in one transaction, then compact",
+            compact: true,
+            setup: |s| {
+                one_enabled(s);
+                as_format_1(s);
+            },
+            op: |s| {
+                leftovers(publish_many(
+                    s,
+                    &[("b", "1.0.0"), ("c", "1.0.0")],
+                    |_, tx| tx,
+                ))
+            },
+        },
+        Shape {
+            name: "publish two, replace a tainted tree and remove a version in one transaction",
+            compact: false,
+            setup: |s| {
+                two_versions(s);
+                tainted_b(s);
+            },
+            op: |s| {
+                leftovers(publish_many(
+                    s,
+                    &[("c", "1.0.0"), ("d", "1.0.0")],
+                    |next, tx| {
+                        next.clear_taint(&id("b"), &v("1.0.0"));
+                        next.enable(&id("b")).unwrap();
+                        next.remove(&id("a"), &v("1.0.0")).unwrap();
+                        let staged = stage_tree(s, "b", "1.0.0");
+                        tx.with_replacement(id("b"), v("1.0.0"), staged)
+                    },
+                ))
+            },
         },
         Shape {
             name: "replace a tainted tree",
@@ -414,4 +480,15 @@ fn store_counts_the_fsyncs_of_a_publish() {
     assert_eq!(store.last_op().fsyncs, 3, "a state-only change");
     change(&store, |r| r.remove(&id("a"), &v("1.0.0"))).unwrap();
     assert_eq!(store.last_op().fsyncs, 3, "deleting needs no fsync");
+    // Several installs in one transaction: 4 + 7 per new id (its tree 4, the packages
+    // directory, the installed tree, the id directory), staging and the journal once.
+    publish_many(&store, &[("b", "1.0.0"), ("c", "1.0.0")], |_, tx| tx).unwrap();
+    assert_eq!(store.last_op().fsyncs, 18, "{:?}", store.last_op().steps);
+    publish_many(
+        &store,
+        &[("d", "1.0.0"), ("e", "1.0.0"), ("f", "1.0.0")],
+        |_, tx| tx,
+    )
+    .unwrap();
+    assert_eq!(store.last_op().fsyncs, 25);
 }

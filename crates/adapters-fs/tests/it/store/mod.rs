@@ -75,6 +75,33 @@ pub(crate) fn publish(
     store.commit(Transaction::new(before.generation(), next).with_install(id(pkg), v(ver), staged))
 }
 
+/// Publishes every `pkg@ver` of `versions` (each new to the store) through one transaction, as a
+/// sync does; `more` may change the draft further and add installs (a replacement, say) before
+/// it commits.
+pub(crate) fn publish_many(
+    store: &FsStore,
+    versions: &[(&str, &str)],
+    more: impl FnOnce(&mut StoreState, Transaction) -> Transaction,
+) -> Result<Committed, StoreError> {
+    let before = store.registry()?;
+    let mut next = before.successor();
+    let mut staged = Vec::new();
+    for (pkg, ver) in versions {
+        let out = next
+            .publish(&id(pkg), &v(ver), new_version(pkg, ver), ENABLED)
+            .unwrap();
+        assert_eq!(out.kind, PublishKind::New);
+        staged.push((id(pkg), v(ver), stage_tree(store, pkg, ver)));
+    }
+    let mut tx = Transaction::new(before.generation(), StoreState::new());
+    for (pkg, ver, tree) in staged {
+        tx = tx.with_install(pkg, ver, tree);
+    }
+    let mut tx = more(&mut next, tx);
+    tx.new_state = next;
+    store.commit(tx)
+}
+
 pub(crate) const ENABLED: PublishOptions = PublishOptions {
     enable: true,
     allow_downgrade: false,

@@ -223,6 +223,10 @@ fn store_unknown_journal_format_fails_closed() {
     let err = open_err(&root);
     assert_eq!(err.kind, StoreErrorKind::UnsupportedFormat);
     assert_eq!(err.path.as_deref(), Some(record.as_path()));
+    assert!(
+        err.to_string().contains("this build reads formats 1 and 2"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -270,11 +274,11 @@ fn store_recovery_reports_what_it_did_and_is_idempotent() {
         (1, 2)
     );
     assert_eq!(
-        interrupted.install,
-        Some(NodeRef {
+        interrupted.installs,
+        [NodeRef {
             id: id("b"),
             version: v("1.0.0")
-        })
+        }]
     );
     // The tree no record accounts for stays, reported; the rest is cleared.
     assert!(report.removed_trees.is_empty(), "{report:?}");
@@ -404,18 +408,22 @@ fn store_trust_bytes_round_trip_atomically() {
     assert_eq!(store.read_trust().unwrap(), Some(b"second".to_vec()));
 }
 
-/// Commits `tx` and expects it refused with `kind`, leaving the store as it was and the staged
+/// Commits `tx` and expects it refused with `kind`, leaving the store as it was and every staged
 /// tree (if any) gone.
 fn refused(store: &FsStore, root: &Path, tx: Transaction, kind: StoreErrorKind) -> StoreError {
     let before = snapshot(root);
-    let staged = tx.install.as_ref().map(|i| i.staged.clone());
+    let staged: Vec<PathBuf> = tx.installs.iter().map(|i| i.staged.clone()).collect();
     let err = store.commit(tx).unwrap_err();
     assert_eq!(err.kind, kind, "{err}");
     assert_eq!(snapshot(root), before);
-    if let Some(staged) = staged.filter(|s| s.starts_with(root.join("staging"))) {
+    for staged in staged
+        .iter()
+        .filter(|s| s.starts_with(root.join("staging")))
+    {
         assert!(
             !staged.exists(),
-            "the refused commit consumed its staged tree"
+            "the refused commit did not consume its staged tree {}",
+            staged.display()
         );
     }
     assert_eq!(store.registry().unwrap().generation(), 1);
@@ -488,6 +496,164 @@ fn store_refuses_inconsistent_transactions() {
     // And the handle still works.
     publish(&store, "b", "1.0.0", ENABLED).unwrap();
     assert_eq!(store.registry().unwrap().generation(), 2);
+}
+
+/// A transaction of several installs must stage exactly the versions its new state adds, each
+/// once and each from its own staged tree; anything else is refused whole, every staged tree
+/// consumed, the store unchanged.
+#[test]
+fn store_refuses_a_transaction_whose_installs_do_not_match_its_new_state() {
+    let (_dir, root) = store_with_one_package();
+    let (store, _) = FsStore::open(&root).unwrap();
+    let current = store.registry().unwrap();
+    let mut next = current.successor();
+    for pkg in ["b", "c"] {
+        next.publish(&id(pkg), &v("1.0.0"), new_version(pkg, "1.0.0"), ENABLED)
+            .unwrap();
+    }
+    let with = |pkgs: &[&str]| {
+        pkgs.iter()
+            .fold(Transaction::new(1, next.clone()), |tx, pkg| {
+                let staged = stage_tree(&store, pkg, "1.0.0");
+                tx.with_install(id(pkg), v("1.0.0"), staged)
+            })
+    };
+
+    let err = refused(
+        &store,
+        &root,
+        with(&["b"]),
+        StoreErrorKind::InvalidTransaction,
+    );
+    assert_eq!(
+        err.what,
+        "the new store state installs [b@1.0.0, c@1.0.0] but the transaction stages b@1.0.0"
+    );
+    let err = refused(
+        &store,
+        &root,
+        with(&["b", "c", "d"]),
+        StoreErrorKind::InvalidTransaction,
+    );
+    assert_eq!(
+        err.what,
+        "the new store state installs [b@1.0.0, c@1.0.0] but the transaction stages b@1.0.0, \
+         c@1.0.0, d@1.0.0"
+    );
+    let err = refused(
+        &store,
+        &root,
+        with(&["b", "c", "b"]),
+        StoreErrorKind::InvalidTransaction,
+    );
+    assert_eq!(err.what, "the transaction stages two trees for b@1.0.0");
+
+    // One staged tree named for two versions.
+    let staged = stage_tree(&store, "b", "1.0.0");
+    let twice = Transaction::new(1, next.clone())
+        .with_install(id("b"), v("1.0.0"), staged.clone())
+        .with_install(id("c"), v("1.0.0"), staged.clone());
+    let err = refused(&store, &root, twice, StoreErrorKind::InvalidTransaction);
+    assert_eq!(
+        err.what,
+        "the transaction stages the tree of c@1.0.0 where it stages another version's"
+    );
+    assert_eq!(err.path.as_deref(), Some(staged.as_path()));
+
+    // A replacement of a version that is not installed, beside the right installs.
+    let replacing =
+        with(&["b", "c"]).with_replacement(id("z"), v("1.0.0"), stage_tree(&store, "z", "1.0.0"));
+    let err = refused(&store, &root, replacing, StoreErrorKind::InvalidTransaction);
+    assert_eq!(
+        err.what,
+        "the transaction replaces the tree of z@1.0.0, which is not installed before and after it"
+    );
+    assert_no_leftovers(&root);
+
+    // The right installs commit, as one generation.
+    store.commit(with(&["c", "b"])).unwrap();
+    assert_eq!(store.registry().unwrap().generation(), 2);
+    for pkg in ["b", "c"] {
+        assert!(store.package_dir(&id(pkg), &v("1.0.0")).is_dir(), "{pkg}");
+    }
+    assert_no_leftovers(&root);
+}
+
+/// Writes `text` as the journal record of the transaction to generation 2 of the store at `root`
+/// and, for each `pkg@1.0.0` in `trees`, the tree an interrupted commit moved into place.
+fn interrupted_by_hand(root: &Path, text: &str, trees: &[&str]) {
+    let layout = StoreLayout::new(root);
+    fs::write(layout.journal.join("00000000000000000002.intent"), text).unwrap();
+    for pkg in trees {
+        let tree = layout.package_dir(&id(pkg), &v("1.0.0"));
+        fs::create_dir_all(tree.join("lib")).unwrap();
+        fs::write(tree.join(".gkmetadata"), pkg).unwrap();
+    }
+}
+
+/// A record an older build left (journal format 1, one install, its bytes as that build wrote
+/// them) is recovered as before: the transaction is undone and its tree deleted.
+#[test]
+fn store_recovers_a_format_1_record_left_by_an_older_build() {
+    let (_dir, root) = store_with_one_package();
+    let before = snapshot(&root);
+    interrupted_by_hand(
+        &root,
+        r#"{
+  "guild_journal": 1,
+  "from_generation": 1,
+  "to_generation": 2,
+  "install": {
+    "id": "b",
+    "version": "1.0.0",
+    "staged": "4242-0-0"
+  },
+  "delete": []
+}
+"#,
+        &["b"],
+    );
+    let (_store, report) = FsStore::open(&root).unwrap();
+    assert_eq!(report.rolled_back.len(), 1, "{report:?}");
+    assert_eq!(report.rolled_back[0].installs, [node("b")]);
+    assert_eq!(snapshot(&root), before);
+    assert_no_leftovers(&root);
+}
+
+fn node(pkg: &str) -> NodeRef {
+    NodeRef {
+        id: id(pkg),
+        version: v("1.0.0"),
+    }
+}
+
+/// A format-2 record of an interrupted transaction of several installs: recovery deletes every
+/// tree the record names and keeps, reported as unaccounted, a tree it does not name.
+#[test]
+fn store_recovers_a_record_of_several_installs_deleting_only_what_it_names() {
+    let (_dir, root) = store_with_one_package();
+    let before = snapshot(&root);
+    interrupted_by_hand(
+        &root,
+        r#"{"guild_journal": 2, "from_generation": 1, "to_generation": 2,
+            "installs": [{"id": "b", "version": "1.0.0", "staged": "4242-0-0"},
+                         {"id": "c", "version": "1.0.0", "staged": "4242-1-0"}],
+            "delete": []}"#,
+        &["b", "c", "stray"],
+    );
+    let (_store, report) = FsStore::open(&root).unwrap();
+    assert_eq!(report.rolled_back.len(), 1, "{report:?}");
+    assert_eq!(report.rolled_back[0].installs, [node("b"), node("c")]);
+    let layout = StoreLayout::new(&root);
+    let stray = layout.package_dir(&id("stray"), &v("1.0.0"));
+    assert_eq!(report.unaccounted_trees, std::slice::from_ref(&stray));
+    assert!(stray.is_dir());
+    for pkg in ["b", "c"] {
+        assert!(!layout.package_dir(&id(pkg), &v("1.0.0")).exists(), "{pkg}");
+    }
+    fs::remove_dir_all(layout.packages.join("stray")).unwrap();
+    assert_eq!(snapshot(&root), before);
+    assert_no_leftovers(&root);
 }
 
 #[test]
