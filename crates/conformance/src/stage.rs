@@ -5,10 +5,13 @@
 //! Each check stages under `$TMPDIR/guild-check-<uid>/` into a `run-<pid>-<n>` directory, with a
 //! `run-<pid>-<n>.lock` file beside it that the check holds locked (`flock`) for its life. A check
 //! that is killed or interrupted cannot remove its directory, but the kernel drops its lock, so
-//! the next check removes every directory whose lock nobody holds before it stages its own.
+//! the next check removes every directory whose lock nobody holds before it stages its own. A lock
+//! file is locked before it takes its `.lock` name, so a sweep never mistakes a starting check for
+//! a dead one.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use guild_domain::manifest::{ManifestErrors, Metadata};
 use guild_ports::source::{Durability, ExtractOptions, PackageSource, SourceError};
@@ -115,55 +118,88 @@ fn sweep(root: &Path) {
     };
     for entry in entries.flatten() {
         let lock_path = entry.path();
-        if lock_path.extension().is_none_or(|e| e != "lock") {
+        // A lock file not yet named (`.new-…`) belongs to a run being made; free, its maker
+        // died before naming it.
+        let unnamed = entry.file_name().to_string_lossy().starts_with(".new-");
+        if !unnamed && lock_path.extension().is_none_or(|e| e != "lock") {
             continue;
         }
         let Ok(lock) = File::open(&lock_path) else {
             continue;
         };
         if lock.try_lock().is_ok() {
-            packaging::remove_scratch(&lock_path.with_extension(""));
+            if !unnamed {
+                packaging::remove_scratch(&lock_path.with_extension(""));
+            }
             let _ = std::fs::remove_file(&lock_path);
         }
     }
 }
 
 /// A new run under `root`: its lock file made and locked first, then its directory.
+///
+/// The lock file is made and locked under a name no sweep looks at, and only then linked to its
+/// `.lock` name, so that a sweep running meanwhile never finds it unlocked (it would take the
+/// run for a dead one and remove it). A directory already at the run's name therefore has no
+/// live owner, since the name's lock was free: a run whose removal stopped half way, or one from
+/// an earlier process with the same id. It is removed and made again.
 fn new_run(root: &Path) -> Result<Run, StageError> {
     let refuse = |path: &Path, e: std::io::Error| StageError::Scratch {
         path: path.to_path_buf(),
         reason: e.to_string(),
     };
-    for n in 0..100u32 {
-        let dir = root.join(format!("run-{}-{n}", std::process::id()));
-        let lock_path = dir.with_extension("lock");
-        let lock = match File::options()
-            .write(true)
-            .create_new(true)
-            .open(&lock_path)
-        {
-            Ok(lock) => lock,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(refuse(&lock_path, e)),
-        };
-        if let Err(e) = lock.try_lock() {
-            let _ = std::fs::remove_file(&lock_path);
-            return Err(refuse(&lock_path, e.into()));
+    static MADE: AtomicU32 = AtomicU32::new(0);
+    let pid = std::process::id();
+    let unnamed = root.join(format!(
+        ".new-{pid}-{}",
+        MADE.fetch_add(1, Ordering::Relaxed)
+    ));
+    let create = || File::options().write(true).create_new(true).open(&unnamed);
+    let lock = create()
+        .or_else(|e| {
+            if e.kind() != std::io::ErrorKind::AlreadyExists {
+                return Err(e);
+            }
+            // This process never makes a name twice: the file is an earlier process's, with
+            // the same id, that died making its run.
+            let _ = std::fs::remove_file(&unnamed);
+            create()
+        })
+        .map_err(|e| refuse(&unnamed, e))?;
+    let locked = lock.try_lock().map_err(|e| refuse(&unnamed, e.into()));
+    let named = locked.and_then(|()| {
+        for n in 0..100u32 {
+            let dir = root.join(format!("run-{pid}-{n}"));
+            let lock_path = dir.with_extension("lock");
+            match std::fs::hard_link(&unnamed, &lock_path) {
+                Ok(()) => return Ok((dir, lock_path)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(refuse(&lock_path, e)),
+            }
         }
-        if let Err(e) = std::fs::create_dir(&dir) {
-            let _ = std::fs::remove_file(&lock_path);
-            return Err(refuse(&dir, e));
+        Err(refuse(
+            root,
+            std::io::Error::other("no free run directory name"),
+        ))
+    });
+    let _ = std::fs::remove_file(&unnamed);
+    let (dir, lock_path) = named?;
+    let made = std::fs::create_dir(&dir).or_else(|e| {
+        if e.kind() != std::io::ErrorKind::AlreadyExists {
+            return Err(e);
         }
-        return Ok(Run {
-            dir,
-            lock_path,
-            _lock: lock,
-        });
+        packaging::remove_scratch(&dir);
+        std::fs::create_dir(&dir)
+    });
+    if let Err(e) = made {
+        let _ = std::fs::remove_file(&lock_path);
+        return Err(refuse(&dir, e));
     }
-    Err(refuse(
-        root,
-        std::io::Error::other("no free run directory name"),
-    ))
+    Ok(Run {
+        dir,
+        lock_path,
+        _lock: lock,
+    })
 }
 
 pub(crate) fn stage(target: &Path, template: Option<&Path>) -> Result<Staged, StageError> {
@@ -198,4 +234,50 @@ pub(crate) fn stage(target: &Path, template: Option<&Path>) -> Result<Staged, St
     let dir = scratch.path().join("tree");
     opened.extract_to(metadata.manifest(), &dir)?;
     Ok(Staged { _run: scratch, dir })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory of this test's own under the temporary directory, removed when dropped.
+    struct Root(PathBuf);
+
+    impl Drop for Root {
+        fn drop(&mut self) {
+            packaging::remove_scratch(&self.0);
+        }
+    }
+
+    #[test]
+    fn a_run_directory_no_lock_accounts_for_is_replaced_not_a_failure() {
+        let root = Root(std::env::temp_dir().join(format!(
+            "guild-stage-test-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        )));
+        std::fs::create_dir_all(&root.0).unwrap();
+        // What an earlier process with this id left: a run's directory, its lock file gone.
+        let stale = root.0.join(format!("run-{}-0", std::process::id()));
+        std::fs::create_dir(&stale).unwrap();
+        std::fs::write(stale.join("left-over"), b"x").unwrap();
+
+        let run = new_run(&root.0).expect("a stale directory does not stop a check");
+        assert_eq!(run.path(), stale);
+        assert!(!stale.join("left-over").exists(), "the run starts empty");
+        // Nothing but the run's directory and its lock file is left beside it.
+        let mut names: Vec<String> = std::fs::read_dir(&root.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        let pid = std::process::id();
+        assert_eq!(names, [format!("run-{pid}-0"), format!("run-{pid}-0.lock")]);
+
+        // A sweep while the run lives leaves it; once it is dropped, nothing is left.
+        sweep(&root.0);
+        assert!(stale.is_dir());
+        drop(run);
+        assert_eq!(std::fs::read_dir(&root.0).unwrap().count(), 0);
+    }
 }
