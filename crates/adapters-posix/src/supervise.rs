@@ -205,7 +205,7 @@ fn read_frames(mut pipe: impl Read, tx: &mpsc::Sender<Event>) {
 }
 
 /// The end of a stream the child writes, read as it comes on a thread of its own; at most
-/// [`KEEP_TAIL`] bytes are kept.
+/// 16 KiB is kept.
 #[derive(Debug, Clone, Default)]
 pub struct Tail(Arc<Mutex<Vec<u8>>>);
 
