@@ -839,17 +839,7 @@ fn check_document_manifest(body: &[u8], accepted: &[&str], limit: u64) -> Result
     let value: Value = serde_json::from_slice(body).map_err(|_| malformed("not JSON"))?;
     check_image_manifest(&value)?;
     descriptor(value.get("config"), Part::Config)?;
-    let layers = value
-        .get("layers")
-        .and_then(Value::as_array)
-        .ok_or_else(|| malformed("no layers"))?;
-    if layers.len() != 1 {
-        return Err(malformed(&format!(
-            "a document artifact has one layer, this one has {}",
-            layers.len()
-        )));
-    }
-    let layer = descriptor(layers.first(), Part::Document)?;
+    let layer = only_layer(&value, "a document", Part::Document)?;
     if !accepted.contains(&layer.media_type.as_str()) {
         return Err(Kind::WrongMediaType {
             part: Part::Document,
@@ -951,19 +941,25 @@ fn config_descriptor(value: &Value, limits: &Limits) -> Result<Descriptor, Kind>
     Ok(config)
 }
 
-/// The one layer's descriptor: a package layer's media type, within the layer limit.
-fn layer_descriptor(value: &Value, limits: &Limits) -> Result<Descriptor, Kind> {
+/// The descriptor of a manifest's one layer (`what` names the artifact for the error); an
+/// artifact of either kind has exactly one.
+fn only_layer(value: &Value, what: &str, part: Part) -> Result<Descriptor, Kind> {
     let layers = value
         .get("layers")
         .and_then(Value::as_array)
         .ok_or_else(|| malformed("no layers"))?;
     if layers.len() != 1 {
         return Err(malformed(&format!(
-            "a package artifact has one layer, this one has {}",
+            "{what} artifact has one layer, this one has {}",
             layers.len()
         )));
     }
-    let layer = descriptor(layers.first(), Part::Layer)?;
+    descriptor(layers.first(), part)
+}
+
+/// The one layer's descriptor: a package layer's media type, within the layer limit.
+fn layer_descriptor(value: &Value, limits: &Limits) -> Result<Descriptor, Kind> {
+    let layer = only_layer(value, "a package", Part::Layer)?;
     if kind_of_layer(&layer.media_type).is_none() {
         return Err(Kind::WrongMediaType {
             part: Part::Layer,

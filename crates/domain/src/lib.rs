@@ -16,6 +16,7 @@ pub mod dependency;
 pub mod distribution;
 pub mod fleet;
 pub mod graph;
+mod hex;
 pub mod ids;
 pub mod json;
 pub mod lease;

@@ -542,7 +542,7 @@ impl Metadata {
                 obj(vec![
                     ("key_id", s.key_id.to_hex().into()),
                     ("algorithm", s.algorithm.as_str().into()),
-                    ("signature", to_hex(&s.signature).into()),
+                    ("signature", crate::hex::encode(&s.signature).into()),
                 ])
             })
             .collect();
@@ -722,34 +722,6 @@ fn push_range(o: &mut Vec<(&str, Value)>, range: &VersionRange) {
     if let Some(max) = range.max() {
         o.push(("max_version", max.to_string().into()));
     }
-}
-
-fn to_hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        // Writing to a String cannot fail.
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
-
-fn from_hex(text: &str) -> Option<Vec<u8>> {
-    let digit = |b: u8| match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        _ => None,
-    };
-    let pairs = text.as_bytes().chunks_exact(2);
-    if text.is_empty() || !pairs.remainder().is_empty() {
-        return None;
-    }
-    pairs
-        .map(|pair| match pair {
-            [hi, lo] => Some((digit(*hi)? << 4) | digit(*lo)?),
-            _ => None,
-        })
-        .collect()
 }
 
 fn clip(text: &str) -> String {
@@ -1386,7 +1358,7 @@ fn signature(v: &Value, at: &At<'_>, p: &mut Problems) -> Option<SignatureEntry>
         )
     });
     let signature = required(m, at, "signature", p, |v, at, p| {
-        let bytes = from_hex(string(v, at, p)?);
+        let bytes = crate::hex::decode(string(v, at, p)?);
         if bytes.is_none() {
             p.push(at, FieldErrorKind::InvalidHex);
         }

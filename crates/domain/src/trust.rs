@@ -466,7 +466,10 @@ impl TrustStore {
                     .map(|k| {
                         Value::Object(vec![
                             ("key_id".into(), k.key_id.to_hex().into()),
-                            ("public_key_der".into(), hex(&k.spki_der).into()),
+                            (
+                                "public_key_der".into(),
+                                crate::hex::encode(&k.spki_der).into(),
+                            ),
                         ])
                     })
                     .collect();
@@ -567,7 +570,7 @@ impl TrustStore {
                 let key = expect_object(key, &path, &["key_id", "public_key_der"])?;
                 let key_id = digest_field(&key, &path, "key_id")?;
                 let der = string_field(&key, &path, "public_key_der")?;
-                let der = unhex(der).ok_or_else(|| {
+                let der = crate::hex::decode(der).ok_or_else(|| {
                     field(format!("{path}.public_key_der"), "expected lowercase hex")
                 })?;
                 if Sha256Digest::of(&der) != key_id {
@@ -640,25 +643,6 @@ fn digest_field(
 ) -> Result<Sha256Digest, TrustFileError> {
     let s = string_field(obj, path, name)?;
     Sha256Digest::parse_hex(s).map_err(|e| field(format!("{path}.{name}"), e.to_string()))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) || s.is_empty() {
-        return None;
-    }
-    let digit = |b: u8| match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        _ => None,
-    };
-    s.as_bytes()
-        .chunks_exact(2)
-        .map(|p| Some((digit(p[0])? << 4) | digit(p[1])?))
-        .collect()
 }
 
 /// Checks one signature. The crypto adapter implements it; tests use fakes.

@@ -1482,11 +1482,9 @@ impl ExpertPool {
         state.finished = 0;
         self.shared.unfinished.store(count, Ordering::Release);
         self.shared.epoch.fetch_add(1, Ordering::Release);
-        // One sleeper is woken; each worker that takes a task wakes the next while tasks are
-        // left (`take`). Watching workers see the epoch move.
-        if state.sleeping > 0 {
-            self.shared.work.notify_one();
-        }
+        // The caller's first `take` wakes one sleeper (tasks are left after it), and each
+        // worker that takes a task wakes the next while tasks are left. Watching workers see
+        // the epoch move.
         while let Some((job, index)) = self.shared.take(&mut state) {
             state = self.shared.run_task(state, job, index, &mut scratch);
         }

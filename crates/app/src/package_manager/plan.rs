@@ -506,23 +506,14 @@ impl PackageManager {
                     id.to_string(),
                     hook.prepare(&Change::Disable { id, version }),
                 ),
+                // A repair that leaves its version enabled loads the new tree as an install does.
                 Drafted::New {
                     metadata,
                     installed,
                     staged: Some(dir),
                     ..
-                } => (
-                    "install",
-                    format!("{} {}", installed.id, installed.version),
-                    hook.prepare(&Change::Install {
-                        id: &installed.id,
-                        version: &installed.version,
-                        dir,
-                        metadata,
-                        enabled: true,
-                    }),
-                ),
-                Drafted::Repair {
+                }
+                | Drafted::Repair {
                     metadata,
                     installed,
                     enabled_after: true,

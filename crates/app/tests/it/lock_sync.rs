@@ -65,21 +65,11 @@ fn read_lock(path: &Path) -> LockFile {
 
 #[test]
 fn sync_refused_at_each_change_commits_nothing() {
-    let bench = Bench::new(guild());
-    let base = bench.package("example.base", "1.0.0", b"base", "");
-    let dep = r#", "dependencies": [{"package_id": "example.base", "min_version": "1.0.0"}]"#;
-    let user = bench.package("example.user", "1.0.0", b"user", dep);
-    let alpha = bench.package("example.alpha", "2.0.0", b"alpha 2", "");
-    let lock = read_lock(&bench.lock_of(&[&base, &user, &alpha], &[]));
     // The store starts with an unlocked package enabled, and an older alpha that the lock's
     // supersedes, itself over an older one (so that there is a rollback target to keep).
-    let fresh = bench.trusting_store("fresh");
-    let extra = bench.package("example.extra", "1.0.0", b"extra", "");
-    let alpha0 = bench.package("example.alpha", "0.9.0", b"alpha 0", "");
-    let alpha1 = bench.package("example.alpha", "1.0.0", b"alpha 1", "");
-    for p in [&extra, &alpha0, &alpha1] {
-        bench.run_on(&fresh, &["install", p]).expect(0);
-    }
+    let fx = FourChanges::new();
+    let (bench, lock) = (&fx.bench, &fx.lock);
+    let fresh = fx.store("fresh");
     let before = guild_test_support::disk(&fresh);
     let listed_before = bench.listed(&fresh);
     assert_eq!(listed_before["packages"][0]["previous"], "0.9.0");
@@ -89,9 +79,9 @@ fn sync_refused_at_each_change_commits_nothing() {
     loop {
         let (pm, _) = PackageManager::open_dir(&fresh).unwrap();
         let staging = SyncStaging::create(&fresh).unwrap();
-        let staged = stage_all(&pm, &staging, &lock, bench.path());
+        let staged = stage_all(&pm, &staging, lock, bench.path());
         let mut hook = FailAt { fail_at, seen: 0 };
-        let outcome = lock_sync::apply(&pm, &lock, &staged, &mut hook);
+        let outcome = lock_sync::apply(&pm, lock, &staged, &mut hook);
         drop((staging, pm));
         match outcome {
             Err(SyncError::Step { .. }) => {

@@ -5,7 +5,7 @@
 
 use std::fs;
 
-use guild_test_support::guild::Bench;
+use guild_test_support::guild::{Bench, Run};
 
 use crate::guild;
 use crate::oci::{fails, locked_store, ok, run, start};
@@ -18,31 +18,70 @@ fn holders(bench: &Bench) {
 }
 
 /// `guild fleet root new` of the three holders' keys, threshold 2, as `root.json`.
+/// `guild fleet root new` for fleet `example.prod` with `threshold` of `keys` (public key files),
+/// expiring at `expires`, written to `out`; `more` adds options (`--version`).
+fn root_new(
+    bench: &Bench,
+    threshold: &str,
+    keys: &[&str],
+    expires: &str,
+    out: &str,
+    more: &[&str],
+) -> Run {
+    let mut args = vec![
+        "fleet",
+        "root",
+        "new",
+        "--fleet",
+        "example.prod",
+        "--threshold",
+        threshold,
+    ];
+    for k in keys {
+        args.extend(["--key", k]);
+    }
+    args.extend(["--expires", expires, "--out", out]);
+    args.extend(more);
+    bench.run(&args)
+}
+
+/// `guild fleet policy new` for fleet `example.prod`, version 1 under root version 1, from
+/// `lock` with `publisher` (`ID=KEY.pub[,...]`), written to `policy.json`; `more` adds options.
+fn policy_new(bench: &Bench, lock: &str, publisher: &str, more: &[&str]) -> Run {
+    let mut args = vec![
+        "fleet",
+        "policy",
+        "new",
+        "--fleet",
+        "example.prod",
+        "--version",
+        "1",
+        "--root-version",
+        "1",
+        "--expires",
+        "30d",
+        "--from-lock",
+        lock,
+        "--publisher",
+        publisher,
+        "--out",
+        "policy.json",
+    ];
+    args.extend(more);
+    bench.run(&args)
+}
+
 fn new_root(bench: &Bench) {
-    bench
-        .run(&[
-            "fleet",
-            "root",
-            "new",
-            "--fleet",
-            "example.prod",
-            "--threshold",
-            "2",
-            "--key",
-            "a.pub",
-            "--key",
-            "b.pub",
-            "--key",
-            "c.pub",
-            "--expires",
-            "365d",
-            "--version",
-            "1",
-            "--out",
-            "root.json",
-        ])
-        .expect(0)
-        .stdout_has("2 of 3 keys must sign");
+    root_new(
+        bench,
+        "2",
+        &["a.pub", "b.pub", "c.pub"],
+        "365d",
+        "root.json",
+        &["--version", "1"],
+    )
+    .expect(0)
+    .stdout_has("2 of 3 keys must sign");
 }
 
 #[test]
@@ -115,87 +154,22 @@ fn fleet_errors_name_the_file_and_what_failed() {
         .expect(3)
         .stderr_has("junk.json: not a fleet document");
     // A threshold above the number of keys is the author's mistake.
-    bench
-        .run(&[
-            "fleet",
-            "root",
-            "new",
-            "--fleet",
-            "example.prod",
-            "--threshold",
-            "3",
-            "--key",
-            "a.pub",
-            "--key",
-            "b.pub",
-            "--expires",
-            "30d",
-            "--out",
-            "root.json",
-        ])
+    root_new(&bench, "3", &["a.pub", "b.pub"], "30d", "root.json", &[])
         .expect(2)
         .stderr_has("threshold");
     // An expiry in the past is refused before anything is written.
-    bench
-        .run(&[
-            "fleet",
-            "root",
-            "new",
-            "--fleet",
-            "example.prod",
-            "--threshold",
-            "1",
-            "--key",
-            "a.pub",
-            "--expires",
-            "1000",
-            "--out",
-            "root.json",
-        ])
+    root_new(&bench, "1", &["a.pub"], "1000", "root.json", &[])
         .expect(2)
         .stderr_has("not in the future");
     assert!(!bench.path().join("root.json").exists());
     // `--out -` writes the document on standard output.
-    let out = bench.run(&[
-        "fleet",
-        "root",
-        "new",
-        "--fleet",
-        "example.prod",
-        "--threshold",
-        "1",
-        "--key",
-        "a.pub",
-        "--expires",
-        "30d",
-        "--out",
-        "-",
-    ]);
+    let out = root_new(&bench, "1", &["a.pub"], "30d", "-", &[]);
     out.expect(0).stdout_has("\"guild_fleet_root\": 1");
     // A policy is verified under a root.
     new_root(&bench);
     let lock = bench.lock_of(&[&bench.package("example.scan", "1.0.0", b"scan", "")], &[]);
     // A lock without registry sources cannot be a desired set.
-    bench
-        .run(&[
-            "fleet",
-            "policy",
-            "new",
-            "--fleet",
-            "example.prod",
-            "--version",
-            "1",
-            "--root-version",
-            "1",
-            "--expires",
-            "30d",
-            "--from-lock",
-            lock.to_str().unwrap(),
-            "--publisher",
-            "org.example=k.pub",
-            "--out",
-            "policy.json",
-        ])
+    policy_new(&bench, lock.to_str().unwrap(), "org.example=k.pub", &[])
         .expect(3)
         .stderr_has("example.scan 1.0.0 has no registry source");
 }
@@ -220,29 +194,8 @@ fn a_policy_from_a_lock_is_signed_in_turn_pushed_and_pulled_back() {
 
     // A publisher that does not cover the lock's packages is refused.
     bench.run(&["keygen", "--out", "other"]).expect(0);
-    let policy_new = |publisher: &str, scope: &str| {
-        bench.run(&[
-            "fleet",
-            "policy",
-            "new",
-            "--fleet",
-            "example.prod",
-            "--version",
-            "1",
-            "--root-version",
-            "1",
-            "--expires",
-            "30d",
-            "--from-lock",
-            lock,
-            "--publisher",
-            publisher,
-            "--scope",
-            scope,
-            "--out",
-            "policy.json",
-        ])
-    };
+    let policy_new =
+        |publisher: &str, scope: &str| policy_new(&bench, lock, publisher, &["--scope", scope]);
     policy_new("org.example=other.pub", "org.example=example")
         .expect(4)
         .stderr_has("contradict itself");
@@ -388,29 +341,15 @@ fn a_rotated_root_verifies_as_the_next_one_under_the_root_before_it() {
             .expect(0);
     }
     // Version 2 drops a and adds d.
-    bench
-        .run(&[
-            "fleet",
-            "root",
-            "new",
-            "--fleet",
-            "example.prod",
-            "--threshold",
-            "2",
-            "--key",
-            "b.pub",
-            "--key",
-            "c.pub",
-            "--key",
-            "d.pub",
-            "--expires",
-            "365d",
-            "--version",
-            "2",
-            "--out",
-            "root2.json",
-        ])
-        .expect(0);
+    root_new(
+        &bench,
+        "2",
+        &["b.pub", "c.pub", "d.pub"],
+        "365d",
+        "root2.json",
+        &["--version", "2"],
+    )
+    .expect(0);
     // c and d are two of its own keys but only one of the old root's: not yet a rotation.
     for k in ["c.key", "d.key"] {
         bench

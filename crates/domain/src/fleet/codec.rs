@@ -246,7 +246,7 @@ pub(crate) fn read_keys(
         let o = Obj::of(doc, item, &at, &["key_id", "public_key_der"])?;
         let key_id = o.digest("key_id")?;
         let der = o.parsed("public_key_der", |s| {
-            unhex(s).ok_or("expected non-empty lowercase hex")
+            crate::hex::decode(s).ok_or("expected non-empty lowercase hex")
         })?;
         if der.len() > MAX_SPKI_BYTES {
             return Err(o.err(
@@ -275,36 +275,12 @@ pub(crate) fn keys_value(keys: &[TrustedKey]) -> Value {
             .map(|k| {
                 Value::Object(vec![
                     ("key_id".into(), k.key_id.to_hex().into()),
-                    ("public_key_der".into(), hex(&k.spki_der).into()),
+                    (
+                        "public_key_der".into(),
+                        crate::hex::encode(&k.spki_der).into(),
+                    ),
                 ])
             })
             .collect(),
     )
-}
-
-/// Lowercase hex.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
-    }
-    out
-}
-
-/// Non-empty, even-length lowercase hex, decoded.
-pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.is_empty() || !s.len().is_multiple_of(2) {
-        return None;
-    }
-    let digit = |b: u8| match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        _ => None,
-    };
-    s.as_bytes()
-        .chunks_exact(2)
-        .map(|p| Some((digit(p[0])? << 4) | digit(p[1])?))
-        .collect()
 }

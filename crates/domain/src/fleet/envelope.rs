@@ -15,7 +15,7 @@ use crate::json::{self, Value};
 use crate::manifest::{SignatureAlgorithm, SignatureEntry};
 use crate::trust::{SignatureCheck, TrustedKey};
 
-use super::codec::{clip, field, hex, unhex, FleetDocumentError, Obj};
+use super::codec::{clip, field, FleetDocumentError, Obj};
 use super::{DocumentKind, MAX_DOCUMENT_BYTES, MAX_SIGNATURES, MAX_SIGNATURE_BYTES};
 
 /// A document that travels in the signed envelope: how to read its `signed` member and write it.
@@ -149,7 +149,7 @@ impl<T: FleetDocument> Signed<T> {
                 })
             })?;
             let signature = o.parsed("signature", |s| {
-                unhex(s)
+                crate::hex::decode(s)
                     .filter(|b| b.len() <= MAX_SIGNATURE_BYTES)
                     .ok_or("expected non-empty lowercase hex, at most 512 bytes")
             })?;
@@ -245,7 +245,7 @@ impl<T: FleetDocument> Signed<T> {
                 Value::Object(vec![
                     ("key_id".into(), s.key_id.to_hex().into()),
                     ("algorithm".into(), s.algorithm.as_str().into()),
-                    ("signature".into(), hex(&s.signature).into()),
+                    ("signature".into(), crate::hex::encode(&s.signature).into()),
                 ])
             })
             .collect();
