@@ -11,9 +11,10 @@ use crate::msrv::{installed, path_str, rustup};
 use crate::util::{self, root};
 
 const NIGHTLY: &str = "nightly";
-/// The unit tests each tool runs, all in `guild-runtime`: the gate and handle table, the call
+/// The unit tests each tool runs, in `guild-runtime`: the gate and handle table, the call
 /// tensors and call cells, the striped binding counts; ThreadSanitizer also the per-thread
-/// impl-id tables, the scoped thread map and the expert pool.
+/// impl-id tables and the expert pool, and in `guild-packages` the scoped thread map of the full
+/// check.
 const LOOM_FILTER: &str = "loom_";
 const MIRI_FILTERS: &[&str] = &["operations::", "snapshot::"];
 const TSAN_FILTERS: &[&str] = &[
@@ -74,7 +75,8 @@ pub fn miri() -> Result<(), String> {
     util::run(rustup().args(args))
 }
 
-/// ThreadSanitizer over the runtime's concurrency unit tests, with a std built with it
+/// ThreadSanitizer over the concurrency unit tests of the runtime and the package service, with a
+/// std built with it
 /// (`-Zbuild-std`), so that the atomics and locks of std are seen too.
 pub fn tsan() -> Result<(), String> {
     if !nightly_with(&["rust-src"])? {
@@ -92,6 +94,8 @@ pub fn tsan() -> Result<(), String> {
         "x86_64-unknown-linux-gnu",
         "-p",
         "guild-runtime",
+        "-p",
+        "guild-packages",
         "--lib",
         "--no-default-features",
         "--target-dir",

@@ -8,11 +8,15 @@
 //!   so that an execute crosses it without a conversion.
 //! - `guild-abi` depends on nothing.
 //! - Adapters never depend on one another, and only the application crates (`guild-host`, the
-//!   composition; `guild-runtime`, the plugin runtime it composes; `guild-conformance`, the
-//!   publisher's check, which stands on `guild-host`) depend on adapters.
+//!   composition; `guild-runtime`, the plugin runtime, and `guild-packages`, the package
+//!   service, which it composes; `guild-conformance`, the publisher's check, which stands on
+//!   `guild-host`) depend on adapters.
 //! - The plugin runtime depends on no other application crate, and never on the crypto or OCI
 //!   adapters: it runs what the package service decided to load and never authenticates or
 //!   fetches anything itself.
+//! - The package service depends on no other application crate, and never on the CUDA adapter:
+//!   it decides what may be loaded and never loads or runs plugin code itself. The two meet only
+//!   in `guild-host`.
 //! - Nothing inside the hexagon depends on `guild-host`; the publisher's check
 //!   (`guild-conformance`) and the command line (`guild-cli`) stand on top of it, and nothing
 //!   under `guild-host` reaches the check but its own tests. The command line reaches the
@@ -85,11 +89,25 @@ const ADAPTERS: &[&str] = &[
 
 /// The application layer: the crates that compose ports and adapters. `guild-host` composes the
 /// others and is the one a runner names.
-const APP: &[&str] = &["guild-host", "guild-runtime", "guild-conformance"];
+const APP: &[&str] = &[
+    "guild-host",
+    "guild-runtime",
+    "guild-packages",
+    "guild-conformance",
+];
 
-/// What the plugin runtime must never depend on: the composition above it, and the adapters of
-/// trust and distribution (the package service's business).
-const RUNTIME_FORBIDDEN: &[&str] = &["guild-host", "guild-adapters-crypto", "guild-adapters-oci"];
+/// What the plugin runtime must never depend on: the composition above it, the package service,
+/// and the adapters of trust and distribution (the package service's business).
+const RUNTIME_FORBIDDEN: &[&str] = &[
+    "guild-host",
+    "guild-packages",
+    "guild-adapters-crypto",
+    "guild-adapters-oci",
+];
+
+/// What the package service must never depend on: the composition above it, the plugin runtime,
+/// and the devices plugin code runs on.
+const PACKAGES_FORBIDDEN: &[&str] = &["guild-host", "guild-runtime", "guild-adapters-cuda"];
 
 /// What `guild-domain` may use. thiserror is a derive macro that generates `Display` and `Error`
 /// impls and nothing else, so it keeps the domain pure.
@@ -175,7 +193,7 @@ pub fn check_deps(crates: &[CrateDeps]) -> Vec<Violation> {
                     flag(
                         c,
                         dep,
-                        "only the application crates (guild-host, guild-runtime, guild-conformance) may depend on an adapter",
+                        "only the application crates (guild-host, guild-runtime, guild-packages, guild-conformance) may depend on an adapter",
                     );
                 }
             }
@@ -187,6 +205,16 @@ pub fn check_deps(crates: &[CrateDeps]) -> Vec<Violation> {
                     c,
                     dep,
                     "the plugin runtime never depends on the composition, trust or distribution",
+                );
+            }
+            if c.package == "guild-packages"
+                && *kind != DepKind::Dev
+                && PACKAGES_FORBIDDEN.contains(&dep)
+            {
+                flag(
+                    c,
+                    dep,
+                    "the package service never depends on the composition, the runtime or devices",
                 );
             }
             // Examples are applications outside the hexagon: a runner parses its own arguments.
@@ -503,6 +531,20 @@ const TRANSITIVE_FORBIDDEN: &[(&str, &[&str])] = &[
         "guild-runtime",
         &["p256", "ring", "tokio", "reqwest", "clap", "anyhow"],
     ),
+    // The package service decides what may load and never loads it: no runtime, no CUDA, no
+    // command line, and (with its default features) no registry client. (It does reach the
+    // POSIX adapter, for the signal notes in the crash ledger's records.)
+    (
+        "guild-packages",
+        &[
+            "guild-runtime",
+            "cudarc",
+            "tokio",
+            "reqwest",
+            "clap",
+            "anyhow",
+        ],
+    ),
     // With its default features: the registry client (feature `oci`) and its async runtime
     // are opt-in.
     (
@@ -679,7 +721,7 @@ mod tests {
                 "guild-ports",
                 Dev,
                 "guild-adapters-posix",
-                "only the application crates (guild-host, guild-runtime, guild-conformance) may depend on an adapter",
+                "only the application crates (guild-host, guild-runtime, guild-packages, guild-conformance) may depend on an adapter",
             ),
             (
                 "guild-adapters-fs",
@@ -709,7 +751,7 @@ mod tests {
                 "guild-cli",
                 Normal,
                 "guild-adapters-crypto",
-                "only the application crates (guild-host, guild-runtime, guild-conformance) may depend on an adapter",
+                "only the application crates (guild-host, guild-runtime, guild-packages, guild-conformance) may depend on an adapter",
             ),
             (
                 "guild-ports",
@@ -734,6 +776,30 @@ mod tests {
                 Normal,
                 "guild-adapters-oci",
                 "the plugin runtime never depends on the composition, trust or distribution",
+            ),
+            (
+                "guild-runtime",
+                Normal,
+                "guild-packages",
+                "the plugin runtime never depends on the composition, trust or distribution",
+            ),
+            (
+                "guild-packages",
+                Normal,
+                "guild-runtime",
+                "the package service never depends on the composition, the runtime or devices",
+            ),
+            (
+                "guild-packages",
+                Normal,
+                "guild-adapters-cuda",
+                "the package service never depends on the composition, the runtime or devices",
+            ),
+            (
+                "guild-packages",
+                Normal,
+                "guild-host",
+                "nothing inside the hexagon depends on the composition root",
             ),
         ];
         for (package, kind, dep, rule) in cases {
@@ -796,7 +862,7 @@ mod tests {
         };
         assert_eq!(
             rules_of(&[example(&[(Normal, "guild-adapters-posix")])]),
-            ["only the application crates (guild-host, guild-runtime, guild-conformance) may depend on an adapter"]
+            ["only the application crates (guild-host, guild-runtime, guild-packages, guild-conformance) may depend on an adapter"]
         );
         assert_eq!(
             rules_of(&[example(&[(Normal, "libloading")])]),

@@ -33,35 +33,45 @@
 //! The guides in the repository's `docs/` directory (`runner-authors.md`, `operators.md`,
 //! `plugin-authors.md`, `package-format.md`) explain the concepts behind this API.
 //!
-//! This crate is the composition root: it is the only place that composes the package service
-//! with the plugin runtime. It holds the package manager (authentication, dependency
-//! validation, durable publication, enable/disable/remove/rollback, recovery), the crash
-//! ledger, the registration check, the publisher's pack and sign, and the [`Host`] that
-//! composes them with a plugin loader and the runtime. The runtime (`guild-runtime`: the kernel
-//! registry, the operation service, model runners and bound tables, and with them nearly all of
-//! the host's `unsafe`) is re-exported under the module names runners use ([`registry`],
-//! [`operations`], [`models`], [`experts`], [`cuda_tables`], [`platform`]). This crate itself
+//! This crate is the composition root, the only place that holds both halves of the host: the
+//! package service (`guild-packages`: the package manager's authentication, dependency
+//! validation, durable publication, lifecycle and recovery, the crash ledger, locks and sync,
+//! the publisher's pack and sign) and the plugin runtime (`guild-runtime`: the kernel registry,
+//! the operation service, model runners and bound tables, and with them nearly all of the host's
+//! `unsafe`). Both are re-exported under the module names runners and tools use
+//! ([`package_manager`], [`error`], [`registry`], [`operations`], [`models`], [`experts`],
+//! [`cuda_tables`], [`platform`], ...). What needs both stays here: the [`Host`] and the
+//! [`registration`] check, which loads a library into a registry of its own. This crate itself
 //! has no `unsafe`. The publisher's conformance check (`guild check`) is `guild-conformance`,
 //! which stands on this crate; the `guild` command line is `guild-cli`.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod crash_quarantine;
-#[cfg(feature = "oci")]
-pub mod distribution;
-pub mod error;
 pub mod host;
-pub mod lock_sync;
-pub mod package_manager;
-pub mod packaging;
 pub mod reconcile;
 pub mod registration;
 
-// The plugin runtime (`guild-runtime`), under the names runners have always used.
+// The plugin runtime (`guild-runtime`) and the package service (`guild-packages`), under the
+// names runners and tools have always used.
+#[cfg(feature = "oci")]
+pub use guild_packages::distribution;
+pub use guild_packages::{crash_quarantine, lock_sync, package_manager, packaging};
 pub use guild_runtime::{cuda_tables, experts, models, operations, platform, registry};
 
+/// What can go wrong, sorted the way the `guild` command line turns it into exit codes: the
+/// package service's [`HostError`] and what a plugin's callback reported
+/// ([`PluginReason`](error::PluginReason)).
+pub mod error {
+    pub use guild_packages::error::*;
+    pub use guild_runtime::error::PluginReason;
+}
+
 pub use error::{ErrorCategory, HostError};
+pub use guild_packages::{
+    FullCheck, InstallOptions, Installed, OpenReport, PackageManager, PackageView, PlanError,
+    PlanStep, StepDone, TrustReset, VerifyFailure, VerifyOptions,
+};
 pub use host::{
     DeferredSwitch, Host, HostBuilder, HostReport, HostWatcher, LoadReport, LockRefused,
     OpenedHost, RefreshReport, RevokedLive,
@@ -70,10 +80,6 @@ pub use models::{BoundModel, ModelRunners, SelectError, SelectFileError};
 pub use operations::{
     DeviceScratch, DeviceSupport, DeviceTensor, ExecuteError, OpHandle, OperationRequest,
     OperationService, ReshapeError, ResolveError, TensorArg, TensorArgMut,
-};
-pub use package_manager::{
-    FullCheck, InstallOptions, Installed, OpenReport, PackageManager, PackageView, PlanError,
-    PlanStep, StepDone, TrustReset, VerifyFailure, VerifyOptions,
 };
 pub use platform::HostPlatform;
 pub use reconcile::{PendingCause, PendingChange};
@@ -132,6 +138,12 @@ struct ReadmeDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../../../docs/runner-authors.md")]
 struct RunnerGuideDoctests;
+
+/// The package manager's example, written in guild-packages and compiled here, where its
+/// `guild_host` paths resolve.
+#[cfg(doctest)]
+#[doc = include_str!("../../packages/src/package_manager/example.md")]
+struct PackageManagerDoctests;
 
 /// The kernel registry a host hands out looks up and binds, and nothing else: the right to
 /// change it is the host's `OwnedRegistry`. The same call shape with a lookup compiles,

@@ -19,6 +19,7 @@ pub mod graph;
 mod hex;
 pub mod ids;
 pub mod json;
+pub mod kernel_registry;
 pub mod lease;
 pub mod lifecycle;
 pub mod manifest;

@@ -30,7 +30,6 @@ mod id_lookup;
 pub mod models;
 #[allow(unsafe_code)] // The C service boundary: GOP1 callbacks and the service's C table.
 pub mod operations;
-pub mod parallel;
 pub mod platform;
 pub mod registry;
 mod snapshot;

@@ -60,6 +60,7 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use guild_abi::guild_operation_service_v1_t;
 use guild_domain::ids::{ImplId, OpName, PackageId, RunnerId};
+pub use guild_domain::kernel_registry::RegistryChangeError;
 use guild_domain::operation::Backend;
 use guild_domain::version::Version;
 use guild_ports::loader::LoadedPlugin;
@@ -212,48 +213,6 @@ impl Drop for Drain {
             package.end_drain();
         }
     }
-}
-
-/// Why the kernel registry refused a change. The registry is unchanged after any of these.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum RegistryChangeError {
-    /// Another loaded package already provides this implementation id (ids are unique across
-    /// the registry).
-    #[error("{package} registers {impl_id}, which {owner} already provides")]
-    DuplicateImplId {
-        /// `id@version` of the package being published.
-        package: String,
-        /// The contested implementation id.
-        impl_id: ImplId,
-        /// `id@version` of the package that provides it.
-        owner: String,
-    },
-    /// Another loaded package already provides this runner id.
-    #[error("{package} registers runner {runner_id}, which {owner} already provides")]
-    DuplicateRunnerId {
-        /// `id@version` of the package being published.
-        package: String,
-        /// The contested runner id.
-        runner_id: RunnerId,
-        /// `id@version` of the package that provides it.
-        owner: String,
-    },
-    /// The package is not in the registry.
-    #[error("package {package} is not loaded")]
-    NotLoaded {
-        /// The package asked for.
-        package: PackageId,
-    },
-    /// Bindings into the package (any loaded or retired version) are alive, so it cannot be
-    /// drained; the host reports this as a lease refusal naming the change.
-    #[error("package {package} is held by {bindings} binding(s)")]
-    Bound {
-        /// The package asked for.
-        package: PackageId,
-        /// Live bindings at the instant of the check.
-        bindings: u64,
-    },
 }
 
 /// What unloading did.

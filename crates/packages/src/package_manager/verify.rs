@@ -123,7 +123,7 @@ impl PackageManager {
         }
         out.checked = work.len();
         out.reauthenticated = work.len();
-        let results = guild_runtime::parallel::map(&work, jobs, |(id, version, _, metadata)| {
+        let results = crate::parallel::map(&work, jobs, |(id, version, _, metadata)| {
             self.check_version(&trust, metadata, id, version, full)
         });
         let mut next = registry.successor();

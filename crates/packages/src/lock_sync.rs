@@ -43,9 +43,9 @@ use guild_domain::version::Version;
 
 use guild_domain::store_state::StoreState;
 
-use crate::durable_file;
 use crate::package_manager::LifecycleHook;
 use crate::{HostError, PackageManager, PlanError, PlanStep, StepDone};
+use guild_adapters_fs::durable_file;
 
 /// The directory under a store that holds the staging areas of syncs in progress.
 pub const STAGING_DIR: &str = "sync-staging";

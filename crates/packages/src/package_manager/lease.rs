@@ -93,7 +93,7 @@ impl PackageManager {
 
     /// Waits until no session lease holds `id`, or until `deadline`; answers whether none does.
     /// Woken by the release of the last lease, not by polling.
-    pub(crate) fn wait_unleased(&self, id: &PackageId, deadline: Instant) -> bool {
+    pub fn wait_unleased(&self, id: &PackageId, deadline: Instant) -> bool {
         let mut ledger = self.lock_leases();
         loop {
             if ledger.active(id).leases == 0 {

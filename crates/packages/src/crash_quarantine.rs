@@ -1,7 +1,7 @@
 //! Crash quarantine: a package whose `init` killed the process that loaded it is not loaded
 //! again by accident, while the rest of the store keeps working.
 //!
-//! Before a [`Host`](crate::Host) opened on a store runs a package's library (`dlopen`, entry
+//! Before a `Host` opened on a store runs a package's library (`dlopen`, entry
 //! point, `init`), it writes one small durable record, `loading/<pid>-<n>.json`, naming the
 //! payload digest it is about to run and the process, and keeps an exclusive `flock` on the
 //! record from before its name appears until `init` has returned and the record is removed. The
@@ -510,14 +510,14 @@ fn ensure_dir(dir: &Path) -> Result<(), LedgerError> {
 /// A host's view of the quarantine: the ledger, and its entries as last read (when the host
 /// opened, or at its last refresh that loaded something).
 #[derive(Debug)]
-pub(crate) struct Quarantine {
+pub struct Quarantine {
     ledger: CrashLedger,
     entries: Mutex<BTreeMap<Sha256Digest, QuarantineEntry>>,
 }
 
 impl Quarantine {
     /// Sweeps the ledger of the store at `root` and reads its entries.
-    pub(crate) fn open(root: &Path) -> Result<Self, LedgerError> {
+    pub fn open(root: &Path) -> Result<Self, LedgerError> {
         let quarantine = Quarantine {
             ledger: CrashLedger::new(root),
             entries: Mutex::new(BTreeMap::new()),
@@ -531,7 +531,7 @@ impl Quarantine {
     }
 
     /// Sweeps again and reads what other processes quarantined meanwhile.
-    pub(crate) fn reread(&self) -> Result<(), LedgerError> {
+    pub fn reread(&self) -> Result<(), LedgerError> {
         self.ledger.sweep()?;
         let read = self.ledger.quarantined()?;
         *self.entries() = read.into_iter().map(|e| (*e.digest(), e)).collect();
@@ -539,18 +539,18 @@ impl Quarantine {
     }
 
     /// The entries as last read.
-    pub(crate) fn list(&self) -> Vec<QuarantineEntry> {
+    pub fn list(&self) -> Vec<QuarantineEntry> {
         self.entries().values().cloned().collect()
     }
 
     /// The entry that keeps `digest` from loading, if there is one (the host turns it into its
     /// refusal).
-    pub(crate) fn refusal(&self, digest: &Sha256Digest) -> Option<QuarantineEntry> {
+    pub fn refusal(&self, digest: &Sha256Digest) -> Option<QuarantineEntry> {
         self.entries().get(digest).cloned()
     }
 
     /// [`CrashLedger::begin`].
-    pub(crate) fn begin(
+    pub fn begin(
         &self,
         id: &PackageId,
         version: &Version,
@@ -561,7 +561,7 @@ impl Quarantine {
 
     /// `digest` of `id` loaded: lifts the entries of `id`'s other builds. Failing to is not
     /// worth failing the load for; the next successful load tries again.
-    pub(crate) fn loaded(&self, id: &PackageId, digest: &Sha256Digest) {
+    pub fn loaded(&self, id: &PackageId, digest: &Sha256Digest) {
         let others = self
             .entries()
             .values()

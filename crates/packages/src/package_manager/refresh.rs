@@ -119,7 +119,7 @@ impl PackageManager {
     }
 
     /// `id@version` as a load plan would name it: its tree in the store (which may be gone).
-    pub(crate) fn planned(&self, id: &PackageId, version: &Version) -> PlannedPackage {
+    pub fn planned(&self, id: &PackageId, version: &Version) -> PlannedPackage {
         PlannedPackage {
             id: id.clone(),
             version: version.clone(),

@@ -14,8 +14,10 @@ use guild_ports::store::Transaction;
 use super::{PackageManager, TrustOpened, TrustReset};
 use crate::error::HostError;
 
-/// Bridges the crypto port to the domain's signature check.
-pub(crate) struct PortCheck<'a>(pub(crate) &'a dyn SignatureVerifier);
+/// Bridges the crypto port to the domain's signature check, for callers of
+/// [`guild_domain::trust::authenticate`] that hold a [`SignatureVerifier`].
+#[allow(missing_debug_implementations)] // A borrowed trait object with nothing to show.
+pub struct PortCheck<'a>(pub &'a dyn SignatureVerifier);
 
 impl SignatureCheck for PortCheck<'_> {
     fn verify(&self, spki_der: &[u8], message: &[u8], signature: &[u8]) -> Result<(), String> {

@@ -14,7 +14,7 @@ use guild_domain::trust::{AuthError, TrustChangeError, TrustFileError, TrustFile
 use guild_ports::source::SourceError;
 use guild_ports::store::StoreError;
 
-use guild_runtime::platform::PlatformMismatch;
+use guild_domain::platform::PlatformMismatch;
 
 /// The broad class of a failure, which decides the CLI's exit code.
 ///
@@ -133,7 +133,7 @@ pub enum HostError {
     Rollback(#[from] RollbackRefusal),
     /// A session lease or a live binding (an operation handle, a bound kernel or runner) holds
     /// the package, so a change that would unload or replace its code is refused. See
-    /// [`Host::disable_waiting`](crate::Host::disable_waiting).
+    /// `Host::disable_waiting`.
     #[error(transparent)]
     Leased(#[from] Leased),
     /// The lease ledger refused to take or release a lease.
@@ -192,7 +192,7 @@ pub enum HostError {
     /// The kernel registry refused what the plugin registered (an implementation or runner id
     /// another package already provides), or the package is not loaded.
     #[error(transparent)]
-    RegistryChange(#[from] crate::registry::RegistryChangeError),
+    RegistryChange(#[from] guild_domain::kernel_registry::RegistryChangeError),
     /// The package provides impl ids that another recorded package already provides: an
     /// implementation id belongs to one package.
     #[error(transparent)]
@@ -319,9 +319,9 @@ impl HostError {
             | HostError::CrashQuarantined { .. }
             | HostError::CrashQuarantineUnreadable { .. } => ErrorCategory::PackageRejected,
             HostError::CrashRecord { .. } => ErrorCategory::Store,
-            HostError::RegistryChange(crate::registry::RegistryChangeError::NotLoaded {
-                ..
-            }) => ErrorCategory::NotFound,
+            HostError::RegistryChange(
+                guild_domain::kernel_registry::RegistryChangeError::NotLoaded { .. },
+            ) => ErrorCategory::NotFound,
             HostError::RegistryChange(_) => ErrorCategory::Refused,
         }
     }
@@ -397,8 +397,6 @@ fn tail(stderr: &str) -> String {
     let start = text.char_indices().rev().nth(400).map_or(0, |(i, _)| i);
     format!(": {}", &text[start..])
 }
-
-pub use guild_runtime::error::PluginReason;
 
 impl From<crate::crash_quarantine::LedgerError> for HostError {
     fn from(e: crate::crash_quarantine::LedgerError) -> Self {

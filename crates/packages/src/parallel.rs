@@ -1,14 +1,18 @@
-//! Pure work spread over scoped threads. The host's full check of a store
-//! (`guild_host::PackageManager::verify_all`) checks each version independently, so it runs on
-//! as many threads as it is given. It lives with the runtime's other threads (the expert pool),
-//! where ThreadSanitizer checks it with them.
+//! Pure work spread over scoped threads. The full check of a store
+//! ([`PackageManager::verify_all`](crate::PackageManager::verify_all)) checks each version
+//! independently, so it runs on as many threads as it is given. ThreadSanitizer runs this
+//! module's tests with the runtime's (`cargo xtask tsan`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// `f` applied to every item on up to `jobs` threads, the results in the items' order. Threads
 /// take the next unclaimed item one at a time, so uneven items keep every thread busy. A panic
 /// in `f` is raised again on the calling thread once the others have stopped.
-pub fn map<T: Sync, R: Send>(items: &[T], jobs: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+pub(crate) fn map<T: Sync, R: Send>(
+    items: &[T],
+    jobs: usize,
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
     let jobs = jobs.clamp(1, items.len().max(1));
     if jobs == 1 {
         return items.iter().map(f).collect();

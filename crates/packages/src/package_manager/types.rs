@@ -229,7 +229,7 @@ pub struct PackageSummary {
     /// The version `rollback` returns to, if any.
     pub previous: Option<Version>,
     /// Session leases on the package. Bindings into loaded code are counted by the kernel
-    /// registry; [`crate::Host::active_package_leases`] adds both.
+    /// registry; `Host::active_package_leases` adds both.
     pub leases: ActiveLeases,
 }
 

@@ -43,7 +43,7 @@ use guild_ports::source::{PackageSource, Progress};
 use guild_ports::store::{PackageStore, Transaction};
 
 use crate::error::HostError;
-use crate::platform::HostPlatform;
+use guild_domain::platform::HostPlatform;
 
 mod install;
 mod kept;
@@ -63,7 +63,7 @@ use lease::Ledger;
 pub use lease::PackageLease;
 pub use plan::{PlanError, PlanStep, StepDone};
 pub use refresh::contested_reason;
-pub(crate) use trust::PortCheck;
+pub use trust::PortCheck;
 pub use types::{
     FullCheck, InstallOptions, Installed, LeftOut, LoadOrder, OpenReport, PackageSummary,
     PlannedPackage, Refreshed, TrustOpened, TrustReset, VerifyFailure, VerifyOptions,
@@ -219,37 +219,12 @@ impl Drop for WriteSession<'_> {
 /// installation.
 ///
 /// Used on its own it changes the store only: nothing is loaded. A runner that also wants the
-/// libraries loaded makes its changes through [`Host`](crate::Host), which owns a package
-/// manager and lets the kernel registry take part in each change.
+/// libraries loaded makes its changes through guild-host's `Host`, which owns a package manager
+/// and lets the kernel registry take part in each change.
 ///
 /// # Examples
 ///
-/// Trust a publisher's key and install a package, as `guild trust add` and `guild install` do:
-///
-/// ```no_run
-/// use std::path::Path;
-///
-/// use guild_host::{InstallOptions, PackageManager, PublisherId};
-///
-/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let (pm, opened) = PackageManager::open_dir(Path::new("/var/lib/guild"))?;
-/// assert!(opened.disabled.is_empty(), "opening disabled packages: {:?}", opened.disabled);
-///
-/// // The publisher's public key, DER-encoded SubjectPublicKeyInfo (`guild keygen` writes it as
-/// // PEM; `openssl pkey -pubin -outform DER` converts it).
-/// let spki_der = std::fs::read("org-example.pub.der")?;
-/// let publisher = PublisherId::new("org.example")?;
-/// let key_id = pm.update_trust(|trust| Ok(trust.add_key(publisher, spki_der)?))?;
-/// println!("trusted key {key_id}");
-///
-/// let installed = pm.install(Path::new("scan.gkmodule"), InstallOptions::default())?;
-/// println!(
-///     "installed {} {} signed by {} (payload {})",
-///     installed.id, installed.version, installed.publisher, installed.payload_digest
-/// );
-/// # Ok(())
-/// # }
-/// ```
+#[doc = include_str!("example.md")]
 pub struct PackageManager {
     store: Box<dyn PackageStore>,
     source: Box<dyn PackageSource>,
@@ -320,7 +295,7 @@ impl PackageManager {
     }
 
     /// The store's root directory (the parent of its trust file).
-    pub(crate) fn store_root(&self) -> PathBuf {
+    pub fn store_root(&self) -> PathBuf {
         let trust = self.store.trust_path();
         trust.parent().map(Path::to_path_buf).unwrap_or(trust)
     }

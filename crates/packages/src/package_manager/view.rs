@@ -12,12 +12,12 @@ use guild_ports::source::Progress;
 
 use super::{LoadOrder, PackageLease, PackageManager, PackageSummary};
 use crate::error::HostError;
-use crate::platform::HostPlatform;
+use guild_domain::platform::HostPlatform;
 
-/// What a [`Host`](crate::Host) lets its runner see of its package manager
-/// ([`Host::packages`](crate::Host::packages)): the installed packages, their metadata, the trust
+/// What a `Host` lets its runner see of its package manager
+/// (`Host::packages`): the installed packages, their metadata, the trust
 /// store and session leases, without the lifecycle changes. Those go through the `Host`
-/// ([`Host::install`](crate::Host::install), [`Host::disable`](crate::Host::disable), ...) so
+/// (`Host::install`, `Host::disable`, ...) so
 /// that the kernel registry takes part in each transaction; a [`PackageManager`] opened on its
 /// own (as the `guild` command line does) makes them directly.
 #[derive(Debug, Clone, Copy)]
@@ -26,7 +26,8 @@ pub struct PackageView<'pm> {
 }
 
 impl<'pm> PackageView<'pm> {
-    pub(crate) fn new(packages: &'pm PackageManager) -> Self {
+    /// The read-only view of `packages`.
+    pub fn new(packages: &'pm PackageManager) -> Self {
         PackageView { packages }
     }
 
@@ -67,7 +68,7 @@ impl<'pm> PackageView<'pm> {
     }
 
     /// The current trust store ([`PackageManager::trust`]). Change it with
-    /// [`Host::update_trust`](crate::Host::update_trust).
+    /// `Host::update_trust`.
     pub fn trust(&self) -> Result<TrustStore, HostError> {
         self.packages.trust()
     }
@@ -79,7 +80,7 @@ impl<'pm> PackageView<'pm> {
     }
 
     /// How many session leases keep `id` in use ([`PackageManager::active_package_leases`]);
-    /// [`Host::active_package_leases`](crate::Host::active_package_leases) adds the bindings.
+    /// `Host::active_package_leases` adds the bindings.
     pub fn active_package_leases(&self, id: &PackageId) -> ActiveLeases {
         self.packages.active_package_leases(id)
     }

@@ -18,7 +18,7 @@ use super::lease::Ledger;
 use super::verify::Scope;
 use super::{LeftOut, Lifecycle, OpenReport, PackageManager, TrustReset};
 use crate::error::HostError;
-use crate::platform::HostPlatform;
+use guild_domain::platform::HostPlatform;
 
 impl PackageManager {
     /// Opens the package manager over a store that has already run its recovery (its report is
@@ -274,7 +274,7 @@ impl PackageManager {
     /// generation (see [`PackageStore::is_reader`]). What fails verification is left out of this
     /// process's load plan and reported, not recorded; a change made through this package
     /// manager takes the store's lock for that one transaction. This is how a runner's
-    /// [`Host`](crate::Host) opens its store, and how `guild list`, `status` and `doctor` read.
+    /// `Host` opens its store, and how `guild list`, `status` and `doctor` read.
     pub fn open_dir_reader(dir: &Path) -> Result<(Self, OpenReport), HostError> {
         Self::open_dir_as(dir, None, true, false)
     }
