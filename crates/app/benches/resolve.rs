@@ -285,6 +285,23 @@ fn main() {
         show(base_rust),
         verdict(under_1us(base_rust))
     );
+    // G28's goal for one candidate: under 300 ns with at most 2 allocations (the allocations
+    // are counted, so they are judged in test mode too).
+    for (face, t, allocations) in [
+        ("C", base_c, one.map(|r| r.c_allocations)),
+        ("Rust", base_rust, one.map(|r| r.rust_allocations)),
+    ] {
+        let Some(allocations) = allocations else {
+            continue;
+        };
+        println!(
+            "goal: 1 candidate under 300 ns with at most 2 allocations: {face} {} ({}), \
+             {allocations} allocations ({})",
+            show(t),
+            verdict(t.map(|t| t < 300.0)),
+            if allocations <= 2.0 { "met" } else { "missed" }
+        );
+    }
     // The worst host cost per refusing candidate over the sizes run, on either face.
     let worst = rows
         .iter()

@@ -5,6 +5,7 @@
 //! tests here run `guild` only as a helper: the conformance check's child, a stand-in runner or
 //! writer process, a tool that sets a store up or reads it back.
 
+mod allocations;
 mod c_face;
 mod compat;
 mod conformance;

@@ -26,6 +26,8 @@ use guild_host::{Host, OperationService};
 use guild_ports::fakes::{fake_operation_with, FakePlugin, FakeProvider, FakeScratch};
 use guild_test_support::{Spec, Workshop};
 
+use crate::allocations::made_by;
+
 use crate::c_face::{args, reshape_args, reshape_raw, tensor, with_data, Query, Service};
 use crate::fake_providers::{candidate, double, fake_host, i64s, request, Aligned, OP};
 use crate::gkmodule::ProbeParams;
@@ -540,4 +542,50 @@ fn a_provider_cannot_reshape_the_handle_it_runs_on_through_either_table() {
     handle.execute_args(&a).unwrap();
     handle.reshape(&inputs, &outputs).unwrap();
     handle.release().unwrap();
+}
+
+/// Once a handle has been reshaped, a reshape allocates nothing on either face, whether it grows
+/// or shrinks the tensors: it refills the buffers of the contract it replaces (G28). Counted on
+/// this thread alone, with a provider that allocates nothing itself.
+#[test]
+fn a_reshape_allocates_nothing_once_the_handle_has_been_reshaped() {
+    let shop = Workshop::new();
+    let quiet = FakeProvider::new().scratch(|q| {
+        Ok(FakeScratch {
+            host_bytes: 8 * q.inputs()[0].dims[0],
+            device_bytes: 0,
+            alignment: 16,
+        })
+    });
+    let plugin = FakePlugin::new().with_kernel(fake_operation_with(
+        candidate("ex.steady.op.cpu", 10),
+        Arc::new(quiet),
+    ));
+    let (host, _, _) = fake_host(&shop, Spec::module("ex.steady", "1.0.0"), plugin);
+
+    let rust = OperationService::new(host.kernels());
+    let mut handle = rust.resolve(&request(2)).unwrap();
+    let shapes = [i64s(2), i64s(7)];
+    for d in shapes {
+        handle.reshape(&[d], &[d]).unwrap();
+    }
+    for d in shapes.iter().cycle().take(8) {
+        let made = made_by(|| handle.reshape(&[*d], &[*d]).unwrap());
+        assert_eq!(made, 0, "a Rust reshape to {:?} allocated", d.shape());
+        assert_eq!(handle.scratch().host_bytes, 8 * d.dims[0]);
+    }
+
+    let service = Service::of(host.kernels());
+    let c_shapes = [2, 7].map(|n| tensor(GUILD_DTYPE_I64, &[n], &[]));
+    let handle = service
+        .resolve(&Query::cpu(OP, vec![c_shapes[0]], vec![c_shapes[0]]))
+        .unwrap();
+    for t in c_shapes {
+        handle.reshape(&[t], &[t]).unwrap();
+    }
+    for t in c_shapes.iter().cycle().take(8) {
+        let made = made_by(|| handle.reshape(&[*t], &[*t]).unwrap());
+        assert_eq!(made, 0, "a C reshape to {} values allocated", t.dims[0]);
+        assert_eq!(handle.scratch().unwrap().host_bytes, 8 * t.dims[0]);
+    }
 }

@@ -5,7 +5,7 @@ use std::fmt;
 
 use super::tensor::{TensorDesc, TensorError, TensorInfo, TensorRef, TensorRole};
 use super::values::{
-    Backend, BackendSet, Budget, Capabilities, CpuIsa, DType, LayoutSet, MemorySpace,
+    Backend, BackendSet, Budget, Capabilities, CpuIsa, DType, Layout, LayoutSet, MemorySpace,
     MemorySpaceSet, Numerics, SyncMode, SyncModeSet, MAX_TENSOR_RANK,
 };
 use crate::ids::{ImplId, OpName};
@@ -254,9 +254,76 @@ pub struct QuerySpec {
 pub struct OpQuery {
     spec: QuerySpec,
     versions: OpVersionInterval,
-    /// The facts of the inputs, then of the outputs (one allocation for both).
-    infos: Vec<TensorInfo>,
+    /// The facts of the inputs, then of the outputs.
+    infos: Infos,
 }
+
+/// How many tensors' facts a query keeps without an allocation: as many as nearly every
+/// operation has (a resolution is on a runner's path, and each allocation shows in its cost).
+const INLINE_INFOS: usize = 4;
+
+/// The facts of a query's tensors, inputs then outputs: in place when there are at most
+/// [`INLINE_INFOS`] of them, else in one allocation.
+#[derive(Debug, Clone)]
+enum Infos {
+    Inline {
+        len: usize,
+        items: [TensorInfo; INLINE_INFOS],
+    },
+    Heap(Vec<TensorInfo>),
+}
+
+impl Infos {
+    /// Room for `n` facts.
+    fn with_capacity(n: usize) -> Self {
+        if n <= INLINE_INFOS {
+            let none = TensorInfo {
+                layout: Layout::Contiguous,
+                elements: 0,
+                batch: 0,
+                byte_extent: 0,
+            };
+            Infos::Inline {
+                len: 0,
+                items: [none; INLINE_INFOS],
+            }
+        } else {
+            Infos::Heap(Vec::with_capacity(n))
+        }
+    }
+
+    /// Appends `info`, moving the facts to the heap should there be more than the room
+    /// asked for.
+    fn push(&mut self, info: TensorInfo) {
+        match self {
+            Infos::Inline { len, items } if *len < INLINE_INFOS => {
+                items[*len] = info;
+                *len += 1;
+            }
+            Infos::Inline { .. } => {
+                let mut all = self.as_slice().to_vec();
+                all.push(info);
+                *self = Infos::Heap(all);
+            }
+            Infos::Heap(all) => all.push(info),
+        }
+    }
+
+    fn as_slice(&self) -> &[TensorInfo] {
+        match self {
+            Infos::Inline { len, items } => &items[..*len],
+            Infos::Heap(all) => all,
+        }
+    }
+}
+
+impl PartialEq for Infos {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for Infos {}
 
 impl OpQuery {
     /// Validates `spec`: a non-empty set of known backends, a same-major version interval, every
@@ -276,7 +343,7 @@ impl OpQuery {
         }
         let versions = OpVersionInterval::new(spec.min_version, spec.max_version)
             .map_err(QueryError::VersionInterval)?;
-        let mut infos = Vec::with_capacity(spec.inputs.len() + spec.outputs.len());
+        let mut infos = Infos::with_capacity(spec.inputs.len() + spec.outputs.len());
         check_tensors(TensorRole::Input, &spec.inputs, &spec.device, &mut infos)?;
         check_tensors(TensorRole::Output, &spec.outputs, &spec.device, &mut infos)?;
         Ok(OpQuery {
@@ -303,12 +370,12 @@ impl OpQuery {
 
     /// The facts computed for each input, in order.
     pub fn input_infos(&self) -> &[TensorInfo] {
-        &self.infos[..self.spec.inputs.len()]
+        &self.infos.as_slice()[..self.spec.inputs.len()]
     }
 
     /// The facts computed for each output, in order.
     pub fn output_infos(&self) -> &[TensorInfo] {
-        &self.infos[self.spec.inputs.len()..]
+        &self.infos.as_slice()[self.spec.inputs.len()..]
     }
 
     /// Gives the spec back, for a caller that wants to change it and validate again.
@@ -322,7 +389,7 @@ fn check_tensors(
     role: TensorRole,
     tensors: &[TensorDesc],
     device: &DeviceCaps,
-    infos: &mut Vec<TensorInfo>,
+    infos: &mut Infos,
 ) -> Result<(), QueryError> {
     for (index, t) in tensors.iter().enumerate() {
         let tensor = TensorRef { role, index };

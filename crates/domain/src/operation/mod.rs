@@ -18,9 +18,9 @@ pub use contract::{
     Arity, CandidateError, DeviceCaps, OpCandidate, OpQuery, QueryError, QuerySpec,
 };
 pub use resolve::{
-    check_static, check_tensor, choose, negotiate, rank_order, resolve, Choice, FailedCandidate,
-    FailureKind, Negotiator, ProviderRefusal, Reason, Rejection, Resolution, ResolveFailure,
-    ScratchRequest, Verdict,
+    check_budgets, check_static, check_tensor, choose, negotiate, rank_order, resolve, Choice,
+    FailedCandidate, FailureKind, Negotiator, ProviderRefusal, Reason, Rejection, Resolution,
+    ResolveFailure, ScratchRequest, Verdict,
 };
 pub use tensor::{TensorDesc, TensorError, TensorInfo, TensorRef, TensorRole};
 pub use values::{

@@ -760,9 +760,21 @@ pub fn negotiate(
         .query_scratch(index, candidate, query)
         .map_err(Rejection::ScratchRefused)?;
     let spec = query.spec();
+    check_budgets(&scratch, spec.ram_budget, spec.vram_budget)?;
+    Ok(scratch)
+}
+
+/// Checks a provider's scratch request against a query's RAM and VRAM budgets, RAM first: the
+/// last step of [`negotiate`], and of a reshape, which renegotiates within the budgets its
+/// handle was resolved with.
+pub fn check_budgets(
+    scratch: &ScratchRequest,
+    ram_budget: Budget,
+    vram_budget: Budget,
+) -> Result<(), Rejection> {
     for (budget, needed, allowed) in [
-        (BudgetKind::Ram, scratch.host_bytes, spec.ram_budget),
-        (BudgetKind::Vram, scratch.device_bytes, spec.vram_budget),
+        (BudgetKind::Ram, scratch.host_bytes, ram_budget),
+        (BudgetKind::Vram, scratch.device_bytes, vram_budget),
     ] {
         if !allowed.allows(needed) {
             return Err(Rejection::OverBudget {
@@ -772,7 +784,7 @@ pub fn negotiate(
             });
         }
     }
-    Ok(scratch)
+    Ok(())
 }
 
 /// Chooses the provider for `query` among `candidates` (every registered candidate; those of

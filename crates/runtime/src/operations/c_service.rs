@@ -967,13 +967,17 @@ unsafe extern "C" fn service_reshape(
                 // SAFETY: the caller's arrays, valid for this call.
                 let read =
                     unsafe { read_tensors_into("input", a.inputs, a.input_count, &mut inputs) }
-                        // SAFETY: as above.
-                        .and_then(|_| unsafe {
-                            read_tensors_into("output", a.outputs, a.output_count, &mut outputs)
+                        .and_then(|c_inputs| {
+                            // SAFETY: as above.
+                            let c_outputs = unsafe {
+                                read_tensors_into("output", a.outputs, a.output_count, &mut outputs)
+                            }?;
+                            Ok([c_inputs, c_outputs])
                         });
+                // The caller's own arrays go to the provider's callbacks as they are.
                 // SAFETY: as above.
                 let renegotiated =
-                    read.map(|_| unsafe { r.renegotiate(&inputs, &outputs, params) });
+                    read.map(|c| unsafe { r.renegotiate(&inputs, &outputs, Some(c), params) });
                 // The buffers go back whatever happened, so that bad arguments do not cost the
                 // handle the allocations the next reshape reuses.
                 // SAFETY: as above.

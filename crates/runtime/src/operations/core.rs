@@ -30,10 +30,12 @@ use guild_abi::{
 };
 use guild_domain::ids::ImplId;
 use guild_domain::operation::{
-    check_static, choose, negotiate, resolve, Backend, CpuIsa, DType, MemorySpace, Negotiator,
-    OpCandidate, OpQuery, ProviderRefusal, QuerySpec, Reason, Rejection, ScratchRequest, SyncMode,
-    TensorDesc, TensorInfo, TensorRef, TensorRole, MAX_TENSOR_RANK,
+    check_budgets, check_tensor, choose, resolve, Backend, BackendSet, Budget, Capabilities,
+    CpuIsa, DType, DeviceCaps, MemorySpace, Negotiator, Numerics, OpCandidate, OpQuery,
+    ProviderRefusal, QueryError, Reason, Rejection, ScratchRequest, SyncMode, TensorDesc,
+    TensorInfo, TensorRef, TensorRole, MAX_TENSOR_RANK,
 };
+use guild_domain::version::OpVersionInterval;
 use guild_ports::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
 use guild_ports::provider::{ExecuteCall, ExecuteEntry, KernelProvider, QueryCall};
 
@@ -617,6 +619,8 @@ struct CNegotiator<'p> {
     inputs: &'p [guild_tensor_desc_v1_t],
     outputs: &'p [guild_tensor_desc_v1_t],
     params: &'p [u8],
+    /// The query's numbers, which every candidate's C query carries.
+    statics: QueryStatics,
     /// Whether a refusal's message is kept (as text, for a report) or only its status.
     report: bool,
     /// The scratch alignment of the last scratch query that succeeded: the chosen candidate's,
@@ -647,6 +651,7 @@ impl<'p> CNegotiator<'p> {
             inputs,
             outputs,
             params: args.params,
+            statics: QueryStatics::of(query),
             report,
             last_alignment: Cell::new(0),
             error: RefCell::new(guild_error_info_t::new()),
@@ -656,9 +661,7 @@ impl<'p> CNegotiator<'p> {
     /// The error record, cleared for the next callback.
     fn fresh_error(&self) -> std::cell::RefMut<'_, guild_error_info_t> {
         let mut error = self.error.borrow_mut();
-        error.status = GUILD_STATUS_OK;
-        error.component[0] = 0;
-        error.message[0] = 0;
+        clear_error(&mut error);
         error
     }
 
@@ -707,16 +710,49 @@ struct QueryParts<'a> {
     params: &'a [u8],
 }
 
-/// Runs `call` with the C query of `query` for `candidate`, its pointers leading into `parts`
-/// and a device record on this frame, all of which outlive `call` (what [`QueryCall`] vouches
-/// for).
+/// The numbers of a query that every C query made from it carries, whatever its tensors: what
+/// a resolution fixed and a reshape of its handle renegotiates within (the name and the exact
+/// id are in [`QueryParts`]). Plain values, taken once per resolution and kept by the handle.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QueryStatics {
+    versions: OpVersionInterval,
+    backends: BackendSet,
+    capabilities: Capabilities,
+    numerics: Numerics,
+    sync_mode: SyncMode,
+    ram_budget: Budget,
+    vram_budget: Budget,
+    device: DeviceCaps,
+    /// Whether the query named the one implementation it takes (then the chosen candidate's).
+    exact: bool,
+}
+
+impl QueryStatics {
+    fn of(query: &OpQuery) -> Self {
+        let spec = query.spec();
+        QueryStatics {
+            versions: query.versions(),
+            backends: spec.backends,
+            capabilities: spec.capabilities,
+            numerics: spec.numerics,
+            sync_mode: spec.sync_mode,
+            ram_budget: spec.ram_budget,
+            vram_budget: spec.vram_budget,
+            device: spec.device,
+            exact: spec.exact_impl.is_some(),
+        }
+    }
+}
+
+/// Runs `call` with the C query of `statics` and `parts` for `candidate`, its pointers leading
+/// into `parts` and a device record on this frame, all of which outlive `call` (what
+/// [`QueryCall`] vouches for).
 fn with_c_query<T>(
     parts: &QueryParts<'_>,
     candidate: &OpCandidate,
-    query: &OpQuery,
+    spec: &QueryStatics,
     call: impl FnOnce(QueryCall<'_>) -> T,
 ) -> T {
-    let spec = query.spec();
     let caps = guild_device_caps_v1_t {
         struct_size: size_of::<guild_device_caps_v1_t>() as u32,
         backend: candidate.backend.bit(),
@@ -737,8 +773,8 @@ fn with_c_query<T>(
         struct_size: size_of::<guild_operation_query_v1_t>() as u32,
         version: GUILD_OPERATION_QUERY_VERSION,
         op_name: parts.op_name.as_ptr(),
-        min_op_version: query.versions().min().raw(),
-        max_op_version: query.versions().max().raw(),
+        min_op_version: spec.versions.min().raw(),
+        max_op_version: spec.versions.max().raw(),
         backends: spec.backends.bits(),
         sync_mode: spec.sync_mode.raw(),
         required_capabilities: spec.capabilities.bits(),
@@ -764,16 +800,16 @@ fn with_c_query<T>(
     call(unsafe { QueryCall::new(&c_query) })
 }
 
-/// Asks `provider` to validate the C query of `query` for `candidate`.
+/// Asks `provider` to validate the C query of `statics` and `parts` for `candidate`.
 fn ask_validate(
     provider: &dyn KernelProvider,
     parts: &QueryParts<'_>,
     candidate: &OpCandidate,
-    query: &OpQuery,
+    statics: &QueryStatics,
     error: &mut guild_error_info_t,
     refusal: impl FnOnce(guild_status_t, &guild_error_info_t) -> ProviderRefusal,
 ) -> Result<(), ProviderRefusal> {
-    let status = with_c_query(parts, candidate, query, |q| provider.validate(q, error));
+    let status = with_c_query(parts, candidate, statics, |q| provider.validate(q, error));
     if status == GUILD_STATUS_OK {
         Ok(())
     } else {
@@ -781,13 +817,13 @@ fn ask_validate(
     }
 }
 
-/// Asks `provider` for the scratch of the C query of `query` for `candidate`: the request and
-/// the alignment it asked for. `refusal` makes the provider's own refusal.
+/// Asks `provider` for the scratch of the C query of `statics` and `parts` for `candidate`:
+/// the request and the alignment it asked for. `refusal` makes the provider's own refusal.
 fn ask_scratch(
     provider: &dyn KernelProvider,
     parts: &QueryParts<'_>,
     candidate: &OpCandidate,
-    query: &OpQuery,
+    statics: &QueryStatics,
     error: &mut guild_error_info_t,
     refusal: impl FnOnce(guild_status_t, &guild_error_info_t) -> ProviderRefusal,
 ) -> Result<(ScratchRequest, u32), ProviderRefusal> {
@@ -797,7 +833,7 @@ fn ask_scratch(
         host_bytes: 0,
         device_bytes: 0,
     };
-    let status = with_c_query(parts, candidate, query, |q| {
+    let status = with_c_query(parts, candidate, statics, |q| {
         provider.query_scratch(q, &mut scratch, error)
     });
     if status != GUILD_STATUS_OK {
@@ -832,11 +868,12 @@ fn scratch_request(
 }
 
 impl Negotiator for CNegotiator<'_> {
+    // `query` is the one `self` was made for: its numbers are `self.statics`.
     fn validate(
         &self,
         index: usize,
         candidate: &OpCandidate,
-        query: &OpQuery,
+        _query: &OpQuery,
     ) -> Result<(), ProviderRefusal> {
         let provider = self.op(index)?;
         let mut error = self.fresh_error();
@@ -847,7 +884,7 @@ impl Negotiator for CNegotiator<'_> {
             provider,
             &self.parts(),
             candidate,
-            query,
+            &self.statics,
             &mut error,
             |s, e| self.refusal(s, e),
         )
@@ -857,7 +894,7 @@ impl Negotiator for CNegotiator<'_> {
         &self,
         index: usize,
         candidate: &OpCandidate,
-        query: &OpQuery,
+        _query: &OpQuery,
     ) -> Result<ScratchRequest, ProviderRefusal> {
         let provider = self.op(index)?;
         let mut error = self.fresh_error();
@@ -865,7 +902,7 @@ impl Negotiator for CNegotiator<'_> {
             provider,
             &self.parts(),
             candidate,
-            query,
+            &self.statics,
             &mut error,
             |s, e| self.refusal(s, e),
         )?;
@@ -901,6 +938,8 @@ pub(crate) struct Resolved {
     pub(crate) plain: bool,
     pub(crate) sync_mode: SyncMode,
     pub(crate) device_id: i32,
+    /// The resolution's query less its tensors: what every reshape renegotiates within.
+    statics: QueryStatics,
     /// Every other candidate of the operation and why it was not chosen, when the resolution
     /// was asked for that report.
     pub(crate) passed_over: Option<Vec<PassedOver>>,
@@ -924,57 +963,79 @@ pub(crate) struct Resolved {
     reshaping: UnsafeCell<ReshapeCells>,
 }
 
-/// What a reshape renegotiates: the query as last accepted (the resolution's, or the last
-/// reshape's) and what calls are checked against.
+/// What a reshape renegotiates: the tensors as last accepted (the resolution's, or the last
+/// reshape's) and what calls are checked against. What a reshape cannot change is the handle's
+/// ([`Resolved::statics`]).
 pub(crate) struct Contract {
-    query: OpQuery,
-    inputs: Vec<Shape>,
-    outputs: Vec<Shape>,
+    inputs: Vec<TensorDesc>,
+    outputs: Vec<TensorDesc>,
+    /// The inputs' shapes, then the outputs' (one allocation for both).
+    shapes: Vec<Shape>,
     pub(crate) scratch: Scratch,
     /// `scratch.alignment - 1`, or 0 when any address will do.
     scratch_mask: u64,
 }
 
 impl Contract {
-    fn new(query: OpQuery, scratch: Scratch) -> Self {
-        Self::reusing(query, scratch, Default::default())
+    /// None at all, without an allocation: the buffers a handle's first reshape fills.
+    const fn empty() -> Self {
+        Contract {
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            shapes: Vec::new(),
+            scratch: Scratch {
+                host_bytes: 0,
+                device_bytes: 0,
+                alignment: 0,
+            },
+            scratch_mask: 0,
+        }
     }
 
-    /// The contract of `query`, its shapes written into `shapes`' buffers.
-    fn reusing(query: OpQuery, scratch: Scratch, shapes: (Vec<Shape>, Vec<Shape>)) -> Self {
-        let (mut inputs, mut outputs) = shapes;
-        let spec = query.spec();
-        inputs.clear();
-        inputs.extend(
-            spec.inputs
-                .iter()
-                .zip(query.input_infos())
-                .map(|(d, i)| Shape::of(d, i)),
-        );
-        outputs.clear();
-        outputs.extend(
-            spec.outputs
-                .iter()
-                .zip(query.output_infos())
-                .map(|(d, i)| Shape::of(d, i)),
-        );
+    /// The contract of a resolution's query, which gives up its tensors to it.
+    fn new(query: OpQuery, scratch: Scratch) -> Self {
+        let mut shapes = Vec::with_capacity(query.spec().inputs.len() + query.spec().outputs.len());
+        shapes.extend(shapes_of(&query.spec().inputs, query.input_infos()));
+        shapes.extend(shapes_of(&query.spec().outputs, query.output_infos()));
+        let spec = query.into_spec();
         Contract {
-            inputs,
-            outputs,
-            scratch_mask: u64::from(scratch.alignment.max(1)) - 1,
+            inputs: spec.inputs,
+            outputs: spec.outputs,
+            shapes,
+            scratch_mask: scratch_mask(scratch),
             scratch,
-            query,
         }
+    }
+
+    /// Makes this the contract of `inputs` and `outputs` (whose facts are `infos`, inputs then
+    /// outputs) with `scratch`, in the buffers it has: a reshape's, which allocates nothing
+    /// once they are as large as the handle's tensors.
+    fn refill(
+        &mut self,
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        infos: &[TensorInfo],
+        scratch: Scratch,
+    ) {
+        self.inputs.clear();
+        self.inputs.extend_from_slice(inputs);
+        self.outputs.clear();
+        self.outputs.extend_from_slice(outputs);
+        self.shapes.clear();
+        self.shapes
+            .extend(shapes_of(inputs.iter().chain(outputs), infos));
+        self.scratch = scratch;
+        self.scratch_mask = scratch_mask(scratch);
     }
 
     /// The negotiated input descriptors.
     pub(crate) fn inputs(&self) -> &[TensorDesc] {
-        &self.query.spec().inputs
+        &self.inputs
     }
 
     /// The negotiated output descriptors.
     pub(crate) fn outputs(&self) -> &[TensorDesc] {
-        &self.query.spec().outputs
+        &self.outputs
     }
 
     /// The negotiated descriptors, by role.
@@ -985,18 +1046,12 @@ impl Contract {
         }
     }
 
-    /// The byte extents and other facts of the negotiated tensors, by role.
-    fn infos(&self, role: TensorRole) -> &[TensorInfo] {
-        match role {
-            TensorRole::Input => self.query.input_infos(),
-            TensorRole::Output => self.query.output_infos(),
-        }
-    }
-
+    #[inline(always)]
     fn shapes(&self, role: TensorRole) -> &[Shape] {
+        let (inputs, outputs) = self.shapes.split_at(self.inputs.len());
         match role {
-            TensorRole::Input => &self.inputs,
-            TensorRole::Output => &self.outputs,
+            TensorRole::Input => inputs,
+            TensorRole::Output => outputs,
         }
     }
 
@@ -1078,17 +1133,6 @@ impl RustCells {
         self.take_up();
     }
 
-    /// Replaces the call's tensors with `inputs` and `outputs`, in the allocation they have
-    /// when it is large enough (a reshape; see [`RustCells::take_up`]).
-    fn refill(
-        &mut self,
-        inputs: impl ExactSizeIterator<Item = guild_tensor_desc_v1_t>,
-        outputs: impl ExactSizeIterator<Item = guild_tensor_desc_v1_t>,
-    ) {
-        self.tensors.refill(inputs, outputs);
-        self.take_up();
-    }
-
     /// Clears the new tensors' data pointers (every call sets its own) and points the
     /// arguments record at them, as they may have moved. The pointers come from the array's
     /// `as_ptr`, which makes no reference, so they stay valid while each call writes the data
@@ -1106,6 +1150,19 @@ impl RustCells {
         self.args.outputs = base.wrapping_add(outputs.start);
         self.args.output_count = outputs.len();
     }
+}
+
+/// The shapes of `descs`, whose facts are `infos`.
+fn shapes_of<'a, D: IntoIterator<Item = &'a TensorDesc>>(
+    descs: D,
+    infos: &'a [TensorInfo],
+) -> impl Iterator<Item = Shape> + use<'a, D> {
+    descs.into_iter().zip(infos).map(|(d, i)| Shape::of(d, i))
+}
+
+/// The mask a scratch buffer's address must clear: `alignment - 1`, or 0 when any will do.
+fn scratch_mask(scratch: Scratch) -> u64 {
+    u64::from(scratch.alignment.max(1)) - 1
 }
 
 /// The scratch as `describe` and `scratch` report it: a sequence lock, so that a reader beside
@@ -1168,83 +1225,36 @@ impl PublishedScratch {
 struct ReshapeCells {
     /// The C face's caller's tensors, read into these.
     given: (Vec<TensorDesc>, Vec<TensorDesc>),
+    /// The contract the last reshape replaced, whose buffers the next one refills.
+    spare: Contract,
+    /// The facts of the new tensors, inputs then outputs.
+    infos: Vec<TensorInfo>,
+    /// The Rust face's new tensors in C form, for the provider's callbacks; they become the
+    /// calls' tensors when the contract is installed, and the calls' old ones take their place.
+    c_tensors: CallTensors,
     /// The operation name and exact id in C form, made at the first reshape.
     names: Option<(CString, Option<CString>)>,
-    /// The new tensors in C form, for the provider's callbacks.
-    c_inputs: Vec<guild_tensor_desc_v1_t>,
-    c_outputs: Vec<guild_tensor_desc_v1_t>,
-    /// The spec and shapes of the contract the last reshape replaced (the spec's other fields
-    /// are the handle's own), to be refilled.
-    spare_spec: Option<QuerySpec>,
-    spare_shapes: (Vec<Shape>, Vec<Shape>),
     /// The record the callbacks report into, made at the first reshape.
     error: Option<Box<guild_error_info_t>>,
 }
 
-impl ReshapeCells {
-    /// Keeps a replaced contract's buffers for the next reshape.
-    fn keep(&mut self, old: Contract) {
-        self.spare_spec = Some(old.query.into_spec());
-        self.spare_shapes = (old.inputs, old.outputs);
+impl Default for Contract {
+    fn default() -> Self {
+        Contract::empty()
     }
 }
 
-/// A reshape's negotiation: the handle's one provider, asked through the C query of the new
-/// tensors, reporting into the handle's reused record. Nothing is allocated unless the
-/// provider refuses.
-struct Renegotiator<'a> {
-    provider: &'a dyn KernelProvider,
-    parts: QueryParts<'a>,
-    error: RefCell<&'a mut guild_error_info_t>,
-    alignment: std::cell::Cell<u32>,
-}
-
-impl<'a> Renegotiator<'a> {
-    fn fresh_error(&self) -> std::cell::RefMut<'_, &'a mut guild_error_info_t> {
-        let mut error = self.error.borrow_mut();
-        error.status = GUILD_STATUS_OK;
-        error.component[0] = 0;
-        error.message[0] = 0;
-        error
+impl Default for CallTensors {
+    fn default() -> Self {
+        CallTensors::none()
     }
 }
 
-impl Negotiator for Renegotiator<'_> {
-    fn validate(
-        &self,
-        _index: usize,
-        candidate: &OpCandidate,
-        query: &OpQuery,
-    ) -> Result<(), ProviderRefusal> {
-        let mut error = self.fresh_error();
-        ask_validate(
-            self.provider,
-            &self.parts,
-            candidate,
-            query,
-            &mut error,
-            full_refusal,
-        )
-    }
-
-    fn query_scratch(
-        &self,
-        _index: usize,
-        candidate: &OpCandidate,
-        query: &OpQuery,
-    ) -> Result<ScratchRequest, ProviderRefusal> {
-        let mut error = self.fresh_error();
-        let (request, alignment) = ask_scratch(
-            self.provider,
-            &self.parts,
-            candidate,
-            query,
-            &mut error,
-            full_refusal,
-        )?;
-        self.alignment.set(alignment);
-        Ok(request)
-    }
+/// Clears a callback's error record for the next callback.
+fn clear_error(error: &mut guild_error_info_t) {
+    error.status = GUILD_STATUS_OK;
+    error.component[0] = 0;
+    error.message[0] = 0;
 }
 
 /// The word a call's device and sync mode make, compared with the handle's in one step: the two
@@ -1313,6 +1323,7 @@ impl Resolved {
         );
         let plain =
             host_only && (sync_mode == SyncMode::HostBlocking || candidate.backend == Backend::Cpu);
+        let statics = QueryStatics::of(&query);
         Resolved {
             binding,
             entry: kernel.execute_entry(),
@@ -1323,6 +1334,7 @@ impl Resolved {
             plain,
             sync_mode,
             device_id,
+            statics,
             candidate,
             passed_over,
             streams,
@@ -1356,16 +1368,6 @@ impl Resolved {
     /// which this handle's contract now is) as the Rust face's call tensors, without data.
     pub(crate) fn adopt_rust_calls(&mut self, tensors: CallTensors) {
         self.call.0.get_mut().rust.set_tensors(tensors);
-    }
-
-    /// Makes the Rust face's C tensors: the negotiated descriptors, without data.
-    pub(crate) fn prepare_rust_calls(&mut self) {
-        let contract = self.contract.get_mut();
-        let c = |d: &TensorDesc| c_tensor(d, std::ptr::null_mut());
-        self.call.0.get_mut().rust.refill(
-            contract.inputs().iter().map(c),
-            contract.outputs().iter().map(c),
-        );
     }
 
     /// The Rust face's view of a call.
@@ -1610,12 +1612,21 @@ impl Resolved {
         unsafe { (*self.reshaping.get()).given = (inputs, outputs) };
     }
 
-    /// Renegotiates the contract for new tensors with this handle's provider alone: the new
-    /// query (the resolution's, with these tensors and `params`) must pass the candidate's
-    /// static checks, its `validate` and `query_scratch`, and the budgets. The result is the
-    /// contract to install; nothing the handle's calls read changes here, so a refusal leaves
-    /// it as it was. Only rank, dims and strides may change: the number of tensors, their
-    /// dtypes, memory spaces and devices are the resolution's.
+    /// Renegotiates the contract for new tensors with this handle's provider alone. Only what
+    /// a reshape can change is checked again, against what the handle already knows: each new
+    /// tensor on its own (as a query's are), against the candidate's declaration (as
+    /// `check_static` checks each tensor), then the provider's `validate` and `query_scratch`
+    /// and the budgets, in the C query of the resolution's numbers ([`Resolved::statics`]) and
+    /// the new tensors. Every other static check concerns what no reshape changes, and passed
+    /// at resolution. The result is the contract to install, made in the buffers of the one
+    /// the last reshape replaced: once a reshape has been installed, nothing is allocated
+    /// unless something refuses. Nothing the handle's calls read changes here, so a refusal
+    /// leaves it as it was. Only rank, dims and strides may change: the number of tensors,
+    /// their dtypes, memory spaces and devices are the resolution's.
+    ///
+    /// `c_tensors` are the C caller's own descriptors of `inputs` and `outputs`, handed to the
+    /// callbacks as they are (as a resolution hands them); without them (the Rust face), the C
+    /// form is made in the reshape cells, for [`Resolved::install_mut`] to take up.
     ///
     /// # Safety
     /// No other call of this handle may run: the caller holds its execute exclusivity (a C
@@ -1624,6 +1635,7 @@ impl Resolved {
         &self,
         inputs: &[TensorDesc],
         outputs: &[TensorDesc],
+        c_tensors: Option<[&[guild_tensor_desc_v1_t]; 2]>,
         params: &[u8],
     ) -> Result<Contract, ReshapeError> {
         // SAFETY: the caller's contract: no reshape runs but this one.
@@ -1660,84 +1672,102 @@ impl Resolved {
         // SAFETY: the caller's contract gives this reshape the reshape cells, which no
         // reference to `current` reaches.
         let cells = unsafe { &mut *self.reshaping.get() };
-        // The spec of the contract the last reshape replaced differs from this one's only in
-        // its tensors: refill it rather than build another.
-        let mut spec = cells.spare_spec.take().unwrap_or_else(|| {
-            let s = current.query.spec();
-            QuerySpec {
-                op_name: s.op_name.clone(),
-                min_version: s.min_version,
-                max_version: s.max_version,
-                backends: s.backends,
-                capabilities: s.capabilities,
-                numerics: s.numerics,
-                sync_mode: s.sync_mode,
-                inputs: Vec::new(),
-                outputs: Vec::new(),
-                ram_budget: s.ram_budget,
-                vram_budget: s.vram_budget,
-                exact_impl: s.exact_impl.clone(),
-                device: s.device,
+        let ReshapeCells {
+            spare,
+            infos,
+            c_tensors: made,
+            names,
+            error,
+            ..
+        } = cells;
+        // Each tensor valid on its own, every one before any is held against the candidate,
+        // as `OpQuery::new` checks a query before `check_static` runs. Its device check needs
+        // no repeat: memory spaces and devices are those the handle's query passed with.
+        infos.clear();
+        for (role, list) in [(TensorRole::Input, inputs), (TensorRole::Output, outputs)] {
+            for (index, t) in list.iter().enumerate() {
+                let info = t.check().map_err(|error| {
+                    ReshapeError::Query(QueryError::Tensor {
+                        tensor: TensorRef { role, index },
+                        error,
+                    })
+                })?;
+                infos.push(info);
             }
-        });
-        spec.inputs.clear();
-        spec.inputs.extend_from_slice(inputs);
-        spec.outputs.clear();
-        spec.outputs.extend_from_slice(outputs);
-        let query = OpQuery::new(spec).map_err(ReshapeError::Query)?;
-        if let Err(rejection) = check_static(&query, &self.candidate) {
-            cells.spare_spec = Some(query.into_spec());
-            return Err(ReshapeError::Refused(rejection));
         }
-        let spec = query.spec();
-        let (op_name, exact) = cells.names.get_or_insert_with(|| {
+        let (input_infos, output_infos) = infos.split_at(inputs.len());
+        for (role, list, facts) in [
+            (TensorRole::Input, inputs, input_infos),
+            (TensorRole::Output, outputs, output_infos),
+        ] {
+            for (index, (d, info)) in list.iter().zip(facts).enumerate() {
+                check_tensor(&self.candidate, TensorRef { role, index }, d, info)
+                    .map_err(ReshapeError::Refused)?;
+            }
+        }
+        let [c_inputs, c_outputs] = match c_tensors {
+            Some(given) => given,
+            None => {
+                let c = |d: &TensorDesc| c_tensor(d, address_ptr(d));
+                made.refill(inputs.iter().map(c), outputs.iter().map(c));
+                [made.inputs(), made.outputs()]
+            }
+        };
+        let candidate = &*self.candidate;
+        let (op_name, exact) = names.get_or_insert_with(|| {
             // Ids and names are validated text without NUL bytes; an empty string is the
-            // harmless fallback should that ever change.
+            // harmless fallback should that ever change. The chosen candidate implements the
+            // query's operation, and is the exact id the query named, if it named one.
             (
-                CString::new(spec.op_name.as_str()).unwrap_or_default(),
-                spec.exact_impl
-                    .as_ref()
-                    .map(|id| CString::new(id.as_str()).unwrap_or_default()),
+                CString::new(candidate.op_name.as_str()).unwrap_or_default(),
+                self.statics
+                    .exact
+                    .then(|| CString::new(candidate.impl_id.as_str()).unwrap_or_default()),
             )
         });
-        let c = |d: &TensorDesc| c_tensor(d, address_ptr(d));
-        cells.c_inputs.clear();
-        cells.c_inputs.extend(spec.inputs.iter().map(c));
-        cells.c_outputs.clear();
-        cells.c_outputs.extend(spec.outputs.iter().map(c));
-        let error = cells
-            .error
-            .get_or_insert_with(|| Box::new(guild_error_info_t::new()));
-        let negotiator = Renegotiator {
-            provider: self.kernel.as_ref(),
-            parts: QueryParts {
-                op_name,
-                exact: exact.as_deref(),
-                inputs: &cells.c_inputs,
-                outputs: &cells.c_outputs,
-                params,
-            },
-            error: RefCell::new(error),
-            alignment: std::cell::Cell::new(0),
+        let parts = QueryParts {
+            op_name,
+            exact: exact.as_deref(),
+            inputs: c_inputs,
+            outputs: c_outputs,
+            params,
         };
-        let negotiated = negotiate(&query, 0, &self.candidate, &negotiator);
-        let alignment = negotiator.alignment.get();
-        let scratch = match negotiated {
-            Ok(scratch) => scratch,
-            Err(rejection) => {
-                cells.spare_spec = Some(query.into_spec());
-                return Err(ReshapeError::Refused(rejection));
-            }
-        };
-        Ok(Contract::reusing(
-            query,
+        let error = &mut **error.get_or_insert_with(|| Box::new(guild_error_info_t::new()));
+        let provider = self.kernel.as_ref();
+        clear_error(error);
+        ask_validate(
+            provider,
+            &parts,
+            candidate,
+            &self.statics,
+            error,
+            full_refusal,
+        )
+        .map_err(|r| ReshapeError::Refused(Rejection::ValidateRefused(r)))?;
+        clear_error(error);
+        let (request, alignment) = ask_scratch(
+            provider,
+            &parts,
+            candidate,
+            &self.statics,
+            error,
+            full_refusal,
+        )
+        .map_err(|r| ReshapeError::Refused(Rejection::ScratchRefused(r)))?;
+        check_budgets(&request, self.statics.ram_budget, self.statics.vram_budget)
+            .map_err(ReshapeError::Refused)?;
+        let mut contract = std::mem::take(spare);
+        contract.refill(
+            inputs,
+            outputs,
+            infos,
             Scratch {
-                host_bytes: scratch.host_bytes,
-                device_bytes: scratch.device_bytes,
+                host_bytes: request.host_bytes,
+                device_bytes: request.device_bytes,
                 alignment,
             },
-            std::mem::take(&mut cells.spare_shapes),
-        ))
+        );
+        Ok(contract)
     }
 
     /// Installs a renegotiated contract.
@@ -1752,18 +1782,23 @@ impl Resolved {
         // while `running` lives, and `describe`/`scratch` read only `published`.
         let old = unsafe { std::mem::replace(&mut *self.contract.get(), contract) };
         // SAFETY: as above.
-        unsafe { (*self.reshaping.get()).keep(old) };
+        unsafe { (*self.reshaping.get()).spare = old };
         // SAFETY: `running` makes this the only writer.
         unsafe { self.published.write(scratch) };
     }
 
-    /// Installs a renegotiated contract in a Rust handle.
+    /// Installs in a Rust handle the contract its [`Resolved::renegotiate`] made without C
+    /// tensors: the C form it made of them becomes the calls' tensors, and the calls' old ones
+    /// are the next reshape's buffers.
     pub(crate) fn install_mut(&mut self, contract: Contract) {
         // SAFETY: `&mut self`: the only writer.
         unsafe { self.published.write(contract.scratch) };
         let old = std::mem::replace(self.contract.get_mut(), contract);
-        self.reshaping.get_mut().keep(old);
-        self.prepare_rust_calls();
+        let cells = self.reshaping.get_mut();
+        cells.spare = old;
+        let rust = &mut self.call.0.get_mut().rust;
+        std::mem::swap(&mut cells.c_tensors, &mut rust.tensors);
+        rust.take_up();
     }
 
     /// Waits for the stream work this handle recorded; afterwards nothing recorded is pending.
@@ -1938,17 +1973,13 @@ fn bad_buffer<B: Buffer>(
     let element = desc.element();
     let desc = &desc.unmarked();
     let list = contract.descs(tensor.role);
-    let (Some(expected), Some(info)) = (
+    let (Some(expected), Some(shape)) = (
         list.get(tensor.index),
-        contract.infos(tensor.role).get(tensor.index),
+        contract.shapes(tensor.role).get(tensor.index),
     ) else {
         return arity(tensor.role, list.len(), tensor.index);
     };
-    let same = contract
-        .shapes(tensor.role)
-        .get(tensor.index)
-        .is_some_and(|s| desc.matches(s));
-    if !same {
+    if !desc.matches(shape) {
         return ExecuteError::DescriptorMismatch {
             tensor,
             expected: Box::new(*expected),
@@ -1962,10 +1993,10 @@ fn bad_buffer<B: Buffer>(
             element,
         };
     }
-    if u64::try_from(len).unwrap_or(u64::MAX) < info.byte_extent {
+    if u64::try_from(len).unwrap_or(u64::MAX) < shape.byte_extent {
         return ExecuteError::BufferTooSmall {
             tensor,
-            needed: info.byte_extent,
+            needed: shape.byte_extent,
             got: len,
         };
     }
@@ -2227,11 +2258,16 @@ mod tests {
             cells.set_tensors(CallTensors::new(ins, outs));
             check_cells(&mut cells, n_in, n_out);
         }
-        // A reshape: the same cells refilled, growing (a new allocation) and shrinking.
+        // Reshapes, as `Resolved::install_mut` takes them up: the new tensors made in the
+        // spare array, which then trades places with the call's, growing (a new allocation)
+        // and shrinking.
         let mut cells = RustCells::new(SyncMode::HostBlocking, 0);
+        let mut spare = CallTensors::none();
         for (n_in, n_out) in counts {
             let (ins, outs) = make(n_in, n_out);
-            cells.refill(ins, outs);
+            spare.refill(ins, outs);
+            std::mem::swap(&mut spare, &mut cells.tensors);
+            cells.take_up();
             check_cells(&mut cells, n_in, n_out);
         }
         let mut none = CallTensors::none();

@@ -449,7 +449,7 @@ impl OpHandle<'_> {
         params: &[u8],
     ) -> Result<(), ReshapeError> {
         // SAFETY: `&mut self`: no other call of this handle runs.
-        let contract = unsafe { self.resolved.renegotiate(inputs, outputs, params) }?;
+        let contract = unsafe { self.resolved.renegotiate(inputs, outputs, None, params) }?;
         self.resolved.install_mut(contract);
         Ok(())
     }
