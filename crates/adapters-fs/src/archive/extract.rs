@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 
 use guild_domain::ids::Sha256Digest;
 use guild_domain::manifest::{Artifact, Manifest};
@@ -200,13 +201,7 @@ fn copy_hashed(
     while left > 0 {
         let want = usize::try_from(left).map_or(buf.len(), |left| left.min(buf.len()));
         let chunk = &mut buf[..want];
-        let n = match data.read(chunk) {
-            Ok(0) => return Err(CopyError::Short),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(CopyError::Short),
-            Err(e) => return Err(CopyError::Read(e)),
-        };
+        let n = read_some(data, chunk)?;
         let bytes = &chunk[..n];
         if let Some(file) = sink.as_deref_mut() {
             file.write_all(bytes).map_err(CopyError::Write)?;
@@ -214,13 +209,112 @@ fn copy_hashed(
         hasher.update(bytes);
         left -= n as u64;
     }
+    check_ended(data)?;
+    Ok(Sha256Digest(hasher.finalize().into()))
+}
+
+/// Files at least this large are written by [`copy_hashed_pipelined`]: starting a thread costs
+/// tens of microseconds, which only a file of several milliseconds of hashing repays.
+const PIPELINE_BYTES: u64 = 4 << 20;
+/// The chunks of the pipelined copy: small enough that a chunk just read is still in cache
+/// when it is written and hashed, large enough that handing it over costs nothing next to its
+/// hash.
+const PIPELINE_CHUNK: usize = 256 << 10;
+/// Chunks read and written ahead of the hash, at most; with the one being hashed and one being
+/// returned, this bounds the memory of a copy to a few chunks whatever the file's size.
+const PIPELINE_DEPTH: usize = 4;
+
+/// [`copy_hashed`] into `file`, with the hash on a second thread: this one reads each chunk and
+/// writes it, then hands that same buffer, no longer written to, to the hashing thread; so the
+/// digest is of exactly the bytes written, as in [`copy_hashed`], and a copy costs about its
+/// hash alone rather than the hash plus reading and writing. Falls back to [`copy_hashed`]
+/// (with `buf`) if no thread can be started.
+fn copy_hashed_pipelined(
+    data: &mut dyn Read,
+    size: u64,
+    buf: &mut [u8],
+    file: &mut File,
+) -> Result<Sha256Digest, CopyError> {
+    std::thread::scope(|scope| {
+        let (to_hasher, chunks) = mpsc::sync_channel::<Vec<u8>>(PIPELINE_DEPTH);
+        let (to_reader, hashed) = mpsc::channel::<Vec<u8>>();
+        let spawned = std::thread::Builder::new()
+            .name("guild-extract-hash".into())
+            .spawn_scoped(scope, move || {
+                let mut hasher = Sha256::new();
+                for chunk in chunks {
+                    hasher.update(&chunk);
+                    // The reader may have stopped already; the buffer is then simply dropped.
+                    let _ = to_reader.send(chunk);
+                }
+                hasher
+            });
+        let Ok(hashing) = spawned else {
+            return copy_hashed(data, size, buf, Some(file));
+        };
+        let mut fresh = PIPELINE_DEPTH + 2;
+        let mut left = size;
+        let copied = loop {
+            if left == 0 {
+                break Ok(());
+            }
+            let mut chunk = if fresh > 0 {
+                fresh -= 1;
+                vec![0; PIPELINE_CHUNK]
+            } else {
+                match hashed.recv() {
+                    Ok(chunk) => chunk,
+                    // Only a hashing thread that died drops its sender early; `join` says why.
+                    Err(_) => break Ok(()),
+                }
+            };
+            chunk.resize(PIPELINE_CHUNK, 0);
+            let want = usize::try_from(left).map_or(PIPELINE_CHUNK, |l| l.min(PIPELINE_CHUNK));
+            let n = match read_some(data, &mut chunk[..want]) {
+                Ok(n) => n,
+                Err(e) => break Err(e),
+            };
+            chunk.truncate(n);
+            if let Err(e) = file.write_all(&chunk) {
+                break Err(CopyError::Write(e));
+            }
+            left -= n as u64;
+            if to_hasher.send(chunk).is_err() {
+                break Ok(());
+            }
+        };
+        drop(to_hasher);
+        let hasher = hashing
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        copied?;
+        check_ended(data)?;
+        Ok(Sha256Digest(hasher.finalize().into()))
+    })
+}
+
+/// One read of at most `chunk.len()` (non-zero) bytes of a member's data, retried when
+/// interrupted; data that ends here ends early.
+fn read_some(data: &mut dyn Read, chunk: &mut [u8]) -> Result<usize, CopyError> {
+    loop {
+        return match data.read(chunk) {
+            Ok(0) => Err(CopyError::Short),
+            Ok(n) => Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(CopyError::Short),
+            Err(e) => Err(CopyError::Read(e)),
+        };
+    }
+}
+
+/// Checks that a member's data ends at its declared size, all of which has been read.
+fn check_ended(data: &mut dyn Read) -> Result<(), CopyError> {
     let mut probe = [0u8; 1];
     match read_full(data, &mut probe) {
-        Ok(0) => {}
-        Ok(_) => return Err(CopyError::Grown),
-        Err(e) => return Err(CopyError::Read(e)),
+        Ok(0) => Ok(()),
+        Ok(_) => Err(CopyError::Grown),
+        Err(e) => Err(CopyError::Read(e)),
     }
-    Ok(Sha256Digest(hasher.finalize().into()))
 }
 
 /// The error for a copy of the member `rel` that stopped; `short` is the source's kind for
@@ -306,8 +400,12 @@ impl Staging {
         let ctx = &self.ctx;
         let at = |action, e| ctx.io(action, e).with_member(rel);
         let mut file = create_new(&path).map_err(|e| at("create a file", e))?;
-        let digest = copy_hashed(data, size, &mut self.buf, Some(&mut file))
-            .map_err(|e| copy_error(ctx, rel, short, e))?;
+        let digest = if size >= PIPELINE_BYTES {
+            copy_hashed_pipelined(data, size, &mut self.buf, &mut file)
+        } else {
+            copy_hashed(data, size, &mut self.buf, Some(&mut file))
+        }
+        .map_err(|e| copy_error(ctx, rel, short, e))?;
         set_file_mode(&file).map_err(|e| at("set a file's mode", e))?;
         if self.durability == Durability::Fsync {
             file.sync_all().map_err(|e| at("fsync a file", e))?;
@@ -631,6 +729,73 @@ mod tests {
             .data()
             .map_err(|e| CopyError::Read(io::Error::other(e)))?;
         copy_hashed(data, member.size, &mut buf, None)
+    }
+
+    /// A reader of `data` that hands out at most `most` bytes a call, so that chunks end at
+    /// odd places.
+    struct Dribble<'a> {
+        data: &'a [u8],
+        most: usize,
+    }
+
+    impl Read for Dribble<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let n = buf.len().min(self.most).min(self.data.len());
+            buf[..n].copy_from_slice(&self.data[..n]);
+            self.data = &self.data[n..];
+            Ok(n)
+        }
+    }
+
+    /// Enough bytes that every buffer of the pipeline is reused several times.
+    fn pipelined_bytes() -> Vec<u8> {
+        let len = PIPELINE_CHUNK * (PIPELINE_DEPTH + 2) * 3 + 17;
+        (0..len).map(|i| (i % 251) as u8).collect()
+    }
+
+    fn pipelined(data: &[u8], size: u64, file: &mut File) -> Result<Sha256Digest, CopyError> {
+        let mut source = Dribble {
+            data,
+            most: 100_003,
+        };
+        copy_hashed_pipelined(&mut source, size, &mut [0; 7], file)
+    }
+
+    #[test]
+    fn the_pipelined_copy_writes_and_hashes_exactly_the_bytes() {
+        let temp = tempfile::tempdir().unwrap();
+        let path = temp.path().join("out");
+        let data = pipelined_bytes();
+        let mut file = create_new(&path).unwrap();
+        let digest = pipelined(&data, data.len() as u64, &mut file).unwrap();
+        assert_eq!(digest, Sha256Digest::of(&data));
+        assert_eq!(fs::read(&path).unwrap(), data);
+        let sequential = copy_hashed(&mut &data[..], data.len() as u64, &mut [0; 4096], None);
+        assert_eq!(sequential.unwrap(), digest);
+    }
+
+    #[test]
+    fn the_pipelined_copy_refuses_data_that_ends_early_or_goes_on() {
+        let temp = tempfile::tempdir().unwrap();
+        let data = pipelined_bytes();
+        let size = data.len() as u64;
+        let mut file = create_new(&temp.path().join("short")).unwrap();
+        let short = pipelined(&data, size + 1, &mut file);
+        assert!(matches!(short, Err(CopyError::Short)), "{short:?}");
+        let mut file = create_new(&temp.path().join("grown")).unwrap();
+        let grown = pipelined(&data, size - 1, &mut file);
+        assert!(matches!(grown, Err(CopyError::Grown)), "{grown:?}");
+    }
+
+    #[test]
+    fn the_pipelined_copy_reports_a_failed_write() {
+        let temp = tempfile::tempdir().unwrap();
+        let path = temp.path().join("read-only");
+        fs::write(&path, b"").unwrap();
+        let mut file = File::open(&path).unwrap();
+        let data = pipelined_bytes();
+        let failed = pipelined(&data, data.len() as u64, &mut file);
+        assert!(matches!(failed, Err(CopyError::Write(_))), "{failed:?}");
     }
 
     #[test]

@@ -733,6 +733,49 @@ fn cases(escape: &str, root: &Path) -> Vec<Case> {
         },
     ));
 
+    // Large artifacts, hashed on a second thread while they are written: the same refusals.
+    let big = noise(5 << 20);
+    let big_json = metadata_json(&[("lib/big.bin", &big)]);
+    let mut big_tampered = big.clone();
+    *big_tampered.last_mut().unwrap() ^= 1;
+    let big_tar = |name: &str, bytes: Vec<u8>, expect: K| {
+        Case::new(name, Source::Tar(bytes), &big_json, expect).member("lib/big.bin")
+    };
+    v.push(big_tar(
+        "large artifact: last byte differs from the manifest",
+        Tar::with_metadata(&big_json)
+            .file("lib/big.bin", &big_tampered)
+            .end(),
+        K::DigestMismatch {
+            expected: Box::new(Sha256Digest::of(&big)),
+            actual: Box::new(Sha256Digest::of(&big_tampered)),
+        },
+    ));
+    let whole = Tar::with_metadata(&big_json)
+        .file("lib/big.bin", &big)
+        .end();
+    let cut = BLOCK + round_up(big_json.len()) + BLOCK + (3 << 20);
+    v.push(big_tar(
+        "large artifact: cut inside its data",
+        whole[..cut].to_vec(),
+        K::Truncated,
+    ));
+    let (dj, tampered_digest) = (big_json.clone(), Sha256Digest::of(&big_tampered));
+    v.push(
+        Case::new(
+            "directory: large artifact's bytes differ",
+            Source::Dir(Box::new(move |d| {
+                write_dir_package(d, &dj, &[("lib/big.bin", &big_tampered)])
+            })),
+            &big_json,
+            K::DigestMismatch {
+                expected: Box::new(Sha256Digest::of(&big)),
+                actual: Box::new(tampered_digest),
+            },
+        )
+        .member("lib/big.bin"),
+    );
+
     // The staging directory.
     let mut exists = tar(
         "staging directory already exists",

@@ -17,13 +17,14 @@ use guild_ports::source::{
 
 use super::craft::{manifest, metadata_json, mode_of, snapshot, Node, Spec, Tar, BLOCK, LIB};
 
-/// A source tree with nested directories, an empty file and a file larger than one copy buffer.
+/// A source tree with nested directories, an empty file and a file large enough to be hashed
+/// on a second thread while it is written (over 4 MiB).
 fn sample_tree(dir: &Path) -> Vec<(&'static str, Vec<u8>)> {
     let files: Vec<(&'static str, Vec<u8>)> = vec![
         ("lib/libscan.so", LIB.to_vec()),
         (
             "lib/cuda/kernels.fatbin",
-            (0..3_000_000u32).map(|i| (i % 251) as u8).collect(),
+            (0..5_000_000u32).map(|i| (i % 251) as u8).collect(),
         ),
         ("share/empty.dat", Vec::new()),
         ("README.txt", b"scan kernels\n".to_vec()),
