@@ -6,8 +6,12 @@
 //!
 //! Needs `docker-registry` and `curl` (it says so and exits otherwise) and the C test plugins
 //! (`cargo xtask plugins`). `GUILD_BENCH_MIB` changes the size, `GUILD_BENCH_RUNS` the number
-//! of runs of each path (medians are reported). Run with `cargo bench -p guild-host --bench
-//! oci_pull`; the `guild` binary is built with the bench profile.
+//! of runs of each path (default 5; medians are reported, with the spread of the per-run
+//! ratios). `GUILD_BENCH_BEFORE=PATH` names a second `guild` binary (say, one built at an
+//! earlier commit) measured the same way in the same runs, interleaved, so that a change is
+//! compared against its baseline on the same machine at the same time. The goal (G28): the OCI
+//! path at most 1.1x its baseline. Run with `cargo bench -p guild-host --bench oci_pull`; the
+//! `guild` binary is built with the bench profile.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -94,6 +98,9 @@ fn timed(run: impl FnOnce()) -> Duration {
     start.elapsed()
 }
 
+/// The goal: the OCI path's time over its baseline's.
+const GOAL: f64 = 1.1;
+
 fn median(mut xs: Vec<Duration>) -> Duration {
     xs.sort();
     xs[xs.len() / 2]
@@ -120,9 +127,13 @@ fn main() {
     let runs: usize = std::env::var("GUILD_BENCH_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(3)
+        .unwrap_or(5)
         .max(1);
-    let bin = guild_binary();
+    let mut bins = vec![("this tree", guild_binary())];
+    if let Some(before) = std::env::var_os("GUILD_BENCH_BEFORE") {
+        bins.push(("GUILD_BENCH_BEFORE", PathBuf::from(before)));
+    }
+    let bin = bins[0].1.clone();
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path();
 
@@ -209,73 +220,107 @@ fn main() {
     let layer = pushed["layer_sha256"].as_str().unwrap().to_owned();
     let blob_url = format!("http://127.0.0.1:{port}/v2/bench/big/blobs/sha256:{layer}");
 
-    let fresh = |name: &str| -> String {
+    let fresh = |bin: &Path, name: &str| -> String {
         let store = work.join(name);
         let s = store.to_str().unwrap().to_owned();
-        ws(&[
-            "--json",
-            "--store",
-            &s,
-            "trust",
-            "add",
-            "org.example",
-            "k.pub",
-        ]);
+        guild(
+            bin,
+            work,
+            &[
+                "--json",
+                "--store",
+                &s,
+                "trust",
+                "add",
+                "org.example",
+                "k.pub",
+            ],
+        );
         s
     };
-    let mut oci = Vec::new();
-    let mut baseline = Vec::new();
+    // Per binary: the OCI path's and the baseline's time in each run.
+    let mut times: Vec<Vec<(Duration, Duration)>> = vec![Vec::new(); bins.len()];
     for i in 0..runs {
-        // Alternate the order so that neither path always runs on a warmer page cache.
-        let mut run_oci = || {
-            let store = fresh(&format!("oci-{i}"));
-            oci.push(timed(|| {
-                ws(&["--json", "--store", &store, "install", &reference]);
-            }));
-            remove_tree(Path::new(&store));
-        };
-        let mut run_base = || {
-            let store = fresh(&format!("curl-{i}"));
-            let file = work.join(format!("curl-{i}.gkmodule"));
-            baseline.push(timed(|| {
-                let ok = Command::new("curl")
-                    .args(["-sSf", "-o"])
-                    .arg(&file)
-                    .arg(&blob_url)
-                    .status()
-                    .is_ok_and(|s| s.success());
-                assert!(ok, "curl failed");
-                ws(&[
-                    "--json",
-                    "--store",
-                    &store,
-                    "install",
-                    file.to_str().unwrap(),
-                ]);
-            }));
-            let _ = fs::remove_file(&file);
-            remove_tree(Path::new(&store));
-        };
-        if i % 2 == 0 {
-            run_oci();
-            run_base();
-        } else {
-            run_base();
-            run_oci();
+        for (b, (_, bin)) in bins.iter().enumerate() {
+            let run_oci = || {
+                let store = fresh(bin, &format!("oci-{i}-{b}"));
+                let t = timed(|| {
+                    guild(
+                        bin,
+                        work,
+                        &["--json", "--store", &store, "install", &reference],
+                    );
+                });
+                remove_tree(Path::new(&store));
+                t
+            };
+            let run_base = || {
+                let store = fresh(bin, &format!("curl-{i}-{b}"));
+                let file = work.join(format!("curl-{i}-{b}.gkmodule"));
+                let t = timed(|| {
+                    let ok = Command::new("curl")
+                        .args(["-sSf", "-o"])
+                        .arg(&file)
+                        .arg(&blob_url)
+                        .status()
+                        .is_ok_and(|s| s.success());
+                    assert!(ok, "curl failed");
+                    guild(
+                        bin,
+                        work,
+                        &[
+                            "--json",
+                            "--store",
+                            &store,
+                            "install",
+                            file.to_str().unwrap(),
+                        ],
+                    );
+                });
+                let _ = fs::remove_file(&file);
+                remove_tree(Path::new(&store));
+                t
+            };
+            // Alternate the order so that neither path always runs on a warmer page cache.
+            let pair = if (i + b) % 2 == 0 {
+                let o = run_oci();
+                (o, run_base())
+            } else {
+                let c = run_base();
+                (run_oci(), c)
+            };
+            times[b].push(pair);
         }
     }
     let _ = registry.kill();
     let _ = registry.wait();
     remove_tree(work);
-    let (o, b) = (median(oci), median(baseline));
     println!(
-        "oci_pull: {:.1} MiB package, {runs} run(s) each, medians:\n  \
-         guild install oci://...          {:>8.3} s\n  \
-         curl blob + guild install FILE   {:>8.3} s\n  \
-         overhead of the OCI path         {:>8.3}x",
-        size as f64 / f64::from(1 << 20),
-        o.as_secs_f64(),
-        b.as_secs_f64(),
-        o.as_secs_f64() / b.as_secs_f64()
+        "oci_pull: {:.1} MiB package, {runs} run(s) of each path per binary, medians \
+         (ratio: per run, median and lowest-highest)",
+        size as f64 / f64::from(1 << 20)
     );
+    for ((name, bin), runs) in bins.iter().zip(&times) {
+        let oci = median(runs.iter().map(|r| r.0).collect());
+        let base = median(runs.iter().map(|r| r.1).collect());
+        let mut ratios: Vec<f64> = runs
+            .iter()
+            .map(|(o, b)| o.as_secs_f64() / b.as_secs_f64())
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        let ratio = ratios[ratios.len() / 2];
+        println!(
+            "  {name} ({}):\n    \
+             guild install oci://...          {:>8.3} s\n    \
+             curl blob + guild install FILE   {:>8.3} s\n    \
+             overhead of the OCI path         {ratio:>8.3}x ({:.3}-{:.3}; goal: at most \
+             {GOAL:.2}x: {})",
+            bin.display(),
+            oci.as_secs_f64(),
+            base.as_secs_f64(),
+            ratios[0],
+            ratios[ratios.len() - 1],
+            if ratio <= GOAL { "met" } else { "NOT met" }
+        );
+    }
 }
