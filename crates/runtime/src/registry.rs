@@ -521,7 +521,7 @@ impl KernelRegistry {
             .into_iter()
             .map(|kernel| {
                 Arc::new(StoredOp {
-                    c_names: CNames::of(&kernel, id),
+                    c_names: CNames::of(&kernel, id, version),
                     contract: kernel.operation.clone().map(Arc::new),
                     kernel,
                     package: package.clone(),
@@ -919,3 +919,4 @@ impl Drop for KernelRegistry {
         drop(packages);
     }
 }
+
