@@ -10,7 +10,7 @@
 //! store as a runner, the version and currency of a handle, following the store, a log sink,
 //! close, and owned error objects.
 //!
-//! Every entry runs behind [`error::guarded`]: a panic is caught and answered as
+//! Every entry runs behind `error::guarded`: a panic is caught and answered as
 //! `GUILD_HOST_ERR_INTERNAL`; every pointer is checked before use, every record's `struct_size`
 //! too, and out-parameters are written only on success. The `unsafe` here is the boundary
 //! itself: reading what C passes and writing what it asked for, each block with its reason.
