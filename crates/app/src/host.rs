@@ -1554,7 +1554,7 @@ impl HostBuilder {
     /// reader otherwise does, once, for a directory no writer has made). A runner that is given
     /// its store's path should set this: a mistyped path then fails at open rather than later,
     /// as an operation that no package provides. A store is made by `guild` or a
-    /// [`PackageManager`](crate::PackageManager), which write its registry.
+    /// [`PackageManager`], which write its registry.
     pub fn existing_store(mut self, existing: bool) -> Self {
         self.existing_store = existing;
         self
