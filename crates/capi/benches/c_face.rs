@@ -10,7 +10,7 @@
 //! asserts a time. `cargo bench -p guild-host-capi --bench c_face`; with `-- --test` each path
 //! runs once. Build the C plugins first: `cargo xtask plugins`.
 
-use std::ffi::{c_void, CString};
+use std::ffi::CString;
 use std::hint::black_box;
 use std::ptr;
 use std::time::Instant;
@@ -27,21 +27,10 @@ use guild_host_capi::guild_host_get_api;
 use guild_test_support::plugins::{scan_spec, INCLUSIVE_OP};
 use guild_test_support::{key, open_dir, trust, Workshop, PUBLISHER};
 
-const ELEMENTS: usize = 16;
+#[path = "../tests/common/records.rs"]
+mod records;
 
-fn tensor(data: *mut f32) -> guild_tensor_desc_v1_t {
-    let mut t = guild_tensor_desc_v1_t {
-        dtype: GUILD_DTYPE_F32,
-        rank: 1,
-        dims: [0; GUILD_MAX_TENSOR_RANK],
-        strides: [0; GUILD_MAX_TENSOR_RANK],
-        memory_space: GUILD_MEMORY_HOST,
-        device_id: 0,
-        data: data.cast::<c_void>(),
-    };
-    t.dims[0] = ELEMENTS as u64;
-    t
-}
+const ELEMENTS: usize = 16;
 
 /// One execute through the C table, as C calls it.
 #[inline(never)]
@@ -117,28 +106,8 @@ fn main() {
     let code = unsafe { (api.operation_service)(c_host, &mut service, ptr::null_mut()) };
     assert_eq!(code, GUILD_HOST_OK);
     let op = CString::new(INCLUSIVE_OP).unwrap();
-    let shape = [tensor(ptr::null_mut())];
-    let query = guild_operation_query_v1_t {
-        struct_size: size_of::<guild_operation_query_v1_t>() as u32,
-        version: GUILD_OPERATION_QUERY_VERSION,
-        op_name: op.as_ptr(),
-        min_op_version: 0x0100_0000,
-        max_op_version: 0x01ff_ffff,
-        backends: GUILD_BACKEND_CPU,
-        sync_mode: GUILD_SYNC_HOST_BLOCKING,
-        required_capabilities: 0,
-        required_numerics: 0,
-        inputs: shape.as_ptr(),
-        input_count: 1,
-        outputs: shape.as_ptr(),
-        output_count: 1,
-        ram_budget: GUILD_BUDGET_UNLIMITED,
-        vram_budget: GUILD_BUDGET_UNLIMITED,
-        exact_impl_id: ptr::null(),
-        device_caps: ptr::null(),
-        params: ptr::null(),
-        params_size: 0,
-    };
+    let shape = records::vector(ELEMENTS as u64, ptr::null_mut());
+    let query = records::query(op.as_ptr(), &shape, &shape);
     let mut error = guild_error_info_t::new();
     let mut c_handle = ptr::null_mut();
     // SAFETY: the host's table and a complete query.
@@ -166,25 +135,9 @@ fn main() {
     let x = [1.0f32; ELEMENTS];
     let mut c_out = [0.0f32; ELEMENTS];
     let mut rust_out = [0.0f32; ELEMENTS];
-    let inputs = [tensor(x.as_ptr().cast_mut())];
-    let outputs = [tensor(c_out.as_mut_ptr())];
-    let args = guild_execute_args_v1_t {
-        struct_size: size_of::<guild_execute_args_v1_t>() as u32,
-        reserved: 0,
-        inputs: inputs.as_ptr(),
-        input_count: 1,
-        outputs: outputs.as_ptr(),
-        output_count: 1,
-        scratch_host: ptr::null_mut(),
-        scratch_host_size: 0,
-        scratch_device: ptr::null_mut(),
-        scratch_device_size: 0,
-        stream: ptr::null_mut(),
-        device_id: 0,
-        sync_mode: GUILD_SYNC_HOST_BLOCKING,
-        params: ptr::null(),
-        params_size: 0,
-    };
+    let input = records::vector(ELEMENTS as u64, x.as_ptr().cast_mut());
+    let output = records::vector(ELEMENTS as u64, c_out.as_mut_ptr());
+    let args = records::execute_args(&input, &output);
 
     let mut criterion = Criterion::default().configure_from_args();
     let mut group = criterion.benchmark_group("execute_16_f32");

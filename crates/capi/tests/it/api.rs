@@ -15,22 +15,9 @@ use guild_host_capi::ffi::*;
 use guild_host_capi::guild_host_get_api;
 
 use crate::fixture::{api, c_path, close, open, options, outcome, text, Failed, ScanStore};
+use crate::records;
 
 const OP: &CStr = c"example.sequence.inclusive_scan";
-
-fn tensor(dims: &[u64], data: *mut f32) -> guild_tensor_desc_v1_t {
-    let mut t = guild_tensor_desc_v1_t {
-        dtype: GUILD_DTYPE_F32,
-        rank: dims.len() as u32,
-        dims: [0; GUILD_MAX_TENSOR_RANK],
-        strides: [0; GUILD_MAX_TENSOR_RANK],
-        memory_space: GUILD_MEMORY_HOST,
-        device_id: 0,
-        data: data.cast::<c_void>(),
-    };
-    t.dims[..dims.len()].copy_from_slice(dims);
-    t
-}
 
 /// The service a host hands out, with the calls the tests make.
 struct Service(guild_operation_service_v1_t);
@@ -48,29 +35,8 @@ impl Service {
     }
 
     fn resolve(&self, n: u64) -> Result<*mut guild_op_handle_t, String> {
-        let inputs = [tensor(&[n], ptr::null_mut())];
-        let outputs = [tensor(&[n], ptr::null_mut())];
-        let query = guild_operation_query_v1_t {
-            struct_size: size_of::<guild_operation_query_v1_t>() as u32,
-            version: GUILD_OPERATION_QUERY_VERSION,
-            op_name: OP.as_ptr(),
-            min_op_version: 0x0100_0000,
-            max_op_version: 0x01ff_ffff,
-            backends: GUILD_BACKEND_CPU,
-            sync_mode: GUILD_SYNC_HOST_BLOCKING,
-            required_capabilities: 0,
-            required_numerics: 0,
-            inputs: inputs.as_ptr(),
-            input_count: 1,
-            outputs: outputs.as_ptr(),
-            output_count: 1,
-            ram_budget: GUILD_BUDGET_UNLIMITED,
-            vram_budget: GUILD_BUDGET_UNLIMITED,
-            exact_impl_id: ptr::null(),
-            device_caps: ptr::null(),
-            params: ptr::null(),
-            params_size: 0,
-        };
+        let shape = records::vector(n, ptr::null_mut());
+        let query = records::query(OP.as_ptr(), &shape, &shape);
         let mut handle = ptr::null_mut();
         let mut error = guild_error_info_t::new();
         // SAFETY: the host's table and a complete query.
@@ -86,29 +52,15 @@ impl Service {
     fn execute(
         &self,
         handle: *mut guild_op_handle_t,
-        dims: &[u64],
         input: &mut [f32],
     ) -> Result<Vec<f32>, String> {
         let mut output = vec![0f32; input.len()];
-        let inputs = [tensor(dims, input.as_mut_ptr())];
-        let outputs = [tensor(dims, output.as_mut_ptr())];
-        let args = guild_execute_args_v1_t {
-            struct_size: size_of::<guild_execute_args_v1_t>() as u32,
-            reserved: 0,
-            inputs: inputs.as_ptr(),
-            input_count: 1,
-            outputs: outputs.as_ptr(),
-            output_count: 1,
-            scratch_host: ptr::null_mut(),
-            scratch_host_size: 0,
-            scratch_device: ptr::null_mut(),
-            scratch_device_size: 0,
-            stream: ptr::null_mut(),
-            device_id: 0,
-            sync_mode: GUILD_SYNC_HOST_BLOCKING,
-            params: ptr::null(),
-            params_size: 0,
-        };
+        let n = input.len() as u64;
+        let (i, o) = (
+            records::vector(n, input.as_mut_ptr()),
+            records::vector(n, output.as_mut_ptr()),
+        );
+        let args = records::execute_args(&i, &o);
         let mut error = guild_error_info_t::new();
         // SAFETY: a live handle and tensors that outlive the call.
         let status = unsafe { (self.0.execute.unwrap())(self.0.user, handle, &args, &mut error) };
@@ -120,14 +72,13 @@ impl Service {
     }
 
     fn reshape(&self, handle: *mut guild_op_handle_t, n: u64) {
-        let inputs = [tensor(&[n], ptr::null_mut())];
-        let outputs = [tensor(&[n], ptr::null_mut())];
+        let shape = records::vector(n, ptr::null_mut());
         let args = guild_reshape_args_v1_t {
             struct_size: size_of::<guild_reshape_args_v1_t>() as u32,
             reserved: 0,
-            inputs: inputs.as_ptr(),
+            inputs: &shape,
             input_count: 1,
-            outputs: outputs.as_ptr(),
+            outputs: &shape,
             output_count: 1,
             params: ptr::null(),
             params_size: 0,
@@ -396,14 +347,12 @@ fn the_handed_out_service_resolves_executes_and_reshapes_and_names_the_version()
         ("example.scan".into(), "1.2.0".into(), true)
     );
     assert_eq!(
-        service
-            .execute(handle, &[4], &mut [1.0, 2.0, 3.0, 4.0])
-            .unwrap(),
+        service.execute(handle, &mut [1.0, 2.0, 3.0, 4.0]).unwrap(),
         [1.0, 3.0, 6.0, 10.0]
     );
     service.reshape(handle, 6);
     assert_eq!(
-        service.execute(handle, &[6], &mut [1.0; 6]).unwrap(),
+        service.execute(handle, &mut [1.0; 6]).unwrap(),
         [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     );
     assert_eq!(state(host).live_handles, 1);
@@ -420,7 +369,7 @@ fn an_execute_with_other_shapes_is_refused_in_plain_words() {
     let (host, _) = open(s.path()).unwrap();
     let service = Service::of(host);
     let handle = service.resolve(16).unwrap();
-    let message = service.execute(handle, &[8], &mut [0.0; 8]).unwrap_err();
+    let message = service.execute(handle, &mut [0.0; 8]).unwrap_err();
     assert!(
         message
             .contains("expected f32 [16] packed in host memory, got f32 [8] packed in host memory"),
@@ -448,7 +397,7 @@ fn close_with_a_live_handle_is_refused_and_changes_nothing() {
     );
     // Still fully usable.
     assert_eq!(
-        service.execute(handle, &[4], &mut [1.0; 4]).unwrap(),
+        service.execute(handle, &mut [1.0; 4]).unwrap(),
         [1.0, 2.0, 3.0, 4.0]
     );
     service.release(handle);
@@ -480,7 +429,7 @@ fn a_refresh_follows_an_install_and_a_revocation_while_handles_say_they_are_stal
     );
     // The old handle keeps running the version it resolved.
     assert_eq!(
-        service.execute(old, &[4], &mut [1.0; 4]).unwrap(),
+        service.execute(old, &mut [1.0; 4]).unwrap(),
         [1.0, 2.0, 3.0, 4.0]
     );
     service.release(old);

@@ -55,49 +55,35 @@ fn compile(compiler: &str, flags: &[&str], source: &Path, output: &Path, link: b
 #[test]
 fn the_headers_compile_alone_and_twice_as_c99_and_cxx17_without_warnings() {
     let dir = out_dir("headers");
+    let h = "#include \"guild/guild_host.h\"\n";
+    let hpp = "#include \"guild/guild_host.hpp\"\n";
+    let abi = "#include \"guild/abi/module_abi.h\"\n";
+    // (name, source, also as C): the C header in both languages, the wrapper in C++ only.
+    let units = [
+        ("alone", h.to_owned(), true),
+        ("twice", format!("{h}{h}"), true),
+        ("with_abi_first", format!("{abi}{h}"), true),
+        ("hpp_alone", hpp.to_owned(), false),
+        ("hpp_twice", format!("{hpp}{hpp}"), false),
+    ];
     let mut compiled = 0;
-    for (name, body) in [
-        ("alone", "#include \"guild/guild_host.h\"\n"),
-        (
-            "twice",
-            "#include \"guild/guild_host.h\"\n#include \"guild/guild_host.h\"\n",
-        ),
-        (
-            "with_abi_first",
-            "#include \"guild/abi/module_abi.h\"\n#include \"guild/guild_host.h\"\n",
-        ),
-    ] {
-        let c = dir.join(format!("{name}.c"));
-        std::fs::write(&c, body).unwrap();
-        compile(&cc(), C_FLAGS, &c, &dir.join(format!("{name}.c.o")), false);
-        let cpp = dir.join(format!("{name}.cpp"));
-        std::fs::write(&cpp, body).unwrap();
-        compile(
-            &cxx(),
-            CXX_FLAGS,
-            &cpp,
-            &dir.join(format!("{name}.cpp.o")),
-            false,
-        );
-        compiled += 2;
-    }
-    for (name, body) in [
-        ("hpp_alone", "#include \"guild/guild_host.hpp\"\n"),
-        (
-            "hpp_twice",
-            "#include \"guild/guild_host.hpp\"\n#include \"guild/guild_host.hpp\"\n",
-        ),
-    ] {
-        let cpp = dir.join(format!("{name}.cpp"));
-        std::fs::write(&cpp, body).unwrap();
-        compile(
-            &cxx(),
-            CXX_FLAGS,
-            &cpp,
-            &dir.join(format!("{name}.cpp.o")),
-            false,
-        );
-        compiled += 1;
+    for (name, body, as_c) in &units {
+        let mut languages = vec![("cpp", cxx(), CXX_FLAGS)];
+        if *as_c {
+            languages.push(("c", cc(), C_FLAGS));
+        }
+        for (ext, compiler, flags) in languages {
+            let source = dir.join(format!("{name}.{ext}"));
+            std::fs::write(&source, body).unwrap();
+            compile(
+                &compiler,
+                flags,
+                &source,
+                &dir.join(format!("{name}.{ext}.o")),
+                false,
+            );
+            compiled += 1;
+        }
     }
     eprintln!("guild_host.h / .hpp: {compiled} compilations, none failed");
 }

@@ -7,3 +7,5 @@ mod api;
 mod fixture;
 mod header;
 mod programs;
+#[path = "../common/records.rs"]
+mod records;
