@@ -82,6 +82,7 @@ pub fn run() -> Result<(), String> {
         root: util::root(),
         guild: PathBuf::new(),
         runner: PathBuf::new(),
+        engine: PathBuf::new(),
         step: 0,
     };
     let plugins = build(&mut demo)?;
@@ -185,6 +186,20 @@ fn build(demo: &mut Demo) -> Result<PathBuf, String> {
         "   built {} and {} ({:.1}s)",
         demo.show(&demo.guild),
         demo.show(&demo.runner),
+        built.elapsed().as_secs_f64()
+    );
+
+    demo.title("Install libguild_host and build the C++ example engine against it");
+    println!(
+        "   (what `cargo xtask capi` does: CMake and pkg-config each build it from the prefix)"
+    );
+    let built = Instant::now();
+    let installed = crate::capi::install_and_build(&demo.root.join("target/guild-host"))?;
+    demo.engine = installed.engine_cmake;
+    println!(
+        "   installed {} and built {} ({:.1}s)",
+        demo.show(&installed.prefix),
+        demo.show(&demo.engine),
         built.elapsed().as_secs_f64()
     );
     Ok(plugins)
@@ -347,6 +362,19 @@ fn run_and_resolve(demo: &mut Demo, files: &Files) -> Result<(), String> {
         ],
     )?;
 
+    demo.title("Run the scan from the C++ engine, which owns its main() and embeds the host");
+    let shown = format!("{} {store}", demo.show(&demo.engine));
+    demo.command(
+        &demo.engine,
+        &shown,
+        &[store],
+        OK,
+        &[
+            "request 1: n=4 sum=10 from example.scan@1.0.0 ok",
+            "request 2: n=8 sum=36 from example.scan@1.0.0 ok",
+        ],
+    )?;
+
     demo.title("Ask the store which implementation a runner would get, and why");
     demo.guild(
         &[
@@ -378,11 +406,14 @@ fn refuse_disabling_a_dependency(demo: &mut Demo, files: &Files) -> Result<(), S
 
 /// Starts a serving runner, then packs and installs scan 1.1.0 and checks that the serving
 /// runner and a new one both use it. Returns the serving runner, still running.
-fn upgrade_while_serving(demo: &mut Demo, files: &Files) -> Result<Serving, String> {
+fn upgrade_while_serving(demo: &mut Demo, files: &Files) -> Result<Servers, String> {
     let store = files.store.as_str();
     demo.title("Start a serving runner in the background; it follows the store by itself");
     let serving = demo.serve(store, INCLUSIVE_OP)?;
     serving.wait_for("example.scan@1.0.0 ok")?;
+    println!("   and the C++ engine, serving beside it:");
+    let engine = demo.serve_engine(store)?;
+    engine.wait_for("example.scan@1.0.0 ok")?;
 
     demo.title("Install version 1.1.0 of the scan module (the same library, packed anew)");
     let template = demo.template(&SCAN, "1.1.0", &files.manifests)?;
@@ -408,6 +439,8 @@ fn upgrade_while_serving(demo: &mut Demo, files: &Files) -> Result<Serving, Stri
     )?;
     println!("   the serving runner, without a restart:");
     serving.wait_for("example.scan@1.1.0 ok")?;
+    println!("   the C++ engine, without a restart:");
+    engine.wait_for("example.scan@1.1.0 ok")?;
     demo.run_runner(
         store,
         &[INCLUSIVE_OP],
@@ -417,12 +450,19 @@ fn upgrade_while_serving(demo: &mut Demo, files: &Files) -> Result<Serving, Stri
             INCLUSIVE_RESULT,
         ],
     )?;
-    Ok(serving)
+    Ok(Servers { serving, engine })
+}
+
+/// The Rust runner and the C++ engine, both serving in the background.
+struct Servers {
+    serving: Serving,
+    engine: Serving,
 }
 
 /// Rolls the scan module back to 1.0.0, checks that the serving runner follows (then stops
 /// it), and that the store and a new runner are back at 1.0.0.
-fn roll_back(demo: &mut Demo, files: &Files, serving: Serving) -> Result<(), String> {
+fn roll_back(demo: &mut Demo, files: &Files, servers: Servers) -> Result<(), String> {
+    let Servers { serving, engine } = servers;
     let store = files.store.as_str();
     demo.title("Roll the scan module back to 1.0.0");
     demo.guild(
@@ -432,7 +472,10 @@ fn roll_back(demo: &mut Demo, files: &Files, serving: Serving) -> Result<(), Str
     )?;
     println!("   the serving runner, without a restart:");
     serving.wait_for("example.scan@1.0.0 ok")?;
+    println!("   the C++ engine, without a restart:");
+    engine.wait_for("example.scan@1.0.0 ok")?;
     drop(serving);
+    drop(engine);
     demo.guild(&["--store", store, "list"], OK, &[])?;
     demo.expect_listed(
         store,
@@ -459,6 +502,8 @@ struct Demo {
     root: PathBuf,
     guild: PathBuf,
     runner: PathBuf,
+    /// The C++ example engine (examples/cpp-engine), built against the installed libguild_host.
+    engine: PathBuf,
     step: usize,
 }
 
@@ -522,15 +567,26 @@ impl Demo {
     /// Starts `runner --serve` on `store` for `op` in the background; its lines are shown as
     /// they are awaited.
     fn serve(&self, store: &str, op: &str) -> Result<Serving, String> {
-        let args = ["--serve", "--interval-ms", "100", store, op];
-        println!("   $ {} {} &", self.show(&self.runner), args.join(" "));
-        let mut child = Command::new(&self.runner)
+        self.serve_with(
+            &self.runner,
+            &["--serve", "--interval-ms", "100", store, op],
+        )
+    }
+
+    /// Starts the C++ engine serving `store` in the background.
+    fn serve_engine(&self, store: &str) -> Result<Serving, String> {
+        self.serve_with(&self.engine, &["--serve", "--interval-ms", "100", store])
+    }
+
+    fn serve_with(&self, program: &Path, args: &[&str]) -> Result<Serving, String> {
+        println!("   $ {} {} &", self.show(program), args.join(" "));
+        let mut child = Command::new(program)
             .current_dir(&self.root)
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", self.runner.display()))?;
+            .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
         let (tx, lines) = channel();
         for stream in [
             child

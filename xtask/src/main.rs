@@ -1,6 +1,7 @@
 //! Project automation: `cargo xtask <task>`. Everything CI runs is reachable from here, so that a
 //! green `cargo xtask ci` on a developer's machine means a green CI.
 
+mod capi;
 mod concurrency;
 mod demo;
 mod gpu;
@@ -20,13 +21,16 @@ usage: cargo xtask <task>
 tasks:
   sdk       configure, install and package the standalone SDK into target/guild-sdk
   plugins   build the C test plugins against the installed SDK into target/test-plugins
+  capi      install libguild_host (library, headers, CMake package, guild-host.pc) into
+            target/guild-host [--prefix DIR], and build the C++ example engine against it
+            with CMake and with pkg-config
   tidy      check the crate dependency rules and source hygiene
   msrv      type-check every target with the declared rust-version (rustup fetches it)
   loom      the loom models of the handle gate and the drain protocol
   miri      Miri over the handle table, snapshot and call-tensor unit tests (nightly)
   tsan      ThreadSanitizer over the concurrency unit tests (nightly, -Zbuild-std)
   test      everything CI runs: fmt, tidy, clippy (also a CPU-only host), docs, SDK,
-            plugins, all tests, the MSRV check, loom, Miri, ThreadSanitizer
+            plugins, libguild_host and the C++ engine, all tests, the MSRV check, loom, Miri, ThreadSanitizer
   ci        the same as test, for CI
   gpu-check every GPU test with REQUIRE_GPU=1, with a summary (fails without a GPU);
             --bundle builds target/gpu-check/ to run them on a GPU machine without cargo
@@ -40,6 +44,7 @@ fn main() -> ExitCode {
     let result = match task {
         "sdk" => sdk::sdk().map(|_| ()),
         "plugins" => sdk::plugins().map(|_| ()),
+        "capi" => capi::run(&args[1..]),
         "tidy" => tidy::run(),
         "msrv" => msrv::run(),
         "loom" => concurrency::loom(),
@@ -115,6 +120,10 @@ fn test() -> Result<(), String> {
         )
     })?;
     let plugins = step("SDK and test plugins", sdk::plugins)?;
+    step(
+        "libguild_host: install, then the C++ example engine with CMake and pkg-config",
+        || capi::install_and_build(&util::root().join("target/guild-host")).map(drop),
+    )?;
     let env = [("GUILD_TEST_PLUGIN_DIR", plugins.as_os_str())];
     step("cargo test", || {
         util::cargo_env(

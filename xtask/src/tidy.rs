@@ -225,9 +225,11 @@ pub fn check_deps(crates: &[CrateDeps]) -> Vec<Violation> {
             {
                 flag(c, dep, "the command line's crates belong to guild-cli");
             }
+            // The C embedding API stands on the composition root as the command line does.
             if dep == "guild-host"
                 && c.package != "xtask"
                 && c.package != "guild-cli"
+                && c.package != "guild-host-capi"
                 && c.package != "guild-conformance"
                 && !is_test_support
                 && !is_example(&c.manifest)
@@ -830,6 +832,12 @@ mod tests {
         ))
         .is_empty());
         assert!(rules(krate("guild-host", &[(Normal, "guild-runtime")])).is_empty());
+        // The C embedding API stands on the composition root, and on nothing below it.
+        assert!(rules(krate("guild-host-capi", &[(Normal, "guild-host")])).is_empty());
+        assert_eq!(
+            rules(krate("guild-host-capi", &[(Normal, "guild-adapters-fs")])),
+            ["only the application crates (guild-host, guild-runtime, guild-conformance) may depend on an adapter"]
+        );
         assert!(rules(krate(
             "guild-cli",
             &[(Normal, "guild-host"), (Normal, "clap"), (Normal, "anyhow")]

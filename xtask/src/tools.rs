@@ -108,8 +108,15 @@ pub const TOOLS: &[Tool] = &[
         name: "c++",
         probe: Probe::Runs(&[&["c++", "--version"]]),
         source: Source::Apt(&["g++"]),
-        why: "the header checks compile every header as C++17",
-        used_by: UsedBy::Tests,
+        why: "the header checks compile every header as C++17; builds the C++ example engine",
+        used_by: UsedBy::Both,
+    },
+    Tool {
+        name: "pkg-config",
+        probe: Probe::Runs(&[&["pkg-config", "--version"]]),
+        source: Source::Apt(&["pkg-config"]),
+        why: "builds the C++ example engine from guild-host.pc",
+        used_by: UsedBy::Both,
     },
     Tool {
         name: "x86_64-w64-mingw32-gcc",
@@ -523,7 +530,6 @@ mod tests {
         let found = lacking(&[
             "valgrind",
             "openssl",
-            "c++",
             "x86_64-w64-mingw32-gcc",
             "python3",
             "the gguf and numpy Python packages",
@@ -666,7 +672,18 @@ mod tests {
             .filter(|t| t.used_by == UsedBy::Both)
             .map(|t| t.name)
             .collect();
-        assert_eq!(demo, ["cmake 3.20+", "make (or ninja)", "cc", "nm"]);
+        // The demo builds the C++ example engine against libguild_host with CMake and pkg-config.
+        assert_eq!(
+            demo,
+            [
+                "cmake 3.20+",
+                "make (or ninja)",
+                "cc",
+                "nm",
+                "c++",
+                "pkg-config"
+            ]
+        );
     }
 
     #[test]

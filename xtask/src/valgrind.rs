@@ -1,7 +1,9 @@
 //! Runs the tests that cross the C boundary under valgrind: the dlopen loader's tests (every
 //! C test plugin) and the host's real-plugin, registry-stress and operation-service tests (both
-//! faces, the dependent module calling back through the C service, the concurrency tests). Any
-//! memory error, or a definite or indirect leak, fails the run.
+//! faces, the dependent module calling back through the C service, the concurrency tests); and
+//! the C and C++ test programs of the embedding API (`libguild_host`), which the capi test
+//! binary runs under valgrind itself when `GUILD_CAPI_VALGRIND=1`. Any memory error, or a
+//! definite or indirect leak, fails the run.
 
 use std::path::Path;
 use std::process::Command;
@@ -60,7 +62,20 @@ pub fn run_all(plugins: &Path) -> Result<(), String> {
             // Not the live switch test (`llama::live_`): its module runs in the runner process
             // it starts, which valgrind does not follow, so it would check nothing here.
         ],
-    )
+    )?;
+    capi_programs(plugins)
+}
+
+/// The embedding API's C and C++ test programs, each under valgrind. The test binary itself runs
+/// natively: it builds the programs and plays the operator who changes the store under them.
+fn capi_programs(plugins: &Path) -> Result<(), String> {
+    let capi = test_executable("guild-host-capi")?;
+    let mut cmd = Command::new(&capi);
+    cmd.current_dir(root().join("crates/capi"))
+        .args(["programs::", "--test-threads=2"])
+        .env("GUILD_TEST_PLUGIN_DIR", plugins)
+        .env("GUILD_CAPI_VALGRIND", "1");
+    util::run(&mut cmd)
 }
 
 pub fn run(plugins: &Path) -> Result<(), String> {

@@ -207,7 +207,19 @@ pub struct guild_op_description_v1_t {
     pub scratch: guild_scratch_request_v1_t,
     pub kernel_desc: *const guild_kernel_op_desc_v1_t,
     pub operation: *const guild_operation_ext_v1_t,
+    /// Optional tail: written when `struct_size >= GUILD_OP_DESCRIPTION_V1_VERSION_SIZE`.
+    pub package_version: *const c_char,
 }
+
+/// `GUILD_OP_DESCRIPTION_V1_BASE_SIZE`: the description before its `package_version` tail, the
+/// smallest `struct_size` a host accepts.
+pub const GUILD_OP_DESCRIPTION_V1_BASE_SIZE: usize =
+    core::mem::offset_of!(guild_op_description_v1_t, package_version);
+
+/// `GUILD_OP_DESCRIPTION_V1_VERSION_SIZE`: the smallest `struct_size` of a description whose
+/// `package_version` the host writes.
+pub const GUILD_OP_DESCRIPTION_V1_VERSION_SIZE: usize =
+    GUILD_OP_DESCRIPTION_V1_BASE_SIZE + core::mem::size_of::<*const c_char>();
 
 /// The operation service table, the optional tail of the host table.
 #[repr(C)]

@@ -1474,6 +1474,7 @@ pub struct HostBuilder {
     devices: Option<DeviceSupport>,
     load_enabled: bool,
     lock: Option<LockFile>,
+    existing_store: bool,
 }
 
 impl fmt::Debug for HostBuilder {
@@ -1485,6 +1486,7 @@ impl fmt::Debug for HostBuilder {
             .field("devices", &self.devices)
             .field("load_enabled", &self.load_enabled)
             .field("lock", &self.lock.as_ref().map(|l| l.packages().len()))
+            .field("existing_store", &self.existing_store)
             .finish()
     }
 }
@@ -1498,6 +1500,7 @@ impl HostBuilder {
             devices: None,
             load_enabled: true,
             lock: None,
+            existing_store: false,
         }
     }
 
@@ -1546,12 +1549,26 @@ impl HostBuilder {
         self
     }
 
+    /// Refuses to open a directory that is not already a store, with
+    /// [`HostError::NotAStore`] naming the path, instead of creating an empty store there (which a
+    /// reader otherwise does, once, for a directory no writer has made). A runner that is given
+    /// its store's path should set this: a mistyped path then fails at open rather than later,
+    /// as an operation that no package provides. A store is made by `guild` or a
+    /// [`PackageManager`], which write its registry.
+    pub fn existing_store(mut self, existing: bool) -> Self {
+        self.existing_store = existing;
+        self
+    }
+
     /// Opens the store as a reader (no lock: the last committed generation, whatever a writer is
     /// doing; every enabled package re-verified, what fails left out of this host and reported,
     /// nothing written), detects the devices unless they were given, composes the host and, by
     /// default, loads every enabled package in dependency order. A package that fails to load
     /// does not fail the open: it is in [`LoadReport::failed`].
     pub fn open(self) -> Result<OpenedHost, HostError> {
+        if self.existing_store {
+            check_is_store(&self.dir)?;
+        }
         let (packages, store) = PackageManager::open_dir_reader(&self.dir)?;
         let (devices, no_cuda) = match self.devices {
             Some(devices) => (devices, None),
@@ -1597,6 +1614,37 @@ impl HostBuilder {
                 quarantined,
             },
         })
+    }
+}
+
+/// Whether `dir` is a store some writer made: a directory holding the registry checkpoint.
+/// Nothing is created or changed.
+fn check_is_store(dir: &Path) -> Result<(), HostError> {
+    let not_a_store = |reason: String| HostError::NotAStore {
+        path: dir.to_path_buf(),
+        reason,
+    };
+    match std::fs::metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(not_a_store("no such directory".into()))
+        }
+        Err(e) => return Err(not_a_store(format!("it cannot be read ({e})"))),
+        Ok(m) if !m.is_dir() => return Err(not_a_store("it is not a directory".into())),
+        Ok(_) => {}
+    }
+    let registry = guild_adapters_fs::store::StoreLayout::new(dir).registry;
+    match std::fs::symlink_metadata(&registry) {
+        Ok(m) if m.is_file() => Ok(()),
+        Ok(_) => Err(not_a_store(format!(
+            "{} is not a regular file",
+            registry.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(not_a_store(
+            "the directory holds no store registry (stores are made by `guild` or a package \
+             manager, never by a runner)"
+                .into(),
+        )),
+        Err(e) => Err(not_a_store(format!("its registry cannot be read ({e})"))),
     }
 }
 

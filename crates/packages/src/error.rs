@@ -181,6 +181,16 @@ pub enum HostError {
         /// `std::env::consts::ARCH`.
         arch: &'static str,
     },
+    /// A runner was told to open a store that must already exist
+    /// ([`HostBuilder::existing_store`](crate::HostBuilder::existing_store)) and the path is not
+    /// one: nothing was created there.
+    #[error("{} is not a guild store: {reason}", path.display())]
+    NotAStore {
+        /// The path the runner was given.
+        path: PathBuf,
+        /// What is there instead, in words.
+        reason: String,
+    },
     /// Packing or signing failed.
     #[error(transparent)]
     Publish(#[from] crate::packaging::PublishError),
@@ -311,6 +321,7 @@ impl HostError {
             | HostError::InstalledTree { .. }
             | HostError::Graph(_)
             | HostError::UnsupportedPlatform { .. } => ErrorCategory::Store,
+            HostError::NotAStore { .. } => ErrorCategory::NotFound,
             HostError::Publish(_)
             | HostError::Load(_)
             | HostError::UndeclaredBackend { .. }

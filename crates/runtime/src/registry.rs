@@ -416,6 +416,25 @@ impl KernelRegistry {
         self.service.handles.live()
     }
 
+    /// The package version a live C handle of this registry runs, and whether that version is
+    /// still the current one ([`KernelBinding::is_current`]); `None` when `handle` is not a live
+    /// handle of this registry (NULL, released, another registry's, made up) or is being
+    /// released. A handle is a number, never dereferenced, so any value may be asked about.
+    pub fn c_handle_provider(
+        &self,
+        handle: *mut guild_abi::guild_op_handle_t,
+    ) -> Option<HandleProvider> {
+        let name = self.service.handles.decode(handle as usize as u64)?;
+        self.service
+            .handles
+            .with_shared(name, |h| HandleProvider {
+                package: h.binding.package().clone(),
+                version: h.binding.version().clone(),
+                is_current: h.binding.is_current(),
+            })
+            .ok()
+    }
+
     fn lock(&self) -> MutexGuard<'_, HashMap<PackageId, PackageEntry>> {
         // The writer map is only replaced wholesale after validation, so a poisoned lock still
         // holds a consistent map.
@@ -480,7 +499,7 @@ impl KernelRegistry {
             .into_iter()
             .map(|kernel| {
                 Arc::new(StoredOp {
-                    c_names: CNames::of(&kernel, id),
+                    c_names: CNames::of(&kernel, id, version),
                     contract: kernel.operation.clone().map(Arc::new),
                     kernel,
                     package: package.clone(),
@@ -877,4 +896,15 @@ impl Drop for KernelRegistry {
         drop(old);
         drop(packages);
     }
+}
+
+/// The provider behind a C operation handle ([`KernelRegistry::c_handle_provider`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandleProvider {
+    /// The package whose implementation the handle runs.
+    pub package: PackageId,
+    /// Its version, which the handle keeps loaded until it is released.
+    pub version: Version,
+    /// Whether that version is still the one the registry serves ([`KernelBinding::is_current`]).
+    pub is_current: bool,
 }

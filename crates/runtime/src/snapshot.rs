@@ -413,10 +413,11 @@ pub(crate) struct CNames {
     pub(crate) impl_id: CString,
     pub(crate) package_id: CString,
     pub(crate) op_name: CString,
+    pub(crate) package_version: CString,
 }
 
 impl CNames {
-    pub(crate) fn of(kernel: &RegisteredKernel, package: &PackageId) -> Self {
+    pub(crate) fn of(kernel: &RegisteredKernel, package: &PackageId, version: &Version) -> Self {
         // Ids and names are validated text without NUL bytes; an empty string is the harmless
         // fallback should that ever change.
         let c = |s: &str| CString::new(s).unwrap_or_default();
@@ -424,6 +425,7 @@ impl CNames {
             impl_id: c(kernel.impl_id.as_str()),
             package_id: c(package.as_str()),
             op_name: c(kernel.op_name.as_ref().map_or("", OpName::as_str)),
+            package_version: c(&version.to_string()),
         }
     }
 }

@@ -289,6 +289,9 @@ typedef struct guild_op_handle_s guild_op_handle_t;
 /*
  * What describe reports about a handle. Every pointer is borrowed from the handle and stays valid
  * until release.
+ *
+ * Grown by appending: a caller built against an older header sets a smaller struct_size (at
+ * least GUILD_OP_DESCRIPTION_V1_BASE_SIZE), and the host writes only the fields that fit in it.
  */
 typedef struct guild_op_description_v1_t {
     /* sizeof(guild_op_description_v1_t), set by the caller. */
@@ -309,7 +312,20 @@ typedef struct guild_op_description_v1_t {
     /* The host's copies of the implementation's kernel descriptor and GOP1 extension. */
     const guild_kernel_op_desc_v1_t* kernel_desc;
     const guild_operation_ext_v1_t* operation;
+    /*
+     * Optional tail, written only when struct_size >= GUILD_OP_DESCRIPTION_V1_VERSION_SIZE (SDK
+     * 1.5 hosts leave it untouched): the semantic version of package_id that provides the
+     * implementation, such as "1.2.0". A handle keeps running that version until it is released,
+     * whatever the store enables later.
+     */
+    const char* package_version;
 } guild_op_description_v1_t;
+
+/* Size of the description before the package_version tail: the smallest struct_size accepted. */
+#define GUILD_OP_DESCRIPTION_V1_BASE_SIZE offsetof(guild_op_description_v1_t, package_version)
+
+/* The smallest struct_size of a description whose package_version the host writes. */
+#define GUILD_OP_DESCRIPTION_V1_VERSION_SIZE (GUILD_OP_DESCRIPTION_V1_BASE_SIZE + sizeof(const char*))
 
 /*
  * New tensors for a resolved handle, for the service's reshape. The arrays and params are

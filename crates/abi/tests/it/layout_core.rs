@@ -209,7 +209,8 @@ pub fn structs() -> Vec<StructLayout> {
             sync_mode,
             scratch,
             kernel_desc,
-            operation
+            operation,
+            package_version
         }),
         layout!(guild_operation_service_v1_t {
             struct_size,
@@ -449,6 +450,8 @@ pub fn constants() -> Vec<(&'static str, ConstVal)> {
         GUILD_OPERATION_SERVICE_VERSION,
         GUILD_OPERATION_SERVICE_V1_BASE_SIZE,
         GUILD_OPERATION_SERVICE_V1_RESHAPE_SIZE,
+        GUILD_OP_DESCRIPTION_V1_BASE_SIZE,
+        GUILD_OP_DESCRIPTION_V1_VERSION_SIZE,
         // runner_abi.h
         GUILD_RMD1_TAG,
         GUILD_RMD1_VERSION,

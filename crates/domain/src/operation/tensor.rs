@@ -42,6 +42,41 @@ pub struct TensorDesc {
     pub data_addr: Option<u64>,
 }
 
+/// A descriptor in the words an error message uses: dtype, extents (innermost first), strides
+/// unless packed, and where the data lives, e.g. `f32 [16, 4] packed in host memory`. A rank
+/// outside 1 to [`MAX_TENSOR_RANK`] is named as such, since its extents mean nothing.
+impl fmt::Display for TensorDesc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let rank_ok = usize::try_from(self.rank).is_ok_and(|r| (1..=MAX_TENSOR_RANK).contains(&r));
+        if !rank_ok {
+            write!(
+                f,
+                "{} rank {} (outside 1 to {MAX_TENSOR_RANK})",
+                self.dtype, self.rank
+            )?;
+        } else {
+            write!(f, "{} {:?}", self.dtype, self.shape())?;
+            let strides = self
+                .strides
+                .get(..self.shape().len())
+                .unwrap_or(&self.strides);
+            if strides.iter().all(|&s| s == 0) {
+                f.write_str(" packed")?;
+            } else {
+                write!(f, " with strides {strides:?}")?;
+            }
+        }
+        write!(f, " in {} memory", self.memory_space)?;
+        if matches!(
+            self.memory_space,
+            MemorySpace::Device | MemorySpace::Managed
+        ) {
+            write!(f, " of device {}", self.device_id)?;
+        }
+        Ok(())
+    }
+}
+
 impl TensorDesc {
     /// A packed tensor of `shape` (innermost axis first) in `memory_space`, on device 0, with no
     /// known address. A `shape` longer than [`MAX_TENSOR_RANK`] keeps its length as the rank, so

@@ -1647,3 +1647,28 @@ fn choose_names_the_operation_an_exact_id_implements() {
         }
     );
 }
+
+/// A tensor descriptor reads in plain words wherever an error names one (a C caller sees these
+/// texts in its error record), never as Rust's `Debug` output.
+#[test]
+fn a_tensor_descriptor_is_written_in_plain_words() {
+    let packed = TensorDesc::new(DType::F32, &[16], MemorySpace::Host);
+    assert_eq!(packed.to_string(), "f32 [16] packed in host memory");
+    let strided = TensorDesc::new(DType::F32, &[16, 4], MemorySpace::Device)
+        .with_strides(&[0, 32])
+        .with_device(1);
+    assert_eq!(
+        strided.to_string(),
+        "f32 [16, 4] with strides [0, 32] in device memory of device 1"
+    );
+    let bad_rank = TensorDesc {
+        rank: 12,
+        ..TensorDesc::new(DType::F32, &[1], MemorySpace::Host)
+    };
+    let text = bad_rank.to_string();
+    assert!(text.starts_with("f32 rank 12 "), "{text}");
+    assert!(
+        !text.contains("TensorDesc") && !text.contains("DType("),
+        "{text}"
+    );
+}

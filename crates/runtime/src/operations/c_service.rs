@@ -32,6 +32,7 @@ use guild_abi::{
     guild_op_handle_t, guild_operation_query_v1_t, guild_operation_service_v1_t,
     guild_reshape_args_v1_t, guild_scratch_request_v1_t, guild_status_t, guild_tensor_desc_v1_t,
     GUILD_OPERATION_QUERY_VERSION, GUILD_OPERATION_SERVICE_VERSION,
+    GUILD_OP_DESCRIPTION_V1_BASE_SIZE, GUILD_OP_DESCRIPTION_V1_VERSION_SIZE,
     GUILD_STATUS_ERR_BUFFER_TOO_SMALL, GUILD_STATUS_ERR_BUSY, GUILD_STATUS_ERR_DEVICE,
     GUILD_STATUS_ERR_INTERNAL, GUILD_STATUS_ERR_INVALID_ARGUMENT, GUILD_STATUS_ERR_NOT_FOUND,
     GUILD_STATUS_ERR_OUT_OF_MEMORY, GUILD_STATUS_ERR_STATE, GUILD_STATUS_ERR_UNSUPPORTED,
@@ -235,18 +236,31 @@ fn guarded(
 /// # Safety
 /// `record` must be NULL or point at a record whose first field is a `uint32_t struct_size`.
 unsafe fn check_out_record<T>(record: *mut T, what: &str) -> Result<(), Failure> {
+    // SAFETY: the caller's contract.
+    unsafe { check_out_record_of(record, size_of::<T>(), what) }.map(drop)
+}
+
+/// [`check_out_record`] for a record that grew by appending: at least `smallest` bytes, the size
+/// of its first version. Answers the caller's size, which says which tail fields it has room for.
+///
+/// # Safety
+/// As for [`check_out_record`].
+unsafe fn check_out_record_of<T>(
+    record: *mut T,
+    smallest: usize,
+    what: &str,
+) -> Result<usize, Failure> {
     if record.is_null() || !record.is_aligned() {
         return Err(Failure::invalid(format!("{what} is NULL or misaligned")));
     }
     // SAFETY: non-NULL and aligned; by the contract its first field is the caller's size.
     let size = unsafe { record.cast::<u32>().read() };
-    if usize::try_from(size).map_or(true, |s| s < size_of::<T>()) {
-        return Err(Failure::invalid(format!(
-            "{what}.struct_size is {size}, smaller than the {} bytes of this version",
-            size_of::<T>()
-        )));
+    match usize::try_from(size) {
+        Ok(s) if s >= smallest => Ok(s),
+        _ => Err(Failure::invalid(format!(
+            "{what}.struct_size is {size}, smaller than the {smallest} bytes of its first version"
+        ))),
     }
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -588,8 +602,15 @@ unsafe extern "C" fn service_describe(
         // SAFETY: a table's `user`, whose core its holder keeps alive (the service's contract).
         let (core, _) = unsafe { open_core(user, "describe") }?;
         let name = name_of(core, handle, "describe")?;
-        // SAFETY: NULL or the caller's record with its size set; checked inside.
-        unsafe { check_out_record(out_description, "describe: out_description") }?;
+        // SAFETY: NULL or the caller's record with its size set; checked inside. A caller built
+        // against SDK 1.5 passes the record without its package_version tail.
+        let size = unsafe {
+            check_out_record_of(
+                out_description,
+                GUILD_OP_DESCRIPTION_V1_BASE_SIZE,
+                "describe: out_description",
+            )
+        }?;
         core.handles
             .with_shared(name, |h| {
                 let r = h;
@@ -613,6 +634,9 @@ unsafe extern "C" fn service_describe(
                     out.scratch = scratch_record(d.scratch);
                     out.kernel_desc = r.kernel.descriptor().map_or(ptr::null(), |k| k as *const _);
                     out.operation = operation;
+                    if size >= GUILD_OP_DESCRIPTION_V1_VERSION_SIZE {
+                        out.package_version = names.package_version.as_ptr();
+                    }
                 }
             })
             .map_err(|why| refused(core, "describe", why))

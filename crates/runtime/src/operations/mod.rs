@@ -719,7 +719,7 @@ pub enum ExecuteError {
     /// A tensor's descriptor differs from the negotiated one (only the data address may change
     /// from call to call; a reshape negotiates new descriptors).
     #[error(
-        "{tensor} does not match the negotiated descriptor (expected {expected:?}, got {actual:?})"
+        "{tensor} does not match the negotiated descriptor: expected {expected}, got {actual}"
     )]
     DescriptorMismatch {
         /// Which tensor.
