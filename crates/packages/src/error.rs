@@ -182,7 +182,7 @@ pub enum HostError {
         arch: &'static str,
     },
     /// A runner was told to open a store that must already exist
-    /// ([`HostBuilder::existing_store`](crate::HostBuilder::existing_store)) and the path is not
+    /// (guild-host's `HostBuilder::existing_store`) and the path is not
     /// one: nothing was created there.
     #[error("{} is not a guild store: {reason}", path.display())]
     NotAStore {
