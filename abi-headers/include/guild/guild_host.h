@@ -174,7 +174,8 @@ typedef struct guild_host_state_v1_t {
     /* Refreshes so far that changed something or failed; it only grows, so a poller that saw
      * another number resolves again (and checks is_current on the handles it keeps). */
     uint64_t changes;
-    /* Operation handles resolved through the C service and not yet released. */
+    /* Operation handles the engine resolved through the table operation_service copied and has
+     * not released yet (handles loaded modules hold are not counted). */
     uint64_t live_handles;
 } guild_host_state_v1_t;
 
@@ -213,9 +214,11 @@ typedef struct guild_host_capi_v1_t {
                               guild_host_open_report_v1_t* out_report, guild_host_error_t** out_error);
     /*
      * Stops the watcher, unloads every package and frees the host. Refused with
-     * GUILD_HOST_ERR_BUSY, changing nothing, while operation handles resolved through the C
-     * service are live (release them first) or when called from the watch callback. NULL is a
-     * no-op returning GUILD_HOST_OK.
+     * GUILD_HOST_ERR_BUSY, changing nothing, while handles the engine resolved through the
+     * table operation_service copied are live (release them first) or when called from the
+     * watch callback. Handles that loaded modules keep between calls do not count: each module
+     * releases its own in its shutdown, which close runs. NULL is a no-op returning
+     * GUILD_HOST_OK.
      */
     guild_host_code_t (*close)(guild_host_t* host, guild_host_error_t** out_error);
     /*

@@ -325,7 +325,7 @@ unsafe extern "C" fn host_close(
                      itself); close from another thread",
             ));
         }
-        let live = h.host.kernels().live_c_handles();
+        let live = h.host.kernels().live_runner_c_handles();
         if live > 0 {
             return Err(Failure::new(
                 GUILD_HOST_ERR_BUSY,
@@ -616,7 +616,7 @@ unsafe extern "C" fn host_state(
             pending: h.state.pending.load(Ordering::Acquire),
             generation: h.state.generation.load(Ordering::Acquire),
             changes: h.state.changes.load(Ordering::Acquire),
-            live_handles: h.host.kernels().live_c_handles() as u64,
+            live_handles: h.host.kernels().live_runner_c_handles() as u64,
         };
         Ok(())
     })

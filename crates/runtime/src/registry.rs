@@ -416,6 +416,16 @@ impl KernelRegistry {
         self.service.handles.live()
     }
 
+    /// The C handles of [`live_c_handles`](Self::live_c_handles) that were resolved through
+    /// the runner's table ([`operation_api`](Self::operation_api)), that is by the embedding
+    /// process itself; the rest are held by loaded plugins, which release them at the latest in
+    /// their `shutdown` when the host unloads them.
+    pub fn live_runner_c_handles(&self) -> usize {
+        self.service
+            .runner_handles
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// The package version a live C handle of this registry runs, and whether that version is
     /// still the current one ([`KernelBinding::is_current`]); `None` when `handle` is not a live
     /// handle of this registry (NULL, released, another registry's, made up) or is being

@@ -211,6 +211,14 @@ impl<'r> Service<'r> {
         }
     }
 
+    /// Another table of the same registry's service, such as the one a plugin is given.
+    pub fn with_table(_registry: &'r KernelRegistry, table: guild_operation_service_v1_t) -> Self {
+        Service {
+            table,
+            _registry: PhantomData,
+        }
+    }
+
     /// Resolves a query record as given (for tests that break it on purpose).
     pub fn resolve_raw(
         &self,

@@ -337,6 +337,18 @@ fn rust_runner_fails_with_the_reason_when_an_operation_cannot_run() {
         "{}",
         ran.stderr
     );
+
+    // A mistyped store path: refused, naming it, and nothing is created there.
+    let typo = shop.fresh("stroe");
+    let ran = run_runner(&typo, &[INCLUSIVE_OP]);
+    assert_eq!(ran.code, Some(1));
+    assert!(
+        ran.stderr.contains(&typo.display().to_string())
+            && ran.stderr.contains("is not a guild store"),
+        "{}",
+        ran.stderr
+    );
+    assert!(!typo.exists(), "the runner created {}", typo.display());
 }
 
 #[test]

@@ -31,7 +31,9 @@ use guild_test_support::{
     id, key, open_dir, publisher, retry_locked, trust, v, Built, ModDep, Spec, Workshop, PUBLISHER,
 };
 
+use crate::c_face::{tensor, Query, Service};
 use crate::operations::{desc, op};
+use guild_abi::GUILD_DTYPE_F32;
 
 use guild_test_support::plugins::SCAN_PACKAGE as BASE;
 const DEPENDENT: &str = "example.dependent";
@@ -50,6 +52,8 @@ fn dependent_spec(dep: ModDep) -> Spec {
 struct Watched {
     dlopen: DlopenLoader,
     asked: Arc<Mutex<Vec<PackageId>>>,
+    /// The address of the operation service table each load was offered, as its plugin sees it.
+    tables: Arc<Mutex<Vec<(PackageId, usize)>>>,
 }
 
 impl Watched {
@@ -57,6 +61,19 @@ impl Watched {
     fn asked(&self) -> Vec<String> {
         let asked = self.asked.lock().unwrap();
         asked.iter().map(|p| p.as_str().to_owned()).collect()
+    }
+
+    /// The operation service table the last load of `package` was offered.
+    fn table_of(&self, package: &str) -> guild_abi::guild_operation_service_v1_t {
+        let tables = self.tables.lock().unwrap();
+        let (_, address) = tables
+            .iter()
+            .rev()
+            .find(|(p, _)| p.as_str() == package)
+            .unwrap_or_else(|| panic!("{package} was offered no operation service"));
+        // SAFETY: the loader keeps the table alive while the package's library is loaded,
+        // which the caller's host does for as long as it uses the copy.
+        unsafe { *(*address as *const guild_abi::guild_operation_service_v1_t) }
     }
 
     /// Libraries open now.
@@ -68,6 +85,10 @@ impl Watched {
 impl PluginLoader for Watched {
     fn load(&self, request: &LoadRequest) -> Result<LoadedPlugin, LoadError> {
         self.asked.lock().unwrap().push(request.package.clone());
+        if let Some(table) = &request.operations {
+            let entry = (request.package.clone(), table.address);
+            self.tables.lock().unwrap().push(entry);
+        }
         self.dlopen.load(request)
     }
 }
@@ -636,4 +657,41 @@ fn a_dependent_is_not_opened_while_its_dependency_failed_to_load() {
          {installed:?} (opened {install_opened}, kernels published {registered_by_install}); \
          enable answered {enabled:?} (opened {enable_opened})"
     );
+}
+
+/// A module may keep a handle between calls (the plugin guide allows it until its `shutdown`);
+/// the host tells those apart from the handles the embedding process resolved through the
+/// runner's table, which are the ones that keep a C engine from closing (libguild_host's close).
+#[test]
+fn handles_a_module_keeps_are_counted_apart_from_the_runners_own() {
+    let b = Bench::new();
+    let base = b.base("1.0.0");
+    b.install(&base, true);
+    b.install(&b.dependent(ModDep::on(BASE, "1.0.0")), true);
+    let kernels = b.host.kernels();
+    let scan = || {
+        Query::cpu(
+            "example.sequence.inclusive_scan",
+            vec![tensor(GUILD_DTYPE_F32, &[4], &[])],
+            vec![tensor(GUILD_DTYPE_F32, &[4], &[])],
+        )
+    };
+
+    // Resolved through the table the dependent module was given, as its code would.
+    let module = Service::with_table(kernels, b.loader.table_of(DEPENDENT));
+    let kept = module.resolve(&scan()).unwrap();
+    assert_eq!(kernels.live_c_handles(), 1);
+    assert_eq!(kernels.live_runner_c_handles(), 0);
+
+    // Resolved through the runner's table: counted as the process's own.
+    let runner = Service::of(kernels);
+    let own = runner.resolve(&scan()).unwrap();
+    assert_eq!(kernels.live_c_handles(), 2);
+    assert_eq!(kernels.live_runner_c_handles(), 1);
+
+    drop(own);
+    assert_eq!(kernels.live_runner_c_handles(), 0);
+    drop(kept);
+    assert_eq!(kernels.live_c_handles(), 0);
+    assert_eq!(kernels.live_runner_c_handles(), 0);
 }

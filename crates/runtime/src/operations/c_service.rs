@@ -282,11 +282,11 @@ unsafe extern "C" fn service_resolve(
         // SAFETY: checked non-NULL and aligned; the caller provides the slot for this call.
         unsafe { out_handle.write(ptr::null_mut()) };
         // SAFETY: a table's `user`, whose core its holder keeps alive (the service's contract).
-        let (core, _) = unsafe { open_core(user, "resolve") }?;
+        let (core, face) = unsafe { open_core(user, "resolve") }?;
         // SAFETY: the caller's query and everything it points at are valid for this call.
         let (spec, args) = unsafe { read_query(core, query) }?;
         let query = OpQuery::new(spec).map_err(|e| Failure::invalid(e.to_string()))?;
-        let resolved = core.resolve(query, &args, false).map_err(|e| {
+        let mut resolved = core.resolve(query, &args, false).map_err(|e| {
             // A registry being destroyed empties its snapshot; say so rather than "not found".
             if core.is_closed() {
                 Failure::new(
@@ -297,7 +297,17 @@ unsafe extern "C" fn service_resolve(
                 resolve_failure(e)
             }
         })?;
+        // Counted before it can be released (a release uncounts it), so the runner's count
+        // never reads low.
+        if face == Face::Runner {
+            core.count_runner_handle(&mut resolved);
+        }
+        let counted = resolved.through_runner;
         let number = core.handles.insert(resolved).map_err(|_| {
+            if counted {
+                core.runner_handles
+                    .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            }
             Failure::new(
                 GUILD_STATUS_ERR_OUT_OF_MEMORY,
                 "resolve: this service already holds the most live handles it can name",
@@ -309,7 +319,9 @@ unsafe extern "C" fn service_resolve(
         // takes the table's lock that `insert` took, so this load sees it.
         if core.is_closed() {
             if let Some(name) = core.handles.decode(number) {
-                drop(core.handles.remove(name));
+                if let Ok(handle) = core.handles.remove(name) {
+                    core.let_go(&handle);
+                }
             }
             return Err(destroyed("resolve"));
         }
@@ -1052,6 +1064,7 @@ unsafe extern "C" fn service_release(
             .handles
             .remove(name)
             .map_err(|why| refused(core, "release", why))?;
+        core.let_go(&boxed);
         let waited = boxed.finish();
         drop(boxed);
         waited.map_err(|e| {

@@ -17,7 +17,7 @@ use std::borrow::Cow;
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::ffi::{c_void, CStr, CString};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use arc_swap::ArcSwap;
@@ -136,6 +136,9 @@ pub(crate) struct ServiceCore {
     closed: AtomicBool,
     /// The C handles resolved and not yet released.
     pub(crate) handles: HandleTable<Resolved>,
+    /// How many of them were resolved through the runner's table: the embedding process's own,
+    /// as against those plugins hold, which their `shutdown` releases when the host unloads them.
+    pub(crate) runner_handles: AtomicUsize,
     /// Where the runner's table leads while the registry lives.
     cell: &'static RunnerCell,
     /// Where a provider's failure report goes when its C caller passed no usable error record
@@ -219,6 +222,7 @@ impl ServiceCore {
                 plugin_table,
                 closed: AtomicBool::new(false),
                 handles: HandleTable::new(),
+                runner_handles: AtomicUsize::new(0),
                 cell,
                 unread_failures: Mutex::new(None),
             }
@@ -238,7 +242,24 @@ impl ServiceCore {
         self.cell
             .core
             .store(std::ptr::null_mut(), Ordering::Release);
-        self.handles.drain_idle()
+        let idle = self.handles.drain_idle();
+        for handle in &idle {
+            self.let_go(handle);
+        }
+        idle
+    }
+
+    /// Counts a handle the runner's table is about to hand out.
+    pub(crate) fn count_runner_handle(&self, handle: &mut Resolved) {
+        handle.through_runner = true;
+        self.runner_handles.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Uncounts a handle taken out of the table (released, or dropped by the registry).
+    pub(crate) fn let_go(&self, handle: &Resolved) {
+        if handle.through_runner {
+            self.runner_handles.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     /// Sends the failure reports no caller can read to `sink` from now on.
@@ -951,6 +972,9 @@ pub(crate) struct Resolved {
     /// Whether calls may pass a stream: a device provider's may, a CPU provider's may not.
     pub(crate) takes_stream: bool,
     streams: Option<Arc<dyn StreamEvents>>,
+    /// Whether the handle was resolved through the runner's C table (counted in
+    /// [`ServiceCore::runner_handles`] until it is released).
+    pub(crate) through_runner: bool,
     /// The negotiated tensors and scratch.
     contract: UnsafeCell<Contract>,
     /// The contract's scratch for `describe` and `scratch` calls, which the C face lets run
@@ -1339,6 +1363,7 @@ impl Resolved {
             passed_over,
             streams,
             published: PublishedScratch::new(scratch),
+            through_runner: false,
             contract: UnsafeCell::new(Contract::new(query, scratch)),
             call: Lone(UnsafeCell::new(CallCells {
                 rust: RustCells::new(sync_mode, device_id),
