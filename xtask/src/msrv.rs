@@ -8,8 +8,9 @@ use std::process::Command;
 
 use crate::util;
 
-/// The `rust-version` of `[workspace.package]` in `manifest` (the root `Cargo.toml`'s text).
-fn declared(manifest: &str) -> Option<String> {
+/// The value of `key` in the `[workspace.package]` table of `manifest` (the root `Cargo.toml`'s
+/// text): `rust-version`, `version`.
+pub(crate) fn workspace_package_key(manifest: &str, key: &str) -> Option<String> {
     let mut in_package = false;
     for line in manifest.lines() {
         let line = line.trim();
@@ -20,11 +21,13 @@ fn declared(manifest: &str) -> Option<String> {
         if !in_package {
             continue;
         }
-        let Some(rest) = line.strip_prefix("rust-version") else {
+        let Some(rest) = line.strip_prefix(key) else {
             continue;
         };
-        let value = rest.trim_start().strip_prefix('=')?.trim();
-        return Some(value.trim_matches('"').to_owned());
+        let Some(value) = rest.trim_start().strip_prefix('=') else {
+            continue;
+        };
+        return Some(value.trim().trim_matches('"').to_owned());
     }
     None
 }
@@ -65,19 +68,8 @@ pub(crate) fn installed(toolchain: &str) -> Result<bool, String> {
 /// target directory (`target/msrv`) so that it never invalidates the main build.
 pub fn run() -> Result<(), String> {
     let root = util::root();
-    let manifest_path = root.join("Cargo.toml");
-    let manifest = std::fs::read_to_string(&manifest_path)
-        .map_err(|e| format!("cannot read {}: {e}", manifest_path.display()))?;
-    let version = declared(&manifest).ok_or_else(|| {
-        format!(
-            "{} declares no rust-version under [workspace.package]",
-            manifest_path.display()
-        )
-    })?;
-    if !installed(&version)? {
-        eprintln!("xtask: installing Rust {version} (the workspace's MSRV) with rustup");
-        util::run(rustup().args(["toolchain", "install", &version, "--profile", "minimal"]))?;
-    }
+    let version = declared_version()?;
+    ensure_installed(&version)?;
     let target = root.join("target").join("msrv");
     util::run(rustup().args([
         "run",
@@ -92,6 +84,33 @@ pub fn run() -> Result<(), String> {
     ]))
 }
 
+/// A key of the root manifest's `[workspace.package]`: `rust-version`, `version`.
+pub(crate) fn workspace_key(key: &str) -> Result<String, String> {
+    let manifest_path = util::root().join("Cargo.toml");
+    let manifest = std::fs::read_to_string(&manifest_path)
+        .map_err(|e| format!("cannot read {}: {e}", manifest_path.display()))?;
+    workspace_package_key(&manifest, key).ok_or_else(|| {
+        format!(
+            "{} declares no {key} under [workspace.package]",
+            manifest_path.display()
+        )
+    })
+}
+
+/// The declared MSRV.
+pub(crate) fn declared_version() -> Result<String, String> {
+    workspace_key("rust-version")
+}
+
+/// Installs `version` with rustup unless it is there.
+pub(crate) fn ensure_installed(version: &str) -> Result<(), String> {
+    if !installed(version)? {
+        eprintln!("xtask: installing Rust {version} (the workspace's MSRV) with rustup");
+        util::run(rustup().args(["toolchain", "install", version, "--profile", "minimal"]))?;
+    }
+    Ok(())
+}
+
 pub(crate) fn path_str(path: &Path) -> Result<&str, String> {
     path.to_str()
         .ok_or_else(|| format!("{} is not UTF-8", path.display()))
@@ -99,13 +118,19 @@ pub(crate) fn path_str(path: &Path) -> Result<&str, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::declared;
+    use super::workspace_package_key;
+    fn declared(manifest: &str) -> Option<String> {
+        workspace_package_key(manifest, "rust-version")
+    }
 
     #[test]
     fn the_msrv_is_read_from_the_workspace_package_table_only() {
         let manifest = "[package]\nrust-version = \"1.70\"\n\n[workspace.package]\n\
                         edition = \"2021\"\nrust-version = \"1.89\"\n\n[dependencies]\n";
-        assert_eq!(declared(manifest).as_deref(), Some("1.89"));
+        assert_eq!(
+            workspace_package_key(manifest, "rust-version").as_deref(),
+            Some("1.89")
+        );
         assert_eq!(declared("[workspace.package]\nedition = \"2021\"\n"), None);
         assert_eq!(
             declared("[workspace.package]\nrust-version=\"1.91.1\"").as_deref(),

@@ -58,6 +58,10 @@ pub struct CrateDeps {
     /// Where it was read from, for messages.
     pub manifest: String,
     pub deps: Vec<(DepKind, String)>,
+    /// The keys of its `[package]` table (`version` for `version.workspace = true` too).
+    pub package_keys: Vec<String>,
+    /// Whether it says `publish = false`.
+    pub unpublished: bool,
 }
 
 /// A broken rule, naming the crate, the dependency and the rule.
@@ -260,6 +264,63 @@ pub fn check_deps(crates: &[CrateDeps]) -> Vec<Violation> {
     out
 }
 
+/// The crates a user installs or depends on: the library runners name and the command line.
+const PUBLISHED_ROOTS: &[&str] = &["guild-host", "guild-cli", "guild-host-capi"];
+
+/// What crates.io shows and needs of every published crate (the repository waits for the
+/// project's public address).
+const PUBLISHED_KEYS: &[&str] = &["version", "description", "license", "readme", "keywords"];
+
+/// Every workspace crate that a published crate depends on (normally or to build it), and the
+/// published crates themselves, can be published with them: not `publish = false`, the
+/// workspace's version, and the metadata crates.io shows. The test fixtures, the examples and
+/// xtask stay unpublished.
+pub fn check_publishable(crates: &[CrateDeps]) -> Vec<String> {
+    let by_name = |name: &str| crates.iter().find(|c| c.package == name);
+    let mut reached: Vec<&CrateDeps> = Vec::new();
+    let mut queue: Vec<&str> = PUBLISHED_ROOTS.to_vec();
+    while let Some(name) = queue.pop() {
+        let Some(c) = by_name(name) else { continue };
+        if reached.iter().any(|r| r.package == c.package) {
+            continue;
+        }
+        reached.push(c);
+        for (kind, dep) in &c.deps {
+            if *kind != DepKind::Dev && by_name(dep).is_some() {
+                queue.push(dep);
+            }
+        }
+    }
+    let mut problems = Vec::new();
+    for c in &reached {
+        if c.unpublished {
+            problems.push(format!(
+                "{} is published with guild-host and guild-cli but says publish = false ({})",
+                c.package, c.manifest
+            ));
+        }
+        for key in PUBLISHED_KEYS {
+            if !c.package_keys.iter().any(|k| k == key) {
+                problems.push(format!(
+                    "{} is published but its [package] has no {key} ({})",
+                    c.package, c.manifest
+                ));
+            }
+        }
+    }
+    for c in crates {
+        let stays_home =
+            c.package == TEST_SUPPORT || c.package == "xtask" || is_example(&c.manifest);
+        if stays_home && !c.unpublished {
+            problems.push(format!(
+                "{} is never published but lacks publish = false ({})",
+                c.package, c.manifest
+            ));
+        }
+    }
+    problems
+}
+
 /// Whether the manifest at this path is one of the example crates (`examples/<name>/Cargo.toml`).
 fn is_example(manifest: &str) -> bool {
     let parts: Vec<&str> = manifest.split(['/', '\\']).collect();
@@ -342,6 +403,8 @@ pub fn parse_manifest(manifest: &str, text: &str) -> Result<CrateDeps, String> {
     let mut package = None;
     let mut section = String::new();
     let mut deps = Vec::new();
+    let mut package_keys = Vec::new();
+    let mut unpublished = false;
     for line in text.lines() {
         let line = line.split('#').next().unwrap_or("").trim();
         if line.is_empty() {
@@ -358,8 +421,15 @@ pub fn parse_manifest(manifest: &str, text: &str) -> Result<CrateDeps, String> {
             continue;
         };
         let key = key.trim();
-        if section == "package" && key == "name" {
-            package = Some(value.trim().trim_matches('"').to_owned());
+        if section == "package" {
+            let field = key.split('.').next().unwrap_or(key).trim();
+            package_keys.push(field.to_owned());
+            if key == "name" {
+                package = Some(value.trim().trim_matches('"').to_owned());
+            }
+            if key == "publish" && value.trim() == "false" {
+                unpublished = true;
+            }
             continue;
         }
         let kind = if section == "dependencies" || section.ends_with(".dependencies") {
@@ -390,6 +460,8 @@ pub fn parse_manifest(manifest: &str, text: &str) -> Result<CrateDeps, String> {
         package,
         manifest: manifest.to_owned(),
         deps,
+        package_keys,
+        unpublished,
     })
 }
 
@@ -460,6 +532,7 @@ fn crate_sources(root: &Path) -> Result<Vec<std::path::PathBuf>, String> {
 pub fn check_workspace(root: &Path) -> Result<(), String> {
     let crates = read_workspace(root)?;
     let mut problems: Vec<String> = check_deps(&crates).iter().map(|v| v.to_string()).collect();
+    problems.extend(check_publishable(&crates));
     let mut files = Vec::new();
     rust_files(&root.join("crates/domain/src"), &mut files)?;
     problems.extend(check_domain_sources(&files));
@@ -643,7 +716,73 @@ mod tests {
             package: package.into(),
             manifest: format!("{package}/Cargo.toml"),
             deps: deps.iter().map(|(k, d)| (*k, d.to_string())).collect(),
+            package_keys: Vec::new(),
+            unpublished: false,
         }
+    }
+
+    #[test]
+    fn what_the_published_crates_stand_on_is_publishable_with_its_metadata() {
+        let manifest = |name: &str, extra: &str, deps: &str| {
+            format!(
+                "[package]\nname = \"{name}\"\nversion.workspace = true\ndescription = \"d\"\n\
+                 license.workspace = true\n{extra}\n[dependencies]\n{deps}\n"
+            )
+        };
+        let parse = |path: &str, text: String| parse_manifest(path, &text).unwrap();
+        let host = parse(
+            "crates/app/Cargo.toml",
+            manifest(
+                "guild-host",
+                "readme.workspace = true\nkeywords = [\"x\"]",
+                "guild-domain.workspace = true",
+            ),
+        );
+        let domain_ok = parse(
+            "crates/domain/Cargo.toml",
+            manifest(
+                "guild-domain",
+                "readme.workspace = true\nkeywords = [\"x\"]",
+                "",
+            ),
+        );
+        let fixtures = parse(
+            "crates/test-support/Cargo.toml",
+            manifest("guild-test-support", "publish = false", ""),
+        );
+        assert_eq!(
+            check_publishable(&[host.clone(), domain_ok, fixtures.clone()]),
+            Vec::<String>::new()
+        );
+
+        // A dependency of guild-host kept unpublished, and one without keywords or readme.
+        let domain_hidden = parse(
+            "crates/domain/Cargo.toml",
+            manifest(
+                "guild-domain",
+                "publish = false\nreadme.workspace = true\nkeywords = []",
+                "",
+            ),
+        );
+        let problems = check_publishable(&[host.clone(), domain_hidden, fixtures.clone()]);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("guild-domain") && problems[0].contains("publish = false"));
+        let domain_bare = parse("crates/domain/Cargo.toml", manifest("guild-domain", "", ""));
+        let problems = check_publishable(&[host, domain_bare, fixtures]);
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems.iter().any(|p| p.contains("no readme")));
+        assert!(problems.iter().any(|p| p.contains("no keywords")));
+
+        // The fixtures must say they stay home.
+        let fixtures_open = parse(
+            "crates/test-support/Cargo.toml",
+            manifest("guild-test-support", "", ""),
+        );
+        let problems = check_publishable(&[fixtures_open]);
+        assert!(
+            problems[0].contains("lacks publish = false"),
+            "{problems:?}"
+        );
     }
 
     fn rules(c: CrateDeps) -> Vec<&'static str> {
@@ -836,7 +975,7 @@ mod tests {
         assert!(rules(krate("guild-host-capi", &[(Normal, "guild-host")])).is_empty());
         assert_eq!(
             rules(krate("guild-host-capi", &[(Normal, "guild-adapters-fs")])),
-            ["only the application crates (guild-host, guild-runtime, guild-conformance) may depend on an adapter"]
+            ["only the application crates (guild-host, guild-runtime, guild-packages, guild-conformance) may depend on an adapter"]
         );
         assert!(rules(krate(
             "guild-cli",

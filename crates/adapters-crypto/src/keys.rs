@@ -67,8 +67,10 @@ impl SigningKey {
     pub fn generate() -> Result<Self, KeyError> {
         for _ in 0..GENERATE_ATTEMPTS {
             let mut bytes = Zeroizing::new(p256::FieldBytes::default());
+            // Indexing, not `as_mut_slice`: generic-array 0.14.9 deprecates that method, and a
+            // runner that resolves its own lock file gets that release.
             OsRng
-                .try_fill_bytes(bytes.as_mut_slice())
+                .try_fill_bytes(&mut bytes[..])
                 .map_err(|e| KeyError::Random {
                     source: e.to_string().into(),
                 })?;
