@@ -26,6 +26,8 @@ pub enum Exit {
     Refused = 4,
     Store = 5,
     NotFound = 6,
+    /// `guild sync --check`: the store differs from the lock. Not an error: the answer.
+    Differs = 8,
 }
 
 impl Exit {
@@ -38,6 +40,7 @@ impl Exit {
             Exit::Refused => "refused",
             Exit::Store => "store",
             Exit::NotFound => "not_found",
+            Exit::Differs => "differs",
         }
     }
 

@@ -171,11 +171,29 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
             )
             .into()),
         },
-        Command::Lock { out } => distribute::lock(&store_dir(cli, true)?, out),
-        Command::Sync { lock, from } => distribute::sync(
+        Command::Lock { out, allow_empty } => {
+            distribute::lock(&store_dir(cli, true)?, out, *allow_empty)
+        }
+        Command::Sync {
+            lock,
+            from,
+            allow_shrink,
+            dry_run,
+            check,
+        } => distribute::sync(
             &store_dir(cli, true)?,
             lock,
-            from.as_deref(),
+            &distribute::SyncRequest {
+                from: from.as_deref(),
+                allow_shrink: *allow_shrink,
+                mode: if *check {
+                    distribute::SyncMode::Check
+                } else if *dry_run {
+                    distribute::SyncMode::DryRun
+                } else {
+                    distribute::SyncMode::Apply
+                },
+            },
             progress::for_stderr(cli.json, cli.quiet),
         ),
         Command::Enable { id } => store::enable(&store_dir(cli, true)?, id),
