@@ -25,6 +25,8 @@ Exit codes:
      versions, downgrades, trust rules, an existing key file
   5  store unusable: locked by another process, corrupt, unreadable, or an I/O failure in it
   6  not found: the package file, package id, version or key file does not exist
+  7  unreachable: a registry could not be reached (refused, unresolved, timed out)
+     after every attempt
   8  `guild sync --check` only: the store differs from the lock
 
 Store: --store DIR, else $GUILD_STORE, else $XDG_DATA_HOME/guild, else ~/.local/share/guild.

@@ -15,6 +15,7 @@ use std::fs;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use guild_domain::ids::Sha256Digest;
@@ -53,6 +54,15 @@ pub(crate) fn registry_failure(e: DistributionError) -> anyhow::Error {
                  GUILD_INSECURE_REGISTRIES"
                     .to_owned(),
             ),
+        ),
+        K::Unreachable { .. } => (
+            Exit::Unreachable,
+            Some(format!(
+                "check the network, the registry's host name and port, and that the registry \
+                 is up; a download is tried {DEFAULT_ATTEMPTS} times unless \
+                 {ATTEMPTS_VARIABLE} says otherwise, {RETRY_DELAY_VARIABLE} seconds apart \
+                 (default 1), doubling"
+            )),
         ),
         K::Transport { .. } | K::Registry { .. } | K::Io { .. } => (Exit::Failure, None),
         K::DeadlineExceeded { .. } | K::Stalled { .. } => (
@@ -168,15 +178,104 @@ pub fn push(
     Ok(report)
 }
 
-/// Pulls `reference` into `out` (which must not exist), or fails leaving nothing there.
+/// How many times a download is tried when the registry cannot be reached.
+const ATTEMPTS_VARIABLE: &str = "GUILD_REGISTRY_ATTEMPTS";
+/// The wait before the second try, in seconds; each later wait is twice the one before.
+const RETRY_DELAY_VARIABLE: &str = "GUILD_REGISTRY_RETRY_DELAY";
+const DEFAULT_ATTEMPTS: u32 = 3;
+const MAX_ATTEMPTS: u32 = 10;
+const DEFAULT_RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// How a download that cannot reach its registry is tried again: `GUILD_REGISTRY_ATTEMPTS`
+/// tries in all (1 to 10, default 3), the first wait `GUILD_REGISTRY_RETRY_DELAY` seconds
+/// (0 to 60, default 1), doubled after each try. Only an unreachable registry is tried again:
+/// a refusal, a wrong digest or a stalled download would fail the same way again.
+#[derive(Debug, Clone, Copy)]
+struct Retry {
+    attempts: u32,
+    first_delay: Duration,
+}
+
+fn retry_policy() -> anyhow::Result<Retry> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let bad = |name: &str, text: &str, what: &str| {
+        anyhow::Error::from(CliError::new(
+            Exit::Usage,
+            format!("{name} is {text:?}, not {what}"),
+        ))
+    };
+    let attempts = match var(ATTEMPTS_VARIABLE) {
+        None => DEFAULT_ATTEMPTS,
+        Some(text) => text
+            .trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=MAX_ATTEMPTS).contains(n))
+            .ok_or_else(|| {
+                bad(
+                    ATTEMPTS_VARIABLE,
+                    &text,
+                    &format!("a number of tries from 1 to {MAX_ATTEMPTS}"),
+                )
+            })?,
+    };
+    let first_delay = match var(RETRY_DELAY_VARIABLE) {
+        None => DEFAULT_RETRY_DELAY,
+        Some(text) => text
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && (0.0..=60.0).contains(s))
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| {
+                bad(
+                    RETRY_DELAY_VARIABLE,
+                    &text,
+                    "a number of seconds from 0 to 60",
+                )
+            })?,
+    };
+    Ok(Retry {
+        attempts,
+        first_delay,
+    })
+}
+
+/// Pulls `reference` into `out` (which must not exist), or fails leaving nothing there. A
+/// registry that cannot be reached is tried again as [`retry_policy`] says.
 fn pull_to(
     reference: &OciReference,
     out: &Path,
     progress: Option<&dyn Progress>,
 ) -> anyhow::Result<Pulled> {
-    OciRegistry::from_environment()
-        .pull(reference, out, progress)
-        .map_err(registry_failure)
+    let retry = retry_policy()?;
+    let registry = OciRegistry::from_environment();
+    let mut delay = retry.first_delay;
+    let mut attempt = 1;
+    loop {
+        match registry.pull(reference, out, progress) {
+            Ok(pulled) => return Ok(pulled),
+            Err(e)
+                if matches!(e.kind, DistributionErrorKind::Unreachable { .. })
+                    && attempt < retry.attempts =>
+            {
+                std::thread::sleep(delay);
+                delay = delay.saturating_mul(2);
+                attempt += 1;
+            }
+            Err(e) if matches!(e.kind, DistributionErrorKind::Unreachable { .. }) => {
+                let tries = if attempt == 1 {
+                    "1 try".to_owned()
+                } else {
+                    format!("{attempt} tries")
+                };
+                return Err(registry_failure(e).context(format!(
+                    "cannot download {reference}: the registry was unreachable after {tries}"
+                )));
+            }
+            Err(e) => return Err(registry_failure(e)),
+        }
+    }
 }
 
 /// `guild pull REFERENCE --out FILE`.
