@@ -796,3 +796,48 @@ fn cli_store_location_from_the_environment() {
     );
     assert_eq!(run.json()["store"], explicit.to_str().unwrap());
 }
+
+/// `list` and `status ID` show the key each installed version is signed by, in text and JSON:
+/// the key a lock records and `guild sync` holds the store to.
+#[test]
+fn cli_list_and_status_show_the_signing_key_of_each_installed_version() {
+    let b = Bench::new(guild());
+    b.trust();
+    let key = key_id(&b);
+    let scan = b.package("example.scan", "1.0.0", b"scan", "");
+    b.run(&["install", &scan]).expect(0);
+    let newer = b.package("example.scan", "1.1.0", b"scan 1.1", "");
+    b.run(&["install", &newer]).expect(0);
+    let listed = b.run(&["list"]);
+    listed
+        .expect(0)
+        .stdout_has("SIGNED BY KEY")
+        .stdout_has(&key);
+    let json = b.run(&["--json", "list"]).expect(0).json();
+    let versions = json["packages"][0]["versions"].as_array().unwrap();
+    assert_eq!(versions.len(), 2, "{json}");
+    for v in versions {
+        assert_eq!(v["key_ids"], serde_json::json!([key]), "{json}");
+    }
+    b.run(&["status", "example.scan"])
+        .expect(0)
+        .stdout_has(&format!("signed by key {key}"));
+    // A removed version has no files, so no key to show.
+    b.run(&["remove", "example.scan", "--version", "1.0.0"])
+        .expect(0);
+    let status = b
+        .run(&["--json", "status", "example.scan"])
+        .expect(0)
+        .json();
+    let versions = status["package"]["versions"].as_array().unwrap();
+    assert_eq!(versions.len(), 2, "{status}");
+    for v in versions {
+        let want = if v["version"] == "1.0.0" {
+            serde_json::Value::Null
+        } else {
+            serde_json::json!([key])
+        };
+        assert_eq!(v["key_ids"], want, "{status}");
+    }
+}
+
