@@ -841,3 +841,41 @@ fn cli_list_and_status_show_the_signing_key_of_each_installed_version() {
     }
 }
 
+/// `--store DIR` whose parent directory does not exist: not found (6), naming the missing
+/// parent, with a hint about the path, not about recovering a store.
+#[test]
+fn cli_a_store_whose_parent_is_missing_is_named_not_recovered() {
+    let b = Bench::new(guild());
+    let store = b.path().join("no-such-dir/store");
+    let args = [
+        "--store",
+        store.to_str().unwrap(),
+        "trust",
+        "add",
+        "org.example",
+        "k.pub",
+    ];
+    let r = b.guild().run(b.path(), &args);
+    assert_eq!(r.code, 6, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr.contains(&format!(
+            "its parent directory {} does not exist",
+            b.path().join("no-such-dir").display()
+        )),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("recover"), "{}", r.stderr);
+    assert!(r.stderr.contains("--store"), "{}", r.stderr);
+    assert!(!b.path().join("no-such-dir").exists());
+    // The same through GUILD_STORE, for a command that only reads.
+    let r = Run::from(
+        b.guild()
+            .command(b.path(), &["list"])
+            .env("GUILD_STORE", &store)
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(r.code, 6, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("GUILD_STORE"), "{}", r.stderr);
+}
