@@ -59,9 +59,9 @@ pub(crate) fn registry_failure(e: DistributionError) -> anyhow::Error {
             Exit::Unreachable,
             Some(format!(
                 "check the network, the registry's host name and port, and that the registry \
-                 is up; a download is tried {DEFAULT_ATTEMPTS} times unless \
-                 {ATTEMPTS_VARIABLE} says otherwise, {RETRY_DELAY_VARIABLE} seconds apart \
-                 (default 1), doubling"
+                 is up; downloads (pull, install, sync) are tried {DEFAULT_ATTEMPTS} times \
+                 unless {ATTEMPTS_VARIABLE} says otherwise, {RETRY_DELAY_VARIABLE} seconds \
+                 apart (default 1), doubling"
             )),
         ),
         K::Transport { .. } | K::Registry { .. } | K::Io { .. } => (Exit::Failure, None),
