@@ -561,7 +561,8 @@ fn oci_an_edited_lock_is_refused_naming_the_package() {
             &bench,
             &fresh,
             None,
-            &["sync", edited_path.to_str().unwrap()],
+            // Allowed to disable it, so that what refuses the sync is the edited payload.
+            &["sync", edited_path.to_str().unwrap(), "--allow-shrink"],
         ),
         3,
         id,
