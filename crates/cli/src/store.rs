@@ -400,7 +400,16 @@ fn row(store: &Path, p: &PackageSummary) -> [String; 6] {
     let current = p.versions.iter().find(|v| v.state.is_current());
     let keys = current
         .and_then(|v| signing_keys(store, &p.id, v))
-        .map_or_else(|| "-".to_owned(), |k| k.join(","));
+        .map_or_else(
+            || "-".to_owned(),
+            |k| {
+                if k.is_empty() {
+                    "none".to_owned()
+                } else {
+                    k.join(",")
+                }
+            },
+        );
     let mut version = current.map_or_else(|| "-".to_owned(), |v| v.version.to_string());
     if let Some(prev) = &p.previous {
         version.push_str(&format!(" (previous {prev})"));
@@ -557,7 +566,12 @@ fn package_status(
             v.payload_digest
         ));
         if let Some(keys) = signing_keys(store, &p.id, v) {
-            out.line(format!("  {:<12} signed by key {}", "", keys.join(", ")));
+            let signed = if keys.is_empty() {
+                "signed by no key".to_owned()
+            } else {
+                format!("signed by key {}", keys.join(", "))
+            };
+            out.line(format!("  {:<12} {signed}", ""));
         }
         if let Some(q) = &v.taint {
             out.line(format!(

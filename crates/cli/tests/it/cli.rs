@@ -132,8 +132,11 @@ fn cli_publish_trust_install_and_manage_a_package() {
     assert_eq!(
         words(&list.stdout),
         [
-            "ID CURRENT STATE KIND PUBLISHER",
-            "example.scan 1.1.0 (previous 1.0.0) enabled gkmodule org.example"
+            "ID CURRENT STATE KIND PUBLISHER SIGNED BY KEY".to_owned(),
+            format!(
+                "example.scan 1.1.0 (previous 1.0.0) enabled gkmodule org.example {}",
+                key_id(&b)
+            )
         ]
     );
     b.run(&["status", "example.scan"])
@@ -705,7 +708,15 @@ fn cli_only_the_full_check_finds_a_changed_library_and_a_stripped_signature() {
     let listed = b.run(&["list"]);
     assert_eq!(
         words(&listed.stdout)[2],
-        "example.scan 1.0.0 enabled gkmodule org.example"
+        format!(
+            "example.scan 1.0.0 enabled gkmodule org.example {}",
+            key_id(&b)
+        )
+    );
+    // The stripped one shows that it carries no signature (the store has not checked it).
+    assert_eq!(
+        words(&listed.stdout)[1],
+        "example.other 1.0.0 enabled gkmodule org.example none"
     );
     // Nor does a writer's open, while the trust file is unchanged.
     let recovered = b.run(&["--json", "recover"]);
@@ -723,7 +734,10 @@ fn cli_only_the_full_check_finds_a_changed_library_and_a_stripped_signature() {
     let listed = b.run(&["list"]);
     assert_eq!(
         words(&listed.stdout)[2],
-        "example.scan 1.0.0 enabled gkmodule org.example"
+        format!(
+            "example.scan 1.0.0 enabled gkmodule org.example {}",
+            key_id(&b)
+        )
     );
 
     // `verify --all` finds both and disables them, tainted with the file.
@@ -754,7 +768,10 @@ fn cli_only_the_full_check_finds_a_changed_library_and_a_stripped_signature() {
     let listed = b.run(&["list"]);
     assert_eq!(
         words(&listed.stdout)[2],
-        "example.scan 1.0.0 disabled (tainted) gkmodule org.example"
+        format!(
+            "example.scan 1.0.0 disabled (tainted) gkmodule org.example {}",
+            key_id(&b)
+        )
     );
     // A package cannot be both named and --all.
     b.run(&["verify", "--all", &pkg]).expect(2);
