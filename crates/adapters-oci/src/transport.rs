@@ -373,9 +373,21 @@ impl<'a> Http<'a> {
     }
 
     fn transport(&self, e: reqwest::Error) -> DistributionError {
-        let reason = if e.is_connect() {
-            "cannot connect"
-        } else if e.is_timeout() {
+        if e.is_connect() {
+            // No connection was made (refused, a name that does not resolve, a connect
+            // timeout): the caller may try again, which it may not after a failed exchange.
+            let reason = if e.is_timeout() {
+                "connecting timed out"
+            } else {
+                "cannot connect"
+            };
+            return self
+                .fail(Kind::Unreachable {
+                    reason: reason.into(),
+                })
+                .with_source(e);
+        }
+        let reason = if e.is_timeout() {
             "timed out"
         } else {
             "the HTTP exchange failed"

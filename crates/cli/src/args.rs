@@ -25,6 +25,9 @@ Exit codes:
      versions, downgrades, trust rules, an existing key file
   5  store unusable: locked by another process, corrupt, unreadable, or an I/O failure in it
   6  not found: the package file, package id, version or key file does not exist
+  7  unreachable: a registry could not be reached (refused, unresolved, timed out)
+     after every attempt
+  8  `guild sync --check` only: the store differs from the lock
 
 Store: --store DIR, else $GUILD_STORE, else $XDG_DATA_HOME/guild, else ~/.local/share/guild.
 No option or variable makes a store load unsigned or untrusted code, or skips verification;
@@ -220,17 +223,27 @@ pub enum Command {
 
     /// Write a lock file: every enabled package with its version, payload digest, publisher,
     /// signing key and, where known, the registry reference it came from.
-    #[command(after_help = "Examples:\n  guild lock\n  guild lock --out fleet/guild.lock")]
+    #[command(
+        after_help = "Examples:\n  guild lock\n  guild lock --out fleet/guild.lock\n  \
+        guild lock --out -   # to standard output"
+    )]
     Lock {
-        /// The lock file to write.
+        /// The lock file to write; `-` writes it to standard output.
         #[arg(long, value_name = "FILE", default_value = "guild.lock")]
         out: PathBuf,
+        /// Write the lock even when no package is enabled (a sync of it disables everything,
+        /// and needs --allow-shrink).
+        #[arg(long)]
+        allow_empty: bool,
     },
 
     /// Make the store's enabled packages exactly those of a lock: fetch, install, enable and
-    /// disable; refuse any package whose payload digest differs from the lock.
+    /// disable; refuse any package whose payload digest or signing key differs from the lock,
+    /// and a lock that would disable enabled packages unless --allow-shrink.
     #[command(after_help = "Examples:\n  guild sync guild.lock\n  \
-        guild sync guild.lock --from mirror/   # no network: archives from `guild pull --lock`")]
+        guild sync guild.lock --from mirror/   # no network: archives from `guild pull --lock`\n  \
+        guild sync guild.lock --dry-run        # print the plan, change nothing\n  \
+        guild sync guild.lock --check          # exit 8 when the store differs, for monitoring")]
     Sync {
         /// The lock file.
         #[arg(value_name = "LOCK")]
@@ -238,6 +251,16 @@ pub enum Command {
         /// Take the archives from this directory instead of the registry.
         #[arg(long, value_name = "DIR")]
         from: Option<PathBuf>,
+        /// Allow the sync to disable enabled packages the lock does not name, or to follow an
+        /// empty lock.
+        #[arg(long)]
+        allow_shrink: bool,
+        /// Print what the sync would do and change nothing (nothing is fetched).
+        #[arg(long, conflicts_with = "check")]
+        dry_run: bool,
+        /// Change nothing; exit 0 when the store matches the lock and 8 when it differs.
+        #[arg(long)]
+        check: bool,
     },
 
     /// Enable the current version of a package.

@@ -12,8 +12,10 @@
 //! reference.
 
 use std::fs;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use guild_domain::ids::Sha256Digest;
@@ -22,7 +24,7 @@ use guild_host::distribution::{
     ArtifactConfig, ArtifactRegistry, DistributionError, DistributionErrorKind, LockFile,
     LockedPackage, LockedSource, OciReference, OciRegistry, Pulled, PushRequest, SyncStep,
 };
-use guild_host::lock_sync::{self, SyncChange, SyncError, SyncStaging};
+use guild_host::lock_sync::{self, SyncChange, SyncError, SyncOptions, SyncStaging};
 use guild_host::packaging::{GkpkSource, P256Verifier};
 use guild_host::{durable_file, HostError, PackageManager};
 use guild_ports::source::{PackageSource, Progress};
@@ -52,6 +54,15 @@ pub(crate) fn registry_failure(e: DistributionError) -> anyhow::Error {
                  GUILD_INSECURE_REGISTRIES"
                     .to_owned(),
             ),
+        ),
+        K::Unreachable { .. } => (
+            Exit::Unreachable,
+            Some(format!(
+                "check the network, the registry's host name and port, and that the registry \
+                 is up; downloads (pull, install, sync) are tried {DEFAULT_ATTEMPTS} times \
+                 unless {ATTEMPTS_VARIABLE} says otherwise, {RETRY_DELAY_VARIABLE} seconds \
+                 apart (default 1), doubling"
+            )),
         ),
         K::Transport { .. } | K::Registry { .. } | K::Io { .. } => (Exit::Failure, None),
         K::DeadlineExceeded { .. } | K::Stalled { .. } => (
@@ -167,15 +178,104 @@ pub fn push(
     Ok(report)
 }
 
-/// Pulls `reference` into `out` (which must not exist), or fails leaving nothing there.
+/// How many times a download is tried when the registry cannot be reached.
+const ATTEMPTS_VARIABLE: &str = "GUILD_REGISTRY_ATTEMPTS";
+/// The wait before the second try, in seconds; each later wait is twice the one before.
+const RETRY_DELAY_VARIABLE: &str = "GUILD_REGISTRY_RETRY_DELAY";
+const DEFAULT_ATTEMPTS: u32 = 3;
+const MAX_ATTEMPTS: u32 = 10;
+const DEFAULT_RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// How a download that cannot reach its registry is tried again: `GUILD_REGISTRY_ATTEMPTS`
+/// tries in all (1 to 10, default 3), the first wait `GUILD_REGISTRY_RETRY_DELAY` seconds
+/// (0 to 60, default 1), doubled after each try. Only an unreachable registry is tried again:
+/// a refusal, a wrong digest or a stalled download would fail the same way again.
+#[derive(Debug, Clone, Copy)]
+struct Retry {
+    attempts: u32,
+    first_delay: Duration,
+}
+
+fn retry_policy() -> anyhow::Result<Retry> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let bad = |name: &str, text: &str, what: &str| {
+        anyhow::Error::from(CliError::new(
+            Exit::Usage,
+            format!("{name} is {text:?}, not {what}"),
+        ))
+    };
+    let attempts = match var(ATTEMPTS_VARIABLE) {
+        None => DEFAULT_ATTEMPTS,
+        Some(text) => text
+            .trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=MAX_ATTEMPTS).contains(n))
+            .ok_or_else(|| {
+                bad(
+                    ATTEMPTS_VARIABLE,
+                    &text,
+                    &format!("a number of tries from 1 to {MAX_ATTEMPTS}"),
+                )
+            })?,
+    };
+    let first_delay = match var(RETRY_DELAY_VARIABLE) {
+        None => DEFAULT_RETRY_DELAY,
+        Some(text) => text
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && (0.0..=60.0).contains(s))
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| {
+                bad(
+                    RETRY_DELAY_VARIABLE,
+                    &text,
+                    "a number of seconds from 0 to 60",
+                )
+            })?,
+    };
+    Ok(Retry {
+        attempts,
+        first_delay,
+    })
+}
+
+/// Pulls `reference` into `out` (which must not exist), or fails leaving nothing there. A
+/// registry that cannot be reached is tried again as [`retry_policy`] says.
 fn pull_to(
     reference: &OciReference,
     out: &Path,
     progress: Option<&dyn Progress>,
 ) -> anyhow::Result<Pulled> {
-    OciRegistry::from_environment()
-        .pull(reference, out, progress)
-        .map_err(registry_failure)
+    let retry = retry_policy()?;
+    let registry = OciRegistry::from_environment();
+    let mut delay = retry.first_delay;
+    let mut attempt = 1;
+    loop {
+        match registry.pull(reference, out, progress) {
+            Ok(pulled) => return Ok(pulled),
+            Err(e)
+                if matches!(e.kind, DistributionErrorKind::Unreachable { .. })
+                    && attempt < retry.attempts =>
+            {
+                std::thread::sleep(delay);
+                delay = delay.saturating_mul(2);
+                attempt += 1;
+            }
+            Err(e) if matches!(e.kind, DistributionErrorKind::Unreachable { .. }) => {
+                let tries = if attempt == 1 {
+                    "1 try".to_owned()
+                } else {
+                    format!("{attempt} tries")
+                };
+                return Err(registry_failure(e).context(format!(
+                    "cannot download {reference}: the registry was unreachable after {tries}"
+                )));
+            }
+            Err(e) => return Err(registry_failure(e)),
+        }
+    }
 }
 
 /// `guild pull REFERENCE --out FILE`.
@@ -365,12 +465,43 @@ fn lock_of(store_dir: &Path, pm: &PackageManager) -> anyhow::Result<LockFile> {
     Ok(LockFile::new(entries)?)
 }
 
-/// `guild lock [--out FILE]`.
-pub fn lock(store_dir: &Path, out: &Path) -> anyhow::Result<Report> {
+/// `guild lock [--out FILE|-] [--allow-empty]`.
+pub fn lock(store_dir: &Path, out: &Path, allow_empty: bool) -> anyhow::Result<Report> {
     // Writing a lock only reads the store.
     let (pm, mut report) = store::open_reader(store_dir, "lock")?;
     let lock = lock_of(store_dir, &pm)?;
+    if lock.packages().len() == 0 && !allow_empty {
+        // A sync of an empty lock disables every package; a store that has none enabled (a
+        // repair or a revocation disabled them, the wrong store was named) is far likelier than
+        // a fleet meant to run nothing.
+        return Err(CliError::new(
+            Exit::Refused,
+            format!(
+                "{} has no enabled package: the lock would be empty, and nothing was written",
+                store_dir.display()
+            ),
+        )
+        .with_hint(
+            "`guild list` shows what the store holds (enable or repair packages first); pass \
+             --allow-empty to write an empty lock anyway",
+        )
+        .into());
+    }
     let text = lock.to_json();
+    if out == Path::new("-") {
+        let mut stdout = std::io::stdout().lock();
+        stdout
+            .write_all(text.as_bytes())
+            .and_then(|()| stdout.flush())
+            .map_err(|e| {
+                CliError::new(Exit::Failure, format!("cannot write standard output: {e}"))
+            })?;
+        // The lock is the whole of standard output; warnings still go to stderr.
+        for w in &report.warnings {
+            eprintln!("warning: {w}");
+        }
+        return Ok(report.silent());
+    }
     durable_file::write(out, text.as_bytes())
         .with_context(|| format!("cannot write the lock file {}", out.display()))?;
     let without: Vec<String> = lock
@@ -547,6 +678,32 @@ fn sync_failure(e: SyncError) -> anyhow::Error {
         | SyncError::Check { source, .. }
         | SyncError::Step { source, .. } => return anyhow::Error::from(*source).context(message),
         SyncError::NotLocked { .. } => Exit::Rejected,
+        SyncError::StagedKeyDiffers { .. } => {
+            return CliError::new(Exit::Rejected, message)
+                .with_hint(
+                    "the package authenticates, but not by the key the lock requires: fetch the \
+                     build signed by that key, or make a new lock if the key changed on purpose",
+                )
+                .into()
+        }
+        SyncError::InstalledKeyDiffers { .. } => {
+            return CliError::new(Exit::Refused, message)
+                .with_hint(
+                    "this store kept a build the lock no longer accepts; `guild trust \
+                     revoke-key KEY` (the key the store's build is signed by) if that key is \
+                     retired, then remove that version (`guild remove ID --version V`) so the \
+                     sync installs the locked build, or make a new lock if the store is right",
+                )
+                .into()
+        }
+        SyncError::Shrinks { .. } => {
+            return CliError::new(Exit::Refused, message)
+                .with_hint(
+                    "check the lock; pass --allow-shrink if those packages are meant to be \
+                     disabled",
+                )
+                .into()
+        }
         SyncError::Copy { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
             Exit::NotFound
         }
@@ -593,18 +750,75 @@ pub fn mirror(
     Ok(report)
 }
 
-/// `guild sync LOCK [--from DIR]`: make the store's enabled set equal the lock.
+/// What `guild sync` is asked to do with the plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncMode {
+    /// Make the store match the lock.
+    Apply,
+    /// `--dry-run`: print the plan, change nothing.
+    DryRun,
+    /// `--check`: change nothing; exit 0 when the store matches, [`Exit::Differs`] when not.
+    Check,
+}
+
+/// The options of `guild sync`.
+#[derive(Debug, Clone, Copy)]
+pub struct SyncRequest<'a> {
+    /// `--from DIR`: the mirror to take archives from.
+    pub from: Option<&'a Path>,
+    /// `--allow-shrink`.
+    pub allow_shrink: bool,
+    pub mode: SyncMode,
+}
+
+/// One planned step as `--dry-run`, `--check` and the sync's report show it.
+fn step_json(step: &SyncStep) -> serde_json::Value {
+    match step {
+        SyncStep::Disable(id) => json!({"action": "disable", "package_id": id.as_str()}),
+        SyncStep::Install(l) => json!({
+            "action": "install", "package_id": l.id.as_str(), "version": l.version.to_string(),
+            "key_id": l.key_id.to_hex(),
+        }),
+        SyncStep::Reactivate(l) => json!({
+            "action": "reactivate", "package_id": l.id.as_str(),
+            "version": l.version.to_string(), "key_id": l.key_id.to_hex(),
+        }),
+    }
+}
+
+fn step_line(step: &SyncStep) -> String {
+    match step {
+        SyncStep::Disable(id) => format!("disable {id} (the lock does not name it)"),
+        SyncStep::Install(l) => format!(
+            "install {} {} (signed by key {})",
+            l.id, l.version, l.key_id
+        ),
+        SyncStep::Reactivate(l) => format!(
+            "make {} {} current and enabled again (signed by key {})",
+            l.id, l.version, l.key_id
+        ),
+    }
+}
+
+/// `guild sync LOCK [--from DIR] [--allow-shrink] [--dry-run | --check]`: make the store's
+/// enabled set equal the lock, or say what that would do.
 ///
 /// The packages are fetched and checked into a staging area under the store without its lock,
 /// so that other writers are not kept waiting by a download; then the lock is taken and the
-/// whole change is made from the staged files, or none of it ([`lock_sync`]).
+/// whole change is made from the staged files, or none of it ([`lock_sync`]). `--dry-run` and
+/// `--check` only read the committed state: they fetch nothing, take no lock and create nothing.
 pub fn sync(
     store_dir: &Path,
     lock_path: &Path,
-    from: Option<&Path>,
+    request: &SyncRequest<'_>,
     progress: Option<Arc<dyn Progress>>,
 ) -> anyhow::Result<Report> {
     let lock = read_lock(lock_path)?;
+    let options = SyncOptions::allowing_shrink(request.allow_shrink);
+    if request.mode != SyncMode::Apply {
+        return sync_plan_only(store_dir, lock_path, &lock, request.mode, options);
+    }
+    let from = request.from;
     let timeout = store::check_timeout()?;
     let staging = SyncStaging::create(store_dir).map_err(sync_failure)?;
     let staged = {
@@ -612,6 +826,8 @@ pub fn sync(
         let (reader, _) = store::open_committed(store_dir, "sync")?;
         reader.set_progress(progress.clone());
         let steps = lock_sync::plan(&reader, &lock).map_err(sync_failure)?;
+        // Refused before anything is downloaded; checked again on the plan made under the lock.
+        lock_sync::check_shrink(&lock, &steps, options).map_err(sync_failure)?;
         let mut staged = Vec::new();
         for step in &steps {
             let (SyncStep::Install(locked) | SyncStep::Reactivate(locked)) = step else {
@@ -624,7 +840,8 @@ pub fn sync(
     };
     let (pm, mut report) = store::open(store_dir, "sync")?;
     let mut check = store::library_check(&pm, timeout)?;
-    let changes = lock_sync::apply(&pm, &lock, &staged, &mut check).map_err(sync_failure)?;
+    let changes =
+        lock_sync::apply_with(&pm, &lock, &staged, &mut check, options).map_err(sync_failure)?;
     drop(staging);
     let mut done = Vec::new();
     for change in &changes {
@@ -673,6 +890,70 @@ pub fn sync(
             lock_path.display(),
             lock.packages().len()
         ));
+    }
+    Ok(report)
+}
+
+/// `guild sync --dry-run` and `--check`: the plan from the committed state, nothing changed.
+/// A dry run is refused as the sync would be (a shrink without `--allow-shrink`, a key or
+/// payload the store cannot match); a check answers whether the store matches, and is refused
+/// only where the store cannot be made to match at all.
+fn sync_plan_only(
+    store_dir: &Path,
+    lock_path: &Path,
+    lock: &LockFile,
+    mode: SyncMode,
+    options: SyncOptions,
+) -> anyhow::Result<Report> {
+    let command = "sync";
+    let (steps, mut report) = if store_dir.is_dir() {
+        let (reader, report) = store::open_committed(store_dir, command)?;
+        (
+            lock_sync::plan(&reader, lock).map_err(sync_failure)?,
+            report,
+        )
+    } else {
+        // No store yet: a sync would make one and install every locked package. Nothing is
+        // created here.
+        let steps = lock.packages().cloned().map(SyncStep::Install).collect();
+        (steps, Report::new(command))
+    };
+    if mode == SyncMode::DryRun {
+        lock_sync::check_shrink(lock, &steps, options).map_err(sync_failure)?;
+    }
+    let planned: Vec<serde_json::Value> = steps.iter().map(step_json).collect();
+    report
+        .field("lock", lock_path.display().to_string())
+        .field("packages", lock.packages().len())
+        .field(
+            "mode",
+            if mode == SyncMode::Check {
+                "check"
+            } else {
+                "dry_run"
+            },
+        )
+        .field("matches", steps.is_empty())
+        .field("plan", planned);
+    if steps.is_empty() {
+        report.line(format!(
+            "the store matches {} ({} packages); nothing to do",
+            lock_path.display(),
+            lock.packages().len()
+        ));
+        return Ok(report);
+    }
+    report.line(format!(
+        "the store differs from {}; a sync would:",
+        lock_path.display()
+    ));
+    for step in &steps {
+        report.line(format!("  {}", step_line(step)));
+    }
+    if mode == SyncMode::Check {
+        report.exit = Some(Exit::Differs);
+    } else {
+        report.line("nothing was changed (--dry-run)");
     }
     Ok(report)
 }

@@ -26,6 +26,11 @@ pub enum Exit {
     Refused = 4,
     Store = 5,
     NotFound = 6,
+    /// A registry could not be reached (connection refused, name not resolved, connection
+    /// timed out) after every attempt: the network, not the package or the store.
+    Unreachable = 7,
+    /// `guild sync --check`: the store differs from the lock. Not an error: the answer.
+    Differs = 8,
 }
 
 impl Exit {
@@ -38,6 +43,8 @@ impl Exit {
             Exit::Refused => "refused",
             Exit::Store => "store",
             Exit::NotFound => "not_found",
+            Exit::Unreachable => "unreachable",
+            Exit::Differs => "differs",
         }
     }
 

@@ -171,11 +171,29 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
             )
             .into()),
         },
-        Command::Lock { out } => distribute::lock(&store_dir(cli, true)?, out),
-        Command::Sync { lock, from } => distribute::sync(
+        Command::Lock { out, allow_empty } => {
+            distribute::lock(&store_dir(cli, true)?, out, *allow_empty)
+        }
+        Command::Sync {
+            lock,
+            from,
+            allow_shrink,
+            dry_run,
+            check,
+        } => distribute::sync(
             &store_dir(cli, true)?,
             lock,
-            from.as_deref(),
+            &distribute::SyncRequest {
+                from: from.as_deref(),
+                allow_shrink: *allow_shrink,
+                mode: if *check {
+                    distribute::SyncMode::Check
+                } else if *dry_run {
+                    distribute::SyncMode::DryRun
+                } else {
+                    distribute::SyncMode::Apply
+                },
+            },
             progress::for_stderr(cli.json, cli.quiet),
         ),
         Command::Enable { id } => store::enable(&store_dir(cli, true)?, id),
@@ -244,11 +262,11 @@ fn jobs_of(jobs: Option<u16>) -> guild_host::VerifyOptions {
 /// directory above the default store is created (commands that only read pass `false`).
 fn store_dir(cli: &Cli, prepare: bool) -> anyhow::Result<PathBuf> {
     if let Some(dir) = &cli.store {
-        return Ok(dir.clone());
+        return named_store(dir.clone(), "--store", prepare);
     }
     let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
     if let Some(dir) = var("GUILD_STORE") {
-        return Ok(PathBuf::from(dir));
+        return named_store(PathBuf::from(dir), "GUILD_STORE", prepare);
     }
     let data = var("XDG_DATA_HOME")
         .map(PathBuf::from)
@@ -268,4 +286,28 @@ fn store_dir(cli: &Cli, prepare: bool) -> anyhow::Result<PathBuf> {
     )
     .with_hint("pass --store DIR")
     .into())
+}
+
+/// A store directory the operator named (`from`: `--store` or `GUILD_STORE`). The store creates
+/// its own directory on first use but never the directories above it, so that a mistyped path
+/// is an error rather than a new tree; a missing parent is said as such (not as a damaged
+/// store) before any command tries to create the store in it.
+fn named_store(dir: PathBuf, from: &str, prepare: bool) -> anyhow::Result<PathBuf> {
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Some(parent) = parent.filter(|p| prepare && !dir.exists() && !p.exists()) {
+        return Err(CliError::new(
+            Exit::NotFound,
+            format!(
+                "the store directory {} cannot be created: its parent directory {} does not exist",
+                dir.display(),
+                parent.display()
+            ),
+        )
+        .with_hint(format!(
+            "check the path given by {from}; if it is right, create {} first (`mkdir -p`)",
+            parent.display()
+        ))
+        .into());
+    }
+    Ok(dir)
 }

@@ -353,13 +353,14 @@ pub fn list(store: &Path) -> anyhow::Result<Report> {
         return Ok(report);
     }
     let tainted = taint_lines(&packages);
-    let rows: Vec<[String; 5]> = packages.iter().map(row).collect();
+    let rows: Vec<[String; 6]> = packages.iter().map(|p| row(store, p)).collect();
     let header = [
         "ID".to_owned(),
         "CURRENT".into(),
         "STATE".into(),
         "KIND".into(),
         "PUBLISHER".into(),
+        "SIGNED BY KEY".into(),
     ];
     let mut widths = header.clone().map(|h| h.chars().count());
     for r in &rows {
@@ -380,14 +381,35 @@ pub fn list(store: &Path) -> anyhow::Result<Report> {
     report.lines.extend(tainted);
     // Built only for `--json`: a document of every package is most of what a listing of a
     // large store would otherwise cost.
+    let store = store.to_path_buf();
     report.field_with("packages", move || {
-        packages.iter().map(package_json).collect::<Vec<_>>().into()
+        packages
+            .iter()
+            .map(|p| {
+                let mut package = package_json(p);
+                add_signing_keys(&store, p, &mut package);
+                package
+            })
+            .collect::<Vec<_>>()
+            .into()
     });
     Ok(report)
 }
 
-fn row(p: &PackageSummary) -> [String; 5] {
+fn row(store: &Path, p: &PackageSummary) -> [String; 6] {
     let current = p.versions.iter().find(|v| v.state.is_current());
+    let keys = current
+        .and_then(|v| signing_keys(store, &p.id, v))
+        .map_or_else(
+            || "-".to_owned(),
+            |k| {
+                if k.is_empty() {
+                    "none".to_owned()
+                } else {
+                    k.join(",")
+                }
+            },
+        );
     let mut version = current.map_or_else(|| "-".to_owned(), |v| v.version.to_string());
     if let Some(prev) = &p.previous {
         version.push_str(&format!(" (previous {prev})"));
@@ -403,6 +425,7 @@ fn row(p: &PackageSummary) -> [String; 5] {
         state,
         p.kind.to_string(),
         p.publisher.to_string(),
+        keys,
     ]
 }
 
@@ -520,6 +543,7 @@ fn package_status(
         return Err(HostError::from(StoreStateError::UnknownPackage { id: id.clone() }).into());
     };
     let mut package = package_json(&p);
+    add_signing_keys(store, &p, &mut package);
     // The installed tree of each version, for operators who need to look at the files.
     if let Some(versions) = package.get_mut("versions").and_then(|v| v.as_array_mut()) {
         for (v, summary) in versions.iter_mut().zip(&p.versions) {
@@ -541,6 +565,14 @@ fn package_status(
             v.state.as_str(),
             v.payload_digest
         ));
+        if let Some(keys) = signing_keys(store, &p.id, v) {
+            let signed = if keys.is_empty() {
+                "signed by no key".to_owned()
+            } else {
+                format!("signed by key {}", keys.join(", "))
+            };
+            out.line(format!("  {:<12} {signed}", ""));
+        }
         if let Some(q) = &v.taint {
             out.line(format!(
                 "  {:<12} tainted: {}{}",
@@ -588,6 +620,45 @@ fn package_status(
         ));
     }
     Ok(out)
+}
+
+/// The key ids of the signatures on an installed version, read from the signed metadata in its
+/// tree (`.gkmetadata`), which was authenticated when the version was installed; `None` when
+/// the version is not installed or its metadata cannot be read or is not the recorded payload.
+/// No signature is verified here (`verify --all` does that): this is what a lock records and
+/// what `guild sync` holds the version to.
+fn signing_keys(
+    store: &Path,
+    id: &PackageId,
+    v: &guild_host::package_manager::VersionSummary,
+) -> Option<Vec<String>> {
+    if !v.state.is_installed() {
+        return None;
+    }
+    let dir = guild_host::package_manager::StoreLayout::new(store).package_dir(id, &v.version);
+    let bytes = std::fs::read(dir.join(guild_domain::path::RESERVED_METADATA_NAME)).ok()?;
+    let metadata = guild_domain::manifest::Metadata::parse(&bytes).ok()?;
+    if metadata.payload_digest() != v.payload_digest {
+        return None;
+    }
+    Some(
+        metadata
+            .signatures()
+            .iter()
+            .map(|s| s.key_id.to_hex())
+            .collect(),
+    )
+}
+
+/// Adds `key_ids` (see [`signing_keys`]) to each version of a package's JSON.
+fn add_signing_keys(store: &Path, p: &PackageSummary, package: &mut serde_json::Value) {
+    if let Some(versions) = package.get_mut("versions").and_then(|v| v.as_array_mut()) {
+        for (v, summary) in versions.iter_mut().zip(&p.versions) {
+            if let Some(obj) = v.as_object_mut() {
+                obj.insert("key_ids".into(), json!(signing_keys(store, &p.id, summary)));
+            }
+        }
+    }
 }
 
 fn store_tree(store: &Path, id: &PackageId, version: &Version) -> String {

@@ -748,6 +748,28 @@ pub fn authenticate(
     trust: &TrustStore,
     check: &dyn SignatureCheck,
 ) -> Result<Authenticated, AuthError> {
+    authenticate_among(metadata, trust, check, None)
+}
+
+/// [`authenticate`] by one key: only the signatures made with `key_id` count, so the answer is
+/// whether `metadata` carries a valid signature by that key and the key is trusted for its
+/// publisher and not revoked. A lock names the key each package must be signed by, and a
+/// package signed by several trusted keys may authenticate under another one first.
+pub fn authenticate_by_key(
+    metadata: &Metadata,
+    trust: &TrustStore,
+    check: &dyn SignatureCheck,
+    key_id: &Sha256Digest,
+) -> Result<Authenticated, AuthError> {
+    authenticate_among(metadata, trust, check, Some(key_id))
+}
+
+fn authenticate_among(
+    metadata: &Metadata,
+    trust: &TrustStore,
+    check: &dyn SignatureCheck,
+    only: Option<&Sha256Digest>,
+) -> Result<Authenticated, AuthError> {
     let digest = metadata.payload_digest();
     if let Some(reason) = trust.revoked_digests.get(&digest) {
         return Err(AuthError::DigestRevoked {
@@ -766,7 +788,11 @@ pub fn authenticate(
         });
     }
     let mut attempts = Vec::new();
-    for sig in metadata.signatures() {
+    let signatures = metadata
+        .signatures()
+        .iter()
+        .filter(|sig| only.is_none_or(|k| *k == sig.key_id));
+    for sig in signatures {
         // One algorithm exists today; the match makes adding another a compile error here.
         match sig.algorithm {
             SignatureAlgorithm::EcdsaP256Sha256 => {}

@@ -111,6 +111,50 @@ pub enum SyncError {
         /// The locked payload digest, hex.
         locked_payload: String,
     },
+    /// A staged package is genuine and is the locked payload, but no signature on it by the key
+    /// the lock names authenticates (another trusted key signed it).
+    #[error(
+        "{package}: {} is signed by key {found_key}, but the lock requires key {locked_key}",
+        file.display()
+    )]
+    StagedKeyDiffers {
+        /// `id version` of the locked package.
+        package: String,
+        /// The staged file.
+        file: PathBuf,
+        /// The key that authenticated it, hex.
+        found_key: String,
+        /// The key the lock names, hex.
+        locked_key: String,
+    },
+    /// The store holds the locked version, but not signed by the key the lock names: the store
+    /// cannot match the lock by enabling it. Versions are immutable, so the sync does not
+    /// replace it.
+    #[error(
+        "{package}: the store holds this version signed by key {found_keys}, but the lock \
+         requires key {locked_key}{why}"
+    )]
+    InstalledKeyDiffers {
+        /// `id version` of the locked package.
+        package: String,
+        /// The key ids of the installed version's signatures, hex, comma-separated.
+        found_keys: String,
+        /// The key the lock names, hex.
+        locked_key: String,
+        /// Empty, or why the installed signature by the locked key does not count (its key
+        /// revoked or no longer trusted, the signature invalid), with a leading separator.
+        why: String,
+    },
+    /// The sync would shrink the store's enabled set (see [`SyncOptions::allow_shrink`]) and
+    /// was not allowed to; nothing was changed.
+    #[error("{what}; the sync changed nothing")]
+    Shrinks {
+        /// What the sync would have done: the packages it would disable, or that the lock is
+        /// empty.
+        what: String,
+        /// The package ids it would disable.
+        disabled: Vec<PackageId>,
+    },
     /// The store changed while the packages were staged, and the sync now needs one that was
     /// not staged.
     #[error(
@@ -366,11 +410,13 @@ pub fn stage(
     file: PathBuf,
 ) -> Result<StagedPackage, SyncError> {
     let package = format!("{} {}", locked.id, locked.version);
-    let checked = pm.check_package(&file).map_err(|source| SyncError::Check {
-        package: package.clone(),
-        file: file.clone(),
-        source: Box::new(source),
-    })?;
+    let checked = pm
+        .check_package_as(&file, Some(&locked.key_id))
+        .map_err(|source| SyncError::Check {
+            package: package.clone(),
+            file: file.clone(),
+            source: Box::new(source),
+        })?;
     if checked.id != locked.id
         || checked.version != locked.version
         || checked.payload_digest != locked.payload_sha256
@@ -381,6 +427,14 @@ pub fn stage(
             found: format!("{} {}", checked.id, checked.version),
             found_payload: checked.payload_digest.to_hex(),
             locked_payload: locked.payload_sha256.to_hex(),
+        });
+    }
+    if checked.key_id != locked.key_id {
+        return Err(SyncError::StagedKeyDiffers {
+            package,
+            file,
+            found_key: checked.key_id.to_hex(),
+            locked_key: locked.key_id.to_hex(),
         });
     }
     Ok(StagedPackage {
@@ -408,17 +462,88 @@ pub enum SyncChange {
     },
 }
 
+/// What a sync may do beyond installing and enabling what its lock names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SyncOptions {
+    /// Whether the sync may shrink the enabled set: disable a package that is enabled (and not
+    /// tainted) now and that the lock does not name, or follow an empty lock at all. A package
+    /// the lock names at another version is replaced, which is not shrinking. Without it such
+    /// a sync is refused ([`SyncError::Shrinks`]) before anything changes: an empty or
+    /// truncated lock would otherwise disable every package a server runs.
+    pub allow_shrink: bool,
+}
+
+impl SyncOptions {
+    /// Options that let a sync shrink the enabled set.
+    pub fn allowing_shrink(allow_shrink: bool) -> Self {
+        SyncOptions { allow_shrink }
+    }
+}
+
+/// Refuses `steps` (a plan of `lock`) when they shrink the enabled set and `options` do not
+/// allow it ([`SyncOptions::allow_shrink`]).
+pub fn check_shrink(
+    lock: &LockFile,
+    steps: &[SyncStep],
+    options: SyncOptions,
+) -> Result<(), SyncError> {
+    if options.allow_shrink {
+        return Ok(());
+    }
+    let disabled: Vec<PackageId> = steps
+        .iter()
+        .filter_map(|s| match s {
+            SyncStep::Disable(id) => Some(id.clone()),
+            _ => None,
+        })
+        .collect();
+    let what = if lock.packages().len() == 0 {
+        let n = disabled.len();
+        format!(
+            "the lock names no package: following it would disable {n} enabled package{}",
+            if n == 1 { "" } else { "s" }
+        )
+    } else if !disabled.is_empty() {
+        let names: Vec<String> = disabled.iter().map(ToString::to_string).collect();
+        format!(
+            "the lock does not name {}, enabled now: following it would disable {}",
+            names.join(", "),
+            if names.len() == 1 { "it" } else { "them" }
+        )
+    } else {
+        return Ok(());
+    };
+    Err(SyncError::Shrinks { what, disabled })
+}
+
 /// Makes the enabled set of the store that `pm` holds the lock of equal `lock`: plans the steps
 /// from the committed state ([`plan`]) and makes them from the `staged` packages as one change
 /// ([`PackageManager::apply_plan`]), with `hook` taking part in each; answers the changes. If any
 /// change is refused, or the result would not equal the lock, nothing is committed.
+///
+/// This sync may shrink the enabled set; [`apply_with`] takes [`SyncOptions`].
 pub fn apply(
     pm: &PackageManager,
     lock: &LockFile,
     staged: &[StagedPackage],
     hook: &mut dyn LifecycleHook,
 ) -> Result<Vec<SyncChange>, SyncError> {
+    apply_with(pm, lock, staged, hook, SyncOptions::allowing_shrink(true))
+}
+
+/// [`apply`] under `options`: the plan made under the store's lock is checked against them
+/// ([`check_shrink`]) before anything changes, since the store may have changed since the plan
+/// the packages were staged for.
+pub fn apply_with(
+    pm: &PackageManager,
+    lock: &LockFile,
+    staged: &[StagedPackage],
+    hook: &mut dyn LifecycleHook,
+    options: SyncOptions,
+) -> Result<Vec<SyncChange>, SyncError> {
     let steps = plan(pm, lock)?;
+    check_shrink(lock, &steps, options)?;
     let files: BTreeMap<&PackageId, &StagedPackage> =
         staged.iter().map(|s| (&s.locked.id, s)).collect();
     // Every package the steps install must be staged as the version the lock pins.
@@ -466,7 +591,10 @@ pub fn apply(
         .collect())
 }
 
-/// The steps that make the enabled set of `pm`'s committed store equal `lock`.
+/// The steps that make the enabled set of `pm`'s committed store equal `lock`. A locked version
+/// the store already holds must be signed by the key the lock names (a valid signature by it
+/// that the trust store accepts), whether it is enabled or would be made current again from its
+/// installed tree: otherwise the store cannot match the lock ([`SyncError::InstalledKeyDiffers`]).
 pub fn plan(pm: &PackageManager, lock: &LockFile) -> Result<Vec<SyncStep>, SyncError> {
     let mut held = Vec::new();
     for p in pm.list().map_err(|e| SyncError::Store(Box::new(e)))? {
@@ -480,7 +608,44 @@ pub fn plan(pm: &PackageManager, lock: &LockFile) -> Result<Vec<SyncStep>, SyncE
             });
         }
     }
-    Ok(plan_sync(lock, &held)?)
+    let steps = plan_sync(lock, &held)?;
+    for locked in lock.packages() {
+        let installed = held
+            .iter()
+            .any(|h| h.id == locked.id && h.version == locked.version && h.installed);
+        if !installed {
+            continue;
+        }
+        let metadata = pm.metadata(&locked.id, &locked.version);
+        let why = match metadata.as_deref() {
+            Some(m) => match pm.authenticated_by(m, &locked.key_id) {
+                Ok(_) => continue,
+                Err(HostError::Unauthenticated { source, .. })
+                    if m.signatures().iter().any(|s| s.key_id == locked.key_id) =>
+                {
+                    format!(" (its signature by that key does not count: {source})")
+                }
+                Err(HostError::Unauthenticated { .. }) => String::new(),
+                Err(e) => return Err(SyncError::Store(Box::new(e))),
+            },
+            None => String::new(),
+        };
+        let found: Vec<String> = metadata
+            .iter()
+            .flat_map(|m| m.signatures().iter().map(|s| s.key_id.to_hex()))
+            .collect();
+        return Err(SyncError::InstalledKeyDiffers {
+            package: format!("{} {}", locked.id, locked.version),
+            found_keys: if found.is_empty() {
+                "none that can be read".to_owned()
+            } else {
+                found.join(", ")
+            },
+            locked_key: locked.key_id.to_hex(),
+            why,
+        });
+    }
+    Ok(steps)
 }
 
 /// The packages whose enabled version in `state` differs from `lock` (missing, tainted, another

@@ -224,6 +224,10 @@ pub enum DistributionErrorKind {
     /// The connection or the HTTP exchange failed.
     #[error("cannot reach the registry: {reason}")]
     Transport { reason: String },
+    /// No connection could be made: refused, the name did not resolve, or connecting timed
+    /// out. Nothing was exchanged, so trying again later may succeed.
+    #[error("the registry is unreachable: {reason}")]
+    Unreachable { reason: String },
     /// An answer is larger than this host reads of it; reading stopped at the limit.
     #[error("the {what} at {url} is larger than {limit} bytes")]
     ResponseTooLarge {

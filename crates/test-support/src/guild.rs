@@ -45,7 +45,10 @@ impl Guild {
             .current_dir(cwd)
             .env_remove("GUILD_STORE")
             .env_remove("XDG_DATA_HOME")
-            .env("NO_COLOR", "1");
+            .env("NO_COLOR", "1")
+            // A registry that cannot be reached is tried again after 1 s and 2 s by default;
+            // tests of that set their own delays, and no other test should wait that long.
+            .env("GUILD_REGISTRY_RETRY_DELAY", "0.01");
         cmd
     }
 

@@ -132,8 +132,11 @@ fn cli_publish_trust_install_and_manage_a_package() {
     assert_eq!(
         words(&list.stdout),
         [
-            "ID CURRENT STATE KIND PUBLISHER",
-            "example.scan 1.1.0 (previous 1.0.0) enabled gkmodule org.example"
+            "ID CURRENT STATE KIND PUBLISHER SIGNED BY KEY".to_owned(),
+            format!(
+                "example.scan 1.1.0 (previous 1.0.0) enabled gkmodule org.example {}",
+                key_id(&b)
+            )
         ]
     );
     b.run(&["status", "example.scan"])
@@ -705,7 +708,15 @@ fn cli_only_the_full_check_finds_a_changed_library_and_a_stripped_signature() {
     let listed = b.run(&["list"]);
     assert_eq!(
         words(&listed.stdout)[2],
-        "example.scan 1.0.0 enabled gkmodule org.example"
+        format!(
+            "example.scan 1.0.0 enabled gkmodule org.example {}",
+            key_id(&b)
+        )
+    );
+    // The stripped one shows that it carries no signature (the store has not checked it).
+    assert_eq!(
+        words(&listed.stdout)[1],
+        "example.other 1.0.0 enabled gkmodule org.example none"
     );
     // Nor does a writer's open, while the trust file is unchanged.
     let recovered = b.run(&["--json", "recover"]);
@@ -723,7 +734,10 @@ fn cli_only_the_full_check_finds_a_changed_library_and_a_stripped_signature() {
     let listed = b.run(&["list"]);
     assert_eq!(
         words(&listed.stdout)[2],
-        "example.scan 1.0.0 enabled gkmodule org.example"
+        format!(
+            "example.scan 1.0.0 enabled gkmodule org.example {}",
+            key_id(&b)
+        )
     );
 
     // `verify --all` finds both and disables them, tainted with the file.
@@ -754,7 +768,10 @@ fn cli_only_the_full_check_finds_a_changed_library_and_a_stripped_signature() {
     let listed = b.run(&["list"]);
     assert_eq!(
         words(&listed.stdout)[2],
-        "example.scan 1.0.0 disabled (tainted) gkmodule org.example"
+        format!(
+            "example.scan 1.0.0 disabled (tainted) gkmodule org.example {}",
+            key_id(&b)
+        )
     );
     // A package cannot be both named and --all.
     b.run(&["verify", "--all", &pkg]).expect(2);
@@ -795,4 +812,87 @@ fn cli_store_location_from_the_environment() {
         &["--store", explicit.to_str().unwrap(), "--json", "status"],
     );
     assert_eq!(run.json()["store"], explicit.to_str().unwrap());
+}
+
+/// `list` and `status ID` show the key each installed version is signed by, in text and JSON:
+/// the key a lock records and `guild sync` holds the store to.
+#[test]
+fn cli_list_and_status_show_the_signing_key_of_each_installed_version() {
+    let b = Bench::new(guild());
+    b.trust();
+    let key = key_id(&b);
+    let scan = b.package("example.scan", "1.0.0", b"scan", "");
+    b.run(&["install", &scan]).expect(0);
+    let newer = b.package("example.scan", "1.1.0", b"scan 1.1", "");
+    b.run(&["install", &newer]).expect(0);
+    let listed = b.run(&["list"]);
+    listed
+        .expect(0)
+        .stdout_has("SIGNED BY KEY")
+        .stdout_has(&key);
+    let json = b.run(&["--json", "list"]).expect(0).json();
+    let versions = json["packages"][0]["versions"].as_array().unwrap();
+    assert_eq!(versions.len(), 2, "{json}");
+    for v in versions {
+        assert_eq!(v["key_ids"], serde_json::json!([key]), "{json}");
+    }
+    b.run(&["status", "example.scan"])
+        .expect(0)
+        .stdout_has(&format!("signed by key {key}"));
+    // A removed version has no files, so no key to show.
+    b.run(&["remove", "example.scan", "--version", "1.0.0"])
+        .expect(0);
+    let status = b
+        .run(&["--json", "status", "example.scan"])
+        .expect(0)
+        .json();
+    let versions = status["package"]["versions"].as_array().unwrap();
+    assert_eq!(versions.len(), 2, "{status}");
+    for v in versions {
+        let want = if v["version"] == "1.0.0" {
+            serde_json::Value::Null
+        } else {
+            serde_json::json!([key])
+        };
+        assert_eq!(v["key_ids"], want, "{status}");
+    }
+}
+
+/// `--store DIR` whose parent directory does not exist: not found (6), naming the missing
+/// parent, with a hint about the path, not about recovering a store.
+#[test]
+fn cli_a_store_whose_parent_is_missing_is_named_not_recovered() {
+    let b = Bench::new(guild());
+    let store = b.path().join("no-such-dir/store");
+    let args = [
+        "--store",
+        store.to_str().unwrap(),
+        "trust",
+        "add",
+        "org.example",
+        "k.pub",
+    ];
+    let r = b.guild().run(b.path(), &args);
+    assert_eq!(r.code, 6, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr.contains(&format!(
+            "its parent directory {} does not exist",
+            b.path().join("no-such-dir").display()
+        )),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("recover"), "{}", r.stderr);
+    assert!(r.stderr.contains("--store"), "{}", r.stderr);
+    assert!(!b.path().join("no-such-dir").exists());
+    // The same through GUILD_STORE, for a command that only reads.
+    let r = Run::from(
+        b.guild()
+            .command(b.path(), &["list"])
+            .env("GUILD_STORE", &store)
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(r.code, 6, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("GUILD_STORE"), "{}", r.stderr);
 }

@@ -494,7 +494,12 @@ fn oci_lock_then_sync_a_fresh_store_to_identical_digests() {
     // Something the lock does not name is disabled by the sync.
     let extra = bench.package("example.extra", "1.0.0", b"extra", "");
     ok(run(&bench, &fresh, None, &["install", &extra]));
-    let synced = ok(run(&bench, &fresh, None, &["sync", lock.to_str().unwrap()]));
+    let synced = ok(run(
+        &bench,
+        &fresh,
+        None,
+        &["sync", lock.to_str().unwrap(), "--allow-shrink"],
+    ));
     // One line per change, in the past tense, then one line saying the store matches.
     assert!(
         synced.stdout.contains("disabled example.extra 1.0.0"),
@@ -556,7 +561,8 @@ fn oci_an_edited_lock_is_refused_naming_the_package() {
             &bench,
             &fresh,
             None,
-            &["sync", edited_path.to_str().unwrap()],
+            // Allowed to disable it, so that what refuses the sync is the edited payload.
+            &["sync", edited_path.to_str().unwrap(), "--allow-shrink"],
         ),
         3,
         id,
@@ -1111,4 +1117,72 @@ fn oci_peak_memory_against_huge_answers() {
         let (code, kib, took) = peak_memory(&bench, &args);
         println!("| {name} | {code} | {kib} | {:.2} s |", took.as_secs_f64());
     }
+}
+
+/// `guild ARGS` on the bench's store with a registry that cannot be reached tried `attempts`
+/// times, `delay` seconds before the second try; what it did and how long it took.
+fn run_unreachable(bench: &Bench, attempts: &str, delay: &str, args: &[&str]) -> (Run, Duration) {
+    let store = bench.store();
+    let mut all = vec!["--store", store.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let mut cmd = guild().command(bench.path(), &all);
+    cmd.env("HOME", bench.path())
+        .env_remove("REGISTRY_AUTH_FILE")
+        .env("GUILD_REGISTRY_ATTEMPTS", attempts)
+        .env("GUILD_REGISTRY_RETRY_DELAY", delay);
+    let started = Instant::now();
+    let out = cmd.output().unwrap();
+    (Run::from(out), started.elapsed())
+}
+
+/// Nothing listens on the port: `pull`, `install oci://` and `sync` try the configured number
+/// of times, waiting between tries, and exit 7 (`unreachable`) naming the tries, not 1.
+#[test]
+fn oci_an_unreachable_registry_is_tried_again_then_exit_7() {
+    let bench = Bench::new(guild());
+    let port = free_port();
+    let reference = format!("oci://127.0.0.1:{port}/guild/scan:1.0.0");
+    let (r, took) = run_unreachable(
+        &bench,
+        "3",
+        "0.2",
+        &["pull", &reference, "--out", "scan.gkmodule"],
+    );
+    assert_eq!(r.code, 7, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr.contains("unreachable after 3 tries"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("GUILD_REGISTRY_ATTEMPTS"), "{}", r.stderr);
+    // Waits of 0.2 s and then 0.4 s between the three tries.
+    assert!(took >= Duration::from_millis(600), "took {took:?}");
+    assert!(!bench.path().join("scan.gkmodule").exists());
+
+    let (r, _) = run_unreachable(&bench, "2", "0", &["--json", "install", &reference]);
+    assert_eq!(r.code, 7, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    assert_eq!(r.error_json()["category"], "unreachable", "{}", r.stderr);
+    assert!(r.stderr.contains("after 2 tries"), "{}", r.stderr);
+
+    // A lock whose package lives on the unreachable registry.
+    let scan = bench.package("example.scan", "1.0.0", b"scan", "");
+    let lock = bench.lock_of(&[&scan], &[]);
+    let mut value: serde_json::Value = serde_json::from_slice(&fs::read(&lock).unwrap()).unwrap();
+    value["packages"][0]["reference"] = reference.clone().into();
+    value["packages"][0]["manifest_digest"] = format!("sha256:{}", "ab".repeat(32)).into();
+    fs::write(&lock, serde_json::to_vec(&value).unwrap()).unwrap();
+    ok(run(
+        &bench,
+        &bench.store(),
+        None,
+        &["trust", "add", "org.example", "k.pub"],
+    ));
+    let (r, _) = run_unreachable(&bench, "1", "0", &["sync", lock.to_str().unwrap()]);
+    assert_eq!(r.code, 7, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("after 1 try"), "{}", r.stderr);
+
+    // A setting that is not a number of tries is a usage error, naming the variable.
+    let (r, _) = run_unreachable(&bench, "many", "0", &["pull", &reference, "--out", "x"]);
+    assert_eq!(r.code, 2, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("GUILD_REGISTRY_ATTEMPTS"), "{}", r.stderr);
 }

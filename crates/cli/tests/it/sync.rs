@@ -5,7 +5,7 @@
 
 use std::fs;
 
-use guild_test_support::guild::Bench;
+use guild_test_support::guild::{Bench, Run};
 use guild_test_support::store_files;
 
 use crate::guild;
@@ -32,6 +32,8 @@ fn sync_that_fails_at_an_install_leaves_the_store_as_it_was() {
             lock.to_str().unwrap(),
             "--from",
             bench.path().to_str().unwrap(),
+            // The unlocked package is meant to be disabled.
+            "--allow-shrink",
         ],
     );
     assert_eq!(r.code, 4, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
@@ -150,6 +152,7 @@ fn sync_killed_between_its_changes_leaves_the_old_state() {
                 lock.to_str().unwrap(),
                 "--from",
                 bench.path().to_str().unwrap(),
+                "--allow-shrink",
             ],
         )
         .stdout(std::process::Stdio::null())
@@ -187,4 +190,290 @@ fn sync_killed_between_its_changes_leaves_the_old_state() {
     );
     bench.run_on(&store, &["verify", "--all"]).expect(0);
     assert_eq!(bench.listed(&store), listed_before, "after recovery");
+}
+
+/// `guild sync LOCK --from BENCH` on `store`, with `extra` arguments.
+fn sync_from(
+    bench: &Bench,
+    store: &std::path::Path,
+    lock: &std::path::Path,
+    extra: &[&str],
+) -> Run {
+    let mut args = vec![
+        "sync",
+        lock.to_str().unwrap(),
+        "--from",
+        bench.path().to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    bench.run_on(store, &args)
+}
+
+/// A second key pair `k2` in the bench, trusted for `org.example` in `stores`; its key id.
+fn second_key(bench: &Bench, stores: &[&std::path::Path]) -> String {
+    let id = bench
+        .run(&["--json", "keygen", "--out", "k2"])
+        .expect(0)
+        .json()["key_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for store in stores {
+        bench
+            .run_on(store, &["trust", "add", "org.example", "k2.pub"])
+            .expect(0);
+    }
+    id
+}
+
+/// Packs `id@version` (the same files and template as `bench.package`, so the same payload)
+/// signed by `k2` only, as `NAME`.
+fn package_signed_by_k2(bench: &Bench, id: &str, version: &str, content: &[u8], name: &str) {
+    let (src, template) = bench.source(id, version, content, "");
+    bench
+        .run(&[
+            "pack",
+            src.to_str().unwrap(),
+            "--manifest",
+            template.to_str().unwrap(),
+            "--out",
+            name,
+            "--key",
+            "k2.key",
+        ])
+        .expect(0);
+}
+
+/// The key id the lock at `path` records for `id`.
+fn locked_key(path: &std::path::Path, id: &str) -> String {
+    let lock: serde_json::Value = serde_json::from_slice(&fs::read(path).unwrap()).unwrap();
+    lock["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == id)
+        .unwrap()["key_id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// A server that missed a key rotation keeps the build signed by the old key: the lock, made
+/// where the package is signed by the new key, names the new key, and a sync refuses the store's
+/// build instead of saying it already matches.
+#[test]
+fn sync_refuses_an_installed_version_signed_by_another_key_than_the_lock_names() {
+    let bench = Bench::new(guild());
+    let server = bench.trusting_store("server");
+    let origin = bench.trusting_store("origin");
+    let k2 = second_key(&bench, &[&server, &origin]);
+    let scan = bench.package("example.scan", "1.0.0", b"scan", "");
+    bench.run_on(&server, &["install", &scan]).expect(0);
+    package_signed_by_k2(
+        &bench,
+        "example.scan",
+        "1.0.0",
+        b"scan",
+        "scan-by-k2.gkmodule",
+    );
+    bench
+        .run_on(&origin, &["install", "scan-by-k2.gkmodule"])
+        .expect(0);
+    let lock = bench.path().join("rotated.lock");
+    bench
+        .run_on(&origin, &["lock", "--out", lock.to_str().unwrap()])
+        .expect(0);
+    assert_eq!(locked_key(&lock, "example.scan"), k2);
+    let old_lock = bench.path().join("old.lock");
+    bench
+        .run_on(&server, &["lock", "--out", old_lock.to_str().unwrap()])
+        .expect(0);
+    let k1 = locked_key(&old_lock, "example.scan");
+    assert_ne!(k1, k2);
+    let before = store_files(&server);
+    let r = sync_from(&bench, &server, &lock, &[]);
+    assert_eq!(r.code, 4, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    for says in ["example.scan 1.0.0", &k1, &k2] {
+        assert!(
+            r.stderr.contains(says),
+            "stderr lacks {says}:\n{}",
+            r.stderr
+        );
+    }
+    assert!(!r.stdout.contains("already matches"), "{}", r.stdout);
+    assert_eq!(store_files(&server), before, "the store's files changed");
+    // `--check` does not call it a match either.
+    let r = bench.run_on(&server, &["sync", lock.to_str().unwrap(), "--check"]);
+    assert_eq!(r.code, 4, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+}
+
+/// A package to be installed that authenticates, but by another key than the lock names, is
+/// refused before anything is installed.
+#[test]
+fn sync_refuses_a_package_to_install_signed_by_another_key_than_the_lock_names() {
+    let bench = Bench::new(guild());
+    let fresh = bench.trusting_store("fresh");
+    let origin = bench.trusting_store("origin");
+    let k2 = second_key(&bench, &[&fresh, &origin]);
+    // The mirror's file (the name `--from` looks for) is signed by k; the lock names k2.
+    bench.package("example.scan", "1.0.0", b"scan", "");
+    package_signed_by_k2(
+        &bench,
+        "example.scan",
+        "1.0.0",
+        b"scan",
+        "scan-by-k2.gkmodule",
+    );
+    bench
+        .run_on(&origin, &["install", "scan-by-k2.gkmodule"])
+        .expect(0);
+    let lock = bench.path().join("k2.lock");
+    bench
+        .run_on(&origin, &["lock", "--out", lock.to_str().unwrap()])
+        .expect(0);
+    let check = bench.trusting_store("k-only");
+    bench
+        .run_on(&check, &["install", "example.scan-1.0.0.gkmodule"])
+        .expect(0);
+    let k_lock = bench.path().join("k.lock");
+    bench
+        .run_on(&check, &["lock", "--out", k_lock.to_str().unwrap()])
+        .expect(0);
+    let k1 = locked_key(&k_lock, "example.scan");
+    let before = store_files(&fresh);
+    let r = sync_from(&bench, &fresh, &lock, &[]);
+    assert_eq!(r.code, 3, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    for says in ["example.scan 1.0.0", &k1, &k2] {
+        assert!(
+            r.stderr.contains(says),
+            "stderr lacks {says}:\n{}",
+            r.stderr
+        );
+    }
+    assert_eq!(store_files(&fresh), before, "the store's files changed");
+}
+
+/// A lock that does not name an enabled package would disable it: refused unless
+/// `--allow-shrink`, and an empty lock always so.
+#[test]
+fn sync_that_would_disable_packages_needs_allow_shrink() {
+    let bench = Bench::new(guild());
+    let scan = bench.package("example.scan", "1.0.0", b"scan", "");
+    let extra = bench.package("example.extra", "1.0.0", b"extra", "");
+    let lock = bench.lock_of(&[&scan], &[]);
+    let store = bench.trusting_store("server");
+    bench.run_on(&store, &["install", &scan]).expect(0);
+    bench.run_on(&store, &["install", &extra]).expect(0);
+    let listed = bench.listed(&store);
+    let before = store_files(&store);
+    let r = sync_from(&bench, &store, &lock, &[]);
+    assert_eq!(r.code, 4, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("example.extra"), "{}", r.stderr);
+    assert!(r.stderr.contains("--allow-shrink"), "{}", r.stderr);
+    assert_eq!(bench.listed(&store), listed);
+    assert_eq!(store_files(&store), before, "the store's files changed");
+
+    // An empty lock (written on purpose) is refused too, naming what it would do.
+    let empty = bench.path().join("empty.lock");
+    let mut value: serde_json::Value = serde_json::from_slice(&fs::read(&lock).unwrap()).unwrap();
+    value["packages"] = serde_json::json!([]);
+    fs::write(&empty, serde_json::to_vec(&value).unwrap()).unwrap();
+    let r = sync_from(&bench, &store, &empty, &[]);
+    assert_eq!(r.code, 4, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("names no package"), "{}", r.stderr);
+    assert_eq!(bench.listed(&store), listed);
+
+    sync_from(&bench, &store, &lock, &["--allow-shrink"])
+        .expect(0)
+        .stdout_has("disabled example.extra 1.0.0");
+    sync_from(&bench, &store, &empty, &["--allow-shrink"])
+        .expect(0)
+        .stdout_has("disabled example.scan 1.0.0");
+}
+
+/// `--dry-run` prints the plan and changes nothing; `--check` exits 8 while the store differs
+/// and 0 once it matches, changing nothing.
+#[test]
+fn sync_dry_run_and_check_change_nothing() {
+    let bench = Bench::new(guild());
+    let scan = bench.package("example.scan", "1.0.0", b"scan", "");
+    let extra = bench.package("example.extra", "1.0.0", b"extra", "");
+    let lock = bench.lock_of(&[&scan], &[]);
+    let store = bench.trusting_store("server");
+    bench.run_on(&store, &["install", &extra]).expect(0);
+    let before = store_files(&store);
+    let lock_arg = lock.to_str().unwrap();
+
+    let r = bench.run_on(&store, &["sync", lock_arg, "--dry-run", "--allow-shrink"]);
+    r.expect(0)
+        .stdout_has("disable example.extra")
+        .stdout_has("install example.scan 1.0.0")
+        .stdout_has("nothing was changed");
+    // Without --allow-shrink the dry run is refused as the sync would be.
+    bench
+        .run_on(&store, &["sync", lock_arg, "--dry-run"])
+        .expect(4);
+    let r = bench.run_on(&store, &["sync", lock_arg, "--check"]);
+    assert_eq!(r.code, 8, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("install example.scan 1.0.0"),
+        "{}",
+        r.stdout
+    );
+    let json = bench.run_on(&store, &["--json", "sync", lock_arg, "--check"]);
+    assert_eq!(json.code, 8, "{}", json.stderr);
+    let json = json.json();
+    assert_eq!(json["matches"], false);
+    assert_eq!(json["plan"].as_array().unwrap().len(), 2, "{json}");
+    assert_eq!(
+        store_files(&store),
+        before,
+        "--dry-run or --check changed the store"
+    );
+    // A store that does not exist yet is not created by either.
+    let none = bench.path().join("none");
+    bench
+        .run_on(&none, &["sync", lock_arg, "--check"])
+        .expect(8);
+    assert!(!none.exists());
+
+    sync_from(&bench, &store, &lock, &["--allow-shrink"]).expect(0);
+    bench
+        .run_on(&store, &["sync", lock_arg, "--check"])
+        .expect(0)
+        .stdout_has("matches");
+}
+
+/// `guild lock` of a store with nothing enabled refuses to write an empty lock unless
+/// `--allow-empty`; `--out -` writes the lock to standard output, not to a file named `-`.
+#[test]
+fn lock_refuses_an_empty_lock_and_writes_to_standard_output() {
+    let bench = Bench::new(guild());
+    let scan = bench.package("example.scan", "1.0.0", b"scan", "");
+    let store = bench.trusting_store("server");
+    bench
+        .run_on(&store, &["install", &scan, "--disabled"])
+        .expect(0);
+    let out = bench.path().join("empty.lock");
+    let r = bench.run_on(&store, &["lock", "--out", out.to_str().unwrap()]);
+    assert_eq!(r.code, 4, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("--allow-empty"), "{}", r.stderr);
+    assert!(!out.exists(), "an empty lock was written");
+    bench
+        .run_on(
+            &store,
+            &["lock", "--out", out.to_str().unwrap(), "--allow-empty"],
+        )
+        .expect(0);
+    assert!(out.is_file());
+
+    bench.run_on(&store, &["enable", "example.scan"]).expect(0);
+    let r = bench.run_on(&store, &["lock", "--out", "-"]);
+    r.expect(0);
+    assert!(
+        !bench.path().join("-").exists(),
+        "a file named - was written"
+    );
+    let lock: serde_json::Value = serde_json::from_str(&r.stdout).expect("the lock on stdout");
+    assert_eq!(lock["packages"][0]["id"], "example.scan");
 }

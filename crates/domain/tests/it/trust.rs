@@ -4,8 +4,8 @@
 use guild_domain::ids::{PublisherId, Sha256Digest};
 use guild_domain::manifest::Metadata;
 use guild_domain::trust::{
-    authenticate, AuthError, SignatureCheck, SignatureOutcome, TrustChangeError, TrustFileError,
-    TrustStore,
+    authenticate, authenticate_by_key, AuthError, SignatureCheck, SignatureOutcome,
+    TrustChangeError, TrustFileError, TrustStore,
 };
 use serde_json::json;
 use std::cell::RefCell;
@@ -106,6 +106,35 @@ fn a_later_valid_signature_is_enough() {
     assert_eq!(
         authenticate(&m, &t, &FakeCheck::default()).unwrap().key_id,
         Sha256Digest::of(KEY_B)
+    );
+}
+
+/// What a lock requires: a valid signature by one named key. Another trusted key's signature,
+/// an invalid one by the named key, or the named key revoked, do not count.
+#[test]
+fn authenticating_by_one_key_counts_only_that_keys_signature() {
+    let mut t = trust_a();
+    t.add_key(publisher("org.example"), KEY_B.to_vec()).unwrap();
+    let check = FakeCheck::default();
+    let (a, b) = (Sha256Digest::of(KEY_A), Sha256Digest::of(KEY_B));
+    let both = metadata(&[(KEY_A, true), (KEY_B, true)]);
+    assert_eq!(authenticate(&both, &t, &check).unwrap().key_id, a);
+    assert_eq!(
+        authenticate_by_key(&both, &t, &check, &b).unwrap().key_id,
+        b
+    );
+    let only_a = metadata(&[(KEY_A, true)]);
+    assert!(matches!(
+        authenticate_by_key(&only_a, &t, &check, &b),
+        Err(AuthError::NoValidSignature { attempts, .. }) if attempts.is_empty()
+    ));
+    let bad_b = metadata(&[(KEY_A, true), (KEY_B, false)]);
+    assert!(authenticate_by_key(&bad_b, &t, &check, &b).is_err());
+    t.revoke_key(b, "rotated");
+    assert!(authenticate_by_key(&both, &t, &check, &b).is_err());
+    assert_eq!(
+        authenticate_by_key(&both, &t, &check, &a).unwrap().key_id,
+        a
     );
 }
 

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use guild_domain::ids::PackageId;
+use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::lease::QuiescentAction;
 use guild_domain::manifest::Metadata;
 use guild_domain::store_state::{NewVersion, PublishKind, PublishOptions, Published, StoreState};
@@ -115,10 +115,27 @@ impl PackageManager {
     /// installation of it would record. What the store would say to it (the immutable-version
     /// rule, the dependency graph) is left to the installation.
     pub fn check_package(&self, location: &Path) -> Result<Installed, HostError> {
-        let (mut opened, metadata, package, auth) = {
+        self.check_package_as(location, None)
+    }
+
+    /// [`PackageManager::check_package`], answering `key` as the signing key when the package
+    /// also carries a valid signature by it under the current trust store (a package signed by
+    /// several trusted keys authenticates under the first that verifies). A sync holds each
+    /// package to the key its lock names by comparing [`Installed::key_id`] with it.
+    pub fn check_package_as(
+        &self,
+        location: &Path,
+        key: Option<&Sha256Digest>,
+    ) -> Result<Installed, HostError> {
+        let (mut opened, metadata, package, mut auth) = {
             let _life = self.lock();
             self.offered(location)?
         };
+        if let Some(key) = key.filter(|k| **k != auth.key_id) {
+            if let Ok(by_key) = self.authenticated_by(&metadata, key) {
+                auth = by_key;
+            }
+        }
         let manifest = metadata.manifest();
         let watch = self.watch(&mut *opened, &package, manifest);
         opened.verify_in_place(manifest)?;

@@ -5,7 +5,8 @@ use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::manifest::Metadata;
 use guild_domain::store_state::StoreState;
 use guild_domain::trust::{
-    authenticate, check_trust_file, SignatureCheck, TrustFileMismatch, TrustStore,
+    authenticate, authenticate_by_key, check_trust_file, Authenticated, SignatureCheck,
+    TrustFileMismatch, TrustStore,
 };
 use guild_domain::version::Version;
 use guild_ports::signature::SignatureVerifier;
@@ -191,6 +192,26 @@ impl PackageManager {
             }
         }
         Ok(out)
+    }
+
+    /// Whether `metadata` carries a valid signature by `key` that today's trust store accepts
+    /// ([`authenticate_by_key`]); the error says why not, or that the trust file is unreadable.
+    pub(crate) fn authenticated_by(
+        &self,
+        metadata: &Metadata,
+        key: &Sha256Digest,
+    ) -> Result<Authenticated, HostError> {
+        let trust = self.read_trust()?;
+        authenticate_by_key(metadata, &trust, &PortCheck(&*self.verifier), key).map_err(|source| {
+            let manifest = metadata.manifest();
+            HostError::Unauthenticated {
+                location: self
+                    .store
+                    .package_dir(&manifest.package_id, &manifest.version),
+                package: format!("{}@{}", manifest.package_id, manifest.version),
+                source,
+            }
+        })
     }
 
     /// Refuses to make `id@version` loadable again unless today's trust store still
