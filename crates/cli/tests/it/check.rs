@@ -137,10 +137,12 @@ fn processes_the_build_starts_do_not_outlive_the_check() {
     let shop = Workshop::new();
     let archive = shop.build_with(&faulty("daemon"), None).archive;
     let pids = shop.fresh("daemon.pids");
+    // A generous bound per call: on a loaded 2-core machine the child once took more than 5 s
+    // to reach init, and the test then saw no sleeper at all. A passing run takes no longer.
     let out = guild()
         .command(
             shop.path(),
-            &["check", archive.to_str().unwrap(), "--timeout", "5"],
+            &["check", archive.to_str().unwrap(), "--timeout", "30"],
         )
         .env("GUILD_TEST_DAEMON_PIDS", &pids)
         .output()
