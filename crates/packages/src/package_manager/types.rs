@@ -44,9 +44,16 @@ pub struct Installed {
     pub payload_digest: Sha256Digest,
     /// The publisher whose trusted key authenticated it.
     pub publisher: PublisherId,
-    /// The id of the key whose signature verified.
+    /// The id of the key whose signature verified (the first, in file order).
     pub key_id: Sha256Digest,
-    /// False when this exact payload was already installed and nothing changed.
+    /// Every trusted key whose signature verified, in file order (`key_id` first).
+    pub signed_by: Vec<Sha256Digest>,
+    /// The keys whose signatures this installation recorded on a version that was installed
+    /// already with the same payload (a copy re-signed during a key rotation): from now on the
+    /// store authenticates the version by them too. Empty otherwise.
+    pub signatures_added: Vec<Sha256Digest>,
+    /// False when this exact payload was already installed and nothing changed (not even a
+    /// signature recorded).
     pub changed: bool,
     /// Whether this version is now the enabled one.
     pub enabled: bool,
