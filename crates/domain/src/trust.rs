@@ -737,8 +737,9 @@ pub enum AuthError {
     InvalidTrustedSignature {
         /// The publisher the manifest names.
         publisher: PublisherId,
-        /// The trusted key the bad signature names.
-        key_id: Sha256Digest,
+        /// The trusted key the bad signature names (boxed to keep the error, which every
+        /// installation's result carries, small).
+        key_id: Box<Sha256Digest>,
         /// What the verifier said.
         reason: String,
     },
@@ -832,7 +833,7 @@ pub fn authenticate(
     {
         return Err(AuthError::InvalidTrustedSignature {
             publisher: publisher.clone(),
-            key_id: *bad,
+            key_id: Box::new(*bad),
             reason: reason.clone(),
         });
     }

@@ -162,7 +162,7 @@ fn multi_signature_a_bad_signature_under_a_trusted_key_refuses_the_package() {
             authenticate(&m, &t, &FakeCheck::default()),
             Err(AuthError::InvalidTrustedSignature {
                 publisher: publisher("org.example"),
-                key_id: Sha256Digest::of(KEY_A),
+                key_id: Box::new(Sha256Digest::of(KEY_A)),
                 reason: "signature mismatch".into(),
             })
         );
