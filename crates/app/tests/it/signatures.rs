@@ -1117,6 +1117,9 @@ fn signature_rotation_keeps_a_re_signed_version_usable_to_readers_and_writers() 
             .len(),
         1
     );
+    // The summary `list` and `status` are built from names the recorded key.
+    let summary = writer.pm.summary(&id("example.scan")).unwrap().unwrap();
+    assert_eq!(summary.versions[0].signatures_added, vec![new.key_id()]);
     // Installing it once more changes nothing.
     let again = writer
         .pm

@@ -218,6 +218,12 @@ pub struct VersionSummary {
     pub payload_digest: Sha256Digest,
     /// Why it is tainted, while it is.
     pub taint: Option<Taint>,
+    /// The keys whose signatures the store recorded for it after it was installed (a copy
+    /// re-signed during a key rotation was installed again), in the order recorded. The
+    /// signatures its installed `.gkmetadata` carries are not here: `list` and `status` read
+    /// the committed state only; [`PackageManager::metadata`](super::PackageManager::metadata)
+    /// answers every signature.
+    pub signatures_added: Vec<Sha256Digest>,
 }
 
 /// One package id with all its recorded versions.
