@@ -1180,3 +1180,29 @@ fn signature_rotation_keeps_a_re_signed_version_usable_to_readers_and_writers() 
         .collect();
     assert_eq!(order, ["example.scan"]);
 }
+
+/// The registration check child gets the signatures the store recorded beside a tree's as
+/// `KEY_ID:SIGNATURE` arguments: they read back exactly, and anything else is refused with the
+/// reason, never a panic.
+#[test]
+fn signature_arguments_of_the_check_child_round_trip_and_refuse_bad_input() {
+    use guild_host::registration::{parse_signature_arg, signature_arg};
+    let k = key();
+    let built = Workshop::new().build(&Spec::module("example.scan", "1.0.0"), &k);
+    let sig = &built.metadata.signatures()[0];
+    assert_eq!(sig.key_id, k.key_id());
+    assert_eq!(&parse_signature_arg(&signature_arg(sig)).unwrap(), sig);
+    let key_hex = sig.key_id.to_hex();
+    for bad in [
+        String::new(),
+        "no-colon".to_owned(),
+        format!("{key_hex}:"),
+        format!("{key_hex}:abc"),
+        format!("{key_hex}:ABCD"),
+        format!("{key_hex}:zz"),
+        "00:abcd".to_owned(),
+        format!("{key_hex}:é"),
+    ] {
+        assert!(parse_signature_arg(&bad).is_err(), "{bad:?}");
+    }
+}
