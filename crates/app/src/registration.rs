@@ -36,7 +36,7 @@ pub use guild_adapters_posix::supervise::ResultChannel;
 use guild_adapters_posix::supervise::{self, Event, Supervised};
 
 use guild_domain::ids::{PackageId, Sha256Digest};
-use guild_domain::manifest::{Manifest, Metadata};
+use guild_domain::manifest::{Manifest, Metadata, SignatureAlgorithm, SignatureEntry};
 use guild_domain::trust::{authenticate, TrustStore};
 use guild_domain::version::{PackedVersion, Version};
 use guild_ports::loader::{LoadRequest, LoadedPlugin, PluginLoader, ServiceTable};
@@ -162,13 +162,21 @@ pub struct CheckedLibrary {
 /// have payload digest `payload`) against `trust` (a trust file's bytes), checks the platform
 /// and every file against the signed manifest, and only then opens its library with the dlopen
 /// loader and checks what it registered. The plugin is shut down before this returns.
+///
+/// `signatures` are the ones the parent holds for the version beyond its tree's (those the
+/// registry recorded when a re-signed copy was installed during a key rotation): they join the
+/// tree's before authentication, so that a version whose old key is revoked checks as the
+/// parent authenticated it. They cover the same payload, so they can add a valid signature but
+/// never change what was signed.
 pub fn check_tree(
     dir: &Path,
     payload: &Sha256Digest,
     trust: &[u8],
+    signatures: &[SignatureEntry],
 ) -> Result<CheckedLibrary, HostError> {
     let trust = TrustStore::from_json(trust)?;
     let read = read_tree_metadata(dir)?;
+    let read = with_signatures(read, signatures, dir)?;
     let m = read.manifest();
     let (id, version) = (&m.package_id, &m.version);
     let package = format!("{id}@{version}");
@@ -224,6 +232,64 @@ pub fn check_tree(
     drop(plugin);
     drop(registry);
     Ok(checked)
+}
+
+/// `metadata` with those of `extra` whose keys it has no signature of appended.
+fn with_signatures(
+    metadata: Metadata,
+    extra: &[SignatureEntry],
+    dir: &Path,
+) -> Result<Metadata, HostError> {
+    let mut signatures = metadata.signatures().to_vec();
+    for s in extra {
+        if !signatures.iter().any(|t| t.key_id == s.key_id) {
+            signatures.push(s.clone());
+        }
+    }
+    if signatures.len() == metadata.signatures().len() {
+        return Ok(metadata);
+    }
+    metadata
+        .with_signatures(signatures)
+        .map_err(|errors| HostError::Manifest {
+            location: dir.join(guild_domain::path::RESERVED_METADATA_NAME),
+            errors,
+        })
+}
+
+/// The command-line form of a signature the check child is given beside its tree's:
+/// `KEY_ID:SIGNATURE`, both lowercase hex ([`parse_signature_arg`] reads it back).
+pub fn signature_arg(s: &SignatureEntry) -> String {
+    let hex: String = s.signature.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}:{hex}", s.key_id.to_hex())
+}
+
+/// Reads [`signature_arg`]'s form back (an `ecdsa-p256-sha256` signature, the one algorithm).
+pub fn parse_signature_arg(arg: &str) -> Result<SignatureEntry, String> {
+    let (key, sig) = arg
+        .split_once(':')
+        .ok_or_else(|| format!("{arg:?} is not KEY_ID:SIGNATURE"))?;
+    let key_id = Sha256Digest::parse_hex(key).map_err(|e| e.to_string())?;
+    let nibble = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    let bytes = sig.as_bytes();
+    let signature = (bytes.len() % 2 == 0 && !bytes.is_empty())
+        .then(|| {
+            bytes
+                .chunks(2)
+                .map(|p| Some((nibble(p[0])? << 4) | nibble(p[1])?))
+                .collect::<Option<Vec<u8>>>()
+        })
+        .flatten()
+        .ok_or_else(|| "the signature is not non-empty, even-length lowercase hex".to_owned())?;
+    Ok(SignatureEntry {
+        key_id,
+        algorithm: SignatureAlgorithm::EcdsaP256Sha256,
+        signature,
+    })
 }
 
 /// Reads and parses the `.gkmetadata` at the root of the tree `dir`.
@@ -305,14 +371,19 @@ impl ChildCheck {
         dir: &Path,
         metadata: &Metadata,
     ) -> Result<(), HostError> {
-        self.run(dir, &metadata.payload_digest())
+        self.run(dir, &metadata.payload_digest(), metadata.signatures())
             .map_err(|failure| HostError::LibraryCheck {
                 package: format!("{id}@{version}"),
                 failure,
             })
     }
 
-    fn run(&self, dir: &Path, payload: &Sha256Digest) -> Result<(), LibraryCheckFailure> {
+    fn run(
+        &self,
+        dir: &Path,
+        payload: &Sha256Digest,
+        signatures: &[SignatureEntry],
+    ) -> Result<(), LibraryCheckFailure> {
         let spawn_error = |e: std::io::Error| LibraryCheckFailure::Spawn {
             program: self.program.clone(),
             reason: e.to_string(),
@@ -323,6 +394,11 @@ impl ChildCheck {
             .arg(dir)
             .arg("--payload-sha256")
             .arg(payload.to_hex());
+        // Every signature the parent authenticated the version with; the child adds those its
+        // tree lacks (recorded in the registry during a key rotation).
+        for s in signatures {
+            command.arg("--signature").arg(signature_arg(s));
+        }
         if self.contain_descendants {
             supervise::adopt_orphans();
         }

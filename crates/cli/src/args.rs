@@ -403,6 +403,9 @@ pub enum Command {
         /// The payload digest its `.gkmetadata` must have.
         #[arg(long = "payload-sha256", value_name = "SHA256", value_parser = parse_digest)]
         payload: Sha256Digest,
+        /// A signature the parent holds beside the tree's (KEY_ID:SIGNATURE, hex); repeated.
+        #[arg(long = "signature", value_name = "KEY_ID:SIGNATURE", value_parser = guild_host::registration::parse_signature_arg)]
+        signatures: Vec<guild_domain::manifest::SignatureEntry>,
         /// The inherited descriptor of the result channel (its nonce, then the trust file, come
         /// on stdin).
         #[arg(long, value_name = "FD")]

@@ -435,6 +435,11 @@ fn auth_hint(e: &AuthError) -> Option<String> {
         AuthError::DigestRevoked { .. } => {
             Some("this exact package was revoked; install another version".into())
         }
+        AuthError::InvalidTrustedSignature { .. } => Some(
+            "the package was altered after signing or a signature was damaged; do not install \
+             it, ask the publisher for a fresh copy"
+                .into(),
+        ),
         AuthError::NoValidSignature {
             publisher,
             attempts,

@@ -239,8 +239,9 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
         Command::CheckLibrary {
             dir,
             payload,
+            signatures,
             results_fd,
-        } => store::check_library(dir, payload, *results_fd),
+        } => store::check_library(dir, payload, signatures, *results_fd),
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(*shell, &mut command, "guild", &mut std::io::stdout());

@@ -253,6 +253,10 @@ fn verify_report(
         .field("kind", manifest.kind.as_str())
         .field("publisher", auth.publisher.as_str())
         .field("key_id", auth.key_id.to_hex())
+        .field(
+            "signed_by",
+            auth.signed_by.iter().map(|k| k.to_hex()).collect::<Vec<_>>(),
+        )
         .field("payload_sha256", auth.payload_digest.to_hex())
         .field(
             "artifacts",
@@ -267,8 +271,17 @@ fn verify_report(
             json!({"installable": platform_problem.is_none(), "problem": platform_problem}),
         )
         .line(format!(
-            "verified {} {} ({}): signed by {} key {}",
-            manifest.package_id, manifest.version, manifest.kind, auth.publisher, auth.key_id
+            "verified {} {} ({}): signed by {} key{} {}",
+            manifest.package_id,
+            manifest.version,
+            manifest.kind,
+            auth.publisher,
+            plural(auth.signed_by.len()),
+            auth.signed_by
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
         ))
         .line(format!("payload sha256 {}", auth.payload_digest))
         .line(format!(

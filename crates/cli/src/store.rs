@@ -18,6 +18,7 @@ use anyhow::Context;
 
 use guild_domain::claims::ImplIdConflict;
 use guild_domain::ids::{PackageId, Sha256Digest};
+use guild_domain::manifest::SignatureEntry;
 use guild_domain::store_state::StoreStateError;
 use guild_domain::version::Version;
 use guild_host::crash_quarantine::{CrashLedger, QuarantineEntry};
@@ -110,11 +111,12 @@ pub(crate) fn library_check(pm: &PackageManager, timeout: Duration) -> anyhow::R
 pub fn check_library(
     dir: &Path,
     payload: &Sha256Digest,
+    signatures: &[SignatureEntry],
     results_fd: i32,
 ) -> anyhow::Result<Report> {
     let (channel, trust) = ResultChannel::inherited(results_fd, registration::MAX_TRUST_BYTES)
         .with_context(|| format!("cannot take the result channel (descriptor {results_fd})"))?;
-    let outcome = registration::check_tree(&PathBuf::from(dir), payload, &trust);
+    let outcome = registration::check_tree(&PathBuf::from(dir), payload, &trust, signatures);
     let (mut out, nonce) = channel.into_parts();
     // One write, so that the line is whole whatever else the library left writing to the pipe.
     out.write_all(registration::result_line(&outcome, &nonce).as_bytes())
@@ -178,6 +180,8 @@ pub fn install(
         .field("kind", done.kind.as_str())
         .field("publisher", done.publisher.as_str())
         .field("key_id", done.key_id.to_hex())
+        .field("signed_by", hex_list(&done.signed_by))
+        .field("signatures_added", hex_list(&done.signatures_added))
         .field("payload_sha256", done.payload_digest.to_hex())
         .field("changed", done.changed)
         .field("reactivated", done.reactivated)
@@ -211,6 +215,8 @@ pub fn install(
                 done.id, done.id
             ));
         }
+    } else if !done.signatures_added.is_empty() {
+        // The same payload, re-signed: only its signatures were recorded.
     } else if done.changed {
         report.line(format!(
             "installed {} {} ({}) signed by {} key {}; {state}",
@@ -229,7 +235,31 @@ pub fn install(
     } else {
         report.line(unchanged_line(&pm, &done.id, &done.version, state)?);
     }
+    if !done.signatures_added.is_empty() {
+        let keys: Vec<String> = done.signatures_added.iter().map(short).collect();
+        report.line(format!(
+            "recorded the signature{} of key{} {} on installed {} {} (payload unchanged); {state}",
+            plural(keys.len()),
+            plural(keys.len()),
+            keys.join(", "),
+            done.id,
+            done.version
+        ));
+    }
     Ok(report)
+}
+
+/// Key ids as JSON strings.
+fn hex_list(keys: &[Sha256Digest]) -> Vec<String> {
+    keys.iter().map(Sha256Digest::to_hex).collect()
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
 }
 
 /// What an install that changed nothing says: where the version stands, and for a superseded
@@ -623,8 +653,9 @@ fn package_status(
 }
 
 /// The key ids of the signatures on an installed version, read from the signed metadata in its
-/// tree (`.gkmetadata`), which was authenticated when the version was installed; `None` when
-/// the version is not installed or its metadata cannot be read or is not the recorded payload.
+/// tree (`.gkmetadata`), which was authenticated when the version was installed, followed by
+/// those the store recorded later (a copy re-signed during a key rotation); `None` when the
+/// version is not installed or its metadata cannot be read or is not the recorded payload.
 /// No signature is verified here (`verify --all` does that): this is what a lock records and
 /// what `guild sync` holds the version to.
 fn signing_keys(
@@ -641,13 +672,18 @@ fn signing_keys(
     if metadata.payload_digest() != v.payload_digest {
         return None;
     }
-    Some(
-        metadata
-            .signatures()
-            .iter()
-            .map(|s| s.key_id.to_hex())
-            .collect(),
-    )
+    let mut keys: Vec<String> = metadata
+        .signatures()
+        .iter()
+        .map(|s| s.key_id.to_hex())
+        .collect();
+    for added in &v.signatures_added {
+        let added = added.to_hex();
+        if !keys.contains(&added) {
+            keys.push(added);
+        }
+    }
+    Some(keys)
 }
 
 /// Adds `key_ids` (see [`signing_keys`]) to each version of a package's JSON.

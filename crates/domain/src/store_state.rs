@@ -51,6 +51,7 @@ use crate::chunk_map::ChunkMap;
 use crate::ids::{IdError, PackageId, PackageKind, PublisherId, Sha256Digest};
 use crate::json::{self, BorrowedValue, Integer, JsonError, JsonPath, PathSegment, Value};
 use crate::lifecycle::{transition, Event, IllegalTransition, State};
+use crate::manifest::{SignatureAlgorithm, SignatureEntry};
 use crate::trust::{is_store_id, TrustAnchor, TrustBinding};
 use crate::vec_map::VecMap;
 use crate::version::Version;
@@ -75,7 +76,9 @@ const VERSION_FIELDS: &[&str] = &[
     "payload_sha256",
     "quarantine",
     "trusted_under",
+    "signatures",
 ];
+const SIGNATURE_FIELDS: &[&str] = &["key_id", "algorithm", "signature"];
 const TAINT_FIELDS: &[&str] = &["reason", "file"];
 const TRUST_FIELDS: &[&str] = &[
     "store_id",
@@ -121,6 +124,13 @@ pub struct VersionRecord {
     /// the signatures again. `None` in stores written before it was recorded: checked at the
     /// next open, which records it.
     pub trusted_under: Option<Sha256Digest>,
+    /// Signatures over the same payload that arrived after the version was installed (the
+    /// publisher re-signed it with a new key, and the re-signed file was installed again), in
+    /// the order they were recorded. The installed `.gkmetadata` is never rewritten: the
+    /// version's signatures are those of that file followed by these, none by the same key
+    /// twice ([`StoreState::add_signatures`]). Empty in stores written before it was recorded,
+    /// and written only when non-empty, so that such records keep their bytes.
+    pub signatures: Vec<SignatureEntry>,
 }
 
 /// The facts about a version being published, as verification established them.
@@ -593,6 +603,39 @@ impl StoreState {
         }
     }
 
+    /// Records `signatures` (over the payload of installed version `id@version`, already
+    /// verified by the caller) beside the version's own ([`VersionRecord::signatures`]), leaving
+    /// out every one by a key in `known` (the key ids of the installed `.gkmetadata`'s
+    /// signatures) or recorded already. Answers how many were added (0 when the version is not
+    /// installed).
+    pub fn add_signatures(
+        &mut self,
+        id: &PackageId,
+        version: &Version,
+        known: &[Sha256Digest],
+        signatures: &[SignatureEntry],
+    ) -> usize {
+        let Some(r) = self
+            .packages
+            .get_mut(id)
+            .map(Arc::make_mut)
+            .and_then(|p| p.versions.get_mut(version))
+            .filter(|r| r.state.is_installed())
+        else {
+            return 0;
+        };
+        let mut added = 0;
+        for sig in signatures {
+            let seen =
+                known.contains(&sig.key_id) || r.signatures.iter().any(|s| s.key_id == sig.key_id);
+            if !seen {
+                r.signatures.push(sig.clone());
+                added += 1;
+            }
+        }
+        added
+    }
+
     /// Lifts the taint of `id@version`, once its files were replaced by a verified copy.
     /// Answers whether there was one.
     pub fn clear_taint(&mut self, id: &PackageId, version: &Version) -> bool {
@@ -777,6 +820,7 @@ impl StoreState {
                 state,
                 taint: None,
                 trusted_under: None,
+                signatures: Vec::new(),
             },
         );
         Ok(Published {
@@ -1300,6 +1344,23 @@ pub(crate) fn encode_package(id: &PackageId, p: &PackageRecord) -> Value {
             if let Some(t) = &r.trusted_under {
                 members.push(("trusted_under".to_owned(), Value::from(t.to_hex())));
             }
+            if !r.signatures.is_empty() {
+                let signatures = r
+                    .signatures
+                    .iter()
+                    .map(|s| {
+                        Value::Object(vec![
+                            ("key_id".to_owned(), Value::from(s.key_id.to_hex())),
+                            ("algorithm".to_owned(), Value::from(s.algorithm.as_str())),
+                            (
+                                "signature".to_owned(),
+                                Value::from(crate::hex::encode(&s.signature)),
+                            ),
+                        ])
+                    })
+                    .collect();
+                members.push(("signatures".to_owned(), Value::Array(signatures)));
+            }
             Value::Object(members)
         })
         .collect();
@@ -1392,6 +1453,10 @@ pub(crate) fn decode_package(
                 })
             })
             .transpose()?;
+        let signatures = match f.get("signatures") {
+            None => Vec::new(),
+            Some(_) => decode_signatures(f.array("signatures")?, vat.key("signatures"))?,
+        };
         let record = VersionRecord {
             payload_digest,
             kind,
@@ -1399,6 +1464,7 @@ pub(crate) fn decode_package(
             state,
             taint,
             trusted_under,
+            signatures,
         };
         if versions.insert(version.clone(), record).is_some() {
             return Err(field(
@@ -1470,6 +1536,46 @@ fn decode_revocations(
                 },
             ));
         }
+    }
+    Ok(out)
+}
+
+/// A version record's added signatures: each a `key_id`, an `algorithm` and a non-empty hex
+/// `signature`, no key twice.
+fn decode_signatures(
+    items: &[BorrowedValue<'_>],
+    at: At<'_>,
+) -> Result<Vec<SignatureEntry>, StoreStateDecodeError> {
+    let mut out: Vec<SignatureEntry> = Vec::with_capacity(items.len());
+    for (k, item) in items.iter().enumerate() {
+        let sat = at.index(k);
+        let f = Fields::of(item, sat, SIGNATURE_FIELDS)?;
+        let key_id = f.parsed("key_id", |s| {
+            Sha256Digest::parse_hex(s).map_err(|e| e.to_string())
+        })?;
+        let algorithm = f.parsed("algorithm", |s| {
+            SignatureAlgorithm::parse(s)
+                .ok_or_else(|| format!("unknown signature algorithm {:?}", clip(s)))
+        })?;
+        let signature = f.parsed("signature", |s| {
+            crate::hex::decode(s)
+                .filter(|b| !b.is_empty())
+                .ok_or_else(|| "expected non-empty lowercase hex".to_owned())
+        })?;
+        if out.iter().any(|s| s.key_id == key_id) {
+            return Err(field(
+                sat.path().key("key_id"),
+                FieldProblem::Duplicate {
+                    what: "signature key",
+                    value: key_id.to_hex(),
+                },
+            ));
+        }
+        out.push(SignatureEntry {
+            key_id,
+            algorithm,
+            signature,
+        });
     }
     Ok(out)
 }
@@ -2279,6 +2385,69 @@ mod tests {
             field_error(&bad).0,
             "$.packages[0].versions[0].trusted_under"
         );
+    }
+
+    #[test]
+    fn store_state_signatures_are_added_once_per_key_round_trip_and_refuse_damage() {
+        use crate::manifest::{SignatureAlgorithm, SignatureEntry};
+        let sig = |key: &[u8], byte: u8| SignatureEntry {
+            key_id: Sha256Digest::of(key),
+            algorithm: SignatureAlgorithm::EcdsaP256Sha256,
+            signature: vec![byte; 8],
+        };
+        // A file written before the field existed reads as "none recorded", and writes the
+        // same bytes back.
+        let text = doc("", "", "");
+        let old = decode(&text).unwrap();
+        let record = |r: &StoreState| r.record(&id("a"), &v("1.0.0")).unwrap().clone();
+        assert!(record(&old).signatures.is_empty());
+        assert!(!String::from_utf8(old.to_json())
+            .unwrap()
+            .contains("signatures"));
+        // Keys the installed file signed with, or recorded already, are left out.
+        let mut next = old.successor();
+        let known = [Sha256Digest::of(b"old")];
+        let offered = [sig(b"old", 1), sig(b"new", 2)];
+        assert_eq!(
+            next.add_signatures(&id("a"), &v("1.0.0"), &known, &offered),
+            1
+        );
+        assert_eq!(
+            next.add_signatures(&id("a"), &v("1.0.0"), &known, &[sig(b"new", 3)]),
+            0
+        );
+        assert_eq!(next.add_signatures(&id("a"), &v("9.9.9"), &[], &offered), 0);
+        assert_eq!(record(&next).signatures, vec![sig(b"new", 2)]);
+        let back = StoreState::from_json(&next.to_json()).unwrap();
+        assert_eq!(back, next);
+        // Damage is refused at its path.
+        let one = format!(
+            r#"{{"key_id": "{}", "algorithm": "ecdsa-p256-sha256", "signature": "0102"}}"#,
+            Sha256Digest::of(b"new").to_hex()
+        );
+        for (extra, path) in [
+            (
+                r#", "signatures": {}"#.to_owned(),
+                "$.packages[0].versions[0].signatures",
+            ),
+            (
+                format!(r#", "signatures": [{one}, {one}]"#),
+                "$.packages[0].versions[0].signatures[1].key_id",
+            ),
+            (
+                format!(r#", "signatures": [{}]"#, one.replace("0102", "")),
+                "$.packages[0].versions[0].signatures[0].signature",
+            ),
+            (
+                format!(
+                    r#", "signatures": [{}]"#,
+                    one.replace("ecdsa-p256-sha256", "rsa")
+                ),
+                "$.packages[0].versions[0].signatures[0].algorithm",
+            ),
+        ] {
+            assert_eq!(field_error(&doc(&extra, "", "")).0, path, "{extra}");
+        }
     }
 
     #[test]

@@ -657,8 +657,11 @@ pub trait SignatureCheck {
 pub struct Authenticated {
     /// The publisher the manifest names.
     pub publisher: PublisherId,
-    /// The trusted key whose signature verified.
+    /// The first trusted key, in file order, whose signature verified.
     pub key_id: Sha256Digest,
+    /// Every trusted, unrevoked key of the publisher whose signature verified, in file order
+    /// (`key_id` first). A package carries several while its publisher rotates keys.
+    pub signed_by: Vec<Sha256Digest>,
     /// SHA-256 of the canonical payload.
     pub payload_digest: Sha256Digest,
 }
@@ -723,6 +726,23 @@ pub enum AuthError {
         /// The publisher the manifest names.
         publisher: PublisherId,
     },
+    /// A signature names a trusted, unrevoked key of the publisher but does not verify, even
+    /// though another signature does. A package that carries a forged or damaged signature under
+    /// a key the operator trusts is refused whole: it was altered or mis-signed on the way.
+    #[error(
+        "the signature by trusted key {key_id} of publisher {publisher} does not verify \
+         ({reason}); a package with a bad signature under a trusted key is refused even though \
+         another signature verifies"
+    )]
+    InvalidTrustedSignature {
+        /// The publisher the manifest names.
+        publisher: PublisherId,
+        /// The trusted key the bad signature names (boxed to keep the error, which every
+        /// installation's result carries, small).
+        key_id: Box<Sha256Digest>,
+        /// What the verifier said.
+        reason: String,
+    },
     /// No signature verified under a trusted, unrevoked key of the publisher.
     #[error("no valid signature by a trusted key of publisher {publisher}:{}", list_attempts(.attempts))]
     NoValidSignature {
@@ -740,9 +760,17 @@ fn list_attempts(attempts: &[(Sha256Digest, SignatureOutcome)]) -> String {
         .collect()
 }
 
-/// Decides whether `metadata` is authenticated by `trust`: its payload digest is not revoked and
+/// Decides whether `metadata` is authenticated by `trust`: its payload digest is not revoked,
 /// at least one signature is a valid signature, over the canonical payload bytes as received, by
-/// an unrevoked key trusted for the publisher the manifest names.
+/// an unrevoked key trusted for the publisher the manifest names, and no signature that names
+/// such a key fails to verify.
+///
+/// A package may carry several signatures (a publisher rotating keys signs with the old and the
+/// new key). Their order does not matter. Signatures by keys that are unknown, revoked or
+/// trusted for another publisher are ignored when another signature authenticates the package:
+/// they are what a key rotation leaves behind. A signature that claims a trusted key of the
+/// publisher and does not verify refuses the package ([`AuthError::InvalidTrustedSignature`]),
+/// as TUF does: it can only come from damage or forgery.
 pub fn authenticate(
     metadata: &Metadata,
     trust: &TrustStore,
@@ -788,11 +816,10 @@ fn authenticate_among(
         });
     }
     let mut attempts = Vec::new();
-    let signatures = metadata
-        .signatures()
-        .iter()
-        .filter(|sig| only.is_none_or(|k| *k == sig.key_id));
-    for sig in signatures {
+    let mut signed_by = Vec::new();
+    // Every signature is checked, also when only one key counts: a bad signature under a
+    // trusted key refuses the package whichever key authenticates it.
+    for sig in metadata.signatures() {
         // One algorithm exists today; the match makes adding another a compile error here.
         match sig.algorithm {
             SignatureAlgorithm::EcdsaP256Sha256 => {}
@@ -804,11 +831,8 @@ fn authenticate_among(
         } else if let Some(key) = keys.and_then(|k| k.get(&sig.key_id)) {
             match check.verify(&key.spki_der, metadata.canonical_payload(), &sig.signature) {
                 Ok(()) => {
-                    return Ok(Authenticated {
-                        publisher: publisher.clone(),
-                        key_id: sig.key_id,
-                        payload_digest: digest,
-                    })
+                    signed_by.push(sig.key_id);
+                    continue;
                 }
                 Err(reason) => SignatureOutcome::Invalid { reason },
             }
@@ -821,8 +845,34 @@ fn authenticate_among(
         };
         attempts.push((sig.key_id, outcome));
     }
-    Err(AuthError::NoValidSignature {
+    let chosen = match only {
+        None => signed_by.first(),
+        Some(wanted) => signed_by.iter().find(|k| *k == wanted),
+    };
+    let Some(&key_id) = chosen else {
+        // By one key: what happened to that key's signatures, or that there is none.
+        if let Some(wanted) = only {
+            attempts.retain(|(k, _)| k == wanted);
+        }
+        return Err(AuthError::NoValidSignature {
+            publisher: publisher.clone(),
+            attempts,
+        });
+    };
+    if let Some((bad, SignatureOutcome::Invalid { reason })) = attempts
+        .iter()
+        .find(|(_, o)| matches!(o, SignatureOutcome::Invalid { .. }))
+    {
+        return Err(AuthError::InvalidTrustedSignature {
+            publisher: publisher.clone(),
+            key_id: Box::new(*bad),
+            reason: reason.clone(),
+        });
+    }
+    Ok(Authenticated {
         publisher: publisher.clone(),
-        attempts,
+        key_id,
+        signed_by,
+        payload_digest: digest,
     })
 }

@@ -1065,3 +1065,144 @@ fn signature_revoked_versions_cannot_come_back_through_enable_or_rollback() {
         .collect();
     assert_eq!(plan, ["example.core@2.0.0"]);
 }
+
+/// A key rotation as a runner that follows the store sees it: it reads the version while only
+/// the old key signed it; the operator installs the copy re-signed with the new key (which
+/// records the signature without touching the tree) and revokes the old key; the runner's
+/// refresh keeps the version usable, and so does the next open. A version only the old key
+/// signed becomes unusable to the runner and is disabled at the next open.
+#[test]
+fn signature_rotation_keeps_a_re_signed_version_usable_to_readers_and_writers() {
+    use guild_host::package_manager::PackageManager;
+    let shop = Workshop::new();
+    let dir = Scratch::new();
+    let root = dir.path().join("store");
+    let (old, new) = (key(), key());
+    let scan = shop.build(&Spec::module("example.scan", "1.0.0"), &old);
+    let lone = shop.build(&Spec::module("example.lone", "1.0.0"), &old);
+    let writer = open_host(&root, None).unwrap();
+    trust(&writer.pm, PUBLISHER, &old);
+    for built in [&scan, &lone] {
+        writer
+            .pm
+            .install(&built.archive, InstallOptions::default())
+            .unwrap();
+    }
+    let (reader, _) = PackageManager::open_dir_reader(&root).unwrap();
+    assert_eq!(reader.load_plan().unwrap().order.len(), 2);
+
+    let resigned = dir.path().join("scan-resigned.gkmodule");
+    let signed = guild_host::packaging::sign(&scan.archive, &new, &resigned).unwrap();
+    assert_eq!(signed.metadata.payload_digest(), scan.digest());
+    trust(&writer.pm, PUBLISHER, &new);
+    let generation = writer.pm.generation().unwrap();
+    let done = writer
+        .pm
+        .install(&resigned, InstallOptions::default())
+        .unwrap();
+    assert!(
+        done.changed && !done.repaired && !done.reactivated,
+        "{done:?}"
+    );
+    assert_eq!(done.signatures_added, vec![new.key_id()]);
+    assert_eq!(done.signed_by, vec![old.key_id(), new.key_id()]);
+    // One commit, and the installed tree's .gkmetadata keeps its bytes.
+    assert_eq!(writer.pm.generation().unwrap(), generation + 1);
+    let tree = writer.pm.planned(&id("example.scan"), &scan.version()).dir;
+    let on_disk = fs::read(tree.join(".gkmetadata")).unwrap();
+    assert_eq!(
+        guild_domain::manifest::Metadata::parse(&on_disk)
+            .unwrap()
+            .signatures()
+            .len(),
+        1
+    );
+    // The summary `list` and `status` are built from names the recorded key.
+    let summary = writer.pm.summary(&id("example.scan")).unwrap().unwrap();
+    assert_eq!(summary.versions[0].signatures_added, vec![new.key_id()]);
+    // Installing it once more changes nothing.
+    let again = writer
+        .pm
+        .install(&resigned, InstallOptions::default())
+        .unwrap();
+    assert!(
+        !again.changed && again.signatures_added.is_empty(),
+        "{again:?}"
+    );
+
+    let left = writer
+        .pm
+        .update_trust(|t| Ok(t.revoke_key(old.key_id(), "rotated")))
+        .unwrap();
+    assert!(left);
+    let refreshed = reader.refresh().unwrap();
+    assert!(refreshed.trust_changed);
+    let unusable: Vec<String> = refreshed
+        .unusable
+        .iter()
+        .map(|l| format!("{}@{}", l.id, l.version))
+        .collect();
+    assert_eq!(unusable, ["example.lone@1.0.0"]);
+    let order: Vec<String> = reader
+        .load_plan()
+        .unwrap()
+        .order
+        .iter()
+        .map(|p| p.id.to_string())
+        .collect();
+    assert_eq!(order, ["example.scan"]);
+    let signatures = reader
+        .metadata(&id("example.scan"), &scan.version())
+        .unwrap()
+        .signatures()
+        .iter()
+        .map(|s| s.key_id)
+        .collect::<Vec<_>>();
+    assert_eq!(signatures, [old.key_id(), new.key_id()]);
+
+    drop(reader);
+    drop(writer);
+    let host = open_host(&root, None).unwrap();
+    let disabled: Vec<String> = host
+        .report
+        .disabled
+        .iter()
+        .map(|l| format!("{}@{}", l.id, l.version))
+        .collect();
+    assert_eq!(disabled, ["example.lone@1.0.0"]);
+    let order: Vec<String> = host
+        .pm
+        .load_plan()
+        .unwrap()
+        .order
+        .iter()
+        .map(|p| p.id.to_string())
+        .collect();
+    assert_eq!(order, ["example.scan"]);
+}
+
+/// The registration check child gets the signatures the store recorded beside a tree's as
+/// `KEY_ID:SIGNATURE` arguments: they read back exactly, and anything else is refused with the
+/// reason, never a panic.
+#[test]
+fn signature_arguments_of_the_check_child_round_trip_and_refuse_bad_input() {
+    use guild_host::registration::{parse_signature_arg, signature_arg};
+    let k = key();
+    let built = Workshop::new().build(&Spec::module("example.scan", "1.0.0"), &k);
+    let sig = &built.metadata.signatures()[0];
+    assert_eq!(sig.key_id, k.key_id());
+    assert_eq!(&parse_signature_arg(&signature_arg(sig)).unwrap(), sig);
+    let key_hex = sig.key_id.to_hex();
+    for bad in [
+        String::new(),
+        "no-colon".to_owned(),
+        format!("{key_hex}:"),
+        format!("{key_hex}:abc"),
+        format!("{key_hex}:ABCD"),
+        format!("{key_hex}:zz"),
+        "00:abcd".to_owned(),
+        format!("{key_hex}:é"),
+    ] {
+        assert!(parse_signature_arg(&bad).is_err(), "{bad:?}");
+    }
+}

@@ -148,10 +148,11 @@ pub enum AuthorizeError {
 /// [`crate::trust::authenticate`] answered for `metadata` (under
 /// [`VerifiedPolicy::trust_store`] or [`VerifiedPolicy::trust_store_for`]). Answers the entry.
 ///
-/// `authenticate` answers the first valid signature by an unrevoked trusted key; when a package
-/// carries signatures by several keys of its publisher, authenticate it under
-/// [`VerifiedPolicy::trust_store_for`] (or call [`authenticate_desired`]) so that the key it
-/// answers is one the entry allows.
+/// `authenticate` answers every key whose signature verified ([`Authenticated::signed_by`]);
+/// the package is authorized when one of them is a key the entry allows, unrevoked and of its
+/// publisher (a package re-signed during a key rotation carries the old key's signature and the
+/// new one's). Authenticating it under [`VerifiedPolicy::trust_store_for`] (or calling
+/// [`authenticate_desired`]) keeps the other keys out of the decision altogether.
 pub fn authorize<'p>(
     policy: &'p VerifiedPolicy,
     metadata: &Metadata,
@@ -206,7 +207,19 @@ pub fn authorize<'p>(
             reason: reason.clone(),
         }));
     }
-    let key_id = authenticated.key_id;
+    let publisher = p.publishers.get(&entry.publisher);
+    // The first verified key that passes every key check below decides; when none does, the
+    // first verified key is the one the refusal names.
+    let key_id = authenticated
+        .signed_by
+        .iter()
+        .copied()
+        .find(|k| {
+            entry.key_ids.contains(k)
+                && !p.revoked_keys.contains_key(k)
+                && publisher.is_some_and(|pb| pb.keys.iter().any(|pk| pk.key_id == *k))
+        })
+        .unwrap_or(authenticated.key_id);
     if !entry.key_ids.contains(&key_id) {
         return Err(Box::new(AuthorizeError::KeyNotAllowed {
             package,
@@ -223,7 +236,6 @@ pub fn authorize<'p>(
             reason: reason.clone(),
         }));
     }
-    let publisher = p.publishers.get(&entry.publisher);
     if !publisher.is_some_and(|pb| pb.keys.iter().any(|k| k.key_id == key_id)) {
         return Err(Box::new(AuthorizeError::KeyNotOfPublisher {
             package,

@@ -645,8 +645,19 @@ fn a_key_the_entry_does_not_allow_does_not_authorize() {
     let policy = verified(&body);
     let auth = authenticate(&m, &policy.trust_store(), &FakeCheck).unwrap();
     assert_eq!(auth.key_id, old.key_id);
+    // Every verified key counts: the new key's signature is one the entry allows.
+    assert_eq!(auth.signed_by, vec![old.key_id, new.key_id]);
+    assert_eq!(
+        authorize(&policy, &m, &auth).unwrap().version,
+        m.manifest().version
+    );
+    // Signed by a key the entry does not allow, and by nothing else: refused.
+    let old_signed = package("1.0.0", &[&old]);
+    let old_auth = authenticate(&old_signed, &policy.trust_store(), &FakeCheck).unwrap();
+    let mut body_old = body.clone();
+    body_old.packages = vec![desired(&old_signed, &[&new])];
     assert!(matches!(
-        *authorize(&policy, &m, &auth).unwrap_err(),
+        *authorize(&verified(&body_old), &old_signed, &old_auth).unwrap_err(),
         AuthorizeError::KeyNotAllowed { .. }
     ));
     // Authenticating under the entry's keys finds the allowed signature.

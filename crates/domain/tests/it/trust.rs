@@ -102,10 +102,23 @@ fn a_valid_signature_by_a_trusted_key_authenticates_over_the_canonical_bytes() {
 fn a_later_valid_signature_is_enough() {
     let mut t = trust_a();
     t.add_key(publisher("org.example"), KEY_B.to_vec()).unwrap();
-    let m = metadata(&[(KEY_A, false), (KEY_B, true)]);
+    // The earlier signature is by a key nobody trusts: ignored.
+    let m = metadata(&[(b"unknown", true), (KEY_B, true)]);
+    let auth = authenticate(&m, &t, &FakeCheck::default()).unwrap();
+    assert_eq!(auth.key_id, Sha256Digest::of(KEY_B));
+    assert_eq!(auth.signed_by, vec![Sha256Digest::of(KEY_B)]);
+}
+
+#[test]
+fn multi_signature_every_verified_key_is_answered_in_file_order() {
+    let mut t = trust_a();
+    t.add_key(publisher("org.example"), KEY_B.to_vec()).unwrap();
+    let m = metadata(&[(KEY_B, true), (KEY_A, true)]);
+    let auth = authenticate(&m, &t, &FakeCheck::default()).unwrap();
+    assert_eq!(auth.key_id, Sha256Digest::of(KEY_B));
     assert_eq!(
-        authenticate(&m, &t, &FakeCheck::default()).unwrap().key_id,
-        Sha256Digest::of(KEY_B)
+        auth.signed_by,
+        vec![Sha256Digest::of(KEY_B), Sha256Digest::of(KEY_A)]
     );
 }
 
@@ -136,6 +149,121 @@ fn authenticating_by_one_key_counts_only_that_keys_signature() {
         authenticate_by_key(&both, &t, &check, &a).unwrap().key_id,
         a
     );
+}
+
+#[test]
+fn multi_signature_rotation_keeps_a_package_signed_by_old_and_new_key() {
+    // The rotation: the old key A signed first, the new key B added its signature; the
+    // operator trusts B, then revokes A.
+    let old_and_new = metadata(&[(KEY_A, true), (KEY_B, true)]);
+    let only_old = metadata(&[(KEY_A, true)]);
+    let mut t = trust_a();
+    t.add_key(publisher("org.example"), KEY_B.to_vec()).unwrap();
+    assert!(t.revoke_key(Sha256Digest::of(KEY_A), "rotated"));
+    let auth = authenticate(&old_and_new, &t, &FakeCheck::default()).unwrap();
+    assert_eq!(auth.signed_by, vec![Sha256Digest::of(KEY_B)]);
+    assert_eq!(
+        authenticate(&only_old, &t, &FakeCheck::default()),
+        Err(AuthError::NoValidSignature {
+            publisher: publisher("org.example"),
+            attempts: vec![(
+                Sha256Digest::of(KEY_A),
+                SignatureOutcome::KeyRevoked {
+                    reason: "rotated".into()
+                }
+            )],
+        })
+    );
+    // Before the new key is trusted, its signature is one by an unknown key: ignored.
+    let auth = authenticate(&old_and_new, &trust_a(), &FakeCheck::default()).unwrap();
+    assert_eq!(auth.signed_by, vec![Sha256Digest::of(KEY_A)]);
+}
+
+#[test]
+fn multi_signature_a_bad_signature_under_a_trusted_key_refuses_the_package() {
+    let mut t = trust_a();
+    t.add_key(publisher("org.example"), KEY_B.to_vec()).unwrap();
+    for m in [
+        metadata(&[(KEY_A, false), (KEY_B, true)]),
+        metadata(&[(KEY_B, true), (KEY_A, false)]),
+    ] {
+        assert_eq!(
+            authenticate(&m, &t, &FakeCheck::default()),
+            Err(AuthError::InvalidTrustedSignature {
+                publisher: publisher("org.example"),
+                key_id: Box::new(Sha256Digest::of(KEY_A)),
+                reason: "signature mismatch".into(),
+            })
+        );
+    }
+    // A bad signature by a key that is unknown, revoked or another publisher's is ignored.
+    let mut other = t.clone();
+    other
+        .add_key(publisher("org.other"), b"spki-of-key-c".to_vec())
+        .unwrap();
+    assert!(other.revoke_key(Sha256Digest::of(KEY_A), "rotated"));
+    let m = metadata(&[
+        (KEY_A, false),
+        (b"unknown", false),
+        (b"spki-of-key-c", false),
+        (KEY_B, true),
+    ]);
+    let auth = authenticate(&m, &other, &FakeCheck::default()).unwrap();
+    assert_eq!(auth.signed_by, vec![Sha256Digest::of(KEY_B)]);
+}
+
+/// The signers a property case draws from: two keys of the publisher (A and B), one of another
+/// publisher, one nobody trusts.
+const SIGNERS: [&[u8]; 4] = [KEY_A, KEY_B, b"spki-of-key-c", b"unknown"];
+
+proptest::proptest! {
+    /// Over any set of signers in any order, each signature valid or not, with A or B revoked
+    /// or not: the package is authenticated exactly when some trusted, unrevoked key of the
+    /// publisher signed validly and none signed invalidly, and the answer names exactly the
+    /// valid ones in file order.
+    #[test]
+    fn multi_signature_decision_holds_in_any_order(
+        order in proptest::strategy::Strategy::prop_shuffle(
+            proptest::sample::subsequence(vec![0usize, 1, 2, 3], 0..=4)
+        ),
+        valid in proptest::collection::vec(proptest::bool::ANY, 4),
+        revoked in proptest::collection::vec(proptest::bool::ANY, 2),
+    ) {
+        use proptest::{prop_assert, prop_assert_eq};
+        let mut t = trust_a();
+        t.add_key(publisher("org.example"), KEY_B.to_vec()).unwrap();
+        t.add_key(publisher("org.other"), SIGNERS[2].to_vec()).unwrap();
+        for (k, r) in [KEY_A, KEY_B].iter().zip(&revoked) {
+            if *r {
+                t.revoke_key(Sha256Digest::of(k), "test");
+            }
+        }
+        let signers: Vec<(&[u8], bool)> = order.iter().map(|&i| (SIGNERS[i], valid[i])).collect();
+        let m = metadata(&signers);
+        let counts = |i: usize| i < 2 && !revoked[i];
+        let good: Vec<Sha256Digest> = order
+            .iter()
+            .filter(|&&i| counts(i) && valid[i])
+            .map(|&i| Sha256Digest::of(SIGNERS[i]))
+            .collect();
+        let bad = order.iter().any(|&i| counts(i) && !valid[i]);
+        match authenticate(&m, &t, &FakeCheck::default()) {
+            Ok(auth) => {
+                prop_assert!(!bad);
+                prop_assert_eq!(auth.key_id, good[0]);
+                prop_assert_eq!(auth.signed_by, good);
+            }
+            Err(AuthError::InvalidTrustedSignature { .. }) => {
+                prop_assert!(bad && !good.is_empty());
+            }
+            Err(AuthError::NoValidSignature { attempts, .. }) => {
+                prop_assert!(good.is_empty());
+                prop_assert_eq!(attempts.len(), order.len());
+            }
+            Err(AuthError::NoSignatures) => prop_assert!(order.is_empty()),
+            Err(other) => prop_assert!(false, "unexpected {other:?}"),
+        }
+    }
 }
 
 #[test]

@@ -147,6 +147,8 @@ impl PackageManager {
             payload_digest: auth.payload_digest,
             publisher: auth.publisher,
             key_id: auth.key_id,
+            signed_by: auth.signed_by,
+            signatures_added: Vec::new(),
             changed: false,
             enabled: false,
             superseded: None,
@@ -254,15 +256,16 @@ impl PackageManager {
     }
 
     /// The second half of [`PackageManager::install`] when the offered version is installed
-    /// and its installed copy is sound: the offered file is still checked in full, then nothing
-    /// changes (it is the current version already) or the version is made current again
-    /// ([`PackageManager::reactivate`]).
+    /// and its installed copy is sound: the offered file is still checked in full, then the
+    /// offered file's verified signatures that the store lacks are recorded (a copy re-signed
+    /// during a key rotation), and otherwise nothing changes (it is the current version already)
+    /// or the version is made current again ([`PackageManager::reactivate`]), in one commit.
     fn install_again(
         &self,
         life: &mut Lifecycle,
         registry: &StoreState,
         draft: Draft,
-        installed: Installed,
+        mut installed: Installed,
         offered: Offered,
         hook: &mut dyn LifecycleHook,
     ) -> Result<Installed, HostError> {
@@ -277,13 +280,54 @@ impl PackageManager {
         let watch = self.watch(&mut *opened, &package, metadata.manifest());
         opened.verify_in_place(metadata.manifest())?;
         drop(watch);
-        if draft.published.kind == PublishKind::IdenticalNoOp {
-            return Ok(installed);
-        }
         let Draft {
-            next, published, ..
+            mut next,
+            published,
+            ..
         } = draft;
-        self.reactivate(life, registry, next, installed, published, hook)
+        let (id, version) = (installed.id.clone(), installed.version.clone());
+        let stored = self.loaded_metadata(life, &id, &version)?;
+        let added = add_verified_signatures(&mut next, &stored, &metadata, &installed.signed_by);
+        let merged = if added.is_empty() {
+            Arc::clone(&stored)
+        } else {
+            let merged =
+                with_recorded_signatures(&stored, &metadata, &added).map_err(|problem| {
+                    HostError::InstalledTree {
+                        package: format!("{id}@{version}"),
+                        path: self.store.package_dir(&id, &version),
+                        problem,
+                    }
+                })?;
+            Arc::new(merged)
+        };
+        let key = (id, version);
+        if published.kind == PublishKind::IdenticalNoOp {
+            if added.is_empty() {
+                return Ok(installed);
+            }
+            // Only the registry changes: no file of the version, nothing loaded, so no lease
+            // or hook has a part in it, and a runner serving the version goes on serving it.
+            self.store
+                .commit(Transaction::new(registry.generation(), next))?;
+            life.metadata.insert(key, merged);
+        } else {
+            // The reactivation re-authenticates the version with every signature it will
+            // have; a refusal puts back what the store holds.
+            life.metadata.insert(key.clone(), merged);
+            match self.reactivate(life, registry, next, installed, published, hook) {
+                Ok(done) => installed = done,
+                Err(e) => {
+                    life.metadata.insert(key, stored);
+                    return Err(e);
+                }
+            }
+        }
+        if !added.is_empty() {
+            installed.changed = true;
+            installed.signatures_added = added;
+        }
+        Ok(installed)
     }
 
     /// Steps 2 to 4 of an installation of a version not installed before: the graph with it in
@@ -510,6 +554,52 @@ struct Draft {
     tainted: bool,
 }
 
+/// Records in `next` the signatures of `offered` (a copy of the installed version whose signed
+/// metadata is `stored`, with the same payload) that are by keys in `verified` (those whose
+/// signatures `authenticate` just verified) and that `stored` lacks. Signatures by keys the
+/// store does not trust (yet) are not recorded: nothing vouches for them, and a bad one would
+/// refuse the version the day its key is trusted. Answers the keys added.
+fn add_verified_signatures(
+    next: &mut StoreState,
+    stored: &Metadata,
+    offered: &Metadata,
+    verified: &[guild_domain::ids::Sha256Digest],
+) -> Vec<guild_domain::ids::Sha256Digest> {
+    let m = offered.manifest();
+    let known: Vec<_> = stored.signatures().iter().map(|s| s.key_id).collect();
+    let new: Vec<_> = offered
+        .signatures()
+        .iter()
+        .filter(|s| verified.contains(&s.key_id) && !known.contains(&s.key_id))
+        .cloned()
+        .collect();
+    if next.add_signatures(&m.package_id, &m.version, &known, &new) != new.len() {
+        // The version is not installed in the draft: nothing was recorded.
+        return Vec::new();
+    }
+    new.iter().map(|s| s.key_id).collect()
+}
+
+/// `stored` with the signatures of `offered` by the keys `added` appended.
+fn with_recorded_signatures(
+    stored: &Metadata,
+    offered: &Metadata,
+    added: &[guild_domain::ids::Sha256Digest],
+) -> Result<Metadata, String> {
+    let mut signatures = stored.signatures().to_vec();
+    signatures.extend(
+        offered
+            .signatures()
+            .iter()
+            .filter(|s| added.contains(&s.key_id))
+            .cloned(),
+    );
+    stored
+        .clone()
+        .with_signatures(signatures)
+        .map_err(|e| format!("its signatures cannot be combined: {e}"))
+}
+
 /// What an installation of the authenticated package `metadata` describes answers while it has
 /// changed nothing: the version enabled or not as `registry` records it.
 pub(super) fn installed_as_found(
@@ -526,6 +616,8 @@ pub(super) fn installed_as_found(
         payload_digest: auth.payload_digest,
         publisher: auth.publisher.clone(),
         key_id: auth.key_id,
+        signed_by: auth.signed_by.clone(),
+        signatures_added: Vec::new(),
         changed: false,
         enabled: registry.package(id).and_then(|p| p.enabled()) == Some(version),
         superseded: None,

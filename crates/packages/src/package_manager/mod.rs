@@ -391,6 +391,7 @@ fn summary(id: &PackageId, record: &PackageRecord, leases: &LeaseLedger) -> Opti
                 state: r.state,
                 payload_digest: r.payload_digest,
                 taint: r.taint.clone(),
+                signatures_added: r.signatures.iter().map(|s| s.key_id).collect(),
             })
             .collect(),
         enabled: record.enabled().cloned(),

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::manifest::Metadata;
 use guild_domain::path::RESERVED_METADATA_NAME;
-use guild_domain::store_state::StoreState;
+use guild_domain::store_state::{StoreState, VersionRecord};
 use guild_domain::version::Version;
 use guild_ports::signature::SignatureVerifier;
 use guild_ports::source::PackageSource;
@@ -195,7 +195,9 @@ impl PackageManager {
         let mut damaged = Vec::new();
         for (id, version, record) in registry.installed() {
             let dir = self.store.package_dir(id, version);
-            let metadata = match read_installed_metadata(&dir, id, version) {
+            let metadata = match read_installed_metadata(&dir, id, version)
+                .and_then(|m| with_record_signatures(m, record, &dir, id, version))
+            {
                 Ok(m) => m,
                 Err(e) => {
                     damaged.push((id.clone(), version.clone(), e.to_string()));
@@ -320,6 +322,37 @@ impl PackageManager {
             committed_only,
         )
     }
+}
+
+/// The signed metadata of installed version `id@version`: its tree's `.gkmetadata` (`metadata`)
+/// with the signatures the registry recorded for it since ([`VersionRecord::signatures`])
+/// appended, leaving out any by a key the file's signatures name already. Answers `metadata`
+/// unchanged when there are none to add.
+pub(super) fn with_record_signatures(
+    metadata: Metadata,
+    record: &VersionRecord,
+    dir: &Path,
+    id: &PackageId,
+    version: &Version,
+) -> Result<Metadata, HostError> {
+    let missing: Vec<_> = record
+        .signatures
+        .iter()
+        .filter(|r| !metadata.signatures().iter().any(|s| s.key_id == r.key_id))
+        .cloned()
+        .collect();
+    if missing.is_empty() {
+        return Ok(metadata);
+    }
+    let mut signatures = metadata.signatures().to_vec();
+    signatures.extend(missing);
+    metadata
+        .with_signatures(signatures)
+        .map_err(|e| HostError::InstalledTree {
+            package: format!("{id}@{version}"),
+            path: dir.join(RESERVED_METADATA_NAME),
+            problem: format!("the signatures the registry records for it do not fit: {e}"),
+        })
 }
 
 /// Reads and parses the `.gkmetadata` an installed tree keeps.

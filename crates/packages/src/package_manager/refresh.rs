@@ -10,7 +10,7 @@ use guild_domain::version::Version;
 #[cfg(doc)]
 use guild_ports::store::PackageStore;
 
-use super::open::read_installed_metadata;
+use super::open::{read_installed_metadata, with_record_signatures};
 use super::verify::{Checked, Scope};
 use super::{LeftOut, Lifecycle, LoadOrder, PackageManager, PlannedPackage, Refreshed};
 use crate::error::HostError;
@@ -27,11 +27,31 @@ impl PackageManager {
         let mut damaged = Vec::new();
         for (id, version, record) in registry.installed() {
             let key = (id.clone(), version.clone());
-            if life.metadata.contains_key(&key) {
+            let dir = self.store.package_dir(id, version);
+            if let Some(known) = life.metadata.get(&key) {
+                // Signatures recorded since this handle read the version (a re-signed copy was
+                // installed during a key rotation) join the ones it holds; the file is not
+                // read again.
+                let signed = |k| known.signatures().iter().any(|s| s.key_id == k);
+                if record.signatures.iter().all(|s| signed(s.key_id)) {
+                    continue;
+                }
+                let m = with_record_signatures((**known).clone(), record, &dir, id, version);
+                match m {
+                    Ok(m) => {
+                        life.metadata.insert(key, Arc::new(m));
+                    }
+                    Err(e) => damaged.push(LeftOut {
+                        id: id.clone(),
+                        version: version.clone(),
+                        reason: format!("its installed tree is damaged ({e})"),
+                    }),
+                }
                 continue;
             }
-            let dir = self.store.package_dir(id, version);
-            match read_installed_metadata(&dir, id, version) {
+            match read_installed_metadata(&dir, id, version)
+                .and_then(|m| with_record_signatures(m, record, &dir, id, version))
+            {
                 Ok(m) if m.payload_digest() == record.payload_digest => {
                     life.metadata.insert(key, Arc::new(m));
                 }

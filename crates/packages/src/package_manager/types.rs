@@ -44,9 +44,16 @@ pub struct Installed {
     pub payload_digest: Sha256Digest,
     /// The publisher whose trusted key authenticated it.
     pub publisher: PublisherId,
-    /// The id of the key whose signature verified.
+    /// The id of the key whose signature verified (the first, in file order).
     pub key_id: Sha256Digest,
-    /// False when this exact payload was already installed and nothing changed.
+    /// Every trusted key whose signature verified, in file order (`key_id` first).
+    pub signed_by: Vec<Sha256Digest>,
+    /// The keys whose signatures this installation recorded on a version that was installed
+    /// already with the same payload (a copy re-signed during a key rotation): from now on the
+    /// store authenticates the version by them too. Empty otherwise.
+    pub signatures_added: Vec<Sha256Digest>,
+    /// False when this exact payload was already installed and nothing changed (not even a
+    /// signature recorded).
     pub changed: bool,
     /// Whether this version is now the enabled one.
     pub enabled: bool,
@@ -211,6 +218,12 @@ pub struct VersionSummary {
     pub payload_digest: Sha256Digest,
     /// Why it is tainted, while it is.
     pub taint: Option<Taint>,
+    /// The keys whose signatures the store recorded for it after it was installed (a copy
+    /// re-signed during a key rotation was installed again), in the order recorded. The
+    /// signatures its installed `.gkmetadata` carries are not here: `list` and `status` read
+    /// the committed state only; [`PackageManager::metadata`](super::PackageManager::metadata)
+    /// answers every signature.
+    pub signatures_added: Vec<Sha256Digest>,
 }
 
 /// One package id with all its recorded versions.

@@ -408,7 +408,7 @@ pub(super) struct Checked {
 fn is_tampered(e: &guild_domain::trust::AuthError) -> bool {
     use guild_domain::trust::{AuthError, SignatureOutcome};
     match e {
-        AuthError::NoSignatures => true,
+        AuthError::NoSignatures | AuthError::InvalidTrustedSignature { .. } => true,
         AuthError::NoValidSignature { attempts, .. } => attempts
             .iter()
             .any(|(_, o)| matches!(o, SignatureOutcome::Invalid { .. })),
