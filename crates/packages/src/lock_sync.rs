@@ -43,7 +43,7 @@ use guild_domain::version::Version;
 
 use guild_domain::store_state::StoreState;
 
-use crate::package_manager::LifecycleHook;
+use crate::package_manager::{FleetChange, LifecycleHook};
 use crate::{HostError, PackageManager, PlanError, PlanStep, StepDone};
 use guild_adapters_fs::durable_file;
 
@@ -365,12 +365,22 @@ pub fn stage(
     locked: &LockedPackage,
     file: PathBuf,
 ) -> Result<StagedPackage, SyncError> {
-    let package = format!("{} {}", locked.id, locked.version);
     let checked = pm.check_package(&file).map_err(|source| SyncError::Check {
-        package: package.clone(),
+        package: format!("{} {}", locked.id, locked.version),
         file: file.clone(),
         source: Box::new(source),
     })?;
+    staged(locked, file, &checked)
+}
+
+/// The staged `file`, which passed its check as `checked`, if it is the package `locked` pins
+/// (its id, version and payload).
+pub(crate) fn staged(
+    locked: &LockedPackage,
+    file: PathBuf,
+    checked: &crate::Installed,
+) -> Result<StagedPackage, SyncError> {
+    let package = format!("{} {}", locked.id, locked.version);
     if checked.id != locked.id
         || checked.version != locked.version
         || checked.payload_digest != locked.payload_sha256
@@ -418,6 +428,18 @@ pub fn apply(
     staged: &[StagedPackage],
     hook: &mut dyn LifecycleHook,
 ) -> Result<Vec<SyncChange>, SyncError> {
+    apply_with(pm, lock, staged, hook, None)
+}
+
+/// [`apply`], committing `fleet` (a fleet policy's trust and record) in the same transaction
+/// when given ([`PackageManager::apply_fleet_plan`]).
+pub(crate) fn apply_with(
+    pm: &PackageManager,
+    lock: &LockFile,
+    staged: &[StagedPackage],
+    hook: &mut dyn LifecycleHook,
+    fleet: Option<FleetChange>,
+) -> Result<Vec<SyncChange>, SyncError> {
     let steps = plan(pm, lock)?;
     let files: BTreeMap<&PackageId, &StagedPackage> =
         staged.iter().map(|s| (&s.locked.id, s)).collect();
@@ -440,20 +462,22 @@ pub fn apply(
         differs if differs.is_empty() => Ok(()),
         differs => Err(differs.join(", ")),
     };
-    let done = pm
-        .apply_plan(&changes, &accept, hook)
-        .map_err(|e| match e {
-            PlanError::Step {
-                step,
-                package,
-                source,
-            } => SyncError::Step {
-                step,
-                package,
-                source,
-            },
-            PlanError::NotAccepted { reason } => SyncError::Differs { packages: reason },
-        })?;
+    let done = match fleet {
+        None => pm.apply_plan(&changes, &accept, hook),
+        Some(fleet) => pm.apply_fleet_plan(&changes, &accept, hook, fleet),
+    };
+    let done = done.map_err(|e| match e {
+        PlanError::Step {
+            step,
+            package,
+            source,
+        } => SyncError::Step {
+            step,
+            package,
+            source,
+        },
+        PlanError::NotAccepted { reason } => SyncError::Differs { packages: reason },
+    })?;
     Ok(done
         .into_iter()
         .map(|d| match d {
