@@ -95,9 +95,14 @@ pub(crate) fn check_timeout() -> anyhow::Result<Duration> {
 /// The registration check for changes that make a version loadable: this very `guild` binary,
 /// run as a child with the hidden check subcommand and the store's trust file on its stdin.
 pub(crate) fn library_check(pm: &PackageManager, timeout: Duration) -> anyhow::Result<ChildCheck> {
+    library_check_under(pm.trust()?.to_json().into_bytes(), timeout)
+}
+
+/// The registration check run under `trust` (a trust file's bytes): a fleet policy's, for the
+/// packages that the policy brings in the same transaction as its trust.
+pub(crate) fn library_check_under(trust: Vec<u8>, timeout: Duration) -> anyhow::Result<ChildCheck> {
     let program = std::env::current_exe()
         .context("cannot find the guild executable to run the registration check")?;
-    let trust = pm.trust()?.to_json().into_bytes();
     // Every child `guild` starts is a check child, so it may end whatever they leave behind.
     Ok(ChildCheck::new(program, trust)
         .with_timeout(timeout)
