@@ -753,3 +753,71 @@ fn fleet_sync_follow_polls_applies_once_then_reports_unchanged() {
         .expect(0)
         .stderr_has("nowhere.json");
 }
+
+#[test]
+fn fleet_a_store_joins_and_follows_a_policy_through_a_registry() {
+    let Some((registry, bench)) =
+        start("fleet_a_store_joins_and_follows_a_policy_through_a_registry")
+    else {
+        return;
+    };
+    signed_root(&bench);
+    let (_origin, lock) = locked_store(&bench, &registry);
+    policy(
+        &bench,
+        "1",
+        "30d",
+        lock.to_str().unwrap(),
+        "policy.json",
+        &["b.key", "c.key"],
+    );
+    let store = bench.path().join("member");
+    let root_tag = registry.reference("fleet/root:prod");
+    let policy_tag = registry.reference("fleet/policy:prod");
+    ok(run(
+        &bench,
+        &store,
+        None,
+        &["fleet", "push", "root.json", &root_tag],
+    ));
+    ok(run(
+        &bench,
+        &store,
+        None,
+        &["fleet", "push", "policy.json", &policy_tag],
+    ));
+
+    ok(run(&bench, &store, None, &["fleet", "join", &root_tag]))
+        .stdout_has("joined fleet example.prod");
+    let applied = ok(run(
+        &bench,
+        &store,
+        None,
+        &["--json", "fleet", "sync", "--policy", &policy_tag],
+    ))
+    .json();
+    assert_eq!(applied["outcome"], "applied");
+    assert_eq!(applied["changes"].as_array().unwrap().len(), 2);
+    ok(run(
+        &bench,
+        &store,
+        None,
+        &["fleet", "sync", "--policy", &policy_tag],
+    ))
+    .stdout_has("unchanged");
+
+    // With the registry unreachable the store keeps its state and says why.
+    let before = guild_test_support::disk(&store);
+    drop(registry);
+    fails(
+        run(
+            &bench,
+            &store,
+            None,
+            &["fleet", "sync", "--policy", &policy_tag],
+        ),
+        1,
+        "cannot fetch the fleet policy",
+    );
+    assert_eq!(guild_test_support::disk(&store), before);
+}
