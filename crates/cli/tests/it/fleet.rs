@@ -700,6 +700,12 @@ fn fleet_an_expired_policy_keeps_the_last_state_until_an_operator_overrides_it_l
     let json = bench.run(&["--json", "fleet", "sync", "--policy", &m, "--allow-expired"]);
     json.expect(0);
     assert_eq!(json.json()["expiry_overridden"], true);
+    // The store says, at every status, that it runs on an expired policy.
+    bench
+        .run(&["status"])
+        .expect(0)
+        .stdout_has("fleet: example.prod (root version 1), policy version 1")
+        .stderr_has("the fleet policy version 1 expired at");
 }
 
 #[test]
