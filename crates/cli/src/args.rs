@@ -157,7 +157,7 @@ pub enum Command {
     #[command(subcommand)]
     Trust(TrustCommand),
 
-    /// Write, sign, verify, push and pull a fleet's root and policy (touches no store).
+    /// Fleet roots and policies: write, sign, verify, push, pull; join a fleet and follow it.
     #[command(subcommand)]
     Fleet(FleetCommand),
 
