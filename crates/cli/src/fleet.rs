@@ -631,7 +631,7 @@ pub fn run_on_store(
             if *follow {
                 follow_policy(store, &sync, out, progress, *interval, *rounds)
             } else {
-                sync_policy(store, &sync, progress.as_ref())
+                sync_policy(store, &sync, progress.as_ref(), &mut None)
             }
         }
         _ => run(command),
@@ -706,6 +706,40 @@ fn fetch_document<T: FleetDocument>(reference: &Ref, name: &str) -> anyhow::Resu
             parse_as(&pulled.bytes, &r.to_string())
         }
     }
+}
+
+/// The policy document a `--follow` poll last pulled from a registry, by the digest of the
+/// manifest it came under: while the tag still resolves to that manifest, a poll costs one
+/// manifest request and reads the document from here.
+struct Pulled {
+    manifest: Sha256Digest,
+    bytes: Vec<u8>,
+}
+
+/// The policy at `reference`; for a registry, through `cache` (see [`Pulled`]).
+fn fetch_policy(reference: &Ref, cache: &mut Option<Pulled>) -> anyhow::Result<SignedPolicy> {
+    let Ref::Oci(r) = reference else {
+        return fetch_document(reference, "policy.json");
+    };
+    let accepted = [POLICY_MEDIA_TYPE];
+    let failed = |e| {
+        registry_failure(e).context(format!(
+            "cannot fetch the fleet policy from {r}; the store keeps its last state"
+        ))
+    };
+    let registry = OciRegistry::from_environment();
+    if let Some(c) = cache.as_ref() {
+        if registry.resolve_document(r, &accepted).map_err(failed)? == c.manifest {
+            return parse_as(&c.bytes, &r.to_string());
+        }
+    }
+    let pulled = registry.pull_document(r, &accepted).map_err(failed)?;
+    let policy = parse_as(&pulled.bytes, &r.to_string())?;
+    *cache = Some(Pulled {
+        manifest: pulled.manifest_digest,
+        bytes: pulled.bytes,
+    });
+    Ok(policy)
 }
 
 /// Every root `reference` gives: one for a file or a reference, each `root*.json` of a mirror.
@@ -828,8 +862,9 @@ fn sync_policy(
     store_dir: &Path,
     args: &SyncArgs,
     progress: Option<&Arc<dyn Progress>>,
+    cache: &mut Option<Pulled>,
 ) -> anyhow::Result<Report> {
-    let policy: SignedPolicy = fetch_document(&args.policy, "policy.json")?;
+    let policy = fetch_policy(&args.policy, cache)?;
     let mut roots = Vec::new();
     for r in &args.roots {
         roots.extend(fetch_roots(r)?);
@@ -985,8 +1020,9 @@ fn follow_policy(
 ) -> anyhow::Result<Report> {
     let mut failing = 0u32;
     let mut round = 0u64;
+    let mut cache = None;
     loop {
-        let outcome = sync_policy(store_dir, args, progress.as_ref());
+        let outcome = sync_policy(store_dir, args, progress.as_ref(), &mut cache);
         round += 1;
         let wait = match outcome {
             Ok(report) => {

@@ -811,6 +811,25 @@ fn fleet_a_store_joins_and_follows_a_policy_through_a_registry() {
         &["fleet", "sync", "--policy", &policy_tag],
     ))
     .stdout_has("unchanged");
+    // Following: each poll after the first resolves the tag's manifest and reads the policy it
+    // already holds; still unchanged.
+    ok(run(
+        &bench,
+        &store,
+        None,
+        &[
+            "fleet",
+            "sync",
+            "--policy",
+            &policy_tag,
+            "--follow",
+            "--interval",
+            "1",
+            "--rounds",
+            "2",
+        ],
+    ))
+    .stdout_has("unchanged");
 
     // With the registry unreachable the store keeps its state and says why.
     let before = guild_test_support::disk(&store);
