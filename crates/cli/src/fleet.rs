@@ -883,7 +883,10 @@ fn sync_policy(
         let judged = guild_host::fleet::judge(&reader, &roots, &policy, now, args.rule)
             .map_err(fleet_failure)?;
         let steps = guild_host::fleet::plan(&reader, &judged).map_err(fleet_failure)?;
-        if judged.record_unchanged() && steps.is_empty() {
+        let in_step = judged.record_unchanged()
+            && steps.is_empty()
+            && guild_host::fleet::trust_follows(&reader, &judged).map_err(fleet_failure)?;
+        if in_step {
             let mut report = Report::new("fleet sync");
             sync_fields(&mut report, &judged, "unchanged", &[]);
             report.line(format!(

@@ -19,6 +19,7 @@
 //!
 //! Every refusal, in either phase, changes nothing in the store.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use guild_domain::distribution::{LockFile, LockedPackage, SyncStep};
@@ -27,7 +28,8 @@ use guild_domain::fleet::{
     AcceptError, Acceptance, ExpiryRule, ExpiryStatus, FleetMembership, PolicyChange, PolicyError,
     RootError, SignedPolicy, SignedRoot, VerifiedPolicy, VerifiedRoot,
 };
-use guild_domain::ids::{FleetId, Sha256Digest};
+use guild_domain::ids::{FleetId, PublisherId, Sha256Digest};
+use guild_domain::trust::TrustStore;
 
 use crate::error::{ErrorCategory, HostError};
 use crate::lock_sync::{self, StagedPackage, SyncChange, SyncError};
@@ -284,6 +286,25 @@ pub fn judge(
         policy,
         acceptance,
     })
+}
+
+/// Whether the trust of the store of `pm` is the judged policy's: the same publishers' keys,
+/// and every revocation of the policy. A trust file rebuilt by an operator (`guild trust
+/// reset`) is not, and the next sync writes the policy's again even when the policy did not
+/// change.
+pub fn trust_follows(pm: &PackageManager, judged: &Judged) -> Result<bool, FleetError> {
+    let trust = pm.trust().map_err(store_error)?;
+    let policy = judged.policy.trust_store();
+    let keys = |t: &TrustStore| -> BTreeSet<(PublisherId, Sha256Digest)> {
+        t.publishers()
+            .flat_map(|(p, ks)| ks.map(move |k| (p.clone(), k.key_id)))
+            .collect()
+    };
+    Ok(keys(&trust) == keys(&policy)
+        && policy.revoked_keys().all(|(k, _)| trust.is_key_revoked(k))
+        && policy
+            .revoked_digests()
+            .all(|(d, _)| trust.is_digest_revoked(d)))
 }
 
 /// The steps that make the store of `pm` follow the judged policy's desired set.

@@ -623,6 +623,17 @@ fn fleet_sync_applies_a_policy_in_one_transaction_and_every_refusal_changes_noth
         .expect(0)
         .stdout_has("unchanged");
     assert_eq!(guild_test_support::disk(&bench.store()), synced);
+    // An operator who rebuilds the trust file without its keys gets the policy's back at the
+    // next sync, though the policy did not change.
+    bench.run(&["trust", "reset"]).expect(0);
+    bench
+        .run(&["fleet", "sync", "--policy", &m1])
+        .expect(0)
+        .stdout_has("applied");
+    assert_eq!(
+        bench.run(&["--json", "trust", "list"]).expect(0).json(),
+        trust
+    );
 
     // Version 2 desires scan alone: norm is disabled in the same commit.
     let lock2 = lock_with_sources(&bench, &[&scan], &["example.norm"]);
