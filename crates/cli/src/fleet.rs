@@ -778,8 +778,11 @@ fn fleet_failure(e: FleetError) -> anyhow::Error {
         FleetError::NotJoined => Some("join with `guild fleet join ROOT` first"),
         _ => None,
     };
-    if let FleetError::Sync(sync) = e {
-        return sync_failure(sync);
+    match e {
+        FleetError::Sync(sync) => return sync_failure(sync),
+        // The store's own errors keep their exit codes and hints.
+        FleetError::Store(source) => return anyhow::Error::from(*source),
+        _ => {}
     }
     let mut cli = CliError::new(exit, e.to_string());
     if let Some(h) = hint {
