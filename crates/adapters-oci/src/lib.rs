@@ -344,6 +344,22 @@ impl DocumentRegistry for OciRegistry {
             })
         })
     }
+
+    fn resolve_document(
+        &self,
+        reference: &OciReference,
+        accepted: &[&str],
+    ) -> Result<Sha256Digest, DistributionError> {
+        let limit = self.settings.limits.document_bytes;
+        self.download(reference, |download| async move {
+            let (manifest_digest, _) = download
+                .manifest(OCI_MANIFEST_MEDIA_TYPE, |body| {
+                    check_document_manifest(body, accepted, limit)
+                })
+                .await?;
+            Ok(manifest_digest)
+        })
+    }
 }
 
 impl OciRegistry {

@@ -56,7 +56,7 @@ pub mod registration;
 // names runners and tools have always used.
 #[cfg(feature = "oci")]
 pub use guild_packages::distribution;
-pub use guild_packages::{crash_quarantine, lock_sync, package_manager, packaging};
+pub use guild_packages::{crash_quarantine, fleet, lock_sync, package_manager, packaging};
 pub use guild_runtime::{cuda_tables, experts, models, operations, platform, registry};
 
 /// What can go wrong, sorted the way the `guild` command line turns it into exit codes: the

@@ -160,7 +160,7 @@ pub enum Command {
     #[command(subcommand)]
     Trust(TrustCommand),
 
-    /// Write, sign, verify, push and pull a fleet's root and policy (touches no store).
+    /// Fleet roots and policies: write, sign, verify, push, pull; join a fleet and follow it.
     #[command(subcommand)]
     Fleet(FleetCommand),
 
@@ -548,6 +548,72 @@ Examples:
         /// Where to push it (a tag, or the digest its manifest has).
         #[arg(value_name = "REFERENCE", value_parser = crate::distribute::parse_reference)]
         reference: OciReference,
+    },
+
+    /// Join this store to a fleet: pin its root (a file, a mirror directory's root.json, or an
+    /// oci:// reference) in the store, so that it follows that fleet's signed policies.
+    #[command(
+        after_help = "The root must carry a threshold of its own keys' signatures. Give the \
+        digest handed over out of band with --digest to pin exactly that root. Joining again with \
+        the same root changes nothing; a store that follows another root or fleet refuses it. \
+        From then on the fleet's policy owns the store's trust: `guild trust add` and \
+        `revoke-key` are refused.
+
+Examples:
+  guild fleet join root.json --digest 3f1c…
+  guild fleet join oci://registry.example.com/fleet/root:prod"
+    )]
+    Join {
+        /// The root: a file, a mirror directory holding root.json, or an oci:// reference.
+        #[arg(value_name = "ROOT")]
+        root: PathBuf,
+        /// The SHA-256 the root must have (of its signed part, as `guild fleet verify` prints
+        /// it), handed over out of band.
+        #[arg(long, value_name = "SHA256", value_parser = parse_digest)]
+        digest: Option<Sha256Digest>,
+        /// Take the root even if it has expired (logged as an operator's override).
+        #[arg(long)]
+        allow_expired: bool,
+    },
+
+    /// Fetch the fleet's policy (and newer roots), verify it under the pinned root, and apply
+    /// it to the store in one transaction: its trust, its record, and its desired packages.
+    #[command(
+        after_help = "REF is a file, a mirror directory (policy.json, root*.json and the \
+        packages as `guild pull --lock --to` names them), or an oci:// reference. A policy older \
+        than the one applied, another document under the same version, one signed by too few \
+        root keys, an expired one, or a package that differs from its entry is refused and \
+        changes nothing. With --follow it polls every --interval seconds (±20%), backing off to \
+        60 s while fetches fail, and prints each outcome.
+
+Examples:
+  guild fleet sync --policy oci://registry.example.com/fleet/policy:prod
+  guild fleet sync --policy mirror/          # air gap: documents and packages from a directory
+  guild fleet sync --policy policy.json --root root2.json
+  guild fleet sync --policy oci://registry.example.com/fleet/policy:prod --follow --interval 300"
+    )]
+    Sync {
+        /// The policy: a file, a mirror directory holding policy.json, or an oci:// reference.
+        #[arg(long, value_name = "REF")]
+        policy: PathBuf,
+        /// A newer root (repeatable; a mirror directory gives every root*.json in it), taken
+        /// only as a verified chain from the pinned root.
+        #[arg(long = "root", value_name = "REF")]
+        roots: Vec<PathBuf>,
+        /// Apply the policy (and root) even if expired: an operator's override for air gaps,
+        /// logged on every use.
+        #[arg(long)]
+        allow_expired: bool,
+        /// Keep the store converged: poll and apply until stopped.
+        #[arg(long)]
+        follow: bool,
+        /// Seconds between polls with --follow (jittered by ±20%).
+        #[arg(long, value_name = "S", requires = "follow", default_value_t = 60,
+              value_parser = clap::value_parser!(u64).range(1..))]
+        interval: u64,
+        /// Stop after this many polls (for tests).
+        #[arg(long, hide = true, requires = "follow")]
+        rounds: Option<u64>,
     },
 
     /// Download a fleet root or policy from an OCI registry.

@@ -111,7 +111,7 @@ fn artifact_config(package: &Path) -> anyhow::Result<ArtifactConfig> {
     })
 }
 
-fn progress_ref(progress: &Option<Arc<dyn Progress>>) -> Option<&dyn Progress> {
+pub(crate) fn progress_ref(progress: &Option<Arc<dyn Progress>>) -> Option<&dyn Progress> {
     progress.as_deref()
 }
 
@@ -550,7 +550,7 @@ pub(crate) fn read_lock(path: &Path) -> anyhow::Result<LockFile> {
 }
 
 /// The mirror's file name of a locked package.
-fn mirror_name(p: &LockedPackage) -> String {
+pub(crate) fn mirror_name(p: &LockedPackage) -> String {
     format!("{}-{}.{}", p.id, p.version, p.kind.as_str())
 }
 
@@ -633,7 +633,7 @@ fn pull_locked(
 
 /// Brings the locked package into the sync's staging area: copied once from `from` (a mirror
 /// directory) when given, else downloaded from its pinned reference. Answers the staged file.
-fn fetch_locked(
+pub(crate) fn fetch_locked(
     locked: &LockedPackage,
     from: Option<&Path>,
     staging: &SyncStaging,
@@ -663,7 +663,7 @@ fn fetch_locked(
 
 /// A failed sync as the command line reports it: where the failure came from the store (a
 /// refused dependency, an unauthenticated package), the store's error decides the exit code.
-fn sync_failure(e: SyncError) -> anyhow::Error {
+pub(crate) fn sync_failure(e: SyncError) -> anyhow::Error {
     let message = e.to_string();
     let exit = match e {
         SyncError::Conflict(_) => {

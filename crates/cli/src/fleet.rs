@@ -9,27 +9,38 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
+use anyhow::Context as _;
+
+use guild_domain::distribution::SyncStep;
 use guild_domain::fleet::{
-    is_expired, verify_policy, verify_root_self, verify_root_successor, DesiredPackage,
-    DocumentKind, FleetDocument, FleetPolicy, FleetPublisher, FleetRoot, PolicyError, RootError,
-    Signed, SignedPolicy, SignedRoot, ThresholdError, MAX_DOCUMENT_BYTES, POLICY_MARKER,
-    POLICY_MEDIA_TYPE, ROOT_MARKER, ROOT_MEDIA_TYPE,
+    is_expired, verify_policy, verify_root_self, verify_root_successor, AcceptError,
+    DesiredPackage, DocumentKind, ExpiryRule, ExpiryStatus, FleetDocument, FleetPolicy,
+    FleetPublisher, FleetRoot, PolicyError, RootError, Signed, SignedPolicy, SignedRoot,
+    ThresholdError, MAX_DOCUMENT_BYTES, POLICY_MARKER, POLICY_MEDIA_TYPE, ROOT_MARKER,
+    ROOT_MEDIA_TYPE,
 };
 use guild_domain::ids::Sha256Digest;
 use guild_domain::trust::{SignatureCheck, TrustedKey};
 use guild_host::distribution::{DocumentRegistry, OciReference, OciRegistry};
 use guild_host::durable_file;
+use guild_host::fleet::{FleetError, Judged};
+use guild_host::lock_sync::{SyncChange, SyncStaging};
+use guild_host::package_manager::Joined;
 use guild_host::packaging::{key_files as files, sign_document, P256Verifier};
+use guild_host::ports::source::Progress;
 
 use super::args::{
     FleetCommand, FleetPolicyCommand, FleetPolicyNew, FleetRootCommand, FleetRootNew,
 };
-use super::distribute::{read_lock, registry_failure};
-use super::failure::{CliError, Exit};
-use super::output::Report;
+use super::distribute::{fetch_locked, is_reference, read_lock, registry_failure, sync_failure};
+use super::failure::{CliError, Exit, Failure};
+use super::output::{Output, Report};
 use super::publisher::Check;
+use super::store;
 
 pub fn run(command: &FleetCommand) -> anyhow::Result<Report> {
     match command {
@@ -39,6 +50,11 @@ pub fn run(command: &FleetCommand) -> anyhow::Result<Report> {
         FleetCommand::Verify { file, root } => verify(file, root.as_deref()),
         FleetCommand::Push { file, reference } => push(file, reference),
         FleetCommand::Pull { reference, out } => pull(reference, out),
+        FleetCommand::Join { .. } | FleetCommand::Sync { .. } => Err(CliError::new(
+            Exit::Failure,
+            "a fleet command that changes a store was run without one",
+        )
+        .into()),
     }
 }
 
@@ -581,4 +597,461 @@ fn pull(reference: &OciReference, out: &Path) -> anyhow::Result<Report> {
         pulled.bytes.len()
     ));
     Ok(report)
+}
+
+/// `guild fleet join` and `guild fleet sync`: the commands that change a store.
+pub fn run_on_store(
+    store: &Path,
+    command: &FleetCommand,
+    out: &Output,
+    progress: Option<Arc<dyn Progress>>,
+) -> anyhow::Result<Report> {
+    match command {
+        FleetCommand::Join {
+            root,
+            digest,
+            allow_expired,
+        } => join(store, root, digest.as_ref(), rule(*allow_expired)),
+        FleetCommand::Sync {
+            policy,
+            roots,
+            allow_expired,
+            follow,
+            interval,
+            rounds,
+        } => {
+            let sync = SyncArgs {
+                policy: Ref::of(policy)?,
+                roots: roots
+                    .iter()
+                    .map(|r| Ref::of(r))
+                    .collect::<anyhow::Result<_>>()?,
+                rule: rule(*allow_expired),
+            };
+            if *follow {
+                follow_policy(store, &sync, out, progress, *interval, *rounds)
+            } else {
+                sync_policy(store, &sync, progress.as_ref(), &mut None)
+            }
+        }
+        _ => run(command),
+    }
+}
+
+fn rule(allow_expired: bool) -> ExpiryRule {
+    if allow_expired {
+        ExpiryRule::Override
+    } else {
+        ExpiryRule::Enforce
+    }
+}
+
+/// Where a fleet document (and, for a mirror, the packages) comes from.
+#[derive(Debug, Clone)]
+enum Ref {
+    File(PathBuf),
+    Mirror(PathBuf),
+    Oci(OciReference),
+}
+
+impl Ref {
+    fn of(arg: &Path) -> anyhow::Result<Ref> {
+        if is_reference(arg) {
+            let reference = OciReference::parse(&arg.to_string_lossy())
+                .map_err(|e| CliError::new(Exit::Usage, format!("{}: {e}", arg.display())))?;
+            return Ok(Ref::Oci(reference));
+        }
+        if arg.is_dir() {
+            return Ok(Ref::Mirror(arg.to_path_buf()));
+        }
+        Ok(Ref::File(arg.to_path_buf()))
+    }
+
+    fn mirror(&self) -> Option<&Path> {
+        match self {
+            Ref::Mirror(dir) => Some(dir),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Ref {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Ref::File(p) | Ref::Mirror(p) => write!(f, "{}", p.display()),
+            Ref::Oci(r) => write!(f, "{r}"),
+        }
+    }
+}
+
+/// The document of `kind` at `reference`: a file, `NAME` in a mirror directory, or the
+/// artifact at an `oci://` reference (its media type must be `kind`'s).
+fn fetch_document<T: FleetDocument>(reference: &Ref, name: &str) -> anyhow::Result<Signed<T>> {
+    match reference {
+        Ref::File(path) => parse_as(&read_file(path)?, &path.display().to_string()),
+        Ref::Mirror(dir) => {
+            let path = dir.join(name);
+            parse_as(&read_file(&path)?, &path.display().to_string())
+        }
+        Ref::Oci(r) => {
+            let pulled = OciRegistry::from_environment()
+                .pull_document(r, &[T::KIND.media_type()])
+                .map_err(registry_failure)
+                .with_context(|| {
+                    format!(
+                        "cannot fetch the {} from {r}; the store keeps its last state",
+                        T::KIND
+                    )
+                })?;
+            parse_as(&pulled.bytes, &r.to_string())
+        }
+    }
+}
+
+/// The policy document a `--follow` poll last pulled from a registry, by the digest of the
+/// manifest it came under: while the tag still resolves to that manifest, a poll costs one
+/// manifest request and reads the document from here.
+struct Pulled {
+    manifest: Sha256Digest,
+    bytes: Vec<u8>,
+}
+
+/// The policy at `reference`; for a registry, through `cache` (see [`Pulled`]).
+fn fetch_policy(reference: &Ref, cache: &mut Option<Pulled>) -> anyhow::Result<SignedPolicy> {
+    let Ref::Oci(r) = reference else {
+        return fetch_document(reference, "policy.json");
+    };
+    let accepted = [POLICY_MEDIA_TYPE];
+    let failed = |e| {
+        registry_failure(e).context(format!(
+            "cannot fetch the fleet policy from {r}; the store keeps its last state"
+        ))
+    };
+    let registry = OciRegistry::from_environment();
+    if let Some(c) = cache.as_ref() {
+        if registry.resolve_document(r, &accepted).map_err(failed)? == c.manifest {
+            return parse_as(&c.bytes, &r.to_string());
+        }
+    }
+    let pulled = registry.pull_document(r, &accepted).map_err(failed)?;
+    let policy = parse_as(&pulled.bytes, &r.to_string())?;
+    *cache = Some(Pulled {
+        manifest: pulled.manifest_digest,
+        bytes: pulled.bytes,
+    });
+    Ok(policy)
+}
+
+/// Every root `reference` gives: one for a file or a reference, each `root*.json` of a mirror.
+fn fetch_roots(reference: &Ref) -> anyhow::Result<Vec<SignedRoot>> {
+    let Ref::Mirror(dir) = reference else {
+        return Ok(vec![fetch_document(reference, "root.json")?]);
+    };
+    let entries = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read the mirror directory {}", dir.display()))?;
+    let mut names = Vec::new();
+    for entry in entries {
+        let name = entry
+            .with_context(|| format!("cannot read the mirror directory {}", dir.display()))?
+            .file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.starts_with("root") && name.ends_with(".json") {
+            names.push(name.to_owned());
+        }
+    }
+    names.sort();
+    names.iter().map(|n| fetch_document(reference, n)).collect()
+}
+
+/// The failure of a fleet step as the command line reports it.
+fn fleet_failure(e: FleetError) -> anyhow::Error {
+    let exit = Exit::from(e.category());
+    let hint = match &e {
+        FleetError::Accept(AcceptError::Expired { .. })
+        | FleetError::Root(RootError::Expired { .. }) => Some(
+            "publish a newer policy (or root); in an air gap an operator may apply it anyway \
+             with --allow-expired, which is logged",
+        ),
+        FleetError::Accept(AcceptError::Rollback { .. }) => {
+            Some("a store never goes back to an older policy; publish a newer version")
+        }
+        FleetError::NotJoined => Some("join with `guild fleet join ROOT` first"),
+        _ => None,
+    };
+    match e {
+        FleetError::Sync(sync) => return sync_failure(sync),
+        // The store's own errors keep their exit codes and hints.
+        FleetError::Store(source) => return anyhow::Error::from(*source),
+        _ => {}
+    }
+    let mut cli = CliError::new(exit, e.to_string());
+    if let Some(h) = hint {
+        cli = cli.with_hint(h);
+    }
+    cli.into()
+}
+
+fn overridden_warning(what: &str, version: u64, expiry: ExpiryStatus) -> Option<String> {
+    match expiry {
+        ExpiryStatus::Overridden { expires, now } => Some(format!(
+            "OVERRIDE: the fleet {what} version {version} expired at {expires} (now {now}); \
+             applied anyway because --allow-expired was given"
+        )),
+        ExpiryStatus::Current => None,
+    }
+}
+
+/// `guild fleet join ROOT [--digest SHA256] [--allow-expired]`.
+fn join(
+    store_dir: &Path,
+    root: &Path,
+    digest: Option<&Sha256Digest>,
+    rule: ExpiryRule,
+) -> anyhow::Result<Report> {
+    let reference = Ref::of(root)?;
+    let root: SignedRoot = fetch_document(&reference, "root.json")?;
+    let (pm, mut report) = store::open(store_dir, "fleet join")?;
+    let joined = guild_host::fleet::join(&pm, &root, digest, now(), rule).map_err(fleet_failure)?;
+    let r = joined.root.root();
+    report
+        .field("fleet", r.fleet.to_string())
+        .field("root_version", r.version)
+        .field("root_digest", joined.root.digest().to_hex())
+        .field("threshold", r.threshold)
+        .field("keys", r.keys.len());
+    match joined.joined {
+        Joined::Now { generation } => {
+            report.field("joined", true).field("generation", generation);
+            report.line(format!(
+                "joined fleet {} under root version {} ({}): {} of {} keys sign its policies; \
+                 the fleet's policy now owns this store's trust",
+                r.fleet,
+                r.version,
+                joined.root.digest().to_hex(),
+                r.threshold,
+                r.keys.len()
+            ));
+            if digest.is_none() {
+                report.warnings.push(format!(
+                    "the root was not checked against a digest handed over out of band: compare \
+                     {} with the fleet's, or join with --digest",
+                    joined.root.digest().to_hex()
+                ));
+            }
+        }
+        Joined::Already => {
+            report.field("joined", false);
+            report.line(format!(
+                "this store already follows fleet {} under root version {}; nothing changed",
+                r.fleet, r.version
+            ));
+        }
+    }
+    report
+        .warnings
+        .extend(overridden_warning("root", r.version, joined.expiry));
+    Ok(report)
+}
+
+/// What one sync fetches, and under which expiry rule.
+struct SyncArgs {
+    policy: Ref,
+    roots: Vec<Ref>,
+    rule: ExpiryRule,
+}
+
+/// `guild fleet sync --policy REF [--root REF]... [--allow-expired]`: one round.
+fn sync_policy(
+    store_dir: &Path,
+    args: &SyncArgs,
+    progress: Option<&Arc<dyn Progress>>,
+    cache: &mut Option<Pulled>,
+) -> anyhow::Result<Report> {
+    let policy = fetch_policy(&args.policy, cache)?;
+    let mut roots = Vec::new();
+    for r in &args.roots {
+        roots.extend(fetch_roots(r)?);
+    }
+    if args.roots.is_empty() && args.policy.mirror().is_some() {
+        // A mirror carries the roots a policy was signed under, beside it.
+        roots.extend(fetch_roots(&args.policy)?);
+    }
+    let timeout = store::check_timeout()?;
+    let now = now();
+    let staging = SyncStaging::create(store_dir).map_err(sync_failure)?;
+    let (judged, staged) = {
+        // The committed state, read without the store's lock.
+        let (reader, _) = store::open_committed(store_dir, "fleet sync")?;
+        reader.set_progress(progress.cloned());
+        let judged = guild_host::fleet::judge(&reader, &roots, &policy, now, args.rule)
+            .map_err(fleet_failure)?;
+        let steps = guild_host::fleet::plan(&reader, &judged).map_err(fleet_failure)?;
+        let in_step = judged.record_unchanged()
+            && steps.is_empty()
+            && guild_host::fleet::trust_follows(&reader, &judged).map_err(fleet_failure)?;
+        if in_step {
+            let mut report = Report::new("fleet sync");
+            sync_fields(&mut report, &judged, "unchanged", &[]);
+            report.line(format!(
+                "unchanged: the store follows fleet policy version {} ({})",
+                judged.policy().policy().version,
+                judged.policy().signed().digest().to_hex()
+            ));
+            return Ok(report);
+        }
+        let mut staged = Vec::new();
+        for step in &steps {
+            let (SyncStep::Install(locked) | SyncStep::Reactivate(locked)) = step else {
+                continue;
+            };
+            let file = fetch_locked(
+                locked,
+                args.policy.mirror(),
+                &staging,
+                progress.map(|p| &**p as &dyn Progress),
+            )?;
+            staged.push(
+                guild_host::fleet::stage(&reader, &judged, locked, file).map_err(fleet_failure)?,
+            );
+        }
+        (judged, staged)
+    };
+    let (pm, mut report) = store::open(store_dir, "fleet sync")?;
+    let trust = judged.policy().trust_store().to_json().into_bytes();
+    let mut check = store::library_check_under(trust, timeout)?;
+    let changes =
+        guild_host::fleet::apply(&pm, &judged, &staged, &mut check).map_err(fleet_failure)?;
+    drop(staging);
+    let done: Vec<(String, String, String)> = changes
+        .iter()
+        .map(|c| match c {
+            SyncChange::Disabled { id, version } => {
+                ("disable".to_owned(), id.to_string(), version.to_string())
+            }
+            SyncChange::Installed { id, version } => {
+                ("install".to_owned(), id.to_string(), version.to_string())
+            }
+        })
+        .collect();
+    sync_fields(&mut report, &judged, "applied", &done);
+    let p = judged.policy().policy();
+    if judged.root_rotated() {
+        report.line(format!(
+            "took fleet root version {} ({})",
+            judged.root().version(),
+            judged.root().digest().to_hex()
+        ));
+    }
+    for (action, id, version) in &done {
+        let action = if action == "disable" {
+            "disabled"
+        } else {
+            "installed"
+        };
+        report.line(format!("{action} {id} {version}"));
+    }
+    report.line(format!(
+        "applied: the store follows fleet {} policy version {} ({}), {} desired package(s)",
+        p.fleet,
+        p.version,
+        judged.policy().signed().digest().to_hex(),
+        p.packages.len()
+    ));
+    report.warnings.extend(overridden_warning(
+        "root",
+        judged.root().version(),
+        judged.root_expiry(),
+    ));
+    report.warnings.extend(overridden_warning(
+        "policy",
+        p.version,
+        judged.acceptance().expiry,
+    ));
+    Ok(report)
+}
+
+fn sync_fields(
+    report: &mut Report,
+    judged: &Judged,
+    outcome: &str,
+    done: &[(String, String, String)],
+) {
+    let p = judged.policy().policy();
+    report
+        .field("outcome", outcome)
+        .field("fleet", p.fleet.to_string())
+        .field("policy_version", p.version)
+        .field("policy_digest", judged.policy().signed().digest().to_hex())
+        .field("policy_expires", p.expires)
+        .field("root_version", judged.root().version())
+        .field(
+            "expiry_overridden",
+            judged.acceptance().expiry.is_overridden() || judged.root_expiry().is_overridden(),
+        )
+        .field(
+            "changes",
+            done.iter()
+                .map(|(a, id, v)| serde_json::json!({"action": a, "package_id": id, "version": v}))
+                .collect::<Vec<_>>(),
+        );
+}
+
+/// The longest wait between polls while fetches fail.
+const MAX_BACKOFF_SECS: u64 = 60;
+
+/// A factor in [0.8, 1.2) from the clock and the process id: polls of many machines spread out
+/// instead of arriving together.
+fn jitter(round: u64) -> f64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let seed = format!("{nanos}:{}:{round}", std::process::id());
+    let d = Sha256Digest::of(seed.as_bytes());
+    let x = u16::from_str_radix(&d.to_hex()[..4], 16).unwrap_or(0);
+    0.8 + 0.4 * f64::from(x) / 65536.0
+}
+
+/// `guild fleet sync --follow`: one sync per poll, each outcome printed as it happens; a
+/// failure to fetch backs off exponentially (1 s doubling, at most 60 s) until one succeeds.
+/// A refusal (an expired or older policy) is an answer, not an outage: the next poll comes at
+/// the interval. SIGTERM and SIGINT end the process between or during rounds; either way the
+/// store is wholly before or after a sync.
+fn follow_policy(
+    store_dir: &Path,
+    args: &SyncArgs,
+    out: &Output,
+    progress: Option<Arc<dyn Progress>>,
+    interval: u64,
+    rounds: Option<u64>,
+) -> anyhow::Result<Report> {
+    let mut failing = 0u32;
+    let mut round = 0u64;
+    let mut cache = None;
+    loop {
+        let outcome = sync_policy(store_dir, args, progress.as_ref(), &mut cache);
+        round += 1;
+        let wait = match outcome {
+            Ok(report) => {
+                out.success(report);
+                failing = 0;
+                interval
+            }
+            Err(e) => {
+                let failure = Failure::from_error(&e);
+                out.failure(&failure);
+                if failure.exit == Exit::Failure {
+                    failing = failing.saturating_add(1);
+                    (1u64 << failing.min(6)).min(MAX_BACKOFF_SECS)
+                } else {
+                    failing = 0;
+                    interval
+                }
+            }
+        };
+        if rounds.is_some_and(|n| round >= n) {
+            return Ok(Report::new("fleet sync").silent());
+        }
+        let secs = wait as f64 * jitter(round);
+        std::thread::sleep(Duration::from_secs_f64(secs));
+    }
 }

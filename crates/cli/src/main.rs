@@ -34,7 +34,7 @@ use anyhow::Context;
 use clap::error::ErrorKind;
 use clap::Parser;
 
-use args::{Cli, Command, QuarantineCommand};
+use args::{Cli, Command, FleetCommand, QuarantineCommand};
 use failure::{CliError, Exit, Failure};
 use output::{Output, Report};
 
@@ -116,6 +116,18 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
         Command::Verify { jobs, .. } => store::verify_all(&store_dir(cli, true)?, jobs_of(*jobs)),
         Command::Inspect { package } => publisher::inspect(package),
         Command::Trust(t) => trust::run(&store_dir(cli, true)?, t),
+        Command::Fleet(f @ (FleetCommand::Join { .. } | FleetCommand::Sync { .. })) => {
+            let out = Output {
+                json: cli.json,
+                quiet: cli.quiet,
+            };
+            fleet::run_on_store(
+                &store_dir(cli, true)?,
+                f,
+                &out,
+                progress::for_stderr(cli.json, cli.quiet),
+            )
+        }
         Command::Fleet(f) => fleet::run(f),
         Command::Quarantine(QuarantineCommand::Clear { id }) => {
             store::quarantine_clear(&store_dir(cli, true)?, id)

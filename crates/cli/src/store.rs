@@ -96,9 +96,14 @@ pub(crate) fn check_timeout() -> anyhow::Result<Duration> {
 /// The registration check for changes that make a version loadable: this very `guild` binary,
 /// run as a child with the hidden check subcommand and the store's trust file on its stdin.
 pub(crate) fn library_check(pm: &PackageManager, timeout: Duration) -> anyhow::Result<ChildCheck> {
+    library_check_under(pm.trust()?.to_json().into_bytes(), timeout)
+}
+
+/// The registration check run under `trust` (a trust file's bytes): a fleet policy's, for the
+/// packages that the policy brings in the same transaction as its trust.
+pub(crate) fn library_check_under(trust: Vec<u8>, timeout: Duration) -> anyhow::Result<ChildCheck> {
     let program = std::env::current_exe()
         .context("cannot find the guild executable to run the registration check")?;
-    let trust = pm.trust()?.to_json().into_bytes();
     // Every child `guild` starts is a check child, so it may end whatever they leave behind.
     Ok(ChildCheck::new(program, trust)
         .with_timeout(timeout)
@@ -758,11 +763,56 @@ fn store_status(
             "trust: {publishers} publisher(s), {keys} key(s); {revoked_keys} revoked key(s), {revoked_packages} revoked package(s)"
         ))
         .line(open_summary(open));
+    if let Some(fleet) = pm.fleet()? {
+        fleet_status(&mut out, &fleet);
+    }
     if !tainted.is_empty() {
         out.line(format!("tainted: {} version(s)", tainted.len()));
         out.lines.extend(tainted);
     }
     Ok(out)
+}
+
+/// What `status` says of the fleet a store follows; an expired policy is a warning, since the
+/// store keeps its last state until a newer policy arrives.
+fn fleet_status(out: &mut Report, fleet: &guild_domain::fleet::FleetMembership) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let root = fleet.root.body();
+    let policy = fleet.policy.as_ref();
+    out.field(
+        "fleet",
+        json!({
+            "fleet": root.fleet.to_string(),
+            "root_version": root.version,
+            "root_digest": fleet.root.digest().to_hex(),
+            "policy": policy.map(|p| json!({
+                "version": p.version,
+                "sha256": p.digest.to_hex(),
+                "expires": p.expires,
+                "expired": p.is_expired(now),
+            })),
+        }),
+    );
+    match policy {
+        None => out.line(format!(
+            "fleet: {} (root version {}), no policy applied yet: `guild fleet sync --policy REF`",
+            root.fleet, root.version
+        )),
+        Some(p) => out.line(format!(
+            "fleet: {} (root version {}), policy version {} expiring at {}; the policy owns this \
+             store's trust",
+            root.fleet, root.version, p.version, p.expires
+        )),
+    };
+    if let Some(p) = policy.filter(|p| p.is_expired(now)) {
+        out.warnings.push(format!(
+            "the fleet policy version {} expired at {} (now {now}): this store keeps its last \
+             state until a newer policy is applied",
+            p.version, p.expires
+        ));
+    }
 }
 
 /// One line on what opening the store did.

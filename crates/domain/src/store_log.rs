@@ -18,11 +18,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::chunk_map::Difference;
+use crate::fleet::FleetMembership;
 use crate::ids::PackageId;
 use crate::json::{self, JsonPath, Value};
 use crate::store_state::{
-    decode_package, decode_trust, encode_package, encode_trust, field, format_of, wrong_type,
-    ApplyError, At, FieldProblem, Fields, PackageRecord, StoreState, StoreStateDecodeError,
+    decode_fleet, decode_package, decode_trust, encode_fleet, encode_package, encode_trust, field,
+    format_of, wrong_type, ApplyError, At, FieldProblem, Fields, PackageRecord, StoreState,
+    StoreStateDecodeError,
 };
 use crate::trust::TrustAnchor;
 
@@ -33,6 +35,7 @@ const TOP_FIELDS: &[&str] = &[
     "guild_registry_delta",
     "generation",
     "trust",
+    "fleet",
     "packages",
     "deleted",
 ];
@@ -44,6 +47,8 @@ pub struct StoreStateDelta {
     pub generation: u64,
     /// The new trust anchor, when the commit changed it.
     pub trust: Option<TrustAnchor>,
+    /// The new fleet membership, when the commit changed it.
+    pub fleet: Option<FleetMembership>,
     /// Each package whose record changed: its whole new record (shared with the state it came
     /// from), or `None` if it was deleted.
     pub packages: BTreeMap<PackageId, Option<Arc<PackageRecord>>>,
@@ -56,6 +61,10 @@ pub enum DeltaError {
     /// anchor (and the store refuses to lose one anyway).
     #[error("the new store state drops the record of the trust file")]
     DropsTrust,
+    /// The newer state has no fleet membership where the older one had one; a store does not
+    /// leave its fleet through a commit.
+    #[error("the new store state drops the record of the store's fleet")]
+    DropsFleet,
 }
 
 impl StoreState {
@@ -63,7 +72,12 @@ impl StoreState {
     /// was, a delta that is not for the next generation or that leaves a changed package
     /// breaking an invariant; only the packages it changes are checked.
     pub fn apply(&mut self, delta: &StoreStateDelta) -> Result<(), ApplyError> {
-        self.apply_change(delta.generation, delta.trust.as_ref(), &delta.packages)
+        self.apply_change(
+            delta.generation,
+            delta.trust.as_ref(),
+            delta.fleet.as_ref(),
+            &delta.packages,
+        )
     }
 }
 
@@ -74,6 +88,11 @@ impl StoreStateDelta {
     pub fn between(old: &StoreState, new: &StoreState) -> Result<Self, DeltaError> {
         let trust = match (old.trust_anchor(), new.trust_anchor()) {
             (Some(_), None) => return Err(DeltaError::DropsTrust),
+            (a, b) if a == b => None,
+            (_, b) => b.cloned(),
+        };
+        let fleet = match (old.fleet(), new.fleet()) {
+            (Some(_), None) => return Err(DeltaError::DropsFleet),
             (a, b) if a == b => None,
             (_, b) => b.cloned(),
         };
@@ -98,6 +117,7 @@ impl StoreStateDelta {
         Ok(StoreStateDelta {
             generation: new.generation(),
             trust,
+            fleet,
             packages,
         })
     }
@@ -118,6 +138,9 @@ impl StoreStateDelta {
         ];
         if let Some(t) = &self.trust {
             top.push(("trust".to_owned(), encode_trust(t)));
+        }
+        if let Some(f) = &self.fleet {
+            top.push(("fleet".to_owned(), encode_fleet(f)));
         }
         let changed = self
             .packages
@@ -146,6 +169,10 @@ impl StoreStateDelta {
         let trust = match fields.get("trust") {
             None => None,
             Some(t) => Some(decode_trust(t, root.key("trust"))?),
+        };
+        let fleet = match fields.get("fleet") {
+            None => None,
+            Some(f) => Some(decode_fleet(f, root.key("fleet"))?),
         };
         let mut packages = BTreeMap::new();
         let duplicate = |path: JsonPath, id: &PackageId| {
@@ -188,6 +215,7 @@ impl StoreStateDelta {
         Ok(StoreStateDelta {
             generation,
             trust,
+            fleet,
             packages,
         })
     }

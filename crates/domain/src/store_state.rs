@@ -48,6 +48,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::chunk_map::ChunkMap;
+use crate::fleet::{FleetMembership, PolicyRecord, SignedRoot};
 use crate::ids::{IdError, PackageId, PackageKind, PublisherId, Sha256Digest};
 use crate::json::{self, BorrowedValue, Integer, JsonError, JsonPath, PathSegment, Value};
 use crate::lifecycle::{transition, Event, IllegalTransition, State};
@@ -66,7 +67,9 @@ pub const REGISTRY_FORMAT_V1: u64 = 1;
 /// stale state.
 pub const REGISTRY_FORMAT_V2: u64 = 2;
 
-const TOP_FIELDS: &[&str] = &["guild_registry", "generation", "trust", "packages"];
+const TOP_FIELDS: &[&str] = &["guild_registry", "generation", "trust", "fleet", "packages"];
+const FLEET_FIELDS: &[&str] = &["root", "policy"];
+const POLICY_RECORD_FIELDS: &[&str] = &["version", "sha256", "expires"];
 const PACKAGE_FIELDS: &[&str] = &["id", "previous", "versions"];
 const VERSION_FIELDS: &[&str] = &[
     "version",
@@ -505,6 +508,7 @@ pub enum StoreStateDecodeError {
 pub struct StoreState {
     generation: u64,
     trust: Option<TrustAnchor>,
+    fleet: Option<Arc<FleetMembership>>,
     packages: ChunkMap<PackageId, Arc<PackageRecord>>,
 }
 
@@ -526,6 +530,7 @@ impl StoreState {
         StoreState {
             generation: self.generation.saturating_add(1),
             trust: self.trust.clone(),
+            fleet: self.fleet.clone(),
             packages: self.packages.clone(),
         }
     }
@@ -539,6 +544,18 @@ impl StoreState {
     /// Records `anchor` for the trust file written in the same transaction.
     pub fn set_trust_anchor(&mut self, anchor: TrustAnchor) {
         self.trust = Some(anchor);
+    }
+
+    /// The fleet this store follows, if it joined one: the root it trusts and the last policy
+    /// it accepted.
+    pub fn fleet(&self) -> Option<&FleetMembership> {
+        self.fleet.as_deref()
+    }
+
+    /// Records the store's fleet membership. A store never leaves a fleet through a commit:
+    /// there is no way to clear it.
+    pub fn set_fleet(&mut self, fleet: FleetMembership) {
+        self.fleet = Some(Arc::new(fleet));
     }
 
     /// Every tainted version, by id then version.
@@ -1056,6 +1073,7 @@ impl StoreState {
         &mut self,
         generation: u64,
         trust: Option<&TrustAnchor>,
+        fleet: Option<&FleetMembership>,
         packages: &BTreeMap<PackageId, Option<Arc<PackageRecord>>>,
     ) -> Result<(), ApplyError> {
         let expected = self.generation.checked_add(1);
@@ -1084,6 +1102,9 @@ impl StoreState {
         }
         if let Some(anchor) = trust {
             self.trust = Some(anchor.clone());
+        }
+        if let Some(fleet) = fleet {
+            self.fleet = Some(Arc::new(fleet.clone()));
         }
         self.generation = generation;
         Ok(())
@@ -1197,6 +1218,9 @@ impl StoreState {
         if let Some(t) = &self.trust {
             top.push(("trust".to_owned(), encode_trust(t)));
         }
+        if let Some(f) = &self.fleet {
+            top.push(("fleet".to_owned(), encode_fleet(f)));
+        }
         top.push(("packages".to_owned(), Value::Array(packages)));
         Value::Object(top).to_pretty_string().into_bytes()
     }
@@ -1219,6 +1243,10 @@ impl StoreState {
             None => None,
             Some(t) => Some(decode_trust(t, root.key("trust"))?),
         };
+        let fleet = match fields.get("fleet") {
+            None => None,
+            Some(f) => Some(Arc::new(decode_fleet(f, root.key("fleet"))?)),
+        };
         let mut packages = ChunkMap::new();
         let list = fields.array("packages")?;
         let list_at = root.key("packages");
@@ -1239,6 +1267,7 @@ impl StoreState {
         let state = StoreState {
             generation,
             trust,
+            fleet,
             packages,
         };
         state.validate()?;
@@ -1477,6 +1506,48 @@ pub(crate) fn decode_package(
         }
     }
     Ok((id, PackageRecord { versions, previous }))
+}
+
+/// The fleet membership as the registry file and the log write it: the root as the text of its
+/// envelope (its signatures cover the bytes of its `signed` member as received, so it is kept
+/// whole), and the accepted policy's record.
+pub(crate) fn encode_fleet(f: &FleetMembership) -> Value {
+    let mut members = vec![("root".to_owned(), Value::from(f.root.to_json().as_str()))];
+    if let Some(p) = &f.policy {
+        members.push((
+            "policy".to_owned(),
+            Value::Object(vec![
+                ("version".to_owned(), Value::from(p.version)),
+                ("sha256".to_owned(), Value::from(p.digest.to_hex())),
+                ("expires".to_owned(), Value::from(p.expires)),
+            ]),
+        ));
+    }
+    Value::Object(members)
+}
+
+pub(crate) fn decode_fleet(
+    item: &BorrowedValue<'_>,
+    at: At<'_>,
+) -> Result<FleetMembership, StoreStateDecodeError> {
+    let f = Fields::of(item, at, FLEET_FIELDS)?;
+    let root = f.parsed("root", |s| {
+        SignedRoot::parse(s.as_bytes()).map_err(|e| e.to_string())
+    })?;
+    let policy = match f.get("policy") {
+        None => None,
+        Some(p) => {
+            let p = Fields::of(p, at.key("policy"), POLICY_RECORD_FIELDS)?;
+            Some(PolicyRecord {
+                version: p.u64("version")?,
+                digest: p.parsed("sha256", |s| {
+                    Sha256Digest::parse_hex(s).map_err(|e| e.to_string())
+                })?,
+                expires: p.u64("expires")?,
+            })
+        }
+    };
+    Ok(FleetMembership { root, policy })
 }
 
 pub(crate) fn decode_trust(

@@ -233,6 +233,29 @@ pub enum HostError {
         /// The package.
         id: guild_domain::ids::PackageId,
     },
+    /// A local trust change on a store that follows a fleet: the fleet's signed policy is its
+    /// trust, and only a newer policy changes it.
+    #[error(
+        "this store follows fleet {fleet}, whose signed policy owns its trust; local trust \
+         changes are refused (publish a new fleet policy instead)"
+    )]
+    FleetManaged {
+        /// The fleet.
+        fleet: guild_domain::ids::FleetId,
+    },
+    /// The store's record of its fleet changed between the policy's judgement and its commit
+    /// (another process applied a policy meanwhile).
+    #[error("the store's fleet record changed while the policy was applied; run the sync again")]
+    FleetRecordChanged,
+    /// A fetched package is not the one the fleet policy names: another payload, version, kind
+    /// or publisher, or signed by a key its entry does not allow.
+    #[error("package {}: {source}", location.display())]
+    NotDesired {
+        /// The file that was checked.
+        location: PathBuf,
+        /// How it differs from the policy's entry.
+        source: Box<guild_domain::fleet::AuthorizeError>,
+    },
     /// The registration check that ran the package's library in a child process refused it: the
     /// library failed the check, crashed, or hung past the timeout.
     #[error("{package} was refused: {failure}")]
@@ -293,7 +316,8 @@ impl HostError {
             HostError::Source(_)
             | HostError::Manifest { .. }
             | HostError::Unauthenticated { .. }
-            | HostError::Platform { .. } => ErrorCategory::PackageRejected,
+            | HostError::Platform { .. }
+            | HostError::NotDesired { .. } => ErrorCategory::PackageRejected,
             HostError::StoreState(
                 StoreStateError::UnknownPackage { .. }
                 | StoreStateError::NotInstalled { .. }
@@ -314,7 +338,9 @@ impl HostError {
             | HostError::Lease(_)
             | HostError::TrustChange(_)
             | HostError::ImplIdConflict(_)
-            | HostError::RepeatedInPlan { .. } => ErrorCategory::Refused,
+            | HostError::RepeatedInPlan { .. }
+            | HostError::FleetManaged { .. }
+            | HostError::FleetRecordChanged => ErrorCategory::Refused,
             HostError::Store(_)
             | HostError::TrustFile(_)
             | HostError::TrustBinding { .. }

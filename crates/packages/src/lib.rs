@@ -18,6 +18,7 @@ pub mod crash_quarantine;
 #[cfg(feature = "oci")]
 pub mod distribution;
 pub mod error;
+pub mod fleet;
 pub mod lock_sync;
 pub mod package_manager;
 pub mod packaging;

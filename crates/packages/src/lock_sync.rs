@@ -43,7 +43,7 @@ use guild_domain::version::Version;
 
 use guild_domain::store_state::StoreState;
 
-use crate::package_manager::LifecycleHook;
+use crate::package_manager::{FleetChange, LifecycleHook};
 use crate::{HostError, PackageManager, PlanError, PlanStep, StepDone};
 use guild_adapters_fs::durable_file;
 
@@ -409,14 +409,33 @@ pub fn stage(
     locked: &LockedPackage,
     file: PathBuf,
 ) -> Result<StagedPackage, SyncError> {
-    let package = format!("{} {}", locked.id, locked.version);
     let checked = pm
         .check_package_as(&file, Some(&locked.key_id))
         .map_err(|source| SyncError::Check {
-            package: package.clone(),
+            package: format!("{} {}", locked.id, locked.version),
             file: file.clone(),
             source: Box::new(source),
         })?;
+    if checked.key_id != locked.key_id {
+        return Err(SyncError::StagedKeyDiffers {
+            package: format!("{} {}", locked.id, locked.version),
+            file,
+            found_key: checked.key_id.to_hex(),
+            locked_key: locked.key_id.to_hex(),
+        });
+    }
+    staged(locked, file, &checked)
+}
+
+/// The staged `file`, which passed its check as `checked`, if it is the package `locked` pins
+/// (its id, version and payload). Which key must have signed it is the caller's rule: a lock's
+/// one key ([`stage`]), or any key a fleet policy's entry allows.
+pub(crate) fn staged(
+    locked: &LockedPackage,
+    file: PathBuf,
+    checked: &crate::Installed,
+) -> Result<StagedPackage, SyncError> {
+    let package = format!("{} {}", locked.id, locked.version);
     if checked.id != locked.id
         || checked.version != locked.version
         || checked.payload_digest != locked.payload_sha256
@@ -427,14 +446,6 @@ pub fn stage(
             found: format!("{} {}", checked.id, checked.version),
             found_payload: checked.payload_digest.to_hex(),
             locked_payload: locked.payload_sha256.to_hex(),
-        });
-    }
-    if checked.key_id != locked.key_id {
-        return Err(SyncError::StagedKeyDiffers {
-            package,
-            file,
-            found_key: checked.key_id.to_hex(),
-            locked_key: locked.key_id.to_hex(),
         });
     }
     Ok(StagedPackage {
@@ -544,11 +555,38 @@ pub fn apply_with(
 ) -> Result<Vec<SyncChange>, SyncError> {
     let steps = plan(pm, lock)?;
     check_shrink(lock, &steps, options)?;
+    apply_steps(pm, lock, &steps, staged, hook, None)
+}
+
+/// Applies a fleet policy's desired set (`lock`, from [`plan_steps`]: the policy's entries
+/// decide which keys may sign, not the lock's one key), committing `fleet` (the policy's trust
+/// and record) in the same transaction ([`PackageManager::apply_fleet_plan`]). A signed policy
+/// may shrink the enabled set.
+pub(crate) fn apply_fleet(
+    pm: &PackageManager,
+    lock: &LockFile,
+    staged: &[StagedPackage],
+    hook: &mut dyn LifecycleHook,
+    fleet: FleetChange,
+) -> Result<Vec<SyncChange>, SyncError> {
+    let steps = plan_steps(pm, lock)?;
+    apply_steps(pm, lock, &steps, staged, hook, Some(fleet))
+}
+
+/// Makes `steps` (a plan of `lock`) from the `staged` packages as one change.
+fn apply_steps(
+    pm: &PackageManager,
+    lock: &LockFile,
+    steps: &[SyncStep],
+    staged: &[StagedPackage],
+    hook: &mut dyn LifecycleHook,
+    fleet: Option<FleetChange>,
+) -> Result<Vec<SyncChange>, SyncError> {
     let files: BTreeMap<&PackageId, &StagedPackage> =
         staged.iter().map(|s| (&s.locked.id, s)).collect();
     // Every package the steps install must be staged as the version the lock pins.
     let mut changes = Vec::with_capacity(steps.len());
-    for step in &steps {
+    for step in steps {
         match step {
             SyncStep::Disable(id) => changes.push(PlanStep::Disable(id.clone())),
             SyncStep::Install(l) | SyncStep::Reactivate(l) => match files.get(&l.id) {
@@ -565,20 +603,22 @@ pub fn apply_with(
         differs if differs.is_empty() => Ok(()),
         differs => Err(differs.join(", ")),
     };
-    let done = pm
-        .apply_plan(&changes, &accept, hook)
-        .map_err(|e| match e {
-            PlanError::Step {
-                step,
-                package,
-                source,
-            } => SyncError::Step {
-                step,
-                package,
-                source,
-            },
-            PlanError::NotAccepted { reason } => SyncError::Differs { packages: reason },
-        })?;
+    let done = match fleet {
+        None => pm.apply_plan(&changes, &accept, hook),
+        Some(fleet) => pm.apply_fleet_plan(&changes, &accept, hook, fleet),
+    };
+    let done = done.map_err(|e| match e {
+        PlanError::Step {
+            step,
+            package,
+            source,
+        } => SyncError::Step {
+            step,
+            package,
+            source,
+        },
+        PlanError::NotAccepted { reason } => SyncError::Differs { packages: reason },
+    })?;
     Ok(done
         .into_iter()
         .map(|d| match d {
@@ -596,6 +636,22 @@ pub fn apply_with(
 /// that the trust store accepts), whether it is enabled or would be made current again from its
 /// installed tree: otherwise the store cannot match the lock ([`SyncError::InstalledKeyDiffers`]).
 pub fn plan(pm: &PackageManager, lock: &LockFile) -> Result<Vec<SyncStep>, SyncError> {
+    let (steps, held) = plan_held(pm, lock)?;
+    check_installed_keys(pm, lock, &held)?;
+    Ok(steps)
+}
+
+/// The steps of [`plan`] without its rule on the lock's one key (a fleet policy's entry allows
+/// several keys, and its own checks hold the store to them).
+pub(crate) fn plan_steps(pm: &PackageManager, lock: &LockFile) -> Result<Vec<SyncStep>, SyncError> {
+    plan_held(pm, lock).map(|(steps, _)| steps)
+}
+
+/// The steps, and what the store holds.
+fn plan_held(
+    pm: &PackageManager,
+    lock: &LockFile,
+) -> Result<(Vec<SyncStep>, Vec<HeldVersion>), SyncError> {
     let mut held = Vec::new();
     for p in pm.list().map_err(|e| SyncError::Store(Box::new(e)))? {
         for v in &p.versions {
@@ -609,6 +665,16 @@ pub fn plan(pm: &PackageManager, lock: &LockFile) -> Result<Vec<SyncStep>, SyncE
         }
     }
     let steps = plan_sync(lock, &held)?;
+    Ok((steps, held))
+}
+
+/// Refuses a locked version the store holds that no valid signature by the lock's key
+/// authenticates ([`SyncError::InstalledKeyDiffers`]).
+fn check_installed_keys(
+    pm: &PackageManager,
+    lock: &LockFile,
+    held: &[HeldVersion],
+) -> Result<(), SyncError> {
     for locked in lock.packages() {
         let installed = held
             .iter()
@@ -645,7 +711,7 @@ pub fn plan(pm: &PackageManager, lock: &LockFile) -> Result<Vec<SyncStep>, SyncE
             why,
         });
     }
-    Ok(steps)
+    Ok(())
 }
 
 /// The packages whose enabled version in `state` differs from `lock` (missing, tainted, another

@@ -107,6 +107,18 @@ pub trait DocumentRegistry: Send + Sync + fmt::Debug {
         reference: &OciReference,
         accepted: &[&str],
     ) -> Result<PulledDocument, DistributionError>;
+
+    /// The digest of the manifest `reference` resolves to, checked as [`Self::pull_document`]
+    /// checks it, without fetching the layer: one request where nothing changed since a pull
+    /// that answered that digest. The default pulls the whole document.
+    fn resolve_document(
+        &self,
+        reference: &OciReference,
+        accepted: &[&str],
+    ) -> Result<Sha256Digest, DistributionError> {
+        self.pull_document(reference, accepted)
+            .map(|d| d.manifest_digest)
+    }
 }
 
 /// A failed push or pull: what failed, and the reference it was for.

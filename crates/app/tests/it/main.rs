@@ -17,6 +17,7 @@ mod draining;
 mod examples;
 mod experts;
 mod fake_providers;
+mod fleet;
 mod gkmodule;
 mod gpu;
 mod host;

@@ -370,3 +370,490 @@ fn a_rotated_root_verifies_as_the_next_one_under_the_root_before_it() {
         .expect(0)
         .stdout_has("the next root after root version 1");
 }
+
+// ---- A store that joins a fleet and follows its policy (`guild fleet join`, `fleet sync`). ----
+
+/// The root of the three holders, threshold 2, signed by `a` and `b`, as `root.json`.
+fn signed_root(bench: &Bench) {
+    holders(bench);
+    new_root(bench);
+    for k in ["a.key", "b.key"] {
+        bench
+            .run(&["fleet", "sign", "root.json", "--key", k])
+            .expect(0);
+    }
+}
+
+/// A lock (`guild.lock`) of `packages` (archives in the bench; the ids in `drop` left out)
+/// whose entries name registry sources that are never reached: the packages come from a mirror
+/// directory.
+fn lock_with_sources(bench: &Bench, packages: &[&str], drop: &[&str]) -> String {
+    let lock = bench.lock_of(packages, drop);
+    let mut value: serde_json::Value = serde_json::from_slice(&fs::read(&lock).unwrap()).unwrap();
+    for p in value["packages"].as_array_mut().unwrap() {
+        let name = p["id"]
+            .as_str()
+            .unwrap()
+            .rsplit('.')
+            .next()
+            .unwrap()
+            .to_owned();
+        let version = p["version"].as_str().unwrap().to_owned();
+        p["reference"] = format!("oci://127.0.0.1:9/guild/{name}:{version}").into();
+        p["manifest_digest"] = format!("sha256:{}", "7".repeat(64)).into();
+    }
+    fs::write(&lock, serde_json::to_vec_pretty(&value).unwrap()).unwrap();
+    lock.to_str().unwrap().to_owned()
+}
+
+/// `guild fleet policy new` version `version` expiring at `expires`, from `lock`, trusting the
+/// bench's key for `org.example`, written to `out` and signed by each of `signers`.
+fn policy(bench: &Bench, version: &str, expires: &str, lock: &str, out: &str, signers: &[&str]) {
+    bench
+        .run(&[
+            "fleet",
+            "policy",
+            "new",
+            "--fleet",
+            "example.prod",
+            "--version",
+            version,
+            "--root-version",
+            "1",
+            "--expires",
+            expires,
+            "--from-lock",
+            lock,
+            "--publisher",
+            "org.example=k.pub",
+            "--out",
+            out,
+        ])
+        .expect(0);
+    for k in signers {
+        bench
+            .run(&["fleet", "sign", out, "--key", k, "--root", "root.json"])
+            .expect(0);
+    }
+}
+
+/// A mirror directory `name` holding `policy` as policy.json, the root, and `archives`.
+fn mirror(bench: &Bench, name: &str, policy: &str, archives: &[&str]) -> String {
+    let dir = bench.path().join(name);
+    fs::create_dir_all(&dir).unwrap();
+    fs::copy(bench.path().join(policy), dir.join("policy.json")).unwrap();
+    fs::copy(bench.path().join("root.json"), dir.join("root.json")).unwrap();
+    for a in archives {
+        fs::copy(bench.path().join(a), dir.join(a)).unwrap();
+    }
+    name.to_owned()
+}
+
+fn enabled(bench: &Bench) -> Vec<(String, String)> {
+    let out = bench.run(&["--json", "list"]).expect(0).json();
+    out["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| {
+            Some((
+                p["id"].as_str()?.to_owned(),
+                p["enabled"].as_str()?.to_owned(),
+            ))
+        })
+        .collect()
+}
+
+#[test]
+fn fleet_join_pins_the_root_once_refuses_another_and_takes_the_stores_trust() {
+    let bench = Bench::new(guild());
+    signed_root(&bench);
+    let digest = bench
+        .run(&["--json", "fleet", "verify", "root.json"])
+        .expect(0)
+        .json()["digest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // A digest handed over out of band that is not this root's: refused, nothing recorded.
+    bench
+        .run(&["fleet", "join", "root.json", "--digest", &"0".repeat(64)])
+        .expect(3)
+        .stderr_has("not the pinned");
+    bench
+        .run(&["trust", "add", "org.example", "k.pub"])
+        .expect(0);
+
+    let joined = bench.run(&["--json", "fleet", "join", "root.json", "--digest", &digest]);
+    joined.expect(0);
+    let joined = joined.json();
+    assert_eq!(joined["joined"], true);
+    assert_eq!(joined["root_digest"], digest.as_str());
+
+    // Again with the same root: nothing changes.
+    let before = guild_test_support::disk(&bench.store());
+    bench
+        .run(&["fleet", "join", "root.json"])
+        .expect(0)
+        .stdout_has("already follows fleet example.prod");
+    assert_eq!(guild_test_support::disk(&bench.store()), before);
+
+    // Another fleet's root is refused.
+    bench
+        .run(&[
+            "fleet",
+            "root",
+            "new",
+            "--fleet",
+            "example.other",
+            "--threshold",
+            "1",
+            "--key",
+            "a.pub",
+            "--expires",
+            "30d",
+            "--out",
+            "other.json",
+        ])
+        .expect(0);
+    bench
+        .run(&["fleet", "sign", "other.json", "--key", "a.key"])
+        .expect(0);
+    bench
+        .run(&["fleet", "join", "other.json"])
+        .expect(4)
+        .stderr_has("follows fleet example.prod; it cannot join fleet example.other");
+    // The policy owns the trust now: local changes are refused and change nothing.
+    bench
+        .run(&["trust", "add", "org.example", "a.pub"])
+        .expect(4)
+        .stderr_has("fleet example.prod, whose signed policy owns its trust");
+    let list = bench.run(&["--json", "trust", "list"]).expect(0).json();
+    bench
+        .run(&["trust", "revoke-key", &"1".repeat(64)])
+        .expect(4);
+    assert_eq!(
+        bench.run(&["--json", "trust", "list"]).expect(0).json(),
+        list
+    );
+    assert_eq!(guild_test_support::disk(&bench.store()), before);
+}
+
+#[test]
+fn fleet_sync_applies_a_policy_in_one_transaction_and_every_refusal_changes_nothing() {
+    let bench = Bench::new(guild());
+    signed_root(&bench);
+    let scan = bench.package("example.scan", "1.0.0", b"scan", "");
+    let norm = bench.package("example.norm", "2.1.0", b"norm", "");
+    let lock = lock_with_sources(&bench, &[&scan, &norm], &[]);
+    policy(
+        &bench,
+        "1",
+        "30d",
+        &lock,
+        "policy1.json",
+        &["a.key", "c.key"],
+    );
+    let m1 = mirror(&bench, "m1", "policy1.json", &[&scan, &norm]);
+
+    // Not joined yet: there is no root to verify the policy with.
+    bench
+        .run(&["fleet", "sync", "--policy", &m1])
+        .expect(4)
+        .stderr_has("follows no fleet");
+    bench.run(&["fleet", "join", "root.json"]).expect(0);
+
+    // Signed by one root key of the two needed: refused, nothing changes.
+    policy(&bench, "1", "30d", &lock, "short.json", &["a.key"]);
+    let short = mirror(&bench, "short", "short.json", &[&scan, &norm]);
+    let before = guild_test_support::disk(&bench.store());
+    bench
+        .run(&["fleet", "sync", "--policy", &short])
+        .expect(3)
+        .stderr_has("1 valid signatures");
+    assert_eq!(guild_test_support::disk(&bench.store()), before);
+
+    // A mirror whose package is another build than the one the policy pins: refused.
+    let rebuilt_dir = bench.path().join("rebuilt");
+    fs::create_dir_all(&rebuilt_dir).unwrap();
+    let other = Bench::new(guild());
+    fs::copy(bench.path().join("k.key"), other.path().join("k.key")).unwrap();
+    fs::copy(bench.path().join("k.pub"), other.path().join("k.pub")).unwrap();
+    let forged = other.package("example.scan", "1.0.0", b"another scan", "");
+    let bad = mirror(&bench, "bad", "policy1.json", &[&norm]);
+    fs::copy(
+        other.path().join(&forged),
+        bench.path().join(&bad).join(&scan),
+    )
+    .unwrap();
+    bench
+        .run(&["fleet", "sync", "--policy", &bad])
+        .expect(3)
+        .stderr_has("example.scan 1.0.0");
+    assert_eq!(guild_test_support::disk(&bench.store()), before);
+
+    // The policy applies: its trust, its record and its packages, one commit.
+    let generation = |b: &Bench| b.run(&["--json", "status"]).json()["generation"].clone();
+    let g0 = generation(&bench);
+    let applied = bench.run(&["--json", "fleet", "sync", "--policy", &m1]);
+    applied.expect(0);
+    let applied = applied.json();
+    assert_eq!(applied["outcome"], "applied");
+    assert_eq!(applied["policy_version"], 1);
+    assert_eq!(applied["changes"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        generation(&bench).as_u64().unwrap(),
+        g0.as_u64().unwrap() + 1,
+        "one commit"
+    );
+    assert_eq!(
+        enabled(&bench),
+        [
+            ("example.norm".to_owned(), "2.1.0".to_owned()),
+            ("example.scan".to_owned(), "1.0.0".to_owned())
+        ]
+    );
+    let trust = bench.run(&["--json", "trust", "list"]).expect(0).json();
+    assert!(trust.to_string().contains("org.example"), "{trust}");
+
+    // The same policy again: unchanged, and no file of the store moves.
+    let synced = guild_test_support::disk(&bench.store());
+    bench
+        .run(&["fleet", "sync", "--policy", &m1])
+        .expect(0)
+        .stdout_has("unchanged");
+    assert_eq!(guild_test_support::disk(&bench.store()), synced);
+    // An operator who rebuilds the trust file without its keys gets the policy's back at the
+    // next sync, though the policy did not change.
+    bench.run(&["trust", "reset"]).expect(0);
+    bench
+        .run(&["fleet", "sync", "--policy", &m1])
+        .expect(0)
+        .stdout_has("applied");
+    assert_eq!(
+        bench.run(&["--json", "trust", "list"]).expect(0).json(),
+        trust
+    );
+
+    // Version 2 desires scan alone: norm is disabled in the same commit.
+    let lock2 = lock_with_sources(&bench, &[&scan], &["example.norm"]);
+    policy(
+        &bench,
+        "2",
+        "30d",
+        &lock2,
+        "policy2.json",
+        &["b.key", "c.key"],
+    );
+    let m2 = mirror(&bench, "m2", "policy2.json", &[&scan]);
+    bench
+        .run(&["fleet", "sync", "--policy", &m2])
+        .expect(0)
+        .stdout_has("disabled example.norm 2.1.0");
+    assert_eq!(
+        enabled(&bench),
+        [("example.scan".to_owned(), "1.0.0".to_owned())]
+    );
+
+    // Back to version 1: a rollback, refused, nothing changes.
+    let at2 = guild_test_support::disk(&bench.store());
+    bench
+        .run(&["fleet", "sync", "--policy", &m1])
+        .expect(4)
+        .stderr_has("older than version 2");
+    assert_eq!(guild_test_support::disk(&bench.store()), at2);
+    // Another document under version 2 (another expiry): refused too.
+    policy(
+        &bench,
+        "2",
+        "29d",
+        &lock2,
+        "forked.json",
+        &["a.key", "b.key"],
+    );
+    let forked = mirror(&bench, "forked", "forked.json", &[&scan]);
+    bench
+        .run(&["fleet", "sync", "--policy", &forked])
+        .expect(4)
+        .stderr_has("one version must name one policy");
+    assert_eq!(guild_test_support::disk(&bench.store()), at2);
+}
+
+#[test]
+fn fleet_an_expired_policy_keeps_the_last_state_until_an_operator_overrides_it_loudly() {
+    let bench = Bench::new(guild());
+    signed_root(&bench);
+    let scan = bench.package("example.scan", "1.0.0", b"scan", "");
+    let lock = lock_with_sources(&bench, &[&scan], &[]);
+    policy(&bench, "1", "2s", &lock, "policy.json", &["a.key", "b.key"]);
+    let m = mirror(&bench, "m", "policy.json", &[&scan]);
+    bench.run(&["fleet", "join", "root.json"]).expect(0);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let before = guild_test_support::disk(&bench.store());
+    bench
+        .run(&["fleet", "sync", "--policy", &m])
+        .expect(4)
+        .stderr_has("fleet policy version 1 expired at")
+        .stderr_has("keeping the last state")
+        .stderr_has("--allow-expired");
+    assert_eq!(guild_test_support::disk(&bench.store()), before);
+    assert!(enabled(&bench).is_empty());
+
+    let overridden = bench.run(&["fleet", "sync", "--policy", &m, "--allow-expired"]);
+    overridden
+        .expect(0)
+        .stderr_has("OVERRIDE: the fleet policy version 1 expired at")
+        .stdout_has("applied");
+    assert_eq!(
+        enabled(&bench),
+        [("example.scan".to_owned(), "1.0.0".to_owned())]
+    );
+    let json = bench.run(&["--json", "fleet", "sync", "--policy", &m, "--allow-expired"]);
+    json.expect(0);
+    assert_eq!(json.json()["expiry_overridden"], true);
+    // The store says, at every status, that it runs on an expired policy.
+    bench
+        .run(&["status"])
+        .expect(0)
+        .stdout_has("fleet: example.prod (root version 1), policy version 1")
+        .stderr_has("the fleet policy version 1 expired at");
+}
+
+#[test]
+fn fleet_sync_follow_polls_applies_once_then_reports_unchanged() {
+    let bench = Bench::new(guild());
+    signed_root(&bench);
+    let scan = bench.package("example.scan", "1.0.0", b"scan", "");
+    let lock = lock_with_sources(&bench, &[&scan], &[]);
+    policy(
+        &bench,
+        "1",
+        "30d",
+        &lock,
+        "policy.json",
+        &["a.key", "b.key"],
+    );
+    let m = mirror(&bench, "m", "policy.json", &[&scan]);
+    bench.run(&["fleet", "join", "root.json"]).expect(0);
+    let started = std::time::Instant::now();
+    bench
+        .run(&[
+            "fleet",
+            "sync",
+            "--policy",
+            &m,
+            "--follow",
+            "--interval",
+            "1",
+            "--rounds",
+            "3",
+        ])
+        .expect(0)
+        .stdout_has("applied: the store follows fleet example.prod policy version 1")
+        .stdout_has("unchanged: the store follows fleet policy version 1");
+    // Two waits of one second, each jittered by at most 20%.
+    let took = started.elapsed().as_secs_f64();
+    assert!(took >= 1.6, "{took}");
+    // A missing mirror is a failure to fetch: printed, and the loop goes on.
+    bench
+        .run(&[
+            "fleet",
+            "sync",
+            "--policy",
+            "nowhere.json",
+            "--follow",
+            "--interval",
+            "1",
+            "--rounds",
+            "2",
+        ])
+        .expect(0)
+        .stderr_has("nowhere.json");
+}
+
+#[test]
+fn fleet_a_store_joins_and_follows_a_policy_through_a_registry() {
+    let Some((registry, bench)) =
+        start("fleet_a_store_joins_and_follows_a_policy_through_a_registry")
+    else {
+        return;
+    };
+    signed_root(&bench);
+    let (_origin, lock) = locked_store(&bench, &registry);
+    policy(
+        &bench,
+        "1",
+        "30d",
+        lock.to_str().unwrap(),
+        "policy.json",
+        &["b.key", "c.key"],
+    );
+    let store = bench.path().join("member");
+    let root_tag = registry.reference("fleet/root:prod");
+    let policy_tag = registry.reference("fleet/policy:prod");
+    ok(run(
+        &bench,
+        &store,
+        None,
+        &["fleet", "push", "root.json", &root_tag],
+    ));
+    ok(run(
+        &bench,
+        &store,
+        None,
+        &["fleet", "push", "policy.json", &policy_tag],
+    ));
+
+    ok(run(&bench, &store, None, &["fleet", "join", &root_tag]))
+        .stdout_has("joined fleet example.prod");
+    let applied = ok(run(
+        &bench,
+        &store,
+        None,
+        &["--json", "fleet", "sync", "--policy", &policy_tag],
+    ))
+    .json();
+    assert_eq!(applied["outcome"], "applied");
+    assert_eq!(applied["changes"].as_array().unwrap().len(), 2);
+    ok(run(
+        &bench,
+        &store,
+        None,
+        &["fleet", "sync", "--policy", &policy_tag],
+    ))
+    .stdout_has("unchanged");
+    // Following: each poll after the first resolves the tag's manifest and reads the policy it
+    // already holds; still unchanged.
+    ok(run(
+        &bench,
+        &store,
+        None,
+        &[
+            "fleet",
+            "sync",
+            "--policy",
+            &policy_tag,
+            "--follow",
+            "--interval",
+            "1",
+            "--rounds",
+            "2",
+        ],
+    ))
+    .stdout_has("unchanged");
+
+    // With the registry unreachable the store keeps its state and says why.
+    let before = guild_test_support::disk(&store);
+    drop(registry);
+    fails(
+        run(
+            &bench,
+            &store,
+            None,
+            &["fleet", "sync", "--policy", &policy_tag],
+        ),
+        7,
+        "cannot fetch the fleet policy",
+    );
+    assert_eq!(guild_test_support::disk(&store), before);
+}

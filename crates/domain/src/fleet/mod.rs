@@ -30,6 +30,7 @@ mod accept;
 mod authorize;
 mod codec;
 mod envelope;
+mod membership;
 mod plan;
 mod policy;
 mod root;
@@ -38,6 +39,7 @@ pub use accept::{accept_policy, AcceptError, Acceptance, PolicyChange, PolicyRec
 pub use authorize::{authenticate_desired, authorize, AuthorizeError};
 pub use codec::FleetDocumentError;
 pub use envelope::{AddSignatureError, FleetDocument, SignatureFault, Signed, ThresholdError};
+pub use membership::FleetMembership;
 pub use plan::Shrink;
 pub use policy::{
     verify_policy, DesiredPackage, FleetPolicy, FleetPublisher, PolicyError, PolicyProblem,

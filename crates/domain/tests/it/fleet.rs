@@ -918,3 +918,59 @@ proptest! {
         prop_assert_eq!(respelled.signatures(), doc.signatures());
     }
 }
+
+#[test]
+fn a_stores_fleet_record_survives_the_checkpoint_and_the_log_and_is_never_dropped() {
+    use guild_domain::fleet::FleetMembership;
+    use guild_domain::store_log::{DeltaError, StoreStateDelta};
+    use guild_domain::store_state::StoreState;
+
+    let old = StoreState::new();
+    let mut joined = old.successor();
+    let mut membership = FleetMembership::joined(&trusted_root1());
+    joined.set_fleet(membership.clone());
+    assert_eq!(joined.fleet().unwrap().fleet(), &fleet());
+
+    // The checkpoint keeps the root whole: its digest and signatures read back the same.
+    let (back, _) = StoreState::from_any_json(&joined.to_checkpoint_json()).unwrap();
+    assert_eq!(back, joined);
+    assert_eq!(back.fleet().unwrap().root.digest(), root1().digest());
+    assert_eq!(
+        verify_root_self(&back.fleet().unwrap().root, &FakeCheck)
+            .unwrap()
+            .digest(),
+        root1().digest()
+    );
+
+    // A delta carries the record when it changed, and only then.
+    let delta = StoreStateDelta::between(&old, &joined).unwrap();
+    let replayed = {
+        let mut s = old.clone();
+        s.apply(&StoreStateDelta::from_json(&delta.to_json()).unwrap())
+            .unwrap();
+        s
+    };
+    assert_eq!(replayed, joined);
+    let mut accepted = joined.successor();
+    membership.policy = Some(PolicyRecord {
+        version: 3,
+        digest: Sha256Digest::of(b"policy 3"),
+        expires: 9_000,
+    });
+    accepted.set_fleet(membership.clone());
+    let delta = StoreStateDelta::between(&joined, &accepted).unwrap();
+    assert_eq!(delta.fleet.as_ref(), Some(&membership));
+    let unchanged = StoreStateDelta::between(&accepted, &accepted.successor()).unwrap();
+    assert_eq!(unchanged.fleet, None);
+    let mut replayed = joined.clone();
+    replayed
+        .apply(&StoreStateDelta::from_json(&delta.to_json()).unwrap())
+        .unwrap();
+    assert_eq!(replayed, accepted);
+
+    // No commit leaves the fleet.
+    assert_eq!(
+        StoreStateDelta::between(&accepted, &StoreState::new()),
+        Err(DeltaError::DropsFleet)
+    );
+}

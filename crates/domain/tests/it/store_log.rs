@@ -158,6 +158,7 @@ fn registry_apply_checks_the_changed_packages_and_undoes_a_refused_delta() {
     let mut delta = StoreStateDelta {
         generation: old.generation() + 1,
         trust: Some(anchor(5)),
+        fleet: None,
         packages: BTreeMap::new(),
     };
     // One good change, then a package without versions, which no registry may hold.

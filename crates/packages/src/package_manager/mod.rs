@@ -45,6 +45,7 @@ use guild_ports::store::{PackageStore, Transaction};
 use crate::error::HostError;
 use guild_domain::platform::HostPlatform;
 
+mod fleet;
 mod install;
 mod kept;
 mod lease;
@@ -60,6 +61,7 @@ mod view;
 use kept::Kept;
 use lease::Ledger;
 
+pub use fleet::{FleetChange, Joined};
 pub use lease::PackageLease;
 pub use plan::{PlanError, PlanStep, StepDone};
 pub use refresh::contested_reason;
@@ -237,6 +239,10 @@ pub struct PackageManager {
     /// Opened to read the committed state only ([`PackageManager::open_dir_committed`]):
     /// metadata is read when a query needs it, and catching up checks no signature.
     committed_only: bool,
+    /// The trust a fleet policy brings, while the plan that commits it is drafted under the
+    /// lifecycle lock: its packages are judged by the trust they will be committed with, not
+    /// by the trust file it replaces. `None` at every other time.
+    plan_trust: Mutex<Option<guild_domain::trust::TrustStore>>,
 }
 
 impl std::fmt::Debug for PackageManager {
@@ -318,6 +324,11 @@ impl PackageManager {
                 Err(e.into())
             }
         }
+    }
+
+    /// The signature verifier packages and fleet documents are checked with.
+    pub fn verifier(&self) -> &dyn SignatureVerifier {
+        &*self.verifier
     }
 
     /// The platform packages are checked against.

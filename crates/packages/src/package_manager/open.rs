@@ -117,6 +117,7 @@ impl PackageManager {
             leases: Arc::new(Ledger::default()),
             progress: Mutex::new(None),
             committed_only: committed_only && store_is_reader,
+            plan_trust: Mutex::new(None),
         }
     }
 

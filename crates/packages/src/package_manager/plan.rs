@@ -22,6 +22,7 @@ use guild_domain::version::Version;
 use guild_ports::source::OpenedPackage;
 use guild_ports::store::Transaction;
 
+use super::fleet::{FleetChange, PlanTrust};
 use super::install::installed_as_found;
 use super::kept::{Kept, KeptChange};
 use super::lease::PendingChange;
@@ -184,6 +185,31 @@ impl PackageManager {
         accept: &dyn Fn(&StoreState) -> Result<(), String>,
         hook: &mut dyn LifecycleHook,
     ) -> Result<Vec<StepDone>, PlanError> {
+        self.apply_plan_with(steps, accept, hook, None)
+    }
+
+    /// [`PackageManager::apply_plan`] that also replaces the store's trust and its fleet record
+    /// as `fleet` says, in the same transaction: the plan's packages are authenticated under the
+    /// new trust, and the commit writes the new trust file and records the policy with them. It
+    /// commits even when no package changes. Refused, changing nothing, when the store's fleet
+    /// record is no longer the one `fleet` was judged against.
+    pub fn apply_fleet_plan(
+        &self,
+        steps: &[PlanStep],
+        accept: &dyn Fn(&StoreState) -> Result<(), String>,
+        hook: &mut dyn LifecycleHook,
+        fleet: FleetChange,
+    ) -> Result<Vec<StepDone>, PlanError> {
+        self.apply_plan_with(steps, accept, hook, Some(fleet))
+    }
+
+    fn apply_plan_with(
+        &self,
+        steps: &[PlanStep],
+        accept: &dyn Fn(&StoreState) -> Result<(), String>,
+        hook: &mut dyn LifecycleHook,
+        fleet: Option<FleetChange>,
+    ) -> Result<Vec<StepDone>, PlanError> {
         let mut life = self.lock();
         let whole = |source: HostError| step_error("apply the changes to", "the store", source);
         let _write = self.write_session(&mut life).map_err(whole)?;
@@ -192,6 +218,31 @@ impl PackageManager {
             .registry()
             .map_err(|e| whole(HostError::Store(e)))?;
         let mut next = registry.successor();
+        let mut trust_bytes = None;
+        let _planned = match fleet {
+            None => None,
+            Some(change) => {
+                if registry.fleet() != Some(&change.before) {
+                    return Err(whole(HostError::FleetRecordChanged));
+                }
+                let mut trust = change.trust;
+                // A revocation never disappears: those the store recorded stay beside the
+                // policy's, which win over any key or payload it trusts.
+                if let Some(anchor) = registry.trust_anchor() {
+                    for (key, reason) in &anchor.revoked_keys {
+                        trust.revoke_key(*key, reason.clone());
+                    }
+                    for (digest, reason) in &anchor.revoked_digests {
+                        trust.revoke_digest(*digest, reason.clone());
+                    }
+                }
+                let (bytes, anchor) = self.seal_trust(&registry, trust.clone());
+                next.set_trust_anchor(anchor);
+                next.set_fleet(change.after);
+                trust_bytes = Some(bytes);
+                Some(PlanTrust::set(self, trust))
+            }
+        };
         let mut pending = Vec::new();
         let mut drafted = Vec::with_capacity(steps.len());
         let mut seen = BTreeSet::new();
@@ -199,15 +250,20 @@ impl PackageManager {
             let d = self.draft_step(&life, &registry, &mut next, step, &mut seen, &mut pending)?;
             drafted.push(d);
         }
-        if drafted
-            .iter()
-            .all(|d| matches!(d, Drafted::Unchanged { .. }))
+        if trust_bytes.is_none()
+            && drafted
+                .iter()
+                .all(|d| matches!(d, Drafted::Unchanged { .. }))
         {
             // Nothing to commit, and nothing for the hook to take part in.
             return Ok(drafted.into_iter().map(done).collect());
         }
         let ids: Vec<String> = seen.iter().map(ToString::to_string).collect();
-        let ids = ids.join(", ");
+        let ids = if ids.is_empty() {
+            "the store".to_owned()
+        } else {
+            ids.join(", ")
+        };
         let whole = |source: HostError| step_error("apply the changes to", ids.clone(), source);
 
         let after = self
@@ -223,6 +279,10 @@ impl PackageManager {
             return Err(e);
         }
         let mut tx = Transaction::new(registry.generation(), next.clone());
+        let trust_changed = trust_bytes.is_some();
+        if let Some(bytes) = trust_bytes {
+            tx = tx.with_trust(bytes);
+        }
         for d in &drafted {
             match d {
                 Drafted::New {
@@ -253,6 +313,9 @@ impl PackageManager {
         self.commit(tx, hook)
             .map_err(|source| step_error("commit the changes to", ids.clone(), source))?;
         drop(pending);
+        if trust_changed {
+            life.trust_epoch += 1;
+        }
 
         let epoch = life.trust_epoch;
         for d in &drafted {

@@ -118,15 +118,9 @@ impl PackageManager {
 
     /// Binds `trust` to the store at the next generation and commits it with its record in one
     /// transaction from `registry`. Answers the new generation.
-    fn commit_trust(&self, registry: &StoreState, mut trust: TrustStore) -> Result<u64, HostError> {
-        let (store_id, generation) = match registry.trust_anchor() {
-            Some(a) => (
-                a.binding.store_id.clone(),
-                a.binding.generation.saturating_add(1),
-            ),
-            None => (self.new_store_id(), 1),
-        };
-        let (bytes, anchor) = trust.seal(&store_id, generation);
+    fn commit_trust(&self, registry: &StoreState, trust: TrustStore) -> Result<u64, HostError> {
+        let (bytes, anchor) = self.seal_trust(registry, trust);
+        let generation = anchor.binding.generation;
         let mut next = registry.successor();
         next.set_trust_anchor(anchor);
         self.store
@@ -160,7 +154,32 @@ impl PackageManager {
     }
 
     pub(super) fn read_trust(&self) -> Result<TrustStore, HostError> {
+        let planned = self
+            .plan_trust
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(trust) = planned {
+            return Ok(trust);
+        }
         Ok(self.trust_file()?.map(|(_, t)| t).unwrap_or_default())
+    }
+
+    /// Seals `trust` as the trust file of the next generation of `registry`: its bytes, and the
+    /// anchor the same transaction records for it.
+    pub(super) fn seal_trust(
+        &self,
+        registry: &StoreState,
+        mut trust: TrustStore,
+    ) -> (Vec<u8>, guild_domain::trust::TrustAnchor) {
+        let (store_id, generation) = match registry.trust_anchor() {
+            Some(a) => (
+                a.binding.store_id.clone(),
+                a.binding.generation.saturating_add(1),
+            ),
+            None => (self.new_store_id(), 1),
+        };
+        trust.seal(&store_id, generation)
     }
 
     /// Applies `change` to the trust store and commits it durably, together with the registry's
@@ -175,6 +194,13 @@ impl PackageManager {
         let mut life = self.lock();
         let _write = self.write_session(&mut life)?;
         let registry = self.store.registry()?;
+        if let Some(fleet) = registry.fleet() {
+            // The policy is the trust of a fleet-managed store: a local key would outlive the
+            // next policy, or contradict it until then.
+            return Err(HostError::FleetManaged {
+                fleet: fleet.fleet().clone(),
+            });
+        }
         let mut trust = self.read_trust()?;
         let before = trust.clone();
         let out = change(&mut trust)?;
