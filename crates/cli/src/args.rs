@@ -28,6 +28,7 @@ Exit codes:
   7  unreachable: a registry could not be reached (refused, unresolved, timed out)
      after every attempt
   8  `guild sync --check` only: the store differs from the lock
+  9  `guild check` only: every check of a category was skipped (see --allow-skipped)
 
 Store: --store DIR, else $GUILD_STORE, else $XDG_DATA_HOME/guild, else ~/.local/share/guild.
 No option or variable makes a store load unsigned or untrusted code, or skips verification;
