@@ -28,6 +28,7 @@ Exit codes:
   7  unreachable: a registry could not be reached (refused, unresolved, timed out)
      after every attempt
   8  `guild sync --check` only: the store differs from the lock
+  9  `guild check` only: every check of a category was skipped (see --allow-skipped)
 
 Store: --store DIR, else $GUILD_STORE, else $XDG_DATA_HOME/guild, else ~/.local/share/guild.
 No option or variable makes a store load unsigned or untrusted code, or skips verification;
@@ -375,6 +376,10 @@ pub enum Command {
         /// Bound on host scratch, in bytes.
         #[arg(long, value_name = "BYTES")]
         ram_budget: Option<u64>,
+        /// The operation's parameter record: TYPE:VALUE,... (u8 i8 u16 i16 u32 i32 u64 i64 f32
+        /// f64, packed in order with C struct alignment) or @FILE (raw bytes).
+        #[arg(long, value_name = "RECORD", value_parser = crate::params::parse)]
+        params: Option<crate::params::ParamRecord>,
     },
 
     /// Check this machine and the store: platform, store health, trust store, GPUs and the SDK.
@@ -421,8 +426,11 @@ pub enum Command {
         Nothing is installed and no store is touched. PATH is a package archive, an unpacked \
         package, or a directory of built files with --manifest (the template `guild pack` \
         takes). A crash, abort or hang in the plugin becomes a failed check; the exit code is 3 \
-        when any check failed.\n\nExamples:\n  \
+        when any check failed, 9 when every check of a category (validate, query_scratch or \
+        execute) was skipped, as when an operation needs a parameter record that --params did \
+        not give (--allow-skipped accepts that).\n\nExamples:\n  \
         guild check build/scan --manifest scan.json\n  \
+        guild check axpy.gkmodule --params u32:8,f32:2.0\n  \
         guild check scan.gkmodule --timeout 2\n  \
         guild --json check scan.gkmodule"
     )]
@@ -436,6 +444,15 @@ pub enum Command {
         /// Time limit of one call into the plugin, in seconds.
         #[arg(long, value_name = "SECONDS", default_value_t = 10.0, value_parser = parse_seconds)]
         timeout: f64,
+        /// The parameter record every generated query and execution carries: TYPE:VALUE,...
+        /// (u8 i8 u16 i16 u32 i32 u64 i64 f32 f64, packed in order with C struct alignment) or
+        /// @FILE (raw bytes).
+        #[arg(long, value_name = "RECORD", value_parser = crate::params::parse)]
+        params: Option<crate::params::ParamRecord>,
+        /// Exit 0 even when every check of a category was skipped (the build was not executed,
+        /// say).
+        #[arg(long)]
+        allow_skipped: bool,
     },
 
     /// Internal: the child process of `guild check`, which loads a staged tree and writes one
@@ -452,6 +469,9 @@ pub enum Command {
         /// (repeatable).
         #[arg(long = "skip-operation", value_name = "OPERATION")]
         hung: Vec<String>,
+        /// The parameter record of every query, in hexadecimal.
+        #[arg(long, value_name = "HEX")]
+        params_hex: Option<String>,
         /// The inherited descriptor of the result channel (its nonce comes on stdin).
         #[arg(long, value_name = "FD")]
         results_fd: i32,

@@ -10,11 +10,46 @@ use guild_conformance::{self as conformance, Options, StageError, Verdict};
 use super::failure::{CliError, Exit};
 use super::output::Report;
 
-/// `guild check PATH [--manifest TEMPLATE] [--timeout SECONDS]`.
-pub fn run(path: &Path, template: Option<&Path>, timeout: f64) -> anyhow::Result<Report> {
+/// How `guild check` runs and judges the check.
+pub struct Settings {
+    /// The time limit of one call into the plugin, in seconds.
+    pub timeout: f64,
+    /// The parameter record every generated query and execution carries (empty: none).
+    pub params: Vec<u8>,
+    /// Exit 0 even when every check of a category was skipped.
+    pub allow_skipped: bool,
+}
+
+/// The categories of per-operation checks: a check belongs to the one its name starts with.
+const CATEGORIES: [&str; 3] = ["validate", "query_scratch", "execute"];
+
+/// The categories of which checks ran on some operation and every one was skipped: the build
+/// was not checked there (an operation never executed passes nothing).
+fn skipped_categories(report: &conformance::Report) -> Vec<&'static str> {
+    CATEGORIES
+        .into_iter()
+        .filter(|category| {
+            let mut of = report.findings.iter().filter(|f| {
+                f.operation.is_some()
+                    && (f.check == *category || f.check.starts_with(&format!("{category}.")))
+            });
+            let mut any = false;
+            let all_skipped = of.all(|f| {
+                any = true;
+                f.verdict == Verdict::Skipped
+            });
+            any && all_skipped
+        })
+        .collect()
+}
+
+/// `guild check PATH [--manifest TEMPLATE] [--timeout SECONDS] [--params RECORD]
+/// [--allow-skipped]`.
+pub fn run(path: &Path, template: Option<&Path>, settings: &Settings) -> anyhow::Result<Report> {
     let program = std::env::current_exe().context("cannot find the guild binary to re-run")?;
     let mut options = Options::new(program);
-    options.call_timeout = Duration::from_secs_f64(timeout);
+    options.call_timeout = Duration::from_secs_f64(settings.timeout);
+    options.params = settings.params.clone();
     // This process has no children but the check's, so it can end every process they leave.
     options.contain_descendants = true;
     let report = conformance::check(path, template, &options).map_err(|e| match e {
@@ -75,24 +110,48 @@ pub fn run(path: &Path, template: Option<&Path>, timeout: f64) -> anyhow::Result
         report.count(Verdict::Failed),
         report.count(Verdict::Skipped)
     ));
+    let unchecked = skipped_categories(&report);
+    out.field("skipped_categories", unchecked.clone());
     if !report.passed() {
         out.exit = Some(Exit::Rejected);
         out.warnings
             .push("the build fails the conformance check; fix it before signing".into());
+    } else if !unchecked.is_empty() {
+        let names = match unchecked.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+            _ => unchecked.join(""),
+        };
+        let what = format!("every {names} check was skipped: the build was not checked there");
+        if settings.allow_skipped {
+            out.warnings
+                .push(format!("{what} (allowed by --allow-skipped)"));
+        } else {
+            out.exit = Some(Exit::Unchecked);
+            out.warnings.push(format!(
+                "{what}; give the operation's parameter record with --params if it needs one, \
+                 or accept the gap with --allow-skipped"
+            ));
+        }
     }
     Ok(out)
 }
 
-/// `guild __conformance DIR --results-fd FD [--resume-after N]`: the child; its output is the
-/// lines it writes to the result channel.
+/// `guild __conformance DIR --results-fd FD [--resume-after N] [--params-hex HEX]`: the child;
+/// its output is the lines it writes to the result channel.
 pub fn child(
     dir: &Path,
     resume_after: Option<u64>,
     hung: &[String],
+    params_hex: Option<&str>,
     results_fd: i32,
 ) -> anyhow::Result<Report> {
+    let params = match params_hex {
+        None => Vec::new(),
+        Some(hex) => conformance::params_from_arg(hex)
+            .ok_or_else(|| CliError::new(Exit::Usage, "--params-hex is not hexadecimal"))?,
+    };
     let (channel, _) = conformance::ResultChannel::inherited(results_fd, 0)
         .with_context(|| format!("cannot take the result channel (descriptor {results_fd})"))?;
-    conformance::child_main(dir, resume_after, hung, channel)?;
+    conformance::child_main(dir, resume_after, hung, &params, channel)?;
     Ok(Report::new("conformance").silent())
 }

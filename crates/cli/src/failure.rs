@@ -31,6 +31,9 @@ pub enum Exit {
     Unreachable = 7,
     /// `guild sync --check`: the store differs from the lock. Not an error: the answer.
     Differs = 8,
+    /// `guild check`: every check of a category was skipped, so the build was not checked
+    /// (never executed, say). Not a failure of the build: a failure to check it.
+    Unchecked = 9,
 }
 
 impl Exit {
@@ -45,6 +48,7 @@ impl Exit {
             Exit::NotFound => "not_found",
             Exit::Unreachable => "unreachable",
             Exit::Differs => "differs",
+            Exit::Unchecked => "unchecked",
         }
     }
 

@@ -18,6 +18,7 @@ mod doctor;
 mod failure;
 mod fleet;
 mod output;
+mod params;
 mod progress;
 mod publisher;
 mod quarantine;
@@ -226,6 +227,7 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
             outputs,
             exact,
             ram_budget,
+            params,
         } => resolve::run(
             &store_dir(cli, true)?,
             op,
@@ -233,6 +235,7 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
             outputs,
             exact.as_ref(),
             *ram_budget,
+            params.as_ref().map_or(&[][..], |p| &p.0),
         ),
         Command::Doctor { deep, jobs } => {
             doctor::run(&store_dir(cli, true)?, deep.then(|| jobs_of(*jobs)))
@@ -241,13 +244,24 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
             path,
             manifest,
             timeout,
-        } => check::run(path, manifest.as_deref(), *timeout),
+            params,
+            allow_skipped,
+        } => check::run(
+            path,
+            manifest.as_deref(),
+            &check::Settings {
+                timeout: *timeout,
+                params: params.clone().unwrap_or_default().0,
+                allow_skipped: *allow_skipped,
+            },
+        ),
         Command::Conformance {
             dir,
             resume_after,
             hung,
+            params_hex,
             results_fd,
-        } => check::child(dir, *resume_after, hung, *results_fd),
+        } => check::child(dir, *resume_after, hung, params_hex.as_deref(), *results_fd),
         Command::CheckLibrary {
             dir,
             payload,

@@ -1,5 +1,6 @@
 //! `guild resolve`: what a runner asking for an operation would get from this store, and why
-//! every other implementation would not be chosen. Nothing is executed.
+//! every other implementation would not be chosen. Nothing is executed. The operation's
+//! parameter record (`--params`) goes to each candidate's `validate` and `query_scratch`.
 
 use std::path::Path;
 
@@ -20,13 +21,14 @@ pub fn run(
     outputs: &[TensorDesc],
     exact: Option<&ImplId>,
     ram_budget: Option<u64>,
+    params: &[u8],
 ) -> anyhow::Result<Report> {
     let (host, opened, loaded) = Host::open_dir(store)?;
     let mut report = Report::new("resolve");
     report.warnings = open_warnings(&opened, &loaded);
     let request = request(op, inputs, outputs, exact, ram_budget);
     let service = OperationService::new(host.kernels()).reporting();
-    let handle = match service.resolve(&request) {
+    let handle = match service.resolve_with_params(&request, params) {
         Ok(handle) => handle,
         Err(ResolveError::Unresolved(failure)) => return Err(unresolved(&failure).into()),
         Err(e) => return Err(CliError::new(Exit::Usage, e.to_string()).into()),

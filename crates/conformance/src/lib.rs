@@ -155,6 +155,10 @@ pub struct Options {
     /// (`setsid` and a double fork) ends with the check too. Only for a process whose every
     /// child is a check child, such as the `guild` command: it would end any other child.
     pub contain_descendants: bool,
+    /// The operation parameter record passed with every query and execution the check
+    /// generates, for every operation (empty: none). The child receives it in hexadecimal and
+    /// holds it 8-byte aligned, as module_abi.h promises providers.
+    pub params: Vec<u8>,
 }
 
 impl Options {
@@ -164,6 +168,7 @@ impl Options {
             program,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             contain_descendants: false,
+            params: Vec::new(),
         }
     }
 }
@@ -311,9 +316,30 @@ fn start_child(
     for op in hung {
         command.arg("--skip-operation").arg(op);
     }
+    if !options.params.is_empty() {
+        command
+            .arg("--params-hex")
+            .arg(params_to_arg(&options.params));
+    }
     let nonce = supervise::nonce().map_err(spawn_error)?;
     let child = supervise::spawn(command, &nonce, Vec::new()).map_err(spawn_error)?;
     Ok((nonce, child))
+}
+
+/// A parameter record as the child's `--params-hex` argument: lowercase hex.
+pub fn params_to_arg(params: &[u8]) -> String {
+    params.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The parameter record of a `--params-hex` argument; `None` unless it is even-length hex.
+pub fn params_from_arg(arg: &str) -> Option<Vec<u8>> {
+    if !arg.len().is_multiple_of(2) || !arg.is_ascii() {
+        return None;
+    }
+    (0..arg.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&arg[i..i + 2], 16).ok())
+        .collect()
 }
 
 /// Why a child killed at the time limit was killed: a call into the plugin that did not return,
@@ -608,11 +634,12 @@ const LOAD_CHECKS: [&str; 9] = [
 
 /// The child's side: loads the staged tree `dir` and runs every check, writing the lines the
 /// parent reads to `channel`; after `resume_after`, only the checks numbered above it, and none
-/// that calls into an operation named in `hung`.
+/// that calls into an operation named in `hung`. Every query and execution carries `params`.
 pub fn child_main(
     dir: &Path,
     resume_after: Option<u64>,
     hung: &[String],
+    params: &[u8],
     channel: ResultChannel,
 ) -> Result<(), HostError> {
     let metadata = guild_host::registration::read_tree_metadata(dir)?;
@@ -652,7 +679,8 @@ pub fn child_main(
         return Ok(());
     };
     if outcome.failed_index.is_none() {
-        check_operations(&plugin, m, &lines, &mut rec);
+        let params = gop1::ParamRecord::new(params);
+        check_operations(&plugin, m, &lines, &params, &mut rec);
     }
     let closing = rec.start("shutdown", None, false);
     drop(plugin);
@@ -818,6 +846,7 @@ fn check_operations(
     plugin: &guild_ports::loader::LoadedPlugin,
     m: &guild_domain::manifest::Manifest,
     lines: &Lines,
+    params: &gop1::ParamRecord,
     rec: &mut Recorder<'_>,
 ) {
     for kernel in &plugin.kernels {
@@ -839,6 +868,7 @@ fn check_operations(
             max_batch,
             has_dependencies: !m.module_dependencies.is_empty(),
             lines: lines.clone(),
+            params,
         };
         gop1::check(&op, rec);
     }

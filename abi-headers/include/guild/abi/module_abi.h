@@ -184,7 +184,9 @@ typedef struct guild_operation_query_v1_t {
     const guild_device_caps_v1_t* device_caps;
     /* Operation parameters, a POD whose layout the operation's contract defines for the
      * negotiated version (conventionally starting with a uint32_t struct_size); NULL/0 for none.
-     * Borrowed for the call. */
+     * Borrowed for the call only: a provider copies what it needs later. Aligned to at least
+     * 8 bytes: the service refuses a record that is not (GUILD_STATUS_ERR_INVALID_ARGUMENT
+     * naming it), so a provider may read it as its C struct. At most 1 MiB. */
     const void* params;
     size_t params_size;
 } guild_operation_query_v1_t;
@@ -218,7 +220,8 @@ typedef struct guild_execute_args_v1_t {
     int32_t device_id;
     /* The GUILD_SYNC_* mode; must equal the resolved query's mode. */
     uint32_t sync_mode;
-    /* Operation parameters as in the query; borrowed for the call. */
+    /* Operation parameters as in the query (aligned to at least 8 bytes, refused otherwise);
+     * borrowed for the call. */
     const void* params;
     size_t params_size;
 } guild_execute_args_v1_t;
@@ -229,8 +232,12 @@ typedef struct guild_execute_args_v1_t {
 
 /*
  * The contract of one GUILD_OP_CUSTOM implementation, attached to its kernel descriptor through
- * next_ext. The host copies it at registration. The host checks every declarative field itself
- * before calling validate, so validate only checks what the fields cannot express.
+ * next_ext. The host copies it at registration. The host refuses every query outside what the
+ * declarative fields below admit (tensor counts, rank, dtypes, layouts, memory spaces, the
+ * alignment of a known data address, and the kernel descriptor's max_dim and max_batch) before
+ * it calls validate, at resolve and at reshape alike, so validate only checks what the fields
+ * cannot express and may rely on them (index the declared counts, assume the declared ranks).
+ * `guild check` holds a module to this same rule.
  */
 typedef struct guild_operation_ext_v1_t {
     /* struct_size, GUILD_GOP1_TAG, GUILD_GOP1_VERSION. */
@@ -264,7 +271,8 @@ typedef struct guild_operation_ext_v1_t {
     uint32_t sync_modes;
     /*
      * Pure negotiation: accept (OK) or reject (ERR_UNSUPPORTED/ERR_INVALID_ARGUMENT with a reason)
-     * the query's tensors and params. No allocation, launches, registry calls or retained
+     * the query's tensors and params; only queries within the declaration above are asked. No
+     * allocation, launches, registry calls or retained
      * pointers; may run under the registry lock. Required.
      */
     guild_status_t (*validate)(void* user_data, const guild_operation_query_v1_t* query, guild_error_info_t* error);
@@ -342,7 +350,8 @@ typedef struct guild_reshape_args_v1_t {
     size_t input_count;
     const guild_tensor_desc_v1_t* outputs;
     size_t output_count;
-    /* The operation's parameter record for validate and query_scratch, or NULL with size 0. */
+    /* The operation's parameter record for validate and query_scratch, or NULL with size 0;
+     * aligned to at least 8 bytes, as in a query. */
     const void* params;
     size_t params_size;
 } guild_reshape_args_v1_t;

@@ -192,11 +192,6 @@ fn each_faulty_plugin_fails_the_check_it_breaks() {
         ("read_before", "execute.guard_front", "SIGSEGV"),
         ("ignores_strides", "execute.strides", "outer-strided output"),
         (
-            "rank_accept",
-            "validate.outside_bounds",
-            "rank 3 above max_rank 2",
-        ),
-        (
             "nondeterministic",
             "execute.deterministic",
             "declares deterministic numerics",
@@ -239,6 +234,76 @@ fn each_faulty_plugin_fails_the_check_it_breaks() {
             "{kind}: a later child finished the report:\n{}",
             failures(&report)
         );
+    }
+}
+
+/// module_abi.h's rule: the host refuses every query outside the GOP1 declaration before it
+/// calls validate, so a validate that accepts a rank above max_rank (faulty_rank_accept) is
+/// never asked about one. The check does not ask it either: it passes, naming the variants it
+/// left to the host as information.
+#[test]
+fn a_validate_that_leaves_the_declared_bounds_to_the_host_passes() {
+    let shop = Workshop::new();
+    let report = check(&shop, &faulty("rank_accept"));
+    assert!(report.passed(), "{}", failures(&report));
+    let f = report
+        .find(
+            "validate.outside_bounds",
+            Some("example.faulty.rank_accept"),
+        )
+        .expect("an outside_bounds finding");
+    assert_eq!(f.verdict, Verdict::Passed, "{}", f.reason);
+    assert!(
+        f.reason.contains("information") && f.reason.contains("rank 3 above max_rank 2"),
+        "{}",
+        f.reason
+    );
+}
+
+/// An operation that takes a parameter record (test-plugins/axpy_params) is checked in full when
+/// the check is given the record: every query and execution carries it, 8-byte aligned (the
+/// plugin refuses one that is not), and every category passes; without it, validate refuses
+/// every generated query and the rest is skipped with a reason that says so.
+#[test]
+fn an_operation_with_a_parameter_record_is_checked_with_the_record() {
+    let shop = Workshop::new();
+    let spec = plugin_module("example.axpy", "axpy_params", &["example.vector.axpy.cpu"]);
+    let report = check(&shop, &spec);
+    let f = report
+        .find("validate", Some("example.vector.axpy"))
+        .unwrap();
+    assert_eq!(f.verdict, Verdict::Skipped, "{}", f.reason);
+    assert!(
+        f.reason.contains("parameter record") && f.reason.contains("--params"),
+        "{}",
+        f.reason
+    );
+    assert_eq!(
+        report
+            .find("execute.guard_back", Some("example.vector.axpy"))
+            .map(|f| f.verdict),
+        Some(Verdict::Skipped)
+    );
+
+    let built = shop.build_with(&spec, None);
+    let mut o = options();
+    o.params = 8u32.to_ne_bytes().to_vec();
+    o.params.extend(2.0f32.to_ne_bytes());
+    let report = conformance::check(&built.archive, None, &o).unwrap();
+    assert!(report.passed(), "{}", failures(&report));
+    for name in [
+        "validate",
+        "validate.inside_bounds",
+        "query_scratch",
+        "execute.guard_front",
+        "execute.guard_back",
+        "execute.deterministic",
+        "execute.concurrent",
+    ] {
+        let f = report
+            .find(name, Some("example.vector.axpy"))
+            .unwrap_or_else(|| panic!("no {name} finding"));
+        assert_eq!(f.verdict, Verdict::Passed, "{name}: {}", f.reason);
     }
 }
 

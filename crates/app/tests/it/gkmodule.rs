@@ -25,7 +25,7 @@ use guild_host::registry::KernelRegistry;
 use guild_host::{HostError, InstallOptions, OperationRequest, OperationService};
 use guild_ports::device::StreamRef;
 use guild_ports::fakes::{FakeStreams, StreamEvent};
-use guild_test_support::plugins::{alt_spec, plugin_library, scan_spec};
+use guild_test_support::plugins::{alt_spec, plugin_library, plugin_module, scan_spec};
 use guild_test_support::{id, ModDep, Spec};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -757,6 +757,59 @@ fn cpu_caps() -> guild_device_caps_v1_t {
     }
 }
 
+/// module_abi.h promises providers a parameter record aligned to 8 bytes: the service refuses a
+/// misaligned one in a query, an execute and a reshape with GUILD_STATUS_ERR_INVALID_ARGUMENT
+/// naming it, before any provider sees it, and takes the same record 8-byte aligned.
+#[test]
+fn a_misaligned_params_record_is_refused_by_the_c_service() {
+    let f = fixture();
+    let service = Service::of(f.host.kernels());
+    let words = [0u64; 3];
+    let aligned: *const std::ffi::c_void = words.as_ptr().cast();
+    // SAFETY: 4 bytes into a live 24-byte array, with 16 bytes of it after.
+    let misaligned: *const std::ffi::c_void = unsafe { aligned.cast::<u8>().add(4) }.cast();
+    let named = |err: CError, record: &str| {
+        assert_eq!(err.status, GUILD_STATUS_ERR_INVALID_ARGUMENT, "{err}");
+        assert!(
+            err.message.contains(&format!("{record}.params at"))
+                && err.message.contains("not aligned to 8 bytes"),
+            "{err}"
+        );
+    };
+
+    let query = same_shape(INCLUSIVE_OP, GUILD_DTYPE_F32, &[4, 2]);
+    let mut c = query.c();
+    c.params = misaligned;
+    c.params_size = 16;
+    named(service.resolve_raw(&c).unwrap_err(), "query");
+    c.params = aligned;
+    service.resolve_raw(&c).unwrap().release().unwrap();
+
+    let handle = service.resolve(&query).unwrap();
+    let input = [1f32; 8];
+    let mut output = [-1f32; 8];
+    let inputs = [with_data(query.inputs[0], input.as_ptr())];
+    let outputs = [with_data(query.outputs[0], output.as_mut_ptr())];
+    let mut a = args(&inputs, &outputs);
+    a.params = misaligned;
+    a.params_size = 16;
+    named(handle.execute_args(&a).unwrap_err(), "execute: args");
+    assert_eq!(output, [-1f32; 8], "the provider did not run");
+    a.params = aligned;
+    handle.execute_args(&a).unwrap();
+    assert_eq!(output[0], 1.0);
+
+    let mut r = crate::c_face::reshape_args(&query.inputs, &query.outputs);
+    r.params = misaligned;
+    r.params_size = 16;
+    named(
+        crate::c_face::reshape_raw(&service, handle.raw(), &r).unwrap_err(),
+        "reshape: args",
+    );
+    r.params = aligned;
+    crate::c_face::reshape_raw(&service, handle.raw(), &r).unwrap();
+}
+
 #[test]
 fn bad_execute_calls_are_refused_before_the_provider_runs() {
     let f = fixture();
@@ -1121,6 +1174,69 @@ fn the_rust_face_passes_execute_params_to_the_provider() {
         )
         .unwrap();
     assert_eq!(statuses, [0, GUILD_STATUS_ERR_INVALID_ARGUMENT]);
+}
+
+/// The parameter record of test-plugins/axpy_params, as a runner declares it in Rust.
+#[repr(C)]
+struct AxpyParams {
+    struct_size: u32,
+    a: f32,
+}
+
+/// A Rust caller's `&[u8]` record may sit at any address (this one's struct is only 4-aligned);
+/// the Rust face hands providers an 8-byte aligned copy of a misaligned one, so the axpy, which
+/// refuses a misaligned record, resolves, reshapes and runs with it.
+#[test]
+fn the_rust_face_aligns_a_misaligned_params_record() {
+    let axpy = plugin_module("example.axpy", "axpy_params", &["example.vector.axpy.cpu"]);
+    let f = fixture_with(&[axpy], DeviceSupport::host());
+    let rust = OperationService::new(f.host.kernels());
+    let record = AxpyParams {
+        struct_size: size_of::<AxpyParams>() as u32,
+        a: 2.0,
+    };
+    let mut words = [0u64; 3];
+    // SAFETY: viewing a live array of u64 as its 24 bytes, for as long as `words` is borrowed.
+    let buffer = unsafe {
+        std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), size_of::<[u64; 3]>())
+    };
+    buffer[4..8].copy_from_slice(&record.struct_size.to_ne_bytes());
+    buffer[8..12].copy_from_slice(&record.a.to_ne_bytes());
+    let params = &buffer[4..12];
+    assert_eq!(params.as_ptr() as usize % 8, 4, "the record is misaligned");
+
+    let d = desc(DType::F32, &[4], &[]);
+    let request = OperationRequest::cpu(op("example.vector.axpy"), vec![d, d], vec![d]);
+    assert!(
+        rust.resolve(&request).is_err(),
+        "no record: validate refuses"
+    );
+    let mut handle = rust.resolve_with_params(&request, params).unwrap();
+    let (x, y) = ([1f32, 2.0, 3.0, 4.0], [10f32, 20.0, 30.0, 40.0]);
+    let mut out = [0f32; 4];
+    handle
+        .execute_with_params(
+            &[TensorArg::new(&d, &x), TensorArg::new(&d, &y)],
+            &mut [TensorArgMut::new(&d, &mut out)],
+            None,
+            params,
+        )
+        .unwrap();
+    assert_eq!(out, [12.0, 24.0, 36.0, 48.0]);
+
+    let d2 = desc(DType::F32, &[2, 2], &[]);
+    handle
+        .reshape_with_params(&[d2, d2], &[d2], params)
+        .unwrap();
+    handle
+        .execute_with_params(
+            &[TensorArg::new(&d2, &x), TensorArg::new(&d2, &y)],
+            &mut [TensorArgMut::new(&d2, &mut out)],
+            None,
+            params,
+        )
+        .unwrap();
+    assert_eq!(out, [12.0, 24.0, 36.0, 48.0]);
 }
 
 #[test]

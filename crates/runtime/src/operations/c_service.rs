@@ -59,6 +59,12 @@ pub const MAX_QUERY_TENSORS: usize = 1024;
 /// The most parameter bytes one query may carry.
 pub const MAX_PARAMS_BYTES: usize = 1 << 20;
 
+/// The alignment, in bytes, of every parameter record a provider receives (module_abi.h): the
+/// largest of a `uint64_t`'s, a `double`'s and a pointer's on every supported platform, so that
+/// a provider may read its record as the C struct it is. The C table refuses a record that is
+/// not aligned so; the Rust face copies one that is not into an aligned buffer.
+pub const PARAMS_ALIGNMENT: usize = 8;
+
 /// The table every core starts from; the core fills in `user`.
 pub(crate) fn table() -> guild_operation_service_v1_t {
     guild_operation_service_v1_t {
@@ -494,6 +500,9 @@ unsafe fn read_params<'a>(
     if params.is_null() || size == 0 {
         return Ok(&[]);
     }
+    if !(params as usize).is_multiple_of(PARAMS_ALIGNMENT) {
+        return Err(misaligned_params(record, params));
+    }
     if size > MAX_PARAMS_BYTES {
         return Err(Failure::invalid(format!(
             "{record}.params_size is {size}, above the {MAX_PARAMS_BYTES} bytes this service \
@@ -502,6 +511,15 @@ unsafe fn read_params<'a>(
     }
     // SAFETY: the caller's params record of `size` bytes, borrowed for the call.
     Ok(unsafe { std::slice::from_raw_parts(params.cast::<u8>(), size) })
+}
+
+/// The refusal of a parameter record at `params`, which is not aligned to [`PARAMS_ALIGNMENT`].
+#[cold]
+fn misaligned_params(record: &str, params: *const c_void) -> Failure {
+    Failure::invalid(format!(
+        "{record}.params at {params:p} is not aligned to {PARAMS_ALIGNMENT} bytes, the \
+         alignment module_abi.h promises providers"
+    ))
 }
 
 /// Copies the caller's tensor array, and gives it back as a slice for the negotiation
@@ -767,6 +785,9 @@ unsafe fn execute_checked(
     let a = unsafe { &*args };
     if a.reserved != 0 {
         return report(error, bad_args(size, false));
+    }
+    if a.params_size != 0 && !(a.params as usize).is_multiple_of(PARAMS_ALIGNMENT) {
+        return report(error, misaligned_params("execute: args", a.params));
     }
     // SAFETY: the arrays are the caller's, valid for this call.
     let inputs = or_report!(

@@ -284,8 +284,9 @@ impl<'r> OperationService<'r> {
         // The query's tensors in C form, made once: the negotiation callbacks see them (with
         // the addresses the request knows), then the handle keeps them for its calls.
         let tensors = self::core::c_tensors(&query);
+        let params = AlignedParams::new(params);
         let args = Negotiation {
-            params,
+            params: params.bytes(),
             tensors: [tensors.inputs(), tensors.outputs()],
         };
         let mut resolved = self.core.resolve(query, &args, self.report)?;
@@ -448,8 +449,12 @@ impl OpHandle<'_> {
         outputs: &[TensorDesc],
         params: &[u8],
     ) -> Result<(), ReshapeError> {
+        let params = AlignedParams::new(params);
         // SAFETY: `&mut self`: no other call of this handle runs.
-        let contract = unsafe { self.resolved.renegotiate(inputs, outputs, None, params) }?;
+        let contract = unsafe {
+            self.resolved
+                .renegotiate(inputs, outputs, None, params.bytes())
+        }?;
         self.resolved.install_mut(contract);
         Ok(())
     }
@@ -640,6 +645,9 @@ impl OpHandle<'_> {
         args.scratch_device = scratch_device;
         args.scratch_device_size = scratch_device_size;
         args.stream = stream;
+        // Kept until the provider has returned: it may be the aligned copy.
+        let params = AlignedParams::new(params);
+        let params = params.bytes();
         args.params = if params.is_empty() {
             std::ptr::null()
         } else {
@@ -655,6 +663,47 @@ impl OpHandle<'_> {
         // sync mode and device are the handle's own (set at resolution), and the stream is the
         // caller's to vouch for (as the memory is); `running` is held.
         unsafe { r.call_provider(&running, &cells.args, &mut cells.error) }
+    }
+}
+
+/// A parameter record at the alignment every provider may assume
+/// ([`c_service::PARAMS_ALIGNMENT`]): the caller's bytes where they already are (the usual
+/// case: a `#[repr(C)]` record or a `Vec<u64>` seen as bytes), else a copy in 8-byte words. A
+/// Rust caller's `&[u8]` says nothing of its alignment, so the Rust face aligns rather than
+/// refuses; the C face refuses a misaligned record.
+enum AlignedParams<'a> {
+    Borrowed(&'a [u8]),
+    Copied { words: Vec<u64>, len: usize },
+}
+
+impl<'a> AlignedParams<'a> {
+    fn new(params: &'a [u8]) -> Self {
+        if params.is_empty()
+            || (params.as_ptr() as usize).is_multiple_of(c_service::PARAMS_ALIGNMENT)
+        {
+            return AlignedParams::Borrowed(params);
+        }
+        let mut words = vec![0u64; params.len().div_ceil(8)];
+        for (word, chunk) in words.iter_mut().zip(params.chunks(8)) {
+            let mut bytes = [0u8; 8];
+            bytes[..chunk.len()].copy_from_slice(chunk);
+            *word = u64::from_ne_bytes(bytes);
+        }
+        AlignedParams::Copied {
+            words,
+            len: params.len(),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            AlignedParams::Borrowed(b) => b,
+            AlignedParams::Copied { words, len } => {
+                // SAFETY: `words` holds at least `len` initialised bytes (`len` rounded up to
+                // whole words), any byte pattern is a valid u8, and the slice borrows `self`.
+                unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), *len) }
+            }
+        }
     }
 }
 
