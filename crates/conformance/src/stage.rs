@@ -136,14 +136,9 @@ fn sweep(root: &Path) {
     }
 }
 
-/// A new run under `root`: its lock file made and locked first, then its directory.
-///
-/// The lock file is made and locked under a name no sweep looks at, and only then linked to its
-/// `.lock` name, so that a sweep running meanwhile never finds it unlocked (it would take the
-/// run for a dead one and remove it). A directory already at the run's name therefore has no
-/// live owner, since the name's lock was free: a run whose removal stopped half way, or one from
-/// an earlier process with the same id. It is removed and made again.
-fn new_run(root: &Path) -> Result<Run, StageError> {
+/// A locked lock file under a run's `.lock` name, with the run's directory name; `None` when a
+/// sweep removed the new file before it was locked (see [`new_run`]).
+fn claim_run_name(root: &Path) -> Result<Option<(File, PathBuf, PathBuf)>, StageError> {
     let refuse = |path: &Path, e: std::io::Error| StageError::Scratch {
         path: path.to_path_buf(),
         reason: e.to_string(),
@@ -166,14 +161,23 @@ fn new_run(root: &Path) -> Result<Run, StageError> {
             create()
         })
         .map_err(|e| refuse(&unnamed, e))?;
-    let locked = lock.try_lock().map_err(|e| refuse(&unnamed, e.into()));
+    let locked = match lock.try_lock() {
+        Ok(()) => Ok(()),
+        // A sweep holds it for the instant it takes to find it free, and removes it.
+        Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => Err(refuse(&unnamed, e)),
+    };
     let named = locked.and_then(|()| {
         for n in 0..100u32 {
             let dir = root.join(format!("run-{pid}-{n}"));
             let lock_path = dir.with_extension("lock");
             match std::fs::hard_link(&unnamed, &lock_path) {
-                Ok(()) => return Ok((dir, lock_path)),
+                Ok(()) => return Ok(Some((dir, lock_path))),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                // The new file itself is gone: swept before it was locked.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && !unnamed.exists() => {
+                    return Ok(None)
+                }
                 Err(e) => return Err(refuse(&lock_path, e)),
             }
         }
@@ -183,7 +187,38 @@ fn new_run(root: &Path) -> Result<Run, StageError> {
         ))
     });
     let _ = std::fs::remove_file(&unnamed);
-    let (dir, lock_path) = named?;
+    Ok(named?.map(|(dir, lock_path)| (lock, dir, lock_path)))
+}
+
+/// A new run under `root`: its lock file made and locked first, then its directory.
+///
+/// The lock file is made and locked under a name no sweep looks at, and only then linked to its
+/// `.lock` name, so that a sweep running meanwhile never finds it unlocked (it would take the
+/// run for a dead one and remove it). A directory already at the run's name therefore has no
+/// live owner, since the name's lock was free: a run whose removal stopped half way, or one from
+/// an earlier process with the same id. It is removed and made again.
+fn new_run(root: &Path) -> Result<Run, StageError> {
+    let refuse = |path: &Path, e: std::io::Error| StageError::Scratch {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    };
+    // A sweep can open a new lock file in the instant between its creation and its lock, find
+    // it free and remove it: the lock is then on a file no name leads to, and naming it fails.
+    // That run is simply made again (a sweep removes only what is free at that instant, so a
+    // second instant like it is as unlikely as the first).
+    let mut attempts = 0;
+    let (lock, dir, lock_path) = loop {
+        match claim_run_name(root)? {
+            Some(claimed) => break claimed,
+            None if attempts < 10 => attempts += 1,
+            None => {
+                return Err(refuse(
+                    root,
+                    std::io::Error::other("every new lock file was swept before it was named"),
+                ))
+            }
+        }
+    };
     let made = std::fs::create_dir(&dir).or_else(|e| {
         if e.kind() != std::io::ErrorKind::AlreadyExists {
             return Err(e);
@@ -279,5 +314,49 @@ mod tests {
         assert!(stale.is_dir());
         drop(run);
         assert_eq!(std::fs::read_dir(&root.0).unwrap().count(), 0);
+    }
+
+    /// Checks that start while others sweep: a sweep that catches a new run's lock file in the
+    /// instant before it is locked removes it, and the run is made again rather than failing
+    /// ("cannot stage the build under run-….lock: No such file or directory", seen when the
+    /// command-line tests ran several checks at once).
+    #[test]
+    fn runs_made_while_others_sweep_are_never_refused() {
+        let root = Root(std::env::temp_dir().join(format!(
+            "guild-stage-race-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        )));
+        std::fs::create_dir_all(&root.0).unwrap();
+        let failures: Vec<String> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut failed = Vec::new();
+                        for _ in 0..300 {
+                            sweep(&root.0);
+                            match new_run(&root.0) {
+                                Ok(run) => {
+                                    assert!(run.path().is_dir());
+                                    drop(run);
+                                }
+                                Err(e) => failed.push(e.to_string()),
+                            }
+                        }
+                        failed
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().unwrap())
+                .collect()
+        });
+        assert!(
+            failures.is_empty(),
+            "{} refused: {:?}",
+            failures.len(),
+            &failures[..failures.len().min(3)]
+        );
     }
 }
