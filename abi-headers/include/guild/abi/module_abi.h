@@ -183,7 +183,8 @@ typedef struct guild_operation_query_v1_t {
      * (device 0) of each permitted backend. Its next_ext must be NULL. */
     const guild_device_caps_v1_t* device_caps;
     /* Operation parameters, a POD whose layout the operation's contract defines for the
-     * negotiated version (conventionally starting with a uint32_t struct_size); NULL/0 for none.
+     * negotiated version (conventionally starting with a uint32_t struct_size); NULL/0 for none
+     * (NULL with a nonzero size is refused).
      * Borrowed for the call only: a provider copies what it needs later. Aligned to at least
      * 8 bytes: the service refuses a record that is not (GUILD_STATUS_ERR_INVALID_ARGUMENT
      * naming it), so a provider may read it as its C struct. At most 1 MiB. */

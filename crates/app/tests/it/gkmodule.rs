@@ -808,6 +808,27 @@ fn a_misaligned_params_record_is_refused_by_the_c_service() {
     );
     r.params = aligned;
     crate::c_face::reshape_raw(&service, handle.raw(), &r).unwrap();
+
+    // A NULL record that claims bytes is refused too, where the provider would read NULL.
+    let null_named = |err: CError, record: &str| {
+        assert_eq!(err.status, GUILD_STATUS_ERR_INVALID_ARGUMENT, "{err}");
+        assert!(
+            err.message
+                .contains(&format!("{record}.params is NULL but params_size is 16")),
+            "{err}"
+        );
+    };
+    c.params = std::ptr::null();
+    null_named(service.resolve_raw(&c).unwrap_err(), "query");
+    a.params = std::ptr::null();
+    output = [-1f32; 8];
+    null_named(handle.execute_args(&a).unwrap_err(), "execute: args");
+    assert_eq!(output, [-1f32; 8], "the provider did not run");
+    r.params = std::ptr::null();
+    null_named(
+        crate::c_face::reshape_raw(&service, handle.raw(), &r).unwrap_err(),
+        "reshape: args",
+    );
 }
 
 #[test]

@@ -497,8 +497,11 @@ unsafe fn read_params<'a>(
     size: usize,
     record: &str,
 ) -> Result<&'a [u8], Failure> {
-    if params.is_null() || size == 0 {
+    if size == 0 {
         return Ok(&[]);
+    }
+    if params.is_null() {
+        return Err(null_params(record, size));
     }
     if !(params as usize).is_multiple_of(PARAMS_ALIGNMENT) {
         return Err(misaligned_params(record, params));
@@ -511,6 +514,14 @@ unsafe fn read_params<'a>(
     }
     // SAFETY: the caller's params record of `size` bytes, borrowed for the call.
     Ok(unsafe { std::slice::from_raw_parts(params.cast::<u8>(), size) })
+}
+
+/// The refusal of a NULL parameter record that claims `size` bytes (NULL goes with 0).
+#[cold]
+fn null_params(record: &str, size: usize) -> Failure {
+    Failure::invalid(format!(
+        "{record}.params is NULL but params_size is {size}; pass NULL with 0 for no record"
+    ))
 }
 
 /// The refusal of a parameter record at `params`, which is not aligned to [`PARAMS_ALIGNMENT`].
@@ -786,8 +797,13 @@ unsafe fn execute_checked(
     if a.reserved != 0 {
         return report(error, bad_args(size, false));
     }
-    if a.params_size != 0 && !(a.params as usize).is_multiple_of(PARAMS_ALIGNMENT) {
-        return report(error, misaligned_params("execute: args", a.params));
+    if a.params_size != 0 {
+        if a.params.is_null() {
+            return report(error, null_params("execute: args", a.params_size));
+        }
+        if !(a.params as usize).is_multiple_of(PARAMS_ALIGNMENT) {
+            return report(error, misaligned_params("execute: args", a.params));
+        }
     }
     // SAFETY: the arrays are the caller's, valid for this call.
     let inputs = or_report!(
