@@ -24,9 +24,9 @@ use std::path::PathBuf;
 
 use guild_domain::distribution::{LockFile, LockedPackage, SyncStep};
 use guild_domain::fleet::{
-    accept_policy, verify_policy, verify_root_chain, verify_root_pinned, verify_root_self,
-    AcceptError, Acceptance, ExpiryRule, ExpiryStatus, FleetMembership, PolicyChange, PolicyError,
-    RootError, SignedPolicy, SignedRoot, VerifiedPolicy, VerifiedRoot,
+    accept_policy, authenticate_desired, verify_policy, verify_root_chain, verify_root_pinned,
+    verify_root_self, AcceptError, Acceptance, ExpiryRule, ExpiryStatus, FleetMembership,
+    PolicyChange, PolicyError, RootError, SignedPolicy, SignedRoot, VerifiedPolicy, VerifiedRoot,
 };
 use guild_domain::ids::{FleetId, PublisherId, Sha256Digest};
 use guild_domain::trust::TrustStore;
@@ -307,9 +307,33 @@ pub fn trust_follows(pm: &PackageManager, judged: &Judged) -> Result<bool, Fleet
             .all(|(d, _)| trust.is_digest_revoked(d)))
 }
 
-/// The steps that make the store of `pm` follow the judged policy's desired set.
+/// The steps that make the store of `pm` follow the judged policy's desired set. A desired
+/// version the store already holds, enabled, with the payload its entry pins, but with no
+/// signature the policy accepts for it (the policy moved the publisher to a new key and
+/// revoked the old one) is installed again from the entry's source: the re-signed copy's
+/// signatures are recorded in the same commit, so nothing that runs it loses it.
 pub fn plan(pm: &PackageManager, judged: &Judged) -> Result<Vec<SyncStep>, FleetError> {
-    Ok(lock_sync::plan_steps(pm, &judged.lock())?)
+    let lock = judged.lock();
+    let mut steps = lock_sync::plan_steps(pm, &lock)?;
+    let check = PortCheck(pm.verifier());
+    for locked in lock.packages() {
+        let planned = steps.iter().any(|s| match s {
+            SyncStep::Disable(id) => *id == locked.id,
+            SyncStep::Install(l) | SyncStep::Reactivate(l) => l.id == locked.id,
+        });
+        if planned {
+            continue;
+        }
+        let Some(held) = pm.metadata(&locked.id, &locked.version) else {
+            continue;
+        };
+        if held.payload_digest() == locked.payload_sha256
+            && authenticate_desired(judged.policy(), &held, &check).is_err()
+        {
+            steps.push(SyncStep::Install(locked.clone()));
+        }
+    }
+    Ok(steps)
 }
 
 /// Checks the fetched `file` for `locked` (an entry of the judged policy's lock) against the
@@ -342,9 +366,11 @@ pub fn apply(
     staged: &[StagedPackage],
     hook: &mut dyn LifecycleHook,
 ) -> Result<Vec<SyncChange>, FleetError> {
+    let steps = plan(pm, judged)?;
     Ok(lock_sync::apply_fleet(
         pm,
         &judged.lock(),
+        &steps,
         staged,
         hook,
         judged.change(),

@@ -558,19 +558,20 @@ pub fn apply_with(
     apply_steps(pm, lock, &steps, staged, hook, None)
 }
 
-/// Applies a fleet policy's desired set (`lock`, from [`plan_steps`]: the policy's entries
-/// decide which keys may sign, not the lock's one key), committing `fleet` (the policy's trust
+/// Applies a fleet policy's desired set (`lock`, as `steps` the fleet planned from
+/// [`plan_steps`]: the policy's entries decide which keys may sign, not the lock's one key),
+/// committing `fleet` (the policy's trust
 /// and record) in the same transaction ([`PackageManager::apply_fleet_plan`]). A signed policy
 /// may shrink the enabled set.
 pub(crate) fn apply_fleet(
     pm: &PackageManager,
     lock: &LockFile,
+    steps: &[SyncStep],
     staged: &[StagedPackage],
     hook: &mut dyn LifecycleHook,
     fleet: FleetChange,
 ) -> Result<Vec<SyncChange>, SyncError> {
-    let steps = plan_steps(pm, lock)?;
-    apply_steps(pm, lock, &steps, staged, hook, Some(fleet))
+    apply_steps(pm, lock, steps, staged, hook, Some(fleet))
 }
 
 /// Makes `steps` (a plan of `lock`) from the `staged` packages as one change.

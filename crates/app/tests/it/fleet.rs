@@ -338,3 +338,135 @@ fn fleet_an_expired_policy_is_refused_keeping_the_state_unless_overridden() {
         [("example.scan".to_owned(), "1.0.0".to_owned())]
     );
 }
+
+/// A publisher key rotated inside a fleet: the publisher re-signs the same build with its new
+/// key, and the next policy trusts only the new key and revokes the old one. The store holds
+/// the build signed by the old key alone, with the payload the policy pins, so nothing would be
+/// installed; applying the policy must fetch the re-signed copy and record its signature in the
+/// same commit, or the revocation would take the package out of every machine.
+#[test]
+fn fleet_key_rotation_records_the_new_signature_and_disables_nothing() {
+    let fx = Fleet::new();
+    let from = fx.bench.path();
+    let store = fx.member("store");
+    let v1 = fx.policy("1", "30d", &[&fx.scan], &[], &["a.key", "b.key"]);
+    assert_eq!(
+        sync(&store, from, &v1, now(), ExpiryRule::Enforce).unwrap(),
+        1
+    );
+
+    // The same build, signed by the new key n as well: the payload does not change.
+    fx.bench.run(&["keygen", "--out", "n"]).expect(0);
+    let rotated = from.join("rotated");
+    fs::create_dir(&rotated).unwrap();
+    let resigned = rotated.join(&fx.scan);
+    let signed = fx
+        .bench
+        .run(&[
+            "--json",
+            "sign",
+            &fx.scan,
+            "--key",
+            "n.key",
+            "--out",
+            resigned.to_str().unwrap(),
+        ])
+        .expect(0)
+        .json();
+    let new_key = signed["key_id"].as_str().unwrap().to_owned();
+
+    // Policy 2: org.example is the new key only, the old key is revoked, and the entry's build
+    // is the re-signed copy (same payload) signed by the new key.
+    let lock = fx.bench.lock_of(&[&fx.scan], &[]);
+    let mut value: serde_json::Value = serde_json::from_slice(&fs::read(&lock).unwrap()).unwrap();
+    let old_key = value["packages"][0]["key_id"].as_str().unwrap().to_owned();
+    assert_ne!(old_key, new_key);
+    for p in value["packages"].as_array_mut().unwrap() {
+        p["key_id"] = new_key.clone().into();
+        p["reference"] = "oci://127.0.0.1:9/guild/unused:1".into();
+        p["manifest_digest"] = format!("sha256:{}", "7".repeat(64)).into();
+    }
+    fs::write(&lock, serde_json::to_vec_pretty(&value).unwrap()).unwrap();
+    fx.bench
+        .run(&[
+            "fleet",
+            "policy",
+            "new",
+            "--fleet",
+            "example.prod",
+            "--version",
+            "2",
+            "--root-version",
+            "1",
+            "--expires",
+            "30d",
+            "--from-lock",
+            lock.to_str().unwrap(),
+            "--publisher",
+            "org.example=n.pub",
+            "--out",
+            "policy-2.json",
+        ])
+        .expect(0);
+    let path = from.join("policy-2.json");
+    let mut doc: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    doc["signed"]["revoked_keys"] = serde_json::json!({ old_key.clone(): "rotated" });
+    fs::write(&path, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+    for k in ["a.key", "b.key"] {
+        fx.bench
+            .run(&[
+                "fleet",
+                "sign",
+                "policy-2.json",
+                "--key",
+                k,
+                "--root",
+                "root.json",
+            ])
+            .expect(0);
+    }
+    let v2 = SignedPolicy::parse(&fs::read(&path).unwrap()).unwrap();
+
+    // The plan fetches the re-signed copy though the store holds that payload.
+    {
+        let (pm, _) = PackageManager::open_dir(&store).unwrap();
+        let judged = fleet::judge(&pm, &[], &v2, now(), ExpiryRule::Enforce).unwrap();
+        let steps = fleet::plan(&pm, &judged).unwrap();
+        assert!(
+            matches!(&steps[..], [SyncStep::Install(l)] if l.id.as_str() == "example.scan"),
+            "{steps:?}"
+        );
+    }
+    let generation = |s: &Path| {
+        let (pm, _) = PackageManager::open_dir(s).unwrap();
+        pm.generation().unwrap()
+    };
+    let g1 = generation(&store);
+    assert_eq!(
+        sync(&store, &rotated, &v2, now(), ExpiryRule::Enforce).unwrap(),
+        1
+    );
+    assert_eq!(generation(&store), g1 + 1, "one commit");
+
+    // Still enabled after the old key's revocation, reopened (which re-checks every enabled
+    // version under the new trust), and signed by the new key in the store's record.
+    assert_eq!(
+        enabled(&store),
+        [("example.scan".to_owned(), "1.0.0".to_owned())]
+    );
+    let (pm, _) = PackageManager::open_dir(&store).unwrap();
+    let summary = pm
+        .summary(&"example.scan".parse().unwrap())
+        .unwrap()
+        .unwrap();
+    let recorded: Vec<String> = summary.versions[0]
+        .signatures_added
+        .iter()
+        .map(|k| k.to_hex())
+        .collect();
+    assert_eq!(recorded, [new_key]);
+    assert!(pm
+        .trust()
+        .unwrap()
+        .is_key_revoked(&guild_host::domain::ids::Sha256Digest::parse_hex(&old_key).unwrap()));
+}

@@ -559,7 +559,7 @@ struct Draft {
 /// signatures `authenticate` just verified) and that `stored` lacks. Signatures by keys the
 /// store does not trust (yet) are not recorded: nothing vouches for them, and a bad one would
 /// refuse the version the day its key is trusted. Answers the keys added.
-fn add_verified_signatures(
+pub(super) fn add_verified_signatures(
     next: &mut StoreState,
     stored: &Metadata,
     offered: &Metadata,
@@ -581,7 +581,7 @@ fn add_verified_signatures(
 }
 
 /// `stored` with the signatures of `offered` by the keys `added` appended.
-fn with_recorded_signatures(
+pub(super) fn with_recorded_signatures(
     stored: &Metadata,
     offered: &Metadata,
     added: &[guild_domain::ids::Sha256Digest],

@@ -111,9 +111,12 @@ enum Drafted {
         reactivated: bool,
         from: Option<Version>,
     },
-    /// The version is current and enabled already: nothing changes.
+    /// The version is current and enabled already: nothing changes but, when the offered copy
+    /// carries verified signatures the store lacks (a copy re-signed during a key rotation),
+    /// their record (`recorded`: the version's metadata with them).
     Unchanged {
         installed: Installed,
+        recorded: Option<Arc<Metadata>>,
     },
 }
 
@@ -133,7 +136,7 @@ impl Drafted {
                 metadata,
                 ..
             } => (&installed.id, Some(metadata)),
-            Drafted::Loadable { installed, .. } | Drafted::Unchanged { installed } => {
+            Drafted::Loadable { installed, .. } | Drafted::Unchanged { installed, .. } => {
                 (&installed.id, None)
             }
         }
@@ -253,7 +256,7 @@ impl PackageManager {
         if trust_bytes.is_none()
             && drafted
                 .iter()
-                .all(|d| matches!(d, Drafted::Unchanged { .. }))
+                .all(|d| matches!(d, Drafted::Unchanged { recorded: None, .. }))
         {
             // Nothing to commit, and nothing for the hook to take part in.
             return Ok(drafted.into_iter().map(done).collect());
@@ -337,6 +340,13 @@ impl PackageManager {
                     life.authenticated_at.insert(key.clone(), epoch);
                     life.metadata.insert(key, metadata.clone());
                 }
+                Drafted::Unchanged {
+                    installed,
+                    recorded: Some(merged),
+                } => {
+                    let key = (installed.id.clone(), installed.version.clone());
+                    life.metadata.insert(key, merged.clone());
+                }
                 _ => {}
             }
         }
@@ -419,7 +429,18 @@ impl PackageManager {
                         staged: None,
                     });
                 }
-                if tainted || self.installed_copy_fails(life, &id, &version) {
+                // An installed copy that fails only for want of a signature the offered copy
+                // carries (a policy revoked the key it was signed with, and trusts the key the
+                // copy was re-signed with) is kept, and the signature recorded, below: its
+                // files stay in place for whatever runs them.
+                let needs_signature_only = !tainted
+                    && installed.enabled
+                    && published.kind != PublishKind::Reactivated
+                    && self.installed_copy_fails(life, &id, &version)
+                    && self.trusted_with_offered_signatures(life, &metadata, &auth.signed_by);
+                if !needs_signature_only
+                    && (tainted || self.installed_copy_fails(life, &id, &version))
+                {
                     let current_disabled = next
                         .package(&id)
                         .and_then(|p| p.current())
@@ -460,7 +481,41 @@ impl PackageManager {
                 drop(watch);
                 let reactivated = published.kind == PublishKind::Reactivated;
                 if !reactivated && installed.enabled {
-                    return Ok(Drafted::Unchanged { installed });
+                    // A copy re-signed during a key rotation: its verified signatures the store
+                    // lacks are recorded, as a single installation of it records them.
+                    let mut installed = installed;
+                    let recorded = match life.metadata.get(&(id.clone(), version.clone())) {
+                        Some(stored) => {
+                            let added = super::install::add_verified_signatures(
+                                next,
+                                stored,
+                                &metadata,
+                                &installed.signed_by,
+                            );
+                            if added.is_empty() {
+                                None
+                            } else {
+                                let merged = super::install::with_recorded_signatures(
+                                    stored, &metadata, &added,
+                                )
+                                .map_err(|problem| {
+                                    failed(HostError::InstalledTree {
+                                        package: label.clone(),
+                                        path: self.store.package_dir(&id, &version),
+                                        problem,
+                                    })
+                                })?;
+                                installed.changed = true;
+                                installed.signatures_added = added;
+                                Some(Arc::new(merged))
+                            }
+                        }
+                        None => None,
+                    };
+                    return Ok(Drafted::Unchanged {
+                        installed,
+                        recorded,
+                    });
                 }
                 if reactivated {
                     pending.push(
@@ -636,6 +691,41 @@ impl PackageManager {
         Ok(())
     }
 
+    /// Whether the installed version `offered` is a copy of (same id, version and payload) is
+    /// sound and trusted once the offered copy's signatures by the keys in `verified` are
+    /// recorded: its files match its metadata and today's trust authenticates it with them.
+    fn trusted_with_offered_signatures(
+        &self,
+        life: &Lifecycle,
+        offered: &Metadata,
+        verified: &[guild_domain::ids::Sha256Digest],
+    ) -> bool {
+        let m = offered.manifest();
+        let Some(stored) = life
+            .metadata
+            .get(&(m.package_id.clone(), m.version.clone()))
+        else {
+            return false;
+        };
+        let known: Vec<_> = stored.signatures().iter().map(|s| s.key_id).collect();
+        let added: Vec<_> = verified
+            .iter()
+            .filter(|k| !known.contains(k))
+            .copied()
+            .collect();
+        if added.is_empty() || stored.payload_digest() != offered.payload_digest() {
+            return false;
+        }
+        match super::install::with_recorded_signatures(stored, offered, &added) {
+            Ok(merged) => {
+                self.check_still_trusted(&merged, &m.package_id, &m.version)
+                    .is_ok()
+                    && self.check_files(&merged, &m.package_id, &m.version).is_ok()
+            }
+            Err(_) => false,
+        }
+    }
+
     /// Gives back every tree the plan staged.
     fn discard_plan(&self, drafted: &[Drafted]) {
         for staged in drafted.iter().filter_map(Drafted::staged) {
@@ -651,6 +741,6 @@ fn done(d: Drafted) -> StepDone {
         Drafted::New { installed, .. }
         | Drafted::Repair { installed, .. }
         | Drafted::Loadable { installed, .. }
-        | Drafted::Unchanged { installed } => StepDone::Installed(installed),
+        | Drafted::Unchanged { installed, .. } => StepDone::Installed(installed),
     }
 }
