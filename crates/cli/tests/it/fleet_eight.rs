@@ -21,7 +21,7 @@ use guild_test_support::plugins::{INCLUSIVE as IMPL, INCLUSIVE_OP as OP};
 
 use crate::fleet::signed_root;
 use crate::guild;
-use crate::oci::{ok, run, Registry};
+use crate::oci::{fails, ok, run, Registry};
 
 const NODES: usize = 8;
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -149,11 +149,10 @@ impl Node {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let mut cmd = guild().command(
-            bench.path(),
+        let mut cmd = command(
+            bench,
+            &self.store,
             &[
-                "--store",
-                self.store.to_str().unwrap(),
                 "fleet",
                 "sync",
                 "--policy",
@@ -163,12 +162,7 @@ impl Node {
                 "1",
             ],
         );
-        cmd.env("HOME", bench.path())
-            .env_remove("DOCKER_CONFIG")
-            .env_remove("GUILD_INSECURE_REGISTRIES")
-            .env_remove("REGISTRY_AUTH_FILE")
-            .stdout(log.try_clone().unwrap())
-            .stderr(log);
+        cmd.stdout(log.try_clone().unwrap()).stderr(log);
         self.follower = Some(cmd.spawn().unwrap());
     }
 
@@ -193,6 +187,19 @@ impl Node {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+/// `guild --store STORE ARGS` as [`run`] runs it, to be spawned.
+fn command(bench: &Bench, store: &Path, args: &[&str]) -> Command {
+    let mut all = vec!["--store", store.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let mut cmd = guild().command(bench.path(), &all);
+    cmd.env("HOME", bench.path())
+        .env_remove("DOCKER_CONFIG")
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("GUILD_INSECURE_REGISTRIES")
+        .env_remove("REGISTRY_AUTH_FILE");
+    cmd
 }
 
 /// The store's applied policy version and its enabled packages.
@@ -301,14 +308,15 @@ fn lock_of(bench: &Bench, registry: &Registry, version: &str) -> String {
     lock
 }
 
-/// A policy document `out`: version `version`, expiring at `expires`, desiring the packages of
-/// `lock`, trusting `publisher` for `org.example`, revoking `revoked` (key ids), and signed by
-/// each of `signers` (root keys).
+/// A policy document `out`: version `version` under root version `root` (`root.json` for 1,
+/// `rootN.json` after), expiring at `expires`, desiring the packages of `lock`, trusting
+/// `publisher` for `org.example`, revoking `revoked` (key ids), and signed by each of `signers`
+/// (root keys).
 #[allow(clippy::too_many_arguments)]
 fn policy(
     bench: &Bench,
     out: &str,
-    version: u64,
+    (root, version): (u64, u64),
     expires: &str,
     lock: &str,
     publisher: &str,
@@ -325,7 +333,7 @@ fn policy(
             "--version",
             &version.to_string(),
             "--root-version",
-            "1",
+            &root.to_string(),
             "--expires",
             expires,
             "--from-lock",
@@ -344,9 +352,13 @@ fn policy(
         }
         fs::write(&path, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
     }
+    let root = match root {
+        1 => "root.json".to_owned(),
+        n => format!("root{n}.json"),
+    };
     for k in signers {
         bench
-            .run(&["fleet", "sign", out, "--key", k, "--root", "root.json"])
+            .run(&["fleet", "sign", out, "--key", k, "--root", &root])
             .expect(0);
     }
     out.to_owned()
@@ -363,6 +375,36 @@ fn fleet_eight_stores_with_serving_runners_follow_one_root_through_a_registry() 
         guild_test_support::cargo_binary("guild-example-runner", "guild-example-runner");
     signed_root(&bench);
     bench.run(&["keygen", "--out", "k2"]).expect(0);
+    // Root version 2 drops a and adds d: signed by two keys of root 1 (b, c) and of its own.
+    bench.run(&["keygen", "--out", "d"]).expect(0);
+    bench
+        .run(&[
+            "fleet",
+            "root",
+            "new",
+            "--fleet",
+            "example.prod",
+            "--threshold",
+            "2",
+            "--key",
+            "b.pub",
+            "--key",
+            "c.pub",
+            "--key",
+            "d.pub",
+            "--expires",
+            "365d",
+            "--version",
+            "2",
+            "--out",
+            "root2.json",
+        ])
+        .expect(0);
+    for k in ["b.key", "c.key", "d.key"] {
+        bench
+            .run(&["fleet", "sign", "root2.json", "--key", k])
+            .expect(0);
+    }
 
     // Packages: scan 1.0.0 and 1.1.0 signed by k, 1.2.0 and 1.3.0 by k2, all in the registry.
     let store = bench.store();
@@ -396,40 +438,50 @@ fn fleet_eight_stores_with_serving_runners_follow_one_root_through_a_registry() 
     };
     let both = "k.pub,k2.pub";
     let ab = ["a.key", "b.key"];
-    let p1 = policy(&bench, "p1.json", 1, "30d", &locks[0], both, &[], &ab);
-    let p2 = policy(&bench, "p2.json", 2, "30d", &locks[1], both, &[], &ab);
-    let p3 = policy(
-        &bench,
-        "p3.json",
-        3,
-        "30d",
-        &locks[0],
-        both,
-        &[],
-        &["b.key", "c.key"],
-    );
+    let p = |out: &str, version, lock: &str, publisher, revoked: &[&str], signers: &[&str]| {
+        policy(
+            &bench, out, version, "30d", lock, publisher, revoked, signers,
+        )
+    };
+    let p1 = p("p1.json", (1, 1), &locks[0], both, &[], &ab);
+    let p2 = p("p2.json", (1, 2), &locks[1], both, &[], &ab);
+    let p3 = p("p3.json", (1, 3), &locks[0], both, &[], &["b.key", "c.key"]);
     // Written now, expired by the time it is pushed.
-    let expired = policy(&bench, "expired.json", 4, "2s", &locks[0], both, &[], &ab);
-    let short = policy(
+    let expired = policy(
         &bench,
-        "short.json",
-        4,
-        "30d",
+        "expired.json",
+        (1, 4),
+        "2s",
         &locks[0],
         both,
         &[],
-        &["c.key"],
+        &ab,
     );
+    let short = p("short.json", (1, 4), &locks[0], both, &[], &["c.key"]);
     let revoking = [k_id.as_str()];
-    let p4 = policy(
-        &bench, "p4.json", 4, "30d", &locks[2], "k2.pub", &revoking, &ab,
+    let p4 = p("p4.json", (1, 4), &locks[2], "k2.pub", &revoking, &ab);
+    let p5 = p("p5.json", (1, 5), &locks[2], "k2.pub", &revoking, &ab);
+    let p6 = p("p6.json", (1, 6), &locks[3], "k2.pub", &revoking, &ab);
+    let p7 = p("p7.json", (1, 7), &locks[2], "k2.pub", &revoking, &ab);
+    let p8 = p(
+        "p8.json",
+        (2, 8),
+        &locks[3],
+        "k2.pub",
+        &revoking,
+        &["c.key", "d.key"],
     );
-    let p5 = policy(
-        &bench, "p5.json", 5, "30d", &locks[2], "k2.pub", &revoking, &ab,
+    // An older policy under root 2, for the restored store to refuse.
+    let p7_root2 = p(
+        "p7-root2.json",
+        (2, 7),
+        &locks[2],
+        "k2.pub",
+        &revoking,
+        &["c.key", "d.key"],
     );
-    let p6 = policy(
-        &bench, "p6.json", 6, "30d", &locks[3], "k2.pub", &revoking, &ab,
-    );
+    // Under root 2, a is no root key any more: one valid signature of the two needed.
+    let p8_ab = p("p8-ab.json", (2, 8), &locks[3], "k2.pub", &revoking, &ab);
 
     let root_tag = registry.reference("fleet/root:prod");
     let tag = registry.reference("fleet/policy:prod");
@@ -507,6 +559,9 @@ fn fleet_eight_stores_with_serving_runners_follow_one_root_through_a_registry() 
     // An expired version 4: refused, the last state kept, and said.
     refused(&expired, "keeping the last state");
     eprintln!("fleet_eight: refusals at {:?}", started.elapsed());
+    // A backup of node 0 at policy 3, restored at the end.
+    let backup = bench.path().join("backup-0");
+    guild_test_support::copy_tree(&nodes[0].store, &backup);
 
     // A key revocation: policy 4 revokes k (which signed 1.0.0) and desires 1.2.0, signed by
     // k2. Node 7 is down meanwhile and misses it.
@@ -621,5 +676,105 @@ fn fleet_eight_stores_with_serving_runners_follow_one_root_through_a_registry() 
         window.iter().all(|r| !r.contains("/blobs/")),
         "an unchanged poll downloaded a blob: {window:?}"
     );
+
+    // kill -9 of syncing processes at random points: policy 7 (1.2.0 again) is applied by
+    // one-shot syncs, each killed after 0 to 300 ms; every store is wholly at 6 or at 7, and a
+    // sync to the end brings each to 7.
+    for n in &mut nodes {
+        n.stop();
+    }
+    push(&p7);
+    drain();
+    let mut seed = u64::from(started.elapsed().subsec_nanos()) | 1;
+    let mut outcomes = Vec::new();
+    for n in &nodes {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let delay = Duration::from_millis(seed % 300);
+        let mut child = command(&bench, &n.store, &["fleet", "sync", "--policy", &tag])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(delay);
+        let _ = child.kill();
+        let _ = child.wait();
+        let s = state(&bench, &n.store);
+        assert!(
+            s == (6, scan("1.3.0")) || s == (7, scan("1.2.0")),
+            "{} after kill -9 at {delay:?}: {s:?}",
+            n.store.display()
+        );
+        outcomes.push((delay.as_millis(), s.0));
+    }
+    eprintln!("fleet_eight: kill -9 (ms after start, policy version left): {outcomes:?}");
+    for n in &nodes {
+        ok(run(
+            &bench,
+            &n.store,
+            None,
+            &["fleet", "sync", "--policy", &tag],
+        ));
+    }
+    converge(&bench, &nodes, &runners, 7, "1.2.0");
+
+    // A root rotation: root 2 (b, c, d) signed by b, c and d. A policy under it is refused
+    // without the new root, and, signed by a (no longer a root key) and b, with it; signed by c
+    // and d, it applies with the new root, on every store.
+    let root2_tag = registry.reference("fleet/root:v2");
+    ok(run(
+        &bench,
+        &store,
+        None,
+        &["fleet", "push", "root2.json", &root2_tag],
+    ));
+    let at7 = (7, scan("1.2.0"));
+    push(&p8);
+    for n in &nodes {
+        let r = run(&bench, &n.store, None, &["fleet", "sync", "--policy", &tag]);
+        assert_ne!(r.code, 0, "{}", r.stdout);
+        assert_eq!(state(&bench, &n.store), at7);
+    }
+    push(&p8_ab);
+    let with_root2 = ["fleet", "sync", "--policy", &tag, "--root", &root2_tag];
+    for n in &nodes {
+        fails(
+            run(&bench, &n.store, None, &with_root2),
+            3,
+            "1 valid signatures",
+        );
+        assert_eq!(state(&bench, &n.store), at7);
+    }
+    push(&p8);
+    drain();
+    for n in &nodes {
+        ok(run(&bench, &n.store, None, &with_root2));
+    }
+    converge(&bench, &nodes, &runners, 8, "1.3.0");
+    for n in &nodes {
+        let status = ok(run(&bench, &n.store, None, &["--json", "status"])).json();
+        assert_eq!(status["fleet"]["root_version"], 2, "{}", n.store.display());
+    }
+    eprintln!("fleet_eight: root rotation at {:?}", started.elapsed());
+
+    // node 0 restored from its backup at policy 3 (still trusting k): its first sync takes it
+    // forward to policy 8 with the fleet's revocations, and it then refuses to go back to an
+    // older policy (version 7, re-signed under root 2; the old policy 7 fails on root 2's
+    // signatures already).
+    let restored = bench.path().join("restored-0");
+    guild_test_support::copy_tree(&backup, &restored);
+    assert_eq!(state(&bench, &restored), (3, scan("1.0.0")));
+    ok(run(&bench, &restored, None, &with_root2));
+    assert_eq!(state(&bench, &restored), (8, scan("1.3.0")));
+    let trust_of = |store: &Path| ok(run(&bench, store, None, &["--json", "trust", "list"])).json();
+    assert_eq!(trust_of(&restored), trust_of(&nodes[1].store));
+    push(&p7_root2);
+    fails(
+        run(&bench, &restored, None, &with_root2),
+        4,
+        "older than version 8",
+    );
+    assert_eq!(state(&bench, &restored), (8, scan("1.3.0")));
     eprintln!("fleet_eight: done in {:?}", started.elapsed());
 }
