@@ -6,7 +6,16 @@
 //!
 //! Every wait is bounded by [`PATIENCE`] (a hang guard, not a timing assertion); the time from
 //! pushing a revocation to the last runner refusing the revoked package is printed, never
-//! asserted.
+//! asserted. Scenarios, in order: rollout, upgrade, rollback, three refusals (a re-tagged older
+//! policy, k-1 signatures, an expired policy), a key revocation that a store which was down
+//! converges on through the next policy, a registry outage mid-rollout, what an unchanged poll
+//! costs (the registry's access log), kill -9 of syncs at random points, a root rotation, and a
+//! store restored from an old backup.
+//!
+//! Not here yet: a zero-outage key rotation through the policy. A policy whose entry pins the
+//! copy re-signed by the new key applies without recording the new key's signature on the
+//! installed version (the payload is already held), so the next policy, which revokes the old
+//! key, leaves the version enabled in the store but unloadable: every runner loses the provider.
 
 use std::fs;
 use std::io::{BufRead as _, BufReader};
