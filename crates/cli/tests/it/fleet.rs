@@ -374,7 +374,7 @@ fn a_rotated_root_verifies_as_the_next_one_under_the_root_before_it() {
 // ---- A store that joins a fleet and follows its policy (`guild fleet join`, `fleet sync`). ----
 
 /// The root of the three holders, threshold 2, signed by `a` and `b`, as `root.json`.
-fn signed_root(bench: &Bench) {
+pub(crate) fn signed_root(bench: &Bench) {
     holders(bench);
     new_root(bench);
     for k in ["a.key", "b.key"] {

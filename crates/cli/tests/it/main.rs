@@ -10,6 +10,7 @@ mod check;
 mod cli;
 mod cli_snapshots;
 mod fleet;
+mod fleet_eight;
 mod key_rotation;
 mod oci;
 mod publication_bounds;

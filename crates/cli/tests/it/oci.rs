@@ -24,6 +24,8 @@ pub struct Registry {
     child: Option<Child>,
     pub port: u16,
     pub storage: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
     _dir: Scratch,
 }
 
@@ -37,6 +39,16 @@ impl Registry {
     /// Starts a registry, or returns `None` (having said why) when the binary is absent and
     /// the environment does not require it.
     pub fn start(test: &str, auth: Option<&Credentials>) -> Option<Registry> {
+        Self::start_with(test, auth, false)
+    }
+
+    /// [`Registry::start`] with the registry's access log (one line per request) written to
+    /// [`Registry::access_log`].
+    pub fn start_logged(test: &str) -> Option<Registry> {
+        Self::start_with(test, None, true)
+    }
+
+    fn start_with(test: &str, auth: Option<&Credentials>, logged: bool) -> Option<Registry> {
         let found = Command::new(BINARY)
             .arg("--version")
             .stdout(Stdio::null())
@@ -60,9 +72,10 @@ impl Registry {
         fs::create_dir_all(&storage).unwrap();
         let port = free_port();
         let mut config = format!(
-            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\n\
+            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: {}\n\
              storage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n\
              http:\n  addr: 127.0.0.1:{port}\n",
+            !logged,
             storage.display()
         );
         if let Some(c) = auth {
@@ -80,21 +93,36 @@ impl Registry {
         }
         let config_path = dir.path().join("config.yml");
         fs::write(&config_path, config).unwrap();
-        let child = Command::new(BINARY)
-            .arg("serve")
-            .arg(&config_path)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("docker-registry starts");
-        let registry = Registry {
-            child: Some(child),
+        let mut registry = Registry {
+            child: None,
             port,
             storage,
+            config: config_path,
+            log: dir.path().join("registry.log"),
             _dir: dir,
         };
-        registry.wait_ready();
+        registry.resume();
         Some(registry)
+    }
+
+    /// Starts the registry again after [`Registry::stop`], on the same port with the same
+    /// storage: what a registry that comes back after an outage serves.
+    pub fn resume(&mut self) {
+        assert!(self.child.is_none(), "the registry is running");
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(BINARY)
+            .arg("serve")
+            .arg(&self.config)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("docker-registry starts");
+        self.child = Some(child);
+        self.wait_ready();
     }
 
     fn wait_ready(&self) {
@@ -123,6 +151,11 @@ impl Registry {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// What the registry printed (its access log, when started with [`Registry::start_logged`]).
+    pub fn access_log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// The file holding a blob in the registry's storage.
