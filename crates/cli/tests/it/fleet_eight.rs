@@ -9,13 +9,10 @@
 //! asserted. Scenarios, in order: rollout, upgrade, rollback, three refusals (a re-tagged older
 //! policy, k-1 signatures, an expired policy), a key revocation that a store which was down
 //! converges on through the next policy, a registry outage mid-rollout, what an unchanged poll
-//! costs (the registry's access log), kill -9 of syncs at random points, a root rotation, and a
-//! store restored from an old backup.
-//!
-//! Not here yet: a zero-outage key rotation through the policy. A policy whose entry pins the
-//! copy re-signed by the new key applies without recording the new key's signature on the
-//! installed version (the payload is already held), so the next policy, which revokes the old
-//! key, leaves the version enabled in the store but unloadable: every runner loses the provider.
+//! costs (the registry's access log), kill -9 of syncs at random points, a root rotation, a
+//! store restored from an old backup, and a zero-outage key rotation: a policy that trusts the
+//! publisher's new key and pins the copy re-signed by it, then one that revokes the old key,
+//! while every runner keeps answering with the same build.
 
 use std::fs;
 use std::io::{BufRead as _, BufReader};
@@ -294,10 +291,11 @@ fn scan_package(bench: &Bench, version: &str, key: &str) -> String {
     archive
 }
 
-/// A lock of `reference` alone, from a store of its own that trusts both publisher keys.
-fn lock_of(bench: &Bench, registry: &Registry, version: &str) -> String {
+/// A lock of the package at tag `guild/scan:VERSION` alone, from a store of its own that trusts
+/// `keys` (public key files) for the publisher.
+fn lock_of(bench: &Bench, registry: &Registry, version: &str, keys: &[&str]) -> String {
     let origin = bench.path().join(format!("origin-{version}"));
-    for k in ["k.pub", "k2.pub"] {
+    for k in keys {
         ok(run(
             bench,
             &origin,
@@ -435,9 +433,33 @@ fn fleet_eight_stores_with_serving_runners_follow_one_root_through_a_registry() 
             ],
         ));
     }
+    // The publisher's next key, k3: 1.3.0 re-signed by it (the same payload, signed by k2 and
+    // k3), at a tag of its own, and locked by a store that trusts k3 alone.
+    bench.run(&["keygen", "--out", "k3"]).expect(0);
+    bench
+        .run(&[
+            "sign",
+            "scan-1.3.0.gkmodule",
+            "--key",
+            "k3.key",
+            "--out",
+            "scan-1.3.0-k3.gkmodule",
+        ])
+        .expect(0);
+    ok(run(
+        &bench,
+        &store,
+        None,
+        &[
+            "push",
+            "scan-1.3.0-k3.gkmodule",
+            &registry.reference("guild/scan:1.3.0-k3"),
+        ],
+    ));
+    let lock_k3 = lock_of(&bench, &registry, "1.3.0-k3", &["k3.pub"]);
     let locks: Vec<String> = ["1.0.0", "1.1.0", "1.2.0", "1.3.0"]
         .iter()
-        .map(|v| lock_of(&bench, &registry, v))
+        .map(|v| lock_of(&bench, &registry, v, &["k.pub", "k2.pub"]))
         .collect();
     // The id of k, which signed 1.0.0 and 1.1.0, as the lock records it.
     let k_id = {
@@ -489,6 +511,16 @@ fn fleet_eight_stores_with_serving_runners_follow_one_root_through_a_registry() 
         &revoking,
         &["c.key", "d.key"],
     );
+    // The rotation: k2 and k3 both trusted, the entry allowing k3; then k2 revoked.
+    let k2_id = {
+        let lock: serde_json::Value =
+            serde_json::from_slice(&fs::read(bench.path().join(&locks[3])).unwrap()).unwrap();
+        lock["packages"][0]["key_id"].as_str().unwrap().to_owned()
+    };
+    let cd = ["c.key", "d.key"];
+    let p9 = p("p9.json", (2, 9), &lock_k3, "k2.pub,k3.pub", &revoking, &cd);
+    let both_revoked = [k_id.as_str(), k2_id.as_str()];
+    let p10 = p("p10.json", (2, 10), &lock_k3, "k3.pub", &both_revoked, &cd);
     // Under root 2, a is no root key any more: one valid signature of the two needed.
     let p8_ab = p("p8-ab.json", (2, 8), &locks[3], "k2.pub", &revoking, &ab);
 
@@ -785,5 +817,28 @@ fn fleet_eight_stores_with_serving_runners_follow_one_root_through_a_registry() 
         "older than version 8",
     );
     assert_eq!(state(&bench, &restored), (8, scan("1.3.0")));
+
+    // A zero-outage key rotation, k2 to k3: policy 9 trusts both and pins the copy of 1.3.0
+    // re-signed by k3; policy 10 revokes k2. Every runner answers with 1.3.0 throughout.
+    drain();
+    for version in [&p9, &p10] {
+        push(version);
+        for n in &nodes {
+            ok(run(&bench, &n.store, None, &with_root2));
+        }
+    }
+    for n in &nodes {
+        assert_eq!(state(&bench, &n.store), (10, scan("1.3.0")));
+        let trust = trust_of(&n.store).to_string();
+        assert!(trust.contains(&k2_id), "{trust}");
+    }
+    let want = ok_line("1.3.0");
+    for r in &runners {
+        let lines: Vec<String> = r.lines.try_iter().map(|(_, l)| l).collect();
+        assert!(lines.len() > 3, "{}: {lines:?}", r.name);
+        assert!(lines.iter().all(|l| *l == want), "{}: {lines:?}", r.name);
+        r.keeps("1.3.0", 3);
+    }
+    eprintln!("fleet_eight: key rotation at {:?}", started.elapsed());
     eprintln!("fleet_eight: done in {:?}", started.elapsed());
 }
