@@ -722,6 +722,18 @@ pub struct FleetPolicyNew {
     /// Limit a publisher to package ids under a prefix, ID=PREFIX (repeatable).
     #[arg(long = "scope", value_name = "ID=PREFIX", value_parser = parse_scope)]
     pub scopes: Vec<(PublisherId, PackageId)>,
+    /// Revoke a key, by its id (hex SHA-256 of its SPKI, as `guild trust list` shows it),
+    /// optionally with a reason: KEY_ID[=REASON] (repeatable).
+    #[arg(long = "revoke-key", value_name = "KEY_ID[=REASON]", value_parser = parse_revocation)]
+    pub revoke_keys: Vec<(Sha256Digest, Option<String>)>,
+    /// Revoke a build, by its payload digest: SHA256[=REASON] (repeatable).
+    #[arg(long = "revoke-package", value_name = "SHA256[=REASON]", value_parser = parse_revocation)]
+    pub revoke_packages: Vec<(Sha256Digest, Option<String>)>,
+    /// The fleet's policy before this one: its revocations are carried into this one (a
+    /// machine that skips a policy must still learn what it revoked), and this version must
+    /// be higher than its.
+    #[arg(long, value_name = "POLICY.json")]
+    pub previous: Option<PathBuf>,
     /// The file to write (`-`: standard output).
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,
@@ -868,6 +880,16 @@ fn parse_publisher_keys(s: &str) -> Result<(PublisherId, Vec<PathBuf>), String> 
 fn parse_scope(s: &str) -> Result<(PublisherId, PackageId), String> {
     let (id, prefix) = s.split_once('=').ok_or("expected ID=PREFIX")?;
     Ok((parse_publisher_id(id)?, parse_package_id(prefix)?))
+}
+
+fn parse_revocation(s: &str) -> Result<(Sha256Digest, Option<String>), String> {
+    let (hex, reason) = match s.split_once('=') {
+        Some((hex, reason)) => (hex, Some(reason.to_owned())),
+        None => (s, None),
+    };
+    let digest = Sha256Digest::parse_hex(hex.strip_prefix("sha256:").unwrap_or(hex))
+        .map_err(|e| format!("{hex:?} is not a SHA-256 in hex: {e}"))?;
+    Ok((digest, reason))
 }
 
 fn parse_publisher_id(s: &str) -> Result<PublisherId, String> {

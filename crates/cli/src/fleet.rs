@@ -265,14 +265,48 @@ fn policy_new(new: &FleetPolicyNew) -> anyhow::Result<Report> {
             source,
         });
     }
+    let (mut revoked_keys, mut revoked_digests) = (BTreeMap::new(), BTreeMap::new());
+    if let Some(previous) = &new.previous {
+        let before: SignedPolicy =
+            parse_as(&read_file(previous)?, &previous.display().to_string())?;
+        let before = before.body();
+        if before.fleet != new.fleet || before.version >= new.version {
+            return Err(CliError::new(
+                Exit::Refused,
+                format!(
+                    "--previous {} is fleet {} version {}: this policy (fleet {} version {})                      must be the same fleet's, at a higher version",
+                    previous.display(),
+                    before.fleet,
+                    before.version,
+                    new.fleet,
+                    new.version
+                ),
+            )
+            .into());
+        }
+        revoked_keys.extend(before.revoked_keys.clone());
+        revoked_digests.extend(before.revoked_digests.clone());
+    }
+    for (key, reason) in &new.revoke_keys {
+        let reason = reason
+            .clone()
+            .unwrap_or_else(|| "revoked by the fleet".to_owned());
+        revoked_keys.insert(*key, reason);
+    }
+    for (digest, reason) in &new.revoke_packages {
+        let reason = reason
+            .clone()
+            .unwrap_or_else(|| "revoked by the fleet".to_owned());
+        revoked_digests.insert(*digest, reason);
+    }
     let policy = FleetPolicy {
         fleet: new.fleet.clone(),
         version: new.version,
         expires: new.expires,
         root_version: new.root_version,
         publishers,
-        revoked_keys: BTreeMap::new(),
-        revoked_digests: BTreeMap::new(),
+        revoked_keys,
+        revoked_digests,
         packages,
     };
     if let Some(problem) = policy.problem() {

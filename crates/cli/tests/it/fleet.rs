@@ -857,3 +857,84 @@ fn fleet_a_store_joins_and_follows_a_policy_through_a_registry() {
     );
     assert_eq!(guild_test_support::disk(&store), before);
 }
+
+/// Revocations are written with `--revoke-key` / `--revoke-package`, and `--previous` carries
+/// the policy before's into the next one, so that a machine that skips a policy still learns
+/// what it revoked; a previous policy of another version order is refused.
+#[test]
+fn fleet_policy_new_writes_revocations_and_carries_the_previous_ones_forward() {
+    let bench = Bench::new(guild());
+    let scan = bench.package("example.scan", "1.0.0", b"scan", "");
+    let lock = lock_with_sources(&bench, &[&scan], &[]);
+    let old_key = bench
+        .run(&["--json", "keygen", "--out", "gone"])
+        .expect(0)
+        .json()["key_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let bad_build = "ab".repeat(32);
+    let read = |name: &str| -> serde_json::Value {
+        serde_json::from_slice(&fs::read(bench.path().join(name)).unwrap()).unwrap()
+    };
+    let new_policy = |version: &str, out: &str, more: &[&str]| {
+        let mut args = vec![
+            "fleet",
+            "policy",
+            "new",
+            "--fleet",
+            "example.prod",
+            "--version",
+            version,
+            "--root-version",
+            "1",
+            "--expires",
+            "30d",
+            "--from-lock",
+            &lock,
+            "--publisher",
+            "org.example=k.pub",
+            "--out",
+            out,
+        ];
+        args.extend(more);
+        bench.run(&args)
+    };
+
+    let revoke_key = format!("{old_key}=leaked");
+    let revoke_build = format!("sha256:{bad_build}");
+    new_policy(
+        "1",
+        "p1.json",
+        &[
+            "--revoke-key",
+            &revoke_key,
+            "--revoke-package",
+            &revoke_build,
+        ],
+    )
+    .expect(0);
+    let p1 = read("p1.json");
+    assert_eq!(p1["signed"]["revoked_keys"][&old_key], "leaked");
+    assert_eq!(
+        p1["signed"]["revoked_digests"][&bad_build],
+        "revoked by the fleet"
+    );
+
+    // The next policy names no revocation itself, yet carries both.
+    new_policy("2", "p2.json", &["--previous", "p1.json"]).expect(0);
+    let p2 = read("p2.json");
+    assert_eq!(p2["signed"]["revoked_keys"], p1["signed"]["revoked_keys"]);
+    assert_eq!(
+        p2["signed"]["revoked_digests"],
+        p1["signed"]["revoked_digests"]
+    );
+
+    // A "previous" policy that is not older is refused, and nothing is written.
+    new_policy("2", "p2-again.json", &["--previous", "p2.json"])
+        .expect(4)
+        .stderr_has("at a higher version");
+    assert!(!bench.path().join("p2-again.json").exists());
+    // Not a key id.
+    new_policy("3", "p3.json", &["--revoke-key", "nothex"]).expect(2);
+}
