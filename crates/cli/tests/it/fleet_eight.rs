@@ -30,7 +30,9 @@ use crate::guild;
 use crate::oci::{fails, ok, run, Registry};
 
 const NODES: usize = 8;
-const PATIENCE: Duration = Duration::from_secs(30);
+// A hang guard for a loaded 2-core CI machine, where 17 processes share the cores with other
+// tests; a passing run waits a second or two at each step.
+const PATIENCE: Duration = Duration::from_secs(90);
 
 fn ok_line(version: &str) -> String {
     format!("{OP} {IMPL} example.scan@{version} ok")
