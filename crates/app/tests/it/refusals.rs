@@ -233,7 +233,8 @@ fn refusals_of_versions_immutable_and_downgrade() {
         other => panic!("{other}"),
     }
     // The same payload signed again by another trusted key is the same version: identity is the
-    // payload digest, never the signature bytes.
+    // payload digest, never the signature bytes. Installing it records the new key's signature
+    // (a key rotation, G21) and nothing else; installing it once more changes nothing.
     let second_key = key();
     trust(&b.host.pm, PUBLISHER, &second_key);
     let resigned = b
@@ -247,8 +248,17 @@ fn refusals_of_versions_immutable_and_downgrade() {
         .pm
         .install(&resigned.archive, InstallOptions::default())
         .unwrap();
-    assert!(!again.changed);
-    assert_eq!(b.host.generation(), generation);
+    assert!(again.changed);
+    assert_eq!(again.version, v("1.0.0"));
+    assert_eq!(again.signatures_added, [second_key.key_id()]);
+    assert_eq!(b.host.generation(), generation + 1);
+    let once_more = b
+        .host
+        .pm
+        .install(&resigned.archive, InstallOptions::default())
+        .unwrap();
+    assert!(!once_more.changed);
+    assert_eq!(b.host.generation(), generation + 1);
 
     let newer = b.build(&Spec::module("example.core", "2.0.0"));
     let older = b.build(&Spec::module("example.core", "1.5.0"));
