@@ -657,8 +657,9 @@ fn package_status(
     Ok(out)
 }
 
-/// The key ids of the signatures on an installed version, read from the signed metadata in its
-/// tree (`.gkmetadata`), which was authenticated when the version was installed, followed by
+/// The key ids of the signatures on an installed version: those that verified when it was
+/// installed, as the store recorded them, or for a version installed before the store recorded
+/// them, every signature of the signed metadata in its tree (`.gkmetadata`); followed by
 /// those the store recorded later (a copy re-signed during a key rotation); `None` when the
 /// version is not installed or its metadata cannot be read or is not the recorded payload.
 /// No signature is verified here (`verify --all` does that): this is what a lock records and
@@ -670,6 +671,18 @@ fn signing_keys(
 ) -> Option<Vec<String>> {
     if !v.state.is_installed() {
         return None;
+    }
+    if !v.signed_by.is_empty() {
+        // Recorded when the version was installed: nothing to read per package, which keeps
+        // `list` on a large store from opening every version's metadata.
+        let mut keys: Vec<String> = v.signed_by.iter().map(|k| k.to_hex()).collect();
+        for added in &v.signatures_added {
+            let added = added.to_hex();
+            if !keys.contains(&added) {
+                keys.push(added);
+            }
+        }
+        return Some(keys);
     }
     let dir = guild_host::package_manager::StoreLayout::new(store).package_dir(id, &v.version);
     let bytes = std::fs::read(dir.join(guild_domain::path::RESERVED_METADATA_NAME)).ok()?;

@@ -278,6 +278,7 @@ mod tests {
                     payload_digest: Sha256Digest::of(format!("{id}@{version}").as_bytes()),
                     kind: PackageKind::Module,
                     publisher: PublisherId::new("org.example").unwrap(),
+                    signed_by: Vec::new(),
                 },
                 PublishOptions {
                     enable,

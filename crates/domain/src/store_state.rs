@@ -80,6 +80,7 @@ const VERSION_FIELDS: &[&str] = &[
     "quarantine",
     "trusted_under",
     "signatures",
+    "signed_by",
 ];
 const SIGNATURE_FIELDS: &[&str] = &["key_id", "algorithm", "signature"];
 const TAINT_FIELDS: &[&str] = &["reason", "file"];
@@ -134,6 +135,10 @@ pub struct VersionRecord {
     /// twice ([`StoreState::add_signatures`]). Empty in stores written before it was recorded,
     /// and written only when non-empty, so that such records keep their bytes.
     pub signatures: Vec<SignatureEntry>,
+    /// The keys whose signatures verified when the version was published, in file order: what
+    /// `guild list` shows without reading the version's files. Empty in stores written before
+    /// it was recorded.
+    pub signed_by: Vec<Sha256Digest>,
 }
 
 /// The facts about a version being published, as verification established them.
@@ -145,6 +150,8 @@ pub struct NewVersion {
     pub kind: PackageKind,
     /// Its publisher.
     pub publisher: PublisherId,
+    /// The keys whose signatures verified when it was published, in file order.
+    pub signed_by: Vec<Sha256Digest>,
 }
 
 /// Every recorded version of one package id, and its rollback target.
@@ -838,6 +845,7 @@ impl StoreState {
                 taint: None,
                 trusted_under: None,
                 signatures: Vec::new(),
+                signed_by: new.signed_by,
             },
         );
         Ok(Published {
@@ -1390,6 +1398,14 @@ pub(crate) fn encode_package(id: &PackageId, p: &PackageRecord) -> Value {
                     .collect();
                 members.push(("signatures".to_owned(), Value::Array(signatures)));
             }
+            if !r.signed_by.is_empty() {
+                let keys = r
+                    .signed_by
+                    .iter()
+                    .map(|k| Value::from(k.to_hex()))
+                    .collect();
+                members.push(("signed_by".to_owned(), Value::Array(keys)));
+            }
             Value::Object(members)
         })
         .collect();
@@ -1486,6 +1502,24 @@ pub(crate) fn decode_package(
             None => Vec::new(),
             Some(_) => decode_signatures(f.array("signatures")?, vat.key("signatures"))?,
         };
+        // Absent in stores written before it was recorded.
+        let signed_by = match f.get("signed_by") {
+            None => Vec::new(),
+            Some(_) => {
+                let at = vat.key("signed_by");
+                let mut keys = Vec::new();
+                for (i, k) in f.array("signed_by")?.iter().enumerate() {
+                    let bad = |detail: String| {
+                        field(at.path().index(i), FieldProblem::Invalid { detail })
+                    };
+                    let hex = k
+                        .as_str()
+                        .ok_or_else(|| bad("expected a key id, a string".into()))?;
+                    keys.push(Sha256Digest::parse_hex(hex).map_err(|e| bad(e.to_string()))?);
+                }
+                keys
+            }
+        };
         let record = VersionRecord {
             payload_digest,
             kind,
@@ -1494,6 +1528,7 @@ pub(crate) fn decode_package(
             taint,
             trusted_under,
             signatures,
+            signed_by,
         };
         if versions.insert(version.clone(), record).is_some() {
             return Err(field(
@@ -1868,6 +1903,7 @@ mod tests {
             payload_digest: Sha256Digest::of(tag.as_bytes()),
             kind: PackageKind::Module,
             publisher: PublisherId::new("org.example").unwrap(),
+            signed_by: Vec::new(),
         }
     }
 
@@ -2518,6 +2554,44 @@ mod tests {
             ),
         ] {
             assert_eq!(field_error(&doc(&extra, "", "")).0, path, "{extra}");
+        }
+    }
+
+    #[test]
+    fn store_state_records_the_keys_a_version_was_verified_by_and_reads_old_records() {
+        // Written before the field existed: no keys, and the same bytes back.
+        let old = decode(&doc("", "", "")).unwrap();
+        let record = |r: &StoreState, ver: &str| r.record(&id("a"), &v(ver)).unwrap().clone();
+        assert!(record(&old, "1.0.0").signed_by.is_empty());
+        assert!(!String::from_utf8(old.to_json())
+            .unwrap()
+            .contains("signed_by"));
+        // Published with its verified keys: recorded, and kept through the checkpoint.
+        let keys = vec![Sha256Digest::of(b"k1"), Sha256Digest::of(b"k2")];
+        let mut next = old.successor();
+        let mut new = new_version("a@2.0.0");
+        new.signed_by = keys.clone();
+        next.publish(&id("a"), &v("2.0.0"), new, PublishOptions::default())
+            .unwrap();
+        assert_eq!(record(&next, "2.0.0").signed_by, keys);
+        let back = StoreState::from_json(&next.to_json()).unwrap();
+        assert_eq!(back, next);
+        // Damage is refused at its path.
+        for (extra, path) in [
+            (
+                r#", "signed_by": {}"#,
+                "$.packages[0].versions[0].signed_by",
+            ),
+            (
+                r#", "signed_by": [7]"#,
+                "$.packages[0].versions[0].signed_by[0]",
+            ),
+            (
+                r#", "signed_by": ["zz"]"#,
+                "$.packages[0].versions[0].signed_by[0]",
+            ),
+        ] {
+            assert_eq!(field_error(&doc(extra, "", "")).0, path, "{extra}");
         }
     }
 

@@ -21,6 +21,7 @@ pub fn new_version(tag: &str) -> NewVersion {
         payload_digest: Sha256Digest::of(tag.as_bytes()),
         kind: PackageKind::Kernel,
         publisher: PublisherId::new("org.bench").expect("valid publisher id"),
+        signed_by: Vec::new(),
     }
 }
 

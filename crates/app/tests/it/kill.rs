@@ -61,6 +61,9 @@ pub(crate) struct Target {
     pub(crate) version: Version,
     pub(crate) archive: PathBuf,
     pub(crate) digest: Sha256Digest,
+    /// The keys of its signatures (each by the store's one trusted key), which an install
+    /// records as those that verified.
+    pub(crate) signed_by: Vec<Sha256Digest>,
 }
 
 /// How one killed (or finished) install ended, inferred from the store afterwards.
@@ -311,6 +314,12 @@ fn make_targets(bench: &Bench, rng: &mut XorShift) -> Vec<Target> {
                 version: Version::parse(version).unwrap(),
                 archive,
                 digest: packed.metadata.payload_digest(),
+                signed_by: packed
+                    .metadata
+                    .signatures()
+                    .iter()
+                    .map(|s| s.key_id)
+                    .collect(),
             }
         })
         .collect()
@@ -363,6 +372,7 @@ pub(crate) fn expected_after(
             payload_digest: t.digest,
             kind: PackageKind::Module,
             publisher: PublisherId::new("org.example").unwrap(),
+            signed_by: t.signed_by.clone(),
         },
         PublishOptions {
             enable,

@@ -81,6 +81,12 @@ fn kill_module_install_then_recover_and_resolve_the_scans() {
                 version: built.version(),
                 archive: built.archive.clone(),
                 digest: built.digest(),
+                signed_by: built
+                    .metadata
+                    .signatures()
+                    .iter()
+                    .map(|s| s.key_id)
+                    .collect(),
             }
         })
         .collect();

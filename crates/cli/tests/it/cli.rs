@@ -713,10 +713,15 @@ fn cli_only_the_full_check_finds_a_changed_library_and_a_stripped_signature() {
             key_id(&b)
         )
     );
-    // The stripped one shows that it carries no signature (the store has not checked it).
+    // The stripped one shows the key the store recorded when it verified the version at
+    // installation: `list` reads the store's record, not the files (the full check below is
+    // what finds the stripped signature).
     assert_eq!(
         words(&listed.stdout)[1],
-        "example.other 1.0.0 enabled gkmodule org.example none"
+        format!(
+            "example.other 1.0.0 enabled gkmodule org.example {}",
+            key_id(&b)
+        )
     );
     // Nor does a writer's open, while the trust file is unchanged.
     let recovered = b.run(&["--json", "recover"]);

@@ -463,6 +463,7 @@ fn install_unchecked(root: &Path, archive: &Path) {
             payload_digest: metadata.payload_digest(),
             kind: m.kind,
             publisher: m.publisher_id.clone(),
+            signed_by: Vec::new(),
         },
         PublishOptions {
             enable: true,

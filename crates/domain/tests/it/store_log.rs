@@ -31,6 +31,7 @@ fn new_version(tag: &str) -> NewVersion {
         payload_digest: Sha256Digest::of(tag.as_bytes()),
         kind: PackageKind::Module,
         publisher: PublisherId::new("org.example").unwrap(),
+        signed_by: Vec::new(),
     }
 }
 

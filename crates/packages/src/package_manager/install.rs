@@ -242,6 +242,7 @@ impl PackageManager {
                 payload_digest: auth.payload_digest,
                 kind: manifest.kind,
                 publisher: manifest.publisher_id.clone(),
+                signed_by: auth.signed_by.clone(),
             },
             PublishOptions {
                 enable: options.enable,

@@ -403,6 +403,7 @@ fn summary(id: &PackageId, record: &PackageRecord, leases: &LeaseLedger) -> Opti
                 payload_digest: r.payload_digest,
                 taint: r.taint.clone(),
                 signatures_added: r.signatures.iter().map(|s| s.key_id).collect(),
+                signed_by: r.signed_by.clone(),
             })
             .collect(),
         enabled: record.enabled().cloned(),

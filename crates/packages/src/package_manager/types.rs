@@ -224,6 +224,9 @@ pub struct VersionSummary {
     /// the committed state only; [`PackageManager::metadata`](super::PackageManager::metadata)
     /// answers every signature.
     pub signatures_added: Vec<Sha256Digest>,
+    /// The keys whose signatures verified when the version was installed, as the store recorded
+    /// them; empty for versions installed before the store recorded them.
+    pub signed_by: Vec<Sha256Digest>,
 }
 
 /// One package id with all its recorded versions.

@@ -36,6 +36,7 @@ pub(crate) fn new_version(pkg: &str, ver: &str) -> NewVersion {
         payload_digest: Sha256Digest::of(format!("{pkg}@{ver}").as_bytes()),
         kind: PackageKind::Module,
         publisher: PublisherId::new("org.example").unwrap(),
+        signed_by: Vec::new(),
     }
 }
 
