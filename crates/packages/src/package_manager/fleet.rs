@@ -117,20 +117,6 @@ impl PackageManager {
         let watch = self.watch(&mut *opened, &package, manifest);
         opened.verify_in_place(manifest)?;
         drop(watch);
-        Ok(Installed {
-            id: manifest.package_id.clone(),
-            version: manifest.version.clone(),
-            kind: manifest.kind,
-            payload_digest: auth.payload_digest,
-            publisher: auth.publisher,
-            key_id: auth.key_id,
-            signed_by: auth.signed_by,
-            signatures_added: Vec::new(),
-            changed: false,
-            enabled: false,
-            superseded: None,
-            reactivated: false,
-            repaired: false,
-        })
+        Ok(Installed::checked(&metadata, &auth))
     }
 }

@@ -140,21 +140,7 @@ impl PackageManager {
         let watch = self.watch(&mut *opened, &package, manifest);
         opened.verify_in_place(manifest)?;
         drop(watch);
-        Ok(Installed {
-            id: manifest.package_id.clone(),
-            version: manifest.version.clone(),
-            kind: manifest.kind,
-            payload_digest: auth.payload_digest,
-            publisher: auth.publisher,
-            key_id: auth.key_id,
-            signed_by: auth.signed_by,
-            signatures_added: Vec::new(),
-            changed: false,
-            enabled: false,
-            superseded: None,
-            reactivated: false,
-            repaired: false,
-        })
+        Ok(Installed::checked(&metadata, &auth))
     }
 
     /// Authenticates, validates, extracts and publishes the package at `location`.
@@ -611,18 +597,30 @@ pub(super) fn installed_as_found(
     let manifest = metadata.manifest();
     let (id, version) = (&manifest.package_id, &manifest.version);
     Installed {
-        id: id.clone(),
-        version: version.clone(),
-        kind: manifest.kind,
-        payload_digest: auth.payload_digest,
-        publisher: auth.publisher.clone(),
-        key_id: auth.key_id,
-        signed_by: auth.signed_by.clone(),
-        signatures_added: Vec::new(),
-        changed: false,
         enabled: registry.package(id).and_then(|p| p.enabled()) == Some(version),
-        superseded: None,
-        reactivated: false,
-        repaired: false,
+        ..Installed::checked(metadata, auth)
+    }
+}
+
+impl Installed {
+    /// What a check of the authenticated package `metadata` answers: an installation of it that
+    /// has changed nothing (and is not enabled).
+    pub(super) fn checked(metadata: &Metadata, auth: &Authenticated) -> Self {
+        let manifest = metadata.manifest();
+        Installed {
+            id: manifest.package_id.clone(),
+            version: manifest.version.clone(),
+            kind: manifest.kind,
+            payload_digest: auth.payload_digest,
+            publisher: auth.publisher.clone(),
+            key_id: auth.key_id,
+            signed_by: auth.signed_by.clone(),
+            signatures_added: Vec::new(),
+            changed: false,
+            enabled: false,
+            superseded: None,
+            reactivated: false,
+            repaired: false,
+        }
     }
 }

@@ -433,14 +433,14 @@ impl PackageManager {
                 // carries (a policy revoked the key it was signed with, and trusts the key the
                 // copy was re-signed with) is kept, and the signature recorded, below: its
                 // files stay in place for whatever runs them.
-                let needs_signature_only = !tainted
+                // The installed copy is checked once (it re-hashes its files).
+                let copy_fails = tainted || self.installed_copy_fails(life, &id, &version);
+                let needs_signature_only = copy_fails
+                    && !tainted
                     && installed.enabled
                     && published.kind != PublishKind::Reactivated
-                    && self.installed_copy_fails(life, &id, &version)
                     && self.trusted_with_offered_signatures(life, &metadata, &auth.signed_by);
-                if !needs_signature_only
-                    && (tainted || self.installed_copy_fails(life, &id, &version))
-                {
+                if copy_fails && !needs_signature_only {
                     let current_disabled = next
                         .package(&id)
                         .and_then(|p| p.current())
