@@ -852,7 +852,7 @@ fn open_summary(open: &OpenReport) -> String {
 }
 
 pub fn recover(store: &Path) -> anyhow::Result<Report> {
-    let (_pm, open) = open_with_report(store)?;
+    let (_pm, open) = PackageManager::open_dir_recovering(store)?;
     let mut out = Report::new("recover");
     out.field("store", store.display().to_string())
         .field("open", open_report_json(&open));

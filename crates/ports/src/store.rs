@@ -179,6 +179,10 @@ pub struct RecoveryReport {
     /// frame boundary, an older registry put back) no longer knows, so recovery, which deletes
     /// only what a record proves it may, leaves them for the operator to look at.
     pub unaccounted_trees: Vec<PathBuf>,
+    /// Whether recovery listed every package tree: always for an explicit recovery, and at
+    /// opening only when a journal record or an earlier recovery's kept trees said a tree might
+    /// need deleting. Only a recovery that swept reports missing or unaccounted trees.
+    pub swept: bool,
 }
 
 /// An unreferenced tree that recovery kept because it could not check its pin.

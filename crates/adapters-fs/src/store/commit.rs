@@ -25,7 +25,8 @@
 //! 5. After the commit point: `trust.next` is renamed over `trust`, the trees the new store state no
 //!    longer installs (and a replaced tree) are deleted, then the journal record. None needs an
 //!    fsync, because recovery finishes the rename and deletes unreferenced trees and stale
-//!    records anyway.
+//!    records anyway. A tree that could not be deleted keeps the record in place: the record is
+//!    what makes the next opening sweep `packages/`.
 //! 6. When the log's frames have outgrown the checkpoint: the compaction. The new state is
 //!    written as the checkpoint (tmp, fsync, rename, directory fsync), then an empty log based at
 //!    its generation (the same four steps). Between the two renames the old log's frames are all
@@ -547,7 +548,15 @@ pub(crate) fn apply(
     delete_replaced_trees(run, plan, &install_holds, &mut committed)?;
     drop(install_holds);
     delete_old_trees(run, plan, holds, &mut committed)?;
-    remove_journal_record(layout, run, plan, &mut committed)?;
+    if committed.leftovers.is_empty() {
+        remove_journal_record(layout, run, plan, &mut committed)?;
+    } else {
+        // A tree it could not delete stays accounted for by the record, so that the next
+        // opening sweeps `packages/` and finishes the deletion (it does not list it otherwise).
+        committed
+            .leftovers
+            .push(plan.intent.path_in(&layout.journal));
+    }
     if info.wants_compaction(compact_over) {
         compact_after_commit(layout, run, &plan.new_state, &mut info, &mut committed)?;
     }

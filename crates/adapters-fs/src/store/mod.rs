@@ -13,6 +13,7 @@
 //! staging/<n>/             trees being extracted; cleared by recovery
 //! packages/<id>/<version>/ installed trees, read-only
 //! pins/<id>@<version>      shared locks of the processes that have the version loaded
+//! sweep.pending            packages/ may hold trees to delete that no journal record names
 //! ```
 //!
 //! A *writer* handle ([`FsStore::open`]) takes the lock (or fails with `Locked`) and recovers
@@ -61,6 +62,7 @@ pub use watch::StoreWatcher;
 use commit::{is_crash, is_staging_entry, Failure};
 use durable::{io_error, remove_tree, Run};
 use log::DiskInfo;
+use recovery::Sweep;
 
 /// The most bytes a reader takes from `registry.json`, and from `registry.log`: far more than a
 /// store ever holds (a compaction keeps the log near the checkpoint's size), and a bound on what
@@ -93,6 +95,11 @@ pub struct StoreLayout {
     pub packages: PathBuf,
     /// One lock file per pinned version ([`FsStore`]'s `pin`).
     pub pins: PathBuf,
+    /// Present while `packages/` may hold trees the registry does not install that no journal
+    /// record names: a recovery kept some (pinned, unchecked or unaccounted) or a commit could
+    /// not delete them. Opening the store lists `packages/` only while it or a journal record
+    /// is there.
+    pub sweep_marker: PathBuf,
 }
 
 impl StoreLayout {
@@ -111,6 +118,7 @@ impl StoreLayout {
             staging: root.join("staging"),
             packages: root.join("packages"),
             pins: root.join("pins"),
+            sweep_marker: root.join("sweep.pending"),
             root,
         }
     }
@@ -152,6 +160,10 @@ pub struct StoreOptions {
     /// rewriting the checkpoint costs, spread over the commits, a constant per commit. Tests set
     /// 0 to compact after every commit.
     pub compact_log_over: Option<u64>,
+    /// Have the writer's recovery list every package tree, as an explicit recovery does
+    /// (`guild recover`); otherwise it does only when a change was in flight or an earlier
+    /// recovery kept trees (the `recovery` module says when).
+    pub sweep: bool,
 }
 
 impl StoreOptions {
@@ -165,7 +177,14 @@ impl StoreOptions {
             lock_wait: Self::DEFAULT_LOCK_WAIT,
             reader: false,
             compact_log_over: None,
+            sweep: false,
         }
+    }
+
+    /// Sweeping every package tree at opening (see [`StoreOptions::sweep`]).
+    pub fn sweep(mut self) -> Self {
+        self.sweep = true;
+        self
     }
 
     /// Compacting the log once its frames pass `bytes` (see [`StoreOptions::compact_log_over`]).
@@ -257,7 +276,12 @@ impl FsStore {
             // A writer recovers; so does a reader of a store that was never written, once, to
             // create it.
             lock_with_wait(&lock, &layout.lock, options.lock_wait)?;
-            let recovered = recovery::recover(&layout, &BTreeSet::new(), &mut run);
+            let sweep = if options.sweep {
+                Sweep::Always
+            } else {
+                Sweep::WhenNeeded
+            };
+            let recovered = recovery::recover(&layout, &BTreeSet::new(), sweep, &mut run);
             if options.reader {
                 let _ = lock.unlock();
             }
@@ -663,7 +687,7 @@ impl FsStore {
     fn recover_locked(&self, inner: &mut Inner) -> Result<RecoveryReport, StoreError> {
         let issued = inner.issued.clone();
         let mut run = Run::new(None);
-        let recovered = recovery::recover(&self.layout, &issued, &mut run);
+        let recovered = recovery::recover(&self.layout, &issued, Sweep::Always, &mut run);
         inner.total_fsyncs += u64::from(run.stats.fsyncs);
         inner.last_op = run.stats;
         let recovered = recovered?;

@@ -30,6 +30,16 @@
 //! pins the version, both trees stay and the replaced one is reported as pinned). A tree set
 //! aside by any other transaction is never put back: the sweep finds it unreferenced.
 //!
+//! Listing `packages/` costs a directory read per installed package, so recovery at opening does
+//! it only when something says a tree may need deleting ([`Sweep::WhenNeeded`]): a journal
+//! record (a transaction was in flight, or a commit could not delete what it no longer installs
+//! and kept its record for recovery to finish), a log it had to cut or delete, or the
+//! `sweep.pending` marker, which a sweep leaves behind whenever it keeps a tree it would delete
+//! or cannot account for (pinned, unchecked, unaccounted) and removes once it keeps none. An
+//! explicit recovery (`guild recover`) always sweeps ([`Sweep::Always`]) and is what reports a
+//! tree that went missing by hand; opening finds such a version when it is next checked or
+//! loaded.
+//!
 //! Everything that could make recovery guess is read and checked before anything is cut or
 //! deleted: an unreadable registry, log, journal record or trust file (a link or a FIFO in its
 //! place, or one over its size cap, included) fails with the file's name and leaves the disk as
@@ -64,11 +74,22 @@ pub(crate) struct Recovered {
     pub(crate) report: RecoveryReport,
 }
 
+/// Whether recovery lists `packages/` (see the module's documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sweep {
+    /// Always: an explicit recovery.
+    Always,
+    /// Only when a journal record, a log repair or the marker says a tree may need deleting:
+    /// opening the store.
+    WhenNeeded,
+}
+
 /// Recovers the store at `layout`. Staging entries named in `keep_staging` were handed out by the
 /// running store and are left alone.
 pub(crate) fn recover(
     layout: &StoreLayout,
     keep_staging: &BTreeSet<OsString>,
+    sweep: Sweep,
     run: &mut Run,
 ) -> Result<Recovered, StoreError> {
     let mut report = RecoveryReport::default();
@@ -79,8 +100,13 @@ pub(crate) fn recover(
     let found = log::read(layout)?;
     let trust = read_store_file("read trust file", &layout.trust, MAX_TRUST_BYTES)?;
     let trust_next = read_store_file("read new trust file", &layout.trust_next, MAX_TRUST_BYTES)?;
+    let marked = exists(&layout.sweep_marker)?;
+    let mut repaired_log = false;
     let (registry, info) = match found {
-        Some(found) => settle_log(layout, found, run, &mut report)?,
+        Some(found) => {
+            repaired_log = found.torn_len.is_some() || found.stray_log;
+            settle_log(layout, found, run, &mut report)?
+        }
         None => create_registry(layout, &records, run, &mut report)?,
     };
     let generation = registry.generation();
@@ -92,8 +118,15 @@ pub(crate) fn recover(
         put_back_replaced_tree(layout, node, staged, run)?;
     }
     remove_temp_files(layout, &mut report)?;
-    let accounted = accounted_trees(&records, &registry);
-    sweep_packages(layout, &registry, &accounted, &mut report)?;
+    if sweep == Sweep::Always || marked || repaired_log || !records.is_empty() {
+        let accounted = accounted_trees(&records, &registry);
+        sweep_packages(layout, &registry, &accounted, &mut report)?;
+        report.swept = true;
+        let kept = !report.pinned_trees.is_empty()
+            || !report.unchecked_trees.is_empty()
+            || !report.unaccounted_trees.is_empty();
+        mark_sweep_pending(layout, kept, marked, run)?;
+    }
     clear_staging(layout, keep_staging, &mut report)?;
     // The records go last: until the trees are dealt with, they are the evidence of what was in
     // flight.
@@ -108,6 +141,34 @@ pub(crate) fn recover(
         trust,
         report,
     })
+}
+
+/// Leaves the `sweep.pending` marker when the sweep kept trees (durably: without it the next
+/// opening would not look at them again), and removes it when it kept none.
+fn mark_sweep_pending(
+    layout: &StoreLayout,
+    kept: bool,
+    marked: bool,
+    run: &mut Run,
+) -> Result<(), StoreError> {
+    let marker = &layout.sweep_marker;
+    if kept && !marked {
+        run.write_file("write sweep marker", marker, b"")?;
+        run.fsync("fsync sweep marker", marker)?;
+        run.sync_path("fsync store directory", &layout.root)?;
+    } else if !kept && marked {
+        remove_file_if_present(marker).map_err(|e| io_error("remove sweep marker", marker, e))?;
+    }
+    Ok(())
+}
+
+/// Whether `path` exists (a link counts, and is not followed).
+fn exists(path: &Path) -> Result<bool, StoreError> {
+    match fs::symlink_metadata(path) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io_error("inspect", path, e)),
+    }
 }
 
 /// Cuts a torn frame off the end of the log, or deletes a log a migration left beside a

@@ -18,6 +18,7 @@ use super::lease::Ledger;
 use super::verify::Scope;
 use super::{LeftOut, Lifecycle, OpenReport, PackageManager, TrustReset};
 use crate::error::HostError;
+use guild_adapters_fs::store::StoreOptions;
 use guild_domain::platform::HostPlatform;
 
 impl PackageManager {
@@ -264,6 +265,14 @@ impl PackageManager {
         Self::open_dir_with(dir, None)
     }
 
+    /// [`PackageManager::open_dir`] with a recovery that lists every package tree whatever the
+    /// store says (`guild recover`): it reports installed versions whose tree went missing and
+    /// trees nothing accounts for, which an ordinary opening looks for only when a change was in
+    /// flight.
+    pub fn open_dir_recovering(dir: &Path) -> Result<(Self, OpenReport), HostError> {
+        Self::open_dir_as(dir, None, StoreOptions::new().sweep(), false)
+    }
+
     /// [`PackageManager::open_dir`] with the trust file rebuilt first
     /// ([`PackageManager::open_resetting_trust`]).
     pub fn open_dir_resetting_trust(
@@ -279,7 +288,7 @@ impl PackageManager {
     /// manager takes the store's lock for that one transaction. This is how a runner's
     /// `Host` opens its store, and how `guild list`, `status` and `doctor` read.
     pub fn open_dir_reader(dir: &Path) -> Result<(Self, OpenReport), HostError> {
-        Self::open_dir_as(dir, None, true, false)
+        Self::open_dir_as(dir, None, StoreOptions::new().reader(), false)
     }
 
     /// Opens the store at `dir` as a reader ([`PackageManager::open_dir_reader`]) to read its
@@ -290,28 +299,26 @@ impl PackageManager {
     /// loaded through it is still checked right before it opens
     /// ([`PackageManager::check_loadable`], [`PackageManager::check_files_before_load`]).
     pub fn open_dir_committed(dir: &Path) -> Result<(Self, OpenReport), HostError> {
-        Self::open_dir_as(dir, None, true, true)
+        Self::open_dir_as(dir, None, StoreOptions::new().reader(), true)
     }
 
     fn open_dir_with(
         dir: &Path,
         reset: Option<TrustReset>,
     ) -> Result<(Self, OpenReport), HostError> {
-        Self::open_dir_as(dir, reset, false, false)
+        Self::open_dir_as(dir, reset, StoreOptions::new(), false)
     }
 
     fn open_dir_as(
         dir: &Path,
         reset: Option<TrustReset>,
-        reader: bool,
+        options: StoreOptions,
         committed_only: bool,
     ) -> Result<(Self, OpenReport), HostError> {
         let platform = HostPlatform::current().ok_or(HostError::UnsupportedPlatform {
             os: std::env::consts::OS,
             arch: std::env::consts::ARCH,
         })?;
-        let mut options = guild_adapters_fs::store::StoreOptions::new();
-        options.reader = reader;
         let (store, recovery) = guild_adapters_fs::store::FsStore::open_with(dir, options)?;
         Self::open_with(
             Box::new(store),

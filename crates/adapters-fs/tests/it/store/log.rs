@@ -323,12 +323,17 @@ fn store_log_cut_at_a_frame_boundary_loses_no_tree_to_a_writer() {
     let before = files_under(&root.join("packages"));
 
     let (store, report) = FsStore::open(&root).unwrap();
-    drop(store);
     assert_eq!(
         files_under(&root.join("packages")),
         before,
         "a writer deleted trees no record accounts for: {report:?}"
     );
+    // Nothing said a change was in flight, so opening did not list the trees; the operator's
+    // recovery does, and keeps them.
+    assert!(!report.swept, "{report:?}");
+    let report = store.recover().unwrap();
+    drop(store);
+    assert_eq!(files_under(&root.join("packages")), before, "{report:?}");
     let kept: Vec<String> = report
         .unaccounted_trees
         .iter()
@@ -340,7 +345,10 @@ fn store_log_cut_at_a_frame_boundary_loses_no_tree_to_a_writer() {
     fs::write(&layout.log, &good).unwrap();
     let (store, report) = FsStore::open(&root).unwrap();
     assert_eq!(store.registry().unwrap(), full);
-    assert!(report.is_clean(), "{report:?}");
+    // The kept trees left the marker: this opening swept, found them all installed again and
+    // removed it.
+    assert!(report.swept && report.is_clean(), "{report:?}");
+    assert!(!layout.sweep_marker.exists());
 }
 
 /// The crash side: a commit's append torn after every byte of its frame (length, checksum and

@@ -287,12 +287,13 @@ fn store_recovery_reports_what_it_did_and_is_idempotent() {
     assert_eq!(report.removed_staging.len(), 1, "the staged tree of b");
     assert_eq!(report.removed_temp_files, vec![layout.registry_tmp.clone()]);
     assert!(report.missing_trees.is_empty());
-    // The operator, having looked, removes it.
+    // It kept a tree, so the next opening sweeps again.
+    assert!(layout.sweep_marker.exists());
+    // The operator, having looked, removes it and recovers: nothing is left to sweep.
     fs::remove_dir_all(layout.packages.join("zombie")).unwrap();
-    assert_no_leftovers(&root);
-
     let again = store.recover().unwrap();
     assert!(again.is_clean(), "{again:?}");
+    assert_no_leftovers(&root);
     assert!(store.recover().unwrap().is_clean());
     drop(store);
     let (_store, reopened) = FsStore::open(&root).unwrap();
@@ -343,7 +344,15 @@ fn store_recovery_reports_a_missing_tree() {
     let layout = StoreLayout::new(&root);
     let tree = layout.packages.join("a");
     fs::rename(&tree, root.join("elsewhere")).unwrap();
-    let (_store, report) = FsStore::open(&root).unwrap();
+    // Opening does not list the package trees when no change was in flight; an explicit
+    // recovery does.
+    let (store, report) = FsStore::open(&root).unwrap();
+    assert!(
+        !report.swept && report.missing_trees.is_empty(),
+        "{report:?}"
+    );
+    let report = store.recover().unwrap();
+    assert!(report.swept);
     assert_eq!(
         report.missing_trees,
         [NodeRef {
@@ -652,6 +661,14 @@ fn store_recovers_a_record_of_several_installs_deleting_only_what_it_names() {
         assert!(!layout.package_dir(&id(pkg), &v("1.0.0")).exists(), "{pkg}");
     }
     fs::remove_dir_all(layout.packages.join("stray")).unwrap();
+    drop(_store);
+    // The kept tree left the marker; the next opening sweeps, keeps nothing and removes it.
+    assert!(layout.sweep_marker.exists());
+    let (_store, report) = FsStore::open(&root).unwrap();
+    assert!(
+        report.swept && report.unaccounted_trees.is_empty(),
+        "{report:?}"
+    );
     assert_eq!(snapshot(&root), before);
     assert_no_leftovers(&root);
 }
@@ -941,4 +958,61 @@ fn store_log_compacts_once_it_outgrows_the_checkpoint() {
         assert_eq!(committed(&root), store.registry().unwrap());
     }
     assert!(compactions >= 2, "{compactions}");
+}
+
+/// Opening lists `packages/` only when something says a tree may need deleting: a stray tree
+/// put there by hand is neither deleted nor reported by an opening, the marker makes the next
+/// opening sweep (and report it, keeping it and the marker), and an explicit recovery always
+/// sweeps.
+#[test]
+fn store_opening_sweeps_packages_only_when_marked_or_a_change_was_in_flight() {
+    let (_dir, root) = store_with_one_package();
+    let layout = StoreLayout::new(&root);
+    let stray = layout.packages.join("stray/1.0.0");
+    fs::create_dir_all(&stray).unwrap();
+
+    let (store, report) = FsStore::open(&root).unwrap();
+    assert!(!report.swept && report.is_clean(), "{report:?}");
+    drop(store);
+
+    fs::write(&layout.sweep_marker, b"").unwrap();
+    let (store, report) = FsStore::open(&root).unwrap();
+    assert!(report.swept, "{report:?}");
+    assert_eq!(report.unaccounted_trees, std::slice::from_ref(&stray));
+    assert!(stray.is_dir() && layout.sweep_marker.exists());
+
+    fs::remove_dir_all(layout.packages.join("stray")).unwrap();
+    let report = store.recover().unwrap();
+    assert!(report.swept && report.is_clean(), "{report:?}");
+    assert!(!layout.sweep_marker.exists());
+    drop(store);
+    let (_store, report) = FsStore::open(&root).unwrap();
+    assert!(!report.swept && report.is_clean(), "{report:?}");
+}
+
+/// A commit that could not delete a tree it no longer installs keeps its journal record, so
+/// that the next opening sweeps and deletes it.
+#[test]
+fn store_commit_that_could_not_delete_a_tree_leaves_it_to_the_next_opening() {
+    let (_dir, root) = store_with_one_package();
+    let layout = StoreLayout::new(&root);
+    let fault = Some(Fault {
+        step: 7,
+        mode: FaultMode::Error,
+    });
+    let (store, _) = FsStore::open(&root).unwrap();
+    publish(&store, "a", "2.0.0", ENABLED).unwrap();
+    drop(store);
+    let (store, _) = FsStore::open_with(&root, StoreOptions::new().with_fault(fault)).unwrap();
+    let committed = change(&store, |r| r.remove(&id("a"), &v("1.0.0"))).unwrap();
+    let old = layout.packages.join("a/1.0.0");
+    assert!(old.is_dir());
+    assert!(committed.leftovers.contains(&old), "{committed:?}");
+    drop(store);
+
+    let (_store, report) = FsStore::open(&root).unwrap();
+    assert!(report.swept, "{report:?}");
+    assert_eq!(report.removed_trees, [old.clone()], "{report:?}");
+    assert!(!old.exists());
+    assert_no_leftovers(&root);
 }

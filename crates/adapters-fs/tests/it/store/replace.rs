@@ -262,8 +262,14 @@ fn store_recovery_puts_back_only_the_tree_its_own_transaction_set_aside() {
     });
     let store = tampered_store(root, StoreOptions::new().with_fault(fail_delete));
     let committed = repair(&store).unwrap();
-    assert_eq!(committed.leftovers.len(), 1, "{committed:?}");
+    // The tree it could not delete, and the journal record kept so that the next opening
+    // sweeps it.
+    assert_eq!(committed.leftovers.len(), 2, "{committed:?}");
     let stale = committed.leftovers[0].clone();
+    assert!(
+        committed.leftovers[1].starts_with(root.join("journal")),
+        "{committed:?}"
+    );
     assert!(stale.is_dir(), "the tampered tree stays aside");
     assert_eq!(installed(&store), genuine());
     taint(&store);
