@@ -279,6 +279,7 @@ mod tests {
                     kind: PackageKind::Module,
                     publisher: PublisherId::new("org.example").unwrap(),
                     signed_by: Vec::new(),
+                    facts: None,
                 },
                 PublishOptions {
                     enable,

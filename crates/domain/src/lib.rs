@@ -23,6 +23,7 @@ pub mod kernel_registry;
 pub mod lease;
 pub mod lifecycle;
 pub mod manifest;
+pub mod manifest_facts;
 pub mod operation;
 pub mod path;
 pub mod platform;

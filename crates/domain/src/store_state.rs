@@ -53,6 +53,7 @@ use crate::ids::{IdError, PackageId, PackageKind, PublisherId, Sha256Digest};
 use crate::json::{self, BorrowedValue, Integer, JsonError, JsonPath, PathSegment, Value};
 use crate::lifecycle::{transition, Event, IllegalTransition, State};
 use crate::manifest::{SignatureAlgorithm, SignatureEntry};
+use crate::manifest_facts::ManifestFacts;
 use crate::trust::{is_store_id, TrustAnchor, TrustBinding};
 use crate::vec_map::VecMap;
 use crate::version::Version;
@@ -81,6 +82,7 @@ const VERSION_FIELDS: &[&str] = &[
     "trusted_under",
     "signatures",
     "signed_by",
+    "manifest",
 ];
 const SIGNATURE_FIELDS: &[&str] = &["key_id", "algorithm", "signature"];
 const TAINT_FIELDS: &[&str] = &["reason", "file"];
@@ -139,6 +141,11 @@ pub struct VersionRecord {
     /// `guild list` shows without reading the version's files. Empty in stores written before
     /// it was recorded.
     pub signed_by: Vec<Sha256Digest>,
+    /// What the dependency graph and the impl-id claims read of its signed manifest
+    /// ([`ManifestFacts`]), so that checking a change reads the registry and not every
+    /// version's `.gkmetadata`. `None` in stores written before it was recorded (the metadata
+    /// is read instead), and then not written, so that such records keep their bytes.
+    pub facts: Option<Arc<ManifestFacts>>,
 }
 
 /// The facts about a version being published, as verification established them.
@@ -152,6 +159,8 @@ pub struct NewVersion {
     pub publisher: PublisherId,
     /// The keys whose signatures verified when it was published, in file order.
     pub signed_by: Vec<Sha256Digest>,
+    /// What the graph and the claims read of its manifest, recorded with it.
+    pub facts: Option<ManifestFacts>,
 }
 
 /// Every recorded version of one package id, and its rollback target.
@@ -846,6 +855,7 @@ impl StoreState {
                 trusted_under: None,
                 signatures: Vec::new(),
                 signed_by: new.signed_by,
+                facts: new.facts.map(Arc::new),
             },
         );
         Ok(Published {
@@ -1406,6 +1416,9 @@ pub(crate) fn encode_package(id: &PackageId, p: &PackageRecord) -> Value {
                     .collect();
                 members.push(("signed_by".to_owned(), Value::Array(keys)));
             }
+            if let Some(facts) = &r.facts {
+                members.push(("manifest".to_owned(), crate::manifest_facts::encode(facts)));
+            }
             Value::Object(members)
         })
         .collect();
@@ -1520,6 +1533,14 @@ pub(crate) fn decode_package(
                 keys
             }
         };
+        // Absent in stores written before it was recorded.
+        let facts = match f.get("manifest") {
+            None => None,
+            Some(m) => Some(Arc::new(crate::manifest_facts::decode(
+                m,
+                vat.key("manifest"),
+            )?)),
+        };
         let record = VersionRecord {
             payload_digest,
             kind,
@@ -1529,6 +1550,7 @@ pub(crate) fn decode_package(
             trusted_under,
             signatures,
             signed_by,
+            facts,
         };
         if versions.insert(version.clone(), record).is_some() {
             return Err(field(
@@ -1904,6 +1926,7 @@ mod tests {
             kind: PackageKind::Module,
             publisher: PublisherId::new("org.example").unwrap(),
             signed_by: Vec::new(),
+            facts: None,
         }
     }
 
@@ -2589,6 +2612,80 @@ mod tests {
             (
                 r#", "signed_by": ["zz"]"#,
                 "$.packages[0].versions[0].signed_by[0]",
+            ),
+        ] {
+            assert_eq!(field_error(&doc(extra, "", "")).0, path, "{extra}");
+        }
+    }
+
+    #[test]
+    fn store_state_records_what_the_graph_reads_of_a_manifest_and_reads_old_records() {
+        use crate::dependency::{Dependency, ModuleDependency, MODULE_ABI_TAG_V1};
+        use crate::ids::ImplId;
+        use crate::manifest_facts::ManifestFacts;
+        use crate::version::VersionRange;
+        // Written before the field existed: no facts, and no field written back.
+        let old = decode(&doc("", "", "")).unwrap();
+        let record = |r: &StoreState, ver: &str| r.record(&id("a"), &v(ver)).unwrap().clone();
+        assert!(record(&old, "1.0.0").facts.is_none());
+        assert!(!String::from_utf8(old.to_json())
+            .unwrap()
+            .contains("manifest"));
+        // Published with its facts: recorded, kept through the checkpoint, and the graph's node
+        // built from the record alone.
+        let facts = ManifestFacts {
+            module_abi: Some(1),
+            provided_ops: vec![
+                ImplId::new("a.op.cpu").unwrap(),
+                ImplId::new("a.op.gpu").unwrap(),
+            ],
+            dependencies: vec![Dependency {
+                package_id: id("b"),
+                range: VersionRange::new(v("1.0.0"), Some(v("2.0.0"))).unwrap(),
+            }],
+            module_dependencies: vec![ModuleDependency {
+                module_id: id("c"),
+                range: VersionRange::new(v("1.2.0"), None).unwrap(),
+                abi_tag: MODULE_ABI_TAG_V1.to_owned(),
+                publisher_id: Some(PublisherId::new("org.example").unwrap()),
+                sha256: Some(Sha256Digest::of(b"c")),
+            }],
+        };
+        let mut next = old.successor();
+        let mut new = new_version("a@2.0.0");
+        new.facts = Some(facts.clone());
+        next.publish(&id("a"), &v("2.0.0"), new, PublishOptions::default())
+            .unwrap();
+        assert_eq!(record(&next, "2.0.0").facts.as_deref(), Some(&facts));
+        let back = StoreState::from_json(&next.to_json()).unwrap();
+        assert_eq!(back, next);
+        let node = ManifestFacts::node(&id("a"), &v("2.0.0"), &record(&back, "2.0.0")).unwrap();
+        assert_eq!(
+            (
+                node.module_abi,
+                &node.dependencies,
+                &node.module_dependencies
+            ),
+            (Some(1), &facts.dependencies, &facts.module_dependencies)
+        );
+        // Damage is refused at its path.
+        for (extra, path) in [
+            (r#", "manifest": []"#, "$.packages[0].versions[0].manifest"),
+            (
+                r#", "manifest": {}"#,
+                "$.packages[0].versions[0].manifest.provided_ops",
+            ),
+            (
+                r#", "manifest": {"provided_ops": ["Bad Id"]}"#,
+                "$.packages[0].versions[0].manifest.provided_ops[0]",
+            ),
+            (
+                r#", "manifest": {"provided_ops": [], "dependencies": [{"package_id": "b"}]}"#,
+                "$.packages[0].versions[0].manifest.dependencies[0].min_version",
+            ),
+            (
+                r#", "manifest": {"provided_ops": [], "extra": 1}"#,
+                "$.packages[0].versions[0].manifest.extra",
             ),
         ] {
             assert_eq!(field_error(&doc(extra, "", "")).0, path, "{extra}");

@@ -22,6 +22,7 @@ pub fn new_version(tag: &str) -> NewVersion {
         kind: PackageKind::Kernel,
         publisher: PublisherId::new("org.bench").expect("valid publisher id"),
         signed_by: Vec::new(),
+        facts: None,
     }
 }
 

@@ -18,6 +18,7 @@ use guild_adapters_fs::archive::GkpkSource;
 use guild_adapters_fs::store::StoreLayout;
 use guild_domain::ids::{PackageId, PackageKind, PublisherId, Sha256Digest};
 use guild_domain::manifest::Metadata;
+use guild_domain::manifest_facts::ManifestFacts;
 use guild_domain::path::RESERVED_METADATA_NAME;
 use guild_domain::store_state::{NewVersion, PublishOptions, StoreState};
 use guild_domain::version::Version;
@@ -64,6 +65,8 @@ pub(crate) struct Target {
     /// The keys of its signatures (each by the store's one trusted key), which an install
     /// records as those that verified.
     pub(crate) signed_by: Vec<Sha256Digest>,
+    /// What the graph and the claims read of its manifest, which an install records.
+    pub(crate) facts: ManifestFacts,
 }
 
 /// How one killed (or finished) install ended, inferred from the store afterwards.
@@ -320,6 +323,7 @@ fn make_targets(bench: &Bench, rng: &mut XorShift) -> Vec<Target> {
                     .iter()
                     .map(|s| s.key_id)
                     .collect(),
+                facts: ManifestFacts::of(packed.metadata.manifest()),
             }
         })
         .collect()
@@ -373,6 +377,7 @@ pub(crate) fn expected_after(
             kind: PackageKind::Module,
             publisher: PublisherId::new("org.example").unwrap(),
             signed_by: t.signed_by.clone(),
+            facts: Some(t.facts.clone()),
         },
         PublishOptions {
             enable,

@@ -17,6 +17,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use guild_adapters_fs::store::StoreLayout;
+use guild_domain::manifest_facts::ManifestFacts;
 use guild_domain::operation::DType;
 use guild_domain::store_state::StoreState;
 use guild_domain::version::Version;
@@ -87,6 +88,7 @@ fn kill_module_install_then_recover_and_resolve_the_scans() {
                     .iter()
                     .map(|s| s.key_id)
                     .collect(),
+                facts: ManifestFacts::of(built.metadata.manifest()),
             }
         })
         .collect();

@@ -346,3 +346,47 @@ fn trusted_state_a_format_1_store_is_migrated_by_its_first_write_and_passes_the_
     assert!(found.failures.is_empty(), "{found:?}");
     assert!(found.disabled.is_empty(), "{found:?}");
 }
+
+/// Opening reads no installed version's `.gkmetadata` when no change was in flight: the
+/// dependency graph and the impl-id claims a change is checked against come from the facts the
+/// registry records with each version. With `ex.base`'s metadata replaced by garbage, a writer
+/// and a reader open without a word, a package claiming `ex.base`'s impl id is still refused
+/// and disabling `ex.base` is still refused for its dependent; the full check finds the
+/// damage, and `guild recover`'s opening marks the version removed.
+#[test]
+fn trusted_state_opening_reads_no_metadata_and_changes_check_the_recorded_facts() {
+    let shop = Workshop::new();
+    let k = key();
+    let root = two_packages(&shop, &k);
+    let rival = shop.build(&Spec::module("ex.rival", "1.0.0").op("ex.base.op.cpu"), &k);
+    make_writable(&root);
+    fs::write(root.join("packages/ex.base/1.0.0/.gkmetadata"), b"garbage").unwrap();
+
+    for reader in [false, true] {
+        let (_pm, report, calls) = open_counting(&root, reader);
+        assert_eq!(calls, 0, "reader {reader}");
+        assert!(
+            report.removed.is_empty() && report.disabled.is_empty(),
+            "reader {reader}: opening read a version's metadata: {report:?}"
+        );
+    }
+    let (pm, _, _) = open_counting(&root, false);
+    let err = pm
+        .install(&rival.archive, InstallOptions::default())
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("ex.base.op.cpu"),
+        "the recorded claim of ex.base refuses it: {err}"
+    );
+    let err = pm.disable(&id("ex.base")).unwrap_err();
+    assert!(err.to_string().contains("ex.user"), "{err}");
+
+    let found = pm.verify_all(VerifyOptions { jobs: Some(1) }).unwrap();
+    let failed: Vec<String> = found.failures.iter().map(|f| f.id.to_string()).collect();
+    assert_eq!(failed, ["ex.base"], "{found:?}");
+    drop(pm);
+    let (_pm, report) = PackageManager::open_dir_recovering(&root).unwrap();
+    assert!(report.recovery.swept, "{report:?}");
+    let removed: Vec<String> = report.removed.iter().map(|r| r.id.to_string()).collect();
+    assert_eq!(removed, ["ex.base"], "{report:?}");
+}

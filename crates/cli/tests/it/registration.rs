@@ -464,6 +464,7 @@ fn install_unchecked(root: &Path, archive: &Path) {
             kind: m.kind,
             publisher: m.publisher_id.clone(),
             signed_by: Vec::new(),
+            facts: None,
         },
         PublishOptions {
             enable: true,

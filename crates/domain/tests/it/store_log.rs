@@ -32,6 +32,7 @@ fn new_version(tag: &str) -> NewVersion {
         kind: PackageKind::Module,
         publisher: PublisherId::new("org.example").unwrap(),
         signed_by: Vec::new(),
+        facts: None,
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::lease::QuiescentAction;
 use guild_domain::manifest::Metadata;
+use guild_domain::manifest_facts::ManifestFacts;
 use guild_domain::store_state::{NewVersion, PublishKind, PublishOptions, Published, StoreState};
 use guild_domain::trust::{authenticate, Authenticated};
 use guild_domain::version::Version;
@@ -229,6 +230,7 @@ impl PackageManager {
                 kind: manifest.kind,
                 publisher: manifest.publisher_id.clone(),
                 signed_by: auth.signed_by.clone(),
+                facts: Some(ManifestFacts::of(manifest)),
             },
             PublishOptions {
                 enable: options.enable,

@@ -7,7 +7,8 @@ use guild_domain::claims::{
 use guild_domain::graph::{DependencyGraph, GraphIndex, GraphProblem, NodeRef, PackageNode};
 use guild_domain::ids::PackageId;
 use guild_domain::manifest::Metadata;
-use guild_domain::store_state::StoreState;
+use guild_domain::manifest_facts::ManifestFacts;
+use guild_domain::store_state::{StoreState, VersionRecord};
 use guild_domain::version::Version;
 
 use super::{Lifecycle, PackageManager};
@@ -63,49 +64,56 @@ impl PackageManager {
     ) -> Result<Vec<PackageNode>, HostError> {
         registry
             .installed()
-            .map(|(id, version, record)| {
-                let metadata = self.known_metadata(life, id, version, None)?;
-                Ok(PackageNode::from_metadata(
-                    metadata,
-                    record.state.is_enabled(),
-                ))
-            })
+            .map(|(id, version, record)| self.node_of(life, id, version, record, None))
             .collect()
     }
 
-    /// The metadata of `id@version`: `extra` when it describes that version (a version being
-    /// installed, not yet in the lifecycle state), otherwise the one the lifecycle holds.
-    fn known_metadata<'m>(
+    /// The graph's node of installed version `id@version` (its record `record`): from `extra`
+    /// when it describes that version (a version being installed), else from the facts the
+    /// record carries, else from its metadata (a record written before they were recorded).
+    fn node_of(
         &self,
-        life: &'m Lifecycle,
+        life: &Lifecycle,
         id: &PackageId,
         version: &Version,
-        extra: Option<&'m Metadata>,
-    ) -> Result<&'m Metadata, HostError> {
-        if let Some(m) = extra.filter(|m| {
-            let m = m.manifest();
-            &m.package_id == id && &m.version == version
-        }) {
-            return Ok(m);
+        record: &VersionRecord,
+        extra: Option<&Metadata>,
+    ) -> Result<PackageNode, HostError> {
+        let enabled = record.state.is_enabled();
+        if let Some(m) = describing(extra, id, version) {
+            return Ok(PackageNode::from_metadata(m, enabled));
         }
-        life.metadata
-            .get(&(id.clone(), version.clone()))
-            .map(|m| &**m)
-            .ok_or_else(|| HostError::InstalledTree {
-                package: format!("{id}@{version}"),
-                path: self.store.package_dir(id, version),
-                problem: "its metadata was not loaded".into(),
-            })
+        if let Some(node) = ManifestFacts::node(id, version, record) {
+            return Ok(node);
+        }
+        let metadata = self.metadata_for(life, id, version, record)?;
+        Ok(PackageNode::from_metadata(&metadata, enabled))
     }
 
-    /// The claim of `node` on the impl ids its manifest provides.
+    /// The claim of `node` (recorded in `registry`) on the impl ids its manifest provides.
     fn claim_of(
         &self,
         life: &Lifecycle,
+        registry: &StoreState,
         node: NodeRef,
         extra: Option<&Metadata>,
     ) -> Result<Claim, HostError> {
-        let metadata = self.known_metadata(life, &node.id, &node.version, extra)?;
+        if let Some(m) = describing(extra, &node.id, &node.version) {
+            let ids = m.manifest().provided_ops.iter().cloned();
+            return Ok(Claim::new(node, ids));
+        }
+        let record =
+            registry
+                .record(&node.id, &node.version)
+                .ok_or_else(|| HostError::InstalledTree {
+                    package: format!("{}@{}", node.id, node.version),
+                    path: self.store.package_dir(&node.id, &node.version),
+                    problem: "the registry does not record it".into(),
+                })?;
+        if let Some(facts) = &record.facts {
+            return Ok(Claim::new(node, facts.provided_ops.iter().cloned()));
+        }
+        let metadata = self.metadata_for(life, &node.id, &node.version, record)?;
         let ids = metadata.manifest().provided_ops.iter().cloned();
         Ok(Claim::new(node, ids))
     }
@@ -119,7 +127,7 @@ impl PackageManager {
     ) -> Result<Vec<Claim>, HostError> {
         claiming_versions(registry)
             .into_iter()
-            .map(|node| self.claim_of(life, node, None))
+            .map(|node| self.claim_of(life, registry, node, None))
             .collect()
     }
 
@@ -137,11 +145,10 @@ impl PackageManager {
         let mut claims = Vec::new();
         if let Some(record) = next.package(id) {
             for (version, r) in record.installed() {
-                let metadata = self.known_metadata(life, id, version, extra)?;
-                nodes.push(PackageNode::from_metadata(metadata, r.state.is_enabled()));
+                nodes.push(self.node_of(life, id, version, r, extra)?);
             }
             for node in claiming_versions_of(id, record) {
-                claims.push(self.claim_of(life, node, extra)?);
+                claims.push(self.claim_of(life, next, node, extra)?);
             }
         }
         Ok(KeptChange {
@@ -279,4 +286,16 @@ impl PackageManager {
             problems,
         })
     }
+}
+
+/// `extra` when it is the metadata of `id@version`.
+fn describing<'m>(
+    extra: Option<&'m Metadata>,
+    id: &PackageId,
+    version: &Version,
+) -> Option<&'m Metadata> {
+    extra.filter(|m| {
+        let m = m.manifest();
+        &m.package_id == id && &m.version == version
+    })
 }

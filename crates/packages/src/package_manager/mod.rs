@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::lease::LeaseLedger;
 use guild_domain::manifest::Metadata;
-use guild_domain::store_state::{PackageRecord, StoreState};
+use guild_domain::store_state::{PackageRecord, StoreState, VersionRecord};
 use guild_domain::version::Version;
 use guild_ports::signature::SignatureVerifier;
 use guild_ports::source::{PackageSource, Progress};
@@ -182,7 +182,8 @@ impl LifecycleHook for NoHook {
 
 /// State that only the lifecycle transaction touches.
 struct Lifecycle {
-    /// The signed metadata of every installed version, read from its tree.
+    /// The signed metadata of the installed versions read so far, each from its tree when
+    /// something first needed it ([`PackageManager::metadata_for`]).
     metadata: HashMap<(PackageId, Version), Arc<Metadata>>,
     /// Bumped by every trust change this handle writes. The store's lock keeps other processes
     /// from changing the trust file while this handle is open, so an authentication made at the
@@ -336,21 +337,73 @@ impl PackageManager {
         &self.platform
     }
 
-    /// The signed metadata of an installed version, from the lifecycle state.
+    /// The signed metadata of an installed version: the lifecycle state's copy, or else its
+    /// tree's `.gkmetadata` read now ([`PackageManager::metadata_for`]) with the record the
+    /// store's registry holds.
     fn loaded_metadata(
         &self,
         life: &Lifecycle,
         id: &PackageId,
         version: &Version,
     ) -> Result<Arc<Metadata>, HostError> {
-        life.metadata
-            .get(&(id.clone(), version.clone()))
-            .cloned()
+        if let Some(m) = life.metadata.get(&(id.clone(), version.clone())) {
+            return Ok(m.clone());
+        }
+        let registry = self.store.registry()?;
+        let record = registry
+            .record(id, version)
+            .filter(|r| r.state.is_installed())
             .ok_or_else(|| HostError::InstalledTree {
                 package: format!("{id}@{version}"),
                 path: self.store.package_dir(id, version),
-                problem: "its metadata was not loaded".into(),
-            })
+                problem: "the registry does not record it as installed".into(),
+            })?;
+        self.metadata_for(life, id, version, record)
+    }
+
+    /// [`PackageManager::loaded_metadata`], kept in the lifecycle state once read.
+    fn kept_metadata(
+        &self,
+        life: &mut Lifecycle,
+        id: &PackageId,
+        version: &Version,
+    ) -> Result<Arc<Metadata>, HostError> {
+        let metadata = self.loaded_metadata(life, id, version)?;
+        life.metadata
+            .entry((id.clone(), version.clone()))
+            .or_insert_with(|| metadata.clone());
+        Ok(metadata)
+    }
+
+    /// The signed metadata of installed version `id@version`, whose registry record is
+    /// `record`: the lifecycle state's copy, or else its tree's `.gkmetadata` read now, with
+    /// the signatures the record adds, and refused unless it carries the payload digest the
+    /// record holds. Opening reads none of them: each is read when something first needs it.
+    fn metadata_for(
+        &self,
+        life: &Lifecycle,
+        id: &PackageId,
+        version: &Version,
+        record: &VersionRecord,
+    ) -> Result<Arc<Metadata>, HostError> {
+        if let Some(m) = life.metadata.get(&(id.clone(), version.clone())) {
+            return Ok(m.clone());
+        }
+        let dir = self.store.package_dir(id, version);
+        let metadata = open::read_installed_metadata(&dir, id, version)
+            .and_then(|m| open::with_record_signatures(m, record, &dir, id, version))?;
+        if metadata.payload_digest() != record.payload_digest {
+            return Err(HostError::InstalledTree {
+                package: format!("{id}@{version}"),
+                path: dir.join(guild_domain::path::RESERVED_METADATA_NAME),
+                problem: format!(
+                    "its .gkmetadata has payload digest {}, the registry records {}",
+                    metadata.payload_digest(),
+                    record.payload_digest
+                ),
+            });
+        }
+        Ok(Arc::new(metadata))
     }
 
     /// Every recorded package with its versions.
@@ -383,7 +436,7 @@ impl PackageManager {
     pub fn metadata(&self, id: &PackageId, version: &Version) -> Option<Arc<Metadata>> {
         let mut life = self.lock();
         self.ensure_caught_up(&mut life).ok()?;
-        life.metadata.get(&(id.clone(), version.clone())).cloned()
+        self.kept_metadata(&mut life, id, version).ok()
     }
 }
 

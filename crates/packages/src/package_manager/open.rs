@@ -165,7 +165,14 @@ impl PackageManager {
             Some(reset) => Some(self.rebuild_trust(reset)?),
         };
         let mut registry = self.store.registry()?;
-        let damaged = self.read_back_installed(&mut life, &registry);
+        // Every installed version's metadata is read back only when recovery looked at every
+        // tree (`guild recover`, or after a change was in flight): otherwise each is read when
+        // something first needs it, and a damaged tree fails then.
+        let damaged = if report.recovery.swept {
+            self.read_back_installed(&mut life, &registry)
+        } else {
+            Vec::new()
+        };
         if !damaged.is_empty() {
             report.removed = self.mark_damaged_removed(&registry, damaged)?;
             registry = self.store.registry()?;

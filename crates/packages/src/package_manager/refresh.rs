@@ -10,7 +10,7 @@ use guild_domain::version::Version;
 #[cfg(doc)]
 use guild_ports::store::PackageStore;
 
-use super::open::{read_installed_metadata, with_record_signatures};
+use super::open::with_record_signatures;
 use super::verify::{Checked, Scope};
 use super::{LeftOut, Lifecycle, LoadOrder, PackageManager, PlannedPackage, Refreshed};
 use crate::error::HostError;
@@ -25,45 +25,24 @@ impl PackageManager {
     pub(super) fn catch_up(&self, life: &mut Lifecycle) -> Result<Checked, HostError> {
         let registry = self.store.registry()?;
         let mut damaged = Vec::new();
-        for (id, version, record) in registry.installed() {
-            let key = (id.clone(), version.clone());
-            let dir = self.store.package_dir(id, version);
-            if let Some(known) = life.metadata.get(&key) {
-                // Signatures recorded since this handle read the version (a re-signed copy was
-                // installed during a key rotation) join the ones it holds; the file is not
-                // read again.
-                let signed = |k| known.signatures().iter().any(|s| s.key_id == k);
-                if record.signatures.iter().all(|s| signed(s.key_id)) {
-                    continue;
-                }
-                let m = with_record_signatures((**known).clone(), record, &dir, id, version);
-                match m {
-                    Ok(m) => {
-                        life.metadata.insert(key, Arc::new(m));
-                    }
-                    Err(e) => damaged.push(LeftOut {
-                        id: id.clone(),
-                        version: version.clone(),
-                        reason: format!("its installed tree is damaged ({e})"),
-                    }),
-                }
+        // Only the versions this handle has read: any other is read when something first needs
+        // it. Signatures recorded since this handle read one (a re-signed copy was installed
+        // during a key rotation) join the ones it holds; the file is not read again.
+        let mut merged = Vec::new();
+        for ((id, version), known) in &life.metadata {
+            let Some(record) = registry
+                .record(id, version)
+                .filter(|r| r.state.is_installed())
+            else {
+                continue;
+            };
+            let signed = |k| known.signatures().iter().any(|s| s.key_id == k);
+            if record.signatures.iter().all(|s| signed(s.key_id)) {
                 continue;
             }
-            match read_installed_metadata(&dir, id, version)
-                .and_then(|m| with_record_signatures(m, record, &dir, id, version))
-            {
-                Ok(m) if m.payload_digest() == record.payload_digest => {
-                    life.metadata.insert(key, Arc::new(m));
-                }
-                Ok(m) => damaged.push(LeftOut {
-                    id: id.clone(),
-                    version: version.clone(),
-                    reason: format!(
-                        "its .gkmetadata has payload digest {}, the registry records {}",
-                        m.payload_digest(),
-                        record.payload_digest
-                    ),
-                }),
+            let dir = self.store.package_dir(id, version);
+            match with_record_signatures((**known).clone(), record, &dir, id, version) {
+                Ok(m) => merged.push(((id.clone(), version.clone()), Arc::new(m))),
                 Err(e) => damaged.push(LeftOut {
                     id: id.clone(),
                     version: version.clone(),
@@ -71,6 +50,7 @@ impl PackageManager {
                 }),
             }
         }
+        life.metadata.extend(merged);
         life.metadata
             .retain(|(id, version), _| registry.is_installed(id, version));
         life.caught_up = true;

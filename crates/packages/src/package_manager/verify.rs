@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use guild_domain::ids::PackageId;
 use guild_domain::manifest::Metadata;
+use guild_domain::manifest_facts::ManifestFacts;
 use guild_domain::path::RESERVED_METADATA_NAME;
 use guild_domain::store_state::{StoreState, Taint};
 use guild_domain::trust::{authenticate, TrustStore};
@@ -41,7 +42,7 @@ impl PackageManager {
         if life.authenticated_at.get(&key) == Some(&life.trust_epoch) {
             return Ok(());
         }
-        let metadata = self.loaded_metadata(&life, id, version)?;
+        let metadata = self.kept_metadata(&mut life, id, version)?;
         self.check_still_trusted(&metadata, id, version)?;
         let epoch = life.trust_epoch;
         life.authenticated_at.insert(key, epoch);
@@ -105,6 +106,9 @@ impl PackageManager {
         let epoch = life.trust_epoch;
         let mut out = Checked::default();
         let mut work = Vec::new();
+        // Versions that fail before their signatures are checked: unreadable metadata, or a
+        // registry record that does not match it.
+        let mut unreadable = Vec::new();
         for (id, version, record) in registry.installed() {
             let enabled = record.state.is_enabled();
             if !enabled && !full {
@@ -113,15 +117,37 @@ impl PackageManager {
             if enabled {
                 out.verified += 1;
             }
-            let metadata = self.loaded_metadata(life, id, version)?;
             if !full && anchor.is_some() && record.trusted_under == anchor {
                 life.authenticated_at
                     .insert((id.clone(), version.clone()), epoch);
                 continue;
             }
+            let metadata = match self.metadata_for(life, id, version, record) {
+                Ok(m) => m,
+                Err(e) => {
+                    // Its tree is damaged: it fails this check like a changed file.
+                    unreadable.push((id.clone(), version.clone(), record.state, e));
+                    continue;
+                }
+            };
+            life.metadata
+                .insert((id.clone(), version.clone()), metadata.clone());
+            let recorded = record.facts.as_deref();
+            if full && recorded.is_some_and(|f| *f != ManifestFacts::of(metadata.manifest())) {
+                // What changes are checked against no longer matches the signed manifest.
+                let e = HostError::InstalledTree {
+                    package: format!("{id}@{version}"),
+                    path: self.store.package_dir(id, version),
+                    problem: "the registry's record of its manifest (dependencies, provided \
+                              ops) differs from its .gkmetadata"
+                        .into(),
+                };
+                unreadable.push((id.clone(), version.clone(), record.state, e));
+                continue;
+            }
             work.push((id.clone(), version.clone(), record.state, metadata));
         }
-        out.checked = work.len();
+        out.checked = work.len() + unreadable.len();
         out.reauthenticated = work.len();
         let results = crate::parallel::map(&work, jobs, |(id, version, _, metadata)| {
             self.check_version(&trust, metadata, id, version, full)
@@ -150,6 +176,24 @@ impl PackageManager {
                         failed.insert(id, failure);
                     }
                 }
+            }
+        }
+        for (id, version, state, e) in unreadable {
+            let failure = Failed {
+                reason: e.to_string(),
+                tampered: true,
+                file: Some(RESERVED_METADATA_NAME.to_owned()),
+            };
+            out.failures.push(VerifyFailure {
+                id: id.clone(),
+                version: version.clone(),
+                state,
+                file: failure.file.clone(),
+                reason: failure.reason.clone(),
+                tampered: failure.tampered,
+            });
+            if state.is_enabled() {
+                failed.insert(id, failure);
             }
         }
         // Also when nothing failed here: a version marked removed while opening may have left
@@ -214,7 +258,7 @@ impl PackageManager {
     ) -> Result<(), HostError> {
         let mut life = self.lock();
         self.ensure_caught_up(&mut life)?;
-        let metadata = self.loaded_metadata(&life, id, version)?;
+        let metadata = self.kept_metadata(&mut life, id, version)?;
         let Err(e) = self.check_files(&metadata, id, version) else {
             return Ok(());
         };

@@ -37,6 +37,7 @@ pub(crate) fn new_version(pkg: &str, ver: &str) -> NewVersion {
         kind: PackageKind::Module,
         publisher: PublisherId::new("org.example").unwrap(),
         signed_by: Vec::new(),
+        facts: None,
     }
 }
 
