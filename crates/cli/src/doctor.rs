@@ -97,7 +97,12 @@ fn store_checks(
         }
         // A reader: the doctor diagnoses while runners serve and changes nothing.
         Ok(()) => match PackageManager::open_dir_reader(store) {
-            Ok((pm, opened)) => {
+            Ok((pm, mut opened)) => {
+                // Opening reads no installed tree: the doctor reads every one.
+                match pm.read_installed() {
+                    Ok(left_out) => opened.disabled.extend(left_out),
+                    Err(e) => checks.push(unopened_store(store, e)),
+                }
                 checks.push(store_check(store, &pm, &opened));
                 checks.push(trust_check(&pm));
                 checks.push(quarantine_check(store));

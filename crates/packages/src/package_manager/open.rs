@@ -239,7 +239,7 @@ impl PackageManager {
     /// by installing it again) instead of making the whole store unusable, and whatever depended
     /// on it is disabled by the re-verification that follows
     /// ([`PackageManager::verify_enabled`]).
-    fn mark_damaged_removed(
+    pub(super) fn mark_damaged_removed(
         &self,
         registry: &StoreState,
         damaged: Vec<(PackageId, Version, String)>,

@@ -17,7 +17,8 @@ use crate::error::HostError;
 
 impl PackageManager {
     /// Brings the lifecycle state in line with the store's view (a reader's newest committed
-    /// generation): reads the metadata of versions it has not seen, forgets removed ones, starts
+    /// generation): brings the metadata it has read up to date (each version's is read when
+    /// something first needs it), forgets removed ones, starts
     /// a new trust epoch when the trust file changed, and (for a reader) works out in memory
     /// which enabled versions it cannot load (signatures only where the trust file changed since
     /// they were authenticated; no file is hashed). Answers what it checked, with the unusable
@@ -83,6 +84,66 @@ impl PackageManager {
         }
         checked.disabled.extend(damaged);
         Ok(checked)
+    }
+
+    /// Reads every installed version's metadata now, which opening no longer does (each is
+    /// otherwise read when something first needs it), as `guild doctor` does to look at every
+    /// tree. A version whose tree is damaged (its `.gkmetadata` missing, unreadable or not the
+    /// payload the registry records) is left out, and so is what depends on it: in this
+    /// process's view for a reader, marked removed (and its dependents disabled) in the store
+    /// for a writer. Answers what was left out or disabled.
+    pub fn read_installed(&self) -> Result<Vec<LeftOut>, HostError> {
+        let mut life = self.lock();
+        self.ensure_caught_up(&mut life)?;
+        let registry = self.store.registry()?;
+        let mut damaged = Vec::new();
+        for (id, version, record) in registry.installed() {
+            match self.metadata_for(&life, id, version, record) {
+                Ok(m) => {
+                    life.metadata.insert((id.clone(), version.clone()), m);
+                }
+                Err(e) => damaged.push((id.clone(), version.clone(), e.to_string())),
+            }
+        }
+        if !self.store.is_reader() {
+            if damaged.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut out = self.mark_damaged_removed(&registry, damaged)?;
+            let registry = self.store.registry()?;
+            out.extend(
+                self.verify_enabled(&mut life, &registry, Scope::Open)?
+                    .disabled,
+            );
+            return Ok(out);
+        }
+        let mut view = life
+            .local_view
+            .clone()
+            .unwrap_or_else(|| registry.successor());
+        let mut out = Vec::new();
+        for (id, version, problem) in damaged {
+            if view.package(&id).and_then(|p| p.enabled()) == Some(&version) {
+                view.disable(&id)?;
+            }
+            if view.is_installed(&id, &version) {
+                view.remove(&id, &version)?;
+            }
+            out.push(LeftOut {
+                id,
+                version,
+                reason: format!("its installed tree is damaged ({problem})"),
+            });
+        }
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let checked = self.verify_enabled(&mut life, &view, Scope::Open)?;
+        if life.local_view.is_none() {
+            life.local_view = Some(view);
+        }
+        out.extend(checked.disabled);
+        Ok(out)
     }
 
     /// Reads the metadata of every installed version if this handle has not yet

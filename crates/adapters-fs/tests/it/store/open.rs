@@ -1012,7 +1012,11 @@ fn store_commit_that_could_not_delete_a_tree_leaves_it_to_the_next_opening() {
 
     let (_store, report) = FsStore::open(&root).unwrap();
     assert!(report.swept, "{report:?}");
-    assert_eq!(report.removed_trees, std::slice::from_ref(&old), "{report:?}");
+    assert_eq!(
+        report.removed_trees,
+        std::slice::from_ref(&old),
+        "{report:?}"
+    );
     assert!(!old.exists());
     assert_no_leftovers(&root);
 }
