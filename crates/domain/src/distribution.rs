@@ -101,7 +101,7 @@ impl OciReference {
             };
             let split = path.len() - last.len() + colon;
             let tag = &path[split + 1..];
-            if !valid_tag(tag) {
+            if !is_valid_tag(tag) {
                 return Err(fail(
                     "a tag is 1 to 128 of [A-Za-z0-9_.-], not starting with '.' or '-'",
                 ));
@@ -188,6 +188,100 @@ impl fmt::Display for OciReference {
     }
 }
 
+/// `oci://HOST[:PORT]/REPOSITORY`: a repository, without a tag or a digest, validated as
+/// [`OciReference`]'s parts are. A fleet's requirements name one, and a resolution picks one of
+/// its tags.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OciRepository {
+    registry: String,
+    repository: String,
+}
+
+impl OciRepository {
+    /// Parses `oci://HOST[:PORT]/REPOSITORY`; a `:TAG` or an `@sha256:DIGEST` is refused.
+    pub fn parse(text: &str) -> Result<Self, ReferenceError> {
+        let fail = |reason| ReferenceError {
+            text: text.chars().take(200).collect(),
+            reason,
+        };
+        let rest = text
+            .strip_prefix("oci://")
+            .ok_or_else(|| fail("it must start with oci://"))?;
+        let (registry, repository) = rest
+            .split_once('/')
+            .ok_or_else(|| fail("it names no repository (oci://HOST/REPOSITORY)"))?;
+        if !valid_registry(registry) {
+            return Err(fail(
+                "the host must be a DNS name or IP address, with an optional :PORT",
+            ));
+        }
+        if repository.contains('@') {
+            return Err(fail(
+                "a repository names no @sha256:DIGEST; the resolution pins the digest",
+            ));
+        }
+        if repository.contains(':') {
+            return Err(fail(
+                "a repository names no :TAG; the resolution picks the tag",
+            ));
+        }
+        if !valid_repository(repository) {
+            return Err(fail(
+                "a repository is lowercase path components of [a-z0-9] joined by '.', '_', \
+                 '__' or '-'",
+            ));
+        }
+        Ok(OciRepository {
+            registry: registry.to_owned(),
+            repository: repository.to_owned(),
+        })
+    }
+
+    /// `HOST[:PORT]`.
+    pub fn registry(&self) -> &str {
+        &self.registry
+    }
+
+    /// The repository path.
+    pub fn repository(&self) -> &str {
+        &self.repository
+    }
+
+    /// The reference to `tag` in this repository; `None` when `tag` is not a valid tag.
+    pub fn at_tag(&self, tag: &str) -> Option<OciReference> {
+        is_valid_tag(tag).then(|| OciReference {
+            registry: self.registry.clone(),
+            repository: self.repository.clone(),
+            target: OciTarget::Tag(tag.to_owned()),
+        })
+    }
+
+    /// The reference to the manifest `digest` in this repository.
+    pub fn at_digest(&self, digest: Sha256Digest) -> OciReference {
+        OciReference {
+            registry: self.registry.clone(),
+            repository: self.repository.clone(),
+            target: OciTarget::Digest(digest),
+        }
+    }
+}
+
+impl fmt::Display for OciRepository {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "oci://{}/{}", self.registry, self.repository)
+    }
+}
+
+impl OciReference {
+    /// The repository this reference is in.
+    pub fn repository_ref(&self) -> OciRepository {
+        OciRepository {
+            registry: self.registry.clone(),
+            repository: self.repository.clone(),
+        }
+    }
+}
+
 fn valid_registry(r: &str) -> bool {
     let (host, port) = if let Some(inner) = r.strip_prefix('[') {
         let Some((addr, after)) = inner.split_once(']') else {
@@ -222,7 +316,8 @@ fn valid_registry(r: &str) -> bool {
     (host_ok || r.starts_with('[')) && port_ok
 }
 
-fn valid_tag(tag: &str) -> bool {
+/// Whether `tag` is an OCI tag: 1 to 128 of `[A-Za-z0-9_.-]`, not starting with `.` or `-`.
+pub fn is_valid_tag(tag: &str) -> bool {
     !tag.is_empty()
         && tag.len() <= 128
         && !tag.starts_with(['.', '-'])
