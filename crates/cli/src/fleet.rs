@@ -368,7 +368,9 @@ fn packages_from_lock(
             EntryKeys::Lock => vec![p.key_id],
             EntryKeys::Publisher => {
                 let keys = fleet_requirements::publisher_keys(policy, &p.publisher);
-                if !keys.is_empty() && !keys.contains(&p.key_id) {
+                // A revoked lock key is the rotation's old key: the new ones are meant.
+                let revoked = policy.revoked_keys.contains_key(&p.key_id);
+                if !keys.is_empty() && !keys.contains(&p.key_id) && !revoked {
                     report.warnings.push(format!(
                         "{} {}: the lock's key {} is not among the keys allowed for publisher \
                          {} ({}); the stores accept it only if it also carries a signature by \
