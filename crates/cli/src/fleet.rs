@@ -117,7 +117,7 @@ fn parse_as<T: FleetDocument>(bytes: &[u8], source: &str) -> anyhow::Result<Sign
 }
 
 /// The file's bytes, at most a document's limit.
-fn read_file(path: &Path) -> anyhow::Result<Vec<u8>> {
+pub(crate) fn read_file(path: &Path) -> anyhow::Result<Vec<u8>> {
     durable_file::read_regular(path, MAX_DOCUMENT_BYTES as u64).map_err(|e| {
         let exit = if e.is_not_found() {
             Exit::NotFound

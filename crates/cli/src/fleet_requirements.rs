@@ -11,22 +11,21 @@
 //! of its publisher). Any refusal names the requirement and what was seen, and the policy is
 //! not written.
 
+use std::cmp::Ordering;
 use std::path::Path;
 
 use guild_domain::distribution::LockedSource;
-use guild_domain::fleet::{
-    resolve_tag, DesiredPackage, FleetPolicy, Requirement, Requirements, MAX_DOCUMENT_BYTES,
-};
+use guild_domain::fleet::{resolve_tag, DesiredPackage, FleetPolicy, Requirement, Requirements};
 use guild_domain::ids::{PublisherId, Sha256Digest};
 use guild_domain::manifest::Metadata;
 use guild_domain::trust::{authenticate, TrustStore};
 use guild_host::distribution::{ArtifactRegistry, OciRegistry};
-use guild_host::durable_file;
 use guild_host::packaging::P256Verifier;
 
 use super::args::EntryKeys;
 use super::distribute::{open_whole, pull_to, retrying};
 use super::failure::{CliError, Exit};
+use super::fleet::read_file;
 use super::publisher::{Check, ScratchDir};
 
 /// One requirement, resolved: its desired entry, and the tag it resolved to.
@@ -50,20 +49,7 @@ pub(crate) fn publisher_keys(policy: &FleetPolicy, publisher: &PublisherId) -> V
 /// Reads the requirements file strictly: a malformed one is a usage error naming the file
 /// and the entry.
 fn read(path: &Path) -> anyhow::Result<Requirements> {
-    let bytes = durable_file::read_regular(path, MAX_DOCUMENT_BYTES as u64).map_err(|e| {
-        let exit = if e.is_not_found() {
-            Exit::NotFound
-        } else if matches!(e, durable_file::ReadError::TooLarge { .. }) {
-            Exit::Usage
-        } else {
-            Exit::Failure
-        };
-        CliError::new(
-            exit,
-            format!("cannot read the requirements file {}: {e}", path.display()),
-        )
-    })?;
-    Requirements::parse(&bytes).map_err(|e| {
+    Requirements::parse(&read_file(path)?).map_err(|e| {
         CliError::new(
             Exit::Usage,
             format!("the requirements file {} is malformed: {e}", path.display()),
@@ -100,15 +86,14 @@ pub(crate) fn resolve(
     let scratch = ScratchDir::create_named("resolve")?;
     let mut resolved = Vec::with_capacity(requirements.entries().len());
     for (i, r) in requirements.entries().iter().enumerate() {
+        let at = || format!("{}: requirement {r}", path.display());
         let refused = |exit: Exit, what: String| {
-            anyhow::Error::from(CliError::new(
-                exit,
-                format!("{}: requirement {r}: {what}", path.display()),
-            ))
+            anyhow::Error::from(CliError::new(exit, format!("{}: {what}", at())))
         };
         let tags = retrying(&format!("cannot list the tags of {}", r.repository), || {
             registry.list_tags(&r.repository)
-        })?;
+        })
+        .map_err(|e| e.context(at()))?;
         let chosen =
             resolve_tag(&r.version, &tags).map_err(|e| refused(Exit::NotFound, e.to_string()))?;
         let Some(reference) = r.repository.at_tag(&chosen.tag) else {
@@ -119,25 +104,17 @@ pub(crate) fn resolve(
             ));
         };
         let file = scratch.path().join(format!("{i}.package"));
-        let pulled = pull_to(&reference, &file, None)?;
-        let metadata = open_whole(&file)
-            .map_err(|e| e.context(format!("{}: requirement {r}", path.display())))?;
+        let pulled = pull_to(&reference, &file, None).map_err(|e| e.context(at()))?;
+        let metadata = open_whole(&file).map_err(|e| e.context(at()))?;
         let m = metadata.manifest();
-        if m.package_id != r.id {
+        // Build metadata cannot be in a tag: the tag names the version up to it.
+        let same_version = m.version.cmp_precedence(&chosen.version) == Ordering::Equal;
+        if m.package_id != r.id || !same_version {
             return Err(refused(
                 Exit::Rejected,
                 format!(
-                    "tag {} holds package {} {}, not {}",
-                    chosen.tag, m.package_id, m.version, r.id
-                ),
-            ));
-        }
-        if m.version != chosen.version {
-            return Err(refused(
-                Exit::Rejected,
-                format!(
-                    "tag {} holds version {} of {}, not the version {} its tag names",
-                    chosen.tag, m.version, r.id, chosen.version
+                    "tag {} holds package {} {}, not {} {}",
+                    chosen.tag, m.package_id, m.version, r.id, chosen.version
                 ),
             ));
         }

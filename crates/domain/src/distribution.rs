@@ -71,21 +71,9 @@ impl OciReference {
     /// Parses `oci://HOST[:PORT]/REPOSITORY(:TAG|@sha256:DIGEST)`. A reference names a tag or a
     /// digest, never both, and there is no default tag: a fleet's references say what they mean.
     pub fn parse(text: &str) -> Result<Self, ReferenceError> {
-        let fail = |reason| ReferenceError {
-            text: text.chars().take(200).collect(),
-            reason,
-        };
-        let rest = text
-            .strip_prefix("oci://")
-            .ok_or_else(|| fail("it must start with oci://"))?;
-        let (registry, path) = rest
-            .split_once('/')
-            .ok_or_else(|| fail("it names no repository (oci://HOST/REPOSITORY:TAG)"))?;
-        if !valid_registry(registry) {
-            return Err(fail(
-                "the host must be a DNS name or IP address, with an optional :PORT",
-            ));
-        }
+        let fail = |reason| reference_error(text, reason);
+        let (registry, path) =
+            split_oci(text, "it names no repository (oci://HOST/REPOSITORY:TAG)")?;
         let (repository, target) = if let Some((repo, digest)) = path.split_once('@') {
             let hex = digest
                 .strip_prefix("sha256:")
@@ -109,10 +97,7 @@ impl OciReference {
             (&path[..split], OciTarget::Tag(tag.to_owned()))
         };
         if !valid_repository(repository) {
-            return Err(fail(
-                "a repository is lowercase path components of [a-z0-9] joined by '.', '_', \
-                 '__' or '-'",
-            ));
+            return Err(fail(REPOSITORY_RULE));
         }
         Ok(OciReference {
             registry: registry.to_owned(),
@@ -200,21 +185,9 @@ pub struct OciRepository {
 impl OciRepository {
     /// Parses `oci://HOST[:PORT]/REPOSITORY`; a `:TAG` or an `@sha256:DIGEST` is refused.
     pub fn parse(text: &str) -> Result<Self, ReferenceError> {
-        let fail = |reason| ReferenceError {
-            text: text.chars().take(200).collect(),
-            reason,
-        };
-        let rest = text
-            .strip_prefix("oci://")
-            .ok_or_else(|| fail("it must start with oci://"))?;
-        let (registry, repository) = rest
-            .split_once('/')
-            .ok_or_else(|| fail("it names no repository (oci://HOST/REPOSITORY)"))?;
-        if !valid_registry(registry) {
-            return Err(fail(
-                "the host must be a DNS name or IP address, with an optional :PORT",
-            ));
-        }
+        let fail = |reason| reference_error(text, reason);
+        let (registry, repository) =
+            split_oci(text, "it names no repository (oci://HOST/REPOSITORY)")?;
         if repository.contains('@') {
             return Err(fail(
                 "a repository names no @sha256:DIGEST; the resolution pins the digest",
@@ -226,10 +199,7 @@ impl OciRepository {
             ));
         }
         if !valid_repository(repository) {
-            return Err(fail(
-                "a repository is lowercase path components of [a-z0-9] joined by '.', '_', \
-                 '__' or '-'",
-            ));
+            return Err(fail(REPOSITORY_RULE));
         }
         Ok(OciRepository {
             registry: registry.to_owned(),
@@ -280,6 +250,38 @@ impl OciReference {
             repository: self.repository.clone(),
         }
     }
+}
+
+/// Why a repository path is refused.
+const REPOSITORY_RULE: &str =
+    "a repository is lowercase path components of [a-z0-9] joined by '.', '_', '__' or '-'";
+
+fn reference_error(text: &str, reason: &'static str) -> ReferenceError {
+    ReferenceError {
+        text: text.chars().take(200).collect(),
+        reason,
+    }
+}
+
+/// `oci://HOST[:PORT]/PATH` split into a valid `HOST[:PORT]` and the path after it;
+/// `no_path` is the reason given when there is no path.
+fn split_oci<'t>(
+    text: &'t str,
+    no_path: &'static str,
+) -> Result<(&'t str, &'t str), ReferenceError> {
+    let rest = text
+        .strip_prefix("oci://")
+        .ok_or_else(|| reference_error(text, "it must start with oci://"))?;
+    let (registry, path) = rest
+        .split_once('/')
+        .ok_or_else(|| reference_error(text, no_path))?;
+    if !valid_registry(registry) {
+        return Err(reference_error(
+            text,
+            "the host must be a DNS name or IP address, with an optional :PORT",
+        ));
+    }
+    Ok((registry, path))
 }
 
 fn valid_registry(r: &str) -> bool {

@@ -25,6 +25,15 @@ fn repository(port: u16) -> OciRepository {
     OciRepository::parse(&format!("oci://127.0.0.1:{port}/scan")).unwrap()
 }
 
+/// The tag list requests the server saw, as `METHOD TARGET`.
+fn tag_requests(server: &Server) -> Vec<String> {
+    server
+        .requests()
+        .into_iter()
+        .filter(|r| r.contains("/tags/list"))
+        .collect()
+}
+
 /// The settings with pages of `size` tags.
 fn pages_of(size: u32) -> OciSettings {
     with_limits(|l| l.tags_page_size = size)
@@ -57,13 +66,8 @@ fn every_page_is_followed_through_its_link_with_the_page_size_asked_for() {
         .unwrap();
     // A tag listed twice is kept once.
     assert_eq!(tags, ["1.0.0", "1.2.0", "1.3.0-rc.1", "2.0.0", "latest"]);
-    let lists: Vec<String> = server
-        .requests()
-        .into_iter()
-        .filter(|r| r.contains("/tags/list"))
-        .collect();
     assert_eq!(
-        lists,
+        tag_requests(&server),
         [
             "GET /v2/scan/tags/list?n=2",
             "GET /v2/scan/tags/list?n=2&last=1.2.0",
@@ -92,15 +96,7 @@ fn a_next_page_off_the_tag_list_is_refused_before_it_is_fetched() {
         );
         // The error names the repository, not a reference.
         assert_eq!(err.reference, repository(server.port).to_string());
-        assert_eq!(
-            server
-                .requests()
-                .iter()
-                .filter(|r| r.contains("tags/list"))
-                .count(),
-            1,
-            "{link}"
-        );
+        assert_eq!(tag_requests(&server).len(), 1, "{link}");
     }
 }
 
@@ -119,14 +115,7 @@ fn a_tag_list_that_never_ends_is_cut_off_at_the_page_limit() {
         matches!(&err.kind, Kind::Malformed { part: Part::Tags, reason } if reason.contains("past 5 pages")),
         "{err}"
     );
-    assert_eq!(
-        server
-            .requests()
-            .iter()
-            .filter(|r| r.contains("tags/list"))
-            .count(),
-        5
-    );
+    assert_eq!(tag_requests(&server).len(), 5);
 }
 
 #[test]

@@ -45,9 +45,15 @@ fn root_new(
     bench.run(&args)
 }
 
-/// `guild fleet policy new` for fleet `example.prod`, version 1 under root version 1, from
-/// `lock` with `publisher` (`ID=KEY.pub[,...]`), written to `policy.json`; `more` adds options.
-fn policy_new(bench: &Bench, lock: &str, publisher: &str, more: &[&str]) -> Run {
+/// The arguments of `guild fleet policy new` for fleet `example.prod`, version 1 under root
+/// version 1, expiring in 30 days, its desired set from `source` (`["--from-lock", LOCK]` or
+/// `["--requirements", FILE]`), trusting `publisher` (`ID=KEY.pub[,...]`), written to
+/// `policy.json`; `more` adds options.
+pub(crate) fn policy_new_args<'a>(
+    source: [&'a str; 2],
+    publisher: &'a str,
+    more: &[&'a str],
+) -> Vec<&'a str> {
     let mut args = vec![
         "fleet",
         "policy",
@@ -60,15 +66,31 @@ fn policy_new(bench: &Bench, lock: &str, publisher: &str, more: &[&str]) -> Run 
         "1",
         "--expires",
         "30d",
-        "--from-lock",
-        lock,
+        source[0],
+        source[1],
         "--publisher",
         publisher,
         "--out",
         "policy.json",
     ];
     args.extend(more);
-    bench.run(&args)
+    args
+}
+
+/// `guild fleet policy new` (see [`policy_new_args`]) from `lock`.
+fn policy_new(bench: &Bench, lock: &str, publisher: &str, more: &[&str]) -> Run {
+    bench.run(&policy_new_args(["--from-lock", lock], publisher, more))
+}
+
+/// `guild keygen --out NAME`; answers the new key's id.
+pub(crate) fn keygen_id(bench: &Bench, name: &str) -> String {
+    bench
+        .run(&["--json", "keygen", "--out", name])
+        .expect(0)
+        .json()["key_id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
 }
 
 fn new_root(bench: &Bench) {
@@ -950,16 +972,7 @@ fn fleet_policy_new_from_a_lock_allows_every_publisher_key_with_entry_keys_publi
     let locked: serde_json::Value =
         serde_json::from_slice(&fs::read(bench.path().join(&lock)).unwrap()).unwrap();
     let k = locked["packages"][0]["key_id"].as_str().unwrap().to_owned();
-    let key_id = |name: &str| {
-        bench
-            .run(&["--json", "keygen", "--out", name])
-            .expect(0)
-            .json()["key_id"]
-            .as_str()
-            .unwrap()
-            .to_owned()
-    };
-    let (k2, k3) = (key_id("k2"), key_id("k3"));
+    let (k2, k3) = (keygen_id(&bench, "k2"), keygen_id(&bench, "k3"));
     let key_ids = |publisher: &str, more: &[&str]| {
         let run = policy_new(&bench, &lock, publisher, more);
         run.expect(0);

@@ -10,7 +10,7 @@ use std::fs;
 
 use guild_test_support::guild::{Bench, Run};
 
-use crate::fleet::signed_root;
+use crate::fleet::{keygen_id, policy_new_args, signed_root};
 use crate::guild;
 use crate::oci::{fails, ok, run, start, Registry};
 
@@ -31,41 +31,11 @@ fn requirements(bench: &Bench, entries: &[(&str, &str, &str)]) -> String {
     "requirements.json".to_owned()
 }
 
-/// `guild --json fleet policy new` version 1 under root 1 from `file`, trusting `publisher`
-/// (`ID=KEY.pub[,...]`), written to `policy.json`; `more` adds options.
+/// `guild --json fleet policy new` (see [`policy_new_args`]) from the requirements `file`.
 fn policy_new(bench: &Bench, file: &str, publisher: &str, more: &[&str]) -> Run {
-    let mut args = vec![
-        "--json",
-        "fleet",
-        "policy",
-        "new",
-        "--fleet",
-        "example.prod",
-        "--version",
-        "1",
-        "--root-version",
-        "1",
-        "--expires",
-        "30d",
-        "--requirements",
-        file,
-        "--publisher",
-        publisher,
-        "--out",
-        "policy.json",
-    ];
-    args.extend(more);
+    let mut args = vec!["--json"];
+    args.extend(policy_new_args(["--requirements", file], publisher, more));
     run(bench, &bench.store(), None, &args)
-}
-
-fn key_id(bench: &Bench, name: &str) -> String {
-    bench
-        .run(&["--json", "keygen", "--out", name])
-        .expect(0)
-        .json()["key_id"]
-        .as_str()
-        .unwrap()
-        .to_owned()
 }
 
 fn push(bench: &Bench, file: &str, reference: &str) -> String {
@@ -179,7 +149,7 @@ fn fleet_requirements_resolve_the_highest_matching_tag_and_a_store_follows_the_p
     assert_eq!(listed["packages"][0]["enabled"], "1.2.0", "{listed}");
 
     // `--entry-keys publisher`: every key given for the publisher, signer or not.
-    let k3 = key_id(&bench, "k3");
+    let k3 = keygen_id(&bench, "k3");
     let made = ok(policy_new(
         &bench,
         &file,
@@ -340,29 +310,11 @@ fn fleet_requirements_malformed_files_and_an_unreachable_registry_are_refused() 
         2,
         "cannot be used with",
     );
+    // Neither: `--out` takes the source's place, and the trailing `--out` is dropped.
+    let mut neither = policy_new_args(["--out", "policy.json"], "org.example=k.pub", &[]);
+    neither.truncate(neither.len() - 2);
     fails(
-        run(
-            &bench,
-            &bench.store(),
-            None,
-            &[
-                "fleet",
-                "policy",
-                "new",
-                "--fleet",
-                "example.prod",
-                "--version",
-                "1",
-                "--root-version",
-                "1",
-                "--expires",
-                "30d",
-                "--publisher",
-                "org.example=k.pub",
-                "--out",
-                "policy.json",
-            ],
-        ),
+        run(&bench, &bench.store(), None, &neither),
         2,
         "--from-lock",
     );
@@ -371,31 +323,14 @@ fn fleet_requirements_malformed_files_and_an_unreachable_registry_are_refused() 
         r#"{{"requirements": [{{"id": "example.scan", "version": "^1", "repository": "{repo}"}}]}}"#
     ));
     let store = bench.store();
+    let mut args = vec!["--store", store.to_str().unwrap()];
+    args.extend(policy_new_args(
+        ["--requirements", "requirements.json"],
+        "org.example=k.pub",
+        &[],
+    ));
     let out = guild()
-        .command(
-            bench.path(),
-            &[
-                "--store",
-                store.to_str().unwrap(),
-                "fleet",
-                "policy",
-                "new",
-                "--fleet",
-                "example.prod",
-                "--version",
-                "1",
-                "--root-version",
-                "1",
-                "--expires",
-                "30d",
-                "--requirements",
-                "requirements.json",
-                "--publisher",
-                "org.example=k.pub",
-                "--out",
-                "policy.json",
-            ],
-        )
+        .command(bench.path(), &args)
         .env("GUILD_REGISTRY_ATTEMPTS", "1")
         .output()
         .unwrap();
