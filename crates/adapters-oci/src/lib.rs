@@ -30,6 +30,7 @@ mod auth;
 mod settings;
 mod transport;
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::Path;
@@ -37,8 +38,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use guild_domain::distribution::{
-    kind_of_layer, layer_media_type, ArtifactConfig, OciReference, ARTIFACT_TYPE,
-    CONFIG_MEDIA_TYPE, OCI_INDEX_MEDIA_TYPE, OCI_MANIFEST_MEDIA_TYPE,
+    is_valid_tag, kind_of_layer, layer_media_type, ArtifactConfig, OciReference, OciRepository,
+    ARTIFACT_TYPE, CONFIG_MEDIA_TYPE, OCI_INDEX_MEDIA_TYPE, OCI_MANIFEST_MEDIA_TYPE,
 };
 use guild_domain::ids::PackageKind;
 use guild_domain::ids::Sha256Digest;
@@ -299,6 +300,90 @@ impl ArtifactRegistry for OciRegistry {
             })
         })
     }
+
+    fn list_tags(&self, repository: &OciRepository) -> Result<Vec<String>, DistributionError> {
+        self.tags_of(repository)
+    }
+}
+
+impl OciRegistry {
+    /// Every tag of `repository`: the first page asked for with `?n=` ([`Limits::
+    /// tags_page_size`]), each next page where the answer's `Link` names it (on the registry's
+    /// origin, at the same tag list), at most [`Limits::tags_pages`] pages of at most
+    /// [`Limits::tags_page_bytes`] each. Each page must be this repository's list of valid
+    /// tags; a tag listed again is kept once.
+    fn tags_of(&self, repository: &OciRepository) -> Result<Vec<String>, DistributionError> {
+        // The adapter's HTTP is made for a reference; a tag list never uses its target, and
+        // its errors name the repository (below).
+        let reference = repository.at_digest(Sha256Digest([0; 32]));
+        let limits = self.settings.limits;
+        let name = endpoint(&reference).1;
+        self.download(&reference, |download| async move {
+            let fail = |kind| DistributionError::new(kind, download.reference);
+            let (mut tags, mut seen) = (Vec::new(), BTreeSet::new());
+            let mut next = Some(download.http.tags_url()?);
+            let mut pages = 0u32;
+            while let Some(url) = next.take() {
+                pages += 1;
+                if pages > limits.tags_pages {
+                    return Err(fail(Kind::Malformed {
+                        part: Part::Tags,
+                        reason: format!(
+                            "the tag list runs past {} pages of at most {} tags",
+                            limits.tags_pages, limits.tags_page_size
+                        ),
+                    }));
+                }
+                let (body, following) = download.http.tags_page(url, &download.auth).await?;
+                for tag in check_tag_page(&body, &name).map_err(fail)? {
+                    if seen.insert(tag.clone()) {
+                        tags.push(tag);
+                    }
+                }
+                next = following;
+            }
+            Ok(tags)
+        })
+        .map_err(|mut e| {
+            e.reference = repository.to_string();
+            e
+        })
+    }
+}
+
+/// One page of a tag list: `{"name": NAME, "tags": [TAG, ...]}` (`tags` may be `null`, as a
+/// registry answers for a repository without tags), of the repository `name` asked for, every
+/// tag a valid one. Other members are the registry's own and are ignored.
+fn check_tag_page(body: &[u8], name: &str) -> Result<Vec<String>, Kind> {
+    let bad = |reason: String| Kind::Malformed {
+        part: Part::Tags,
+        reason,
+    };
+    let value: Value = serde_json::from_slice(body).map_err(|_| bad("not JSON".into()))?;
+    let listed = value
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("it has no \"name\" string".into()))?;
+    if listed != name {
+        return Err(bad(format!(
+            "it lists the tags of repository {:?}, not of {name:?}",
+            listed.chars().take(200).collect::<String>()
+        )));
+    }
+    let tags = match value.get("tags") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(tags)) => tags,
+        Some(_) => return Err(bad("its \"tags\" is not an array".into())),
+    };
+    tags.iter()
+        .map(|t| match t.as_str() {
+            Some(tag) if is_valid_tag(tag) => Ok(tag.to_owned()),
+            _ => Err(bad(format!(
+                "{} is not a tag (1 to 128 of [A-Za-z0-9_.-], not starting with '.' or '-')",
+                t.to_string().chars().take(200).collect::<String>()
+            ))),
+        })
+        .collect()
 }
 
 impl DocumentRegistry for OciRegistry {
@@ -1143,6 +1228,40 @@ mod tests {
 
     fn layer(media: &str, size: u64) -> Value {
         serde_json::json!([{"mediaType": media, "digest": format!("sha256:{}", "b".repeat(64)), "size": size}])
+    }
+
+    #[test]
+    fn a_tag_page_is_this_repositorys_list_of_valid_tags() {
+        let page = |v: Value| check_tag_page(&serde_json::to_vec(&v).unwrap(), "guild/scan");
+        assert_eq!(
+            page(serde_json::json!({"name": "guild/scan", "tags": ["1.0.0", "latest"]})).unwrap(),
+            ["1.0.0", "latest"]
+        );
+        assert!(
+            page(serde_json::json!({"name": "guild/scan", "tags": null}))
+                .unwrap()
+                .is_empty()
+        );
+        for (v, says) in [
+            (serde_json::json!({"name": "other", "tags": []}), "not of"),
+            (serde_json::json!({"tags": []}), "no \"name\""),
+            (
+                serde_json::json!({"name": "guild/scan", "tags": "x"}),
+                "not an array",
+            ),
+            (
+                serde_json::json!({"name": "guild/scan", "tags": ["../x"]}),
+                "is not a tag",
+            ),
+            (
+                serde_json::json!({"name": "guild/scan", "tags": [7]}),
+                "7 is not a tag",
+            ),
+        ] {
+            let err = page(v).unwrap_err().to_string();
+            assert!(err.contains(says), "{says}: {err}");
+        }
+        assert!(check_tag_page(b"<html>", "guild/scan").is_err());
     }
 
     #[test]

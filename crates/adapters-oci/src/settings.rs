@@ -29,6 +29,13 @@ pub struct Limits {
     /// A document's layer (a fleet root or policy) larger than this is refused before it is
     /// fetched.
     pub document_bytes: u64,
+    /// One page of a repository's tag list larger than this is refused.
+    pub tags_page_bytes: u64,
+    /// How many tags a tag list request asks for per page (`?n=`); the registry may answer
+    /// fewer, and then names the next page in a `Link` header.
+    pub tags_page_size: u32,
+    /// A tag list that runs past this many pages is refused.
+    pub tags_pages: u32,
     /// How long connecting may take.
     pub connect_timeout: Duration,
     /// How long a request may wait for its answer, and a read of it for bytes. A layer's
@@ -53,6 +60,9 @@ impl Default for Limits {
             config_bytes: 64 * 1024,
             layer_bytes: 16 << 30,
             document_bytes: guild_domain::fleet::MAX_DOCUMENT_BYTES as u64,
+            tags_page_bytes: 1 << 20,
+            tags_page_size: 1000,
+            tags_pages: 100,
             connect_timeout: Duration::from_secs(30),
             read_timeout: Duration::from_secs(120),
             token_bytes: 1 << 20,

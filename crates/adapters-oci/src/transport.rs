@@ -17,7 +17,8 @@ use std::time::Duration;
 use guild_domain::distribution::{OciReference, OciTarget};
 use guild_ports::distribution::{DistributionError, DistributionErrorKind as Kind, Part};
 use reqwest::header::{
-    HeaderName, HeaderValue, ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, LOCATION, WWW_AUTHENTICATE,
+    HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, LINK, LOCATION,
+    WWW_AUTHENTICATE,
 };
 use reqwest::{Method, Response, Url};
 use serde_json::Value;
@@ -576,6 +577,69 @@ impl<'a> Http<'a> {
             .await
     }
 
+    /// The first page of the repository's tag list: `v2/NAME/tags/list?n=PAGE_SIZE`.
+    pub fn tags_url(&self) -> Result<Url, DistributionError> {
+        let mut url = self.url(&format!("v2/{}/tags/list", self.repository))?;
+        url.query_pairs_mut()
+            .append_pair("n", &self.limits().tags_page_size.to_string());
+        Ok(url)
+    }
+
+    /// One page of the tag list at `url`, read whole within [`Limits::tags_page_bytes`], and
+    /// the next page's URL, from the answer's `Link: <URL>; rel="next"` resolved against the
+    /// URL that answered. A next page that is not this repository's tag list on the registry's
+    /// own origin is refused: the registry names where its pages are, not where this client
+    /// goes (and where its credentials go).
+    pub async fn tags_page(
+        &self,
+        url: Url,
+        auth: &Auth,
+    ) -> Result<(Vec<u8>, Option<Url>), DistributionError> {
+        let mut watch = Watch::start("tag list", self.limits());
+        let response = self
+            .get(
+                url,
+                Some("application/json"),
+                (auth, &self.base),
+                &mut watch,
+            )
+            .await?;
+        if !response.status().is_success() {
+            return Err(self.status_error(response, &mut watch).await);
+        }
+        let next = match next_link(response.headers()) {
+            None => None,
+            Some(link) => Some(self.next_page(response.url(), &link)?),
+        };
+        let body = self
+            .read_capped(response, self.limits().tags_page_bytes, &mut watch)
+            .await?;
+        Ok((body, next))
+    }
+
+    /// The next page `link` names, resolved against `answered`, if it is this repository's tag
+    /// list on the registry's origin.
+    fn next_page(&self, answered: &Url, link: &str) -> Result<Url, DistributionError> {
+        let refused = |why: String| {
+            self.fail(Kind::Malformed {
+                part: Part::Tags,
+                reason: format!("the next page's Link {:?} {why}", clip(link)),
+            })
+        };
+        let next = answered
+            .join(link)
+            .map_err(|e| refused(format!("is not a URL: {e}")))?;
+        let path = format!("/v2/{}/tags/list", self.repository);
+        if next.origin() != self.base.origin() || next.path() != path {
+            return Err(refused(format!(
+                "leaves the tag list at {}{}",
+                self.base.as_str().trim_end_matches('/'),
+                path
+            )));
+        }
+        Ok(next)
+    }
+
     /// Starts the download of the blob `digest` (`sha256:HEX`) for `part`: the response (a
     /// success status) and the watch its body is read under.
     pub async fn blob(
@@ -784,6 +848,37 @@ impl<'a> Http<'a> {
     }
 }
 
+/// The target of the `Link` whose `rel` is `next` (RFC 8288: `<URL>; rel="next"`, several
+/// links comma-separated, in one header or several), as written.
+fn next_link(headers: &HeaderMap) -> Option<String> {
+    for value in headers.get_all(LINK) {
+        let Ok(mut rest) = value.to_str() else {
+            continue;
+        };
+        while let Some(start) = rest.find('<') {
+            let after = &rest[start + 1..];
+            let end = after.find('>')?;
+            let target = &after[..end];
+            let params = &after[end + 1..];
+            let params_end = params.find('<').unwrap_or(params.len());
+            let is_next = params[..params_end].split(';').any(|p| {
+                p.split_once('=').is_some_and(|(k, v)| {
+                    k.trim().eq_ignore_ascii_case("rel")
+                        && v.trim()
+                            .trim_matches('"')
+                            .split_whitespace()
+                            .any(|r| r.eq_ignore_ascii_case("next"))
+                })
+            });
+            if is_next {
+                return Some(target.to_owned());
+            }
+            rest = &params[params_end..];
+        }
+    }
+    None
+}
+
 /// A tag, or a digest as `sha256:HEX`: how a manifest's URL names it.
 fn target_name(target: &OciTarget) -> String {
     match target {
@@ -804,6 +899,7 @@ fn part_name(part: Part) -> &'static str {
         Part::Config => "config",
         Part::Layer => "package layer",
         Part::Document => "document",
+        Part::Tags => "tag list",
     }
 }
 
@@ -939,6 +1035,39 @@ mod tests {
                 sent,
                 "{registry} -> {realm}"
             );
+        }
+    }
+
+    #[test]
+    fn the_next_page_is_the_link_whose_rel_is_next() {
+        let headers = |values: &[&str]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(LINK, HeaderValue::from_str(v).unwrap());
+            }
+            h
+        };
+        for (values, next) in [
+            (
+                vec![r#"</v2/a/tags/list?n=2&last=b>; rel="next""#],
+                Some("/v2/a/tags/list?n=2&last=b"),
+            ),
+            (
+                vec![r#"<https://x/prev>; rel="prev", </v2/a/tags/list?last=c>; rel=next"#],
+                Some("/v2/a/tags/list?last=c"),
+            ),
+            (
+                vec![
+                    r#"<https://x/prev>; rel="prev""#,
+                    r#"</n>; rel="last next""#,
+                ],
+                Some("/n"),
+            ),
+            (vec![r#"</v2/a/tags/list?last=c>; rel="prev""#], None),
+            (vec!["garbage"], None),
+            (vec![], None),
+        ] {
+            assert_eq!(next_link(&headers(&values)).as_deref(), next, "{values:?}");
         }
     }
 

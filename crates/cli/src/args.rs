@@ -689,17 +689,37 @@ pub struct FleetRootNew {
 
 #[derive(Debug, Subcommand)]
 pub enum FleetPolicyCommand {
-    /// Write a new, unsigned fleet policy whose desired set is a lock's packages.
+    /// Write a new, unsigned fleet policy whose desired set is a lock's packages, or what a
+    /// requirements file resolves to in a registry.
     #[command(
-        after_help = "Each package of the lock must have its registry source (a lock         written by `guild lock` from packages installed from oci://…), and its publisher and         signing key must be among the --publisher keys (within the publisher's --scope         prefixes, if any). --expires is a duration from now (30d, 12h) or a UNIX time in         seconds.
-
-Examples:
-          guild fleet policy new --fleet example.prod --version 1 --root-version 1         --expires 30d --from-lock guild.lock --publisher org.example=keys/org.example.pub         --scope org.example=example --out policy.json"
+        after_help = "The desired set comes from exactly one of --from-lock and --requirements.\n\n\
+        --from-lock LOCK: each package of the lock must have its registry source (a lock \
+        written by `guild lock` from packages installed from oci://…), and its publisher and \
+        signing key must be among the --publisher keys (within the publisher's --scope \
+        prefixes, if any).\n\n\
+        --requirements FILE: a JSON file {\"requirements\": [{\"id\": ID, \"version\": \
+        REQ, \"repository\": \"oci://HOST/REPO\"}]}. Each is resolved to the highest tag of \
+        its repository that names a version (1.2.0 or v1.2.0) matching REQ (^1.2, ~1.2.3, \
+        >=1.0, <2.0, =1.2.3; a pre-release only when REQ names one), whose package is then \
+        pulled and verified against the --publisher keys; its entry pins the manifest digest.\n\n\
+        --entry-keys says which keys each entry allows to sign its package: `lock` (the \
+        lock's one key; --from-lock's default), the keys whose signatures verified \
+        (--requirements' default), or `publisher` (every unrevoked key given for the \
+        entry's publisher: for a key rotation, give the old and the new key).\n\n\
+        --expires is a duration from now (30d, 12h) or a UNIX time in seconds.\n\n\
+        Examples:\n  \
+        guild fleet policy new --fleet example.prod --version 1 --root-version 1 \
+        --expires 30d --from-lock guild.lock --publisher org.example=keys/org.example.pub \
+        --scope org.example=example --out policy.json\n  \
+        guild fleet policy new --fleet example.prod --version 2 --root-version 1 \
+        --expires 30d --requirements fleet-requirements.json \
+        --publisher org.example=old.pub,new.pub --entry-keys publisher --out policy.json"
     )]
     New(FleetPolicyNew),
 }
 
 #[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("desired").required(true).multiple(false))]
 pub struct FleetPolicyNew {
     /// The fleet's id; must be the root's.
     #[arg(long, value_name = "ID", value_parser = parse_fleet_id)]
@@ -714,8 +734,17 @@ pub struct FleetPolicyNew {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub root_version: u64,
     /// The lock whose packages are the desired set.
-    #[arg(long, value_name = "LOCKFILE")]
-    pub from_lock: PathBuf,
+    #[arg(long, value_name = "LOCKFILE", group = "desired")]
+    pub from_lock: Option<PathBuf>,
+    /// A requirements file (JSON: package id, version requirement, repository) resolved
+    /// against its registries' tags to make the desired set.
+    #[arg(long, value_name = "FILE", group = "desired")]
+    pub requirements: Option<PathBuf>,
+    /// Which keys each desired package allows: `lock` (the lock's key; the default with
+    /// --from-lock) or `publisher` (every unrevoked key given for its publisher). With
+    /// --requirements the default is the keys whose signatures verified.
+    #[arg(long, value_name = "lock|publisher", value_enum)]
+    pub entry_keys: Option<EntryKeys>,
     /// A trusted publisher and its keys, ID=KEY.pem[,KEY2.pem] (repeat for each publisher).
     #[arg(long = "publisher", value_name = "ID=KEY.pem[,KEY2.pem]", required = true, value_parser = parse_publisher_keys)]
     pub publishers: Vec<(PublisherId, Vec<PathBuf>)>,
@@ -737,6 +766,15 @@ pub struct FleetPolicyNew {
     /// The file to write (`-`: standard output).
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,
+}
+
+/// `--entry-keys`: which keys a desired package's entry allows to sign it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EntryKeys {
+    /// The lock's key for the package (with --from-lock).
+    Lock,
+    /// Every key given for the package's publisher that is not revoked.
+    Publisher,
 }
 
 #[derive(Debug, Subcommand)]

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use guild_domain::ids::Sha256Digest;
+use guild_domain::manifest::Metadata;
 use guild_domain::trust::authenticate;
 use guild_host::distribution::{
     ArtifactConfig, ArtifactRegistry, DistributionError, DistributionErrorKind, LockFile,
@@ -243,18 +244,29 @@ fn retry_policy() -> anyhow::Result<Retry> {
 
 /// Pulls `reference` into `out` (which must not exist), or fails leaving nothing there. A
 /// registry that cannot be reached is tried again as [`retry_policy`] says.
-fn pull_to(
+pub(crate) fn pull_to(
     reference: &OciReference,
     out: &Path,
     progress: Option<&dyn Progress>,
 ) -> anyhow::Result<Pulled> {
-    let retry = retry_policy()?;
     let registry = OciRegistry::from_environment();
+    retrying(&format!("cannot download {reference}"), || {
+        registry.pull(reference, out, progress)
+    })
+}
+
+/// Runs `request` (one registry exchange), trying it again while the registry is unreachable,
+/// as [`retry_policy`] says; `what` says what failed when it stays unreachable.
+pub(crate) fn retrying<T>(
+    what: &str,
+    mut request: impl FnMut() -> Result<T, DistributionError>,
+) -> anyhow::Result<T> {
+    let retry = retry_policy()?;
     let mut delay = retry.first_delay;
     let mut attempt = 1;
     loop {
-        match registry.pull(reference, out, progress) {
-            Ok(pulled) => return Ok(pulled),
+        match request() {
+            Ok(answer) => return Ok(answer),
             Err(e)
                 if matches!(e.kind, DistributionErrorKind::Unreachable { .. })
                     && attempt < retry.attempts =>
@@ -270,7 +282,7 @@ fn pull_to(
                     format!("{attempt} tries")
                 };
                 return Err(registry_failure(e).context(format!(
-                    "cannot download {reference}: the registry was unreachable after {tries}"
+                    "{what}: the registry was unreachable after {tries}"
                 )));
             }
             Err(e) => return Err(registry_failure(e)),
@@ -579,20 +591,20 @@ fn check_whole(file: &Path, locked: &LockedPackage) -> anyhow::Result<()> {
         .with_hint("fetch the locked package or update the lock")
         .into());
     }
+    open_whole(file).with_context(|| format!("{} {}", locked.id, locked.version))?;
+    Ok(())
+}
+
+/// The package `file`'s metadata, read without verifying its signatures, after checking that
+/// every artifact hashes to what its manifest says. Its signature is the caller's to check.
+pub(crate) fn open_whole(file: &Path) -> anyhow::Result<Metadata> {
     let opened = GkpkSource::default().open(file).map_err(HostError::from)?;
     let metadata = parse_metadata(file, opened.metadata_bytes())?;
     opened
         .verify_in_place(metadata.manifest())
         .map_err(HostError::from)
-        .with_context(|| {
-            format!(
-                "{} {}: {} does not hold what its manifest says",
-                locked.id,
-                locked.version,
-                file.display()
-            )
-        })?;
-    Ok(())
+        .with_context(|| format!("{} does not hold what its manifest says", file.display()))?;
+    Ok(metadata)
 }
 
 /// Downloads the locked package from its pinned reference to `file` (which must not exist),

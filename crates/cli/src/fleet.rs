@@ -34,10 +34,11 @@ use guild_host::packaging::{key_files as files, sign_document, P256Verifier};
 use guild_host::ports::source::Progress;
 
 use super::args::{
-    FleetCommand, FleetPolicyCommand, FleetPolicyNew, FleetRootCommand, FleetRootNew,
+    EntryKeys, FleetCommand, FleetPolicyCommand, FleetPolicyNew, FleetRootCommand, FleetRootNew,
 };
 use super::distribute::{fetch_locked, is_reference, read_lock, registry_failure, sync_failure};
 use super::failure::{CliError, Exit, Failure};
+use super::fleet_requirements;
 use super::output::{Output, Report};
 use super::publisher::Check;
 use super::store;
@@ -116,7 +117,7 @@ fn parse_as<T: FleetDocument>(bytes: &[u8], source: &str) -> anyhow::Result<Sign
 }
 
 /// The file's bytes, at most a document's limit.
-fn read_file(path: &Path) -> anyhow::Result<Vec<u8>> {
+pub(crate) fn read_file(path: &Path) -> anyhow::Result<Vec<u8>> {
     durable_file::read_regular(path, MAX_DOCUMENT_BYTES as u64).map_err(|e| {
         let exit = if e.is_not_found() {
             Exit::NotFound
@@ -220,9 +221,9 @@ fn root_new(new: &FleetRootNew) -> anyhow::Result<Report> {
     Ok(report)
 }
 
-/// `guild fleet policy new`.
+/// `guild fleet policy new`: the publishers, scopes and revocations from the options, the
+/// desired set from a lock or a requirements file.
 fn policy_new(new: &FleetPolicyNew) -> anyhow::Result<Report> {
-    let lock = read_lock(&new.from_lock)?;
     let mut publishers: BTreeMap<_, FleetPublisher> = BTreeMap::new();
     for (id, keys) in &new.publishers {
         let entry = publishers.entry(id.clone()).or_default();
@@ -240,31 +241,6 @@ fn policy_new(new: &FleetPolicyNew) -> anyhow::Result<Report> {
         };
         p.scopes.push(prefix.clone());
     }
-    let mut packages = Vec::with_capacity(lock.packages().len());
-    for p in lock.packages() {
-        let Some(source) = p.source.clone() else {
-            return Err(CliError::new(
-                Exit::Rejected,
-                format!(
-                    "{}: {} {} has no registry source, which a policy's desired package needs",
-                    new.from_lock.display(),
-                    p.id,
-                    p.version
-                ),
-            )
-            .with_hint("install it from oci://… (or push it and install it from there), then `guild lock` again")
-            .into());
-        };
-        packages.push(DesiredPackage {
-            id: p.id.clone(),
-            version: p.version.clone(),
-            kind: p.kind,
-            payload_sha256: p.payload_sha256,
-            publisher: p.publisher.clone(),
-            key_ids: vec![p.key_id],
-            source,
-        });
-    }
     let (mut revoked_keys, mut revoked_digests) = (BTreeMap::new(), BTreeMap::new());
     if let Some(previous) = &new.previous {
         let before: SignedPolicy =
@@ -274,7 +250,8 @@ fn policy_new(new: &FleetPolicyNew) -> anyhow::Result<Report> {
             return Err(CliError::new(
                 Exit::Refused,
                 format!(
-                    "--previous {} is fleet {} version {}: this policy (fleet {} version {})                      must be the same fleet's, at a higher version",
+                    "--previous {} is fleet {} version {}: this policy (fleet {} version {}) \
+                     must be the same fleet's, at a higher version",
                     previous.display(),
                     before.fleet,
                     before.version,
@@ -299,7 +276,7 @@ fn policy_new(new: &FleetPolicyNew) -> anyhow::Result<Report> {
             .unwrap_or_else(|| "revoked by the fleet".to_owned());
         revoked_digests.insert(*digest, reason);
     }
-    let policy = FleetPolicy {
+    let mut policy = FleetPolicy {
         fleet: new.fleet.clone(),
         version: new.version,
         expires: new.expires,
@@ -307,14 +284,35 @@ fn policy_new(new: &FleetPolicyNew) -> anyhow::Result<Report> {
         publishers,
         revoked_keys,
         revoked_digests,
-        packages,
+        packages: Vec::new(),
+    };
+    let mut report = Report::new("fleet policy new");
+    let source = match (&new.from_lock, &new.requirements) {
+        (Some(lock), None) => {
+            policy.packages = packages_from_lock(lock, &policy, new.entry_keys, &mut report)?;
+            lock
+        }
+        (None, Some(file)) => {
+            let resolved = fleet_requirements::resolve(file, &policy, new.entry_keys)?;
+            resolved_fields(&mut report, &resolved);
+            policy.packages = resolved.into_iter().map(|r| r.package).collect();
+            file
+        }
+        // clap's group "desired" takes exactly one.
+        _ => {
+            return Err(CliError::new(
+                Exit::Usage,
+                "give exactly one of --from-lock and --requirements",
+            )
+            .into())
+        }
     };
     if let Some(problem) = policy.problem() {
         return Err(CliError::new(
             Exit::Refused,
             format!(
                 "the policy from {} would contradict itself: {problem}",
-                new.from_lock.display()
+                source.display()
             ),
         )
         .with_hint("give each package's publisher with --publisher ID=KEY.pem, its signing key included, and scopes that cover it")
@@ -322,7 +320,6 @@ fn policy_new(new: &FleetPolicyNew) -> anyhow::Result<Report> {
     }
     let signed = SignedPolicy::new(&policy)
         .map_err(|e| CliError::new(Exit::Usage, format!("cannot make the fleet policy: {e}")))?;
-    let mut report = Report::new("fleet policy new");
     document_fields(&mut report, &Document::Policy(signed.clone()));
     report.field("out", new.out.display().to_string());
     if write_out(&new.out, signed.to_json().as_bytes())? {
@@ -336,10 +333,102 @@ fn policy_new(new: &FleetPolicyNew) -> anyhow::Result<Report> {
         new.out.display(),
         policy.publishers.len(),
         policy.packages.len(),
-        new.from_lock.display(),
+        source.display(),
         new.out.display()
     ));
     Ok(report)
+}
+
+/// The desired set of the lock at `path`: each entry allows the lock's key, or with
+/// `--entry-keys publisher` every unrevoked key `policy` lists for its publisher (a warning
+/// says where the lock's key is not among them).
+fn packages_from_lock(
+    path: &Path,
+    policy: &FleetPolicy,
+    entry_keys: Option<EntryKeys>,
+    report: &mut Report,
+) -> anyhow::Result<Vec<DesiredPackage>> {
+    let lock = read_lock(path)?;
+    let mut packages = Vec::with_capacity(lock.packages().len());
+    for p in lock.packages() {
+        let Some(source) = p.source.clone() else {
+            return Err(CliError::new(
+                Exit::Rejected,
+                format!(
+                    "{}: {} {} has no registry source, which a policy's desired package needs",
+                    path.display(),
+                    p.id,
+                    p.version
+                ),
+            )
+            .with_hint("install it from oci://… (or push it and install it from there), then `guild lock` again")
+            .into());
+        };
+        let key_ids = match entry_keys.unwrap_or(EntryKeys::Lock) {
+            EntryKeys::Lock => vec![p.key_id],
+            EntryKeys::Publisher => {
+                let keys = fleet_requirements::publisher_keys(policy, &p.publisher);
+                // A revoked lock key is the rotation's old key: the new ones are meant.
+                let revoked = policy.revoked_keys.contains_key(&p.key_id);
+                if !keys.is_empty() && !keys.contains(&p.key_id) && !revoked {
+                    report.warnings.push(format!(
+                        "{} {}: the lock's key {} is not among the keys allowed for publisher \
+                         {} ({}); the stores accept it only if it also carries a signature by \
+                         one of them",
+                        p.id,
+                        p.version,
+                        short(&p.key_id),
+                        p.publisher,
+                        keys_list(&keys)
+                    ));
+                }
+                keys
+            }
+        };
+        packages.push(DesiredPackage {
+            id: p.id.clone(),
+            version: p.version.clone(),
+            kind: p.kind,
+            payload_sha256: p.payload_sha256,
+            publisher: p.publisher.clone(),
+            key_ids,
+            source,
+        });
+    }
+    Ok(packages)
+}
+
+/// What each requirement resolved to, for the report.
+fn resolved_fields(report: &mut Report, resolved: &[fleet_requirements::Resolved]) {
+    report.field(
+        "resolved",
+        resolved
+            .iter()
+            .map(|r| {
+                let p = &r.package;
+                serde_json::json!({
+                    "requirement": r.requirement,
+                    "package_id": p.id.as_str(),
+                    "version": p.version.to_string(),
+                    "tag": r.tag,
+                    "manifest_digest": format!("sha256:{}", p.source.manifest_digest.to_hex()),
+                    "payload_sha256": p.payload_sha256.to_hex(),
+                    "key_ids": p.key_ids.iter().map(|k| k.to_hex()).collect::<Vec<_>>(),
+                })
+            })
+            .collect::<Vec<_>>(),
+    );
+    for r in resolved {
+        let p = &r.package;
+        report.line(format!(
+            "{} resolved to {} (tag {}, manifest sha256:{}); its entry allows key(s) {}",
+            r.requirement,
+            p.version,
+            r.tag,
+            p.source.manifest_digest.to_hex(),
+            keys_list(&p.key_ids)
+        ));
+    }
 }
 
 /// The fields every report about one document has.

@@ -71,21 +71,9 @@ impl OciReference {
     /// Parses `oci://HOST[:PORT]/REPOSITORY(:TAG|@sha256:DIGEST)`. A reference names a tag or a
     /// digest, never both, and there is no default tag: a fleet's references say what they mean.
     pub fn parse(text: &str) -> Result<Self, ReferenceError> {
-        let fail = |reason| ReferenceError {
-            text: text.chars().take(200).collect(),
-            reason,
-        };
-        let rest = text
-            .strip_prefix("oci://")
-            .ok_or_else(|| fail("it must start with oci://"))?;
-        let (registry, path) = rest
-            .split_once('/')
-            .ok_or_else(|| fail("it names no repository (oci://HOST/REPOSITORY:TAG)"))?;
-        if !valid_registry(registry) {
-            return Err(fail(
-                "the host must be a DNS name or IP address, with an optional :PORT",
-            ));
-        }
+        let fail = |reason| reference_error(text, reason);
+        let (registry, path) =
+            split_oci(text, "it names no repository (oci://HOST/REPOSITORY:TAG)")?;
         let (repository, target) = if let Some((repo, digest)) = path.split_once('@') {
             let hex = digest
                 .strip_prefix("sha256:")
@@ -101,7 +89,7 @@ impl OciReference {
             };
             let split = path.len() - last.len() + colon;
             let tag = &path[split + 1..];
-            if !valid_tag(tag) {
+            if !is_valid_tag(tag) {
                 return Err(fail(
                     "a tag is 1 to 128 of [A-Za-z0-9_.-], not starting with '.' or '-'",
                 ));
@@ -109,10 +97,7 @@ impl OciReference {
             (&path[..split], OciTarget::Tag(tag.to_owned()))
         };
         if !valid_repository(repository) {
-            return Err(fail(
-                "a repository is lowercase path components of [a-z0-9] joined by '.', '_', \
-                 '__' or '-'",
-            ));
+            return Err(fail(REPOSITORY_RULE));
         }
         Ok(OciReference {
             registry: registry.to_owned(),
@@ -188,6 +173,117 @@ impl fmt::Display for OciReference {
     }
 }
 
+/// `oci://HOST[:PORT]/REPOSITORY`: a repository, without a tag or a digest, validated as
+/// [`OciReference`]'s parts are. A fleet's requirements name one, and a resolution picks one of
+/// its tags.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OciRepository {
+    registry: String,
+    repository: String,
+}
+
+impl OciRepository {
+    /// Parses `oci://HOST[:PORT]/REPOSITORY`; a `:TAG` or an `@sha256:DIGEST` is refused.
+    pub fn parse(text: &str) -> Result<Self, ReferenceError> {
+        let fail = |reason| reference_error(text, reason);
+        let (registry, repository) =
+            split_oci(text, "it names no repository (oci://HOST/REPOSITORY)")?;
+        if repository.contains('@') {
+            return Err(fail(
+                "a repository names no @sha256:DIGEST; the resolution pins the digest",
+            ));
+        }
+        if repository.contains(':') {
+            return Err(fail(
+                "a repository names no :TAG; the resolution picks the tag",
+            ));
+        }
+        if !valid_repository(repository) {
+            return Err(fail(REPOSITORY_RULE));
+        }
+        Ok(OciRepository {
+            registry: registry.to_owned(),
+            repository: repository.to_owned(),
+        })
+    }
+
+    /// `HOST[:PORT]`.
+    pub fn registry(&self) -> &str {
+        &self.registry
+    }
+
+    /// The repository path.
+    pub fn repository(&self) -> &str {
+        &self.repository
+    }
+
+    /// The reference to `tag` in this repository; `None` when `tag` is not a valid tag.
+    pub fn at_tag(&self, tag: &str) -> Option<OciReference> {
+        is_valid_tag(tag).then(|| OciReference {
+            registry: self.registry.clone(),
+            repository: self.repository.clone(),
+            target: OciTarget::Tag(tag.to_owned()),
+        })
+    }
+
+    /// The reference to the manifest `digest` in this repository.
+    pub fn at_digest(&self, digest: Sha256Digest) -> OciReference {
+        OciReference {
+            registry: self.registry.clone(),
+            repository: self.repository.clone(),
+            target: OciTarget::Digest(digest),
+        }
+    }
+}
+
+impl fmt::Display for OciRepository {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "oci://{}/{}", self.registry, self.repository)
+    }
+}
+
+impl OciReference {
+    /// The repository this reference is in.
+    pub fn repository_ref(&self) -> OciRepository {
+        OciRepository {
+            registry: self.registry.clone(),
+            repository: self.repository.clone(),
+        }
+    }
+}
+
+/// Why a repository path is refused.
+const REPOSITORY_RULE: &str =
+    "a repository is lowercase path components of [a-z0-9] joined by '.', '_', '__' or '-'";
+
+fn reference_error(text: &str, reason: &'static str) -> ReferenceError {
+    ReferenceError {
+        text: text.chars().take(200).collect(),
+        reason,
+    }
+}
+
+/// `oci://HOST[:PORT]/PATH` split into a valid `HOST[:PORT]` and the path after it;
+/// `no_path` is the reason given when there is no path.
+fn split_oci<'t>(
+    text: &'t str,
+    no_path: &'static str,
+) -> Result<(&'t str, &'t str), ReferenceError> {
+    let rest = text
+        .strip_prefix("oci://")
+        .ok_or_else(|| reference_error(text, "it must start with oci://"))?;
+    let (registry, path) = rest
+        .split_once('/')
+        .ok_or_else(|| reference_error(text, no_path))?;
+    if !valid_registry(registry) {
+        return Err(reference_error(
+            text,
+            "the host must be a DNS name or IP address, with an optional :PORT",
+        ));
+    }
+    Ok((registry, path))
+}
+
 fn valid_registry(r: &str) -> bool {
     let (host, port) = if let Some(inner) = r.strip_prefix('[') {
         let Some((addr, after)) = inner.split_once(']') else {
@@ -222,7 +318,8 @@ fn valid_registry(r: &str) -> bool {
     (host_ok || r.starts_with('[')) && port_ok
 }
 
-fn valid_tag(tag: &str) -> bool {
+/// Whether `tag` is an OCI tag: 1 to 128 of `[A-Za-z0-9_.-]`, not starting with `.` or `-`.
+pub fn is_valid_tag(tag: &str) -> bool {
     !tag.is_empty()
         && tag.len() <= 128
         && !tag.starts_with(['.', '-'])

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-pub use semver::Version;
+pub use semver::{Version, VersionReq};
 
 /// A version packed into 32 bits as the C headers do (`GUILD_KERNEL_ABI_MAKE_VERSION`): major in bits
 /// 24–31, minor in bits 12–23, patch in bits 0–11. Kernel ABI 1.0.0 is `0x0100_0000`. GOP1 operation

@@ -13,7 +13,7 @@ pub use guild_adapters_oci::{
 };
 pub use guild_domain::distribution::{
     plan_sync, ArtifactConfig, HeldVersion, LockFile, LockRefusal, LockedPackage, LockedSource,
-    OciReference, OciTarget, SyncConflict, SyncStep,
+    OciReference, OciRepository, OciTarget, SyncConflict, SyncStep,
 };
 pub use guild_ports::distribution::{
     ArtifactRegistry, DistributionError, DistributionErrorKind, DocumentRegistry, Part, Pulled,

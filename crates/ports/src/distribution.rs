@@ -10,7 +10,7 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
-use guild_domain::distribution::{ArtifactConfig, OciReference};
+use guild_domain::distribution::{ArtifactConfig, OciReference, OciRepository};
 use guild_domain::ids::Sha256Digest;
 use thiserror::Error;
 
@@ -69,6 +69,11 @@ pub trait ArtifactRegistry: Send + Sync + fmt::Debug {
         out: &Path,
         progress: Option<&dyn Progress>,
     ) -> Result<Pulled, DistributionError>;
+
+    /// Every tag of `repository`, as the registry lists them (page after page), each a valid
+    /// tag and none twice. What a tag points at is not looked at; the caller pulls the one it
+    /// picks, by the digest that pull answers.
+    fn list_tags(&self, repository: &OciRepository) -> Result<Vec<String>, DistributionError>;
 }
 
 /// What a document pull read: the document's bytes, whole, and where they came from. Nothing
@@ -159,6 +164,8 @@ pub enum Part {
     Layer,
     /// The layer of a document artifact (a fleet root or policy).
     Document,
+    /// A repository's tag list.
+    Tags,
 }
 
 impl Part {
@@ -168,6 +175,7 @@ impl Part {
         match self {
             Part::Manifest => "the reference names",
             Part::Config | Part::Layer | Part::Document => "the manifest names",
+            Part::Tags => "the request names",
         }
     }
 }
@@ -179,6 +187,7 @@ impl fmt::Display for Part {
             Part::Config => "config",
             Part::Layer => "package layer",
             Part::Document => "document",
+            Part::Tags => "tag list",
         })
     }
 }

@@ -126,9 +126,10 @@ fn serve(answers: HashMap<String, Answer>) -> u16 {
     serve_seen(answers).port
 }
 
-/// Serves `answers` by `METHOD PATH`, else by path (`/v2/` answers 200 unless listed; anything
-/// else is 404) until the test ends, recording what it saw. A request's body (by its
-/// Content-Length, or chunked) is read and dropped before the answer.
+/// Serves `answers` by `METHOD TARGET` or target (the query kept), else by `METHOD PATH` or
+/// path (`/v2/` answers 200 unless listed; anything else is 404) until the test ends,
+/// recording what it saw. A request's body (by its Content-Length, or chunked) is read and
+/// dropped before the answer.
 fn serve_seen(answers: HashMap<String, Answer>) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -175,8 +176,11 @@ fn serve_seen(answers: HashMap<String, Answer>) -> Server {
                     seen.requests.push((path.clone(), authorization));
                     seen.lines.push(format!("{method} {target}"));
                 }
+                // The whole target (its query kept) first: one page of a list each.
                 let answer = match answers
-                    .get(&format!("{method} {path}"))
+                    .get(&format!("{method} {target}"))
+                    .or_else(|| answers.get(&target))
+                    .or_else(|| answers.get(&format!("{method} {path}")))
                     .or_else(|| answers.get(&path))
                 {
                     Some(a) => a.clone(),
@@ -798,3 +802,4 @@ fn a_token_realm_on_plain_http_elsewhere_is_refused() {
 
 mod document;
 mod push;
+mod tags;

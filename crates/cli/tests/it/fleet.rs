@@ -45,9 +45,15 @@ fn root_new(
     bench.run(&args)
 }
 
-/// `guild fleet policy new` for fleet `example.prod`, version 1 under root version 1, from
-/// `lock` with `publisher` (`ID=KEY.pub[,...]`), written to `policy.json`; `more` adds options.
-fn policy_new(bench: &Bench, lock: &str, publisher: &str, more: &[&str]) -> Run {
+/// The arguments of `guild fleet policy new` for fleet `example.prod`, version 1 under root
+/// version 1, expiring in 30 days, its desired set from `source` (`["--from-lock", LOCK]` or
+/// `["--requirements", FILE]`), trusting `publisher` (`ID=KEY.pub[,...]`), written to
+/// `policy.json`; `more` adds options.
+pub(crate) fn policy_new_args<'a>(
+    source: [&'a str; 2],
+    publisher: &'a str,
+    more: &[&'a str],
+) -> Vec<&'a str> {
     let mut args = vec![
         "fleet",
         "policy",
@@ -60,15 +66,31 @@ fn policy_new(bench: &Bench, lock: &str, publisher: &str, more: &[&str]) -> Run 
         "1",
         "--expires",
         "30d",
-        "--from-lock",
-        lock,
+        source[0],
+        source[1],
         "--publisher",
         publisher,
         "--out",
         "policy.json",
     ];
     args.extend(more);
-    bench.run(&args)
+    args
+}
+
+/// `guild fleet policy new` (see [`policy_new_args`]) from `lock`.
+fn policy_new(bench: &Bench, lock: &str, publisher: &str, more: &[&str]) -> Run {
+    bench.run(&policy_new_args(["--from-lock", lock], publisher, more))
+}
+
+/// `guild keygen --out NAME`; answers the new key's id.
+pub(crate) fn keygen_id(bench: &Bench, name: &str) -> String {
+    bench
+        .run(&["--json", "keygen", "--out", name])
+        .expect(0)
+        .json()["key_id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
 }
 
 fn new_root(bench: &Bench) {
@@ -937,4 +959,47 @@ fn fleet_policy_new_writes_revocations_and_carries_the_previous_ones_forward() {
     assert!(!bench.path().join("p2-again.json").exists());
     // Not a key id.
     new_policy("3", "p3.json", &["--revoke-key", "nothex"]).expect(2);
+}
+
+/// `--entry-keys publisher` writes, for each entry of a lock, every unrevoked key given for its
+/// publisher instead of the lock's one key: a rotation's policy needs no edited lock. The
+/// default stays the lock's key.
+#[test]
+fn fleet_policy_new_from_a_lock_allows_every_publisher_key_with_entry_keys_publisher() {
+    let bench = Bench::new(guild());
+    let scan = bench.package("example.scan", "1.0.0", b"scan", "");
+    let lock = lock_with_sources(&bench, &[&scan], &[]);
+    let locked: serde_json::Value =
+        serde_json::from_slice(&fs::read(bench.path().join(&lock)).unwrap()).unwrap();
+    let k = locked["packages"][0]["key_id"].as_str().unwrap().to_owned();
+    let (k2, k3) = (keygen_id(&bench, "k2"), keygen_id(&bench, "k3"));
+    let key_ids = |publisher: &str, more: &[&str]| {
+        let run = policy_new(&bench, &lock, publisher, more);
+        run.expect(0);
+        let doc: serde_json::Value =
+            serde_json::from_slice(&fs::read(bench.path().join("policy.json")).unwrap()).unwrap();
+        (doc["signed"]["packages"][0]["key_ids"].clone(), run)
+    };
+    let all = "org.example=k.pub,k2.pub,k3.pub";
+    assert_eq!(key_ids(all, &[]).0, serde_json::json!([k]));
+    assert_eq!(
+        key_ids(all, &["--entry-keys", "lock"]).0,
+        serde_json::json!([k])
+    );
+    assert_eq!(
+        key_ids(all, &["--entry-keys", "publisher"]).0,
+        serde_json::json!([k, k2, k3])
+    );
+    // A revoked key of the publisher allows nothing, so it is left out; the lock's key being
+    // the revoked one is the rotation itself, said nothing about.
+    let revoke = format!("{k}=rotated");
+    let (keys, run) = key_ids(all, &["--entry-keys", "publisher", "--revoke-key", &revoke]);
+    assert_eq!(keys, serde_json::json!([k2, k3]));
+    assert!(!run.stderr.contains("warning"), "{}", run.stderr);
+    // A lock whose key is not among the publisher's is written, with a warning.
+    let (keys, run) = key_ids("org.example=k2.pub", &["--entry-keys", "publisher"]);
+    assert_eq!(keys, serde_json::json!([k2]));
+    run.stderr_has("is not among the keys allowed for publisher org.example");
+    // An unknown choice is a usage error.
+    policy_new(&bench, &lock, all, &["--entry-keys", "every"]).expect(2);
 }

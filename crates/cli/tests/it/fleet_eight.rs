@@ -319,8 +319,8 @@ fn lock_of(bench: &Bench, registry: &Registry, version: &str, keys: &[&str]) -> 
 
 /// A policy document `out`: version `version` under root version `root` (`root.json` for 1,
 /// `rootN.json` after), expiring at `expires`, desiring the packages of `lock`, trusting
-/// `publisher` for `org.example`, revoking `revoked` (key ids), and signed by each of `signers`
-/// (root keys).
+/// `publisher` for `org.example`, revoking `revoked` (key ids), with the options `more`, and
+/// signed by each of `signers` (root keys).
 #[allow(clippy::too_many_arguments)]
 fn policy(
     bench: &Bench,
@@ -330,37 +330,36 @@ fn policy(
     lock: &str,
     publisher: &str,
     revoked: &[&str],
+    more: &[&str],
     signers: &[&str],
 ) -> String {
-    bench
-        .run(&[
-            "fleet",
-            "policy",
-            "new",
-            "--fleet",
-            "example.prod",
-            "--version",
-            &version.to_string(),
-            "--root-version",
-            &root.to_string(),
-            "--expires",
-            expires,
-            "--from-lock",
-            lock,
-            "--publisher",
-            &format!("org.example={publisher}"),
-            "--out",
-            out,
-        ])
-        .expect(0);
-    if !revoked.is_empty() {
-        let path = bench.path().join(out);
-        let mut doc: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
-        for k in revoked {
-            doc["signed"]["revoked_keys"][*k] = "leaked".into();
-        }
-        fs::write(&path, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+    let (version_text, root_text) = (version.to_string(), root.to_string());
+    let publisher = format!("org.example={publisher}");
+    let revocations: Vec<String> = revoked.iter().map(|k| format!("{k}=leaked")).collect();
+    let mut args = vec![
+        "fleet",
+        "policy",
+        "new",
+        "--fleet",
+        "example.prod",
+        "--version",
+        &version_text,
+        "--root-version",
+        &root_text,
+        "--expires",
+        expires,
+        "--from-lock",
+        lock,
+        "--publisher",
+        &publisher,
+        "--out",
+        out,
+    ];
+    for r in &revocations {
+        args.extend(["--revoke-key", r]);
     }
+    args.extend(more);
+    bench.run(&args).expect(0);
     let root = match root {
         1 => "root.json".to_owned(),
         n => format!("root{n}.json"),
@@ -436,8 +435,14 @@ fn fleet_eight_stores_with_serving_runners_follow_one_root_through_a_registry() 
         ));
     }
     // The publisher's next key, k3: 1.3.0 re-signed by it (the same payload, signed by k2 and
-    // k3), at a tag of its own, and locked by a store that trusts k3 alone.
-    bench.run(&["keygen", "--out", "k3"]).expect(0);
+    // k3), at a tag of its own, and locked by a store that trusts both.
+    let k3_id = bench
+        .run(&["--json", "keygen", "--out", "k3"])
+        .expect(0)
+        .json()["key_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     bench
         .run(&[
             "sign",
@@ -458,7 +463,7 @@ fn fleet_eight_stores_with_serving_runners_follow_one_root_through_a_registry() 
             &registry.reference("guild/scan:1.3.0-k3"),
         ],
     ));
-    let lock_k3 = lock_of(&bench, &registry, "1.3.0-k3", &["k3.pub"]);
+    let lock_k3 = lock_of(&bench, &registry, "1.3.0-k3", &["k2.pub", "k3.pub"]);
     let locks: Vec<String> = ["1.0.0", "1.1.0", "1.2.0", "1.3.0"]
         .iter()
         .map(|v| lock_of(&bench, &registry, v, &["k.pub", "k2.pub"]))
@@ -473,7 +478,15 @@ fn fleet_eight_stores_with_serving_runners_follow_one_root_through_a_registry() 
     let ab = ["a.key", "b.key"];
     let p = |out: &str, version, lock: &str, publisher, revoked: &[&str], signers: &[&str]| {
         policy(
-            &bench, out, version, "30d", lock, publisher, revoked, signers,
+            &bench,
+            out,
+            version,
+            "30d",
+            lock,
+            publisher,
+            revoked,
+            &[],
+            signers,
         )
     };
     let p1 = p("p1.json", (1, 1), &locks[0], both, &[], &ab);
@@ -487,6 +500,7 @@ fn fleet_eight_stores_with_serving_runners_follow_one_root_through_a_registry() 
         "2s",
         &locks[0],
         both,
+        &[],
         &[],
         &ab,
     );
@@ -513,16 +527,24 @@ fn fleet_eight_stores_with_serving_runners_follow_one_root_through_a_registry() 
         &revoking,
         &["c.key", "d.key"],
     );
-    // The rotation: k2 and k3 both trusted, the entry allowing k3; then k2 revoked.
+    // The rotation, from the lock of the copy signed by k2 and k3 with `--entry-keys
+    // publisher` (each entry allows every key trusted for the publisher, whichever one the lock
+    // names): k2 and k3 both trusted, then k3 alone with k2 revoked.
     let k2_id = {
         let lock: serde_json::Value =
             serde_json::from_slice(&fs::read(bench.path().join(&locks[3])).unwrap()).unwrap();
         lock["packages"][0]["key_id"].as_str().unwrap().to_owned()
     };
     let cd = ["c.key", "d.key"];
-    let p9 = p("p9.json", (2, 9), &lock_k3, "k2.pub,k3.pub", &revoking, &cd);
+    let rotation = |out: &str, version, publisher, revoked: &[&str]| {
+        let more = ["--entry-keys", "publisher"];
+        policy(
+            &bench, out, version, "30d", &lock_k3, publisher, revoked, &more, &cd,
+        )
+    };
+    let p9 = rotation("p9.json", (2, 9), "k2.pub,k3.pub", &revoking);
     let both_revoked = [k_id.as_str(), k2_id.as_str()];
-    let p10 = p("p10.json", (2, 10), &lock_k3, "k3.pub", &both_revoked, &cd);
+    let p10 = rotation("p10.json", (2, 10), "k3.pub", &both_revoked);
     // Under root 2, a is no root key any more: one valid signature of the two needed.
     let p8_ab = p("p8-ab.json", (2, 8), &locks[3], "k2.pub", &revoking, &ab);
 
@@ -820,8 +842,9 @@ fn fleet_eight_stores_with_serving_runners_follow_one_root_through_a_registry() 
     );
     assert_eq!(state(&bench, &restored), (8, scan("1.3.0")));
 
-    // A zero-outage key rotation, k2 to k3: policy 9 trusts both and pins the copy of 1.3.0
-    // re-signed by k3; policy 10 revokes k2. Every runner answers with 1.3.0 throughout.
+    // A zero-outage key rotation, k2 to k3: policy 9 trusts both and names the copy of 1.3.0
+    // re-signed by k3, either key allowed; policy 10 allows k3 alone and revokes k2. Every
+    // runner answers with 1.3.0 throughout.
     drain();
     for version in [&p9, &p10] {
         push(version);
@@ -833,6 +856,20 @@ fn fleet_eight_stores_with_serving_runners_follow_one_root_through_a_registry() 
         assert_eq!(state(&bench, &n.store), (10, scan("1.3.0")));
         let trust = trust_of(&n.store).to_string();
         assert!(trust.contains(&k2_id), "{trust}");
+        // The build it kept now carries k3's signature, recorded from the re-signed copy.
+        let listed = ok(run(&bench, &n.store, None, &["--json", "list"])).json();
+        let version = listed["packages"][0]["versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["version"] == "1.3.0")
+            .cloned()
+            .unwrap();
+        assert!(
+            version["key_ids"].to_string().contains(&k3_id),
+            "{}: {version}",
+            n.store.display()
+        );
     }
     let want = ok_line("1.3.0");
     for r in &runners {

@@ -20,6 +20,8 @@
 //! [`VerifiedPolicy::trust_store`] feeds the unchanged [`crate::trust::authenticate`], and
 //! [`authorize`] checks an authenticated package against its entry. [`VerifiedPolicy::to_lock`]
 //! makes the desired set a lock, so that [`crate::distribution::plan_sync`] plans the steps.
+//! A policy's desired set may be authored from [`Requirements`], each resolved against a
+//! repository's tags by [`resolve_tag`].
 //!
 //! Everything here is pure: the current time is a parameter, signatures are checked through
 //! [`crate::trust::SignatureCheck`], and fetching belongs to the OCI adapter.
@@ -33,6 +35,7 @@ mod envelope;
 mod membership;
 mod plan;
 mod policy;
+mod requirements;
 mod root;
 
 pub use accept::{accept_policy, AcceptError, Acceptance, PolicyChange, PolicyRecord};
@@ -44,6 +47,10 @@ pub use plan::Shrink;
 pub use policy::{
     verify_policy, DesiredPackage, FleetPolicy, FleetPublisher, PolicyError, PolicyProblem,
     SignedPolicy, VerifiedPolicy, POLICY_MARKER,
+};
+pub use requirements::{
+    resolve_tag, tag_version, NoMatchingTag, Requirement, Requirements, RequirementsError,
+    ResolvedTag, MAX_VERSIONS_SHOWN,
 };
 pub use root::{
     verify_root_chain, verify_root_pinned, verify_root_self, verify_root_successor, FleetRoot,

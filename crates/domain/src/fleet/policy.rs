@@ -548,12 +548,25 @@ impl VerifiedPolicy {
     }
 
     fn trust_with(&self, keep: impl Fn(&PublisherId, &Sha256Digest) -> bool) -> TrustStore {
-        let policy = self.policy();
+        self.policy().trust_with(keep)
+    }
+}
+
+impl FleetPolicy {
+    /// The trust this policy gives, verified or not: every publisher's keys and every
+    /// revocation (see [`VerifiedPolicy::trust_store`]). An author checks packages against it
+    /// before the policy is signed.
+    pub fn trust_store(&self) -> TrustStore {
+        self.trust_with(|_, _| true)
+    }
+
+    fn trust_with(&self, keep: impl Fn(&PublisherId, &Sha256Digest) -> bool) -> TrustStore {
+        let policy = self;
         let mut trust = TrustStore::new();
         for (publisher, p) in &policy.publishers {
             for key in p.keys.iter().filter(|k| keep(publisher, &k.key_id)) {
-                // Reading refused a key of two publishers and empty keys, and nothing is
-                // revoked yet, so this cannot fail.
+                // Nothing is revoked yet, and reading refuses empty keys and a key of two
+                // publishers; in a policy being authored, such a key stays the first one's.
                 let _ = trust.add_key(publisher.clone(), key.spki_der.clone());
             }
         }

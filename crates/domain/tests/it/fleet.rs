@@ -974,3 +974,56 @@ fn a_stores_fleet_record_survives_the_checkpoint_and_the_log_and_is_never_droppe
         Err(DeltaError::DropsFleet)
     );
 }
+
+/// A tag of `(major, minor, patch, rc)`: `rc` 0 is a release, else `-rc.N`; `v` prefixes a `v`.
+fn tag_of((major, minor, patch, rc, v): (u64, u64, u64, u64, bool)) -> String {
+    let mut t = format!("{}{major}.{minor}.{patch}", if v { "v" } else { "" });
+    if rc > 0 {
+        t.push_str(&format!("-rc.{rc}"));
+    }
+    t
+}
+
+proptest! {
+    /// Whatever the tags, the resolution answers a tag of the list whose version the
+    /// requirement matches, and no tag that names a higher matching version; it refuses only
+    /// when no tag matches, listing at most ten versions, highest first.
+    #[test]
+    fn resolve_tag_answers_the_highest_matching_tag(
+        tags in proptest::collection::vec((0u64..3, 0u64..4, 0u64..3, 0u64..3, any::<bool>()), 0..24),
+        others in proptest::collection::vec("[a-z]{1,6}", 0..3),
+        req in prop_oneof![
+            Just("^1"), Just("^1.2"), Just("~0.1"), Just("*"), Just(">=1.1.0, <2"),
+            Just("=2.3.2"), Just(">=1.2.0-rc.1, <1.3"), Just("^0.0.1"),
+        ],
+    ) {
+        use guild_domain::fleet::{resolve_tag, tag_version, MAX_VERSIONS_SHOWN};
+        use guild_domain::version::VersionReq;
+        let mut all: Vec<String> = tags.iter().copied().map(tag_of).collect();
+        all.extend(others);
+        let req = VersionReq::parse(req).unwrap();
+        let matching: Vec<Version> = all
+            .iter()
+            .filter_map(|t| tag_version(t))
+            .filter(|v| req.matches(v))
+            .collect();
+        match resolve_tag(&req, &all) {
+            Ok(r) => {
+                prop_assert!(all.contains(&r.tag));
+                prop_assert_eq!(tag_version(&r.tag), Some(r.version.clone()));
+                prop_assert!(req.matches(&r.version));
+                prop_assert!(matching
+                    .iter()
+                    .all(|v| v.cmp_precedence(&r.version) != std::cmp::Ordering::Greater));
+            }
+            Err(none) => {
+                prop_assert!(matching.is_empty());
+                prop_assert!(none.seen.len() <= MAX_VERSIONS_SHOWN);
+                prop_assert!(none
+                    .seen
+                    .windows(2)
+                    .all(|w| w[0].cmp_precedence(&w[1]) == std::cmp::Ordering::Greater));
+            }
+        }
+    }
+}
