@@ -1058,11 +1058,13 @@ fn fleet_a_policy_that_drops_a_revocation_is_refused_by_sign_and_verify_and_kept
     let bad_build = "ab".repeat(32);
     let revoke_key = format!("{gone}=leaked");
     let revoke_build = format!("sha256:{bad_build}");
+    let signers = ["a.key", "b.key"];
     policy_with(
         &bench,
-        "1",
+        ("1", "30d"),
         &lock,
         "p1.json",
+        &signers,
         &[
             "--revoke-key",
             &revoke_key,

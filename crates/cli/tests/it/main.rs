@@ -11,6 +11,7 @@ mod cli;
 mod cli_snapshots;
 mod fleet;
 mod fleet_eight;
+mod fleet_thousand;
 mod key_rotation;
 mod oci;
 mod publication_bounds;
