@@ -22,7 +22,10 @@
 //! the config is never fetched. Verifying the document is the caller's business.
 //!
 //! The HTTP client (reqwest) is async; the runtime is a current-thread tokio runtime made for
-//! each call and dropped with it, so that nothing above this crate is async.
+//! each call and dropped with it, so that nothing above this crate is async. An adapter made
+//! with [`OciRegistry::keeping_sessions`] keeps one runtime, and per reference the client and
+//! the authorization of its last successful pull, for the next call: a poll of an unchanged
+//! tag is then its manifest request alone.
 
 #![forbid(unsafe_code)]
 
@@ -35,7 +38,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use guild_domain::distribution::{
     is_valid_tag, kind_of_layer, layer_media_type, ArtifactConfig, OciReference, OciRepository,
@@ -66,16 +69,35 @@ const EMPTY_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
 /// The empty config's content.
 const EMPTY_CONFIG: &[u8] = b"{}";
 
-/// The registry adapter. Cheap to make; each call builds its client and runtime.
+/// The registry adapter. Cheap to make; each call builds its client and runtime, unless the
+/// adapter keeps its sessions ([`OciRegistry::keeping_sessions`]).
 #[derive(Debug, Clone, Default)]
 pub struct OciRegistry {
     settings: OciSettings,
+    /// The pull sessions kept between calls, when the adapter keeps them. Clones share them.
+    kept: Option<Arc<Mutex<Kept>>>,
 }
 
 impl OciRegistry {
     /// An adapter with these settings.
     pub fn new(settings: OciSettings) -> Self {
-        OciRegistry { settings }
+        OciRegistry {
+            settings,
+            kept: None,
+        }
+    }
+
+    /// The same adapter, keeping what a pull sets up (the runtime, the client with its open
+    /// connections, and the authorization found for the repository) from one call to the
+    /// next for the same reference: a caller that polls one reference (`guild fleet sync
+    /// --follow`) then pays only for the requests that answer it, a manifest when nothing
+    /// changed, instead of the registry's API check and the token exchange every time. A
+    /// kept authorization that the registry answers with 401 (an expired token) is replaced by
+    /// authenticating again, and the call is tried once more; a call that fails otherwise
+    /// drops its session, so the next starts afresh. Pushes are never kept.
+    pub fn keeping_sessions(mut self) -> Self {
+        self.kept = Some(Arc::new(Mutex::new(Kept::default())));
+        self
     }
 
     /// An adapter configured from the environment (see [`OciSettings::from_environment`]).
@@ -113,7 +135,7 @@ impl OciRegistry {
     }
 
     /// The bounded HTTP client for `reference`'s registry (see [`transport`]).
-    fn http<'a>(&'a self, reference: &'a OciReference) -> Result<Http<'a>, DistributionError> {
+    fn http(&self, reference: &OciReference) -> Result<Http, DistributionError> {
         let mut certificates = Vec::new();
         if let Some(pem) = self.ca_file(reference)? {
             certificates = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
@@ -318,6 +340,7 @@ impl OciRegistry {
         let reference = repository.at_digest(Sha256Digest([0; 32]));
         let limits = self.settings.limits;
         let name = endpoint(&reference).1;
+        let name = &name;
         self.download(&reference, |download| async move {
             let fail = |kind| DistributionError::new(kind, download.reference);
             let (mut tags, mut seen) = (Vec::new(), BTreeSet::new());
@@ -335,7 +358,7 @@ impl OciRegistry {
                     }));
                 }
                 let (body, following) = download.http.tags_page(url, &download.auth).await?;
-                for tag in check_tag_page(&body, &name).map_err(fail)? {
+                for tag in check_tag_page(&body, name).map_err(fail)? {
                     if seen.insert(tag.clone()) {
                         tags.push(tag);
                     }
@@ -479,34 +502,127 @@ impl OciRegistry {
     }
 
     /// Runs `steps` (a pull's requests) with a client authorised to pull from `reference`'s
-    /// repository, on a runtime made for this call.
+    /// repository: on a runtime made for this call, or through the session kept for
+    /// `reference` (see [`OciRegistry::keeping_sessions`]).
     fn download<'a, T, F>(
         &'a self,
         reference: &'a OciReference,
-        steps: impl FnOnce(Download<'a>) -> F,
+        steps: impl Fn(Download<'a>) -> F,
     ) -> Result<T, DistributionError>
     where
         F: std::future::Future<Output = Result<T, DistributionError>>,
     {
-        let http = self.http(reference)?;
         let credentials = self.auth(reference);
-        let rt = runtime(reference)?;
-        rt.block_on(async {
-            let auth = http.authenticate(&credentials, "pull").await?;
+        let steps = |http: Http, auth: Auth| {
             steps(Download {
                 http,
                 auth,
                 reference,
             })
-            .await
+        };
+        if let Some(kept) = &self.kept {
+            // One call at a time uses the kept sessions; a poisoned lock held nothing that a
+            // later call could trust less than a fresh one, so the sessions are dropped.
+            let mut kept = kept.lock().unwrap_or_else(|poisoned| {
+                let mut k = poisoned.into_inner();
+                k.sessions.clear();
+                k
+            });
+            return kept.run(reference, || self.http(reference), &credentials, steps);
+        }
+        let http = self.http(reference)?;
+        let rt = runtime(reference)?;
+        rt.block_on(async {
+            let auth = http.authenticate(&credentials, "pull").await?;
+            steps(http, auth).await
         })
     }
+}
+
+/// How many references' sessions a registry that keeps them holds at most.
+const MAX_KEPT_SESSIONS: usize = 8;
+
+/// The pull sessions an adapter keeps between calls: one runtime, and per reference the client
+/// (with its connection pool) and the authorization found for it.
+#[derive(Default)]
+struct Kept {
+    runtime: Option<tokio::runtime::Runtime>,
+    /// `(reference, client, authorization)`, the most recently used last.
+    sessions: Vec<(String, Http, Auth)>,
+}
+
+impl std::fmt::Debug for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kept")
+            .field("sessions", &self.sessions.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Kept {
+    /// Runs `steps` for `reference` with its kept client and authorization, or with a client
+    /// from `make` authorised now. A kept authorization answered with 401 is replaced and the
+    /// steps run once more. The session is kept when the call succeeds, dropped when it fails.
+    fn run<T, F>(
+        &mut self,
+        reference: &OciReference,
+        make: impl FnOnce() -> Result<Http, DistributionError>,
+        credentials: &RegistryAuth,
+        steps: impl Fn(Http, Auth) -> F,
+    ) -> Result<T, DistributionError>
+    where
+        F: std::future::Future<Output = Result<T, DistributionError>>,
+    {
+        if self.runtime.is_none() {
+            self.runtime = Some(runtime(reference)?);
+        }
+        let key = reference.to_string();
+        let held = self
+            .sessions
+            .iter()
+            .position(|(k, ..)| *k == key)
+            .map(|i| self.sessions.remove(i));
+        let (http, held_auth) = match held {
+            Some((_, http, auth)) => (http, Some(auth)),
+            None => (make()?, None),
+        };
+        let Some(rt) = self.runtime.as_ref() else {
+            unreachable!("the runtime was made above");
+        };
+        let answer = rt.block_on(async {
+            let fresh = held_auth.is_none();
+            let auth = match held_auth {
+                Some(auth) => auth,
+                None => http.authenticate(credentials, "pull").await?,
+            };
+            match steps(http.clone(), auth.clone()).await {
+                Err(e) if !fresh && authorization_expired(&e) => {
+                    let auth = http.authenticate(credentials, "pull").await?;
+                    let t = steps(http.clone(), auth.clone()).await?;
+                    Ok((t, auth))
+                }
+                answer => answer.map(|t| (t, auth)),
+            }
+        });
+        let (t, auth) = answer?;
+        if self.sessions.len() >= MAX_KEPT_SESSIONS {
+            self.sessions.remove(0);
+        }
+        self.sessions.push((key, http, auth));
+        Ok(t)
+    }
+}
+
+/// Whether `e` is the registry refusing an authorization it took before: a 401, which a token
+/// past its lifetime gets.
+fn authorization_expired(e: &DistributionError) -> bool {
+    matches!(e.kind, Kind::Unauthorized { status: 401, .. })
 }
 
 /// A pull's requests through the adapter's own bounded HTTP, one method a step: the manifest,
 /// the config, the layer. Nothing is fetched that the manifest has not been checked to allow.
 struct Download<'a> {
-    http: Http<'a>,
+    http: Http,
     auth: Auth,
     reference: &'a OciReference,
 }
@@ -788,7 +904,7 @@ fn manifest_json(
 /// A push's requests, one method a step: the config, the layer, the manifest. A blob the
 /// registry has already is not sent again.
 struct Upload<'a> {
-    http: Http<'a>,
+    http: Http,
     auth: Auth,
     reference: &'a OciReference,
 }
@@ -1085,7 +1201,7 @@ fn layer_descriptor(value: &Value, limits: &Limits) -> Result<Descriptor, Kind> 
 /// Streams one blob into `out`, never accepting more bytes than the descriptor names, within
 /// the download's deadline and stall rule, and checks its size and digest. Returns the digest.
 async fn fetch_blob(
-    http: &Http<'_>,
+    http: &Http,
     auth: &Auth,
     desc: &Descriptor,
     part: Part,
@@ -1155,7 +1271,7 @@ impl BlobCheck<'_> {
     /// and shown on the progress bar. Stops at the first failure.
     async fn stream(
         &mut self,
-        http: &Http<'_>,
+        http: &Http,
         response: &mut reqwest::Response,
         watch: &mut transport::Watch,
         out: &mut dyn Write,

@@ -203,31 +203,33 @@ pub enum Payload {
     Stream(Option<reqwest::Body>),
 }
 
-/// The HTTP client for one reference's registry.
-pub struct Http<'a> {
+/// The HTTP client for one reference's registry. Cloning it is cheap and shares its connection
+/// pool.
+#[derive(Clone)]
+pub struct Http {
     client: reqwest::Client,
     /// The client of streamed uploads: without the per-read timeout, which reqwest counts from
     /// the start of the request to its answer's head, so that it would end an upload that
     /// takes longer however steadily it goes. The watch's stall rule and deadline, which count
     /// the bytes sent, bound it instead.
     upload_client: reqwest::Client,
-    settings: &'a OciSettings,
-    reference: &'a OciReference,
+    settings: Arc<OciSettings>,
+    reference: OciReference,
     /// `SCHEME://HOST[:PORT]/` of the registry.
     base: Url,
     repository: String,
 }
 
-impl<'a> Http<'a> {
+impl Http {
     /// A client for `reference`'s registry, reached at `base` (the scheme already chosen),
     /// for `repository` (as the distribution client spells it).
     pub fn new(
-        settings: &'a OciSettings,
-        reference: &'a OciReference,
+        settings: &OciSettings,
+        reference: &OciReference,
         base: Url,
         repository: String,
         certificates: Vec<reqwest::Certificate>,
-    ) -> Result<Http<'a>, DistributionError> {
+    ) -> Result<Http, DistributionError> {
         let build = |read_timeout: Option<Duration>| {
             let mut builder = reqwest::Client::builder()
                 // Redirects are followed here, each target checked.
@@ -253,15 +255,15 @@ impl<'a> Http<'a> {
         Ok(Http {
             client,
             upload_client,
-            settings,
-            reference,
+            settings: Arc::new(settings.clone()),
+            reference: reference.clone(),
             base,
             repository,
         })
     }
 
     fn fail(&self, kind: Kind) -> DistributionError {
-        DistributionError::new(kind, self.reference)
+        DistributionError::new(kind, &self.reference)
     }
 
     fn limits(&self) -> &Limits {

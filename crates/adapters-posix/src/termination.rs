@@ -14,14 +14,20 @@
 //! (the default action, so its exit status is unchanged); a runner with handlers of its own
 //! calls [`note_termination`] from them instead, before it exits.
 //!
+//! A process that ends its work cleanly on SIGTERM and SIGINT instead (a follower between two
+//! polls) takes them as a request to stop through [`stop_requests`]: the signal is recorded and
+//! wakes the waiting thread through a pipe; a second one ends the process at once.
+//!
 //! What cannot be caught (SIGKILL, a crash) leaves the record without the line: a crash, as
 //! before. At most [`MAX_WATCHED`] records are watched at once; a load beyond that is not, and
 //! a signal during it is taken for a crash (safe: a build is refused, never run by mistake).
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd as _;
+use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 /// How many load records can be watched at once.
 pub const MAX_WATCHED: usize = 64;
@@ -150,28 +156,165 @@ extern "C" fn on_termination(signal: libc::c_int) {
 /// instead.
 pub fn install_termination_handlers() -> io::Result<()> {
     for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
-        // SAFETY: sigaction with a NULL new action only reads the current one into `current`,
-        // a zeroed (valid) struct.
-        let ignored = unsafe {
-            let mut current: libc::sigaction = std::mem::zeroed();
-            libc::sigaction(signal, std::ptr::null(), &mut current) == 0
-                && current.sa_sigaction == libc::SIG_IGN
-        };
-        if ignored {
-            continue;
+        install_handler(signal, on_termination)?;
+    }
+    Ok(())
+}
+
+/// The signal that asked the process to stop (0 while none has), once [`stop_requests`]
+/// installed its handlers.
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+/// The write end of the pipe through which the stop handler wakes [`StopRequests::wait`]
+/// (-1 until it exists). It is never closed, so the handler never writes to a reused number.
+static STOP_PIPE: AtomicI32 = AtomicI32::new(-1);
+/// The one [`StopRequests`] of the process.
+static STOP_REQUESTS: OnceLock<StopRequests> = OnceLock::new();
+/// Held while [`stop_requests`] installs.
+static INSTALLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// SIGTERM and SIGINT taken as a request to stop, for a process that ends its work cleanly
+/// instead of being ended by them (`guild fleet sync --follow`): the first one is recorded and
+/// wakes whoever [`waits`](StopRequests::wait); a second one ends the process by that signal at
+/// once, as the default action would (noting it in the load records in flight, like
+/// [`install_termination_handlers`]). Made by [`stop_requests`].
+#[derive(Debug)]
+pub struct StopRequests {
+    /// The read end of the pipe the handler writes one byte to.
+    read: OwnedFd,
+}
+
+impl StopRequests {
+    /// The signal that asked the process to stop, if one has.
+    pub fn signal(&self) -> Option<i32> {
+        match STOP_SIGNAL.load(Ordering::SeqCst) {
+            0 => None,
+            s => Some(s),
         }
-        // SAFETY: a zeroed sigaction is a valid starting point; the handler only calls
-        // async-signal-safe functions; SA_RESTART keeps interrupted system calls going.
-        let installed = unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_termination as extern "C" fn(libc::c_int) as usize;
-            action.sa_flags = libc::SA_RESTART;
-            libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(signal, &action, std::ptr::null_mut())
-        };
-        if installed != 0 {
-            return Err(io::Error::last_os_error());
+    }
+
+    /// Waits at most `timeout` for a request to stop; answers its signal as soon as one has
+    /// come (at once if one came before), `None` when the time passed without one.
+    pub fn wait(&self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(signal) = self.signal() {
+                return Some(signal);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            // Rounded up, so that a wait never ends a little early and spins.
+            let ms = i32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
+            let mut ready = libc::pollfd {
+                fd: self.read.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: `ready` is one valid pollfd for the pipe's open read end, which lives as
+            // long as `self`; poll only writes its `revents`. Whatever it answers (readiness, a
+            // timeout, EINTR), the loop checks the recorded signal and the clock again.
+            let _ = unsafe { libc::poll(&mut ready, 1, ms) };
         }
+    }
+}
+
+/// Installs (once per process) handlers that take SIGTERM and SIGINT as a request to stop, and
+/// answers the [`StopRequests`] that tells of them. A signal the process was started with
+/// ignored (`nohup`, a shell's background job) stays ignored.
+pub fn stop_requests() -> io::Result<&'static StopRequests> {
+    // One installation at a time: two would each make a pipe, and the handler would write to
+    // one while the waiter polls the other.
+    let _one = INSTALLING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(made) = STOP_REQUESTS.get() {
+        return Ok(made);
+    }
+    let mut fds = [-1i32; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes on success.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 succeeded, so fds[0] is an open descriptor that nothing else owns. The
+    // write end, fds[1], is kept open for the life of the process (see `STOP_PIPE`).
+    let read = unsafe { OwnedFd::from_raw_fd(fds[0]) };
+    STOP_PIPE.store(fds[1], Ordering::SeqCst);
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        install_handler(signal, on_stop)?;
+    }
+    Ok(STOP_REQUESTS.get_or_init(|| StopRequests { read }))
+}
+
+/// The handler [`stop_requests`] installs: records the first signal and wakes the waiter;
+/// a second signal ends the process as [`on_termination`] does.
+extern "C" fn on_stop(signal: libc::c_int) {
+    if STOP_SIGNAL
+        .compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst)
+        .is_err()
+    {
+        on_termination(signal);
+        return;
+    }
+    let fd = STOP_PIPE.load(Ordering::SeqCst);
+    if fd >= 0 {
+        let byte = 1u8;
+        let saved = errno::get();
+        // SAFETY: write() is async-signal-safe; `fd` is the pipe's write end, never closed;
+        // `byte` is one live byte. The pipe is non-blocking, so a full pipe (a waiter already
+        // woken) costs nothing. errno is put back for the code the signal interrupted.
+        let _ = unsafe { libc::write(fd, std::ptr::addr_of!(byte).cast(), 1) };
+        errno::set(saved);
+    }
+}
+
+/// errno, read and put back by a signal handler that calls something which may set it.
+mod errno {
+    #[cfg(target_os = "linux")]
+    pub fn get() -> i32 {
+        // SAFETY: __errno_location returns the calling thread's errno, always valid to read.
+        unsafe { *libc::__errno_location() }
+    }
+
+    #[cfg(target_os = "linux")]
+    pub fn set(value: i32) {
+        // SAFETY: as in `get`; the thread's own errno is valid to write.
+        unsafe { *libc::__errno_location() = value }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub fn get() -> i32 {
+        0
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub fn set(_: i32) {}
+}
+
+/// Installs `handler` for `signal` (with SA_RESTART, so that interrupted system calls go on),
+/// unless the process was started with the signal ignored.
+fn install_handler(signal: libc::c_int, handler: extern "C" fn(libc::c_int)) -> io::Result<()> {
+    // SAFETY: sigaction with a NULL new action only reads the current one into `current`,
+    // a zeroed (valid) struct.
+    let ignored = unsafe {
+        let mut current: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signal, std::ptr::null(), &mut current) == 0
+            && current.sa_sigaction == libc::SIG_IGN
+    };
+    if ignored {
+        return Ok(());
+    }
+    // SAFETY: a zeroed sigaction is a valid starting point; every handler given here only
+    // calls async-signal-safe functions; SA_RESTART keeps interrupted system calls going.
+    let installed = unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = handler as usize;
+        action.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(signal, &action, std::ptr::null_mut())
+    };
+    if installed != 0 {
+        return Err(io::Error::last_os_error());
     }
     Ok(())
 }
@@ -216,5 +359,26 @@ mod tests {
         assert_eq!(text, "{\"record\":1}\nended by signal 15\n");
         drop(file);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_stop_request_wakes_the_waiter_and_is_kept() {
+        let stop = stop_requests().unwrap();
+        assert!(
+            std::ptr::eq(stop, stop_requests().unwrap()),
+            "installed once"
+        );
+        assert_eq!(stop.signal(), None);
+        assert_eq!(stop.wait(Duration::from_millis(20)), None);
+        // The signal arrives while the waiter waits an hour.
+        let raiser = std::thread::spawn(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            // SAFETY: raise() only sends the signal, to this process, whose handler records it.
+            unsafe { libc::raise(libc::SIGTERM) };
+        });
+        assert_eq!(stop.wait(Duration::from_secs(3600)), Some(libc::SIGTERM));
+        raiser.join().unwrap();
+        assert_eq!(stop.signal(), Some(libc::SIGTERM));
+        assert_eq!(stop.wait(Duration::from_secs(3600)), Some(libc::SIGTERM));
     }
 }

@@ -106,7 +106,9 @@ pub use guild_abi as abi;
 /// ledger's records of loads in flight), or call
 /// [`note_termination`](termination::note_termination) from handlers of your own.
 pub mod termination {
-    pub use guild_adapters_posix::termination::{install_termination_handlers, note_termination};
+    pub use guild_adapters_posix::termination::{
+        install_termination_handlers, note_termination, stop_requests, StopRequests,
+    };
 }
 /// Small files written atomically and durably (temporary, fsync, rename, directory fsync), for
 /// tools built on the host that write beside a store.

@@ -517,11 +517,11 @@ pub enum FleetCommand {
     /// Add one signature to a fleet root or policy, in place (atomically), and say how many
     /// valid signatures of which keys it now carries against the threshold.
     #[command(
-        after_help = "Each holder signs in turn, with their own key, so no machine ever         holds the threshold of keys. A root is counted against its own keys; a policy against         the root given with --root (without it, the signature is added and not counted).         Signing does not change the document's digest.
+        after_help = "Each holder signs in turn, with their own key, so no machine ever         holds the threshold of keys. A root is counted against its own keys; a policy against         the root given with --root (without it, the signature is added and not counted).         Signing does not change the document's digest. With --previous LAST.json a policy that         is not the same fleet's at a higher version, or that drops a revocation of LAST.json, is         refused (exit 4, naming each one dropped) and the file is left as it was.
 
 Examples:
           guild fleet sign root.json --key keys/alice.key
-          guild fleet sign policy.json --key keys/bob.key --root root.json"
+          guild fleet sign policy.json --key keys/bob.key --root root.json --previous policy-41.json"
     )]
     Sign {
         /// The root or policy file.
@@ -533,12 +533,16 @@ Examples:
         /// The root whose keys count a policy's signatures.
         #[arg(long, value_name = "ROOT")]
         root: Option<PathBuf>,
+        /// The last policy published: a policy is signed only if it is the same fleet's at a
+        /// higher version and keeps every revocation of this one.
+        #[arg(long, value_name = "LAST.json")]
+        previous: Option<PathBuf>,
     },
 
     /// Check that a fleet root (against its own keys) or policy (against --root, and for
     /// consistency) carries a threshold of valid signatures.
     #[command(
-        after_help = "Exit 0 when the threshold is met, 3 when it is not (the answer         names the keys whose signatures count and why the others do not). Expiry is reported,         not judged: a store judges it when it takes the document.
+        after_help = "Exit 0 when the threshold is met, 3 when it is not (the answer         names the keys whose signatures count and why the others do not). Expiry is reported,         not judged: a store judges it when it takes the document. With --previous LAST.json a         policy that is not the same fleet's at a higher version, or that drops a revocation of         LAST.json, is refused (exit 4, naming each one dropped).
 
 Examples:
           guild fleet verify root.json
@@ -551,6 +555,10 @@ Examples:
         /// The root a policy is verified under (which is first verified against its own keys).
         #[arg(long, value_name = "ROOT")]
         root: Option<PathBuf>,
+        /// The last policy published: a policy verifies only if it is the same fleet's at a
+        /// higher version and keeps every revocation of this one.
+        #[arg(long, value_name = "LAST.json")]
+        previous: Option<PathBuf>,
     },
 
     /// Push a fleet root or policy to an OCI registry as an artifact of its own media type.
@@ -604,7 +612,10 @@ Examples:
         than the one applied, another document under the same version, one signed by too few \
         root keys, an expired one, or a package that differs from its entry is refused and \
         changes nothing. With --follow it polls every --interval seconds (±20%), backing off to \
-        60 s while fetches fail, and prints each outcome.
+        60 s while fetches fail, and prints each outcome; a poll that finds the tag unchanged is \
+        one manifest request. SIGTERM or SIGINT stops it cleanly, after any sync under way: it \
+        says so and exits 0. A policy that leaves out a revocation the store holds gets a \
+        REVOCATION DROPPED warning; the store keeps the revocation.
 
 Examples:
   guild fleet sync --policy oci://registry.example.com/fleet/policy:prod

@@ -7,7 +7,7 @@
 //! move a document through a registry, an untrusted transport, checking only its size, digest
 //! and syntax.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,11 +17,11 @@ use anyhow::Context as _;
 
 use guild_domain::distribution::SyncStep;
 use guild_domain::fleet::{
-    is_expired, verify_policy, verify_root_self, verify_root_successor, AcceptError,
-    DesiredPackage, DocumentKind, ExpiryRule, ExpiryStatus, FleetDocument, FleetPolicy,
-    FleetPublisher, FleetRoot, PolicyError, RootError, Signed, SignedPolicy, SignedRoot,
-    ThresholdError, MAX_DOCUMENT_BYTES, POLICY_MARKER, POLICY_MEDIA_TYPE, ROOT_MARKER,
-    ROOT_MEDIA_TYPE,
+    check_succession, is_expired, verify_policy, verify_root_self, verify_root_successor,
+    AcceptError, DesiredPackage, DocumentKind, DroppedRevocations, ExpiryRule, ExpiryStatus,
+    FleetDocument, FleetPolicy, FleetPublisher, FleetRoot, PolicyError, RootError, Signed,
+    SignedPolicy, SignedRoot, SuccessionError, ThresholdError, MAX_DOCUMENT_BYTES, POLICY_MARKER,
+    POLICY_MEDIA_TYPE, ROOT_MARKER, ROOT_MEDIA_TYPE,
 };
 use guild_domain::ids::Sha256Digest;
 use guild_domain::trust::{SignatureCheck, TrustedKey};
@@ -47,8 +47,17 @@ pub fn run(command: &FleetCommand) -> anyhow::Result<Report> {
     match command {
         FleetCommand::Root(FleetRootCommand::New(new)) => root_new(new),
         FleetCommand::Policy(FleetPolicyCommand::New(new)) => policy_new(new),
-        FleetCommand::Sign { file, key, root } => sign(file, key, root.as_deref()),
-        FleetCommand::Verify { file, root } => verify(file, root.as_deref()),
+        FleetCommand::Sign {
+            file,
+            key,
+            root,
+            previous,
+        } => sign(file, key, root.as_deref(), previous.as_deref()),
+        FleetCommand::Verify {
+            file,
+            root,
+            previous,
+        } => verify(file, root.as_deref(), previous.as_deref()),
         FleetCommand::Push { file, reference } => push(file, reference),
         FleetCommand::Pull { reference, out } => pull(reference, out),
         FleetCommand::Join { .. } | FleetCommand::Sync { .. } => Err(CliError::new(
@@ -515,10 +524,69 @@ fn tally<T: FleetDocument>(report: &mut Report, doc: &Signed<T>, root: &FleetRoo
     met
 }
 
-/// `guild fleet sign FILE --key KEY [--root ROOT]`.
-fn sign(file: &Path, key: &Path, root: Option<&Path>) -> anyhow::Result<Report> {
+/// With `--previous LAST.json`: refuses the policy `doc` (read from `file`) unless it may
+/// follow the policy in LAST.json (the same fleet, a higher version, every revocation kept),
+/// naming each revocation it drops. Answers the previous policy's version.
+fn check_previous(
+    doc: &Document,
+    file: &Path,
+    previous: Option<&Path>,
+) -> anyhow::Result<Option<u64>> {
+    let Some(path) = previous else {
+        return Ok(None);
+    };
+    let Document::Policy(next) = doc else {
+        return Err(CliError::new(
+            Exit::Usage,
+            format!(
+                "{} is a fleet root: --previous compares a policy with the last one",
+                file.display()
+            ),
+        )
+        .into());
+    };
+    let before: SignedPolicy = parse_as(&read_file(path)?, &path.display().to_string())?;
+    check_succession(before.body(), next.body()).map_err(|e| {
+        let mut cli = CliError::new(
+            Exit::Refused,
+            format!(
+                "{}: {e} (the previous policy is {})",
+                file.display(),
+                path.display()
+            ),
+        );
+        if let SuccessionError::DropsRevocations { dropped, .. } = &e {
+            let keys = dropped
+                .keys
+                .iter()
+                .map(|(k, r)| (format!("revoked key {k}"), format!("dropped ({r})")));
+            let digests = dropped
+                .digests
+                .iter()
+                .map(|(d, r)| (format!("revoked payload {d}"), format!("dropped ({r})")));
+            cli = cli
+                .with_candidates(keys.chain(digests).collect())
+                .with_hint(
+                "a revocation never goes away: write the policy again with `guild fleet policy \
+                 new ... --previous LAST.json`, which carries every revocation forward",
+            );
+        }
+        anyhow::Error::from(cli)
+    })?;
+    Ok(Some(before.version()))
+}
+
+/// `guild fleet sign FILE --key KEY [--root ROOT] [--previous LAST.json]`.
+fn sign(
+    file: &Path,
+    key: &Path,
+    root: Option<&Path>,
+    previous: Option<&Path>,
+) -> anyhow::Result<Report> {
     let doc = read_document(file)?;
     let root = root.map(read_root).transpose()?;
+    // Before anything is signed or written: a refusal leaves the file as it was.
+    let previous_version = check_previous(&doc, file, previous)?;
     let key = files::read_private_key(key)?;
     let already = |e: guild_domain::fleet::AddSignatureError| {
         anyhow::Error::from(CliError::new(
@@ -551,7 +619,8 @@ fn sign(file: &Path, key: &Path, root: Option<&Path>) -> anyhow::Result<Report> 
     document_fields(&mut report, &doc);
     report
         .field("file", file.display().to_string())
-        .field("key_id", key.key_id().to_hex());
+        .field("key_id", key.key_id().to_hex())
+        .field("previous_version", previous_version);
     report.line(format!(
         "signed {} {} version {} with key {}",
         doc.kind(),
@@ -576,9 +645,10 @@ fn sign(file: &Path, key: &Path, root: Option<&Path>) -> anyhow::Result<Report> 
     Ok(report)
 }
 
-/// `guild fleet verify FILE [--root ROOT]`.
-fn verify(file: &Path, root: Option<&Path>) -> anyhow::Result<Report> {
+/// `guild fleet verify FILE [--root ROOT] [--previous LAST.json]`.
+fn verify(file: &Path, root: Option<&Path>, previous: Option<&Path>) -> anyhow::Result<Report> {
     let doc = read_document(file)?;
+    let previous_version = check_previous(&doc, file, previous)?;
     let check = check();
     let rejected = |source: &Path, e: &dyn std::fmt::Display, short_of: Option<&ThresholdError>| {
         let mut message = format!("{}: {e}", source.display());
@@ -604,7 +674,9 @@ fn verify(file: &Path, root: Option<&Path>) -> anyhow::Result<Report> {
     };
     let mut report = Report::new("fleet verify");
     document_fields(&mut report, &doc);
-    report.field("file", file.display().to_string());
+    report
+        .field("file", file.display().to_string())
+        .field("previous_version", previous_version);
     let expires = match &doc {
         Document::Root(d) => {
             let verified = match &trusted {
@@ -658,6 +730,12 @@ fn verify(file: &Path, root: Option<&Path>) -> anyhow::Result<Report> {
             Document::Policy(d) => d.digest().to_hex(),
         }
     ));
+    if let (Some(v), Some(path)) = (previous_version, previous) {
+        report.line(format!(
+            "it follows policy version {v} of {}, keeping every revocation",
+            path.display()
+        ));
+    }
     if is_expired(expires, now()) {
         report.warnings.push(format!(
             "{} expired at {expires} (UNIX seconds): a store refuses it unless told otherwise",
@@ -754,7 +832,7 @@ pub fn run_on_store(
             if *follow {
                 follow_policy(store, &sync, out, progress, *interval, *rounds)
             } else {
-                sync_policy(store, &sync, progress.as_ref(), &mut None)
+                sync_policy(store, &sync, progress.as_ref(), &mut Fetcher::once())
             }
         }
         _ => run(command),
@@ -807,83 +885,106 @@ impl std::fmt::Display for Ref {
     }
 }
 
-/// The document of `kind` at `reference`: a file, `NAME` in a mirror directory, or the
-/// artifact at an `oci://` reference (its media type must be `kind`'s).
-fn fetch_document<T: FleetDocument>(reference: &Ref, name: &str) -> anyhow::Result<Signed<T>> {
-    match reference {
-        Ref::File(path) => parse_as(&read_file(path)?, &path.display().to_string()),
-        Ref::Mirror(dir) => {
-            let path = dir.join(name);
-            parse_as(&read_file(&path)?, &path.display().to_string())
-        }
-        Ref::Oci(r) => {
-            let pulled = OciRegistry::from_environment()
-                .pull_document(r, &[T::KIND.media_type()])
-                .map_err(registry_failure)
-                .with_context(|| {
-                    format!(
-                        "cannot fetch the {} from {r}; the store keeps its last state",
-                        T::KIND
-                    )
-                })?;
-            parse_as(&pulled.bytes, &r.to_string())
-        }
-    }
+/// Where a sync's documents come from: the registry adapter, and the documents last pulled
+/// from a registry by reference. Under `--follow` the adapter keeps its session (client,
+/// connections, authorization) between polls, and a document is pulled again only when its
+/// tag names another manifest: a poll that finds the policy unchanged costs one manifest
+/// request per reference.
+struct Fetcher {
+    registry: OciRegistry,
+    pulled: HashMap<String, Pulled>,
 }
 
-/// The policy document a `--follow` poll last pulled from a registry, by the digest of the
-/// manifest it came under: while the tag still resolves to that manifest, a poll costs one
-/// manifest request and reads the document from here.
+/// A document last pulled from a registry, by the digest of the manifest it came under.
 struct Pulled {
     manifest: Sha256Digest,
     bytes: Vec<u8>,
 }
 
-/// The policy at `reference`; for a registry, through `cache` (see [`Pulled`]).
-fn fetch_policy(reference: &Ref, cache: &mut Option<Pulled>) -> anyhow::Result<SignedPolicy> {
-    let Ref::Oci(r) = reference else {
-        return fetch_document(reference, "policy.json");
-    };
-    let accepted = [POLICY_MEDIA_TYPE];
-    let failed = |e| {
-        registry_failure(e).context(format!(
-            "cannot fetch the fleet policy from {r}; the store keeps its last state"
-        ))
-    };
-    let registry = OciRegistry::from_environment();
-    if let Some(c) = cache.as_ref() {
-        if registry.resolve_document(r, &accepted).map_err(failed)? == c.manifest {
-            return parse_as(&c.bytes, &r.to_string());
+impl Fetcher {
+    /// For one sync (or join): every registry call authenticates afresh.
+    fn once() -> Fetcher {
+        Fetcher {
+            registry: OciRegistry::from_environment(),
+            pulled: HashMap::new(),
         }
     }
-    let pulled = registry.pull_document(r, &accepted).map_err(failed)?;
-    let policy = parse_as(&pulled.bytes, &r.to_string())?;
-    *cache = Some(Pulled {
-        manifest: pulled.manifest_digest,
-        bytes: pulled.bytes,
-    });
-    Ok(policy)
-}
 
-/// Every root `reference` gives: one for a file or a reference, each `root*.json` of a mirror.
-fn fetch_roots(reference: &Ref) -> anyhow::Result<Vec<SignedRoot>> {
-    let Ref::Mirror(dir) = reference else {
-        return Ok(vec![fetch_document(reference, "root.json")?]);
-    };
-    let entries = std::fs::read_dir(dir)
-        .with_context(|| format!("cannot read the mirror directory {}", dir.display()))?;
-    let mut names = Vec::new();
-    for entry in entries {
-        let name = entry
-            .with_context(|| format!("cannot read the mirror directory {}", dir.display()))?
-            .file_name();
-        let Some(name) = name.to_str() else { continue };
-        if name.starts_with("root") && name.ends_with(".json") {
-            names.push(name.to_owned());
+    /// For `--follow`: sessions kept between polls.
+    fn following() -> Fetcher {
+        Fetcher {
+            registry: OciRegistry::from_environment().keeping_sessions(),
+            pulled: HashMap::new(),
         }
     }
-    names.sort();
-    names.iter().map(|n| fetch_document(reference, n)).collect()
+
+    /// The document of `T`'s kind at `reference`: a file, `name` in a mirror directory, or the
+    /// artifact at an `oci://` reference (its media type must be the kind's). A reference
+    /// pulled before is resolved first, and its document read from here while the tag still
+    /// names the same manifest.
+    fn document<T: FleetDocument>(
+        &mut self,
+        reference: &Ref,
+        name: &str,
+    ) -> anyhow::Result<Signed<T>> {
+        let r = match reference {
+            Ref::File(path) => return parse_as(&read_file(path)?, &path.display().to_string()),
+            Ref::Mirror(dir) => {
+                let path = dir.join(name);
+                return parse_as(&read_file(&path)?, &path.display().to_string());
+            }
+            Ref::Oci(r) => r,
+        };
+        let accepted = [T::KIND.media_type()];
+        let failed = |e| {
+            registry_failure(e).context(format!(
+                "cannot fetch the {} from {r}; the store keeps its last state",
+                T::KIND
+            ))
+        };
+        let key = r.to_string();
+        if let Some(held) = self.pulled.get(&key) {
+            let manifest = self
+                .registry
+                .resolve_document(r, &accepted)
+                .map_err(failed)?;
+            if manifest == held.manifest {
+                return parse_as(&held.bytes, &key);
+            }
+        }
+        let pulled = self.registry.pull_document(r, &accepted).map_err(failed)?;
+        let document = parse_as(&pulled.bytes, &key)?;
+        self.pulled.insert(
+            key,
+            Pulled {
+                manifest: pulled.manifest_digest,
+                bytes: pulled.bytes,
+            },
+        );
+        Ok(document)
+    }
+
+    /// Every root `reference` gives: one for a file or a reference, each `root*.json` of a
+    /// mirror.
+    fn roots(&mut self, reference: &Ref) -> anyhow::Result<Vec<SignedRoot>> {
+        let Ref::Mirror(dir) = reference else {
+            return Ok(vec![self.document(reference, "root.json")?]);
+        };
+        let entries = std::fs::read_dir(dir)
+            .with_context(|| format!("cannot read the mirror directory {}", dir.display()))?;
+        let mut names = Vec::new();
+        for entry in entries {
+            let name = entry
+                .with_context(|| format!("cannot read the mirror directory {}", dir.display()))?
+                .file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.starts_with("root") && name.ends_with(".json") {
+                names.push(name.to_owned());
+            }
+        }
+        names.sort();
+        names.iter().map(|n| self.document(reference, n)).collect()
+    }
 }
 
 /// The failure of a fleet step as the command line reports it.
@@ -932,7 +1033,7 @@ fn join(
     rule: ExpiryRule,
 ) -> anyhow::Result<Report> {
     let reference = Ref::of(root)?;
-    let root: SignedRoot = fetch_document(&reference, "root.json")?;
+    let root: SignedRoot = Fetcher::once().document(&reference, "root.json")?;
     let (pm, mut report) = store::open(store_dir, "fleet join")?;
     let joined = guild_host::fleet::join(&pm, &root, digest, now(), rule).map_err(fleet_failure)?;
     let r = joined.root.root();
@@ -988,33 +1089,36 @@ fn sync_policy(
     store_dir: &Path,
     args: &SyncArgs,
     progress: Option<&Arc<dyn Progress>>,
-    cache: &mut Option<Pulled>,
+    fetcher: &mut Fetcher,
 ) -> anyhow::Result<Report> {
-    let policy = fetch_policy(&args.policy, cache)?;
+    let policy: SignedPolicy = fetcher.document(&args.policy, "policy.json")?;
     let mut roots = Vec::new();
     for r in &args.roots {
-        roots.extend(fetch_roots(r)?);
+        roots.extend(fetcher.roots(r)?);
     }
     if args.roots.is_empty() && args.policy.mirror().is_some() {
         // A mirror carries the roots a policy was signed under, beside it.
-        roots.extend(fetch_roots(&args.policy)?);
+        roots.extend(fetcher.roots(&args.policy)?);
     }
     let timeout = store::check_timeout()?;
     let now = now();
     let staging = SyncStaging::create(store_dir).map_err(sync_failure)?;
-    let (judged, staged) = {
+    let (judged, staged, dropped) = {
         // The committed state, read without the store's lock.
         let (reader, _) = store::open_committed(store_dir, "fleet sync")?;
         reader.set_progress(progress.cloned());
         let judged = guild_host::fleet::judge(&reader, &roots, &policy, now, args.rule)
             .map_err(fleet_failure)?;
         let steps = guild_host::fleet::plan(&reader, &judged).map_err(fleet_failure)?;
+        let dropped =
+            guild_host::fleet::dropped_revocations(&reader, &judged).map_err(fleet_failure)?;
         let in_step = judged.record_unchanged()
             && steps.is_empty()
             && guild_host::fleet::trust_follows(&reader, &judged).map_err(fleet_failure)?;
         if in_step {
             let mut report = Report::new("fleet sync");
             sync_fields(&mut report, &judged, "unchanged", &[]);
+            dropped_fields(&mut report, &judged, &dropped);
             report.line(format!(
                 "unchanged: the store follows fleet policy version {} ({})",
                 judged.policy().policy().version,
@@ -1037,7 +1141,7 @@ fn sync_policy(
                 guild_host::fleet::stage(&reader, &judged, locked, file).map_err(fleet_failure)?,
             );
         }
-        (judged, staged)
+        (judged, staged, dropped)
     };
     let (pm, mut report) = store::open(store_dir, "fleet sync")?;
     let trust = judged.policy().trust_store().to_json().into_bytes();
@@ -1057,6 +1161,7 @@ fn sync_policy(
         })
         .collect();
     sync_fields(&mut report, &judged, "applied", &done);
+    dropped_fields(&mut report, &judged, &dropped);
     let p = judged.policy().policy();
     if judged.root_rotated() {
         report.line(format!(
@@ -1119,6 +1224,32 @@ fn sync_fields(
         );
 }
 
+/// The `dropped_revocations` field of a sync's report, and a loud warning when the policy
+/// leaves out revocations the store holds (which the store keeps).
+fn dropped_fields(report: &mut Report, judged: &Judged, dropped: &DroppedRevocations) {
+    report.field(
+        "dropped_revocations",
+        serde_json::json!({
+            "keys": dropped.keys.iter()
+                .map(|(k, r)| serde_json::json!({"key_id": k.to_hex(), "reason": r}))
+                .collect::<Vec<_>>(),
+            "packages": dropped.digests.iter()
+                .map(|(d, r)| serde_json::json!({"sha256": d.to_hex(), "reason": r}))
+                .collect::<Vec<_>>(),
+        }),
+    );
+    if !dropped.is_empty() {
+        report.warnings.push(format!(
+            "REVOCATION DROPPED: fleet policy version {} does not list {}, which this store \
+             revoked; the store keeps every revocation it holds, so these stay revoked, but the \
+             policy's signers must publish one that carries them (`guild fleet policy new \
+             --previous`, checked by `guild fleet sign --previous`)",
+            judged.policy().policy().version,
+            dropped
+        ));
+    }
+}
+
 /// The longest wait between polls while fetches fail.
 const MAX_BACKOFF_SECS: u64 = 60;
 
@@ -1137,8 +1268,10 @@ fn jitter(round: u64) -> f64 {
 /// `guild fleet sync --follow`: one sync per poll, each outcome printed as it happens; a
 /// failure to fetch backs off exponentially (1 s doubling, at most 60 s) until one succeeds.
 /// A refusal (an expired or older policy) is an answer, not an outage: the next poll comes at
-/// the interval. SIGTERM and SIGINT end the process between or during rounds; either way the
-/// store is wholly before or after a sync.
+/// the interval. SIGTERM or SIGINT asks it to stop: a sync under way finishes, none starts
+/// after it, the wait between polls ends at once, and it answers with the signal (exit 0);
+/// the store's lock is held only during a sync's commit, so nothing is left locked. A second
+/// signal ends the process at once; the store is still wholly before or after a sync.
 fn follow_policy(
     store_dir: &Path,
     args: &SyncArgs,
@@ -1147,11 +1280,20 @@ fn follow_policy(
     interval: u64,
     rounds: Option<u64>,
 ) -> anyhow::Result<Report> {
+    let stop = guild_host::termination::stop_requests().map_err(|e| {
+        CliError::new(
+            Exit::Failure,
+            format!("cannot install the handlers that stop --follow on SIGTERM and SIGINT: {e}"),
+        )
+    })?;
     let mut failing = 0u32;
     let mut round = 0u64;
-    let mut cache = None;
+    let mut fetcher = Fetcher::following();
     loop {
-        let outcome = sync_policy(store_dir, args, progress.as_ref(), &mut cache);
+        if let Some(signal) = stop.signal() {
+            return Ok(stopped(signal, round));
+        }
+        let outcome = sync_policy(store_dir, args, progress.as_ref(), &mut fetcher);
         round += 1;
         let wait = match outcome {
             Ok(report) => {
@@ -1175,6 +1317,27 @@ fn follow_policy(
             return Ok(Report::new("fleet sync").silent());
         }
         let secs = wait as f64 * jitter(round);
-        std::thread::sleep(Duration::from_secs_f64(secs));
+        if let Some(signal) = stop.wait(Duration::from_secs_f64(secs)) {
+            return Ok(stopped(signal, round));
+        }
     }
+}
+
+/// The answer of a follower stopped by `signal` after `rounds` polls.
+fn stopped(signal: i32, rounds: u64) -> Report {
+    let name = match signal {
+        15 => "SIGTERM".to_owned(),
+        2 => "SIGINT".to_owned(),
+        n => format!("signal {n}"),
+    };
+    let mut report = Report::new("fleet sync");
+    report
+        .field("outcome", "stopped")
+        .field("signal", name.as_str())
+        .field("polls", rounds);
+    report.line(format!(
+        "stopped on {name} after {rounds} poll(s); no sync was under way, and the store is \
+         wholly at the last policy it applied"
+    ));
+    report
 }

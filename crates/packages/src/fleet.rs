@@ -25,8 +25,9 @@ use std::path::PathBuf;
 use guild_domain::distribution::{LockFile, LockedPackage, SyncStep};
 use guild_domain::fleet::{
     accept_policy, authenticate_desired, verify_policy, verify_root_chain, verify_root_pinned,
-    verify_root_self, AcceptError, Acceptance, ExpiryRule, ExpiryStatus, FleetMembership,
-    PolicyChange, PolicyError, RootError, SignedPolicy, SignedRoot, VerifiedPolicy, VerifiedRoot,
+    verify_root_self, AcceptError, Acceptance, DroppedRevocations, ExpiryRule, ExpiryStatus,
+    FleetMembership, PolicyChange, PolicyError, RootError, SignedPolicy, SignedRoot,
+    VerifiedPolicy, VerifiedRoot,
 };
 use guild_domain::ids::{FleetId, PublisherId, Sha256Digest};
 use guild_domain::trust::TrustStore;
@@ -305,6 +306,22 @@ pub fn trust_follows(pm: &PackageManager, judged: &Judged) -> Result<bool, Fleet
         && policy
             .revoked_digests()
             .all(|(d, _)| trust.is_digest_revoked(d)))
+}
+
+/// The revocations the trust of the store of `pm` holds that the judged policy does not list.
+/// The store keeps them whatever the policy says ([`apply`] commits the policy's trust with
+/// the store's revocations added); a policy that drops one is the signers' mistake, or an
+/// attempt to trust a leaked key again, and the caller says so loudly.
+pub fn dropped_revocations(
+    pm: &PackageManager,
+    judged: &Judged,
+) -> Result<DroppedRevocations, FleetError> {
+    let trust = pm.trust().map_err(store_error)?;
+    Ok(DroppedRevocations::of(
+        trust.revoked_keys(),
+        trust.revoked_digests(),
+        judged.policy.policy(),
+    ))
 }
 
 /// The steps that make the store of `pm` follow the judged policy's desired set. A desired

@@ -237,3 +237,163 @@ fn a_document_over_the_limit_is_not_pushed() {
     );
     assert!(server.requests().is_empty());
 }
+
+/// A registry whose tokens expire: `/v2/` asks for a Bearer token from its own `/token`, which
+/// issues `t1`, `t2`, … and makes the newest the only valid one; the document's manifest and
+/// layer answer 401 to anything else. Storing 0 in the answered `AtomicU64` expires every
+/// token issued so far; storing `u64::MAX` refuses every token until 0 is stored again.
+fn registry_with_expiring_tokens() -> (Server, Arc<std::sync::atomic::AtomicU64>) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let valid = Arc::new(AtomicU64::new(0));
+    let issued = Arc::new(AtomicU64::new(0));
+    let manifest = document_manifest(
+        POLICY_MEDIA_TYPE,
+        POLICY_MEDIA_TYPE,
+        DOCUMENT,
+        DOCUMENT.len() as u64,
+    );
+    let challenge = "Bearer realm=\"http://127.0.0.1:{PORT}/token\",service=\"reg\"";
+    let state = Arc::clone(&valid);
+    let server = serve_by(move |_, target, authorization| {
+        let path = target.split('?').next().unwrap_or("");
+        if path == "/token" {
+            let n = issued.fetch_add(1, Ordering::SeqCst) + 1;
+            // u64::MAX: the registry refuses every token, the new ones too.
+            if state.load(Ordering::SeqCst) != u64::MAX {
+                state.store(n, Ordering::SeqCst);
+            }
+            return Some(ok(
+                "application/json",
+                format!("{{\"token\": \"t{n}\"}}").into_bytes(),
+            ));
+        }
+        let current = state.load(Ordering::SeqCst);
+        let authorised =
+            current > 0 && authorization == Some(format!("Bearer t{current}").as_str());
+        if path == "/v2/" || !authorised {
+            return Some(status(401, &[("WWW-Authenticate", challenge)]));
+        }
+        if path == "/v2/fleet/manifests/prod" {
+            return Some(ok(OCI_MANIFEST_MEDIA_TYPE, manifest.clone()));
+        }
+        (path == format!("/v2/fleet/blobs/{}", digest(DOCUMENT)))
+            .then(|| ok("application/octet-stream", DOCUMENT.to_vec()))
+    });
+    (server, valid)
+}
+
+/// The requests `server` saw after the first `from`, without their queries.
+fn requests_after(server: &Server, from: usize) -> Vec<String> {
+    server.requests()[from..]
+        .iter()
+        .map(|r| r.split('?').next().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// An adapter that keeps its sessions pays the registry's API check and the token exchange
+/// once: a poll of an unchanged tag is then its manifest request alone. When the registry
+/// answers the kept token with 401 (it expired), the adapter authenticates again and asks once
+/// more. Without kept sessions every call authenticates.
+#[test]
+fn a_kept_session_polls_with_one_request_and_authenticates_again_when_its_token_expires() {
+    let (server, valid) = registry_with_expiring_tokens();
+    let policy = reference(server.port, ":prod");
+    let registry = OciRegistry::default().keeping_sessions();
+    let pulled = registry
+        .pull_document(&policy, &[POLICY_MEDIA_TYPE])
+        .expect("the first pull failed");
+    assert_eq!(pulled.bytes, DOCUMENT);
+    let manifest = "GET /v2/fleet/manifests/prod".to_owned();
+    let blob = format!("GET /v2/fleet/blobs/{}", digest(DOCUMENT));
+    let authenticate = ["GET /v2/".to_owned(), "GET /token".to_owned()];
+    let first: Vec<String> = authenticate
+        .iter()
+        .cloned()
+        .chain([manifest.clone(), blob])
+        .collect();
+    assert_eq!(requests_after(&server, 0), first);
+
+    for _ in 0..3 {
+        let seen = server.requests().len();
+        let resolved = registry
+            .resolve_document(&policy, &[POLICY_MEDIA_TYPE])
+            .expect("an unchanged poll failed");
+        assert_eq!(resolved, pulled.manifest_digest);
+        assert_eq!(
+            requests_after(&server, seen),
+            std::slice::from_ref(&manifest)
+        );
+    }
+
+    // The token expires: one 401, the exchange again, the manifest again; then one request.
+    valid.store(0, std::sync::atomic::Ordering::SeqCst);
+    let seen = server.requests().len();
+    registry
+        .resolve_document(&policy, &[POLICY_MEDIA_TYPE])
+        .expect("the poll after the token expired failed");
+    let again: Vec<String> = std::iter::once(manifest.clone())
+        .chain(authenticate.iter().cloned())
+        .chain([manifest.clone()])
+        .collect();
+    assert_eq!(requests_after(&server, seen), again);
+    let seen = server.requests().len();
+    registry
+        .resolve_document(&policy, &[POLICY_MEDIA_TYPE])
+        .unwrap();
+    assert_eq!(
+        requests_after(&server, seen),
+        std::slice::from_ref(&manifest)
+    );
+
+    // An adapter that keeps nothing authenticates at every call.
+    let seen = server.requests().len();
+    OciRegistry::default()
+        .resolve_document(&policy, &[POLICY_MEDIA_TYPE])
+        .unwrap();
+    let fresh: Vec<String> = authenticate.iter().cloned().chain([manifest]).collect();
+    assert_eq!(requests_after(&server, seen), fresh);
+}
+
+/// A kept session whose token the registry refuses even after a new exchange gives up after
+/// that one retry, with the registry's refusal, and the next call starts afresh.
+#[test]
+fn a_kept_session_retries_a_refused_token_once() {
+    let (server, valid) = registry_with_expiring_tokens();
+    let policy = reference(server.port, ":prod");
+    let registry = OciRegistry::default().keeping_sessions();
+    registry
+        .resolve_document(&policy, &[POLICY_MEDIA_TYPE])
+        .unwrap();
+    // From now on no token is valid: the newest is u64::MAX, which is never issued.
+    valid.store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
+    let seen = server.requests().len();
+    let kind = registry
+        .resolve_document(&policy, &[POLICY_MEDIA_TYPE])
+        .map(|_| ())
+        .unwrap_err()
+        .kind;
+    assert!(
+        matches!(kind, Kind::Unauthorized { status: 401, .. }),
+        "{kind:?}"
+    );
+    let manifest = "GET /v2/fleet/manifests/prod".to_owned();
+    assert_eq!(
+        requests_after(&server, seen),
+        [
+            manifest.clone(),
+            "GET /v2/".to_owned(),
+            "GET /token".to_owned(),
+            manifest.clone()
+        ]
+    );
+    // The failed session was dropped: the next call authenticates first.
+    valid.store(0, std::sync::atomic::Ordering::SeqCst);
+    let seen = server.requests().len();
+    registry
+        .resolve_document(&policy, &[POLICY_MEDIA_TYPE])
+        .unwrap();
+    assert_eq!(
+        requests_after(&server, seen),
+        ["GET /v2/".to_owned(), "GET /token".to_owned(), manifest]
+    );
+}

@@ -131,9 +131,26 @@ fn serve(answers: HashMap<String, Answer>) -> u16 {
 /// recording what it saw. A request's body (by its Content-Length, or chunked) is read and
 /// dropped before the answer.
 fn serve_seen(answers: HashMap<String, Answer>) -> Server {
+    serve_by(move |method, target, _| {
+        // The whole target (its query kept) first: one page of a list each.
+        let path = target.split('?').next().unwrap_or("");
+        answers
+            .get(&format!("{method} {target}"))
+            .or_else(|| answers.get(target))
+            .or_else(|| answers.get(&format!("{method} {path}")))
+            .or_else(|| answers.get(path))
+            .cloned()
+    })
+}
+
+/// Serves what `answer(METHOD, TARGET, AUTHORIZATION)` says (TARGET is the path with its query) (`None`: `/v2/` answers 200,
+/// anything else 404), as [`serve_seen`] does.
+fn serve_by(
+    answer: impl Fn(&str, &str, Option<&str>) -> Option<Answer> + Send + Sync + 'static,
+) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let answers = Arc::new(answers);
+    let answers = Arc::new(answer);
     let seen = Arc::new(Mutex::new(Seen::default()));
     let record = Arc::clone(&seen);
     std::thread::spawn(move || {
@@ -171,19 +188,14 @@ fn serve_seen(answers: HashMap<String, Answer>) -> Server {
                     return;
                 }
                 let path = target.split('?').next().unwrap_or("").to_owned();
+                let found = answers(&method, &target, authorization.as_deref());
                 {
                     let mut seen = record.lock().unwrap();
                     seen.requests.push((path.clone(), authorization));
                     seen.lines.push(format!("{method} {target}"));
                 }
-                // The whole target (its query kept) first: one page of a list each.
-                let answer = match answers
-                    .get(&format!("{method} {target}"))
-                    .or_else(|| answers.get(&target))
-                    .or_else(|| answers.get(&format!("{method} {path}")))
-                    .or_else(|| answers.get(&path))
-                {
-                    Some(a) => a.clone(),
+                let answer = match found {
+                    Some(a) => a,
                     None if path == "/v2/" => ok("application/json", b"{}".to_vec()),
                     None => Answer {
                         status: 404,

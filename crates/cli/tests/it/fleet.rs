@@ -8,7 +8,29 @@ use std::fs;
 use guild_test_support::guild::{Bench, Run};
 
 use crate::guild;
-use crate::oci::{fails, locked_store, ok, run, start};
+use crate::oci::{fails, locked_store, ok, run, start, Registry};
+
+/// The requests in `registry`'s access log so far, in order, each as `METHOD PATH` (the query
+/// left out).
+pub(crate) fn requests(registry: &Registry) -> Vec<String> {
+    registry
+        .access_log()
+        .lines()
+        .filter(|l| l.contains("HTTP/1.1\""))
+        .filter_map(|l| l.split('"').nth(1))
+        .map(|r| {
+            let mut words = r.split(' ');
+            let method = words.next().unwrap_or_default();
+            let path = words
+                .next()
+                .unwrap_or_default()
+                .split('?')
+                .next()
+                .unwrap_or_default();
+            format!("{method} {path}")
+        })
+        .collect()
+}
 
 /// Three holders' key pairs, `a`, `b` and `c`, in the bench.
 fn holders(bench: &Bench) {
@@ -431,27 +453,39 @@ fn lock_with_sources(bench: &Bench, packages: &[&str], drop: &[&str]) -> String 
 /// `guild fleet policy new` version `version` expiring at `expires`, from `lock`, trusting the
 /// bench's key for `org.example`, written to `out` and signed by each of `signers`.
 fn policy(bench: &Bench, version: &str, expires: &str, lock: &str, out: &str, signers: &[&str]) {
-    bench
-        .run(&[
-            "fleet",
-            "policy",
-            "new",
-            "--fleet",
-            "example.prod",
-            "--version",
-            version,
-            "--root-version",
-            "1",
-            "--expires",
-            expires,
-            "--from-lock",
-            lock,
-            "--publisher",
-            "org.example=k.pub",
-            "--out",
-            out,
-        ])
-        .expect(0);
+    policy_with(bench, (version, expires), lock, out, signers, &[]);
+}
+
+/// [`policy`] with `more` options for `guild fleet policy new`.
+pub(crate) fn policy_with(
+    bench: &Bench,
+    (version, expires): (&str, &str),
+    lock: &str,
+    out: &str,
+    signers: &[&str],
+    more: &[&str],
+) {
+    let mut args = vec![
+        "fleet",
+        "policy",
+        "new",
+        "--fleet",
+        "example.prod",
+        "--version",
+        version,
+        "--root-version",
+        "1",
+        "--expires",
+        expires,
+        "--from-lock",
+        lock,
+        "--publisher",
+        "org.example=k.pub",
+        "--out",
+        out,
+    ];
+    args.extend(more);
+    bench.run(&args).expect(0);
     for k in signers {
         bench
             .run(&["fleet", "sign", out, "--key", k, "--root", "root.json"])
@@ -645,17 +679,6 @@ fn fleet_sync_applies_a_policy_in_one_transaction_and_every_refusal_changes_noth
         .expect(0)
         .stdout_has("unchanged");
     assert_eq!(guild_test_support::disk(&bench.store()), synced);
-    // An operator who rebuilds the trust file without its keys gets the policy's back at the
-    // next sync, though the policy did not change.
-    bench.run(&["trust", "reset"]).expect(0);
-    bench
-        .run(&["fleet", "sync", "--policy", &m1])
-        .expect(0)
-        .stdout_has("applied");
-    assert_eq!(
-        bench.run(&["--json", "trust", "list"]).expect(0).json(),
-        trust
-    );
 
     // Version 2 desires scan alone: norm is disabled in the same commit.
     let lock2 = lock_with_sources(&bench, &[&scan], &["example.norm"]);
@@ -795,11 +818,12 @@ fn fleet_sync_follow_polls_applies_once_then_reports_unchanged() {
 
 #[test]
 fn fleet_a_store_joins_and_follows_a_policy_through_a_registry() {
-    let Some((registry, bench)) =
-        start("fleet_a_store_joins_and_follows_a_policy_through_a_registry")
+    let Some(registry) =
+        Registry::start_logged("fleet_a_store_joins_and_follows_a_policy_through_a_registry")
     else {
         return;
     };
+    let bench = Bench::new(guild());
     signed_root(&bench);
     let (_origin, lock) = locked_store(&bench, &registry);
     policy(
@@ -844,8 +868,10 @@ fn fleet_a_store_joins_and_follows_a_policy_through_a_registry() {
         &["fleet", "sync", "--policy", &policy_tag],
     ))
     .stdout_has("unchanged");
-    // Following: each poll after the first resolves the tag's manifest and reads the policy it
-    // already holds; still unchanged.
+    // Following: the first poll authenticates and fetches the policy; each poll after it asks
+    // for the tag's manifest alone, on the session the first one opened, and reads the policy
+    // it already holds; still unchanged.
+    let seen = requests(&registry).len();
     ok(run(
         &bench,
         &store,
@@ -859,10 +885,27 @@ fn fleet_a_store_joins_and_follows_a_policy_through_a_registry() {
             "--interval",
             "1",
             "--rounds",
-            "2",
+            "4",
         ],
     ))
     .stdout_has("unchanged");
+    let manifest = "GET /v2/fleet/policy/manifests/prod".to_owned();
+    let polled = requests(&registry)[seen..].to_vec();
+    assert_eq!(polled.len(), 3 + 3, "{polled:#?}");
+    assert_eq!(
+        polled[..2],
+        ["GET /v2/".to_owned(), manifest.clone()],
+        "{polled:#?}"
+    );
+    assert!(
+        polled[2].starts_with("GET /v2/fleet/policy/blobs/sha256:"),
+        "{polled:#?}"
+    );
+    assert_eq!(
+        polled[3..],
+        [manifest.clone(), manifest.clone(), manifest],
+        "{polled:#?}"
+    );
 
     // With the registry unreachable the store keeps its state and says why.
     let before = guild_test_support::disk(&store);
@@ -1002,4 +1045,330 @@ fn fleet_policy_new_from_a_lock_allows_every_publisher_key_with_entry_keys_publi
     run.stderr_has("is not among the keys allowed for publisher org.example");
     // An unknown choice is a usage error.
     policy_new(&bench, &lock, all, &["--entry-keys", "every"]).expect(2);
+}
+
+/// A store in the bench joined to the fleet of [`signed_root`], with policy version 1 desiring
+/// `example.scan` 1.0.0 (signed by `a` and `b`) in the mirror directory it answers, `m1`.
+fn joined_with_scan(bench: &Bench) -> String {
+    signed_root(bench);
+    let scan = bench.package("example.scan", "1.0.0", b"scan", "");
+    let lock = lock_with_sources(bench, &[&scan], &[]);
+    policy(bench, "1", "30d", &lock, "p1.json", &["a.key", "b.key"]);
+    let m1 = mirror(bench, "m1", "p1.json", &[&scan]);
+    bench.run(&["fleet", "join", "root.json"]).expect(0);
+    m1
+}
+
+/// `guild trust reset` on a fleet-managed store whose trust file is its own is refused: the
+/// fleet's policy is its trust, and a rebuild would only drop the policy's keys (and disable
+/// what they sign) until the next sync. Nothing changes. A damaged trust file is still rebuilt
+/// (the only way to open the store again), and the next sync writes the policy's keys back.
+#[test]
+fn fleet_trust_reset_is_refused_on_a_fleet_managed_store_unless_its_trust_file_is_damaged() {
+    let bench = Bench::new(guild());
+    let m1 = joined_with_scan(&bench);
+    bench
+        .run(&["fleet", "sync", "--policy", &m1])
+        .expect(0)
+        .stdout_has("applied");
+    let trust = bench.run(&["--json", "trust", "list"]).expect(0).json();
+    let before = guild_test_support::disk(&bench.store());
+    for args in [&["trust", "reset"][..], &["trust", "reset", "--keep-keys"]] {
+        bench.run(args).expect(4).stderr_has(
+            "this store follows fleet example.prod, whose signed policy owns its trust",
+        );
+        assert_eq!(guild_test_support::disk(&bench.store()), before, "{args:?}");
+    }
+    assert_eq!(
+        enabled(&bench),
+        [("example.scan".to_owned(), "1.0.0".to_owned())]
+    );
+
+    // A deleted trust file stops the store; the reset rebuilds it, and the next sync brings the
+    // policy's keys back, though the policy did not change.
+    fs::remove_file(bench.store().join("trust")).unwrap();
+    bench.run(&["list"]).expect(5);
+    bench.run(&["trust", "reset"]).expect(0);
+    bench
+        .run(&["fleet", "sync", "--policy", &m1])
+        .expect(0)
+        .stdout_has("applied");
+    assert_eq!(
+        bench.run(&["--json", "trust", "list"]).expect(0).json(),
+        trust
+    );
+    assert_eq!(
+        enabled(&bench),
+        [("example.scan".to_owned(), "1.0.0".to_owned())]
+    );
+}
+
+/// A revocation never goes away: `fleet sign --previous` and `fleet verify --previous` refuse
+/// a policy that drops one of the last policy's (exit 4, each one named, the file untouched),
+/// or that is not the same fleet's at a higher version; and a store that syncs such a policy
+/// keeps its revocations and says so loudly, in its output and its JSON.
+#[test]
+fn fleet_a_policy_that_drops_a_revocation_is_refused_by_sign_and_verify_and_kept_by_sync() {
+    let bench = Bench::new(guild());
+    signed_root(&bench);
+    let scan = bench.package("example.scan", "1.0.0", b"scan", "");
+    let lock = lock_with_sources(&bench, &[&scan], &[]);
+    let gone = bench
+        .run(&["--json", "keygen", "--out", "gone"])
+        .expect(0)
+        .json()["key_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let bad_build = "ab".repeat(32);
+    let revoke_key = format!("{gone}=leaked");
+    let revoke_build = format!("sha256:{bad_build}");
+    let signers = ["a.key", "b.key"];
+    policy_with(
+        &bench,
+        ("1", "30d"),
+        &lock,
+        "p1.json",
+        &signers,
+        &[
+            "--revoke-key",
+            &revoke_key,
+            "--revoke-package",
+            &revoke_build,
+        ],
+    );
+    // Version 2 written without --previous: both revocations dropped.
+    policy(&bench, "2", "30d", &lock, "p2.json", &signers);
+    policy_with(
+        &bench,
+        ("3", "30d"),
+        &lock,
+        "p3.json",
+        &signers,
+        &["--previous", "p1.json"],
+    );
+
+    // Signing it against the last policy is refused, naming both, and the file is untouched.
+    let unsigned = fs::read(bench.path().join("p2.json")).unwrap();
+    let refused = bench.run(&[
+        "fleet",
+        "sign",
+        "p2.json",
+        "--key",
+        "c.key",
+        "--root",
+        "root.json",
+        "--previous",
+        "p1.json",
+    ]);
+    refused
+        .expect(4)
+        .stderr_has("fleet policy version 2 drops 2 revocation(s) of version 1")
+        .stderr_has(&gone)
+        .stderr_has(&bad_build)
+        .stderr_has("leaked");
+    assert_eq!(fs::read(bench.path().join("p2.json")).unwrap(), unsigned);
+    let json = bench.run(&[
+        "--json",
+        "fleet",
+        "sign",
+        "p2.json",
+        "--key",
+        "c.key",
+        "--previous",
+        "p1.json",
+    ]);
+    json.expect(4);
+    assert_eq!(json.error_json()["category"], "refused");
+    assert_eq!(fs::read(bench.path().join("p2.json")).unwrap(), unsigned);
+
+    // Verifying: the signatures alone verify; against the last policy it is refused.
+    bench
+        .run(&["fleet", "verify", "p2.json", "--root", "root.json"])
+        .expect(0);
+    bench
+        .run(&[
+            "fleet",
+            "verify",
+            "p2.json",
+            "--root",
+            "root.json",
+            "--previous",
+            "p1.json",
+        ])
+        .expect(4)
+        .stderr_has(&format!("revoked key {gone}"))
+        .stderr_has(&format!("revoked payload {bad_build}"));
+    // Not a higher version: refused too.
+    bench
+        .run(&[
+            "fleet",
+            "verify",
+            "p1.json",
+            "--root",
+            "root.json",
+            "--previous",
+            "p3.json",
+        ])
+        .expect(4)
+        .stderr_has("must have a higher version");
+    // The policy that carries them forward verifies and signs against it.
+    bench
+        .run(&[
+            "fleet",
+            "verify",
+            "p3.json",
+            "--root",
+            "root.json",
+            "--previous",
+            "p1.json",
+        ])
+        .expect(0)
+        .stdout_has("it follows policy version 1 of p1.json");
+    bench
+        .run(&[
+            "fleet",
+            "sign",
+            "p3.json",
+            "--key",
+            "c.key",
+            "--root",
+            "root.json",
+            "--previous",
+            "p1.json",
+        ])
+        .expect(0);
+
+    // A store that took policy 1 and is then handed policy 2 keeps both revocations, and
+    // every sync under policy 2 says so.
+    bench.run(&["fleet", "join", "root.json"]).expect(0);
+    let m1 = mirror(&bench, "m1", "p1.json", &[&scan]);
+    let first = bench.run(&["--json", "fleet", "sync", "--policy", &m1]);
+    first.expect(0);
+    assert_eq!(
+        first.json()["dropped_revocations"],
+        serde_json::json!({"keys": [], "packages": []})
+    );
+    let m2 = mirror(&bench, "m2", "p2.json", &[&scan]);
+    for outcome in ["applied", "unchanged"] {
+        let synced = bench.run(&["--json", "fleet", "sync", "--policy", &m2]);
+        synced.expect(0);
+        let synced = synced.json();
+        assert_eq!(synced["outcome"], outcome);
+        let warning = synced["warnings"][0].as_str().unwrap_or_default();
+        assert!(
+            warning.starts_with("REVOCATION DROPPED: fleet policy version 2 does not list")
+                && warning.contains(&gone)
+                && warning.contains(&bad_build),
+            "{synced}"
+        );
+        assert_eq!(
+            synced["dropped_revocations"],
+            serde_json::json!({
+                "keys": [{"key_id": gone, "reason": "leaked"}],
+                "packages": [{"sha256": bad_build, "reason": "revoked by the fleet"}],
+            })
+        );
+    }
+    let trust = bench.run(&["--json", "trust", "list"]).expect(0).json();
+    assert_eq!(trust["revoked_keys"][0]["key_id"], gone.as_str(), "{trust}");
+    assert_eq!(
+        trust["revoked_packages"][0]["sha256"],
+        bad_build.as_str(),
+        "{trust}"
+    );
+    bench
+        .run(&["fleet", "sync", "--policy", &m2])
+        .expect(0)
+        .stdout_has("unchanged")
+        .stderr_has("REVOCATION DROPPED: fleet policy version 2 does not list")
+        .stderr_has(&gone)
+        .stderr_has(&bad_build);
+}
+
+/// `guild fleet sync --follow` stopped by SIGTERM or SIGINT while it waits an hour for its next
+/// poll: it wakes at once, says it stopped on the signal, exits 0, and leaves the store
+/// unlocked and as its last sync left it.
+#[test]
+fn fleet_sync_follow_stops_cleanly_on_sigterm_and_sigint() {
+    use std::io::{BufRead as _, BufReader};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    let bench = Bench::new(guild());
+    let m1 = joined_with_scan(&bench);
+    let store = bench.store();
+    for (signal, name, first) in [
+        ("-TERM", "SIGTERM", "applied"),
+        ("-INT", "SIGINT", "unchanged"),
+    ] {
+        let mut child = guild()
+            .command(
+                bench.path(),
+                &[
+                    "--store",
+                    store.to_str().unwrap(),
+                    "fleet",
+                    "sync",
+                    "--policy",
+                    &m1,
+                    "--follow",
+                    "--interval",
+                    "3600",
+                ],
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        // The first poll's outcome ends with its `applied:` or `unchanged:` line.
+        let mut printed = String::new();
+        while !printed.contains(&format!("{first}: ")) {
+            assert!(
+                stdout.read_line(&mut printed).unwrap() > 0,
+                "{name}: no {first} outcome: {printed:?}"
+            );
+        }
+        let before = guild_test_support::disk(&store);
+        let sent = std::process::Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        // A hang guard, not a timing assertion: the wait must end on the signal, not at the
+        // interval.
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                let _ = child.kill();
+                panic!("{name}: the follower did not stop");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "{name}: {status:?}\n{rest}\n{stderr}"
+        );
+        assert!(
+            rest.contains(&format!("stopped on {name} after 1 poll(s)")),
+            "{name}: {rest:?} {stderr}"
+        );
+        // The store is unlocked (a writer opens it) and unchanged.
+        assert_eq!(guild_test_support::disk(&store), before, "{name}");
+        bench
+            .run(&["fleet", "sync", "--policy", &m1])
+            .expect(0)
+            .stdout_has("unchanged");
+        bench.run(&["verify", "--all"]).expect(0);
+        assert_eq!(guild_test_support::disk(&store), before, "{name}");
+    }
 }

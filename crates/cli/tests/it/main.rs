@@ -12,6 +12,7 @@ mod cli_snapshots;
 mod fleet;
 mod fleet_eight;
 mod fleet_requirements;
+mod fleet_thousand;
 mod key_rotation;
 mod oci;
 mod publication_bounds;

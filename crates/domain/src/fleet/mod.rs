@@ -16,7 +16,9 @@
 //! expiry counts); a policy must carry k valid signatures by the root's keys and be consistent
 //! with itself ([`verify_policy`]); and [`accept_policy`] refuses a rollback, two documents
 //! under one version, and an expired policy unless an operator overrides it, which the answer
-//! then says so that the caller logs it. On a fleet-managed store the policy is the trust:
+//! then says so that the caller logs it. [`check_succession`] holds a policy to the one before
+//! it (same fleet, higher version, none of its revocations dropped) where a signer or a store
+//! can compare them. On a fleet-managed store the policy is the trust:
 //! [`VerifiedPolicy::trust_store`] feeds the unchanged [`crate::trust::authenticate`], and
 //! [`authorize`] checks an authenticated package against its entry. [`VerifiedPolicy::to_lock`]
 //! makes the desired set a lock, so that [`crate::distribution::plan_sync`] plans the steps.
@@ -37,6 +39,7 @@ mod plan;
 mod policy;
 mod requirements;
 mod root;
+mod succession;
 
 pub use accept::{accept_policy, AcceptError, Acceptance, PolicyChange, PolicyRecord};
 pub use authorize::{authenticate_desired, authorize, AuthorizeError};
@@ -56,6 +59,7 @@ pub use root::{
     verify_root_chain, verify_root_pinned, verify_root_self, verify_root_successor, FleetRoot,
     RootError, RootUpdate, SignedRoot, VerifiedRoot, ROOT_MARKER,
 };
+pub use succession::{check_succession, DroppedRevocations, SuccessionError};
 
 /// Largest fleet document (root or policy, envelope included) accepted, in bytes.
 pub const MAX_DOCUMENT_BYTES: usize = 4 << 20;

@@ -6,12 +6,12 @@ use std::collections::BTreeMap;
 
 use guild_domain::distribution::{plan_sync, HeldVersion, LockedSource, OciReference, SyncStep};
 use guild_domain::fleet::{
-    accept_policy, authenticate_desired, authorize, verify_policy, verify_root_chain,
-    verify_root_pinned, verify_root_self, verify_root_successor, AcceptError, AddSignatureError,
-    AuthorizeError, DesiredPackage, DocumentKind, ExpiryRule, ExpiryStatus, FleetDocumentError,
-    FleetPolicy, FleetPublisher, FleetRoot, PolicyChange, PolicyError, PolicyProblem, PolicyRecord,
-    RootError, SignatureFault, Signed, SignedPolicy, SignedRoot, VerifiedPolicy, VerifiedRoot,
-    MAX_SIGNATURES,
+    accept_policy, authenticate_desired, authorize, check_succession, verify_policy,
+    verify_root_chain, verify_root_pinned, verify_root_self, verify_root_successor, AcceptError,
+    AddSignatureError, AuthorizeError, DesiredPackage, DocumentKind, ExpiryRule, ExpiryStatus,
+    FleetDocumentError, FleetPolicy, FleetPublisher, FleetRoot, PolicyChange, PolicyError,
+    PolicyProblem, PolicyRecord, RootError, SignatureFault, Signed, SignedPolicy, SignedRoot,
+    SuccessionError, VerifiedPolicy, VerifiedRoot, MAX_SIGNATURES,
 };
 use guild_domain::ids::{FleetId, PackageId, PublisherId, Sha256Digest};
 use guild_domain::manifest::{Metadata, SignatureAlgorithm, SignatureEntry};
@@ -916,6 +916,68 @@ proptest! {
         let respelled = SignedPolicy::parse(&serde_json::to_vec(&respelled).unwrap()).unwrap();
         prop_assert_eq!(respelled.digest(), digest);
         prop_assert_eq!(respelled.signatures(), doc.signatures());
+    }
+}
+
+/// A map of revocations from `(byte, reason)` pairs: the digest is the byte repeated.
+fn revocations(m: &BTreeMap<u8, String>) -> BTreeMap<Sha256Digest, String> {
+    m.iter()
+        .map(|(b, r)| (Sha256Digest([*b; 32]), r.clone()))
+        .collect()
+}
+
+proptest! {
+    /// A next policy is refused exactly when it is another fleet's, not newer, or leaves out
+    /// a revocation of the previous one, and the error then names every revocation left out
+    /// (reasons may change: only the digests count).
+    #[test]
+    fn a_next_policy_keeps_every_revocation_of_the_one_before(
+        (prev_version, next_version) in (1u64..6, 1u64..6),
+        other_fleet in prop::bool::weighted(0.1),
+        prev_keys in prop::collection::btree_map(0u8..8, "[a-z]{0,6}", 0..5),
+        next_keys in prop::collection::btree_map(0u8..8, "[a-z]{0,6}", 0..5),
+        prev_digests in prop::collection::btree_map(0u8..8, "[a-z]{0,6}", 0..5),
+        next_digests in prop::collection::btree_map(0u8..8, "[a-z]{0,6}", 0..5),
+    ) {
+        let (mut previous, _) = the_policy();
+        previous.version = prev_version;
+        previous.revoked_keys = revocations(&prev_keys);
+        previous.revoked_digests = revocations(&prev_digests);
+        let mut next = previous.clone();
+        next.version = next_version;
+        next.revoked_keys = revocations(&next_keys);
+        next.revoked_digests = revocations(&next_digests);
+        if other_fleet {
+            next.fleet = FleetId::new("example.other").unwrap();
+        }
+        let dropped_keys: Vec<Sha256Digest> = previous.revoked_keys.keys()
+            .filter(|k| !next.revoked_keys.contains_key(k)).copied().collect();
+        let dropped_digests: Vec<Sha256Digest> = previous.revoked_digests.keys()
+            .filter(|d| !next.revoked_digests.contains_key(d)).copied().collect();
+        match check_succession(&previous, &next) {
+            Err(SuccessionError::OtherFleet { .. }) => prop_assert!(other_fleet),
+            Err(SuccessionError::NotNewer { previous: p, next: n }) => {
+                prop_assert!(!other_fleet && next_version <= prev_version);
+                prop_assert_eq!((p, n), (prev_version, next_version));
+            }
+            Err(e @ SuccessionError::DropsRevocations { .. }) => {
+                prop_assert!(!other_fleet && next_version > prev_version);
+                let SuccessionError::DropsRevocations { dropped, .. } = &e else { unreachable!() };
+                prop_assert_eq!(dropped.keys.keys().copied().collect::<Vec<_>>(), dropped_keys.clone());
+                prop_assert_eq!(dropped.digests.keys().copied().collect::<Vec<_>>(), dropped_digests.clone());
+                prop_assert!(!dropped.is_empty());
+                let message = e.to_string();
+                for d in dropped_keys.iter().chain(&dropped_digests) {
+                    prop_assert!(message.contains(&d.to_hex()), "{}", message);
+                }
+            }
+            Ok(()) => prop_assert!(
+                !other_fleet
+                    && next_version > prev_version
+                    && dropped_keys.is_empty()
+                    && dropped_digests.is_empty()
+            ),
+        }
     }
 }
 

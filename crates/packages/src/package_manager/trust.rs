@@ -100,6 +100,15 @@ impl PackageManager {
                 Err(e) => return Err(e.into()),
             },
         };
+        if let (Some(fleet), None) = (registry.fleet(), &problem) {
+            // The trust file is this store's own, so there is nothing to repair, and the fleet's
+            // policy is its trust: a rebuild could only drop the policy's keys (disabling what
+            // they sign) until the next sync. A damaged file is still rebuilt, keeping every
+            // revocation; the next `guild fleet sync` writes the policy's keys again.
+            return Err(HostError::FleetManaged {
+                fleet: fleet.fleet().clone(),
+            });
+        }
         let trust = TrustStore::rebuilt(registry.trust_anchor(), found.as_ref(), reset.keep_keys);
         let (keys, revoked_keys, revoked_payloads) = (
             trust.publishers().map(|(_, k)| k.count()).sum(),
