@@ -7,6 +7,8 @@
 //! move a document through a registry, an untrusted transport, checking only its size, digest
 //! and syntax.
 
+mod requirements;
+
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -38,7 +40,6 @@ use super::args::{
 };
 use super::distribute::{fetch_locked, is_reference, read_lock, registry_failure, sync_failure};
 use super::failure::{CliError, Exit, Failure};
-use super::fleet_requirements;
 use super::output::{Output, Report};
 use super::publisher::Check;
 use super::store;
@@ -302,7 +303,7 @@ fn policy_new(new: &FleetPolicyNew) -> anyhow::Result<Report> {
             lock
         }
         (None, Some(file)) => {
-            let resolved = fleet_requirements::resolve(file, &policy, new.entry_keys)?;
+            let resolved = requirements::resolve(file, &policy, new.entry_keys)?;
             resolved_fields(&mut report, &resolved);
             policy.packages = resolved.into_iter().map(|r| r.package).collect();
             file
@@ -376,7 +377,7 @@ fn packages_from_lock(
         let key_ids = match entry_keys.unwrap_or(EntryKeys::Lock) {
             EntryKeys::Lock => vec![p.key_id],
             EntryKeys::Publisher => {
-                let keys = fleet_requirements::publisher_keys(policy, &p.publisher);
+                let keys = requirements::publisher_keys(policy, &p.publisher);
                 // A revoked lock key is the rotation's old key: the new ones are meant.
                 let revoked = policy.revoked_keys.contains_key(&p.key_id);
                 if !keys.is_empty() && !keys.contains(&p.key_id) && !revoked {
@@ -408,7 +409,7 @@ fn packages_from_lock(
 }
 
 /// What each requirement resolved to, for the report.
-fn resolved_fields(report: &mut Report, resolved: &[fleet_requirements::Resolved]) {
+fn resolved_fields(report: &mut Report, resolved: &[requirements::Resolved]) {
     report.field(
         "resolved",
         resolved

@@ -17,7 +17,6 @@ mod distribute;
 mod doctor;
 mod failure;
 mod fleet;
-mod fleet_requirements;
 mod output;
 mod params;
 mod progress;

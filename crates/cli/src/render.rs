@@ -134,6 +134,7 @@ pub fn recovery_json(r: &RecoveryReport) -> Value {
             "reason": u.reason,
         })).collect::<Vec<_>>(),
         "unaccounted_trees": paths(&r.unaccounted_trees),
+        "swept": r.swept,
     })
 }
 

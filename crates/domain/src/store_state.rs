@@ -48,7 +48,10 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::chunk_map::ChunkMap;
+use crate::dependency::{Dependency, ModuleDependency};
 use crate::fleet::{FleetMembership, PolicyRecord, SignedRoot};
+use crate::graph::PackageNode;
+use crate::ids::ImplId;
 use crate::ids::{IdError, PackageId, PackageKind, PublisherId, Sha256Digest};
 use crate::json::{self, BorrowedValue, Integer, JsonError, JsonPath, PathSegment, Value};
 use crate::lifecycle::{transition, Event, IllegalTransition, State};
@@ -57,6 +60,7 @@ use crate::manifest_facts::ManifestFacts;
 use crate::trust::{is_store_id, TrustAnchor, TrustBinding};
 use crate::vec_map::VecMap;
 use crate::version::Version;
+use crate::version::VersionRange;
 
 /// The registry file format of a store without a log (`"guild_registry": 1`): the file is the
 /// whole committed state.
@@ -1417,7 +1421,7 @@ pub(crate) fn encode_package(id: &PackageId, p: &PackageRecord) -> Value {
                 members.push(("signed_by".to_owned(), Value::Array(keys)));
             }
             if let Some(facts) = &r.facts {
-                members.push(("manifest".to_owned(), crate::manifest_facts::encode(facts)));
+                members.push(("manifest".to_owned(), encode_facts(facts)));
             }
             Value::Object(members)
         })
@@ -1536,10 +1540,7 @@ pub(crate) fn decode_package(
         // Absent in stores written before it was recorded.
         let facts = match f.get("manifest") {
             None => None,
-            Some(m) => Some(Arc::new(crate::manifest_facts::decode(
-                m,
-                vat.key("manifest"),
-            )?)),
+            Some(m) => Some(Arc::new(decode_facts(m, vat.key("manifest"))?)),
         };
         let record = VersionRecord {
             payload_digest,
@@ -1904,6 +1905,177 @@ impl fmt::Display for PublishKind {
             PublishKind::Reactivated => "reactivated",
         })
     }
+}
+
+impl VersionRecord {
+    /// The graph's node of this record's version `id@version`, when the record carries what
+    /// the graph reads of its manifest ([`VersionRecord::facts`]).
+    pub fn graph_node(&self, id: &PackageId, version: &Version) -> Option<PackageNode> {
+        let facts = self.facts.as_deref()?;
+        Some(PackageNode {
+            id: id.clone(),
+            version: version.clone(),
+            kind: self.kind,
+            module_abi: facts.module_abi,
+            publisher: self.publisher.clone(),
+            payload_digest: self.payload_digest,
+            enabled: self.state.is_enabled(),
+            dependencies: facts.dependencies.clone(),
+            module_dependencies: facts.module_dependencies.clone(),
+        })
+    }
+}
+
+/// What a version record keeps of its manifest ([`ManifestFacts`]), as `"manifest"`.
+const FACT_FIELDS: &[&str] = &[
+    "module_abi",
+    "provided_ops",
+    "dependencies",
+    "module_dependencies",
+];
+const DEPENDENCY_FIELDS: &[&str] = &["package_id", "min_version", "max_version"];
+const MODULE_DEPENDENCY_FIELDS: &[&str] = &[
+    "module_id",
+    "min_version",
+    "max_version",
+    "abi_tag",
+    "publisher_id",
+    "sha256",
+];
+
+fn push_facts_range(o: &mut Vec<(String, Value)>, range: &VersionRange) {
+    o.push(("min_version".into(), range.min().to_string().into()));
+    if let Some(max) = range.max() {
+        o.push(("max_version".into(), max.to_string().into()));
+    }
+}
+
+/// The facts as a version record writes them (`"manifest"`): empty lists are left out.
+fn encode_facts(facts: &ManifestFacts) -> Value {
+    let mut m: Vec<(String, Value)> = Vec::new();
+    if let Some(abi) = facts.module_abi {
+        m.push(("module_abi".into(), Value::from(u64::from(abi))));
+    }
+    let ops = facts.provided_ops.iter().map(|o| o.as_str().into());
+    m.push(("provided_ops".into(), Value::Array(ops.collect())));
+    if !facts.dependencies.is_empty() {
+        let deps = facts.dependencies.iter().map(|d| {
+            let mut o = vec![("package_id".into(), d.package_id.as_str().into())];
+            push_facts_range(&mut o, &d.range);
+            Value::Object(o)
+        });
+        m.push(("dependencies".into(), Value::Array(deps.collect())));
+    }
+    if !facts.module_dependencies.is_empty() {
+        let deps = facts.module_dependencies.iter().map(|d| {
+            let mut o = vec![("module_id".into(), d.module_id.as_str().into())];
+            push_facts_range(&mut o, &d.range);
+            o.push(("abi_tag".into(), d.abi_tag.as_str().into()));
+            if let Some(p) = &d.publisher_id {
+                o.push(("publisher_id".into(), p.as_str().into()));
+            }
+            if let Some(s) = &d.sha256 {
+                o.push(("sha256".into(), s.to_hex().into()));
+            }
+            Value::Object(o)
+        });
+        m.push(("module_dependencies".into(), Value::Array(deps.collect())));
+    }
+    Value::Object(m)
+}
+
+fn facts_invalid(at: At<'_>, detail: impl Into<String>) -> StoreStateDecodeError {
+    field(
+        at.path(),
+        FieldProblem::Invalid {
+            detail: detail.into(),
+        },
+    )
+}
+
+fn facts_range(f: &Fields<'_>, at: At<'_>) -> Result<VersionRange, StoreStateDecodeError> {
+    let version = |key: &str| {
+        f.parsed(key, |s| {
+            Version::parse(s).map_err(|e| format!("not a semantic version: {e}"))
+        })
+    };
+    let min = version("min_version")?;
+    let max = match f.get("max_version") {
+        None => None,
+        Some(_) => Some(version("max_version")?),
+    };
+    VersionRange::new(min, max).map_err(|e| facts_invalid(at, e.to_string()))
+}
+
+/// Reads the facts a version record carries (`"manifest"`), naming the field that is wrong.
+fn decode_facts(
+    value: &BorrowedValue<'_>,
+    at: At<'_>,
+) -> Result<ManifestFacts, StoreStateDecodeError> {
+    let f = Fields::of(value, at, FACT_FIELDS)?;
+    let module_abi = match f.get("module_abi") {
+        None => None,
+        Some(_) => {
+            let n = f.u64("module_abi")?;
+            Some(u32::try_from(n).map_err(|_| facts_invalid(at.key("module_abi"), "too large"))?)
+        }
+    };
+    let mut provided_ops = Vec::new();
+    let ops_at = at.key("provided_ops");
+    for (i, op) in f.array("provided_ops")?.iter().enumerate() {
+        let s = op.as_str().ok_or_else(|| {
+            facts_invalid(ops_at.index(i), "expected an implementation id, a string")
+        })?;
+        provided_ops
+            .push(ImplId::new(s).map_err(|e| facts_invalid(ops_at.index(i), e.to_string()))?);
+    }
+    let mut dependencies = Vec::new();
+    if f.get("dependencies").is_some() {
+        let deps_at = at.key("dependencies");
+        for (i, d) in f.array("dependencies")?.iter().enumerate() {
+            let dat = deps_at.index(i);
+            let df = Fields::of(d, dat, DEPENDENCY_FIELDS)?;
+            dependencies.push(Dependency {
+                package_id: df.parsed("package_id", |s| {
+                    PackageId::new(s).map_err(|e| e.to_string())
+                })?,
+                range: facts_range(&df, dat)?,
+            });
+        }
+    }
+    let mut module_dependencies = Vec::new();
+    if f.get("module_dependencies").is_some() {
+        let deps_at = at.key("module_dependencies");
+        for (i, d) in f.array("module_dependencies")?.iter().enumerate() {
+            let dat = deps_at.index(i);
+            let df = Fields::of(d, dat, MODULE_DEPENDENCY_FIELDS)?;
+            module_dependencies.push(ModuleDependency {
+                module_id: df.parsed("module_id", |s| {
+                    PackageId::new(s).map_err(|e| e.to_string())
+                })?,
+                range: facts_range(&df, dat)?,
+                abi_tag: df.str("abi_tag")?.to_owned(),
+                publisher_id: match df.get("publisher_id") {
+                    None => None,
+                    Some(_) => Some(df.parsed("publisher_id", |s| {
+                        PublisherId::new(s).map_err(|e| e.to_string())
+                    })?),
+                },
+                sha256: match df.get("sha256") {
+                    None => None,
+                    Some(_) => Some(df.parsed("sha256", |s| {
+                        Sha256Digest::parse_hex(s).map_err(|e| e.to_string())
+                    })?),
+                },
+            });
+        }
+    }
+    Ok(ManifestFacts {
+        module_abi,
+        provided_ops,
+        dependencies,
+        module_dependencies,
+    })
 }
 
 #[cfg(test)]
@@ -2659,7 +2831,9 @@ mod tests {
         assert_eq!(record(&next, "2.0.0").facts.as_deref(), Some(&facts));
         let back = StoreState::from_json(&next.to_json()).unwrap();
         assert_eq!(back, next);
-        let node = ManifestFacts::node(&id("a"), &v("2.0.0"), &record(&back, "2.0.0")).unwrap();
+        let node = record(&back, "2.0.0")
+            .graph_node(&id("a"), &v("2.0.0"))
+            .unwrap();
         assert_eq!(
             (
                 node.module_abi,

@@ -7,7 +7,6 @@ use guild_domain::claims::{
 use guild_domain::graph::{DependencyGraph, GraphIndex, GraphProblem, NodeRef, PackageNode};
 use guild_domain::ids::PackageId;
 use guild_domain::manifest::Metadata;
-use guild_domain::manifest_facts::ManifestFacts;
 use guild_domain::store_state::{StoreState, VersionRecord};
 use guild_domain::version::Version;
 
@@ -83,7 +82,7 @@ impl PackageManager {
         if let Some(m) = describing(extra, id, version) {
             return Ok(PackageNode::from_metadata(m, enabled));
         }
-        if let Some(node) = ManifestFacts::node(id, version, record) {
+        if let Some(node) = record.graph_node(id, version) {
             return Ok(node);
         }
         let metadata = self.metadata_for(life, id, version, record)?;

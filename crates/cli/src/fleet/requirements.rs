@@ -22,11 +22,11 @@ use guild_domain::trust::{authenticate, TrustStore};
 use guild_host::distribution::{ArtifactRegistry, OciRegistry};
 use guild_host::packaging::P256Verifier;
 
-use super::args::EntryKeys;
-use super::distribute::{open_whole, pull_to, retrying};
-use super::failure::{CliError, Exit};
-use super::fleet::read_file;
-use super::publisher::{Check, ScratchDir};
+use super::read_file;
+use crate::args::EntryKeys;
+use crate::distribute::{open_whole, pull_to, retrying};
+use crate::failure::{CliError, Exit};
+use crate::publisher::{Check, ScratchDir};
 
 /// One requirement, resolved: its desired entry, and the tag it resolved to.
 pub(crate) struct Resolved {
