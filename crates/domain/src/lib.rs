@@ -24,6 +24,7 @@ pub mod lease;
 pub mod lifecycle;
 pub mod manifest;
 pub mod operation;
+pub mod params;
 pub mod path;
 pub mod platform;
 pub mod store_log;
