@@ -21,7 +21,8 @@ use crate::{capi, sdk};
 
 const USAGE: &str = "usage: cargo xtask dist [--debug] [--out DIR] [--check]";
 
-/// The files every tarball must hold, relative to its top directory.
+/// The files every tarball must hold, relative to its top directory, besides the SDK's
+/// [`sdk::AUTHOR_FILES`].
 const REQUIRED: &[&str] = &[
     "bin/guild",
     "LICENSE",
@@ -35,8 +36,16 @@ const REQUIRED: &[&str] = &[
     "lib/cmake/GuildHost/GuildHostConfig.cmake",
     "lib/cmake/GuildKernelSDK/GuildKernelSDKConfig.cmake",
     "lib/pkgconfig/guild-host.pc",
-    "share/guild-sdk/gkmetadata-v1.schema.json",
 ];
+
+/// The first file of [`REQUIRED`] or [`sdk::AUTHOR_FILES`] that the tree at `top` lacks.
+fn lacking(top: &Path) -> Option<&'static str> {
+    REQUIRED
+        .iter()
+        .chain(sdk::AUTHOR_FILES)
+        .copied()
+        .find(|f| !top.join(f).is_file())
+}
 
 const README: &str = "\
 # Guild @VERSION@ (@TARGET@)
@@ -198,10 +207,8 @@ fn build(release: bool, out: &Path) -> Result<PathBuf, String> {
         .replace("@TARGET@", &target_triple()?)
         .replace("@PROFILE@", if release { "release" } else { "dev (debug)" });
     fs::write(stage.join("README.md"), readme).map_err(|e| format!("README.md: {e}"))?;
-    for required in REQUIRED {
-        if !stage.join(required).is_file() {
-            return Err(format!("the tarball would lack {required}"));
-        }
+    if let Some(missing) = lacking(&stage) {
+        return Err(format!("the tarball would lack {missing}"));
     }
 
     fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
@@ -239,7 +246,7 @@ fn build(release: bool, out: &Path) -> Result<PathBuf, String> {
 }
 
 /// Unpacks `tarball` with the system `tar` into a fresh directory, checks it with `sha256sum -c`
-/// beside it, checks that it holds [`REQUIRED`], and runs the unpacked `guild --version`;
+/// beside it, checks that it holds every file it must, and runs the unpacked `guild --version`;
 /// answers what that printed.
 fn check(tarball: &Path) -> Result<String, String> {
     let dir = tarball.parent().ok_or("the tarball has no directory")?;
@@ -262,10 +269,8 @@ fn check(tarball: &Path) -> Result<String, String> {
     )?;
     let name = file.strip_suffix(".tar.gz").unwrap_or(&file);
     let top = unpacked.join(name);
-    for required in REQUIRED {
-        if !top.join(required).is_file() {
-            return Err(format!("the unpacked tarball lacks {required}"));
-        }
+    if let Some(missing) = lacking(&top) {
+        return Err(format!("the unpacked tarball lacks {missing}"));
     }
     let out = Command::new(top.join("bin/guild"))
         .arg("--version")

@@ -557,7 +557,7 @@ fn check_find_package(
 const EXAMPLE_DIR: &str = "share/guild-sdk/example";
 
 /// What a plugin author must find in the installed SDK besides headers and the CMake package.
-const AUTHOR_FILES: &[&str] = &[
+pub(crate) const AUTHOR_FILES: &[&str] = &[
     "share/guild-sdk/README.md",
     "share/guild-sdk/gkmetadata-v1.schema.json",
     "share/guild-sdk/example/README.md",
