@@ -75,11 +75,17 @@ fn write(to: &Path, text: &str) -> Result<(), String> {
 
 /// Builds the library (the dev profile, like the rest of `cargo xtask test`) and installs it.
 pub fn install(prefix: &Path) -> Result<(), String> {
-    util::cargo(&["build", "-p", "guild-host-capi", "--lib"])?;
-    let built = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target"))
-        .join("debug");
+    install_profile(prefix, false)
+}
+
+/// Builds the library with the release profile (`release`) or the dev one and installs it.
+pub fn install_profile(prefix: &Path, release: bool) -> Result<(), String> {
+    let mut build = vec!["build", "-p", "guild-host-capi", "--lib"];
+    if release {
+        build.push("--release");
+    }
+    util::cargo(&build)?;
+    let built = util::target_dir().join(if release { "release" } else { "debug" });
     let lib = prefix.join("lib");
     copy(
         &built.join("libguild_host_capi.so"),

@@ -4,6 +4,7 @@
 mod capi;
 mod concurrency;
 mod demo;
+mod dist;
 mod gpu;
 mod modules;
 mod msrv;
@@ -25,6 +26,9 @@ tasks:
   capi      install libguild_host (library, headers, CMake package, guild-host.pc) into
             target/guild-host [--prefix DIR], and build the C++ example engine against it
             with CMake and with pkg-config
+  dist      the release tarball target/dist/guild-VERSION-TARGET.tar.gz (+ .sha256): guild,
+            the SDK, libguild_host, LICENSE, README [--debug] [--out DIR]; --check unpacks
+            it with tar, runs sha256sum -c and the unpacked guild --version
   tidy      check the crate dependency rules and source hygiene
   msrv      type-check every target with the declared rust-version (rustup fetches it)
   outside   after `cargo package --workspace`: type-check a runner outside the workspace
@@ -48,6 +52,7 @@ fn main() -> ExitCode {
         "sdk" => sdk::sdk().map(|_| ()),
         "plugins" => sdk::plugins().map(|_| ()),
         "capi" => capi::run(&args[1..]),
+        "dist" => dist::run(&args[1..]),
         "tidy" => tidy::run(),
         "msrv" => msrv::run(),
         "outside" => outside::run(),
@@ -125,6 +130,17 @@ fn test() -> Result<(), String> {
         "libguild_host: install, then the C++ example engine with CMake and pkg-config",
         || capi::install_and_build(&util::root().join("target/guild-host")).map(drop),
     )?;
+    // The release tarball, in the dev profile for speed: unpacked with the system tar, its
+    // .sha256 checked with sha256sum -c, the unpacked guild run.
+    step("dist --debug --check: the publisher's tarball", || {
+        let out = util::root().join("target/dist-debug");
+        dist::run(&[
+            "--debug".into(),
+            "--check".into(),
+            "--out".into(),
+            out.display().to_string(),
+        ])
+    })?;
     let env = [("GUILD_TEST_PLUGIN_DIR", plugins.as_os_str())];
     step("cargo test", || {
         util::cargo_env(

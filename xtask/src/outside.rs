@@ -19,7 +19,7 @@ const MAIN_RS: &str = r#"use guild_host::prelude::*;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store = std::env::args().nth(1).ok_or("usage: outside-runner STORE")?;
-    let OpenedHost { host, report: _ } = Host::builder(store).existing_store(true).open()?;
+    let OpenedHost { host, report: _ } = Host::builder(store).open()?;
     let service = OperationService::new(host.kernels());
 
     let x = TensorDesc::new(DType::F32, &[8], MemorySpace::Host);

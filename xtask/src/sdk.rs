@@ -117,13 +117,19 @@ impl Layout {
     }
 }
 
-/// Configures, installs and packages the SDK into `target/guild-sdk`, checks the installed
-/// package's version rules, builds the example module it ships, and returns the install prefix.
-pub fn sdk() -> Result<PathBuf, String> {
+/// Configures and installs the SDK into `target/guild-sdk` (as [`sdk`] does, without packaging
+/// or checking it) and returns the install prefix: what `cargo xtask dist` ships.
+pub fn install() -> Result<PathBuf, String> {
     let layout = Layout::new();
-    let start = Instant::now();
+    configure_and_install(&layout)?;
+    Ok(layout.sdk_prefix)
+}
+
+/// Configures the SDK build without a compiler and installs it into the prefix, removing what
+/// an older install left there; answers the CMake generator and the installed files.
+fn configure_and_install(layout: &Layout) -> Result<(String, BTreeSet<PathBuf>), String> {
     require_cmake()?;
-    let generator = prepare_build_dir(&layout, &layout.sdk_source, &layout.sdk_build)?;
+    let generator = prepare_build_dir(layout, &layout.sdk_source, &layout.sdk_build)?;
 
     // The SDK must not need a compiler. Pointing every compiler variable at nothing turns an
     // accidental enable_language() in abi-headers/CMakeLists.txt into an immediate failure here.
@@ -142,13 +148,22 @@ pub fn sdk() -> Result<PathBuf, String> {
             .arg("--install")
             .arg(&layout.sdk_build),
     )?;
-    let installed = prune_install_prefix(&layout)?;
+    let installed = prune_install_prefix(layout)?;
     println!(
         "sdk: configured {} ({generator}, no compiler), installed {} files into {}",
         layout.show(&layout.sdk_build),
         installed.len(),
         layout.show(&layout.sdk_prefix)
     );
+    Ok((generator, installed))
+}
+
+/// Configures, installs and packages the SDK into `target/guild-sdk`, checks the installed
+/// package's version rules, builds the example module it ships, and returns the install prefix.
+pub fn sdk() -> Result<PathBuf, String> {
+    let layout = Layout::new();
+    let start = Instant::now();
+    let (generator, installed) = configure_and_install(&layout)?;
 
     let package = package_sdk(&layout)?;
     println!("sdk: packaged {}", layout.show(&package));
@@ -412,7 +427,7 @@ fn prune_install_prefix(layout: &Layout) -> Result<BTreeSet<PathBuf>, String> {
 }
 
 /// Every regular file under `dir`, relative to it, sorted.
-fn files_under(dir: &Path) -> Result<BTreeSet<PathBuf>, String> {
+pub(crate) fn files_under(dir: &Path) -> Result<BTreeSet<PathBuf>, String> {
     let mut files = BTreeSet::new();
     let mut pending = vec![dir.to_path_buf()];
     while let Some(current) = pending.pop() {
@@ -542,7 +557,7 @@ fn check_find_package(
 const EXAMPLE_DIR: &str = "share/guild-sdk/example";
 
 /// What a plugin author must find in the installed SDK besides headers and the CMake package.
-const AUTHOR_FILES: &[&str] = &[
+pub(crate) const AUTHOR_FILES: &[&str] = &[
     "share/guild-sdk/README.md",
     "share/guild-sdk/gkmetadata-v1.schema.json",
     "share/guild-sdk/example/README.md",

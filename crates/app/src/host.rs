@@ -322,7 +322,8 @@ impl Host {
     }
 
     /// The simple path: `Host::builder(dir).open()` with every default (the dlopen loader,
-    /// plugins' log records dropped, devices detected, every enabled package loaded), its
+    /// plugins' log records dropped, devices detected, every enabled package loaded, the store
+    /// required to exist), its
     /// reports returned as a tuple and the reason there is no CUDA device dropped. Use
     /// [`Host::builder`] to choose any of these or to keep that reason.
     pub fn open_dir(dir: &Path) -> Result<(Host, OpenReport, LoadReport), HostError> {
@@ -1442,6 +1443,8 @@ impl Drop for HostWatcher {
 ///   device kept in [`HostReport::no_cuda`].
 /// - [`load_enabled`](HostBuilder::load_enabled): whether opening loads every enabled package.
 ///   Default: yes.
+/// - [`create_store`](HostBuilder::create_store): whether a path that is not yet a store is
+///   made one. Default: no, [`HostError::NotAStore`] naming the path.
 ///
 /// The store itself is opened with the production adapters (the file-system store, the hardened
 /// GKPK source, the P-256 verifier) for this platform; whatever is chosen here, no library is
@@ -1474,7 +1477,7 @@ pub struct HostBuilder {
     devices: Option<DeviceSupport>,
     load_enabled: bool,
     lock: Option<LockFile>,
-    existing_store: bool,
+    create_store: bool,
 }
 
 impl fmt::Debug for HostBuilder {
@@ -1486,7 +1489,7 @@ impl fmt::Debug for HostBuilder {
             .field("devices", &self.devices)
             .field("load_enabled", &self.load_enabled)
             .field("lock", &self.lock.as_ref().map(|l| l.packages().len()))
-            .field("existing_store", &self.existing_store)
+            .field("create_store", &self.create_store)
             .finish()
     }
 }
@@ -1500,7 +1503,7 @@ impl HostBuilder {
             devices: None,
             load_enabled: true,
             lock: None,
-            existing_store: false,
+            create_store: false,
         }
     }
 
@@ -1549,14 +1552,14 @@ impl HostBuilder {
         self
     }
 
-    /// Refuses to open a directory that is not already a store, with
-    /// [`HostError::NotAStore`] naming the path, instead of creating an empty store there (which a
-    /// reader otherwise does, once, for a directory no writer has made). A runner that is given
-    /// its store's path should set this: a mistyped path then fails at open rather than later,
-    /// as an operation that no package provides. A store is made by `guild` or a
-    /// [`PackageManager`], which write its registry.
-    pub fn existing_store(mut self, existing: bool) -> Self {
-        self.existing_store = existing;
+    /// Whether [`open`](HostBuilder::open) makes an empty store at the path when there is none
+    /// (`true`), or refuses a path that is not already a store with [`HostError::NotAStore`]
+    /// naming it, creating nothing (`false`, the default). A runner is given its store's path,
+    /// and a mistyped one should fail at open rather than later, as an operation that no package
+    /// provides; a store is made by `guild` or a [`PackageManager`]. A tool that must work on a
+    /// fresh path (a test, an installer) says `create_store(true)`.
+    pub fn create_store(mut self, create: bool) -> Self {
+        self.create_store = create;
         self
     }
 
@@ -1566,7 +1569,7 @@ impl HostBuilder {
     /// default, loads every enabled package in dependency order. A package that fails to load
     /// does not fail the open: it is in [`LoadReport::failed`].
     pub fn open(self) -> Result<OpenedHost, HostError> {
-        if self.existing_store {
+        if !self.create_store {
             check_is_store(&self.dir)?;
         }
         let (packages, store) = PackageManager::open_dir_reader(&self.dir)?;

@@ -118,7 +118,6 @@ fn main() {
     // The Rust face, on the same store (the same library file, so the same provider code).
     let rust_host = Host::builder(&store)
         .devices(DeviceSupport::host())
-        .existing_store(true)
         .open()
         .unwrap()
         .host;

@@ -244,7 +244,7 @@ unsafe extern "C" fn host_open(
                 text(o.lock_file, "open: options.lock_file")
             }?)?)
         };
-        let mut builder = Host::builder(&store).existing_store(true);
+        let mut builder = Host::builder(&store);
         if o.flags & GUILD_HOST_OPEN_CPU_ONLY != 0 {
             builder = builder.devices(DeviceSupport::host());
         }

@@ -431,6 +431,7 @@ pub enum Command {
         not give (--allow-skipped accepts that).\n\nExamples:\n  \
         guild check build/scan --manifest scan.json\n  \
         guild check axpy.gkmodule --params u32:8,f32:2.0\n  \
+        guild check ops.gkmodule --params example.vector.axpy=u32:8,f32:2.0\n  \
         guild check scan.gkmodule --timeout 2\n  \
         guild --json check scan.gkmodule"
     )]
@@ -444,11 +445,12 @@ pub enum Command {
         /// Time limit of one call into the plugin, in seconds.
         #[arg(long, value_name = "SECONDS", default_value_t = 10.0, value_parser = parse_seconds)]
         timeout: f64,
-        /// The parameter record every generated query and execution carries: TYPE:VALUE,...
+        /// The parameter record the generated queries and executions carry: TYPE:VALUE,...
         /// (u8 i8 u16 i16 u32 i32 u64 i64 f32 f64, packed in order with C struct alignment) or
-        /// @FILE (raw bytes).
-        #[arg(long, value_name = "RECORD", value_parser = crate::params::parse)]
-        params: Option<crate::params::ParamRecord>,
+        /// @FILE (raw bytes); OP=RECORD for the operation OP only (repeatable). Without one for
+        /// an operation, the manifest's check_params record of it is used.
+        #[arg(long, value_name = "[OP=]RECORD", value_parser = crate::params::parse_for_check)]
+        params: Vec<crate::params::CheckParams>,
         /// Exit 0 even when every check of a category was skipped (the build was not executed,
         /// say).
         #[arg(long)]
@@ -472,6 +474,9 @@ pub enum Command {
         /// The parameter record of every query, in hexadecimal.
         #[arg(long, value_name = "HEX")]
         params_hex: Option<String>,
+        /// The parameter record of one operation's queries, OP=HEX (repeatable).
+        #[arg(long, value_name = "OP=HEX")]
+        operation_params_hex: Vec<String>,
         /// The inherited descriptor of the result channel (its nonce comes on stdin).
         #[arg(long, value_name = "FD")]
         results_fd: i32,

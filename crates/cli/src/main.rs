@@ -249,19 +249,23 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
         } => check::run(
             path,
             manifest.as_deref(),
-            &check::Settings {
-                timeout: *timeout,
-                params: params.clone().unwrap_or_default().0,
-                allow_skipped: *allow_skipped,
-            },
+            &check::Settings::new(*timeout, params, *allow_skipped)?,
         ),
         Command::Conformance {
             dir,
             resume_after,
             hung,
             params_hex,
+            operation_params_hex,
             results_fd,
-        } => check::child(dir, *resume_after, hung, params_hex.as_deref(), *results_fd),
+        } => check::child(
+            dir,
+            *resume_after,
+            hung,
+            params_hex.as_deref(),
+            operation_params_hex,
+            *results_fd,
+        ),
         Command::CheckLibrary {
             dir,
             payload,

@@ -362,8 +362,9 @@ fn inspect_lines(package: &Path, metadata: &Metadata, m: &Manifest) -> Vec<Strin
     lines
 }
 
-/// `inspect`'s lines for what the package provides (operations, runners) and what it needs
-/// (package and, when there are any, module dependencies).
+/// `inspect`'s lines for what the package provides (operations, runners), what it needs
+/// (package and, when there are any, module dependencies), and the records `guild check` uses
+/// when it names any.
 fn provides_and_needs_lines(m: &Manifest) -> Vec<String> {
     let mut lines = vec![
         format!(
@@ -391,6 +392,17 @@ fn provides_and_needs_lines(m: &Manifest) -> Vec<String> {
                 m.module_dependencies
                     .iter()
                     .map(module_dependency)
+                    .collect()
+            )
+        ));
+    }
+    if !m.check_params.is_empty() {
+        lines.push(format!(
+            "  check params  {}",
+            list_or_none(
+                m.check_params
+                    .iter()
+                    .map(|(op, record)| format!("{op}={record}"))
                     .collect()
             )
         ));

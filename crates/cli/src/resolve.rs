@@ -7,7 +7,9 @@ use std::path::Path;
 use guild_domain::ids::{ImplId, OpName};
 use guild_domain::operation::{Budget, ResolveFailure, TensorDesc};
 use guild_host::operations::{PassReason, ResolveError};
-use guild_host::{Host, LoadReport, OpHandle, OpenReport, OperationRequest, OperationService};
+use guild_host::{
+    Host, LoadReport, OpHandle, OpenReport, OpenedHost, OperationRequest, OperationService,
+};
 use serde_json::json;
 
 use super::failure::{CliError, Exit};
@@ -23,7 +25,12 @@ pub fn run(
     ram_budget: Option<u64>,
     params: &[u8],
 ) -> anyhow::Result<Report> {
-    let (host, opened, loaded) = Host::open_dir(store)?;
+    // Like every store command, a path that is not a store yet is made one (empty).
+    let OpenedHost {
+        host,
+        report: opened,
+    } = Host::builder(store).create_store(true).open()?;
+    let (opened, loaded) = (opened.store, opened.loaded);
     let mut report = Report::new("resolve");
     report.warnings = open_warnings(&opened, &loaded);
     let request = request(op, inputs, outputs, exact, ram_budget);

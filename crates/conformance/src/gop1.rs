@@ -1066,7 +1066,9 @@ fn find_base(op: &Operation<'_>, candidates: &[Case]) -> (Option<Case>, Outcome)
         }
     }
     let given = if op.params.len == 0 {
-        "no parameter record was given; pass the operation's with --params".to_owned()
+        "no parameter record was given; pass the operation's with --params, or name it in the \
+         manifest's check_params"
+            .to_owned()
     } else {
         format!(
             "each carried the {}-byte parameter record given",

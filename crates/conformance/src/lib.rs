@@ -25,6 +25,7 @@ mod gop1;
 mod guarded;
 mod stage;
 
+use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -115,6 +116,11 @@ pub struct Report {
     pub findings: Vec<Finding>,
     /// How many child processes ran (one, plus one per crash or hang it resumed after).
     pub processes: usize,
+    /// The names of the GOP1 operations the build registered, once it loaded.
+    pub operations: Option<Vec<String>>,
+    /// The operations of [`Options::operation_params`] the build does not register (then no
+    /// operation was checked).
+    pub unprovided: Vec<String>,
 }
 
 impl Report {
@@ -156,9 +162,14 @@ pub struct Options {
     /// child is a check child, such as the `guild` command: it would end any other child.
     pub contain_descendants: bool,
     /// The operation parameter record passed with every query and execution the check
-    /// generates, for every operation (empty: none). The child receives it in hexadecimal and
-    /// holds it 8-byte aligned, as module_abi.h promises providers.
+    /// generates, for every operation not in `operation_params` (empty: none; the manifest's
+    /// `check_params` record of the operation, if any, then). The child receives it in
+    /// hexadecimal and holds it 8-byte aligned, as module_abi.h promises providers.
     pub params: Vec<u8>,
+    /// Records for single operations, by operation name, ahead of `params`. A name the build
+    /// does not register stops the check before any operation is checked, and is reported in
+    /// [`Report::unprovided`].
+    pub operation_params: BTreeMap<String, Vec<u8>>,
 }
 
 impl Options {
@@ -169,6 +180,7 @@ impl Options {
             call_timeout: DEFAULT_CALL_TIMEOUT,
             contain_descendants: false,
             params: Vec::new(),
+            operation_params: BTreeMap::new(),
         }
     }
 }
@@ -195,6 +207,9 @@ pub fn check(
         report.processes += 1;
         let run = run_child(options, &staged.dir, resume, &hung)?;
         report.findings.extend(run.findings);
+        if run.operations.is_some() {
+            report.operations = run.operations;
+        }
         let Some(why) = run.died else { break };
         match run.in_progress {
             Some(started) => {
@@ -230,6 +245,14 @@ pub fn check(
         }
         break;
     }
+    if let Some(registered) = &report.operations {
+        report.unprovided = options
+            .operation_params
+            .keys()
+            .filter(|op| !registered.contains(op))
+            .cloned()
+            .collect();
+    }
     Ok(report)
 }
 
@@ -245,6 +268,8 @@ struct Started {
 
 struct ChildRun {
     findings: Vec<Finding>,
+    /// The GOP1 operation names the child said the build registered.
+    operations: Option<Vec<String>>,
     in_progress: Option<Started>,
     /// Why the child ended before it finished, if it did.
     died: Option<String>,
@@ -264,6 +289,7 @@ fn run_child(
     let (nonce, mut child) = start_child(options, dir, resume, hung)?;
     let mut run = ChildRun {
         findings: Vec::new(),
+        operations: None,
         in_progress: None,
         died: None,
         timed_out: false,
@@ -320,6 +346,11 @@ fn start_child(
         command
             .arg("--params-hex")
             .arg(params_to_arg(&options.params));
+    }
+    for (op, record) in &options.operation_params {
+        command
+            .arg("--operation-params-hex")
+            .arg(format!("{op}={}", params_to_arg(record)));
     }
     let nonce = supervise::nonce().map_err(spawn_error)?;
     let child = supervise::spawn(command, &nonce, Vec::new()).map_err(spawn_error)?;
@@ -464,6 +495,12 @@ impl Frames<'_> {
             }
         } else if v.get("done").is_some() {
             self.done = true;
+        } else if let Some(ops) = v.get("operations").and_then(Value::as_array) {
+            run.operations = Some(
+                ops.iter()
+                    .filter_map(|o| o.as_str().map(str::to_owned))
+                    .collect(),
+            );
         } else if let Some(index) = v["start"].as_u64() {
             run.in_progress = Some(Started {
                 index,
@@ -632,14 +669,47 @@ const LOAD_CHECKS: [&str; 9] = [
     "duplicate ids",
 ];
 
+/// The parameter records the child passes, in the order it looks for an operation's:
+/// `per_operation` (by operation name), then `default` (unless empty), then the manifest's
+/// `check_params`; none when none of them has one.
+#[derive(Debug, Clone, Default)]
+pub struct ChildParams {
+    /// The record of every operation not in `per_operation` (empty: none).
+    pub default: Vec<u8>,
+    /// Records of single operations, by operation name.
+    pub per_operation: BTreeMap<String, Vec<u8>>,
+}
+
+impl ChildParams {
+    /// The record the operation `op_name` of the build with manifest `m` is checked with.
+    fn for_operation<'a>(
+        &'a self,
+        op_name: &str,
+        m: &'a guild_domain::manifest::Manifest,
+    ) -> &'a [u8] {
+        if let Some(record) = self.per_operation.get(op_name) {
+            return record;
+        }
+        if !self.default.is_empty() {
+            return &self.default;
+        }
+        guild_domain::ids::OpName::new(op_name)
+            .ok()
+            .and_then(|op| m.check_params.get(&op))
+            .map_or(&[][..], |spec| &spec.record().0)
+    }
+}
+
 /// The child's side: loads the staged tree `dir` and runs every check, writing the lines the
 /// parent reads to `channel`; after `resume_after`, only the checks numbered above it, and none
-/// that calls into an operation named in `hung`. Every query and execution carries `params`.
+/// that calls into an operation named in `hung`. Every query and execution of an operation
+/// carries its record of `params`. When `params` names an operation the build does not
+/// register, no operation is checked.
 pub fn child_main(
     dir: &Path,
     resume_after: Option<u64>,
     hung: &[String],
-    params: &[u8],
+    params: &ChildParams,
     channel: ResultChannel,
 ) -> Result<(), HostError> {
     let metadata = guild_host::registration::read_tree_metadata(dir)?;
@@ -679,8 +749,20 @@ pub fn child_main(
         return Ok(());
     };
     if outcome.failed_index.is_none() {
-        let params = gop1::ParamRecord::new(params);
-        check_operations(&plugin, m, &lines, &params, &mut rec);
+        let registered: Vec<&str> = plugin
+            .kernels
+            .iter()
+            .filter(|k| k.provider.operation().is_some())
+            .filter_map(|k| k.op_name.as_ref().map(|n| n.as_str()))
+            .collect();
+        rec.emit(json!({ "operations": registered }));
+        if params
+            .per_operation
+            .keys()
+            .all(|op| registered.contains(&op.as_str()))
+        {
+            check_operations(&plugin, m, &lines, params, &mut rec);
+        }
     }
     let closing = rec.start("shutdown", None, false);
     drop(plugin);
@@ -846,7 +928,7 @@ fn check_operations(
     plugin: &guild_ports::loader::LoadedPlugin,
     m: &guild_domain::manifest::Manifest,
     lines: &Lines,
-    params: &gop1::ParamRecord,
+    params: &ChildParams,
     rec: &mut Recorder<'_>,
 ) {
     for kernel in &plugin.kernels {
@@ -858,6 +940,7 @@ fn check_operations(
             .descriptor()
             .map_or(([0; 8], 0), |d| (d.max_dim, d.max_batch));
         let op_name = kernel.op_name.as_ref().map_or("", |n| n.as_str());
+        let params = gop1::ParamRecord::new(params.for_operation(op_name, m));
         let op = gop1::Operation {
             label: format!("{} ({op_name})", kernel.impl_id),
             op_name: CString::new(op_name).unwrap_or_default(),
@@ -868,7 +951,7 @@ fn check_operations(
             max_batch,
             has_dependencies: !m.module_dependencies.is_empty(),
             lines: lines.clone(),
-            params,
+            params: &params,
         };
         gop1::check(&op, rec);
     }

@@ -46,6 +46,7 @@ fn large_metadata() -> Vec<u8> {
                 sha256: Some(Sha256Digest::of(&[i])),
             })
             .collect(),
+        check_params: Default::default(),
     };
     let signature = SignatureEntry {
         key_id: Sha256Digest::of(b"key"),

@@ -25,6 +25,7 @@ pub mod lifecycle;
 pub mod manifest;
 pub mod manifest_facts;
 pub mod operation;
+pub mod params;
 pub mod path;
 pub mod platform;
 pub mod store_log;

@@ -20,9 +20,11 @@ use std::fmt;
 use crate::canonical::canonicalize;
 use crate::dependency::{Dependency, ModuleDependency, MODULE_ABI_TAG_V1};
 use crate::ids::{
-    DigestParseError, IdError, ImplId, PackageId, PackageKind, PublisherId, RunnerId, Sha256Digest,
+    DigestParseError, IdError, ImplId, OpName, PackageId, PackageKind, PublisherId, RunnerId,
+    Sha256Digest,
 };
 use crate::json::{self, Integer, JsonErrorKind, JsonPath, PathSegment, Value};
+use crate::params::{ParamSpec, ParamsError};
 use crate::path::{ArtifactPath, PathRule};
 use crate::version::{AbiRange, PackedVersion, Version, VersionError, VersionRange};
 
@@ -59,6 +61,7 @@ const PAYLOAD_FIELDS: &[&str] = &[
     "provided_runners",
     "dependencies",
     "module_dependencies",
+    "check_params",
 ];
 const ABI_RANGE_FIELDS: &[&str] = &["min", "max"];
 const ARTIFACT_FIELDS: &[&str] = &["path", "size", "sha256"];
@@ -212,6 +215,10 @@ pub struct Manifest {
     pub dependencies: Vec<Dependency>,
     /// Module dependency records; opt-in.
     pub module_dependencies: Vec<ModuleDependency>,
+    /// The parameter record `guild check` passes an operation (by operation name) when the
+    /// command line gives none, in the `--params` typed notation; opt-in. Signed like every
+    /// field, but only the check reads it: a host never passes it to a provider.
+    pub check_params: BTreeMap<OpName, ParamSpec>,
 }
 
 /// A signature over the canonical payload bytes.
@@ -347,6 +354,9 @@ pub enum FieldErrorKind {
     /// A `gkernel` with `module_abi`.
     #[error("module_abi is not allowed for a gkernel")]
     ModuleAbiForbidden,
+    /// A `check_params` record that is not in the typed notation (`TYPE:VALUE,...`).
+    #[error("not a parameter record: {0}")]
+    InvalidCheckParams(ParamsError),
     /// A `gkmodule` module dependency whose `abi_tag` is not `guild.module.v1`.
     #[error(
         "a gkmodule's module dependencies must use abi_tag {MODULE_ABI_TAG_V1:?}, found {found:?}"
@@ -683,6 +693,14 @@ impl Manifest {
                 obj(o)
             });
             m.push(("module_dependencies", Value::Array(deps.collect())));
+        }
+        if !self.check_params.is_empty() {
+            let records = self
+                .check_params
+                .iter()
+                .map(|(op, spec)| (op.as_str(), spec.as_str().into()))
+                .collect();
+            m.push(("check_params", obj(records)));
         }
         obj(m)
     }
@@ -1211,6 +1229,7 @@ fn read_payload(v: &Value, at: &At<'_>, p: &mut Problems) -> Option<Manifest> {
             .into_iter()
             .collect()
     });
+    let check_params = optional(m, at, "check_params", p, check_params);
     Some(Manifest {
         package_id: package_id?,
         kind: kind?,
@@ -1227,7 +1246,32 @@ fn read_payload(v: &Value, at: &At<'_>, p: &mut Problems) -> Option<Manifest> {
         provided_runners: provided_runners.ok()?.unwrap_or_default(),
         dependencies: dependencies.ok()?.unwrap_or_default(),
         module_dependencies: module_dependencies.ok()?.unwrap_or_default(),
+        check_params: check_params.ok()?.unwrap_or_default(),
     })
+}
+
+/// `check_params`: an object from operation names to records in the typed notation. Keys are
+/// unique already (the JSON reader refuses duplicates).
+fn check_params(v: &Value, at: &At<'_>, p: &mut Problems) -> Option<BTreeMap<OpName, ParamSpec>> {
+    let Some(members) = v.as_object() else {
+        p.push(at, wrong_type("object", v));
+        return None;
+    };
+    let before = p.count();
+    let mut out = BTreeMap::new();
+    for (op, spec) in members {
+        let here = at.key(op);
+        let op = OpName::new(op.as_str()).map_err(|e| p.push(&here, FieldErrorKind::InvalidId(e)));
+        let spec = string(spec, &here, p).and_then(|text| {
+            ParamSpec::parse(text)
+                .map_err(|e| p.push(&here, FieldErrorKind::InvalidCheckParams(e)))
+                .ok()
+        });
+        if let (Ok(op), Some(spec)) = (op, spec) {
+            out.insert(op, spec);
+        }
+    }
+    (p.count() == before).then_some(out)
 }
 
 fn abi_range(v: &Value, at: &At<'_>, p: &mut Problems) -> Option<AbiRange> {

@@ -181,9 +181,8 @@ pub enum HostError {
         /// `std::env::consts::ARCH`.
         arch: &'static str,
     },
-    /// A runner was told to open a store that must already exist
-    /// (guild-host's `HostBuilder::existing_store`) and the path is not
-    /// one: nothing was created there.
+    /// A runner opened a path that is not a store, without asking for one to be created
+    /// (guild-host's `HostBuilder::create_store`): nothing was created there.
     #[error("{} is not a guild store: {reason}", path.display())]
     NotAStore {
         /// The path the runner was given.

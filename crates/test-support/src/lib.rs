@@ -244,6 +244,8 @@ pub struct Spec {
     /// `(package id, min, max)`.
     pub dependencies: Vec<(String, String, Option<String>)>,
     pub module_dependencies: Vec<ModDep>,
+    /// `(operation name, record in the --params notation)`: the manifest's `check_params`.
+    pub check_params: Vec<(String, String)>,
 }
 
 impl Spec {
@@ -265,6 +267,7 @@ impl Spec {
             provided_runners: Vec::new(),
             dependencies: Vec::new(),
             module_dependencies: Vec::new(),
+            check_params: Vec::new(),
         }
     }
 
@@ -318,6 +321,12 @@ impl Spec {
 
     pub fn module_dep(mut self, dep: ModDep) -> Self {
         self.module_dependencies.push(dep);
+        self
+    }
+
+    /// Names the record `guild check` passes operation `op` (the manifest's `check_params`).
+    pub fn check_params(mut self, op: &str, record: &str) -> Self {
+        self.check_params.push((op.into(), record.into()));
         self
     }
 
@@ -390,6 +399,14 @@ impl Spec {
                 })
                 .collect();
             m.push(("module_dependencies".into(), Value::Array(deps)));
+        }
+        if !self.check_params.is_empty() {
+            let records = self
+                .check_params
+                .iter()
+                .map(|(op, record)| (op.clone(), record.as_str().into()))
+                .collect();
+            m.push(("check_params".into(), Value::Object(records)));
         }
         Value::Object(m)
     }

@@ -118,7 +118,6 @@ fn run() -> Result<bool, String> {
         None => None,
     };
     let OpenedHost { host, .. } = Host::builder(&args.store)
-        .existing_store(true)
         .open()
         .map_err(|e| format!("{}: {e}", args.store.display()))?;
     let model = host

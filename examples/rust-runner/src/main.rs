@@ -122,7 +122,6 @@ fn main() -> ExitCode {
 /// `cpu_only`. With `lock`, only what the lock names is loaded.
 fn open(store: &Path, lock: Option<&Path>, cpu_only: bool) -> Result<OpenedHost, String> {
     let mut builder = Host::builder(store)
-        .existing_store(true)
         .plugin_log(|package, record| eprintln!("[{package}] {}", record.message));
     if cpu_only {
         builder = builder.devices(DeviceSupport::host());

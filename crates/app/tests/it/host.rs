@@ -177,6 +177,46 @@ fn the_builder_wires_the_plugin_log_and_the_devices_and_reports_what_opening_did
     assert_eq!((opened.verified, loaded.loaded.len()), (1, 1));
 }
 
+/// A runner given a mistyped store path fails at open, naming it, and nothing is made there: the
+/// builder (and `Host::open_dir`) open an existing store unless told to create one.
+#[test]
+fn the_builder_opens_only_an_existing_store_unless_told_to_create_it() {
+    let shop = Workshop::new();
+    let missing = shop.path().join("no-such-store");
+    let empty = shop.fresh("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    for dir in [&missing, &empty] {
+        match Host::builder(dir).devices(DeviceSupport::host()).open() {
+            Err(HostError::NotAStore { path, .. }) => assert_eq!(&path, dir),
+            Err(other) => panic!("{}: {other}", dir.display()),
+            Ok(_) => panic!("opened {} as a store", dir.display()),
+        }
+        match Host::open_dir(dir) {
+            Err(HostError::NotAStore { path, .. }) => assert_eq!(&path, dir),
+            Err(other) => panic!("{}: {other}", dir.display()),
+            Ok(_) => panic!("open_dir opened {} as a store", dir.display()),
+        }
+    }
+    assert!(!missing.exists(), "{} was created", missing.display());
+    assert_eq!(
+        std::fs::read_dir(&empty).unwrap().count(),
+        0,
+        "the empty directory was written"
+    );
+
+    // Asked to, the builder makes the store, and opens it as one from then on.
+    let OpenedHost { report, .. } = Host::builder(&missing)
+        .devices(DeviceSupport::host())
+        .create_store(true)
+        .open()
+        .unwrap();
+    assert_eq!(report.store.verified, 0);
+    Host::builder(&missing)
+        .devices(DeviceSupport::host())
+        .open()
+        .unwrap();
+}
+
 #[test]
 fn a_binding_holds_a_real_library_through_rollback_remove_replacement_and_disable() {
     let library = plugin_library("good_kernel");

@@ -56,6 +56,7 @@ const PAYLOAD_FIELDS: &[&str] = &[
     "provided_runners",
     "dependencies",
     "module_dependencies",
+    "check_params",
 ];
 
 /// What a refused install may have done to the store.
@@ -199,7 +200,8 @@ fn bases(suite: &Suite) -> (Built, Built) {
                 .max("1.9.0")
                 .publisher(PUBLISHER)
                 .sha256(core.digest()),
-        );
+        )
+        .check_params("example.scan.prefix_sum", "u32:8,f32:2.0");
     // A kernel may carry any abi_tag, so its tag can be changed and still parse.
     let kernel = Spec::kernel("example.gemm", "2.0.0")
         .file("share/tune.json", b"{\"tile\": 64}")
@@ -211,7 +213,8 @@ fn bases(suite: &Suite) -> (Built, Built) {
                 .max("1.5.0")
                 .publisher(PUBLISHER)
                 .sha256(core.digest()),
-        );
+        )
+        .check_params("example.gemm.matmul", "f64:1.5");
     (
         suite.shop.build(&module, &suite.key),
         suite.shop.build(&kernel, &suite.key),
@@ -324,6 +327,8 @@ fn tamper_leaf(payload: &Value, path: &[Seg]) -> Value {
         .unwrap();
     let old = at_mut(&mut p, path).clone();
     let new: Value = match name.as_str() {
+        // A record that still parses: only the signature can object.
+        _ if field == "check_params" => format!("{},u8:1", text(&old)).into(),
         "package_id" | "module_id" | "provided_ops" | "provided_runners" => {
             format!("{}x", text(&old)).into()
         }
@@ -528,7 +533,12 @@ fn payload_cases(suite: &mut Suite, built: &Built) -> BTreeSet<String> {
         cases.push((format!("add to {field}"), grow(&payload, field)));
         cases.push((format!("remove from {field}"), shrink(&payload, field)));
     }
-    for field in ["provided_runners", "dependencies", "module_dependencies"] {
+    for field in [
+        "provided_runners",
+        "dependencies",
+        "module_dependencies",
+        "check_params",
+    ] {
         cases.push((format!("drop {field}"), drop_field(&payload, field)));
     }
     let name = format!("{}@{}", built.id(), built.version());

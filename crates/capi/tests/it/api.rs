@@ -228,8 +228,8 @@ fn a_path_that_is_not_a_store_is_refused_naming_it_and_nothing_is_created() {
         0,
         "the runner wrote into the empty directory"
     );
-    // The Rust face refuses the same way when asked to.
-    match Host::builder(&missing).existing_store(true).open() {
+    // The Rust face refuses the same way, by default.
+    match Host::builder(&missing).open() {
         Err(HostError::NotAStore { path, .. }) => assert_eq!(path, missing),
         other => panic!("opened {other:?}"),
     }

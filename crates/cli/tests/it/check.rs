@@ -218,6 +218,135 @@ fn an_operation_with_a_parameter_record_is_checked_with_params() {
     assert_eq!(run.code, 2, "{}", run.stderr);
 }
 
+/// `--params OP=RECORD` gives one operation its record, ahead of a plain `--params` (the record
+/// of every other operation); an operation the build does not register is a usage error naming
+/// it, and so is a second record for the same operation.
+#[test]
+fn params_can_name_the_operation_they_are_for() {
+    let shop = Workshop::new();
+    let archive = shop.build_with(&axpy(), None).archive;
+    let a = archive.to_str().unwrap();
+    let check = |extra: &[&str]| {
+        let mut args = vec!["--json", "check", a, "--timeout", "10"];
+        args.extend(extra);
+        guild().run(shop.path(), &args)
+    };
+
+    let run = check(&["--params", "example.vector.axpy=u32:8,f32:2.0"]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.json()["skipped_categories"], serde_json::json!([]));
+    // The operation's own record wins over the short one given for every operation.
+    let run = check(&[
+        "--params",
+        "u32:4",
+        "--params",
+        "example.vector.axpy=u32:8,f32:2.0",
+    ]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let run = check(&["--params", "u32:4"]);
+    assert_eq!(run.code, 9, "{}\n{}", run.stdout, run.stderr);
+
+    let run = check(&["--params", "example.vector.nope=u32:8,f32:2.0"]);
+    assert_eq!(run.code, 2, "{}\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr.contains("example.vector.nope") && run.stderr.contains("example.vector.axpy"),
+        "names the operation and what the build provides: {}",
+        run.stderr
+    );
+    for twice in [
+        ["u32:8,f32:2.0", "u32:8,f32:1.0"],
+        [
+            "example.vector.axpy=u32:8,f32:2.0",
+            "example.vector.axpy=u32:8,f32:1.0",
+        ],
+    ] {
+        let run = check(&["--params", twice[0], "--params", twice[1]]);
+        assert_eq!(run.code, 2, "{twice:?}: {}", run.stderr);
+        assert!(run.stderr.contains("two records"), "{}", run.stderr);
+    }
+    let run = check(&["--params", "Not An Op=u32:8"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+}
+
+/// A manifest's `check_params` is the record `guild check` uses when the command line gives the
+/// operation none: the axpy passes with no flag, a `--params` still wins, and a record that is
+/// not in the notation is refused when the manifest is read, naming the field.
+#[test]
+fn the_manifest_names_default_check_params() {
+    let shop = Workshop::new();
+    let built = shop.build_with(&axpy(), None);
+    let src = built.src.to_str().unwrap().to_owned();
+    let write_template = |name: &str, check_params: serde_json::Value| {
+        let mut template: serde_json::Value =
+            serde_json::from_str(&axpy().template().to_pretty_string()).unwrap();
+        template["check_params"] = check_params;
+        let path = shop.fresh(name);
+        std::fs::write(&path, template.to_string()).unwrap();
+        path
+    };
+    let template = write_template(
+        "axpy.json",
+        serde_json::json!({"example.vector.axpy": "u32:8, f32:2.0"}),
+    );
+    let t = template.to_str().unwrap();
+
+    let run = guild().run(
+        shop.path(),
+        &["--json", "check", &src, "--manifest", t, "--timeout", "10"],
+    );
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let doc = run.json();
+    assert_eq!(doc["failed"], 0, "{doc}");
+    assert_eq!(doc["skipped_categories"], serde_json::json!([]), "{doc}");
+
+    // Packed, the record travels in the signed manifest.
+    let packed = shop.fresh("axpy.gkmodule");
+    let p = packed.to_str().unwrap();
+    let run = guild().run(shop.path(), &["pack", &src, "--manifest", t, "--out", p]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let run = guild().run(shop.path(), &["check", p, "--timeout", "10"]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let run = guild().run(shop.path(), &["inspect", p]);
+    assert!(
+        run.stdout
+            .contains("check params  example.vector.axpy=u32:8, f32:2.0"),
+        "{}",
+        run.stdout
+    );
+    // The command line's record comes first, for every operation or for the one.
+    let run = guild().run(shop.path(), &["check", p, "--params", "u32:4"]);
+    assert_eq!(run.code, 9, "{}\n{}", run.stdout, run.stderr);
+    let run = guild().run(
+        shop.path(),
+        &["check", p, "--params", "example.vector.axpy=u32:4"],
+    );
+    assert_eq!(run.code, 9, "{}\n{}", run.stdout, run.stderr);
+
+    let bad = write_template(
+        "bad.json",
+        serde_json::json!({"example.vector.axpy": "float:2.0"}),
+    );
+    let out = shop.fresh("bad.gkmodule");
+    let run = guild().run(
+        shop.path(),
+        &[
+            "pack",
+            &src,
+            "--manifest",
+            bad.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_ne!(run.code, 0, "{}", run.stdout);
+    assert!(
+        run.stderr.contains("check_params") && run.stderr.contains("not a field type"),
+        "{}",
+        run.stderr
+    );
+    assert!(!out.exists(), "nothing is written on refusal");
+}
+
 /// `guild resolve --params` passes the record to validate: the axpy resolves with it and is
 /// refused without it, naming why.
 #[test]

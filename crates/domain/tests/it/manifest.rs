@@ -4,13 +4,15 @@
 use guild_domain::canonical::{canonical_digest, canonicalize};
 use guild_domain::dependency::{Dependency, ModuleDependency, MODULE_ABI_TAG_V1};
 use guild_domain::ids::{
-    DigestParseError, IdError, ImplId, PackageId, PackageKind, PublisherId, RunnerId, Sha256Digest,
+    DigestParseError, IdError, ImplId, OpName, PackageId, PackageKind, PublisherId, RunnerId,
+    Sha256Digest,
 };
 use guild_domain::json::{self, Integer, JsonErrorKind, Value};
 use guild_domain::manifest::{
     Arch, Artifact, Backend, FieldErrorKind, Manifest, ManifestErrors, Metadata, Os,
     SignatureAlgorithm, SignatureEntry, MAX_METADATA_BYTES, MAX_REPORTED_PROBLEMS,
 };
+use guild_domain::params::ParamSpec;
 use guild_domain::path::{ArtifactPath, PathRule};
 use guild_domain::version::{AbiRange, PackedVersion, Version, VersionError, VersionRange};
 use proptest::prelude::*;
@@ -194,6 +196,7 @@ fn kernel_manifest() -> Manifest {
         provided_runners: vec![],
         dependencies: vec![],
         module_dependencies: vec![],
+        check_params: Default::default(),
     }
 }
 
@@ -284,6 +287,90 @@ fn adding_opt_in_fields_to_the_model_leaves_old_payload_bytes_alone() {
     let rewritten = Metadata::new(meta.manifest().clone(), meta.signatures().to_vec()).unwrap();
     assert_eq!(rewritten.canonical_payload(), meta.canonical_payload());
     assert_eq!(rewritten.payload_digest(), meta.payload_digest());
+}
+
+/// `check_params` is an opt-in, signed field: read into typed records, written back as it was
+/// received (so the packer's bytes are the signed bytes), and left out when there is none.
+#[test]
+fn check_params_are_read_typed_and_written_back_as_signed() {
+    let mut doc = kernel_doc();
+    set(
+        &mut doc,
+        "/payload/check_params",
+        json!({"example.vector.axpy": "u32:8, f32:2.0"}),
+    );
+    let meta = Metadata::parse(&bytes(&doc)).unwrap();
+    let op = OpName::new("example.vector.axpy").unwrap();
+    let spec = &meta.manifest().check_params[&op];
+    assert_eq!(spec.as_str(), "u32:8, f32:2.0");
+    let mut want = 8u32.to_ne_bytes().to_vec();
+    want.extend(2.0f32.to_ne_bytes());
+    assert_eq!(spec.record().0, want);
+    let signed = String::from_utf8(meta.canonical_payload().to_vec()).unwrap();
+    assert!(
+        signed.contains(r#""check_params":{"example.vector.axpy":"u32:8, f32:2.0"}"#),
+        "{signed}"
+    );
+    assert_eq!(
+        meta.manifest().canonical_payload(),
+        meta.canonical_payload(),
+        "the packer writes the bytes that were signed"
+    );
+    let mut m = kernel_manifest();
+    m.check_params
+        .insert(op, ParamSpec::parse("u32:8, f32:2.0").unwrap());
+    assert_eq!(meta.manifest(), &m);
+    // Without it the bytes are those of a manifest from before the field existed.
+    m.check_params.clear();
+    assert_eq!(m.canonical_payload(), KERNEL_CANONICAL.as_bytes());
+}
+
+/// A record that is not in the notation, an operation name that breaks the grammar, and a value
+/// that is not a string are each refused with the path of the field.
+#[test]
+fn bad_check_params_are_refused_naming_the_field() {
+    let mut doc = kernel_doc();
+    set(
+        &mut doc,
+        "/payload/check_params",
+        json!({"example.vector.axpy": "float:2", "Bad Op": "u8:1", "example.other": 7}),
+    );
+    let e = Metadata::parse(&bytes(&doc)).unwrap_err();
+    let shown: Vec<String> = e.errors.iter().map(ToString::to_string).collect();
+    assert_eq!(e.errors.len(), 3, "{shown:?}");
+    assert!(
+        shown.iter().any(|s| s.contains("check_params")
+            && s.contains("example.vector.axpy")
+            && s.contains("not a parameter record")
+            && s.contains("\"float\" is not a field type")),
+        "{shown:?}"
+    );
+    assert!(
+        e.errors
+            .iter()
+            .any(|f| matches!(f.kind, FieldErrorKind::InvalidId(_))
+                && f.to_string().contains("Bad Op")),
+        "{shown:?}"
+    );
+    assert!(
+        e.errors
+            .iter()
+            .any(|f| matches!(f.kind, FieldErrorKind::WrongType { .. })
+                && f.to_string().contains("example.other")),
+        "{shown:?}"
+    );
+    set(&mut doc, "/payload/check_params", json!(["u8:1"]));
+    let e = Metadata::parse(&bytes(&doc)).unwrap_err();
+    assert!(
+        matches!(
+            e.errors[0].kind,
+            FieldErrorKind::WrongType {
+                expected: "object",
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
@@ -1534,6 +1621,7 @@ fn manifest() -> impl Strategy<Value = Manifest> {
                     sha256,
                 })
                 .collect(),
+            check_params: Default::default(),
         }
     })
 }

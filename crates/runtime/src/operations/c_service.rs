@@ -56,8 +56,8 @@ pub const COMPONENT: &str = "guild.operations";
 /// what a malformed count can make the host allocate.
 pub const MAX_QUERY_TENSORS: usize = 1024;
 
-/// The most parameter bytes one query may carry.
-pub const MAX_PARAMS_BYTES: usize = 1 << 20;
+/// The most parameter bytes one query may carry (the limit the `--params` notation holds to).
+pub const MAX_PARAMS_BYTES: usize = guild_domain::params::MAX_RECORD_BYTES;
 
 /// The alignment, in bytes, of every parameter record a provider receives (module_abi.h): the
 /// largest of a `uint64_t`'s, a `double`'s and a pointer's on every supported platform, so that
