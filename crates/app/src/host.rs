@@ -394,8 +394,22 @@ impl Host {
             if self.kernels.loaded_version(&planned.id).as_ref() == Some(&planned.version) {
                 continue;
             }
-            let Some(metadata) = self.packages.metadata(&planned.id, &planned.version) else {
-                continue;
+            // Opening read no tree: one that is damaged is found here, and neither it nor what
+            // depends on it is opened.
+            let metadata = match self
+                .packages
+                .installed_metadata(&planned.id, &planned.version)
+            {
+                Ok(metadata) => metadata,
+                Err(e) => {
+                    unusable.insert(planned.id.clone());
+                    let cause = PendingCause::Failed {
+                        error: e.to_string(),
+                    };
+                    failed.push((planned.id.clone(), planned.version.clone(), cause));
+                    report.failed.push((planned.id, planned.version, e));
+                    continue;
+                }
             };
             let m = metadata.manifest();
             let needs: Vec<&PackageId> = m

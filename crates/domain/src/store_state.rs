@@ -15,11 +15,14 @@
 //!   `1.0.0+b`) count as the same version for this rule, since semantic versioning gives them
 //!   equal precedence.
 //! - A record holds what the package manager needs without opening any archive: the SHA-256 of
-//!   the canonical signed payload, the kind and the publisher. Everything else about a version
-//!   (dependencies, artifacts, module ABI) is read back from the `.gkmetadata` file inside its
-//!   installed tree, whose payload digest must equal the recorded one. Keeping the signed manifest
-//!   as the only copy of those facts means the store state can never disagree with what was signed,
-//!   and the digest comparison catches a tree that was altered after installation.
+//!   the canonical signed payload, the kind and the publisher, and (since it was recorded) what
+//!   the dependency graph and the impl-id claims read of the manifest ([`ManifestFacts`]), so
+//!   that checking a change reads the registry and not every installed tree. Everything else
+//!   about a version (artifacts, entry, signatures) is read from the `.gkmetadata` file inside
+//!   its installed tree when needed, and its payload digest must equal the recorded one, which
+//!   catches a tree altered after installation. The facts are copied from the authenticated
+//!   manifest at publication; the full check compares them with the signed metadata again and
+//!   corrects a record that disagrees.
 //!
 //! The transition methods ([`StoreState::publish`], [`StoreState::enable`], ...) change a
 //! draft that the app then hands to the store in a single transaction; none of them touches the
@@ -614,6 +617,26 @@ impl StoreState {
             r.taint = Some(taint);
         }
         Ok(())
+    }
+
+    /// Records what installed version `id@version`'s authenticated manifest says the graph and
+    /// the claims read ([`VersionRecord::facts`]): at publication, and when the full check finds
+    /// the record disagreeing with the signed metadata (the record is what was wrong). Answers
+    /// whether that changed anything.
+    pub fn set_facts(&mut self, id: &PackageId, version: &Version, facts: ManifestFacts) -> bool {
+        match self
+            .packages
+            .get_mut(id)
+            .map(Arc::make_mut)
+            .and_then(|p| p.versions.get_mut(version))
+            .filter(|r| r.state.is_installed())
+        {
+            Some(r) if r.facts.as_deref() != Some(&facts) => {
+                r.facts = Some(Arc::new(facts));
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Records that the signatures of installed version `id@version` verified under the trust

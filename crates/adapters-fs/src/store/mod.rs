@@ -452,12 +452,12 @@ impl PackageStore for FsStore {
     fn recover(&self) -> Result<RecoveryReport, StoreError> {
         let mut inner = self.usable()?;
         if !self.reader || inner.writing > 0 {
-            return self.recover_locked(&mut inner);
+            return self.recover_locked(&mut inner, Sweep::Always);
         }
         // A reader takes the lock for this one recovery (`begin_write` would recover first and
         // leave this report empty).
         lock_with_wait(&self.lock, &self.layout.lock, self.lock_wait)?;
-        let report = self.recover_locked(&mut inner);
+        let report = self.recover_locked(&mut inner, Sweep::Always);
         let _ = self.lock.unlock();
         report
     }
@@ -486,7 +486,7 @@ impl PackageStore for FsStore {
             lock_with_wait(&self.lock, &self.layout.lock, self.lock_wait)?;
             // Whatever a writer that died left is finished or undone before this one starts,
             // and the view moves to what is now committed.
-            if let Err(e) = self.recover_locked(&mut inner) {
+            if let Err(e) = self.recover_locked(&mut inner, Sweep::WhenNeeded) {
                 let _ = self.lock.unlock();
                 return Err(e);
             }
@@ -684,10 +684,14 @@ impl FsStore {
         written
     }
 
-    fn recover_locked(&self, inner: &mut Inner) -> Result<RecoveryReport, StoreError> {
+    fn recover_locked(
+        &self,
+        inner: &mut Inner,
+        sweep: Sweep,
+    ) -> Result<RecoveryReport, StoreError> {
         let issued = inner.issued.clone();
         let mut run = Run::new(None);
-        let recovered = recovery::recover(&self.layout, &issued, Sweep::Always, &mut run);
+        let recovered = recovery::recover(&self.layout, &issued, sweep, &mut run);
         inner.total_fsyncs += u64::from(run.stats.fsyncs);
         inner.last_op = run.stats;
         let recovered = recovered?;

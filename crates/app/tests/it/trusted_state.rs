@@ -390,3 +390,97 @@ fn trusted_state_opening_reads_no_metadata_and_changes_check_the_recorded_facts(
     let removed: Vec<String> = report.removed.iter().map(|r| r.id.to_string()).collect();
     assert_eq!(removed, ["ex.base"], "{report:?}");
 }
+
+/// A runner finds a damaged tree when it loads, since opening reads none: `ex.base`'s garbage
+/// `.gkmetadata` fails its load, naming the file, and `ex.user`, which depends on it, is not
+/// opened.
+#[test]
+fn trusted_state_a_runner_refuses_a_damaged_tree_and_what_depends_on_it() {
+    let shop = Workshop::new();
+    let k = key();
+    let root = two_packages(&shop, &k);
+    make_writable(&root);
+    fs::write(root.join("packages/ex.base/1.0.0/.gkmetadata"), b"garbage").unwrap();
+
+    let (pm, report) = open_dir(&root).unwrap();
+    assert!(report.disabled.is_empty(), "{report:?}");
+    let fake = Arc::new(FakeLoader::new());
+    let host = Host::new(pm, Box::new(Shared(fake.clone())));
+    let loaded = host.load_enabled().unwrap();
+    assert!(loaded.loaded.is_empty(), "{loaded:?}");
+    assert!(fake.opened().is_empty(), "{:?}", fake.opened());
+    let failed: Vec<(String, String)> = loaded
+        .failed
+        .iter()
+        .map(|(id, _, e)| (id.to_string(), e.to_string()))
+        .collect();
+    assert_eq!(failed.len(), 1, "{loaded:?}");
+    assert_eq!(failed[0].0, "ex.base");
+    assert!(failed[0].1.contains(".gkmetadata"), "{}", failed[0].1);
+    let skipped: Vec<String> = loaded.skipped.iter().map(|s| s.id.to_string()).collect();
+    assert_eq!(skipped, ["ex.user"], "{loaded:?}");
+}
+
+/// Strips what the graph reads of each manifest from every version record, as a store written
+/// before it was recorded has them (format 1, no log). Answers how many it stripped.
+fn without_facts(root: &Path) -> usize {
+    guild_adapters_fs::store::testing::as_format_1(root).unwrap();
+    let registry = root.join("registry.json");
+    let mut doc: Value = serde_json::from_slice(&fs::read(&registry).unwrap()).unwrap();
+    let mut stripped = 0;
+    for p in doc["packages"].as_array_mut().unwrap() {
+        for version in p["versions"].as_array_mut().unwrap() {
+            let record = version.as_object_mut().unwrap();
+            stripped += usize::from(record.remove("manifest").is_some());
+        }
+    }
+    make_writable(root);
+    fs::write(&registry, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+    stripped
+}
+
+/// A store written before versions recorded their manifest's facts opens as it always did: its
+/// versions are read back at opening (a damaged one is marked removed and its dependent
+/// disabled), changes are checked against what the metadata says, and the full check records
+/// the facts, after which opening reads nothing.
+#[test]
+fn trusted_state_a_store_without_recorded_facts_is_read_back_and_the_full_check_records_them() {
+    let shop = Workshop::new();
+    let k = key();
+    let root = two_packages(&shop, &k);
+    assert_eq!(without_facts(&root), 2);
+    let rival = shop.build(&Spec::module("ex.rival", "1.0.0").op("ex.base.op.cpu"), &k);
+    {
+        let (pm, report) = open_dir(&root).unwrap();
+        assert!(
+            report.removed.is_empty() && report.disabled.is_empty(),
+            "{report:?}"
+        );
+        let err = pm
+            .install(&rival.archive, InstallOptions::default())
+            .unwrap_err();
+        assert!(err.to_string().contains("ex.base.op.cpu"), "{err}");
+        let found = pm.verify_all(VerifyOptions { jobs: Some(1) }).unwrap();
+        assert!(found.failures.is_empty(), "{found:?}");
+    }
+    let written = guild_adapters_fs::store::read_registry(&root)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        written
+            .installed()
+            .filter(|(_, _, r)| r.facts.is_some())
+            .count(),
+        2,
+        "the full check records the facts"
+    );
+
+    // Damage in a store without facts is found by opening, as before.
+    assert_eq!(without_facts(&root), 2);
+    fs::write(root.join("packages/ex.base/1.0.0/.gkmetadata"), b"garbage").unwrap();
+    let (_pm, report) = open_dir(&root).unwrap();
+    let removed: Vec<String> = report.removed.iter().map(|r| r.id.to_string()).collect();
+    assert_eq!(removed, ["ex.base"], "{report:?}");
+    let disabled: Vec<String> = report.disabled.iter().map(|r| r.id.to_string()).collect();
+    assert_eq!(disabled, ["ex.user"], "{report:?}");
+}

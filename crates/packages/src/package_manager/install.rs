@@ -241,6 +241,9 @@ impl PackageManager {
             // Authenticated just now, under the trust file the registry records.
             next.set_trusted_under(id, version, anchor);
         }
+        // A version installed again (a repair, a re-signed copy) gets the facts of its
+        // authenticated manifest, in case its record predates them or holds wrong ones.
+        next.set_facts(id, version, ManifestFacts::of(manifest));
         Ok((published, tainted))
     }
 

@@ -432,7 +432,21 @@ impl PackageManager {
         Ok(self.store.registry()?.generation())
     }
 
-    /// The signed metadata of an installed version.
+    /// The signed metadata of installed version `id@version`, read from its tree the first time
+    /// it is asked for; an error names what is wrong with the tree (its `.gkmetadata` missing,
+    /// unreadable, or not the payload the registry records).
+    pub fn installed_metadata(
+        &self,
+        id: &PackageId,
+        version: &Version,
+    ) -> Result<Arc<Metadata>, HostError> {
+        let mut life = self.lock();
+        self.ensure_caught_up(&mut life)?;
+        self.kept_metadata(&mut life, id, version)
+    }
+
+    /// The signed metadata of an installed version ([`PackageManager::installed_metadata`]),
+    /// `None` when it cannot be read.
     pub fn metadata(&self, id: &PackageId, version: &Version) -> Option<Arc<Metadata>> {
         let mut life = self.lock();
         self.ensure_caught_up(&mut life).ok()?;

@@ -39,7 +39,15 @@ impl PackageManager {
         verifier: Box<dyn SignatureVerifier>,
         platform: HostPlatform,
     ) -> Result<(Self, OpenReport), HostError> {
-        Self::open_with(store, recovery, source, verifier, platform, None, false)
+        Self::open_with(
+            store,
+            recovery,
+            source,
+            verifier,
+            platform,
+            None,
+            Reading::Usual,
+        )
     }
 
     /// [`PackageManager::open`], but first rebuilding the trust file as `reset` says, whatever
@@ -61,7 +69,7 @@ impl PackageManager {
             verifier,
             platform,
             Some(reset),
-            false,
+            Reading::Usual,
         )
     }
 
@@ -75,8 +83,9 @@ impl PackageManager {
         verifier: Box<dyn SignatureVerifier>,
         platform: HostPlatform,
         reset: Option<TrustReset>,
-        committed_only: bool,
+        reading: Reading,
     ) -> Result<(Self, OpenReport), HostError> {
+        let committed_only = reading == Reading::CommittedOnly;
         let pm = Self::new(store, source, verifier, platform, committed_only);
         let mut report = OpenReport {
             recovery,
@@ -85,7 +94,7 @@ impl PackageManager {
         if pm.store.is_reader() {
             pm.open_reading(reset, &mut report)?;
         } else {
-            pm.open_writing(reset, &mut report)?;
+            pm.open_writing(reset, reading == Reading::Everything, &mut report)?;
         }
         Ok((pm, report))
     }
@@ -157,6 +166,7 @@ impl PackageManager {
     fn open_writing(
         &self,
         reset: Option<TrustReset>,
+        thorough: bool,
         report: &mut OpenReport,
     ) -> Result<(), HostError> {
         let mut life = self.lock();
@@ -165,14 +175,13 @@ impl PackageManager {
             Some(reset) => Some(self.rebuild_trust(reset)?),
         };
         let mut registry = self.store.registry()?;
-        // Every installed version's metadata is read back only when recovery looked at every
-        // tree (`guild recover`, or after a change was in flight): otherwise each is read when
-        // something first needs it, and a damaged tree fails then.
-        let damaged = if report.recovery.swept {
-            self.read_back_installed(&mut life, &registry)
-        } else {
-            Vec::new()
-        };
+        // Every installed version's metadata is read back only by an explicit recovery
+        // (`guild recover`) or after a change was in flight; otherwise only the versions whose
+        // record does not carry what the graph reads of them (a store written before it was
+        // recorded), and any other is read when something first needs it.
+        let rec = &report.recovery;
+        let every = thorough || !rec.rolled_back.is_empty() || !rec.rolled_forward.is_empty();
+        let damaged = self.read_back_installed(&mut life, &registry, every);
         if !damaged.is_empty() {
             report.removed = self.mark_damaged_removed(&registry, damaged)?;
             registry = self.store.registry()?;
@@ -200,9 +209,13 @@ impl PackageManager {
         &self,
         life: &mut Lifecycle,
         registry: &StoreState,
+        every: bool,
     ) -> Vec<(PackageId, Version, String)> {
         let mut damaged = Vec::new();
         for (id, version, record) in registry.installed() {
+            if !every && record.facts.is_some() {
+                continue;
+            }
             let dir = self.store.package_dir(id, version);
             let metadata = match read_installed_metadata(&dir, id, version)
                 .and_then(|m| with_record_signatures(m, record, &dir, id, version))
@@ -326,6 +339,13 @@ impl PackageManager {
             os: std::env::consts::OS,
             arch: std::env::consts::ARCH,
         })?;
+        let reading = if committed_only {
+            Reading::CommittedOnly
+        } else if options.sweep {
+            Reading::Everything
+        } else {
+            Reading::Usual
+        };
         let (store, recovery) = guild_adapters_fs::store::FsStore::open_with(dir, options)?;
         Self::open_with(
             Box::new(store),
@@ -334,7 +354,7 @@ impl PackageManager {
             Box::new(guild_adapters_crypto::P256Verifier::new()),
             platform,
             reset,
-            committed_only,
+            reading,
         )
     }
 }
@@ -385,4 +405,15 @@ pub(super) fn read_installed_metadata(
     let bytes =
         std::fs::read(&path).map_err(|e| damaged(format!("cannot read its .gkmetadata: {e}")))?;
     Metadata::parse(&bytes).map_err(|e| damaged(format!("its .gkmetadata does not parse: {e}")))
+}
+
+/// How much of the store opening reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    /// What a change or a query needs, read when first needed.
+    Usual,
+    /// A reader of the committed state only ([`PackageManager::open_dir_committed`]).
+    CommittedOnly,
+    /// A writer that reads every installed version back (`guild recover`).
+    Everything,
 }

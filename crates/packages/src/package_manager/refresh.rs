@@ -52,6 +52,24 @@ impl PackageManager {
             }
         }
         life.metadata.extend(merged);
+        // A version whose record does not carry what the graph reads of it (a store written
+        // before it was recorded) is read now, as opening always did for such stores.
+        for (id, version, record) in registry.installed() {
+            let key = (id.clone(), version.clone());
+            if record.facts.is_some() || life.metadata.contains_key(&key) {
+                continue;
+            }
+            match self.metadata_for(life, id, version, record) {
+                Ok(m) => {
+                    life.metadata.insert(key, m);
+                }
+                Err(e) => damaged.push(LeftOut {
+                    id: id.clone(),
+                    version: version.clone(),
+                    reason: format!("its installed tree is damaged ({e})"),
+                }),
+            }
+        }
         life.metadata
             .retain(|(id, version), _| registry.is_installed(id, version));
         life.caught_up = true;
@@ -139,14 +157,12 @@ impl PackageManager {
             return Ok(out);
         }
         let checked = self.verify_enabled(&mut life, &view, Scope::Open)?;
-        if life.local_view.is_none() {
-            life.local_view = Some(view);
-        }
+        life.local_view = Some(view);
         out.extend(checked.disabled);
         Ok(out)
     }
 
-    /// Reads the metadata of every installed version if this handle has not yet
+    /// Catches up with the store if this handle has not yet
     /// ([`PackageManager::open_dir_committed`] defers it to the first query that needs it).
     pub(super) fn ensure_caught_up(&self, life: &mut Lifecycle) -> Result<(), HostError> {
         if !life.caught_up {

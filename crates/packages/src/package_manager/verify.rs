@@ -106,9 +106,9 @@ impl PackageManager {
         let epoch = life.trust_epoch;
         let mut out = Checked::default();
         let mut work = Vec::new();
-        // Versions that fail before their signatures are checked: unreadable metadata, or a
-        // registry record that does not match it.
+        // Versions whose metadata cannot be read fail before their signatures are checked.
         let mut unreadable = Vec::new();
+        let mut refacts = Vec::new();
         for (id, version, record) in registry.installed() {
             let enabled = record.state.is_enabled();
             if !enabled && !full {
@@ -132,18 +132,14 @@ impl PackageManager {
             };
             life.metadata
                 .insert((id.clone(), version.clone()), metadata.clone());
-            let recorded = record.facts.as_deref();
-            if full && recorded.is_some_and(|f| *f != ManifestFacts::of(metadata.manifest())) {
-                // What changes are checked against no longer matches the signed manifest.
-                let e = HostError::InstalledTree {
-                    package: format!("{id}@{version}"),
-                    path: self.store.package_dir(id, version),
-                    problem: "the registry's record of its manifest (dependencies, provided \
-                              ops) differs from its .gkmetadata"
-                        .into(),
-                };
-                unreadable.push((id.clone(), version.clone(), record.state, e));
-                continue;
+            if full {
+                // What changes are checked against must be what was signed: a record that
+                // disagrees (or predates the facts) is corrected from the metadata, which is
+                // checked below like every version's.
+                let facts = ManifestFacts::of(metadata.manifest());
+                if record.facts.as_deref() != Some(&facts) {
+                    refacts.push((id.clone(), version.clone(), facts));
+                }
             }
             work.push((id.clone(), version.clone(), record.state, metadata));
         }
@@ -154,6 +150,9 @@ impl PackageManager {
         });
         let mut next = registry.successor();
         let mut recorded = false;
+        for (id, version, facts) in refacts {
+            recorded |= next.set_facts(&id, &version, facts);
+        }
         let mut failed = BTreeMap::new();
         for ((id, version, state, _), result) in work.into_iter().zip(results) {
             match result {
@@ -178,7 +177,34 @@ impl PackageManager {
                 }
             }
         }
+        let mut removed = Vec::new();
         for (id, version, state, e) in unreadable {
+            if !self.store.package_dir(&id, &version).exists() {
+                // No tree at all is no tamper evidence: the version is marked removed, as
+                // `guild recover` does (installing it again restores it), and what depends on it
+                // is disabled below.
+                if next.package(&id).and_then(|p| p.enabled()) == Some(&version) {
+                    next.disable(&id)?;
+                }
+                next.remove(&id, &version)?;
+                out.failures.push(VerifyFailure {
+                    id: id.clone(),
+                    version: version.clone(),
+                    state,
+                    file: None,
+                    reason: e.to_string(),
+                    tampered: false,
+                });
+                removed.push(LeftOut {
+                    id,
+                    version,
+                    reason: format!(
+                        "its installed tree is missing ({e}); it was marked removed: install \
+                         the package again to restore it"
+                    ),
+                });
+                continue;
+            }
             let failure = Failed {
                 reason: e.to_string(),
                 tampered: true,
@@ -199,7 +225,8 @@ impl PackageManager {
         // Also when nothing failed here: a version marked removed while opening may have left
         // enabled dependents behind.
         let (next, disabled) = self.taint(life, next, failed)?;
-        out.disabled = disabled;
+        out.disabled = removed;
+        out.disabled.extend(disabled);
         if self.store.is_reader() {
             if !out.disabled.is_empty() {
                 life.local_view = Some(next);

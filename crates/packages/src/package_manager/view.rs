@@ -41,6 +41,16 @@ impl<'pm> PackageView<'pm> {
         self.packages.summary(id)
     }
 
+    /// The signed metadata of an installed version, or what is wrong with its tree
+    /// ([`PackageManager::installed_metadata`]).
+    pub fn installed_metadata(
+        &self,
+        id: &PackageId,
+        version: &Version,
+    ) -> Result<Arc<Metadata>, HostError> {
+        self.packages.installed_metadata(id, version)
+    }
+
     /// The signed metadata of an installed version ([`PackageManager::metadata`]).
     pub fn metadata(&self, id: &PackageId, version: &Version) -> Option<Arc<Metadata>> {
         self.packages.metadata(id, version)
