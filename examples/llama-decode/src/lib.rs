@@ -1010,7 +1010,9 @@ pub fn generate_each<'m, 'o, O: Ops, E: From<DecodeError>>(
 
 /// How far logits may be from the reference's: `|got - want| <= LOGIT_TOLERANCE * max(1, |want|)`
 /// (relative for logits of magnitude above 1, absolute below). The module computes in f32 with
-/// sequential sums, numpy in f32 with pairwise ones; their differences are around 1e-6.
+/// sequential sums, numpy in f32 with pairwise ones; their differences are around 1e-6. The
+/// same holds for every weight dtype: both sides multiply the stored values, dequantized as the
+/// format defines (exact in f32), with f32 activations.
 pub const LOGIT_TOLERANCE: f32 = 1e-4;
 
 /// The numpy reference `make_tiny_llama.py` writes beside the model.
