@@ -66,14 +66,16 @@ N_DECODE = 16
 
 f32 = np.float32
 
-# The storage types --dtype accepts, with GGUF's file type (general.file_type) for each.
+# The storage types --dtype accepts: the GGML type's name and GGUF's file type
+# (general.file_type, llama.cpp's LlamaFileType numbering) for each. Names, not the package's
+# enums, so that an older gguf package still writes the default f32 file.
 Q = gguf.GGMLQuantizationType
 DTYPES = {
-    "f32": (Q.F32, gguf.LlamaFileType.ALL_F32),
-    "f16": (Q.F16, gguf.LlamaFileType.MOSTLY_F16),
-    "bf16": (Q.BF16, gguf.LlamaFileType.MOSTLY_BF16),
-    "q8_0": (Q.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
-    "q4_0": (Q.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
+    "f32": ("F32", 0),
+    "f16": ("F16", 1),
+    "bf16": ("BF16", 32),
+    "q8_0": ("Q8_0", 7),
+    "q4_0": ("Q4_0", 2),
 }
 
 
@@ -142,7 +144,7 @@ def write_gguf(path, t, qtype, file_type):
     w.add_rope_freq_base(ROPE_BASE)
     w.add_layer_norm_rms_eps(EPS)
     w.add_vocab_size(N_VOCAB)
-    w.add_file_type(int(file_type))
+    w.add_file_type(file_type)
     w.add_tokenizer_model("llama")
     w.add_token_list([f"<0x{i:02X}>" for i in range(N_VOCAB)])
     w.add_bos_token_id(1)
@@ -231,11 +233,19 @@ def main():
         print("usage: make_tiny_llama.py [--dtype f32|f16|bf16|q8_0|q4_0] OUT_DIR", file=sys.stderr)
         return 2
     out = args[0]
-    qtype, file_type = DTYPES[dtype]
+    type_name, file_type = DTYPES[dtype]
+    try:
+        qtype = Q[type_name]
+        stored = store(make_weights(), qtype)
+        values = stored_values(stored, qtype)
+    except (KeyError, AttributeError, NotImplementedError) as e:
+        # Exit status 3, as for a missing package: callers skip, unless told to fail.
+        print(f"missing Python package: this gguf package cannot convert to {dtype} ({e!r}); "
+              "a newer one can (python3 -m pip install -U gguf)", file=sys.stderr)
+        return 3
     os.makedirs(out, exist_ok=True)
-    stored = store(make_weights(), qtype)
     write_gguf(os.path.join(out, "tiny-llama.gguf"), stored, qtype, file_type)
-    tokens, logits, margin = decode(stored_values(stored, qtype))
+    tokens, logits, margin = decode(values)
     reference = {
         "prompt": PROMPT,
         "tokens": tokens,
