@@ -23,9 +23,9 @@
  *                              the first index of the largest value
  *
  * Every other tensor is f32 (argmax's output i32); every tensor is packed (no explicit strides),
- * in host memory, aligned to 4 bytes; calls are host-blocking; op version 1.0.0, priority 10. The attention's key/value
- * length T is part of its tensors' shapes, so a decode re-resolves (or reshapes) it as the cache
- * grows. It keeps no scratch: the softmax is computed online, one pass over the cache, which
+ * in host memory, aligned to 4 bytes; calls are host-blocking; op version 1.0.0, priority 10.
+ * The attention's key/value length T is part of its tensors' shapes, so a decode re-resolves (or
+ * reshapes) it as the cache grows. It keeps no scratch: the softmax is computed online, one pass over the cache, which
  * bounds d to LLAMA_MAX_HEAD_DIM. Validate refuses every shape and record it does not compute.
  *
  * Weight storage types. The weight of a matvec and the table of an embed are stored as a GGUF
