@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes a tiny Llama-architecture GGUF with random weights and the numpy reference of its decode.
 
-Usage: make_tiny_llama.py OUT_DIR
+Usage: make_tiny_llama.py [--dtype f32|f16|bf16|q8_0|q4_0] OUT_DIR
 
 Writes OUT_DIR/tiny-llama.gguf with the `gguf` package from PyPI (llama.cpp's own writer), so the
 host reads a file it did not write itself, and OUT_DIR/tiny-llama.reference.json: the prompt, the
@@ -10,8 +10,22 @@ with numpy in float32.
 
 The model: 2 layers, hidden size 64, 4 query heads and 2 key/value heads of 16 (grouped-query
 attention), vocabulary 256, SwiGLU feed-forward of 128, RMSNorm (eps 1e-5), RoPE (base 10000,
-adjacent pairs rotated, as GGML's normal mode for the llama architecture), every tensor f32,
-weights drawn from a fixed seed. The tensor names and metadata keys are the standard llama ones.
+adjacent pairs rotated, as GGML's normal mode for the llama architecture), weights drawn from a
+fixed seed. The tensor names and metadata keys are the standard llama ones.
+
+--dtype (default f32) is the storage type of the weight matrices: token_embd, the attention and
+feed-forward projections and output. The norm vectors stay f32, as in the files llama.cpp writes.
+The matrices are drawn in f32 exactly as for the f32 file (same seed, same order) and stored with
+the gguf package's own converters (gguf.quants.quantize: round to nearest for f16, round to
+nearest even for bf16, GGML's reference quantizers for q8_0 and q4_0); the default writes the
+same bytes as before the option existed. Only the file type key and the matrices differ.
+
+The reference computes what the format defines: each stored matrix is dequantized with
+gguf.quants.dequantize (q8_0: d * q; q4_0: d * (nibble - 8); f16/bf16 widened exactly) and the
+decode runs in float32 on those values with f32 activations. llama.cpp's CPU backend
+additionally rounds the activation vector to Q8_0 (for q8_0 and q4_0 weights) or to f16 (for f16
+weights) before its dot products; this reference does not, so it matches an engine that
+multiplies the dequantized weights with f32 activations, as the example module does.
 
 The arithmetic (what the C module example.llama.* must match):
   x = token_embd[token]
@@ -52,6 +66,18 @@ N_DECODE = 16
 
 f32 = np.float32
 
+# The storage types --dtype accepts: the GGML type's name and GGUF's file type
+# (general.file_type, llama.cpp's LlamaFileType numbering) for each. Names, not the package's
+# enums, so that an older gguf package still writes the default f32 file.
+Q = gguf.GGMLQuantizationType
+DTYPES = {
+    "f32": ("F32", 0),
+    "f16": ("F16", 1),
+    "bf16": ("BF16", 32),
+    "q8_0": ("Q8_0", 7),
+    "q4_0": ("Q4_0", 2),
+}
+
 
 def make_weights():
     rng = np.random.default_rng(SEED)
@@ -80,7 +106,32 @@ def make_weights():
     return t
 
 
-def write_gguf(path, t):
+def is_matrix(name):
+    """The weight matrices --dtype applies to (the norm vectors are 1-D and stay f32)."""
+    return name.endswith(".weight") and not name.endswith("norm.weight")
+
+
+def store(t, qtype):
+    """The tensors as the file stores them: the matrices converted to qtype by the gguf package."""
+    if qtype == Q.F32:
+        return dict(t)
+    return {name: gguf.quants.quantize(v, qtype) if is_matrix(name) else v for name, v in t.items()}
+
+
+def stored_values(stored, qtype):
+    """What the format defines the stored tensors to be: the matrices dequantized to float32."""
+    if qtype == Q.F32:
+        return stored
+    out = {}
+    for name, v in stored.items():
+        if is_matrix(name):
+            out[name] = gguf.quants.dequantize(v, qtype).astype(f32, copy=False)
+        else:
+            out[name] = v
+    return out
+
+
+def write_gguf(path, t, qtype, file_type):
     w = gguf.GGUFWriter(path, "llama")
     w.add_name("guild tiny llama (random weights)")
     w.add_context_length(N_CTX)
@@ -93,13 +144,18 @@ def write_gguf(path, t):
     w.add_rope_freq_base(ROPE_BASE)
     w.add_layer_norm_rms_eps(EPS)
     w.add_vocab_size(N_VOCAB)
-    w.add_file_type(0)  # all f32
+    w.add_file_type(file_type)
     w.add_tokenizer_model("llama")
     w.add_token_list([f"<0x{i:02X}>" for i in range(N_VOCAB)])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     for name, value in t.items():
-        w.add_tensor(name, value)
+        if qtype in (Q.F32, Q.F16) or not is_matrix(name):
+            w.add_tensor(name, value)
+        else:
+            # The quantizer's bytes, one row of blocks per matrix row; the writer derives the
+            # element shape from the byte shape and the type.
+            w.add_tensor(name, value, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -169,14 +225,27 @@ def decode(t):
 
 
 def main():
-    if len(sys.argv) != 2:
-        print("usage: make_tiny_llama.py OUT_DIR", file=sys.stderr)
+    args = sys.argv[1:]
+    dtype = "f32"
+    if len(args) == 3 and args[0] == "--dtype" and args[1] in DTYPES:
+        dtype, args = args[1], args[2:]
+    if len(args) != 1:
+        print("usage: make_tiny_llama.py [--dtype f32|f16|bf16|q8_0|q4_0] OUT_DIR", file=sys.stderr)
         return 2
-    out = sys.argv[1]
+    out = args[0]
+    type_name, file_type = DTYPES[dtype]
+    try:
+        qtype = Q[type_name]
+        stored = store(make_weights(), qtype)
+        values = stored_values(stored, qtype)
+    except (KeyError, AttributeError, NotImplementedError) as e:
+        # Exit status 3, as for a missing package: callers skip, unless told to fail.
+        print(f"missing Python package: this gguf package cannot convert to {dtype} ({e!r}); "
+              "a newer one can (python3 -m pip install -U gguf)", file=sys.stderr)
+        return 3
     os.makedirs(out, exist_ok=True)
-    t = make_weights()
-    write_gguf(os.path.join(out, "tiny-llama.gguf"), t)
-    tokens, logits, margin = decode(t)
+    write_gguf(os.path.join(out, "tiny-llama.gguf"), stored, qtype, file_type)
+    tokens, logits, margin = decode(values)
     reference = {
         "prompt": PROMPT,
         "tokens": tokens,
@@ -187,7 +256,7 @@ def main():
     }
     with open(os.path.join(out, "tiny-llama.reference.json"), "w") as f:
         json.dump(reference, f)
-    print(f"wrote {out}/tiny-llama.gguf and tiny-llama.reference.json: tokens {tokens}")
+    print(f"wrote {out}/tiny-llama.gguf ({dtype} weights) and tiny-llama.reference.json: tokens {tokens}")
     return 0
 
 

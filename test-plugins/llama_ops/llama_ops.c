@@ -4,7 +4,11 @@
  *
  *   op name                    inputs (dims innermost first)            output        params
  *   example.llama.matvec       W [in, out], x [in]                       y [out]       -
- *                              y[o] = sum_i W[o*in + i] * x[i]
+ *                              y[o] = sum_i W[o*in + i] * x[i], W stored as f32, f16, bf16, q8_0
+ *                              or q4_0 (one implementation per storage type, see below)
+ *   example.llama.embed        E [n, rows]                               y [n]         embed
+ *                              y = row `row` of E, dequantized to f32; E stored as f32, f16,
+ *                              bf16, q8_0 or q4_0 (one implementation per storage type)
  *   example.llama.rmsnorm      x [n], w [n]                              y [n]         rmsnorm
  *                              y = x / sqrt(mean(x^2) + eps) * w
  *   example.llama.rope         x [d, heads] (d even)                     y [d, heads]  rope
@@ -18,16 +22,41 @@
  *   example.llama.argmax       x [n]                                     i [1] (i32)   -
  *                              the first index of the largest value
  *
- * Every tensor is f32 (argmax's output i32), packed (no explicit strides), host memory, aligned
- * to 4 bytes; calls are host-blocking; op version 1.0.0, priority 10. The attention's key/value
- * length T is part of its tensors' shapes, so a decode re-resolves (or reshapes) it as the cache
- * grows. It keeps no scratch: the softmax is computed online, one pass over the cache, which
+ * Every other tensor is f32 (argmax's output i32); every tensor is packed (no explicit strides),
+ * in host memory, aligned to 4 bytes; calls are host-blocking; op version 1.0.0, priority 10.
+ * The attention's key/value length T is part of its tensors' shapes, so a decode re-resolves (or
+ * reshapes) it as the cache grows. It keeps no scratch: the softmax is computed online, one pass over the cache, which
  * bounds d to LLAMA_MAX_HEAD_DIM. Validate refuses every shape and record it does not compute.
+ *
+ * Weight storage types. The weight of a matvec and the table of an embed are stored as a GGUF
+ * file stores them, and the descriptor says how: the dtype is GUILD_DTYPE_F32, F16, BF16, Q8_0 or
+ * Q4_0, dims[0] (the row length in elements) is a whole number of blocks, and each row is
+ * dims[0] / 32 blocks of 34 bytes (q8_0: an f16 scale d, then 32 int8 q; value d * q) or 18
+ * bytes (q4_0: an f16 scale d, then 16 bytes whose low nibbles are elements 0..15 and high
+ * nibbles 16..31; value d * (nibble - 8)); f16 and bf16 are one 2-byte element each. The host
+ * checks the descriptor (a row of whole blocks, no stride on the first axis, the byte extent of
+ * the buffer, the alignment) before anything here runs. Products are computed on the dequantized
+ * values in f32 with f32 activations (llama.cpp rounds the activation to Q8_0 first for q8_0 and
+ * q4_0 weights; this module does not).
+ *
+ * Why one implementation per storage type, under one operation name, rather than an operation
+ * per type (example.llama.matvec_q8_0...): the storage type is a property of the tensor, which
+ * the spec puts in the descriptor ("dtype IDs include existing quantized formats"), and what the
+ * operation computes does not change with it. A runner asks for example.llama.matvec with its
+ * weight's real descriptor and resolution picks the implementation that takes it; another
+ * provider (a faster build, a GPU) competes per type by priority without the runner knowing
+ * implementation names. GOP1's input_dtype constrains every input, and a matvec's inputs are
+ * heterogeneous (W in its storage type, x in f32), so the non-f32 matvecs declare
+ * GUILD_DTYPE_ANY and their validate takes only their own type for W and f32 for x, as the spec
+ * says heterogeneous contracts do; the f32 matvec keeps its F32 contract. The embed has one
+ * input, so each embed's contract names its table's type itself and the host's own dtype check
+ * chooses among them before any validate runs.
  *
  * Parameter records (execute needs them; a query may carry them or not, and validate checks
  * them when it does):
  *   rmsnorm: { uint32_t struct_size = 8; float eps; }             eps > 0 and finite
  *   rope:    { uint32_t struct_size = 12; uint32_t position; float freq_base; }  base > 0
+ *   embed:   { uint32_t struct_size = 8; uint32_t row; }           row < rows
  *
  * Numerics: deterministic, f32 arithmetic and accumulation, ordered reductions (index order).
  * The module keeps no state: each operation's user_data is a static llama_op_t.
@@ -57,7 +86,8 @@ typedef enum llama_kind {
     LLAMA_ATTENTION,
     LLAMA_SWIGLU,
     LLAMA_ADD,
-    LLAMA_ARGMAX
+    LLAMA_ARGMAX,
+    LLAMA_EMBED
 } llama_kind;
 
 typedef struct llama_op_t {
@@ -66,6 +96,8 @@ typedef struct llama_op_t {
     const char* op_name;
     const char* impl_id;
     uint32_t inputs;
+    /* The storage type of a matvec's W or an embed's table; F32 for the other operations. */
+    uint32_t weight_dtype;
     uint32_t output_dtype;
 } llama_op_t;
 
@@ -80,16 +112,152 @@ typedef struct llama_rope_params_v1 {
     float freq_base;
 } llama_rope_params_v1;
 
+typedef struct llama_embed_params_v1 {
+    uint32_t struct_size;
+    uint32_t row;
+} llama_embed_params_v1;
+
+#define LLAMA_F32 GUILD_DTYPE_F32
 static llama_op_t llama_ops[] = {
-    {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.cpu", 2u, GUILD_DTYPE_F32},
-    {LLAMA_OP_MAGIC, LLAMA_RMSNORM, "example.llama.rmsnorm", "example.llama.rmsnorm.cpu", 2u, GUILD_DTYPE_F32},
-    {LLAMA_OP_MAGIC, LLAMA_ROPE, "example.llama.rope", "example.llama.rope.cpu", 1u, GUILD_DTYPE_F32},
-    {LLAMA_OP_MAGIC, LLAMA_ATTENTION, "example.llama.attention", "example.llama.attention.cpu", 3u,
-     GUILD_DTYPE_F32},
-    {LLAMA_OP_MAGIC, LLAMA_SWIGLU, "example.llama.swiglu", "example.llama.swiglu.cpu", 2u, GUILD_DTYPE_F32},
-    {LLAMA_OP_MAGIC, LLAMA_ADD, "example.llama.add", "example.llama.add.cpu", 2u, GUILD_DTYPE_F32},
-    {LLAMA_OP_MAGIC, LLAMA_ARGMAX, "example.llama.argmax", "example.llama.argmax.cpu", 1u, GUILD_DTYPE_I32},
+    {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.cpu", 2u, LLAMA_F32, LLAMA_F32},
+    {LLAMA_OP_MAGIC, LLAMA_RMSNORM, "example.llama.rmsnorm", "example.llama.rmsnorm.cpu", 2u, LLAMA_F32, LLAMA_F32},
+    {LLAMA_OP_MAGIC, LLAMA_ROPE, "example.llama.rope", "example.llama.rope.cpu", 1u, LLAMA_F32, LLAMA_F32},
+    {LLAMA_OP_MAGIC, LLAMA_ATTENTION, "example.llama.attention", "example.llama.attention.cpu", 3u, LLAMA_F32,
+     LLAMA_F32},
+    {LLAMA_OP_MAGIC, LLAMA_SWIGLU, "example.llama.swiglu", "example.llama.swiglu.cpu", 2u, LLAMA_F32, LLAMA_F32},
+    {LLAMA_OP_MAGIC, LLAMA_ADD, "example.llama.add", "example.llama.add.cpu", 2u, LLAMA_F32, LLAMA_F32},
+    {LLAMA_OP_MAGIC, LLAMA_ARGMAX, "example.llama.argmax", "example.llama.argmax.cpu", 1u, LLAMA_F32,
+     GUILD_DTYPE_I32},
+    {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.f16.cpu", 2u, GUILD_DTYPE_F16,
+     LLAMA_F32},
+    {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.bf16.cpu", 2u, GUILD_DTYPE_BF16,
+     LLAMA_F32},
+    {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.q8_0.cpu", 2u, GUILD_DTYPE_Q8_0,
+     LLAMA_F32},
+    {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.q4_0.cpu", 2u, GUILD_DTYPE_Q4_0,
+     LLAMA_F32},
+    {LLAMA_OP_MAGIC, LLAMA_EMBED, "example.llama.embed", "example.llama.embed.f32.cpu", 1u, LLAMA_F32, LLAMA_F32},
+    {LLAMA_OP_MAGIC, LLAMA_EMBED, "example.llama.embed", "example.llama.embed.f16.cpu", 1u, GUILD_DTYPE_F16,
+     LLAMA_F32},
+    {LLAMA_OP_MAGIC, LLAMA_EMBED, "example.llama.embed", "example.llama.embed.bf16.cpu", 1u, GUILD_DTYPE_BF16,
+     LLAMA_F32},
+    {LLAMA_OP_MAGIC, LLAMA_EMBED, "example.llama.embed", "example.llama.embed.q8_0.cpu", 1u, GUILD_DTYPE_Q8_0,
+     LLAMA_F32},
+    {LLAMA_OP_MAGIC, LLAMA_EMBED, "example.llama.embed", "example.llama.embed.q4_0.cpu", 1u, GUILD_DTYPE_Q4_0,
+     LLAMA_F32},
 };
+
+/* The name of a storage type, for messages. */
+static const char* llama_dtype_name(uint32_t dtype) {
+    switch (dtype) {
+        case GUILD_DTYPE_F32:
+            return "f32";
+        case GUILD_DTYPE_F16:
+            return "f16";
+        case GUILD_DTYPE_BF16:
+            return "bf16";
+        case GUILD_DTYPE_Q8_0:
+            return "q8_0";
+        case GUILD_DTYPE_Q4_0:
+            return "q4_0";
+        case GUILD_DTYPE_I32:
+            return "i32";
+        default:
+            return "another dtype";
+    }
+}
+
+/* Elements per block of a storage type (1 for the plain ones). */
+static uint64_t llama_block_elements(uint32_t dtype) {
+    return dtype == GUILD_DTYPE_Q8_0 || dtype == GUILD_DTYPE_Q4_0 ? 32u : 1u;
+}
+
+/* Bytes per block of a storage type. */
+static uint64_t llama_block_bytes(uint32_t dtype) {
+    switch (dtype) {
+        case GUILD_DTYPE_F16:
+        case GUILD_DTYPE_BF16:
+            return 2u;
+        case GUILD_DTYPE_Q8_0:
+            return 34u;
+        case GUILD_DTYPE_Q4_0:
+            return 18u;
+        default:
+            return 4u;
+    }
+}
+
+/* IEEE binary16 to binary32, exactly (subnormals, infinities and NaNs included). */
+static float llama_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exponent = (h >> 10) & 0x1fu;
+    uint32_t mantissa = h & 0x3ffu;
+    uint32_t bits;
+    float f;
+    if (exponent == 0x1fu) {
+        bits = sign | 0x7f800000u | (mantissa << 13);
+    } else if (exponent != 0u) {
+        bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+    } else if (mantissa == 0u) {
+        bits = sign;
+    } else {
+        /* A subnormal, mantissa * 2^-24: shift the leading one into the implicit bit. */
+        exponent = 113u;
+        while ((mantissa & 0x400u) == 0u) {
+            mantissa <<= 1;
+            --exponent;
+        }
+        bits = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
+    }
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* A little-endian 16-bit word at p, which may be unaligned (a block's scale is at 2 mod 4). */
+static uint16_t llama_u16(const unsigned char* p) {
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+/*
+ * Dequantizes `count` elements of a row of `dtype` starting at element `first`, a multiple of 32
+ * (a block boundary, for the block types), into out[0..count). The block types take count = 32.
+ */
+static void llama_dequantize(uint32_t dtype, const unsigned char* row, uint64_t first, uint64_t count, float* out) {
+    uint64_t i;
+    switch (dtype) {
+        case GUILD_DTYPE_F16:
+            for (i = 0; i < count; ++i) {
+                out[i] = llama_f16_to_f32(llama_u16(row + 2u * (first + i)));
+            }
+            return;
+        case GUILD_DTYPE_BF16:
+            for (i = 0; i < count; ++i) {
+                uint32_t bits = (uint32_t)llama_u16(row + 2u * (first + i)) << 16;
+                memcpy(&out[i], &bits, sizeof bits);
+            }
+            return;
+        case GUILD_DTYPE_Q8_0: {
+            const unsigned char* block = row + (first / 32u) * 34u;
+            float d = llama_f16_to_f32(llama_u16(block));
+            for (i = 0; i < 32u; ++i) {
+                out[i] = d * (float)(int8_t)block[2u + i];
+            }
+            return;
+        }
+        case GUILD_DTYPE_Q4_0: {
+            const unsigned char* block = row + (first / 32u) * 18u;
+            float d = llama_f16_to_f32(llama_u16(block));
+            for (i = 0; i < 16u; ++i) {
+                out[i] = d * (float)((int)(block[2u + i] & 0x0fu) - 8);
+                out[i + 16u] = d * (float)((int)(block[2u + i] >> 4) - 8);
+            }
+            return;
+        }
+        default:
+            memcpy(out, row + 4u * first, (size_t)(4u * count));
+            return;
+    }
+}
 
 static const llama_op_t* llama_op(void* user_data) {
     const llama_op_t* op = (const llama_op_t*)user_data;
@@ -123,9 +291,10 @@ static int llama_same_shape(const guild_tensor_desc_v1_t* a, const guild_tensor_
     return 1;
 }
 
-/* Checks a parameter record; `required` when executing. Writes the reason and returns 0 when bad. */
-static int llama_check_params(const llama_op_t* op, const void* params, size_t size, int required, char* why,
-                              size_t why_size) {
+/* Checks a parameter record; `required` when executing; `rows` bounds an embed's row. Writes the reason
+ * and returns 0 when bad. */
+static int llama_check_params(const llama_op_t* op, const void* params, size_t size, uint64_t rows, int required,
+                              char* why, size_t why_size) {
     if (op->kind == LLAMA_RMSNORM) {
         llama_rmsnorm_params_v1 p;
         if (params == NULL && size == 0u && !required) {
@@ -139,6 +308,23 @@ static int llama_check_params(const llama_op_t* op, const void* params, size_t s
         if (p.struct_size != (uint32_t)sizeof p || !(p.eps > 0.0f) || !isfinite(p.eps)) {
             (void)snprintf(why, why_size, "rmsnorm's record needs struct_size %u and a finite eps > 0",
                            (unsigned)sizeof p);
+            return 0;
+        }
+        return 1;
+    }
+    if (op->kind == LLAMA_EMBED) {
+        llama_embed_params_v1 p;
+        if (params == NULL && size == 0u && !required) {
+            return 1;
+        }
+        if (params == NULL || size != sizeof p) {
+            (void)snprintf(why, why_size, "embed needs its %u-byte parameter record (row)", (unsigned)sizeof p);
+            return 0;
+        }
+        memcpy(&p, params, sizeof p);
+        if (p.struct_size != (uint32_t)sizeof p || (uint64_t)p.row >= rows) {
+            (void)snprintf(why, why_size, "embed's record needs struct_size %u and a row below %llu",
+                           (unsigned)sizeof p, (unsigned long long)rows);
             return 0;
         }
         return 1;
@@ -177,13 +363,16 @@ static int llama_check_shapes(const llama_op_t* op, const guild_tensor_desc_v1_t
         return 0;
     }
     for (i = 0; i < n_in; ++i) {
-        if (in[i].dtype != GUILD_DTYPE_F32) {
-            (void)snprintf(why, why_size, "input %u must be f32", (unsigned)i);
+        /* The weight (input 0 of a matvec or an embed) in this implementation's storage type, every
+         * other input f32. */
+        uint32_t want = i == 0u ? op->weight_dtype : GUILD_DTYPE_F32;
+        if (in[i].dtype != want) {
+            (void)snprintf(why, why_size, "input %u must be %s", (unsigned)i, llama_dtype_name(want));
             return 0;
         }
     }
     if (out[0].dtype != op->output_dtype) {
-        (void)snprintf(why, why_size, "the output must be %s", op->output_dtype == GUILD_DTYPE_I32 ? "i32" : "f32");
+        (void)snprintf(why, why_size, "the output must be %s", llama_dtype_name(op->output_dtype));
         return 0;
     }
     switch (op->kind) {
@@ -191,6 +380,22 @@ static int llama_check_shapes(const llama_op_t* op, const guild_tensor_desc_v1_t
             if (!llama_packed(&in[0], 2u) || !llama_packed(&in[1], 1u) || !llama_packed(&out[0], 1u) ||
                 in[1].dims[0] != in[0].dims[0] || out[0].dims[0] != in[0].dims[1]) {
                 (void)snprintf(why, why_size, "matvec takes packed W [in, out], x [in] and y [out]");
+                return 0;
+            }
+            /* The host refuses a row of partial blocks before validate; checked again so that
+             * the arithmetic never reads past a row on a host that did not. */
+            if (in[0].dims[0] % llama_block_elements(op->weight_dtype) != 0u) {
+                (void)snprintf(why, why_size, "a %s row is whole blocks of 32", llama_dtype_name(op->weight_dtype));
+                return 0;
+            }
+            return 1;
+        case LLAMA_EMBED:
+            if (!llama_packed(&in[0], 2u) || !llama_packed(&out[0], 1u) || out[0].dims[0] != in[0].dims[0]) {
+                (void)snprintf(why, why_size, "embed takes a packed table E [n, rows] and writes y [n]");
+                return 0;
+            }
+            if (in[0].dims[0] % llama_block_elements(op->weight_dtype) != 0u) {
+                (void)snprintf(why, why_size, "a %s row is whole blocks of 32", llama_dtype_name(op->weight_dtype));
                 return 0;
             }
             return 1;
@@ -251,7 +456,7 @@ static guild_status_t llama_validate(void* user_data, const guild_operation_quer
     }
     if (!llama_check_shapes(op, query->inputs, query->input_count, query->outputs, query->output_count, why,
                             sizeof why) ||
-        !llama_check_params(op, query->params, query->params_size, 0, why, sizeof why)) {
+        !llama_check_params(op, query->params, query->params_size, query->inputs[0].dims[1], 0, why, sizeof why)) {
         return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, op->impl_id, why);
     }
     return GUILD_STATUS_OK;
@@ -279,6 +484,38 @@ static void llama_matvec(const float* w, const float* x, float* y, uint64_t n_in
             acc += row[i] * x[i];
         }
         y[o] = acc;
+    }
+}
+
+/* y = W x for W stored as `dtype`: each row dequantized 32 elements at a time and multiplied in f32,
+ * summed in index order as the f32 matvec does. */
+static void llama_matvec_stored(uint32_t dtype, const unsigned char* w, const float* x, float* y, uint64_t n_in,
+                                uint64_t n_out) {
+    const uint64_t row_bytes = n_in / llama_block_elements(dtype) * llama_block_bytes(dtype);
+    uint64_t o, start, i;
+    float chunk[32];
+    for (o = 0; o < n_out; ++o) {
+        const unsigned char* row = w + o * row_bytes;
+        float acc = 0.0f;
+        for (start = 0; start < n_in; start += 32u) {
+            const uint64_t count = n_in - start < 32u ? n_in - start : 32u;
+            llama_dequantize(dtype, row, start, count, chunk);
+            for (i = 0; i < count; ++i) {
+                acc += chunk[i] * x[start + i];
+            }
+        }
+        y[o] = acc;
+    }
+}
+
+/* y = row `row` of the table E [n, rows] stored as `dtype`, as f32. */
+static void llama_embed(uint32_t dtype, const unsigned char* table, float* y, uint64_t n, uint32_t row) {
+    const uint64_t row_bytes = n / llama_block_elements(dtype) * llama_block_bytes(dtype);
+    const unsigned char* r = table + (uint64_t)row * row_bytes;
+    uint64_t start;
+    for (start = 0; start < n; start += 32u) {
+        const uint64_t count = n - start < 32u ? n - start : 32u;
+        llama_dequantize(dtype, r, start, count, y + start);
     }
 }
 
@@ -372,7 +609,7 @@ static guild_status_t llama_execute(void* user_data, const guild_execute_args_v1
     in = args->inputs;
     out = args->outputs;
     if (!llama_check_shapes(op, in, args->input_count, out, args->output_count, why, sizeof why) ||
-        !llama_check_params(op, args->params, args->params_size, 1, why, sizeof why)) {
+        !llama_check_params(op, args->params, args->params_size, in[0].dims[1], 1, why, sizeof why)) {
         return guild_error_info_set(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, op->impl_id, why);
     }
     for (i = 0; i < args->input_count; ++i) {
@@ -387,9 +624,21 @@ static guild_status_t llama_execute(void* user_data, const guild_execute_args_v1
     }
     switch (op->kind) {
         case LLAMA_MATVEC:
-            llama_matvec((const float*)in[0].data, (const float*)in[1].data, (float*)out[0].data, in[0].dims[0],
-                         in[0].dims[1]);
+            if (op->weight_dtype == GUILD_DTYPE_F32) {
+                llama_matvec((const float*)in[0].data, (const float*)in[1].data, (float*)out[0].data,
+                             in[0].dims[0], in[0].dims[1]);
+            } else {
+                llama_matvec_stored(op->weight_dtype, (const unsigned char*)in[0].data, (const float*)in[1].data,
+                                    (float*)out[0].data, in[0].dims[0], in[0].dims[1]);
+            }
             break;
+        case LLAMA_EMBED: {
+            llama_embed_params_v1 p;
+            memcpy(&p, args->params, sizeof p);
+            llama_embed(op->weight_dtype, (const unsigned char*)in[0].data, (float*)out[0].data, in[0].dims[0],
+                        p.row);
+            break;
+        }
         case LLAMA_RMSNORM: {
             llama_rmsnorm_params_v1 p;
             memcpy(&p, args->params, sizeof p);
@@ -462,7 +711,11 @@ static guild_status_t llama_register(const guild_host_api_v1_t* host, llama_op_t
     gop.op_version = GUILD_KERNEL_ABI_MAKE_VERSION(1, 0, 0);
     gop.capabilities = 0u;
     gop.numerics = GUILD_NUMERICS_DETERMINISTIC | GUILD_NUMERICS_F32_ACCUMULATION | GUILD_NUMERICS_ORDERED_REDUCTION;
-    gop.input_dtype = GUILD_DTYPE_F32;
+    /* A matvec over stored weights has heterogeneous inputs (W in its type, x in f32): the
+     * contract leaves the dtypes to validate, as the spec says such contracts do. Every other
+     * implementation's inputs share one dtype, which the contract names. */
+    gop.input_dtype =
+        op->kind == LLAMA_MATVEC && op->weight_dtype != GUILD_DTYPE_F32 ? GUILD_DTYPE_ANY : op->weight_dtype;
     gop.output_dtype = op->output_dtype;
     gop.min_inputs = op->inputs;
     gop.max_inputs = op->inputs;

@@ -9,7 +9,8 @@
 //! version and roll back while a serving runner (`guild-example-runner --serve`) runs in the
 //! background and switches versions without a restart. Last, it installs the Llama operations
 //! module and decodes a tiny Llama (written by `examples/llama-decode/make_tiny_llama.py`)
-//! through the service, checking the tokens and logits against the script's numpy reference.
+//! through the service, checking the tokens and logits against the script's numpy reference,
+//! once with f32 weights and once with q8_0 ones.
 //!
 //! Every step prints what it does, the command, and the command's output. Each command's exit
 //! code and the facts its output must state (ids, versions, results) are checked; anything else
@@ -986,6 +987,41 @@ fn llama_decode(
         &args,
         OK,
         &["tokens: ", "reference: tokens match"],
+    )?;
+
+    // The same model with its weight matrices stored as q8_0: the runner passes them as
+    // stored, and the service resolves the module's q8_0 matvec and embedding for them.
+    let quantized = dir.join("llama-q8_0");
+    println!(
+        "   $ python3 {script} --dtype q8_0 {}",
+        demo.show(&quantized)
+    );
+    let out = Command::new("python3")
+        .current_dir(&demo.root)
+        .arg(script)
+        .args(["--dtype", "q8_0"])
+        .arg(&quantized)
+        .output()
+        .map_err(|e| format!("cannot run python3: {e}"))?;
+    print!("     {}", String::from_utf8_lossy(&out.stdout));
+    if !out.status.success() {
+        return Err(format!(
+            "{script} --dtype q8_0 failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let (gguf, reference) = (
+        demo.show(&quantized.join("tiny-llama.gguf")),
+        demo.show(&quantized.join("tiny-llama.reference.json")),
+    );
+    let args = [store, gguf.as_str(), "--reference", reference.as_str()];
+    let shown = format!("{} {}", demo.show(&decoder), args.join(" "));
+    demo.command(
+        &decoder,
+        &shown,
+        &args,
+        OK,
+        &["weight matrices q8_0", "reference: tokens match"],
     )?;
     Ok(())
 }

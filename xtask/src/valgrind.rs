@@ -59,6 +59,11 @@ pub fn run_all(plugins: &Path) -> Result<(), String> {
             // The Llama operations module: a whole decode, and the refusals of its contracts.
             "llama::tiny_llama_",
             "llama::the_module_refuses_",
+            // Its stored-weight operations: the decode per dtype, the hand-built blocks, and
+            // the refused malformed descriptors (what must never reach the C arithmetic).
+            "llama::each_weight_dtype_",
+            "llama::the_stored_weight_operations_",
+            "llama::malformed_quantized_",
             // Not the live switch test (`llama::live_`): its module runs in the runner process
             // it starts, which valgrind does not follow, so it would check nothing here.
         ],

@@ -2,8 +2,11 @@
 //!
 //! The runner reads the model through the host's GGUF reader ([`ModelFile`]), resolves every
 //! operation of a decode step once (the `example.llama.*` operations of `test-plugins/llama_ops`),
-//! and runs the loop: one forward pass per token, 15 operation calls per layer plus three for the
-//! output (33 for two layers). The attention's key/value length is part of its tensors' shapes,
+//! and runs the loop: one forward pass per token, the embedding lookup, 15 operation calls per
+//! layer and three for the output (34 for two layers). The weight matrices may be stored as f32,
+//! f16, bf16, q8_0 or q4_0 ([`MATRIX_DTYPES`]): each is passed to the module as the file stores
+//! it, its descriptor naming its dtype, and the service resolves the implementation that takes
+//! that dtype; the norm vectors are f32. The attention's key/value length is part of its tensors' shapes,
 //! so its handle is re-bound to the grown cache before each token through [`Ops::rebind`], the
 //! one place that does so.
 //!
@@ -24,8 +27,9 @@ use guild_host::{
     TensorArgMut, TensorDesc,
 };
 
-/// The implementation ids `test-plugins/llama_ops` registers (what its manifest lists).
-pub const MODULE_IMPLS: [&str; 7] = [
+/// The implementation ids `test-plugins/llama_ops` registers (what its manifest lists): one
+/// matvec and one embed per weight storage type.
+pub const MODULE_IMPLS: [&str; 16] = [
     "example.llama.matvec.cpu",
     "example.llama.rmsnorm.cpu",
     "example.llama.rope.cpu",
@@ -33,6 +37,25 @@ pub const MODULE_IMPLS: [&str; 7] = [
     "example.llama.swiglu.cpu",
     "example.llama.add.cpu",
     "example.llama.argmax.cpu",
+    "example.llama.matvec.f16.cpu",
+    "example.llama.matvec.bf16.cpu",
+    "example.llama.matvec.q8_0.cpu",
+    "example.llama.matvec.q4_0.cpu",
+    "example.llama.embed.f32.cpu",
+    "example.llama.embed.f16.cpu",
+    "example.llama.embed.bf16.cpu",
+    "example.llama.embed.q8_0.cpu",
+    "example.llama.embed.q4_0.cpu",
+];
+
+/// The storage types this runner takes for a weight matrix (token_embd, the projections and
+/// output): those the module's matvec and embed implementations take.
+pub const MATRIX_DTYPES: [DType; 5] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q8_0,
+    DType::Q4_0,
 ];
 
 /// The operations a decode step uses, by name.
@@ -43,9 +66,7 @@ pub const ATTENTION: &str = "example.llama.attention";
 pub const SWIGLU: &str = "example.llama.swiglu";
 pub const ADD: &str = "example.llama.add";
 pub const ARGMAX: &str = "example.llama.argmax";
-
-/// GGML's f32 type id, as GGUF tensors carry it.
-const GGML_F32: u32 = 0;
+pub const EMBED: &str = "example.llama.embed";
 
 /// Why a decode could not run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,34 +187,52 @@ impl Config {
     }
 }
 
-/// One layer's weights, the f32 bytes of the file.
+/// A weight matrix as the file stores it: its dtype and its bytes.
+#[derive(Debug, Clone, Copy)]
+struct Matrix<'m> {
+    dtype: DType,
+    bytes: &'m [u8],
+}
+
+/// One layer's weights, the bytes of the file: f32 norm vectors and stored matrices.
 #[derive(Debug)]
 struct Layer<'m> {
     attn_norm: &'m [u8],
-    wq: &'m [u8],
-    wk: &'m [u8],
-    wv: &'m [u8],
-    wo: &'m [u8],
+    wq: Matrix<'m>,
+    wk: Matrix<'m>,
+    wv: Matrix<'m>,
+    wo: Matrix<'m>,
     ffn_norm: &'m [u8],
-    gate: &'m [u8],
-    up: &'m [u8],
-    down: &'m [u8],
+    gate: Matrix<'m>,
+    up: Matrix<'m>,
+    down: Matrix<'m>,
 }
 
 /// The model's weights, borrowed from the file's mapping.
 #[derive(Debug)]
 pub struct Weights<'m> {
-    token_embd: &'m [u8],
+    token_embd: Matrix<'m>,
     layers: Vec<Layer<'m>>,
     output_norm: &'m [u8],
-    output: &'m [u8],
+    output: Matrix<'m>,
 }
 
+/// The matrices of a layer that one matvec handle serves together, in every layer: a handle is
+/// resolved for one dtype, so they must be stored alike.
+const MATRIX_ROLES: [&[&str]; 5] = [
+    &["attn_q"],
+    &["attn_k", "attn_v"],
+    &["attn_output"],
+    &["ffn_gate", "ffn_up"],
+    &["ffn_down"],
+];
+
 impl<'m> Weights<'m> {
-    /// Finds every tensor a Llama of `cfg` needs, checking that each is f32 of the shape `cfg`
-    /// implies (GGUF dims, innermost first).
+    /// Finds every tensor a Llama of `cfg` needs, checking that each has the shape `cfg` implies
+    /// (GGUF dims, innermost first), that the norm vectors are f32 and the matrices one of
+    /// [`MATRIX_DTYPES`], the matrices of one role stored alike in every layer.
     pub fn from_model(model: &'m Arc<dyn ModelFile>, cfg: &Config) -> Result<Self, DecodeError> {
-        let tensor = |name: &str, dims: &[usize]| -> Result<&'m [u8], DecodeError> {
+        let find = |name: &str, dims: &[usize]| {
             let (index, t) = model
                 .tensors()
                 .iter()
@@ -201,15 +240,44 @@ impl<'m> Weights<'m> {
                 .find(|(_, t)| t.name == name)
                 .ok_or_else(|| DecodeError::Model(format!("tensor {name} is missing")))?;
             let want: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
-            if t.dtype != GGML_F32 || t.dims != want {
-                return Err(DecodeError::Model(format!(
-                    "tensor {name} is dtype {} with dims {:?}; this runner needs f32 {want:?}",
-                    t.dtype, t.dims
-                )));
-            }
+            Ok::<_, DecodeError>((index, DType::from_raw(t.dtype), t.dims.clone(), want))
+        };
+        let data = |index: usize| {
             model
                 .tensor_data(index)
                 .map_err(|e| DecodeError::Model(e.to_string()))
+        };
+        let vector = |name: &str, n: usize| -> Result<&'m [u8], DecodeError> {
+            let (index, dtype, dims, want) = find(name, &[n])?;
+            if dtype != DType::F32 || dims != want {
+                return Err(DecodeError::Model(format!(
+                    "tensor {name} is dtype {} with dims {dims:?}; this runner needs f32 {want:?}",
+                    dtype.raw()
+                )));
+            }
+            data(index)
+        };
+        let matrix = |name: &str, n_in: usize, n_out: usize| -> Result<Matrix<'m>, DecodeError> {
+            let (index, dtype, dims, want) = find(name, &[n_in, n_out])?;
+            if !MATRIX_DTYPES.contains(&dtype) || dims != want {
+                return Err(DecodeError::Model(format!(
+                    "tensor {name} is {dtype} with dims {dims:?}; this runner needs {want:?} \
+                     stored as f32, f16, bf16, q8_0 or q4_0"
+                )));
+            }
+            let bytes = data(index)?;
+            // The descriptor the module will be given must span exactly the stored bytes.
+            let extent = stored_desc(dtype, &[n_in, n_out])
+                .check()
+                .map_err(|e| DecodeError::Model(format!("tensor {name}: {e}")))?
+                .byte_extent;
+            if bytes.len() as u64 != extent {
+                return Err(DecodeError::Model(format!(
+                    "tensor {name} holds {} bytes; {dtype} {want:?} is {extent}",
+                    bytes.len()
+                )));
+            }
+            Ok(Matrix { dtype, bytes })
         };
         let (e, q, kv, ff) = (
             cfg.n_embd,
@@ -221,23 +289,71 @@ impl<'m> Weights<'m> {
         for l in 0..cfg.n_layer {
             let name = |part: &str| format!("blk.{l}.{part}.weight");
             layers.push(Layer {
-                attn_norm: tensor(&name("attn_norm"), &[e])?,
-                wq: tensor(&name("attn_q"), &[e, q])?,
-                wk: tensor(&name("attn_k"), &[e, kv])?,
-                wv: tensor(&name("attn_v"), &[e, kv])?,
-                wo: tensor(&name("attn_output"), &[q, e])?,
-                ffn_norm: tensor(&name("ffn_norm"), &[e])?,
-                gate: tensor(&name("ffn_gate"), &[e, ff])?,
-                up: tensor(&name("ffn_up"), &[e, ff])?,
-                down: tensor(&name("ffn_down"), &[ff, e])?,
+                attn_norm: vector(&name("attn_norm"), e)?,
+                wq: matrix(&name("attn_q"), e, q)?,
+                wk: matrix(&name("attn_k"), e, kv)?,
+                wv: matrix(&name("attn_v"), e, kv)?,
+                wo: matrix(&name("attn_output"), q, e)?,
+                ffn_norm: vector(&name("ffn_norm"), e)?,
+                gate: matrix(&name("ffn_gate"), e, ff)?,
+                up: matrix(&name("ffn_up"), e, ff)?,
+                down: matrix(&name("ffn_down"), ff, e)?,
             });
         }
-        Ok(Weights {
-            token_embd: tensor("token_embd.weight", &[e, cfg.n_vocab])?,
+        let weights = Weights {
+            token_embd: matrix("token_embd.weight", e, cfg.n_vocab)?,
             layers,
-            output_norm: tensor("output_norm.weight", &[e])?,
-            output: tensor("output.weight", &[e, cfg.n_vocab])?,
-        })
+            output_norm: vector("output_norm.weight", e)?,
+            output: matrix("output.weight", e, cfg.n_vocab)?,
+        };
+        for role in MATRIX_ROLES {
+            let want = weights.layers[0].matrix(role[0]).dtype;
+            for (l, layer) in weights.layers.iter().enumerate() {
+                for part in role {
+                    let got = layer.matrix(part).dtype;
+                    if got != want {
+                        return Err(DecodeError::Model(format!(
+                            "tensor blk.{l}.{part}.weight is {got} but blk.0.{}.weight is {want}; \
+                             this runner resolves one matvec for both, so they must be stored alike",
+                            role[0]
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(weights)
+    }
+
+    /// The dtype each weight matrix is stored as, by GGUF name (layer 0's for the projections,
+    /// which every layer shares): what the runner reports of a model.
+    pub fn matrix_dtypes(&self) -> Vec<(&'static str, DType)> {
+        let l = &self.layers[0];
+        vec![
+            ("token_embd", self.token_embd.dtype),
+            ("attn_q", l.wq.dtype),
+            ("attn_k", l.wk.dtype),
+            ("attn_v", l.wv.dtype),
+            ("attn_output", l.wo.dtype),
+            ("ffn_gate", l.gate.dtype),
+            ("ffn_up", l.up.dtype),
+            ("ffn_down", l.down.dtype),
+            ("output", self.output.dtype),
+        ]
+    }
+}
+
+impl<'m> Layer<'m> {
+    /// The matrix of this layer named `part` in GGUF (one of [`MATRIX_ROLES`]' names).
+    fn matrix(&self, part: &str) -> Matrix<'m> {
+        match part {
+            "attn_q" => self.wq,
+            "attn_k" => self.wk,
+            "attn_v" => self.wv,
+            "attn_output" => self.wo,
+            "ffn_gate" => self.gate,
+            "ffn_up" => self.up,
+            _ => self.down,
+        }
     }
 }
 
@@ -245,7 +361,7 @@ impl<'m> Weights<'m> {
 #[derive(Debug, Clone, Copy)]
 pub enum In<'a> {
     F32(&'a [f32]),
-    /// f32 values as the file stores them (the weights).
+    /// Values as the file stores them (the weights, in their own dtype).
     Bytes(&'a [u8]),
 }
 
@@ -427,13 +543,20 @@ impl<'r> Ops for Service<'r> {
 }
 
 fn f32_desc(shape: &[usize]) -> TensorDesc {
+    stored_desc(DType::F32, shape)
+}
+
+/// A packed host tensor of `dtype`: for a block dtype, `shape[0]` counts elements and each row
+/// is `shape[0] / block` blocks, which the host checks and sizes (`TensorDesc::check`).
+fn stored_desc(dtype: DType, shape: &[usize]) -> TensorDesc {
     let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
-    TensorDesc::new(DType::F32, &dims, MemorySpace::Host)
+    TensorDesc::new(dtype, &dims, MemorySpace::Host)
 }
 
 /// The handles of one decode step.
 #[derive(Debug)]
 struct Handles<H> {
+    embed: H,
     mv_q: H,
     mv_kv: H,
     mv_o: H,
@@ -450,8 +573,9 @@ struct Handles<H> {
 }
 
 impl<H> Handles<H> {
-    fn all(&self) -> [&H; 13] {
+    fn all(&self) -> [&H; 14] {
         [
+            &self.embed,
             &self.mv_q,
             &self.mv_kv,
             &self.mv_o,
@@ -534,10 +658,12 @@ impl<'m, 'o, O: Ops> Decoder<'m, 'o, O> {
             cfg.n_ff,
             cfg.head_dim,
         );
-        let mv = |n_in: usize, n_out: usize| {
+        // Each matvec is resolved for its weight's dtype (one per role, which from_model
+        // checked every layer shares).
+        let mv = |w: Matrix<'_>, n_in: usize, n_out: usize| {
             ops.resolve(
                 MATVEC,
-                &[f32_desc(&[n_in, n_out]), f32_desc(&[n_in])],
+                &[stored_desc(w.dtype, &[n_in, n_out]), f32_desc(&[n_in])],
                 &[f32_desc(&[n_out])],
             )
         };
@@ -547,13 +673,19 @@ impl<'m, 'o, O: Ops> Decoder<'m, 'o, O> {
         let rope =
             |heads: usize| ops.resolve(ROPE, &[f32_desc(&[d, heads])], &[f32_desc(&[d, heads])]);
         let (att_in, att_out) = attention_descs(&cfg, 1);
+        let l0 = &weights.layers[0];
         let handles = Handles {
-            mv_q: mv(e, q)?,
-            mv_kv: mv(e, kv)?,
-            mv_o: mv(q, e)?,
-            mv_ff: mv(e, ff)?,
-            mv_down: mv(ff, e)?,
-            mv_out: mv(e, cfg.n_vocab)?,
+            embed: ops.resolve(
+                EMBED,
+                &[stored_desc(weights.token_embd.dtype, &[e, cfg.n_vocab])],
+                &[f32_desc(&[e])],
+            )?,
+            mv_q: mv(l0.wq, e, q)?,
+            mv_kv: mv(l0.wk, e, kv)?,
+            mv_o: mv(l0.wo, q, e)?,
+            mv_ff: mv(l0.gate, e, ff)?,
+            mv_down: mv(l0.down, ff, e)?,
+            mv_out: mv(weights.output, e, cfg.n_vocab)?,
             rmsnorm: vec2(RMSNORM, e)?,
             rope_q: rope(cfg.n_head)?,
             rope_k: rope(cfg.n_head_kv)?,
@@ -664,7 +796,7 @@ impl<'m, 'o, O: Ops> Decoder<'m, 'o, O> {
                 cfg.n_ctx
             )));
         }
-        let (pos, kv, e) = (self.pos, cfg.kv_dim(), cfg.n_embd);
+        let (pos, kv) = (self.pos, cfg.kv_dim());
         let len = pos + 1;
         if self.bound_len != len {
             let (inputs, outputs) = attention_descs(&cfg, len);
@@ -675,19 +807,21 @@ impl<'m, 'o, O: Ops> Decoder<'m, 'o, O> {
         }
         let norm = rmsnorm_params(cfg.eps);
         let rope = rope_params(pos as u32, cfg.rope_base);
+        let embed = embed_params(token as u32);
+        let token_embd = self.weights.token_embd.bytes;
         let mut b = std::mem::replace(&mut self.buffers, empty_buffers());
-        for (slot, bytes) in
-            b.x.iter_mut()
-                .zip(self.weights.token_embd[token * e * 4..(token + 1) * e * 4].chunks_exact(4))
-        {
-            *slot = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-        }
         let result = (|| {
+            self.call(|h| &h.embed, &[In::Bytes(token_embd)], &mut b.x, &embed)?;
             for l in 0..cfg.n_layer {
                 let w = &self.weights.layers[l];
-                let (wq, wk, wv, wo) = (w.wq, w.wk, w.wv, w.wo);
-                let (attn_norm, ffn_norm, gate, up, down) =
-                    (w.attn_norm, w.ffn_norm, w.gate, w.up, w.down);
+                let (wq, wk, wv, wo) = (w.wq.bytes, w.wk.bytes, w.wv.bytes, w.wo.bytes);
+                let (attn_norm, ffn_norm, gate, up, down) = (
+                    w.attn_norm,
+                    w.ffn_norm,
+                    w.gate.bytes,
+                    w.up.bytes,
+                    w.down.bytes,
+                );
                 let mut k_cache = std::mem::take(&mut self.k_cache[l]);
                 let mut v_cache = std::mem::take(&mut self.v_cache[l]);
                 let slot = pos * kv..len * kv;
@@ -738,7 +872,7 @@ impl<'m, 'o, O: Ops> Decoder<'m, 'o, O> {
                 self.v_cache[l] = v_cache;
                 r?;
             }
-            let (output_norm, output) = (self.weights.output_norm, self.weights.output);
+            let (output_norm, output) = (self.weights.output_norm, self.weights.output.bytes);
             let x = In::F32(&b.x);
             self.call(
                 |h| &h.rmsnorm,
@@ -811,6 +945,14 @@ fn rmsnorm_params(eps: f32) -> [u8; 8] {
     p
 }
 
+/// example.llama.embed's parameter record: `{ u32 struct_size = 8; u32 row; }`.
+fn embed_params(row: u32) -> [u8; 8] {
+    let mut p = [0u8; 8];
+    p[..4].copy_from_slice(&8u32.to_ne_bytes());
+    p[4..].copy_from_slice(&row.to_ne_bytes());
+    p
+}
+
 /// example.llama.rope's parameter record: `{ u32 struct_size = 12; u32 position; f32 base; }`.
 fn rope_params(position: u32, base: f32) -> [u8; 12] {
     let mut p = [0u8; 12];
@@ -868,7 +1010,9 @@ pub fn generate_each<'m, 'o, O: Ops, E: From<DecodeError>>(
 
 /// How far logits may be from the reference's: `|got - want| <= LOGIT_TOLERANCE * max(1, |want|)`
 /// (relative for logits of magnitude above 1, absolute below). The module computes in f32 with
-/// sequential sums, numpy in f32 with pairwise ones; their differences are around 1e-6.
+/// sequential sums, numpy in f32 with pairwise ones; their differences are around 1e-6. The
+/// same holds for every weight dtype: both sides multiply the stored values, dequantized as the
+/// format defines (exact in f32), with f32 activations.
 pub const LOGIT_TOLERANCE: f32 = 1e-4;
 
 /// The numpy reference `make_tiny_llama.py` writes beside the model.

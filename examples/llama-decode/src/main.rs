@@ -125,9 +125,22 @@ fn run() -> Result<bool, String> {
         .read_file(&args.model)
         .map_err(|e| e.to_string())?;
     let cfg = Config::from_model(model.as_ref()).map_err(|e| e.to_string())?;
+    // The weights are checked once here, so that a model this runner cannot take is refused
+    // before any decode, naming the tensor.
+    let stored = Weights::from_model(&model, &cfg)
+        .map_err(|e| e.to_string())?
+        .matrix_dtypes();
+    let mut dtypes: Vec<String> = Vec::new();
+    for (name, dtype) in &stored {
+        if stored.iter().all(|(_, d)| d == dtype) {
+            dtypes = vec![format!("{dtype}")];
+            break;
+        }
+        dtypes.push(format!("{name} {dtype}"));
+    }
     println!(
         "model {}: llama, {} layers, hidden {}, {} heads ({} key/value), feed-forward {}, \
-         vocabulary {}, context {}",
+         vocabulary {}, context {}, weight matrices {}",
         args.model.display(),
         cfg.n_layer,
         cfg.n_embd,
@@ -135,7 +148,8 @@ fn run() -> Result<bool, String> {
         cfg.n_head_kv,
         cfg.n_ff,
         cfg.n_vocab,
-        cfg.n_ctx
+        cfg.n_ctx,
+        dtypes.join(", ")
     );
     let prompt: Vec<String> = args.prompt.iter().map(u32::to_string).collect();
     println!("prompt: {}", prompt.join(" "));

@@ -41,12 +41,22 @@ fn llama_fixture() -> Fixture {
 /// Runs the Python writer `script` (relative to the workspace) into a fresh directory:
 /// `Some(dir)` with what it wrote, or `None` after printing why the test is skipped.
 fn written(shop: &Workshop, script: &str) -> Option<PathBuf> {
+    written_with(shop, script, &[])
+}
+
+/// As [`written`], with `args` before the output directory.
+fn written_with(shop: &Workshop, script: &str, args: &[&str]) -> Option<PathBuf> {
     let out = shop.fresh("model");
     std::fs::create_dir_all(&out).unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
         .join(script);
-    let reason = match Command::new("python3").arg(&script).arg(&out).output() {
+    let run = Command::new("python3")
+        .arg(&script)
+        .args(args)
+        .arg(&out)
+        .output();
+    let reason = match run {
         Err(e) => format!("python3 cannot be run: {e}"),
         Ok(o) if o.status.success() => return Some(out),
         Ok(o) if o.status.code() == Some(3) => format!(
@@ -75,11 +85,47 @@ fn tiny_llama(shop: &Workshop) -> Option<PathBuf> {
     written(shop, "examples/llama-decode/make_tiny_llama.py")
 }
 
+/// The tiny Llama with its weight matrices stored as `dtype` (`make_tiny_llama.py --dtype`).
+fn tiny_llama_as(shop: &Workshop, dtype: &str) -> Option<PathBuf> {
+    written_with(
+        shop,
+        "examples/llama-decode/make_tiny_llama.py",
+        &["--dtype", dtype],
+    )
+}
+
+/// `model` rebuilt in memory with the tensor `name` replaced by `dtype`, `dims` and `bytes`.
+fn with_tensor(
+    model: &dyn guild_host::ports::model::ModelFile,
+    name: &str,
+    dtype: DType,
+    dims: &[u64],
+    bytes: Vec<u8>,
+) -> std::sync::Arc<dyn guild_host::ports::model::ModelFile> {
+    let mut fake = guild_ports::fakes::FakeModel::new(model.location());
+    for key in model.keys() {
+        fake = fake.with_meta(key, model.metadata(key).unwrap().clone());
+    }
+    for (i, t) in model.tensors().iter().enumerate() {
+        fake = if t.name == name {
+            fake.with_tensor_data(name, dtype.raw(), dims, bytes.clone())
+        } else {
+            fake.with_tensor_data(
+                &t.name,
+                t.dtype,
+                &t.dims,
+                model.tensor_data(i).unwrap().to_vec(),
+            )
+        };
+    }
+    fake.into_arc()
+}
+
 #[test]
 fn a_model_this_runner_cannot_run_is_refused_naming_the_key_or_tensor() {
     let shop = Workshop::new();
-    // The GGUF reader's own fixtures: a llama whose projections are Q8_0 and Q4_0, and a file
-    // of another architecture.
+    // The GGUF reader's own fixtures: a llama whose projections are Q8_0 and Q4_0 and whose
+    // embedding and output are F16, and a file of another architecture.
     let Some(dir) = written(&shop, "crates/adapters-fs/tests/fixtures/write_gguf.py") else {
         return;
     };
@@ -93,17 +139,82 @@ fn a_model_this_runner_cannot_run_is_refused_naming_the_key_or_tensor() {
             "general.architecture is Some(Str(\"guild-test\")), not \"llama\"".into()
         )
     );
-    let quantised = read("llama.gguf");
-    let cfg = Config::from_model(quantised.as_ref()).unwrap();
+    // Those storage types are taken, each matvec and the embedding resolved for its own.
+    let mixed = read("llama.gguf");
+    let cfg = Config::from_model(mixed.as_ref()).unwrap();
     assert_eq!((cfg.n_layer, cfg.n_embd, cfg.n_vocab), (1, 32, 8));
-    let err = Weights::from_model(&quantised, &cfg).unwrap_err();
+    let weights = Weights::from_model(&mixed, &cfg).unwrap();
+    let dtypes: Vec<String> = weights
+        .matrix_dtypes()
+        .iter()
+        .map(|(name, d)| format!("{name} {d}"))
+        .collect();
     assert_eq!(
-        err,
-        decode::DecodeError::Model(
-            "tensor blk.0.attn_q.weight is dtype 8 with dims [32, 32]; this runner needs f32 \
-             [32, 32]"
-                .into()
-        )
+        dtypes.join(", "),
+        "token_embd f16, attn_q q8_0, attn_k q8_0, attn_v q8_0, attn_output q8_0, \
+         ffn_gate q4_0, ffn_up q4_0, ffn_down q4_0, output f16"
+    );
+    let ops = Service::new(OperationService::new(f.host.kernels()));
+    let decoder = Decoder::new(cfg, weights, &ops).unwrap();
+    assert_eq!(decoder.bound().handles, 14);
+    drop(decoder);
+
+    // What it does not take is refused before any handle is resolved, naming the tensor: a
+    // block type the module has no matvec for, a norm vector that is not f32, the two matrices
+    // one handle serves stored unlike, and a matrix whose bytes are not its dtype's size.
+    let refused = |model: std::sync::Arc<dyn guild_host::ports::model::ModelFile>| {
+        let cfg = Config::from_model(model.as_ref()).unwrap();
+        match Weights::from_model(&model, &cfg).unwrap_err() {
+            decode::DecodeError::Model(m) => m,
+            other => panic!("{other:?}"),
+        }
+    };
+    let q4_1 = with_tensor(
+        mixed.as_ref(),
+        "blk.0.attn_q.weight",
+        DType::Q4_1,
+        &[32, 32],
+        vec![0; 32 * 20],
+    );
+    assert_eq!(
+        refused(q4_1),
+        "tensor blk.0.attn_q.weight is q4_1 with dims [32, 32]; this runner needs [32, 32] stored \
+         as f32, f16, bf16, q8_0 or q4_0"
+    );
+    let f16_norm = with_tensor(
+        mixed.as_ref(),
+        "blk.0.ffn_norm.weight",
+        DType::F16,
+        &[32],
+        vec![0; 64],
+    );
+    assert_eq!(
+        refused(f16_norm),
+        "tensor blk.0.ffn_norm.weight is dtype 1 with dims [32]; this runner needs f32 [32]"
+    );
+    let unlike = with_tensor(
+        mixed.as_ref(),
+        "blk.0.attn_v.weight",
+        DType::Q4_0,
+        &[32, 16],
+        vec![0; 16 * 18],
+    );
+    assert_eq!(
+        refused(unlike),
+        "tensor blk.0.attn_v.weight is q4_0 but blk.0.attn_k.weight is q8_0; this runner \
+         resolves one matvec for both, so they must be stored alike"
+    );
+    // 32 bytes a block, as if the f16 scale were not stored.
+    let short = with_tensor(
+        mixed.as_ref(),
+        "blk.0.attn_q.weight",
+        DType::Q8_0,
+        &[32, 32],
+        vec![0; 32 * 32],
+    );
+    assert_eq!(
+        refused(short),
+        "tensor blk.0.attn_q.weight holds 1024 bytes; q8_0 [32, 32] is 1088"
     );
 }
 
@@ -142,12 +253,12 @@ fn tiny_llama_decodes_through_the_service_as_the_numpy_reference_does() {
     let weights = Weights::from_model(&model, &cfg).unwrap();
     let ops = Service::new(OperationService::new(f.host.kernels()));
     let mut decoder = Decoder::new(cfg, weights, &ops).unwrap();
-    // Thirteen handles, all into the one module.
+    // Fourteen handles, all into the one module.
     assert_eq!(
         f.host
             .kernels()
             .live_bindings(&guild_test_support::id("example.llama_ops")),
-        13
+        14
     );
 
     let got = generate(&mut decoder, &reference.prompt, reference.tokens.len()).unwrap();
@@ -164,15 +275,15 @@ fn tiny_llama_decodes_through_the_service_as_the_numpy_reference_does() {
         c.max_logit_error
     );
 
-    // One forward pass per prompt token and per decoded token but the last; 15 calls per layer
-    // and 2 for the output per pass, plus one argmax per decoded token; the attention re-bound
-    // before every pass but the first.
+    // One forward pass per prompt token and per decoded token but the last; the embedding
+    // lookup, 15 calls per layer and 2 for the output per pass, plus one argmax per decoded
+    // token; the attention re-bound before every pass but the first.
     let steps = (reference.prompt.len() + reference.tokens.len() - 1) as u64;
     let counts = decoder.counts();
     assert_eq!(counts.steps, steps);
     assert_eq!(
         counts.calls,
-        steps * (15 * 2 + 2) + reference.tokens.len() as u64
+        steps * (1 + 15 * 2 + 2) + reference.tokens.len() as u64
     );
     assert_eq!(counts.rebinds, steps - 1);
     drop(decoder);
@@ -182,6 +293,397 @@ fn tiny_llama_decodes_through_the_service_as_the_numpy_reference_does() {
             .live_bindings(&guild_test_support::id("example.llama_ops")),
         0
     );
+}
+
+/// Decodes the tiny Llama of `dir` through the service and compares it with its reference:
+/// the tokens must be equal and the logits within [`LOGIT_TOLERANCE`]. Answers the largest
+/// logit error.
+fn decode_matches_reference(f: &Fixture, dir: &Path, label: &str) -> f32 {
+    let reference = Reference::read(&dir.join("tiny-llama.reference.json")).unwrap();
+    assert!(
+        reference.min_top2_margin > 100.0 * f64::from(LOGIT_TOLERANCE),
+        "{label}: the reference has a near tie ({})",
+        reference.min_top2_margin
+    );
+    let model = f
+        .host
+        .models()
+        .read_file(&dir.join("tiny-llama.gguf"))
+        .unwrap();
+    let cfg = Config::from_model(model.as_ref()).unwrap();
+    let weights = Weights::from_model(&model, &cfg).unwrap();
+    let ops = Service::new(OperationService::new(f.host.kernels()));
+    let mut decoder = Decoder::new(cfg, weights, &ops).unwrap();
+    let got = generate(&mut decoder, &reference.prompt, reference.tokens.len()).unwrap();
+    assert_eq!(got.tokens, reference.tokens, "{label}");
+    let c = reference.compare(&got);
+    assert!(c.logits_shape_match, "{label}");
+    assert!(
+        c.max_logit_error <= LOGIT_TOLERANCE,
+        "{label}: largest logit error {} over the tolerance {LOGIT_TOLERANCE}",
+        c.max_logit_error
+    );
+    c.max_logit_error
+}
+
+/// Every storage type of the weight matrices decodes as its reference does, within the same
+/// tolerance as f32 ([`LOGIT_TOLERANCE`], 1e-4 relative above 1, absolute below): the reference
+/// multiplies the very values the file stores (dequantized as the format defines, each exact in
+/// f32) with f32 activations, as the module does, so what remains between them is the order of
+/// the f32 sums, as for f32 weights (about 2e-6 for every dtype here). The storage itself moves
+/// the first step's logits, against the f32 weights the matrices were drawn as, by 1.6e-3
+/// (f16), 1.4e-2 (bf16), 3.7e-2 (q8_0) and 0.69 (q4_0): 16 to 7,000 times the tolerance, so a
+/// misread scale, block or nibble order cannot hide under it.
+#[test]
+fn each_weight_dtype_decodes_through_the_service_as_its_numpy_reference_does() {
+    let f = llama_fixture();
+    for dtype in ["f16", "bf16", "q8_0", "q4_0"] {
+        let Some(dir) = tiny_llama_as(&f.shop, dtype) else {
+            return;
+        };
+        // The matvecs and the embedding were resolved to the implementations of that dtype.
+        let model = f
+            .host
+            .models()
+            .read_file(&dir.join("tiny-llama.gguf"))
+            .unwrap();
+        let stored = model
+            .tensors()
+            .iter()
+            .find(|t| t.name == "blk.0.attn_q.weight")
+            .unwrap();
+        assert_eq!(DType::from_raw(stored.dtype).to_string(), dtype);
+        let service = OperationService::new(f.host.kernels());
+        for (op_name, inputs, output) in [
+            (
+                "example.llama.matvec",
+                vec![
+                    TensorDesc::new(DType::from_raw(stored.dtype), &[64, 64], MemorySpace::Host),
+                    f32s(&[64]),
+                ],
+                f32s(&[64]),
+            ),
+            (
+                "example.llama.embed",
+                vec![TensorDesc::new(
+                    DType::from_raw(stored.dtype),
+                    &[64, 256],
+                    MemorySpace::Host,
+                )],
+                f32s(&[64]),
+            ),
+        ] {
+            let handle = service
+                .resolve(&OperationRequest::cpu(op(op_name), inputs, vec![output]))
+                .unwrap();
+            assert_eq!(
+                handle.describe().impl_id.to_string(),
+                format!("{op_name}.{dtype}.cpu")
+            );
+        }
+        let error = decode_matches_reference(&f, &dir, dtype);
+        eprintln!(
+            "tiny llama, {dtype} weights: tokens match; largest logit error {error:.2e} \
+             (tolerance {LOGIT_TOLERANCE:.0e})"
+        );
+    }
+}
+
+/// A q8_0 block: the f16 scale `d` (its bits), then 32 signed values.
+fn q8_0_block(d: u16, q: impl Fn(usize) -> i8) -> Vec<u8> {
+    let mut b = d.to_le_bytes().to_vec();
+    b.extend((0..32).map(|i| q(i) as u8));
+    b
+}
+
+/// A q4_0 block: the f16 scale `d`, then 16 bytes holding nibbles `n(i)` (element i in the
+/// low nibble of byte i, element i + 16 in its high nibble).
+fn q4_0_block(d: u16, n: impl Fn(usize) -> u8) -> Vec<u8> {
+    let mut b = d.to_le_bytes().to_vec();
+    b.extend((0..16).map(|i| n(i) & 0x0f | (n(i + 16) & 0x0f) << 4));
+    b
+}
+
+/// One call of `op_name` through the service on host buffers: `inputs` as (descriptor,
+/// bytes), an f32 output of `n`, `params`.
+fn call(
+    service: &OperationService<'_>,
+    op_name: &str,
+    inputs: &[(TensorDesc, &[u8])],
+    n: u64,
+    params: &[u8],
+) -> Result<Vec<f32>, ExecuteError> {
+    let out = f32s(&[n]);
+    let descs: Vec<TensorDesc> = inputs.iter().map(|(d, _)| *d).collect();
+    let handle = service
+        .resolve(&OperationRequest::cpu(
+            op(op_name),
+            descs.clone(),
+            vec![out],
+        ))
+        .unwrap();
+    let mut y = vec![0.0f32; n as usize];
+    let args: Vec<TensorArg<'_>> = inputs
+        .iter()
+        .zip(&descs)
+        .map(|((_, bytes), d)| TensorArg::new(d, bytes))
+        .collect();
+    handle.execute_with_params(&args, &mut [TensorArgMut::new(&out, &mut y)], None, params)?;
+    Ok(y)
+}
+
+fn le_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn embed_row(row: u32) -> [u8; 8] {
+    let mut p = [0u8; 8];
+    p[..4].copy_from_slice(&8u32.to_ne_bytes());
+    p[4..].copy_from_slice(&row.to_ne_bytes());
+    p
+}
+
+/// Without Python: the module's stored-weight operations compute what each format defines, on
+/// blocks built here by hand (q8_0 d * q; q4_0 d * (nibble - 8), low nibbles first; f16 with a
+/// subnormal, the largest finite value and a negative zero; bf16 the high half of an f32).
+#[test]
+fn the_stored_weight_operations_compute_what_each_format_defines() {
+    let f = llama_fixture();
+    let service = OperationService::new(f.host.kernels());
+    let host = |dtype: DType, dims: &[u64]| TensorDesc::new(dtype, dims, MemorySpace::Host);
+
+    // Two rows of two q8_0 blocks: row 0 has d = 0.5 (0x3800) and q = i - 16 in block 0,
+    // d = -2 (0xc000) and q = 127 - i in block 1; row 1 has d = 2^-24 (the smallest f16
+    // subnormal, 0x0001) and q = -128 in block 0, d = 0 in block 1.
+    let mut q8 = q8_0_block(0x3800, |i| i as i8 - 16);
+    q8.extend(q8_0_block(0xc000, |i| 127 - i as i8));
+    q8.extend(q8_0_block(0x0001, |_| -128));
+    q8.extend(q8_0_block(0x0000, |_| 5));
+    let want_q8: Vec<Vec<f32>> = vec![
+        (0..64)
+            .map(|i| {
+                if i < 32 {
+                    0.5 * (i as f32 - 16.0)
+                } else {
+                    -2.0 * (127.0 - (i - 32) as f32)
+                }
+            })
+            .collect(),
+        (0..64)
+            .map(|i| if i < 32 { -128.0 * 2f32.powi(-24) } else { 0.0 })
+            .collect(),
+    ];
+    // Two rows of one q4_0 block: d = 0.25 (0x3400), nibble i % 16; d = -1 (0xbc00), 15 - i % 16.
+    let mut q4 = q4_0_block(0x3400, |i| (i % 16) as u8);
+    q4.extend(q4_0_block(0xbc00, |i| 15 - (i % 16) as u8));
+    let want_q4: Vec<Vec<f32>> = vec![
+        (0..32).map(|i| 0.25 * ((i % 16) as f32 - 8.0)).collect(),
+        (0..32).map(|i| -(7.0 - (i % 16) as f32)).collect(),
+    ];
+    // One row of f16 and of bf16 values.
+    let f16_bits: [u16; 6] = [0x0001, 0x3c00, 0xc000, 0x7bff, 0x0400, 0x8000];
+    let want_f16 = [2f32.powi(-24), 1.0, -2.0, 65504.0, 2f32.powi(-14), -0.0];
+    let bf16_vals = [1.5f32, -3.0e-3, 65536.0, -0.0, 1.0e30, 7.0];
+    let bf16_bits: Vec<u16> = bf16_vals
+        .iter()
+        .map(|v| (v.to_bits() >> 16) as u16)
+        .collect();
+    let want_bf16: Vec<f32> = bf16_bits
+        .iter()
+        .map(|&b| f32::from_bits(u32::from(b) << 16))
+        .collect();
+    let u16_bytes = |v: &[u16]| -> Vec<u8> { v.iter().flat_map(|b| b.to_le_bytes()).collect() };
+
+    let cases = vec![
+        (DType::Q8_0, 64, q8, want_q8),
+        (DType::Q4_0, 32, q4, want_q4),
+        (DType::F16, 6, u16_bytes(&f16_bits), vec![want_f16.to_vec()]),
+        (DType::BF16, 6, u16_bytes(&bf16_bits), vec![want_bf16]),
+    ];
+    for (dtype, n, bytes, rows) in &cases {
+        let table = host(*dtype, &[*n, rows.len() as u64]);
+        // The embedding returns each row exactly, bit for bit (the sign of -0 included).
+        for (r, want) in rows.iter().enumerate() {
+            let got = call(
+                &service,
+                "example.llama.embed",
+                &[(table, bytes)],
+                *n,
+                &embed_row(r as u32),
+            )
+            .unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(want), "{dtype} embed row {r}");
+        }
+        // The matvec is the dequantized rows times x, summed in index order in f32.
+        let x: Vec<f32> = (0..*n).map(|i| 1.0 - 0.03125 * i as f32).collect();
+        let got = call(
+            &service,
+            "example.llama.matvec",
+            &[(table, bytes), (f32s(&[*n]), &le_bytes(&x))],
+            rows.len() as u64,
+            &[],
+        )
+        .unwrap();
+        let want: Vec<f32> = rows
+            .iter()
+            .map(|row| row.iter().zip(&x).fold(0.0f32, |acc, (w, x)| acc + w * x))
+            .collect();
+        assert_eq!(got, want, "{dtype} matvec");
+    }
+}
+
+/// Malformed descriptors of stored weights are refused by the host before the provider runs,
+/// each error naming the tensor and what failed: a row that is not whole blocks, a stride on
+/// the first axis, an outer stride counted in elements instead of blocks, a buffer sized
+/// without the blocks' scales, and misaligned data (at resolve and at execute). An embedding
+/// table of a block type no implementation takes is refused by every candidate's contract.
+#[test]
+fn malformed_quantized_descriptors_are_refused_through_the_service_naming_what_failed() {
+    let f = llama_fixture();
+    let service = OperationService::new(f.host.kernels());
+    let matvec = |w: TensorDesc, n_in: u64, n_out: u64| {
+        OperationRequest::cpu(
+            op("example.llama.matvec"),
+            vec![w, f32s(&[n_in])],
+            vec![f32s(&[n_out])],
+        )
+    };
+    let q8 = |dims: &[u64]| TensorDesc::new(DType::Q8_0, dims, MemorySpace::Host);
+
+    // dims[0] = 48 is a block and a half.
+    let err = service.resolve(&matvec(q8(&[48, 4]), 48, 4)).unwrap_err();
+    assert!(
+        err.to_string().contains(
+            "input 0 is invalid: innermost extent 48 is not a multiple of the q8_0 block of 32 \
+             elements"
+        ),
+        "{err}"
+    );
+    // A stride on the first axis (34, the block's bytes): the first axis is walked block by
+    // block and its stride must be 0.
+    let err = service
+        .resolve(&matvec(q8(&[64, 4]).with_strides(&[34, 0]), 64, 4))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains(
+            "input 0 is invalid: strides[0] is 34; the innermost axis is contiguous and its \
+             stride must be 0"
+        ),
+        "{err}"
+    );
+    // An outer stride of 64 elements where a row is 2 blocks: a valid but outer-strided
+    // tensor of 32 blocks a row, which the contiguous-only contract refuses.
+    let err = service
+        .resolve(&matvec(q8(&[64, 4]).with_strides(&[0, 64]), 64, 4))
+        .unwrap_err();
+    let failure = err.failure().expect("a resolution report");
+    let q8_impl = failure
+        .rejections
+        .iter()
+        .find(|r| r.impl_id.to_string() == "example.llama.matvec.q8_0.cpu")
+        .expect("the q8_0 matvec was a candidate");
+    assert_eq!(
+        q8_impl.reason.to_string(),
+        "input 0 is outer-strided, the provider accepts contiguous"
+    );
+    // A q8_0 [64, 4] spans 4 rows of 2 blocks of 34 bytes; a buffer of 32 bytes a block (the
+    // scales forgotten) is refused before the provider reads past it.
+    let w = q8(&[64, 4]);
+    let handle = service.resolve(&matvec(w, 64, 4)).unwrap();
+    let (x, mut y) = (vec![1.0f32; 64], vec![0.0f32; 4]);
+    let (xd, yd) = (f32s(&[64]), f32s(&[4]));
+    let short = vec![0u8; 4 * 2 * 32];
+    let err = handle
+        .execute(
+            &[TensorArg::new(&w, &short), TensorArg::new(&xd, &x)],
+            &mut [TensorArgMut::new(&yd, &mut y)],
+            None,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, ExecuteError::BufferTooSmall { .. }),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "input 0 spans 272 bytes but its buffer has 256"
+    );
+    // The weight at an address 2 mod 4 (the contract asks 4): refused at execute, and at
+    // resolve when the query gives the address.
+    let backing = vec![0u8; 272 + 8];
+    let offset = (2 + 4 - backing.as_ptr() as usize % 4) % 4;
+    let misaligned = &backing[offset..offset + 272];
+    let err = handle
+        .execute(
+            &[TensorArg::new(&w, misaligned), TensorArg::new(&xd, &x)],
+            &mut [TensorArgMut::new(&yd, &mut y)],
+            None,
+        )
+        .unwrap_err();
+    let want = format!(
+        "input 0 data at {:#x} is not aligned to 4 bytes",
+        misaligned.as_ptr() as usize
+    );
+    assert!(err.to_string().contains(&want), "{err}");
+    assert_eq!(y, vec![0.0f32; 4], "a refused call wrote its output");
+    let err = service
+        .resolve(&matvec(w.with_data_addr(0x1002), 64, 4))
+        .unwrap_err();
+    let failure = err.failure().expect("a resolution report");
+    let q8_impl = failure
+        .rejections
+        .iter()
+        .find(|r| r.impl_id.to_string() == "example.llama.matvec.q8_0.cpu")
+        .expect("the q8_0 matvec was a candidate");
+    assert_eq!(
+        q8_impl.reason.to_string(),
+        "input 0 data at 0x1002 is not aligned to 4 bytes"
+    );
+
+    // A q4_1 table: the embeddings' contracts each name their own dtype, so the host refuses
+    // every candidate on the descriptor alone, and the matvecs' validates refuse the weight.
+    let q4_1 = TensorDesc::new(DType::Q4_1, &[64, 8], MemorySpace::Host);
+    let err = service
+        .resolve(&OperationRequest::cpu(
+            op("example.llama.embed"),
+            vec![q4_1],
+            vec![f32s(&[64])],
+        ))
+        .unwrap_err();
+    let failure = err.failure().expect("a resolution report");
+    assert_eq!(failure.rejections.len(), 5, "{err}");
+    for r in &failure.rejections {
+        assert!(
+            r.reason
+                .to_string()
+                .starts_with("input 0 is q4_1, the provider takes "),
+            "{}: {}",
+            r.impl_id,
+            r.reason
+        );
+    }
+    let err = service.resolve(&matvec(q4_1, 64, 8)).unwrap_err();
+    let failure = err.failure().expect("a resolution report");
+    let q8_impl = failure
+        .rejections
+        .iter()
+        .find(|r| r.impl_id.to_string() == "example.llama.matvec.q8_0.cpu")
+        .expect("the q8_0 matvec was a candidate");
+    assert!(
+        q8_impl.reason.to_string().contains("input 0 must be q8_0"),
+        "{}",
+        q8_impl.reason
+    );
+    // And a row past the table is refused by the embedding's validate.
+    let table = q8(&[64, 8]);
+    let err = service
+        .resolve_with_params(
+            &OperationRequest::cpu(op("example.llama.embed"), vec![table], vec![f32s(&[64])]),
+            &embed_row(8),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("a row below 8"), "{err}");
 }
 
 #[test]
@@ -216,7 +718,9 @@ fn f32s(dims: &[u64]) -> TensorDesc {
     TensorDesc::new(DType::F32, dims, MemorySpace::Host)
 }
 
-/// The reason the module's validate gave for the only candidate.
+/// The reason the module's validate gave for the f32 implementation of `name` (`<name>.cpu`,
+/// the only one but for the matvec, whose other implementations refuse a weight of another
+/// dtype).
 fn refusal(
     service: &OperationService<'_>,
     name: &str,
@@ -227,8 +731,14 @@ fn refusal(
         .resolve(&OperationRequest::cpu(op(name), i.to_vec(), o.to_vec()))
         .unwrap_err();
     let failure = err.failure().expect("a resolution report");
-    assert_eq!(failure.rejections.len(), 1, "{err}");
-    failure.rejections[0].reason.to_string()
+    let f32_impl = format!("{name}.cpu");
+    failure
+        .rejections
+        .iter()
+        .find(|r| r.impl_id.to_string() == f32_impl)
+        .unwrap_or_else(|| panic!("{f32_impl} was not a candidate: {err}"))
+        .reason
+        .to_string()
 }
 
 #[test]
@@ -361,7 +871,7 @@ fn the_runner_binary_decodes_from_a_store_and_fails_on_a_reference_it_does_not_m
     );
     assert!(
         stdout.contains("decode 1: 21 forward passes in ")
-            && stdout.contains(" 33 operation calls per token"),
+            && stdout.contains(" 34 operation calls per token"),
         "{stdout}"
     );
 
@@ -462,7 +972,7 @@ impl Stepped {
         self.logged += new.len();
     }
 
-    /// Lets the runner decode tokens `range` of decode `decode`, checking each: all 13
+    /// Lets the runner decode tokens `range` of decode `decode`, checking each: all 14
     /// handles on `version` and current, every call run by `build`.
     fn tokens(
         &mut self,
@@ -472,7 +982,7 @@ impl Stepped {
         version: &str,
         build: &str,
     ) {
-        let bound = on_version(version, 13);
+        let bound = on_version(version, 14);
         for i in range {
             self.token(decode, i, want[i - 1], &bound, build);
         }
@@ -484,7 +994,7 @@ impl Stepped {
     fn switches(&mut self, decode: usize, from: &str, to: &str) {
         let deferred = self.expect("refresh: generation ");
         let want = format!(
-            "deferred: example.llama_ops@{from} switches to {to} once its 13 live binding(s) \
+            "deferred: example.llama_ops@{from} switches to {to} once its 14 live binding(s) \
              are released"
         );
         assert!(deferred.contains(&want), "{deferred}");
@@ -495,7 +1005,7 @@ impl Stepped {
         let switched = self.expect("refresh: generation ");
         let want = format!("loaded example.llama_ops@{to}");
         assert!(switched.contains(&want), "{switched}");
-        self.expect(&format!("decode {}: {}", decode + 1, on_version(to, 13)));
+        self.expect(&format!("decode {}: {}", decode + 1, on_version(to, 14)));
     }
 
     /// The lines that close decode `decode`: its tokens, its counts, the reference's verdict.
@@ -518,9 +1028,9 @@ impl Drop for Stepped {
     }
 }
 
-/// What the runner says of its handles: all 13 on `version`, `current` of them current.
+/// What the runner says of its handles: all 14 on `version`, `current` of them current.
 fn on_version(version: &str, current: usize) -> String {
-    format!("13 handles on example.llama_ops@{version}, {current} current")
+    format!("14 handles on example.llama_ops@{version}, {current} current")
 }
 
 /// `guild --store STORE ARGS...`, run as an operator would from another shell.
@@ -607,7 +1117,7 @@ fn live_a_decode_holds_its_handles_through_an_install_and_a_rollback_in_another_
     };
     runner.expect("model ");
     runner.expect("prompt: ");
-    runner.expect(&format!("decode 1: {}", on_version("1.0.0", 13)));
+    runner.expect(&format!("decode 1: {}", on_version("1.0.0", 14)));
 
     // Decode 1 starts on 1.0.0; 1.1.0 is installed from another process after its fourth
     // token. The decode finishes on 1.0.0's code: the host learns of the change at its next
