@@ -127,7 +127,7 @@ fn run() -> Result<bool, String> {
     let cfg = Config::from_model(model.as_ref()).map_err(|e| e.to_string())?;
     println!(
         "model {}: llama, {} layers, hidden {}, {} heads ({} key/value), feed-forward {}, \
-         vocabulary {}, context {}",
+         vocabulary {}, context {}; rope base {}{}{}{}",
         args.model.display(),
         cfg.n_layer,
         cfg.n_embd,
@@ -135,7 +135,19 @@ fn run() -> Result<bool, String> {
         cfg.n_head_kv,
         cfg.n_ff,
         cfg.n_vocab,
-        cfg.n_ctx
+        cfg.n_ctx,
+        cfg.rope_base,
+        if cfg.rope_freq_scale == 1.0 {
+            String::new()
+        } else {
+            format!(", linear scaling (freq_scale {})", cfg.rope_freq_scale)
+        },
+        if cfg.rope_freqs { ", rope_freqs" } else { "" },
+        if cfg.tied_embeddings {
+            ", tied embeddings"
+        } else {
+            ""
+        }
     );
     let prompt: Vec<String> = args.prompt.iter().map(u32::to_string).collect();
     println!("prompt: {}", prompt.join(" "));
