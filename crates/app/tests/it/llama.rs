@@ -3,7 +3,10 @@
 //! file, numpy computes the greedy tokens and their logits); the module is
 //! `test-plugins/llama_ops`, signed and installed like any other; the decode loop is the example
 //! runner's own (`examples/llama-decode/src/lib.rs`, included here by path), run through the
-//! operation service.
+//! operation service. The same writer's options write real GGUF conventions (tied embeddings,
+//! no freq_base, linear RoPE scaling, Llama 3 rope_freqs, an unimplemented scaling type): each
+//! decodes as its reference does or is refused naming the key (G24), and metadata the decode
+//! does not implement is refused by name on in-memory models, which need no Python.
 //!
 //! Without `python3` or the `gguf` and `numpy` packages the decode tests print why and pass,
 //! unless `GUILD_REQUIRE_GGUF_PY=1` (CI sets it), which turns the skip into a failure. The
@@ -510,6 +513,73 @@ fn the_runner_binary_decodes_from_a_store_and_fails_on_a_reference_it_does_not_m
         "{stdout}"
     );
     assert!(stderr.contains("does not match the reference"), "{stderr}");
+}
+
+#[test]
+fn the_runner_binary_decodes_a_real_convention_file_says_what_it_read_and_refuses_yarn_by_key() {
+    let shop = Workshop::new();
+    let Some(dir) = tiny_llama_with(
+        &shop,
+        &[
+            "--tied",
+            "--no-freq-base",
+            "--scaling-type",
+            "linear",
+            "--scaling-factor",
+            "2",
+            "--rope-freqs",
+        ],
+    ) else {
+        return;
+    };
+    let yarn = tiny_llama_with(&shop, &["--scaling-type", "yarn", "--scaling-factor", "4"])
+        .expect("python3 ran for the first file");
+    let k = key();
+    let store = shop.fresh("store");
+    let (pm, _) = open_dir(&store).unwrap();
+    trust(&pm, PUBLISHER, &k);
+    pm.install(
+        &shop.build(&llama_spec("1.0.0"), &k).archive,
+        InstallOptions::default(),
+    )
+    .unwrap();
+    drop(pm);
+    let run = |dir: &Path, reference: bool| {
+        let mut command = Command::new(decode_binary());
+        command.arg(&store).arg(dir.join("tiny-llama.gguf"));
+        if reference {
+            command
+                .arg("--reference")
+                .arg(dir.join("tiny-llama.reference.json"));
+        }
+        let out = command.output().expect("the runner starts");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stdout, stderr) = run(&dir, true);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.contains(
+            "; rope base 10000, linear scaling (freq_scale 0.5), rope_freqs, tied embeddings\n"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("decode 1 reference: tokens match;"),
+        "{stdout}"
+    );
+
+    // A yarn file is refused before the first token, naming the key and the value.
+    let (code, stdout, stderr) = run(&yarn, false);
+    assert_ne!(code, Some(0), "{stdout}{stderr}");
+    assert!(!stdout.contains("decode 1"), "{stdout}");
+    assert!(
+        stderr.contains("llama.rope.scaling.type is \"yarn\""),
+        "{stderr}"
+    );
 }
 
 #[test]
