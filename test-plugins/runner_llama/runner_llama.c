@@ -198,8 +198,18 @@ static guild_status_t llama_describe(void* user_data, const guild_model_reader_v
         status = guild_test_read_u32(model, "llama", "context_length", 1, 2048u, &out->context_length, RUNNER_ID, error);
     }
     if (status == GUILD_STATUS_OK) {
-        status = guild_test_read_f32(model, "llama", "attention.layer_norm_rms_epsilon", 1e-5f, &out->norm_eps,
-                                     RUNNER_ID, error);
+        /* No default: llama.cpp requires this key for llama, and a guessed epsilon would be a
+         * silent change of every norm. */
+        static const char* const eps_key = "llama.attention.layer_norm_rms_epsilon";
+        uint32_t type = 0;
+        if (model->find_key(model->ctx, eps_key, &type) == GUILD_STATUS_ERR_NOT_FOUND) {
+            status = guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, RUNNER_ID,
+                                          "llama.attention.layer_norm_rms_epsilon is missing (llama.cpp has no default "
+                                          "for llama)");
+        } else {
+            status = guild_test_read_f32(model, "llama", "attention.layer_norm_rms_epsilon", 0.0f, &out->norm_eps,
+                                         RUNNER_ID, error);
+        }
     }
     if (status == GUILD_STATUS_OK) {
         status = guild_test_read_f32(model, "llama", "rope.freq_base", 10000.0f, &out->rope_freq_base, RUNNER_ID,

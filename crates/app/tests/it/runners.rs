@@ -640,6 +640,16 @@ fn the_llama_runner_describes_real_gguf_conventions_and_refuses_what_it_cannot_r
         }
     );
     assert_eq!(
+        refused(base().without_meta("llama.attention.layer_norm_rms_epsilon")),
+        RunnerRefusal::CallbackFailed {
+            stage: Stage::Describe,
+            reason: LLAMA.unsupported(
+                "llama.attention.layer_norm_rms_epsilon is missing (llama.cpp has no default for \
+                 llama)"
+            ),
+        }
+    );
+    assert_eq!(
         refused(base().with_meta("llama.rope.dimension_count", MetaValue::U32(2))),
         numerics(
             "llama.rope.dimension_count is 2, not the head size 4: this runner rotates whole heads"
