@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes a tiny Llama-architecture GGUF with random weights and the numpy reference of its decode.
 
-Usage: make_tiny_llama.py [--dtype f32|f16|bf16|q8_0|q4_0] OUT_DIR
+Usage: make_tiny_llama.py OUT_DIR [--dtype f32|f16|bf16|q8_0|q4_0] [--tied] [--no-freq-base]
+                            [--scaling-type TYPE] [--scaling-factor F] [--rope-freqs]
 
 Writes OUT_DIR/tiny-llama.gguf with the `gguf` package from PyPI (llama.cpp's own writer), so the
 host reads a file it did not write itself, and OUT_DIR/tiny-llama.reference.json: the prompt, the
@@ -37,8 +38,26 @@ The arithmetic (what the C module example.llama.* must match):
 The prompt's tokens are fed one at a time; the logits after its last token choose the first
 decoded token, and each decoded token is fed back to choose the next.
 
+Options write the GGUF conventions real files use, and the reference follows llama.cpp's reading
+of each (without options the file and the reference are what they always were):
+  --tied               no output.weight: token_embd.weight is the output projection too (the
+                       one table holds the embedding's values halved: as drawn they make logits
+                       so large that one token repeats; halved the tokens vary, no near tie)
+  --no-freq-base       no llama.rope.freq_base: the base is llama.cpp's default, 10000
+  --scaling-type TYPE  writes llama.rope.scaling.type = TYPE (any string)
+  --scaling-factor F   writes llama.rope.scaling.factor = F
+      Linear scaling (the type "linear", or no type with a factor, which llama.cpp reads as
+      linear) rotates by pos * freq_scale, freq_scale = 1/F in f32; type "none" or no factor
+      (or F = 0) does not scale. Any other type (yarn, longrope, ...) has no reference here: the
+      file is written without tiny-llama.reference.json, for refusal tests.
+  --rope-freqs         writes rope_freqs.weight, HEAD_DIM/2 f32 factors (Llama 3.1's formula
+      with an original context of 32 positions, so that this tiny model's few positions see
+      factors from 1 to 8); each pair's angle is divided by its factor, as llama.cpp's rope with
+      freq_factors does.
+
 Exit status 3 means the gguf or numpy package is missing (callers skip, unless told to fail).
 """
+import argparse
 import json
 import os
 import sys
@@ -131,7 +150,46 @@ def stored_values(stored, qtype):
     return out
 
 
-def write_gguf(path, t, qtype, file_type):
+def rope_factors():
+    """Llama 3.1's rope_freqs (factor 8, low/high frequency factors 1 and 4) for HEAD_DIM and
+    ROPE_BASE, over an original context of 32 positions instead of 8192."""
+    factor, low, high, orig = 8.0, 1.0, 4.0, 32.0
+    out = []
+    for i in range(HEAD_DIM // 2):
+        freq = ROPE_BASE ** (-2.0 * i / HEAD_DIM)
+        wavelen = 2.0 * np.pi / freq
+        if wavelen < orig / high:
+            out.append(1.0)
+        elif wavelen > orig / low:
+            out.append(factor)
+        else:
+            smooth = (orig / wavelen - low) / (high - low)
+            out.append(1.0 / ((1.0 - smooth) / factor + smooth))
+    return np.array(out, dtype=f32)
+
+
+class Conventions:
+    """What the options ask for; the defaults write the file as it always was."""
+
+    def __init__(self, args=None):
+        self.tied = bool(args and args.tied)
+        self.freq_base = not (args and args.no_freq_base)
+        self.scaling_type = args.scaling_type if args else None
+        self.scaling_factor = args.scaling_factor if args else None
+        self.rope_freqs = rope_factors() if args and args.rope_freqs else None
+
+    def freq_scale(self):
+        """llama.cpp's freq_scale, or None for a scaling type this reference does not compute."""
+        kind = "linear" if self.scaling_type is None else self.scaling_type
+        if kind == "none" or not self.scaling_factor:
+            return f32(1.0) if kind in ("none", "linear") else None
+        if kind != "linear":
+            return None
+        return f32(1.0) / f32(self.scaling_factor)
+
+
+def write_gguf(path, t, qtype, file_type, conv=None):
+    conv = conv or Conventions()
     w = gguf.GGUFWriter(path, "llama")
     w.add_name("guild tiny llama (random weights)")
     w.add_context_length(N_CTX)
@@ -141,7 +199,12 @@ def write_gguf(path, t, qtype, file_type):
     w.add_head_count(N_HEAD)
     w.add_head_count_kv(N_HEAD_KV)
     w.add_rope_dimension_count(HEAD_DIM)
-    w.add_rope_freq_base(ROPE_BASE)
+    if conv.freq_base:
+        w.add_rope_freq_base(ROPE_BASE)
+    if conv.scaling_type is not None:
+        w.add_string(gguf.Keys.Rope.SCALING_TYPE.format(arch="llama"), conv.scaling_type)
+    if conv.scaling_factor is not None:
+        w.add_rope_scaling_factor(conv.scaling_factor)
     w.add_layer_norm_rms_eps(EPS)
     w.add_vocab_size(N_VOCAB)
     w.add_file_type(file_type)
@@ -156,6 +219,8 @@ def write_gguf(path, t, qtype, file_type):
             # The quantizer's bytes, one row of blocks per matrix row; the writer derives the
             # element shape from the byte shape and the type.
             w.add_tensor(name, value, raw_dtype=qtype)
+    if conv.rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", conv.rope_freqs)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -166,10 +231,15 @@ def rmsnorm(x, weight):
     return (x / np.sqrt(np.mean(x * x, dtype=f32) + f32(EPS))).astype(f32) * weight
 
 
-def rope(x, pos):
-    # x: (heads, HEAD_DIM); pairs (2i, 2i+1) rotate by pos * base^(-2i / HEAD_DIM).
+def rope(x, pos, freq_scale=None, factors=None):
+    # x: (heads, HEAD_DIM); pairs (2i, 2i+1) rotate by pos * base^(-2i / HEAD_DIM), times
+    # freq_scale and divided by factors[i] when given (in float64, as the module does).
     i = np.arange(HEAD_DIM // 2, dtype=np.float64)
     theta = pos * ROPE_BASE ** (-2.0 * i / HEAD_DIM)
+    if freq_scale is not None:
+        theta = pos * np.float64(freq_scale) * ROPE_BASE ** (-2.0 * i / HEAD_DIM)
+    if factors is not None:
+        theta = theta / factors.astype(np.float64)
     cos, sin = np.cos(theta).astype(f32), np.sin(theta).astype(f32)
     x0, x1 = x[:, 0::2], x[:, 1::2]
     out = np.empty_like(x)
@@ -178,7 +248,14 @@ def rope(x, pos):
     return out
 
 
-def decode(t):
+def decode(t, conv=None):
+    conv = conv or Conventions()
+    # Without output.weight (tied embeddings) token_embd.weight is the output projection.
+    freq_scale = conv.freq_scale()
+    if freq_scale == f32(1.0):
+        freq_scale = None  # exactly the unscaled arithmetic
+    factors = conv.rope_freqs
+    output = t["output.weight"] if "output.weight" in t else t["token_embd.weight"]
     k_cache = np.zeros((N_LAYER, N_CTX, N_HEAD_KV, HEAD_DIM), dtype=f32)
     v_cache = np.zeros_like(k_cache)
     group = N_HEAD // N_HEAD_KV
@@ -189,8 +266,8 @@ def decode(t):
         for layer in range(N_LAYER):
             p = f"blk.{layer}."
             h = rmsnorm(x, t[p + "attn_norm.weight"])
-            q = rope((t[p + "attn_q.weight"] @ h).reshape(N_HEAD, HEAD_DIM), pos)
-            k = rope((t[p + "attn_k.weight"] @ h).reshape(N_HEAD_KV, HEAD_DIM), pos)
+            q = rope((t[p + "attn_q.weight"] @ h).reshape(N_HEAD, HEAD_DIM), pos, freq_scale, factors)
+            k = rope((t[p + "attn_k.weight"] @ h).reshape(N_HEAD_KV, HEAD_DIM), pos, freq_scale, factors)
             v = (t[p + "attn_v.weight"] @ h).reshape(N_HEAD_KV, HEAD_DIM)
             k_cache[layer, pos] = k
             v_cache[layer, pos] = v
@@ -205,7 +282,7 @@ def decode(t):
             g = t[p + "ffn_gate.weight"] @ h
             u = t[p + "ffn_up.weight"] @ h
             x = x + t[p + "ffn_down.weight"] @ ((g / (f32(1.0) + np.exp(-g))) * u)
-        return t["output.weight"] @ rmsnorm(x, t["output_norm.weight"])
+        return output @ rmsnorm(x, t["output_norm.weight"])
 
     logits = None
     for pos, token in enumerate(PROMPT):
@@ -225,18 +302,30 @@ def decode(t):
 
 
 def main():
-    args = sys.argv[1:]
-    dtype = "f32"
-    if len(args) == 3 and args[0] == "--dtype" and args[1] in DTYPES:
-        dtype, args = args[1], args[2:]
-    if len(args) != 1:
-        print("usage: make_tiny_llama.py [--dtype f32|f16|bf16|q8_0|q4_0] OUT_DIR", file=sys.stderr)
-        return 2
-    out = args[0]
+    parser = argparse.ArgumentParser(description="Writes the tiny Llama GGUF and its reference.")
+    parser.add_argument("out_dir")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="f32",
+                        help="how the weight matrices are stored (norm vectors stay f32)")
+    parser.add_argument("--tied", action="store_true", help="omit output.weight")
+    parser.add_argument("--no-freq-base", action="store_true", help="omit llama.rope.freq_base")
+    parser.add_argument("--scaling-type", help="write llama.rope.scaling.type")
+    parser.add_argument("--scaling-factor", type=float, help="write llama.rope.scaling.factor")
+    parser.add_argument("--rope-freqs", action="store_true", help="write rope_freqs.weight")
+    args = parser.parse_args()
+    conv = Conventions(args)
+    out, dtype = args.out_dir, args.dtype
     type_name, file_type = DTYPES[dtype]
+    t = make_weights()
+    if conv.tied:
+        # One table for both ends, in the position token_embd.weight had (file order kept).
+        t = {
+            name: ((value / f32(2.0)).astype(f32) if name == "token_embd.weight" else value)
+            for name, value in t.items()
+            if name != "output.weight"
+        }
     try:
         qtype = Q[type_name]
-        stored = store(make_weights(), qtype)
+        stored = store(t, qtype)
         values = stored_values(stored, qtype)
     except (KeyError, AttributeError, NotImplementedError) as e:
         # Exit status 3, as for a missing package: callers skip, unless told to fail.
@@ -244,8 +333,14 @@ def main():
               "a newer one can (python3 -m pip install -U gguf)", file=sys.stderr)
         return 3
     os.makedirs(out, exist_ok=True)
-    write_gguf(os.path.join(out, "tiny-llama.gguf"), stored, qtype, file_type)
-    tokens, logits, margin = decode(values)
+    write_gguf(os.path.join(out, "tiny-llama.gguf"), stored, qtype, file_type, conv)
+    if conv.freq_scale() is None:
+        print(
+            f"wrote {out}/tiny-llama.gguf with llama.rope.scaling.type = {conv.scaling_type}, "
+            "which this reference does not compute: no reference written"
+        )
+        return 0
+    tokens, logits, margin = decode(values, conv)
     reference = {
         "prompt": PROMPT,
         "tokens": tokens,

@@ -11,8 +11,9 @@
  *                              bf16, q8_0 or q4_0 (one implementation per storage type)
  *   example.llama.rmsnorm      x [n], w [n]                              y [n]         rmsnorm
  *                              y = x / sqrt(mean(x^2) + eps) * w
- *   example.llama.rope         x [d, heads] (d even)                     y [d, heads]  rope
- *                              pairs (2i, 2i+1) of each head rotated by pos * base^(-2i/d)
+ *   example.llama.rope         x [d, heads] (d even)[, f [d/2]]          y [d, heads]  rope
+ *                              pairs (2i, 2i+1) of each head rotated by
+ *                              pos * freq_scale * base^(-2i/d) / f[i]  (f absent: 1)
  *   example.llama.attention    q [d, H], k [d, Hkv, T], v [d, Hkv, T]    o [d, H]      -
  *                              per query head h (key/value head h / (H/Hkv)):
  *                              o = softmax(q.k_t / sqrt(d)) over t < T, weighting v_t
@@ -23,9 +24,10 @@
  *                              the first index of the largest value
  *
  * Every other tensor is f32 (argmax's output i32); every tensor is packed (no explicit strides),
- * in host memory, aligned to 4 bytes; calls are host-blocking; op version 1.0.0, priority 10.
- * The attention's key/value length T is part of its tensors' shapes, so a decode re-resolves (or
- * reshapes) it as the cache grows. It keeps no scratch: the softmax is computed online, one pass over the cache, which
+ * in host memory, aligned to 4 bytes; calls are host-blocking; op version 1.0.0 (rope 1.1.0),
+ * priority 10. The attention's key/value length T is part of its tensors' shapes, so a decode
+ * re-resolves (or reshapes) it as the cache grows. It keeps no scratch: the softmax is computed
+ * online, one pass over the cache, which
  * bounds d to LLAMA_MAX_HEAD_DIM. Validate refuses every shape and record it does not compute.
  *
  * Weight storage types. The weight of a matvec and the table of an embed are stored as a GGUF
@@ -57,6 +59,19 @@
  *   rmsnorm: { uint32_t struct_size = 8; float eps; }             eps > 0 and finite
  *   rope:    { uint32_t struct_size = 12; uint32_t position; float freq_base; }  base > 0
  *   embed:   { uint32_t struct_size = 8; uint32_t row; }           row < rows
+ *            { uint32_t struct_size = 16; uint32_t position; float freq_base; float freq_scale; }
+ *                                                                    base > 0, scale > 0
+ *
+ * Rope 1.1.0 extends 1.0.0 compatibly, the two ways GOP1 lets an operation grow without a new
+ * name: the record grows (its struct_size tells the 12-byte record of a 1.0.0 caller, which
+ * means freq_scale 1, from the 16-byte one), and the frequency factors of Llama 3's
+ * rope_freqs.weight travel as an optional second input tensor rather than in the record. The
+ * factors are model data, d/2 floats that the caller keeps for the model's life: as a tensor
+ * the host checks their dtype, shape and buffer length against the negotiated contract on every
+ * call, where a pointer inside the record would be an unchecked borrow the ABI cannot describe.
+ * freq_scale is llama.cpp's (1 / the linear scaling factor): positions are scaled by it. An
+ * older module (max_inputs 1, 12-byte record only) refuses a caller that needs either at
+ * resolve (the second input) or at the first call (the record's size), never silently.
  *
  * Numerics: deterministic, f32 arithmetic and accumulation, ordered reductions (index order).
  * The module keeps no state: each operation's user_data is a static llama_op_t.
@@ -95,10 +110,13 @@ typedef struct llama_op_t {
     llama_kind kind;
     const char* op_name;
     const char* impl_id;
+    /* The inputs every call has, and how many more it may have (rope's frequency factors). */
     uint32_t inputs;
+    uint32_t optional_inputs;
     /* The storage type of a matvec's W or an embed's table; F32 for the other operations. */
     uint32_t weight_dtype;
     uint32_t output_dtype;
+    uint32_t op_version;
 } llama_op_t;
 
 typedef struct llama_rmsnorm_params_v1 {
@@ -112,39 +130,54 @@ typedef struct llama_rope_params_v1 {
     float freq_base;
 } llama_rope_params_v1;
 
+/* The 1.1.0 record: v1's fields, then the linear scaling of positions. */
+typedef struct llama_rope_params_v2 {
+    uint32_t struct_size;
+    uint32_t position;
+    float freq_base;
+    float freq_scale;
+} llama_rope_params_v2;
+
 typedef struct llama_embed_params_v1 {
     uint32_t struct_size;
     uint32_t row;
 } llama_embed_params_v1;
 
 #define LLAMA_F32 GUILD_DTYPE_F32
+#define LLAMA_V(major, minor, patch) GUILD_KERNEL_ABI_MAKE_VERSION(major, minor, patch)
 static llama_op_t llama_ops[] = {
-    {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.cpu", 2u, LLAMA_F32, LLAMA_F32},
-    {LLAMA_OP_MAGIC, LLAMA_RMSNORM, "example.llama.rmsnorm", "example.llama.rmsnorm.cpu", 2u, LLAMA_F32, LLAMA_F32},
-    {LLAMA_OP_MAGIC, LLAMA_ROPE, "example.llama.rope", "example.llama.rope.cpu", 1u, LLAMA_F32, LLAMA_F32},
-    {LLAMA_OP_MAGIC, LLAMA_ATTENTION, "example.llama.attention", "example.llama.attention.cpu", 3u, LLAMA_F32,
-     LLAMA_F32},
-    {LLAMA_OP_MAGIC, LLAMA_SWIGLU, "example.llama.swiglu", "example.llama.swiglu.cpu", 2u, LLAMA_F32, LLAMA_F32},
-    {LLAMA_OP_MAGIC, LLAMA_ADD, "example.llama.add", "example.llama.add.cpu", 2u, LLAMA_F32, LLAMA_F32},
-    {LLAMA_OP_MAGIC, LLAMA_ARGMAX, "example.llama.argmax", "example.llama.argmax.cpu", 1u, LLAMA_F32,
-     GUILD_DTYPE_I32},
-    {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.f16.cpu", 2u, GUILD_DTYPE_F16,
-     LLAMA_F32},
-    {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.bf16.cpu", 2u, GUILD_DTYPE_BF16,
-     LLAMA_F32},
-    {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.q8_0.cpu", 2u, GUILD_DTYPE_Q8_0,
-     LLAMA_F32},
-    {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.q4_0.cpu", 2u, GUILD_DTYPE_Q4_0,
-     LLAMA_F32},
-    {LLAMA_OP_MAGIC, LLAMA_EMBED, "example.llama.embed", "example.llama.embed.f32.cpu", 1u, LLAMA_F32, LLAMA_F32},
-    {LLAMA_OP_MAGIC, LLAMA_EMBED, "example.llama.embed", "example.llama.embed.f16.cpu", 1u, GUILD_DTYPE_F16,
-     LLAMA_F32},
-    {LLAMA_OP_MAGIC, LLAMA_EMBED, "example.llama.embed", "example.llama.embed.bf16.cpu", 1u, GUILD_DTYPE_BF16,
-     LLAMA_F32},
-    {LLAMA_OP_MAGIC, LLAMA_EMBED, "example.llama.embed", "example.llama.embed.q8_0.cpu", 1u, GUILD_DTYPE_Q8_0,
-     LLAMA_F32},
-    {LLAMA_OP_MAGIC, LLAMA_EMBED, "example.llama.embed", "example.llama.embed.q4_0.cpu", 1u, GUILD_DTYPE_Q4_0,
-     LLAMA_F32},
+    {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.cpu", 2u, 0u, LLAMA_F32, LLAMA_F32,
+     LLAMA_V(1, 0, 0)},
+    {LLAMA_OP_MAGIC, LLAMA_RMSNORM, "example.llama.rmsnorm", "example.llama.rmsnorm.cpu", 2u, 0u, LLAMA_F32, LLAMA_F32,
+     LLAMA_V(1, 0, 0)},
+    {LLAMA_OP_MAGIC, LLAMA_ROPE, "example.llama.rope", "example.llama.rope.cpu", 1u, 1u, LLAMA_F32, LLAMA_F32,
+     LLAMA_V(1, 1, 0)},
+    {LLAMA_OP_MAGIC, LLAMA_ATTENTION, "example.llama.attention", "example.llama.attention.cpu", 3u, 0u, LLAMA_F32, LLAMA_F32,
+     LLAMA_V(1, 0, 0)},
+    {LLAMA_OP_MAGIC, LLAMA_SWIGLU, "example.llama.swiglu", "example.llama.swiglu.cpu", 2u, 0u, LLAMA_F32, LLAMA_F32,
+     LLAMA_V(1, 0, 0)},
+    {LLAMA_OP_MAGIC, LLAMA_ADD, "example.llama.add", "example.llama.add.cpu", 2u, 0u, LLAMA_F32, LLAMA_F32,
+     LLAMA_V(1, 0, 0)},
+    {LLAMA_OP_MAGIC, LLAMA_ARGMAX, "example.llama.argmax", "example.llama.argmax.cpu", 1u, 0u, LLAMA_F32, GUILD_DTYPE_I32,
+     LLAMA_V(1, 0, 0)},
+    {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.f16.cpu", 2u, 0u, GUILD_DTYPE_F16, LLAMA_F32,
+     LLAMA_V(1, 0, 0)},
+    {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.bf16.cpu", 2u, 0u, GUILD_DTYPE_BF16, LLAMA_F32,
+     LLAMA_V(1, 0, 0)},
+    {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.q8_0.cpu", 2u, 0u, GUILD_DTYPE_Q8_0, LLAMA_F32,
+     LLAMA_V(1, 0, 0)},
+    {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.q4_0.cpu", 2u, 0u, GUILD_DTYPE_Q4_0, LLAMA_F32,
+     LLAMA_V(1, 0, 0)},
+    {LLAMA_OP_MAGIC, LLAMA_EMBED, "example.llama.embed", "example.llama.embed.f32.cpu", 1u, 0u, LLAMA_F32, LLAMA_F32,
+     LLAMA_V(1, 0, 0)},
+    {LLAMA_OP_MAGIC, LLAMA_EMBED, "example.llama.embed", "example.llama.embed.f16.cpu", 1u, 0u, GUILD_DTYPE_F16, LLAMA_F32,
+     LLAMA_V(1, 0, 0)},
+    {LLAMA_OP_MAGIC, LLAMA_EMBED, "example.llama.embed", "example.llama.embed.bf16.cpu", 1u, 0u, GUILD_DTYPE_BF16, LLAMA_F32,
+     LLAMA_V(1, 0, 0)},
+    {LLAMA_OP_MAGIC, LLAMA_EMBED, "example.llama.embed", "example.llama.embed.q8_0.cpu", 1u, 0u, GUILD_DTYPE_Q8_0, LLAMA_F32,
+     LLAMA_V(1, 0, 0)},
+    {LLAMA_OP_MAGIC, LLAMA_EMBED, "example.llama.embed", "example.llama.embed.q4_0.cpu", 1u, 0u, GUILD_DTYPE_Q4_0, LLAMA_F32,
+     LLAMA_V(1, 0, 0)},
 };
 
 /* The name of a storage type, for messages. */
@@ -330,19 +363,28 @@ static int llama_check_params(const llama_op_t* op, const void* params, size_t s
         return 1;
     }
     if (op->kind == LLAMA_ROPE) {
-        llama_rope_params_v1 p;
+        llama_rope_params_v2 p;
         if (params == NULL && size == 0u && !required) {
             return 1;
         }
-        if (params == NULL || size != sizeof p) {
-            (void)snprintf(why, why_size, "rope needs its %u-byte parameter record (position, freq_base)",
-                           (unsigned)sizeof p);
+        /* Either record, told apart by its size; the v1 record means no scaling. */
+        if (params == NULL || (size != sizeof(llama_rope_params_v1) && size != sizeof p)) {
+            (void)snprintf(why, why_size,
+                           "rope needs its %u-byte parameter record (position, freq_base) or the %u-byte one "
+                           "(and freq_scale)",
+                           (unsigned)sizeof(llama_rope_params_v1), (unsigned)sizeof p);
             return 0;
         }
-        memcpy(&p, params, sizeof p);
-        if (p.struct_size != (uint32_t)sizeof p || !(p.freq_base > 0.0f) || !isfinite(p.freq_base)) {
-            (void)snprintf(why, why_size, "rope's record needs struct_size %u and a finite freq_base > 0",
-                           (unsigned)sizeof p);
+        memset(&p, 0, sizeof p);
+        memcpy(&p, params, size);
+        if (size == sizeof(llama_rope_params_v1)) {
+            p.freq_scale = 1.0f;
+        }
+        if (p.struct_size != (uint32_t)size || !(p.freq_base > 0.0f) || !isfinite(p.freq_base) ||
+            !(p.freq_scale > 0.0f) || !isfinite(p.freq_scale)) {
+            (void)snprintf(why, why_size,
+                           "rope's record needs struct_size equal to its size, a finite freq_base > 0 and a "
+                           "finite freq_scale > 0");
             return 0;
         }
         return 1;
@@ -358,8 +400,13 @@ static int llama_check_params(const llama_op_t* op, const void* params, size_t s
 static int llama_check_shapes(const llama_op_t* op, const guild_tensor_desc_v1_t* in, size_t n_in,
                               const guild_tensor_desc_v1_t* out, size_t n_out, char* why, size_t why_size) {
     size_t i;
-    if (n_in != op->inputs || n_out != 1u || in == NULL || out == NULL) {
-        (void)snprintf(why, why_size, "%s takes %u inputs and one output", op->op_name, (unsigned)op->inputs);
+    if (n_in < op->inputs || n_in > op->inputs + op->optional_inputs || n_out != 1u || in == NULL || out == NULL) {
+        if (op->optional_inputs != 0u) {
+            (void)snprintf(why, why_size, "%s takes %u to %u inputs and one output", op->op_name,
+                           (unsigned)op->inputs, (unsigned)(op->inputs + op->optional_inputs));
+        } else {
+            (void)snprintf(why, why_size, "%s takes %u inputs and one output", op->op_name, (unsigned)op->inputs);
+        }
         return 0;
     }
     for (i = 0; i < n_in; ++i) {
@@ -413,6 +460,11 @@ static int llama_check_shapes(const llama_op_t* op, const guild_tensor_desc_v1_t
             if (!llama_packed(&in[0], 2u) || !llama_same_shape(&in[0], &out[0]) || !llama_packed(&out[0], 2u) ||
                 in[0].dims[0] % 2u != 0u) {
                 (void)snprintf(why, why_size, "rope takes packed x [d, heads] with d even and writes that shape");
+                return 0;
+            }
+            if (n_in == 2u && (!llama_packed(&in[1], 1u) || in[1].dims[0] != in[0].dims[0] / 2u)) {
+                (void)snprintf(why, why_size, "rope's frequency factors are a packed vector of d/2 = %llu",
+                               (unsigned long long)(in[0].dims[0] / 2u));
                 return 0;
             }
             return 1;
@@ -532,13 +584,21 @@ static void llama_rmsnorm(const float* x, const float* w, float* y, uint64_t n, 
     }
 }
 
-static void llama_rope(const float* x, float* y, uint64_t d, uint64_t heads, uint32_t pos, float base) {
+/* `factors` NULL means every factor is 1, so that the 1.0.0 arithmetic is unchanged. */
+static void llama_rope(const float* x, const float* factors, float* y, uint64_t d, uint64_t heads, uint32_t pos,
+                       float base, float freq_scale) {
     uint64_t h, i;
     for (i = 0; i < d / 2u; ++i) {
-        /* The angle in double, rounded once, as the reference computes it. */
-        double theta = (double)pos * pow((double)base, -2.0 * (double)i / (double)d);
-        float c = (float)cos(theta);
-        float s = (float)sin(theta);
+        /* The angle in double, rounded once, as the reference computes it: llama.cpp's
+         * theta = pos * freq_scale * base^(-2i/d) / factor[i] (its rope with freq_factors and
+         * linear scaling, where YaRN's extrapolation mix is off). */
+        double theta = (double)pos * (double)freq_scale * pow((double)base, -2.0 * (double)i / (double)d);
+        float c, s;
+        if (factors != NULL) {
+            theta /= (double)factors[i];
+        }
+        c = (float)cos(theta);
+        s = (float)sin(theta);
         for (h = 0; h < heads; ++h) {
             float x0 = x[h * d + 2u * i];
             float x1 = x[h * d + 2u * i + 1u];
@@ -647,10 +707,23 @@ static guild_status_t llama_execute(void* user_data, const guild_execute_args_v1
             break;
         }
         case LLAMA_ROPE: {
-            llama_rope_params_v1 p;
-            memcpy(&p, args->params, sizeof p);
-            llama_rope((const float*)in[0].data, (float*)out[0].data, in[0].dims[0], in[0].dims[1], p.position,
-                       p.freq_base);
+            llama_rope_params_v2 p;
+            if (args->input_count == 2u) {
+                const float* f = (const float*)in[1].data;
+                uint64_t j;
+                for (j = 0; j < in[1].dims[0]; ++j) {
+                    if (!(f[j] > 0.0f) || !isfinite(f[j])) {
+                        return guild_error_info_set(error, GUILD_STATUS_ERR_INVALID_ARGUMENT, op->impl_id,
+                                                    "rope's frequency factors must be finite and > 0");
+                    }
+                }
+            }
+            memcpy(&p, args->params, args->params_size);
+            if (args->params_size == sizeof(llama_rope_params_v1)) {
+                p.freq_scale = 1.0f;
+            }
+            llama_rope((const float*)in[0].data, args->input_count == 2u ? (const float*)in[1].data : NULL,
+                       (float*)out[0].data, in[0].dims[0], in[0].dims[1], p.position, p.freq_base, p.freq_scale);
             break;
         }
         case LLAMA_ATTENTION:
@@ -708,7 +781,7 @@ static guild_status_t llama_register(const guild_host_api_v1_t* host, llama_op_t
     gop.header.tag = GUILD_GOP1_TAG;
     gop.header.version = GUILD_GOP1_VERSION;
     gop.header.next = NULL;
-    gop.op_version = GUILD_KERNEL_ABI_MAKE_VERSION(1, 0, 0);
+    gop.op_version = op->op_version;
     gop.capabilities = 0u;
     gop.numerics = GUILD_NUMERICS_DETERMINISTIC | GUILD_NUMERICS_F32_ACCUMULATION | GUILD_NUMERICS_ORDERED_REDUCTION;
     /* A matvec over stored weights has heterogeneous inputs (W in its type, x in f32): the
@@ -718,7 +791,7 @@ static guild_status_t llama_register(const guild_host_api_v1_t* host, llama_op_t
         op->kind == LLAMA_MATVEC && op->weight_dtype != GUILD_DTYPE_F32 ? GUILD_DTYPE_ANY : op->weight_dtype;
     gop.output_dtype = op->output_dtype;
     gop.min_inputs = op->inputs;
-    gop.max_inputs = op->inputs;
+    gop.max_inputs = op->inputs + op->optional_inputs;
     gop.min_outputs = 1u;
     gop.max_outputs = 1u;
     gop.layouts = GUILD_LAYOUT_CONTIGUOUS;

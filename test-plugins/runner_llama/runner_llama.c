@@ -3,9 +3,16 @@
  *
  * - recognize: general.architecture reads "llama" through the host's model reader;
  * - describe: dimensions from the llama.* keys (the vocabulary from the tokenizer's token list),
- *   and the canonical roles of the llama.cpp tensor names, per layer;
- * - validate_numerics: n_embd divisible by n_heads, n_heads by n_kv_heads, and token_embd shaped
- *   [n_embd, vocab_size];
+ *   the RoPE facts as llama.cpp reads them (rope.dimension_count, default the head size;
+ *   rope.freq_base, default 10000; rope.scaling.type, where a missing type is linear, and
+ *   rope.scaling.factor or the older rope.scale_linear as freq_scale = 1 / factor), the experts
+ *   (expert_count, expert_used_count), and the canonical roles of the llama.cpp tensor names,
+ *   per layer, output.weight (absent with tied embeddings) and rope_freqs.weight optional;
+ * - validate_numerics: n_embd divisible by n_heads, n_heads by n_kv_heads, token_embd shaped
+ *   [n_embd, vocab_size], and what this runner computes: no scaling or linear scaling, the whole
+ *   head rotated, no experts, rope_freqs (when present) of rope_dims / 2 factors. Anything else
+ *   is refused here, naming the key, so that selection passes the model over before its first
+ *   token rather than running it wrongly;
  * - create/destroy: a small instance, each call logged to the model's "test.marker_path" file
  *   when it names one (guild_test_runner.h).
  *
@@ -94,6 +101,73 @@ static guild_status_t llama_map_roles(llama_state_t* state, uint32_t n_layers, g
     return GUILD_STATUS_OK;
 }
 
+/* The GUILD_ROPE_SCALING_* a llama.rope.scaling.type string names; 0 (and ERR_UNSUPPORTED from
+ * the caller) for one RMD1 has no value for. */
+static int llama_scaling_type(const char* name, uint32_t* out) {
+    static const struct {
+        const char* name;
+        uint32_t value;
+    } known[] = {
+        {"none", GUILD_ROPE_SCALING_NONE},
+        {"linear", GUILD_ROPE_SCALING_LINEAR},
+        {"yarn", GUILD_ROPE_SCALING_YARN},
+        {"longrope", GUILD_ROPE_SCALING_LONGROPE},
+    };
+    size_t i;
+    for (i = 0; i < sizeof known / sizeof known[0]; ++i) {
+        if (strcmp(name, known[i].name) == 0) {
+            *out = known[i].value;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/*
+ * The RoPE scaling as llama.cpp reads it: a missing llama.rope.scaling.type is "linear"; the
+ * factor is llama.rope.scaling.factor, else llama.rope.scale_linear; a missing or zero factor,
+ * or the type "none", does not scale. freq_scale is 1 / factor.
+ */
+static guild_status_t llama_describe_scaling(const guild_model_reader_v1_t* model, guild_runner_model_v1_t* out,
+                                             guild_error_info_t* error) {
+    static const char* const type_key = "llama.rope.scaling.type";
+    char name[64];
+    char message[GUILD_ERROR_MESSAGE_CAPACITY];
+    size_t length = 0;
+    uint32_t type = GUILD_ROPE_SCALING_LINEAR;
+    double factor = 0.0;
+    guild_status_t status = model->get_string(model->ctx, type_key, name, sizeof name, &length);
+    if (status == GUILD_STATUS_OK) {
+        if (!llama_scaling_type(name, &type)) {
+            (void)snprintf(message, sizeof message, "%s is \"%s\", a scaling RMD1 has no value for", type_key, name);
+            return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, RUNNER_ID, message);
+        }
+    } else if (status != GUILD_STATUS_ERR_NOT_FOUND) {
+        (void)snprintf(message, sizeof message, "%s cannot be read as a short string (status %d)", type_key,
+                       (int)status);
+        return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, RUNNER_ID, message);
+    }
+    status = model->get_float(model->ctx, "llama.rope.scaling.factor", &factor);
+    if (status == GUILD_STATUS_ERR_NOT_FOUND) {
+        status = model->get_float(model->ctx, "llama.rope.scale_linear", &factor);
+    }
+    if (status == GUILD_STATUS_ERR_NOT_FOUND) {
+        factor = 0.0;
+    } else if (status != GUILD_STATUS_OK || !(factor >= 0.0) || factor > 1e30) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, RUNNER_ID,
+                                    "llama.rope.scaling.factor is not a finite float >= 0");
+    }
+    if (type == GUILD_ROPE_SCALING_NONE || (type == GUILD_ROPE_SCALING_LINEAR && factor == 0.0)) {
+        out->rope_scaling_type = GUILD_ROPE_SCALING_NONE;
+        out->rope_freq_scale = 1.0f;
+    } else {
+        out->rope_scaling_type = type;
+        out->rope_freq_scale = factor == 0.0 ? 1.0f : (float)(1.0 / factor);
+    }
+    return guild_test_read_u32(model, "llama", "rope.scaling.original_context_length", 1, out->context_length,
+                               &out->rope_orig_context, RUNNER_ID, error);
+}
+
 static guild_status_t llama_describe(void* user_data, const guild_model_reader_v1_t* model,
                                      guild_runner_model_v1_t* out, guild_error_info_t* error) {
     llama_state_t* state = (llama_state_t*)user_data;
@@ -124,8 +198,18 @@ static guild_status_t llama_describe(void* user_data, const guild_model_reader_v
         status = guild_test_read_u32(model, "llama", "context_length", 1, 2048u, &out->context_length, RUNNER_ID, error);
     }
     if (status == GUILD_STATUS_OK) {
-        status = guild_test_read_f32(model, "llama", "attention.layer_norm_rms_epsilon", 1e-5f, &out->norm_eps,
-                                     RUNNER_ID, error);
+        /* No default: llama.cpp requires this key for llama, and a guessed epsilon would be a
+         * silent change of every norm. */
+        static const char* const eps_key = "llama.attention.layer_norm_rms_epsilon";
+        uint32_t type = 0;
+        if (model->find_key(model->ctx, eps_key, &type) == GUILD_STATUS_ERR_NOT_FOUND) {
+            status = guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, RUNNER_ID,
+                                          "llama.attention.layer_norm_rms_epsilon is missing (llama.cpp has no default "
+                                          "for llama)");
+        } else {
+            status = guild_test_read_f32(model, "llama", "attention.layer_norm_rms_epsilon", 0.0f, &out->norm_eps,
+                                         RUNNER_ID, error);
+        }
     }
     if (status == GUILD_STATUS_OK) {
         status = guild_test_read_f32(model, "llama", "rope.freq_base", 10000.0f, &out->rope_freq_base, RUNNER_ID,
@@ -147,12 +231,22 @@ static guild_status_t llama_describe(void* user_data, const guild_model_reader_v
     out->head_dim = out->n_embd / out->n_heads;
     out->head_dim_v = out->head_dim;
     out->rope_type = GUILD_ROPE_TYPE_NORMAL;
-    out->rope_dims = out->head_dim;
-    out->rope_scaling_type = GUILD_ROPE_SCALING_NONE;
-    out->rope_freq_scale = 1.0f;
-    out->rope_orig_context = out->context_length;
     out->prefill_strategy = GUILD_PREFILL_BATCHED;
-    status = llama_map_roles(state, out->n_layers, error);
+    status = guild_test_read_u32(model, "llama", "rope.dimension_count", 1, out->head_dim, &out->rope_dims, RUNNER_ID,
+                                 error);
+    if (status == GUILD_STATUS_OK) {
+        status = llama_describe_scaling(model, out, error);
+    }
+    if (status == GUILD_STATUS_OK) {
+        status = guild_test_read_u32(model, "llama", "expert_count", 1, 0u, &out->n_experts, RUNNER_ID, error);
+    }
+    if (status == GUILD_STATUS_OK) {
+        status = guild_test_read_u32(model, "llama", "expert_used_count", 1, 0u, &out->n_experts_used, RUNNER_ID,
+                                     error);
+    }
+    if (status == GUILD_STATUS_OK) {
+        status = llama_map_roles(state, out->n_layers, error);
+    }
     if (status != GUILD_STATUS_OK) {
         return status;
     }
@@ -189,6 +283,36 @@ static guild_status_t llama_validate_numerics(void* user_data, const guild_model
         (void)snprintf(message, sizeof message, "%s is [%llu, %llu] (rank %u), not [n_embd %u, vocab %u]", info.name,
                        (unsigned long long)info.dims[0], (unsigned long long)info.dims[1], (unsigned)info.rank,
                        (unsigned)d->n_embd, (unsigned)d->vocab_size);
+        return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, RUNNER_ID, message);
+    }
+    /* What this runner computes, from the description's facts; each refusal names the key. */
+    if (d->rope_scaling_type != GUILD_ROPE_SCALING_NONE && d->rope_scaling_type != GUILD_ROPE_SCALING_LINEAR) {
+        (void)snprintf(message, sizeof message,
+                       "llama.rope.scaling.type is %s: this runner computes no scaling and linear scaling only",
+                       d->rope_scaling_type == GUILD_ROPE_SCALING_YARN ? "yarn" : "longrope");
+        return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, RUNNER_ID, message);
+    }
+    if (!(d->rope_freq_scale > 0.0f) || !(d->rope_freq_scale <= 3.0e38f)) {
+        return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, RUNNER_ID,
+                                    "llama.rope.scaling.factor gives no finite positive frequency scale");
+    }
+    if (d->rope_dims != d->head_dim) {
+        (void)snprintf(message, sizeof message,
+                       "llama.rope.dimension_count is %u, not the head size %u: this runner rotates whole heads",
+                       (unsigned)d->rope_dims, (unsigned)d->head_dim);
+        return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, RUNNER_ID, message);
+    }
+    if (d->n_experts != 0u) {
+        (void)snprintf(message, sizeof message, "llama.expert_count is %u: this runner has no mixture of experts",
+                       (unsigned)d->n_experts);
+        return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, RUNNER_ID, message);
+    }
+    memset(&info, 0, sizeof info);
+    info.struct_size = (uint32_t)sizeof info;
+    status = model->find_tensor(model->ctx, "rope_freqs.weight", &info);
+    if (status == GUILD_STATUS_OK && (info.rank != 1u || info.dims[0] != d->rope_dims / 2u)) {
+        (void)snprintf(message, sizeof message, "rope_freqs.weight has %llu factors (rank %u), not rope_dims / 2 = %u",
+                       (unsigned long long)info.dims[0], (unsigned)info.rank, (unsigned)(d->rope_dims / 2u));
         return guild_error_info_set(error, GUILD_STATUS_ERR_UNSUPPORTED, RUNNER_ID, message);
     }
     return GUILD_STATUS_OK;

@@ -95,7 +95,8 @@ impl fmt::Display for DecodeError {
 
 impl std::error::Error for DecodeError {}
 
-/// The hyperparameters read from the model's `llama.*` keys.
+/// The hyperparameters read from the model's `llama.*` keys, with llama.cpp's reading of what a
+/// file may leave out (see [`Config::from_model`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Config {
     pub n_layer: usize,
@@ -108,6 +109,24 @@ pub struct Config {
     pub n_ctx: usize,
     pub eps: f32,
     pub rope_base: f32,
+    /// llama.cpp's `freq_scale`: positions are scaled by it before the rotation (1 / the linear
+    /// scaling factor; 1 without scaling).
+    pub rope_freq_scale: f32,
+    /// The model carries Llama 3's `rope_freqs.weight`: `head_dim / 2` factors that each divide
+    /// one rotation frequency.
+    pub rope_freqs: bool,
+    /// The model has no `output.weight`: `token_embd.weight` is the output projection too.
+    pub tied_embeddings: bool,
+}
+
+/// llama.cpp's default `llama.rope.freq_base`.
+pub const DEFAULT_ROPE_BASE: f32 = 10000.0;
+
+/// `key` holds `what`, which changes the arithmetic in a way this runner does not implement.
+fn unsupported(key: &str, what: impl fmt::Display) -> DecodeError {
+    DecodeError::Model(format!(
+        "{key} is {what}, which this runner does not implement"
+    ))
 }
 
 fn meta_uint(model: &dyn ModelFile, key: &str) -> Result<usize, DecodeError> {
@@ -131,17 +150,182 @@ fn meta_uint(model: &dyn ModelFile, key: &str) -> Result<usize, DecodeError> {
 }
 
 fn meta_float(model: &dyn ModelFile, key: &str) -> Result<f32, DecodeError> {
+    meta_opt_float(model, key)?.ok_or_else(|| DecodeError::Model(format!("{key} is missing")))
+}
+
+/// `key` as a positive f32, or `None` when the file leaves it out.
+fn meta_opt_float(model: &dyn ModelFile, key: &str) -> Result<Option<f32>, DecodeError> {
     match model.metadata(key) {
-        Some(MetaValue::F32(v)) if v.is_finite() && *v > 0.0 => Ok(*v),
+        Some(MetaValue::F32(v)) if v.is_finite() && *v > 0.0 => Ok(Some(*v)),
         Some(other) => Err(DecodeError::Model(format!(
             "{key} is not a positive f32 ({other:?})"
         ))),
-        None => Err(DecodeError::Model(format!("{key} is missing"))),
+        None => Ok(None),
+    }
+}
+
+/// `key` as an unsigned integer (zero allowed), or `None` when the file leaves it out.
+fn meta_opt_uint(model: &dyn ModelFile, key: &str) -> Result<Option<u64>, DecodeError> {
+    match model.metadata(key) {
+        None => Ok(None),
+        Some(MetaValue::U32(v)) => Ok(Some(u64::from(*v))),
+        Some(MetaValue::U64(v)) => Ok(Some(*v)),
+        Some(MetaValue::I32(v)) if *v >= 0 => Ok(Some(*v as u64)),
+        Some(other) => Err(DecodeError::Model(format!(
+            "{key} is not an unsigned integer ({other:?})"
+        ))),
+    }
+}
+
+/// llama.cpp's `freq_scale` from the `llama.rope.scaling.*` keys. A missing type reads as
+/// "linear", as llama.cpp reads it, so that a factor without a type still scales; "none" never
+/// scales; the factor is `llama.rope.scaling.factor` or else the older
+/// `llama.rope.scale_linear`, and a missing or zero factor does not scale. Every other type
+/// (yarn, longrope, ...) changes the rotation in ways this runner does not compute: refused,
+/// naming the key and the value, never read as no scaling.
+fn rope_freq_scale(model: &dyn ModelFile) -> Result<f32, DecodeError> {
+    const TYPE: &str = "llama.rope.scaling.type";
+    let linear = match model.metadata(TYPE) {
+        None => true,
+        Some(MetaValue::Str(t)) if t == "linear" => true,
+        Some(MetaValue::Str(t)) if t == "none" => false,
+        Some(MetaValue::Str(t)) => {
+            return Err(unsupported(
+                TYPE,
+                format!("\"{t}\" (it implements \"none\" and \"linear\")"),
+            ))
+        }
+        Some(other) => {
+            return Err(DecodeError::Model(format!(
+                "{TYPE} is not a string ({other:?})"
+            )))
+        }
+    };
+    let mut factor = None;
+    for key in ["llama.rope.scaling.factor", "llama.rope.scale_linear"] {
+        match model.metadata(key) {
+            None => continue,
+            Some(MetaValue::F32(f)) if f.is_finite() && *f >= 0.0 => {
+                factor = Some((key, *f));
+                break;
+            }
+            Some(other) => {
+                return Err(DecodeError::Model(format!(
+                    "{key} is not a finite f32 >= 0 ({other:?})"
+                )))
+            }
+        }
+    }
+    match factor {
+        Some((key, f)) if linear && f != 0.0 => {
+            let scale = 1.0 / f;
+            if scale.is_finite() && scale > 0.0 {
+                Ok(scale)
+            } else {
+                Err(DecodeError::Model(format!("{key} = {f} is out of range")))
+            }
+        }
+        _ => Ok(1.0),
+    }
+}
+
+/// Refuses the keys of a llama file that would change the arithmetic in ways this runner does
+/// not implement (llama.cpp either computes something else for them or refuses the file).
+fn refuse_unimplemented(model: &dyn ModelFile, head_dim: usize) -> Result<(), DecodeError> {
+    for key in ["llama.expert_count", "llama.expert_used_count"] {
+        if let Some(n) = meta_opt_uint(model, key)? {
+            if n > 0 {
+                return Err(unsupported(key, format!("{n} (a mixture of experts)")));
+            }
+        }
+    }
+    // Partial rotary embedding: llama.cpp refuses it for this architecture too.
+    if let Some(n) = meta_opt_uint(model, "llama.rope.dimension_count")? {
+        if n != head_dim as u64 {
+            return Err(unsupported(
+                "llama.rope.dimension_count",
+                format!("{n}, not the head size {head_dim} (a rotation of part of each head)"),
+            ));
+        }
+    }
+    // Head sizes other than n_embd / n_head.
+    for key in ["llama.attention.key_length", "llama.attention.value_length"] {
+        if let Some(n) = meta_opt_uint(model, key)? {
+            if n != head_dim as u64 {
+                return Err(unsupported(
+                    key,
+                    format!("{n}, not embedding_length / head_count = {head_dim}"),
+                ));
+            }
+        }
+    }
+    // An attention factor scales the rotated values (YaRN-style magnitude correction).
+    const ATTN_FACTOR: &str = "llama.rope.scaling.attn_factor";
+    match model.metadata(ATTN_FACTOR) {
+        None | Some(MetaValue::F32(1.0)) => {}
+        Some(other) => return Err(unsupported(ATTN_FACTOR, format!("{other:?}, not 1"))),
+    }
+    Ok(())
+}
+
+/// Every tensor a llama of `n_layer` layers may hold that this runner reads. llama.cpp refuses
+/// a file with a tensor its graph does not use, and so does this runner: an attention bias or
+/// an expert's weights the decode skipped would change the arithmetic without a word.
+fn refuse_unknown_tensors(model: &dyn ModelFile, n_layer: usize) -> Result<(), DecodeError> {
+    const GLOBAL: [&str; 4] = [
+        "token_embd.weight",
+        "output_norm.weight",
+        "output.weight",
+        "rope_freqs.weight",
+    ];
+    const LAYER: [&str; 9] = [
+        "attn_norm",
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "ffn_norm",
+        "ffn_gate",
+        "ffn_up",
+        "ffn_down",
+    ];
+    let known = |name: &str| {
+        if GLOBAL.contains(&name) {
+            return true;
+        }
+        let Some(rest) = name.strip_prefix("blk.") else {
+            return false;
+        };
+        let Some((layer, part)) = rest.split_once('.') else {
+            return false;
+        };
+        layer
+            .parse::<usize>()
+            .is_ok_and(|l| l < n_layer && l.to_string() == layer)
+            && part
+                .strip_suffix(".weight")
+                .is_some_and(|p| LAYER.contains(&p))
+    };
+    match model.tensors().iter().find(|t| !known(&t.name)) {
+        Some(t) => Err(DecodeError::Model(format!(
+            "tensor {} is not one a llama of {n_layer} layers uses, and this runner does not \
+             implement what it would add",
+            t.name
+        ))),
+        None => Ok(()),
     }
 }
 
 impl Config {
-    /// Reads the hyperparameters of a `general.architecture = "llama"` model.
+    /// Reads the hyperparameters of a `general.architecture = "llama"` model as llama.cpp
+    /// reads them: without `output.weight` the token embedding is the output projection (tied
+    /// embeddings); without `llama.rope.freq_base` the base is 10000; without
+    /// `llama.attention.head_count_kv` every query head has its own key/value head;
+    /// `llama.rope.scaling.*` scale positions linearly ([`Config::rope_freq_scale`]);
+    /// `rope_freqs.weight` divides each rotation frequency by its factor. The RMS epsilon has no
+    /// default for llama in llama.cpp, and none here. Whatever else would change the arithmetic
+    /// (another scaling type, experts, a partial rotation, other head sizes, a tensor the decode
+    /// does not read) is refused with the key or tensor named, never ignored.
     pub fn from_model(model: &dyn ModelFile) -> Result<Config, DecodeError> {
         match model.metadata("general.architecture") {
             Some(MetaValue::Str(a)) if a == "llama" => {}
@@ -153,7 +337,10 @@ impl Config {
         }
         let n_embd = meta_uint(model, "llama.embedding_length")?;
         let n_head = meta_uint(model, "llama.attention.head_count")?;
-        let n_head_kv = meta_uint(model, "llama.attention.head_count_kv")?;
+        let n_head_kv = match model.metadata("llama.attention.head_count_kv") {
+            None => n_head,
+            Some(_) => meta_uint(model, "llama.attention.head_count_kv")?,
+        };
         if n_embd % n_head != 0 || n_head % n_head_kv != 0 {
             return Err(DecodeError::Model(format!(
                 "{n_embd} embedding values do not split into {n_head} heads sharing {n_head_kv} \
@@ -168,17 +355,37 @@ impl Config {
             Some(t) if t.dims.len() == 2 => t.dims[1] as usize,
             _ => return Err(DecodeError::Model("token_embd.weight is missing".into())),
         };
+        let head_dim = n_embd / n_head;
+        let n_layer = meta_uint(model, "llama.block_count")?;
+        refuse_unimplemented(model, head_dim)?;
+        refuse_unknown_tensors(model, n_layer)?;
+        let tensor = |name: &str| model.tensors().iter().find(|t| t.name == name);
+        let rope_freqs = match tensor("rope_freqs.weight") {
+            None => false,
+            Some(t) if t.dims == [head_dim as u64 / 2] => true,
+            Some(t) => {
+                return Err(DecodeError::Model(format!(
+                    "tensor rope_freqs.weight has dims {:?}; a llama with head size {head_dim} \
+                     needs [{}]",
+                    t.dims,
+                    head_dim / 2
+                )))
+            }
+        };
         Ok(Config {
-            n_layer: meta_uint(model, "llama.block_count")?,
+            n_layer,
             n_embd,
             n_head,
             n_head_kv,
-            head_dim: n_embd / n_head,
+            head_dim,
             n_ff: meta_uint(model, "llama.feed_forward_length")?,
             n_vocab,
             n_ctx: meta_uint(model, "llama.context_length")?,
             eps: meta_float(model, "llama.attention.layer_norm_rms_epsilon")?,
-            rope_base: meta_float(model, "llama.rope.freq_base")?,
+            rope_base: meta_opt_float(model, "llama.rope.freq_base")?.unwrap_or(DEFAULT_ROPE_BASE),
+            rope_freq_scale: rope_freq_scale(model)?,
+            rope_freqs,
+            tied_embeddings: tensor("output.weight").is_none(),
         })
     }
 
@@ -215,6 +422,8 @@ pub struct Weights<'m> {
     layers: Vec<Layer<'m>>,
     output_norm: &'m [u8],
     output: Matrix<'m>,
+    /// `rope_freqs.weight`, f32.
+    rope_freqs: Option<&'m [u8]>,
 }
 
 /// The matrices of a layer that one matvec handle serves together, in every layer: a handle is
@@ -300,11 +509,24 @@ impl<'m> Weights<'m> {
                 down: matrix(&name("ffn_down"), ff, e)?,
             });
         }
+        let token_embd = matrix("token_embd.weight", e, cfg.n_vocab)?;
+        let rope_freqs = match cfg.rope_freqs {
+            true => Some(rope_factors(vector(
+                "rope_freqs.weight",
+                cfg.head_dim / 2,
+            )?)?),
+            false => None,
+        };
         let weights = Weights {
-            token_embd: matrix("token_embd.weight", e, cfg.n_vocab)?,
+            token_embd,
             layers,
             output_norm: vector("output_norm.weight", e)?,
-            output: matrix("output.weight", e, cfg.n_vocab)?,
+            // Tied embeddings: the one table is the output projection too.
+            output: match cfg.tied_embeddings {
+                true => token_embd,
+                false => matrix("output.weight", e, cfg.n_vocab)?,
+            },
+            rope_freqs,
         };
         for role in MATRIX_ROLES {
             let want = weights.layers[0].matrix(role[0]).dtype;
@@ -355,6 +577,20 @@ impl<'m> Layer<'m> {
             _ => self.down,
         }
     }
+}
+
+/// `rope_freqs.weight`'s bytes, once each factor is known to be finite and positive (a factor
+/// divides a frequency).
+fn rope_factors(bytes: &[u8]) -> Result<&[u8], DecodeError> {
+    for (i, f) in bytes.chunks_exact(4).enumerate() {
+        let f = f32::from_le_bytes([f[0], f[1], f[2], f[3]]);
+        if !(f.is_finite() && f > 0.0) {
+            return Err(DecodeError::Model(format!(
+                "tensor rope_freqs.weight holds {f} at {i}; each factor must be finite and > 0"
+            )));
+        }
+    }
+    Ok(bytes)
 }
 
 /// An input buffer of a call.
@@ -670,8 +906,14 @@ impl<'m, 'o, O: Ops> Decoder<'m, 'o, O> {
         let vec2 = |op: &str, n: usize| {
             ops.resolve(op, &[f32_desc(&[n]), f32_desc(&[n])], &[f32_desc(&[n])])
         };
-        let rope =
-            |heads: usize| ops.resolve(ROPE, &[f32_desc(&[d, heads])], &[f32_desc(&[d, heads])]);
+        // With rope_freqs the factors are the rope's second input (example.llama.rope 1.1.0).
+        let rope = |heads: usize| {
+            let x = f32_desc(&[d, heads]);
+            match weights.rope_freqs {
+                Some(_) => ops.resolve(ROPE, &[x, f32_desc(&[d / 2])], &[x]),
+                None => ops.resolve(ROPE, &[x], &[x]),
+            }
+        };
         let (att_in, att_out) = attention_descs(&cfg, 1);
         let l0 = &weights.layers[0];
         let handles = Handles {
@@ -806,9 +1048,11 @@ impl<'m, 'o, O: Ops> Decoder<'m, 'o, O> {
             self.counts.rebinds += 1;
         }
         let norm = rmsnorm_params(cfg.eps);
-        let rope = rope_params(pos as u32, cfg.rope_base);
+        let rope = RopeParams::new(pos as u32, cfg.rope_base, cfg.rope_freq_scale);
         let embed = embed_params(token as u32);
         let token_embd = self.weights.token_embd.bytes;
+        let rope_freqs = self.weights.rope_freqs;
+        let rope_inputs = 1 + usize::from(rope_freqs.is_some());
         let mut b = std::mem::replace(&mut self.buffers, empty_buffers());
         let result = (|| {
             self.call(|h| &h.embed, &[In::Bytes(token_embd)], &mut b.x, &embed)?;
@@ -833,9 +1077,13 @@ impl<'m, 'o, O: Ops> Decoder<'m, 'o, O> {
                     self.call(|h| &h.mv_kv, &[In::Bytes(wk), h], &mut b.k, &[])?;
                     let v_slot = &mut v_cache[slot.clone()];
                     self.call(|h| &h.mv_kv, &[In::Bytes(wv), h], v_slot, &[])?;
-                    self.call(|h| &h.rope_q, &[In::F32(&b.q)], &mut b.q_rot, &rope)?;
+                    // The factors, when the model has them, are the rope's second input.
+                    let (f, n) = (In::Bytes(rope_freqs.unwrap_or(&[])), rope_inputs);
+                    let q = [In::F32(&b.q), f];
+                    self.call(|h| &h.rope_q, &q[..n], &mut b.q_rot, rope.bytes())?;
+                    let k = [In::F32(&b.k), f];
                     let k_slot = &mut k_cache[slot.clone()];
-                    self.call(|h| &h.rope_k, &[In::F32(&b.k)], k_slot, &rope)?;
+                    self.call(|h| &h.rope_k, &k[..n], k_slot, rope.bytes())?;
                     let (k, v) = (In::F32(&k_cache[..len * kv]), In::F32(&v_cache[..len * kv]));
                     let q = In::F32(&b.q_rot);
                     self.call(|h| &h.attention, &[q, k, v], &mut b.att, &[])?;
@@ -953,13 +1201,30 @@ fn embed_params(row: u32) -> [u8; 8] {
     p
 }
 
-/// example.llama.rope's parameter record: `{ u32 struct_size = 12; u32 position; f32 base; }`.
-fn rope_params(position: u32, base: f32) -> [u8; 12] {
-    let mut p = [0u8; 12];
-    p[..4].copy_from_slice(&12u32.to_ne_bytes());
-    p[4..8].copy_from_slice(&position.to_ne_bytes());
-    p[8..].copy_from_slice(&base.to_ne_bytes());
-    p
+/// example.llama.rope's parameter record: `{ u32 struct_size = 12; u32 position; f32 base; }`,
+/// or, to scale positions, 1.1.0's `{ u32 struct_size = 16; u32 position; f32 base;
+/// f32 freq_scale; }`. Without scaling the decode sends the 12-byte record, so that a model
+/// that needs nothing new still runs on a 1.0.0 module; a 1.0.0 module refuses the 16-byte
+/// record at the first call.
+struct RopeParams {
+    record: [u8; 16],
+    len: usize,
+}
+
+impl RopeParams {
+    fn new(position: u32, base: f32, freq_scale: f32) -> Self {
+        let len = if freq_scale == 1.0 { 12 } else { 16 };
+        let mut record = [0u8; 16];
+        record[..4].copy_from_slice(&(len as u32).to_ne_bytes());
+        record[4..8].copy_from_slice(&position.to_ne_bytes());
+        record[8..12].copy_from_slice(&base.to_ne_bytes());
+        record[12..].copy_from_slice(&freq_scale.to_ne_bytes());
+        RopeParams { record, len }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.record[..self.len]
+    }
 }
 
 /// What a greedy decode produced.

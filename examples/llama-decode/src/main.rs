@@ -140,7 +140,7 @@ fn run() -> Result<bool, String> {
     }
     println!(
         "model {}: llama, {} layers, hidden {}, {} heads ({} key/value), feed-forward {}, \
-         vocabulary {}, context {}, weight matrices {}",
+         vocabulary {}, context {}, weight matrices {}; rope base {}{}{}{}",
         args.model.display(),
         cfg.n_layer,
         cfg.n_embd,
@@ -149,7 +149,19 @@ fn run() -> Result<bool, String> {
         cfg.n_ff,
         cfg.n_vocab,
         cfg.n_ctx,
-        dtypes.join(", ")
+        dtypes.join(", "),
+        cfg.rope_base,
+        if cfg.rope_freq_scale == 1.0 {
+            String::new()
+        } else {
+            format!(", linear scaling (freq_scale {})", cfg.rope_freq_scale)
+        },
+        if cfg.rope_freqs { ", rope_freqs" } else { "" },
+        if cfg.tied_embeddings {
+            ", tied embeddings"
+        } else {
+            ""
+        }
     );
     let prompt: Vec<String> = args.prompt.iter().map(u32::to_string).collect();
     println!("prompt: {}", prompt.join(" "));

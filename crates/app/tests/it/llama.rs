@@ -3,7 +3,10 @@
 //! file, numpy computes the greedy tokens and their logits); the module is
 //! `test-plugins/llama_ops`, signed and installed like any other; the decode loop is the example
 //! runner's own (`examples/llama-decode/src/lib.rs`, included here by path), run through the
-//! operation service.
+//! operation service. The same writer's options write real GGUF conventions (tied embeddings,
+//! no freq_base, linear RoPE scaling, Llama 3 rope_freqs, an unimplemented scaling type): each
+//! decodes as its reference does or is refused naming the key (G24), and metadata the decode
+//! does not implement is refused by name on in-memory models, which need no Python.
 //!
 //! Without `python3` or the `gguf` and `numpy` packages the decode tests print why and pass,
 //! unless `GUILD_REQUIRE_GGUF_PY=1` (CI sets it), which turns the skip into a failure. The
@@ -44,7 +47,7 @@ fn written(shop: &Workshop, script: &str) -> Option<PathBuf> {
     written_with(shop, script, &[])
 }
 
-/// As [`written`], with `args` before the output directory.
+/// As [`written`], with `args` after the directory.
 fn written_with(shop: &Workshop, script: &str, args: &[&str]) -> Option<PathBuf> {
     let out = shop.fresh("model");
     std::fs::create_dir_all(&out).unwrap();
@@ -53,8 +56,8 @@ fn written_with(shop: &Workshop, script: &str, args: &[&str]) -> Option<PathBuf>
         .join(script);
     let run = Command::new("python3")
         .arg(&script)
-        .args(args)
         .arg(&out)
+        .args(args)
         .output();
     let reason = match run {
         Err(e) => format!("python3 cannot be run: {e}"),
@@ -82,16 +85,17 @@ fn written_with(shop: &Workshop, script: &str, args: &[&str]) -> Option<PathBuf>
 
 /// The tiny Llama and its reference (`make_tiny_llama.py`).
 fn tiny_llama(shop: &Workshop) -> Option<PathBuf> {
-    written(shop, "examples/llama-decode/make_tiny_llama.py")
+    tiny_llama_with(shop, &[])
+}
+
+/// The tiny Llama written with `make_tiny_llama.py`'s options `args`.
+fn tiny_llama_with(shop: &Workshop, args: &[&str]) -> Option<PathBuf> {
+    written_with(shop, "examples/llama-decode/make_tiny_llama.py", args)
 }
 
 /// The tiny Llama with its weight matrices stored as `dtype` (`make_tiny_llama.py --dtype`).
 fn tiny_llama_as(shop: &Workshop, dtype: &str) -> Option<PathBuf> {
-    written_with(
-        shop,
-        "examples/llama-decode/make_tiny_llama.py",
-        &["--dtype", dtype],
-    )
+    tiny_llama_with(shop, &["--dtype", dtype])
 }
 
 /// `model` rebuilt in memory with the tensor `name` replaced by `dtype`, `dims` and `bytes`.
@@ -295,37 +299,6 @@ fn tiny_llama_decodes_through_the_service_as_the_numpy_reference_does() {
     );
 }
 
-/// Decodes the tiny Llama of `dir` through the service and compares it with its reference:
-/// the tokens must be equal and the logits within [`LOGIT_TOLERANCE`]. Answers the largest
-/// logit error.
-fn decode_matches_reference(f: &Fixture, dir: &Path, label: &str) -> f32 {
-    let reference = Reference::read(&dir.join("tiny-llama.reference.json")).unwrap();
-    assert!(
-        reference.min_top2_margin > 100.0 * f64::from(LOGIT_TOLERANCE),
-        "{label}: the reference has a near tie ({})",
-        reference.min_top2_margin
-    );
-    let model = f
-        .host
-        .models()
-        .read_file(&dir.join("tiny-llama.gguf"))
-        .unwrap();
-    let cfg = Config::from_model(model.as_ref()).unwrap();
-    let weights = Weights::from_model(&model, &cfg).unwrap();
-    let ops = Service::new(OperationService::new(f.host.kernels()));
-    let mut decoder = Decoder::new(cfg, weights, &ops).unwrap();
-    let got = generate(&mut decoder, &reference.prompt, reference.tokens.len()).unwrap();
-    assert_eq!(got.tokens, reference.tokens, "{label}");
-    let c = reference.compare(&got);
-    assert!(c.logits_shape_match, "{label}");
-    assert!(
-        c.max_logit_error <= LOGIT_TOLERANCE,
-        "{label}: largest logit error {} over the tolerance {LOGIT_TOLERANCE}",
-        c.max_logit_error
-    );
-    c.max_logit_error
-}
-
 /// Every storage type of the weight matrices decodes as its reference does, within the same
 /// tolerance as f32 ([`LOGIT_TOLERANCE`], 1e-4 relative above 1, absolute below): the reference
 /// multiplies the very values the file stores (dequantized as the format defines, each exact in
@@ -381,11 +354,7 @@ fn each_weight_dtype_decodes_through_the_service_as_its_numpy_reference_does() {
                 format!("{op_name}.{dtype}.cpu")
             );
         }
-        let error = decode_matches_reference(&f, &dir, dtype);
-        eprintln!(
-            "tiny llama, {dtype} weights: tokens match; largest logit error {error:.2e} \
-             (tolerance {LOGIT_TOLERANCE:.0e})"
-        );
+        decodes_as_its_reference(&f, &dir, &format!("tiny llama, {dtype} weights"));
     }
 }
 
@@ -815,6 +784,122 @@ fn the_module_refuses_the_shapes_and_records_it_does_not_compute() {
     assert_eq!(y, vec![0.0f32; 64]);
 }
 
+/// example.llama.rope's record: the 12-byte 1.0.0 one, or with `scale` the 16-byte 1.1.0 one.
+fn rope_record(position: u32, base: f32, scale: Option<f32>) -> Vec<u8> {
+    let size: u32 = if scale.is_some() { 16 } else { 12 };
+    let mut p = size.to_ne_bytes().to_vec();
+    p.extend_from_slice(&position.to_ne_bytes());
+    p.extend_from_slice(&base.to_ne_bytes());
+    if let Some(scale) = scale {
+        p.extend_from_slice(&scale.to_ne_bytes());
+    }
+    p
+}
+
+#[test]
+fn the_rope_takes_the_old_record_the_scaled_one_and_optional_frequency_factors() {
+    let f = llama_fixture();
+    let service = OperationService::new(f.host.kernels());
+    let x = f32s(&[4, 2]);
+    let factors = f32s(&[2]);
+    let plain = service
+        .resolve(&OperationRequest::cpu(
+            op("example.llama.rope"),
+            vec![x],
+            vec![x],
+        ))
+        .unwrap();
+    assert_eq!(plain.describe().op_version.to_string(), "1.1.0");
+    let with_factors = service
+        .resolve(&OperationRequest::cpu(
+            op("example.llama.rope"),
+            vec![x, factors],
+            vec![x],
+        ))
+        .unwrap();
+    let input: Vec<f32> = (1..=8).map(|v| v as f32 * 0.25).collect();
+    let rope = |h: &guild_host::OpHandle<'_>, factors: Option<&[f32]>, params: &[u8]| {
+        let mut y = vec![0.0f32; 8];
+        let descs = h.inputs();
+        let r = match factors {
+            None => h.execute_with_params(
+                &[TensorArg::new(&descs[0], &input)],
+                &mut [TensorArgMut::new(&x, &mut y)],
+                None,
+                params,
+            ),
+            Some(ff) => h.execute_with_params(
+                &[
+                    TensorArg::new(&descs[0], &input),
+                    TensorArg::new(&descs[1], ff),
+                ],
+                &mut [TensorArgMut::new(&x, &mut y)],
+                None,
+                params,
+            ),
+        };
+        r.map(|()| y)
+    };
+    // Position 1 unscaled, through the 1.0.0 record: the reference rotation.
+    let at_one = rope(&plain, None, &rope_record(1, 10000.0, None)).unwrap();
+    assert_ne!(at_one, input);
+    // Position 2 scaled by 1/2, and position 2 with every factor 2: the same angles exactly.
+    let scaled = rope(&plain, None, &rope_record(2, 10000.0, Some(0.5))).unwrap();
+    assert_eq!(scaled, at_one);
+    let divided = rope(
+        &with_factors,
+        Some(&[2.0, 2.0]),
+        &rope_record(2, 10000.0, None),
+    )
+    .unwrap();
+    assert_eq!(divided, at_one);
+    // A factor per pair: the first pair at position 1, the second as if at 1/4.
+    let mixed = rope(
+        &with_factors,
+        Some(&[1.0, 4.0]),
+        &rope_record(1, 10000.0, None),
+    )
+    .unwrap();
+    assert_eq!(mixed[..2], at_one[..2]);
+    assert_ne!(mixed[2..4], at_one[2..4]);
+
+    // Factors of another length are refused at resolve, a factor that cannot divide at the
+    // call, and so are records of the wrong size or scale.
+    let reason = refusal(&service, "example.llama.rope", &[x, f32s(&[3])], &[x]);
+    assert!(
+        reason.contains("rope's frequency factors are a packed vector of d/2 = 2"),
+        "{reason}"
+    );
+    let err = rope(
+        &with_factors,
+        Some(&[1.0, 0.0]),
+        &rope_record(1, 10000.0, None),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("rope's frequency factors must be finite and > 0"),
+        "{err}"
+    );
+    let mut mislabelled = rope_record(1, 10000.0, Some(0.5));
+    mislabelled[..4].copy_from_slice(&12u32.to_ne_bytes());
+    for (record, why) in [
+        (
+            rope_record(1, 10000.0, Some(0.0)),
+            "a finite freq_scale > 0",
+        ),
+        (
+            rope_record(1, 10000.0, Some(f32::INFINITY)),
+            "a finite freq_scale > 0",
+        ),
+        (mislabelled, "struct_size equal to its size"),
+        (vec![0u8; 20], "or the 16-byte one (and freq_scale)"),
+    ] {
+        let err = rope(&plain, None, &record).unwrap_err();
+        assert!(err.to_string().contains(why), "{err}");
+    }
+}
+
 /// The runner binary, built with cargo once per test run.
 fn decode_binary() -> &'static Path {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
@@ -823,13 +908,9 @@ fn decode_binary() -> &'static Path {
     })
 }
 
-#[test]
-fn the_runner_binary_decodes_from_a_store_and_fails_on_a_reference_it_does_not_match() {
-    let shop = Workshop::new();
-    let Some(dir) = tiny_llama(&shop) else {
-        return;
-    };
-    // A store prepared as an operator prepares one, closed again before the runner opens it.
+/// A store with the llama operations module 1.0.0, prepared as an operator prepares one and
+/// closed again before a runner opens it.
+fn operator_store(shop: &Workshop) -> PathBuf {
     let k = key();
     let store = shop.fresh("store");
     let (pm, _) = open_dir(&store).unwrap();
@@ -839,7 +920,16 @@ fn the_runner_binary_decodes_from_a_store_and_fails_on_a_reference_it_does_not_m
         InstallOptions::default(),
     )
     .unwrap();
-    drop(pm);
+    store
+}
+
+#[test]
+fn the_runner_binary_decodes_from_a_store_and_fails_on_a_reference_it_does_not_match() {
+    let shop = Workshop::new();
+    let Some(dir) = tiny_llama(&shop) else {
+        return;
+    };
+    let store = operator_store(&shop);
 
     let model = dir.join("tiny-llama.gguf");
     let reference_path = dir.join("tiny-llama.reference.json");
@@ -889,6 +979,64 @@ fn the_runner_binary_decodes_from_a_store_and_fails_on_a_reference_it_does_not_m
         "{stdout}"
     );
     assert!(stderr.contains("does not match the reference"), "{stderr}");
+}
+
+#[test]
+fn the_runner_binary_decodes_a_real_convention_file_says_what_it_read_and_refuses_yarn_by_key() {
+    let shop = Workshop::new();
+    let Some(dir) = tiny_llama_with(
+        &shop,
+        &[
+            "--tied",
+            "--no-freq-base",
+            "--scaling-type",
+            "linear",
+            "--scaling-factor",
+            "2",
+            "--rope-freqs",
+        ],
+    ) else {
+        return;
+    };
+    let yarn = tiny_llama_with(&shop, &["--scaling-type", "yarn", "--scaling-factor", "4"])
+        .expect("python3 ran for the first file");
+    let store = operator_store(&shop);
+    let run = |dir: &Path, reference: bool| {
+        let mut command = Command::new(decode_binary());
+        command.arg(&store).arg(dir.join("tiny-llama.gguf"));
+        if reference {
+            command
+                .arg("--reference")
+                .arg(dir.join("tiny-llama.reference.json"));
+        }
+        let out = command.output().expect("the runner starts");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stdout, stderr) = run(&dir, true);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.contains(
+            "; rope base 10000, linear scaling (freq_scale 0.5), rope_freqs, tied embeddings\n"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("decode 1 reference: tokens match;"),
+        "{stdout}"
+    );
+
+    // A yarn file is refused before the first token, naming the key and the value.
+    let (code, stdout, stderr) = run(&yarn, false);
+    assert_ne!(code, Some(0), "{stdout}{stderr}");
+    assert!(!stdout.contains("decode 1"), "{stdout}");
+    assert!(
+        stderr.contains("llama.rope.scaling.type is \"yarn\""),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -1150,4 +1298,351 @@ fn live_a_decode_holds_its_handles_through_an_install_and_a_rollback_in_another_
     drop(runner.stdin.take());
     let status = runner.child.wait().unwrap();
     assert!(status.success(), "the runner ended with {status}");
+}
+
+/// Decodes the tiny Llama in `dir` through the service and compares with its reference:
+/// equal tokens, every logit within [`LOGIT_TOLERANCE`]. Returns the reference.
+fn decodes_as_its_reference(f: &Fixture, dir: &Path, case: &str) -> Reference {
+    let reference = Reference::read(&dir.join("tiny-llama.reference.json")).unwrap();
+    assert!(
+        reference.min_top2_margin > 100.0 * f64::from(LOGIT_TOLERANCE),
+        "{case}: the reference has a near tie ({})",
+        reference.min_top2_margin
+    );
+    let model = f
+        .host
+        .models()
+        .read_file(&dir.join("tiny-llama.gguf"))
+        .unwrap();
+    let cfg = Config::from_model(model.as_ref()).unwrap_or_else(|e| panic!("{case}: {e}"));
+    let weights = Weights::from_model(&model, &cfg).unwrap_or_else(|e| panic!("{case}: {e}"));
+    let ops = Service::new(OperationService::new(f.host.kernels()));
+    let mut decoder = Decoder::new(cfg, weights, &ops).unwrap_or_else(|e| panic!("{case}: {e}"));
+    let got = generate(&mut decoder, &reference.prompt, reference.tokens.len())
+        .unwrap_or_else(|e| panic!("{case}: {e}"));
+    let c = reference.compare(&got);
+    eprintln!(
+        "{case}: tokens {}; largest logit error {:.2e} (tolerance {LOGIT_TOLERANCE:.0e})",
+        if c.tokens_match { "match" } else { "DIFFER" },
+        c.max_logit_error
+    );
+    assert_eq!(got.tokens, reference.tokens, "{case}: tokens");
+    assert!(c.logits_shape_match, "{case}");
+    assert!(
+        c.max_logit_error <= LOGIT_TOLERANCE,
+        "{case}: largest logit error {} over the tolerance {LOGIT_TOLERANCE}",
+        c.max_logit_error
+    );
+    reference
+}
+
+/// The largest difference between two references' logits.
+fn logit_distance(a: &Reference, b: &Reference) -> f32 {
+    a.logits
+        .iter()
+        .flatten()
+        .zip(b.logits.iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn each_gguf_convention_decodes_through_the_service_as_the_numpy_reference_does() {
+    let f = llama_fixture();
+    let Some(plain_dir) = tiny_llama(&f.shop) else {
+        return;
+    };
+    let plain = Reference::read(&plain_dir.join("tiny-llama.reference.json")).unwrap();
+    // (what, make_tiny_llama.py's options, whether the convention changes the arithmetic of
+    // this model: then its reference must differ from the plain file's, or the case would
+    // prove nothing).
+    let cases: [(&str, &[&str], bool); 7] = [
+        ("tied embeddings (no output.weight)", &["--tied"], true),
+        (
+            "no llama.rope.freq_base (10000)",
+            &["--no-freq-base"],
+            false,
+        ),
+        (
+            "linear scaling, factor 4",
+            &["--scaling-type", "linear", "--scaling-factor", "4"],
+            true,
+        ),
+        (
+            "a scaling factor without a type (llama.cpp reads linear)",
+            &["--scaling-factor", "4"],
+            true,
+        ),
+        (
+            "scaling type none with a factor (no scaling)",
+            &["--scaling-type", "none", "--scaling-factor", "4"],
+            false,
+        ),
+        ("Llama 3 rope_freqs", &["--rope-freqs"], true),
+        (
+            "rope_freqs and linear scaling, factor 2, no freq_base",
+            &[
+                "--rope-freqs",
+                "--scaling-type",
+                "linear",
+                "--scaling-factor",
+                "2",
+                "--no-freq-base",
+            ],
+            true,
+        ),
+    ];
+    for (case, args, changes) in cases {
+        let dir = tiny_llama_with(&f.shop, args).expect("python3 ran for the plain file");
+        let reference = decodes_as_its_reference(&f, &dir, case);
+        let distance = logit_distance(&reference, &plain);
+        if changes {
+            assert!(
+                distance > 100.0 * LOGIT_TOLERANCE,
+                "{case}: the reference is within {distance} of the plain file's"
+            );
+        } else {
+            assert_eq!(
+                reference, plain,
+                "{case}: the arithmetic is the plain file's"
+            );
+        }
+    }
+    assert_eq!(
+        f.host
+            .kernels()
+            .live_bindings(&guild_test_support::id("example.llama_ops")),
+        0
+    );
+}
+
+#[test]
+fn an_unimplemented_rope_scaling_type_is_refused_naming_the_key_and_the_value() {
+    let f = llama_fixture();
+    for kind in ["yarn", "longrope", "llama3"] {
+        let Some(dir) =
+            tiny_llama_with(&f.shop, &["--scaling-type", kind, "--scaling-factor", "4"])
+        else {
+            return;
+        };
+        assert!(
+            !dir.join("tiny-llama.reference.json").exists(),
+            "{kind}: the writer has no reference for it"
+        );
+        let model = f
+            .host
+            .models()
+            .read_file(&dir.join("tiny-llama.gguf"))
+            .unwrap();
+        let err = Config::from_model(model.as_ref()).unwrap_err();
+        assert_eq!(
+            err,
+            decode::DecodeError::Model(format!(
+                "llama.rope.scaling.type is \"{kind}\" (it implements \"none\" and \"linear\"), \
+                 which this runner does not implement"
+            ))
+        );
+    }
+}
+
+/// A valid llama for [`Config::from_model`]: the tiny Llama's shape (2 layers, hidden 64, 4
+/// heads of 16, 2 key/value heads) with zero-filled f32 tensors.
+fn fake_llama() -> guild_ports::fakes::FakeModel {
+    use guild_ports::model::MetaValue as M;
+    let f32_id = guild_abi::GUILD_DTYPE_F32;
+    let mut model = guild_ports::fakes::FakeModel::new("/models/fake-llama.gguf")
+        .with_meta("general.architecture", M::Str("llama".into()))
+        .with_meta("llama.block_count", M::U32(2))
+        .with_meta("llama.embedding_length", M::U32(64))
+        .with_meta("llama.feed_forward_length", M::U32(128))
+        .with_meta("llama.attention.head_count", M::U32(4))
+        .with_meta("llama.attention.head_count_kv", M::U32(2))
+        .with_meta("llama.context_length", M::U32(64))
+        .with_meta("llama.rope.dimension_count", M::U32(16))
+        .with_meta("llama.rope.freq_base", M::F32(10000.0))
+        .with_meta("llama.attention.layer_norm_rms_epsilon", M::F32(1e-5))
+        .with_tensor("token_embd.weight", f32_id, &[64, 256]);
+    for l in 0..2 {
+        for (part, dims) in [
+            ("attn_norm", &[64][..]),
+            ("attn_q", &[64, 64]),
+            ("attn_k", &[64, 32]),
+            ("attn_v", &[64, 32]),
+            ("attn_output", &[64, 64]),
+            ("ffn_norm", &[64]),
+            ("ffn_gate", &[64, 128]),
+            ("ffn_up", &[64, 128]),
+            ("ffn_down", &[128, 64]),
+        ] {
+            model = model.with_tensor(&format!("blk.{l}.{part}.weight"), f32_id, dims);
+        }
+    }
+    model
+        .with_tensor("output_norm.weight", f32_id, &[64])
+        .with_tensor("output.weight", f32_id, &[64, 256])
+}
+
+#[test]
+fn metadata_that_would_change_the_arithmetic_is_read_as_llama_cpp_does_or_refused_naming_the_key() {
+    use guild_ports::model::MetaValue as M;
+    let f32_id = guild_abi::GUILD_DTYPE_F32;
+    let base = fake_llama();
+    let cfg = Config::from_model(&base).unwrap();
+    assert_eq!(
+        (
+            cfg.rope_base,
+            cfg.rope_freq_scale,
+            cfg.rope_freqs,
+            cfg.tied_embeddings
+        ),
+        (10000.0, 1.0, false, false)
+    );
+
+    // What llama.cpp reads with a default, read the same way.
+    let read = |model: guild_ports::fakes::FakeModel| Config::from_model(&model).unwrap();
+    let c = read(base.clone().without_meta("llama.rope.freq_base"));
+    assert_eq!(c.rope_base, decode::DEFAULT_ROPE_BASE);
+    let c = read(base.clone().without_meta("llama.attention.head_count_kv"));
+    assert_eq!(c.n_head_kv, 4, "one key/value head per query head");
+    let c = read(base.clone().without_meta("llama.rope.dimension_count"));
+    assert_eq!(c.head_dim, 16);
+    let c = read(base.clone().without_tensor("output.weight"));
+    assert!(c.tied_embeddings);
+    let c = read(
+        base.clone()
+            .with_meta("llama.rope.scaling.type", M::Str("linear".into())),
+    );
+    assert_eq!(c.rope_freq_scale, 1.0, "linear without a factor");
+    let c = read(
+        base.clone()
+            .with_meta("llama.rope.scaling.factor", M::F32(8.0)),
+    );
+    assert_eq!(
+        c.rope_freq_scale, 0.125,
+        "a factor without a type is linear"
+    );
+    let c = read(
+        base.clone()
+            .with_meta("llama.rope.scale_linear", M::F32(2.0)),
+    );
+    assert_eq!(c.rope_freq_scale, 0.5, "the older key");
+    let c = read(
+        base.clone()
+            .with_meta("llama.rope.scaling.type", M::Str("none".into()))
+            .with_meta("llama.rope.scaling.factor", M::F32(8.0)),
+    );
+    assert_eq!(c.rope_freq_scale, 1.0, "none never scales");
+    let c = read(
+        base.clone()
+            .with_meta("llama.rope.scaling.factor", M::F32(0.0)),
+    );
+    assert_eq!(c.rope_freq_scale, 1.0, "a zero factor does not scale");
+    let c = read(
+        base.clone()
+            .with_meta("llama.rope.scaling.attn_factor", M::F32(1.0)),
+    );
+    assert_eq!(c.rope_freq_scale, 1.0);
+    let c = read(base.clone().with_tensor("rope_freqs.weight", f32_id, &[8]));
+    assert!(c.rope_freqs);
+
+    // What would change the arithmetic in a way the decode does not implement: refused, the
+    // error naming the key (or tensor) and the value.
+    let refused: Vec<(&str, guild_ports::fakes::FakeModel, &str)> =
+        vec![
+        (
+            "another architecture",
+            base.clone().with_meta("general.architecture", M::Str("llama4".into())),
+            "general.architecture is Some(Str(\"llama4\")), not \"llama\"",
+        ),
+        (
+            "no RMS epsilon (llama.cpp has no default for llama)",
+            base.clone().without_meta("llama.attention.layer_norm_rms_epsilon"),
+            "llama.attention.layer_norm_rms_epsilon is missing",
+        ),
+        (
+            "yarn",
+            base.clone().with_meta("llama.rope.scaling.type", M::Str("yarn".into())),
+            "llama.rope.scaling.type is \"yarn\" (it implements \"none\" and \"linear\"), \
+             which this runner does not implement",
+        ),
+        (
+            "a scaling type that is not a string",
+            base.clone().with_meta("llama.rope.scaling.type", M::U32(1)),
+            "llama.rope.scaling.type is not a string (U32(1))",
+        ),
+        (
+            "a negative factor",
+            base.clone().with_meta("llama.rope.scaling.factor", M::F32(-2.0)),
+            "llama.rope.scaling.factor is not a finite f32 >= 0 (F32(-2.0))",
+        ),
+        (
+            "an attention factor",
+            base.clone().with_meta("llama.rope.scaling.attn_factor", M::F32(1.2)),
+            "llama.rope.scaling.attn_factor is F32(1.2), not 1, which this runner does not \
+             implement",
+        ),
+        (
+            "partial rotary",
+            base.clone().with_meta("llama.rope.dimension_count", M::U32(8)),
+            "llama.rope.dimension_count is 8, not the head size 16 (a rotation of part of each \
+             head), which this runner does not implement",
+        ),
+        (
+            "experts",
+            base.clone()
+                .with_meta("llama.expert_count", M::U32(8))
+                .with_meta("llama.expert_used_count", M::U32(2)),
+            "llama.expert_count is 8 (a mixture of experts), which this runner does not implement",
+        ),
+        (
+            "another key length",
+            base.clone().with_meta("llama.attention.key_length", M::U32(32)),
+            "llama.attention.key_length is 32, not embedding_length / head_count = 16, which \
+             this runner does not implement",
+        ),
+        (
+            "a non-positive base",
+            base.clone().with_meta("llama.rope.freq_base", M::F32(0.0)),
+            "llama.rope.freq_base is not a positive f32 (F32(0.0))",
+        ),
+        (
+            "rope_freqs of another length",
+            base.clone().with_tensor("rope_freqs.weight", f32_id, &[16]),
+            "tensor rope_freqs.weight has dims [16]; a llama with head size 16 needs [8]",
+        ),
+        (
+            "an attention bias",
+            base.clone().with_tensor("blk.1.attn_q.bias", f32_id, &[64]),
+            "tensor blk.1.attn_q.bias is not one a llama of 2 layers uses, and this runner does \
+             not implement what it would add",
+        ),
+        (
+            "a layer beyond block_count",
+            base.clone().with_tensor("blk.2.attn_norm.weight", f32_id, &[64]),
+            "tensor blk.2.attn_norm.weight is not one a llama of 2 layers uses, and this runner \
+             does not implement what it would add",
+        ),
+    ];
+    for (case, model, want) in refused {
+        assert_eq!(
+            Config::from_model(&model),
+            Err(decode::DecodeError::Model(want.to_owned())),
+            "{case}"
+        );
+    }
+
+    // rope_freqs factors that cannot divide a frequency are refused when the weights are read.
+    let mut bytes = Vec::new();
+    for v in [1.0f32, 2.0, 0.0, 4.0, 8.0, 8.0, 8.0, 8.0] {
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    let model: std::sync::Arc<dyn guild_ports::model::ModelFile> =
+        std::sync::Arc::new(base.with_tensor_data("rope_freqs.weight", f32_id, &[8], bytes));
+    let cfg = Config::from_model(model.as_ref()).unwrap();
+    assert_eq!(
+        Weights::from_model(&model, &cfg).unwrap_err(),
+        decode::DecodeError::Model(
+            "tensor rope_freqs.weight holds 0 at 2; each factor must be finite and > 0".into()
+        )
+    );
 }

@@ -545,6 +545,136 @@ fn a_runner_that_refuses_the_numerics_is_passed_over_with_its_reason() {
 }
 
 #[test]
+fn the_llama_runner_describes_real_gguf_conventions_and_refuses_what_it_cannot_run_naming_the_key()
+{
+    use guild_abi::{GUILD_ROPE_SCALING_LINEAR, GUILD_ROPE_SCALING_NONE};
+    use guild_host::models::Stage;
+    let f = fixture(&[LLAMA]);
+    let log = marker(&f, "conventions");
+    // One layer, 8 wide with 2 heads of 4: rope_freqs has 2 factors.
+    let base = || llama_model(&log, 1, 8, 2);
+    let text = |s: &str| MetaValue::Str(s.to_owned());
+
+    // Tied embeddings, no freq_base, linear scaling by 4 and Llama 3 factors: described as
+    // llama.cpp reads them, and the runner takes the model.
+    let model = base()
+        .without_tensor("output.weight")
+        .with_meta("llama.rope.scaling.type", text("linear"))
+        .with_meta("llama.rope.scaling.factor", MetaValue::F32(4.0))
+        .with_tensor("rope_freqs.weight", F32, &[2]);
+    let bound = select(&f, model).unwrap();
+    let d = bound.description();
+    assert_eq!(
+        (d.rope_scaling_type, d.rope_freq_scale, d.rope_freq_base),
+        (GUILD_ROPE_SCALING_LINEAR, 0.25, 10000.0)
+    );
+    assert_eq!((d.rope_dims, d.head_dim, d.n_experts), (4, 4, 0));
+    assert_eq!(d.rope_orig_context, d.context_length);
+    let output = d.role(TensorRoleKind::Output, None).unwrap();
+    assert_eq!(
+        (output.optional, output.tensor),
+        (true, None),
+        "tied: absent"
+    );
+    let freqs = d.role(TensorRoleKind::RopeFreqs, None).unwrap();
+    assert!(freqs.tensor.is_some());
+    drop(bound);
+
+    // llama.cpp's reading of the scaling keys: a factor without a type is linear, the older
+    // key counts, "none" never scales.
+    for (model, scaling, scale) in [
+        (
+            base().with_meta("llama.rope.scaling.factor", MetaValue::F32(2.0)),
+            GUILD_ROPE_SCALING_LINEAR,
+            0.5,
+        ),
+        (
+            base().with_meta("llama.rope.scale_linear", MetaValue::F32(8.0)),
+            GUILD_ROPE_SCALING_LINEAR,
+            0.125,
+        ),
+        (
+            base()
+                .with_meta("llama.rope.scaling.type", text("none"))
+                .with_meta("llama.rope.scaling.factor", MetaValue::F32(8.0)),
+            GUILD_ROPE_SCALING_NONE,
+            1.0,
+        ),
+        (base(), GUILD_ROPE_SCALING_NONE, 1.0),
+    ] {
+        let bound = select(&f, model).unwrap();
+        let d = bound.description();
+        assert_eq!((d.rope_scaling_type, d.rope_freq_scale), (scaling, scale));
+    }
+    let created = events(&log).len();
+
+    // What the runner cannot compute is refused at selection, naming the key, before any
+    // instance exists (so before any token). Yarn and longrope descriptions are within the
+    // host's contract (RMD1 has values for them): the refusal is the runner's numerics.
+    let refused = |model: FakeModel| {
+        let (_, verdicts) = no_runner(select(&f, model));
+        assert_eq!(verdicts.len(), 1);
+        verdicts.into_iter().next().unwrap().refusal
+    };
+    let numerics = |message: &str| RunnerRefusal::NumericsRefused(LLAMA.unsupported(message));
+    let yarn = base()
+        .with_meta("llama.rope.scaling.type", text("yarn"))
+        .with_meta("llama.rope.scaling.factor", MetaValue::F32(4.0));
+    assert_eq!(
+        refused(yarn),
+        numerics("llama.rope.scaling.type is yarn: this runner computes no scaling and linear scaling only")
+    );
+    assert_eq!(
+        refused(base().with_meta("llama.rope.scaling.type", text("longrope"))),
+        numerics(
+            "llama.rope.scaling.type is longrope: this runner computes no scaling and linear scaling only"
+        )
+    );
+    assert_eq!(
+        refused(base().with_meta("llama.rope.scaling.type", text("llama3"))),
+        RunnerRefusal::CallbackFailed {
+            stage: Stage::Describe,
+            reason: LLAMA.unsupported(
+                "llama.rope.scaling.type is \"llama3\", a scaling RMD1 has no value for"
+            ),
+        }
+    );
+    assert_eq!(
+        refused(base().without_meta("llama.attention.layer_norm_rms_epsilon")),
+        RunnerRefusal::CallbackFailed {
+            stage: Stage::Describe,
+            reason: LLAMA.unsupported(
+                "llama.attention.layer_norm_rms_epsilon is missing (llama.cpp has no default for \
+                 llama)"
+            ),
+        }
+    );
+    assert_eq!(
+        refused(base().with_meta("llama.rope.dimension_count", MetaValue::U32(2))),
+        numerics(
+            "llama.rope.dimension_count is 2, not the head size 4: this runner rotates whole heads"
+        )
+    );
+    assert_eq!(
+        refused(
+            base()
+                .with_meta("llama.expert_count", MetaValue::U32(8))
+                .with_meta("llama.expert_used_count", MetaValue::U32(2))
+        ),
+        numerics("llama.expert_count is 8: this runner has no mixture of experts")
+    );
+    assert_eq!(
+        refused(base().with_tensor("rope_freqs.weight", F32, &[4])),
+        numerics("rope_freqs.weight has 4 factors (rank 1), not rope_dims / 2 = 2")
+    );
+    assert_eq!(
+        events(&log).len(),
+        created,
+        "no refused model got an instance"
+    );
+}
+
+#[test]
 fn a_periodic_hybrid_is_bound_and_a_mapping_that_breaks_its_topology_is_rejected() {
     let f = fixture(&[HYBRID_BAD, HYBRID]);
     let log = marker(&f, "hybrid");
