@@ -287,10 +287,10 @@ fn main() {
     let full = args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--test");
     let samples = if full { 30 } else { 10 };
     let mut c = Criterion::default()
-        .configure_from_args()
         .sample_size(samples)
         .warm_up_time(Duration::from_millis(if full { 1000 } else { 100 }))
-        .measurement_time(Duration::from_secs(if full { 5 } else { 1 }));
+        .measurement_time(Duration::from_secs(if full { 5 } else { 1 }))
+        .configure_from_args();
 
     let shop = Workshop::new();
     let host = fixture(&shop);

@@ -227,8 +227,8 @@ fn main() {
     let mut c = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(4))
-        .configure_from_args()
-        .sample_size(samples);
+        .sample_size(samples)
+        .configure_from_args();
     let shop = Workshop::new();
     let host = fixture(&shop);
     let table =

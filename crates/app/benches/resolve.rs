@@ -183,10 +183,10 @@ fn main() {
     let full = args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--test");
     let samples = if full { 20 } else { 10 };
     let mut criterion = Criterion::default()
-        .configure_from_args()
         .sample_size(samples)
         .warm_up_time(Duration::from_millis(if full { 500 } else { 50 }))
-        .measurement_time(Duration::from_secs(if full { 2 } else { 1 }));
+        .measurement_time(Duration::from_secs(if full { 2 } else { 1 }))
+        .configure_from_args();
     let reg = registry();
     let service = Service::of(&reg);
     let rust = OperationService::new(&reg);

@@ -324,9 +324,9 @@ fn main() {
     }
 
     let mut c = Criterion::default()
-        .configure_from_args()
         .sample_size(10)
-        .measurement_time(Duration::from_secs(if full { 10 } else { 1 }));
+        .measurement_time(Duration::from_secs(if full { 10 } else { 1 }))
+        .configure_from_args();
     c.bench_function(&format!("open_and_reverify_{count}_packages"), |b| {
         b.iter(|| PackageManager::open_dir(&root).expect("open"))
     });
