@@ -651,7 +651,9 @@ pub fn forbidden_in_tree(tree: &str, forbidden: &[&str]) -> Vec<String> {
 }
 
 /// Checks [`TRANSITIVE_FORBIDDEN`] with `cargo tree`, so that an edge through a third crate is
-/// seen as well as a direct one.
+/// seen as well as a direct one. `--locked` without `--offline`: on a fresh machine tidy runs
+/// before anything has built, so the crates whose manifests `cargo tree` reads may not have been
+/// downloaded yet.
 pub fn check_transitive(root: &Path) -> Result<(), String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut problems = Vec::new();
@@ -659,16 +661,7 @@ pub fn check_transitive(root: &Path) -> Result<(), String> {
         let output = std::process::Command::new(&cargo)
             .current_dir(root)
             .args([
-                "tree",
-                "--locked",
-                "--offline",
-                "-e",
-                "normal",
-                "--prefix",
-                "none",
-                "-p",
-                krate,
-                "--format",
+                "tree", "--locked", "-e", "normal", "--prefix", "none", "-p", krate, "--format",
                 "{p}",
             ])
             .output()
