@@ -12,10 +12,11 @@
  *
  * Arithmetic: every weight is dequantized exactly as the portable build does it (an f16 scale
  * times an int8 or a nibble minus 8 is exact in f32, as is an f16 or bf16 value widened), then
- * multiplied by the f32 activation and added into one of eight (or 16, or 32) partial sums with
- * one rounding (FMA), the partial sums added pairwise at the end. Against the portable index-
- * order sum the difference is the reordering of n f32 additions: a few ulps of the sum of the
- * products' magnitudes, far inside the decode's logit tolerance.
+ * multiplied by the f32 activation and added into one of 16 (f32, f16, bf16) or 32 (q8_0, q4_0)
+ * partial sums with one rounding (FMA), the partial sums added pairwise at the end, then a row's
+ * last elements past a multiple of eight one by one. Against the portable index-order sum the
+ * difference is the reordering of n f32 additions: a few ulps of the sum of the products'
+ * magnitudes, far inside the decode's logit tolerance.
  */
 #ifndef LLAMA_OPS_MATVEC_AVX2_H
 #define LLAMA_OPS_MATVEC_AVX2_H
