@@ -241,9 +241,8 @@ fn matvec_request(dtype: DType, n_in: u64, n_out: u64) -> OperationRequest {
 }
 
 /// Runs `handle` on random weights of its dtype and shape and checks its output against the
-/// exact product within [`MATVEC_TOLERANCE`]; answers the largest error found, as a share of
-/// the products' magnitudes.
-fn check_matvec(handle: &OpHandle<'_>, seed: u64) -> f64 {
+/// exact product within [`MATVEC_TOLERANCE`]; answers what it computed.
+fn check_matvec(handle: &OpHandle<'_>, seed: u64) -> Checked {
     let [w_desc, x_desc] = handle.inputs() else {
         panic!("a matvec has two inputs")
     };
@@ -261,7 +260,11 @@ fn check_matvec(handle: &OpHandle<'_>, seed: u64) -> f64 {
             None,
         )
         .unwrap_or_else(|e| panic!("{chosen} [{n_in}, {n_out}]: {e}"));
-    let mut worst = 0.0f64;
+    let mut checked = Checked {
+        magnitudes: Vec::with_capacity(n_out),
+        worst: 0.0,
+        y: y.clone(),
+    };
     for (o, got) in y.iter().enumerate() {
         let row = &values[o * n_in..(o + 1) * n_in];
         // Each product is exact in f64 (24-bit by 24-bit significands), and so nearly the sum.
@@ -281,9 +284,20 @@ fn check_matvec(handle: &OpHandle<'_>, seed: u64) -> f64 {
             "{chosen} [{n_in}, {n_out}] row {o}: {got} against the exact {exact}, an error of \
              {error:.2e} of the products' magnitudes {magnitude} (tolerance {MATVEC_TOLERANCE:.0e})"
         );
-        worst = worst.max(error);
+        checked.worst = checked.worst.max(error);
+        checked.magnitudes.push(magnitude);
     }
-    worst
+    checked
+}
+
+/// What [`check_matvec`] computed.
+struct Checked {
+    /// The output.
+    y: Vec<f32>,
+    /// Per row, `sum_i |W[o][i] * x[i]|`.
+    magnitudes: Vec<f64>,
+    /// The largest error against the exact product, as a share of its row's magnitude.
+    worst: f64,
 }
 
 /// The shapes each matvec runs at (`[n_in, n_out]`): a square projection and a feed-forward
@@ -298,8 +312,8 @@ fn shapes(dtype: DType) -> Vec<[u64; 2]> {
 }
 
 /// On this CPU the matvec of every storage type resolves to the AVX2 implementation (priority
-/// 20 over 10), and it computes what the portable one does: both within [`MATVEC_TOLERANCE`] of
-/// the exact product on the same random weights and activations.
+/// 20 over 10), and it computes what the portable one does: on the same random weights and
+/// activations, each within [`MATVEC_TOLERANCE`] of the exact product and of the other.
 #[test]
 fn the_avx2_matvecs_are_chosen_on_a_capable_cpu_and_agree_with_the_portable_ones() {
     let Some(f) = both() else {
@@ -322,12 +336,25 @@ fn the_avx2_matvecs_are_chosen_on_a_capable_cpu_and_agree_with_the_portable_ones
                 .resolve(&request.clone().exact(ImplId::new(case.portable).unwrap()))
                 .unwrap();
             let seed = 0x9e37_79b9_7f4a_7c15 ^ (i * 16 + j) as u64;
-            let chosen_error = check_matvec(&chosen, seed);
-            let portable_error = check_matvec(&portable, seed);
+            let a = check_matvec(&chosen, seed);
+            let b = check_matvec(&portable, seed);
+            // And with each other, row by row, within the same share of the row's magnitude.
+            let mut apart = 0.0f64;
+            for (o, ((ya, yb), magnitude)) in a.y.iter().zip(&b.y).zip(&a.magnitudes).enumerate() {
+                let d = (f64::from(*ya) - f64::from(*yb)).abs() / magnitude;
+                assert!(
+                    d <= MATVEC_TOLERANCE,
+                    "{} [{n_in}, {n_out}] row {o}: {want} gave {ya}, {} {yb}: {d:.2e} of the \
+                     products' magnitudes apart (tolerance {MATVEC_TOLERANCE:.0e})",
+                    case.name,
+                    case.portable
+                );
+                apart = apart.max(d);
+            }
             eprintln!(
-                "{} [{n_in}, {n_out}]: {want} within {chosen_error:.1e}, {} within \
-                 {portable_error:.1e} of the products' magnitudes",
-                case.name, case.portable
+                "{} [{n_in}, {n_out}]: {want} within {:.1e} and {} within {:.1e} of the exact \
+                 product, {apart:.1e} apart (shares of the products' magnitudes)",
+                case.name, a.worst, case.portable, b.worst
             );
         }
     }
