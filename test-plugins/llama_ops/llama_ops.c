@@ -73,8 +73,21 @@
  * older module (max_inputs 1, 12-byte record only) refuses a caller that needs either at
  * resolve (the second input) or at the first call (the record's size), never silently.
  *
- * Numerics: deterministic, f32 arithmetic and accumulation, ordered reductions (index order).
+ * Numerics: deterministic, f32 arithmetic and accumulation, ordered reductions (index order;
+ * not the AVX2 build's matvecs, below).
  * The module keeps no state: each operation's user_data is a static llama_op_t.
+ *
+ * Built with LLAMA_OPS_AVX2 defined (x86-64, GCC or Clang; the llama_ops_avx2 library, package
+ * example.llama_ops_avx2), it is a competing provider of the matvecs alone: one implementation
+ * per storage type, example.llama.matvec[.<dtype>].avx2, at priority 20 (above the portable 10),
+ * each declaring in its descriptor's required_cpu_isa the instructions its kernel uses (AVX2 and
+ * FMA; F16C too for the types stored with halves: f16, and q8_0's and q4_0's scales). Its
+ * kernels are in matvec_avx2.h; everything else, validate included, is this file's, compiled
+ * for the baseline x86-64 (see there why). A runner that installs both
+ * modules and asks for example.llama.matvec gets the AVX2 kernel on a CPU that has those bits and
+ * the portable one elsewhere, the host choosing; the two compute the same products, summed in
+ * another order (so the AVX2 build does not declare GUILD_NUMERICS_ORDERED_REDUCTION, and a
+ * caller that requires it gets the portable build on any CPU).
  *
  * Built with LLAMA_OPS_MARKER defined (a string naming the build), every execute that computed
  * something also appends "<marker> <impl id>" to $GUILD_TEST_MARKER_DIR/llama_ops.log, so that
@@ -145,6 +158,22 @@ typedef struct llama_embed_params_v1 {
 
 #define LLAMA_F32 GUILD_DTYPE_F32
 #define LLAMA_V(major, minor, patch) GUILD_KERNEL_ABI_MAKE_VERSION(major, minor, patch)
+#ifdef LLAMA_OPS_AVX2
+/* The AVX2 build provides the matvecs only: the other operations are a small share of a decode
+ * step's work, and the portable build's serve them. */
+static llama_op_t llama_ops[] = {
+    {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.avx2", 2u, 0u, LLAMA_F32, LLAMA_F32,
+     LLAMA_V(1, 0, 0)},
+    {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.f16.avx2", 2u, 0u, GUILD_DTYPE_F16,
+     LLAMA_F32, LLAMA_V(1, 0, 0)},
+    {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.bf16.avx2", 2u, 0u, GUILD_DTYPE_BF16,
+     LLAMA_F32, LLAMA_V(1, 0, 0)},
+    {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.q8_0.avx2", 2u, 0u, GUILD_DTYPE_Q8_0,
+     LLAMA_F32, LLAMA_V(1, 0, 0)},
+    {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.q4_0.avx2", 2u, 0u, GUILD_DTYPE_Q4_0,
+     LLAMA_F32, LLAMA_V(1, 0, 0)},
+};
+#else
 static llama_op_t llama_ops[] = {
     {LLAMA_OP_MAGIC, LLAMA_MATVEC, "example.llama.matvec", "example.llama.matvec.cpu", 2u, 0u, LLAMA_F32, LLAMA_F32,
      LLAMA_V(1, 0, 0)},
@@ -179,6 +208,7 @@ static llama_op_t llama_ops[] = {
     {LLAMA_OP_MAGIC, LLAMA_EMBED, "example.llama.embed", "example.llama.embed.q4_0.cpu", 1u, 0u, GUILD_DTYPE_Q4_0, LLAMA_F32,
      LLAMA_V(1, 0, 0)},
 };
+#endif
 
 /* The name of a storage type, for messages. */
 static const char* llama_dtype_name(uint32_t dtype) {
@@ -291,6 +321,23 @@ static void llama_dequantize(uint32_t dtype, const unsigned char* row, uint64_t 
             return;
     }
 }
+
+#ifdef LLAMA_OPS_AVX2
+#include "matvec_avx2.h"
+#define LLAMA_PRIORITY 20
+/* Deterministic and accumulated in f32, but not in index order: the kernels sum in eight lanes,
+ * so a caller that asks for GUILD_NUMERICS_ORDERED_REDUCTION gets the portable build. */
+#define LLAMA_NUMERICS (GUILD_NUMERICS_DETERMINISTIC | GUILD_NUMERICS_F32_ACCUMULATION)
+#else
+/* The portable build runs on any CPU. */
+static uint64_t llama_required_isa(const llama_op_t* op) {
+    (void)op;
+    return 0u;
+}
+#define LLAMA_PRIORITY 10
+#define LLAMA_NUMERICS \
+    (GUILD_NUMERICS_DETERMINISTIC | GUILD_NUMERICS_F32_ACCUMULATION | GUILD_NUMERICS_ORDERED_REDUCTION)
+#endif
 
 static const llama_op_t* llama_op(void* user_data) {
     const llama_op_t* op = (const llama_op_t*)user_data;
@@ -527,6 +574,7 @@ static guild_status_t llama_query_scratch(void* user_data, const guild_operation
     return GUILD_STATUS_OK;
 }
 
+#ifndef LLAMA_OPS_AVX2
 static void llama_matvec(const float* w, const float* x, float* y, uint64_t n_in, uint64_t n_out) {
     uint64_t o, i;
     for (o = 0; o < n_out; ++o) {
@@ -559,6 +607,7 @@ static void llama_matvec_stored(uint32_t dtype, const unsigned char* w, const fl
         y[o] = acc;
     }
 }
+#endif
 
 /* y = row `row` of the table E [n, rows] stored as `dtype`, as f32. */
 static void llama_embed(uint32_t dtype, const unsigned char* table, float* y, uint64_t n, uint32_t row) {
@@ -684,6 +733,10 @@ static guild_status_t llama_execute(void* user_data, const guild_execute_args_v1
     }
     switch (op->kind) {
         case LLAMA_MATVEC:
+#ifdef LLAMA_OPS_AVX2
+            llama_matvec_avx2(op, in[0].data, (const float*)in[1].data, (float*)out[0].data, in[0].dims[0],
+                              in[0].dims[1]);
+#else
             if (op->weight_dtype == GUILD_DTYPE_F32) {
                 llama_matvec((const float*)in[0].data, (const float*)in[1].data, (float*)out[0].data,
                              in[0].dims[0], in[0].dims[1]);
@@ -691,6 +744,7 @@ static guild_status_t llama_execute(void* user_data, const guild_execute_args_v1
                 llama_matvec_stored(op->weight_dtype, (const unsigned char*)in[0].data, (const float*)in[1].data,
                                     (float*)out[0].data, in[0].dims[0], in[0].dims[1]);
             }
+#endif
             break;
         case LLAMA_EMBED: {
             llama_embed_params_v1 p;
@@ -783,7 +837,7 @@ static guild_status_t llama_register(const guild_host_api_v1_t* host, llama_op_t
     gop.header.next = NULL;
     gop.op_version = op->op_version;
     gop.capabilities = 0u;
-    gop.numerics = GUILD_NUMERICS_DETERMINISTIC | GUILD_NUMERICS_F32_ACCUMULATION | GUILD_NUMERICS_ORDERED_REDUCTION;
+    gop.numerics = LLAMA_NUMERICS;
     /* A matvec over stored weights has heterogeneous inputs (W in its type, x in f32): the
      * contract leaves the dtypes to validate, as the spec says such contracts do. Every other
      * implementation's inputs share one dtype, which the contract names. */
@@ -812,7 +866,8 @@ static guild_status_t llama_register(const guild_host_api_v1_t* host, llama_op_t
     desc.backend = GUILD_BACKEND_CPU;
     desc.impl_id = op->impl_id;
     desc.op_name = op->op_name;
-    desc.priority = 10;
+    desc.priority = LLAMA_PRIORITY;
+    desc.required_cpu_isa = llama_required_isa(op);
     desc.user_data = op;
     desc.next_ext = &gop.header;
     return host->register_kernel(host->host_context, &desc, error);
@@ -847,6 +902,12 @@ static void llama_ops_shutdown(void* plugin_state) {
     (void)plugin_state;
 }
 
+#ifdef LLAMA_OPS_AVX2
+#define LLAMA_OPS_NAME "llama_ops_avx2"
+#else
+#define LLAMA_OPS_NAME "llama_ops"
+#endif
+
 #ifndef LLAMA_OPS_VERSION
 #define LLAMA_OPS_VERSION "1.0.0"
 #endif
@@ -856,7 +917,7 @@ static const guild_plugin_descriptor_v1_t llama_ops_descriptor = {
     GUILD_KERNEL_ABI_VERSION,
     GUILD_KERNEL_ABI_VERSION_1_0_0,
     GUILD_KERNEL_ABI_VERSION_1_0_0,
-    "llama_ops",
+    LLAMA_OPS_NAME,
     LLAMA_OPS_VERSION,
     llama_ops_init,
     llama_ops_shutdown,

@@ -74,6 +74,11 @@ const EXPECTED_PLUGINS: &[&str] = &[
     "example_c_runner",
 ];
 
+/// The plugins built only for x86-64 (with GCC or Clang): the AVX2 build of the Llama matvecs,
+/// whose kernels carry target attributes, and whose other code must stay baseline x86-64
+/// ([`check_isa_confined`]).
+const X86_64_PLUGINS: &[&str] = &["llama_ops_avx2"];
+
 /// Test libraries that deliberately lack the entry point (to test the loader's refusal of a
 /// library that is not a Guild plugin). They must export nothing at all instead.
 const EXPORTS_NOTHING: &[&str] = &["no_entry"];
@@ -228,11 +233,19 @@ pub fn plugins() -> Result<PathBuf, String> {
     )?;
     check_compile_commands(&layout, &prefix)?;
 
-    for name in EXPECTED_PLUGINS {
+    let x86_64 = if cfg!(target_arch = "x86_64") {
+        X86_64_PLUGINS
+    } else {
+        &[]
+    };
+    for name in EXPECTED_PLUGINS.iter().chain(x86_64) {
         let path = layout.plugins_out.join(plugin_file_name(name));
         if !path.is_file() {
             return Err(format!("the build did not produce {}", path.display()));
         }
+    }
+    for name in x86_64 {
+        check_isa_confined(&layout.plugins_out.join(plugin_file_name(name)))?;
     }
     // Every library in the output directory is checked, not only the expected ones: the tests
     // may load anything that lies there, including a plugin left over from an older build.
@@ -254,10 +267,18 @@ pub fn plugins() -> Result<PathBuf, String> {
     }
     println!(
         "plugins: built {} against {} only; each exports only {ENTRY_SYMBOL} ({} nothing at \
-         all) ({:.1}s)",
+         all){} ({:.1}s)",
         built.join(", "),
         layout.show(&prefix),
         EXPORTS_NOTHING.join(", "),
+        if x86_64.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; AVX instructions only in the *_avx2 kernels of {}",
+                x86_64.join(", ")
+            )
+        },
         start.elapsed().as_secs_f64()
     );
     Ok(layout.plugins_out)
@@ -698,6 +719,66 @@ fn check_compile_commands(layout: &Layout, prefix: &Path) -> Result<(), String> 
     Ok(())
 }
 
+/// Fails unless the AVX instructions of an ISA-specific build are confined to its kernels: the
+/// host runs the library's init (and everything but a kernel) on CPUs without AVX, so any
+/// VEX-encoded instruction outside a function named `*_avx2*` (the target-attributed kernels,
+/// and GCC's clones of them) would crash there. It also fails when no kernel holds a fused
+/// multiply-add, which would mean the attributes were lost and the build is not what it says.
+fn check_isa_confined(library: &Path) -> Result<(), String> {
+    let out = run_captured(
+        Command::new("objdump")
+            .args(["-d", "--no-show-raw-insn", "--no-addresses"])
+            .arg(library),
+    )?;
+    isa_problem(&out).map_or(Ok(()), |problem| {
+        Err(format!("{}: {problem}", library.display()))
+    })
+}
+
+/// What is wrong with an ISA-specific build, given its `objdump -d --no-show-raw-insn
+/// --no-addresses` output, if anything (see [`check_isa_confined`]).
+fn isa_problem(objdump_output: &str) -> Option<String> {
+    let mut function = "";
+    let mut outside = Vec::new();
+    let mut fused = false;
+    for line in objdump_output.lines() {
+        // A function starts with `<name>:`; an instruction line is indented, its mnemonic first.
+        if let Some(name) = line.strip_prefix('<').and_then(|l| l.strip_suffix(">:")) {
+            function = name;
+            continue;
+        }
+        if !line.starts_with(char::is_whitespace) {
+            continue;
+        }
+        let Some(mnemonic) = line.split_whitespace().next() else {
+            continue;
+        };
+        // Every AVX, AVX2, FMA and F16C instruction is VEX-encoded, and its mnemonic starts
+        // with `v`; no baseline x86-64 instruction a compiler emits does (verr and verw are
+        // system instructions).
+        if !mnemonic.starts_with('v') {
+            continue;
+        }
+        if function.contains("_avx2") {
+            fused |= mnemonic.starts_with("vfmadd");
+        } else if !outside.contains(&function) {
+            outside.push(function);
+        }
+    }
+    if !outside.is_empty() {
+        return Some(format!(
+            "AVX instructions outside the *_avx2 kernels, in {}; only the kernels may carry a \
+             target attribute, never the whole library (-mavx2)",
+            outside.join(", ")
+        ));
+    }
+    (!fused).then(|| {
+        "no *_avx2 function holds a vfmadd instruction: the kernels were not compiled for \
+         AVX2 and FMA"
+            .to_owned()
+    })
+}
+
 /// What a test library's dynamic symbol table must define of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Exports {
@@ -773,6 +854,30 @@ fn exported_symbols(nm_output: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn avx_instructions_may_appear_only_in_the_avx2_kernels() {
+        let clean = "\n<llama_ops_init>:\n\tpush   %rbx\n\tmovss  %xmm0,(%rdi)\n\n\
+                     <llama_matvec_f32_avx2.constprop.0>:\n\tvxorps %xmm0,%xmm0,%xmm0\n\
+                     \tvfmadd231ps (%rsi),%ymm1,%ymm0\n";
+        assert_eq!(isa_problem(clean), None);
+
+        let leaked = "<llama_ops_init>:\n\tvmovss %xmm0,(%rdi)\n\
+                      <llama_matvec_f32_avx2>:\n\tvfmadd231ps (%rsi),%ymm1,%ymm0\n\
+                      <llama_execute>:\n\tvzeroupper\n\tvzeroupper\n";
+        assert_eq!(
+            isa_problem(leaked).as_deref(),
+            Some(
+                "AVX instructions outside the *_avx2 kernels, in llama_ops_init, llama_execute; \
+                 only the kernels may carry a target attribute, never the whole library (-mavx2)"
+            )
+        );
+
+        let scalar = "<llama_matvec_f32_avx2>:\n\tmulss  %xmm1,%xmm0\n\taddss  %xmm0,%xmm2\n";
+        assert!(isa_problem(scalar)
+            .unwrap()
+            .contains("no *_avx2 function holds a vfmadd"));
+    }
 
     #[test]
     fn nm_output_is_read_as_names_without_versions() {

@@ -101,7 +101,8 @@ pub const TOOLS: &[Tool] = &[
         name: "nm",
         probe: Probe::Runs(&[&["nm", "--version"]]),
         source: Source::Apt(&["binutils"]),
-        why: "checks that each plugin exports only its entry point",
+        why: "checks that each plugin exports only its entry point (and, with binutils' objdump, \
+              that the AVX2 build keeps AVX in its kernels)",
         used_by: UsedBy::Both,
     },
     Tool {

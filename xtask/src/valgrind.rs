@@ -64,6 +64,9 @@ pub fn run_all(plugins: &Path) -> Result<(), String> {
             "llama::each_weight_dtype_",
             "llama::the_stored_weight_operations_",
             "llama::malformed_quantized_",
+            // The AVX2 build of the matvecs beside the portable one: both run on every storage
+            // type, alone and in the decode (valgrind runs AVX2, FMA and F16C code).
+            "llama_isa::",
             // Not the live switch test (`llama::live_`): its module runs in the runner process
             // it starts, which valgrind does not follow, so it would check nothing here.
         ],

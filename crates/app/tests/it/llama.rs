@@ -27,11 +27,11 @@ use crate::operations::{fixture_with, op, Fixture};
 
 #[path = "../../../../examples/llama-decode/src/lib.rs"]
 #[allow(dead_code)]
-mod decode;
+pub(crate) mod decode;
 
 use decode::{generate, Config, Decoder, Reference, Service, Weights, LOGIT_TOLERANCE};
 
-fn llama_spec(version: &str) -> Spec {
+pub(crate) fn llama_spec(version: &str) -> Spec {
     let mut spec = Spec::module("example.llama_ops", version).library(&plugin_library("llama_ops"));
     spec.provided_ops = decode::MODULE_IMPLS.iter().map(|s| s.to_string()).collect();
     spec
@@ -84,7 +84,7 @@ fn written_with(shop: &Workshop, script: &str, args: &[&str]) -> Option<PathBuf>
 }
 
 /// The tiny Llama and its reference (`make_tiny_llama.py`).
-fn tiny_llama(shop: &Workshop) -> Option<PathBuf> {
+pub(crate) fn tiny_llama(shop: &Workshop) -> Option<PathBuf> {
     tiny_llama_with(shop, &[])
 }
 
@@ -94,7 +94,7 @@ fn tiny_llama_with(shop: &Workshop, args: &[&str]) -> Option<PathBuf> {
 }
 
 /// The tiny Llama with its weight matrices stored as `dtype` (`make_tiny_llama.py --dtype`).
-fn tiny_llama_as(shop: &Workshop, dtype: &str) -> Option<PathBuf> {
+pub(crate) fn tiny_llama_as(shop: &Workshop, dtype: &str) -> Option<PathBuf> {
     tiny_llama_with(shop, &["--dtype", dtype])
 }
 
@@ -683,7 +683,7 @@ fn a_decode_past_the_context_is_refused_before_any_call() {
     assert_eq!(decoder.counts().steps, cfg.n_ctx as u64);
 }
 
-fn f32s(dims: &[u64]) -> TensorDesc {
+pub(crate) fn f32s(dims: &[u64]) -> TensorDesc {
     TensorDesc::new(DType::F32, dims, MemorySpace::Host)
 }
 

@@ -26,6 +26,7 @@ mod kill;
 mod kill_modules;
 mod live;
 mod llama;
+mod llama_isa;
 mod lock_sync;
 mod mocks;
 mod module_deps;
