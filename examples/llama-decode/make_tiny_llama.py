@@ -3,6 +3,8 @@
 
 Usage: make_tiny_llama.py OUT_DIR [--dtype f32|f16|bf16|q8_0|q4_0] [--tied] [--no-freq-base]
                             [--scaling-type TYPE] [--scaling-factor F] [--rope-freqs]
+                            [--layers N] [--hidden N] [--heads N] [--kv-heads N] [--ff N]
+                            [--vocab N] [--context N]
 
 Writes OUT_DIR/tiny-llama.gguf with the `gguf` package from PyPI (llama.cpp's own writer), so the
 host reads a file it did not write itself, and OUT_DIR/tiny-llama.reference.json: the prompt, the
@@ -13,6 +15,12 @@ The model: 2 layers, hidden size 64, 4 query heads and 2 key/value heads of 16 (
 attention), vocabulary 256, SwiGLU feed-forward of 128, RMSNorm (eps 1e-5), RoPE (base 10000,
 adjacent pairs rotated, as GGML's normal mode for the llama architecture), weights drawn from a
 fixed seed. The tensor names and metadata keys are the standard llama ones.
+
+--layers, --hidden, --heads, --kv-heads, --ff, --vocab and --context replace those sizes (the
+head size is hidden / heads, which must be even; the vocabulary must hold the prompt's tokens,
+so at least 112), for a model large enough to measure a decode against the machine's memory
+bandwidth (crates/app/benches/decode_bound.rs). The weights are drawn the same way in the same
+order; without these options the file and the reference are byte-identical to before.
 
 --dtype (default f32) is the storage type of the weight matrices: token_embd, the attention and
 feed-forward projections and output. The norm vectors stay f32, as in the files llama.cpp writes.
@@ -96,6 +104,27 @@ DTYPES = {
     "q8_0": ("Q8_0", 7),
     "q4_0": ("Q4_0", 2),
 }
+
+
+def apply_shape(args):
+    """Replaces the sizes above with the command line's (the functions below read these names)."""
+    global N_LAYER, N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF, N_VOCAB, N_CTX
+    N_LAYER, N_EMBD, N_HEAD = args.layers, args.hidden, args.heads
+    N_HEAD_KV, N_FF, N_VOCAB, N_CTX = args.kv_heads, args.ff, args.vocab, args.context
+    problems = []
+    if min(N_LAYER, N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_VOCAB, N_CTX) < 1:
+        problems.append("every size must be at least 1")
+    elif N_EMBD % N_HEAD or (N_EMBD // N_HEAD) % 2:
+        problems.append(f"--hidden {N_EMBD} must split into --heads {N_HEAD} heads of an even size")
+    elif N_HEAD % N_HEAD_KV:
+        problems.append(f"--heads {N_HEAD} must be a multiple of --kv-heads {N_HEAD_KV}")
+    if N_VOCAB <= max(PROMPT):
+        problems.append(f"--vocab {N_VOCAB} must hold the prompt's tokens (at least {max(PROMPT) + 1})")
+    if N_CTX < len(PROMPT) + N_DECODE:
+        problems.append(f"--context {N_CTX} must hold the {len(PROMPT) + N_DECODE} positions decoded")
+    if problems:
+        raise SystemExit("make_tiny_llama.py: " + "; ".join(problems))
+    HEAD_DIM = N_EMBD // N_HEAD
 
 
 def make_weights():
@@ -311,9 +340,21 @@ def main():
     parser.add_argument("--scaling-type", help="write llama.rope.scaling.type")
     parser.add_argument("--scaling-factor", type=float, help="write llama.rope.scaling.factor")
     parser.add_argument("--rope-freqs", action="store_true", help="write rope_freqs.weight")
+    parser.add_argument("--layers", type=int, default=N_LAYER, help="llama.block_count")
+    parser.add_argument("--hidden", type=int, default=N_EMBD, help="llama.embedding_length")
+    parser.add_argument("--heads", type=int, default=N_HEAD, help="llama.attention.head_count")
+    parser.add_argument("--kv-heads", type=int, default=N_HEAD_KV,
+                        help="llama.attention.head_count_kv")
+    parser.add_argument("--ff", type=int, default=N_FF, help="llama.feed_forward_length")
+    parser.add_argument("--vocab", type=int, default=N_VOCAB, help="the vocabulary's size")
+    parser.add_argument("--context", type=int, default=N_CTX, help="llama.context_length")
     args = parser.parse_args()
+    apply_shape(args)
     conv = Conventions(args)
     out, dtype = args.out_dir, args.dtype
+    if dtype in ("q8_0", "q4_0") and (N_EMBD % 32 or N_FF % 32):
+        raise SystemExit(f"make_tiny_llama.py: {dtype} stores rows of 32-element blocks; --hidden "
+                         f"{N_EMBD} and --ff {N_FF} must be multiples of 32")
     type_name, file_type = DTYPES[dtype]
     t = make_weights()
     if conv.tied:
