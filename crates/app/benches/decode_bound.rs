@@ -91,29 +91,40 @@ const DTYPES: [&str; 2] = ["f32", "q8_0"];
 struct Module {
     package: &'static str,
     library: &'static str,
-    impls: &'static [&'static str],
+    impls: fn() -> Vec<String>,
 }
 
 /// The portable C module.
 const PORTABLE: Module = Module {
     package: "example.llama_ops",
     library: "llama_ops",
-    impls: &decode::MODULE_IMPLS,
+    impls: || decode::MODULE_IMPLS.iter().map(|s| s.to_string()).collect(),
 };
 
 /// The AVX2/FMA module, built by `cargo xtask plugins` where test-plugins has it.
 const AVX2: Module = Module {
     package: "example.llama_ops_avx2",
     library: "llama_ops_avx2",
-    impls: &AVX2_IMPLS,
+    impls: avx2_impls,
 };
 
-/// The implementation ids test-plugins/llama_ops_avx2 registers: its manifest must list
-/// exactly these, or the install is refused and its rows print the host's reason.
-const AVX2_IMPLS: [&str; 2] = [
-    "example.llama.matvec.avx2",
-    "example.llama.matvec.q8_0.avx2",
-];
+/// The implementation ids the AVX2 build registers, read from its manifest template
+/// (examples/modules/llama_ops_avx2), which `llama_isa`'s tests hold to what the library
+/// registers; a package that lists other ids is refused at install, and its rows say why.
+fn avx2_impls() -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/modules/llama_ops_avx2/manifest.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let manifest: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()));
+    manifest["provided_ops"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{} has no provided_ops", path.display()))
+        .iter()
+        .map(|id| id.as_str().expect("an impl id").to_owned())
+        .collect()
+}
 
 /// A set of providers installed together in one store.
 struct Providers {
@@ -129,7 +140,7 @@ fn host_with(shop: &Workshop, modules: &[&Module]) -> Result<Host, String> {
     let host = Host::new(pm, Box::new(DlopenLoader::new()));
     for m in modules {
         let mut spec = Spec::module(m.package, "1.0.0").library(&plugin_library(m.library));
-        spec.provided_ops = m.impls.iter().map(|s| s.to_string()).collect();
+        spec.provided_ops = (m.impls)();
         host.install(&shop.build(&spec, &k).archive, InstallOptions::default())
             .map_err(|e| format!("installing {}: {e}", m.package))?;
     }
