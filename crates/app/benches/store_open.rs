@@ -249,6 +249,17 @@ fn main() {
             command_figures(&shop, &key, &kept_root(full, &dir), full, dir.path());
             return;
         }
+        Ok("log-share") => {
+            let n = sizes_from(
+                "GUILD_BENCH_COMMAND_SIZES",
+                vec![if full { 10_000 } else { 10 }],
+            );
+            log_share(
+                &kept_store(&shop, &key, &kept_root(full, &dir), n[0]),
+                dir.path(),
+            );
+            return;
+        }
         Ok("full-check") => {
             let n = sizes_from(
                 "GUILD_BENCH_FULL_CHECK_SIZE",
@@ -1069,6 +1080,12 @@ fn command_figures(shop: &Workshop, key: &SigningKey, kept: &Path, full: bool, s
                     let store = if case.writes {
                         remove_copy(&run_copy);
                         copy_tree(&template, &run_copy);
+                        // The copy's data written back first: an fsync of the install would
+                        // otherwise wait for it (ext4 commits a file's journal transaction with
+                        // the data of every file in it), and time the copy instead.
+                        // SAFETY: `sync` takes no arguments and only schedules and waits for
+                        // writeback.
+                        unsafe { libc::sync() };
                         run_copy.clone()
                     } else {
                         kept_store.clone()
@@ -1216,4 +1233,61 @@ fn command_figures(shop: &Workshop, key: &SigningKey, kept: &Path, full: bool, s
             verdict(took < goal)
         );
     }
+}
+
+/// How much of a reader's open of the kept store at `root` is the log's: the same store with
+/// its log folded into the checkpoint (a copy, compacted by a writer that compacts after every
+/// commit) opened beside it, with the bytes of each file.
+fn log_share(root: &Path, scratch: &Path) {
+    let copy = scratch.join("compacted");
+    remove_copy(&copy);
+    copy_tree(root, &copy);
+    {
+        let (store, recovery) = FsStore::open_with(
+            &copy,
+            guild_adapters_fs::store::StoreOptions::new().compact_log_over(0),
+        )
+        .expect("open the copy");
+        let (pm, _) = PackageManager::open(
+            Box::new(store),
+            recovery,
+            Box::new(GkpkSource::default()),
+            Box::new(P256Verifier::new()),
+            guild_domain::platform::HostPlatform::current().expect("platform"),
+        )
+        .expect("open the copy");
+        let id = guild_domain::ids::PackageId::new("bench.pkg0000").expect("id");
+        pm.disable(&id).expect("disable");
+        pm.enable(&id).expect("enable");
+    }
+    let size = |p: &Path| fs::metadata(p).map_or(0, |m| m.len());
+    for (what, store) in [("kept", root), ("compacted", copy.as_path())] {
+        let read = timed(7, || {
+            (
+                fs::read(store.join("registry.json")).expect("checkpoint"),
+                fs::read(store.join("registry.log")).ok(),
+            )
+        });
+        let reader = timed(7, || {
+            FsStore::open_with(
+                store,
+                guild_adapters_fs::store::StoreOptions::new().reader(),
+            )
+            .expect("open")
+        });
+        let committed = timed(7, || {
+            PackageManager::open_dir_committed(store).expect("open")
+        });
+        println!(
+            "  {what:<10} checkpoint {:>9} B, log {:>9} B: read both {:>10}, FsStore reader open \
+             {:>10}, open_dir_committed {:>10} (median of 7, load {})",
+            size(&store.join("registry.json")),
+            size(&store.join("registry.log")),
+            ms(read),
+            ms(reader),
+            ms(committed),
+            load()
+        );
+    }
+    remove_copy(&copy);
 }
