@@ -20,13 +20,28 @@
 //! verify --all --jobs N` runs) scales with its threads, over a kept store of
 //! `GUILD_BENCH_FULL_CHECK_SIZE` packages (1,000 by default), with a verdict.
 //!
+//! `GUILD_BENCH_ONLY=commands` measures only the whole commands (G28): the release `guild`
+//! binary (`GUILD_BENCH_GUILD`, else `target/release/guild`) run as a process for `--version`,
+//! `list`, `status ID` and `install PKG` on the kept stores of each size in
+//! `GUILD_BENCH_COMMAND_SIZES` (10, 1,000 and 10,000 by default), `install` into a fresh copy of
+//! the kept store every run so that the kept one never changes. Each figure is the median of
+//! `GUILD_BENCH_COMMAND_RUNS` (7) runs with its spread, and the child's max RSS as `wait4`
+//! reports it (the child and the children it reaped: the registration check's). With
+//! `GUILD_BENCH_GUILD_BEFORE` naming a second binary (a build of an earlier commit), both run
+//! alternately, run by run, so that a machine's changing load hits both alike. The in-process
+//! opens of each store (reader, committed reader, writer) are timed too, and each figure is
+//! judged against G28's goals. The full run ends with these figures as well.
+//!
 //! `cargo bench --bench store_open` runs the full sizes; run in test mode (`cargo test --benches`,
 //! no `--bench` argument) it builds stores of ten and twenty packages in a temporary directory
 //! and runs each measurement once. The other stores live in a temporary directory (set `TMPDIR`
 //! to measure another file system).
 
+use std::ffi::OsString;
 use std::fs;
-use std::path::Path;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
@@ -205,6 +220,10 @@ fn load() -> String {
 }
 
 fn main() {
+    if let Some(out) = std::env::var_os(SHIM_VARIABLE) {
+        shim(Path::new(&out));
+        return;
+    }
     let full = std::env::args().any(|a| a == "--bench");
     let count = if full { 1_000 } else { 10 };
     let runs = if full { 5 } else { 1 };
@@ -224,6 +243,21 @@ fn main() {
             let installs = if full { 15 } else { 2 };
             let kept = kept_root(full, &dir);
             install_figures(&shop, &key, &kept, &install_sizes, installs, dir.path());
+            return;
+        }
+        Ok("commands") => {
+            command_figures(&shop, &key, &kept_root(full, &dir), full, dir.path());
+            return;
+        }
+        Ok("log-share") => {
+            let n = sizes_from(
+                "GUILD_BENCH_COMMAND_SIZES",
+                vec![if full { 10_000 } else { 10 }],
+            );
+            log_share(
+                &kept_store(&shop, &key, &kept_root(full, &dir), n[0]),
+                dir.path(),
+            );
             return;
         }
         Ok("full-check") => {
@@ -376,6 +410,7 @@ fn main() {
         installs,
         dir.path(),
     );
+    command_figures(&shop, &key, &kept_root, full, dir.path());
 }
 
 /// The medians of one store size's installs.
@@ -763,4 +798,496 @@ fn full_check_scaling(root: &Path, n: usize, rounds: usize) {
         "  verdict: the full check on all {cores} cores against one thread, goal at least \
          {goal:.1}x (half the cores): {verdict}"
     );
+}
+
+/// What one run of a child process took: its wall time (from before the spawn to its reaping),
+/// its max RSS in KiB (`wait4`'s, which covers the children it reaped) and how it ended.
+struct ChildRun {
+    took: Duration,
+    max_rss_kib: u64,
+    status: ExitStatus,
+}
+
+/// Runs `command` to its end, reaping it with `wait4` for its resource usage. Its output goes
+/// where `command` says (a file, not a pipe: a pipe nobody reads would stall a long listing).
+fn run_child(command: &mut Command) -> ChildRun {
+    let start = Instant::now();
+    let child = command.spawn().expect("start the child");
+    let pid = libc::pid_t::try_from(child.id()).expect("a pid");
+    let mut status: libc::c_int = 0;
+    // SAFETY: `rusage` is a C struct of integers and `timeval`s, for which all zero bytes is a
+    // valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: `pid` is this process's own child, which nothing else waits for (`child` is
+        // never waited on), and `status` and `usage` are valid for writes for the whole call.
+        let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        if reaped == pid {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        assert_eq!(e.kind(), std::io::ErrorKind::Interrupted, "wait4: {e}");
+    }
+    let took = start.elapsed();
+    // Reaped already: dropping a `Child` neither waits nor kills.
+    drop(child);
+    ChildRun {
+        took,
+        max_rss_kib: u64::try_from(usage.ru_maxrss).unwrap_or(0),
+        status: ExitStatus::from_raw(status),
+    }
+}
+
+/// Set (to a file's path) when this benchmark runs as the shim between itself and a measured
+/// child ([`shim`]).
+const SHIM_VARIABLE: &str = "GUILD_BENCH_SHIM_OUT";
+
+/// The benchmark as the shim that starts a measured child: runs its own arguments as a command
+/// (stdin, stdout and stderr its own), reaps it with `wait4` and writes `NANOSECONDS MAX_RSS_KIB
+/// WAIT_STATUS` to `out`.
+///
+/// Why a shim: Linux counts in a process's max RSS the memory image it replaced at `exec`, so a
+/// child the benchmark spawned directly would report at least the benchmark's own RSS. The shim
+/// is spawned that way too, but it starts the measured child before it has grown: what the
+/// child inherits is the shim's RSS at its start, a floor [`command_figures`] prints.
+fn shim(out: &Path) {
+    let mut args = std::env::args_os().skip(1);
+    let program = args.next().expect("the shim's command");
+    let mut command = Command::new(program);
+    command.args(args).env_remove(SHIM_VARIABLE);
+    let run = run_child(&mut command);
+    fs::write(
+        out,
+        format!(
+            "{} {} {}",
+            run.took.as_nanos(),
+            run.max_rss_kib,
+            run.status.into_raw()
+        ),
+    )
+    .expect("the shim's report");
+}
+
+/// Runs `program ARGS` through the [`shim`], with `stdout` and `stderr` going to those files:
+/// its time from spawn to reaping and its max RSS, as the shim measured them.
+fn run_measured(program: &Path, args: &[OsString], stdout: &Path, stderr: &Path) -> ChildRun {
+    let report = stdout.with_extension("shim");
+    let _ = fs::remove_file(&report);
+    let shim = std::env::current_exe().expect("this benchmark's path");
+    let status = Command::new(shim)
+        .arg(program)
+        .args(args)
+        .env(SHIM_VARIABLE, &report)
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(stdout).expect("output file"))
+        .stderr(fs::File::create(stderr).expect("stderr file"))
+        .status()
+        .expect("run the shim");
+    assert!(status.success(), "the shim failed: {status}");
+    let text = fs::read_to_string(&report).expect("the shim's report");
+    let fields: Vec<i64> = text
+        .split_whitespace()
+        .map(|f| f.parse().expect("a number"))
+        .collect();
+    let [nanos, rss, raw] = fields[..] else {
+        panic!("the shim's report {text:?}");
+    };
+    ChildRun {
+        took: Duration::from_nanos(u64::try_from(nanos).expect("a time")),
+        max_rss_kib: u64::try_from(rss).expect("a size"),
+        status: ExitStatus::from_raw(i32::try_from(raw).expect("a wait status")),
+    }
+}
+
+/// One command of the whole-command figures: its name in the table and its arguments after
+/// `--store STORE` (`--version` takes no store).
+struct CommandCase {
+    name: String,
+    args: Vec<OsString>,
+    /// Whether it changes the store, so that each run gets a fresh copy of it.
+    writes: bool,
+}
+
+/// The figures of one binary for one command at one store size.
+#[derive(Default)]
+struct Runs {
+    took: Vec<Duration>,
+    rss_kib: Vec<u64>,
+}
+
+impl Runs {
+    fn median(&self) -> Duration {
+        median(self.took.clone())
+    }
+
+    fn spread(&self) -> (Duration, Duration) {
+        let min = self.took.iter().min().copied().unwrap_or_default();
+        let max = self.took.iter().max().copied().unwrap_or_default();
+        (min, max)
+    }
+
+    fn max_rss_mb(&self) -> f64 {
+        let mut v = self.rss_kib.clone();
+        v.sort_unstable();
+        v.get(v.len() / 2).map_or(0.0, |k| *k as f64 * 1024.0 / 1e6)
+    }
+}
+
+/// The `guild` binaries to measure: the one under test (`GUILD_BENCH_GUILD`, else the release
+/// build of this checkout) and, when `GUILD_BENCH_GUILD_BEFORE` names one, the earlier build to
+/// compare with. Answers none when the one under test is not built.
+fn guild_binaries() -> Vec<(&'static str, PathBuf)> {
+    let after = std::env::var_os("GUILD_BENCH_GUILD").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/guild"),
+        PathBuf::from,
+    );
+    if !after.is_file() {
+        return Vec::new();
+    }
+    let mut binaries = vec![("this", after)];
+    if let Some(before) = std::env::var_os("GUILD_BENCH_GUILD_BEFORE") {
+        let before = PathBuf::from(before);
+        assert!(
+            before.is_file(),
+            "GUILD_BENCH_GUILD_BEFORE names {}, which is not a file",
+            before.display()
+        );
+        binaries.push(("before", before));
+    }
+    binaries
+}
+
+/// Removes the store copy at `path`, read-only trees and all, if it is there.
+fn remove_copy(path: &Path) {
+    if path.exists() {
+        make_writable(path);
+        fs::remove_dir_all(path).expect("remove a store copy");
+    }
+}
+
+/// G28's whole-command figures: the release `guild` binary run as a process on the kept stores
+/// (see the module's documentation for the settings), the in-process opens, and the verdicts
+/// against the goals: an install into 10,000 within 1.5x of one into 10, `list` and `status
+/// ID` on 10,000 within 3x `--version`, a reader's open of 10,000 under 50 ms and a writer's
+/// under 100 ms, and the install's max RSS at 10,000 under 30 MB.
+fn command_figures(shop: &Workshop, key: &SigningKey, kept: &Path, full: bool, scratch: &Path) {
+    let binaries = guild_binaries();
+    if binaries.is_empty() {
+        println!(
+            "whole commands: `cargo build --release -p guild-cli` (or GUILD_BENCH_GUILD) to time \
+             the real binary"
+        );
+        return;
+    }
+    let sizes = sizes_from(
+        "GUILD_BENCH_COMMAND_SIZES",
+        if full {
+            vec![10, 1_000, 10_000]
+        } else {
+            vec![10, 20]
+        },
+    );
+    let runs = sizes_from("GUILD_BENCH_COMMAND_RUNS", vec![if full { 7 } else { 1 }])[0].max(1);
+    // The real binary runs the registration check, which opens the library: the offered
+    // package's is the `manifest_echo` test plugin (with distinct bytes after its image).
+    if !guild_test_support::plugins::plugin_dir()
+        .join("libmanifest_echo.so")
+        .is_file()
+    {
+        println!("whole commands: `cargo xtask plugins` first, to time `guild install`");
+        return;
+    }
+    let offered = shop.build(
+        &Spec::module("bench.command", "1.0.0").library(&guild_test_support::guild::library(
+            &bytes(SMALL_LIBRARY, 2_000_000),
+        )),
+        key,
+    );
+    let output = scratch.join("command-output");
+    // (size, command name, binary) -> runs; in-process opens per size.
+    let mut table: Vec<(usize, String, &'static str, Runs)> = Vec::new();
+    let mut opens: Vec<(usize, &'static str, Duration)> = Vec::new();
+    let floor = run_measured(
+        Path::new("/bin/true"),
+        &[],
+        &output,
+        &output.with_extension("err"),
+    );
+    println!(
+        "whole commands: max RSS counts at least the shim's own at its start, {:.1} MB (that of \
+         `/bin/true` run through it)",
+        floor.max_rss_kib as f64 * 1024.0 / 1e6
+    );
+    println!(
+        "whole commands, {} run(s) each, binaries: {} (load {} at the start)",
+        runs,
+        binaries
+            .iter()
+            .map(|(name, path)| format!("{name} = {}", path.display()))
+            .collect::<Vec<_>>()
+            .join(", "),
+        load()
+    );
+    for &n in &sizes {
+        let kept_store = kept_store(shop, key, kept, n);
+        // The store each install run copies: the kept one, trusting this run's key (the kept
+        // store may have been built in an earlier run, with another key).
+        let template = scratch.join(format!("command-template-{n}"));
+        remove_copy(&template);
+        copy_tree(&kept_store, &template);
+        {
+            let host = open_host(&template, None).expect("open the template");
+            trust(&host.pm, PUBLISHER, key);
+        }
+        // A trust change leaves every version's signatures to be checked again by the next
+        // writer, which records that they passed: done here once, so that no measured install
+        // pays for it.
+        drop(PackageManager::open_dir(&template).expect("settle the template"));
+        let (_, settled) = PackageManager::open_dir(&template).expect("open the template");
+        assert_eq!(
+            (settled.verified, settled.reauthenticated),
+            (n, 0),
+            "the template is settled"
+        );
+        let status_id = format!("bench.pkg{:04}", n / 2);
+        let cases = [
+            CommandCase {
+                name: "--version".into(),
+                args: vec!["--version".into()],
+                writes: false,
+            },
+            CommandCase {
+                name: "list".into(),
+                args: vec!["list".into()],
+                writes: false,
+            },
+            CommandCase {
+                name: format!("status {status_id}"),
+                args: vec!["status".into(), status_id.clone().into()],
+                writes: false,
+            },
+            CommandCase {
+                name: "install PKG".into(),
+                args: vec!["install".into(), offered.archive.clone().into()],
+                writes: true,
+            },
+        ];
+        let run_copy = scratch.join(format!("command-install-{n}"));
+        for case in &cases {
+            let mut per_binary: Vec<Runs> = binaries.iter().map(|_| Runs::default()).collect();
+            for _ in 0..runs {
+                for ((_, guild), runs) in binaries.iter().zip(per_binary.iter_mut()) {
+                    let store = if case.writes {
+                        remove_copy(&run_copy);
+                        copy_tree(&template, &run_copy);
+                        // The copy's data written back first: an fsync of the install would
+                        // otherwise wait for it (ext4 commits a file's journal transaction with
+                        // the data of every file in it), and time the copy instead.
+                        // SAFETY: `sync` takes no arguments and only schedules and waits for
+                        // writeback.
+                        unsafe { libc::sync() };
+                        run_copy.clone()
+                    } else {
+                        kept_store.clone()
+                    };
+                    let mut args: Vec<OsString> = Vec::new();
+                    if case.args[0] != "--version" {
+                        args.extend(["--store".into(), store.into_os_string()]);
+                    }
+                    args.extend(case.args.iter().cloned());
+                    let run = run_measured(guild, &args, &output, &output.with_extension("err"));
+                    let stdout = fs::read_to_string(&output).expect("output");
+                    assert!(
+                        run.status.success(),
+                        "`{} {}` on {n} packages: {}\n{}",
+                        guild.display(),
+                        case.name,
+                        run.status,
+                        fs::read_to_string(output.with_extension("err")).unwrap_or_default()
+                    );
+                    // Each command did its work: a row per package, a status of the one asked
+                    // for, an installation.
+                    match case.args[0].to_str() {
+                        Some("list") => assert_eq!(stdout.lines().count(), n + 1, "{stdout}"),
+                        Some("status") => assert!(stdout.contains(&status_id), "{stdout}"),
+                        Some("install") => {
+                            assert!(stdout.contains("installed bench.command"), "{stdout}")
+                        }
+                        _ => assert!(stdout.starts_with("guild"), "{stdout}"),
+                    }
+                    runs.took.push(run.took);
+                    runs.rss_kib.push(run.max_rss_kib);
+                }
+            }
+            for ((name, _), r) in binaries.iter().zip(per_binary) {
+                table.push((n, case.name.clone(), name, r));
+            }
+        }
+        remove_copy(&run_copy);
+        remove_copy(&template);
+        // The in-process opens, of this checkout's code only.
+        let open_runs = runs.max(3);
+        opens.push((
+            n,
+            "reader (open_dir_reader)",
+            timed(open_runs, || {
+                PackageManager::open_dir_reader(&kept_store).expect("open")
+            }),
+        ));
+        opens.push((
+            n,
+            "committed reader (open_dir_committed)",
+            timed(open_runs, || {
+                PackageManager::open_dir_committed(&kept_store).expect("open")
+            }),
+        ));
+        opens.push((
+            n,
+            "writer (open_dir)",
+            timed(open_runs, || {
+                PackageManager::open_dir(&kept_store).expect("open")
+            }),
+        ));
+        println!("  store of {n} measured (load {})", load());
+    }
+
+    println!(
+        "whole commands: median of {runs} and spread (min..max), max RSS median (load {} at the \
+         end):",
+        load()
+    );
+    println!(
+        "  {:>7}  {:<24} {:<7} {:>11}  {:>23}  {:>9}",
+        "n", "command", "binary", "median", "spread", "max RSS"
+    );
+    for (n, name, binary, r) in &table {
+        let (min, max) = r.spread();
+        println!(
+            "  {n:>7}  {name:<24} {binary:<7} {:>11}  {:>23}  {:>6.1} MB",
+            ms(r.median()),
+            format!("{}..{}", ms(min), ms(max)),
+            r.max_rss_mb()
+        );
+    }
+    println!(
+        "in-process opens of the kept stores, this checkout (median of {}):",
+        runs.max(3)
+    );
+    for (n, what, t) in &opens {
+        println!("  {n:>7}  {what:<40} {:>11}", ms(*t));
+    }
+
+    // The verdicts, per binary, on the smallest and the largest size measured.
+    let (Some(&small), Some(&large)) = (sizes.iter().min(), sizes.iter().max()) else {
+        return;
+    };
+    let find = |n: usize, prefix: &str, binary: &str| {
+        table
+            .iter()
+            .find(|(m, name, b, _)| *m == n && name.starts_with(prefix) && *b == binary)
+            .map(|(_, _, _, r)| r)
+    };
+    let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
+    println!("G28 goals, store of {large} against {small}:");
+    for (binary, _) in &binaries {
+        let (Some(install_small), Some(install_large), Some(version), Some(list), Some(status)) = (
+            find(small, "install", binary),
+            find(large, "install", binary),
+            find(large, "--version", binary),
+            find(large, "list", binary),
+            find(large, "status", binary),
+        ) else {
+            continue;
+        };
+        let ratio = |a: &Runs, b: &Runs| a.median().as_secs_f64() / b.median().as_secs_f64();
+        let install = ratio(install_large, install_small);
+        let list = ratio(list, version);
+        let status = ratio(status, version);
+        let rss = install_large.max_rss_mb();
+        println!(
+            "  {binary:<7} install {large} / install {small}: {install:.2}x (goal <= 1.5x) {}",
+            verdict(install <= 1.5)
+        );
+        println!(
+            "  {binary:<7} list on {large} / --version: {list:.2}x (goal <= 3x) {}",
+            verdict(list <= 3.0)
+        );
+        println!(
+            "  {binary:<7} status on {large} / --version: {status:.2}x (goal <= 3x) {}",
+            verdict(status <= 3.0)
+        );
+        println!(
+            "  {binary:<7} install max RSS on {large}: {rss:.1} MB (goal < 30 MB) {}",
+            verdict(rss < 30.0)
+        );
+    }
+    for (n, what, t) in opens.iter().filter(|(n, _, _)| *n == large) {
+        let goal = if what.starts_with("writer") {
+            100.0
+        } else {
+            50.0
+        };
+        let took = t.as_secs_f64() * 1e3;
+        println!(
+            "  this    {what} of {n}: {took:.1} ms (goal < {goal} ms) {}",
+            verdict(took < goal)
+        );
+    }
+}
+
+/// How much of a reader's open of the kept store at `root` is the log's: the same store with
+/// its log folded into the checkpoint (a copy, compacted by a writer that compacts after every
+/// commit) opened beside it, with the bytes of each file.
+fn log_share(root: &Path, scratch: &Path) {
+    let copy = scratch.join("compacted");
+    remove_copy(&copy);
+    copy_tree(root, &copy);
+    {
+        let (store, recovery) = FsStore::open_with(
+            &copy,
+            guild_adapters_fs::store::StoreOptions::new().compact_log_over(0),
+        )
+        .expect("open the copy");
+        let (pm, _) = PackageManager::open(
+            Box::new(store),
+            recovery,
+            Box::new(GkpkSource::default()),
+            Box::new(P256Verifier::new()),
+            guild_domain::platform::HostPlatform::current().expect("platform"),
+        )
+        .expect("open the copy");
+        let id = guild_domain::ids::PackageId::new("bench.pkg0000").expect("id");
+        pm.disable(&id).expect("disable");
+        pm.enable(&id).expect("enable");
+    }
+    let size = |p: &Path| fs::metadata(p).map_or(0, |m| m.len());
+    for (what, store) in [("kept", root), ("compacted", copy.as_path())] {
+        let read = timed(7, || {
+            (
+                fs::read(store.join("registry.json")).expect("checkpoint"),
+                fs::read(store.join("registry.log")).ok(),
+            )
+        });
+        let reader = timed(7, || {
+            FsStore::open_with(
+                store,
+                guild_adapters_fs::store::StoreOptions::new().reader(),
+            )
+            .expect("open")
+        });
+        let committed = timed(7, || {
+            PackageManager::open_dir_committed(store).expect("open")
+        });
+        println!(
+            "  {what:<10} checkpoint {:>9} B, log {:>9} B: read both {:>10}, FsStore reader open \
+             {:>10}, open_dir_committed {:>10} (median of 7, load {})",
+            size(&store.join("registry.json")),
+            size(&store.join("registry.log")),
+            ms(read),
+            ms(reader),
+            ms(committed),
+            load()
+        );
+    }
+    remove_copy(&copy);
 }

@@ -1495,9 +1495,12 @@ pub(crate) fn decode_package(
         .optional_str("previous")?
         .map(|s| parse_version(s, at.key("previous")))
         .transpose()?;
-    let mut versions = VecMap::new();
+    let list = fields.array("versions")?;
+    // Room for the versions listed (see `VecMap::with_capacity`), up to a few: a damaged
+    // record's list is refused at its first bad element, before it could use more.
+    let mut versions = VecMap::with_capacity(list.len().min(16));
     let versions_at = at.key("versions");
-    for (j, item) in fields.array("versions")?.iter().enumerate() {
+    for (j, item) in list.iter().enumerate() {
         let vat = versions_at.index(j);
         let f = Fields::of(item, vat, VERSION_FIELDS)?;
         let version = parse_version(f.str("version")?, vat.key("version"))?;

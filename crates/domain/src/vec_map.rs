@@ -37,6 +37,16 @@ impl<K, V> VecMap<K, V> {
         Self::default()
     }
 
+    /// An empty map with room for `capacity` entries. A decoder that knows how many versions a
+    /// package records asks for exactly that many: a vector's first growth makes room for four
+    /// entries, which for a version record is most of a kilobyte per package, nearly all of it
+    /// unused in a registry where each package records one version.
+    pub fn with_capacity(capacity: usize) -> Self {
+        VecMap {
+            entries: Vec::with_capacity(capacity),
+        }
+    }
+
     /// The number of entries.
     pub fn len(&self) -> usize {
         self.entries.len()
