@@ -146,30 +146,32 @@ LLAMA_AVX2 static void llama_matvec_bf16_avx2(const unsigned char* w, const floa
     }
 }
 
-/* q8_0: per block, the scale d broadcast, each group of eight int8 widened to f32 and multiplied
- * by d (exact), then fused into the group's accumulator with the activations. */
+/* q8_0: per block, each group of eight int8 widened to f32 and fused with the activations into
+ * the block's own sum (the first group multiplied), then the block's sum times its scale d fused
+ * into one of two accumulators, blocks alternating between them. The scale is applied once a
+ * block rather than to every weight: the weights and activations are the same, only the
+ * roundings move (the products q * x are rounded before d scales them), within the same few
+ * ulps of the sum of the products' magnitudes as the reordering itself. */
 LLAMA_AVX2_F16C static void llama_matvec_q8_0_avx2(const unsigned char* w, const float* x, float* y, uint64_t n_in,
                                               uint64_t n_out) {
     const uint64_t blocks = n_in / 32u;
     uint64_t o, b;
     for (o = 0; o < n_out; ++o) {
         const unsigned char* row = w + o * blocks * 34u;
-        __m256 acc[4];
-        int g;
-        for (g = 0; g < 4; ++g) {
-            acc[g] = _mm256_setzero_ps();
-        }
+        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
         for (b = 0; b < blocks; ++b) {
             const unsigned char* block = row + b * 34u;
             const float* xb = x + b * 32u;
-            const __m256 d = _mm256_set1_ps(llama_f16_scale_avx2(block));
+            __m256 sum = _mm256_setzero_ps();
+            int g;
             for (g = 0; g < 4; ++g) {
                 __m128i q8 = _mm_loadl_epi64((const __m128i*)(const void*)(block + 2u + 8u * (unsigned)g));
                 __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
-                acc[g] = _mm256_fmadd_ps(_mm256_mul_ps(d, q), _mm256_loadu_ps(xb + 8 * g), acc[g]);
+                sum = g == 0 ? _mm256_mul_ps(q, _mm256_loadu_ps(xb)) : _mm256_fmadd_ps(q, _mm256_loadu_ps(xb + 8 * g), sum);
             }
+            acc[b & 1u] = _mm256_fmadd_ps(_mm256_set1_ps(llama_f16_scale_avx2(block)), sum, acc[b & 1u]);
         }
-        y[o] = llama_hsum_avx2(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+        y[o] = llama_hsum_avx2(_mm256_add_ps(acc[0], acc[1]));
     }
 }
 
