@@ -80,13 +80,13 @@
  * Built with LLAMA_OPS_AVX2 defined (x86-64, GCC or Clang; the llama_ops_avx2 library, package
  * example.llama_ops_avx2), it is a competing provider of the matvecs alone: one implementation
  * per storage type, example.llama.matvec[.<dtype>].avx2, at priority 20 (above the portable 10),
- * each declaring in its descriptor's required_cpu_isa the instructions its kernel uses (AVX2 and
- * FMA; F16C too for the types stored with halves: f16, and q8_0's and q4_0's scales). Its
+ * each declaring in its descriptor's required_cpu_isa the instructions its kernel uses (AVX,
+ * AVX2 and FMA; F16C too for the types stored with halves: f16, and q8_0's and q4_0's scales). Its
  * kernels are in matvec_avx2.h; everything else, validate included, is this file's, compiled
  * for the baseline x86-64 (see there why). A runner that installs both
  * modules and asks for example.llama.matvec gets the AVX2 kernel on a CPU that has those bits and
- * the portable one elsewhere, the host choosing; the two compute the same products, summed in
- * another order (so the AVX2 build does not declare GUILD_NUMERICS_ORDERED_REDUCTION, and a
+ * the portable one elsewhere, the host choosing; the two compute the same values within a few
+ * roundings of the sum, summed in another order (so the AVX2 build does not declare GUILD_NUMERICS_ORDERED_REDUCTION, and a
  * caller that requires it gets the portable build on any CPU).
  *
  * Built with LLAMA_OPS_MARKER defined (a string naming the build), every execute that computed

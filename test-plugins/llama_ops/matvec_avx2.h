@@ -10,13 +10,15 @@
  * descriptor's required_cpu_isa the CPU has (llama_required_isa below), so that resolution
  * refuses them, naming the missing bits, on a CPU without them.
  *
- * Arithmetic: every weight is dequantized exactly as the portable build does it (an f16 scale
- * times an int8 or a nibble minus 8 is exact in f32, as is an f16 or bf16 value widened), then
- * multiplied by the f32 activation and added into one of 16 (f32, f16, bf16) or 32 (q8_0, q4_0)
- * partial sums with one rounding (FMA), the partial sums added pairwise at the end, then a row's
- * last elements past a multiple of eight one by one. Against the portable index-order sum the
- * difference is the reordering of n f32 additions: a few ulps of the sum of the products'
- * magnitudes, far inside the decode's logit tolerance.
+ * Arithmetic: the f32, f16, bf16 and q4_0 kernels dequantize every weight exactly as the portable
+ * build does (an f16 scale times a nibble minus 8 is exact in f32, as is an f16 or bf16 value
+ * widened), multiply it by the f32 activation and add it into one of 16 (f32, f16, bf16) or 32
+ * (q4_0) partial sums with one rounding (FMA), the partial sums added pairwise at the end, then
+ * a row's last elements past a multiple of eight one by one. The q8_0 kernel sums each block's
+ * q * x first and applies the block's scale once to that sum (fewer multiplies on its hottest
+ * path), so the products are rounded before the scale rather than after. Against the portable
+ * index-order sum the difference is a few roundings of n f32 additions: a few ulps of the sum
+ * of the products' magnitudes, far inside the decode's logit tolerance.
  */
 #ifndef LLAMA_OPS_MATVEC_AVX2_H
 #define LLAMA_OPS_MATVEC_AVX2_H
@@ -32,14 +34,14 @@
 #define LLAMA_AVX2 __attribute__((target("avx2,fma")))
 #define LLAMA_AVX2_F16C __attribute__((target("avx2,fma,f16c")))
 
-/* The GUILD_CPU_ISA_* bits an implementation of this build requires of the CPU: AVX2 and FMA
- * for every matvec, and F16C for those that convert halves (f16 weights eight at a time, the
+/* The GUILD_CPU_ISA_* bits an implementation of this build requires of the CPU: AVX (the
+ * 256-bit float instructions), AVX2 and FMA for every matvec, and F16C for those that convert halves (f16 weights eight at a time, the
  * q8_0 and q4_0 blocks' scales one at a time). The scales could be read with the portable
  * conversion instead, but a call from a kernel to code compiled without AVX costs more than the
  * block it serves (every vector register is caller-saved, and the switch between VEX and legacy
  * SSE code stalls some CPUs), and every CPU with AVX2 has F16C. */
 static uint64_t llama_required_isa(const llama_op_t* op) {
-    uint64_t isa = GUILD_CPU_ISA_AVX2 | GUILD_CPU_ISA_FMA;
+    uint64_t isa = GUILD_CPU_ISA_AVX | GUILD_CPU_ISA_AVX2 | GUILD_CPU_ISA_FMA;
     if (op->weight_dtype == GUILD_DTYPE_F16 || op->weight_dtype == GUILD_DTYPE_Q8_0 ||
         op->weight_dtype == GUILD_DTYPE_Q4_0) {
         isa |= GUILD_CPU_ISA_F16C;
@@ -151,23 +153,56 @@ LLAMA_AVX2 static void llama_matvec_bf16_avx2(const unsigned char* w, const floa
  * into one of two accumulators, blocks alternating between them. The scale is applied once a
  * block rather than to every weight: the weights and activations are the same, only the
  * roundings move (the products q * x are rounded before d scales them), within the same few
- * ulps of the sum of the products' magnitudes as the reordering itself. */
+ * ulps of the sum of the products' magnitudes as the reordering itself. Rows are taken two at
+ * a time, so that each group of activations is loaded once for both. */
+
+/* Group g (eight int8 weights) of a q8_0 block as f32, exactly. */
+LLAMA_AVX2 static inline __m256 llama_q8_0_group_avx2(const unsigned char* block, int g) {
+    __m128i q8 = _mm_loadl_epi64((const __m128i*)(const void*)(block + 2u + 8u * (unsigned)g));
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
+}
+
+/* Rows o and o + 1 together; each row's arithmetic is exactly that of the one-row loop after it
+ * (same products, same order), which takes the last row of an odd count. */
 LLAMA_AVX2_F16C static void llama_matvec_q8_0_avx2(const unsigned char* w, const float* x, float* y, uint64_t n_in,
                                               uint64_t n_out) {
     const uint64_t blocks = n_in / 32u;
-    uint64_t o, b;
-    for (o = 0; o < n_out; ++o) {
-        const unsigned char* row = w + o * blocks * 34u;
+    const uint64_t stride = blocks * 34u;
+    uint64_t o = 0, b;
+    for (; o + 2u <= n_out; o += 2u) {
+        const unsigned char* row0 = w + o * stride;
+        const unsigned char* row1 = row0 + stride;
+        __m256 acc0[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        __m256 acc1[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (b = 0; b < blocks; ++b) {
+            const unsigned char* block0 = row0 + b * 34u;
+            const unsigned char* block1 = row1 + b * 34u;
+            const float* xb = x + b * 32u;
+            __m256 xv = _mm256_loadu_ps(xb);
+            __m256 sum0 = _mm256_mul_ps(llama_q8_0_group_avx2(block0, 0), xv);
+            __m256 sum1 = _mm256_mul_ps(llama_q8_0_group_avx2(block1, 0), xv);
+            int g;
+            for (g = 1; g < 4; ++g) {
+                xv = _mm256_loadu_ps(xb + 8 * g);
+                sum0 = _mm256_fmadd_ps(llama_q8_0_group_avx2(block0, g), xv, sum0);
+                sum1 = _mm256_fmadd_ps(llama_q8_0_group_avx2(block1, g), xv, sum1);
+            }
+            acc0[b & 1u] = _mm256_fmadd_ps(_mm256_set1_ps(llama_f16_scale_avx2(block0)), sum0, acc0[b & 1u]);
+            acc1[b & 1u] = _mm256_fmadd_ps(_mm256_set1_ps(llama_f16_scale_avx2(block1)), sum1, acc1[b & 1u]);
+        }
+        y[o] = llama_hsum_avx2(_mm256_add_ps(acc0[0], acc0[1]));
+        y[o + 1u] = llama_hsum_avx2(_mm256_add_ps(acc1[0], acc1[1]));
+    }
+    for (; o < n_out; ++o) {
+        const unsigned char* row = w + o * stride;
         __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
         for (b = 0; b < blocks; ++b) {
             const unsigned char* block = row + b * 34u;
             const float* xb = x + b * 32u;
-            __m256 sum = _mm256_setzero_ps();
+            __m256 sum = _mm256_mul_ps(llama_q8_0_group_avx2(block, 0), _mm256_loadu_ps(xb));
             int g;
-            for (g = 0; g < 4; ++g) {
-                __m128i q8 = _mm_loadl_epi64((const __m128i*)(const void*)(block + 2u + 8u * (unsigned)g));
-                __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
-                sum = g == 0 ? _mm256_mul_ps(q, _mm256_loadu_ps(xb)) : _mm256_fmadd_ps(q, _mm256_loadu_ps(xb + 8 * g), sum);
+            for (g = 1; g < 4; ++g) {
+                sum = _mm256_fmadd_ps(llama_q8_0_group_avx2(block, g), _mm256_loadu_ps(xb + 8 * g), sum);
             }
             acc[b & 1u] = _mm256_fmadd_ps(_mm256_set1_ps(llama_f16_scale_avx2(block)), sum, acc[b & 1u]);
         }
@@ -176,7 +211,8 @@ LLAMA_AVX2_F16C static void llama_matvec_q8_0_avx2(const unsigned char* w, const
 }
 
 /* q4_0: per block, the 16 bytes split into their low nibbles (elements 0..15) and high nibbles
- * (16..31), each group of eight widened, less 8, times d (exact), fused as for q8_0. */
+ * (16..31), each group of eight widened, less 8, times d (exact), then fused with the activations
+ * into one of four accumulators. */
 LLAMA_AVX2_F16C static void llama_matvec_q4_0_avx2(const unsigned char* w, const float* x, float* y, uint64_t n_in,
                                               uint64_t n_out) {
     const uint64_t blocks = n_in / 32u;

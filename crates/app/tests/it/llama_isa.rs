@@ -32,11 +32,12 @@ const AVX2: &str = "example.llama_ops_avx2";
 
 /// How far a matvec's output may be from the exact product, as a share of the sum of the
 /// products' magnitudes: `|y[o] - exact[o]| <= MATVEC_TOLERANCE * sum_i |W[o][i] * x[i]|`. Both
-/// builds multiply the same dequantized weights (exact in f32) by the same f32 activations and
-/// add n products in f32, in index order (portable) or in eight-lane partial sums with fused
-/// multiply-adds (AVX2); the rounding error of either is at most n * 2^-24 (8.2e-5 at n = 1376)
-/// of that sum, and below 3e-7 here in practice. A misread scale, nibble or lane is of the
-/// order of the sum itself.
+/// builds multiply the same weights by the same f32 activations and add n products in f32: the
+/// portable one dequantizes each weight (exact in f32) and sums in index order, the AVX2 one sums
+/// in eight-lane partial sums with fused multiply-adds, its q8_0 kernel applying each block's
+/// scale once to the block's sum of q * x. The rounding error of either is at most a few n *
+/// 2^-24 (8.2e-5 at n = 1376, once) of that sum, and below 3e-7 here in practice. A misread
+/// scale, nibble or lane is of the order of the sum itself.
 const MATVEC_TOLERANCE: f64 = 1e-5;
 
 /// One storage type: the two implementations of `example.llama.matvec` that take it, and the
@@ -50,7 +51,7 @@ struct Case {
 }
 
 fn cases() -> [Case; 5] {
-    let base = CpuIsa::AVX2 | CpuIsa::FMA;
+    let base = CpuIsa::AVX | CpuIsa::AVX2 | CpuIsa::FMA;
     let case = |dtype, name, avx2, portable, isa| Case {
         dtype,
         name,
@@ -106,6 +107,11 @@ pub(crate) fn avx2_impls() -> Vec<String> {
 /// not built.
 fn avx2_spec() -> Option<Spec> {
     if !cfg!(target_arch = "x86_64") {
+        assert!(
+            !avx2_required(),
+            "GUILD_REQUIRE_AVX2 is set, but this is {}, where test-plugins builds no AVX2 module",
+            std::env::consts::ARCH
+        );
         eprintln!(
             "skipped: test-plugins builds llama_ops_avx2 for x86-64 only, and this is {}",
             std::env::consts::ARCH
@@ -130,10 +136,23 @@ fn without_avx2() -> CpuIsa {
     CpuIsa::SSE4_2 | CpuIsa::AVX
 }
 
-/// Whether this CPU has `isa`; when not, says what is skipped.
+/// Whether `GUILD_REQUIRE_AVX2=1` asks that the AVX2 paths run here (CI sets it): a CPU or a
+/// platform without them is then a failure, not a skip.
+fn avx2_required() -> bool {
+    std::env::var_os("GUILD_REQUIRE_AVX2").is_some_and(|v| v == "1")
+}
+
+/// Whether this CPU has `isa`; when not, says what is skipped (or fails, where
+/// `GUILD_REQUIRE_AVX2=1`).
 fn this_cpu_has(isa: CpuIsa, what: &str) -> bool {
     let cpu = guild_host::platform::cpu_isa();
     let has = cpu.contains(isa);
+    assert!(
+        has || !avx2_required(),
+        "GUILD_REQUIRE_AVX2 is set, but this CPU lacks {:?} of the {:?} {what} needs",
+        isa.difference(cpu),
+        isa
+    );
     if !has {
         eprintln!(
             "skipped {what}: this CPU lacks {:?} of the {:?} the AVX2 implementation requires; \
@@ -301,12 +320,15 @@ struct Checked {
 }
 
 /// The shapes each matvec runs at (`[n_in, n_out]`): a square projection and a feed-forward
-/// one's, whole blocks of 16 lanes, and for the unblocked types a row that ends with eight lanes
-/// and then four scalars.
+/// one's, whole blocks of 16 lanes; for the unblocked types rows that end with eight lanes and
+/// then four scalars, that are shorter than 16 lanes, and shorter than eight; for the block
+/// types an odd count of rows (the q8_0 kernel takes rows two at a time and the last one alone).
 fn shapes(dtype: DType) -> Vec<[u64; 2]> {
     let mut shapes = vec![[512, 512], [1376, 512], [512, 1376]];
-    if !matches!(dtype, DType::Q8_0 | DType::Q4_0) {
-        shapes.push([108, 5]);
+    if matches!(dtype, DType::Q8_0 | DType::Q4_0) {
+        shapes.push([96, 5]);
+    } else {
+        shapes.extend([[108, 5], [12, 3], [7, 3]]);
     }
     shapes
 }
