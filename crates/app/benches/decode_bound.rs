@@ -561,13 +561,15 @@ impl Row {
 }
 
 /// The median of `values` and a 95% interval for it that assumes nothing of their
-/// distribution (the order statistics `n/2 -+ 0.98 sqrt(n)`), taking the values as independent.
+/// distribution (the order statistics of ranks `n/2 -+ 0.98 sqrt(n)`, counted from 1), taking
+/// the values as independent.
 fn median_interval(values: &[f64]) -> (f64, f64, f64) {
     let mut v = values.to_vec();
     v.sort_by(f64::total_cmp);
     let n = v.len() as f64;
     let half = 0.98 * n.sqrt();
-    let lo = ((n / 2.0 - half).floor().max(0.0)) as usize;
+    // The lower rank, counted from 1, is floor(n/2 - half); as an index, one less.
+    let lo = ((n / 2.0 - half).floor() - 1.0).max(0.0) as usize;
     let hi = ((n / 2.0 + half).ceil() as usize).min(v.len() - 1);
     (median(&v), v[lo], v[hi])
 }
@@ -619,11 +621,12 @@ fn main() {
     }
     let shop = Workshop::new();
     let mut hosts = Vec::new();
+    // Every set that was built must install: a library that exists but is refused is a broken
+    // package (ids out of step with its manifest template, say), not a row to skip.
     for set in &sets {
         match host_with(&shop, &set.modules) {
             Ok(host) => hosts.push((set.name, host)),
-            Err(e) if set.name != "portable" => skipped.push(format!("{}: skipped, {e}", set.name)),
-            Err(e) => panic!("the portable module: {e}"),
+            Err(e) => panic!("the {} modules: {e}", set.name),
         }
     }
 
@@ -907,31 +910,19 @@ fn main() {
             if *fraction >= 0.5 { "met" } else { "not met" }
         );
     }
-    // The goal holds where every row's interval lies under 1%, fails where one lies above,
-    // unless the same comparison of the direct calls with themselves (A/A) reaches as far: then
-    // the difference is the method's (where each decoder's buffers lie, the order of a pair),
-    // and this run cannot tell the host's share from it.
-    let over = summary.iter().find(|(_, _, _, (_, lo, _), _)| *lo >= 0.01);
+    // The goal fails where a row's interval lies above 1% and the same comparison of the direct
+    // calls with themselves (A/A) reaches less far; a row above 1% whose A/A reaches as far
+    // leaves it open (the difference may be the method's: where each decoder's buffers lie, the
+    // order of a pair), and so does an A/A that reaches 1% where every row lies below it.
+    let reach = |(_, lo, hi): &(f64, f64, f64)| lo.abs().max(hi.abs());
+    let over = summary
+        .iter()
+        .find(|(_, _, _, (_, lo, _), twin)| *lo >= 0.01 && reach(twin) < *lo);
+    let excused = summary.iter().find(|(_, _, _, (_, lo, _), _)| *lo >= 0.01);
     let open = summary.iter().find(|(_, _, _, (_, _, hi), _)| *hi >= 0.01);
-    let verdict = match (over, open) {
-        (Some((row, _, _, (share, lo, hi), (twin, twin_lo, twin_hi))), _)
-            if twin_lo.abs().max(twin_hi.abs()) >= *lo =>
-        {
-            format!(
-                "not decided: {} {} takes {:.3}% (95% interval {:.3}% to {:.3}%), but two \
-                 decoders that both call the providers directly differ by {:.3}% ({:.3}% to \
-                 {:.3}%) in the same comparison, so a difference of this size is not the host's",
-                row.dtype,
-                row.providers,
-                share * 100.0,
-                lo * 100.0,
-                hi * 100.0,
-                twin * 100.0,
-                twin_lo * 100.0,
-                twin_hi * 100.0
-            )
-        }
-        (Some((row, _, _, (share, lo, hi), _)), _) => format!(
+    let twin_open = summary.iter().find(|(.., twin)| reach(twin) >= 0.01);
+    let verdict = match (over, excused, open, twin_open) {
+        (Some((row, _, _, (share, lo, hi), _)), ..) => format!(
             "not met: {} {} takes {:.3}% (95% interval {:.3}% to {:.3}%)",
             row.dtype,
             row.providers,
@@ -939,7 +930,30 @@ fn main() {
             lo * 100.0,
             hi * 100.0
         ),
-        (None, Some((row, _, _, (share, lo, hi), _))) => format!(
+        (None, Some((row, _, _, (share, lo, hi), (twin, twin_lo, twin_hi))), ..) => format!(
+            "not decided: {} {} takes {:.3}% (95% interval {:.3}% to {:.3}%), but two decoders \
+             that both call the providers directly differ by {:.3}% ({:.3}% to {:.3}%) in the \
+             same comparison, so a difference of this size is not the host's",
+            row.dtype,
+            row.providers,
+            share * 100.0,
+            lo * 100.0,
+            hi * 100.0,
+            twin * 100.0,
+            twin_lo * 100.0,
+            twin_hi * 100.0
+        ),
+        (None, None, None, Some((row, _, _, _, (twin, twin_lo, twin_hi)))) => format!(
+            "not decided: every row's interval lies below 1%, but in {} {} two decoders that both \
+             call the providers directly differ by {:.3}% ({:.3}% to {:.3}%), so a share near 1% \
+             could hide in the method's own difference",
+            row.dtype,
+            row.providers,
+            twin * 100.0,
+            twin_lo * 100.0,
+            twin_hi * 100.0
+        ),
+        (None, None, Some((row, _, _, (share, lo, hi), _)), _) => format!(
             "not decided at this noise: {} {} takes {:.3}%, its 95% interval {:.3}% to {:.3}% \
              spans 1%",
             row.dtype,
@@ -948,7 +962,7 @@ fn main() {
             lo * 100.0,
             hi * 100.0
         ),
-        (None, None) => {
+        (None, None, None, None) => {
             let by = |key: fn(&(f64, f64, f64)) -> f64| {
                 summary
                     .iter()

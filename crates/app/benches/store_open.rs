@@ -926,10 +926,19 @@ impl Runs {
         (min, max)
     }
 
+    /// The median run's max RSS, for the table.
     fn max_rss_mb(&self) -> f64 {
         let mut v = self.rss_kib.clone();
         v.sort_unstable();
         v.get(v.len() / 2).map_or(0.0, |k| *k as f64 * 1024.0 / 1e6)
+    }
+
+    /// The largest max RSS of every run, for the goal: a peak is judged by its worst run.
+    fn peak_rss_mb(&self) -> f64 {
+        self.rss_kib
+            .iter()
+            .max()
+            .map_or(0.0, |k| *k as f64 * 1024.0 / 1e6)
     }
 }
 
@@ -1203,7 +1212,7 @@ fn command_figures(shop: &Workshop, key: &SigningKey, kept: &Path, full: bool, s
         let install = ratio(install_large, install_small);
         let list = ratio(list, version);
         let status = ratio(status, version);
-        let rss = install_large.max_rss_mb();
+        let rss = install_large.peak_rss_mb();
         println!(
             "  {binary:<7} install {large} / install {small}: {install:.2}x (goal <= 1.5x) {}",
             verdict(install <= 1.5)
@@ -1217,7 +1226,8 @@ fn command_figures(shop: &Workshop, key: &SigningKey, kept: &Path, full: bool, s
             verdict(status <= 3.0)
         );
         println!(
-            "  {binary:<7} install max RSS on {large}: {rss:.1} MB (goal < 30 MB) {}",
+            "  {binary:<7} install max RSS on {large}, the largest of the runs: {rss:.1} MB (goal < \
+             30 MB) {}",
             verdict(rss < 30.0)
         );
     }
