@@ -322,7 +322,7 @@ struct Checked {
 /// The shapes each matvec runs at (`[n_in, n_out]`): a square projection and a feed-forward
 /// one's, whole blocks of 16 lanes; for the unblocked types rows that end with eight lanes and
 /// then four scalars, that are shorter than 16 lanes, and shorter than eight; for the block
-/// types an odd count of rows (the q8_0 kernel takes rows two at a time and the last one alone).
+/// types an odd count of rows (a kernel that took rows in pairs would have a last one alone).
 fn shapes(dtype: DType) -> Vec<[u64; 2]> {
     let mut shapes = vec![[512, 512], [1376, 512], [512, 1376]];
     if matches!(dtype, DType::Q8_0 | DType::Q4_0) {
