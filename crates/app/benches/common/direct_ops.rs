@@ -48,6 +48,53 @@ pub struct DirectHandle {
     outputs: Vec<guild_tensor_desc_v1_t>,
 }
 
+impl DirectHandle {
+    /// Calls the provider's execute `calls` times on f32 buffers through one argument record
+    /// built beforehand: the bare cost of a call, without the record building each
+    /// [`Ops::execute`] of [`Direct`] does (decode_bound's baseline for the host's cost per
+    /// call).
+    #[allow(dead_code)] // decode_bound's; the decode bench shares this file
+    pub fn call_repeatedly(&self, inputs: &[&[f32]], output: &mut [f32], calls: u32) {
+        let mut ins = self.inputs.clone();
+        for (t, d) in ins.iter_mut().zip(inputs) {
+            t.data = d.as_ptr().cast_mut().cast();
+        }
+        let mut out = self.outputs[0];
+        out.data = output.as_mut_ptr().cast();
+        let args = guild_execute_args_v1_t {
+            struct_size: size_of::<guild_execute_args_v1_t>() as u32,
+            reserved: 0,
+            inputs: ins.as_ptr(),
+            input_count: ins.len(),
+            outputs: &out,
+            output_count: 1,
+            scratch_host: ptr::null_mut(),
+            scratch_host_size: 0,
+            scratch_device: ptr::null_mut(),
+            scratch_device_size: 0,
+            stream: ptr::null_mut(),
+            device_id: 0,
+            sync_mode: GUILD_SYNC_HOST_BLOCKING,
+            params: ptr::null(),
+            params_size: 0,
+        };
+        let mut error = guild_error_info_t::new();
+        for _ in 0..calls {
+            // SAFETY: the provider's own execute and user_data, its library held by the C handle
+            // `Direct` keeps; the records point at the caller's live buffers, which the caller
+            // sized to the tensors this handle was bound to.
+            let status =
+                unsafe { (self.execute)(self.user_data, std::hint::black_box(&args), &mut error) };
+            assert_eq!(
+                status,
+                GUILD_STATUS_OK,
+                "direct execute: {}",
+                message(&error)
+            );
+        }
+    }
+}
+
 /// `Ops` on the module's own functions. Resolution goes through the C service once per
 /// operation (to find the provider and hold its library); executes and re-binds do not.
 pub struct Direct {
