@@ -514,7 +514,14 @@ pub(crate) fn tensor_from_c(t: &guild_tensor_desc_v1_t) -> Result<TensorDesc, St
             t.memory_space
         )
     })?;
-    Ok(TensorDesc {
+    Ok(desc_from_c(t, memory_space))
+}
+
+/// The domain form of a caller's C tensor whose memory space is `memory_space` (its
+/// `memory_space` bit, read).
+#[inline(always)]
+pub(crate) fn desc_from_c(t: &guild_tensor_desc_v1_t, memory_space: MemorySpace) -> TensorDesc {
+    TensorDesc {
         dtype: DType::from_raw(t.dtype),
         rank: t.rank,
         dims: t.dims,
@@ -522,7 +529,7 @@ pub(crate) fn tensor_from_c(t: &guild_tensor_desc_v1_t) -> Result<TensorDesc, St
         memory_space,
         device_id: t.device_id,
         data_addr: (!t.data.is_null()).then_some(t.data as usize as u64),
-    })
+    }
 }
 
 /// The C form of a query's tensors, inputs then outputs, with their known addresses (for the
@@ -586,6 +593,30 @@ impl CallTensors {
         self.split = GUARD + n_in;
         self.end = GUARD + n_in + n_out;
         debug_assert_eq!(all.len(), self.end + GUARD, "exact input and output counts");
+    }
+
+    /// Makes these the C form of `inputs` and `outputs`, with their known addresses (what a
+    /// Rust reshape hands the callbacks). When the counts are those it already holds (every
+    /// reshape of a handle but its first) only the tensors are written, in place: the guards
+    /// are blank from the first fill, as nothing else writes them (calls write the data
+    /// pointers of [`CallTensors::role_mut`], which excludes them).
+    fn refill_from(&mut self, inputs: &[TensorDesc], outputs: &[TensorDesc]) {
+        let c = |d: &TensorDesc| c_tensor(d, address_ptr(d));
+        let (n_in, n_out) = (inputs.len(), outputs.len());
+        if self.split == GUARD + n_in
+            && self.end == self.split + n_out
+            && self.all.len() == self.end + GUARD
+        {
+            let (ins, outs) = self.all[GUARD..self.end].split_at_mut(n_in);
+            for (slot, d) in ins.iter_mut().zip(inputs) {
+                *slot = c(d);
+            }
+            for (slot, d) in outs.iter_mut().zip(outputs) {
+                *slot = c(d);
+            }
+            return;
+        }
+        self.refill(inputs.iter().map(c), outputs.iter().map(c));
     }
 
     /// None at all, without an allocation (a C handle's: its callers pass their own).
@@ -830,7 +861,20 @@ fn ask_validate(
     error: &mut guild_error_info_t,
     refusal: impl FnOnce(guild_status_t, &guild_error_info_t) -> ProviderRefusal,
 ) -> Result<(), ProviderRefusal> {
-    let status = with_c_query(parts, candidate, statics, |q| provider.validate(q, error));
+    with_c_query(parts, candidate, statics, |q| {
+        validate_query(provider, q, error, refusal)
+    })
+}
+
+/// Asks `provider` to validate the C query `query`.
+#[inline(always)]
+fn validate_query(
+    provider: &dyn KernelProvider,
+    query: QueryCall<'_>,
+    error: &mut guild_error_info_t,
+    refusal: impl FnOnce(guild_status_t, &guild_error_info_t) -> ProviderRefusal,
+) -> Result<(), ProviderRefusal> {
+    let status = provider.validate(query, error);
     if status == GUILD_STATUS_OK {
         Ok(())
     } else {
@@ -848,15 +892,26 @@ fn ask_scratch(
     error: &mut guild_error_info_t,
     refusal: impl FnOnce(guild_status_t, &guild_error_info_t) -> ProviderRefusal,
 ) -> Result<(ScratchRequest, u32), ProviderRefusal> {
+    with_c_query(parts, candidate, statics, |q| {
+        scratch_query(provider, q, error, refusal)
+    })
+}
+
+/// Asks `provider` for the scratch of the C query `query`, as [`ask_scratch`] does.
+#[inline(always)]
+fn scratch_query(
+    provider: &dyn KernelProvider,
+    query: QueryCall<'_>,
+    error: &mut guild_error_info_t,
+    refusal: impl FnOnce(guild_status_t, &guild_error_info_t) -> ProviderRefusal,
+) -> Result<(ScratchRequest, u32), ProviderRefusal> {
     let mut scratch = guild_scratch_request_v1_t {
         struct_size: size_of::<guild_scratch_request_v1_t>() as u32,
         alignment: 0,
         host_bytes: 0,
         device_bytes: 0,
     };
-    let status = with_c_query(parts, candidate, statics, |q| {
-        provider.query_scratch(q, &mut scratch, error)
-    });
+    let status = provider.query_scratch(query, &mut scratch, error);
     if status != GUILD_STATUS_OK {
         return Err(refusal(status, error));
     }
@@ -1045,9 +1100,22 @@ impl Contract {
         self.inputs.extend_from_slice(inputs);
         self.outputs.clear();
         self.outputs.extend_from_slice(outputs);
-        self.shapes.clear();
-        self.shapes
-            .extend(shapes_of(inputs.iter().chain(outputs), infos));
+        // The shapes are written where they lie (every reshape of a handle but its first has
+        // as many as before), one plain loop per side: made apart and pushed, or through a
+        // chained, zipped iterator, they cost a reshape more than the tensors' checks.
+        let n_in = inputs.len().min(infos.len());
+        self.shapes.resize(n_in + outputs.len(), Shape::BLANK);
+        let (input_infos, output_infos) = infos.split_at(n_in);
+        let (input_shapes, output_shapes) = self.shapes.split_at_mut(n_in);
+        for (shape, (d, info)) in input_shapes.iter_mut().zip(inputs.iter().zip(input_infos)) {
+            shape.set(d, info);
+        }
+        for (shape, (d, info)) in output_shapes
+            .iter_mut()
+            .zip(outputs.iter().zip(output_infos))
+        {
+            shape.set(d, info);
+        }
         self.scratch = scratch;
         self.scratch_mask = scratch_mask(scratch);
     }
@@ -1733,8 +1801,7 @@ impl Resolved {
         let [c_inputs, c_outputs] = match c_tensors {
             Some(given) => given,
             None => {
-                let c = |d: &TensorDesc| c_tensor(d, address_ptr(d));
-                made.refill(inputs.iter().map(c), outputs.iter().map(c));
+                made.refill_from(inputs, outputs);
                 [made.inputs(), made.outputs()]
             }
         };
@@ -1759,26 +1826,15 @@ impl Resolved {
         };
         let error = &mut **error.get_or_insert_with(|| Box::new(guild_error_info_t::new()));
         let provider = self.kernel.as_ref();
-        clear_error(error);
-        ask_validate(
-            provider,
-            &parts,
-            candidate,
-            &self.statics,
-            error,
-            full_refusal,
-        )
-        .map_err(|r| ReshapeError::Refused(Rejection::ValidateRefused(r)))?;
-        clear_error(error);
-        let (request, alignment) = ask_scratch(
-            provider,
-            &parts,
-            candidate,
-            &self.statics,
-            error,
-            full_refusal,
-        )
-        .map_err(|r| ReshapeError::Refused(Rejection::ScratchRefused(r)))?;
+        // Both callbacks see one C query, built once (they may not keep it past their call).
+        let (request, alignment) = with_c_query(&parts, candidate, &self.statics, |q| {
+            clear_error(error);
+            validate_query(provider, q, error, full_refusal)
+                .map_err(|r| ReshapeError::Refused(Rejection::ValidateRefused(r)))?;
+            clear_error(error);
+            scratch_query(provider, q, error, full_refusal)
+                .map_err(|r| ReshapeError::Refused(Rejection::ScratchRefused(r)))
+        })?;
         check_budgets(&request, self.statics.ram_budget, self.statics.vram_budget)
             .map_err(ReshapeError::Refused)?;
         let mut contract = std::mem::take(spare);
@@ -1884,23 +1940,44 @@ pub(crate) struct Shape {
 }
 
 impl Shape {
+    /// What a contract's shapes are before [`Shape::set`] (a placeholder, matched by nothing a
+    /// call passes: its rank is 0).
+    const BLANK: Shape = Shape {
+        fixed: Described {
+            head: 0,
+            place: 0,
+            dims: [0; MAX_TENSOR_RANK],
+            strides: [0; MAX_TENSOR_RANK],
+        },
+        place: 0,
+        rank: 0,
+        byte_extent: 0,
+    };
+
     fn of(d: &TensorDesc, info: &TensorInfo) -> Shape {
-        let rank = d.shape().len();
-        let mut dims = [0; MAX_TENSOR_RANK];
-        let mut strides = [0; MAX_TENSOR_RANK];
-        dims[..rank].copy_from_slice(&d.dims[..rank]);
-        strides[..rank].copy_from_slice(&d.strides[..rank]);
-        Shape {
-            fixed: Described {
-                head: Described::head(d.dtype.raw(), d.rank),
-                place: Described::place(d),
-                dims,
-                strides,
-            },
-            place: place_key(d.memory_space.bit(), d.device_id),
-            rank,
-            byte_extent: info.byte_extent,
+        let mut shape = Shape::BLANK;
+        shape.set(d, info);
+        shape
+    }
+
+    /// Makes this the shape of `d`, whose facts are `info`, in place.
+    #[inline(always)]
+    fn set(&mut self, d: &TensorDesc, info: &TensorInfo) {
+        // As `TensorDesc::shape`'s length.
+        let rank = usize::try_from(d.rank).map_or(MAX_TENSOR_RANK, |r| r.min(MAX_TENSOR_RANK));
+        // Entries at and above the rank are zeroed by a select per entry over the whole fixed
+        // array, not a fill and a copy of the rank's length: a reshape sets a shape per tensor,
+        // and the two library calls cost more than the tensor's checks.
+        let fixed = &mut self.fixed;
+        fixed.head = Described::head(d.dtype.raw(), d.rank);
+        fixed.place = Described::place(d);
+        for i in 0..MAX_TENSOR_RANK {
+            fixed.dims[i] = if i < rank { d.dims[i] } else { 0 };
+            fixed.strides[i] = if i < rank { d.strides[i] } else { 0 };
         }
+        self.place = place_key(d.memory_space.bit(), d.device_id);
+        self.rank = rank;
+        self.byte_extent = info.byte_extent;
     }
 
     /// Whether the extents and strides below the rank are `dims` and `strides`.
@@ -2237,6 +2314,12 @@ mod tests {
             .collect();
         assert_eq!(dims, expected, "{n_in}+{n_out}");
         assert!(t.all.iter().all(|t| t.data.is_null()), "{n_in}+{n_out}");
+        for guard in [&t.all[0], &t.all[len - 1]] {
+            assert!(
+                guard.rank == 0 && guard.dims == [0; MAX_TENSOR_RANK] && guard.dtype == 0,
+                "{n_in}+{n_out}: a guard was written"
+            );
+        }
         for (role, n, mark) in [(TensorRole::Input, n_in, 1), (TensorRole::Output, n_out, 2)] {
             let side = t.role_mut(role);
             assert_eq!(side.len(), n, "{n_in}+{n_out}");
@@ -2295,10 +2378,97 @@ mod tests {
             cells.take_up();
             check_cells(&mut cells, n_in, n_out);
         }
+        // As a Rust reshape makes them (`CallTensors::refill_from`): in place while the counts
+        // stay, in a new array when they change; the guards stay blank either way.
+        let descs = |n_in: usize, n_out: usize| {
+            let d = |n: u64| TensorDesc::new(DType::F32, &[n], MemorySpace::Host);
+            let ins: Vec<_> = (1..n_in as u64 + 1).map(d).collect();
+            let outs: Vec<_> = (101..101 + n_out as u64).map(d).collect();
+            (ins, outs)
+        };
+        let mut cells = RustCells::new(SyncMode::HostBlocking, 0);
+        let mut spare = CallTensors::none();
+        for (n_in, n_out) in [
+            (1, 1),
+            (1, 1),
+            (1, 1),
+            (2, 1),
+            (2, 1),
+            (2, 1),
+            (0, 1),
+            (0, 1),
+        ] {
+            let (ins, outs) = descs(n_in, n_out);
+            spare.refill_from(&ins, &outs);
+            std::mem::swap(&mut spare, &mut cells.tensors);
+            cells.take_up();
+            check_cells(&mut cells, n_in, n_out);
+        }
         let mut none = CallTensors::none();
         assert!(none.inputs().is_empty() && none.outputs().is_empty());
         assert!(none.role_mut(TensorRole::Input).is_empty());
         assert!(none.role_mut(TensorRole::Output).is_empty());
+    }
+
+    /// A reshape's contract, made in the buffers of the one before (more tensors, fewer, as
+    /// many), holds exactly the given tensors and their shapes: the entries at and above each
+    /// rank zeroed, whatever the caller left there.
+    #[test]
+    fn a_refilled_contract_is_the_contract_of_its_tensors() {
+        let t = |dims: &[u64]| TensorDesc::new(DType::F32, dims, MemorySpace::Host);
+        let mut ragged = t(&[4, 2]);
+        ragged.dims[5] = 9;
+        ragged.strides[6] = 3;
+        let cases = [
+            (vec![t(&[4, 2])], vec![t(&[8])]),
+            (vec![t(&[3]), ragged], vec![t(&[1])]),
+            (vec![t(&[5, 5, 2]), t(&[2])], vec![t(&[6])]),
+            (vec![t(&[2])], vec![]),
+            (vec![], vec![t(&[7]), t(&[1, 1])]),
+        ];
+        let mut contract = Contract::empty();
+        for (ins, outs) in cases {
+            let infos: Vec<_> = ins
+                .iter()
+                .chain(&outs)
+                .map(|d| d.check().unwrap())
+                .collect();
+            let scratch = Scratch {
+                host_bytes: 5,
+                device_bytes: 0,
+                alignment: 64,
+            };
+            contract.refill(&ins, &outs, &infos, scratch);
+            assert_eq!(
+                (contract.inputs(), contract.outputs()),
+                (&ins[..], &outs[..])
+            );
+            let expected: Vec<Shape> = ins
+                .iter()
+                .chain(&outs)
+                .zip(&infos)
+                .map(|(d, info)| {
+                    let rank = d.rank as usize;
+                    let mut dims = [0; MAX_TENSOR_RANK];
+                    let mut strides = [0; MAX_TENSOR_RANK];
+                    dims[..rank].copy_from_slice(&d.dims[..rank]);
+                    strides[..rank].copy_from_slice(&d.strides[..rank]);
+                    Shape {
+                        fixed: Described {
+                            head: Described::head(d.dtype.raw(), d.rank),
+                            place: Described::place(d),
+                            dims,
+                            strides,
+                        },
+                        place: place_key(d.memory_space.bit(), d.device_id),
+                        rank,
+                        byte_extent: info.byte_extent,
+                    }
+                })
+                .collect();
+            assert_eq!(contract.shapes, expected, "{ins:?} {outs:?}");
+            assert_eq!((contract.scratch, contract.scratch_mask), (scratch, 63));
+        }
     }
 
     /// The Rust face's lent descriptor must accept and refuse exactly what the whole
