@@ -465,3 +465,109 @@ fn a_handle_on_a_rust_provider_refuses_disable_until_it_is_released() {
     let err = service.resolve(&request(2)).unwrap_err();
     assert!(err.failure().is_some(), "nothing left to resolve: {err}");
 }
+
+/// A `GUILD_CPU_ISA_*` bit this CPU lacks: one of the other architecture's, or an x86 extension
+/// the machine does not have.
+fn isa_this_cpu_lacks() -> CpuIsa {
+    let here = guild_host::platform::cpu_isa();
+    [
+        CpuIsa::NEON,
+        CpuIsa::SVE2,
+        CpuIsa::AVX512_BF16,
+        CpuIsa::AVX_VNNI,
+        CpuIsa::AVX2,
+    ]
+    .into_iter()
+    .find(|bit| !here.contains(*bit))
+    .expect("no CPU has both NEON and AVX2")
+}
+
+/// A runner may resolve for another CPU's device record (to see what that CPU would run), and
+/// so may be handed a provider needing instructions this CPU lacks. Executing such a handle here
+/// could meet an illegal instruction; both faces refuse it before the provider is called, naming
+/// the implementation and the missing bits, while the same handle still describes itself.
+#[test]
+fn a_handle_resolved_for_another_cpu_describes_but_does_not_execute_here() {
+    // The one id the module declares.
+    const WIDE: &str = "ex.fake.op.cpu";
+    let shop = Workshop::new();
+    let lacking = isa_this_cpu_lacks();
+    let here = guild_host::platform::cpu_isa();
+    let wide = Arc::new(FakeProvider::new().executing(double));
+    let plugin = FakePlugin::new().with_kernel(fake_operation_with(
+        OpCandidate {
+            cpu_isa: lacking,
+            ..candidate(WIDE, 30)
+        },
+        wide.clone(),
+    ));
+    let (host, _fake, _library) = fake_host(&shop, Spec::module("ex.fake", "1.0.0"), plugin);
+
+    // As this CPU, nothing can serve the operation.
+    let service = OperationService::new(host.kernels());
+    assert!(service.resolve(&request(4)).is_err());
+
+    // As a CPU with the bit, the provider is chosen and describes itself.
+    let mut as_other = request(4);
+    as_other.device.cpu_isa = here | lacking;
+    let handle = service.resolve(&as_other).unwrap();
+    assert_eq!(handle.describe().impl_id.as_str(), WIDE);
+    let mut out = [0i64; 4];
+    let err = handle
+        .execute(
+            &[TensorArg::new(&i64s(4), &[1i64, 2, 3, 4])],
+            &mut [TensorArgMut::new(&i64s(4), &mut out)],
+            None,
+        )
+        .unwrap_err();
+    match &err {
+        ExecuteError::MissingCpuIsa { impl_id, missing } => {
+            assert_eq!((impl_id.as_str(), *missing), (WIDE, lacking));
+        }
+        other => panic!("expected MissingCpuIsa, got {other}"),
+    }
+    let text = err.to_string();
+    assert!(
+        text.contains(WIDE) && text.contains(&lacking.to_string()),
+        "{text}"
+    );
+    assert_eq!(wide.calls().execute, 0, "the provider was not called");
+    assert_eq!(out, [0; 4]);
+    drop(handle);
+
+    // The C face: a query whose device record names the bit resolves, and execute refuses
+    // with GUILD_STATUS_ERR_UNSUPPORTED and the same words.
+    let c = Service::of(host.kernels());
+    let t = tensor(GUILD_DTYPE_I64, &[4], &[]);
+    let mut query = Query::cpu(OP, vec![t], vec![t]);
+    query.device_caps = Some(guild_abi::guild_device_caps_v1_t {
+        struct_size: std::mem::size_of::<guild_abi::guild_device_caps_v1_t>() as u32,
+        backend: guild_abi::GUILD_BACKEND_CPU,
+        device_id: 0,
+        cuda_sm: 0,
+        cpu_isa: (here | lacking).bits(),
+        total_memory_bytes: 0,
+        free_memory_bytes: 0,
+        next_ext: std::ptr::null(),
+    });
+    let handle = c.resolve(&query).unwrap();
+    assert_eq!(handle.describe().unwrap().impl_id, WIDE);
+    let input = [1i64, 2, 3, 4];
+    let mut output = [0i64; 4];
+    let err = handle
+        .execute(
+            &[with_data(t, input.as_ptr())],
+            &[with_data(t, output.as_mut_ptr())],
+            None,
+        )
+        .unwrap_err();
+    assert_eq!(err.status, GUILD_STATUS_ERR_UNSUPPORTED);
+    assert!(
+        err.message.contains(WIDE) && err.message.contains(&lacking.to_string()),
+        "{}",
+        err.message
+    );
+    assert_eq!(wide.calls().execute, 0, "the provider was not called");
+    assert_eq!(output, [0; 4]);
+    handle.release().unwrap();
+}

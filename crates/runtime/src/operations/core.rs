@@ -405,6 +405,7 @@ impl ServiceCore {
             },
             chosen.passed_over,
             streams,
+            self.devices.cpu_isa,
         )))
     }
 }
@@ -971,6 +972,11 @@ pub(crate) struct Resolved {
     call_key: u64,
     /// Whether calls may pass a stream: a device provider's may, a CPU provider's may not.
     pub(crate) takes_stream: bool,
+    /// The CPU ISA bits a CPU provider requires that this host's CPU lacks: empty unless the
+    /// query described another CPU (its device record named bits this one has not). Such a
+    /// handle describes what that CPU would run; executing it here could meet an illegal
+    /// instruction, so every execute refuses it before the provider is called.
+    pub(crate) lacks_here: CpuIsa,
     streams: Option<Arc<dyn StreamEvents>>,
     /// Whether the handle was resolved through the runner's C table (counted in
     /// [`ServiceCore::runner_handles`] until it is released).
@@ -1333,8 +1339,13 @@ impl Resolved {
         scratch: Scratch,
         passed_over: Option<Vec<PassedOver>>,
         streams: Option<Arc<dyn StreamEvents>>,
+        host_isa: CpuIsa,
     ) -> Self {
         let spec = query.spec();
+        let lacks_here = match candidate.backend {
+            Backend::Cpu => candidate.cpu_isa.difference(host_isa),
+            _ => CpuIsa::EMPTY,
+        };
         let host_only = spec
             .inputs
             .iter()
@@ -1355,6 +1366,7 @@ impl Resolved {
             align_mask: candidate.min_alignment.max(1) - 1,
             call_key,
             takes_stream: candidate.backend != Backend::Cpu,
+            lacks_here,
             plain,
             sync_mode,
             device_id,
@@ -1438,6 +1450,7 @@ impl Resolved {
         let a = call.args;
         if call_key(a.device_id, a.sync_mode) != self.call_key
             || (!self.takes_stream && !a.stream.is_null())
+            || !self.lacks_here.is_empty()
         {
             return Err(self.call_mismatch(a));
         }
@@ -1600,6 +1613,9 @@ impl Resolved {
     /// The error for a call whose sync mode, device or stream is not the handle's.
     #[cold]
     fn call_mismatch(&self, a: &guild_execute_args_v1_t) -> ExecuteError {
+        if !self.lacks_here.is_empty() {
+            return self.not_here();
+        }
         if SyncMode::from_raw(a.sync_mode) != Some(self.sync_mode) {
             return ExecuteError::SyncMode {
                 resolved: self.sync_mode,
@@ -1613,6 +1629,15 @@ impl Resolved {
             };
         }
         ExecuteError::StreamOnCpu
+    }
+
+    /// Why a handle resolved for another CPU does not run on this one.
+    #[cold]
+    pub(crate) fn not_here(&self) -> ExecuteError {
+        ExecuteError::MissingCpuIsa {
+            impl_id: self.candidate.impl_id.clone(),
+            missing: self.lacks_here,
+        }
     }
 
     /// The buffers the C face reads a reshape's tensors into.
