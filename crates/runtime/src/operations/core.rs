@@ -51,7 +51,9 @@ use crate::snapshot::{KernelBinding, OperationCandidates, Snapshot, StoredOp};
 /// stream-ordered calls safe.
 #[derive(Clone)]
 pub struct DeviceSupport {
-    /// The host CPU's ISA bits, offered to CPU candidates.
+    /// The host CPU's ISA bits, offered to CPU candidates. Bits the CPU does not have (as
+    /// detected at run time) steer resolution only: an execute of a kernel that needs them is
+    /// refused with [`ExecuteError::MissingCpuIsa`](super::ExecuteError::MissingCpuIsa).
     pub cpu_isa: CpuIsa,
     /// The compute capability (times ten) of CUDA device 0, when there is one.
     pub cuda_sm: Option<u32>,
@@ -126,6 +128,10 @@ pub(crate) struct ServiceCore {
     pub(crate) id: u64,
     snapshot: Arc<ArcSwap<Snapshot>>,
     pub(crate) devices: DeviceSupport,
+    /// The CPU ISA bits a CPU provider may use when it executes: those `devices` declares that
+    /// this CPU has, detected once. A declaration of more (an embedder's, or a query's device
+    /// record) can steer a resolution, never an execute.
+    runs_isa: CpuIsa,
     /// The table in-process runners use: a call on a handle that another call holds waits its
     /// turn. `user` is the address of the core's [`RunnerCell`].
     pub(crate) runner_table: guild_operation_service_v1_t,
@@ -217,6 +223,9 @@ impl ServiceCore {
             ServiceCore {
                 id,
                 snapshot,
+                runs_isa: CpuIsa::from_bits(
+                    devices.cpu_isa.bits() & crate::platform::cpu_isa().bits(),
+                ),
                 devices,
                 runner_table,
                 plugin_table,
@@ -405,7 +414,7 @@ impl ServiceCore {
             },
             chosen.passed_over,
             streams,
-            self.devices.cpu_isa,
+            self.runs_isa,
         )))
     }
 }
