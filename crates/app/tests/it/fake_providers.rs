@@ -19,7 +19,7 @@ use guild_domain::operation::{
     OpCandidate, ProviderRefusal, Rejection, SyncModeSet, TensorDesc,
 };
 use guild_domain::version::PackedVersion;
-use guild_host::operations::{ExecuteError, PassReason, TensorArg, TensorArgMut};
+use guild_host::operations::{DeviceSupport, ExecuteError, PassReason, TensorArg, TensorArgMut};
 use guild_host::{Host, HostError, InstallOptions, OperationRequest, OperationService};
 use guild_ports::fakes::{
     fake_operation_with, FakeLoader, FakePlugin, FakeProvider, FakeScratch, FAKE_PROVIDER_COMPONENT,
@@ -160,6 +160,16 @@ pub(crate) fn fake_host(
     module: Spec,
     plugin: FakePlugin,
 ) -> (Host, Arc<FakeLoader>, PathBuf) {
+    fake_host_on(shop, module, plugin, DeviceSupport::host())
+}
+
+/// As [`fake_host`], the operation service resolving against `devices`.
+fn fake_host_on(
+    shop: &Workshop,
+    module: Spec,
+    plugin: FakePlugin,
+    devices: DeviceSupport,
+) -> (Host, Arc<FakeLoader>, PathBuf) {
     let k = key();
     let store = shop.fresh("store");
     let (pm, _) = open_dir(&store).unwrap();
@@ -178,7 +188,7 @@ pub(crate) fn fake_host(
     );
     let fake = Arc::new(FakeLoader::new());
     fake.insert(&library, plugin);
-    let host = Host::new(pm, Box::new(Shared(fake.clone())));
+    let host = Host::with_devices(pm, Box::new(Shared(fake.clone())), devices);
     let report = host.load_enabled().unwrap();
     assert!(report.failed.is_empty(), "{:?}", report.failed);
     (host, fake, library)
@@ -464,4 +474,155 @@ fn a_handle_on_a_rust_provider_refuses_disable_until_it_is_released() {
     assert_eq!(f.fake.shutdowns_of(&f.library), 1);
     let err = service.resolve(&request(2)).unwrap_err();
     assert!(err.failure().is_some(), "nothing left to resolve: {err}");
+}
+
+/// A `GUILD_CPU_ISA_*` bit this CPU lacks: one of the other architecture's, or an x86 extension
+/// the machine does not have.
+fn isa_this_cpu_lacks() -> CpuIsa {
+    let here = guild_host::platform::cpu_isa();
+    [
+        CpuIsa::NEON,
+        CpuIsa::SVE2,
+        CpuIsa::AVX512_BF16,
+        CpuIsa::AVX_VNNI,
+        CpuIsa::AVX2,
+    ]
+    .into_iter()
+    .find(|bit| !here.contains(*bit))
+    .expect("no CPU has both NEON and AVX2")
+}
+
+/// The CPU kernel of a module whose one provider needs `lacking`, on a host whose service
+/// resolves against `devices`.
+fn host_with_a_kernel_needing(
+    shop: &Workshop,
+    lacking: CpuIsa,
+    devices: DeviceSupport,
+) -> (Host, Arc<FakeProvider>) {
+    let wide = Arc::new(FakeProvider::new().executing(double));
+    let plugin = FakePlugin::new().with_kernel(fake_operation_with(
+        OpCandidate {
+            cpu_isa: lacking,
+            ..candidate(WIDE, 30)
+        },
+        wide.clone(),
+    ));
+    let (host, _, _) = fake_host_on(shop, Spec::module("ex.fake", "1.0.0"), plugin, devices);
+    (host, wide)
+}
+
+/// The one implementation id the module of [`host_with_a_kernel_needing`] declares.
+const WIDE: &str = "ex.fake.op.cpu";
+
+/// Resolves the operation through the Rust face with `request` and through the C face with
+/// `device_caps`, and checks that each handle chose [`WIDE`], describes itself, and refuses to
+/// execute, naming the implementation and `lacking`, without calling the provider.
+fn both_faces_refuse_to_execute(
+    host: &Host,
+    wide: &FakeProvider,
+    request: &OperationRequest,
+    device_caps: Option<guild_abi::guild_device_caps_v1_t>,
+    lacking: CpuIsa,
+) {
+    let service = OperationService::new(host.kernels());
+    let handle = service.resolve(request).unwrap();
+    assert_eq!(handle.describe().impl_id.as_str(), WIDE);
+    let mut out = [0i64; 4];
+    let err = handle
+        .execute(
+            &[TensorArg::new(&i64s(4), &[1i64, 2, 3, 4])],
+            &mut [TensorArgMut::new(&i64s(4), &mut out)],
+            None,
+        )
+        .unwrap_err();
+    match &err {
+        ExecuteError::MissingCpuIsa { impl_id, missing } => {
+            assert_eq!((impl_id.as_str(), *missing), (WIDE, lacking));
+        }
+        other => panic!("expected MissingCpuIsa, got {other}"),
+    }
+    let text = err.to_string();
+    assert!(
+        text.contains(WIDE) && text.contains(&lacking.to_string()),
+        "{text}"
+    );
+    assert_eq!(wide.calls().execute, 0, "the provider was not called");
+    assert_eq!(out, [0; 4]);
+    drop(handle);
+
+    let c = Service::of(host.kernels());
+    let t = tensor(GUILD_DTYPE_I64, &[4], &[]);
+    let mut query = Query::cpu(OP, vec![t], vec![t]);
+    query.device_caps = device_caps;
+    let handle = c.resolve(&query).unwrap();
+    assert_eq!(handle.describe().unwrap().impl_id, WIDE);
+    let input = [1i64, 2, 3, 4];
+    let mut output = [0i64; 4];
+    let err = handle
+        .execute(
+            &[with_data(t, input.as_ptr())],
+            &[with_data(t, output.as_mut_ptr())],
+            None,
+        )
+        .unwrap_err();
+    assert_eq!(err.status, GUILD_STATUS_ERR_UNSUPPORTED);
+    assert!(
+        err.message.contains(WIDE) && err.message.contains(&lacking.to_string()),
+        "{}",
+        err.message
+    );
+    assert_eq!(wide.calls().execute, 0, "the provider was not called");
+    assert_eq!(output, [0; 4]);
+    handle.release().unwrap();
+}
+
+/// A runner may resolve for another CPU's device record (to see what that CPU would run), and
+/// so may be handed a provider needing instructions this CPU lacks. Executing such a handle here
+/// could meet an illegal instruction; both faces refuse it before the provider is called, naming
+/// the implementation and the missing bits, while the same handle still describes itself.
+#[test]
+fn a_handle_resolved_for_another_cpu_describes_but_does_not_execute_here() {
+    let shop = Workshop::new();
+    let lacking = isa_this_cpu_lacks();
+    let here = guild_host::platform::cpu_isa();
+    let (host, wide) = host_with_a_kernel_needing(&shop, lacking, DeviceSupport::host());
+
+    // As this CPU, nothing can serve the operation.
+    let service = OperationService::new(host.kernels());
+    assert!(service.resolve(&request(4)).is_err());
+
+    // As a CPU with the bit, the provider is chosen, and refused at execute.
+    let mut as_other = request(4);
+    as_other.device.cpu_isa = here | lacking;
+    let caps = guild_abi::guild_device_caps_v1_t {
+        struct_size: std::mem::size_of::<guild_abi::guild_device_caps_v1_t>() as u32,
+        backend: guild_abi::GUILD_BACKEND_CPU,
+        device_id: 0,
+        cuda_sm: 0,
+        cpu_isa: (here | lacking).bits(),
+        total_memory_bytes: 0,
+        free_memory_bytes: 0,
+        next_ext: std::ptr::null(),
+    };
+    both_faces_refuse_to_execute(&host, &wide, &as_other, Some(caps), lacking);
+}
+
+/// An embedder that declares more instructions than the CPU has (`DeviceSupport::cpu_isa`)
+/// steers resolution as a query's device record does (a C query without one resolves against
+/// it), and gets the same refusal at execute.
+#[test]
+fn instructions_an_embedder_declares_but_the_cpu_lacks_are_not_executed() {
+    let shop = Workshop::new();
+    let lacking = isa_this_cpu_lacks();
+    let declared = guild_host::platform::cpu_isa() | lacking;
+    let devices = DeviceSupport {
+        cpu_isa: declared,
+        ..DeviceSupport::host()
+    };
+    let (host, wide) = host_with_a_kernel_needing(&shop, lacking, devices);
+    // `OperationRequest::cpu` names this CPU as detected; a Rust runner following the
+    // embedder's declaration names it.
+    let mut as_declared = request(4);
+    as_declared.device.cpu_isa = declared;
+    both_faces_refuse_to_execute(&host, &wide, &as_declared, None, lacking);
 }

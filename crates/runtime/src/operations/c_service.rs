@@ -1003,6 +1003,7 @@ fn execute_failure(e: ExecuteError) -> Failure {
     let status = match &e {
         ExecuteError::Reentrant => GUILD_STATUS_ERR_BUSY,
         ExecuteError::Stream(_) => GUILD_STATUS_ERR_DEVICE,
+        ExecuteError::MissingCpuIsa { .. } => GUILD_STATUS_ERR_UNSUPPORTED,
         ExecuteError::ScratchTooSmall { .. } | ExecuteError::BufferTooSmall { .. } => {
             GUILD_STATUS_ERR_BUFFER_TOO_SMALL
         }

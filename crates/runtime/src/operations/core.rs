@@ -52,7 +52,9 @@ use crate::snapshot::{KernelBinding, OperationCandidates, Snapshot, StoredOp};
 /// stream-ordered calls safe.
 #[derive(Clone)]
 pub struct DeviceSupport {
-    /// The host CPU's ISA bits, offered to CPU candidates.
+    /// The host CPU's ISA bits, offered to CPU candidates. Bits the CPU does not have (as
+    /// detected at run time) steer resolution only: an execute of a kernel that needs them is
+    /// refused with [`ExecuteError::MissingCpuIsa`](super::ExecuteError::MissingCpuIsa).
     pub cpu_isa: CpuIsa,
     /// The compute capability (times ten) of CUDA device 0, when there is one.
     pub cuda_sm: Option<u32>,
@@ -127,6 +129,10 @@ pub(crate) struct ServiceCore {
     pub(crate) id: u64,
     snapshot: Arc<ArcSwap<Snapshot>>,
     pub(crate) devices: DeviceSupport,
+    /// The CPU ISA bits a CPU provider may use when it executes: those `devices` declares that
+    /// this CPU has, detected once. A declaration of more (an embedder's, or a query's device
+    /// record) can steer a resolution, never an execute.
+    runs_isa: CpuIsa,
     /// The table in-process runners use: a call on a handle that another call holds waits its
     /// turn. `user` is the address of the core's [`RunnerCell`].
     pub(crate) runner_table: guild_operation_service_v1_t,
@@ -218,6 +224,9 @@ impl ServiceCore {
             ServiceCore {
                 id,
                 snapshot,
+                runs_isa: CpuIsa::from_bits(
+                    devices.cpu_isa.bits() & crate::platform::cpu_isa().bits(),
+                ),
                 devices,
                 runner_table,
                 plugin_table,
@@ -406,6 +415,7 @@ impl ServiceCore {
             },
             chosen.passed_over,
             streams,
+            self.runs_isa,
         )))
     }
 }
@@ -1027,6 +1037,11 @@ pub(crate) struct Resolved {
     call_key: u64,
     /// Whether calls may pass a stream: a device provider's may, a CPU provider's may not.
     pub(crate) takes_stream: bool,
+    /// The CPU ISA bits a CPU provider requires that this host's CPU lacks: empty unless the
+    /// query described another CPU (its device record named bits this one has not). Such a
+    /// handle describes what that CPU would run; executing it here could meet an illegal
+    /// instruction, so every execute refuses it before the provider is called.
+    pub(crate) lacks_here: CpuIsa,
     streams: Option<Arc<dyn StreamEvents>>,
     /// Whether the handle was resolved through the runner's C table (counted in
     /// [`ServiceCore::runner_handles`] until it is released).
@@ -1425,8 +1440,13 @@ impl Resolved {
         scratch: Scratch,
         passed_over: Option<Vec<PassedOver>>,
         streams: Option<Arc<dyn StreamEvents>>,
+        host_isa: CpuIsa,
     ) -> Self {
         let spec = query.spec();
+        let lacks_here = match candidate.backend {
+            Backend::Cpu => candidate.cpu_isa.difference(host_isa),
+            _ => CpuIsa::EMPTY,
+        };
         let host_only = spec
             .inputs
             .iter()
@@ -1447,6 +1467,7 @@ impl Resolved {
             align_mask: candidate.min_alignment.max(1) - 1,
             call_key,
             takes_stream: candidate.backend != Backend::Cpu,
+            lacks_here,
             plain,
             sync_mode,
             device_id,
@@ -1530,6 +1551,7 @@ impl Resolved {
         let a = call.args;
         if call_key(a.device_id, a.sync_mode) != self.call_key
             || (!self.takes_stream && !a.stream.is_null())
+            || !self.lacks_here.is_empty()
         {
             return Err(self.call_mismatch(a));
         }
@@ -1692,6 +1714,9 @@ impl Resolved {
     /// The error for a call whose sync mode, device or stream is not the handle's.
     #[cold]
     fn call_mismatch(&self, a: &guild_execute_args_v1_t) -> ExecuteError {
+        if !self.lacks_here.is_empty() {
+            return self.not_here();
+        }
         if SyncMode::from_raw(a.sync_mode) != Some(self.sync_mode) {
             return ExecuteError::SyncMode {
                 resolved: self.sync_mode,
@@ -1705,6 +1730,15 @@ impl Resolved {
             };
         }
         ExecuteError::StreamOnCpu
+    }
+
+    /// Why a handle resolved for another CPU does not run on this one.
+    #[cold]
+    pub(crate) fn not_here(&self) -> ExecuteError {
+        ExecuteError::MissingCpuIsa {
+            impl_id: self.candidate.impl_id.clone(),
+            missing: self.lacks_here,
+        }
     }
 
     /// The buffers the C face reads a reshape's tensors into.

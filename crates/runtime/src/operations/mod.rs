@@ -86,7 +86,7 @@ use std::marker::PhantomData;
 use guild_abi::guild_stream_t;
 use guild_domain::ids::{ImplId, OpName, PackageId};
 use guild_domain::operation::{
-    Backend, Budget, Capabilities, DType, DeviceCaps, MemorySpace, Numerics, OpQuery,
+    Backend, Budget, Capabilities, CpuIsa, DType, DeviceCaps, MemorySpace, Numerics, OpQuery,
     ProviderRefusal, QueryError, QuerySpec, Rejection, ResolveFailure, SyncMode, TensorDesc,
     TensorRef, TensorRole,
 };
@@ -598,6 +598,9 @@ impl OpHandle<'_> {
         params: &[u8],
     ) -> Result<(), ExecuteError> {
         let r = &self.resolved;
+        if !r.lacks_here.is_empty() {
+            return Err(r.not_here());
+        }
         if !stream.is_null() && !r.takes_stream {
             return Err(ExecuteError::StreamOnCpu);
         }
@@ -843,6 +846,20 @@ pub enum ExecuteError {
     /// A stream was passed to a CPU provider.
     #[error("a CPU provider runs host-blocking on the calling thread and takes no stream")]
     StreamOnCpu,
+    /// The handle was resolved for another CPU (the request's device record named ISA bits),
+    /// and its provider requires bits this CPU lacks: the handle describes what that CPU would
+    /// run, and running it here could execute an illegal instruction. The C face reports it as
+    /// `GUILD_STATUS_ERR_UNSUPPORTED`.
+    #[error(
+        "{impl_id} requires CPU features this CPU lacks ({missing}); the handle was resolved \
+         for another CPU's device record and can describe, not run, here"
+    )]
+    MissingCpuIsa {
+        /// The chosen implementation.
+        impl_id: ImplId,
+        /// The required bits this CPU lacks.
+        missing: CpuIsa,
+    },
     /// Scratch is missing or shorter than the provider asked for.
     #[error("the provider needs {needed} bytes of {kind} scratch, {got} given")]
     ScratchTooSmall {
