@@ -1069,9 +1069,9 @@ unsafe extern "C" fn service_reshape(
                 // handle the allocations the next reshape reuses.
                 // SAFETY: as above.
                 unsafe { r.return_reshape_buffers(inputs, outputs) };
-                let new = renegotiated?.map_err(|e| reshape_failure(r, e))?;
+                renegotiated?.map_err(|e| reshape_failure(r, e))?;
                 // SAFETY: as above.
-                unsafe { r.install(running, new) };
+                unsafe { r.install(running) };
                 Ok(())
             })
             .map_err(|why| refused(core, "reshape", why))?

@@ -1769,9 +1769,10 @@ impl Resolved {
     /// `check_static` checks each tensor), then the provider's `validate` and `query_scratch`
     /// and the budgets, in the C query of the resolution's numbers ([`Resolved::statics`]) and
     /// the new tensors. Every other static check concerns what no reshape changes, and passed
-    /// at resolution. The result is the contract to install, made in the buffers of the one
-    /// the last reshape replaced: once a reshape has been installed, nothing is allocated
-    /// unless something refuses. Nothing the handle's calls read changes here, so a refusal
+    /// at resolution. The new contract is made in place of the one the last reshape replaced
+    /// (the reshape cells' spare, which [`Resolved::install`] or [`Resolved::install_mut`]
+    /// then trades with the handle's, so that nothing as large as a contract is moved): once
+    /// a reshape has been installed, nothing is allocated unless something refuses. Nothing the handle's calls read changes here, so a refusal
     /// leaves it as it was. Only rank, dims and strides may change: the number of tensors,
     /// their dtypes, memory spaces and devices are the resolution's.
     ///
@@ -1788,7 +1789,7 @@ impl Resolved {
         outputs: &[TensorDesc],
         c_tensors: Option<[&[guild_tensor_desc_v1_t]; 2]>,
         params: &[u8],
-    ) -> Result<Contract, ReshapeError> {
+    ) -> Result<(), ReshapeError> {
         // SAFETY: the caller's contract: no reshape runs but this one.
         let current = unsafe { self.contract() };
         for (role, now, new) in [
@@ -1895,8 +1896,7 @@ impl Resolved {
         })?;
         check_budgets(&request, self.statics.ram_budget, self.statics.vram_budget)
             .map_err(ReshapeError::Refused)?;
-        let mut contract = std::mem::take(spare);
-        contract.refill(
+        spare.refill(
             inputs,
             outputs,
             infos,
@@ -1906,35 +1906,34 @@ impl Resolved {
                 alignment,
             },
         );
-        Ok(contract)
+        Ok(())
     }
 
-    /// Installs a renegotiated contract.
+    /// Installs the contract [`Resolved::renegotiate`] made; the one it replaces becomes the
+    /// next reshape's spare.
     ///
     /// # Safety
     /// `running` must be the execute exclusivity of the gate of the C handle that owns `self`
     /// (which excludes every other reader of the contract and the call cells).
-    pub(crate) unsafe fn install(&self, running: &Running<'_>, contract: Contract) {
+    pub(crate) unsafe fn install(&self, running: &Running<'_>) {
         let _ = running;
-        let scratch = contract.scratch;
         // SAFETY: the caller's contract: no call reads the contract or the reshape cells
         // while `running` lives, and `describe`/`scratch` read only `published`.
-        let old = unsafe { std::mem::replace(&mut *self.contract.get(), contract) };
-        // SAFETY: as above.
-        unsafe { (*self.reshaping.get()).spare = old };
+        let (contract, cells) = unsafe { (&mut *self.contract.get(), &mut *self.reshaping.get()) };
+        std::mem::swap(contract, &mut cells.spare);
         // SAFETY: `running` makes this the only writer.
-        unsafe { self.published.write(scratch) };
+        unsafe { self.published.write(contract.scratch) };
     }
 
-    /// Installs in a Rust handle the contract its [`Resolved::renegotiate`] made without C
+    /// Installs in a Rust handle the contract [`Resolved::renegotiate`] made without C
     /// tensors: the C form it made of them becomes the calls' tensors, and the calls' old ones
     /// are the next reshape's buffers.
-    pub(crate) fn install_mut(&mut self, contract: Contract) {
+    pub(crate) fn install_mut(&mut self) {
+        let cells = self.reshaping.get_mut();
+        let contract = self.contract.get_mut();
+        std::mem::swap(contract, &mut cells.spare);
         // SAFETY: `&mut self`: the only writer.
         unsafe { self.published.write(contract.scratch) };
-        let old = std::mem::replace(self.contract.get_mut(), contract);
-        let cells = self.reshaping.get_mut();
-        cells.spare = old;
         let rust = &mut self.call.value.get_mut().rust;
         std::mem::swap(&mut cells.c_tensors, &mut rust.tensors);
         rust.take_up();
