@@ -1188,11 +1188,11 @@ impl Contract {
 }
 
 /// A value with [`LINE`] bytes of its owner's on each side, so that every line pair it touches
-/// lies inside its owner's allocation, wherever the allocator puts that: what [`Lone`](super::handles::Lone)'s
-/// alignment gives a value, without asking the allocator for an aligned block. A handle is
-/// boxed at every resolution, and an over-aligned box goes through `posix_memalign`, which
-/// cost a resolution more instructions (about 630, and a slower free) than the rest of its
-/// allocations together.
+/// lies inside its owner's allocation, wherever the allocator puts that: what the alignment of
+/// [`Lone`](super::handles::Lone) gives a value, without asking the allocator for an aligned
+/// block. A handle is boxed at every resolution, and an over-aligned box goes through
+/// `posix_memalign`, which cost a resolution about 630 instructions (and a slower free),
+/// several times what any other of its allocations costs.
 #[repr(C)]
 struct Padded<T> {
     _before: [MaybeUninit<u8>; LINE],
@@ -1772,9 +1772,10 @@ impl Resolved {
     /// at resolution. The new contract is made in place of the one the last reshape replaced
     /// (the reshape cells' spare, which [`Resolved::install`] or [`Resolved::install_mut`]
     /// then trades with the handle's, so that nothing as large as a contract is moved): once
-    /// a reshape has been installed, nothing is allocated unless something refuses. Nothing the handle's calls read changes here, so a refusal
-    /// leaves it as it was. Only rank, dims and strides may change: the number of tensors,
-    /// their dtypes, memory spaces and devices are the resolution's.
+    /// a reshape has been installed, nothing is allocated unless something refuses. Nothing
+    /// the handle's calls read changes here, so a refusal leaves it as it was. Only rank, dims
+    /// and strides may change: the number of tensors, their dtypes, memory spaces and devices
+    /// are the resolution's.
     ///
     /// `c_tensors` are the C caller's own descriptors of `inputs` and `outputs`, handed to the
     /// callbacks as they are (as a resolution hands them); without them (the Rust face), the C
