@@ -37,6 +37,9 @@
  *   qwen, qwen_wrong_tag, qwen_too_small, qwen_version
  *                      cdm1 only: with a Qwen group, valid or broken in one respect
  *   all                cuda only
+ *   other_isa          a kernel extension on a descriptor whose required_cpu_isa names an
+ *                      instruction set of the other architecture (NEON on x86-64, AVX2
+ *                      elsewhere), which no CPU running this build has
  *
  * The callbacks do small reference arithmetic on host memory, so that a test calling one
  * through the host's copy can tell it reached the right function:
@@ -1069,6 +1072,12 @@ static guild_status_t probe_init(const guild_host_api_v1_t* host, void** plugin_
         }
     } else if (is(kase, "misplaced_backend") && is(ext, "cpe1")) {
         desc.backend = GUILD_BACKEND_CUDA;
+    } else if (is(kase, "other_isa") && !as_runner) {
+#if defined(__x86_64__) || defined(_M_X64)
+        desc.required_cpu_isa = GUILD_CPU_ISA_NEON;
+#else
+        desc.required_cpu_isa = GUILD_CPU_ISA_AVX2;
+#endif
     } else if (is(kase, "null")) {
         if (is(ext, "gop1")) {
             main_ext.gop1.execute = NULL;

@@ -448,6 +448,7 @@ impl OwnedKernel {
             op_name: owned.op_name.clone(),
             backend: owned.backend,
             priority: owned.descriptor.priority,
+            required_cpu_isa: CpuIsa::from_bits(owned.descriptor.required_cpu_isa),
             operation: owned.candidate.clone(),
             provider: owned,
         }

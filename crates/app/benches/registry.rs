@@ -43,6 +43,7 @@ fn registry() -> OwnedRegistry {
                 op_name: Some(OpName::new(format!("bench.op{k}")).unwrap()),
                 backend: Backend::Cpu,
                 priority: p as i32,
+                required_cpu_isa: guild_domain::operation::CpuIsa::EMPTY,
                 operation: None,
                 provider: Arc::new(NoCallbacks),
             })

@@ -127,6 +127,7 @@ fn registry() -> OwnedRegistry {
                     op_name: Some(c.op_name.clone()),
                     backend: Backend::Cpu,
                     priority: c.priority,
+                    required_cpu_isa: c.cpu_isa,
                     operation: Some(c),
                     provider: Arc::new(Provider { accepts: i == 0 }),
                 }

@@ -31,7 +31,7 @@ use guild_abi::{
     GUILD_MAX_TENSOR_RANK, GUILD_MEMORY_HOST, GUILD_NUMERICS_DETERMINISTIC,
     GUILD_OPERATION_QUERY_VERSION, GUILD_STATUS_OK, GUILD_SYNC_HOST_BLOCKING,
 };
-use guild_domain::operation::{DType, MemorySpace, TensorDesc};
+use guild_domain::operation::{CpuIsa, DType, MemorySpace, TensorDesc};
 use guild_ports::provider::KernelProvider;
 
 use super::guarded::{Flush, Guarded, CANARY};
@@ -67,6 +67,9 @@ pub(crate) struct Operation<'a> {
     pub provider: &'a Arc<dyn KernelProvider>,
     pub gop: guild_operation_ext_v1_t,
     pub backend: u32,
+    /// The instruction sets the kernel's descriptor requires that this CPU lacks (empty: it
+    /// can run here).
+    pub lacks_isa: CpuIsa,
     pub max_dim: [u64; GUILD_MAX_TENSOR_RANK],
     pub max_batch: u64,
     /// The package declares module dependencies, which the check process does not load.
@@ -298,6 +301,13 @@ impl Operation<'_> {
     fn can_execute(&self) -> Result<(), String> {
         if self.backend != GUILD_BACKEND_CPU {
             return Err("the operation runs on a GPU backend; the check executes CPU operations only (validate and query_scratch were checked)".into());
+        }
+        if !self.lacks_isa.is_empty() {
+            return Err(format!(
+                "this CPU lacks {}, which the kernel's required_cpu_isa names; run the check on \
+                 a CPU that has them to execute it (validate and query_scratch were checked)",
+                self.lacks_isa
+            ));
         }
         if self.gop.memory_spaces & GUILD_MEMORY_HOST == 0 {
             return Err(

@@ -947,6 +947,7 @@ fn check_operations(
             provider,
             gop,
             backend: kernel.backend.bit(),
+            lacks_isa: guild_host::platform::lacking(kernel.required_cpu_isa),
             max_dim,
             max_batch,
             has_dependencies: !m.module_dependencies.is_empty(),

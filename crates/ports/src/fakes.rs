@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use guild_abi::text::set_error;
 use guild_abi::{guild_error_info_t, guild_scratch_request_v1_t, guild_status_t, GUILD_STATUS_OK};
 use guild_domain::ids::{ImplId, PackageId, RunnerId};
-use guild_domain::operation::{Backend, OpCandidate, ProviderRefusal};
+use guild_domain::operation::{Backend, CpuIsa, OpCandidate, ProviderRefusal};
 use guild_domain::version::Version;
 
 use crate::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
@@ -89,6 +89,7 @@ pub fn fake_kernel(impl_id: ImplId, op_kind: u32, backend: Backend) -> Registere
         op_name: None,
         backend,
         priority: 0,
+        required_cpu_isa: CpuIsa::EMPTY,
         operation: None,
         provider: Arc::new(NoCallbacks),
     }
@@ -104,6 +105,7 @@ pub fn fake_operation(candidate: OpCandidate) -> RegisteredKernel {
         op_name: Some(candidate.op_name.clone()),
         backend: candidate.backend,
         priority: candidate.priority,
+        required_cpu_isa: candidate.cpu_isa,
         operation: Some(candidate),
         provider: Arc::new(NoCallbacks),
     }

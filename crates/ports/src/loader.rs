@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use guild_domain::ids::{ImplId, OpName, PackageId, RunnerId};
-use guild_domain::operation::{Backend, OpCandidate};
+use guild_domain::operation::{Backend, CpuIsa, OpCandidate};
 use guild_domain::version::{PackedVersion, Version};
 
 use crate::provider::{KernelProvider, RunnerProvider};
@@ -93,6 +93,10 @@ pub struct RegisteredKernel {
     pub backend: Backend,
     /// Selection priority: higher wins, ties go to the smaller impl id.
     pub priority: i32,
+    /// The CPU instruction sets the kernel's code needs (its descriptor's `required_cpu_isa`),
+    /// whatever its backend: a device kernel's host-side code runs on the CPU too. The host
+    /// neither selects nor binds nor executes a kernel where the CPU lacks one.
+    pub required_cpu_isa: CpuIsa,
     /// The GOP1 contract in domain form, when the descriptor carries a GOP1 extension.
     pub operation: Option<OpCandidate>,
     /// What the kernel provides: its GOP1 callbacks, descriptor and extension tables, behind
@@ -109,6 +113,7 @@ impl fmt::Debug for RegisteredKernel {
             .field("op_name", &self.op_name)
             .field("backend", &self.backend)
             .field("priority", &self.priority)
+            .field("required_cpu_isa", &self.required_cpu_isa)
             .field("operation", &self.operation.is_some())
             .finish_non_exhaustive()
     }

@@ -40,6 +40,7 @@ use guild_abi::{
     GUILD_DTYPE_F16, GUILD_DTYPE_F32, GUILD_DTYPE_Q8_0,
 };
 use guild_domain::ids::{ImplId, PackageId};
+use guild_domain::operation::CpuIsa;
 use guild_ports::device::StreamRef;
 use thiserror::Error;
 
@@ -59,6 +60,15 @@ pub enum CudaBindError {
     /// The kernel is not a CUDA kernel carrying CDD1, CDA1 or CDM1.
     #[error("kernel {0} carries no CDD1, CDA1 or CDM1 table")]
     NoCudaTables(ImplId),
+    /// The kernel's host-side code needs CPU instruction sets this CPU lacks (its descriptor's
+    /// `required_cpu_isa`); calling it could execute an illegal instruction.
+    #[error("kernel {impl_id} requires CPU instruction sets this CPU lacks ({missing})")]
+    MissingCpuIsa {
+        /// The kernel.
+        impl_id: ImplId,
+        /// The required bits this CPU lacks.
+        missing: CpuIsa,
+    },
 }
 
 /// A CUDA kernel's CDD1, CDA1 and CDM1 tables (whichever it carries), bound with a lease.
@@ -97,6 +107,13 @@ impl BoundCudaTables {
         let refused = || CudaBindError::NoCudaTables(binding.kernel().impl_id.clone());
         if binding.kernel().backend.bit() != GUILD_BACKEND_CUDA {
             return Err(refused());
+        }
+        let missing = crate::platform::lacking(binding.kernel().required_cpu_isa);
+        if !missing.is_empty() {
+            return Err(CudaBindError::MissingCpuIsa {
+                impl_id: binding.kernel().impl_id.clone(),
+                missing,
+            });
         }
         let kernel = binding.kernel().provider.as_ref();
         let dense = bound(kernel.cuda_dense(), |t| t.header.next = ptr::null());

@@ -46,6 +46,7 @@ use guild_abi::{
     GUILD_CPU_PLANAR_Q2_BLOCK_ELEMENTS, GUILD_DTYPE_F32, GUILD_OP_BATCHED_EXPERT_EXEC,
 };
 use guild_domain::ids::{ImplId, PackageId};
+use guild_domain::operation::CpuIsa;
 use thiserror::Error;
 
 use crate::bound::{bound, size_u32, BoundTable, Callback, TableFn};
@@ -75,6 +76,15 @@ pub enum BindError {
         op_kind: u32,
         /// Its backend's `GUILD_BACKEND_*` bit.
         backend: u32,
+    },
+    /// The kernel needs CPU instruction sets this CPU lacks (its descriptor's
+    /// `required_cpu_isa`); calling it could execute an illegal instruction.
+    #[error("kernel {impl_id} requires CPU instruction sets this CPU lacks ({missing})")]
+    MissingCpuIsa {
+        /// The kernel.
+        impl_id: ImplId,
+        /// The required bits this CPU lacks.
+        missing: CpuIsa,
     },
 }
 
@@ -396,6 +406,13 @@ impl BoundExpertTable {
             || kernel.backend.bit() != GUILD_BACKEND_CPU
         {
             return Err(refused());
+        }
+        let missing = crate::platform::lacking(kernel.required_cpu_isa);
+        if !missing.is_empty() {
+            return Err(BindError::MissingCpuIsa {
+                impl_id: kernel.impl_id.clone(),
+                missing,
+            });
         }
         // The negotiation left every field the plugin's size does not carry zero (None), so a
         // version 1 table, or a short version 2 one, has no appended operations here.

@@ -47,6 +47,14 @@ pub fn cpu_isa() -> CpuIsa {
     CpuIsa::from_bits(bits)
 }
 
+/// The bits of `required` this CPU lacks (empty: a kernel needing `required` can run here).
+pub fn lacking(required: CpuIsa) -> CpuIsa {
+    if required.is_empty() {
+        return required;
+    }
+    required.difference(cpu_isa())
+}
+
 /// One CUDA device as the driver reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

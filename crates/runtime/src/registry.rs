@@ -744,12 +744,16 @@ impl KernelRegistry {
     }
 
     /// The best enabled kernel for `selector`: highest priority, then lowest impl id. A
-    /// candidate whose package is draining counts as gone (the next best is chosen).
+    /// candidate whose package is draining counts as gone (the next best is chosen), and so
+    /// does one needing CPU instruction sets this CPU lacks (its descriptor's
+    /// `required_cpu_isa`).
     pub fn select(&self, selector: &Selector) -> Option<KernelBinding> {
         let snap = self.snapshot.load();
+        let isa = self.service.runs_isa;
         snap.candidates(selector.op_kind, selector.op_name.as_ref())
             .iter()
             .filter(|op| selector.backend.is_none_or(|b| op.kernel.backend == b))
+            .filter(|op| op.kernel.required_cpu_isa.difference(isa).is_empty())
             .find_map(KernelBinding::try_new)
     }
 

@@ -431,3 +431,39 @@ fn printed_progress_does_not_extend_the_time_limit() {
         f.reason
     );
 }
+
+/// A kernel whose descriptor requires instruction sets this CPU lacks is negotiated with but not
+/// executed: running it could stop the check with an illegal instruction, which would read as
+/// the publisher's crash. The execution checks are skipped with a reason naming the bits.
+#[test]
+fn a_kernel_needing_instructions_this_cpu_lacks_is_checked_but_not_executed() {
+    let shop = Workshop::new();
+    let mut spec = kernel(
+        Spec::kernel("test.ext_probe_gop1", "1.0.0")
+            .library(&guild_test_support::plugins::plugin_library("ext_probe")),
+    );
+    spec.files[0].0 = "lib/libext_probe__gop1__other_isa.so".into();
+    spec.provided_ops = vec!["test.ext_probe.gop1".into()];
+    let report = check(&shop, &spec);
+    let op = Some("test.ext_probe.gop1");
+    assert_eq!(
+        report.find("validate", op).map(|f| f.verdict),
+        Some(Verdict::Passed),
+        "{report:?}"
+    );
+    for name in [
+        "execute.guard_front",
+        "execute.guard_back",
+        "execute.concurrent",
+    ] {
+        let f = report
+            .find(name, op)
+            .unwrap_or_else(|| panic!("no {name} finding"));
+        assert_eq!(f.verdict, Verdict::Skipped, "{name}: {}", f.reason);
+        assert!(
+            f.reason.contains("this CPU lacks") && f.reason.contains("required_cpu_isa"),
+            "{name}: {}",
+            f.reason
+        );
+    }
+}

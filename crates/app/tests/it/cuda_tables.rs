@@ -19,8 +19,8 @@ use guild_adapters_cuda::testing::report_skip;
 use guild_adapters_cuda::{CudaError, Driver, NoDevice};
 use guild_domain::ids::ImplId;
 use guild_host::cuda_tables::{
-    BoundCudaTables, CallProblem, CudaCallError, CudaStream, DenseProject, DeviceSpan, Elementwise,
-    KvAppend, KvCacheView, RowSelection,
+    BoundCudaTables, CallProblem, CudaBindError, CudaCallError, CudaStream, DenseProject,
+    DeviceSpan, Elementwise, KvAppend, KvCacheView, RowSelection,
 };
 use guild_host::models::PluginReason;
 use guild_host::operations::DeviceSupport;
@@ -908,4 +908,42 @@ fn kv_append_follows_the_bound_tables_cache_dtypes_and_is_not_offered_without_cd
             callback: "kv_append"
         })
     );
+}
+
+/// A CUDA kernel's host-side code runs on the CPU: one whose descriptor requires an instruction
+/// set this CPU lacks (ext_probe's `other_isa` case) is registered but not bound, the refusal
+/// naming the kernel and the bits, and no lease is left.
+#[test]
+fn tables_of_a_kernel_needing_instructions_this_cpu_lacks_are_not_bound() {
+    let f = fixture_with(&[probe_spec("cdd1", "other_isa")], DeviceSupport::host());
+    let id = impl_id("test.ext_probe.cdd1");
+    let required = f
+        .host
+        .kernels()
+        .find_by_id(&id)
+        .expect("the kernel is registered")
+        .required_cpu_isa;
+    assert!(!required.is_empty() && !guild_host::platform::cpu_isa().contains(required));
+    match BoundCudaTables::bind_id(f.host.kernels(), &id) {
+        Err(e @ CudaBindError::MissingCpuIsa { .. }) => {
+            assert_eq!(
+                e,
+                CudaBindError::MissingCpuIsa {
+                    impl_id: id.clone(),
+                    missing: required,
+                }
+            );
+            assert!(e.to_string().contains(&required.to_string()), "{e}");
+        }
+        other => panic!("expected MissingCpuIsa, got {:?}", other.map(|_| ())),
+    }
+    assert_eq!(
+        f.host.active_package_leases(
+            &guild_domain::ids::PackageId::new("test.ext_probe_cdd1").unwrap()
+        ),
+        0
+    );
+    // The same kernel without the requirement binds.
+    let f = fixture_with(&[probe_spec("cdd1", "current")], DeviceSupport::host());
+    assert!(BoundCudaTables::bind_id(f.host.kernels(), &id).is_ok());
 }

@@ -13,6 +13,7 @@ use guild_abi::{
 };
 use guild_domain::ids::{ImplId, PackageId};
 use guild_domain::lease::{Leased, QuiescentAction};
+use guild_domain::operation::Backend;
 use guild_host::cuda_tables::{BoundCudaTables, CudaBindError};
 use guild_host::experts::{
     AlignedBuffer, BindError, BoundExpertTable, CombineCall, DownCall, ExpertError, ExpertPool,
@@ -21,6 +22,7 @@ use guild_host::experts::{
 };
 use guild_host::models::PluginReason;
 use guild_host::operations::DeviceSupport;
+use guild_host::registry::Selector;
 use guild_host::HostError;
 use guild_test_support::plugins::{plugin_library, scan_spec};
 use guild_test_support::Spec;
@@ -53,6 +55,70 @@ pub(crate) fn expert_ref_spec() -> Spec {
     let mut spec = Spec::kernel("test.expert_ref", "1.0.0").library(&plugin_library("expert_ref"));
     spec.provided_ops = vec!["test.expert_ref.cpu".into()];
     spec
+}
+
+/// ext_probe's CPE1 kernel (priority 3, above expert_ref's 1) as the `other_isa` case: its
+/// descriptor requires an instruction set no CPU of this architecture has.
+const WIDE: &str = "test.ext_probe.cpe1";
+
+/// A plugin may register kernels for CPUs other than this one (it loads, and its kernel is
+/// listed), but the host never picks or binds one whose descriptor requires instruction sets
+/// this CPU lacks: its code could execute an illegal instruction. Selection passes it over for
+/// the portable kernel, though it ranks higher; binding it by id is refused, naming the bits,
+/// and leaves no lease.
+#[test]
+fn a_kernel_needing_instructions_this_cpu_lacks_is_neither_selected_nor_bound() {
+    let f = fixture(&[
+        expert_ref_spec(),
+        probe_case_spec("cpe1", "other_isa", "test.ext_probe_cpe1"),
+    ]);
+    let kernels = f.host.kernels();
+    let wide = kernels
+        .find_by_id(&impl_id(WIDE))
+        .expect("the kernel is registered");
+    let required = wide.required_cpu_isa;
+    assert!(
+        !required.is_empty(),
+        "the descriptor's required_cpu_isa is recorded"
+    );
+    assert!(!guild_host::platform::cpu_isa().contains(required));
+    drop(wide);
+
+    let chosen = kernels
+        .select(&Selector {
+            op_kind: guild_abi::GUILD_OP_BATCHED_EXPERT_EXEC,
+            op_name: None,
+            backend: Some(Backend::Cpu),
+        })
+        .expect("the portable kernel is selected");
+    assert_eq!(chosen.impl_id.as_str(), "test.expert_ref.cpu");
+    drop(chosen);
+
+    match BoundExpertTable::bind_id(kernels, &impl_id(WIDE)) {
+        Err(e @ BindError::MissingCpuIsa { .. }) => {
+            let BindError::MissingCpuIsa {
+                impl_id: id,
+                missing,
+            } = &e
+            else {
+                unreachable!()
+            };
+            assert_eq!((id.as_str(), *missing), (WIDE, required));
+            let text = e.to_string();
+            assert!(
+                text.contains(WIDE) && text.contains(&required.to_string()),
+                "{text}"
+            );
+        }
+        other => panic!("expected MissingCpuIsa, got {:?}", other.map(|_| ())),
+    }
+    assert_eq!(
+        f.host
+            .active_package_leases(&PackageId::new("test.ext_probe_cpe1").unwrap()),
+        0
+    );
+    // The portable kernel binds as before.
+    bind(&f, "test.expert_ref.cpu");
 }
 
 fn fixture(specs: &[Spec]) -> Fixture {

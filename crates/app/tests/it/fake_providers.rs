@@ -626,3 +626,75 @@ fn instructions_an_embedder_declares_but_the_cpu_lacks_are_not_executed() {
     as_declared.device.cpu_isa = declared;
     both_faces_refuse_to_execute(&host, &wide, &as_declared, None, lacking);
 }
+
+/// A device provider's descriptor may require CPU instruction sets too (its host-side code runs
+/// on the CPU): resolved as a CPU with them, its execute is refused here as a CPU provider's is.
+#[test]
+fn a_device_provider_needing_instructions_this_cpu_lacks_is_not_executed() {
+    let shop = Workshop::new();
+    let lacking = isa_this_cpu_lacks();
+    let wide = Arc::new(FakeProvider::new().executing(double));
+    let plugin = FakePlugin::new().with_kernel(fake_operation_with(
+        OpCandidate {
+            cpu_isa: lacking,
+            backend: Backend::Cuda,
+            ..candidate(WIDE, 30)
+        },
+        wide.clone(),
+    ));
+    let devices = DeviceSupport {
+        cuda_sm: Some(80),
+        ..DeviceSupport::host()
+    };
+    let (host, _, _) = fake_host_on(
+        &shop,
+        Spec::module("ex.fake", "1.0.0").backend("cuda"),
+        plugin,
+        devices,
+    );
+    let service = OperationService::new(host.kernels());
+    let mut as_other = request(4);
+    as_other.backends = Backend::Cuda.into();
+    as_other.device.cuda_sm = Some(80);
+    as_other.device.cpu_isa = guild_host::platform::cpu_isa() | lacking;
+    let handle = service.resolve(&as_other).unwrap();
+    assert_eq!(handle.describe().impl_id.as_str(), WIDE);
+    let mut out = [0i64; 4];
+    let err = handle
+        .execute(
+            &[TensorArg::new(&i64s(4), &[1i64, 2, 3, 4])],
+            &mut [TensorArgMut::new(&i64s(4), &mut out)],
+            None,
+        )
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ExecuteError::MissingCpuIsa {
+            impl_id: ImplId::new(WIDE).unwrap(),
+            missing: lacking,
+        }
+    );
+    assert_eq!(wide.calls().execute, 0, "the provider was not called");
+}
+
+/// Naming more instruction sets than this CPU has changes nothing for a kernel that needs only
+/// what it has: the handle executes.
+#[test]
+fn a_request_naming_more_instructions_still_executes_a_kernel_this_cpu_can_run() {
+    let f = fixture();
+    let service = OperationService::new(f.host.kernels());
+    let mut as_other = request(4);
+    as_other.device.cpu_isa = guild_host::platform::cpu_isa() | isa_this_cpu_lacks();
+    let handle = service.resolve(&as_other).unwrap();
+    assert_eq!(handle.describe().impl_id.as_str(), FAST);
+    let mut scratch = Aligned([0; 64]);
+    let mut out = [0i64; 4];
+    handle
+        .execute(
+            &[TensorArg::new(&i64s(4), &[1i64, 2, 3, 4])],
+            &mut [TensorArgMut::new(&i64s(4), &mut out)],
+            Some(&mut scratch.0),
+        )
+        .unwrap();
+    assert_eq!(out, [2, 4, 6, 8]);
+}

@@ -82,6 +82,7 @@ pub(crate) fn plugin(
             op_name: Some(OpName::new("example.sequence.inclusive_scan").unwrap()),
             backend: Backend::Cpu,
             priority: *priority,
+            required_cpu_isa: guild_domain::operation::CpuIsa::EMPTY,
             operation: None,
             // The library itself is what a binding must keep alive; carry a handle to it so the
             // stress test can check it through the binding.

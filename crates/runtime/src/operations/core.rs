@@ -52,9 +52,11 @@ use crate::snapshot::{KernelBinding, OperationCandidates, Snapshot, StoredOp};
 /// stream-ordered calls safe.
 #[derive(Clone)]
 pub struct DeviceSupport {
-    /// The host CPU's ISA bits, offered to CPU candidates. Bits the CPU does not have (as
-    /// detected at run time) steer resolution only: an execute of a kernel that needs them is
-    /// refused with [`ExecuteError::MissingCpuIsa`](super::ExecuteError::MissingCpuIsa).
+    /// The host CPU's ISA bits, offered to candidates. Bits the CPU does not have (as detected
+    /// at run time) steer resolution only: an execute of a kernel that needs them is refused
+    /// with [`ExecuteError::MissingCpuIsa`](super::ExecuteError::MissingCpuIsa), and
+    /// [`KernelRegistry::select`](crate::registry::KernelRegistry::select) passes such kernels
+    /// over.
     pub cpu_isa: CpuIsa,
     /// The compute capability (times ten) of CUDA device 0, when there is one.
     pub cuda_sm: Option<u32>,
@@ -129,10 +131,10 @@ pub(crate) struct ServiceCore {
     pub(crate) id: u64,
     snapshot: Arc<ArcSwap<Snapshot>>,
     pub(crate) devices: DeviceSupport,
-    /// The CPU ISA bits a CPU provider may use when it executes: those `devices` declares that
+    /// The CPU ISA bits a provider may need when it executes (or a kernel when it is selected): those `devices` declares that
     /// this CPU has, detected once. A declaration of more (an embedder's, or a query's device
     /// record) can steer a resolution, never an execute.
-    runs_isa: CpuIsa,
+    pub(crate) runs_isa: CpuIsa,
     /// The table in-process runners use: a call on a handle that another call holds waits its
     /// turn. `user` is the address of the core's [`RunnerCell`].
     pub(crate) runner_table: guild_operation_service_v1_t,
@@ -1037,10 +1039,11 @@ pub(crate) struct Resolved {
     call_key: u64,
     /// Whether calls may pass a stream: a device provider's may, a CPU provider's may not.
     pub(crate) takes_stream: bool,
-    /// The CPU ISA bits a CPU provider requires that this host's CPU lacks: empty unless the
-    /// query described another CPU (its device record named bits this one has not). Such a
-    /// handle describes what that CPU would run; executing it here could meet an illegal
-    /// instruction, so every execute refuses it before the provider is called.
+    /// The CPU ISA bits the provider requires that this host's CPU lacks: empty unless the
+    /// resolution was steered by a declaration of more (the query's device record, or the
+    /// embedder's [`DeviceSupport::cpu_isa`]). Such a handle describes what that CPU would
+    /// run; executing it here could meet an illegal instruction, so every execute refuses it
+    /// before the provider is called.
     pub(crate) lacks_here: CpuIsa,
     streams: Option<Arc<dyn StreamEvents>>,
     /// Whether the handle was resolved through the runner's C table (counted in
@@ -1443,10 +1446,8 @@ impl Resolved {
         host_isa: CpuIsa,
     ) -> Self {
         let spec = query.spec();
-        let lacks_here = match candidate.backend {
-            Backend::Cpu => candidate.cpu_isa.difference(host_isa),
-            _ => CpuIsa::EMPTY,
-        };
+        // Every backend: a device provider's host-side code runs on this CPU too.
+        let lacks_here = candidate.cpu_isa.difference(host_isa);
         let host_only = spec
             .inputs
             .iter()

@@ -846,13 +846,14 @@ pub enum ExecuteError {
     /// A stream was passed to a CPU provider.
     #[error("a CPU provider runs host-blocking on the calling thread and takes no stream")]
     StreamOnCpu,
-    /// The handle was resolved for another CPU (the request's device record named ISA bits),
-    /// and its provider requires bits this CPU lacks: the handle describes what that CPU would
-    /// run, and running it here could execute an illegal instruction. The C face reports it as
-    /// `GUILD_STATUS_ERR_UNSUPPORTED`.
+    /// The handle's provider requires CPU instruction sets this CPU lacks: its resolution was
+    /// steered by a declaration of more (the request's device record, or the embedder's
+    /// [`DeviceSupport::cpu_isa`]), so the handle describes what such a CPU would run, and
+    /// running it here could execute an illegal instruction. Checked before anything else on
+    /// the Rust face; the C face reports it as `GUILD_STATUS_ERR_UNSUPPORTED`.
     #[error(
-        "{impl_id} requires CPU features this CPU lacks ({missing}); the handle was resolved \
-         for another CPU's device record and can describe, not run, here"
+        "{impl_id} requires CPU instruction sets this CPU lacks ({missing}); it was chosen for \
+         a declared CPU with more, and can be described but not executed here"
     )]
     MissingCpuIsa {
         /// The chosen implementation.
