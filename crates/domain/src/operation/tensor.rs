@@ -153,7 +153,14 @@ impl TensorDesc {
             });
         }
         let block_elems = u64::from(block.elements);
-        if inner_dim % block_elems != 0 {
+        // Most dtypes hold one element per block, and need no division (a 64-bit one is tens
+        // of cycles, and a reshape checks every tensor it is given).
+        let (inner_units, inner_rest) = if block_elems == 1 {
+            (inner_dim, 0)
+        } else {
+            (inner_dim / block_elems, inner_dim % block_elems)
+        };
+        if inner_rest != 0 {
             return Err(TensorError::NotBlockMultiple {
                 dtype: self.dtype,
                 dim: inner_dim,
@@ -165,12 +172,16 @@ impl TensorDesc {
         // Offsets are counted in storage units: elements, or blocks for quantized dtypes.
         // `prev` is the stride and extent (in units) of the axis just inside the current one;
         // axis 0 has stride 1 and spans `inner_dim / block` units.
-        let mut prev = (1u64, inner_dim / block_elems);
+        let mut prev = (1u64, inner_units);
         let mut last_unit = prev.1 - 1;
         let mut elements = inner_dim;
         let mut batch = 1u64;
         let mut contiguous = true;
-        for (axis, (&dim, &explicit)) in dims.iter().zip(&self.strides).enumerate().skip(1) {
+        // The axes outside the innermost, sliced rather than skipped (`Skip` costs a call per
+        // tensor, and a reshape checks every tensor it is given).
+        let outer = dims.get(1..).unwrap_or_default();
+        for (i, (&dim, &explicit)) in outer.iter().zip(&self.strides[1..]).enumerate() {
+            let axis = i + 1;
             let packed = prev
                 .0
                 .checked_mul(prev.1)

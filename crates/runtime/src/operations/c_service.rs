@@ -40,12 +40,12 @@ use guild_abi::{
 };
 use guild_domain::ids::{ImplId, OpName};
 use guild_domain::operation::{
-    Backend, BackendSet, Budget, Capabilities, DeviceCaps, FailureKind, Numerics, OpQuery,
-    QuerySpec, Rejection, SyncMode, TensorDesc,
+    Backend, BackendSet, Budget, Capabilities, DeviceCaps, FailureKind, MemorySpace, Numerics,
+    OpQuery, QuerySpec, Rejection, SyncMode, TensorDesc,
 };
 use guild_domain::version::PackedVersion;
 
-use super::core::{tensor_from_c, Call, Negotiation, Resolved, ServiceCore};
+use super::core::{desc_from_c, tensor_from_c, Call, Negotiation, Resolved, ServiceCore};
 use super::handles::{HandleName, Refused};
 use super::{ExecuteError, ReshapeError, ResolveError};
 
@@ -576,10 +576,23 @@ unsafe fn read_tensors_into<'q>(
     }
     // SAFETY: non-NULL, aligned, and `count` descriptors long by the caller's contract.
     let slice = unsafe { std::slice::from_raw_parts(tensors, count) };
+    out.reserve(count);
     for (i, t) in slice.iter().enumerate() {
-        out.push(tensor_from_c(t).map_err(|e| Failure::invalid(format!("{role} {i}: {e}")))?);
+        // Made where it is pushed: a `Result` of the descriptor, made and then moved, cost a
+        // reshape about as much as the tensor's checks.
+        let Some(memory_space) = MemorySpace::from_bit(t.memory_space) else {
+            return Err(bad_c_tensor(role, i, t));
+        };
+        out.push(desc_from_c(t, memory_space));
     }
     Ok(slice)
+}
+
+/// Why the caller's tensor `i` of `role` has no domain form.
+#[cold]
+fn bad_c_tensor(role: &str, i: usize, t: &guild_tensor_desc_v1_t) -> Failure {
+    let why = tensor_from_c(t).err().unwrap_or_default();
+    Failure::invalid(format!("{role} {i}: {why}"))
 }
 
 /// The device a query resolves against: the caller's record, or the host's device 0.
@@ -1056,9 +1069,9 @@ unsafe extern "C" fn service_reshape(
                 // handle the allocations the next reshape reuses.
                 // SAFETY: as above.
                 unsafe { r.return_reshape_buffers(inputs, outputs) };
-                let new = renegotiated?.map_err(|e| reshape_failure(r, e))?;
+                renegotiated?.map_err(|e| reshape_failure(r, e))?;
                 // SAFETY: as above.
-                unsafe { r.install(running, new) };
+                unsafe { r.install(running) };
                 Ok(())
             })
             .map_err(|why| refused(core, "reshape", why))?

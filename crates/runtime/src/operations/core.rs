@@ -17,6 +17,7 @@ use std::borrow::Cow;
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::ffi::{c_void, CStr, CString};
 use std::fmt;
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
@@ -39,7 +40,7 @@ use guild_domain::version::OpVersionInterval;
 use guild_ports::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
 use guild_ports::provider::{ExecuteCall, ExecuteEntry, KernelProvider, QueryCall};
 
-use super::handles::{HandleTable, Lone, Running};
+use super::handles::{HandleTable, Running, LINE};
 use super::{ExecuteError, ReshapeError, ResolveError, Scratch};
 use crate::snapshot::{KernelBinding, OperationCandidates, Snapshot, StoredOp};
 
@@ -526,7 +527,14 @@ pub(crate) fn tensor_from_c(t: &guild_tensor_desc_v1_t) -> Result<TensorDesc, St
             t.memory_space
         )
     })?;
-    Ok(TensorDesc {
+    Ok(desc_from_c(t, memory_space))
+}
+
+/// The domain form of a caller's C tensor whose memory space is `memory_space` (its
+/// `memory_space` bit, read).
+#[inline(always)]
+pub(crate) fn desc_from_c(t: &guild_tensor_desc_v1_t, memory_space: MemorySpace) -> TensorDesc {
+    TensorDesc {
         dtype: DType::from_raw(t.dtype),
         rank: t.rank,
         dims: t.dims,
@@ -534,7 +542,7 @@ pub(crate) fn tensor_from_c(t: &guild_tensor_desc_v1_t) -> Result<TensorDesc, St
         memory_space,
         device_id: t.device_id,
         data_addr: (!t.data.is_null()).then_some(t.data as usize as u64),
-    })
+    }
 }
 
 /// The C form of a query's tensors, inputs then outputs, with their known addresses (for the
@@ -598,6 +606,30 @@ impl CallTensors {
         self.split = GUARD + n_in;
         self.end = GUARD + n_in + n_out;
         debug_assert_eq!(all.len(), self.end + GUARD, "exact input and output counts");
+    }
+
+    /// Makes these the C form of `inputs` and `outputs`, with their known addresses (what a
+    /// Rust reshape hands the callbacks). When the counts are those it already holds (every
+    /// reshape of a handle but its first) only the tensors are written, in place: the guards
+    /// are blank from the first fill, as nothing else writes them (calls write the data
+    /// pointers of [`CallTensors::role_mut`], which excludes them).
+    fn refill_from(&mut self, inputs: &[TensorDesc], outputs: &[TensorDesc]) {
+        let c = |d: &TensorDesc| c_tensor(d, address_ptr(d));
+        let (n_in, n_out) = (inputs.len(), outputs.len());
+        if self.split == GUARD + n_in
+            && self.end == self.split + n_out
+            && self.all.len() == self.end + GUARD
+        {
+            let (ins, outs) = self.all[GUARD..self.end].split_at_mut(n_in);
+            for (slot, d) in ins.iter_mut().zip(inputs) {
+                *slot = c(d);
+            }
+            for (slot, d) in outs.iter_mut().zip(outputs) {
+                *slot = c(d);
+            }
+            return;
+        }
+        self.refill(inputs.iter().map(c), outputs.iter().map(c));
     }
 
     /// None at all, without an allocation (a C handle's: its callers pass their own).
@@ -842,7 +874,20 @@ fn ask_validate(
     error: &mut guild_error_info_t,
     refusal: impl FnOnce(guild_status_t, &guild_error_info_t) -> ProviderRefusal,
 ) -> Result<(), ProviderRefusal> {
-    let status = with_c_query(parts, candidate, statics, |q| provider.validate(q, error));
+    with_c_query(parts, candidate, statics, |q| {
+        validate_query(provider, q, error, refusal)
+    })
+}
+
+/// Asks `provider` to validate the C query `query`.
+#[inline(always)]
+fn validate_query(
+    provider: &dyn KernelProvider,
+    query: QueryCall<'_>,
+    error: &mut guild_error_info_t,
+    refusal: impl FnOnce(guild_status_t, &guild_error_info_t) -> ProviderRefusal,
+) -> Result<(), ProviderRefusal> {
+    let status = provider.validate(query, error);
     if status == GUILD_STATUS_OK {
         Ok(())
     } else {
@@ -860,15 +905,26 @@ fn ask_scratch(
     error: &mut guild_error_info_t,
     refusal: impl FnOnce(guild_status_t, &guild_error_info_t) -> ProviderRefusal,
 ) -> Result<(ScratchRequest, u32), ProviderRefusal> {
+    with_c_query(parts, candidate, statics, |q| {
+        scratch_query(provider, q, error, refusal)
+    })
+}
+
+/// Asks `provider` for the scratch of the C query `query`, as [`ask_scratch`] does.
+#[inline(always)]
+fn scratch_query(
+    provider: &dyn KernelProvider,
+    query: QueryCall<'_>,
+    error: &mut guild_error_info_t,
+    refusal: impl FnOnce(guild_status_t, &guild_error_info_t) -> ProviderRefusal,
+) -> Result<(ScratchRequest, u32), ProviderRefusal> {
     let mut scratch = guild_scratch_request_v1_t {
         struct_size: size_of::<guild_scratch_request_v1_t>() as u32,
         alignment: 0,
         host_bytes: 0,
         device_bytes: 0,
     };
-    let status = with_c_query(parts, candidate, statics, |q| {
-        provider.query_scratch(q, &mut scratch, error)
-    });
+    let status = provider.query_scratch(query, &mut scratch, error);
     if status != GUILD_STATUS_OK {
         return Err(refusal(status, error));
     }
@@ -1000,7 +1056,7 @@ pub(crate) struct Resolved {
     published: PublishedScratch,
     /// What one call writes, alone in its lines: whatever the allocator puts beside the
     /// handle, another handle's calls on another thread never write there.
-    call: Lone<UnsafeCell<CallCells>>,
+    call: Padded<UnsafeCell<CallCells>>,
     /// What a reshape reuses.
     reshaping: UnsafeCell<ReshapeCells>,
 }
@@ -1063,9 +1119,22 @@ impl Contract {
         self.inputs.extend_from_slice(inputs);
         self.outputs.clear();
         self.outputs.extend_from_slice(outputs);
-        self.shapes.clear();
-        self.shapes
-            .extend(shapes_of(inputs.iter().chain(outputs), infos));
+        // The shapes are written where they lie (every reshape of a handle but its first has
+        // as many as before), one plain loop per side: made apart and pushed, or through a
+        // chained, zipped iterator, they cost a reshape more than the tensors' checks.
+        let n_in = inputs.len().min(infos.len());
+        self.shapes.resize(n_in + outputs.len(), Shape::BLANK);
+        let (input_infos, output_infos) = infos.split_at(n_in);
+        let (input_shapes, output_shapes) = self.shapes.split_at_mut(n_in);
+        for (shape, (d, info)) in input_shapes.iter_mut().zip(inputs.iter().zip(input_infos)) {
+            shape.set(d, info);
+        }
+        for (shape, (d, info)) in output_shapes
+            .iter_mut()
+            .zip(outputs.iter().zip(output_infos))
+        {
+            shape.set(d, info);
+        }
         self.scratch = scratch;
         self.scratch_mask = scratch_mask(scratch);
     }
@@ -1118,6 +1187,29 @@ impl Contract {
             device,
             device_size,
         )
+    }
+}
+
+/// A value with [`LINE`] bytes of its owner's on each side, so that every line pair it touches
+/// lies inside its owner's allocation, wherever the allocator puts that: what the alignment of
+/// [`Lone`](super::handles::Lone) gives a value, without asking the allocator for an aligned
+/// block. A handle is boxed at every resolution, and an over-aligned box goes through
+/// `posix_memalign`, which cost a resolution about 630 instructions (and a slower free),
+/// several times what any other of its allocations costs.
+#[repr(C)]
+struct Padded<T> {
+    _before: [MaybeUninit<u8>; LINE],
+    value: T,
+    _after: [MaybeUninit<u8>; LINE],
+}
+
+impl<T> Padded<T> {
+    fn new(value: T) -> Self {
+        Padded {
+            _before: [MaybeUninit::uninit(); LINE],
+            value,
+            _after: [MaybeUninit::uninit(); LINE],
+        }
     }
 }
 
@@ -1387,7 +1479,7 @@ impl Resolved {
             published: PublishedScratch::new(scratch),
             through_runner: false,
             contract: UnsafeCell::new(Contract::new(query, scratch)),
-            call: Lone(UnsafeCell::new(CallCells {
+            call: Padded::new(UnsafeCell::new(CallCells {
                 rust: RustCells::new(sync_mode, device_id),
                 marks: Vec::new(),
             })),
@@ -1414,7 +1506,7 @@ impl Resolved {
     /// Takes the C tensors a Rust resolution negotiated with (the descriptors of its query,
     /// which this handle's contract now is) as the Rust face's call tensors, without data.
     pub(crate) fn adopt_rust_calls(&mut self, tensors: CallTensors) {
-        self.call.0.get_mut().rust.set_tensors(tensors);
+        self.call.value.get_mut().rust.set_tensors(tensors);
     }
 
     /// The Rust face's view of a call.
@@ -1431,7 +1523,7 @@ impl Resolved {
         unsafe {
             RustCall {
                 contract: self.contract(),
-                cells: &mut *std::ptr::addr_of_mut!((*self.call.0.get()).rust),
+                cells: &mut *std::ptr::addr_of_mut!((*self.call.value.get()).rust),
             }
         }
     }
@@ -1533,7 +1625,7 @@ impl Resolved {
         };
         // SAFETY: the caller's exclusivity gives this call the call cells; no other reference
         // to the marks exists (the Rust face's view borrows other fields).
-        let marks = unsafe { &mut *std::ptr::addr_of_mut!((*self.call.0.get()).marks) };
+        let marks = unsafe { &mut *std::ptr::addr_of_mut!((*self.call.value.get()).marks) };
         let stream = StreamRef(args.stream as usize);
         match streams.record(args.device_id, stream) {
             Ok(Some(mark)) => {
@@ -1678,11 +1770,13 @@ impl Resolved {
     /// `check_static` checks each tensor), then the provider's `validate` and `query_scratch`
     /// and the budgets, in the C query of the resolution's numbers ([`Resolved::statics`]) and
     /// the new tensors. Every other static check concerns what no reshape changes, and passed
-    /// at resolution. The result is the contract to install, made in the buffers of the one
-    /// the last reshape replaced: once a reshape has been installed, nothing is allocated
-    /// unless something refuses. Nothing the handle's calls read changes here, so a refusal
-    /// leaves it as it was. Only rank, dims and strides may change: the number of tensors,
-    /// their dtypes, memory spaces and devices are the resolution's.
+    /// at resolution. The new contract is made in place of the one the last reshape replaced
+    /// (the reshape cells' spare, which [`Resolved::install`] or [`Resolved::install_mut`]
+    /// then trades with the handle's, so that nothing as large as a contract is moved): once
+    /// a reshape has been installed, nothing is allocated unless something refuses. Nothing
+    /// the handle's calls read changes here, so a refusal leaves it as it was. Only rank, dims
+    /// and strides may change: the number of tensors, their dtypes, memory spaces and devices
+    /// are the resolution's.
     ///
     /// `c_tensors` are the C caller's own descriptors of `inputs` and `outputs`, handed to the
     /// callbacks as they are (as a resolution hands them); without them (the Rust face), the C
@@ -1697,7 +1791,7 @@ impl Resolved {
         outputs: &[TensorDesc],
         c_tensors: Option<[&[guild_tensor_desc_v1_t]; 2]>,
         params: &[u8],
-    ) -> Result<Contract, ReshapeError> {
+    ) -> Result<(), ReshapeError> {
         // SAFETY: the caller's contract: no reshape runs but this one.
         let current = unsafe { self.contract() };
         for (role, now, new) in [
@@ -1768,8 +1862,7 @@ impl Resolved {
         let [c_inputs, c_outputs] = match c_tensors {
             Some(given) => given,
             None => {
-                let c = |d: &TensorDesc| c_tensor(d, address_ptr(d));
-                made.refill(inputs.iter().map(c), outputs.iter().map(c));
+                made.refill_from(inputs, outputs);
                 [made.inputs(), made.outputs()]
             }
         };
@@ -1794,30 +1887,18 @@ impl Resolved {
         };
         let error = &mut **error.get_or_insert_with(|| Box::new(guild_error_info_t::new()));
         let provider = self.kernel.as_ref();
-        clear_error(error);
-        ask_validate(
-            provider,
-            &parts,
-            candidate,
-            &self.statics,
-            error,
-            full_refusal,
-        )
-        .map_err(|r| ReshapeError::Refused(Rejection::ValidateRefused(r)))?;
-        clear_error(error);
-        let (request, alignment) = ask_scratch(
-            provider,
-            &parts,
-            candidate,
-            &self.statics,
-            error,
-            full_refusal,
-        )
-        .map_err(|r| ReshapeError::Refused(Rejection::ScratchRefused(r)))?;
+        // Both callbacks see one C query, built once (they may not keep it past their call).
+        let (request, alignment) = with_c_query(&parts, candidate, &self.statics, |q| {
+            clear_error(error);
+            validate_query(provider, q, error, full_refusal)
+                .map_err(|r| ReshapeError::Refused(Rejection::ValidateRefused(r)))?;
+            clear_error(error);
+            scratch_query(provider, q, error, full_refusal)
+                .map_err(|r| ReshapeError::Refused(Rejection::ScratchRefused(r)))
+        })?;
         check_budgets(&request, self.statics.ram_budget, self.statics.vram_budget)
             .map_err(ReshapeError::Refused)?;
-        let mut contract = std::mem::take(spare);
-        contract.refill(
+        spare.refill(
             inputs,
             outputs,
             infos,
@@ -1827,36 +1908,35 @@ impl Resolved {
                 alignment,
             },
         );
-        Ok(contract)
+        Ok(())
     }
 
-    /// Installs a renegotiated contract.
+    /// Installs the contract [`Resolved::renegotiate`] made; the one it replaces becomes the
+    /// next reshape's spare.
     ///
     /// # Safety
     /// `running` must be the execute exclusivity of the gate of the C handle that owns `self`
     /// (which excludes every other reader of the contract and the call cells).
-    pub(crate) unsafe fn install(&self, running: &Running<'_>, contract: Contract) {
+    pub(crate) unsafe fn install(&self, running: &Running<'_>) {
         let _ = running;
-        let scratch = contract.scratch;
         // SAFETY: the caller's contract: no call reads the contract or the reshape cells
         // while `running` lives, and `describe`/`scratch` read only `published`.
-        let old = unsafe { std::mem::replace(&mut *self.contract.get(), contract) };
-        // SAFETY: as above.
-        unsafe { (*self.reshaping.get()).spare = old };
+        let (contract, cells) = unsafe { (&mut *self.contract.get(), &mut *self.reshaping.get()) };
+        std::mem::swap(contract, &mut cells.spare);
         // SAFETY: `running` makes this the only writer.
-        unsafe { self.published.write(scratch) };
+        unsafe { self.published.write(contract.scratch) };
     }
 
-    /// Installs in a Rust handle the contract its [`Resolved::renegotiate`] made without C
+    /// Installs in a Rust handle the contract [`Resolved::renegotiate`] made without C
     /// tensors: the C form it made of them becomes the calls' tensors, and the calls' old ones
     /// are the next reshape's buffers.
-    pub(crate) fn install_mut(&mut self, contract: Contract) {
+    pub(crate) fn install_mut(&mut self) {
+        let cells = self.reshaping.get_mut();
+        let contract = self.contract.get_mut();
+        std::mem::swap(contract, &mut cells.spare);
         // SAFETY: `&mut self`: the only writer.
         unsafe { self.published.write(contract.scratch) };
-        let old = std::mem::replace(self.contract.get_mut(), contract);
-        let cells = self.reshaping.get_mut();
-        cells.spare = old;
-        let rust = &mut self.call.0.get_mut().rust;
+        let rust = &mut self.call.value.get_mut().rust;
         std::mem::swap(&mut cells.c_tensors, &mut rust.tensors);
         rust.take_up();
     }
@@ -1864,7 +1944,7 @@ impl Resolved {
     /// Waits for the stream work this handle recorded; afterwards nothing recorded is pending.
     /// The first device error is reported, after every mark has been waited for.
     pub(crate) fn finish(&mut self) -> Result<(), DeviceError> {
-        let marks = std::mem::take(&mut self.call.0.get_mut().marks);
+        let marks = std::mem::take(&mut self.call.value.get_mut().marks);
         let mut first = Ok(());
         for mark in marks {
             if let Err(e) = mark.wait() {
@@ -1919,23 +1999,44 @@ pub(crate) struct Shape {
 }
 
 impl Shape {
+    /// What a contract's shapes are before [`Shape::set`] (a placeholder, matched by nothing a
+    /// call passes: its rank is 0).
+    const BLANK: Shape = Shape {
+        fixed: Described {
+            head: 0,
+            place: 0,
+            dims: [0; MAX_TENSOR_RANK],
+            strides: [0; MAX_TENSOR_RANK],
+        },
+        place: 0,
+        rank: 0,
+        byte_extent: 0,
+    };
+
     fn of(d: &TensorDesc, info: &TensorInfo) -> Shape {
-        let rank = d.shape().len();
-        let mut dims = [0; MAX_TENSOR_RANK];
-        let mut strides = [0; MAX_TENSOR_RANK];
-        dims[..rank].copy_from_slice(&d.dims[..rank]);
-        strides[..rank].copy_from_slice(&d.strides[..rank]);
-        Shape {
-            fixed: Described {
-                head: Described::head(d.dtype.raw(), d.rank),
-                place: Described::place(d),
-                dims,
-                strides,
-            },
-            place: place_key(d.memory_space.bit(), d.device_id),
-            rank,
-            byte_extent: info.byte_extent,
+        let mut shape = Shape::BLANK;
+        shape.set(d, info);
+        shape
+    }
+
+    /// Makes this the shape of `d`, whose facts are `info`, in place.
+    #[inline(always)]
+    fn set(&mut self, d: &TensorDesc, info: &TensorInfo) {
+        // As `TensorDesc::shape`'s length.
+        let rank = usize::try_from(d.rank).map_or(MAX_TENSOR_RANK, |r| r.min(MAX_TENSOR_RANK));
+        // Entries at and above the rank are zeroed by a select per entry over the whole fixed
+        // array, not a fill and a copy of the rank's length: a reshape sets a shape per tensor,
+        // and the two library calls cost more than the tensor's checks.
+        let fixed = &mut self.fixed;
+        fixed.head = Described::head(d.dtype.raw(), d.rank);
+        fixed.place = Described::place(d);
+        for i in 0..MAX_TENSOR_RANK {
+            fixed.dims[i] = if i < rank { d.dims[i] } else { 0 };
+            fixed.strides[i] = if i < rank { d.strides[i] } else { 0 };
         }
+        self.place = place_key(d.memory_space.bit(), d.device_id);
+        self.rank = rank;
+        self.byte_extent = info.byte_extent;
     }
 
     /// Whether the extents and strides below the rank are `dims` and `strides`.
@@ -2272,6 +2373,12 @@ mod tests {
             .collect();
         assert_eq!(dims, expected, "{n_in}+{n_out}");
         assert!(t.all.iter().all(|t| t.data.is_null()), "{n_in}+{n_out}");
+        for guard in [&t.all[0], &t.all[len - 1]] {
+            assert!(
+                guard.rank == 0 && guard.dims == [0; MAX_TENSOR_RANK] && guard.dtype == 0,
+                "{n_in}+{n_out}: a guard was written"
+            );
+        }
         for (role, n, mark) in [(TensorRole::Input, n_in, 1), (TensorRole::Output, n_out, 2)] {
             let side = t.role_mut(role);
             assert_eq!(side.len(), n, "{n_in}+{n_out}");
@@ -2330,10 +2437,119 @@ mod tests {
             cells.take_up();
             check_cells(&mut cells, n_in, n_out);
         }
+        // As a Rust reshape makes them (`CallTensors::refill_from`): in place while the counts
+        // stay, in a new array when they change; the guards stay blank either way.
+        let descs = |n_in: usize, n_out: usize| {
+            let d = |n: u64| TensorDesc::new(DType::F32, &[n], MemorySpace::Host);
+            let ins: Vec<_> = (1..n_in as u64 + 1).map(d).collect();
+            let outs: Vec<_> = (101..101 + n_out as u64).map(d).collect();
+            (ins, outs)
+        };
+        let mut cells = RustCells::new(SyncMode::HostBlocking, 0);
+        let mut spare = CallTensors::none();
+        for (n_in, n_out) in [
+            (1, 1),
+            (1, 1),
+            (1, 1),
+            (2, 1),
+            (2, 1),
+            (2, 1),
+            (0, 1),
+            (0, 1),
+        ] {
+            let (ins, outs) = descs(n_in, n_out);
+            spare.refill_from(&ins, &outs);
+            std::mem::swap(&mut spare, &mut cells.tensors);
+            cells.take_up();
+            check_cells(&mut cells, n_in, n_out);
+        }
         let mut none = CallTensors::none();
         assert!(none.inputs().is_empty() && none.outputs().is_empty());
         assert!(none.role_mut(TensorRole::Input).is_empty());
         assert!(none.role_mut(TensorRole::Output).is_empty());
+    }
+
+    /// A handle's call cells lie a line pair or more from both ends of the handle's own
+    /// allocation, so that no other allocation shares a line with them, and the handle asks
+    /// the allocator for no more alignment than a plain allocation has (no `posix_memalign`
+    /// per resolution).
+    #[test]
+    fn the_call_cells_keep_a_line_pair_of_the_handles_own_on_each_side() {
+        type Cells = Padded<UnsafeCell<CallCells>>;
+        let start = std::mem::offset_of!(Cells, value);
+        let end = start + size_of::<UnsafeCell<CallCells>>();
+        assert!(start >= LINE, "{start} bytes before the cells");
+        assert!(
+            size_of::<Cells>() - end >= LINE,
+            "{} bytes after the cells",
+            size_of::<Cells>() - end
+        );
+        assert!(
+            align_of::<Resolved>() <= 16,
+            "a handle aligned to {} bytes is allocated through posix_memalign",
+            align_of::<Resolved>()
+        );
+    }
+
+    /// A reshape's contract, made in the buffers of the one before (more tensors, fewer, as
+    /// many), holds exactly the given tensors and their shapes: the entries at and above each
+    /// rank zeroed, whatever the caller left there.
+    #[test]
+    fn a_refilled_contract_is_the_contract_of_its_tensors() {
+        let t = |dims: &[u64]| TensorDesc::new(DType::F32, dims, MemorySpace::Host);
+        let mut ragged = t(&[4, 2]);
+        ragged.dims[5] = 9;
+        ragged.strides[6] = 3;
+        let cases = [
+            (vec![t(&[4, 2])], vec![t(&[8])]),
+            (vec![t(&[3]), ragged], vec![t(&[1])]),
+            (vec![t(&[5, 5, 2]), t(&[2])], vec![t(&[6])]),
+            (vec![t(&[2])], vec![]),
+            (vec![], vec![t(&[7]), t(&[1, 1])]),
+        ];
+        let mut contract = Contract::empty();
+        for (ins, outs) in cases {
+            let infos: Vec<_> = ins
+                .iter()
+                .chain(&outs)
+                .map(|d| d.check().unwrap())
+                .collect();
+            let scratch = Scratch {
+                host_bytes: 5,
+                device_bytes: 0,
+                alignment: 64,
+            };
+            contract.refill(&ins, &outs, &infos, scratch);
+            assert_eq!(
+                (contract.inputs(), contract.outputs()),
+                (&ins[..], &outs[..])
+            );
+            let expected: Vec<Shape> = ins
+                .iter()
+                .chain(&outs)
+                .zip(&infos)
+                .map(|(d, info)| {
+                    let rank = d.rank as usize;
+                    let mut dims = [0; MAX_TENSOR_RANK];
+                    let mut strides = [0; MAX_TENSOR_RANK];
+                    dims[..rank].copy_from_slice(&d.dims[..rank]);
+                    strides[..rank].copy_from_slice(&d.strides[..rank]);
+                    Shape {
+                        fixed: Described {
+                            head: Described::head(d.dtype.raw(), d.rank),
+                            place: Described::place(d),
+                            dims,
+                            strides,
+                        },
+                        place: place_key(d.memory_space.bit(), d.device_id),
+                        rank,
+                        byte_extent: info.byte_extent,
+                    }
+                })
+                .collect();
+            assert_eq!(contract.shapes, expected, "{ins:?} {outs:?}");
+            assert_eq!((contract.scratch, contract.scratch_mask), (scratch, 63));
+        }
     }
 
     /// The Rust face's lent descriptor must accept and refuse exactly what the whole

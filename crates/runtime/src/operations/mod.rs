@@ -451,11 +451,11 @@ impl OpHandle<'_> {
     ) -> Result<(), ReshapeError> {
         let params = AlignedParams::new(params);
         // SAFETY: `&mut self`: no other call of this handle runs.
-        let contract = unsafe {
+        unsafe {
             self.resolved
                 .renegotiate(inputs, outputs, None, params.bytes())
         }?;
-        self.resolved.install_mut(contract);
+        self.resolved.install_mut();
         Ok(())
     }
 
