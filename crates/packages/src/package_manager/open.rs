@@ -118,6 +118,7 @@ impl PackageManager {
                 metadata: HashMap::new(),
                 trust_epoch: 0,
                 authenticated_at: HashMap::new(),
+                trusted_under: None,
                 caught_up: false,
                 generation: 0,
                 trust_digest: None,
