@@ -211,6 +211,9 @@ struct Lifecycle {
     /// The dependency graph and impl-id claims of the committed registry, kept between changes
     /// ([`Kept`]); `None` until a change first needs them.
     kept: Option<Kept>,
+    /// Whether a change was judged on an index built around it instead of on `kept`
+    /// ([`PackageManager::judged_on`]): the next change builds `kept`.
+    judged_around: bool,
 }
 
 /// The rule an opening check leaves behind ([`PackageManager::verify_enabled`] at
