@@ -77,3 +77,82 @@ fn kept_state_follows_commits_made_through_another_handle() {
         "{err}"
     );
 }
+
+/// A writer that has just opened the store keeps no index of it: its first installation is
+/// judged on what that installation touches. Every check the index of the whole store makes must
+/// still be made: an impl id held anywhere (by a current version or a rollback target), a
+/// dependent whose range the new version leaves, and a cycle through packages already installed.
+#[test]
+fn kept_state_an_install_by_a_freshly_opened_writer_is_checked_against_the_whole_store() {
+    let shop = Workshop::new();
+    let k = key();
+    let root = shop.fresh("store");
+    let install = |archive: &std::path::Path| {
+        let (pm, _) = open_dir(&root).unwrap();
+        pm.install(archive, InstallOptions::default())
+    };
+    {
+        let (pm, _) = open_dir(&root).unwrap();
+        trust(&pm, PUBLISHER, &k);
+    }
+    let mut specs = Vec::new();
+    for i in 0..12 {
+        specs.push(Spec::module(&format!("ex.filler{i:02}"), "1.0.0"));
+    }
+    specs.extend([
+        Spec::module("ex.owner", "1.0.0").op("ex.shared.old"),
+        Spec::module("ex.owner", "2.0.0").op("ex.shared.new"),
+        Spec::module("ex.base", "1.0.0"),
+        Spec::module("ex.user", "1.0.0").depends_on("ex.base", "1.0.0", Some("1.9.0")),
+        Spec::module("ex.ring.b", "1.0.0"),
+        Spec::module("ex.ring.a", "1.0.0").module_dep(ModDep::on("ex.ring.b", "1.0.0")),
+    ]);
+    for spec in &specs {
+        install(&shop.build(spec, &k).archive).unwrap();
+    }
+
+    // The rollback target ex.owner@1.0.0 still holds the id its successor dropped.
+    let rival = shop.build(&Spec::module("ex.rival", "1.0.0").op("ex.shared.old"), &k);
+    let err = install(&rival.archive).unwrap_err();
+    assert!(
+        matches!(&err, HostError::ImplIdConflict(c)
+            if c.owner.to_string() == "ex.owner@1.0.0" && c.claimant.id == id("ex.rival")),
+        "{err}"
+    );
+    let rival = shop.build(&Spec::module("ex.rival", "1.0.0").op("ex.shared.new"), &k);
+    let err = install(&rival.archive).unwrap_err();
+    assert!(
+        matches!(&err, HostError::ImplIdConflict(c) if c.owner.to_string() == "ex.owner@2.0.0"),
+        "{err}"
+    );
+
+    // A new version of ex.base outside ex.user's range breaks its dependent.
+    let base = shop.build(&Spec::module("ex.base", "2.0.0"), &k);
+    let err = install(&base.archive).unwrap_err();
+    assert!(
+        matches!(&err, HostError::Dependencies { problems, .. }
+            if problems.iter().any(|p| p.dependent().is_some_and(|d| d.to_string() == "ex.user@1.0.0"))),
+        "{err}"
+    );
+
+    // ex.ring.b 2.0.0 requiring ex.ring.a closes a cycle through a package installed before it.
+    let ring = shop.build(
+        &Spec::module("ex.ring.b", "2.0.0").module_dep(ModDep::on("ex.ring.a", "1.0.0")),
+        &k,
+    );
+    let err = install(&ring.archive).unwrap_err();
+    assert!(
+        matches!(&err, HostError::Dependencies { problems, .. }
+            if problems.iter().any(|p| matches!(p, guild_domain::graph::GraphProblem::Cycle { .. }))),
+        "{err}"
+    );
+
+    // What breaks nothing and takes a free id goes in.
+    let fine = shop.build(
+        &Spec::module("ex.fine", "1.0.0")
+            .op("ex.shared.free")
+            .depends_on("ex.base", "1.0.0", None),
+        &k,
+    );
+    install(&fine.archive).unwrap();
+}

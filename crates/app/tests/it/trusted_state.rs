@@ -484,3 +484,44 @@ fn trusted_state_a_store_without_recorded_facts_is_read_back_and_the_full_check_
     let disabled: Vec<String> = report.disabled.iter().map(|r| r.id.to_string()).collect();
     assert_eq!(disabled, ["ex.user"], "{report:?}");
 }
+
+/// Opening with an unchanged trust file checks no signature, and neither does loading what the
+/// store records as verified under that file; once this handle changes the trust file, the next
+/// load checks the version's signatures again.
+#[test]
+fn trusted_state_a_version_verified_under_the_opened_trust_loads_unchecked_until_trust_changes() {
+    let shop = Workshop::new();
+    let k = key();
+    let root = two_packages(&shop, &k);
+    // The reader first: the writer's trust change would have it check both at opening.
+    for reader in [true, false] {
+        let mut options = StoreOptions::new();
+        options.reader = reader;
+        let (store, recovery) = FsStore::open_with(&root, options).unwrap();
+        let verifier = Counting::default();
+        let (pm, _) = PackageManager::open(
+            Box::new(store),
+            recovery,
+            Box::new(GkpkSource::default()),
+            Box::new(verifier.clone()),
+            platform(),
+        )
+        .unwrap();
+        for package in ["ex.base", "ex.user"] {
+            pm.check_loadable(&id(package), &v("1.0.0")).unwrap();
+        }
+        assert_eq!(verifier.calls(), 0, "reader {reader}");
+        if reader {
+            continue;
+        }
+        trust(&pm, "org.other", &key());
+        pm.check_loadable(&id("ex.base"), &v("1.0.0")).unwrap();
+        assert_eq!(
+            verifier.calls(),
+            1,
+            "a trust change checks the version again"
+        );
+        pm.check_loadable(&id("ex.base"), &v("1.0.0")).unwrap();
+        assert_eq!(verifier.calls(), 1, "once");
+    }
+}

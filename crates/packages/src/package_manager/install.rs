@@ -348,10 +348,11 @@ impl PackageManager {
 
         // Validate the graph with the new version in place, before anything is written.
         let change = self.kept_change(life, registry, &next, id, Some(&metadata))?;
-        let kept = self.kept(life, registry)?;
-        Self::refuse_breakage(kept, &change, || format!("installing {id}@{version}"))?;
+        let judged = self.judged_on(life, registry, &change, Some(&metadata))?;
+        Self::refuse_breakage(&judged, &change, || format!("installing {id}@{version}"))?;
         // Its impl ids must be free before anything of it is written or opened.
-        Self::refuse_taken_ids(kept, &metadata)?;
+        Self::refuse_taken_ids(&judged, &metadata)?;
+        drop(judged);
 
         // A new version supersedes the enabled one: a session lease on the package pins it, and
         // none may be taken while the change is in progress.
@@ -438,8 +439,9 @@ impl PackageManager {
             next.enable(&id)?;
         }
         let change = self.kept_change(life, registry, &next, &id, Some(&metadata))?;
-        let kept = self.kept(life, registry)?;
-        Self::refuse_breakage(kept, &change, || format!("repairing {id}@{version}"))?;
+        let judged = self.judged_on(life, registry, &change, None)?;
+        Self::refuse_breakage(&judged, &change, || format!("repairing {id}@{version}"))?;
+        drop(judged);
         let enabled_after = next.package(&id).and_then(|p| p.enabled()) == Some(&version);
         // Putting the version in place of what is loaded replaces code: a lease pins it, and
         // none may be taken while the repair is in progress.
@@ -501,11 +503,12 @@ impl PackageManager {
         let (id, version) = (&installed.id, &installed.version);
         let change = self.kept_change(life, registry, &next, id, None)?;
         let candidate = self.loaded_metadata(life, id, version)?;
-        let kept = self.kept(life, registry)?;
-        Self::refuse_breakage(kept, &change, || {
+        let judged = self.judged_on(life, registry, &change, Some(&candidate))?;
+        Self::refuse_breakage(&judged, &change, || {
             format!("making {id}@{version} current again")
         })?;
-        Self::refuse_taken_ids(kept, &candidate)?;
+        Self::refuse_taken_ids(&judged, &candidate)?;
+        drop(judged);
         let _pending = self.begin_change(id, QuiescentAction::Replace)?;
         let metadata = self.verified_installed(life, registry, &mut next, id, version)?;
         hook.prepare(&Change::Reactivate {

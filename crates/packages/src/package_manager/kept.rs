@@ -5,7 +5,9 @@ use guild_domain::claims::{
     claiming_versions, claiming_versions_of, conflicts, Claim, ClaimIndex, ImplIdConflict,
 };
 use guild_domain::graph::{DependencyGraph, GraphIndex, GraphProblem, NodeRef, PackageNode};
-use guild_domain::ids::PackageId;
+use std::collections::BTreeSet;
+
+use guild_domain::ids::{ImplId, PackageId};
 use guild_domain::manifest::Metadata;
 use guild_domain::store_state::{StoreState, VersionRecord};
 use guild_domain::version::Version;
@@ -176,6 +178,123 @@ impl PackageManager {
         Ok(life.kept.insert(kept))
     }
 
+    /// What `change` (to be checked against `registry`) is judged on: the kept graph and claims
+    /// when they describe `registry`'s generation; else, for the first change this handle
+    /// judges, an index built around that change alone ([`PackageManager::built_around`]) and
+    /// not kept; else the kept ones, built now. A process that makes one change (a `guild
+    /// install`) so reads what the change touches instead of indexing every version of the
+    /// store first, and one that goes on making changes (a runner's host) indexes the store
+    /// once, at its second change, and keeps the index current from then on. Either way the
+    /// answers are the same.
+    pub(super) fn judged_on<'l>(
+        &self,
+        life: &'l mut Lifecycle,
+        registry: &StoreState,
+        change: &KeptChange,
+        candidate: Option<&Metadata>,
+    ) -> Result<Judged<'l>, HostError> {
+        let current = life
+            .kept
+            .as_ref()
+            .is_some_and(|k| k.generation == registry.generation());
+        if current || life.judged_around {
+            return Ok(Judged::Kept(self.kept(life, registry)?));
+        }
+        life.judged_around = true;
+        Ok(Judged::Built(
+            self.built_around(life, registry, change, candidate)?,
+        ))
+    }
+
+    /// The graph and claims index of the part of `registry` that checking `change` reads, which
+    /// answer [`GraphIndex::problems_added`] and [`ClaimIndex::check`] for the change exactly
+    /// as the index of every version would. The graph holds every installed version of: the
+    /// changed package, each package with a version that names it (its dependents, whose
+    /// requirements the change can break or mend), and everything those reach along
+    /// requirements, transitively (the targets the dependents' requirements are checked
+    /// against, and every node a strongly connected component of the changed package can hold).
+    /// The claims are those of every package holding one of the impl ids the change's claims
+    /// or `candidate` (the version whose ids are checked) name: a conflict with any package in
+    /// the store is found. One pass over the registry's
+    /// records finds the dependents and the holders, comparing names without copying them;
+    /// only what is found is copied.
+    pub(super) fn built_around(
+        &self,
+        life: &Lifecycle,
+        registry: &StoreState,
+        change: &KeptChange,
+        candidate: Option<&Metadata>,
+    ) -> Result<Kept, HostError> {
+        let id = &change.id;
+        let names_id = |node: &PackageNode| targets_of(node).any(|t| t == id);
+        // The packages whose versions the graph holds, found from the changed package and its
+        // dependents outwards along requirements.
+        let mut frontier: Vec<PackageId> = Vec::new();
+        for node in &change.nodes {
+            frontier.extend(targets_of(node).cloned());
+        }
+        for (pid, version, record) in registry.installed() {
+            let names = match record.facts.as_deref() {
+                Some(facts) => {
+                    facts.dependencies.iter().any(|d| &d.package_id == id)
+                        || facts.module_dependencies.iter().any(|d| &d.module_id == id)
+                }
+                None => names_id(&self.node_of(life, pid, version, record, None)?),
+            };
+            if names {
+                frontier.push(pid.clone());
+            }
+        }
+        frontier.push(id.clone());
+        let mut nodes = Vec::new();
+        let mut read: BTreeSet<PackageId> = BTreeSet::new();
+        while let Some(pid) = frontier.pop() {
+            if !read.insert(pid.clone()) {
+                continue;
+            }
+            let Some(record) = registry.package(&pid) else {
+                continue;
+            };
+            for (version, r) in record.installed() {
+                let node = self.node_of(life, &pid, version, r, None)?;
+                frontier.extend(targets_of(&node).filter(|t| !read.contains(*t)).cloned());
+                nodes.push(node);
+            }
+        }
+        // The claims of every package holding one of the change's impl ids. A record without
+        // the facts is read as the whole index reads it.
+        let offered = candidate.map(|m| &m.manifest().provided_ops);
+        let wanted: BTreeSet<&ImplId> = change
+            .claims
+            .iter()
+            .flat_map(|c| &c.impl_ids)
+            .chain(offered.into_iter().flatten())
+            .collect();
+        let mut claims = Vec::new();
+        if !wanted.is_empty() {
+            for (pid, record) in registry.packages() {
+                let current = record.current().map(|(v, _)| v);
+                let holds = current.into_iter().chain(record.previous()).any(|v| {
+                    record
+                        .get(v)
+                        .and_then(|r| r.facts.as_deref())
+                        .is_none_or(|f| f.provided_ops.iter().any(|o| wanted.contains(o)))
+                });
+                if !holds {
+                    continue;
+                }
+                for node in claiming_versions_of(pid, record) {
+                    claims.push(self.claim_of(life, registry, node, None)?);
+                }
+            }
+        }
+        Ok(Kept {
+            generation: registry.generation(),
+            graph: GraphIndex::new(nodes)?,
+            claims: ClaimIndex::new(claims),
+        })
+    }
+
     /// Puts a committed change's part in place in [`Kept`], or drops what is kept when it does
     /// not describe the generation the change was checked against.
     pub(super) fn advance(life: &mut Lifecycle, change: KeptChange) {
@@ -284,6 +403,34 @@ impl PackageManager {
             action: action(),
             problems,
         })
+    }
+}
+
+/// Every package id `node`'s requirements name, provenance records included (as the graph's
+/// reverse edges count them).
+fn targets_of(node: &PackageNode) -> impl Iterator<Item = &PackageId> + '_ {
+    node.dependencies
+        .iter()
+        .map(|d| &d.package_id)
+        .chain(node.module_dependencies.iter().map(|d| &d.module_id))
+}
+
+/// What a change is judged on ([`PackageManager::judged_on`]).
+pub(super) enum Judged<'l> {
+    /// The kept index of the committed registry.
+    Kept(&'l Kept),
+    /// An index built around the change.
+    Built(Kept),
+}
+
+impl std::ops::Deref for Judged<'_> {
+    type Target = Kept;
+
+    fn deref(&self) -> &Kept {
+        match self {
+            Judged::Kept(k) => k,
+            Judged::Built(k) => k,
+        }
     }
 }
 

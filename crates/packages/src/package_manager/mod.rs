@@ -189,9 +189,14 @@ struct Lifecycle {
     /// from changing the trust file while this handle is open, so an authentication made at the
     /// current epoch still holds.
     trust_epoch: u64,
-    /// The trust epoch at which each version was last authenticated, so that loading right after
-    /// opening does not verify every signature a second time.
+    /// The trust epoch at which each version was last authenticated by this handle, so that
+    /// loading right after a change does not verify its signatures a second time.
     authenticated_at: HashMap<(PackageId, Version), u64>,
+    /// The versions that count as authenticated without a check of their own: those the last
+    /// opening check found recorded as verified under the trust file then in force
+    /// ([`TrustedUnder`]). Kept as that rule rather than as one entry per version in
+    /// `authenticated_at`, which filled a table of every enabled version at each opening.
+    trusted_under: Option<TrustedUnder>,
     /// Whether the metadata of every installed version has been read (a handle opened with
     /// [`PackageManager::open_dir_committed`] reads it only when a query needs it).
     caught_up: bool,
@@ -206,6 +211,33 @@ struct Lifecycle {
     /// The dependency graph and impl-id claims of the committed registry, kept between changes
     /// ([`Kept`]); `None` until a change first needs them.
     kept: Option<Kept>,
+    /// Whether a change was judged on an index built around it instead of on `kept`
+    /// ([`PackageManager::judged_on`]): the next change builds `kept`.
+    judged_around: bool,
+}
+
+/// The rule an opening check leaves behind ([`PackageManager::verify_enabled`] at
+/// [`verify::Scope::Open`]): a version enabled in `registry` whose record says it was verified
+/// under the trust file `anchor` (`trusted_under`) was authenticated at trust epoch `epoch`,
+/// exactly as if it had been checked then. It holds only while the trust epoch stays `epoch`.
+struct TrustedUnder {
+    /// The registry (for a reader, its own view) the check read; its chunks are shared with the
+    /// store's, so keeping it costs a pointer per chunk.
+    registry: StoreState,
+    /// The digest of the trust file in force, as the registry records it.
+    anchor: Sha256Digest,
+    /// The trust epoch of the check.
+    epoch: u64,
+}
+
+impl TrustedUnder {
+    /// Whether `id@version` counts as authenticated at trust epoch `epoch` under this rule.
+    fn admits(&self, id: &PackageId, version: &Version, epoch: u64) -> bool {
+        self.epoch == epoch
+            && self.registry.record(id, version).is_some_and(|r| {
+                r.state.is_enabled() && r.trusted_under.as_ref() == Some(&self.anchor)
+            })
+    }
 }
 
 /// A reader's hold on the store's exclusive lock for one transaction; see

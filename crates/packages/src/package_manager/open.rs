@@ -118,11 +118,13 @@ impl PackageManager {
                 metadata: HashMap::new(),
                 trust_epoch: 0,
                 authenticated_at: HashMap::new(),
+                trusted_under: None,
                 caught_up: false,
                 generation: 0,
                 trust_digest: None,
                 local_view: None,
                 kept: None,
+                judged_around: false,
             }),
             leases: Arc::new(Ledger::default()),
             progress: Mutex::new(None),
@@ -161,8 +163,7 @@ impl PackageManager {
 
     /// Opening as the writer, under the lifecycle lock: the trust file checked (or rebuilt as
     /// `reset` says), every installed version's metadata read back, the damaged ones marked
-    /// removed, the enabled ones re-verified (what fails is disabled and recorded), and what
-    /// each change reads built once.
+    /// removed, the enabled ones re-verified (what fails is disabled and recorded).
     fn open_writing(
         &self,
         reset: Option<TrustReset>,
@@ -194,11 +195,10 @@ impl PackageManager {
         life.caught_up = true;
         life.generation = registry.generation();
         life.trust_digest = self.store.read_trust()?.map(|b| Sha256Digest::of(&b));
-        // A writer is there to make changes: build what each change reads now, once. It
-        // only reads what opening already holds; if it cannot be built, the first change
-        // builds it again and reports why.
-        let committed = self.store.registry()?;
-        let _ = self.kept(&mut life, &committed);
+        // What changes are checked against is not built here: an installation judges itself on
+        // an index of what it touches (`judged_on`), and the index of every version is built
+        // by the first change that needs it, so that a process making one installation (a
+        // `guild install`) never indexes the whole store.
         Ok(())
     }
 

@@ -13,7 +13,9 @@ use guild_domain::version::Version;
 use guild_ports::store::Transaction;
 
 use super::trust::PortCheck;
-use super::{FullCheck, LeftOut, Lifecycle, PackageManager, VerifyFailure, VerifyOptions};
+use super::{
+    FullCheck, LeftOut, Lifecycle, PackageManager, TrustedUnder, VerifyFailure, VerifyOptions,
+};
 use crate::error::HostError;
 
 impl PackageManager {
@@ -40,6 +42,13 @@ impl PackageManager {
         self.ensure_caught_up(&mut life)?;
         let key = (id.clone(), version.clone());
         if life.authenticated_at.get(&key) == Some(&life.trust_epoch) {
+            return Ok(());
+        }
+        if life
+            .trusted_under
+            .as_ref()
+            .is_some_and(|t| t.admits(id, version, life.trust_epoch))
+        {
             return Ok(());
         }
         let metadata = self.kept_metadata(&mut life, id, version)?;
@@ -104,6 +113,13 @@ impl PackageManager {
             Scope::Full { jobs } => (true, jobs),
         };
         let epoch = life.trust_epoch;
+        if !full {
+            life.trusted_under = anchor.map(|anchor| TrustedUnder {
+                registry: registry.clone(),
+                anchor,
+                epoch,
+            });
+        }
         let mut out = Checked::default();
         let mut work = Vec::new();
         // Versions whose metadata cannot be read fail before their signatures are checked.
@@ -118,8 +134,7 @@ impl PackageManager {
                 out.verified += 1;
             }
             if !full && anchor.is_some() && record.trusted_under == anchor {
-                life.authenticated_at
-                    .insert((id.clone(), version.clone()), epoch);
+                // Authenticated at `epoch` by the rule set below, not by an entry of its own.
                 continue;
             }
             let metadata = match self.metadata_for(life, id, version, record) {
