@@ -58,8 +58,9 @@ fn open_with_report(store: &Path) -> Result<(PackageManager, OpenReport), HostEr
 /// (the store never relies on its lock being released before that: a process killed while
 /// holding it releases it the same way); nothing else it owns writes, deletes or syncs on
 /// drop (staging trees, pins, leases and write sessions are all gone by the end of a command,
-/// each dropped by the call that made it). Call it only on the way out, after everything
-/// that borrowed `pm` is dropped.
+/// each dropped by the call that made it). The lock is so held until the process exits, while
+/// the command's report is printed: other writers wait that much longer. Call it only on the
+/// way out, after everything that borrowed `pm` is dropped.
 pub(crate) fn leave(pm: PackageManager) {
     pm.set_progress(None);
     std::mem::forget(pm);

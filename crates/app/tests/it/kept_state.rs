@@ -104,6 +104,9 @@ fn kept_state_an_install_by_a_freshly_opened_writer_is_checked_against_the_whole
         Spec::module("ex.owner", "2.0.0").op("ex.shared.new"),
         Spec::module("ex.base", "1.0.0"),
         Spec::module("ex.user", "1.0.0").depends_on("ex.base", "1.0.0", Some("1.9.0")),
+        Spec::module("ex.modbase", "1.0.0"),
+        Spec::module("ex.moduser", "1.0.0")
+            .module_dep(ModDep::on("ex.modbase", "1.0.0").max("1.9.0")),
         Spec::module("ex.ring.b", "1.0.0"),
         Spec::module("ex.ring.a", "1.0.0").module_dep(ModDep::on("ex.ring.b", "1.0.0")),
     ]);
@@ -132,6 +135,15 @@ fn kept_state_an_install_by_a_freshly_opened_writer_is_checked_against_the_whole
     assert!(
         matches!(&err, HostError::Dependencies { problems, .. }
             if problems.iter().any(|p| p.dependent().is_some_and(|d| d.to_string() == "ex.user@1.0.0"))),
+        "{err}"
+    );
+
+    // So does one outside a range a dependent names as a module dependency.
+    let modbase = shop.build(&Spec::module("ex.modbase", "2.0.0"), &k);
+    let err = install(&modbase.archive).unwrap_err();
+    assert!(
+        matches!(&err, HostError::Dependencies { problems, .. }
+            if problems.iter().any(|p| p.dependent().is_some_and(|d| d.to_string() == "ex.moduser@1.0.0"))),
         "{err}"
     );
 
