@@ -20,11 +20,11 @@ use std::sync::Arc;
 use crate::chunk_map::Difference;
 use crate::fleet::FleetMembership;
 use crate::ids::PackageId;
-use crate::json::{self, JsonPath, Value};
+use crate::json::{self, Cursor, JsonPath, Value};
 use crate::store_state::{
     decode_fleet, decode_package, decode_trust, encode_fleet, encode_package, encode_trust, field,
-    format_of, wrong_type, ApplyError, At, FieldProblem, Fields, PackageRecord, StoreState,
-    StoreStateDecodeError,
+    format_of, once, read_package, wrong_type, ApplyError, At, FieldProblem, Fields, PackageRecord,
+    StoreState, StoreStateDecodeError,
 };
 use crate::trust::TrustAnchor;
 
@@ -161,6 +161,16 @@ impl StoreStateDelta {
     /// Reads a delta written by [`Self::to_json`], strictly. Each changed package must be
     /// well formed; whether it keeps the invariants is for [`StoreState::apply`] to say.
     pub fn from_json(bytes: &[u8]) -> Result<Self, StoreStateDecodeError> {
+        // Straight from the text; a delta that this refuses is read again as a tree, to name
+        // what is wrong (see `StoreState::from_json_of`).
+        match Self::read_json(bytes) {
+            Some(delta) => Ok(delta),
+            None => Self::from_tree(bytes),
+        }
+    }
+
+    /// [`Self::from_json`] through the tree [`json::parse_borrowed`] makes, naming the error.
+    fn from_tree(bytes: &[u8]) -> Result<Self, StoreStateDecodeError> {
         let value = json::parse_borrowed(bytes)?;
         let (members, _) = format_of(&value, "guild_registry_delta", &[REGISTRY_DELTA_FORMAT_V1])?;
         let root = At::Root;
@@ -214,6 +224,66 @@ impl StoreStateDelta {
         }
         Ok(StoreStateDelta {
             generation,
+            trust,
+            fleet,
+            packages,
+        })
+    }
+}
+
+impl StoreStateDelta {
+    /// [`Self::from_json`] without the tree: `None` for whatever it would refuse.
+    fn read_json(bytes: &[u8]) -> Option<Self> {
+        let mut c = Cursor::new(bytes)?;
+        let mut format = None;
+        let mut generation = None;
+        let mut trust = None;
+        let mut fleet = None;
+        let mut changed = None;
+        let mut deleted = None;
+        c.object(|c, key| match key {
+            "guild_registry_delta" => once(
+                &mut format,
+                c.u64().filter(|f| *f == REGISTRY_DELTA_FORMAT_V1)?,
+            ),
+            "generation" => once(&mut generation, c.u64()?),
+            "trust" => once(&mut trust, decode_trust(&c.value()?, At::Root).ok()?),
+            "fleet" => once(&mut fleet, decode_fleet(&c.value()?, At::Root).ok()?),
+            "packages" => {
+                let mut list = Vec::new();
+                c.array(|c| {
+                    list.push(read_package(c)?);
+                    Some(())
+                })?;
+                once(&mut changed, list)
+            }
+            "deleted" => {
+                let mut list = Vec::new();
+                c.array(|c| {
+                    list.push(PackageId::new(c.str()?.into_owned()).ok()?);
+                    Some(())
+                })?;
+                once(&mut deleted, list)
+            }
+            _ => None,
+        })?;
+        if !c.at_end() {
+            return None;
+        }
+        format?;
+        let mut packages = BTreeMap::new();
+        for (id, record) in changed? {
+            if packages.insert(id, Some(Arc::new(record))).is_some() {
+                return None;
+            }
+        }
+        for id in deleted? {
+            if packages.insert(id, None).is_some() {
+                return None;
+            }
+        }
+        Some(StoreStateDelta {
+            generation: generation?,
             trust,
             fleet,
             packages,
