@@ -1667,7 +1667,10 @@ pub(crate) fn read_package(c: &mut Cursor<'_>) -> Option<(PackageId, PackageReco
         "id" => once(&mut id, PackageId::new(c.str()?.into_owned()).ok()?),
         "previous" => once(&mut previous, Version::parse(&c.str()?).ok()?),
         "versions" => {
-            let mut list = VecMap::new();
+            // Room for one version, what nearly every package records: the count is not known
+            // before the list is read, and a vector's first growth makes room for four version
+            // records (see `VecMap::with_capacity`).
+            let mut list = VecMap::with_capacity(1);
             c.array(|c| {
                 let (version, record) = read_version(c)?;
                 list.insert(version, record).is_none().then_some(())
