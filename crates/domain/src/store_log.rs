@@ -290,3 +290,92 @@ impl StoreStateDelta {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{PackageKind, PublisherId, Sha256Digest};
+    use crate::store_state::{NewVersion, PublishOptions};
+    use crate::trust::TrustBinding;
+    use crate::version::Version;
+
+    fn publish(state: &mut StoreState, name: &str) {
+        let new = NewVersion {
+            payload_digest: Sha256Digest::of(name.as_bytes()),
+            kind: PackageKind::Module,
+            publisher: PublisherId::new("org.example").unwrap(),
+            signed_by: vec![Sha256Digest::of(b"key")],
+            facts: None,
+        };
+        let options = PublishOptions {
+            enable: true,
+            allow_downgrade: false,
+        };
+        let id = PackageId::new(name).unwrap();
+        state
+            .publish(&id, &Version::new(1, 0, 0), new, options)
+            .unwrap();
+    }
+
+    /// The reader that decodes straight from the text answers what the tree reader answers for
+    /// every delta the tree reader accepts, and refuses every delta it refuses.
+    #[test]
+    fn store_state_delta_fast_reader_agrees_with_the_tree_reader() {
+        let mut old = StoreState::new();
+        publish(&mut old, "a");
+        publish(&mut old, "b");
+        let mut new = old.successor();
+        publish(&mut new, "c");
+        new.disable(&PackageId::new("a").unwrap()).unwrap();
+        let b = PackageId::new("b").unwrap();
+        new.remove(&b, &Version::new(1, 0, 0)).unwrap();
+        new.purge(&b, None).unwrap();
+        new.set_trust_anchor(TrustAnchor {
+            binding: TrustBinding {
+                store_id: "0123456789abcdef0123456789abcdef".to_owned(),
+                generation: 2,
+            },
+            file_digest: Sha256Digest::of(b"trust"),
+            revoked_keys: BTreeMap::new(),
+            revoked_digests: BTreeMap::new(),
+        });
+        let delta = StoreStateDelta::between(&old, &new).unwrap();
+        let good = String::from_utf8(delta.to_json()).unwrap();
+        let empty = String::from_utf8(
+            StoreStateDelta::between(&old, &old.successor())
+                .unwrap()
+                .to_json(),
+        )
+        .unwrap();
+        for text in [
+            &good,
+            &empty,
+            &good.replace("\"generation\"", "\"gener\\u0061tion\""),
+        ] {
+            let tree = StoreStateDelta::from_tree(text.as_bytes());
+            assert!(tree.is_ok(), "{text}: {tree:?}");
+            assert_eq!(
+                StoreStateDelta::read_json(text.as_bytes()),
+                tree.ok(),
+                "{text}"
+            );
+        }
+        assert_eq!(StoreStateDelta::read_json(good.as_bytes()), Some(delta));
+        let refused = [
+            good.replace("\"deleted\": [", "\"extra\": 1, \"deleted\": ["),
+            good.replace("\"guild_registry_delta\": 1", "\"guild_registry_delta\": 9"),
+            good.replace("\"deleted\": [", "\"deleted\": [\"c\", "),
+            good.replace("\"deleted\": [", "\"deleted\": [7, "),
+            good.replacen("\"generation\": ", "\"generation\": 1, \"generation\": ", 1),
+            format!("{good} {{}}"),
+            good[..good.len() / 2].to_owned(),
+        ];
+        for text in &refused {
+            assert!(
+                StoreStateDelta::from_tree(text.as_bytes()).is_err(),
+                "{text}"
+            );
+            assert_eq!(StoreStateDelta::read_json(text.as_bytes()), None, "{text}");
+        }
+    }
+}
