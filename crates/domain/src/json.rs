@@ -486,6 +486,132 @@ pub fn parse_borrowed(input: &[u8]) -> Result<BorrowedValue<'_>, JsonError> {
     Ok(value)
 }
 
+/// A forward-only reader of one strict JSON document for decoders that build their values
+/// straight from the text, without the tree [`parse_borrowed`] makes: the large registry
+/// documents (`store_state`, `store_log`). It accepts exactly what [`parse_borrowed`] accepts
+/// (the same `Parser` reads every token), but it names no error: any refusal answers `None`,
+/// and the caller reads the document again with [`parse_borrowed`] to say what is wrong and
+/// where. The caller refuses, the same way, every key it does not know and every key it has
+/// seen before in the same object, so that duplicate keys cannot pass.
+pub(crate) struct Cursor<'a> {
+    parser: Parser<'a>,
+    depth: usize,
+}
+
+impl<'a> Cursor<'a> {
+    /// A cursor at the start of `input`, or `None` when `input` is not UTF-8 or starts with a
+    /// byte order mark.
+    pub(crate) fn new(input: &'a [u8]) -> Option<Self> {
+        if input.starts_with(&[0xef, 0xbb, 0xbf]) {
+            return None;
+        }
+        let text = std::str::from_utf8(input).ok()?;
+        Some(Cursor {
+            parser: Parser {
+                text,
+                bytes: input,
+                pos: 0,
+            },
+            depth: 0,
+        })
+    }
+
+    fn expect(&mut self, byte: u8) -> Option<()> {
+        self.parser.skip_whitespace();
+        (self.parser.peek() == Some(byte)).then(|| self.parser.pos += 1)
+    }
+
+    fn enter(&mut self) -> Option<()> {
+        self.depth += 1;
+        (self.depth <= MAX_DEPTH).then_some(())
+    }
+
+    /// Reads an object, calling `member` with each key; `member` reads the key's value.
+    pub(crate) fn object(
+        &mut self,
+        mut member: impl FnMut(&mut Self, &str) -> Option<()>,
+    ) -> Option<()> {
+        self.expect(b'{')?;
+        self.enter()?;
+        self.parser.skip_whitespace();
+        if self.parser.peek() == Some(b'}') {
+            self.parser.pos += 1;
+            self.depth -= 1;
+            return Some(());
+        }
+        loop {
+            let key = self.str()?;
+            self.expect(b':')?;
+            member(self, &key)?;
+            self.parser.skip_whitespace();
+            match self.parser.peek() {
+                Some(b',') => self.parser.pos += 1,
+                Some(b'}') => {
+                    self.parser.pos += 1;
+                    self.depth -= 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// Reads an array, calling `element` to read each element.
+    pub(crate) fn array(&mut self, mut element: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.expect(b'[')?;
+        self.enter()?;
+        self.parser.skip_whitespace();
+        if self.parser.peek() == Some(b']') {
+            self.parser.pos += 1;
+            self.depth -= 1;
+            return Some(());
+        }
+        loop {
+            element(self)?;
+            self.parser.skip_whitespace();
+            match self.parser.peek() {
+                Some(b',') => self.parser.pos += 1,
+                Some(b']') => {
+                    self.parser.pos += 1;
+                    self.depth -= 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// Reads a string (borrowed from the input when it holds no escape).
+    pub(crate) fn str(&mut self) -> Option<Cow<'a, str>> {
+        self.parser.skip_whitespace();
+        if self.parser.peek() != Some(b'"') {
+            return None;
+        }
+        self.parser.string().ok()
+    }
+
+    /// Reads an integer that fits a `u64`.
+    pub(crate) fn u64(&mut self) -> Option<u64> {
+        self.parser.skip_whitespace();
+        if !matches!(self.parser.peek(), Some(b'-' | b'0'..=b'9')) {
+            return None;
+        }
+        self.parser.number().ok()?.as_u64()
+    }
+
+    /// Reads any value as the tree [`parse_borrowed`] makes of it, for the small parts of a
+    /// document that a decoder reads from a tree.
+    pub(crate) fn value(&mut self) -> Option<BorrowedValue<'a>> {
+        self.parser.value(self.depth).ok()
+    }
+
+    /// Whether only whitespace is left.
+    pub(crate) fn at_end(&mut self) -> bool {
+        self.parser.skip_whitespace();
+        self.parser.pos == self.parser.bytes.len()
+    }
+}
+
 struct Parser<'a> {
     /// The input as text; it has been checked to be UTF-8 before parsing starts.
     text: &'a str,
@@ -499,9 +625,12 @@ impl<'a> Parser<'a> {
     }
 
     fn skip_whitespace(&mut self) {
-        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-            self.pos += 1;
-        }
+        // The registry's files are indented: a scan over the slice, not a peek per byte.
+        let rest = self.bytes.get(self.pos..).unwrap_or_default();
+        self.pos += rest
+            .iter()
+            .position(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+            .unwrap_or(rest.len());
     }
 
     /// An error for the byte at the current position: the end of input or an unexpected
@@ -638,9 +767,13 @@ impl<'a> Parser<'a> {
         let mut out: Option<String> = None;
         loop {
             let run_start = self.pos;
-            while matches!(self.peek(), Some(b) if b != b'"' && b != b'\\' && b >= 0x20) {
-                self.pos += 1;
-            }
+            // One scan over the slice rather than a bounds-checked peek per byte: strings are
+            // most of a registry's bytes.
+            let rest = self.bytes.get(self.pos..).unwrap_or_default();
+            self.pos += rest
+                .iter()
+                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+                .unwrap_or(rest.len());
             // The run stops only at ASCII bytes or the end, both of which are char boundaries.
             let run = self.text.get(run_start..self.pos).unwrap_or_default();
             if let Some(out) = out.as_mut() {

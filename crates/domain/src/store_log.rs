@@ -20,11 +20,11 @@ use std::sync::Arc;
 use crate::chunk_map::Difference;
 use crate::fleet::FleetMembership;
 use crate::ids::PackageId;
-use crate::json::{self, JsonPath, Value};
+use crate::json::{self, Cursor, JsonPath, Value};
 use crate::store_state::{
     decode_fleet, decode_package, decode_trust, encode_fleet, encode_package, encode_trust, field,
-    format_of, wrong_type, ApplyError, At, FieldProblem, Fields, PackageRecord, StoreState,
-    StoreStateDecodeError,
+    format_of, once, read_package, wrong_type, ApplyError, At, FieldProblem, Fields, PackageRecord,
+    StoreState, StoreStateDecodeError,
 };
 use crate::trust::TrustAnchor;
 
@@ -161,6 +161,16 @@ impl StoreStateDelta {
     /// Reads a delta written by [`Self::to_json`], strictly. Each changed package must be
     /// well formed; whether it keeps the invariants is for [`StoreState::apply`] to say.
     pub fn from_json(bytes: &[u8]) -> Result<Self, StoreStateDecodeError> {
+        // Straight from the text; a delta that this refuses is read again as a tree, to name
+        // what is wrong (see `StoreState::from_json_of`).
+        match Self::read_json(bytes) {
+            Some(delta) => Ok(delta),
+            None => Self::from_tree(bytes),
+        }
+    }
+
+    /// [`Self::from_json`] through the tree [`json::parse_borrowed`] makes, naming the error.
+    fn from_tree(bytes: &[u8]) -> Result<Self, StoreStateDecodeError> {
         let value = json::parse_borrowed(bytes)?;
         let (members, _) = format_of(&value, "guild_registry_delta", &[REGISTRY_DELTA_FORMAT_V1])?;
         let root = At::Root;
@@ -218,5 +228,154 @@ impl StoreStateDelta {
             fleet,
             packages,
         })
+    }
+}
+
+impl StoreStateDelta {
+    /// [`Self::from_json`] without the tree: `None` for whatever it would refuse.
+    fn read_json(bytes: &[u8]) -> Option<Self> {
+        let mut c = Cursor::new(bytes)?;
+        let mut format = None;
+        let mut generation = None;
+        let mut trust = None;
+        let mut fleet = None;
+        let mut changed = None;
+        let mut deleted = None;
+        c.object(|c, key| match key {
+            "guild_registry_delta" => once(
+                &mut format,
+                c.u64().filter(|f| *f == REGISTRY_DELTA_FORMAT_V1)?,
+            ),
+            "generation" => once(&mut generation, c.u64()?),
+            "trust" => once(&mut trust, decode_trust(&c.value()?, At::Root).ok()?),
+            "fleet" => once(&mut fleet, decode_fleet(&c.value()?, At::Root).ok()?),
+            "packages" => {
+                let mut list = Vec::new();
+                c.array(|c| {
+                    list.push(read_package(c)?);
+                    Some(())
+                })?;
+                once(&mut changed, list)
+            }
+            "deleted" => {
+                let mut list = Vec::new();
+                c.array(|c| {
+                    list.push(PackageId::new(c.str()?.into_owned()).ok()?);
+                    Some(())
+                })?;
+                once(&mut deleted, list)
+            }
+            _ => None,
+        })?;
+        if !c.at_end() {
+            return None;
+        }
+        format?;
+        let mut packages = BTreeMap::new();
+        for (id, record) in changed? {
+            if packages.insert(id, Some(Arc::new(record))).is_some() {
+                return None;
+            }
+        }
+        for id in deleted? {
+            if packages.insert(id, None).is_some() {
+                return None;
+            }
+        }
+        Some(StoreStateDelta {
+            generation: generation?,
+            trust,
+            fleet,
+            packages,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{PackageKind, PublisherId, Sha256Digest};
+    use crate::store_state::{NewVersion, PublishOptions};
+    use crate::trust::TrustBinding;
+    use crate::version::Version;
+
+    fn publish(state: &mut StoreState, name: &str) {
+        let new = NewVersion {
+            payload_digest: Sha256Digest::of(name.as_bytes()),
+            kind: PackageKind::Module,
+            publisher: PublisherId::new("org.example").unwrap(),
+            signed_by: vec![Sha256Digest::of(b"key")],
+            facts: None,
+        };
+        let options = PublishOptions {
+            enable: true,
+            allow_downgrade: false,
+        };
+        let id = PackageId::new(name).unwrap();
+        state
+            .publish(&id, &Version::new(1, 0, 0), new, options)
+            .unwrap();
+    }
+
+    /// The reader that decodes straight from the text answers what the tree reader answers for
+    /// every delta the tree reader accepts, and refuses every delta it refuses.
+    #[test]
+    fn store_state_delta_fast_reader_agrees_with_the_tree_reader() {
+        let mut old = StoreState::new();
+        publish(&mut old, "a");
+        publish(&mut old, "b");
+        let mut new = old.successor();
+        publish(&mut new, "c");
+        new.disable(&PackageId::new("a").unwrap()).unwrap();
+        let b = PackageId::new("b").unwrap();
+        new.remove(&b, &Version::new(1, 0, 0)).unwrap();
+        new.purge(&b, None).unwrap();
+        new.set_trust_anchor(TrustAnchor {
+            binding: TrustBinding {
+                store_id: "0123456789abcdef0123456789abcdef".to_owned(),
+                generation: 2,
+            },
+            file_digest: Sha256Digest::of(b"trust"),
+            revoked_keys: BTreeMap::new(),
+            revoked_digests: BTreeMap::new(),
+        });
+        let delta = StoreStateDelta::between(&old, &new).unwrap();
+        let good = String::from_utf8(delta.to_json()).unwrap();
+        let empty = String::from_utf8(
+            StoreStateDelta::between(&old, &old.successor())
+                .unwrap()
+                .to_json(),
+        )
+        .unwrap();
+        for text in [
+            &good,
+            &empty,
+            &good.replace("\"generation\"", "\"gener\\u0061tion\""),
+        ] {
+            let tree = StoreStateDelta::from_tree(text.as_bytes());
+            assert!(tree.is_ok(), "{text}: {tree:?}");
+            assert_eq!(
+                StoreStateDelta::read_json(text.as_bytes()),
+                tree.ok(),
+                "{text}"
+            );
+        }
+        assert_eq!(StoreStateDelta::read_json(good.as_bytes()), Some(delta));
+        let refused = [
+            good.replace("\"deleted\": [", "\"extra\": 1, \"deleted\": ["),
+            good.replace("\"guild_registry_delta\": 1", "\"guild_registry_delta\": 9"),
+            good.replace("\"deleted\": [", "\"deleted\": [\"c\", "),
+            good.replace("\"deleted\": [", "\"deleted\": [7, "),
+            good.replacen("\"generation\": ", "\"generation\": 1, \"generation\": ", 1),
+            format!("{good} {{}}"),
+            good[..good.len() / 2].to_owned(),
+        ];
+        for text in &refused {
+            assert!(
+                StoreStateDelta::from_tree(text.as_bytes()).is_err(),
+                "{text}"
+            );
+            assert_eq!(StoreStateDelta::read_json(text.as_bytes()), None, "{text}");
+        }
     }
 }

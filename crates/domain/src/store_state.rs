@@ -56,7 +56,7 @@ use crate::fleet::{FleetMembership, PolicyRecord, SignedRoot};
 use crate::graph::PackageNode;
 use crate::ids::ImplId;
 use crate::ids::{IdError, PackageId, PackageKind, PublisherId, Sha256Digest};
-use crate::json::{self, BorrowedValue, Integer, JsonError, JsonPath, PathSegment, Value};
+use crate::json::{self, BorrowedValue, Cursor, Integer, JsonError, JsonPath, PathSegment, Value};
 use crate::lifecycle::{transition, Event, IllegalTransition, State};
 use crate::manifest::{SignatureAlgorithm, SignatureEntry};
 use crate::manifest_facts::ManifestFacts;
@@ -1277,8 +1277,19 @@ impl StoreState {
     }
 
     fn from_json_of(bytes: &[u8], formats: &[u64]) -> Result<(Self, u64), StoreStateDecodeError> {
-        // Borrowed strings and paths built only for errors: a checkpoint of 10,000 packages is
-        // read at every `guild list`, and allocating for each string and step dominated it.
+        // A checkpoint of 10,000 packages is read at every `guild list`: it is read straight
+        // from the text, and only a document that this refuses is read again as a tree, to name
+        // what is wrong and where (or, should the fast reader refuse something valid, to read
+        // it after all).
+        match Self::read_json_of(bytes, formats) {
+            Some(read) => Ok(read),
+            None => Self::from_tree_of(bytes, formats),
+        }
+    }
+
+    /// [`Self::from_json_of`] through the tree [`json::parse_borrowed`] makes, naming the error.
+    fn from_tree_of(bytes: &[u8], formats: &[u64]) -> Result<(Self, u64), StoreStateDecodeError> {
+        // Borrowed strings and paths built only for errors.
         let value = json::parse_borrowed(bytes)?;
         let (members, format) = format_of(&value, "guild_registry", formats)?;
         let root = At::Root;
@@ -1317,6 +1328,47 @@ impl StoreState {
         };
         state.validate()?;
         Ok((state, format))
+    }
+}
+
+impl StoreState {
+    /// [`Self::from_json_of`] without the tree: `None` for whatever it would refuse.
+    fn read_json_of(bytes: &[u8], formats: &[u64]) -> Option<(Self, u64)> {
+        let mut c = Cursor::new(bytes)?;
+        let mut format = None;
+        let mut generation = None;
+        let mut trust = None;
+        let mut fleet = None;
+        let mut packages: Option<ChunkMap<PackageId, Arc<PackageRecord>>> = None;
+        c.object(|c, key| match key {
+            "guild_registry" => once(&mut format, c.u64().filter(|f| formats.contains(f))?),
+            "generation" => once(&mut generation, c.u64()?),
+            "trust" => once(&mut trust, decode_trust(&c.value()?, At::Root).ok()?),
+            "fleet" => once(
+                &mut fleet,
+                Arc::new(decode_fleet(&c.value()?, At::Root).ok()?),
+            ),
+            "packages" => {
+                let mut map = ChunkMap::new();
+                c.array(|c| {
+                    let (id, record) = read_package(c)?;
+                    map.insert(id, Arc::new(record)).is_none().then_some(())
+                })?;
+                once(&mut packages, map)
+            }
+            _ => None,
+        })?;
+        if !c.at_end() {
+            return None;
+        }
+        let state = StoreState {
+            generation: generation?,
+            trust,
+            fleet,
+            packages: packages?,
+        };
+        state.validate().ok()?;
+        Some((state, format?))
     }
 }
 
@@ -1504,28 +1556,15 @@ pub(crate) fn decode_package(
         let vat = versions_at.index(j);
         let f = Fields::of(item, vat, VERSION_FIELDS)?;
         let version = parse_version(f.str("version")?, vat.key("version"))?;
-        let state = f.parsed("state", |s| {
-            State::ALL
-                .into_iter()
-                .find(|st| st.as_str() == s)
-                .ok_or_else(|| format!("unknown lifecycle state {:?}", clip(s)))
-        })?;
-        let kind = f.parsed("kind", |s| {
-            PackageKind::parse(s).ok_or_else(|| format!("unknown package kind {:?}", clip(s)))
-        })?;
+        let state = f.parsed("state", parse_state)?;
+        let kind = f.parsed("kind", parse_kind)?;
         let publisher = f.parsed("publisher", |s| PublisherId::new(s).map_err(id_detail))?;
         let payload_digest = f.parsed("payload_sha256", |s| {
             Sha256Digest::parse_hex(s).map_err(|e| e.to_string())
         })?;
         let taint = match f.get("quarantine") {
             None => None,
-            Some(q) => {
-                let qf = Fields::of(q, vat.key("quarantine"), TAINT_FIELDS)?;
-                Some(Taint {
-                    reason: qf.str("reason")?.to_owned(),
-                    file: qf.optional_str("file")?.map(str::to_owned),
-                })
-            }
+            Some(q) => Some(decode_taint(q, vat.key("quarantine"))?),
         };
         // Absent in stores written before it was recorded: the next open checks the version.
         let trusted_under = f
@@ -1590,6 +1629,164 @@ pub(crate) fn decode_package(
         }
     }
     Ok((id, PackageRecord { versions, previous }))
+}
+
+fn parse_state(s: &str) -> Result<State, String> {
+    State::ALL
+        .into_iter()
+        .find(|st| st.as_str() == s)
+        .ok_or_else(|| format!("unknown lifecycle state {:?}", clip(s)))
+}
+
+fn parse_kind(s: &str) -> Result<PackageKind, String> {
+    PackageKind::parse(s).ok_or_else(|| format!("unknown package kind {:?}", clip(s)))
+}
+
+fn decode_taint(q: &BorrowedValue<'_>, at: At<'_>) -> Result<Taint, StoreStateDecodeError> {
+    let qf = Fields::of(q, at, TAINT_FIELDS)?;
+    Ok(Taint {
+        reason: qf.str("reason")?.to_owned(),
+        file: qf.optional_str("file")?.map(str::to_owned),
+    })
+}
+
+/// Fills `slot` with `value` unless it holds one already: a key seen twice in one object.
+pub(crate) fn once<T>(slot: &mut Option<T>, value: T) -> Option<()> {
+    slot.is_none().then(|| *slot = Some(value))
+}
+
+/// Reads one package straight from the text, as [`decode_package`] reads it from the tree:
+/// `None` for anything [`decode_package`] would refuse (and for anything unusual that it
+/// accepts, such as a key written with an escape), so that the caller reads the document again
+/// the slow way to name the error. Every value goes through the same parsing functions.
+pub(crate) fn read_package(c: &mut Cursor<'_>) -> Option<(PackageId, PackageRecord)> {
+    let mut id = None;
+    let mut previous = None;
+    let mut versions = None;
+    c.object(|c, key| match key {
+        "id" => once(&mut id, PackageId::new(c.str()?.into_owned()).ok()?),
+        "previous" => once(&mut previous, Version::parse(&c.str()?).ok()?),
+        "versions" => {
+            // Room for one version, what nearly every package records: the count is not known
+            // before the list is read, and a vector's first growth makes room for four version
+            // records (see `VecMap::with_capacity`).
+            let mut list = VecMap::with_capacity(1);
+            c.array(|c| {
+                let (version, record) = read_version(c)?;
+                list.insert(version, record).is_none().then_some(())
+            })?;
+            once(&mut versions, list)
+        }
+        _ => None,
+    })?;
+    Some((
+        id?,
+        PackageRecord {
+            versions: versions?,
+            previous,
+        },
+    ))
+}
+
+/// One version record straight from the text ([`read_package`]).
+fn read_version(c: &mut Cursor<'_>) -> Option<(Version, VersionRecord)> {
+    let mut version = None;
+    let mut state = None;
+    let mut kind = None;
+    let mut publisher = None;
+    let mut payload_digest = None;
+    let mut taint = None;
+    let mut trusted_under = None;
+    let mut signatures = None;
+    let mut signed_by = None;
+    let mut facts = None;
+    c.object(|c, key| match key {
+        "version" => once(&mut version, Version::parse(&c.str()?).ok()?),
+        "state" => once(&mut state, parse_state(&c.str()?).ok()?),
+        "kind" => once(&mut kind, parse_kind(&c.str()?).ok()?),
+        "publisher" => once(
+            &mut publisher,
+            PublisherId::new(c.str()?.into_owned()).ok()?,
+        ),
+        "payload_sha256" => once(
+            &mut payload_digest,
+            Sha256Digest::parse_hex(&c.str()?).ok()?,
+        ),
+        "quarantine" => once(&mut taint, decode_taint(&c.value()?, At::Root).ok()?),
+        "trusted_under" => once(&mut trusted_under, Sha256Digest::parse_hex(&c.str()?).ok()?),
+        "signatures" => {
+            let items = c.value()?;
+            let list = decode_signatures(items.as_array()?, At::Root).ok()?;
+            once(&mut signatures, list)
+        }
+        "signed_by" => {
+            let mut keys = Vec::new();
+            c.array(|c| {
+                keys.push(Sha256Digest::parse_hex(&c.str()?).ok()?);
+                Some(())
+            })?;
+            once(&mut signed_by, keys)
+        }
+        "manifest" => once(&mut facts, Arc::new(read_facts(c)?)),
+        _ => None,
+    })?;
+    Some((
+        version?,
+        VersionRecord {
+            payload_digest: payload_digest?,
+            kind: kind?,
+            publisher: publisher?,
+            state: state?,
+            taint,
+            trusted_under,
+            signatures: signatures.unwrap_or_default(),
+            signed_by: signed_by.unwrap_or_default(),
+            facts,
+        },
+    ))
+}
+
+/// A version's manifest facts straight from the text, as [`decode_facts`] reads them; each
+/// dependency, a small object, is read from a tree by the same code as there.
+fn read_facts(c: &mut Cursor<'_>) -> Option<ManifestFacts> {
+    let mut module_abi = None;
+    let mut provided_ops = None;
+    let mut dependencies = None;
+    let mut module_dependencies = None;
+    c.object(|c, key| match key {
+        "module_abi" => once(&mut module_abi, u32::try_from(c.u64()?).ok()?),
+        "provided_ops" => {
+            let mut ops = Vec::new();
+            c.array(|c| {
+                ops.push(ImplId::new(c.str()?.into_owned()).ok()?);
+                Some(())
+            })?;
+            once(&mut provided_ops, ops)
+        }
+        "dependencies" => {
+            let mut deps = Vec::new();
+            c.array(|c| {
+                deps.push(decode_dependency(&c.value()?, At::Root).ok()?);
+                Some(())
+            })?;
+            once(&mut dependencies, deps)
+        }
+        "module_dependencies" => {
+            let mut deps = Vec::new();
+            c.array(|c| {
+                deps.push(decode_module_dependency(&c.value()?, At::Root).ok()?);
+                Some(())
+            })?;
+            once(&mut module_dependencies, deps)
+        }
+        _ => None,
+    })?;
+    Some(ManifestFacts {
+        module_abi,
+        provided_ops: provided_ops?,
+        dependencies: dependencies.unwrap_or_default(),
+        module_dependencies: module_dependencies.unwrap_or_default(),
+    })
 }
 
 /// The fleet membership as the registry file and the log write it: the root as the text of its
@@ -2033,6 +2230,47 @@ fn facts_range(f: &Fields<'_>, at: At<'_>) -> Result<VersionRange, StoreStateDec
     VersionRange::new(min, max).map_err(|e| facts_invalid(at, e.to_string()))
 }
 
+/// One of a version's `dependencies`.
+fn decode_dependency(
+    d: &BorrowedValue<'_>,
+    at: At<'_>,
+) -> Result<Dependency, StoreStateDecodeError> {
+    let df = Fields::of(d, at, DEPENDENCY_FIELDS)?;
+    Ok(Dependency {
+        package_id: df.parsed("package_id", |s| {
+            PackageId::new(s).map_err(|e| e.to_string())
+        })?,
+        range: facts_range(&df, at)?,
+    })
+}
+
+/// One of a version's `module_dependencies`.
+fn decode_module_dependency(
+    d: &BorrowedValue<'_>,
+    at: At<'_>,
+) -> Result<ModuleDependency, StoreStateDecodeError> {
+    let df = Fields::of(d, at, MODULE_DEPENDENCY_FIELDS)?;
+    Ok(ModuleDependency {
+        module_id: df.parsed("module_id", |s| {
+            PackageId::new(s).map_err(|e| e.to_string())
+        })?,
+        range: facts_range(&df, at)?,
+        abi_tag: df.str("abi_tag")?.to_owned(),
+        publisher_id: match df.get("publisher_id") {
+            None => None,
+            Some(_) => Some(df.parsed("publisher_id", |s| {
+                PublisherId::new(s).map_err(|e| e.to_string())
+            })?),
+        },
+        sha256: match df.get("sha256") {
+            None => None,
+            Some(_) => Some(df.parsed("sha256", |s| {
+                Sha256Digest::parse_hex(s).map_err(|e| e.to_string())
+            })?),
+        },
+    })
+}
+
 /// Reads the facts a version record carries (`"manifest"`), naming the field that is wrong.
 fn decode_facts(
     value: &BorrowedValue<'_>,
@@ -2059,41 +2297,14 @@ fn decode_facts(
     if f.get("dependencies").is_some() {
         let deps_at = at.key("dependencies");
         for (i, d) in f.array("dependencies")?.iter().enumerate() {
-            let dat = deps_at.index(i);
-            let df = Fields::of(d, dat, DEPENDENCY_FIELDS)?;
-            dependencies.push(Dependency {
-                package_id: df.parsed("package_id", |s| {
-                    PackageId::new(s).map_err(|e| e.to_string())
-                })?,
-                range: facts_range(&df, dat)?,
-            });
+            dependencies.push(decode_dependency(d, deps_at.index(i))?);
         }
     }
     let mut module_dependencies = Vec::new();
     if f.get("module_dependencies").is_some() {
         let deps_at = at.key("module_dependencies");
         for (i, d) in f.array("module_dependencies")?.iter().enumerate() {
-            let dat = deps_at.index(i);
-            let df = Fields::of(d, dat, MODULE_DEPENDENCY_FIELDS)?;
-            module_dependencies.push(ModuleDependency {
-                module_id: df.parsed("module_id", |s| {
-                    PackageId::new(s).map_err(|e| e.to_string())
-                })?,
-                range: facts_range(&df, dat)?,
-                abi_tag: df.str("abi_tag")?.to_owned(),
-                publisher_id: match df.get("publisher_id") {
-                    None => None,
-                    Some(_) => Some(df.parsed("publisher_id", |s| {
-                        PublisherId::new(s).map_err(|e| e.to_string())
-                    })?),
-                },
-                sha256: match df.get("sha256") {
-                    None => None,
-                    Some(_) => Some(df.parsed("sha256", |s| {
-                        Sha256Digest::parse_hex(s).map_err(|e| e.to_string())
-                    })?),
-                },
-            });
+            module_dependencies.push(decode_module_dependency(d, deps_at.index(i))?);
         }
     }
     Ok(ManifestFacts {
@@ -3061,6 +3272,97 @@ mod tests {
         assert_eq!(path.to_string(), "$.packages");
     }
 
+    /// The reader that decodes straight from the text answers what the tree reader answers for
+    /// every document the tree reader accepts, and refuses (leaving the tree reader to name the
+    /// error) every document it refuses.
+    #[test]
+    fn store_state_fast_reader_agrees_with_the_tree_reader() {
+        let signature = format!(
+            r#", "signatures": [{{"key_id": "{DIGEST}", "algorithm": "ecdsa-p256-sha256", "signature": "00ff"}}]"#
+        );
+        let facts = r#", "manifest": {"module_abi": 1, "provided_ops": ["a.op.cpu"], "dependencies": [{"package_id": "b", "min_version": "1.0.0", "max_version": "2.0.0"}], "module_dependencies": [{"module_id": "c", "min_version": "1.2.0", "abi_tag": "guild.module.v1", "publisher_id": "org.example", "sha256": "DIGEST"}]}"#.replace("DIGEST", DIGEST);
+        let trust = format!(
+            r#", "trust": {{"store_id": "0123456789abcdef0123456789abcdef", "generation": 3, "sha256": "{DIGEST}", "revoked_keys": [{{"key_id": "{DIGEST}", "reason": "lost \"it\""}}], "revoked_digests": []}}"#
+        );
+        let superseded = doc("", "", "").replace(
+            "}]}]}",
+            &format!(
+                r#"}}, {{"version": "0.9.0", "state": "superseded", "kind": "gkmodule", "publisher": "org.example", "payload_sha256": "{DIGEST}", "quarantine": {{"reason": "a file \u00e9 changed", "file": "lib/x.so"}}}}]}}]}}"#
+            ),
+        );
+        let accepted = [
+            doc("", "", ""),
+            doc(&format!(r#", "trusted_under": "{DIGEST}""#), "", ""),
+            doc(
+                &format!(r#", "signed_by": ["{DIGEST}", "{DIGEST}"]"#),
+                "",
+                "",
+            ),
+            doc(&signature, "", ""),
+            doc(&facts, "", ""),
+            doc(r#", "manifest": {"provided_ops": []}"#, "", ""),
+            doc("", "", &trust),
+            superseded.replace("\"id\": \"a\"", "\"id\": \"a\", \"previous\": \"0.9.0\""),
+            superseded.replace("\"id\": \"a\"", "\"\\u0069d\": \"\\u0061\""),
+            format!(" \n\t{}\r\n", doc("", "", "")),
+            r#"{"guild_registry": 1, "generation": 0, "packages": []}"#.to_owned(),
+        ];
+        for text in &accepted {
+            let tree = StoreState::from_tree_of(text.as_bytes(), &[REGISTRY_FORMAT_V1]);
+            assert!(tree.is_ok(), "{text}: {tree:?}");
+            let fast = StoreState::read_json_of(text.as_bytes(), &[REGISTRY_FORMAT_V1]);
+            assert_eq!(fast, tree.ok(), "{text}");
+        }
+        let twice = doc("", "", "").replace(
+            "}]}]}",
+            &format!(
+                r#"}}, {{"version": "1.0.0", "state": "disabled", "kind": "gkmodule", "publisher": "org.example", "payload_sha256": "{DIGEST}"}}]}}]}}"#
+            ),
+        );
+        let refused = [
+            String::new(),
+            doc("", "", "")[..40].to_owned(),
+            format!("\u{feff}{}", doc("", "", "")),
+            format!("{} x", doc("", "", "")),
+            doc("", "", r#", "extra": 1"#),
+            doc("", "", r#", "generation": 5"#),
+            doc("", r#", "id": "b""#, ""),
+            doc(r#", "state": "enabled""#, "", ""),
+            doc(r#", "trusted_under": null"#, "", ""),
+            doc(r#", "signed_by": [1]"#, "", ""),
+            doc(
+                r#", "manifest": {"provided_ops": [], "module_abi": 4294967296}"#,
+                "",
+                "",
+            ),
+            doc(
+                r#", "manifest": {"provided_ops": [], "dependencies": [{"package_id": "b"}]}"#,
+                "",
+                "",
+            ),
+            doc("", "", "").replace("enabled", "loaded"),
+            doc("", "", "").replace("\"1.0.0\"", "\"1.0\""),
+            doc("", "", "").replace("\"guild_registry\": 1", "\"guild_registry\": 2"),
+            doc("", "", "").replace("\"generation\": 4", "\"generation\": -4"),
+            doc("", r#", "previous": "1.0.0""#, ""),
+            doc("", "", "").replace("enabled", "staged"),
+            twice,
+            r#"{"guild_registry": 1, "generation": 1, "packages": [{"id": "a", "versions": []}]}"#
+                .to_owned(),
+        ];
+        for text in &refused {
+            assert!(
+                StoreState::from_tree_of(text.as_bytes(), &[REGISTRY_FORMAT_V1]).is_err(),
+                "{text}"
+            );
+            assert_eq!(
+                StoreState::read_json_of(text.as_bytes(), &[REGISTRY_FORMAT_V1]),
+                None,
+                "{text}"
+            );
+        }
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Publish { pkg: u8, major: u8, enable: bool },
@@ -3111,7 +3413,10 @@ mod tests {
                 r = r.successor();
             }
             let back = StoreState::from_json(&r.to_json());
-            prop_assert_eq!(back, Ok(r));
+            prop_assert_eq!(&back, &Ok(r.clone()));
+            // The fast reader reads every state written, and reads it as the tree reader does.
+            let fast = StoreState::read_json_of(&r.to_checkpoint_json(), &[REGISTRY_FORMAT_V2]);
+            prop_assert_eq!(fast, Some((r, REGISTRY_FORMAT_V2)));
         }
     }
 }

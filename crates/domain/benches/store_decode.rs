@@ -1,0 +1,103 @@
+//! Benchmarks reading the store state back: decoding a checkpoint of 10,000 packages (format 2,
+//! each version record with its signing key, the trust file it verified under and its manifest
+//! facts, as `guild install` writes them) and replaying a log of 5,000 one-package deltas onto
+//! it, which is what every `guild list` and `guild status ID` on such a store does first.
+//! Criterion prints the median among its estimates.
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use guild_domain::ids::{ImplId, PackageId, PackageKind, PublisherId, Sha256Digest};
+use guild_domain::manifest_facts::ManifestFacts;
+use guild_domain::store_log::StoreStateDelta;
+use guild_domain::store_state::{NewVersion, PublishOptions, StoreState};
+use guild_domain::version::Version;
+
+const PACKAGES: usize = 10_000;
+const LOGGED: usize = 5_000;
+
+fn id(i: usize) -> PackageId {
+    PackageId::new(format!("bench.pkg{i:05}")).expect("generated ids are valid")
+}
+
+fn publish(state: &mut StoreState, i: usize) {
+    let id = id(i);
+    let version = Version::parse("1.0.0").expect("valid version");
+    let facts = ManifestFacts {
+        module_abi: Some(1),
+        provided_ops: vec![ImplId::new(format!("bench.pkg{i:05}.op.cpu")).expect("valid")],
+        dependencies: Vec::new(),
+        module_dependencies: Vec::new(),
+    };
+    let new = NewVersion {
+        payload_digest: Sha256Digest::of(format!("{i}").as_bytes()),
+        kind: PackageKind::Module,
+        publisher: PublisherId::new("org.example.bench").expect("valid"),
+        signed_by: vec![Sha256Digest::of(b"key")],
+        facts: Some(facts),
+    };
+    let options = PublishOptions {
+        enable: true,
+        allow_downgrade: false,
+    };
+    state.publish(&id, &version, new, options).expect("publish");
+    state.set_trusted_under(&id, &version, Sha256Digest::of(b"trust"));
+}
+
+/// A checkpoint of the first `PACKAGES - LOGGED` packages and one delta per later package.
+fn store() -> (Vec<u8>, Vec<Vec<u8>>) {
+    let mut state = StoreState::new();
+    for i in 0..PACKAGES - LOGGED {
+        publish(&mut state, i);
+    }
+    let checkpoint = state.to_checkpoint_json();
+    let mut deltas = Vec::new();
+    for i in PACKAGES - LOGGED..PACKAGES {
+        let mut next = state.successor();
+        publish(&mut next, i);
+        deltas.push(
+            StoreStateDelta::between(&state, &next)
+                .expect("delta")
+                .to_json(),
+        );
+        state = next;
+    }
+    (checkpoint, deltas)
+}
+
+fn read(checkpoint: &[u8], deltas: &[Vec<u8>]) -> StoreState {
+    let (mut state, _) = StoreState::from_any_json(checkpoint).expect("decode");
+    for d in deltas {
+        let delta = StoreStateDelta::from_json(d).expect("delta decodes");
+        state.apply(&delta).expect("applies");
+    }
+    state
+}
+
+fn bench(c: &mut Criterion) {
+    let (checkpoint, deltas) = store();
+    eprintln!(
+        "checkpoint {} bytes, {} deltas of {} bytes",
+        checkpoint.len(),
+        deltas.len(),
+        deltas.iter().map(Vec::len).sum::<usize>()
+    );
+    if std::env::var_os("STORE_DECODE_LOOP").is_some() {
+        for _ in 0..20 {
+            black_box(read(&checkpoint, &deltas));
+        }
+        return;
+    }
+    let mut group = c.benchmark_group("store_decode");
+    group.sample_size(20);
+    group.bench_function("checkpoint_10000", |b| {
+        b.iter(|| StoreState::from_any_json(black_box(&checkpoint)).expect("decode"))
+    });
+    group.bench_function("checkpoint_and_log", |b| {
+        b.iter(|| read(black_box(&checkpoint), black_box(&deltas)))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
