@@ -168,3 +168,46 @@ fn kept_state_an_install_by_a_freshly_opened_writer_is_checked_against_the_whole
     );
     install(&fine.archive).unwrap();
 }
+
+/// Making an installed version current again (the `guild install` of a version the store still
+/// holds) as a freshly opened writer's first change is judged on the index around it too: a
+/// dependent that came in after a rollback and excludes the version refuses it.
+#[test]
+fn kept_state_a_reactivation_by_a_freshly_opened_writer_is_checked_against_the_whole_store() {
+    let shop = Workshop::new();
+    let k = key();
+    let root = shop.fresh("store");
+    let fresh = || open_dir(&root).unwrap().0;
+    trust(&fresh(), PUBLISHER, &k);
+    let base1 = shop.build(&Spec::module("ex.base", "1.0.0"), &k);
+    let base2 = shop.build(&Spec::module("ex.base", "2.0.0"), &k);
+    fresh()
+        .install(&base1.archive, InstallOptions::default())
+        .unwrap();
+    fresh()
+        .install(&base2.archive, InstallOptions::default())
+        .unwrap();
+    fresh().rollback(&id("ex.base")).unwrap();
+    let user = shop.build(
+        &Spec::module("ex.user", "1.0.0").module_dep(ModDep::on("ex.base", "1.0.0").max("1.9.0")),
+        &k,
+    );
+    fresh()
+        .install(&user.archive, InstallOptions::default())
+        .unwrap();
+
+    let err = fresh()
+        .install(&base2.archive, InstallOptions::default())
+        .unwrap_err();
+    assert!(
+        matches!(&err, HostError::Dependencies { problems, .. }
+            if problems.iter().any(|p| p.dependent().is_some_and(|d| d.to_string() == "ex.user@1.0.0"))),
+        "{err}"
+    );
+    // With the dependent gone, the version is made current again.
+    fresh().remove(&id("ex.user"), None).unwrap();
+    let done = fresh()
+        .install(&base2.archive, InstallOptions::default())
+        .unwrap();
+    assert!(done.reactivated, "{done:?}");
+}
