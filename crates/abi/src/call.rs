@@ -15,7 +15,7 @@ use core::fmt;
 
 use crate::{
     guild_device_caps_v1_t, guild_execute_args_v1_t, guild_operation_query_v1_t,
-    guild_tensor_desc_v1_t,
+    guild_tensor_desc_v1_t, GUILD_SYNC_HOST_BLOCKING,
 };
 
 /// `count` values at `ptr`, or none when the count is zero (the pointer may then be NULL).
@@ -159,12 +159,49 @@ impl fmt::Debug for ExecuteCall<'_> {
     }
 }
 
+impl guild_execute_args_v1_t {
+    /// The record of a host-blocking call on device 0 over `inputs`, `outputs` and `params`,
+    /// with no scratch and no stream. An empty array or record is NULL with a count of 0, as
+    /// module_abi.h writes it. The record borrows the slices' addresses: it is valid for a call
+    /// only while they live.
+    pub fn host_blocking(
+        inputs: &[guild_tensor_desc_v1_t],
+        outputs: &[guild_tensor_desc_v1_t],
+        params: &[u8],
+    ) -> Self {
+        fn or_null<T>(items: &[T]) -> *const T {
+            if items.is_empty() {
+                core::ptr::null()
+            } else {
+                items.as_ptr()
+            }
+        }
+        guild_execute_args_v1_t {
+            struct_size: size_of::<guild_execute_args_v1_t>() as u32,
+            reserved: 0,
+            inputs: or_null(inputs),
+            input_count: inputs.len(),
+            outputs: or_null(outputs),
+            output_count: outputs.len(),
+            scratch_host: core::ptr::null_mut(),
+            scratch_host_size: 0,
+            scratch_device: core::ptr::null_mut(),
+            scratch_device_size: 0,
+            stream: core::ptr::null_mut(),
+            device_id: 0,
+            sync_mode: GUILD_SYNC_HOST_BLOCKING,
+            params: or_null(params).cast(),
+            params_size: params.len(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use core::ptr;
 
     use super::*;
-    use crate::{GUILD_MEMORY_HOST, GUILD_SYNC_HOST_BLOCKING};
+    use crate::GUILD_MEMORY_HOST;
 
     fn tensor(n: u64) -> guild_tensor_desc_v1_t {
         let mut dims = [0; 8];
@@ -180,42 +217,10 @@ mod tests {
         }
     }
 
-    fn args(
-        inputs: &[guild_tensor_desc_v1_t],
-        outputs: &[guild_tensor_desc_v1_t],
-        params: &[u8],
-    ) -> guild_execute_args_v1_t {
-        guild_execute_args_v1_t {
-            struct_size: size_of::<guild_execute_args_v1_t>() as u32,
-            reserved: 0,
-            inputs: if inputs.is_empty() {
-                ptr::null()
-            } else {
-                inputs.as_ptr()
-            },
-            input_count: inputs.len(),
-            outputs: outputs.as_ptr(),
-            output_count: outputs.len(),
-            scratch_host: ptr::null_mut(),
-            scratch_host_size: 0,
-            scratch_device: ptr::null_mut(),
-            scratch_device_size: 0,
-            stream: ptr::null_mut(),
-            device_id: 0,
-            sync_mode: GUILD_SYNC_HOST_BLOCKING,
-            params: if params.is_empty() {
-                ptr::null()
-            } else {
-                params.as_ptr().cast()
-            },
-            params_size: params.len(),
-        }
-    }
-
     #[test]
     fn an_execute_call_reads_the_callers_arrays_in_place() {
         let (inputs, outputs, params) = ([tensor(3), tensor(4)], [tensor(5)], [7u8, 8]);
-        let a = args(&inputs, &outputs, &params);
+        let a = guild_execute_args_v1_t::host_blocking(&inputs, &outputs, &params);
         // SAFETY: every pointer in `a` leads into the locals above, which outlive the call.
         let call = unsafe { ExecuteCall::new(&a) };
         assert!(ptr::eq(call.raw(), &a));
@@ -225,7 +230,10 @@ mod tests {
         assert_eq!(call.params(), &[7, 8]);
 
         // NULL arrays with a count of zero read as empty.
-        let a = args(&[], &outputs, &[]);
+        let a = guild_execute_args_v1_t::host_blocking(&[], &outputs, &[]);
+        assert!(
+            a.inputs.is_null() && a.params.is_null() && a.sync_mode == GUILD_SYNC_HOST_BLOCKING
+        );
         // SAFETY: as above; the NULL pointers come with counts of zero.
         let call = unsafe { ExecuteCall::new(&a) };
         assert!(call.inputs().is_empty() && call.params().is_empty());

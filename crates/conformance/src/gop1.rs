@@ -903,29 +903,9 @@ fn execute_args(
     scratch_size: u64,
 ) -> guild_execute_args_v1_t {
     guild_execute_args_v1_t {
-        struct_size: size_of::<guild_execute_args_v1_t>() as u32,
-        reserved: 0,
-        inputs: if inputs.is_empty() {
-            ptr::null()
-        } else {
-            inputs.as_ptr()
-        },
-        input_count: inputs.len(),
-        outputs: if outputs.is_empty() {
-            ptr::null()
-        } else {
-            outputs.as_ptr()
-        },
-        output_count: outputs.len(),
         scratch_host: scratch.map_or(ptr::null_mut(), |s| s.ptr().cast()),
         scratch_host_size: scratch_size,
-        scratch_device: ptr::null_mut(),
-        scratch_device_size: 0,
-        stream: ptr::null_mut(),
-        device_id: 0,
-        sync_mode: GUILD_SYNC_HOST_BLOCKING,
-        params: ptr::null(),
-        params_size: 0,
+        ..guild_execute_args_v1_t::host_blocking(inputs, outputs, &[])
     }
 }
 

@@ -38,36 +38,6 @@ type ExecuteFn = unsafe extern "C" fn(
     *mut guild_error_info_t,
 ) -> guild_status_t;
 
-/// A host-blocking call's argument record over `inputs`, `outputs` and `params` (none when
-/// empty), with no scratch and no stream: what both kinds of direct call pass the provider.
-fn host_call(
-    inputs: &[guild_tensor_desc_v1_t],
-    outputs: &[guild_tensor_desc_v1_t],
-    params: &[u8],
-) -> guild_execute_args_v1_t {
-    guild_execute_args_v1_t {
-        struct_size: size_of::<guild_execute_args_v1_t>() as u32,
-        reserved: 0,
-        inputs: inputs.as_ptr(),
-        input_count: inputs.len(),
-        outputs: outputs.as_ptr(),
-        output_count: outputs.len(),
-        scratch_host: ptr::null_mut(),
-        scratch_host_size: 0,
-        scratch_device: ptr::null_mut(),
-        scratch_device_size: 0,
-        stream: ptr::null_mut(),
-        device_id: 0,
-        sync_mode: GUILD_SYNC_HOST_BLOCKING,
-        params: if params.is_empty() {
-            ptr::null()
-        } else {
-            params.as_ptr().cast()
-        },
-        params_size: params.len(),
-    }
-}
-
 /// One operation bound for direct calls: the provider's execute and user_data from its GOP1
 /// descriptor, and the tensor records. The C handle that keeps the module loaded is held by
 /// [`Direct`].
@@ -91,7 +61,7 @@ impl DirectHandle {
         }
         let mut out = self.outputs[0];
         out.data = output.as_mut_ptr().cast();
-        let args = host_call(&ins, std::slice::from_ref(&out), &[]);
+        let args = guild_execute_args_v1_t::host_blocking(&ins, std::slice::from_ref(&out), &[]);
         let mut error = guild_error_info_t::new();
         for _ in 0..calls {
             // SAFETY: the provider's own execute and user_data, its library held by the C handle
@@ -240,7 +210,11 @@ impl Ops for Direct {
             Out::F32(d) => d.as_mut_ptr().cast(),
             Out::I32(d) => d.as_mut_ptr().cast(),
         };
-        let args = host_call(&ins[..inputs.len()], std::slice::from_ref(&out), params);
+        let args = guild_execute_args_v1_t::host_blocking(
+            &ins[..inputs.len()],
+            std::slice::from_ref(&out),
+            params,
+        );
         let mut error = guild_error_info_t::new();
         // SAFETY: the provider's own execute and user_data, its library held by the C handle
         // `Direct` keeps;

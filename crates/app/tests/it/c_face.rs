@@ -11,8 +11,8 @@ use guild_abi::text::fixed_buffer_text;
 use guild_abi::{
     guild_device_caps_v1_t, guild_error_info_t, guild_execute_args_v1_t, guild_op_description_v1_t,
     guild_op_handle_t, guild_operation_query_v1_t, guild_operation_service_v1_t,
-    guild_reshape_args_v1_t, guild_scratch_request_v1_t, guild_stream_t, guild_tensor_desc_v1_t,
-    GUILD_BACKEND_CPU, GUILD_BUDGET_UNLIMITED, GUILD_MEMORY_HOST, GUILD_OPERATION_QUERY_VERSION,
+    guild_reshape_args_v1_t, guild_scratch_request_v1_t, guild_tensor_desc_v1_t, GUILD_BACKEND_CPU,
+    GUILD_BUDGET_UNLIMITED, GUILD_MEMORY_HOST, GUILD_OPERATION_QUERY_VERSION,
     GUILD_OPERATION_SERVICE_VERSION, GUILD_STATUS_OK, GUILD_SYNC_HOST_BLOCKING,
 };
 use guild_host::registry::KernelRegistry;
@@ -77,23 +77,7 @@ pub fn args(
     inputs: &[guild_tensor_desc_v1_t],
     outputs: &[guild_tensor_desc_v1_t],
 ) -> guild_execute_args_v1_t {
-    guild_execute_args_v1_t {
-        struct_size: size_of::<guild_execute_args_v1_t>() as u32,
-        reserved: 0,
-        inputs: inputs.as_ptr(),
-        input_count: inputs.len(),
-        outputs: outputs.as_ptr(),
-        output_count: outputs.len(),
-        scratch_host: ptr::null_mut(),
-        scratch_host_size: 0,
-        scratch_device: ptr::null_mut(),
-        scratch_device_size: 0,
-        stream: ptr::null_mut::<c_void>() as guild_stream_t,
-        device_id: 0,
-        sync_mode: GUILD_SYNC_HOST_BLOCKING,
-        params: ptr::null(),
-        params_size: 0,
-    }
+    guild_execute_args_v1_t::host_blocking(inputs, outputs, &[])
 }
 
 /// A query as a C caller builds it; `c()` gives the record, valid while `self` lives.

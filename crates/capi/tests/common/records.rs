@@ -55,21 +55,9 @@ pub fn execute_args(
     input: &guild_tensor_desc_v1_t,
     output: &guild_tensor_desc_v1_t,
 ) -> guild_execute_args_v1_t {
-    guild_execute_args_v1_t {
-        struct_size: size_of::<guild_execute_args_v1_t>() as u32,
-        reserved: 0,
-        inputs: input,
-        input_count: 1,
-        outputs: output,
-        output_count: 1,
-        scratch_host: ptr::null_mut(),
-        scratch_host_size: 0,
-        scratch_device: ptr::null_mut(),
-        scratch_device_size: 0,
-        stream: ptr::null_mut(),
-        device_id: 0,
-        sync_mode: GUILD_SYNC_HOST_BLOCKING,
-        params: ptr::null(),
-        params_size: 0,
-    }
+    guild_execute_args_v1_t::host_blocking(
+        std::slice::from_ref(input),
+        std::slice::from_ref(output),
+        &[],
+    )
 }
