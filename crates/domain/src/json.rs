@@ -94,6 +94,16 @@ impl Value {
         out.push('\n');
         out
     }
+
+    /// Writes the value as compact JSON: no whitespace between tokens, members in stored order,
+    /// strings escaped as in the canonical form. For the large documents that only programs
+    /// read (the registry's checkpoint and log frames): every reader accepts any whitespace, and
+    /// indentation is a third of a pretty-printed registry's bytes.
+    pub fn to_compact_string(&self) -> String {
+        let mut out = String::new();
+        write_compact(&mut out, self);
+        out
+    }
 }
 
 impl From<&str> for Value {
@@ -983,6 +993,36 @@ pub(crate) fn write_escaped(out: &mut String, s: &str) {
     out.push('"');
 }
 
+fn write_compact(out: &mut String, value: &Value) {
+    match value {
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Integer(i) => out.push_str(&i.to_string()),
+        Value::String(s) => write_escaped(out, s),
+        Value::Array(a) => {
+            out.push('[');
+            for (i, v) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_compact(out, v);
+            }
+            out.push(']');
+        }
+        Value::Object(m) => {
+            out.push('{');
+            for (i, (k, v)) in m.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_escaped(out, k);
+                out.push(':');
+                write_compact(out, v);
+            }
+            out.push('}');
+        }
+    }
+}
+
 fn write_pretty(out: &mut String, value: &Value, indent: usize) {
     fn newline(out: &mut String, indent: usize) {
         out.push('\n');
@@ -1214,5 +1254,13 @@ mod tests {
             "{\n  \"a\": [\n    1,\n    {\n      \"b\": \"\\n\"\n    }\n  ],\n  \"c\": [],\n  \"d\": {}\n}\n"
         );
         assert_eq!(parse(pretty.as_bytes()).unwrap(), v);
+    }
+
+    #[test]
+    fn compact_output_reads_back() {
+        let v = parse(br#"{"a":[1,{"b":"\n"}],"c":[],"d":{},"e":true}"#).unwrap();
+        let compact = v.to_compact_string();
+        assert_eq!(compact, r#"{"a":[1,{"b":"\n"}],"c":[],"d":{},"e":true}"#);
+        assert_eq!(parse(compact.as_bytes()).unwrap(), v);
     }
 }

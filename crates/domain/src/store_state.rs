@@ -1156,7 +1156,7 @@ impl StoreState {
     }
 
     /// The store state as a checkpoint (format 2, [`REGISTRY_FORMAT_V2`]): the same document as
-    /// [`Self::to_json`] under the other format marker.
+    /// [`Self::to_json`] under the other format marker, written as compact JSON.
     pub fn to_checkpoint_json(&self) -> Vec<u8> {
         self.to_json_as(REGISTRY_FORMAT_V2)
     }
@@ -1267,7 +1267,14 @@ impl StoreState {
             top.push(("fleet".to_owned(), encode_fleet(f)));
         }
         top.push(("packages".to_owned(), Value::Array(packages)));
-        Value::Object(top).to_pretty_string().into_bytes()
+        let top = Value::Object(top);
+        // A checkpoint is read by programs only, at every open: compact, which halves what each
+        // reader scans. Format 1 stays indented, as the stores that wrote it did.
+        if format == REGISTRY_FORMAT_V1 {
+            top.to_pretty_string().into_bytes()
+        } else {
+            top.to_compact_string().into_bytes()
+        }
     }
 
     /// Reads a store state written by [`Self::to_json`], strictly, and checks its invariants.
