@@ -502,12 +502,22 @@ fn row(store: &Path, p: &PackageSummary) -> [String; 6] {
 }
 
 pub fn status(store: &Path, id: Option<&PackageId>) -> anyhow::Result<Report> {
-    let (pm, report) = PackageManager::open_dir_committed(store)?;
+    // `status ID` reads one package's record: the other packages' are passed over, not
+    // decoded, so that it answers at once on any store.
+    let (pm, report) = match id {
+        Some(id) => PackageManager::open_dir_package(store, id)?,
+        None => PackageManager::open_dir_committed(store)?,
+    };
     let mut out = Report::new("status");
     out.warnings = open_report_lines(&report);
     super::quarantine::annotate(store, &mut out)?;
     match id {
-        Some(id) => package_status(store, &pm, id, out),
+        Some(id) => {
+            let out = package_status(store, &pm, id, out);
+            // What it read is not freed at exit, as `install` leaves its package manager.
+            leave(pm);
+            out
+        }
         None => {
             // Conflicts recorded before installation checked impl ids keep both sides unloaded;
             // they are shown until one side is removed. Finding them reads every version's

@@ -302,8 +302,8 @@ fn registry_reader_of_one_package_refuses_a_damaged_file_as_the_full_reader_does
     let at = good.find("\"p3\"").unwrap();
     zeroed[at..at + 40].fill(0);
     let damaged = [
-        good[..good.len() / 2].as_bytes().to_vec(),
-        good[..good.len() - 1].as_bytes().to_vec(),
+        good.as_bytes()[..good.len() / 2].to_vec(),
+        good.as_bytes()[..good.len() - 1].to_vec(),
         zeroed,
         good.replace(&digest, &format!("{}\u{1}", &digest[1..]))
             .into_bytes(),
