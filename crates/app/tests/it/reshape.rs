@@ -758,3 +758,78 @@ fn a_reshape_reports_an_invalid_tensor_before_a_refusal_of_an_earlier_one() {
     assert_eq!(handle.scratch().unwrap().host_bytes, 16);
     handle.release().unwrap();
 }
+
+/// Whether a refusal is for the reason a case expects.
+type Reason = fn(&Rejection) -> bool;
+
+/// A reshape holds every new tensor against the candidate's declaration as a resolution does:
+/// its rank, each extent, the batch, the layout and a known data address are each refused
+/// for the reason the candidate gives (and the handle keeps its shapes), on either face; what
+/// the declaration admits is accepted.
+#[test]
+fn a_reshape_is_refused_for_each_bound_of_the_candidates_declaration() {
+    let shop = Workshop::new();
+    let quiet = FakeProvider::new().scratch(|_| {
+        Ok(FakeScratch {
+            host_bytes: 0,
+            device_bytes: 0,
+            alignment: 0,
+        })
+    });
+    let mut bounded = candidate("ex.bounded.op.cpu", 10);
+    bounded.max_rank = 2;
+    bounded.max_dim[0] = 4;
+    bounded.max_batch = 3;
+    bounded.min_alignment = 8;
+    let plugin = FakePlugin::new().with_kernel(fake_operation_with(bounded, Arc::new(quiet)));
+    let (host, _, _) = fake_host(&shop, Spec::module("ex.bounded", "1.0.0"), plugin);
+
+    let rust = OperationService::new(host.kernels());
+    let mut handle = rust.resolve(&request(2)).unwrap();
+    let t = |dims: &[u64]| TensorDesc::new(DType::I64, dims, MemorySpace::Host);
+    let cases: [(TensorDesc, Reason); 5] = [
+        (t(&[1, 1, 1]), |r| {
+            matches!(r, Rejection::RankOutOfRange { .. })
+        }),
+        (t(&[5]), |r| {
+            matches!(r, Rejection::DimensionTooLarge { .. })
+        }),
+        (t(&[2, 4]), |r| matches!(r, Rejection::BatchTooLarge { .. })),
+        (t(&[2, 2]).with_strides(&[0, 3]), |r| {
+            matches!(r, Rejection::LayoutUnsupported { .. })
+        }),
+        (t(&[2]).with_data_addr(4), |r| {
+            matches!(r, Rejection::Misaligned { .. })
+        }),
+    ];
+    for (refused, reason) in cases {
+        for (inputs, outputs) in [([refused], [i64s(2)]), ([i64s(2)], [refused])] {
+            match handle.reshape(&inputs, &outputs).unwrap_err() {
+                ReshapeError::Refused(r) => assert!(reason(&r), "{refused:?}: {r}"),
+                other => panic!("{refused:?}: expected the candidate's refusal, got {other}"),
+            }
+        }
+    }
+    assert_eq!(handle.inputs(), [i64s(2)]);
+    let admitted = t(&[4, 3]).with_strides(&[0, 4]).with_data_addr(64);
+    handle.reshape(&[admitted], &[admitted]).unwrap();
+    assert_eq!(handle.inputs(), [admitted]);
+
+    let service = Service::of(host.kernels());
+    let t2 = tensor(GUILD_DTYPE_I64, &[2], &[]);
+    let handle = service
+        .resolve(&Query::cpu(OP, vec![t2], vec![t2]))
+        .unwrap();
+    let mut words = [0u64; 2];
+    let misaligned = with_data(t2, words.as_mut_ptr().cast::<u8>().wrapping_add(4));
+    let err = handle.reshape(&[t2], &[misaligned]).unwrap_err();
+    assert_eq!(err.status, GUILD_STATUS_ERR_UNSUPPORTED, "{err}");
+    assert!(err.message.contains("output 0"), "{err}");
+    let five = tensor(GUILD_DTYPE_I64, &[5], &[]);
+    let err = handle.reshape(&[five], &[t2]).unwrap_err();
+    assert_eq!(err.status, GUILD_STATUS_ERR_UNSUPPORTED, "{err}");
+    handle
+        .reshape(&[t2], &[with_data(t2, words.as_mut_ptr())])
+        .unwrap();
+    handle.release().unwrap();
+}

@@ -554,6 +554,7 @@ unsafe fn read_tensors<'q>(
 ///
 /// # Safety
 /// As for [`read_tensors`].
+#[inline(always)]
 unsafe fn read_tensors_into<'q>(
     role: &str,
     tensors: *const guild_tensor_desc_v1_t,
