@@ -1173,6 +1173,11 @@ impl Contract {
         {
             shape.set(d, info);
         }
+        self.set_scratch(scratch);
+    }
+
+    /// Makes `scratch` this contract's.
+    fn set_scratch(&mut self, scratch: Scratch) {
         self.scratch = scratch;
         self.scratch_mask = scratch_mask(scratch);
     }
@@ -1402,10 +1407,24 @@ struct ReshapeCells {
     work: ReshapeWork,
 }
 
+/// Which face a reshape's negotiation serves.
+enum Reshaping<'a> {
+    /// The Rust face's: the C form of the tensors is made in the reshape cells, and their facts
+    /// are left there for the contract's refill.
+    Rust,
+    /// The C face's: the caller's own descriptors of the tensors read, handed to the callbacks
+    /// as they are, and the shapes of the contract being made, which the checks write as they
+    /// go (inputs then outputs; as many as the tensors).
+    C {
+        tensors: [&'a [guild_tensor_desc_v1_t]; 2],
+        shapes: &'a mut [Shape],
+    },
+}
+
 /// The buffers and records a reshape's negotiation reuses.
 #[derive(Default)]
 struct ReshapeWork {
-    /// The facts of the new tensors, inputs then outputs.
+    /// The facts of the Rust face's new tensors, inputs then outputs.
     infos: Vec<TensorInfo>,
     /// The Rust face's new tensors in C form, for the provider's callbacks; they become the
     /// calls' tensors when the contract is installed, and the calls' old ones take their place.
@@ -1831,8 +1850,14 @@ impl Resolved {
         // SAFETY: the caller's contract: no reshape runs but this one, and the reshape cells
         // are this call's (no reference to the contract reaches them).
         let (current, cells) = unsafe { (self.contract(), &mut *self.reshaping.get()) };
-        let scratch =
-            self.negotiate_shapes(current, inputs, outputs, None, params, &mut cells.work)?;
+        let scratch = self.negotiate_shapes(
+            current,
+            inputs,
+            outputs,
+            Reshaping::Rust,
+            params,
+            &mut cells.work,
+        )?;
         cells
             .spare
             .refill(inputs, outputs, &cells.work.infos, scratch);
@@ -1866,21 +1891,31 @@ impl Resolved {
         // SAFETY: as in `renegotiate`.
         let (current, cells) = unsafe { (self.contract(), &mut *self.reshaping.get()) };
         let ReshapeCells { spare, work } = cells;
+        let Contract {
+            inputs,
+            outputs,
+            shapes,
+            ..
+        } = spare;
+        shapes.resize(inputs.len() + outputs.len(), Shape::BLANK);
         let scratch = self.negotiate_shapes(
             current,
-            &spare.inputs,
-            &spare.outputs,
-            Some(c_tensors),
+            inputs,
+            outputs,
+            Reshaping::C {
+                tensors: c_tensors,
+                shapes,
+            },
             params,
             work,
         )?;
-        spare.settle(&work.infos, scratch);
+        spare.set_scratch(scratch);
         Ok(())
     }
 
     /// The checks and callbacks of a reshape to `inputs` and `outputs` (see
-    /// [`Resolved::renegotiate_read`]), from the handle's `current` contract: the new scratch,
-    /// with the tensors' facts left in `work.infos`. Inlined into each face's reshape, which
+    /// [`Resolved::renegotiate_read`]), from the handle's `current` contract, for `face`: the
+    /// new scratch. Inlined into each face's reshape, which
     /// then passes it its arguments in registers (43 instructions less a C reshape and 62 a
     /// Rust one, callgrind, operations bench).
     #[inline(always)]
@@ -1889,7 +1924,7 @@ impl Resolved {
         current: &Contract,
         inputs: &[TensorDesc],
         outputs: &[TensorDesc],
-        c_tensors: Option<[&[guild_tensor_desc_v1_t]; 2]>,
+        mut face: Reshaping<'_>,
         params: &[u8],
         work: &mut ReshapeWork,
     ) -> Result<Scratch, ReshapeError> {
@@ -1934,6 +1969,8 @@ impl Resolved {
         // handle's query passed with.
         infos.clear();
         let mut refused = None;
+        // Which tensor of all, inputs then outputs.
+        let mut k = 0;
         for (role, list) in [(TensorRole::Input, inputs), (TensorRole::Output, outputs)] {
             for (index, d) in list.iter().enumerate() {
                 let tensor = TensorRef { role, index };
@@ -1946,15 +1983,23 @@ impl Resolved {
                     // names the reason).
                     refused = check_tensor(&self.candidate, tensor, d, &info).err();
                 }
-                infos.push(info);
+                match &mut face {
+                    Reshaping::Rust => infos.push(info),
+                    Reshaping::C { shapes, .. } => {
+                        if let Some(shape) = shapes.get_mut(k) {
+                            shape.set(d, &info);
+                        }
+                    }
+                }
+                k += 1;
             }
         }
         if let Some(refusal) = refused {
             return Err(ReshapeError::Refused(refusal));
         }
-        let [c_inputs, c_outputs] = match c_tensors {
-            Some(given) => given,
-            None => {
+        let [c_inputs, c_outputs] = match face {
+            Reshaping::C { tensors, .. } => tensors,
+            Reshaping::Rust => {
                 made.refill_from(inputs, outputs);
                 [made.inputs(), made.outputs()]
             }
@@ -2090,8 +2135,10 @@ impl Drop for Resolved {
 #[inline(always)]
 fn passes_as_reshaped(c: &OpCandidate, d: &TensorDesc, info: &TensorInfo) -> bool {
     let rank_ok = d.rank >= c.min_rank && d.rank <= c.max_rank;
+    // As `TensorDesc::shape`, without a call across crates.
+    let rank = usize::try_from(d.rank).map_or(MAX_TENSOR_RANK, |r| r.min(MAX_TENSOR_RANK));
     let mut dims_ok = true;
-    for (&dim, &max) in d.shape().iter().zip(&c.max_dim) {
+    for (&dim, &max) in d.dims[..rank].iter().zip(&c.max_dim) {
         dims_ok &= max == 0 || dim <= max;
     }
     let batch_ok = c.max_batch == 0 || info.batch <= c.max_batch;
