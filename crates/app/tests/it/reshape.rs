@@ -833,3 +833,55 @@ fn a_reshape_is_refused_for_each_bound_of_the_candidates_declaration() {
         .unwrap();
     handle.release().unwrap();
 }
+
+/// A Rust reshape whose provider unwinds out of a callback (a Rust provider's panic) leaves the
+/// handle as it was: its next execute hands the provider the C tensors of the shapes it still
+/// has, not the ones the panicking reshape asked about.
+#[test]
+fn a_rust_reshape_that_unwinds_from_the_provider_leaves_the_calls_tensors_as_they_were() {
+    let shop = Workshop::new();
+    let executed = Arc::new(Mutex::new(Vec::new()));
+    let seen = executed.clone();
+    let provider = FakeProvider::new()
+        .validating(|q| {
+            let n = q.inputs()[0].dims[0];
+            assert_ne!(n, 5, "validate panics on five values");
+            Ok(())
+        })
+        .scratch(|q| {
+            Ok(FakeScratch {
+                host_bytes: 8 * q.inputs()[0].dims[0],
+                device_bytes: 0,
+                alignment: 16,
+            })
+        })
+        .executing(move |call| {
+            seen.lock().unwrap().push(call.inputs()[0].dims[0]);
+            double(call)
+        });
+    let plugin = FakePlugin::new().with_kernel(fake_operation_with(
+        candidate("ex.unwinding.op.cpu", 10),
+        Arc::new(provider),
+    ));
+    let (host, _, _) = fake_host(&shop, Spec::module("ex.unwinding", "1.0.0"), plugin);
+    let rust = OperationService::new(host.kernels());
+    let mut handle = rust.resolve(&request(2)).unwrap();
+    let mut scratch = Aligned([0; 64]);
+    handle.reshape(&[i64s(3)], &[i64s(3)]).unwrap();
+
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        handle.reshape(&[i64s(5)], &[i64s(5)])
+    }));
+    assert!(unwound.is_err(), "the provider's validate panicked");
+    assert_eq!(handle.inputs(), [i64s(3)]);
+    assert_eq!(run(&handle, 3, &mut scratch).unwrap(), [2, 4, 6]);
+    assert_eq!(
+        *executed.lock().unwrap(),
+        [3],
+        "the provider saw three values"
+    );
+    // It still reshapes, and runs the new shapes.
+    handle.reshape(&[i64s(2)], &[i64s(2)]).unwrap();
+    assert_eq!(run(&handle, 2, &mut scratch).unwrap(), [2, 4]);
+    assert_eq!(*executed.lock().unwrap(), [3, 2]);
+}
