@@ -1436,10 +1436,11 @@ struct ReshapeWork {
 /// The C query a reshape hands the provider's callbacks, and the record they report into,
 /// made at a handle's first reshape and kept: all of the query but its tensor arrays and
 /// params is what the resolution fixed (the names, the numbers of [`Resolved::statics`], the
-/// device record), so a reshape writes only those. Boxed, so that the query's pointers into
-/// its names stay valid wherever the handle moves; its `device_caps` is pointed at `caps`
-/// anew by each reshape, and its arrays and params are the last reshape's until the next
-/// writes its own (nothing reads them in between).
+/// device record), so a reshape writes only those. Its names point into the heap buffers of
+/// `_names`, which stay where they are however the handle moves; its `device_caps` is pointed
+/// at `caps` anew by each reshape, and its arrays and params are the last reshape's until the
+/// next writes its own (nothing reads them in between). Boxed, so that a handle that is never
+/// reshaped carries a pointer for it, not the records.
 struct ReshapeQuery {
     /// The operation name and the exact id (when the query named one) that `query` points at,
     /// owned here and otherwise never read.
@@ -1915,9 +1916,9 @@ impl Resolved {
 
     /// The checks and callbacks of a reshape to `inputs` and `outputs` (see
     /// [`Resolved::renegotiate_read`]), from the handle's `current` contract, for `face`: the
-    /// new scratch. Inlined into each face's reshape, which
-    /// then passes it its arguments in registers (43 instructions less a C reshape and 62 a
-    /// Rust one, callgrind, operations bench).
+    /// new scratch. Inlined into each face's reshape, which then passes it its arguments in
+    /// registers (43 instructions less a C reshape and 62 a Rust one, callgrind, operations
+    /// bench).
     #[inline(always)]
     fn negotiate_shapes(
         &self,
