@@ -1979,7 +1979,14 @@ impl Resolved {
                     Ok(info) => info,
                     Err(error) => return Err(invalid_tensor(tensor, error)),
                 };
-                if refused.is_none() && !passes_as_reshaped(&self.candidate, d, &info) {
+                let passes = passes_as_reshaped(&self.candidate, d, &info);
+                // The quick test may never admit what the domain's check refuses: every test
+                // build holds them to each other on each reshape it makes.
+                debug_assert!(
+                    !passes || check_tensor(&self.candidate, tensor, d, &info).is_ok(),
+                    "the reshape's quick test admitted {tensor:?}, which check_tensor refuses"
+                );
+                if refused.is_none() && !passes {
                     // The domain's check is the judge of what the quick test refused (and
                     // names the reason).
                     refused = check_tensor(&self.candidate, tensor, d, &info).err();
