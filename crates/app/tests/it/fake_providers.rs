@@ -699,12 +699,13 @@ fn a_request_naming_more_instructions_still_executes_a_kernel_this_cpu_can_run()
     assert_eq!(out, [2, 4, 6, 8]);
 }
 
-/// A resolution of one candidate, with one input and one output, allocates at most the handle
-/// and (on the Rust face) its call tensors: the query borrows the caller's name and tensors,
-/// and the contract keeps so few tensors in the handle itself (G28). Counted on this thread
-/// alone, with a provider that allocates nothing itself, after a first resolution on each face.
+/// A resolution of one candidate allocates only what the handle keeps: the handle, its
+/// contract's three arrays (the descriptors of each side and the shapes) and, on the Rust face,
+/// its call tensors. The query borrows the caller's name and tensors, and the C face reads them
+/// on its own frame (G28). Counted on this thread alone, with a provider that allocates nothing
+/// itself, after a first resolution on each face.
 #[test]
-fn a_resolution_of_one_candidate_allocates_at_most_two_blocks_on_either_face() {
+fn a_resolution_allocates_only_what_its_handle_keeps() {
     let shop = Workshop::new();
     let quiet = FakeProvider::new().scratch(|_| {
         Ok(FakeScratch {
@@ -724,7 +725,7 @@ fn a_resolution_of_one_candidate_allocates_at_most_two_blocks_on_either_face() {
     drop(rust.resolve(&request).unwrap());
     let mut handle = None;
     let made = crate::allocations::made_by(|| handle = Some(rust.resolve(&request).unwrap()));
-    assert!(made <= 2, "a Rust resolution made {made} allocations");
+    assert!(made <= 5, "a Rust resolution made {made} allocations");
     let handle = handle.unwrap();
     assert_eq!(handle.describe().impl_id.as_str(), "ex.lean.op.cpu");
     assert_eq!(handle.inputs(), &request.inputs[..]);
@@ -737,6 +738,6 @@ fn a_resolution_of_one_candidate_allocates_at_most_two_blocks_on_either_face() {
     drop(service.resolve(&query).unwrap());
     let mut handle = None;
     let made = crate::allocations::made_by(|| handle = Some(service.resolve(&query).unwrap()));
-    assert!(made <= 2, "a C resolution made {made} allocations");
+    assert!(made <= 4, "a C resolution made {made} allocations");
     drop(handle);
 }

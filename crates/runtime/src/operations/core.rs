@@ -41,7 +41,7 @@ use guild_ports::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
 use guild_ports::provider::{ExecuteCall, ExecuteEntry, KernelProvider, QueryCall};
 
 use super::handles::{HandleTable, Running, LINE};
-use super::inline::{Blank, InlineVec};
+use super::inline::Blank;
 use super::{ExecuteError, ReshapeError, ResolveError, Scratch};
 use crate::snapshot::{KernelBinding, OperationCandidates, Snapshot, StoredOp};
 
@@ -1063,22 +1063,16 @@ pub(crate) struct Resolved {
 /// reshape's) and what calls are checked against. What a reshape cannot change is the handle's
 /// ([`Resolved::statics`]).
 pub(crate) struct Contract {
-    inputs: InlineVec<TensorDesc, INLINE_INPUTS>,
-    outputs: InlineVec<TensorDesc, INLINE_OUTPUTS>,
-    /// The inputs' shapes, then the outputs'.
-    shapes: InlineVec<Shape, { INLINE_INPUTS + INLINE_OUTPUTS }>,
+    inputs: Vec<TensorDesc>,
+    outputs: Vec<TensorDesc>,
+    /// The inputs' shapes, then the outputs' (one allocation for both).
+    shapes: Vec<Shape>,
     pub(crate) scratch: Scratch,
     /// `scratch.alignment - 1`, or 0 when any address will do.
     scratch_mask: u64,
 }
 
-/// How many input tensors a contract keeps in the handle itself; more take an allocation. A
-/// handle holds two contracts (the reshape cells' spare is the other), so each tensor kept in
-/// place makes it 328 bytes larger.
-const INLINE_INPUTS: usize = 2;
-/// How many output tensors a contract keeps in the handle itself.
-const INLINE_OUTPUTS: usize = 1;
-
+/// A blank descriptor, for the arrays a C query's tensors are read into.
 impl Blank for TensorDesc {
     // All zero bits (F32 and host memory are 0), so that a blank array is a plain clear.
     const BLANK: TensorDesc = TensorDesc {
@@ -1092,17 +1086,13 @@ impl Blank for TensorDesc {
     };
 }
 
-impl Blank for Shape {
-    const BLANK: Shape = Shape::BLANK;
-}
-
 impl Contract {
     /// None at all, without an allocation: the buffers a handle's first reshape fills.
     const fn empty() -> Self {
         Contract {
-            inputs: InlineVec::new(),
-            outputs: InlineVec::new(),
-            shapes: InlineVec::new(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            shapes: Vec::new(),
             scratch: Scratch {
                 host_bytes: 0,
                 device_bytes: 0,
@@ -1434,10 +1424,10 @@ pub(crate) struct RustCall<'a> {
 impl Resolved {
     /// The handle a resolution made: the chosen candidate, its negotiated scratch, the query.
     ///
-    /// Boxed where it is made: a handle is large (its reused records, the contract's tensors
-    /// and the reshape buffers, in place), and both faces keep it behind a pointer. The box is
-    /// made with an empty contract, which the query's tensors are then copied into where it
-    /// lies: built whole and then boxed, the handle was copied about 20 times over.
+    /// Boxed where it is made: a handle is large (its reused records and reshape buffers), and
+    /// both faces keep it behind a pointer. The box is made with an empty contract, which the
+    /// query's tensors (borrowed, not the query's own) are then copied into, in the buffers a
+    /// reshape refills.
     #[allow(clippy::too_many_arguments)] // Every part is one the resolution computed.
     fn boxed(
         binding: KernelBinding,
@@ -2557,7 +2547,7 @@ mod tests {
                     }
                 })
                 .collect();
-            assert_eq!(*contract.shapes, *expected, "{ins:?} {outs:?}");
+            assert_eq!(contract.shapes, expected, "{ins:?} {outs:?}");
             assert_eq!((contract.scratch, contract.scratch_mask), (scratch, 63));
         }
     }
