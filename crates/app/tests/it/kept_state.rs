@@ -3,7 +3,7 @@
 //! update it in place, and other processes', after which it is built again. A stale copy would
 //! let a change through that the store no longer allows.
 
-use guild_host::{HostError, InstallOptions, PackageManager};
+use guild_host::{HostError, InstallOptions, PackageManager, VerifyOptions};
 use guild_test_support::{
     id, key, open_dir, retry_locked, trust, ModDep, Spec, Workshop, PUBLISHER,
 };
@@ -210,4 +210,84 @@ fn kept_state_a_reactivation_by_a_freshly_opened_writer_is_checked_against_the_w
         .install(&base2.archive, InstallOptions::default())
         .unwrap();
     assert!(done.reactivated, "{done:?}");
+}
+
+/// Repairing a tainted version (offering its genuine archive again) as a freshly opened
+/// writer's first change is judged on the index around it too: the repair makes the version
+/// enabled again, and a requirement of it that the store stopped meeting while it was disabled
+/// refuses the repair.
+#[test]
+fn kept_state_a_repair_by_a_freshly_opened_writer_is_checked_against_the_whole_store() {
+    let shop = Workshop::new();
+    let k = key();
+    let root = shop.fresh("store");
+    let fresh = || open_dir(&root).unwrap().0;
+    trust(&fresh(), PUBLISHER, &k);
+    let base1 = shop.build(&Spec::module("ex.base", "1.0.0"), &k);
+    let base2 = shop.build(&Spec::module("ex.base", "2.0.0"), &k);
+    let user = shop.build(
+        &Spec::module("ex.user", "1.0.0").module_dep(ModDep::on("ex.base", "1.0.0").max("1.9.0")),
+        &k,
+    );
+    for built in [&base1, &user] {
+        fresh()
+            .install(&built.archive, InstallOptions::default())
+            .unwrap();
+    }
+    // ex.user's files are changed behind the store's back; the full check taints and disables it.
+    let tree = root.join("packages").join("ex.user").join("1.0.0");
+    let library = first_file_under(&tree.join("lib"));
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&library, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::write(&library, b"tampered").unwrap();
+        std::fs::set_permissions(&library, std::fs::Permissions::from_mode(0o444)).unwrap();
+    }
+    let checked = fresh().verify_all(VerifyOptions::default()).unwrap();
+    assert_eq!(checked.failures.len(), 1, "{checked:?}");
+    // With ex.user disabled, ex.base moves past what it accepts.
+    fresh()
+        .install(&base2.archive, InstallOptions::default())
+        .unwrap();
+
+    let err = fresh()
+        .install(&user.archive, InstallOptions::default())
+        .unwrap_err();
+    assert!(
+        matches!(&err, HostError::Dependencies { .. }) && err.to_string().contains("ex.base"),
+        "{err}"
+    );
+    let registry = reader(&root).list().unwrap();
+    let user_row = registry
+        .iter()
+        .find(|p| p.id.as_str() == "ex.user")
+        .unwrap();
+    assert!(
+        user_row.versions[0].taint.is_some(),
+        "a refused repair leaves the version tainted: {user_row:?}"
+    );
+    // With ex.base back on a version it accepts, the same repair goes through.
+    fresh().rollback(&id("ex.base")).unwrap();
+    let done = fresh()
+        .install(&user.archive, InstallOptions::default())
+        .unwrap();
+    assert!(done.repaired, "{done:?}");
+}
+
+/// The first regular file found under `dir`, depth first.
+fn first_file_under(dir: &std::path::Path) -> std::path::PathBuf {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_file() {
+            return path;
+        }
+        if path.is_dir() {
+            return first_file_under(&path);
+        }
+    }
+    panic!("no file under {}", dir.display());
 }
