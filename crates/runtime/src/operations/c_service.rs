@@ -599,19 +599,20 @@ fn no_tensor_array(role: &str, count: usize) -> Failure {
     ))
 }
 
-/// Copies the caller's tensor array into `out` (cleared first), reusing its allocation, and
-/// gives it back as a slice.
+/// Copies the caller's tensor array into `out` (in place of what it held), reusing its
+/// allocation, and gives it back as a slice.
 ///
 /// # Safety
 /// As for [`read_tensors`].
+#[inline(always)]
 unsafe fn read_tensors_into<'q>(
     role: &str,
     tensors: *const guild_tensor_desc_v1_t,
     count: usize,
     out: &mut Vec<TensorDesc>,
 ) -> Result<&'q [guild_tensor_desc_v1_t], Failure> {
-    out.clear();
     if count == 0 {
+        out.clear();
         return Ok(&[]);
     }
     if count > MAX_QUERY_TENSORS {
@@ -626,6 +627,17 @@ unsafe fn read_tensors_into<'q>(
     }
     // SAFETY: non-NULL, aligned, and `count` descriptors long by the caller's contract.
     let slice = unsafe { std::slice::from_raw_parts(tensors, count) };
+    if out.len() == count {
+        // A reshape's buffers hold as many as the handle has: each read into its slot.
+        for (i, (slot, t)) in out.iter_mut().zip(slice).enumerate() {
+            let Some(memory_space) = MemorySpace::from_bit(t.memory_space) else {
+                return Err(bad_c_tensor(role, i, t));
+            };
+            *slot = desc_from_c(t, memory_space);
+        }
+        return Ok(slice);
+    }
+    out.clear();
     out.reserve(count);
     for (i, t) in slice.iter().enumerate() {
         // Made where it is pushed: a `Result` of the descriptor, made and then moved, cost a
@@ -1099,27 +1111,20 @@ unsafe extern "C" fn service_reshape(
             .with_running(name, face == Face::Runner, |h, running| {
                 let r = h;
                 // SAFETY: `running` is this handle's exclusivity: no execute or other reshape
-                // of it runs, so its reshape buffers and contract are this call's.
-                let (mut inputs, mut outputs) = unsafe { r.take_reshape_buffers() };
-                // SAFETY: the caller's arrays, valid for this call.
-                let read =
-                    unsafe { read_tensors_into("input", a.inputs, a.input_count, &mut inputs) }
-                        .and_then(|c_inputs| {
-                            // SAFETY: as above.
-                            let c_outputs = unsafe {
-                                read_tensors_into("output", a.outputs, a.output_count, &mut outputs)
-                            }?;
-                            Ok([c_inputs, c_outputs])
-                        });
+                // of it runs, so its reshape cells and contract are this call's. The caller's
+                // arrays are valid for this call.
+                let read = unsafe {
+                    r.read_reshape(|inputs, outputs| {
+                        let c_inputs = read_tensors_into("input", a.inputs, a.input_count, inputs)?;
+                        let c_outputs =
+                            read_tensors_into("output", a.outputs, a.output_count, outputs)?;
+                        Ok([c_inputs, c_outputs])
+                    })
+                }?;
                 // The caller's own arrays go to the provider's callbacks as they are.
                 // SAFETY: as above.
-                let renegotiated =
-                    read.map(|c| unsafe { r.renegotiate(&inputs, &outputs, Some(c), params) });
-                // The buffers go back whatever happened, so that bad arguments do not cost the
-                // handle the allocations the next reshape reuses.
-                // SAFETY: as above.
-                unsafe { r.return_reshape_buffers(inputs, outputs) };
-                renegotiated?.map_err(|e| reshape_failure(r, e))?;
+                let renegotiated = unsafe { r.renegotiate_read(read, params) };
+                renegotiated.map_err(|e| reshape_failure(r, e))?;
                 // SAFETY: as above.
                 unsafe { r.install(running) };
                 Ok(())

@@ -452,10 +452,7 @@ impl OpHandle<'_> {
     ) -> Result<(), ReshapeError> {
         let params = AlignedParams::new(params);
         // SAFETY: `&mut self`: no other call of this handle runs.
-        unsafe {
-            self.resolved
-                .renegotiate(inputs, outputs, None, params.bytes())
-        }?;
+        unsafe { self.resolved.renegotiate(inputs, outputs, params.bytes()) }?;
         self.resolved.install_mut();
         Ok(())
     }
