@@ -41,6 +41,7 @@ use guild_ports::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
 use guild_ports::provider::{ExecuteCall, ExecuteEntry, KernelProvider, QueryCall};
 
 use super::handles::{HandleTable, Running, LINE};
+use super::inline::Blank;
 use super::{ExecuteError, ReshapeError, ResolveError, Scratch};
 use crate::snapshot::{KernelBinding, OperationCandidates, Snapshot, StoredOp};
 
@@ -323,7 +324,7 @@ impl ServiceCore {
     /// nothing be chosen, the walk is made again with the full report, which is then the error.
     pub(crate) fn resolve(
         &self,
-        query: OpQuery,
+        query: &OpQuery<'_>,
         args: &Negotiation<'_>,
         report: bool,
     ) -> Result<Box<Resolved>, ResolveError> {
@@ -338,29 +339,29 @@ impl ServiceCore {
         static NONE: LazyLock<OperationCandidates> = LazyLock::new(OperationCandidates::default);
         // A candidate whose package a lifecycle change is draining counts as already gone.
         let entry = snapshot
-            .operation(query.op_name())
+            .operation(query.op_name().as_str())
             .map_or(Cow::Borrowed(&*NONE), OperationCandidates::bindable);
         let mut candidates = Cow::Borrowed(entry.contracts.as_slice());
         // An exact id registered for another operation takes part as a declaration only (the
         // domain skips other operations' candidates without calling them), so that the report
         // says what it implements instead.
-        if let Some(exact) = &spec.exact_impl {
+        if let Some(exact) = spec.exact_impl {
             if !candidates.iter().any(|c| &c.impl_id == exact) {
                 if let Some(c) = snapshot
                     .by_id(exact)
                     .and_then(|s| s.kernel.operation.as_ref())
                 {
-                    if c.op_name != *query.op_name() {
+                    if c.op_name != query.op_name() {
                         candidates.to_mut().push(c.clone());
                     }
                 }
             }
         }
         let chosen = if report {
-            negotiate_reported(&entry, &query, args, &candidates)?
+            negotiate_reported(&entry, query, args, &candidates)?
         } else {
-            let negotiator = CNegotiator::new(&entry, &query, args, false);
-            match choose(&query, &candidates, &negotiator) {
+            let negotiator = CNegotiator::new(&entry, query, args, false);
+            match choose(query, &candidates, &negotiator) {
                 Ok((index, scratch)) => Chosen {
                     index,
                     scratch,
@@ -372,7 +373,7 @@ impl ServiceCore {
                 // accept this time after all, its acceptance is as good as any.)
                 Err(_) => Chosen {
                     passed_over: None,
-                    ..negotiate_reported(&entry, &query, args, &candidates)?
+                    ..negotiate_reported(&entry, query, args, &candidates)?
                 },
             }
         };
@@ -403,9 +404,7 @@ impl ServiceCore {
         let Some(binding) = KernelBinding::try_new(stored) else {
             return self.resolve(query, args, report);
         };
-        // Boxed where it is made: a handle is large (its reused records and reshape buffers),
-        // and both faces keep it behind a pointer, so it is moved once, not at every return.
-        Ok(Box::new(Resolved::new(
+        Ok(Resolved::boxed(
             binding,
             kernel,
             candidate,
@@ -418,7 +417,7 @@ impl ServiceCore {
             chosen.passed_over,
             streams,
             self.runs_isa,
-        )))
+        ))
     }
 }
 
@@ -443,7 +442,7 @@ struct Chosen {
 /// refusal, for the Rust face's `passed_over` or for the error when nothing is chosen.
 fn negotiate_reported(
     entry: &OperationCandidates,
-    query: &OpQuery,
+    query: &OpQuery<'_>,
     args: &Negotiation<'_>,
     candidates: &[OpCandidate],
 ) -> Result<Chosen, ResolveError> {
@@ -547,7 +546,7 @@ pub(crate) fn desc_from_c(t: &guild_tensor_desc_v1_t, memory_space: MemorySpace)
 
 /// The C form of a query's tensors, inputs then outputs, with their known addresses (for the
 /// negotiation callbacks, which may inspect them), laid out as a Rust handle keeps them.
-pub(crate) fn c_tensors(query: &OpQuery) -> CallTensors {
+pub(crate) fn c_tensors(query: &OpQuery<'_>) -> CallTensors {
     let spec = query.spec();
     let c = |d: &TensorDesc| c_tensor(d, address_ptr(d));
     CallTensors::new(spec.inputs.iter().map(c), spec.outputs.iter().map(c))
@@ -698,7 +697,7 @@ struct CNegotiator<'p> {
 impl<'p> CNegotiator<'p> {
     fn new(
         entry: &'p OperationCandidates,
-        query: &OpQuery,
+        query: &OpQuery<'_>,
         args: &Negotiation<'p>,
         report: bool,
     ) -> Self {
@@ -711,7 +710,6 @@ impl<'p> CNegotiator<'p> {
             // fallback should that ever change.
             exact: spec
                 .exact_impl
-                .as_ref()
                 .map(|id| CString::new(id.as_str()).unwrap_or_default()),
             inputs,
             outputs,
@@ -793,7 +791,7 @@ pub(crate) struct QueryStatics {
 }
 
 impl QueryStatics {
-    fn of(query: &OpQuery) -> Self {
+    fn of(query: &OpQuery<'_>) -> Self {
         let spec = query.spec();
         QueryStatics {
             versions: query.versions(),
@@ -983,7 +981,7 @@ impl Negotiator for CNegotiator<'_> {
         &self,
         index: usize,
         candidate: &OpCandidate,
-        _query: &OpQuery,
+        _query: &OpQuery<'_>,
     ) -> Result<(), ProviderRefusal> {
         let provider = self.op(index)?;
         let mut error = self.fresh_error();
@@ -1004,7 +1002,7 @@ impl Negotiator for CNegotiator<'_> {
         &self,
         index: usize,
         candidate: &OpCandidate,
-        _query: &OpQuery,
+        _query: &OpQuery<'_>,
     ) -> Result<ScratchRequest, ProviderRefusal> {
         let provider = self.op(index)?;
         let mut error = self.fresh_error();
@@ -1095,6 +1093,20 @@ pub(crate) struct Contract {
     scratch_mask: u64,
 }
 
+/// A blank descriptor, for the arrays a C query's tensors are read into.
+impl Blank for TensorDesc {
+    // All zero bits (F32 and host memory are 0), so that a blank array is a plain clear.
+    const BLANK: TensorDesc = TensorDesc {
+        dtype: DType::F32,
+        rank: 0,
+        dims: [0; MAX_TENSOR_RANK],
+        strides: [0; MAX_TENSOR_RANK],
+        memory_space: MemorySpace::Host,
+        device_id: 0,
+        data_addr: None,
+    };
+}
+
 impl Contract {
     /// None at all, without an allocation: the buffers a handle's first reshape fills.
     const fn empty() -> Self {
@@ -1108,21 +1120,6 @@ impl Contract {
                 alignment: 0,
             },
             scratch_mask: 0,
-        }
-    }
-
-    /// The contract of a resolution's query, which gives up its tensors to it.
-    fn new(query: OpQuery, scratch: Scratch) -> Self {
-        let mut shapes = Vec::with_capacity(query.spec().inputs.len() + query.spec().outputs.len());
-        shapes.extend(shapes_of(&query.spec().inputs, query.input_infos()));
-        shapes.extend(shapes_of(&query.spec().outputs, query.output_infos()));
-        let spec = query.into_spec();
-        Contract {
-            inputs: spec.inputs,
-            outputs: spec.outputs,
-            shapes,
-            scratch_mask: scratch_mask(scratch),
-            scratch,
         }
     }
 
@@ -1329,14 +1326,6 @@ impl RustCells {
     }
 }
 
-/// The shapes of `descs`, whose facts are `infos`.
-fn shapes_of<'a, D: IntoIterator<Item = &'a TensorDesc>>(
-    descs: D,
-    infos: &'a [TensorInfo],
-) -> impl Iterator<Item = Shape> + use<'a, D> {
-    descs.into_iter().zip(infos).map(|(d, i)| Shape::of(d, i))
-}
-
 /// The mask a scratch buffer's address must clear: `alignment - 1`, or 0 when any will do.
 fn scratch_mask(scratch: Scratch) -> u64 {
     u64::from(scratch.alignment.max(1)) - 1
@@ -1512,24 +1501,29 @@ pub(crate) struct RustCall<'a> {
 
 impl Resolved {
     /// The handle a resolution made: the chosen candidate, its negotiated scratch, the query.
+    ///
+    /// Boxed where it is made: a handle is large (its reused records and reshape buffers), and
+    /// both faces keep it behind a pointer. The box is made with an empty contract, which the
+    /// query's tensors (borrowed, not the query's own) are then copied into, in the buffers a
+    /// reshape refills.
     #[allow(clippy::too_many_arguments)] // Every part is one the resolution computed.
-    fn new(
+    fn boxed(
         binding: KernelBinding,
         kernel: Arc<dyn KernelProvider>,
         candidate: Arc<OpCandidate>,
-        query: OpQuery,
+        query: &OpQuery<'_>,
         scratch: Scratch,
         passed_over: Option<Vec<PassedOver>>,
         streams: Option<Arc<dyn StreamEvents>>,
         host_isa: CpuIsa,
-    ) -> Self {
+    ) -> Box<Self> {
         let spec = query.spec();
         // Every backend: a device provider's host-side code runs on this CPU too.
         let lacks_here = candidate.cpu_isa.difference(host_isa);
         let host_only = spec
             .inputs
             .iter()
-            .chain(&spec.outputs)
+            .chain(spec.outputs)
             .all(|t| t.memory_space == MemorySpace::Host);
         let (call_key, sync_mode, device_id) = (
             call_key(spec.device.device_id, spec.sync_mode.raw()),
@@ -1538,8 +1532,8 @@ impl Resolved {
         );
         let plain =
             host_only && (sync_mode == SyncMode::HostBlocking || candidate.backend == Backend::Cpu);
-        let statics = QueryStatics::of(&query);
-        Resolved {
+        let statics = QueryStatics::of(query);
+        let mut handle = Box::new(Resolved {
             binding,
             entry: kernel.execute_entry(),
             kernel,
@@ -1556,13 +1550,18 @@ impl Resolved {
             streams,
             published: PublishedScratch::new(scratch),
             through_runner: false,
-            contract: UnsafeCell::new(Contract::new(query, scratch)),
+            contract: UnsafeCell::new(Contract::empty()),
             call: Padded::new(UnsafeCell::new(CallCells {
                 rust: RustCells::new(sync_mode, device_id),
                 marks: Vec::new(),
             })),
             reshaping: UnsafeCell::new(ReshapeCells::default()),
-        }
+        });
+        handle
+            .contract
+            .get_mut()
+            .refill(spec.inputs, spec.outputs, query.tensor_infos(), scratch);
+        handle
     }
 
     /// The contract.
@@ -2212,6 +2211,7 @@ impl Shape {
         byte_extent: 0,
     };
 
+    #[cfg(test)]
     fn of(d: &TensorDesc, info: &TensorInfo) -> Shape {
         let mut shape = Shape::BLANK;
         shape.set(d, info);
