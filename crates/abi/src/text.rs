@@ -61,7 +61,10 @@ pub unsafe fn bounded_cstr<'a>(ptr: *const c_char, max: usize) -> Result<&'a CSt
             // SAFETY: `len + 1` bytes starting at `ptr` were just read and the last one is the
             // only NUL among them; the caller keeps them unchanged for 'a.
             let bytes = unsafe { core::slice::from_raw_parts(ptr.cast::<u8>(), len + 1) };
-            return CStr::from_bytes_with_nul(bytes).map_err(|_| StringError::TooLong { max });
+            // SAFETY: as just said, `bytes` ends with its only NUL (so the scan that
+            // `from_bytes_with_nul` would make again is spared: a query's name is read on
+            // every resolution).
+            return Ok(unsafe { CStr::from_bytes_with_nul_unchecked(bytes) });
         }
     }
     Err(StringError::TooLong { max })
@@ -76,6 +79,12 @@ pub unsafe fn bounded_cstr<'a>(ptr: *const c_char, max: usize) -> Result<&'a CSt
 pub unsafe fn bounded_str<'a>(ptr: *const c_char, max: usize) -> Result<&'a str, StringError> {
     // SAFETY: the caller upholds bounded_cstr's contract.
     let text = unsafe { bounded_cstr(ptr, max) }?;
+    let bytes = text.to_bytes();
+    if bytes.is_ascii() {
+        // SAFETY: ASCII is UTF-8. Names and ids are ASCII, and this test is cheaper than the
+        // general validation that `to_str` makes.
+        return Ok(unsafe { core::str::from_utf8_unchecked(bytes) });
+    }
     text.to_str().map_err(|_| StringError::NotUtf8)
 }
 

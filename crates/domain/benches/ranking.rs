@@ -19,7 +19,7 @@ const OP: &str = "example.sequence.inclusive_scan";
 struct NoOp;
 
 impl Negotiator for NoOp {
-    fn validate(&self, _: usize, _: &OpCandidate, _: &OpQuery) -> Result<(), ProviderRefusal> {
+    fn validate(&self, _: usize, _: &OpCandidate, _: &OpQuery<'_>) -> Result<(), ProviderRefusal> {
         Ok(())
     }
 
@@ -27,7 +27,7 @@ impl Negotiator for NoOp {
         &self,
         _: usize,
         _: &OpCandidate,
-        _: &OpQuery,
+        _: &OpQuery<'_>,
     ) -> Result<ScratchRequest, ProviderRefusal> {
         Ok(ScratchRequest::default())
     }
@@ -37,13 +37,13 @@ fn version(text: &str) -> PackedVersion {
     PackedVersion::parse(text).expect("benchmark version parses")
 }
 
-fn query() -> OpQuery {
+fn spec() -> QuerySpec {
     let tensor = |addr| {
         TensorDesc::new(DType::F32, &[4096, 32], MemorySpace::Host)
             .with_strides(&[0, 8192])
             .with_data_addr(addr)
     };
-    OpQuery::new(QuerySpec {
+    QuerySpec {
         op_name: OpName::new(OP).expect("benchmark op name is valid"),
         min_version: version("1.0.0"),
         max_version: version("1.9.0"),
@@ -61,8 +61,7 @@ fn query() -> OpQuery {
             cuda_sm: Some(86),
             cpu_isa: CpuIsa::from_bits(0b111),
         },
-    })
-    .expect("benchmark query is valid")
+    }
 }
 
 /// Candidate `i` of `n`, compatible with [`query`]. Priorities repeat every 8 so that many
@@ -109,7 +108,8 @@ fn break_statically(c: &mut OpCandidate, k: usize) {
 }
 
 fn ranking(crit: &mut Criterion) {
-    let q = query();
+    let spec = spec();
+    let q = OpQuery::new(&spec).expect("benchmark query is valid");
 
     let compatible: Vec<OpCandidate> = (0..256).map(candidate).collect();
     crit.bench_function("resolve 256 candidates, all compatible", |b| {

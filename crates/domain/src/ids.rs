@@ -81,7 +81,7 @@ fn check_id(what: &'static str, value: &str) -> Result<(), IdError> {
     let mut after_dot = false;
     for &b in value.as_bytes() {
         // A byte of a multi-byte character is never allowed, so this finds those too.
-        if !allowed(char::from(b)) {
+        if !ALLOWED[usize::from(b)] {
             return Err(bad_char(what, value));
         }
         doubled_dot |= after_dot && b == b'.';
@@ -101,6 +101,20 @@ fn check_id(what: &'static str, value: &str) -> Result<(), IdError> {
 fn allowed(c: char) -> bool {
     c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '-' | '.')
 }
+
+/// [`allowed`] for each byte value, so that the scan of an id tests one table entry per byte
+/// (every query names its operation, and the chained comparisons cost a resolution more than
+/// its allocations did).
+static ALLOWED: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'_' | b'-' | b'.');
+        b += 1;
+    }
+    table
+};
 
 /// The error for the first character outside the grammar, which `value` has.
 fn bad_char(what: &'static str, value: &str) -> IdError {
@@ -154,6 +168,13 @@ macro_rules! id_type {
                 &self.0
             }
         }
+
+        // Hash, Eq and Ord are the text's, so a map keyed by the id can be asked with a `&str`.
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
     };
 }
 
@@ -188,6 +209,54 @@ id_type!(
     OpName,
     "operation name"
 );
+
+/// A validated operation name borrowed from text that someone else owns, such as the name a C
+/// caller passes with its query: checked as [`OpName::new`] checks, without copying the text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OpNameRef<'a>(&'a str);
+
+impl<'a> OpNameRef<'a> {
+    /// Validates `value` as an operation name, borrowing it.
+    pub fn new(value: &'a str) -> Result<Self, IdError> {
+        check_id("operation name", value)?;
+        Ok(OpNameRef(value))
+    }
+
+    /// The name as text.
+    pub fn as_str(self) -> &'a str {
+        self.0
+    }
+
+    /// An owned copy (the text is valid already, so it is not checked again).
+    pub fn to_owned(self) -> OpName {
+        OpName(self.0.to_owned())
+    }
+}
+
+impl OpName {
+    /// The name, borrowed.
+    pub fn as_name_ref(&self) -> OpNameRef<'_> {
+        OpNameRef(&self.0)
+    }
+}
+
+impl PartialEq<OpName> for OpNameRef<'_> {
+    fn eq(&self, other: &OpName) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl PartialEq<OpNameRef<'_>> for OpName {
+    fn eq(&self, other: &OpNameRef<'_>) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl fmt::Display for OpNameRef<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
 
 /// The two kinds of package, which share one archive format and one registry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -382,6 +451,41 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// A borrowed operation name is checked exactly as an owned one, for every byte value, and
+    /// compares equal to the owned name of the same text.
+    #[test]
+    fn a_borrowed_operation_name_is_checked_as_an_owned_one() {
+        let mut texts: Vec<String> = (0u8..=127)
+            .map(|b| format!("op.a{}z", char::from(b)))
+            .collect();
+        texts.extend(
+            [
+                "",
+                "op.",
+                ".op",
+                "Op.x",
+                "9op",
+                "op.\u{e9}",
+                "ex.fake.double",
+            ]
+            .map(String::from),
+        );
+        texts.push("a".repeat(MAX_ID_LEN + 1));
+        for text in &texts {
+            let owned = OpName::new(text.as_str());
+            let borrowed = OpNameRef::new(text);
+            assert_eq!(borrowed.map(OpNameRef::to_owned), owned, "{text:?}");
+            if let Ok(owned) = owned {
+                let borrowed = OpNameRef::new(text).unwrap();
+                assert_eq!(borrowed, owned);
+                assert_eq!(owned, borrowed);
+                assert_eq!(owned.as_name_ref(), borrowed);
+                assert_eq!(borrowed.to_string(), *text);
+            }
+        }
+        assert!(OpNameRef::new("ex.fake.double").unwrap() != OpName::new("ex.fake.other").unwrap());
     }
 
     #[test]

@@ -629,9 +629,10 @@ impl OperationCandidates {
 }
 
 impl Snapshot {
-    /// The enabled GOP1 kernels of a namespaced operation, best first.
-    pub fn operation(&self, name: &OpName) -> Option<&OperationCandidates> {
-        self.operations.get(name)
+    /// The enabled GOP1 kernels of a namespaced operation, best first: named by an
+    /// [`OpName`] or by its text (a query's borrowed name).
+    pub fn operation<N: AsRef<str> + ?Sized>(&self, name: &N) -> Option<&OperationCandidates> {
+        self.operations.get(name.as_ref())
     }
 
     /// The enabled kernel with this impl id.

@@ -698,3 +698,46 @@ fn a_request_naming_more_instructions_still_executes_a_kernel_this_cpu_can_run()
         .unwrap();
     assert_eq!(out, [2, 4, 6, 8]);
 }
+
+/// A resolution of one candidate allocates only what the handle keeps: the handle, its
+/// contract's three arrays (the descriptors of each side and the shapes) and, on the Rust face,
+/// its call tensors. The query borrows the caller's name and tensors, and the C face reads them
+/// on its own frame (G28). Counted on this thread alone, with a provider that allocates nothing
+/// itself, after a first resolution on each face.
+#[test]
+fn a_resolution_allocates_only_what_its_handle_keeps() {
+    let shop = Workshop::new();
+    let quiet = FakeProvider::new().scratch(|_| {
+        Ok(FakeScratch {
+            host_bytes: 0,
+            device_bytes: 0,
+            alignment: 0,
+        })
+    });
+    let plugin = FakePlugin::new().with_kernel(fake_operation_with(
+        candidate("ex.lean.op.cpu", 10),
+        Arc::new(quiet),
+    ));
+    let (host, _, _) = fake_host(&shop, Spec::module("ex.lean", "1.0.0"), plugin);
+
+    let rust = OperationService::new(host.kernels());
+    let request = request(4);
+    drop(rust.resolve(&request).unwrap());
+    let mut handle = None;
+    let made = crate::allocations::made_by(|| handle = Some(rust.resolve(&request).unwrap()));
+    assert!(made <= 5, "a Rust resolution made {made} allocations");
+    let handle = handle.unwrap();
+    assert_eq!(handle.describe().impl_id.as_str(), "ex.lean.op.cpu");
+    assert_eq!(handle.inputs(), &request.inputs[..]);
+    assert_eq!(handle.outputs(), &request.outputs[..]);
+    drop(handle);
+
+    let service = Service::of(host.kernels());
+    let t = tensor(GUILD_DTYPE_I64, &[4], &[]);
+    let query = Query::cpu(OP, vec![t], vec![t]);
+    drop(service.resolve(&query).unwrap());
+    let mut handle = None;
+    let made = crate::allocations::made_by(|| handle = Some(service.resolve(&query).unwrap()));
+    assert!(made <= 4, "a C resolution made {made} allocations");
+    drop(handle);
+}

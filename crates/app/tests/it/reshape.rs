@@ -589,3 +589,299 @@ fn a_reshape_allocates_nothing_once_the_handle_has_been_reshaped() {
         assert_eq!(handle.scratch().unwrap().host_bytes, 8 * t.dims[0]);
     }
 }
+
+/// Every fact of a C query a reshape does not change (the names, the numbers, the device
+/// record), with the params, as a provider's callback saw them.
+fn query_facts(q: &guild_ports::provider::QueryCall<'_>) -> String {
+    let r = q.raw();
+    let text = |p: *const std::ffi::c_char| {
+        // SAFETY: NULL or a NUL-terminated string for the callback (the query's contract).
+        (!p.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(p) }.to_owned())
+    };
+    let caps = q.device_caps().map(|c| {
+        (
+            c.struct_size,
+            c.backend,
+            c.device_id,
+            c.cuda_sm,
+            c.cpu_isa,
+            c.total_memory_bytes,
+            c.free_memory_bytes,
+            c.next_ext.is_null(),
+        )
+    });
+    format!(
+        "{} {} {:?} {:?} {:#x}..{:#x} backends {:#x} sync {} caps {:#x} numerics {:#x} ram {} \
+         vram {} device {caps:?} params {:?} ({} and {} tensors)",
+        r.struct_size,
+        r.version,
+        text(r.op_name),
+        text(r.exact_impl_id),
+        r.min_op_version,
+        r.max_op_version,
+        r.backends,
+        r.sync_mode,
+        r.required_capabilities,
+        r.required_numerics,
+        r.ram_budget,
+        r.vram_budget,
+        q.params(),
+        q.inputs().len(),
+        q.outputs().len(),
+    )
+}
+
+/// The params record of the query-facts test, aligned as the C table requires.
+#[repr(C, align(8))]
+struct Params([u8; 8]);
+
+/// A reshape hands the provider's callbacks the C query of its resolution but for the tensors
+/// and the params: the same names, numbers and device record, on either face, at a handle's
+/// first reshape and at every later one (which reuse the query the first made), with the
+/// params of each reshape or none. Resolved with an exact id and a budget, so that those are
+/// not the defaults.
+#[test]
+fn a_reshape_asks_with_the_resolutions_query_and_its_own_tensors_and_params() {
+    let shop = Workshop::new();
+    let seen = Arc::new(Mutex::new(Vec::<(String, u64)>::new()));
+    let (validated, scratched) = (seen.clone(), seen.clone());
+    let provider = FakeProvider::new()
+        .validating(move |q| {
+            let n = q.inputs()[0].dims[0];
+            validated.lock().unwrap().push((query_facts(&q), n));
+            Ok(())
+        })
+        .scratch(move |q| {
+            let n = q.inputs()[0].dims[0];
+            scratched.lock().unwrap().push((query_facts(&q), n));
+            Ok(FakeScratch {
+                host_bytes: 8 * n,
+                device_bytes: 0,
+                alignment: 16,
+            })
+        });
+    const ID: &str = "ex.asked.op.cpu";
+    let plugin =
+        FakePlugin::new().with_kernel(fake_operation_with(candidate(ID, 10), Arc::new(provider)));
+    let (host, _, _) = fake_host(&shop, Spec::module("ex.asked", "1.0.0"), plugin);
+    let params = Params(*b"reshaped");
+    let take = || std::mem::take(&mut *seen.lock().unwrap());
+    // Each callback of a resolution and of the reshapes after it, with the tensors' lengths.
+    let check = |face: &str, asked: Vec<(String, u64)>, lengths: &[(u64, bool)]| {
+        assert_eq!(asked.len(), 2 * lengths.len(), "{face}: {asked:?}");
+        let resolution = asked[0].0.clone();
+        assert!(
+            resolution.contains(ID) && resolution.contains("ram 4096"),
+            "{face}: {resolution}"
+        );
+        for (pair, &(n, with_params)) in asked.chunks(2).zip(lengths) {
+            let expected = if with_params {
+                resolution.replace("params []", &format!("params {:?}", params.0))
+            } else {
+                resolution.clone()
+            };
+            for (facts, length) in pair {
+                assert_eq!((facts, *length), (&expected, n), "{face}");
+            }
+        }
+    };
+
+    let rust = OperationService::new(host.kernels());
+    let exact = request(2)
+        .exact(guild_domain::ids::ImplId::new(ID).unwrap())
+        .ram_budget(guild_domain::operation::Budget::bytes(4096));
+    let mut handle = rust.resolve(&exact).unwrap();
+    handle.reshape(&[i64s(3)], &[i64s(3)]).unwrap();
+    handle.reshape(&[i64s(4)], &[i64s(4)]).unwrap();
+    handle
+        .reshape_with_params(&[i64s(5)], &[i64s(5)], &params.0)
+        .unwrap();
+    handle.reshape(&[i64s(6)], &[i64s(6)]).unwrap();
+    check(
+        "Rust",
+        take(),
+        &[(2, false), (3, false), (4, false), (5, true), (6, false)],
+    );
+
+    let service = Service::of(host.kernels());
+    let t = |n: u64| tensor(GUILD_DTYPE_I64, &[n], &[]);
+    let mut query = Query::cpu(OP, vec![t(2)], vec![t(2)]);
+    query.exact = Some(std::ffi::CString::new(ID).unwrap());
+    query.ram_budget = 4096;
+    let handle = service.resolve(&query).unwrap();
+    handle.reshape(&[t(3)], &[t(3)]).unwrap();
+    let mut with_params = reshape_args(&[t(4)], &[t(4)]);
+    with_params.params = std::ptr::from_ref(&params).cast();
+    with_params.params_size = size_of::<Params>();
+    reshape_raw(&service, handle.raw(), &with_params).unwrap();
+    handle.reshape(&[t(5)], &[t(5)]).unwrap();
+    check(
+        "C",
+        take(),
+        &[(2, false), (3, false), (4, true), (5, false)],
+    );
+    handle.release().unwrap();
+}
+
+/// A reshape checks every new tensor on its own before it holds any against the candidate, as
+/// a resolution's query is checked before its candidates are: a tensor the candidate refuses
+/// (rank 2, where it declares rank 1) ahead of one that is invalid (an extent of 0) reports the
+/// invalid one, on either face, and the handle keeps its shapes.
+#[test]
+fn a_reshape_reports_an_invalid_tensor_before_a_refusal_of_an_earlier_one() {
+    let f = fixture();
+    let rust = OperationService::new(f.host.kernels());
+    let mut handle = rust.resolve(&request(2)).unwrap();
+    let rank2 = TensorDesc::new(DType::I64, &[2, 2], MemorySpace::Host);
+    match handle.reshape(&[rank2], &[i64s(0)]).unwrap_err() {
+        ReshapeError::Query(e) => assert!(e.to_string().contains("output 0"), "{e}"),
+        other => panic!("expected the invalid output, got {other}"),
+    }
+    match handle.reshape(&[rank2], &[i64s(2)]).unwrap_err() {
+        ReshapeError::Refused(r) => assert!(r.is_static(), "{r}"),
+        other => panic!("expected the candidate's refusal, got {other}"),
+    }
+    assert_eq!(handle.inputs(), [i64s(2)]);
+
+    let service = Service::of(f.host.kernels());
+    let t2 = tensor(GUILD_DTYPE_I64, &[2], &[]);
+    let handle = service
+        .resolve(&Query::cpu(OP, vec![t2], vec![t2]))
+        .unwrap();
+    let c_rank2 = tensor(GUILD_DTYPE_I64, &[2, 2], &[]);
+    let empty = tensor(GUILD_DTYPE_I64, &[0], &[]);
+    let err = handle.reshape(&[c_rank2], &[empty]).unwrap_err();
+    assert_eq!(err.status, GUILD_STATUS_ERR_INVALID_ARGUMENT, "{err}");
+    assert!(err.message.contains("output 0"), "{err}");
+    let err = handle.reshape(&[c_rank2], &[t2]).unwrap_err();
+    assert_eq!(err.status, GUILD_STATUS_ERR_UNSUPPORTED, "{err}");
+    assert_eq!(handle.scratch().unwrap().host_bytes, 16);
+    handle.release().unwrap();
+}
+
+/// Whether a refusal is for the reason a case expects.
+type Reason = fn(&Rejection) -> bool;
+
+/// A reshape holds every new tensor against the candidate's declaration as a resolution does:
+/// its rank, each extent, the batch, the layout and a known data address are each refused
+/// for the reason the candidate gives (and the handle keeps its shapes), on either face; what
+/// the declaration admits is accepted.
+#[test]
+fn a_reshape_is_refused_for_each_bound_of_the_candidates_declaration() {
+    let shop = Workshop::new();
+    let quiet = FakeProvider::new().scratch(|_| {
+        Ok(FakeScratch {
+            host_bytes: 0,
+            device_bytes: 0,
+            alignment: 0,
+        })
+    });
+    let mut bounded = candidate("ex.bounded.op.cpu", 10);
+    bounded.max_rank = 2;
+    bounded.max_dim[0] = 4;
+    bounded.max_batch = 3;
+    bounded.min_alignment = 8;
+    let plugin = FakePlugin::new().with_kernel(fake_operation_with(bounded, Arc::new(quiet)));
+    let (host, _, _) = fake_host(&shop, Spec::module("ex.bounded", "1.0.0"), plugin);
+
+    let rust = OperationService::new(host.kernels());
+    let mut handle = rust.resolve(&request(2)).unwrap();
+    let t = |dims: &[u64]| TensorDesc::new(DType::I64, dims, MemorySpace::Host);
+    let cases: [(TensorDesc, Reason); 5] = [
+        (t(&[1, 1, 1]), |r| {
+            matches!(r, Rejection::RankOutOfRange { .. })
+        }),
+        (t(&[5]), |r| {
+            matches!(r, Rejection::DimensionTooLarge { .. })
+        }),
+        (t(&[2, 4]), |r| matches!(r, Rejection::BatchTooLarge { .. })),
+        (t(&[2, 2]).with_strides(&[0, 3]), |r| {
+            matches!(r, Rejection::LayoutUnsupported { .. })
+        }),
+        (t(&[2]).with_data_addr(4), |r| {
+            matches!(r, Rejection::Misaligned { .. })
+        }),
+    ];
+    for (refused, reason) in cases {
+        for (inputs, outputs) in [([refused], [i64s(2)]), ([i64s(2)], [refused])] {
+            match handle.reshape(&inputs, &outputs).unwrap_err() {
+                ReshapeError::Refused(r) => assert!(reason(&r), "{refused:?}: {r}"),
+                other => panic!("{refused:?}: expected the candidate's refusal, got {other}"),
+            }
+        }
+    }
+    assert_eq!(handle.inputs(), [i64s(2)]);
+    let admitted = t(&[4, 3]).with_strides(&[0, 4]).with_data_addr(64);
+    handle.reshape(&[admitted], &[admitted]).unwrap();
+    assert_eq!(handle.inputs(), [admitted]);
+
+    let service = Service::of(host.kernels());
+    let t2 = tensor(GUILD_DTYPE_I64, &[2], &[]);
+    let handle = service
+        .resolve(&Query::cpu(OP, vec![t2], vec![t2]))
+        .unwrap();
+    let mut words = [0u64; 2];
+    let misaligned = with_data(t2, words.as_mut_ptr().cast::<u8>().wrapping_add(4));
+    let err = handle.reshape(&[t2], &[misaligned]).unwrap_err();
+    assert_eq!(err.status, GUILD_STATUS_ERR_UNSUPPORTED, "{err}");
+    assert!(err.message.contains("output 0"), "{err}");
+    let five = tensor(GUILD_DTYPE_I64, &[5], &[]);
+    let err = handle.reshape(&[five], &[t2]).unwrap_err();
+    assert_eq!(err.status, GUILD_STATUS_ERR_UNSUPPORTED, "{err}");
+    handle
+        .reshape(&[t2], &[with_data(t2, words.as_mut_ptr())])
+        .unwrap();
+    handle.release().unwrap();
+}
+
+/// A Rust reshape whose provider unwinds out of a callback (a Rust provider's panic) leaves the
+/// handle as it was: its next execute hands the provider the C tensors of the shapes it still
+/// has, not the ones the panicking reshape asked about.
+#[test]
+fn a_rust_reshape_that_unwinds_from_the_provider_leaves_the_calls_tensors_as_they_were() {
+    let shop = Workshop::new();
+    let executed = Arc::new(Mutex::new(Vec::new()));
+    let seen = executed.clone();
+    let provider = FakeProvider::new()
+        .validating(|q| {
+            let n = q.inputs()[0].dims[0];
+            assert_ne!(n, 5, "validate panics on five values");
+            Ok(())
+        })
+        .scratch(|q| {
+            Ok(FakeScratch {
+                host_bytes: 8 * q.inputs()[0].dims[0],
+                device_bytes: 0,
+                alignment: 16,
+            })
+        })
+        .executing(move |call| {
+            seen.lock().unwrap().push(call.inputs()[0].dims[0]);
+            double(call)
+        });
+    let plugin = FakePlugin::new().with_kernel(fake_operation_with(
+        candidate("ex.unwinding.op.cpu", 10),
+        Arc::new(provider),
+    ));
+    let (host, _, _) = fake_host(&shop, Spec::module("ex.unwinding", "1.0.0"), plugin);
+    let rust = OperationService::new(host.kernels());
+    let mut handle = rust.resolve(&request(2)).unwrap();
+    let mut scratch = Aligned([0; 64]);
+    handle.reshape(&[i64s(3)], &[i64s(3)]).unwrap();
+
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        handle.reshape(&[i64s(5)], &[i64s(5)])
+    }));
+    assert!(unwound.is_err(), "the provider's validate panicked");
+    assert_eq!(handle.inputs(), [i64s(3)]);
+    assert_eq!(run(&handle, 3, &mut scratch).unwrap(), [2, 4, 6]);
+    assert_eq!(
+        *executed.lock().unwrap(),
+        [3],
+        "the provider saw three values"
+    );
+    // It still reshapes, and runs the new shapes.
+    handle.reshape(&[i64s(2)], &[i64s(2)]).unwrap();
+    assert_eq!(run(&handle, 2, &mut scratch).unwrap(), [2, 4]);
+    assert_eq!(*executed.lock().unwrap(), [3, 2]);
+}

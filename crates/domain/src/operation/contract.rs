@@ -8,7 +8,7 @@ use super::values::{
     Backend, BackendSet, Budget, Capabilities, CpuIsa, DType, Layout, LayoutSet, MemorySpace,
     MemorySpaceSet, Numerics, SyncMode, SyncModeSet, MAX_TENSOR_RANK,
 };
-use crate::ids::{ImplId, OpName};
+use crate::ids::{ImplId, OpName, OpNameRef};
 use crate::version::{OpVersionInterval, PackedVersion, VersionError};
 
 /// An inclusive bound on how many input or output tensors a provider takes.
@@ -248,11 +248,93 @@ pub struct QuerySpec {
     pub device: DeviceCaps,
 }
 
+impl QuerySpec {
+    /// The query borrowed, as [`OpQuery::new`] takes it.
+    pub fn as_query_ref(&self) -> QueryRef<'_> {
+        QueryRef {
+            op_name: self.op_name.as_name_ref(),
+            min_version: self.min_version,
+            max_version: self.max_version,
+            backends: self.backends,
+            capabilities: self.capabilities,
+            numerics: self.numerics,
+            sync_mode: self.sync_mode,
+            inputs: &self.inputs,
+            outputs: &self.outputs,
+            ram_budget: self.ram_budget,
+            vram_budget: self.vram_budget,
+            exact_impl: self.exact_impl.as_ref(),
+            device: self.device,
+        }
+    }
+}
+
+impl<'a> From<&'a QuerySpec> for QueryRef<'a> {
+    fn from(spec: &'a QuerySpec) -> Self {
+        spec.as_query_ref()
+    }
+}
+
+/// The caller's side of the negotiation with its name and tensors borrowed: what a validated
+/// [`OpQuery`] holds. A resolution reads its query once and keeps none of it but what the chosen
+/// contract copies, so the caller's own text and arrays (a runner's [`QuerySpec`], a C caller's
+/// strings) are used where they lie.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QueryRef<'a> {
+    /// The namespaced operation wanted.
+    pub op_name: OpNameRef<'a>,
+    /// Lowest acceptable operation version, inclusive.
+    pub min_version: PackedVersion,
+    /// Highest acceptable operation version, inclusive; same major as `min_version`.
+    pub max_version: PackedVersion,
+    /// Backends the caller can run.
+    pub backends: BackendSet,
+    /// Capability bits every acceptable provider must offer.
+    pub capabilities: Capabilities,
+    /// Numerical guarantees every acceptable provider must offer.
+    pub numerics: Numerics,
+    /// How the call will be synchronised.
+    pub sync_mode: SyncMode,
+    /// The actual input tensors.
+    pub inputs: &'a [TensorDesc],
+    /// The actual output tensors.
+    pub outputs: &'a [TensorDesc],
+    /// Bound on host scratch.
+    pub ram_budget: Budget,
+    /// Bound on device scratch.
+    pub vram_budget: Budget,
+    /// When set, only this implementation may be chosen, with no fallback.
+    pub exact_impl: Option<&'a ImplId>,
+    /// The device the call will run on.
+    pub device: DeviceCaps,
+}
+
+impl QueryRef<'_> {
+    /// An owned copy, for a caller that wants to change it and validate again.
+    pub fn to_spec(&self) -> QuerySpec {
+        QuerySpec {
+            op_name: self.op_name.to_owned(),
+            min_version: self.min_version,
+            max_version: self.max_version,
+            backends: self.backends,
+            capabilities: self.capabilities,
+            numerics: self.numerics,
+            sync_mode: self.sync_mode,
+            inputs: self.inputs.to_vec(),
+            outputs: self.outputs.to_vec(),
+            ram_budget: self.ram_budget,
+            vram_budget: self.vram_budget,
+            exact_impl: self.exact_impl.cloned(),
+            device: self.device,
+        }
+    }
+}
+
 /// A validated operation query: every tensor checked, the version interval built, and the facts
-/// the ranking needs computed once.
+/// the ranking needs computed once. It borrows the caller's name and tensors ([`QueryRef`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OpQuery {
-    spec: QuerySpec,
+pub struct OpQuery<'a> {
+    spec: QueryRef<'a>,
     versions: OpVersionInterval,
     /// The facts of the inputs, then of the outputs.
     infos: Infos,
@@ -325,13 +407,15 @@ impl PartialEq for Infos {
 
 impl Eq for Infos {}
 
-impl OpQuery {
-    /// Validates `spec`: a non-empty set of known backends, a same-major version interval, every
-    /// tensor valid on its own, and every device-memory tensor on the query's device.
+impl<'a> OpQuery<'a> {
+    /// Validates `spec` (a [`QueryRef`], or a `&QuerySpec`): a non-empty set of known backends,
+    /// a same-major version interval, every tensor valid on its own, and every device-memory
+    /// tensor on the query's device.
     ///
     /// The device check lives here rather than among candidate rejections because it does not
     /// depend on any provider: such a query is wrong whoever answers it.
-    pub fn new(spec: QuerySpec) -> Result<Self, QueryError> {
+    pub fn new(spec: impl Into<QueryRef<'a>>) -> Result<Self, QueryError> {
+        let spec = spec.into();
         let unknown = spec.backends.unknown();
         if !unknown.is_empty() {
             return Err(QueryError::UnknownBackendBits {
@@ -344,8 +428,8 @@ impl OpQuery {
         let versions = OpVersionInterval::new(spec.min_version, spec.max_version)
             .map_err(QueryError::VersionInterval)?;
         let mut infos = Infos::with_capacity(spec.inputs.len() + spec.outputs.len());
-        check_tensors(TensorRole::Input, &spec.inputs, &spec.device, &mut infos)?;
-        check_tensors(TensorRole::Output, &spec.outputs, &spec.device, &mut infos)?;
+        check_tensors(TensorRole::Input, spec.inputs, &spec.device, &mut infos)?;
+        check_tensors(TensorRole::Output, spec.outputs, &spec.device, &mut infos)?;
         Ok(OpQuery {
             spec,
             versions,
@@ -354,13 +438,13 @@ impl OpQuery {
     }
 
     /// The query as given.
-    pub fn spec(&self) -> &QuerySpec {
+    pub fn spec(&self) -> &QueryRef<'a> {
         &self.spec
     }
 
     /// The operation name wanted.
-    pub fn op_name(&self) -> &OpName {
-        &self.spec.op_name
+    pub fn op_name(&self) -> OpNameRef<'a> {
+        self.spec.op_name
     }
 
     /// The accepted operation versions.
@@ -378,9 +462,9 @@ impl OpQuery {
         &self.infos.as_slice()[self.spec.inputs.len()..]
     }
 
-    /// Gives the spec back, for a caller that wants to change it and validate again.
-    pub fn into_spec(self) -> QuerySpec {
-        self.spec
+    /// The facts computed for each tensor, inputs then outputs.
+    pub fn tensor_infos(&self) -> &[TensorInfo] {
+        self.infos.as_slice()
     }
 }
 

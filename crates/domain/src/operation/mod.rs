@@ -15,7 +15,7 @@ mod tensor;
 mod values;
 
 pub use contract::{
-    Arity, CandidateError, DeviceCaps, OpCandidate, OpQuery, QueryError, QuerySpec,
+    Arity, CandidateError, DeviceCaps, OpCandidate, OpQuery, QueryError, QueryRef, QuerySpec,
 };
 pub use resolve::{
     check_budgets, check_static, check_tensor, choose, negotiate, rank_order, resolve, Choice,

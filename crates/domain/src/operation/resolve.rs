@@ -93,7 +93,7 @@ pub trait Negotiator {
         &self,
         index: usize,
         candidate: &OpCandidate,
-        query: &OpQuery,
+        query: &OpQuery<'_>,
     ) -> Result<(), ProviderRefusal>;
 
     /// Asks the provider how much scratch it needs for the query's tensors. Called only after
@@ -102,7 +102,7 @@ pub trait Negotiator {
         &self,
         index: usize,
         candidate: &OpCandidate,
-        query: &OpQuery,
+        query: &OpQuery<'_>,
     ) -> Result<ScratchRequest, ProviderRefusal>;
 }
 
@@ -591,10 +591,10 @@ pub fn rank_order(a: &OpCandidate, b: &OpCandidate) -> Ordering {
 /// Every check that needs no provider callback, in the order that decides which reason is
 /// reported: exact id, descriptor sanity, version, backend, capabilities, numerics, sync mode,
 /// arity, each tensor (inputs, then outputs; see [`check_tensor`]), then the device.
-pub fn check_static(query: &OpQuery, candidate: &OpCandidate) -> Result<(), Rejection> {
+pub fn check_static(query: &OpQuery<'_>, candidate: &OpCandidate) -> Result<(), Rejection> {
     let spec = query.spec();
     let c = candidate;
-    if spec.exact_impl.as_ref().is_some_and(|id| *id != c.impl_id) {
+    if spec.exact_impl.is_some_and(|id| *id != c.impl_id) {
         return Err(Rejection::NotExactImpl);
     }
     c.check().map_err(Rejection::InvalidCandidate)?;
@@ -748,7 +748,7 @@ fn check_device(c: &OpCandidate, device: &DeviceCaps) -> Result<(), Rejection> {
 /// against the budgets: what [`resolve`] does for each candidate it tries, and what a reshape
 /// of a resolved handle repeats with its one provider (after [`check_static`]), without ranking.
 pub fn negotiate(
-    query: &OpQuery,
+    query: &OpQuery<'_>,
     index: usize,
     candidate: &OpCandidate,
     negotiator: &dyn Negotiator,
@@ -804,11 +804,11 @@ pub fn check_budgets(
 /// one fails there is no fallback.
 #[must_use = "a resolution is the only record of the choice and of why the others lost"]
 pub fn resolve<'c>(
-    query: &OpQuery,
+    query: &OpQuery<'_>,
     candidates: &'c [OpCandidate],
     negotiator: &dyn Negotiator,
 ) -> Resolution<'c> {
-    let exact = query.spec().exact_impl.as_ref();
+    let exact = query.spec().exact_impl;
     // One slot per candidate, filled as reasons are found, so that the verdicts come out in
     // candidate order without sorting them afterwards.
     let mut reasons: Vec<Option<Reason<'c>>> = vec![None; candidates.len()];
@@ -819,7 +819,7 @@ pub fn resolve<'c>(
 
     for (index, c) in candidates.iter().enumerate() {
         let is_exact = exact == Some(&c.impl_id);
-        if c.op_name != *query.op_name() {
+        if c.op_name != query.op_name() {
             if is_exact && exact_elsewhere.is_none() {
                 exact_elsewhere = Some(&c.op_name);
             }
@@ -895,7 +895,7 @@ pub fn resolve<'c>(
         })
         .collect();
     Resolution {
-        op_name: query.op_name().clone(),
+        op_name: query.op_name().to_owned(),
         outcome,
         verdicts,
     }
@@ -912,11 +912,11 @@ pub fn resolve<'c>(
 /// walk stops at the first one that accepts. The callbacks called, and their order, are exactly
 /// those of [`resolve`] for the same input.
 pub fn choose(
-    query: &OpQuery,
+    query: &OpQuery<'_>,
     candidates: &[OpCandidate],
     negotiator: &dyn Negotiator,
 ) -> Result<(usize, ScratchRequest), FailureKind> {
-    let exact = query.spec().exact_impl.as_ref();
+    let exact = query.spec().exact_impl;
     let op_name = query.op_name();
     let mut considered = 0usize;
     let mut exact_present = false;
@@ -924,7 +924,7 @@ pub fn choose(
     let mut index = 0;
     while index < candidates.len() {
         let c = &candidates[index];
-        if c.op_name != *op_name {
+        if c.op_name != op_name {
             if exact == Some(&c.impl_id) && exact_elsewhere.is_none() {
                 exact_elsewhere = Some(&c.op_name);
             }
@@ -936,7 +936,7 @@ pub fn choose(
         // are all rejected, as `resolve` does, whatever their order.
         let tied_end = candidates[index + 1..]
             .iter()
-            .position(|next| next.op_name != *op_name || rank_order(c, next) != Ordering::Equal)
+            .position(|next| next.op_name != op_name || rank_order(c, next) != Ordering::Equal)
             .map_or(candidates.len(), |p| index + 1 + p);
         let mut compatible = None;
         let mut ties = 0usize;

@@ -75,7 +75,7 @@ fn spec() -> QuerySpec {
     }
 }
 
-fn query(spec: QuerySpec) -> OpQuery {
+fn query(spec: &QuerySpec) -> OpQuery<'_> {
     OpQuery::new(spec).unwrap()
 }
 
@@ -127,7 +127,12 @@ impl Scripted {
 }
 
 impl Negotiator for Scripted {
-    fn validate(&self, index: usize, c: &OpCandidate, _: &OpQuery) -> Result<(), ProviderRefusal> {
+    fn validate(
+        &self,
+        index: usize,
+        c: &OpCandidate,
+        _: &OpQuery<'_>,
+    ) -> Result<(), ProviderRefusal> {
         let _ = index;
         self.calls
             .borrow_mut()
@@ -142,7 +147,7 @@ impl Negotiator for Scripted {
         &self,
         _: usize,
         c: &OpCandidate,
-        _: &OpQuery,
+        _: &OpQuery<'_>,
     ) -> Result<ScratchRequest, ProviderRefusal> {
         self.calls
             .borrow_mut()
@@ -161,7 +166,8 @@ impl Negotiator for Scripted {
 /// Resolves `spec` against the single candidate `c` and returns the reason it was rejected,
 /// asserting that it was the only verdict and that nothing was chosen.
 fn rejection_with(c: OpCandidate, spec: QuerySpec, provider: &Scripted) -> Rejection {
-    let q = query(spec);
+    let asked = spec;
+    let q = query(&asked);
     let candidates = [c];
     let r = resolve(&q, &candidates, provider);
     assert_eq!(r.choice(), None, "{r}");
@@ -192,7 +198,8 @@ fn rejection(c: OpCandidate, spec: QuerySpec) -> Rejection {
 
 #[test]
 fn the_baseline_candidate_is_chosen_with_its_scratch() {
-    let q = query(spec());
+    let asked = spec();
+    let q = query(&asked);
     let candidates = [candidate("a.cpu")];
     let provider = Scripted::default().asking("a.cpu", 128, 0);
     let r = resolve(&q, &candidates, &provider);
@@ -307,7 +314,8 @@ fn batch_bound_is_the_product_of_the_outer_axes() {
     );
 
     // The innermost axis is not part of the batch: 64 x 3 has batch 3, within 5.
-    let q = query(spec());
+    let asked = spec();
+    let q = query(&asked);
     let r = resolve(&q, std::slice::from_ref(&c), &Scripted::default());
     assert_eq!(r.choice().map(|ch| ch.impl_id.as_str()), Some("a.cpu"));
 }
@@ -337,7 +345,7 @@ fn a_contiguous_tensor_fits_an_outer_strided_provider() {
     let mut s = spec();
     s.inputs = vec![host_f32(&[64, 3, 2], 0x1000).with_strides(&[0, 64, 192])];
     s.outputs = vec![host_f32(&[64, 3, 2], 0x2000)];
-    let q = query(s);
+    let q = query(&s);
     assert_eq!(q.input_infos()[0].layout, Layout::Contiguous);
     let candidates = [c];
     let r = resolve(&q, &candidates, &Scripted::default());
@@ -395,7 +403,7 @@ fn dtype_any_defers_heterogeneous_inputs_to_validate() {
     );
 
     // When validate accepts, the candidate is chosen.
-    let q = query(s);
+    let q = query(&s);
     let candidates = [c];
     let r = resolve(&q, &candidates, &Scripted::default());
     assert_eq!(r.choice().map(|ch| ch.index), Some(0));
@@ -416,7 +424,7 @@ fn misaligned_data_is_rejected_and_unknown_addresses_are_not_checked() {
 
     let mut s = spec();
     s.inputs = vec![TensorDesc::new(DType::F32, &[64, 3], MemorySpace::Host)];
-    let q = query(s);
+    let q = query(&s);
     let candidates = [candidate("a.cpu")];
     assert!(resolve(&q, &candidates, &Scripted::default())
         .choice()
@@ -474,7 +482,8 @@ fn cuda_compute_capability_must_be_in_range() {
         "cuda compute capability 86 is outside 90.."
     );
     // Bounds are inclusive.
-    let q = query(spec());
+    let asked = spec();
+    let q = query(&asked);
     for c in [
         cuda_candidate(86, 86),
         cuda_candidate(0, 0),
@@ -559,7 +568,8 @@ fn version_must_lie_in_the_inclusive_interval() {
     ] {
         let mut c = candidate("a.cpu");
         c.op_version = v(version);
-        let q = query(spec());
+        let asked = spec();
+        let q = query(&asked);
         let r = resolve(&q, std::slice::from_ref(&c), &Scripted::default());
         if ok {
             assert!(r.choice().is_some(), "{version} should be accepted");
@@ -581,7 +591,7 @@ fn an_interval_across_majors_is_refused_when_the_query_is_built() {
     let mut s = spec();
     s.max_version = v("2.0.0");
     assert_eq!(
-        OpQuery::new(s),
+        OpQuery::new(&s),
         Err(QueryError::VersionInterval(VersionError::CrossesMajor {
             min: v("1.0.0"),
             max: v("2.0.0"),
@@ -591,7 +601,7 @@ fn an_interval_across_majors_is_refused_when_the_query_is_built() {
     s.min_version = v("1.5.0");
     s.max_version = v("1.4.0");
     assert!(matches!(
-        OpQuery::new(s),
+        OpQuery::new(&s),
         Err(QueryError::VersionInterval(VersionError::EmptyRange { .. }))
     ));
 }
@@ -672,7 +682,7 @@ fn device_scratch_over_the_vram_budget_is_rejected() {
 fn a_request_equal_to_the_budget_fits() {
     let mut s = spec();
     s.ram_budget = Budget::bytes(4096);
-    let q = query(s);
+    let q = query(&s);
     let provider = Scripted::default().asking("a.cpu", 4096, 0);
     let candidates = [candidate("a.cpu")];
     assert!(resolve(&q, &candidates, &provider).choice().is_some());
@@ -761,7 +771,7 @@ fn a_malformed_descriptor_is_never_chosen() {
 fn an_absent_exact_id_is_its_own_outcome() {
     let mut s = spec();
     s.exact_impl = Some(id("missing.cpu"));
-    let q = query(s);
+    let q = query(&s);
     let candidates = [candidate("a.cpu"), candidate("b.cpu")];
     let provider = Scripted::default();
     let r = resolve(&q, &candidates, &provider);
@@ -787,7 +797,7 @@ fn an_absent_exact_id_is_its_own_outcome() {
 fn an_exact_id_of_another_operation_says_which() {
     let mut s = spec();
     s.exact_impl = Some(id("x.exclusive"));
-    let q = query(s);
+    let q = query(&s);
     let mut other = candidate("x.exclusive");
     other.op_name = OpName::new(OTHER_OP).unwrap();
     let candidates = [other, candidate("a.cpu")];
@@ -813,7 +823,7 @@ fn an_exact_id_of_another_operation_says_which() {
 fn a_failing_exact_candidate_does_not_fall_back() {
     let mut s = spec();
     s.exact_impl = Some(id("a.cpu"));
-    let q = query(s);
+    let q = query(&s);
     let mut fallback = candidate("b.cpu");
     fallback.priority = 100;
     let candidates = [candidate("a.cpu"), fallback];
@@ -848,7 +858,7 @@ fn a_failing_exact_candidate_does_not_fall_back() {
 fn an_exact_id_overrides_priority() {
     let mut s = spec();
     s.exact_impl = Some(id("low.cpu"));
-    let q = query(s);
+    let q = query(&s);
     let mut high = candidate("high.cpu");
     high.priority = 10;
     let candidates = [high, candidate("low.cpu")];
@@ -870,7 +880,8 @@ fn higher_priority_wins_and_the_rest_are_outranked_without_callbacks() {
     let mut low = candidate("a.cpu");
     low.priority = -1;
     let candidates = [low, high, candidate("m.cpu")];
-    let q = query(spec());
+    let asked = spec();
+    let q = query(&asked);
     let provider = Scripted::default();
     let r = resolve(&q, &candidates, &provider);
     assert_eq!(
@@ -904,7 +915,8 @@ fn higher_priority_wins_and_the_rest_are_outranked_without_callbacks() {
 
 #[test]
 fn equal_priorities_break_ties_by_ascending_impl_id() {
-    let q = query(spec());
+    let asked = spec();
+    let q = query(&asked);
     for order in [
         ["b.cpu", "a.cpu", "c.cpu"],
         ["c.cpu", "b.cpu", "a.cpu"],
@@ -952,7 +964,8 @@ fn a_refusal_falls_back_to_the_next_in_rank() {
     let provider = Scripted::default()
         .refusing_scratch("best.cpu", ProviderRefusal::new(-4, "too big"))
         .asking("second.cpu", 1, 2);
-    let q = query(spec());
+    let asked = spec();
+    let q = query(&asked);
     let r = resolve(&q, &candidates, &provider);
     let choice = r.choice().unwrap();
     assert_eq!((choice.index, choice.impl_id.as_str()), (1, "second.cpu"));
@@ -984,7 +997,8 @@ fn candidates_of_other_operations_are_ignored() {
     other.op_name = OpName::new(OTHER_OP).unwrap();
     other.priority = 100;
     let candidates = [other, candidate("a.cpu")];
-    let q = query(spec());
+    let asked = spec();
+    let q = query(&asked);
     let provider = Scripted::default();
     let r = resolve(&q, &candidates, &provider);
     assert_eq!(r.choice().map(|ch| ch.index), Some(1));
@@ -996,7 +1010,8 @@ fn candidates_of_other_operations_are_ignored() {
 fn no_candidate_of_the_operation_is_its_own_outcome() {
     let mut other = candidate("other.cpu");
     other.op_name = OpName::new(OTHER_OP).unwrap();
-    let q = query(spec());
+    let asked = spec();
+    let q = query(&asked);
     let candidates = [other];
     let r = resolve(&q, &candidates, &Scripted::default());
     assert_eq!(r.failure(), Some(&FailureKind::NoCandidates));
@@ -1009,7 +1024,8 @@ fn no_candidate_of_the_operation_is_its_own_outcome() {
 #[test]
 fn duplicate_impl_ids_at_equal_priority_are_both_refused() {
     let candidates = [candidate("a.cpu"), candidate("a.cpu"), candidate("b.cpu")];
-    let q = query(spec());
+    let asked = spec();
+    let q = query(&asked);
     let r = resolve(&q, &candidates, &Scripted::default());
     assert_eq!(r.choice().map(|ch| ch.index), Some(2));
     let reasons: Vec<_> = r
@@ -1037,7 +1053,7 @@ fn a_failed_resolution_lists_every_candidate_one_per_line() {
     let provider = Scripted::default().asking("c.cpu", 2048, 0);
     let mut s = spec();
     s.ram_budget = Budget::bytes(1000);
-    let q = query(s);
+    let q = query(&s);
     let failure = resolve(&q, &candidates, &provider)
         .into_result()
         .unwrap_err();
@@ -1060,7 +1076,8 @@ fn a_successful_resolution_displays_its_choice_and_verdicts() {
     let mut bad = candidate("c.cpu");
     bad.sync_modes = SyncModeSet::STREAM_ORDERED | SyncModeSet::GRAPH_CAPTURABLE;
     let candidates = [candidate("a.cpu"), best, bad];
-    let q = query(spec());
+    let asked = spec();
+    let q = query(&asked);
     let r = resolve(&q, &candidates, &Scripted::default().asking("b.cpu", 64, 0));
     assert_eq!(
         r.to_string(),
@@ -1077,11 +1094,11 @@ fn a_successful_resolution_displays_its_choice_and_verdicts() {
 fn query_validation_refuses_bad_backend_sets() {
     let mut s = spec();
     s.backends = BackendSet::EMPTY;
-    assert_eq!(OpQuery::new(s), Err(QueryError::NoBackends));
+    assert_eq!(OpQuery::new(&s), Err(QueryError::NoBackends));
     let mut s = spec();
     s.backends = BackendSet::from_bits(0x1 | 0x40);
     assert_eq!(
-        OpQuery::new(s),
+        OpQuery::new(&s),
         Err(QueryError::UnknownBackendBits { bits: 0x40 })
     );
 }
@@ -1091,7 +1108,7 @@ fn query_validation_names_the_bad_tensor() {
     let mut s = spec();
     s.outputs
         .push(TensorDesc::new(DType::F32, &[4, 0], MemorySpace::Host));
-    let err = OpQuery::new(s).unwrap_err();
+    let err = OpQuery::new(&s).unwrap_err();
     assert_eq!(
         err,
         QueryError::Tensor {
@@ -1111,7 +1128,7 @@ fn device_tensors_must_live_on_the_query_device() {
     s.device.device_id = 1;
     s.inputs = vec![TensorDesc::new(DType::F32, &[64], MemorySpace::Device).with_device(0)];
     assert_eq!(
-        OpQuery::new(s),
+        OpQuery::new(&s),
         Err(QueryError::DeviceMismatch {
             tensor: TensorRef::input(0),
             tensor_device: 0,
@@ -1121,7 +1138,7 @@ fn device_tensors_must_live_on_the_query_device() {
     // Host tensors carry no device.
     let mut s = spec();
     s.device.device_id = 3;
-    assert!(OpQuery::new(s).is_ok());
+    assert!(OpQuery::new(&s).is_ok());
 }
 
 #[test]
@@ -1498,7 +1515,8 @@ proptest! {
         exact_pick in prop::option::weighted(0.2, any::<prop::sample::Index>()),
     ) {
         let exact = exact_pick.map(|i| genes[i.index(genes.len())].impl_id.clone());
-        let q = query(budget_spec(exact.as_deref()));
+        let asked = budget_spec(exact.as_deref());
+        let q = query(&asked);
         let (a, provider_a) = build(&genes);
         let (b, provider_b) = build(&shuffled);
         let ra = resolve(&q, &a, &provider_a);
@@ -1547,7 +1565,8 @@ proptest! {
 
     #[test]
     fn callbacks_run_only_in_rank_order_up_to_the_choice(genes in genes()) {
-        let q = query(budget_spec(None));
+        let asked = budget_spec(None);
+        let q = query(&asked);
         let (candidates, provider) = build(&genes);
         let r = resolve(&q, &candidates, &provider);
         let calls = provider.calls();
@@ -1590,7 +1609,8 @@ proptest! {
         exact_pick in prop::option::weighted(0.2, any::<prop::sample::Index>()),
     ) {
         let exact = exact_pick.map(|i| genes[i.index(genes.len())].impl_id.clone());
-        let q = query(budget_spec(exact.as_deref()));
+        let asked = budget_spec(exact.as_deref());
+        let q = query(&asked);
         let (mut candidates, full) = build(&genes);
         // The registry's order: best first.
         candidates.sort_by(rank_order);
@@ -1613,7 +1633,8 @@ proptest! {
 fn choose_rejects_tied_candidates_and_takes_the_next() {
     // Two compatible candidates that tie on impl id and priority (which the registry forbids)
     // are both passed over, as `resolve` does, and the next one is chosen.
-    let q = query(spec());
+    let asked = spec();
+    let q = query(&asked);
     let mut low = candidate("ex.low");
     low.priority = -1;
     let candidates = [candidate("ex.tie"), candidate("ex.tie"), low];
@@ -1636,7 +1657,7 @@ fn choose_names_the_operation_an_exact_id_implements() {
     other.op_name = OpName::new("ex.other.op").unwrap();
     let mut s = spec();
     s.exact_impl = Some(id("ex.elsewhere"));
-    let q = query(s);
+    let q = query(&s);
     let candidates = [candidate("ex.a"), other];
     let kind = choose(&q, &candidates, &Scripted::default()).unwrap_err();
     assert_eq!(
@@ -1671,4 +1692,18 @@ fn a_tensor_descriptor_is_written_in_plain_words() {
         !text.contains("TensorDesc") && !text.contains("DType("),
         "{text}"
     );
+}
+
+/// A query borrows the caller's spec (name, tensors, exact id) and gives an equal owned copy
+/// back on request.
+#[test]
+fn a_query_borrows_its_spec_and_copies_it_back_whole() {
+    let mut s = spec();
+    s.exact_impl = Some(ImplId::new("ex.exact.cpu").unwrap());
+    let q = query(&s);
+    assert_eq!(q.op_name(), s.op_name);
+    assert!(std::ptr::eq(q.spec().inputs, s.inputs.as_slice()));
+    assert!(std::ptr::eq(q.spec().outputs, s.outputs.as_slice()));
+    assert_eq!(q.spec().to_spec(), s);
+    assert_eq!(q.tensor_infos().len(), s.inputs.len() + s.outputs.len());
 }

@@ -38,15 +38,16 @@ use guild_abi::{
     GUILD_STATUS_ERR_OUT_OF_MEMORY, GUILD_STATUS_ERR_STATE, GUILD_STATUS_ERR_UNSUPPORTED,
     GUILD_STATUS_OK,
 };
-use guild_domain::ids::{ImplId, OpName};
+use guild_domain::ids::{ImplId, OpNameRef};
 use guild_domain::operation::{
     Backend, BackendSet, Budget, Capabilities, DeviceCaps, FailureKind, MemorySpace, Numerics,
-    OpQuery, QuerySpec, Rejection, SyncMode, TensorDesc,
+    OpQuery, QueryRef, Rejection, SyncMode, TensorDesc,
 };
 use guild_domain::version::PackedVersion;
 
 use super::core::{desc_from_c, tensor_from_c, Call, Negotiation, Resolved, ServiceCore};
 use super::handles::{HandleName, Refused};
+use super::inline::InlineVec;
 use super::{ExecuteError, ReshapeError, ResolveError};
 
 /// The component named in the error records the service itself writes.
@@ -290,9 +291,11 @@ unsafe extern "C" fn service_resolve(
         // SAFETY: a table's `user`, whose core its holder keeps alive (the service's contract).
         let (core, face) = unsafe { open_core(user, "resolve") }?;
         // SAFETY: the caller's query and everything it points at are valid for this call.
-        let (spec, args) = unsafe { read_query(core, query) }?;
+        let mut buffers = QueryBuffers::default();
+        // SAFETY: as above.
+        let (spec, args) = unsafe { read_query(core, query, &mut buffers) }?;
         let query = OpQuery::new(spec).map_err(|e| Failure::invalid(e.to_string()))?;
-        let mut resolved = core.resolve(query, &args, false).map_err(|e| {
+        let mut resolved = core.resolve(&query, &args, false).map_err(|e| {
             // A registry being destroyed empties its snapshot; say so rather than "not found".
             if core.is_closed() {
                 Failure::new(
@@ -410,14 +413,28 @@ fn one_line_report(f: &guild_domain::operation::ResolveFailure) -> String {
     out
 }
 
-/// Reads and checks the caller's query.
+/// How many tensors of each side a C query is read into without an allocation.
+const INLINE_QUERY_TENSORS: usize = 4;
+
+/// What a C query is read into besides the caller's own memory: the domain's form of its
+/// tensors (in place when there are few) and its exact id. The name is borrowed from the
+/// caller's text.
+#[derive(Default)]
+struct QueryBuffers {
+    inputs: InlineVec<TensorDesc, INLINE_QUERY_TENSORS>,
+    outputs: InlineVec<TensorDesc, INLINE_QUERY_TENSORS>,
+    exact_impl: Option<ImplId>,
+}
+
+/// Reads and checks the caller's query, into `buffers` where it is not borrowed.
 ///
 /// # Safety
-/// `query` must be NULL or point at a query whose pointers are valid for this call.
-unsafe fn read_query<'q>(
+/// `query` must be NULL or point at a query whose pointers are valid for `'q`.
+unsafe fn read_query<'q: 'b, 'b>(
     core: &ServiceCore,
     query: *const guild_operation_query_v1_t,
-) -> Result<(QuerySpec, Negotiation<'q>), Failure> {
+    buffers: &'b mut QueryBuffers,
+) -> Result<(QueryRef<'b>, Negotiation<'q>), Failure> {
     if query.is_null() || !query.is_aligned() {
         return Err(Failure::invalid("the query is NULL or misaligned"));
     }
@@ -443,8 +460,9 @@ unsafe fn read_query<'q>(
     // SAFETY: by the contract the string is NUL-terminated; the read is bounded anyway.
     let name = unsafe { bounded_str(q.op_name, MAX_DESCRIPTOR_STRING) }
         .map_err(|e| Failure::invalid(format!("query.op_name {e}")))?;
-    let op_name = OpName::new(name).map_err(|e| Failure::invalid(format!("query.op_name: {e}")))?;
-    let exact_impl = if q.exact_impl_id.is_null() {
+    let op_name =
+        OpNameRef::new(name).map_err(|e| Failure::invalid(format!("query.op_name: {e}")))?;
+    buffers.exact_impl = if q.exact_impl_id.is_null() {
         None
     } else {
         // SAFETY: as for op_name.
@@ -459,14 +477,15 @@ unsafe fn read_query<'q>(
         ))
     })?;
     // SAFETY: the arrays are the caller's and valid for this call.
-    let (inputs, c_inputs) = unsafe { read_tensors("input", q.inputs, q.input_count) }?;
+    let c_inputs = unsafe { read_tensors("input", q.inputs, q.input_count, &mut buffers.inputs) }?;
     // SAFETY: as above.
-    let (outputs, c_outputs) = unsafe { read_tensors("output", q.outputs, q.output_count) }?;
+    let c_outputs =
+        unsafe { read_tensors("output", q.outputs, q.output_count, &mut buffers.outputs) }?;
     // SAFETY: NULL or the caller's caps record, valid for this call.
     let device = unsafe { read_device(core, q.device_caps) }?;
     // SAFETY: the caller's params record, valid for this call.
     let params = unsafe { read_params(q.params, q.params_size, "query") }?;
-    let spec = QuerySpec {
+    let spec = QueryRef {
         op_name,
         min_version: PackedVersion::from_raw(q.min_op_version),
         max_version: PackedVersion::from_raw(q.max_op_version),
@@ -474,11 +493,11 @@ unsafe fn read_query<'q>(
         capabilities: Capabilities::from_bits(q.required_capabilities),
         numerics: Numerics::from_bits(q.required_numerics),
         sync_mode,
-        inputs,
-        outputs,
+        inputs: &buffers.inputs,
+        outputs: &buffers.outputs,
         ram_budget: Budget::bytes(q.ram_budget),
         vram_budget: Budget::bytes(q.vram_budget),
-        exact_impl,
+        exact_impl: buffers.exact_impl.as_ref(),
         device,
     };
     let args = Negotiation {
@@ -533,8 +552,8 @@ fn misaligned_params(record: &str, params: *const c_void) -> Failure {
     ))
 }
 
-/// Copies the caller's tensor array, and gives it back as a slice for the negotiation
-/// callbacks.
+/// Copies the caller's tensor array into `out` (in place when it is short), and gives it back
+/// as a slice for the negotiation callbacks.
 ///
 /// # Safety
 /// `tensors` must be NULL or point at `count` readable descriptors that stay valid for `'q`.
@@ -542,40 +561,84 @@ unsafe fn read_tensors<'q>(
     role: &str,
     tensors: *const guild_tensor_desc_v1_t,
     count: usize,
-) -> Result<(Vec<TensorDesc>, &'q [guild_tensor_desc_v1_t]), Failure> {
-    let mut out = Vec::new();
-    // SAFETY: the caller's contract.
-    let slice = unsafe { read_tensors_into(role, tensors, count, &mut out) }?;
-    Ok((out, slice))
+    out: &mut InlineVec<TensorDesc, INLINE_QUERY_TENSORS>,
+) -> Result<&'q [guild_tensor_desc_v1_t], Failure> {
+    // SAFETY: the caller's contract, as this function's.
+    let slice = unsafe { tensor_array(role, tensors, count) }?;
+    for (i, t) in slice.iter().enumerate() {
+        let Some(memory_space) = MemorySpace::from_bit(t.memory_space) else {
+            return Err(bad_c_tensor(role, i, t));
+        };
+        out.push(desc_from_c(t, memory_space));
+    }
+    Ok(slice)
 }
 
-/// Copies the caller's tensor array into `out` (cleared first), reusing its allocation, and
-/// gives it back as a slice.
+/// The caller's array of `count` tensors of `role` as a slice: empty for none, refused when
+/// there are more than [`MAX_QUERY_TENSORS`] or the array is NULL or misaligned.
 ///
 /// # Safety
 /// As for [`read_tensors`].
+#[inline(always)]
+unsafe fn tensor_array<'q>(
+    role: &str,
+    tensors: *const guild_tensor_desc_v1_t,
+    count: usize,
+) -> Result<&'q [guild_tensor_desc_v1_t], Failure> {
+    if count == 0 {
+        return Ok(&[]);
+    }
+    if count > MAX_QUERY_TENSORS {
+        return Err(too_many_tensors(role, count));
+    }
+    if tensors.is_null() || !tensors.is_aligned() {
+        return Err(no_tensor_array(role, count));
+    }
+    // SAFETY: non-NULL, aligned, and `count` descriptors long by the caller's contract.
+    Ok(unsafe { std::slice::from_raw_parts(tensors, count) })
+}
+
+/// The refusal of a query with more than [`MAX_QUERY_TENSORS`] tensors of `role`.
+#[cold]
+fn too_many_tensors(role: &str, count: usize) -> Failure {
+    Failure::invalid(format!(
+        "the query has {count} {role}s, above the {MAX_QUERY_TENSORS} this service accepts"
+    ))
+}
+
+/// The refusal of a query whose array of `count` tensors of `role` is NULL or misaligned.
+#[cold]
+fn no_tensor_array(role: &str, count: usize) -> Failure {
+    Failure::invalid(format!(
+        "the query's {role} array is NULL or misaligned but its count is {count}"
+    ))
+}
+
+/// Copies the caller's tensor array into `out` (in place of what it held), reusing its
+/// allocation, and gives it back as a slice.
+///
+/// # Safety
+/// As for [`read_tensors`].
+#[inline(always)]
 unsafe fn read_tensors_into<'q>(
     role: &str,
     tensors: *const guild_tensor_desc_v1_t,
     count: usize,
     out: &mut Vec<TensorDesc>,
 ) -> Result<&'q [guild_tensor_desc_v1_t], Failure> {
+    // SAFETY: the caller's contract, as this function's.
+    let slice = unsafe { tensor_array(role, tensors, count) }?;
+    if out.len() == count {
+        // A reshape's buffers hold as many as the handle has: each read into its slot.
+        for (i, (slot, t)) in out.iter_mut().zip(slice).enumerate() {
+            let Some(memory_space) = MemorySpace::from_bit(t.memory_space) else {
+                return Err(bad_c_tensor(role, i, t));
+            };
+            *slot = desc_from_c(t, memory_space);
+        }
+        return Ok(slice);
+    }
     out.clear();
-    if count == 0 {
-        return Ok(&[]);
-    }
-    if count > MAX_QUERY_TENSORS {
-        return Err(Failure::invalid(format!(
-            "the query has {count} {role}s, above the {MAX_QUERY_TENSORS} this service accepts"
-        )));
-    }
-    if tensors.is_null() || !tensors.is_aligned() {
-        return Err(Failure::invalid(format!(
-            "the query's {role} array is NULL or misaligned but its count is {count}"
-        )));
-    }
-    // SAFETY: non-NULL, aligned, and `count` descriptors long by the caller's contract.
-    let slice = unsafe { std::slice::from_raw_parts(tensors, count) };
     out.reserve(count);
     for (i, t) in slice.iter().enumerate() {
         // Made where it is pushed: a `Result` of the descriptor, made and then moved, cost a
@@ -1049,27 +1112,20 @@ unsafe extern "C" fn service_reshape(
             .with_running(name, face == Face::Runner, |h, running| {
                 let r = h;
                 // SAFETY: `running` is this handle's exclusivity: no execute or other reshape
-                // of it runs, so its reshape buffers and contract are this call's.
-                let (mut inputs, mut outputs) = unsafe { r.take_reshape_buffers() };
-                // SAFETY: the caller's arrays, valid for this call.
-                let read =
-                    unsafe { read_tensors_into("input", a.inputs, a.input_count, &mut inputs) }
-                        .and_then(|c_inputs| {
-                            // SAFETY: as above.
-                            let c_outputs = unsafe {
-                                read_tensors_into("output", a.outputs, a.output_count, &mut outputs)
-                            }?;
-                            Ok([c_inputs, c_outputs])
-                        });
+                // of it runs, so its reshape cells and contract are this call's. The caller's
+                // arrays are valid for this call.
+                let read = unsafe {
+                    r.read_reshape(|inputs, outputs| {
+                        let c_inputs = read_tensors_into("input", a.inputs, a.input_count, inputs)?;
+                        let c_outputs =
+                            read_tensors_into("output", a.outputs, a.output_count, outputs)?;
+                        Ok([c_inputs, c_outputs])
+                    })
+                }?;
                 // The caller's own arrays go to the provider's callbacks as they are.
                 // SAFETY: as above.
-                let renegotiated =
-                    read.map(|c| unsafe { r.renegotiate(&inputs, &outputs, Some(c), params) });
-                // The buffers go back whatever happened, so that bad arguments do not cost the
-                // handle the allocations the next reshape reuses.
-                // SAFETY: as above.
-                unsafe { r.return_reshape_buffers(inputs, outputs) };
-                renegotiated?.map_err(|e| reshape_failure(r, e))?;
+                let renegotiated = unsafe { r.renegotiate_read(read, params) };
+                renegotiated.map_err(|e| reshape_failure(r, e))?;
                 // SAFETY: as above.
                 unsafe { r.install(running) };
                 Ok(())

@@ -78,6 +78,7 @@
 pub mod c_service;
 pub(crate) mod core;
 mod handles;
+mod inline;
 
 use std::ffi::c_void;
 use std::fmt;
@@ -280,7 +281,7 @@ impl<'r> OperationService<'r> {
         params: &[u8],
     ) -> Result<OpHandle<'r>, ResolveError> {
         // The core refuses stream work it could not track (no device adapter), for both faces.
-        let query = OpQuery::new(request.to_spec()).map_err(ResolveError::Query)?;
+        let query = OpQuery::new(&request.0).map_err(ResolveError::Query)?;
         // The query's tensors in C form, made once: the negotiation callbacks see them (with
         // the addresses the request knows), then the handle keeps them for its calls.
         let tensors = self::core::c_tensors(&query);
@@ -289,7 +290,7 @@ impl<'r> OperationService<'r> {
             params: params.bytes(),
             tensors: [tensors.inputs(), tensors.outputs()],
         };
-        let mut resolved = self.core.resolve(query, &args, self.report)?;
+        let mut resolved = self.core.resolve(&query, &args, self.report)?;
         resolved.adopt_rust_calls(tensors);
         Ok(OpHandle {
             resolved,
@@ -451,10 +452,7 @@ impl OpHandle<'_> {
     ) -> Result<(), ReshapeError> {
         let params = AlignedParams::new(params);
         // SAFETY: `&mut self`: no other call of this handle runs.
-        unsafe {
-            self.resolved
-                .renegotiate(inputs, outputs, None, params.bytes())
-        }?;
+        unsafe { self.resolved.renegotiate(inputs, outputs, params.bytes()) }?;
         self.resolved.install_mut();
         Ok(())
     }
