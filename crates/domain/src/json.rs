@@ -1128,7 +1128,7 @@ pub(crate) fn write_escaped(out: &mut String, s: &str) {
     out.push('"');
 }
 
-fn write_compact(out: &mut String, value: &Value) {
+pub(crate) fn write_compact(out: &mut String, value: &Value) {
     match value {
         Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
         Value::Integer(i) => out.push_str(&i.to_string()),

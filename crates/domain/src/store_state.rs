@@ -1321,6 +1321,12 @@ fn validate_package(
     Ok(())
 }
 
+/// What a checkpoint's text is reserved for before it is written: its head, and each package.
+/// A package takes about 430 bytes; reserving more costs address space, not memory, as the
+/// pages are not touched, and spares the copies of a buffer regrown while it is written.
+const CHECKPOINT_HEAD: usize = 4 << 10;
+const CHECKPOINT_PER_PACKAGE: usize = 1 << 10;
+
 impl StoreState {
     /// The store state as indented JSON, packages by id and versions ascending, so that equal states
     /// always give equal bytes. This is format 1 ([`REGISTRY_FORMAT_V1`]), a store without a log.
@@ -1329,11 +1335,39 @@ impl StoreState {
     }
 
     fn to_json_as(&self, format: u64) -> Vec<u8> {
-        let packages = self
-            .packages
-            .iter()
-            .map(|(id, p)| encode_package(id, p))
-            .collect();
+        // A checkpoint is read by programs only, at every open: compact, which halves what each
+        // reader scans. Format 1 stays indented, as the stores that wrote it did.
+        if format == REGISTRY_FORMAT_V1 {
+            return self.to_tree(format).to_pretty_string().into_bytes();
+        }
+        // Written a package at a time, each package's tree dropped once it is text: a tree of
+        // the whole state (or a buffer regrown to twice its size) would hold a store of 10,000
+        // packages several times over at the peak of the commit that compacts it. The bytes are
+        // those of the tree's compact form (`the_checkpoint_is_the_compact_form_of_its_tree`).
+        let mut out =
+            String::with_capacity(CHECKPOINT_HEAD + CHECKPOINT_PER_PACKAGE * self.packages.len());
+        out.push('{');
+        for (i, (key, value)) in self.head(format).iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            json::write_escaped(&mut out, key);
+            out.push(':');
+            json::write_compact(&mut out, value);
+        }
+        out.push_str(",\"packages\":[");
+        for (i, (id, p)) in self.packages.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            json::write_compact(&mut out, &encode_package(id, p));
+        }
+        out.push_str("]}");
+        out.into_bytes()
+    }
+
+    /// The members of the state's JSON object before its packages.
+    fn head(&self, format: u64) -> Vec<(String, Value)> {
         let mut top = vec![
             ("guild_registry".to_owned(), Value::from(format)),
             ("generation".to_owned(), Value::from(self.generation)),
@@ -1344,15 +1378,19 @@ impl StoreState {
         if let Some(f) = &self.fleet {
             top.push(("fleet".to_owned(), encode_fleet(f)));
         }
+        top
+    }
+
+    /// The state's JSON document as one tree (format 1 is written from it).
+    fn to_tree(&self, format: u64) -> Value {
+        let mut top = self.head(format);
+        let packages = self
+            .packages
+            .iter()
+            .map(|(id, p)| encode_package(id, p))
+            .collect();
         top.push(("packages".to_owned(), Value::Array(packages)));
-        let top = Value::Object(top);
-        // A checkpoint is read by programs only, at every open: compact, which halves what each
-        // reader scans. Format 1 stays indented, as the stores that wrote it did.
-        if format == REGISTRY_FORMAT_V1 {
-            top.to_pretty_string().into_bytes()
-        } else {
-            top.to_compact_string().into_bytes()
-        }
+        Value::Object(top)
     }
 
     /// Reads a store state written by [`Self::to_json`], strictly, and checks its invariants.
@@ -2946,6 +2984,38 @@ mod tests {
         assert_eq!(old.tainted().count(), 0);
     }
 
+    /// The checkpoint is written a package at a time; its bytes are those of the compact form of
+    /// the state's tree, with a trust record and a taint, and for an empty state.
+    #[test]
+    fn the_checkpoint_is_the_compact_form_of_its_tree() {
+        let mut r = two_versions().successor();
+        r.publish(&id("b"), &v("0.1.0"), new_version("b01"), ENABLE)
+            .unwrap();
+        r.taint(
+            &id("b"),
+            &v("0.1.0"),
+            Taint {
+                reason: "a \"quoted\" reason\n".into(),
+                file: Some("lib/libb.so".into()),
+            },
+        )
+        .unwrap();
+        let (_, anchor) =
+            crate::trust::TrustStore::new().seal("0123456789abcdef0123456789abcdef", 3);
+        r.set_trust_anchor(anchor);
+        for state in [StoreState::new(), r] {
+            let written = String::from_utf8(state.to_checkpoint_json()).unwrap();
+            assert_eq!(
+                written,
+                state.to_tree(REGISTRY_FORMAT_V2).to_compact_string()
+            );
+            assert_eq!(
+                StoreState::from_any_json(written.as_bytes()).unwrap().0,
+                state
+            );
+        }
+    }
+
     #[test]
     fn store_state_a_tainted_version_is_neither_enabled_nor_rolled_back_to_until_cleared() {
         let mut r = two_versions();
@@ -3544,6 +3614,11 @@ mod tests {
             }
             let back = StoreState::from_json(&r.to_json());
             prop_assert_eq!(&back, &Ok(r.clone()));
+            // The checkpoint, written a package at a time, is its tree's compact form.
+            prop_assert_eq!(
+                String::from_utf8(r.to_checkpoint_json()).unwrap(),
+                r.to_tree(REGISTRY_FORMAT_V2).to_compact_string()
+            );
             // The fast reader reads every state written, and reads it as the tree reader does.
             let fast = StoreState::read_json_of(&r.to_checkpoint_json(), &[REGISTRY_FORMAT_V2]);
             prop_assert_eq!(fast, Some((r, REGISTRY_FORMAT_V2)));
