@@ -503,6 +503,7 @@ unsafe fn read_query<'q: 'b, 'b>(
     let args = Negotiation {
         params,
         tensors: [c_inputs, c_outputs],
+        calls: false,
     };
     Ok((spec, args))
 }
@@ -599,8 +600,9 @@ fn no_tensor_array(role: &str, count: usize) -> Failure {
     ))
 }
 
-/// Copies the caller's tensor array into `out` (in place of what it held), reusing its
-/// allocation, and gives it back as a slice.
+/// Reads the caller's tensor array into `out` when it holds as many tensors (a reshape's spare
+/// descriptors, laid out for the handle's), and gives it back as a slice; of another count,
+/// only checks that each tensor has a domain form.
 ///
 /// # Safety
 /// As for [`read_tensors`].
@@ -609,10 +611,9 @@ unsafe fn read_tensors_into<'q>(
     role: &str,
     tensors: *const guild_tensor_desc_v1_t,
     count: usize,
-    out: &mut Vec<TensorDesc>,
+    out: &mut [TensorDesc],
 ) -> Result<&'q [guild_tensor_desc_v1_t], Failure> {
     if count == 0 {
-        out.clear();
         return Ok(&[]);
     }
     if count > MAX_QUERY_TENSORS {
@@ -637,15 +638,12 @@ unsafe fn read_tensors_into<'q>(
         }
         return Ok(slice);
     }
-    out.clear();
-    out.reserve(count);
+    // Another count than the handle's, which the reshape refuses once both arrays are read:
+    // each tensor is still read, so that one without a domain form is reported first.
     for (i, t) in slice.iter().enumerate() {
-        // Made where it is pushed: a `Result` of the descriptor, made and then moved, cost a
-        // reshape about as much as the tensor's checks.
-        let Some(memory_space) = MemorySpace::from_bit(t.memory_space) else {
+        if MemorySpace::from_bit(t.memory_space).is_none() {
             return Err(bad_c_tensor(role, i, t));
-        };
-        out.push(desc_from_c(t, memory_space));
+        }
     }
     Ok(slice)
 }

@@ -75,6 +75,7 @@
 //! # }
 //! ```
 
+mod block;
 pub mod c_service;
 pub(crate) mod core;
 mod handles;
@@ -284,14 +285,14 @@ impl<'r> OperationService<'r> {
         let query = OpQuery::new(&request.0).map_err(ResolveError::Query)?;
         // The query's tensors in C form, made once: the negotiation callbacks see them (with
         // the addresses the request knows), then the handle keeps them for its calls.
-        let tensors = self::core::c_tensors(&query);
+        let [inputs, outputs] = self::core::c_tensors(&query);
         let params = AlignedParams::new(params);
         let args = Negotiation {
             params: params.bytes(),
-            tensors: [tensors.inputs(), tensors.outputs()],
+            tensors: [&inputs, &outputs],
+            calls: true,
         };
-        let mut resolved = self.core.resolve(&query, &args, self.report)?;
-        resolved.adopt_rust_calls(tensors);
+        let resolved = self.core.resolve(&query, &args, self.report)?;
         Ok(OpHandle {
             resolved,
             gate: Lone(Gate::live()),

@@ -1,0 +1,321 @@
+//! A contract's tensors in one allocation: the negotiated descriptors (inputs then outputs),
+//! their shapes, and for a Rust handle the C descriptors its calls lend the provider, between
+//! one unused descriptor on each side.
+//!
+//! Three arrays of three types, made and freed together and never resized (a reshape keeps the
+//! number of tensors), so one allocation holds them: a resolution pays for one allocation
+//! besides its handle's, whichever face it came through and however many tensors it has.
+
+use std::alloc::Layout;
+use std::ptr::NonNull;
+
+use guild_abi::guild_tensor_desc_v1_t;
+use guild_domain::operation::{TensorDesc, MAX_TENSOR_RANK};
+
+use super::core::Shape;
+use super::inline::Blank;
+
+/// The unused descriptors on each side of the call tensors, so that every cache line pair a
+/// call writes lies inside the block's own allocation: another handle's block, executing on
+/// another thread, may sit right beside it.
+pub(crate) const GUARD: usize = 1;
+
+const _: () = assert!(GUARD * size_of::<guild_tensor_desc_v1_t>() >= 2 * 64);
+const _: () = assert!(
+    align_of::<guild_tensor_desc_v1_t>() <= align_of::<u64>()
+        && align_of::<TensorDesc>() <= align_of::<u64>()
+        && align_of::<Shape>() <= align_of::<u64>()
+);
+
+/// A blank C descriptor: the guards, and the call tensors before a call writes them.
+pub(crate) const BLANK_C: guild_tensor_desc_v1_t = guild_tensor_desc_v1_t {
+    dtype: 0,
+    rank: 0,
+    dims: [0; MAX_TENSOR_RANK],
+    strides: [0; MAX_TENSOR_RANK],
+    memory_space: 0,
+    device_id: 0,
+    data: std::ptr::null_mut(),
+};
+
+/// `n` descriptors, `n` shapes and (with call tensors) `n + 2 * GUARD` C descriptors, laid out
+/// as [`TensorBlock::layout`] says, every element always initialised.
+pub(crate) struct TensorBlock {
+    /// The allocation; dangling (aligned as a `u64`) when the layout is empty.
+    ptr: NonNull<u8>,
+    /// How many tensors: inputs, then outputs.
+    n: usize,
+    /// How many of them are inputs.
+    split: usize,
+    /// Whether the block holds call tensors.
+    calls: bool,
+    /// Where the descriptors and the shapes begin, in bytes (the call tensors begin at 0).
+    descs_at: usize,
+    shapes_at: usize,
+    layout: Layout,
+}
+
+// SAFETY: the block owns its elements, plain values (the C descriptors' data pointers are the
+// last call's addresses, never dereferenced by the host), as a `Vec` of them would.
+unsafe impl Send for TensorBlock {}
+// SAFETY: as above; `&TensorBlock` gives out shared slices only, and the writes through
+// `call_tensors_ptr` are its caller's to serialise.
+unsafe impl Sync for TensorBlock {}
+
+impl TensorBlock {
+    /// None at all, without an allocation.
+    pub(crate) const fn none() -> Self {
+        TensorBlock {
+            // Aligned for every element type (checked below), so that empty slices of each
+            // may be made at it.
+            ptr: NonNull::<u64>::dangling().cast(),
+            n: 0,
+            split: 0,
+            calls: false,
+            descs_at: 0,
+            shapes_at: 0,
+            layout: Layout::new::<()>(),
+        }
+    }
+
+    /// Where each array lies: the call tensors (when there are any) first, so that the first
+    /// guard is at the allocation's start, then the descriptors, then the shapes. `None` when
+    /// the sizes overflow.
+    fn layout(n: usize, calls: bool) -> Option<(Layout, usize, usize)> {
+        let c =
+            Layout::array::<guild_tensor_desc_v1_t>(if calls { n + 2 * GUARD } else { 0 }).ok()?;
+        let (with_descs, descs_at) = c.extend(Layout::array::<TensorDesc>(n).ok()?).ok()?;
+        let (all, shapes_at) = with_descs.extend(Layout::array::<Shape>(n).ok()?).ok()?;
+        Some((all.pad_to_align(), descs_at, shapes_at))
+    }
+
+    /// A block of `n_in + n_out` blank tensors, with call tensors when `calls`.
+    pub(crate) fn new(n_in: usize, n_out: usize, calls: bool) -> Self {
+        let n = n_in + n_out;
+        let Some((layout, descs_at, shapes_at)) = Self::layout(n, calls) else {
+            // Counts this large were refused long before (a query holds at most a few dozen
+            // tensors); the allocator's own report is the honest one.
+            std::alloc::handle_alloc_error(Layout::new::<u8>())
+        };
+        if layout.size() == 0 {
+            return TensorBlock {
+                split: n_in,
+                n,
+                calls,
+                ..Self::none()
+            };
+        }
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        let block = TensorBlock {
+            ptr,
+            n,
+            split: n_in,
+            calls,
+            descs_at,
+            shapes_at,
+            layout,
+        };
+        let n_calls = block.n_calls();
+        // SAFETY: each array lies inside the allocation at its offset, aligned for its type
+        // (`Layout::extend`), and is written element by element before any slice of it is made.
+        unsafe {
+            let c = block.ptr.as_ptr().cast::<guild_tensor_desc_v1_t>();
+            for i in 0..n_calls {
+                c.add(i).write(BLANK_C);
+            }
+            let d = block.ptr.as_ptr().add(descs_at).cast::<TensorDesc>();
+            let s = block.ptr.as_ptr().add(shapes_at).cast::<Shape>();
+            for i in 0..n {
+                d.add(i).write(TensorDesc::BLANK);
+                s.add(i).write(Shape::BLANK);
+            }
+        }
+        block
+    }
+
+    /// How many C descriptors the block holds, guards included.
+    #[inline(always)]
+    fn n_calls(&self) -> usize {
+        if self.calls {
+            self.n + 2 * GUARD
+        } else {
+            0
+        }
+    }
+
+    /// Whether the block is laid out for `n_in` inputs and `n_out` outputs, with call tensors
+    /// when `calls`.
+    pub(crate) fn fits(&self, n_in: usize, n_out: usize, calls: bool) -> bool {
+        self.split == n_in && self.n == n_in + n_out && self.calls == calls
+    }
+
+    /// How many of the tensors are inputs.
+    #[inline(always)]
+    pub(crate) fn split(&self) -> usize {
+        self.split
+    }
+
+    /// The descriptors, inputs then outputs.
+    #[inline(always)]
+    pub(crate) fn descs(&self) -> &[TensorDesc] {
+        // SAFETY: `n` initialised descriptors at `descs_at` (dangling and empty, or in the
+        // allocation), borrowed with `self`.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.ptr.as_ptr().add(self.descs_at).cast::<TensorDesc>(),
+                self.n,
+            )
+        }
+    }
+
+    /// The shapes, inputs then outputs.
+    #[inline(always)]
+    pub(crate) fn shapes(&self) -> &[Shape] {
+        // SAFETY: as in `descs`, for the `n` shapes at `shapes_at`.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.ptr.as_ptr().add(self.shapes_at).cast::<Shape>(),
+                self.n,
+            )
+        }
+    }
+
+    /// The call tensors, guards included (empty without call tensors).
+    #[cfg(test)]
+    pub(crate) fn call_tensors(&self) -> &[guild_tensor_desc_v1_t] {
+        // SAFETY: as in `descs`, for the `n_calls` C descriptors at 0.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.ptr.as_ptr().cast::<guild_tensor_desc_v1_t>(),
+                self.n_calls(),
+            )
+        }
+    }
+
+    /// The three arrays, to be written: descriptors, shapes and call tensors (guards included).
+    #[inline(always)]
+    pub(crate) fn parts_mut(
+        &mut self,
+    ) -> (
+        &mut [TensorDesc],
+        &mut [Shape],
+        &mut [guild_tensor_desc_v1_t],
+    ) {
+        let base = self.ptr.as_ptr();
+        // SAFETY: three disjoint arrays of initialised elements inside the allocation (see
+        // `layout`), borrowed mutably with `self`.
+        unsafe {
+            (
+                std::slice::from_raw_parts_mut(base.add(self.descs_at).cast(), self.n),
+                std::slice::from_raw_parts_mut(base.add(self.shapes_at).cast(), self.n),
+                std::slice::from_raw_parts_mut(base.cast(), self.n_calls()),
+            )
+        }
+    }
+
+    /// The call tensors of the inputs (`input`) or the outputs, for a call to write their data
+    /// pointers (empty without call tensors). Made from the block's own pointer while the
+    /// contract is shared: the descriptors and shapes a call reads lie elsewhere.
+    ///
+    /// # Safety
+    /// No other reference to the call tensors may live while the returned slice does: the
+    /// caller holds the handle's execute exclusivity (or `&mut`).
+    #[allow(clippy::mut_from_ref)] // The exclusivity is the caller's, as documented.
+    #[inline(always)]
+    pub(crate) unsafe fn call_role_mut(&self, input: bool) -> &mut [guild_tensor_desc_v1_t] {
+        let (start, len) = match (self.calls, input) {
+            (false, _) => (0, 0),
+            (true, true) => (GUARD, self.split),
+            (true, false) => (GUARD + self.split, self.n - self.split),
+        };
+        // SAFETY: `start + len` is at most `n + GUARD`, inside the call tensors (or an empty
+        // slice at the block's pointer); the caller excludes every other reference to them.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.ptr
+                    .as_ptr()
+                    .cast::<guild_tensor_desc_v1_t>()
+                    .add(start),
+                len,
+            )
+        }
+    }
+
+    /// The first C descriptor (a guard when there are call tensors), as a raw pointer made
+    /// without a reference: a call writes its data pointers through it while the contract is
+    /// shared. Valid for `n + 2 * GUARD` descriptors when the block has call tensors.
+    #[inline(always)]
+    pub(crate) fn call_tensors_ptr(&self) -> *mut guild_tensor_desc_v1_t {
+        self.ptr.as_ptr().cast()
+    }
+}
+
+impl Drop for TensorBlock {
+    fn drop(&mut self) {
+        if self.layout.size() != 0 {
+            // SAFETY: allocated in `new` with this layout; the elements are plain values with
+            // nothing to drop.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+        }
+    }
+}
+
+impl Default for TensorBlock {
+    fn default() -> Self {
+        Self::none()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use guild_domain::operation::{DType, MemorySpace};
+
+    /// Every count, with and without call tensors: the arrays are blank, disjoint, inside the
+    /// allocation, and what is written to one is read back from it alone.
+    #[test]
+    fn a_blocks_three_arrays_are_disjoint_and_keep_what_is_written() {
+        for (n_in, n_out) in [(0, 0), (0, 1), (1, 0), (1, 1), (2, 1), (3, 2), (9, 7)] {
+            for calls in [false, true] {
+                let mut b = TensorBlock::new(n_in, n_out, calls);
+                let n = n_in + n_out;
+                assert!(b.fits(n_in, n_out, calls) && !b.fits(n_in + 1, n_out, calls));
+                assert_eq!(b.split(), n_in);
+                assert_eq!(b.descs(), &vec![TensorDesc::BLANK; n][..]);
+                assert_eq!(b.shapes(), &vec![Shape::BLANK; n][..]);
+                let n_calls = if calls { n + 2 * GUARD } else { 0 };
+                assert_eq!(b.call_tensors().len(), n_calls);
+                assert!(b
+                    .call_tensors()
+                    .iter()
+                    .all(|t| t.rank == 0 && t.data.is_null()));
+                let (descs, shapes, c) = b.parts_mut();
+                for (i, d) in descs.iter_mut().enumerate() {
+                    *d = TensorDesc::new(DType::F32, &[i as u64 + 1], MemorySpace::Host);
+                }
+                for (i, t) in c.iter_mut().enumerate() {
+                    t.rank = i as u32 + 100;
+                }
+                assert!(shapes.iter().all(|s| *s == Shape::BLANK));
+                let dims: Vec<u64> = b.descs().iter().map(|d| d.dims[0]).collect();
+                assert_eq!(dims, (1..n as u64 + 1).collect::<Vec<_>>());
+                let ranks: Vec<u32> = b.call_tensors().iter().map(|t| t.rank).collect();
+                assert_eq!(ranks, (100..100 + n_calls as u32).collect::<Vec<_>>());
+                if calls && n > 0 {
+                    let start = b.call_tensors_ptr() as usize;
+                    let end = start + b.layout.size();
+                    assert_eq!(start, b.call_tensors().as_ptr() as usize);
+                    assert!(b.descs().as_ptr() as usize >= start + n_calls * 152);
+                    assert!(b.shapes().as_ptr() as usize + n * size_of::<Shape>() <= end);
+                }
+            }
+        }
+        let none = TensorBlock::none();
+        assert!(none.descs().is_empty() && none.shapes().is_empty());
+        assert!(none.call_tensors().is_empty());
+    }
+}
