@@ -41,17 +41,19 @@ pub(crate) const BLANK_C: guild_tensor_desc_v1_t = guild_tensor_desc_v1_t {
 /// `n` descriptors, `n` shapes and (with call tensors) `n + 2 * GUARD` C descriptors, laid out
 /// as [`TensorBlock::layout`] says, every element always initialised.
 pub(crate) struct TensorBlock {
-    /// The allocation; dangling (aligned as a `u64`) when the layout is empty.
+    /// The allocation, where the call tensors begin; dangling (aligned as a `u64`) when the
+    /// layout is empty.
     ptr: NonNull<u8>,
+    /// Where the descriptors and the shapes begin, inside the allocation (kept as pointers, not
+    /// offsets, so that an execute finds its shapes with the loads a `Vec` would take).
+    descs: NonNull<TensorDesc>,
+    shapes: NonNull<Shape>,
     /// How many tensors: inputs, then outputs.
     n: usize,
     /// How many of them are inputs.
     split: usize,
     /// Whether the block holds call tensors.
     calls: bool,
-    /// Where the descriptors and the shapes begin, in bytes (the call tensors begin at 0).
-    descs_at: usize,
-    shapes_at: usize,
     layout: Layout,
 }
 
@@ -69,11 +71,11 @@ impl TensorBlock {
             // Aligned for every element type (checked below), so that empty slices of each
             // may be made at it.
             ptr: NonNull::<u64>::dangling().cast(),
+            descs: NonNull::<u64>::dangling().cast(),
+            shapes: NonNull::<u64>::dangling().cast(),
             n: 0,
             split: 0,
             calls: false,
-            descs_at: 0,
-            shapes_at: 0,
             layout: Layout::new::<()>(),
         }
     }
@@ -110,13 +112,21 @@ impl TensorBlock {
         let Some(ptr) = NonNull::new(raw) else {
             std::alloc::handle_alloc_error(layout)
         };
+        // SAFETY: both offsets lie inside the allocation (`Layout::extend`), which is not
+        // NULL.
+        let (descs, shapes) = unsafe {
+            (
+                NonNull::new_unchecked(raw.add(descs_at).cast::<TensorDesc>()),
+                NonNull::new_unchecked(raw.add(shapes_at).cast::<Shape>()),
+            )
+        };
         let block = TensorBlock {
             ptr,
+            descs,
+            shapes,
             n,
             split: n_in,
             calls,
-            descs_at,
-            shapes_at,
             layout,
         };
         let n_calls = block.n_calls();
@@ -127,11 +137,9 @@ impl TensorBlock {
             for i in 0..n_calls {
                 c.add(i).write(BLANK_C);
             }
-            let d = block.ptr.as_ptr().add(descs_at).cast::<TensorDesc>();
-            let s = block.ptr.as_ptr().add(shapes_at).cast::<Shape>();
             for i in 0..n {
-                d.add(i).write(TensorDesc::BLANK);
-                s.add(i).write(Shape::BLANK);
+                block.descs.as_ptr().add(i).write(TensorDesc::BLANK);
+                block.shapes.as_ptr().add(i).write(Shape::BLANK);
             }
         }
         block
@@ -162,26 +170,29 @@ impl TensorBlock {
     /// The descriptors, inputs then outputs.
     #[inline(always)]
     pub(crate) fn descs(&self) -> &[TensorDesc] {
-        // SAFETY: `n` initialised descriptors at `descs_at` (dangling and empty, or in the
+        // SAFETY: `n` initialised descriptors at `descs` (dangling and empty, or in the
         // allocation), borrowed with `self`.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.ptr.as_ptr().add(self.descs_at).cast::<TensorDesc>(),
-                self.n,
-            )
-        }
+        unsafe { std::slice::from_raw_parts(self.descs.as_ptr(), self.n) }
     }
 
     /// The shapes, inputs then outputs.
-    #[inline(always)]
+    #[cfg(test)]
     pub(crate) fn shapes(&self) -> &[Shape] {
-        // SAFETY: as in `descs`, for the `n` shapes at `shapes_at`.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.ptr.as_ptr().add(self.shapes_at).cast::<Shape>(),
-                self.n,
-            )
-        }
+        // SAFETY: as in `descs`, for the `n` shapes at `shapes`.
+        unsafe { std::slice::from_raw_parts(self.shapes.as_ptr(), self.n) }
+    }
+
+    /// The shapes of the inputs (`input`) or of the outputs, without a bounds check (an
+    /// execute finds them with the loads and arithmetic a pair of `Vec`s would take).
+    #[inline(always)]
+    pub(crate) fn shapes_of(&self, input: bool) -> &[Shape] {
+        let (start, len) = if input {
+            (0, self.split)
+        } else {
+            (self.split, self.n - self.split)
+        };
+        // SAFETY: `split <= n` (`new`), so the range lies inside the `n` initialised shapes.
+        unsafe { std::slice::from_raw_parts(self.shapes.as_ptr().add(start), len) }
     }
 
     /// The call tensors, guards included (empty without call tensors).
@@ -205,14 +216,13 @@ impl TensorBlock {
         &mut [Shape],
         &mut [guild_tensor_desc_v1_t],
     ) {
-        let base = self.ptr.as_ptr();
         // SAFETY: three disjoint arrays of initialised elements inside the allocation (see
         // `layout`), borrowed mutably with `self`.
         unsafe {
             (
-                std::slice::from_raw_parts_mut(base.add(self.descs_at).cast(), self.n),
-                std::slice::from_raw_parts_mut(base.add(self.shapes_at).cast(), self.n),
-                std::slice::from_raw_parts_mut(base.cast(), self.n_calls()),
+                std::slice::from_raw_parts_mut(self.descs.as_ptr(), self.n),
+                std::slice::from_raw_parts_mut(self.shapes.as_ptr(), self.n),
+                std::slice::from_raw_parts_mut(self.ptr.as_ptr().cast(), self.n_calls()),
             )
         }
     }
@@ -243,6 +253,13 @@ impl TensorBlock {
                 len,
             )
         }
+    }
+
+    /// The descriptors, inputs then outputs, to be written.
+    #[inline(always)]
+    pub(crate) fn descs_mut(&mut self) -> &mut [TensorDesc] {
+        // SAFETY: as in `descs`, borrowed mutably with `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.descs.as_ptr(), self.n) }
     }
 
     /// The first C descriptor (a guard when there are call tensors), as a raw pointer made

@@ -1104,11 +1104,7 @@ impl Contract {
 
     #[inline(always)]
     fn shapes(&self, role: TensorRole) -> &[Shape] {
-        let (inputs, outputs) = self.tensors.shapes().split_at(self.tensors.split());
-        match role {
-            TensorRole::Input => inputs,
-            TensorRole::Output => outputs,
-        }
+        self.tensors.shapes_of(role == TensorRole::Input)
     }
 
     /// Checks a call's scratch buffers against the negotiated sizes and alignment.
@@ -1288,8 +1284,9 @@ impl PublishedScratch {
 /// buffers: touched only by a reshape (under the handle's execute exclusivity, or `&mut`).
 #[derive(Default)]
 struct ReshapeCells {
-    /// The contract the last reshape replaced, whose buffers the next one refills: a C
-    /// reshape reads its caller's tensors straight into them.
+    /// The contract the last reshape replaced, whose block the next one writes (laid out at
+    /// the handle's first reshape): a C reshape reads its caller's tensors straight into it,
+    /// and a tensor it already holds is kept as it is.
     spare: Contract,
     /// What the negotiation of the new tensors works in.
     work: ReshapeWork,
@@ -1394,10 +1391,10 @@ pub(crate) struct RustCall<'a> {
 impl Resolved {
     /// The handle a resolution made: the chosen candidate, its negotiated scratch, the query.
     ///
-    /// Boxed where it is made: a handle is large (its reused records and reshape buffers), and
-    /// both faces keep it behind a pointer. The box is made with an empty contract, which the
-    /// query's tensors (borrowed, not the query's own) are then copied into, in the buffers a
-    /// reshape refills.
+    /// Boxed where it is made: a handle is large (its reused records), and both faces keep it
+    /// behind a pointer. Its contract is made in one block from the query's tensors (borrowed,
+    /// not the query's own) and, with `calls` (the Rust face), the C form they were negotiated
+    /// in, which becomes the calls' tensors.
     #[allow(clippy::too_many_arguments)] // Every part is one the resolution computed.
     fn boxed(
         binding: KernelBinding,
@@ -1731,10 +1728,9 @@ impl Resolved {
         // SAFETY: the caller's contract gives this reshape the reshape cells, and excludes
         // every writer of the contract.
         let (current, spare) = unsafe { (self.contract(), &mut (*self.reshaping.get()).spare) };
-        spare.fit(current.inputs().len(), current.outputs().len(), false);
-        let split = spare.tensors.split();
-        let (descs, _, _) = spare.tensors.parts_mut();
-        let (inputs, outputs) = descs.split_at_mut(split);
+        let split = current.tensors.split();
+        spare.fit(split, current.tensors.descs().len() - split, false);
+        let (inputs, outputs) = spare.tensors.descs_mut().split_at_mut(split);
         read(inputs, outputs)
     }
 
@@ -1785,10 +1781,10 @@ impl Resolved {
     /// `validate` and `query_scratch` and the budgets, in the C query of the resolution's
     /// numbers ([`Resolved::statics`]) and the new tensors. Every other static check concerns
     /// what no reshape changes, and passed at resolution. The new contract is made in place of
-    /// the one the last reshape replaced (the reshape cells' spare, which [`Resolved::install`]
-    /// or [`Resolved::install_mut`] then trades with the handle's, so that nothing as large as
-    /// a contract is moved): once a reshape has been installed, nothing is allocated unless
-    /// something refuses. Nothing the handle's calls read changes here, so a refusal leaves it
+    /// the one the last reshape replaced (the reshape cells' spare, its block laid out at the
+    /// handle's first reshape, which [`Resolved::install`] or [`Resolved::install_mut`] then
+    /// trades with the handle's: two small headers, the blocks stay where they are): after the
+    /// first reshape, nothing is allocated unless something refuses. Nothing the handle's calls read changes here, so a refusal leaves it
     /// as it was. Only rank, dims and strides may change: the number of tensors, their dtypes,
     /// memory spaces and devices are the resolution's.
     ///
@@ -1928,14 +1924,27 @@ impl Resolved {
                             shapes.get_mut(k),
                             calls.get_mut(GUARD + k),
                         ) {
-                            *slot = *d;
-                            shape.set(d, &info);
-                            *c = c_tensor(d, address_ptr(d));
+                            // The spare holds the contract of two reshapes ago (or a refused
+                            // one's writes), each tensor's descriptor, shape and C form written
+                            // together: a tensor that is the one there (a shape the loop
+                            // alternates between, a tensor that stays) keeps them, and only its
+                            // known address is written, as calls leave theirs in the C form.
+                            if shape.matches_desc(d) && *slot == *d {
+                                c.data = address_ptr(d);
+                            } else {
+                                *slot = *d;
+                                shape.set(d, &info);
+                                *c = c_tensor(d, address_ptr(d));
+                            }
                         }
                     }
                     Reshaping::C { shapes, .. } => {
+                        // A shape is a function of its tensor's fields that it compares (and
+                        // of the facts they fix), so a tensor the spare's shape matches is set.
                         if let Some(shape) = shapes.get_mut(k) {
-                            shape.set(d, &info);
+                            if !shape.matches_desc(d) {
+                                shape.set(d, &info);
+                            }
                         }
                     }
                 }
