@@ -1,10 +1,14 @@
 //! A contract's tensors in one allocation: the negotiated descriptors (inputs then outputs),
-//! their shapes, and for a Rust handle the C descriptors its calls lend the provider, between
-//! one unused descriptor on each side.
+//! for a Rust handle the C descriptors its calls lend the provider, and the tensors' shapes.
 //!
 //! Three arrays of three types, made and freed together and never resized (a reshape keeps the
 //! number of tensors), so one allocation holds them: a resolution pays for one allocation
-//! besides its handle's, whichever face it came through and however many tensors it has.
+//! besides its handle's, whichever face it came through and however many tensors it has. The
+//! call tensors, the only part calls write, lie between the descriptors and the shapes, each at
+//! least a pair of cache lines: every line a call writes is the block's own, wherever the
+//! allocator puts another handle's beside it, without unused guards (which would take a
+//! one-input, one-output Rust handle's block past the 1,032 bytes glibc serves from its
+//! per-thread cache).
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
@@ -15,16 +19,12 @@ use guild_domain::operation::{TensorDesc, MAX_TENSOR_RANK};
 use super::core::Shape;
 use super::inline::Blank;
 
-/// The unused descriptors on each side of the call tensors, so that every cache line pair a
-/// call writes lies inside the block's own allocation: another handle's block, executing on
-/// another thread, may sit right beside it.
-pub(crate) const GUARD: usize = 1;
+/// The bytes of the block's own the call tensors have on each side: a pair of cache lines.
+pub(crate) const LINE_PAIR: usize = 128;
 
-const _: () = assert!(GUARD * size_of::<guild_tensor_desc_v1_t>() >= 2 * 64);
 const _: () = assert!(
-    align_of::<guild_tensor_desc_v1_t>() <= align_of::<u64>()
-        && align_of::<TensorDesc>() <= align_of::<u64>()
-        && align_of::<Shape>() <= align_of::<u64>()
+    size_of::<TensorDesc>() >= LINE_PAIR && size_of::<Shape>() >= LINE_PAIR,
+    "one descriptor before the call tensors and one shape after them keep a line pair each"
 );
 
 /// A blank C descriptor: the guards, and the call tensors before a call writes them.
@@ -38,15 +38,15 @@ pub(crate) const BLANK_C: guild_tensor_desc_v1_t = guild_tensor_desc_v1_t {
     data: std::ptr::null_mut(),
 };
 
-/// `n` descriptors, `n` shapes and (with call tensors) `n + 2 * GUARD` C descriptors, laid out
-/// as [`TensorBlock::layout`] says, every element always initialised.
+/// `n` descriptors, (with call tensors) `n` C descriptors and `n` shapes, laid out as
+/// [`TensorBlock::layout`] says, every element always initialised.
 pub(crate) struct TensorBlock {
-    /// The allocation, where the call tensors begin; dangling (aligned as a `u64`) when the
+    /// The allocation, where the descriptors begin; dangling (aligned as a `u64`) when the
     /// layout is empty.
-    ptr: NonNull<u8>,
-    /// Where the descriptors and the shapes begin, inside the allocation (kept as pointers, not
-    /// offsets, so that an execute finds its shapes with the loads a `Vec` would take).
     descs: NonNull<TensorDesc>,
+    /// Where the call tensors and the shapes begin, inside the allocation (kept as pointers,
+    /// not offsets, so that an execute finds them with the loads a `Vec` would take).
+    calls_at: NonNull<guild_tensor_desc_v1_t>,
     shapes: NonNull<Shape>,
     /// How many tensors: inputs, then outputs.
     n: usize,
@@ -70,8 +70,8 @@ impl TensorBlock {
         TensorBlock {
             // Aligned for every element type (checked below), so that empty slices of each
             // may be made at it.
-            ptr: NonNull::<u64>::dangling().cast(),
             descs: NonNull::<u64>::dangling().cast(),
+            calls_at: NonNull::<u64>::dangling().cast(),
             shapes: NonNull::<u64>::dangling().cast(),
             n: 0,
             split: 0,
@@ -80,21 +80,20 @@ impl TensorBlock {
         }
     }
 
-    /// Where each array lies: the call tensors (when there are any) first, so that the first
-    /// guard is at the allocation's start, then the descriptors, then the shapes. `None` when
-    /// the sizes overflow.
+    /// Where each array lies: the descriptors, then the call tensors (when there are any),
+    /// then the shapes. `None` when the sizes overflow.
     fn layout(n: usize, calls: bool) -> Option<(Layout, usize, usize)> {
-        let c =
-            Layout::array::<guild_tensor_desc_v1_t>(if calls { n + 2 * GUARD } else { 0 }).ok()?;
-        let (with_descs, descs_at) = c.extend(Layout::array::<TensorDesc>(n).ok()?).ok()?;
-        let (all, shapes_at) = with_descs.extend(Layout::array::<Shape>(n).ok()?).ok()?;
-        Some((all.pad_to_align(), descs_at, shapes_at))
+        let descs = Layout::array::<TensorDesc>(n).ok()?;
+        let c = Layout::array::<guild_tensor_desc_v1_t>(if calls { n } else { 0 }).ok()?;
+        let (with_calls, calls_at) = descs.extend(c).ok()?;
+        let (all, shapes_at) = with_calls.extend(Layout::array::<Shape>(n).ok()?).ok()?;
+        Some((all.pad_to_align(), calls_at, shapes_at))
     }
 
     /// A block of `n_in + n_out` blank tensors, with call tensors when `calls`.
     pub(crate) fn new(n_in: usize, n_out: usize, calls: bool) -> Self {
-        let n = n_in + n_out;
-        let Some((layout, descs_at, shapes_at)) = Self::layout(n, calls) else {
+        let n = n_in.saturating_add(n_out);
+        let Some((layout, calls_at, shapes_at)) = Self::layout(n, calls) else {
             // Counts this large were refused long before (a query holds at most a few dozen
             // tensors); the allocator's own report is the honest one.
             std::alloc::handle_alloc_error(Layout::new::<u8>())
@@ -109,20 +108,21 @@ impl TensorBlock {
         }
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { std::alloc::alloc(layout) };
-        let Some(ptr) = NonNull::new(raw) else {
+        if raw.is_null() {
             std::alloc::handle_alloc_error(layout)
-        };
-        // SAFETY: both offsets lie inside the allocation (`Layout::extend`), which is not
-        // NULL.
-        let (descs, shapes) = unsafe {
+        }
+        // SAFETY: the allocation is not NULL, and both offsets lie inside it
+        // (`Layout::extend`).
+        let (descs, calls_ptr, shapes) = unsafe {
             (
-                NonNull::new_unchecked(raw.add(descs_at).cast::<TensorDesc>()),
+                NonNull::new_unchecked(raw.cast::<TensorDesc>()),
+                NonNull::new_unchecked(raw.add(calls_at).cast::<guild_tensor_desc_v1_t>()),
                 NonNull::new_unchecked(raw.add(shapes_at).cast::<Shape>()),
             )
         };
         let block = TensorBlock {
-            ptr,
             descs,
+            calls_at: calls_ptr,
             shapes,
             n,
             split: n_in,
@@ -133,9 +133,8 @@ impl TensorBlock {
         // SAFETY: each array lies inside the allocation at its offset, aligned for its type
         // (`Layout::extend`), and is written element by element before any slice of it is made.
         unsafe {
-            let c = block.ptr.as_ptr().cast::<guild_tensor_desc_v1_t>();
             for i in 0..n_calls {
-                c.add(i).write(BLANK_C);
+                block.calls_at.as_ptr().add(i).write(BLANK_C);
             }
             for i in 0..n {
                 block.descs.as_ptr().add(i).write(TensorDesc::BLANK);
@@ -145,11 +144,11 @@ impl TensorBlock {
         block
     }
 
-    /// How many C descriptors the block holds, guards included.
+    /// How many C descriptors the block holds.
     #[inline(always)]
     fn n_calls(&self) -> usize {
         if self.calls {
-            self.n + 2 * GUARD
+            self.n
         } else {
             0
         }
@@ -195,19 +194,14 @@ impl TensorBlock {
         unsafe { std::slice::from_raw_parts(self.shapes.as_ptr().add(start), len) }
     }
 
-    /// The call tensors, guards included (empty without call tensors).
+    /// The call tensors (empty without call tensors).
     #[cfg(test)]
     pub(crate) fn call_tensors(&self) -> &[guild_tensor_desc_v1_t] {
-        // SAFETY: as in `descs`, for the `n_calls` C descriptors at 0.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.ptr.as_ptr().cast::<guild_tensor_desc_v1_t>(),
-                self.n_calls(),
-            )
-        }
+        // SAFETY: as in `descs`, for the `n_calls` C descriptors at `calls_at`.
+        unsafe { std::slice::from_raw_parts(self.calls_at.as_ptr(), self.n_calls()) }
     }
 
-    /// The three arrays, to be written: descriptors, shapes and call tensors (guards included).
+    /// The three arrays, to be written: descriptors, shapes and call tensors.
     #[inline(always)]
     pub(crate) fn parts_mut(
         &mut self,
@@ -222,9 +216,16 @@ impl TensorBlock {
             (
                 std::slice::from_raw_parts_mut(self.descs.as_ptr(), self.n),
                 std::slice::from_raw_parts_mut(self.shapes.as_ptr(), self.n),
-                std::slice::from_raw_parts_mut(self.ptr.as_ptr().cast(), self.n_calls()),
+                std::slice::from_raw_parts_mut(self.calls_at.as_ptr(), self.n_calls()),
             )
         }
+    }
+
+    /// The descriptors, inputs then outputs, to be written.
+    #[inline(always)]
+    pub(crate) fn descs_mut(&mut self) -> &mut [TensorDesc] {
+        // SAFETY: as in `descs`, borrowed mutably with `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.descs.as_ptr(), self.n) }
     }
 
     /// The call tensors of the inputs (`input`) or the outputs, for a call to write their data
@@ -239,44 +240,29 @@ impl TensorBlock {
     pub(crate) unsafe fn call_role_mut(&self, input: bool) -> &mut [guild_tensor_desc_v1_t] {
         let (start, len) = match (self.calls, input) {
             (false, _) => (0, 0),
-            (true, true) => (GUARD, self.split),
-            (true, false) => (GUARD + self.split, self.n - self.split),
+            (true, true) => (0, self.split),
+            (true, false) => (self.split, self.n - self.split),
         };
-        // SAFETY: `start + len` is at most `n + GUARD`, inside the call tensors (or an empty
-        // slice at the block's pointer); the caller excludes every other reference to them.
-        unsafe {
-            std::slice::from_raw_parts_mut(
-                self.ptr
-                    .as_ptr()
-                    .cast::<guild_tensor_desc_v1_t>()
-                    .add(start),
-                len,
-            )
-        }
+        // SAFETY: `start + len` is at most `n`, inside the call tensors (or an empty slice at
+        // their pointer); the caller excludes every other reference to them.
+        unsafe { std::slice::from_raw_parts_mut(self.calls_at.as_ptr().add(start), len) }
     }
 
-    /// The descriptors, inputs then outputs, to be written.
-    #[inline(always)]
-    pub(crate) fn descs_mut(&mut self) -> &mut [TensorDesc] {
-        // SAFETY: as in `descs`, borrowed mutably with `self`.
-        unsafe { std::slice::from_raw_parts_mut(self.descs.as_ptr(), self.n) }
-    }
-
-    /// The first C descriptor (a guard when there are call tensors), as a raw pointer made
-    /// without a reference: a call writes its data pointers through it while the contract is
-    /// shared. Valid for `n + 2 * GUARD` descriptors when the block has call tensors.
+    /// The first call tensor, as a raw pointer made without a reference: a call writes the
+    /// data pointers through it while the contract is shared. Valid for `n` descriptors when
+    /// the block has call tensors.
     #[inline(always)]
     pub(crate) fn call_tensors_ptr(&self) -> *mut guild_tensor_desc_v1_t {
-        self.ptr.as_ptr().cast()
+        self.calls_at.as_ptr()
     }
 }
 
 impl Drop for TensorBlock {
     fn drop(&mut self) {
         if self.layout.size() != 0 {
-            // SAFETY: allocated in `new` with this layout; the elements are plain values with
-            // nothing to drop.
-            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+            // SAFETY: allocated in `new` with this layout, at `descs`; the elements are plain
+            // values with nothing to drop.
+            unsafe { std::alloc::dealloc(self.descs.as_ptr().cast(), self.layout) };
         }
     }
 }
@@ -304,7 +290,7 @@ mod tests {
                 assert_eq!(b.split(), n_in);
                 assert_eq!(b.descs(), &vec![TensorDesc::BLANK; n][..]);
                 assert_eq!(b.shapes(), &vec![Shape::BLANK; n][..]);
-                let n_calls = if calls { n + 2 * GUARD } else { 0 };
+                let n_calls = if calls { n } else { 0 };
                 assert_eq!(b.call_tensors().len(), n_calls);
                 assert!(b
                     .call_tensors()
@@ -322,11 +308,15 @@ mod tests {
                 assert_eq!(dims, (1..n as u64 + 1).collect::<Vec<_>>());
                 let ranks: Vec<u32> = b.call_tensors().iter().map(|t| t.rank).collect();
                 assert_eq!(ranks, (100..100 + n_calls as u32).collect::<Vec<_>>());
-                if calls && n > 0 {
-                    let start = b.call_tensors_ptr() as usize;
+                if n > 0 {
+                    // The call tensors have a line pair of the block's own on each side.
+                    let start = b.descs().as_ptr() as usize;
                     let end = start + b.layout.size();
-                    assert_eq!(start, b.call_tensors().as_ptr() as usize);
-                    assert!(b.descs().as_ptr() as usize >= start + n_calls * 152);
+                    let calls = b.call_tensors_ptr() as usize;
+                    let calls_end = calls + n_calls * size_of::<guild_tensor_desc_v1_t>();
+                    assert!(calls >= start + LINE_PAIR);
+                    assert!(b.shapes().as_ptr() as usize >= calls_end);
+                    assert!(calls_end + LINE_PAIR <= end);
                     assert!(b.shapes().as_ptr() as usize + n * size_of::<Shape>() <= end);
                 }
             }

@@ -40,7 +40,7 @@ use guild_domain::version::OpVersionInterval;
 use guild_ports::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
 use guild_ports::provider::{ExecuteCall, ExecuteEntry, KernelProvider, QueryCall};
 
-use super::block::{TensorBlock, BLANK_C, GUARD};
+use super::block::{TensorBlock, BLANK_C};
 use super::handles::{HandleTable, Running, LINE};
 use super::inline::{Blank, InlineVec};
 use super::{ExecuteError, ReshapeError, ResolveError, Scratch};
@@ -1051,8 +1051,7 @@ impl Contract {
             shape.set(d, info);
         }
         if let Some([c_inputs, c_outputs]) = calls {
-            let tensors = c.get_mut(GUARD..).unwrap_or_default();
-            for (slot, t) in tensors.iter_mut().zip(c_inputs.iter().chain(c_outputs)) {
+            for (slot, t) in c.iter_mut().zip(c_inputs.iter().chain(c_outputs)) {
                 *slot = guild_tensor_desc_v1_t {
                     data: std::ptr::null_mut(),
                     ..*t
@@ -1207,16 +1206,15 @@ impl RustCells {
         let t = &mut contract.tensors;
         let split = t.split();
         let (_, _, c) = t.parts_mut();
-        let n = c.len().saturating_sub(2 * GUARD);
+        let n = c.len();
         for d in c.iter_mut() {
             d.data = std::ptr::null_mut();
         }
         let base = t.call_tensors_ptr().cast_const();
-        // `wrapping_add` within the block's call tensors (both offsets are at most their
-        // length).
-        self.args.inputs = base.wrapping_add(GUARD);
+        // `wrapping_add` within the block's call tensors (the offset is at most their length).
+        self.args.inputs = base;
         self.args.input_count = split.min(n);
-        self.args.outputs = base.wrapping_add(GUARD + split.min(n));
+        self.args.outputs = base.wrapping_add(split.min(n));
         self.args.output_count = n - split.min(n);
     }
 }
@@ -1295,8 +1293,8 @@ struct ReshapeCells {
 /// Which face a reshape's negotiation serves, and where it writes the contract it makes (the
 /// spare's block, as the checks go: inputs then outputs, as many as the tensors).
 enum Reshaping<'a> {
-    /// The Rust face's: the new tensors' descriptors, shapes and C form (the call tensors,
-    /// guards included), which the callbacks are then handed.
+    /// The Rust face's: the new tensors' descriptors, shapes and C form (the call tensors),
+    /// which the callbacks are then handed.
     Rust {
         descs: &'a mut [TensorDesc],
         shapes: &'a mut [Shape],
@@ -1919,11 +1917,9 @@ impl Resolved {
                         shapes,
                         calls,
                     } => {
-                        if let (Some(slot), Some(shape), Some(c)) = (
-                            descs.get_mut(k),
-                            shapes.get_mut(k),
-                            calls.get_mut(GUARD + k),
-                        ) {
+                        if let (Some(slot), Some(shape), Some(c)) =
+                            (descs.get_mut(k), shapes.get_mut(k), calls.get_mut(k))
+                        {
                             // The spare holds the contract of two reshapes ago (or a refused
                             // one's writes), each tensor's descriptor, shape and C form written
                             // together: a tensor that is the one there (a shape the loop
@@ -1958,7 +1954,7 @@ impl Resolved {
             Reshaping::C { tensors, .. } => tensors,
             Reshaping::Rust { calls, .. } => {
                 let made: &[guild_tensor_desc_v1_t] = calls;
-                let made = made.get(GUARD..GUARD + k).unwrap_or_default();
+                let made = made.get(..k).unwrap_or_default();
                 let (made_inputs, made_outputs) = made.split_at(inputs.len().min(made.len()));
                 [made_inputs, made_outputs]
             }
@@ -2514,41 +2510,41 @@ mod tests {
     }
 
     /// Checks that `contract`'s call tensors hold `n_in` inputs (dims 1, 2, ...) and `n_out`
-    /// outputs (dims 101, 102, ...) between one unused descriptor on each side, so that every
-    /// cache line pair a call touches there lies inside the block's own allocation, without
-    /// data; that the arguments record points at them; and that data pointers written as a
-    /// call writes them are read through the record, as the provider reads them.
+    /// outputs (dims 101, 102, ...) with a line pair of their block's own on each side (a
+    /// descriptor before them, a shape after them), so that every cache line pair a call
+    /// touches there lies inside the block's allocation, without data; that the arguments
+    /// record points at them; and that data pointers written as a call writes them are read
+    /// through the record, as the provider reads them.
     fn check_cells(cells: &RustCells, contract: &Contract, n_in: usize, n_out: usize) {
         let size = size_of::<guild_tensor_desc_v1_t>();
         let t = contract.tensors.call_tensors();
-        let (base, len) = (t.as_ptr() as usize, t.len());
-        assert_eq!(
-            len,
-            n_in + n_out + 2,
-            "{n_in}+{n_out}: one guard on each side"
-        );
-        let first = base + size;
-        let pair = 128;
-        assert!(
-            first / pair * pair >= base,
-            "{n_in}+{n_out}: first line pair shared"
-        );
-        assert!(
-            (base + (len - 1) * size).div_ceil(pair) * pair <= base + len * size,
-            "{n_in}+{n_out}: last line pair shared"
-        );
-        let dims: Vec<u64> = t[1..len - 1].iter().map(|t| t.dims[0]).collect();
+        let (first, len) = (t.as_ptr() as usize, t.len());
+        assert_eq!(len, n_in + n_out, "{n_in}+{n_out}");
+        if len > 0 {
+            let pair = 128;
+            let block_start = contract.tensors.descs().as_ptr() as usize;
+            let shapes = contract.tensors.shapes();
+            let block_end = shapes.as_ptr() as usize + size_of_val(shapes);
+            let last = first + len * size;
+            assert!(
+                first / pair * pair >= block_start && first - block_start >= pair,
+                "{n_in}+{n_out}: first line pair shared"
+            );
+            assert!(
+                last.div_ceil(pair) * pair <= block_end && block_end - last >= pair,
+                "{n_in}+{n_out}: last line pair shared"
+            );
+            assert!(
+                shapes.as_ptr() as usize >= last,
+                "{n_in}+{n_out}: the shapes overlap the call tensors"
+            );
+        }
+        let dims: Vec<u64> = t.iter().map(|t| t.dims[0]).collect();
         let expected: Vec<u64> = (1..n_in as u64 + 1)
             .chain(101..101 + n_out as u64)
             .collect();
         assert_eq!(dims, expected, "{n_in}+{n_out}");
         assert!(t.iter().all(|t| t.data.is_null()), "{n_in}+{n_out}");
-        for guard in [&t[0], &t[len - 1]] {
-            assert!(
-                guard.rank == 0 && guard.dims == [0; MAX_TENSOR_RANK] && guard.dtype == 0,
-                "{n_in}+{n_out}: a guard was written"
-            );
-        }
         for (input, n, mark) in [(true, n_in, 1), (false, n_out, 2)] {
             // SAFETY: no other reference to the call tensors lives meanwhile.
             let side = unsafe { contract.tensors.call_role_mut(input) };
@@ -2572,10 +2568,10 @@ mod tests {
     }
 
     /// A Rust handle's call tensors, as a resolution makes them and as reshapes install them
-    /// (the spare laid out once, then reused), lie between guards, and the arguments record
-    /// follows them; a C handle's are none.
+    /// (the spare laid out once, then reused), lie inside their block with a line pair of its
+    /// own on each side, and the arguments record follows them; a C handle's are none.
     #[test]
-    fn the_call_tensors_lie_between_guards_and_the_arguments_follow_them() {
+    fn the_call_tensors_lie_inside_their_block_and_the_arguments_follow_them() {
         let counts = [(0, 0), (0, 1), (2, 0), (1, 1), (2, 1), (3, 2), (8, 8)];
         for (n_in, n_out) in counts {
             let mut cells = RustCells::new(SyncMode::HostBlocking, 0);
@@ -2594,7 +2590,7 @@ mod tests {
                 spare.fit(n_in, n_out, true);
                 let (descs, _, calls) = spare.tensors.parts_mut();
                 for (k, d) in descs.iter().enumerate() {
-                    calls[GUARD + k] = c_tensor(d, std::ptr::dangling_mut());
+                    calls[k] = c_tensor(d, std::ptr::dangling_mut());
                 }
                 std::mem::swap(&mut contract, &mut spare);
                 cells.take_up(&mut contract);
@@ -2604,7 +2600,9 @@ mod tests {
             }
             // The blank spare's call tensors are blank: the dims of the first round's.
             assert!(
-                contract.tensors.call_tensors()[GUARD..GUARD + n_in + n_out]
+                contract
+                    .tensors
+                    .call_tensors()
                     .iter()
                     .all(|t| t.data.is_null()),
                 "{n_in}+{n_out}"
@@ -2713,10 +2711,7 @@ mod tests {
                 .map(|t| t.dims)
                 .collect();
             let expected: Vec<_> = if calls {
-                std::iter::once([0; MAX_TENSOR_RANK])
-                    .chain(c_ins.iter().chain(&c_outs).map(|t| t.dims))
-                    .chain(std::iter::once([0; MAX_TENSOR_RANK]))
-                    .collect()
+                c_ins.iter().chain(&c_outs).map(|t| t.dims).collect()
             } else {
                 Vec::new()
             };
