@@ -1,7 +1,9 @@
 //! Benchmarks reading the store state back: decoding a checkpoint of 10,000 packages (format 2,
 //! each version record with its signing key, the trust file it verified under and its manifest
 //! facts, as `guild install` writes them) and replaying a log of 5,000 one-package deltas onto
-//! it, which is what every `guild list` and `guild status ID` on such a store does first.
+//! it, which is what every `guild list` does first; the same written indented (as the store
+//! wrote them before they were compact); and what a reader of one package (`guild status ID`)
+//! does with them, passing over the other packages.
 //! Criterion prints the median among its estimates.
 
 use std::hint::black_box;
@@ -74,6 +76,16 @@ fn read(checkpoint: &[u8], deltas: &[Vec<u8>]) -> StoreState {
     state
 }
 
+/// [`read`] as a reader of package `only` does (`guild status ID`).
+fn read_one(checkpoint: &[u8], deltas: &[Vec<u8>], only: &PackageId) -> StoreState {
+    let (mut state, _) = StoreState::from_any_json_only(checkpoint, only).expect("decode");
+    for d in deltas {
+        let delta = StoreStateDelta::from_json_only(d, only).expect("delta decodes");
+        state.apply(&delta).expect("applies");
+    }
+    state
+}
+
 fn bench(c: &mut Criterion) {
     let (checkpoint, deltas) = store();
     eprintln!(
@@ -95,6 +107,24 @@ fn bench(c: &mut Criterion) {
     });
     group.bench_function("checkpoint_and_log", |b| {
         b.iter(|| read(black_box(&checkpoint), black_box(&deltas)))
+    });
+    // The same state written indented, as checkpoints and frames were before they were
+    // written compact: what the reader pays for the whitespace.
+    let pretty = |bytes: &[u8]| {
+        guild_domain::json::parse(bytes)
+            .expect("parses")
+            .to_pretty_string()
+            .into_bytes()
+    };
+    let indented = pretty(&checkpoint);
+    let indented_deltas: Vec<Vec<u8>> = deltas.iter().map(|d| pretty(d)).collect();
+    group.bench_function("checkpoint_and_log_indented", |b| {
+        b.iter(|| read(black_box(&indented), black_box(&indented_deltas)))
+    });
+    // A reader of one package (in the middle of the checkpoint) passes over the others.
+    let only = id((PACKAGES - LOGGED) / 2);
+    group.bench_function("checkpoint_and_log_one_package", |b| {
+        b.iter(|| read_one(black_box(&checkpoint), black_box(&deltas), &only))
     });
     group.finish();
 }

@@ -94,6 +94,16 @@ impl Value {
         out.push('\n');
         out
     }
+
+    /// Writes the value as compact JSON: no whitespace between tokens, members in stored order,
+    /// strings escaped as in the canonical form. For the large documents that only programs
+    /// read (the registry's checkpoint and log frames): every reader accepts any whitespace, and
+    /// indentation is a third of a pretty-printed registry's bytes.
+    pub fn to_compact_string(&self) -> String {
+        let mut out = String::new();
+        write_compact(&mut out, self);
+        out
+    }
 }
 
 impl From<&str> for Value {
@@ -605,6 +615,14 @@ impl<'a> Cursor<'a> {
         self.parser.value(self.depth).ok()
     }
 
+    /// Reads past any value without building it: no allocation, no unescaping. It refuses
+    /// everything [`parse_borrowed`] refuses (the same grammar, escapes, control characters,
+    /// integers, `null` and depth limit) except a duplicate key, which only a set of the keys
+    /// could find; a reader that skips a value says what that leaves unchecked.
+    pub(crate) fn skip(&mut self) -> Option<()> {
+        self.parser.skip(self.depth).ok()
+    }
+
     /// Whether only whitespace is left.
     pub(crate) fn at_end(&mut self) -> bool {
         self.parser.skip_whitespace();
@@ -664,6 +682,106 @@ impl<'a> Parser<'a> {
                 Err(Failure::at(at, JsonErrorKind::Null))
             }
             _ => Err(self.unexpected("a value")),
+        }
+    }
+
+    /// [`Self::value`] without the value: reads past it, checking the same grammar except
+    /// duplicate keys ([`Cursor::skip`]).
+    fn skip(&mut self, depth: usize) -> Result<(), Failure> {
+        self.skip_whitespace();
+        match self.peek() {
+            Some(b'{') => self.skip_object(depth + 1),
+            Some(b'[') => self.skip_array(depth + 1),
+            Some(b'"') => self.skip_string(),
+            Some(b'-' | b'0'..=b'9') => self.number().map(drop),
+            Some(b't') => self.literal(b"true"),
+            Some(b'f') => self.literal(b"false"),
+            Some(b'n') => {
+                let at = self.pos;
+                self.literal(b"null")?;
+                Err(Failure::at(at, JsonErrorKind::Null))
+            }
+            _ => Err(self.unexpected("a value")),
+        }
+    }
+
+    fn skip_object(&mut self, depth: usize) -> Result<(), Failure> {
+        self.enter(depth)?;
+        self.pos += 1;
+        self.skip_whitespace();
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+            return Ok(());
+        }
+        loop {
+            self.skip_whitespace();
+            if self.peek() != Some(b'"') {
+                return Err(self.unexpected("a string key"));
+            }
+            self.skip_string()?;
+            self.skip_whitespace();
+            if self.peek() != Some(b':') {
+                return Err(self.unexpected("':'"));
+            }
+            self.pos += 1;
+            self.skip(depth)?;
+            self.skip_whitespace();
+            match self.peek() {
+                Some(b',') => self.pos += 1,
+                Some(b'}') => {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                _ => return Err(self.unexpected("',' or '}'")),
+            }
+        }
+    }
+
+    fn skip_array(&mut self, depth: usize) -> Result<(), Failure> {
+        self.enter(depth)?;
+        self.pos += 1;
+        self.skip_whitespace();
+        if self.peek() == Some(b']') {
+            self.pos += 1;
+            return Ok(());
+        }
+        loop {
+            self.skip(depth)?;
+            self.skip_whitespace();
+            match self.peek() {
+                Some(b',') => self.pos += 1,
+                Some(b']') => {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                _ => return Err(self.unexpected("',' or ']'")),
+            }
+        }
+    }
+
+    /// [`Self::string`] without the string: each escape is checked as it would be decoded, and
+    /// nothing is copied.
+    fn skip_string(&mut self) -> Result<(), Failure> {
+        self.pos += 1;
+        loop {
+            let rest = self.bytes.get(self.pos..).unwrap_or_default();
+            self.pos += plain_run(rest);
+            match self.peek() {
+                None => return Err(Failure::at(self.pos, JsonErrorKind::UnexpectedEnd)),
+                Some(b'"') => {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                Some(b'\\') => {
+                    self.escape()?;
+                }
+                Some(found) => {
+                    return Err(Failure::at(
+                        self.pos,
+                        JsonErrorKind::ControlCharacter { found },
+                    ))
+                }
+            }
         }
     }
 
@@ -770,10 +888,7 @@ impl<'a> Parser<'a> {
             // One scan over the slice rather than a bounds-checked peek per byte: strings are
             // most of a registry's bytes.
             let rest = self.bytes.get(self.pos..).unwrap_or_default();
-            self.pos += rest
-                .iter()
-                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
-                .unwrap_or(rest.len());
+            self.pos += plain_run(rest);
             // The run stops only at ASCII bytes or the end, both of which are char boundaries.
             let run = self.text.get(run_start..self.pos).unwrap_or_default();
             if let Some(out) = out.as_mut() {
@@ -928,6 +1043,36 @@ impl<'a> Parser<'a> {
     }
 }
 
+/// The length of the run of plain string bytes at the start of `bytes`: up to the first `"`,
+/// `\\` or control character. Eight bytes at a time: skipped strings (digests, signatures,
+/// manifest facts) are most of what a reader of one package passes over.
+fn plain_run(bytes: &[u8]) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    // Whether any byte of `word` is zero (the classic test; it has no false positives when
+    // only asked whether there is one).
+    let has_zero = |word: u64| word.wrapping_sub(ONES) & !word & HIGHS != 0;
+    let mut chunks = bytes.chunks_exact(8);
+    let mut done = 0;
+    for chunk in chunks.by_ref() {
+        let mut word = [0; 8];
+        word.copy_from_slice(chunk);
+        let word = u64::from_le_bytes(word);
+        // A byte below 0x20 has its top three bits clear: `word & 0xe0..` has a zero byte there.
+        let special = has_zero(word ^ (ONES * u64::from(b'"')))
+            || has_zero(word ^ (ONES * u64::from(b'\\')))
+            || has_zero(word & (ONES * 0xe0));
+        if special {
+            break;
+        }
+        done += 8;
+    }
+    done + bytes[done..]
+        .iter()
+        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+        .unwrap_or(bytes.len() - done)
+}
+
 // The key is taken as the parser holds it, so that a set of keys shares borrowed ones.
 #[allow(clippy::ptr_arg)]
 fn is_duplicate<'a>(
@@ -981,6 +1126,36 @@ pub(crate) fn write_escaped(out: &mut String, s: &str) {
     }
     out.push_str(rest);
     out.push('"');
+}
+
+fn write_compact(out: &mut String, value: &Value) {
+    match value {
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Integer(i) => out.push_str(&i.to_string()),
+        Value::String(s) => write_escaped(out, s),
+        Value::Array(a) => {
+            out.push('[');
+            for (i, v) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_compact(out, v);
+            }
+            out.push(']');
+        }
+        Value::Object(m) => {
+            out.push('{');
+            for (i, (k, v)) in m.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_escaped(out, k);
+                out.push(':');
+                write_compact(out, v);
+            }
+            out.push('}');
+        }
+    }
 }
 
 fn write_pretty(out: &mut String, value: &Value, indent: usize) {
@@ -1214,5 +1389,112 @@ mod tests {
             "{\n  \"a\": [\n    1,\n    {\n      \"b\": \"\\n\"\n    }\n  ],\n  \"c\": [],\n  \"d\": {}\n}\n"
         );
         assert_eq!(parse(pretty.as_bytes()).unwrap(), v);
+    }
+
+    /// Whether [`Cursor::skip`] reads `input` as one whole document.
+    fn skips(input: &[u8]) -> bool {
+        Cursor::new(input).is_some_and(|mut c| c.skip().is_some() && c.at_end())
+    }
+
+    #[test]
+    fn skip_refuses_what_parse_refuses_but_duplicate_keys() {
+        let mut cases: Vec<Vec<u8>> = [
+            "{}",
+            "[]",
+            r#"{"a":[1,{"b":"\n"}],"c":[],"d":{},"e":true,"f":false,"g":-12}"#,
+            " { \"a\" : [ 1 , 2 ] } ",
+            r#""\ud83d\ude00 \u0041 \/ \" \\ \b\f\n\r\t""#,
+            "18446744073709551615",
+            "18446744073709551616",
+            "-9223372036854775808",
+            "-9223372036854775809",
+            "1.5",
+            "1e3",
+            "-0",
+            "01",
+            "-",
+            "null",
+            "[null]",
+            "nul",
+            "tru",
+            "fals",
+            r#""\ud800""#,
+            r#""\udc00""#,
+            r#""\ud800\u0041""#,
+            r#""\x""#,
+            r#""\u12g4""#,
+            "\"a\tb\"",
+            "\"a\u{1}b\"",
+            "1 2",
+            "",
+            "[1,]",
+            "[1 2]",
+            r#"{"a":1,}"#,
+            r#"{"a" 1}"#,
+            r#"{a:1}"#,
+            r#"{"a":1"#,
+            r#""abc"#,
+            "[{}]",
+            r#"{"a":[]}"#,
+            "[[],[[]],{}]",
+            r#"{"a":{"b":{}},"c":[{"d":[1,{"e":"f"}]}]}"#,
+            "[1}",
+            r#"{"a":1]"#,
+            r#"[{"a":1},{"b":[2,3]}]"#,
+            r#"[{"a":1},{"b":[2,3}]"#,
+            r#"{"a":1 "b":2}"#,
+            r#"{"a":1,"b"}"#,
+            r#"{"a":[1,2],}"#,
+            "[[1,2],]",
+            "[,1]",
+            "{,}",
+            "[",
+            "]",
+        ]
+        .iter()
+        .map(|c| c.as_bytes().to_vec())
+        .collect();
+        cases.push(b"\xef\xbb\xbf{}".to_vec());
+        cases.push(b"[\"ok\", \"\xff\"]".to_vec());
+        cases.push(format!("{}1{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH)).into_bytes());
+        cases.push(
+            format!(
+                "{}1{}",
+                "[".repeat(MAX_DEPTH + 1),
+                "]".repeat(MAX_DEPTH + 1)
+            )
+            .into_bytes(),
+        );
+        // Every position of a quote, a backslash and a control character in strings longer than
+        // the eight bytes the scan takes at a time.
+        for len in 0..24 {
+            for at in 0..len {
+                for special in ["\"", "\\", "\u{1f}", "\\n", "\u{7f}", "é"] {
+                    let mut text = "a".repeat(len);
+                    text.replace_range(at..=at, special);
+                    cases.push(format!("[\"{text}\",\"{text}\"]").into_bytes());
+                }
+            }
+        }
+        for case in &cases {
+            assert_eq!(
+                skips(case),
+                parse(case).is_ok(),
+                "{}",
+                String::from_utf8_lossy(case)
+            );
+        }
+        // The one thing it does not check.
+        let duplicate = br#"{"a":{"b":1,"b":2}}"#;
+        assert!(skips(duplicate));
+        assert!(parse(duplicate).is_err());
+    }
+
+    #[test]
+    fn compact_output_reads_back() {
+        let v = parse(br#"{"a":[1,{"b":"\n"}],"c":[],"d":{},"e":true}"#).unwrap();
+        let compact = v.to_compact_string();
+        assert_eq!(compact, r#"{"a":[1,{"b":"\n"}],"c":[],"d":{},"e":true}"#);
+        assert_eq!(parse(compact.as_bytes()).unwrap(), v);
     }
 }

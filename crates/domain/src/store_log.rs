@@ -23,8 +23,8 @@ use crate::ids::PackageId;
 use crate::json::{self, Cursor, JsonPath, Value};
 use crate::store_state::{
     decode_fleet, decode_package, decode_trust, encode_fleet, encode_package, encode_trust, field,
-    format_of, once, read_package, wrong_type, ApplyError, At, FieldProblem, Fields, PackageRecord,
-    StoreState, StoreStateDecodeError,
+    format_of, once, read_package, read_package_if, wrong_type, ApplyError, At, FieldProblem,
+    Fields, PackageRecord, StoreState, StoreStateDecodeError,
 };
 use crate::trust::TrustAnchor;
 
@@ -127,7 +127,8 @@ impl StoreStateDelta {
         self.packages.keys()
     }
 
-    /// The delta as indented JSON; equal deltas give equal bytes.
+    /// The delta as compact JSON (no whitespace: a log frame is read by programs only, and
+    /// indentation was a third of its bytes); equal deltas give equal bytes.
     pub fn to_json(&self) -> Vec<u8> {
         let mut top = vec![
             (
@@ -155,7 +156,7 @@ impl StoreStateDelta {
             .collect();
         top.push(("packages".to_owned(), Value::Array(changed)));
         top.push(("deleted".to_owned(), Value::Array(deleted)));
-        Value::Object(top).to_pretty_string().into_bytes()
+        Value::Object(top).to_compact_string().into_bytes()
     }
 
     /// Reads a delta written by [`Self::to_json`], strictly. Each changed package must be
@@ -232,6 +233,89 @@ impl StoreStateDelta {
 }
 
 impl StoreStateDelta {
+    /// [`Self::from_json`] for a reader of one package ([`StoreState::from_any_json_only`]): the
+    /// delta keeps the change to package `only` (if it makes one) and the store-wide facts, and
+    /// passes over every other package's record without building it. Inside those it checks
+    /// the JSON grammar but not the fields, as [`StoreState::from_any_json_only`] says; the
+    /// store checks each frame's SHA-256 before decoding it, so damage to a frame is refused
+    /// before this reads it.
+    pub fn from_json_only(bytes: &[u8], only: &PackageId) -> Result<Self, StoreStateDecodeError> {
+        match Self::read_json_only(bytes, only) {
+            Some(delta) => Ok(delta),
+            None => {
+                let mut delta = Self::from_json(bytes)?;
+                delta.packages.retain(|id, _| id == only);
+                Ok(delta)
+            }
+        }
+    }
+
+    /// [`Self::from_json_only`] straight from the text: `None` for whatever
+    /// [`Self::read_json`] would refuse and for a package whose first member is not its id.
+    fn read_json_only(bytes: &[u8], only: &PackageId) -> Option<Self> {
+        let mut c = Cursor::new(bytes)?;
+        let mut format = None;
+        let mut generation = None;
+        let mut trust = None;
+        let mut fleet = None;
+        let mut changed = None;
+        let mut deleted = None;
+        c.object(|c, key| match key {
+            "guild_registry_delta" => once(
+                &mut format,
+                c.u64().filter(|f| *f == REGISTRY_DELTA_FORMAT_V1)?,
+            ),
+            "generation" => once(&mut generation, c.u64()?),
+            "trust" => once(&mut trust, decode_trust(&c.value()?, At::Root).ok()?),
+            "fleet" => once(&mut fleet, decode_fleet(&c.value()?, At::Root).ok()?),
+            "packages" => {
+                let mut record = None;
+                c.array(|c| match read_package_if(c, only)? {
+                    Some((_, found)) => once(&mut record, found),
+                    None => Some(()),
+                })?;
+                once(&mut changed, record)
+            }
+            "deleted" => {
+                // Ids are short: every one is checked, as the full reader does.
+                let mut gone = false;
+                c.array(|c| {
+                    let id = PackageId::new(c.str()?.into_owned()).ok()?;
+                    if &id == only {
+                        if gone {
+                            return None;
+                        }
+                        gone = true;
+                    }
+                    Some(())
+                })?;
+                once(&mut deleted, gone)
+            }
+            _ => None,
+        })?;
+        if !c.at_end() {
+            return None;
+        }
+        format?;
+        let mut packages = BTreeMap::new();
+        match (changed?, deleted?) {
+            (Some(_), true) => return None,
+            (Some(record), false) => {
+                packages.insert(only.clone(), Some(Arc::new(record)));
+            }
+            (None, true) => {
+                packages.insert(only.clone(), None);
+            }
+            (None, false) => {}
+        }
+        Some(StoreStateDelta {
+            generation: generation?,
+            trust,
+            fleet,
+            packages,
+        })
+    }
+
     /// [`Self::from_json`] without the tree: `None` for whatever it would refuse.
     fn read_json(bytes: &[u8]) -> Option<Self> {
         let mut c = Cursor::new(bytes)?;
@@ -340,15 +424,18 @@ mod tests {
             revoked_digests: BTreeMap::new(),
         });
         let delta = StoreStateDelta::between(&old, &new).unwrap();
-        let good = String::from_utf8(delta.to_json()).unwrap();
-        let empty = String::from_utf8(
-            StoreStateDelta::between(&old, &old.successor())
+        // Indented, so that the cases below can name members with their spacing.
+        let pretty = |bytes: &[u8]| json::parse(bytes).unwrap().to_pretty_string();
+        let good = pretty(&delta.to_json());
+        let compact = String::from_utf8(delta.to_json()).unwrap();
+        let empty = pretty(
+            &StoreStateDelta::between(&old, &old.successor())
                 .unwrap()
                 .to_json(),
-        )
-        .unwrap();
+        );
         for text in [
             &good,
+            &compact,
             &empty,
             &good.replace("\"generation\"", "\"gener\\u0061tion\""),
         ] {

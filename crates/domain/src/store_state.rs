@@ -1156,7 +1156,7 @@ impl StoreState {
     }
 
     /// The store state as a checkpoint (format 2, [`REGISTRY_FORMAT_V2`]): the same document as
-    /// [`Self::to_json`] under the other format marker.
+    /// [`Self::to_json`] under the other format marker, written as compact JSON.
     pub fn to_checkpoint_json(&self) -> Vec<u8> {
         self.to_json_as(REGISTRY_FORMAT_V2)
     }
@@ -1164,6 +1164,84 @@ impl StoreState {
     /// Reads a registry file of either format, strictly, and answers it with its format.
     pub fn from_any_json(bytes: &[u8]) -> Result<(Self, u64), StoreStateDecodeError> {
         Self::from_json_of(bytes, &[REGISTRY_FORMAT_V1, REGISTRY_FORMAT_V2])
+    }
+
+    /// [`Self::from_any_json`] for a reader of one package (`guild status ID`): the state holds
+    /// package `only` (if recorded) and the store-wide facts (generation, trust anchor, fleet),
+    /// and no other package. Every other package's value is passed over without being built
+    /// ([`Cursor::skip`]), so that the cost is a scan of the file, not a decode of the store.
+    ///
+    /// What is refused is what [`Self::from_any_json`] refuses, except inside the packages
+    /// passed over: there the JSON grammar is still checked in full (a truncated, zeroed or
+    /// otherwise malformed file is refused with the same error, the full reader naming it), but
+    /// not their fields (unknown or duplicate members, an invalid id, version or digest, a broken
+    /// invariant, a second record for the same id). Such a file is one no writer produced; the
+    /// next full reader or writer refuses it, and a reader of one package answers nothing about
+    /// the packages it did not read.
+    pub fn from_any_json_only(
+        bytes: &[u8],
+        only: &PackageId,
+    ) -> Result<(Self, u64), StoreStateDecodeError> {
+        let formats = [REGISTRY_FORMAT_V1, REGISTRY_FORMAT_V2];
+        match Self::read_json_only(bytes, &formats, only) {
+            Some(read) => Ok(read),
+            // Refused (or unusual, such as a package whose id is not its first member): read
+            // in full, which names what is wrong, and keep the one package.
+            None => {
+                let (mut state, format) = Self::from_json_of(bytes, &formats)?;
+                state.keep_only(only);
+                Ok((state, format))
+            }
+        }
+    }
+
+    /// Drops every package but `only`.
+    fn keep_only(&mut self, only: &PackageId) {
+        let mut kept = ChunkMap::new();
+        if let Some(record) = self.packages.get(only) {
+            kept.insert(only.clone(), Arc::clone(record));
+        }
+        self.packages = kept;
+    }
+
+    /// [`Self::from_any_json_only`] straight from the text: `None` for whatever
+    /// [`Self::read_json_of`] would refuse, and for a package whose first member is not its id.
+    fn read_json_only(bytes: &[u8], formats: &[u64], only: &PackageId) -> Option<(Self, u64)> {
+        let mut c = Cursor::new(bytes)?;
+        let mut format = None;
+        let mut generation = None;
+        let mut trust = None;
+        let mut fleet = None;
+        let mut packages: Option<ChunkMap<PackageId, Arc<PackageRecord>>> = None;
+        c.object(|c, key| match key {
+            "guild_registry" => once(&mut format, c.u64().filter(|f| formats.contains(f))?),
+            "generation" => once(&mut generation, c.u64()?),
+            "trust" => once(&mut trust, decode_trust(&c.value()?, At::Root).ok()?),
+            "fleet" => once(
+                &mut fleet,
+                Arc::new(decode_fleet(&c.value()?, At::Root).ok()?),
+            ),
+            "packages" => {
+                let mut map = ChunkMap::new();
+                c.array(|c| match read_package_if(c, only)? {
+                    Some((id, record)) => map.insert(id, Arc::new(record)).is_none().then_some(()),
+                    None => Some(()),
+                })?;
+                once(&mut packages, map)
+            }
+            _ => None,
+        })?;
+        if !c.at_end() {
+            return None;
+        }
+        let state = StoreState {
+            generation: generation?,
+            trust,
+            fleet,
+            packages: packages?,
+        };
+        state.validate().ok()?;
+        Some((state, format?))
     }
 }
 
@@ -1267,7 +1345,14 @@ impl StoreState {
             top.push(("fleet".to_owned(), encode_fleet(f)));
         }
         top.push(("packages".to_owned(), Value::Array(packages)));
-        Value::Object(top).to_pretty_string().into_bytes()
+        let top = Value::Object(top);
+        // A checkpoint is read by programs only, at every open: compact, which halves what each
+        // reader scans. Format 1 stays indented, as the stores that wrote it did.
+        if format == REGISTRY_FORMAT_V1 {
+            top.to_pretty_string().into_bytes()
+        } else {
+            top.to_compact_string().into_bytes()
+        }
     }
 
     /// Reads a store state written by [`Self::to_json`], strictly, and checks its invariants.
@@ -1665,7 +1750,59 @@ pub(crate) fn read_package(c: &mut Cursor<'_>) -> Option<(PackageId, PackageReco
     let mut versions = None;
     c.object(|c, key| match key {
         "id" => once(&mut id, PackageId::new(c.str()?.into_owned()).ok()?),
-        "previous" => once(&mut previous, Version::parse(&c.str()?).ok()?),
+        _ => package_member(c, key, &mut previous, &mut versions),
+    })?;
+    Some((
+        id?,
+        PackageRecord {
+            versions: versions?,
+            previous,
+        },
+    ))
+}
+
+/// [`read_package`] for a reader of package `only`: `Some(None)` for another package, passed
+/// over once its id (its first member, as every writer puts it) is read; `None` for what
+/// [`read_package`] would refuse in package `only`, for a malformed value in another, and for a
+/// package whose first member is not its id (the caller then reads the document in full).
+pub(crate) fn read_package_if(
+    c: &mut Cursor<'_>,
+    only: &PackageId,
+) -> Option<Option<(PackageId, PackageRecord)>> {
+    // Whether the id has been read, and whether it is `only`.
+    let mut wanted = None;
+    let mut previous = None;
+    let mut versions = None;
+    c.object(|c, key| match (wanted, key) {
+        (None, "id") => {
+            wanted = Some(c.str()? == only.as_str());
+            Some(())
+        }
+        (None, _) | (Some(true), "id") => None,
+        (Some(false), _) => c.skip(),
+        (Some(true), _) => package_member(c, key, &mut previous, &mut versions),
+    })?;
+    if !wanted? {
+        return Some(None);
+    }
+    Some(Some((
+        only.clone(),
+        PackageRecord {
+            versions: versions?,
+            previous,
+        },
+    )))
+}
+
+/// One member of a package other than its id ([`read_package`]).
+fn package_member(
+    c: &mut Cursor<'_>,
+    key: &str,
+    previous: &mut Option<Version>,
+    versions: &mut Option<VecMap<Version, VersionRecord>>,
+) -> Option<()> {
+    match key {
+        "previous" => once(previous, Version::parse(&c.str()?).ok()?),
         "versions" => {
             // Room for one version, what nearly every package records: the count is not known
             // before the list is read, and a vector's first growth makes room for four version
@@ -1675,17 +1812,10 @@ pub(crate) fn read_package(c: &mut Cursor<'_>) -> Option<(PackageId, PackageReco
                 let (version, record) = read_version(c)?;
                 list.insert(version, record).is_none().then_some(())
             })?;
-            once(&mut versions, list)
+            once(versions, list)
         }
         _ => None,
-    })?;
-    Some((
-        id?,
-        PackageRecord {
-            versions: versions?,
-            previous,
-        },
-    ))
+    }
 }
 
 /// One version record straight from the text ([`read_package`]).

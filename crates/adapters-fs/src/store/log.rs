@@ -34,7 +34,7 @@
 
 use std::ops::Range;
 
-use guild_domain::ids::Sha256Digest;
+use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::store_log::StoreStateDelta;
 use guild_domain::store_state::{
     ApplyError, StoreState, StoreStateDecodeError, REGISTRY_FORMAT_V2,
@@ -186,11 +186,26 @@ pub(crate) struct OnDisk {
 
 /// Reads the checkpoint and the log, or `None` when there is no checkpoint.
 pub(crate) fn read(layout: &StoreLayout) -> Result<Option<OnDisk>, StoreError> {
+    read_for(layout, None)
+}
+
+/// [`read`], keeping only package `only` when it is given: every other package's record, in
+/// the checkpoint and in each frame, is passed over without being built
+/// ([`StoreState::from_any_json_only`] says what that leaves unchecked). Every frame's checksum
+/// and generation is checked as [`read`] checks them.
+pub(crate) fn read_for(
+    layout: &StoreLayout,
+    only: Option<&PackageId>,
+) -> Result<Option<OnDisk>, StoreError> {
     let path = &layout.registry;
     let Some(bytes) = read_store_file("read registry", path, MAX_REGISTRY_BYTES)? else {
         return Ok(None);
     };
-    let (checkpoint, format) = StoreState::from_any_json(&bytes).map_err(|e| {
+    let decoded = match only {
+        None => StoreState::from_any_json(&bytes),
+        Some(only) => StoreState::from_any_json_only(&bytes, only),
+    };
+    let (checkpoint, format) = decoded.map_err(|e| {
         let kind = match e {
             StoreStateDecodeError::UnsupportedFormat { .. } => StoreErrorKind::UnsupportedFormat,
             _ => StoreErrorKind::Corrupt,
@@ -222,7 +237,7 @@ pub(crate) fn read(layout: &StoreLayout) -> Result<Option<OnDisk>, StoreError> {
         .at(layout.log.clone()));
     };
     let mut registry = checkpoint;
-    let (valid, torn) = replay(layout, &log, &mut registry)?;
+    let (valid, torn) = replay(layout, &log, &mut registry, only)?;
     Ok(Some(OnDisk {
         registry,
         info: DiskInfo {
@@ -242,6 +257,7 @@ fn replay(
     layout: &StoreLayout,
     log: &[u8],
     state: &mut StoreState,
+    only: Option<&PackageId>,
 ) -> Result<(u64, bool), StoreError> {
     let corrupt = |offset: usize, problem: LogProblem| {
         StoreError::new(StoreErrorKind::Corrupt, "read registry log")
@@ -303,8 +319,12 @@ fn replay(
             return Ok((offset as u64, true));
         };
         let end = payload.end;
-        let delta = StoreStateDelta::from_json(&log[payload])
-            .map_err(|e| corrupt(offset, LogProblem::Decode(e)))?;
+        let payload = &log[payload];
+        let delta = match only {
+            None => StoreStateDelta::from_json(payload),
+            Some(only) => StoreStateDelta::from_json_only(payload, only),
+        }
+        .map_err(|e| corrupt(offset, LogProblem::Decode(e)))?;
         expected = expected.saturating_add(1);
         if delta.generation != expected {
             return Err(corrupt(

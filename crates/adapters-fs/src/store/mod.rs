@@ -224,6 +224,9 @@ pub struct FsStore {
     reader: bool,
     lock_wait: Duration,
     compact_log_over: Option<u64>,
+    /// A reader of one package ([`FsStore::open_package_reader`]): its registry holds this
+    /// package and no other, and it cannot write.
+    only: Option<PackageId>,
     inner: Mutex<Inner>,
 }
 
@@ -257,12 +260,37 @@ impl FsStore {
         root: impl Into<PathBuf>,
         options: StoreOptions,
     ) -> Result<(FsStore, RecoveryReport), StoreError> {
+        Self::open_as(root, options, None)
+    }
+
+    /// A reader of package `id` alone (`guild status ID`): as [`StoreOptions::reader`], but its
+    /// registry holds `id`'s record (when the store records it) and the store-wide facts
+    /// (generation, trust anchor, fleet), and no other package: the other records in the
+    /// checkpoint and the log are passed over, not decoded, so that opening costs a scan of the
+    /// registry files and not a decode of the store. Every frame's checksum and generation is
+    /// still checked; inside the records passed over only the JSON grammar is
+    /// ([`StoreState::from_any_json_only`] says why that is enough for a reader). It cannot
+    /// write or recover the store. A store that has never been written is created and recovered
+    /// as a reader's opening does, and then holds every package.
+    pub fn open_package_reader(
+        root: impl Into<PathBuf>,
+        id: &PackageId,
+    ) -> Result<(FsStore, RecoveryReport), StoreError> {
+        Self::open_as(root, StoreOptions::new().reader(), Some(id.clone()))
+    }
+
+    fn open_as(
+        root: impl Into<PathBuf>,
+        options: StoreOptions,
+        only: Option<PackageId>,
+    ) -> Result<(FsStore, RecoveryReport), StoreError> {
         let layout = StoreLayout::new(root);
         let mut run = Run::new(None);
         create_root(&layout.root, &mut run)?;
         let lock = open_lock(&layout.lock)?;
+        let only = only.filter(|_| options.reader);
         let recovered = if options.reader && layout.registry.exists() {
-            let snapshot = read_snapshot(&layout)?;
+            let snapshot = read_snapshot(&layout, only.as_ref())?;
             recovery::Recovered {
                 report: RecoveryReport {
                     generation: snapshot.registry.generation(),
@@ -293,6 +321,7 @@ impl FsStore {
             reader: options.reader,
             lock_wait: options.lock_wait,
             compact_log_over: options.compact_log_over,
+            only,
             inner: Mutex::new(Inner {
                 registry: recovered.registry,
                 disk: recovered.info,
@@ -335,6 +364,22 @@ impl FsStore {
         self.lock_inner()
             .map(|inner| inner.total_fsyncs)
             .unwrap_or_default()
+    }
+
+    /// Refuses `action` on a reader of one package ([`FsStore::open_package_reader`]): its
+    /// registry is not the whole state, so nothing may be written or recovered from it.
+    fn refuse_if_one_package(&self, action: &str) -> Result<(), StoreError> {
+        match &self.only {
+            None => Ok(()),
+            Some(id) => Err(StoreError::new(
+                StoreErrorKind::InvalidTransaction,
+                format!(
+                    "a reader opened for package {id} alone cannot {action} the store; open it \
+                     as a reader or writer of every package"
+                ),
+            )
+            .at(self.layout.root.clone())),
+        }
     }
 
     /// The inner state, refusing if an earlier failure poisoned the handle.
@@ -450,6 +495,7 @@ impl PackageStore for FsStore {
     }
 
     fn recover(&self) -> Result<RecoveryReport, StoreError> {
+        self.refuse_if_one_package("recover")?;
         let mut inner = self.usable()?;
         if !self.reader || inner.writing > 0 {
             return self.recover_locked(&mut inner, Sweep::Always);
@@ -469,7 +515,7 @@ impl PackageStore for FsStore {
     fn refresh(&self) -> Result<u64, StoreError> {
         let mut inner = self.usable()?;
         if self.reader && inner.writing == 0 {
-            let snapshot = read_snapshot(&self.layout)?;
+            let snapshot = read_snapshot(&self.layout, self.only.as_ref())?;
             inner.registry = snapshot.registry;
             inner.disk = snapshot.info;
             inner.trust = snapshot.trust;
@@ -481,6 +527,7 @@ impl PackageStore for FsStore {
         if !self.reader {
             return Ok(());
         }
+        self.refuse_if_one_package("write")?;
         let mut inner = self.usable()?;
         if inner.writing == 0 {
             lock_with_wait(&self.lock, &self.layout.lock, self.lock_wait)?;
@@ -516,7 +563,7 @@ impl PackageStore for FsStore {
         // From here no writer deletes the version's files; they are there only if what is
         // committed now installs the version. The disk decides, not this handle's view, which
         // may be older than a removal.
-        let refusal = match read_committed(&self.layout) {
+        let refusal = match read_committed(&self.layout, None) {
             Ok(Some(snapshot)) => not_installed(&snapshot.registry, id, version),
             Ok(None) => Some(
                 StoreError::new(
@@ -772,10 +819,13 @@ fn registry_files(layout: &StoreLayout) -> Result<[Option<(u64, u64)>; 2], Store
 /// trust bytes the state records (from `trust.next` while a commit's rename of it is still to
 /// come); if the registry files changed meanwhile, everything is read again. `None` when the
 /// store has no registry.
-fn read_committed(layout: &StoreLayout) -> Result<Option<Snapshot>, StoreError> {
+fn read_committed(
+    layout: &StoreLayout,
+    only: Option<&PackageId>,
+) -> Result<Option<Snapshot>, StoreError> {
     for _ in 0..SNAPSHOT_ATTEMPTS {
         let files = registry_files(layout)?;
-        let read = log::read(layout);
+        let read = log::read_for(layout, only);
         let found = match read {
             Ok(Some(found)) => found,
             // Read while a writer replaced a file (a compaction): an error of a mixed view.
@@ -816,8 +866,8 @@ fn read_committed(layout: &StoreLayout) -> Result<Option<Snapshot>, StoreError> 
 }
 
 /// [`read_committed`], for a store that must have a registry.
-fn read_snapshot(layout: &StoreLayout) -> Result<Snapshot, StoreError> {
-    read_committed(layout)?.ok_or_else(|| {
+fn read_snapshot(layout: &StoreLayout, only: Option<&PackageId>) -> Result<Snapshot, StoreError> {
+    read_committed(layout, only)?.ok_or_else(|| {
         StoreError::new(StoreErrorKind::Corrupt, "registry file is missing")
             .at(layout.registry.clone())
     })
@@ -827,7 +877,7 @@ fn read_snapshot(layout: &StoreLayout) -> Result<Snapshot, StoreError> {
 /// the frames of the log after it), without the lock and without writing anything; `None` when
 /// the store has no registry. For tools and tests that look at a store from outside.
 pub fn read_registry(root: impl Into<PathBuf>) -> Result<Option<StoreState>, StoreError> {
-    Ok(read_committed(&StoreLayout::new(root))?.map(|s| s.registry))
+    Ok(read_committed(&StoreLayout::new(root), None)?.map(|s| s.registry))
 }
 
 /// The contents of the trust file (or `trust.next`) at `path`, or `None` if it does not exist.

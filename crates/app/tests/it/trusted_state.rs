@@ -332,9 +332,7 @@ fn trusted_state_a_format_1_store_is_migrated_by_its_first_write_and_passes_the_
     pm.install(&solo.archive, InstallOptions::default())
         .unwrap();
     drop(pm);
-    assert!(
-        String::from_utf8_lossy(&fs::read(&registry).unwrap()).contains("\"guild_registry\": 2")
-    );
+    assert!(String::from_utf8_lossy(&fs::read(&registry).unwrap()).contains("\"guild_registry\":2"));
     assert!(
         fs::metadata(&log).unwrap().len() > 48,
         "the install's frame"

@@ -234,12 +234,19 @@ fn cli_every_documented_exit_code() {
     // 5: the store is unusable (a corrupt registry).
     let registry = b.store().join("registry.json");
     let good = fs::read(&registry).unwrap();
-    fs::write(&registry, b"{not json").unwrap();
-    b.run(&["list"])
-        .expect(5)
-        .stderr_has("error: store file is corrupt")
-        .stderr_has("registry.json")
-        .stderr_has("hint: the store refuses to guess: restore the damaged file");
+    // `status ID` reads one package's record and passes over the others', but not over
+    // damage to the file (the log's case below damages the others' records).
+    let cut = good[..good.len() / 2].to_vec();
+    for bad in [&b"{not json"[..], &cut] {
+        fs::write(&registry, bad).unwrap();
+        for args in [&["list"][..], &["status", "example.base"], &["status"]] {
+            b.run(args)
+                .expect(5)
+                .stderr_has("error: store file is corrupt")
+                .stderr_has("registry.json")
+                .stderr_has("hint: the store refuses to guess: restore the damaged file");
+        }
+    }
     fs::write(&registry, good).unwrap();
     // ... and so is one whose registry log has a damaged frame length in the middle (G27): no
     // command takes the frames before it for the whole store, and none cuts the log or deletes
@@ -261,7 +268,12 @@ fn cli_every_documented_exit_code() {
     fs::write(&log, &bad).unwrap();
     let trees = b.store().join("packages").join("example.user");
     assert!(trees.is_dir());
-    for args in [&["list"][..], &["recover"]] {
+    for args in [
+        &["list"][..],
+        &["status", "example.base"],
+        &["status", "example.user"],
+        &["recover"],
+    ] {
         b.run(args)
             .expect(5)
             .stderr_has("error: store file is corrupt: read registry log")

@@ -188,7 +188,11 @@ fn store_state_delta_decoding_is_strict() {
     let old = store_of(1);
     let mut new = old.successor();
     new.disable(&id("p0")).unwrap();
-    let good = String::from_utf8(StoreStateDelta::between(&old, &new).unwrap().to_json()).unwrap();
+    // Indented, so that the cases below can name members with their spacing; the reader
+    // accepts any whitespace.
+    let good = guild_domain::json::parse(&StoreStateDelta::between(&old, &new).unwrap().to_json())
+        .unwrap()
+        .to_pretty_string();
     let cases = [
         (
             good.replace("\"deleted\": []", "\"deleted\": [], \"extra\": 1"),
@@ -239,4 +243,137 @@ fn registry_checkpoint_format_is_refused_by_the_format_1_reader() {
         Ok((state.clone(), 2))
     );
     assert_eq!(StoreState::from_any_json(&state.to_json()), Ok((state, 1)));
+}
+
+/// What a reader of one package makes of `bytes`: the package, the store-wide facts and how
+/// many packages it kept.
+fn read_one(bytes: &[u8], only: &str) -> (Option<PackageRecord>, u64, Option<TrustAnchor>, usize) {
+    let (state, _) = StoreState::from_any_json_only(bytes, &id(only)).unwrap();
+    (
+        state.package(&id(only)).cloned(),
+        state.generation(),
+        state.trust_anchor().cloned(),
+        state.packages().count(),
+    )
+}
+
+#[test]
+fn registry_reader_of_one_package_keeps_it_and_the_store_wide_facts() {
+    let mut state = store_of(5);
+    state.set_trust_anchor(anchor(1));
+    state
+        .publish(&id("p3"), &v("2.0.0"), new_version("p3-2"), ENABLE)
+        .unwrap();
+    let indented = state.to_json();
+    let checkpoint = state.to_checkpoint_json();
+    // A package whose id is not its first member is read the slow way, with the same answer.
+    let reordered = String::from_utf8(indented.clone()).unwrap().replace(
+        "\"id\": \"p3\",\n      \"previous\": \"1.0.0\",",
+        "\"previous\": \"1.0.0\", \"id\": \"p3\",",
+    );
+    assert_ne!(reordered.as_bytes(), indented);
+    for bytes in [&indented, &checkpoint, &reordered.into_bytes()] {
+        for name in ["p0", "p3", "p4"] {
+            assert_eq!(
+                read_one(bytes, name),
+                (
+                    state.package(&id(name)).cloned(),
+                    state.generation(),
+                    Some(anchor(1)),
+                    1
+                ),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            read_one(bytes, "absent"),
+            (None, state.generation(), Some(anchor(1)), 0)
+        );
+    }
+}
+
+#[test]
+fn registry_reader_of_one_package_refuses_a_damaged_file_as_the_full_reader_does() {
+    let mut state = store_of(5);
+    state.set_trust_anchor(anchor(1));
+    let good = String::from_utf8(state.to_checkpoint_json()).unwrap();
+    let digest = Sha256Digest::of(b"p3").to_hex();
+    let mut zeroed = good.clone().into_bytes();
+    let at = good.find("\"p3\"").unwrap();
+    zeroed[at..at + 40].fill(0);
+    let damaged = [
+        good.as_bytes()[..good.len() / 2].to_vec(),
+        good.as_bytes()[..good.len() - 1].to_vec(),
+        zeroed,
+        good.replace(&digest, &format!("{}\u{1}", &digest[1..]))
+            .into_bytes(),
+        good.replace(&digest, &format!("{}\\x", &digest[2..]))
+            .into_bytes(),
+        good.replace("\"p3\"", "\"p3\" 7").into_bytes(),
+        good.replace("\"state\":\"enabled\"", "\"state\":null")
+            .into_bytes(),
+        format!("{good}{{}}").into_bytes(),
+    ];
+    for bytes in &damaged {
+        let full = StoreState::from_any_json(bytes).unwrap_err();
+        for name in ["p1", "p3"] {
+            assert_eq!(
+                StoreState::from_any_json_only(bytes, &id(name)),
+                Err(full.clone()),
+                "{}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+    }
+    // What it does not check in a package it passes over: that package's fields (here a
+    // version that does not parse). Read for that package, the file is refused.
+    let bad_version = good.replacen("\"version\":\"1.0.0\"", "\"version\":\"1.0.x\"", 1);
+    let full = StoreState::from_any_json(bad_version.as_bytes()).unwrap_err();
+    assert_eq!(
+        StoreState::from_any_json_only(bad_version.as_bytes(), &id("p0")),
+        Err(full)
+    );
+    assert!(StoreState::from_any_json_only(bad_version.as_bytes(), &id("p1")).is_ok());
+}
+
+#[test]
+fn store_state_delta_reader_of_one_package_keeps_its_change() {
+    let mut old = store_of(5);
+    old.publish(&id("gone"), &v("1.0.0"), new_version("gone"), ENABLE)
+        .unwrap();
+    let old = old.successor();
+    let mut draft = old.successor();
+    draft.set_trust_anchor(anchor(2));
+    draft
+        .publish(&id("p2"), &v("2.0.0"), new_version("p2-2"), ENABLE)
+        .unwrap();
+    draft.disable(&id("p4")).unwrap();
+    // A state without `gone`: the store refuses such a commit, but the delta can say it.
+    let mut text = String::from_utf8(draft.to_json()).unwrap();
+    let start = text.find("    {\n      \"id\": \"gone\"").unwrap();
+    let end = text[start..].find("    },\n").unwrap() + start + "    },\n".len();
+    text.replace_range(start..end, "");
+    let new = StoreState::from_json(text.as_bytes()).unwrap();
+    let delta = StoreStateDelta::between(&old, &new).unwrap();
+    let bytes = delta.to_json();
+    for name in ["p2", "p4", "gone", "p0", "absent"] {
+        let one = StoreStateDelta::from_json_only(&bytes, &id(name)).unwrap();
+        let mut expected = delta.clone();
+        expected.packages.retain(|k, _| k.as_str() == name);
+        assert_eq!(one, expected, "{name}");
+        // Applied to the state a reader of that package holds, it gives what the full state
+        // holds of it.
+        let (mut state, _) =
+            StoreState::from_any_json_only(&old.to_checkpoint_json(), &id(name)).unwrap();
+        state.apply(&one).unwrap();
+        assert_eq!(state.package(&id(name)), new.package(&id(name)), "{name}");
+        assert_eq!(state.trust_anchor(), Some(&anchor(2)));
+    }
+    let damaged = String::from_utf8(bytes.clone())
+        .unwrap()
+        .replace("\"p4\"", "\"p4\",");
+    assert_eq!(
+        StoreStateDelta::from_json_only(damaged.as_bytes(), &id("p2")),
+        Err(StoreStateDelta::from_json(damaged.as_bytes()).unwrap_err())
+    );
 }

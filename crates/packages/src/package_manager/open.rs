@@ -322,6 +322,33 @@ impl PackageManager {
         Self::open_dir_as(dir, None, StoreOptions::new().reader(), true)
     }
 
+    /// [`PackageManager::open_dir_committed`] for reading package `id` alone (`guild status
+    /// ID`): the registry it holds records `id` and the store-wide facts (generation, trust
+    /// anchor, fleet) and no other package, read from the registry files without decoding the
+    /// other packages' records ([`guild_adapters_fs::store::FsStore::open_package_reader`]).
+    /// Only queries about `id` answer as they would on a full reader
+    /// ([`PackageManager::summary`], [`PackageManager::pins`] for `id`); a query about the whole
+    /// store (`list`, `load_plan`, a change) sees a store of that one package, and a change is
+    /// refused by the store. A store whose trust file is missing while it records packages is
+    /// refused as [`PackageManager::open_dir_committed`] refuses it only when `id` is one of
+    /// them; otherwise `id` is simply not found.
+    pub fn open_dir_package(dir: &Path, id: &PackageId) -> Result<(Self, OpenReport), HostError> {
+        let platform = HostPlatform::current().ok_or(HostError::UnsupportedPlatform {
+            os: std::env::consts::OS,
+            arch: std::env::consts::ARCH,
+        })?;
+        let (store, recovery) = guild_adapters_fs::store::FsStore::open_package_reader(dir, id)?;
+        Self::open_with(
+            Box::new(store),
+            recovery,
+            Box::new(guild_adapters_fs::archive::GkpkSource::default()),
+            Box::new(guild_adapters_crypto::P256Verifier::new()),
+            platform,
+            None,
+            Reading::CommittedOnly,
+        )
+    }
+
     fn open_dir_with(
         dir: &Path,
         reset: Option<TrustReset>,

@@ -564,6 +564,28 @@ unsafe fn read_tensors<'q>(
     count: usize,
     out: &mut InlineVec<TensorDesc, INLINE_QUERY_TENSORS>,
 ) -> Result<&'q [guild_tensor_desc_v1_t], Failure> {
+    // SAFETY: the caller's contract, as this function's.
+    let slice = unsafe { tensor_array(role, tensors, count) }?;
+    for (i, t) in slice.iter().enumerate() {
+        let Some(memory_space) = MemorySpace::from_bit(t.memory_space) else {
+            return Err(bad_c_tensor(role, i, t));
+        };
+        out.push(desc_from_c(t, memory_space));
+    }
+    Ok(slice)
+}
+
+/// The caller's array of `count` tensors of `role` as a slice: empty for none, refused when
+/// there are more than [`MAX_QUERY_TENSORS`] or the array is NULL or misaligned.
+///
+/// # Safety
+/// As for [`read_tensors`].
+#[inline(always)]
+unsafe fn tensor_array<'q>(
+    role: &str,
+    tensors: *const guild_tensor_desc_v1_t,
+    count: usize,
+) -> Result<&'q [guild_tensor_desc_v1_t], Failure> {
     if count == 0 {
         return Ok(&[]);
     }
@@ -574,14 +596,7 @@ unsafe fn read_tensors<'q>(
         return Err(no_tensor_array(role, count));
     }
     // SAFETY: non-NULL, aligned, and `count` descriptors long by the caller's contract.
-    let slice = unsafe { std::slice::from_raw_parts(tensors, count) };
-    for (i, t) in slice.iter().enumerate() {
-        let Some(memory_space) = MemorySpace::from_bit(t.memory_space) else {
-            return Err(bad_c_tensor(role, i, t));
-        };
-        out.push(desc_from_c(t, memory_space));
-    }
-    Ok(slice)
+    Ok(unsafe { std::slice::from_raw_parts(tensors, count) })
 }
 
 /// The refusal of a query with more than [`MAX_QUERY_TENSORS`] tensors of `role`.
@@ -613,21 +628,8 @@ unsafe fn read_tensors_into<'q>(
     count: usize,
     out: &mut [TensorDesc],
 ) -> Result<&'q [guild_tensor_desc_v1_t], Failure> {
-    if count == 0 {
-        return Ok(&[]);
-    }
-    if count > MAX_QUERY_TENSORS {
-        return Err(Failure::invalid(format!(
-            "the query has {count} {role}s, above the {MAX_QUERY_TENSORS} this service accepts"
-        )));
-    }
-    if tensors.is_null() || !tensors.is_aligned() {
-        return Err(Failure::invalid(format!(
-            "the query's {role} array is NULL or misaligned but its count is {count}"
-        )));
-    }
-    // SAFETY: non-NULL, aligned, and `count` descriptors long by the caller's contract.
-    let slice = unsafe { std::slice::from_raw_parts(tensors, count) };
+    // SAFETY: the caller's contract, as this function's.
+    let slice = unsafe { tensor_array(role, tensors, count) }?;
     if out.len() == count {
         // A reshape's buffers hold as many as the handle has: each read into its slot.
         for (i, (slot, t)) in out.iter_mut().zip(slice).enumerate() {

@@ -258,8 +258,16 @@ fn store_log_corruption_matrix_fails_closed_and_deletes_nothing() {
             guild_adapters_fs::store::read_registry(&root).map(|_| ()),
             open_as(&root, true).map(|_| ()),
             open_as(&root, false).map(|_| ()),
+            // A reader of one package checks every frame as a full reader does.
+            FsStore::open_package_reader(&root, &id("a")).map(|_| ()),
+            FsStore::open_package_reader(&root, &id("c")).map(|_| ()),
         ];
-        for err in errors {
+        let full_error = open_as(&root, true).map(|_| ()).unwrap_err().to_string();
+        for (k, err) in errors.into_iter().enumerate() {
+            if k >= 3 {
+                let err = err.as_ref().map_err(ToString::to_string);
+                assert_eq!(err, Err(full_error.clone()), "{what}");
+            }
             let err = err.expect_err(what);
             assert_eq!(err.kind, StoreErrorKind::Corrupt, "{what}: {err}");
             assert_eq!(err.path.as_deref(), Some(layout.log.as_path()), "{what}");
@@ -457,4 +465,60 @@ fn store_log_crafted_lengths_after_a_bad_frame_fail_closed_at_a_bounded_cost() {
     );
     assert!(started.elapsed().as_secs() < 10, "{:?}", started.elapsed());
     assert_eq!(fs::read(&layout.log).unwrap(), log);
+}
+
+/// A reader of one package holds that package's record, read through the checkpoint and every
+/// frame, and the store-wide facts, and refuses to write; a damaged checkpoint is refused as the
+/// full reader refuses it, naming the file.
+#[test]
+fn store_package_reader_reads_one_package_and_refuses_to_write() {
+    let (_dir, root) = store_with_three_frames();
+    let layout = StoreLayout::new(&root);
+    let full = committed(&root);
+    for name in ["a", "b", "c", "absent"] {
+        let (store, report) = FsStore::open_package_reader(&root, &id(name)).unwrap();
+        assert!(report.is_clean(), "{report:?}");
+        let registry = store.registry().unwrap();
+        assert_eq!(registry.generation(), full.generation(), "{name}");
+        assert_eq!(
+            registry.package(&id(name)),
+            full.package(&id(name)),
+            "{name}"
+        );
+        let others = registry.packages().filter(|(k, _)| k.as_str() != name);
+        assert_eq!(others.count(), 0, "{name}");
+        assert_eq!(store.refresh().unwrap(), full.generation());
+        assert_eq!(store.registry().unwrap(), registry);
+        let err = store.begin_write().unwrap_err();
+        assert_eq!(err.kind, StoreErrorKind::InvalidTransaction, "{err}");
+        let err = publish(&store, "d", "1.0.0", ENABLED).unwrap_err();
+        assert_eq!(err.kind, StoreErrorKind::InvalidTransaction, "{err}");
+        assert_eq!(
+            store.recover().unwrap_err().kind,
+            StoreErrorKind::InvalidTransaction
+        );
+    }
+    assert_eq!(committed(&root), full, "nothing was written");
+    // The checkpoint compacted, so that it holds all three, then damaged in b's record.
+    {
+        let (store, _) =
+            FsStore::open_with(&root, StoreOptions::new().compact_log_over(0)).unwrap();
+        publish(&store, "d", "1.0.0", ENABLED).unwrap();
+    }
+    let good = fs::read_to_string(&layout.registry).unwrap();
+    assert!(good.contains("\"id\":\"b\""), "{good}");
+    for bad in [
+        good.replace("\"id\":\"b\",", "\"id\":\"b\" "),
+        good.replace("\"id\":\"b\",", "\"id\":\"b\",\"x\":nul,"),
+        good[..good.len() - 2].to_owned(),
+    ] {
+        fs::write(&layout.registry, &bad).unwrap();
+        let full = open_as(&root, true).unwrap_err();
+        assert_eq!(full.kind, StoreErrorKind::Corrupt, "{full}");
+        for name in ["a", "b"] {
+            let one = FsStore::open_package_reader(&root, &id(name)).unwrap_err();
+            assert_eq!(one.to_string(), full.to_string());
+            assert_eq!(one.path.as_deref(), Some(layout.registry.as_path()));
+        }
+    }
 }

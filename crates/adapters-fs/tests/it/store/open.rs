@@ -171,7 +171,7 @@ fn store_unknown_registry_format_fails_closed() {
     let text = fs::read_to_string(&layout.registry).unwrap();
     fs::write(
         &layout.registry,
-        text.replace("\"guild_registry\": 2", "\"guild_registry\": 3"),
+        text.replace("\"guild_registry\":2", "\"guild_registry\":3"),
     )
     .unwrap();
     let err = open_err(&root);
@@ -918,7 +918,7 @@ fn store_format_1_opens_unchanged_and_the_first_write_migrates_it() {
     let after = store.registry().unwrap();
     drop(store);
     let text = fs::read_to_string(&layout.registry).unwrap();
-    assert!(text.contains("\"guild_registry\": 2"), "{text}");
+    assert!(text.contains("\"guild_registry\":2"), "{text}");
     assert_eq!(
         StoreState::from_json(text.as_bytes())
             .unwrap_err()
