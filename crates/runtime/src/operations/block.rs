@@ -16,15 +16,14 @@ use std::ptr::NonNull;
 use guild_abi::guild_tensor_desc_v1_t;
 use guild_domain::operation::{TensorDesc, MAX_TENSOR_RANK};
 
-use super::core::Shape;
 use super::inline::Blank;
 
 /// The bytes of the block's own the call tensors have on each side: a pair of cache lines.
 pub(crate) const LINE_PAIR: usize = 128;
 
 const _: () = assert!(
-    size_of::<TensorDesc>() >= LINE_PAIR && size_of::<Shape>() >= LINE_PAIR,
-    "one descriptor before the call tensors and one shape after them keep a line pair each"
+    size_of::<TensorDesc>() >= LINE_PAIR,
+    "one descriptor before the call tensors keeps a line pair"
 );
 
 /// A blank C descriptor: the guards, and the call tensors before a call writes them.
@@ -38,16 +37,17 @@ pub(crate) const BLANK_C: guild_tensor_desc_v1_t = guild_tensor_desc_v1_t {
     data: std::ptr::null_mut(),
 };
 
-/// `n` descriptors, (with call tensors) `n` C descriptors and `n` shapes, laid out as
+/// `n` descriptors, (with call tensors) `n` C descriptors and `n` shapes (of type `S`, the
+/// contract's, at least a line pair each: see [`LINE_PAIR`]), laid out as
 /// [`TensorBlock::layout`] says, every element always initialised.
-pub(crate) struct TensorBlock {
+pub(crate) struct TensorBlock<S> {
     /// The allocation, where the descriptors begin; dangling (aligned as a `u64`) when the
     /// layout is empty.
     descs: NonNull<TensorDesc>,
     /// Where the call tensors and the shapes begin, inside the allocation (kept as pointers,
     /// not offsets, so that an execute finds them with the loads a `Vec` would take).
     calls_at: NonNull<guild_tensor_desc_v1_t>,
-    shapes: NonNull<Shape>,
+    shapes: NonNull<S>,
     /// How many tensors: inputs, then outputs.
     n: usize,
     /// How many of them are inputs.
@@ -59,14 +59,19 @@ pub(crate) struct TensorBlock {
 
 // SAFETY: the block owns its elements, plain values (the C descriptors' data pointers are the
 // last call's addresses, never dereferenced by the host), as a `Vec` of them would.
-unsafe impl Send for TensorBlock {}
+unsafe impl<S: Send> Send for TensorBlock<S> {}
 // SAFETY: as above; `&TensorBlock` gives out shared slices only, and the writes through
 // `call_tensors_ptr` are its caller's to serialise.
-unsafe impl Sync for TensorBlock {}
+unsafe impl<S: Sync> Sync for TensorBlock<S> {}
 
-impl TensorBlock {
+impl<S: Blank> TensorBlock<S> {
+    /// Every shape type's alignment is at most a `u64`'s, so that the dangling pointer of an
+    /// empty block is aligned for it.
+    const ALIGNED: () = assert!(align_of::<S>() <= align_of::<u64>());
+
     /// None at all, without an allocation.
     pub(crate) const fn none() -> Self {
+        let () = Self::ALIGNED;
         TensorBlock {
             // Aligned for every element type (checked below), so that empty slices of each
             // may be made at it.
@@ -86,7 +91,7 @@ impl TensorBlock {
         let descs = Layout::array::<TensorDesc>(n).ok()?;
         let c = Layout::array::<guild_tensor_desc_v1_t>(if calls { n } else { 0 }).ok()?;
         let (with_calls, calls_at) = descs.extend(c).ok()?;
-        let (all, shapes_at) = with_calls.extend(Layout::array::<Shape>(n).ok()?).ok()?;
+        let (all, shapes_at) = with_calls.extend(Layout::array::<S>(n).ok()?).ok()?;
         Some((all.pad_to_align(), calls_at, shapes_at))
     }
 
@@ -117,7 +122,7 @@ impl TensorBlock {
             (
                 NonNull::new_unchecked(raw.cast::<TensorDesc>()),
                 NonNull::new_unchecked(raw.add(calls_at).cast::<guild_tensor_desc_v1_t>()),
-                NonNull::new_unchecked(raw.add(shapes_at).cast::<Shape>()),
+                NonNull::new_unchecked(raw.add(shapes_at).cast::<S>()),
             )
         };
         let block = TensorBlock {
@@ -138,7 +143,7 @@ impl TensorBlock {
             }
             for i in 0..n {
                 block.descs.as_ptr().add(i).write(TensorDesc::BLANK);
-                block.shapes.as_ptr().add(i).write(Shape::BLANK);
+                block.shapes.as_ptr().add(i).write(S::BLANK);
             }
         }
         block
@@ -176,7 +181,7 @@ impl TensorBlock {
 
     /// The shapes, inputs then outputs.
     #[cfg(test)]
-    pub(crate) fn shapes(&self) -> &[Shape] {
+    pub(crate) fn shapes(&self) -> &[S] {
         // SAFETY: as in `descs`, for the `n` shapes at `shapes`.
         unsafe { std::slice::from_raw_parts(self.shapes.as_ptr(), self.n) }
     }
@@ -184,7 +189,7 @@ impl TensorBlock {
     /// The shapes of the inputs (`input`) or of the outputs, without a bounds check (an
     /// execute finds them with the loads and arithmetic a pair of `Vec`s would take).
     #[inline(always)]
-    pub(crate) fn shapes_of(&self, input: bool) -> &[Shape] {
+    pub(crate) fn shapes_of(&self, input: bool) -> &[S] {
         let (start, len) = if input {
             (0, self.split)
         } else {
@@ -205,11 +210,7 @@ impl TensorBlock {
     #[inline(always)]
     pub(crate) fn parts_mut(
         &mut self,
-    ) -> (
-        &mut [TensorDesc],
-        &mut [Shape],
-        &mut [guild_tensor_desc_v1_t],
-    ) {
+    ) -> (&mut [TensorDesc], &mut [S], &mut [guild_tensor_desc_v1_t]) {
         // SAFETY: three disjoint arrays of initialised elements inside the allocation (see
         // `layout`), borrowed mutably with `self`.
         unsafe {
@@ -257,7 +258,7 @@ impl TensorBlock {
     }
 }
 
-impl Drop for TensorBlock {
+impl<S> Drop for TensorBlock<S> {
     fn drop(&mut self) {
         if self.layout.size() != 0 {
             // SAFETY: allocated in `new` with this layout, at `descs`; the elements are plain
@@ -267,7 +268,7 @@ impl Drop for TensorBlock {
     }
 }
 
-impl Default for TensorBlock {
+impl<S: Blank> Default for TensorBlock<S> {
     fn default() -> Self {
         Self::none()
     }
@@ -278,13 +279,21 @@ mod tests {
     use super::*;
     use guild_domain::operation::{DType, MemorySpace};
 
+    /// A shape as large as the contract's, for the block alone.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    struct Shape([u64; 21]);
+
+    impl Blank for Shape {
+        const BLANK: Shape = Shape([0; 21]);
+    }
+
     /// Every count, with and without call tensors: the arrays are blank, disjoint, inside the
     /// allocation, and what is written to one is read back from it alone.
     #[test]
     fn a_blocks_three_arrays_are_disjoint_and_keep_what_is_written() {
         for (n_in, n_out) in [(0, 0), (0, 1), (1, 0), (1, 1), (2, 1), (3, 2), (9, 7)] {
             for calls in [false, true] {
-                let mut b = TensorBlock::new(n_in, n_out, calls);
+                let mut b = TensorBlock::<Shape>::new(n_in, n_out, calls);
                 let n = n_in + n_out;
                 assert!(b.fits(n_in, n_out, calls) && !b.fits(n_in + 1, n_out, calls));
                 assert_eq!(b.split(), n_in);
@@ -321,7 +330,7 @@ mod tests {
                 }
             }
         }
-        let none = TensorBlock::none();
+        let none = TensorBlock::<Shape>::none();
         assert!(none.descs().is_empty() && none.shapes().is_empty());
         assert!(none.call_tensors().is_empty());
     }

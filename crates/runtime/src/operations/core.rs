@@ -40,7 +40,7 @@ use guild_domain::version::OpVersionInterval;
 use guild_ports::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
 use guild_ports::provider::{ExecuteCall, ExecuteEntry, KernelProvider, QueryCall};
 
-use super::block::{TensorBlock, BLANK_C};
+use super::block::{TensorBlock, BLANK_C, LINE_PAIR};
 use super::handles::{HandleTable, Running, LINE};
 use super::inline::{Blank, InlineVec};
 use super::{ExecuteError, ReshapeError, ResolveError, Scratch};
@@ -996,7 +996,7 @@ pub(crate) struct Resolved {
 pub(crate) struct Contract {
     /// The descriptors, their shapes and (a Rust handle's) the calls' C tensors, in one
     /// allocation.
-    tensors: TensorBlock,
+    tensors: TensorBlock<Shape>,
     pub(crate) scratch: Scratch,
     /// `scratch.alignment - 1`, or 0 when any address will do.
     scratch_mask: u64,
@@ -1040,7 +1040,7 @@ impl Contract {
         scratch: Scratch,
         calls: Option<[&[guild_tensor_desc_v1_t]; 2]>,
     ) -> Self {
-        let mut tensors = TensorBlock::new(inputs.len(), outputs.len(), calls.is_some());
+        let mut tensors = TensorBlock::<Shape>::new(inputs.len(), outputs.len(), calls.is_some());
         let (descs, shapes, c) = tensors.parts_mut();
         for ((slot, shape), (d, info)) in descs
             .iter_mut()
@@ -2140,6 +2140,14 @@ pub(crate) struct Shape {
     rank: usize,
     /// The tensor's byte extent, which a Rust call's buffer must hold.
     byte_extent: u64,
+}
+
+/// A shape is a line pair or more, so that one after a block's call tensors keeps every line a
+/// call writes the block's own.
+const _: () = assert!(size_of::<Shape>() >= LINE_PAIR);
+
+impl Blank for Shape {
+    const BLANK: Shape = Shape::BLANK;
 }
 
 impl Shape {
