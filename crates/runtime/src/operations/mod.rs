@@ -283,8 +283,9 @@ impl<'r> OperationService<'r> {
     ) -> Result<OpHandle<'r>, ResolveError> {
         // The core refuses stream work it could not track (no device adapter), for both faces.
         let query = OpQuery::new(&request.0).map_err(ResolveError::Query)?;
-        // The query's tensors in C form, made once: the negotiation callbacks see them (with
-        // the addresses the request knows), then the handle keeps them for its calls.
+        // The query's tensors in C form, made once on this frame: the negotiation callbacks see
+        // them (with the addresses the request knows), then the handle's contract copies them
+        // into its block as its calls' tensors.
         let [inputs, outputs] = self::core::c_tensors(&query);
         let params = AlignedParams::new(params);
         let args = Negotiation {
