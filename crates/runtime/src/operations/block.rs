@@ -222,6 +222,15 @@ impl<S: Blank> TensorBlock<S> {
         }
     }
 
+    /// The call tensors of the inputs and of the outputs (empty without call tensors).
+    #[inline(always)]
+    pub(crate) fn call_split(&self) -> [&[guild_tensor_desc_v1_t]; 2] {
+        // SAFETY: as in `descs`, for the `n_calls` C descriptors at `calls_at`.
+        let all = unsafe { std::slice::from_raw_parts(self.calls_at.as_ptr(), self.n_calls()) };
+        let (inputs, outputs) = all.split_at(self.split.min(all.len()));
+        [inputs, outputs]
+    }
+
     /// The descriptors, inputs then outputs, to be written.
     #[inline(always)]
     pub(crate) fn descs_mut(&mut self) -> &mut [TensorDesc] {

@@ -45,7 +45,9 @@ use guild_domain::operation::{
 };
 use guild_domain::version::PackedVersion;
 
-use super::core::{desc_from_c, tensor_from_c, Call, Negotiation, Resolved, ServiceCore};
+use super::core::{
+    desc_from_c, tensor_from_c, Call, NegotiatedTensors, Negotiation, Resolved, ServiceCore,
+};
 use super::handles::{HandleName, Refused};
 use super::inline::InlineVec;
 use super::{ExecuteError, ReshapeError, ResolveError};
@@ -295,7 +297,7 @@ unsafe extern "C" fn service_resolve(
         // SAFETY: as above.
         let (spec, args) = unsafe { read_query(core, query, &mut buffers) }?;
         let query = OpQuery::new(spec).map_err(|e| Failure::invalid(e.to_string()))?;
-        let mut resolved = core.resolve(&query, &args, false).map_err(|e| {
+        let mut resolved = core.resolve(&query, args, false).map_err(|e| {
             // A registry being destroyed empties its snapshot; say so rather than "not found".
             if core.is_closed() {
                 Failure::new(
@@ -502,8 +504,7 @@ unsafe fn read_query<'q: 'b, 'b>(
     };
     let args = Negotiation {
         params,
-        tensors: [c_inputs, c_outputs],
-        calls: false,
+        tensors: NegotiatedTensors::Caller([c_inputs, c_outputs]),
     };
     Ok((spec, args))
 }

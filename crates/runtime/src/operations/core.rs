@@ -40,9 +40,9 @@ use guild_domain::version::OpVersionInterval;
 use guild_ports::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
 use guild_ports::provider::{ExecuteCall, ExecuteEntry, KernelProvider, QueryCall};
 
-use super::block::{TensorBlock, BLANK_C, LINE_PAIR};
+use super::block::{TensorBlock, LINE_PAIR};
 use super::handles::{HandleTable, Running, LINE};
-use super::inline::{Blank, InlineVec};
+use super::inline::Blank;
 use super::{ExecuteError, ReshapeError, ResolveError, Scratch};
 use crate::snapshot::{KernelBinding, OperationCandidates, Snapshot, StoredOp};
 
@@ -326,7 +326,7 @@ impl ServiceCore {
     pub(crate) fn resolve(
         &self,
         query: &OpQuery<'_>,
-        args: &Negotiation<'_>,
+        args: Negotiation<'_>,
         report: bool,
     ) -> Result<Box<Resolved>, ResolveError> {
         let spec = query.spec();
@@ -359,9 +359,9 @@ impl ServiceCore {
             }
         }
         let chosen = if report {
-            negotiate_reported(&entry, query, args, &candidates)?
+            negotiate_reported(&entry, query, &args, &candidates)?
         } else {
-            let negotiator = CNegotiator::new(&entry, query, args, false);
+            let negotiator = CNegotiator::new(&entry, query, &args, false);
             match choose(query, &candidates, &negotiator) {
                 Ok((index, scratch)) => Chosen {
                     index,
@@ -374,7 +374,7 @@ impl ServiceCore {
                 // accept this time after all, its acceptance is as good as any.)
                 Err(_) => Chosen {
                     passed_over: None,
-                    ..negotiate_reported(&entry, query, args, &candidates)?
+                    ..negotiate_reported(&entry, query, &args, &candidates)?
                 },
             }
         };
@@ -410,7 +410,7 @@ impl ServiceCore {
             kernel,
             candidate,
             query,
-            args.calls.then_some(args.tensors),
+            args.into_calls(),
             Scratch {
                 host_bytes: chosen.scratch.host_bytes,
                 device_bytes: chosen.scratch.device_bytes,
@@ -428,10 +428,34 @@ impl ServiceCore {
 /// own arrays, handed on as they are; the Rust face's, made once for the handle's calls).
 pub(crate) struct Negotiation<'a> {
     pub(crate) params: &'a [u8],
-    pub(crate) tensors: [&'a [guild_tensor_desc_v1_t]; 2],
-    /// Whether the handle keeps `tensors` as its call tensors (the Rust face's, whose calls
-    /// lend the provider C descriptors of their own).
-    pub(crate) calls: bool,
+    pub(crate) tensors: NegotiatedTensors<'a>,
+}
+
+/// Where the C form of a resolution's tensors is.
+pub(crate) enum NegotiatedTensors<'a> {
+    /// The C caller's own arrays (inputs, outputs), handed on as they are.
+    Caller([&'a [guild_tensor_desc_v1_t]; 2]),
+    /// The Rust face's: made once, in the call tensors of the block the handle's contract is
+    /// then made in ([`call_block`]), so that they are the handle's calls' tensors.
+    Kept(TensorBlock<Shape>),
+}
+
+impl Negotiation<'_> {
+    /// The tensors in C form, inputs and outputs.
+    fn tensors(&self) -> [&[guild_tensor_desc_v1_t]; 2] {
+        match &self.tensors {
+            NegotiatedTensors::Caller(tensors) => *tensors,
+            NegotiatedTensors::Kept(block) => block.call_split(),
+        }
+    }
+
+    /// The block of the Rust face's tensors, for the handle's contract.
+    fn into_calls(self) -> Option<TensorBlock<Shape>> {
+        match self.tensors {
+            NegotiatedTensors::Caller(_) => None,
+            NegotiatedTensors::Kept(block) => Some(block),
+        }
+    }
 }
 
 /// What negotiation chose: the candidate's index, its scratch and scratch alignment, and, when
@@ -549,30 +573,17 @@ pub(crate) fn desc_from_c(t: &guild_tensor_desc_v1_t, memory_space: MemorySpace)
     }
 }
 
-/// The C form of a query's tensors, inputs then outputs, with their known addresses (for the
-/// negotiation callbacks, which may inspect them), in place on the caller's frame for the
-/// handful of tensors nearly every operation has: a Rust handle copies them into its contract's
-/// block as its call tensors.
-pub(crate) fn c_tensors(query: &OpQuery<'_>) -> [QueryTensors; 2] {
-    let spec = query.spec();
-    let c = |list: &[TensorDesc]| {
-        let mut v = QueryTensors::new();
-        for d in list {
-            v.push(c_tensor(d, address_ptr(d)));
-        }
-        v
-    };
-    [c(spec.inputs), c(spec.outputs)]
-}
-
-/// A query's tensors of one role in C form (see [`c_tensors`]).
-pub(crate) type QueryTensors = InlineVec<guild_tensor_desc_v1_t, INLINE_C_TENSORS>;
-
-/// How many C tensors of one role a Rust resolution keeps on its frame before it allocates.
-const INLINE_C_TENSORS: usize = 4;
-
-impl Blank for guild_tensor_desc_v1_t {
-    const BLANK: Self = BLANK_C;
+/// A contract's block for a query's tensors, with their C form written in its call tensors, with
+/// their known addresses (for the negotiation callbacks, which may inspect them): a Rust
+/// resolution negotiates with them, then its handle's contract is made in the same block, where
+/// they are the calls' tensors.
+pub(crate) fn call_block(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> TensorBlock<Shape> {
+    let mut block = TensorBlock::new(inputs.len(), outputs.len(), true);
+    let (_, _, calls) = block.parts_mut();
+    for (slot, d) in calls.iter_mut().zip(inputs.iter().chain(outputs)) {
+        *slot = c_tensor(d, address_ptr(d));
+    }
+    block
 }
 
 /// The pointer a descriptor's known address stands for (NULL when unknown). It is only ever
@@ -608,11 +619,11 @@ impl<'p> CNegotiator<'p> {
     fn new(
         entry: &'p OperationCandidates,
         query: &OpQuery<'_>,
-        args: &Negotiation<'p>,
+        args: &'p Negotiation<'_>,
         report: bool,
     ) -> Self {
         let spec = query.spec();
-        let [inputs, outputs] = args.tensors;
+        let [inputs, outputs] = args.tensors();
         CNegotiator {
             stored: &entry.stored,
             op_name: &entry.c_name,
@@ -1031,17 +1042,20 @@ impl Contract {
     }
 
     /// The contract of `inputs` and `outputs` (whose facts are `infos`, inputs then outputs)
-    /// with `scratch`, in one new block; with `calls`, the C form the negotiation used (inputs,
-    /// outputs) becomes the calls' tensors, without data.
+    /// with `scratch`: in `calls` (the Rust face's [`call_block`] for these tensors, whose C
+    /// form becomes the calls' tensors), or in a new block without call tensors.
     fn made(
         inputs: &[TensorDesc],
         outputs: &[TensorDesc],
         infos: &[TensorInfo],
         scratch: Scratch,
-        calls: Option<[&[guild_tensor_desc_v1_t]; 2]>,
+        calls: Option<TensorBlock<Shape>>,
     ) -> Self {
-        let mut tensors = TensorBlock::<Shape>::new(inputs.len(), outputs.len(), calls.is_some());
-        let (descs, shapes, c) = tensors.parts_mut();
+        let mut tensors = match calls {
+            Some(block) if block.fits(inputs.len(), outputs.len(), true) => block,
+            _ => TensorBlock::new(inputs.len(), outputs.len(), false),
+        };
+        let (descs, shapes, _) = tensors.parts_mut();
         for ((slot, shape), (d, info)) in descs
             .iter_mut()
             .zip(shapes.iter_mut())
@@ -1049,14 +1063,6 @@ impl Contract {
         {
             *slot = *d;
             shape.set(d, info);
-        }
-        if let Some([c_inputs, c_outputs]) = calls {
-            for (slot, t) in c.iter_mut().zip(c_inputs.iter().chain(c_outputs)) {
-                *slot = guild_tensor_desc_v1_t {
-                    data: std::ptr::null_mut(),
-                    ..*t
-                };
-            }
         }
         let mut contract = Contract {
             tensors,
@@ -1399,7 +1405,7 @@ impl Resolved {
         kernel: Arc<dyn KernelProvider>,
         candidate: Arc<OpCandidate>,
         query: &OpQuery<'_>,
-        calls: Option<[&[guild_tensor_desc_v1_t]; 2]>,
+        calls: Option<TensorBlock<Shape>>,
         scratch: Scratch,
         passed_over: Option<Vec<PassedOver>>,
         streams: Option<Arc<dyn StreamEvents>>,
@@ -1421,6 +1427,7 @@ impl Resolved {
         let plain =
             host_only && (sync_mode == SyncMode::HostBlocking || candidate.backend == Backend::Cpu);
         let statics = QueryStatics::of(query);
+        let lends = calls.is_some();
         let mut handle = Box::new(Resolved {
             binding,
             entry: kernel.execute_entry(),
@@ -1451,7 +1458,7 @@ impl Resolved {
             })),
             reshaping: UnsafeCell::new(ReshapeCells::default()),
         });
-        if calls.is_some() {
+        if lends {
             let handle = &mut *handle;
             handle
                 .call
@@ -2497,11 +2504,14 @@ mod tests {
     /// with call tensors made from C forms whose data pointers are set (as a negotiation's
     /// known addresses are), taken up by `cells` as a resolution takes them up.
     fn made(cells: &mut RustCells, n_in: usize, n_out: usize) -> Contract {
-        let ins: Vec<_> = (1..n_in as u64 + 1).map(desc).collect();
-        let outs: Vec<_> = (101..101 + n_out as u64).map(desc).collect();
-        let c = |d: &TensorDesc| c_tensor(d, std::ptr::dangling_mut());
-        let c_ins: Vec<_> = ins.iter().map(c).collect();
-        let c_outs: Vec<_> = outs.iter().map(c).collect();
+        let known = |n: u64| TensorDesc {
+            data_addr: Some(64),
+            ..desc(n)
+        };
+        let ins: Vec<_> = (1..n_in as u64 + 1).map(known).collect();
+        let outs: Vec<_> = (101..101 + n_out as u64).map(known).collect();
+        let block = call_block(&ins, &outs);
+        assert!(block.call_tensors().iter().all(|t| t.data as usize == 64));
         let infos: Vec<_> = ins
             .iter()
             .chain(&outs)
@@ -2512,7 +2522,7 @@ mod tests {
             device_bytes: 0,
             alignment: 0,
         };
-        let mut contract = Contract::made(&ins, &outs, &infos, scratch, Some([&c_ins, &c_outs]));
+        let mut contract = Contract::made(&ins, &outs, &infos, scratch, Some(block));
         cells.take_up(&mut contract);
         contract
     }
@@ -2682,7 +2692,7 @@ mod tests {
                 &outs,
                 &infos,
                 scratch,
-                calls.then_some([&c_ins[..], &c_outs[..]]),
+                calls.then(|| call_block(&ins, &outs)),
             );
             assert_eq!(
                 (contract.inputs(), contract.outputs()),
