@@ -523,3 +523,38 @@ fn trusted_state_a_version_verified_under_the_opened_trust_loads_unchecked_until
         assert_eq!(verifier.calls(), 1, "once");
     }
 }
+
+/// A check after a trust change reads, checks and drops the versions' metadata a batch at a time
+/// (two at a time in a debug build): refusals in any batch are found, every other version is
+/// recorded as authenticated under the new trust file, and none is checked again by the next
+/// open.
+#[test]
+fn trusted_state_a_trust_change_is_checked_batch_by_batch_and_finds_refusals_in_any_batch() {
+    let shop = Workshop::new();
+    let (k, other) = (key(), key());
+    let root = shop.fresh("store");
+    {
+        let (pm, _) = open_dir(&root).unwrap();
+        trust(&pm, PUBLISHER, &k);
+        trust(&pm, PUBLISHER, &other);
+        for i in 0..5 {
+            // The second and the last are signed by the key revoked below.
+            let signer = if i == 1 || i == 4 { &other } else { &k };
+            let built = shop.build(&Spec::module(&format!("ex.batch{i}"), "1.0.0"), signer);
+            pm.install(&built.archive, InstallOptions::default())
+                .unwrap();
+        }
+        pm.update_trust(|t| Ok(t.revoke_key(other.key_id(), "leaked")))
+            .unwrap();
+    }
+    let (pm, report, calls) = open_counting(&root, false);
+    assert_eq!(report.reauthenticated, 5, "{report:?}");
+    // A revoked key is refused before its signature would be checked.
+    assert_eq!(calls, 3, "{report:?}");
+    let disabled: Vec<&str> = report.disabled.iter().map(|q| q.id.as_str()).collect();
+    assert_eq!(disabled, ["ex.batch1", "ex.batch4"], "{report:?}");
+    drop(pm);
+    let (_pm, report, calls) = open_counting(&root, false);
+    assert_eq!((calls, report.reauthenticated), (0, 0), "{report:?}");
+    assert_eq!(report.verified, 3, "{report:?}");
+}

@@ -2,8 +2,10 @@
 //! the taint recorded for what fails.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
-use guild_domain::ids::PackageId;
+use guild_domain::ids::{PackageId, Sha256Digest};
+use guild_domain::lifecycle::State;
 use guild_domain::manifest::Metadata;
 use guild_domain::manifest_facts::ManifestFacts;
 use guild_domain::path::RESERVED_METADATA_NAME;
@@ -121,10 +123,21 @@ impl PackageManager {
             });
         }
         let mut out = Checked::default();
+        // The versions to check, a batch at a time: each batch's metadata is read, its
+        // signatures (and files) checked in parallel, and the metadata dropped before the next
+        // is read, so that re-authenticating a store of 10,000 versions after a trust change
+        // holds a batch of them at a time, not all. Nor does the handle keep them: a version's
+        // metadata is read again when something needs it, as after an opening that checked
+        // nothing (what was authenticated is the payload digest the registry records, which a
+        // later read is held to).
         let mut work = Vec::new();
         // Versions whose metadata cannot be read fail before their signatures are checked.
         let mut unreadable = Vec::new();
-        let mut refacts = Vec::new();
+        let mut settled = Settled {
+            next: registry.successor(),
+            recorded: false,
+            failed: BTreeMap::new(),
+        };
         for (id, version, record) in registry.installed() {
             let enabled = record.state.is_enabled();
             if !enabled && !full {
@@ -145,53 +158,45 @@ impl PackageManager {
                     continue;
                 }
             };
-            life.metadata
-                .insert((id.clone(), version.clone()), metadata.clone());
             if full {
                 // What changes are checked against must be what was signed: a record that
                 // disagrees (or predates the facts) is corrected from the metadata, which is
                 // checked below like every version's.
                 let facts = ManifestFacts::of(metadata.manifest());
                 if record.facts.as_deref() != Some(&facts) {
-                    refacts.push((id.clone(), version.clone(), facts));
+                    settled.recorded |= settled.next.set_facts(id, version, facts);
                 }
             }
             work.push((id.clone(), version.clone(), record.state, metadata));
-        }
-        out.checked = work.len() + unreadable.len();
-        out.reauthenticated = work.len();
-        let results = crate::parallel::map(&work, jobs, |(id, version, _, metadata)| {
-            self.check_version(&trust, metadata, id, version, full)
-        });
-        let mut next = registry.successor();
-        let mut recorded = false;
-        for (id, version, facts) in refacts {
-            recorded |= next.set_facts(&id, &version, facts);
-        }
-        let mut failed = BTreeMap::new();
-        for ((id, version, state, _), result) in work.into_iter().zip(results) {
-            match result {
-                Ok(()) => {
-                    if let Some(anchor) = anchor {
-                        recorded |= next.set_trusted_under(&id, &version, anchor);
-                    }
-                    life.authenticated_at.insert((id, version), epoch);
-                }
-                Err(failure) => {
-                    out.failures.push(VerifyFailure {
-                        id: id.clone(),
-                        version: version.clone(),
-                        state,
-                        file: failure.file.clone(),
-                        reason: failure.reason.clone(),
-                        tampered: failure.tampered,
-                    });
-                    if state.is_enabled() {
-                        failed.insert(id, failure);
-                    }
-                }
+            if work.len() == METADATA_BATCH {
+                self.check_batch(
+                    life,
+                    &trust,
+                    &mut work,
+                    full,
+                    jobs,
+                    anchor,
+                    &mut settled,
+                    &mut out,
+                );
             }
         }
+        self.check_batch(
+            life,
+            &trust,
+            &mut work,
+            full,
+            jobs,
+            anchor,
+            &mut settled,
+            &mut out,
+        );
+        out.checked += unreadable.len();
+        let Settled {
+            mut next,
+            recorded,
+            mut failed,
+        } = settled;
         let mut removed = Vec::new();
         for (id, version, state, e) in unreadable {
             if !self.store.package_dir(&id, &version).exists() {
@@ -253,6 +258,51 @@ impl PackageManager {
                 .commit(Transaction::new(registry.generation(), next))?;
         }
         Ok(out)
+    }
+
+    /// Checks the versions of `work` (emptied) on `jobs` threads as
+    /// [`PackageManager::verify_enabled`] does, into `settled` and `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn check_batch(
+        &self,
+        life: &mut Lifecycle,
+        trust: &TrustStore,
+        work: &mut Vec<(PackageId, Version, State, Arc<Metadata>)>,
+        full: bool,
+        jobs: usize,
+        anchor: Option<Sha256Digest>,
+        settled: &mut Settled,
+        out: &mut Checked,
+    ) {
+        out.checked += work.len();
+        out.reauthenticated += work.len();
+        let results = crate::parallel::map(work, jobs, |(id, version, _, metadata)| {
+            self.check_version(trust, metadata, id, version, full)
+        });
+        let epoch = life.trust_epoch;
+        for ((id, version, state, _), result) in work.drain(..).zip(results) {
+            match result {
+                Ok(()) => {
+                    if let Some(anchor) = anchor {
+                        settled.recorded |= settled.next.set_trusted_under(&id, &version, anchor);
+                    }
+                    life.authenticated_at.insert((id, version), epoch);
+                }
+                Err(failure) => {
+                    out.failures.push(VerifyFailure {
+                        id: id.clone(),
+                        version: version.clone(),
+                        state,
+                        file: failure.file.clone(),
+                        reason: failure.reason.clone(),
+                        tampered: failure.tampered,
+                    });
+                    if state.is_enabled() {
+                        settled.failed.insert(id, failure);
+                    }
+                }
+            }
+        }
     }
 
     /// Checks one installed version: its signatures against `trust`, and with `files` every
@@ -474,6 +524,20 @@ pub(super) enum Scope {
 }
 
 /// What [`PackageManager::verify_enabled`] found and did.
+/// How many versions' metadata a check holds at a time ([`PackageManager::verify_enabled`]):
+/// enough that each batch keeps every thread busy, few enough that a store of any size is
+/// re-authenticated in a few megabytes. Two in debug builds, so that the tests' small stores
+/// cross batches (what a check finds does not depend on the size).
+const METADATA_BATCH: usize = if cfg!(debug_assertions) { 2 } else { 1024 };
+
+/// What the batches of a check have settled so far: the registry to commit, whether it records
+/// anything new, and the enabled versions that failed.
+struct Settled {
+    next: StoreState,
+    recorded: bool,
+    failed: BTreeMap<PackageId, Failed>,
+}
+
 #[derive(Debug, Default)]
 pub(super) struct Checked {
     /// Enabled versions considered.
