@@ -16,13 +16,14 @@ use guild_abi::{
     guild_reshape_args_v1_t, guild_tensor_desc_v1_t, GUILD_DTYPE_F32, GUILD_DTYPE_I64,
     GUILD_STATUS_ERR_BUSY, GUILD_STATUS_ERR_INVALID_ARGUMENT, GUILD_STATUS_ERR_UNSUPPORTED,
 };
+use guild_domain::ids::OpName;
 use guild_domain::operation::{
-    DType, MemorySpace, ProviderRefusal, Rejection, TensorDesc, TensorRef, TensorRole,
+    Arity, DType, MemorySpace, ProviderRefusal, Rejection, TensorDesc, TensorRef, TensorRole,
 };
 use guild_host::operations::{
     DeviceSupport, ExecuteError, OpHandle, ReshapeError, TensorArg, TensorArgMut,
 };
-use guild_host::{Host, OperationService};
+use guild_host::{Host, OperationRequest, OperationService};
 use guild_ports::fakes::{fake_operation_with, FakePlugin, FakeProvider, FakeScratch};
 use guild_test_support::{Spec, Workshop};
 
@@ -884,4 +885,194 @@ fn a_rust_reshape_that_unwinds_from_the_provider_leaves_the_calls_tensors_as_the
     handle.reshape(&[i64s(2)], &[i64s(2)]).unwrap();
     assert_eq!(run(&handle, 2, &mut scratch).unwrap(), [2, 4]);
     assert_eq!(*executed.lock().unwrap(), [3, 2]);
+}
+
+/// Executes a C handle on `n` values 1..=n: the output, or the service's refusal.
+fn run_c(
+    handle: &crate::c_face::Handle<'_, '_>,
+    n: u64,
+    scratch: &mut Aligned,
+) -> Result<Vec<i64>, crate::c_face::CError> {
+    let t = tensor(GUILD_DTYPE_I64, &[n], &[]);
+    let input: Vec<i64> = (1..=n as i64).collect();
+    let mut output = vec![0i64; n as usize];
+    handle.execute(
+        &[with_data(t, input.as_ptr())],
+        &[with_data(t, output.as_mut_ptr())],
+        Some(&mut scratch.0),
+    )?;
+    Ok(output)
+}
+
+/// Reshapes alternating between two shapes, each followed by refused ones (the provider's
+/// refusal once every tensor was checked and written into the spare contract; a tensor invalid
+/// after a valid one was written), leave the handle running exactly the shapes last accepted,
+/// on both faces: what a refusal wrote is never what calls see, and the next accepted reshape
+/// makes its contract in the same spare.
+#[test]
+fn reshapes_alternating_shapes_with_refusals_between_keep_every_result_right() {
+    let f = fixture();
+    let service = OperationService::new(f.host.kernels());
+    let mut handle = service.resolve(&request(2)).unwrap();
+    let c_service = Service::of(f.host.kernels());
+    let c_handle = resolve_two(&c_service);
+    let mut scratch = Aligned([0; 64]);
+    for round in 0..8 {
+        let (n, other) = if round % 2 == 0 { (3, 5) } else { (5, 3) };
+        let expected: Vec<i64> = (1..=n as i64).map(|v| 2 * v).collect();
+
+        handle.reshape(&[i64s(n)], &[i64s(n)]).unwrap();
+        let err = handle.reshape(&[i64s(9)], &[i64s(9)]).unwrap_err();
+        assert!(
+            matches!(err, ReshapeError::Refused(Rejection::ValidateRefused(_))),
+            "{err}"
+        );
+        let err = handle.reshape(&[i64s(other)], &[i64s(0)]).unwrap_err();
+        assert!(matches!(err, ReshapeError::Query(_)), "{err}");
+        assert_eq!(handle.inputs(), [i64s(n)], "round {round}");
+        assert_eq!(handle.outputs(), [i64s(n)], "round {round}");
+        assert_eq!(handle.scratch().host_bytes, 8 * n, "round {round}");
+        assert_eq!(
+            run(&handle, n, &mut scratch).unwrap(),
+            expected,
+            "round {round}"
+        );
+        assert!(
+            matches!(
+                run(&handle, other, &mut scratch).unwrap_err(),
+                ExecuteError::DescriptorMismatch { .. }
+            ),
+            "round {round}"
+        );
+
+        let (t, t_other, t9, t0) = (
+            tensor(GUILD_DTYPE_I64, &[n], &[]),
+            tensor(GUILD_DTYPE_I64, &[other], &[]),
+            tensor(GUILD_DTYPE_I64, &[9], &[]),
+            tensor(GUILD_DTYPE_I64, &[0], &[]),
+        );
+        c_handle.reshape(&[t], &[t]).unwrap();
+        let err = c_handle.reshape(&[t9], &[t9]).unwrap_err();
+        assert_eq!(err.status, GUILD_STATUS_ERR_UNSUPPORTED, "{err}");
+        let err = c_handle.reshape(&[t_other], &[t0]).unwrap_err();
+        assert_eq!(err.status, GUILD_STATUS_ERR_INVALID_ARGUMENT, "{err}");
+        let err = c_handle
+            .reshape(&[t_other, t_other], &[t_other])
+            .unwrap_err();
+        assert_eq!(err.status, GUILD_STATUS_ERR_INVALID_ARGUMENT, "{err}");
+        assert_eq!(c_handle.scratch().unwrap().host_bytes, 8 * n);
+        assert_eq!(
+            run_c(&c_handle, n, &mut scratch).unwrap(),
+            expected,
+            "round {round}"
+        );
+        let err = run_c(&c_handle, other, &mut scratch).unwrap_err();
+        assert!(
+            err.message.contains("does not match"),
+            "round {round}: {err}"
+        );
+    }
+}
+
+/// The module of an operation with six inputs and three outputs (more than either face keeps
+/// on its frame or a handle lays out for most operations), whose provider adds input `k + 3`
+/// to input `k` into output `k`.
+fn wide_host(shop: &Workshop) -> Host {
+    let wide = FakeProvider::new().executing(|call| {
+        let (ins, outs) = (call.inputs(), call.outputs());
+        for (k, out) in outs.iter().enumerate() {
+            let n = out.dims[0] as usize;
+            // SAFETY: the service checked every tensor against the negotiated contract (rank
+            // 1, `n` contiguous i64, non-NULL and aligned, host memory), live for the call.
+            let (a, b, to) = unsafe {
+                (
+                    std::slice::from_raw_parts(ins[k].data.cast::<i64>(), n),
+                    std::slice::from_raw_parts(ins[k + 3].data.cast::<i64>(), n),
+                    std::slice::from_raw_parts_mut(out.data.cast::<i64>(), n),
+                )
+            };
+            for i in 0..n {
+                to[i] = a[i] + b[i];
+            }
+        }
+        Ok(())
+    });
+    let mut c = candidate("ex.wide.op.cpu", 10);
+    c.inputs = Arity::exactly(6);
+    c.outputs = Arity::exactly(3);
+    let plugin = FakePlugin::new().with_kernel(fake_operation_with(c, Arc::new(wide)));
+    fake_host(shop, Spec::module("ex.wide", "1.0.0"), plugin).0
+}
+
+/// The six inputs of the wide operation on `n` values (input `j` holds `100 j + i`) and the
+/// outputs it must make of them.
+fn wide_values(n: u64) -> (Vec<Vec<i64>>, Vec<Vec<i64>>) {
+    let ins: Vec<Vec<i64>> = (0..6)
+        .map(|j| (0..n as i64).map(|i| 100 * j + i).collect())
+        .collect();
+    let outs = (0..3)
+        .map(|k| ins[k].iter().zip(&ins[k + 3]).map(|(a, b)| a + b).collect())
+        .collect();
+    (ins, outs)
+}
+
+/// An operation with more tensors than a resolution keeps on its frame resolves, runs,
+/// reshapes (growing and shrinking) and runs the new shapes right on both faces, and still
+/// refuses another count of tensors.
+#[test]
+fn an_operation_with_more_tensors_than_kept_in_place_resolves_runs_and_reshapes() {
+    let shop = Workshop::new();
+    let host = wide_host(&shop);
+    let rust = OperationService::new(host.kernels());
+    let request =
+        OperationRequest::cpu(OpName::new(OP).unwrap(), vec![i64s(2); 6], vec![i64s(2); 3]);
+    let mut handle = rust.resolve(&request).unwrap();
+    let c_service = Service::of(host.kernels());
+    let t2 = tensor(GUILD_DTYPE_I64, &[2], &[]);
+    let c_handle = c_service
+        .resolve(&Query::cpu(OP, vec![t2; 6], vec![t2; 3]))
+        .unwrap();
+    for n in [2u64, 5, 1, 7] {
+        if n != 2 {
+            handle.reshape(&[i64s(n); 6], &[i64s(n); 3]).unwrap();
+            let t = tensor(GUILD_DTYPE_I64, &[n], &[]);
+            c_handle.reshape(&[t; 6], &[t; 3]).unwrap();
+        }
+        assert_eq!(handle.inputs(), [i64s(n); 6]);
+        assert_eq!(handle.outputs(), [i64s(n); 3]);
+        let (ins, expected) = wide_values(n);
+        let d = i64s(n);
+        let mut outs = vec![vec![0i64; n as usize]; 3];
+        let args: Vec<TensorArg<'_>> = ins.iter().map(|v| TensorArg::new(&d, v)).collect();
+        let mut out_args: Vec<TensorArgMut<'_>> =
+            outs.iter_mut().map(|v| TensorArgMut::new(&d, v)).collect();
+        handle.execute(&args, &mut out_args, None).unwrap();
+        drop(out_args);
+        assert_eq!(outs, expected, "{n} values, Rust face");
+
+        let t = tensor(GUILD_DTYPE_I64, &[n], &[]);
+        let mut outs = vec![vec![0i64; n as usize]; 3];
+        let c_ins: Vec<_> = ins.iter().map(|v| with_data(t, v.as_ptr())).collect();
+        let c_outs: Vec<_> = outs
+            .iter_mut()
+            .map(|v| with_data(t, v.as_mut_ptr()))
+            .collect();
+        c_handle.execute(&c_ins, &c_outs, None).unwrap();
+        assert_eq!(outs, expected, "{n} values, C face");
+    }
+    assert_eq!(
+        handle.reshape(&[i64s(2); 5], &[i64s(2); 3]).unwrap_err(),
+        ReshapeError::Arity {
+            role: TensorRole::Input,
+            expected: 6,
+            got: 5
+        }
+    );
+    let err = c_handle.reshape(&[t2; 6], &[t2; 4]).unwrap_err();
+    assert_eq!(err.status, GUILD_STATUS_ERR_INVALID_ARGUMENT, "{err}");
+    assert_eq!(
+        handle.inputs(),
+        [i64s(7); 6],
+        "a refused count changed nothing"
+    );
 }

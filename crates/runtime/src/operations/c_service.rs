@@ -45,7 +45,9 @@ use guild_domain::operation::{
 };
 use guild_domain::version::PackedVersion;
 
-use super::core::{desc_from_c, tensor_from_c, Call, Negotiation, Resolved, ServiceCore};
+use super::core::{
+    desc_from_c, tensor_from_c, Call, NegotiatedTensors, Negotiation, Resolved, ServiceCore,
+};
 use super::handles::{HandleName, Refused};
 use super::inline::InlineVec;
 use super::{ExecuteError, ReshapeError, ResolveError};
@@ -295,7 +297,7 @@ unsafe extern "C" fn service_resolve(
         // SAFETY: as above.
         let (spec, args) = unsafe { read_query(core, query, &mut buffers) }?;
         let query = OpQuery::new(spec).map_err(|e| Failure::invalid(e.to_string()))?;
-        let mut resolved = core.resolve(&query, &args, false).map_err(|e| {
+        let mut resolved = core.resolve(&query, args, false).map_err(|e| {
             // A registry being destroyed empties its snapshot; say so rather than "not found".
             if core.is_closed() {
                 Failure::new(
@@ -502,7 +504,7 @@ unsafe fn read_query<'q: 'b, 'b>(
     };
     let args = Negotiation {
         params,
-        tensors: [c_inputs, c_outputs],
+        tensors: NegotiatedTensors::Caller([c_inputs, c_outputs]),
     };
     Ok((spec, args))
 }
@@ -614,8 +616,9 @@ fn no_tensor_array(role: &str, count: usize) -> Failure {
     ))
 }
 
-/// Copies the caller's tensor array into `out` (in place of what it held), reusing its
-/// allocation, and gives it back as a slice.
+/// Reads the caller's tensor array into `out` when it holds as many tensors (a reshape's spare
+/// descriptors, laid out for the handle's), and gives it back as a slice; of another count,
+/// only checks that each tensor has a domain form.
 ///
 /// # Safety
 /// As for [`read_tensors`].
@@ -624,7 +627,7 @@ unsafe fn read_tensors_into<'q>(
     role: &str,
     tensors: *const guild_tensor_desc_v1_t,
     count: usize,
-    out: &mut Vec<TensorDesc>,
+    out: &mut [TensorDesc],
 ) -> Result<&'q [guild_tensor_desc_v1_t], Failure> {
     // SAFETY: the caller's contract, as this function's.
     let slice = unsafe { tensor_array(role, tensors, count) }?;
@@ -638,15 +641,12 @@ unsafe fn read_tensors_into<'q>(
         }
         return Ok(slice);
     }
-    out.clear();
-    out.reserve(count);
+    // Another count than the handle's, which the reshape refuses once both arrays are read:
+    // each tensor is still read, so that one without a domain form is reported first.
     for (i, t) in slice.iter().enumerate() {
-        // Made where it is pushed: a `Result` of the descriptor, made and then moved, cost a
-        // reshape about as much as the tensor's checks.
-        let Some(memory_space) = MemorySpace::from_bit(t.memory_space) else {
+        if MemorySpace::from_bit(t.memory_space).is_none() {
             return Err(bad_c_tensor(role, i, t));
-        };
-        out.push(desc_from_c(t, memory_space));
+        }
     }
     Ok(slice)
 }

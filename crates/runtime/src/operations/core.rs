@@ -40,6 +40,7 @@ use guild_domain::version::OpVersionInterval;
 use guild_ports::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
 use guild_ports::provider::{ExecuteCall, ExecuteEntry, KernelProvider, QueryCall};
 
+use super::block::{TensorBlock, LINE_PAIR};
 use super::handles::{HandleTable, Running, LINE};
 use super::inline::Blank;
 use super::{ExecuteError, ReshapeError, ResolveError, Scratch};
@@ -325,7 +326,7 @@ impl ServiceCore {
     pub(crate) fn resolve(
         &self,
         query: &OpQuery<'_>,
-        args: &Negotiation<'_>,
+        args: Negotiation<'_>,
         report: bool,
     ) -> Result<Box<Resolved>, ResolveError> {
         let spec = query.spec();
@@ -358,9 +359,9 @@ impl ServiceCore {
             }
         }
         let chosen = if report {
-            negotiate_reported(&entry, query, args, &candidates)?
+            negotiate_reported(&entry, query, &args, &candidates)?
         } else {
-            let negotiator = CNegotiator::new(&entry, query, args, false);
+            let negotiator = CNegotiator::new(&entry, query, &args, false);
             match choose(query, &candidates, &negotiator) {
                 Ok((index, scratch)) => Chosen {
                     index,
@@ -373,7 +374,7 @@ impl ServiceCore {
                 // accept this time after all, its acceptance is as good as any.)
                 Err(_) => Chosen {
                     passed_over: None,
-                    ..negotiate_reported(&entry, query, args, &candidates)?
+                    ..negotiate_reported(&entry, query, &args, &candidates)?
                 },
             }
         };
@@ -409,6 +410,7 @@ impl ServiceCore {
             kernel,
             candidate,
             query,
+            args.into_calls(),
             Scratch {
                 host_bytes: chosen.scratch.host_bytes,
                 device_bytes: chosen.scratch.device_bytes,
@@ -426,7 +428,34 @@ impl ServiceCore {
 /// own arrays, handed on as they are; the Rust face's, made once for the handle's calls).
 pub(crate) struct Negotiation<'a> {
     pub(crate) params: &'a [u8],
-    pub(crate) tensors: [&'a [guild_tensor_desc_v1_t]; 2],
+    pub(crate) tensors: NegotiatedTensors<'a>,
+}
+
+/// Where the C form of a resolution's tensors is.
+pub(crate) enum NegotiatedTensors<'a> {
+    /// The C caller's own arrays (inputs, outputs), handed on as they are.
+    Caller([&'a [guild_tensor_desc_v1_t]; 2]),
+    /// The Rust face's: made once, in the call tensors of the block the handle's contract is
+    /// then made in ([`call_block`]), so that they are the handle's calls' tensors.
+    Kept(TensorBlock<Shape>),
+}
+
+impl Negotiation<'_> {
+    /// The tensors in C form, inputs and outputs.
+    fn tensors(&self) -> [&[guild_tensor_desc_v1_t]; 2] {
+        match &self.tensors {
+            NegotiatedTensors::Caller(tensors) => *tensors,
+            NegotiatedTensors::Kept(block) => block.call_split(),
+        }
+    }
+
+    /// The block of the Rust face's tensors, for the handle's contract.
+    fn into_calls(self) -> Option<TensorBlock<Shape>> {
+        match self.tensors {
+            NegotiatedTensors::Caller(_) => None,
+            NegotiatedTensors::Kept(block) => Some(block),
+        }
+    }
 }
 
 /// What negotiation chose: the candidate's index, its scratch and scratch alignment, and, when
@@ -544,125 +573,17 @@ pub(crate) fn desc_from_c(t: &guild_tensor_desc_v1_t, memory_space: MemorySpace)
     }
 }
 
-/// The C form of a query's tensors, inputs then outputs, with their known addresses (for the
-/// negotiation callbacks, which may inspect them), laid out as a Rust handle keeps them.
-pub(crate) fn c_tensors(query: &OpQuery<'_>) -> CallTensors {
-    let spec = query.spec();
-    let c = |d: &TensorDesc| c_tensor(d, address_ptr(d));
-    CallTensors::new(spec.inputs.iter().map(c), spec.outputs.iter().map(c))
-}
-
-/// C descriptors, inputs then outputs, in one array with one unused descriptor (152 bytes,
-/// more than a pair of cache lines) before and after them. A Rust handle's calls write these
-/// descriptors' data pointers and its provider reads them; the array is a small allocation, and
-/// another handle's, executing on another thread, may sit right beside it, so the guards keep
-/// every line the calls touch the handle's own.
-pub(crate) struct CallTensors {
-    all: Vec<guild_tensor_desc_v1_t>,
-    /// Where the inputs end and the outputs begin in `all`.
-    split: usize,
-    /// Where the outputs end in `all`.
-    end: usize,
-}
-
-/// The unused descriptors on each side of [`CallTensors`].
-const GUARD: usize = 1;
-
-const _: () = assert!(GUARD * size_of::<guild_tensor_desc_v1_t>() >= 2 * 64);
-
-impl CallTensors {
-    fn new(
-        inputs: impl ExactSizeIterator<Item = guild_tensor_desc_v1_t>,
-        outputs: impl ExactSizeIterator<Item = guild_tensor_desc_v1_t>,
-    ) -> Self {
-        let mut tensors = Self::none();
-        tensors.refill(inputs, outputs);
-        tensors
+/// A contract's block for a query's tensors, with their C form written in its call tensors, with
+/// their known addresses (for the negotiation callbacks, which may inspect them): a Rust
+/// resolution negotiates with them, then its handle's contract is made in the same block, where
+/// they are the calls' tensors.
+pub(crate) fn call_block(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> TensorBlock<Shape> {
+    let mut block = TensorBlock::new(inputs.len(), outputs.len(), true);
+    let (_, _, calls) = block.parts_mut();
+    for (slot, d) in calls.iter_mut().zip(inputs.iter().chain(outputs)) {
+        *slot = c_tensor(d, address_ptr(d));
     }
-
-    /// Replaces the tensors, in the allocation it has when that is large enough (a reshape).
-    fn refill(
-        &mut self,
-        inputs: impl ExactSizeIterator<Item = guild_tensor_desc_v1_t>,
-        outputs: impl ExactSizeIterator<Item = guild_tensor_desc_v1_t>,
-    ) {
-        let (n_in, n_out) = (inputs.len(), outputs.len());
-        let blank = guild_tensor_desc_v1_t {
-            dtype: 0,
-            rank: 0,
-            dims: [0; MAX_TENSOR_RANK],
-            strides: [0; MAX_TENSOR_RANK],
-            memory_space: 0,
-            device_id: 0,
-            data: std::ptr::null_mut(),
-        };
-        let all = &mut self.all;
-        all.clear();
-        all.reserve_exact(n_in + n_out + 2 * GUARD);
-        all.extend(std::iter::repeat_n(blank, GUARD));
-        all.extend(inputs.chain(outputs));
-        all.extend(std::iter::repeat_n(blank, GUARD));
-        self.split = GUARD + n_in;
-        self.end = GUARD + n_in + n_out;
-        debug_assert_eq!(all.len(), self.end + GUARD, "exact input and output counts");
-    }
-
-    /// Makes these the C form of `inputs` and `outputs`, with their known addresses (what a
-    /// Rust reshape hands the callbacks). When the counts are those it already holds (every
-    /// reshape of a handle but its first) only the tensors are written, in place: the guards
-    /// are blank from the first fill, as nothing else writes them (calls write the data
-    /// pointers of [`CallTensors::role_mut`], which excludes them).
-    fn refill_from(&mut self, inputs: &[TensorDesc], outputs: &[TensorDesc]) {
-        let c = |d: &TensorDesc| c_tensor(d, address_ptr(d));
-        let (n_in, n_out) = (inputs.len(), outputs.len());
-        if self.split == GUARD + n_in
-            && self.end == self.split + n_out
-            && self.all.len() == self.end + GUARD
-        {
-            let (ins, outs) = self.all[GUARD..self.end].split_at_mut(n_in);
-            for (slot, d) in ins.iter_mut().zip(inputs) {
-                *slot = c(d);
-            }
-            for (slot, d) in outs.iter_mut().zip(outputs) {
-                *slot = c(d);
-            }
-            return;
-        }
-        self.refill(inputs.iter().map(c), outputs.iter().map(c));
-    }
-
-    /// None at all, without an allocation (a C handle's: its callers pass their own).
-    const fn none() -> Self {
-        CallTensors {
-            all: Vec::new(),
-            split: 0,
-            end: 0,
-        }
-    }
-
-    /// Where the tensors of `role` are in `all` (empty ranges at 0 when there are none).
-    #[inline(always)]
-    fn range(&self, role: TensorRole) -> std::ops::Range<usize> {
-        match role {
-            TensorRole::Input => GUARD.min(self.split)..self.split,
-            TensorRole::Output => self.split..self.end,
-        }
-    }
-
-    pub(crate) fn inputs(&self) -> &[guild_tensor_desc_v1_t] {
-        &self.all[self.range(TensorRole::Input)]
-    }
-
-    pub(crate) fn outputs(&self) -> &[guild_tensor_desc_v1_t] {
-        &self.all[self.range(TensorRole::Output)]
-    }
-
-    /// The tensors of `role`.
-    #[inline(always)]
-    fn role_mut(&mut self, role: TensorRole) -> &mut [guild_tensor_desc_v1_t] {
-        let range = self.range(role);
-        &mut self.all[range]
-    }
+    block
 }
 
 /// The pointer a descriptor's known address stands for (NULL when unknown). It is only ever
@@ -698,11 +619,11 @@ impl<'p> CNegotiator<'p> {
     fn new(
         entry: &'p OperationCandidates,
         query: &OpQuery<'_>,
-        args: &Negotiation<'p>,
+        args: &'p Negotiation<'_>,
         report: bool,
     ) -> Self {
         let spec = query.spec();
-        let [inputs, outputs] = args.tensors;
+        let [inputs, outputs] = args.tensors();
         CNegotiator {
             stored: &entry.stored,
             op_name: &entry.c_name,
@@ -1084,10 +1005,9 @@ pub(crate) struct Resolved {
 /// reshape's) and what calls are checked against. What a reshape cannot change is the handle's
 /// ([`Resolved::statics`]).
 pub(crate) struct Contract {
-    inputs: Vec<TensorDesc>,
-    outputs: Vec<TensorDesc>,
-    /// The inputs' shapes, then the outputs' (one allocation for both).
-    shapes: Vec<Shape>,
+    /// The descriptors, their shapes and (a Rust handle's) the calls' C tensors, in one
+    /// allocation.
+    tensors: TensorBlock<Shape>,
     pub(crate) scratch: Scratch,
     /// `scratch.alignment - 1`, or 0 when any address will do.
     scratch_mask: u64,
@@ -1108,12 +1028,10 @@ impl Blank for TensorDesc {
 }
 
 impl Contract {
-    /// None at all, without an allocation: the buffers a handle's first reshape fills.
+    /// None at all, without an allocation: what a handle's first reshape lays out.
     const fn empty() -> Self {
         Contract {
-            inputs: Vec::new(),
-            outputs: Vec::new(),
-            shapes: Vec::new(),
+            tensors: TensorBlock::none(),
             scratch: Scratch {
                 host_bytes: 0,
                 device_bytes: 0,
@@ -1123,54 +1041,35 @@ impl Contract {
         }
     }
 
-    /// Makes this the contract of `inputs` and `outputs` (whose facts are `infos`, inputs then
-    /// outputs) with `scratch`, in the buffers it has: what a Rust reshape makes, which
-    /// allocates nothing once they are as large as the handle's tensors.
-    fn refill(
-        &mut self,
+    /// The contract of `inputs` and `outputs` (whose facts are `infos`, inputs then outputs)
+    /// with `scratch`: in `calls` (the Rust face's [`call_block`] for these tensors, whose C
+    /// form becomes the calls' tensors), or in a new block without call tensors.
+    fn made(
         inputs: &[TensorDesc],
         outputs: &[TensorDesc],
         infos: &[TensorInfo],
         scratch: Scratch,
-    ) {
-        self.set_tensors(inputs, outputs);
-        self.settle(infos, scratch);
-    }
-
-    /// Makes `inputs` and `outputs` this contract's tensors, in the buffers it has.
-    fn set_tensors(&mut self, inputs: &[TensorDesc], outputs: &[TensorDesc]) {
-        self.inputs.clear();
-        self.inputs.extend_from_slice(inputs);
-        self.outputs.clear();
-        self.outputs.extend_from_slice(outputs);
-    }
-
-    /// The buffers a C reshape reads its caller's tensors into, inputs and outputs.
-    fn tensors_mut(&mut self) -> (&mut Vec<TensorDesc>, &mut Vec<TensorDesc>) {
-        (&mut self.inputs, &mut self.outputs)
-    }
-
-    /// Makes this the contract of the tensors it holds, whose facts are `infos` (inputs then
-    /// outputs), with `scratch`: their shapes, written where they lie.
-    fn settle(&mut self, infos: &[TensorInfo], scratch: Scratch) {
-        let (inputs, outputs) = (&self.inputs[..], &self.outputs[..]);
-        // The shapes are written where they lie (every reshape of a handle but its first has
-        // as many as before), one plain loop per side: made apart and pushed, or through a
-        // chained, zipped iterator, they cost a reshape more than the tensors' checks.
-        let n_in = inputs.len().min(infos.len());
-        self.shapes.resize(n_in + outputs.len(), Shape::BLANK);
-        let (input_infos, output_infos) = infos.split_at(n_in);
-        let (input_shapes, output_shapes) = self.shapes.split_at_mut(n_in);
-        for (shape, (d, info)) in input_shapes.iter_mut().zip(inputs.iter().zip(input_infos)) {
-            shape.set(d, info);
-        }
-        for (shape, (d, info)) in output_shapes
+        calls: Option<TensorBlock<Shape>>,
+    ) -> Self {
+        let mut tensors = match calls {
+            Some(block) if block.fits(inputs.len(), outputs.len(), true) => block,
+            _ => TensorBlock::new(inputs.len(), outputs.len(), false),
+        };
+        let (descs, shapes, _) = tensors.parts_mut();
+        for ((slot, shape), (d, info)) in descs
             .iter_mut()
-            .zip(outputs.iter().zip(output_infos))
+            .zip(shapes.iter_mut())
+            .zip(inputs.iter().chain(outputs).zip(infos))
         {
+            *slot = *d;
             shape.set(d, info);
         }
-        self.set_scratch(scratch);
+        let mut contract = Contract {
+            tensors,
+            ..Contract::empty()
+        };
+        contract.set_scratch(scratch);
+        contract
     }
 
     /// Makes `scratch` this contract's.
@@ -1179,14 +1078,25 @@ impl Contract {
         self.scratch_mask = scratch_mask(scratch);
     }
 
+    /// Lays this contract out for `n_in` inputs and `n_out` outputs (with call tensors when
+    /// `calls`), unless it already is: a handle's first reshape allocates its spare contract's
+    /// block, every later one reuses it.
+    fn fit(&mut self, n_in: usize, n_out: usize, calls: bool) {
+        if !self.tensors.fits(n_in, n_out, calls) {
+            self.tensors = TensorBlock::new(n_in, n_out, calls);
+        }
+    }
+
     /// The negotiated input descriptors.
+    #[inline(always)]
     pub(crate) fn inputs(&self) -> &[TensorDesc] {
-        &self.inputs
+        self.tensors.descs().split_at(self.tensors.split()).0
     }
 
     /// The negotiated output descriptors.
+    #[inline(always)]
     pub(crate) fn outputs(&self) -> &[TensorDesc] {
-        &self.outputs
+        self.tensors.descs().split_at(self.tensors.split()).1
     }
 
     /// The negotiated descriptors, by role.
@@ -1199,11 +1109,7 @@ impl Contract {
 
     #[inline(always)]
     fn shapes(&self, role: TensorRole) -> &[Shape] {
-        let (inputs, outputs) = self.shapes.split_at(self.inputs.len());
-        match role {
-            TensorRole::Input => inputs,
-            TensorRole::Output => outputs,
-        }
+        self.tensors.shapes_of(role == TensorRole::Input)
     }
 
     /// Checks a call's scratch buffers against the negotiated sizes and alignment.
@@ -1263,14 +1169,12 @@ struct CallCells {
 }
 
 /// The Rust face's C call, kept in the handle and reused call after call: only its data
-/// pointers, scratch, stream and params change (no tensors on C handles, whose callers pass
-/// their own records).
+/// pointers, scratch, stream and params change. Its tensors are the contract's call tensors
+/// (none on C handles, whose callers pass their own records).
 pub(crate) struct RustCells {
-    /// The negotiated descriptors, whose data pointers each call sets before the provider sees
-    /// them.
-    tensors: CallTensors,
-    /// The arguments record, pointing at `tensors` and carrying the handle's sync mode and
-    /// device; [`RustCells::take_up`] keeps it so whenever the tensors change.
+    /// The arguments record, pointing at the contract's call tensors and carrying the handle's
+    /// sync mode and device; [`RustCells::take_up`] points it anew whenever the contract
+    /// changes.
     pub(crate) args: guild_execute_args_v1_t,
     /// The error record the Rust face lends providers.
     pub(crate) error: guild_error_info_t,
@@ -1279,7 +1183,6 @@ pub(crate) struct RustCells {
 impl RustCells {
     fn new(sync_mode: SyncMode, device_id: i32) -> Self {
         RustCells {
-            tensors: CallTensors::none(),
             args: guild_execute_args_v1_t {
                 struct_size: size_of::<guild_execute_args_v1_t>() as u32,
                 reserved: 0,
@@ -1301,28 +1204,24 @@ impl RustCells {
         }
     }
 
-    /// Makes `tensors` the call's tensors (see [`RustCells::take_up`]).
-    fn set_tensors(&mut self, tensors: CallTensors) {
-        self.tensors = tensors;
-        self.take_up();
-    }
-
-    /// Clears the new tensors' data pointers (every call sets its own) and points the
-    /// arguments record at them, as they may have moved. The pointers come from the array's
-    /// `as_ptr`, which makes no reference, so they stay valid while each call writes the data
-    /// pointers through [`CallTensors::role_mut`].
-    fn take_up(&mut self) {
-        let t = &mut self.tensors;
-        for d in &mut t.all {
+    /// Makes the call tensors of `contract` the call's: clears their data pointers (every call
+    /// sets its own) and points the arguments record at them. The pointers are made from the
+    /// block's own pointer, not from a reference, so they stay valid while each call writes
+    /// the data pointers through [`TensorBlock::call_role_mut`].
+    fn take_up(&mut self, contract: &mut Contract) {
+        let t = &mut contract.tensors;
+        let split = t.split();
+        let (_, _, c) = t.parts_mut();
+        let n = c.len();
+        for d in c.iter_mut() {
             d.data = std::ptr::null_mut();
         }
-        let base = t.all.as_ptr();
-        let (inputs, outputs) = (t.range(TensorRole::Input), t.range(TensorRole::Output));
-        // `wrapping_add` within the array (both offsets are at most its length).
-        self.args.inputs = base.wrapping_add(inputs.start);
-        self.args.input_count = inputs.len();
-        self.args.outputs = base.wrapping_add(outputs.start);
-        self.args.output_count = outputs.len();
+        let base = t.call_tensors_ptr().cast_const();
+        // `wrapping_add` within the block's call tensors (the offset is at most their length).
+        self.args.inputs = base;
+        self.args.input_count = split.min(n);
+        self.args.outputs = base.wrapping_add(split.min(n));
+        self.args.output_count = n - split.min(n);
     }
 }
 
@@ -1389,35 +1288,35 @@ impl PublishedScratch {
 /// buffers: touched only by a reshape (under the handle's execute exclusivity, or `&mut`).
 #[derive(Default)]
 struct ReshapeCells {
-    /// The contract the last reshape replaced, whose buffers the next one refills: a C
-    /// reshape reads its caller's tensors straight into them.
+    /// The contract the last reshape replaced, whose block the next one writes (laid out at
+    /// the handle's first reshape): a C reshape reads its caller's tensors straight into it,
+    /// and a tensor it already holds is kept as it is.
     spare: Contract,
     /// What the negotiation of the new tensors works in.
     work: ReshapeWork,
 }
 
-/// Which face a reshape's negotiation serves.
+/// Which face a reshape's negotiation serves, and where it writes the contract it makes (the
+/// spare's block, as the checks go: inputs then outputs, as many as the tensors).
 enum Reshaping<'a> {
-    /// The Rust face's: the C form of the tensors is made in the reshape cells, and their facts
-    /// are left there for the contract's refill.
-    Rust,
+    /// The Rust face's: the new tensors' descriptors, shapes and C form (the call tensors),
+    /// which the callbacks are then handed.
+    Rust {
+        descs: &'a mut [TensorDesc],
+        shapes: &'a mut [Shape],
+        calls: &'a mut [guild_tensor_desc_v1_t],
+    },
     /// The C face's: the caller's own descriptors of the tensors read, handed to the callbacks
-    /// as they are, and the shapes of the contract being made, which the checks write as they
-    /// go (inputs then outputs; as many as the tensors).
+    /// as they are, and the new shapes.
     C {
         tensors: [&'a [guild_tensor_desc_v1_t]; 2],
         shapes: &'a mut [Shape],
     },
 }
 
-/// The buffers and records a reshape's negotiation reuses.
+/// The records a reshape's negotiation reuses.
 #[derive(Default)]
 struct ReshapeWork {
-    /// The facts of the Rust face's new tensors, inputs then outputs.
-    infos: Vec<TensorInfo>,
-    /// The Rust face's new tensors in C form, for the provider's callbacks; they become the
-    /// calls' tensors when the contract is installed, and the calls' old ones take their place.
-    c_tensors: CallTensors,
     /// The C query and error record of the callbacks, made at the first reshape.
     query: Option<Box<ReshapeQuery>>,
 }
@@ -1442,12 +1341,6 @@ struct ReshapeQuery {
 impl Default for Contract {
     fn default() -> Self {
         Contract::empty()
-    }
-}
-
-impl Default for CallTensors {
-    fn default() -> Self {
-        CallTensors::none()
     }
 }
 
@@ -1502,16 +1395,17 @@ pub(crate) struct RustCall<'a> {
 impl Resolved {
     /// The handle a resolution made: the chosen candidate, its negotiated scratch, the query.
     ///
-    /// Boxed where it is made: a handle is large (its reused records and reshape buffers), and
-    /// both faces keep it behind a pointer. The box is made with an empty contract, which the
-    /// query's tensors (borrowed, not the query's own) are then copied into, in the buffers a
-    /// reshape refills.
+    /// Boxed where it is made: a handle is large (its reused records), and both faces keep it
+    /// behind a pointer. Its contract is made in one block from the query's tensors (borrowed,
+    /// not the query's own) and, with `calls` (the Rust face), the C form they were negotiated
+    /// in, which becomes the calls' tensors.
     #[allow(clippy::too_many_arguments)] // Every part is one the resolution computed.
     fn boxed(
         binding: KernelBinding,
         kernel: Arc<dyn KernelProvider>,
         candidate: Arc<OpCandidate>,
         query: &OpQuery<'_>,
+        calls: Option<TensorBlock<Shape>>,
         scratch: Scratch,
         passed_over: Option<Vec<PassedOver>>,
         streams: Option<Arc<dyn StreamEvents>>,
@@ -1533,6 +1427,7 @@ impl Resolved {
         let plain =
             host_only && (sync_mode == SyncMode::HostBlocking || candidate.backend == Backend::Cpu);
         let statics = QueryStatics::of(query);
+        let lends = calls.is_some();
         let mut handle = Box::new(Resolved {
             binding,
             entry: kernel.execute_entry(),
@@ -1550,17 +1445,28 @@ impl Resolved {
             streams,
             published: PublishedScratch::new(scratch),
             through_runner: false,
-            contract: UnsafeCell::new(Contract::empty()),
+            contract: UnsafeCell::new(Contract::made(
+                spec.inputs,
+                spec.outputs,
+                query.tensor_infos(),
+                scratch,
+                calls,
+            )),
             call: Padded::new(UnsafeCell::new(CallCells {
                 rust: RustCells::new(sync_mode, device_id),
                 marks: Vec::new(),
             })),
             reshaping: UnsafeCell::new(ReshapeCells::default()),
         });
-        handle
-            .contract
-            .get_mut()
-            .refill(spec.inputs, spec.outputs, query.tensor_infos(), scratch);
+        if lends {
+            let handle = &mut *handle;
+            handle
+                .call
+                .value
+                .get_mut()
+                .rust
+                .take_up(handle.contract.get_mut());
+        }
         handle
     }
 
@@ -1578,12 +1484,6 @@ impl Resolved {
     /// The scratch as `describe` and `scratch` report it, whatever else runs on the handle.
     pub(crate) fn published_scratch(&self) -> Scratch {
         self.published.read()
-    }
-
-    /// Takes the C tensors a Rust resolution negotiated with (the descriptors of its query,
-    /// which this handle's contract now is) as the Rust face's call tensors, without data.
-    pub(crate) fn adopt_rust_calls(&mut self, tensors: CallTensors) {
-        self.call.value.get_mut().rust.set_tensors(tensors);
     }
 
     /// The Rust face's view of a call.
@@ -1820,24 +1720,29 @@ impl Resolved {
     }
 
     /// Runs `read` with the buffers a C reshape reads its caller's tensors into (inputs,
-    /// outputs): those of the contract the last reshape replaced, which
-    /// [`Resolved::renegotiate_read`] then makes the new contract in. Nothing the handle's calls
-    /// read is touched.
+    /// outputs): the descriptors of the contract the last reshape replaced (laid out for this
+    /// handle's tensors at its first reshape), which [`Resolved::renegotiate_read`] then makes
+    /// the new contract in. Nothing the handle's calls read is touched.
     ///
     /// # Safety
     /// No other call of this handle may run (the caller holds its execute exclusivity).
     pub(crate) unsafe fn read_reshape<T>(
         &self,
-        read: impl FnOnce(&mut Vec<TensorDesc>, &mut Vec<TensorDesc>) -> T,
+        read: impl FnOnce(&mut [TensorDesc], &mut [TensorDesc]) -> T,
     ) -> T {
-        // SAFETY: the caller's contract gives this reshape the reshape cells.
-        let (inputs, outputs) = unsafe { (*self.reshaping.get()).spare.tensors_mut() };
+        // SAFETY: the caller's contract gives this reshape the reshape cells, and excludes
+        // every writer of the contract.
+        let (current, spare) = unsafe { (self.contract(), &mut (*self.reshaping.get()).spare) };
+        let split = current.tensors.split();
+        spare.fit(split, current.tensors.descs().len() - split, false);
+        let (inputs, outputs) = spare.tensors.descs_mut().split_at_mut(split);
         read(inputs, outputs)
     }
 
     /// Renegotiates the contract for new tensors with this handle's provider alone (the Rust
-    /// face's reshape; see [`Resolved::renegotiate_read`] for what is checked). The C form of
-    /// the tensors is made in the reshape cells, for [`Resolved::install_mut`] to take up.
+    /// face's reshape; see [`Resolved::renegotiate_read`] for what is checked). The new
+    /// contract, the C form of its tensors included, is made in the spare's block as the
+    /// tensors are checked, for [`Resolved::install_mut`] to install.
     ///
     /// # Safety
     /// No other call of this handle may run: the caller holds `&mut` of its Rust handle.
@@ -1850,17 +1755,27 @@ impl Resolved {
         // SAFETY: the caller's contract: no reshape runs but this one, and the reshape cells
         // are this call's (no reference to the contract reaches them).
         let (current, cells) = unsafe { (self.contract(), &mut *self.reshaping.get()) };
+        let ReshapeCells { spare, work } = cells;
+        let (n_in, n_out) = (current.inputs().len(), current.outputs().len());
+        // A reshape of other counts is refused by the checks before anything is written, and
+        // lays nothing out.
+        if (inputs.len(), outputs.len()) == (n_in, n_out) {
+            spare.fit(n_in, n_out, true);
+        }
+        let (descs, shapes, calls) = spare.tensors.parts_mut();
         let scratch = self.negotiate_shapes(
             current,
             inputs,
             outputs,
-            Reshaping::Rust,
+            Reshaping::Rust {
+                descs,
+                shapes,
+                calls,
+            },
             params,
-            &mut cells.work,
+            work,
         )?;
-        cells
-            .spare
-            .refill(inputs, outputs, &cells.work.infos, scratch);
+        spare.set_scratch(scratch);
         Ok(())
     }
 
@@ -1871,10 +1786,10 @@ impl Resolved {
     /// `validate` and `query_scratch` and the budgets, in the C query of the resolution's
     /// numbers ([`Resolved::statics`]) and the new tensors. Every other static check concerns
     /// what no reshape changes, and passed at resolution. The new contract is made in place of
-    /// the one the last reshape replaced (the reshape cells' spare, which [`Resolved::install`]
-    /// or [`Resolved::install_mut`] then trades with the handle's, so that nothing as large as
-    /// a contract is moved): once a reshape has been installed, nothing is allocated unless
-    /// something refuses. Nothing the handle's calls read changes here, so a refusal leaves it
+    /// the one the last reshape replaced (the reshape cells' spare, its block laid out at the
+    /// handle's first reshape, which [`Resolved::install`] or [`Resolved::install_mut`] then
+    /// trades with the handle's: two small headers, the blocks stay where they are): after the
+    /// first reshape, nothing is allocated unless something refuses. Nothing the handle's calls read changes here, so a refusal leaves it
     /// as it was. Only rank, dims and strides may change: the number of tensors, their dtypes,
     /// memory spaces and devices are the resolution's.
     ///
@@ -1891,13 +1806,31 @@ impl Resolved {
         // SAFETY: as in `renegotiate`.
         let (current, cells) = unsafe { (self.contract(), &mut *self.reshaping.get()) };
         let ReshapeCells { spare, work } = cells;
-        let Contract {
-            inputs,
-            outputs,
-            shapes,
-            ..
-        } = spare;
-        shapes.resize(inputs.len() + outputs.len(), Shape::BLANK);
+        // The caller's counts: `read_reshape` read the tensors only when they are the
+        // handle's, so another count is refused here, before the checks read the spare.
+        for (role, now, given) in [
+            (
+                TensorRole::Input,
+                current.inputs().len(),
+                c_tensors[0].len(),
+            ),
+            (
+                TensorRole::Output,
+                current.outputs().len(),
+                c_tensors[1].len(),
+            ),
+        ] {
+            if now != given {
+                return Err(ReshapeError::Arity {
+                    role,
+                    expected: now,
+                    got: given,
+                });
+            }
+        }
+        let split = spare.tensors.split();
+        let (descs, shapes, _) = spare.tensors.parts_mut();
+        let (inputs, outputs) = descs.split_at(split);
         let scratch = self.negotiate_shapes(
             current,
             inputs,
@@ -1957,17 +1890,12 @@ impl Resolved {
                 }
             }
         }
-        let ReshapeWork {
-            infos,
-            c_tensors: made,
-            query,
-        } = work;
+        let ReshapeWork { query } = work;
         // Each tensor valid on its own and held against the candidate in one pass, but with
         // the precedence of two: every tensor is checked on its own before any refusal of the
         // candidate's is reported, as `OpQuery::new` checks a query before `check_static`
         // runs. Its device check needs no repeat: memory spaces and devices are those the
         // handle's query passed with.
-        infos.clear();
         let mut refused = None;
         // Which tensor of all, inputs then outputs.
         let mut k = 0;
@@ -1991,10 +1919,35 @@ impl Resolved {
                     refused = check_tensor(&self.candidate, tensor, d, &info).err();
                 }
                 match &mut face {
-                    Reshaping::Rust => infos.push(info),
+                    Reshaping::Rust {
+                        descs,
+                        shapes,
+                        calls,
+                    } => {
+                        if let (Some(slot), Some(shape), Some(c)) =
+                            (descs.get_mut(k), shapes.get_mut(k), calls.get_mut(k))
+                        {
+                            // The spare holds the contract of two reshapes ago (or a refused
+                            // one's writes), each tensor's descriptor, shape and C form written
+                            // together: a tensor that is the one there (a shape the loop
+                            // alternates between, a tensor that stays) keeps them, and only its
+                            // known address is written, as calls leave theirs in the C form.
+                            if shape.matches_desc(d) && *slot == *d {
+                                c.data = address_ptr(d);
+                            } else {
+                                *slot = *d;
+                                shape.set(d, &info);
+                                *c = c_tensor(d, address_ptr(d));
+                            }
+                        }
+                    }
                     Reshaping::C { shapes, .. } => {
+                        // A shape is a function of its tensor's fields that it compares (and
+                        // of the facts they fix), so a tensor the spare's shape matches is set.
                         if let Some(shape) = shapes.get_mut(k) {
-                            shape.set(d, &info);
+                            if !shape.matches_desc(d) {
+                                shape.set(d, &info);
+                            }
                         }
                     }
                 }
@@ -2006,9 +1959,11 @@ impl Resolved {
         }
         let [c_inputs, c_outputs] = match face {
             Reshaping::C { tensors, .. } => tensors,
-            Reshaping::Rust => {
-                made.refill_from(inputs, outputs);
-                [made.inputs(), made.outputs()]
+            Reshaping::Rust { calls, .. } => {
+                let made: &[guild_tensor_desc_v1_t] = calls;
+                let made = made.get(..k).unwrap_or_default();
+                let (made_inputs, made_outputs) = made.split_at(inputs.len().min(made.len()));
+                [made_inputs, made_outputs]
             }
         };
         let q = &mut **query.get_or_insert_with(|| self.reshape_query());
@@ -2105,9 +2060,7 @@ impl Resolved {
         std::mem::swap(contract, &mut cells.spare);
         // SAFETY: `&mut self`: the only writer.
         unsafe { self.published.write(contract.scratch) };
-        let rust = &mut self.call.value.get_mut().rust;
-        std::mem::swap(&mut cells.work.c_tensors, &mut rust.tensors);
-        rust.take_up();
+        self.call.value.get_mut().rust.take_up(contract);
     }
 
     /// Waits for the stream work this handle recorded; afterwards nothing recorded is pending.
@@ -2196,10 +2149,18 @@ pub(crate) struct Shape {
     byte_extent: u64,
 }
 
+/// A shape is a line pair or more, so that one after a block's call tensors keeps every line a
+/// call writes the block's own.
+const _: () = assert!(size_of::<Shape>() >= LINE_PAIR);
+
+impl Blank for Shape {
+    const BLANK: Shape = Shape::BLANK;
+}
+
 impl Shape {
     /// What a contract's shapes are before [`Shape::set`] (a placeholder, matched by nothing a
     /// call passes: its rank is 0).
-    const BLANK: Shape = Shape {
+    pub(crate) const BLANK: Shape = Shape {
         fixed: Described {
             head: 0,
             place: 0,
@@ -2288,7 +2249,9 @@ impl RustCall<'_> {
     ) -> Result<(), ExecuteError> {
         let contract = self.contract;
         let shapes = contract.shapes(role);
-        let out = self.cells.tensors.role_mut(role);
+        // SAFETY: this call holds the handle's execute exclusivity (how the view was made), so
+        // no other reference to the call tensors lives while `out` does.
+        let out = unsafe { contract.tensors.call_role_mut(role == TensorRole::Input) };
         let n = shapes.len();
         if args.len() != n || out.len() != n {
             return Err(arity(role, n, args.len()));
@@ -2533,53 +2496,76 @@ fn check_scratch(
 mod tests {
     use super::*;
 
-    fn c(n: u64) -> guild_tensor_desc_v1_t {
-        c_tensor(
-            &TensorDesc::new(DType::F32, &[n], MemorySpace::Host),
-            std::ptr::dangling_mut(),
-        )
+    fn desc(n: u64) -> TensorDesc {
+        TensorDesc::new(DType::F32, &[n], MemorySpace::Host)
     }
 
-    /// Checks that `cells` holds `n_in` inputs (dims 1, 2, ...) and `n_out` outputs (dims 101,
-    /// 102, ...) between one unused descriptor on each side, so that every cache line pair a
-    /// call touches there lies inside the array's own allocation, without data; that the
-    /// arguments record points at them; and that data pointers written as a call writes them
-    /// are read through the record, as the provider reads them.
-    fn check_cells(cells: &mut RustCells, n_in: usize, n_out: usize) {
+    /// The contract of `n_in` inputs (dims 1, 2, ...) and `n_out` outputs (dims 101, 102, ...),
+    /// with call tensors made from C forms whose data pointers are set (as a negotiation's
+    /// known addresses are), taken up by `cells` as a resolution takes them up.
+    fn made(cells: &mut RustCells, n_in: usize, n_out: usize) -> Contract {
+        let known = |n: u64| TensorDesc {
+            data_addr: Some(64),
+            ..desc(n)
+        };
+        let ins: Vec<_> = (1..n_in as u64 + 1).map(known).collect();
+        let outs: Vec<_> = (101..101 + n_out as u64).map(known).collect();
+        let block = call_block(&ins, &outs);
+        assert!(block.call_tensors().iter().all(|t| t.data as usize == 64));
+        let infos: Vec<_> = ins
+            .iter()
+            .chain(&outs)
+            .map(|d| d.check().unwrap())
+            .collect();
+        let scratch = Scratch {
+            host_bytes: 0,
+            device_bytes: 0,
+            alignment: 0,
+        };
+        let mut contract = Contract::made(&ins, &outs, &infos, scratch, Some(block));
+        cells.take_up(&mut contract);
+        contract
+    }
+
+    /// Checks that `contract`'s call tensors hold `n_in` inputs (dims 1, 2, ...) and `n_out`
+    /// outputs (dims 101, 102, ...) with a line pair of their block's own on each side (a
+    /// descriptor before them, a shape after them), so that every cache line pair a call
+    /// touches there lies inside the block's allocation, without data; that the arguments
+    /// record points at them; and that data pointers written as a call writes them are read
+    /// through the record, as the provider reads them.
+    fn check_cells(cells: &RustCells, contract: &Contract, n_in: usize, n_out: usize) {
         let size = size_of::<guild_tensor_desc_v1_t>();
-        let t = &mut cells.tensors;
-        let (base, len) = (t.all.as_ptr() as usize, t.all.len());
-        assert_eq!(
-            len,
-            n_in + n_out + 2,
-            "{n_in}+{n_out}: one guard on each side"
-        );
-        let first = t.inputs().as_ptr() as usize;
-        assert_eq!(first, base + size, "{n_in}+{n_out}");
-        let pair = 128;
-        assert!(
-            first / pair * pair >= base,
-            "{n_in}+{n_out}: first line pair shared"
-        );
-        assert!(
-            (base + (len - 1) * size).div_ceil(pair) * pair <= base + len * size,
-            "{n_in}+{n_out}: last line pair shared"
-        );
-        let mut dims: Vec<u64> = t.inputs().iter().map(|t| t.dims[0]).collect();
-        dims.extend(t.outputs().iter().map(|t| t.dims[0]));
+        let t = contract.tensors.call_tensors();
+        let (first, len) = (t.as_ptr() as usize, t.len());
+        assert_eq!(len, n_in + n_out, "{n_in}+{n_out}");
+        if len > 0 {
+            let pair = 128;
+            let block_start = contract.tensors.descs().as_ptr() as usize;
+            let shapes = contract.tensors.shapes();
+            let block_end = shapes.as_ptr() as usize + size_of_val(shapes);
+            let last = first + len * size;
+            assert!(
+                first / pair * pair >= block_start && first - block_start >= pair,
+                "{n_in}+{n_out}: first line pair shared"
+            );
+            assert!(
+                last.div_ceil(pair) * pair <= block_end && block_end - last >= pair,
+                "{n_in}+{n_out}: last line pair shared"
+            );
+            assert!(
+                shapes.as_ptr() as usize >= last,
+                "{n_in}+{n_out}: the shapes overlap the call tensors"
+            );
+        }
+        let dims: Vec<u64> = t.iter().map(|t| t.dims[0]).collect();
         let expected: Vec<u64> = (1..n_in as u64 + 1)
             .chain(101..101 + n_out as u64)
             .collect();
         assert_eq!(dims, expected, "{n_in}+{n_out}");
-        assert!(t.all.iter().all(|t| t.data.is_null()), "{n_in}+{n_out}");
-        for guard in [&t.all[0], &t.all[len - 1]] {
-            assert!(
-                guard.rank == 0 && guard.dims == [0; MAX_TENSOR_RANK] && guard.dtype == 0,
-                "{n_in}+{n_out}: a guard was written"
-            );
-        }
-        for (role, n, mark) in [(TensorRole::Input, n_in, 1), (TensorRole::Output, n_out, 2)] {
-            let side = t.role_mut(role);
+        assert!(t.iter().all(|t| t.data.is_null()), "{n_in}+{n_out}");
+        for (input, n, mark) in [(true, n_in, 1), (false, n_out, 2)] {
+            // SAFETY: no other reference to the call tensors lives meanwhile.
+            let side = unsafe { contract.tensors.call_role_mut(input) };
             assert_eq!(side.len(), n, "{n_in}+{n_out}");
             for (i, d) in side.iter_mut().enumerate() {
                 d.data = std::ptr::without_provenance_mut(mark * 1000 + i);
@@ -2591,81 +2577,62 @@ mod tests {
         assert_eq!(args.outputs as usize, first + n_in * size);
         for (ptr, n, mark) in [(args.inputs, n_in, 1), (args.outputs, n_out, 2)] {
             for i in 0..n {
-                // SAFETY: the record points at `n` descriptors of the live array (checked above).
+                // SAFETY: the record points at `n` descriptors of the live block (checked
+                // above).
                 let data = unsafe { (*ptr.add(i)).data };
                 assert_eq!(data as usize, mark * 1000 + i, "{n_in}+{n_out}");
             }
         }
     }
 
-    /// A Rust handle's call tensors, as a resolution adopts them and as a reshape refills them
-    /// (in place, or in a larger allocation), lie between guards, and the arguments record
-    /// follows them; a C handle's are none.
+    /// A Rust handle's call tensors, as a resolution makes them and as reshapes install them
+    /// (the spare laid out once, then reused), lie inside their block with a line pair of its
+    /// own on each side, and the arguments record follows them; a C handle's are none.
     #[test]
-    fn the_call_tensors_lie_between_guards_and_the_arguments_follow_them() {
-        let counts = [
-            (0, 0),
-            (0, 1),
-            (2, 0),
-            (1, 1),
-            (2, 1),
-            (3, 2),
-            (8, 8),
-            (1, 1),
-        ];
-        let make = |n_in: usize, n_out: usize| {
-            let ins = (1..n_in as u32 + 1).map(|n| c(n.into()));
-            let outs = (1..n_out as u32 + 1).map(|n| c(100 + u64::from(n)));
-            (ins, outs)
-        };
+    fn the_call_tensors_lie_inside_their_block_and_the_arguments_follow_them() {
+        let counts = [(0, 0), (0, 1), (2, 0), (1, 1), (2, 1), (3, 2), (8, 8)];
         for (n_in, n_out) in counts {
             let mut cells = RustCells::new(SyncMode::HostBlocking, 0);
-            let (ins, outs) = make(n_in, n_out);
-            cells.set_tensors(CallTensors::new(ins, outs));
-            check_cells(&mut cells, n_in, n_out);
+            let contract = made(&mut cells, n_in, n_out);
+            check_cells(&cells, &contract, n_in, n_out);
         }
-        // Reshapes, as `Resolved::install_mut` takes them up: the new tensors made in the
-        // spare array, which then trades places with the call's, growing (a new allocation)
-        // and shrinking.
-        let mut cells = RustCells::new(SyncMode::HostBlocking, 0);
-        let mut spare = CallTensors::none();
+        // Reshapes, as `Resolved::install_mut` takes them up: the spare laid out at the first,
+        // written (data pointers included, as a reshape writes its known addresses), then
+        // swapped with the calls' contract; from the second on, nothing is allocated.
         for (n_in, n_out) in counts {
-            let (ins, outs) = make(n_in, n_out);
-            spare.refill(ins, outs);
-            std::mem::swap(&mut spare, &mut cells.tensors);
-            cells.take_up();
-            check_cells(&mut cells, n_in, n_out);
+            let mut cells = RustCells::new(SyncMode::HostBlocking, 0);
+            let mut contract = made(&mut cells, n_in, n_out);
+            let mut spare = Contract::empty();
+            let mut blocks = Vec::new();
+            for round in 0..5 {
+                spare.fit(n_in, n_out, true);
+                let (descs, _, calls) = spare.tensors.parts_mut();
+                for (k, d) in descs.iter().enumerate() {
+                    calls[k] = c_tensor(d, std::ptr::dangling_mut());
+                }
+                std::mem::swap(&mut contract, &mut spare);
+                cells.take_up(&mut contract);
+                if round >= 1 {
+                    blocks.push(contract.tensors.call_tensors_ptr() as usize);
+                }
+            }
+            // The blank spare's call tensors are blank: the dims of the first round's.
+            assert!(
+                contract
+                    .tensors
+                    .call_tensors()
+                    .iter()
+                    .all(|t| t.data.is_null()),
+                "{n_in}+{n_out}"
+            );
+            assert_eq!(blocks[0], blocks[2], "{n_in}+{n_out}: a block was remade");
+            assert_eq!(blocks[1], blocks[3], "{n_in}+{n_out}: a block was remade");
         }
-        // As a Rust reshape makes them (`CallTensors::refill_from`): in place while the counts
-        // stay, in a new array when they change; the guards stay blank either way.
-        let descs = |n_in: usize, n_out: usize| {
-            let d = |n: u64| TensorDesc::new(DType::F32, &[n], MemorySpace::Host);
-            let ins: Vec<_> = (1..n_in as u64 + 1).map(d).collect();
-            let outs: Vec<_> = (101..101 + n_out as u64).map(d).collect();
-            (ins, outs)
-        };
-        let mut cells = RustCells::new(SyncMode::HostBlocking, 0);
-        let mut spare = CallTensors::none();
-        for (n_in, n_out) in [
-            (1, 1),
-            (1, 1),
-            (1, 1),
-            (2, 1),
-            (2, 1),
-            (2, 1),
-            (0, 1),
-            (0, 1),
-        ] {
-            let (ins, outs) = descs(n_in, n_out);
-            spare.refill_from(&ins, &outs);
-            std::mem::swap(&mut spare, &mut cells.tensors);
-            cells.take_up();
-            check_cells(&mut cells, n_in, n_out);
-        }
-        let mut none = CallTensors::none();
+        let none = Contract::empty();
         assert!(none.inputs().is_empty() && none.outputs().is_empty());
-        assert!(none.role_mut(TensorRole::Input).is_empty());
-        assert!(none.role_mut(TensorRole::Output).is_empty());
+        assert!(none.tensors.call_tensors().is_empty());
+        // SAFETY: no other reference to the call tensors lives meanwhile.
+        assert!(unsafe { none.tensors.call_role_mut(true) }.is_empty());
     }
 
     /// A handle's call cells lie a line pair or more from both ends of the handle's own
@@ -2690,11 +2657,11 @@ mod tests {
         );
     }
 
-    /// A reshape's contract, made in the buffers of the one before (more tensors, fewer, as
-    /// many), holds exactly the given tensors and their shapes: the entries at and above each
-    /// rank zeroed, whatever the caller left there.
+    /// A contract made of tensors (more, fewer, as many as the one before; with call tensors
+    /// and without) holds exactly the given tensors and their shapes: the entries at and above
+    /// each rank zeroed, whatever the caller left there.
     #[test]
-    fn a_refilled_contract_is_the_contract_of_its_tensors() {
+    fn a_made_contract_is_the_contract_of_its_tensors() {
         let t = |dims: &[u64]| TensorDesc::new(DType::F32, dims, MemorySpace::Host);
         let mut ragged = t(&[4, 2]);
         ragged.dims[5] = 9;
@@ -2706,8 +2673,7 @@ mod tests {
             (vec![t(&[2])], vec![]),
             (vec![], vec![t(&[7]), t(&[1, 1])]),
         ];
-        let mut contract = Contract::empty();
-        for (ins, outs) in cases {
+        for ((ins, outs), calls) in cases.into_iter().zip([false, true].into_iter().cycle()) {
             let infos: Vec<_> = ins
                 .iter()
                 .chain(&outs)
@@ -2718,7 +2684,16 @@ mod tests {
                 device_bytes: 0,
                 alignment: 64,
             };
-            contract.refill(&ins, &outs, &infos, scratch);
+            let c = |d: &TensorDesc| c_tensor(d, std::ptr::null_mut());
+            let c_ins: Vec<_> = ins.iter().map(c).collect();
+            let c_outs: Vec<_> = outs.iter().map(c).collect();
+            let contract = Contract::made(
+                &ins,
+                &outs,
+                &infos,
+                scratch,
+                calls.then(|| call_block(&ins, &outs)),
+            );
             assert_eq!(
                 (contract.inputs(), contract.outputs()),
                 (&ins[..], &outs[..])
@@ -2746,7 +2721,19 @@ mod tests {
                     }
                 })
                 .collect();
-            assert_eq!(contract.shapes, expected, "{ins:?} {outs:?}");
+            assert_eq!(contract.tensors.shapes(), &expected[..], "{ins:?} {outs:?}");
+            let made: Vec<_> = contract
+                .tensors
+                .call_tensors()
+                .iter()
+                .map(|t| t.dims)
+                .collect();
+            let expected: Vec<_> = if calls {
+                c_ins.iter().chain(&c_outs).map(|t| t.dims).collect()
+            } else {
+                Vec::new()
+            };
+            assert_eq!(made, expected, "{ins:?} {outs:?}");
             assert_eq!((contract.scratch, contract.scratch_mask), (scratch, 63));
         }
     }

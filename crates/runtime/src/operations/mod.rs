@@ -75,6 +75,7 @@
 //! # }
 //! ```
 
+mod block;
 pub mod c_service;
 pub(crate) mod core;
 mod handles;
@@ -95,7 +96,7 @@ use guild_domain::version::{PackedVersion, Version};
 use guild_ports::device::{DeviceError, StreamRef};
 
 use self::core::ServiceCore;
-use self::core::{Buffer, BufferArg, Lent, Negotiation, Resolved};
+use self::core::{Buffer, BufferArg, Lent, NegotiatedTensors, Negotiation, Resolved};
 pub use self::core::{DeviceSupport, PassReason, PassedOver};
 use self::handles::{Gate, Lone, Refused};
 use crate::snapshot::KernelBinding;
@@ -282,16 +283,18 @@ impl<'r> OperationService<'r> {
     ) -> Result<OpHandle<'r>, ResolveError> {
         // The core refuses stream work it could not track (no device adapter), for both faces.
         let query = OpQuery::new(&request.0).map_err(ResolveError::Query)?;
-        // The query's tensors in C form, made once: the negotiation callbacks see them (with
-        // the addresses the request knows), then the handle keeps them for its calls.
-        let tensors = self::core::c_tensors(&query);
+        // The query's tensors in C form, made once, in the block the handle's contract will be
+        // made in: the negotiation callbacks see them (with the addresses the request knows),
+        // then they are the handle's calls' tensors.
         let params = AlignedParams::new(params);
         let args = Negotiation {
             params: params.bytes(),
-            tensors: [tensors.inputs(), tensors.outputs()],
+            tensors: NegotiatedTensors::Kept(self::core::call_block(
+                query.spec().inputs,
+                query.spec().outputs,
+            )),
         };
-        let mut resolved = self.core.resolve(&query, &args, self.report)?;
-        resolved.adopt_rust_calls(tensors);
+        let resolved = self.core.resolve(&query, args, self.report)?;
         Ok(OpHandle {
             resolved,
             gate: Lone(Gate::live()),
