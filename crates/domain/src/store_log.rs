@@ -322,7 +322,9 @@ impl StoreStateDelta {
                 once(&mut changed, record)
             }
             "deleted" => {
-                // Ids are short: every one is checked, as the full reader does.
+                // Ids are short: every one is checked to be a valid id (the full reader also
+                // refuses one deleted twice, or changed and deleted, which this leaves to it for
+                // the other packages; the frame's checksum has held by now).
                 let mut gone = false;
                 c.array(|c| {
                     let id = PackageId::new(c.str()?.into_owned()).ok()?;

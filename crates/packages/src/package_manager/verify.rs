@@ -523,7 +523,6 @@ pub(super) enum Scope {
     },
 }
 
-/// What [`PackageManager::verify_enabled`] found and did.
 /// How many versions' metadata a check holds at a time ([`PackageManager::verify_enabled`]):
 /// enough that each batch keeps every thread busy, few enough that a store of any size is
 /// re-authenticated in a few megabytes. Two in debug builds, so that the tests' small stores
@@ -538,6 +537,7 @@ struct Settled {
     failed: BTreeMap<PackageId, Failed>,
 }
 
+/// What [`PackageManager::verify_enabled`] found and did.
 #[derive(Debug, Default)]
 pub(super) struct Checked {
     /// Enabled versions considered.

@@ -60,8 +60,10 @@ pub(crate) struct TensorBlock<S> {
 // SAFETY: the block owns its elements, plain values (the C descriptors' data pointers are the
 // last call's addresses, never dereferenced by the host), as a `Vec` of them would.
 unsafe impl<S: Send> Send for TensorBlock<S> {}
-// SAFETY: as above; `&TensorBlock` gives out shared slices only, and the writes through
-// `call_tensors_ptr` are its caller's to serialise.
+// SAFETY: as above. Through `&TensorBlock` the safe methods give out shared slices only; the
+// call tensors are written only through `call_role_mut` (an `unsafe fn` whose caller holds the
+// handle's execute exclusivity) and the raw `call_tensors_ptr`, whose writes are the caller's to
+// serialise. `call_split`, which reads them, runs only at resolution, before the handle exists.
 unsafe impl<S: Sync> Sync for TensorBlock<S> {}
 
 impl<S: Blank> TensorBlock<S> {
