@@ -1169,7 +1169,7 @@ impl StoreState {
     /// [`Self::from_any_json`] for a reader of one package (`guild status ID`): the state holds
     /// package `only` (if recorded) and the store-wide facts (generation, trust anchor, fleet),
     /// and no other package. Every other package's value is passed over without being built
-    /// ([`Cursor::skip`]), so that the cost is a scan of the file, not a decode of the store.
+    /// (`json::Cursor::skip`), so that the cost is a scan of the file, not a decode of the store.
     ///
     /// What is refused is what [`Self::from_any_json`] refuses, except inside the packages
     /// passed over: there the JSON grammar is still checked in full (a truncated, zeroed or
