@@ -23,8 +23,8 @@ use crate::ids::PackageId;
 use crate::json::{self, Cursor, JsonPath, Value};
 use crate::store_state::{
     decode_fleet, decode_package, decode_trust, encode_fleet, encode_package, encode_trust, field,
-    format_of, once, read_package, read_package_if, wrong_type, ApplyError, At, FieldProblem,
-    Fields, PackageRecord, StoreState, StoreStateDecodeError,
+    format_of, once, read_package_of, wrong_type, ApplyError, At, FieldProblem, Fields,
+    PackageRecord, StoreState, StoreStateDecodeError,
 };
 use crate::trust::TrustAnchor;
 
@@ -209,7 +209,7 @@ impl StoreStateDelta {
     pub fn from_json(bytes: &[u8]) -> Result<Self, StoreStateDecodeError> {
         // Straight from the text; a delta that this refuses is read again as a tree, to name
         // what is wrong (see `StoreState::from_json_of`).
-        match Self::read_json(bytes) {
+        match Self::read_json(bytes, None) {
             Some(delta) => Ok(delta),
             None => Self::from_tree(bytes),
         }
@@ -285,7 +285,7 @@ impl StoreStateDelta {
     /// store checks each frame's SHA-256 before decoding it, so damage to a frame is refused
     /// before this reads it.
     pub fn from_json_only(bytes: &[u8], only: &PackageId) -> Result<Self, StoreStateDecodeError> {
-        match Self::read_json_only(bytes, only) {
+        match Self::read_json(bytes, Some(only)) {
             Some(delta) => Ok(delta),
             None => {
                 let mut delta = Self::from_json(bytes)?;
@@ -295,76 +295,11 @@ impl StoreStateDelta {
         }
     }
 
-    /// [`Self::from_json_only`] straight from the text: `None` for whatever
-    /// [`Self::read_json`] would refuse and for a package whose first member is not its id.
-    fn read_json_only(bytes: &[u8], only: &PackageId) -> Option<Self> {
-        let mut c = Cursor::new(bytes)?;
-        let mut format = None;
-        let mut generation = None;
-        let mut trust = None;
-        let mut fleet = None;
-        let mut changed = None;
-        let mut deleted = None;
-        c.object(|c, key| match key {
-            "guild_registry_delta" => once(
-                &mut format,
-                c.u64().filter(|f| *f == REGISTRY_DELTA_FORMAT_V1)?,
-            ),
-            "generation" => once(&mut generation, c.u64()?),
-            "trust" => once(&mut trust, decode_trust(&c.value()?, At::Root).ok()?),
-            "fleet" => once(&mut fleet, decode_fleet(&c.value()?, At::Root).ok()?),
-            "packages" => {
-                let mut record = None;
-                c.array(|c| match read_package_if(c, only)? {
-                    Some((_, found)) => once(&mut record, found),
-                    None => Some(()),
-                })?;
-                once(&mut changed, record)
-            }
-            "deleted" => {
-                // Ids are short: every one is checked to be a valid id (the full reader also
-                // refuses one deleted twice, or changed and deleted, which this leaves to it for
-                // the other packages; the frame's checksum has held by now).
-                let mut gone = false;
-                c.array(|c| {
-                    let id = PackageId::new(c.str()?.into_owned()).ok()?;
-                    if &id == only {
-                        if gone {
-                            return None;
-                        }
-                        gone = true;
-                    }
-                    Some(())
-                })?;
-                once(&mut deleted, gone)
-            }
-            _ => None,
-        })?;
-        if !c.at_end() {
-            return None;
-        }
-        format?;
-        let mut packages = BTreeMap::new();
-        match (changed?, deleted?) {
-            (Some(_), true) => return None,
-            (Some(record), false) => {
-                packages.insert(only.clone(), Some(Arc::new(record)));
-            }
-            (None, true) => {
-                packages.insert(only.clone(), None);
-            }
-            (None, false) => {}
-        }
-        Some(StoreStateDelta {
-            generation: generation?,
-            trust,
-            fleet,
-            packages,
-        })
-    }
-
-    /// [`Self::from_json`] without the tree: `None` for whatever it would refuse.
-    fn read_json(bytes: &[u8]) -> Option<Self> {
+    /// [`Self::from_json`] without the tree: `None` for whatever it would refuse. With `only`,
+    /// the delta keeps that package's change alone and the other records are passed over
+    /// ([`Self::from_json_only`] says what that leaves unchecked); every deleted id is still
+    /// read as an id.
+    fn read_json(bytes: &[u8], only: Option<&PackageId>) -> Option<Self> {
         let mut c = Cursor::new(bytes)?;
         let mut format = None;
         let mut generation = None;
@@ -383,7 +318,7 @@ impl StoreStateDelta {
             "packages" => {
                 let mut list = Vec::new();
                 c.array(|c| {
-                    list.push(read_package(c)?);
+                    list.extend(read_package_of(c, only)?);
                     Some(())
                 })?;
                 once(&mut changed, list)
@@ -391,7 +326,10 @@ impl StoreStateDelta {
             "deleted" => {
                 let mut list = Vec::new();
                 c.array(|c| {
-                    list.push(PackageId::new(c.str()?.into_owned()).ok()?);
+                    let id = PackageId::new(c.str()?.into_owned()).ok()?;
+                    if only.is_none_or(|only| *only == id) {
+                        list.push(id);
+                    }
                     Some(())
                 })?;
                 once(&mut deleted, list)
@@ -500,12 +438,15 @@ mod tests {
             let tree = StoreStateDelta::from_tree(text.as_bytes());
             assert!(tree.is_ok(), "{text}: {tree:?}");
             assert_eq!(
-                StoreStateDelta::read_json(text.as_bytes()),
+                StoreStateDelta::read_json(text.as_bytes(), None),
                 tree.ok(),
                 "{text}"
             );
         }
-        assert_eq!(StoreStateDelta::read_json(good.as_bytes()), Some(delta));
+        assert_eq!(
+            StoreStateDelta::read_json(good.as_bytes(), None),
+            Some(delta)
+        );
         let refused = [
             good.replace("\"deleted\": [", "\"extra\": 1, \"deleted\": ["),
             good.replace("\"guild_registry_delta\": 1", "\"guild_registry_delta\": 9"),
@@ -520,7 +461,11 @@ mod tests {
                 StoreStateDelta::from_tree(text.as_bytes()).is_err(),
                 "{text}"
             );
-            assert_eq!(StoreStateDelta::read_json(text.as_bytes()), None, "{text}");
+            assert_eq!(
+                StoreStateDelta::read_json(text.as_bytes(), None),
+                None,
+                "{text}"
+            );
         }
     }
 }

@@ -1183,7 +1183,7 @@ impl StoreState {
         only: &PackageId,
     ) -> Result<(Self, u64), StoreStateDecodeError> {
         let formats = [REGISTRY_FORMAT_V1, REGISTRY_FORMAT_V2];
-        match Self::read_json_only(bytes, &formats, only) {
+        match Self::read_json_of(bytes, &formats, Some(only)) {
             Some(read) => Ok(read),
             // Refused (or unusual, such as a package whose id is not its first member): read
             // in full, which names what is wrong, and keep the one package.
@@ -1202,46 +1202,6 @@ impl StoreState {
             kept.insert(only.clone(), Arc::clone(record));
         }
         self.packages = kept;
-    }
-
-    /// [`Self::from_any_json_only`] straight from the text: `None` for whatever
-    /// [`Self::read_json_of`] would refuse, and for a package whose first member is not its id.
-    fn read_json_only(bytes: &[u8], formats: &[u64], only: &PackageId) -> Option<(Self, u64)> {
-        let mut c = Cursor::new(bytes)?;
-        let mut format = None;
-        let mut generation = None;
-        let mut trust = None;
-        let mut fleet = None;
-        let mut packages: Option<ChunkMap<PackageId, Arc<PackageRecord>>> = None;
-        c.object(|c, key| match key {
-            "guild_registry" => once(&mut format, c.u64().filter(|f| formats.contains(f))?),
-            "generation" => once(&mut generation, c.u64()?),
-            "trust" => once(&mut trust, decode_trust(&c.value()?, At::Root).ok()?),
-            "fleet" => once(
-                &mut fleet,
-                Arc::new(decode_fleet(&c.value()?, At::Root).ok()?),
-            ),
-            "packages" => {
-                let mut map = ChunkMap::new();
-                c.array(|c| match read_package_if(c, only)? {
-                    Some((id, record)) => map.insert(id, Arc::new(record)).is_none().then_some(()),
-                    None => Some(()),
-                })?;
-                once(&mut packages, map)
-            }
-            _ => None,
-        })?;
-        if !c.at_end() {
-            return None;
-        }
-        let state = StoreState {
-            generation: generation?,
-            trust,
-            fleet,
-            packages: packages?,
-        };
-        state.validate().ok()?;
-        Some((state, format?))
     }
 }
 
@@ -1404,7 +1364,7 @@ impl StoreState {
         // from the text, and only a document that this refuses is read again as a tree, to name
         // what is wrong and where (or, should the fast reader refuse something valid, to read
         // it after all).
-        match Self::read_json_of(bytes, formats) {
+        match Self::read_json_of(bytes, formats, None) {
             Some(read) => Ok(read),
             None => Self::from_tree_of(bytes, formats),
         }
@@ -1455,8 +1415,14 @@ impl StoreState {
 }
 
 impl StoreState {
-    /// [`Self::from_json_of`] without the tree: `None` for whatever it would refuse.
-    fn read_json_of(bytes: &[u8], formats: &[u64]) -> Option<(Self, u64)> {
+    /// [`Self::from_json_of`] without the tree: `None` for whatever it would refuse. With
+    /// `only`, the state holds that package alone and the others are passed over
+    /// ([`read_package_of`]; [`Self::from_any_json_only`] says what that leaves unchecked).
+    fn read_json_of(
+        bytes: &[u8],
+        formats: &[u64],
+        only: Option<&PackageId>,
+    ) -> Option<(Self, u64)> {
         let mut c = Cursor::new(bytes)?;
         let mut format = None;
         let mut generation = None;
@@ -1473,9 +1439,9 @@ impl StoreState {
             ),
             "packages" => {
                 let mut map = ChunkMap::new();
-                c.array(|c| {
-                    let (id, record) = read_package(c)?;
-                    map.insert(id, Arc::new(record)).is_none().then_some(())
+                c.array(|c| match read_package_of(c, only)? {
+                    Some((id, record)) => map.insert(id, Arc::new(record)).is_none().then_some(()),
+                    None => Some(()),
                 })?;
                 once(&mut packages, map)
             }
@@ -1782,7 +1748,7 @@ pub(crate) fn once<T>(slot: &mut Option<T>, value: T) -> Option<()> {
 /// `None` for anything [`decode_package`] would refuse (and for anything unusual that it
 /// accepts, such as a key written with an escape), so that the caller reads the document again
 /// the slow way to name the error. Every value goes through the same parsing functions.
-pub(crate) fn read_package(c: &mut Cursor<'_>) -> Option<(PackageId, PackageRecord)> {
+fn read_package(c: &mut Cursor<'_>) -> Option<(PackageId, PackageRecord)> {
     let mut id = None;
     let mut previous = None;
     let mut versions = None;
@@ -1799,11 +1765,23 @@ pub(crate) fn read_package(c: &mut Cursor<'_>) -> Option<(PackageId, PackageReco
     ))
 }
 
+/// One package of a registry's array: every package ([`read_package`]), or with `only` that
+/// package alone ([`read_package_if`]: `Some(None)` for another).
+pub(crate) fn read_package_of(
+    c: &mut Cursor<'_>,
+    only: Option<&PackageId>,
+) -> Option<Option<(PackageId, PackageRecord)>> {
+    match only {
+        None => read_package(c).map(Some),
+        Some(only) => read_package_if(c, only),
+    }
+}
+
 /// [`read_package`] for a reader of package `only`: `Some(None)` for another package, passed
 /// over once its id (its first member, as every writer puts it) is read; `None` for what
 /// [`read_package`] would refuse in package `only`, for a malformed value in another, and for a
 /// package whose first member is not its id (the caller then reads the document in full).
-pub(crate) fn read_package_if(
+fn read_package_if(
     c: &mut Cursor<'_>,
     only: &PackageId,
 ) -> Option<Option<(PackageId, PackageRecord)>> {
@@ -3510,7 +3488,7 @@ mod tests {
         for text in &accepted {
             let tree = StoreState::from_tree_of(text.as_bytes(), &[REGISTRY_FORMAT_V1]);
             assert!(tree.is_ok(), "{text}: {tree:?}");
-            let fast = StoreState::read_json_of(text.as_bytes(), &[REGISTRY_FORMAT_V1]);
+            let fast = StoreState::read_json_of(text.as_bytes(), &[REGISTRY_FORMAT_V1], None);
             assert_eq!(fast, tree.ok(), "{text}");
         }
         let twice = doc("", "", "").replace(
@@ -3556,7 +3534,7 @@ mod tests {
                 "{text}"
             );
             assert_eq!(
-                StoreState::read_json_of(text.as_bytes(), &[REGISTRY_FORMAT_V1]),
+                StoreState::read_json_of(text.as_bytes(), &[REGISTRY_FORMAT_V1], None),
                 None,
                 "{text}"
             );
@@ -3620,7 +3598,7 @@ mod tests {
                 r.to_tree(REGISTRY_FORMAT_V2).to_compact_string()
             );
             // The fast reader reads every state written, and reads it as the tree reader does.
-            let fast = StoreState::read_json_of(&r.to_checkpoint_json(), &[REGISTRY_FORMAT_V2]);
+            let fast = StoreState::read_json_of(&r.to_checkpoint_json(), &[REGISTRY_FORMAT_V2], None);
             prop_assert_eq!(fast, Some((r, REGISTRY_FORMAT_V2)));
         }
     }
