@@ -1128,6 +1128,32 @@ pub(crate) fn write_escaped(out: &mut String, s: &str) {
     out.push('"');
 }
 
+/// Writes `members` as compact JSON object members (`"key":value`, comma-separated, no
+/// braces), for a document written a part at a time.
+pub(crate) fn write_compact_members(out: &mut String, members: &[(String, Value)]) {
+    for (i, (key, value)) in members.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_escaped(out, key);
+        out.push(':');
+        write_compact(out, value);
+    }
+}
+
+/// Writes `values` as the compact JSON array of them, each made only when it is written, so
+/// that a large array is never held as a tree.
+pub(crate) fn write_compact_array(out: &mut String, values: impl Iterator<Item = Value>) {
+    out.push('[');
+    for (i, value) in values.enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_compact(out, &value);
+    }
+    out.push(']');
+}
+
 pub(crate) fn write_compact(out: &mut String, value: &Value) {
     match value {
         Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
@@ -1145,14 +1171,7 @@ pub(crate) fn write_compact(out: &mut String, value: &Value) {
         }
         Value::Object(m) => {
             out.push('{');
-            for (i, (k, v)) in m.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_escaped(out, k);
-                out.push(':');
-                write_compact(out, v);
-            }
+            write_compact_members(out, m);
             out.push('}');
         }
     }

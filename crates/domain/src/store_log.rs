@@ -135,35 +135,25 @@ impl StoreStateDelta {
         // tree's compact form (checked in `store_state_delta_fast_reader_agrees_with_the_tree_reader`).
         let mut out = String::new();
         out.push('{');
-        for (i, (key, value)) in self.head().iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            json::write_escaped(&mut out, key);
-            out.push(':');
-            json::write_compact(&mut out, value);
-        }
-        out.push_str(",\"packages\":[");
+        json::write_compact_members(&mut out, &self.head());
+        out.push_str(",\"packages\":");
         let changed = self
             .packages
             .iter()
-            .filter_map(|(id, p)| p.as_ref().map(|p| (id, p)));
-        for (i, (id, p)) in changed.enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            json::write_compact(&mut out, &encode_package(id, p));
-        }
-        out.push_str("],\"deleted\":[");
-        let deleted = self.packages.iter().filter(|(_, p)| p.is_none());
-        for (i, (id, _)) in deleted.enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            json::write_escaped(&mut out, id.as_str());
-        }
-        out.push_str("]}");
+            .filter_map(|(id, p)| p.as_ref().map(|p| encode_package(id, p)));
+        json::write_compact_array(&mut out, changed);
+        out.push_str(",\"deleted\":");
+        json::write_compact_array(&mut out, self.deleted());
+        out.push('}');
         out.into_bytes()
+    }
+
+    /// The ids of the packages the delta deletes, as JSON strings.
+    fn deleted(&self) -> impl Iterator<Item = Value> + '_ {
+        self.packages
+            .iter()
+            .filter(|(_, p)| p.is_none())
+            .map(|(id, _)| Value::from(id.as_str()))
     }
 
     /// The members of the delta's JSON object before its packages.
@@ -193,14 +183,8 @@ impl StoreStateDelta {
             .iter()
             .filter_map(|(id, p)| p.as_ref().map(|p| encode_package(id, p)))
             .collect();
-        let deleted = self
-            .packages
-            .iter()
-            .filter(|(_, p)| p.is_none())
-            .map(|(id, _)| Value::from(id.as_str()))
-            .collect();
         top.push(("packages".to_owned(), Value::Array(changed)));
-        top.push(("deleted".to_owned(), Value::Array(deleted)));
+        top.push(("deleted".to_owned(), Value::Array(self.deleted().collect())));
         Value::Object(top)
     }
 

@@ -1307,22 +1307,11 @@ impl StoreState {
         let mut out =
             String::with_capacity(CHECKPOINT_HEAD + CHECKPOINT_PER_PACKAGE * self.packages.len());
         out.push('{');
-        for (i, (key, value)) in self.head(format).iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            json::write_escaped(&mut out, key);
-            out.push(':');
-            json::write_compact(&mut out, value);
-        }
-        out.push_str(",\"packages\":[");
-        for (i, (id, p)) in self.packages.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            json::write_compact(&mut out, &encode_package(id, p));
-        }
-        out.push_str("]}");
+        json::write_compact_members(&mut out, &self.head(format));
+        out.push_str(",\"packages\":");
+        let packages = self.packages.iter().map(|(id, p)| encode_package(id, p));
+        json::write_compact_array(&mut out, packages);
+        out.push('}');
         out.into_bytes()
     }
 
