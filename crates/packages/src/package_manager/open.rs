@@ -333,20 +333,9 @@ impl PackageManager {
     /// refused as [`PackageManager::open_dir_committed`] refuses it only when `id` is one of
     /// them; otherwise `id` is simply not found.
     pub fn open_dir_package(dir: &Path, id: &PackageId) -> Result<(Self, OpenReport), HostError> {
-        let platform = HostPlatform::current().ok_or(HostError::UnsupportedPlatform {
-            os: std::env::consts::OS,
-            arch: std::env::consts::ARCH,
-        })?;
-        let (store, recovery) = guild_adapters_fs::store::FsStore::open_package_reader(dir, id)?;
-        Self::open_with(
-            Box::new(store),
-            recovery,
-            Box::new(guild_adapters_fs::archive::GkpkSource::default()),
-            Box::new(guild_adapters_crypto::P256Verifier::new()),
-            platform,
-            None,
-            Reading::CommittedOnly,
-        )
+        let platform = current_platform()?;
+        let opened = guild_adapters_fs::store::FsStore::open_package_reader(dir, id)?;
+        Self::open_fs(opened, platform, None, Reading::CommittedOnly)
     }
 
     fn open_dir_with(
@@ -362,10 +351,7 @@ impl PackageManager {
         options: StoreOptions,
         committed_only: bool,
     ) -> Result<(Self, OpenReport), HostError> {
-        let platform = HostPlatform::current().ok_or(HostError::UnsupportedPlatform {
-            os: std::env::consts::OS,
-            arch: std::env::consts::ARCH,
-        })?;
+        let platform = current_platform()?;
         let reading = if committed_only {
             Reading::CommittedOnly
         } else if options.sweep {
@@ -373,7 +359,18 @@ impl PackageManager {
         } else {
             Reading::Usual
         };
-        let (store, recovery) = guild_adapters_fs::store::FsStore::open_with(dir, options)?;
+        let opened = guild_adapters_fs::store::FsStore::open_with(dir, options)?;
+        Self::open_fs(opened, platform, reset, reading)
+    }
+
+    /// A package manager over an opened directory store, with the production package source
+    /// and signature verifier.
+    fn open_fs(
+        (store, recovery): (guild_adapters_fs::store::FsStore, RecoveryReport),
+        platform: HostPlatform,
+        reset: Option<TrustReset>,
+        reading: Reading,
+    ) -> Result<(Self, OpenReport), HostError> {
         Self::open_with(
             Box::new(store),
             recovery,
@@ -384,6 +381,14 @@ impl PackageManager {
             reading,
         )
     }
+}
+
+/// The platform this build runs on, or the error naming the one it does not support.
+fn current_platform() -> Result<HostPlatform, HostError> {
+    HostPlatform::current().ok_or(HostError::UnsupportedPlatform {
+        os: std::env::consts::OS,
+        arch: std::env::consts::ARCH,
+    })
 }
 
 /// The signed metadata of installed version `id@version`: its tree's `.gkmetadata` (`metadata`)
