@@ -130,14 +130,18 @@ impl PackageManager {
         // metadata is read again when something needs it, as after an opening that checked
         // nothing (what was authenticated is the payload digest the registry records, which a
         // later read is held to).
-        let mut work = Vec::new();
-        // Versions whose metadata cannot be read fail before their signatures are checked.
-        let mut unreadable = Vec::new();
-        let mut settled = Settled {
+        let mut batches = Batches {
+            trust,
+            full,
+            jobs,
+            anchor,
+            work: Vec::new(),
             next: registry.successor(),
             recorded: false,
             failed: BTreeMap::new(),
         };
+        // Versions whose metadata cannot be read fail before their signatures are checked.
+        let mut unreadable = Vec::new();
         for (id, version, record) in registry.installed() {
             let enabled = record.state.is_enabled();
             if !enabled && !full {
@@ -164,39 +168,24 @@ impl PackageManager {
                 // checked below like every version's.
                 let facts = ManifestFacts::of(metadata.manifest());
                 if record.facts.as_deref() != Some(&facts) {
-                    settled.recorded |= settled.next.set_facts(id, version, facts);
+                    batches.recorded |= batches.next.set_facts(id, version, facts);
                 }
             }
-            work.push((id.clone(), version.clone(), record.state, metadata));
-            if work.len() == METADATA_BATCH {
-                self.check_batch(
-                    life,
-                    &trust,
-                    &mut work,
-                    full,
-                    jobs,
-                    anchor,
-                    &mut settled,
-                    &mut out,
-                );
+            batches
+                .work
+                .push((id.clone(), version.clone(), record.state, metadata));
+            if batches.work.len() == METADATA_BATCH {
+                self.check_batch(life, &mut batches, &mut out);
             }
         }
-        self.check_batch(
-            life,
-            &trust,
-            &mut work,
-            full,
-            jobs,
-            anchor,
-            &mut settled,
-            &mut out,
-        );
+        self.check_batch(life, &mut batches, &mut out);
         out.checked += unreadable.len();
-        let Settled {
+        let Batches {
             mut next,
             recorded,
             mut failed,
-        } = settled;
+            ..
+        } = batches;
         let mut removed = Vec::new();
         for (id, version, state, e) in unreadable {
             if !self.store.package_dir(&id, &version).exists() {
@@ -260,31 +249,30 @@ impl PackageManager {
         Ok(out)
     }
 
-    /// Checks the versions of `work` (emptied) on `jobs` threads as
-    /// [`PackageManager::verify_enabled`] does, into `settled` and `out`.
-    #[allow(clippy::too_many_arguments)]
-    fn check_batch(
-        &self,
-        life: &mut Lifecycle,
-        trust: &TrustStore,
-        work: &mut Vec<(PackageId, Version, State, Arc<Metadata>)>,
-        full: bool,
-        jobs: usize,
-        anchor: Option<Sha256Digest>,
-        settled: &mut Settled,
-        out: &mut Checked,
-    ) {
+    /// Checks the versions of the batch (`batches.work`, emptied) as
+    /// [`PackageManager::verify_enabled`] does, into `batches` and `out`.
+    fn check_batch(&self, life: &mut Lifecycle, batches: &mut Batches, out: &mut Checked) {
+        let Batches {
+            trust,
+            full,
+            jobs,
+            anchor,
+            work,
+            next,
+            recorded,
+            failed,
+        } = batches;
         out.checked += work.len();
         out.reauthenticated += work.len();
-        let results = crate::parallel::map(work, jobs, |(id, version, _, metadata)| {
-            self.check_version(trust, metadata, id, version, full)
+        let results = crate::parallel::map(work, *jobs, |(id, version, _, metadata)| {
+            self.check_version(trust, metadata, id, version, *full)
         });
         let epoch = life.trust_epoch;
         for ((id, version, state, _), result) in work.drain(..).zip(results) {
             match result {
                 Ok(()) => {
-                    if let Some(anchor) = anchor {
-                        settled.recorded |= settled.next.set_trusted_under(&id, &version, anchor);
+                    if let Some(anchor) = *anchor {
+                        *recorded |= next.set_trusted_under(&id, &version, anchor);
                     }
                     life.authenticated_at.insert((id, version), epoch);
                 }
@@ -298,7 +286,7 @@ impl PackageManager {
                         tampered: failure.tampered,
                     });
                     if state.is_enabled() {
-                        settled.failed.insert(id, failure);
+                        failed.insert(id, failure);
                     }
                 }
             }
@@ -529,9 +517,17 @@ pub(super) enum Scope {
 /// cross batches (what a check finds does not depend on the size).
 const METADATA_BATCH: usize = if cfg!(debug_assertions) { 2 } else { 1024 };
 
-/// What the batches of a check have settled so far: the registry to commit, whether it records
-/// anything new, and the enabled versions that failed.
-struct Settled {
+/// A check's batches ([`PackageManager::verify_enabled`]): what each is checked against, the
+/// batch being gathered, and what the batches checked so far settled: the registry to commit,
+/// whether it records anything new, and the enabled versions that failed.
+struct Batches {
+    trust: TrustStore,
+    /// Whether files are hashed too (the full check).
+    full: bool,
+    jobs: usize,
+    /// The trust file the versions that pass are recorded under.
+    anchor: Option<Sha256Digest>,
+    work: Vec<(PackageId, Version, State, Arc<Metadata>)>,
     next: StoreState,
     recorded: bool,
     failed: BTreeMap<PackageId, Failed>,
