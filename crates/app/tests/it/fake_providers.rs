@@ -702,8 +702,8 @@ fn a_request_naming_more_instructions_still_executes_a_kernel_this_cpu_can_run()
 /// A resolution of one candidate allocates only what the handle keeps: the handle and its
 /// contract's one block (the descriptors, their shapes and, on the Rust face, the call
 /// tensors). The query borrows the caller's name and tensors; the C face reads them on its
-/// frame, the Rust face makes their C form in that block (G28). Counted on this thread alone, with a provider that allocates nothing
-/// itself, after a first resolution on each face.
+/// frame, the Rust face makes their C form in that block (G28). Counted on this thread alone,
+/// with a provider that allocates nothing itself, after a first resolution on each face.
 #[test]
 fn a_resolution_allocates_only_what_its_handle_keeps() {
     let shop = Workshop::new();

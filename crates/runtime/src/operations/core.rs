@@ -133,8 +133,8 @@ pub(crate) struct ServiceCore {
     pub(crate) id: u64,
     snapshot: Arc<ArcSwap<Snapshot>>,
     pub(crate) devices: DeviceSupport,
-    /// The CPU ISA bits a provider may need when it executes (or a kernel when it is selected): those `devices` declares that
-    /// this CPU has, detected once. A declaration of more (an embedder's, or a query's device
+    /// The CPU ISA bits a provider may need when it executes (or a kernel when it is
+    /// selected): those `devices` declares that this CPU has, detected once. A declaration of more (an embedder's, or a query's device
     /// record) can steer a resolution, never an execute.
     pub(crate) runs_isa: CpuIsa,
     /// The table in-process runners use: a call on a handle that another call holds waits its
@@ -1789,8 +1789,8 @@ impl Resolved {
     /// the one the last reshape replaced (the reshape cells' spare, its block laid out at the
     /// handle's first reshape, which [`Resolved::install`] or [`Resolved::install_mut`] then
     /// trades with the handle's: two small headers, the blocks stay where they are): after the
-    /// first reshape, nothing is allocated unless something refuses. Nothing the handle's calls read changes here, so a refusal leaves it
-    /// as it was. Only rank, dims and strides may change: the number of tensors, their dtypes,
+    /// first reshape, nothing is allocated unless something refuses. Nothing the handle's calls
+    /// read changes here, so a refusal leaves it as it was. Only rank, dims and strides may change: the number of tensors, their dtypes,
     /// memory spaces and devices are the resolution's.
     ///
     /// `c_tensors` are the C caller's own descriptors of the tensors read, handed to the
