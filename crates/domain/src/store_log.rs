@@ -760,4 +760,40 @@ mod tests {
             );
         }
     }
+    proptest::proptest! {
+        /// The operation sequences of the store state's property test, as commits of a few
+        /// operations each (trust changes and trust re-records among them): each commit's delta
+        /// round-trips through its encoding and replays to the new state, in full and for a
+        /// reader of each package.
+        #[test]
+        fn store_state_delta_of_any_operation_sequence_replays_to_the_new_state(
+            steps in crate::store_state::tests::steps()
+        ) {
+            use crate::store_state::tests::{apply_op, pkg};
+            use proptest::prop_assert_eq;
+            let mut r = StoreState::new();
+            for step in steps {
+                let committed = r.clone();
+                for op in step {
+                    // A refused operation changes nothing (the store state's test checks it).
+                    let _ = apply_op(&mut r, op);
+                }
+                r = r.successor();
+                let delta = StoreStateDelta::between(&committed, &r).unwrap();
+                let bytes = delta.to_json();
+                prop_assert_eq!(StoreStateDelta::from_json(&bytes), Ok(delta.clone()));
+                prop_assert_eq!(StoreStateDelta::read_json(&bytes, None), Some(delta.clone()));
+                let mut replayed = committed.clone();
+                prop_assert_eq!(replayed.apply(&delta), Ok(()));
+                prop_assert_eq!(&replayed, &r);
+                let checkpoint = committed.to_checkpoint_json();
+                for p in 0..3 {
+                    let one = StoreStateDelta::from_json_only(&bytes, &pkg(p)).unwrap();
+                    let (mut kept, _) = StoreState::from_any_json_only(&checkpoint, &pkg(p)).unwrap();
+                    prop_assert_eq!(kept.apply(&one), Ok(()));
+                    prop_assert_eq!(kept.package(&pkg(p)), r.package(&pkg(p)));
+                }
+            }
+        }
+    }
 }

@@ -2476,7 +2476,7 @@ fn decode_facts(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::json::PathSegment;
     use proptest::prelude::*;
@@ -3555,8 +3555,10 @@ mod tests {
         }
     }
 
+    /// One operation of the package manager on a store state, for the property tests here and
+    /// in `store_log`.
     #[derive(Debug, Clone)]
-    enum Op {
+    pub(crate) enum Op {
         Publish {
             pkg: u8,
             major: u8,
@@ -3599,80 +3601,88 @@ mod tests {
         ]
     }
 
+    /// Sequences of commits, each of a few operations.
+    pub(crate) fn steps() -> impl Strategy<Value = Vec<Vec<Op>>> {
+        prop::collection::vec(prop::collection::vec(op(), 1..4), 0..15)
+    }
+
+    /// The name of package `p` of the property tests.
+    pub(crate) fn pkg(p: u8) -> PackageId {
+        id(&format!("p{p}"))
+    }
+
+    /// Applies `op` to `r`, as the package manager would.
+    pub(crate) fn apply_op(r: &mut StoreState, op: Op) -> Result<(), StoreStateError> {
+        let ver = |m: u8| Version::new(u64::from(m), 0, 0);
+        // Re-records name the trust file the state records (or a stand-in before there is one).
+        let digest = r
+            .trust_anchor()
+            .map_or(Sha256Digest::of(b"none"), |a| a.file_digest);
+        match op {
+            Op::Publish {
+                pkg: p,
+                major,
+                enable,
+            } => r
+                .publish(
+                    &pkg(p),
+                    &ver(major),
+                    new_version(&format!("p{p}-{major}")),
+                    PublishOptions {
+                        enable,
+                        allow_downgrade: major % 2 == 0,
+                    },
+                )
+                .map(|_| ()),
+            Op::Enable(p) => r.enable(&pkg(p)).map(|_| ()),
+            Op::Disable(p) => r.disable(&pkg(p)).map(|_| ()),
+            Op::Remove { pkg: p, major } => r.remove(&pkg(p), &ver(major)),
+            Op::Rollback(p) => r.rollback(&pkg(p)).map(|_| ()),
+            Op::Trust(g) => {
+                r.set_trust_anchor(TrustAnchor {
+                    binding: TrustBinding {
+                        store_id: "0123456789abcdef0123456789abcdef".to_owned(),
+                        generation: u64::from(g),
+                    },
+                    file_digest: Sha256Digest::of(&[g]),
+                    revoked_keys: BTreeMap::new(),
+                    revoked_digests: BTreeMap::new(),
+                });
+                Ok(())
+            }
+            Op::Retrust { installed } => {
+                let versions: Vec<(PackageId, Version)> = r
+                    .installed()
+                    .filter(|(_, _, rec)| installed || rec.state.is_enabled())
+                    .map(|(i, v, _)| (i.clone(), v.clone()))
+                    .collect();
+                for (i, v) in &versions {
+                    r.set_trusted_under(i, v, digest);
+                }
+                Ok(())
+            }
+            Op::TrustOne { pkg: p, major } => {
+                r.set_trusted_under(&pkg(p), &ver(major), digest);
+                Ok(())
+            }
+        }
+    }
+
     proptest! {
         /// Whatever sequence of operations the package manager applies, accepted or refused, the
         /// store state keeps its invariants, a refusal changes nothing, and the file round-trips.
-        /// Each step of a few operations is one commit, whose delta (trust re-records among its
-        /// changes or not) replays to the new state, in full and for a reader of one package.
         #[test]
-        fn store_state_any_operation_sequence_keeps_the_invariants(
-            steps in prop::collection::vec(prop::collection::vec(op(), 1..4), 0..15)
-        ) {
+        fn store_state_any_operation_sequence_keeps_the_invariants(steps in steps()) {
             let mut r = StoreState::new();
-            let pkg = |p: u8| id(&format!("p{p}"));
-            let ver = |m: u8| Version::new(u64::from(m), 0, 0);
             for step in steps {
-                let committed = r.clone();
                 for op in step {
                     let before = r.clone();
-                    let digest = r.trust_anchor().map(|a| a.file_digest);
-                    let result = match op {
-                        Op::Publish { pkg: p, major, enable } => r
-                            .publish(&pkg(p), &ver(major), new_version(&format!("p{p}-{major}")),
-                                PublishOptions { enable, allow_downgrade: major % 2 == 0 })
-                            .map(|_| ()),
-                        Op::Enable(p) => r.enable(&pkg(p)).map(|_| ()),
-                        Op::Disable(p) => r.disable(&pkg(p)).map(|_| ()),
-                        Op::Remove { pkg: p, major } => r.remove(&pkg(p), &ver(major)),
-                        Op::Rollback(p) => r.rollback(&pkg(p)).map(|_| ()),
-                        Op::Trust(g) => {
-                            r.set_trust_anchor(TrustAnchor {
-                                binding: TrustBinding {
-                                    store_id: "0123456789abcdef0123456789abcdef".to_owned(),
-                                    generation: u64::from(g),
-                                },
-                                file_digest: Sha256Digest::of(&[g]),
-                                revoked_keys: BTreeMap::new(),
-                                revoked_digests: BTreeMap::new(),
-                            });
-                            Ok(())
-                        }
-                        Op::Retrust { installed } => {
-                            let versions: Vec<(PackageId, Version)> = r
-                                .installed()
-                                .filter(|(_, _, rec)| installed || rec.state.is_enabled())
-                                .map(|(i, v, _)| (i.clone(), v.clone()))
-                                .collect();
-                            for (i, v) in &versions {
-                                r.set_trusted_under(i, v, digest.unwrap_or(Sha256Digest::of(b"none")));
-                            }
-                            Ok(())
-                        }
-                        Op::TrustOne { pkg: p, major } => {
-                            r.set_trusted_under(&pkg(p), &ver(major), digest.unwrap_or(Sha256Digest::of(b"none")));
-                            Ok(())
-                        }
-                    };
-                    if result.is_err() {
+                    if apply_op(&mut r, op).is_err() {
                         prop_assert_eq!(&r, &before);
                     }
                     prop_assert_eq!(r.validate(), Ok(()));
                 }
                 r = r.successor();
-                let delta = crate::store_log::StoreStateDelta::between(&committed, &r).unwrap();
-                let bytes = delta.to_json();
-                let decoded = crate::store_log::StoreStateDelta::from_json(&bytes);
-                prop_assert_eq!(decoded.as_ref(), Ok(&delta));
-                let mut replayed = committed.clone();
-                prop_assert_eq!(replayed.apply(&delta), Ok(()));
-                prop_assert_eq!(&replayed, &r);
-                for p in 0..3 {
-                    let one = crate::store_log::StoreStateDelta::from_json_only(&bytes, &pkg(p)).unwrap();
-                    let mut kept = committed.clone();
-                    kept.keep_only(&pkg(p));
-                    prop_assert_eq!(kept.apply(&one), Ok(()));
-                    prop_assert_eq!(kept.package(&pkg(p)), r.package(&pkg(p)));
-                }
             }
             let back = StoreState::from_json(&r.to_json());
             prop_assert_eq!(&back, &Ok(r.clone()));
