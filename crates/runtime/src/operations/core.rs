@@ -609,11 +609,9 @@ thread_local! {
 struct CNegotiator<'p> {
     /// The operation's stored kernels, aligned with the contracts being ranked.
     stored: &'p [Arc<StoredOp>],
-    op_name: &'p CStr,
-    exact: Option<CString>,
-    inputs: &'p [guild_tensor_desc_v1_t],
-    outputs: &'p [guild_tensor_desc_v1_t],
-    params: &'p [u8],
+    /// The exact id the query names, which `query` points at (its heap buffer stays where it
+    /// is when the negotiator moves); otherwise never read.
+    _exact: Option<CString>,
     /// The query's numbers, which every candidate's C query carries.
     statics: QueryStatics,
     /// Whether a refusal's message is kept (as text, for a report) or only its status.
@@ -621,6 +619,13 @@ struct CNegotiator<'p> {
     /// The scratch alignment of the last scratch query that succeeded: the chosen candidate's,
     /// once negotiation has chosen (nothing is asked after the choice).
     last_alignment: Cell<u32>,
+    /// The C query every callback is handed, made once per resolution: its pointers lead into
+    /// `_exact` and into what `'p` borrows (the operation's name in the snapshot entry, the
+    /// tensors in C form, the params). From one candidate to the next only its device record
+    /// changes: each callback writes the candidate's into `caps` and points the query at it
+    /// ([`CNegotiator::ask`]).
+    query: UnsafeCell<guild_operation_query_v1_t>,
+    caps: UnsafeCell<guild_device_caps_v1_t>,
 }
 
 impl<'p> CNegotiator<'p> {
@@ -630,22 +635,56 @@ impl<'p> CNegotiator<'p> {
         args: &'p Negotiation<'_>,
         report: bool,
     ) -> Self {
-        let spec = query.spec();
         let [inputs, outputs] = args.tensors();
-        CNegotiator {
-            stored: &entry.stored,
+        // Ids are validated text without NUL bytes; an empty string is the harmless fallback
+        // should that ever change.
+        let exact = query
+            .spec()
+            .exact_impl
+            .map(|id| CString::new(id.as_str()).unwrap_or_default());
+        let statics = QueryStatics::of(query);
+        let parts = QueryParts {
             op_name: &entry.c_name,
-            // Ids are validated text without NUL bytes; an empty string is the harmless
-            // fallback should that ever change.
-            exact: spec
-                .exact_impl
-                .map(|id| CString::new(id.as_str()).unwrap_or_default()),
+            exact: exact.as_deref(),
             inputs,
             outputs,
             params: args.params,
-            statics: QueryStatics::of(query),
+        };
+        let mut c = c_query(&parts, &statics, &NO_CAPS);
+        // Each callback points it at `caps`, where the negotiator then lies.
+        c.device_caps = std::ptr::null();
+        CNegotiator {
+            stored: &entry.stored,
+            _exact: exact,
+            statics,
             report,
             last_alignment: Cell::new(0),
+            query: UnsafeCell::new(c),
+            caps: UnsafeCell::new(NO_CAPS),
+        }
+    }
+
+    /// Runs `ask` with the C query for `candidate` and the thread's negotiation error record,
+    /// cleared for it.
+    #[inline(always)]
+    fn ask<T>(
+        &self,
+        candidate: &OpCandidate,
+        ask: impl FnOnce(QueryCall<'_>, &mut guild_error_info_t) -> T,
+    ) -> T {
+        let (query, caps) = (self.query.get(), self.caps.get());
+        // SAFETY: the negotiator is not `Sync`, and no reference into `query` or `caps`
+        // outlives a callback (a negotiation callback must not retain the query, and a
+        // resolution it starts has a negotiator of its own), so nothing reads them while they
+        // are written here, between callbacks. Every pointer in the query leads into what the
+        // negotiator owns or borrows for `'p` (see `query`) or to `caps`, all of which outlive
+        // the call; the tensor data addresses are only the query's known addresses, for
+        // inspection.
+        unsafe {
+            caps.write(device_caps(candidate, &self.statics));
+            (*query).device_caps = caps;
+            let call = QueryCall::new(&*query);
+            Self::with_fresh_error(|error| ask(call, error))
         }
     }
 
@@ -683,18 +722,6 @@ impl<'p> CNegotiator<'p> {
             )
         })?;
         Ok(stored.kernel.provider.as_ref())
-    }
-
-    /// What the C queries of this negotiation point at (the name is borrowed from the snapshot
-    /// entry `self` borrows).
-    fn parts(&self) -> QueryParts<'_> {
-        QueryParts {
-            op_name: self.op_name,
-            exact: self.exact.as_deref(),
-            inputs: self.inputs,
-            outputs: self.outputs,
-            params: self.params,
-        }
     }
 }
 
@@ -742,22 +769,17 @@ impl QueryStatics {
     }
 }
 
-/// Runs `call` with the C query of `statics` and `parts` for `candidate`, its pointers leading
-/// into `parts` and a device record on this frame, all of which outlive `call` (what
-/// [`QueryCall`] vouches for).
-fn with_c_query<T>(
-    parts: &QueryParts<'_>,
-    candidate: &OpCandidate,
-    spec: &QueryStatics,
-    call: impl FnOnce(QueryCall<'_>) -> T,
-) -> T {
-    let caps = device_caps(candidate, spec);
-    let c_query = c_query(parts, spec, &caps);
-    // SAFETY: every pointer in `c_query` leads into `parts` (the names, the tensor arrays, the
-    // params) or `caps`, all of which outlive `call`; the tensor data addresses are only the
-    // query's known addresses, for inspection.
-    call(unsafe { QueryCall::new(&c_query) })
-}
+/// A device record of no device, which a negotiator's query starts from.
+const NO_CAPS: guild_device_caps_v1_t = guild_device_caps_v1_t {
+    struct_size: size_of::<guild_device_caps_v1_t>() as u32,
+    backend: 0,
+    device_id: 0,
+    cuda_sm: 0,
+    cpu_isa: 0,
+    total_memory_bytes: 0,
+    free_memory_bytes: 0,
+    next_ext: std::ptr::null(),
+};
 
 /// The device record of a C query of `spec` for `candidate`.
 fn device_caps(candidate: &OpCandidate, spec: &QueryStatics) -> guild_device_caps_v1_t {
@@ -819,20 +841,6 @@ fn params_ptr(params: &[u8]) -> *const c_void {
     }
 }
 
-/// Asks `provider` to validate the C query of `statics` and `parts` for `candidate`.
-fn ask_validate(
-    provider: &dyn KernelProvider,
-    parts: &QueryParts<'_>,
-    candidate: &OpCandidate,
-    statics: &QueryStatics,
-    error: &mut guild_error_info_t,
-    refusal: impl FnOnce(guild_status_t, &guild_error_info_t) -> ProviderRefusal,
-) -> Result<(), ProviderRefusal> {
-    with_c_query(parts, candidate, statics, |q| {
-        validate_query(provider, q, error, refusal)
-    })
-}
-
 /// Asks `provider` to validate the C query `query`.
 #[inline(always)]
 fn validate_query(
@@ -849,22 +857,8 @@ fn validate_query(
     }
 }
 
-/// Asks `provider` for the scratch of the C query of `statics` and `parts` for `candidate`:
-/// the request and the alignment it asked for. `refusal` makes the provider's own refusal.
-fn ask_scratch(
-    provider: &dyn KernelProvider,
-    parts: &QueryParts<'_>,
-    candidate: &OpCandidate,
-    statics: &QueryStatics,
-    error: &mut guild_error_info_t,
-    refusal: impl FnOnce(guild_status_t, &guild_error_info_t) -> ProviderRefusal,
-) -> Result<(ScratchRequest, u32), ProviderRefusal> {
-    with_c_query(parts, candidate, statics, |q| {
-        scratch_query(provider, q, error, refusal)
-    })
-}
-
-/// Asks `provider` for the scratch of the C query `query`, as [`ask_scratch`] does.
+/// Asks `provider` for the scratch of the C query `query`: the request and the alignment it
+/// asked for. `refusal` makes the provider's own refusal.
 #[inline(always)]
 fn scratch_query(
     provider: &dyn KernelProvider,
@@ -922,15 +916,8 @@ impl Negotiator for CNegotiator<'_> {
         // The provider's library stays loaded while the snapshot that `self.stored` borrows
         // from lives. It is a negotiation callback: it must not retain the query or reenter the
         // registry, which is not locked here.
-        Self::with_fresh_error(|error| {
-            ask_validate(
-                provider,
-                &self.parts(),
-                candidate,
-                &self.statics,
-                error,
-                |s, e| self.refusal(s, e),
-            )
+        self.ask(candidate, |query, error| {
+            validate_query(provider, query, error, |s, e| self.refusal(s, e))
         })
     }
 
@@ -941,15 +928,8 @@ impl Negotiator for CNegotiator<'_> {
         _query: &OpQuery<'_>,
     ) -> Result<ScratchRequest, ProviderRefusal> {
         let provider = self.op(index)?;
-        let (request, alignment) = Self::with_fresh_error(|error| {
-            ask_scratch(
-                provider,
-                &self.parts(),
-                candidate,
-                &self.statics,
-                error,
-                |s, e| self.refusal(s, e),
-            )
+        let (request, alignment) = self.ask(candidate, |query, error| {
+            scratch_query(provider, query, error, |s, e| self.refusal(s, e))
         })?;
         self.last_alignment.set(alignment);
         Ok(request)
@@ -1029,7 +1009,7 @@ pub(crate) struct Contract {
     scratch_mask: u64,
 }
 
-/// A blank descriptor, for the arrays a C query's tensors are read into.
+/// A blank descriptor, for a contract's block before a reshape writes it.
 impl Blank for TensorDesc {
     // All zero bits (F32 and host memory are 0), so that a blank array is a plain clear.
     const BLANK: TensorDesc = TensorDesc {
