@@ -885,23 +885,28 @@ fn full_refusal(status: guild_status_t, error: &guild_error_info_t) -> ProviderR
 }
 
 /// A provider's scratch answer as the domain takes it, or the refusal of an alignment that is
-/// not a power of two.
+/// not a power of two. Inlined into both negotiations (a resolution's and a reshape's), with
+/// the refusal out of line.
+#[inline(always)]
 fn scratch_request(
     scratch: &guild_scratch_request_v1_t,
 ) -> Result<ScratchRequest, ProviderRefusal> {
     if scratch.alignment > 1 && !scratch.alignment.is_power_of_two() {
-        return Err(ProviderRefusal::new(
-            GUILD_STATUS_ERR_INVALID_ARGUMENT,
-            format!(
-                "the provider asked for a scratch alignment of {}, not a power of two",
-                scratch.alignment
-            ),
-        ));
+        return Err(bad_scratch_alignment(scratch.alignment));
     }
     Ok(ScratchRequest {
         host_bytes: scratch.host_bytes,
         device_bytes: scratch.device_bytes,
     })
+}
+
+/// The refusal of a scratch alignment that is not a power of two.
+#[cold]
+fn bad_scratch_alignment(alignment: u32) -> ProviderRefusal {
+    ProviderRefusal::new(
+        GUILD_STATUS_ERR_INVALID_ARGUMENT,
+        format!("the provider asked for a scratch alignment of {alignment}, not a power of two"),
+    )
 }
 
 impl Negotiator for CNegotiator<'_> {

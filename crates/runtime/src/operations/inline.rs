@@ -41,6 +41,8 @@ impl<T: Copy, const N: usize> InlineVec<T, N> {
     }
 
     /// Appends `value`, moving the values to the heap when there is no room in place.
+    /// Inlined, so that a value made for it is made in its place rather than copied there.
+    #[inline(always)]
     pub(crate) fn push(&mut self, value: T) {
         match self {
             InlineVec::Inline { len, items } if *len < N => {
