@@ -56,14 +56,14 @@ pub enum IdError {
     },
 }
 
-/// Checks the shared identifier grammar: dot-separated segments of `[a-z0-9_-]`, starting with a
-/// lowercase letter, at most [`MAX_ID_LEN`] bytes. Namespaced names such as
-/// `example.sequence.prefix_sum` and reverse-DNS publisher ids such as `org.example` both fit.
 /// Whether `value` is a valid identifier of any of the id types (they share one grammar).
 pub(crate) fn is_valid_id(value: &str) -> bool {
     check_id("identifier", value).is_ok()
 }
 
+/// Checks the shared identifier grammar: dot-separated segments of `[a-z0-9_-]`, starting with a
+/// lowercase letter, at most [`MAX_ID_LEN`] bytes. Namespaced names such as
+/// `example.sequence.prefix_sum` and reverse-DNS publisher ids such as `org.example` both fit.
 fn check_id(what: &'static str, value: &str) -> Result<(), IdError> {
     if value.is_empty() {
         return Err(IdError::Empty { what });

@@ -1432,7 +1432,7 @@ impl StoreState {
     }
 
     /// Reads a store state written by [`Self::to_json`], strictly, and checks its invariants.
-    /// Only format 1: a checkpoint (format 2) is not the whole state, and is refused.
+    /// Only format 1: a checkpoint (format 2 or 3) is not the whole state, and is refused.
     pub fn from_json(bytes: &[u8]) -> Result<Self, StoreStateDecodeError> {
         Self::from_json_of(bytes, &[REGISTRY_FORMAT_V1]).map(|(state, _)| state)
     }
@@ -1462,6 +1462,27 @@ impl StoreState {
         )?;
         if indexed {
             fields.required("index")?;
+            // The readers of the index alone read the store-wide facts before it and the
+            // records after it: the members come in the order every writer writes them.
+            let mut at = 0;
+            for (key, _) in members {
+                let Some(i) = TOP_FIELDS_V3.iter().position(|k| k == key) else {
+                    continue;
+                };
+                if i < at {
+                    return Err(field(
+                        root.path().key(key),
+                        FieldProblem::Invalid {
+                            detail: format!(
+                                "out of order: a checkpoint of format 3 holds its members in the \
+                                 order {}",
+                                TOP_FIELDS_V3.join(", ")
+                            ),
+                        },
+                    ));
+                }
+                at = i;
+            }
         }
         let generation = fields.u64("generation")?;
         let trust = match fields.get("trust") {
@@ -1549,7 +1570,17 @@ impl StoreState {
         let mut index: Option<listing::Index> = None;
         let mut packages_end = None;
         let mut matched = 0;
+        // Where in the writer's order the last member was (format 3 holds them in it).
+        let mut order = 0;
         c.object(|c, key| match key {
+            _ if format == Some(REGISTRY_FORMAT_V3)
+                && TOP_FIELDS_V3
+                    .iter()
+                    .position(|k| *k == key)
+                    .is_some_and(|i| i < std::mem::replace(&mut order, i)) =>
+            {
+                None
+            }
             "guild_registry" => once(&mut format, c.u64().filter(|f| formats.contains(f))?),
             "generation" => once(&mut generation, c.u64()?),
             // Only before the packages, as every writer puts it, so that each record is

@@ -330,8 +330,9 @@ pub trait PackageStore: Send + Sync {
         Ok(Listing::of(&self.registry()?))
     }
 
-    /// Whether the committed registry records any package (on a handle opened for the listing,
-    /// whose registry holds none, the listing says).
+    /// Whether the committed registry records any package: on a handle opened for the listing
+    /// (whose registry holds none) the listing says; on a handle opened for one package, whether
+    /// that package is recorded (its registry holds no other).
     fn records_packages(&self) -> Result<bool, StoreError> {
         Ok(self.registry()?.packages().next().is_some())
     }

@@ -303,6 +303,16 @@ const PARTS_OVER: u64 = 128 << 10;
 /// How many bytes the read in parts starts with.
 const PREFIX: u64 = 64 << 10;
 
+/// How many times a checkpoint was read in parts ([`read_indexed`]), for tests that a large store
+/// is not read whole.
+static READ_IN_PARTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many times a listing or a reader of one package has read a checkpoint in parts (its head,
+/// its end and at most one record) in this process.
+pub fn reads_in_parts() -> u64 {
+    READ_IN_PARTS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// `part` of a format-3 checkpoint at `path`, read in parts ([`PARTS_OVER`]): the state, its
 /// format, the listing and the file's length. `None` for a whole reader, a file that is
 /// missing, short or of another format, and anything that does not read: the caller reads the
@@ -336,6 +346,7 @@ fn read_indexed(
     if let Part::Listing = part {
         // The listing keeps the head: its rows are views into it.
         let listing = Listing::from_checkpoint_head(head, doc_len, &tail)?;
+        READ_IN_PARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         return Some((
             listing.facts().clone(),
             REGISTRY_FORMAT_V3,
@@ -353,6 +364,7 @@ fn read_indexed(
             let (state, format) = StoreState::from_checkpoint_parts_only(parts, only, |r| {
                 file.read_at(r.start as u64..r.end as u64).ok()
             })?;
+            READ_IN_PARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             Some((state, format, None, len))
         }
         Part::Whole | Part::Listing => None,
@@ -555,4 +567,37 @@ fn commit_in_flight(layout: &StoreLayout, from: u64) -> Result<bool, StoreError>
     // A record that does not decode proves nothing (and stops a writer's recovery anyway).
     Ok(record
         .is_some_and(|bytes| Intent::from_json(&bytes).is_ok_and(|i| i.from_generation == from)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use guild_domain::store_state::{REGISTRY_FORMAT_V2, REGISTRY_FORMAT_V3};
+
+    fn info(format: u64, checkpoint_len: u64, frames: u64) -> DiskInfo {
+        DiskInfo {
+            format,
+            checkpoint_len,
+            log_len: HEADER_LEN + frames,
+            dir_unsynced: false,
+        }
+    }
+
+    /// The log is compacted once its frames pass a sixteenth of the checkpoint, and never below
+    /// 64 KiB of frames; a format-2 checkpoint is compacted as a format-3 one is (into format
+    /// 3), a format-1 store never (its first write migrates it instead).
+    #[test]
+    fn the_log_is_compacted_past_a_sixteenth_of_the_checkpoint_and_the_floor() {
+        let mib = 1 << 20;
+        for format in [REGISTRY_FORMAT_V2, REGISTRY_FORMAT_V3] {
+            assert!(!info(format, 16 * mib, mib).wants_compaction(None));
+            assert!(info(format, 16 * mib, mib + 1).wants_compaction(None));
+            // Below the floor, however small the checkpoint.
+            assert!(!info(format, 1000, MIN_COMPACT_LEN).wants_compaction(None));
+            assert!(info(format, 1000, MIN_COMPACT_LEN + 1).wants_compaction(None));
+            assert!(!info(format, 1000, 0).wants_compaction(Some(0)));
+            assert!(info(format, 1000, 1).wants_compaction(Some(0)));
+        }
+        assert!(!info(REGISTRY_FORMAT_V1, 1000, 10 * mib).wants_compaction(None));
+    }
 }

@@ -57,7 +57,7 @@ use guild_ports::store::{
 
 pub use durable::{Fault, FaultMode, OpStats};
 pub use journal::{JournalDecodeError, JOURNAL_FORMAT_V1};
-pub use log::{LogCorruption, LogProblem};
+pub use log::{reads_in_parts, LogCorruption, LogProblem};
 pub use watch::StoreWatcher;
 
 use commit::{is_crash, is_staging_entry, Failure};
@@ -66,8 +66,8 @@ use log::DiskInfo;
 use recovery::Sweep;
 
 /// The most bytes a reader takes from `registry.json`, and from `registry.log`: far more than a
-/// store ever holds (a compaction keeps the log below a sixteenth of the checkpoint), and a bound on what
-/// a damaged or planted file can make any reader hold.
+/// store ever holds (a compaction keeps the log near a sixteenth of the checkpoint, or 64 KiB),
+/// and a bound on what a damaged or planted file can make any reader hold.
 pub(crate) const MAX_REGISTRY_BYTES: u64 = 1 << 30;
 /// The most bytes a reader takes from `trust` or `trust.next`.
 pub(crate) const MAX_TRUST_BYTES: u64 = 64 << 20;

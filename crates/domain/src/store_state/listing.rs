@@ -1,11 +1,13 @@
 //! What a listing of the store shows of each package ([`ListedRow`]), and the index of those
 //! rows that a checkpoint of format 3 carries.
 //!
-//! A format-3 checkpoint ([`REGISTRY_FORMAT_V3`]) is
-//! the format-2 document with one more member before its packages, `"index"`:
+//! A format-3 checkpoint ([`REGISTRY_FORMAT_V3`]) is the format-2 document with one more member
+//! before its packages, `"index"`; its members come in the order guild_registry, generation,
+//! trust, fleet, index, packages:
 //!
 //! ```text
-//! "index": {"packages_end": END, "keys": [KEY, ...], "packages": [ROW, ...]}
+//! "index": {"length": SIZE, "packages_end": END, "keys": [KEY, ...], "packages": [ROW, ...]}
+//! SIZE    = the index's own length in bytes, from its `{` to its `}`
 //! END     = the byte offset of the `]` that ends the packages (the document ends `]}` there)
 //! KEY     = 64 hex digits: each signing key the rows name, once, in order of first use
 //! ROW     = [ID, OFFSET, LENGTH, KIND, PUBLISHER, PREVIOUS, CURRENT, TAINTED]
@@ -15,18 +17,24 @@
 //! CURRENT  = [] | [VERSION, STATE, [N, ...]] the current version, its state and its signing
 //!                                            keys (indexes into KEY; [] where the record
 //!                                            names none, as in stores that predate them)
-//! TAINTED  = [[VERSION, REASON, FILE], ...]  every tainted version ("" for no file)
+//! TAINTED  = [[VERSION, REASON] | [VERSION, REASON, FILE], ...]  every tainted version, with
+//!                                            the file concerned where one is known
 //! ```
 //!
-//! One row per package, in the order of the packages, which is id order. `END`, `OFFSET` and
-//! `LENGTH` are written as ten characters (the number right-aligned in spaces, which JSON
-//! allows), so that the writer knows the index's length before it writes the records after it.
+//! One row per package, in the order of the packages, which is id order. The numbers `SIZE`,
+//! `END`, `OFFSET` and `LENGTH` are written as ten characters (right-aligned in spaces, which
+//! JSON allows), so that the writer knows the index's length before it writes the records.
 //!
 //! The full reader of a checkpoint holds the index to the records: every row must be exactly the
-//! row of the record at its byte range (`ListedRow::matches`), or the checkpoint is refused as
-//! corrupt. A listing ([`Listing::from_checkpoint`]) reads the index alone, and a reader of one
-//! package reads the index and the one record it points at: neither reads the other records, so
-//! damage there is found by the next full reader (every writer's open is one), not by them.
+//! row of the record at its byte range (`ListedRow::matches`), the index as long as it says and
+//! the packages ending where it says, or the checkpoint is refused as corrupt. A listing
+//! ([`Listing::from_checkpoint`]) reads the head and the index alone and answers from the rows
+//! without holding them to the records; a reader of one package reads the head, its own row and
+//! the one record the row points at, held to each other. Both check the index's length and the
+//! document's end against what the index says, so that a file cut short, grown, or rearranged
+//! around the index is refused; damage that keeps every length (another package's row or record
+//! garbled in place, or, for a listing, a row changed in place) is found by the next full reader
+//! (every writer's open is one), not by them.
 //!
 //! A listing read from an index keeps the index's text and where each row's cells are in it,
 //! so that reading 10,000 rows makes no string: [`Listing::rows`] answers views into it.
@@ -421,8 +429,10 @@ impl Listing {
             len,
             tail,
         };
-        // A row takes about a hundred bytes: room for more costs address space, not memory.
-        let Some(head) = IndexedHead::read(&text, parts, |_| true, text.len() / 64)? else {
+        // A row takes about a hundred bytes: room for more costs address space, not memory
+        // (up to a bound, past which the rows grow as they are read).
+        let capacity = (text.len() / 64).min(1 << 20);
+        let Some(head) = IndexedHead::read(&text, parts, |_| true, capacity)? else {
             return Some(None);
         };
         let rows: Vec<Row> = head.index.rows.into_iter().map(Row::Indexed).collect();
@@ -488,7 +498,7 @@ pub fn index_len(prefix: &[u8]) -> Option<usize> {
         "trust" | "fleet" => c.skip(),
         "index" => {
             c.object(|c, key| match key {
-                "packages_end" | "keys" => c.skip(),
+                "length" | "packages_end" | "keys" => c.skip(),
                 "packages" => {
                     // The first row's offset, then stop.
                     let _ = c.array(|c| {
@@ -614,8 +624,17 @@ fn find_row<'t>(
         return Some(None);
     };
     let index_end = records.checked_sub(OPEN_PACKAGES.len())?;
-    let (facts, keys, rows_start, last) = read_to_rows(text.get(..records)?)?;
-    if parts.head.get(index_end..records) != Some(OPEN_PACKAGES)
+    let ToRows {
+        facts,
+        keys,
+        rows_start,
+        index_end: said_end,
+        packages_end: last,
+    } = read_to_rows(text.get(..records)?)?;
+    // The index ends where the records' `,"packages":[` starts (nothing between the two, and
+    // the index as long as it says), and the document ends where the index says.
+    if said_end != index_end
+        || parts.head.get(index_end..records) != Some(OPEN_PACKAGES)
         || parts.tail != b"]}"
         || last.checked_add(2) != Some(parts.len)
         || last < records
@@ -659,16 +678,20 @@ struct FoundRow<'t> {
 
 /// Reads a format-3 checkpoint's head up to the first row of its index: the store-wide facts,
 /// the index's key table, the offset of the first row (just after the `[` of the index's
-/// `"packages"`) and where the index says the packages end.
-fn read_to_rows(text: &str) -> Option<(StoreState, Vec<Sha256Digest>, usize, usize)> {
+/// `"packages"`), and where the index says it ends and the packages end.
+fn read_to_rows(text: &str) -> Option<ToRows> {
     let mut c = Cursor::of_str(text);
     let mut facts = Facts::default();
     let mut keys = None;
+    let mut length = None;
+    let mut index_start = None;
     let mut packages_end = None;
     let mut rows_start = None;
     let _ = c.object(|c, key| match key {
         "index" => {
+            index_start = Some(c.offset());
             let _ = c.object(|c, key| match key {
+                "length" => once(&mut length, c.u64()?),
                 "packages_end" => once(&mut packages_end, c.u64()?),
                 "keys" => once(&mut keys, read_keys(c)?),
                 "packages" => {
@@ -685,7 +708,26 @@ fn read_to_rows(text: &str) -> Option<(StoreState, Vec<Sha256Digest>, usize, usi
         return None;
     }
     let packages_end = usize::try_from(packages_end?).ok()?;
-    Some((facts.state()?, keys?, rows_start?, packages_end))
+    let index_end = index_start?.checked_add(usize::try_from(length?).ok()?)?;
+    Some(ToRows {
+        facts: facts.state()?,
+        keys: keys?,
+        rows_start: rows_start?,
+        index_end,
+        packages_end,
+    })
+}
+
+/// What [`read_to_rows`] reads.
+struct ToRows {
+    facts: StoreState,
+    keys: Vec<Sha256Digest>,
+    /// Where the first row starts.
+    rows_start: usize,
+    /// Where the index says it ends.
+    index_end: usize,
+    /// Where the index says the packages end.
+    packages_end: usize,
 }
 
 /// The members of a checkpoint before its index: its format and the store-wide facts.
@@ -753,7 +795,10 @@ impl Index {
             return false;
         }
         for (i, range) in self.ranges.iter().enumerate() {
-            let start = if i == 0 { at } else { at + 1 };
+            // The offsets are the file's word: no arithmetic on them may overflow.
+            let Some(start) = at.checked_add(usize::from(i > 0)) else {
+                return false;
+            };
             if range.start != start || range.end <= range.start {
                 return false;
             }
@@ -771,7 +816,9 @@ pub(crate) fn read_index(
     capacity: usize,
 ) -> Option<Index> {
     let mut keys: Option<KeyLists> = None;
+    let mut length = None;
     let mut packages_end = None;
+    let start = c.offset();
     let mut index = Index {
         rows: Vec::with_capacity(capacity),
         kept: Vec::with_capacity(capacity),
@@ -781,6 +828,7 @@ pub(crate) fn read_index(
     };
     let mut read = false;
     c.object(|c, key| match key {
+        "length" if packages_end.is_none() => once(&mut length, c.u64()?),
         "packages_end" if keys.is_none() => once(&mut packages_end, c.u64()?),
         "keys" if !read => once(&mut keys, KeyLists::new(read_keys(c)?)),
         "packages" if !read => {
@@ -803,6 +851,8 @@ pub(crate) fn read_index(
     read.then_some(())?;
     index.packages_end = usize::try_from(packages_end?).ok()?;
     index.end = c.position();
+    // The index is as long as it says: nothing was added to it, or cut from it.
+    (start.checked_add(usize::try_from(length?).ok()?) == Some(index.end)).then_some(())?;
     Some(index)
 }
 
@@ -987,7 +1037,7 @@ fn read_current(c: &mut Cursor<'_>, keys: &mut KeyLists) -> Option<Option<IndexV
     }
 }
 
-/// One `[VERSION, REASON, FILE]` of a row's `TAINTED`.
+/// One `[VERSION, REASON]` or `[VERSION, REASON, FILE]` of a row's `TAINTED`.
 fn read_taint(c: &mut Cursor<'_>) -> Option<(Version, Taint)> {
     let mut at = 0;
     let mut version = None;
@@ -1006,7 +1056,7 @@ fn read_taint(c: &mut Cursor<'_>) -> Option<(Version, Taint)> {
         version?,
         Taint {
             reason: reason?,
-            file: file.filter(|f: &String| !f.is_empty()),
+            file,
         },
     ))
 }
@@ -1041,7 +1091,12 @@ impl IndexedWriter {
                 });
             }
         }
-        out.push_str("\"index\":{\"packages_end\":");
+        out.push_str("\"index\":");
+        let index_start = out.len();
+        out.push_str("{\"length\":");
+        let length_slot = out.len();
+        out.extend(std::iter::repeat_n(' ', NUMBER_WIDTH));
+        out.push_str(",\"packages_end\":");
         let end_slot = out.len();
         out.extend(std::iter::repeat_n(' ', NUMBER_WIDTH));
         out.push_str(",\"keys\":[");
@@ -1095,13 +1150,17 @@ impl IndexedWriter {
                 json::write_escaped(&mut out, &version.to_string());
                 out.push(',');
                 json::write_escaped(&mut out, &taint.reason);
-                out.push(',');
-                json::write_escaped(&mut out, taint.file.as_deref().unwrap_or(""));
+                if let Some(file) = &taint.file {
+                    out.push(',');
+                    json::write_escaped(&mut out, file);
+                }
                 out.push(']');
             }
             out.push_str("]]");
         }
         out.push_str("]}");
+        let length = number((out.len() - index_start) as u64);
+        out.replace_range(length_slot..length_slot + NUMBER_WIDTH, &length);
         IndexedWriter {
             out: out.into_bytes(),
             slots,
@@ -1127,7 +1186,6 @@ impl IndexedWriter {
             .copy_from_slice(length.as_bytes());
     }
 
-    /// The whole document.
     /// The whole document, once the text ends with the `]}` closing the packages and the
     /// document: the index's `packages_end` is filled in.
     pub(crate) fn finish(mut self) -> Vec<u8> {

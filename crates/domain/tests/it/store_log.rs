@@ -474,3 +474,103 @@ fn registry_index_that_disagrees_with_its_records_is_refused() {
         Err(StoreState::from_any_json(bad.as_bytes()).unwrap_err())
     );
 }
+
+/// The index lists what the records say, taints (with and without a file), rollback targets
+/// and signing keys (recorded and added later) included, and a listing follows a delta that
+/// adds a package in the middle of the order and deletes another, as the state does.
+#[test]
+fn registry_index_lists_every_column_and_a_listing_follows_deltas() {
+    use guild_domain::manifest::{SignatureAlgorithm, SignatureEntry};
+    use guild_domain::store_state::listing::Listing;
+    let mut state = store_of(4);
+    let keys = [Sha256Digest::of(b"k1"), Sha256Digest::of(b"k2")];
+    let signed = NewVersion {
+        signed_by: keys.to_vec(),
+        ..new_version("p2-2")
+    };
+    state
+        .publish(&id("p2"), &v("2.0.0"), signed, ENABLE)
+        .unwrap();
+    let later = SignatureEntry {
+        key_id: Sha256Digest::of(b"k3"),
+        algorithm: SignatureAlgorithm::EcdsaP256Sha256,
+        signature: vec![1, 2, 3],
+    };
+    assert_eq!(
+        state.add_signatures(&id("p2"), &v("2.0.0"), &keys, &[later]),
+        1
+    );
+    for (pkg, file) in [("p1", Some("")), ("p3", Some("lib/x.so")), ("p0", None)] {
+        let taint = Taint {
+            reason: "a \"quoted\" reason".to_owned(),
+            file: file.map(str::to_owned),
+        };
+        state.taint(&id(pkg), &v("1.0.0"), taint).unwrap();
+    }
+    state.set_trust_anchor(anchor(1));
+    let state = state.successor();
+    let checkpoint = state.to_checkpoint_json();
+    assert_eq!(
+        StoreState::from_any_json(&checkpoint),
+        Ok((state.clone(), 3))
+    );
+    let listing = Listing::from_checkpoint(&checkpoint).unwrap().unwrap();
+    assert_eq!(listing, Listing::of(&state));
+    let p2 = listing.rows().nth(2).unwrap();
+    assert_eq!(p2.previous.as_deref(), Some("1.0.0"));
+    let current = p2.current.unwrap();
+    assert_eq!(current.version, "2.0.0");
+    assert_eq!(current.keys.unwrap().len(), 3);
+    let p1 = listing.rows().nth(1).unwrap();
+    assert!(p1.current.unwrap().tainted);
+    assert_eq!(p1.tainted[0].1.file.as_deref(), Some(""));
+    assert_eq!(listing.rows().next().unwrap().tainted[0].1.file, None);
+    // A delta that deletes p0 and adds p1a (between p1 and p2) and p9 (last).
+    let mut delta = StoreStateDelta {
+        generation: state.generation() + 1,
+        ..StoreStateDelta::default()
+    };
+    let other = store_of(1);
+    let record = Arc::new(other.package(&id("p0")).unwrap().clone());
+    delta.packages.insert(id("p0"), None);
+    delta.packages.insert(id("p1a"), Some(Arc::clone(&record)));
+    delta.packages.insert(id("p9"), Some(record));
+    let mut next = state.clone();
+    next.apply(&delta).unwrap();
+    let mut followed = listing.clone();
+    followed.apply(&delta).unwrap();
+    assert_eq!(followed, Listing::of(&next));
+    let ids: Vec<&str> = followed.rows().map(|r| r.id).collect();
+    assert_eq!(ids, ["p1", "p1a", "p2", "p3", "p9"]);
+    // A delta for another generation changes nothing.
+    assert!(followed.clone().apply(&delta).is_err());
+}
+
+/// A format-3 checkpoint holds its members in the order every writer writes them (the readers
+/// of the index alone rely on it): one out of order is refused, naming it.
+#[test]
+fn registry_checkpoint_members_out_of_order_are_refused() {
+    let mut state = store_of(2);
+    state.set_trust_anchor(anchor(1));
+    let good = String::from_utf8(state.to_checkpoint_json()).unwrap();
+    let trust_at = good.find(",\"trust\":").unwrap();
+    let index_at = good.find(",\"index\":").unwrap();
+    let trust = &good[trust_at..index_at];
+    let records_at = good.rfind(",\"packages\":").unwrap();
+    // The trust record moved after the index, where the readers of the index alone would not
+    // see it.
+    let moved = format!(
+        "{}{}{}{}",
+        &good[..trust_at],
+        &good[index_at..records_at],
+        trust,
+        &good[records_at..]
+    );
+    let err = StoreState::from_any_json(moved.as_bytes()).unwrap_err();
+    assert!(err.to_string().contains("out of order"), "{err}");
+    assert!(err.to_string().ends_with("at $.trust"), "{err}");
+    assert_eq!(
+        StoreState::from_any_json_only(moved.as_bytes(), &id("p1")),
+        Err(err)
+    );
+}

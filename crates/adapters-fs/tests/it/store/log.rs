@@ -7,7 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use guild_adapters_fs::store::{
-    Fault, FaultMode, FsStore, LogCorruption, LogProblem, StoreLayout, StoreOptions,
+    reads_in_parts, Fault, FaultMode, FsStore, LogCorruption, LogProblem, StoreLayout, StoreOptions,
 };
 use guild_domain::store_state::listing::Listing;
 use guild_domain::store_state::StoreState;
@@ -608,6 +608,18 @@ fn store_listing_reader_lists_the_index_and_the_log_and_refuses_to_write() {
     let (store, _) = FsStore::open_listing_reader(&root).unwrap();
     assert_eq!(store.listing().unwrap(), want);
     drop(store);
+    // A format-2 checkpoint's next rewrite is format 3.
+    {
+        let (writer, _) =
+            FsStore::open_with(&root, StoreOptions::new().compact_log_over(0)).unwrap();
+        publish(&writer, "f", "1.0.0", ENABLED).unwrap();
+    }
+    let text = fs::read_to_string(&layout.registry).unwrap();
+    assert!(text.contains("\"guild_registry\":3"), "{text}");
+    let want = Listing::of(&committed(&root));
+    let (store, _) = FsStore::open_listing_reader(&root).unwrap();
+    assert_eq!(store.listing().unwrap(), want);
+    drop(store);
     guild_adapters_fs::store::testing::as_format_1(&root).unwrap();
     let (store, _) = FsStore::open_listing_reader(&root).unwrap();
     assert_eq!(store.listing().unwrap(), want);
@@ -622,7 +634,7 @@ fn store_large_checkpoint_is_listed_and_read_for_one_package_in_parts() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("store");
     let layout = StoreLayout::new(&root);
-    let names: Vec<String> = (0..800).map(|i| format!("pkg{i:04}")).collect();
+    let names: Vec<String> = (0..1500).map(|i| format!("pkg{i:04}")).collect();
     let versions: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "1.0.0")).collect();
     {
         let (store, _) =
@@ -634,14 +646,16 @@ fn store_large_checkpoint_is_listed_and_read_for_one_package_in_parts() {
         publish(&store, "zz", "1.0.0", ENABLED).unwrap();
     }
     let good = fs::read(&layout.registry).unwrap();
-    // Past the size from which the readers read a checkpoint in parts (128 KiB).
-    assert!(good.len() > 128 << 10, "{}", good.len());
+    // Past the size from which the readers read a checkpoint in parts (128 KiB), with a head
+    // longer than the first part they read (64 KiB).
+    assert!(good.len() > 256 << 10, "{}", good.len());
     let full = committed(&root);
+    let before = reads_in_parts();
     let (store, _) = FsStore::open_listing_reader(&root).unwrap();
     assert_eq!(store.listing().unwrap(), Listing::of(&full));
-    assert_eq!(store.listing().unwrap().len(), 801);
+    assert_eq!(store.listing().unwrap().len(), 1501);
     drop(store);
-    for name in ["pkg0000", "pkg0400", "pkg0799", "zz", "absent"] {
+    for name in ["pkg0000", "pkg0400", "pkg1499", "zz", "absent"] {
         let (store, _) = FsStore::open_package_reader(&root, &id(name)).unwrap();
         assert_eq!(
             store.registry().unwrap().package(&id(name)),
@@ -649,6 +663,13 @@ fn store_large_checkpoint_is_listed_and_read_for_one_package_in_parts() {
             "{name}"
         );
     }
+    // Every one of those read the checkpoint in parts (other tests running at once may add
+    // to the count, never take from it).
+    assert!(
+        reads_in_parts() >= before + 6,
+        "{}",
+        reads_in_parts() - before
+    );
     // A record damaged without moving anything: the readers of other packages, and the
     // listing, answer as before; the full reader and a reader of that package refuse it.
     let text = String::from_utf8(good.clone()).unwrap();

@@ -933,7 +933,7 @@ fn store_format_1_opens_unchanged_and_the_first_write_migrates_it() {
 }
 
 #[test]
-fn store_log_compacts_once_it_outgrows_the_checkpoint() {
+fn store_log_compacts_once_it_passes_its_threshold() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("store");
     let layout = StoreLayout::new(&root);
