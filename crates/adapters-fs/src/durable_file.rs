@@ -199,6 +199,50 @@ pub fn read_regular(path: &Path, cap: u64) -> Result<Vec<u8>, ReadError> {
     Ok(bytes)
 }
 
+/// A regular file opened for reading parts of it, as [`read_regular`] opens it: a reader of a
+/// large file that needs only some of its bytes.
+#[derive(Debug)]
+pub struct PartialFile {
+    file: File,
+    len: u64,
+}
+
+impl PartialFile {
+    /// Opens the regular file at `path` ([`open_regular`]), refusing one longer than `cap`.
+    pub fn open(path: &Path, cap: u64) -> Result<Self, ReadError> {
+        let mut options = OpenOptions::new();
+        let file = open_regular(path, options.read(true))?;
+        let len = file.metadata()?.len();
+        if len > cap {
+            return Err(ReadError::TooLarge { cap });
+        }
+        Ok(PartialFile { file, len })
+    }
+
+    /// The file's length when it was opened.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the file was empty when it was opened.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes in `range`, all of them ([`io::ErrorKind::UnexpectedEof`] when the file
+    /// ends first).
+    pub fn read_at(&self, range: std::ops::Range<u64>) -> io::Result<Vec<u8>> {
+        use std::io::{Read as _, Seek as _, SeekFrom};
+        let len = usize::try_from(range.end.saturating_sub(range.start))
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let mut bytes = vec![0; len];
+        let mut file = &self.file;
+        file.seek(SeekFrom::Start(range.start))?;
+        file.read_exact(&mut bytes)?;
+        Ok(bytes)
+    }
+}
+
 /// `options`, opening the last component without following a link (`O_NOFOLLOW`) and without
 /// blocking (`O_NONBLOCK`), so that neither a link nor a FIFO planted at the path can lead the
 /// open elsewhere or stall it.

@@ -63,7 +63,7 @@ use guild_test_support::{
 };
 
 /// Bumped whenever the kept stores' layout or registry format changes, so that they are rebuilt.
-const KEPT_FORMAT: &str = "g28-manifest-facts-1";
+const KEPT_FORMAT: &str = "g28-checkpoint-index-2";
 
 const MIB: usize = 1 << 20;
 /// The library of each package in the large store: small enough that signatures, not hashing,

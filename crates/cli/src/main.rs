@@ -218,7 +218,7 @@ fn run(cli: &Cli) -> anyhow::Result<Report> {
             store::purge(&store_dir(cli, true)?, id, version.as_ref())
         }
         Command::Rollback { id } => store::rollback(&store_dir(cli, true)?, id),
-        Command::List => store::list(&store_dir(cli, true)?),
+        Command::List => store::list(&store_dir(cli, true)?, cli.json),
         Command::Status { id } => store::status(&store_dir(cli, true)?, id.as_ref()),
         Command::Recover => store::recover(&store_dir(cli, true)?),
         Command::Resolve {

@@ -2,7 +2,7 @@
 //! that every command spells a package, a digest or a report the same way.
 
 use guild_domain::graph::NodeRef;
-use guild_domain::ids::{PackageId, Sha256Digest};
+use guild_domain::ids::Sha256Digest;
 use guild_domain::manifest::Metadata;
 use guild_domain::store_state::Taint;
 use guild_domain::version::Version;
@@ -54,7 +54,7 @@ fn taint_json(q: &Taint) -> Value {
 }
 
 /// What repairs a tainted version.
-pub fn repair_hint(id: &PackageId, version: &Version) -> String {
+pub fn repair_hint(id: &str, version: &Version) -> String {
     format!(
         "install a genuine copy of it to repair it (guild install PACKAGE), or remove it \
          (guild remove {id} --version {version})"
@@ -67,21 +67,24 @@ pub fn taint_lines(packages: &[PackageSummary]) -> Vec<String> {
     for p in packages {
         for v in &p.versions {
             if let Some(q) = &v.taint {
-                out.push(format!(
-                    "{}@{} is tainted{}: {}; {}",
-                    p.id,
-                    v.version,
-                    q.file
-                        .as_ref()
-                        .map(|f| format!(" (file {f})"))
-                        .unwrap_or_default(),
-                    q.reason,
-                    repair_hint(&p.id, &v.version)
-                ));
+                out.push(taint_line(p.id.as_str(), &v.version, q));
             }
         }
     }
     out
+}
+
+/// The line that says version `id@version` is tainted, why, and how to repair it.
+pub fn taint_line(id: &str, version: &Version, q: &Taint) -> String {
+    format!(
+        "{id}@{version} is tainted{}: {}; {}",
+        q.file
+            .as_ref()
+            .map(|f| format!(" (file {f})"))
+            .unwrap_or_default(),
+        q.reason,
+        repair_hint(id, version)
+    )
 }
 
 fn interrupted_json(c: &InterruptedCommit) -> Value {

@@ -19,6 +19,7 @@ use anyhow::Context;
 use guild_domain::claims::ImplIdConflict;
 use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::manifest::SignatureEntry;
+use guild_domain::store_state::listing::ListedRow;
 use guild_domain::store_state::StoreStateError;
 use guild_domain::version::Version;
 use guild_host::crash_quarantine::{CrashLedger, QuarantineEntry};
@@ -31,7 +32,7 @@ use serde_json::json;
 use super::failure::{CliError, Exit};
 use super::output::Report;
 use super::render::{
-    open_report_json, open_report_lines, package_json, repair_hint, short, taint_lines,
+    open_report_json, open_report_lines, package_json, repair_hint, short, taint_line, taint_lines,
 };
 
 /// Opens the store and starts a report whose warnings say what the opening did.
@@ -397,7 +398,14 @@ pub fn rollback(store: &Path, id: &PackageId) -> anyhow::Result<Report> {
     Ok(report)
 }
 
-pub fn list(store: &Path) -> anyhow::Result<Report> {
+pub fn list(store: &Path, json: bool) -> anyhow::Result<Report> {
+    // The table alone is read from the listing, which a store of 10,000 packages answers from
+    // its checkpoint's index; `--json` documents every version, so it reads the whole state.
+    if !json {
+        if let Some(report) = list_table(store)? {
+            return Ok(report);
+        }
+    }
     let (pm, mut report) = open_committed(store, "list")?;
     super::quarantine::annotate(store, &mut report)?;
     let packages = pm.list()?;
@@ -413,25 +421,11 @@ pub fn list(store: &Path) -> anyhow::Result<Report> {
     }
     let tainted = taint_lines(&packages);
     let rows: Vec<[String; 6]> = packages.iter().map(|p| row(store, p)).collect();
-    let header = [
-        "ID".to_owned(),
-        "CURRENT".into(),
-        "STATE".into(),
-        "KIND".into(),
-        "PUBLISHER".into(),
-        "SIGNED BY KEY".into(),
-    ];
-    let mut widths = header.clone().map(|h| h.chars().count());
-    for r in &rows {
-        for (w, cell) in widths.iter_mut().zip(r) {
-            *w = (*w).max(cell.chars().count());
+    table(&mut report, rows.iter(), |r, cell| {
+        for c in *r {
+            cell(c);
         }
-    }
-    report.lines.reserve(rows.len() + 1);
-    let line_width = widths.iter().sum::<usize>() + 2 * (widths.len() - 1);
-    for r in std::iter::once(&header).chain(&rows) {
-        report.line(table_line(r, &widths, line_width));
-    }
+    });
     // Tainted versions stay visible until they are repaired or removed, whichever command
     // first found them.
     report.lines.extend(tainted);
@@ -452,22 +446,199 @@ pub fn list(store: &Path) -> anyhow::Result<Report> {
     Ok(report)
 }
 
-/// One line of a table: each cell left-aligned in its column's width (counted in characters),
-/// two spaces between columns, no trailing spaces. Built in one string: a listing of 10,000
-/// packages makes 10,000 of them.
-fn table_line(cells: &[String], widths: &[usize], capacity: usize) -> String {
-    let mut line = String::with_capacity(capacity);
-    for (i, (cell, &width)) in cells.iter().zip(widths).enumerate() {
-        if i > 0 {
-            line.push_str("  ");
-        }
-        line.push_str(cell);
-        let pad = width.saturating_sub(cell.chars().count());
-        line.extend(std::iter::repeat_n(' ', pad));
+/// `list` without `--json`: the table and the taint lines from the store's listing
+/// ([`PackageManager::open_dir_listing`]). `None` when a current version's signing keys are not
+/// recorded (a version installed before the store recorded them): its metadata names them, and
+/// the listing of the whole state reads it.
+fn list_table(store: &Path) -> anyhow::Result<Option<Report>> {
+    let (pm, opened) = PackageManager::open_dir_listing(store)?;
+    let listing = pm.listing()?;
+    drop(pm);
+    if listing
+        .rows()
+        .any(|r| r.current.as_ref().is_some_and(|c| c.keys.is_none()))
+    {
+        return Ok(None);
     }
-    let end = line.trim_end().len();
-    line.truncate(end);
-    line
+    let mut report = Report::new("list");
+    report.warnings = open_report_lines(&opened);
+    super::quarantine::annotate(store, &mut report)?;
+    if listing.is_empty() {
+        report.line("no packages installed");
+        return Ok(Some(report));
+    }
+    let keys = key_texts(listing.rows());
+    let mut scratch = String::new();
+    table(&mut report, listing.rows(), |r, cell| {
+        listing_cells(r, &keys, &mut scratch, cell);
+    });
+    for row in listing.rows() {
+        for (version, taint) in row.tainted {
+            report.line(taint_line(row.id, version, taint));
+        }
+    }
+    Ok(Some(report))
+}
+
+/// Hands the six cells of listing row `r` to `cell`, as [`row`] makes them from a package's
+/// summary. `keys` holds the text of each list of signing keys the rows share
+/// ([`key_texts`]); `scratch` is where a cell that is not in the row is written.
+fn listing_cells(
+    r: &ListedRow<'_>,
+    keys: &KeyTexts,
+    scratch: &mut String,
+    cell: &mut dyn FnMut(&str),
+) {
+    use std::fmt::Write as _;
+    let current = r.current.as_ref();
+    cell(r.id);
+    scratch.clear();
+    match current {
+        Some(c) => scratch.push_str(&c.version),
+        None => scratch.push('-'),
+    }
+    if let Some(prev) = &r.previous {
+        let _ = write!(scratch, " (previous {prev})");
+    }
+    cell(scratch);
+    match current {
+        Some(c) if c.tainted => {
+            scratch.clear();
+            let _ = write!(scratch, "{} (tainted)", c.state.as_str());
+            cell(scratch);
+        }
+        Some(c) => cell(c.state.as_str()),
+        None => cell("none"),
+    }
+    cell(r.kind.as_str());
+    cell(r.publisher);
+    cell(
+        current
+            .and_then(|c| c.keys)
+            .and_then(|list| keys.iter().find(|(k, _)| *k == list_key(list)))
+            .map_or("-", |(_, text)| text.as_str()),
+    );
+}
+
+/// The text of each list of signing keys, by the list's address: the rows of a listing share
+/// their lists (nearly all rows one or two), so that each is written in hex once.
+type KeyTexts = Vec<(usize, String)>;
+
+fn list_key(list: &[Sha256Digest]) -> usize {
+    list.as_ptr() as usize
+}
+
+/// [`KeyTexts`] for `rows`.
+fn key_texts<'r>(rows: impl Iterator<Item = ListedRow<'r>>) -> KeyTexts {
+    let mut texts = KeyTexts::new();
+    for list in rows.filter_map(|r| r.current?.keys) {
+        if !texts.iter().any(|(k, _)| *k == list_key(list)) {
+            let text = list
+                .iter()
+                .map(|k| k.to_hex())
+                .collect::<Vec<_>>()
+                .join(",");
+            texts.push((list_key(list), text));
+        }
+    }
+    texts
+}
+
+/// Adds the table of `rows` under its header to `report`: `cells` hands each of a row's six
+/// cells, in order, to the function it is given. Each column is as wide as its widest cell
+/// (counted in characters), two spaces between columns, no trailing spaces. The lines are
+/// written into one block of text: a listing of 10,000 packages makes 10,000 of them.
+fn table<R>(
+    report: &mut Report,
+    rows: impl Iterator<Item = R> + Clone,
+    mut cells: impl FnMut(&R, &mut dyn FnMut(&str)),
+) {
+    let header = [
+        "ID",
+        "CURRENT",
+        "STATE",
+        "KIND",
+        "PUBLISHER",
+        "SIGNED BY KEY",
+    ];
+    let mut widths = header.map(width);
+    let mut count = 0;
+    for r in rows.clone() {
+        count += 1;
+        let mut column = 0;
+        cells(&r, &mut |cell| {
+            widths[column] = widths[column].max(width(cell));
+            column += 1;
+        });
+    }
+    let line_width = widths.iter().sum::<usize>() + 2 * (widths.len() - 1);
+    let mut text = String::with_capacity((count + 1) * (line_width + 1));
+    let mut line = Line::start(&mut text, &widths);
+    for cell in header {
+        line.cell(cell);
+    }
+    line.end();
+    for r in rows {
+        text.push('\n');
+        let mut line = Line::start(&mut text, &widths);
+        cells(&r, &mut |cell| line.cell(cell));
+        line.end();
+    }
+    report.line(text);
+}
+
+/// A cell's width in characters.
+fn width(cell: &str) -> usize {
+    if cell.is_ascii() {
+        cell.len()
+    } else {
+        cell.chars().count()
+    }
+}
+
+/// One line of a table being appended to a text: each cell left-aligned in its column's width
+/// (counted in characters), two spaces between columns, no trailing spaces.
+struct Line<'t> {
+    out: &'t mut String,
+    widths: &'t [usize],
+    start: usize,
+    column: usize,
+}
+
+impl<'t> Line<'t> {
+    fn start(out: &'t mut String, widths: &'t [usize]) -> Self {
+        let start = out.len();
+        Line {
+            out,
+            widths,
+            start,
+            column: 0,
+        }
+    }
+
+    fn cell(&mut self, cell: &str) {
+        if self.column > 0 {
+            self.out.push_str("  ");
+        }
+        self.out.push_str(cell);
+        let pad = self
+            .widths
+            .get(self.column)
+            .map_or(0, |w| w.saturating_sub(width(cell)));
+        const SPACES: &str = "                                                                ";
+        let mut left = pad;
+        while left > 0 {
+            let n = left.min(SPACES.len());
+            self.out.push_str(&SPACES[..n]);
+            left -= n;
+        }
+        self.column += 1;
+    }
+
+    fn end(self) {
+        let end = self.start + self.out[self.start..].trim_end().len();
+        self.out.truncate(end);
+    }
 }
 
 fn row(store: &Path, p: &PackageSummary) -> [String; 6] {
@@ -667,7 +838,11 @@ fn package_status(
                     .map(|f| format!(" (file {f})"))
                     .unwrap_or_default()
             ));
-            out.line(format!("  {:<12} {}", "", repair_hint(&p.id, &v.version)));
+            out.line(format!(
+                "  {:<12} {}",
+                "",
+                repair_hint(p.id.as_str(), &v.version)
+            ));
         }
     }
     out.line(format!(
@@ -978,7 +1153,7 @@ pub fn quarantine_clear(store: &Path, id: &PackageId) -> anyhow::Result<Report> 
 
 #[cfg(test)]
 mod tests {
-    use super::table_line;
+    use super::Line;
 
     /// A line is what padding every cell with `format!` and joining them made of it.
     #[test]
@@ -997,7 +1172,13 @@ mod tests {
                 .map(|(c, w)| format!("{c:<w$}"))
                 .collect();
             let expected = padded.join("  ").trim_end().to_owned();
-            assert_eq!(table_line(&cells, &widths, 0), expected, "{cells:?}");
+            let mut text = "before\n".to_owned();
+            let mut line = Line::start(&mut text, &widths);
+            for cell in &cells {
+                line.cell(cell);
+            }
+            line.end();
+            assert_eq!(text, format!("before\n{expected}"), "{cells:?}");
         }
     }
 }

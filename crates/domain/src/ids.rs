@@ -56,6 +56,11 @@ pub enum IdError {
     },
 }
 
+/// Whether `value` is a valid identifier of any of the id types (they share one grammar).
+pub(crate) fn is_valid_id(value: &str) -> bool {
+    check_id("identifier", value).is_ok()
+}
+
 /// Checks the shared identifier grammar: dot-separated segments of `[a-z0-9_-]`, starting with a
 /// lowercase letter, at most [`MAX_ID_LEN`] bytes. Namespaced names such as
 /// `example.sequence.prefix_sum` and reverse-DNS publisher ids such as `org.example` both fit.

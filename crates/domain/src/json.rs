@@ -526,6 +526,18 @@ impl<'a> Cursor<'a> {
         })
     }
 
+    /// A cursor at the start of `text`, which is UTF-8 already.
+    pub(crate) fn of_str(text: &'a str) -> Self {
+        Cursor {
+            parser: Parser {
+                text,
+                bytes: text.as_bytes(),
+                pos: 0,
+            },
+            depth: 0,
+        }
+    }
+
     fn expect(&mut self, byte: u8) -> Option<()> {
         self.parser.skip_whitespace();
         (self.parser.peek() == Some(byte)).then(|| self.parser.pos += 1)
@@ -621,6 +633,22 @@ impl<'a> Cursor<'a> {
     /// could find; a reader that skips a value says what that leaves unchecked.
     pub(crate) fn skip(&mut self) -> Option<()> {
         self.parser.skip(self.depth).ok()
+    }
+
+    /// The byte offset at which the next token starts (whitespace before it passed over).
+    pub(crate) fn offset(&mut self) -> usize {
+        self.parser.skip_whitespace();
+        self.parser.pos
+    }
+
+    /// The text the cursor reads.
+    pub(crate) fn text(&self) -> &'a str {
+        self.parser.text
+    }
+
+    /// The byte offset the cursor stands at: just after the last token read.
+    pub(crate) fn position(&self) -> usize {
+        self.parser.pos
     }
 
     /// Whether only whitespace is left.

@@ -29,6 +29,7 @@ use crate::fleet::FleetMembership;
 use crate::ids::{PackageId, Sha256Digest};
 use crate::json::{self, BorrowedValue, Cursor, JsonPath, Value};
 use crate::lifecycle::State;
+use crate::store_state::listing::{Listing, ListingRow};
 use crate::store_state::{
     decode_fleet, decode_package, decode_trust, encode_fleet, encode_package, encode_trust, field,
     format_of, once, read_package_of, wrong_type, ApplyError, At, FieldProblem, Fields,
@@ -250,6 +251,24 @@ impl StoreState {
                 |_, p| retrust.apply_to(Arc::make_mut(p)),
             );
         }
+        Ok(())
+    }
+}
+
+impl Listing {
+    /// Applies `delta`, the change of one commit: the rows of the packages it changes are made
+    /// again from their new records, those it deletes go. Refuses, changing nothing, a delta
+    /// that is not for the next generation or whose changed packages break an invariant, as
+    /// [`StoreState::apply`] does.
+    pub fn apply(&mut self, delta: &StoreStateDelta) -> Result<(), ApplyError> {
+        // The same checks as the state's own apply, on the facts with the changed packages.
+        let mut facts = self.facts().clone();
+        facts.apply(delta)?;
+        let changes = delta.packages.iter().map(|(id, record)| {
+            let made = record.as_deref().and_then(|r| ListingRow::of(id, r));
+            (id.clone(), made)
+        });
+        self.replace(changes, facts);
         Ok(())
     }
 }

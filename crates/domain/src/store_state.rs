@@ -47,6 +47,7 @@ use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::ops::Range;
 
 use std::sync::Arc;
 
@@ -64,6 +65,9 @@ use crate::trust::{is_store_id, TrustAnchor, TrustBinding};
 use crate::vec_map::VecMap;
 use crate::version::Version;
 use crate::version::VersionRange;
+use listing::{CheckpointParts, IndexedWriter, ListingRow};
+
+pub mod listing;
 
 /// The registry file format of a store without a log (`"guild_registry": 1`): the file is the
 /// whole committed state.
@@ -75,7 +79,25 @@ pub const REGISTRY_FORMAT_V1: u64 = 1;
 /// stale state.
 pub const REGISTRY_FORMAT_V2: u64 = 2;
 
+/// The format of a checkpoint with an index (`"guild_registry": 3`): a format-2 checkpoint
+/// that carries, before its packages, the row a listing shows of each package and the byte
+/// range of its record ([`listing`]), so that a listing reads the index alone and a
+/// reader of one package one record. Every writer writes it; formats 1 and 2 are still read.
+pub const REGISTRY_FORMAT_V3: u64 = 3;
+
+/// The formats of a registry file this build reads.
+const FORMATS: [u64; 3] = [REGISTRY_FORMAT_V1, REGISTRY_FORMAT_V2, REGISTRY_FORMAT_V3];
+
 const TOP_FIELDS: &[&str] = &["guild_registry", "generation", "trust", "fleet", "packages"];
+/// A format-3 checkpoint's members.
+const TOP_FIELDS_V3: &[&str] = &[
+    "guild_registry",
+    "generation",
+    "trust",
+    "fleet",
+    "index",
+    "packages",
+];
 const FLEET_FIELDS: &[&str] = &["root", "policy"];
 const POLICY_RECORD_FIELDS: &[&str] = &["version", "sha256", "expires"];
 const PACKAGE_FIELDS: &[&str] = &["id", "previous", "versions"];
@@ -508,7 +530,7 @@ pub enum StoreStateDecodeError {
     NotARegistry,
     /// A store state format this build cannot read.
     #[error(
-        "store state format {found} is not supported; this build reads formats {REGISTRY_FORMAT_V1} (a whole store state) and {REGISTRY_FORMAT_V2} (a checkpoint)"
+        "store state format {found} is not supported; this build reads formats {REGISTRY_FORMAT_V1} (a whole store state), {REGISTRY_FORMAT_V2} (a checkpoint) and {REGISTRY_FORMAT_V3} (a checkpoint with an index)"
     )]
     UnsupportedFormat {
         /// The format found.
@@ -1167,15 +1189,41 @@ impl StoreState {
         Ok(())
     }
 
-    /// The store state as a checkpoint (format 2, [`REGISTRY_FORMAT_V2`]): the same document as
-    /// [`Self::to_json`] under the other format marker, written as compact JSON.
+    /// The store state as a checkpoint (format 3, [`REGISTRY_FORMAT_V3`]): the document of
+    /// [`Self::to_json`] under the other format marker, with the index of its packages, written
+    /// as compact JSON.
     pub fn to_checkpoint_json(&self) -> Vec<u8> {
-        self.to_json_as(REGISTRY_FORMAT_V2)
+        self.to_json_as(REGISTRY_FORMAT_V3)
     }
 
-    /// Reads a registry file of either format, strictly, and answers it with its format.
+    /// The state's generation, trust anchor and fleet membership, in a state that records no
+    /// package.
+    pub fn facts_only(&self) -> Self {
+        StoreState {
+            generation: self.generation,
+            trust: self.trust.clone(),
+            fleet: self.fleet.clone(),
+            packages: ChunkMap::new(),
+        }
+    }
+
+    /// A state of these store-wide facts that records no package.
+    pub(crate) fn facts(
+        generation: u64,
+        trust: Option<TrustAnchor>,
+        fleet: Option<FleetMembership>,
+    ) -> Self {
+        StoreState {
+            generation,
+            trust,
+            fleet: fleet.map(Arc::new),
+            packages: ChunkMap::new(),
+        }
+    }
+
+    /// Reads a registry file of any format, strictly, and answers it with its format.
     pub fn from_any_json(bytes: &[u8]) -> Result<(Self, u64), StoreStateDecodeError> {
-        Self::from_json_of(bytes, &[REGISTRY_FORMAT_V1, REGISTRY_FORMAT_V2])
+        Self::from_json_of(bytes, &FORMATS)
     }
 
     /// [`Self::from_any_json`] for a reader of one package (`guild status ID`): the state holds
@@ -1190,11 +1238,18 @@ impl StoreState {
     /// invariant, a second record for the same id). Such a file is one no writer produced; the
     /// next full reader or writer refuses it, and a reader of one package answers nothing about
     /// the packages it did not read.
+    ///
+    /// A checkpoint with an index (format 3) is read through it: the head, the index, and the
+    /// one record the index points at, which must be package `only`'s; the other records are not
+    /// read at all.
     pub fn from_any_json_only(
         bytes: &[u8],
         only: &PackageId,
     ) -> Result<(Self, u64), StoreStateDecodeError> {
-        let formats = [REGISTRY_FORMAT_V1, REGISTRY_FORMAT_V2];
+        let formats = FORMATS;
+        if let Some(read) = Self::read_indexed_only(bytes, only) {
+            return Ok(read);
+        }
         match Self::read_json_of(bytes, &formats, Some(only)) {
             Some(read) => Ok(read),
             // Refused (or unusual, such as a package whose id is not its first member): read
@@ -1325,6 +1380,9 @@ impl StoreState {
         if format == REGISTRY_FORMAT_V1 {
             return self.to_tree(format).to_pretty_string().into_bytes();
         }
+        if format == REGISTRY_FORMAT_V3 {
+            return self.to_indexed_json();
+        }
         // Written a package at a time, each package's tree dropped once it is text: a tree of
         // the whole state (or a buffer regrown to twice its size) would hold a store of 10,000
         // packages several times over at the peak of the commit that compacts it. The bytes are
@@ -1338,6 +1396,37 @@ impl StoreState {
         json::write_compact_array(&mut out, packages);
         out.push('}');
         out.into_bytes()
+    }
+
+    /// The format-3 checkpoint: the head, the index, then the packages, each record's byte
+    /// range filled into its row once it is written.
+    fn to_indexed_json(&self) -> Vec<u8> {
+        let rows: Vec<ListingRow> = self
+            .packages
+            .iter()
+            .filter_map(|(id, p)| ListingRow::of(id, p))
+            .collect();
+        let mut head =
+            String::with_capacity(CHECKPOINT_HEAD + CHECKPOINT_PER_PACKAGE * self.packages.len());
+        head.push('{');
+        json::write_compact_members(&mut head, &self.head(REGISTRY_FORMAT_V3));
+        head.push(',');
+        let mut writer = IndexedWriter::new(head, rows.iter());
+        drop(rows);
+        writer.text().extend_from_slice(b",\"packages\":[");
+        let mut record = String::new();
+        for (i, (id, p)) in self.packages.iter().enumerate() {
+            if i > 0 {
+                writer.text().push(b',');
+            }
+            record.clear();
+            json::write_compact(&mut record, &encode_package(id, p));
+            let start = writer.text().len();
+            writer.text().extend_from_slice(record.as_bytes());
+            writer.fill(i, start..start + record.len());
+        }
+        writer.text().extend_from_slice(b"]}");
+        writer.finish()
     }
 
     /// The members of the state's JSON object before its packages.
@@ -1368,7 +1457,7 @@ impl StoreState {
     }
 
     /// Reads a store state written by [`Self::to_json`], strictly, and checks its invariants.
-    /// Only format 1: a checkpoint (format 2) is not the whole state, and is refused.
+    /// Only format 1: a checkpoint (format 2 or 3) is not the whole state, and is refused.
     pub fn from_json(bytes: &[u8]) -> Result<Self, StoreStateDecodeError> {
         Self::from_json_of(bytes, &[REGISTRY_FORMAT_V1]).map(|(state, _)| state)
     }
@@ -1390,7 +1479,36 @@ impl StoreState {
         let value = json::parse_borrowed(bytes)?;
         let (members, format) = format_of(&value, "guild_registry", formats)?;
         let root = At::Root;
-        let fields = Fields::new(members, root, TOP_FIELDS)?;
+        let indexed = format == REGISTRY_FORMAT_V3;
+        let fields = Fields::new(
+            members,
+            root,
+            if indexed { TOP_FIELDS_V3 } else { TOP_FIELDS },
+        )?;
+        if indexed {
+            fields.required("index")?;
+            // The readers of the index alone read the store-wide facts before it and the
+            // records after it: the members come in the order every writer writes them.
+            let mut at = 0;
+            for (key, _) in members {
+                let Some(i) = TOP_FIELDS_V3.iter().position(|k| k == key) else {
+                    continue;
+                };
+                if i < at {
+                    return Err(field(
+                        root.path().key(key),
+                        FieldProblem::Invalid {
+                            detail: format!(
+                                "out of order: a checkpoint of format 3 holds its members in the \
+                                 order {}",
+                                TOP_FIELDS_V3.join(", ")
+                            ),
+                        },
+                    ));
+                }
+                at = i;
+            }
+        }
         let generation = fields.u64("generation")?;
         let trust = match fields.get("trust") {
             None => None,
@@ -1424,11 +1542,41 @@ impl StoreState {
             packages,
         };
         state.validate()?;
+        if indexed {
+            listing::check_index(bytes, &state)?;
+        }
         Ok((state, format))
     }
 }
 
 impl StoreState {
+    /// [`Self::from_any_json_only`] through a format-3 checkpoint's index: the head, the index,
+    /// and the record of package `only` at the byte range its row gives. `None` for a document
+    /// of another format and for whatever this refuses (the caller reads the document again
+    /// to name it).
+    fn read_indexed_only(bytes: &[u8], only: &PackageId) -> Option<(Self, u64)> {
+        Self::from_checkpoint_parts_only(CheckpointParts::whole(bytes), only, |range| {
+            bytes.get(range).map(<[u8]>::to_vec)
+        })
+    }
+
+    /// [`Self::from_any_json_only`] from the parts of a format-3 checkpoint
+    /// ([`CheckpointParts`]) and its record of package `only`, which `record` reads given its
+    /// byte range: `None` for anything this does not read (another format included), which the
+    /// caller then reads whole with [`Self::from_any_json_only`].
+    pub fn from_checkpoint_parts_only(
+        parts: CheckpointParts<'_>,
+        only: &PackageId,
+        record: impl FnOnce(Range<usize>) -> Option<Vec<u8>>,
+    ) -> Option<(Self, u64)> {
+        let (mut state, package) = listing::read_indexed_only(parts, only, record)?;
+        if let Some(package) = package {
+            state.packages.insert(only.clone(), Arc::new(package));
+        }
+        state.validate().ok()?;
+        Some((state, REGISTRY_FORMAT_V3))
+    }
+
     /// [`Self::from_json_of`] without the tree: `None` for whatever it would refuse. With
     /// `only`, the state holds that package alone and the others are passed over
     /// ([`read_package_of`]; [`Self::from_any_json_only`] says what that leaves unchecked).
@@ -1443,9 +1591,28 @@ impl StoreState {
         let mut trust = None;
         let mut fleet = None;
         let mut packages: Option<ChunkMap<PackageId, Arc<PackageRecord>>> = None;
+        // A format-3 index's rows with their byte ranges, and how many records matched them.
+        let mut index: Option<listing::Index> = None;
+        let mut packages_end = None;
+        let mut matched = 0;
+        // Where in the writer's order the last member was (format 3 holds them in it).
+        let mut order = 0;
         c.object(|c, key| match key {
+            _ if format == Some(REGISTRY_FORMAT_V3)
+                && TOP_FIELDS_V3
+                    .iter()
+                    .position(|k| *k == key)
+                    .is_some_and(|i| i < std::mem::replace(&mut order, i)) =>
+            {
+                None
+            }
             "guild_registry" => once(&mut format, c.u64().filter(|f| formats.contains(f))?),
             "generation" => once(&mut generation, c.u64()?),
+            // Only before the packages, as every writer puts it, so that each record is
+            // compared with its row as it is read; only in a format-3 document.
+            "index" if format == Some(REGISTRY_FORMAT_V3) && packages.is_none() => {
+                once(&mut index, listing::read_index(c, |_| true, 0)?)
+            }
             "trust" => once(&mut trust, decode_trust(&c.value()?, At::Root).ok()?),
             "fleet" => once(
                 &mut fleet,
@@ -1453,16 +1620,38 @@ impl StoreState {
             ),
             "packages" => {
                 let mut map = ChunkMap::new();
-                c.array(|c| match read_package_of(c, only)? {
-                    Some((id, record)) => map.insert(id, Arc::new(record)).is_none().then_some(()),
-                    None => Some(()),
+                c.array(|c| {
+                    let start = c.offset();
+                    let read = read_package_of(c, only)?;
+                    if let Some(index) = &index {
+                        // Row `matched` is this record's: its id, its byte range, its columns.
+                        let (row, range) = (index.rows.get(matched)?, index.kept.get(matched)?);
+                        let (id, record) = read.as_ref()?;
+                        let holds = *range == (start..c.position())
+                            && row.view(c.text()).matches(id, record);
+                        holds.then(|| matched += 1)?;
+                    }
+                    match read {
+                        Some((id, record)) => {
+                            map.insert(id, Arc::new(record)).is_none().then_some(())
+                        }
+                        None => Some(()),
+                    }
                 })?;
+                // The `]` that ends them, which a format-3 index records.
+                packages_end = c.position().checked_sub(1);
                 once(&mut packages, map)
             }
             _ => None,
         })?;
         if !c.at_end() {
             return None;
+        }
+        if format == Some(REGISTRY_FORMAT_V3) {
+            let index = index?;
+            if index.rows.len() != matched || Some(index.packages_end) != packages_end {
+                return None;
+            }
         }
         let state = StoreState {
             generation: generation?,
@@ -1762,7 +1951,7 @@ pub(crate) fn once<T>(slot: &mut Option<T>, value: T) -> Option<()> {
 /// `None` for anything [`decode_package`] would refuse (and for anything unusual that it
 /// accepts, such as a key written with an escape), so that the caller reads the document again
 /// the slow way to name the error. Every value goes through the same parsing functions.
-fn read_package(c: &mut Cursor<'_>) -> Option<(PackageId, PackageRecord)> {
+pub(crate) fn read_package(c: &mut Cursor<'_>) -> Option<(PackageId, PackageRecord)> {
     let mut id = None;
     let mut previous = None;
     let mut versions = None;
@@ -2996,7 +3185,7 @@ pub(crate) mod tests {
             crate::trust::TrustStore::new().seal("0123456789abcdef0123456789abcdef", 3);
         r.set_trust_anchor(anchor);
         for state in [StoreState::new(), r] {
-            let written = String::from_utf8(state.to_checkpoint_json()).unwrap();
+            let written = String::from_utf8(state.to_json_as(REGISTRY_FORMAT_V2)).unwrap();
             assert_eq!(
                 written,
                 state.to_tree(REGISTRY_FORMAT_V2).to_compact_string()
@@ -3004,6 +3193,16 @@ pub(crate) mod tests {
             assert_eq!(
                 StoreState::from_any_json(written.as_bytes()).unwrap().0,
                 state
+            );
+            // The indexed checkpoint reads back through both readers.
+            let indexed = state.to_checkpoint_json();
+            assert_eq!(
+                StoreState::from_any_json(&indexed),
+                Ok((state.clone(), REGISTRY_FORMAT_V3))
+            );
+            assert_eq!(
+                StoreState::from_tree_of(&indexed, &FORMATS),
+                Ok((state.clone(), REGISTRY_FORMAT_V3))
             );
         }
     }
@@ -3456,7 +3655,7 @@ pub(crate) mod tests {
         let err = decode(r#"{"guild_registry": 7}"#).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "store state format 7 is not supported; this build reads formats 1 (a whole store state) and 2 (a checkpoint)"
+            "store state format 7 is not supported; this build reads formats 1 (a whole store state), 2 (a checkpoint) and 3 (a checkpoint with an index)"
         );
         let path: JsonPath = [PathSegment::Key("packages".to_owned())]
             .into_iter()
@@ -3686,14 +3885,33 @@ pub(crate) mod tests {
             }
             let back = StoreState::from_json(&r.to_json());
             prop_assert_eq!(&back, &Ok(r.clone()));
-            // The checkpoint, written a package at a time, is its tree's compact form.
+            // A format-2 checkpoint, written a package at a time, is its tree's compact form.
             prop_assert_eq!(
-                String::from_utf8(r.to_checkpoint_json()).unwrap(),
+                String::from_utf8(r.to_json_as(REGISTRY_FORMAT_V2)).unwrap(),
                 r.to_tree(REGISTRY_FORMAT_V2).to_compact_string()
             );
             // The fast reader reads every state written, and reads it as the tree reader does.
-            let fast = StoreState::read_json_of(&r.to_checkpoint_json(), &[REGISTRY_FORMAT_V2], None);
-            prop_assert_eq!(fast, Some((r, REGISTRY_FORMAT_V2)));
+            let checkpoint = r.to_checkpoint_json();
+            let fast = StoreState::read_json_of(&checkpoint, &FORMATS, None);
+            prop_assert_eq!(fast, Some((r.clone(), REGISTRY_FORMAT_V3)));
+            prop_assert_eq!(
+                StoreState::from_tree_of(&checkpoint, &FORMATS),
+                Ok((r.clone(), REGISTRY_FORMAT_V3))
+            );
+            // The index lists what the records say, and points at each record.
+            prop_assert_eq!(
+                listing::Listing::from_checkpoint(&checkpoint),
+                Ok(Some(listing::Listing::of(&r)))
+            );
+            for p in 0..4u8 {
+                let only = id(&format!("p{p}"));
+                let mut want = r.clone();
+                want.keep_only(&only);
+                prop_assert_eq!(
+                    StoreState::read_indexed_only(&checkpoint, &only),
+                    Some((want, REGISTRY_FORMAT_V3))
+                );
+            }
         }
     }
 }

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 
 use guild_domain::graph::NodeRef;
 use guild_domain::ids::PackageId;
+use guild_domain::store_state::listing::Listing;
 use guild_domain::store_state::StoreState;
 use guild_domain::version::Version;
 
@@ -321,6 +322,20 @@ pub trait PackageStore: Send + Sync {
     /// The committed registry. Never an empty stand-in for a file that could not be read: opening
     /// the store fails instead.
     fn registry(&self) -> Result<StoreState, StoreError>;
+
+    /// The committed registry as a listing shows it: every package's row, in id order. A
+    /// handle opened for the listing alone answers it from the registry files' index, where
+    /// [`PackageStore::registry`] then holds the store-wide facts and no package.
+    fn listing(&self) -> Result<Listing, StoreError> {
+        Ok(Listing::of(&self.registry()?))
+    }
+
+    /// Whether the committed registry records any package: on a handle opened for the listing
+    /// (whose registry holds none) the listing says; on a handle opened for one package, whether
+    /// that package is recorded (its registry holds no other).
+    fn records_packages(&self) -> Result<bool, StoreError> {
+        Ok(self.registry()?.packages().next().is_some())
+    }
 
     /// A fresh path inside the store's staging area that does not exist yet. The caller creates
     /// the directory there exclusively (the extractor does) and either commits it with

@@ -2,7 +2,7 @@
 //!
 //! 0. Only in a format-1 store (no log yet): the migration. An empty log based at the current
 //!    generation is written to `registry.log.tmp`, fsynced, renamed into place and the store
-//!    directory fsynced; then the current state as a format-2 checkpoint the same way over
+//!    directory fsynced; then the current state as a checkpoint (format 3) the same way over
 //!    `registry.json`. Until that rename the format-1 file is the store (readers ignore a log
 //!    beside it, recovery deletes it); after it, the checkpoint and the empty log are.
 //! 1. The journal record: written to a temporary file, fsynced, renamed into `journal/`, and the
@@ -27,9 +27,9 @@
 //!    fsync, because recovery finishes the rename and deletes unreferenced trees and stale
 //!    records anyway. A tree that could not be deleted keeps the record in place: the record is
 //!    what makes the next opening sweep `packages/`.
-//! 6. When the log's frames have outgrown the checkpoint: the compaction. The new state is
-//!    written as the checkpoint (tmp, fsync, rename, directory fsync), then an empty log based at
-//!    its generation (the same four steps). Between the two renames the old log's frames are all
+//! 6. When the log's frames have outgrown a sixteenth of the checkpoint: the compaction. The new
+//!    state is written as the checkpoint (tmp, fsync, rename, directory fsync), then an empty log
+//!    based at its generation (the same four steps). Between the two renames the old log's frames are all
 //!    at or below the checkpoint's generation and are skipped. A failure here leaves the commit
 //!    standing and the log long, listed in the leftovers.
 //!
@@ -65,7 +65,7 @@ use guild_domain::graph::NodeRef;
 use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::lifecycle::State;
 use guild_domain::store_log::StoreStateDelta;
-use guild_domain::store_state::{StoreState, REGISTRY_FORMAT_V2};
+use guild_domain::store_state::{StoreState, REGISTRY_FORMAT_V1, REGISTRY_FORMAT_V3};
 use guild_domain::trust::anchor_succession_problem;
 use guild_domain::version::Version;
 use guild_ports::store::{Committed, StagedInstall, StoreError, StoreErrorKind, Transaction};
@@ -86,7 +86,7 @@ pub(crate) struct Plan {
     pub(crate) frame: Vec<u8>,
     /// The registry files as they are before the commit.
     pub(crate) info: DiskInfo,
-    /// The current state as a format-2 checkpoint, when the store is still format 1 and the
+    /// The current state as a checkpoint, when the store is still format 1 and the
     /// commit migrates it first.
     pub(crate) migrate: Option<Vec<u8>>,
     /// Every staged tree, in the order the commit moves them into place (the journal record's).
@@ -183,7 +183,7 @@ pub(crate) fn plan(
         frame: log::frame(&delta),
         new_state: new,
         info,
-        migrate: (info.format != REGISTRY_FORMAT_V2).then(|| current.to_checkpoint_json()),
+        migrate: (info.format == REGISTRY_FORMAT_V1).then(|| current.to_checkpoint_json()),
         installs,
         delete,
         trust: if trust_changes { tx.trust } else { None },
@@ -493,7 +493,7 @@ struct Progress {
     /// Per staged tree, in the plan's order; as long as the plan's installs once the commit
     /// reaches them.
     installs: Vec<InstallProgress>,
-    /// A migration renamed the format-2 checkpoint into place: from here the log stays.
+    /// A migration renamed the checkpoint into place: from here the log stays.
     migrated: bool,
     /// The frame's append started: the log must be cut back to its old length.
     appending: bool,
@@ -508,8 +508,8 @@ struct InstallProgress {
     moved_aside: bool,
 }
 
-/// Carries out `plan`, then compacts the log if it has grown past the checkpoint (or past
-/// `compact_over` bytes, when given). Answers the registry files as they are after it.
+/// Carries out `plan`, then compacts the log if it has grown past a sixteenth of the checkpoint
+/// (or past `compact_over` bytes, when given). Answers the registry files as they are after it.
 ///
 /// `holds` are the writer's holds on the pins of `plan.delete`'s versions, in the same order:
 /// each tree is deleted under its hold, and a hold goes with its tree (or with the commit, when
@@ -745,7 +745,7 @@ fn compact_after_commit(
 
 /// Moves a format-1 store to a checkpoint and a log, before anything else of the commit: an
 /// empty log based at the current generation first (a format-1 reader ignores it), then the
-/// current state as a format-2 checkpoint, whose rename is the migration's point of no return.
+/// current state as a checkpoint, whose rename is the migration's point of no return.
 fn migrate(
     layout: &StoreLayout,
     run: &mut Run,
@@ -759,7 +759,7 @@ fn migrate(
     log::create(layout, run, plan.intent.from_generation)?;
     write_checkpoint(layout, run, checkpoint, || progress.migrated = true)?;
     *info = DiskInfo {
-        format: REGISTRY_FORMAT_V2,
+        format: REGISTRY_FORMAT_V3,
         checkpoint_len: checkpoint.len() as u64,
         log_len: HEADER_LEN,
         dir_unsynced: false,
@@ -796,6 +796,8 @@ fn compact(
     let written = write_checkpoint(layout, run, &checkpoint, || renamed = true);
     if renamed {
         info.checkpoint_len = checkpoint.len() as u64;
+        // A format-2 checkpoint is replaced by one of this build's format.
+        info.format = REGISTRY_FORMAT_V3;
     }
     if let Err(e) = written {
         info.dir_unsynced |= renamed;

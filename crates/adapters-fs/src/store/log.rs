@@ -1,8 +1,10 @@
 //! The registry on disk: a checkpoint (`registry.json`) and the log of the commits after it
 //! (`registry.log`).
 //!
-//! The checkpoint is a whole [`StoreState`] in format 2 (a format-1 file is a store written
-//! before the log existed: the whole state, no log). The log starts with a header naming its
+//! The checkpoint is a whole [`StoreState`] in format 3, with the index of its packages that a
+//! listing and a reader of one package read instead of its records (format 2, the same without
+//! the index, is read too; a format-1 file is a store written before the log existed: the whole
+//! state, no log). The log starts with a header naming its
 //! *base* generation (the checkpoint's when the log was started) and holds one frame per commit:
 //!
 //! ```text
@@ -36,8 +38,9 @@ use std::ops::Range;
 
 use guild_domain::ids::{PackageId, Sha256Digest};
 use guild_domain::store_log::StoreStateDelta;
+use guild_domain::store_state::listing::Listing;
 use guild_domain::store_state::{
-    ApplyError, StoreState, StoreStateDecodeError, REGISTRY_FORMAT_V2,
+    ApplyError, StoreState, StoreStateDecodeError, REGISTRY_FORMAT_V1,
 };
 use guild_ports::store::{StoreError, StoreErrorKind};
 
@@ -102,6 +105,11 @@ const FRAME_OVERHEAD: usize = 36;
 /// A log shorter than this is never compacted, whatever the checkpoint's size: compacting a small
 /// store often would cost more fsyncs than it saves bytes.
 pub(crate) const MIN_COMPACT_LEN: u64 = 64 * 1024;
+/// The log is compacted once its frames outgrow this fraction of the checkpoint (and
+/// [`MIN_COMPACT_LEN`]): a reader of the whole store decodes every frame, while a listing or a
+/// reader of one package reads the checkpoint's index, so the log bounds what they cost. A
+/// compaction then writes at most this many bytes of checkpoint per byte of frames.
+pub(crate) const COMPACT_RATIO: u64 = 16;
 
 /// The log's header for base generation `base`.
 pub(crate) fn header(base: u64) -> Vec<u8> {
@@ -153,7 +161,7 @@ pub(crate) fn frame(delta: &StoreStateDelta) -> Vec<u8> {
 /// The sizes a writer keeps to append and to decide on compaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct DiskInfo {
-    /// The checkpoint's format: 1 (no log yet) or 2.
+    /// The checkpoint's format: 1 (no log yet), 2 or 3.
     pub(crate) format: u64,
     pub(crate) checkpoint_len: u64,
     /// Where the last complete frame ends (0 without a log).
@@ -164,19 +172,34 @@ pub(crate) struct DiskInfo {
 }
 
 impl DiskInfo {
-    /// Whether the log has grown past the checkpoint (and the floor), so that rewriting the
-    /// checkpoint costs at most what the commits since the last one wrote.
+    /// Whether the log has grown past a [`COMPACT_RATIO`]th of the checkpoint (and the floor),
+    /// so that rewriting the checkpoint costs at most that many times what the commits since
+    /// the last one wrote.
     pub(crate) fn wants_compaction(&self, over: Option<u64>) -> bool {
         let frames = self.log_len.saturating_sub(HEADER_LEN);
-        self.format == REGISTRY_FORMAT_V2
-            && frames > 0
-            && frames > over.unwrap_or(self.checkpoint_len.max(MIN_COMPACT_LEN))
+        let threshold = (self.checkpoint_len / COMPACT_RATIO).max(MIN_COMPACT_LEN);
+        self.format != REGISTRY_FORMAT_V1 && frames > 0 && frames > over.unwrap_or(threshold)
     }
+}
+
+/// What of the registry a read builds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Part<'a> {
+    /// The whole state.
+    Whole,
+    /// The store-wide facts and this package's record alone.
+    Package(&'a PackageId),
+    /// The store-wide facts and the [`Listing`], from a checkpoint's index where it has one.
+    Listing,
 }
 
 /// The committed registry as read from disk.
 pub(crate) struct OnDisk {
+    /// The whole state; with [`Part::Package`] the facts and that package; with
+    /// [`Part::Listing`] the facts alone.
     pub(crate) registry: StoreState,
+    /// With [`Part::Listing`], the listing of the state.
+    pub(crate) listing: Option<Listing>,
     pub(crate) info: DiskInfo,
     /// The length of the log file, when it holds an uncommitted tail after `info.log_len`.
     pub(crate) torn_len: Option<u64>,
@@ -186,39 +209,43 @@ pub(crate) struct OnDisk {
 
 /// Reads the checkpoint and the log, or `None` when there is no checkpoint.
 pub(crate) fn read(layout: &StoreLayout) -> Result<Option<OnDisk>, StoreError> {
-    read_for(layout, None)
+    read_for(layout, Part::Whole)
 }
 
-/// [`read`], keeping only package `only` when it is given: every other package's record, in
+/// [`read`], building `part` of the registry. For a package, every other package's record, in
 /// the checkpoint and in each frame, is passed over without being built
-/// ([`StoreState::from_any_json_only`] says what that leaves unchecked). Every frame's checksum
-/// and generation is checked as [`read`] checks them.
-pub(crate) fn read_for(
-    layout: &StoreLayout,
-    only: Option<&PackageId>,
-) -> Result<Option<OnDisk>, StoreError> {
+/// ([`StoreState::from_any_json_only`] says what that leaves unchecked). For a listing, a
+/// checkpoint with an index is read up to its index ([`Listing::from_checkpoint`]) and each
+/// frame's packages make their rows again. Every frame's checksum and generation is checked as
+/// [`read`] checks them.
+pub(crate) fn read_for(layout: &StoreLayout, part: Part<'_>) -> Result<Option<OnDisk>, StoreError> {
     let path = &layout.registry;
-    let Some(bytes) = read_store_file("read registry", path, MAX_REGISTRY_BYTES)? else {
-        return Ok(None);
+    let (checkpoint, format, mut listing, checkpoint_len) = match read_indexed(path, part) {
+        Some(read) => read,
+        None => {
+            let Some(bytes) = read_store_file("read registry", path, MAX_REGISTRY_BYTES)? else {
+                return Ok(None);
+            };
+            let (state, format, listing) = decode_whole(&bytes, part).map_err(|e| {
+                let kind = match e {
+                    StoreStateDecodeError::UnsupportedFormat { .. } => {
+                        StoreErrorKind::UnsupportedFormat
+                    }
+                    _ => StoreErrorKind::Corrupt,
+                };
+                StoreError::new(kind, "decode registry")
+                    .at(path.clone())
+                    .caused_by(e)
+            })?;
+            (state, format, listing, bytes.len() as u64)
+        }
     };
-    let decoded = match only {
-        None => StoreState::from_any_json(&bytes),
-        Some(only) => StoreState::from_any_json_only(&bytes, only),
-    };
-    let (checkpoint, format) = decoded.map_err(|e| {
-        let kind = match e {
-            StoreStateDecodeError::UnsupportedFormat { .. } => StoreErrorKind::UnsupportedFormat,
-            _ => StoreErrorKind::Corrupt,
-        };
-        StoreError::new(kind, "decode registry")
-            .at(path.clone())
-            .caused_by(e)
-    })?;
-    let checkpoint_len = bytes.len() as u64;
     let log = read_store_file("read registry log", &layout.log, MAX_REGISTRY_BYTES)?;
-    if format != REGISTRY_FORMAT_V2 {
+    if format == REGISTRY_FORMAT_V1 {
+        let (registry, listing) = listed(checkpoint, part);
         return Ok(Some(OnDisk {
-            registry: checkpoint,
+            registry,
+            listing,
             info: DiskInfo {
                 format,
                 checkpoint_len,
@@ -232,14 +259,32 @@ pub(crate) fn read_for(
     let Some(log) = log else {
         return Err(StoreError::new(
             StoreErrorKind::Corrupt,
-            "the registry is a checkpoint (format 2) but its log is missing",
+            "the registry is a checkpoint (format 2 or 3) but its log is missing",
         )
         .at(layout.log.clone()));
     };
     let mut registry = checkpoint;
-    let (valid, torn) = replay(layout, &log, &mut registry, only)?;
+    let (valid, torn) = match &mut listing {
+        Some(listing) => replay(layout, &log, listing.generation(), None, &mut |d| {
+            listing.apply(d)
+        })?,
+        None => {
+            let only = match part {
+                Part::Package(only) => Some(only),
+                _ => None,
+            };
+            replay(layout, &log, registry.generation(), only, &mut |d| {
+                registry.apply(d)
+            })?
+        }
+    };
+    let (registry, listing) = match listing {
+        Some(listing) => (listing.facts().clone(), Some(listing)),
+        None => listed(registry, part),
+    };
     Ok(Some(OnDisk {
         registry,
+        listing,
         info: DiskInfo {
             format,
             checkpoint_len,
@@ -251,13 +296,124 @@ pub(crate) fn read_for(
     }))
 }
 
-/// Applies the frames of `log` above `state`'s generation to it. Answers where the last complete
-/// frame ends and whether an uncommitted tail (a torn append, as the module says) follows.
+/// A checkpoint at least this long is read in parts by a listing or a reader of one package,
+/// when it has an index: its first bytes, which say how long its head and index are, then the
+/// rest of those, its last two bytes and (for one package) that package's record.
+const PARTS_OVER: u64 = 128 << 10;
+/// How many bytes the read in parts starts with.
+const PREFIX: u64 = 64 << 10;
+
+/// How many times a checkpoint was read in parts ([`read_indexed`]), for tests that a large store
+/// is not read whole.
+static READ_IN_PARTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many times a listing or a reader of one package has read a checkpoint in parts (its head,
+/// its end and at most one record) in this process.
+pub fn reads_in_parts() -> u64 {
+    READ_IN_PARTS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// `part` of a format-3 checkpoint at `path`, read in parts ([`PARTS_OVER`]): the state, its
+/// format, the listing and the file's length. `None` for a whole reader, a file that is
+/// missing, short or of another format, and anything that does not read: the caller reads the
+/// whole file, which reports what is wrong.
+fn read_indexed(
+    path: &std::path::Path,
+    part: Part<'_>,
+) -> Option<(StoreState, u64, Option<Listing>, u64)> {
+    use guild_domain::store_state::listing::{index_len, CheckpointParts};
+    use guild_domain::store_state::REGISTRY_FORMAT_V3;
+    if matches!(part, Part::Whole) {
+        return None;
+    }
+    let file = crate::durable_file::PartialFile::open(path, MAX_REGISTRY_BYTES).ok()?;
+    let len = file.len();
+    if len < PARTS_OVER {
+        return None;
+    }
+    let mut head = file.read_at(0..PREFIX).ok()?;
+    let head_len = u64::try_from(index_len(&head)?).ok()?;
+    if head_len > len {
+        return None;
+    }
+    if head_len > PREFIX {
+        head.extend(file.read_at(PREFIX..head_len).ok()?);
+    } else {
+        head.truncate(head_len as usize);
+    }
+    let tail = file.read_at(len - 2..len).ok()?;
+    let doc_len = usize::try_from(len).ok()?;
+    if let Part::Listing = part {
+        // The listing keeps the head: its rows are views into it.
+        let listing = Listing::from_checkpoint_head(head, doc_len, &tail)?;
+        READ_IN_PARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return Some((
+            listing.facts().clone(),
+            REGISTRY_FORMAT_V3,
+            Some(listing),
+            len,
+        ));
+    }
+    let parts = CheckpointParts {
+        head: &head,
+        len: doc_len,
+        tail: &tail,
+    };
+    match part {
+        Part::Package(only) => {
+            let (state, format) = StoreState::from_checkpoint_parts_only(parts, only, |r| {
+                file.read_at(r.start as u64..r.end as u64).ok()
+            })?;
+            READ_IN_PARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Some((state, format, None, len))
+        }
+        Part::Whole | Part::Listing => None,
+    }
+}
+
+/// The whole checkpoint `bytes` decoded for `part`: the state, its format and (for a listing
+/// of a checkpoint with an index) the listing.
+fn decode_whole(
+    bytes: &[u8],
+    part: Part<'_>,
+) -> Result<(StoreState, u64, Option<Listing>), StoreStateDecodeError> {
+    match part {
+        Part::Whole => StoreState::from_any_json(bytes).map(|(s, f)| (s, f, None)),
+        Part::Package(only) => {
+            StoreState::from_any_json_only(bytes, only).map(|(s, f)| (s, f, None))
+        }
+        Part::Listing => match Listing::from_checkpoint(bytes)? {
+            Some(listing) => Ok((
+                listing.facts().clone(),
+                guild_domain::store_state::REGISTRY_FORMAT_V3,
+                Some(listing),
+            )),
+            None => StoreState::from_any_json(bytes).map(|(s, f)| (s, f, None)),
+        },
+    }
+}
+
+/// A whole state read for `part`: for a listing, its facts and its listing.
+fn listed(state: StoreState, part: Part<'_>) -> (StoreState, Option<Listing>) {
+    match part {
+        Part::Listing => {
+            let listing = Listing::of(&state);
+            (listing.facts().clone(), Some(listing))
+        }
+        _ => (state, None),
+    }
+}
+
+/// Applies the frames of `log` above generation `from` (the checkpoint's) through `apply`, in
+/// order; with `only`, each frame is decoded for that package alone. Answers where the last
+/// complete frame ends and whether an uncommitted tail (a torn append, as the module says)
+/// follows.
 fn replay(
     layout: &StoreLayout,
     log: &[u8],
-    state: &mut StoreState,
+    from: u64,
     only: Option<&PackageId>,
+    apply: &mut dyn FnMut(&StoreStateDelta) -> Result<(), ApplyError>,
 ) -> Result<(u64, bool), StoreError> {
     let corrupt = |offset: usize, problem: LogProblem| {
         StoreError::new(StoreErrorKind::Corrupt, "read registry log")
@@ -275,7 +431,6 @@ fn replay(
     if head[16..] != Sha256Digest::of(&head[..16]).0 {
         return Err(corrupt(0, LogProblem::HeaderChecksum));
     }
-    let from = state.generation();
     if base > from {
         return Err(corrupt(
             0,
@@ -335,10 +490,8 @@ fn replay(
                 },
             ));
         }
-        if delta.generation > state.generation() {
-            state
-                .apply(&delta)
-                .map_err(|e| corrupt(offset, LogProblem::Apply(e)))?;
+        if delta.generation > from {
+            apply(&delta).map_err(|e| corrupt(offset, LogProblem::Apply(e)))?;
         }
         offset = end;
     }
@@ -414,4 +567,37 @@ fn commit_in_flight(layout: &StoreLayout, from: u64) -> Result<bool, StoreError>
     // A record that does not decode proves nothing (and stops a writer's recovery anyway).
     Ok(record
         .is_some_and(|bytes| Intent::from_json(&bytes).is_ok_and(|i| i.from_generation == from)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use guild_domain::store_state::{REGISTRY_FORMAT_V2, REGISTRY_FORMAT_V3};
+
+    fn info(format: u64, checkpoint_len: u64, frames: u64) -> DiskInfo {
+        DiskInfo {
+            format,
+            checkpoint_len,
+            log_len: HEADER_LEN + frames,
+            dir_unsynced: false,
+        }
+    }
+
+    /// The log is compacted once its frames pass a sixteenth of the checkpoint, and never below
+    /// 64 KiB of frames; a format-2 checkpoint is compacted as a format-3 one is (into format
+    /// 3), a format-1 store never (its first write migrates it instead).
+    #[test]
+    fn the_log_is_compacted_past_a_sixteenth_of_the_checkpoint_and_the_floor() {
+        let mib = 1 << 20;
+        for format in [REGISTRY_FORMAT_V2, REGISTRY_FORMAT_V3] {
+            assert!(!info(format, 16 * mib, mib).wants_compaction(None));
+            assert!(info(format, 16 * mib, mib + 1).wants_compaction(None));
+            // Below the floor, however small the checkpoint.
+            assert!(!info(format, 1000, MIN_COMPACT_LEN).wants_compaction(None));
+            assert!(info(format, 1000, MIN_COMPACT_LEN + 1).wants_compaction(None));
+            assert!(!info(format, 1000, 0).wants_compaction(Some(0)));
+            assert!(info(format, 1000, 1).wants_compaction(Some(0)));
+        }
+        assert!(!info(REGISTRY_FORMAT_V1, 1000, 10 * mib).wants_compaction(None));
+    }
 }

@@ -47,6 +47,7 @@ use std::time::{Duration, Instant};
 use guild_domain::graph::NodeRef;
 use guild_domain::ids::PackageId;
 use guild_domain::ids::Sha256Digest;
+use guild_domain::store_state::listing::Listing;
 use guild_domain::store_state::StoreState;
 use guild_domain::version::Version;
 use guild_ports::store::{
@@ -56,7 +57,7 @@ use guild_ports::store::{
 
 pub use durable::{Fault, FaultMode, OpStats};
 pub use journal::{JournalDecodeError, JOURNAL_FORMAT_V1};
-pub use log::{LogCorruption, LogProblem};
+pub use log::{reads_in_parts, LogCorruption, LogProblem};
 pub use watch::StoreWatcher;
 
 use commit::{is_crash, is_staging_entry, Failure};
@@ -65,8 +66,8 @@ use log::DiskInfo;
 use recovery::Sweep;
 
 /// The most bytes a reader takes from `registry.json`, and from `registry.log`: far more than a
-/// store ever holds (a compaction keeps the log near the checkpoint's size), and a bound on what
-/// a damaged or planted file can make any reader hold.
+/// store ever holds (a compaction keeps the log near a sixteenth of the checkpoint, or 64 KiB),
+/// and a bound on what a damaged or planted file can make any reader hold.
 pub(crate) const MAX_REGISTRY_BYTES: u64 = 1 << 30;
 /// The most bytes a reader takes from `trust` or `trust.next`.
 pub(crate) const MAX_TRUST_BYTES: u64 = 64 << 20;
@@ -224,15 +225,38 @@ pub struct FsStore {
     reader: bool,
     lock_wait: Duration,
     compact_log_over: Option<u64>,
-    /// A reader of one package ([`FsStore::open_package_reader`]): its registry holds this
-    /// package and no other, and it cannot write.
-    only: Option<PackageId>,
+    /// What of the registry this handle reads: all of it, or (a reader that cannot write) one
+    /// package or the listing.
+    view: View,
     inner: Mutex<Inner>,
+}
+
+/// What of the registry a handle reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum View {
+    /// All of it.
+    Whole,
+    /// The store-wide facts and one package ([`FsStore::open_package_reader`]).
+    Package(PackageId),
+    /// The store-wide facts and the listing ([`FsStore::open_listing_reader`]).
+    Listing,
+}
+
+impl View {
+    fn part(&self) -> log::Part<'_> {
+        match self {
+            View::Whole => log::Part::Whole,
+            View::Package(id) => log::Part::Package(id),
+            View::Listing => log::Part::Listing,
+        }
+    }
 }
 
 #[derive(Debug)]
 struct Inner {
     registry: StoreState,
+    /// The listing of a handle opened for it ([`View::Listing`]).
+    listing: Option<Listing>,
     /// The registry files' sizes: where the next frame goes, and when to compact.
     disk: DiskInfo,
     /// The committed trust bytes. Kept here, like the registry, so that a commit whose rename of
@@ -260,7 +284,7 @@ impl FsStore {
         root: impl Into<PathBuf>,
         options: StoreOptions,
     ) -> Result<(FsStore, RecoveryReport), StoreError> {
-        Self::open_as(root, options, None)
+        Self::open_as(root, options, View::Whole)
     }
 
     /// A reader of package `id` alone (`guild status ID`): as [`StoreOptions::reader`], but its
@@ -276,21 +300,41 @@ impl FsStore {
         root: impl Into<PathBuf>,
         id: &PackageId,
     ) -> Result<(FsStore, RecoveryReport), StoreError> {
-        Self::open_as(root, StoreOptions::new().reader(), Some(id.clone()))
+        Self::open_as(
+            root,
+            StoreOptions::new().reader(),
+            View::Package(id.clone()),
+        )
+    }
+
+    /// A reader of the listing (`guild list`): as [`StoreOptions::reader`], but its registry
+    /// holds the store-wide facts (generation, trust anchor, fleet) and no package, and
+    /// [`PackageStore::listing`] answers the row of every package. A checkpoint with an index
+    /// (format 3) is read up to its index, not record by record; the log's frames are decoded
+    /// in full and make the rows of the packages they change. Nothing else is read, so damage
+    /// inside the checkpoint's records is found by the next full reader, not by this one
+    /// ([`guild_domain::store_state::listing`]). It cannot write or recover the store. A store that has
+    /// never been written is created and recovered as a reader's opening does.
+    pub fn open_listing_reader(
+        root: impl Into<PathBuf>,
+    ) -> Result<(FsStore, RecoveryReport), StoreError> {
+        Self::open_as(root, StoreOptions::new().reader(), View::Listing)
     }
 
     fn open_as(
         root: impl Into<PathBuf>,
         options: StoreOptions,
-        only: Option<PackageId>,
+        view: View,
     ) -> Result<(FsStore, RecoveryReport), StoreError> {
         let layout = StoreLayout::new(root);
         let mut run = Run::new(None);
         create_root(&layout.root, &mut run)?;
         let lock = open_lock(&layout.lock)?;
-        let only = only.filter(|_| options.reader);
+        let view = if options.reader { view } else { View::Whole };
+        let mut listing = None;
         let recovered = if options.reader && layout.registry.exists() {
-            let snapshot = read_snapshot(&layout, only.as_ref())?;
+            let snapshot = read_snapshot(&layout, view.part())?;
+            listing = snapshot.listing;
             recovery::Recovered {
                 report: RecoveryReport {
                     generation: snapshot.registry.generation(),
@@ -321,9 +365,17 @@ impl FsStore {
             reader: options.reader,
             lock_wait: options.lock_wait,
             compact_log_over: options.compact_log_over,
-            only,
             inner: Mutex::new(Inner {
-                registry: recovered.registry,
+                // A store created by this opening is read whole: make its listing.
+                listing: match (&view, listing) {
+                    (View::Listing, None) => Some(Listing::of(&recovered.registry)),
+                    (_, listing) => listing,
+                },
+                registry: if view == View::Listing {
+                    recovered.registry.facts_only()
+                } else {
+                    recovered.registry
+                },
                 disk: recovered.info,
                 trust: recovered.trust,
                 poisoned: false,
@@ -333,6 +385,7 @@ impl FsStore {
                 last_op: run.stats,
                 writing: 0,
             }),
+            view,
         };
         Ok((store, recovered.report))
     }
@@ -366,20 +419,23 @@ impl FsStore {
             .unwrap_or_default()
     }
 
-    /// Refuses `action` on a reader of one package ([`FsStore::open_package_reader`]): its
-    /// registry is not the whole state, so nothing may be written or recovered from it.
+    /// Refuses `action` on a reader of one package ([`FsStore::open_package_reader`]) or of
+    /// the listing ([`FsStore::open_listing_reader`]): its registry is not the whole state, so
+    /// nothing may be written or recovered from it.
     fn refuse_if_one_package(&self, action: &str) -> Result<(), StoreError> {
-        match &self.only {
-            None => Ok(()),
-            Some(id) => Err(StoreError::new(
-                StoreErrorKind::InvalidTransaction,
-                format!(
-                    "a reader opened for package {id} alone cannot {action} the store; open it \
-                     as a reader or writer of every package"
-                ),
-            )
-            .at(self.layout.root.clone())),
-        }
+        let opened = match &self.view {
+            View::Whole => return Ok(()),
+            View::Package(id) => format!("package {id} alone"),
+            View::Listing => "the listing alone".to_owned(),
+        };
+        Err(StoreError::new(
+            StoreErrorKind::InvalidTransaction,
+            format!(
+                "a reader opened for {opened} cannot {action} the store; open it as a reader or \
+                 writer of every package"
+            ),
+        )
+        .at(self.layout.root.clone()))
     }
 
     /// The inner state, refusing if an earlier failure poisoned the handle.
@@ -429,6 +485,22 @@ fn with_run<T>(
 impl PackageStore for FsStore {
     fn registry(&self) -> Result<StoreState, StoreError> {
         Ok(self.usable()?.registry.clone())
+    }
+
+    fn listing(&self) -> Result<Listing, StoreError> {
+        let inner = self.usable()?;
+        Ok(match &inner.listing {
+            Some(listing) => listing.clone(),
+            None => Listing::of(&inner.registry),
+        })
+    }
+
+    fn records_packages(&self) -> Result<bool, StoreError> {
+        let inner = self.usable()?;
+        Ok(match &inner.listing {
+            Some(listing) => !listing.is_empty(),
+            None => inner.registry.packages().next().is_some(),
+        })
     }
 
     fn new_staging_dir(&self) -> Result<PathBuf, StoreError> {
@@ -515,8 +587,9 @@ impl PackageStore for FsStore {
     fn refresh(&self) -> Result<u64, StoreError> {
         let mut inner = self.usable()?;
         if self.reader && inner.writing == 0 {
-            let snapshot = read_snapshot(&self.layout, self.only.as_ref())?;
+            let snapshot = read_snapshot(&self.layout, self.view.part())?;
             inner.registry = snapshot.registry;
+            inner.listing = snapshot.listing;
             inner.disk = snapshot.info;
             inner.trust = snapshot.trust;
         }
@@ -563,7 +636,7 @@ impl PackageStore for FsStore {
         // From here no writer deletes the version's files; they are there only if what is
         // committed now installs the version. The disk decides, not this handle's view, which
         // may be older than a removal.
-        let refusal = match read_committed(&self.layout, None) {
+        let refusal = match read_committed(&self.layout, log::Part::Whole) {
             Ok(Some(snapshot)) => not_installed(&snapshot.registry, id, version),
             Ok(None) => Some(
                 StoreError::new(
@@ -791,6 +864,7 @@ fn pinned_error(layout: &StoreLayout, node: &NodeRef, holders: Vec<PinHolder>) -
 /// One committed generation as a reader sees it.
 struct Snapshot {
     registry: StoreState,
+    listing: Option<Listing>,
     info: DiskInfo,
     trust: Option<Vec<u8>>,
 }
@@ -821,11 +895,11 @@ fn registry_files(layout: &StoreLayout) -> Result<[Option<(u64, u64)>; 2], Store
 /// store has no registry.
 fn read_committed(
     layout: &StoreLayout,
-    only: Option<&PackageId>,
+    part: log::Part<'_>,
 ) -> Result<Option<Snapshot>, StoreError> {
     for _ in 0..SNAPSHOT_ATTEMPTS {
         let files = registry_files(layout)?;
-        let read = log::read_for(layout, only);
+        let read = log::read_for(layout, part);
         let found = match read {
             Ok(Some(found)) => found,
             // Read while a writer replaced a file (a compaction): an error of a mixed view.
@@ -853,6 +927,7 @@ fn read_committed(
         if registry_files(layout)? == files {
             return Ok(Some(Snapshot {
                 registry,
+                listing: found.listing,
                 info: found.info,
                 trust,
             }));
@@ -866,8 +941,8 @@ fn read_committed(
 }
 
 /// [`read_committed`], for a store that must have a registry.
-fn read_snapshot(layout: &StoreLayout, only: Option<&PackageId>) -> Result<Snapshot, StoreError> {
-    read_committed(layout, only)?.ok_or_else(|| {
+fn read_snapshot(layout: &StoreLayout, part: log::Part<'_>) -> Result<Snapshot, StoreError> {
+    read_committed(layout, part)?.ok_or_else(|| {
         StoreError::new(StoreErrorKind::Corrupt, "registry file is missing")
             .at(layout.registry.clone())
     })
@@ -877,7 +952,7 @@ fn read_snapshot(layout: &StoreLayout, only: Option<&PackageId>) -> Result<Snaps
 /// the frames of the log after it), without the lock and without writing anything; `None` when
 /// the store has no registry. For tools and tests that look at a store from outside.
 pub fn read_registry(root: impl Into<PathBuf>) -> Result<Option<StoreState>, StoreError> {
-    Ok(read_committed(&StoreLayout::new(root), None)?.map(|s| s.registry))
+    Ok(read_committed(&StoreLayout::new(root), log::Part::Whole)?.map(|s| s.registry))
 }
 
 /// The contents of the trust file (or `trust.next`) at `path`, or `None` if it does not exist.

@@ -54,7 +54,7 @@ use std::path::{Path, PathBuf};
 
 use guild_domain::graph::NodeRef;
 use guild_domain::ids::Sha256Digest;
-use guild_domain::store_state::{StoreState, REGISTRY_FORMAT_V2};
+use guild_domain::store_state::{StoreState, REGISTRY_FORMAT_V3};
 use guild_ports::store::{
     InterruptedCommit, RecoveryReport, StoreError, StoreErrorKind, UncheckedTree,
 };
@@ -233,7 +233,7 @@ fn create_registry(
     )?;
     report.created = true;
     let info = DiskInfo {
-        format: REGISTRY_FORMAT_V2,
+        format: REGISTRY_FORMAT_V3,
         checkpoint_len: checkpoint.len() as u64,
         log_len: log::HEADER_LEN,
         dir_unsynced: false,

@@ -15,8 +15,8 @@ use guild_abi::{
 use guild_domain::ids::{ImplId, OpName};
 use guild_domain::lease::QuiescentAction;
 use guild_domain::operation::{
-    Arity, Backend, Capabilities, CpuIsa, DType, LayoutSet, MemorySpace, MemorySpaceSet, Numerics,
-    OpCandidate, ProviderRefusal, Rejection, SyncModeSet, TensorDesc,
+    Arity, Backend, BackendSet, Capabilities, CpuIsa, DType, LayoutSet, MemorySpace,
+    MemorySpaceSet, Numerics, OpCandidate, ProviderRefusal, Rejection, SyncModeSet, TensorDesc,
 };
 use guild_domain::version::PackedVersion;
 use guild_host::operations::{DeviceSupport, ExecuteError, PassReason, TensorArg, TensorArgMut};
@@ -675,6 +675,97 @@ fn a_device_provider_needing_instructions_this_cpu_lacks_is_not_executed() {
         }
     );
     assert_eq!(wide.calls().execute, 0, "the provider was not called");
+}
+
+/// Every candidate a resolution asks sees its own device record in the query, whichever was
+/// asked before it: a CUDA provider the compute capability (and no CPU instructions), a CPU
+/// provider the CPU's instructions (and no compute capability), on both faces and in both
+/// callbacks.
+#[test]
+fn each_candidate_is_asked_with_its_own_device_record() {
+    let shop = Workshop::new();
+    type Seen = Arc<Mutex<Vec<(u32, u32, u64)>>>;
+    let record = |seen: &Seen, q: &guild_ports::provider::QueryCall<'_>| {
+        let caps = q
+            .device_caps()
+            .expect("every query carries a device record");
+        seen.lock()
+            .unwrap()
+            .push((caps.backend, caps.cuda_sm, caps.cpu_isa));
+    };
+    let (cuda_seen, cpu_seen): (Seen, Seen) = Default::default();
+    let (v, s) = (cuda_seen.clone(), cpu_seen.clone());
+    let cuda = FakeProvider::new().validating(move |q| {
+        record(&v, &q);
+        Err(ProviderRefusal::new(
+            GUILD_STATUS_ERR_UNSUPPORTED,
+            "refuses, so that the next candidate is asked",
+        ))
+    });
+    let (v, s2) = (cpu_seen.clone(), s);
+    let cpu = FakeProvider::new()
+        .validating(move |q| {
+            record(&v, &q);
+            Ok(())
+        })
+        .scratch(move |q| {
+            record(&s2, &q);
+            Ok(FakeScratch::default())
+        })
+        .executing(double);
+    let plugin = FakePlugin::new()
+        .with_kernel(fake_operation_with(
+            OpCandidate {
+                backend: Backend::Cuda,
+                ..candidate("ex.fake.op.cuda", 30)
+            },
+            Arc::new(cuda),
+        ))
+        .with_kernel(fake_operation_with(
+            candidate("ex.fake.op.cpu", 20),
+            Arc::new(cpu),
+        ));
+    let devices = DeviceSupport {
+        cuda_sm: Some(80),
+        ..DeviceSupport::host()
+    };
+    let host_isa = devices.cpu_isa;
+    let (host, _, _) = fake_host_on(
+        &shop,
+        Spec::module("ex.fake", "1.0.0")
+            .backend("cuda")
+            .op("ex.fake.op.cuda"),
+        plugin,
+        devices,
+    );
+    let mut as_both = request(4);
+    as_both.backends = BackendSet::CPU | BackendSet::CUDA;
+    as_both.device.cuda_sm = Some(80);
+    let service = OperationService::new(host.kernels());
+    let handle = service.resolve(&as_both).unwrap();
+    assert_eq!(handle.describe().impl_id.as_str(), "ex.fake.op.cpu");
+
+    // No device record: the host's device 0, with its compute capability and instructions.
+    let c = Service::of(host.kernels());
+    let t = tensor(GUILD_DTYPE_I64, &[4], &[]);
+    let mut query = Query::cpu(OP, vec![t], vec![t]);
+    query.backends = guild_abi::GUILD_BACKEND_CUDA | guild_abi::GUILD_BACKEND_CPU;
+    let c_handle = c.resolve(&query).unwrap();
+    assert_eq!(c_handle.describe().unwrap().impl_id, "ex.fake.op.cpu");
+
+    let on_cuda = (guild_abi::GUILD_BACKEND_CUDA, 80, 0);
+    let on_cpu = |isa: CpuIsa| (guild_abi::GUILD_BACKEND_CPU, 0, isa.bits());
+    let (rust, c) = (on_cpu(as_both.device.cpu_isa), on_cpu(host_isa));
+    assert_eq!(
+        *cuda_seen.lock().unwrap(),
+        [on_cuda; 2],
+        "validate, each face"
+    );
+    assert_eq!(
+        *cpu_seen.lock().unwrap(),
+        [rust, rust, c, c],
+        "validate then query_scratch, each face"
+    );
 }
 
 /// Naming more instruction sets than this CPU has changes nothing for a kernel that needs only

@@ -327,13 +327,13 @@ fn trusted_state_a_format_1_store_is_migrated_by_its_first_write_and_passes_the_
         assert_eq!(fs::read(&registry).unwrap(), old, "reader {reader}");
         assert!(!log.exists(), "reader {reader}");
     }
-    // The first write migrates it: a format-2 checkpoint and the log with that write's frame.
+    // The first write migrates it: a checkpoint (format 3) and the log with that write's frame.
     let (pm, _, _) = open_counting(&root, false);
     let solo = shop.build(&Spec::module("ex.solo", "1.0.0"), &k);
     pm.install(&solo.archive, InstallOptions::default())
         .unwrap();
     drop(pm);
-    assert!(String::from_utf8_lossy(&fs::read(&registry).unwrap()).contains("\"guild_registry\":2"));
+    assert!(String::from_utf8_lossy(&fs::read(&registry).unwrap()).contains("\"guild_registry\":3"));
     assert!(
         fs::metadata(&log).unwrap().len() > 48,
         "the install's frame"

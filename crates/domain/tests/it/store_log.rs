@@ -236,11 +236,16 @@ fn registry_checkpoint_format_is_refused_by_the_format_1_reader() {
     assert_eq!(
         StoreState::from_json(&checkpoint),
         Err(StoreStateDecodeError::UnsupportedFormat {
-            found: "2".to_owned()
+            found: "3".to_owned()
         })
     );
     assert_eq!(
         StoreState::from_any_json(&checkpoint),
+        Ok((state.clone(), 3))
+    );
+    // A format-2 checkpoint (what earlier builds wrote) still reads.
+    assert_eq!(
+        StoreState::from_any_json(&without_index(&checkpoint)),
         Ok((state.clone(), 2))
     );
     assert_eq!(StoreState::from_any_json(&state.to_json()), Ok((state, 1)));
@@ -293,33 +298,62 @@ fn registry_reader_of_one_package_keeps_it_and_the_store_wide_facts() {
     }
 }
 
+/// A format-3 checkpoint made format 2: its index cut out, its marker changed.
+fn without_index(checkpoint: &[u8]) -> Vec<u8> {
+    let text = String::from_utf8(checkpoint.to_vec()).unwrap();
+    let start = text.find(",\"index\":").unwrap();
+    let end = text.rfind(",\"packages\":").unwrap();
+    format!("{}{}", &text[..start], &text[end..])
+        .replacen("\"guild_registry\":3", "\"guild_registry\":2", 1)
+        .into_bytes()
+}
+
 #[test]
 fn registry_reader_of_one_package_refuses_a_damaged_file_as_the_full_reader_does() {
     let mut state = store_of(5);
     state.set_trust_anchor(anchor(1));
-    let good = String::from_utf8(state.to_checkpoint_json()).unwrap();
+    let indexed = state.to_checkpoint_json();
+    // Read through the index (format 3), and by passing over the other records (format 2).
+    for checkpoint in [indexed.clone(), without_index(&indexed)] {
+        refused_as_the_full_reader_does(String::from_utf8(checkpoint).unwrap());
+    }
+}
+
+fn refused_as_the_full_reader_does(good: String) {
+    let indexed = good.contains("\"index\":");
     let digest = Sha256Digest::of(b"p3").to_hex();
     let mut zeroed = good.clone().into_bytes();
     let at = good.find("\"p3\"").unwrap();
     zeroed[at..at + 40].fill(0);
-    let damaged = [
-        good.as_bytes()[..good.len() / 2].to_vec(),
-        good.as_bytes()[..good.len() - 1].to_vec(),
-        zeroed,
+    // Damage confined to package p3: its record, or (in an indexed checkpoint) its row.
+    let in_p3 = [
         good.replace(&digest, &format!("{}\u{1}", &digest[1..]))
             .into_bytes(),
         good.replace(&digest, &format!("{}\\x", &digest[2..]))
             .into_bytes(),
+        zeroed,
+    ];
+    let damaged = [
         good.replace("\"p3\"", "\"p3\" 7").into_bytes(),
+        good.as_bytes()[..good.len() / 2].to_vec(),
+        good.as_bytes()[..good.len() - 1].to_vec(),
         good.replace("\"state\":\"enabled\"", "\"state\":null")
             .into_bytes(),
         format!("{good}{{}}").into_bytes(),
+        format!("{good} ,").into_bytes(),
     ];
-    for bytes in &damaged {
+    for bytes in damaged.iter().chain(&in_p3) {
         let full = StoreState::from_any_json(bytes).unwrap_err();
         for name in ["p1", "p3"] {
+            let read = StoreState::from_any_json_only(bytes, &id(name));
+            if indexed && name == "p1" && in_p3.contains(bytes) {
+                // Through the index, a reader of p1 reads p1's row and record alone: damage
+                // confined to another package is the full reader's to find.
+                assert_eq!(read.unwrap().0.package(&id("p1")), state_p1(&good).as_ref());
+                continue;
+            }
             assert_eq!(
-                StoreState::from_any_json_only(bytes, &id(name)),
+                read,
                 Err(full.clone()),
                 "{}",
                 String::from_utf8_lossy(bytes)
@@ -335,6 +369,12 @@ fn registry_reader_of_one_package_refuses_a_damaged_file_as_the_full_reader_does
         Err(full)
     );
     assert!(StoreState::from_any_json_only(bad_version.as_bytes(), &id("p1")).is_ok());
+}
+
+/// Package p1's record in checkpoint `good`.
+fn state_p1(good: &str) -> Option<PackageRecord> {
+    let (state, _) = StoreState::from_any_json(good.as_bytes()).unwrap();
+    state.package(&id("p1")).cloned()
 }
 
 #[test]
@@ -579,4 +619,161 @@ fn store_state_delta_reader_of_one_package_applies_the_retrust_to_it() {
         assert_eq!(state.package(&id(name)), new.package(&id(name)), "{name}");
         assert_eq!(state.packages().count(), usize::from(name != "absent"));
     }
+}
+
+/// A checkpoint whose index says something else than its records (a row's column, a record's
+/// byte range, where the packages end) is refused by the full reader, which names the row; a
+/// reader of the package whose row disagrees refuses it too.
+#[test]
+fn registry_index_that_disagrees_with_its_records_is_refused() {
+    let state = store_of(3);
+    let good = String::from_utf8(state.to_checkpoint_json()).unwrap();
+    assert!(StoreState::from_any_json(good.as_bytes()).is_ok());
+    let row = good.find("[\"p1\",").unwrap();
+    let row_end = row + good[row..].find("]]").unwrap();
+    let in_row = |from: &str, to: &str| {
+        let fixed = good[row..row_end].replacen(from, to, 1);
+        assert_ne!(fixed, good[row..row_end], "{from}");
+        format!("{}{fixed}{}", &good[..row], &good[row_end..])
+    };
+    // The row's offset field: ten characters after its id.
+    let offset_at = row + "[\"p1\",".len();
+    let offset: u64 = good[offset_at..offset_at + 10].trim().parse().unwrap();
+    let moved = format!(
+        "{}{:>10}{}",
+        &good[..offset_at],
+        offset + 1,
+        &good[offset_at + 10..]
+    );
+    let end_at = good.find("\"packages_end\":").unwrap() + "\"packages_end\":".len();
+    let end = good[end_at..end_at + 10].trim().to_owned();
+    let wrong_end = (end.parse::<u64>().unwrap() - 1).to_string();
+    let cases = [
+        // Same length, so that every byte range still holds: only the column is wrong.
+        (in_row("\"enabled\"", "\"removed\""), "$.index.packages[1]"),
+        (moved, "$.index.packages[1]"),
+        (
+            format!(
+                "{}{:>10}{}",
+                &good[..end_at],
+                wrong_end,
+                &good[end_at + 10..]
+            ),
+            "$.index.packages_end",
+        ),
+    ];
+    for (bad, path) in &cases {
+        assert_eq!(bad.len(), good.len(), "{bad}");
+        let err = StoreState::from_any_json(bad.as_bytes()).unwrap_err();
+        assert!(
+            err.to_string().ends_with(&format!("at {path}")),
+            "{err} ({path})"
+        );
+    }
+    // The row of p1 disagrees with p1's record: a reader of p1 refuses it as the full reader.
+    let (bad, _) = &cases[0];
+    assert_eq!(
+        StoreState::from_any_json_only(bad.as_bytes(), &id("p1")),
+        Err(StoreState::from_any_json(bad.as_bytes()).unwrap_err())
+    );
+}
+
+/// The index lists what the records say, taints (with and without a file), rollback targets
+/// and signing keys (recorded and added later) included, and a listing follows a delta that
+/// adds a package in the middle of the order and deletes another, as the state does.
+#[test]
+fn registry_index_lists_every_column_and_a_listing_follows_deltas() {
+    use guild_domain::manifest::{SignatureAlgorithm, SignatureEntry};
+    use guild_domain::store_state::listing::Listing;
+    let mut state = store_of(4);
+    let keys = [Sha256Digest::of(b"k1"), Sha256Digest::of(b"k2")];
+    let signed = NewVersion {
+        signed_by: keys.to_vec(),
+        ..new_version("p2-2")
+    };
+    state
+        .publish(&id("p2"), &v("2.0.0"), signed, ENABLE)
+        .unwrap();
+    let later = SignatureEntry {
+        key_id: Sha256Digest::of(b"k3"),
+        algorithm: SignatureAlgorithm::EcdsaP256Sha256,
+        signature: vec![1, 2, 3],
+    };
+    assert_eq!(
+        state.add_signatures(&id("p2"), &v("2.0.0"), &keys, &[later]),
+        1
+    );
+    for (pkg, file) in [("p1", Some("")), ("p3", Some("lib/x.so")), ("p0", None)] {
+        let taint = Taint {
+            reason: "a \"quoted\" reason".to_owned(),
+            file: file.map(str::to_owned),
+        };
+        state.taint(&id(pkg), &v("1.0.0"), taint).unwrap();
+    }
+    state.set_trust_anchor(anchor(1));
+    let state = state.successor();
+    let checkpoint = state.to_checkpoint_json();
+    assert_eq!(
+        StoreState::from_any_json(&checkpoint),
+        Ok((state.clone(), 3))
+    );
+    let listing = Listing::from_checkpoint(&checkpoint).unwrap().unwrap();
+    assert_eq!(listing, Listing::of(&state));
+    let p2 = listing.rows().nth(2).unwrap();
+    assert_eq!(p2.previous.as_deref(), Some("1.0.0"));
+    let current = p2.current.unwrap();
+    assert_eq!(current.version, "2.0.0");
+    assert_eq!(current.keys.unwrap().len(), 3);
+    let p1 = listing.rows().nth(1).unwrap();
+    assert!(p1.current.unwrap().tainted);
+    assert_eq!(p1.tainted[0].1.file.as_deref(), Some(""));
+    assert_eq!(listing.rows().next().unwrap().tainted[0].1.file, None);
+    // A delta that deletes p0 and adds p1a (between p1 and p2) and p9 (last).
+    let mut delta = StoreStateDelta {
+        generation: state.generation() + 1,
+        ..StoreStateDelta::default()
+    };
+    let other = store_of(1);
+    let record = Arc::new(other.package(&id("p0")).unwrap().clone());
+    delta.packages.insert(id("p0"), None);
+    delta.packages.insert(id("p1a"), Some(Arc::clone(&record)));
+    delta.packages.insert(id("p9"), Some(record));
+    let mut next = state.clone();
+    next.apply(&delta).unwrap();
+    let mut followed = listing.clone();
+    followed.apply(&delta).unwrap();
+    assert_eq!(followed, Listing::of(&next));
+    let ids: Vec<&str> = followed.rows().map(|r| r.id).collect();
+    assert_eq!(ids, ["p1", "p1a", "p2", "p3", "p9"]);
+    // A delta for another generation changes nothing.
+    assert!(followed.clone().apply(&delta).is_err());
+}
+
+/// A format-3 checkpoint holds its members in the order every writer writes them (the readers
+/// of the index alone rely on it): one out of order is refused, naming it.
+#[test]
+fn registry_checkpoint_members_out_of_order_are_refused() {
+    let mut state = store_of(2);
+    state.set_trust_anchor(anchor(1));
+    let good = String::from_utf8(state.to_checkpoint_json()).unwrap();
+    let trust_at = good.find(",\"trust\":").unwrap();
+    let index_at = good.find(",\"index\":").unwrap();
+    let trust = &good[trust_at..index_at];
+    let records_at = good.rfind(",\"packages\":").unwrap();
+    // The trust record moved after the index, where the readers of the index alone would not
+    // see it.
+    let moved = format!(
+        "{}{}{}{}",
+        &good[..trust_at],
+        &good[index_at..records_at],
+        trust,
+        &good[records_at..]
+    );
+    let err = StoreState::from_any_json(moved.as_bytes()).unwrap_err();
+    assert!(err.to_string().contains("out of order"), "{err}");
+    assert!(err.to_string().ends_with("at $.trust"), "{err}");
+    assert_eq!(
+        StoreState::from_any_json_only(moved.as_bytes(), &id("p1")),
+        Err(err)
+    );
 }

@@ -448,6 +448,14 @@ impl PackageManager {
             .collect())
     }
 
+    /// Every recorded package as a listing shows it (id, kind, publisher, current version with
+    /// its state and signing keys, rollback target, taints), in id order: what `guild list`
+    /// prints. On a package manager opened for it ([`PackageManager::open_dir_listing`]) this is
+    /// read from the checkpoint's index, without decoding a record.
+    pub fn listing(&self) -> Result<guild_domain::store_state::listing::Listing, HostError> {
+        Ok(self.store.listing()?)
+    }
+
     /// Package `id` with its versions, as [`PackageManager::list`] shows it; `None` when the
     /// registry does not record it. Reads that one package, so that `guild status ID` does not
     /// grow with the store.

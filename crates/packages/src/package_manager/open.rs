@@ -338,6 +338,18 @@ impl PackageManager {
         Self::open_fs(opened, platform, None, Reading::CommittedOnly)
     }
 
+    /// [`PackageManager::open_dir_committed`] for the listing alone (`guild list`):
+    /// [`PackageManager::listing`] answers every package's row, read from the checkpoint's index
+    /// and the log without decoding the checkpoint's records
+    /// ([`guild_adapters_fs::store::FsStore::open_listing_reader`]). Every other query sees a
+    /// store that records no package, and a change is refused by the store. The trust file is
+    /// checked against the registry as [`PackageManager::open_dir_committed`] checks it.
+    pub fn open_dir_listing(dir: &Path) -> Result<(Self, OpenReport), HostError> {
+        let platform = current_platform()?;
+        let opened = guild_adapters_fs::store::FsStore::open_listing_reader(dir)?;
+        Self::open_fs(opened, platform, None, Reading::CommittedOnly)
+    }
+
     fn open_dir_with(
         dir: &Path,
         reset: Option<TrustReset>,

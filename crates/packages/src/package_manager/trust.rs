@@ -49,7 +49,7 @@ impl PackageManager {
         check_trust_file(
             registry.trust_anchor(),
             file.as_ref().map(|(b, t)| (b.as_slice(), t)),
-            registry.packages().next().is_some(),
+            self.store.records_packages()?,
         )
         .map_err(|problem| self.binding_error(problem))?;
         match (registry.trust_anchor(), file) {

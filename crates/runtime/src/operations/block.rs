@@ -99,6 +99,76 @@ impl<S: Blank> TensorBlock<S> {
 
     /// A block of `n_in + n_out` blank tensors, with call tensors when `calls`.
     pub(crate) fn new(n_in: usize, n_out: usize, calls: bool) -> Self {
+        // SAFETY: every element is written below before the block is returned.
+        let block = unsafe { Self::allocated(n_in, n_out, calls) };
+        for i in 0..block.n {
+            // SAFETY: as in `filled`.
+            unsafe { block.write(i, &TensorDesc::BLANK, S::BLANK, || BLANK_C) };
+        }
+        block
+    }
+
+    /// The block of the tensors `inputs` then `outputs` (whose facts are `facts`, in the same
+    /// order), with call tensors when `calls`, each element written once: descriptor and shape
+    /// `i` are `shape`'s descriptor and shape of tensor `i`, and its call tensor (with call
+    /// tensors) `call` of it. Elements without facts are blank.
+    #[inline(always)]
+    pub(crate) fn filled<F>(
+        inputs: &[TensorDesc],
+        outputs: &[TensorDesc],
+        facts: &[F],
+        calls: bool,
+        shape: impl Fn(&TensorDesc, &F) -> S,
+        call: impl Fn(&TensorDesc) -> guild_tensor_desc_v1_t,
+    ) -> Self {
+        let n_in = inputs.len();
+        // SAFETY: every element is written below before the block is returned: `n` is
+        // `n_in + outputs.len()` (`allocated`), and each index below `n` is written once.
+        let block = unsafe { Self::allocated(n_in, outputs.len(), calls) };
+        for (i, d) in inputs.iter().chain(outputs).enumerate() {
+            // SAFETY: `i < n`, as above.
+            unsafe {
+                match facts.get(i) {
+                    Some(f) => block.write(i, d, shape(d, f), || call(d)),
+                    None => block.write(i, &TensorDesc::BLANK, S::BLANK, || BLANK_C),
+                }
+            }
+        }
+        block
+    }
+
+    /// Writes element `i`: its descriptor `desc`, its shape and (with call tensors) `call()`.
+    ///
+    /// # Safety
+    /// `i < n`.
+    #[inline(always)]
+    unsafe fn write(
+        &self,
+        i: usize,
+        desc: &TensorDesc,
+        shape: S,
+        call: impl FnOnce() -> guild_tensor_desc_v1_t,
+    ) {
+        // SAFETY: `i < n` (the caller's contract), and each array lies inside the allocation at
+        // its offset, aligned for its type (`Layout::extend`), with room for `n` elements (the
+        // call tensors only when `calls`); nothing else refers to the element while it is
+        // written.
+        unsafe {
+            self.descs.as_ptr().add(i).copy_from_nonoverlapping(desc, 1);
+            self.shapes.as_ptr().add(i).write(shape);
+            if self.calls {
+                self.calls_at.as_ptr().add(i).write(call());
+            }
+        }
+    }
+
+    /// A block laid out for `n_in + n_out` tensors, with call tensors when `calls`, whose
+    /// elements are not yet written (dropping it so only frees the allocation, as its elements
+    /// have nothing to drop).
+    ///
+    /// # Safety
+    /// Every element must be written before any method but `drop` is called on the block.
+    unsafe fn allocated(n_in: usize, n_out: usize, calls: bool) -> Self {
         let n = n_in.saturating_add(n_out);
         let Some((layout, calls_at, shapes_at)) = Self::layout(n, calls) else {
             // Counts this large were refused long before (a query holds at most a few dozen
@@ -127,7 +197,7 @@ impl<S: Blank> TensorBlock<S> {
                 NonNull::new_unchecked(raw.add(shapes_at).cast::<S>()),
             )
         };
-        let block = TensorBlock {
+        TensorBlock {
             descs,
             calls_at: calls_ptr,
             shapes,
@@ -135,20 +205,7 @@ impl<S: Blank> TensorBlock<S> {
             split: n_in,
             calls,
             layout,
-        };
-        let n_calls = block.n_calls();
-        // SAFETY: each array lies inside the allocation at its offset, aligned for its type
-        // (`Layout::extend`), and is written element by element before any slice of it is made.
-        unsafe {
-            for i in 0..n_calls {
-                block.calls_at.as_ptr().add(i).write(BLANK_C);
-            }
-            for i in 0..n {
-                block.descs.as_ptr().add(i).write(TensorDesc::BLANK);
-                block.shapes.as_ptr().add(i).write(S::BLANK);
-            }
         }
-        block
     }
 
     /// How many C descriptors the block holds.

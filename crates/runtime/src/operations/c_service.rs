@@ -415,16 +415,17 @@ fn one_line_report(f: &guild_domain::operation::ResolveFailure) -> String {
     out
 }
 
-/// How many tensors of each side a C query is read into without an allocation.
-const INLINE_QUERY_TENSORS: usize = 4;
+/// How many tensors, inputs and outputs together, a C query is read into without an
+/// allocation.
+const INLINE_QUERY_TENSORS: usize = 8;
 
 /// What a C query is read into besides the caller's own memory: the domain's form of its
-/// tensors (in place when there are few) and its exact id. The name is borrowed from the
-/// caller's text.
+/// tensors, inputs then outputs (in place when there are few), and its exact id. The name is
+/// borrowed from the caller's text. One array for both sides: with two, the compiler cleared
+/// everything between their two headers (the first array's unwritten places) in one `memset`.
 #[derive(Default)]
 struct QueryBuffers {
-    inputs: InlineVec<TensorDesc, INLINE_QUERY_TENSORS>,
-    outputs: InlineVec<TensorDesc, INLINE_QUERY_TENSORS>,
+    tensors: InlineVec<TensorDesc, INLINE_QUERY_TENSORS>,
     exact_impl: Option<ImplId>,
 }
 
@@ -479,10 +480,15 @@ unsafe fn read_query<'q: 'b, 'b>(
         ))
     })?;
     // SAFETY: the arrays are the caller's and valid for this call.
-    let c_inputs = unsafe { read_tensors("input", q.inputs, q.input_count, &mut buffers.inputs) }?;
+    let c_inputs = unsafe { read_tensors("input", q.inputs, q.input_count, &mut buffers.tensors) }?;
     // SAFETY: as above.
     let c_outputs =
-        unsafe { read_tensors("output", q.outputs, q.output_count, &mut buffers.outputs) }?;
+        unsafe { read_tensors("output", q.outputs, q.output_count, &mut buffers.tensors) }?;
+    let buffers: &'b QueryBuffers = buffers;
+    // As many inputs as the caller's array has were read first.
+    let (inputs, outputs) = buffers
+        .tensors
+        .split_at(c_inputs.len().min(buffers.tensors.len()));
     // SAFETY: NULL or the caller's caps record, valid for this call.
     let device = unsafe { read_device(core, q.device_caps) }?;
     // SAFETY: the caller's params record, valid for this call.
@@ -495,8 +501,8 @@ unsafe fn read_query<'q: 'b, 'b>(
         capabilities: Capabilities::from_bits(q.required_capabilities),
         numerics: Numerics::from_bits(q.required_numerics),
         sync_mode,
-        inputs: &buffers.inputs,
-        outputs: &buffers.outputs,
+        inputs,
+        outputs,
         ram_budget: Budget::bytes(q.ram_budget),
         vram_budget: Budget::bytes(q.vram_budget),
         exact_impl: buffers.exact_impl.as_ref(),

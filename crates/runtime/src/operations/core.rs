@@ -40,7 +40,7 @@ use guild_domain::version::OpVersionInterval;
 use guild_ports::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
 use guild_ports::provider::{ExecuteCall, ExecuteEntry, KernelProvider, QueryCall};
 
-use super::block::{TensorBlock, LINE_PAIR};
+use super::block::{TensorBlock, BLANK_C, LINE_PAIR};
 use super::handles::{HandleTable, Running, LINE};
 use super::inline::Blank;
 use super::{ExecuteError, ReshapeError, ResolveError, Scratch};
@@ -573,17 +573,19 @@ pub(crate) fn desc_from_c(t: &guild_tensor_desc_v1_t, memory_space: MemorySpace)
     }
 }
 
-/// A contract's block for a query's tensors, with their C form written in its call tensors, with
-/// their known addresses (for the negotiation callbacks, which may inspect them): a Rust
-/// resolution negotiates with them, then its handle's contract is made in the same block, where
-/// they are the calls' tensors.
-pub(crate) fn call_block(inputs: &[TensorDesc], outputs: &[TensorDesc]) -> TensorBlock<Shape> {
-    let mut block = TensorBlock::new(inputs.len(), outputs.len(), true);
-    let (_, _, calls) = block.parts_mut();
-    for (slot, d) in calls.iter_mut().zip(inputs.iter().chain(outputs)) {
-        *slot = c_tensor(d, address_ptr(d));
-    }
-    block
+/// A contract's block for a query's tensors (whose facts are `infos`, inputs then outputs):
+/// their descriptors and shapes, and their C form in its call tensors, with their known
+/// addresses (for the negotiation callbacks, which may inspect them). A Rust resolution
+/// negotiates with them, then its handle's contract is this block, where they are the calls'
+/// tensors. Each element is written once.
+pub(crate) fn call_block(
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    infos: &[TensorInfo],
+) -> TensorBlock<Shape> {
+    TensorBlock::filled(inputs, outputs, infos, true, Shape::of, |d| {
+        c_tensor(d, address_ptr(d))
+    })
 }
 
 /// The pointer a descriptor's known address stands for (NULL when unknown). It is only ever
@@ -594,16 +596,22 @@ fn address_ptr(desc: &TensorDesc) -> *mut c_void {
         .map_or(std::ptr::null_mut(), |a| a as *mut c_void)
 }
 
+thread_local! {
+    /// The error record the negotiation callbacks of a resolution on this thread report into,
+    /// cleared before each: kept for the thread, so that a resolution does not clear all of its
+    /// 584 bytes (only its status and the first byte of each text) when nothing fails.
+    static NEGOTIATION_ERROR: RefCell<guild_error_info_t> =
+        const { RefCell::new(guild_error_info_t::new()) };
+}
+
 /// The providers' GOP1 negotiation, called with C structs built from the query's actual
 /// tensors; the pointers inside them are valid for each call only.
 struct CNegotiator<'p> {
     /// The operation's stored kernels, aligned with the contracts being ranked.
     stored: &'p [Arc<StoredOp>],
-    op_name: &'p CStr,
-    exact: Option<CString>,
-    inputs: &'p [guild_tensor_desc_v1_t],
-    outputs: &'p [guild_tensor_desc_v1_t],
-    params: &'p [u8],
+    /// The exact id the query names, which `query` points at (its heap buffer stays where it
+    /// is when the negotiator moves); otherwise never read.
+    _exact: Option<CString>,
     /// The query's numbers, which every candidate's C query carries.
     statics: QueryStatics,
     /// Whether a refusal's message is kept (as text, for a report) or only its status.
@@ -611,8 +619,13 @@ struct CNegotiator<'p> {
     /// The scratch alignment of the last scratch query that succeeded: the chosen candidate's,
     /// once negotiation has chosen (nothing is asked after the choice).
     last_alignment: Cell<u32>,
-    /// One error record for every callback, cleared before each.
-    error: RefCell<guild_error_info_t>,
+    /// The C query every callback is handed, made once per resolution: its pointers lead into
+    /// `_exact` and into what `'p` borrows (the operation's name in the snapshot entry, the
+    /// tensors in C form, the params). From one candidate to the next only its device record
+    /// changes: each callback writes the candidate's into `caps` and points the query at it
+    /// ([`CNegotiator::ask`]).
+    query: UnsafeCell<guild_operation_query_v1_t>,
+    caps: UnsafeCell<guild_device_caps_v1_t>,
 }
 
 impl<'p> CNegotiator<'p> {
@@ -622,31 +635,71 @@ impl<'p> CNegotiator<'p> {
         args: &'p Negotiation<'_>,
         report: bool,
     ) -> Self {
-        let spec = query.spec();
         let [inputs, outputs] = args.tensors();
-        CNegotiator {
-            stored: &entry.stored,
+        // Ids are validated text without NUL bytes; an empty string is the harmless fallback
+        // should that ever change.
+        let exact = query
+            .spec()
+            .exact_impl
+            .map(|id| CString::new(id.as_str()).unwrap_or_default());
+        let statics = QueryStatics::of(query);
+        let parts = QueryParts {
             op_name: &entry.c_name,
-            // Ids are validated text without NUL bytes; an empty string is the harmless
-            // fallback should that ever change.
-            exact: spec
-                .exact_impl
-                .map(|id| CString::new(id.as_str()).unwrap_or_default()),
+            exact: exact.as_deref(),
             inputs,
             outputs,
             params: args.params,
-            statics: QueryStatics::of(query),
+        };
+        let mut c = c_query(&parts, &statics, &NO_CAPS);
+        // Each callback points it at `caps`, where the negotiator then lies.
+        c.device_caps = std::ptr::null();
+        CNegotiator {
+            stored: &entry.stored,
+            _exact: exact,
+            statics,
             report,
             last_alignment: Cell::new(0),
-            error: RefCell::new(guild_error_info_t::new()),
+            query: UnsafeCell::new(c),
+            caps: UnsafeCell::new(NO_CAPS),
         }
     }
 
-    /// The error record, cleared for the next callback.
-    fn fresh_error(&self) -> std::cell::RefMut<'_, guild_error_info_t> {
-        let mut error = self.error.borrow_mut();
-        clear_error(&mut error);
-        error
+    /// Runs `ask` with the C query for `candidate` and the thread's negotiation error record,
+    /// cleared for it.
+    #[inline(always)]
+    fn ask<T>(
+        &self,
+        candidate: &OpCandidate,
+        ask: impl FnOnce(QueryCall<'_>, &mut guild_error_info_t) -> T,
+    ) -> T {
+        let (query, caps) = (self.query.get(), self.caps.get());
+        // SAFETY: the negotiator is not `Sync`, and no reference into `query` or `caps`
+        // outlives a callback (a negotiation callback must not retain the query, and a
+        // resolution it starts has a negotiator of its own), so nothing reads them while they
+        // are written here, between callbacks. Every pointer in the query leads into what the
+        // negotiator owns or borrows for `'p` (see `query`) or to `caps`, all of which outlive
+        // the call; the tensor data addresses are only the query's known addresses, for
+        // inspection.
+        unsafe {
+            caps.write(device_caps(candidate, &self.statics));
+            (*query).device_caps = caps;
+            let call = QueryCall::new(&*query);
+            Self::with_fresh_error(|error| ask(call, error))
+        }
+    }
+
+    /// Runs `callback` with the thread's negotiation error record, cleared for it.
+    #[inline(always)]
+    fn with_fresh_error<T>(callback: impl FnOnce(&mut guild_error_info_t) -> T) -> T {
+        NEGOTIATION_ERROR.with(|record| match record.try_borrow_mut() {
+            Ok(mut error) => {
+                clear_error(&mut error);
+                callback(&mut error)
+            }
+            // A callback that resolves on this thread (which negotiation callbacks must not
+            // do, but may) negotiates with a record of its own.
+            Err(_) => callback(&mut guild_error_info_t::new()),
+        })
     }
 
     /// A callback's refusal, with its message only when a report will show it.
@@ -669,18 +722,6 @@ impl<'p> CNegotiator<'p> {
             )
         })?;
         Ok(stored.kernel.provider.as_ref())
-    }
-
-    /// What the C queries of this negotiation point at (the name is borrowed from the snapshot
-    /// entry `self` borrows).
-    fn parts(&self) -> QueryParts<'_> {
-        QueryParts {
-            op_name: self.op_name,
-            exact: self.exact.as_deref(),
-            inputs: self.inputs,
-            outputs: self.outputs,
-            params: self.params,
-        }
     }
 }
 
@@ -728,22 +769,17 @@ impl QueryStatics {
     }
 }
 
-/// Runs `call` with the C query of `statics` and `parts` for `candidate`, its pointers leading
-/// into `parts` and a device record on this frame, all of which outlive `call` (what
-/// [`QueryCall`] vouches for).
-fn with_c_query<T>(
-    parts: &QueryParts<'_>,
-    candidate: &OpCandidate,
-    spec: &QueryStatics,
-    call: impl FnOnce(QueryCall<'_>) -> T,
-) -> T {
-    let caps = device_caps(candidate, spec);
-    let c_query = c_query(parts, spec, &caps);
-    // SAFETY: every pointer in `c_query` leads into `parts` (the names, the tensor arrays, the
-    // params) or `caps`, all of which outlive `call`; the tensor data addresses are only the
-    // query's known addresses, for inspection.
-    call(unsafe { QueryCall::new(&c_query) })
-}
+/// A device record of no device, which a negotiator's query starts from.
+const NO_CAPS: guild_device_caps_v1_t = guild_device_caps_v1_t {
+    struct_size: size_of::<guild_device_caps_v1_t>() as u32,
+    backend: 0,
+    device_id: 0,
+    cuda_sm: 0,
+    cpu_isa: 0,
+    total_memory_bytes: 0,
+    free_memory_bytes: 0,
+    next_ext: std::ptr::null(),
+};
 
 /// The device record of a C query of `spec` for `candidate`.
 fn device_caps(candidate: &OpCandidate, spec: &QueryStatics) -> guild_device_caps_v1_t {
@@ -805,20 +841,6 @@ fn params_ptr(params: &[u8]) -> *const c_void {
     }
 }
 
-/// Asks `provider` to validate the C query of `statics` and `parts` for `candidate`.
-fn ask_validate(
-    provider: &dyn KernelProvider,
-    parts: &QueryParts<'_>,
-    candidate: &OpCandidate,
-    statics: &QueryStatics,
-    error: &mut guild_error_info_t,
-    refusal: impl FnOnce(guild_status_t, &guild_error_info_t) -> ProviderRefusal,
-) -> Result<(), ProviderRefusal> {
-    with_c_query(parts, candidate, statics, |q| {
-        validate_query(provider, q, error, refusal)
-    })
-}
-
 /// Asks `provider` to validate the C query `query`.
 #[inline(always)]
 fn validate_query(
@@ -835,22 +857,8 @@ fn validate_query(
     }
 }
 
-/// Asks `provider` for the scratch of the C query of `statics` and `parts` for `candidate`:
-/// the request and the alignment it asked for. `refusal` makes the provider's own refusal.
-fn ask_scratch(
-    provider: &dyn KernelProvider,
-    parts: &QueryParts<'_>,
-    candidate: &OpCandidate,
-    statics: &QueryStatics,
-    error: &mut guild_error_info_t,
-    refusal: impl FnOnce(guild_status_t, &guild_error_info_t) -> ProviderRefusal,
-) -> Result<(ScratchRequest, u32), ProviderRefusal> {
-    with_c_query(parts, candidate, statics, |q| {
-        scratch_query(provider, q, error, refusal)
-    })
-}
-
-/// Asks `provider` for the scratch of the C query `query`, as [`ask_scratch`] does.
+/// Asks `provider` for the scratch of the C query `query`: the request and the alignment it
+/// asked for. `refusal` makes the provider's own refusal.
 #[inline(always)]
 fn scratch_query(
     provider: &dyn KernelProvider,
@@ -877,23 +885,28 @@ fn full_refusal(status: guild_status_t, error: &guild_error_info_t) -> ProviderR
 }
 
 /// A provider's scratch answer as the domain takes it, or the refusal of an alignment that is
-/// not a power of two.
+/// not a power of two. Inlined into both negotiations (a resolution's and a reshape's), with
+/// the refusal out of line.
+#[inline(always)]
 fn scratch_request(
     scratch: &guild_scratch_request_v1_t,
 ) -> Result<ScratchRequest, ProviderRefusal> {
     if scratch.alignment > 1 && !scratch.alignment.is_power_of_two() {
-        return Err(ProviderRefusal::new(
-            GUILD_STATUS_ERR_INVALID_ARGUMENT,
-            format!(
-                "the provider asked for a scratch alignment of {}, not a power of two",
-                scratch.alignment
-            ),
-        ));
+        return Err(bad_scratch_alignment(scratch.alignment));
     }
     Ok(ScratchRequest {
         host_bytes: scratch.host_bytes,
         device_bytes: scratch.device_bytes,
     })
+}
+
+/// The refusal of a scratch alignment that is not a power of two.
+#[cold]
+fn bad_scratch_alignment(alignment: u32) -> ProviderRefusal {
+    ProviderRefusal::new(
+        GUILD_STATUS_ERR_INVALID_ARGUMENT,
+        format!("the provider asked for a scratch alignment of {alignment}, not a power of two"),
+    )
 }
 
 impl Negotiator for CNegotiator<'_> {
@@ -905,18 +918,12 @@ impl Negotiator for CNegotiator<'_> {
         _query: &OpQuery<'_>,
     ) -> Result<(), ProviderRefusal> {
         let provider = self.op(index)?;
-        let mut error = self.fresh_error();
         // The provider's library stays loaded while the snapshot that `self.stored` borrows
         // from lives. It is a negotiation callback: it must not retain the query or reenter the
         // registry, which is not locked here.
-        ask_validate(
-            provider,
-            &self.parts(),
-            candidate,
-            &self.statics,
-            &mut error,
-            |s, e| self.refusal(s, e),
-        )
+        self.ask(candidate, |query, error| {
+            validate_query(provider, query, error, |s, e| self.refusal(s, e))
+        })
     }
 
     fn query_scratch(
@@ -926,15 +933,9 @@ impl Negotiator for CNegotiator<'_> {
         _query: &OpQuery<'_>,
     ) -> Result<ScratchRequest, ProviderRefusal> {
         let provider = self.op(index)?;
-        let mut error = self.fresh_error();
-        let (request, alignment) = ask_scratch(
-            provider,
-            &self.parts(),
-            candidate,
-            &self.statics,
-            &mut error,
-            |s, e| self.refusal(s, e),
-        )?;
+        let (request, alignment) = self.ask(candidate, |query, error| {
+            scratch_query(provider, query, error, |s, e| self.refusal(s, e))
+        })?;
         self.last_alignment.set(alignment);
         Ok(request)
     }
@@ -1013,7 +1014,7 @@ pub(crate) struct Contract {
     scratch_mask: u64,
 }
 
-/// A blank descriptor, for the arrays a C query's tensors are read into.
+/// A blank descriptor, for a contract's block before a reshape writes it.
 impl Blank for TensorDesc {
     // All zero bits (F32 and host memory are 0), so that a blank array is a plain clear.
     const BLANK: TensorDesc = TensorDesc {
@@ -1042,8 +1043,8 @@ impl Contract {
     }
 
     /// The contract of `inputs` and `outputs` (whose facts are `infos`, inputs then outputs)
-    /// with `scratch`: in `calls` (the Rust face's [`call_block`] for these tensors, whose C
-    /// form becomes the calls' tensors), or in a new block without call tensors.
+    /// with `scratch`: `calls` (the Rust face's [`call_block`] for these same tensors, whose C
+    /// form becomes the calls' tensors), or a new block without call tensors, written once.
     fn made(
         inputs: &[TensorDesc],
         outputs: &[TensorDesc],
@@ -1051,19 +1052,10 @@ impl Contract {
         scratch: Scratch,
         calls: Option<TensorBlock<Shape>>,
     ) -> Self {
-        let mut tensors = match calls {
+        let tensors = match calls {
             Some(block) if block.fits(inputs.len(), outputs.len(), true) => block,
-            _ => TensorBlock::new(inputs.len(), outputs.len(), false),
+            _ => TensorBlock::filled(inputs, outputs, infos, false, Shape::of, |_| BLANK_C),
         };
-        let (descs, shapes, _) = tensors.parts_mut();
-        for ((slot, shape), (d, info)) in descs
-            .iter_mut()
-            .zip(shapes.iter_mut())
-            .zip(inputs.iter().chain(outputs).zip(infos))
-        {
-            *slot = *d;
-            shape.set(d, info);
-        }
         let mut contract = Contract {
             tensors,
             ..Contract::empty()
@@ -1141,22 +1133,13 @@ impl Contract {
 /// [`Lone`](super::handles::Lone) gives a value, without asking the allocator for an aligned
 /// block. A handle is boxed at every resolution, and an over-aligned box goes through
 /// `posix_memalign`, which cost a resolution about 630 instructions (and a slower free),
-/// several times what any other of its allocations costs.
+/// several times what any other of its allocations costs. Written in place
+/// ([`Resolved::boxed`]): the padding is never written.
 #[repr(C)]
 struct Padded<T> {
     _before: [MaybeUninit<u8>; LINE],
     value: T,
     _after: [MaybeUninit<u8>; LINE],
-}
-
-impl<T> Padded<T> {
-    fn new(value: T) -> Self {
-        Padded {
-            _before: [MaybeUninit::uninit(); LINE],
-            value,
-            _after: [MaybeUninit::uninit(); LINE],
-        }
-    }
 }
 
 /// What one call writes, touched only by the call that holds the handle's execute exclusivity
@@ -1181,26 +1164,52 @@ pub(crate) struct RustCells {
 }
 
 impl RustCells {
+    #[cfg(test)]
     fn new(sync_mode: SyncMode, device_id: i32) -> Self {
         RustCells {
-            args: guild_execute_args_v1_t {
-                struct_size: size_of::<guild_execute_args_v1_t>() as u32,
-                reserved: 0,
-                inputs: std::ptr::null(),
-                input_count: 0,
-                outputs: std::ptr::null(),
-                output_count: 0,
-                scratch_host: std::ptr::null_mut(),
-                scratch_host_size: 0,
-                scratch_device: std::ptr::null_mut(),
-                scratch_device_size: 0,
-                stream: std::ptr::null_mut(),
-                device_id,
-                sync_mode: sync_mode.raw(),
-                params: std::ptr::null(),
-                params_size: 0,
-            },
+            args: RustCells::args(sync_mode, device_id),
             error: guild_error_info_t::new(),
+        }
+    }
+
+    /// Writes the cells of a call with the handle's `sync_mode` and `device_id` at `at`, in
+    /// place: the error record is cleared where it lives, not made elsewhere and copied.
+    ///
+    /// # Safety
+    /// `at` must be valid for writes and aligned for `RustCells`.
+    unsafe fn init(at: *mut RustCells, sync_mode: SyncMode, device_id: i32) {
+        // SAFETY: the caller's contract; all zero bits are a valid error record body (integers
+        // and C characters), and the record's size and status are then written as
+        // `guild_error_info_t::new` makes them.
+        unsafe {
+            (&raw mut (*at).args).write(RustCells::args(sync_mode, device_id));
+            let error = &raw mut (*at).error;
+            error.write_bytes(0, 1);
+            (&raw mut (*error).struct_size).write(size_of::<guild_error_info_t>() as u32);
+            (&raw mut (*error).status).write(GUILD_STATUS_OK);
+        }
+    }
+
+    /// The arguments record of a call with the handle's `sync_mode` and `device_id`, pointing
+    /// at no tensors yet.
+    #[inline(always)]
+    fn args(sync_mode: SyncMode, device_id: i32) -> guild_execute_args_v1_t {
+        guild_execute_args_v1_t {
+            struct_size: size_of::<guild_execute_args_v1_t>() as u32,
+            reserved: 0,
+            inputs: std::ptr::null(),
+            input_count: 0,
+            outputs: std::ptr::null(),
+            output_count: 0,
+            scratch_host: std::ptr::null_mut(),
+            scratch_host_size: 0,
+            scratch_device: std::ptr::null_mut(),
+            scratch_device_size: 0,
+            stream: std::ptr::null_mut(),
+            device_id,
+            sync_mode: sync_mode.raw(),
+            params: std::ptr::null(),
+            params_size: 0,
         }
     }
 
@@ -1428,36 +1437,73 @@ impl Resolved {
             host_only && (sync_mode == SyncMode::HostBlocking || candidate.backend == Backend::Cpu);
         let statics = QueryStatics::of(query);
         let lends = calls.is_some();
-        let mut handle = Box::new(Resolved {
-            binding,
-            entry: kernel.execute_entry(),
-            kernel,
-            align_mask: candidate.min_alignment.max(1) - 1,
-            call_key,
-            takes_stream: candidate.backend != Backend::Cpu,
-            lacks_here,
-            plain,
-            sync_mode,
-            device_id,
-            statics,
-            candidate,
-            passed_over,
-            streams,
-            published: PublishedScratch::new(scratch),
-            through_runner: false,
-            contract: UnsafeCell::new(Contract::made(
-                spec.inputs,
-                spec.outputs,
-                query.tensor_infos(),
-                scratch,
-                calls,
-            )),
-            call: Padded::new(UnsafeCell::new(CallCells {
-                rust: RustCells::new(sync_mode, device_id),
-                marks: Vec::new(),
-            })),
-            reshaping: UnsafeCell::new(ReshapeCells::default()),
-        });
+        let contract = Contract::made(
+            spec.inputs,
+            spec.outputs,
+            query.tensor_infos(),
+            scratch,
+            calls,
+        );
+        let mut slot = Box::<Resolved>::new_uninit();
+        let at = slot.as_mut_ptr();
+        // SAFETY: `at` is the box's own allocation, aligned for a `Resolved` and valid for
+        // writes. Every field is written once below, where it lives (the handle is too large to
+        // be made on the stack and moved: that copy cost a resolution about 1.6 KB of memcpy),
+        // apart from the padding around the call cells, which is `MaybeUninit`; the pattern
+        // after the writes names every field, so that a field added to `Resolved` fails to
+        // compile there until it is written here too. Nothing between the first write and
+        // `assume_init` can panic.
+        let mut handle = unsafe {
+            (&raw mut (*at).binding).write(binding);
+            (&raw mut (*at).entry).write(kernel.execute_entry());
+            (&raw mut (*at).kernel).write(kernel);
+            (&raw mut (*at).align_mask).write(candidate.min_alignment.max(1) - 1);
+            (&raw mut (*at).call_key).write(call_key);
+            (&raw mut (*at).takes_stream).write(candidate.backend != Backend::Cpu);
+            (&raw mut (*at).lacks_here).write(lacks_here);
+            (&raw mut (*at).plain).write(plain);
+            (&raw mut (*at).sync_mode).write(sync_mode);
+            (&raw mut (*at).device_id).write(device_id);
+            (&raw mut (*at).statics).write(statics);
+            (&raw mut (*at).candidate).write(candidate);
+            (&raw mut (*at).passed_over).write(passed_over);
+            (&raw mut (*at).streams).write(streams);
+            (&raw mut (*at).published).write(PublishedScratch::new(scratch));
+            (&raw mut (*at).through_runner).write(false);
+            (&raw mut (*at).contract).write(UnsafeCell::new(contract));
+            // `UnsafeCell` has the layout of what it holds.
+            let cells = (&raw mut (*at).call.value).cast::<CallCells>();
+            RustCells::init(&raw mut (*cells).rust, sync_mode, device_id);
+            (&raw mut (*cells).marks).write(Vec::new());
+            (&raw mut (*at).reshaping).write(UnsafeCell::new(ReshapeCells::default()));
+            slot.assume_init()
+        };
+        let Resolved {
+            binding: _,
+            kernel: _,
+            entry: _,
+            candidate: _,
+            plain: _,
+            sync_mode: _,
+            device_id: _,
+            statics: _,
+            passed_over: _,
+            align_mask: _,
+            call_key: _,
+            takes_stream: _,
+            lacks_here: _,
+            streams: _,
+            through_runner: _,
+            contract: _,
+            published: _,
+            call:
+                Padded {
+                    _before: _,
+                    value: _,
+                    _after: _,
+                },
+            reshaping: _,
+        } = &*handle;
         if lends {
             let handle = &mut *handle;
             handle
@@ -2172,7 +2218,10 @@ impl Shape {
         byte_extent: 0,
     };
 
-    #[cfg(test)]
+    /// The shape of `d`, whose facts are `info`: what [`Shape::set`] makes, as a new value.
+    /// (Made with `set` itself: a copy of the arrays with the entries above the rank cleared,
+    /// by masks or by a loop, cost a contract's block more instructions.)
+    #[inline(always)]
     fn of(d: &TensorDesc, info: &TensorInfo) -> Shape {
         let mut shape = Shape::BLANK;
         shape.set(d, info);
@@ -2510,13 +2559,13 @@ mod tests {
         };
         let ins: Vec<_> = (1..n_in as u64 + 1).map(known).collect();
         let outs: Vec<_> = (101..101 + n_out as u64).map(known).collect();
-        let block = call_block(&ins, &outs);
-        assert!(block.call_tensors().iter().all(|t| t.data as usize == 64));
         let infos: Vec<_> = ins
             .iter()
             .chain(&outs)
             .map(|d| d.check().unwrap())
             .collect();
+        let block = call_block(&ins, &outs, &infos);
+        assert!(block.call_tensors().iter().all(|t| t.data as usize == 64));
         let scratch = Scratch {
             host_bytes: 0,
             device_bytes: 0,
@@ -2692,7 +2741,7 @@ mod tests {
                 &outs,
                 &infos,
                 scratch,
-                calls.then(|| call_block(&ins, &outs)),
+                calls.then(|| call_block(&ins, &outs, &infos)),
             );
             assert_eq!(
                 (contract.inputs(), contract.outputs()),
@@ -2735,6 +2784,31 @@ mod tests {
             };
             assert_eq!(made, expected, "{ins:?} {outs:?}");
             assert_eq!((contract.scratch, contract.scratch_mask), (scratch, 63));
+        }
+    }
+
+    /// A shape made new for a contract is the shape a reshape sets in place, at every rank
+    /// (and at a rank past the largest, which both clamp), whatever lies above the rank.
+    #[test]
+    fn a_new_shape_is_the_shape_set_in_place() {
+        let info = desc(4).check().unwrap();
+        for rank in 0..=MAX_TENSOR_RANK as u32 + 1 {
+            let d = TensorDesc {
+                rank,
+                dims: std::array::from_fn(|i| i as u64 + 2),
+                strides: std::array::from_fn(|i| i as u64 + 100),
+                device_id: 3,
+                memory_space: MemorySpace::Device,
+                ..desc(4)
+            };
+            let mut set = Shape {
+                rank: 5,
+                byte_extent: 9,
+                ..Shape::BLANK
+            };
+            set.set(&d, &info);
+            assert_eq!(Shape::of(&d, &info), set, "rank {rank}");
+            assert_eq!(set.byte_extent, info.byte_extent);
         }
     }
 

@@ -292,6 +292,7 @@ impl<'r> OperationService<'r> {
             tensors: NegotiatedTensors::Kept(self::core::call_block(
                 query.spec().inputs,
                 query.spec().outputs,
+                query.tensor_infos(),
             )),
         };
         let resolved = self.core.resolve(&query, args, self.report)?;

@@ -7,8 +7,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use guild_adapters_fs::store::{
-    Fault, FaultMode, FsStore, LogCorruption, LogProblem, StoreLayout, StoreOptions,
+    reads_in_parts, Fault, FaultMode, FsStore, LogCorruption, LogProblem, StoreLayout, StoreOptions,
 };
+use guild_domain::store_state::listing::Listing;
 use guild_domain::store_state::StoreState;
 use guild_ports::store::{PackageStore, StoreError, StoreErrorKind};
 
@@ -507,18 +508,199 @@ fn store_package_reader_reads_one_package_and_refuses_to_write() {
     }
     let good = fs::read_to_string(&layout.registry).unwrap();
     assert!(good.contains("\"id\":\"b\""), "{good}");
-    for bad in [
-        good.replace("\"id\":\"b\",", "\"id\":\"b\" "),
+    // Damage inside b's record that keeps its length: a reader of b refuses it as the full
+    // reader does; a reader of a reads a's row and record through the index and answers a.
+    // Damage that moves what follows, or cuts the file, every reader refuses.
+    let in_b = good.replace("\"id\":\"b\",", "\"id\":\"b\" ");
+    let damaged = [
+        in_b.clone(),
         good.replace("\"id\":\"b\",", "\"id\":\"b\",\"x\":nul,"),
         good[..good.len() - 2].to_owned(),
-    ] {
-        fs::write(&layout.registry, &bad).unwrap();
+    ];
+    for bad in &damaged {
+        fs::write(&layout.registry, bad).unwrap();
         let full = open_as(&root, true).unwrap_err();
         assert_eq!(full.kind, StoreErrorKind::Corrupt, "{full}");
         for name in ["a", "b"] {
-            let one = FsStore::open_package_reader(&root, &id(name)).unwrap_err();
+            let read = FsStore::open_package_reader(&root, &id(name));
+            if name == "a" && *bad == in_b {
+                let (one, _) = read.unwrap();
+                assert!(one.registry().unwrap().package(&id("a")).is_some());
+                continue;
+            }
+            let Err(one) = read else {
+                panic!("a reader of {name} read the damaged checkpoint {bad}")
+            };
             assert_eq!(one.to_string(), full.to_string());
             assert_eq!(one.path.as_deref(), Some(layout.registry.as_path()));
         }
+    }
+}
+
+/// A reader of the listing lists every package as the whole state lists it, from the
+/// checkpoint's index and every frame of the log after it; its registry holds the store-wide
+/// facts and no package; it refuses to write and follows the store at refresh. A checkpoint
+/// without an index (formats 1 and 2) is listed from the whole state.
+#[test]
+fn store_listing_reader_lists_the_index_and_the_log_and_refuses_to_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let layout = StoreLayout::new(&root);
+    {
+        // a, b and c in the checkpoint's index; then d, and b's new version, in log frames.
+        let (store, _) =
+            FsStore::open_with(&root, StoreOptions::new().compact_log_over(0)).unwrap();
+        for pkg in ["a", "b", "c"] {
+            publish(&store, pkg, "1.0.0", ENABLED).unwrap();
+        }
+    }
+    {
+        let (store, _) = FsStore::open(&root).unwrap();
+        publish(&store, "d", "1.0.0", ENABLED).unwrap();
+        publish(&store, "b", "2.0.0", ENABLED).unwrap();
+    }
+    let checkpoint = fs::read_to_string(&layout.registry).unwrap();
+    assert!(checkpoint.contains("\"guild_registry\":3"), "{checkpoint}");
+    assert!(!checkpoint.contains("\"id\":\"d\""), "{checkpoint}");
+    assert_eq!(frame_starts(&fs::read(&layout.log).unwrap()).len(), 3);
+    let full = committed(&root);
+    let (store, report) = FsStore::open_listing_reader(&root).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    let listing = store.listing().unwrap();
+    assert_eq!(listing, Listing::of(&full));
+    let ids: Vec<&str> = listing.rows().map(|r| r.id).collect();
+    assert_eq!(ids, ["a", "b", "c", "d"]);
+    let b = listing.rows().nth(1).unwrap();
+    assert_eq!(b.current.unwrap().version, "2.0.0");
+    assert_eq!(b.previous.as_deref(), Some("1.0.0"));
+    let registry = store.registry().unwrap();
+    assert_eq!(registry.generation(), full.generation());
+    assert_eq!(registry.packages().count(), 0);
+    assert!(store.records_packages().unwrap());
+    let err = store.begin_write().unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::InvalidTransaction, "{err}");
+    let err = publish(&store, "e", "1.0.0", ENABLED).unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::InvalidTransaction, "{err}");
+    assert_eq!(
+        store.recover().unwrap_err().kind,
+        StoreErrorKind::InvalidTransaction
+    );
+    // Another handle commits: the listing follows at refresh.
+    {
+        let (writer, _) = FsStore::open(&root).unwrap();
+        publish(&writer, "e", "1.0.0", ENABLED).unwrap();
+    }
+    store.refresh().unwrap();
+    assert_eq!(store.listing().unwrap(), Listing::of(&committed(&root)));
+    assert_eq!(store.listing().unwrap().len(), 5);
+    drop(store);
+    // The same store with a format-2 checkpoint (the index cut out), then in format 1.
+    let text = fs::read_to_string(&layout.registry).unwrap();
+    let start = text.find(",\"index\":").unwrap();
+    let end = text.rfind(",\"packages\":").unwrap();
+    let format_2 = format!("{}{}", &text[..start], &text[end..]).replacen(
+        "\"guild_registry\":3",
+        "\"guild_registry\":2",
+        1,
+    );
+    fs::write(&layout.registry, format_2).unwrap();
+    let want = Listing::of(&committed(&root));
+    let (store, _) = FsStore::open_listing_reader(&root).unwrap();
+    assert_eq!(store.listing().unwrap(), want);
+    drop(store);
+    // A format-2 checkpoint's next rewrite is format 3.
+    {
+        let (writer, _) =
+            FsStore::open_with(&root, StoreOptions::new().compact_log_over(0)).unwrap();
+        publish(&writer, "f", "1.0.0", ENABLED).unwrap();
+    }
+    let text = fs::read_to_string(&layout.registry).unwrap();
+    assert!(text.contains("\"guild_registry\":3"), "{text}");
+    let want = Listing::of(&committed(&root));
+    let (store, _) = FsStore::open_listing_reader(&root).unwrap();
+    assert_eq!(store.listing().unwrap(), want);
+    drop(store);
+    guild_adapters_fs::store::testing::as_format_1(&root).unwrap();
+    let (store, _) = FsStore::open_listing_reader(&root).unwrap();
+    assert_eq!(store.listing().unwrap(), want);
+}
+
+/// On a checkpoint large enough to be read in parts (its head and index, its end, one record),
+/// a listing and a reader of one package answer what the whole state says; damage that moves or
+/// cuts the records is refused by both, and damage confined to another package's record (the
+/// file keeping its length) is left to the full reader.
+#[test]
+fn store_large_checkpoint_is_listed_and_read_for_one_package_in_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let layout = StoreLayout::new(&root);
+    let names: Vec<String> = (0..1500).map(|i| format!("pkg{i:04}")).collect();
+    let versions: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "1.0.0")).collect();
+    {
+        let (store, _) =
+            FsStore::open_with(&root, StoreOptions::new().compact_log_over(0)).unwrap();
+        super::publish_many(&store, &versions, |_, tx| tx).unwrap();
+    }
+    {
+        let (store, _) = FsStore::open(&root).unwrap();
+        publish(&store, "zz", "1.0.0", ENABLED).unwrap();
+    }
+    let good = fs::read(&layout.registry).unwrap();
+    // Past the size from which the readers read a checkpoint in parts (128 KiB), with a head
+    // longer than the first part they read (64 KiB).
+    assert!(good.len() > 256 << 10, "{}", good.len());
+    let full = committed(&root);
+    let before = reads_in_parts();
+    let (store, _) = FsStore::open_listing_reader(&root).unwrap();
+    assert_eq!(store.listing().unwrap(), Listing::of(&full));
+    assert_eq!(store.listing().unwrap().len(), 1501);
+    drop(store);
+    for name in ["pkg0000", "pkg0400", "pkg1499", "zz", "absent"] {
+        let (store, _) = FsStore::open_package_reader(&root, &id(name)).unwrap();
+        assert_eq!(
+            store.registry().unwrap().package(&id(name)),
+            full.package(&id(name)),
+            "{name}"
+        );
+    }
+    // Every one of those read the checkpoint in parts (other tests running at once may add
+    // to the count, never take from it).
+    assert!(
+        reads_in_parts() >= before + 6,
+        "{}",
+        reads_in_parts() - before
+    );
+    // A record damaged without moving anything: the readers of other packages, and the
+    // listing, answer as before; the full reader and a reader of that package refuse it.
+    let text = String::from_utf8(good.clone()).unwrap();
+    let in_record = text.replacen("{\"id\":\"pkg0400\",", "{\"id\":\"pkg0400\" ", 1);
+    assert_ne!(in_record, text);
+    fs::write(&layout.registry, &in_record).unwrap();
+    let err = open_as(&root, true).unwrap_err();
+    assert_eq!(err.kind, StoreErrorKind::Corrupt, "{err}");
+    assert_eq!(
+        FsStore::open_package_reader(&root, &id("pkg0400"))
+            .unwrap_err()
+            .to_string(),
+        err.to_string()
+    );
+    let (store, _) = FsStore::open_package_reader(&root, &id("pkg0399")).unwrap();
+    assert!(store.registry().unwrap().package(&id("pkg0399")).is_some());
+    let (store, _) = FsStore::open_listing_reader(&root).unwrap();
+    assert_eq!(store.listing().unwrap(), Listing::of(&full));
+    drop(store);
+    // Cut short, or grown: every reader refuses it with the full reader's error.
+    for bad in [
+        &good[..good.len() - 1],
+        &good[..good.len() / 2],
+        &[&good[..], b"{}"].concat(),
+    ] {
+        fs::write(&layout.registry, bad).unwrap();
+        let err = open_as(&root, true).unwrap_err();
+        assert_eq!(err.kind, StoreErrorKind::Corrupt, "{err}");
+        let listing = FsStore::open_listing_reader(&root).map(|_| ());
+        assert_eq!(listing.unwrap_err().to_string(), err.to_string());
+        let one = FsStore::open_package_reader(&root, &id("pkg0001")).map(|_| ());
+        assert_eq!(one.unwrap_err().to_string(), err.to_string());
     }
 }

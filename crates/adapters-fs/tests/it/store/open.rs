@@ -171,7 +171,7 @@ fn store_unknown_registry_format_fails_closed() {
     let text = fs::read_to_string(&layout.registry).unwrap();
     fs::write(
         &layout.registry,
-        text.replace("\"guild_registry\":2", "\"guild_registry\":3"),
+        text.replace("\"guild_registry\":3", "\"guild_registry\":4"),
     )
     .unwrap();
     let err = open_err(&root);
@@ -179,7 +179,7 @@ fn store_unknown_registry_format_fails_closed() {
     assert_eq!(err.path.as_deref(), Some(layout.registry.as_path()));
     assert!(
         err.to_string()
-            .ends_with("store state format 3 is not supported; this build reads formats 1 (a whole store state) and 2 (a checkpoint)"),
+            .ends_with("store state format 4 is not supported; this build reads formats 1 (a whole store state), 2 (a checkpoint) and 3 (a checkpoint with an index)"),
         "{err}"
     );
 }
@@ -887,7 +887,7 @@ fn store_checkpoint_without_its_log_fails_closed() {
     assert_eq!(err.path.as_deref(), Some(layout.log.as_path()));
     assert_eq!(
         err.what,
-        "the registry is a checkpoint (format 2) but its log is missing"
+        "the registry is a checkpoint (format 2 or 3) but its log is missing"
     );
 }
 
@@ -918,13 +918,13 @@ fn store_format_1_opens_unchanged_and_the_first_write_migrates_it() {
     let after = store.registry().unwrap();
     drop(store);
     let text = fs::read_to_string(&layout.registry).unwrap();
-    assert!(text.contains("\"guild_registry\":2"), "{text}");
+    assert!(text.contains("\"guild_registry\":3"), "{text}");
     assert_eq!(
         StoreState::from_json(text.as_bytes())
             .unwrap_err()
             .to_string(),
-        "store state format 2 is not supported; this build reads formats 1 (a whole store state) and \
-         2 (a checkpoint)",
+        "store state format 3 is not supported; this build reads formats 1 (a whole store state), \
+         2 (a checkpoint) and 3 (a checkpoint with an index)",
         "a format-1 reader refuses the checkpoint"
     );
     assert_eq!(committed(&root), after);
@@ -933,7 +933,7 @@ fn store_format_1_opens_unchanged_and_the_first_write_migrates_it() {
 }
 
 #[test]
-fn store_log_compacts_once_it_outgrows_the_checkpoint() {
+fn store_log_compacts_once_it_passes_its_threshold() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("store");
     let layout = StoreLayout::new(&root);
@@ -951,7 +951,7 @@ fn store_log_compacts_once_it_outgrows_the_checkpoint() {
             let (state, format) = StoreState::from_any_json(&checkpoint).unwrap();
             assert_eq!(
                 (state.generation(), format),
-                (store.registry().unwrap().generation(), 2)
+                (store.registry().unwrap().generation(), 3)
             );
         }
         last_len = len;
