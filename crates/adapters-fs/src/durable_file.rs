@@ -229,6 +229,23 @@ impl PartialFile {
         self.len == 0
     }
 
+    /// Appends the bytes in `range` to `out`, all of them ([`io::ErrorKind::UnexpectedEof`]
+    /// when the file ends first).
+    pub fn append_at(&self, range: std::ops::Range<u64>, out: &mut Vec<u8>) -> io::Result<()> {
+        use std::io::{Read as _, Seek as _, SeekFrom};
+        let len = range.end.saturating_sub(range.start);
+        let mut file = &self.file;
+        file.seek(SeekFrom::Start(range.start))?;
+        out.reserve(
+            usize::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+        );
+        let read = file.take(len).read_to_end(out)?;
+        if (read as u64) < len {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(())
+    }
+
     /// The bytes in `range`, all of them ([`io::ErrorKind::UnexpectedEof`] when the file
     /// ends first).
     pub fn read_at(&self, range: std::ops::Range<u64>) -> io::Result<Vec<u8>> {

@@ -337,7 +337,7 @@ fn read_indexed(
         return None;
     }
     if head_len > PREFIX {
-        head.extend(file.read_at(PREFIX..head_len).ok()?);
+        file.append_at(PREFIX..head_len, &mut head).ok()?;
     } else {
         head.truncate(head_len as usize);
     }

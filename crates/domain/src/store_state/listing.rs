@@ -281,9 +281,19 @@ impl IndexRow {
 /// A row of a listing: read from an index, or made from a record (a package a log frame
 /// changed, or every package of a listing made from a whole state).
 #[derive(Debug, Clone)]
-enum Row {
+pub(crate) enum Row {
     Indexed(IndexRow),
     Made(Box<ListingRow>),
+}
+
+impl Row {
+    /// The row, seen in `text` (the text an indexed row was read from).
+    pub(crate) fn view<'t>(&'t self, text: &'t str) -> ListedRow<'t> {
+        match self {
+            Row::Indexed(row) => row.view(text),
+            Row::Made(row) => row.view(),
+        }
+    }
 }
 
 /// Every package of the committed state as a listing shows it, in id order, with the
@@ -349,10 +359,7 @@ impl Listing {
     }
 
     fn view<'s>(&'s self, row: &'s Row) -> ListedRow<'s> {
-        match row {
-            Row::Indexed(row) => row.view(&self.text),
-            Row::Made(row) => row.view(),
-        }
+        row.view(&self.text)
     }
 
     fn id_of<'s>(&'s self, row: &'s Row) -> &'s str {
@@ -435,7 +442,7 @@ impl Listing {
         let Some(head) = IndexedHead::read(&text, parts, |_| true, capacity)? else {
             return Some(None);
         };
-        let rows: Vec<Row> = head.index.rows.into_iter().map(Row::Indexed).collect();
+        let rows = head.index.rows;
         let listing = Listing {
             facts: head.facts,
             text,
@@ -769,8 +776,9 @@ fn read_keys(c: &mut Cursor<'_>) -> Option<Vec<Sha256Digest>> {
 
 /// A checkpoint's index as read.
 pub(crate) struct Index {
-    /// The rows kept, in the text the cursor that read them was reading.
-    pub(crate) rows: Vec<IndexRow>,
+    /// The rows kept (all read from the index), in the text the cursor that read them was
+    /// reading.
+    pub(crate) rows: Vec<Row>,
     /// The byte range each kept row gives for its record.
     pub(crate) kept: Vec<Range<usize>>,
     /// The byte range of every row's record, in order.
@@ -839,7 +847,7 @@ pub(crate) fn read_index(
                     Ok((row, range)) => {
                         index.ranges.push(range.clone());
                         index.kept.push(range);
-                        index.rows.push(row);
+                        index.rows.push(Row::Indexed(row));
                     }
                     Err(range) => index.ranges.push(range),
                 }
@@ -857,11 +865,13 @@ pub(crate) fn read_index(
 }
 
 /// An index's key table, and each list of keys its rows name, made once and shared by every
-/// row that names the same keys (nearly all rows of a store name the same one or two).
+/// row that names the same keys (nearly all rows of a store name the same one or two); and the
+/// last publisher id checked, which the next row most likely names again.
 pub(crate) struct KeyLists {
     keys: Vec<Sha256Digest>,
     lists: Vec<(Vec<usize>, Arc<[Sha256Digest]>)>,
     scratch: Vec<usize>,
+    publisher: Option<String>,
 }
 
 impl KeyLists {
@@ -870,6 +880,7 @@ impl KeyLists {
             keys,
             lists: Vec::new(),
             scratch: Vec::new(),
+            publisher: None,
         }
     }
 
@@ -914,8 +925,20 @@ fn span<'a>(c: &mut Cursor<'a>) -> Option<(Span, &'a str)> {
 /// A version cell: checked to be a version, kept as its text.
 fn version_span(c: &mut Cursor<'_>) -> Option<Span> {
     let (span, text) = span(c)?;
-    Version::parse(text).ok()?;
-    Some(span)
+    (is_plain_version(text) || Version::parse(text).is_ok()).then_some(span)
+}
+
+/// Whether `text` is `MAJOR.MINOR.PATCH`, three numbers without leading zeros that fit a `u64`:
+/// a version, checked without the general parser (which reads anything else).
+fn is_plain_version(text: &str) -> bool {
+    let mut parts = 0;
+    text.split('.').all(|n| {
+        parts += 1;
+        !n.is_empty()
+            && n.len() <= 19
+            && n.bytes().all(|b| b.is_ascii_digit())
+            && (n == "0" || !n.starts_with('0'))
+    }) && parts == 3
 }
 
 /// A row of an index with the byte range it gives for its record, or (`Err`) the range alone,
@@ -957,7 +980,11 @@ fn read_row(
             4 => once(&mut kind, PackageKind::parse(&c.str()?)?),
             5 => {
                 let (span, text) = span(c)?;
-                is_valid_id(text).then_some(())?;
+                // Nearly every row names the same publisher as the row before it.
+                if keys.publisher.as_deref() != Some(text) {
+                    is_valid_id(text).then_some(())?;
+                    keys.publisher = Some(text.to_owned());
+                }
                 once(&mut publisher, span)
             }
             6 => {
@@ -1260,7 +1287,7 @@ pub(crate) fn check_index(bytes: &[u8], state: &StoreState) -> Result<(), StoreS
 /// records ([`check_index`]).
 struct IndexAndRecords<'t> {
     text: &'t str,
-    rows: Vec<(IndexRow, Range<usize>)>,
+    rows: Vec<(Row, Range<usize>)>,
     /// Where the index says the packages end.
     packages_end: usize,
     /// Each record's byte range.
@@ -1298,4 +1325,39 @@ fn index_and_ranges(bytes: &[u8]) -> Option<IndexAndRecords<'_>> {
         ranges,
         end: end?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The quick version check admits exactly what the version parser admits, of the texts it
+    /// admits at all.
+    #[test]
+    fn a_plain_version_is_one_the_parser_reads() {
+        for text in [
+            "1.0.0",
+            "0.0.0",
+            "10.20.30",
+            "18446744073709551615.0.0",
+            "1.0",
+            "1.0.0.0",
+            "01.0.0",
+            "1.00.0",
+            "1..0",
+            "",
+            "1.0.0-alpha",
+            "1.0.0+b",
+            "a.b.c",
+            "1.0.x",
+            " 1.0.0",
+        ] {
+            if is_plain_version(text) {
+                assert!(Version::parse(text).is_ok(), "{text}");
+            }
+        }
+        assert!(is_plain_version("1.0.0"));
+        assert!(!is_plain_version("01.0.0"));
+        assert!(!is_plain_version("1.0"));
+    }
 }
