@@ -24,7 +24,9 @@
 //! binary (`GUILD_BENCH_GUILD`, else `target/release/guild`) run as a process for `--version`,
 //! `list`, `status ID` and `install PKG` on the kept stores of each size in
 //! `GUILD_BENCH_COMMAND_SIZES` (10, 1,000 and 10,000 by default), `install` into a fresh copy of
-//! the kept store every run so that the kept one never changes. Each figure is the median of
+//! the kept store every run so that the kept one never changes; and `install PKG` right after a
+//! trust change (a key added for another publisher, in process), whose opening checks every
+//! version's signatures again and records the new trust file. Each figure is the median of
 //! `GUILD_BENCH_COMMAND_RUNS` (7) runs with its spread, and the child's max RSS as `wait4`
 //! reports it (the child and the children it reaped: the registration check's). With
 //! `GUILD_BENCH_GUILD_BEFORE` naming a second binary (a build of an earlier commit), both run
@@ -906,6 +908,8 @@ struct CommandCase {
     args: Vec<OsString>,
     /// Whether it changes the store, so that each run gets a fresh copy of it.
     writes: bool,
+    /// Whether that copy's trust file is changed first.
+    trust_changed: bool,
 }
 
 /// The figures of one binary for one command at one store size.
@@ -966,6 +970,24 @@ fn guild_binaries() -> Vec<(&'static str, PathBuf)> {
     binaries
 }
 
+/// A writer on the store at `root` that compacts the log after each of its commits.
+fn open_compacting(root: &Path) -> PackageManager {
+    let (store, recovery) = FsStore::open_with(
+        root,
+        guild_adapters_fs::store::StoreOptions::new().compact_log_over(0),
+    )
+    .expect("open the store");
+    let (pm, _) = PackageManager::open(
+        Box::new(store),
+        recovery,
+        Box::new(GkpkSource::default()),
+        Box::new(P256Verifier::new()),
+        guild_domain::platform::HostPlatform::current().expect("platform"),
+    )
+    .expect("open the store");
+    pm
+}
+
 /// Removes the store copy at `path`, read-only trees and all, if it is there.
 fn remove_copy(path: &Path) {
     if path.exists() {
@@ -1012,6 +1034,8 @@ fn command_figures(shop: &Workshop, key: &SigningKey, kept: &Path, full: bool, s
         )),
         key,
     );
+    // The key a trust change adds, for another publisher.
+    let other = SigningKey::generate().expect("key");
     let output = scratch.join("command-output");
     // (size, command name, binary) -> runs; in-process opens per size.
     let mut table: Vec<(usize, String, &'static str, Runs)> = Vec::new();
@@ -1050,8 +1074,11 @@ fn command_figures(shop: &Workshop, key: &SigningKey, kept: &Path, full: bool, s
         }
         // A trust change leaves every version's signatures to be checked again by the next
         // writer, which records that they passed: done here once, so that no measured install
-        // pays for it.
-        drop(PackageManager::open_dir(&template).expect("settle the template"));
+        // pays for it (but the one measured right after a trust change). That writer compacts
+        // after its commit, so that the template is one checkpoint and no log, as such a commit
+        // left it before the log said a trust change's re-records in one short frame (which a
+        // binary from before that refuses).
+        drop(open_compacting(&template));
         let (_, settled) = PackageManager::open_dir(&template).expect("open the template");
         assert_eq!(
             (settled.verified, settled.reauthenticated),
@@ -1064,21 +1091,31 @@ fn command_figures(shop: &Workshop, key: &SigningKey, kept: &Path, full: bool, s
                 name: "--version".into(),
                 args: vec!["--version".into()],
                 writes: false,
+                trust_changed: false,
             },
             CommandCase {
                 name: "list".into(),
                 args: vec!["list".into()],
                 writes: false,
+                trust_changed: false,
             },
             CommandCase {
                 name: format!("status {status_id}"),
                 args: vec!["status".into(), status_id.clone().into()],
                 writes: false,
+                trust_changed: false,
             },
             CommandCase {
                 name: "install PKG".into(),
                 args: vec!["install".into(), offered.archive.clone().into()],
                 writes: true,
+                trust_changed: false,
+            },
+            CommandCase {
+                name: "retrusted install PKG".into(),
+                args: vec!["install".into(), offered.archive.clone().into()],
+                writes: true,
+                trust_changed: true,
             },
         ];
         let run_copy = scratch.join(format!("command-install-{n}"));
@@ -1089,6 +1126,12 @@ fn command_figures(shop: &Workshop, key: &SigningKey, kept: &Path, full: bool, s
                     let store = if case.writes {
                         remove_copy(&run_copy);
                         copy_tree(&template, &run_copy);
+                        if case.trust_changed {
+                            // Its commit is one frame of the new trust record, which every
+                            // binary of the registry log reads.
+                            let host = open_host(&run_copy, None).expect("open the copy");
+                            trust(&host.pm, "org.other", &other);
+                        }
                         // The copy's data written back first: an fsync of the install would
                         // otherwise wait for it (ext4 commits a file's journal transaction with
                         // the data of every file in it), and time the copy instead.
@@ -1230,6 +1273,14 @@ fn command_figures(shop: &Workshop, key: &SigningKey, kept: &Path, full: bool, s
              30 MB) {}",
             verdict(rss < 30.0)
         );
+        if let Some(retrusted) = find(large, "retrusted install", binary) {
+            let rss = retrusted.peak_rss_mb();
+            println!(
+                "  {binary:<7} install max RSS on {large} right after a trust change, the largest \
+                 of the runs: {rss:.1} MB (goal < 30 MB) {}",
+                verdict(rss < 30.0)
+            );
+        }
     }
     for (n, what, t) in opens.iter().filter(|(n, _, _)| *n == large) {
         let goal = if what.starts_with("writer") {
@@ -1253,19 +1304,7 @@ fn log_share(root: &Path, scratch: &Path) {
     remove_copy(&copy);
     copy_tree(root, &copy);
     {
-        let (store, recovery) = FsStore::open_with(
-            &copy,
-            guild_adapters_fs::store::StoreOptions::new().compact_log_over(0),
-        )
-        .expect("open the copy");
-        let (pm, _) = PackageManager::open(
-            Box::new(store),
-            recovery,
-            Box::new(GkpkSource::default()),
-            Box::new(P256Verifier::new()),
-            guild_domain::platform::HostPlatform::current().expect("platform"),
-        )
-        .expect("open the copy");
+        let pm = open_compacting(&copy);
         let id = guild_domain::ids::PackageId::new("bench.pkg0000").expect("id");
         pm.disable(&id).expect("disable");
         pm.enable(&id).expect("enable");

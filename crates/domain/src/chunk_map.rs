@@ -143,6 +143,25 @@ impl<K: Ord + Clone, V: Clone> ChunkMap<K, V> {
         Some(&mut Arc::make_mut(&mut self.chunks[c])[at].1)
     }
 
+    /// Calls `change` on every value for which `wants` answers true, copying only the chunks
+    /// that hold one (and only those another map shares).
+    pub fn update_where(
+        &mut self,
+        mut wants: impl FnMut(&K, &V) -> bool,
+        mut change: impl FnMut(&K, &mut V),
+    ) {
+        for chunk in &mut self.chunks {
+            if !chunk.iter().any(|(k, v)| wants(k, v)) {
+                continue;
+            }
+            for (k, v) in Arc::make_mut(chunk).iter_mut() {
+                if wants(k, v) {
+                    change(k, v);
+                }
+            }
+        }
+    }
+
     /// The value of `key` to write to, inserted from `make` first when the map lacks it.
     pub fn get_or_insert_with(&mut self, key: &K, make: impl FnOnce() -> V) -> &mut V {
         let (c, at) = match self.find(key) {

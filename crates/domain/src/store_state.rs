@@ -231,6 +231,12 @@ impl PackageRecord {
     pub fn previous(&self) -> Option<&Version> {
         self.previous.as_ref()
     }
+
+    /// Every version's record to write to, for a change that keeps every invariant (a
+    /// [`crate::store_log::Retrust`]).
+    pub(crate) fn versions_mut(&mut self) -> impl Iterator<Item = (&Version, &mut VersionRecord)> {
+        self.versions.iter_mut()
+    }
 }
 
 /// What publishing a given payload as `id@version` would mean.
@@ -750,6 +756,12 @@ impl StoreState {
     /// records apart without comparing them.
     pub(crate) fn shared_packages(&self) -> &ChunkMap<PackageId, Arc<PackageRecord>> {
         &self.packages
+    }
+
+    /// The map of package records to write to, for a change that keeps every invariant (a
+    /// [`crate::store_log::Retrust`]).
+    pub(crate) fn shared_packages_mut(&mut self) -> &mut ChunkMap<PackageId, Arc<PackageRecord>> {
+        &mut self.packages
     }
 
     /// The record of package `id`, if any.
@@ -1274,6 +1286,19 @@ pub enum ApplyError {
     /// A changed package breaks an invariant.
     #[error("the change breaks an invariant: {0}")]
     Invariant(StoreStateInvariantError),
+    /// The change records every version as trusted under a trust file that is not the one the
+    /// state records after it.
+    #[error(
+        "the change records the versions as trusted under trust file {retrust}, but the store \
+         state records {}",
+        anchor.map_or("no trust file".to_owned(), |a| format!("trust file {a}"))
+    )]
+    Retrust {
+        /// The digest of the trust file the change records.
+        retrust: Sha256Digest,
+        /// That of the trust file the state records, if any.
+        anchor: Option<Sha256Digest>,
+    },
 }
 
 /// Checks the invariants of one package.
@@ -2640,7 +2665,7 @@ fn decode_facts(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::json::PathSegment;
     use proptest::prelude::*;
@@ -3729,13 +3754,33 @@ mod tests {
         }
     }
 
+    /// One operation of the package manager on a store state, for the property tests here and
+    /// in `store_log`.
     #[derive(Debug, Clone)]
-    enum Op {
-        Publish { pkg: u8, major: u8, enable: bool },
+    pub(crate) enum Op {
+        Publish {
+            pkg: u8,
+            major: u8,
+            enable: bool,
+        },
         Enable(u8),
         Disable(u8),
-        Remove { pkg: u8, major: u8 },
+        Remove {
+            pkg: u8,
+            major: u8,
+        },
         Rollback(u8),
+        /// A new trust file, by its generation.
+        Trust(u8),
+        /// Every enabled (or installed) version recorded as trusted under today's trust file.
+        Retrust {
+            installed: bool,
+        },
+        /// One version recorded so.
+        TrustOne {
+            pkg: u8,
+            major: u8,
+        },
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -3749,33 +3794,93 @@ mod tests {
             (0u8..3).prop_map(Op::Disable),
             (0u8..3, 0u8..4).prop_map(|(pkg, major)| Op::Remove { pkg, major }),
             (0u8..3).prop_map(Op::Rollback),
+            (0u8..3).prop_map(Op::Trust),
+            any::<bool>().prop_map(|installed| Op::Retrust { installed }),
+            (0u8..3, 0u8..4).prop_map(|(pkg, major)| Op::TrustOne { pkg, major }),
         ]
+    }
+
+    /// Sequences of commits, each of a few operations.
+    pub(crate) fn steps() -> impl Strategy<Value = Vec<Vec<Op>>> {
+        prop::collection::vec(prop::collection::vec(op(), 1..4), 0..15)
+    }
+
+    /// The name of package `p` of the property tests.
+    pub(crate) fn pkg(p: u8) -> PackageId {
+        id(&format!("p{p}"))
+    }
+
+    /// Applies `op` to `r`, as the package manager would.
+    pub(crate) fn apply_op(r: &mut StoreState, op: Op) -> Result<(), StoreStateError> {
+        let ver = |m: u8| Version::new(u64::from(m), 0, 0);
+        // Re-records name the trust file the state records (or a stand-in before there is one).
+        let digest = r
+            .trust_anchor()
+            .map_or(Sha256Digest::of(b"none"), |a| a.file_digest);
+        match op {
+            Op::Publish {
+                pkg: p,
+                major,
+                enable,
+            } => r
+                .publish(
+                    &pkg(p),
+                    &ver(major),
+                    new_version(&format!("p{p}-{major}")),
+                    PublishOptions {
+                        enable,
+                        allow_downgrade: major % 2 == 0,
+                    },
+                )
+                .map(|_| ()),
+            Op::Enable(p) => r.enable(&pkg(p)).map(|_| ()),
+            Op::Disable(p) => r.disable(&pkg(p)).map(|_| ()),
+            Op::Remove { pkg: p, major } => r.remove(&pkg(p), &ver(major)),
+            Op::Rollback(p) => r.rollback(&pkg(p)).map(|_| ()),
+            Op::Trust(g) => {
+                r.set_trust_anchor(TrustAnchor {
+                    binding: TrustBinding {
+                        store_id: "0123456789abcdef0123456789abcdef".to_owned(),
+                        generation: u64::from(g),
+                    },
+                    file_digest: Sha256Digest::of(&[g]),
+                    revoked_keys: BTreeMap::new(),
+                    revoked_digests: BTreeMap::new(),
+                });
+                Ok(())
+            }
+            Op::Retrust { installed } => {
+                let versions: Vec<(PackageId, Version)> = r
+                    .installed()
+                    .filter(|(_, _, rec)| installed || rec.state.is_enabled())
+                    .map(|(i, v, _)| (i.clone(), v.clone()))
+                    .collect();
+                for (i, v) in &versions {
+                    r.set_trusted_under(i, v, digest);
+                }
+                Ok(())
+            }
+            Op::TrustOne { pkg: p, major } => {
+                r.set_trusted_under(&pkg(p), &ver(major), digest);
+                Ok(())
+            }
+        }
     }
 
     proptest! {
         /// Whatever sequence of operations the package manager applies, accepted or refused, the
         /// store state keeps its invariants, a refusal changes nothing, and the file round-trips.
         #[test]
-        fn store_state_any_operation_sequence_keeps_the_invariants(ops in prop::collection::vec(op(), 0..40)) {
+        fn store_state_any_operation_sequence_keeps_the_invariants(steps in steps()) {
             let mut r = StoreState::new();
-            for op in ops {
-                let before = r.clone();
-                let pkg = |p: u8| id(&format!("p{p}"));
-                let ver = |m: u8| Version::new(u64::from(m), 0, 0);
-                let result = match op {
-                    Op::Publish { pkg: p, major, enable } => r
-                        .publish(&pkg(p), &ver(major), new_version(&format!("p{p}-{major}")),
-                            PublishOptions { enable, allow_downgrade: major % 2 == 0 })
-                        .map(|_| ()),
-                    Op::Enable(p) => r.enable(&pkg(p)).map(|_| ()),
-                    Op::Disable(p) => r.disable(&pkg(p)).map(|_| ()),
-                    Op::Remove { pkg: p, major } => r.remove(&pkg(p), &ver(major)),
-                    Op::Rollback(p) => r.rollback(&pkg(p)).map(|_| ()),
-                };
-                if result.is_err() {
-                    prop_assert_eq!(&r, &before);
+            for step in steps {
+                for op in step {
+                    let before = r.clone();
+                    if apply_op(&mut r, op).is_err() {
+                        prop_assert_eq!(&r, &before);
+                    }
+                    prop_assert_eq!(r.validate(), Ok(()));
                 }
-                prop_assert_eq!(r.validate(), Ok(()));
                 r = r.successor();
             }
             let back = StoreState::from_json(&r.to_json());

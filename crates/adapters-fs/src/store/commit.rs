@@ -45,7 +45,9 @@
 //! Planning looks only at the packages whose records differ from the committed state
 //! ([`StoreStateDelta::between`]): their invariants, that none drops a record (but the removed
 //! ones the transaction purges by name) or changes a payload, and which trees come and go. The
-//! others are equal to what is committed, which already keeps every invariant.
+//! others are equal to what is committed, which already keeps every invariant, except for the
+//! trust file a retrust records for their versions (after a trust change), which no invariant
+//! and no tree concerns.
 //!
 //! A failure before the commit point undoes steps 1 to 3 (every tree moved, the last moved
 //! first, and every staged tree not reached deleted) and answers the error with the store
@@ -227,7 +229,8 @@ fn check_succession(
 
 /// The packages whose records differ from the committed state, once the new store state is known
 /// to keep every invariant for them. Only these are looked at from here: the others are equal
-/// to what is committed, which already keeps every invariant.
+/// to what is committed (but for the trust file a retrust records), which already keeps every
+/// invariant.
 fn changed_packages(current: &StoreState, new: &StoreState) -> Result<StoreStateDelta, StoreError> {
     let delta = StoreStateDelta::between(current, new)
         .map_err(|e| invalid("the new store state cannot be recorded".to_owned()).caused_by(e))?;

@@ -16,6 +16,7 @@ use guild_domain::operation::Backend;
 use guild_host::{Host, HostError, InstallOptions, OpenReport, PackageManager, VerifyOptions};
 use guild_ports::fakes::{fake_kernel, FakeLoader, FakePlugin};
 use guild_ports::signature::{SignatureError, SignatureVerifier};
+use guild_ports::store::PackageStore;
 use guild_test_support::{
     id, key, make_writable, open_dir, platform, trust, v, ModDep, Spec, Workshop, PUBLISHER,
 };
@@ -557,4 +558,63 @@ fn trusted_state_a_trust_change_is_checked_batch_by_batch_and_finds_refusals_in_
     let (_pm, report, calls) = open_counting(&root, false);
     assert_eq!((calls, report.reauthenticated), (0, 0), "{report:?}");
     assert_eq!(report.verified, 3, "{report:?}");
+}
+
+/// The first writer after a trust change records the new trust file for every enabled version in
+/// one log frame whose size does not grow with the store (a retrust, not every package's record
+/// again), so that its commit rewrites no checkpoint either; a full reader, a reader of one
+/// package and the next opening read back what it recorded.
+#[test]
+fn trusted_state_a_trust_change_is_recorded_in_a_small_frame_at_any_store_size() {
+    let shop = Workshop::new();
+    let k = key();
+    let root = shop.fresh("store");
+    let count = 8;
+    {
+        let (pm, _) = open_dir(&root).unwrap();
+        trust(&pm, PUBLISHER, &k);
+        for i in 0..count {
+            let built = shop.build(&Spec::module(&format!("ex.many{i}"), "1.0.0"), &k);
+            pm.install(&built.archive, InstallOptions::default())
+                .unwrap();
+        }
+        trust(&pm, "org.other", &key());
+    }
+    let checkpoint = fs::read(root.join("registry.json")).unwrap();
+    let log_len = || fs::metadata(root.join("registry.log")).unwrap().len();
+    let before = log_len();
+    let (pm, report, calls) = open_counting(&root, false);
+    assert_eq!(
+        (calls, report.reauthenticated),
+        (count, count),
+        "{report:?}"
+    );
+    drop(pm);
+    assert_eq!(
+        fs::read(root.join("registry.json")).unwrap(),
+        checkpoint,
+        "the checkpoint is not rewritten"
+    );
+    let frame = log_len() - before;
+    assert!(frame < 512, "a frame of {frame} bytes for {count} packages");
+
+    let written = guild_adapters_fs::store::read_registry(&root)
+        .unwrap()
+        .unwrap();
+    let anchor = written.trust_anchor().unwrap().file_digest;
+    assert_eq!(
+        written
+            .installed()
+            .filter(|(_, _, r)| r.trusted_under == Some(anchor))
+            .count(),
+        count
+    );
+    let one = id("ex.many3");
+    let (store, _) = FsStore::open_package_reader(&root, &one).unwrap();
+    assert_eq!(
+        store.registry().unwrap().package(&one),
+        written.package(&one)
+    );
+    let (_pm, report, calls) = open_counting(&root, false);
+    assert_eq!((calls, report.reauthenticated), (0, 0), "{report:?}");
 }

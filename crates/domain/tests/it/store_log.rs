@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use guild_domain::ids::{PackageId, PackageKind, PublisherId, Sha256Digest};
-use guild_domain::store_log::{DeltaError, StoreStateDelta};
+use guild_domain::store_log::{DeltaError, Retrust, RetrustScope, StoreStateDelta};
 use guild_domain::store_state::{
     ApplyError, NewVersion, PackageRecord, PublishOptions, StoreState, StoreStateDecodeError,
     StoreStateInvariantError, Taint,
@@ -161,6 +161,7 @@ fn registry_apply_checks_the_changed_packages_and_undoes_a_refused_delta() {
         generation: old.generation() + 1,
         trust: Some(anchor(5)),
         fleet: None,
+        retrust: None,
         packages: BTreeMap::new(),
     };
     // One good change, then a package without versions, which no registry may hold.
@@ -416,6 +417,208 @@ fn store_state_delta_reader_of_one_package_keeps_its_change() {
         StoreStateDelta::from_json_only(damaged.as_bytes(), &id("p2")),
         Err(StoreStateDelta::from_json(damaged.as_bytes()).unwrap_err())
     );
+}
+
+/// A store of `n` packages each with an enabled version authenticated under trust file
+/// `anchor(1)`, right after a trust change recorded `anchor(2)`; and the draft the next writer
+/// commits once every enabled version's signatures passed under the new file.
+fn after_a_trust_change(n: usize) -> (StoreState, StoreState) {
+    let mut state = store_of(n);
+    state.set_trust_anchor(anchor(1));
+    for i in 0..n {
+        state.set_trusted_under(&id(&format!("p{i}")), &v("1.0.0"), anchor(1).file_digest);
+    }
+    let mut old = state.successor();
+    old.set_trust_anchor(anchor(2));
+    let mut new = old.successor();
+    for i in 0..n {
+        assert!(new.set_trusted_under(&id(&format!("p{i}")), &v("1.0.0"), anchor(2).file_digest));
+    }
+    (old, new)
+}
+
+#[test]
+fn store_state_delta_of_a_trust_change_is_the_same_size_at_any_store_size() {
+    for n in [1, 10, 1_000] {
+        let (old, new) = after_a_trust_change(n);
+        let (delta, replayed) = replay(&old, &new);
+        let bytes = delta.to_json().len();
+        assert!(bytes < 400, "{n} packages: a frame of {bytes} bytes");
+        assert_eq!(replayed, new);
+    }
+}
+
+#[test]
+fn store_state_delta_retrusts_beside_other_changes_and_names_what_it_cannot_say() {
+    let (old, mut new) = after_a_trust_change(6);
+    let digest = anchor(2).file_digest;
+    // Beside the re-records: a version that failed is disabled, another package gets a new
+    // version, a third is deleted, a new package arrives.
+    new.disable(&id("p1")).unwrap();
+    new.publish(&id("p2"), &v("2.0.0"), new_version("p2-2"), ENABLE)
+        .unwrap();
+    new.set_trusted_under(&id("p2"), &v("2.0.0"), digest);
+    new.publish(&id("fresh"), &v("1.0.0"), new_version("fresh"), ENABLE)
+        .unwrap();
+    let (delta, replayed) = replay(&old, &new);
+    assert_eq!(replayed, new);
+    assert_eq!(
+        delta.retrust,
+        Some(Retrust {
+            trusted_under: digest,
+            versions: RetrustScope::Enabled
+        })
+    );
+    let named: Vec<&str> = delta.changed_ids().map(PackageId::as_str).collect();
+    assert_eq!(named, ["fresh", "p1", "p2"]);
+    let json = String::from_utf8(delta.to_json()).unwrap();
+    assert!(json.starts_with("{\"guild_registry_delta\":2,"), "{json}");
+
+    // A package that the rule would change but the commit did not (its enabled version still
+    // under the old file): no retrust, every re-recorded package named.
+    let (old, mut new) = after_a_trust_change(4);
+    let mut stale = old.successor();
+    for i in 0..3 {
+        stale.set_trusted_under(&id(&format!("p{i}")), &v("1.0.0"), digest);
+    }
+    let (delta, replayed) = replay(&old, &stale);
+    assert_eq!((delta.retrust, delta.packages.len()), (None, 3));
+    assert_eq!(replayed, stale);
+    let json = String::from_utf8(delta.to_json()).unwrap();
+    assert!(json.starts_with("{\"guild_registry_delta\":1,"), "{json}");
+
+    // Superseded versions re-recorded too (the full check): the installed scope.
+    new.publish(&id("p3"), &v("2.0.0"), new_version("p3-2"), ENABLE)
+        .unwrap();
+    let mut old = new.successor();
+    old.set_trust_anchor(anchor(3));
+    let mut full = old.successor();
+    let all: Vec<(PackageId, Version)> = full
+        .installed()
+        .map(|(i, v, _)| (i.clone(), v.clone()))
+        .collect();
+    for (i, ver) in &all {
+        full.set_trusted_under(i, ver, anchor(3).file_digest);
+    }
+    let (delta, replayed) = replay(&old, &full);
+    assert_eq!(replayed, full);
+    assert_eq!(
+        (delta.retrust.map(|r| r.versions), delta.packages.len()),
+        (Some(RetrustScope::Installed), 0)
+    );
+}
+
+#[test]
+fn store_state_delta_retrust_applies_only_under_the_trust_file_it_names() {
+    let (old, new) = after_a_trust_change(3);
+    let delta = StoreStateDelta::between(&old, &new).unwrap();
+    assert!(delta.retrust.is_some());
+    // The trust anchor is not the file the retrust names: refused, nothing changed.
+    let mut other = delta.clone();
+    other.trust = Some(anchor(7));
+    let mut state = old.clone();
+    let err = state.apply(&other).unwrap_err();
+    assert_eq!(
+        err,
+        ApplyError::Retrust {
+            retrust: anchor(2).file_digest,
+            anchor: Some(anchor(7).file_digest)
+        }
+    );
+    assert!(
+        err.to_string().contains(&anchor(7).file_digest.to_hex()),
+        "{err}"
+    );
+    assert_eq!(state, old);
+    // A state without a trust file at all.
+    let bare = store_of(3);
+    let mut state = bare.clone();
+    let mut at_bare = delta.clone();
+    at_bare.generation = bare.generation() + 1;
+    assert_eq!(
+        state.apply(&at_bare),
+        Err(ApplyError::Retrust {
+            retrust: anchor(2).file_digest,
+            anchor: None
+        })
+    );
+    assert_eq!(state, bare);
+    // The generation is still checked.
+    let mut late = delta.clone();
+    late.generation += 1;
+    let mut state = old.clone();
+    assert!(matches!(
+        state.apply(&late),
+        Err(ApplyError::Generation { .. })
+    ));
+    assert_eq!(state, old);
+}
+
+#[test]
+fn store_state_delta_retrust_decoding_is_strict() {
+    let (old, mut new) = after_a_trust_change(2);
+    new.disable(&id("p0")).unwrap();
+    let good = guild_domain::json::parse(&StoreStateDelta::between(&old, &new).unwrap().to_json())
+        .unwrap()
+        .to_pretty_string();
+    assert!(good.contains("\"retrust\""), "{good}");
+    let digest = anchor(2).file_digest.to_hex();
+    let cases = [
+        (
+            good.replace("\"guild_registry_delta\": 2", "\"guild_registry_delta\": 1"),
+            "a retrust needs \"guild_registry_delta\": 2, not 1 at $.retrust",
+        ),
+        (good.replace(&digest, &digest[1..]), "at $.retrust.sha256"),
+        (
+            good.replace("\"enabled\"\n", "\"all\"\n"),
+            "\"all\" is not a set of versions (\"enabled\" or \"installed\") at $.retrust.versions",
+        ),
+        (
+            good.replace(
+                "\"versions\": \"enabled\"",
+                "\"versions\": \"enabled\", \"x\": 1",
+            ),
+            "unknown field at $.retrust.x",
+        ),
+        (
+            good.replace(",\n    \"versions\": \"enabled\"", ""),
+            "required field is missing at $.retrust.versions",
+        ),
+        (
+            good.replace("\"guild_registry_delta\": 2", "\"guild_registry_delta\": 3"),
+            "format 3 is not supported",
+        ),
+    ];
+    for (bytes, says) in cases {
+        assert_ne!(bytes, good, "{says}");
+        for only in [None, Some(id("p0")), Some(id("p1"))] {
+            let err = match &only {
+                None => StoreStateDelta::from_json(bytes.as_bytes()),
+                Some(only) => StoreStateDelta::from_json_only(bytes.as_bytes(), only),
+            }
+            .expect_err(&bytes)
+            .to_string();
+            assert!(err.contains(says), "{err} does not say {says}");
+        }
+    }
+}
+
+#[test]
+fn store_state_delta_reader_of_one_package_applies_the_retrust_to_it() {
+    let (old, mut new) = after_a_trust_change(4);
+    new.disable(&id("p2")).unwrap();
+    let delta = StoreStateDelta::between(&old, &new).unwrap();
+    assert!(delta.retrust.is_some());
+    let bytes = delta.to_json();
+    for name in ["p0", "p2", "p3", "absent"] {
+        let one = StoreStateDelta::from_json_only(&bytes, &id(name)).unwrap();
+        assert_eq!(one.retrust, delta.retrust, "{name}");
+        let (mut state, _) =
+            StoreState::from_any_json_only(&old.to_checkpoint_json(), &id(name)).unwrap();
+        state.apply(&one).unwrap();
+        assert_eq!(state.package(&id(name)), new.package(&id(name)), "{name}");
+        assert_eq!(state.packages().count(), usize::from(name != "absent"));
+    }
 }
 
 /// A checkpoint whose index says something else than its records (a row's column, a record's
