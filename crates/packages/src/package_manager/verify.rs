@@ -226,17 +226,7 @@ impl PackageManager {
                 tampered: true,
                 file: Some(RESERVED_METADATA_NAME.to_owned()),
             };
-            out.failures.push(VerifyFailure {
-                id: id.clone(),
-                version: version.clone(),
-                state,
-                file: failure.file.clone(),
-                reason: failure.reason.clone(),
-                tampered: failure.tampered,
-            });
-            if state.is_enabled() {
-                failed.insert(id, failure);
-            }
+            note_failure(&mut out.failures, &mut failed, id, version, state, failure);
         }
         // Also when nothing failed here: a version marked removed while opening may have left
         // enabled dependents behind.
@@ -281,17 +271,7 @@ impl PackageManager {
                     life.authenticated_at.insert((id, version), epoch);
                 }
                 Err(failure) => {
-                    out.failures.push(VerifyFailure {
-                        id: id.clone(),
-                        version: version.clone(),
-                        state,
-                        file: failure.file.clone(),
-                        reason: failure.reason.clone(),
-                        tampered: failure.tampered,
-                    });
-                    if state.is_enabled() {
-                        failed.insert(id, failure);
-                    }
+                    note_failure(&mut out.failures, failed, id, version, state, failure)
                 }
             }
         }
@@ -533,6 +513,29 @@ struct Batches {
     next: StoreState,
     recorded: bool,
     failed: BTreeMap<PackageId, Failed>,
+}
+
+/// Reports that `id@version` (in `state`) failed its check, and keeps the failure of an enabled
+/// version in `failed`, to be tainted.
+fn note_failure(
+    failures: &mut Vec<VerifyFailure>,
+    failed: &mut BTreeMap<PackageId, Failed>,
+    id: PackageId,
+    version: Version,
+    state: State,
+    failure: Failed,
+) {
+    failures.push(VerifyFailure {
+        id: id.clone(),
+        version,
+        state,
+        file: failure.file.clone(),
+        reason: failure.reason.clone(),
+        tampered: failure.tampered,
+    });
+    if state.is_enabled() {
+        failed.insert(id, failure);
+    }
 }
 
 /// Records in `batches.next` that every version the check looked at and that passed (none of
