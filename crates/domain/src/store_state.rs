@@ -1608,6 +1608,9 @@ impl StoreState {
             }
             "guild_registry" => once(&mut format, c.u64().filter(|f| formats.contains(f))?),
             "generation" => once(&mut generation, c.u64()?),
+            // A reader of one package reads a format-3 document through its index
+            // (`read_indexed_only`); what that refused, the full reader names.
+            "index" if only.is_some() => None,
             // Only before the packages, as every writer puts it, so that each record is
             // compared with its row as it is read; only in a format-3 document.
             "index" if format == Some(REGISTRY_FORMAT_V3) && packages.is_none() => {
