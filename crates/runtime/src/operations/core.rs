@@ -597,11 +597,29 @@ fn address_ptr(desc: &TensorDesc) -> *mut c_void {
 }
 
 thread_local! {
-    /// The error record the negotiation callbacks of a resolution on this thread report into,
-    /// cleared before each: kept for the thread, so that a resolution does not clear all of its
-    /// 584 bytes (only its status and the first byte of each text) when nothing fails.
-    static NEGOTIATION_ERROR: RefCell<guild_error_info_t> =
+    /// The error record the negotiation callbacks of a resolution, and the provider of a Rust
+    /// face's call, on this thread report into, cleared before each ([`with_fresh_error`]):
+    /// kept for the thread, so that a resolution does not clear all of its 584 bytes (only its
+    /// status and the first byte of each text) when nothing fails, and so that a handle does
+    /// not carry one (which took a handle past the 1,032 bytes glibc serves from its
+    /// per-thread cache, and its allocation onto the allocator's slow path).
+    static PROVIDER_ERROR: RefCell<guild_error_info_t> =
         const { RefCell::new(guild_error_info_t::new()) };
+}
+
+/// Runs `callback` with the thread's provider error record, cleared for it. A callback
+/// that reaches a provider again on this thread while the record is lent (a negotiation
+/// callback that resolves, which it must not do but may; a provider's execute that runs a
+/// Rust handle) is lent a record of its own.
+#[inline(always)]
+pub(crate) fn with_fresh_error<T>(callback: impl FnOnce(&mut guild_error_info_t) -> T) -> T {
+    PROVIDER_ERROR.with(|record| match record.try_borrow_mut() {
+        Ok(mut error) => {
+            clear_error(&mut error);
+            callback(&mut error)
+        }
+        Err(_) => callback(&mut guild_error_info_t::new()),
+    })
 }
 
 /// The providers' GOP1 negotiation, called with C structs built from the query's actual
@@ -684,22 +702,8 @@ impl<'p> CNegotiator<'p> {
             caps.write(device_caps(candidate, &self.statics));
             (*query).device_caps = caps;
             let call = QueryCall::new(&*query);
-            Self::with_fresh_error(|error| ask(call, error))
+            with_fresh_error(|error| ask(call, error))
         }
-    }
-
-    /// Runs `callback` with the thread's negotiation error record, cleared for it.
-    #[inline(always)]
-    fn with_fresh_error<T>(callback: impl FnOnce(&mut guild_error_info_t) -> T) -> T {
-        NEGOTIATION_ERROR.with(|record| match record.try_borrow_mut() {
-            Ok(mut error) => {
-                clear_error(&mut error);
-                callback(&mut error)
-            }
-            // A callback that resolves on this thread (which negotiation callbacks must not
-            // do, but may) negotiates with a record of its own.
-            Err(_) => callback(&mut guild_error_info_t::new()),
-        })
     }
 
     /// A callback's refusal, with its message only when a report will show it.
@@ -1002,6 +1006,17 @@ pub(crate) struct Resolved {
     reshaping: UnsafeCell<ReshapeCells>,
 }
 
+/// The most a handle may take: the largest block glibc's allocator serves from its per-thread
+/// cache (1,032 usable bytes). A handle is allocated at every resolution and freed at every
+/// release, and one larger took both onto the allocator's slow path (about 330 instructions
+/// a resolution, when it carried its own 584-byte error record).
+const HANDLE_MAX_BYTES: usize = 1032;
+
+const _: () = assert!(
+    size_of::<Resolved>() <= HANDLE_MAX_BYTES,
+    "a handle fits the allocator's per-thread cache"
+);
+
 /// What a reshape renegotiates: the tensors as last accepted (the resolution's, or the last
 /// reshape's) and what calls are checked against. What a reshape cannot change is the handle's
 /// ([`Resolved::statics`]).
@@ -1153,14 +1168,13 @@ struct CallCells {
 
 /// The Rust face's C call, kept in the handle and reused call after call: only its data
 /// pointers, scratch, stream and params change. Its tensors are the contract's call tensors
-/// (none on C handles, whose callers pass their own records).
+/// (none on C handles, whose callers pass their own records). The error record the provider
+/// reports into is the thread's ([`with_fresh_error`]), not the handle's.
 pub(crate) struct RustCells {
     /// The arguments record, pointing at the contract's call tensors and carrying the handle's
     /// sync mode and device; [`RustCells::take_up`] points it anew whenever the contract
     /// changes.
     pub(crate) args: guild_execute_args_v1_t,
-    /// The error record the Rust face lends providers.
-    pub(crate) error: guild_error_info_t,
 }
 
 impl RustCells {
@@ -1168,26 +1182,17 @@ impl RustCells {
     fn new(sync_mode: SyncMode, device_id: i32) -> Self {
         RustCells {
             args: RustCells::args(sync_mode, device_id),
-            error: guild_error_info_t::new(),
         }
     }
 
     /// Writes the cells of a call with the handle's `sync_mode` and `device_id` at `at`, in
-    /// place: the error record is cleared where it lives, not made elsewhere and copied.
+    /// place.
     ///
     /// # Safety
     /// `at` must be valid for writes and aligned for `RustCells`.
     unsafe fn init(at: *mut RustCells, sync_mode: SyncMode, device_id: i32) {
-        // SAFETY: the caller's contract; all zero bits are a valid error record body (integers
-        // and C characters), and the record's size and status are then written as
-        // `guild_error_info_t::new` makes them.
-        unsafe {
-            (&raw mut (*at).args).write(RustCells::args(sync_mode, device_id));
-            let error = &raw mut (*at).error;
-            error.write_bytes(0, 1);
-            (&raw mut (*error).struct_size).write(size_of::<guild_error_info_t>() as u32);
-            (&raw mut (*error).status).write(GUILD_STATUS_OK);
-        }
+        // SAFETY: the caller's contract.
+        unsafe { (&raw mut (*at).args).write(RustCells::args(sync_mode, device_id)) };
     }
 
     /// The arguments record of a call with the handle's `sync_mode` and `device_id`, pointing

@@ -659,15 +659,17 @@ impl OpHandle<'_> {
             params.as_ptr().cast()
         };
         args.params_size = params.len();
-        // The record is reused: only what a provider's report is read from is reset.
-        cells.error.status = guild_abi::GUILD_STATUS_OK;
-        cells.error.component[0] = 0;
-        cells.error.message[0] = 0;
-        // SAFETY: the record's tensors are the negotiated descriptors with data pointers
-        // checked for their byte extent and alignment (`fill`), its scratch was checked, its
-        // sync mode and device are the handle's own (set at resolution), and the stream is the
-        // caller's to vouch for (as the memory is); `running` is held.
-        unsafe { r.call_provider(&running, &cells.args, &mut cells.error) }
+        let args = &cells.args;
+        // The provider reports into the thread's record, of which only what a report is read
+        // from is reset.
+        self::core::with_fresh_error(|error| {
+            // SAFETY: the record's tensors are the negotiated descriptors with data pointers
+            // checked for their byte extent and alignment (`fill`), its scratch was checked,
+            // its sync mode and device are the handle's own (set at resolution), and the
+            // stream is the caller's to vouch for (as the memory is); `running` is held, and
+            // the error record is the thread's, not one of the handle's cells.
+            unsafe { r.call_provider(&running, args, error) }
+        })
     }
 }
 
