@@ -565,6 +565,9 @@ fn misaligned_params(record: &str, params: *const c_void) -> Failure {
 ///
 /// # Safety
 /// `tensors` must be NULL or point at `count` readable descriptors that stay valid for `'q`.
+// Inlined, as `read_device` is: a result returned through memory was read back with loads
+// that straddled the stores that wrote it, which the processor cannot forward.
+#[inline(always)]
 unsafe fn read_tensors<'q>(
     role: &str,
     tensors: *const guild_tensor_desc_v1_t,
@@ -668,6 +671,7 @@ fn bad_c_tensor(role: &str, i: usize, t: &guild_tensor_desc_v1_t) -> Failure {
 ///
 /// # Safety
 /// `caps` must be NULL or point at a caps record valid for this call.
+#[inline]
 unsafe fn read_device(
     core: &ServiceCore,
     caps: *const guild_device_caps_v1_t,

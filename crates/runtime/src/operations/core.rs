@@ -334,9 +334,11 @@ impl ServiceCore {
         if needs_streams && self.devices.streams.is_none() && spec.backends != Backend::Cpu.into() {
             return Err(no_device_adapter());
         }
-        // Held (one reference count) while the providers negotiate, so that nothing is copied
-        // per candidate; only the chosen one is bound.
-        let snapshot = self.snapshot.load_full();
+        // Held while the providers negotiate, so that nothing is copied per candidate; only the
+        // chosen one is bound. A guard rather than a counted reference: no reference count is
+        // taken and given back (two atomic read-modify-writes of a shared line a resolution);
+        // a snapshot replaced meanwhile is kept for the guard by the one replacing it.
+        let snapshot = self.snapshot.load();
         static NONE: LazyLock<OperationCandidates> = LazyLock::new(OperationCandidates::default);
         // A candidate whose package a lifecycle change is draining counts as already gone.
         let entry = snapshot
@@ -1300,7 +1302,6 @@ impl PublishedScratch {
 
 /// What a reshape keeps from one to the next, so that a decode loop's reshapes reuse their
 /// buffers: touched only by a reshape (under the handle's execute exclusivity, or `&mut`).
-#[derive(Default)]
 struct ReshapeCells {
     /// The contract the last reshape replaced, whose block the next one writes (laid out at
     /// the handle's first reshape): a C reshape reads its caller's tensors straight into it,
@@ -1308,6 +1309,16 @@ struct ReshapeCells {
     spare: Contract,
     /// What the negotiation of the new tensors works in.
     work: ReshapeWork,
+}
+
+impl ReshapeCells {
+    /// None yet: what a resolution writes into its handle (a constant, so that it is copied
+    /// into place from one image rather than assembled on the stack and copied, whose
+    /// straddling loads cost a resolution a store-forwarding stall).
+    const NONE: ReshapeCells = ReshapeCells {
+        spare: Contract::empty(),
+        work: ReshapeWork { query: None },
+    };
 }
 
 /// Which face a reshape's negotiation serves, and where it writes the contract it makes (the
@@ -1480,7 +1491,7 @@ impl Resolved {
             let cells = (&raw mut (*at).call.value).cast::<CallCells>();
             RustCells::init(&raw mut (*cells).rust, sync_mode, device_id);
             (&raw mut (*cells).marks).write(Vec::new());
-            (&raw mut (*at).reshaping).write(UnsafeCell::new(ReshapeCells::default()));
+            (&raw mut (*at).reshaping).write(UnsafeCell::new(ReshapeCells::NONE));
             slot.assume_init()
         };
         let Resolved {
