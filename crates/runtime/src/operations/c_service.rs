@@ -743,7 +743,7 @@ unsafe extern "C" fn service_describe(
                 let r = h;
                 let d = super::describe(r, r.published_scratch());
                 let operation = r
-                    .kernel
+                    .kernel()
                     .operation()
                     .map_or(ptr::null(), |op| op as *const _);
                 // SAFETY: checked non-NULL, aligned and large enough; only this version's
@@ -759,7 +759,10 @@ unsafe extern "C" fn service_describe(
                     out.backend = d.backend.bit();
                     out.sync_mode = d.sync_mode.raw();
                     out.scratch = scratch_record(d.scratch);
-                    out.kernel_desc = r.kernel.descriptor().map_or(ptr::null(), |k| k as *const _);
+                    out.kernel_desc = r
+                        .kernel()
+                        .descriptor()
+                        .map_or(ptr::null(), |k| k as *const _);
                     out.operation = operation;
                     if size >= GUILD_OP_DESCRIPTION_V1_VERSION_SIZE {
                         out.package_version = names.package_version.as_ptr();
@@ -998,7 +1001,7 @@ fn provider_or_failure(
             refusal.status,
             format!(
                 "{} failed with {} and no message",
-                h.candidate.impl_id,
+                h.candidate().impl_id,
                 status_name(refusal.status)
             ),
         ));
@@ -1156,7 +1159,7 @@ fn reshape_failure(r: &Resolved, e: ReshapeError) -> Failure {
     };
     Failure::new(
         status,
-        format!("reshape: {e} ({} keeps its shapes)", r.candidate.impl_id),
+        format!("reshape: {e} ({} keeps its shapes)", r.candidate().impl_id),
     )
 }
 

@@ -18,6 +18,7 @@ use std::cell::{Cell, RefCell, UnsafeCell};
 use std::ffi::{c_void, CStr, CString};
 use std::fmt;
 use std::mem::MaybeUninit;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
@@ -385,13 +386,12 @@ impl ServiceCore {
         let Some((stored, candidate)) = entry
             .stored
             .get(chosen.index)
-            .and_then(|stored| Some((stored, Arc::clone(stored.contract.as_ref()?))))
+            .and_then(|stored| Some((stored, stored.contract.as_deref()?)))
         else {
             return Err(ResolveError::Internal(
                 "the chosen candidate has no provider",
             ));
         };
-        let kernel = Arc::clone(&stored.kernel.provider);
         // Work on a device stream is tracked until release; a CPU provider has returned when
         // its execute does, whatever the mode.
         let streams = match candidate.backend {
@@ -409,7 +409,6 @@ impl ServiceCore {
         };
         Ok(Resolved::boxed(
             binding,
-            kernel,
             candidate,
             query,
             args.into_calls(),
@@ -959,13 +958,18 @@ impl Negotiator for CNegotiator<'_> {
 /// stream marks) in the `call` cell; see the `Sync` impl below for who may touch them.
 pub(crate) struct Resolved {
     pub(crate) binding: KernelBinding,
-    /// The chosen kernel's provider; its code stays loaded while `binding` lives.
-    pub(crate) kernel: Arc<dyn KernelProvider>,
+    /// The chosen kernel's provider, the one `binding`'s stored op holds, which lives (and
+    /// whose code stays loaded) while `binding` does: pointed at rather than counted, so that
+    /// a resolution takes no reference count of its own (an atomic read-modify-write of a
+    /// line every resolution of the kernel shares, and another at release). See
+    /// [`Resolved::kernel`].
+    kernel: NonNull<dyn KernelProvider>,
     /// The C callback `kernel.execute` hands every call to, when it has one
     /// ([`KernelProvider::execute_entry`]), called directly.
     entry: Option<ExecuteEntry>,
-    /// The chosen contract, shared with the stored kernel.
-    pub(crate) candidate: Arc<OpCandidate>,
+    /// The chosen contract, the one `binding`'s stored op holds, pointed at as `kernel` is.
+    /// See [`Resolved::candidate`].
+    candidate: NonNull<OpCandidate>,
     /// Whether [`OpHandle::execute`](super::OpHandle::execute) on borrowed slices may run the
     /// handle: every tensor is in pageable host memory, the only memory a Rust slice can vouch
     /// for, and the provider's work cannot outlive the call (host-blocking, or a CPU provider).
@@ -1392,7 +1396,10 @@ fn place_key(memory_space: u32, device_id: i32) -> u64 {
 // SAFETY: the cells are only touched as their documentation says: `contract` is written only by
 // a reshape, which holds the handle's execute exclusivity (C handles) or `&mut` (Rust handles),
 // and read only by calls that exclude such a reshape; `call` only under the execute
-// exclusivity or `&mut`. Everything else is immutable after resolution or Send + Sync itself.
+// exclusivity or `&mut`. Everything else is immutable after resolution or Send + Sync itself;
+// the `kernel` and `candidate` pointers lead to a provider (`KernelProvider: Send + Sync`) and a
+// contract (plain values) that the binding keeps alive and that nothing changes, as an `Arc`
+// of each would.
 // The raw data pointers in the call cell are the last call's addresses: every call overwrites
 // them all before a provider sees them, and the host never dereferences them.
 unsafe impl Sync for Resolved {}
@@ -1418,17 +1425,35 @@ pub(crate) struct RustCall<'a> {
 }
 
 impl Resolved {
+    /// The chosen kernel's provider.
+    #[inline(always)]
+    pub(crate) fn kernel(&self) -> &dyn KernelProvider {
+        // SAFETY: `kernel` points at the provider of `self.binding`'s stored op (`boxed`),
+        // which that op's reference keeps where it is, unchanged, while the binding lives:
+        // as long as `self`, which the returned reference borrows.
+        unsafe { self.kernel.as_ref() }
+    }
+
+    /// The chosen contract.
+    #[inline(always)]
+    pub(crate) fn candidate(&self) -> &OpCandidate {
+        // SAFETY: `candidate` points at the contract of `self.binding`'s stored op (`boxed`),
+        // kept as the provider is (see `Resolved::kernel`).
+        unsafe { self.candidate.as_ref() }
+    }
+
     /// The handle a resolution made: the chosen candidate, its negotiated scratch, the query.
     ///
     /// Boxed where it is made: a handle is large (its reused records), and both faces keep it
     /// behind a pointer. Its contract is made in one block from the query's tensors (borrowed,
     /// not the query's own) and, with `calls` (the Rust face), the C form they were negotiated
-    /// in, which becomes the calls' tensors.
+    /// in, which becomes the calls' tensors. `candidate` is the contract of `binding`'s stored
+    /// op (the handle points at it, and at that op's provider, for as long as it keeps the
+    /// binding).
     #[allow(clippy::too_many_arguments)] // Every part is one the resolution computed.
     fn boxed(
         binding: KernelBinding,
-        kernel: Arc<dyn KernelProvider>,
-        candidate: Arc<OpCandidate>,
+        candidate: &OpCandidate,
         query: &OpQuery<'_>,
         calls: Option<TensorBlock<Shape>>,
         scratch: Scratch,
@@ -1439,6 +1464,10 @@ impl Resolved {
         let spec = query.spec();
         // Every backend: a device provider's host-side code runs on this CPU too.
         let lacks_here = candidate.cpu_isa.difference(host_isa);
+        let (align_mask, takes_stream) = (
+            candidate.min_alignment.max(1) - 1,
+            candidate.backend != Backend::Cpu,
+        );
         let host_only = spec
             .inputs
             .iter()
@@ -1460,6 +1489,12 @@ impl Resolved {
             scratch,
             calls,
         );
+        debug_assert!(binding
+            .contract()
+            .is_some_and(|c| std::ptr::eq(c, candidate)));
+        let kernel = binding.kernel().provider.as_ref();
+        let entry = kernel.execute_entry();
+        let (kernel, candidate) = (NonNull::from(kernel), NonNull::from(candidate));
         let mut slot = Box::<Resolved>::new_uninit();
         let at = slot.as_mut_ptr();
         // SAFETY: `at` is the box's own allocation, aligned for a `Resolved` and valid for
@@ -1471,11 +1506,11 @@ impl Resolved {
         // `assume_init` can panic.
         let mut handle = unsafe {
             (&raw mut (*at).binding).write(binding);
-            (&raw mut (*at).entry).write(kernel.execute_entry());
+            (&raw mut (*at).entry).write(entry);
             (&raw mut (*at).kernel).write(kernel);
-            (&raw mut (*at).align_mask).write(candidate.min_alignment.max(1) - 1);
+            (&raw mut (*at).align_mask).write(align_mask);
             (&raw mut (*at).call_key).write(call_key);
-            (&raw mut (*at).takes_stream).write(candidate.backend != Backend::Cpu);
+            (&raw mut (*at).takes_stream).write(takes_stream);
             (&raw mut (*at).lacks_here).write(lacks_here);
             (&raw mut (*at).plain).write(plain);
             (&raw mut (*at).sync_mode).write(sync_mode);
@@ -1630,7 +1665,7 @@ impl Resolved {
             None => {
                 // SAFETY: the caller's contract is ExecuteCall's.
                 let checked = unsafe { ExecuteCall::new(args) };
-                self.kernel.execute(checked, error)
+                self.kernel().execute(checked, error)
             }
         };
         let _ = running;
@@ -1776,7 +1811,7 @@ impl Resolved {
     #[cold]
     pub(crate) fn not_here(&self) -> ExecuteError {
         ExecuteError::MissingCpuIsa {
-            impl_id: self.candidate.impl_id.clone(),
+            impl_id: self.candidate().impl_id.clone(),
             missing: self.lacks_here,
         }
     }
@@ -1968,17 +2003,17 @@ impl Resolved {
                     Ok(info) => info,
                     Err(error) => return Err(invalid_tensor(tensor, error)),
                 };
-                let passes = passes_as_reshaped(&self.candidate, d, &info);
+                let passes = passes_as_reshaped(self.candidate(), d, &info);
                 // The quick test may never admit what the domain's check refuses: every test
                 // build holds them to each other on each reshape it makes.
                 debug_assert!(
-                    !passes || check_tensor(&self.candidate, tensor, d, &info).is_ok(),
+                    !passes || check_tensor(self.candidate(), tensor, d, &info).is_ok(),
                     "the reshape's quick test admitted {tensor:?}, which check_tensor refuses"
                 );
                 if refused.is_none() && !passes {
                     // The domain's check is the judge of what the quick test refused (and
                     // names the reason).
-                    refused = check_tensor(&self.candidate, tensor, d, &info).err();
+                    refused = check_tensor(self.candidate(), tensor, d, &info).err();
                 }
                 match &mut face {
                     Reshaping::Rust {
@@ -2047,7 +2082,7 @@ impl Resolved {
         // which outlive both callbacks (which may not keep the query past their call); the
         // tensor data addresses are only the known addresses, for inspection.
         let call = unsafe { QueryCall::new(c_query) };
-        let provider = self.kernel.as_ref();
+        let provider = self.kernel();
         clear_error(error);
         validate_query(provider, call, error, full_refusal)
             .map_err(|r| ReshapeError::Refused(Rejection::ValidateRefused(r)))?;
@@ -2068,7 +2103,7 @@ impl Resolved {
     /// device record.
     #[cold]
     fn reshape_query(&self) -> Box<ReshapeQuery> {
-        let candidate = &*self.candidate;
+        let candidate = self.candidate();
         // Ids and names are validated text without NUL bytes; an empty string is the harmless
         // fallback should that ever change. The chosen candidate implements the query's
         // operation, and is the exact id the query named, if it named one.

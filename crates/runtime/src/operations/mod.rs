@@ -346,13 +346,13 @@ pub struct OpDescription<'h> {
 /// Describes a resolved operation with the scratch its face reports; shared by both faces.
 fn describe(r: &Resolved, scratch: Scratch) -> OpDescription<'_> {
     OpDescription {
-        impl_id: &r.candidate.impl_id,
+        impl_id: &r.candidate().impl_id,
         package: r.binding.package(),
         package_version: r.binding.version(),
-        op_name: &r.candidate.op_name,
-        op_version: r.candidate.op_version,
-        backend: r.candidate.backend,
-        priority: r.candidate.priority,
+        op_name: &r.candidate().op_name,
+        op_version: r.candidate().op_version,
+        backend: r.candidate().backend,
+        priority: r.candidate().priority,
         sync_mode: r.sync_mode,
         scratch,
     }
@@ -374,7 +374,7 @@ pub struct OpHandle<'r> {
 impl fmt::Debug for OpHandle<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpHandle")
-            .field("impl_id", &self.resolved.candidate.impl_id)
+            .field("impl_id", &self.resolved.candidate().impl_id)
             .field("package", self.resolved.binding.package())
             .field("scratch", &self.scratch())
             .finish_non_exhaustive()
@@ -719,7 +719,7 @@ impl<'a> AlignedParams<'a> {
 #[inline(never)]
 fn not_plain(h: &OpHandle<'_>) -> ExecuteError {
     let r = &h.resolved;
-    if r.sync_mode != SyncMode::HostBlocking && r.candidate.backend != Backend::Cpu {
+    if r.sync_mode != SyncMode::HostBlocking && r.candidate().backend != Backend::Cpu {
         // The work could outlive the borrows of these slices; such handles run through
         // `execute_on_stream`, whose caller vouches for the buffers' lifetime.
         return ExecuteError::SyncMode {
