@@ -250,6 +250,7 @@ pub struct QuerySpec {
 
 impl QuerySpec {
     /// The query borrowed, as [`OpQuery::new`] takes it.
+    #[inline]
     pub fn as_query_ref(&self) -> QueryRef<'_> {
         QueryRef {
             op_name: self.op_name.as_name_ref(),
@@ -270,6 +271,7 @@ impl QuerySpec {
 }
 
 impl<'a> From<&'a QuerySpec> for QueryRef<'a> {
+    #[inline]
     fn from(spec: &'a QuerySpec) -> Self {
         spec.as_query_ref()
     }

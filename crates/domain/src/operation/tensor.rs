@@ -120,6 +120,7 @@ impl TensorDesc {
 
     /// The extents of the axes in use (at most [`MAX_TENSOR_RANK`] of them, even when `rank` is
     /// larger).
+    #[inline]
     pub fn shape(&self) -> &[u64] {
         let rank = usize::try_from(self.rank).map_or(MAX_TENSOR_RANK, |r| r.min(MAX_TENSOR_RANK));
         self.dims.get(..rank).unwrap_or(&self.dims)

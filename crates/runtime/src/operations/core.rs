@@ -14,7 +14,7 @@
 //! on either.
 
 use std::borrow::Cow;
-use std::cell::{Cell, RefCell, UnsafeCell};
+use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_void, CStr, CString};
 use std::fmt;
 use std::mem::MaybeUninit;
@@ -578,7 +578,10 @@ pub(crate) fn desc_from_c(t: &guild_tensor_desc_v1_t, memory_space: MemorySpace)
 /// their descriptors and shapes, and their C form in its call tensors, with their known
 /// addresses (for the negotiation callbacks, which may inspect them). A Rust resolution
 /// negotiates with them, then its handle's contract is this block, where they are the calls'
-/// tensors. Each element is written once.
+/// tensors. Each element is written once. Inlined, so that the block is written where its
+/// caller keeps it (returned through memory, it was read back with loads straddling the stores
+/// that wrote it).
+#[inline]
 pub(crate) fn call_block(
     inputs: &[TensorDesc],
     outputs: &[TensorDesc],
@@ -597,6 +600,12 @@ fn address_ptr(desc: &TensorDesc) -> *mut c_void {
         .map_or(std::ptr::null_mut(), |a| a as *mut c_void)
 }
 
+/// The thread's provider error record, and whether it is lent to a callback now.
+struct ErrorSlot {
+    lent: Cell<bool>,
+    record: UnsafeCell<guild_error_info_t>,
+}
+
 thread_local! {
     /// The error record the negotiation callbacks of a resolution, and the provider of a Rust
     /// face's call, on this thread report into, cleared before each ([`with_fresh_error`]):
@@ -604,23 +613,52 @@ thread_local! {
     /// status and the first byte of each text) when nothing fails, and so that a handle does
     /// not carry one (which took a handle past the 1,032 bytes glibc serves from its
     /// per-thread cache, and its allocation onto the allocator's slow path).
-    static PROVIDER_ERROR: RefCell<guild_error_info_t> =
-        const { RefCell::new(guild_error_info_t::new()) };
+    static PROVIDER_ERROR: ErrorSlot = const {
+        ErrorSlot {
+            lent: Cell::new(false),
+            record: UnsafeCell::new(guild_error_info_t::new()),
+        }
+    };
 }
 
 /// Runs `callback` with the thread's provider error record, cleared for it. A callback
 /// that reaches a provider again on this thread while the record is lent (a negotiation
 /// callback that resolves, which it must not do but may; a provider's execute that runs a
 /// Rust handle) is lent a record of its own.
+///
+/// The thread-local access is only the slot's address, and the callback is inlined once, on
+/// the path that lends the thread's record: with the callback inside the thread-local's
+/// closure, the access was left out of line, behind a function pointer, and cost a Rust face's
+/// execute about 70 instructions.
 #[inline(always)]
 pub(crate) fn with_fresh_error<T>(callback: impl FnOnce(&mut guild_error_info_t) -> T) -> T {
-    PROVIDER_ERROR.with(|record| match record.try_borrow_mut() {
-        Ok(mut error) => {
-            clear_error(&mut error);
-            callback(&mut error)
+    /// Gives the record back however the callback ends.
+    struct Lent<'a>(&'a Cell<bool>);
+    impl Drop for Lent<'_> {
+        fn drop(&mut self) {
+            self.0.set(false);
         }
-        Err(_) => callback(&mut guild_error_info_t::new()),
-    })
+    }
+    let slot: *const ErrorSlot = PROVIDER_ERROR.with(std::ptr::from_ref);
+    // SAFETY: this thread's slot, which lives until the thread ends (a constant-initialised
+    // thread local without drop glue is never destroyed), and is read only on this thread.
+    let slot = unsafe { &*slot };
+    if slot.lent.replace(true) {
+        return with_own_error(callback);
+    }
+    let _lent = Lent(&slot.lent);
+    // SAFETY: the record was not lent, so no reference into it exists: each one is made here,
+    // and lives only for the callback, while `lent` is true.
+    let error = unsafe { &mut *slot.record.get() };
+    clear_error(error);
+    callback(error)
+}
+
+/// [`with_fresh_error`] while the thread's record is lent: a record of the callback's own.
+#[cold]
+#[inline(never)]
+fn with_own_error<T>(callback: impl FnOnce(&mut guild_error_info_t) -> T) -> T {
+    callback(&mut guild_error_info_t::new())
 }
 
 /// The providers' GOP1 negotiation, called with C structs built from the query's actual
