@@ -42,7 +42,7 @@ use guild_ports::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
 use guild_ports::provider::{ExecuteCall, ExecuteEntry, KernelProvider, QueryCall};
 
 use super::block::{TensorBlock, BLANK_C, LINE_PAIR};
-use super::handles::{HandleTable, Running, LINE};
+use super::handles::{Gate, HandleTable, Running, LINE};
 use super::inline::Blank;
 use super::{ExecuteError, ReshapeError, ResolveError, Scratch};
 use crate::snapshot::{KernelBinding, OperationCandidates, Snapshot, StoredOp};
@@ -1043,9 +1043,10 @@ pub(crate) struct Resolved {
     /// The contract's scratch for `describe` and `scratch` calls, which the C face lets run
     /// beside an execute or a reshape (they never read `contract`).
     published: PublishedScratch,
-    /// What one call writes, alone in its lines: whatever the allocator puts beside the
-    /// handle, another handle's calls on another thread never write there.
-    call: Padded<UnsafeCell<CallCells>>,
+    /// What calls write (a Rust handle's gate, and one call's cells), alone in its lines:
+    /// whatever the allocator puts beside the handle, another handle's calls on another thread
+    /// never write there.
+    call: Padded<Calls>,
     /// What a reshape reuses.
     reshaping: UnsafeCell<ReshapeCells>,
 }
@@ -1199,6 +1200,19 @@ struct Padded<T> {
     _before: [MaybeUninit<u8>; LINE],
     value: T,
     _after: [MaybeUninit<u8>; LINE],
+}
+
+/// What calls write: a Rust handle's gate, and the cells of the call that holds the execute
+/// exclusivity.
+struct Calls {
+    /// The gate that serialises a Rust handle's calls (a C handle's is in its slot, and this
+    /// one is never used), kept here rather than in the `OpHandle` that owns the handle, so
+    /// that the `OpHandle` is a pointer, which a resolution returns and its caller keeps
+    /// without copying a cache-line-aligned gate (the moves of the 256-byte `OpHandle` were a
+    /// tenth of a Rust resolution's time in the resolve bench); here it is alone in lines of
+    /// the handle's own, as the `OpHandle`'s alignment kept it.
+    gate: Gate,
+    cells: UnsafeCell<CallCells>,
 }
 
 /// What one call writes, touched only by the call that holds the handle's execute exclusivity
@@ -1463,6 +1477,12 @@ pub(crate) struct RustCall<'a> {
 }
 
 impl Resolved {
+    /// The gate that serialises a Rust handle's calls.
+    #[inline(always)]
+    pub(crate) fn rust_gate(&self) -> &Gate {
+        &self.call.value.gate
+    }
+
     /// The chosen kernel's provider.
     #[inline(always)]
     pub(crate) fn kernel(&self) -> &dyn KernelProvider {
@@ -1561,7 +1581,8 @@ impl Resolved {
             (&raw mut (*at).through_runner).write(false);
             (&raw mut (*at).contract).write(UnsafeCell::new(contract));
             // `UnsafeCell` has the layout of what it holds.
-            let cells = (&raw mut (*at).call.value).cast::<CallCells>();
+            (&raw mut (*at).call.value.gate).write(Gate::live());
+            let cells = (&raw mut (*at).call.value.cells).cast::<CallCells>();
             RustCells::init(&raw mut (*cells).rust, sync_mode, device_id);
             (&raw mut (*cells).marks).write(Vec::new());
             (&raw mut (*at).reshaping).write(UnsafeCell::new(ReshapeCells::NONE));
@@ -1598,6 +1619,7 @@ impl Resolved {
             handle
                 .call
                 .value
+                .cells
                 .get_mut()
                 .rust
                 .take_up(handle.contract.get_mut());
@@ -1635,7 +1657,7 @@ impl Resolved {
         unsafe {
             RustCall {
                 contract: self.contract(),
-                cells: &mut *std::ptr::addr_of_mut!((*self.call.value.get()).rust),
+                cells: &mut *std::ptr::addr_of_mut!((*self.call.value.cells.get()).rust),
             }
         }
     }
@@ -1737,7 +1759,7 @@ impl Resolved {
         };
         // SAFETY: the caller's exclusivity gives this call the call cells; no other reference
         // to the marks exists (the Rust face's view borrows other fields).
-        let marks = unsafe { &mut *std::ptr::addr_of_mut!((*self.call.value.get()).marks) };
+        let marks = unsafe { &mut *std::ptr::addr_of_mut!((*self.call.value.cells.get()).marks) };
         let stream = StreamRef(args.stream as usize);
         match streams.record(args.device_id, stream) {
             Ok(Some(mark)) => {
@@ -2195,13 +2217,13 @@ impl Resolved {
         std::mem::swap(contract, &mut cells.spare);
         // SAFETY: `&mut self`: the only writer.
         unsafe { self.published.write(contract.scratch) };
-        self.call.value.get_mut().rust.take_up(contract);
+        self.call.value.cells.get_mut().rust.take_up(contract);
     }
 
     /// Waits for the stream work this handle recorded; afterwards nothing recorded is pending.
     /// The first device error is reported, after every mark has been waited for.
     pub(crate) fn finish(&mut self) -> Result<(), DeviceError> {
-        let marks = std::mem::take(&mut self.call.value.get_mut().marks);
+        let marks = std::mem::take(&mut self.call.value.cells.get_mut().marks);
         let mut first = Ok(());
         for mark in marks {
             if let Err(e) = mark.wait() {
@@ -2633,6 +2655,25 @@ fn check_scratch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Rust handle's gate, which every call on it writes, lies in its handle's padded call
+    /// cells: a line pair of the handle's own on either side, so that whatever the allocator
+    /// puts beside a handle (another handle, executing on another thread), neither writes the
+    /// other's lines; and an `OpHandle`, which a resolution returns, is one pointer.
+    #[test]
+    fn a_rust_handles_gate_lies_in_lines_of_its_own() {
+        let at = std::mem::offset_of!(Resolved, call.value.gate);
+        assert!(at >= LINE, "the gate is {at} bytes into the handle");
+        let after = size_of::<Resolved>() - (at + size_of::<Gate>());
+        assert!(
+            after >= LINE,
+            "the gate is {after} bytes from the handle's end"
+        );
+        assert_eq!(
+            size_of::<super::super::OpHandle<'static>>(),
+            size_of::<usize>()
+        );
+    }
 
     fn desc(n: u64) -> TensorDesc {
         TensorDesc::new(DType::F32, &[n], MemorySpace::Host)

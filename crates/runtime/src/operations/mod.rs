@@ -98,7 +98,7 @@ use guild_ports::device::{DeviceError, StreamRef};
 use self::core::ServiceCore;
 use self::core::{Buffer, BufferArg, Lent, NegotiatedTensors, Negotiation, Resolved};
 pub use self::core::{DeviceSupport, PassReason, PassedOver};
-use self::handles::{Gate, Lone, Refused};
+use self::handles::Refused;
 use crate::snapshot::KernelBinding;
 
 // ---------------------------------------------------------------------------------------------
@@ -298,7 +298,6 @@ impl<'r> OperationService<'r> {
         let resolved = self.core.resolve(&query, args, self.report)?;
         Ok(OpHandle {
             resolved,
-            gate: Lone(Gate::live()),
             _registry: PhantomData,
         })
     }
@@ -362,12 +361,12 @@ fn describe(r: &Resolved, scratch: Scratch) -> OpDescription<'_> {
 /// [`KernelBinding`] the handle owns. Dropping it waits for the stream work its calls recorded
 /// (on the CPU there is none: every execute has returned), then releases the binding.
 pub struct OpHandle<'r> {
-    /// Boxed: the handle moves as a pointer.
+    /// Boxed: the handle moves as a pointer. Its calls are serialised by the gate it holds
+    /// ([`Resolved::rust_gate`](self::core::Resolved::rust_gate); the C face keeps the same
+    /// gate in the handle's slot), alone in lines of the handle's own, so that handles side by
+    /// side (in a `Vec`, on one stack) executing on different threads do not write one cache
+    /// line.
     resolved: Box<Resolved>,
-    /// Serialises the handle's calls (the C face keeps the same gate in the handle's slot).
-    /// Alone in its line, so that handles side by side (in a `Vec`, on one stack) executing on
-    /// different threads do not write one cache line.
-    gate: Lone<Gate>,
     _registry: PhantomData<&'r ServiceCore>,
 }
 
@@ -606,7 +605,7 @@ impl OpHandle<'_> {
         if !stream.is_null() && !r.takes_stream {
             return Err(ExecuteError::StreamOnCpu);
         }
-        let running = self.gate.0.enter_run(0, true).map_err(|why| match why {
+        let running = r.rust_gate().enter_run(0, true).map_err(|why| match why {
             Refused::Reentrant => ExecuteError::Reentrant,
             // A Rust handle is live for as long as it exists and its callers wait their turn.
             Refused::Stale | Refused::Busy | Refused::InUse(_) => ExecuteError::Reentrant,
