@@ -894,6 +894,12 @@ impl KeyLists {
             scratch.push(n);
             Some(())
         })?;
+        self.list()
+    }
+
+    /// The list of the keys whose indexes `scratch` holds (each checked to be in the table):
+    /// `Some(None)` for none.
+    fn list(&mut self) -> Option<Option<Arc<[Sha256Digest]>>> {
         if self.scratch.is_empty() {
             return Some(None);
         }
@@ -946,8 +952,184 @@ fn is_plain_version(text: &str) -> bool {
 type RowRead = Result<(IndexRow, Range<usize>), Range<usize>>;
 
 /// One row of an index with the byte range it gives; `Err` with the range alone for a row that
-/// `keep` passes over once its id is read.
+/// `keep` passes over once its id is read. A row laid out as every writer lays it out is read
+/// byte by byte ([`quick_row`]); any other is read by the cursor ([`read_row_generic`]), which
+/// answers for it (refuses it, or reads what the quick reader does not recognise).
 fn read_row(
+    c: &mut Cursor<'_>,
+    keys: &mut KeyLists,
+    keep: &mut impl FnMut(&str) -> bool,
+) -> Option<RowRead> {
+    let start = c.offset();
+    if let Some((read, end)) = quick_row(c.text(), start, keys, keep) {
+        c.pass_to(end)?;
+        return Some(read);
+    }
+    read_row_generic(c, keys, keep)
+}
+
+/// The bytes of an index's text, read forward from `at` by [`quick_row`]: each method answers
+/// `None` for anything but what a writer writes there.
+struct Bytes<'t> {
+    text: &'t str,
+    at: usize,
+}
+
+impl<'t> Bytes<'t> {
+    fn eat(&mut self, byte: u8) -> Option<()> {
+        (self.text.as_bytes().get(self.at) == Some(&byte)).then(|| self.at += 1)
+    }
+
+    /// A string without escapes, as the cursor reads it (no `\`, no byte below 0x20): its span
+    /// and its text.
+    fn string(&mut self) -> Option<(Span, &'t str)> {
+        self.eat(b'"')?;
+        let start = self.at;
+        let rest = self.text.as_bytes().get(start..)?;
+        let len = rest
+            .iter()
+            .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+        (rest[len] == b'"').then_some(())?;
+        self.at = start + len + 1;
+        // Ends at an ASCII byte: a char boundary.
+        let text = self.text.get(start..start + len)?;
+        Some((
+            Span {
+                start: u32::try_from(start).ok()?,
+                len: u32::try_from(len).ok()?,
+            },
+            text,
+        ))
+    }
+
+    /// A number written in [`NUMBER_WIDTH`] characters: spaces, then digits without a leading
+    /// zero (JSON's whitespace and integer), then the comma or `]` that follows.
+    fn number(&mut self) -> Option<u64> {
+        let field = self.text.as_bytes().get(self.at..self.at + NUMBER_WIDTH)?;
+        let digits = &field[field.iter().position(|&b| b != b' ')?..];
+        if !digits.iter().all(u8::is_ascii_digit) || (digits.len() > 1 && digits[0] == b'0') {
+            return None;
+        }
+        self.at += NUMBER_WIDTH;
+        // At most ten digits: no overflow.
+        Some(digits.iter().fold(0, |n, &d| n * 10 + u64::from(d - b'0')))
+    }
+
+    /// A key's index, `0` or digits without a leading zero, below `count`.
+    fn key(&mut self, count: usize) -> Option<usize> {
+        let rest = self.text.as_bytes().get(self.at..)?;
+        let len = rest.iter().position(|b| !b.is_ascii_digit())?;
+        if len == 0 || len > 9 || (len > 1 && rest[0] == b'0') {
+            return None;
+        }
+        self.at += len;
+        let n = rest[..len]
+            .iter()
+            .fold(0, |n, &d| n * 10 + usize::from(d - b'0'));
+        (n < count).then_some(n)
+    }
+
+    /// A version cell: a string that is a version ([`version_span`]).
+    fn version(&mut self) -> Option<Span> {
+        let (span, text) = self.string()?;
+        (is_plain_version(text) || Version::parse(text).is_ok()).then_some(span)
+    }
+}
+
+/// A row at byte `at` of `text` as every writer lays it out (no whitespace but the numbers'
+/// padding, an empty `TAINTED`), read byte by byte, with where it ends: `None` for any other
+/// row, which the caller reads with the cursor. It checks what [`read_row_generic`] checks, so
+/// that what it reads, the cursor would read the same (a unit test holds them to each other on
+/// every row a writer writes and on damaged ones).
+fn quick_row(
+    text: &str,
+    at: usize,
+    keys: &mut KeyLists,
+    keep: &mut impl FnMut(&str) -> bool,
+) -> Option<(RowRead, usize)> {
+    let mut b = Bytes { text, at };
+    b.eat(b'[')?;
+    let (id, id_text) = b.string()?;
+    b.eat(b',')?;
+    let offset = usize::try_from(b.number()?).ok()?;
+    b.eat(b',')?;
+    let end = offset.checked_add(usize::try_from(b.number()?).ok()?)?;
+    b.eat(b',')?;
+    let (_, kind) = b.string()?;
+    let kind = PackageKind::parse(kind)?;
+    b.eat(b',')?;
+    let (publisher, publisher_text) = b.string()?;
+    b.eat(b',')?;
+    b.eat(b'[')?;
+    let previous = match b.eat(b']') {
+        Some(()) => None,
+        None => {
+            let v = b.version()?;
+            b.eat(b']')?;
+            Some(v)
+        }
+    };
+    b.eat(b',')?;
+    b.eat(b'[')?;
+    let current = match b.eat(b']') {
+        Some(()) => None,
+        None => {
+            let version = b.version()?;
+            b.eat(b',')?;
+            let (_, state) = b.string()?;
+            let state = State::ALL.into_iter().find(|s| s.as_str() == state)?;
+            b.eat(b',')?;
+            b.eat(b'[')?;
+            keys.scratch.clear();
+            if b.eat(b']').is_none() {
+                loop {
+                    keys.scratch.push(b.key(keys.keys.len())?);
+                    if b.eat(b']').is_some() {
+                        break;
+                    }
+                    b.eat(b',')?;
+                }
+            }
+            b.eat(b']')?;
+            Some((version, state))
+        }
+    };
+    // Taints are rare: a row with any is read by the cursor.
+    b.eat(b',')?;
+    b.eat(b'[')?;
+    b.eat(b']')?;
+    b.eat(b']')?;
+    if !keep(id_text) {
+        return Some((Err(offset..end), b.at));
+    }
+    is_valid_id(id_text).then_some(())?;
+    if keys.publisher.as_deref() != Some(publisher_text) {
+        is_valid_id(publisher_text).then_some(())?;
+        keys.publisher = Some(publisher_text.to_owned());
+    }
+    let current = match current {
+        None => None,
+        Some((version, state)) => Some(IndexVersion {
+            version,
+            state,
+            // No taints: the current version is not tainted.
+            tainted: false,
+            keys: keys.list()?,
+        }),
+    };
+    let row = IndexRow {
+        id,
+        kind,
+        publisher,
+        previous,
+        current,
+        tainted: None,
+    };
+    Some((Ok((row, offset..end)), b.at))
+}
+
+/// [`read_row`] through the cursor: any row, as the JSON grammar allows it.
+fn read_row_generic(
     c: &mut Cursor<'_>,
     keys: &mut KeyLists,
     keep: &mut impl FnMut(&str) -> bool,
@@ -1330,6 +1512,132 @@ fn index_and_ranges(bytes: &[u8]) -> Option<IndexAndRecords<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::PublisherId;
+    use crate::store_state::{NewVersion, PublishOptions};
+
+    const ENABLE: PublishOptions = PublishOptions {
+        enable: true,
+        allow_downgrade: false,
+    };
+
+    /// A checkpoint whose rows name no keys and keys, a rollback target or none, a disabled
+    /// and a removed current version, a version the quick version check does not read and a
+    /// taint (a row that only the cursor reads).
+    fn varied_checkpoint() -> String {
+        let key = |n: &str| Sha256Digest::of(n.as_bytes());
+        let mut state = StoreState::new();
+        let mut publish = |pkg: &str, version: &str, signed_by: Vec<Sha256Digest>| {
+            let new = NewVersion {
+                payload_digest: Sha256Digest::of(format!("{pkg} {version}").as_bytes()),
+                kind: PackageKind::Module,
+                publisher: PublisherId::new("org.example").unwrap(),
+                signed_by,
+                facts: None,
+            };
+            let id = PackageId::new(pkg).unwrap();
+            state
+                .publish(&id, &Version::parse(version).unwrap(), new, ENABLE)
+                .unwrap();
+        };
+        publish("a.plain", "1.0.0", Vec::new());
+        publish("b.signed", "1.0.0", vec![key("k1")]);
+        publish("b.signed", "2.0.0", vec![key("k1"), key("k2")]);
+        publish("c.pre", "1.0.0-rc.1+build.5", vec![key("k2")]);
+        publish("d.disabled", "3.1.4", vec![key("k1")]);
+        publish("e.removed", "1.0.0", vec![key("k1")]);
+        publish("f.tainted", "1.0.0", vec![key("k1")]);
+        let id = |s: &str| PackageId::new(s).unwrap();
+        state.disable(&id("d.disabled")).unwrap();
+        state.disable(&id("e.removed")).unwrap();
+        state
+            .remove(&id("e.removed"), &Version::parse("1.0.0").unwrap())
+            .unwrap();
+        let taint = Taint {
+            reason: "a \"quoted\" reason".to_owned(),
+            file: Some("lib/x.so".to_owned()),
+        };
+        state
+            .taint(&id("f.tainted"), &Version::parse("1.0.0").unwrap(), taint)
+            .unwrap();
+        String::from_utf8(state.successor().to_checkpoint_json()).unwrap()
+    }
+
+    /// Reads the row at byte `at` of `text` through [`read_row`] (the quick reader first) and
+    /// through the cursor alone, keeping the rows `keep` keeps: both answers, each with where
+    /// the cursor stands after it.
+    fn both(
+        text: &str,
+        at: usize,
+        keys: &[Sha256Digest],
+        keep: fn(&str) -> bool,
+    ) -> [(String, Option<usize>); 2] {
+        let read = |generic: bool| {
+            let mut c = Cursor::of_str(text);
+            c.pass_to(at).unwrap();
+            let mut lists = KeyLists::new(keys.to_vec());
+            let mut keep = keep;
+            let row = if generic {
+                read_row_generic(&mut c, &mut lists, &mut keep)
+            } else {
+                read_row(&mut c, &mut lists, &mut keep)
+            };
+            let seen = row.as_ref().map(|row| match row {
+                Ok((row, range)) => format!("{:?} {range:?}", row.view(text)),
+                Err(range) => format!("passed over {range:?}"),
+            });
+            (format!("{seen:?}"), row.map(|_| c.position()))
+        };
+        [read(false), read(true)]
+    }
+
+    /// The quick reader reads every untainted row a writer writes, and every row it reads,
+    /// written or damaged, it reads as the cursor does: the same row, the same refusal, the
+    /// cursor left at the same place.
+    #[test]
+    fn the_quick_row_reader_answers_as_the_cursor_on_written_and_damaged_rows() {
+        let checkpoint = varied_checkpoint();
+        let read = read_to_rows(&checkpoint).unwrap();
+        let rows = &checkpoint[read.rows_start..read.index_end - 2];
+        // Each row's byte range, as the cursor reads them.
+        let mut starts = Vec::new();
+        let all = format!("[{rows}]");
+        let mut c = Cursor::of_str(&all);
+        c.array(|c| {
+            let start = c.offset() - 1;
+            c.skip()?;
+            starts.push((start, c.position() - 1));
+            Some(())
+        })
+        .unwrap();
+        assert_eq!(starts.len(), 6, "{rows}");
+        let keeps: [fn(&str) -> bool; 3] = [|_| true, |_| false, |id| id == "b.signed"];
+        let mut quick = 0;
+        for &(start, end) in &starts {
+            let row = &rows[start..end];
+            if quick_row(row, 0, &mut KeyLists::new(read.keys.clone()), &mut |_| true).is_some() {
+                quick += 1;
+            }
+            let mut cases = vec![row.to_owned()];
+            for (i, _) in row.char_indices() {
+                for with in [
+                    "\"", "\\", " ", "0", "9", "a", "A", ".", "-", "[", "]", ",", "\u{1}", "é", "",
+                ] {
+                    cases.push(format!("{}{with}{}", &row[..i], &row[i + 1..]));
+                }
+                cases.push(format!("{} {}", &row[..i], &row[i..]));
+            }
+            for case in &cases {
+                // The row followed by what follows a row in an index.
+                let text = format!("{case},[]");
+                for keep in keeps {
+                    let [quick, generic] = both(&text, 0, &read.keys, keep);
+                    assert_eq!(quick, generic, "{case}");
+                }
+            }
+        }
+        // Every row but the tainted one.
+        assert_eq!(quick, 5);
+    }
 
     /// The quick version check admits exactly what the version parser admits, of the texts it
     /// admits at all.
