@@ -439,7 +439,10 @@ impl Listing {
         // A row takes about a hundred bytes: room for more costs address space, not memory
         // (up to a bound, past which the rows grow as they are read).
         let capacity = (text.len() / 64).min(1 << 20);
-        let Some(head) = IndexedHead::read(&text, parts, |_| true, capacity)? else {
+        // The records' ranges are checked as the rows are read, and not kept: a listing reads
+        // no record.
+        let Some(head) = IndexedHead::read(&text, parts, |_| true, capacity, Ranges::Dropped)?
+        else {
             return Some(None);
         };
         let rows = head.index.rows;
@@ -540,12 +543,14 @@ struct IndexedHead {
 impl IndexedHead {
     /// Reads the head and the index of the checkpoint `parts` are of, from `text`, its head as
     /// text, keeping the rows for which `keep(id)` holds (room for `capacity` of them is made
-    /// at once): `Some(None)` for a document of another format, `None` for anything refused.
+    /// at once) and, as `ranges` says, their records' byte ranges: `Some(None)` for a document
+    /// of another format, `None` for anything refused.
     fn read(
         text: &str,
         parts: CheckpointParts<'_>,
         keep: impl FnMut(&str) -> bool,
         capacity: usize,
+        ranges: Ranges,
     ) -> Option<Option<Self>> {
         let mut c = Cursor::of_str(text);
         let mut keep = Some(keep);
@@ -554,7 +559,7 @@ impl IndexedHead {
         // Stops once the index is read: the packages follow it in what every writer writes.
         let _ = c.object(|c, key| match key {
             "index" => {
-                let read = read_index(c, keep.take()?, capacity)?;
+                let read = read_rows(c, keep.take()?, capacity, ranges)?;
                 read.frames(parts).then_some(())?;
                 index = Some(read);
                 None
@@ -593,7 +598,7 @@ pub(crate) fn read_indexed_only(
         return read_record(only, found.facts, row, record(found.range)?);
     }
     // An index without rows, no row found, text found that is not a row: every row read.
-    let mut head = IndexedHead::read(text, parts, |id| id == only.as_str(), 1)??;
+    let mut head = IndexedHead::read(text, parts, |id| id == only.as_str(), 1, Ranges::Kept)??;
     if head.index.rows.len() > 1 {
         return None;
     }
@@ -779,10 +784,11 @@ pub(crate) struct Index {
     /// The rows kept (all read from the index), in the text the cursor that read them was
     /// reading.
     pub(crate) rows: Vec<Row>,
-    /// The byte range each kept row gives for its record.
+    /// The byte range each kept row gives for its record (none when read with
+    /// [`Ranges::Dropped`]).
     pub(crate) kept: Vec<Range<usize>>,
-    /// The byte range of every row's record, in order.
-    ranges: Vec<Range<usize>>,
+    /// Where the rows say the records are, as far as [`Index::frames`] needs to know.
+    layout: Layout,
     /// The byte offset of the `]` that ends the packages, as the index records it.
     pub(crate) packages_end: usize,
     /// Where the index's value ends in the document.
@@ -802,26 +808,77 @@ impl Index {
         if parts.head.get(self.end..at) != Some(OPEN_PACKAGES) {
             return false;
         }
-        for (i, range) in self.ranges.iter().enumerate() {
-            // The offsets are the file's word: no arithmetic on them may overflow.
-            let Some(start) = at.checked_add(usize::from(i > 0)) else {
-                return false;
-            };
-            if range.start != start || range.end <= range.start {
-                return false;
-            }
-            at = range.end;
+        match self.layout {
+            Layout::Empty => {}
+            Layout::Adjoining { first, end } if first == at => at = end,
+            Layout::Adjoining { .. } | Layout::Apart => return false,
         }
         at == self.packages_end && at.checked_add(2) == Some(parts.len) && parts.tail == b"]}"
     }
+}
+
+/// What the byte ranges of an index's rows say of where the records are, gathered row by
+/// row ([`Layout::add`]) instead of kept, for [`Index::frames`].
+#[derive(Debug, Clone, Copy)]
+enum Layout {
+    /// No row.
+    Empty,
+    /// Every record is at least one byte long and starts one byte (the comma) after the one
+    /// before it ends: the first starts at `first`, the last ends at `end`.
+    Adjoining { first: usize, end: usize },
+    /// Some record is empty or not where that rule puts it.
+    Apart,
+}
+
+impl Layout {
+    /// The layout once the next row's record is at `range`.
+    fn add(self, range: &Range<usize>) -> Self {
+        let start = match self {
+            Layout::Empty => range.start,
+            // The offsets are the file's word: no arithmetic on them may overflow.
+            Layout::Adjoining { end, .. } => match end.checked_add(1) {
+                Some(start) => start,
+                None => return Layout::Apart,
+            },
+            Layout::Apart => return Layout::Apart,
+        };
+        if range.start != start || range.end <= range.start {
+            return Layout::Apart;
+        }
+        let first = match self {
+            Layout::Adjoining { first, .. } => first,
+            _ => range.start,
+        };
+        Layout::Adjoining {
+            first,
+            end: range.end,
+        }
+    }
+}
+
+/// Whether a read of an index keeps the byte range of each row it keeps ([`Index::kept`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ranges {
+    Kept,
+    Dropped,
 }
 
 /// Reads an index (`{"keys": [...], "packages": [ROW, ...]}`), keeping each row for which
 /// `keep(id)` holds (room for `capacity` rows is made at once).
 pub(crate) fn read_index(
     c: &mut Cursor<'_>,
+    keep: impl FnMut(&str) -> bool,
+    capacity: usize,
+) -> Option<Index> {
+    read_rows(c, keep, capacity, Ranges::Kept)
+}
+
+/// [`read_index`], keeping the kept rows' byte ranges as `ranges` says.
+fn read_rows(
+    c: &mut Cursor<'_>,
     mut keep: impl FnMut(&str) -> bool,
     capacity: usize,
+    ranges: Ranges,
 ) -> Option<Index> {
     let mut keys: Option<KeyLists> = None;
     let mut length = None;
@@ -829,8 +886,11 @@ pub(crate) fn read_index(
     let start = c.offset();
     let mut index = Index {
         rows: Vec::with_capacity(capacity),
-        kept: Vec::with_capacity(capacity),
-        ranges: Vec::with_capacity(capacity),
+        kept: match ranges {
+            Ranges::Kept => Vec::with_capacity(capacity),
+            Ranges::Dropped => Vec::new(),
+        },
+        layout: Layout::Empty,
         packages_end: 0,
         end: 0,
     };
@@ -845,11 +905,13 @@ pub(crate) fn read_index(
             c.array(|c| {
                 match read_row(c, table, &mut keep)? {
                     Ok((row, range)) => {
-                        index.ranges.push(range.clone());
-                        index.kept.push(range);
+                        index.layout = index.layout.add(&range);
+                        if ranges == Ranges::Kept {
+                            index.kept.push(range);
+                        }
                         index.rows.push(Row::Indexed(row));
                     }
-                    Err(range) => index.ranges.push(range),
+                    Err(range) => index.layout = index.layout.add(&range),
                 }
                 Some(())
             })
@@ -937,14 +999,25 @@ fn version_span(c: &mut Cursor<'_>) -> Option<Span> {
 /// Whether `text` is `MAJOR.MINOR.PATCH`, three numbers without leading zeros that fit a `u64`:
 /// a version, checked without the general parser (which reads anything else).
 fn is_plain_version(text: &str) -> bool {
-    let mut parts = 0;
-    text.split('.').all(|n| {
-        parts += 1;
-        !n.is_empty()
-            && n.len() <= 19
-            && n.bytes().all(|b| b.is_ascii_digit())
-            && (n == "0" || !n.starts_with('0'))
-    }) && parts == 3
+    // One pass over the bytes: a version is read for nearly every row of an index.
+    let mut parts = 1;
+    let mut digits = 0;
+    let mut leading_zero = false;
+    for &b in text.as_bytes() {
+        match b {
+            b'.' if digits > 0 && parts < 3 => {
+                parts += 1;
+                digits = 0;
+                leading_zero = false;
+            }
+            b'0'..=b'9' if digits < 19 && !leading_zero => {
+                leading_zero = digits == 0 && b == b'0';
+                digits += 1;
+            }
+            _ => return false,
+        }
+    }
+    parts == 3 && digits > 0
 }
 
 /// A row of an index with the byte range it gives for its record, or (`Err`) the range alone,
@@ -1077,7 +1150,7 @@ fn quick_row(
             let version = b.version()?;
             b.eat(b',')?;
             let (_, state) = b.string()?;
-            let state = State::ALL.into_iter().find(|s| s.as_str() == state)?;
+            let state = state_named(state)?;
             b.eat(b',')?;
             b.eat(b'[')?;
             keys.scratch.clear();
@@ -1126,6 +1199,15 @@ fn quick_row(
         tainted: None,
     };
     Some((Ok((row, offset..end)), b.at))
+}
+
+/// The state written as `text` ([`State::as_str`]).
+fn state_named(text: &str) -> Option<State> {
+    // Nearly every row's current version is enabled: that name is tried first.
+    if text == State::Enabled.as_str() {
+        return Some(State::Enabled);
+    }
+    State::ALL.into_iter().find(|s| s.as_str() == text)
 }
 
 /// [`read_row`] through the cursor: any row, as the JSON grammar allows it.
@@ -1639,6 +1721,59 @@ mod tests {
         assert_eq!(quick, 5);
     }
 
+    /// The layout gathered row by row accepts exactly the ranges that a walk over all of them,
+    /// kept, accepts: every sequence of up to three ranges over small offsets, and offsets at
+    /// the end of the address space.
+    #[test]
+    fn the_layout_gathered_row_by_row_is_the_walk_over_every_range() {
+        fn walk(ranges: &[Range<usize>], at: usize) -> Option<usize> {
+            let mut at = at;
+            for (i, range) in ranges.iter().enumerate() {
+                let start = at.checked_add(usize::from(i > 0))?;
+                if range.start != start || range.end <= range.start {
+                    return None;
+                }
+                at = range.end;
+            }
+            Some(at)
+        }
+        fn gathered(ranges: &[Range<usize>], at: usize) -> Option<usize> {
+            match ranges.iter().fold(Layout::Empty, |l, r| l.add(r)) {
+                Layout::Empty => Some(at),
+                Layout::Adjoining { first, end } if first == at => Some(end),
+                _ => None,
+            }
+        }
+        let mut all: Vec<Range<usize>> = Vec::new();
+        for start in 0..6 {
+            for end in 0..7 {
+                all.push(start..end);
+            }
+        }
+        all.push(usize::MAX - 1..usize::MAX);
+        all.push(usize::MAX..usize::MAX);
+        let mut checked = 0;
+        for a in &all {
+            for b in &all {
+                for c in &all {
+                    for n in 0..=3 {
+                        let ranges = [a.clone(), b.clone(), c.clone()];
+                        for at in [0, 1, 2, usize::MAX - 1] {
+                            assert_eq!(
+                                gathered(&ranges[..n], at),
+                                walk(&ranges[..n], at),
+                                "{:?} from {at}",
+                                &ranges[..n]
+                            );
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 100_000);
+    }
+
     /// The quick version check admits exactly what the version parser admits, of the texts it
     /// admits at all.
     #[test]
@@ -1659,10 +1794,29 @@ mod tests {
             "a.b.c",
             "1.0.x",
             " 1.0.0",
+            "0.1.0",
+            "0.0.1",
+            "1.0.0.",
+            ".1.0",
+            "1.0.",
+            "1.02.3",
+            "1.0.00",
+            "9999999999999999999.0.0",
+            "10000000000000000000.0.0",
         ] {
             if is_plain_version(text) {
                 assert!(Version::parse(text).is_ok(), "{text}");
             }
+            // As the check was first written, part by part.
+            let mut parts = 0;
+            let by_parts = text.split('.').all(|n| {
+                parts += 1;
+                !n.is_empty()
+                    && n.len() <= 19
+                    && n.bytes().all(|b| b.is_ascii_digit())
+                    && (n == "0" || !n.starts_with('0'))
+            }) && parts == 3;
+            assert_eq!(is_plain_version(text), by_parts, "{text}");
         }
         assert!(is_plain_version("1.0.0"));
         assert!(!is_plain_version("01.0.0"));
