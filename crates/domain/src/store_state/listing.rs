@@ -37,7 +37,10 @@
 //! (every writer's open is one), not by them.
 //!
 //! A listing read from an index keeps the index's text and where each row's cells are in it,
-//! so that reading 10,000 rows makes no string: [`Listing::rows`] answers views into it.
+//! so that reading 10,000 rows makes no string: [`Listing::rows`] answers views into it. A row
+//! laid out as every writer lays it out (no whitespace but the numbers' padding, no taint) is
+//! read byte by byte; any other row is read with the JSON cursor, which reads or refuses it,
+//! so that what is accepted and refused does not depend on the way a row was read.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
