@@ -412,7 +412,14 @@ impl StoreStateDelta {
             &value,
             "guild_registry_delta",
             &[REGISTRY_DELTA_FORMAT_V1, REGISTRY_DELTA_FORMAT_V2],
-        )?;
+        )
+        .map_err(|e| match e {
+            StoreStateDecodeError::NotARegistry => StoreStateDecodeError::NotADelta,
+            StoreStateDecodeError::UnsupportedFormat { found } => {
+                StoreStateDecodeError::UnsupportedDeltaFormat { found }
+            }
+            e => e,
+        })?;
         let root = At::Root;
         let fields = Fields::new(members, root, TOP_FIELDS)?;
         let generation = fields.u64("generation")?;
@@ -715,6 +722,28 @@ mod tests {
             good[..good.len() / 2].to_owned(),
         ];
         refused_by_both_readers(&refused);
+    }
+
+    /// A frame of a format this build does not read, or with no format marker, is refused in
+    /// the words of a log frame, not of a checkpoint's format.
+    #[test]
+    fn a_frame_of_another_format_is_refused_as_a_log_frame() {
+        let err = StoreStateDelta::from_json(
+            br#"{"guild_registry_delta":9,"generation":2,"packages":[],"deleted":[]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "log frame format 9 is not supported; this build reads formats 1 (changes) and 2 \
+             (changes with a retrust)"
+        );
+        let err = StoreStateDelta::from_json(br#"{"generation":2,"packages":[],"deleted":[]}"#)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "not a log frame: the top level is not an object with a \"guild_registry_delta\" \
+             format marker"
+        );
     }
 
     /// Asserts that both readers refuse each of `refused`.

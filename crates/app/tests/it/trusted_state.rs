@@ -618,3 +618,66 @@ fn trusted_state_a_trust_change_is_recorded_in_a_small_frame_at_any_store_size()
     let (_pm, report, calls) = open_counting(&root, false);
     assert_eq!((calls, report.reauthenticated), (0, 0), "{report:?}");
 }
+
+/// Opening walks only the part of the graph where a version can fail to load (the packages
+/// whose enabled version has a requirement, and those they name): in a store edited behind the
+/// host's back so that `ex.base` is disabled under an enabled chain `ex.top -> ex.user ->
+/// ex.base`, among packages that depend on nothing, opening disables exactly the chain, each
+/// naming what it waits for, in the words and order a walk of every version gives, and leaves
+/// the rest enabled.
+#[test]
+fn trusted_state_opening_disables_exactly_what_a_hand_disabled_dependency_blocks() {
+    let shop = Workshop::new();
+    let k = key();
+    let root = two_packages(&shop, &k);
+    {
+        let (pm, _) = open_dir(&root).unwrap();
+        let top = shop.build(
+            &Spec::module("ex.top", "1.0.0").module_dep(ModDep::on("ex.user", "1.0.0")),
+            &k,
+        );
+        pm.install(&top.archive, InstallOptions::default()).unwrap();
+        for n in 0..3 {
+            let alone = shop.build(&Spec::module(&format!("ex.alone{n}"), "1.0.0"), &k);
+            pm.install(&alone.archive, InstallOptions::default())
+                .unwrap();
+        }
+    }
+    guild_adapters_fs::store::testing::as_format_1(&root).unwrap();
+    let registry = root.join("registry.json");
+    let mut doc: Value = serde_json::from_slice(&fs::read(&registry).unwrap()).unwrap();
+    for p in doc["packages"].as_array_mut().unwrap() {
+        if p["id"] == "ex.base" {
+            p["versions"][0]["state"] = "disabled".into();
+        }
+    }
+    make_writable(&root);
+    fs::write(&registry, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+
+    let (pm, report) = open_dir(&root).unwrap();
+    let disabled: Vec<(String, String)> = report
+        .disabled
+        .iter()
+        .map(|r| (r.id.to_string(), r.reason.clone()))
+        .collect();
+    assert_eq!(
+        disabled,
+        [
+            (
+                "ex.top".to_owned(),
+                "ex.top@1.0.0 cannot load: its dependency ex.user@1.0.0 cannot load".to_owned()
+            ),
+            (
+                "ex.user".to_owned(),
+                "ex.user@1.0.0 cannot load: ex.user@1.0.0 requires module ex.base 1.0.0.., but \
+                 no version of ex.base is enabled (installed: 1.0.0)"
+                    .to_owned()
+            ),
+        ],
+        "{report:?}"
+    );
+    let plan = pm.load_plan().unwrap();
+    let order: Vec<String> = plan.order.iter().map(|p| p.id.to_string()).collect();
+    assert_eq!(order, ["ex.alone0", "ex.alone1", "ex.alone2"], "{plan:?}");
+    assert!(plan.blocked.is_empty(), "{plan:?}");
+}

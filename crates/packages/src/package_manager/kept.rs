@@ -57,6 +57,48 @@ impl PackageManager {
         Ok(DependencyGraph::new(self.installed_nodes(life, registry)?)?)
     }
 
+    /// The part of `registry`'s graph in which an enabled version can fail to load, whose
+    /// [`DependencyGraph::plan`] blocks exactly the versions the whole graph's plan blocks, in
+    /// the same order and for the same reasons: every installed version of each package whose
+    /// enabled version states a requirement (provenance records included), and of each package
+    /// such a requirement names. Every problem the graph knows is a requirement's or a cycle's,
+    /// and a cycle runs through enabled versions with requirements, so a version outside this
+    /// part has no problem of its own and nothing it depends on to be blocked by. A store of
+    /// 10,000 packages of which few depend on others is so checked at opening in a pass over
+    /// its records, not a graph of every version. When an enabled version's record does not
+    /// carry its requirements (a store written before they were recorded), the whole graph.
+    pub(super) fn requirements_graph(
+        &self,
+        life: &Lifecycle,
+        registry: &StoreState,
+    ) -> Result<DependencyGraph, HostError> {
+        let mut ids: BTreeSet<&PackageId> = BTreeSet::new();
+        for (id, _, record) in registry.installed() {
+            if !record.state.is_enabled() {
+                continue;
+            }
+            let Some(facts) = record.facts.as_deref() else {
+                return self.graph(life, registry);
+            };
+            if facts.dependencies.is_empty() && facts.module_dependencies.is_empty() {
+                continue;
+            }
+            ids.insert(id);
+            ids.extend(facts.dependencies.iter().map(|d| &d.package_id));
+            ids.extend(facts.module_dependencies.iter().map(|d| &d.module_id));
+        }
+        let mut nodes = Vec::new();
+        for id in ids {
+            let Some(package) = registry.package(id) else {
+                continue;
+            };
+            for (version, record) in package.installed() {
+                nodes.push(self.node_of(life, id, version, record, None)?);
+            }
+        }
+        Ok(DependencyGraph::new(nodes)?)
+    }
+
     /// The graph's node of every installed version `registry` records.
     fn installed_nodes(
         &self,

@@ -417,7 +417,7 @@ impl PackageManager {
         // Dependents of a disabled package cannot load either; disable them too, until nothing
         // enabled is left blocked.
         loop {
-            let graph = self.graph(life, &next)?;
+            let graph = self.requirements_graph(life, &next)?;
             let plan = graph.plan();
             let newly: Vec<(PackageId, String)> = plan
                 .blocked
