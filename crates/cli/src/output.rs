@@ -16,6 +16,19 @@ impl std::fmt::Debug for Deferred {
     }
 }
 
+/// Text for people that a command writes when its report is printed, after its lines
+/// ([`Report::text`]).
+pub struct Text(Box<WriteText>);
+
+/// What writes a [`Text`].
+type WriteText = dyn FnOnce(&mut dyn Write) -> std::io::Result<()>;
+
+impl std::fmt::Debug for Text {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Text(..)")
+    }
+}
+
 /// What a successful command produced.
 #[derive(Debug, Default)]
 pub struct Report {
@@ -26,6 +39,9 @@ pub struct Report {
     pub deferred: Vec<Deferred>,
     /// Lines for people, printed on stdout unless `--quiet`.
     pub lines: Vec<String>,
+    /// More for people, written on stdout after `lines` (and like them, unless `--quiet` or
+    /// `--json`).
+    pub text: Option<Text>,
     /// Things worth knowing that did not stop the command (what the store's recovery did, a
     /// package disabled by re-verification). stderr for people; `"warnings"` in JSON.
     pub warnings: Vec<String>,
@@ -73,6 +89,16 @@ impl Report {
         self
     }
 
+    /// Sets what `write` writes after the lines, when the report is printed for people: for
+    /// output too large to hold whole (a listing of 10,000 packages), written as it is made.
+    pub fn text(
+        &mut self,
+        write: impl FnOnce(&mut dyn Write) -> std::io::Result<()> + 'static,
+    ) -> &mut Self {
+        self.text = Some(Text(Box::new(write)));
+        self
+    }
+
     /// A report that prints nothing, for a command that wrote its own output.
     pub fn silent(mut self) -> Self {
         self.silent = true;
@@ -88,7 +114,7 @@ pub struct Output {
 }
 
 impl Output {
-    pub fn success(&self, report: Report) {
+    pub fn success(&self, mut report: Report) {
         if report.silent {
             return;
         }
@@ -116,6 +142,10 @@ impl Output {
         let mut out = std::io::BufWriter::new(std::io::stdout().lock());
         for line in &report.lines {
             let _ = writeln!(out, "{line}");
+        }
+        if let Some(Text(write)) = report.text.take() {
+            // A closed pipe is not worth a second error, as for the lines.
+            let _ = write(&mut out);
         }
         let _ = out.flush();
         // The process exits right after: freeing a listing's lines and what its `--json`

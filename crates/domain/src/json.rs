@@ -641,6 +641,16 @@ impl<'a> Cursor<'a> {
         self.parser.pos
     }
 
+    /// Moves the cursor forward to byte `to` of its input, past a value that its caller has
+    /// read from [`Cursor::text`] itself, holding it to this reader's grammar (the index rows
+    /// that `store_state::listing` reads byte by byte). `None`, the cursor unmoved, when `to`
+    /// lies behind it, past the end or inside a character.
+    pub(crate) fn pass_to(&mut self, to: usize) -> Option<()> {
+        (to >= self.parser.pos && self.parser.text.is_char_boundary(to)).then(|| {
+            self.parser.pos = to;
+        })
+    }
+
     /// The text the cursor reads.
     pub(crate) fn text(&self) -> &'a str {
         self.parser.text

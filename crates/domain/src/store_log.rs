@@ -37,12 +37,7 @@ use crate::store_state::{
 };
 use crate::trust::TrustAnchor;
 
-/// The delta format of a delta without a retrust (`"guild_registry_delta": 1`).
-pub const REGISTRY_DELTA_FORMAT_V1: u64 = 1;
-
-/// The delta format of a delta with a retrust (`"guild_registry_delta": 2`): builds that read
-/// format 1 only refuse it, instead of reading it without the versions it re-records.
-pub const REGISTRY_DELTA_FORMAT_V2: u64 = 2;
+pub use crate::store_state::{REGISTRY_DELTA_FORMAT_V1, REGISTRY_DELTA_FORMAT_V2};
 
 const TOP_FIELDS: &[&str] = &[
     "guild_registry_delta",

@@ -85,6 +85,14 @@ pub const REGISTRY_FORMAT_V2: u64 = 2;
 /// reader of one package one record. Every writer writes it; formats 1 and 2 are still read.
 pub const REGISTRY_FORMAT_V3: u64 = 3;
 
+/// The format of a log frame without a retrust (`"guild_registry_delta": 1`,
+/// [`crate::store_log`]). Kept here, beside the decode error that names it.
+pub const REGISTRY_DELTA_FORMAT_V1: u64 = 1;
+
+/// The format of a log frame with a retrust (`"guild_registry_delta": 2`): builds that read
+/// format 1 only refuse it, instead of reading it without the versions it re-records.
+pub const REGISTRY_DELTA_FORMAT_V2: u64 = 2;
+
 /// The formats of a registry file this build reads.
 const FORMATS: [u64; 3] = [REGISTRY_FORMAT_V1, REGISTRY_FORMAT_V2, REGISTRY_FORMAT_V3];
 
@@ -544,8 +552,8 @@ pub enum StoreStateDecodeError {
     /// A log frame format this build cannot read.
     #[error(
         "log frame format {found} is not supported; this build reads formats {} (changes) and {} (changes with a retrust)",
-        crate::store_log::REGISTRY_DELTA_FORMAT_V1,
-        crate::store_log::REGISTRY_DELTA_FORMAT_V2
+        REGISTRY_DELTA_FORMAT_V1,
+        REGISTRY_DELTA_FORMAT_V2
     )]
     UnsupportedDeltaFormat {
         /// The format found.

@@ -37,7 +37,10 @@
 //! (every writer's open is one), not by them.
 //!
 //! A listing read from an index keeps the index's text and where each row's cells are in it,
-//! so that reading 10,000 rows makes no string: [`Listing::rows`] answers views into it.
+//! so that reading 10,000 rows makes no string: [`Listing::rows`] answers views into it. A row
+//! laid out as every writer lays it out (no whitespace but the numbers' padding, no taint) is
+//! read byte by byte; any other row is read with the JSON cursor, which reads or refuses it,
+//! so that what is accepted and refused does not depend on the way a row was read.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -439,7 +442,10 @@ impl Listing {
         // A row takes about a hundred bytes: room for more costs address space, not memory
         // (up to a bound, past which the rows grow as they are read).
         let capacity = (text.len() / 64).min(1 << 20);
-        let Some(head) = IndexedHead::read(&text, parts, |_| true, capacity)? else {
+        // The records' ranges are checked as the rows are read, and not kept: a listing reads
+        // no record.
+        let Some(head) = IndexedHead::read(&text, parts, |_| true, capacity, Ranges::Dropped)?
+        else {
             return Some(None);
         };
         let rows = head.index.rows;
@@ -540,12 +546,14 @@ struct IndexedHead {
 impl IndexedHead {
     /// Reads the head and the index of the checkpoint `parts` are of, from `text`, its head as
     /// text, keeping the rows for which `keep(id)` holds (room for `capacity` of them is made
-    /// at once): `Some(None)` for a document of another format, `None` for anything refused.
+    /// at once) and, as `ranges` says, their records' byte ranges: `Some(None)` for a document
+    /// of another format, `None` for anything refused.
     fn read(
         text: &str,
         parts: CheckpointParts<'_>,
         keep: impl FnMut(&str) -> bool,
         capacity: usize,
+        ranges: Ranges,
     ) -> Option<Option<Self>> {
         let mut c = Cursor::of_str(text);
         let mut keep = Some(keep);
@@ -554,7 +562,7 @@ impl IndexedHead {
         // Stops once the index is read: the packages follow it in what every writer writes.
         let _ = c.object(|c, key| match key {
             "index" => {
-                let read = read_index(c, keep.take()?, capacity)?;
+                let read = read_rows(c, keep.take()?, capacity, ranges)?;
                 read.frames(parts).then_some(())?;
                 index = Some(read);
                 None
@@ -593,7 +601,7 @@ pub(crate) fn read_indexed_only(
         return read_record(only, found.facts, row, record(found.range)?);
     }
     // An index without rows, no row found, text found that is not a row: every row read.
-    let mut head = IndexedHead::read(text, parts, |id| id == only.as_str(), 1)??;
+    let mut head = IndexedHead::read(text, parts, |id| id == only.as_str(), 1, Ranges::Kept)??;
     if head.index.rows.len() > 1 {
         return None;
     }
@@ -779,10 +787,11 @@ pub(crate) struct Index {
     /// The rows kept (all read from the index), in the text the cursor that read them was
     /// reading.
     pub(crate) rows: Vec<Row>,
-    /// The byte range each kept row gives for its record.
+    /// The byte range each kept row gives for its record (none when read with
+    /// [`Ranges::Dropped`]).
     pub(crate) kept: Vec<Range<usize>>,
-    /// The byte range of every row's record, in order.
-    ranges: Vec<Range<usize>>,
+    /// Where the rows say the records are, as far as [`Index::frames`] needs to know.
+    layout: Layout,
     /// The byte offset of the `]` that ends the packages, as the index records it.
     pub(crate) packages_end: usize,
     /// Where the index's value ends in the document.
@@ -802,26 +811,77 @@ impl Index {
         if parts.head.get(self.end..at) != Some(OPEN_PACKAGES) {
             return false;
         }
-        for (i, range) in self.ranges.iter().enumerate() {
-            // The offsets are the file's word: no arithmetic on them may overflow.
-            let Some(start) = at.checked_add(usize::from(i > 0)) else {
-                return false;
-            };
-            if range.start != start || range.end <= range.start {
-                return false;
-            }
-            at = range.end;
+        match self.layout {
+            Layout::Empty => {}
+            Layout::Adjoining { first, end } if first == at => at = end,
+            Layout::Adjoining { .. } | Layout::Apart => return false,
         }
         at == self.packages_end && at.checked_add(2) == Some(parts.len) && parts.tail == b"]}"
     }
+}
+
+/// What the byte ranges of an index's rows say of where the records are, gathered row by
+/// row ([`Layout::add`]) instead of kept, for [`Index::frames`].
+#[derive(Debug, Clone, Copy)]
+enum Layout {
+    /// No row.
+    Empty,
+    /// Every record is at least one byte long and starts one byte (the comma) after the one
+    /// before it ends: the first starts at `first`, the last ends at `end`.
+    Adjoining { first: usize, end: usize },
+    /// Some record is empty or not where that rule puts it.
+    Apart,
+}
+
+impl Layout {
+    /// The layout once the next row's record is at `range`.
+    fn add(self, range: &Range<usize>) -> Self {
+        let start = match self {
+            Layout::Empty => range.start,
+            // The offsets are the file's word: no arithmetic on them may overflow.
+            Layout::Adjoining { end, .. } => match end.checked_add(1) {
+                Some(start) => start,
+                None => return Layout::Apart,
+            },
+            Layout::Apart => return Layout::Apart,
+        };
+        if range.start != start || range.end <= range.start {
+            return Layout::Apart;
+        }
+        let first = match self {
+            Layout::Adjoining { first, .. } => first,
+            _ => range.start,
+        };
+        Layout::Adjoining {
+            first,
+            end: range.end,
+        }
+    }
+}
+
+/// Whether a read of an index keeps the byte range of each row it keeps ([`Index::kept`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ranges {
+    Kept,
+    Dropped,
 }
 
 /// Reads an index (`{"keys": [...], "packages": [ROW, ...]}`), keeping each row for which
 /// `keep(id)` holds (room for `capacity` rows is made at once).
 pub(crate) fn read_index(
     c: &mut Cursor<'_>,
+    keep: impl FnMut(&str) -> bool,
+    capacity: usize,
+) -> Option<Index> {
+    read_rows(c, keep, capacity, Ranges::Kept)
+}
+
+/// [`read_index`], keeping the kept rows' byte ranges as `ranges` says.
+fn read_rows(
+    c: &mut Cursor<'_>,
     mut keep: impl FnMut(&str) -> bool,
     capacity: usize,
+    ranges: Ranges,
 ) -> Option<Index> {
     let mut keys: Option<KeyLists> = None;
     let mut length = None;
@@ -829,8 +889,11 @@ pub(crate) fn read_index(
     let start = c.offset();
     let mut index = Index {
         rows: Vec::with_capacity(capacity),
-        kept: Vec::with_capacity(capacity),
-        ranges: Vec::with_capacity(capacity),
+        kept: match ranges {
+            Ranges::Kept => Vec::with_capacity(capacity),
+            Ranges::Dropped => Vec::new(),
+        },
+        layout: Layout::Empty,
         packages_end: 0,
         end: 0,
     };
@@ -845,11 +908,13 @@ pub(crate) fn read_index(
             c.array(|c| {
                 match read_row(c, table, &mut keep)? {
                     Ok((row, range)) => {
-                        index.ranges.push(range.clone());
-                        index.kept.push(range);
+                        index.layout = index.layout.add(&range);
+                        if ranges == Ranges::Kept {
+                            index.kept.push(range);
+                        }
                         index.rows.push(Row::Indexed(row));
                     }
-                    Err(range) => index.ranges.push(range),
+                    Err(range) => index.layout = index.layout.add(&range),
                 }
                 Some(())
             })
@@ -894,6 +959,12 @@ impl KeyLists {
             scratch.push(n);
             Some(())
         })?;
+        self.list()
+    }
+
+    /// The list of the keys whose indexes `scratch` holds (each checked to be in the table):
+    /// `Some(None)` for none.
+    fn list(&mut self) -> Option<Option<Arc<[Sha256Digest]>>> {
         if self.scratch.is_empty() {
             return Some(None);
         }
@@ -931,14 +1002,25 @@ fn version_span(c: &mut Cursor<'_>) -> Option<Span> {
 /// Whether `text` is `MAJOR.MINOR.PATCH`, three numbers without leading zeros that fit a `u64`:
 /// a version, checked without the general parser (which reads anything else).
 fn is_plain_version(text: &str) -> bool {
-    let mut parts = 0;
-    text.split('.').all(|n| {
-        parts += 1;
-        !n.is_empty()
-            && n.len() <= 19
-            && n.bytes().all(|b| b.is_ascii_digit())
-            && (n == "0" || !n.starts_with('0'))
-    }) && parts == 3
+    // One pass over the bytes: a version is read for nearly every row of an index.
+    let mut parts = 1;
+    let mut digits = 0;
+    let mut leading_zero = false;
+    for &b in text.as_bytes() {
+        match b {
+            b'.' if digits > 0 && parts < 3 => {
+                parts += 1;
+                digits = 0;
+                leading_zero = false;
+            }
+            b'0'..=b'9' if digits < 19 && !leading_zero => {
+                leading_zero = digits == 0 && b == b'0';
+                digits += 1;
+            }
+            _ => return false,
+        }
+    }
+    parts == 3 && digits > 0
 }
 
 /// A row of an index with the byte range it gives for its record, or (`Err`) the range alone,
@@ -946,8 +1028,193 @@ fn is_plain_version(text: &str) -> bool {
 type RowRead = Result<(IndexRow, Range<usize>), Range<usize>>;
 
 /// One row of an index with the byte range it gives; `Err` with the range alone for a row that
-/// `keep` passes over once its id is read.
+/// `keep` passes over once its id is read. A row laid out as every writer lays it out is read
+/// byte by byte ([`quick_row`]); any other is read by the cursor ([`read_row_generic`]), which
+/// answers for it (refuses it, or reads what the quick reader does not recognise).
 fn read_row(
+    c: &mut Cursor<'_>,
+    keys: &mut KeyLists,
+    keep: &mut impl FnMut(&str) -> bool,
+) -> Option<RowRead> {
+    let start = c.offset();
+    if let Some((read, end)) = quick_row(c.text(), start, keys, keep) {
+        c.pass_to(end)?;
+        return Some(read);
+    }
+    read_row_generic(c, keys, keep)
+}
+
+/// The bytes of an index's text, read forward from `at` by [`quick_row`]: each method answers
+/// `None` for anything but what a writer writes there.
+struct Bytes<'t> {
+    text: &'t str,
+    at: usize,
+}
+
+impl<'t> Bytes<'t> {
+    fn eat(&mut self, byte: u8) -> Option<()> {
+        (self.text.as_bytes().get(self.at) == Some(&byte)).then(|| self.at += 1)
+    }
+
+    /// A string without escapes, as the cursor reads it (no `\`, no byte below 0x20): its span
+    /// and its text.
+    fn string(&mut self) -> Option<(Span, &'t str)> {
+        self.eat(b'"')?;
+        let start = self.at;
+        let rest = self.text.as_bytes().get(start..)?;
+        let len = rest
+            .iter()
+            .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+        (rest[len] == b'"').then_some(())?;
+        self.at = start + len + 1;
+        // Ends at an ASCII byte: a char boundary.
+        let text = self.text.get(start..start + len)?;
+        Some((
+            Span {
+                start: u32::try_from(start).ok()?,
+                len: u32::try_from(len).ok()?,
+            },
+            text,
+        ))
+    }
+
+    /// A number written in [`NUMBER_WIDTH`] characters: spaces, then digits without a leading
+    /// zero (JSON's whitespace and integer), then the comma or `]` that follows.
+    fn number(&mut self) -> Option<u64> {
+        let field = self.text.as_bytes().get(self.at..self.at + NUMBER_WIDTH)?;
+        let digits = &field[field.iter().position(|&b| b != b' ')?..];
+        if !digits.iter().all(u8::is_ascii_digit) || (digits.len() > 1 && digits[0] == b'0') {
+            return None;
+        }
+        self.at += NUMBER_WIDTH;
+        // At most ten digits: no overflow.
+        Some(digits.iter().fold(0, |n, &d| n * 10 + u64::from(d - b'0')))
+    }
+
+    /// A key's index, `0` or digits without a leading zero, below `count`.
+    fn key(&mut self, count: usize) -> Option<usize> {
+        let rest = self.text.as_bytes().get(self.at..)?;
+        let len = rest.iter().position(|b| !b.is_ascii_digit())?;
+        if len == 0 || len > 9 || (len > 1 && rest[0] == b'0') {
+            return None;
+        }
+        self.at += len;
+        let n = rest[..len]
+            .iter()
+            .fold(0, |n, &d| n * 10 + usize::from(d - b'0'));
+        (n < count).then_some(n)
+    }
+
+    /// A version cell: a string that is a version ([`version_span`]).
+    fn version(&mut self) -> Option<Span> {
+        let (span, text) = self.string()?;
+        (is_plain_version(text) || Version::parse(text).is_ok()).then_some(span)
+    }
+}
+
+/// A row at byte `at` of `text` as every writer lays it out (no whitespace but the numbers'
+/// padding, an empty `TAINTED`), read byte by byte, with where it ends: `None` for any other
+/// row, which the caller reads with the cursor. It checks what [`read_row_generic`] checks, so
+/// that what it reads, the cursor would read the same (a unit test holds them to each other on
+/// every row a writer writes and on damaged ones).
+fn quick_row(
+    text: &str,
+    at: usize,
+    keys: &mut KeyLists,
+    keep: &mut impl FnMut(&str) -> bool,
+) -> Option<(RowRead, usize)> {
+    let mut b = Bytes { text, at };
+    b.eat(b'[')?;
+    let (id, id_text) = b.string()?;
+    b.eat(b',')?;
+    let offset = usize::try_from(b.number()?).ok()?;
+    b.eat(b',')?;
+    let end = offset.checked_add(usize::try_from(b.number()?).ok()?)?;
+    b.eat(b',')?;
+    let (_, kind) = b.string()?;
+    let kind = PackageKind::parse(kind)?;
+    b.eat(b',')?;
+    let (publisher, publisher_text) = b.string()?;
+    b.eat(b',')?;
+    b.eat(b'[')?;
+    let previous = match b.eat(b']') {
+        Some(()) => None,
+        None => {
+            let v = b.version()?;
+            b.eat(b']')?;
+            Some(v)
+        }
+    };
+    b.eat(b',')?;
+    b.eat(b'[')?;
+    let current = match b.eat(b']') {
+        Some(()) => None,
+        None => {
+            let version = b.version()?;
+            b.eat(b',')?;
+            let (_, state) = b.string()?;
+            let state = state_named(state)?;
+            b.eat(b',')?;
+            b.eat(b'[')?;
+            keys.scratch.clear();
+            if b.eat(b']').is_none() {
+                loop {
+                    keys.scratch.push(b.key(keys.keys.len())?);
+                    if b.eat(b']').is_some() {
+                        break;
+                    }
+                    b.eat(b',')?;
+                }
+            }
+            b.eat(b']')?;
+            Some((version, state))
+        }
+    };
+    // Taints are rare: a row with any is read by the cursor.
+    b.eat(b',')?;
+    b.eat(b'[')?;
+    b.eat(b']')?;
+    b.eat(b']')?;
+    if !keep(id_text) {
+        return Some((Err(offset..end), b.at));
+    }
+    is_valid_id(id_text).then_some(())?;
+    if keys.publisher.as_deref() != Some(publisher_text) {
+        is_valid_id(publisher_text).then_some(())?;
+        keys.publisher = Some(publisher_text.to_owned());
+    }
+    let current = match current {
+        None => None,
+        Some((version, state)) => Some(IndexVersion {
+            version,
+            state,
+            // No taints: the current version is not tainted.
+            tainted: false,
+            keys: keys.list()?,
+        }),
+    };
+    let row = IndexRow {
+        id,
+        kind,
+        publisher,
+        previous,
+        current,
+        tainted: None,
+    };
+    Some((Ok((row, offset..end)), b.at))
+}
+
+/// The state written as `text` ([`State::as_str`]).
+fn state_named(text: &str) -> Option<State> {
+    // Nearly every row's current version is enabled: that name is tried first.
+    if text == State::Enabled.as_str() {
+        return Some(State::Enabled);
+    }
+    State::ALL.into_iter().find(|s| s.as_str() == text)
+}
+
+/// [`read_row`] through the cursor: any row, as the JSON grammar allows it.
+fn read_row_generic(
     c: &mut Cursor<'_>,
     keys: &mut KeyLists,
     keep: &mut impl FnMut(&str) -> bool,
@@ -1330,6 +1597,185 @@ fn index_and_ranges(bytes: &[u8]) -> Option<IndexAndRecords<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::PublisherId;
+    use crate::store_state::{NewVersion, PublishOptions};
+
+    const ENABLE: PublishOptions = PublishOptions {
+        enable: true,
+        allow_downgrade: false,
+    };
+
+    /// A checkpoint whose rows name no keys and keys, a rollback target or none, a disabled
+    /// and a removed current version, a version the quick version check does not read and a
+    /// taint (a row that only the cursor reads).
+    fn varied_checkpoint() -> String {
+        let key = |n: &str| Sha256Digest::of(n.as_bytes());
+        let mut state = StoreState::new();
+        let mut publish = |pkg: &str, version: &str, signed_by: Vec<Sha256Digest>| {
+            let new = NewVersion {
+                payload_digest: Sha256Digest::of(format!("{pkg} {version}").as_bytes()),
+                kind: PackageKind::Module,
+                publisher: PublisherId::new("org.example").unwrap(),
+                signed_by,
+                facts: None,
+            };
+            let id = PackageId::new(pkg).unwrap();
+            state
+                .publish(&id, &Version::parse(version).unwrap(), new, ENABLE)
+                .unwrap();
+        };
+        publish("a.plain", "1.0.0", Vec::new());
+        publish("b.signed", "1.0.0", vec![key("k1")]);
+        publish("b.signed", "2.0.0", vec![key("k1"), key("k2")]);
+        publish("c.pre", "1.0.0-rc.1+build.5", vec![key("k2")]);
+        publish("d.disabled", "3.1.4", vec![key("k1")]);
+        publish("e.removed", "1.0.0", vec![key("k1")]);
+        publish("f.tainted", "1.0.0", vec![key("k1")]);
+        let id = |s: &str| PackageId::new(s).unwrap();
+        state.disable(&id("d.disabled")).unwrap();
+        state.disable(&id("e.removed")).unwrap();
+        state
+            .remove(&id("e.removed"), &Version::parse("1.0.0").unwrap())
+            .unwrap();
+        let taint = Taint {
+            reason: "a \"quoted\" reason".to_owned(),
+            file: Some("lib/x.so".to_owned()),
+        };
+        state
+            .taint(&id("f.tainted"), &Version::parse("1.0.0").unwrap(), taint)
+            .unwrap();
+        String::from_utf8(state.successor().to_checkpoint_json()).unwrap()
+    }
+
+    /// Reads the row at byte `at` of `text` through [`read_row`] (the quick reader first) and
+    /// through the cursor alone, keeping the rows `keep` keeps: both answers, each with where
+    /// the cursor stands after it.
+    fn both(
+        text: &str,
+        at: usize,
+        keys: &[Sha256Digest],
+        keep: fn(&str) -> bool,
+    ) -> [(String, Option<usize>); 2] {
+        let read = |generic: bool| {
+            let mut c = Cursor::of_str(text);
+            c.pass_to(at).unwrap();
+            let mut lists = KeyLists::new(keys.to_vec());
+            let mut keep = keep;
+            let row = if generic {
+                read_row_generic(&mut c, &mut lists, &mut keep)
+            } else {
+                read_row(&mut c, &mut lists, &mut keep)
+            };
+            let seen = row.as_ref().map(|row| match row {
+                Ok((row, range)) => format!("{:?} {range:?}", row.view(text)),
+                Err(range) => format!("passed over {range:?}"),
+            });
+            (format!("{seen:?}"), row.map(|_| c.position()))
+        };
+        [read(false), read(true)]
+    }
+
+    /// The quick reader reads every untainted row a writer writes, and every row it reads,
+    /// written or damaged, it reads as the cursor does: the same row, the same refusal, the
+    /// cursor left at the same place.
+    #[test]
+    fn the_quick_row_reader_answers_as_the_cursor_on_written_and_damaged_rows() {
+        let checkpoint = varied_checkpoint();
+        let read = read_to_rows(&checkpoint).unwrap();
+        let rows = &checkpoint[read.rows_start..read.index_end - 2];
+        // Each row's byte range, as the cursor reads them.
+        let mut starts = Vec::new();
+        let all = format!("[{rows}]");
+        let mut c = Cursor::of_str(&all);
+        c.array(|c| {
+            let start = c.offset() - 1;
+            c.skip()?;
+            starts.push((start, c.position() - 1));
+            Some(())
+        })
+        .unwrap();
+        assert_eq!(starts.len(), 6, "{rows}");
+        let keeps: [fn(&str) -> bool; 3] = [|_| true, |_| false, |id| id == "b.signed"];
+        let mut quick = 0;
+        for &(start, end) in &starts {
+            let row = &rows[start..end];
+            if quick_row(row, 0, &mut KeyLists::new(read.keys.clone()), &mut |_| true).is_some() {
+                quick += 1;
+            }
+            let mut cases = vec![row.to_owned()];
+            for (i, _) in row.char_indices() {
+                for with in [
+                    "\"", "\\", " ", "0", "9", "a", "A", ".", "-", "[", "]", ",", "\u{1}", "é", "",
+                ] {
+                    cases.push(format!("{}{with}{}", &row[..i], &row[i + 1..]));
+                }
+                cases.push(format!("{} {}", &row[..i], &row[i..]));
+            }
+            for case in &cases {
+                // The row followed by what follows a row in an index.
+                let text = format!("{case},[]");
+                for keep in keeps {
+                    let [quick, generic] = both(&text, 0, &read.keys, keep);
+                    assert_eq!(quick, generic, "{case}");
+                }
+            }
+        }
+        // Every row but the tainted one.
+        assert_eq!(quick, 5);
+    }
+
+    /// The layout gathered row by row accepts exactly the ranges that a walk over all of them,
+    /// kept, accepts: every sequence of up to three ranges over small offsets, and offsets at
+    /// the end of the address space.
+    #[test]
+    fn the_layout_gathered_row_by_row_is_the_walk_over_every_range() {
+        fn walk(ranges: &[Range<usize>], at: usize) -> Option<usize> {
+            let mut at = at;
+            for (i, range) in ranges.iter().enumerate() {
+                let start = at.checked_add(usize::from(i > 0))?;
+                if range.start != start || range.end <= range.start {
+                    return None;
+                }
+                at = range.end;
+            }
+            Some(at)
+        }
+        fn gathered(ranges: &[Range<usize>], at: usize) -> Option<usize> {
+            match ranges.iter().fold(Layout::Empty, |l, r| l.add(r)) {
+                Layout::Empty => Some(at),
+                Layout::Adjoining { first, end } if first == at => Some(end),
+                _ => None,
+            }
+        }
+        let mut all: Vec<Range<usize>> = Vec::new();
+        for start in 0..6 {
+            for end in 0..7 {
+                all.push(start..end);
+            }
+        }
+        all.push(usize::MAX - 1..usize::MAX);
+        all.push(usize::MAX..usize::MAX);
+        let mut checked = 0;
+        for a in &all {
+            for b in &all {
+                for c in &all {
+                    for n in 0..=3 {
+                        let ranges = [a.clone(), b.clone(), c.clone()];
+                        for at in [0, 1, 2, usize::MAX - 1] {
+                            assert_eq!(
+                                gathered(&ranges[..n], at),
+                                walk(&ranges[..n], at),
+                                "{:?} from {at}",
+                                &ranges[..n]
+                            );
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 100_000);
+    }
 
     /// The quick version check admits exactly what the version parser admits, of the texts it
     /// admits at all.
@@ -1351,10 +1797,29 @@ mod tests {
             "a.b.c",
             "1.0.x",
             " 1.0.0",
+            "0.1.0",
+            "0.0.1",
+            "1.0.0.",
+            ".1.0",
+            "1.0.",
+            "1.02.3",
+            "1.0.00",
+            "9999999999999999999.0.0",
+            "10000000000000000000.0.0",
         ] {
             if is_plain_version(text) {
                 assert!(Version::parse(text).is_ok(), "{text}");
             }
+            // As the check was first written, part by part.
+            let mut parts = 0;
+            let by_parts = text.split('.').all(|n| {
+                parts += 1;
+                !n.is_empty()
+                    && n.len() <= 19
+                    && n.bytes().all(|b| b.is_ascii_digit())
+                    && (n == "0" || !n.starts_with('0'))
+            }) && parts == 3;
+            assert_eq!(is_plain_version(text), by_parts, "{text}");
         }
         assert!(is_plain_version("1.0.0"));
         assert!(!is_plain_version("01.0.0"));
