@@ -197,6 +197,7 @@ pub struct OpVersionInterval {
 
 impl OpVersionInterval {
     /// Builds `min..=max`, refusing an empty interval or one that spans two majors.
+    #[inline]
     pub fn new(min: PackedVersion, max: PackedVersion) -> Result<Self, VersionError> {
         if min > max {
             return Err(VersionError::EmptyRange {

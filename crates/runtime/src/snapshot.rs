@@ -463,6 +463,11 @@ impl KernelBinding {
         &self.op.kernel
     }
 
+    /// The kernel's GOP1 contract, when it has one.
+    pub(crate) fn contract(&self) -> Option<&OpCandidate> {
+        self.op.contract.as_deref()
+    }
+
     /// The package that provides it.
     pub fn package(&self) -> &PackageId {
         &self.op.package.id

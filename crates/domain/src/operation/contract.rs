@@ -250,6 +250,7 @@ pub struct QuerySpec {
 
 impl QuerySpec {
     /// The query borrowed, as [`OpQuery::new`] takes it.
+    #[inline]
     pub fn as_query_ref(&self) -> QueryRef<'_> {
         QueryRef {
             op_name: self.op_name.as_name_ref(),
@@ -270,6 +271,7 @@ impl QuerySpec {
 }
 
 impl<'a> From<&'a QuerySpec> for QueryRef<'a> {
+    #[inline]
     fn from(spec: &'a QuerySpec) -> Self {
         spec.as_query_ref()
     }
@@ -376,6 +378,7 @@ impl Infos {
 
     /// Appends `info`, moving the facts to the heap should there be more than the room
     /// asked for.
+    #[inline]
     fn push(&mut self, info: TensorInfo) {
         match self {
             Infos::Inline { len, items } if *len < INLINE_INFOS => {
@@ -414,6 +417,11 @@ impl<'a> OpQuery<'a> {
     ///
     /// The device check lives here rather than among candidate rejections because it does not
     /// depend on any provider: such a query is wrong whoever answers it.
+    ///
+    /// Inlined, so that a caller's query is read where the caller wrote it rather than copied
+    /// in (the copy's wide loads straddled the caller's narrower stores, a stall per
+    /// resolution).
+    #[inline]
     pub fn new(spec: impl Into<QueryRef<'a>>) -> Result<Self, QueryError> {
         let spec = spec.into();
         let unknown = spec.backends.unknown();
@@ -469,6 +477,7 @@ impl<'a> OpQuery<'a> {
 }
 
 /// Checks each tensor of one role and appends its facts to `infos`.
+#[inline]
 fn check_tensors(
     role: TensorRole,
     tensors: &[TensorDesc],

@@ -911,6 +911,11 @@ pub fn resolve<'c>(
 /// are visited best first, each statically checked just before its callbacks could run, and the
 /// walk stops at the first one that accepts. The callbacks called, and their order, are exactly
 /// those of [`resolve`] for the same input.
+///
+/// Inlined into its caller, whose choice is then read from registers (returned through
+/// memory, it was read back with loads straddling the stores that wrote it: a stall per
+/// resolution).
+#[inline]
 pub fn choose(
     query: &OpQuery<'_>,
     candidates: &[OpCandidate],

@@ -120,6 +120,7 @@ impl TensorDesc {
 
     /// The extents of the axes in use (at most [`MAX_TENSOR_RANK`] of them, even when `rank` is
     /// larger).
+    #[inline]
     pub fn shape(&self) -> &[u64] {
         let rank = usize::try_from(self.rank).map_or(MAX_TENSOR_RANK, |r| r.min(MAX_TENSOR_RANK));
         self.dims.get(..rank).unwrap_or(&self.dims)
@@ -129,6 +130,11 @@ impl TensorDesc {
     ///
     /// All arithmetic is checked, so extents too large for 64 bits give
     /// [`TensorError::TooLarge`] rather than wrapping.
+    ///
+    /// Inlined into its callers, so that the facts stay in registers: returned through memory,
+    /// they were copied back at offsets that straddled the stores that wrote them, which the
+    /// processor cannot forward (a stall of its own on every tensor a query checks).
+    #[inline]
     pub fn check(&self) -> Result<TensorInfo, TensorError> {
         let rank = self.rank;
         if rank == 0 || usize::try_from(rank).map_or(true, |r| r > MAX_TENSOR_RANK) {

@@ -81,6 +81,7 @@ impl DType {
     }
 
     /// Whether this is the descriptor wildcard [`DType::ANY`].
+    #[inline]
     pub const fn is_any(self) -> bool {
         self.0 == u32::MAX
     }
@@ -113,6 +114,7 @@ impl DType {
     }
 
     /// Block geometry of a known id; `None` for unknown ids and for [`DType::ANY`].
+    #[inline]
     pub const fn block(self) -> Option<DTypeBlock> {
         match self.table() {
             Some((_, elements, bytes)) => Some(DTypeBlock { elements, bytes }),

@@ -565,6 +565,9 @@ fn misaligned_params(record: &str, params: *const c_void) -> Failure {
 ///
 /// # Safety
 /// `tensors` must be NULL or point at `count` readable descriptors that stay valid for `'q`.
+// Inlined, as `read_device` is: a result returned through memory was read back with loads
+// that straddled the stores that wrote it, which the processor cannot forward.
+#[inline(always)]
 unsafe fn read_tensors<'q>(
     role: &str,
     tensors: *const guild_tensor_desc_v1_t,
@@ -668,6 +671,7 @@ fn bad_c_tensor(role: &str, i: usize, t: &guild_tensor_desc_v1_t) -> Failure {
 ///
 /// # Safety
 /// `caps` must be NULL or point at a caps record valid for this call.
+#[inline]
 unsafe fn read_device(
     core: &ServiceCore,
     caps: *const guild_device_caps_v1_t,
@@ -739,7 +743,7 @@ unsafe extern "C" fn service_describe(
                 let r = h;
                 let d = super::describe(r, r.published_scratch());
                 let operation = r
-                    .kernel
+                    .kernel()
                     .operation()
                     .map_or(ptr::null(), |op| op as *const _);
                 // SAFETY: checked non-NULL, aligned and large enough; only this version's
@@ -755,7 +759,10 @@ unsafe extern "C" fn service_describe(
                     out.backend = d.backend.bit();
                     out.sync_mode = d.sync_mode.raw();
                     out.scratch = scratch_record(d.scratch);
-                    out.kernel_desc = r.kernel.descriptor().map_or(ptr::null(), |k| k as *const _);
+                    out.kernel_desc = r
+                        .kernel()
+                        .descriptor()
+                        .map_or(ptr::null(), |k| k as *const _);
                     out.operation = operation;
                     if size >= GUILD_OP_DESCRIPTION_V1_VERSION_SIZE {
                         out.package_version = names.package_version.as_ptr();
@@ -994,7 +1001,7 @@ fn provider_or_failure(
             refusal.status,
             format!(
                 "{} failed with {} and no message",
-                h.candidate.impl_id,
+                h.candidate().impl_id,
                 status_name(refusal.status)
             ),
         ));
@@ -1152,7 +1159,7 @@ fn reshape_failure(r: &Resolved, e: ReshapeError) -> Failure {
     };
     Failure::new(
         status,
-        format!("reshape: {e} ({} keeps its shapes)", r.candidate.impl_id),
+        format!("reshape: {e} ({} keeps its shapes)", r.candidate().impl_id),
     )
 }
 

@@ -14,10 +14,11 @@
 //! on either.
 
 use std::borrow::Cow;
-use std::cell::{Cell, RefCell, UnsafeCell};
+use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_void, CStr, CString};
 use std::fmt;
 use std::mem::MaybeUninit;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
@@ -41,7 +42,7 @@ use guild_ports::device::{DeviceError, StreamEvents, StreamRef, WorkMark};
 use guild_ports::provider::{ExecuteCall, ExecuteEntry, KernelProvider, QueryCall};
 
 use super::block::{TensorBlock, BLANK_C, LINE_PAIR};
-use super::handles::{HandleTable, Running, LINE};
+use super::handles::{Gate, HandleTable, Running, LINE};
 use super::inline::Blank;
 use super::{ExecuteError, ReshapeError, ResolveError, Scratch};
 use crate::snapshot::{KernelBinding, OperationCandidates, Snapshot, StoredOp};
@@ -334,9 +335,11 @@ impl ServiceCore {
         if needs_streams && self.devices.streams.is_none() && spec.backends != Backend::Cpu.into() {
             return Err(no_device_adapter());
         }
-        // Held (one reference count) while the providers negotiate, so that nothing is copied
-        // per candidate; only the chosen one is bound.
-        let snapshot = self.snapshot.load_full();
+        // Held while the providers negotiate, so that nothing is copied per candidate; only the
+        // chosen one is bound. A guard rather than a counted reference: no reference count is
+        // taken and given back (two atomic read-modify-writes of a shared line a resolution);
+        // a snapshot replaced meanwhile is kept for the guard by the one replacing it.
+        let snapshot = self.snapshot.load();
         static NONE: LazyLock<OperationCandidates> = LazyLock::new(OperationCandidates::default);
         // A candidate whose package a lifecycle change is draining counts as already gone.
         let entry = snapshot
@@ -383,13 +386,12 @@ impl ServiceCore {
         let Some((stored, candidate)) = entry
             .stored
             .get(chosen.index)
-            .and_then(|stored| Some((stored, Arc::clone(stored.contract.as_ref()?))))
+            .and_then(|stored| Some((stored, stored.contract.as_deref()?)))
         else {
             return Err(ResolveError::Internal(
                 "the chosen candidate has no provider",
             ));
         };
-        let kernel = Arc::clone(&stored.kernel.provider);
         // Work on a device stream is tracked until release; a CPU provider has returned when
         // its execute does, whatever the mode.
         let streams = match candidate.backend {
@@ -407,7 +409,6 @@ impl ServiceCore {
         };
         Ok(Resolved::boxed(
             binding,
-            kernel,
             candidate,
             query,
             args.into_calls(),
@@ -577,7 +578,10 @@ pub(crate) fn desc_from_c(t: &guild_tensor_desc_v1_t, memory_space: MemorySpace)
 /// their descriptors and shapes, and their C form in its call tensors, with their known
 /// addresses (for the negotiation callbacks, which may inspect them). A Rust resolution
 /// negotiates with them, then its handle's contract is this block, where they are the calls'
-/// tensors. Each element is written once.
+/// tensors. Each element is written once. Inlined, so that the block is written where its
+/// caller keeps it (returned through memory, it was read back with loads straddling the stores
+/// that wrote it).
+#[inline]
 pub(crate) fn call_block(
     inputs: &[TensorDesc],
     outputs: &[TensorDesc],
@@ -596,12 +600,65 @@ fn address_ptr(desc: &TensorDesc) -> *mut c_void {
         .map_or(std::ptr::null_mut(), |a| a as *mut c_void)
 }
 
+/// The thread's provider error record, and whether it is lent to a callback now.
+struct ErrorSlot {
+    lent: Cell<bool>,
+    record: UnsafeCell<guild_error_info_t>,
+}
+
 thread_local! {
-    /// The error record the negotiation callbacks of a resolution on this thread report into,
-    /// cleared before each: kept for the thread, so that a resolution does not clear all of its
-    /// 584 bytes (only its status and the first byte of each text) when nothing fails.
-    static NEGOTIATION_ERROR: RefCell<guild_error_info_t> =
-        const { RefCell::new(guild_error_info_t::new()) };
+    /// The error record the negotiation callbacks of a resolution, and the provider of a Rust
+    /// face's call, on this thread report into, cleared before each ([`with_fresh_error`]):
+    /// kept for the thread, so that a resolution does not clear all of its 584 bytes (only its
+    /// status and the first byte of each text) when nothing fails, and so that a handle does
+    /// not carry one (which took a handle past the 1,032 bytes glibc serves from its
+    /// per-thread cache, and its allocation onto the allocator's slow path).
+    static PROVIDER_ERROR: ErrorSlot = const {
+        ErrorSlot {
+            lent: Cell::new(false),
+            record: UnsafeCell::new(guild_error_info_t::new()),
+        }
+    };
+}
+
+/// Runs `callback` with the thread's provider error record, cleared for it. A callback
+/// that reaches a provider again on this thread while the record is lent (a negotiation
+/// callback that resolves, which it must not do but may; a provider's execute that runs a
+/// Rust handle) is lent a record of its own.
+///
+/// The thread-local access is only the slot's address, and the callback is inlined once, on
+/// the path that lends the thread's record: with the callback inside the thread-local's
+/// closure, the access was left out of line, behind a function pointer, and cost a Rust face's
+/// execute about 70 instructions.
+#[inline(always)]
+pub(crate) fn with_fresh_error<T>(callback: impl FnOnce(&mut guild_error_info_t) -> T) -> T {
+    /// Gives the record back however the callback ends.
+    struct Lent<'a>(&'a Cell<bool>);
+    impl Drop for Lent<'_> {
+        fn drop(&mut self) {
+            self.0.set(false);
+        }
+    }
+    let slot: *const ErrorSlot = PROVIDER_ERROR.with(std::ptr::from_ref);
+    // SAFETY: this thread's slot, which lives until the thread ends (a constant-initialised
+    // thread local without drop glue is never destroyed), and is read only on this thread.
+    let slot = unsafe { &*slot };
+    if slot.lent.replace(true) {
+        return with_own_error(callback);
+    }
+    let _lent = Lent(&slot.lent);
+    // SAFETY: the record was not lent, so no reference into it exists: each one is made here,
+    // and lives only for the callback, while `lent` is true.
+    let error = unsafe { &mut *slot.record.get() };
+    clear_error(error);
+    callback(error)
+}
+
+/// [`with_fresh_error`] while the thread's record is lent: a record of the callback's own.
+#[cold]
+#[inline(never)]
+fn with_own_error<T>(callback: impl FnOnce(&mut guild_error_info_t) -> T) -> T {
+    callback(&mut guild_error_info_t::new())
 }
 
 /// The providers' GOP1 negotiation, called with C structs built from the query's actual
@@ -684,22 +741,8 @@ impl<'p> CNegotiator<'p> {
             caps.write(device_caps(candidate, &self.statics));
             (*query).device_caps = caps;
             let call = QueryCall::new(&*query);
-            Self::with_fresh_error(|error| ask(call, error))
+            with_fresh_error(|error| ask(call, error))
         }
-    }
-
-    /// Runs `callback` with the thread's negotiation error record, cleared for it.
-    #[inline(always)]
-    fn with_fresh_error<T>(callback: impl FnOnce(&mut guild_error_info_t) -> T) -> T {
-        NEGOTIATION_ERROR.with(|record| match record.try_borrow_mut() {
-            Ok(mut error) => {
-                clear_error(&mut error);
-                callback(&mut error)
-            }
-            // A callback that resolves on this thread (which negotiation callbacks must not
-            // do, but may) negotiates with a record of its own.
-            Err(_) => callback(&mut guild_error_info_t::new()),
-        })
     }
 
     /// A callback's refusal, with its message only when a report will show it.
@@ -953,13 +996,18 @@ impl Negotiator for CNegotiator<'_> {
 /// stream marks) in the `call` cell; see the `Sync` impl below for who may touch them.
 pub(crate) struct Resolved {
     pub(crate) binding: KernelBinding,
-    /// The chosen kernel's provider; its code stays loaded while `binding` lives.
-    pub(crate) kernel: Arc<dyn KernelProvider>,
+    /// The chosen kernel's provider, the one `binding`'s stored op holds, which lives (and
+    /// whose code stays loaded) while `binding` does: pointed at rather than counted, so that
+    /// a resolution takes no reference count of its own (an atomic read-modify-write of a
+    /// line every resolution of the kernel shares, and another at release). See
+    /// [`Resolved::kernel`].
+    kernel: NonNull<dyn KernelProvider>,
     /// The C callback `kernel.execute` hands every call to, when it has one
     /// ([`KernelProvider::execute_entry`]), called directly.
     entry: Option<ExecuteEntry>,
-    /// The chosen contract, shared with the stored kernel.
-    pub(crate) candidate: Arc<OpCandidate>,
+    /// The chosen contract, the one `binding`'s stored op holds, pointed at as `kernel` is.
+    /// See [`Resolved::candidate`].
+    candidate: NonNull<OpCandidate>,
     /// Whether [`OpHandle::execute`](super::OpHandle::execute) on borrowed slices may run the
     /// handle: every tensor is in pageable host memory, the only memory a Rust slice can vouch
     /// for, and the provider's work cannot outlive the call (host-blocking, or a CPU provider).
@@ -995,12 +1043,24 @@ pub(crate) struct Resolved {
     /// The contract's scratch for `describe` and `scratch` calls, which the C face lets run
     /// beside an execute or a reshape (they never read `contract`).
     published: PublishedScratch,
-    /// What one call writes, alone in its lines: whatever the allocator puts beside the
-    /// handle, another handle's calls on another thread never write there.
-    call: Padded<UnsafeCell<CallCells>>,
+    /// What calls write (a Rust handle's gate, and one call's cells), alone in its lines:
+    /// whatever the allocator puts beside the handle, another handle's calls on another thread
+    /// never write there.
+    call: Padded<Calls>,
     /// What a reshape reuses.
     reshaping: UnsafeCell<ReshapeCells>,
 }
+
+/// The most a handle may take: the largest block glibc's allocator serves from its per-thread
+/// cache (1,032 usable bytes). A handle is allocated at every resolution and freed at every
+/// release, and one larger took both onto the allocator's slow path (about 330 instructions
+/// a resolution, when it carried its own 584-byte error record).
+const HANDLE_MAX_BYTES: usize = 1032;
+
+const _: () = assert!(
+    size_of::<Resolved>() <= HANDLE_MAX_BYTES,
+    "a handle fits the allocator's per-thread cache"
+);
 
 /// What a reshape renegotiates: the tensors as last accepted (the resolution's, or the last
 /// reshape's) and what calls are checked against. What a reshape cannot change is the handle's
@@ -1142,6 +1202,19 @@ struct Padded<T> {
     _after: [MaybeUninit<u8>; LINE],
 }
 
+/// What calls write: a Rust handle's gate, and the cells of the call that holds the execute
+/// exclusivity.
+struct Calls {
+    /// The gate that serialises a Rust handle's calls (a C handle's is in its slot, and this
+    /// one is never used), kept here rather than in the `OpHandle` that owns the handle, so
+    /// that the `OpHandle` is a pointer, which a resolution returns and its caller keeps
+    /// without copying a cache-line-aligned gate (the moves of the 256-byte `OpHandle` were a
+    /// tenth of a Rust resolution's time in the resolve bench); here it is alone in lines of
+    /// the handle's own, as the `OpHandle`'s alignment kept it.
+    gate: Gate,
+    cells: UnsafeCell<CallCells>,
+}
+
 /// What one call writes, touched only by the call that holds the handle's execute exclusivity
 /// (or through `&mut Resolved`).
 struct CallCells {
@@ -1153,14 +1226,13 @@ struct CallCells {
 
 /// The Rust face's C call, kept in the handle and reused call after call: only its data
 /// pointers, scratch, stream and params change. Its tensors are the contract's call tensors
-/// (none on C handles, whose callers pass their own records).
+/// (none on C handles, whose callers pass their own records). The error record the provider
+/// reports into is the thread's ([`with_fresh_error`]), not the handle's.
 pub(crate) struct RustCells {
     /// The arguments record, pointing at the contract's call tensors and carrying the handle's
     /// sync mode and device; [`RustCells::take_up`] points it anew whenever the contract
     /// changes.
     pub(crate) args: guild_execute_args_v1_t,
-    /// The error record the Rust face lends providers.
-    pub(crate) error: guild_error_info_t,
 }
 
 impl RustCells {
@@ -1168,26 +1240,17 @@ impl RustCells {
     fn new(sync_mode: SyncMode, device_id: i32) -> Self {
         RustCells {
             args: RustCells::args(sync_mode, device_id),
-            error: guild_error_info_t::new(),
         }
     }
 
     /// Writes the cells of a call with the handle's `sync_mode` and `device_id` at `at`, in
-    /// place: the error record is cleared where it lives, not made elsewhere and copied.
+    /// place.
     ///
     /// # Safety
     /// `at` must be valid for writes and aligned for `RustCells`.
     unsafe fn init(at: *mut RustCells, sync_mode: SyncMode, device_id: i32) {
-        // SAFETY: the caller's contract; all zero bits are a valid error record body (integers
-        // and C characters), and the record's size and status are then written as
-        // `guild_error_info_t::new` makes them.
-        unsafe {
-            (&raw mut (*at).args).write(RustCells::args(sync_mode, device_id));
-            let error = &raw mut (*at).error;
-            error.write_bytes(0, 1);
-            (&raw mut (*error).struct_size).write(size_of::<guild_error_info_t>() as u32);
-            (&raw mut (*error).status).write(GUILD_STATUS_OK);
-        }
+        // SAFETY: the caller's contract.
+        unsafe { (&raw mut (*at).args).write(RustCells::args(sync_mode, device_id)) };
     }
 
     /// The arguments record of a call with the handle's `sync_mode` and `device_id`, pointing
@@ -1295,7 +1358,6 @@ impl PublishedScratch {
 
 /// What a reshape keeps from one to the next, so that a decode loop's reshapes reuse their
 /// buffers: touched only by a reshape (under the handle's execute exclusivity, or `&mut`).
-#[derive(Default)]
 struct ReshapeCells {
     /// The contract the last reshape replaced, whose block the next one writes (laid out at
     /// the handle's first reshape): a C reshape reads its caller's tensors straight into it,
@@ -1303,6 +1365,16 @@ struct ReshapeCells {
     spare: Contract,
     /// What the negotiation of the new tensors works in.
     work: ReshapeWork,
+}
+
+impl ReshapeCells {
+    /// None yet: what a resolution writes into its handle (a constant, so that it is copied
+    /// into place from one image rather than assembled on the stack and copied, whose
+    /// straddling loads cost a resolution a store-forwarding stall).
+    const NONE: ReshapeCells = ReshapeCells {
+        spare: Contract::empty(),
+        work: ReshapeWork { query: None },
+    };
 }
 
 /// Which face a reshape's negotiation serves, and where it writes the contract it makes (the
@@ -1376,7 +1448,10 @@ fn place_key(memory_space: u32, device_id: i32) -> u64 {
 // SAFETY: the cells are only touched as their documentation says: `contract` is written only by
 // a reshape, which holds the handle's execute exclusivity (C handles) or `&mut` (Rust handles),
 // and read only by calls that exclude such a reshape; `call` only under the execute
-// exclusivity or `&mut`. Everything else is immutable after resolution or Send + Sync itself.
+// exclusivity or `&mut`. Everything else is immutable after resolution or Send + Sync itself;
+// the `kernel` and `candidate` pointers lead to a provider (`KernelProvider: Send + Sync`) and a
+// contract (plain values) that the binding keeps alive and that nothing changes, as an `Arc`
+// of each would.
 // The raw data pointers in the call cell are the last call's addresses: every call overwrites
 // them all before a provider sees them, and the host never dereferences them.
 unsafe impl Sync for Resolved {}
@@ -1402,17 +1477,41 @@ pub(crate) struct RustCall<'a> {
 }
 
 impl Resolved {
+    /// The gate that serialises a Rust handle's calls.
+    #[inline(always)]
+    pub(crate) fn rust_gate(&self) -> &Gate {
+        &self.call.value.gate
+    }
+
+    /// The chosen kernel's provider.
+    #[inline(always)]
+    pub(crate) fn kernel(&self) -> &dyn KernelProvider {
+        // SAFETY: `kernel` points at the provider of `self.binding`'s stored op (`boxed`),
+        // which that op's reference keeps where it is, unchanged, while the binding lives:
+        // as long as `self`, which the returned reference borrows.
+        unsafe { self.kernel.as_ref() }
+    }
+
+    /// The chosen contract.
+    #[inline(always)]
+    pub(crate) fn candidate(&self) -> &OpCandidate {
+        // SAFETY: `candidate` points at the contract of `self.binding`'s stored op (`boxed`),
+        // kept as the provider is (see `Resolved::kernel`).
+        unsafe { self.candidate.as_ref() }
+    }
+
     /// The handle a resolution made: the chosen candidate, its negotiated scratch, the query.
     ///
     /// Boxed where it is made: a handle is large (its reused records), and both faces keep it
     /// behind a pointer. Its contract is made in one block from the query's tensors (borrowed,
     /// not the query's own) and, with `calls` (the Rust face), the C form they were negotiated
-    /// in, which becomes the calls' tensors.
+    /// in, which becomes the calls' tensors. `candidate` is the contract of `binding`'s stored
+    /// op (the handle points at it, and at that op's provider, for as long as it keeps the
+    /// binding).
     #[allow(clippy::too_many_arguments)] // Every part is one the resolution computed.
     fn boxed(
         binding: KernelBinding,
-        kernel: Arc<dyn KernelProvider>,
-        candidate: Arc<OpCandidate>,
+        candidate: &OpCandidate,
         query: &OpQuery<'_>,
         calls: Option<TensorBlock<Shape>>,
         scratch: Scratch,
@@ -1423,6 +1522,10 @@ impl Resolved {
         let spec = query.spec();
         // Every backend: a device provider's host-side code runs on this CPU too.
         let lacks_here = candidate.cpu_isa.difference(host_isa);
+        let (align_mask, takes_stream) = (
+            candidate.min_alignment.max(1) - 1,
+            candidate.backend != Backend::Cpu,
+        );
         let host_only = spec
             .inputs
             .iter()
@@ -1444,6 +1547,12 @@ impl Resolved {
             scratch,
             calls,
         );
+        debug_assert!(binding
+            .contract()
+            .is_some_and(|c| std::ptr::eq(c, candidate)));
+        let kernel = binding.kernel().provider.as_ref();
+        let entry = kernel.execute_entry();
+        let (kernel, candidate) = (NonNull::from(kernel), NonNull::from(candidate));
         let mut slot = Box::<Resolved>::new_uninit();
         let at = slot.as_mut_ptr();
         // SAFETY: `at` is the box's own allocation, aligned for a `Resolved` and valid for
@@ -1455,11 +1564,11 @@ impl Resolved {
         // `assume_init` can panic.
         let mut handle = unsafe {
             (&raw mut (*at).binding).write(binding);
-            (&raw mut (*at).entry).write(kernel.execute_entry());
+            (&raw mut (*at).entry).write(entry);
             (&raw mut (*at).kernel).write(kernel);
-            (&raw mut (*at).align_mask).write(candidate.min_alignment.max(1) - 1);
+            (&raw mut (*at).align_mask).write(align_mask);
             (&raw mut (*at).call_key).write(call_key);
-            (&raw mut (*at).takes_stream).write(candidate.backend != Backend::Cpu);
+            (&raw mut (*at).takes_stream).write(takes_stream);
             (&raw mut (*at).lacks_here).write(lacks_here);
             (&raw mut (*at).plain).write(plain);
             (&raw mut (*at).sync_mode).write(sync_mode);
@@ -1472,10 +1581,11 @@ impl Resolved {
             (&raw mut (*at).through_runner).write(false);
             (&raw mut (*at).contract).write(UnsafeCell::new(contract));
             // `UnsafeCell` has the layout of what it holds.
-            let cells = (&raw mut (*at).call.value).cast::<CallCells>();
+            (&raw mut (*at).call.value.gate).write(Gate::live());
+            let cells = (&raw mut (*at).call.value.cells).cast::<CallCells>();
             RustCells::init(&raw mut (*cells).rust, sync_mode, device_id);
             (&raw mut (*cells).marks).write(Vec::new());
-            (&raw mut (*at).reshaping).write(UnsafeCell::new(ReshapeCells::default()));
+            (&raw mut (*at).reshaping).write(UnsafeCell::new(ReshapeCells::NONE));
             slot.assume_init()
         };
         let Resolved {
@@ -1509,6 +1619,7 @@ impl Resolved {
             handle
                 .call
                 .value
+                .cells
                 .get_mut()
                 .rust
                 .take_up(handle.contract.get_mut());
@@ -1546,7 +1657,7 @@ impl Resolved {
         unsafe {
             RustCall {
                 contract: self.contract(),
-                cells: &mut *std::ptr::addr_of_mut!((*self.call.value.get()).rust),
+                cells: &mut *std::ptr::addr_of_mut!((*self.call.value.cells.get()).rust),
             }
         }
     }
@@ -1614,7 +1725,7 @@ impl Resolved {
             None => {
                 // SAFETY: the caller's contract is ExecuteCall's.
                 let checked = unsafe { ExecuteCall::new(args) };
-                self.kernel.execute(checked, error)
+                self.kernel().execute(checked, error)
             }
         };
         let _ = running;
@@ -1648,7 +1759,7 @@ impl Resolved {
         };
         // SAFETY: the caller's exclusivity gives this call the call cells; no other reference
         // to the marks exists (the Rust face's view borrows other fields).
-        let marks = unsafe { &mut *std::ptr::addr_of_mut!((*self.call.value.get()).marks) };
+        let marks = unsafe { &mut *std::ptr::addr_of_mut!((*self.call.value.cells.get()).marks) };
         let stream = StreamRef(args.stream as usize);
         match streams.record(args.device_id, stream) {
             Ok(Some(mark)) => {
@@ -1760,7 +1871,7 @@ impl Resolved {
     #[cold]
     pub(crate) fn not_here(&self) -> ExecuteError {
         ExecuteError::MissingCpuIsa {
-            impl_id: self.candidate.impl_id.clone(),
+            impl_id: self.candidate().impl_id.clone(),
             missing: self.lacks_here,
         }
     }
@@ -1952,17 +2063,17 @@ impl Resolved {
                     Ok(info) => info,
                     Err(error) => return Err(invalid_tensor(tensor, error)),
                 };
-                let passes = passes_as_reshaped(&self.candidate, d, &info);
+                let passes = passes_as_reshaped(self.candidate(), d, &info);
                 // The quick test may never admit what the domain's check refuses: every test
                 // build holds them to each other on each reshape it makes.
                 debug_assert!(
-                    !passes || check_tensor(&self.candidate, tensor, d, &info).is_ok(),
+                    !passes || check_tensor(self.candidate(), tensor, d, &info).is_ok(),
                     "the reshape's quick test admitted {tensor:?}, which check_tensor refuses"
                 );
                 if refused.is_none() && !passes {
                     // The domain's check is the judge of what the quick test refused (and
                     // names the reason).
-                    refused = check_tensor(&self.candidate, tensor, d, &info).err();
+                    refused = check_tensor(self.candidate(), tensor, d, &info).err();
                 }
                 match &mut face {
                     Reshaping::Rust {
@@ -2031,7 +2142,7 @@ impl Resolved {
         // which outlive both callbacks (which may not keep the query past their call); the
         // tensor data addresses are only the known addresses, for inspection.
         let call = unsafe { QueryCall::new(c_query) };
-        let provider = self.kernel.as_ref();
+        let provider = self.kernel();
         clear_error(error);
         validate_query(provider, call, error, full_refusal)
             .map_err(|r| ReshapeError::Refused(Rejection::ValidateRefused(r)))?;
@@ -2052,7 +2163,7 @@ impl Resolved {
     /// device record.
     #[cold]
     fn reshape_query(&self) -> Box<ReshapeQuery> {
-        let candidate = &*self.candidate;
+        let candidate = self.candidate();
         // Ids and names are validated text without NUL bytes; an empty string is the harmless
         // fallback should that ever change. The chosen candidate implements the query's
         // operation, and is the exact id the query named, if it named one.
@@ -2106,13 +2217,13 @@ impl Resolved {
         std::mem::swap(contract, &mut cells.spare);
         // SAFETY: `&mut self`: the only writer.
         unsafe { self.published.write(contract.scratch) };
-        self.call.value.get_mut().rust.take_up(contract);
+        self.call.value.cells.get_mut().rust.take_up(contract);
     }
 
     /// Waits for the stream work this handle recorded; afterwards nothing recorded is pending.
     /// The first device error is reported, after every mark has been waited for.
     pub(crate) fn finish(&mut self) -> Result<(), DeviceError> {
-        let marks = std::mem::take(&mut self.call.value.get_mut().marks);
+        let marks = std::mem::take(&mut self.call.value.cells.get_mut().marks);
         let mut first = Ok(());
         for mark in marks {
             if let Err(e) = mark.wait() {
@@ -2544,6 +2655,25 @@ fn check_scratch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Rust handle's gate, which every call on it writes, lies in its handle's padded call
+    /// cells: a line pair of the handle's own on either side, so that whatever the allocator
+    /// puts beside a handle (another handle, executing on another thread), neither writes the
+    /// other's lines; and an `OpHandle`, which a resolution returns, is one pointer.
+    #[test]
+    fn a_rust_handles_gate_lies_in_lines_of_its_own() {
+        let at = std::mem::offset_of!(Resolved, call.value.gate);
+        assert!(at >= LINE, "the gate is {at} bytes into the handle");
+        let after = size_of::<Resolved>() - (at + size_of::<Gate>());
+        assert!(
+            after >= LINE,
+            "the gate is {after} bytes from the handle's end"
+        );
+        assert_eq!(
+            size_of::<super::super::OpHandle<'static>>(),
+            size_of::<usize>()
+        );
+    }
 
     fn desc(n: u64) -> TensorDesc {
         TensorDesc::new(DType::F32, &[n], MemorySpace::Host)

@@ -98,7 +98,7 @@ use guild_ports::device::{DeviceError, StreamRef};
 use self::core::ServiceCore;
 use self::core::{Buffer, BufferArg, Lent, NegotiatedTensors, Negotiation, Resolved};
 pub use self::core::{DeviceSupport, PassReason, PassedOver};
-use self::handles::{Gate, Lone, Refused};
+use self::handles::Refused;
 use crate::snapshot::KernelBinding;
 
 // ---------------------------------------------------------------------------------------------
@@ -298,7 +298,6 @@ impl<'r> OperationService<'r> {
         let resolved = self.core.resolve(&query, args, self.report)?;
         Ok(OpHandle {
             resolved,
-            gate: Lone(Gate::live()),
             _registry: PhantomData,
         })
     }
@@ -346,13 +345,13 @@ pub struct OpDescription<'h> {
 /// Describes a resolved operation with the scratch its face reports; shared by both faces.
 fn describe(r: &Resolved, scratch: Scratch) -> OpDescription<'_> {
     OpDescription {
-        impl_id: &r.candidate.impl_id,
+        impl_id: &r.candidate().impl_id,
         package: r.binding.package(),
         package_version: r.binding.version(),
-        op_name: &r.candidate.op_name,
-        op_version: r.candidate.op_version,
-        backend: r.candidate.backend,
-        priority: r.candidate.priority,
+        op_name: &r.candidate().op_name,
+        op_version: r.candidate().op_version,
+        backend: r.candidate().backend,
+        priority: r.candidate().priority,
         sync_mode: r.sync_mode,
         scratch,
     }
@@ -362,19 +361,19 @@ fn describe(r: &Resolved, scratch: Scratch) -> OpDescription<'_> {
 /// [`KernelBinding`] the handle owns. Dropping it waits for the stream work its calls recorded
 /// (on the CPU there is none: every execute has returned), then releases the binding.
 pub struct OpHandle<'r> {
-    /// Boxed: the handle moves as a pointer.
+    /// Boxed: the handle moves as a pointer. Its calls are serialised by the gate it holds
+    /// ([`Resolved::rust_gate`](self::core::Resolved::rust_gate); the C face keeps the same
+    /// gate in the handle's slot), alone in lines of the handle's own, so that handles side by
+    /// side (in a `Vec`, on one stack) executing on different threads do not write one cache
+    /// line.
     resolved: Box<Resolved>,
-    /// Serialises the handle's calls (the C face keeps the same gate in the handle's slot).
-    /// Alone in its line, so that handles side by side (in a `Vec`, on one stack) executing on
-    /// different threads do not write one cache line.
-    gate: Lone<Gate>,
     _registry: PhantomData<&'r ServiceCore>,
 }
 
 impl fmt::Debug for OpHandle<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpHandle")
-            .field("impl_id", &self.resolved.candidate.impl_id)
+            .field("impl_id", &self.resolved.candidate().impl_id)
             .field("package", self.resolved.binding.package())
             .field("scratch", &self.scratch())
             .finish_non_exhaustive()
@@ -606,7 +605,7 @@ impl OpHandle<'_> {
         if !stream.is_null() && !r.takes_stream {
             return Err(ExecuteError::StreamOnCpu);
         }
-        let running = self.gate.0.enter_run(0, true).map_err(|why| match why {
+        let running = r.rust_gate().enter_run(0, true).map_err(|why| match why {
             Refused::Reentrant => ExecuteError::Reentrant,
             // A Rust handle is live for as long as it exists and its callers wait their turn.
             Refused::Stale | Refused::Busy | Refused::InUse(_) => ExecuteError::Reentrant,
@@ -659,15 +658,17 @@ impl OpHandle<'_> {
             params.as_ptr().cast()
         };
         args.params_size = params.len();
-        // The record is reused: only what a provider's report is read from is reset.
-        cells.error.status = guild_abi::GUILD_STATUS_OK;
-        cells.error.component[0] = 0;
-        cells.error.message[0] = 0;
-        // SAFETY: the record's tensors are the negotiated descriptors with data pointers
-        // checked for their byte extent and alignment (`fill`), its scratch was checked, its
-        // sync mode and device are the handle's own (set at resolution), and the stream is the
-        // caller's to vouch for (as the memory is); `running` is held.
-        unsafe { r.call_provider(&running, &cells.args, &mut cells.error) }
+        let args = &cells.args;
+        // The provider reports into the thread's record, of which only what a report is read
+        // from is reset.
+        self::core::with_fresh_error(|error| {
+            // SAFETY: the record's tensors are the negotiated descriptors with data pointers
+            // checked for their byte extent and alignment (`fill`), its scratch was checked,
+            // its sync mode and device are the handle's own (set at resolution), and the
+            // stream is the caller's to vouch for (as the memory is); `running` is held, and
+            // the error record is the thread's, not one of the handle's cells.
+            unsafe { r.call_provider(&running, args, error) }
+        })
     }
 }
 
@@ -717,7 +718,7 @@ impl<'a> AlignedParams<'a> {
 #[inline(never)]
 fn not_plain(h: &OpHandle<'_>) -> ExecuteError {
     let r = &h.resolved;
-    if r.sync_mode != SyncMode::HostBlocking && r.candidate.backend != Backend::Cpu {
+    if r.sync_mode != SyncMode::HostBlocking && r.candidate().backend != Backend::Cpu {
         // The work could outlive the borrows of these slices; such handles run through
         // `execute_on_stream`, whose caller vouches for the buffers' lifetime.
         return ExecuteError::SyncMode {
