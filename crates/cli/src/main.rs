@@ -56,7 +56,7 @@ fn main() -> ExitCode {
     match run(&cli) {
         Ok(report) => {
             let exit = report.exit;
-            out.success(report);
+            out.last_success(report);
             exit.map_or(ExitCode::SUCCESS, Into::into)
         }
         Err(err) => {

@@ -114,7 +114,22 @@ pub struct Output {
 }
 
 impl Output {
-    pub fn success(&self, mut report: Report) {
+    /// Prints the report a command ends with. The process exits right after: freeing a
+    /// listing's lines and what its `--json` document would have been built from (10,000
+    /// packages' of each) is time spent for nothing, so the report is left to the exit. It owns
+    /// no file, lock or child (see `store::leave`).
+    pub fn last_success(&self, report: Report) {
+        self.show(report, true);
+    }
+
+    /// Prints a report a command makes before it ends (one per round of `guild fleet pull
+    /// --follow`), and frees it.
+    pub fn success(&self, report: Report) {
+        self.show(report, false);
+    }
+
+    /// Prints `report`; leaves it to the process's exit when `leave` says so.
+    fn show(&self, mut report: Report, leave: bool) {
         if report.silent {
             return;
         }
@@ -124,8 +139,9 @@ impl Output {
             document.insert("warnings".into(), warnings);
             let document = Value::Object(document);
             print_json(&mut std::io::stdout(), &document);
-            // Not freed, as below.
-            std::mem::forget(document);
+            if leave {
+                std::mem::forget(document);
+            }
             return;
         }
         if self.quiet {
@@ -148,10 +164,9 @@ impl Output {
             let _ = write(&mut out);
         }
         let _ = out.flush();
-        // The process exits right after: freeing a listing's lines and what its `--json`
-        // document would have been built from (10,000 packages' of each) is time spent for
-        // nothing. The report owns no file, lock or child (see `store::leave`).
-        std::mem::forget(report);
+        if leave {
+            std::mem::forget(report);
+        }
     }
 
     pub fn failure(&self, failure: &Failure) {
@@ -226,5 +241,56 @@ fn paint(colour: bool, sgr: &str, text: &str) -> String {
         format!("\x1b[{sgr}m{text}\x1b[0m")
     } else {
         text.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// Counts its drops.
+    struct Dropped(Arc<AtomicUsize>);
+
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A report whose unused `--json` field holds a [`Dropped`] counting into `count`.
+    fn report(count: &Arc<AtomicUsize>) -> Report {
+        let held = Dropped(Arc::clone(count));
+        let mut report = Report::new("test");
+        report.field_with("held", move || {
+            let _ = &held;
+            Value::Null
+        });
+        report
+    }
+
+    /// A report printed in a loop (`guild fleet pull --follow` prints one a round) is freed
+    /// once printed; only the report a command ends with is left to the process's exit.
+    #[test]
+    fn a_report_printed_before_the_end_is_freed() {
+        let out = Output {
+            json: false,
+            quiet: true,
+        };
+        for quiet in [true, false] {
+            let out = Output { quiet, ..out };
+            let count = Arc::new(AtomicUsize::new(0));
+            out.success(report(&count));
+            assert_eq!(count.load(Ordering::Relaxed), 1, "quiet {quiet}");
+        }
+        let out = Output {
+            quiet: false,
+            ..out
+        };
+        let count = Arc::new(AtomicUsize::new(0));
+        out.last_success(report(&count));
+        assert_eq!(count.load(Ordering::Relaxed), 0);
     }
 }

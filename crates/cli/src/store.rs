@@ -493,7 +493,7 @@ fn list_table(store: &Path) -> anyhow::Result<Option<Report>> {
             }
         }
         // The process exits once the report is printed: the listing's rows are left to the
-        // exit, not freed one by one (as `Output::success` leaves the report).
+        // exit, not freed one by one (as `Output::last_success` leaves the report).
         std::mem::forget(listing);
         Ok(())
     });
