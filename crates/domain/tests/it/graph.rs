@@ -3,9 +3,9 @@
 
 use guild_domain::dependency::{Dependency, ModuleDependency, MODULE_ABI_TAG_V1};
 use guild_domain::graph::{
-    BlockReason, Blocked, DependencyGraph, Dependent, DisableRefusal, GraphBuildError, GraphIndex,
-    GraphProblem, NodeRef, PackageNode, RemoveRefusal, Requirement, RollbackRefusal,
-    VersionNotInstalled,
+    requirement_part, BlockReason, Blocked, DependencyGraph, Dependent, DisableRefusal,
+    GraphBuildError, GraphIndex, GraphProblem, NodeRef, PackageNode, RemoveRefusal, Requirement,
+    RollbackRefusal, VersionNotInstalled,
 };
 use guild_domain::ids::{PackageId, PackageKind, PublisherId, Sha256Digest};
 use guild_domain::version::{Version, VersionRange};
@@ -1448,6 +1448,72 @@ proptest! {
         updated.set_package(&pid, gen_nodes(changed, &after_package)).unwrap();
         prop_assert_eq!(&updated, &GraphIndex::new(after_nodes).unwrap());
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2048))]
+
+    /// The plan of the installed versions of the packages [`requirement_part`] names blocks
+    /// the same versions, in the same order, for the same reasons, with the same problems, as
+    /// the plan of every installed version (what the opening check reads of it).
+    #[test]
+    fn the_requirement_part_blocks_what_the_whole_graph_blocks(
+        packages in (1usize..8).prop_flat_map(|n| proptest::collection::vec(gen_package(n), n))
+    ) {
+        let nodes: Vec<PackageNode> = packages
+            .iter()
+            .enumerate()
+            .flat_map(|(i, p)| gen_nodes(i, p))
+            .collect();
+        let part = requirement_part(nodes.iter().filter(|n| n.enabled).map(|n| {
+            (
+                &n.id,
+                n.dependencies.as_slice(),
+                n.module_dependencies.as_slice(),
+            )
+        }));
+        let partial: Vec<PackageNode> = nodes
+            .iter()
+            .filter(|n| part.contains(&n.id))
+            .cloned()
+            .collect();
+        let (whole, partial) = (graph(nodes.clone()), graph(partial));
+        let (whole, partial) = (whole.plan(), partial.plan());
+        prop_assert_eq!(&partial.blocked, &whole.blocked);
+        prop_assert_eq!(&partial.problems, &whole.problems);
+        // What is left out can load: enabled, with no requirement.
+        for n in nodes.iter().filter(|n| n.enabled && !part.contains(&n.id)) {
+            prop_assert!(n.dependencies.is_empty() && n.module_dependencies.is_empty());
+        }
+    }
+}
+
+/// Packages that state no requirement and that none names are left out of the part, the
+/// packages a requirement names are in it with every installed version.
+#[test]
+fn the_requirement_part_leaves_out_what_neither_requires_nor_is_required() {
+    let mut user = module("user", "1.0.0");
+    user.module_dependencies.push(mdep("base", "1.0.0", None));
+    let mut old_user = module("olduser", "1.0.0");
+    old_user.enabled = false;
+    old_user
+        .module_dependencies
+        .push(mdep("gone", "1.0.0", None));
+    let nodes = [
+        module("alone", "1.0.0"),
+        module("base", "1.0.0"),
+        user,
+        old_user,
+    ];
+    let part = requirement_part(nodes.iter().filter(|n| n.enabled).map(|n| {
+        (
+            &n.id,
+            n.dependencies.as_slice(),
+            n.module_dependencies.as_slice(),
+        )
+    }));
+    let part: Vec<&str> = part.iter().map(|id| id.as_str()).collect();
+    assert_eq!(part, ["base", "user"]);
 }
 
 #[test]

@@ -4,7 +4,9 @@
 use guild_domain::claims::{
     claiming_versions, claiming_versions_of, conflicts, Claim, ClaimIndex, ImplIdConflict,
 };
-use guild_domain::graph::{DependencyGraph, GraphIndex, GraphProblem, NodeRef, PackageNode};
+use guild_domain::graph::{
+    requirement_part, DependencyGraph, GraphIndex, GraphProblem, NodeRef, PackageNode,
+};
 use std::collections::BTreeSet;
 
 use guild_domain::ids::{ImplId, PackageId};
@@ -57,38 +59,34 @@ impl PackageManager {
         Ok(DependencyGraph::new(self.installed_nodes(life, registry)?)?)
     }
 
-    /// The part of `registry`'s graph in which an enabled version can fail to load, whose
-    /// [`DependencyGraph::plan`] blocks exactly the versions the whole graph's plan blocks, in
-    /// the same order and for the same reasons: every installed version of each package whose
-    /// enabled version states a requirement (provenance records included), and of each package
-    /// such a requirement names. Every problem the graph knows is a requirement's or a cycle's,
-    /// and a cycle runs through enabled versions with requirements, so a version outside this
-    /// part has no problem of its own and nothing it depends on to be blocked by. A store of
-    /// 10,000 packages of which few depend on others is so checked at opening in a pass over
-    /// its records, not a graph of every version. When an enabled version's record does not
-    /// carry its requirements (a store written before they were recorded), the whole graph.
+    /// The graph of the part of `registry` in which an enabled version can fail to load
+    /// ([`requirement_part`]), whose plan blocks exactly what the whole graph's does: a store of
+    /// 10,000 packages of which few depend on others is checked at opening in a pass over its
+    /// records, not a graph of every version. When an enabled version's record does not carry
+    /// its requirements (a store written before they were recorded), the whole graph.
     pub(super) fn requirements_graph(
         &self,
         life: &Lifecycle,
         registry: &StoreState,
     ) -> Result<DependencyGraph, HostError> {
-        let mut ids: BTreeSet<&PackageId> = BTreeSet::new();
-        for (id, _, record) in registry.installed() {
-            if !record.state.is_enabled() {
-                continue;
-            }
-            let Some(facts) = record.facts.as_deref() else {
-                return self.graph(life, registry);
-            };
-            if facts.dependencies.is_empty() && facts.module_dependencies.is_empty() {
-                continue;
-            }
-            ids.insert(id);
-            ids.extend(facts.dependencies.iter().map(|d| &d.package_id));
-            ids.extend(facts.module_dependencies.iter().map(|d| &d.module_id));
+        let enabled = || {
+            registry
+                .installed()
+                .filter(|(_, _, record)| record.state.is_enabled())
+        };
+        if enabled().any(|(_, _, record)| record.facts.is_none()) {
+            return self.graph(life, registry);
         }
+        let part = requirement_part(enabled().filter_map(|(id, _, record)| {
+            let facts = record.facts.as_deref()?;
+            Some((
+                id,
+                facts.dependencies.as_slice(),
+                facts.module_dependencies.as_slice(),
+            ))
+        }));
         let mut nodes = Vec::new();
-        for id in ids {
+        for id in part {
             let Some(package) = registry.package(id) else {
                 continue;
             };
