@@ -40,6 +40,12 @@ const MAX_RESULTS: usize = 64 << 20;
 /// How much of the child's stdout and of its stderr the parent keeps (the end of each).
 const KEEP_TAIL: usize = 16 << 10;
 
+/// How long [`Supervised::wait_exit`] first waits before it looks at the child again.
+const FIRST_LOOK: Duration = Duration::from_micros(50);
+
+/// The longest [`Supervised::wait_exit`] waits between two looks at the child.
+const LONGEST_LOOK: Duration = Duration::from_millis(5);
+
 /// The command-line option that names the result channel's descriptor to the child.
 pub const RESULTS_FD_OPTION: &str = "--results-fd";
 
@@ -70,15 +76,37 @@ pub struct Supervised {
 impl Supervised {
     /// The next line of the result channel, waiting at most `wait` for it; `None` when none came
     /// in time. Once the channel has ended (after [`Event::Closed`] or [`Event::Garbage`]),
-    /// this sleeps out `wait` and answers `None`, so that a caller's polling loop keeps its pace.
+    /// this waits at most `wait` for the child to exit ([`Supervised::wait_exit`]) and answers
+    /// `None`, so that a caller's polling loop neither spins nor sleeps past the exit.
     pub fn next_event(&self, wait: Duration) -> Option<Event> {
         match self.events.recv_timeout(wait) {
             Ok(event) => Some(event),
             Err(mpsc::RecvTimeoutError::Timeout) => None,
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                std::thread::sleep(wait);
+                self.wait_exit(wait);
                 None
             }
+        }
+    }
+
+    /// Waits at most `wait` for the child to exit, leaving it unreaped ([`has_exited`]). The
+    /// result channel closes as the child's process ends, so the exit is usually microseconds
+    /// away: the child is looked at after [`FIRST_LOOK`], then at intervals that double up to
+    /// [`LONGEST_LOOK`], so that the answer comes at most about twice as late as the exit (or
+    /// [`LONGEST_LOOK`] late, for a child that closed the channel and runs on).
+    pub fn wait_exit(&self, wait: Duration) -> bool {
+        let until = Instant::now() + wait;
+        let mut pause = FIRST_LOOK;
+        loop {
+            if has_exited(&self.child) {
+                return true;
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            std::thread::sleep(pause.min(left));
+            pause = (pause * 2).min(LONGEST_LOOK);
         }
     }
 
@@ -478,5 +506,39 @@ mod tests {
             events(&long),
             ["garbage a line longer than 64 KiB".to_owned()]
         );
+    }
+
+    /// Once the result channel has closed, `next_event` answers as soon as the child has
+    /// exited, not when its `wait` runs out: a caller polling for the exit (the registration
+    /// check of every enabling `guild install`) does not sleep past it.
+    #[test]
+    fn next_event_after_the_channel_closed_returns_when_the_child_exits() {
+        let mut command = Command::new("sh");
+        // `spawn` appends the channel's option; `sh -c` takes it as its own arguments.
+        command.args(["-c", "read nonce; printf 'done\\n' >&\"$2\"; exit 0", "sh"]);
+        let nonce = nonce().unwrap();
+        let mut child = spawn(command, &nonce, Vec::new()).unwrap();
+        let wait = Duration::from_secs(60);
+        let mut seen = Vec::new();
+        loop {
+            match child.next_event(wait) {
+                Some(Event::Closed) => break,
+                Some(event) => seen.push(event),
+                None => panic!("the channel neither carried nor closed within {wait:?}"),
+            }
+        }
+        assert_eq!(seen, [Event::Frame("done".to_owned())]);
+        let asked = Instant::now();
+        assert_eq!(child.next_event(wait), None);
+        let took = asked.elapsed();
+        assert!(
+            has_exited(&child.child),
+            "next_event answered before the child exited"
+        );
+        assert!(
+            took < wait,
+            "next_event slept out its whole wait ({took:?}) after the child had exited"
+        );
+        assert!(end(&mut child.child, false).unwrap().success());
     }
 }
