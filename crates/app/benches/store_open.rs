@@ -34,6 +34,10 @@
 //! opens of each store (reader, committed reader, writer) are timed too, and each figure is
 //! judged against G28's goals. The full run ends with these figures as well.
 //!
+//! `GUILD_BENCH_KEEP_TEMPLATE=DIR` keeps a copy of each size's settled install template
+//! (`DIR/store-N`) and the package the installs offer it (`DIR/offered.gkmodule`), to profile
+//! one command outside the bench.
+//!
 //! `cargo bench --bench store_open` runs the full sizes; run in test mode (`cargo test --benches`,
 //! no `--bench` argument) it builds stores of ten and twenty packages in a temporary directory
 //! and runs each measurement once. The other stores live in a temporary directory (set `TMPDIR`
@@ -1085,6 +1089,20 @@ fn command_figures(shop: &Workshop, key: &SigningKey, kept: &Path, full: bool, s
             (n, 0),
             "the template is settled"
         );
+        if let Some(keep) = std::env::var_os("GUILD_BENCH_KEEP_TEMPLATE") {
+            // For a profile of one command outside the bench: the settled template and the
+            // package each install run offers it.
+            let keep = PathBuf::from(keep);
+            fs::create_dir_all(&keep).expect("create GUILD_BENCH_KEEP_TEMPLATE");
+            let kept_copy = keep.join(format!("store-{n}"));
+            remove_copy(&kept_copy);
+            copy_tree(&template, &kept_copy);
+            fs::copy(&offered.archive, keep.join("offered.gkmodule")).expect("keep the package");
+            println!(
+                "kept the template of {n} packages in {}",
+                kept_copy.display()
+            );
+        }
         let status_id = format!("bench.pkg{:04}", n / 2);
         let cases = [
             CommandCase {
