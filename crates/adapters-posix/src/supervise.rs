@@ -334,7 +334,7 @@ pub fn adopt_orphans() {
 /// Kills and reaps every child of this process, again while killing one orphans more.
 fn reap_adopted() {
     for _ in 0..64 {
-        let children = children_of(std::process::id());
+        let children = own_children();
         if children.is_empty() {
             return;
         }
@@ -347,6 +347,28 @@ fn reap_adopted() {
             }
         }
     }
+}
+
+/// The children of this process: those of each of its threads, as the kernel lists them
+/// ([`task_children`]), or, where it does not, from every process's status in /proc. A
+/// subreaper's adopted orphans are children of one of its threads.
+fn own_children() -> Vec<libc::pid_t> {
+    task_children().unwrap_or_else(|| children_of(std::process::id()))
+}
+
+/// The children of each thread of this process, from `/proc/self/task/TID/children`: a few
+/// files, where a scan of /proc reads the status of every process on the machine (thousands
+/// on a busy server, for every `guild install` that enables a package). `None` where the
+/// kernel offers no such files, or a thread ended while they were read.
+fn task_children() -> Option<Vec<libc::pid_t>> {
+    let mut children = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let list = std::fs::read_to_string(task.ok()?.path().join("children")).ok()?;
+        for pid in list.split_whitespace() {
+            children.push(pid.parse().ok()?);
+        }
+    }
+    Some(children)
 }
 
 /// The processes whose parent is `parent`, from /proc.
@@ -506,6 +528,22 @@ mod tests {
             events(&long),
             ["garbage a line longer than 64 KiB".to_owned()]
         );
+    }
+
+    /// The children the kernel lists per thread are those a scan of every process finds.
+    #[test]
+    fn the_threads_children_are_the_processes_whose_parent_this_is() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = libc::pid_t::try_from(child.id()).unwrap();
+        let listed = task_children();
+        let scanned = children_of(std::process::id());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(scanned.contains(&pid), "{scanned:?} lacks {pid}");
+        match listed {
+            Some(listed) => assert!(listed.contains(&pid), "{listed:?} lacks {pid}"),
+            None => eprintln!("this kernel lists no children per thread: the scan is used"),
+        }
     }
 
     /// Once the result channel has closed, `next_event` answers as soon as the child has
