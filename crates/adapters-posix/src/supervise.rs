@@ -22,8 +22,10 @@
 //!   ([`adopt_orphans`]): such orphans become its children, and [`end`] kills and reaps every
 //!   child it has once the supervised child is gone.
 //!
-//! Time limits are the caller's, on its own clock: nothing here waits for the child.
+//! Time limits are the caller's, on its own clock: nothing here waits for the child longer than
+//! the caller asks ([`Supervised::next_event`]).
 
+use std::cell::Cell;
 use std::io::{self, PipeReader, PipeWriter, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
@@ -71,6 +73,10 @@ pub struct Supervised {
     pub stdout: Tail,
     /// The end of the child's stderr.
     pub stderr: Tail,
+    /// How long [`Supervised::wait_exit`] waits before its next look at the child: it goes on
+    /// doubling from one call to the next, so that a child that closed the channel and runs on
+    /// is looked at every [`LONGEST_LOOK`], not every [`FIRST_LOOK`] at the start of each call.
+    next_look: Cell<Duration>,
 }
 
 impl Supervised {
@@ -92,21 +98,21 @@ impl Supervised {
     /// Waits at most `wait` for the child to exit, leaving it unreaped ([`has_exited`]). The
     /// result channel closes as the child's process ends, so the exit is usually microseconds
     /// away: the child is looked at after [`FIRST_LOOK`], then at intervals that double up to
-    /// [`LONGEST_LOOK`], so that the answer comes at most about twice as late as the exit (or
-    /// [`LONGEST_LOOK`] late, for a child that closed the channel and runs on).
+    /// [`LONGEST_LOOK`] (across calls), so that the answer comes at most about twice as late
+    /// as the exit, or [`LONGEST_LOOK`] late for a child that closed the channel and runs on.
     pub fn wait_exit(&self, wait: Duration) -> bool {
-        let until = Instant::now() + wait;
-        let mut pause = FIRST_LOOK;
+        let start = Instant::now();
         loop {
             if has_exited(&self.child) {
                 return true;
             }
-            let left = until.saturating_duration_since(Instant::now());
+            let left = wait.saturating_sub(start.elapsed());
             if left.is_zero() {
                 return false;
             }
+            let pause = self.next_look.get();
             std::thread::sleep(pause.min(left));
-            pause = (pause * 2).min(LONGEST_LOOK);
+            self.next_look.set((pause * 2).min(LONGEST_LOOK));
         }
     }
 
@@ -185,6 +191,7 @@ pub fn spawn(mut command: Command, nonce: &str, input: Vec<u8>) -> io::Result<Su
         stderr: Tail::keep(child.stderr.take()),
         child,
         events,
+        next_look: Cell::new(FIRST_LOOK),
     })
 }
 
@@ -331,7 +338,11 @@ pub fn adopt_orphans() {
     }
 }
 
-/// Kills and reaps every child of this process, again while killing one orphans more.
+/// Kills and reaps every child of this process, again while killing one orphans more. Only this
+/// thread reaps them, and a child stays listed (as a zombie) until it is reaped, so a listing
+/// taken after the reaping of the last round sees every child left. (A program that embeds this
+/// and has the kernel reap its children, SIGCHLD ignored or SA_NOCLDWAIT, races with it either
+/// way.)
 fn reap_adopted() {
     for _ in 0..64 {
         let children = own_children();
@@ -359,16 +370,33 @@ fn own_children() -> Vec<libc::pid_t> {
 /// The children of each thread of this process, from `/proc/self/task/TID/children`: a few
 /// files, where a scan of /proc reads the status of every process on the machine (thousands
 /// on a busy server, for every `guild install` that enables a package). `None` where the
-/// kernel offers no such files, or a thread ended while they were read.
+/// kernel offers no such files (the main thread's is missing), or the threads kept changing.
+///
+/// A thread that ends while the files are read (the reader threads of a child that just ended)
+/// hands its children to another thread, perhaps one already read: the threads are then listed
+/// again, not passed over.
 fn task_children() -> Option<Vec<libc::pid_t>> {
-    let mut children = Vec::new();
-    for task in std::fs::read_dir("/proc/self/task").ok()? {
-        let list = std::fs::read_to_string(task.ok()?.path().join("children")).ok()?;
-        for pid in list.split_whitespace() {
-            children.push(pid.parse().ok()?);
+    let own = std::process::id();
+    let read = |tid: &str| -> Option<Vec<libc::pid_t>> {
+        let list = std::fs::read_to_string(format!("/proc/self/task/{tid}/children")).ok()?;
+        list.split_whitespace()
+            .map(|pid| pid.parse().ok())
+            .collect()
+    };
+    // The main thread's file is there whenever the kernel offers these files.
+    read(&own.to_string())?;
+    'listing: for _ in 0..8 {
+        let mut children = Vec::new();
+        for task in std::fs::read_dir("/proc/self/task").ok()? {
+            let tid = task.ok()?.file_name();
+            let Some(listed) = read(tid.to_str()?) else {
+                continue 'listing;
+            };
+            children.extend(listed);
         }
+        return Some(children);
     }
-    Some(children)
+    None
 }
 
 /// The processes whose parent is `parent`, from /proc.
@@ -494,6 +522,7 @@ impl ResultChannel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn signals_have_their_names() {
@@ -540,8 +569,13 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(scanned.contains(&pid), "{scanned:?} lacks {pid}");
+        let offered =
+            Path::new(&format!("/proc/self/task/{}/children", std::process::id())).exists();
         match listed {
             Some(listed) => assert!(listed.contains(&pid), "{listed:?} lacks {pid}"),
+            None if offered => {
+                panic!("the kernel lists children per thread, but they were not read")
+            }
             None => eprintln!("this kernel lists no children per thread: the scan is used"),
         }
     }
