@@ -1298,7 +1298,9 @@ fn follow_policy(
         round += 1;
         let wait = match outcome {
             Ok(report) => {
-                out.success(report);
+                // A round's report that cannot be written does not stop the following: the
+                // store kept in step is what it is for.
+                let _ = out.success(report);
                 failing = 0;
                 interval
             }

@@ -56,8 +56,24 @@ fn main() -> ExitCode {
     match run(&cli) {
         Ok(report) => {
             let exit = report.exit;
-            out.last_success(report);
-            exit.map_or(ExitCode::SUCCESS, Into::into)
+            match out.last_success(report) {
+                Ok(()) => exit.map_or(ExitCode::SUCCESS, Into::into),
+                // The command did its work; what it had to say did not reach stdout.
+                Err(e) => {
+                    let failure = Failure {
+                        exit: Exit::Failure,
+                        message: format!(
+                            "the command completed, but its output could not be written to \
+                             standard output: {e}"
+                        ),
+                        causes: Vec::new(),
+                        hint: None,
+                        candidates: Vec::new(),
+                    };
+                    out.failure(&failure);
+                    failure.exit.into()
+                }
+            }
         }
         Err(err) => {
             let failure = Failure::from_error(&err);
@@ -79,7 +95,7 @@ fn usage(e: clap::Error, json: bool) -> ExitCode {
         let rendered = e.to_string();
         let first = rendered.lines().next().unwrap_or("");
         let text = first.strip_prefix("error: ").unwrap_or(first);
-        output::print_json(&mut std::io::stderr(), &output::usage_json(text));
+        let _ = output::print_json(&mut std::io::stderr(), &output::usage_json(text));
     } else {
         let _ = e.print();
     }

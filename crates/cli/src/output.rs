@@ -118,34 +118,44 @@ impl Output {
     /// listing's lines and what its `--json` document would have been built from (10,000
     /// packages' of each) is time spent for nothing, so the report is left to the exit. It owns
     /// no file, lock or child (see `store::leave`).
-    pub fn last_success(&self, report: Report) {
-        self.show(report, true);
+    ///
+    /// A write to stdout that fails is answered, but for a closed pipe (a reader such as `head`
+    /// that has what it wanted), which is not an error.
+    pub fn last_success(&self, report: Report) -> std::io::Result<()> {
+        self.show(report, true)
     }
 
     /// Prints a report a command makes before it ends (one per round of `guild fleet pull
     /// --follow`), and frees it.
-    pub fn success(&self, report: Report) {
-        self.show(report, false);
+    pub fn success(&self, report: Report) -> std::io::Result<()> {
+        self.show(report, false)
     }
 
     /// Prints `report`; leaves it to the process's exit when `leave` says so.
-    fn show(&self, mut report: Report, leave: bool) {
+    fn show(&self, report: Report, leave: bool) -> std::io::Result<()> {
+        match self.write(report, leave) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+            written => written,
+        }
+    }
+
+    fn write(&self, mut report: Report, leave: bool) -> std::io::Result<()> {
         if report.silent {
-            return;
+            return Ok(());
         }
         if self.json {
             let warnings = json!(report.warnings);
             let mut document = report.into_json();
             document.insert("warnings".into(), warnings);
             let document = Value::Object(document);
-            print_json(&mut std::io::stdout(), &document);
+            let written = print_json(&mut std::io::stdout().lock(), &document);
             if leave {
                 std::mem::forget(document);
             }
-            return;
+            return written;
         }
         if self.quiet {
-            return;
+            return Ok(());
         }
         let stderr = std::io::stderr();
         let colour = use_colour(stderr.is_terminal());
@@ -156,23 +166,25 @@ impl Output {
         // Buffered: stdout's own buffer flushes at every newline, one write per line, which a
         // listing of thousands of packages would pay for in system calls.
         let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-        for line in &report.lines {
-            let _ = writeln!(out, "{line}");
-        }
+        let mut written = report
+            .lines
+            .iter()
+            .try_for_each(|line| writeln!(out, "{line}"));
         if let Some(Text(write)) = report.text.take() {
-            // A closed pipe is not worth a second error, as for the lines.
-            let _ = write(&mut out);
+            written = written.and_then(|()| write(&mut out));
         }
-        let _ = out.flush();
+        written = written.and_then(|()| out.flush());
         if leave {
             std::mem::forget(report);
         }
+        written
     }
 
     pub fn failure(&self, failure: &Failure) {
         let stderr = std::io::stderr();
         if self.json {
-            print_json(&mut stderr.lock(), &failure_json(failure));
+            // Where the error cannot be written, the exit code still says it.
+            let _ = print_json(&mut stderr.lock(), &failure_json(failure));
             return;
         }
         let colour = use_colour(stderr.is_terminal());
@@ -225,10 +237,11 @@ pub fn usage_json(message: &str) -> Value {
     })
 }
 
-pub fn print_json(out: &mut dyn Write, value: &Value) {
-    // Serialising a `Value` cannot fail; a closed pipe is not worth a second error.
+pub fn print_json(out: &mut dyn Write, value: &Value) -> std::io::Result<()> {
+    // Serialising a `Value` cannot fail.
     let text = serde_json::to_string_pretty(value).unwrap_or_default();
-    let _ = writeln!(out, "{text}");
+    writeln!(out, "{text}")?;
+    out.flush()
 }
 
 /// Colour only on a terminal, and never when `NO_COLOR` is set (<https://no-color.org>).
@@ -282,7 +295,7 @@ mod tests {
         for quiet in [true, false] {
             let out = Output { quiet, ..out };
             let count = Arc::new(AtomicUsize::new(0));
-            out.success(report(&count));
+            out.success(report(&count)).unwrap();
             assert_eq!(count.load(Ordering::Relaxed), 1, "quiet {quiet}");
         }
         let out = Output {
@@ -290,7 +303,7 @@ mod tests {
             ..out
         };
         let count = Arc::new(AtomicUsize::new(0));
-        out.last_success(report(&count));
+        out.last_success(report(&count)).unwrap();
         assert_eq!(count.load(Ordering::Relaxed), 0);
     }
 }

@@ -913,3 +913,53 @@ fn cli_a_store_whose_parent_is_missing_is_named_not_recovered() {
     assert_eq!(r.code, 6, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
     assert!(r.stderr.contains("GUILD_STORE"), "{}", r.stderr);
 }
+
+/// Output that cannot be written is a failure the exit code says (a full disk: `/dev/full`),
+/// for the streamed table and the `--json` document alike; a reader that closed the pipe once
+/// it had what it wanted (`guild list | head -1`) is not.
+#[test]
+fn output_that_cannot_be_written_fails_but_a_closed_pipe_does_not() {
+    let b = Bench::new(guild());
+    b.run(&["trust", "add", "org.example", "k.pub"]).expect(0);
+    let scan = b.package("example.scan", "1.0.0", b"scan v1", "");
+    b.run(&["install", &scan]).expect(0);
+    let store = b.store();
+    let run = |args: &[&str], stdout: std::process::Stdio| {
+        let mut all = vec!["--store", store.to_str().unwrap()];
+        all.extend_from_slice(args);
+        let out = guild()
+            .command(b.path(), &all)
+            .stdout(stdout)
+            .output()
+            .unwrap();
+        Run::from(out)
+    };
+    let full = || {
+        std::process::Stdio::from(
+            fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        )
+    };
+    for args in [
+        &["list"][..],
+        &["--json", "list"],
+        &["status", "example.scan"],
+    ] {
+        let written = run(args, full());
+        assert_eq!(written.code, 1, "{args:?}: {}", written.stderr);
+        assert!(
+            written
+                .stderr
+                .contains("its output could not be written to standard output"),
+            "{args:?}: {}",
+            written.stderr
+        );
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let closed = run(args, writer.into());
+        assert_eq!(closed.code, 0, "{args:?}: {}", closed.stderr);
+        assert_eq!(closed.stderr, "", "{args:?}");
+    }
+}
