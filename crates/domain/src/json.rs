@@ -1084,7 +1084,7 @@ impl<'a> Parser<'a> {
 /// The length of the run of plain string bytes at the start of `bytes`: up to the first `"`,
 /// `\\` or control character. Eight bytes at a time: skipped strings (digests, signatures,
 /// manifest facts) are most of what a reader of one package passes over.
-fn plain_run(bytes: &[u8]) -> usize {
+pub(crate) fn plain_run(bytes: &[u8]) -> usize {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGHS: u64 = 0x8080_8080_8080_8080;
     // Whether any byte of `word` is zero (the classic test; it has no false positives when

@@ -68,6 +68,7 @@ use crate::version::VersionRange;
 use listing::{CheckpointParts, IndexedWriter, ListingRow};
 
 pub mod listing;
+mod quick;
 
 /// The registry file format of a store without a log (`"guild_registry": 1`): the file is the
 /// whole committed state.
@@ -1981,6 +1982,16 @@ pub(crate) fn once<T>(slot: &mut Option<T>, value: T) -> Option<()> {
 /// accepts, such as a key written with an escape), so that the caller reads the document again
 /// the slow way to name the error. Every value goes through the same parsing functions.
 pub(crate) fn read_package(c: &mut Cursor<'_>) -> Option<(PackageId, PackageRecord)> {
+    let at = c.offset();
+    if let Some((read, end)) = quick::package(c.text(), at) {
+        c.pass_to(end)?;
+        return Some(read);
+    }
+    read_package_generic(c)
+}
+
+/// [`read_package`] through the cursor: any record, as the JSON grammar allows it.
+fn read_package_generic(c: &mut Cursor<'_>) -> Option<(PackageId, PackageRecord)> {
     let mut id = None;
     let mut previous = None;
     let mut versions = None;
