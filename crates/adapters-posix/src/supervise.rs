@@ -97,9 +97,9 @@ impl Supervised {
 
     /// Waits at most `wait` for the child to exit, leaving it unreaped ([`has_exited`]). The
     /// result channel closes as the child's process ends, so the exit is usually microseconds
-    /// away: the child is looked at after [`FIRST_LOOK`], then at intervals that double up to
-    /// [`LONGEST_LOOK`] (across calls), so that the answer comes at most about twice as late
-    /// as the exit, or [`LONGEST_LOOK`] late for a child that closed the channel and runs on.
+    /// away: the child is looked at after 50 µs, then at intervals that double up to 5 ms
+    /// (across calls), so that the answer comes at most about twice as late as the exit, or
+    /// 5 ms late for a child that closed the channel and runs on.
     pub fn wait_exit(&self, wait: Duration) -> bool {
         let start = Instant::now();
         loop {
