@@ -1797,8 +1797,6 @@ mod tests {
         assert!(checked > 100_000);
     }
 
-    /// The quick version check admits exactly what the version parser admits, of the texts it
-    /// admits at all.
     /// The comparison without formatting answers as the formatted one, for plain and other
     /// versions against texts that are, are nearly, and are not what they display as.
     #[test]
@@ -1812,14 +1810,7 @@ mod tests {
             "1.2.3-alpha+b",
             "18446744073709551615.0.1",
         ];
-        let texts = [
-            "0.0.0",
-            "1.2.3",
-            "10.20.30",
-            "1.2.3-rc.1",
-            "1.2.3+build.5",
-            "1.2.3-alpha+b",
-            "18446744073709551615.0.1",
+        let others = [
             "01.2.3",
             "1.02.3",
             "1.2",
@@ -1835,7 +1826,7 @@ mod tests {
         let mut compared = 0;
         for v in versions {
             let version = Version::parse(v).unwrap();
-            for text in texts {
+            for text in versions.iter().chain(&others) {
                 assert_eq!(
                     version_is(&version, text),
                     displays_as(&version, text),
@@ -1845,9 +1836,11 @@ mod tests {
             }
             assert!(version_is(&version, v), "{v}");
         }
-        assert_eq!(compared, versions.len() * texts.len());
+        assert_eq!(compared, versions.len() * (versions.len() + others.len()));
     }
 
+    /// The quick version check admits exactly what the version parser admits, of the texts it
+    /// admits at all.
     #[test]
     fn a_plain_version_is_one_the_parser_reads() {
         for text in [
