@@ -1982,6 +1982,8 @@ pub(crate) fn once<T>(slot: &mut Option<T>, value: T) -> Option<()> {
 /// accepts, such as a key written with an escape), so that the caller reads the document again
 /// the slow way to name the error. Every value goes through the same parsing functions.
 pub(crate) fn read_package(c: &mut Cursor<'_>) -> Option<(PackageId, PackageRecord)> {
+    // The byte-level reader checks no nesting depth: every caller reads records at most two
+    // levels down (the packages of a document or a log frame), far from the cursor's limit.
     let at = c.offset();
     if let Some((read, end)) = quick::package(c.text(), at) {
         c.pass_to(end)?;
