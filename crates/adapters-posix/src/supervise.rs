@@ -559,6 +559,35 @@ mod tests {
         );
     }
 
+    /// A child that closed its result channel and runs on is waited for: `next_event` takes
+    /// its whole wait each time (a caller's polling loop does not spin), and answers `None`.
+    #[test]
+    fn next_event_after_the_channel_closed_waits_out_a_child_that_runs_on() {
+        // bash: dash closes only descriptors 0 to 9 by number, and the channel's may be above.
+        let mut command = Command::new("bash");
+        command.args(["-c", "read nonce; eval \"exec $2>&-\"; sleep 30", "bash"]);
+        let nonce = nonce().unwrap();
+        let mut child = spawn(command, &nonce, Vec::new()).unwrap();
+        // The child writes nothing: the first event is the channel's end.
+        assert_eq!(
+            child.next_event(Duration::from_secs(60)),
+            Some(Event::Closed)
+        );
+        let wait = Duration::from_millis(100);
+        for _ in 0..3 {
+            let asked = Instant::now();
+            assert_eq!(child.next_event(wait), None);
+            let took = asked.elapsed();
+            assert!(
+                took >= wait,
+                "next_event answered after {took:?} of its {wait:?}; the child: {:?}",
+                child.child.try_wait()
+            );
+        }
+        assert!(!has_exited(&child.child));
+        end(&mut child.child, false);
+    }
+
     /// The children the kernel lists per thread are those a scan of every process finds.
     #[test]
     fn the_threads_children_are_the_processes_whose_parent_this_is() {
