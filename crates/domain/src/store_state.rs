@@ -67,6 +67,7 @@ use crate::version::Version;
 use crate::version::VersionRange;
 use listing::{CheckpointParts, IndexedWriter, ListingRow};
 
+mod bytes;
 pub mod listing;
 mod quick;
 

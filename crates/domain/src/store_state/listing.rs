@@ -48,6 +48,7 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::bytes::Bytes;
 use super::{
     decode_fleet, decode_trust, field, once, read_package, At, FieldProblem, PackageRecord,
     StoreState, StoreStateDecodeError, Taint, VersionRecord, REGISTRY_FORMAT_V3,
@@ -1064,35 +1065,16 @@ fn read_row(
     read_row_generic(c, keys, keep)
 }
 
-/// The bytes of an index's text, read forward from `at` by [`quick_row`]: each method answers
-/// `None` for anything but what a writer writes there.
-struct Bytes<'t> {
-    text: &'t str,
-    at: usize,
-}
-
+/// What [`quick_row`] reads of an index's text beyond [`Bytes`]' own.
 impl<'t> Bytes<'t> {
-    fn eat(&mut self, byte: u8) -> Option<()> {
-        (self.text.as_bytes().get(self.at) == Some(&byte)).then(|| self.at += 1)
-    }
-
-    /// A string without escapes, as the cursor reads it (no `\`, no byte below 0x20): its span
-    /// and its text.
-    fn string(&mut self) -> Option<(Span, &'t str)> {
-        self.eat(b'"')?;
-        let start = self.at;
-        let rest = self.text.as_bytes().get(start..)?;
-        let len = rest
-            .iter()
-            .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
-        (rest[len] == b'"').then_some(())?;
-        self.at = start + len + 1;
-        // Ends at an ASCII byte: a char boundary.
-        let text = self.text.get(start..start + len)?;
+    /// A string without escapes ([`Bytes::string`]): its span and its text.
+    fn spanned(&mut self) -> Option<(Span, &'t str)> {
+        let start = self.at + 1;
+        let text = self.string()?;
         Some((
             Span {
                 start: u32::try_from(start).ok()?,
-                len: u32::try_from(len).ok()?,
+                len: u32::try_from(text.len()).ok()?,
             },
             text,
         ))
@@ -1100,7 +1082,7 @@ impl<'t> Bytes<'t> {
 
     /// A number written in [`NUMBER_WIDTH`] characters: spaces, then digits without a leading
     /// zero (JSON's whitespace and integer), then the comma or `]` that follows.
-    fn number(&mut self) -> Option<u64> {
+    fn padded_number(&mut self) -> Option<u64> {
         let field = self.text.as_bytes().get(self.at..self.at + NUMBER_WIDTH)?;
         let digits = &field[field.iter().position(|&b| b != b' ')?..];
         if !digits.iter().all(u8::is_ascii_digit) || (digits.len() > 1 && digits[0] == b'0') {
@@ -1113,21 +1095,13 @@ impl<'t> Bytes<'t> {
 
     /// A key's index, `0` or digits without a leading zero, below `count`.
     fn key(&mut self, count: usize) -> Option<usize> {
-        let rest = self.text.as_bytes().get(self.at..)?;
-        let len = rest.iter().position(|b| !b.is_ascii_digit())?;
-        if len == 0 || len > 9 || (len > 1 && rest[0] == b'0') {
-            return None;
-        }
-        self.at += len;
-        let n = rest[..len]
-            .iter()
-            .fold(0, |n, &d| n * 10 + usize::from(d - b'0'));
+        let n = usize::try_from(self.digits(9)?).ok()?;
         (n < count).then_some(n)
     }
 
     /// A version cell: a string that is a version ([`version_span`]).
     fn version(&mut self) -> Option<Span> {
-        let (span, text) = self.string()?;
+        let (span, text) = self.spanned()?;
         (is_plain_version(text) || Version::parse(text).is_ok()).then_some(span)
     }
 }
@@ -1143,18 +1117,18 @@ fn quick_row(
     keys: &mut KeyLists,
     keep: &mut impl FnMut(&str) -> bool,
 ) -> Option<(RowRead, usize)> {
-    let mut b = Bytes { text, at };
+    let mut b = Bytes::new(text, at);
     b.eat(b'[')?;
-    let (id, id_text) = b.string()?;
+    let (id, id_text) = b.spanned()?;
     b.eat(b',')?;
-    let offset = usize::try_from(b.number()?).ok()?;
+    let offset = usize::try_from(b.padded_number()?).ok()?;
     b.eat(b',')?;
-    let end = offset.checked_add(usize::try_from(b.number()?).ok()?)?;
+    let end = offset.checked_add(usize::try_from(b.padded_number()?).ok()?)?;
     b.eat(b',')?;
-    let (_, kind) = b.string()?;
+    let (_, kind) = b.spanned()?;
     let kind = PackageKind::parse(kind)?;
     b.eat(b',')?;
-    let (publisher, publisher_text) = b.string()?;
+    let (publisher, publisher_text) = b.spanned()?;
     b.eat(b',')?;
     b.eat(b'[')?;
     let previous = match b.eat(b']') {
@@ -1172,7 +1146,7 @@ fn quick_row(
         None => {
             let version = b.version()?;
             b.eat(b',')?;
-            let (_, state) = b.string()?;
+            let (_, state) = b.spanned()?;
             let state = state_named(state)?;
             b.eat(b',')?;
             b.eat(b'[')?;

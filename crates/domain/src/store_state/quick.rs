@@ -9,55 +9,15 @@
 
 use std::sync::Arc;
 
+use super::bytes::Bytes;
 use super::{parse_kind, parse_state, PackageRecord, VersionRecord};
 use crate::ids::{ImplId, PackageId, PublisherId, Sha256Digest};
 use crate::manifest_facts::ManifestFacts;
 use crate::vec_map::VecMap;
 use crate::version::Version;
 
-/// The bytes of a document, read forward: each method answers `None` for anything but what
-/// the writer writes there.
-struct Bytes<'t> {
-    text: &'t str,
-    at: usize,
-}
-
+/// What [`package`] reads beyond [`Bytes`]' own.
 impl<'t> Bytes<'t> {
-    /// `literal`, exactly.
-    fn literal(&mut self, literal: &str) -> Option<()> {
-        let rest = self.text.as_bytes().get(self.at..)?;
-        rest.starts_with(literal.as_bytes())
-            .then(|| self.at += literal.len())
-    }
-
-    /// A string without escapes (no `\`, no byte below 0x20), as the cursor reads it.
-    fn string(&mut self) -> Option<&'t str> {
-        self.literal("\"")?;
-        let start = self.at;
-        let rest = self.text.as_bytes().get(start..)?;
-        let len = crate::json::plain_run(rest);
-        (rest.get(len) == Some(&b'"')).then_some(())?;
-        self.at = start + len + 1;
-        // Ends at an ASCII byte: a char boundary.
-        self.text.get(start..start + len)
-    }
-
-    /// A non-negative integer as JSON writes one (no leading zero), of at most 19 digits; what
-    /// follows it is read by the caller (a fraction or an exponent is not what it expects).
-    fn number(&mut self) -> Option<u64> {
-        let rest = self.text.as_bytes().get(self.at..)?;
-        let len = rest.iter().position(|b| !b.is_ascii_digit())?;
-        if len == 0 || len > 19 || (len > 1 && rest[0] == b'0') {
-            return None;
-        }
-        self.at += len;
-        Some(
-            rest[..len]
-                .iter()
-                .fold(0, |n, &d| n * 10 + u64::from(d - b'0')),
-        )
-    }
-
     /// A list of strings, each read by `item`.
     fn strings<T>(&mut self, mut item: impl FnMut(&'t str) -> Option<T>) -> Option<Vec<T>> {
         self.literal("[")?;
@@ -78,7 +38,7 @@ impl<'t> Bytes<'t> {
 /// The package record at byte `at` of `text`, with where it ends, when it is laid out as the
 /// writer lays it out; `None` for any other record, which the caller reads with the cursor.
 pub(super) fn package(text: &str, at: usize) -> Option<((PackageId, PackageRecord), usize)> {
-    let mut b = Bytes { text, at };
+    let mut b = Bytes::new(text, at);
     b.literal("{\"id\":")?;
     let id = PackageId::new(b.string()?).ok()?;
     let previous = match b.literal(",\"previous\":") {
@@ -144,7 +104,7 @@ fn facts(b: &mut Bytes<'_>) -> Option<ManifestFacts> {
     b.literal("{")?;
     let module_abi = match b.literal("\"module_abi\":") {
         Some(()) => {
-            let abi = u32::try_from(b.number()?).ok()?;
+            let abi = u32::try_from(b.digits(19)?).ok()?;
             b.literal(",")?;
             Some(abi)
         }
