@@ -82,8 +82,9 @@ pub struct Supervised {
 impl Supervised {
     /// The next line of the result channel, waiting at most `wait` for it; `None` when none came
     /// in time. Once the channel has ended (after [`Event::Closed`] or [`Event::Garbage`]),
-    /// this waits at most `wait` for the child to exit ([`Supervised::wait_exit`]) and answers
-    /// `None`, so that a caller's polling loop neither spins nor sleeps past the exit.
+    /// this waits at most `wait` for the child to exit, looking at it at doubling intervals,
+    /// and answers `None`, so that a caller's polling loop neither spins nor sleeps past the
+    /// exit.
     pub fn next_event(&self, wait: Duration) -> Option<Event> {
         match self.events.recv_timeout(wait) {
             Ok(event) => Some(event),
@@ -100,15 +101,12 @@ impl Supervised {
     /// away: the child is looked at after 50 µs, then at intervals that double up to 5 ms
     /// (across calls), so that the answer comes at most about twice as late as the exit, or
     /// 5 ms late for a child that closed the channel and runs on.
-    pub fn wait_exit(&self, wait: Duration) -> bool {
+    fn wait_exit(&self, wait: Duration) {
         let start = Instant::now();
-        loop {
-            if has_exited(&self.child) {
-                return true;
-            }
+        while !has_exited(&self.child) {
             let left = wait.saturating_sub(start.elapsed());
             if left.is_zero() {
-                return false;
+                return;
             }
             let pause = self.next_look.get();
             std::thread::sleep(pause.min(left));
@@ -376,20 +374,23 @@ fn own_children() -> Vec<libc::pid_t> {
 /// hands its children to another thread, perhaps one already read: the threads are then listed
 /// again, not passed over.
 fn task_children() -> Option<Vec<libc::pid_t>> {
-    let own = std::process::id();
+    let main = std::process::id().to_string();
     let read = |tid: &str| -> Option<Vec<libc::pid_t>> {
         let list = std::fs::read_to_string(format!("/proc/self/task/{tid}/children")).ok()?;
         list.split_whitespace()
             .map(|pid| pid.parse().ok())
             .collect()
     };
-    // The main thread's file is there whenever the kernel offers these files.
-    read(&own.to_string())?;
     'listing: for _ in 0..8 {
         let mut children = Vec::new();
         for task in std::fs::read_dir("/proc/self/task").ok()? {
             let tid = task.ok()?.file_name();
-            let Some(listed) = read(tid.to_str()?) else {
+            let tid = tid.to_str()?;
+            let Some(listed) = read(tid) else {
+                // The main thread's file is there whenever the kernel offers these files.
+                if tid == main {
+                    return None;
+                }
                 continue 'listing;
             };
             children.extend(listed);
@@ -524,6 +525,14 @@ mod tests {
     use super::*;
     use std::path::Path;
 
+    /// A supervised `shell -c script`: `$2` is the result channel's descriptor.
+    fn supervised(shell: &str, script: &str) -> Supervised {
+        let mut command = Command::new(shell);
+        // `spawn` appends the channel's option; `-c` takes it as the script's own arguments.
+        command.args(["-c", script, shell]);
+        spawn(command, &nonce().unwrap(), Vec::new()).unwrap()
+    }
+
     #[test]
     fn signals_have_their_names() {
         assert_eq!(signal_name(6), "SIGABRT");
@@ -564,10 +573,7 @@ mod tests {
     #[test]
     fn next_event_after_the_channel_closed_waits_out_a_child_that_runs_on() {
         // bash: dash closes only descriptors 0 to 9 by number, and the channel's may be above.
-        let mut command = Command::new("bash");
-        command.args(["-c", "read nonce; eval \"exec $2>&-\"; sleep 30", "bash"]);
-        let nonce = nonce().unwrap();
-        let mut child = spawn(command, &nonce, Vec::new()).unwrap();
+        let mut child = supervised("bash", "read nonce; eval \"exec $2>&-\"; sleep 30");
         // The child writes nothing: the first event is the channel's end.
         assert_eq!(
             child.next_event(Duration::from_secs(60)),
@@ -614,11 +620,7 @@ mod tests {
     /// check of every enabling `guild install`) does not sleep past it.
     #[test]
     fn next_event_after_the_channel_closed_returns_when_the_child_exits() {
-        let mut command = Command::new("sh");
-        // `spawn` appends the channel's option; `sh -c` takes it as its own arguments.
-        command.args(["-c", "read nonce; printf 'done\\n' >&\"$2\"; exit 0", "sh"]);
-        let nonce = nonce().unwrap();
-        let mut child = spawn(command, &nonce, Vec::new()).unwrap();
+        let mut child = supervised("sh", "read nonce; printf 'done\\n' >&\"$2\"; exit 0");
         let wait = Duration::from_secs(60);
         let mut seen = Vec::new();
         loop {
