@@ -53,28 +53,22 @@ fn main() -> ExitCode {
         json: cli.json,
         quiet: cli.quiet,
     };
-    match run(&cli) {
-        Ok(report) => {
-            let exit = report.exit;
-            match out.last_success(report) {
-                Ok(()) => exit.map_or(ExitCode::SUCCESS, Into::into),
-                // The command did its work; what it had to say did not reach stdout.
-                Err(e) => {
-                    let failure = Failure {
-                        exit: Exit::Failure,
-                        message: format!(
-                            "the command completed, but its output could not be written to \
-                             standard output: {e}"
-                        ),
-                        causes: Vec::new(),
-                        hint: None,
-                        candidates: Vec::new(),
-                    };
-                    out.failure(&failure);
-                    failure.exit.into()
-                }
-            }
-        }
+    // A command that did its work but whose report could not reach stdout fails as well.
+    let done = run(&cli).and_then(|report| {
+        let exit = report.exit;
+        out.last_success(report).map_err(|e| {
+            CliError::new(
+                Exit::Failure,
+                format!(
+                    "the command completed, but its output could not be written to standard \
+                     output: {e}"
+                ),
+            )
+        })?;
+        Ok(exit)
+    });
+    match done {
+        Ok(exit) => exit.map_or(ExitCode::SUCCESS, Into::into),
         Err(err) => {
             let failure = Failure::from_error(&err);
             out.failure(&failure);
