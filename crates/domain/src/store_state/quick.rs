@@ -18,15 +18,31 @@ use crate::version::Version;
 
 /// What [`package`] reads beyond [`Bytes`]' own.
 impl<'t> Bytes<'t> {
+    /// A digest: a string of exactly 64 lowercase hex digits, read without first looking for
+    /// the string's end (the digits leave no room for a quote, an escape or a control byte).
+    fn digest(&mut self) -> Option<Sha256Digest> {
+        self.eat(b'"')?;
+        let digits = self.text.get(self.at..self.at + 64)?;
+        let digest = Sha256Digest::parse_hex(digits).ok()?;
+        self.at += 64;
+        self.eat(b'"')?;
+        Some(digest)
+    }
+
     /// A list of strings, each read by `item`.
     fn strings<T>(&mut self, mut item: impl FnMut(&'t str) -> Option<T>) -> Option<Vec<T>> {
+        self.list(|b| item(b.string()?))
+    }
+
+    /// A list, each item read by `item`.
+    fn list<T>(&mut self, mut item: impl FnMut(&mut Self) -> Option<T>) -> Option<Vec<T>> {
         self.literal("[")?;
         let mut items = Vec::new();
         if self.literal("]").is_some() {
             return Some(items);
         }
         loop {
-            items.push(item(self.string()?)?);
+            items.push(item(self)?);
             if self.literal("]").is_some() {
                 return Some(items);
             }
@@ -69,13 +85,13 @@ fn version(b: &mut Bytes<'_>) -> Option<(Version, VersionRecord)> {
     b.literal(",\"publisher\":")?;
     let publisher = PublisherId::new(b.string()?).ok()?;
     b.literal(",\"payload_sha256\":")?;
-    let payload_digest = Sha256Digest::parse_hex(b.string()?).ok()?;
+    let payload_digest = b.digest()?;
     let trusted_under = match b.literal(",\"trusted_under\":") {
-        Some(()) => Some(Sha256Digest::parse_hex(b.string()?).ok()?),
+        Some(()) => Some(b.digest()?),
         None => None,
     };
     let signed_by = match b.literal(",\"signed_by\":") {
-        Some(()) => b.strings(|s| Sha256Digest::parse_hex(s).ok())?,
+        Some(()) => b.list(Bytes::digest)?,
         None => Vec::new(),
     };
     let facts = match b.literal(",\"manifest\":") {
