@@ -143,18 +143,14 @@ impl ListedRow<'_> {
 /// without formatting (a tenth of what the full reader of a 10,000-package checkpoint spent
 /// holding its index to the records went into formatting).
 fn version_is(version: &Version, text: &str) -> bool {
-    // Anything else (a number of 20 digits included) is rare enough to format.
-    if !version.pre.is_empty() || !version.build.is_empty() || !is_plain_version(text) {
+    if !version.pre.is_empty() || !version.build.is_empty() {
         return displays_as(version, text);
     }
-    // At most 19 digits each, which a `u64` holds.
-    let mut numbers = text.split('.').map(|n| {
-        n.bytes()
-            .fold(0u64, |value, digit| value * 10 + u64::from(digit - b'0'))
-    });
-    numbers.next() == Some(version.major)
-        && numbers.next() == Some(version.minor)
-        && numbers.next() == Some(version.patch)
+    match plain_numbers(text) {
+        Some(numbers) => numbers == [version.major, version.minor, version.patch],
+        // Anything else (a number of 20 digits included) is rare enough to format.
+        None => displays_as(version, text),
+    }
 }
 
 /// Whether `value` displays as exactly `text`, without making the text.
@@ -1023,25 +1019,34 @@ fn version_span(c: &mut Cursor<'_>) -> Option<Span> {
 /// Whether `text` is `MAJOR.MINOR.PATCH`, three numbers without leading zeros that fit a `u64`:
 /// a version, checked without the general parser (which reads anything else).
 fn is_plain_version(text: &str) -> bool {
-    // One pass over the bytes: a version is read for nearly every row of an index.
-    let mut parts = 1;
+    plain_numbers(text).is_some()
+}
+
+/// The three numbers of `text` when it is `MAJOR.MINOR.PATCH` ([`is_plain_version`]), read in
+/// the one pass that checks it: a version is read for nearly every row of an index, and
+/// compared with its record's for every row the full reader holds to its record.
+fn plain_numbers(text: &str) -> Option<[u64; 3]> {
+    let mut numbers = [0u64; 3];
+    let mut part = 0;
     let mut digits = 0;
     let mut leading_zero = false;
     for &b in text.as_bytes() {
         match b {
-            b'.' if digits > 0 && parts < 3 => {
-                parts += 1;
+            b'.' if digits > 0 && part < 2 => {
+                part += 1;
                 digits = 0;
                 leading_zero = false;
             }
+            // At most 19 digits, which a `u64` holds.
             b'0'..=b'9' if digits < 19 && !leading_zero => {
                 leading_zero = digits == 0 && b == b'0';
                 digits += 1;
+                numbers[part] = numbers[part] * 10 + u64::from(b - b'0');
             }
-            _ => return false,
+            _ => return None,
         }
     }
-    parts == 3 && digits > 0
+    (part == 2 && digits > 0).then_some(numbers)
 }
 
 /// A row of an index with the byte range it gives for its record, or (`Err`) the range alone,
@@ -1814,7 +1819,7 @@ mod tests {
     }
 
     /// The quick version check admits exactly what the version parser admits, of the texts it
-    /// admits at all.
+    /// admits at all, and reads the same three numbers.
     #[test]
     fn a_plain_version_is_one_the_parser_reads() {
         for text in [
@@ -1843,8 +1848,9 @@ mod tests {
             "9999999999999999999.0.0",
             "10000000000000000000.0.0",
         ] {
-            if is_plain_version(text) {
-                assert!(Version::parse(text).is_ok(), "{text}");
+            if let Some(numbers) = plain_numbers(text) {
+                let v = Version::parse(text).unwrap();
+                assert_eq!(numbers, [v.major, v.minor, v.patch], "{text}");
             }
             // As the check was first written, part by part.
             let mut parts = 0;
