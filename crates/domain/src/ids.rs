@@ -520,6 +520,45 @@ mod tests {
         }
     }
 
+    /// Every byte value at each of a word's eight places, between digits and letters at the
+    /// edges of their ranges: the word parser answers as the digit-by-digit one. A `&str` of 64
+    /// bytes cannot hold a lone byte of 0x80 or more, so this asks `hex_word` itself.
+    #[test]
+    fn a_word_of_digits_is_read_as_digit_by_digit_for_every_byte_at_every_place() {
+        let mut checked = 0;
+        for around in [b'0', b'9', b'a', b'f'] {
+            for at in 0..8 {
+                for b in 0..=255u8 {
+                    let mut word = [around; 8];
+                    word[at] = b;
+                    let expected = (0..4).map(|i| {
+                        let digit = |b: u8| match b {
+                            b'0'..=b'9' => Some(b - b'0'),
+                            b'a'..=b'f' => Some(b - b'a' + 10),
+                            _ => None,
+                        };
+                        Some((digit(word[2 * i])? << 4) | digit(word[2 * i + 1])?)
+                    });
+                    let expected: Option<Vec<u8>> = expected.collect();
+                    let read = hex_word(u64::from_le_bytes(word)).map(|w| w.to_le_bytes().to_vec());
+                    assert_eq!(
+                        read, expected,
+                        "{b:#04x} at {at} among {:?}",
+                        around as char
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(checked, 4 * 8 * 256);
+        // And through `parse_hex`: a three-byte character at every place of a 64-byte text.
+        for at in 0..=61 {
+            let text = format!("{}\u{1c30}{}", "0".repeat(at), "0".repeat(61 - at));
+            assert_eq!(text.len(), 64);
+            assert!(Sha256Digest::parse_hex(&text).is_err(), "{text:?}");
+        }
+    }
+
     /// Digit by digit, the plain way: what the word-at-a-time parser must answer.
     fn parse_hex_by_digit(text: &str) -> Option<[u8; 32]> {
         let digit = |b: u8| match b {

@@ -139,7 +139,7 @@ impl ListedRow<'_> {
 
 /// Whether `version` is written exactly `text` ([`displays_as`]). A version with no pre-release
 /// or build part, which nearly every record holds, is written `MAJOR.MINOR.PATCH`: where the text
-/// is such a version ([`is_plain_version`]), its three numbers are compared with the version's
+/// is such a version ([`plain_numbers`]), its three numbers are compared with the version's
 /// without formatting (a tenth of what the full reader of a 10,000-package checkpoint spent
 /// holding its index to the records went into formatting).
 fn version_is(version: &Version, text: &str) -> bool {
