@@ -1605,6 +1605,27 @@ impl StoreState {
         Some((state, REGISTRY_FORMAT_V3))
     }
 
+    /// [`Self::from_any_json`] from the parts of a format-3 checkpoint ([`CheckpointParts`])
+    /// and its records, which `read` fills a buffer with a run of adjoining ones at a time
+    /// (given their byte range), so that a large checkpoint is never held whole: `None` for
+    /// anything this does not read (another format included), which the caller then reads
+    /// whole with [`Self::from_any_json`].
+    pub fn from_checkpoint_parts(
+        parts: CheckpointParts<'_>,
+        read: impl FnMut(Range<usize>, &mut Vec<u8>) -> Option<()>,
+    ) -> Option<(Self, u64)> {
+        let mut packages = ChunkMap::new();
+        let mut state = listing::read_indexed_whole(parts, read, |id, package| {
+            packages
+                .insert(id, Arc::new(package))
+                .is_none()
+                .then_some(())
+        })?;
+        state.packages = packages;
+        state.validate().ok()?;
+        Some((state, REGISTRY_FORMAT_V3))
+    }
+
     /// [`Self::from_json_of`] without the tree: `None` for whatever it would refuse. With
     /// `only`, the state holds that package alone and the others are passed over
     /// ([`read_package_of`]; [`Self::from_any_json_only`] says what that leaves unchecked).

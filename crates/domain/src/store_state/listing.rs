@@ -629,6 +629,70 @@ pub(crate) fn read_indexed_only(
     read_record(only, head.facts, row.view(text), bytes)
 }
 
+/// How many bytes of records [`read_indexed_whole`] asks for at a time, at most (a record longer
+/// than this is asked for alone).
+const RECORDS_BATCH: usize = 256 << 10;
+
+/// Every package of a format-3 checkpoint, read from its parts: the head and the index from
+/// `parts`, then the records at the byte ranges the rows give, adjoining records asked for
+/// together through `read` (which fills the buffer it is given with exactly the bytes of the
+/// range it is given), so that the records are never all in memory at once. Each record must be
+/// exactly the bytes of its range, start with its `{`, be followed by the comma before the next
+/// one, and be what its row says; the head, the index and where the records lie are checked
+/// as for a listing ([`IndexedHead::read`]). `None` for a document of another format and for
+/// anything this refuses: the caller reads the document whole, which names what is wrong.
+/// Each package read is handed to `take` (which can refuse it), in the order of the records.
+pub(crate) fn read_indexed_whole(
+    parts: CheckpointParts<'_>,
+    read: impl FnMut(Range<usize>, &mut Vec<u8>) -> Option<()>,
+    take: impl FnMut(PackageId, PackageRecord) -> Option<()>,
+) -> Option<StoreState> {
+    read_indexed_whole_in(parts, RECORDS_BATCH, read, take)
+}
+
+/// [`read_indexed_whole`] in batches of at most `batch` bytes of records.
+fn read_indexed_whole_in(
+    parts: CheckpointParts<'_>,
+    batch: usize,
+    mut read: impl FnMut(Range<usize>, &mut Vec<u8>) -> Option<()>,
+    mut take: impl FnMut(PackageId, PackageRecord) -> Option<()>,
+) -> Option<StoreState> {
+    let text = std::str::from_utf8(parts.head).ok()?;
+    let capacity = (text.len() / 64).min(1 << 20);
+    let head = IndexedHead::read(text, parts, |_| true, capacity, Ranges::Kept)??;
+    let Index { rows, kept, .. } = head.index;
+    let mut buffer = Vec::new();
+    let mut first = 0;
+    while first < rows.len() {
+        // Adjoining records up to the batch's size, each with the byte after it (the comma
+        // before the next record, or the `]` after the last).
+        let start = kept[first].start;
+        let mut last = first;
+        while last + 1 < rows.len() && kept[last + 1].end - start <= batch {
+            last += 1;
+        }
+        let end = kept[last].end.checked_add(1)?;
+        buffer.clear();
+        read(start..end, &mut buffer)?;
+        (buffer.len() == end - start).then_some(())?;
+        for i in first..=last {
+            let range = &kept[i];
+            let bytes = buffer.get(range.start - start..range.end - start)?;
+            if i + 1 < rows.len() && buffer.get(range.end - start) != Some(&b',') {
+                return None;
+            }
+            (bytes.first() == Some(&b'{')).then_some(())?;
+            let mut c = Cursor::new(bytes)?;
+            let (id, package) = read_package(&mut c)?;
+            (c.position() == bytes.len() && rows[i].view(text).matches(&id, &package))
+                .then_some(())?;
+            take(id, package)?;
+        }
+        first = last + 1;
+    }
+    Some(head.facts)
+}
+
 /// The facts and package `only`'s record read from `bytes`, which its row points at: `None`
 /// unless `bytes` is exactly that package's record and the row is what the record says.
 fn read_record(
@@ -1644,6 +1708,84 @@ mod tests {
             .taint(&id("f.tainted"), &Version::parse("1.0.0").unwrap(), taint)
             .unwrap();
         String::from_utf8(state.successor().to_checkpoint_json()).unwrap()
+    }
+
+    /// The whole checkpoint read in parts, `batch` bytes of records at a time.
+    fn read_in_parts(bytes: &[u8], batch: usize) -> Option<StoreState> {
+        let mut packages = crate::chunk_map::ChunkMap::new();
+        let mut state = read_indexed_whole_in(
+            CheckpointParts::whole(bytes),
+            batch,
+            |range, buffer| {
+                buffer.extend_from_slice(bytes.get(range)?);
+                Some(())
+            },
+            |id, package| {
+                packages
+                    .insert(id, Arc::new(package))
+                    .is_none()
+                    .then_some(())
+            },
+        )?;
+        state.packages = packages;
+        state.validate().ok()?;
+        Some(state)
+    }
+
+    /// Read in parts, in batches of any size, a written checkpoint is the state the reader of
+    /// the whole document reads; and of every damaged copy (each byte changed to each of a
+    /// dozen bytes that matter to JSON, deleted, or preceded by a space), what the reader in
+    /// parts accepts, the reader of the whole document accepts too, as the same state.
+    #[test]
+    fn the_reader_in_parts_reads_only_what_the_whole_reader_reads() {
+        let written = varied_checkpoint();
+        let bytes = written.as_bytes();
+        let (whole, _) = StoreState::from_any_json(bytes).unwrap();
+        for batch in [0, 1, 100, 300, 600, bytes.len()] {
+            assert_eq!(
+                read_in_parts(bytes, batch).as_ref(),
+                Some(&whole),
+                "{batch}"
+            );
+        }
+        let mut damaged = Vec::new();
+        for at in 0..bytes.len() {
+            for b in *b" ,\"{}[]019a\\:" {
+                if bytes[at] != b {
+                    let mut copy = bytes.to_vec();
+                    copy[at] = b;
+                    damaged.push(copy);
+                }
+            }
+            let mut copy = bytes.to_vec();
+            copy.remove(at);
+            damaged.push(copy);
+            let mut copy = bytes.to_vec();
+            copy.insert(at, b' ');
+            damaged.push(copy);
+        }
+        let mut accepted = 0;
+        for copy in &damaged {
+            for batch in [1, RECORDS_BATCH] {
+                if let Some(state) = read_in_parts(copy, batch) {
+                    let whole = StoreState::from_any_json(copy).map(|(s, _)| s);
+                    assert_eq!(
+                        whole.as_ref(),
+                        Ok(&state),
+                        "{}",
+                        String::from_utf8_lossy(copy)
+                    );
+                    accepted += 1;
+                }
+            }
+        }
+        // Some damage is harmless (a digit of a digest, a letter of a reason): those copies
+        // are read, by both.
+        assert!(
+            accepted > 0 && damaged.len() > 40_000,
+            "{accepted} of {}",
+            damaged.len()
+        );
     }
 
     /// Reads the row at byte `at` of `text` through [`read_row`] (the quick reader first) and
