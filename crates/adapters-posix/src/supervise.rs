@@ -620,7 +620,9 @@ mod tests {
     /// check of every enabling `guild install`) does not sleep past it.
     #[test]
     fn next_event_after_the_channel_closed_returns_when_the_child_exits() {
-        let mut child = supervised("sh", "read nonce; printf 'done\\n' >&\"$2\"; exit 0");
+        // bash: dash redirects to a descriptor only from 0 to 9, and the channel's number is
+        // larger when other tests hold descriptors open at the same time.
+        let mut child = supervised("bash", "read nonce; printf 'done\\n' >&\"$2\"; exit 0");
         let wait = Duration::from_secs(60);
         let mut seen = Vec::new();
         loop {
