@@ -51,7 +51,7 @@ use std::sync::Arc;
 use super::bytes::Bytes;
 use super::{
     decode_fleet, decode_trust, field, once, read_package, At, FieldProblem, PackageRecord,
-    StoreState, StoreStateDecodeError, Taint, VersionRecord, REGISTRY_FORMAT_V3,
+    StoreState, StoreStateDecodeError, Taint, VersionRecord, REGISTRY_FORMAT_V3, TOP_FIELDS_V3,
 };
 use crate::ids::{is_valid_id, PackageId, PackageKind, PublisherId, Sha256Digest};
 use crate::json::{self, Cursor};
@@ -577,14 +577,25 @@ impl IndexedHead {
         let mut facts = Facts::default();
         let mut index = None;
         // Stops once the index is read: the packages follow it in what every writer writes.
-        let _ = c.object(|c, key| match key {
-            "index" => {
-                let read = read_rows(c, keep.take()?, capacity, ranges)?;
-                read.frames(parts).then_some(())?;
-                index = Some(read);
-                None
+        // In the writer's order, as the reader of the whole document holds a format-3
+        // checkpoint's members: a member before one already read stops the read unfinished,
+        // and so refuses the head.
+        let mut order = 0;
+        let _ = c.object(|c, key| {
+            if let Some(at) = TOP_FIELDS_V3.iter().position(|k| *k == key) {
+                if at < std::mem::replace(&mut order, at) {
+                    return None;
+                }
             }
-            _ => facts.member(c, key),
+            match key {
+                "index" => {
+                    let read = read_rows(c, keep.take()?, capacity, ranges)?;
+                    read.frames(parts).then_some(())?;
+                    index = Some(read);
+                    None
+                }
+                _ => facts.member(c, key),
+            }
         });
         match facts.format? {
             REGISTRY_FORMAT_V3 => Some(Some(IndexedHead {
@@ -1786,6 +1797,43 @@ mod tests {
             "{accepted} of {}",
             damaged.len()
         );
+    }
+
+    /// A head whose members are out of the writer's order (the trust anchor before the
+    /// generation, the fleet before the trust anchor) is refused by the reader in parts, the
+    /// listing and the reader of one package, as the reader of the whole document refuses it.
+    #[test]
+    fn a_head_out_of_order_is_refused_by_every_reader() {
+        let mut state = StoreState::new();
+        state.set_trust_anchor(crate::trust::TrustAnchor {
+            binding: crate::trust::TrustBinding {
+                store_id: "6758ca18a3a85849ffbe8103a43c0185".to_owned(),
+                generation: 1,
+            },
+            file_digest: Sha256Digest::of(b"trust"),
+            revoked_keys: Default::default(),
+            revoked_digests: Default::default(),
+        });
+        let written = String::from_utf8(state.successor().to_checkpoint_json()).unwrap();
+        assert!(read_in_parts(written.as_bytes(), RECORDS_BATCH).is_some());
+        let generation = written.find("\"generation\":").unwrap();
+        let trust = written.find(",\"trust\":").unwrap();
+        let index = written.find(",\"index\":").unwrap();
+        // `"generation":N` and `"trust":{...}` swapped: the same length, every offset kept.
+        let swapped = format!(
+            "{}{},{}{}",
+            &written[..generation],
+            &written[trust + 1..index],
+            &written[generation..trust],
+            &written[index..]
+        );
+        assert_eq!(swapped.len(), written.len());
+        assert!(StoreState::from_any_json(swapped.as_bytes()).is_err());
+        assert!(read_in_parts(swapped.as_bytes(), RECORDS_BATCH).is_none());
+        assert!(matches!(
+            Listing::from_checkpoint(swapped.as_bytes()),
+            Err(_) | Ok(None)
+        ));
     }
 
     /// Reads the row at byte `at` of `text` through [`read_row`] (the quick reader first) and
