@@ -1609,13 +1609,24 @@ impl StoreState {
     /// and its records, which `read` fills a buffer with a run of adjoining ones at a time
     /// (given their byte range), so that a large checkpoint is never held whole: `None` for
     /// anything this does not read (another format included), which the caller then reads
-    /// whole with [`Self::from_any_json`].
+    /// whole with [`Self::from_any_json`]. `parts` and `read` must be views of one file (read
+    /// through one descriptor, say): where the records lie is checked against the parts.
     pub fn from_checkpoint_parts(
         parts: CheckpointParts<'_>,
         read: impl FnMut(Range<usize>, &mut Vec<u8>) -> Option<()>,
     ) -> Option<(Self, u64)> {
+        Self::from_checkpoint_parts_in(parts, listing::RECORDS_BATCH, read)
+    }
+
+    /// [`Self::from_checkpoint_parts`] asking `read` for at most `batch` bytes of records at a
+    /// time (a record longer than that alone).
+    pub(crate) fn from_checkpoint_parts_in(
+        parts: CheckpointParts<'_>,
+        batch: usize,
+        read: impl FnMut(Range<usize>, &mut Vec<u8>) -> Option<()>,
+    ) -> Option<(Self, u64)> {
         let mut packages = ChunkMap::new();
-        let mut state = listing::read_indexed_whole(parts, read, |id, package| {
+        let mut state = listing::read_indexed_whole(parts, batch, read, |id, package| {
             packages
                 .insert(id, Arc::new(package))
                 .is_none()

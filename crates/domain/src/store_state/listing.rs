@@ -642,27 +642,21 @@ pub(crate) fn read_indexed_only(
 
 /// How many bytes of records [`read_indexed_whole`] asks for at a time, at most (a record longer
 /// than this is asked for alone).
-const RECORDS_BATCH: usize = 256 << 10;
+pub(crate) const RECORDS_BATCH: usize = 256 << 10;
 
 /// Every package of a format-3 checkpoint, read from its parts: the head and the index from
 /// `parts`, then the records at the byte ranges the rows give, adjoining records asked for
-/// together through `read` (which fills the buffer it is given with exactly the bytes of the
-/// range it is given), so that the records are never all in memory at once. Each record must be
-/// exactly the bytes of its range, start with its `{`, be followed by the comma before the next
-/// one, and be what its row says; the head, the index and where the records lie are checked
-/// as for a listing ([`IndexedHead::read`]). `None` for a document of another format and for
-/// anything this refuses: the caller reads the document whole, which names what is wrong.
-/// Each package read is handed to `take` (which can refuse it), in the order of the records.
+/// together through `read`, at most `batch` bytes of them at a time (it fills the buffer it is
+/// given with exactly the bytes of the range it is given), so that the records are never all
+/// in memory at once. `parts` and `read` must be views of one file: the records' place is
+/// checked against the parts' length and last bytes. Each record must be exactly the bytes of
+/// its range, start with its `{`, be followed by the comma before the next one (the `]` after
+/// the last), and be what its row says; the head, the index and where the records lie are
+/// checked as for a listing ([`IndexedHead::read`]). `None` for a document of another format
+/// and for anything this refuses: the caller reads the document whole, which names what is
+/// wrong. Each package read is handed to `take` (which can refuse it), in the order of the
+/// records.
 pub(crate) fn read_indexed_whole(
-    parts: CheckpointParts<'_>,
-    read: impl FnMut(Range<usize>, &mut Vec<u8>) -> Option<()>,
-    take: impl FnMut(PackageId, PackageRecord) -> Option<()>,
-) -> Option<StoreState> {
-    read_indexed_whole_in(parts, RECORDS_BATCH, read, take)
-}
-
-/// [`read_indexed_whole`] in batches of at most `batch` bytes of records.
-fn read_indexed_whole_in(
     parts: CheckpointParts<'_>,
     batch: usize,
     mut read: impl FnMut(Range<usize>, &mut Vec<u8>) -> Option<()>,
@@ -689,7 +683,8 @@ fn read_indexed_whole_in(
         for i in first..=last {
             let range = &kept[i];
             let bytes = buffer.get(range.start - start..range.end - start)?;
-            if i + 1 < rows.len() && buffer.get(range.end - start) != Some(&b',') {
+            let after = if i + 1 < rows.len() { b',' } else { b']' };
+            if buffer.get(range.end - start) != Some(&after) {
                 return None;
             }
             (bytes.first() == Some(&b'{')).then_some(())?;
@@ -1723,24 +1718,15 @@ mod tests {
 
     /// The whole checkpoint read in parts, `batch` bytes of records at a time.
     fn read_in_parts(bytes: &[u8], batch: usize) -> Option<StoreState> {
-        let mut packages = crate::chunk_map::ChunkMap::new();
-        let mut state = read_indexed_whole_in(
+        StoreState::from_checkpoint_parts_in(
             CheckpointParts::whole(bytes),
             batch,
             |range, buffer| {
                 buffer.extend_from_slice(bytes.get(range)?);
                 Some(())
             },
-            |id, package| {
-                packages
-                    .insert(id, Arc::new(package))
-                    .is_none()
-                    .then_some(())
-            },
-        )?;
-        state.packages = packages;
-        state.validate().ok()?;
-        Some(state)
+        )
+        .map(|(state, _)| state)
     }
 
     /// Read in parts, in batches of any size, a written checkpoint is the state the reader of

@@ -650,6 +650,16 @@ fn store_large_checkpoint_is_listed_and_read_for_one_package_in_parts() {
     // longer than the first part they read (64 KiB).
     assert!(good.len() > 256 << 10, "{}", good.len());
     let full = committed(&root);
+    // The committed state is read through the same reader in parts as the state under test:
+    // hold it to the reader of the whole document, which reads every byte of the file (and to
+    // the one package the log adds after it).
+    let (whole, _) = StoreState::from_any_json(&good).unwrap();
+    assert_eq!(whole.packages().count(), 1500);
+    for (id, package) in whole.packages() {
+        assert_eq!(full.package(id), Some(package), "{id}");
+    }
+    assert_eq!(full.packages().count(), 1501);
+    assert!(full.package(&id("zz")).is_some());
     let before = reads_in_parts();
     let (store, _) = FsStore::open_listing_reader(&root).unwrap();
     assert_eq!(store.listing().unwrap(), Listing::of(&full));
