@@ -37,10 +37,13 @@ impl<'t> Bytes<'t> {
     /// A list, each item read by `item`.
     fn list<T>(&mut self, mut item: impl FnMut(&mut Self) -> Option<T>) -> Option<Vec<T>> {
         self.literal("[")?;
-        let mut items = Vec::new();
         if self.literal("]").is_some() {
-            return Some(items);
+            return Some(Vec::new());
         }
+        // Most lists a record holds (its signing keys, its impl ids) have one item: room for
+        // exactly one, where a first push would make room for four (96 bytes more per key, for
+        // each of a large store's records).
+        let mut items = Vec::with_capacity(1);
         loop {
             items.push(item(self)?);
             if self.literal("]").is_some() {
