@@ -1519,10 +1519,7 @@ impl StoreState {
             // records after it: the members come in the order every writer writes them.
             let mut at = 0;
             for (key, _) in members {
-                let Some(i) = TOP_FIELDS_V3.iter().position(|k| k == key) else {
-                    continue;
-                };
-                if i < at {
+                if !listing::in_writer_order(&mut at, key) {
                     return Err(field(
                         root.path().key(key),
                         FieldProblem::Invalid {
@@ -1534,7 +1531,6 @@ impl StoreState {
                         },
                     ));
                 }
-                at = i;
             }
         }
         let generation = fields.u64("generation")?;
@@ -1659,10 +1655,7 @@ impl StoreState {
         let mut order = 0;
         c.object(|c, key| match key {
             _ if format == Some(REGISTRY_FORMAT_V3)
-                && TOP_FIELDS_V3
-                    .iter()
-                    .position(|k| *k == key)
-                    .is_some_and(|i| i < std::mem::replace(&mut order, i)) =>
+                && !listing::in_writer_order(&mut order, key) =>
             {
                 None
             }

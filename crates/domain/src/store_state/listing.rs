@@ -554,6 +554,17 @@ pub fn index_len(prefix: &[u8]) -> Option<usize> {
     usize::try_from(first?).ok()
 }
 
+/// Whether member `key` of a format-3 checkpoint comes after the last one read, in the order
+/// every writer writes them ([`TOP_FIELDS_V3`]), with `order` (0 before the first) then moved
+/// to it. Every reader holds a format-3 document to that order, so that what one reader
+/// refuses for it, the others refuse too; a key not among them is left to the reader.
+pub(super) fn in_writer_order(order: &mut usize, key: &str) -> bool {
+    match TOP_FIELDS_V3.iter().position(|k| *k == key) {
+        Some(at) => at >= std::mem::replace(order, at),
+        None => true,
+    }
+}
+
 /// The head of a format-3 checkpoint as read: the store-wide facts and the index.
 struct IndexedHead {
     facts: StoreState,
@@ -577,25 +588,18 @@ impl IndexedHead {
         let mut facts = Facts::default();
         let mut index = None;
         // Stops once the index is read: the packages follow it in what every writer writes.
-        // In the writer's order, as the reader of the whole document holds a format-3
-        // checkpoint's members: a member before one already read stops the read unfinished,
-        // and so refuses the head.
+        // A member out of the writer's order stops the read unfinished, and so refuses the
+        // head ([`in_writer_order`]).
         let mut order = 0;
-        let _ = c.object(|c, key| {
-            if let Some(at) = TOP_FIELDS_V3.iter().position(|k| *k == key) {
-                if at < std::mem::replace(&mut order, at) {
-                    return None;
-                }
+        let _ = c.object(|c, key| match key {
+            _ if !in_writer_order(&mut order, key) => None,
+            "index" => {
+                let read = read_rows(c, keep.take()?, capacity, ranges)?;
+                read.frames(parts).then_some(())?;
+                index = Some(read);
+                None
             }
-            match key {
-                "index" => {
-                    let read = read_rows(c, keep.take()?, capacity, ranges)?;
-                    read.frames(parts).then_some(())?;
-                    index = Some(read);
-                    None
-                }
-                _ => facts.member(c, key),
-            }
+            _ => facts.member(c, key),
         });
         match facts.format? {
             REGISTRY_FORMAT_V3 => Some(Some(IndexedHead {
@@ -789,7 +793,9 @@ fn read_to_rows(text: &str) -> Option<ToRows> {
     let mut index_start = None;
     let mut packages_end = None;
     let mut rows_start = None;
+    let mut order = 0;
     let _ = c.object(|c, key| match key {
+        _ if !in_writer_order(&mut order, key) => None,
         "index" => {
             index_start = Some(c.offset());
             let _ = c.object(|c, key| match key {
@@ -1786,11 +1792,27 @@ mod tests {
     }
 
     /// A head whose members are out of the writer's order (the trust anchor before the
-    /// generation, the fleet before the trust anchor) is refused by the reader in parts, the
-    /// listing and the reader of one package, as the reader of the whole document refuses it.
+    /// generation) is refused by the reader in parts, the listing and the reader of one
+    /// package (of a package the index has a row for, and of one it has not), as the reader of
+    /// the whole document refuses it.
     #[test]
     fn a_head_out_of_order_is_refused_by_every_reader() {
         let mut state = StoreState::new();
+        let new = NewVersion {
+            payload_digest: Sha256Digest::of(b"a.plain 1.0.0"),
+            kind: PackageKind::Module,
+            publisher: PublisherId::new("org.example").unwrap(),
+            signed_by: vec![Sha256Digest::of(b"k1")],
+            facts: None,
+        };
+        let options = PublishOptions {
+            enable: true,
+            allow_downgrade: false,
+        };
+        let plain = PackageId::new("a.plain").unwrap();
+        state
+            .publish(&plain, &Version::parse("1.0.0").unwrap(), new, options)
+            .unwrap();
         state.set_trust_anchor(crate::trust::TrustAnchor {
             binding: crate::trust::TrustBinding {
                 store_id: "6758ca18a3a85849ffbe8103a43c0185".to_owned(),
@@ -1820,6 +1842,16 @@ mod tests {
             Listing::from_checkpoint(swapped.as_bytes()),
             Err(_) | Ok(None)
         ));
+        for only in [plain, PackageId::new("b.absent").unwrap()] {
+            assert!(
+                StoreState::from_any_json_only(written.as_bytes(), &only).is_ok(),
+                "{only}"
+            );
+            assert!(
+                StoreState::from_any_json_only(swapped.as_bytes(), &only).is_err(),
+                "{only}"
+            );
+        }
     }
 
     /// Reads the row at byte `at` of `text` through [`read_row`] (the quick reader first) and
