@@ -108,6 +108,17 @@ const TOP_FIELDS_V3: &[&str] = &[
     "index",
     "packages",
 ];
+
+/// Whether member `key` of a format-3 checkpoint comes after the last one read, in the order
+/// every writer writes them ([`TOP_FIELDS_V3`]), with `order` (0 before the first) then moved
+/// to it. Every reader holds a format-3 document to that order, so that what one reader
+/// refuses for it, the others refuse too; a key not among them is left to the reader.
+fn in_writer_order(order: &mut usize, key: &str) -> bool {
+    match TOP_FIELDS_V3.iter().position(|k| *k == key) {
+        Some(at) => at >= std::mem::replace(order, at),
+        None => true,
+    }
+}
 const FLEET_FIELDS: &[&str] = &["root", "policy"];
 const POLICY_RECORD_FIELDS: &[&str] = &["version", "sha256", "expires"];
 const PACKAGE_FIELDS: &[&str] = &["id", "previous", "versions"];
@@ -1519,7 +1530,7 @@ impl StoreState {
             // records after it: the members come in the order every writer writes them.
             let mut at = 0;
             for (key, _) in members {
-                if !listing::in_writer_order(&mut at, key) {
+                if !in_writer_order(&mut at, key) {
                     return Err(field(
                         root.path().key(key),
                         FieldProblem::Invalid {
@@ -1654,11 +1665,7 @@ impl StoreState {
         // Where in the writer's order the last member was (format 3 holds them in it).
         let mut order = 0;
         c.object(|c, key| match key {
-            _ if format == Some(REGISTRY_FORMAT_V3)
-                && !listing::in_writer_order(&mut order, key) =>
-            {
-                None
-            }
+            _ if format == Some(REGISTRY_FORMAT_V3) && !in_writer_order(&mut order, key) => None,
             "guild_registry" => once(&mut format, c.u64().filter(|f| formats.contains(f))?),
             "generation" => once(&mut generation, c.u64()?),
             // A reader of one package reads a format-3 document through its index

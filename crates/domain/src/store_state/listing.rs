@@ -50,8 +50,8 @@ use std::sync::Arc;
 
 use super::bytes::Bytes;
 use super::{
-    decode_fleet, decode_trust, field, once, read_package, At, FieldProblem, PackageRecord,
-    StoreState, StoreStateDecodeError, Taint, VersionRecord, REGISTRY_FORMAT_V3, TOP_FIELDS_V3,
+    decode_fleet, decode_trust, field, in_writer_order, once, read_package, At, FieldProblem,
+    PackageRecord, StoreState, StoreStateDecodeError, Taint, VersionRecord, REGISTRY_FORMAT_V3,
 };
 use crate::ids::{is_valid_id, PackageId, PackageKind, PublisherId, Sha256Digest};
 use crate::json::{self, Cursor};
@@ -552,17 +552,6 @@ pub fn index_len(prefix: &[u8]) -> Option<usize> {
         _ => None,
     });
     usize::try_from(first?).ok()
-}
-
-/// Whether member `key` of a format-3 checkpoint comes after the last one read, in the order
-/// every writer writes them ([`TOP_FIELDS_V3`]), with `order` (0 before the first) then moved
-/// to it. Every reader holds a format-3 document to that order, so that what one reader
-/// refuses for it, the others refuse too; a key not among them is left to the reader.
-pub(super) fn in_writer_order(order: &mut usize, key: &str) -> bool {
-    match TOP_FIELDS_V3.iter().position(|k| *k == key) {
-        Some(at) => at >= std::mem::replace(order, at),
-        None => true,
-    }
 }
 
 /// The head of a format-3 checkpoint as read: the store-wide facts and the index.
@@ -1680,32 +1669,36 @@ mod tests {
         allow_downgrade: false,
     };
 
+    /// Publishes and enables `pkg` at `version`, signed by `signed_by`, with a payload digest of
+    /// its own.
+    fn publish(state: &mut StoreState, pkg: &str, version: &str, signed_by: Vec<Sha256Digest>) {
+        let new = NewVersion {
+            payload_digest: Sha256Digest::of(format!("{pkg} {version}").as_bytes()),
+            kind: PackageKind::Module,
+            publisher: PublisherId::new("org.example").unwrap(),
+            signed_by,
+            facts: None,
+        };
+        let id = PackageId::new(pkg).unwrap();
+        state
+            .publish(&id, &Version::parse(version).unwrap(), new, ENABLE)
+            .unwrap();
+    }
+
     /// A checkpoint whose rows name no keys and keys, a rollback target or none, a disabled
     /// and a removed current version, a version the quick version check does not read and a
     /// taint (a row that only the cursor reads).
     fn varied_checkpoint() -> String {
         let key = |n: &str| Sha256Digest::of(n.as_bytes());
         let mut state = StoreState::new();
-        let mut publish = |pkg: &str, version: &str, signed_by: Vec<Sha256Digest>| {
-            let new = NewVersion {
-                payload_digest: Sha256Digest::of(format!("{pkg} {version}").as_bytes()),
-                kind: PackageKind::Module,
-                publisher: PublisherId::new("org.example").unwrap(),
-                signed_by,
-                facts: None,
-            };
-            let id = PackageId::new(pkg).unwrap();
-            state
-                .publish(&id, &Version::parse(version).unwrap(), new, ENABLE)
-                .unwrap();
-        };
-        publish("a.plain", "1.0.0", Vec::new());
-        publish("b.signed", "1.0.0", vec![key("k1")]);
-        publish("b.signed", "2.0.0", vec![key("k1"), key("k2")]);
-        publish("c.pre", "1.0.0-rc.1+build.5", vec![key("k2")]);
-        publish("d.disabled", "3.1.4", vec![key("k1")]);
-        publish("e.removed", "1.0.0", vec![key("k1")]);
-        publish("f.tainted", "1.0.0", vec![key("k1")]);
+        let s = &mut state;
+        publish(s, "a.plain", "1.0.0", Vec::new());
+        publish(s, "b.signed", "1.0.0", vec![key("k1")]);
+        publish(s, "b.signed", "2.0.0", vec![key("k1"), key("k2")]);
+        publish(s, "c.pre", "1.0.0-rc.1+build.5", vec![key("k2")]);
+        publish(s, "d.disabled", "3.1.4", vec![key("k1")]);
+        publish(s, "e.removed", "1.0.0", vec![key("k1")]);
+        publish(s, "f.tainted", "1.0.0", vec![key("k1")]);
         let id = |s: &str| PackageId::new(s).unwrap();
         state.disable(&id("d.disabled")).unwrap();
         state.disable(&id("e.removed")).unwrap();
@@ -1798,21 +1791,13 @@ mod tests {
     #[test]
     fn a_head_out_of_order_is_refused_by_every_reader() {
         let mut state = StoreState::new();
-        let new = NewVersion {
-            payload_digest: Sha256Digest::of(b"a.plain 1.0.0"),
-            kind: PackageKind::Module,
-            publisher: PublisherId::new("org.example").unwrap(),
-            signed_by: vec![Sha256Digest::of(b"k1")],
-            facts: None,
-        };
-        let options = PublishOptions {
-            enable: true,
-            allow_downgrade: false,
-        };
+        publish(
+            &mut state,
+            "a.plain",
+            "1.0.0",
+            vec![Sha256Digest::of(b"k1")],
+        );
         let plain = PackageId::new("a.plain").unwrap();
-        state
-            .publish(&plain, &Version::parse("1.0.0").unwrap(), new, options)
-            .unwrap();
         state.set_trust_anchor(crate::trust::TrustAnchor {
             binding: crate::trust::TrustBinding {
                 store_id: "6758ca18a3a85849ffbe8103a43c0185".to_owned(),
